@@ -1,0 +1,3 @@
+from transduce.cli import main
+
+raise SystemExit(main())

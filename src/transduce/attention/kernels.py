@@ -1,0 +1,125 @@
+"""One attention signature, three kernels.
+
+    attention(q, k, v, mask, causal=..., impl="naive" | "sdpa" | "flash")
+
+Shapes: q (B, H, T, D); k, v (B, H_kv, S, D) with H % H_kv == 0: query head h reads
+key/value head h // (H / H_kv) (MHA when H_kv == H, GQA in between, MQA when H_kv == 1).
+mask: boolean, True = may attend, broadcastable to (B, H, T, S).
+causal: query i may attend key j when j <= i + S - T (queries aligned with the last keys,
+which is what a cached decode step needs; the usual causal mask when T == S).
+
+All kernels agree to float rounding, and a query row with no key to attend to yields
+zeros, never NaN. Only `naive` materialises the (T, S) weights, so only it can return them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transduce.attention import masks
+from transduce.attention.flash import flash_attention
+
+IMPLS = ("naive", "sdpa", "flash")
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+              causal: bool = False, dropout_p: float = 0.0, impl: str = "sdpa",
+              return_weights: bool = False,
+              scale: float | None = None) -> Tensor | tuple[Tensor, Tensor]:
+    """softmax(q k^T * scale + mask) v, scale = 1/sqrt(D) by default.
+
+    q (B, H, T, D), k/v (B, H_kv, S, D), mask broadcastable to (B, H, T, S)
+    -> out (B, H, T, D), and weights (B, H, T, S) when return_weights (naive only).
+    """
+    mask = _check_inputs(q, k, v, mask, impl, return_weights, dropout_p)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    # One query aligned with the last key sees every key: no causal mask to build.
+    causal = causal and q.shape[2] > 1
+    if impl == "flash":
+        return flash_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, scale=scale)
+    if impl == "sdpa":
+        return _sdpa(q, k, v, mask, causal, dropout_p, scale)
+    out, weights = _naive(q, k, v, mask, causal, dropout_p, scale)
+    return (out, weights) if return_weights else out
+
+
+def _naive(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
+           dropout_p: float, scale: float) -> tuple[Tensor, Tensor]:
+    """The formula written out. -> out (B, H, T, D), weights (B, H, T, S)."""
+    batch, heads, num_queries, _ = q.shape
+    kv_heads, num_keys = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    if causal:
+        mask = masks.combine(mask, masks.causal_mask(num_queries, num_keys, device=q.device))
+    # Group the query heads that share a key/value head; k and v broadcast, uncopied.
+    q5 = q.unflatten(1, (kv_heads, group))                               # (B, Hkv, G, T, D)
+    scores = (q5 * scale) @ k.unsqueeze(2).transpose(-1, -2)            # (B, Hkv, G, T, S)
+    allowed = None if mask is None else masks.group_heads(mask, kv_heads, group)
+    weights = masked_softmax(scores, allowed)                           # (B, Hkv, G, T, S)
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    out = dropped @ v.unsqueeze(2)                                        # (B, Hkv, G, T, D)
+    return out.flatten(1, 2), weights.flatten(1, 2)
+
+
+def masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
+    """Softmax over the last dimension, restricted to allowed (True) entries.
+
+    A row with no allowed entry would be a softmax over all -inf (NaN); it gets zeros.
+    scores (..., S), allowed broadcastable to scores -> weights like scores.
+    """
+    if allowed is None:
+        return torch.softmax(scores, dim=-1)
+    row_has_key = allowed.any(dim=-1, keepdim=True)
+    scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(~row_has_key, 0.0)
+    return torch.softmax(scores, dim=-1).masked_fill(~row_has_key, 0.0)
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
+          dropout_p: float, scale: float) -> Tensor:
+    """PyTorch's fused kernel. Its is_causal is top-left aligned, so it is used only
+    for square unmasked attention; every other causal case goes through a mask."""
+    num_queries, num_keys = q.shape[2], k.shape[2]
+    use_is_causal = causal and mask is None and num_queries == num_keys
+    if causal and not use_is_causal:
+        mask = masks.combine(mask, masks.causal_mask(num_queries, num_keys, device=q.device))
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_is_causal, scale=scale,
+        enable_gqa=k.shape[1] != q.shape[1])
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, impl: str,
+                  return_weights: bool, dropout_p: float) -> Tensor | None:
+    """Clear errors for misuse; returns the mask made 4-D."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown attention impl {impl!r}: choose one of {', '.join(IMPLS)}")
+    if return_weights and impl != "naive":
+        raise ValueError(f"impl={impl!r} never materialises the attention weights; "
+                         "use impl='naive' to return them")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p={dropout_p} must be in [0, 1)")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D (B, H, T, D); got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    batch, heads, num_queries, dim = q.shape
+    if k.shape[0] != batch or k.shape[3] != dim:
+        raise ValueError(f"k/v {tuple(k.shape)} do not match q {tuple(q.shape)} in batch or head size")
+    if heads % k.shape[1]:
+        raise ValueError(f"{heads} query heads cannot be grouped over {k.shape[1]} key/value heads")
+    if mask is None:
+        return None
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must be boolean (True = may attend), got {mask.dtype}")
+    if mask.dim() > 4:
+        raise ValueError(f"mask must broadcast to (B, H, T, S), got shape {tuple(mask.shape)}")
+    mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    target = (batch, heads, num_queries, k.shape[2])
+    if any(m not in (1, t) for m, t in zip(mask.shape, target)) or mask.shape[3] != target[3]:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to "
+                         f"(B, H, T, S) = {target} with a full key dimension")
+    return mask

@@ -1,0 +1,62 @@
+"""The only place attention masks are built.
+
+Masks are boolean and True means "may attend" (the SDPA convention). Every mask here
+broadcasts to scores of shape (B, H, T, S): batch, heads, queries, keys.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def padding_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:
+    """Keys at positions < length may be attended.
+
+    lengths: (B,) integer -> mask (B, 1, 1, S) with S = max_len or max(lengths).
+    """
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be 1-D (B,), got shape {tuple(lengths.shape)}")
+    size = int(lengths.max()) if max_len is None else max_len
+    positions = torch.arange(size, device=lengths.device)
+    return (positions[None, :] < lengths[:, None])[:, None, None, :]
+
+
+def padding_mask_from_ids(ids: Tensor, pad_id: int) -> Tensor:
+    """Every non-pad token may be attended. ids (B, S) -> mask (B, 1, 1, S)."""
+    return (ids != pad_id)[:, None, None, :]
+
+
+def causal_mask(num_queries: int, num_keys: int | None = None, offset: int | None = None,
+                device: torch.device | str | None = None) -> Tensor:
+    """Query i may attend key j when j <= i + offset.
+
+    The default offset, num_keys - num_queries, aligns the queries with the last keys:
+    the full causal pass when T == S, and a cached decode step where T new queries
+    follow S - T cached keys. -> mask (1, 1, T, S)
+    """
+    keys = num_queries if num_keys is None else num_keys
+    shift = keys - num_queries if offset is None else offset
+    query_pos = torch.arange(num_queries, device=device)[:, None]
+    key_pos = torch.arange(keys, device=device)[None, :]
+    return (key_pos <= query_pos + shift)[None, None]
+
+
+def combine(*masks: Tensor | None) -> Tensor | None:
+    """Logical AND of the masks given (None entries ignored); None if none given."""
+    result: Tensor | None = None
+    for mask in masks:
+        if mask is None:
+            continue
+        result = mask if result is None else result & mask
+    return result
+
+
+def group_heads(mask: Tensor, kv_heads: int, group: int) -> Tensor:
+    """Reshape a mask for grouped queries: (B|1, H|1, T|1, S) -> (B|1, Hkv|1, G|1, T|1, S).
+
+    Kernels that stack the G query heads sharing one key/value head use this layout.
+    """
+    if mask.shape[1] == 1:
+        return mask.unsqueeze(2)
+    return mask.unflatten(1, (kv_heads, group))

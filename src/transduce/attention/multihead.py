@@ -1,0 +1,94 @@
+"""Multi-head attention with a configurable number of key/value heads.
+
+    num_kv_heads == num_heads  multi-head attention (MHA, the paper)
+    num_kv_heads == 1          multi-query attention (MQA, Shazeer 2019)
+    in between                 grouped-query attention (GQA, Ainslie et al. 2023):
+                               query head h reads key/value head h // (H / H_kv)
+
+Shapes: hidden states (B, T, C); heads (B, H, T, D); keys/values (B, H_kv, S, D).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import Tensor, nn
+
+from transduce.attention.kernels import attention
+from transduce.attention.kv_cache import KVCache
+
+# Applies rotary positions to (B, H, T, D) heads whose first position is `offset`.
+Rotary = Callable[[Tensor, int], Tensor]
+
+
+class MultiHeadAttention(nn.Module):
+    """Self-attention (keys from the input itself, optionally cached) or cross-attention
+    (keys and values precomputed once per source with `project_kv`).
+
+    rotary: when given, rotary positions are applied to the queries and keys of
+    self-attention. Cross-attention gets none: positions of two different sequences
+    have no relative meaning.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, *,
+                 bias: bool = True, dropout: float = 0.0, impl: str = "sdpa",
+                 rotary: Rotary | None = None):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        if num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim = d_model // num_heads
+        self.dropout, self.impl, self.rotary = dropout, impl, rotary
+        kv_dim = num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, kv_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, kv_dim, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def project_kv(self, source: Tensor) -> tuple[Tensor, Tensor]:
+        """source (B, S, C) -> keys, values (B, H_kv, S, D): cross-attention's, once per source."""
+        return self._split(self.k_proj(source), self.num_kv_heads), \
+            self._split(self.v_proj(source), self.num_kv_heads)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, *,
+                kv: tuple[Tensor, Tensor] | None = None, causal: bool = False,
+                cache: KVCache | None = None,
+                return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """x (B, T, C); mask broadcastable to (B, H, T, S), True = may attend.
+
+        kv: precomputed cross-attention keys and values; None for self-attention.
+        cache: self-attention only; this call's keys and values are appended to it and
+        the queries attend to everything cached (their positions start at cache.length).
+        -> (B, T, C), and the weights (B, H, T, S) when return_weights (naive kernel).
+        """
+        q = self._split(self.q_proj(x), self.num_heads)                  # (B, H, T, D)
+        if kv is None:
+            k, v = self.project_kv(x)                                    # (B, Hkv, T, D)
+            if self.rotary is not None:
+                start = 0 if cache is None else cache.length
+                q, k = self.rotary(q, start), self.rotary(k, start)
+            if cache is not None:
+                k, v = cache.update(k, v)                                # (B, Hkv, S, D)
+        else:
+            if cache is not None:
+                raise ValueError("cross-attention keys are computed once per source; "
+                                 "a KV cache applies to self-attention only")
+            k, v = kv
+        result = attention(q, k, v, mask, causal=causal, impl=self.impl,
+                           dropout_p=self.dropout if self.training else 0.0,
+                           return_weights=return_weights)
+        out, weights = result if return_weights else (result, None)
+        out = self.out_proj(self._merge(out))                            # (B, T, C)
+        return (out, weights) if return_weights else out
+
+    def _split(self, x: Tensor, heads: int) -> Tensor:
+        """(B, T, heads * D) -> (B, heads, T, D)."""
+        return x.unflatten(-1, (heads, self.head_dim)).transpose(1, 2)
+
+    @staticmethod
+    def _merge(x: Tensor) -> Tensor:
+        """(B, H, T, D) -> (B, T, H * D)."""
+        return x.transpose(1, 2).flatten(2)

@@ -1,0 +1,144 @@
+"""Model configuration: one frozen dataclass, validated on construction, and named presets.
+
+Every field maps one to one onto a CLI flag or a config-file key. The defaults are the
+paper's (post-LN, sinusoidal positions, ReLU FFN, three-way tied embeddings); each
+deviation is a named field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Positional = Literal["sinusoidal", "learned", "rotary"]
+Activation = Literal["relu", "gelu"]
+Tying = Literal["all", "decoder", "none"]
+AttentionImpl = Literal["naive", "sdpa", "flash"]
+
+POSITIONALS: tuple[str, ...] = ("sinusoidal", "learned", "rotary")
+ACTIVATIONS: tuple[str, ...] = ("relu", "gelu")
+TYINGS: tuple[str, ...] = ("all", "decoder", "none")
+ATTENTION_IMPLS: tuple[str, ...] = ("naive", "sdpa", "flash")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes and options of the encoder-decoder Transformer.
+
+    tie_embeddings: "all" shares one matrix between source embedding, target embedding
+    and the pre-softmax projection (the paper, needs one shared vocabulary); "decoder"
+    ties only the target embedding and the projection; "none" unties everything.
+    num_kv_heads: key/value heads of the decoder's self- and cross-attention (MHA when
+    equal to num_heads, MQA when 1, GQA in between). The encoder always uses full
+    multi-head attention: it runs once per source, so its keys are never cached.
+    """
+
+    src_vocab_size: int = 37000
+    tgt_vocab_size: int = 37000
+    d_model: int = 512
+    num_heads: int = 8
+    num_kv_heads: int | None = None
+    d_ff: int = 2048
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation: Activation = "relu"
+    norm_first: bool = False
+    positional: Positional = "sinusoidal"
+    max_positions: int = 1024
+    rope_base: float = 10000.0
+    tie_embeddings: Tying = "all"
+    attention_impl: AttentionImpl = "sdpa"
+    bias: bool = True
+    layer_norm_eps: float = 1e-5
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
+                        "num_encoder_layers", "num_decoder_layers", "max_positions")
+        _check_choice(self, "activation", ACTIVATIONS)
+        _check_choice(self, "positional", POSITIONALS)
+        _check_choice(self, "tie_embeddings", TYINGS)
+        _check_choice(self, "attention_impl", ATTENTION_IMPLS)
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"ModelConfig.{name}={value}: must be in [0, 1)")
+        if self.d_model % self.num_heads:
+            raise ConfigError(f"ModelConfig.d_model={self.d_model} is not divisible by "
+                              f"num_heads={self.num_heads}")
+        kv_heads = self.kv_heads
+        if kv_heads < 1 or self.num_heads % kv_heads:
+            raise ConfigError(f"ModelConfig.num_kv_heads={self.num_kv_heads}: num_heads="
+                              f"{self.num_heads} must be a positive multiple of it")
+        if self.positional == "rotary" and self.head_dim % 2:
+            raise ConfigError(f"ModelConfig.positional='rotary' needs an even head size, "
+                              f"got d_model/num_heads={self.head_dim}")
+        if self.tie_embeddings == "all" and self.src_vocab_size != self.tgt_vocab_size:
+            raise ConfigError(
+                f"ModelConfig.tie_embeddings='all' needs one shared vocabulary, but "
+                f"src_vocab_size={self.src_vocab_size} != tgt_vocab_size={self.tgt_vocab_size}; "
+                f"use tie_embeddings='decoder' or 'none' for separate vocabularies")
+        if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
+            raise ConfigError(f"ModelConfig.pad_id={self.pad_id} is outside the vocabulary")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads of the decoder attention (num_kv_heads resolved)."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with some fields changed, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
+        return cls(**values)
+
+
+def _check_positive(config: object, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{type(config).__name__}.{name}={value!r}: must be a positive integer")
+
+
+def _check_choice(config: object, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(config, name)
+    if value not in choices:
+        raise ConfigError(f"{type(config).__name__}.{name}={value!r}: choose one of {', '.join(choices)}")
+
+
+# The paper's two models (Table 3), and two sized for a 2-core CPU.
+PRESETS: dict[str, ModelConfig] = {
+    "base": ModelConfig(),
+    "big": ModelConfig(d_model=1024, num_heads=16, d_ff=4096, dropout=0.3),
+    "small": ModelConfig(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3,
+                         num_decoder_layers=3, dropout=0.1),
+    "tiny": ModelConfig(d_model=64, num_heads=4, d_ff=128, num_encoder_layers=2,
+                        num_decoder_layers=2, dropout=0.0, max_positions=256),
+}
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """A named preset, with fields overridden (vocabulary sizes, say)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
+    return PRESETS[name].replace(**overrides)

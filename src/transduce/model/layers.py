@@ -1,0 +1,94 @@
+"""The Transformer's layers: position-wise feed-forward, encoder layer, decoder layer.
+
+Post-norm (the paper): x = LayerNorm(x + Dropout(Sublayer(x))).
+Pre-norm (norm_first): x = x + Dropout(Sublayer(LayerNorm(x))); the stack then needs a
+final LayerNorm, which Encoder and Decoder add.
+Shapes: hidden states (B, T, C); the source memory (B, S, C).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from transduce.attention.kv_cache import KVCache
+from transduce.attention.multihead import MultiHeadAttention, Rotary
+from transduce.config import ModelConfig
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (ReLU as in the paper; GELU as an option)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.activation = nn.ReLU() if activation == "relu" else nn.GELU()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T, C) -> (B, T, C)."""
+        return self.linear2(self.activation(self.linear1(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention over the source, then the feed-forward network."""
+
+    def __init__(self, config: ModelConfig, rotary: Rotary | None = None):
+        super().__init__()
+        c = config
+        self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, bias=c.bias,
+                                            dropout=c.attention_dropout,
+                                            impl=c.attention_impl, rotary=rotary)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)
+        self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
+        self.norm_first = c.norm_first
+
+    def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
+        """x (B, S, C), src_mask (B, 1, 1, S) -> (B, S, C)."""
+        if self.norm_first:
+            x = x + self.dropout(self.self_attn(self.norm1(x), src_mask))
+            return x + self.dropout(self.ffn(self.norm2(x)))
+        x = self.norm1(x + self.dropout(self.self_attn(x, src_mask)))
+        return self.norm2(x + self.dropout(self.ffn(x)))
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention to the source, then the feed-forward network.
+
+    The decoder's attention uses config.kv_heads key/value heads (MHA, GQA or MQA).
+    """
+
+    def __init__(self, config: ModelConfig, rotary: Rotary | None = None):
+        super().__init__()
+        c = config
+        self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, c.kv_heads, bias=c.bias,
+                                            dropout=c.attention_dropout,
+                                            impl=c.attention_impl, rotary=rotary)
+        self.cross_attn = MultiHeadAttention(c.d_model, c.num_heads, c.kv_heads, bias=c.bias,
+                                             dropout=c.attention_dropout, impl=c.attention_impl)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)
+        self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.norm3 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
+        self.norm_first = c.norm_first
+
+    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], memory_mask: Tensor | None,
+                *, tgt_mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """x (B, T, C); memory_kv: this layer's cross-attention keys and values
+        (B, Hkv, S, D); memory_mask (B, 1, 1, S); tgt_mask combined with the causal mask;
+        cache: this layer's self-attention cache when decoding step by step -> (B, T, C)."""
+        def self_attention(h: Tensor) -> Tensor:
+            return self.self_attn(h, tgt_mask, causal=True, cache=cache)
+
+        def cross_attention(h: Tensor) -> Tensor:
+            return self.cross_attn(h, memory_mask, kv=memory_kv)
+
+        if self.norm_first:
+            x = x + self.dropout(self_attention(self.norm1(x)))
+            x = x + self.dropout(cross_attention(self.norm2(x)))
+            return x + self.dropout(self.ffn(self.norm3(x)))
+        x = self.norm1(x + self.dropout(self_attention(x)))
+        x = self.norm2(x + self.dropout(cross_attention(x)))
+        return self.norm3(x + self.dropout(self.ffn(x)))

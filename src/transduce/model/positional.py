@@ -1,0 +1,89 @@
+"""Position information: sinusoidal (the paper), learned, and rotary (RoPE).
+
+Sinusoidal and learned encodings are added to the scaled token embeddings; rotary
+positions rotate the queries and keys inside self-attention instead, so that q.k
+depends on the relative position only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoidal_table(num_positions: int, d_model: int) -> Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
+
+    -> (num_positions, d_model) float32
+    """
+    positions = torch.arange(num_positions, dtype=torch.float64)[:, None]
+    rates = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64)
+                      * (-math.log(10000.0) / d_model))                 # 10000^(-2i/d)
+    angles = positions * rates                                           # (P, ceil(d/2))
+    table = torch.empty(num_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table.float()
+
+
+def _check_range(start: int, length: int, max_positions: int) -> None:
+    if start + length > max_positions:
+        raise ValueError(f"positions {start}..{start + length - 1} exceed max_positions="
+                         f"{max_positions}; raise ModelConfig.max_positions or shorten the input")
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """The paper's fixed encoding; the table is derived, so it is not saved."""
+
+    def __init__(self, d_model: int, max_positions: int):
+        super().__init__()
+        self.max_positions = max_positions
+        self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+
+    def forward(self, length: int, start: int = 0) -> Tensor:
+        """-> (length, d_model), the encodings of positions start .. start + length - 1."""
+        _check_range(start, length, self.max_positions)
+        return self.table[start:start + length]
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """One trained vector per position (the paper's Table 3, row E)."""
+
+    def __init__(self, d_model: int, max_positions: int):
+        super().__init__()
+        self.max_positions = max_positions
+        self.embedding = nn.Embedding(max_positions, d_model)
+        nn.init.normal_(self.embedding.weight, std=d_model ** -0.5)
+
+    def forward(self, length: int, start: int = 0) -> Tensor:
+        """-> (length, d_model)."""
+        _check_range(start, length, self.max_positions)
+        return self.embedding.weight[start:start + length]
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE (Su et al. 2021), "rotate half" layout: dimension i is paired with i + D/2,
+    and the pair at position m is rotated by the angle m * base^(-2i/D)."""
+
+    def __init__(self, head_dim: int, max_positions: int, base: float = 10000.0):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary positions need an even head size, got {head_dim}")
+        self.max_positions = max_positions
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq
+        angles = torch.cat([angles, angles], dim=-1)                     # (P, D)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        """x (B, H, T, D), positions start .. start + T - 1 -> rotated (B, H, T, D)."""
+        length = x.shape[-2]
+        _check_range(start, length, self.max_positions)
+        cos = self.cos[start:start + length].to(x.dtype)
+        sin = self.sin[start:start + length].to(x.dtype)
+        first, second = x.chunk(2, dim=-1)
+        rotated_half = torch.cat([-second, first], dim=-1)
+        return x * cos + rotated_half * sin

@@ -1,0 +1,210 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need".
+
+Training runs the whole target at once (teacher forcing):
+
+    logits = model(src, tgt_in)                    # src (B, S), tgt_in (B, T) -> (B, T, V)
+
+Decoding runs in two phases:
+
+    state = model.prefill(src)                     # encode once; cross-attention K/V once
+    logits = model.decode_step(tokens, state)      # tokens (B, T_new): appended to the caches
+
+Token ids are right-padded with config.pad_id.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from transduce.attention import masks
+from transduce.attention.kv_cache import KVCache
+from transduce.config import ModelConfig
+from transduce.model.layers import DecoderLayer, EncoderLayer
+from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedding,
+                                        SinusoidalPositionalEncoding)
+
+
+class TokenEmbedding(nn.Module):
+    """Token vectors multiplied by sqrt(d_model), plus additive positions (unless rotary),
+    then dropout: the input of each stack."""
+
+    def __init__(self, embedding: nn.Embedding, positions: nn.Module | None, dropout: float):
+        super().__init__()
+        self.embedding = embedding
+        self.positions = positions
+        self.scale = math.sqrt(embedding.embedding_dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+        """ids (B, T), first position `start` -> (B, T, C)."""
+        x = self.embedding(ids) * self.scale
+        if self.positions is not None:
+            x = x + self.positions(ids.shape[1], start)
+        return self.dropout(x)
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: ModelConfig, embed: TokenEmbedding, rotary: RotaryEmbedding | None):
+        super().__init__()
+        self.embed = embed
+        self.layers = nn.ModuleList(EncoderLayer(config, rotary)
+                                    for _ in range(config.num_encoder_layers))
+        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) \
+            if config.norm_first else None
+
+    def forward(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
+        """src (B, S), src_mask (B, 1, 1, S) -> memory (B, S, C)."""
+        x = self.embed(src)
+        for layer in self.layers:
+            x = layer(x, src_mask)
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: ModelConfig, embed: TokenEmbedding, rotary: RotaryEmbedding | None):
+        super().__init__()
+        self.embed = embed
+        self.layers = nn.ModuleList(DecoderLayer(config, rotary)
+                                    for _ in range(config.num_decoder_layers))
+        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) \
+            if config.norm_first else None
+
+    def memory_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Each layer's cross-attention keys and values, (B, Hkv, S, D): once per source."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.layers]
+
+    def forward(self, tgt: Tensor, memory_kv: list[tuple[Tensor, Tensor]],
+                memory_mask: Tensor | None, *, tgt_mask: Tensor | None = None,
+                caches: list[KVCache] | None = None) -> Tensor:
+        """tgt (B, T) -> hidden states (B, T, C). With caches, tgt holds only the new
+        tokens, whose positions start after what the caches hold."""
+        start = 0 if caches is None else caches[0].length
+        x = self.embed(tgt, start)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory_kv[i], memory_mask, tgt_mask=tgt_mask,
+                      cache=None if caches is None else caches[i])
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+@dataclass
+class DecoderState:
+    """What the decode phase carries between steps: the source's cross-attention keys and
+    values (fixed) and one self-attention KVCache per decoder layer (growing)."""
+
+    memory_kv: list[tuple[Tensor, Tensor]]
+    memory_mask: Tensor            # (B, 1, 1, S)
+    caches: list[KVCache]
+
+    @property
+    def length(self) -> int:
+        """Target tokens decoded so far."""
+        return self.caches[0].length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the self-attention caches (the part that grows with the output)."""
+        return sum(cache.nbytes for cache in self.caches)
+
+    def reorder(self, index: Tensor, *, same_source: bool = False) -> None:
+        """Keep batch rows `index` (B',) in that order (beam survivors, running sentences).
+
+        same_source: every kept row reads the same source as the row it replaces (beams
+        of one sentence reordered among themselves), so the source side stays as it is.
+        """
+        for cache in self.caches:
+            cache.reorder(index)
+        if not same_source:
+            self.memory_kv = [(k.index_select(0, index), v.index_select(0, index))
+                              for k, v in self.memory_kv]
+            self.memory_mask = self.memory_mask.index_select(0, index)
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = self.config = config
+        src_embedding = nn.Embedding(c.src_vocab_size, c.d_model, padding_idx=c.pad_id)
+        tgt_embedding = src_embedding if c.tie_embeddings == "all" else \
+            nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id)
+        self.output_proj = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
+        self._init_weights(src_embedding, tgt_embedding)
+        if c.tie_embeddings in ("all", "decoder"):
+            self.output_proj.weight = tgt_embedding.weight
+
+        rotary = RotaryEmbedding(c.head_dim, c.max_positions, c.rope_base) \
+            if c.positional == "rotary" else None
+        self.encoder = Encoder(c, TokenEmbedding(src_embedding, self._positions(), c.dropout), rotary)
+        self.decoder = Decoder(c, TokenEmbedding(tgt_embedding, self._positions(), c.dropout), rotary)
+        self._init_linear_layers()
+
+    def _positions(self) -> nn.Module | None:
+        c = self.config
+        if c.positional == "sinusoidal":
+            return SinusoidalPositionalEncoding(c.d_model, c.max_positions)
+        if c.positional == "learned":
+            return LearnedPositionalEmbedding(c.d_model, c.max_positions)
+        return None  # rotary: positions enter inside self-attention
+
+    def _init_weights(self, *embeddings: nn.Embedding) -> None:
+        """Embeddings N(0, d^-1/2), so that after the sqrt(d) scale they have unit size;
+        the pad row is zero."""
+        for embedding in embeddings:
+            nn.init.normal_(embedding.weight, std=self.config.d_model ** -0.5)
+            with torch.no_grad():
+                embedding.weight[self.config.pad_id].zero_()
+
+    def _init_linear_layers(self) -> None:
+        """Xavier-uniform weights and zero biases for every projection but the tied output."""
+        for module in [*self.encoder.modules(), *self.decoder.modules()]:
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        if self.config.tie_embeddings == "none":
+            nn.init.normal_(self.output_proj.weight, std=self.config.d_model ** -0.5)
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, each tied matrix counted once."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def source_mask(self, src: Tensor) -> Tensor:
+        """src (B, S) -> (B, 1, 1, S): every non-pad source token may be attended."""
+        return masks.padding_mask_from_ids(src, self.config.pad_id)
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """src (B, S) token ids -> memory (B, S, C). src_mask defaults to the pad mask."""
+        return self.encoder(src, self.source_mask(src) if src_mask is None else src_mask)
+
+    def decode(self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None,
+               tgt_mask: Tensor | None = None) -> Tensor:
+        """The full causal pass: tgt (B, T), memory (B, S, C), memory_mask (B, 1, 1, S)
+        -> logits (B, T, V). tgt_mask is combined with the causal mask."""
+        hidden = self.decoder(tgt, self.decoder.memory_kv(memory), memory_mask, tgt_mask=tgt_mask)
+        return self.output_proj(hidden)
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """src (B, S), tgt (B, T) (the shifted-right target) -> logits (B, T, V)."""
+        src_mask = self.source_mask(src)
+        return self.decode(tgt, self.encode(src, src_mask), src_mask)
+
+    def prefill(self, src: Tensor, max_len: int, *, src_mask: Tensor | None = None,
+                cache_dtype: torch.dtype | None = None) -> DecoderState:
+        """The prefill phase: encode the source, compute every layer's cross-attention keys
+        and values once, and allocate self-attention caches for max_len target tokens."""
+        src_mask = self.source_mask(src) if src_mask is None else src_mask
+        memory = self.encode(src, src_mask)
+        c = self.config
+        dtype = memory.dtype if cache_dtype is None else cache_dtype
+        caches = [KVCache(src.shape[0], c.kv_heads, max_len, c.head_dim, dtype=dtype,
+                          device=src.device) for _ in range(c.num_decoder_layers)]
+        return DecoderState(self.decoder.memory_kv(memory), src_mask, caches)
+
+    def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
+        """The decode phase: tokens (B, T_new) follow the state.length tokens already
+        cached -> logits (B, T_new, V). The caches grow by T_new in place."""
+        hidden = self.decoder(tokens, state.memory_kv, state.memory_mask, caches=state.caches)
+        return self.output_proj(hidden)
