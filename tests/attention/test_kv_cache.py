@@ -1,0 +1,54 @@
+import pytest
+import torch
+
+from transduce.attention import KVCache
+
+
+def test_update_appends_in_place_and_returns_the_filled_part():
+    cache = KVCache(2, 3, max_len=6, head_dim=4)
+    buffer = cache.k
+    k1, v1 = torch.randn(2, 3, 2, 4), torch.randn(2, 3, 2, 4)
+    k2, v2 = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
+    cache.update(k1, v1)
+    k, v = cache.update(k2, v2)
+    assert cache.length == 3 and cache.k is buffer
+    torch.testing.assert_close(k, torch.cat([k1, k2], dim=2), rtol=0, atol=0)
+    torch.testing.assert_close(v, torch.cat([v1, v2], dim=2), rtol=0, atol=0)
+    assert k.data_ptr() == buffer.data_ptr()  # a view, not a copy
+
+
+def test_overflow_and_shape_mismatch_are_clear_errors():
+    cache = KVCache(1, 2, max_len=2, head_dim=4)
+    cache.update(torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
+    with pytest.raises(ValueError, match="KV cache full"):
+        cache.update(torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4))
+    with pytest.raises(ValueError, match="cannot append"):
+        KVCache(1, 2, 4, 4).update(torch.randn(1, 3, 1, 4), torch.randn(1, 3, 1, 4))
+
+
+def test_reorder_same_batch_size_permutes_rows():
+    cache = KVCache(3, 1, max_len=4, head_dim=2)
+    k, v = torch.randn(3, 1, 2, 2), torch.randn(3, 1, 2, 2)
+    cache.update(k, v)
+    index = torch.tensor([2, 2, 0])
+    cache.reorder(index)
+    got_k, got_v = cache.k[:, :, :2], cache.v[:, :, :2]
+    torch.testing.assert_close(got_k, k[index], rtol=0, atol=0)
+    torch.testing.assert_close(got_v, v[index], rtol=0, atol=0)
+
+
+def test_reorder_can_shrink_the_batch():
+    cache = KVCache(4, 2, max_len=5, head_dim=3)
+    k, v = torch.randn(4, 2, 3, 3), torch.randn(4, 2, 3, 3)
+    cache.update(k, v)
+    cache.reorder(torch.tensor([3, 1]))
+    assert cache.batch_size == 2 and cache.length == 3 and cache.max_len == 5
+    k_all, _ = cache.update(torch.zeros(2, 2, 1, 3), torch.zeros(2, 2, 1, 3))
+    torch.testing.assert_close(k_all[:, :, :3], k[[3, 1]], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype,size", [(torch.float32, 4), (torch.bfloat16, 2)])
+def test_nbytes_follows_the_formula(dtype, size):
+    batch, kv_heads, tokens, head_dim = 3, 2, 17, 8
+    cache = KVCache(batch, kv_heads, tokens, head_dim, dtype=dtype)
+    assert cache.nbytes == 2 * kv_heads * head_dim * size * tokens * batch

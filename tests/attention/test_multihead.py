@@ -1,0 +1,128 @@
+"""MultiHeadAttention against torch.nn.MultiheadAttention, GQA/MQA against repeated heads,
+and cached step-by-step self-attention against the full causal pass."""
+
+import pytest
+import torch
+from torch import nn
+
+from transduce.attention import KVCache, MultiHeadAttention, masks
+from transduce.model.positional import RotaryEmbedding
+
+IMPLS = ["naive", "sdpa", "flash"]
+
+
+def copy_from_torch(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
+    c = theirs.embed_dim
+    with torch.no_grad():
+        for i, proj in enumerate([ours.q_proj, ours.k_proj, ours.v_proj]):
+            proj.weight.copy_(theirs.in_proj_weight[i * c:(i + 1) * c])
+            proj.bias.copy_(theirs.in_proj_bias[i * c:(i + 1) * c])
+        ours.out_proj.weight.copy_(theirs.out_proj.weight)
+        ours.out_proj.bias.copy_(theirs.out_proj.bias)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_self_attention_equals_torch_with_key_padding(impl):
+    torch_mha = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    ours = MultiHeadAttention(32, 4, impl=impl).eval()
+    copy_from_torch(ours, torch_mha)
+    x = torch.randn(3, 7, 32)
+    lengths = torch.tensor([7, 3, 5])
+    pad = masks.padding_mask(lengths, 7)                                   # (B, 1, 1, S)
+    expected, expected_weights = torch_mha(x, x, x, key_padding_mask=~pad[:, 0, 0],
+                                           average_attn_weights=False)
+    torch.testing.assert_close(ours(x, pad), expected, rtol=1e-5, atol=1e-5)
+    if impl == "naive":
+        _, weights = ours(x, pad, return_weights=True)
+        torch.testing.assert_close(weights, expected_weights, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_causal_self_attention_equals_torch(impl):
+    torch_mha = nn.MultiheadAttention(32, 8, batch_first=True).eval()
+    ours = MultiHeadAttention(32, 8, impl=impl).eval()
+    copy_from_torch(ours, torch_mha)
+    x = torch.randn(2, 9, 32)
+    future = nn.Transformer.generate_square_subsequent_mask(9)
+    expected, _ = torch_mha(x, x, x, attn_mask=future)
+    torch.testing.assert_close(ours(x, causal=True), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cross_attention_equals_torch(impl):
+    torch_mha = nn.MultiheadAttention(24, 3, batch_first=True).eval()
+    ours = MultiHeadAttention(24, 3, impl=impl).eval()
+    copy_from_torch(ours, torch_mha)
+    x, memory = torch.randn(2, 5, 24), torch.randn(2, 11, 24)
+    pad = masks.padding_mask(torch.tensor([11, 6]), 11)
+    expected, _ = torch_mha(x, memory, memory, key_padding_mask=~pad[:, 0, 0])
+    got = ours(x, pad, kv=ours.project_kv(memory))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_grouped_query_equals_mha_with_repeated_kv_heads(kv_heads, impl):
+    """GQA is MHA whose key/value projections repeat each of the H_kv heads G times."""
+    d_model, heads = 32, 8
+    group = heads // kv_heads
+    gqa = MultiHeadAttention(d_model, heads, kv_heads, impl=impl).eval()
+    mha = MultiHeadAttention(d_model, heads, impl=impl).eval()
+    head_dim = d_model // heads
+    with torch.no_grad():
+        for name in ("q_proj", "out_proj"):
+            getattr(mha, name).load_state_dict(getattr(gqa, name).state_dict())
+        for name in ("k_proj", "v_proj"):
+            src, dst = getattr(gqa, name), getattr(mha, name)
+            dst.weight.copy_(src.weight.view(kv_heads, head_dim, d_model)
+                             .repeat_interleave(group, 0).reshape(d_model, d_model))
+            dst.bias.copy_(src.bias.view(kv_heads, head_dim).repeat_interleave(group, 0).flatten())
+    x = torch.randn(2, 6, d_model)
+    assert gqa.k_proj.out_features == kv_heads * head_dim
+    torch.testing.assert_close(gqa(x, causal=True), mha(x, causal=True), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("rotary", [False, True])
+def test_cached_steps_equal_the_full_causal_pass(kv_heads, impl, rotary):
+    rope = RotaryEmbedding(8, max_positions=64) if rotary else None
+    mha = MultiHeadAttention(32, 4, kv_heads, impl=impl, rotary=rope).eval()
+    x = torch.randn(3, 10, 32)
+    full = mha(x, causal=True)
+    cache = KVCache(3, kv_heads, max_len=12, head_dim=8)
+    # A prefix of 4 tokens at once, then one token at a time.
+    steps = [mha(x[:, :4], causal=True, cache=cache)]
+    steps += [mha(x[:, t:t + 1], causal=True, cache=cache) for t in range(4, 10)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert cache.length == 10
+
+
+def test_rotary_is_not_applied_to_cross_attention():
+    rope = RotaryEmbedding(8, max_positions=64)
+    with_rope = MultiHeadAttention(16, 2, rotary=rope).eval()
+    without = MultiHeadAttention(16, 2).eval()
+    without.load_state_dict(with_rope.state_dict())
+    x, memory = torch.randn(1, 3, 16), torch.randn(1, 5, 16)
+    torch.testing.assert_close(with_rope(x, kv=with_rope.project_kv(memory)),
+                               without(x, kv=without.project_kv(memory)))
+
+
+def test_cache_with_cross_attention_is_refused():
+    mha = MultiHeadAttention(16, 2)
+    memory = torch.randn(1, 5, 16)
+    with pytest.raises(ValueError, match="self-attention only"):
+        mha(torch.randn(1, 1, 16), kv=mha.project_kv(memory), cache=KVCache(1, 2, 4, 8))
+
+
+def test_bad_head_counts_are_named():
+    with pytest.raises(ValueError, match="num_heads=3"):
+        MultiHeadAttention(16, 3)
+    with pytest.raises(ValueError, match="num_kv_heads=3"):
+        MultiHeadAttention(24, 4, 3)
+
+
+def test_projection_sizes_shrink_with_kv_heads():
+    mqa = MultiHeadAttention(64, 8, 1)
+    assert mqa.q_proj.weight.shape == (64, 64)
+    assert mqa.k_proj.weight.shape == (8, 64) and mqa.v_proj.weight.shape == (8, 64)

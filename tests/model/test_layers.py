@@ -1,0 +1,82 @@
+"""Our layers against torch.nn's with copied weights."""
+
+import pytest
+import torch
+from torch import nn
+
+from tests.attention.test_multihead import copy_from_torch
+from transduce.attention import masks
+from transduce.config import ModelConfig
+from transduce.model.layers import DecoderLayer, EncoderLayer, FeedForward
+
+D_MODEL, HEADS, D_FF = 32, 4, 64
+
+
+def config(**changes):
+    return ModelConfig(src_vocab_size=10, tgt_vocab_size=10, d_model=D_MODEL, num_heads=HEADS,
+                       d_ff=D_FF, dropout=0.0, **changes)
+
+
+def copy_common(ours, theirs):
+    with torch.no_grad():
+        ours.ffn.linear1.load_state_dict(theirs.linear1.state_dict())
+        ours.ffn.linear2.load_state_dict(theirs.linear2.state_dict())
+        for name in ("norm1", "norm2", "norm3"):
+            if hasattr(theirs, name):
+                getattr(ours, name).load_state_dict(getattr(theirs, name).state_dict())
+                # Non-trivial norms, so that a swapped norm would show.
+                getattr(ours, name).weight.uniform_(0.5, 1.5)
+                getattr(theirs, name).weight.copy_(getattr(ours, name).weight)
+    copy_from_torch(ours.self_attn, theirs.self_attn)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("impl", ["naive", "sdpa", "flash"])
+def test_encoder_layer_equals_torch(norm_first, activation, impl):
+    theirs = nn.TransformerEncoderLayer(D_MODEL, HEADS, D_FF, dropout=0.0, activation=activation,
+                                        batch_first=True, norm_first=norm_first).eval()
+    ours = EncoderLayer(config(norm_first=norm_first, activation=activation,
+                               attention_impl=impl)).eval()
+    copy_common(ours, theirs)
+    x = torch.randn(3, 8, D_MODEL)
+    pad = masks.padding_mask(torch.tensor([8, 5, 2]), 8)
+    expected = theirs(x, src_key_padding_mask=~pad[:, 0, 0])
+    got = ours(x, pad)
+    # torch's fast path returns zeros at padded positions in eval mode; compare real ones.
+    real = pad[:, 0, 0]
+    torch.testing.assert_close(got[real], expected[real], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("impl", ["naive", "sdpa", "flash"])
+def test_decoder_layer_equals_torch(norm_first, impl):
+    theirs = nn.TransformerDecoderLayer(D_MODEL, HEADS, D_FF, dropout=0.0, batch_first=True,
+                                        norm_first=norm_first).eval()
+    ours = DecoderLayer(config(norm_first=norm_first, attention_impl=impl)).eval()
+    copy_common(ours, theirs)
+    copy_from_torch(ours.cross_attn, theirs.multihead_attn)
+    x, memory = torch.randn(2, 6, D_MODEL), torch.randn(2, 9, D_MODEL)
+    memory_pad = masks.padding_mask(torch.tensor([9, 4]), 9)
+    future = nn.Transformer.generate_square_subsequent_mask(6)
+    expected = theirs(x, memory, tgt_mask=future, tgt_is_causal=True,
+                      memory_key_padding_mask=~memory_pad[:, 0, 0])
+    got = ours(x, ours.cross_attn.project_kv(memory), memory_pad)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_feed_forward_is_relu_mlp():
+    ffn = FeedForward(4, 8)
+    x = torch.randn(2, 3, 4)
+    expected = torch.relu(x @ ffn.linear1.weight.T + ffn.linear1.bias) @ ffn.linear2.weight.T \
+        + ffn.linear2.bias
+    torch.testing.assert_close(ffn(x), expected)
+
+
+def test_residual_dropout_is_active_in_training_only():
+    layer = EncoderLayer(config().replace(dropout=0.5))
+    x = torch.randn(2, 5, D_MODEL)
+    layer.train()
+    assert not torch.allclose(layer(x, None), layer(x, None))
+    layer.eval()
+    torch.testing.assert_close(layer(x, None), layer(x, None))

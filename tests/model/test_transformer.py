@@ -1,0 +1,160 @@
+"""The whole model: sizes, tying, cached decoding, batching, and learning a copy task."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transduce.attention import masks
+from transduce.config import ConfigError, ModelConfig, preset
+from transduce.decode import greedy_search
+from transduce.model import Transformer
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def tiny(**changes):
+    return preset("tiny", src_vocab_size=20, tgt_vocab_size=20, **changes)
+
+
+def padded(lengths, vocab=20, first=3):
+    """Random right-padded ids (B, max(lengths)) drawn from [first, vocab)."""
+    ids = torch.randint(first, vocab, (len(lengths), max(lengths)))
+    return ids.masked_fill(~masks.padding_mask(torch.tensor(lengths))[:, 0, 0], PAD)
+
+
+@pytest.mark.parametrize("name,low,high", [("base", 63e6, 65e6), ("big", 210e6, 216e6)])
+def test_paper_presets_have_the_papers_size(name, low, high):
+    model = Transformer(preset(name, src_vocab_size=37000, tgt_vocab_size=37000))
+    assert low <= model.num_parameters() <= high
+
+
+def test_three_way_tying_shares_one_matrix():
+    model = Transformer(tiny())
+    shared = model.output_proj.weight
+    assert model.encoder.embed.embedding.weight is shared
+    assert model.decoder.embed.embedding.weight is shared
+    untied = Transformer(tiny(tie_embeddings="none"))
+    assert untied.num_parameters() == model.num_parameters() + 2 * 20 * 64
+
+
+def test_decoder_tying_with_separate_vocabularies():
+    model = Transformer(preset("tiny", src_vocab_size=30, tgt_vocab_size=20,
+                               tie_embeddings="decoder"))
+    assert model.decoder.embed.embedding.weight is model.output_proj.weight
+    assert model.encoder.embed.embedding.weight.shape == (30, 64)
+    logits = model(padded([4, 2], vocab=30), padded([3, 3]))
+    assert logits.shape == (2, 3, 20)
+
+
+def test_tying_all_with_unequal_vocabularies_is_refused():
+    with pytest.raises(ConfigError, match="tie_embeddings='all'"):
+        preset("tiny", src_vocab_size=30, tgt_vocab_size=20)
+
+
+@pytest.mark.parametrize("changes,field", [
+    ({"d_model": 30}, "d_model=30"), ({"num_kv_heads": 3}, "num_kv_heads=3"),
+    ({"dropout": 1.0}, "dropout"), ({"positional": "alibi"}, "positional"),
+    ({"num_encoder_layers": 0}, "num_encoder_layers"),
+])
+def test_bad_configs_name_the_field(changes, field):
+    with pytest.raises(ConfigError, match=field):
+        tiny(**changes)
+
+
+def test_embeddings_are_scaled_by_sqrt_d_model():
+    model = Transformer(tiny(positional="rotary")).eval()
+    ids = torch.tensor([[5, 6]])
+    expected = model.encoder.embed.embedding.weight[ids] * 8.0  # sqrt(64)
+    torch.testing.assert_close(model.encoder.embed(ids), expected)
+
+
+def test_pre_norm_stacks_end_with_a_layer_norm():
+    assert Transformer(tiny()).encoder.final_norm is None
+    model = Transformer(tiny(norm_first=True))
+    assert model.encoder.final_norm is not None and model.decoder.final_norm is not None
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"num_kv_heads": 2}, {"num_kv_heads": 1}, {"positional": "learned"},
+    {"positional": "rotary", "num_kv_heads": 2}, {"norm_first": True},
+    {"attention_impl": "naive"}, {"attention_impl": "flash", "num_kv_heads": 1},
+])
+def test_cached_decoding_equals_the_full_causal_pass(changes):
+    model = Transformer(tiny(**changes)).eval()
+    src, tgt = padded([7, 3, 5]), padded([6, 6, 6])
+    with torch.no_grad():
+        full = model(src, tgt)                                            # (B, T, V)
+        state = model.prefill(src, max_len=8)
+        steps = [model.decode_step(tgt[:, :2], state)]                   # a 2-token prefix
+        steps += [model.decode_step(tgt[:, t:t + 1], state) for t in range(2, 6)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert state.length == 6
+
+
+def test_cache_bytes_are_measured_and_match_the_formula():
+    config = tiny(num_kv_heads=1)
+    model = Transformer(config)
+    state = model.prefill(padded([5, 5, 2]), max_len=11)
+    formula = 2 * config.num_decoder_layers * config.kv_heads * config.head_dim * 4 * 11 * 3
+    assert state.nbytes == formula
+    mha_state = Transformer(tiny()).prefill(padded([5, 5, 2]), max_len=11)
+    assert mha_state.nbytes == 4 * state.nbytes  # 4 heads -> 1 kv head
+
+
+def test_batched_equals_one_sentence_at_a_time():
+    model = Transformer(tiny()).eval()
+    src, tgt = padded([7, 2, 5]), padded([4, 6, 3])
+    with torch.no_grad():
+        batched = model(src, tgt)
+        for b, (s_len, t_len) in enumerate([(7, 4), (2, 6), (5, 3)]):
+            alone = model(src[b:b + 1, :s_len], tgt[b:b + 1, :t_len])
+            torch.testing.assert_close(batched[b:b + 1, :t_len], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_decoder_state_reorder_follows_the_index():
+    model = Transformer(tiny()).eval()
+    src, tgt = padded([6, 3, 4]), padded([3, 3, 3])
+    index = torch.tensor([2, 0])
+    with torch.no_grad():
+        state = model.prefill(src, max_len=5)
+        model.decode_step(tgt[:, :2], state)
+        state.reorder(index)
+        got = model.decode_step(tgt[index, 2:3], state)
+        expected = model(src[index], tgt[index])[:, 2:3]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_positions_past_the_limit_are_a_clear_error():
+    model = Transformer(tiny(max_positions=8))
+    with pytest.raises(ValueError, match="max_positions=8"):
+        model(padded([9]), padded([2]))
+
+
+def copy_batch(batch_size, vocab, generator):
+    lengths = torch.randint(3, 9, (batch_size,), generator=generator)
+    body = torch.randint(3, vocab, (batch_size, 8), generator=generator)
+    src = body.masked_fill(~masks.padding_mask(lengths, 8)[:, 0, 0], PAD)
+    tgt = torch.full((batch_size, 10), PAD)
+    for b, n in enumerate(lengths.tolist()):
+        tgt[b, 0], tgt[b, 1:n + 1], tgt[b, n + 1] = BOS, src[b, :n], EOS
+    return src, tgt[:, :-1], tgt[:, 1:]
+
+
+def test_tiny_transformer_learns_to_copy():
+    """A 2+2 layer model overfits a fixed set of 64 sequences: every greedy output exact."""
+    torch.manual_seed(0)
+    config = preset("tiny", src_vocab_size=13, tgt_vocab_size=13)
+    model = Transformer(config)
+    src, tgt_in, tgt_out = copy_batch(64, 13, torch.Generator().manual_seed(1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
+    for step in range(400):
+        logits = model(src, tgt_in)
+        loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 0.01:
+            break
+    model.eval()
+    output = greedy_search(model, src, bos_id=BOS, eos_id=EOS, max_len=tgt_out.shape[1])
+    assert torch.equal(output, tgt_out[:, :output.shape[1]]), f"loss {loss.item():.4f}"
