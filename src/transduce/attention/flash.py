@@ -81,7 +81,8 @@ class _Tiling:
         self.block_q, self.block_k = block_q, block_k
         # Queries sit at the end of the keys: query i sees key j when j <= i + offset.
         self.offset = self.num_keys - self.num_queries
-        self.blocked = None if mask is None else ~masks.group_heads(mask, self.kv_heads, self.group)
+        # Kept as given (possibly an expanded view): only tile slices are ever inverted.
+        self.allowed = None if mask is None else masks.group_heads(mask, self.kv_heads, self.group)
         self.generator = None
         if dropout_p > 0:
             self.generator = torch.Generator(device=q.device)
@@ -109,9 +110,9 @@ class _Tiling:
         """Scaled, masked scores of one tile in acc_dtype: (B, Hkv, G * tq, tk)."""
         s = (q_rows @ k_tile.transpose(-1, -2)).to(self.acc_dtype)
         s5 = s.view(self.batch, self.kv_heads, self.group, qe - qs, ke - ks)
-        if self.blocked is not None:
-            rows = slice(None) if self.blocked.shape[3] == 1 else slice(qs, qe)
-            s5.masked_fill_(self.blocked[:, :, :, rows, ks:ke], float("-inf"))
+        if self.allowed is not None:
+            rows = slice(None) if self.allowed.shape[3] == 1 else slice(qs, qe)
+            s5.masked_fill_(~self.allowed[:, :, :, rows, ks:ke], float("-inf"))
         if self.causal and ke - 1 > qs + self.offset:  # the tile crosses the diagonal
             allowed = masks.causal_mask(qe - qs, ke - ks, offset=qs + self.offset - ks,
                                         device=s.device)
