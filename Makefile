@@ -7,6 +7,7 @@ TORCH_VERSION := 2.13.0
 .PHONY: demo test bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
+	bash scripts/install-system-packages.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch first: an unpinned torch would pull the CUDA wheels.

@@ -17,3 +17,43 @@ def test_model_info_flags_map_onto_config_fields(capsys):
 def test_model_info_refuses_a_bad_config_naming_the_field(capsys):
     assert main(["model-info", "--preset", "small", "--d-model", "250"]) == 2
     assert "d_model=250" in capsys.readouterr().err
+
+
+def write_corpus(directory, source, target):
+    from transduce.data.corpus import write_metadata
+
+    (directory / "train.es").write_bytes(source)
+    (directory / "train.en").write_bytes(target)
+    write_metadata(directory, "es", "en")
+
+
+def test_vocab_on_bad_utf8_names_file_and_line(tmp_path, capsys):
+    write_corpus(tmp_path, b"hola\nadi\xf3s\n", b"hello\nbye\n")
+    assert main(["vocab", "--data", str(tmp_path), "--size", "50"]) == 1
+    err = capsys.readouterr().err
+    assert "train.es:2: invalid UTF-8" in err and "Traceback" not in err
+
+
+def test_vocab_on_misaligned_files_names_both_counts(tmp_path, capsys):
+    write_corpus(tmp_path, b"a\nb\nc\n", b"a\nb\n")
+    assert main(["vocab", "--data", str(tmp_path)]) == 1
+    assert "train.es has 3 lines but" in capsys.readouterr().err
+
+
+def test_vocab_and_stats_on_a_small_corpus(tmp_path, capsys):
+    words = ["uno dos tres", "cuatro cinco", "seis siete ocho nueve"]
+    english = ["one two three", "four five", "six seven eight nine"]
+    write_corpus(tmp_path, ("\n".join(words * 30) + "\n").encode(),
+                 ("\n".join(english * 30) + "\n").encode())
+    assert main(["vocab", "--data", str(tmp_path), "--size", "400"]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "spm.model").is_file() and "round trip exact for 180 of 180" in out
+    assert main(["data", "stats", "--data", str(tmp_path), "--max-tokens", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "90 pairs" in out and "padding" in out
+
+
+def test_data_bible_without_diatheke_says_how_to_install(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["data", "bible", "--out", str(tmp_path / "bible")]) == 1
+    assert "apt-get install diatheke" in capsys.readouterr().err

@@ -7,9 +7,23 @@ import dataclasses
 import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any, Sequence
 
 from transduce.config import ConfigError, ModelConfig, PRESETS, preset
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Exceptions that describe bad input or a missing tool: printed, never a traceback."""
+    from transduce.data.batching import BatchingError
+    from transduce.data.bible import BibleError
+    from transduce.data.corpus import CorpusError
+    from transduce.data.tokenizer import TokenizerError
+
+    return (CorpusError, BibleError, TokenizerError, BatchingError)
+
+
+USER_ERRORS = _user_errors()
 
 
 def add_config_flags(parser: argparse.ArgumentParser, config_type: type) -> None:
@@ -67,6 +81,63 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_bible(args: argparse.Namespace) -> int:
+    """Extract the verse-aligned Bible corpus and write the fixed split."""
+    from transduce.data import bible
+    from transduce.data.corpus import write_metadata
+
+    corpus = bible.build_corpus(args.src_module, args.tgt_module, args.ref2_module or None)
+    for line in corpus.report:
+        print(line)
+    written = bible.write_corpus(corpus, args.out)
+    write_metadata(args.out, "es", "en", source_module=args.src_module,
+                   target_module=args.tgt_module, reference2_module=args.ref2_module or None)
+    sizes = ", ".join(f"{split} {len(keys)}" for split, keys in corpus.splits.items())
+    print(f"split: {sizes}; wrote {len(written)} files to {args.out}")
+    return 0
+
+
+def cmd_vocab(args: argparse.Namespace) -> int:
+    """Train the shared BPE vocabulary on both sides of the training split."""
+    from transduce.data.corpus import read_split
+    from transduce.data.tokenizer import train_tokenizer
+
+    train = read_split(args.data, "train")
+    print(train.summary())
+    tokenizer = train_tokenizer([*train.source, *train.target], args.data, args.size)
+    lossless = sum(tokenizer.decode(ids) == text for ids, text in
+                   zip(tokenizer.encode(train.source + train.target), train.source + train.target))
+    print(f"wrote {tokenizer.path} ({tokenizer.vocab_size} pieces; pad 0, bos 1, eos 2, unk 3); "
+          f"round trip exact for {lossless} of {2 * len(train)} training sentences")
+    return 0
+
+
+def cmd_data_stats(args: argparse.Namespace) -> int:
+    """Tokenised lengths, the length filter and token-count batching of a split."""
+    from transduce.data.batching import LengthFilter, TokenBatcher
+    from transduce.data.corpus import read_split
+    from transduce.data.tokenizer import MODEL_NAME, Tokenizer
+
+    corpus = read_split(args.data, args.split)
+    print(corpus.summary())
+    tokenizer = Tokenizer(args.data / MODEL_NAME)
+    cache = args.data / ".cache"
+    src_ids = tokenizer.encode_cached(corpus.source, cache)
+    tgt_ids = tokenizer.encode_cached(corpus.target, cache)
+    kept = LengthFilter.apply(src_ids, tgt_ids, args.max_len)
+    print(kept.report(src_ids, tgt_ids, corpus.line_numbers, args.max_len))
+    src_ids = [src_ids[i] for i in kept.kept]
+    tgt_ids = [tgt_ids[i] for i in kept.kept]
+    lines = [corpus.line_numbers[i] for i in kept.kept]
+    batcher = TokenBatcher(src_ids, tgt_ids, args.max_tokens, line_numbers=lines)
+    batches = batcher.epoch_batches(0)
+    src_tokens = sum(len(x) + 1 for x in src_ids)
+    tgt_tokens = sum(len(x) + 1 for x in tgt_ids)
+    print(f"tokens: {src_tokens} source, {tgt_tokens} target; {len(batches)} batches of at most "
+          f"{args.max_tokens} tokens a side; padding {100 * batcher.padding_fraction(0):.1f}%")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transduce", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -76,6 +147,28 @@ def build_parser() -> argparse.ArgumentParser:
                       help="shared vocabulary size (sets both src and tgt sizes)")
     add_config_flags(info, ModelConfig)
     info.set_defaults(run=cmd_model_info)
+
+    data = commands.add_parser("data", help="build or inspect a parallel corpus")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    bible_cmd = data_commands.add_parser("bible", help="extract the Spanish-English Bible corpus")
+    bible_cmd.add_argument("--out", type=Path, required=True, help="corpus directory to write")
+    bible_cmd.add_argument("--src-module", default="spaRV1909eb")
+    bible_cmd.add_argument("--tgt-module", default="engKJV2006eb")
+    bible_cmd.add_argument("--ref2-module", default="engWEB2015eb",
+                           help="second English reference for dev/test ('' for none)")
+    bible_cmd.set_defaults(run=cmd_data_bible)
+    stats = data_commands.add_parser("stats", help="lengths, filtering and batching of a split")
+    stats.add_argument("--data", type=Path, required=True)
+    stats.add_argument("--split", default="train", choices=["train", "dev", "test"])
+    stats.add_argument("--max-len", type=int, default=256,
+                       help="pairs with more tokens on either side are filtered")
+    stats.add_argument("--max-tokens", type=int, default=4096, help="batch budget per side")
+    stats.set_defaults(run=cmd_data_stats)
+
+    vocab = commands.add_parser("vocab", help="train the shared BPE vocabulary")
+    vocab.add_argument("--data", type=Path, required=True, help="corpus directory")
+    vocab.add_argument("--size", type=int, default=8000)
+    vocab.set_defaults(run=cmd_vocab)
     return parser
 
 
@@ -86,6 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"transduce: configuration error: {error}", file=sys.stderr)
         return 2
+    except USER_ERRORS as error:
+        print(f"transduce: error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,236 @@
+"""The built-in corpus: verse-aligned Spanish -> English Bible from Debian's SWORD modules.
+
+`diatheke -f plain` prints one verse per "Book C:V: text" line, with traps this module
+handles: section headings stand on lines of their own before an indented verse line (and
+are repeated before later indented verses); a verse may run over several lines; pilcrows
+(¶), Strong's tags (<H2416>) and OSIS markup (<title>...</title>) are mixed in; the last
+line names the module. The result is one clean line per verse keyed by
+(book, chapter, verse), the English book name as diatheke prints it.
+
+The split is fixed (DESIGN.md, section 4): sort the aligned keys as Python tuples,
+shuffle with random.Random(1234), then 1000 test, 1000 dev, the rest train.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+Key = tuple[str, int, int]
+
+BOOKS = (
+    "Genesis", "Exodus", "Leviticus", "Numbers", "Deuteronomy", "Joshua", "Judges", "Ruth",
+    "I Samuel", "II Samuel", "I Kings", "II Kings", "I Chronicles", "II Chronicles", "Ezra",
+    "Nehemiah", "Esther", "Job", "Psalms", "Proverbs", "Ecclesiastes", "Song of Solomon",
+    "Isaiah", "Jeremiah", "Lamentations", "Ezekiel", "Daniel", "Hosea", "Joel", "Amos",
+    "Obadiah", "Jonah", "Micah", "Nahum", "Habakkuk", "Zephaniah", "Haggai", "Zechariah",
+    "Malachi", "Matthew", "Mark", "Luke", "John", "Acts", "Romans", "I Corinthians",
+    "II Corinthians", "Galatians", "Ephesians", "Philippians", "Colossians",
+    "I Thessalonians", "II Thessalonians", "I Timothy", "II Timothy", "Titus", "Philemon",
+    "Hebrews", "James", "I Peter", "II Peter", "I John", "II John", "III John", "Jude",
+    "Revelation of John",
+)
+# The 66 books of the Protestant canon; other books a module has (the WEB's
+# deuterocanon) are not verses of this corpus.
+_BOOK_ALTERNATIVES = "|".join(re.escape(b) for b in sorted(BOOKS, key=len, reverse=True))
+_VERSE = re.compile(rf"^(?P<indent>\s*)(?P<book>{_BOOK_ALTERNATIVES}) (?P<chapter>\d+):(?P<verse>\d+):(?P<text>.*)$")
+# A verse line of a book outside the 66: a capitalised name of words and parentheses.
+_OTHER_VERSE = re.compile(r"^\s*[A-Z][A-Za-z ()]*? \d+:\d+: ")
+_TITLE = re.compile(r"<title\b[^>]*>.*?</title>", re.DOTALL)
+_STRONGS = re.compile(r"\s*<[HG]\d+>")  # follows its word: "vida <H2416>, toda"
+_TAG = re.compile(r"<[^<>]*>")
+_LEADING_MARKUP = re.compile(r"^(\s*)(?:<[^<>]*>\s*)+")  # before a glued verse key
+_TRAILER = re.compile(r"^\((?P<module>[\w.-]+)\)$")
+
+SPLIT_SEED = 1234
+TEST_SIZE = 1000
+DEV_SIZE = 1000
+
+DEFAULT_SRC_MODULE = "spaRV1909eb"
+DEFAULT_TGT_MODULE = "engKJV2006eb"
+DEFAULT_REF2_MODULE = "engWEB2015eb"
+PACKAGES = {"spaRV1909eb": "sword-text-sparv", "engKJV2006eb": "sword-text-kjv",
+            "engWEB2015eb": "sword-text-web"}
+INSTALL_HINT = ("install them with: apt-get install diatheke sword-text-sparv sword-text-kjv "
+                "sword-text-web")
+
+
+class BibleError(RuntimeError):
+    """The SWORD tools or modules are missing, or a module's text cannot be parsed."""
+
+
+@dataclass
+class ParsedModule:
+    """One module's verses and what was removed on the way, for the report."""
+
+    verses: dict[Key, str]
+    headings: int = 0                 # heading lines dropped
+    continuation_lines: int = 0       # lines joined onto the verse before them
+    outside_canon: int = 0            # verse lines of books outside the 66
+    empty: list[Key] = field(default_factory=list)
+
+
+def clean_text(text: str) -> str:
+    """Markup, Strong's tags and pilcrows removed; whitespace collapsed."""
+    text = _TAG.sub(" ", _STRONGS.sub("", _TITLE.sub(" ", text))).replace("¶", " ")
+    return " ".join(text.split())
+
+
+def parse_plain(output: str) -> ParsedModule:
+    """Parse `diatheke -f plain` output into {(book, chapter, verse): text}.
+
+    Lines that are not verse lines belong to the verse above them (continuations),
+    except the block since the last blank line before an indented verse line: that is
+    the verse's section heading, dropped.
+    """
+    parsed = ParsedModule(verses={})
+    lines = output.split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if lines and _TRAILER.match(lines[-1].strip()):
+        lines.pop()
+    current: Key | None = None
+    parts: list[str] = []
+    pending: list[str] = []           # non-verse lines since the current verse line
+    pending_after_blank: list[str] = []
+
+    def finish() -> None:
+        if current is not None:
+            text = clean_text(" ".join(parts))
+            parsed.verses[current] = text
+            if not text:
+                parsed.empty.append(current)
+
+    for raw in lines:
+        # A heading glued onto a verse line, in OSIS markup: drop it and the markup.
+        line, glued_headings = _TITLE.subn("", raw)
+        line = _LEADING_MARKUP.sub(r"\1", line)
+        parsed.headings += glued_headings
+        match = _VERSE.match(line)
+        if match is None:
+            if not line.strip():
+                pending.extend(pending_after_blank)
+                pending_after_blank = []
+            elif _OTHER_VERSE.match(line):
+                # A verse of a book outside the canon: it ends the current verse.
+                finish()
+                current, parts, pending, pending_after_blank = None, [], [], []
+                parsed.outside_canon += 1
+            else:
+                pending_after_blank.append(line)
+            continue
+        if match.group("indent"):
+            parsed.headings += len(pending_after_blank)
+        else:
+            pending.extend(pending_after_blank)
+        if current is not None:
+            parts.extend(pending)
+            parsed.continuation_lines += len(pending)
+        finish()
+        key = (match.group("book"), int(match.group("chapter")), int(match.group("verse")))
+        if key in parsed.verses:
+            raise BibleError(f"verse {format_key(key)} appears twice in the module's output")
+        current, parts = key, [match.group("text")]
+        pending, pending_after_blank = [], []
+    if current is not None:
+        parts.extend(pending + pending_after_blank)
+        parsed.continuation_lines += len(pending) + len(pending_after_blank)
+    finish()
+    return parsed
+
+
+def format_key(key: Key) -> str:
+    book, chapter, verse = key
+    return f"{book} {chapter}:{verse}"
+
+
+def dump_module(module: str) -> str:
+    """The whole module as diatheke prints it in plain format."""
+    if shutil.which("diatheke") is None:
+        raise BibleError(f"diatheke is not installed; {INSTALL_HINT}")
+    result = subprocess.run(["diatheke", "-b", module, "-f", "plain", "-k", "Gen 1:1-Rev 22:21"],
+                            capture_output=True, text=True, encoding="utf-8", errors="strict")
+    if result.returncode != 0 or not _VERSE.match(result.stdout.split("\n", 1)[0]):
+        package = PACKAGES.get(module, "the SWORD module package")
+        raise BibleError(f"diatheke could not read module {module!r} (is {package} installed? "
+                         f"{INSTALL_HINT}): {(result.stderr or result.stdout).strip()[:200]}")
+    return result.stdout
+
+
+def split_keys(keys: list[Key]) -> dict[str, list[Key]]:
+    """The fixed split: sorted tuples, shuffled with Random(1234), test / dev / train."""
+    ordered = sorted(keys)
+    random.Random(SPLIT_SEED).shuffle(ordered)
+    return {"test": ordered[:TEST_SIZE], "dev": ordered[TEST_SIZE:TEST_SIZE + DEV_SIZE],
+            "train": ordered[TEST_SIZE + DEV_SIZE:]}
+
+
+@dataclass
+class BibleCorpus:
+    splits: dict[str, list[Key]]
+    source: dict[Key, str]
+    target: dict[Key, str]
+    reference2: dict[Key, str] | None
+    report: list[str]
+
+
+def align(source: ParsedModule, target: ParsedModule, source_name: str,
+          target_name: str) -> tuple[list[Key], list[str]]:
+    """Keys with non-empty text on both sides, and what was dropped and why."""
+    report = []
+    for name, parsed in ((source_name, source), (target_name, target)):
+        report.append(f"{name}: {len(parsed.verses)} verses; dropped {parsed.headings} heading "
+                      f"lines, joined {parsed.continuation_lines} continuation lines, skipped "
+                      f"{parsed.outside_canon} verses outside the 66 books")
+    only_source = source.verses.keys() - target.verses.keys()
+    only_target = target.verses.keys() - source.verses.keys()
+    for name, keys in ((source_name, only_source), (target_name, only_target)):
+        if keys:
+            report.append(f"dropped {len(keys)} verses only in {name}: "
+                          f"{', '.join(format_key(k) for k in sorted(keys)[:5])}"
+                          f"{' ...' if len(keys) > 5 else ''}")
+    aligned = []
+    for name, parsed in ((source_name, source), (target_name, target)):
+        if parsed.empty:
+            report.append(f"dropped {len(parsed.empty)} verses empty in {name}: "
+                          f"{', '.join(format_key(k) for k in parsed.empty[:5])}"
+                          f"{' ...' if len(parsed.empty) > 5 else ''}")
+    for key in source.verses.keys() & target.verses.keys():
+        if source.verses[key] and target.verses[key]:
+            aligned.append(key)
+    report.append(f"aligned pairs: {len(aligned)}")
+    return aligned, report
+
+
+def build_corpus(src_module: str = DEFAULT_SRC_MODULE, tgt_module: str = DEFAULT_TGT_MODULE,
+                 ref2_module: str | None = DEFAULT_REF2_MODULE) -> BibleCorpus:
+    source, target = parse_plain(dump_module(src_module)), parse_plain(dump_module(tgt_module))
+    keys, report = align(source, target, src_module, tgt_module)
+    reference2 = None
+    if ref2_module:
+        reference2 = parse_plain(dump_module(ref2_module)).verses
+    return BibleCorpus(split_keys(keys), source.verses, target.verses, reference2, report)
+
+
+def write_corpus(corpus: BibleCorpus, out: Path, src_lang: str = "es", tgt_lang: str = "en") -> list[Path]:
+    """Write {split}.{src_lang}, {split}.{tgt_lang}, {split}.keys (and {split}.ref2 for dev
+    and test when a second reference exists), each file written whole then renamed."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for split, keys in corpus.splits.items():
+        files = {f"{split}.{src_lang}": [corpus.source[k] for k in keys],
+                 f"{split}.{tgt_lang}": [corpus.target[k] for k in keys],
+                 f"{split}.keys": [format_key(k) for k in keys]}
+        if corpus.reference2 is not None and split != "train":
+            files[f"{split}.ref2"] = [corpus.reference2.get(k, "") for k in keys]
+        for name, lines in files.items():
+            path = out / name
+            temporary = path.with_name(path.name + ".tmp")
+            temporary.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            temporary.replace(path)
+            written.append(path)
+    return written

@@ -1,0 +1,149 @@
+"""Read and validate line-aligned parallel text.
+
+Any pair of UTF-8 files with one sentence per line is a corpus. Problems that would
+silently corrupt training are errors naming the file and line: a missing or empty file,
+invalid UTF-8, NUL bytes, different line counts. Empty lines are not errors: such pairs
+are dropped and counted, never shifted against the other side.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SPLITS = ("train", "dev", "test")
+METADATA = "corpus.json"
+
+
+class CorpusError(ValueError):
+    """Bad input data; the message names the file and, where there is one, the line."""
+
+
+@dataclass
+class ParallelCorpus:
+    """Sentence pairs that survived validation, with their 1-based line numbers."""
+
+    source: list[str]
+    target: list[str]
+    line_numbers: list[int]
+    source_path: Path
+    target_path: Path
+    dropped_empty: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def summary(self) -> str:
+        text = f"{self.source_path} / {self.target_path}: {len(self)} pairs"
+        if self.dropped_empty:
+            shown = ", ".join(str(n) for n in self.dropped_empty[:5])
+            more = " ..." if len(self.dropped_empty) > 5 else ""
+            text += f"; dropped {len(self.dropped_empty)} with an empty side (lines {shown}{more})"
+        return text
+
+
+def read_lines(path: Path | str) -> list[str]:
+    """All lines of a UTF-8 text file, without line ends. Errors name file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(f"{path}: no such file")
+    data = path.read_bytes()
+    if not data.strip():
+        raise CorpusError(f"{path}: the file is empty")
+    raw_lines = data.split(b"\n")
+    if raw_lines[-1] == b"":
+        raw_lines.pop()  # the final line end
+    lines = []
+    for number, raw in enumerate(raw_lines, start=1):
+        nul = raw.find(b"\0")
+        if nul >= 0:
+            raise CorpusError(f"{path}:{number}: NUL byte at column {nul + 1}")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise CorpusError(f"{path}:{number}: invalid UTF-8 at byte {error.start + 1} of the "
+                              f"line ({raw[error.start:error.start + 4]!r})") from None
+        lines.append(line[:-1] if line.endswith("\r") else line)
+    return lines
+
+
+def read_parallel(source_path: Path | str, target_path: Path | str) -> ParallelCorpus:
+    source_path, target_path = Path(source_path), Path(target_path)
+    source, target = read_lines(source_path), read_lines(target_path)
+    if len(source) != len(target):
+        raise CorpusError(f"{source_path} has {len(source)} lines but {target_path} has "
+                          f"{len(target)}: the files are not line-aligned"
+                          f"{divergence_hint(source, target)}")
+    kept_source, kept_target, numbers, empty = [], [], [], []
+    for number, (s, t) in enumerate(zip(source, target), start=1):
+        if not s.strip() or not t.strip():
+            empty.append(number)
+            continue
+        kept_source.append(s.strip())
+        kept_target.append(t.strip())
+        numbers.append(number)
+    if not numbers:
+        raise CorpusError(f"{source_path} / {target_path}: no line pair has text on both sides")
+    return ParallelCorpus(kept_source, kept_target, numbers, source_path, target_path, empty)
+
+
+def divergence_hint(source: list[str], target: list[str]) -> str:
+    """Where the two sides probably stop matching: the line k that best explains the
+    lengths as aligned before k and shifted by the count difference from k on."""
+    shift = len(target) - len(source)
+    if abs(shift) > 20 or min(len(source), len(target)) < 3:
+        return ""
+    n = min(len(source), len(target))
+
+    def mismatch(a: str, b: str) -> float:
+        return abs(math.log((len(a) + 1) / (len(b) + 1)))
+
+    def shifted(i: int) -> float:  # line i of the shorter side against i + |shift|
+        return mismatch(source[i], target[i + shift]) if shift > 0 else \
+            mismatch(source[i - shift], target[i])
+
+    aligned_cost = [0.0]
+    for i in range(n):
+        aligned_cost.append(aligned_cost[-1] + mismatch(source[i], target[i]))
+    shifted_suffix = [0.0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        shifted_suffix[i] = shifted_suffix[i + 1] + shifted(i)
+    best = min(range(n + 1), key=lambda k: aligned_cost[k] + shifted_suffix[k])
+    if best >= n:
+        return ""
+    return f"; they probably diverge near line {best + 1}"
+
+
+def split_files(data_dir: Path | str, split: str) -> tuple[Path, Path]:
+    """The (source, target) files of a split in a corpus directory: {split}.{lang}, with
+    the languages named in corpus.json (which `transduce data` writes)."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise CorpusError(f"{data_dir}: no such directory")
+    metadata = data_dir / METADATA
+    if metadata.is_file():
+        try:
+            languages = json.loads(metadata.read_text(encoding="utf-8"))
+            return (data_dir / f"{split}.{languages['source_language']}",
+                    data_dir / f"{split}.{languages['target_language']}")
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise CorpusError(f"{metadata}: expected a JSON object with source_language and "
+                              f"target_language ({error})") from None
+    found = ", ".join(sorted(p.name for p in data_dir.glob(f"{split}.*"))) or "no such files"
+    raise CorpusError(f"{data_dir}: no {METADATA} saying which {split}.* file is the source "
+                      f"(found {found}); write it as "
+                      '{"source_language": "es", "target_language": "en"}')
+
+
+def write_metadata(data_dir: Path, source_language: str, target_language: str, **extra) -> None:
+    values = {"source_language": source_language, "target_language": target_language, **extra}
+    path = data_dir / METADATA
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
+    temporary.replace(path)
+
+
+def read_split(data_dir: Path | str, split: str) -> ParallelCorpus:
+    return read_parallel(*split_files(data_dir, split))

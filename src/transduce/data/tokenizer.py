@@ -1,0 +1,106 @@
+"""The shared BPE vocabulary (the paper's "shared source-target vocabulary").
+
+One SentencePiece BPE model is trained on both sides of the training data, so that the
+source embedding, target embedding and output projection can share one matrix. It is
+trained for a lossless round trip: no normalisation, whitespace kept as it is, and byte
+fallback for characters never seen in training, so decode(encode(text)) == text.
+
+Special ids are fixed for every vocabulary:
+    PAD_ID = 0   padding (ModelConfig.pad_id)
+    BOS_ID = 1   begins every decoder input
+    EOS_ID = 2   ends every source and every target
+    UNK_ID = 3   never produced with byte fallback, kept for SentencePiece
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+MODEL_NAME = "spm.model"
+
+
+class TokenizerError(RuntimeError):
+    """The vocabulary cannot be trained or loaded; the message says why."""
+
+
+class Tokenizer:
+    """Text <-> ids with a SentencePiece model file."""
+
+    def __init__(self, model_path: Path | str):
+        self.path = Path(model_path)
+        if not self.path.is_file():
+            raise TokenizerError(f"{self.path}: no such SentencePiece model; create one with "
+                                 f"`transduce vocab --data DIR`")
+        self.processor = spm.SentencePieceProcessor(model_file=str(self.path))
+        specials = (self.processor.pad_id(), self.processor.bos_id(),
+                    self.processor.eos_id(), self.processor.unk_id())
+        if specials != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
+            raise TokenizerError(f"{self.path}: special ids (pad, bos, eos, unk) are {specials}, "
+                                 f"expected {(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}")
+        self.fingerprint = hashlib.sha256(self.path.read_bytes()).hexdigest()[:16]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.processor.get_piece_size()
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Texts -> ids, without specials."""
+        return self.processor.encode(list(texts), out_type=int)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids -> text: stops at the first eos; pad and bos are skipped."""
+        pieces = []
+        for token in ids:
+            if token == EOS_ID:
+                break
+            if token not in (PAD_ID, BOS_ID):
+                pieces.append(int(token))
+        return self.processor.decode(pieces)
+
+    def pieces(self, text: str) -> list[str]:
+        """The subword pieces of a text, for display (attention maps)."""
+        return self.processor.encode(text, out_type=str)
+
+    def encode_cached(self, texts: Sequence[str], cache_dir: Path) -> list[np.ndarray]:
+        """encode(), remembered on disk by (tokenizer, text) fingerprint, so that a corpus
+        is tokenised once, not on every run."""
+        digest = hashlib.sha256("\n".join(texts).encode("utf-8")).hexdigest()[:16]
+        path = cache_dir / f"{self.fingerprint}-{digest}.npz"
+        if path.is_file():
+            stored = np.load(path)
+            return np.split(stored["ids"], stored["offsets"][1:-1])
+        encoded = self.encode(texts)
+        lengths = np.array([len(ids) for ids in encoded], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        flat = np.fromiter((t for ids in encoded for t in ids), dtype=np.int32, count=int(offsets[-1]))
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(path.stem + ".tmp.npz")
+        np.savez(temporary, ids=flat, offsets=offsets)
+        temporary.replace(path)
+        return np.split(flat, offsets[1:-1])
+
+
+def train_tokenizer(texts: Iterable[str], model_dir: Path, vocab_size: int) -> Tokenizer:
+    """Train a joint BPE model on the texts (both languages) -> model_dir/spm.model."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    prefix = model_dir / "spm.tmp"
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_prefix=str(prefix), model_type="bpe",
+            vocab_size=vocab_size, character_coverage=1.0, byte_fallback=True,
+            normalization_rule_name="identity", remove_extra_whitespaces=False,
+            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+            input_sentence_size=0, shuffle_input_sentence=False, num_threads=2,
+            minloglevel=2)
+    except RuntimeError as error:
+        raise TokenizerError(f"SentencePiece could not train a {vocab_size}-token vocabulary: "
+                             f"{error}") from None
+    for suffix in (".model", ".vocab"):
+        Path(str(prefix) + suffix).replace(model_dir / ("spm" + suffix))
+    return Tokenizer(model_dir / MODEL_NAME)

@@ -1,0 +1,124 @@
+"""Parsing diatheke's plain output, alignment, and the fixed split."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from transduce.data import bible
+
+# Written after real diatheke output: a heading before each indented verse and repeated
+# before later ones, a pilcrow, Strong's tags, OSIS markup glued onto a verse line, a
+# verse over three lines, a book outside the canon, an empty verse, and the trailer.
+SAMPLE_ENGLISH = """\
+Psalms 2:12: Kiss the Son, lest he be angry.   
+
+A Psalm of David, when he fled from Absalom his son.
+   Psalms 3:1: LORD, how are they increased that trouble me! 
+
+A Psalm of David, when he fled from Absalom his son.
+   Psalms 3:2: Many there be which say of my soul,
+“There is no help for him in God.”
+Selah.
+
+A Psalm of David, when he fled from Absalom his son.
+   Psalms 3:3: ¶ But thou, O LORD, art a shield for me.
+Malachi 4:6: And he shall turn the heart.
+Tobit 1:1: The book of the words of Tobit.
+<title canonical="true" type="psalm">A praise psalm by David.</title> <lg sID="g1"/>Matthew 1:1: The book of the generation of Jesus Christ.
+Matthew 1:2: 
+(engKJV2006eb)
+"""
+
+SAMPLE_SPANISH = """\
+Psalms 2:12: Besad al Hijo, porque no se enoje <H599>, y perezcáis en el camino.
+Psalms 3:1: ¡OH Jehová <H3068>, cuánto se han multiplicado mis enemigos!
+Psalms 3:2: Muchos dicen de mi vida: No hay para él salud en Dios. (Selah.)
+Psalms 3:3: Mas tú, Jehová, eres escudo alrededor de mí.
+Malachi 4:6: El convertirá el corazón de los padres.
+Matthew 1:1: Libro de la generación de Jesucristo.
+Matthew 1:2: Abraham engendró á Isaac.
+(spaRV1909eb)
+"""
+
+
+def test_parse_handles_headings_continuations_markup_and_trailer():
+    parsed = bible.parse_plain(SAMPLE_ENGLISH)
+    verses = parsed.verses
+    assert verses[("Psalms", 2, 12)] == "Kiss the Son, lest he be angry."
+    assert verses[("Psalms", 3, 1)] == "LORD, how are they increased that trouble me!"
+    assert verses[("Psalms", 3, 2)] == \
+        "Many there be which say of my soul, “There is no help for him in God.” Selah."
+    assert verses[("Psalms", 3, 3)] == "But thou, O LORD, art a shield for me."
+    assert verses[("Matthew", 1, 1)] == "The book of the generation of Jesus Christ."
+    assert ("Tobit", 1, 1) not in verses and parsed.outside_canon == 1
+    assert verses[("Matthew", 1, 2)] == "" and parsed.empty == [("Matthew", 1, 2)]
+    assert parsed.headings == 4 and parsed.continuation_lines == 2  # 3 lines + 1 glued title
+    assert not any("engKJV" in text or "Psalm of David" in text for text in verses.values())
+
+
+def test_strongs_tags_go_with_their_space():
+    verses = bible.parse_plain(SAMPLE_SPANISH).verses
+    assert verses[("Psalms", 2, 12)] == "Besad al Hijo, porque no se enoje, y perezcáis en el camino."
+    assert verses[("Psalms", 3, 1)] == "¡OH Jehová, cuánto se han multiplicado mis enemigos!"
+
+
+def test_a_repeated_verse_is_an_error():
+    with pytest.raises(bible.BibleError, match="Genesis 1:1 appears twice"):
+        bible.parse_plain("Genesis 1:1: a\nGenesis 1:1: b\n")
+
+
+def test_align_keeps_pairs_with_text_on_both_sides_and_reports_the_rest():
+    english = bible.parse_plain(SAMPLE_ENGLISH)
+    spanish = bible.parse_plain(SAMPLE_SPANISH)
+    keys, report = bible.align(spanish, english, "spa", "eng")
+    assert sorted(keys) == sorted([("Psalms", 2, 12), ("Psalms", 3, 1), ("Psalms", 3, 2),
+                                   ("Psalms", 3, 3), ("Malachi", 4, 6), ("Matthew", 1, 1)])
+    assert any("empty in eng: Matthew 1:2" in line for line in report)
+    assert report[-1] == "aligned pairs: 6"
+
+
+def test_split_rule_on_synthetic_keys():
+    keys = [(book, chapter, verse) for book in ("B", "A", "C") for chapter in (1, 2, 10)
+            for verse in range(1, 401)]
+    splits = bible.split_keys(list(reversed(keys)))
+    expected = sorted(keys)
+    import random
+    random.Random(1234).shuffle(expected)
+    assert splits["test"] == expected[:1000]
+    assert splits["dev"] == expected[1000:2000]
+    assert splits["train"] == expected[2000:]
+    # integer order, not string order: chapter 2 sorts before chapter 10
+    assert sorted(keys)[400] == ("A", 2, 1)
+
+
+def test_missing_diatheke_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(bible.BibleError, match="apt-get install diatheke"):
+        bible.dump_module("engKJV2006eb")
+
+
+HAVE_SWORD = shutil.which("diatheke") is not None and subprocess.run(
+    ["diatheke", "-b", "spaRV1909eb", "-f", "plain", "-k", "Gen 1:1"],
+    capture_output=True, text=True).stdout.startswith("Genesis 1:1")
+
+
+@pytest.mark.skipif(not HAVE_SWORD, reason="diatheke and the SWORD modules are not installed "
+                    "(apt-get install diatheke sword-text-sparv sword-text-kjv sword-text-web)")
+def test_real_extraction_counts_and_split(tmp_path):
+    corpus = bible.build_corpus()
+    sizes = {split: len(keys) for split, keys in corpus.splits.items()}
+    assert sizes == {"test": 1000, "dev": 1000, "train": 29084}
+    assert len(corpus.source) == len(corpus.target) == 31102
+    assert sum(1 for text in corpus.source.values() if not text) == 18
+    assert corpus.splits["test"][:3] == [("Ecclesiastes", 6, 8), ("II Kings", 14, 18),
+                                         ("Daniel", 2, 18)]
+    bible.write_corpus(corpus, tmp_path)
+    test_keys = (tmp_path / "test.keys").read_text(encoding="utf-8").splitlines()
+    assert test_keys[:3] == ["Ecclesiastes 6:8", "II Kings 14:18", "Daniel 2:18"]
+    for split, size in sizes.items():
+        for suffix in ("es", "en"):
+            lines = (tmp_path / f"{split}.{suffix}").read_text(encoding="utf-8").splitlines()
+            assert len(lines) == size and all(line.strip() == line and line for line in lines)
+            assert not any("¶" in line or "<" in line for line in lines)
+    assert len((tmp_path / "test.ref2").read_text(encoding="utf-8").splitlines()) == 1000
