@@ -10,7 +10,7 @@ import typing
 from pathlib import Path
 from typing import Any, Sequence
 
-from transduce.config import ConfigError, ModelConfig, PRESETS, preset
+from transduce.config import ConfigError, ModelConfig, PRESETS, TrainConfig, preset
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -19,8 +19,10 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from transduce.data.bible import BibleError
     from transduce.data.corpus import CorpusError
     from transduce.data.tokenizer import TokenizerError
+    from transduce.train.checkpoint import CheckpointError
+    from transduce.train.loop import TrainingError
 
-    return (CorpusError, BibleError, TokenizerError, BatchingError)
+    return (CorpusError, BibleError, TokenizerError, BatchingError, CheckpointError, TrainingError)
 
 
 USER_ERRORS = _user_errors()
@@ -43,6 +45,35 @@ def add_config_flags(parser: argparse.ArgumentParser, config_type: type) -> None
                 if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union else [kind]
             options["type"] = base[0]
         group.add_argument(flag, **options)
+
+
+def flags_given(args: argparse.Namespace, config_type: type) -> dict[str, Any]:
+    """The dataclass fields set on the command line."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(config_type)
+            if getattr(args, f.name, None) is not None}
+
+
+def read_config_file(path: Path | None) -> dict[str, Any]:
+    """A TOML file: `preset = "small"`, a [model] table and a [train] table, whose keys
+    are the ModelConfig and TrainConfig fields."""
+    if path is None:
+        return {}
+    import tomllib
+
+    try:
+        values = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"{path}: {error}") from None
+    unknown = sorted(set(values) - {"preset", "model", "train"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; expected preset, "
+                          f"[model] and [train]")
+    for table, config_type in (("model", ModelConfig), ("train", TrainConfig)):
+        fields = {f.name for f in dataclasses.fields(config_type)}
+        bad = sorted(set(values.get(table, {})) - fields)
+        if bad:
+            raise ConfigError(f"{path}: [{table}] has unknown field(s) {', '.join(bad)}")
+    return values
 
 
 def config_from_args(args: argparse.Namespace) -> ModelConfig:
@@ -138,6 +169,57 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train a model on a corpus directory with the paper's recipe."""
+    from transduce.data.tokenizer import MODEL_NAME, Tokenizer
+    from transduce.train import checkpoint
+    from transduce.train.loop import train
+
+    file_values = read_config_file(args.config)
+    model_flags, train_flags = flags_given(args, ModelConfig), flags_given(args, TrainConfig)
+    if args.resume:
+        if model_flags:
+            raise ConfigError(f"--resume continues the run's model; it cannot change "
+                              f"{', '.join(sorted(model_flags))}")
+        model_config, saved_train = checkpoint.read_configs(checkpoint.resolve(args.out))
+        train_config = (saved_train or TrainConfig()).replace(**train_flags)
+    else:
+        vocab_size = Tokenizer(args.data / MODEL_NAME).vocab_size
+        model_values = {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size,
+                        **file_values.get("model", {}), **model_flags}
+        model_config = preset(args.preset or file_values.get("preset", "small"), **model_values)
+        train_config = TrainConfig(**{**file_values.get("train", {}), **train_flags})
+        if checkpoint.list_checkpoints(args.out):
+            raise ConfigError(f"{args.out} already holds checkpoints: pass --resume to continue "
+                              f"that run, or choose another --out")
+    train(args.data, args.out, model_config, train_config, resume=args.resume)
+    return 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    """Average the weights of a run's last N checkpoints (the paper: 5 for base)."""
+    from transduce.train import checkpoint
+
+    found = checkpoint.list_checkpoints(args.run)
+    if not found:
+        raise checkpoint.CheckpointError(f"{args.run}: no checkpoints to average")
+    chosen = found[-args.last:]
+    if len(chosen) < args.last:
+        print(f"note: {args.run} has only {len(chosen)} checkpoints; averaging those")
+    path = checkpoint.average(chosen, args.out)
+    print(f"averaged {', '.join(p.name for p in chosen)} -> {path}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """Loss and learning-rate curves of a run, from its log, as a PNG."""
+    from transduce.viz import plot_training
+
+    out = plot_training(args.run, args.out)
+    print(f"wrote {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transduce", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -169,6 +251,28 @@ def build_parser() -> argparse.ArgumentParser:
     vocab.add_argument("--data", type=Path, required=True, help="corpus directory")
     vocab.add_argument("--size", type=int, default=8000)
     vocab.set_defaults(run=cmd_vocab)
+
+    train = commands.add_parser("train", help="train a model with the paper's recipe")
+    train.add_argument("--data", type=Path, required=True, help="corpus directory with spm.model")
+    train.add_argument("--out", type=Path, required=True, help="run directory for checkpoints")
+    train.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                       help="model preset (default: the config file's, else small)")
+    train.add_argument("--config", type=Path, default=None, help="TOML file: preset, [model], [train]")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
+    add_config_flags(train, TrainConfig)
+    add_config_flags(train, ModelConfig)
+    train.set_defaults(run=cmd_train)
+
+    average = commands.add_parser("average", help="average a run's last checkpoints")
+    average.add_argument("run", type=Path)
+    average.add_argument("--last", type=int, default=5)
+    average.add_argument("--out", type=Path, required=True)
+    average.set_defaults(run=cmd_average)
+
+    plot = commands.add_parser("plot", help="plot a run's loss and learning-rate curves")
+    plot.add_argument("run", type=Path)
+    plot.add_argument("--out", type=Path, default=None, help="PNG path (default RUN/curves.png)")
+    plot.set_defaults(run=cmd_plot)
     return parser
 
 

@@ -142,3 +142,65 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
     return PRESETS[name].replace(**overrides)
+
+
+Dtype = Literal["float32", "bfloat16"]
+DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The paper's recipe (section 5) and the run's budget.
+
+    lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5); Adam with
+    (adam_beta1, adam_beta2, adam_eps); label smoothing; batches of about max_tokens
+    source and max_tokens target tokens, update_freq of them (per process) per step.
+    """
+
+    max_steps: int = 0                 # 0: no step limit
+    max_minutes: float = 0.0           # 0: no time limit
+    max_tokens: int = 4096
+    update_freq: int = 1
+    warmup_steps: int = 4000
+    lr_scale: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-9
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0             # 0: no gradient clipping
+    dtype: Dtype = "float32"           # bfloat16: autocast, float32 master weights
+    compile: bool = False
+    seed: int = 1
+    max_len: int = 256                 # longer pairs are filtered from training, with a count
+    log_every: int = 20
+    eval_every: int = 500
+    save_every: int = 500
+    keep_last: int = 5
+    dev_bleu_sentences: int = 0        # >0: greedy dev BLEU on that many sentences per eval
+    nan_limit: int = 5                 # abort after this many non-finite losses in a row
+    threads: int = 0                   # 0: torch's default
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "max_tokens", "update_freq", "warmup_steps", "max_len",
+                        "log_every", "eval_every", "save_every", "keep_last", "nan_limit")
+        _check_choice(self, "dtype", DTYPES)
+        if self.max_steps < 0 or self.max_minutes < 0:
+            raise ConfigError("TrainConfig.max_steps and max_minutes must be >= 0")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"TrainConfig.label_smoothing={self.label_smoothing}: must be in [0, 1)")
+        if self.lr_scale <= 0:
+            raise ConfigError(f"TrainConfig.lr_scale={self.lr_scale}: must be positive")
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown TrainConfig field(s): {', '.join(unknown)}")
+        return cls(**values)

@@ -1,0 +1,41 @@
+"""A split ready for training or evaluation: validated, tokenised (cached), filtered."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from transduce.data.batching import LengthFilter
+from transduce.data.corpus import ParallelCorpus, read_split
+from transduce.data.tokenizer import Tokenizer
+
+CACHE_DIR = ".cache"
+
+
+@dataclass
+class TokenizedSplit:
+    corpus: ParallelCorpus
+    src_ids: list[np.ndarray]
+    tgt_ids: list[np.ndarray]
+    line_numbers: list[int]
+    report: list[str]
+
+
+def load_split(data_dir: Path, split: str, tokenizer: Tokenizer,
+               max_len: int | None = None) -> TokenizedSplit:
+    """Pairs of a split as ids; with max_len, pairs longer than it (specials included)
+    are left out, counted in the report, never cropped."""
+    corpus = read_split(data_dir, split)
+    cache = Path(data_dir) / CACHE_DIR
+    src_ids = tokenizer.encode_cached(corpus.source, cache)
+    tgt_ids = tokenizer.encode_cached(corpus.target, cache)
+    lines, report = list(corpus.line_numbers), [corpus.summary()]
+    if max_len is not None:
+        kept = LengthFilter.apply(src_ids, tgt_ids, max_len)
+        report.append(kept.report(src_ids, tgt_ids, lines, max_len))
+        src_ids = [src_ids[i] for i in kept.kept]
+        tgt_ids = [tgt_ids[i] for i in kept.kept]
+        lines = [lines[i] for i in kept.kept]
+    return TokenizedSplit(corpus, src_ids, tgt_ids, lines, report)

@@ -1,0 +1,1 @@
+"""Training with the paper's recipe: schedule, loss, checkpoints, the loop."""

@@ -1,0 +1,55 @@
+"""Model FLOPs per training step and the machine's matmul peak, for MFU.
+
+MFU = achieved model FLOP/s / peak matmul FLOP/s of the dtype used. Model FLOPs count
+the matrix products of a forward pass (2 per multiply-add) three times for forward +
+backward, attention scores included; element-wise work is not counted, as is usual.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from transduce.config import ModelConfig
+
+
+def forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int) -> float:
+    """Matmul FLOPs of one forward pass over a padded (B, S) / (B, T) batch."""
+    d, d_ff, kv = config.d_model, config.d_ff, config.kv_heads * config.head_dim
+    src_tokens, tgt_tokens = batch_size * src_len, batch_size * tgt_len
+    encoder = config.num_encoder_layers * (
+        src_tokens * (4 * d * d + 2 * d * d_ff)                 # projections, FFN
+        + 2 * batch_size * src_len * src_len * d)               # QK^T and AV
+    decoder = config.num_decoder_layers * (
+        tgt_tokens * (2 * d * d + 2 * d * kv + 2 * d * d_ff)     # self q, o, k, v; FFN
+        + tgt_tokens * 2 * d * d + src_tokens * 2 * d * kv     # cross q, o; k, v per source
+        + 2 * batch_size * tgt_len * tgt_len * d               # causal self-attention
+        + 2 * batch_size * tgt_len * src_len * d)              # cross-attention
+    output = tgt_tokens * d * config.tgt_vocab_size
+    return 2.0 * (encoder + decoder + output)
+
+
+def training_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int) -> float:
+    return 3.0 * forward_flops(config, batch_size, src_len, tgt_len)
+
+
+def matmul_peak(dtype: torch.dtype, device: torch.device | str = "cpu", size: int = 2048,
+                seconds: float = 0.5) -> float:
+    """Measured FLOP/s of a square matmul in `dtype`: the median of a short run."""
+    generator = torch.Generator().manual_seed(0)  # leaves the training RNG untouched
+    a = torch.randn(size, size, generator=generator).to(device, dtype)
+    b = torch.randn(size, size, generator=generator).to(device, dtype)
+    cuda = torch.device(device).type == "cuda"
+    a @ b  # warm-up
+    rates, deadline = [], time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(rates) < 3:
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ b
+        if cuda:
+            torch.cuda.synchronize()
+        rates.append(2 * size ** 3 / (time.perf_counter() - start))
+    return statistics.median(rates)

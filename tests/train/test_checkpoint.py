@@ -1,0 +1,74 @@
+import pytest
+import torch
+
+from transduce.config import TrainConfig, preset
+from transduce.model import Transformer
+from transduce.train import checkpoint
+
+
+@pytest.fixture
+def tokenizer_file(tmp_path):
+    path = tmp_path / "spm.model"
+    path.write_bytes(b"stand-in tokenizer bytes")
+    return path
+
+
+def tiny_model(seed=0):
+    torch.manual_seed(seed)
+    return Transformer(preset("tiny", src_vocab_size=40, tgt_vocab_size=40))
+
+
+def test_save_and_load_round_trip_keeps_tied_weights(tmp_path, tokenizer_file):
+    model = tiny_model()
+    path = checkpoint.save(tmp_path / "run" / "step-0000001", model, TrainConfig(),
+                           tokenizer_file, {"step": 1})
+    assert sorted(p.name for p in path.iterdir()) == \
+        ["config.json", "model.safetensors", "spm.model", "trainer_state.pt"]
+    loaded = checkpoint.load_model_from(tmp_path / "run")
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert loaded.output_proj.weight is loaded.encoder.embed.embedding.weight
+    model_config, train_config = checkpoint.read_configs(path)
+    assert model_config == model.config and train_config == TrainConfig()
+
+
+def test_a_killed_save_leaves_no_checkpoint_and_is_cleaned_up(tmp_path, tokenizer_file):
+    run = tmp_path / "run"
+    checkpoint.save(checkpoint.step_dir(run, 5), tiny_model(), None, tokenizer_file)
+    half = run / ".tmp-step-0000010-999"   # what a SIGKILL during save leaves
+    half.mkdir()
+    (half / "model.safetensors").write_bytes(b"truncated")
+    assert [p.name for p in checkpoint.list_checkpoints(run)] == ["step-0000005"]
+    assert checkpoint.resolve(run).name == "step-0000005"
+    checkpoint.remove_stale_temporaries(run)
+    assert not half.exists()
+
+
+def test_keep_last_and_resolve(tmp_path, tokenizer_file):
+    run = tmp_path / "run"
+    for step in (10, 2, 30, 4):
+        checkpoint.save(checkpoint.step_dir(run, step), tiny_model(), None, tokenizer_file)
+    checkpoint.keep_last(run, 2)
+    assert [p.name for p in checkpoint.list_checkpoints(run)] == ["step-0000010", "step-0000030"]
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint found"):
+        checkpoint.resolve(tmp_path / "empty")
+
+
+def test_average_is_the_elementwise_mean(tmp_path, tokenizer_file):
+    run = tmp_path / "run"
+    models = [tiny_model(seed) for seed in range(3)]
+    paths = [checkpoint.save(checkpoint.step_dir(run, i), m, None, tokenizer_file)
+             for i, m in enumerate(models)]
+    averaged = checkpoint.load_model_from(checkpoint.average(paths, tmp_path / "avg"))
+    for name, tensor in averaged.state_dict().items():
+        expected = sum(m.state_dict()[name] for m in models) / 3
+        torch.testing.assert_close(tensor, expected, rtol=0, atol=1e-6)
+
+
+def test_average_refuses_different_models(tmp_path, tokenizer_file):
+    run = tmp_path / "run"
+    a = checkpoint.save(checkpoint.step_dir(run, 1), tiny_model(), None, tokenizer_file)
+    other = Transformer(preset("tiny", src_vocab_size=40, tgt_vocab_size=40, num_kv_heads=1))
+    b = checkpoint.save(checkpoint.step_dir(run, 2), other, None, tokenizer_file)
+    with pytest.raises(checkpoint.CheckpointError):
+        checkpoint.average([a, b], tmp_path / "avg")

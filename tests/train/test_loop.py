@@ -1,0 +1,156 @@
+"""The training loop: exact resume, interruption, divergence, multi-process equivalence."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from transduce.cli import main
+from transduce.config import TrainConfig, preset
+from transduce.train import checkpoint, loop
+from transduce.train.loop import TrainingError, train
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tiny_config(**changes):
+    return preset("tiny", src_vocab_size=300, tgt_vocab_size=300, dropout=0.1, **changes)
+
+
+def train_config(**changes):
+    values = dict(max_tokens=200, warmup_steps=20, log_every=5, eval_every=1000, save_every=1000,
+                  keep_last=3, lr_scale=2.0)
+    values.update(changes)
+    return TrainConfig(**values)
+
+
+def weights(run):
+    return checkpoint.load_model_from(run).state_dict()
+
+
+def test_resume_continues_exactly(tiny_corpus, tmp_path):
+    """2N steps in one go == N steps, stop, resume, N more: identical parameters."""
+    model_config = tiny_config()
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(tiny_corpus, straight, model_config, train_config(max_steps=24))
+    train(tiny_corpus, split, model_config, train_config(max_steps=12))
+    train(tiny_corpus, split, model_config, train_config(max_steps=24), resume=True)
+    a, b = weights(straight), weights(split)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    # The run did train: the weights moved from their initialisation.
+    torch.manual_seed(1)
+    assert not torch.equal(a["output_proj.weight"],
+                           loop.Transformer(model_config).state_dict()["output_proj.weight"])
+
+
+def test_checkpoints_log_and_keep_last(tiny_corpus, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_corpus, run, tiny_config(), train_config(max_steps=10, save_every=2, eval_every=5,
+                                                        dev_bleu_sentences=5))
+    assert [p.name for p in checkpoint.list_checkpoints(run)] == \
+        ["step-0000006", "step-0000008", "step-0000010"]
+    records = [__import__("json").loads(line) for line in (run / "log.jsonl").open()]
+    events = [r["event"] for r in records]
+    assert events[0] == "start" and events.count("dev") == 2
+    train_records = [r for r in records if r["event"] == "train"]
+    assert [r["step"] for r in train_records] == [5, 10]
+    assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 for r in train_records)
+    dev = [r for r in records if r["event"] == "dev"][-1]
+    assert {"dev_loss", "dev_ppl", "dev_bleu_greedy"} <= set(dev)
+
+
+def test_nonfinite_losses_skip_steps_then_abort(tiny_corpus, tmp_path, monkeypatch):
+    real = loop.label_smoothed_nll
+
+    def poisoned(logits, target, epsilon, pad_id):
+        loss, nll = real(logits, target, epsilon, pad_id)
+        return loss * float("nan"), nll
+
+    monkeypatch.setattr(loop, "label_smoothed_nll", poisoned)
+    with pytest.raises(TrainingError, match="not finite in 3 steps in a row"):
+        train(tiny_corpus, tmp_path / "run", tiny_config(), train_config(max_steps=10, nan_limit=3))
+    nonfinite = [line for line in (tmp_path / "run" / "log.jsonl").open() if "nonfinite" in line]
+    assert len(nonfinite) == 3
+
+
+def test_vocabulary_mismatch_is_refused_before_training(tiny_corpus, tmp_path):
+    with pytest.raises(TrainingError, match="src_vocab_size=40"):
+        train(tiny_corpus, tmp_path / "run", preset("tiny", src_vocab_size=40, tgt_vocab_size=40),
+              train_config(max_steps=1))
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--d-model", "30"], "d_model=30"),
+    (["--num-kv-heads", "3"], "num_kv_heads=3"),
+    (["--tie-embeddings", "all", "--tgt-vocab-size", "301"], "tie_embeddings='all'"),
+    (["--update-freq", "0"], "update_freq"),
+])
+def test_cli_refuses_bad_configs_naming_the_field(tiny_corpus, tmp_path, capsys, flags, message):
+    argv = ["train", "--data", str(tiny_corpus), "--out", str(tmp_path / "run"),
+            "--preset", "tiny", *flags]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_config_file_and_flags(tiny_corpus, tmp_path, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text('preset = "tiny"\n[model]\nnum_kv_heads = 2\n[train]\nmax_steps = 3\n'
+                      'max_tokens = 200\nwarmup_steps = 5\n', encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(tiny_corpus), "--out", str(run), "--config", str(config),
+                 "--max-steps", "2"]) == 0
+    model_config, train_cfg = checkpoint.read_configs(checkpoint.resolve(run))
+    assert model_config.num_kv_heads == 2 and model_config.d_model == 64
+    assert train_cfg.max_steps == 2 and train_cfg.max_tokens == 200
+    assert main(["train", "--data", str(tiny_corpus), "--out", str(run), "--preset", "tiny"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    config.write_text('[train]\nmax_stepz = 3\n', encoding="utf-8")
+    assert main(["train", "--data", str(tiny_corpus), "--out", str(tmp_path / "x"),
+                 "--config", str(config)]) == 2
+    assert "max_stepz" in capsys.readouterr().err
+
+
+def run_cli(args, **kwargs):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "transduce", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def test_sigterm_writes_a_final_checkpoint(tiny_corpus, tmp_path):
+    run = tmp_path / "run"
+    process = run_cli(["train", "--data", str(tiny_corpus), "--out", str(run), "--preset", "tiny",
+                       "--max-tokens", "200", "--save-every", "100000", "--log-every", "1"])
+    deadline = time.time() + 60
+    while time.time() < deadline and not (run / "log.jsonl").exists():
+        time.sleep(0.2)
+    while time.time() < deadline and "train" not in (run / "log.jsonl").read_text():
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output
+    assert "SIGTERM" in output
+    saved = checkpoint.list_checkpoints(run)
+    assert len(saved) == 1 and (saved[0] / checkpoint.TRAINER_STATE).is_file()
+
+
+def test_two_processes_equal_one_with_double_update_freq(tiny_corpus, tmp_path):
+    common = ["--data", str(tiny_corpus), "--preset", "tiny", "--dropout", "0.0",
+              "--max-tokens", "200", "--max-steps", "6", "--warmup-steps", "5", "--threads", "1"]
+    single = run_cli(["train", "--out", str(tmp_path / "one"), "--update-freq", "2", *common])
+    out_single, _ = single.communicate(timeout=300)
+    assert single.returncode == 0, out_single
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc_per_node", "2", "-m", "transduce", "train",
+                             "--out", str(tmp_path / "two"), "--update-freq", "1", *common],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert double.returncode == 0, double.stdout + double.stderr
+    a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
