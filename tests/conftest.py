@@ -1,8 +1,37 @@
+import random
+
 import pytest
 import torch
+
+from transduce.data.corpus import write_metadata
+from transduce.data.tokenizer import train_tokenizer
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     """Every test starts from the same random state."""
     torch.manual_seed(0)
+
+
+WORDS = {"uno": "one", "dos": "two", "tres": "three", "casa": "house", "perro": "dog",
+         "gato": "cat", "rojo": "red", "grande": "big", "el": "the", "come": "eats"}
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory):
+    """A word-for-word toy translation task with its own 300-piece vocabulary."""
+    directory = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    for split, size in (("train", 300), ("dev", 30), ("test", 30)):
+        source, target = [], []
+        for _ in range(size):
+            words = [rng.choice(list(WORDS)) for _ in range(rng.randint(2, 8))]
+            source.append(" ".join(words))
+            target.append(" ".join(WORDS[w] for w in words))
+        (directory / f"{split}.es").write_text("\n".join(source) + "\n", encoding="utf-8")
+        (directory / f"{split}.en").write_text("\n".join(target) + "\n", encoding="utf-8")
+    write_metadata(directory, "es", "en")
+    train_source = (directory / "train.es").read_text(encoding="utf-8").splitlines()
+    train_target = (directory / "train.en").read_text(encoding="utf-8").splitlines()
+    train_tokenizer(train_source + train_target, directory, vocab_size=300)
+    return directory

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 import types
@@ -20,9 +21,11 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from transduce.data.corpus import CorpusError
     from transduce.data.tokenizer import TokenizerError
     from transduce.train.checkpoint import CheckpointError
+    from transduce.decode.translate import InputTooLong
     from transduce.train.loop import TrainingError
 
-    return (CorpusError, BibleError, TokenizerError, BatchingError, CheckpointError, TrainingError)
+    return (CorpusError, BibleError, TokenizerError, BatchingError, CheckpointError, TrainingError,
+            InputTooLong)
 
 
 USER_ERRORS = _user_errors()
@@ -77,8 +80,8 @@ def read_config_file(path: Path | None) -> dict[str, Any]:
 
 
 def config_from_args(args: argparse.Namespace) -> ModelConfig:
-    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(ModelConfig)
-                 if getattr(args, f.name, None) is not None}
+    """The preset named by --preset with the ModelConfig flags given applied."""
+    overrides = flags_given(args, ModelConfig)
     if args.vocab_size is not None:
         overrides.setdefault("src_vocab_size", args.vocab_size)
         overrides.setdefault("tgt_vocab_size", args.vocab_size)
@@ -200,12 +203,12 @@ def cmd_average(args: argparse.Namespace) -> int:
     """Average the weights of a run's last N checkpoints (the paper: 5 for base)."""
     from transduce.train import checkpoint
 
-    found = checkpoint.list_checkpoints(args.run)
+    found = checkpoint.list_checkpoints(args.run_dir)
     if not found:
-        raise checkpoint.CheckpointError(f"{args.run}: no checkpoints to average")
+        raise checkpoint.CheckpointError(f"{args.run_dir}: no checkpoints to average")
     chosen = found[-args.last:]
     if len(chosen) < args.last:
-        print(f"note: {args.run} has only {len(chosen)} checkpoints; averaging those")
+        print(f"note: {args.run_dir} has only {len(chosen)} checkpoints; averaging those")
     path = checkpoint.average(chosen, args.out)
     print(f"averaged {', '.join(p.name for p in chosen)} -> {path}")
     return 0
@@ -215,9 +218,139 @@ def cmd_plot(args: argparse.Namespace) -> int:
     """Loss and learning-rate curves of a run, from its log, as a PNG."""
     from transduce.viz import plot_training
 
-    out = plot_training(args.run, args.out)
+    out = plot_training(args.run_dir, args.out)
     print(f"wrote {out}")
     return 0
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    """Translate lines from a file or standard input; N lines in, N lines out, in order."""
+    from tqdm import tqdm
+
+    from transduce.data.corpus import read_lines
+    from transduce.decode.translate import Translator
+
+    translator = Translator.load(args.model)
+    options = dict(beam=args.beam, alpha=args.alpha, nbest=args.nbest,
+                   batch_tokens=args.batch_tokens, strict=args.strict)
+    if args.input is not None:
+        lines = read_lines(args.input, allow_empty=True)
+        with tqdm(total=len(lines), unit="line", disable=args.output is None) as bar:
+            results = translator.translate(lines, progress=bar.update, **options)
+        text = "".join(format_translations(results, 0, args.nbest))
+        if args.output is None:
+            sys.stdout.write(text)
+        else:
+            temporary = args.output.with_name(args.output.name + ".tmp")
+            temporary.write_text(text, encoding="utf-8")
+            temporary.replace(args.output)
+        return 0
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(open(args.output, "w", encoding="utf-8")) \
+            if args.output else sys.stdout
+        done = 0
+        for lines in stdin_line_batches(sys.stdin.fileno(), max_lines=64):
+            results = translator.translate(lines, first_line_number=done + 1, **options)
+            out.write("".join(format_translations(results, done, args.nbest)))
+            out.flush()
+            done += len(lines)
+    return 0
+
+
+def format_translations(results, first_index: int, nbest: int):
+    """One line per translation; with n-best, Moses style "index ||| text ||| score"."""
+    for offset, result in enumerate(results):
+        if nbest == 1:
+            yield result + "\n"
+        else:
+            for hypothesis in result:
+                yield f"{first_index + offset} ||| {hypothesis.text} ||| {hypothesis.score:.4f}\n"
+
+
+def stdin_line_batches(fd: int, max_lines: int):
+    """Lines from a file descriptor as soon as they arrive: what is already waiting (up
+    to max_lines) is translated together, and a typed line is answered without waiting
+    for more input. Invalid UTF-8 is an error naming the line."""
+    import os
+    import select
+
+    from transduce.data.corpus import CorpusError
+
+    buffer, number = b"", 1
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        buffer += chunk
+        while chunk and buffer.count(b"\n") < max_lines and select.select([fd], [], [], 0)[0]:
+            chunk = os.read(fd, 1 << 16)  # more is waiting: take it without blocking
+            buffer += chunk
+        ended = not chunk
+        *complete, buffer = buffer.split(b"\n")
+        if ended and buffer:
+            complete.append(buffer)  # a last line without a line end
+        for first in range(0, len(complete), max_lines):
+            decoded = []
+            for raw in complete[first:first + max_lines]:
+                try:
+                    decoded.append(raw.rstrip(b"\r").decode("utf-8"))
+                except UnicodeDecodeError as error:
+                    raise CorpusError(f"<stdin>:{number}: invalid UTF-8 at byte "
+                                      f"{error.start + 1}") from None
+                number += 1
+            yield decoded
+        if ended:
+            return
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """sacreBLEU and chrF of a model on a corpus split, with signatures."""
+    from tqdm import tqdm
+
+    from transduce.decode.translate import Translator
+    from transduce.evaluate import evaluate_split
+
+    translator = Translator.load(args.model)
+    out = args.out or (Path(args.model) / f"eval-{args.split}-beam{args.beam}")
+    with tqdm(unit="line", desc=f"translating {args.split}") as bar:
+        result = evaluate_split(translator, args.data, args.split, out, beam=args.beam,
+                                alpha=args.alpha, batch_tokens=args.batch_tokens,
+                                progress=bar.update)
+    print(f"{args.split}: BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  "
+          f"({result['sentences']} sentences, beam {args.beam}, "
+          f"{result['sentences_per_second']:.1f} sentences/s)")
+    print(f"  {result['bleu_signature']}\n  {result['chrf_signature']}")
+    if "bleu_ref2" in result:
+        print(f"  second reference: BLEU {result['bleu_ref2']:.2f}; both references: "
+              f"BLEU {result['bleu_two_references']:.2f}")
+    print(f"wrote {out.with_suffix('.hyp')} and {out.with_suffix('.json')}")
+    return 0
+
+
+def cmd_kv_size(args: argparse.Namespace) -> int:
+    """KV-cache size by the formula, and as measured on the decoder's real cache objects."""
+    import torch
+
+    from transduce.model import Transformer
+    from transduce.train import checkpoint
+
+    if args.model is not None:
+        config, _ = checkpoint.read_configs(checkpoint.resolve(args.model))
+    else:
+        config = config_from_args(args)
+    if args.num_kv_heads is not None:  # a checkpoint's model, sized as if converted
+        config = config.replace(num_kv_heads=args.num_kv_heads)
+    dtype = getattr(torch, args.dtype)
+    element = torch.empty((), dtype=dtype).element_size()
+    formula = 2 * config.num_decoder_layers * config.kv_heads * config.head_dim * element \
+        * args.tokens * args.batch
+    with torch.device("meta"):
+        model = Transformer(config)
+    measured = sum(c.nbytes for c in model.new_caches(args.batch, args.tokens, dtype, "meta"))
+    print(f"layers {config.num_decoder_layers} x kv_heads {config.kv_heads} x head_dim "
+          f"{config.head_dim} x 2 (K and V) x {element} bytes ({args.dtype}) x {args.tokens} "
+          f"tokens x batch {args.batch}")
+    print(f"formula:  {formula:,d} bytes ({formula / 2**20:.2f} MiB)")
+    print(f"measured: {measured:,d} bytes (the decoder's KVCache buffers)")
+    return 0 if formula == measured else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -228,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--vocab-size", type=int, default=None,
                       help="shared vocabulary size (sets both src and tgt sizes)")
     add_config_flags(info, ModelConfig)
-    info.set_defaults(run=cmd_model_info)
+    info.set_defaults(handler=cmd_model_info)
 
     data = commands.add_parser("data", help="build or inspect a parallel corpus")
     data_commands = data.add_subparsers(dest="data_command", required=True)
@@ -238,19 +371,19 @@ def build_parser() -> argparse.ArgumentParser:
     bible_cmd.add_argument("--tgt-module", default="engKJV2006eb")
     bible_cmd.add_argument("--ref2-module", default="engWEB2015eb",
                            help="second English reference for dev/test ('' for none)")
-    bible_cmd.set_defaults(run=cmd_data_bible)
+    bible_cmd.set_defaults(handler=cmd_data_bible)
     stats = data_commands.add_parser("stats", help="lengths, filtering and batching of a split")
     stats.add_argument("--data", type=Path, required=True)
     stats.add_argument("--split", default="train", choices=["train", "dev", "test"])
     stats.add_argument("--max-len", type=int, default=256,
                        help="pairs with more tokens on either side are filtered")
     stats.add_argument("--max-tokens", type=int, default=4096, help="batch budget per side")
-    stats.set_defaults(run=cmd_data_stats)
+    stats.set_defaults(handler=cmd_data_stats)
 
     vocab = commands.add_parser("vocab", help="train the shared BPE vocabulary")
     vocab.add_argument("--data", type=Path, required=True, help="corpus directory")
     vocab.add_argument("--size", type=int, default=8000)
-    vocab.set_defaults(run=cmd_vocab)
+    vocab.set_defaults(handler=cmd_vocab)
 
     train = commands.add_parser("train", help="train a model with the paper's recipe")
     train.add_argument("--data", type=Path, required=True, help="corpus directory with spm.model")
@@ -261,25 +394,60 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
     add_config_flags(train, TrainConfig)
     add_config_flags(train, ModelConfig)
-    train.set_defaults(run=cmd_train)
+    train.set_defaults(handler=cmd_train)
 
     average = commands.add_parser("average", help="average a run's last checkpoints")
-    average.add_argument("run", type=Path)
+    average.add_argument("run_dir", metavar="RUN", type=Path)
     average.add_argument("--last", type=int, default=5)
     average.add_argument("--out", type=Path, required=True)
-    average.set_defaults(run=cmd_average)
+    average.set_defaults(handler=cmd_average)
 
     plot = commands.add_parser("plot", help="plot a run's loss and learning-rate curves")
-    plot.add_argument("run", type=Path)
+    plot.add_argument("run_dir", metavar="RUN", type=Path)
     plot.add_argument("--out", type=Path, default=None, help="PNG path (default RUN/curves.png)")
-    plot.set_defaults(run=cmd_plot)
+    plot.set_defaults(handler=cmd_plot)
+
+    def search_flags(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--beam", type=int, default=4)
+        command.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty")
+        command.add_argument("--batch-tokens", type=int, default=4096)
+
+    translate = commands.add_parser("translate", help="translate lines of text")
+    translate.add_argument("--model", type=Path, required=True, help="checkpoint or run directory")
+    search_flags(translate)
+    translate.add_argument("--nbest", type=int, default=1)
+    translate.add_argument("--input", type=Path, default=None, help="default: standard input")
+    translate.add_argument("--output", type=Path, default=None, help="default: standard output")
+    translate.add_argument("--strict", action="store_true",
+                           help="refuse lines over the model's length limit instead of truncating")
+    translate.set_defaults(handler=cmd_translate)
+
+    evaluate = commands.add_parser("evaluate", help="BLEU and chrF on a corpus split")
+    evaluate.add_argument("--model", type=Path, required=True)
+    evaluate.add_argument("--data", type=Path, required=True)
+    evaluate.add_argument("--split", default="test", choices=["train", "dev", "test"])
+    evaluate.add_argument("--out", type=Path, default=None,
+                          help="prefix for .hyp and .json (default MODEL/eval-SPLIT-beamN)")
+    search_flags(evaluate)
+    evaluate.set_defaults(handler=cmd_evaluate)
+
+    kv = commands.add_parser("kv-size", help="KV-cache bytes: formula and measured")
+    source = kv.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", type=Path, default=None)
+    source.add_argument("--preset", choices=sorted(PRESETS), default=None)
+    kv.add_argument("--vocab-size", type=int, default=None)
+    kv.add_argument("--num-kv-heads", type=int, default=None)
+    kv.add_argument("--tokens", type=int, required=True)
+    kv.add_argument("--batch", type=int, default=1)
+    kv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    kv.set_defaults(handler=cmd_kv_size)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        return args.handler(args)
     except ConfigError as error:
         print(f"transduce: configuration error: {error}", file=sys.stderr)
         return 2

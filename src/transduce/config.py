@@ -26,8 +26,28 @@ class ConfigError(ValueError):
     """A configuration that cannot work; the message names the field."""
 
 
+class _Config:
+    """What every configuration dataclass can do: copy with changes, and round-trip
+    through a plain dict (config.json, TOML tables)."""
+
+    def replace(self, **changes: Any):
+        """A copy with some fields changed, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
+        return cls(**values)
+
+
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(_Config):
     """Sizes and options of the encoder-decoder Transformer.
 
     tie_embeddings: "all" shares one matrix between source embedding, target embedding
@@ -97,20 +117,6 @@ class ModelConfig:
         """Key/value heads of the decoder attention (num_kv_heads resolved)."""
         return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
-    def replace(self, **changes: Any) -> "ModelConfig":
-        """A copy with some fields changed, validated again."""
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
-        return cls(**values)
 
 
 def _check_positive(config: object, *names: str) -> None:
@@ -149,7 +155,7 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(_Config):
     """The paper's recipe (section 5) and the run's budget.
 
     lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5); Adam with
@@ -190,17 +196,3 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.label_smoothing={self.label_smoothing}: must be in [0, 1)")
         if self.lr_scale <= 0:
             raise ConfigError(f"TrainConfig.lr_scale={self.lr_scale}: must be positive")
-
-    def replace(self, **changes: Any) -> "TrainConfig":
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown TrainConfig field(s): {', '.join(unknown)}")
-        return cls(**values)

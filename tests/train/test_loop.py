@@ -154,3 +154,18 @@ def test_two_processes_equal_one_with_double_update_freq(tiny_corpus, tmp_path):
     a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+
+
+def test_cli_average_and_plot(tiny_corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    train(tiny_corpus, run, tiny_config(), train_config(max_steps=6, save_every=2, log_every=1,
+                                                        eval_every=3))
+    assert main(["average", str(run), "--last", "2", "--out", str(run / "average")]) == 0
+    assert "step-0000004, step-0000006" in capsys.readouterr().out
+    averaged = weights(run / "average")
+    last_two = [weights(run / "step-0000004"), weights(run / "step-0000006")]
+    for name, tensor in averaged.items():
+        torch.testing.assert_close(tensor, (last_two[0][name] + last_two[1][name]) / 2)
+    assert main(["plot", str(run)]) == 0
+    assert (run / "curves.png").stat().st_size > 10_000
+    assert main(["average", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 1

@@ -44,13 +44,17 @@ class ParallelCorpus:
         return text
 
 
-def read_lines(path: Path | str) -> list[str]:
+def read_lines(path: Path | str, *, allow_empty: bool = False) -> list[str]:
     """All lines of a UTF-8 text file, without line ends. Errors name file and line."""
     path = Path(path)
     if not path.is_file():
         raise CorpusError(f"{path}: no such file")
     data = path.read_bytes()
-    if not data.strip():
+    if not data:
+        if allow_empty:
+            return []
+        raise CorpusError(f"{path}: the file is empty")
+    if not data.strip() and not allow_empty:
         raise CorpusError(f"{path}: the file is empty")
     raw_lines = data.split(b"\n")
     if raw_lines[-1] == b"":

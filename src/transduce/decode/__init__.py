@@ -1,5 +1,5 @@
 """Decoding: search strategies over the Transformer's prefill / decode_step interface."""
 
-from transduce.decode.search import greedy_search
+from transduce.decode.search import Hypothesis, beam_search, greedy_search, sample
 
-__all__ = ["greedy_search"]
+__all__ = ["Hypothesis", "beam_search", "greedy_search", "sample"]

@@ -197,11 +197,16 @@ class Transformer(nn.Module):
         and values once, and allocate self-attention caches for max_len target tokens."""
         src_mask = self.source_mask(src) if src_mask is None else src_mask
         memory = self.encode(src, src_mask)
-        c = self.config
-        dtype = memory.dtype if cache_dtype is None else cache_dtype
-        caches = [KVCache(src.shape[0], c.kv_heads, max_len, c.head_dim, dtype=dtype,
-                          device=src.device) for _ in range(c.num_decoder_layers)]
+        caches = self.new_caches(src.shape[0], max_len, cache_dtype or memory.dtype, src.device)
         return DecoderState(self.decoder.memory_kv(memory), src_mask, caches)
+
+    def new_caches(self, batch_size: int, max_len: int, dtype: torch.dtype,
+                   device: torch.device | str) -> list[KVCache]:
+        """One empty self-attention cache per decoder layer (device "meta" to size them
+        without allocating)."""
+        c = self.config
+        return [KVCache(batch_size, c.kv_heads, max_len, c.head_dim, dtype=dtype, device=device)
+                for _ in range(c.num_decoder_layers)]
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """The decode phase: tokens (B, T_new) follow the state.length tokens already

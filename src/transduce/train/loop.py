@@ -148,7 +148,7 @@ def train(data_dir: Path, out: Path, model_config: ModelConfig, train_config: Tr
     started = time.perf_counter()
     progress = tqdm(total=train_config.max_steps or None, initial=position.step,
                     disable=not main_process, unit="step", dynamic_ncols=True)
-    window = {"loss": 0.0, "tokens": 0, "flops": 0.0, "seconds": 0.0, "steps": 0}
+    window = {"loss": 0.0, "tokens": 0, "flops": 0.0, "seconds": 0.0}
     nonfinite_in_a_row = 0
     while True:
         step_start = time.perf_counter()
@@ -198,7 +198,6 @@ def train(data_dir: Path, out: Path, model_config: ModelConfig, train_config: Tr
         window["tokens"] += step_tokens
         window["flops"] += flops
         window["seconds"] += seconds
-        window["steps"] += 1
         elapsed = time.perf_counter() - started
         out_of_time = train_config.max_minutes and elapsed >= 60 * train_config.max_minutes
         out_of_steps = train_config.max_steps and position.step >= train_config.max_steps

@@ -1,0 +1,124 @@
+"""Text in, text out: tokenise, batch by length, search, detokenise, restore the order.
+
+    model = transduce.load("runs/small/average")
+    model.translate(["En el principio crió Dios los cielos y la tierra."])
+    model.translate(lines, beam=4, nbest=3)      # n-best lists of (text, score)
+
+N lines in give N lines out in the same order; an empty line gives an empty line.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from transduce.decode.search import beam_search
+from transduce.model.transformer import Transformer
+from transduce.train import checkpoint
+
+
+class InputTooLong(ValueError):
+    """A line longer than the model can read, with strict=True; names the line."""
+
+
+@dataclass
+class Translation:
+    text: str
+    score: float
+
+
+class Translator:
+    """A trained model with its tokenizer, ready to translate."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, device: torch.device | str = "cpu"):
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+
+    @classmethod
+    def load(cls, path: Path | str, device: torch.device | str = "cpu") -> "Translator":
+        """A checkpoint directory, or a run directory (its latest checkpoint)."""
+        directory = checkpoint.resolve(Path(path))
+        model = checkpoint.load_model_from(directory, device)
+        return cls(model, Tokenizer(directory / checkpoint.TOKENIZER), device)
+
+    @property
+    def max_source_tokens(self) -> int:
+        """Source tokens the model can read, eos included."""
+        return self.model.config.max_positions
+
+    def translate(self, lines: Sequence[str], *, beam: int = 4, alpha: float = 0.6,
+                  nbest: int = 1, batch_tokens: int = 4096, strict: bool = False,
+                  first_line_number: int = 1,
+                  progress: Callable[[int], None] | None = None) -> list[str] | list[list[Translation]]:
+        """Translate lines -> one string per line (nbest == 1) or an n-best list per line.
+
+        A line over the model's length limit is truncated with a warning naming it, or
+        refused with strict=True. progress(n) is called as each batch of n lines ends.
+        """
+        ids = self._encode(lines, strict, first_line_number)
+        results: list[list[Translation]] = [[] for _ in lines]
+        for indices in self._batches(ids, batch_tokens):
+            src = self._pad([ids[i] for i in indices])
+            with torch.inference_mode():
+                found = beam_search(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=beam,
+                                    alpha=alpha, nbest=nbest)
+            for index, hypotheses in zip(indices, found):
+                results[index] = [Translation(self.tokenizer.decode(h.tokens), h.score)
+                                  for h in hypotheses]
+            if progress is not None:
+                progress(len(indices))
+        for index, line in enumerate(lines):
+            if not line.strip():
+                results[index] = [Translation("", 0.0)] * nbest
+        if nbest == 1:
+            return [found[0].text for found in results]
+        return results
+
+    def _encode(self, lines: Sequence[str], strict: bool, first_line_number: int) -> list[list[int]]:
+        limit = self.max_source_tokens - 1  # room for eos
+        encoded = self.tokenizer.encode([line.strip() for line in lines])
+        for offset, ids in enumerate(encoded):
+            if len(ids) > limit:
+                where = f"line {first_line_number + offset}"
+                if strict:
+                    raise InputTooLong(f"{where}: {len(ids)} tokens, more than the model's "
+                                       f"limit of {limit}")
+                warnings.warn(f"{where}: {len(ids)} tokens, truncated to the model's limit of "
+                              f"{limit}", stacklevel=3)
+                encoded[offset] = ids[:limit]
+        return encoded
+
+    @staticmethod
+    def _batches(ids: list[list[int]], batch_tokens: int) -> list[list[int]]:
+        """Non-empty lines sorted by length, cut into batches of about batch_tokens source
+        tokens counting padding (long sentences alone rather than never)."""
+        order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: len(ids[i]))
+        batches, current = [], []
+        for index in order:
+            if current and (len(current) + 1) * (len(ids[index]) + 1) > batch_tokens:
+                batches.append(current)
+                current = []
+            current.append(index)
+        if current:
+            batches.append(current)
+        return batches
+
+    def _pad(self, rows: list[list[int]]) -> torch.Tensor:
+        """(B, S): ids + eos, right-padded."""
+        width = max(len(r) for r in rows) + 1
+        src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+        for i, row in enumerate(rows):
+            src[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+            src[i, len(row)] = EOS_ID
+        return src.to(self.device)
+
+
+def load(path: Path | str, device: torch.device | str = "cpu") -> Translator:
+    """transduce.load(RUN): a Translator for a checkpoint or run directory."""
+    return Translator.load(path, device)

@@ -1,0 +1,48 @@
+"""Score translations of a corpus split the way the field does: sacreBLEU (13a) and chrF on
+detokenised text, printed with the signature, and a second reference when the data has
+one ({split}.ref2, written by `transduce data bible` from the World English Bible)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import sacrebleu
+
+from transduce.data.corpus import read_lines, split_files
+from transduce.decode.translate import Translator
+
+
+def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefix: Path, *,
+                   beam: int = 4, alpha: float = 0.6, batch_tokens: int = 4096,
+                   progress=None) -> dict:
+    """Translate every line of the split's source, score against its references, and
+    write OUT.hyp (one line per source line) and OUT.json (scores, signatures, timing)."""
+    source_path, reference_path = split_files(data_dir, split)
+    sources, references = read_lines(source_path), read_lines(reference_path)
+    start = time.perf_counter()
+    hypotheses = translator.translate(sources, beam=beam, alpha=alpha,
+                                      batch_tokens=batch_tokens, progress=progress)
+    seconds = time.perf_counter() - start
+    bleu = sacrebleu.metrics.BLEU()
+    chrf = sacrebleu.metrics.CHRF()
+    result = {
+        "split": split, "sentences": len(sources), "beam": beam, "alpha": alpha,
+        "bleu": bleu.corpus_score(hypotheses, [references]).score,
+        "chrf": chrf.corpus_score(hypotheses, [references]).score,
+        "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature()),
+        "seconds": seconds, "sentences_per_second": len(sources) / seconds,
+    }
+    second = data_dir / f"{split}.ref2"
+    if second.is_file():
+        references2 = read_lines(second)
+        result["bleu_ref2"] = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references2]).score
+        two = sacrebleu.metrics.BLEU()
+        result["bleu_two_references"] = two.corpus_score(hypotheses, [references, references2]).score
+    out_prefix.parent.mkdir(parents=True, exist_ok=True)
+    hypothesis_file = out_prefix.with_suffix(".hyp")
+    hypothesis_file.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    result["hypotheses"] = str(hypothesis_file)
+    out_prefix.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result

@@ -1,0 +1,118 @@
+"""The Python API and the translate / evaluate / kv-size commands."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from transduce import load
+from transduce.cli import main
+from transduce.config import preset
+from transduce.data.tokenizer import MODEL_NAME
+from transduce.decode.translate import InputTooLong
+from transduce.model import Transformer
+from transduce.train import checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_corpus, tmp_path_factory):
+    """A checkpoint of an untrained tiny model with the toy corpus's tokenizer."""
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny", src_vocab_size=300, tgt_vocab_size=300, max_positions=40))
+    run = tmp_path_factory.mktemp("run")
+    checkpoint.save(checkpoint.step_dir(run, 1), model, None, tiny_corpus / MODEL_NAME)
+    return run
+
+
+def test_n_lines_in_n_lines_out_in_order(run_dir):
+    translator = load(run_dir)
+    lines = ["uno dos tres casa", "", "el perro", "   ", "gato rojo grande come el perro"]
+    outputs = translator.translate(lines, beam=2)
+    assert len(outputs) == 5 and outputs[1] == "" and outputs[3] == ""
+    # Sorting by length inside must not mix lines up: each alone gives the same output.
+    for line, output in zip(lines, outputs):
+        assert translator.translate([line], beam=2) == [output]
+
+
+def test_nbest_lists_with_scores(run_dir):
+    results = load(run_dir).translate(["el perro come"], beam=3, nbest=3)
+    assert len(results) == 1 and len(results[0]) == 3
+    assert [t.score for t in results[0]] == sorted((t.score for t in results[0]), reverse=True)
+
+
+def test_long_lines_are_truncated_with_a_warning_or_refused(run_dir):
+    translator = load(run_dir)
+    long_line = " ".join(["perro"] * 200)
+    with pytest.warns(UserWarning, match="line 2: .* truncated"):
+        outputs = translator.translate(["el gato", long_line], beam=1)
+    assert len(outputs) == 2
+    with pytest.raises(InputTooLong, match="line 2"):
+        translator.translate(["el gato", long_line], strict=True)
+
+
+def test_translate_command_on_files(run_dir, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("uno dos\n\nel gato\n", encoding="utf-8")
+    output = tmp_path / "out.txt"
+    assert main(["translate", "--model", str(run_dir), "--input", str(source),
+                 "--output", str(output), "--beam", "2"]) == 0
+    lines = output.read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+    assert main(["translate", "--model", str(run_dir), "--input", str(source), "--nbest", "2"]) == 0
+    nbest = capsys.readouterr().out.splitlines()
+    assert len(nbest) == 6 and nbest[0].startswith("0 ||| ") and nbest[4].startswith("2 ||| ")
+
+
+def test_translate_command_names_bad_utf8(run_dir, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"uno\n\xffdos\n")
+    assert main(["translate", "--model", str(run_dir), "--input", str(source)]) == 1
+    assert "in.txt:2: invalid UTF-8" in capsys.readouterr().err
+
+
+def test_interactive_lines_are_answered_as_they_are_typed(run_dir):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    process = subprocess.Popen([sys.executable, "-m", "transduce", "translate", "--model",
+                                str(run_dir), "--beam", "1"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+                               bufsize=1)
+    try:
+        for line in ["el perro", "uno dos tres"]:
+            process.stdin.write(line + "\n")
+            process.stdin.flush()
+            start = time.time()
+            answer = process.stdout.readline()  # arrives while stdin is still open
+            assert answer.endswith("\n") and time.time() - start < 60
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+
+
+def test_evaluate_writes_hypotheses_and_scores(run_dir, tiny_corpus, tmp_path, capsys):
+    prefix = tmp_path / "eval"
+    assert main(["evaluate", "--model", str(run_dir), "--data", str(tiny_corpus), "--split", "test",
+                 "--beam", "2", "--out", str(prefix)]) == 0
+    result = json.loads(prefix.with_suffix(".json").read_text())
+    assert result["sentences"] == 30
+    assert {"bleu", "chrf", "bleu_signature", "sentences_per_second"} <= set(result)
+    assert "nrefs:1|case:mixed|eff:no|tok:13a" in result["bleu_signature"]
+    assert len(prefix.with_suffix(".hyp").read_text().splitlines()) == 30
+    assert "BLEU" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kv_heads,expected", [(None, 12_582_912), (1, 1_572_864)])
+def test_kv_size_formula_matches_measured_buffers(capsys, kv_heads, expected):
+    argv = ["kv-size", "--preset", "base", "--tokens", "128", "--batch", "4"]
+    if kv_heads:
+        argv += ["--num-kv-heads", str(kv_heads)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"formula:  {expected:,d}" in out and f"measured: {expected:,d}" in out
