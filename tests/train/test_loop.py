@@ -1,5 +1,6 @@
 """The training loop: exact resume, interruption, divergence, multi-process equivalence."""
 
+import math
 import os
 import signal
 import subprocess
@@ -169,3 +170,13 @@ def test_cli_average_and_plot(tiny_corpus, tmp_path, capsys):
     assert main(["plot", str(run)]) == 0
     assert (run / "curves.png").stat().st_size > 10_000
     assert main(["average", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 1
+
+
+def test_bfloat16_autocast_trains_with_float32_master_weights(tiny_corpus, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_corpus, run, tiny_config(), train_config(max_steps=8, dtype="bfloat16"))
+    model = checkpoint.load_model_from(run)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    records = [__import__("json").loads(line) for line in (run / "log.jsonl").open()]
+    losses = [r["loss"] for r in records if r["event"] == "train"]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
