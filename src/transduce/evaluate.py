@@ -10,7 +10,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from transduce.data.corpus import read_lines, split_files
+from transduce.data.corpus import CorpusError, read_lines, split_files
 from transduce.decode.translate import Translator
 
 
@@ -21,6 +21,12 @@ def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefi
     write OUT.hyp (one line per source line) and OUT.json (scores, signatures, timing)."""
     source_path, reference_path = split_files(data_dir, split)
     sources, references = read_lines(source_path), read_lines(reference_path)
+    second = data_dir / f"{split}.ref2"
+    references2 = read_lines(second) if second.is_file() else None
+    for path, lines in ((reference_path, references), (second, references2)):
+        if lines is not None and len(lines) != len(sources):
+            raise CorpusError(f"{path} has {len(lines)} lines but {source_path} has "
+                              f"{len(sources)}: references must be line-aligned")
     start = time.perf_counter()
     hypotheses = translator.translate(sources, beam=beam, alpha=alpha,
                                       batch_tokens=batch_tokens, progress=progress)
@@ -34,9 +40,7 @@ def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefi
         "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature()),
         "seconds": seconds, "sentences_per_second": len(sources) / seconds,
     }
-    second = data_dir / f"{split}.ref2"
-    if second.is_file():
-        references2 = read_lines(second)
+    if references2 is not None:
         result["bleu_ref2"] = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references2]).score
         two = sacrebleu.metrics.BLEU()
         result["bleu_two_references"] = two.corpus_score(hypotheses, [references, references2]).score

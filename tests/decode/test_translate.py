@@ -116,3 +116,14 @@ def test_kv_size_formula_matches_measured_buffers(capsys, kv_heads, expected):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert f"formula:  {expected:,d}" in out and f"measured: {expected:,d}" in out
+
+
+def test_evaluate_refuses_misaligned_references(run_dir, tiny_corpus, tmp_path, capsys):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_corpus, data)
+    (data / "test.ref2").write_text("only one line\n", encoding="utf-8")
+    assert main(["evaluate", "--model", str(run_dir), "--data", str(data), "--beam", "1",
+                 "--out", str(tmp_path / "eval")]) == 1
+    assert "test.ref2 has 1 lines but" in capsys.readouterr().err
