@@ -230,9 +230,10 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from transduce.data.corpus import read_lines
     from transduce.decode.translate import Translator
 
-    translator = Translator.load(args.model)
+    translator = Translator.load(args.model, dtype=args.dtype)
     options = dict(beam=args.beam, alpha=args.alpha, nbest=args.nbest,
-                   batch_tokens=args.batch_tokens, strict=args.strict)
+                   batch_tokens=args.batch_tokens, batch_sentences=args.batch_sentences,
+                   strict=args.strict)
     if args.input is not None:
         lines = read_lines(args.input, allow_empty=True)
         with tqdm(total=len(lines), unit="line", disable=args.output is None) as bar:
@@ -308,12 +309,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from transduce.decode.translate import Translator
     from transduce.evaluate import evaluate_split
 
-    translator = Translator.load(args.model)
+    translator = Translator.load(args.model, dtype=args.dtype)
     out = args.out or (Path(args.model) / f"eval-{args.split}-beam{args.beam}")
     with tqdm(unit="line", desc=f"translating {args.split}") as bar:
         result = evaluate_split(translator, args.data, args.split, out, beam=args.beam,
                                 alpha=args.alpha, batch_tokens=args.batch_tokens,
-                                progress=bar.update)
+                                batch_sentences=args.batch_sentences, progress=bar.update)
     print(f"{args.split}: BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  "
           f"({result['sentences']} sentences, beam {args.beam}, "
           f"{result['sentences_per_second']:.1f} sentences/s)")
@@ -411,6 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--beam", type=int, default=4)
         command.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty")
         command.add_argument("--batch-tokens", type=int, default=4096)
+        command.add_argument("--batch-sentences", type=int, default=0,
+                             help="at most this many lines per batch (0: no cap)")
+        command.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                             help="bfloat16: autocast the matrix products (AMX on recent Xeons)")
 
     translate = commands.add_parser("translate", help="translate lines of text")
     translate.add_argument("--model", type=Path, required=True, help="checkpoint or run directory")

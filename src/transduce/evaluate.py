@@ -16,7 +16,7 @@ from transduce.decode.translate import Translator
 
 def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefix: Path, *,
                    beam: int = 4, alpha: float = 0.6, batch_tokens: int = 4096,
-                   progress=None) -> dict:
+                   batch_sentences: int = 0, progress=None) -> dict:
     """Translate every line of the split's source, score against its references, and
     write OUT.hyp (one line per source line) and OUT.json (scores, signatures, timing)."""
     source_path, reference_path = split_files(data_dir, split)
@@ -28,13 +28,14 @@ def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefi
             raise CorpusError(f"{path} has {len(lines)} lines but {source_path} has "
                               f"{len(sources)}: references must be line-aligned")
     start = time.perf_counter()
-    hypotheses = translator.translate(sources, beam=beam, alpha=alpha,
-                                      batch_tokens=batch_tokens, progress=progress)
+    hypotheses = translator.translate(sources, beam=beam, alpha=alpha, batch_tokens=batch_tokens,
+                                      batch_sentences=batch_sentences, progress=progress)
     seconds = time.perf_counter() - start
     bleu = sacrebleu.metrics.BLEU()
     chrf = sacrebleu.metrics.CHRF()
     result = {
         "split": split, "sentences": len(sources), "beam": beam, "alpha": alpha,
+        "dtype": translator.dtype,
         "bleu": bleu.corpus_score(hypotheses, [references]).score,
         "chrf": chrf.corpus_score(hypotheses, [references]).score,
         "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature()),

@@ -127,3 +127,15 @@ def test_evaluate_refuses_misaligned_references(run_dir, tiny_corpus, tmp_path, 
     assert main(["evaluate", "--model", str(run_dir), "--data", str(data), "--beam", "1",
                  "--out", str(tmp_path / "eval")]) == 1
     assert "test.ref2 has 1 lines but" in capsys.readouterr().err
+
+
+def test_batch_sentence_cap_and_bfloat16_keep_outputs(run_dir):
+    lines = [" ".join(["uno", "dos", "casa"][: 1 + i % 3]) for i in range(10)]
+    translator = load(run_dir)
+    reference = translator.translate(lines, beam=2)
+    assert translator._batches(translator.tokenizer.encode(lines), 4096, 3) and \
+        max(len(b) for b in translator._batches(translator.tokenizer.encode(lines), 4096, 3)) == 3
+    assert translator.translate(lines, beam=2, batch_sentences=3) == reference
+    assert len(load(run_dir, dtype="bfloat16").translate(lines, beam=2)) == 10
+    with pytest.raises(ValueError, match="dtype"):
+        load(run_dir, dtype="int4")

@@ -52,14 +52,14 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows `index` (B',) in that order: beam search's survivors, or the
-        sentences still running. Only the filled part is copied when B' == B."""
-        if index.numel() == self.batch_size:
-            filled = slice(0, self.length)
-            self.k[:, :, filled] = self.k[index, :, filled]
-            self.v[:, :, filled] = self.v[index, :, filled]
-        else:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+        sentences still running. Only the filled positions are copied."""
+        # One gather of the filled positions into fresh buffers: cheaper than gathering
+        # and writing back in place, and it also serves a shrinking batch.
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_empty((index.numel(),) + old.shape[1:])
+            torch.index_select(old[:, :, :self.length], 0, index, out=new[:, :, :self.length])
+            setattr(self, name, new)
 
     def reset(self) -> None:
         self.length = 0
