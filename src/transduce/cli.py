@@ -22,10 +22,11 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from transduce.data.tokenizer import TokenizerError
     from transduce.train.checkpoint import CheckpointError
     from transduce.decode.translate import InputTooLong
+    from transduce.export import ExportError
     from transduce.train.loop import TrainingError
 
     return (CorpusError, BibleError, TokenizerError, BatchingError, CheckpointError, TrainingError,
-            InputTooLong)
+            InputTooLong, ExportError)
 
 
 USER_ERRORS = _user_errors()
@@ -354,6 +355,15 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
     return 0 if formula == measured else 1
 
 
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    """Write a checkpoint in the Hugging Face Marian format."""
+    from transduce.export import export_hf
+
+    out = export_hf(args.model, args.out)
+    print(f"wrote {out} (load it with transformers.MarianMTModel.from_pretrained)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transduce", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -446,6 +456,13 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_argument("--batch", type=int, default=1)
     kv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     kv.set_defaults(handler=cmd_kv_size)
+
+    export = commands.add_parser("export", help="write a checkpoint in another toolkit's format")
+    export_formats = export.add_subparsers(dest="format", required=True)
+    hf = export_formats.add_parser("hf", help="Hugging Face Marian (MarianMTModel)")
+    hf.add_argument("model", type=Path, help="checkpoint or run directory")
+    hf.add_argument("out", type=Path, help="directory to write")
+    hf.set_defaults(handler=cmd_export_hf)
     return parser
 
 

@@ -1,0 +1,104 @@
+"""The Marian export computes exactly what our model computes."""
+
+import warnings
+
+import pytest
+import torch
+
+from transduce.cli import main
+from transduce.config import preset
+from transduce.data.tokenizer import BOS_ID, EOS_ID, MODEL_NAME, PAD_ID
+from transduce.decode.search import beam_search, greedy_search
+from transduce.export import ExportError, export_hf, marian_permutation
+from transduce.model import Transformer
+from transduce.model.positional import sinusoidal_table
+from transduce.train import checkpoint
+
+transformers = pytest.importorskip("transformers")
+
+
+def saved_model(tmp_path, tiny_corpus, **changes):
+    torch.manual_seed(4)
+    model = Transformer(preset("tiny", src_vocab_size=300, tgt_vocab_size=300, **changes)).eval()
+    with torch.no_grad():  # non-trivial norms and biases, so a wrong permutation shows
+        for name, parameter in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                parameter.add_(0.3 * torch.randn_like(parameter))
+    path = checkpoint.save(tmp_path / "ckpt", model, None, tiny_corpus / MODEL_NAME)
+    return model, path
+
+
+def sources():
+    src = torch.randint(4, 300, (4, 11))
+    for row, length in enumerate([11, 6, 3, 9]):
+        src[row, length - 1] = EOS_ID
+        src[row, length:] = PAD_ID
+    return src
+
+
+@pytest.fixture
+def exported(tmp_path, tiny_corpus):
+    model, path = saved_model(tmp_path, tiny_corpus)
+    out = export_hf(path, tmp_path / "hf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        marian = transformers.MarianMTModel.from_pretrained(out).eval()
+    return model, marian, out
+
+
+def test_permutation_maps_our_table_onto_marians():
+    d = 16
+    ours = sinusoidal_table(30, d)
+    marian = transformers.models.marian.modeling_marian.MarianSinusoidalPositionalEmbedding(30, d)
+    torch.testing.assert_close(ours[:, marian_permutation(d)], marian.create_weight(),
+                               rtol=0, atol=1e-6)
+
+
+def test_logits_match(exported):
+    model, marian, _ = exported
+    src = sources()
+    tgt = torch.randint(4, 300, (4, 7))
+    tgt[:, 0] = BOS_ID
+    with torch.no_grad():
+        ours = model(src, tgt)
+        theirs = marian(input_ids=src, attention_mask=(src != PAD_ID).long(),
+                        decoder_input_ids=tgt).logits
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+
+
+def generate(marian, src, **options):
+    with torch.no_grad():
+        out = marian.generate(input_ids=src, attention_mask=(src != PAD_ID).long(),
+                              max_new_tokens=12, **options)
+    return [[t for t in row.tolist()[1:] if t not in (PAD_ID, EOS_ID)] for row in out]
+
+
+def test_greedy_and_beam_outputs_are_identical(exported):
+    model, marian, _ = exported
+    src = sources()
+    ours_greedy = greedy_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, max_len=12)
+    ours_greedy = [[t for t in row.tolist() if t not in (PAD_ID, EOS_ID)] for row in ours_greedy]
+    assert generate(marian, src, num_beams=1, do_sample=False) == ours_greedy
+    # Without a length penalty both rank finished hypotheses by log-probability.
+    ours_beam = [hyps[0].tokens for hyps in beam_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID,
+                                                          beam=4, alpha=0.0, max_len=12)]
+    assert generate(marian, src, num_beams=4, length_penalty=0.0, early_stopping=True,
+                    do_sample=False) == ours_beam
+
+
+def test_tokenizer_files_give_our_ids(exported, tiny_corpus):
+    from transduce.data.tokenizer import Tokenizer
+
+    _, _, out = exported
+    theirs = transformers.MarianTokenizer.from_pretrained(out)
+    ours = Tokenizer(tiny_corpus / MODEL_NAME)
+    text = "el perro come uno dos"
+    assert theirs(text)["input_ids"] == ours.encode([text])[0] + [EOS_ID]
+
+
+def test_unexportable_models_are_refused_naming_the_feature(tmp_path, tiny_corpus, capsys):
+    _, path = saved_model(tmp_path, tiny_corpus, num_kv_heads=1, positional="rotary")
+    with pytest.raises(ExportError, match="positional='rotary'.*num_kv_heads=1"):
+        export_hf(path, tmp_path / "hf")
+    assert main(["export", "hf", str(path), str(tmp_path / "hf2")]) == 1
+    assert "cannot export to Marian" in capsys.readouterr().err
