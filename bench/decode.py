@@ -1,17 +1,17 @@
 """Decoding speed and quality of a trained model on a corpus split, settings side by side.
 
 For beam 4 and greedy (beam 1) it translates the whole split with our decoder (float32
-and bfloat16 autocast) and with the same weights exported to Hugging Face Marian and run
-by `generate` (float32), in batches of --batch-sentences lines sorted by length,
-interleaving everything over --repeats rounds in one process. It reports sentences/s
+and bfloat16 autocast), with the same weights exported to Hugging Face Marian and run by
+`generate` (float32), and exported to CTranslate2 (float32 and int8, each run in a child
+process that times itself, see CTranslate2Model), all in batches of --batch-sentences
+lines sorted by length, interleaving everything over --repeats rounds. It reports sentences/s
 (median), the ratio to Hugging Face at the same beam, and sacreBLEU. Writes JSON with the
 machine's description.
 
     python bench/decode.py --model runs/small/average --data data/bible [--split test]
 
-HF's length penalty divides by length^alpha where ours is GNMT's ((5 + |Y|) / 6)^alpha,
-so beam-4 outputs can differ slightly (with alpha 0 they are identical, as tests show).
-CTranslate2 joins once the export to its format exists.
+HF and CTranslate2 divide by length^alpha where ours is GNMT's ((5 + |Y|) / 6)^alpha, so
+beam-4 outputs can differ slightly (greedy outputs are identical, as tests show).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,10 +33,67 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention import machine_info  # noqa: E402
 from transduce.data.corpus import read_lines, split_files  # noqa: E402
 from transduce.data.tokenizer import EOS_ID, PAD_ID, Tokenizer  # noqa: E402
-from transduce.decode.translate import Translator  # noqa: E402
+from transduce.decode.translate import Translator, length_sorted_batches  # noqa: E402
 
-SETTINGS = [("ours float32", 4), ("ours bfloat16", 4), ("hf generate", 4),
-            ("ours float32", 1), ("ours bfloat16", 1), ("hf generate", 1)]
+DECODERS = ("ours float32", "ours bfloat16", "hf generate", "ct2 float32", "ct2 int8")
+SETTINGS = [(decoder, beam) for beam in (4, 1) for decoder in DECODERS]
+
+
+def sorted_batches(ids: list[list[int]], batch_sentences: int):
+    """The batching every decoder here gets: by length, batch_sentences at a time."""
+    return length_sorted_batches(ids, 1 << 30, batch_sentences)
+
+
+class CTranslate2Model:
+    """Our checkpoint exported to CTranslate2 (float32 or int8 weights), run in a child
+    process: loaded into this one, CTranslate2's thread runtime halves the speed of every
+    PyTorch decoder here (128 -> 58 sentences/s, greedy), which would bias the table."""
+
+    def __init__(self, model_path: Path, export_dir: Path, quantization: str | None,
+                 threads: int):
+        from transduce.export import export_ctranslate2
+
+        export_ctranslate2(model_path, export_dir, quantization)
+        self.export_dir, self.threads = export_dir, threads
+
+    def translate(self, lines: list[str], beam: int, batch_sentences: int,
+                  **_) -> tuple[list[str], float]:
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+        result = subprocess.run(
+            [sys.executable, __file__, "--ct2-worker", str(self.export_dir), "--input", f.name,
+             "--beam", str(beam), "--batch-sentences", str(batch_sentences),
+             "--threads", str(self.threads)], capture_output=True, text=True, check=True)
+        answer = json.loads(result.stdout.splitlines()[-1])
+        return answer["hypotheses"], answer["seconds"]
+
+
+def ct2_worker(args: argparse.Namespace) -> None:
+    """Child process: load, warm up, then time the whole input; print JSON."""
+    import ctranslate2
+
+    tokenizer = Tokenizer(args.ct2_worker / "spm.model")
+    translator = ctranslate2.Translator(str(args.ct2_worker), device="cpu",
+                                        intra_threads=args.threads, inter_threads=1)
+    lines = read_lines(args.input)
+    piece = tokenizer.processor.id_to_piece
+
+    def run(subset: list[str]) -> list[str]:
+        ids = tokenizer.encode(subset)
+        out = [""] * len(subset)
+        for batch in sorted_batches(ids, args.batch_sentences):
+            tokens = [[piece(t) for t in ids[i]] + ["</s>"] for i in batch]
+            found = translator.translate_batch(
+                tokens, beam_size=args.beam, length_penalty=0.6 if args.beam > 1 else 0.0,
+                max_decoding_length=max(len(t) for t in tokens) + 50)
+            for index, result in zip(batch, found):
+                out[index] = tokenizer.processor.decode(result.hypotheses[0])
+        return out
+
+    run(lines[:args.batch_sentences])  # warm-up
+    start = time.perf_counter()
+    hypotheses = run(lines)
+    print(json.dumps({"seconds": time.perf_counter() - start, "hypotheses": hypotheses}))
 
 
 class HuggingFaceMarian:
@@ -55,9 +114,8 @@ class HuggingFaceMarian:
 
     def translate(self, lines: list[str], beam: int, batch_sentences: int, **_) -> list[str]:
         ids = self.tokenizer.encode(lines)
-        batches = Translator._batches(ids, 1 << 30, batch_sentences)
         out = [""] * len(lines)
-        for batch in batches:
+        for batch in sorted_batches(ids, batch_sentences):
             width = max(len(ids[i]) for i in batch) + 1
             src = torch.full((len(batch), width), PAD_ID, dtype=torch.long)
             for row, index in enumerate(batch):
@@ -76,38 +134,52 @@ class HuggingFaceMarian:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--data", type=Path)
     parser.add_argument("--split", default="test")
     parser.add_argument("--batch-sentences", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "decode-cpu.json")
+    parser.add_argument("--ct2-worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--input", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--beam", type=int, default=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.ct2_worker:
+        ct2_worker(args)
+        return
     torch.set_num_threads(args.threads)
+    if args.model is None or args.data is None:
+        parser.error("--model and --data are required")
 
     source_path, reference_path = split_files(args.data, args.split)
     sources, references = read_lines(source_path), read_lines(reference_path)
-    import tempfile
-
+    exports = Path(tempfile.mkdtemp())
     translators = {"ours float32": Translator.load(args.model, dtype="float32"),
                    "ours bfloat16": Translator.load(args.model, dtype="bfloat16"),
-                   "hf generate": HuggingFaceMarian(args.model, Path(tempfile.mkdtemp()) / "hf")}
-    for translator in translators.values():  # warm-up
-        translator.translate(sources[:32], beam=4, batch_sentences=32)
+                   "hf generate": HuggingFaceMarian(args.model, exports / "hf"),
+                   "ct2 float32": CTranslate2Model(args.model, exports / "ct2", None, args.threads),
+                   "ct2 int8": CTranslate2Model(args.model, exports / "ct2-int8", "int8",
+                                                args.threads)}
+    for name, translator in translators.items():  # warm-up (the worker warms up itself)
+        if not name.startswith("ct2"):
+            translator.translate(sources[:32], beam=4, batch_sentences=32)
     seconds: dict[tuple[str, int], list[float]] = {}
     bleu: dict[tuple[str, int], float] = {}
     for round_number in range(args.repeats):
         for decoder, beam in SETTINGS:
             start = time.perf_counter()
             hypotheses = translators[decoder].translate(sources, beam=beam,
-                                                      batch_sentences=args.batch_sentences,
-                                                      batch_tokens=1 << 30)
-            seconds.setdefault((decoder, beam), []).append(time.perf_counter() - start)
+                                                        batch_sentences=args.batch_sentences,
+                                                        batch_tokens=1 << 30)
+            elapsed = time.perf_counter() - start
+            if isinstance(hypotheses, tuple):  # a child process timed itself
+                hypotheses, elapsed = hypotheses
+            seconds.setdefault((decoder, beam), []).append(elapsed)
             bleu[(decoder, beam)] = sacrebleu.corpus_bleu(hypotheses, [references]).score
             print(f"round {round_number + 1}: {decoder}, beam {beam}: "
-                  f"{len(sources) / seconds[(decoder, beam)][-1]:.1f} sentences/s", flush=True)
+                  f"{len(sources) / elapsed:.1f} sentences/s", flush=True)
 
     rows = []
     print(f"\n{'setting':24} {'sentences/s':>12} {'vs hf generate':>15} {'BLEU':>6}")

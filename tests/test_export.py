@@ -102,3 +102,46 @@ def test_unexportable_models_are_refused_naming_the_feature(tmp_path, tiny_corpu
         export_hf(path, tmp_path / "hf")
     assert main(["export", "hf", str(path), str(tmp_path / "hf2")]) == 1
     assert "cannot export to Marian" in capsys.readouterr().err
+
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+
+@pytest.mark.parametrize("changes", [{}, {"norm_first": True}, {"positional": "learned"},
+                                     {"activation": "gelu"}])
+def test_ctranslate2_scores_and_greedy_output_match(tmp_path, tiny_corpus, changes):
+    from transduce.data.tokenizer import Tokenizer
+    from transduce.export import export_ctranslate2
+
+    model, path = saved_model(tmp_path, tiny_corpus, **changes)
+    out = export_ctranslate2(path, tmp_path / "ct2")
+    pieces = Tokenizer(out / MODEL_NAME).processor.id_to_piece
+    translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    src = sources()
+    source_tokens = [[pieces(t) for t in row.tolist() if t != PAD_ID] for row in src]
+    ours = greedy_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, max_len=12)
+    ours = [[t for t in row.tolist() if t not in (PAD_ID, EOS_ID)] for row in ours]
+    found = translator.translate_batch(source_tokens, beam_size=1, max_decoding_length=12)
+    theirs = [[Tokenizer(out / MODEL_NAME).processor.piece_to_id(p) for p in r.hypotheses[0]]
+              for r in found]
+    assert theirs == ours
+    # Log-probabilities of given targets agree token by token.
+    targets = [[pieces(t) for t in row] for row in ours]
+    scored = translator.score_batch(source_tokens, targets)
+    tgt = torch.full((4, max(len(r) for r in ours) + 2), PAD_ID)
+    for row, ids in enumerate(ours):
+        tgt[row, 0] = BOS_ID
+        tgt[row, 1:len(ids) + 1] = torch.tensor(ids, dtype=torch.long)
+        tgt[row, len(ids) + 1] = EOS_ID
+    with torch.no_grad():
+        log_probs = model(src, tgt[:, :-1]).log_softmax(-1)
+    for row, result in enumerate(scored):
+        expected = [log_probs[row, t, int(tgt[row, t + 1])].item() for t in range(len(ours[row]) + 1)]
+        assert result.log_probs == pytest.approx(expected, abs=1e-4)
+
+
+def test_ctranslate2_refuses_what_it_cannot_express(tmp_path, tiny_corpus, capsys):
+    _, path = saved_model(tmp_path, tiny_corpus, positional="rotary", num_kv_heads=1)
+    assert main(["export", "ct2", str(path), str(tmp_path / "ct2")]) == 1
+    err = capsys.readouterr().err
+    assert "cannot export to CTranslate2: positional='rotary'" in err and "num_kv_heads=1" in err

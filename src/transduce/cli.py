@@ -364,6 +364,15 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_ct2(args: argparse.Namespace) -> int:
+    """Write a checkpoint as a CTranslate2 model."""
+    from transduce.export import export_ctranslate2
+
+    out = export_ctranslate2(args.model, args.out, args.quantization)
+    print(f"wrote {out} (load it with ctranslate2.Translator; tokenizer: {out / 'spm.model'})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transduce", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -463,6 +472,13 @@ def build_parser() -> argparse.ArgumentParser:
     hf.add_argument("model", type=Path, help="checkpoint or run directory")
     hf.add_argument("out", type=Path, help="directory to write")
     hf.set_defaults(handler=cmd_export_hf)
+    ct2 = export_formats.add_parser("ct2", help="CTranslate2")
+    ct2.add_argument("model", type=Path, help="checkpoint or run directory")
+    ct2.add_argument("out", type=Path, help="directory to write")
+    ct2.add_argument("--quantization", default=None,
+                     choices=["int8", "int8_float32", "int16", "float16", "bfloat16"],
+                     help="weight type (default: float32)")
+    ct2.set_defaults(handler=cmd_export_ct2)
     return parser
 
 

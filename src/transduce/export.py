@@ -1,5 +1,8 @@
-"""Export a checkpoint to the Hugging Face Marian format (config, safetensors, SentencePiece
-files), so that `transformers` can load it and compare with our decoder.
+"""Export a checkpoint to other toolkits' formats, to compare decoders on the same weights.
+
+Hugging Face Marian (config, safetensors, SentencePiece files): loadable by `transformers`.
+CTranslate2: written through its own model specification, which expresses our layout
+directly (post-norm, our position table, decoding from bos).
 
 Marian is the paper's architecture (post-norm, sinusoidal positions, embeddings scaled by
 sqrt(d_model), one shared vocabulary), with one difference in layout: its sinusoidal table
@@ -9,7 +12,7 @@ residual stream (embeddings, projection inputs and outputs, layer norms): LayerN
 attention and the feed-forward network are all equivariant to that permutation, so the
 exported model computes exactly the same function.
 
-The decoder starts from our bos token (decoder_start_token_id = 1).
+In both, the decoder starts from our bos token.
 """
 
 from __future__ import annotations
@@ -149,6 +152,118 @@ def export_hf(path: Path, out: Path) -> Path:
         "tokenizer_class": "MarianTokenizer", "eos_token": "</s>", "unk_token": "<unk>",
         "pad_token": "<pad>", "model_max_length": model.config.max_positions,
         "separate_vocabs": False}, indent=2), encoding="utf-8")
+    if out.exists():
+        shutil.rmtree(out)
+    temporary.rename(out)
+    return out
+
+
+def check_ctranslate2_exportable(model: Transformer) -> None:
+    c = model.config
+    problems = []
+    if c.positional == "rotary":
+        problems.append("positional='rotary' (not in CTranslate2's encoder-decoder spec)")
+    if c.kv_heads != c.num_heads:
+        # CTranslate2 applies one multi-query switch to encoder and decoder alike, while
+        # our encoder always keeps full heads.
+        problems.append(f"num_kv_heads={c.num_kv_heads} (CTranslate2's encoder-decoder "
+                        f"would make the encoder multi-query too)")
+    if not c.bias:
+        problems.append("bias=False")
+    if problems:
+        raise ExportError("cannot export to CTranslate2: " + "; ".join(problems))
+
+
+def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
+    """Our model as a CTranslate2 TransformerSpec: the same layout, our own position table,
+    decoding from our bos token."""
+    from ctranslate2.converters import utils
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    c = model.config
+    spec = transformer_spec.TransformerSpec.from_config(
+        (c.num_encoder_layers, c.num_decoder_layers), c.num_heads, pre_norm=c.norm_first,
+        activation=common_spec.Activation.RELU if c.activation == "relu" else common_spec.Activation.GELU)
+    spec.config.layer_norm_epsilon = c.layer_norm_eps
+    spec.config.decoder_start_token = tokenizer.processor.id_to_piece(BOS_ID)
+
+    def array(tensor: Tensor):
+        return tensor.detach().float().contiguous().numpy()
+
+    def linear(target, source) -> None:
+        target.weight = array(source.weight)
+        target.bias = array(source.bias)
+
+    def fused(target, sources) -> None:
+        parts = [common_spec.LinearSpec() for _ in sources]
+        for part, source in zip(parts, sources):
+            linear(part, source)
+        utils.fuse_linear(target, parts)
+
+    def norm(target, source) -> None:
+        target.gamma, target.beta = array(source.weight), array(source.bias)
+
+    def stack_input(target, stack) -> None:
+        embedding = array(stack.embed.embedding.weight)
+        if isinstance(target.embeddings, list):
+            target.embeddings[0].weight = embedding
+        else:
+            target.embeddings.weight = embedding
+        target.position_encodings.encodings = array(stack.embed.positions(c.max_positions))
+        if stack.final_norm is not None:
+            norm(target.layer_norm, stack.final_norm)
+
+    if c.positional not in ("sinusoidal", "learned"):
+        raise ExportError(f"positional={c.positional!r} cannot be exported to CTranslate2")
+    stack_input(spec.encoder, model.encoder)
+    for target, layer in zip(spec.encoder.layer, model.encoder.layers):
+        fused(target.self_attention.linear[0], [layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                                 layer.self_attn.v_proj])
+        linear(target.self_attention.linear[1], layer.self_attn.out_proj)
+        norm(target.self_attention.layer_norm, layer.norm1)
+        linear(target.ffn.linear_0, layer.ffn.linear1)
+        linear(target.ffn.linear_1, layer.ffn.linear2)
+        norm(target.ffn.layer_norm, layer.norm2)
+    stack_input(spec.decoder, model.decoder)
+    for target, layer in zip(spec.decoder.layer, model.decoder.layers):
+        fused(target.self_attention.linear[0], [layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                                 layer.self_attn.v_proj])
+        linear(target.self_attention.linear[1], layer.self_attn.out_proj)
+        norm(target.self_attention.layer_norm, layer.norm1)
+        linear(target.attention.linear[0], layer.cross_attn.q_proj)
+        fused(target.attention.linear[1], [layer.cross_attn.k_proj, layer.cross_attn.v_proj])
+        linear(target.attention.linear[2], layer.cross_attn.out_proj)
+        norm(target.attention.layer_norm, layer.norm2)
+        linear(target.ffn.linear_0, layer.ffn.linear1)
+        linear(target.ffn.linear_1, layer.ffn.linear2)
+        norm(target.ffn.layer_norm, layer.norm3)
+    spec.decoder.projection.weight = array(model.output_proj.weight)
+    pieces = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    spec.register_source_vocabulary(pieces)
+    spec.register_target_vocabulary(pieces)
+    return spec
+
+
+def export_ctranslate2(path: Path, out: Path, quantization: str | None = None) -> Path:
+    """Write a CTranslate2 model directory (quantization: None, "int8", "bfloat16", ...)
+    with our tokenizer beside it as spm.model."""
+    from ctranslate2.converters.converter import Converter
+
+    directory = checkpoint.resolve(path)
+    model = checkpoint.load_model_from(directory)
+    check_ctranslate2_exportable(model)
+    tokenizer = Tokenizer(directory / checkpoint.TOKENIZER)
+    spec = ctranslate2_spec(model, tokenizer)
+
+    class _Prepared(Converter):
+        def _load(self):
+            return spec
+
+    temporary = out.with_name(out.name + ".tmp")
+    if temporary.exists():
+        shutil.rmtree(temporary)
+    _Prepared().convert(str(temporary), quantization=quantization, force=True)
+    shutil.copyfile(tokenizer.path, temporary / checkpoint.TOKENIZER)
     if out.exists():
         shutil.rmtree(out)
     temporary.rename(out)

@@ -14,7 +14,7 @@ from transduce import load
 from transduce.cli import main
 from transduce.config import preset
 from transduce.data.tokenizer import MODEL_NAME
-from transduce.decode.translate import InputTooLong
+from transduce.decode.translate import InputTooLong, length_sorted_batches
 from transduce.model import Transformer
 from transduce.train import checkpoint
 
@@ -133,8 +133,8 @@ def test_batch_sentence_cap_and_bfloat16_keep_outputs(run_dir):
     lines = [" ".join(["uno", "dos", "casa"][: 1 + i % 3]) for i in range(10)]
     translator = load(run_dir)
     reference = translator.translate(lines, beam=2)
-    assert translator._batches(translator.tokenizer.encode(lines), 4096, 3) and \
-        max(len(b) for b in translator._batches(translator.tokenizer.encode(lines), 4096, 3)) == 3
+    batches = length_sorted_batches(translator.tokenizer.encode(lines), 4096, 3)
+    assert max(len(b) for b in batches) == 3 and sorted(sum(batches, [])) == list(range(10))
     assert translator.translate(lines, beam=2, batch_sentences=3) == reference
     assert len(load(run_dir, dtype="bfloat16").translate(lines, beam=2)) == 10
     with pytest.raises(ValueError, match="dtype"):

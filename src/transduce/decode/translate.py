@@ -75,7 +75,7 @@ class Translator:
         results: list[list[Translation]] = [[] for _ in lines]
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
                                   enabled=self.dtype == "bfloat16")
-        for indices in self._batches(ids, batch_tokens, batch_sentences):
+        for indices in length_sorted_batches(ids, batch_tokens, batch_sentences):
             src = self._pad([ids[i] for i in indices])
             with torch.inference_mode(), autocast:
                 found = beam_search(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=beam,
@@ -106,22 +106,6 @@ class Translator:
                 encoded[offset] = ids[:limit]
         return encoded
 
-    @staticmethod
-    def _batches(ids: list[list[int]], batch_tokens: int, batch_sentences: int) -> list[list[int]]:
-        """Non-empty lines sorted by length, cut into batches of about batch_tokens source
-        tokens counting padding (long sentences alone rather than never)."""
-        order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: len(ids[i]))
-        batches, current = [], []
-        for index in order:
-            full = batch_sentences and len(current) >= batch_sentences
-            if current and (full or (len(current) + 1) * (len(ids[index]) + 1) > batch_tokens):
-                batches.append(current)
-                current = []
-            current.append(index)
-        if current:
-            batches.append(current)
-        return batches
-
     def _pad(self, rows: list[list[int]]) -> torch.Tensor:
         """(B, S): ids + eos, right-padded."""
         width = max(len(r) for r in rows) + 1
@@ -130,6 +114,24 @@ class Translator:
             src[i, :len(row)] = torch.tensor(row, dtype=torch.long)
             src[i, len(row)] = EOS_ID
         return src.to(self.device)
+
+
+def length_sorted_batches(ids: list[list[int]], batch_tokens: int,
+                          batch_sentences: int = 0) -> list[list[int]]:
+    """Indices of the non-empty lines sorted by length, cut into batches of about
+    batch_tokens source tokens counting padding (a long line alone rather than never), and
+    at most batch_sentences lines when that is not 0."""
+    order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: len(ids[i]))
+    batches, current = [], []
+    for index in order:
+        full = batch_sentences and len(current) >= batch_sentences
+        if current and (full or (len(current) + 1) * (len(ids[index]) + 1) > batch_tokens):
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
 
 
 def load(path: Path | str, device: torch.device | str = "cpu", dtype: str = "float32") -> Translator:
