@@ -213,30 +213,26 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
         if stack.final_norm is not None:
             norm(target.layer_norm, stack.final_norm)
 
-    if c.positional not in ("sinusoidal", "learned"):
-        raise ExportError(f"positional={c.positional!r} cannot be exported to CTranslate2")
-    stack_input(spec.encoder, model.encoder)
-    for target, layer in zip(spec.encoder.layer, model.encoder.layers):
-        fused(target.self_attention.linear[0], [layer.self_attn.q_proj, layer.self_attn.k_proj,
-                                                 layer.self_attn.v_proj])
-        linear(target.self_attention.linear[1], layer.self_attn.out_proj)
+    def self_attention_and_ffn(target, layer, ffn_norm) -> None:
+        """The parts every layer has; CTranslate2 keeps each sub-layer's norm with it."""
+        attn = layer.self_attn
+        fused(target.self_attention.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
+        linear(target.self_attention.linear[1], attn.out_proj)
         norm(target.self_attention.layer_norm, layer.norm1)
         linear(target.ffn.linear_0, layer.ffn.linear1)
         linear(target.ffn.linear_1, layer.ffn.linear2)
-        norm(target.ffn.layer_norm, layer.norm2)
+        norm(target.ffn.layer_norm, ffn_norm)
+
+    stack_input(spec.encoder, model.encoder)
+    for target, layer in zip(spec.encoder.layer, model.encoder.layers):
+        self_attention_and_ffn(target, layer, layer.norm2)
     stack_input(spec.decoder, model.decoder)
     for target, layer in zip(spec.decoder.layer, model.decoder.layers):
-        fused(target.self_attention.linear[0], [layer.self_attn.q_proj, layer.self_attn.k_proj,
-                                                 layer.self_attn.v_proj])
-        linear(target.self_attention.linear[1], layer.self_attn.out_proj)
-        norm(target.self_attention.layer_norm, layer.norm1)
+        self_attention_and_ffn(target, layer, layer.norm3)
         linear(target.attention.linear[0], layer.cross_attn.q_proj)
         fused(target.attention.linear[1], [layer.cross_attn.k_proj, layer.cross_attn.v_proj])
         linear(target.attention.linear[2], layer.cross_attn.out_proj)
         norm(target.attention.layer_norm, layer.norm2)
-        linear(target.ffn.linear_0, layer.ffn.linear1)
-        linear(target.ffn.linear_1, layer.ffn.linear2)
-        norm(target.ffn.layer_norm, layer.norm3)
     spec.decoder.projection.weight = array(model.output_proj.weight)
     pieces = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
     spec.register_source_vocabulary(pieces)
