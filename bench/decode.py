@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention import machine_info  # noqa: E402
 from transduce.data.corpus import read_lines, split_files  # noqa: E402
-from transduce.data.tokenizer import EOS_ID, PAD_ID, Tokenizer  # noqa: E402
-from transduce.decode.translate import Translator, length_sorted_batches  # noqa: E402
+from transduce.data.tokenizer import PAD_ID, Tokenizer  # noqa: E402
+from transduce.decode.translate import Translator, length_sorted_batches, pad_sources  # noqa: E402
 
 DECODERS = ("ours float32", "ours bfloat16", "hf generate", "ct2 float32", "ct2 int8")
 SETTINGS = [(decoder, beam) for beam in (4, 1) for decoder in DECODERS]
@@ -116,11 +116,8 @@ class HuggingFaceMarian:
         ids = self.tokenizer.encode(lines)
         out = [""] * len(lines)
         for batch in sorted_batches(ids, batch_sentences):
-            width = max(len(ids[i]) for i in batch) + 1
-            src = torch.full((len(batch), width), PAD_ID, dtype=torch.long)
-            for row, index in enumerate(batch):
-                src[row, :len(ids[index])] = torch.tensor(ids[index])
-                src[row, len(ids[index])] = EOS_ID
+            src = pad_sources([ids[i] for i in batch])
+            width = src.shape[1]
             with torch.inference_mode():
                 beam_options = {"length_penalty": 0.6, "early_stopping": True} if beam > 1 else {}
                 generated = self.model.generate(

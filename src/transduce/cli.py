@@ -336,10 +336,10 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
 
     if args.model is not None:
         config, _ = checkpoint.read_configs(checkpoint.resolve(args.model))
+        if args.num_kv_heads is not None:  # a checkpoint's model, sized as if converted
+            config = config.replace(num_kv_heads=args.num_kv_heads)
     else:
-        config = config_from_args(args)
-    if args.num_kv_heads is not None:  # a checkpoint's model, sized as if converted
-        config = config.replace(num_kv_heads=args.num_kv_heads)
+        config = config_from_args(args)  # --num-kv-heads is one of its flags
     dtype = getattr(torch, args.dtype)
     element = torch.empty((), dtype=dtype).element_size()
     formula = 2 * config.num_decoder_layers * config.kv_heads * config.head_dim * element \

@@ -21,11 +21,17 @@ def copy_from_torch(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> 
         ours.out_proj.bias.copy_(theirs.out_proj.bias)
 
 
+def paired_attention(d_model, heads, impl):
+    """torch.nn.MultiheadAttention and ours with the same weights, in eval mode."""
+    theirs = nn.MultiheadAttention(d_model, heads, batch_first=True).eval()
+    ours = MultiHeadAttention(d_model, heads, impl=impl).eval()
+    copy_from_torch(ours, theirs)
+    return theirs, ours
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_self_attention_equals_torch_with_key_padding(impl):
-    torch_mha = nn.MultiheadAttention(32, 4, batch_first=True).eval()
-    ours = MultiHeadAttention(32, 4, impl=impl).eval()
-    copy_from_torch(ours, torch_mha)
+    torch_mha, ours = paired_attention(32, 4, impl)
     x = torch.randn(3, 7, 32)
     lengths = torch.tensor([7, 3, 5])
     pad = masks.padding_mask(lengths, 7)                                   # (B, 1, 1, S)
@@ -39,9 +45,7 @@ def test_self_attention_equals_torch_with_key_padding(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_causal_self_attention_equals_torch(impl):
-    torch_mha = nn.MultiheadAttention(32, 8, batch_first=True).eval()
-    ours = MultiHeadAttention(32, 8, impl=impl).eval()
-    copy_from_torch(ours, torch_mha)
+    torch_mha, ours = paired_attention(32, 8, impl)
     x = torch.randn(2, 9, 32)
     future = nn.Transformer.generate_square_subsequent_mask(9)
     expected, _ = torch_mha(x, x, x, attn_mask=future)
@@ -50,9 +54,7 @@ def test_causal_self_attention_equals_torch(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_cross_attention_equals_torch(impl):
-    torch_mha = nn.MultiheadAttention(24, 3, batch_first=True).eval()
-    ours = MultiHeadAttention(24, 3, impl=impl).eval()
-    copy_from_torch(ours, torch_mha)
+    torch_mha, ours = paired_attention(24, 3, impl)
     x, memory = torch.randn(2, 5, 24), torch.randn(2, 11, 24)
     pad = masks.padding_mask(torch.tensor([11, 6]), 11)
     expected, _ = torch_mha(x, memory, memory, key_padding_mask=~pad[:, 0, 0])

@@ -76,7 +76,7 @@ class Translator:
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
                                   enabled=self.dtype == "bfloat16")
         for indices in length_sorted_batches(ids, batch_tokens, batch_sentences):
-            src = self._pad([ids[i] for i in indices])
+            src = pad_sources([ids[i] for i in indices], self.device)
             with torch.inference_mode(), autocast:
                 found = beam_search(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=beam,
                                     alpha=alpha, nbest=nbest)
@@ -106,16 +106,6 @@ class Translator:
                 encoded[offset] = ids[:limit]
         return encoded
 
-    def _pad(self, rows: list[list[int]]) -> torch.Tensor:
-        """(B, S): ids + eos, right-padded."""
-        width = max(len(r) for r in rows) + 1
-        src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
-        for i, row in enumerate(rows):
-            src[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-            src[i, len(row)] = EOS_ID
-        return src.to(self.device)
-
-
 def length_sorted_batches(ids: list[list[int]], batch_tokens: int,
                           batch_sentences: int = 0) -> list[list[int]]:
     """Indices of the non-empty lines sorted by length, cut into batches of about
@@ -132,6 +122,16 @@ def length_sorted_batches(ids: list[list[int]], batch_tokens: int,
     if current:
         batches.append(current)
     return batches
+
+
+def pad_sources(rows: list[list[int]], device: torch.device | str = "cpu") -> torch.Tensor:
+    """Token id lists -> (B, S): each row + eos, right-padded with pad."""
+    width = max(len(r) for r in rows) + 1
+    src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+    for i, row in enumerate(rows):
+        src[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+        src[i, len(row)] = EOS_ID
+    return src.to(device)
 
 
 def load(path: Path | str, device: torch.device | str = "cpu", dtype: str = "float32") -> Translator:

@@ -28,8 +28,8 @@ from tqdm import tqdm
 from transduce.config import ModelConfig, TrainConfig
 from transduce.data.batching import TokenBatcher
 from transduce.data.dataset import load_split
-from transduce.data.tokenizer import BOS_ID, EOS_ID, MODEL_NAME, PAD_ID, Tokenizer
-from transduce.decode.search import greedy_search
+from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer
+from transduce.decode.translate import Translator
 from transduce.model import Transformer
 from transduce.runtime import keep_freed_memory
 from transduce.train import checkpoint
@@ -251,30 +251,13 @@ def evaluate_dev(model: Transformer, split, tokenizer: Tokenizer, train_config: 
     result = {"dev_loss": nll_sum / tokens, "dev_ppl": math.exp(min(nll_sum / tokens, 50.0))}
     count = train_config.dev_bleu_sentences
     if count:
-        hypotheses = translate_ids(model, split.src_ids[:count], tokenizer, device)
+        # Beam 1 is greedy search (tested); Translator batches, pads and detokenises.
+        hypotheses = Translator(model, tokenizer, device).translate(
+            split.corpus.source[:count], beam=1)
         result["dev_bleu_greedy"] = sacrebleu.corpus_bleu(
             hypotheses, [split.corpus.target[:count]]).score
     model.train()
     return result
-
-
-def translate_ids(model: Transformer, src_ids, tokenizer: Tokenizer, device: torch.device,
-                  batch_size: int = 64) -> list[str]:
-    """Greedy translations of tokenised sources, in their order."""
-    order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
-    outputs: dict[int, str] = {}
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        longest = max(len(src_ids[i]) for i in chunk) + 1
-        src = torch.full((len(chunk), longest), PAD_ID, dtype=torch.long)
-        for row, index in enumerate(chunk):
-            ids = src_ids[index]
-            src[row, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-            src[row, len(ids)] = EOS_ID
-        generated = greedy_search(model, src.to(device), bos_id=BOS_ID, eos_id=EOS_ID)
-        for row, index in enumerate(chunk):
-            outputs[index] = tokenizer.decode(generated[row].tolist())
-    return [outputs[i] for i in range(len(src_ids))]
 
 
 def _has_split(data_dir: Path, split: str) -> bool:
