@@ -57,3 +57,12 @@ def test_data_bible_without_diatheke_says_how_to_install(monkeypatch, tmp_path, 
     monkeypatch.setenv("PATH", str(tmp_path))
     assert main(["data", "bible", "--out", str(tmp_path / "bible")]) == 1
     assert "apt-get install diatheke" in capsys.readouterr().err
+
+
+def test_model_info_of_an_rnn_lists_its_parts(capsys):
+    assert main(["model-info", "--preset", "small", "--vocab-size", "8000",
+                 "--arch", "rnn-bahdanau"]) == 0
+    out = capsys.readouterr().out
+    for part in ("embeddings (tied: all)", "encoder", "decoder", "attention", "readout"):
+        assert part in out
+    assert "KV cache" not in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import sys
 import types
 import typing
@@ -91,20 +92,19 @@ def config_from_args(args: argparse.Namespace) -> ModelConfig:
 
 def cmd_model_info(args: argparse.Namespace) -> int:
     """Print a model's configuration and its parameter count, part by part."""
-    from transduce.model import Transformer
+    import torch
+
+    from transduce.model import build_model
 
     config = config_from_args(args)
-    model = Transformer(config)
-    embeddings = {id(p): p for m in (model.encoder.embed, model.decoder.embed, model.output_proj)
-                  for p in m.parameters()}
-    parts = {
-        "embeddings (tied: " + config.tie_embeddings + ")": sum(p.numel() for p in embeddings.values()),
-        "encoder layers": sum(p.numel() for p in model.encoder.parameters()
-                              if id(p) not in embeddings),
-        "decoder layers": sum(p.numel() for p in model.decoder.parameters()
-                              if id(p) not in embeddings),
-    }
-    kv_bytes = 2 * config.num_decoder_layers * config.kv_heads * config.head_dim * 4
+    model = build_model(config)
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    embeddings.add(id(model.output_proj.weight))
+    parts: dict[str, int] = {}
+    for name, parameter in model.named_parameters():  # a tied matrix is listed once
+        part = f"embeddings (tied: {config.tie_embeddings})" if id(parameter) in embeddings \
+            else name.split(".")[0]
+        parts[part] = parts.get(part, 0) + parameter.numel()
     print(f"preset: {args.preset}")
     for field in dataclasses.fields(config):
         print(f"  {field.name:20s} {getattr(config, field.name)}")
@@ -112,7 +112,9 @@ def cmd_model_info(args: argparse.Namespace) -> int:
         print(f"{name:32s} {count:>13,d}")
     print(f"{'total parameters':32s} {model.num_parameters():>13,d}  "
           f"({model.num_parameters() / 1e6:.1f}M)")
-    print(f"{'KV cache per target token':32s} {kv_bytes:>13,d} bytes (float32, per sentence)")
+    if config.arch == "transformer" and config.attention_type == "softmax":
+        kv_bytes = 2 * config.num_decoder_layers * config.kv_heads * config.head_dim * 4
+        print(f"{'KV cache per target token':32s} {kv_bytes:>13,d} bytes (float32, per sentence)")
     return 0
 
 
@@ -181,6 +183,25 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     file_values = read_config_file(args.config)
     model_flags, train_flags = flags_given(args, ModelConfig), flags_given(args, TrainConfig)
+    if args.init is not None:
+        if args.resume:
+            raise ConfigError("--init starts a new run from a checkpoint's weights; --resume "
+                              "continues a run: choose one")
+        if model_flags:
+            raise ConfigError(f"--init keeps the checkpoint's model; it cannot change "
+                              f"{', '.join(sorted(model_flags))}")
+        # The original recipe (warmup, batch size, smoothing...), with a new budget.
+        model_config, saved_train = checkpoint.read_configs(checkpoint.resolve(args.init))
+        recipe = {**(saved_train.to_dict() if saved_train else {}), "max_steps": 0,
+                  "max_minutes": 0.0, "schedule_offset": 0}
+        train_config = TrainConfig(**{**recipe, **file_values.get("train", {}),
+                                      **uptraining_defaults(args.init, train_flags,
+                                                            args.uptrain_fraction),
+                                      **train_flags})
+        if checkpoint.list_checkpoints(args.out):
+            raise ConfigError(f"{args.out} already holds checkpoints; choose another --out")
+        train(args.data, args.out, model_config, train_config, init=args.init)
+        return 0
     if args.resume:
         if model_flags:
             raise ConfigError(f"--resume continues the run's model; it cannot change "
@@ -197,6 +218,58 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError(f"{args.out} already holds checkpoints: pass --resume to continue "
                               f"that run, or choose another --out")
     train(args.data, args.out, model_config, train_config, resume=args.resume)
+    return 0
+
+
+def uptraining_defaults(init: Path, given: dict[str, Any], fraction: float) -> dict[str, Any]:
+    """Uptraining a checkpoint (GQA's recipe): a fraction of its training steps, and the
+    learning-rate schedule where that training left it, not a new warmup."""
+    from transduce.train import checkpoint
+
+    steps = checkpoint.trained_steps(init)
+    defaults: dict[str, Any] = {}
+    if steps is None:
+        if not (given.get("max_steps") or given.get("max_minutes")):
+            raise ConfigError(f"{init}: its training steps are not recorded; give --max-steps")
+        return defaults
+    defaults["schedule_offset"] = steps
+    if not (given.get("max_steps") or given.get("max_minutes")):
+        defaults["max_steps"] = max(1, math.ceil(fraction * steps))
+    print(f"uptraining from {init}: trained {steps} steps; the schedule continues from there"
+          + (f"; {defaults['max_steps']} steps ({fraction:.0%})" if "max_steps" in defaults else ""))
+    return defaults
+
+
+def cmd_convert_kv(args: argparse.Namespace) -> int:
+    """Mean-pool a multi-head checkpoint's decoder key/value heads into G groups."""
+    from transduce.model.convert import convert_kv_heads
+    from transduce.train import checkpoint
+
+    source = checkpoint.resolve(args.run)
+    model = checkpoint.load_model_from(source)
+    converted = convert_kv_heads(model, args.kv_heads)
+    _, train_config = checkpoint.read_configs(source)
+    origin = {"converted_from": str(source), "kv_heads": args.kv_heads,
+              "steps": checkpoint.trained_steps(source)}
+    checkpoint.save(args.out, converted, train_config, source / checkpoint.TOKENIZER, origin=origin)
+    before, after = model.num_parameters(), converted.num_parameters()
+    kind = "multi-query" if args.kv_heads == 1 else f"grouped-query ({args.kv_heads} groups)"
+    print(f"{source}: {model.config.num_heads} heads -> {kind} decoder attention; "
+          f"{before:,d} -> {after:,d} parameters; wrote {args.out}")
+    print(f"uptrain it: transduce train --init {args.out} --data DIR --out RUN")
+    return 0
+
+
+def cmd_attention(args: argparse.Namespace) -> int:
+    """Translate a sentence and draw its attention maps."""
+    from transduce.attention_maps import attention_maps, plot_attention_maps
+    from transduce.decode.translate import Translator
+
+    translator = Translator.load(args.model)
+    maps = attention_maps(translator, args.sentence, beam=args.beam)
+    out = plot_attention_maps(maps, args.out, layer=args.layer, head=args.head)
+    print(f"translation: {maps.translation}  (log-probability {maps.log_prob:.3f})")
+    print(f"wrote {out}")
     return 0
 
 
@@ -231,7 +304,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from transduce.data.corpus import read_lines
     from transduce.decode.translate import Translator
 
-    translator = Translator.load(args.model, dtype=args.dtype)
+    translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype)
     options = dict(beam=args.beam, alpha=args.alpha, nbest=args.nbest,
                    batch_tokens=args.batch_tokens, batch_sentences=args.batch_sentences,
                    strict=args.strict)
@@ -310,8 +383,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from transduce.decode.translate import Translator
     from transduce.evaluate import evaluate_split
 
-    translator = Translator.load(args.model, dtype=args.dtype)
-    out = args.out or (Path(args.model) / f"eval-{args.split}-beam{args.beam}")
+    translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    suffix = f"-kv{args.kv_dtype}" if args.kv_dtype else ""
+    out = args.out or (Path(args.model) / f"eval-{args.split}-beam{args.beam}{suffix}")
     with tqdm(unit="line", desc=f"translating {args.split}") as bar:
         result = evaluate_split(translator, args.data, args.split, out, beam=args.beam,
                                 alpha=args.alpha, batch_tokens=args.batch_tokens,
@@ -336,22 +410,39 @@ def cmd_kv_size(args: argparse.Namespace) -> int:
 
     if args.model is not None:
         config, _ = checkpoint.read_configs(checkpoint.resolve(args.model))
-        if args.num_kv_heads is not None:  # a checkpoint's model, sized as if converted
-            config = config.replace(num_kv_heads=args.num_kv_heads)
+        # A checkpoint's model, sized as if changed (converted to --num-kv-heads G, say).
+        config = config.replace(**flags_given(args, ModelConfig))
     else:
         config = config_from_args(args)  # --num-kv-heads is one of its flags
+    if config.arch != "transformer":
+        raise ConfigError(f"arch={config.arch!r} keeps no KV cache: its decoding state is "
+                          f"{config.num_decoder_layers} x d_model={config.d_model} values per "
+                          f"hypothesis, whatever the length")
     dtype = getattr(torch, args.dtype)
     element = torch.empty((), dtype=dtype).element_size()
-    formula = 2 * config.num_decoder_layers * config.kv_heads * config.head_dim * element \
-        * args.tokens * args.batch
+    layers, heads, dim = config.num_decoder_layers, config.kv_heads, config.head_dim
+    if config.attention_type == "linear":
+        formula = layers * heads * (dim * dim + dim) * 4 * args.batch
+        how = (f"layers {layers} x kv_heads {heads} x (head_dim^2 + head_dim) = ({dim * dim} + "
+               f"{dim}) running sums x 4 bytes (float32) x batch {args.batch}, whatever the length")
+    else:
+        kept = min(args.tokens, config.attention_window) \
+            if config.attention_type == "sliding" else args.tokens
+        scales = 4 if args.dtype == "int8" else 0  # one float32 scale per token and head
+        formula = 2 * layers * heads * (dim * element + scales) * kept * args.batch
+        how = (f"layers {layers} x kv_heads {heads} x 2 (K and V) x (head_dim {dim} x "
+               f"{element} bytes ({args.dtype}){' + 4-byte scale' if scales else ''}) x "
+               f"{kept} tokens{' (the window)' if kept != args.tokens else ''} x batch {args.batch}")
     with torch.device("meta"):
         model = Transformer(config)
-    measured = sum(c.nbytes for c in model.new_caches(args.batch, args.tokens, dtype, "meta"))
-    print(f"layers {config.num_decoder_layers} x kv_heads {config.kv_heads} x head_dim "
-          f"{config.head_dim} x 2 (K and V) x {element} bytes ({args.dtype}) x {args.tokens} "
-          f"tokens x batch {args.batch}")
+    try:
+        caches = model.new_caches(args.batch, args.tokens, dtype, "meta")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    measured = sum(c.nbytes for c in caches)
+    print(how)
     print(f"formula:  {formula:,d} bytes ({formula / 2**20:.2f} MiB)")
-    print(f"measured: {measured:,d} bytes (the decoder's KVCache buffers)")
+    print(f"measured: {measured:,d} bytes (the decoder's {type(caches[0]).__name__} buffers)")
     return 0 if formula == measured else 1
 
 
@@ -412,6 +503,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="model preset (default: the config file's, else small)")
     train.add_argument("--config", type=Path, default=None, help="TOML file: preset, [model], [train]")
     train.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
+    train.add_argument("--init", type=Path, default=None,
+                       help="start from this checkpoint's weights (uptraining a converted model)")
+    train.add_argument("--uptrain-fraction", type=float, default=0.05,
+                       help="with --init and no budget: this fraction of its training steps")
     add_config_flags(train, TrainConfig)
     add_config_flags(train, ModelConfig)
     train.set_defaults(handler=cmd_train)
@@ -435,6 +530,9 @@ def build_parser() -> argparse.ArgumentParser:
                              help="at most this many lines per batch (0: no cap)")
         command.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                              help="bfloat16: autocast the matrix products (AMX on recent Xeons)")
+        command.add_argument("--kv-dtype", default=None, choices=["float32", "bfloat16", "int8"],
+                             help="KV-cache type (default: --dtype's); int8 quantizes it per "
+                                  "token and head")
 
     translate = commands.add_parser("translate", help="translate lines of text")
     translate.add_argument("--model", type=Path, required=True, help="checkpoint or run directory")
@@ -460,11 +558,28 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--model", type=Path, default=None)
     source.add_argument("--preset", choices=sorted(PRESETS), default=None)
     kv.add_argument("--vocab-size", type=int, default=None)
-    kv.add_argument("--num-kv-heads", type=int, default=None)
     kv.add_argument("--tokens", type=int, required=True)
     kv.add_argument("--batch", type=int, default=1)
-    kv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    kv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "int8"])
+    add_config_flags(kv, ModelConfig)  # with --model: size it as if changed so
     kv.set_defaults(handler=cmd_kv_size)
+
+    convert = commands.add_parser("convert-kv", help="MHA checkpoint -> GQA / MQA by mean-pooling "
+                                                     "key/value heads")
+    convert.add_argument("run", metavar="RUN", type=Path, help="checkpoint or run directory")
+    convert.add_argument("--kv-heads", type=int, required=True,
+                         help="key/value heads G (1: multi-query); must divide num_heads")
+    convert.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+    convert.set_defaults(handler=cmd_convert_kv)
+
+    maps = commands.add_parser("attention", help="draw a translation's attention maps")
+    maps.add_argument("sentence", help="the source sentence")
+    maps.add_argument("--model", type=Path, required=True, help="checkpoint or run directory")
+    maps.add_argument("--out", type=Path, required=True, help="PNG file to write")
+    maps.add_argument("--layer", type=int, default=None, help="only this layer (1-based)")
+    maps.add_argument("--head", type=int, default=None, help="only this head (1-based)")
+    maps.add_argument("--beam", type=int, default=4)
+    maps.set_defaults(handler=cmd_attention)
 
     export = commands.add_parser("export", help="write a checkpoint in another toolkit's format")
     export_formats = export.add_subparsers(dest="format", required=True)

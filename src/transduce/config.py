@@ -15,11 +15,17 @@ Positional = Literal["sinusoidal", "learned", "rotary"]
 Activation = Literal["relu", "gelu"]
 Tying = Literal["all", "decoder", "none"]
 AttentionImpl = Literal["naive", "sdpa", "flash"]
+AttentionType = Literal["softmax", "linear", "sliding"]
+Architecture = Literal["transformer", "rnn-bahdanau", "rnn-luong"]
+RnnCell = Literal["gru", "lstm"]
 
 POSITIONALS: tuple[str, ...] = ("sinusoidal", "learned", "rotary")
 ACTIVATIONS: tuple[str, ...] = ("relu", "gelu")
 TYINGS: tuple[str, ...] = ("all", "decoder", "none")
 ATTENTION_IMPLS: tuple[str, ...] = ("naive", "sdpa", "flash")
+ATTENTION_TYPES: tuple[str, ...] = ("softmax", "linear", "sliding")
+ARCHITECTURES: tuple[str, ...] = ("transformer", "rnn-bahdanau", "rnn-luong")
+RNN_CELLS: tuple[str, ...] = ("gru", "lstm")
 
 
 class ConfigError(ValueError):
@@ -48,7 +54,7 @@ class _Config:
 
 @dataclass(frozen=True)
 class ModelConfig(_Config):
-    """Sizes and options of the encoder-decoder Transformer.
+    """Sizes and options of the encoder-decoder model.
 
     tie_embeddings: "all" shares one matrix between source embedding, target embedding
     and the pre-softmax projection (the paper, needs one shared vocabulary); "decoder"
@@ -56,6 +62,13 @@ class ModelConfig(_Config):
     num_kv_heads: key/value heads of the decoder's self- and cross-attention (MHA when
     equal to num_heads, MQA when 1, GQA in between). The encoder always uses full
     multi-head attention: it runs once per source, so its keys are never cached.
+    attention_type: the self-attention of both stacks. "softmax" is the paper's;
+    "linear" replaces softmax by a positive feature map (elu + 1), linear in the length;
+    "sliding" lets each token see only the attention_window tokens on either side
+    (before it, in the decoder). Cross-attention is always softmax attention.
+    arch: "transformer", or an RNN encoder-decoder with Bahdanau (additive) or Luong
+    (general) attention; the RNNs use d_model, the layer counts, dropout, rnn_cell and
+    the embedding fields, and ignore the attention and position fields.
     """
 
     src_vocab_size: int = 37000
@@ -78,11 +91,19 @@ class ModelConfig(_Config):
     bias: bool = True
     layer_norm_eps: float = 1e-5
     pad_id: int = 0
+    attention_type: AttentionType = "softmax"
+    attention_window: int = 16
+    arch: Architecture = "transformer"
+    rnn_cell: RnnCell = "gru"
 
     def __post_init__(self) -> None:
         _check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
-                        "num_encoder_layers", "num_decoder_layers", "max_positions")
+                        "num_encoder_layers", "num_decoder_layers", "max_positions",
+                        "attention_window")
         _check_choice(self, "activation", ACTIVATIONS)
+        _check_choice(self, "attention_type", ATTENTION_TYPES)
+        _check_choice(self, "arch", ARCHITECTURES)
+        _check_choice(self, "rnn_cell", RNN_CELLS)
         _check_choice(self, "positional", POSITIONALS)
         _check_choice(self, "tie_embeddings", TYINGS)
         _check_choice(self, "attention_impl", ATTENTION_IMPLS)
@@ -100,6 +121,16 @@ class ModelConfig(_Config):
         if self.positional == "rotary" and self.head_dim % 2:
             raise ConfigError(f"ModelConfig.positional='rotary' needs an even head size, "
                               f"got d_model/num_heads={self.head_dim}")
+        if self.positional == "rotary" and self.attention_type == "linear":
+            raise ConfigError("ModelConfig.positional='rotary' does not combine with "
+                              "attention_type='linear' (rotated features are no longer "
+                              "positive); use sinusoidal or learned positions")
+        if self.arch != "transformer" and self.attention_type != "softmax":
+            raise ConfigError(f"ModelConfig.attention_type={self.attention_type!r} applies to "
+                              f"the Transformer's self-attention; arch={self.arch!r} has none")
+        if self.arch != "transformer" and self.d_model % 2:
+            raise ConfigError(f"ModelConfig.d_model={self.d_model}: the RNN's bidirectional "
+                              f"encoder needs an even size (d_model / 2 per direction)")
         if self.tie_embeddings == "all" and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError(
                 f"ModelConfig.tie_embeddings='all' needs one shared vocabulary, but "
@@ -185,11 +216,14 @@ class TrainConfig(_Config):
     dev_bleu_sentences: int = 0        # >0: greedy dev BLEU on that many sentences per eval
     nan_limit: int = 5                 # abort after this many non-finite losses in a row
     threads: int = 0                   # 0: torch's default
+    schedule_offset: int = 0           # the lr schedule starts this many steps in (uptraining)
 
     def __post_init__(self) -> None:
         _check_positive(self, "max_tokens", "update_freq", "warmup_steps", "max_len",
                         "log_every", "eval_every", "save_every", "keep_last", "nan_limit")
         _check_choice(self, "dtype", DTYPES)
+        if self.schedule_offset < 0:
+            raise ConfigError("TrainConfig.schedule_offset must be >= 0")
         if self.max_steps < 0 or self.max_minutes < 0:
             raise ConfigError("TrainConfig.max_steps and max_minutes must be >= 0")
         if not 0.0 <= self.label_smoothing < 1.0:

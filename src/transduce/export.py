@@ -41,7 +41,7 @@ def marian_permutation(d_model: int) -> Tensor:
 
 def check_exportable(model: Transformer) -> None:
     c = model.config
-    problems = []
+    problems = _not_a_plain_transformer(c)
     if c.tie_embeddings != "all":
         problems.append(f"tie_embeddings={c.tie_embeddings!r} (Marian shares one matrix: 'all')")
     if c.positional != "sinusoidal":
@@ -158,9 +158,19 @@ def export_hf(path: Path, out: Path) -> Path:
     return out
 
 
+def _not_a_plain_transformer(c) -> list[str]:
+    """What neither format can hold: RNN models and non-softmax self-attention."""
+    problems = []
+    if c.arch != "transformer":
+        problems.append(f"arch={c.arch!r} (the format holds Transformers)")
+    if c.attention_type != "softmax":
+        problems.append(f"attention_type={c.attention_type!r} (the format has softmax attention)")
+    return problems
+
+
 def check_ctranslate2_exportable(model: Transformer) -> None:
     c = model.config
-    problems = []
+    problems = _not_a_plain_transformer(c)
     if c.positional == "rotary":
         problems.append("positional='rotary' (not in CTranslate2's encoder-decoder spec)")
     if c.kv_heads != c.num_heads:

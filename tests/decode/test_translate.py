@@ -15,7 +15,7 @@ from transduce.cli import main
 from transduce.config import preset
 from transduce.data.tokenizer import MODEL_NAME
 from transduce.decode.translate import InputTooLong, length_sorted_batches
-from transduce.model import Transformer
+from transduce.model import Transformer, build_model
 from transduce.train import checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,3 +139,38 @@ def test_batch_sentence_cap_and_bfloat16_keep_outputs(run_dir):
     assert len(load(run_dir, dtype="bfloat16").translate(lines, beam=2)) == 10
     with pytest.raises(ValueError, match="dtype"):
         load(run_dir, dtype="int4")
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--dtype", "int8"], 2 * 6 * 8 * (64 + 4) * 128 * 4),                   # values + scales
+    (["--attention-type", "sliding", "--attention-window", "16"], 2 * 6 * 8 * 64 * 4 * 16 * 4),
+    (["--attention-type", "linear"], 6 * 8 * (64 * 64 + 64) * 4 * 4),       # no length at all
+])
+def test_kv_size_of_quantized_sliding_and_linear_caches(capsys, flags, expected):
+    assert main(["kv-size", "--preset", "base", "--tokens", "128", "--batch", "4", *flags]) == 0
+    out = capsys.readouterr().out
+    assert f"formula:  {expected:,d}" in out and f"measured: {expected:,d}" in out
+
+
+def test_kv_size_refuses_what_has_no_kv_cache(capsys):
+    assert main(["kv-size", "--preset", "small", "--arch", "rnn-luong", "--tokens", "8"]) == 2
+    assert "keeps no KV cache" in capsys.readouterr().err
+    assert main(["kv-size", "--preset", "small", "--attention-type", "linear", "--tokens", "8",
+                 "--dtype", "int8"]) == 2
+    assert "int8" in capsys.readouterr().err
+
+
+def test_int8_kv_cache_translates_and_rnn_refuses_it(run_dir, tiny_corpus, tmp_path, capsys):
+    lines = ["uno dos tres casa", "el perro", "gato rojo grande come el perro"]
+    quantized = load(run_dir, kv_dtype="int8").translate(lines, beam=2)
+    assert len(quantized) == 3
+    assert main(["evaluate", "--model", str(run_dir), "--data", str(tiny_corpus), "--beam", "2",
+                 "--kv-dtype", "int8"]) == 0
+    assert (run_dir / "eval-test-beam2-kvint8.json").is_file()
+    rnn = preset("tiny", src_vocab_size=300, tgt_vocab_size=300, arch="rnn-luong")
+    rnn_run = tmp_path / "rnn"
+    checkpoint.save(checkpoint.step_dir(rnn_run, 1), build_model(rnn), None,
+                    tiny_corpus / MODEL_NAME)
+    assert main(["translate", "--model", str(rnn_run), "--kv-dtype", "int8",
+                 "--input", str(tiny_corpus / "test.es")]) == 2
+    assert "kv_dtype='int8'" in capsys.readouterr().err

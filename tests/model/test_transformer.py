@@ -74,10 +74,21 @@ def test_pre_norm_stacks_end_with_a_layer_norm():
     assert model.encoder.final_norm is not None and model.decoder.final_norm is not None
 
 
+# Linear and sliding-window self-attention, with grouped heads and rotary positions; a
+# window of 2 is shorter than the test sequences, so it really cuts.
+ATTENTION_TYPES = [
+    {"attention_type": "linear"}, {"attention_type": "linear", "num_kv_heads": 2},
+    {"attention_type": "sliding", "attention_window": 2},
+    {"attention_type": "sliding", "attention_window": 3, "positional": "rotary",
+     "num_kv_heads": 1, "attention_impl": "flash"},
+]
+
+
 @pytest.mark.parametrize("changes", [
     {}, {"num_kv_heads": 2}, {"num_kv_heads": 1}, {"positional": "learned"},
     {"positional": "rotary", "num_kv_heads": 2}, {"norm_first": True},
     {"attention_impl": "naive"}, {"attention_impl": "flash", "num_kv_heads": 1},
+    *ATTENTION_TYPES,
 ])
 def test_cached_decoding_equals_the_full_causal_pass(changes):
     model = Transformer(tiny(**changes)).eval()
@@ -101,8 +112,9 @@ def test_cache_bytes_are_measured_and_match_the_formula():
     assert mha_state.nbytes == 4 * state.nbytes  # 4 heads -> 1 kv head
 
 
-def test_batched_equals_one_sentence_at_a_time():
-    model = Transformer(tiny()).eval()
+@pytest.mark.parametrize("changes", [{}, *ATTENTION_TYPES])
+def test_batched_equals_one_sentence_at_a_time(changes):
+    model = Transformer(tiny(**changes)).eval()
     src, tgt = padded([7, 2, 5]), padded([4, 6, 3])
     with torch.no_grad():
         batched = model(src, tgt)
@@ -111,8 +123,9 @@ def test_batched_equals_one_sentence_at_a_time():
             torch.testing.assert_close(batched[b:b + 1, :t_len], alone, rtol=1e-5, atol=1e-5)
 
 
-def test_decoder_state_reorder_follows_the_index():
-    model = Transformer(tiny()).eval()
+@pytest.mark.parametrize("changes", [{}, *ATTENTION_TYPES])
+def test_decoder_state_reorder_follows_the_index(changes):
+    model = Transformer(tiny(**changes)).eval()
     src, tgt = padded([6, 3, 4]), padded([3, 3, 3])
     index = torch.tensor([2, 0])
     with torch.no_grad():
@@ -122,6 +135,39 @@ def test_decoder_state_reorder_follows_the_index():
         got = model.decode_step(tgt[index, 2:3], state)
         expected = model(src[index], tgt[index])[:, 2:3]
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_int8_cache_is_smaller_and_close_to_float():
+    model = Transformer(tiny(num_kv_heads=2)).eval()
+    src, tgt = padded([7, 3, 5]), padded([6, 6, 6])
+    with torch.no_grad():
+        full = model(src, tgt)
+        state = model.prefill(src, max_len=6, cache_dtype=torch.int8)
+        steps = torch.cat([model.decode_step(tgt[:, t:t + 1], state) for t in range(6)], dim=1)
+    float_state = model.prefill(src, max_len=6)
+    # Per token and head: 2 x 16 int8 values + 2 float32 scales, against 2 x 16 floats.
+    assert state.nbytes * (2 * 16 * 4) == float_state.nbytes * (2 * 16 + 2 * 4)
+    error = (steps - full).abs().max()
+    assert 0 < error < 2e-2 * full.abs().max()
+
+
+@pytest.mark.parametrize("changes,cache_kind", [
+    ({"attention_type": "linear"}, "LinearStateCache"),
+    ({"attention_type": "sliding", "attention_window": 3}, "SlidingKVCache"),
+])
+def test_linear_and_sliding_caches_do_not_grow_with_the_output(changes, cache_kind):
+    model = Transformer(tiny(**changes)).eval()
+    src, tgt = padded([4, 4]), padded([9, 9])
+    state = model.prefill(src, max_len=9)
+    assert type(state.caches[0]).__name__ == cache_kind
+    sizes = []
+    with torch.no_grad():
+        for t in range(9):
+            model.decode_step(tgt[:, t:t + 1], state)
+            sizes.append(state.nbytes)
+    assert len(set(sizes)) == 1
+    with pytest.raises(ValueError, match="int8"):
+        model.prefill(src, max_len=9, cache_dtype=torch.int8)
 
 
 def test_positions_past_the_limit_are_a_clear_error():

@@ -1,5 +1,6 @@
 """The training loop: exact resume, interruption, divergence, multi-process equivalence."""
 
+import json
 import math
 import os
 import signal
@@ -46,7 +47,7 @@ def test_resume_continues_exactly(tiny_corpus, tmp_path):
     # The run did train: the weights moved from their initialisation.
     torch.manual_seed(1)
     assert not torch.equal(a["output_proj.weight"],
-                           loop.Transformer(model_config).state_dict()["output_proj.weight"])
+                           loop.build_model(model_config).state_dict()["output_proj.weight"])
 
 
 def test_checkpoints_log_and_keep_last(tiny_corpus, tmp_path):
@@ -180,3 +181,18 @@ def test_bfloat16_autocast_trains_with_float32_master_weights(tiny_corpus, tmp_p
     records = [__import__("json").loads(line) for line in (run / "log.jsonl").open()]
     losses = [r["loss"] for r in records if r["event"] == "train"]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("changes", [
+    {"arch": "rnn-bahdanau"}, {"arch": "rnn-luong", "rnn_cell": "lstm"},
+    {"attention_type": "linear"}, {"attention_type": "sliding", "attention_window": 2},
+])
+def test_every_architecture_and_attention_type_trains(tiny_corpus, tmp_path, changes):
+    run = tmp_path / "run"
+    train(tiny_corpus, run, tiny_config(**changes), train_config(max_steps=25))
+    log = [json.loads(line) for line in (run / loop.LOG).read_text().splitlines()]
+    losses = [r["loss"] for r in log if r.get("event") == "train"]
+    assert losses[-1] < 0.8 * losses[0]
+    assert 0 < [r["mfu"] for r in log if r.get("event") == "train"][-1] < 1
+    model = checkpoint.load_model_from(run)
+    assert model.config == tiny_config(**changes)

@@ -60,3 +60,26 @@ def group_heads(mask: Tensor, kv_heads: int, group: int) -> Tensor:
     if mask.shape[1] == 1:
         return mask.unsqueeze(2)
     return mask.unflatten(1, (kv_heads, group))
+
+
+def band_mask(num_queries: int, num_keys: int, window: int, *, causal: bool,
+              query_offset: int = 0, device: torch.device | str | None = None) -> Tensor:
+    """Local (sliding-window) attention: query i, at position query_offset + i, may attend
+    key j when |i' - j| <= window, and only j <= i' when causal. -> mask (1, 1, T, S)"""
+    query_pos = torch.arange(num_queries, device=device)[:, None] + query_offset
+    distance = query_pos - torch.arange(num_keys, device=device)[None, :]
+    allowed = distance <= window if causal else distance.abs() <= window
+    if causal:
+        allowed &= distance >= 0
+    return allowed[None, None]
+
+
+def key_padding(mask: Tensor | None, what: str) -> Tensor | None:
+    """The (B, S) key mask inside a (B, 1, 1, S) padding mask, for kernels that take only
+    key padding (no per-query pattern)."""
+    if mask is None:
+        return None
+    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
+        raise ValueError(f"{what} takes a key padding mask of shape (B, 1, 1, S), got "
+                         f"{tuple(mask.shape)}")
+    return mask[:, 0, 0, :]

@@ -63,12 +63,20 @@ class DotAttention(nn.Module):
 
 
 class GeneralAttention(nn.Module):
-    """Luong et al. (2015), "general": a learned bilinear form q^T W k."""
+    """Luong et al. (2015), "general": a learned bilinear form q^T W k.
+
+    W k depends on the source only: `project_keys` computes it once per source."""
 
     def __init__(self, query_dim: int, key_dim: int):
         super().__init__()
-        self.key_proj = nn.Linear(key_dim, query_dim, bias=False)  # W k, once per source
+        self.key_proj = nn.Linear(key_dim, query_dim, bias=False)
 
-    def forward(self, query: Tensor, keys: Tensor, values: Tensor,
-                mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return _attend(query @ self.key_proj(keys).transpose(1, 2), values, mask)
+    def project_keys(self, keys: Tensor) -> Tensor:
+        """keys (B, S, Dk) -> W k (B, S, Dq)."""
+        return self.key_proj(keys)
+
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None,
+                *, projected_keys: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if projected_keys is None:
+            projected_keys = self.project_keys(keys)
+        return _attend(query @ projected_keys.transpose(1, 2), values, mask)

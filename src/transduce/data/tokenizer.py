@@ -63,9 +63,9 @@ class Tokenizer:
                 pieces.append(int(token))
         return self.processor.decode(pieces)
 
-    def pieces(self, text: str) -> list[str]:
-        """The subword pieces of a text, for display (attention maps)."""
-        return self.processor.encode(text, out_type=str)
+    def piece(self, token_id: int) -> str:
+        """The piece of one id ("<s>", "</s>" for bos and eos), for display."""
+        return self.processor.id_to_piece(int(token_id))
 
     def encode_cached(self, texts: Sequence[str], cache_dir: Path) -> list[np.ndarray]:
         """encode(), remembered on disk by (tokenizer, text) fingerprint, so that a corpus

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transduce.model.transformer import Transformer
+from transduce.model import Seq2SeqModel
 
 EXTRA_LENGTH = 50  # the paper: maximum output length = input length + 50
 
@@ -34,7 +34,7 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def max_lengths(model: Transformer, src: Tensor, max_len: int | None) -> Tensor:
+def max_lengths(model: Seq2SeqModel, src: Tensor, max_len: int | None) -> Tensor:
     """Per-sentence output limit: source length + 50 (or max_len), within max_positions."""
     source_lengths = (src != model.config.pad_id).sum(dim=1)
     limit = source_lengths + EXTRA_LENGTH if max_len is None else torch.full_like(source_lengths, max_len)
@@ -42,19 +42,19 @@ def max_lengths(model: Transformer, src: Tensor, max_len: int | None) -> Tensor:
 
 
 @torch.no_grad()
-def greedy_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
-                  max_len: int | None = None) -> Tensor:
+def greedy_search(model: Seq2SeqModel, src: Tensor, *, bos_id: int, eos_id: int,
+                  max_len: int | None = None, cache_dtype: torch.dtype | None = None) -> Tensor:
     """Pick the most likely token at every step until eos or the length limit.
 
     src (B, S) right-padded ids -> (B, L) generated ids without bos; each row ends with
     eos (unless cut at its limit) and is padded with pad_id after it.
     """
     return _step_until_done(model, src, bos_id, eos_id, max_len,
-                            lambda logits: logits.argmax(dim=-1))
+                            lambda logits: logits.argmax(dim=-1), cache_dtype)
 
 
 @torch.no_grad()
-def sample(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
+def sample(model: Seq2SeqModel, src: Tensor, *, bos_id: int, eos_id: int,
            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            seed: int | None = None, max_len: int | None = None) -> Tensor:
     """Draw each token from softmax(logits / temperature), restricted to the top_k most
@@ -84,12 +84,13 @@ def sample(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int,
     return _step_until_done(model, src, bos_id, eos_id, max_len, choose)
 
 
-def _step_until_done(model: Transformer, src: Tensor, bos_id: int, eos_id: int,
-                     max_len: int | None, choose) -> Tensor:
+def _step_until_done(model: Seq2SeqModel, src: Tensor, bos_id: int, eos_id: int,
+                     max_len: int | None, choose,
+                     cache_dtype: torch.dtype | None = None) -> Tensor:
     """The loop shared by greedy search and sampling: one chosen token per step."""
     pad_id = model.config.pad_id
     limits = max_lengths(model, src, max_len)                             # (B,)
-    state = model.prefill(src, int(limits.max()))
+    state = model.prefill(src, int(limits.max()), cache_dtype=cache_dtype)
     batch = src.shape[0]
     token = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
@@ -105,9 +106,9 @@ def _step_until_done(model: Transformer, src: Tensor, bos_id: int, eos_id: int,
 
 
 @torch.no_grad()
-def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, beam: int = 4,
-                alpha: float = 0.6, nbest: int = 1,
-                max_len: int | None = None) -> list[list[Hypothesis]]:
+def beam_search(model: Seq2SeqModel, src: Tensor, *, bos_id: int, eos_id: int, beam: int = 4,
+                alpha: float = 0.6, nbest: int = 1, max_len: int | None = None,
+                cache_dtype: torch.dtype | None = None) -> list[list[Hypothesis]]:
     """Batched beam search -> for each sentence, its nbest hypotheses, best first.
 
     Each step extends every live beam by every token, keeps the 2 * beam best
@@ -117,12 +118,14 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, be
     no live beam can still beat its nbest-th finished one (the length penalty bounds what
     a beam can reach by the sentence's length limit), or at that limit. Done sentences
     leave the batch, and the caches shrink with them (KVCache.reorder).
+    cache_dtype: the self-attention caches' type (default: the model's); torch.int8
+    quantizes them (QuantizedKVCache).
     """
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest={nbest} must be between 1 and beam={beam}")
     device, batch = src.device, src.shape[0]
     limits = max_lengths(model, src, max_len).tolist()
-    state = model.prefill(src, max(limits))
+    state = model.prefill(src, max(limits), cache_dtype=cache_dtype)
     state.reorder(torch.arange(batch, device=device).repeat_interleave(beam))  # (B * K) rows
     alive = list(range(batch))             # original index of each sentence still searching
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]

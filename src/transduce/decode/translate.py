@@ -16,10 +16,14 @@ from typing import Callable, Sequence
 
 import torch
 
+from transduce.config import ConfigError
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.decode.search import beam_search
-from transduce.model.transformer import Transformer
+from transduce.model import Seq2SeqModel
 from transduce.train import checkpoint
+
+
+KV_DTYPES = (None, "float32", "bfloat16", "int8")
 
 
 class InputTooLong(ValueError):
@@ -35,12 +39,21 @@ class Translation:
 class Translator:
     """A trained model with its tokenizer, ready to translate."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, device: torch.device | str = "cpu",
-                 dtype: str = "float32"):
+    def __init__(self, model: Seq2SeqModel, tokenizer: Tokenizer, device: torch.device | str = "cpu",
+                 dtype: str = "float32", kv_dtype: str | None = None):
         """dtype "bfloat16" runs the matrix products under autocast (AMX on recent Xeons);
-        the weights stay float32."""
+        the weights stay float32. kv_dtype: the self-attention cache's type (default: that
+        of the computation); "int8" quantizes it per token and head."""
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={dtype!r}: choose float32 or bfloat16")
+        if kv_dtype not in KV_DTYPES:
+            raise ConfigError(f"kv_dtype={kv_dtype!r}: choose one of {', '.join(map(str, KV_DTYPES))}")
+        if kv_dtype == "int8" and (model.config.arch != "transformer"
+                                   or model.config.attention_type != "softmax"):
+            raise ConfigError("kv_dtype='int8' quantizes softmax attention's KV cache; this "
+                             f"model (arch={model.config.arch!r}, attention_type="
+                             f"{model.config.attention_type!r}) has none")
+        self.kv_dtype = kv_dtype
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -48,11 +61,11 @@ class Translator:
 
     @classmethod
     def load(cls, path: Path | str, device: torch.device | str = "cpu",
-             dtype: str = "float32") -> "Translator":
+             dtype: str = "float32", kv_dtype: str | None = None) -> "Translator":
         """A checkpoint directory, or a run directory (its latest checkpoint)."""
         directory = checkpoint.resolve(Path(path))
         model = checkpoint.load_model_from(directory, device)
-        return cls(model, Tokenizer(directory / checkpoint.TOKENIZER), device, dtype)
+        return cls(model, Tokenizer(directory / checkpoint.TOKENIZER), device, dtype, kv_dtype)
 
     @property
     def max_source_tokens(self) -> int:
@@ -79,7 +92,8 @@ class Translator:
             src = pad_sources([ids[i] for i in indices], self.device)
             with torch.inference_mode(), autocast:
                 found = beam_search(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=beam,
-                                    alpha=alpha, nbest=nbest)
+                                    alpha=alpha, nbest=nbest,
+                                    cache_dtype=getattr(torch, self.kv_dtype) if self.kv_dtype else None)
             for index, hypotheses in zip(indices, found):
                 results[index] = [Translation(self.tokenizer.decode(h.tokens), h.score)
                                   for h in hypotheses]
@@ -134,6 +148,7 @@ def pad_sources(rows: list[list[int]], device: torch.device | str = "cpu") -> to
     return src.to(device)
 
 
-def load(path: Path | str, device: torch.device | str = "cpu", dtype: str = "float32") -> Translator:
+def load(path: Path | str, device: torch.device | str = "cpu", dtype: str = "float32",
+         kv_dtype: str | None = None) -> Translator:
     """transduce.load(RUN): a Translator for a checkpoint or run directory."""
-    return Translator.load(path, device, dtype)
+    return Translator.load(path, device, dtype, kv_dtype)

@@ -37,7 +37,8 @@ class EncoderLayer(nn.Module):
         c = config
         self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, bias=c.bias,
                                             dropout=c.attention_dropout,
-                                            impl=c.attention_impl, rotary=rotary)
+                                            impl=c.attention_impl, rotary=rotary,
+                                            kind=c.attention_type, window=c.attention_window)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)
         self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
@@ -64,7 +65,8 @@ class DecoderLayer(nn.Module):
         c = config
         self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, c.kv_heads, bias=c.bias,
                                             dropout=c.attention_dropout,
-                                            impl=c.attention_impl, rotary=rotary)
+                                            impl=c.attention_impl, rotary=rotary,
+                                            kind=c.attention_type, window=c.attention_window)
         self.cross_attn = MultiHeadAttention(c.d_model, c.num_heads, c.kv_heads, bias=c.bias,
                                              dropout=c.attention_dropout, impl=c.attention_impl)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)

@@ -21,7 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from transduce.attention import masks
-from transduce.attention.kv_cache import KVCache
+from transduce.attention.kv_cache import (KVCache, LinearStateCache, QuantizedKVCache,
+                                          SlidingKVCache)
 from transduce.config import ModelConfig
 from transduce.model.layers import DecoderLayer, EncoderLayer
 from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedding,
@@ -194,19 +195,34 @@ class Transformer(nn.Module):
     def prefill(self, src: Tensor, max_len: int, *, src_mask: Tensor | None = None,
                 cache_dtype: torch.dtype | None = None) -> DecoderState:
         """The prefill phase: encode the source, compute every layer's cross-attention keys
-        and values once, and allocate self-attention caches for max_len target tokens."""
+        and values once, and allocate self-attention caches for max_len target tokens.
+        cache_dtype torch.int8 stores the keys and values quantized (QuantizedKVCache)."""
         src_mask = self.source_mask(src) if src_mask is None else src_mask
         memory = self.encode(src, src_mask)
         caches = self.new_caches(src.shape[0], max_len, cache_dtype or memory.dtype, src.device)
         return DecoderState(self.decoder.memory_kv(memory), src_mask, caches)
 
     def new_caches(self, batch_size: int, max_len: int, dtype: torch.dtype,
-                   device: torch.device | str) -> list[KVCache]:
-        """One empty self-attention cache per decoder layer (device "meta" to size them
-        without allocating)."""
+                   device: torch.device | str) -> list:
+        """One empty self-attention cache per decoder layer, of the kind the attention
+        type needs (device "meta" to size them without allocating)."""
         c = self.config
-        return [KVCache(batch_size, c.kv_heads, max_len, c.head_dim, dtype=dtype, device=device)
-                for _ in range(c.num_decoder_layers)]
+        if dtype == torch.int8 and c.attention_type != "softmax":
+            raise ValueError(f"an int8 cache stores softmax attention's keys and values; "
+                             f"attention_type={c.attention_type!r} caches something else")
+
+        def new_cache():
+            if c.attention_type == "linear":
+                return LinearStateCache(batch_size, c.kv_heads, c.head_dim, device=device,
+                                        dtype=torch.float32 if dtype == torch.int8 else dtype)
+            if c.attention_type == "sliding":
+                return SlidingKVCache(batch_size, c.kv_heads, c.attention_window, c.head_dim,
+                                      dtype=dtype, device=device)
+            if dtype == torch.int8:
+                return QuantizedKVCache(batch_size, c.kv_heads, max_len, c.head_dim, device=device)
+            return KVCache(batch_size, c.kv_heads, max_len, c.head_dim, dtype=dtype, device=device)
+
+        return [new_cache() for _ in range(c.num_decoder_layers)]
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """The decode phase: tokens (B, T_new) follow the state.length tokens already

@@ -2,7 +2,8 @@
 a crash (even SIGKILL) never leaves a half-written checkpoint in place.
 
     RUN/step-000500/
-        config.json          {"model": ModelConfig, "train": TrainConfig}
+        config.json          {"model": ModelConfig, "train": TrainConfig, and for an
+                             average or a conversion "origin": what it was made from}
         model.safetensors    weights (tied matrices stored once)
         spm.model            the tokenizer
         trainer_state.pt     optimizer, step, data position, RNG states (training only)
@@ -21,7 +22,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_model
 
 from transduce.config import ModelConfig, TrainConfig
-from transduce.model import Transformer
+from transduce.model import Seq2SeqModel, build_model
 
 CONFIG, WEIGHTS, TOKENIZER, TRAINER_STATE = "config.json", "model.safetensors", "spm.model", \
     "trainer_state.pt"
@@ -45,15 +46,18 @@ def list_checkpoints(run: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def save(path: Path, model: Transformer, train_config: TrainConfig | None,
-         tokenizer_path: Path, trainer_state: dict[str, Any] | None = None) -> Path:
-    """Write a checkpoint directory atomically; an existing one at `path` is replaced."""
+def save(path: Path, model: Seq2SeqModel, train_config: TrainConfig | None,
+         tokenizer_path: Path, trainer_state: dict[str, Any] | None = None,
+         origin: dict[str, Any] | None = None) -> Path:
+    """Write a checkpoint directory atomically; an existing one at `path` is replaced.
+    origin: how a derived checkpoint was made, with "steps" (the training steps behind it)."""
     temporary = path.with_name(f".tmp-{path.name}-{os.getpid()}")
     if temporary.exists():
         shutil.rmtree(temporary)
     temporary.mkdir(parents=True)
     config = {"model": model.config.to_dict(),
-              "train": None if train_config is None else train_config.to_dict()}
+              "train": None if train_config is None else train_config.to_dict(),
+              **({"origin": origin} if origin else {})}
     (temporary / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save_model(model, str(temporary / WEIGHTS))
     shutil.copyfile(tokenizer_path, temporary / TOKENIZER)
@@ -109,6 +113,20 @@ def read_configs(path: Path) -> tuple[ModelConfig, TrainConfig | None]:
     return model_config, train_config
 
 
+def trained_steps(path: Path) -> int | None:
+    """The training steps behind a checkpoint: its trainer state's step, else the steps
+    its origin records (averages and conversions), else None."""
+    path = resolve(path)
+    state_file = path / TRAINER_STATE
+    if state_file.is_file():
+        return int(torch.load(state_file, map_location="cpu", weights_only=False)["position"]["step"])
+    try:
+        origin = json.loads((path / CONFIG).read_text(encoding="utf-8")).get("origin") or {}
+    except (OSError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path / CONFIG}: unreadable ({error})") from None
+    return origin.get("steps")
+
+
 def resolve(path: Path) -> Path:
     """A checkpoint directory, or a run directory meaning its latest checkpoint."""
     if (path / WEIGHTS).is_file():
@@ -120,11 +138,11 @@ def resolve(path: Path) -> Path:
     return checkpoints[-1]
 
 
-def load_model_from(path: Path, device: torch.device | str = "cpu") -> Transformer:
+def load_model_from(path: Path, device: torch.device | str = "cpu") -> Seq2SeqModel:
     """The model of a checkpoint (or of a run's latest checkpoint), in eval mode."""
     path = resolve(path)
     model_config, _ = read_configs(path)
-    model = Transformer(model_config)
+    model = build_model(model_config)
     missing, unexpected = load_model(model, str(path / WEIGHTS), device=str(device))
     if missing or unexpected:
         raise CheckpointError(f"{path / WEIGHTS}: weights do not match the configuration "
@@ -150,4 +168,5 @@ def average(checkpoints: list[Path], out: Path) -> Path:
         for name, summed in total.items():
             state[name].copy_(summed / len(checkpoints))
     _, train_config = read_configs(checkpoints[-1])
-    return save(out, model, train_config, checkpoints[-1] / TOKENIZER)
+    origin = {"averaged": [str(p) for p in checkpoints], "steps": trained_steps(checkpoints[-1])}
+    return save(out, model, train_config, checkpoints[-1] / TOKENIZER, origin=origin)

@@ -17,6 +17,8 @@ from transduce.config import ModelConfig
 
 def forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int) -> float:
     """Matmul FLOPs of one forward pass over a padded (B, S) / (B, T) batch."""
+    if config.arch != "transformer":
+        return _rnn_forward_flops(config, batch_size, src_len, tgt_len)
     d, d_ff, kv = config.d_model, config.d_ff, config.kv_heads * config.head_dim
     src_tokens, tgt_tokens = batch_size * src_len, batch_size * tgt_len
     encoder = config.num_encoder_layers * (
@@ -29,6 +31,24 @@ def forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: i
         + 2 * batch_size * tgt_len * src_len * d)              # cross-attention
     output = tgt_tokens * d * config.tgt_vocab_size
     return 2.0 * (encoder + decoder + output)
+
+
+def _rnn_forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int) -> float:
+    """The RNN encoder-decoders of model/rnn.py: gate matmuls of every layer and
+    direction, attention (key and query projections, scores, context), readout, output."""
+    d, gates = config.d_model, 3 if config.rnn_cell == "gru" else 4
+    src_tokens, tgt_tokens = batch_size * src_len, batch_size * tgt_len
+    additive = config.arch == "rnn-bahdanau"
+    half = d // 2
+    encoder = src_tokens * 2 * gates * (d * half + half * half) * config.num_encoder_layers
+    first_input = 2 * d if additive else d
+    decoder = tgt_tokens * gates * ((first_input * d + d * d)
+                                    + (config.num_decoder_layers - 1) * 2 * d * d)
+    attention = src_tokens * d * d + 2 * batch_size * tgt_len * src_len * d \
+        + (tgt_tokens * d * d if additive else 0)
+    readout = tgt_tokens * (3 if additive else 2) * d * d
+    output = tgt_tokens * d * config.tgt_vocab_size
+    return 2.0 * (encoder + decoder + attention + readout + output)
 
 
 def training_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int) -> float:

@@ -30,7 +30,7 @@ from transduce.data.batching import TokenBatcher
 from transduce.data.dataset import load_split
 from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer
 from transduce.decode.translate import Translator
-from transduce.model import Transformer
+from transduce.model import Seq2SeqModel, build_model
 from transduce.runtime import keep_freed_memory
 from transduce.train import checkpoint
 from transduce.train.flops import matmul_peak, training_flops
@@ -87,8 +87,9 @@ class _StopSignal:
 
 
 def train(data_dir: Path, out: Path, model_config: ModelConfig, train_config: TrainConfig,
-          *, resume: bool = False) -> Path:
-    """Train and return the last checkpoint's directory."""
+          *, resume: bool = False, init: Path | None = None) -> Path:
+    """Train and return the last checkpoint's directory. init: start from that
+    checkpoint's weights (same model configuration) with a fresh optimizer."""
     world, rank = _init_distributed()
     keep_freed_memory()
     main_process = rank == 0
@@ -113,11 +114,13 @@ def train(data_dir: Path, out: Path, model_config: ModelConfig, train_config: Tr
 
     position = Position()
     torch.manual_seed(train_config.seed)  # the same initial weights in every process
-    model = Transformer(model_config).to(device)
+    model = build_model(model_config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0,
                                  betas=(train_config.adam_beta1, train_config.adam_beta2),
                                  eps=train_config.adam_eps)
     torch.manual_seed(train_config.seed + 1 + rank)  # dropout differs across processes
+    if init is not None:
+        model.load_state_dict(checkpoint.load_model_from(init, device).state_dict())
     if resume:
         position = _restore(out, model, optimizer, rank, device)
     elif main_process:
@@ -183,8 +186,8 @@ def train(data_dir: Path, out: Path, model_config: ModelConfig, train_config: Tr
         nonfinite_in_a_row = 0
         if train_config.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.clip_norm)
-        lr = noam_lr(position.step + 1, model_config.d_model, train_config.warmup_steps,
-                     train_config.lr_scale)
+        lr = noam_lr(train_config.schedule_offset + position.step + 1, model_config.d_model,
+                     train_config.warmup_steps, train_config.lr_scale)
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.step()
@@ -236,7 +239,7 @@ def train(data_dir: Path, out: Path, model_config: ModelConfig, train_config: Tr
     return saved
 
 
-def evaluate_dev(model: Transformer, split, tokenizer: Tokenizer, train_config: TrainConfig,
+def evaluate_dev(model: Seq2SeqModel, split, tokenizer: Tokenizer, train_config: TrainConfig,
                  device: torch.device) -> dict[str, float]:
     """Dev loss and perplexity (no label smoothing), and greedy BLEU if asked for."""
     model.eval()
@@ -266,7 +269,7 @@ def _has_split(data_dir: Path, split: str) -> bool:
     return all(path.is_file() for path in split_files(data_dir, split))
 
 
-def _save(out: Path, model: Transformer, train_config: TrainConfig, tokenizer: Tokenizer,
+def _save(out: Path, model: Seq2SeqModel, train_config: TrainConfig, tokenizer: Tokenizer,
           optimizer: torch.optim.Optimizer, position: Position, elapsed: float,
           world: int, rank: int) -> Path:
     rng = {"torch": torch.get_rng_state(),
@@ -287,7 +290,7 @@ def _save(out: Path, model: Transformer, train_config: TrainConfig, tokenizer: T
     return path
 
 
-def _restore(out: Path, model: Transformer, optimizer: torch.optim.Optimizer, rank: int,
+def _restore(out: Path, model: Seq2SeqModel, optimizer: torch.optim.Optimizer, rank: int,
              device: torch.device) -> Position:
     """Weights, optimizer, data position and RNG of the run's latest checkpoint."""
     latest = checkpoint.resolve(out)

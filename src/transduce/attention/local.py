@@ -1,0 +1,55 @@
+"""Sliding-window (local) attention: each query attends only the keys within `window`
+positions of it (on either side, or before it when causal), as in Longformer's and
+Mistral's local attention.
+
+The sequence is cut into blocks of b >= window queries; a block's keys are its own block
+and its neighbours (previous and next; previous only when causal), so time and memory
+grow as T * 3b instead of T^2. The blocks go through the ordinary kernels with a band
+mask, so softmax, grouping and fully masked rows behave exactly as in kernels.py.
+
+Shapes: q (B, H, T, D); k, v (B, H_kv, T, D), the same positions as q (self-attention);
+key_mask (B, T), True = a real key.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from transduce.attention import masks
+from transduce.attention.kernels import attention
+
+MIN_BLOCK = 8
+
+
+def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None,
+                             window: int, *, causal: bool, impl: str = "sdpa",
+                             dropout_p: float = 0.0) -> Tensor:
+    """-> out (B, H, T, D), equal to attention() with masks.band_mask over the full length."""
+    batch, heads, length, dim = q.shape
+    if k.shape[2] != length:
+        raise ValueError(f"sliding-window attention is self-attention: {length} queries but "
+                         f"{k.shape[2]} keys")
+    block = max(window, MIN_BLOCK)
+    blocks = -(-length // block)
+    padded = blocks * block
+    before, after = block, padded - length + (0 if causal else block)
+    span = (2 if causal else 3) * block                 # keys per query block
+
+    def key_blocks(x: Tensor) -> Tensor:
+        """(B, Hkv, T, D) -> (B * n, Hkv, span, D): block j's keys start at (j - 1) * b."""
+        x = F.pad(x, (0, 0, before, after)).unfold(2, span, block)       # (B, Hkv, n, D, span)
+        return x.permute(0, 2, 1, 4, 3).flatten(0, 1)
+
+    q_blocks = F.pad(q, (0, 0, 0, padded - length)).unflatten(2, (blocks, block))
+    q_blocks = q_blocks.transpose(1, 2).flatten(0, 1)                    # (B * n, H, b, D)
+    valid = q.new_ones(batch, length, dtype=bool) if key_mask is None else key_mask
+    valid = F.pad(valid, (before, after), value=False).unfold(1, span, block)  # (B, n, span)
+    # Query i of any block sits at b + i relative to its key block's first key.
+    band = masks.band_mask(block, span, window, causal=causal, query_offset=block,
+                           device=q.device)                              # (1, 1, b, span)
+    allowed = band & valid.flatten(0, 1)[:, None, None, :]               # (B * n, 1, b, span)
+    out = attention(q_blocks, key_blocks(k), key_blocks(v), allowed, impl=impl,
+                    dropout_p=dropout_p)                                 # (B * n, H, b, D)
+    out = out.unflatten(0, (batch, blocks)).transpose(1, 2).flatten(2, 3)
+    return out[:, :, :length]

@@ -1,0 +1,140 @@
+"""Attention maps: what each layer and head attends to while translating a sentence.
+
+The sentence is translated (beam search); then one teacher-forced forward pass over the
+chosen translation runs with every attention module recording its weights (the naive
+kernel, which materialises them). That pass computes exactly the log-probabilities the
+search used, which `attention_maps` checks, so the maps are those of the translation shown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from transduce.config import ConfigError
+from transduce.data.tokenizer import BOS_ID, EOS_ID
+from transduce.decode.search import beam_search, max_lengths
+from transduce.decode.translate import Translator, pad_sources
+
+
+@dataclass
+class AttentionMaps:
+    """Weights per layer, each (heads, queries, keys); the RNNs have cross-attention only."""
+
+    source_tokens: list[str]      # the encoder's input pieces, eos included
+    target_inputs: list[str]      # the decoder's input pieces: bos, then the output
+    target_outputs: list[str]     # what each decoder position predicts: the output, eos
+    translation: str
+    log_prob: float               # of the translation, recomputed by the recorded pass
+    encoder: list[Tensor]         # (H, S, S) per layer
+    decoder: list[Tensor]         # (H, T, T) per layer
+    cross: list[Tensor]           # (H, T, S) per layer
+
+
+@contextlib.contextmanager
+def recording(model: torch.nn.Module):
+    """Every module with a `recorded` attribute appends its weights there meanwhile."""
+    modules = [m for m in model.modules() if hasattr(m, "recorded")]
+    for module in modules:
+        module.recorded = []
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.recorded = None
+
+
+@torch.no_grad()
+def attention_maps(translator: Translator, sentence: str, *, beam: int = 4,
+                   alpha: float = 0.6) -> AttentionMaps:
+    """Translate one sentence and record the attention weights of that translation."""
+    model, tokenizer = translator.model.eval(), translator.tokenizer
+    source_ids = tokenizer.encode([sentence.strip()])[0][:translator.max_source_tokens - 1]
+    if not source_ids:
+        raise ConfigError("attention maps need a non-empty sentence")
+    src = pad_sources([source_ids], translator.device)                   # (1, S)
+    best = beam_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=beam, alpha=alpha)[0][0]
+    cut = len(best.tokens) >= int(max_lengths(model, src, None)[0])    # no eos at the limit
+    outputs = best.tokens if cut else best.tokens + [EOS_ID]
+    inputs = [BOS_ID] + outputs[:-1]
+    with recording(model):
+        logits = model(src, torch.tensor([inputs], device=src.device))   # (1, T, V)
+        encoder, decoder, cross = _collect(model)
+    log_prob = float(logits.float().log_softmax(-1)[0, torch.arange(len(outputs)),
+                                                     torch.tensor(outputs)].sum())
+    if not math.isclose(log_prob, best.log_prob, rel_tol=1e-3, abs_tol=1e-3):
+        raise RuntimeError(f"the recorded pass scores the translation {log_prob:.4f}, the "
+                           f"search {best.log_prob:.4f}: the maps would not be its own")
+    piece = tokenizer.piece
+    return AttentionMaps([piece(i) for i in src[0].tolist()], [piece(i) for i in inputs],
+                         [piece(i) for i in outputs], tokenizer.decode(best.tokens), log_prob,
+                         encoder, decoder, cross)
+
+
+def _collect(model) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """The recorded weights of a batch of one, per layer: encoder, decoder, cross."""
+    if hasattr(model, "encoder") and hasattr(model.encoder, "layers"):      # Transformer
+        return ([layer.self_attn.recorded[0][0] for layer in model.encoder.layers],
+                [layer.self_attn.recorded[0][0] for layer in model.decoder.layers],
+                [layer.cross_attn.recorded[0][0] for layer in model.decoder.layers])
+    return [], [], [model.recorded[0][0].unsqueeze(0)]                     # RNN: (1, T, S)
+
+
+def plot_attention_maps(maps: AttentionMaps, out: Path, *, layer: int | None = None,
+                        head: int | None = None) -> Path:
+    """Heatmaps with the pieces on the axes: one row per (kind, layer), one column per
+    head; layer and head (1-based) select one. Returns the PNG's path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = [("encoder self-attention", maps.encoder, maps.source_tokens, maps.source_tokens),
+             ("decoder self-attention", maps.decoder, maps.target_inputs, maps.target_outputs),
+             ("cross-attention", maps.cross, maps.source_tokens, maps.target_outputs)]
+    rows = []
+    for title, layers, keys, queries in kinds:
+        for number, weights in enumerate(layers, start=1):
+            if layer is not None and number != layer:
+                continue
+            heads = range(1, weights.shape[0] + 1) if head is None else [head]
+            for h in heads:
+                if not 1 <= h <= weights.shape[0]:
+                    raise ConfigError(f"--head {h}: the model has {weights.shape[0]} heads")
+            rows.append([(f"{title}, layer {number}, head {h}", weights[h - 1], keys, queries)
+                         for h in heads])
+    if not rows:
+        raise ConfigError(f"--layer {layer}: the model has {max(len(k[1]) for k in kinds)} layers")
+    columns = max(len(row) for row in rows)
+    longest = max(len(maps.source_tokens), len(maps.target_inputs))
+    size = max(3.0, 0.16 * longest + 1.2)
+    figure, axes = plt.subplots(len(rows), columns, figsize=(size * columns, size * len(rows)),
+                                squeeze=False)
+    for r, row in enumerate(rows):
+        for c in range(columns):
+            axis = axes[r][c]
+            if c >= len(row):
+                axis.axis("off")
+                continue
+            title, weights, keys, queries = row[c]
+            axis.imshow(weights.float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0,
+                        aspect="auto")
+            axis.set_title(title, fontsize=8)
+            axis.set_xticks(range(len(keys)), map(_label, keys), rotation=90, fontsize=6)
+            axis.set_yticks(range(len(queries)), map(_label, queries), fontsize=6)
+    figure.suptitle(maps.translation, fontsize=9)
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return out
+
+
+def _label(piece: str) -> str:
+    """A piece as an axis label: control characters (byte pieces) escaped."""
+    return piece if piece.isprintable() else piece.encode("unicode_escape").decode("ascii")

@@ -1,0 +1,125 @@
+"""The RNN encoder-decoders: their equations against a step-by-step reference, cached
+decoding, batching, reordering, and search through the shared code."""
+
+import pytest
+import torch
+
+from transduce.config import ConfigError, preset
+from transduce.decode import beam_search, greedy_search
+from transduce.model import RNNEncoderDecoder, build_model
+from tests.model.test_transformer import padded
+
+ARCHS = [("rnn-bahdanau", "gru"), ("rnn-luong", "gru"), ("rnn-bahdanau", "lstm"),
+         ("rnn-luong", "lstm")]
+
+
+def rnn(arch, cell="gru", **changes):
+    config = preset("tiny", src_vocab_size=20, tgt_vocab_size=20, arch=arch, rnn_cell=cell,
+                    **changes)
+    return build_model(config).eval()
+
+
+def reference_logits(model, src, tgt):
+    """The module docstring's equations, one sentence and one step at a time, with the
+    encoder run on the unpadded source."""
+    d = model.config.d_model
+    rows = []
+    for b in range(src.shape[0]):
+        source = src[b][src[b] != 0][None]                                 # (1, S_b)
+        memory, _ = model.encoder(model.src_embedding(source))             # (1, S_b, C)
+        start = torch.tanh(model.bridge(memory.mean(dim=1)))[None].repeat(
+            model.config.num_decoder_layers, 1, 1)
+        hidden = (start, torch.zeros_like(start)) if model.config.rnn_cell == "lstm" else start
+        logits = []
+        for t in range(tgt.shape[1]):
+            y = model.tgt_embedding(tgt[b, t])[None, None]                 # (1, 1, C)
+            top = (hidden[0] if isinstance(hidden, tuple) else hidden)[-1]
+            if model.additive:
+                att = model.attention
+                scores = att.score(torch.tanh(att.query_proj(top)[:, None] + att.key_proj(memory)))
+                context = torch.softmax(scores.squeeze(-1), -1)[:, None] @ memory
+                state, hidden = model.decoder(torch.cat([y, context], -1), hidden)
+                features = torch.cat([state, context, y], -1)
+            else:
+                state, hidden = model.decoder(y, hidden)
+                scores = state @ model.attention.key_proj(memory).transpose(1, 2)
+                context = torch.softmax(scores, -1) @ memory
+                features = torch.cat([context, state], -1)
+            logits.append(model.output_proj(torch.tanh(model.readout(features))))
+        rows.append(torch.cat(logits, dim=1))
+    assert rows[0].shape[-1] == 20 and d == 64
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("arch,cell", ARCHS)
+def test_forward_follows_the_equations_with_padding(arch, cell):
+    model = rnn(arch, cell)
+    src, tgt = padded([7, 3, 5]), padded([4, 4, 4])
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), reference_logits(model, src, tgt),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch,cell", ARCHS)
+def test_step_by_step_decoding_equals_the_full_pass(arch, cell):
+    model = rnn(arch, cell)
+    src, tgt = padded([7, 3, 5]), padded([6, 6, 6])
+    with torch.no_grad():
+        full = model(src, tgt)
+        state = model.prefill(src, max_len=8)
+        steps = [model.decode_step(tgt[:, :2], state)]
+        steps += [model.decode_step(tgt[:, t:t + 1], state) for t in range(2, 6)]
+        size = state.nbytes
+        model.decode_step(tgt[:, :1], state)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert state.length == 7 and state.nbytes == size  # no cache grows with the output
+
+
+@pytest.mark.parametrize("arch,cell", ARCHS[:2])
+def test_reorder_follows_the_index(arch, cell):
+    model = rnn(arch, cell)
+    src, tgt = padded([6, 3, 4]), padded([3, 3, 3])
+    index = torch.tensor([2, 0])
+    with torch.no_grad():
+        state = model.prefill(src, max_len=5)
+        model.decode_step(tgt[:, :2], state)
+        state.reorder(index)
+        got = model.decode_step(tgt[index, 2:3], state)
+        expected = model(src[index], tgt[index])[:, 2:3]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["rnn-bahdanau", "rnn-luong"])
+def test_batched_search_equals_one_sentence_at_a_time(arch):
+    model = rnn(arch)
+    src = padded([7, 2, 5, 4])
+    batched = beam_search(model, src, bos_id=1, eos_id=2, beam=3, max_len=9)
+    greedy = greedy_search(model, src, bos_id=1, eos_id=2, max_len=9)
+    for b, length in enumerate([7, 2, 5, 4]):
+        alone = beam_search(model, src[b:b + 1, :length], bos_id=1, eos_id=2, beam=3, max_len=9)
+        assert alone[0][0].tokens == batched[b][0].tokens
+        assert alone[0][0].score == pytest.approx(batched[b][0].score, abs=1e-5)
+    beam_one = beam_search(model, src, bos_id=1, eos_id=2, beam=1, max_len=9)
+    for b in range(4):
+        tokens = greedy[b].tolist()
+        tokens = tokens[:tokens.index(2)] if 2 in tokens else tokens
+        assert beam_one[b][0].tokens == [t for t in tokens if t != 0]
+
+
+def test_tying_and_sizes():
+    model = rnn("rnn-luong")
+    assert isinstance(model, RNNEncoderDecoder)
+    assert model.output_proj.weight is model.src_embedding.weight is model.tgt_embedding.weight
+    assert model.encoder.hidden_size == 32 and model.encoder.bidirectional
+    untied = rnn("rnn-luong", tie_embeddings="none")
+    assert untied.num_parameters() == model.num_parameters() + 2 * 20 * 64
+
+
+def test_rnn_configs_refuse_what_does_not_apply():
+    with pytest.raises(ConfigError, match="attention_type"):
+        preset("tiny", src_vocab_size=20, tgt_vocab_size=20, arch="rnn-luong",
+               attention_type="linear")
+    with pytest.raises(ConfigError, match="rnn_cell"):
+        preset("tiny", src_vocab_size=20, tgt_vocab_size=20, arch="rnn-luong", rnn_cell="elman")
+    with pytest.raises(ValueError, match="int8"):
+        rnn("rnn-luong").prefill(padded([3]), 5, cache_dtype=torch.int8)

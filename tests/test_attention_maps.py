@@ -1,0 +1,76 @@
+"""Attention maps: recorded from the pass that scores the translation, and drawn."""
+
+import pytest
+import torch
+
+from transduce.attention_maps import attention_maps, plot_attention_maps, recording
+from transduce.cli import main
+from transduce.config import preset
+from transduce.data.tokenizer import MODEL_NAME, Tokenizer
+from transduce.decode.translate import Translator
+from transduce.model import build_model
+from transduce.train import checkpoint
+
+SENTENCE = "el perro rojo come"
+
+
+def translator(tiny_corpus, **changes):
+    config = preset("tiny", src_vocab_size=300, tgt_vocab_size=300, max_positions=40, **changes)
+    return Translator(build_model(config), Tokenizer(tiny_corpus / MODEL_NAME))
+
+
+@pytest.mark.parametrize("changes", [{}, {"num_kv_heads": 2, "attention_impl": "flash"},
+                                     {"attention_type": "linear"},
+                                     {"attention_type": "sliding", "attention_window": 2}])
+def test_transformer_maps_are_distributions_over_the_right_tokens(tiny_corpus, changes):
+    maps = attention_maps(translator(tiny_corpus, **changes), SENTENCE, beam=2)
+    source, targets = len(maps.source_tokens), len(maps.target_inputs)
+    assert maps.source_tokens[-1] == "</s>" and maps.target_inputs[0] == "<s>"
+    assert len(maps.encoder) == len(maps.decoder) == len(maps.cross) == 2
+    assert maps.encoder[0].shape == (4, source, source)
+    assert maps.decoder[1].shape == (4, targets, targets)
+    assert maps.cross[0].shape == (4, targets, source)
+    for weights in [*maps.encoder, *maps.decoder, *maps.cross]:
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+    assert not maps.decoder[0].triu(diagonal=1).any()  # causal
+    if changes.get("attention_type") == "sliding":
+        assert not maps.encoder[0].triu(diagonal=3).any()  # window 2
+
+
+def test_recording_leaves_the_model_as_it_was(tiny_corpus):
+    model = translator(tiny_corpus).model
+    src = torch.tensor([[5, 6, 2]])
+    with torch.no_grad():
+        before = model(src, src)
+        with recording(model):
+            during = model(src, src)
+        after = model(src, src)
+    torch.testing.assert_close(during, before, rtol=1e-5, atol=1e-6)
+    assert torch.equal(after, before)
+    assert all(getattr(m, "recorded", None) is None for m in model.modules())
+
+
+@pytest.mark.parametrize("arch", ["rnn-bahdanau", "rnn-luong"])
+def test_rnn_maps_have_cross_attention_only(tiny_corpus, arch):
+    maps = attention_maps(translator(tiny_corpus, arch=arch), SENTENCE)
+    assert maps.encoder == [] and maps.decoder == []
+    assert maps.cross[0].shape == (1, len(maps.target_outputs), len(maps.source_tokens))
+
+
+def test_plot_all_or_one_layer_and_head(tiny_corpus, tmp_path):
+    maps = attention_maps(translator(tiny_corpus), SENTENCE)
+    everything = plot_attention_maps(maps, tmp_path / "all.png")
+    one = plot_attention_maps(maps, tmp_path / "one.png", layer=2, head=3)
+    assert everything.stat().st_size > one.stat().st_size > 10_000
+
+
+def test_attention_command(tiny_corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    model = translator(tiny_corpus, arch="rnn-luong").model
+    checkpoint.save(checkpoint.step_dir(run, 1), model, None, tiny_corpus / MODEL_NAME)
+    out = tmp_path / "maps.png"
+    assert main(["attention", SENTENCE, "--model", str(run), "--out", str(out)]) == 0
+    assert out.stat().st_size > 10_000 and "translation:" in capsys.readouterr().out
+    assert main(["attention", SENTENCE, "--model", str(run), "--out", str(out),
+                 "--head", "3"]) == 2
+    assert "--head 3: the model has 1 heads" in capsys.readouterr().err
