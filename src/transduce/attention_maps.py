@@ -127,7 +127,7 @@ def plot_attention_maps(maps: AttentionMaps, out: Path, *, layer: int | None = N
             axis.set_title(title, fontsize=8)
             axis.set_xticks(range(len(keys)), map(_label, keys), rotation=90, fontsize=6)
             axis.set_yticks(range(len(queries)), map(_label, queries), fontsize=6)
-    figure.suptitle(maps.translation, fontsize=9)
+    figure.suptitle(_label(maps.translation), fontsize=9)
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=110)
@@ -136,5 +136,5 @@ def plot_attention_maps(maps: AttentionMaps, out: Path, *, layer: int | None = N
 
 
 def _label(piece: str) -> str:
-    """A piece as an axis label: control characters (byte pieces) escaped."""
+    """Text for a label or title: control characters (from byte pieces) escaped."""
     return piece if piece.isprintable() else piece.encode("unicode_escape").decode("ascii")
