@@ -71,6 +71,8 @@ TABLES: dict[str, list[Row]] = {
     "kv-dtype": [
         Row("float32 KV cache", BASELINE),
         Row("int8 KV cache (per token and head scales)", BASELINE, kv_dtype="int8"),
+        Row("pre-norm model, float32 KV cache", "pre-norm"),
+        Row("pre-norm model, int8 KV cache", "pre-norm", kv_dtype="int8"),
     ],
     "attention-types": [
         Row("softmax", BASELINE),
@@ -122,8 +124,9 @@ def make_model(row: Row, budget: list[str], data: Path, runs: Path) -> Path:
 
 
 def decoding_speed(model_dir: Path, data: Path, kv_dtype: str) -> dict:
-    """Sentences/s of beam 4 at batch 1 (the first 100 test sentences) and batch 64 (all),
-    and the self-attention cache's bytes per target token, measured on its cache objects."""
+    """Sentences/s and output pieces/s of beam 4 at batch 1 (the first 100 test sentences)
+    and batch 64 (all), and the self-attention cache's bytes per target token, measured on
+    its cache objects."""
     import torch
 
     from transduce import load
@@ -134,8 +137,13 @@ def decoding_speed(model_dir: Path, data: Path, kv_dtype: str) -> dict:
     speeds = {}
     for batch, lines in ((1, sources[:100]), (64, sources)):
         start = time.perf_counter()
-        translator.translate(lines, beam=4, batch_sentences=batch, batch_tokens=1 << 30)
-        speeds[f"sentences_per_s_batch{batch}"] = len(lines) / (time.perf_counter() - start)
+        outputs = translator.translate(lines, beam=4, batch_sentences=batch, batch_tokens=1 << 30)
+        seconds = time.perf_counter() - start
+        # Models that write longer translations decode fewer sentences per second for that
+        # reason alone: output pieces per second separate speed from length.
+        pieces = sum(len(ids) + 1 for ids in translator.tokenizer.encode(outputs))  # + eos
+        speeds[f"sentences_per_s_batch{batch}"] = len(lines) / seconds
+        speeds[f"pieces_per_s_batch{batch}"] = pieces / seconds
     model = translator.model
     if hasattr(model, "new_caches"):
         dtype = torch.int8 if kv_dtype == "int8" else torch.float32
@@ -169,8 +177,10 @@ def markdown(rows: list[dict]) -> str:
                ("decode sent/s (batch 32)", "decode_sentences_per_s", "{:.1f}")]
     if "sentences_per_s_batch1" in rows[0]:
         columns += [("KV bytes/token", "kv_bytes_per_token", "{:,}"),
-                    ("sent/s batch 1", "sentences_per_s_batch1", "{:.1f}"),
-                    ("sent/s batch 64", "sentences_per_s_batch64", "{:.1f}")]
+                    ("batch 1: sent/s", "sentences_per_s_batch1", "{:.1f}"),
+                    ("pieces/s", "pieces_per_s_batch1", "{:,.0f}"),
+                    ("batch 64: sent/s", "sentences_per_s_batch64", "{:.1f}"),
+                    ("pieces/s", "pieces_per_s_batch64", "{:,.0f}")]
     lines = ["| row | " + " | ".join(title for title, _, _ in columns) + " |",
              "|---|" + "---:|" * len(columns)]
     for r in rows:
