@@ -1,7 +1,7 @@
 """Decoding speed and quality of a trained model on a corpus split, settings side by side.
 
 For beam 4 and greedy (beam 1) it translates the whole split with our decoder (float32
-and bfloat16 autocast), with the same weights exported to Hugging Face Marian and run by
+and a bfloat16 copy of the model), with the same weights exported to Hugging Face Marian and run by
 `generate` (float32), and exported to CTranslate2 (float32 and int8, each run in a child
 process that times itself, see CTranslate2Model), all in batches of --batch-sentences
 lines sorted by length, interleaving everything over --repeats rounds. It reports sentences/s

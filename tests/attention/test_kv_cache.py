@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from transduce.attention import KVCache
+from transduce.attention.kv_cache import keep_rows
 
 
 def test_update_appends_in_place_and_returns_the_filled_part():
@@ -45,6 +46,30 @@ def test_reorder_can_shrink_the_batch():
     assert cache.batch_size == 2 and cache.length == 3 and cache.max_len == 5
     k_all, _ = cache.update(torch.zeros(2, 2, 1, 3), torch.zeros(2, 2, 1, 3))
     torch.testing.assert_close(k_all[:, :, :3], k[[3, 1]], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("index", [
+    [0, 1, 2, 3, 4, 5],          # nothing moves: no copy at all
+    [0, 0, 2, 3, 4, 4],          # two beams continue another beam (copied in place)
+    [5, 4, 3, 2, 1, 0],          # most rows move (one gather into a new buffer)
+    [0, 5, 2],                   # the batch shrinks, the last row fills a hole
+    [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5],   # it grows (beams of each sentence)
+])
+def test_keep_rows_equals_index_select_over_the_filled_part(index):
+    x = torch.randn(6, 2, 7, 3)
+    expected = x.index_select(0, torch.tensor(index))[:, :, :4]
+    unfilled = x[:, :, 4:].clone()
+    got = keep_rows(x, torch.tensor(index), length=4)
+    assert got.shape == (len(index), 2, 7, 3)
+    torch.testing.assert_close(got[:, :, :4], expected, rtol=0, atol=0)
+    if len(index) <= 6 and got.data_ptr() == x.data_ptr():   # rearranged in place
+        torch.testing.assert_close(x[:, :, 4:], unfilled, rtol=0, atol=0)
+
+
+def test_keep_rows_without_length_copies_whole_rows():
+    x = torch.randn(4, 1, 1, 5) > 0                           # a (B, 1, 1, S) mask, say
+    expected = x[[3, 1, 2]].clone()
+    torch.testing.assert_close(keep_rows(x, torch.tensor([3, 1, 2])), expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype,size", [(torch.float32, 4), (torch.bfloat16, 2)])

@@ -62,6 +62,28 @@ def test_cross_attention_equals_torch(impl):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("steps", [1, 3])
+def test_rows_sharing_a_source_equal_rows_with_copies_of_it(kv_heads, impl, steps):
+    """Beam search keeps one copy of each source's keys and values for its K beams: target
+    rows 3b..3b+2 reading source b equal each row reading its own copy (float64), with
+    padding, and the weights come back per row."""
+    mha = MultiHeadAttention(32, 4, kv_heads, impl=impl).double().eval()
+    x, memory = torch.randn(6, steps, 32).double(), torch.randn(2, 9, 32).double()
+    pad = masks.padding_mask(torch.tensor([9, 4]), 9)                     # (2, 1, 1, 9)
+    shared = mha(x, pad, kv=mha.project_kv(memory))
+    copies = mha.project_kv(memory.repeat_interleave(3, dim=0))
+    expected = mha(x, pad.repeat_interleave(3, dim=0), kv=copies)
+    torch.testing.assert_close(shared, expected, rtol=1e-10, atol=1e-10)
+    _, weights = mha(x, pad, kv=mha.project_kv(memory), return_weights=True)
+    _, expected_weights = mha(x, pad.repeat_interleave(3, dim=0), kv=copies, return_weights=True)
+    torch.testing.assert_close(weights, expected_weights, rtol=1e-10, atol=1e-10)
+    assert weights[3:, :, :, 4:].abs().max() == 0  # source 1's padding, in rows 3..5
+    with pytest.raises(ValueError, match="multiple of sources"):
+        mha(x[:5], pad, kv=mha.project_kv(memory))
+
+
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_grouped_query_equals_mha_with_repeated_kv_heads(kv_heads, impl):

@@ -9,8 +9,8 @@ import torch
 
 from transduce.attention import masks
 from transduce.config import preset
-from transduce.decode.search import (beam_search, greedy_search, length_penalty, max_lengths,
-                                     sample)
+from transduce.decode.search import (_fill_holes, _stable_slots, beam_search, greedy_search,
+                                     length_penalty, max_lengths, sample, top_k)
 from transduce.model import Transformer
 
 PAD, BOS, EOS = 0, 1, 2
@@ -45,8 +45,8 @@ class ScriptedState:
     def __init__(self, prefixes):
         self.prefixes = prefixes
 
-    def reorder(self, index, same_source=False):
-        self.prefixes = [self.prefixes[i] for i in index.tolist()]
+    def reorder(self, rows, sources=None):
+        self.prefixes = [self.prefixes[i] for i in rows.tolist()]
 
 
 # Greedy takes A (0.6) and then is stuck with 0.5 at best: 0.30. Beam search finds
@@ -168,3 +168,45 @@ def test_sampling_is_seeded_and_degenerates_to_greedy():
                        greedy)
     with pytest.raises(ValueError, match="temperature"):
         sample(model, src, bos_id=BOS, eos_id=EOS, temperature=0)
+
+
+@pytest.mark.parametrize("width", [32000, 8003 * 4])   # a multiple of the block, and not
+def test_block_top_k_equals_torch_topk(width):
+    scores = torch.randn(5, width)
+    scores[1, : width // 2] = float("-inf")               # beams not yet live
+    scores[2, 7] = 100.0                                    # one entry far ahead
+    values, indices = top_k(scores, 8)
+    expected_values, expected_indices = scores.topk(8, dim=1)
+    torch.testing.assert_close(values, expected_values, rtol=0, atol=0)
+    assert torch.equal(indices, expected_indices)
+
+
+def test_block_top_k_with_ties_returns_tied_entries():
+    scores = torch.zeros(2, 40000)
+    scores[:, 123] = scores[:, 39000] = 1.0
+    values, indices = top_k(scores, 4)
+    assert values.tolist() == [[1.0, 1.0, 0.0, 0.0]] * 2
+    assert torch.equal(scores.gather(1, indices), values)
+    assert all(set(row[:2]) == {123, 39000} for row in indices.tolist())
+
+
+@pytest.mark.parametrize("source_beam,expected", [
+    ([0, 1, 2, 3], [0, 1, 2, 3]),    # every beam goes on in its own row
+    ([3, 2, 1, 0], [3, 2, 1, 0]),    # ranked backwards: still nobody moves
+    ([0, 0, 0, 0], [0, 1, 2, 3]),    # all from beam 0 (the first step): rows 1-3 copy it
+    ([2, 2, 0, 1], [2, 3, 0, 1]),    # beam 3 died; the second child of beam 2 takes row 3
+])
+def test_stable_slots_keep_candidates_in_their_source_rows(source_beam, expected):
+    order = _stable_slots(torch.tensor([source_beam]))
+    assert sorted(order[0].tolist()) == [0, 1, 2, 3]
+    slot_of = {candidate: slot for slot, candidate in enumerate(order[0].tolist())}
+    firsts = {beam: i for i, beam in reversed(list(enumerate(source_beam)))}
+    assert all(slot_of[i] == beam for beam, i in firsts.items())
+    assert order[0].tolist() == expected
+
+
+def test_fill_holes_moves_only_the_last_rows():
+    assert _fill_holes([0, 1, 2]) == [0, 1, 2]
+    assert _fill_holes([0, 2, 3, 5]) == [0, 5, 2, 3]     # rows 1 and 4 finished
+    assert _fill_holes([4, 5]) == [4, 5]
+    assert sorted(_fill_holes([1, 3, 4, 6, 7])) == [1, 3, 4, 6, 7]

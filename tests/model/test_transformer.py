@@ -8,6 +8,7 @@ from transduce.attention import masks
 from transduce.config import ConfigError, ModelConfig, preset
 from transduce.decode import greedy_search
 from transduce.model import Transformer
+from transduce.model.bfloat16 import bfloat16_copy
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -129,17 +130,45 @@ def test_decoder_state_reorder_follows_the_index(changes):
 
 
 def assert_reorder_follows_the_index(model):
-    """Decode two steps, keep rows [2, 0], decode one more: equal to the full pass over
-    those rows (any model with prefill / decode_step / state.reorder)."""
-    src, tgt = padded([6, 3, 4]), padded([3, 3, 3])
-    index = torch.tensor([2, 0])
+    """Decode two steps; give each sentence two target rows (beams: the sources stay one
+    per sentence) that go on with different tokens; then keep sentences [2, 0] with their
+    beams swapped. Every step equals the full pass over the same rows (any model with
+    prefill / decode_step / state.reorder)."""
+    src, shared = padded([6, 3, 4]), padded([4, 4, 4])
+    tgt = shared.repeat_interleave(2, dim=0)                   # (6, 4): rows 2b, 2b+1 read b
+    tgt[:, 2:] = padded([2] * 6)
+    rows, sentences = torch.tensor([5, 4, 1, 0]), torch.tensor([2, 0])
     with torch.no_grad():
+        full = model(src.repeat_interleave(2, dim=0), tgt)
         state = model.prefill(src, max_len=5)
-        model.decode_step(tgt[:, :2], state)
-        state.reorder(index)
-        got = model.decode_step(tgt[index, 2:3], state)
-        expected = model(src[index], tgt[index])[:, 2:3]
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        model.decode_step(shared[:, :2], state)
+        state.reorder(torch.arange(3).repeat_interleave(2))
+        beams = model.decode_step(tgt[:, 2:3], state)
+        state.reorder(rows, sentences)
+        kept = model.decode_step(tgt[rows, 3:4], state)
+    torch.testing.assert_close(beams, full[:, 2:3], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kept, full[rows, 3:4], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_dtype,cache_dtype,tolerance", [
+    (torch.float32, torch.bfloat16, 5e-3),    # a bfloat16 cache in a float32 model
+    (torch.bfloat16, None, 3e-2),             # Translator(dtype="bfloat16")
+    (torch.bfloat16, torch.float32, 3e-2),    # a float32 cache in a bfloat16 model
+])
+def test_decoding_in_bfloat16_stays_close_to_float32(model_dtype, cache_dtype, tolerance):
+    """Attention runs in the cache's type whatever the model's: cached steps stay within
+    bfloat16 rounding of the float32 pass."""
+    model = Transformer(tiny(num_kv_heads=2)).eval()
+    src, tgt = padded([7, 3, 5]), padded([6, 6, 6])
+    with torch.no_grad():
+        full = model(src, tgt)
+        other = model if model_dtype == torch.float32 else bfloat16_copy(model)
+        state = other.prefill(src, max_len=6, cache_dtype=cache_dtype)
+        steps = torch.cat([other.decode_step(tgt[:, t:t + 1], state) for t in range(6)], dim=1)
+    assert state.caches[0].k.dtype == (cache_dtype or model_dtype)
+    assert steps.dtype == model_dtype
+    error = (steps.float() - full).abs().max()
+    assert 0 < error < tolerance * full.abs().max()
 
 
 def test_int8_cache_is_smaller_and_close_to_float():

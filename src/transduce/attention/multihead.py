@@ -76,7 +76,8 @@ class MultiHeadAttention(nn.Module):
                 return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, T, C); mask broadcastable to (B, H, T, S), True = may attend.
 
-        kv: precomputed cross-attention keys and values; None for self-attention.
+        kv: precomputed cross-attention keys and values (B, Hkv, S, D); None for
+        self-attention. x may hold n rows per source, grouped by source (beams).
         cache: self-attention only; this call's keys and values are appended to it and
         the queries attend to everything cached (their positions start at cache.length):
         a KVCache or QuantizedKVCache (softmax), SlidingKVCache or LinearStateCache.
@@ -95,9 +96,7 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 raise ValueError("cross-attention keys are computed once per source; "
                                  "a KV cache applies to self-attention only")
-            k, v = kv
-            result = attention(q, k, v, mask, impl="naive" if return_weights else self.impl,
-                               dropout_p=self._dropout_p, return_weights=return_weights)
+            result = self._cross_attention(q, *kv, mask, return_weights)
         out, weights = result if return_weights else (result, None)
         if self.recorded is not None:
             self.recorded.append(weights.detach())
@@ -107,6 +106,37 @@ class MultiHeadAttention(nn.Module):
     @property
     def _dropout_p(self) -> float:
         return self.dropout if self.training else 0.0
+
+    def _cross_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                         return_weights: bool):
+        """q (R, H, T, D) against the sources' k, v (B, Hkv, S, D), R = B * n
+        -> out (R, H, T, D) [, weights (R, H, T, S)].
+
+        With n > 1, target rows b*n .. b*n + n-1 (the beams of sentence b) all read source
+        b: their queries are folded into one sequence of n*T queries, so each source's keys
+        and values are read once rather than once per row. mask (B or 1, 1, 1, S).
+        """
+        impl = "naive" if return_weights else self.impl
+        rows, sources = q.shape[0], k.shape[0]
+        if rows == sources:
+            return attention(q, k, v, mask, impl=impl, dropout_p=self._dropout_p,
+                             return_weights=return_weights)
+        if rows % sources or (mask is not None and (mask.dim() != 4 or mask.shape[0] not in
+                                                    (1, sources) or mask.shape[2] != 1)):
+            raise ValueError(f"{rows} target rows cannot share {sources} sources' keys with "
+                             f"a mask of shape {None if mask is None else tuple(mask.shape)}: "
+                             "rows must be a multiple of sources, the mask (B, 1, 1, S)")
+        n, steps = rows // sources, q.shape[2]
+
+        def unfold(x: Tensor) -> Tensor:  # (B, H, n * T, X) -> (B * n, H, T, X)
+            return x.unflatten(2, (n, steps)).transpose(1, 2).flatten(0, 1)
+
+        folded = q.unflatten(0, (sources, n)).transpose(1, 2).flatten(2, 3)  # (B, H, n*T, D)
+        result = attention(folded, k, v, mask, impl=impl, dropout_p=self._dropout_p,
+                           return_weights=return_weights)
+        if return_weights:
+            return unfold(result[0]), unfold(result[1])
+        return unfold(result)
 
     def _self_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                         causal: bool, cache, return_weights: bool):
@@ -146,10 +176,17 @@ class MultiHeadAttention(nn.Module):
             return sliding_window_attention(q, k, v, masks.key_padding(mask, "sliding-window "
                                             "attention"), self.window, causal=causal,
                                             impl=impl, dropout_p=self._dropout_p)
-        if cache is not None:
-            k, v = cache.update(k, v)                                    # (B, Hkv, S, D)
-        return attention(q, k, v, mask, causal=causal, impl=impl, dropout_p=self._dropout_p,
-                         return_weights=return_weights)
+        if cache is None:
+            return attention(q, k, v, mask, causal=causal, impl=impl, dropout_p=self._dropout_p,
+                             return_weights=return_weights)
+        k, v = cache.update(k, v)                                        # (B, Hkv, S, D)
+        # Attention runs in the cache's type (a float32 cache for a bfloat16 model, say):
+        # casting the step's queries is cheap, casting the whole cache would not be.
+        result = attention(q.to(k.dtype), k, v, mask, causal=causal, impl=impl,
+                           dropout_p=self._dropout_p, return_weights=return_weights)
+        if return_weights:
+            return result[0].to(q.dtype), result[1].to(q.dtype)
+        return result.to(q.dtype)
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
         """(B, T, heads * D) -> (B, heads, T, D)."""

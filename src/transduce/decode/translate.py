@@ -20,6 +20,7 @@ from transduce.config import ConfigError
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.decode.search import beam_search
 from transduce.model import Seq2SeqModel
+from transduce.model.bfloat16 import bfloat16_copy
 from transduce.train import checkpoint
 
 
@@ -41,9 +42,10 @@ class Translator:
 
     def __init__(self, model: Seq2SeqModel, tokenizer: Tokenizer, device: torch.device | str = "cpu",
                  dtype: str = "float32", kv_dtype: str | None = None):
-        """dtype "bfloat16" runs the matrix products under autocast (AMX on recent Xeons);
-        the weights stay float32. kv_dtype: the self-attention cache's type (default: that
-        of the computation); "int8" quantizes it per token and head."""
+        """dtype "bfloat16" decodes with a bfloat16 copy of the model (model/bfloat16.py:
+        AMX / AVX512-BF16 on recent Xeons); search scores stay float32.
+        kv_dtype: the self-attention cache's type (default: the model's); attention runs
+        in that type, and "int8" quantizes it per token and head."""
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={dtype!r}: choose float32 or bfloat16")
         if kv_dtype not in KV_DTYPES:
@@ -54,6 +56,8 @@ class Translator:
                              f"model (arch={model.config.arch!r}, attention_type="
                              f"{model.config.attention_type!r}) has none")
         self.kv_dtype = kv_dtype
+        if dtype == "bfloat16":
+            model = bfloat16_copy(model, device)
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -86,11 +90,9 @@ class Translator:
         """
         ids = self._encode(lines, strict, first_line_number)
         results: list[list[Translation]] = [[] for _ in lines]
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
-                                  enabled=self.dtype == "bfloat16")
         for indices in length_sorted_batches(ids, batch_tokens, batch_sentences):
             src = pad_sources([ids[i] for i in indices], self.device)
-            with torch.inference_mode(), autocast:
+            with torch.inference_mode():
                 found = beam_search(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=beam,
                                     alpha=alpha, nbest=nbest,
                                     cache_dtype=getattr(torch, self.kv_dtype) if self.kv_dtype else None)

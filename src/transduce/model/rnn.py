@@ -52,13 +52,15 @@ class RNNState:
         """Bytes of the per-hypothesis decoding state (the RNN's, instead of a KV cache)."""
         return sum(t.nelement() * t.element_size() for t in _tensors(self.hidden))
 
-    def reorder(self, index: Tensor, *, same_source: bool = False) -> None:
-        """Keep batch rows `index` (B',) in that order; see DecoderState.reorder."""
-        self.hidden = _map_hidden(self.hidden, lambda t: t.index_select(1, index))
-        if not same_source:
-            self.memory = self.memory.index_select(0, index)
-            self.keys = self.keys.index_select(0, index)
-            self.memory_mask = self.memory_mask.index_select(0, index)
+    def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
+        """Keep target rows `rows` (R',) in that order; see DecoderState.reorder. The RNN's
+        attention keeps a copy of the source side per target row, so it follows `rows`
+        whenever the rows change sentence (sources given) or number."""
+        self.hidden = _map_hidden(self.hidden, lambda t: t.index_select(1, rows))
+        if sources is not None or rows.numel() != self.memory.shape[0]:
+            self.memory = self.memory.index_select(0, rows)
+            self.keys = self.keys.index_select(0, rows)
+            self.memory_mask = self.memory_mask.index_select(0, rows)
 
 
 class RNNEncoderDecoder(nn.Module):

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from transduce.attention import masks
 from transduce.attention.kv_cache import (KVCache, LinearStateCache, QuantizedKVCache,
-                                          SlidingKVCache)
+                                          SlidingKVCache, keep_rows)
 from transduce.config import ModelConfig
 from transduce.model.layers import DecoderLayer, EncoderLayer
 from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedding,
@@ -94,11 +94,12 @@ class Decoder(nn.Module):
 @dataclass
 class DecoderState:
     """What the decode phase carries between steps: the source's cross-attention keys and
-    values (fixed) and one self-attention KVCache per decoder layer (growing)."""
+    values (fixed, one row per sentence) and one self-attention KVCache per decoder layer
+    (growing, one row per target row: per sentence, or per beam)."""
 
-    memory_kv: list[tuple[Tensor, Tensor]]
-    memory_mask: Tensor            # (B, 1, 1, S)
-    caches: list[KVCache]
+    memory_kv: list[tuple[Tensor, Tensor]]   # (B, Hkv, S, D) per layer
+    memory_mask: Tensor                      # (B, 1, 1, S)
+    caches: list[KVCache]                    # (R, Hkv, T, D) per layer, R = B * n
 
     @property
     def length(self) -> int:
@@ -110,18 +111,21 @@ class DecoderState:
         """Bytes of the self-attention caches (the part that grows with the output)."""
         return sum(cache.nbytes for cache in self.caches)
 
-    def reorder(self, index: Tensor, *, same_source: bool = False) -> None:
-        """Keep batch rows `index` (B',) in that order (beam survivors, running sentences).
+    def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
+        """Keep target rows `rows` (R',) in that order, and source sentences `sources` (B',)
+        when the set of sentences changes (None: the sources stay as they are).
 
-        same_source: every kept row reads the same source as the row it replaces (beams
-        of one sentence reordered among themselves), so the source side stays as it is.
+        The source side is held once per sentence and the target rows are grouped by
+        sentence, n = R / B rows each: row r reads source r // n. Beam search starts with
+        rows = [0]*K + [1]*K + ... (K beams per sentence, sources unchanged), reorders the
+        beams of each sentence among themselves, and drops finished sentences (sources).
         """
         for cache in self.caches:
-            cache.reorder(index)
-        if not same_source:
-            self.memory_kv = [(k.index_select(0, index), v.index_select(0, index))
+            cache.reorder(rows)
+        if sources is not None:
+            self.memory_kv = [(keep_rows(k, sources), keep_rows(v, sources))
                               for k, v in self.memory_kv]
-            self.memory_mask = self.memory_mask.index_select(0, index)
+            self.memory_mask = keep_rows(self.memory_mask, sources)
 
 
 class Transformer(nn.Module):
