@@ -1,12 +1,13 @@
 """Decoding speed and quality of a trained model on a corpus split, settings side by side.
 
-For beam 4 and greedy (beam 1) it translates the whole split with our decoder (float32
-and a bfloat16 copy of the model), with the same weights exported to Hugging Face Marian and run by
-`generate` (float32), and exported to CTranslate2 (float32 and int8, each run in a child
-process that times itself, see CTranslate2Model), all in batches of --batch-sentences
-lines sorted by length, interleaving everything over --repeats rounds. It reports sentences/s
-(median), the ratio to Hugging Face at the same beam, and sacreBLEU. Writes JSON with the
-machine's description.
+For beam 4 and greedy (beam 1) it translates the whole split with our decoder (float32,
+and the bfloat16 copy that `--dtype bfloat16` decodes with), with the same weights
+exported to Hugging Face Marian and run by `generate` (float32), and exported to
+CTranslate2 (float32 and int8, each run in a child process that times itself, see
+CTranslate2Model), all in batches of --batch-sentences lines sorted by length,
+interleaving everything over --repeats rounds. It reports sentences/s (median), the
+ratio to Hugging Face at the same beam, and sacreBLEU. Writes JSON with the machine's
+description.
 
     python bench/decode.py --model runs/small/average --data data/bible [--split test]
 

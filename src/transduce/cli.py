@@ -529,7 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--batch-sentences", type=int, default=0,
                              help="at most this many lines per batch (0: no cap)")
         command.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                             help="bfloat16: the Linear layers in bfloat16, weights cast once (AMX on recent Xeons)")
+                             help="bfloat16: decode with a bfloat16 copy of the model "
+                                  "(AMX / AVX512-BF16 on recent Xeons)")
         command.add_argument("--kv-dtype", default=None, choices=["float32", "bfloat16", "int8"],
                              help="KV-cache type (default: --dtype's); int8 quantizes it per "
                                   "token and head")

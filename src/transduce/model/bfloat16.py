@@ -3,8 +3,10 @@
 On CPUs with AMX or AVX512-BF16, oneDNN multiplies bfloat16 matrices several times
 faster than float32 ones, but plain F.linear re-lays the weight out into oneDNN's
 blocked format at every call. Here each Linear's weight is laid out once
-(PackedLinear): the decoder's projections take 30-50% less time at 128 rows, the output
-projection half (bench/decode.py measures the whole effect).
+(PackedLinear, through the oneDNN ops that torch.compile's CPU backend uses for frozen
+weights): the decoder's projections take 30-50% less time at 128 rows, the output
+projection half (bench/decode.py measures the whole effect). Where those ops are
+missing, the copy keeps plain bfloat16 Linear layers.
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ from torch import Tensor, nn
 
 def packing_available() -> bool:
     """Whether this PyTorch build and CPU can run oneDNN's packed bfloat16 Linear."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    try:
+        return torch.backends.mkldnn.is_available() and \
+            torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    except (AttributeError, RuntimeError):  # a build without these ops
+        return False
 
 
 class PackedLinear(nn.Module):
