@@ -16,13 +16,16 @@ needs_packing = pytest.mark.skipif(not packing_available(),
 
 @needs_packing
 @pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("activation", ["none", "relu"])
 @pytest.mark.parametrize("shape", [(128, 48), (3, 1, 48), (1, 48), (2, 5, 48)])
-def test_packed_linear_equals_a_bfloat16_linear(bias, shape):
+def test_packed_linear_equals_a_bfloat16_linear(bias, activation, shape):
     linear = nn.Linear(48, 72, bias=bias)
     x = torch.randn(shape).bfloat16()
     expected = F.linear(x.double(), linear.weight.bfloat16().double(),
                         None if linear.bias is None else linear.bias.bfloat16().double())
-    got = PackedLinear(linear)(x)
+    if activation == "relu":
+        expected = expected.relu()
+    got = PackedLinear(linear, activation)(x)
     assert got.dtype == torch.bfloat16 and got.shape == (*shape[:-1], 72)
     # Products of bfloat16 inputs, accumulated in float32, rounded once to bfloat16.
     torch.testing.assert_close(got.double(), expected, rtol=8e-3, atol=1e-2)
@@ -37,3 +40,5 @@ def test_bfloat16_copy_leaves_the_model_alone():
     if packing_available():
         assert not any(type(m) is nn.Linear for m in clone.modules())
         assert not any(key.endswith("packed_weight") for key in clone.state_dict())
+        ffn = clone.decoder.layers[0].ffn
+        assert ffn.linear1.activation == "relu" and type(ffn.activation) is nn.Identity

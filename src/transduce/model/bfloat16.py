@@ -16,6 +16,8 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from transduce.model.layers import FeedForward
+
 
 def packing_available() -> bool:
     """Whether this PyTorch build and CPU can run oneDNN's packed bfloat16 Linear."""
@@ -30,9 +32,10 @@ class PackedLinear(nn.Module):
     """A bfloat16 Linear whose weight is held in oneDNN's layout (inference on CPU only;
     the packed weight is not a state-dict entry). (..., in) -> (..., out)."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, activation: str = "none"):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.activation = activation   # "none", or "relu" applied inside the product
         weight = linear.weight.detach().to(torch.bfloat16)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, None),
@@ -40,11 +43,12 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", bias, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias,
+                                                  self.activation, [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, " \
-               f"bias={self.bias is not None}"
+               f"bias={self.bias is not None}, activation={self.activation}"
 
 
 def bfloat16_copy(model: nn.Module, device: torch.device | str = "cpu") -> nn.Module:
@@ -52,6 +56,10 @@ def bfloat16_copy(model: nn.Module, device: torch.device | str = "cpu") -> nn.Mo
     is); on a CPU that supports it, its Linear layers packed."""
     clone = copy.deepcopy(model).to(device=device, dtype=torch.bfloat16).eval()
     if torch.device(device).type == "cpu" and packing_available():
+        for module in list(clone.modules()):   # the feed-forward ReLU, fused in its product
+            if isinstance(module, FeedForward) and type(module.activation) is nn.ReLU:
+                module.linear1 = PackedLinear(module.linear1, activation="relu")
+                module.activation = nn.Identity()
         for parent in list(clone.modules()):
             for name, child in list(parent.named_children()):
                 if type(child) is nn.Linear:
