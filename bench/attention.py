@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from measure import (added_peak_bytes, available_bytes, format_bytes, machine_info,  # noqa: E402
+                     peak_in_child, time_interleaved)
 from transduce.attention import attention  # noqa: E402
 
 IMPLS = ("naive", "sdpa", "flash")
@@ -60,82 +57,28 @@ def estimated_bytes(impl: str, mode: str, length: int) -> int:
     return io + (2 if mode == "forward" else 4) * BATCH * HEADS * length * length * 4
 
 
-def available_bytes() -> int:
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
-
-
 def fits(impl: str, mode: str, length: int) -> bool:
     return estimated_bytes(impl, mode, length) < 0.75 * available_bytes()
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def measure_peak_in_this_process(impl: str, mode: str, length: int) -> int:
     """Child-process entry: bytes of resident memory the call adds at its peak."""
     torch.manual_seed(0)
-    # A tiny call first, so that code pages and thread stacks loaded on first use are
-    # not counted as the kernel's memory.
-    run_once(impl, mode, make_inputs(64, requires_grad=mode != "forward"))
-    inputs = make_inputs(length, requires_grad=mode != "forward")
-    baseline = _status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")  # reset the high-water mark to the current resident set
-    run_once(impl, mode, inputs)
-    return max(0, _status_kib("VmHWM") - baseline) * 1024
+    grad = mode != "forward"
 
+    def prepare():
+        inputs = make_inputs(length, grad)
+        return lambda: run_once(impl, mode, inputs)
 
-def measure_peak(impl: str, mode: str, length: int, threads: int) -> int | None:
-    command = [sys.executable, __file__, "--child", impl, mode, str(length),
-               "--threads", str(threads)]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        print(f"  memory of {impl} {mode} T={length} failed: {result.stderr.strip()[-300:]}")
-        return None
-    return int(result.stdout.strip().splitlines()[-1])
+    return added_peak_bytes(lambda: run_once(impl, mode, make_inputs(64, grad)), prepare)
 
 
 def time_cases(length: int, repeats: int) -> dict[tuple[str, str], list[float]]:
     """Seconds per call, the kernels interleaved within each repeat."""
-    times: dict[tuple[str, str], list[float]] = {}
     inputs = {mode: make_inputs(length, requires_grad=mode != "forward") for mode in MODES}
-    runnable = [(impl, mode) for mode in MODES for impl in IMPLS if fits(impl, mode, length)]
-    for impl, mode in runnable:  # warm-up: allocator, thread pool, kernels' first call
-        run_once(impl, mode, inputs[mode])
-    for _ in range(repeats):
-        for impl, mode in runnable:
-            start = time.perf_counter()
-            run_once(impl, mode, inputs[mode])
-            times.setdefault((impl, mode), []).append(time.perf_counter() - start)
-    return times
-
-
-def machine_info(threads: int) -> dict:
-    cpu = "unknown"
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info
-                        if line.startswith("model name")), cpu)
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "torch_threads": threads,
-            "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "python": platform.python_version(), "platform": platform.platform(),
-            "memory_available_bytes": available_bytes(),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-
-
-def format_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    return time_interleaved({(impl, mode): (lambda i=impl, m=mode: run_once(i, m, inputs[m]))
+                             for mode in MODES for impl in IMPLS if fits(impl, mode, length)},
+                            repeats)
 
 
 def main() -> None:
@@ -163,7 +106,8 @@ def main() -> None:
                 if (impl, mode) in times:
                     seconds = statistics.median(times[(impl, mode)])
                     row.update(seconds=seconds, time_vs_sdpa=seconds / sdpa_time if sdpa_time else None,
-                               peak_bytes=measure_peak(impl, mode, length, args.threads))
+                               peak_bytes=peak_in_child(__file__, [impl, mode, str(length)],
+                                                        args.threads))
                 else:
                     row.update(skipped=f"needs about {format_bytes(estimated_bytes(impl, mode, length))}"
                                        f", more than fits in this machine's free memory",

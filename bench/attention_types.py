@@ -5,7 +5,7 @@ B=1) runs forward, and forward + backward, at each length T: softmax through the
 kernel (the (T, T) scores materialised) and through SDPA, linear attention, and
 sliding-window attention (16 tokens either side, block kernel). The peers are timed
 interleaved in one process (ratios to softmax SDPA); peak memory is measured in a fresh
-child process per case, as bench/attention.py does (VmHWM over the call).
+child process per case (bench/measure.py: VmHWM over the call).
 
     python bench/attention_types.py [--lengths 1024 4096 16384] [--out bench/results/attention-types-cpu.json]
 """
@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,7 +23,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
-from attention import _status_kib, available_bytes, format_bytes, machine_info  # noqa: E402
+from measure import (added_peak_bytes, available_bytes, format_bytes,  # noqa: E402
+                     machine_info, peak_in_child, time_interleaved)
 from transduce.attention import MultiHeadAttention  # noqa: E402
 
 D_MODEL, HEADS, WINDOW = 256, 4, 16
@@ -64,37 +63,21 @@ def fits(peer: str, mode: str, length: int) -> bool:
 
 
 def measure_peak_in_this_process(peer: str, mode: str, length: int) -> int:
-    module, x = make_case(peer, 64, mode != "forward")
-    run_once(module, x, mode)  # first-call allocations are not the kernel's
-    module, x = make_case(peer, length, mode != "forward")
-    baseline = _status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")
-    run_once(module, x, mode)
-    return max(0, _status_kib("VmHWM") - baseline) * 1024
+    """Child-process entry: bytes of resident memory the call adds at its peak."""
+    grad = mode != "forward"
 
+    def prepare():
+        module, x = make_case(peer, length, grad)
+        return lambda: run_once(module, x, mode)
 
-def measure_peak(peer: str, mode: str, length: int, threads: int) -> int | None:
-    result = subprocess.run([sys.executable, __file__, "--child", peer, mode, str(length),
-                             "--threads", str(threads)], capture_output=True, text=True)
-    if result.returncode != 0:
-        print(f"  memory of {peer} {mode} T={length} failed: {result.stderr.strip()[-300:]}")
-        return None
-    return int(result.stdout.strip().splitlines()[-1])
+    return added_peak_bytes(lambda: run_once(*make_case(peer, 64, grad), mode), prepare)
 
 
 def time_cases(length: int, repeats: int) -> dict[tuple[str, str], list[float]]:
     cases = {(peer, mode): make_case(peer, length, mode != "forward")
              for mode in MODES for peer in PEERS if fits(peer, mode, length)}
-    for (peer, mode), (module, x) in cases.items():
-        run_once(module, x, mode)  # warm-up
-    times: dict[tuple[str, str], list[float]] = {}
-    for _ in range(repeats):
-        for (peer, mode), (module, x) in cases.items():
-            start = time.perf_counter()
-            run_once(module, x, mode)
-            times.setdefault((peer, mode), []).append(time.perf_counter() - start)
-    return times
+    return time_interleaved({key: (lambda case=case, mode=key[1]: run_once(*case, mode))
+                             for key, case in cases.items()}, repeats)
 
 
 def main() -> None:
@@ -124,7 +107,8 @@ def main() -> None:
                 seconds = statistics.median(times[(peer, mode)])
                 rows.append({"length": length, "mode": mode, "peer": peer, "seconds": seconds,
                              "vs_softmax_sdpa": seconds / reference,
-                             "peak_bytes": measure_peak(peer, mode, length, args.threads)})
+                             "peak_bytes": peak_in_child(__file__, [peer, mode, str(length)],
+                                                           args.threads)})
     print(f"\n{'T':>6} {'mode':17} {'peer':14} {'time':>10} {'vs sdpa':>8} {'peak memory':>12}")
     for row in rows:
         if "skipped" in row:

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import machine_info  # noqa: E402
+from measure import machine_info  # noqa: E402
 from transduce.data.corpus import read_lines, split_files  # noqa: E402
 from transduce.data.tokenizer import PAD_ID, Tokenizer  # noqa: E402
 from transduce.decode.translate import Translator, length_sorted_batches, pad_sources  # noqa: E402

@@ -113,7 +113,7 @@ def cmd_model_info(args: argparse.Namespace) -> int:
     print(f"{'total parameters':32s} {model.num_parameters():>13,d}  "
           f"({model.num_parameters() / 1e6:.1f}M)")
     if config.arch == "transformer" and config.attention_type == "softmax":
-        kv_bytes = 2 * config.num_decoder_layers * config.kv_heads * config.head_dim * 4
+        kv_bytes = sum(cache.nbytes for cache in model.new_caches(1, 1, torch.float32, "meta"))
         print(f"{'KV cache per target token':32s} {kv_bytes:>13,d} bytes (float32, per sentence)")
     return 0
 

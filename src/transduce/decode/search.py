@@ -118,7 +118,7 @@ def beam_search(model: Seq2SeqModel, src: Tensor, *, bos_id: int, eos_id: int, b
     done when it has `beam` finished hypotheses (with beam 1 this is greedy search), when
     no live beam can still beat its nbest-th finished one (the length penalty bounds what
     a beam can reach by the sentence's length limit), or at that limit. Done sentences
-    leave the batch, and the caches shrink with them (KVCache.reorder).
+    leave the batch, and their cache rows with them (KVCache.reorder).
     cache_dtype: the self-attention caches' type (default: the model's); torch.int8
     quantizes them (QuantizedKVCache).
     """

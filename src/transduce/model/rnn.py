@@ -31,6 +31,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transduce.attention import masks
 from transduce.attention.scores import AdditiveAttention, GeneralAttention
 from transduce.config import ModelConfig
+from transduce.model.transformer import init_embeddings
 
 # The decoder RNN's state: (L, B, C), or (hidden, cell) for an LSTM.
 Hidden = Tensor | tuple[Tensor, Tensor]
@@ -75,10 +76,8 @@ class RNNEncoderDecoder(nn.Module):
         self.tgt_embedding = self.src_embedding if c.tie_embeddings == "all" else \
             nn.Embedding(c.tgt_vocab_size, d, padding_idx=c.pad_id)
         self.output_proj = nn.Linear(d, c.tgt_vocab_size, bias=False)
-        for embedding in {id(e): e for e in (self.src_embedding, self.tgt_embedding)}.values():
-            nn.init.normal_(embedding.weight, std=d ** -0.5)
-            with torch.no_grad():
-                embedding.weight[c.pad_id].zero_()
+        unique = {id(e): e for e in (self.src_embedding, self.tgt_embedding)}  # tied: once
+        init_embeddings(list(unique.values()), c.pad_id)
         if c.tie_embeddings in ("all", "decoder"):
             self.output_proj.weight = self.tgt_embedding.weight
         else:

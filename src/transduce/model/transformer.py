@@ -29,6 +29,15 @@ from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedd
                                         SinusoidalPositionalEncoding)
 
 
+def init_embeddings(embeddings: list[nn.Embedding], pad_id: int) -> None:
+    """Embeddings N(0, d^-1/2), so that after the sqrt(d) scale they have unit size; the
+    pad row is zero."""
+    for embedding in embeddings:
+        nn.init.normal_(embedding.weight, std=embedding.embedding_dim ** -0.5)
+        with torch.no_grad():
+            embedding.weight[pad_id].zero_()
+
+
 class TokenEmbedding(nn.Module):
     """Token vectors multiplied by sqrt(d_model), plus additive positions (unless rotary),
     then dropout: the input of each stack."""
@@ -136,7 +145,7 @@ class Transformer(nn.Module):
         tgt_embedding = src_embedding if c.tie_embeddings == "all" else \
             nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id)
         self.output_proj = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
-        self._init_weights(src_embedding, tgt_embedding)
+        init_embeddings([src_embedding, tgt_embedding], c.pad_id)
         if c.tie_embeddings in ("all", "decoder"):
             self.output_proj.weight = tgt_embedding.weight
 
@@ -153,14 +162,6 @@ class Transformer(nn.Module):
         if c.positional == "learned":
             return LearnedPositionalEmbedding(c.d_model, c.max_positions)
         return None  # rotary: positions enter inside self-attention
-
-    def _init_weights(self, *embeddings: nn.Embedding) -> None:
-        """Embeddings N(0, d^-1/2), so that after the sqrt(d) scale they have unit size;
-        the pad row is zero."""
-        for embedding in embeddings:
-            nn.init.normal_(embedding.weight, std=self.config.d_model ** -0.5)
-            with torch.no_grad():
-                embedding.weight[self.config.pad_id].zero_()
 
     def _init_linear_layers(self) -> None:
         """Xavier-uniform weights and zero biases for every projection but the tied output."""

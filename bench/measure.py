@@ -1,0 +1,90 @@
+"""What every benchmark here shares: interleaved timing, peak memory of one call measured in
+a fresh child process, and the machine's description for the JSON results."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Hashable
+
+import torch
+
+
+def time_interleaved(calls: dict[Hashable, Callable[[], None]],
+                     repeats: int) -> dict[Hashable, list[float]]:
+    """Seconds per call of each case, the cases interleaved within each repeat so that they
+    share the machine's state; one warm-up call each first (allocator, thread pool)."""
+    for call in calls.values():
+        call()
+    times: dict[Hashable, list[float]] = {}
+    for _ in range(repeats):
+        for key, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times.setdefault(key, []).append(time.perf_counter() - start)
+    return times
+
+
+def added_peak_bytes(warm_up: Callable[[], None], prepare: Callable[[], Callable[[], None]]) -> int:
+    """Bytes of resident memory a call adds at its peak, in this process: the high-water
+    mark (Linux VmHWM, reset just before the call) minus the resident set once its inputs
+    exist. warm_up runs a tiny call first, so that code pages and thread stacks loaded on
+    first use are not counted; prepare() allocates the inputs and returns the call."""
+    warm_up()
+    call = prepare()
+    baseline = _status_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # reset the high-water mark to the current resident set
+    call()
+    return max(0, _status_kib("VmHWM") - baseline) * 1024
+
+
+def peak_in_child(script: str | Path, case: list[str], threads: int) -> int | None:
+    """Run `script --child CASE... --threads N` (whose child mode prints added_peak_bytes)
+    in a fresh process -> its answer, or None (with the reason printed) if it failed."""
+    result = subprocess.run([sys.executable, str(script), "--child", *case,
+                             "--threads", str(threads)], capture_output=True, text=True)
+    if result.returncode != 0:
+        print(f"  memory of {' '.join(case)} failed: {result.stderr.strip()[-300:]}")
+        return None
+    return int(result.stdout.strip().splitlines()[-1])
+
+
+def available_bytes() -> int:
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def machine_info(threads: int) -> dict:
+    cpu = "unknown"
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info
+                        if line.startswith("model name")), cpu)
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "torch_threads": threads,
+            "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "python": platform.python_version(), "platform": platform.platform(),
+            "memory_available_bytes": available_bytes(),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def format_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
