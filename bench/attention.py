@@ -25,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from measure import (added_peak_bytes, available_bytes, format_bytes, machine_info,  # noqa: E402
                      peak_in_child, time_interleaved)
 from transduce.attention import attention  # noqa: E402
+from transduce.config import AttentionImpl, choices  # noqa: E402
 
-IMPLS = ("naive", "sdpa", "flash")
+IMPLS = choices(AttentionImpl)
 MODES = ("forward", "forward+backward")
 HEADS, HEAD_DIM, BATCH = 8, 64, 1
 

@@ -131,6 +131,7 @@ def decoding_speed(model_dir: Path, data: Path, kv_dtype: str) -> dict:
 
     from transduce import load
     from transduce.data.corpus import read_split
+    from transduce.model.transformer import kv_cache_size
 
     translator = load(model_dir, kv_dtype=kv_dtype or None)
     sources = read_split(data, "test").source
@@ -144,12 +145,11 @@ def decoding_speed(model_dir: Path, data: Path, kv_dtype: str) -> dict:
         pieces = sum(len(ids) + 1 for ids in translator.tokenizer.encode(outputs))  # + eos
         speeds[f"sentences_per_s_batch{batch}"] = len(lines) / seconds
         speeds[f"pieces_per_s_batch{batch}"] = pieces / seconds
-    model = translator.model
-    if hasattr(model, "new_caches"):
+    config = translator.model.config
+    if config.arch == "transformer":
         dtype = torch.int8 if kv_dtype == "int8" else torch.float32
-        caches = model.new_caches(1, 1, dtype, "meta")
-        speeds["kv_bytes_per_token"] = sum(c.nbytes for c in caches) \
-            if model.config.attention_type == "softmax" else None
+        speeds["kv_bytes_per_token"] = kv_cache_size(config, 1, 1, dtype)[0] \
+            if config.attention_type == "softmax" else None
     return speeds
 
 

@@ -3,13 +3,14 @@
 import pytest
 import torch
 
-from transduce.attention_maps import attention_maps, plot_attention_maps, recording
+from transduce import checkpoint
+from transduce.attention import MultiHeadAttention, record_attention
+from transduce.attention_maps import attention_maps, plot_attention_maps
 from transduce.cli import main
 from transduce.config import preset
 from transduce.data.tokenizer import MODEL_NAME, Tokenizer
 from transduce.decode.translate import Translator
 from transduce.model import build_model
-from transduce.train import checkpoint
 
 SENTENCE = "el perro rojo come"
 
@@ -37,17 +38,40 @@ def test_transformer_maps_are_distributions_over_the_right_tokens(tiny_corpus, c
         assert not maps.encoder[0].triu(diagonal=3).any()  # window 2
 
 
+def no_hooks(model):
+    return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
 def test_recording_leaves_the_model_as_it_was(tiny_corpus):
     model = translator(tiny_corpus).model
     src = torch.tensor([[5, 6, 2]])
     with torch.no_grad():
         before = model(src, src)
-        with recording(model):
+        with record_attention(model.attention_modules()) as recorded:
             during = model(src, src)
         after = model(src, src)
     torch.testing.assert_close(during, before, rtol=1e-5, atol=1e-6)
     assert torch.equal(after, before)
-    assert all(getattr(m, "recorded", None) is None for m in model.modules())
+    assert no_hooks(model)
+    assert [len(calls) for calls in recorded["cross"]] == [1, 1]
+    assert recorded["encoder"][0][0].shape == (1, 4, 3, 3)
+    with pytest.raises(RuntimeError, match="boom"), \
+            record_attention(model.attention_modules()):
+        raise RuntimeError("boom")
+    assert no_hooks(model)
+
+
+def test_recording_gives_weights_to_a_caller_who_asks_for_them():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 5, 16)
+    with record_attention({"self": [mha]}) as recorded:
+        out, weights = mha(x, return_weights=True)
+        plain = mha(x)
+    assert isinstance(plain, torch.Tensor)
+    assert torch.equal(recorded["self"][0][0], weights)
+    assert recorded["self"][0][1].shape == (2, 4, 5, 5)
+    torch.testing.assert_close(plain, out)
 
 
 @pytest.mark.parametrize("arch", ["rnn-bahdanau", "rnn-luong"])

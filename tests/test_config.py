@@ -1,8 +1,9 @@
 import dataclasses
+import re
 
 import pytest
 
-from transduce.config import PRESETS, ConfigError, ModelConfig, preset
+from transduce.config import PRESETS, ConfigError, ModelConfig, TrainConfig, preset
 
 
 def test_defaults_are_the_papers_base_model():
@@ -36,3 +37,18 @@ def test_unknown_fields_and_presets_are_named():
 def test_rotary_needs_even_heads():
     with pytest.raises(ConfigError, match="even head size"):
         ModelConfig(d_model=24, num_heads=8, positional="rotary")
+
+
+@pytest.mark.parametrize("config_type,changes,message", [
+    (TrainConfig, {"max_minutes": float("nan")}, "max_minutes=nan: must be a finite number"),
+    (TrainConfig, {"lr_scale": float("inf")}, "lr_scale=inf"),
+    (TrainConfig, {"threads": -1}, "threads=-1: must be >= 0"),
+    (TrainConfig, {"adam_beta2": 1.0}, "adam_beta2=1.0: must be in [0, 1)"),
+    (TrainConfig, {"adam_eps": 0.0}, "adam_eps=0.0: must be positive"),
+    (TrainConfig, {"dev_bleu_sentences": -2}, "dev_bleu_sentences=-2"),
+    (ModelConfig, {"dropout": float("nan")}, "dropout=nan"),
+    (ModelConfig, {"layer_norm_eps": -1e-5}, "layer_norm_eps=-1e-05: must be positive"),
+])
+def test_out_of_range_and_non_finite_values_are_refused(config_type, changes, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config_type(**changes)

@@ -5,6 +5,7 @@ import warnings
 import pytest
 import torch
 
+from transduce import checkpoint
 from transduce.cli import main
 from transduce.config import preset
 from transduce.data.tokenizer import BOS_ID, EOS_ID, MODEL_NAME, PAD_ID
@@ -12,7 +13,6 @@ from transduce.decode.search import beam_search, greedy_search
 from transduce.export import ExportError, export_hf, marian_permutation
 from transduce.model import Transformer
 from transduce.model.positional import sinusoidal_table
-from transduce.train import checkpoint
 
 transformers = pytest.importorskip("transformers")
 

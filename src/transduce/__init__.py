@@ -1,8 +1,36 @@
-"""transduce: the Transformer of "Attention Is All You Need" as a sequence-to-sequence toolkit."""
+"""transduce: the Transformer of "Attention Is All You Need" as a sequence-to-sequence toolkit.
 
-from transduce.config import ModelConfig, TrainConfig, preset
-from transduce.decode.translate import Translator, load
-from transduce.model import Transformer
+    import transduce
+    model = transduce.load("runs/small/average")      # a Translator
+    model.translate(["En el principio crió Dios los cielos y la tierra."])
 
-__all__ = ["ModelConfig", "TrainConfig", "preset", "Transformer", "Translator", "load"]
+The names below load on first use, so that `import transduce` (and the command line's
+--help) does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "ModelConfig": "transduce.config", "TrainConfig": "transduce.config",
+    "preset": "transduce.config", "Transformer": "transduce.model",
+    "Translator": "transduce.decode.translate", "load": "transduce.decode.translate",
+}
+__all__ = list(_LAZY)
+
+if TYPE_CHECKING:
+    from transduce.config import ModelConfig, TrainConfig, preset
+    from transduce.decode.translate import Translator, load
+    from transduce.model import Transformer
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'transduce' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

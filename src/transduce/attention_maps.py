@@ -1,14 +1,14 @@
 """Attention maps: what each layer and head attends to while translating a sentence.
 
 The sentence is translated (beam search); then one teacher-forced forward pass over the
-chosen translation runs with every attention module recording its weights (the naive
-kernel, which materialises them). That pass computes exactly the log-probabilities the
-search used, which `attention_maps` checks, so the maps are those of the translation shown.
+chosen translation runs with every attention module recording its weights
+(attention/recorder.py: forward hooks, the naive kernel). That pass computes exactly the
+log-probabilities the search used, which `attention_maps` checks, so the maps are those
+of the translation shown. Any model that exposes `attention_modules()` can be drawn.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from transduce import atomic
+from transduce.attention.recorder import Recorded, record_attention
 from transduce.config import ConfigError
 from transduce.data.tokenizer import BOS_ID, EOS_ID
 from transduce.decode.search import beam_search, max_lengths
@@ -36,19 +38,6 @@ class AttentionMaps:
     cross: list[Tensor]           # (H, T, S) per layer
 
 
-@contextlib.contextmanager
-def recording(model: torch.nn.Module):
-    """Every module with a `recorded` attribute appends its weights there meanwhile."""
-    modules = [m for m in model.modules() if hasattr(m, "recorded")]
-    for module in modules:
-        module.recorded = []
-    try:
-        yield
-    finally:
-        for module in modules:
-            module.recorded = None
-
-
 @torch.no_grad()
 def attention_maps(translator: Translator, sentence: str, *, beam: int = 4,
                    alpha: float = 0.6) -> AttentionMaps:
@@ -62,9 +51,10 @@ def attention_maps(translator: Translator, sentence: str, *, beam: int = 4,
     cut = len(best.tokens) >= int(max_lengths(model, src, None)[0])    # no eos at the limit
     outputs = best.tokens if cut else best.tokens + [EOS_ID]
     inputs = [BOS_ID] + outputs[:-1]
-    with recording(model):
+    with record_attention(model.attention_modules()) as recorded:
         logits = model(src, torch.tensor([inputs], device=src.device))   # (1, T, V)
-        encoder, decoder, cross = _collect(model)
+    encoder, decoder, cross = (_first_sentence(recorded, role)
+                               for role in ("encoder", "decoder", "cross"))
     log_prob = float(logits.float().log_softmax(-1)[0, torch.arange(len(outputs)),
                                                      torch.tensor(outputs)].sum())
     if not math.isclose(log_prob, best.log_prob, rel_tol=1e-3, abs_tol=1e-3):
@@ -76,23 +66,21 @@ def attention_maps(translator: Translator, sentence: str, *, beam: int = 4,
                          encoder, decoder, cross)
 
 
-def _collect(model) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-    """The recorded weights of a batch of one, per layer: encoder, decoder, cross."""
-    if hasattr(model, "encoder") and hasattr(model.encoder, "layers"):      # Transformer
-        return ([layer.self_attn.recorded[0][0] for layer in model.encoder.layers],
-                [layer.self_attn.recorded[0][0] for layer in model.decoder.layers],
-                [layer.cross_attn.recorded[0][0] for layer in model.decoder.layers])
-    return [], [], [model.recorded[0][0].unsqueeze(0)]                     # RNN: (1, T, S)
+def _first_sentence(recorded: Recorded, role: str) -> list[Tensor]:
+    """A role's weights per layer, (H, T, S): a module called once per target step (an
+    RNN's attention) has its calls joined along the queries; one without heads gets one."""
+    layers = []
+    for calls in recorded[role]:
+        weights = torch.cat(calls, dim=-2)[0]                               # ([H,] T, S)
+        layers.append(weights if weights.dim() == 3 else weights.unsqueeze(0))
+    return layers
 
 
 def plot_attention_maps(maps: AttentionMaps, out: Path, *, layer: int | None = None,
                         head: int | None = None) -> Path:
     """Heatmaps with the pieces on the axes: one row per (kind, layer), one column per
     head; layer and head (1-based) select one. Returns the PNG's path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     kinds = [("encoder self-attention", maps.encoder, maps.source_tokens, maps.source_tokens),
              ("decoder self-attention", maps.decoder, maps.target_inputs, maps.target_outputs),
@@ -113,8 +101,8 @@ def plot_attention_maps(maps: AttentionMaps, out: Path, *, layer: int | None = N
     columns = max(len(row) for row in rows)
     longest = max(len(maps.source_tokens), len(maps.target_inputs))
     size = max(3.0, 0.16 * longest + 1.2)
-    figure, axes = plt.subplots(len(rows), columns, figsize=(size * columns, size * len(rows)),
-                                squeeze=False)
+    figure = Figure(figsize=(size * columns, size * len(rows)))
+    axes = figure.subplots(len(rows), columns, squeeze=False)
     for r, row in enumerate(rows):
         for c in range(columns):
             axis = axes[r][c]
@@ -129,9 +117,8 @@ def plot_attention_maps(maps: AttentionMaps, out: Path, *, layer: int | None = N
             axis.set_yticks(range(len(queries)), map(_label, queries), fontsize=6)
     figure.suptitle(_label(maps.translation), fontsize=9)
     figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=110)
-    plt.close(figure)
+    with atomic.atomic_file(out) as temporary:
+        figure.savefig(temporary, format="png", dpi=110)
     return out
 
 

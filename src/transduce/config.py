@@ -8,8 +8,12 @@ deviation is a named field.
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+
+from transduce.errors import TransduceError
 
 Positional = Literal["sinusoidal", "learned", "rotary"]
 Activation = Literal["relu", "gelu"]
@@ -19,20 +23,13 @@ AttentionType = Literal["softmax", "linear", "sliding"]
 Architecture = Literal["transformer", "rnn-bahdanau", "rnn-luong"]
 RnnCell = Literal["gru", "lstm"]
 
-POSITIONALS: tuple[str, ...] = ("sinusoidal", "learned", "rotary")
-ACTIVATIONS: tuple[str, ...] = ("relu", "gelu")
-TYINGS: tuple[str, ...] = ("all", "decoder", "none")
-ATTENTION_IMPLS: tuple[str, ...] = ("naive", "sdpa", "flash")
-ATTENTION_TYPES: tuple[str, ...] = ("softmax", "linear", "sliding")
-ARCHITECTURES: tuple[str, ...] = ("transformer", "rnn-bahdanau", "rnn-luong")
-RNN_CELLS: tuple[str, ...] = ("gru", "lstm")
+
+class ConfigError(TransduceError, ValueError):
+    """A configuration or an argument that cannot work; the message names the field or
+    option and its allowed values."""
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot work; the message names the field."""
-
-
-class _Config:
+class ValidatedConfig:
     """What every configuration dataclass can do: copy with changes, and round-trip
     through a plain dict (config.json, TOML tables)."""
 
@@ -42,6 +39,14 @@ class _Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def _check_floats_finite(self) -> None:
+        """NaN and infinity pass every range check written as a comparison: refuse them."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{type(self).__name__}.{field.name}={value}: must be a "
+                                  f"finite number")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]):
@@ -53,7 +58,7 @@ class _Config:
 
 
 @dataclass(frozen=True)
-class ModelConfig(_Config):
+class ModelConfig(ValidatedConfig):
     """Sizes and options of the encoder-decoder model.
 
     tie_embeddings: "all" shares one matrix between source embedding, target embedding
@@ -97,20 +102,21 @@ class ModelConfig(_Config):
     rnn_cell: RnnCell = "gru"
 
     def __post_init__(self) -> None:
-        _check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
+        self._check_floats_finite()
+        check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
                         "num_encoder_layers", "num_decoder_layers", "max_positions",
                         "attention_window")
-        _check_choice(self, "activation", ACTIVATIONS)
-        _check_choice(self, "attention_type", ATTENTION_TYPES)
-        _check_choice(self, "arch", ARCHITECTURES)
-        _check_choice(self, "rnn_cell", RNN_CELLS)
-        _check_choice(self, "positional", POSITIONALS)
-        _check_choice(self, "tie_embeddings", TYINGS)
-        _check_choice(self, "attention_impl", ATTENTION_IMPLS)
-        for name in ("dropout", "attention_dropout"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ConfigError(f"ModelConfig.{name}={value}: must be in [0, 1)")
+        check_choice(self, "activation")
+        check_choice(self, "attention_type")
+        check_choice(self, "arch")
+        check_choice(self, "rnn_cell")
+        check_choice(self, "positional")
+        check_choice(self, "tie_embeddings")
+        check_choice(self, "attention_impl")
+        check_in_unit_interval(self, "dropout", "attention_dropout")
+        for name in ("rope_base", "layer_norm_eps"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"ModelConfig.{name}={getattr(self, name)}: must be positive")
         if self.d_model % self.num_heads:
             raise ConfigError(f"ModelConfig.d_model={self.d_model} is not divisible by "
                               f"num_heads={self.num_heads}")
@@ -150,17 +156,40 @@ class ModelConfig(_Config):
 
 
 
-def _check_positive(config: object, *names: str) -> None:
+def check_positive(config: object, *names: str) -> None:
     for name in names:
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{type(config).__name__}.{name}={value!r}: must be a positive integer")
 
 
-def _check_choice(config: object, name: str, choices: tuple[str, ...]) -> None:
+def check_at_least(config: object, low: float, *names: str) -> None:
+    for name in names:
+        if getattr(config, name) < low:
+            raise ConfigError(f"{type(config).__name__}.{name}={getattr(config, name)!r}: "
+                              f"must be >= {low}")
+
+
+def check_in_unit_interval(config: object, *names: str) -> None:
+    """Values in [0, 1): dropout, smoothing, Adam's betas."""
+    for name in names:
+        value = getattr(config, name)
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"{type(config).__name__}.{name}={value}: must be in [0, 1)")
+
+
+def choices(literal: Any) -> tuple[str, ...]:
+    """The values of a Literal type: the one list of choices, for validation and flags."""
+    return get_args(literal)
+
+
+def check_choice(config: object, name: str) -> None:
+    """The field's value is one of its Literal type's values."""
+    allowed = choices(typing.get_type_hints(type(config))[name])
     value = getattr(config, name)
-    if value not in choices:
-        raise ConfigError(f"{type(config).__name__}.{name}={value!r}: choose one of {', '.join(choices)}")
+    if value not in allowed:
+        raise ConfigError(f"{type(config).__name__}.{name}={value!r}: choose one of "
+                          f"{', '.join(allowed)}")
 
 
 # The paper's two models (Table 3), and two sized for a 2-core CPU.
@@ -182,11 +211,10 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
 
 
 Dtype = Literal["float32", "bfloat16"]
-DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
-class TrainConfig(_Config):
+class TrainConfig(ValidatedConfig):
     """The paper's recipe (section 5) and the run's budget.
 
     lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5); Adam with
@@ -219,14 +247,13 @@ class TrainConfig(_Config):
     schedule_offset: int = 0           # the lr schedule starts this many steps in (uptraining)
 
     def __post_init__(self) -> None:
-        _check_positive(self, "max_tokens", "update_freq", "warmup_steps", "max_len",
+        self._check_floats_finite()
+        check_positive(self, "max_tokens", "update_freq", "warmup_steps", "max_len",
                         "log_every", "eval_every", "save_every", "keep_last", "nan_limit")
-        _check_choice(self, "dtype", DTYPES)
-        if self.schedule_offset < 0:
-            raise ConfigError("TrainConfig.schedule_offset must be >= 0")
-        if self.max_steps < 0 or self.max_minutes < 0:
-            raise ConfigError("TrainConfig.max_steps and max_minutes must be >= 0")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"TrainConfig.label_smoothing={self.label_smoothing}: must be in [0, 1)")
-        if self.lr_scale <= 0:
-            raise ConfigError(f"TrainConfig.lr_scale={self.lr_scale}: must be positive")
+        check_choice(self, "dtype")
+        check_at_least(self, 0, "max_steps", "max_minutes", "clip_norm", "dev_bleu_sentences",
+                       "threads", "schedule_offset")
+        check_in_unit_interval(self, "label_smoothing", "adam_beta1", "adam_beta2")
+        for name in ("lr_scale", "adam_eps"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"TrainConfig.{name}={getattr(self, name)}: must be positive")

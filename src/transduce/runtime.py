@@ -1,4 +1,5 @@
-"""Process-wide settings that make PyTorch faster on a CPU host.
+"""Process-wide settings that make PyTorch faster on a CPU host. Library calls never make
+them on their own: the command line opts in, and `torch_threads` puts back what it found.
 
 glibc returns every large freed block to the operating system (it is allocated with
 mmap above a threshold, and the heap top is trimmed), so each training step maps fresh
@@ -10,16 +11,19 @@ its peak memory reserved. Not used where glibc is absent.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import sys
+from typing import Iterator
 
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 _LIMIT = 2**31 - 1
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc to keep freed blocks for reuse; True if it took effect."""
+    """Ask glibc to keep freed blocks for reuse, for the rest of the process; True if it
+    took effect."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -29,3 +33,18 @@ def keep_freed_memory() -> bool:
         return False
     return all(mallopt(option, value) == 1 for option, value in
                ((_M_MMAP_THRESHOLD, _LIMIT), (_M_TRIM_THRESHOLD, _LIMIT), (_M_TOP_PAD, 1 << 28)))
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads set to `count` meanwhile (0: left as they are)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if count:
+            torch.set_num_threads(before)

@@ -1,29 +1,25 @@
-"""Pictures of what a run did: loss and learning-rate curves (matplotlib)."""
+"""Pictures of what a run did: loss and learning-rate curves.
+
+Figures are drawn on matplotlib's Figure objects, never through pyplot, so plotting
+changes no backend or global state of the process (a notebook keeps its own)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-
-def read_log(run: Path) -> list[dict]:
-    path = run / "log.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no training log")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+from transduce import atomic
+from transduce.train.log import read_log
 
 
 def plot_training(run: Path, out: Path | None = None) -> Path:
     """Training and dev loss against step on the left, the learning rate on the right."""
+    from matplotlib.figure import Figure
+
     records = read_log(run)
     train = [r for r in records if r.get("event") == "train"]
     dev = [r for r in records if r.get("event") == "dev"]
-    figure, (loss_axis, lr_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    figure = Figure(figsize=(11, 4))
+    loss_axis, lr_axis = figure.subplots(1, 2)
     loss_axis.plot([r["step"] for r in train], [r["loss"] for r in train],
                    label="train (label-smoothed)")
     if dev:
@@ -36,6 +32,6 @@ def plot_training(run: Path, out: Path | None = None) -> Path:
     lr_axis.grid(alpha=0.3)
     figure.tight_layout()
     out = out or run / "curves.png"
-    figure.savefig(out, dpi=110)
-    plt.close(figure)
+    with atomic.atomic_file(out) as temporary:
+        figure.savefig(temporary, format="png", dpi=110)
     return out

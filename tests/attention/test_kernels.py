@@ -5,8 +5,9 @@ import torch
 
 from tests.attention.reference import reference_attention
 from transduce.attention import attention, flash_attention, masks
+from transduce.config import AttentionImpl, choices
 
-IMPLS = ["naive", "sdpa", "flash"]
+IMPLS = choices(AttentionImpl)
 
 # (B, H, Hkv, T, S, D): MHA, GQA (H/2), MQA, T != S, T = 1, lengths that are not
 # powers of two.

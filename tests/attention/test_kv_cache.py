@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from transduce.attention import KVCache
+from transduce.attention import (AttentionCache, KVCache, LinearAttention, SlidingWindowAttention,
+                                 SoftmaxAttention)
 from transduce.attention.kv_cache import keep_rows
 
 
@@ -78,3 +79,36 @@ def test_nbytes_follows_the_formula(dtype, size):
     batch, kv_heads, tokens, head_dim = 3, 2, 17, 8
     cache = KVCache(batch, kv_heads, tokens, head_dim, dtype=dtype)
     assert cache.nbytes == 2 * kv_heads * head_dim * size * tokens * batch
+
+
+KINDS = [SoftmaxAttention(), LinearAttention(), SlidingWindowAttention(window=3)]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("tokens", [1, 2, 7])
+def test_every_cache_measures_what_its_formula_says(kind, dtype, tokens):
+    if dtype == torch.int8 and kind.name != "softmax":
+        with pytest.raises(ValueError, match="int8"):
+            kind.new_cache(2, 2, 8, tokens, dtype, "meta")
+        return
+    cache = kind.new_cache(2, 2, 8, tokens, dtype, "meta")
+    assert isinstance(cache, AttentionCache)
+    assert cache.nbytes == kind.cache_bytes(2, tokens, 2, 8, dtype)[0]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_every_cache_reorders_like_index_select(kind):
+    """After a reorder, a step attends exactly as caches built from the chosen rows."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(4, 2, 3, 8), torch.randn(4, 2, 3, 8), torch.randn(4, 2, 3, 8)
+    step = [torch.randn(3, 2, 1, 8) for _ in range(3)]
+    index = torch.tensor([2, 2, 0])
+    reordered = kind.new_cache(4, 2, 8, 8, torch.float32, "cpu")
+    reordered.attend(q, k, v, None, causal=True, impl="sdpa")
+    reordered.reorder(index)
+    fresh = kind.new_cache(3, 2, 8, 8, torch.float32, "cpu")
+    fresh.attend(q[index], k[index], v[index], None, causal=True, impl="sdpa")
+    assert reordered.batch_size == 3 and reordered.length == fresh.length == 3
+    torch.testing.assert_close(reordered.attend(*step, None, causal=True, impl="sdpa"),
+                               fresh.attend(*step, None, causal=True, impl="sdpa"))

@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from transduce.attention import masks
-from transduce.attention.kv_cache import QuantizedKVCache, SlidingKVCache, quantize_int8
+from transduce.attention.kv_cache import QuantizedKVCache, quantize_int8
 from transduce.attention.linear import linear_attention, linear_attention_weights
-from transduce.attention.local import sliding_window_attention
+from transduce.attention.local import SlidingKVCache, sliding_window_attention
 from tests.attention.reference import reference_attention
 
 

@@ -6,9 +6,10 @@ import torch
 from torch import nn
 
 from transduce.attention import KVCache, MultiHeadAttention, masks
+from transduce.config import AttentionImpl, choices
 from transduce.model.positional import RotaryEmbedding
 
-IMPLS = ["naive", "sdpa", "flash"]
+IMPLS = choices(AttentionImpl)
 
 
 def copy_from_torch(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:

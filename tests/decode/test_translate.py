@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from transduce import load
+from transduce import checkpoint, load
 from transduce.cli import main
-from transduce.config import preset
+from transduce.config import ConfigError, preset
 from transduce.data.tokenizer import MODEL_NAME
-from transduce.decode.translate import InputTooLong, length_sorted_batches
+from transduce.decode.translate import InputTooLong, Translation, length_sorted_batches
 from transduce.model import Transformer, build_model
-from transduce.train import checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,9 +41,54 @@ def test_n_lines_in_n_lines_out_in_order(run_dir):
 
 
 def test_nbest_lists_with_scores(run_dir):
-    results = load(run_dir).translate(["el perro come"], beam=3, nbest=3)
-    assert len(results) == 1 and len(results[0]) == 3
+    translator = load(run_dir)
+    results = translator.translate_nbest(["el perro come", ""], nbest=3, beam=3)
+    assert len(results) == 2 and len(results[0]) == 3
+    assert all(isinstance(t, Translation) for t in results[0])
     assert [t.score for t in results[0]] == sorted((t.score for t in results[0]), reverse=True)
+    assert results[0][0].text == translator.translate(["el perro come"], beam=3)[0]
+    assert [t.text for t in results[1]] == ["", "", ""]
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"beam": 0}, "beam=0: must be a positive integer"),
+    ({"beam": -3}, "beam=-3"),
+    ({"alpha": float("nan")}, "alpha=nan: must be a finite number"),
+    ({"alpha": -1.0}, "alpha=-1.0"),
+    ({"batch_tokens": 0}, "batch_tokens=0"),
+    ({"batch_tokens": -5}, "batch_tokens=-5"),
+    ({"batch_sentences": -1}, "batch_sentences=-1"),
+])
+def test_the_api_refuses_bad_options_naming_them(run_dir, options, message):
+    translator = load(run_dir)
+    with pytest.raises(ConfigError, match=message):
+        translator.translate(["el perro"], **options)
+    with pytest.raises(ConfigError, match="nbest=5: must be at most beam=4"):
+        translator.translate_nbest(["el perro"], nbest=5, beam=4)
+    for bad in ({"dtype": "float16"}, {"kv_dtype": "int4"}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            load(run_dir, **bad)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--beam", "0"], "argument --beam: 0: must be a positive integer"),
+    (["--beam", "-3"], "argument --beam: -3: must be a positive integer"),
+    (["--beam", "four"], "argument --beam: 'four' is not an integer"),
+    (["--alpha", "nan"], "argument --alpha: nan: must be a finite number >= 0"),
+    (["--batch-tokens", "0"], "argument --batch-tokens: 0: must be a positive integer"),
+    (["--batch-tokens", "-5"], "argument --batch-tokens: -5: must be a positive integer"),
+    (["--batch-sentences", "-1"], "argument --batch-sentences: -1: must be an integer >= 0"),
+])
+def test_the_cli_refuses_bad_options_before_loading_the_model(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as stop:   # the model does not even exist
+        main(["translate", "--model", str(tmp_path / "absent"), *flags])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_the_cli_refuses_more_nbest_than_beam(run_dir, capsys):
+    assert main(["translate", "--model", str(run_dir), "--nbest", "5", "--beam", "4"]) == 2
+    assert "--nbest 5: must be at most --beam (4)" in capsys.readouterr().err
 
 
 def test_long_lines_are_truncated_with_a_warning_or_refused(run_dir):

@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
+from transduce import checkpoint
 from transduce.cli import main
 from transduce.config import ConfigError
 from transduce.model import Transformer
 from transduce.model.convert import convert_kv_heads, pool_heads
-from transduce.train import checkpoint
 from transduce.train.schedule import noam_lr
 from tests.model.test_transformer import padded, tiny
 

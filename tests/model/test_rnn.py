@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from transduce.config import ConfigError, preset
-from transduce.decode import beam_search, greedy_search
+from transduce.decode.search import beam_search, greedy_search
 from transduce.model import RNNEncoderDecoder, build_model
 from tests.model.test_transformer import assert_reorder_follows_the_index, padded
 

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from transduce.attention import masks
 from transduce.config import ConfigError, ModelConfig, preset
-from transduce.decode import greedy_search
+from transduce.decode.search import greedy_search
 from transduce.model import Transformer
 from transduce.model.bfloat16 import bfloat16_copy
 

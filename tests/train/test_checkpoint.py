@@ -1,10 +1,9 @@
 import pytest
 import torch
 
+from transduce import checkpoint
 from transduce.config import TrainConfig, preset
-from transduce.model import Transformer
-from transduce.train import checkpoint
-
+from transduce.model import Transformer, load_model
 
 @pytest.fixture
 def tokenizer_file(tmp_path):
@@ -24,7 +23,7 @@ def test_save_and_load_round_trip_keeps_tied_weights(tmp_path, tokenizer_file):
                            tokenizer_file, {"step": 1})
     assert sorted(p.name for p in path.iterdir()) == \
         ["config.json", "model.safetensors", "spm.model", "trainer_state.pt"]
-    loaded = checkpoint.load_model_from(tmp_path / "run")
+    loaded = load_model(tmp_path / "run")
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
     assert loaded.output_proj.weight is loaded.encoder.embed.embedding.weight
@@ -59,7 +58,7 @@ def test_average_is_the_elementwise_mean(tmp_path, tokenizer_file):
     models = [tiny_model(seed) for seed in range(3)]
     paths = [checkpoint.save(checkpoint.step_dir(run, i), m, None, tokenizer_file)
              for i, m in enumerate(models)]
-    averaged = checkpoint.load_model_from(checkpoint.average(paths, tmp_path / "avg"))
+    averaged = load_model(checkpoint.average(paths, tmp_path / "avg"))
     for name, tensor in averaged.state_dict().items():
         expected = sum(m.state_dict()[name] for m in models) / 3
         torch.testing.assert_close(tensor, expected, rtol=0, atol=1e-6)

@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from transduce import checkpoint
 from transduce.cli import main
 from transduce.config import TrainConfig, preset
-from transduce.train import checkpoint, loop
+from transduce.model import load_model
+from transduce.train import loop
+from transduce.train.log import LOG_NAME
 from transduce.train.loop import TrainingError, train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +35,7 @@ def train_config(**changes):
 
 
 def weights(run):
-    return checkpoint.load_model_from(run).state_dict()
+    return load_model(run).state_dict()
 
 
 def test_resume_continues_exactly(tiny_corpus, tmp_path):
@@ -176,7 +179,7 @@ def test_cli_average_and_plot(tiny_corpus, tmp_path, capsys):
 def test_bfloat16_autocast_trains_with_float32_master_weights(tiny_corpus, tmp_path):
     run = tmp_path / "run"
     train(tiny_corpus, run, tiny_config(), train_config(max_steps=8, dtype="bfloat16"))
-    model = checkpoint.load_model_from(run)
+    model = load_model(run)
     assert all(p.dtype == torch.float32 for p in model.parameters())
     records = [__import__("json").loads(line) for line in (run / "log.jsonl").open()]
     losses = [r["loss"] for r in records if r["event"] == "train"]
@@ -190,9 +193,25 @@ def test_bfloat16_autocast_trains_with_float32_master_weights(tiny_corpus, tmp_p
 def test_every_architecture_and_attention_type_trains(tiny_corpus, tmp_path, changes):
     run = tmp_path / "run"
     train(tiny_corpus, run, tiny_config(**changes), train_config(max_steps=25))
-    log = [json.loads(line) for line in (run / loop.LOG).read_text().splitlines()]
+    log = [json.loads(line) for line in (run / LOG_NAME).read_text().splitlines()]
     losses = [r["loss"] for r in log if r.get("event") == "train"]
     assert losses[-1] < 0.8 * losses[0]
     assert 0 < [r["mfu"] for r in log if r.get("event") == "train"][-1] < 1
-    model = checkpoint.load_model_from(run)
+    model = load_model(run)
     assert model.config == tiny_config(**changes)
+
+
+def test_train_leaves_signal_handlers_and_threads_as_it_found_them(tiny_corpus, tmp_path):
+    def mine(number, frame):
+        pass
+
+    before_int, before_term = signal.signal(signal.SIGINT, mine), signal.getsignal(signal.SIGTERM)
+    threads = torch.get_num_threads()
+    try:
+        train(tiny_corpus, tmp_path / "run", tiny_config(),
+              train_config(max_steps=2, threads=1 if threads > 1 else 2))
+        assert signal.getsignal(signal.SIGINT) is mine
+        assert signal.getsignal(signal.SIGTERM) == before_term
+        assert torch.get_num_threads() == threads
+    finally:
+        signal.signal(signal.SIGINT, before_int)

@@ -22,8 +22,9 @@ from torch import Tensor
 
 from transduce.attention import masks
 from transduce.attention.flash import flash_attention
+from transduce.config import AttentionImpl, choices
 
-IMPLS = ("naive", "sdpa", "flash")
+IMPLS = choices(AttentionImpl)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,

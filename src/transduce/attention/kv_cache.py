@@ -1,26 +1,74 @@
-"""The caches of one self-attention layer, for incremental decoding.
+"""What a self-attention layer keeps between decoding steps: one interface, four caches.
 
-    KVCache           keys and values of every past token (softmax attention). Buffers
-                      are allocated once for the longest output; update() writes in
-                      place and returns views. Size, by the seeds' formula per layer:
+    AttentionCache    the interface: attend(q, k, v, ...) appends this step's keys and
+                      values and attends over everything held; reorder(index) keeps
+                      batch rows (beam survivors, running sentences) by copying only the
+                      rows that move (keep_rows); nbytes, length, reset().
+    KVCache           keys and values of every past token (softmax attention), in buffers
+                      allocated once for the longest output; update() writes in place and
+                      returns views. Size per layer, by the seeds' formula (kv_cache_bytes):
                       2 x kv_heads x head_dim x bytes x tokens x batch.
     QuantizedKVCache  the same in int8, one float scale per token and head: about 4x
                       smaller than float32 (plus the scales).
-    SlidingKVCache    only the last `window` keys and values (sliding-window attention).
-    LinearStateCache  linear attention's running sums, whatever the length.
+    SlidingKVCache    (local.py) only the last `window` keys and values.
+    LinearStateCache  (linear.py) linear attention's running sums, whatever the length.
 
-All have `length` (tokens seen), `nbytes` (from their tensors' sizes; a sliding cache
-counts its full window), reorder(index) (beam survivors, running sentences) and reset().
+Shapes: queries (B, H, T, D); keys and values (B, Hkv, T, D), this step's T tokens.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 from torch import Tensor
 
+from transduce.attention.kernels import attention
 
-class KVCache:
+# attend() returns the output (B, H, T, D), and the weights (B, H, T, S) when asked.
+Attended = Tensor | tuple[Tensor, Tensor]
+
+
+class AttentionCache(ABC):
+    """The decoding state of one self-attention layer. `_buffers` names its (B, ...)
+    tensors, which reorder() rearranges and nbytes counts."""
+
+    _buffers: tuple[str, ...] = ()
+    length: int = 0         # tokens seen so far: the position of the next token
+
+    @abstractmethod
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
+               causal: bool, impl: str, return_weights: bool = False) -> Attended:
+        """Take this step's keys and values into the cache and attend q over all held."""
+
+    @property
+    def batch_size(self) -> int:
+        return getattr(self, self._buffers[0]).shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held, measured from the tensors themselves."""
+        return sum(tensor_bytes(getattr(self, name)) for name in self._buffers)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` (B',) in that order."""
+        for name in self._buffers:
+            setattr(self, name, keep_rows(getattr(self, name), index, self._filled))
+
+    @property
+    def _filled(self) -> int | None:
+        """Positions of dim 2 that hold data (None: all of them), what reorder copies."""
+        return None
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Empty the cache for a new batch of the same size."""
+
+
+class KVCache(AttentionCache):
     """Keys and values (B, Hkv, max_len, D), filled up to `length`."""
+
+    _buffers = ("k", "v")
 
     def __init__(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
@@ -29,20 +77,13 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0
 
-    _buffers = ("k", "v")   # (B, Hkv, max_len, X) tensors that reorder() rearranges
-
-    @property
-    def batch_size(self) -> int:
-        return self.k.shape[0]
-
     @property
     def max_len(self) -> int:
         return self.k.shape[2]
 
     @property
-    def nbytes(self) -> int:
-        """Bytes held by the two buffers, measured from the tensors themselves."""
-        return self.k.nelement() * self.k.element_size() + self.v.nelement() * self.v.element_size()
+    def _filled(self) -> int:
+        return self.length
 
     def update(self, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
         """Append (B, Hkv, T, D) keys and values (cast to the cache's type) -> all cached
@@ -61,11 +102,17 @@ class KVCache:
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` (B',) in that order: beam search's survivors, or the
-        sentences still running. Only the filled positions of rows that move are copied."""
-        for name in self._buffers:
-            setattr(self, name, keep_rows(getattr(self, name), index, self.length))
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
+               causal: bool, impl: str, return_weights: bool = False) -> Attended:
+        """q (B, H, T, D) over every cached key, this step's included. Attention runs in
+        the cache's type (a float32 cache for a bfloat16 model, say): casting the step's
+        queries is cheap, casting the whole cache would not be."""
+        k, v = self.update(k, v)                                         # (B, Hkv, S, D)
+        result = attention(q.to(k.dtype), k, v, mask, causal=causal, impl=impl,
+                           return_weights=return_weights)
+        if return_weights:
+            return result[0].to(q.dtype), result[1].to(q.dtype)
+        return result.to(q.dtype)
 
     def reset(self) -> None:
         self.length = 0
@@ -76,6 +123,8 @@ class QuantizedKVCache(KVCache):
     x ~ scale * round(x / scale), scale = max|x| / 127 over the head's D values.
     update() returns the dequantized keys and values in the dtype they arrived in."""
 
+    _buffers = ("k", "v", "k_scale", "v_scale")
+
     def __init__(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, *,
                  device: torch.device | str | None = None):
         super().__init__(batch_size, num_kv_heads, max_len, head_dim, dtype=torch.int8,
@@ -83,11 +132,6 @@ class QuantizedKVCache(KVCache):
         scale_shape = (batch_size, num_kv_heads, max_len, 1)
         self.k_scale = torch.zeros(scale_shape, dtype=torch.float32, device=device)
         self.v_scale = torch.zeros(scale_shape, dtype=torch.float32, device=device)
-
-    @property
-    def nbytes(self) -> int:
-        return super().nbytes + sum(t.nelement() * t.element_size()
-                                    for t in (self.k_scale, self.v_scale))
 
     def update(self, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
         start, dtype = self.length, k_new.dtype
@@ -100,7 +144,21 @@ class QuantizedKVCache(KVCache):
         return (self.k[:, :, :end].to(dtype) * self.k_scale[:, :, :end].to(dtype),
                 self.v[:, :, :end].to(dtype) * self.v_scale[:, :, :end].to(dtype))
 
-    _buffers = ("k", "v", "k_scale", "v_scale")
+
+def kv_cache_bytes(*, tokens: int, batch: int, kv_heads: int, head_dim: int,
+                   dtype: torch.dtype) -> int:
+    """The seeds' formula for one layer: 2 (K and V) x kv_heads x head_dim x bytes per
+    element x tokens x batch; int8 adds one float32 scale per token and head."""
+    scales = 4 if dtype == torch.int8 else 0
+    return 2 * kv_heads * (head_dim * element_size(dtype) + scales) * tokens * batch
+
+
+def element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def tensor_bytes(tensor: Tensor) -> int:
+    return tensor.nelement() * tensor.element_size()
 
 
 def keep_rows(x: Tensor, index: Tensor, length: int | None = None) -> Tensor:
@@ -131,84 +189,3 @@ def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
     """(..., D) -> int8 values (..., D) and float32 scales (..., 1), per vector."""
     scale = x.detach().float().abs().amax(dim=-1, keepdim=True).clamp_min(1e-8) / 127.0
     return (x.float() / scale).round().clamp(-127, 127).to(torch.int8), scale
-
-
-class SlidingKVCache:
-    """The last `window` keys and values: all a sliding-window decoder step can attend
-    to besides its own key. Memory stays (B, Hkv, window, D) however long the output."""
-
-    def __init__(self, batch_size: int, num_kv_heads: int, window: int, head_dim: int, *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-        shape = (batch_size, num_kv_heads, 0, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.window = window
-        self.length = 0
-        self._capacity = (batch_size, num_kv_heads, window, head_dim, dtype)
-
-    @property
-    def batch_size(self) -> int:
-        return self.k.shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        """The bytes of a full window (what the cache holds once window tokens are in)."""
-        batch, heads, window, dim, dtype = self._capacity
-        return 2 * batch * heads * window * dim * torch.empty((), dtype=dtype).element_size()
-
-    @property
-    def held(self) -> int:
-        """Keys held now (at most window)."""
-        return self.k.shape[2]
-
-    def update(self, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
-        """Append (B, Hkv, T, D) -> the held keys and values followed by the new ones
-        (B, Hkv, held + T, D); the first of them sits at position length - held."""
-        k_all = torch.cat([self.k, k_new], dim=2)
-        v_all = torch.cat([self.v, v_new], dim=2)
-        self.k, self.v = k_all[:, :, -self.window:], v_all[:, :, -self.window:]
-        self.length += k_new.shape[2]
-        return k_all, v_all
-
-    def reorder(self, index: Tensor) -> None:
-        self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
-        self._capacity = (index.numel(),) + self._capacity[1:]
-
-    def reset(self) -> None:
-        self.k, self.v, self.length = self.k[:, :, :0], self.v[:, :, :0], 0
-
-
-class LinearStateCache:
-    """Linear attention's running sums, sum phi(k) v^T (B, Hkv, D, D) and sum phi(k)
-    (B, Hkv, D): constant memory, however long the output."""
-
-    def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-        self.kv_sum = torch.zeros((batch_size, num_kv_heads, head_dim, head_dim), dtype=dtype,
-                                  device=device)
-        self.k_sum = torch.zeros((batch_size, num_kv_heads, head_dim), dtype=dtype, device=device)
-        self.length = 0
-
-    @property
-    def batch_size(self) -> int:
-        return self.kv_sum.shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nelement() * t.element_size() for t in (self.kv_sum, self.k_sum))
-
-    @property
-    def state(self) -> tuple[Tensor, Tensor]:
-        return self.kv_sum, self.k_sum
-
-    def advance(self, state: tuple[Tensor, Tensor], steps: int) -> None:
-        """Store the sums after `steps` more tokens."""
-        self.kv_sum, self.k_sum = state
-        self.length += steps
-
-    def reorder(self, index: Tensor) -> None:
-        self.kv_sum, self.k_sum = self.kv_sum.index_select(0, index), self.k_sum.index_select(0, index)
-
-    def reset(self) -> None:
-        self.kv_sum, self.k_sum, self.length = torch.zeros_like(self.kv_sum), \
-            torch.zeros_like(self.k_sum), 0

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transduce.attention import masks
+from transduce.attention.kv_cache import Attended, AttentionCache
 
 # Running sums over the keys seen so far: sum phi(k) v^T (B, Hkv, D, D), sum phi(k) (B, Hkv, D).
 LinearState = tuple[Tensor, Tensor]
@@ -87,3 +88,33 @@ def linear_attention_weights(q: Tensor, k: Tensor, key_mask: Tensor | None = Non
 def _normalised(numerator: Tensor, denominator: Tensor) -> Tensor:
     """numerator / denominator; zero where no key contributed (denominator 0)."""
     return numerator / denominator.clamp_min(_EPS)
+
+
+class LinearStateCache(AttentionCache):
+    """Linear attention's running sums, sum phi(k) v^T (B, Hkv, D, D) and sum phi(k)
+    (B, Hkv, D): constant memory, however long the output."""
+
+    _buffers = ("kv_sum", "k_sum")
+
+    def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        self.kv_sum = torch.zeros((batch_size, num_kv_heads, head_dim, head_dim), dtype=dtype,
+                                  device=device)
+        self.k_sum = torch.zeros((batch_size, num_kv_heads, head_dim), dtype=dtype, device=device)
+        self.length = 0
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
+               causal: bool, impl: str, return_weights: bool = False) -> Attended:
+        """q (B, H, T, D) over the summed keys and this step's; the sums move past them."""
+        if return_weights:
+            raise ValueError("linear attention's cache keeps sums, not keys: its weights "
+                             "exist only in a full (uncached) pass")
+        out, (self.kv_sum, self.k_sum) = linear_attention(
+            q, k, v, masks.key_padding(mask, "linear attention"), causal=causal,
+            state=(self.kv_sum, self.k_sum))
+        self.length += q.shape[2]
+        return out
+
+    def reset(self) -> None:
+        self.kv_sum, self.k_sum, self.length = torch.zeros_like(self.kv_sum), \
+            torch.zeros_like(self.k_sum), 0

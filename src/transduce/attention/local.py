@@ -13,11 +13,13 @@ key_mask (B, T), True = a real key.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from transduce.attention import masks
 from transduce.attention.kernels import attention
+from transduce.attention.kv_cache import Attended, AttentionCache, element_size
 
 MIN_BLOCK = 8
 
@@ -53,3 +55,54 @@ def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor |
                     dropout_p=dropout_p)                                 # (B * n, H, b, D)
     out = out.unflatten(0, (batch, blocks)).transpose(1, 2).flatten(2, 3)
     return out[:, :, :length]
+
+
+class SlidingKVCache(AttentionCache):
+    """The last `window` keys and values: all a sliding-window decoder step can attend
+    to besides its own key. Memory stays (B, Hkv, window, D) however long the output."""
+
+    _buffers = ("k", "v")
+
+    def __init__(self, batch_size: int, num_kv_heads: int, window: int, head_dim: int, *,
+                 max_len: int | None = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None):
+        shape = (batch_size, num_kv_heads, 0, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.window = window
+        self.capacity = window if max_len is None else min(window, max_len)
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of a full cache: the window, or max_len tokens when fewer are
+        decoded (what it holds once that many tokens are in)."""
+        batch, heads, _, dim = self.k.shape
+        return 2 * batch * heads * self.capacity * dim * element_size(self.k.dtype)
+
+    @property
+    def held(self) -> int:
+        """Keys held now (at most window)."""
+        return self.k.shape[2]
+
+    def update(self, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
+        """Append (B, Hkv, T, D) -> the held keys and values followed by the new ones
+        (B, Hkv, held + T, D); the first of them sits at position length - held."""
+        k_all = torch.cat([self.k, k_new], dim=2)
+        v_all = torch.cat([self.v, v_new], dim=2)
+        self.k, self.v = k_all[:, :, -self.window:], v_all[:, :, -self.window:]
+        self.length += k_new.shape[2]
+        return k_all, v_all
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
+               causal: bool, impl: str, return_weights: bool = False) -> Attended:
+        """q (B, H, T, D) over the held window and this step's keys, banded."""
+        older = self.held
+        k, v = self.update(k, v)
+        band = masks.band_mask(q.shape[2], k.shape[2], self.window, causal=causal,
+                               query_offset=older, device=q.device)
+        return attention(q, k, v, masks.combine(mask, band), impl=impl,
+                         return_weights=return_weights)
+
+    def reset(self) -> None:
+        self.k, self.v, self.length = self.k[:, :, :0], self.v[:, :, :0], 0

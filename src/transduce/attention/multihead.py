@@ -5,9 +5,9 @@
     in between                 grouped-query attention (GQA, Ainslie et al. 2023):
                                query head h reads key/value head h // (H / H_kv)
 
-Self-attention comes in three kinds (`kind`): "softmax" (the paper), "linear" (a
-positive feature map instead of softmax, linear.py) and "sliding" (each token sees the
-`window` tokens around it, local.py). Cross-attention is always softmax.
+Self-attention is of one kind (kinds.py: softmax, the paper's; linear; sliding window);
+cross-attention is always softmax. Either way a call reads projections -> attend ->
+merge: the kind does a full pass, the cache a decoder step.
 
 Shapes: hidden states (B, T, C); heads (B, H, T, D); keys/values (B, H_kv, S, D).
 """
@@ -18,13 +18,9 @@ from typing import Callable
 
 from torch import Tensor, nn
 
-from transduce.attention import masks
 from transduce.attention.kernels import attention
-from transduce.attention.kv_cache import KVCache, LinearStateCache, SlidingKVCache
-from transduce.attention.linear import linear_attention, linear_attention_weights
-from transduce.attention.local import sliding_window_attention
-
-KINDS = ("softmax", "linear", "sliding")
+from transduce.attention.kinds import AttentionKind, self_attention_kind
+from transduce.attention.kv_cache import Attended, AttentionCache
 
 # Applies rotary positions to (B, H, T, D) heads whose first position is `offset`.
 Rotary = Callable[[Tensor, int], Tensor]
@@ -37,26 +33,24 @@ class MultiHeadAttention(nn.Module):
     rotary: when given, rotary positions are applied to the queries and keys of
     self-attention. Cross-attention gets none: positions of two different sequences
     have no relative meaning.
+    kind: how self-attention attends: an AttentionKind, or its name ("softmax", "linear",
+    "sliding" with `window`), as ModelConfig.attention_type names it.
     impl "naive" computes every kind in its quadratic reference form (and can return the
     weights); "sdpa" and "flash" use the kind's efficient algorithm.
-    `recorded`: set it to a list and every forward appends its weights there (computed
-    with the naive kernel): how attention maps are read from a real forward pass.
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, *,
                  bias: bool = True, dropout: float = 0.0, impl: str = "sdpa",
-                 rotary: Rotary | None = None, kind: str = "softmax", window: int = 16):
+                 rotary: Rotary | None = None, kind: AttentionKind | str = "softmax",
+                 window: int = 16):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         if num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-        if kind not in KINDS:
-            raise ValueError(f"unknown attention kind {kind!r}: choose one of {', '.join(KINDS)}")
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
-        self.kind, self.window = kind, window
-        self.recorded: list[Tensor] | None = None
+        self.kind = self_attention_kind(kind, window) if isinstance(kind, str) else kind
         self.head_dim = d_model // num_heads
         self.dropout, self.impl, self.rotary = dropout, impl, rotary
         kv_dim = num_kv_heads * self.head_dim
@@ -72,43 +66,45 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *,
                 kv: tuple[Tensor, Tensor] | None = None, causal: bool = False,
-                cache: KVCache | None = None,
+                cache: AttentionCache | None = None,
                 return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, T, C); mask broadcastable to (B, H, T, S), True = may attend.
 
         kv: precomputed cross-attention keys and values (B, Hkv, S, D); None for
         self-attention. x may hold n rows per source, grouped by source (beams).
-        cache: self-attention only; this call's keys and values are appended to it and
-        the queries attend to everything cached (their positions start at cache.length):
-        a KVCache or QuantizedKVCache (softmax), SlidingKVCache or LinearStateCache.
+        cache: self-attention only, the cache of this layer's kind (kind.new_cache):
+        this call's keys and values go into it and the queries attend to everything it
+        holds (their positions start at cache.length).
         -> (B, T, C), and the weights (B, H, T, S) when return_weights (naive kernel).
         """
-        wanted = return_weights
-        return_weights = return_weights or self.recorded is not None
         q = self._split(self.q_proj(x), self.num_heads)                  # (B, H, T, D)
-        if kv is None:
+        impl = "naive" if return_weights else self.impl
+        if kv is not None:
+            if cache is not None:
+                raise ValueError("cross-attention keys are computed once per source; "
+                                 "a KV cache applies to self-attention only")
+            result = self._cross_attention(q, *kv, mask, impl, return_weights)
+        else:
             k, v = self.project_kv(x)                                    # (B, Hkv, T, D)
             if self.rotary is not None:
                 start = 0 if cache is None else cache.length
                 q, k = self.rotary(q, start), self.rotary(k, start)
-            result = self._self_attention(q, k, v, mask, causal, cache, return_weights)
-        else:
-            if cache is not None:
-                raise ValueError("cross-attention keys are computed once per source; "
-                                 "a KV cache applies to self-attention only")
-            result = self._cross_attention(q, *kv, mask, return_weights)
+            if cache is None:
+                result = self.kind.attend(q, k, v, mask, causal=causal, impl=impl,
+                                          dropout_p=self._dropout_p, return_weights=return_weights)
+            else:
+                result = cache.attend(q, k, v, mask, causal=causal, impl=impl,
+                                      return_weights=return_weights)
         out, weights = result if return_weights else (result, None)
-        if self.recorded is not None:
-            self.recorded.append(weights.detach())
         out = self.out_proj(self._merge(out))                            # (B, T, C)
-        return (out, weights) if wanted else out
+        return (out, weights) if return_weights else out
 
     @property
     def _dropout_p(self) -> float:
         return self.dropout if self.training else 0.0
 
     def _cross_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                         return_weights: bool):
+                         impl: str, return_weights: bool) -> Attended:
         """q (R, H, T, D) against the sources' k, v (B, Hkv, S, D), R = B * n
         -> out (R, H, T, D) [, weights (R, H, T, S)].
 
@@ -116,7 +112,6 @@ class MultiHeadAttention(nn.Module):
         b: their queries are folded into one sequence of n*T queries, so each source's keys
         and values are read once rather than once per row. mask (B or 1, 1, 1, S).
         """
-        impl = "naive" if return_weights else self.impl
         rows, sources = q.shape[0], k.shape[0]
         if rows == sources:
             return attention(q, k, v, mask, impl=impl, dropout_p=self._dropout_p,
@@ -137,56 +132,6 @@ class MultiHeadAttention(nn.Module):
         if return_weights:
             return unfold(result[0]), unfold(result[1])
         return unfold(result)
-
-    def _self_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                        causal: bool, cache, return_weights: bool):
-        """q (B, H, T, D), this call's k, v (B, Hkv, T, D) -> out (B, H, T, D) [, weights]."""
-        impl = "naive" if return_weights else self.impl
-        if self.kind == "linear":
-            key_mask = masks.key_padding(mask, "linear attention")
-            if return_weights and cache is not None:
-                raise ValueError("linear attention's cache keeps sums, not keys: its weights "
-                                 "exist only in a full (uncached) pass")
-            if impl == "naive" and cache is None:
-                weights = linear_attention_weights(q, k, key_mask, causal=causal)
-                out = weights @ v.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-                return (out, weights) if return_weights else out
-            if cache is not None and not isinstance(cache, LinearStateCache):
-                raise ValueError("linear attention decodes with a LinearStateCache")
-            out, state = linear_attention(q, k, v, key_mask, causal=causal,
-                                          state=None if cache is None else cache.state)
-            if cache is not None:
-                cache.advance(state, q.shape[2])
-            return out
-        if self.kind == "sliding":
-            if cache is not None:
-                if not isinstance(cache, SlidingKVCache):
-                    raise ValueError("sliding-window attention decodes with a SlidingKVCache")
-                older = cache.held
-                k, v = cache.update(k, v)   # the held window, then this call's keys
-                band = masks.band_mask(q.shape[2], k.shape[2], self.window, causal=causal,
-                                       query_offset=older, device=q.device)
-                return attention(q, k, v, masks.combine(mask, band), impl=impl,
-                                 return_weights=return_weights)
-            if return_weights or impl == "naive":
-                band = masks.band_mask(q.shape[2], k.shape[2], self.window, causal=causal,
-                                       device=q.device)
-                return attention(q, k, v, masks.combine(mask, band), impl="naive",
-                                 dropout_p=self._dropout_p, return_weights=return_weights)
-            return sliding_window_attention(q, k, v, masks.key_padding(mask, "sliding-window "
-                                            "attention"), self.window, causal=causal,
-                                            impl=impl, dropout_p=self._dropout_p)
-        if cache is None:
-            return attention(q, k, v, mask, causal=causal, impl=impl, dropout_p=self._dropout_p,
-                             return_weights=return_weights)
-        k, v = cache.update(k, v)                                        # (B, Hkv, S, D)
-        # Attention runs in the cache's type (a float32 cache for a bfloat16 model, say):
-        # casting the step's queries is cheap, casting the whole cache would not be.
-        result = attention(q.to(k.dtype), k, v, mask, causal=causal, impl=impl,
-                           dropout_p=self._dropout_p, return_weights=return_weights)
-        if return_weights:
-            return result[0].to(q.dtype), result[1].to(q.dtype)
-        return result.to(q.dtype)
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
         """(B, T, heads * D) -> (B, heads, T, D)."""

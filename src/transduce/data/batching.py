@@ -19,9 +19,10 @@ import torch
 from torch import Tensor
 
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transduce.errors import TransduceError
 
 
-class BatchingError(ValueError):
+class BatchingError(TransduceError, ValueError):
     """A batching setting that cannot work with this data; the message names the pair."""
 
 

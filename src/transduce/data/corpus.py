@@ -13,11 +13,14 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transduce import atomic
+from transduce.errors import TransduceError
+
 SPLITS = ("train", "dev", "test")
 METADATA = "corpus.json"
 
 
-class CorpusError(ValueError):
+class CorpusError(TransduceError, ValueError):
     """Bad input data; the message names the file and, where there is one, the line."""
 
 
@@ -143,10 +146,7 @@ def split_files(data_dir: Path | str, split: str) -> tuple[Path, Path]:
 
 def write_metadata(data_dir: Path, source_language: str, target_language: str, **extra) -> None:
     values = {"source_language": source_language, "target_language": target_language, **extra}
-    path = data_dir / METADATA
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
-    temporary.replace(path)
+    atomic.write_text(data_dir / METADATA, json.dumps(values, indent=2) + "\n")
 
 
 def read_split(data_dir: Path | str, split: str) -> ParallelCorpus:

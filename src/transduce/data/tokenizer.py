@@ -15,17 +15,23 @@ Special ids are fixed for every vocabulary:
 from __future__ import annotations
 
 import hashlib
+import shutil
+import tempfile
+import zipfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
 
+from transduce import atomic
+from transduce.errors import TransduceError
+
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 MODEL_NAME = "spm.model"
 
 
-class TokenizerError(RuntimeError):
+class TokenizerError(TransduceError, RuntimeError):
     """The vocabulary cannot be trained or loaded; the message says why."""
 
 
@@ -37,7 +43,11 @@ class Tokenizer:
         if not self.path.is_file():
             raise TokenizerError(f"{self.path}: no such SentencePiece model; create one with "
                                  f"`transduce vocab --data DIR`")
-        self.processor = spm.SentencePieceProcessor(model_file=str(self.path))
+        try:
+            self.processor = spm.SentencePieceProcessor(model_file=str(self.path))
+        except (OSError, RuntimeError) as error:
+            raise TokenizerError(f"{self.path}: not a readable SentencePiece model "
+                                 f"({str(error).strip() or type(error).__name__})") from None
         specials = (self.processor.pad_id(), self.processor.bos_id(),
                     self.processor.eos_id(), self.processor.unk_id())
         if specials != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
@@ -73,34 +83,37 @@ class Tokenizer:
         digest = hashlib.sha256("\n".join(texts).encode("utf-8")).hexdigest()[:16]
         path = cache_dir / f"{self.fingerprint}-{digest}.npz"
         if path.is_file():
-            stored = np.load(path)
-            return np.split(stored["ids"], stored["offsets"][1:-1])
+            try:
+                with np.load(path) as stored:
+                    return np.split(stored["ids"], stored["offsets"][1:-1])
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+                pass  # a damaged cache entry: encode again and rewrite it
         encoded = self.encode(texts)
         lengths = np.array([len(ids) for ids in encoded], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         flat = np.fromiter((t for ids in encoded for t in ids), dtype=np.int32, count=int(offsets[-1]))
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(path.stem + ".tmp.npz")
-        np.savez(temporary, ids=flat, offsets=offsets)
-        temporary.replace(path)
+        with atomic.atomic_file(path) as temporary, open(temporary, "wb") as handle:
+            np.savez(handle, ids=flat, offsets=offsets)
         return np.split(flat, offsets[1:-1])
 
 
 def train_tokenizer(texts: Iterable[str], model_dir: Path, vocab_size: int) -> Tokenizer:
     """Train a joint BPE model on the texts (both languages) -> model_dir/spm.model."""
     model_dir.mkdir(parents=True, exist_ok=True)
-    prefix = model_dir / "spm.tmp"
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts), model_prefix=str(prefix), model_type="bpe",
-            vocab_size=vocab_size, character_coverage=1.0, byte_fallback=True,
-            normalization_rule_name="identity", remove_extra_whitespaces=False,
-            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
-            input_sentence_size=0, shuffle_input_sentence=False, num_threads=2,
-            minloglevel=2)
-    except RuntimeError as error:
-        raise TokenizerError(f"SentencePiece could not train a {vocab_size}-token vocabulary: "
-                             f"{error}") from None
-    for suffix in (".model", ".vocab"):
-        Path(str(prefix) + suffix).replace(model_dir / ("spm" + suffix))
+    with tempfile.TemporaryDirectory(dir=model_dir, prefix=".tmp-spm-") as scratch:
+        prefix = Path(scratch) / "spm"
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(texts), model_prefix=str(prefix), model_type="bpe",
+                vocab_size=vocab_size, character_coverage=1.0, byte_fallback=True,
+                normalization_rule_name="identity", remove_extra_whitespaces=False,
+                pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+                input_sentence_size=0, shuffle_input_sentence=False, num_threads=2,
+                minloglevel=2)
+        except RuntimeError as error:
+            raise TokenizerError(f"SentencePiece could not train a {vocab_size}-token "
+                                 f"vocabulary: {error}") from None
+        for suffix in (".model", ".vocab"):
+            with atomic.atomic_file(model_dir / f"spm{suffix}") as temporary:
+                shutil.move(f"{prefix}{suffix}", temporary)
     return Tokenizer(model_dir / MODEL_NAME)

@@ -1,5 +1,3 @@
-"""Decoding: search strategies over the Transformer's prefill / decode_step interface."""
-
-from transduce.decode.search import Hypothesis, beam_search, greedy_search, sample
-
-__all__ = ["Hypothesis", "beam_search", "greedy_search", "sample"]
+"""Decoding: search strategies over a model's prefill / decode_step interface (search.py),
+text in and out (translate.py, streaming.py), and scoring a corpus split (evaluate.py).
+Decoding never imports training."""

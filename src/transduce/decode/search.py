@@ -13,6 +13,7 @@ output length of source length + 50.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -138,57 +139,82 @@ def beam_search(model: Seq2SeqModel, src: Tensor, *, bos_id: int, eos_id: int, b
 
     for step in range(1, max(limits) + 1):
         logits = model.decode_step(history[:, -1:], state)[:, -1]         # (A * K, V)
-        vocab = logits.shape[-1]
-        log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-        candidates = log_probs.add_(scores.view(-1, 1)).view(len(alive), beam * vocab)
-        top_scores, top_index = top_k(candidates, 2 * beam)                 # (A, 2K)
-        top_beam, top_token = top_index // vocab, top_index % vocab
-        is_eos = top_token == eos_id
-        # The best `beam` candidates that do not end: rank by position, eos pushed back.
-        order = (torch.arange(2 * beam, device=device) + is_eos * 2 * beam).argsort(dim=1)
-        keep = order[:, :beam]                                             # (A, K)
-        keep = keep.gather(1, _stable_slots(top_beam.gather(1, keep)))
-        next_scores = top_scores.gather(1, keep)
-        next_beam = top_beam.gather(1, keep)
-        next_token = top_token.gather(1, keep)
-
+        top = _best_extensions(logits, scores, beam, eos_id)
         penalty = length_penalty(step, alpha)
-        eos_rows, eos_ranks = (is_eos[:, :beam] & (top_scores[:, :beam] > float("-inf"))).nonzero(as_tuple=True)
-        for row, rank in zip(eos_rows.tolist(), eos_ranks.tolist()):
-            sentence, source_beam = alive[row], int(top_beam[row, rank])
-            tokens = history[row * beam + source_beam, 1:].tolist()
-            log_prob = float(top_scores[row, rank])
-            finished[sentence].append(Hypothesis(tokens, log_prob / penalty, log_prob))
-
+        _finish_eos(top, history, alive, finished, beam, penalty)
         still_alive: list[int] = []
-        best_live = next_scores.max(dim=1).values.tolist()
+        best_live = top.next_scores.max(dim=1).values.tolist()
         for row, sentence in enumerate(alive):
             if step >= limits[sentence]:   # cut at the limit: the live beams end here
-                for k in range(beam):
-                    log_prob = float(next_scores[row, k])
-                    if log_prob > float("-inf"):
-                        tokens = history[row * beam + int(next_beam[row, k]), 1:].tolist()
-                        tokens.append(int(next_token[row, k]))
-                        finished[sentence].append(Hypothesis(tokens, log_prob / penalty, log_prob))
-                continue
-            if _done(finished[sentence], best_live[row], beam, nbest, alpha, limits[sentence]):
-                continue
-            still_alive.append(row)
+                _finish_live(top, row, history, finished[sentence], beam, penalty)
+            elif not _done(finished[sentence], best_live[row], beam, nbest, alpha,
+                           limits[sentence]):
+                still_alive.append(row)
         if not still_alive:
             break
 
         if len(still_alive) < len(alive):
             still_alive = _fill_holes(still_alive)
         rows = torch.tensor(still_alive, device=device)
-        source_rows = (rows[:, None] * beam + next_beam[rows]).view(-1)    # (A' * K)
-        history = torch.cat([history[source_rows], next_token[rows].view(-1, 1)], dim=1)
-        scores = next_scores[rows]
+        source_rows = (rows[:, None] * beam + top.next_beam[rows]).view(-1)  # (A' * K)
+        history = torch.cat([history[source_rows], top.next_token[rows].view(-1, 1)], dim=1)
+        scores = top.next_scores[rows]
         state.reorder(source_rows, None if len(still_alive) == len(alive) else rows)
         alive = [alive[row] for row in still_alive]
 
     for hypotheses in finished:
         hypotheses.sort(key=lambda h: h.score, reverse=True)
     return [hypotheses[:nbest] for hypotheses in finished]
+
+
+class _Extensions(NamedTuple):
+    """One step's best 2K extensions per sentence (A, 2K), best first, and the K that go
+    on (A, K), placed so that most stay in their parent beam's row."""
+
+    top_scores: Tensor
+    top_beam: Tensor
+    top_token: Tensor
+    is_eos: Tensor
+    next_scores: Tensor
+    next_beam: Tensor
+    next_token: Tensor
+
+
+def _best_extensions(logits: Tensor, scores: Tensor, beam: int, eos_id: int) -> _Extensions:
+    """logits (A * K, V), the live beams' scores (A, K) -> the step's extensions."""
+    vocab = logits.shape[-1]
+    log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    candidates = log_probs.add_(scores.view(-1, 1)).view(scores.shape[0], beam * vocab)
+    top_scores, top_index = top_k(candidates, 2 * beam)                   # (A, 2K)
+    top_beam, top_token = top_index // vocab, top_index % vocab
+    is_eos = top_token == eos_id
+    # The best `beam` candidates that do not end: rank by position, eos pushed back.
+    order = (torch.arange(2 * beam, device=logits.device) + is_eos * 2 * beam).argsort(dim=1)
+    keep = order[:, :beam]                                                 # (A, K)
+    keep = keep.gather(1, _stable_slots(top_beam.gather(1, keep)))
+    return _Extensions(top_scores, top_beam, top_token, is_eos, top_scores.gather(1, keep),
+                       top_beam.gather(1, keep), top_token.gather(1, keep))
+
+
+def _finish_eos(top: _Extensions, history: Tensor, alive: list[int],
+                finished: list[list[Hypothesis]], beam: int, penalty: float) -> None:
+    """Candidates among each sentence's best `beam` that end in eos are finished."""
+    ending = top.is_eos[:, :beam] & (top.top_scores[:, :beam] > float("-inf"))
+    for row, rank in zip(*(t.tolist() for t in ending.nonzero(as_tuple=True))):
+        tokens = history[row * beam + int(top.top_beam[row, rank]), 1:].tolist()
+        log_prob = float(top.top_scores[row, rank])
+        finished[alive[row]].append(Hypothesis(tokens, log_prob / penalty, log_prob))
+
+
+def _finish_live(top: _Extensions, row: int, history: Tensor, finished: list[Hypothesis],
+                 beam: int, penalty: float) -> None:
+    """A sentence at its length limit: its live beams end here, without eos."""
+    for k in range(beam):
+        log_prob = float(top.next_scores[row, k])
+        if log_prob > float("-inf"):
+            tokens = history[row * beam + int(top.next_beam[row, k]), 1:].tolist()
+            tokens.append(int(top.next_token[row, k]))
+            finished.append(Hypothesis(tokens, log_prob / penalty, log_prob))
 
 
 def top_k(scores: Tensor, k: int, block: int = 256) -> tuple[Tensor, Tensor]:

@@ -1,8 +1,8 @@
 """Text in, text out: tokenise, batch by length, search, detokenise, restore the order.
 
     model = transduce.load("runs/small/average")
-    model.translate(["En el principio crió Dios los cielos y la tierra."])
-    model.translate(lines, beam=4, nbest=3)      # n-best lists of (text, score)
+    model.translate(["En el principio crió Dios los cielos y la tierra."])  # -> [str]
+    model.translate_nbest(lines, nbest=3, beam=4)      # -> [[Translation(text, score)]]
 
 N lines in give N lines out in the same order; an empty line gives an empty line.
 """
@@ -16,18 +16,19 @@ from typing import Callable, Sequence
 
 import torch
 
-from transduce.config import ConfigError
+from transduce import checkpoint
+from transduce.config import ConfigError, choices
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from transduce.decode.options import Dtype, KvDtype, SearchOptions
 from transduce.decode.search import beam_search
-from transduce.model import Seq2SeqModel
+from transduce.errors import TransduceError
+from transduce.model import Seq2SeqModel, load_model
 from transduce.model.bfloat16 import bfloat16_copy
-from transduce.train import checkpoint
+
+Progress = Callable[[int], None]
 
 
-KV_DTYPES = (None, "float32", "bfloat16", "int8")
-
-
-class InputTooLong(ValueError):
+class InputTooLong(TransduceError, ValueError):
     """A line longer than the model can read, with strict=True; names the line."""
 
 
@@ -41,20 +42,21 @@ class Translator:
     """A trained model with its tokenizer, ready to translate."""
 
     def __init__(self, model: Seq2SeqModel, tokenizer: Tokenizer, device: torch.device | str = "cpu",
-                 dtype: str = "float32", kv_dtype: str | None = None):
+                 dtype: Dtype = "float32", kv_dtype: KvDtype | None = None):
         """dtype "bfloat16" decodes with a bfloat16 copy of the model (model/bfloat16.py:
         AMX / AVX512-BF16 on recent Xeons); search scores stay float32.
         kv_dtype: the self-attention cache's type (default: the model's); attention runs
         in that type, and "int8" quantizes it per token and head."""
-        if dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype={dtype!r}: choose float32 or bfloat16")
-        if kv_dtype not in KV_DTYPES:
-            raise ConfigError(f"kv_dtype={kv_dtype!r}: choose one of {', '.join(map(str, KV_DTYPES))}")
+        if dtype not in choices(Dtype):
+            raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(choices(Dtype))}")
+        if kv_dtype is not None and kv_dtype not in choices(KvDtype):
+            raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "
+                              f"{', '.join(choices(KvDtype))}")
         if kv_dtype == "int8" and (model.config.arch != "transformer"
                                    or model.config.attention_type != "softmax"):
             raise ConfigError("kv_dtype='int8' quantizes softmax attention's KV cache; this "
-                             f"model (arch={model.config.arch!r}, attention_type="
-                             f"{model.config.attention_type!r}) has none")
+                              f"model (arch={model.config.arch!r}, attention_type="
+                              f"{model.config.attention_type!r}) has none")
         self.kv_dtype = kv_dtype
         if dtype == "bfloat16":
             model = bfloat16_copy(model, device)
@@ -65,10 +67,10 @@ class Translator:
 
     @classmethod
     def load(cls, path: Path | str, device: torch.device | str = "cpu",
-             dtype: str = "float32", kv_dtype: str | None = None) -> "Translator":
+             dtype: Dtype = "float32", kv_dtype: KvDtype | None = None) -> "Translator":
         """A checkpoint directory, or a run directory (its latest checkpoint)."""
         directory = checkpoint.resolve(Path(path))
-        model = checkpoint.load_model_from(directory, device)
+        model = load_model(directory, device)
         return cls(model, Tokenizer(directory / checkpoint.TOKENIZER), device, dtype, kv_dtype)
 
     @property
@@ -77,38 +79,51 @@ class Translator:
         return self.model.config.max_positions
 
     def translate(self, lines: Sequence[str], *, beam: int = 4, alpha: float = 0.6,
-                  nbest: int = 1, batch_tokens: int = 4096, batch_sentences: int = 0,
-                  strict: bool = False,
-                  first_line_number: int = 1,
-                  progress: Callable[[int], None] | None = None) -> list[str] | list[list[Translation]]:
-        """Translate lines -> one string per line (nbest == 1) or an n-best list per line.
+                  batch_tokens: int = 4096, batch_sentences: int = 0, strict: bool = False,
+                  first_line_number: int = 1, progress: Progress | None = None) -> list[str]:
+        """Translate lines -> the best translation of each line.
 
         Batches hold about batch_tokens source tokens counting padding, and at most
         batch_sentences lines when it is not 0. A line over the model's length limit is
         truncated with a warning naming it, or refused with strict=True. progress(n) is
         called as each batch of n lines ends.
         """
+        options = SearchOptions(beam=beam, alpha=alpha, batch_tokens=batch_tokens,
+                                batch_sentences=batch_sentences)
+        found = self._search(lines, options, strict, first_line_number, progress)
+        return [hypotheses[0].text for hypotheses in found]
+
+    def translate_nbest(self, lines: Sequence[str], nbest: int, *, beam: int = 4,
+                        alpha: float = 0.6, batch_tokens: int = 4096, batch_sentences: int = 0,
+                        strict: bool = False, first_line_number: int = 1,
+                        progress: Progress | None = None) -> list[list[Translation]]:
+        """Translate lines -> the nbest (<= beam) best translations of each line with their
+        scores, best first. Options as in translate()."""
+        options = SearchOptions(beam=beam, alpha=alpha, nbest=nbest, batch_tokens=batch_tokens,
+                                batch_sentences=batch_sentences)
+        return self._search(lines, options, strict, first_line_number, progress)
+
+    def _search(self, lines: Sequence[str], options: SearchOptions, strict: bool,
+                first_line_number: int, progress: Progress | None) -> list[list[Translation]]:
         ids = self._encode(lines, strict, first_line_number)
-        results: list[list[Translation]] = [[] for _ in lines]
-        for indices in length_sorted_batches(ids, batch_tokens, batch_sentences):
+        empty = [Translation("", 0.0)] * options.nbest
+        results: list[list[Translation]] = [empty for _ in lines]
+        cache_dtype = getattr(torch, self.kv_dtype) if self.kv_dtype else None
+        for indices in length_sorted_batches(ids, options.batch_tokens, options.batch_sentences):
             src = pad_sources([ids[i] for i in indices], self.device)
             with torch.inference_mode():
-                found = beam_search(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=beam,
-                                    alpha=alpha, nbest=nbest,
-                                    cache_dtype=getattr(torch, self.kv_dtype) if self.kv_dtype else None)
+                found = beam_search(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID,
+                                    beam=options.beam, alpha=options.alpha, nbest=options.nbest,
+                                    cache_dtype=cache_dtype)
             for index, hypotheses in zip(indices, found):
                 results[index] = [Translation(self.tokenizer.decode(h.tokens), h.score)
                                   for h in hypotheses]
             if progress is not None:
                 progress(len(indices))
-        for index, line in enumerate(lines):
-            if not line.strip():
-                results[index] = [Translation("", 0.0)] * nbest
-        if nbest == 1:
-            return [found[0].text for found in results]
         return results
 
     def _encode(self, lines: Sequence[str], strict: bool, first_line_number: int) -> list[list[int]]:
+        """Token ids per line, stripped; an empty line gives no ids (and is not searched)."""
         limit = self.max_source_tokens - 1  # room for eos
         encoded = self.tokenizer.encode([line.strip() for line in lines])
         for offset, ids in enumerate(encoded):
@@ -118,9 +133,10 @@ class Translator:
                     raise InputTooLong(f"{where}: {len(ids)} tokens, more than the model's "
                                        f"limit of {limit}")
                 warnings.warn(f"{where}: {len(ids)} tokens, truncated to the model's limit of "
-                              f"{limit}", stacklevel=3)
+                              f"{limit}", stacklevel=4)
                 encoded[offset] = ids[:limit]
         return encoded
+
 
 def length_sorted_batches(ids: list[list[int]], batch_tokens: int,
                           batch_sentences: int = 0) -> list[list[int]]:
@@ -150,7 +166,7 @@ def pad_sources(rows: list[list[int]], device: torch.device | str = "cpu") -> to
     return src.to(device)
 
 
-def load(path: Path | str, device: torch.device | str = "cpu", dtype: str = "float32",
-         kv_dtype: str | None = None) -> Translator:
+def load(path: Path | str, device: torch.device | str = "cpu", dtype: Dtype = "float32",
+         kv_dtype: KvDtype | None = None) -> Translator:
     """transduce.load(RUN): a Translator for a checkpoint or run directory."""
     return Translator.load(path, device, dtype, kv_dtype)

@@ -1,6 +1,11 @@
 """The models: the encoder-decoder Transformer (positions, layers, model) and the RNN
 encoder-decoders with attention that came before it."""
 
+from pathlib import Path
+
+import torch
+
+from transduce import checkpoint
 from transduce.config import ModelConfig
 from transduce.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedding,
@@ -19,7 +24,15 @@ def build_model(config: ModelConfig) -> Seq2SeqModel:
     return Transformer(config) if config.arch == "transformer" else RNNEncoderDecoder(config)
 
 
+def load_model(path: Path | str, device: torch.device | str = "cpu") -> Seq2SeqModel:
+    """The model of a checkpoint (or of a run's latest checkpoint), in eval mode."""
+    path = checkpoint.resolve(Path(path))
+    model = build_model(checkpoint.read_configs(path)[0])
+    checkpoint.load_weights(model, path, device)
+    return model.to(device).eval()
+
+
 __all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "SinusoidalPositionalEncoding",
            "LearnedPositionalEmbedding", "RotaryEmbedding", "sinusoidal_table", "TokenEmbedding",
            "Encoder", "Decoder", "DecoderState", "Transformer", "RNNEncoderDecoder", "RNNState",
-           "build_model", "Seq2SeqModel"]
+           "build_model", "load_model", "Seq2SeqModel"]

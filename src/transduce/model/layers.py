@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from transduce.attention.kv_cache import KVCache
+from transduce.attention.kinds import self_attention_kind
+from transduce.attention.kv_cache import AttentionCache
 from transduce.attention.multihead import MultiHeadAttention, Rotary
 from transduce.config import ModelConfig
 
@@ -38,7 +39,8 @@ class EncoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, bias=c.bias,
                                             dropout=c.attention_dropout,
                                             impl=c.attention_impl, rotary=rotary,
-                                            kind=c.attention_type, window=c.attention_window)
+                                            kind=self_attention_kind(c.attention_type,
+                                                                     c.attention_window))
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)
         self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
@@ -66,7 +68,8 @@ class DecoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, c.kv_heads, bias=c.bias,
                                             dropout=c.attention_dropout,
                                             impl=c.attention_impl, rotary=rotary,
-                                            kind=c.attention_type, window=c.attention_window)
+                                            kind=self_attention_kind(c.attention_type,
+                                                                     c.attention_window))
         self.cross_attn = MultiHeadAttention(c.d_model, c.num_heads, c.kv_heads, bias=c.bias,
                                              dropout=c.attention_dropout, impl=c.attention_impl)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)
@@ -77,7 +80,7 @@ class DecoderLayer(nn.Module):
         self.norm_first = c.norm_first
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], memory_mask: Tensor | None,
-                *, tgt_mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+                *, tgt_mask: Tensor | None = None, cache: AttentionCache | None = None) -> Tensor:
         """x (B, T, C); memory_kv: this layer's cross-attention keys and values
         (B, Hkv, S, D); memory_mask (B, 1, 1, S); tgt_mask combined with the causal mask;
         cache: this layer's self-attention cache when decoding step by step -> (B, T, C)."""

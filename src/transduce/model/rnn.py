@@ -93,8 +93,6 @@ class RNNEncoderDecoder(nn.Module):
         self.attention = AdditiveAttention(d, d, d) if self.additive else GeneralAttention(d, d)
         self.readout = nn.Linear(3 * d if self.additive else 2 * d, d)
         self.dropout = nn.Dropout(c.dropout)
-        # Set to a list to collect each forward's cross-attention weights (B, T, S).
-        self.recorded: list[Tensor] | None = None
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
@@ -102,6 +100,11 @@ class RNNEncoderDecoder(nn.Module):
     def source_mask(self, src: Tensor) -> Tensor:
         """src (B, S) -> (B, 1, 1, S), as the Transformer's."""
         return masks.padding_mask_from_ids(src, self.config.pad_id)
+
+    def attention_modules(self) -> dict[str, list[nn.Module]]:
+        """The attention modules by role (attention/recorder.py): one source-target
+        attention, called once per target step (Bahdanau) or once per pass (Luong)."""
+        return {"encoder": [], "decoder": [], "cross": [self.attention]}
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         """src (B, S), tgt (B, T) (the shifted-right target) -> logits (B, T, V)."""
@@ -123,8 +126,8 @@ class RNNEncoderDecoder(nn.Module):
 
     def _start(self, src: Tensor) -> RNNState:
         """src (B, S) -> the encoder states and the decoder's initial state."""
-        mask = src != self.config.pad_id                                    # (B, S)
-        lengths = mask.sum(dim=1).clamp(min=1).cpu()
+        mask = self.source_mask(src)[:, 0]                                  # (B, 1, S)
+        lengths = mask.sum(dim=2).squeeze(1).clamp(min=1).cpu()
         packed = pack_padded_sequence(self.dropout(self.src_embedding(src)), lengths,
                                       batch_first=True, enforce_sorted=False)
         memory, _ = pad_packed_sequence(self.encoder(packed)[0], batch_first=True,
@@ -133,32 +136,28 @@ class RNNEncoderDecoder(nn.Module):
         start = torch.tanh(self.bridge(mean)).expand(self.config.num_decoder_layers, -1, -1)
         start = start.contiguous()                                          # (L, B, C)
         hidden = (start, torch.zeros_like(start)) if self.config.rnn_cell == "lstm" else start
-        return RNNState(memory, self.attention.project_keys(memory), mask[:, None, :], hidden)
+        return RNNState(memory, self.attention.project_keys(memory), mask, hidden)
 
     def _decode(self, tokens: Tensor, state: RNNState) -> Tensor:
         """tokens (B, T) -> logits (B, T, V), advancing state.hidden by T steps."""
         embedded = self.dropout(self.tgt_embedding(tokens))                 # (B, T, C)
         if self.additive:
-            outputs, contexts, weights = [], [], []
+            outputs, contexts = [], []
             for t in range(tokens.shape[1]):
                 query = _top(state.hidden).unsqueeze(1)                      # (B, 1, C)
-                context, weight = self.attention(query, state.memory, state.memory,
-                                                 state.memory_mask, projected_keys=state.keys)
+                context, _ = self.attention(query, state.memory, state.memory,
+                                            state.memory_mask, projected_keys=state.keys)
                 step_input = torch.cat([embedded[:, t:t + 1], context], dim=-1)
                 output, state.hidden = self.decoder(step_input, state.hidden)
                 outputs.append(output)
                 contexts.append(context)
-                weights.append(weight)
             output, context = torch.cat(outputs, dim=1), torch.cat(contexts, dim=1)
-            weight = torch.cat(weights, dim=1)
             features = torch.cat([output, context, embedded], dim=-1)
         else:
             output, state.hidden = self.decoder(embedded, state.hidden)      # (B, T, C)
-            context, weight = self.attention(output, state.memory, state.memory,
-                                             state.memory_mask, projected_keys=state.keys)
+            context, _ = self.attention(output, state.memory, state.memory,
+                                        state.memory_mask, projected_keys=state.keys)
             features = torch.cat([context, output], dim=-1)
-        if self.recorded is not None:
-            self.recorded.append(weight.detach())                           # (B, T, S)
         state.length += tokens.shape[1]
         return self.output_proj(self.dropout(torch.tanh(self.readout(features))))
 

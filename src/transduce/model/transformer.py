@@ -21,8 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from transduce.attention import masks
-from transduce.attention.kv_cache import (KVCache, LinearStateCache, QuantizedKVCache,
-                                          SlidingKVCache, keep_rows)
+from transduce.attention.kinds import self_attention_kind
+from transduce.attention.kv_cache import AttentionCache, keep_rows
 from transduce.config import ModelConfig
 from transduce.model.layers import DecoderLayer, EncoderLayer
 from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedding,
@@ -89,7 +89,7 @@ class Decoder(nn.Module):
 
     def forward(self, tgt: Tensor, memory_kv: list[tuple[Tensor, Tensor]],
                 memory_mask: Tensor | None, *, tgt_mask: Tensor | None = None,
-                caches: list[KVCache] | None = None) -> Tensor:
+                caches: list[AttentionCache] | None = None) -> Tensor:
         """tgt (B, T) -> hidden states (B, T, C). With caches, tgt holds only the new
         tokens, whose positions start after what the caches hold."""
         start = 0 if caches is None else caches[0].length
@@ -103,12 +103,12 @@ class Decoder(nn.Module):
 @dataclass
 class DecoderState:
     """What the decode phase carries between steps: the source's cross-attention keys and
-    values (fixed, one row per sentence) and one self-attention KVCache per decoder layer
-    (growing, one row per target row: per sentence, or per beam)."""
+    values (fixed, one row per sentence) and one self-attention cache per decoder layer
+    (one row per target row: per sentence, or per beam)."""
 
     memory_kv: list[tuple[Tensor, Tensor]]   # (B, Hkv, S, D) per layer
     memory_mask: Tensor                      # (B, 1, 1, S)
-    caches: list[KVCache]                    # (R, Hkv, T, D) per layer, R = B * n
+    caches: list[AttentionCache]             # (R, Hkv, T, D) per layer, R = B * n
 
     @property
     def length(self) -> int:
@@ -201,36 +201,38 @@ class Transformer(nn.Module):
                 cache_dtype: torch.dtype | None = None) -> DecoderState:
         """The prefill phase: encode the source, compute every layer's cross-attention keys
         and values once, and allocate self-attention caches for max_len target tokens.
-        cache_dtype torch.int8 stores the keys and values quantized (QuantizedKVCache)."""
+        cache_dtype torch.int8 stores the keys and values quantized (softmax attention)."""
         src_mask = self.source_mask(src) if src_mask is None else src_mask
         memory = self.encode(src, src_mask)
         caches = self.new_caches(src.shape[0], max_len, cache_dtype or memory.dtype, src.device)
         return DecoderState(self.decoder.memory_kv(memory), src_mask, caches)
 
     def new_caches(self, batch_size: int, max_len: int, dtype: torch.dtype,
-                   device: torch.device | str) -> list:
-        """One empty self-attention cache per decoder layer, of the kind the attention
-        type needs (device "meta" to size them without allocating)."""
+                   device: torch.device | str) -> list[AttentionCache]:
+        """One empty self-attention cache per decoder layer, of the kind its attention
+        needs (device "meta" to size them without allocating)."""
         c = self.config
-        if dtype == torch.int8 and c.attention_type != "softmax":
-            raise ValueError(f"an int8 cache stores softmax attention's keys and values; "
-                             f"attention_type={c.attention_type!r} caches something else")
+        return [layer.self_attn.kind.new_cache(batch_size, c.kv_heads, c.head_dim, max_len,
+                                               dtype, device) for layer in self.decoder.layers]
 
-        def new_cache():
-            if c.attention_type == "linear":
-                return LinearStateCache(batch_size, c.kv_heads, c.head_dim, device=device,
-                                        dtype=torch.float32 if dtype == torch.int8 else dtype)
-            if c.attention_type == "sliding":
-                return SlidingKVCache(batch_size, c.kv_heads, c.attention_window, c.head_dim,
-                                      dtype=dtype, device=device)
-            if dtype == torch.int8:
-                return QuantizedKVCache(batch_size, c.kv_heads, max_len, c.head_dim, device=device)
-            return KVCache(batch_size, c.kv_heads, max_len, c.head_dim, dtype=dtype, device=device)
-
-        return [new_cache() for _ in range(c.num_decoder_layers)]
+    def attention_modules(self) -> dict[str, list[nn.Module]]:
+        """The attention modules by role, one per layer (attention/recorder.py)."""
+        return {"encoder": [layer.self_attn for layer in self.encoder.layers],
+                "decoder": [layer.self_attn for layer in self.decoder.layers],
+                "cross": [layer.cross_attn for layer in self.decoder.layers]}
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """The decode phase: tokens (B, T_new) follow the state.length tokens already
         cached -> logits (B, T_new, V). The caches grow by T_new in place."""
         hidden = self.decoder(tokens, state.memory_kv, state.memory_mask, caches=state.caches)
         return self.output_proj(hidden)
+
+
+def kv_cache_size(config: ModelConfig, batch: int, tokens: int,
+                  dtype: torch.dtype) -> tuple[int, str]:
+    """Bytes of the decoder's self-attention caches after `tokens` tokens, by the
+    formula of the attention kind (layers x its per-layer size), and that formula in
+    words. The caches' measured nbytes equal it (tested)."""
+    kind = self_attention_kind(config.attention_type, config.attention_window)
+    per_layer, words = kind.cache_bytes(batch, tokens, config.kv_heads, config.head_dim, dtype)
+    return config.num_decoder_layers * per_layer, f"layers {config.num_decoder_layers} x {words}"

@@ -1,1 +1,2 @@
-"""Training with the paper's recipe: schedule, loss, checkpoints, the loop."""
+"""Training: the schedule, the loss, the loop with its state, log, signals and processes,
+and uptraining a converted checkpoint. Checkpoints themselves are transduce.checkpoint."""

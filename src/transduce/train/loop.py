@@ -1,118 +1,125 @@
-"""The training loop: setup -> step -> evaluate -> checkpoint, until the budget is spent.
+"""The training loop: set up -> step -> log / evaluate / save, until the budget is spent.
 
 One step = update_freq batches per process (gradients accumulated), all processes
 together (torchrun; gloo on CPU, nccl on CUDA) averaging their gradients. The loss is
 summed over target tokens and divided by the step's total target tokens across every
 batch and process, so N processes with update_freq k train exactly like one process with
 update_freq N * k.
+
+train() changes nothing in the process that outlives it: SIGINT / SIGTERM handlers and
+torch's thread count are put back when it returns (the global RNG is seeded, as any
+training run must).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
-import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import sacrebleu
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from transduce import checkpoint
 from transduce.config import ModelConfig, TrainConfig
 from transduce.data.batching import TokenBatcher
-from transduce.data.dataset import load_split
+from transduce.data.corpus import METADATA, split_files
+from transduce.data.dataset import TokenizedSplit, load_split
 from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer
 from transduce.decode.translate import Translator
-from transduce.model import Seq2SeqModel, build_model
-from transduce.runtime import keep_freed_memory
-from transduce.train import checkpoint
+from transduce.errors import TransduceError
+from transduce.model import Seq2SeqModel, build_model, load_model
+from transduce.runtime import torch_threads
+from transduce.train.distributed import (any_true, barrier, init_distributed,
+                                         shutdown_distributed, sum_over_processes)
 from transduce.train.flops import matmul_peak, training_flops
+from transduce.train.log import TrainingLog
 from transduce.train.loss import label_smoothed_nll
 from transduce.train.schedule import noam_lr
+from transduce.train.signals import StopRequest, stop_requests
+from transduce.train.state import BatchStream, Position, restore, save_training_checkpoint
 
-LOG = "log.jsonl"
 
-
-class TrainingError(RuntimeError):
+class TrainingError(TransduceError, RuntimeError):
     """Training cannot go on (diverged, data does not fit); the message says why."""
 
 
 @dataclass
-class Position:
-    """Where the run stands: what resuming needs besides weights and optimizer."""
+class Run:
+    """Everything a run needs from set-up to its last step."""
 
-    step: int = 0
-    epoch: int = 0
-    batch: int = 0          # batches of `epoch` already consumed
-    tokens: int = 0         # target tokens trained on
-    seconds: float = 0.0    # training time before this process started
+    out: Path
+    model_config: ModelConfig
+    train_config: TrainConfig
+    world: int
+    rank: int
+    device: torch.device
+    tokenizer: Tokenizer
+    train_split: TokenizedSplit
+    dev_split: TokenizedSplit | None
+    batcher: TokenBatcher
+    model: Seq2SeqModel
+    net: torch.nn.Module          # the model as stepped: compiled and/or DDP-wrapped
+    optimizer: torch.optim.Optimizer
+    position: Position
+    peak_flops: float
+    log: TrainingLog
+    stream: BatchStream = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stream = BatchStream(self.batcher, self.position)
+
+    @property
+    def main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.train_config.dtype == "bfloat16" else None
 
 
-class BatchStream:
-    """The batches of epoch after epoch, deterministic from (seed, epoch, batch)."""
-
-    def __init__(self, batcher: TokenBatcher, position: Position):
-        self.batcher, self.position = batcher, position
-        self._epoch_batches = batcher.epoch_batches(position.epoch)
-
-    def take(self, count: int) -> list[np.ndarray]:
-        taken = []
-        while len(taken) < count:
-            if self.position.batch >= len(self._epoch_batches):
-                self.position.epoch += 1
-                self.position.batch = 0
-                self._epoch_batches = self.batcher.epoch_batches(self.position.epoch)
-            taken.append(self._epoch_batches[self.position.batch])
-            self.position.batch += 1
-        return taken
-
-
-class _StopSignal:
-    """SIGINT / SIGTERM ask the loop to save a final checkpoint and stop."""
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, number, frame) -> None:
-        self.received = signal.Signals(number).name
+@dataclass
+class StepResult:
+    loss: float         # summed over the step's target tokens (label-smoothed)
+    tokens: int         # target tokens of the step, over every process
+    flops: float
+    lr: float
 
 
 def train(data_dir: Path, out: Path, model_config: ModelConfig, train_config: TrainConfig,
           *, resume: bool = False, init: Path | None = None) -> Path:
-    """Train and return the last checkpoint's directory. init: start from that
-    checkpoint's weights (same model configuration) with a fresh optimizer."""
-    world, rank = _init_distributed()
-    keep_freed_memory()
-    main_process = rank == 0
+    """Train and return the last checkpoint's directory. resume: continue the run in
+    `out` exactly; init: start from that checkpoint's weights (same model configuration)
+    with a fresh optimizer."""
+    with stop_requests() as stop, torch_threads(train_config.threads):
+        world, rank = init_distributed()
+        try:
+            run = set_up(data_dir, out, model_config, train_config, world, rank,
+                         resume=resume, init=init)
+            return _train_until_done(run, stop)
+        finally:
+            shutdown_distributed(world)
+
+
+def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: TrainConfig,
+           world: int, rank: int, *, resume: bool, init: Path | None) -> Run:
+    """Data, model, optimizer and position (restored when resuming), as the run starts."""
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
         if torch.cuda.is_available() else torch.device("cpu")
-    if train_config.threads:
-        torch.set_num_threads(train_config.threads)
-
     tokenizer = Tokenizer(data_dir / MODEL_NAME)
-    for field in ("src_vocab_size", "tgt_vocab_size"):
-        if getattr(model_config, field) != tokenizer.vocab_size:
-            raise TrainingError(f"ModelConfig.{field}={getattr(model_config, field)} but the "
-                                f"vocabulary {tokenizer.path} has {tokenizer.vocab_size} pieces")
-    if model_config.pad_id != PAD_ID:
-        raise TrainingError(f"ModelConfig.pad_id must be the tokenizer's pad id {PAD_ID}")
+    _check_vocabulary(model_config, tokenizer)
     max_len = min(train_config.max_len, model_config.max_positions)
     train_split = load_split(data_dir, "train", tokenizer, max_len)
     batcher = TokenBatcher(train_split.src_ids, train_split.tgt_ids, train_config.max_tokens,
                            seed=train_config.seed, line_numbers=train_split.line_numbers)
     dev_split = load_split(data_dir, "dev", tokenizer, max_len) \
-        if (data_dir / "corpus.json").is_file() and _has_split(data_dir, "dev") else None
+        if _has_split(data_dir, "dev") else None
 
-    position = Position()
     torch.manual_seed(train_config.seed)  # the same initial weights in every process
     model = build_model(model_config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0,
@@ -120,127 +127,198 @@ def train(data_dir: Path, out: Path, model_config: ModelConfig, train_config: Tr
                                  eps=train_config.adam_eps)
     torch.manual_seed(train_config.seed + 1 + rank)  # dropout differs across processes
     if init is not None:
-        model.load_state_dict(checkpoint.load_model_from(init, device).state_dict())
-    if resume:
-        position = _restore(out, model, optimizer, rank, device)
-    elif main_process:
+        model.load_state_dict(load_model(init, device).state_dict())
+    position = restore(out, model, optimizer, rank, device) if resume else Position()
+    if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-    if main_process:
         checkpoint.remove_stale_temporaries(out)
 
     net: torch.nn.Module = torch.compile(model, dynamic=True) if train_config.compile else model
     if world > 1:
         net = DistributedDataParallel(net)
-    autocast_dtype = torch.bfloat16 if train_config.dtype == "bfloat16" else None
-    peak = matmul_peak(autocast_dtype or torch.float32, device)
-    stream = BatchStream(batcher, position)
-    stop = _StopSignal()
-    log = _Log(out / LOG, main_process)
-    if main_process:
-        for line in train_split.report:
-            print(line)
-        print(f"model: {model.num_parameters():,d} parameters; {len(batcher.epoch_batches(0))} "
-              f"batches of <= {train_config.max_tokens} tokens per epoch, padding "
-              f"{100 * batcher.padding_fraction(0):.1f}%; {world} process(es) x update_freq "
-              f"{train_config.update_freq}; matmul peak {peak / 1e9:.0f} GFLOP/s "
-              f"({train_config.dtype})")
-        log.write({"event": "start", "step": position.step, "parameters": model.num_parameters(),
-                   "world_size": world, "peak_flops": peak, "model": model_config.to_dict(),
-                   "train": train_config.to_dict()})
+    peak = matmul_peak(torch.bfloat16 if train_config.dtype == "bfloat16" else torch.float32,
+                       device)
+    return Run(out, model_config, train_config, world, rank, device, tokenizer, train_split,
+               dev_split, batcher, model, net, optimizer, position, peak,
+               TrainingLog(out, rank == 0))
 
+
+def _check_vocabulary(model_config: ModelConfig, tokenizer: Tokenizer) -> None:
+    for name in ("src_vocab_size", "tgt_vocab_size"):
+        if getattr(model_config, name) != tokenizer.vocab_size:
+            raise TrainingError(f"ModelConfig.{name}={getattr(model_config, name)} but the "
+                                f"vocabulary {tokenizer.path} has {tokenizer.vocab_size} pieces")
+    if model_config.pad_id != PAD_ID:
+        raise TrainingError(f"ModelConfig.pad_id must be the tokenizer's pad id {PAD_ID}")
+
+
+def _has_split(data_dir: Path, split: str) -> bool:
+    return (data_dir / METADATA).is_file() and \
+        all(path.is_file() for path in split_files(data_dir, split))
+
+
+def _train_until_done(run: Run, stop: StopRequest) -> Path:
+    """Steps until the step or time budget is spent or a signal asks to stop; logs,
+    evaluates and saves along the way. -> the last checkpoint."""
+    _announce(run)
     started = time.perf_counter()
-    progress = tqdm(total=train_config.max_steps or None, initial=position.step,
-                    disable=not main_process, unit="step", dynamic_ncols=True)
-    window = {"loss": 0.0, "tokens": 0, "flops": 0.0, "seconds": 0.0}
+    progress = tqdm(total=run.train_config.max_steps or None, initial=run.position.step,
+                    disable=not run.main_process, unit="step", dynamic_ncols=True)
+    window = _Window()
     nonfinite_in_a_row = 0
     while True:
         step_start = time.perf_counter()
-        batches = stream.take(world * train_config.update_freq)
-        mine = batches[rank * train_config.update_freq:(rank + 1) * train_config.update_freq]
-        step_tokens = int(sum(batcher.tgt_lengths[indices].sum() for indices in batches))
-        model.train()
-        loss_sum, flops = 0.0, 0.0
-        for i, indices in enumerate(mine):
-            batch = batcher.collate(indices).to(device)
-            last = i == len(mine) - 1
-            sync = contextlib.nullcontext() if world == 1 or last else net.no_sync()
-            with sync, torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                                      enabled=autocast_dtype is not None):
-                logits = net(batch.src, batch.tgt_in)
-                loss, _ = label_smoothed_nll(logits, batch.tgt_out, train_config.label_smoothing,
-                                             PAD_ID)
-                # DDP averages over processes: scale so the result is sum / step_tokens.
-                (loss * world / step_tokens).backward()
-            loss_sum += loss.item()
-            flops += training_flops(model_config, *batch.src.shape, batch.tgt_in.shape[1])
-        loss_sum, flops = _sum_over_processes([loss_sum, flops], world, device)
-        if not math.isfinite(loss_sum):
-            optimizer.zero_grad(set_to_none=True)
+        result = train_step(run)
+        if result is None:
             nonfinite_in_a_row += 1
-            log.write({"event": "nonfinite_loss", "step": position.step + 1, "loss": loss_sum})
-            if nonfinite_in_a_row >= train_config.nan_limit:
-                raise TrainingError(f"the loss was not finite in {nonfinite_in_a_row} steps in a "
-                                    f"row (last at step {position.step + 1}); lower lr_scale, "
-                                    f"raise warmup_steps or set clip_norm")
+            _refuse_divergence(run, nonfinite_in_a_row)
             continue
         nonfinite_in_a_row = 0
-        if train_config.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.clip_norm)
-        lr = noam_lr(train_config.schedule_offset + position.step + 1, model_config.d_model,
-                     train_config.warmup_steps, train_config.lr_scale)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        position.step += 1
-        position.tokens += step_tokens
+        run.position.step += 1
+        run.position.tokens += result.tokens
         progress.update(1)
-
-        seconds = time.perf_counter() - step_start
-        window["loss"] += loss_sum
-        window["tokens"] += step_tokens
-        window["flops"] += flops
-        window["seconds"] += seconds
+        window.add(result, time.perf_counter() - step_start)
         elapsed = time.perf_counter() - started
-        out_of_time = train_config.max_minutes and elapsed >= 60 * train_config.max_minutes
-        out_of_steps = train_config.max_steps and position.step >= train_config.max_steps
-        finished = _any_true(bool(out_of_time or out_of_steps or stop.received), world, device)
-
-        if position.step % train_config.log_every == 0 or finished:
-            record = {"event": "train", "step": position.step, "epoch": position.epoch,
-                      "loss": window["loss"] / max(window["tokens"], 1), "lr": lr,
-                      "tokens_per_s": window["tokens"] / window["seconds"],
-                      "mfu": window["flops"] / window["seconds"] / peak,
-                      "elapsed_s": position.seconds + elapsed}
-            log.write(record)
-            remaining = 60 * train_config.max_minutes - elapsed if train_config.max_minutes else None
-            progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}",
-                                 tok_s=f"{record['tokens_per_s']:.0f}",
-                                 mfu=f"{100 * record['mfu']:.1f}%",
-                                 **({"left": f"{remaining / 60:.1f}min"} if remaining else {}))
-            window = {key: 0.0 if key != "tokens" else 0 for key in window}
-        if dev_split is not None and (position.step % train_config.eval_every == 0 or finished):
-            if main_process:
-                result = evaluate_dev(model, dev_split, tokenizer, train_config, device)
-                log.write({"event": "dev", "step": position.step, **result})
-                progress.write(f"step {position.step}: " + ", ".join(
-                    f"{key} {value:.3f}" for key, value in result.items()))
-            _barrier(world)
-        if position.step % train_config.save_every == 0 or finished:
-            saved = _save(out, model, train_config, tokenizer, optimizer, position,
-                          elapsed, world, rank)
+        budget = _budget_spent(run, elapsed)
+        finished = any_true(bool(budget or stop.received), run.world, run.device)
+        saved = _periodic(run, window, result.lr, elapsed, finished, progress)
         if finished:
             break
     progress.close()
-    if main_process:
-        reason = stop.received or ("time budget" if out_of_time else "step budget")
-        print(f"stopped after step {position.step} ({reason}); last checkpoint {saved}")
-    _shutdown_distributed(world)
+    if run.main_process:
+        reason = stop.received or budget or "another process was stopped"
+        print(f"stopped after step {run.position.step} ({reason}); last checkpoint {saved}")
     return saved
 
 
-def evaluate_dev(model: Seq2SeqModel, split, tokenizer: Tokenizer, train_config: TrainConfig,
-                 device: torch.device) -> dict[str, float]:
+def train_step(run: Run) -> StepResult | None:
+    """One optimizer step over update_freq batches per process; None (and no update)
+    when the loss is not finite."""
+    c = run.train_config
+    batches = run.stream.take(run.world * c.update_freq)
+    mine = batches[run.rank * c.update_freq:(run.rank + 1) * c.update_freq]
+    step_tokens = int(sum(run.batcher.tgt_lengths[indices].sum() for indices in batches))
+    run.model.train()
+    loss_sum, flops = 0.0, 0.0
+    for i, indices in enumerate(mine):
+        batch = run.batcher.collate(indices).to(run.device)
+        last = i == len(mine) - 1
+        sync = contextlib.nullcontext() if run.world == 1 or last else run.net.no_sync()
+        with sync, torch.autocast(run.device.type, dtype=run.autocast_dtype or torch.float32,
+                                  enabled=run.autocast_dtype is not None):
+            logits = run.net(batch.src, batch.tgt_in)
+            loss, _ = label_smoothed_nll(logits, batch.tgt_out, c.label_smoothing, PAD_ID)
+            # DDP averages over processes: scale so the result is sum / step_tokens.
+            (loss * run.world / step_tokens).backward()
+        loss_sum += loss.item()
+        flops += training_flops(run.model_config, *batch.src.shape, batch.tgt_in.shape[1])
+    loss_sum, flops = sum_over_processes([loss_sum, flops], run.world, run.device)
+    if not math.isfinite(loss_sum):
+        run.optimizer.zero_grad(set_to_none=True)
+        run.log.write({"event": "nonfinite_loss", "step": run.position.step + 1, "loss": loss_sum})
+        return None
+    if c.clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), c.clip_norm)
+    lr = noam_lr(c.schedule_offset + run.position.step + 1, run.model_config.d_model,
+                 c.warmup_steps, c.lr_scale)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss_sum, step_tokens, flops, lr)
+
+
+def _refuse_divergence(run: Run, nonfinite_in_a_row: int) -> None:
+    if nonfinite_in_a_row >= run.train_config.nan_limit:
+        raise TrainingError(f"the loss was not finite in {nonfinite_in_a_row} steps in a "
+                            f"row (last at step {run.position.step + 1}); lower lr_scale, "
+                            f"raise warmup_steps or set clip_norm")
+
+
+def _budget_spent(run: Run, elapsed: float) -> str | None:
+    """Which budget the run has spent, if any."""
+    c = run.train_config
+    if c.max_minutes and elapsed >= 60 * c.max_minutes:
+        return "time budget"
+    if c.max_steps and run.position.step >= c.max_steps:
+        return "step budget"
+    return None
+
+
+@dataclass
+class _Window:
+    """Sums since the last log record."""
+
+    loss: float = 0.0
+    tokens: int = 0
+    flops: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, result: StepResult, seconds: float) -> None:
+        self.loss += result.loss
+        self.tokens += result.tokens
+        self.flops += result.flops
+        self.seconds += seconds
+
+    def reset(self) -> None:
+        self.loss, self.tokens, self.flops, self.seconds = 0.0, 0, 0.0, 0.0
+
+
+def _periodic(run: Run, window: _Window, lr: float, elapsed: float, finished: bool,
+              progress: tqdm) -> Path | None:
+    """Log, evaluate on dev and save when their period comes (and at the end).
+    -> the checkpoint saved now, if any."""
+    c, step = run.train_config, run.position.step
+    if step % c.log_every == 0 or finished:
+        _log_window(run, window, lr, elapsed, progress)
+        window.reset()
+    if run.dev_split is not None and (step % c.eval_every == 0 or finished):
+        if run.main_process:
+            result = evaluate_dev(run.model, run.dev_split, run.tokenizer, c, run.device)
+            run.log.write({"event": "dev", "step": step, **result})
+            progress.write(f"step {step}: " + ", ".join(f"{key} {value:.3f}"
+                                                        for key, value in result.items()))
+        barrier(run.world)
+    if step % c.save_every == 0 or finished:
+        return save_training_checkpoint(run.out, run.model, c, run.tokenizer.path, run.optimizer,
+                                        run.position, elapsed, run.world, run.rank)
+    return None
+
+
+def _log_window(run: Run, window: _Window, lr: float, elapsed: float, progress: tqdm) -> None:
+    record = {"event": "train", "step": run.position.step, "epoch": run.position.epoch,
+              "loss": window.loss / max(window.tokens, 1), "lr": lr,
+              "tokens_per_s": window.tokens / window.seconds,
+              "mfu": window.flops / window.seconds / run.peak_flops,
+              "elapsed_s": run.position.seconds + elapsed}
+    run.log.write(record)
+    minutes = run.train_config.max_minutes
+    left = {"left": f"{minutes - elapsed / 60:.1f}min"} if minutes else {}
+    progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}",
+                         tok_s=f"{record['tokens_per_s']:.0f}", mfu=f"{100 * record['mfu']:.1f}%",
+                         **left)
+
+
+def _announce(run: Run) -> None:
+    """What is about to train, printed and logged by the first process."""
+    if not run.main_process:
+        return
+    c = run.train_config
+    for line in run.train_split.report:
+        print(line)
+    print(f"model: {run.model.num_parameters():,d} parameters; "
+          f"{len(run.batcher.epoch_batches(0))} batches of <= {c.max_tokens} tokens per epoch, "
+          f"padding {100 * run.batcher.padding_fraction(0):.1f}%; {run.world} process(es) x "
+          f"update_freq {c.update_freq}; matmul peak {run.peak_flops / 1e9:.0f} GFLOP/s "
+          f"({c.dtype})")
+    run.log.write({"event": "start", "step": run.position.step,
+                   "parameters": run.model.num_parameters(), "world_size": run.world,
+                   "peak_flops": run.peak_flops, "model": run.model_config.to_dict(),
+                   "train": c.to_dict()})
+
+
+def evaluate_dev(model: Seq2SeqModel, split: TokenizedSplit, tokenizer: Tokenizer,
+                 train_config: TrainConfig, device: torch.device) -> dict[str, float]:
     """Dev loss and perplexity (no label smoothing), and greedy BLEU if asked for."""
     model.eval()
     batcher = TokenBatcher(split.src_ids, split.tgt_ids, train_config.max_tokens, shuffle=False)
@@ -261,92 +339,3 @@ def evaluate_dev(model: Seq2SeqModel, split, tokenizer: Tokenizer, train_config:
             hypotheses, [split.corpus.target[:count]]).score
     model.train()
     return result
-
-
-def _has_split(data_dir: Path, split: str) -> bool:
-    from transduce.data.corpus import split_files
-
-    return all(path.is_file() for path in split_files(data_dir, split))
-
-
-def _save(out: Path, model: Seq2SeqModel, train_config: TrainConfig, tokenizer: Tokenizer,
-          optimizer: torch.optim.Optimizer, position: Position, elapsed: float,
-          world: int, rank: int) -> Path:
-    rng = {"torch": torch.get_rng_state(),
-           "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
-    all_rng = [rng]
-    if world > 1:
-        all_rng = [None] * world
-        dist.all_gather_object(all_rng, rng)
-    path = checkpoint.step_dir(out, position.step)
-    if rank == 0:
-        state = {"position": {"step": position.step, "epoch": position.epoch,
-                              "batch": position.batch, "tokens": position.tokens,
-                              "seconds": position.seconds + elapsed},
-                 "optimizer": optimizer.state_dict(), "rng": all_rng, "world_size": world}
-        checkpoint.save(path, model, train_config, tokenizer.path, state)
-        checkpoint.keep_last(out, train_config.keep_last)
-    _barrier(world)
-    return path
-
-
-def _restore(out: Path, model: Seq2SeqModel, optimizer: torch.optim.Optimizer, rank: int,
-             device: torch.device) -> Position:
-    """Weights, optimizer, data position and RNG of the run's latest checkpoint."""
-    latest = checkpoint.resolve(out)
-    state_file = latest / checkpoint.TRAINER_STATE
-    if not state_file.is_file():
-        raise TrainingError(f"{latest}: no trainer state to resume from")
-    restored = checkpoint.load_model_from(latest, device)
-    model.load_state_dict(restored.state_dict())
-    state = torch.load(state_file, map_location=device, weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
-    rng = state["rng"][rank] if rank < len(state["rng"]) else state["rng"][0]
-    torch.set_rng_state(rng["torch"])
-    if rng.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(rng["cuda"])
-    saved = state["position"]
-    return Position(step=saved["step"], epoch=saved["epoch"], batch=saved["batch"],
-                    tokens=saved["tokens"], seconds=saved["seconds"])
-
-
-class _Log:
-    """One JSON object per line, appended (a resumed run continues the same file)."""
-
-    def __init__(self, path: Path, enabled: bool):
-        self.path, self.enabled = path, enabled
-
-    def write(self, record: dict) -> None:
-        if self.enabled:
-            with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps({"time": time.time(), **record}) + "\n")
-
-
-def _init_distributed() -> tuple[int, int]:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return world, int(os.environ.get("RANK", "0"))
-
-
-def _shutdown_distributed(world: int) -> None:
-    if world > 1 and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def _barrier(world: int) -> None:
-    if world > 1:
-        dist.barrier()
-
-
-def _sum_over_processes(values: list[float], world: int, device: torch.device) -> list[float]:
-    if world == 1:
-        return values
-    total = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(total)
-    return total.tolist()
-
-
-def _any_true(flag: bool, world: int, device: torch.device) -> bool:
-    """Whether any process says so: all stop together."""
-    return _sum_over_processes([float(flag)], world, device)[0] > 0

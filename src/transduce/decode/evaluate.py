@@ -10,6 +10,7 @@ from pathlib import Path
 
 import sacrebleu
 
+from transduce import atomic
 from transduce.data.corpus import CorpusError, read_lines, split_files
 from transduce.decode.translate import Translator
 
@@ -45,9 +46,8 @@ def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefi
         result["bleu_ref2"] = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references2]).score
         two = sacrebleu.metrics.BLEU()
         result["bleu_two_references"] = two.corpus_score(hypotheses, [references, references2]).score
-    out_prefix.parent.mkdir(parents=True, exist_ok=True)
-    hypothesis_file = out_prefix.with_suffix(".hyp")
-    hypothesis_file.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    hypothesis_file = atomic.write_text(out_prefix.with_suffix(".hyp"),
+                                        "".join(h + "\n" for h in hypotheses))
     result["hypotheses"] = str(hypothesis_file)
-    out_prefix.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    atomic.write_text(out_prefix.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
     return result

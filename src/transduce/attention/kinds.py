@@ -1,0 +1,146 @@
+"""The three kinds of self-attention, each as a small object that knows its full pass,
+the cache its decoder steps use, and that cache's size by formula.
+
+    SoftmaxAttention        the paper's: softmax(q k^T / sqrt(d)) v (kernels.py),
+                            cached in a KVCache (QuantizedKVCache in int8)
+    LinearAttention         elu + 1 feature map instead of softmax (linear.py), cached as
+                            running sums
+    SlidingWindowAttention  each token sees `window` tokens on either side, or before it
+                            when causal (local.py), cached as the last window
+
+MultiHeadAttention calls kind.attend() for a full pass and cache.attend() for a decoder
+step, so it never asks which kind it has. Shapes: q (B, H, T, D); k, v (B, Hkv, T, D);
+mask (B, 1, 1, S) key padding, True = may attend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from transduce.attention import masks
+from transduce.attention.kernels import attention
+from transduce.attention.kv_cache import (Attended, AttentionCache, KVCache, QuantizedKVCache,
+                                          element_size, kv_cache_bytes)
+from transduce.attention.linear import (LinearStateCache, linear_attention,
+                                        linear_attention_weights)
+from transduce.attention.local import SlidingKVCache, sliding_window_attention
+from transduce.config import AttentionType, choices
+
+
+class AttentionKind(Protocol):
+    name: str
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, causal: bool,
+               impl: str, dropout_p: float = 0.0, return_weights: bool = False) -> Attended:
+        """The full pass (no cache). impl "naive" computes the quadratic reference form,
+        which alone can return the weights (B, H, T, S)."""
+
+    def new_cache(self, batch: int, kv_heads: int, head_dim: int, max_len: int,
+                  dtype: torch.dtype, device: torch.device | str) -> AttentionCache:
+        """An empty cache for max_len tokens (torch.int8: quantized, where it applies)."""
+
+    def cache_bytes(self, batch: int, tokens: int, kv_heads: int, head_dim: int,
+                    dtype: torch.dtype) -> tuple[int, str]:
+        """One layer's cache after `tokens` tokens, by formula, and the formula in words."""
+
+
+@dataclass(frozen=True)
+class SoftmaxAttention:
+    name: str = "softmax"
+
+    def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False):
+        return attention(q, k, v, mask, causal=causal, impl=impl, dropout_p=dropout_p,
+                         return_weights=return_weights)
+
+    def new_cache(self, batch, kv_heads, head_dim, max_len, dtype, device):
+        if dtype == torch.int8:
+            return QuantizedKVCache(batch, kv_heads, max_len, head_dim, device=device)
+        return KVCache(batch, kv_heads, max_len, head_dim, dtype=dtype, device=device)
+
+    def cache_bytes(self, batch, tokens, kv_heads, head_dim, dtype):
+        size = kv_cache_bytes(tokens=tokens, batch=batch, kv_heads=kv_heads,
+                              head_dim=head_dim, dtype=dtype)
+        scale = " + 4-byte scale" if dtype == torch.int8 else ""
+        return size, (f"kv_heads {kv_heads} x 2 (K and V) x (head_dim {head_dim} x "
+                      f"{element_size(dtype)} bytes ({_name(dtype)}){scale}) x {tokens} "
+                      f"tokens x batch {batch}")
+
+
+@dataclass(frozen=True)
+class LinearAttention:
+    name: str = "linear"
+
+    def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False):
+        key_mask = masks.key_padding(mask, "linear attention")
+        if impl != "naive" and not return_weights:
+            return linear_attention(q, k, v, key_mask, causal=causal)[0]
+        weights = linear_attention_weights(q, k, key_mask, causal=causal)   # (B, H, T, S)
+        out = weights @ v.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        return (out, weights) if return_weights else out
+
+    def new_cache(self, batch, kv_heads, head_dim, max_len, dtype, device):
+        _refuse_int8(dtype, self.name)
+        return LinearStateCache(batch, kv_heads, head_dim, dtype=dtype, device=device)
+
+    def cache_bytes(self, batch, tokens, kv_heads, head_dim, dtype):
+        _refuse_int8(dtype, self.name)
+        size = kv_heads * (head_dim * head_dim + head_dim) * element_size(dtype) * batch
+        return size, (f"kv_heads {kv_heads} x (head_dim^2 + head_dim) = ({head_dim ** 2} + "
+                      f"{head_dim}) running sums x {element_size(dtype)} bytes "
+                      f"({_name(dtype)}) x batch {batch}, whatever the length")
+
+
+@dataclass(frozen=True)
+class SlidingWindowAttention:
+    window: int = 16
+    name: str = "sliding"
+
+    def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False):
+        if impl != "naive" and not return_weights:
+            return sliding_window_attention(q, k, v, masks.key_padding(
+                mask, "sliding-window attention"), self.window, causal=causal, impl=impl,
+                dropout_p=dropout_p)
+        band = masks.band_mask(q.shape[2], k.shape[2], self.window, causal=causal,
+                               device=q.device)
+        return attention(q, k, v, masks.combine(mask, band), impl="naive",
+                         dropout_p=dropout_p, return_weights=return_weights)
+
+    def new_cache(self, batch, kv_heads, head_dim, max_len, dtype, device):
+        _refuse_int8(dtype, self.name)
+        return SlidingKVCache(batch, kv_heads, self.window, head_dim, max_len=max_len,
+                              dtype=dtype, device=device)
+
+    def cache_bytes(self, batch, tokens, kv_heads, head_dim, dtype):
+        _refuse_int8(dtype, self.name)
+        kept = min(tokens, self.window)
+        size = kv_cache_bytes(tokens=kept, batch=batch, kv_heads=kv_heads, head_dim=head_dim,
+                              dtype=dtype)
+        return size, (f"kv_heads {kv_heads} x 2 (K and V) x (head_dim {head_dim} x "
+                      f"{element_size(dtype)} bytes ({_name(dtype)})) x {kept} tokens"
+                      f"{' (the window)' if kept != tokens else ''} x batch {batch}")
+
+
+def self_attention_kind(attention_type: AttentionType, window: int = 16) -> AttentionKind:
+    """The kind a configuration names (ModelConfig.attention_type, attention_window)."""
+    if attention_type == "linear":
+        return LinearAttention()
+    if attention_type == "sliding":
+        return SlidingWindowAttention(window)
+    if attention_type == "softmax":
+        return SoftmaxAttention()
+    raise ValueError(f"unknown attention type {attention_type!r}: choose one of "
+                     f"{', '.join(choices(AttentionType))}")
+
+
+def _refuse_int8(dtype: torch.dtype, name: str) -> None:
+    if dtype == torch.int8:
+        raise ValueError(f"an int8 cache stores softmax attention's keys and values; "
+                         f"attention_type={name!r} caches something else")
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,41 @@
+"""The `transduce` command line: a thin layer over the library.
+
+Each command group's module builds its parsers next to their handlers, and a handler
+imports what it needs when it runs, so `transduce --help` loads no torch. Errors that
+describe bad input (TransduceError) are printed as one line, never a traceback:
+configuration errors exit with status 2, the others with 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from transduce.cli import data, decode, export, model, train
+from transduce.config import ConfigError
+from transduce.errors import TransduceError
+
+GROUPS = (model, data, train, decode, export)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="transduce", description="The Transformer and its family: train, translate, "
+                                      "inspect and export sequence-to-sequence models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for group in GROUPS:
+        group.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as error:
+        print(f"transduce: configuration error: {error}", file=sys.stderr)
+        return 2
+    except TransduceError as error:
+        print(f"transduce: error: {error}", file=sys.stderr)
+        return 1

@@ -1,0 +1,135 @@
+"""`transduce translate | evaluate | attention`: using a trained model."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+from transduce.cli.options import add_search_options, positive_int
+from transduce.config import ConfigError
+from transduce.data.corpus import SPLITS
+
+STDIN_BATCH_LINES = 64   # lines already waiting on standard input translated together
+
+
+def register(commands) -> None:
+    translate = commands.add_parser("translate", help="translate lines of text")
+    translate.add_argument("--model", type=Path, required=True, help="checkpoint or run directory")
+    add_search_options(translate)
+    translate.add_argument("--nbest", type=positive_int, default=1,
+                           help="n-best lists (at most --beam), Moses style: index ||| text ||| score")
+    translate.add_argument("--input", type=Path, default=None, help="default: standard input")
+    translate.add_argument("--output", type=Path, default=None, help="default: standard output")
+    translate.add_argument("--strict", action="store_true",
+                           help="refuse lines over the model's length limit instead of truncating")
+    translate.set_defaults(handler=translate_command)
+
+    evaluate = commands.add_parser("evaluate", help="BLEU and chrF on a corpus split")
+    evaluate.add_argument("--model", type=Path, required=True)
+    evaluate.add_argument("--data", type=Path, required=True)
+    evaluate.add_argument("--split", default="test", choices=SPLITS)
+    evaluate.add_argument("--out", type=Path, default=None,
+                          help="prefix for .hyp and .json (default MODEL/eval-SPLIT-beamN)")
+    add_search_options(evaluate)
+    evaluate.set_defaults(handler=evaluate_command)
+
+    maps = commands.add_parser("attention", help="draw a translation's attention maps")
+    maps.add_argument("sentence", help="the source sentence")
+    maps.add_argument("--model", type=Path, required=True, help="checkpoint or run directory")
+    maps.add_argument("--out", type=Path, required=True, help="PNG file to write")
+    maps.add_argument("--layer", type=positive_int, default=None, help="only this layer (1-based)")
+    maps.add_argument("--head", type=positive_int, default=None, help="only this head (1-based)")
+    maps.add_argument("--beam", type=positive_int, default=4)
+    maps.set_defaults(handler=attention_command)
+
+
+def translate_command(args: argparse.Namespace) -> int:
+    """Translate lines from a file or standard input; N lines in, N lines out, in order."""
+    from transduce.decode.translate import Translator
+
+    if args.nbest > args.beam:
+        raise ConfigError(f"--nbest {args.nbest}: must be at most --beam ({args.beam})")
+    translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    if args.input is not None:
+        _translate_file(translator, args)
+        return 0
+    from transduce.decode.streaming import line_batches
+
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(open(args.output, "w", encoding="utf-8")) \
+            if args.output else sys.stdout
+        done = 0
+        for lines in line_batches(sys.stdin.fileno(), max_lines=STDIN_BATCH_LINES):
+            out.write(_translated_text(translator, lines, args, done))
+            out.flush()
+            done += len(lines)
+    return 0
+
+
+def _translate_file(translator, args: argparse.Namespace) -> None:
+    """The whole input file at once; an --output file appears complete or not at all."""
+    from tqdm import tqdm
+
+    from transduce import atomic
+    from transduce.data.corpus import read_lines
+
+    lines = read_lines(args.input, allow_empty=True)
+    with tqdm(total=len(lines), unit="line", disable=args.output is None) as bar:
+        text = _translated_text(translator, lines, args, 0, progress=bar.update)
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        atomic.write_text(args.output, text)
+
+
+def _translated_text(translator, lines: list[str], args: argparse.Namespace, done: int,
+                     progress=None) -> str:
+    """The output for lines that follow `done` earlier lines of the input."""
+    from transduce.decode.streaming import format_best, format_nbest
+
+    options = dict(beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens,
+                   batch_sentences=args.batch_sentences, strict=args.strict,
+                   first_line_number=done + 1, progress=progress)
+    if args.nbest == 1:
+        return format_best(translator.translate(lines, **options))
+    return format_nbest(translator.translate_nbest(lines, args.nbest, **options), done)
+
+
+def evaluate_command(args: argparse.Namespace) -> int:
+    """sacreBLEU and chrF of a model on a corpus split, with signatures."""
+    from tqdm import tqdm
+
+    from transduce.decode.evaluate import evaluate_split
+    from transduce.decode.translate import Translator
+
+    translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    suffix = f"-kv{args.kv_dtype}" if args.kv_dtype else ""
+    out = args.out or (Path(args.model) / f"eval-{args.split}-beam{args.beam}{suffix}")
+    with tqdm(unit="line", desc=f"translating {args.split}") as bar:
+        result = evaluate_split(translator, args.data, args.split, out, beam=args.beam,
+                                alpha=args.alpha, batch_tokens=args.batch_tokens,
+                                batch_sentences=args.batch_sentences, progress=bar.update)
+    print(f"{args.split}: BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  "
+          f"({result['sentences']} sentences, beam {args.beam}, "
+          f"{result['sentences_per_second']:.1f} sentences/s)")
+    print(f"  {result['bleu_signature']}\n  {result['chrf_signature']}")
+    if "bleu_ref2" in result:
+        print(f"  second reference: BLEU {result['bleu_ref2']:.2f}; both references: "
+              f"BLEU {result['bleu_two_references']:.2f}")
+    print(f"wrote {out.with_suffix('.hyp')} and {out.with_suffix('.json')}")
+    return 0
+
+
+def attention_command(args: argparse.Namespace) -> int:
+    """Translate a sentence and draw its attention maps."""
+    from transduce.attention_maps import attention_maps, plot_attention_maps
+    from transduce.decode.translate import Translator
+
+    translator = Translator.load(args.model)
+    maps = attention_maps(translator, args.sentence, beam=args.beam)
+    out = plot_attention_maps(maps, args.out, layer=args.layer, head=args.head)
+    print(f"translation: {maps.translation}  (log-probability {maps.log_prob:.3f})")
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,41 @@
+"""`transduce export hf | ct2`: a checkpoint in another toolkit's format."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+CT2_QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")
+
+
+def register(commands) -> None:
+    export = commands.add_parser("export", help="write a checkpoint in another toolkit's format")
+    formats = export.add_subparsers(dest="format", required=True)
+    hf = formats.add_parser("hf", help="Hugging Face Marian (MarianMTModel)")
+    hf.add_argument("model", type=Path, help="checkpoint or run directory")
+    hf.add_argument("out", type=Path, help="directory to write")
+    hf.set_defaults(handler=export_hf)
+    ct2 = formats.add_parser("ct2", help="CTranslate2")
+    ct2.add_argument("model", type=Path, help="checkpoint or run directory")
+    ct2.add_argument("out", type=Path, help="directory to write")
+    ct2.add_argument("--quantization", default=None, choices=CT2_QUANTIZATIONS,
+                     help="weight type (default: float32)")
+    ct2.set_defaults(handler=export_ct2)
+
+
+def export_hf(args: argparse.Namespace) -> int:
+    """Write a checkpoint in the Hugging Face Marian format."""
+    from transduce.export import export_hf as write
+
+    out = write(args.model, args.out)
+    print(f"wrote {out} (load it with transformers.MarianMTModel.from_pretrained)")
+    return 0
+
+
+def export_ct2(args: argparse.Namespace) -> int:
+    """Write a checkpoint as a CTranslate2 model."""
+    from transduce.export import export_ctranslate2
+
+    out = export_ctranslate2(args.model, args.out, args.quantization)
+    print(f"wrote {out} (load it with ctranslate2.Translator; tokenizer: {out / 'spm.model'})")
+    return 0

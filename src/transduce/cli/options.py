@@ -1,0 +1,125 @@
+"""How options enter from the command line: value types that check their range as they
+are parsed (so a bad value stops before any model loads, naming the option), and one
+flag per configuration field."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from transduce.config import ConfigError, Dtype, ModelConfig, TrainConfig, choices, preset
+from transduce.decode.options import KvDtype
+
+
+def positive_int(text: str) -> int:
+    value = _parse(int, text, "an integer")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _parse(int, text, "an integer")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be an integer >= 0")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _parse(float, text, "a number")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number >= 0")
+    return value
+
+
+def fraction(text: str) -> float:
+    value = _parse(float, text, "a number")
+    if not 0 < value <= 1:   # NaN fails this too
+        raise argparse.ArgumentTypeError(f"{text}: must be a number in (0, 1]")
+    return value
+
+
+def _parse(kind: type, text: str, what: str):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
+def add_search_options(command: argparse.ArgumentParser) -> None:
+    """The options of translate and evaluate."""
+    command.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
+    command.add_argument("--alpha", type=non_negative_float, default=0.6,
+                         help="GNMT length penalty exponent")
+    command.add_argument("--batch-tokens", type=positive_int, default=4096,
+                         help="source tokens per batch, counting padding")
+    command.add_argument("--batch-sentences", type=non_negative_int, default=0,
+                         help="at most this many lines per batch (0: no cap)")
+    command.add_argument("--dtype", default="float32", choices=choices(Dtype),
+                         help="bfloat16: decode with a bfloat16 copy of the model "
+                              "(AMX / AVX512-BF16 on recent Xeons)")
+    command.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
+                         help="KV-cache type (default: --dtype's); int8 quantizes it per "
+                              "token and head")
+
+
+def add_config_flags(parser: argparse.ArgumentParser, config_type: type) -> None:
+    """One flag per dataclass field (d_model -> --d-model), defaulting to "not given"."""
+    hints = typing.get_type_hints(config_type)
+    group = parser.add_argument_group(f"{config_type.__name__} fields (override the preset)")
+    for field in dataclasses.fields(config_type):
+        flag = "--" + field.name.replace("_", "-")
+        kind = hints[field.name]
+        options: dict[str, Any] = {"default": None, "dest": field.name}
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(kind) is typing.Literal:
+            options["choices"] = typing.get_args(kind)
+        else:
+            union = isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union
+            options["type"] = [t for t in typing.get_args(kind) if t is not type(None)][0] \
+                if union else kind
+        group.add_argument(flag, **options)
+
+
+def flags_given(args: argparse.Namespace, config_type: type) -> dict[str, Any]:
+    """The dataclass fields set on the command line."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(config_type)
+            if getattr(args, f.name, None) is not None}
+
+
+def read_config_file(path: Path | None) -> dict[str, Any]:
+    """A TOML file: `preset = "small"`, a [model] table and a [train] table, whose keys
+    are the ModelConfig and TrainConfig fields."""
+    if path is None:
+        return {}
+    import tomllib
+
+    try:
+        values = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"{path}: {error}") from None
+    unknown = sorted(set(values) - {"preset", "model", "train"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; expected preset, "
+                          f"[model] and [train]")
+    for table, config_type in (("model", ModelConfig), ("train", TrainConfig)):
+        fields = {f.name for f in dataclasses.fields(config_type)}
+        bad = sorted(set(values.get(table, {})) - fields)
+        if bad:
+            raise ConfigError(f"{path}: [{table}] has unknown field(s) {', '.join(bad)}")
+    return values
+
+
+def config_from_args(args: argparse.Namespace) -> ModelConfig:
+    """The preset named by --preset with the ModelConfig flags given applied."""
+    overrides = flags_given(args, ModelConfig)
+    if args.vocab_size is not None:
+        overrides.setdefault("src_vocab_size", args.vocab_size)
+        overrides.setdefault("tgt_vocab_size", args.vocab_size)
+    return preset(args.preset, **overrides)

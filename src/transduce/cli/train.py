@@ -1,0 +1,127 @@
+"""`transduce train | average | plot`: training runs and what is made from them."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from transduce.cli.options import add_config_flags, flags_given, fraction, positive_int, \
+    read_config_file
+from transduce.config import PRESETS, ConfigError, ModelConfig, TrainConfig, preset
+
+
+def register(commands) -> None:
+    train = commands.add_parser("train", help="train a model with the paper's recipe")
+    train.add_argument("--data", type=Path, required=True, help="corpus directory with spm.model")
+    train.add_argument("--out", type=Path, required=True, help="run directory for checkpoints")
+    train.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                       help="model preset (default: the config file's, else small)")
+    train.add_argument("--config", type=Path, default=None,
+                       help="TOML file: preset, [model], [train]")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
+    train.add_argument("--init", type=Path, default=None,
+                       help="start from this checkpoint's weights (uptraining a converted model)")
+    train.add_argument("--uptrain-fraction", type=fraction, default=0.05,
+                       help="with --init and no budget: this fraction of its training steps")
+    add_config_flags(train, TrainConfig)
+    add_config_flags(train, ModelConfig)
+    train.set_defaults(handler=train_command)
+
+    average = commands.add_parser("average", help="average a run's last checkpoints")
+    average.add_argument("run_dir", metavar="RUN", type=Path)
+    average.add_argument("--last", type=positive_int, default=5)
+    average.add_argument("--out", type=Path, required=True)
+    average.set_defaults(handler=average_command)
+
+    plot = commands.add_parser("plot", help="plot a run's loss and learning-rate curves")
+    plot.add_argument("run_dir", metavar="RUN", type=Path)
+    plot.add_argument("--out", type=Path, default=None, help="PNG path (default RUN/curves.png)")
+    plot.set_defaults(handler=plot_command)
+
+
+def train_command(args: argparse.Namespace) -> int:
+    """Train a model on a corpus directory: a new run, a resumed one, or an uptraining."""
+    from transduce import checkpoint
+    from transduce.runtime import keep_freed_memory
+    from transduce.train.loop import train
+
+    keep_freed_memory()  # a process setting: the command line's to make, not the library's
+    if args.init is not None:
+        model_config, train_config = _uptraining_configs(args)
+    elif args.resume:
+        model_flags = flags_given(args, ModelConfig)
+        if model_flags:
+            raise ConfigError(f"--resume continues the run's model; it cannot change "
+                              f"{', '.join(sorted(model_flags))}")
+        model_config, saved_train = checkpoint.read_configs(checkpoint.resolve(args.out))
+        train_config = (saved_train or TrainConfig()).replace(**flags_given(args, TrainConfig))
+    else:
+        model_config, train_config = _new_run_configs(args)
+    if not args.resume and checkpoint.list_checkpoints(args.out):
+        resume = "" if args.init else "pass --resume to continue that run, or "
+        raise ConfigError(f"{args.out} already holds checkpoints: {resume}choose another --out")
+    train(args.data, args.out, model_config, train_config, resume=args.resume, init=args.init)
+    return 0
+
+
+def _new_run_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
+    """The preset (flag, config file, else small) with the file's and the flags' fields;
+    the vocabulary sizes are the corpus vocabulary's."""
+    from transduce.data.tokenizer import MODEL_NAME, Tokenizer
+
+    file_values = read_config_file(args.config)
+    vocab_size = Tokenizer(args.data / MODEL_NAME).vocab_size
+    model_values = {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size,
+                    **file_values.get("model", {}), **flags_given(args, ModelConfig)}
+    model_config = preset(args.preset or file_values.get("preset", "small"), **model_values)
+    train_config = TrainConfig(**{**file_values.get("train", {}), **flags_given(args, TrainConfig)})
+    return model_config, train_config
+
+
+def _uptraining_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
+    """The checkpoint's model and recipe (warmup, batch size, smoothing...) with a new
+    budget: a fraction of its steps, the schedule continued (train/uptrain.py)."""
+    from transduce import checkpoint
+    from transduce.train.uptrain import uptraining_defaults
+
+    if args.resume:
+        raise ConfigError("--init starts a new run from a checkpoint's weights; --resume "
+                          "continues a run: choose one")
+    model_flags, train_flags = flags_given(args, ModelConfig), flags_given(args, TrainConfig)
+    if model_flags:
+        raise ConfigError(f"--init keeps the checkpoint's model; it cannot change "
+                          f"{', '.join(sorted(model_flags))}")
+    model_config, saved_train = checkpoint.read_configs(checkpoint.resolve(args.init))
+    recipe = {**(saved_train.to_dict() if saved_train else {}), "max_steps": 0,
+              "max_minutes": 0.0, "schedule_offset": 0}
+    defaults = uptraining_defaults(args.init, train_flags, args.uptrain_fraction)
+    if "schedule_offset" in defaults:
+        budget = f"; {defaults['max_steps']} steps ({args.uptrain_fraction:.0%})" \
+            if "max_steps" in defaults else ""
+        print(f"uptraining from {args.init}: trained {defaults['schedule_offset']} steps; the "
+              f"schedule continues from there{budget}")
+    file_train = read_config_file(args.config).get("train", {})
+    return model_config, TrainConfig(**{**recipe, **file_train, **defaults, **train_flags})
+
+
+def average_command(args: argparse.Namespace) -> int:
+    """Average the weights of a run's last N checkpoints (the paper: 5 for base)."""
+    from transduce import checkpoint
+
+    found = checkpoint.list_checkpoints(args.run_dir)
+    if not found:
+        raise checkpoint.CheckpointError(f"{args.run_dir}: no checkpoints to average")
+    chosen = found[-args.last:]
+    if len(chosen) < args.last:
+        print(f"note: {args.run_dir} has only {len(chosen)} checkpoints; averaging those")
+    path = checkpoint.average(chosen, args.out)
+    print(f"averaged {', '.join(p.name for p in chosen)} -> {path}")
+    return 0
+
+
+def plot_command(args: argparse.Namespace) -> int:
+    """Loss and learning-rate curves of a run, from its log, as a PNG."""
+    from transduce.viz import plot_training
+
+    print(f"wrote {plot_training(args.run_dir, args.out)}")
+    return 0

@@ -1,0 +1,9 @@
+"""Writing a checkpoint in other toolkits' formats: Hugging Face Marian (marian.py) and
+CTranslate2 (ctranslate2.py). Each computes what our model computes, and refuses, with
+the reason, a model it cannot express."""
+
+from transduce.export.common import ExportError
+from transduce.export.ctranslate2 import export_ctranslate2
+from transduce.export.marian import export_hf, marian_permutation
+
+__all__ = ["ExportError", "export_hf", "export_ctranslate2", "marian_permutation"]

@@ -1,0 +1,126 @@
+"""Export to CTranslate2, written through its own model specification, which expresses
+our layout directly (post-norm or pre-norm, our position table, decoding from bos)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from torch import Tensor
+
+from transduce import atomic, checkpoint
+from transduce.data.tokenizer import BOS_ID, Tokenizer
+from transduce.export.common import ExportError, not_a_plain_transformer
+from transduce.model import Transformer, load_model
+
+
+def check_ctranslate2_exportable(model: Transformer) -> None:
+    c = model.config
+    problems = not_a_plain_transformer(c)
+    if c.positional == "rotary":
+        problems.append("positional='rotary' (not in CTranslate2's encoder-decoder spec)")
+    if c.kv_heads != c.num_heads:
+        # CTranslate2 applies one multi-query switch to encoder and decoder alike, while
+        # our encoder always keeps full heads.
+        problems.append(f"num_kv_heads={c.num_kv_heads} (CTranslate2's encoder-decoder "
+                        f"would make the encoder multi-query too)")
+    if not c.bias:
+        problems.append("bias=False")
+    if problems:
+        raise ExportError("cannot export to CTranslate2: " + "; ".join(problems))
+
+
+def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
+    """Our model as a CTranslate2 TransformerSpec: the same layout, our own position table,
+    decoding from our bos token."""
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    c = model.config
+    spec = transformer_spec.TransformerSpec.from_config(
+        (c.num_encoder_layers, c.num_decoder_layers), c.num_heads, pre_norm=c.norm_first,
+        activation=common_spec.Activation.RELU if c.activation == "relu" else common_spec.Activation.GELU)
+    spec.config.layer_norm_epsilon = c.layer_norm_eps
+    spec.config.decoder_start_token = tokenizer.processor.id_to_piece(BOS_ID)
+    _stack_input(spec.encoder, model.encoder, c.max_positions)
+    for target, layer in zip(spec.encoder.layer, model.encoder.layers):
+        _self_attention_and_ffn(target, layer, layer.norm2)
+    _stack_input(spec.decoder, model.decoder, c.max_positions)
+    for target, layer in zip(spec.decoder.layer, model.decoder.layers):
+        _self_attention_and_ffn(target, layer, layer.norm3)
+        _linear(target.attention.linear[0], layer.cross_attn.q_proj)
+        _fused(target.attention.linear[1], [layer.cross_attn.k_proj, layer.cross_attn.v_proj])
+        _linear(target.attention.linear[2], layer.cross_attn.out_proj)
+        _norm(target.attention.layer_norm, layer.norm2)
+    spec.decoder.projection.weight = _array(model.output_proj.weight)
+    pieces = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    spec.register_source_vocabulary(pieces)
+    spec.register_target_vocabulary(pieces)
+    return spec
+
+
+def _array(tensor: Tensor):
+    return tensor.detach().float().contiguous().numpy()
+
+
+def _linear(target, source) -> None:
+    target.weight = _array(source.weight)
+    target.bias = _array(source.bias)
+
+
+def _fused(target, sources) -> None:
+    """Several projections of one input as one (q, k, v -> qkv)."""
+    from ctranslate2.converters import utils
+    from ctranslate2.specs import common_spec
+
+    parts = [common_spec.LinearSpec() for _ in sources]
+    for part, source in zip(parts, sources):
+        _linear(part, source)
+    utils.fuse_linear(target, parts)
+
+
+def _norm(target, source) -> None:
+    target.gamma, target.beta = _array(source.weight), _array(source.bias)
+
+
+def _stack_input(target, stack, max_positions: int) -> None:
+    """Embedding, position table and (pre-norm) final norm of the encoder or decoder."""
+    embedding = _array(stack.embed.embedding.weight)
+    if isinstance(target.embeddings, list):
+        target.embeddings[0].weight = embedding
+    else:
+        target.embeddings.weight = embedding
+    target.position_encodings.encodings = _array(stack.embed.positions(max_positions))
+    if stack.final_norm is not None:
+        _norm(target.layer_norm, stack.final_norm)
+
+
+def _self_attention_and_ffn(target, layer, ffn_norm) -> None:
+    """The parts every layer has; CTranslate2 keeps each sub-layer's norm with it."""
+    attn = layer.self_attn
+    _fused(target.self_attention.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
+    _linear(target.self_attention.linear[1], attn.out_proj)
+    _norm(target.self_attention.layer_norm, layer.norm1)
+    _linear(target.ffn.linear_0, layer.ffn.linear1)
+    _linear(target.ffn.linear_1, layer.ffn.linear2)
+    _norm(target.ffn.layer_norm, ffn_norm)
+
+
+def export_ctranslate2(path: Path, out: Path, quantization: str | None = None) -> Path:
+    """Write a CTranslate2 model directory (quantization: None, "int8", "bfloat16", ...)
+    with our tokenizer beside it as spm.model."""
+    from ctranslate2.converters.converter import Converter
+
+    directory = checkpoint.resolve(path)
+    model = load_model(directory)
+    check_ctranslate2_exportable(model)
+    tokenizer = Tokenizer(directory / checkpoint.TOKENIZER)
+    spec = ctranslate2_spec(model, tokenizer)
+
+    class _Prepared(Converter):
+        def _load(self):
+            return spec
+
+    with atomic.atomic_directory(out) as temporary:
+        _Prepared().convert(str(temporary), quantization=quantization, force=True)
+        shutil.copyfile(tokenizer.path, temporary / checkpoint.TOKENIZER)
+    return out

@@ -1,0 +1,81 @@
+"""Where a training run stands, and how it is saved and resumed exactly: weights,
+optimizer, data position and every process's RNG state, in one checkpoint directory."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from transduce import checkpoint
+from transduce.config import TrainConfig
+from transduce.data.batching import TokenBatcher
+from transduce.train.distributed import barrier, gather
+
+
+@dataclass
+class Position:
+    """Where the run stands: what resuming needs besides weights and optimizer."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0          # batches of `epoch` already consumed
+    tokens: int = 0         # target tokens trained on
+    seconds: float = 0.0    # training time before this process started
+
+
+class BatchStream:
+    """The batches of epoch after epoch, deterministic from (seed, epoch, batch)."""
+
+    def __init__(self, batcher: TokenBatcher, position: Position):
+        self.batcher, self.position = batcher, position
+        self._epoch_batches = batcher.epoch_batches(position.epoch)
+
+    def take(self, count: int) -> list[np.ndarray]:
+        taken = []
+        while len(taken) < count:
+            if self.position.batch >= len(self._epoch_batches):
+                self.position.epoch += 1
+                self.position.batch = 0
+                self._epoch_batches = self.batcher.epoch_batches(self.position.epoch)
+            taken.append(self._epoch_batches[self.position.batch])
+            self.position.batch += 1
+        return taken
+
+
+def save_training_checkpoint(out: Path, model: torch.nn.Module, train_config: TrainConfig,
+                             tokenizer_path: Path, optimizer: torch.optim.Optimizer,
+                             position: Position, elapsed: float, world: int, rank: int) -> Path:
+    """RUN/step-N with everything resuming needs; the first process writes it, all wait.
+    elapsed: seconds this process has trained, added to the position's."""
+    rng = {"torch": torch.get_rng_state(),
+           "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+    every_rng = gather(rng, world)
+    path = checkpoint.step_dir(out, position.step)
+    if rank == 0:
+        state = {"position": {**asdict(position), "seconds": position.seconds + elapsed},
+                 "optimizer": optimizer.state_dict(), "rng": every_rng, "world_size": world}
+        checkpoint.save(path, model, train_config, tokenizer_path, state)
+        checkpoint.keep_last(out, train_config.keep_last)
+    barrier(world)
+    return path
+
+
+def restore(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int,
+            device: torch.device) -> Position:
+    """Weights, optimizer, data position and RNG of the run's latest checkpoint."""
+    latest = checkpoint.resolve(out)
+    state = checkpoint.load_trainer_state(latest, device)
+    checkpoint.load_weights(model, latest, device)
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (ValueError, KeyError, RuntimeError) as error:
+        raise checkpoint.CheckpointError(f"{latest / checkpoint.TRAINER_STATE}: optimizer state "
+                                         f"does not fit this model ({error})") from None
+    rng = state["rng"][rank] if rank < len(state["rng"]) else state["rng"][0]
+    torch.set_rng_state(rng["torch"])
+    if rng.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    return Position(**state["position"])

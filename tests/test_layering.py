@@ -1,0 +1,78 @@
+"""The package's arrows run one way (cli -> decode / train -> model -> attention; data
+and checkpoint below them, importing no model code; decoding never imports training),
+and the command line starts without torch."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "transduce"
+
+# Module prefix -> what it may not import, anywhere in the file (lazy imports included).
+FORBIDDEN = {
+    "transduce.errors": ["transduce."],
+    "transduce.config": ["transduce.attention", "transduce.model", "transduce.data",
+                         "transduce.checkpoint", "transduce.decode", "transduce.train",
+                         "transduce.cli", "transduce.export"],
+    "transduce.atomic": ["transduce.attention", "transduce.model", "transduce.data",
+                         "transduce.decode", "transduce.train", "transduce.cli"],
+    "transduce.data": ["transduce.attention", "transduce.model", "transduce.checkpoint",
+                       "transduce.decode", "transduce.train", "transduce.cli", "transduce.export"],
+    "transduce.checkpoint": ["transduce.attention", "transduce.model", "transduce.decode",
+                             "transduce.train", "transduce.cli", "transduce.export"],
+    "transduce.attention": ["transduce.model", "transduce.data", "transduce.checkpoint",
+                            "transduce.decode", "transduce.train", "transduce.cli",
+                            "transduce.export"],
+    "transduce.model": ["transduce.decode", "transduce.train", "transduce.cli",
+                        "transduce.export"],
+    "transduce.decode": ["transduce.train", "transduce.cli", "transduce.export"],
+    "transduce.train": ["transduce.cli", "transduce.export"],
+    "transduce.export": ["transduce.train", "transduce.cli", "transduce.decode"],
+}
+
+
+def modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), path
+
+
+def imported(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("name,path", list(modules()), ids=lambda x: str(x))
+def test_imports_go_one_way(name, path):
+    rules = [banned for prefix, banned in FORBIDDEN.items()
+             if name == prefix or name.startswith(prefix + ".")]
+    wrong = sorted(module for module in imported(path) for banned in rules for forbidden in banned
+                   if module == forbidden.rstrip(".") or module.startswith(forbidden))
+    assert not wrong, f"{name} imports {wrong}"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["translate", "--help"], ["train", "--help"]])
+def test_the_command_line_starts_without_torch(argv):
+    code = ("import sys\nfrom transduce.cli import main\ntry:\n    main(%r)\n"
+            "except SystemExit:\n    pass\nprint('torch' in sys.modules)" % argv)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(PACKAGE.parent)}, timeout=60)
+    assert result.stdout.strip().splitlines()[-1] == "False", result.stdout + result.stderr
+
+
+def test_import_transduce_is_cheap_and_its_names_load_on_use():
+    code = ("import sys, transduce\nprint('torch' in sys.modules)\n"
+            "print(transduce.load.__module__, transduce.Transformer.__name__)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(PACKAGE.parent)}, timeout=120)
+    assert result.stdout.split() == ["False", "transduce.decode.translate", "Transformer"], \
+        result.stderr
