@@ -211,15 +211,21 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
 
 
 Dtype = Literal["float32", "bfloat16"]
+Schedule = Literal["noam", "budget"]
 
 
 @dataclass(frozen=True)
 class TrainConfig(ValidatedConfig):
     """The paper's recipe (section 5) and the run's budget.
 
-    lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5); Adam with
-    (adam_beta1, adam_beta2, adam_eps); label smoothing; batches of about max_tokens
-    source and max_tokens target tokens, update_freq of them (per process) per step.
+    schedule "noam" (the paper): lr = lr_scale * d_model^-0.5 * min(step^-0.5,
+    step * warmup_steps^-1.5). schedule "budget" (budgeted training, Li et al. 2020):
+    the same peak, lr_scale * (d_model * warmup_steps)^-0.5, reached after
+    warmup_fraction of the budget (max_minutes and/or max_steps), then a linear decay to
+    0 at the budget's end. Adam with (adam_beta1, adam_beta2, adam_eps); label
+    smoothing; batches of about max_tokens source and max_tokens target tokens,
+    update_freq of them (per process) per step. ema_decay > 0 keeps an exponential
+    moving average of the weights, written as RUN/ema when the run ends.
     """
 
     max_steps: int = 0                 # 0: no step limit
@@ -245,12 +251,20 @@ class TrainConfig(ValidatedConfig):
     nan_limit: int = 5                 # abort after this many non-finite losses in a row
     threads: int = 0                   # 0: torch's default
     schedule_offset: int = 0           # the lr schedule starts this many steps in (uptraining)
+    schedule: Schedule = "noam"
+    warmup_fraction: float = 0.05      # schedule "budget": warmup as a fraction of the budget
+    ema_decay: float = 0.0             # 0: no moving average of the weights
 
     def __post_init__(self) -> None:
         self._check_floats_finite()
         check_positive(self, "max_tokens", "update_freq", "warmup_steps", "max_len",
                         "log_every", "eval_every", "save_every", "keep_last", "nan_limit")
         check_choice(self, "dtype")
+        check_choice(self, "schedule")
+        check_in_unit_interval(self, "warmup_fraction", "ema_decay")
+        if self.schedule == "budget" and not (self.max_steps or self.max_minutes):
+            raise ConfigError("TrainConfig.schedule='budget' decays to 0 at the end of the "
+                              "budget: give max_steps or max_minutes")
         check_at_least(self, 0, "max_steps", "max_minutes", "clip_norm", "dev_bleu_sentences",
                        "threads", "schedule_offset")
         check_in_unit_interval(self, "label_smoothing", "adam_beta1", "adam_beta2")

@@ -215,3 +215,49 @@ def test_train_leaves_signal_handlers_and_threads_as_it_found_them(tiny_corpus, 
         assert torch.get_num_threads() == threads
     finally:
         signal.signal(signal.SIGINT, before_int)
+
+
+def test_budget_schedule_moving_average_and_forecast_in_a_run(tiny_corpus, tmp_path, monkeypatch,
+                                                              capsys):
+    monkeypatch.setattr(loop, "FORECAST_AFTER_S", 0.0)
+    run = tmp_path / "run"
+    config = train_config(max_steps=10, max_minutes=60.0, schedule="budget",
+                          warmup_fraction=0.2, log_every=1, ema_decay=0.5)
+    train(tiny_corpus, run, tiny_config(), config)
+    records = [json.loads(line) for line in (run / LOG_NAME).read_text().splitlines()]
+    rates = [r["lr"] for r in records if r["event"] == "train"]
+    peak = 2.0 * (64 * 20) ** -0.5
+    expected = [peak * min((s / 10) / 0.2, (1 - s / 10) / 0.8) for s in range(10)]
+    # By steps (10 steps take far less than 60 minutes; the first step's few milliseconds
+    # of the hour lift its rate off 0 a little).
+    assert rates == pytest.approx(expected, rel=1e-3, abs=1e-5)
+    forecast = [r for r in records if r["event"] == "forecast"]
+    assert len(forecast) == 1 and forecast[0]["expected_steps"] > 10
+    assert "at this pace about" in capsys.readouterr().out
+    averaged, last = weights(run / "ema"), weights(run)
+    assert any(not torch.equal(averaged[name], last[name]) for name in last)
+    assert checkpoint.trained_steps(run / "ema") == 10
+
+
+def test_resume_is_exact_with_a_moving_average(tiny_corpus, tmp_path):
+    config = dict(ema_decay=0.8)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(tiny_corpus, straight, tiny_config(), train_config(max_steps=12, **config))
+    train(tiny_corpus, split, tiny_config(), train_config(max_steps=6, **config))
+    train(tiny_corpus, split, tiny_config(), train_config(max_steps=12, **config), resume=True)
+    for part in ("ema", "step-0000012"):
+        a, b = weights(straight / part), weights(split / part)
+        assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_plot_races_runs_by_minutes(tiny_corpus, tmp_path, capsys):
+    runs = []
+    for name, changes in (("post-norm", {}), ("pre-norm", {"norm_first": True})):
+        runs.append(tmp_path / name)
+        train(tiny_corpus, runs[-1], tiny_config(**changes),
+              train_config(max_steps=6, eval_every=3, dev_bleu_sentences=5))
+    out = tmp_path / "race.png"
+    assert main(["plot", *map(str, runs), "--out", str(out)]) == 0
+    assert out.stat().st_size > 10_000
+    assert main(["plot", *map(str, runs)]) == 2
+    assert "--out" in capsys.readouterr().err

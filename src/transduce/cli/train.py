@@ -33,9 +33,11 @@ def register(commands) -> None:
     average.add_argument("--out", type=Path, required=True)
     average.set_defaults(handler=average_command)
 
-    plot = commands.add_parser("plot", help="plot a run's loss and learning-rate curves")
-    plot.add_argument("run_dir", metavar="RUN", type=Path)
-    plot.add_argument("--out", type=Path, default=None, help="PNG path (default RUN/curves.png)")
+    plot = commands.add_parser("plot", help="plot a run's curves, or several runs' dev BLEU "
+                                            "against minutes")
+    plot.add_argument("run_dirs", metavar="RUN", type=Path, nargs="+")
+    plot.add_argument("--out", type=Path, default=None,
+                      help="PNG path (default RUN/curves.png for one run; needed for several)")
     plot.set_defaults(handler=plot_command)
 
 
@@ -120,8 +122,14 @@ def average_command(args: argparse.Namespace) -> int:
 
 
 def plot_command(args: argparse.Namespace) -> int:
-    """Loss and learning-rate curves of a run, from its log, as a PNG."""
-    from transduce.viz import plot_training
+    """One run: its loss and learning-rate curves. Several: their dev BLEU and dev loss
+    against training minutes, on one figure."""
+    from transduce.viz import plot_quality_over_time, plot_training
 
-    print(f"wrote {plot_training(args.run_dir, args.out)}")
+    if len(args.run_dirs) == 1:
+        print(f"wrote {plot_training(args.run_dirs[0], args.out)}")
+        return 0
+    if args.out is None:
+        raise ConfigError("plotting several runs needs --out FILE.png")
+    print(f"wrote {plot_quality_over_time(args.run_dirs, args.out)}")
     return 0

@@ -40,9 +40,11 @@ from transduce.train.distributed import (any_true, barrier, init_distributed,
 from transduce.train.flops import matmul_peak, training_flops
 from transduce.train.log import TrainingLog
 from transduce.train.loss import label_smoothed_nll
-from transduce.train.schedule import noam_lr
+from transduce.train.ema import WeightAverage
+from transduce.train.schedule import learning_rate
 from transduce.train.signals import StopRequest, stop_requests
-from transduce.train.state import BatchStream, Position, restore, save_training_checkpoint
+from transduce.train.state import (BatchStream, Position, restore, save_training_checkpoint,
+                                   save_weight_average)
 
 
 class TrainingError(TransduceError, RuntimeError):
@@ -69,6 +71,7 @@ class Run:
     position: Position
     peak_flops: float
     log: TrainingLog
+    ema: WeightAverage | None
     stream: BatchStream = field(init=False)
 
     def __post_init__(self) -> None:
@@ -128,7 +131,10 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     torch.manual_seed(train_config.seed + 1 + rank)  # dropout differs across processes
     if init is not None:
         model.load_state_dict(load_model(init, device).state_dict())
-    position = restore(out, model, optimizer, rank, device) if resume else Position()
+    position, state = restore(out, model, optimizer, rank, device) if resume else (Position(), {})
+    ema = WeightAverage(model, train_config.ema_decay) if train_config.ema_decay else None
+    if ema is not None and "ema" in state:
+        ema.load_state_dict(state["ema"])
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         checkpoint.remove_stale_temporaries(out)
@@ -140,7 +146,7 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
                        device)
     return Run(out, model_config, train_config, world, rank, device, tokenizer, train_split,
                dev_split, batcher, model, net, optimizer, position, peak,
-               TrainingLog(out, rank == 0))
+               TrainingLog(out, rank == 0), ema)
 
 
 def _check_vocabulary(model_config: ModelConfig, tokenizer: Tokenizer) -> None:
@@ -165,10 +171,11 @@ def _train_until_done(run: Run, stop: StopRequest) -> Path:
     progress = tqdm(total=run.train_config.max_steps or None, initial=run.position.step,
                     disable=not run.main_process, unit="step", dynamic_ncols=True)
     window = _Window()
-    nonfinite_in_a_row = 0
+    nonfinite_in_a_row, forecast_due = 0, bool(run.train_config.max_minutes)
+    first_step = run.position.step
     while True:
         step_start = time.perf_counter()
-        result = train_step(run)
+        result = train_step(run, run.position.seconds + step_start - started)
         if result is None:
             nonfinite_in_a_row += 1
             _refuse_divergence(run, nonfinite_in_a_row)
@@ -179,6 +186,9 @@ def _train_until_done(run: Run, stop: StopRequest) -> Path:
         progress.update(1)
         window.add(result, time.perf_counter() - step_start)
         elapsed = time.perf_counter() - started
+        if forecast_due and elapsed >= FORECAST_AFTER_S:
+            forecast_due = False
+            _forecast(run, run.position.step - first_step, elapsed, progress)
         budget = _budget_spent(run, elapsed)
         finished = any_true(bool(budget or stop.received), run.world, run.device)
         saved = _periodic(run, window, result.lr, elapsed, finished, progress)
@@ -188,12 +198,32 @@ def _train_until_done(run: Run, stop: StopRequest) -> Path:
     if run.main_process:
         reason = stop.received or budget or "another process was stopped"
         print(f"stopped after step {run.position.step} ({reason}); last checkpoint {saved}")
+        if run.ema is not None:
+            ema = save_weight_average(run.out, run.model, run.ema, run.train_config,
+                                      run.tokenizer.path, run.position.step)
+            print(f"moving average of the weights (decay {run.ema.decay}): {ema}")
     return saved
 
 
-def train_step(run: Run) -> StepResult | None:
-    """One optimizer step over update_freq batches per process; None (and no update)
-    when the loss is not finite."""
+FORECAST_AFTER_S = 60.0
+
+
+def _forecast(run: Run, steps: int, elapsed: float, progress: tqdm) -> None:
+    """After the first minute (`steps` steps in `elapsed` seconds of this process): how many
+    steps the whole time budget will give at this pace."""
+    minutes = run.train_config.max_minutes
+    left = max(0.0, 60 * minutes - run.position.seconds - elapsed)
+    expected = round(run.position.step + steps / elapsed * left)
+    if run.main_process:
+        progress.write(f"after {elapsed:.0f} s: step {run.position.step}; at this pace about "
+                       f"{expected:,d} steps in {minutes:g} minutes")
+    run.log.write({"event": "forecast", "step": run.position.step, "elapsed_s": elapsed,
+                   "expected_steps": expected})
+
+
+def train_step(run: Run, seconds: float) -> StepResult | None:
+    """One optimizer step over update_freq batches per process, `seconds` into the run;
+    None (and no update) when the loss is not finite."""
     c = run.train_config
     batches = run.stream.take(run.world * c.update_freq)
     mine = batches[run.rank * c.update_freq:(run.rank + 1) * c.update_freq]
@@ -219,12 +249,15 @@ def train_step(run: Run) -> StepResult | None:
         return None
     if c.clip_norm > 0:
         torch.nn.utils.clip_grad_norm_(run.model.parameters(), c.clip_norm)
-    lr = noam_lr(c.schedule_offset + run.position.step + 1, run.model_config.d_model,
-                 c.warmup_steps, c.lr_scale)
+    if c.schedule == "budget" and run.world > 1:   # one clock for all: the same rate everywhere
+        seconds = sum_over_processes([seconds], run.world, run.device)[0] / run.world
+    lr = learning_rate(c, run.model_config.d_model, run.position.step, seconds)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
+    if run.ema is not None:
+        run.ema.update(run.model)
     return StepResult(loss_sum, step_tokens, flops, lr)
 
 
@@ -236,9 +269,10 @@ def _refuse_divergence(run: Run, nonfinite_in_a_row: int) -> None:
 
 
 def _budget_spent(run: Run, elapsed: float) -> str | None:
-    """Which budget the run has spent, if any."""
+    """Which budget the run has spent, if any. Both count the whole run, a resumed one
+    included: its steps, and its training time before and in this process."""
     c = run.train_config
-    if c.max_minutes and elapsed >= 60 * c.max_minutes:
+    if c.max_minutes and run.position.seconds + elapsed >= 60 * c.max_minutes:
         return "time budget"
     if c.max_steps and run.position.step >= c.max_steps:
         return "step budget"
@@ -275,13 +309,14 @@ def _periodic(run: Run, window: _Window, lr: float, elapsed: float, finished: bo
     if run.dev_split is not None and (step % c.eval_every == 0 or finished):
         if run.main_process:
             result = evaluate_dev(run.model, run.dev_split, run.tokenizer, c, run.device)
-            run.log.write({"event": "dev", "step": step, **result})
+            run.log.write({"event": "dev", "step": step,
+                           "elapsed_s": run.position.seconds + elapsed, **result})
             progress.write(f"step {step}: " + ", ".join(f"{key} {value:.3f}"
                                                         for key, value in result.items()))
         barrier(run.world)
     if step % c.save_every == 0 or finished:
         return save_training_checkpoint(run.out, run.model, c, run.tokenizer.path, run.optimizer,
-                                        run.position, elapsed, run.world, run.rank)
+                                        run.position, elapsed, run.world, run.rank, run.ema)
     return None
 
 

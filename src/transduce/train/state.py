@@ -13,6 +13,7 @@ from transduce import checkpoint
 from transduce.config import TrainConfig
 from transduce.data.batching import TokenBatcher
 from transduce.train.distributed import barrier, gather
+from transduce.train.ema import WeightAverage
 
 
 @dataclass
@@ -47,7 +48,8 @@ class BatchStream:
 
 def save_training_checkpoint(out: Path, model: torch.nn.Module, train_config: TrainConfig,
                              tokenizer_path: Path, optimizer: torch.optim.Optimizer,
-                             position: Position, elapsed: float, world: int, rank: int) -> Path:
+                             position: Position, elapsed: float, world: int, rank: int,
+                             ema: WeightAverage | None = None) -> Path:
     """RUN/step-N with everything resuming needs; the first process writes it, all wait.
     elapsed: seconds this process has trained, added to the position's."""
     rng = {"torch": torch.get_rng_state(),
@@ -56,7 +58,8 @@ def save_training_checkpoint(out: Path, model: torch.nn.Module, train_config: Tr
     path = checkpoint.step_dir(out, position.step)
     if rank == 0:
         state = {"position": {**asdict(position), "seconds": position.seconds + elapsed},
-                 "optimizer": optimizer.state_dict(), "rng": every_rng, "world_size": world}
+                 "optimizer": optimizer.state_dict(), "rng": every_rng, "world_size": world,
+                 **({"ema": ema.state_dict()} if ema is not None else {})}
         checkpoint.save(path, model, train_config, tokenizer_path, state)
         checkpoint.keep_last(out, train_config.keep_last)
     barrier(world)
@@ -64,8 +67,9 @@ def save_training_checkpoint(out: Path, model: torch.nn.Module, train_config: Tr
 
 
 def restore(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int,
-            device: torch.device) -> Position:
-    """Weights, optimizer, data position and RNG of the run's latest checkpoint."""
+            device: torch.device) -> tuple[Position, dict]:
+    """Weights, optimizer, data position and RNG of the run's latest checkpoint.
+    -> the position, and the whole trainer state (for what else the run keeps)."""
     latest = checkpoint.resolve(out)
     state = checkpoint.load_trainer_state(latest, device)
     checkpoint.load_weights(model, latest, device)
@@ -78,4 +82,12 @@ def restore(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     torch.set_rng_state(rng["torch"])
     if rng.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
-    return Position(**state["position"])
+    return Position(**state["position"]), state
+
+
+def save_weight_average(out: Path, model: torch.nn.Module, ema: WeightAverage,
+                        train_config: TrainConfig, tokenizer_path: Path, steps: int) -> Path:
+    """RUN/ema: the moving average of the weights as a checkpoint of its own."""
+    origin = {"ema_decay": ema.decay, "steps": steps}
+    return checkpoint.save(out / "ema", ema.averaged_model(model), train_config, tokenizer_path,
+                           origin=origin)

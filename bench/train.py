@@ -1,0 +1,178 @@
+"""Training throughput: our `small` Transformer and Hugging Face's MarianMTModel of the same
+size, on the same batches, interleaved in short rounds.
+
+Both models: d_model 256, 3 + 3 layers, 4 heads, FFN 1024, one tied 8k embedding matrix,
+dropout 0.1, label smoothing 0.1, Adam (0.9, 0.98, 1e-9), post-norm (Marian's layout).
+Both see the same batches (our length-sorted token batches of --max-tokens per side) and
+count the same thing: target tokens that are not padding, per second of forward,
+backward and optimizer step. Each side computes its loss its own way (ours:
+label_smoothed_nll; Hugging Face: F.cross_entropy with label_smoothing, as its Trainer
+does). For each batch size the peers alternate rounds of --steps steps; the median round
+gives tokens/s, model FLOPs utilisation against the matmul peak measured here for the
+dtype, and the ratio ours / Hugging Face. Peak memory is the resident memory a few steps
+add, measured in a fresh child process per case. The timed rounds run with the allocator
+setting `transduce train` makes (runtime.keep_freed_memory), for both peers alike; the
+memory children without it, so that freed blocks leave the high-water mark honest.
+Writes JSON with the machine's description.
+
+    python bench/train.py --data data/bible --max-tokens 2048 4096 8192 [--dtype bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from measure import added_peak_bytes, format_bytes, machine_info, peak_in_child  # noqa: E402
+from transduce.config import preset  # noqa: E402
+from transduce.data.batching import TokenBatcher  # noqa: E402
+from transduce.data.dataset import load_split  # noqa: E402
+from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer  # noqa: E402
+from transduce.export.marian import marian_config  # noqa: E402
+from transduce.model import Transformer  # noqa: E402
+from transduce.runtime import keep_freed_memory  # noqa: E402
+from transduce.train.flops import matmul_peak, training_flops  # noqa: E402
+from transduce.train.loss import label_smoothed_nll  # noqa: E402
+
+PEERS = ("ours", "hf marian")
+SMOOTHING, LR = 0.1, 5e-4
+
+
+def build(peer: str, vocab_size: int):
+    """The model and its one training step on a batch -> target tokens trained."""
+    torch.manual_seed(0)
+    ours = Transformer(preset("small", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size))
+    if peer == "ours":
+        model = ours.train()
+
+        def loss_of(batch):
+            return label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out, SMOOTHING,
+                                      PAD_ID)[0]
+    else:
+        from transformers import MarianConfig, MarianMTModel
+
+        values = {**marian_config(ours), "dropout": 0.1}
+        model = MarianMTModel(MarianConfig(**values)).train()
+
+        def loss_of(batch):
+            logits = model(input_ids=batch.src, attention_mask=(batch.src != PAD_ID).long(),
+                           decoder_input_ids=batch.tgt_in).logits
+            return F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(),
+                                   ignore_index=PAD_ID, label_smoothing=SMOOTHING,
+                                   reduction="sum")
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR, betas=(0.9, 0.98), eps=1e-9)
+
+    def step(batch, dtype: torch.dtype | None) -> int:
+        tokens = int((batch.tgt_out != PAD_ID).sum())
+        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+            (loss_of(batch) / tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return tokens
+
+    return ours.config, step
+
+
+def batches(data: Path, max_tokens: int, count: int) -> list:
+    tokenizer = Tokenizer(data / MODEL_NAME)
+    split = load_split(data, "train", tokenizer, 256)
+    batcher = TokenBatcher(split.src_ids, split.tgt_ids, max_tokens, seed=1)
+    return [batcher.collate(indices) for indices in batcher.epoch_batches(0)[:count]], \
+        tokenizer.vocab_size
+
+
+def measure(data: Path, max_tokens: int, rounds: int, steps: int, dtype) -> dict:
+    chosen, vocab = batches(data, max_tokens, steps)
+    steppers = {peer: build(peer, vocab) for peer in PEERS}
+    config = steppers["ours"][0]
+    flops = sum(training_flops(config, *b.src.shape, b.tgt_in.shape[1]) for b in chosen)
+    for _, step in steppers.values():      # warm-up: allocator, thread pool, autograd
+        step(chosen[0], dtype)
+    seconds: dict[str, list[float]] = {peer: [] for peer in PEERS}
+    tokens = 0
+    for _ in range(rounds):
+        for peer, (_, step) in steppers.items():
+            start = time.perf_counter()
+            tokens = sum(step(batch, dtype) for batch in chosen)
+            seconds[peer].append(time.perf_counter() - start)
+            print(f"  {max_tokens} tokens, {peer}: {tokens / seconds[peer][-1]:,.0f} target "
+                  f"tokens/s", flush=True)
+    return {peer: {"seconds": times, "target_tokens_per_round": tokens,
+                   "target_tokens_per_s": tokens / statistics.median(times),
+                   "model_flops_per_s": flops / statistics.median(times)}
+            for peer, times in seconds.items()}
+
+
+def child(args) -> None:
+    """Peak memory of a few training steps of one peer, in this fresh process."""
+    peer, max_tokens, data = args.child[0], int(args.child[1]), Path(args.child[2])
+    dtype = torch.bfloat16 if args.child[3] == "bfloat16" else None
+    chosen, vocab = batches(data, max_tokens, 3)
+
+    def prepare():
+        _, step = build(peer, vocab)
+        return lambda: [step(batch, dtype) for batch in chosen]
+
+    _, tiny_step = build(peer, vocab)
+    print(added_peak_bytes(lambda: tiny_step(chosen[0], dtype), prepare))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, help="corpus directory (required)")
+    parser.add_argument("--max-tokens", type=int, nargs="+", default=[2048, 4096, 8192])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8, help="batches per round and peer")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.child:   # memory: glibc returning freed blocks, so the high-water mark is honest
+        child(args)
+        return
+    keep_freed_memory()   # timing: what `transduce train` does, for both peers alike
+    if args.data is None:
+        parser.error("--data is required")
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
+    peak = matmul_peak(dtype or torch.float32)
+    rows = []
+    for max_tokens in args.max_tokens:
+        result = measure(args.data, max_tokens, args.rounds, args.steps, dtype)
+        for peer, values in result.items():
+            values["mfu"] = values["model_flops_per_s"] / peak
+            case = [peer, str(max_tokens), str(args.data), args.dtype]
+            values["peak_memory_bytes"] = peak_in_child(Path(__file__), case, args.threads)
+            rows.append({"peer": peer, "max_tokens": max_tokens, **values})
+    best = {peer: max(r["target_tokens_per_s"] for r in rows if r["peer"] == peer) for peer in PEERS}
+    print(f"\nmatmul peak {peak / 1e9:.0f} GFLOP/s ({args.dtype})")
+    print(f"{'peer':10s} {'tokens':>7s} {'target tok/s':>13s} {'vs hf':>7s} {'MFU':>6s} {'peak mem':>10s}")
+    for row in rows:
+        hf = next(r for r in rows if r["peer"] == "hf marian" and r["max_tokens"] == row["max_tokens"])
+        print(f"{row['peer']:10s} {row['max_tokens']:7d} {row['target_tokens_per_s']:13,.0f} "
+              f"{row['target_tokens_per_s'] / hf['target_tokens_per_s']:6.2f}x "
+              f"{100 * row['mfu']:5.1f}% {format_bytes(row['peak_memory_bytes']):>10s}")
+    print(f"at each one's fastest batch size: ours / hf = {best['ours'] / best['hf marian']:.2f}x")
+    out = args.out or Path(__file__).parent / "results" / f"train-cpu-{args.dtype}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "train", "dtype": args.dtype, "rounds": args.rounds,
+                               "steps_per_round": args.steps, "matmul_peak_flops": peak,
+                               "machine": machine_info(args.threads), "rows": rows,
+                               "best_ratio": best["ours"] / best["hf marian"]}, indent=2) + "\n")
+    print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()
