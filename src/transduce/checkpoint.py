@@ -144,10 +144,13 @@ def load_trainer_state(path: Path, device: torch.device | str = "cpu") -> dict[s
         raise CheckpointError(f"{path}: no trainer state ({TRAINER_STATE}) to resume from")
     try:
         state = torch.load(file, map_location=device, weights_only=False)
-        state["position"]["step"], state["optimizer"], state["rng"]
     except Exception as error:  # noqa: BLE001 - unpickling a corrupt file raises anything
         raise CheckpointError(f"{file}: unreadable or corrupt trainer state "
                               f"({type(error).__name__}: {error})") from None
+    missing = {"position", "optimizer", "rng"} - set(state if isinstance(state, dict) else ())
+    if missing:
+        raise CheckpointError(f"{file}: unreadable or corrupt trainer state (no "
+                              f"{', '.join(sorted(missing))})")
     return state
 
 

@@ -115,13 +115,12 @@ class SlidingWindowAttention:
                               dtype=dtype, device=device)
 
     def cache_bytes(self, batch, tokens, kv_heads, head_dim, dtype):
+        """Softmax attention's formula over the tokens the window keeps."""
         _refuse_int8(dtype, self.name)
         kept = min(tokens, self.window)
-        size = kv_cache_bytes(tokens=kept, batch=batch, kv_heads=kv_heads, head_dim=head_dim,
-                              dtype=dtype)
-        return size, (f"kv_heads {kv_heads} x 2 (K and V) x (head_dim {head_dim} x "
-                      f"{element_size(dtype)} bytes ({_name(dtype)})) x {kept} tokens"
-                      f"{' (the window)' if kept != tokens else ''} x batch {batch}")
+        size, words = SoftmaxAttention().cache_bytes(batch, kept, kv_heads, head_dim, dtype)
+        return size, words.replace(f"{kept} tokens", f"{kept} tokens (the window)") \
+            if kept != tokens else words
 
 
 def self_attention_kind(attention_type: AttentionType, window: int = 16) -> AttentionKind:
