@@ -2,20 +2,26 @@
 size, on the same batches, interleaved in short rounds.
 
 Both models: d_model 256, 3 + 3 layers, 4 heads, FFN 1024, one tied 8k embedding matrix,
-dropout 0.1, label smoothing 0.1, Adam (0.9, 0.98, 1e-9), post-norm (Marian's layout).
-Both see the same batches (our length-sorted token batches of --max-tokens per side) and
+dropout 0.1, label smoothing 0.1, post-norm (Marian's layout), fused Adam (0.9, 0.98,
+1e-9; Hugging Face's Trainer defaults to its fused AdamW on this torch).
+Three peers see the same batches (our length-sorted token batches of --max-tokens per
+side): ours in the dtype `transduce train` picks here (--dtype auto: bfloat16 autocast
+where the CPU has bfloat16 units, else float32), Hugging Face in float32 (its default)
+and Hugging Face under bfloat16 autocast (what its `bf16=True` flag does on a CPU). All
 count the same thing: target tokens that are not padding, per second of forward,
-backward and optimizer step. Each side computes its loss its own way (ours:
-label_smoothed_nll; Hugging Face: F.cross_entropy with label_smoothing, as its Trainer
-does). For each batch size the peers alternate rounds of --steps steps; the median round
-gives tokens/s, model FLOPs utilisation against the matmul peak measured here for the
-dtype, and the ratio ours / Hugging Face. Peak memory is the resident memory a few steps
-add, measured in a fresh child process per case. The timed rounds run with the allocator
-setting `transduce train` makes (runtime.keep_freed_memory), for both peers alike; the
-memory children without it, so that freed blocks leave the high-water mark honest.
-Writes JSON with the machine's description.
+backward and optimizer step. Each side computes its loss as its training loop does
+(ours: the output projection fused with the label-smoothed loss,
+projected_label_smoothed_nll; Hugging Face: logits, then F.cross_entropy with
+label_smoothing, as its Trainer does). For each batch size the peers alternate rounds
+of --steps steps; the median round gives tokens/s, model FLOPs utilisation against the
+matmul peak measured here for the peer's dtype, and the ratios ours / each Hugging Face
+peer. Peak memory is the resident memory a few steps add, measured in a fresh child
+process per case. The timed rounds run with the allocator setting `transduce train`
+makes (runtime.keep_freed_memory), for all peers alike; the memory children without
+it, so that freed blocks leave the high-water mark honest. Writes JSON with the
+machine's description and CPU flags.
 
-    python bench/train.py --data data/bible --max-tokens 2048 4096 8192 [--dtype bfloat16]
+    python bench/train.py --data data/bible --max-tokens 2048 4096 8192 [--dtype auto]
 """
 
 from __future__ import annotations
@@ -40,24 +46,28 @@ from transduce.data.dataset import load_split  # noqa: E402
 from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer  # noqa: E402
 from transduce.export.marian import marian_config  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
-from transduce.runtime import keep_freed_memory  # noqa: E402
+from transduce.runtime import cpu_flags, keep_freed_memory, training_dtype  # noqa: E402
 from transduce.train.flops import matmul_peak, training_flops  # noqa: E402
-from transduce.train.loss import label_smoothed_nll  # noqa: E402
+from transduce.train.loss import projected_label_smoothed_nll  # noqa: E402
 
-PEERS = ("ours", "hf marian")
+BF16_FLAGS = {"avx512_bf16", "amx_bf16", "amx_tile"}
+HF_PEERS = {"hf float32": None, "hf bfloat16": torch.bfloat16}
+PEERS = ("ours", *HF_PEERS)
 SMOOTHING, LR = 0.1, 5e-4
 
 
-def build(peer: str, vocab_size: int):
+def build(peer: str, vocab_size: int, ours_dtype: torch.dtype | None):
     """The model and its one training step on a batch -> target tokens trained."""
     torch.manual_seed(0)
-    ours = Transformer(preset("small", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size))
+    ours = Transformer(preset("small", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
+                              norm_first=False))     # Marian's layout, for both
     if peer == "ours":
         model = ours.train()
 
         def loss_of(batch):
-            return label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out, SMOOTHING,
-                                      PAD_ID)[0]
+            hidden = model(batch.src, batch.tgt_in, project=False)
+            return projected_label_smoothed_nll(hidden, model.output_proj.weight, batch.tgt_out,
+                                                SMOOTHING, PAD_ID)[0]
     else:
         from transformers import MarianConfig, MarianMTModel
 
@@ -70,9 +80,11 @@ def build(peer: str, vocab_size: int):
             return F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(),
                                    ignore_index=PAD_ID, label_smoothing=SMOOTHING,
                                    reduction="sum")
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR, betas=(0.9, 0.98), eps=1e-9)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR, betas=(0.9, 0.98), eps=1e-9,
+                                 fused=True)
+    dtype = ours_dtype if peer == "ours" else HF_PEERS[peer]
 
-    def step(batch, dtype: torch.dtype | None) -> int:
+    def step(batch) -> int:
         tokens = int((batch.tgt_out != PAD_ID).sum())
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
             (loss_of(batch) / tokens).backward()
@@ -80,7 +92,7 @@ def build(peer: str, vocab_size: int):
         optimizer.zero_grad(set_to_none=True)
         return tokens
 
-    return ours.config, step
+    return ours.config, dtype, step
 
 
 def batches(data: Path, max_tokens: int, count: int) -> list:
@@ -91,23 +103,24 @@ def batches(data: Path, max_tokens: int, count: int) -> list:
         tokenizer.vocab_size
 
 
-def measure(data: Path, max_tokens: int, rounds: int, steps: int, dtype) -> dict:
+def measure(data: Path, max_tokens: int, rounds: int, steps: int, ours_dtype) -> dict:
     chosen, vocab = batches(data, max_tokens, steps)
-    steppers = {peer: build(peer, vocab) for peer in PEERS}
+    steppers = {peer: build(peer, vocab, ours_dtype) for peer in PEERS}
     config = steppers["ours"][0]
     flops = sum(training_flops(config, *b.src.shape, b.tgt_in.shape[1]) for b in chosen)
-    for _, step in steppers.values():      # warm-up: allocator, thread pool, autograd
-        step(chosen[0], dtype)
+    for _, _, step in steppers.values():   # warm-up: allocator, thread pool, autograd
+        step(chosen[0])
     seconds: dict[str, list[float]] = {peer: [] for peer in PEERS}
     tokens = 0
     for _ in range(rounds):
-        for peer, (_, step) in steppers.items():
+        for peer, (_, _, step) in steppers.items():
             start = time.perf_counter()
-            tokens = sum(step(batch, dtype) for batch in chosen)
+            tokens = sum(step(batch) for batch in chosen)
             seconds[peer].append(time.perf_counter() - start)
             print(f"  {max_tokens} tokens, {peer}: {tokens / seconds[peer][-1]:,.0f} target "
                   f"tokens/s", flush=True)
-    return {peer: {"seconds": times, "target_tokens_per_round": tokens,
+    return {peer: {"dtype": str(steppers[peer][1] or torch.float32).removeprefix("torch."),
+                   "seconds": times, "target_tokens_per_round": tokens,
                    "target_tokens_per_s": tokens / statistics.median(times),
                    "model_flops_per_s": flops / statistics.median(times)}
             for peer, times in seconds.items()}
@@ -116,15 +129,36 @@ def measure(data: Path, max_tokens: int, rounds: int, steps: int, dtype) -> dict
 def child(args) -> None:
     """Peak memory of a few training steps of one peer, in this fresh process."""
     peer, max_tokens, data = args.child[0], int(args.child[1]), Path(args.child[2])
-    dtype = torch.bfloat16 if args.child[3] == "bfloat16" else None
+    ours_dtype = torch.bfloat16 if args.child[3] == "bfloat16" else None
     chosen, vocab = batches(data, max_tokens, 3)
 
     def prepare():
-        _, step = build(peer, vocab)
-        return lambda: [step(batch, dtype) for batch in chosen]
+        step = build(peer, vocab, ours_dtype)[2]
+        return lambda: [step(batch) for batch in chosen]
 
-    _, tiny_step = build(peer, vocab)
-    print(added_peak_bytes(lambda: tiny_step(chosen[0], dtype), prepare))
+    tiny_step = build(peer, vocab, ours_dtype)[2]
+    print(added_peak_bytes(lambda: tiny_step(chosen[0]), prepare))
+
+
+def report(rows: list[dict], peaks: dict[str, float]) -> dict[str, float]:
+    """Print the table; -> ours / each Hugging Face peer at each one's fastest batch size."""
+    print("\nmatmul peak " + ", ".join(f"{name} {value / 1e9:.0f} GFLOP/s"
+                                      for name, value in peaks.items()))
+    print(f"{'peer':12s} {'dtype':9s} {'tokens':>7s} {'target tok/s':>13s} "
+          + " ".join(f"{'vs ' + hf:>15s}" for hf in HF_PEERS) + f" {'MFU':>6s} {'peak mem':>10s}")
+    for row in rows:
+        same_batch = {hf: next(r for r in rows if r["peer"] == hf and
+                               r["max_tokens"] == row["max_tokens"]) for hf in HF_PEERS}
+        ratios = " ".join(f"{row['target_tokens_per_s'] / hf['target_tokens_per_s']:14.2f}x"
+                          for hf in same_batch.values())
+        print(f"{row['peer']:12s} {row['dtype']:9s} {row['max_tokens']:7d} "
+              f"{row['target_tokens_per_s']:13,.0f} {ratios} {100 * row['mfu']:5.1f}% "
+              f"{format_bytes(row['peak_memory_bytes']):>10s}")
+    best = {peer: max(r["target_tokens_per_s"] for r in rows if r["peer"] == peer) for peer in PEERS}
+    ratios = {hf: best["ours"] / best[hf] for hf in HF_PEERS}
+    print("at each one's fastest batch size: " + ", ".join(f"ours / {hf} = {ratio:.2f}x"
+                                                          for hf, ratio in ratios.items()))
+    return ratios
 
 
 def main() -> None:
@@ -134,7 +168,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[2048, 4096, 8192])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="batches per round and peer")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="our model's training dtype (default: what `transduce train` picks)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
@@ -143,34 +178,28 @@ def main() -> None:
     if args.child:   # memory: glibc returning freed blocks, so the high-water mark is honest
         child(args)
         return
-    keep_freed_memory()   # timing: what `transduce train` does, for both peers alike
+    keep_freed_memory()   # timing: what `transduce train` does, for every peer alike
     if args.data is None:
         parser.error("--data is required")
-    dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
-    peak = matmul_peak(dtype or torch.float32)
+    ours = training_dtype(args.dtype, torch.device("cpu"))
+    ours_dtype = torch.bfloat16 if ours == "bfloat16" else None
+    peaks = {name: matmul_peak(getattr(torch, name)) for name in ("float32", "bfloat16")}
     rows = []
     for max_tokens in args.max_tokens:
-        result = measure(args.data, max_tokens, args.rounds, args.steps, dtype)
+        result = measure(args.data, max_tokens, args.rounds, args.steps, ours_dtype)
         for peer, values in result.items():
-            values["mfu"] = values["model_flops_per_s"] / peak
-            case = [peer, str(max_tokens), str(args.data), args.dtype]
+            values["mfu"] = values["model_flops_per_s"] / peaks[values["dtype"]]
+            case = [peer, str(max_tokens), str(args.data), ours]
             values["peak_memory_bytes"] = peak_in_child(Path(__file__), case, args.threads)
             rows.append({"peer": peer, "max_tokens": max_tokens, **values})
-    best = {peer: max(r["target_tokens_per_s"] for r in rows if r["peer"] == peer) for peer in PEERS}
-    print(f"\nmatmul peak {peak / 1e9:.0f} GFLOP/s ({args.dtype})")
-    print(f"{'peer':10s} {'tokens':>7s} {'target tok/s':>13s} {'vs hf':>7s} {'MFU':>6s} {'peak mem':>10s}")
-    for row in rows:
-        hf = next(r for r in rows if r["peer"] == "hf marian" and r["max_tokens"] == row["max_tokens"])
-        print(f"{row['peer']:10s} {row['max_tokens']:7d} {row['target_tokens_per_s']:13,.0f} "
-              f"{row['target_tokens_per_s'] / hf['target_tokens_per_s']:6.2f}x "
-              f"{100 * row['mfu']:5.1f}% {format_bytes(row['peak_memory_bytes']):>10s}")
-    print(f"at each one's fastest batch size: ours / hf = {best['ours'] / best['hf marian']:.2f}x")
-    out = args.out or Path(__file__).parent / "results" / f"train-cpu-{args.dtype}.json"
+    ratios = report(rows, peaks)
+    out = args.out or Path(__file__).parent / "results" / "train-cpu.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "train", "dtype": args.dtype, "rounds": args.rounds,
-                               "steps_per_round": args.steps, "matmul_peak_flops": peak,
-                               "machine": machine_info(args.threads), "rows": rows,
-                               "best_ratio": best["ours"] / best["hf marian"]}, indent=2) + "\n")
+    out.write_text(json.dumps({"benchmark": "train", "ours_dtype": ours, "rounds": args.rounds,
+                               "steps_per_round": args.steps, "matmul_peak_flops": peaks,
+                               "machine": {**machine_info(args.threads),
+                                           "bfloat16_flags": sorted(cpu_flags() & BF16_FLAGS)},
+                               "rows": rows, "best_ratio": ratios}, indent=2) + "\n")
     print(f"written {out}")
 
 

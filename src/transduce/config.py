@@ -192,12 +192,14 @@ def check_choice(config: object, name: str) -> None:
                           f"{', '.join(allowed)}")
 
 
-# The paper's two models (Table 3), and two sized for a 2-core CPU.
+# The paper's two models (Table 3), and two sized for a 2-core CPU. small is pre-norm:
+# at a CPU budget of minutes it learns several times faster than post-norm
+# (docs/experiments.md); base and big keep the paper's post-norm layout.
 PRESETS: dict[str, ModelConfig] = {
     "base": ModelConfig(),
     "big": ModelConfig(d_model=1024, num_heads=16, d_ff=4096, dropout=0.3),
     "small": ModelConfig(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3,
-                         num_decoder_layers=3, dropout=0.1),
+                         num_decoder_layers=3, dropout=0.1, norm_first=True),
     "tiny": ModelConfig(d_model=64, num_heads=4, d_ff=128, num_encoder_layers=2,
                         num_decoder_layers=2, dropout=0.0, max_positions=256),
 }
@@ -211,6 +213,7 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
 
 
 Dtype = Literal["float32", "bfloat16"]
+TrainDtype = Literal["auto", Dtype]
 Schedule = Literal["noam", "budget"]
 
 
@@ -239,7 +242,8 @@ class TrainConfig(ValidatedConfig):
     adam_eps: float = 1e-9
     label_smoothing: float = 0.1
     clip_norm: float = 0.0             # 0: no gradient clipping
-    dtype: Dtype = "float32"           # bfloat16: autocast, float32 master weights
+    dtype: TrainDtype = "auto"         # bfloat16: autocast, float32 master weights; auto:
+    #                                    bfloat16 where the hardware has bfloat16 units
     compile: bool = False
     seed: int = 1
     max_len: int = 256                 # longer pairs are filtered from training, with a count
@@ -271,3 +275,19 @@ class TrainConfig(ValidatedConfig):
         for name in ("lr_scale", "adam_eps"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)}: must be positive")
+
+
+# What a preset trains with unless a config file or flags say otherwise. base and big keep
+# the paper's recipe (TrainConfig's defaults); small has the budget recipe chosen on dev
+# BLEU after 5 and 20 minutes on 2 CPU cores (docs/experiments.md, "A budget recipe").
+# Its warmup and decay are fractions of the budget, so a slower machine still ends
+# training with the rate decayed rather than mid-warmup.
+TRAIN_RECIPES: dict[str, dict[str, Any]] = {
+    "small": {"max_tokens": 2048, "schedule": "budget", "warmup_fraction": 0.3,
+              "warmup_steps": 400, "lr_scale": 0.7, "ema_decay": 0.999},
+}
+
+
+def train_recipe(preset_name: str) -> dict[str, Any]:
+    """The TrainConfig fields the preset trains with (empty: the paper's defaults)."""
+    return dict(TRAIN_RECIPES.get(preset_name, {}))

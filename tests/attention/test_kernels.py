@@ -205,3 +205,39 @@ def test_bad_shapes_and_masks_are_named():
         attention(q, k, v, torch.ones(1, 3, 1, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="4-D"):
         attention(q[0], k[0], v[0])
+
+
+@pytest.mark.parametrize("kind", ["none", "padding", "holes"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bfloat16_training_form_matches_float64_within_bfloat16_rounding(kind, causal):
+    # bfloat16 inputs that need gradients on a CPU take the matrix-product form (under
+    # autocast, as training runs it): forward and gradients against float64.
+    shape = (3, 4, 2, 11, 11, 16)
+    B, H, Hkv, T, S, D = shape
+    q, k, v = (x.detach().to(torch.bfloat16).requires_grad_() for x in make_inputs(*shape))
+    mask = make_mask(kind, B, H, T, S)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attention(q, k, v, mask, causal=causal, impl="sdpa")
+    exact = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    expected, _ = reference_attention(*exact, mask, causal)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=3e-2)
+    upstream = torch.randn_like(expected)
+    got = torch.autograd.grad(out, (q, k, v), upstream.to(out.dtype))
+    for g, w in zip(got, torch.autograd.grad(expected, exact, upstream)):
+        assert torch.linalg.norm(g.double() - w) <= 2e-2 * torch.linalg.norm(w) + 1e-6
+
+
+def test_bfloat16_training_on_cpu_takes_the_matrix_product_form_up_to_its_length(monkeypatch):
+    from transduce.attention import kernels
+
+    calls = []
+    real = kernels._naive
+    monkeypatch.setattr(kernels, "_naive", lambda *a: calls.append(a[1].shape[2]) or real(*a))
+    for keys in (8, kernels.MATMUL_FORM_MAX_KEYS + 1):
+        q, k, v = (x.detach().to(torch.bfloat16).requires_grad_()
+                   for x in make_inputs(1, 2, 2, 4, keys, 8))
+        attention(q, k, v, impl="sdpa")
+        with torch.no_grad():
+            attention(q, k, v, impl="sdpa")          # inference keeps the fused kernel
+    assert calls == [8]

@@ -112,3 +112,12 @@ def test_rnn_configs_refuse_what_does_not_apply():
         preset("tiny", src_vocab_size=20, tgt_vocab_size=20, arch="rnn-luong", rnn_cell="elman")
     with pytest.raises(ValueError, match="int8"):
         rnn("rnn-luong").prefill(padded([3]), 5, cache_dtype=torch.int8)
+
+
+@pytest.mark.parametrize("arch,cell", ARCHS)
+def test_unprojected_forward_is_what_the_output_projection_maps_to_logits(arch, cell):
+    model = rnn(arch, cell).eval()
+    src, tgt = padded([7, 3]), padded([4, 4])
+    with torch.no_grad():
+        torch.testing.assert_close(model.output_proj(model(src, tgt, project=False)),
+                                   model(src, tgt))

@@ -238,3 +238,12 @@ def test_tiny_transformer_learns_to_copy():
     model.eval()
     output = greedy_search(model, src, bos_id=BOS, eos_id=EOS, max_len=tgt_out.shape[1])
     assert torch.equal(output, tgt_out[:, :output.shape[1]]), f"loss {loss.item():.4f}"
+
+
+def test_unprojected_forward_is_what_the_output_projection_maps_to_logits():
+    model = Transformer(tiny()).eval()
+    src, tgt = padded([5, 3]), padded([4, 2])
+    with torch.no_grad():
+        hidden = model(src, tgt, project=False)
+        assert hidden.shape == (2, 4, model.config.d_model)
+        torch.testing.assert_close(model.output_proj(hidden), model(src, tgt))

@@ -70,13 +70,13 @@ def test_checkpoints_log_and_keep_last(tiny_corpus, tmp_path):
 
 
 def test_nonfinite_losses_skip_steps_then_abort(tiny_corpus, tmp_path, monkeypatch):
-    real = loop.label_smoothed_nll
+    real = loop.projected_label_smoothed_nll
 
-    def poisoned(logits, target, epsilon, pad_id):
-        loss, nll = real(logits, target, epsilon, pad_id)
+    def poisoned(hidden, weight, target, epsilon, pad_id):
+        loss, nll = real(hidden, weight, target, epsilon, pad_id)
         return loss * float("nan"), nll
 
-    monkeypatch.setattr(loop, "label_smoothed_nll", poisoned)
+    monkeypatch.setattr(loop, "projected_label_smoothed_nll", poisoned)
     with pytest.raises(TrainingError, match="not finite in 3 steps in a row"):
         train(tiny_corpus, tmp_path / "run", tiny_config(), train_config(max_steps=10, nan_limit=3))
     nonfinite = [line for line in (tmp_path / "run" / "log.jsonl").open() if "nonfinite" in line]
@@ -261,3 +261,23 @@ def test_plot_races_runs_by_minutes(tiny_corpus, tmp_path, capsys):
     assert out.stat().st_size > 10_000
     assert main(["plot", *map(str, runs)]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_small_preset_brings_its_budget_recipe_and_flags_override_it(tiny_corpus, tmp_path,
+                                                                      monkeypatch, capsys):
+    seen = {}
+    monkeypatch.setattr(loop, "train", lambda data, out, model_config, train_config, **_:
+                        seen.update(model=model_config, train=train_config))
+    argv = ["train", "--data", str(tiny_corpus), "--out", str(tmp_path / "run")]
+    assert main([*argv, "--preset", "small", "--max-minutes", "5"]) == 0
+    recipe = seen["train"]
+    assert (recipe.schedule, recipe.max_tokens, recipe.ema_decay) == ("budget", 2048, 0.999)
+    assert seen["model"].norm_first and recipe.max_minutes == 5
+    assert main([*argv, "--preset", "small", "--max-steps", "9", "--max-tokens", "4096",
+                 "--schedule", "noam"]) == 0
+    assert (seen["train"].schedule, seen["train"].max_tokens) == ("noam", 4096)
+    assert main([*argv, "--preset", "base", "--max-minutes", "5"]) == 0
+    assert (seen["train"].schedule, seen["train"].warmup_steps) == ("noam", 4000)  # the paper's
+    assert not seen["model"].norm_first
+    assert main([*argv, "--preset", "small"]) == 2
+    assert "give --max-minutes or --max-steps" in capsys.readouterr().err

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from transduce.cli.options import add_config_flags, flags_given, fraction, positive_int, \
     read_config_file
-from transduce.config import PRESETS, ConfigError, ModelConfig, TrainConfig, preset
+from transduce.config import PRESETS, ConfigError, ModelConfig, TrainConfig, preset, \
+    train_recipe
 
 
 def register(commands) -> None:
@@ -75,9 +76,17 @@ def _new_run_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig
     vocab_size = Tokenizer(args.data / MODEL_NAME).vocab_size
     model_values = {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size,
                     **file_values.get("model", {}), **flags_given(args, ModelConfig)}
-    model_config = preset(args.preset or file_values.get("preset", "small"), **model_values)
-    train_config = TrainConfig(**{**file_values.get("train", {}), **flags_given(args, TrainConfig)})
-    return model_config, train_config
+    name = args.preset or file_values.get("preset", "small")
+    model_config = preset(name, **model_values)
+    recipe, chosen = train_recipe(name), {**file_values.get("train", {}),
+                                          **flags_given(args, TrainConfig)}
+    values = {**recipe, **chosen}
+    if values.get("schedule") == "budget" and "schedule" not in chosen \
+            and not (values.get("max_minutes") or values.get("max_steps")):
+        raise ConfigError(f"preset {name!r} trains with a schedule that ends with the budget: "
+                          "give --max-minutes or --max-steps (or --schedule noam for a run "
+                          "without one)")
+    return model_config, TrainConfig(**values)
 
 
 def _uptraining_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:

@@ -14,6 +14,7 @@ from transduce.attention.kinds import self_attention_kind
 from transduce.attention.kv_cache import AttentionCache
 from transduce.attention.multihead import MultiHeadAttention, Rotary
 from transduce.config import ModelConfig
+from transduce.model.dropout import Dropout
 
 
 class FeedForward(nn.Module):
@@ -44,7 +45,7 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)
         self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         self.norm_first = c.norm_first
 
     def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
@@ -76,7 +77,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.norm3 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         self.norm_first = c.norm_first
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], memory_mask: Tensor | None,

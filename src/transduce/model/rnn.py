@@ -31,6 +31,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transduce.attention import masks
 from transduce.attention.scores import AdditiveAttention, GeneralAttention
 from transduce.config import ModelConfig
+from transduce.model.dropout import Dropout
 from transduce.model.transformer import init_embeddings
 
 # The decoder RNN's state: (L, B, C), or (hidden, cell) for an LSTM.
@@ -92,7 +93,7 @@ class RNNEncoderDecoder(nn.Module):
                            dropout=c.dropout if c.num_decoder_layers > 1 else 0.0)
         self.attention = AdditiveAttention(d, d, d) if self.additive else GeneralAttention(d, d)
         self.readout = nn.Linear(3 * d if self.additive else 2 * d, d)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
@@ -106,9 +107,10 @@ class RNNEncoderDecoder(nn.Module):
         attention, called once per target step (Bahdanau) or once per pass (Luong)."""
         return {"encoder": [], "decoder": [], "cross": [self.attention]}
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
-        """src (B, S), tgt (B, T) (the shifted-right target) -> logits (B, T, V)."""
-        return self._decode(tgt, self._start(src))
+    def forward(self, src: Tensor, tgt: Tensor, *, project: bool = True) -> Tensor:
+        """src (B, S), tgt (B, T) (the shifted-right target) -> logits (B, T, V), or with
+        project=False the readout (B, T, C) that output_proj maps to them."""
+        return self._decode(tgt, self._start(src), project)
 
     def prefill(self, src: Tensor, max_len: int, *, src_mask: Tensor | None = None,
                 cache_dtype: torch.dtype | None = None) -> RNNState:
@@ -138,8 +140,9 @@ class RNNEncoderDecoder(nn.Module):
         hidden = (start, torch.zeros_like(start)) if self.config.rnn_cell == "lstm" else start
         return RNNState(memory, self.attention.project_keys(memory), mask, hidden)
 
-    def _decode(self, tokens: Tensor, state: RNNState) -> Tensor:
-        """tokens (B, T) -> logits (B, T, V), advancing state.hidden by T steps."""
+    def _decode(self, tokens: Tensor, state: RNNState, project: bool = True) -> Tensor:
+        """tokens (B, T) -> logits (B, T, V) (or the readout (B, T, C) when not project),
+        advancing state.hidden by T steps."""
         embedded = self.dropout(self.tgt_embedding(tokens))                 # (B, T, C)
         if self.additive:
             outputs, contexts = [], []
@@ -159,7 +162,8 @@ class RNNEncoderDecoder(nn.Module):
                                         state.memory_mask, projected_keys=state.keys)
             features = torch.cat([context, output], dim=-1)
         state.length += tokens.shape[1]
-        return self.output_proj(self.dropout(torch.tanh(self.readout(features))))
+        readout = self.dropout(torch.tanh(self.readout(features)))           # (B, T, C)
+        return self.output_proj(readout) if project else readout
 
 
 def _tensors(hidden: Hidden) -> tuple[Tensor, ...]:

@@ -3,6 +3,7 @@
 Training runs the whole target at once (teacher forcing):
 
     logits = model(src, tgt_in)                    # src (B, S), tgt_in (B, T) -> (B, T, V)
+    hidden = model(src, tgt_in, project=False)     # (B, T, C), for a loss that projects itself
 
 Decoding runs in two phases:
 
@@ -24,6 +25,7 @@ from transduce.attention import masks
 from transduce.attention.kinds import self_attention_kind
 from transduce.attention.kv_cache import AttentionCache, keep_rows
 from transduce.config import ModelConfig
+from transduce.model.dropout import Dropout
 from transduce.model.layers import DecoderLayer, EncoderLayer
 from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedding,
                                         SinusoidalPositionalEncoding)
@@ -47,7 +49,7 @@ class TokenEmbedding(nn.Module):
         self.embedding = embedding
         self.positions = positions
         self.scale = math.sqrt(embedding.embedding_dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, start: int = 0) -> Tensor:
         """ids (B, T), first position `start` -> (B, T, C)."""
@@ -186,16 +188,19 @@ class Transformer(nn.Module):
         return self.encoder(src, self.source_mask(src) if src_mask is None else src_mask)
 
     def decode(self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None,
-               tgt_mask: Tensor | None = None) -> Tensor:
+               tgt_mask: Tensor | None = None, *, project: bool = True) -> Tensor:
         """The full causal pass: tgt (B, T), memory (B, S, C), memory_mask (B, 1, 1, S)
-        -> logits (B, T, V). tgt_mask is combined with the causal mask."""
+        -> logits (B, T, V), or the hidden states (B, T, C) before output_proj when not
+        project. tgt_mask is combined with the causal mask."""
         hidden = self.decoder(tgt, self.decoder.memory_kv(memory), memory_mask, tgt_mask=tgt_mask)
-        return self.output_proj(hidden)
+        return self.output_proj(hidden) if project else hidden
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
-        """src (B, S), tgt (B, T) (the shifted-right target) -> logits (B, T, V)."""
+    def forward(self, src: Tensor, tgt: Tensor, *, project: bool = True) -> Tensor:
+        """src (B, S), tgt (B, T) (the shifted-right target) -> logits (B, T, V); with
+        project=False the hidden states (B, T, C) that output_proj would map to them, for
+        a loss that does the projection itself (train/loss.py)."""
         src_mask = self.source_mask(src)
-        return self.decode(tgt, self.encode(src, src_mask), src_mask)
+        return self.decode(tgt, self.encode(src, src_mask), src_mask, project=project)
 
     def prefill(self, src: Tensor, max_len: int, *, src_mask: Tensor | None = None,
                 cache_dtype: torch.dtype | None = None) -> DecoderState:

@@ -34,12 +34,12 @@ from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer
 from transduce.decode.translate import Translator
 from transduce.errors import TransduceError
 from transduce.model import Seq2SeqModel, build_model, load_model
-from transduce.runtime import torch_threads
+from transduce.runtime import torch_threads, training_dtype
 from transduce.train.distributed import (any_true, barrier, init_distributed,
                                          shutdown_distributed, sum_over_processes)
 from transduce.train.flops import matmul_peak, training_flops
 from transduce.train.log import TrainingLog
-from transduce.train.loss import label_smoothed_nll
+from transduce.train.loss import projected_label_smoothed_nll
 from transduce.train.ema import WeightAverage
 from transduce.train.schedule import learning_rate
 from transduce.train.signals import StopRequest, stop_requests
@@ -82,8 +82,13 @@ class Run:
         return self.rank == 0
 
     @property
+    def dtype(self) -> str:
+        """The training dtype, "auto" resolved for this device."""
+        return training_dtype(self.train_config.dtype, self.device)
+
+    @property
     def autocast_dtype(self) -> torch.dtype | None:
-        return torch.bfloat16 if self.train_config.dtype == "bfloat16" else None
+        return torch.bfloat16 if self.dtype == "bfloat16" else None
 
 
 @dataclass
@@ -127,7 +132,7 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     model = build_model(model_config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0,
                                  betas=(train_config.adam_beta1, train_config.adam_beta2),
-                                 eps=train_config.adam_eps)
+                                 eps=train_config.adam_eps, fused=device.type in ("cpu", "cuda"))
     torch.manual_seed(train_config.seed + 1 + rank)  # dropout differs across processes
     if init is not None:
         model.load_state_dict(load_model(init, device).state_dict())
@@ -142,8 +147,7 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     net: torch.nn.Module = torch.compile(model, dynamic=True) if train_config.compile else model
     if world > 1:
         net = DistributedDataParallel(net)
-    peak = matmul_peak(torch.bfloat16 if train_config.dtype == "bfloat16" else torch.float32,
-                       device)
+    peak = matmul_peak(getattr(torch, training_dtype(train_config.dtype, device)), device)
     return Run(out, model_config, train_config, world, rank, device, tokenizer, train_split,
                dev_split, batcher, model, net, optimizer, position, peak,
                TrainingLog(out, rank == 0), ema)
@@ -236,8 +240,9 @@ def train_step(run: Run, seconds: float) -> StepResult | None:
         sync = contextlib.nullcontext() if run.world == 1 or last else run.net.no_sync()
         with sync, torch.autocast(run.device.type, dtype=run.autocast_dtype or torch.float32,
                                   enabled=run.autocast_dtype is not None):
-            logits = run.net(batch.src, batch.tgt_in)
-            loss, _ = label_smoothed_nll(logits, batch.tgt_out, c.label_smoothing, PAD_ID)
+            hidden = run.net(batch.src, batch.tgt_in, project=False)
+            loss, _ = projected_label_smoothed_nll(hidden, run.model.output_proj.weight,
+                                                   batch.tgt_out, c.label_smoothing, PAD_ID)
             # DDP averages over processes: scale so the result is sum / step_tokens.
             (loss * run.world / step_tokens).backward()
         loss_sum += loss.item()
@@ -345,11 +350,11 @@ def _announce(run: Run) -> None:
           f"{len(run.batcher.epoch_batches(0))} batches of <= {c.max_tokens} tokens per epoch, "
           f"padding {100 * run.batcher.padding_fraction(0):.1f}%; {run.world} process(es) x "
           f"update_freq {c.update_freq}; matmul peak {run.peak_flops / 1e9:.0f} GFLOP/s "
-          f"({c.dtype})")
+          f"({run.dtype}{', auto' if c.dtype == 'auto' else ''})")
     run.log.write({"event": "start", "step": run.position.step,
                    "parameters": run.model.num_parameters(), "world_size": run.world,
                    "peak_flops": run.peak_flops, "model": run.model_config.to_dict(),
-                   "train": c.to_dict()})
+                   "train": c.to_dict(), "dtype": run.dtype})
 
 
 def evaluate_dev(model: Seq2SeqModel, split: TokenizedSplit, tokenizer: Tokenizer,
@@ -361,7 +366,9 @@ def evaluate_dev(model: Seq2SeqModel, split: TokenizedSplit, tokenizer: Tokenize
     with torch.no_grad():
         for batch in batcher.iterate(epoch=0):
             batch = batch.to(device)
-            _, nll = label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out, 0.0, PAD_ID)
+            _, nll = projected_label_smoothed_nll(model(batch.src, batch.tgt_in, project=False),
+                                                  model.output_proj.weight, batch.tgt_out,
+                                                  0.0, PAD_ID)
             nll_sum += nll.item()
             tokens += batch.num_tgt_tokens
     result = {"dev_loss": nll_sum / tokens, "dev_ppl": math.exp(min(nll_sum / tokens, 50.0))}

@@ -22,3 +22,91 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float,
     others = -(log_probs.sum(dim=-1) - log_probs[..., pad_id]) - nll
     smoothed = (1.0 - epsilon) * nll + epsilon / (logits.shape[-1] - 2) * others
     return smoothed[keep].sum(), nll[keep].sum()
+
+
+# Logits per chunk in projected_label_smoothed_nll: 8 MiB of float32, so a chunk and its
+# gradient stay in cache (262 rows of an 8k vocabulary). On 4,096 target tokens, forward
+# + backward on a 2-core Zen 4: 2.5-3.5x faster than the plain loss under bfloat16
+# autocast, 1.2-1.8x in float32.
+CHUNK_ELEMENTS = 1 << 21
+
+
+def projected_label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor,
+                                 epsilon: float, pad_id: int,
+                                 chunk_rows: int | None = None) -> tuple[Tensor, Tensor]:
+    """label_smoothed_nll(hidden @ weight^T, ...) without the (B, T, V) logits.
+
+    hidden (B, T, C) the decoder's output, weight (V, C) the output projection, target
+    (B, T) -> (smoothed loss, plain NLL) summed over non-pad tokens, float32; only the
+    smoothed loss carries a gradient.
+
+    Why: over an 8k vocabulary the logits, their log-softmax and its gradient are
+    several (B*T, V) float32 arrays, each written and read once, and that memory
+    traffic cost as much as the model's matrix products on a 2-core CPU. Here the rows
+    that are not padding are projected a chunk at a time; each chunk's gradient
+    (softmax - q, with q the smoothed target distribution) is formed while the chunk is
+    in cache and multiplied straight into the gradients of `hidden` and `weight`. The
+    products run in the autocast dtype when autocast is on, as nn.Linear's would.
+    """
+    keep = target != pad_id
+    rows = hidden[keep]                                                      # (N, C)
+    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else rows.dtype
+    chunk = chunk_rows or max(1, CHUNK_ELEMENTS // weight.shape[0])
+    return _ProjectedSmoothedNLL.apply(rows, weight, target[keep], epsilon, pad_id, dtype,
+                                       chunk, wants_grad)
+
+
+class _ProjectedSmoothedNLL(torch.autograd.Function):
+    """Forward computes the loss and, when asked, both gradients; backward scales them."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, weight: Tensor, target: Tensor, epsilon: float, pad_id: int,
+                dtype: torch.dtype, chunk: int, wants_grad: bool) -> tuple[Tensor, Tensor]:
+        with torch.autocast(rows.device.type, enabled=False):
+            smoothed, nll, grad_rows, grad_weight = _chunked_loss_and_grads(
+                rows, weight, target, epsilon, pad_id, dtype, chunk, wants_grad)
+        ctx.save_for_backward(grad_rows, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(nll)
+        return smoothed, nll
+
+    @staticmethod
+    def backward(ctx, grad_smoothed: Tensor, _grad_nll: Tensor):
+        grad_rows, grad_weight = ctx.saved_tensors
+        return (grad_rows * grad_smoothed.to(grad_rows.dtype),
+                (grad_weight * grad_smoothed).to(ctx.weight_dtype),
+                None, None, None, None, None, None)
+
+
+def _chunked_loss_and_grads(rows: Tensor, weight: Tensor, target: Tensor, epsilon: float,
+                            pad_id: int, dtype: torch.dtype, chunk: int, wants_grad: bool):
+    """rows (N, C), weight (V, C), target (N,) -> smoothed and NLL sums (float32), and
+    d smoothed / d rows (N, C), d smoothed / d weight (V, C) (empty unless wants_grad)."""
+    vocab = weight.shape[0]
+    spread = epsilon / (vocab - 2)       # q on each token that is neither reference nor pad
+    w = weight.to(dtype)
+    smoothed = torch.zeros((), dtype=torch.float32, device=rows.device)
+    nll = torch.zeros_like(smoothed)
+    grad_rows = torch.empty_like(rows) if wants_grad else rows.new_empty(0)
+    grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+        if wants_grad else weight.new_empty(0, dtype=torch.float32)
+    for start in range(0, rows.shape[0], chunk):
+        h = rows[start:start + chunk].to(dtype)                               # (n, C)
+        y = target[start:start + chunk].unsqueeze(1)                          # (n, 1)
+        logits = (h @ w.T).float()                                            # (n, V)
+        log_p = torch.log_softmax(logits, dim=1)                              # (n, V)
+        reference = log_p.gather(1, y)                                        # (n, 1)
+        # -log p summed over the tokens that are neither the reference nor pad
+        others = -(log_p.sum(1, keepdim=True) - log_p[:, pad_id:pad_id + 1] - reference)
+        nll -= reference.sum()
+        smoothed += -(1.0 - epsilon) * reference.sum() + spread * others.sum()
+        if wants_grad:   # d/dlogits = softmax - q, rounded to `dtype` once
+            p = torch.softmax(logits, dim=1)
+            p.scatter_add_(1, y, p.new_full(y.shape, spread - (1.0 - epsilon)))
+            p[:, pad_id] += spread
+            grad = torch.sub(p, spread, out=torch.empty(p.shape, dtype=dtype, device=p.device))
+            grad_rows[start:start + chunk] = (grad @ w).to(rows.dtype)
+            grad_weight += grad.T @ h          # a bfloat16 product is summed in float32
+    return smoothed, nll, grad_rows, grad_weight

@@ -1,0 +1,96 @@
+"""The output projection fused with the label-smoothed loss, against the plain form:
+logits, then log-softmax and smoothing, all in float64."""
+
+import pytest
+import torch
+
+from transduce.train.loss import label_smoothed_nll, projected_label_smoothed_nll
+
+PAD = 0
+
+
+def plain_float64(hidden, weight, target, epsilon):
+    """The definition, differentiated by autograd: -sum_v q(v) log softmax(h W^T)(v)."""
+    log_p = torch.log_softmax(hidden @ weight.T, dim=-1)                 # (B, T, V)
+    vocab = weight.shape[0]
+    q = torch.full_like(log_p, epsilon / (vocab - 2))
+    q.scatter_(-1, target.unsqueeze(-1), 1.0 - epsilon)
+    q[..., PAD] = 0.0
+    keep = (target != PAD).unsqueeze(-1)
+    smoothed = -(q * log_p * keep).sum()
+    nll = -(log_p.gather(-1, target.unsqueeze(-1)) * keep).sum()
+    return smoothed, nll
+
+
+def inputs(batch=4, length=6, dim=8, vocab=23, dtype=torch.float64):
+    hidden = torch.randn(batch, length, dim, dtype=dtype, requires_grad=True)
+    weight = torch.randn(vocab, dim, dtype=dtype, requires_grad=True)
+    target = torch.randint(1, vocab, (batch, length))
+    target[0, 4:] = PAD
+    target[2, 1:] = PAD
+    return hidden, weight, target
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
+@pytest.mark.parametrize("chunk_rows", [1, 5, 1000])
+def test_loss_and_gradients_equal_the_plain_form_in_float64(epsilon, chunk_rows):
+    hidden, weight, target = inputs()
+    smoothed, nll = projected_label_smoothed_nll(hidden, weight, target, epsilon, PAD,
+                                                 chunk_rows=chunk_rows)
+    want_smoothed, want_nll = plain_float64(hidden, weight, target, epsilon)
+    # the sums are float32; the terms and gradients float64
+    assert smoothed.item() == pytest.approx(want_smoothed.item(), rel=1e-6)
+    assert nll.item() == pytest.approx(want_nll.item(), rel=1e-6)
+    upstream = 0.37   # a scale from outside (1 / tokens), passed through
+    got = torch.autograd.grad(upstream * smoothed, (hidden, weight))
+    want = torch.autograd.grad(upstream * want_smoothed, (hidden, weight))
+    for g, w in zip(got, want):
+        assert g.dtype == torch.float64
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
+
+
+def test_padding_rows_get_no_gradient_and_change_nothing():
+    hidden, weight, target = inputs()
+    smoothed, _ = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD)
+    (grad,) = torch.autograd.grad(smoothed, hidden)
+    assert torch.all(grad[target == PAD] == 0) and torch.all(grad[target != PAD] != 0)
+    changed = hidden.detach().clone()
+    changed[target == PAD] = 1e3
+    again, _ = projected_label_smoothed_nll(changed, weight, target, 0.1, PAD)
+    assert again.item() == smoothed.item()
+
+
+def test_float32_agrees_with_the_plain_loss_on_logits():
+    hidden, weight, target = inputs(dtype=torch.float32)
+    smoothed, nll = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD)
+    plain = label_smoothed_nll(hidden @ weight.T, target, 0.1, PAD)
+    assert smoothed.item() == pytest.approx(plain[0].item(), rel=1e-5)
+    assert nll.item() == pytest.approx(plain[1].item(), rel=1e-5)
+
+
+def test_bfloat16_autocast_projects_in_bfloat16_and_stays_close():
+    hidden, weight, target = inputs(batch=8, length=16, dim=32, vocab=101, dtype=torch.float32)
+    want, _ = plain_float64(hidden.double(), weight.double(), target, 0.1)
+    want_grads = torch.autograd.grad(want, (hidden, weight))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        smoothed, _ = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD)
+    got_grads = torch.autograd.grad(smoothed, (hidden, weight))
+    assert smoothed.dtype == torch.float32
+    assert smoothed.item() == pytest.approx(want.item(), rel=2e-2)
+    for g, w, param in zip(got_grads, want_grads, (hidden, weight)):
+        assert g.dtype == param.dtype == torch.float32     # master weights' gradient
+        assert torch.linalg.norm(g.double() - w) < 2e-2 * torch.linalg.norm(w)
+        # ... and not what float32 gives: the products did run in bfloat16
+    float32_loss, _ = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD)
+    assert smoothed.item() != float32_loss.item()
+
+
+def test_without_gradients_only_the_sums_are_computed():
+    hidden, weight, target = inputs()
+    with torch.no_grad():
+        smoothed, nll = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD)
+    assert not smoothed.requires_grad
+    want_smoothed, want_nll = plain_float64(hidden, weight, target, 0.1)
+    assert smoothed.item() == pytest.approx(want_smoothed.item(), rel=1e-6)
+    smoothed, nll = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD)
+    assert smoothed.requires_grad and not nll.requires_grad
