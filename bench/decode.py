@@ -4,9 +4,11 @@ For beam 4 and greedy (beam 1) it translates the whole split with our decoder (f
 and the bfloat16 copy that `--dtype bfloat16` decodes with), with the same weights
 exported to Hugging Face Marian and run by `generate` (float32), and exported to
 CTranslate2 (float32 and int8, each run in a child process that times itself, see
-CTranslate2Model), all in batches of --batch-sentences lines sorted by length,
+CTranslate2Model), and exported to ONNX and run by ONNX Runtime behind our own searches
+(float32 and int8 weights, `transduce export onnx`), all in batches of --batch-sentences lines sorted by length,
 interleaving everything over --repeats rounds. It reports sentences/s (median), the
-ratio to Hugging Face at the same beam, and sacreBLEU. Writes JSON with the machine's
+ratio to Hugging Face at the same beam (to CTranslate2 float32 for a model Marian cannot
+hold, such as a pre-norm one: that decoder is then left out), and sacreBLEU. Writes JSON with the machine's
 description.
 
     python bench/decode.py --model runs/small/average --data data/bible [--split test]
@@ -32,12 +34,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import machine_info  # noqa: E402
+from transduce.export import ExportError  # noqa: E402
 from transduce.data.corpus import read_lines, split_files  # noqa: E402
 from transduce.data.tokenizer import PAD_ID, Tokenizer  # noqa: E402
 from transduce.decode.translate import Translator, length_sorted_batches, pad_sources  # noqa: E402
 
-DECODERS = ("ours float32", "ours bfloat16", "hf generate", "ct2 float32", "ct2 int8")
-SETTINGS = [(decoder, beam) for beam in (4, 1) for decoder in DECODERS]
+DECODERS = ("ours float32", "ours bfloat16", "hf generate", "ct2 float32", "ct2 int8",
+            "ort float32", "ort int8")
 
 
 def sorted_batches(ids: list[list[int]], batch_sentences: int):
@@ -129,6 +132,21 @@ class HuggingFaceMarian:
         return out
 
 
+def load_decoder(name: str, model: Path, exports: Path, threads: int):
+    """One decoder of the table, its export written under `exports` where it needs one."""
+    if name.startswith("ours"):
+        return Translator.load(model, dtype=name.split()[1])
+    if name == "hf generate":
+        return HuggingFaceMarian(model, exports / "hf")
+    if name.startswith("ct2"):
+        quantization = None if name == "ct2 float32" else "int8"
+        return CTranslate2Model(model, exports / name.replace(" ", "-"), quantization, threads)
+    from transduce.export.onnx import export_onnx
+
+    quantize = None if name == "ort float32" else "int8"
+    return Translator.load(export_onnx(model, exports / name.replace(" ", "-"), quantize))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,6 +156,9 @@ def main() -> None:
     parser.add_argument("--batch-sentences", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=DECODERS,
+                        help="which to run (default: all); the ratios are to hf generate, "
+                             "to ct2 float32 when the model has no Marian form (pre-norm)")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "decode-cpu.json")
     parser.add_argument("--ct2-worker", type=Path, help=argparse.SUPPRESS)
@@ -154,19 +175,21 @@ def main() -> None:
     source_path, reference_path = split_files(args.data, args.split)
     sources, references = read_lines(source_path), read_lines(reference_path)
     exports = Path(tempfile.mkdtemp())
-    translators = {"ours float32": Translator.load(args.model, dtype="float32"),
-                   "ours bfloat16": Translator.load(args.model, dtype="bfloat16"),
-                   "hf generate": HuggingFaceMarian(args.model, exports / "hf"),
-                   "ct2 float32": CTranslate2Model(args.model, exports / "ct2", None, args.threads),
-                   "ct2 int8": CTranslate2Model(args.model, exports / "ct2-int8", "int8",
-                                                args.threads)}
+    translators = {}
+    for name in (d for d in DECODERS if d in args.decoders):
+        try:
+            translators[name] = load_decoder(name, args.model, exports, args.threads)
+        except ExportError as error:      # a format that cannot hold this model
+            print(f"{name}: left out ({error})")
+    base = next((d for d in ("hf generate", "ct2 float32") if d in translators), None)
+    settings = [(decoder, beam) for beam in (4, 1) for decoder in translators]
     for name, translator in translators.items():  # warm-up (the worker warms up itself)
         if not name.startswith("ct2"):
             translator.translate(sources[:32], beam=4, batch_sentences=32)
     seconds: dict[tuple[str, int], list[float]] = {}
     bleu: dict[tuple[str, int], float] = {}
     for round_number in range(args.repeats):
-        for decoder, beam in SETTINGS:
+        for decoder, beam in settings:
             start = time.perf_counter()
             hypotheses = translators[decoder].translate(sources, beam=beam,
                                                         batch_sentences=args.batch_sentences,
@@ -180,12 +203,12 @@ def main() -> None:
                   f"{len(sources) / elapsed:.1f} sentences/s", flush=True)
 
     rows = []
-    print(f"\n{'setting':24} {'sentences/s':>12} {'vs hf generate':>15} {'BLEU':>6}")
-    for decoder, beam in SETTINGS:
+    print(f"\n{'setting':24} {'sentences/s':>12} {'vs ' + str(base):>15} {'BLEU':>6}")
+    for decoder, beam in settings:
         rate = len(sources) / statistics.median(seconds[(decoder, beam)])
-        baseline = len(sources) / statistics.median(seconds[("hf generate", beam)])
+        baseline = len(sources) / statistics.median(seconds[(base, beam)]) if base else rate
         rows.append({"decoder": decoder, "beam": beam, "sentences_per_second": rate,
-                     "ratio_to_hf": rate / baseline, "bleu": bleu[(decoder, beam)],
+                     "ratio_base": base, "ratio": rate / baseline, "bleu": bleu[(decoder, beam)],
                      "seconds": seconds[(decoder, beam)]})
         print(f"{decoder + ', beam ' + str(beam):24} {rate:>12.1f} {rate / baseline:>14.2f}x "
               f"{bleu[(decoder, beam)]:>6.2f}")

@@ -36,10 +36,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
     q (B, H, T, D), k/v (B, H_kv, S, D), mask broadcastable to (B, H, T, S)
     -> out (B, H, T, D), and weights (B, H, T, S) when return_weights (naive only).
     """
-    mask = _check_inputs(q, k, v, mask, impl, return_weights, dropout_p)
+    # While an ONNX export traces this, a size compared in Python would be frozen at the
+    # example's value; the checks and the one-query shortcut are skipped then.
+    tracing = torch.jit.is_tracing()
+    if not tracing:
+        mask = _check_inputs(q, k, v, mask, impl, return_weights, dropout_p)
+        # One query aligned with the last key sees every key: no causal mask to build.
+        causal = causal and q.shape[2] > 1
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    # One query aligned with the last key sees every key: no causal mask to build.
-    causal = causal and q.shape[2] > 1
     if impl == "flash":
         return flash_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, scale=scale)
     if impl == "sdpa":

@@ -10,6 +10,9 @@
                       2 x kv_heads x head_dim x bytes x tokens x batch.
     QuantizedKVCache  the same in int8, one float scale per token and head: about 4x
                       smaller than float32 (plus the scales).
+    ConcatKVCache     keys and values grown by concatenation instead of written into
+                      preallocated buffers: the form an exported graph takes (past in,
+                      present = past + this step out), where nothing is updated in place.
     SlidingKVCache    (local.py) only the last `window` keys and values.
     LinearStateCache  (linear.py) linear attention's running sums, whatever the length.
 
@@ -23,6 +26,7 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
+from transduce.attention import masks
 from transduce.attention.kernels import attention
 
 # attend() returns the output (B, H, T, D), and the weights (B, H, T, S) when asked.
@@ -116,6 +120,39 @@ class KVCache(AttentionCache):
 
     def reset(self) -> None:
         self.length = 0
+
+
+class ConcatKVCache(AttentionCache):
+    """Keys and values (B, Hkv, T, D) of every past token; each step makes new tensors,
+    past ++ this step's. length is read from the tensors' shape, so a traced graph keeps
+    it symbolic (an empty past gives position 0). step_mask, when given, is the next
+    step's causal mask (1, 1, T, P + T), built by the caller from sizes it knows to be
+    symbolic (an export: its inputs'); attend then uses it instead of building one."""
+
+    _buffers = ("k", "v")
+
+    def __init__(self, k: Tensor, v: Tensor, step_mask: Tensor | None = None):
+        if not torch.jit.is_tracing() and (k.shape != v.shape or k.dim() != 4):
+            raise ValueError(f"past keys {tuple(k.shape)} and values {tuple(v.shape)} must "
+                             "have one (B, Hkv, T, D) shape")
+        self.k, self.v, self.step_mask = k, v, step_mask
+
+    @property
+    def length(self) -> int:   # a traced size while exporting
+        return self.k.shape[2]
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
+               causal: bool, impl: str, return_weights: bool = False) -> Attended:
+        self.k = torch.cat([self.k, k.to(self.k.dtype)], dim=2)
+        self.v = torch.cat([self.v, v.to(self.v.dtype)], dim=2)
+        if causal and self.step_mask is not None:
+            mask, causal = masks.combine(mask, self.step_mask), False
+        self.step_mask = None
+        return attention(q, self.k, self.v, mask, causal=causal, impl=impl,
+                         return_weights=return_weights)
+
+    def reset(self) -> None:
+        self.k, self.v = self.k[:, :, :0], self.v[:, :, :0]
 
 
 class QuantizedKVCache(KVCache):

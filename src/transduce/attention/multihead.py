@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
 from torch import Tensor, nn
 
 from transduce.attention.kernels import attention
@@ -113,7 +114,9 @@ class MultiHeadAttention(nn.Module):
         and values are read once rather than once per row. mask (B or 1, 1, 1, S).
         """
         rows, sources = q.shape[0], k.shape[0]
-        if rows == sources:
+        # An ONNX export gives every row its source's keys (export/onnx.py), and a size
+        # compared while tracing would be frozen at the example's value.
+        if torch.jit.is_tracing() or rows == sources:
             return attention(q, k, v, mask, impl=impl, dropout_p=self._dropout_p,
                              return_weights=return_weights)
         if rows % sources or (mask is not None and (mask.dim() != 4 or mask.shape[0] not in
@@ -134,8 +137,9 @@ class MultiHeadAttention(nn.Module):
         return unfold(result)
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
-        """(B, T, heads * D) -> (B, heads, T, D)."""
-        return x.unflatten(-1, (heads, self.head_dim)).transpose(1, 2)
+        """(B, T, heads * D) -> (B, heads, T, D). Sizes are read from x (not unflatten's
+        -1 arithmetic) so that an ONNX trace keeps B and T symbolic."""
+        return x.reshape(x.shape[0], x.shape[1], heads, self.head_dim).transpose(1, 2)
 
     @staticmethod
     def _merge(x: Tensor) -> Tensor:

@@ -51,7 +51,8 @@ def translate_command(args: argparse.Namespace) -> int:
 
     if args.nbest > args.beam:
         raise ConfigError(f"--nbest {args.nbest}: must be at most --beam ({args.beam})")
-    translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                                 engine=args.engine)
     if args.input is not None:
         _translate_file(translator, args)
         return 0
@@ -104,7 +105,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from transduce.decode.evaluate import evaluate_split
     from transduce.decode.translate import Translator
 
-    translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                                 engine=args.engine)
     suffix = f"-kv{args.kv_dtype}" if args.kv_dtype else ""
     out = args.out or (Path(args.model) / f"eval-{args.split}-beam{args.beam}{suffix}")
     with tqdm(unit="line", desc=f"translating {args.split}") as bar:
@@ -127,7 +129,7 @@ def attention_command(args: argparse.Namespace) -> int:
     from transduce.attention_maps import attention_maps, plot_attention_maps
     from transduce.decode.translate import Translator
 
-    translator = Translator.load(args.model)
+    translator = Translator.load(args.model, engine="torch")
     maps = attention_maps(translator, args.sentence, beam=args.beam)
     out = plot_attention_maps(maps, args.out, layer=args.layer, head=args.head)
     print(f"translation: {maps.translation}  (log-probability {maps.log_prob:.3f})")

@@ -1,4 +1,4 @@
-"""`transduce export hf | ct2`: a checkpoint in another toolkit's format."""
+"""`transduce export hf | ct2 | onnx`: a checkpoint in another toolkit's format."""
 
 from __future__ import annotations
 
@@ -21,6 +21,13 @@ def register(commands) -> None:
     ct2.add_argument("--quantization", default=None, choices=CT2_QUANTIZATIONS,
                      help="weight type (default: float32)")
     ct2.set_defaults(handler=export_ct2)
+    onnx = formats.add_parser("onnx", help="ONNX: encoder.onnx and decoder_step.onnx with "
+                                           "the KV cache, for ONNX Runtime")
+    onnx.add_argument("model", type=Path, help="checkpoint or run directory")
+    onnx.add_argument("out", type=Path, help="directory to write")
+    onnx.add_argument("--quantize", default=None, choices=("int8",),
+                      help="int8: weights int8 per channel (ONNX Runtime dynamic quantization)")
+    onnx.set_defaults(handler=export_onnx)
 
 
 def export_hf(args: argparse.Namespace) -> int:
@@ -38,4 +45,14 @@ def export_ct2(args: argparse.Namespace) -> int:
 
     out = export_ctranslate2(args.model, args.out, args.quantization)
     print(f"wrote {out} (load it with ctranslate2.Translator; tokenizer: {out / 'spm.model'})")
+    return 0
+
+
+def export_onnx(args: argparse.Namespace) -> int:
+    """Write a checkpoint as two ONNX graphs (prefill and decode step)."""
+    from transduce.export.onnx import export_onnx as write
+
+    out = write(args.model, args.out, args.quantize)
+    print(f"wrote {out} (translate with `transduce translate --model {out}`, or "
+          f"transduce.load({str(out)!r}))")
     return 0

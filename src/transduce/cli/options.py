@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from transduce.config import ConfigError, Dtype, ModelConfig, TrainConfig, choices, preset
-from transduce.decode.options import KvDtype
+from transduce.decode.options import Engine, KvDtype
 
 
 def positive_int(text: str) -> int:
@@ -66,6 +66,9 @@ def add_search_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
                          help="KV-cache type (default: --dtype's); int8 quantizes it per "
                               "token and head")
+    command.add_argument("--engine", default="auto", choices=choices(Engine),
+                         help="what runs the model (default: ONNX Runtime for an ONNX export, "
+                              "PyTorch for a checkpoint)")
 
 
 def add_config_flags(parser: argparse.ArgumentParser, config_type: type) -> None:

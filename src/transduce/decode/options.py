@@ -11,6 +11,8 @@ from transduce.config import ConfigError, Dtype, ValidatedConfig, check_at_least
 __all__ = ["Dtype", "KvDtype", "SearchOptions"]
 
 KvDtype = Literal["float32", "bfloat16", "int8"]
+# What runs a model: auto is ONNX Runtime for an ONNX export, PyTorch for a checkpoint.
+Engine = Literal["auto", "torch", "onnxruntime"]
 
 
 @dataclass(frozen=True)

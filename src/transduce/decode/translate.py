@@ -3,6 +3,7 @@
     model = transduce.load("runs/small/average")
     model.translate(["En el principio crió Dios los cielos y la tierra."])  # -> [str]
     model.translate_nbest(lines, nbest=3, beam=4)      # -> [[Translation(text, score)]]
+    transduce.load("exported/onnx")     # an ONNX export, run by ONNX Runtime (same searches)
 
 N lines in give N lines out in the same order; an empty line gives an empty line.
 """
@@ -19,11 +20,13 @@ import torch
 from transduce import checkpoint
 from transduce.config import ConfigError, choices
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from transduce.decode.options import Dtype, KvDtype, SearchOptions
+from transduce.decode.onnx_engine import OnnxEngine
+from transduce.decode.options import Dtype, Engine, KvDtype, SearchOptions
 from transduce.decode.search import beam_search
 from transduce.errors import TransduceError
 from transduce.model import Seq2SeqModel, load_model
 from transduce.model.bfloat16 import bfloat16_copy
+from transduce.onnx_format import is_onnx_export
 
 Progress = Callable[[int], None]
 
@@ -41,12 +44,22 @@ class Translation:
 class Translator:
     """A trained model with its tokenizer, ready to translate."""
 
-    def __init__(self, model: Seq2SeqModel, tokenizer: Tokenizer, device: torch.device | str = "cpu",
-                 dtype: Dtype = "float32", kv_dtype: KvDtype | None = None):
-        """dtype "bfloat16" decodes with a bfloat16 copy of the model (model/bfloat16.py:
+    def __init__(self, model: Seq2SeqModel | OnnxEngine, tokenizer: Tokenizer,
+                 device: torch.device | str = "cpu", dtype: Dtype = "float32",
+                 kv_dtype: KvDtype | None = None):
+        """model: a PyTorch model, or an OnnxEngine (an ONNX export run by ONNX Runtime).
+        dtype "bfloat16" decodes with a bfloat16 copy of the model (model/bfloat16.py:
         AMX / AVX512-BF16 on recent Xeons); search scores stay float32.
         kv_dtype: the self-attention cache's type (default: the model's); attention runs
         in that type, and "int8" quantizes it per token and head."""
+        if isinstance(model, OnnxEngine):
+            if dtype != "float32" or kv_dtype is not None or torch.device(device).type != "cpu":
+                raise ConfigError("an ONNX export decodes in the types it was exported with, "
+                                  "on the CPU: --dtype, --kv-dtype and devices apply to "
+                                  "PyTorch checkpoints")
+            self.model, self.tokenizer, self.device = model, tokenizer, torch.device("cpu")
+            self.dtype, self.kv_dtype = dtype, kv_dtype
+            return
         if dtype not in choices(Dtype):
             raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(choices(Dtype))}")
         if kv_dtype is not None and kv_dtype not in choices(KvDtype):
@@ -67,8 +80,23 @@ class Translator:
 
     @classmethod
     def load(cls, path: Path | str, device: torch.device | str = "cpu",
-             dtype: Dtype = "float32", kv_dtype: KvDtype | None = None) -> "Translator":
-        """A checkpoint directory, or a run directory (its latest checkpoint)."""
+             dtype: Dtype = "float32", kv_dtype: KvDtype | None = None,
+             engine: Engine = "auto") -> "Translator":
+        """A checkpoint directory, a run directory (its latest checkpoint), or an ONNX
+        export. engine "auto" runs an ONNX export with ONNX Runtime and a checkpoint
+        with PyTorch; naming one refuses the other kind of directory."""
+        if engine not in choices(Engine):
+            raise ConfigError(f"engine={engine!r}: choose one of {', '.join(choices(Engine))}")
+        onnx = is_onnx_export(path)
+        if engine == "onnxruntime" or (engine == "auto" and onnx):
+            if not onnx:
+                raise ConfigError(f"{path}: engine onnxruntime needs an ONNX export (write "
+                                  f"one with `transduce export onnx {path} OUT`)")
+            return cls(OnnxEngine(path), Tokenizer(Path(path) / checkpoint.TOKENIZER), device,
+                       dtype, kv_dtype)
+        if onnx:
+            raise ConfigError(f"{path} is an ONNX export, which only ONNX Runtime runs "
+                              "(engine onnxruntime); this needs a PyTorch checkpoint")
         directory = checkpoint.resolve(Path(path))
         model = load_model(directory, device)
         return cls(model, Tokenizer(directory / checkpoint.TOKENIZER), device, dtype, kv_dtype)
@@ -167,6 +195,7 @@ def pad_sources(rows: list[list[int]], device: torch.device | str = "cpu") -> to
 
 
 def load(path: Path | str, device: torch.device | str = "cpu", dtype: Dtype = "float32",
-         kv_dtype: KvDtype | None = None) -> Translator:
-    """transduce.load(RUN): a Translator for a checkpoint or run directory."""
-    return Translator.load(path, device, dtype, kv_dtype)
+         kv_dtype: KvDtype | None = None, engine: Engine = "auto") -> Translator:
+    """transduce.load(RUN): a Translator for a checkpoint, a run directory or an ONNX
+    export."""
+    return Translator.load(path, device, dtype, kv_dtype, engine)

@@ -1,6 +1,6 @@
-"""Writing a checkpoint in other toolkits' formats: Hugging Face Marian (marian.py) and
-CTranslate2 (ctranslate2.py). Each computes what our model computes, and refuses, with
-the reason, a model it cannot express."""
+"""Writing a checkpoint in other toolkits' formats: Hugging Face Marian (marian.py),
+CTranslate2 (ctranslate2.py) and ONNX (onnx.py, imported on use). Each computes what our
+model computes, and refuses, with the reason, a model it cannot express."""
 
 from transduce.export.common import ExportError
 from transduce.export.ctranslate2 import export_ctranslate2

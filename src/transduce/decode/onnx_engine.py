@@ -1,0 +1,114 @@
+"""ONNX Runtime as a decoding engine behind the same searches as PyTorch.
+
+The searches (search.py) talk to an engine through four things: `config`, `prefill(src,
+max_len)` -> a state, `decode_step(tokens, state)` -> logits, and the state's
+`reorder(rows, sources)`. A Transformer is one such engine; OnnxEngine is another, over
+the two graphs `transduce export onnx` writes (onnx_format.py), so greedy search,
+sampling, beam search and n-best lists work the same on both.
+
+The past keys and values travel as graph inputs and come back as outputs (ONNX graphs
+update nothing in place); the state keeps them as arrays and reorders their rows.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from transduce import checkpoint
+from transduce.config import ConfigError, ModelConfig
+from transduce.onnx_format import DECODER_STEP, ENCODER, OnnxExportError, cache_names, read_info
+
+
+class OnnxState:
+    """The decoding state between steps, as arrays: past self-attention keys and values
+    (R, Hkv, P, D) per layer, the sources' cross-attention keys and values (B, Hkv, S, D)
+    per layer, the source mask (B, S), and which source each target row reads (R,)."""
+
+    def __init__(self, past: list[np.ndarray], cross: list[np.ndarray], src_mask: np.ndarray):
+        self.past, self.cross, self.src_mask = past, cross, src_mask
+        self.row_source = np.arange(src_mask.shape[0], dtype=np.int64)
+
+    @property
+    def length(self) -> int:
+        """Target tokens decoded so far."""
+        return self.past[0].shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the self-attention caches."""
+        return sum(array.nbytes for array in self.past)
+
+    def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
+        """Keep target rows `rows` (R',) and, when given, sources `sources` (B',), in
+        that order (the contract of transformer.DecoderState.reorder)."""
+        index = rows.cpu().numpy()
+        self.past = [np.take(array, index, axis=0) for array in self.past]
+        row_source = self.row_source[index]
+        if sources is not None:
+            chosen = sources.cpu().numpy()
+            renumber = np.full(self.src_mask.shape[0], -1, dtype=np.int64)   # old -> new
+            renumber[chosen] = np.arange(len(chosen))
+            row_source = renumber[row_source]
+            self.cross = [np.take(array, chosen, axis=0) for array in self.cross]
+            self.src_mask = np.take(self.src_mask, chosen, axis=0)
+        self.row_source = row_source
+
+
+class OnnxEngine:
+    """An exported model run by ONNX Runtime on the CPU, with one intra-op thread per
+    core this process may use (or `threads`)."""
+
+    def __init__(self, directory: Path | str, threads: int = 0):
+        import onnxruntime
+
+        directory = Path(directory)
+        self.info = read_info(directory)
+        self.config: ModelConfig = checkpoint.read_configs(directory)[0]
+        self.layers = self.config.num_decoder_layers
+        self.directory = directory
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
+        options.inter_op_num_threads = 1
+
+        def session(name: str):
+            try:
+                return onnxruntime.InferenceSession(str(directory / name), options,
+                                                    providers=["CPUExecutionProvider"])
+            except Exception as error:  # onnxruntime raises its own untyped errors
+                raise OnnxExportError(f"{directory / name}: not loadable by ONNX Runtime "
+                                      f"({str(error).splitlines()[0]})") from None
+
+        self.encoder, self.decoder = session(ENCODER), session(DECODER_STEP)
+        self._past_names = cache_names(self.layers, "past")
+        self._cross_names = cache_names(self.layers, "cross")
+
+    def prefill(self, src: Tensor, max_len: int, *, src_mask: Tensor | None = None,
+                cache_dtype: torch.dtype | None = None) -> OnnxState:
+        """src (B, S) right-padded ids -> the state before the first step: every layer's
+        cross-attention keys and values, and empty self-attention caches. The caches
+        grow as steps need (max_len is what a preallocating engine would reserve)."""
+        if cache_dtype not in (None, torch.float32):
+            raise ConfigError(f"the ONNX export keeps its cache in the graph's type; "
+                              f"kv_dtype={cache_dtype} needs the PyTorch engine")
+        ids = src.cpu().numpy().astype(np.int64)
+        cross = self.encoder.run(None, {"src": ids})
+        c = self.config
+        empty = np.zeros((ids.shape[0], c.kv_heads, 0, c.head_dim), dtype=cross[0].dtype)
+        mask = ids != c.pad_id if src_mask is None else src_mask.reshape(ids.shape).cpu().numpy()
+        return OnnxState([empty] * (2 * self.layers), cross, mask)
+
+    def decode_step(self, tokens: Tensor, state: OnnxState) -> Tensor:
+        """tokens (R, T) after state.length cached ones -> logits (R, T, V); the state's
+        caches grow by T."""
+        feeds = {"tokens": tokens.cpu().numpy().astype(np.int64),
+                 "row_source": state.row_source, "src_mask": state.src_mask,
+                 **dict(zip(self._past_names, state.past)),
+                 **dict(zip(self._cross_names, state.cross))}
+        logits, *present = self.decoder.run(None, feeds)
+        state.past = present
+        return torch.from_numpy(logits)

@@ -1,0 +1,171 @@
+"""Export to ONNX: the two phases of incremental decoding as two graphs.
+
+    encoder.onnx       src (B, S) int64 -> cross_k.{i}, cross_v.{i} (B, Hkv, S, D) for
+                       every decoder layer i: the prefill's source side, once per source
+    decoder_step.onnx  tokens (R, T) int64, row_source (R,) int64, src_mask (B, S) bool,
+                       past_k.{i}, past_v.{i} (R, Hkv, P, D), cross_k.{i}, cross_v.{i}
+                       (B, Hkv, S, D) -> logits (R, T, V), present_k.{i}, present_v.{i}
+                       (R, Hkv, P + T, D)
+
+Every size is dynamic: sources, source length, target rows (beams), past length (0 for
+the first step) and step length. Target row r reads source row_source[r]: the sources'
+keys and values are stored once and gathered per row inside the graph.
+
+The exporter is the TorchScript tracer (`torch.onnx.export(dynamo=False)`) with dynamic
+axes, chosen on purpose: torch.export specialises a dimension of size 0 or 1, and an
+empty past (P = 0) and one-token steps (T = 1) are exactly those sizes, while the tracer
+records shape arithmetic as graph operations whatever the example's sizes. What it
+cannot keep symbolic is a size compared in Python, or one that unflatten infers: the
+model's size checks and shortcuts step aside while tracing (torch.jit.is_tracing),
+heads are split with sizes read from their input, the step's causal mask is built here
+from the inputs' sizes, and the example takes the general path (two new tokens after a
+non-empty past).
+Attention is exported in its matrix-product form (`impl="naive"`), plain
+MatMul/Softmax/Where operators every runtime has; GQA and MQA broadcast their key/value
+heads inside it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from transduce import atomic, checkpoint
+from transduce.attention.kv_cache import ConcatKVCache
+from transduce.export.common import ExportError, not_a_plain_transformer
+from transduce.model import Transformer, load_model
+from transduce.onnx_format import DECODER_STEP, ENCODER, INFO, cache_names
+
+OPSET = 17
+QUANTIZATIONS = ("int8",)
+
+
+def check_onnx_exportable(model: nn.Module) -> None:
+    problems = not_a_plain_transformer(model.config)
+    if problems:
+        raise ExportError("cannot export to ONNX: " + "; ".join(problems) + " (the export "
+                          "carries softmax attention's key/value cache between steps)")
+
+
+class EncoderGraph(nn.Module):
+    """src (B, S) -> each decoder layer's cross-attention keys and values."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: Tensor) -> tuple[Tensor, ...]:
+        memory = self.model.encode(src)                                   # (B, S, C)
+        return tuple(t for kv in self.model.decoder.memory_kv(memory) for t in kv)
+
+
+class DecoderStepGraph(nn.Module):
+    """One decode step over a past given as inputs; the present returned as outputs."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+        self.layers = model.config.num_decoder_layers
+
+    def forward(self, tokens: Tensor, row_source: Tensor, src_mask: Tensor,
+                *caches: Tensor) -> tuple[Tensor, ...]:
+        """tokens (R, T), row_source (R,), src_mask (B, S), then past k/v per layer,
+        then cross k/v per layer -> logits (R, T, V) and the present k/v per layer."""
+        past, cross = caches[:2 * self.layers], caches[2 * self.layers:]
+        # The causal mask from the inputs' sizes, which the trace keeps symbolic.
+        past_len, steps = past[0].shape[2], tokens.shape[1]
+        query_pos = torch.arange(steps, device=tokens.device)[:, None] + past_len
+        key_pos = torch.arange(past_len + steps, device=tokens.device)[None, :]
+        step_mask = (key_pos <= query_pos)[None, None]                    # (1, 1, T, P + T)
+        self_caches = [ConcatKVCache(past[2 * i], past[2 * i + 1], step_mask)
+                       for i in range(self.layers)]
+        memory_kv = [(cross[2 * i].index_select(0, row_source),
+                      cross[2 * i + 1].index_select(0, row_source)) for i in range(self.layers)]
+        memory_mask = src_mask.index_select(0, row_source)[:, None, None, :]
+        hidden = self.model.decoder(tokens, memory_kv, memory_mask, caches=self_caches)
+        logits = self.model.output_proj(hidden)
+        return (logits, *(t for cache in self_caches for t in (cache.k, cache.v)))
+
+
+def export_onnx(path: Path, out: Path, quantize: str | None = None) -> Path:
+    """Write OUT/encoder.onnx, OUT/decoder_step.onnx, config.json and the tokenizer.
+    quantize "int8": weights int8 (onnxruntime's dynamic quantization)."""
+    import onnx
+
+    if quantize not in (None, *QUANTIZATIONS):
+        raise ExportError(f"quantize={quantize!r}: choose one of {', '.join(QUANTIZATIONS)}")
+    directory = checkpoint.resolve(path)
+    model = load_model(directory).eval()
+    check_onnx_exportable(model)
+    for module in model.modules():      # the matrix-product form of attention
+        if hasattr(module, "impl"):
+            module.impl = "naive"
+    with atomic.atomic_directory(out) as temporary:
+        _export_graphs(model, temporary)
+        for name in (ENCODER, DECODER_STEP):
+            onnx.checker.check_model(str(temporary / name), full_check=True)
+            if quantize == "int8":
+                _quantize_int8(temporary / name)
+        shutil.copyfile(directory / checkpoint.CONFIG, temporary / checkpoint.CONFIG)
+        shutil.copyfile(directory / checkpoint.TOKENIZER, temporary / checkpoint.TOKENIZER)
+        (temporary / INFO).write_text(json.dumps(
+            {"opset": OPSET, "quantize": quantize, "graphs": [ENCODER, DECODER_STEP]},
+            indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def _export_graphs(model: Transformer, out: Path) -> None:
+    c = model.config
+    layers, heads, dim = c.num_decoder_layers, c.kv_heads, c.head_dim
+    sources, beams, source_len, past_len, step_len = 2, 2, 5, 3, 2
+    src = torch.randint(4, c.src_vocab_size, (sources, source_len))
+    src[1, 3:] = c.pad_id
+    rows = sources * beams
+    past = [torch.randn(rows, heads, past_len, dim) for _ in range(2 * layers)]
+    with torch.no_grad():
+        cross = list(EncoderGraph(model)(src))
+    tokens = torch.randint(4, c.tgt_vocab_size, (rows, step_len))
+    row_source = torch.arange(sources).repeat_interleave(beams)
+    src_mask = src != c.pad_id
+    cross_names, past_names = cache_names(layers, "cross"), cache_names(layers, "past")
+    present_names = cache_names(layers, "present")
+    source_axes = {0: "sources", 2: "source_length"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # tracer notes on size checks taken at trace time
+        torch.onnx.export(EncoderGraph(model), (src,), str(out / ENCODER), dynamo=False,
+                          input_names=["src"], output_names=cross_names, opset_version=OPSET,
+                          dynamic_axes={"src": {0: "sources", 1: "source_length"},
+                                        **{name: source_axes for name in cross_names}})
+        torch.onnx.export(
+            DecoderStepGraph(model), (tokens, row_source, src_mask, *past, *cross),
+            str(out / DECODER_STEP), dynamo=False, opset_version=OPSET,
+            input_names=["tokens", "row_source", "src_mask", *past_names, *cross_names],
+            output_names=["logits", *present_names],
+            dynamic_axes={"tokens": {0: "rows", 1: "step_length"}, "row_source": {0: "rows"},
+                          "src_mask": {0: "sources", 1: "source_length"},
+                          "logits": {0: "rows", 1: "step_length"},
+                          **{name: {0: "rows", 2: "past_length"} for name in past_names},
+                          **{name: {0: "rows", 2: "present_length"} for name in present_names},
+                          **{name: source_axes for name in cross_names}})
+
+
+def _quantize_int8(graph: Path) -> None:
+    """Linear and MatMul weights to int8 per channel, activations quantized per call."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantized = graph.with_suffix(".int8.onnx")
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)   # its advice on pre-processing is for image models
+    try:
+        quantize_dynamic(str(graph), str(quantized), weight_type=QuantType.QInt8,
+                         per_channel=True)
+    finally:
+        root.setLevel(level)
+    quantized.replace(graph)

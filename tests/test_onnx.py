@@ -1,0 +1,137 @@
+"""The ONNX export run by ONNX Runtime computes what our model computes, at sizes other
+than the export's example (empty and one-token pasts included), and the same searches
+give the same tokens on both engines."""
+
+import pytest
+import torch
+
+from tests.test_export import saved_model, sources
+from transduce.cli import main
+from transduce.config import ConfigError
+from transduce.data.tokenizer import BOS_ID, EOS_ID
+from transduce.decode.search import beam_search, greedy_search
+from transduce.decode.translate import Translator
+from transduce.export import ExportError
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from transduce.decode.onnx_engine import OnnxEngine  # noqa: E402
+from transduce.export.onnx import export_onnx  # noqa: E402
+
+VARIANTS = [
+    {},                                                            # MHA, sinusoidal, post-norm
+    {"num_kv_heads": 2, "norm_first": True},                       # GQA, pre-norm
+    {"num_kv_heads": 1, "positional": "rotary"},                   # MQA, rotary
+    {"positional": "learned", "norm_first": True, "activation": "gelu"},
+]
+
+
+def exported(tmp_path, tiny_corpus, **changes):
+    model, path = saved_model(tmp_path, tiny_corpus, **changes)
+    return model, OnnxEngine(export_onnx(path, tmp_path / "onnx"))
+
+
+def step_logits(engine, src, steps, beams):
+    """Prefill, `beams` rows per source, then the given (R, t) token blocks in turn ->
+    the logits of every step."""
+    state = engine.prefill(src, 64)
+    state.reorder(torch.arange(src.shape[0]).repeat_interleave(beams))
+    return [engine.decode_step(tokens, state) for tokens in steps], state
+
+
+@pytest.mark.parametrize("changes", VARIANTS, ids=lambda c: ",".join(c) or "base")
+def test_logits_match_at_other_sizes_and_past_lengths(tmp_path, tiny_corpus, changes):
+    model, engine = exported(tmp_path, tiny_corpus, **changes)
+    for batch, beams in [(1, 1), (4, 1), (3, 3)]:
+        src = sources()[:batch]
+        rows = batch * beams
+        # past lengths 0 (first step), 1, 2 (a 3-token step), then 5 and 6
+        steps = [torch.full((rows, 1), BOS_ID), torch.randint(4, 300, (rows, 1)),
+                 torch.randint(4, 300, (rows, 3)), torch.randint(4, 300, (rows, 1))]
+        with torch.no_grad():
+            want, _ = step_logits(model, src, steps, beams)
+        got, state = step_logits(engine, src, steps, beams)
+        assert state.length == 6
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-4)
+
+
+def test_reorder_and_dropped_sources_follow_pytorch(tmp_path, tiny_corpus):
+    model, engine = exported(tmp_path, tiny_corpus, num_kv_heads=2)
+    src = sources()
+    results = []
+    for runner in (model, engine):
+        state = runner.prefill(src, 32)
+        state.reorder(torch.arange(4).repeat_interleave(2))
+        with torch.no_grad():
+            runner.decode_step(torch.randint(4, 300, (8, 1), generator=torch.Generator().manual_seed(1)),
+                               state)
+            # beams swap within sentences, then sentences 0 and 2 leave
+            state.reorder(torch.tensor([1, 0, 3, 3, 4, 5, 7, 6]))
+            state.reorder(torch.tensor([2, 3, 6, 7]), torch.tensor([1, 3]))
+            results.append(runner.decode_step(torch.full((4, 1), 9), state))
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("changes", VARIANTS[:3], ids=lambda c: ",".join(c) or "base")
+def test_greedy_and_beam_search_give_the_same_tokens(tmp_path, tiny_corpus, changes):
+    model, engine = exported(tmp_path, tiny_corpus, **changes)
+    src = sources()
+    options = {"bos_id": BOS_ID, "eos_id": EOS_ID, "max_len": 15}
+    assert torch.equal(greedy_search(engine, src, **options), greedy_search(model, src, **options))
+    ours = beam_search(model, src, beam=4, nbest=4, **options)
+    theirs = beam_search(engine, src, beam=4, nbest=4, **options)
+    assert [[h.tokens for h in hyps] for hyps in theirs] == [[h.tokens for h in hyps] for hyps in ours]
+    for hyps_o, hyps_t in zip(ours, theirs):
+        assert [h.score for h in hyps_t] == pytest.approx([h.score for h in hyps_o], abs=1e-4)
+
+
+def test_translator_and_cli_run_the_export(tmp_path, tiny_corpus, capsys):
+    _, path = saved_model(tmp_path, tiny_corpus, norm_first=True)
+    out = tmp_path / "onnx"
+    assert main(["export", "onnx", str(path), str(out)]) == 0
+    lines = ["el perro come", "", "uno dos tres casa"]
+    torch_lines = Translator.load(path).translate(lines, beam=2)
+    onnx = Translator.load(out)                       # auto: ONNX Runtime for an export
+    assert isinstance(onnx.model, OnnxEngine)
+    assert onnx.translate(lines, beam=2) == torch_lines
+    (tmp_path / "in.es").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["translate", "--model", str(out), "--engine", "onnxruntime", "--beam", "2",
+                 "--input", str(tmp_path / "in.es"), "--output", str(tmp_path / "out.en")]) == 0
+    assert (tmp_path / "out.en").read_text(encoding="utf-8").splitlines() == torch_lines
+
+
+def test_int8_export_stays_close(tmp_path, tiny_corpus):
+    model, path = saved_model(tmp_path, tiny_corpus)
+    engine = OnnxEngine(export_onnx(path, tmp_path / "int8", quantize="int8"))
+    src = sources()
+    with torch.no_grad():
+        want, _ = step_logits(model, src, [torch.full((4, 1), BOS_ID)], 1)
+    got, _ = step_logits(engine, src, [torch.full((4, 1), BOS_ID)], 1)
+    error = (got[0] - want[0]).abs().max().item()
+    assert 0 < error < 0.1 * want[0].abs().max().item()     # quantized, and close
+
+
+def test_what_onnx_cannot_run_is_refused_clearly(tmp_path, tiny_corpus, capsys):
+    _, path = saved_model(tmp_path, tiny_corpus, attention_type="linear")
+    with pytest.raises(ExportError, match="attention_type='linear'"):
+        export_onnx(path, tmp_path / "onnx")
+    assert not (tmp_path / "onnx").exists()
+    assert main(["export", "onnx", str(path), str(tmp_path / "onnx")]) == 1
+    assert "cannot export to ONNX: attention_type='linear'" in capsys.readouterr().err
+    _, plain = saved_model(tmp_path / "plain", tiny_corpus)
+    with pytest.raises(ConfigError, match="needs an ONNX export"):
+        Translator.load(plain, engine="onnxruntime")
+    out = export_onnx(plain, tmp_path / "good")
+    with pytest.raises(ConfigError, match="--dtype"):
+        Translator.load(out, dtype="bfloat16")
+    with pytest.raises(ConfigError, match="kv_dtype"):
+        greedy_search(OnnxEngine(out), sources(), bos_id=BOS_ID, eos_id=EOS_ID,
+                      cache_dtype=torch.int8)
+    assert main(["translate", "--model", str(out), "--engine", "torch"]) == 2
+    assert "ONNX export" in capsys.readouterr().err
+    (out / "decoder_step.onnx").write_bytes(b"not a graph")
+    assert main(["translate", "--model", str(out)]) == 1
+    assert "decoder_step.onnx: not loadable by ONNX Runtime" in capsys.readouterr().err
