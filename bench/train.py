@@ -46,11 +46,10 @@ from transduce.data.dataset import load_split  # noqa: E402
 from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer  # noqa: E402
 from transduce.export.marian import marian_config  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
-from transduce.runtime import cpu_flags, keep_freed_memory, training_dtype  # noqa: E402
+from transduce.runtime import BFLOAT16_FLAGS, cpu_flags, keep_freed_memory, training_dtype  # noqa: E402
 from transduce.train.flops import matmul_peak, training_flops  # noqa: E402
 from transduce.train.loss import projected_label_smoothed_nll  # noqa: E402
 
-BF16_FLAGS = {"avx512_bf16", "amx_bf16", "amx_tile"}
 HF_PEERS = {"hf float32": None, "hf bfloat16": torch.bfloat16}
 PEERS = ("ours", *HF_PEERS)
 SMOOTHING, LR = 0.1, 5e-4
@@ -198,7 +197,7 @@ def main() -> None:
     out.write_text(json.dumps({"benchmark": "train", "ours_dtype": ours, "rounds": args.rounds,
                                "steps_per_round": args.steps, "matmul_peak_flops": peaks,
                                "machine": {**machine_info(args.threads),
-                                           "bfloat16_flags": sorted(cpu_flags() & BF16_FLAGS)},
+                                           "bfloat16_flags": sorted(cpu_flags() & BFLOAT16_FLAGS)},
                                "rows": rows, "best_ratio": ratios}, indent=2) + "\n")
     print(f"written {out}")
 

@@ -39,6 +39,10 @@ def keep_freed_memory() -> bool:
                ((_M_MMAP_THRESHOLD, _LIMIT), (_M_TRIM_THRESHOLD, _LIMIT), (_M_TOP_PAD, 1 << 28)))
 
 
+# CPU flags of bfloat16 matrix units: AVX512-BF16 (Zen 4, Cooper Lake) and AMX.
+BFLOAT16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags as Linux lists them (empty elsewhere)."""
@@ -57,7 +61,7 @@ def native_bfloat16(device: torch.device) -> bool:
 
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    return device.type == "cpu" and bool(cpu_flags() & BFLOAT16_FLAGS)
 
 
 def training_dtype(requested: str, device: torch.device) -> str:

@@ -67,10 +67,9 @@ class OnnxEngine:
         import onnxruntime
 
         directory = Path(directory)
-        self.info = read_info(directory)
+        read_info(directory)                     # an export, with both graphs
         self.config: ModelConfig = checkpoint.read_configs(directory)[0]
         self.layers = self.config.num_decoder_layers
-        self.directory = directory
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
         options.inter_op_num_threads = 1

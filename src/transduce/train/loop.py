@@ -73,18 +73,15 @@ class Run:
     log: TrainingLog
     ema: WeightAverage | None
     stream: BatchStream = field(init=False)
+    dtype: str = field(init=False)   # the training dtype, "auto" resolved for this device
 
     def __post_init__(self) -> None:
         self.stream = BatchStream(self.batcher, self.position)
+        self.dtype = training_dtype(self.train_config.dtype, self.device)
 
     @property
     def main_process(self) -> bool:
         return self.rank == 0
-
-    @property
-    def dtype(self) -> str:
-        """The training dtype, "auto" resolved for this device."""
-        return training_dtype(self.train_config.dtype, self.device)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
