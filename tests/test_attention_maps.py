@@ -90,7 +90,8 @@ def test_plot_all_or_one_layer_and_head(tiny_corpus, tmp_path):
 
 def test_attention_command(tiny_corpus, tmp_path, capsys):
     run = tmp_path / "run"
-    model = translator(tiny_corpus, arch="rnn-luong").model
+    model = build_model(preset("tiny", src_vocab_size=300, tgt_vocab_size=300,
+                               max_positions=40, arch="rnn-luong"))
     checkpoint.save(checkpoint.step_dir(run, 1), model, None, tiny_corpus / MODEL_NAME)
     out = tmp_path / "maps.png"
     assert main(["attention", SENTENCE, "--model", str(run), "--out", str(out)]) == 0

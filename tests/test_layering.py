@@ -34,6 +34,8 @@ FORBIDDEN = {
     "transduce.decode": ["transduce.train", "transduce.cli", "transduce.export"],
     "transduce.train": ["transduce.cli", "transduce.export"],
     "transduce.export": ["transduce.train", "transduce.cli", "transduce.decode"],
+    "transduce.importers": ["transduce.train", "transduce.cli", "transduce.decode",
+                            "transduce.export"],
 }
 
 

@@ -6,7 +6,10 @@ crash, even SIGKILL, never leaves a half-written checkpoint in place:
         config.json          {"model": ModelConfig, "train": TrainConfig, and for an
                              average or a conversion "origin": what it was made from}
         model.safetensors    weights (tied matrices stored once)
-        spm.model            the tokenizer
+        spm.model            the tokenizer: SentencePiece for models trained here,
+        or tokenizer.json    or a Hugging Face tokenizer for imported ones, whose special
+                             ids config.json records as {"tokenizer": {"file":
+                             "tokenizer.json", "bos_id", "eos_id", "pad_id"}}
         trainer_state.pt     optimizer, step, data position, RNG states (training only)
 
 This module knows the format, not the models: it saves and fills any nn.Module with a
@@ -29,7 +32,8 @@ from torch import nn
 
 from transduce import atomic
 from transduce.config import ConfigError, ModelConfig, TrainConfig
-from transduce.data.tokenizer import MODEL_NAME
+from transduce.data.hf_tokenizer import SPECIALS, TOKENIZER_JSON, HFTokenizer
+from transduce.data.tokenizer import MODEL_NAME, TextTokenizer, Tokenizer
 from transduce.errors import TransduceError
 
 CONFIG, WEIGHTS, TOKENIZER, TRAINER_STATE = "config.json", "model.safetensors", MODEL_NAME, \
@@ -67,24 +71,53 @@ def resolve(path: Path) -> Path:
 
 
 def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
-         tokenizer_path: Path, trainer_state: dict[str, Any] | None = None,
+         tokenizer_path: Path | TextTokenizer, trainer_state: dict[str, Any] | None = None,
          origin: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint directory atomically; an existing one at `path` is replaced.
+    tokenizer_path: a SentencePiece model file (stored as spm.model, whatever its name),
+    a tokenizer.json inside a checkpoint (its special ids are taken from there), or a
+    tokenizer object (an HFTokenizer is written as tokenizer.json with its special ids).
     origin: how a derived checkpoint was made, with "steps" (the training steps behind it)."""
+    write_tokenizer, section = _tokenizer_writer(tokenizer_path)
     with atomic.atomic_directory(path) as temporary:
-        _write_config(temporary, model.config, train_config, origin)
+        _write_config(temporary, model.config, train_config, origin, section)
         save_model(model, str(temporary / WEIGHTS))
-        shutil.copyfile(tokenizer_path, temporary / TOKENIZER)
+        write_tokenizer(temporary)
         if trainer_state is not None:
             torch.save(trainer_state, temporary / TRAINER_STATE)
     return path
 
 
+def _tokenizer_writer(tokenizer: Path | TextTokenizer):
+    """-> (a function writing the tokenizer file into a directory, the config.json
+    "tokenizer" section or None). Checked before anything is written."""
+    if isinstance(tokenizer, HFTokenizer):
+        return (lambda directory: tokenizer.save(directory / TOKENIZER_JSON),
+                _tokenizer_section(tokenizer))
+    source = Path(tokenizer.path if isinstance(tokenizer, Tokenizer) else tokenizer)
+    if source.name == TOKENIZER_JSON:
+        loaded = load_tokenizer(source.parent)
+        if not isinstance(loaded, HFTokenizer) or loaded.path != source:
+            raise CheckpointError(f"{source}: a tokenizer.json needs its special ids; pass "
+                                  f"the HFTokenizer, or a tokenizer.json of a checkpoint")
+        return (lambda directory: shutil.copyfile(source, directory / TOKENIZER_JSON),
+                _tokenizer_section(loaded))
+    if not source.is_file():
+        raise CheckpointError(f"{source}: no such tokenizer file")
+    return lambda directory: shutil.copyfile(source, directory / TOKENIZER), None
+
+
+def _tokenizer_section(tokenizer: HFTokenizer) -> dict[str, Any]:
+    return {"file": TOKENIZER_JSON, **tokenizer.specials}
+
+
 def _write_config(directory: Path, model_config: ModelConfig, train_config: TrainConfig | None,
-                  origin: dict[str, Any] | None) -> None:
+                  origin: dict[str, Any] | None,
+                  tokenizer: dict[str, Any] | None = None) -> None:
     values = {"model": model_config.to_dict(),
               "train": None if train_config is None else train_config.to_dict(),
-              **({"origin": origin} if origin else {})}
+              **({"origin": origin} if origin else {}),
+              **({"tokenizer": tokenizer} if tokenizer else {})}
     (directory / CONFIG).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
 
 
@@ -123,6 +156,35 @@ def _read_config_json(path: Path) -> dict[str, Any]:
     return values
 
 
+def load_tokenizer(path: Path) -> TextTokenizer:
+    """The tokenizer a checkpoint directory holds: the tokenizer.json its config.json's
+    "tokenizer" section names, with the special ids recorded there, else spm.model."""
+    path = Path(path)
+    section = _read_config_json(path).get("tokenizer") if (path / CONFIG).is_file() else None
+    if section is not None:
+        return _load_hf_tokenizer(path, section)
+    if (path / TOKENIZER).is_file():
+        return Tokenizer(path / TOKENIZER)
+    if (path / TOKENIZER_JSON).is_file():
+        raise CheckpointError(f"{path}: {TOKENIZER_JSON} without its special ids ({CONFIG} "
+                              f"has no \"tokenizer\" section)")
+    raise CheckpointError(f"{path}: no tokenizer ({TOKENIZER} or {TOKENIZER_JSON})")
+
+
+def _load_hf_tokenizer(path: Path, section: Any) -> HFTokenizer:
+    where = f"{path / CONFIG}: \"tokenizer\""
+    if not isinstance(section, dict) or section.get("file") != TOKENIZER_JSON:
+        raise CheckpointError(f"{where} must be an object with \"file\": "
+                              f"\"{TOKENIZER_JSON}\", got {section!r}")
+    missing = [key for key in SPECIALS if not isinstance(section.get(key), int)]
+    if missing:
+        raise CheckpointError(f"{where} lacks integer {', '.join(missing)}")
+    if not (path / TOKENIZER_JSON).is_file():
+        raise CheckpointError(f"{path}: no tokenizer ({TOKENIZER_JSON}, which {CONFIG} names)")
+    return HFTokenizer.from_file(path / TOKENIZER_JSON, bos=section["bos_id"],
+                                 eos=section["eos_id"], pad=section["pad_id"])
+
+
 def load_weights(model: nn.Module, path: Path, device: torch.device | str = "cpu") -> None:
     """Fill `model` with the weights of checkpoint directory `path`; they must match it
     name for name and shape for shape."""
@@ -134,7 +196,8 @@ def load_weights(model: nn.Module, path: Path, device: torch.device | str = "cpu
                               f"({type(error).__name__}: {error})") from None
     if missing or unexpected:
         raise CheckpointError(f"{file}: weights do not match the configuration "
-                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+                              f"(missing {sorted(missing)[:3]}, unexpected "
+                              f"{sorted(unexpected)[:3]})")
 
 
 def load_trainer_state(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
@@ -184,10 +247,12 @@ def average(checkpoints: list[Path], out: Path) -> Path:
     last = checkpoints[-1]
     model_config, train_config = read_configs(last)
     origin = {"averaged": [str(p) for p in checkpoints], "steps": trained_steps(last)}
+    section = _read_config_json(last).get("tokenizer")
+    tokenizer_file = TOKENIZER_JSON if section is not None else TOKENIZER
     with atomic.atomic_directory(out) as temporary:
-        _write_config(temporary, model_config, train_config, origin)
+        _write_config(temporary, model_config, train_config, origin, section)
         save_file(mean, str(temporary / WEIGHTS), metadata=metadata)
-        shutil.copyfile(last / TOKENIZER, temporary / TOKENIZER)
+        shutil.copyfile(last / tokenizer_file, temporary / tokenizer_file)
     return out
 
 

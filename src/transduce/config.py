@@ -16,11 +16,11 @@ from typing import Any, Literal, get_args
 from transduce.errors import TransduceError
 
 Positional = Literal["sinusoidal", "learned", "rotary"]
-Activation = Literal["relu", "gelu"]
+Activation = Literal["relu", "gelu", "gelu-tanh"]
 Tying = Literal["all", "decoder", "none"]
 AttentionImpl = Literal["naive", "sdpa", "flash"]
 AttentionType = Literal["softmax", "linear", "sliding"]
-Architecture = Literal["transformer", "rnn-bahdanau", "rnn-luong"]
+Architecture = Literal["transformer", "decoder", "rnn-bahdanau", "rnn-luong"]
 RnnCell = Literal["gru", "lstm"]
 
 
@@ -71,9 +71,16 @@ class ModelConfig(ValidatedConfig):
     "linear" replaces softmax by a positive feature map (elu + 1), linear in the length;
     "sliding" lets each token see only the attention_window tokens on either side
     (before it, in the decoder). Cross-attention is always softmax attention.
-    arch: "transformer", or an RNN encoder-decoder with Bahdanau (additive) or Luong
-    (general) attention; the RNNs use d_model, the layer counts, dropout, rnn_cell and
-    the embedding fields, and ignore the attention and position fields.
+    arch: "transformer" (the encoder-decoder), "decoder" (decoder-only, GPT: the
+    decoder's layers without cross-attention, num_decoder_layers of them, over
+    tgt_vocab_size, which must equal src_vocab_size), or an RNN encoder-decoder with
+    Bahdanau (additive) or Luong (general) attention; the RNNs use d_model, the layer
+    counts, dropout, rnn_cell and the embedding fields, and ignore the attention and
+    position fields.
+    activation: the FFN's; "gelu" is exact (erf) GELU, "gelu-tanh" its tanh
+    approximation (GPT-2's).
+    scale_embeddings: multiply token embeddings by sqrt(d_model) (the paper); GPT-2 does
+    not.
     """
 
     src_vocab_size: int = 37000
@@ -100,6 +107,7 @@ class ModelConfig(ValidatedConfig):
     attention_window: int = 16
     arch: Architecture = "transformer"
     rnn_cell: RnnCell = "gru"
+    scale_embeddings: bool = True
 
     def __post_init__(self) -> None:
         self._check_floats_finite()
@@ -131,10 +139,14 @@ class ModelConfig(ValidatedConfig):
             raise ConfigError("ModelConfig.positional='rotary' does not combine with "
                               "attention_type='linear' (rotated features are no longer "
                               "positive); use sinusoidal or learned positions")
-        if self.arch != "transformer" and self.attention_type != "softmax":
+        if self.arch == "decoder" and self.src_vocab_size != self.tgt_vocab_size:
+            raise ConfigError(f"ModelConfig.arch='decoder' has one vocabulary: "
+                              f"src_vocab_size={self.src_vocab_size} must equal "
+                              f"tgt_vocab_size={self.tgt_vocab_size}")
+        if self.arch.startswith("rnn") and self.attention_type != "softmax":
             raise ConfigError(f"ModelConfig.attention_type={self.attention_type!r} applies to "
                               f"the Transformer's self-attention; arch={self.arch!r} has none")
-        if self.arch != "transformer" and self.d_model % 2:
+        if self.arch.startswith("rnn") and self.d_model % 2:
             raise ConfigError(f"ModelConfig.d_model={self.d_model}: the RNN's bidirectional "
                               f"encoder needs an even size (d_model / 2 per direction)")
         if self.tie_embeddings == "all" and self.src_vocab_size != self.tgt_vocab_size:
@@ -192,6 +204,10 @@ def check_choice(config: object, name: str) -> None:
                           f"{', '.join(allowed)}")
 
 
+_GPT: dict[str, Any] = {"arch": "decoder", "norm_first": True, "positional": "learned",
+                        "activation": "gelu-tanh", "scale_embeddings": False,
+                        "max_positions": 1024, "num_encoder_layers": 1}
+
 # The paper's two models (Table 3), and two sized for a 2-core CPU. small is pre-norm:
 # at a CPU budget of minutes it learns several times faster than post-norm
 # (docs/experiments.md); base and big keep the paper's post-norm layout.
@@ -202,6 +218,17 @@ PRESETS: dict[str, ModelConfig] = {
                          num_decoder_layers=3, dropout=0.1, norm_first=True),
     "tiny": ModelConfig(d_model=64, num_heads=4, d_ff=128, num_encoder_layers=2,
                         num_decoder_layers=2, dropout=0.0, max_positions=256),
+    # Decoder-only (GPT-2, Radford et al. 2019): pre-norm with a final LayerNorm, learned
+    # positions, tanh-approximated GELU, no embedding scale, the output tied to the token
+    # embeddings; 124M and 355M parameters at GPT-2's 50,257 byte-level BPE pieces.
+    "gpt2": ModelConfig(**_GPT, src_vocab_size=50257, tgt_vocab_size=50257, d_model=768,
+                        num_heads=12, d_ff=3072, num_decoder_layers=12),
+    "gpt2-medium": ModelConfig(**_GPT, src_vocab_size=50257, tgt_vocab_size=50257,
+                               d_model=1024, num_heads=16, d_ff=4096, num_decoder_layers=24),
+    "gpt-small": ModelConfig(**{**_GPT, "max_positions": 512}, d_model=256, num_heads=4,
+                             d_ff=1024, num_decoder_layers=4),
+    "gpt-tiny": ModelConfig(**{**_GPT, "max_positions": 256, "dropout": 0.0}, d_model=64,
+                            num_heads=4, d_ff=128, num_decoder_layers=2),
 }
 
 
@@ -229,6 +256,9 @@ class TrainConfig(ValidatedConfig):
     smoothing; batches of about max_tokens source and max_tokens target tokens,
     update_freq of them (per process) per step. ema_decay > 0 keeps an exponential
     moving average of the weights, written as RUN/ema when the run ends.
+    pack_length > 0 (language models, arch "decoder"): train on fixed blocks of that many
+    tokens cut across line boundaries from the stream of all training lines (GPT),
+    max_tokens // pack_length blocks per batch, instead of whole lines batched by length.
     """
 
     max_steps: int = 0                 # 0: no step limit
@@ -258,6 +288,7 @@ class TrainConfig(ValidatedConfig):
     schedule: Schedule = "noam"
     warmup_fraction: float = 0.05      # schedule "budget": warmup as a fraction of the budget
     ema_decay: float = 0.0             # 0: no moving average of the weights
+    pack_length: int = 0               # >0: a language model trains on packed blocks of it
 
     def __post_init__(self) -> None:
         self._check_floats_finite()
@@ -270,7 +301,7 @@ class TrainConfig(ValidatedConfig):
             raise ConfigError("TrainConfig.schedule='budget' decays to 0 at the end of the "
                               "budget: give max_steps or max_minutes")
         check_at_least(self, 0, "max_steps", "max_minutes", "clip_norm", "dev_bleu_sentences",
-                       "threads", "schedule_offset")
+                       "threads", "schedule_offset", "pack_length")
         check_in_unit_interval(self, "label_smoothing", "adam_beta1", "adam_beta2")
         for name in ("lr_scale", "adam_eps"):
             if getattr(self, name) <= 0:
@@ -285,6 +316,11 @@ class TrainConfig(ValidatedConfig):
 TRAIN_RECIPES: dict[str, dict[str, Any]] = {
     "small": {"max_tokens": 2048, "schedule": "budget", "warmup_fraction": 0.3,
               "warmup_steps": 400, "lr_scale": 0.7, "ema_decay": 0.999},
+    # The same budget schedule for the small language model, without label smoothing:
+    # a language model is judged by its perplexity, which smoothing raises.
+    "gpt-small": {"max_tokens": 2048, "schedule": "budget", "warmup_fraction": 0.3,
+                  "warmup_steps": 400, "lr_scale": 0.7, "ema_decay": 0.999,
+                  "label_smoothing": 0.0},
 }
 
 

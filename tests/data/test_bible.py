@@ -1,5 +1,6 @@
 """Parsing diatheke's plain output, alignment, and the fixed split."""
 
+import json
 import shutil
 import subprocess
 
@@ -122,3 +123,66 @@ def test_real_extraction_counts_and_split(tmp_path):
             assert len(lines) == size and all(line.strip() == line and line for line in lines)
             assert not any("¶" in line or "<" in line for line in lines)
     assert len((tmp_path / "test.ref2").read_text(encoding="utf-8").splitlines()) == 1000
+
+
+def test_text_splits_keep_the_translation_split_in_canonical_order():
+    keys = [(book, chapter, verse) for book in ("Genesis", "Exodus", "Revelation of John")
+            for chapter in (1, 2, 10) for verse in range(1, 301)]
+    verses = {key: f"text of {bible.format_key(key)}" for key in keys}
+    verses[("Exodus", 2, 5)] = ""                      # empty in this module
+    translation = bible.split_keys([k for k in keys if k != ("Exodus", 2, 5)])
+    splits, report = bible.text_splits(verses, translation)
+    assert set(splits["test"]) == set(translation["test"])
+    assert set(splits["dev"]) == set(translation["dev"])
+    assert set(splits["train"]) == set(keys) - set(translation["test"]) \
+        - set(translation["dev"]) - {("Exodus", 2, 5)}
+    for split_keys in splits.values():   # Bible order, not tuple order ("Exodus" < "Genesis")
+        assert split_keys == sorted(split_keys, key=bible.canonical_order)
+    assert splits["train"][0][0] == "Genesis" and splits["train"][-1][0] == "Revelation of John"
+    assert report == ["train: skipped 1 empty verses"]
+    del verses[translation["test"][0]]                 # a held-out verse this module lacks
+    splits, report = bible.text_splits(verses, translation)
+    assert len(splits["test"]) == 999 and translation["test"][0] not in splits["train"]
+    assert report[0].startswith(f"test: 1 verses have no text in this module: "
+                                f"{bible.format_key(translation['test'][0])}")
+
+
+@pytest.fixture(scope="module")
+def translation_corpus():
+    return bible.build_corpus(ref2_module=None)
+
+
+@pytest.mark.skipif(not HAVE_SWORD, reason="diatheke and the SWORD modules are not installed "
+                    "(apt-get install diatheke sword-text-sparv sword-text-kjv sword-text-web)")
+@pytest.mark.parametrize("module,language,train_size", [
+    ("engKJV2006eb", "en", 29102),    # the 18 verses empty in Spanish are English training text
+    ("spaRV1909eb", "es", 29084),
+])
+def test_real_text_corpus_keeps_the_translation_split(translation_corpus, tmp_path, monkeypatch,
+                                                      capsys, module, language, train_size):
+    from transduce.cli import main
+
+    # The command builds the translation corpus for its split: reuse the one built here.
+    monkeypatch.setattr(bible, "build_corpus", lambda *args, **kwargs: translation_corpus)
+    assert main(["data", "bible-text", "--out", str(tmp_path), "--module", module]) == 0
+    assert f"verses: test 1000, dev 1000, train {train_size}" in capsys.readouterr().out
+    metadata = json.loads((tmp_path / "corpus.json").read_text(encoding="utf-8"))
+    assert metadata["kind"] == "text" and metadata["language"] == language
+    assert metadata["module"] == module
+    keys, lines = {}, {}
+    for split in ("train", "dev", "test"):
+        lines[split] = (tmp_path / f"{split}.txt").read_text(encoding="utf-8").splitlines()
+        keys[split] = (tmp_path / f"{split}.keys").read_text(encoding="utf-8").splitlines()
+        assert len(lines[split]) == len(keys[split])
+        assert all(line.strip() == line and line for line in lines[split])
+        assert not any("¶" in line or "<" in line for line in lines[split])
+    for split in ("test", "dev"):   # the very verses the translation corpus holds out
+        assert set(keys[split]) == {bible.format_key(k) for k in translation_corpus.splits[split]}
+    assert not set(keys["train"]) & (set(keys["test"]) | set(keys["dev"]))
+    assert keys["train"][:3] == ["Genesis 1:1", "Genesis 1:2", "Genesis 1:3"]
+    assert keys["train"][-1] == "Revelation of John 22:21"
+    texts = translation_corpus.target if language == "en" else translation_corpus.source
+    by_name = {bible.format_key(key): text for key, text in texts.items()}
+    for split in ("train", "dev", "test"):   # each line is its key's verse
+        assert lines[split] == [by_name[name] for name in keys[split]]
+    assert "Ecclesiastes 6:8" in keys["test"] and "Ecclesiastes 6:8" not in keys["train"]

@@ -32,7 +32,7 @@ class ScriptedDecoder:
             probs[2:] = 1.0 / (self.vocab - 2)
         return probs / probs.sum()
 
-    def prefill(self, src, max_len, *, cache_dtype=None):
+    def prefill(self, src, max_len, *, src_mask=None, cache_dtype=None):
         return ScriptedState([() for _ in range(src.shape[0])])
 
     def decode_step(self, tokens, state):

@@ -8,7 +8,7 @@ from transduce.attention import masks
 from transduce.config import ConfigError, ModelConfig, preset
 from transduce.decode.search import greedy_search
 from transduce.model import Transformer
-from transduce.model.bfloat16 import bfloat16_copy
+from transduce.model.packed import bfloat16_copy
 
 PAD, BOS, EOS = 0, 1, 2
 

@@ -150,13 +150,19 @@ def test_two_processes_equal_one_with_double_update_freq(tiny_corpus, tmp_path):
     single = run_cli(["train", "--out", str(tmp_path / "one"), "--update-freq", "2", *common])
     out_single, _ = single.communicate(timeout=300)
     assert single.returncode == 0, out_single
+    assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)
+
+
+def assert_two_processes_trained_alike(one: Path, two: Path, common: list[str]) -> None:
+    """Train `common` in two gloo processes at update_freq 1 into `two`: the weights
+    must be those of the single process at update_freq 2 in `one`."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                              "--nproc_per_node", "2", "-m", "transduce", "train",
-                             "--out", str(tmp_path / "two"), "--update-freq", "1", *common],
+                             "--out", str(two), "--update-freq", "1", *common],
                             env=env, capture_output=True, text=True, timeout=300)
     assert double.returncode == 0, double.stdout + double.stderr
-    a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
+    a, b = weights(one), weights(two)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
 

@@ -43,7 +43,9 @@ class AttentionCache(ABC):
     @abstractmethod
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
                causal: bool, impl: str, return_weights: bool = False) -> Attended:
-        """Take this step's keys and values into the cache and attend q over all held."""
+        """Take this step's keys and values into the cache and attend q over all held.
+        mask covers every key the cache has seen and this step's (B|1, 1, 1|T,
+        length + T): left padding stays masked for the whole generation."""
 
     @property
     def batch_size(self) -> int:

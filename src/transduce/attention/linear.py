@@ -105,12 +105,15 @@ class LinearStateCache(AttentionCache):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
                causal: bool, impl: str, return_weights: bool = False) -> Attended:
-        """q (B, H, T, D) over the summed keys and this step's; the sums move past them."""
+        """q (B, H, T, D) over the summed keys and this step's; the sums move past them.
+        mask covers every key seen (B, 1, 1, length + T): this step's part of it says
+        which new keys enter the sums (a masked key never does)."""
         if return_weights:
             raise ValueError("linear attention's cache keeps sums, not keys: its weights "
                              "exist only in a full (uncached) pass")
+        key_mask = masks.key_padding(mask, "linear attention")
         out, (self.kv_sum, self.k_sum) = linear_attention(
-            q, k, v, masks.key_padding(mask, "linear attention"), causal=causal,
+            q, k, v, None if key_mask is None else key_mask[:, -k.shape[2]:], causal=causal,
             state=(self.kv_sum, self.k_sum))
         self.length += q.shape[2]
         return out

@@ -96,9 +96,11 @@ class SlidingKVCache(AttentionCache):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
                causal: bool, impl: str, return_weights: bool = False) -> Attended:
-        """q (B, H, T, D) over the held window and this step's keys, banded."""
+        """q (B, H, T, D) over the held window and this step's keys, banded. mask covers
+        every key seen (B|1, 1, 1|T, length + T); the window's part of it is used."""
         older = self.held
         k, v = self.update(k, v)
+        mask = None if mask is None else mask[..., -k.shape[2]:]
         band = masks.band_mask(q.shape[2], k.shape[2], self.window, causal=causal,
                                query_offset=older, device=q.device)
         return attention(q, k, v, masks.combine(mask, band), impl=impl,

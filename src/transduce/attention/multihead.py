@@ -23,8 +23,9 @@ from transduce.attention.kernels import attention
 from transduce.attention.kinds import AttentionKind, self_attention_kind
 from transduce.attention.kv_cache import Attended, AttentionCache
 
-# Applies rotary positions to (B, H, T, D) heads whose first position is `offset`.
-Rotary = Callable[[Tensor, int], Tensor]
+# Applies rotary positions to (B, H, T, D) heads whose first position is `offset`, or
+# whose positions are given per row and token (B, T).
+Rotary = Callable[[Tensor, "int | Tensor"], Tensor]
 
 
 class MultiHeadAttention(nn.Module):
@@ -67,7 +68,7 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *,
                 kv: tuple[Tensor, Tensor] | None = None, causal: bool = False,
-                cache: AttentionCache | None = None,
+                cache: AttentionCache | None = None, positions: Tensor | None = None,
                 return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, T, C); mask broadcastable to (B, H, T, S), True = may attend.
 
@@ -75,7 +76,10 @@ class MultiHeadAttention(nn.Module):
         self-attention. x may hold n rows per source, grouped by source (beams).
         cache: self-attention only, the cache of this layer's kind (kind.new_cache):
         this call's keys and values go into it and the queries attend to everything it
-        holds (their positions start at cache.length).
+        holds (their positions start at cache.length); the mask then covers every key,
+        the cached ones and this call's.
+        positions (B, T): the rotary positions of each row's tokens when rows do not all
+        start at the same position (left-padded prompts).
         -> (B, T, C), and the weights (B, H, T, S) when return_weights (naive kernel).
         """
         q = self._split(self.q_proj(x), self.num_heads)                  # (B, H, T, D)
@@ -88,7 +92,8 @@ class MultiHeadAttention(nn.Module):
         else:
             k, v = self.project_kv(x)                                    # (B, Hkv, T, D)
             if self.rotary is not None:
-                start = 0 if cache is None else cache.length
+                start = (0 if cache is None else cache.length) if positions is None \
+                    else positions
                 q, k = self.rotary(q, start), self.rotary(k, start)
             if cache is None:
                 result = self.kind.attend(q, k, v, mask, causal=causal, impl=impl,

@@ -1,4 +1,5 @@
-"""`transduce data bible | stats` and `transduce vocab`: corpora and their vocabulary."""
+"""`transduce data bible | bible-text | stats` and `transduce vocab`: corpora (parallel,
+and text for language models) and their vocabulary."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import argparse
 from pathlib import Path
 
 from transduce.cli.options import positive_int
-from transduce.data.bible import DEFAULT_REF2_MODULE, DEFAULT_SRC_MODULE, DEFAULT_TGT_MODULE
+from transduce.config import ConfigError
+from transduce.data.bible import DEFAULT_REF2_MODULE, DEFAULT_SRC_MODULE, DEFAULT_TGT_MODULE, \
+    LANGUAGES
 from transduce.data.corpus import SPLITS
 
 
@@ -21,7 +24,19 @@ def register(commands) -> None:
                        help="second English reference for dev/test ('' for none)")
     bible.set_defaults(handler=data_bible)
 
-    stats = data_commands.add_parser("stats", help="lengths, filtering and batching of a split")
+    text = data_commands.add_parser(
+        "bible-text", help="extract one Bible module as a text corpus for language models, "
+                           "in the translation corpus's fixed split")
+    text.add_argument("--out", type=Path, required=True, help="corpus directory to write")
+    text.add_argument("--module", default=DEFAULT_TGT_MODULE,
+                      help=f"SWORD module ({', '.join(LANGUAGES)})")
+    text.add_argument("--language", default=None,
+                      help="language code for corpus.json (default: the module's, "
+                           f"{', '.join(f'{m} {code}' for m, code in LANGUAGES.items())})")
+    text.set_defaults(handler=data_bible_text)
+
+    stats = data_commands.add_parser("stats", help="lengths, filtering and batching of a split "
+                                                   "(parallel or text corpus)")
     stats.add_argument("--data", type=Path, required=True)
     stats.add_argument("--split", default="train", choices=SPLITS)
     stats.add_argument("--max-len", type=positive_int, default=256,
@@ -30,7 +45,8 @@ def register(commands) -> None:
                        help="batch budget per side")
     stats.set_defaults(handler=data_stats)
 
-    vocab = commands.add_parser("vocab", help="train the shared BPE vocabulary")
+    vocab = commands.add_parser("vocab", help="train the shared BPE vocabulary (on both sides "
+                                              "of a parallel corpus, or on a text corpus)")
     vocab.add_argument("--data", type=Path, required=True, help="corpus directory")
     vocab.add_argument("--size", type=positive_int, default=8000)
     vocab.set_defaults(handler=train_vocabulary)
@@ -52,12 +68,35 @@ def data_bible(args: argparse.Namespace) -> int:
     return 0
 
 
+def data_bible_text(args: argparse.Namespace) -> int:
+    """Extract one module's verses as train.txt, dev.txt and test.txt in the fixed split."""
+    from transduce.data import bible
+    from transduce.data.corpus import write_text_metadata
+
+    language = args.language or LANGUAGES.get(args.module)
+    if language is None:
+        raise ConfigError(f"--module {args.module}: its language is not known; give --language")
+    corpus = bible.build_text_corpus(args.module)
+    for line in corpus.report:
+        print(line)
+    written = bible.write_text_corpus(corpus, args.out)
+    write_text_metadata(args.out, language, module=args.module,
+                        split_from={"source_module": corpus.split_from[0],
+                                    "target_module": corpus.split_from[1]})
+    sizes = ", ".join(f"{split} {len(keys)}" for split, keys in corpus.splits.items())
+    print(f"verses: {sizes}; wrote {len(written)} files to {args.out}")
+    return 0
+
+
 def data_stats(args: argparse.Namespace) -> int:
     """Tokenised lengths, the length filter and token-count batching of a split."""
     from transduce.data.batching import TokenBatcher
+    from transduce.data.corpus import corpus_kind
     from transduce.data.dataset import load_split
     from transduce.data.tokenizer import MODEL_NAME, Tokenizer
 
+    if corpus_kind(args.data) == "text":
+        return _text_stats(args)
     split = load_split(args.data, args.split, Tokenizer(args.data / MODEL_NAME), args.max_len)
     for line in split.report:
         print(line)
@@ -71,14 +110,36 @@ def data_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _text_stats(args: argparse.Namespace) -> int:
+    """data stats of a text corpus: its lines batched as a language model's."""
+    from transduce.data.batching import TokenBatcher
+    from transduce.data.dataset import load_text_split
+    from transduce.data.tokenizer import MODEL_NAME, Tokenizer
+
+    split = load_text_split(args.data, args.split, Tokenizer(args.data / MODEL_NAME), args.max_len)
+    for line in split.report:
+        print(line)
+    batcher = TokenBatcher(None, split.ids, args.max_tokens, line_numbers=split.line_numbers)
+    tokens = sum(len(x) + 1 for x in split.ids)
+    print(f"tokens: {tokens} (eos included); {len(batcher.epoch_batches(0))} batches of at most "
+          f"{args.max_tokens} tokens; padding {100 * batcher.padding_fraction(0):.1f}%")
+    return 0
+
+
 def train_vocabulary(args: argparse.Namespace) -> int:
-    """Train the shared BPE vocabulary on both sides of the training split."""
-    from transduce.data.corpus import read_split
+    """Train the BPE vocabulary on both sides of the training split of a parallel corpus,
+    or on the training text of a text corpus."""
+    from transduce.data.corpus import corpus_kind, read_split, read_text_split
     from transduce.data.tokenizer import train_tokenizer
 
-    train = read_split(args.data, "train")
-    print(train.summary())
-    texts = train.source + train.target
+    if corpus_kind(args.data) == "text":
+        text = read_text_split(args.data, "train")
+        print(text.summary())
+        texts = text.lines
+    else:
+        train = read_split(args.data, "train")
+        print(train.summary())
+        texts = train.source + train.target
     tokenizer = train_tokenizer(texts, args.data, args.size)
     lossless = sum(tokenizer.decode(ids) == text
                    for ids, text in zip(tokenizer.encode(texts), texts))

@@ -26,12 +26,14 @@ def register(commands) -> None:
                            help="refuse lines over the model's length limit instead of truncating")
     translate.set_defaults(handler=translate_command)
 
-    evaluate = commands.add_parser("evaluate", help="BLEU and chrF on a corpus split")
+    evaluate = commands.add_parser("evaluate", help="BLEU and chrF on a corpus split; "
+                                                    "perplexity for a language model")
     evaluate.add_argument("--model", type=Path, required=True)
     evaluate.add_argument("--data", type=Path, required=True)
     evaluate.add_argument("--split", default="test", choices=SPLITS)
     evaluate.add_argument("--out", type=Path, default=None,
-                          help="prefix for .hyp and .json (default MODEL/eval-SPLIT-beamN)")
+                          help="prefix for .hyp and .json (default MODEL/eval-SPLIT-beamN; "
+                               "a language model's .json: MODEL/eval-SPLIT-lm)")
     add_search_options(evaluate)
     evaluate.set_defaults(handler=evaluate_command)
 
@@ -99,8 +101,12 @@ def _translated_text(translator, lines: list[str], args: argparse.Namespace, don
 
 
 def evaluate_command(args: argparse.Namespace) -> int:
-    """sacreBLEU and chrF of a model on a corpus split, with signatures."""
+    """sacreBLEU and chrF of a model on a corpus split, with signatures; a language
+    model's perplexity per piece and per word."""
     from tqdm import tqdm
+
+    if _is_language_model(args.model):
+        return _evaluate_language_model(args)
 
     from transduce.decode.evaluate import evaluate_split
     from transduce.decode.translate import Translator
@@ -121,6 +127,46 @@ def evaluate_command(args: argparse.Namespace) -> int:
         print(f"  second reference: BLEU {result['bleu_ref2']:.2f}; both references: "
               f"BLEU {result['bleu_two_references']:.2f}")
     print(f"wrote {out.with_suffix('.hyp')} and {out.with_suffix('.json')}")
+    return 0
+
+
+def _is_language_model(path: Path) -> bool:
+    """Whether --model is a checkpoint (or run) of a decoder-only model."""
+    from transduce import checkpoint
+    from transduce.onnx_format import is_onnx_export
+
+    if is_onnx_export(path):
+        return False
+    return checkpoint.read_configs(checkpoint.resolve(Path(path)))[0].arch == "decoder"
+
+
+def _evaluate_language_model(args: argparse.Namespace) -> int:
+    """Perplexity per piece and per word of a decoder-only model on a text split."""
+    import torch
+
+    from transduce import checkpoint
+    from transduce.decode.evaluate import evaluate_language_model
+    from transduce.model import load_model
+
+    if args.dtype != "float32" or args.kv_dtype is not None or args.engine == "onnxruntime":
+        raise ConfigError("a language model is scored in float32 by PyTorch: --dtype, "
+                          "--kv-dtype and --engine onnxruntime apply to translation")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    directory = checkpoint.resolve(Path(args.model))
+    model = load_model(directory, device)
+    out = args.out or (Path(args.model) / f"eval-{args.split}-lm")
+    result = evaluate_language_model(model, checkpoint.load_tokenizer(directory), args.data,
+                                     args.split, out, batch_tokens=args.batch_tokens,
+                                     device=device)
+    print(f"{args.split}: perplexity {result['perplexity_per_piece']:.2f} per piece, "
+          f"{result['perplexity_per_word']:.2f} per word ({result['lines']} lines, "
+          f"{result['pieces']} pieces, {result['words']} words with one eos per line; "
+          f"{result['pieces_per_second']:.0f} pieces/s)")
+    if result["lines_too_long_skipped"]:
+        print(f"  left out {result['lines_too_long_skipped']} lines longer than the model's "
+              f"{result['max_positions']} positions (lines "
+              f"{', '.join(map(str, result['too_long_line_numbers'][:5]))} ...)")
+    print(f"wrote {out.with_suffix('.json')}")
     return 0
 
 

@@ -63,9 +63,9 @@ def model_info(args: argparse.Namespace) -> int:
         print(f"{name:32s} {count:>13,d}")
     print(f"{'total parameters':32s} {model.num_parameters():>13,d}  "
           f"({model.num_parameters() / 1e6:.1f}M)")
-    if config.arch == "transformer" and config.attention_type == "softmax":
+    if config.arch in ("transformer", "decoder") and config.attention_type == "softmax":
         kv_bytes, _ = kv_cache_size(config, 1, 1, torch.float32)
-        print(f"{'KV cache per target token':32s} {kv_bytes:>13,d} bytes (float32, per sentence)")
+        print(f"{'KV cache per token':32s} {kv_bytes:>13,d} bytes (float32, per sequence)")
     return 0
 
 
@@ -75,7 +75,7 @@ def kv_size(args: argparse.Namespace) -> int:
     import torch
 
     from transduce import checkpoint
-    from transduce.model import Transformer
+    from transduce.model import build_model
     from transduce.model.transformer import kv_cache_size
 
     if args.model is not None:
@@ -84,7 +84,7 @@ def kv_size(args: argparse.Namespace) -> int:
         config = config.replace(**flags_given(args, ModelConfig))
     else:
         config = config_from_args(args)  # --num-kv-heads is one of its flags
-    if config.arch != "transformer":
+    if config.arch not in ("transformer", "decoder"):
         raise ConfigError(f"arch={config.arch!r} keeps no KV cache: its decoding state is "
                           f"{config.num_decoder_layers} x d_model={config.d_model} values per "
                           f"hypothesis, whatever the length")
@@ -92,7 +92,7 @@ def kv_size(args: argparse.Namespace) -> int:
     try:
         formula, how = kv_cache_size(config, args.batch, args.tokens, dtype)
         with torch.device("meta"):
-            caches = Transformer(config).new_caches(args.batch, args.tokens, dtype, "meta")
+            caches = build_model(config).new_caches(args.batch, args.tokens, dtype, "meta")
     except ValueError as error:
         raise ConfigError(f"--dtype {args.dtype}: {error}") from None
     measured = sum(cache.nbytes for cache in caches)
@@ -114,7 +114,8 @@ def convert_kv(args: argparse.Namespace) -> int:
     _, train_config = checkpoint.read_configs(source)
     origin = {"converted_from": str(source), "kv_heads": args.kv_heads,
               "steps": checkpoint.trained_steps(source)}
-    checkpoint.save(args.out, converted, train_config, source / checkpoint.TOKENIZER, origin=origin)
+    checkpoint.save(args.out, converted, train_config, checkpoint.load_tokenizer(source),
+                    origin=origin)
     before, after = model.num_parameters(), converted.num_parameters()
     kind = "multi-query" if args.kv_heads == 1 else f"grouped-query ({args.kv_heads} groups)"
     print(f"{source}: {model.config.num_heads} heads -> {kind} decoder attention; "

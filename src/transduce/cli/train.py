@@ -10,13 +10,17 @@ from transduce.cli.options import add_config_flags, flags_given, fraction, posit
 from transduce.config import PRESETS, ConfigError, ModelConfig, TrainConfig, preset, \
     train_recipe
 
+DEFAULT_PRESET = "small"
+DECODER_PRESET = "gpt-small"    # the default preset of a language model (--arch decoder)
+
 
 def register(commands) -> None:
     train = commands.add_parser("train", help="train a model with the paper's recipe")
     train.add_argument("--data", type=Path, required=True, help="corpus directory with spm.model")
     train.add_argument("--out", type=Path, required=True, help="run directory for checkpoints")
     train.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                       help="model preset (default: the config file's, else small)")
+                       help="model preset (default: the config file's, else small, or "
+                            f"{DECODER_PRESET} with --arch decoder)")
     train.add_argument("--config", type=Path, default=None,
                        help="TOML file: preset, [model], [train]")
     train.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
@@ -68,15 +72,16 @@ def train_command(args: argparse.Namespace) -> int:
 
 
 def _new_run_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
-    """The preset (flag, config file, else small) with the file's and the flags' fields;
-    the vocabulary sizes are the corpus vocabulary's."""
+    """The preset (flag, config file, else small, or gpt-small for arch decoder) with the
+    file's and the flags' fields; the vocabulary sizes are the corpus vocabulary's."""
     from transduce.data.tokenizer import MODEL_NAME, Tokenizer
 
     file_values = read_config_file(args.config)
     vocab_size = Tokenizer(args.data / MODEL_NAME).vocab_size
     model_values = {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size,
                     **file_values.get("model", {}), **flags_given(args, ModelConfig)}
-    name = args.preset or file_values.get("preset", "small")
+    default = DECODER_PRESET if model_values.get("arch") == "decoder" else DEFAULT_PRESET
+    name = args.preset or file_values.get("preset", default)
     model_config = preset(name, **model_values)
     recipe, chosen = train_recipe(name), {**file_values.get("train", {}),
                                           **flags_given(args, TrainConfig)}

@@ -7,12 +7,18 @@ under the budget, and the batch order is shuffled with the same seed. A run can 
 mid-epoch from (epoch, batch position).
 
 Layout of one pair: src = ids + [eos]; tgt_in = [bos] + ids; tgt_out = ids + [eos].
+
+A language model's lines have no source side: TokenBatcher(None, ids, ...) batches them
+by the same rule, with src an empty (B, 0) tensor. PackedBatcher instead cuts the token
+stream of all lines into fixed blocks across line boundaries (GPT). Both give the loop
+the same four things: epoch_batches(epoch) (lists of indices, pure in (seed, epoch), so
+a run resumes mid-epoch), collate(indices), target_tokens(indices), padding_fraction().
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -32,8 +38,8 @@ class Batch:
     tgt_in: Tensor         # (B, T) bos + target ids, right-padded
     tgt_out: Tensor        # (B, T) target ids + eos, right-padded
     src_lengths: Tensor    # (B,) without padding
-    tgt_lengths: Tensor    # (B,)
-    indices: Tensor        # (B,) positions of the pairs in the dataset
+    tgt_lengths: Tensor    # (B,) targets scored: the tokens of tgt_out that are not pad
+    indices: Tensor        # (B,) positions of the pairs (lines, blocks) in the dataset
 
     @property
     def num_tgt_tokens(self) -> int:
@@ -45,57 +51,101 @@ class Batch:
                         self.tgt_lengths, self.indices)))
 
 
+Ids = Sequence[np.ndarray]
+
+
 @dataclass
 class LengthFilter:
-    """Which pairs fit max_len tokens (specials included) on both sides, and a report."""
+    """Which pairs fit max_len tokens (specials included) on both sides, and a report.
+    src_ids None: lines of a text corpus, one side."""
 
     kept: np.ndarray       # indices of the pairs kept
     dropped: np.ndarray    # indices of the pairs over the limit
 
     @classmethod
-    def apply(cls, src_ids: Sequence[np.ndarray], tgt_ids: Sequence[np.ndarray],
-              max_len: int) -> "LengthFilter":
-        lengths = np.maximum(_lengths(src_ids), _lengths(tgt_ids))
+    def apply(cls, src_ids: Ids | None, tgt_ids: Ids, max_len: int) -> "LengthFilter":
+        lengths = _longest_side(src_ids, tgt_ids)
         return cls(np.flatnonzero(lengths <= max_len), np.flatnonzero(lengths > max_len))
 
-    def report(self, src_ids: Sequence[np.ndarray], tgt_ids: Sequence[np.ndarray],
-               line_numbers: Sequence[int], max_len: int) -> str:
+    def report(self, src_ids: Ids | None, tgt_ids: Ids, line_numbers: Sequence[int],
+               max_len: int) -> str:
+        unit = "pairs" if src_ids is not None else "lines"
         if not len(self.dropped):
-            return f"all {len(self.kept)} pairs fit {max_len} tokens"
-        lengths = np.maximum(_lengths(src_ids), _lengths(tgt_ids))
+            return f"all {len(self.kept)} {unit} fit {max_len} tokens"
+        lengths = _longest_side(src_ids, tgt_ids)
         longest = int(self.dropped[np.argmax(lengths[self.dropped])])
-        return (f"filtered {len(self.dropped)} of {len(lengths)} pairs longer than {max_len} "
-                f"tokens; the longest is line {line_numbers[longest]} with "
-                f"{len(src_ids[longest]) + 1} source and {len(tgt_ids[longest]) + 1} target tokens")
+        tokens = f"{len(tgt_ids[longest]) + 1} tokens" if src_ids is None else \
+            f"{len(src_ids[longest]) + 1} source and {len(tgt_ids[longest]) + 1} target tokens"
+        return (f"filtered {len(self.dropped)} of {len(lengths)} {unit} longer than {max_len} "
+                f"tokens; the longest is line {line_numbers[longest]} with {tokens}")
 
 
-def _lengths(ids: Sequence[np.ndarray]) -> np.ndarray:
+def _lengths(ids: Ids) -> np.ndarray:
     """Tokens per pair side with its one special (eos, or bos for tgt_in)."""
     return np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
 
 
-class TokenBatcher:
-    """Token-budget batches over a tokenised parallel dataset.
+def _longest_side(src_ids: Ids | None, tgt_ids: Ids) -> np.ndarray:
+    return _lengths(tgt_ids) if src_ids is None else \
+        np.maximum(_lengths(src_ids), _lengths(tgt_ids))
+
+
+class Batcher(Protocol):
+    """What the training loop and its resume machinery (train/state.py) need."""
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]: ...
+    def collate(self, indices: np.ndarray) -> Batch: ...
+    def target_tokens(self, indices: np.ndarray) -> int: ...
+    def padding_fraction(self, epoch: int = 0) -> float: ...
+
+
+class _EpochBatches:
+    """What both batchers share, over their epoch_batches, collate and the scored
+    target tokens of each item (tgt_lengths)."""
+
+    tgt_lengths: np.ndarray
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.iterate(epoch=0)
+
+    def iterate(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        """Batches of an epoch from position `start` (to resume a run mid-epoch)."""
+        for indices in self.epoch_batches(epoch)[start:]:
+            yield self.collate(indices)
+
+    def target_tokens(self, indices: np.ndarray) -> int:
+        """Target tokens scored (eos included) of the pairs, lines or blocks `indices`."""
+        return int(self.tgt_lengths[indices].sum())
+
+
+class TokenBatcher(_EpochBatches):
+    """Token-budget batches over a tokenised parallel dataset, or over the lines of a
+    text corpus (src_ids None: no source side, src is (B, 0)).
 
     max_tokens bounds B * max(src len) and B * max(tgt len) of every batch: padded
     tokens count, so no batch ever exceeds the budget on either side.
     """
 
-    def __init__(self, src_ids: Sequence[np.ndarray], tgt_ids: Sequence[np.ndarray],
-                 max_tokens: int, *, seed: int = 0, shuffle: bool = True,
-                 line_numbers: Sequence[int] | None = None):
-        if len(src_ids) != len(tgt_ids) or not len(src_ids):
+    def __init__(self, src_ids: Ids | None, tgt_ids: Ids, max_tokens: int, *, seed: int = 0,
+                 shuffle: bool = True, line_numbers: Sequence[int] | None = None):
+        if src_ids is None and not len(tgt_ids):
+            raise BatchingError("need at least one line, got none")
+        if src_ids is not None and (len(src_ids) != len(tgt_ids) or not len(src_ids)):
             raise BatchingError(f"need the same, non-zero number of source and target sentences, "
                                 f"got {len(src_ids)} and {len(tgt_ids)}")
         self.src_ids, self.tgt_ids = src_ids, tgt_ids
-        self.src_lengths, self.tgt_lengths = _lengths(src_ids), _lengths(tgt_ids)
+        self.tgt_lengths = _lengths(tgt_ids)
+        # No source side: length 0, which changes neither the order nor the budget.
+        self.src_lengths = np.zeros_like(self.tgt_lengths) if src_ids is None else \
+            _lengths(src_ids)
         self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
         longest = np.maximum(self.src_lengths, self.tgt_lengths)
         too_long = np.flatnonzero(longest > max_tokens)
         if len(too_long):
+            unit = "pair" if src_ids is not None else "line"
             worst = int(too_long[np.argmax(longest[too_long])])
-            where = f"line {line_numbers[worst]}" if line_numbers is not None else f"pair {worst}"
-            raise BatchingError(f"{len(too_long)} of {len(longest)} pairs cannot fit a batch of "
+            where = f"line {line_numbers[worst]}" if line_numbers is not None else f"{unit} {worst}"
+            raise BatchingError(f"{len(too_long)} of {len(longest)} {unit}s cannot fit a batch of "
                                 f"{max_tokens} tokens even alone; the longest ({where}) has {int(longest[worst])} "
                                 f"tokens. Raise the batch size or lower the length limit")
 
@@ -124,23 +174,17 @@ class TokenBatcher:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
 
-    def __iter__(self) -> Iterator[Batch]:
-        return self.iterate(epoch=0)
-
-    def iterate(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        """Batches of an epoch from position `start` (to resume a run mid-epoch)."""
-        for indices in self.epoch_batches(epoch)[start:]:
-            yield self.collate(indices)
-
     def collate(self, indices: np.ndarray) -> Batch:
         size = len(indices)
         src_len, tgt_len = self.src_lengths[indices], self.tgt_lengths[indices]
-        src = np.full((size, src_len.max()), PAD_ID, dtype=np.int64)
+        src = np.full((size, src_len.max()), PAD_ID, dtype=np.int64)        # (B, 0) for lines
         tgt_in = np.full((size, tgt_len.max()), PAD_ID, dtype=np.int64)
         tgt_out = np.full((size, tgt_len.max()), PAD_ID, dtype=np.int64)
         for row, index in enumerate(indices):
-            s, t = self.src_ids[index], self.tgt_ids[index]
-            src[row, :len(s)], src[row, len(s)] = s, EOS_ID
+            t = self.tgt_ids[index]
+            if self.src_ids is not None:
+                s = self.src_ids[index]
+                src[row, :len(s)], src[row, len(s)] = s, EOS_ID
             tgt_in[row, 0], tgt_in[row, 1:len(t) + 1] = BOS_ID, t
             tgt_out[row, :len(t)], tgt_out[row, len(t)] = t, EOS_ID
         return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
@@ -155,3 +199,77 @@ class TokenBatcher:
             padded += size * (self.src_lengths[indices].max() + self.tgt_lengths[indices].max())
             real += self.src_lengths[indices].sum() + self.tgt_lengths[indices].sum()
         return 1.0 - real / padded
+
+
+def pack_stream(ids: Ids) -> np.ndarray:
+    """Every line as [bos] + ids + [eos], one after the other -> (N,) int64: the line
+    layout's tgt_in and tgt_out of each line, run together."""
+    lengths = _lengths(ids) + 1                                            # bos, ids, eos
+    ends = np.cumsum(lengths)
+    stream = np.empty(int(ends[-1]), dtype=np.int64)
+    for line, end in zip(ids, ends):
+        start = end - len(line) - 2
+        stream[start], stream[start + 1:end - 1], stream[end - 1] = BOS_ID, line, EOS_ID
+    return stream
+
+
+class PackedBatcher(_EpochBatches):
+    """Fixed blocks of `length` tokens cut from the stream of every line, across line
+    boundaries (GPT): block j reads input stream[jL : jL + L] and predicts target
+    stream[jL + 1 : jL + L + 1], so every token but the first is predicted once, with
+    the lines before it (within the block) as context. The last block is shorter,
+    padded. Blocks are shuffled per epoch by (seed, epoch); max_tokens // length blocks
+    make a batch.
+
+    The stream is pack_stream's: each line opened by bos and closed by eos, and a
+    target that is a bos (the position after an eos) is not scored (pad), so every line
+    is predicted as the line layout predicts it, from bos to its eos, and a model
+    trained either way is scored and continued the same way. One difference remains:
+    in a block a line starts at any position, after the lines before it, so a line
+    alone at position 0 (as dev evaluation and `transduce evaluate` score it) is a case
+    packed training sees only at the stream's start; a tiny model trained for a few
+    hundred steps continues lines well after context, less reliably without it.
+    """
+
+    def __init__(self, ids: Ids, length: int, max_tokens: int, *, seed: int = 0,
+                 shuffle: bool = True):
+        if not len(ids):
+            raise BatchingError("need at least one line to pack, got none")
+        if not 0 < length <= max_tokens:
+            raise BatchingError(f"pack length {length} must be in [1, max_tokens={max_tokens}]: "
+                                f"a batch holds max_tokens // pack length blocks")
+        self.length, self.max_tokens, self.seed, self.shuffle = length, max_tokens, seed, shuffle
+        self.stream = pack_stream(ids)                                     # (N,)
+        self.num_blocks = -(-(len(self.stream) - 1) // length)             # ceil((N - 1) / L)
+        self.blocks_per_batch = max_tokens // length
+        starts = np.arange(self.num_blocks) * length
+        self.block_lengths = np.minimum(length, len(self.stream) - 1 - starts)
+        # Targets scored per block: its positions, less the bos targets among them.
+        scored = (self.stream[1:] != BOS_ID).astype(np.int64)   # (N - 1,) by input position
+        self.tgt_lengths = np.add.reduceat(scored, starts)                 # (blocks,)
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """The batches of an epoch (arrays of block indices), deterministic in (seed, epoch)."""
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.num_blocks) \
+            if self.shuffle else np.arange(self.num_blocks)
+        return [order[i:i + self.blocks_per_batch]
+                for i in range(0, self.num_blocks, self.blocks_per_batch)]
+
+    def collate(self, indices: np.ndarray) -> Batch:
+        size, width = len(indices), int(self.block_lengths[indices].max())
+        tgt_in = np.full((size, width), PAD_ID, dtype=np.int64)              # (B, L)
+        tgt_out = np.full((size, width), PAD_ID, dtype=np.int64)             # (B, L)
+        for row, block in enumerate(indices):
+            start, count = block * self.length, self.block_lengths[block]
+            tgt_in[row, :count] = self.stream[start:start + count]
+            tgt_out[row, :count] = self.stream[start + 1:start + count + 1]
+        tgt_out[tgt_out == BOS_ID] = PAD_ID      # the start of the next line is not predicted
+        return Batch(torch.zeros((size, 0), dtype=torch.long), torch.from_numpy(tgt_in),
+                     torch.from_numpy(tgt_out), torch.zeros(size, dtype=torch.long),
+                     torch.from_numpy(self.tgt_lengths[indices]),
+                     torch.from_numpy(np.asarray(indices, dtype=np.int64)))
+
+    def padding_fraction(self, epoch: int = 0) -> float:
+        """Share of padding among all input positions (only the last block has some)."""
+        padded = sum(len(b) * int(self.block_lengths[b].max()) for b in self.epoch_batches(epoch))
+        return 1.0 - float(self.block_lengths.sum()) / padded

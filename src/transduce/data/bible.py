@@ -10,6 +10,13 @@ line names the module. The result is one clean line per verse keyed by
 The split is fixed, so that figures are comparable across runs and toolkits: sort the
 aligned keys as Python tuples, shuffle with random.Random(1234), then 1000 test, 1000
 dev, the rest train (the test split begins Ecclesiastes 6:8, II Kings 14:18, Daniel 2:18).
+
+The text corpus of one module, for language models, keeps that split: its test and dev
+verses are the translation corpus's, and its train verses every other verse with text,
+so no verse a translation model is tested on is ever in a language model's training
+text (and a language model trained here can be compared on the same held-out verses).
+Each split is in canonical order (book, chapter, verse), so neighbouring lines are
+consecutive verses wherever no held-out verse stands between them.
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ DEFAULT_TGT_MODULE = "engKJV2006eb"
 DEFAULT_REF2_MODULE = "engWEB2015eb"
 PACKAGES = {"spaRV1909eb": "sword-text-sparv", "engKJV2006eb": "sword-text-kjv",
             "engWEB2015eb": "sword-text-web"}
+LANGUAGES = {"spaRV1909eb": "es", "engKJV2006eb": "en", "engWEB2015eb": "en"}
+_BOOK_INDEX = {book: index for index, book in enumerate(BOOKS)}
 INSTALL_HINT = ("install them with: apt-get install diatheke sword-text-sparv sword-text-kjv "
                 "sword-text-web")
 
@@ -152,6 +161,12 @@ def format_key(key: Key) -> str:
     return f"{book} {chapter}:{verse}"
 
 
+def canonical_order(key: Key) -> tuple[int, int, int]:
+    """The sort key of a verse in the order of the Bible (Genesis 1:1 first)."""
+    book, chapter, verse = key
+    return _BOOK_INDEX[book], chapter, verse
+
+
 def dump_module(module: str) -> str:
     """The whole module as diatheke prints it in plain format."""
     if shutil.which("diatheke") is None:
@@ -180,6 +195,8 @@ class BibleCorpus:
     target: dict[Key, str]
     reference2: dict[Key, str] | None
     report: list[str]
+    source_module: str = DEFAULT_SRC_MODULE
+    target_module: str = DEFAULT_TGT_MODULE
 
 
 def align(source: ParsedModule, target: ParsedModule, source_name: str,
@@ -217,7 +234,8 @@ def build_corpus(src_module: str = DEFAULT_SRC_MODULE, tgt_module: str = DEFAULT
     reference2 = None
     if ref2_module:
         reference2 = parse_plain(dump_module(ref2_module)).verses
-    return BibleCorpus(split_keys(keys), source.verses, target.verses, reference2, report)
+    return BibleCorpus(split_keys(keys), source.verses, target.verses, reference2, report,
+                       src_module, tgt_module)
 
 
 def write_corpus(corpus: BibleCorpus, out: Path, src_lang: str = "es", tgt_lang: str = "en") -> list[Path]:
@@ -232,5 +250,77 @@ def write_corpus(corpus: BibleCorpus, out: Path, src_lang: str = "es", tgt_lang:
         if corpus.reference2 is not None and split != "train":
             files[f"{split}.ref2"] = [corpus.reference2.get(k, "") for k in keys]
         for name, lines in files.items():
+            written.append(atomic.write_text(out / name, "".join(line + "\n" for line in lines)))
+    return written
+
+
+@dataclass
+class BibleText:
+    """One module's verses as a text corpus, in the translation corpus's split."""
+
+    module: str
+    splits: dict[str, list[Key]]      # each in canonical order
+    verses: dict[Key, str]
+    report: list[str]
+    split_from: tuple[str, str]       # the translation corpus's (source, target) modules
+
+
+def text_splits(verses: dict[Key, str], translation_splits: dict[str, list[Key]]
+                ) -> tuple[dict[str, list[Key]], list[str]]:
+    """test and dev: the translation split's test and dev verses (those with text here);
+    train: every other verse with text, the ones the translation corpus could not align
+    included. Each in canonical order. -> (splits, report)."""
+    report, splits = [], {}
+    held_out = set(translation_splits["test"]) | set(translation_splits["dev"])
+    for split in ("test", "dev"):
+        keys = [key for key in translation_splits[split] if verses.get(key)]
+        missing = [key for key in translation_splits[split] if not verses.get(key)]
+        if missing:
+            report.append(f"{split}: {len(missing)} verses have no text in this module: "
+                          f"{', '.join(format_key(k) for k in missing[:5])}"
+                          f"{' ...' if len(missing) > 5 else ''}")
+        splits[split] = sorted(keys, key=canonical_order)
+    splits["train"] = sorted((key for key, text in verses.items()
+                              if text and key not in held_out), key=canonical_order)
+    empty = sum(1 for key, text in verses.items() if not text and key not in held_out)
+    if empty:
+        report.append(f"train: skipped {empty} empty verses")
+    return splits, report
+
+
+def text_corpus(translation: BibleCorpus, module: str) -> BibleText:
+    """The text corpus of `module` in the split of the translation corpus: its verses
+    are taken from the translation corpus when it is one of its two modules, else read."""
+    report = [f"split: the test and dev verses of the {translation.source_module} -> "
+              f"{translation.target_module} corpus"]
+    if module == translation.source_module:
+        verses = translation.source
+    elif module == translation.target_module:
+        verses = translation.target
+    else:
+        parsed = parse_plain(dump_module(module))
+        verses = parsed.verses
+        report.append(f"{module}: {len(verses)} verses; dropped {parsed.headings} heading lines, "
+                      f"joined {parsed.continuation_lines} continuation lines")
+    splits, split_report = text_splits(verses, translation.splits)
+    return BibleText(module, splits, verses, report + split_report,
+                     (translation.source_module, translation.target_module))
+
+
+def build_text_corpus(module: str = DEFAULT_TGT_MODULE, src_module: str = DEFAULT_SRC_MODULE,
+                      tgt_module: str = DEFAULT_TGT_MODULE) -> BibleText:
+    """One module's text in the fixed split, which the (src_module, tgt_module)
+    translation corpus defines: both are read and aligned to find it."""
+    return text_corpus(build_corpus(src_module, tgt_module, ref2_module=None), module)
+
+
+def write_text_corpus(corpus: BibleText, out: Path) -> list[Path]:
+    """Write {split}.txt (one verse a line) and {split}.keys, each written whole then
+    renamed; the caller writes corpus.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for split, keys in corpus.splits.items():
+        for name, lines in ((f"{split}.txt", [corpus.verses[k] for k in keys]),
+                            (f"{split}.keys", [format_key(k) for k in keys])):
             written.append(atomic.write_text(out / name, "".join(line + "\n" for line in lines)))
     return written

@@ -1,9 +1,14 @@
-"""Read and validate line-aligned parallel text.
+"""Read and validate corpora: line-aligned parallel text, and monolingual text.
 
-Any pair of UTF-8 files with one sentence per line is a corpus. Problems that would
-silently corrupt training are errors naming the file and line: a missing or empty file,
-invalid UTF-8, NUL bytes, different line counts. Empty lines are not errors: such pairs
-are dropped and counted, never shifted against the other side.
+Any pair of UTF-8 files with one sentence per line is a parallel corpus ({split}.{lang},
+the languages named in corpus.json). A text corpus, for language models, is one file per
+split, {split}.txt, one line (a sentence, a verse, a document) per line; its corpus.json
+says "kind": "text", and a directory of {split}.txt files without corpus.json is one too.
+
+Problems that would silently corrupt training are errors naming the file and line: a
+missing or empty file, invalid UTF-8, NUL bytes, different line counts. Empty lines are
+not errors: they are dropped and counted (a pair with an empty side is dropped whole,
+never shifted against the other side).
 """
 
 from __future__ import annotations
@@ -12,12 +17,15 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from transduce import atomic
 from transduce.errors import TransduceError
 
 SPLITS = ("train", "dev", "test")
 METADATA = "corpus.json"
+TEXT_SUFFIX = ".txt"
+CorpusKind = Literal["parallel", "text"]
 
 
 class CorpusError(TransduceError, ValueError):
@@ -127,21 +135,62 @@ def split_files(data_dir: Path | str, split: str) -> tuple[Path, Path]:
     """The (source, target) files of a split in a corpus directory: {split}.{lang}, with
     the languages named in corpus.json (which `transduce data` writes)."""
     data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise CorpusError(f"{data_dir}: no such directory")
+    if corpus_kind(data_dir) == "text":
+        raise CorpusError(f"{data_dir} is a text corpus ({{train,dev,test}}{TEXT_SUFFIX}): it "
+                          f"has no source side to translate from; train a language model on "
+                          f"it (--arch decoder)")
     metadata = data_dir / METADATA
     if metadata.is_file():
+        languages = _read_metadata(metadata)
         try:
-            languages = json.loads(metadata.read_text(encoding="utf-8"))
             return (data_dir / f"{split}.{languages['source_language']}",
                     data_dir / f"{split}.{languages['target_language']}")
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
+        except (KeyError, TypeError) as error:
             raise CorpusError(f"{metadata}: expected a JSON object with source_language and "
                               f"target_language ({error})") from None
     found = ", ".join(sorted(p.name for p in data_dir.glob(f"{split}.*"))) or "no such files"
     raise CorpusError(f"{data_dir}: no {METADATA} saying which {split}.* file is the source "
                       f"(found {found}); write it as "
                       '{"source_language": "es", "target_language": "en"}')
+
+
+def _read_metadata(metadata: Path) -> dict:
+    try:
+        values = json.loads(metadata.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CorpusError(f"{metadata}: expected a JSON object with source_language and "
+                          f"target_language, or \"kind\": \"text\" ({error})") from None
+    if not isinstance(values, dict):
+        raise CorpusError(f"{metadata}: expected a JSON object with source_language and "
+                          f"target_language, or \"kind\": \"text\"")
+    return values
+
+
+def corpus_kind(data_dir: Path | str) -> CorpusKind:
+    """"text" for a text corpus (corpus.json says so, or there is no corpus.json and
+    there is a train.txt, dev.txt or test.txt), else "parallel" (whose files split_files
+    finds or explains)."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise CorpusError(f"{data_dir}: no such directory")
+    metadata = data_dir / METADATA
+    if metadata.is_file():
+        kind = _read_metadata(metadata).get("kind", "parallel")
+        if kind not in ("parallel", "text"):
+            raise CorpusError(f"{metadata}: \"kind\": {kind!r}; expected \"parallel\" or "
+                              f"\"text\"")
+        return kind
+    text = any((data_dir / f"{split}{TEXT_SUFFIX}").is_file() for split in SPLITS)
+    return "text" if text else "parallel"
+
+
+def has_split(data_dir: Path | str, split: str) -> bool:
+    """Whether the corpus directory holds this split (every file of it)."""
+    data_dir = Path(data_dir)
+    if corpus_kind(data_dir) == "text":
+        return text_file(data_dir, split).is_file()
+    return (data_dir / METADATA).is_file() and \
+        all(path.is_file() for path in split_files(data_dir, split))
 
 
 def write_metadata(data_dir: Path, source_language: str, target_language: str, **extra) -> None:
@@ -151,3 +200,61 @@ def write_metadata(data_dir: Path, source_language: str, target_language: str, *
 
 def read_split(data_dir: Path | str, split: str) -> ParallelCorpus:
     return read_parallel(*split_files(data_dir, split))
+
+
+@dataclass
+class TextCorpus:
+    """The lines of a text file that have text, stripped, with their 1-based numbers."""
+
+    lines: list[str]
+    line_numbers: list[int]
+    path: Path
+    dropped_empty: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def summary(self) -> str:
+        text = f"{self.path}: {len(self)} lines"
+        if self.dropped_empty:
+            shown = ", ".join(str(n) for n in self.dropped_empty[:5])
+            more = " ..." if len(self.dropped_empty) > 5 else ""
+            text += f"; skipped {len(self.dropped_empty)} empty (lines {shown}{more})"
+        return text
+
+
+def read_text(path: Path | str) -> TextCorpus:
+    """A monolingual text file: every line with text (stripped), empty lines skipped and
+    counted. Errors (read_lines) name the file and line."""
+    path = Path(path)
+    kept, numbers, empty = [], [], []
+    for number, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            empty.append(number)
+            continue
+        kept.append(line.strip())
+        numbers.append(number)
+    if not kept:
+        raise CorpusError(f"{path}: no line has text")
+    return TextCorpus(kept, numbers, path, empty)
+
+
+def text_file(data_dir: Path | str, split: str) -> Path:
+    """The file of a split of a text corpus: {split}.txt."""
+    data_dir = Path(data_dir)
+    if corpus_kind(data_dir) != "text":
+        raise CorpusError(f"{data_dir} is not a text corpus (neither a {METADATA} with "
+                          f"\"kind\": \"text\" nor {{train,dev,test}}{TEXT_SUFFIX} files): a "
+                          f"language model reads {split}{TEXT_SUFFIX}; make a text corpus with "
+                          f"`transduce data bible-text`")
+    return data_dir / f"{split}{TEXT_SUFFIX}"
+
+
+def read_text_split(data_dir: Path | str, split: str) -> TextCorpus:
+    return read_text(text_file(data_dir, split))
+
+
+def write_text_metadata(data_dir: Path, language: str, **extra) -> None:
+    """corpus.json of a text corpus: {"kind": "text", "language": ..., ...}."""
+    values = {"kind": "text", "language": language, **extra}
+    atomic.write_text(data_dir / METADATA, json.dumps(values, indent=2) + "\n")

@@ -1,4 +1,7 @@
-"""A split ready for training or evaluation: validated, tokenised (cached), filtered."""
+"""A split ready for training or evaluation: validated, tokenised (cached), filtered.
+
+Two kinds: pairs of a parallel corpus (load_split), lines of a text corpus for a
+language model (load_text_split)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from transduce.data.batching import LengthFilter
-from transduce.data.corpus import ParallelCorpus, read_split
+from transduce.data.corpus import ParallelCorpus, TextCorpus, read_split, read_text_split
 from transduce.data.tokenizer import Tokenizer
 
 CACHE_DIR = ".cache"
@@ -39,3 +42,29 @@ def load_split(data_dir: Path, split: str, tokenizer: Tokenizer,
         tgt_ids = [tgt_ids[i] for i in kept.kept]
         lines = [lines[i] for i in kept.kept]
     return TokenizedSplit(corpus, src_ids, tgt_ids, lines, report)
+
+
+@dataclass
+class TokenizedText:
+    """The lines of a text split as ids (no specials), with their line numbers."""
+
+    corpus: TextCorpus
+    ids: list[np.ndarray]
+    line_numbers: list[int]
+    report: list[str]
+
+
+def load_text_split(data_dir: Path, split: str, tokenizer: Tokenizer,
+                    max_len: int | None = None) -> TokenizedText:
+    """Lines of a text split as ids; with max_len, lines longer than it (with their bos
+    or eos) are left out, counted in the report, never cropped. Packed training reads
+    the whole stream and passes no max_len: its blocks cross line boundaries."""
+    corpus = read_text_split(data_dir, split)
+    ids = tokenizer.encode_cached(corpus.lines, Path(data_dir) / CACHE_DIR)
+    lines, report = list(corpus.line_numbers), [corpus.summary()]
+    if max_len is not None:
+        kept = LengthFilter.apply(None, ids, max_len)
+        report.append(kept.report(None, ids, lines, max_len))
+        ids = [ids[i] for i in kept.kept]
+        lines = [lines[i] for i in kept.kept]
+    return TokenizedText(corpus, ids, lines, report)

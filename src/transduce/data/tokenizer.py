@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -35,8 +35,36 @@ class TokenizerError(TransduceError, RuntimeError):
     """The vocabulary cannot be trained or loaded; the message says why."""
 
 
+class TextTokenizer(Protocol):
+    """What models, searches and commands need of a tokenizer: SentencePiece for the
+    models trained here (Tokenizer), byte-level BPE or WordPiece through the `tokenizers`
+    library for imported checkpoints."""
+
+    path: Path
+    fingerprint: str
+    prepend_bos: bool   # whether sequences start with bos (a language model's prompts)
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def bos_id(self) -> int: ...
+    @property
+    def eos_id(self) -> int: ...
+    @property
+    def pad_id(self) -> int: ...
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Texts -> ids, without specials."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids -> text, stopping at the first eos; pad and bos skipped."""
+
+
 class Tokenizer:
     """Text <-> ids with a SentencePiece model file."""
+
+    bos_id, eos_id, pad_id = BOS_ID, EOS_ID, PAD_ID
+    prepend_bos = True   # models trained here read [bos] + ids
 
     def __init__(self, model_path: Path | str):
         self.path = Path(model_path)

@@ -1,18 +1,38 @@
-"""Score translations of a corpus split the way the field does: sacreBLEU (13a) and chrF on
-detokenised text, printed with the signature, and a second reference when the data has
-one ({split}.ref2, written by `transduce data bible` from the World English Bible)."""
+"""Score a model on a corpus split.
+
+Translation, the way the field does: sacreBLEU (13a) and chrF on detokenised text,
+printed with the signature, and a second reference when the data has one
+({split}.ref2, written by `transduce data bible` from the World English Bible).
+
+A language model (arch "decoder"), by perplexity: each line of a text split is scored on
+its own as training's line layout reads it, [bos] + ids predicting ids + [eos], so the
+likelihood covers every piece of the line and its eos. Per piece: exp(total NLL /
+pieces). Per word: exp(total NLL / words), with words = len(line.split()) + 1 per line,
+the eos counted as one word (the usual convention, so that a per-word figure does not
+depend on the vocabulary and still charges the model for ending the line).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
+import numpy as np
 import sacrebleu
+import torch
+import torch.nn.functional as F
+from torch import Tensor
 
 from transduce import atomic
-from transduce.data.corpus import CorpusError, read_lines, split_files
+from transduce.data.batching import TokenBatcher
+from transduce.data.corpus import CorpusError, read_lines, read_text_split, split_files
+from transduce.data.tokenizer import BOS_ID, EOS_ID, TextTokenizer
 from transduce.decode.translate import Translator
+from transduce.model import DecoderOnly
 
 
 def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefix: Path, *,
@@ -49,5 +69,97 @@ def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefi
     hypothesis_file = atomic.write_text(out_prefix.with_suffix(".hyp"),
                                         "".join(h + "\n" for h in hypotheses))
     result["hypotheses"] = str(hypothesis_file)
+    atomic.write_text(out_prefix.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
+    return result
+
+
+# Logits per chunk when scoring: (rows, V) float32 of 8 MiB, as the training loss's chunks.
+SCORE_CHUNK_ELEMENTS = 1 << 21
+
+
+@dataclass
+class LineScores:
+    """Negative log-likelihood (nats) and pieces scored (eos included), per line."""
+
+    nll: np.ndarray        # (N,) float64
+    pieces: np.ndarray     # (N,) int64: len(ids) + 1
+
+    @property
+    def loss(self) -> float:
+        """Mean NLL per piece."""
+        return float(self.nll.sum() / self.pieces.sum())
+
+
+@torch.no_grad()
+def score_lines(model: DecoderOnly, ids: Sequence[np.ndarray], *, max_tokens: int = 4096,
+                device: torch.device | str = "cpu", bos_id: int = BOS_ID,
+                eos_id: int = EOS_ID) -> LineScores:
+    """The NLL of every line under a decoder-only model: [bos] + ids -> ids + [eos], each
+    line alone, batched by length (TokenBatcher's batches without a source side). Lines
+    must fit the model's max_positions (with their bos). bos_id, eos_id: the tokenizer's
+    (an imported one has its own). The model is left in eval mode."""
+    model.eval()
+    nll = np.zeros(len(ids), dtype=np.float64)
+    pieces = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
+    if not len(ids):
+        return LineScores(nll, pieces)
+    weight = model.output_proj.weight                                      # (V, C)
+    batcher = TokenBatcher(None, ids, max_tokens, shuffle=False)
+    for indices in batcher.epoch_batches(0):
+        tokens = torch.full((len(indices), int(pieces[indices].max()) + 1), eos_id,
+                            dtype=torch.long)                              # (B, T + 1)
+        for row, index in enumerate(indices):
+            tokens[row, 0], tokens[row, 1:pieces[index]] = bos_id, torch.from_numpy(ids[index])
+        tokens = tokens.to(device)
+        lengths = torch.from_numpy(pieces[indices]).to(device)            # (B,)
+        keep = torch.arange(tokens.shape[1] - 1, device=device) < lengths[:, None]  # (B, T)
+        hidden = model(tokens[:, :-1], project=False)                      # (B, T, C)
+        token_nll = _token_nll(hidden[keep], weight, tokens[:, 1:][keep])  # (N,)
+        rows = torch.arange(len(indices), device=device)[:, None].expand_as(keep)[keep]
+        per_line = torch.zeros(len(indices), dtype=torch.float64, device=device)
+        per_line.index_add_(0, rows, token_nll.double())                   # (B,)
+        nll[indices] = per_line.cpu().numpy()
+    return LineScores(nll, pieces)
+
+
+def _token_nll(rows: Tensor, weight: Tensor, target: Tensor) -> Tensor:
+    """-log p(target) of each row: rows (N, C) @ weight (V, C)^T a chunk of rows at a time,
+    so the (N, V) logits never exist at once -> (N,) float32."""
+    chunk = max(1, SCORE_CHUNK_ELEMENTS // weight.shape[0])
+    parts = [F.cross_entropy((rows[i:i + chunk] @ weight.T).float(), target[i:i + chunk],
+                             reduction="none") for i in range(0, rows.shape[0], chunk)]
+    return torch.cat(parts) if parts else rows.new_zeros(0, dtype=torch.float32)
+
+
+def evaluate_language_model(model: DecoderOnly, tokenizer: TextTokenizer, data_dir: Path,
+                            split: str, out_prefix: Path, *, batch_tokens: int = 4096,
+                            device: torch.device | str = "cpu") -> dict:
+    """Perplexity per piece and per word of the lines of a text split ({split}.txt),
+    written to OUT.json. Lines longer than the model reads (max_positions, bos
+    included) are left out and counted: the figures cover the lines scored."""
+    corpus = read_text_split(data_dir, split)
+    ids = [np.asarray(x, dtype=np.int64) for x in tokenizer.encode(corpus.lines)]
+    limit = model.config.max_positions
+    fits = [i for i, x in enumerate(ids) if len(x) + 1 <= limit]
+    too_long = [corpus.line_numbers[i] for i, x in enumerate(ids) if len(x) + 1 > limit]
+    if not fits:
+        raise CorpusError(f"{corpus.path}: no line fits the model's {limit} positions "
+                          f"(the shortest has {min(len(x) for x in ids) + 1} pieces with its bos)")
+    start = time.perf_counter()
+    scores = score_lines(model, [ids[i] for i in fits], max_tokens=batch_tokens, device=device,
+                         bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    seconds = time.perf_counter() - start
+    total, pieces = float(scores.nll.sum()), int(scores.pieces.sum())
+    words = sum(len(corpus.lines[i].split()) + 1 for i in fits)
+    result = {
+        "split": split, "file": str(corpus.path), "lines": len(fits), "pieces": pieces,
+        "words": words, "nll": total, "loss_per_piece": total / pieces,
+        "perplexity_per_piece": math.exp(min(total / pieces, 700.0)),
+        "perplexity_per_word": math.exp(min(total / words, 700.0)),
+        "words_counted_as": "whitespace-separated words + 1 per line for its eos",
+        "empty_lines_skipped": len(corpus.dropped_empty),
+        "lines_too_long_skipped": len(too_long), "too_long_line_numbers": too_long[:20],
+        "max_positions": limit, "seconds": seconds, "pieces_per_second": pieces / seconds,
+    }
     atomic.write_text(out_prefix.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
     return result

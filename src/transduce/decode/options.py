@@ -8,7 +8,7 @@ from typing import Literal
 
 from transduce.config import ConfigError, Dtype, ValidatedConfig, check_at_least, check_positive
 
-__all__ = ["Dtype", "KvDtype", "SearchOptions"]
+__all__ = ["Dtype", "KvDtype", "SearchOptions", "GenerateOptions"]
 
 KvDtype = Literal["float32", "bfloat16", "int8"]
 # What runs a model: auto is ONNX Runtime for an ONNX export, PyTorch for a checkpoint.
@@ -39,3 +39,50 @@ class SearchOptions(ValidatedConfig):
         if self.nbest > self.beam:
             raise ConfigError(f"SearchOptions.nbest={self.nbest}: must be at most beam={self.beam} (a beam "
                               f"search finds at most beam hypotheses)")
+
+
+@dataclass(frozen=True)
+class GenerateOptions(ValidatedConfig):
+    """How a language model continues a prompt (decode/generate.py).
+
+    max_new_tokens: generated tokens at most (fewer where the model's context ends);
+    temperature 0 is greedy search, above 0 sampling, narrowed by top_k (0: no limit)
+    and top_p (nucleus); seed makes sampling repeat; repetition_penalty > 1 discourages
+    tokens already in the prompt or the output (1: off); stop: strings that end a
+    generation where they first appear (left out of the text); beam > 1 is beam search
+    (alpha its length penalty; no sampling, repetition penalty or streaming);
+    batch_sentences: prompts generated together (left-padded)."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    beam: int = 1
+    alpha: float = 0.6
+    batch_sentences: int = 8
+
+    def __post_init__(self) -> None:
+        self._check_floats_finite()
+        check_positive(self, "max_new_tokens", "beam", "batch_sentences")
+        check_at_least(self, 0, "temperature", "top_k", "alpha")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"GenerateOptions.top_p={self.top_p}: must be in (0, 1]")
+        if not self.repetition_penalty > 0:
+            raise ConfigError(f"GenerateOptions.repetition_penalty={self.repetition_penalty}: "
+                              f"must be positive (1: off)")
+        if isinstance(self.stop, list):   # from the Python API or a JSON request
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not isinstance(self.stop, tuple) or any(not isinstance(s, str) or not s
+                                                   for s in self.stop):
+            raise ConfigError(f"GenerateOptions.stop={self.stop!r}: must be a sequence of "
+                              f"non-empty strings")
+        if self.beam > 1 and (self.temperature > 0 or self.repetition_penalty != 1.0):
+            raise ConfigError(f"GenerateOptions.beam={self.beam}: beam search ranks whole "
+                              f"continuations; it takes no temperature or repetition_penalty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

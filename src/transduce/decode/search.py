@@ -3,7 +3,9 @@
 All searches run the two phases of incremental decoding: `model.prefill(src)` encodes
 the source and computes every layer's cross-attention keys and values once; each step
 then feeds only the newest token through `model.decode_step`, which appends to the
-self-attention caches in place.
+self-attention caches in place. A decoder-only model's prefill caches the prompt instead
+(model/decoder_only.py), and its searches start from the prompt's last token where a
+translation starts from bos: `start` is one id for every row, or one per row (B,).
 
 Beam search follows the paper's settings by default: beam 4, the GNMT length penalty
 lp(Y) = ((5 + |Y|) / 6)^alpha with alpha 0.6 (|Y| counts the end token), and a maximum
@@ -19,9 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transduce.model import Seq2SeqModel
+from transduce.decode.sampling import Sampler
+from transduce.model import Model
 
 EXTRA_LENGTH = 50  # the paper: maximum output length = input length + 50
+Start = int | Tensor   # the first decoder input: one id for all rows, or (B,) ids
 
 
 @dataclass
@@ -36,7 +40,7 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def max_lengths(model: Seq2SeqModel, src: Tensor, max_len: int | None) -> Tensor:
+def max_lengths(model: Model, src: Tensor, max_len: int | None) -> Tensor:
     """Per-sentence output limit: source length + 50 (or max_len), within max_positions."""
     source_lengths = (src != model.config.pad_id).sum(dim=1)
     limit = source_lengths + EXTRA_LENGTH if max_len is None else torch.full_like(source_lengths, max_len)
@@ -44,57 +48,39 @@ def max_lengths(model: Seq2SeqModel, src: Tensor, max_len: int | None) -> Tensor
 
 
 @torch.no_grad()
-def greedy_search(model: Seq2SeqModel, src: Tensor, *, bos_id: int, eos_id: int,
-                  max_len: int | None = None, cache_dtype: torch.dtype | None = None) -> Tensor:
+def greedy_search(model: Model, src: Tensor, *, bos_id: Start, eos_id: int,
+                  max_len: int | None = None, cache_dtype: torch.dtype | None = None,
+                  src_mask: Tensor | None = None) -> Tensor:
     """Pick the most likely token at every step until eos or the length limit.
 
     src (B, S) right-padded ids -> (B, L) generated ids without bos; each row ends with
     eos (unless cut at its limit) and is padded with pad_id after it.
     """
     return _step_until_done(model, src, bos_id, eos_id, max_len,
-                            lambda logits: logits.argmax(dim=-1), cache_dtype)
+                            lambda logits: logits.argmax(dim=-1), cache_dtype, src_mask)
 
 
 @torch.no_grad()
-def sample(model: Seq2SeqModel, src: Tensor, *, bos_id: int, eos_id: int,
+def sample(model: Model, src: Tensor, *, bos_id: Start, eos_id: int,
            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-           seed: int | None = None, max_len: int | None = None) -> Tensor:
+           seed: int | None = None, max_len: int | None = None,
+           src_mask: Tensor | None = None) -> Tensor:
     """Draw each token from softmax(logits / temperature), restricted to the top_k most
     likely tokens and to the smallest set whose probability reaches top_p (nucleus).
     Same layout as greedy_search; seeded runs repeat exactly."""
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature} must be positive (use greedy_search for 0)")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p} must be in (0, 1]")
-    generator = torch.Generator(device=src.device)
-    generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
-
-    def choose(logits: Tensor) -> Tensor:
-        logits = logits.float() / temperature
-        if top_k > 0:
-            kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if top_p < 1.0:
-            sorted_logits, order = logits.sort(dim=-1, descending=True)
-            cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-            # Drop a token when the tokens before it already reach top_p.
-            drop_sorted = cumulative - sorted_logits.softmax(dim=-1) >= top_p
-            drop = drop_sorted.scatter(-1, order, drop_sorted)
-            logits = logits.masked_fill(drop, float("-inf"))
-        return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
-
-    return _step_until_done(model, src, bos_id, eos_id, max_len, choose)
+    sampler = Sampler(temperature, top_k, top_p, seed, src.device)
+    return _step_until_done(model, src, bos_id, eos_id, max_len, sampler, None, src_mask)
 
 
-def _step_until_done(model: Seq2SeqModel, src: Tensor, bos_id: int, eos_id: int,
-                     max_len: int | None, choose,
-                     cache_dtype: torch.dtype | None = None) -> Tensor:
+def _step_until_done(model: Model, src: Tensor, bos_id: Start, eos_id: int,
+                     max_len: int | None, choose, cache_dtype: torch.dtype | None = None,
+                     src_mask: Tensor | None = None) -> Tensor:
     """The loop shared by greedy search and sampling: one chosen token per step."""
     pad_id = model.config.pad_id
     limits = max_lengths(model, src, max_len)                             # (B,)
-    state = model.prefill(src, int(limits.max()), cache_dtype=cache_dtype)
+    state = model.prefill(src, int(limits.max()), src_mask=src_mask, cache_dtype=cache_dtype)
     batch = src.shape[0]
-    token = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)
+    token = start_tokens(bos_id, batch, src.device)                       # (B, 1)
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
     generated = []
     for step in range(int(limits.max())):
@@ -107,10 +93,19 @@ def _step_until_done(model: Seq2SeqModel, src: Tensor, bos_id: int, eos_id: int,
     return torch.cat(generated, dim=1)
 
 
+def start_tokens(start: Start, batch: int, device: torch.device) -> Tensor:
+    """The first decoder input of each row: bos, or a decoder-only prompt's last token
+    -> (B, 1)."""
+    if isinstance(start, Tensor):
+        return start.reshape(batch, 1).to(device=device, dtype=torch.long)
+    return torch.full((batch, 1), start, dtype=torch.long, device=device)
+
+
 @torch.no_grad()
-def beam_search(model: Seq2SeqModel, src: Tensor, *, bos_id: int, eos_id: int, beam: int = 4,
+def beam_search(model: Model, src: Tensor, *, bos_id: Start, eos_id: int, beam: int = 4,
                 alpha: float = 0.6, nbest: int = 1, max_len: int | None = None,
-                cache_dtype: torch.dtype | None = None) -> list[list[Hypothesis]]:
+                cache_dtype: torch.dtype | None = None,
+                src_mask: Tensor | None = None) -> list[list[Hypothesis]]:
     """Batched beam search -> for each sentence, its nbest hypotheses, best first.
 
     Each step extends every live beam by every token, keeps the 2 * beam best
@@ -127,7 +122,7 @@ def beam_search(model: Seq2SeqModel, src: Tensor, *, bos_id: int, eos_id: int, b
         raise ValueError(f"nbest={nbest} must be between 1 and beam={beam}")
     device, batch = src.device, src.shape[0]
     limits = max_lengths(model, src, max_len).tolist()
-    state = model.prefill(src, max(limits), cache_dtype=cache_dtype)
+    state = model.prefill(src, max(limits), src_mask=src_mask, cache_dtype=cache_dtype)
     # K target rows per sentence; the source side stays one row per sentence.
     state.reorder(torch.arange(batch, device=device).repeat_interleave(beam))  # (B * K)
     alive = list(range(batch))             # original index of each sentence still searching
@@ -135,7 +130,7 @@ def beam_search(model: Seq2SeqModel, src: Tensor, *, bos_id: int, eos_id: int, b
     # Only the first beam of each sentence is live at the start: the others would repeat it.
     scores = torch.full((batch, beam), float("-inf"), device=device)
     scores[:, 0] = 0.0
-    history = torch.full((batch * beam, 1), bos_id, dtype=torch.long, device=device)
+    history = start_tokens(bos_id, batch, device).repeat_interleave(beam, dim=0)  # (B * K, 1)
 
     for step in range(1, max(limits) + 1):
         logits = model.decode_step(history[:, -1:], state)[:, -1]         # (A * K, V)

@@ -25,7 +25,7 @@ from transduce.decode.options import Dtype, Engine, KvDtype, SearchOptions
 from transduce.decode.search import beam_search
 from transduce.errors import TransduceError
 from transduce.model import Seq2SeqModel, load_model
-from transduce.model.bfloat16 import bfloat16_copy
+from transduce.model.packed import decoding_copy
 from transduce.onnx_format import is_onnx_export
 
 Progress = Callable[[int], None]
@@ -48,8 +48,9 @@ class Translator:
                  device: torch.device | str = "cpu", dtype: Dtype = "float32",
                  kv_dtype: KvDtype | None = None):
         """model: a PyTorch model, or an OnnxEngine (an ONNX export run by ONNX Runtime).
-        dtype "bfloat16" decodes with a bfloat16 copy of the model (model/bfloat16.py:
-        AMX / AVX512-BF16 on recent Xeons); search scores stay float32.
+        A PyTorch model is decoded by a copy in `dtype` whose Linear weights are packed
+        for oneDNN (model/packed.py); "bfloat16" runs on the AMX / AVX512-BF16 units of
+        recent CPUs. Search scores stay float32.
         kv_dtype: the self-attention cache's type (default: the model's); attention runs
         in that type, and "int8" quantizes it per token and head."""
         if isinstance(model, OnnxEngine):
@@ -71,9 +72,9 @@ class Translator:
                               f"model (arch={model.config.arch!r}, attention_type="
                               f"{model.config.attention_type!r}) has none")
         self.kv_dtype = kv_dtype
-        if dtype == "bfloat16":
-            model = bfloat16_copy(model, device)
-        self.model = model.to(device).eval()
+        # A copy for decoding, its Linear weights packed for oneDNN (model/packed.py):
+        # the model passed in is left as it is, in its mode and dtype.
+        self.model = decoding_copy(model, getattr(torch, dtype), device)
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.dtype = dtype

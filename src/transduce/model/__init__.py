@@ -1,5 +1,6 @@
-"""The models: the encoder-decoder Transformer (positions, layers, model) and the RNN
-encoder-decoders with attention that came before it."""
+"""The models: the encoder-decoder Transformer (positions, layers, model), the
+decoder-only model (GPT) on the same layers, and the RNN encoder-decoders with attention
+that came before them."""
 
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import torch
 
 from transduce import checkpoint
 from transduce.config import ModelConfig
+from transduce.model.decoder_only import DecoderOnly, LMState
 from transduce.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedding,
                                         SinusoidalPositionalEncoding, sinusoidal_table)
@@ -15,16 +17,22 @@ from transduce.model.transformer import (Decoder, DecoderState, Encoder, TokenEm
                                          Transformer)
 
 
-# What training, search and translation accept: both share forward / prefill / decode_step.
+# What translation accepts: both share forward(src, tgt) / prefill / decode_step.
 Seq2SeqModel = Transformer | RNNEncoderDecoder
+# What the searches accept: prefill / decode_step, with or without a source.
+Model = Seq2SeqModel | DecoderOnly
 
 
-def build_model(config: ModelConfig) -> Seq2SeqModel:
-    """The model config.arch names: a Transformer or an RNNEncoderDecoder."""
-    return Transformer(config) if config.arch == "transformer" else RNNEncoderDecoder(config)
+def build_model(config: ModelConfig) -> Model:
+    """The model config.arch names: a Transformer, a DecoderOnly or an RNNEncoderDecoder."""
+    if config.arch == "transformer":
+        return Transformer(config)
+    if config.arch == "decoder":
+        return DecoderOnly(config)
+    return RNNEncoderDecoder(config)
 
 
-def load_model(path: Path | str, device: torch.device | str = "cpu") -> Seq2SeqModel:
+def load_model(path: Path | str, device: torch.device | str = "cpu") -> Model:
     """The model of a checkpoint (or of a run's latest checkpoint), in eval mode."""
     path = checkpoint.resolve(Path(path))
     model = build_model(checkpoint.read_configs(path)[0])
@@ -35,4 +43,4 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> Seq2SeqM
 __all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "SinusoidalPositionalEncoding",
            "LearnedPositionalEmbedding", "RotaryEmbedding", "sinusoidal_table", "TokenEmbedding",
            "Encoder", "Decoder", "DecoderState", "Transformer", "RNNEncoderDecoder", "RNNState",
-           "build_model", "load_model", "Seq2SeqModel"]
+           "DecoderOnly", "LMState", "build_model", "load_model", "Seq2SeqModel", "Model"]

@@ -18,13 +18,15 @@ from transduce.model.dropout import Dropout
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (ReLU as in the paper; GELU as an option)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (ReLU as in the paper; GELU, exact or its tanh
+    approximation, as options)."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
-        self.activation = nn.ReLU() if activation == "relu" else nn.GELU()
+        self.activation = nn.ReLU() if activation == "relu" else \
+            nn.GELU(approximate="tanh" if activation == "gelu-tanh" else "none")
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, C) -> (B, T, C)."""
@@ -59,11 +61,14 @@ class EncoderLayer(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Causal self-attention, cross-attention to the source, then the feed-forward network.
+    Without cross_attention (a decoder-only model, GPT) the middle sub-layer is absent:
+    norm1 guards self-attention and norm3 the feed-forward network in both layouts.
 
     The decoder's attention uses config.kv_heads key/value heads (MHA, GQA or MQA).
     """
 
-    def __init__(self, config: ModelConfig, rotary: Rotary | None = None):
+    def __init__(self, config: ModelConfig, rotary: Rotary | None = None, *,
+                 cross_attention: bool = True):
         super().__init__()
         c = config
         self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, c.kv_heads, bias=c.bias,
@@ -72,29 +77,37 @@ class DecoderLayer(nn.Module):
                                             kind=self_attention_kind(c.attention_type,
                                                                      c.attention_window))
         self.cross_attn = MultiHeadAttention(c.d_model, c.num_heads, c.kv_heads, bias=c.bias,
-                                             dropout=c.attention_dropout, impl=c.attention_impl)
+                                             dropout=c.attention_dropout,
+                                             impl=c.attention_impl) if cross_attention else None
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)
         self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if cross_attention else None
         self.norm3 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.dropout = Dropout(c.dropout)
         self.norm_first = c.norm_first
 
-    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], memory_mask: Tensor | None,
-                *, tgt_mask: Tensor | None = None, cache: AttentionCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor] | None,
+                memory_mask: Tensor | None, *, tgt_mask: Tensor | None = None,
+                cache: AttentionCache | None = None, positions: Tensor | None = None) -> Tensor:
         """x (B, T, C); memory_kv: this layer's cross-attention keys and values
-        (B, Hkv, S, D); memory_mask (B, 1, 1, S); tgt_mask combined with the causal mask;
-        cache: this layer's self-attention cache when decoding step by step -> (B, T, C)."""
+        (B, Hkv, S, D), None without cross-attention; memory_mask (B, 1, 1, S); tgt_mask
+        combined with the causal mask (with a cache: over every key it holds and the new
+        ones); cache: this layer's self-attention cache when decoding step by step;
+        positions (B, T): each token's position, for rows that start at different
+        positions (left-padded prompts; default: consecutive from the cache's length)
+        -> (B, T, C)."""
         def self_attention(h: Tensor) -> Tensor:
-            return self.self_attn(h, tgt_mask, causal=True, cache=cache)
+            return self.self_attn(h, tgt_mask, causal=True, cache=cache, positions=positions)
 
         def cross_attention(h: Tensor) -> Tensor:
             return self.cross_attn(h, memory_mask, kv=memory_kv)
 
         if self.norm_first:
             x = x + self.dropout(self_attention(self.norm1(x)))
-            x = x + self.dropout(cross_attention(self.norm2(x)))
+            if self.cross_attn is not None:
+                x = x + self.dropout(cross_attention(self.norm2(x)))
             return x + self.dropout(self.ffn(self.norm3(x)))
         x = self.norm1(x + self.dropout(self_attention(x)))
-        x = self.norm2(x + self.dropout(cross_attention(x)))
+        if self.cross_attn is not None:
+            x = self.norm2(x + self.dropout(cross_attention(x)))
         return self.norm3(x + self.dropout(self.ffn(x)))

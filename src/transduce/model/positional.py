@@ -36,7 +36,33 @@ def _check_range(start: int, length: int, max_positions: int) -> None:
                          f"{max_positions}; raise ModelConfig.max_positions or shorten the input")
 
 
-class SinusoidalPositionalEncoding(nn.Module):
+def _check_positions(positions: Tensor, max_positions: int) -> None:
+    """Per-token positions (B, T) within the table."""
+    if positions.numel() and not torch.jit.is_tracing():
+        _check_range(0, int(positions.max()) + 1, max_positions)
+
+
+class TablePositions(nn.Module):
+    """What the additive encodings share: the vectors of positions start .. start + T - 1
+    (every row alike), or of each row's own positions (B, T) (left-padded prompts)."""
+
+    max_positions: int
+
+    def _table(self) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, length: int, start: int = 0) -> Tensor:
+        """-> (length, d_model), the encodings of positions start .. start + length - 1."""
+        _check_range(start, length, self.max_positions)
+        return self._table()[start:start + length]
+
+    def lookup(self, positions: Tensor) -> Tensor:
+        """positions (B, T) -> (B, T, d_model)."""
+        _check_positions(positions, self.max_positions)
+        return self._table()[positions]
+
+
+class SinusoidalPositionalEncoding(TablePositions):
     """The paper's fixed encoding; the table is derived, so it is not saved."""
 
     def __init__(self, d_model: int, max_positions: int):
@@ -44,13 +70,11 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.max_positions = max_positions
         self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
 
-    def forward(self, length: int, start: int = 0) -> Tensor:
-        """-> (length, d_model), the encodings of positions start .. start + length - 1."""
-        _check_range(start, length, self.max_positions)
-        return self.table[start:start + length]
+    def _table(self) -> Tensor:
+        return self.table
 
 
-class LearnedPositionalEmbedding(nn.Module):
+class LearnedPositionalEmbedding(TablePositions):
     """One trained vector per position (the paper's Table 3, row E)."""
 
     def __init__(self, d_model: int, max_positions: int):
@@ -59,10 +83,8 @@ class LearnedPositionalEmbedding(nn.Module):
         self.embedding = nn.Embedding(max_positions, d_model)
         nn.init.normal_(self.embedding.weight, std=d_model ** -0.5)
 
-    def forward(self, length: int, start: int = 0) -> Tensor:
-        """-> (length, d_model)."""
-        _check_range(start, length, self.max_positions)
-        return self.embedding.weight[start:start + length]
+    def _table(self) -> Tensor:
+        return self.embedding.weight
 
 
 class RotaryEmbedding(nn.Module):
@@ -80,12 +102,17 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        """x (B, H, T, D), positions start .. start + T - 1 -> rotated (B, H, T, D)."""
-        length = x.shape[-2]
-        _check_range(start, length, self.max_positions)
-        cos = self.cos[start:start + length].to(x.dtype)
-        sin = self.sin[start:start + length].to(x.dtype)
+    def forward(self, x: Tensor, start: int | Tensor = 0) -> Tensor:
+        """x (B, H, T, D), positions start .. start + T - 1, or each row's own positions
+        start (B, T) -> rotated (B, H, T, D)."""
+        if isinstance(start, Tensor) and start.dim() == 2:   # (an ONNX trace's sizes are 0-D)
+            _check_positions(start, self.max_positions)
+            cos, sin = self.cos[start].unsqueeze(1), self.sin[start].unsqueeze(1)  # (B, 1, T, D)
+        else:
+            length = x.shape[-2]
+            _check_range(start, length, self.max_positions)
+            cos, sin = self.cos[start:start + length], self.sin[start:start + length]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         first, second = x.chunk(2, dim=-1)
         rotated_half = torch.cat([-second, first], dim=-1)
         return x * cos + rotated_half * sin

@@ -28,7 +28,7 @@ from transduce.config import ModelConfig
 from transduce.model.dropout import Dropout
 from transduce.model.layers import DecoderLayer, EncoderLayer
 from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedding,
-                                        SinusoidalPositionalEncoding)
+                                        SinusoidalPositionalEncoding, TablePositions)
 
 
 def init_embeddings(embeddings: list[nn.Embedding], pad_id: int) -> None:
@@ -41,22 +41,51 @@ def init_embeddings(embeddings: list[nn.Embedding], pad_id: int) -> None:
 
 
 class TokenEmbedding(nn.Module):
-    """Token vectors multiplied by sqrt(d_model), plus additive positions (unless rotary),
-    then dropout: the input of each stack."""
+    """Token vectors multiplied by sqrt(d_model) (unless scale is False, as in GPT-2),
+    plus additive positions (unless rotary), then dropout: the input of each stack."""
 
-    def __init__(self, embedding: nn.Embedding, positions: nn.Module | None, dropout: float):
+    def __init__(self, embedding: nn.Embedding, positions: TablePositions | None,
+                 dropout: float, *, scale: bool = True):
         super().__init__()
         self.embedding = embedding
         self.positions = positions
-        self.scale = math.sqrt(embedding.embedding_dim)
+        self.scale = math.sqrt(embedding.embedding_dim) if scale else 1.0
         self.dropout = Dropout(dropout)
 
-    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
-        """ids (B, T), first position `start` -> (B, T, C)."""
-        x = self.embedding(ids) * self.scale
+    def forward(self, ids: Tensor, start: int = 0, positions: Tensor | None = None) -> Tensor:
+        """ids (B, T), first position `start`, or each token's own position (B, T)
+        -> (B, T, C)."""
+        x = self.embedding(ids)
+        if self.scale != 1.0:
+            x = x * self.scale
         if self.positions is not None:
-            x = x + self.positions(ids.shape[1], start)
+            x = x + (self.positions(ids.shape[1], start) if positions is None
+                     else self.positions.lookup(positions))
         return self.dropout(x)
+
+
+def positional_encoding(config: ModelConfig) -> TablePositions | None:
+    """The additive position table config.positional names (None: rotary, which enters
+    inside self-attention)."""
+    if config.positional == "sinusoidal":
+        return SinusoidalPositionalEncoding(config.d_model, config.max_positions)
+    if config.positional == "learned":
+        return LearnedPositionalEmbedding(config.d_model, config.max_positions)
+    return None
+
+
+def rotary_embedding(config: ModelConfig) -> RotaryEmbedding | None:
+    return RotaryEmbedding(config.head_dim, config.max_positions, config.rope_base) \
+        if config.positional == "rotary" else None
+
+
+def init_linear_layers(modules: list[nn.Module]) -> None:
+    """Xavier-uniform weights and zero biases for every Linear among the modules."""
+    for module in modules:
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
 
 
 class Encoder(nn.Module):
@@ -77,10 +106,13 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, config: ModelConfig, embed: TokenEmbedding, rotary: RotaryEmbedding | None):
+    """The decoder stack; without cross_attention, a decoder-only model's (GPT)."""
+
+    def __init__(self, config: ModelConfig, embed: TokenEmbedding,
+                 rotary: RotaryEmbedding | None, *, cross_attention: bool = True):
         super().__init__()
         self.embed = embed
-        self.layers = nn.ModuleList(DecoderLayer(config, rotary)
+        self.layers = nn.ModuleList(DecoderLayer(config, rotary, cross_attention=cross_attention)
                                     for _ in range(config.num_decoder_layers))
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) \
             if config.norm_first else None
@@ -89,21 +121,40 @@ class Decoder(nn.Module):
         """Each layer's cross-attention keys and values, (B, Hkv, S, D): once per source."""
         return [layer.cross_attn.project_kv(memory) for layer in self.layers]
 
-    def forward(self, tgt: Tensor, memory_kv: list[tuple[Tensor, Tensor]],
+    def forward(self, tgt: Tensor, memory_kv: list[tuple[Tensor, Tensor]] | None,
                 memory_mask: Tensor | None, *, tgt_mask: Tensor | None = None,
-                caches: list[AttentionCache] | None = None) -> Tensor:
+                caches: list[AttentionCache] | None = None,
+                positions: Tensor | None = None) -> Tensor:
         """tgt (B, T) -> hidden states (B, T, C). With caches, tgt holds only the new
-        tokens, whose positions start after what the caches hold."""
+        tokens, whose positions start after what the caches hold, unless positions
+        (B, T) gives each token's own. memory_kv None: no cross-attention."""
         start = 0 if caches is None else caches[0].length
-        x = self.embed(tgt, start)
+        x = self.embed(tgt, start, positions)
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory_kv[i], memory_mask, tgt_mask=tgt_mask,
-                      cache=None if caches is None else caches[i])
+            x = layer(x, None if memory_kv is None else memory_kv[i], memory_mask,
+                      tgt_mask=tgt_mask, cache=None if caches is None else caches[i],
+                      positions=positions)
         return x if self.final_norm is None else self.final_norm(x)
 
 
+class CachedLayers:
+    """A decoding state's self-attention caches, one per decoder layer."""
+
+    caches: list[AttentionCache]
+
+    @property
+    def length(self) -> int:
+        """Tokens decoded (or cached) so far."""
+        return self.caches[0].length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the self-attention caches (the part that grows with the output)."""
+        return sum(cache.nbytes for cache in self.caches)
+
+
 @dataclass
-class DecoderState:
+class DecoderState(CachedLayers):
     """What the decode phase carries between steps: the source's cross-attention keys and
     values (fixed, one row per sentence) and one self-attention cache per decoder layer
     (one row per target row: per sentence, or per beam)."""
@@ -111,16 +162,6 @@ class DecoderState:
     memory_kv: list[tuple[Tensor, Tensor]]   # (B, Hkv, S, D) per layer
     memory_mask: Tensor                      # (B, 1, 1, S)
     caches: list[AttentionCache]             # (R, Hkv, T, D) per layer, R = B * n
-
-    @property
-    def length(self) -> int:
-        """Target tokens decoded so far."""
-        return self.caches[0].length
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the self-attention caches (the part that grows with the output)."""
-        return sum(cache.nbytes for cache in self.caches)
 
     def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
         """Keep target rows `rows` (R',) in that order, and source sentences `sources` (B',)
@@ -151,29 +192,16 @@ class Transformer(nn.Module):
         if c.tie_embeddings in ("all", "decoder"):
             self.output_proj.weight = tgt_embedding.weight
 
-        rotary = RotaryEmbedding(c.head_dim, c.max_positions, c.rope_base) \
-            if c.positional == "rotary" else None
-        self.encoder = Encoder(c, TokenEmbedding(src_embedding, self._positions(), c.dropout), rotary)
-        self.decoder = Decoder(c, TokenEmbedding(tgt_embedding, self._positions(), c.dropout), rotary)
-        self._init_linear_layers()
-
-    def _positions(self) -> nn.Module | None:
-        c = self.config
-        if c.positional == "sinusoidal":
-            return SinusoidalPositionalEncoding(c.d_model, c.max_positions)
-        if c.positional == "learned":
-            return LearnedPositionalEmbedding(c.d_model, c.max_positions)
-        return None  # rotary: positions enter inside self-attention
-
-    def _init_linear_layers(self) -> None:
-        """Xavier-uniform weights and zero biases for every projection but the tied output."""
-        for module in [*self.encoder.modules(), *self.decoder.modules()]:
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-        if self.config.tie_embeddings == "none":
-            nn.init.normal_(self.output_proj.weight, std=self.config.d_model ** -0.5)
+        rotary = rotary_embedding(c)
+        scale = c.scale_embeddings
+        self.encoder = Encoder(c, TokenEmbedding(src_embedding, positional_encoding(c),
+                                                 c.dropout, scale=scale), rotary)
+        self.decoder = Decoder(c, TokenEmbedding(tgt_embedding, positional_encoding(c),
+                                                 c.dropout, scale=scale), rotary)
+        # Every projection but the output, which is tied or drawn like an embedding.
+        init_linear_layers([*self.encoder.modules(), *self.decoder.modules()])
+        if c.tie_embeddings == "none":
+            nn.init.normal_(self.output_proj.weight, std=c.d_model ** -0.5)
 
     def num_parameters(self) -> int:
         """Trainable parameters, each tied matrix counted once."""

@@ -16,7 +16,10 @@ from transduce.config import ModelConfig
 
 
 def forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int) -> float:
-    """Matmul FLOPs of one forward pass over a padded (B, S) / (B, T) batch."""
+    """Matmul FLOPs of one forward pass over a padded (B, S) / (B, T) batch (a
+    decoder-only model has no source: src_len is ignored)."""
+    if config.arch == "decoder":
+        return _decoder_only_forward_flops(config, batch_size, tgt_len)
     if config.arch != "transformer":
         return _rnn_forward_flops(config, batch_size, src_len, tgt_len)
     d, d_ff, kv = config.d_model, config.d_ff, config.kv_heads * config.head_dim
@@ -31,6 +34,18 @@ def forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: i
         + 2 * batch_size * tgt_len * src_len * d)              # cross-attention
     output = tgt_tokens * d * config.tgt_vocab_size
     return 2.0 * (encoder + decoder + output)
+
+
+def _decoder_only_forward_flops(config: ModelConfig, batch_size: int, tgt_len: int) -> float:
+    """GPT: the decoder's layers without cross-attention (self-attention projections,
+    causal QK^T and AV over the full T x T square, as above, FFN), and the output."""
+    d, d_ff, kv = config.d_model, config.d_ff, config.kv_heads * config.head_dim
+    tokens = batch_size * tgt_len
+    layers = config.num_decoder_layers * (
+        tokens * (2 * d * d + 2 * d * kv + 2 * d * d_ff)        # q, o; k, v; FFN
+        + 2 * batch_size * tgt_len * tgt_len * d)               # QK^T and AV
+    output = tokens * d * config.tgt_vocab_size
+    return 2.0 * (layers + output)
 
 
 def _rnn_forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int) -> float:

@@ -1,5 +1,11 @@
 """The training loop: set up -> step -> log / evaluate / save, until the budget is spent.
 
+It trains a translation model on a parallel corpus, or a language model (arch
+"decoder") on a text corpus: lines batched by length as the target side of a pair, or
+packed into fixed blocks (TrainConfig.pack_length). Everything else, the loss,
+checkpoints, exact resume, averaging, EMA, processes, logs, is the same for both; dev
+evaluation is loss and perplexity for both, and greedy BLEU for translation only.
+
 One step = update_freq batches per process (gradients accumulated), all processes
 together (torchrun; gloo on CPU, nccl on CUDA) averaging their gradients. The loss is
 summed over target tokens and divided by the step's total target tokens across every
@@ -26,14 +32,15 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from transduce import checkpoint
-from transduce.config import ModelConfig, TrainConfig
-from transduce.data.batching import TokenBatcher
-from transduce.data.corpus import METADATA, split_files
-from transduce.data.dataset import TokenizedSplit, load_split
+from transduce.config import ConfigError, ModelConfig, TrainConfig
+from transduce.data.batching import Batch, Batcher, PackedBatcher, TokenBatcher
+from transduce.data.corpus import CorpusKind, corpus_kind, has_split
+from transduce.data.dataset import TokenizedSplit, TokenizedText, load_split, load_text_split
 from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer
+from transduce.decode.evaluate import score_lines
 from transduce.decode.translate import Translator
 from transduce.errors import TransduceError
-from transduce.model import Seq2SeqModel, build_model, load_model
+from transduce.model import Model, build_model, load_model
 from transduce.runtime import torch_threads, training_dtype
 from transduce.train.distributed import (any_true, barrier, init_distributed,
                                          shutdown_distributed, sum_over_processes)
@@ -62,10 +69,10 @@ class Run:
     rank: int
     device: torch.device
     tokenizer: Tokenizer
-    train_split: TokenizedSplit
-    dev_split: TokenizedSplit | None
-    batcher: TokenBatcher
-    model: Seq2SeqModel
+    train_split: TokenizedSplit | TokenizedText
+    dev_split: TokenizedSplit | TokenizedText | None
+    batcher: Batcher
+    model: Model
     net: torch.nn.Module          # the model as stepped: compiled and/or DDP-wrapped
     optimizer: torch.optim.Optimizer
     position: Position
@@ -82,6 +89,10 @@ class Run:
     @property
     def main_process(self) -> bool:
         return self.rank == 0
+
+    @property
+    def language_model(self) -> bool:
+        return is_language_model(self.model_config)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -114,16 +125,12 @@ def train(data_dir: Path, out: Path, model_config: ModelConfig, train_config: Tr
 def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: TrainConfig,
            world: int, rank: int, *, resume: bool, init: Path | None) -> Run:
     """Data, model, optimizer and position (restored when resuming), as the run starts."""
+    check_run_configs(model_config, train_config, corpus_kind(data_dir), data_dir)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
         if torch.cuda.is_available() else torch.device("cpu")
     tokenizer = Tokenizer(data_dir / MODEL_NAME)
     _check_vocabulary(model_config, tokenizer)
-    max_len = min(train_config.max_len, model_config.max_positions)
-    train_split = load_split(data_dir, "train", tokenizer, max_len)
-    batcher = TokenBatcher(train_split.src_ids, train_split.tgt_ids, train_config.max_tokens,
-                           seed=train_config.seed, line_numbers=train_split.line_numbers)
-    dev_split = load_split(data_dir, "dev", tokenizer, max_len) \
-        if _has_split(data_dir, "dev") else None
+    train_split, dev_split, batcher = _load_data(data_dir, tokenizer, model_config, train_config)
 
     torch.manual_seed(train_config.seed)  # the same initial weights in every process
     model = build_model(model_config).to(device)
@@ -159,9 +166,67 @@ def _check_vocabulary(model_config: ModelConfig, tokenizer: Tokenizer) -> None:
         raise TrainingError(f"ModelConfig.pad_id must be the tokenizer's pad id {PAD_ID}")
 
 
-def _has_split(data_dir: Path, split: str) -> bool:
-    return (data_dir / METADATA).is_file() and \
-        all(path.is_file() for path in split_files(data_dir, split))
+def is_language_model(model_config: ModelConfig) -> bool:
+    return model_config.arch == "decoder"
+
+
+def check_run_configs(model_config: ModelConfig, train_config: TrainConfig, kind: CorpusKind,
+                      data_dir: Path) -> None:
+    """Refuse what cannot train, before anything is loaded or written: a model on the
+    other kind of corpus, BLEU for a language model, packing for a translation model."""
+    language_model = is_language_model(model_config)
+    if language_model and kind != "text":
+        raise ConfigError(f"arch 'decoder' is a language model: --data {data_dir} is a "
+                          f"parallel corpus; give a text corpus (train.txt, dev.txt; "
+                          f"`transduce data bible-text`)")
+    if not language_model and kind == "text":
+        raise ConfigError(f"--data {data_dir} is a text corpus, with no source side for "
+                          f"arch {model_config.arch!r}; train a language model on it "
+                          f"(--arch decoder)")
+    if language_model and train_config.dev_bleu_sentences:
+        raise ConfigError(f"TrainConfig.dev_bleu_sentences={train_config.dev_bleu_sentences}: "
+                          f"a language model translates nothing to score; its dev "
+                          f"evaluation is dev_loss and dev_ppl (per piece). Set it to 0")
+    if train_config.pack_length and not language_model:
+        raise ConfigError(f"TrainConfig.pack_length={train_config.pack_length} packs a text "
+                          f"corpus for arch 'decoder'; a translation model batches pairs")
+    if train_config.pack_length > model_config.max_positions:
+        raise ConfigError(f"TrainConfig.pack_length={train_config.pack_length}: the model "
+                          f"reads at most max_positions={model_config.max_positions} tokens")
+    if train_config.pack_length > train_config.max_tokens:
+        raise ConfigError(f"TrainConfig.pack_length={train_config.pack_length}: a batch of "
+                          f"max_tokens={train_config.max_tokens} holds max_tokens // "
+                          f"pack_length blocks, none at this length")
+
+
+def _load_data(data_dir: Path, tokenizer: Tokenizer, model_config: ModelConfig,
+               train_config: TrainConfig
+               ) -> tuple[TokenizedSplit | TokenizedText, TokenizedSplit | TokenizedText | None,
+                          Batcher]:
+    """-> (train split, dev split or None, train batcher). Lines and pairs longer than
+    max_len (and the model's positions) are filtered, except in packed training, whose
+    blocks hold pieces of lines of any length."""
+    c = train_config
+    max_len = min(c.max_len, model_config.max_positions)
+    if not is_language_model(model_config):
+        train_split = load_split(data_dir, "train", tokenizer, max_len)
+        batcher: Batcher = TokenBatcher(train_split.src_ids, train_split.tgt_ids, c.max_tokens,
+                                        seed=c.seed, line_numbers=train_split.line_numbers)
+        dev_split = load_split(data_dir, "dev", tokenizer, max_len) \
+            if has_split(data_dir, "dev") else None
+        return train_split, dev_split, batcher
+    train_text = load_text_split(data_dir, "train", tokenizer,
+                                 None if c.pack_length else max_len)
+    if c.pack_length:
+        batcher = PackedBatcher(train_text.ids, c.pack_length, c.max_tokens, seed=c.seed)
+        train_text.report.append(f"packed into {batcher.num_blocks} blocks of {c.pack_length} "
+                                 f"tokens, {batcher.blocks_per_batch} per batch")
+    else:
+        batcher = TokenBatcher(None, train_text.ids, c.max_tokens, seed=c.seed,
+                               line_numbers=train_text.line_numbers)
+    dev_text = load_text_split(data_dir, "dev", tokenizer, max_len) \
+        if has_split(data_dir, "dev") else None
+    return train_text, dev_text, batcher
 
 
 def _train_until_done(run: Run, stop: StopRequest) -> Path:
@@ -228,7 +293,7 @@ def train_step(run: Run, seconds: float) -> StepResult | None:
     c = run.train_config
     batches = run.stream.take(run.world * c.update_freq)
     mine = batches[run.rank * c.update_freq:(run.rank + 1) * c.update_freq]
-    step_tokens = int(sum(run.batcher.tgt_lengths[indices].sum() for indices in batches))
+    step_tokens = sum(run.batcher.target_tokens(indices) for indices in batches)
     run.model.train()
     loss_sum, flops = 0.0, 0.0
     for i, indices in enumerate(mine):
@@ -237,7 +302,7 @@ def train_step(run: Run, seconds: float) -> StepResult | None:
         sync = contextlib.nullcontext() if run.world == 1 or last else run.net.no_sync()
         with sync, torch.autocast(run.device.type, dtype=run.autocast_dtype or torch.float32,
                                   enabled=run.autocast_dtype is not None):
-            hidden = run.net(batch.src, batch.tgt_in, project=False)
+            hidden = _hidden_states(run.net, batch, run.language_model)
             loss, _ = projected_label_smoothed_nll(hidden, run.model.output_proj.weight,
                                                    batch.tgt_out, c.label_smoothing, PAD_ID)
             # DDP averages over processes: scale so the result is sum / step_tokens.
@@ -261,6 +326,14 @@ def train_step(run: Run, seconds: float) -> StepResult | None:
     if run.ema is not None:
         run.ema.update(run.model)
     return StepResult(loss_sum, step_tokens, flops, lr)
+
+
+def _hidden_states(net: torch.nn.Module, batch: Batch, language_model: bool):
+    """The decoder's output (B, T, C) for the batch: a language model reads tgt_in alone
+    ([bos] + a line, or a packed block), a translation model the source too."""
+    if language_model:
+        return net(batch.tgt_in, project=False)
+    return net(batch.src, batch.tgt_in, project=False)
 
 
 def _refuse_divergence(run: Run, nonfinite_in_a_row: int) -> None:
@@ -354,9 +427,16 @@ def _announce(run: Run) -> None:
                    "train": c.to_dict(), "dtype": run.dtype})
 
 
-def evaluate_dev(model: Seq2SeqModel, split: TokenizedSplit, tokenizer: Tokenizer,
+def evaluate_dev(model: Model, split: TokenizedSplit | TokenizedText, tokenizer: Tokenizer,
                  train_config: TrainConfig, device: torch.device) -> dict[str, float]:
-    """Dev loss and perplexity (no label smoothing), and greedy BLEU if asked for."""
+    """Dev loss and perplexity per piece (no label smoothing), and greedy BLEU if asked
+    for (translation only). A language model's dev lines are scored each on its own,
+    whichever layout trained it, as `transduce evaluate` scores them."""
+    if isinstance(split, TokenizedText):
+        loss = score_lines(model, split.ids, max_tokens=train_config.max_tokens,
+                           device=device).loss
+        model.train()
+        return {"dev_loss": loss, "dev_ppl": math.exp(min(loss, 50.0))}
     model.eval()
     batcher = TokenBatcher(split.src_ids, split.tgt_ids, train_config.max_tokens, shuffle=False)
     nll_sum, tokens = 0.0, 0

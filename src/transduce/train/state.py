@@ -11,7 +11,7 @@ import torch
 
 from transduce import checkpoint
 from transduce.config import TrainConfig
-from transduce.data.batching import TokenBatcher
+from transduce.data.batching import Batcher
 from transduce.train.distributed import barrier, gather
 from transduce.train.ema import WeightAverage
 
@@ -23,14 +23,15 @@ class Position:
     step: int = 0
     epoch: int = 0
     batch: int = 0          # batches of `epoch` already consumed
-    tokens: int = 0         # target tokens trained on
+    tokens: int = 0         # target tokens trained on (scored ones)
     seconds: float = 0.0    # training time before this process started
 
 
 class BatchStream:
-    """The batches of epoch after epoch, deterministic from (seed, epoch, batch)."""
+    """The batches of epoch after epoch, deterministic from (seed, epoch, batch): any
+    Batcher (sentence pairs, text lines, packed blocks) resumes from a Position."""
 
-    def __init__(self, batcher: TokenBatcher, position: Position):
+    def __init__(self, batcher: Batcher, position: Position):
         self.batcher, self.position = batcher, position
         self._epoch_batches = batcher.epoch_batches(position.epoch)
 

@@ -1,5 +1,5 @@
-"""The bfloat16 copy used for decoding: packed Linear layers against F.linear in bfloat16,
-and the original model left untouched."""
+"""The copies used for decoding: packed Linear layers against F.linear in float32 and
+bfloat16, and the original model left untouched."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from transduce.model import Transformer
-from transduce.model.bfloat16 import PackedLinear, bfloat16_copy, packing_available
+from transduce.model.packed import PackedLinear, bfloat16_copy, decoding_copy, packing_available
 from tests.model.test_transformer import tiny
 
 needs_packing = pytest.mark.skipif(not packing_available(),
@@ -25,7 +25,7 @@ def test_packed_linear_equals_a_bfloat16_linear(bias, activation, shape):
                         None if linear.bias is None else linear.bias.bfloat16().double())
     if activation == "relu":
         expected = expected.relu()
-    got = PackedLinear(linear, activation)(x)
+    got = PackedLinear(linear.bfloat16(), activation)(x)
     assert got.dtype == torch.bfloat16 and got.shape == (*shape[:-1], 72)
     # Products of bfloat16 inputs, accumulated in float32, rounded once to bfloat16.
     torch.testing.assert_close(got.double(), expected, rtol=8e-3, atol=1e-2)
@@ -42,3 +42,28 @@ def test_bfloat16_copy_leaves_the_model_alone():
         assert not any(key.endswith("packed_weight") for key in clone.state_dict())
         ffn = clone.decoder.layers[0].ffn
         assert ffn.linear1.activation == "relu" and type(ffn.activation) is nn.Identity
+
+
+@pytest.mark.skipif(not packing_available(torch.float32), reason="no oneDNN in this build")
+@pytest.mark.parametrize("activation", ["none", "relu"])
+@pytest.mark.parametrize("shape", [(1, 48), (8, 48), (3, 1, 48), (130, 48)])
+def test_float32_packed_linear_is_as_exact_as_f_linear(activation, shape):
+    linear = nn.Linear(48, 72)
+    x = torch.randn(shape)
+    expected = F.linear(x.double(), linear.weight.double(), linear.bias.double())
+    if activation == "relu":
+        expected = expected.relu()
+    got = PackedLinear(linear, activation)(x)
+    assert got.dtype == torch.float32 and got.shape == (*shape[:-1], 72)
+    torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)
+
+
+def test_float32_decoding_copy_gives_the_models_logits():
+    model = Transformer(tiny()).eval()
+    clone = decoding_copy(model, torch.float32)
+    assert clone.output_proj is not model.output_proj
+    if packing_available(torch.float32):
+        assert not any(type(m) is nn.Linear for m in clone.modules())
+    src, tgt = torch.randint(4, 20, (3, 7)), torch.randint(4, 20, (3, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(clone(src, tgt), model(src, tgt), rtol=0, atol=1e-5)

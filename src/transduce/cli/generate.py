@@ -1,0 +1,96 @@
+"""`transduce generate`: continue prompts with a decoder-only model.
+
+Prompts come from --prompt (repeatable) or standard input, one per line; each gives one
+output line, in order. A newline inside a continuation is written as the two characters
+\\n (and a backslash as \\\\), so that N prompts always give N lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from transduce.cli.options import fraction, non_negative_float, non_negative_int, positive_int
+from transduce.config import Dtype, choices
+from transduce.decode.options import KvDtype
+
+STDIN_BATCH_LINES = 64
+
+
+def register(commands) -> None:
+    generate = commands.add_parser("generate", help="continue prompts with a language model")
+    generate.add_argument("--model", type=Path, required=True, help="checkpoint or run directory")
+    generate.add_argument("--prompt", action="append", default=None,
+                          help="a prompt (repeatable; default: one per line of standard input)")
+    generate.add_argument("--max-new-tokens", type=positive_int, default=64)
+    generate.add_argument("--temperature", type=non_negative_float, default=0.0,
+                          help="0: greedy search; above 0: sampling")
+    generate.add_argument("--top-k", type=non_negative_int, default=0,
+                          help="sample among the k most likely tokens (0: all)")
+    generate.add_argument("--top-p", type=fraction, default=1.0,
+                          help="sample within the smallest set of this probability (nucleus)")
+    generate.add_argument("--seed", type=int, default=None, help="repeatable sampling")
+    generate.add_argument("--repetition-penalty", type=_positive_float, default=1.0,
+                          help="> 1 discourages tokens already in prompt or output (1: off)")
+    generate.add_argument("--stop", action="append", default=[],
+                          help="end a continuation where this string appears (repeatable)")
+    generate.add_argument("--beam", type=positive_int, default=1, help="beam search (1: off)")
+    generate.add_argument("--alpha", type=non_negative_float, default=0.6,
+                          help="beam search's length penalty exponent")
+    generate.add_argument("--batch-sentences", type=positive_int, default=8,
+                          help="prompts generated together")
+    generate.add_argument("--stream", action="store_true",
+                          help="print each continuation word by word as it is generated")
+    generate.add_argument("--dtype", default="float32", choices=choices(Dtype))
+    generate.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
+                          help="KV-cache type (default: --dtype's); int8 quantizes it")
+    generate.set_defaults(handler=generate_command)
+
+
+def _positive_float(text: str) -> float:
+    value = non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be positive")
+    return value
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    from transduce.decode.generate import Generator
+    from transduce.decode.options import GenerateOptions
+
+    options = GenerateOptions(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
+        stop=tuple(args.stop), beam=args.beam, alpha=args.alpha,
+        batch_sentences=args.batch_sentences)
+    generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    done = 0
+    for prompts in _prompt_batches(args):
+        if args.stream:
+            for prompt in prompts:
+                done += 1
+                for text in generator.stream(prompt, options, number=done):
+                    sys.stdout.write(one_line(text))
+                    sys.stdout.flush()
+                sys.stdout.write("\n")
+        else:
+            texts = generator.generate(prompts, options, first_number=done + 1)
+            sys.stdout.write("".join(one_line(text) + "\n" for text in texts))
+            done += len(prompts)
+        sys.stdout.flush()
+    return 0
+
+
+def _prompt_batches(args: argparse.Namespace):
+    if args.prompt is not None:
+        yield args.prompt
+        return
+    from transduce.decode.streaming import line_batches
+
+    yield from line_batches(sys.stdin.fileno(), max_lines=STDIN_BATCH_LINES)
+
+
+def one_line(text: str) -> str:
+    """A continuation on one output line: backslashes and newlines escaped."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")

@@ -1,0 +1,55 @@
+"""`transduce import hf-gpt2`: another toolkit's checkpoint as ours."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from transduce.config import ConfigError
+
+
+def register(commands) -> None:
+    imports = commands.add_parser("import", help="read another toolkit's checkpoint into a "
+                                                 "checkpoint of ours")
+    formats = imports.add_subparsers(dest="format", required=True)
+    gpt2 = formats.add_parser(
+        "hf-gpt2", help="Hugging Face GPT-2 (GPT2LMHeadModel directory)",
+        description="Import a Hugging Face GPT-2 directory (config.json, model.safetensors "
+                    "or pytorch_model.bin, tokenizer.json or vocab.json + merges.txt) as a "
+                    "decoder-only checkpoint; options the model cannot reproduce are "
+                    "refused by name. OUT must not exist or be empty, unless --force.")
+    gpt2.add_argument("hf_dir", metavar="DIR", type=Path, help="Hugging Face model directory")
+    gpt2.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+    gpt2.add_argument("--force", action="store_true",
+                      help="replace OUT if it is an existing checkpoint (anything else there "
+                           "is never replaced)")
+    gpt2.set_defaults(handler=import_hf_gpt2)
+
+
+def import_hf_gpt2(args: argparse.Namespace) -> int:
+    """Import a Hugging Face GPT-2 checkpoint."""
+    from transduce import checkpoint
+    from transduce.importers import import_gpt2
+    from transduce.model import load_model
+
+    _check_out(args.out, args.force, checkpoint.CONFIG)
+    out = import_gpt2(args.hf_dir, args.out)
+    config = load_model(out).config
+    print(f"wrote {out} (decoder-only: {config.num_decoder_layers} layers, d_model "
+          f"{config.d_model}, {config.num_heads} heads, vocabulary {config.tgt_vocab_size})")
+    return 0
+
+
+def _check_out(out: Path, force: bool, config_name: str) -> None:
+    """An import writes a new directory: one already holding something is replaced only
+    with --force, and only if it is a checkpoint (never, say, a home directory)."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+    if not force:
+        raise ConfigError(f"--out {out}: exists and is not empty; pass --force to replace "
+                          f"the checkpoint there")
+    if not (out / config_name).is_file():
+        raise ConfigError(f"--out {out}: --force replaces only a checkpoint, and {out} has "
+                          f"no {config_name}")

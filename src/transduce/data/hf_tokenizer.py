@@ -1,0 +1,180 @@
+"""Tokenizers of imported checkpoints, through the Hugging Face `tokenizers` library.
+
+Models trained here use SentencePiece (tokenizer.py); a model imported from Hugging
+Face must see exactly the ids it was trained on, so its own tokenizer is used as it is:
+a `tokenizer.json` (any model the library describes: byte-level BPE for GPT-2,
+WordPiece for BERT), or GPT-2's older pair `vocab.json` + `merges.txt`, assembled here
+into the byte-level BPE that `transformers.GPT2TokenizerFast` builds from them.
+
+A tokenizer.json does not say which of its tokens begin or end a text or pad a batch
+(Hugging Face keeps that in tokenizer_config.json and the model's config.json), so the
+special ids are given to the constructors, and a checkpoint records them beside the
+file (checkpoint.py). They may coincide: GPT-2 uses `<|endoftext|>` for all three.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Sequence
+
+from transduce import atomic
+from transduce.data.tokenizer import TokenizerError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as Backend
+
+TOKENIZER_JSON = "tokenizer.json"
+SPECIALS = ("bos_id", "eos_id", "pad_id")
+
+Special = int | str   # an id, or a token resolved to its id by the vocabulary
+
+
+def _tokenizers() -> ModuleType:
+    """The `tokenizers` library, imported when first needed: only imported checkpoints
+    use it, so the rest of the package (checkpoint.py included) works without it."""
+    try:
+        return importlib.import_module("tokenizers")
+    except ImportError:
+        raise TokenizerError("a Hugging Face tokenizer needs the `tokenizers` package "
+                             "(pip install tokenizers)") from None
+
+
+class HFTokenizer:
+    """Text <-> ids with a `tokenizers.Tokenizer`; implements TextTokenizer.
+
+    path: the file it was read from (tokenizer.json, or vocab.json of a BPE pair);
+    save() writes it as one tokenizer.json whichever it was.
+    """
+
+    # Prompts are read as Hugging Face reads them for these models: GPT-2 adds no bos
+    # (its add_bos_token is false), and generation must see the same ids to match it.
+    prepend_bos = False
+
+    def __init__(self, backend: "Backend", path: Path, *, bos: Special, eos: Special,
+                 pad: Special | None = None):
+        self.backend, self.path = backend, Path(path)
+        # Batches are padded and truncated by the caller; a tokenizer.json saved with
+        # either enabled would otherwise change what encode() returns.
+        backend.no_padding()
+        backend.no_truncation()
+        self._bos_id = self._resolve(bos, "bos")
+        self._eos_id = self._resolve(eos, "eos")
+        self._pad_id = self._eos_id if pad is None else self._resolve(pad, "pad")
+        specials = json.dumps(self.specials, sort_keys=True)
+        self.fingerprint = hashlib.sha256(
+            (backend.to_str() + specials).encode("utf-8")).hexdigest()[:16]
+
+    @classmethod
+    def from_file(cls, path: Path | str, *, bos: Special, eos: Special,
+                  pad: Special | None = None) -> HFTokenizer:
+        """A tokenizer.json; pad None means eos (GPT-2 has no pad token of its own)."""
+        path = Path(path)
+        if not path.is_file():
+            raise TokenizerError(f"{path}: no such tokenizer file")
+        library = _tokenizers()
+        try:
+            backend = library.Tokenizer.from_file(str(path))
+        except Exception as error:  # noqa: BLE001 - the Rust side raises plain Exception
+            raise TokenizerError(f"{path}: not a readable tokenizer.json ({error})") from None
+        return cls(backend, path, bos=bos, eos=eos, pad=pad)
+
+    @classmethod
+    def from_byte_level_bpe(cls, vocab_path: Path | str, merges_path: Path | str, *,
+                            bos: str, eos: str, pad: str | None = None,
+                            add_prefix_space: bool = False) -> HFTokenizer:
+        """GPT-2's vocab.json + merges.txt: byte-level pre-tokenization (the GPT-2 split
+        pattern, every byte mapped to a printable character), BPE without word affixes,
+        the byte-level decoder; the special tokens, which must be in the vocabulary, are
+        matched whole in the input, as transformers.GPT2TokenizerFast does."""
+        vocab_path, merges_path = Path(vocab_path), Path(merges_path)
+        for file in (vocab_path, merges_path):
+            if not file.is_file():
+                raise TokenizerError(f"{file}: no such file")
+        library = _tokenizers()
+        try:
+            bpe = library.models.BPE.from_file(str(vocab_path), str(merges_path),
+                                               dropout=None, continuing_subword_prefix="",
+                                               end_of_word_suffix="", fuse_unk=False)
+        except Exception as error:  # noqa: BLE001 - the Rust side raises plain Exception
+            raise TokenizerError(f"{vocab_path} + {merges_path.name}: not a readable BPE "
+                                 f"vocabulary ({error})") from None
+        backend = library.Tokenizer(bpe)
+        backend.pre_tokenizer = library.pre_tokenizers.ByteLevel(
+            add_prefix_space=add_prefix_space)
+        backend.decoder = library.decoders.ByteLevel()
+        backend.post_processor = library.processors.ByteLevel(trim_offsets=False)
+        tokens = dict.fromkeys(t for t in (bos, eos, pad) if t is not None)   # once each
+        for token in tokens:
+            if backend.token_to_id(token) is None:
+                raise TokenizerError(f"{vocab_path}: special token {token!r} is not in the "
+                                     f"vocabulary")
+        backend.add_special_tokens([library.AddedToken(t, special=True, normalized=False)
+                                    for t in tokens])
+        return cls(backend, vocab_path, bos=bos, eos=eos, pad=pad)
+
+    def _resolve(self, special: Special, role: str) -> int:
+        if isinstance(special, str):
+            token_id = self.backend.token_to_id(special)
+            if token_id is None:
+                raise TokenizerError(f"{self.path}: {role} token {special!r} is not in the "
+                                     f"vocabulary")
+            return token_id
+        if isinstance(special, bool) or not isinstance(special, int) \
+                or not 0 <= special < self.vocab_size:
+            raise TokenizerError(f"{self.path}: {role}_id={special!r} is not an id of the "
+                                 f"vocabulary (0 to {self.vocab_size - 1})")
+        return special
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def bos_id(self) -> int:
+        return self._bos_id
+
+    @property
+    def eos_id(self) -> int:
+        return self._eos_id
+
+    @property
+    def pad_id(self) -> int:
+        return self._pad_id
+
+    @property
+    def specials(self) -> dict[str, int]:
+        """{"bos_id", "eos_id", "pad_id"}: what a checkpoint records beside the file."""
+        return {"bos_id": self._bos_id, "eos_id": self._eos_id, "pad_id": self._pad_id}
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Texts -> ids, without specials (no post-processor template: no [CLS]/[SEP])."""
+        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids -> text: stops at the first eos; pad and bos are skipped.
+
+        Where eos is also bos or pad (GPT-2: one token for all three), its occurrences
+        before the first other token are taken as bos or left padding, and the first
+        one after a real token ends the text."""
+        kept: list[int] = []
+        for token in map(int, ids):
+            if token == self._eos_id and (kept or token not in (self._bos_id, self._pad_id)):
+                break
+            if token not in (self._bos_id, self._pad_id):
+                kept.append(token)
+        return self.backend.decode(kept, skip_special_tokens=False)
+
+    def piece(self, token_id: int) -> str:
+        """The vocabulary's string for one id, for display."""
+        return self.backend.id_to_token(int(token_id)) or f"<{int(token_id)}>"
+
+    def save(self, path: Path | str) -> Path:
+        """Write the tokenizer as one tokenizer.json, atomically (special ids are not in
+        it: the caller records them)."""
+        with atomic.atomic_file(path) as temporary:
+            self.backend.save(str(temporary))
+        return Path(path)

@@ -1,0 +1,279 @@
+"""Prompts in, continuations out: a decoder-only model generating with its KV cache.
+
+    generator = transduce.decode.generate.Generator.load("runs/gpt")
+    generator.generate(["In the beginning"], max_new_tokens=40)          # -> [str]
+    for text in generator.stream("In the beginning", temperature=0.8, seed=1):
+        print(text, end="", flush=True)                                   # whole words
+
+N prompts in give N continuations out, in order. Prompts are sorted by length and
+generated in left-padded batches (model/decoder_only.py): each row's positions and mask
+make it generate what it would alone. A prompt is cached in one pass (prefill); each
+step then feeds one token per row, and rows that finish leave the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from transduce import checkpoint
+from transduce.config import ConfigError, choices
+from transduce.data.tokenizer import TextTokenizer
+from transduce.decode.options import Dtype, GenerateOptions, KvDtype
+from transduce.decode.sampling import Sampler, penalize_repetition
+from transduce.decode.search import beam_search
+from transduce.errors import TransduceError
+from transduce.model import DecoderOnly, load_model
+from transduce.model.packed import decoding_copy
+
+
+class PromptError(TransduceError, ValueError):
+    """A prompt the model cannot continue (empty, or longer than its context); names it."""
+
+
+# Prompt tokens decoded before a continuation, so that it keeps the space or the joined
+# bytes that its first piece means after them (SentencePiece drops a leading space).
+CONTEXT_TOKENS = 4
+
+
+@dataclass
+class Continuation:
+    """One row's generated text as it grows: the tokens, the text they decode to after
+    the prompt's last tokens (cut at a stop string), and how much of it has been
+    streamed. The text is decoded again only when it is read, or at every step when a
+    stop string has to be looked for. prompt + text is what the whole sequence reads."""
+
+    tokenizer: TextTokenizer
+    stops: tuple[str, ...]
+    context: list[int] = field(default_factory=list)   # the prompt's last tokens
+    tokens: list[int] = field(default_factory=list)
+    finished: bool = False
+    streamed: int = 0
+    _text: str = ""
+    _decoded: int = 0     # tokens behind _text
+
+    def add(self, token: int) -> None:
+        """Take one generated token; eos or a stop string finishes the row."""
+        if token == self.tokenizer.eos_id:
+            self.finished = True
+            return
+        self.tokens.append(token)
+        if self.stops:
+            self._decode()
+
+    def set_tokens(self, tokens: list[int]) -> None:
+        """A whole continuation at once (beam search)."""
+        self.tokens, self.finished = list(tokens), True
+
+    @property
+    def text(self) -> str:
+        if self._decoded != len(self.tokens):
+            self._decode()
+        return self._text
+
+    def _decode(self) -> None:
+        text = self.tokenizer.decode(self.tokens)
+        if self.context:
+            before = self.tokenizer.decode(self.context)
+            joined = self.tokenizer.decode(self.context + self.tokens)
+            if joined.startswith(before):
+                text = joined[len(before):]
+        found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
+        if found:
+            text, self.finished = text[:min(found)], True
+        self._text, self._decoded = text, len(self.tokens)
+
+    def take(self) -> str:
+        """The text that is final now and not yet streamed: whole words (up to the last
+        whitespace), never a partial UTF-8 character and never what could still turn
+        out to be the start of a stop string. Once finished, all of the rest."""
+        text = self.text
+        end = len(text) if self.finished else self._stable_end(text)
+        new = text[self.streamed:end] if end > self.streamed else ""
+        self.streamed = max(self.streamed, end)
+        return new
+
+    def _stable_end(self, text: str) -> int:
+        text = text.rstrip("\ufffd")             # bytes of a character still arriving
+        words_end = max(text.rfind(space) for space in (" ", "\n", "\t")) + 1
+        held = max((k for stop in self.stops for k in range(1, len(stop))
+                    if text.endswith(stop[:k])), default=0)
+        return min(words_end, len(text) - held)
+
+
+class Generator:
+    """A decoder-only model with its tokenizer, ready to generate."""
+
+    def __init__(self, model: DecoderOnly, tokenizer: TextTokenizer,
+                 device: torch.device | str = "cpu", dtype: Dtype = "float32",
+                 kv_dtype: KvDtype | None = None):
+        """The model is copied for decoding in `dtype` ("bfloat16": a bfloat16 copy; the
+        model passed in is left as it is); kv_dtype is the caches' type (default: the
+        model's), "int8" quantized per token and head."""
+        if not isinstance(model, DecoderOnly):
+            raise ConfigError(f"generation needs a decoder-only model (arch 'decoder'); this "
+                              f"one is arch={model.config.arch!r}: use translate")
+        if dtype not in choices(Dtype):
+            raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(choices(Dtype))}")
+        if kv_dtype is not None and kv_dtype not in choices(KvDtype):
+            raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "
+                              f"{', '.join(choices(KvDtype))}")
+        if kv_dtype == "int8" and model.config.attention_type != "softmax":
+            raise ConfigError("kv_dtype='int8' quantizes softmax attention's KV cache; this "
+                              f"model's attention_type is {model.config.attention_type!r}")
+        # The copy's Linear weights are packed for oneDNN (model/packed.py): a decode step
+        # streams every weight of the model for a few rows, 1.5-2x faster so on CPUs.
+        self.model = decoding_copy(model, getattr(torch, dtype), device)
+        self.tokenizer, self.device = tokenizer, torch.device(device)
+        self.cache_dtype = getattr(torch, kv_dtype) if kv_dtype else None
+
+    @classmethod
+    def load(cls, path: Path | str, device: torch.device | str = "cpu",
+             dtype: Dtype = "float32", kv_dtype: KvDtype | None = None) -> "Generator":
+        """A checkpoint directory, or a run directory (its latest checkpoint)."""
+        directory = checkpoint.resolve(Path(path))
+        return cls(load_model(directory, device), checkpoint.load_tokenizer(directory), device,
+                   dtype, kv_dtype)
+
+    @property
+    def context(self) -> int:
+        """Positions the model reads: prompt and continuation together."""
+        return self.model.config.max_positions
+
+    def generate(self, prompts: Sequence[str], options: GenerateOptions | None = None, *,
+                 first_number: int = 1, **settings) -> list[str]:
+        """The continuation of each prompt. options, or its fields as keyword arguments
+        (max_new_tokens, temperature, top_k, top_p, seed, repetition_penalty, stop, beam,
+        alpha, batch_sentences). Errors count prompts from first_number."""
+        options = options or GenerateOptions(**settings)
+        ids = self.encode(prompts, first_number)
+        results = [""] * len(prompts)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        for first in range(0, len(order), options.batch_sentences):
+            batch = order[first:first + options.batch_sentences]
+            for index, row in zip(batch, self._generate_batch([ids[i] for i in batch], options)):
+                results[index] = row.text
+        return results
+
+    def stream(self, prompt: str, options: GenerateOptions | None = None, *, number: int = 1,
+               **settings) -> Iterator[str]:
+        """The continuation of one prompt as it is generated, in pieces of whole words;
+        the pieces joined are generate([prompt])[0]. Errors call it prompt `number`."""
+        options = options or GenerateOptions(**settings)
+        if options.beam > 1:
+            raise ConfigError("streaming shows greedy or sampled tokens as they come; beam "
+                              "search knows its best continuation only at the end")
+        prompt_ids, mask, max_new, rows = self._prepare(self.encode([prompt], number), options)
+        for _ in self._steps(prompt_ids, mask, rows, max_new, options, self._sampler(options)):
+            text = rows[0].take()
+            if text:
+                yield text
+
+    def encode(self, prompts: Sequence[str], first_number: int = 1) -> list[list[int]]:
+        """Each prompt's ids (bos first where the model was trained so); an empty prompt
+        or one that fills the context is a PromptError naming it."""
+        prefix = [self.tokenizer.bos_id] if self.tokenizer.prepend_bos else []
+        encoded = []
+        for number, (prompt, ids) in enumerate(zip(prompts, self.tokenizer.encode(list(prompts))),
+                                               start=first_number):
+            if not prompt:
+                raise PromptError(f"prompt {number} is empty: give at least one character "
+                                  f"to continue")
+            ids = prefix + ids
+            if len(ids) >= self.context:
+                raise PromptError(f"prompt {number}: {len(ids)} tokens, but the model reads "
+                                  f"{self.context} positions in all (prompt and continuation)")
+            encoded.append(ids)
+        return encoded
+
+    def _sampler(self, options: GenerateOptions) -> Sampler | None:
+        """A batch's sampler (None: greedy); its rows draw from generators of their own."""
+        return None if options.greedy else Sampler(options.temperature, options.top_k,
+                                                   options.top_p, options.seed, self.device)
+
+    def _prepare(self, ids: list[list[int]], options: GenerateOptions
+                 ) -> tuple[Tensor, Tensor, int, list[Continuation]]:
+        """Left-padded prompt (B, P), its mask (B, 1, 1, P), the new tokens the context
+        leaves room for, and an empty Continuation per row."""
+        prompt, mask = left_pad(ids, self.model.config.pad_id, self.device)
+        max_new = min(options.max_new_tokens, self.context - prompt.shape[1])
+        return prompt, mask, max_new, [Continuation(self.tokenizer, options.stop,
+                                                    self._context(row)) for row in ids]
+
+    def _context(self, ids: list[int]) -> list[int]:
+        """The prompt's last tokens after its last special one (which ends decoding)."""
+        t = self.tokenizer
+        specials = {t.bos_id, t.eos_id, t.pad_id}
+        last = max((i for i, token in enumerate(ids) if token in specials), default=-1)
+        return ids[max(last + 1, len(ids) - CONTEXT_TOKENS):]
+
+    def _generate_batch(self, ids: list[list[int]], options: GenerateOptions
+                        ) -> list[Continuation]:
+        prompt, mask, max_new, rows = self._prepare(ids, options)
+        if options.beam == 1:
+            for _ in self._steps(prompt, mask, rows, max_new, options, self._sampler(options)):
+                pass
+            return rows
+        with torch.inference_mode():
+            found = beam_search(self.model, prompt, bos_id=prompt[:, -1],
+                                eos_id=self.tokenizer.eos_id, beam=options.beam,
+                                alpha=options.alpha, max_len=max_new,
+                                cache_dtype=self.cache_dtype, src_mask=mask)
+        for row, hypotheses in zip(rows, found):
+            row.set_tokens(hypotheses[0].tokens)
+        return rows
+
+    def _steps(self, prompt: Tensor, mask: Tensor, rows: list[Continuation], max_new: int,
+               options: GenerateOptions, sampler: Sampler | None) -> Iterator[list[Continuation]]:
+        """Greedy search or sampling, one token per running row per step; yields the
+        rows after every step. prompt (B, P) left-padded, mask (B, 1, 1, P)."""
+        with torch.inference_mode():
+            state = self.model.prefill(prompt, max_new, src_mask=mask,
+                                       cache_dtype=self.cache_dtype)
+            running = torch.arange(len(rows), device=self.device)        # (A,) row of each
+            token = prompt[:, -1:]                                        # (A, 1)
+            seen = None
+            if options.repetition_penalty != 1.0:
+                seen = torch.zeros(len(rows), self.model.config.tgt_vocab_size,
+                                   dtype=torch.bool, device=self.device)
+                seen.scatter_(1, prompt, mask.reshape(prompt.shape))     # (A, V)
+            for step in range(max_new):
+                logits = self.model.decode_step(token, state)[:, -1].float()   # (A, V)
+                if seen is not None:
+                    logits = penalize_repetition(logits, seen, options.repetition_penalty)
+                chosen = logits.argmax(dim=-1) if sampler is None \
+                    else sampler(logits, running.tolist())
+                for row, value in zip(running.tolist(), chosen.tolist()):
+                    rows[row].add(value)
+                if step == max_new - 1:
+                    for row in running.tolist():
+                        rows[row].finished = True
+                yield rows
+                keep = [i for i, row in enumerate(running.tolist()) if not rows[row].finished]
+                if not keep:
+                    return
+                if len(keep) < len(running):
+                    kept = torch.tensor(keep, device=self.device)
+                    state.reorder(kept)
+                    running, chosen = running[kept], chosen[kept]
+                    seen = None if seen is None else seen[kept]
+                token = chosen[:, None]
+                if seen is not None:
+                    seen.scatter_(1, token, True)
+
+
+def left_pad(ids: list[list[int]], pad_id: int,
+             device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+    """Token id lists -> prompt (B, P) with each row's tokens last, and its mask
+    (B, 1, 1, P), True for real tokens."""
+    width = max(len(row) for row in ids)
+    prompt = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.bool)
+    for i, row in enumerate(ids):
+        prompt[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row):] = True
+    return prompt.to(device), mask[:, None, None, :].to(device)

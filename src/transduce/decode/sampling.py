@@ -1,0 +1,81 @@
+"""Choosing the next token from the logits: temperature, top-k, nucleus (top-p) and the
+repetition penalty. Shared by translation sampling and language-model generation.
+
+Shapes: logits (B, V) for the rows decoding now -> tokens (B,).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from transduce.config import ConfigError
+
+
+class Sampler:
+    """Draw each token from softmax(logits / temperature), restricted to the top_k most
+    likely tokens (0: all) and to the smallest set whose probability reaches top_p
+    (nucleus sampling, Holtzman et al. 2020). A seeded sampler repeats exactly.
+
+    Called with row ids, each row draws from its own generator seeded alike, so that a
+    prompt samples the same continuation whatever else shares its batch."""
+
+    def __init__(self, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int | None = None, device: torch.device | str = "cpu"):
+        check_sampling(temperature, top_k, top_p)
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.seed = seed if seed is not None else int(torch.randint(0, 2**62, (1,)))
+        self.device = device
+        self.generator = self._new_generator()
+        self.row_generators: dict[int, torch.Generator] = {}
+
+    def _new_generator(self) -> torch.Generator:
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(self.seed)
+        return generator
+
+    def __call__(self, logits: Tensor, rows: list[int] | None = None) -> Tensor:
+        """logits (B, V) -> tokens (B,); rows: the id of each row's own generator."""
+        logits = filter_logits(logits.float() / self.temperature, self.top_k, self.top_p)
+        probs = logits.softmax(dim=-1)
+        if rows is None:
+            return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+        drawn = [torch.multinomial(probs[i], 1, generator=self.row_generators.setdefault(
+            row, self._new_generator())) for i, row in enumerate(rows)]
+        return torch.cat(drawn)
+
+def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    """A ConfigError naming the option that is out of range."""
+    if not temperature > 0 or temperature == float("inf"):
+        raise ConfigError(f"temperature={temperature}: must be a positive number "
+                          f"(use greedy search for temperature 0)")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ConfigError(f"top_k={top_k!r}: must be an integer >= 0 (0: no limit)")
+    if not 0 < top_p <= 1:
+        raise ConfigError(f"top_p={top_p}: must be in (0, 1]")
+
+
+def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
+    """logits (B, V) with every token outside the top_k and outside the nucleus of
+    probability top_p set to -inf (the most likely token always stays)."""
+    if top_k > 0:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens before it already reach top_p.
+        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def penalize_repetition(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """The CTRL repetition penalty (Keskar et al. 2019): the logit of every token already
+    in the row (prompt or output) is divided by penalty when positive and multiplied by
+    it when negative. logits (B, V), seen (B, V) boolean -> (B, V)."""
+    if penalty == 1.0:
+        return logits
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)

@@ -1,0 +1,190 @@
+"""Generation from prompts: batched equals alone, streaming equals the whole text, stop
+strings and max_new_tokens are honoured exactly, bad prompts and options are refused."""
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from transduce import checkpoint
+from transduce.cli import main
+from transduce.config import ConfigError, preset
+from transduce.data.tokenizer import Tokenizer
+from transduce.decode.generate import Continuation, Generator, PromptError
+from transduce.decode.options import GenerateOptions
+from transduce.decode.sampling import Sampler, filter_logits, penalize_repetition
+from transduce.model import build_model
+
+PROMPTS = ["uno dos", "el perro grande come", "casa", "tres gato rojo rojo el casa perro"]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_corpus):
+    torch.manual_seed(0)
+    vocab = Tokenizer(tiny_corpus / "spm.model").vocab_size
+    return build_model(preset("gpt-tiny", src_vocab_size=vocab, tgt_vocab_size=vocab,
+                              max_positions=64)).eval()
+
+
+@pytest.fixture(scope="module")
+def generator(model, tiny_corpus):
+    return Generator(model, Tokenizer(tiny_corpus / "spm.model"))
+
+
+@pytest.fixture(scope="module")
+def saved_model(model, tiny_corpus, tmp_path_factory):
+    path = tmp_path_factory.mktemp("lm") / "model"
+    checkpoint.save(path, model, None, tiny_corpus / "spm.model")
+    return path
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.9, "seed": 4, "batch_sentences": 1},
+                                      {"kv_dtype": "int8"}, {"repetition_penalty": 1.5}])
+def test_batched_prompts_equal_prompts_alone(model, generator, settings):
+    settings = dict(settings)
+    kv_dtype = settings.pop("kv_dtype", None)
+    if kv_dtype:
+        generator = Generator(model, generator.tokenizer, kv_dtype=kv_dtype)
+    together = generator.generate(PROMPTS, max_new_tokens=12, **settings)
+    alone = [generator.generate([p], max_new_tokens=12, **settings)[0] for p in PROMPTS]
+    assert together == alone
+    assert len(together) == len(PROMPTS) and any(together)
+
+
+def test_seeded_sampling_repeats_and_differs_across_seeds(generator):
+    first = generator.generate(PROMPTS, max_new_tokens=10, temperature=1.0, seed=1)
+    assert generator.generate(PROMPTS, max_new_tokens=10, temperature=1.0, seed=1) == first
+    assert generator.generate(PROMPTS, max_new_tokens=10, temperature=1.0, seed=2) != first
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.8, "seed": 3}, {"stop": ("e",)}])
+def test_stream_joined_equals_generate(generator, settings):
+    for prompt in PROMPTS:
+        pieces = list(generator.stream(prompt, max_new_tokens=15, **settings))
+        assert "".join(pieces) == generator.generate([prompt], max_new_tokens=15, **settings)[0]
+        assert all(pieces)
+
+
+def test_max_new_tokens_is_exact(generator):
+    options = GenerateOptions(max_new_tokens=7)
+    prompt, mask, max_new, rows = generator._prepare(generator.encode(PROMPTS), options)
+    for _ in generator._steps(prompt, mask, rows, max_new, options, None):
+        pass
+    for row in rows:   # 7 tokens, or fewer only when one of them was eos
+        assert len(row.tokens) == 7 or len(row.tokens) < 7 and row.finished
+
+
+def test_stop_strings_cut_the_text_where_they_first_appear(generator):
+    free = generator.generate(PROMPTS, max_new_tokens=20)
+    stop = next(text for text in free if len(text) > 6)[3:5]
+    cut = generator.generate(PROMPTS, max_new_tokens=20, stop=(stop, "zzz"))
+    for whole, text in zip(free, cut):
+        assert text == whole.split(stop)[0]
+        assert stop not in text
+
+
+def test_beam_search_generation(generator):
+    texts = generator.generate(PROMPTS, max_new_tokens=8, beam=3)
+    alone = [generator.generate([p], max_new_tokens=8, beam=3)[0] for p in PROMPTS]
+    assert texts == alone
+    with pytest.raises(ConfigError, match="streaming"):
+        list(generator.stream(PROMPTS[0], beam=3))
+
+
+def test_continuation_streams_whole_words_and_holds_back_stop_prefixes():
+    class Bytes:   # each token is one UTF-8 byte
+        eos_id = 0
+
+        def decode(self, ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    row = Continuation(Bytes(), ("END",))
+    taken = []
+    for byte in "héllo wörld E".encode():
+        row.add(byte)
+        taken.append(row.take())
+    assert "".join(taken) == "héllo wörld "    # "E" may still grow into a word, or "END"
+    assert all("\ufffd" not in piece for piece in taken)
+    assert taken.index("héllo ") == len("héllo ".encode()) - 1
+    row.add(ord("N"))
+    assert row.take() == ""                     # "EN" could still end in "END"
+    row.add(ord("X"))
+    assert row.take() == ""                     # a word still growing
+    row.add(ord(" "))
+    assert row.take() == "ENX "
+    for byte in b"ab END cd":
+        row.add(byte)
+    assert row.finished and row.text == "héllo wörld ENX ab "
+    assert row.take() == "ab "
+
+
+def test_empty_and_too_long_prompts_are_refused_by_number(generator):
+    with pytest.raises(PromptError, match="prompt 2 is empty"):
+        generator.generate(["uno", ""])
+    with pytest.raises(PromptError, match="prompt 1: .* tokens, but the model reads 64"):
+        generator.generate(["uno " * 80])
+
+
+@pytest.mark.parametrize("settings,option", [
+    ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"temperature": -1.0}, "temperature"),
+    ({"top_k": -2}, "top_k"), ({"repetition_penalty": 0.0}, "repetition_penalty"),
+    ({"max_new_tokens": 0}, "max_new_tokens"), ({"stop": ("",)}, "stop"),
+    ({"beam": 2, "temperature": 0.5}, "beam")])
+def test_out_of_range_options_are_refused_naming_them(generator, settings, option):
+    with pytest.raises(ConfigError, match=option):
+        generator.generate(PROMPTS, **settings)
+
+
+def test_a_translation_model_is_refused(tiny_corpus):
+    config = preset("tiny", src_vocab_size=300, tgt_vocab_size=300)
+    with pytest.raises(ConfigError, match="decoder-only"):
+        Generator(build_model(config), Tokenizer(tiny_corpus / "spm.model"))
+
+
+def test_filtering_and_penalty():
+    logits = torch.tensor([[3.0, 2.0, 1.0, -1.0]])
+    assert torch.isinf(filter_logits(logits, 2, 1.0)[0, 2:]).all()
+    probs = logits.softmax(-1)[0]
+    kept = filter_logits(logits, 0, float(probs[0] + 0.01))
+    assert torch.isfinite(kept[0, :2]).all() and torch.isinf(kept[0, 2:]).all()
+    seen = torch.tensor([[True, False, False, True]])
+    assert penalize_repetition(logits, seen, 2.0).tolist() == [[1.5, 2.0, 1.0, -2.0]]
+    with pytest.raises(ConfigError, match="top_p"):
+        Sampler(top_p=0.0)
+
+
+def test_cli_generates_one_line_per_prompt(saved_model, capsys):
+    assert main(["generate", "--model", str(saved_model), "--prompt", "uno dos",
+                 "--prompt", "casa", "--max-new-tokens", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert main(["generate", "--model", str(saved_model), "--prompt", "casa", "--stream",
+                 "--max-new-tokens", "5"]) == 0
+    assert capsys.readouterr().out.splitlines() == lines[1:]
+
+
+def _run_cli(args, stdin: bytes):
+    return subprocess.run([sys.executable, "-m", "transduce", *args], input=stdin,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": "src"})
+
+
+def test_cli_refuses_bad_stdin_and_bad_options(saved_model):
+    result = _run_cli(["generate", "--model", str(saved_model)], b"uno\n\xff\xfe\n")
+    assert result.returncode == 1 and b"<stdin>:2: invalid UTF-8" in result.stderr
+    result = _run_cli(["generate", "--model", str(saved_model)], b"uno\n\ncasa\n")
+    assert result.returncode == 1 and b"prompt 2 is empty" in result.stderr
+    result = _run_cli(["generate", "--model", str(saved_model), "--top-p", "0"], b"uno\n")
+    assert result.returncode == 2 and b"--top-p" in result.stderr
+    assert b"Traceback" not in result.stderr
+
+
+def test_the_packed_copy_generates_what_the_model_does(model, generator):
+    """The Generator decodes with a copy whose Linear weights are packed for oneDNN; its
+    logits are the model's to float32 rounding."""
+    assert generator.model is not model
+    tokens = torch.randint(4, model.config.tgt_vocab_size, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(generator.model(tokens), model(tokens), rtol=0, atol=1e-5)
