@@ -77,10 +77,12 @@ def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
     tokenizer_path: a SentencePiece model file (stored as spm.model, whatever its name),
     a tokenizer.json inside a checkpoint (its special ids are taken from there), or a
     tokenizer object (an HFTokenizer is written as tokenizer.json with its special ids).
-    origin: how a derived checkpoint was made, with "steps" (the training steps behind it)."""
+    origin: how a derived checkpoint was made, with "steps" (the training steps behind it).
+    A classifier's label names (model.labels) are written with its configuration."""
     write_tokenizer, section = _tokenizer_writer(tokenizer_path)
     with atomic.atomic_directory(path) as temporary:
-        _write_config(temporary, model.config, train_config, origin, section)
+        _write_config(temporary, model.config, train_config, origin, section,
+                      getattr(model, "labels", None))
         save_model(model, str(temporary / WEIGHTS))
         write_tokenizer(temporary)
         if trainer_state is not None:
@@ -112,12 +114,13 @@ def _tokenizer_section(tokenizer: HFTokenizer) -> dict[str, Any]:
 
 
 def _write_config(directory: Path, model_config: ModelConfig, train_config: TrainConfig | None,
-                  origin: dict[str, Any] | None,
-                  tokenizer: dict[str, Any] | None = None) -> None:
+                  origin: dict[str, Any] | None, tokenizer: dict[str, Any] | None = None,
+                  labels: list[str] | None = None) -> None:
     values = {"model": model_config.to_dict(),
               "train": None if train_config is None else train_config.to_dict(),
               **({"origin": origin} if origin else {}),
-              **({"tokenizer": tokenizer} if tokenizer else {})}
+              **({"tokenizer": tokenizer} if tokenizer else {}),
+              **({"labels": list(labels)} if labels else {})}
     (directory / CONFIG).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
 
 
@@ -154,6 +157,16 @@ def _read_config_json(path: Path) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise CheckpointError(f"{config_file}: expected a JSON object")
     return values
+
+
+def read_labels(path: Path) -> list[str] | None:
+    """A classifier checkpoint's label names, in the order of its output classes (None:
+    not a classifier)."""
+    labels = _read_config_json(path).get("labels")
+    if labels is not None and (not isinstance(labels, list)
+                               or not all(isinstance(label, str) for label in labels)):
+        raise CheckpointError(f"{Path(path) / CONFIG}: \"labels\" must be a list of strings")
+    return labels
 
 
 def load_tokenizer(path: Path) -> TextTokenizer:
@@ -250,7 +263,8 @@ def average(checkpoints: list[Path], out: Path) -> Path:
     section = _read_config_json(last).get("tokenizer")
     tokenizer_file = TOKENIZER_JSON if section is not None else TOKENIZER
     with atomic.atomic_directory(out) as temporary:
-        _write_config(temporary, model_config, train_config, origin, section)
+        _write_config(temporary, model_config, train_config, origin, section,
+                      read_labels(last))
         save_file(mean, str(temporary / WEIGHTS), metadata=metadata)
         shutil.copyfile(last / tokenizer_file, temporary / tokenizer_file)
     return out

@@ -20,7 +20,7 @@ Activation = Literal["relu", "gelu", "gelu-tanh"]
 Tying = Literal["all", "decoder", "none"]
 AttentionImpl = Literal["naive", "sdpa", "flash"]
 AttentionType = Literal["softmax", "linear", "sliding"]
-Architecture = Literal["transformer", "decoder", "rnn-bahdanau", "rnn-luong"]
+Architecture = Literal["transformer", "decoder", "encoder", "rnn-bahdanau", "rnn-luong"]
 RnnCell = Literal["gru", "lstm"]
 
 
@@ -73,14 +73,20 @@ class ModelConfig(ValidatedConfig):
     (before it, in the decoder). Cross-attention is always softmax attention.
     arch: "transformer" (the encoder-decoder), "decoder" (decoder-only, GPT: the
     decoder's layers without cross-attention, num_decoder_layers of them, over
-    tgt_vocab_size, which must equal src_vocab_size), or an RNN encoder-decoder with
+    tgt_vocab_size, which must equal src_vocab_size), "encoder" (encoder-only, BERT:
+    num_encoder_layers encoder layers over src_vocab_size, with segment embeddings,
+    an embedding LayerNorm, the pooler and the pre-training heads), or an RNN
+    encoder-decoder with
     Bahdanau (additive) or Luong (general) attention; the RNNs use d_model, the layer
     counts, dropout, rnn_cell and the embedding fields, and ignore the attention and
     position fields.
     activation: the FFN's; "gelu" is exact (erf) GELU, "gelu-tanh" its tanh
     approximation (GPT-2's).
-    scale_embeddings: multiply token embeddings by sqrt(d_model) (the paper); GPT-2 does
-    not.
+    scale_embeddings: multiply token embeddings by sqrt(d_model) (the paper); GPT-2 and
+    BERT do not.
+    type_vocab_size: arch "encoder": segment (token type) embeddings, 2 for BERT's
+    sentence A / sentence B.
+    num_labels: arch "encoder": the sequence-classification head's classes (0: none).
     """
 
     src_vocab_size: int = 37000
@@ -108,12 +114,15 @@ class ModelConfig(ValidatedConfig):
     arch: Architecture = "transformer"
     rnn_cell: RnnCell = "gru"
     scale_embeddings: bool = True
+    type_vocab_size: int = 2
+    num_labels: int = 0
 
     def __post_init__(self) -> None:
         self._check_floats_finite()
         check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
                         "num_encoder_layers", "num_decoder_layers", "max_positions",
-                        "attention_window")
+                        "attention_window", "type_vocab_size")
+        check_at_least(self, 0, "num_labels")
         check_choice(self, "activation")
         check_choice(self, "attention_type")
         check_choice(self, "arch")
@@ -208,6 +217,11 @@ _GPT: dict[str, Any] = {"arch": "decoder", "norm_first": True, "positional": "le
                         "activation": "gelu-tanh", "scale_embeddings": False,
                         "max_positions": 1024, "num_encoder_layers": 1}
 
+_BERT: dict[str, Any] = {"arch": "encoder", "norm_first": False, "positional": "learned",
+                         "activation": "gelu", "scale_embeddings": False,
+                         "max_positions": 512, "num_decoder_layers": 1,
+                         "attention_dropout": 0.1, "layer_norm_eps": 1e-12}
+
 # The paper's two models (Table 3), and two sized for a 2-core CPU. small is pre-norm:
 # at a CPU budget of minutes it learns several times faster than post-norm
 # (docs/experiments.md); base and big keep the paper's post-norm layout.
@@ -227,6 +241,16 @@ PRESETS: dict[str, ModelConfig] = {
                                d_model=1024, num_heads=16, d_ff=4096, num_decoder_layers=24),
     "gpt-small": ModelConfig(**{**_GPT, "max_positions": 512}, d_model=256, num_heads=4,
                              d_ff=1024, num_decoder_layers=4),
+    # Encoder-only (BERT, Devlin et al. 2019): post-norm layers with exact GELU, learned
+    # positions, segment embeddings and an embedding LayerNorm, no embedding scale; 110M
+    # parameters at BERT's 30,522 WordPiece pieces.
+    "bert-base": ModelConfig(**_BERT, src_vocab_size=30522, tgt_vocab_size=30522,
+                             d_model=768, num_heads=12, d_ff=3072, num_encoder_layers=12),
+    "bert-small": ModelConfig(**{**_BERT, "max_positions": 256}, d_model=256, num_heads=4,
+                              d_ff=1024, num_encoder_layers=4),
+    "bert-tiny": ModelConfig(**{**_BERT, "max_positions": 128, "dropout": 0.0,
+                                "attention_dropout": 0.0}, d_model=64, num_heads=4,
+                             d_ff=128, num_encoder_layers=2),
     "gpt-tiny": ModelConfig(**{**_GPT, "max_positions": 256, "dropout": 0.0}, d_model=64,
                             num_heads=4, d_ff=128, num_decoder_layers=2),
 }
@@ -242,6 +266,8 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
 Dtype = Literal["float32", "bfloat16"]
 TrainDtype = Literal["auto", Dtype]
 Schedule = Literal["noam", "budget"]
+Objective = Literal["mlm", "mlm,nsp"]
+Task = Literal["pretrain", "classify"]
 
 
 @dataclass(frozen=True)
@@ -259,6 +285,12 @@ class TrainConfig(ValidatedConfig):
     pack_length > 0 (language models, arch "decoder"): train on fixed blocks of that many
     tokens cut across line boundaries from the stream of all training lines (GPT),
     max_tokens // pack_length blocks per batch, instead of whole lines batched by length.
+    task and objective (arch "encoder", BERT; data/masking.py has the layouts): task
+    "pretrain" trains on a text corpus with objective "mlm" (masked LM: [CLS] line [SEP])
+    or "mlm,nsp" (masked LM + next sentence: [CLS] A [SEP] B [SEP], loss = mean MLM +
+    mean NSP); task "classify" fine-tunes (or trains) a sequence classifier on a
+    classification corpus ({split}.tsv), cross entropy on the pooled [CLS] state. The
+    encoder's losses are not label-smoothed.
     """
 
     max_steps: int = 0                 # 0: no step limit
@@ -289,6 +321,8 @@ class TrainConfig(ValidatedConfig):
     warmup_fraction: float = 0.05      # schedule "budget": warmup as a fraction of the budget
     ema_decay: float = 0.0             # 0: no moving average of the weights
     pack_length: int = 0               # >0: a language model trains on packed blocks of it
+    task: Task = "pretrain"            # arch encoder: "pretrain" (text) or "classify" (tsv)
+    objective: Objective = "mlm"       # arch encoder, task pretrain: "mlm" or "mlm,nsp"
 
     def __post_init__(self) -> None:
         self._check_floats_finite()
@@ -296,6 +330,8 @@ class TrainConfig(ValidatedConfig):
                         "log_every", "eval_every", "save_every", "keep_last", "nan_limit")
         check_choice(self, "dtype")
         check_choice(self, "schedule")
+        check_choice(self, "task")
+        check_choice(self, "objective")
         check_in_unit_interval(self, "warmup_fraction", "ema_decay")
         if self.schedule == "budget" and not (self.max_steps or self.max_minutes):
             raise ConfigError("TrainConfig.schedule='budget' decays to 0 at the end of the "
@@ -321,6 +357,11 @@ TRAIN_RECIPES: dict[str, dict[str, Any]] = {
     "gpt-small": {"max_tokens": 2048, "schedule": "budget", "warmup_fraction": 0.3,
                   "warmup_steps": 400, "lr_scale": 0.7, "ema_decay": 0.999,
                   "label_smoothing": 0.0},
+    # The same for the small encoder (masked LM; its losses are never smoothed), at a
+    # lower peak: post-norm BERT stalls at the unigram loss where pre-norm GPT trains.
+    "bert-small": {"max_tokens": 2048, "schedule": "budget", "warmup_fraction": 0.3,
+                   "warmup_steps": 400, "lr_scale": 0.5, "ema_decay": 0.999,
+                   "label_smoothing": 0.0},
 }
 
 

@@ -186,3 +186,55 @@ def test_real_text_corpus_keeps_the_translation_split(translation_corpus, tmp_pa
     for split in ("train", "dev", "test"):   # each line is its key's verse
         assert lines[split] == [by_name[name] for name in keys[split]]
     assert "Ecclesiastes 6:8" in keys["test"] and "Ecclesiastes 6:8" not in keys["train"]
+
+
+def test_the_genre_mapping_covers_the_66_books_in_canonical_sections():
+    genres = bible.BOOK_GENRES
+    assert set(genres) == set(bible.BOOKS) and len(genres) == 66
+    assert set(genres.values()) == set(bible.GENRES)
+    sections = {genre: [book for book in bible.BOOKS if genres[book] == genre]
+                for genre in bible.GENRES}
+    assert [(books[0], books[-1]) for books in sections.values()] == [
+        ("Genesis", "Deuteronomy"), ("Joshua", "Esther"), ("Job", "Song of Solomon"),
+        ("Isaiah", "Malachi"), ("Matthew", "Acts"), ("Romans", "Revelation of John")]
+    assert [len(books) for books in sections.values()] == [5, 12, 5, 17, 5, 22]
+
+
+def test_genre_corpus_files_from_a_text_corpus(tmp_path):
+    from transduce.data.labelled import class_names, read_labelled
+    keys = [("Genesis", 1, 1), ("Psalms", 23, 1), ("Acts", 2, 1), ("Jude", 1, 3)]
+    verses = {key: f"text of {bible.format_key(key)}" for key in keys}
+    corpus = bible.BibleText("engKJV2006eb", {"train": keys[:2], "dev": keys[2:3],
+                                              "test": keys[3:]}, verses, [], ("a", "b"))
+    bible.write_genre_corpus(corpus, tmp_path)
+    train = read_labelled(tmp_path / "train.tsv")
+    assert train.labels == ["law", "wisdom"] and train.texts[1] == "text of Psalms 23:1"
+    assert read_labelled(tmp_path / "test.tsv").labels == ["letters"]
+    assert class_names(tmp_path) == list(bible.GENRES)
+    assert (tmp_path / "dev.keys").read_text(encoding="utf-8") == "Acts 2:1\n"
+
+
+@pytest.mark.skipif(not HAVE_SWORD, reason="diatheke and the SWORD modules are not installed "
+                    "(apt-get install diatheke sword-text-sparv sword-text-kjv sword-text-web)")
+def test_real_genre_corpus_keeps_the_translation_split(translation_corpus, tmp_path,
+                                                        monkeypatch, capsys):
+    from collections import Counter
+
+    from transduce.cli import main
+    from transduce.data.corpus import corpus_kind
+    from transduce.data.labelled import read_labelled
+
+    monkeypatch.setattr(bible, "build_corpus", lambda *args, **kwargs: translation_corpus)
+    assert main(["data", "bible-genre", "--out", str(tmp_path)]) == 0
+    assert "verses: test 1000, dev 1000, train 29102" in capsys.readouterr().out
+    metadata = json.loads((tmp_path / "corpus.json").read_text(encoding="utf-8"))
+    assert metadata["kind"] == "classification" and corpus_kind(tmp_path) == "classification"
+    for split in ("test", "dev"):
+        keys = (tmp_path / f"{split}.keys").read_text(encoding="utf-8").splitlines()
+        assert set(keys) == {bible.format_key(k) for k in translation_corpus.splits[split]}
+    train = read_labelled(tmp_path / "train.tsv")
+    keys = (tmp_path / "train.keys").read_text(encoding="utf-8").splitlines()
+    assert len(keys) == len(train) == 29102
+    books = {bible.format_key(k): k[0] for k in translation_corpus.target}
+    assert train.labels == [bible.BOOK_GENRES[books[name]] for name in keys]
+    assert set(Counter(train.labels)) == set(bible.GENRES)

@@ -1,5 +1,6 @@
-"""`transduce data bible | bible-text | stats` and `transduce vocab`: corpora (parallel,
-and text for language models) and their vocabulary."""
+"""`transduce data bible | bible-text | bible-genre | stats` and `transduce vocab`:
+corpora (parallel, text for language models and masked LMs, labelled text for
+classifiers) and their vocabulary."""
 
 from __future__ import annotations
 
@@ -35,6 +36,17 @@ def register(commands) -> None:
                            f"{', '.join(f'{m} {code}' for m, code in LANGUAGES.items())})")
     text.set_defaults(handler=data_bible_text)
 
+    genre = data_commands.add_parser(
+        "bible-genre", help="label each verse of one Bible module with its section of the "
+                            "canon (law, history, wisdom, prophets, gospels, letters), in the "
+                            "translation corpus's fixed split, for sequence classification")
+    genre.add_argument("--out", type=Path, required=True, help="corpus directory to write")
+    genre.add_argument("--module", default=DEFAULT_TGT_MODULE,
+                       help=f"SWORD module ({', '.join(LANGUAGES)})")
+    genre.add_argument("--language", default=None,
+                       help="language code for corpus.json (default: the module's)")
+    genre.set_defaults(handler=data_bible_genre)
+
     stats = data_commands.add_parser("stats", help="lengths, filtering and batching of a split "
                                                    "(parallel or text corpus)")
     stats.add_argument("--data", type=Path, required=True)
@@ -68,10 +80,9 @@ def data_bible(args: argparse.Namespace) -> int:
     return 0
 
 
-def data_bible_text(args: argparse.Namespace) -> int:
-    """Extract one module's verses as train.txt, dev.txt and test.txt in the fixed split."""
+def _verses(args: argparse.Namespace):
+    """--module's verses in the fixed split, reported, and their language."""
     from transduce.data import bible
-    from transduce.data.corpus import write_text_metadata
 
     language = args.language or LANGUAGES.get(args.module)
     if language is None:
@@ -79,12 +90,38 @@ def data_bible_text(args: argparse.Namespace) -> int:
     corpus = bible.build_text_corpus(args.module)
     for line in corpus.report:
         print(line)
+    return corpus, language
+
+
+def data_bible_text(args: argparse.Namespace) -> int:
+    """Extract one module's verses as train.txt, dev.txt and test.txt in the fixed split."""
+    from transduce.data import bible
+    from transduce.data.corpus import write_text_metadata
+
+    corpus, language = _verses(args)
     written = bible.write_text_corpus(corpus, args.out)
     write_text_metadata(args.out, language, module=args.module,
                         split_from={"source_module": corpus.split_from[0],
                                     "target_module": corpus.split_from[1]})
     sizes = ", ".join(f"{split} {len(keys)}" for split, keys in corpus.splits.items())
     print(f"verses: {sizes}; wrote {len(written)} files to {args.out}")
+    return 0
+
+
+def data_bible_genre(args: argparse.Namespace) -> int:
+    """One module's verses labelled by genre: train|dev|test.tsv, labels.txt, keys."""
+    from transduce.data import bible
+    from transduce.data.corpus import write_text_metadata
+
+    corpus, language = _verses(args)
+    written = bible.write_genre_corpus(corpus, args.out)
+    write_text_metadata(args.out, language, kind="classification", module=args.module,
+                        labels=list(bible.GENRES),
+                        split_from={"source_module": corpus.split_from[0],
+                                    "target_module": corpus.split_from[1]})
+    sizes = ", ".join(f"{split} {len(keys)}" for split, keys in corpus.splits.items())
+    print(f"verses: {sizes}; classes {', '.join(bible.GENRES)}; wrote {len(written)} files "
+          f"to {args.out}")
     return 0
 
 
@@ -128,11 +165,17 @@ def _text_stats(args: argparse.Namespace) -> int:
 
 def train_vocabulary(args: argparse.Namespace) -> int:
     """Train the BPE vocabulary on both sides of the training split of a parallel corpus,
-    or on the training text of a text corpus."""
+    or on the training text of a text or classification corpus."""
     from transduce.data.corpus import corpus_kind, read_split, read_text_split
     from transduce.data.tokenizer import train_tokenizer
 
-    if corpus_kind(args.data) == "text":
+    kind = corpus_kind(args.data)
+    if kind == "classification":
+        from transduce.data.labelled import labelled_file, read_labelled
+        labelled = read_labelled(labelled_file(args.data, "train"))
+        print(labelled.summary())
+        texts = labelled.texts
+    elif kind == "text":
         text = read_text_split(args.data, "train")
         print(text.summary())
         texts = text.lines

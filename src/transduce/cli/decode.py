@@ -102,11 +102,14 @@ def _translated_text(translator, lines: list[str], args: argparse.Namespace, don
 
 def evaluate_command(args: argparse.Namespace) -> int:
     """sacreBLEU and chrF of a model on a corpus split, with signatures; a language
-    model's perplexity per piece and per word."""
+    model's perplexity per piece and per word; a classifier's accuracy and macro-F1."""
     from tqdm import tqdm
 
-    if _is_language_model(args.model):
+    arch = _arch(args.model)
+    if arch == "decoder":
         return _evaluate_language_model(args)
+    if arch == "encoder":
+        return _evaluate_classifier(args)
 
     from transduce.decode.evaluate import evaluate_split
     from transduce.decode.translate import Translator
@@ -130,14 +133,33 @@ def evaluate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _is_language_model(path: Path) -> bool:
-    """Whether --model is a checkpoint (or run) of a decoder-only model."""
+def _arch(path: Path) -> str:
+    """The architecture of --model's checkpoint (or run); an ONNX export translates."""
     from transduce import checkpoint
     from transduce.onnx_format import is_onnx_export
 
     if is_onnx_export(path):
-        return False
-    return checkpoint.read_configs(checkpoint.resolve(Path(path)))[0].arch == "decoder"
+        return "transformer"
+    return checkpoint.read_configs(checkpoint.resolve(Path(path)))[0].arch
+
+
+def _evaluate_classifier(args: argparse.Namespace) -> int:
+    """Accuracy and macro-F1 of an encoder-only classifier on a labelled split."""
+    from transduce.decode.encode import SentenceEncoder
+    from transduce.decode.evaluate import evaluate_classifier
+
+    if args.kv_dtype is not None or args.engine == "onnxruntime":
+        raise ConfigError("a classifier keeps no KV cache and runs in PyTorch: --kv-dtype "
+                          "and --engine onnxruntime apply to translation")
+    encoder = SentenceEncoder.load(args.model, dtype=args.dtype)
+    out = args.out or (Path(args.model) / f"eval-{args.split}-classify")
+    result = evaluate_classifier(encoder, args.data, args.split, out,
+                                 batch_tokens=args.batch_tokens)
+    print(f"{args.split}: accuracy {100 * result['accuracy']:.2f}%, macro-F1 "
+          f"{100 * result['macro_f1']:.2f} ({result['lines']} lines, "
+          f"{len(result['classes'])} classes; {result['lines_per_second']:.0f} lines/s)")
+    print(f"wrote {out.with_suffix('.tsv')} and {out.with_suffix('.json')}")
+    return 0
 
 
 def _evaluate_language_model(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""`transduce import hf-gpt2`: another toolkit's checkpoint as ours."""
+"""`transduce import hf-gpt2` / `hf-bert`: another toolkit's checkpoint as ours."""
 
 from __future__ import annotations
 
@@ -24,6 +24,20 @@ def register(commands) -> None:
                       help="replace OUT if it is an existing checkpoint (anything else there "
                            "is never replaced)")
     gpt2.set_defaults(handler=import_hf_gpt2)
+    bert = formats.add_parser(
+        "hf-bert", help="Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining "
+                        "or BertForSequenceClassification directory)",
+        description="Import a Hugging Face BERT directory (config.json, model.safetensors "
+                    "or pytorch_model.bin, tokenizer.json or vocab.txt) as an encoder-only "
+                    "checkpoint; heads the directory lacks are initialised afresh and "
+                    "listed, options the model cannot reproduce are refused by name. OUT "
+                    "must not exist or be empty, unless --force.")
+    bert.add_argument("hf_dir", metavar="DIR", type=Path, help="Hugging Face model directory")
+    bert.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+    bert.add_argument("--force", action="store_true",
+                      help="replace OUT if it is an existing checkpoint (anything else there "
+                           "is never replaced)")
+    bert.set_defaults(handler=import_hf_bert)
 
 
 def import_hf_gpt2(args: argparse.Namespace) -> int:
@@ -37,6 +51,28 @@ def import_hf_gpt2(args: argparse.Namespace) -> int:
     config = load_model(out).config
     print(f"wrote {out} (decoder-only: {config.num_decoder_layers} layers, d_model "
           f"{config.d_model}, {config.num_heads} heads, vocabulary {config.tgt_vocab_size})")
+    return 0
+
+
+def import_hf_bert(args: argparse.Namespace) -> int:
+    """Import a Hugging Face BERT checkpoint."""
+    from transduce import checkpoint
+    from transduce.importers import fresh_heads, import_bert
+    from transduce.importers.hf_bert import HEADS
+    from transduce.model import load_model
+
+    _check_out(args.out, args.force, checkpoint.CONFIG)
+    out = import_bert(args.hf_dir, args.out)
+    model = load_model(out)
+    config = model.config
+    labels = f", {config.num_labels} labels" if config.num_labels else ""
+    print(f"wrote {out} (encoder-only: {config.num_encoder_layers} layers, d_model "
+          f"{config.d_model}, {config.num_heads} heads, vocabulary {config.src_vocab_size}"
+          f"{labels})")
+    fresh = fresh_heads(out)
+    if fresh:
+        print(f"not in {args.hf_dir}, initialised afresh (train before use): "
+              f"{', '.join(f'{HEADS[head]} ({head})' for head in fresh)}")
     return 0
 
 

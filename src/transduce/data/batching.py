@@ -8,6 +8,8 @@ mid-epoch from (epoch, batch position).
 
 Layout of one pair: src = ids + [eos]; tgt_in = [bos] + ids; tgt_out = ids + [eos].
 
+An encoder (BERT) reads items of its own layouts: EncoderBatcher (data/masking.py).
+
 A language model's lines have no source side: TokenBatcher(None, ids, ...) batches them
 by the same rule, with src an empty (B, 0) tensor. PackedBatcher instead cuts the token
 stream of all lines into fixed blocks across line boundaries (GPT). Both give the loop
@@ -24,6 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from transduce.data.masking import (CLS_ID, SEP_ID, EncoderBatch, crop_pair, generator,
+                                    mask_tokens, masked_count, next_sentence_pairs)
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transduce.errors import TransduceError
 
@@ -273,3 +277,137 @@ class PackedBatcher(_EpochBatches):
         """Share of padding among all input positions (only the last block has some)."""
         padded = sum(len(b) * int(self.block_lengths[b].max()) for b in self.epoch_batches(epoch))
         return 1.0 - float(self.block_lengths.sum()) / padded
+
+
+def length_batches(lengths: np.ndarray, max_tokens: int, rng: np.random.Generator | None
+                   ) -> list[np.ndarray]:
+    """Items grouped by length (ties in a random order from rng; None: in order, and the
+    batches in order), cut greedily so that B x the longest item <= max_tokens, the
+    batches then shuffled with rng."""
+    ties = rng.permutation(len(lengths)) if rng is not None else np.arange(len(lengths))
+    order = np.lexsort((ties, lengths))
+    batches, start, longest = [], 0, 0
+    for position, index in enumerate(order):
+        longest = max(longest, int(lengths[index]))
+        if (position - start + 1) * longest > max_tokens:
+            batches.append(order[start:position])
+            start, longest = position, int(lengths[index])
+    batches.append(order[start:])
+    if rng is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+class EncoderBatcher(_EpochBatches):
+    """Batches for an encoder (BERT, data/masking.py has the layouts and masking):
+
+    - masked LM (mask=True, pairs=False): item i is [CLS] line i [SEP];
+    - masked LM + next sentence (mask=True, pairs=True): item i is [CLS] line i [SEP]
+      B [SEP], B the next line or, in half the items, a random one, drawn anew each
+      epoch from (seed, epoch);
+    - classification (labels given, mask=False): item i is [CLS] text i [SEP], label i.
+
+    Items are cropped to max_len tokens and batched by length under max_tokens as
+    TokenBatcher batches lines. collate(indices, key) masks with a generator seeded by
+    (seed, *key), the loop's key being (epoch, batch position), so a resumed run sees the
+    same masks. target_tokens counts what a batch scores: masked positions (MLM) or
+    sentences (classification); scored_counts gives each part of the loss its count.
+    """
+
+    def __init__(self, ids: Ids, max_tokens: int, max_len: int, vocab_size: int, *,
+                 mask: bool = True, pairs: bool = False, labels: Sequence[int] | None = None,
+                 seed: int = 0, shuffle: bool = True):
+        if max_len > max_tokens:
+            raise BatchingError(f"a sequence of max_len={max_len} tokens cannot fit a batch "
+                                f"of {max_tokens}; lower max_len or raise max_tokens")
+        if (labels is None) == (not mask) or (labels is not None and pairs):
+            raise BatchingError("an encoder batcher either masks (optionally pairs) or "
+                                "classifies (labels, no masking)")
+        if len(ids) < (3 if pairs else 1):
+            raise BatchingError(f"need at least {3 if pairs else 1} lines, got {len(ids)}")
+        self.ids, self.max_tokens, self.max_len = ids, max_tokens, max_len
+        self.vocab_size, self.mask, self.pairs = vocab_size, mask, pairs
+        self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
+        self.seed, self.shuffle = seed, shuffle
+        self.line_pieces = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        self._epoch, self._partners, self._nsp = None, None, None
+        if not pairs:   # fixed items: lengths and counts once
+            pieces = np.minimum(self.line_pieces, max_len - 2)
+            self.lengths, self.tgt_lengths = pieces + 2, self._scored(pieces)
+
+    def _scored(self, pieces: np.ndarray) -> np.ndarray:
+        return masked_count(pieces) if self.mask else np.ones_like(pieces)
+
+    def _pairs_of(self, epoch: int) -> None:
+        """Pairs, their lengths and scored counts for this epoch (from (seed, epoch))."""
+        if self._epoch == epoch:
+            return
+        rng = np.random.default_rng([self.seed, epoch, 1])
+        self._partners, self._nsp = next_sentence_pairs(len(self.ids), rng)
+        room = self.max_len - 3
+        first = self.line_pieces[:-1]
+        second = self.line_pieces[self._partners]
+        total = np.minimum(first + second, room)               # crop_pair keeps this many
+        self.lengths, self.tgt_lengths = total + 3, masked_count(total)
+        self._epoch = epoch
+
+    @property
+    def num_items(self) -> int:
+        return len(self.ids) - 1 if self.pairs else len(self.ids)
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """Batches of item indices, deterministic in (seed, epoch)."""
+        if self.pairs:
+            self._pairs_of(epoch)
+        rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
+        return length_batches(self.lengths, self.max_tokens, rng)
+
+    def target_tokens(self, indices: np.ndarray) -> int:
+        """Scored positions (masked pieces) or sentences of the items `indices`."""
+        return int(self.tgt_lengths[indices].sum())
+
+    def scored_counts(self, indices: np.ndarray) -> dict[str, int]:
+        """What each loss term of these items is normalised by."""
+        if not self.mask:
+            return {"classify": len(indices)}
+        counts = {"mlm": self.target_tokens(indices)}
+        if self.pairs:
+            counts["nsp"] = len(indices)
+        return counts
+
+    def collate(self, indices: np.ndarray, key: tuple[int, ...] = (0, 0)) -> EncoderBatch:
+        """The items as an EncoderBatch; key (epoch, batch) seeds the masking, and the
+        epoch chooses the pairs."""
+        if self.pairs:
+            self._pairs_of(key[0])
+        size, width = len(indices), int(self.lengths[indices].max())
+        ids = np.full((size, width), PAD_ID, dtype=np.int64)                  # (B, T)
+        segments = np.zeros((size, width), dtype=np.int64)                    # (B, T)
+        for row, index in enumerate(indices):
+            second = self.ids[self._partners[index]] if self.pairs else None
+            a, b = crop_pair(self.ids[index], second, self.max_len)
+            ids[row, 0], ids[row, 1:len(a) + 1], ids[row, len(a) + 1] = CLS_ID, a, SEP_ID
+            if b is not None:
+                start = len(a) + 2
+                ids[row, start:start + len(b)], ids[row, start + len(b)] = b, SEP_ID
+                segments[row, start:start + len(b) + 1] = 1
+        tokens = torch.from_numpy(ids)
+        mlm_labels = None
+        if self.mask:
+            tokens, mlm_labels = mask_tokens(tokens, self.vocab_size,
+                                             generator(self.seed, *key))
+        nsp = torch.from_numpy(self._nsp[indices]) if self.pairs else None
+        labels = torch.from_numpy(self.labels[indices]) if self.labels is not None else None
+        return EncoderBatch(tokens, torch.from_numpy(segments), mlm_labels, nsp, labels,
+                            torch.from_numpy(np.asarray(indices, dtype=np.int64)))
+
+    def iterate_keyed(self, epoch: int = 0):
+        """The batches of an epoch, masked with the keys the loop would use (dev
+        evaluation: the same masks at every evaluation)."""
+        for position, indices in enumerate(self.epoch_batches(epoch)):
+            yield self.collate(indices, (epoch, position))
+
+    def padding_fraction(self, epoch: int = 0) -> float:
+        batches = self.epoch_batches(epoch)
+        padded = sum(len(b) * int(self.lengths[b].max()) for b in batches)
+        return 1.0 - float(sum(self.lengths[b].sum() for b in batches)) / padded

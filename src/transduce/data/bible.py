@@ -17,6 +17,12 @@ so no verse a translation model is tested on is ever in a language model's train
 text (and a language model trained here can be compared on the same held-out verses).
 Each split is in canonical order (book, chapter, verse), so neighbouring lines are
 consecutive verses wherever no held-out verse stands between them.
+
+The genre corpus (sequence classification) is that text corpus with each verse labelled
+by its section of the canon (GENRES, in canonical order): law (Genesis-Deuteronomy),
+history (Joshua-Esther), wisdom (Job-Song of Solomon: wisdom and poetry), prophets
+(Isaiah-Malachi, the major and minor prophets), gospels (Matthew-Acts: the four gospels
+and Acts), letters (Romans-Revelation of John: the epistles and Revelation).
 """
 
 from __future__ import annotations
@@ -68,6 +74,22 @@ PACKAGES = {"spaRV1909eb": "sword-text-sparv", "engKJV2006eb": "sword-text-kjv",
             "engWEB2015eb": "sword-text-web"}
 LANGUAGES = {"spaRV1909eb": "es", "engKJV2006eb": "en", "engWEB2015eb": "en"}
 _BOOK_INDEX = {book: index for index, book in enumerate(BOOKS)}
+GENRES = ("law", "history", "wisdom", "prophets", "gospels", "letters")
+# The first book of each genre; a book belongs to the last genre starting at or before it.
+_GENRE_STARTS = {"Genesis": "law", "Joshua": "history", "Job": "wisdom", "Isaiah": "prophets",
+                 "Matthew": "gospels", "Romans": "letters"}
+
+
+def book_genres() -> dict[str, str]:
+    """{book: genre} for the 66 books, from the first book of each genre."""
+    genres, current = {}, None
+    for book in BOOKS:
+        current = _GENRE_STARTS.get(book, current)
+        genres[book] = current
+    return genres
+
+
+BOOK_GENRES = book_genres()
 INSTALL_HINT = ("install them with: apt-get install diatheke sword-text-sparv sword-text-kjv "
                 "sword-text-web")
 
@@ -323,4 +345,20 @@ def write_text_corpus(corpus: BibleText, out: Path) -> list[Path]:
         for name, lines in ((f"{split}.txt", [corpus.verses[k] for k in keys]),
                             (f"{split}.keys", [format_key(k) for k in keys])):
             written.append(atomic.write_text(out / name, "".join(line + "\n" for line in lines)))
+    return written
+
+
+def write_genre_corpus(corpus: BibleText, out: Path) -> list[Path]:
+    """Write {split}.tsv (`genre<TAB>verse`, one verse a line in canonical order),
+    {split}.keys and labels.txt (GENRES), each written whole then renamed; the caller
+    writes corpus.json. The verses and split are the text corpus's (write_text_corpus)."""
+    from transduce.data.labelled import LABELS_FILE, write_labelled
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = [atomic.write_text(out / LABELS_FILE, "".join(g + "\n" for g in GENRES))]
+    for split, keys in corpus.splits.items():
+        written.append(write_labelled(out / f"{split}.tsv", [BOOK_GENRES[k[0]] for k in keys],
+                                      [corpus.verses[k] for k in keys]))
+        written.append(atomic.write_text(out / f"{split}.keys",
+                                         "".join(format_key(k) + "\n" for k in keys)))
     return written

@@ -1,7 +1,8 @@
 """Read and validate corpora: line-aligned parallel text, and monolingual text.
 
 Any pair of UTF-8 files with one sentence per line is a parallel corpus ({split}.{lang},
-the languages named in corpus.json). A text corpus, for language models, is one file per
+the languages named in corpus.json). A classification corpus ({split}.tsv, "kind":
+"classification") is read by data/labelled.py. A text corpus, for language models, is one file per
 split, {split}.txt, one line (a sentence, a verse, a document) per line; its corpus.json
 says "kind": "text", and a directory of {split}.txt files without corpus.json is one too.
 
@@ -25,7 +26,8 @@ from transduce.errors import TransduceError
 SPLITS = ("train", "dev", "test")
 METADATA = "corpus.json"
 TEXT_SUFFIX = ".txt"
-CorpusKind = Literal["parallel", "text"]
+CorpusKind = Literal["parallel", "text", "classification"]
+KINDS = ("parallel", "text", "classification")
 
 
 class CorpusError(TransduceError, ValueError):
@@ -135,6 +137,10 @@ def split_files(data_dir: Path | str, split: str) -> tuple[Path, Path]:
     """The (source, target) files of a split in a corpus directory: {split}.{lang}, with
     the languages named in corpus.json (which `transduce data` writes)."""
     data_dir = Path(data_dir)
+    if corpus_kind(data_dir) == "classification":
+        raise CorpusError(f"{data_dir} is a classification corpus ({{train,dev,test}}.tsv): "
+                          f"it has no source side to translate from; train a classifier on "
+                          f"it (--arch encoder --task classify)")
     if corpus_kind(data_dir) == "text":
         raise CorpusError(f"{data_dir} is a text corpus ({{train,dev,test}}{TEXT_SUFFIX}): it "
                           f"has no source side to translate from; train a language model on "
@@ -168,27 +174,33 @@ def _read_metadata(metadata: Path) -> dict:
 
 def corpus_kind(data_dir: Path | str) -> CorpusKind:
     """"text" for a text corpus (corpus.json says so, or there is no corpus.json and
-    there is a train.txt, dev.txt or test.txt), else "parallel" (whose files split_files
-    finds or explains)."""
+    there is a train.txt, dev.txt or test.txt), "classification" for labelled text
+    (corpus.json says so, or no corpus.json and a train.tsv; data/labelled.py), else
+    "parallel" (whose files split_files finds or explains)."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise CorpusError(f"{data_dir}: no such directory")
     metadata = data_dir / METADATA
     if metadata.is_file():
         kind = _read_metadata(metadata).get("kind", "parallel")
-        if kind not in ("parallel", "text"):
-            raise CorpusError(f"{metadata}: \"kind\": {kind!r}; expected \"parallel\" or "
-                              f"\"text\"")
+        if kind not in KINDS:
+            raise CorpusError(f"{metadata}: \"kind\": {kind!r}; expected one of "
+                              f"{', '.join(KINDS)}")
         return kind
     text = any((data_dir / f"{split}{TEXT_SUFFIX}").is_file() for split in SPLITS)
-    return "text" if text else "parallel"
+    if text:
+        return "text"
+    return "classification" if (data_dir / "train.tsv").is_file() else "parallel"
 
 
 def has_split(data_dir: Path | str, split: str) -> bool:
     """Whether the corpus directory holds this split (every file of it)."""
     data_dir = Path(data_dir)
-    if corpus_kind(data_dir) == "text":
+    kind = corpus_kind(data_dir)
+    if kind == "text":
         return text_file(data_dir, split).is_file()
+    if kind == "classification":
+        return (data_dir / f"{split}.tsv").is_file()
     return (data_dir / METADATA).is_file() and \
         all(path.is_file() for path in split_files(data_dir, split))
 
@@ -254,7 +266,9 @@ def read_text_split(data_dir: Path | str, split: str) -> TextCorpus:
     return read_text(text_file(data_dir, split))
 
 
-def write_text_metadata(data_dir: Path, language: str, **extra) -> None:
-    """corpus.json of a text corpus: {"kind": "text", "language": ..., ...}."""
-    values = {"kind": "text", "language": language, **extra}
+def write_text_metadata(data_dir: Path, language: str, kind: CorpusKind = "text",
+                        **extra) -> None:
+    """corpus.json of a text (or classification) corpus: {"kind": "text", "language":
+    ..., ...}."""
+    values = {"kind": kind, "language": language, **extra}
     atomic.write_text(data_dir / METADATA, json.dumps(values, indent=2) + "\n")

@@ -1,7 +1,8 @@
 """A split ready for training or evaluation: validated, tokenised (cached), filtered.
 
-Two kinds: pairs of a parallel corpus (load_split), lines of a text corpus for a
-language model (load_text_split)."""
+Three kinds: pairs of a parallel corpus (load_split), lines of a text corpus for a
+language model or a masked LM (load_text_split), labelled lines of a classification
+corpus (load_labelled_split)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from transduce.data.batching import LengthFilter
 from transduce.data.corpus import ParallelCorpus, TextCorpus, read_split, read_text_split
+from transduce.data.labelled import LabelledCorpus, label_indices, labelled_file, read_labelled
 from transduce.data.tokenizer import Tokenizer
 
 CACHE_DIR = ".cache"
@@ -68,3 +70,27 @@ def load_text_split(data_dir: Path, split: str, tokenizer: Tokenizer,
         ids = [ids[i] for i in kept.kept]
         lines = [lines[i] for i in kept.kept]
     return TokenizedText(corpus, ids, lines, report)
+
+
+@dataclass
+class TokenizedLabelled:
+    """The labelled lines of a classification split as ids (no specials), with their
+    class indices (in `names`' order) and line numbers."""
+
+    corpus: LabelledCorpus
+    ids: list[np.ndarray]
+    labels: list[int]
+    names: list[str]
+    line_numbers: list[int]
+    report: list[str]
+
+
+def load_labelled_split(data_dir: Path, split: str, tokenizer: Tokenizer,
+                        names: list[str]) -> TokenizedLabelled:
+    """{split}.tsv as ids and class indices; a label not among `names` is an error
+    naming file and line. Long texts are kept (the encoder batcher crops them)."""
+    corpus = read_labelled(labelled_file(data_dir, split))
+    labels = label_indices(corpus, names)
+    ids = tokenizer.encode_cached(corpus.texts, Path(data_dir) / CACHE_DIR)
+    return TokenizedLabelled(corpus, ids, labels, names, list(corpus.line_numbers),
+                             [corpus.summary()])

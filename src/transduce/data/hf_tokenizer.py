@@ -3,13 +3,23 @@
 Models trained here use SentencePiece (tokenizer.py); a model imported from Hugging
 Face must see exactly the ids it was trained on, so its own tokenizer is used as it is:
 a `tokenizer.json` (any model the library describes: byte-level BPE for GPT-2,
-WordPiece for BERT), or GPT-2's older pair `vocab.json` + `merges.txt`, assembled here
-into the byte-level BPE that `transformers.GPT2TokenizerFast` builds from them.
+WordPiece for BERT), GPT-2's older pair `vocab.json` + `merges.txt`, assembled here
+into the byte-level BPE that `transformers.GPT2TokenizerFast` builds from them, or
+BERT's `vocab.txt`, assembled into the WordPiece pipeline of `transformers.BertTokenizerFast`
+(BERT normalizer, BERT pre-tokenizer, WordPiece with "##" continuations and [UNK]).
 
 A tokenizer.json does not say which of its tokens begin or end a text or pad a batch
 (Hugging Face keeps that in tokenizer_config.json and the model's config.json), so the
 special ids are given to the constructors, and a checkpoint records them beside the
-file (checkpoint.py). They may coincide: GPT-2 uses `<|endoftext|>` for all three.
+file (checkpoint.py). They may coincide: GPT-2 uses `<|endoftext|>` for all three;
+BERT's are [CLS] (bos), [SEP] (eos) and [PAD]. Its [MASK] and [UNK] need no record:
+`mask_id` is the special token the tokenizer.json calls [MASK] (or <mask>), `unk_id`
+the unknown token of its model.
+
+encode() never adds specials; `prepend_bos` says whether a sequence starts with bos,
+and follows the tokenizer's own post-processor (what Hugging Face adds with
+add_special_tokens=True): False for GPT-2, which adds nothing, True for BERT, whose
+sequences are [CLS] A [SEP]; the caller adds bos (and, for BERT, the [SEP]s).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ if TYPE_CHECKING:
 
 TOKENIZER_JSON = "tokenizer.json"
 SPECIALS = ("bos_id", "eos_id", "pad_id")
+MASK_TOKENS = ("[MASK]", "<mask>")   # how BERT and RoBERTa name their mask token
 
 Special = int | str   # an id, or a token resolved to its id by the vocabulary
 
@@ -50,12 +61,9 @@ class HFTokenizer:
     save() writes it as one tokenizer.json whichever it was.
     """
 
-    # Prompts are read as Hugging Face reads them for these models: GPT-2 adds no bos
-    # (its add_bos_token is false), and generation must see the same ids to match it.
-    prepend_bos = False
-
     def __init__(self, backend: "Backend", path: Path, *, bos: Special, eos: Special,
-                 pad: Special | None = None):
+                 pad: Special | None = None, mask: Special | None = None,
+                 prepend_bos: bool | None = None):
         self.backend, self.path = backend, Path(path)
         # Batches are padded and truncated by the caller; a tokenizer.json saved with
         # either enabled would otherwise change what encode() returns.
@@ -64,14 +72,24 @@ class HFTokenizer:
         self._bos_id = self._resolve(bos, "bos")
         self._eos_id = self._resolve(eos, "eos")
         self._pad_id = self._eos_id if pad is None else self._resolve(pad, "pad")
+        self._mask_id = self._find_mask() if mask is None else self._resolve(mask, "mask")
+        # Sequences are read as Hugging Face reads them for the model: GPT-2 adds no bos
+        # (its add_bos_token is false), BERT starts each with [CLS]; generation and
+        # classification must see the same ids to match it. None: as the tokenizer's
+        # post-processor does (a tokenizer.json records it, so a checkpoint keeps it).
+        self.prepend_bos = self._post_processor_prepends_bos() if prepend_bos is None \
+            else bool(prepend_bos)
         specials = json.dumps(self.specials, sort_keys=True)
         self.fingerprint = hashlib.sha256(
             (backend.to_str() + specials).encode("utf-8")).hexdigest()[:16]
 
     @classmethod
     def from_file(cls, path: Path | str, *, bos: Special, eos: Special,
-                  pad: Special | None = None) -> HFTokenizer:
-        """A tokenizer.json; pad None means eos (GPT-2 has no pad token of its own)."""
+                  pad: Special | None = None, mask: Special | None = None,
+                  prepend_bos: bool | None = None) -> HFTokenizer:
+        """A tokenizer.json; pad None means eos (GPT-2 has no pad token of its own), mask
+        None its special [MASK] (or <mask>) token if it has one, prepend_bos None what
+        its post-processor does."""
         path = Path(path)
         if not path.is_file():
             raise TokenizerError(f"{path}: no such tokenizer file")
@@ -80,7 +98,8 @@ class HFTokenizer:
             backend = library.Tokenizer.from_file(str(path))
         except Exception as error:  # noqa: BLE001 - the Rust side raises plain Exception
             raise TokenizerError(f"{path}: not a readable tokenizer.json ({error})") from None
-        return cls(backend, path, bos=bos, eos=eos, pad=pad)
+        return cls(backend, path, bos=bos, eos=eos, pad=pad, mask=mask,
+                   prepend_bos=prepend_bos)
 
     @classmethod
     def from_byte_level_bpe(cls, vocab_path: Path | str, merges_path: Path | str, *,
@@ -116,6 +135,62 @@ class HFTokenizer:
                                     for t in tokens])
         return cls(backend, vocab_path, bos=bos, eos=eos, pad=pad)
 
+    @classmethod
+    def from_wordpiece(cls, vocab_path: Path | str, *, lowercase: bool = True,
+                       strip_accents: bool | None = None, chinese_chars: bool = True,
+                       unk: str = "[UNK]", bos: str = "[CLS]", eos: str = "[SEP]",
+                       pad: str = "[PAD]", mask: str | None = "[MASK]") -> HFTokenizer:
+        """BERT's vocab.txt (one token a line, the line number its id), assembled as
+        transformers.BertTokenizerFast assembles it: the BERT normalizer (control
+        characters removed, whitespace unified, CJK characters split apart, lowercased if
+        `lowercase`, accents stripped if `strip_accents`, None meaning as `lowercase`),
+        the BERT pre-tokenizer (whitespace and punctuation), WordPiece with "##"
+        continuations and `unk` for what it cannot spell, the WordPiece decoder, and the
+        [CLS] A [SEP] / [CLS] A [SEP] B [SEP] template (used only by add_special_tokens
+        callers of the backend; encode() adds nothing). The special tokens, which must be
+        in the vocabulary, are matched whole in the input, before normalization."""
+        vocab_path = Path(vocab_path)
+        if not vocab_path.is_file():
+            raise TokenizerError(f"{vocab_path}: no such file")
+        try:
+            lines = vocab_path.read_text(encoding="utf-8").splitlines(keepends=True)
+        except (OSError, UnicodeDecodeError) as error:
+            raise TokenizerError(f"{vocab_path}: unreadable ({error})") from None
+        vocab = {line.rstrip("\n"): index for index, line in enumerate(lines)}
+        tokens = dict.fromkeys(t for t in (unk, bos, eos, pad, mask) if t is not None)
+        for token in tokens:
+            if token not in vocab:
+                raise TokenizerError(f"{vocab_path}: special token {token!r} is not in the "
+                                     f"vocabulary")
+        library = _tokenizers()
+        backend = library.Tokenizer(library.models.WordPiece(
+            vocab, unk_token=unk, continuing_subword_prefix="##"))
+        backend.normalizer = library.normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=chinese_chars, strip_accents=strip_accents,
+            lowercase=lowercase)
+        backend.pre_tokenizer = library.pre_tokenizers.BertPreTokenizer()
+        backend.decoder = library.decoders.WordPiece(prefix="##")
+        backend.post_processor = library.processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0 {eos}:0", pair=f"{bos}:0 $A:0 {eos}:0 $B:1 {eos}:1",
+            special_tokens=[(bos, vocab[bos]), (eos, vocab[eos])])
+        backend.add_special_tokens([library.AddedToken(t, special=True, normalized=False)
+                                    for t in tokens])
+        return cls(backend, vocab_path, bos=bos, eos=eos, pad=pad, mask=mask)
+
+    def _find_mask(self) -> int | None:
+        """The id of the special token named [MASK] (or <mask>), if the tokenizer has one."""
+        names = {token.content: token_id for token_id, token
+                 in self.backend.get_added_tokens_decoder().items() if token.special}
+        return next((names[name] for name in MASK_TOKENS if name in names), None)
+
+    def _post_processor_prepends_bos(self) -> bool:
+        """Whether the tokenizer's post-processor starts a sequence with bos."""
+        try:
+            ids = self.backend.encode("", add_special_tokens=True).ids
+        except Exception:  # noqa: BLE001 - the Rust side raises plain Exception
+            return False
+        return bool(ids) and ids[0] == self._bos_id
+
     def _resolve(self, special: Special, role: str) -> int:
         if isinstance(special, str):
             token_id = self.backend.token_to_id(special)
@@ -144,6 +219,17 @@ class HFTokenizer:
     @property
     def pad_id(self) -> int:
         return self._pad_id
+
+    @property
+    def mask_id(self) -> int | None:
+        """The mask token of masked-LM training ([MASK] for BERT); None: none."""
+        return self._mask_id
+
+    @property
+    def unk_id(self) -> int | None:
+        """The token for what the vocabulary cannot spell ([UNK] for BERT); None: none."""
+        token = getattr(self.backend.model, "unk_token", None)
+        return None if token is None else self.backend.token_to_id(token)
 
     @property
     def specials(self) -> dict[str, int]:

@@ -10,6 +10,9 @@ likelihood covers every piece of the line and its eos. Per piece: exp(total NLL 
 pieces). Per word: exp(total NLL / words), with words = len(line.split()) + 1 per line,
 the eos counted as one word (the usual convention, so that a per-word figure does not
 depend on the vocabulary and still charges the model for ending the line).
+
+A classifier (arch "encoder" with a classification head), by accuracy and macro-F1 (the
+unweighted mean of the classes' F1) on a labelled split ({split}.tsv).
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from torch import Tensor
 from transduce import atomic
 from transduce.data.batching import TokenBatcher
 from transduce.data.corpus import CorpusError, read_lines, read_text_split, split_files
+from transduce.data.labelled import label_indices, labelled_file, read_labelled
 from transduce.data.tokenizer import BOS_ID, EOS_ID, TextTokenizer
+from transduce.decode.encode import SentenceEncoder
 from transduce.decode.translate import Translator
 from transduce.model import DecoderOnly
 
@@ -161,5 +166,41 @@ def evaluate_language_model(model: DecoderOnly, tokenizer: TextTokenizer, data_d
         "lines_too_long_skipped": len(too_long), "too_long_line_numbers": too_long[:20],
         "max_positions": limit, "seconds": seconds, "pieces_per_second": pieces / seconds,
     }
+    atomic.write_text(out_prefix.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def macro_f1(predicted: Tensor, gold: Tensor, num_classes: int) -> float:
+    """The unweighted mean over classes of F1 (a class never predicted nor present
+    counts 0, as scikit-learn's zero_division=0; classes absent from both are skipped)."""
+    scores = []
+    for k in range(num_classes):
+        tp = int(((predicted == k) & (gold == k)).sum())
+        fp = int(((predicted == k) & (gold != k)).sum())
+        fn = int(((predicted != k) & (gold == k)).sum())
+        if tp + fp + fn == 0:
+            continue
+        scores.append(2 * tp / (2 * tp + fp + fn))
+    return sum(scores) / max(len(scores), 1)
+
+
+def evaluate_classifier(encoder: SentenceEncoder, data_dir: Path, split: str,
+                        out_prefix: Path, *, batch_tokens: int = 4096) -> dict:
+    """Accuracy and macro-F1 of a classifier on a labelled split ({split}.tsv), written
+    to OUT.json with the predictions to OUT.tsv. A gold label the classifier does not
+    know is an error naming file and line."""
+    corpus = read_labelled(labelled_file(data_dir, split))
+    names = encoder.labels or [str(i) for i in range(encoder.model.config.num_labels)]
+    gold = torch.tensor(label_indices(corpus, names))
+    start = time.perf_counter()
+    predictions = encoder.classify(corpus.texts, batch_tokens=batch_tokens)
+    seconds = time.perf_counter() - start
+    predicted = torch.tensor([names.index(p.label) for p in predictions])
+    result = {"split": split, "file": str(corpus.path), "lines": len(corpus),
+              "accuracy": float((predicted == gold).float().mean()),
+              "macro_f1": macro_f1(predicted, gold, len(names)), "classes": names,
+              "seconds": seconds, "lines_per_second": len(corpus) / seconds}
+    atomic.write_text(out_prefix.with_suffix(".tsv"), "".join(
+        f"{p.label}\t{p.probability:.4f}\n" for p in predictions))
     atomic.write_text(out_prefix.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
     return result

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transduce.decode.sampling import Sampler
-from transduce.model import Model
+from transduce.model import Generative as Model
 
 EXTRA_LENGTH = 50  # the paper: maximum output length = input length + 50
 Start = int | Tensor   # the first decoder input: one id for all rows, or (B,) ids

@@ -1,8 +1,9 @@
-"""Reading other toolkits' checkpoints into ours: Hugging Face GPT-2 (hf_gpt2.py). Each
-importer maps the weights name by name onto a model of this package that computes the
-same function, and refuses, naming the file, key or option, what it cannot reproduce;
-the result is an ordinary checkpoint directory (checkpoint.py), written whole or not at
-all. (The package is not called `import`, a Python keyword.)"""
+"""Reading other toolkits' checkpoints into ours: Hugging Face GPT-2 (hf_gpt2.py) and
+BERT (hf_bert.py). Each importer maps the weights name by name onto a model of this
+package that computes the same function, and refuses, naming the file, key or option,
+what it cannot reproduce; the result is an ordinary checkpoint directory
+(checkpoint.py), written whole or not at all. (The package is not called `import`, a
+Python keyword.)"""
 
 from transduce.errors import TransduceError
 
@@ -12,7 +13,30 @@ class ForeignCheckpointError(TransduceError, ValueError):
     with an option our models do not have; the message names the file and key."""
 
 
-# After the error, which hf_gpt2 imports from this package.
-from transduce.importers.hf_gpt2 import import_gpt2  # noqa: E402
+def check_foreign_options(hf: dict, config_file, model_type: str, fixed: dict,
+                          activation_key: str, default_activation: str,
+                          activations: dict[str, str]) -> str:
+    """A Hugging Face configuration of `model_type` whose `fixed` options have the values
+    our models compute and whose activation we have -> that activation's name of ours."""
+    import json
 
-__all__ = ["ForeignCheckpointError", "import_gpt2"]
+    if hf.get("model_type") != model_type:
+        raise ForeignCheckpointError(f"{config_file}: model_type={hf.get('model_type')!r}; "
+                                     f"only {model_type!r} checkpoints can be imported here")
+    for name, ours in fixed.items():
+        if name in hf and hf[name] != ours:
+            raise ForeignCheckpointError(f"{config_file}: {name}={json.dumps(hf[name])} is "
+                                         f"not supported (only {json.dumps(ours)})")
+    activation = hf.get(activation_key, default_activation)
+    if activation not in activations:
+        raise ForeignCheckpointError(f"{config_file}: {activation_key}={activation!r} is "
+                                     f"not supported (choose one of {', '.join(activations)})")
+    return activations[activation]
+
+
+# After the error and the check, which the importers import from this package.
+from transduce.importers.hf_gpt2 import import_gpt2  # noqa: E402
+from transduce.importers.hf_bert import fresh_heads, import_bert  # noqa: E402
+
+__all__ = ["ForeignCheckpointError", "check_foreign_options", "import_gpt2", "import_bert",
+           "fresh_heads"]

@@ -34,7 +34,7 @@ from torch import Tensor
 from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, preset
 from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
-from transduce.importers import ForeignCheckpointError
+from transduce.importers import ForeignCheckpointError, check_foreign_options
 from transduce.model.decoder_only import DecoderOnly
 
 HF_CONFIG = "config.json"
@@ -75,17 +75,8 @@ def import_gpt2(hf_dir: Path | str, out: Path | str) -> Path:
 def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer) -> ModelConfig:
     """The "gpt2" preset with the sizes and options of a Hugging Face GPT2Config;
     options we cannot reproduce are refused."""
-    if hf.get("model_type") != "gpt2":
-        raise ForeignCheckpointError(f"{config_file}: model_type={hf.get('model_type')!r}; "
-                                     f"only 'gpt2' checkpoints can be imported here")
-    for name, ours in FIXED_OPTIONS.items():
-        if name in hf and hf[name] != ours:
-            raise ForeignCheckpointError(f"{config_file}: {name}={json.dumps(hf[name])} is "
-                                         f"not supported (only {json.dumps(ours)})")
-    activation = hf.get("activation_function", "gelu_new")
-    if activation not in ACTIVATIONS:
-        raise ForeignCheckpointError(f"{config_file}: activation_function={activation!r} is "
-                                     f"not supported (choose one of {', '.join(ACTIVATIONS)})")
+    activation = check_foreign_options(hf, config_file, "gpt2", FIXED_OPTIONS,
+                                       "activation_function", "gelu_new", ACTIVATIONS)
 
     def required(name: str) -> Any:
         if name not in hf:
@@ -98,7 +89,7 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer) 
                         max_positions=required("n_positions"), d_model=d_model,
                         num_heads=required("n_head"), num_decoder_layers=required("n_layer"),
                         d_ff=hf.get("n_inner") or 4 * d_model,
-                        activation=ACTIVATIONS[activation],
+                        activation=activation,
                         layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
                         dropout=hf.get("resid_pdrop", 0.1),
                         attention_dropout=hf.get("attn_pdrop", 0.1))
@@ -121,15 +112,8 @@ def read_tokenizer(hf_dir: Path) -> HFTokenizer:
     """The directory's tokenizer.json, else its vocab.json + merges.txt, with the bos,
     eos and pad tokens its tokenizer_config.json / special_tokens_map.json name
     (GPT-2's defaults: <|endoftext|> for bos and eos; no pad token, so eos pads)."""
-    specials = {"bos": END_OF_TEXT, "eos": END_OF_TEXT, "pad": None}
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        if (hf_dir / name).is_file():
-            values = _read_json(hf_dir / name)
-            for role in specials:
-                token = values.get(f"{role}_token")
-                token = token.get("content") if isinstance(token, dict) else token
-                if isinstance(token, str):
-                    specials[role] = token
+    specials, _ = tokenizer_settings(hf_dir, {"bos": END_OF_TEXT, "eos": END_OF_TEXT,
+                                              "pad": None})
     if (hf_dir / TOKENIZER_JSON).is_file():
         return HFTokenizer.from_file(hf_dir / TOKENIZER_JSON, **specials)
     if (hf_dir / "vocab.json").is_file() and (hf_dir / "merges.txt").is_file():
@@ -239,6 +223,25 @@ def _check_lm_head(names: dict[str, str], tensors: dict[str, Tensor], embedding:
     elif hf.get("tie_word_embeddings", True) is False:
         raise ForeignCheckpointError(f"{source}: missing weight 'lm_head.weight' "
                                      f"(tie_word_embeddings is false)")
+
+
+def tokenizer_settings(hf_dir: Path, specials: dict[str, str | None],
+                       options: tuple[str, ...] = ()) -> tuple[dict[str, str | None],
+                                                              dict[str, Any]]:
+    """The special tokens (role -> token; `specials` holds the defaults) and the
+    `options` that the directory's tokenizer_config.json / special_tokens_map.json give
+    (the latter winning): {role}_token entries, plain or {"content": ...}."""
+    specials, found = dict(specials), {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (hf_dir / name).is_file():
+            values = _read_json(hf_dir / name)
+            for role in specials:
+                token = values.get(f"{role}_token")
+                token = token.get("content") if isinstance(token, dict) else token
+                if isinstance(token, str):
+                    specials[role] = token
+            found.update({key: values[key] for key in options if key in values})
+    return specials, found
 
 
 def _read_json(file: Path) -> dict[str, Any]:

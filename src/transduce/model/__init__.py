@@ -9,6 +9,7 @@ import torch
 from transduce import checkpoint
 from transduce.config import ModelConfig
 from transduce.model.decoder_only import DecoderOnly, LMState
+from transduce.model.encoder_only import EncoderOnly
 from transduce.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedding,
                                         SinusoidalPositionalEncoding, sinusoidal_table)
@@ -20,15 +21,20 @@ from transduce.model.transformer import (Decoder, DecoderState, Encoder, TokenEm
 # What translation accepts: both share forward(src, tgt) / prefill / decode_step.
 Seq2SeqModel = Transformer | RNNEncoderDecoder
 # What the searches accept: prefill / decode_step, with or without a source.
-Model = Seq2SeqModel | DecoderOnly
+Generative = Seq2SeqModel | DecoderOnly
+# Every model a checkpoint can hold.
+Model = Generative | EncoderOnly
 
 
 def build_model(config: ModelConfig) -> Model:
-    """The model config.arch names: a Transformer, a DecoderOnly or an RNNEncoderDecoder."""
+    """The model config.arch names: a Transformer, a DecoderOnly, an EncoderOnly or an
+    RNNEncoderDecoder."""
     if config.arch == "transformer":
         return Transformer(config)
     if config.arch == "decoder":
         return DecoderOnly(config)
+    if config.arch == "encoder":
+        return EncoderOnly(config)
     return RNNEncoderDecoder(config)
 
 
@@ -37,10 +43,13 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> Model:
     path = checkpoint.resolve(Path(path))
     model = build_model(checkpoint.read_configs(path)[0])
     checkpoint.load_weights(model, path, device)
+    if isinstance(model, EncoderOnly):
+        model.labels = checkpoint.read_labels(path)
     return model.to(device).eval()
 
 
 __all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "SinusoidalPositionalEncoding",
            "LearnedPositionalEmbedding", "RotaryEmbedding", "sinusoidal_table", "TokenEmbedding",
            "Encoder", "Decoder", "DecoderState", "Transformer", "RNNEncoderDecoder", "RNNState",
-           "DecoderOnly", "LMState", "build_model", "load_model", "Seq2SeqModel", "Model"]
+           "DecoderOnly", "LMState", "EncoderOnly", "build_model", "load_model", "Seq2SeqModel",
+           "Generative", "Model"]

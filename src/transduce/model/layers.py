@@ -17,6 +17,14 @@ from transduce.config import ModelConfig
 from transduce.model.dropout import Dropout
 
 
+def activation_module(name: str) -> nn.Module:
+    """ModelConfig.activation as a module: ReLU, exact (erf) GELU, or GELU's tanh
+    approximation."""
+    if name == "relu":
+        return nn.ReLU()
+    return nn.GELU(approximate="tanh" if name == "gelu-tanh" else "none")
+
+
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (ReLU as in the paper; GELU, exact or its tanh
     approximation, as options)."""
@@ -25,8 +33,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
-        self.activation = nn.ReLU() if activation == "relu" else \
-            nn.GELU(approximate="tanh" if activation == "gelu-tanh" else "none")
+        self.activation = activation_module(activation)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, C) -> (B, T, C)."""

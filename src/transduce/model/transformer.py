@@ -89,7 +89,9 @@ def init_linear_layers(modules: list[nn.Module]) -> None:
 
 
 class Encoder(nn.Module):
-    def __init__(self, config: ModelConfig, embed: TokenEmbedding, rotary: RotaryEmbedding | None):
+    """The encoder stack: of the encoder-decoder, or of an encoder-only model (BERT)."""
+
+    def __init__(self, config: ModelConfig, embed: nn.Module, rotary: RotaryEmbedding | None):
         super().__init__()
         self.embed = embed
         self.layers = nn.ModuleList(EncoderLayer(config, rotary)
@@ -97,9 +99,10 @@ class Encoder(nn.Module):
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) \
             if config.norm_first else None
 
-    def forward(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
-        """src (B, S), src_mask (B, 1, 1, S) -> memory (B, S, C)."""
-        x = self.embed(src)
+    def forward(self, src: Tensor, src_mask: Tensor | None, **embed_inputs: Tensor) -> Tensor:
+        """src (B, S), src_mask (B, 1, 1, S) -> memory (B, S, C). embed_inputs go to the
+        embedding with src (an encoder-only model's segment ids)."""
+        x = self.embed(src, **embed_inputs)
         for layer in self.layers:
             x = layer(x, src_mask)
         return x if self.final_norm is None else self.final_norm(x)

@@ -20,6 +20,8 @@ def forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: i
     decoder-only model has no source: src_len is ignored)."""
     if config.arch == "decoder":
         return _decoder_only_forward_flops(config, batch_size, tgt_len)
+    if config.arch == "encoder":
+        return _encoder_only_forward_flops(config, batch_size, src_len)
     if config.arch != "transformer":
         return _rnn_forward_flops(config, batch_size, src_len, tgt_len)
     d, d_ff, kv = config.d_model, config.d_ff, config.kv_heads * config.head_dim
@@ -46,6 +48,16 @@ def _decoder_only_forward_flops(config: ModelConfig, batch_size: int, tgt_len: i
         + 2 * batch_size * tgt_len * tgt_len * d)               # QK^T and AV
     output = tokens * d * config.tgt_vocab_size
     return 2.0 * (layers + output)
+
+
+def _encoder_only_forward_flops(config: ModelConfig, batch_size: int, src_len: int) -> float:
+    """BERT: the encoder's layers over (B, S) (projections, FFN, QK^T and AV), the
+    pooler; the MLM head runs on the masked positions only and is not counted."""
+    d, d_ff = config.d_model, config.d_ff
+    tokens = batch_size * src_len
+    layers = config.num_encoder_layers * (tokens * (4 * d * d + 2 * d * d_ff)
+                                          + 2 * batch_size * src_len * src_len * d)
+    return 2.0 * (layers + batch_size * d * d)
 
 
 def _rnn_forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int) -> float:

@@ -5,6 +5,9 @@ It trains a translation model on a parallel corpus, or a language model (arch
 packed into fixed blocks (TrainConfig.pack_length). Everything else, the loss,
 checkpoints, exact resume, averaging, EMA, processes, logs, is the same for both; dev
 evaluation is loss and perplexity for both, and greedy BLEU for translation only.
+An encoder (arch "encoder", BERT) pre-trains on a text corpus (masked LM, optionally
+next-sentence prediction) or trains a classifier on labelled text, through the same
+loop; train/encoder.py has its data, losses and dev evaluation.
 
 One step = update_freq batches per process (gradients accumulated), all processes
 together (torchrun; gloo on CPU, nccl on CUDA) averaging their gradients. The loss is
@@ -26,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import sacrebleu
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -33,7 +37,7 @@ from tqdm import tqdm
 
 from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, TrainConfig
-from transduce.data.batching import Batch, Batcher, PackedBatcher, TokenBatcher
+from transduce.data.batching import Batch, Batcher, EncoderBatcher, PackedBatcher, TokenBatcher
 from transduce.data.corpus import CorpusKind, corpus_kind, has_split
 from transduce.data.dataset import TokenizedSplit, TokenizedText, load_split, load_text_split
 from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer
@@ -48,6 +52,7 @@ from transduce.train.flops import matmul_peak, training_flops
 from transduce.train.log import TrainingLog
 from transduce.train.loss import projected_label_smoothed_nll
 from transduce.train.ema import WeightAverage
+from transduce.train import encoder as encoder_training
 from transduce.train.schedule import learning_rate
 from transduce.train.signals import StopRequest, stop_requests
 from transduce.train.state import (BatchStream, Position, restore, save_training_checkpoint,
@@ -69,8 +74,8 @@ class Run:
     rank: int
     device: torch.device
     tokenizer: Tokenizer
-    train_split: TokenizedSplit | TokenizedText
-    dev_split: TokenizedSplit | TokenizedText | None
+    train_split: TokenizedSplit | TokenizedText | encoder_training.TokenizedLabelled
+    dev_split: TokenizedSplit | TokenizedText | EncoderBatcher | None   # an encoder's: batches
     batcher: Batcher
     model: Model
     net: torch.nn.Module          # the model as stepped: compiled and/or DDP-wrapped
@@ -93,6 +98,10 @@ class Run:
     @property
     def language_model(self) -> bool:
         return is_language_model(self.model_config)
+
+    @property
+    def encoder(self) -> bool:
+        return self.model_config.arch == "encoder"
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -128,9 +137,14 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     check_run_configs(model_config, train_config, corpus_kind(data_dir), data_dir)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
         if torch.cuda.is_available() else torch.device("cpu")
-    tokenizer = Tokenizer(data_dir / MODEL_NAME)
+    tokenizer = Tokenizer(_tokenizer_path(data_dir, model_config, init))
     _check_vocabulary(model_config, tokenizer)
-    train_split, dev_split, batcher = _load_data(data_dir, tokenizer, model_config, train_config)
+    if model_config.arch == "encoder":
+        train_split, batcher, dev_split = encoder_training.load_encoder_data(
+            data_dir, tokenizer, model_config, train_config)
+    else:
+        train_split, dev_split, batcher = _load_data(data_dir, tokenizer, model_config,
+                                                     train_config)
 
     torch.manual_seed(train_config.seed)  # the same initial weights in every process
     model = build_model(model_config).to(device)
@@ -138,7 +152,14 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
                                  betas=(train_config.adam_beta1, train_config.adam_beta2),
                                  eps=train_config.adam_eps, fused=device.type in ("cpu", "cuda"))
     torch.manual_seed(train_config.seed + 1 + rank)  # dropout differs across processes
-    if init is not None:
+    if isinstance(train_split, encoder_training.TokenizedLabelled):
+        model.labels = list(train_split.names)     # checkpoints record the class names
+    if init is not None and model_config.arch == "encoder":
+        new = encoder_training.load_pretrained(model, init, device)
+        if new and rank == 0:
+            print(f"--init {init}: loaded every weight but the new classification head "
+                  f"({', '.join(new)}), initialised afresh")
+    elif init is not None:
         model.load_state_dict(load_model(init, device).state_dict())
     position, state = restore(out, model, optimizer, rank, device) if resume else (Position(), {})
     ema = WeightAverage(model, train_config.ema_decay) if train_config.ema_decay else None
@@ -149,12 +170,31 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
         checkpoint.remove_stale_temporaries(out)
 
     net: torch.nn.Module = torch.compile(model, dynamic=True) if train_config.compile else model
+    if world > 1 and model_config.arch == "encoder":
+        # Its heads run outside the wrapped forward, which DDP's reducer does not follow.
+        raise TrainingError("arch 'encoder' trains in one process for now; run it without "
+                            "torchrun (update_freq accumulates larger steps)")
     if world > 1:
         net = DistributedDataParallel(net)
     peak = matmul_peak(getattr(torch, training_dtype(train_config.dtype, device)), device)
     return Run(out, model_config, train_config, world, rank, device, tokenizer, train_split,
                dev_split, batcher, model, net, optimizer, position, peak,
                TrainingLog(out, rank == 0), ema)
+
+
+def _tokenizer_path(data_dir: Path, model_config: ModelConfig, init: Path | None) -> Path:
+    """The corpus's vocabulary; an encoder fine-tuned from a checkpoint (--init) on a
+    corpus without one reads the checkpoint's, which its embeddings were trained on."""
+    path = data_dir / MODEL_NAME
+    if init is None or model_config.arch != "encoder":
+        return path
+    theirs = checkpoint.resolve(init) / MODEL_NAME
+    if not path.is_file():
+        return theirs
+    if theirs.is_file() and theirs.read_bytes() != path.read_bytes():
+        raise TrainingError(f"{path} is not the vocabulary {init} was trained with "
+                            f"({theirs}): remove it to fine-tune with the checkpoint's")
+    return path
 
 
 def _check_vocabulary(model_config: ModelConfig, tokenizer: Tokenizer) -> None:
@@ -174,6 +214,9 @@ def check_run_configs(model_config: ModelConfig, train_config: TrainConfig, kind
                       data_dir: Path) -> None:
     """Refuse what cannot train, before anything is loaded or written: a model on the
     other kind of corpus, BLEU for a language model, packing for a translation model."""
+    encoder_training.check_encoder_configs(model_config, train_config, kind, data_dir)
+    if model_config.arch == "encoder":
+        return
     language_model = is_language_model(model_config)
     if language_model and kind != "text":
         raise ConfigError(f"arch 'decoder' is a language model: --data {data_dir} is a "
@@ -291,24 +334,21 @@ def train_step(run: Run, seconds: float) -> StepResult | None:
     """One optimizer step over update_freq batches per process, `seconds` into the run;
     None (and no update) when the loss is not finite."""
     c = run.train_config
-    batches = run.stream.take(run.world * c.update_freq)
-    mine = batches[run.rank * c.update_freq:(run.rank + 1) * c.update_freq]
+    keyed = run.stream.take_keyed(run.world * c.update_freq)
+    batches = [indices for _, indices in keyed]
+    mine = keyed[run.rank * c.update_freq:(run.rank + 1) * c.update_freq]
     step_tokens = sum(run.batcher.target_tokens(indices) for indices in batches)
+    counts = encoder_training.step_counts(run.batcher, batches) if run.encoder else {}
     run.model.train()
     loss_sum, flops = 0.0, 0.0
-    for i, indices in enumerate(mine):
-        batch = run.batcher.collate(indices).to(run.device)
+    for i, (key, indices) in enumerate(mine):
         last = i == len(mine) - 1
         sync = contextlib.nullcontext() if run.world == 1 or last else run.net.no_sync()
         with sync, torch.autocast(run.device.type, dtype=run.autocast_dtype or torch.float32,
                                   enabled=run.autocast_dtype is not None):
-            hidden = _hidden_states(run.net, batch, run.language_model)
-            loss, _ = projected_label_smoothed_nll(hidden, run.model.output_proj.weight,
-                                                   batch.tgt_out, c.label_smoothing, PAD_ID)
-            # DDP averages over processes: scale so the result is sum / step_tokens.
-            (loss * run.world / step_tokens).backward()
-        loss_sum += loss.item()
-        flops += training_flops(run.model_config, *batch.src.shape, batch.tgt_in.shape[1])
+            loss, batch_flops = _backward(run, key, indices, step_tokens, counts)
+        loss_sum += loss
+        flops += batch_flops
     loss_sum, flops = sum_over_processes([loss_sum, flops], run.world, run.device)
     if not math.isfinite(loss_sum):
         run.optimizer.zero_grad(set_to_none=True)
@@ -326,6 +366,29 @@ def train_step(run: Run, seconds: float) -> StepResult | None:
     if run.ema is not None:
         run.ema.update(run.model)
     return StepResult(loss_sum, step_tokens, flops, lr)
+
+
+def _backward(run: Run, key: tuple[int, int], indices: np.ndarray, step_tokens: int,
+              counts: dict[str, int]) -> tuple[float, float]:
+    """One batch's forward and backward; its gradients are this batch's share of the
+    step's mean loss. -> (its loss summed over its scored tokens, its FLOPs)."""
+    if run.encoder:
+        batch = run.batcher.collate(indices, key).to(run.device)
+        share = encoder_training.step_objective(
+            encoder_training.batch_losses(run.net, run.model, batch), counts)
+        (share * run.world).backward()
+        # Logged per scored token: the step's loss (a sum of means) x its tokens.
+        return (share * step_tokens).item(), training_flops(run.model_config,
+                                                            *batch.ids.shape, 0)
+    batch = run.batcher.collate(indices).to(run.device)
+    hidden = _hidden_states(run.net, batch, run.language_model)
+    loss, _ = projected_label_smoothed_nll(hidden, run.model.output_proj.weight,
+                                           batch.tgt_out, run.train_config.label_smoothing,
+                                           PAD_ID)
+    # DDP averages over processes: scale so the result is sum / step_tokens.
+    (loss * run.world / step_tokens).backward()
+    return loss.item(), training_flops(run.model_config, *batch.src.shape,
+                                       batch.tgt_in.shape[1])
 
 
 def _hidden_states(net: torch.nn.Module, batch: Batch, language_model: bool):
@@ -382,8 +445,11 @@ def _periodic(run: Run, window: _Window, lr: float, elapsed: float, finished: bo
         _log_window(run, window, lr, elapsed, progress)
         window.reset()
     if run.dev_split is not None and (step % c.eval_every == 0 or finished):
-        if run.main_process:
+        if run.main_process and isinstance(run.dev_split, EncoderBatcher):
+            result = encoder_training.evaluate_encoder(run.model, run.dev_split, run.device)
+        elif run.main_process:
             result = evaluate_dev(run.model, run.dev_split, run.tokenizer, c, run.device)
+        if run.main_process:
             run.log.write({"event": "dev", "step": step,
                            "elapsed_s": run.position.seconds + elapsed, **result})
             progress.write(f"step {step}: " + ", ".join(f"{key} {value:.3f}"

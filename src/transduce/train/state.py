@@ -36,13 +36,19 @@ class BatchStream:
         self._epoch_batches = batcher.epoch_batches(position.epoch)
 
     def take(self, count: int) -> list[np.ndarray]:
+        return [indices for _, indices in self.take_keyed(count)]
+
+    def take_keyed(self, count: int) -> list[tuple[tuple[int, int], np.ndarray]]:
+        """The next `count` batches, each with its key (epoch, batch position): what
+        seeds a batch's own randomness (an encoder's masks) so that it resumes exactly."""
         taken = []
         while len(taken) < count:
             if self.position.batch >= len(self._epoch_batches):
                 self.position.epoch += 1
                 self.position.batch = 0
                 self._epoch_batches = self.batcher.epoch_batches(self.position.epoch)
-            taken.append(self._epoch_batches[self.position.batch])
+            key = (self.position.epoch, self.position.batch)
+            taken.append((key, self._epoch_batches[self.position.batch]))
             self.position.batch += 1
         return taken
 

@@ -1,0 +1,83 @@
+"""`transduce classify | embed`: an encoder-only model over lines of text.
+
+Lines come from --input or standard input; N lines in give N results out, in order.
+classify writes `label<TAB>probability` per line (--all: every class's probability);
+embed writes an (N, d_model) float32 .npy file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from transduce.cli.options import positive_int
+from transduce.config import Dtype, choices
+
+
+def register(commands) -> None:
+    classify = commands.add_parser("classify", help="label lines with a fine-tuned encoder")
+    _add_common(classify)
+    classify.add_argument("--output", type=Path, default=None, help="default: standard output")
+    classify.add_argument("--all", action="store_true",
+                          help="every class's probability, label=probability, tab-separated")
+    classify.set_defaults(handler=classify_command)
+
+    embed = commands.add_parser("embed", help="sentence vectors: mean of the last hidden states")
+    _add_common(embed)
+    embed.add_argument("--out", type=Path, required=True, help=".npy file to write (N, d_model)")
+    embed.add_argument("--normalize", action="store_true", help="L2-normalise each vector")
+    embed.set_defaults(handler=embed_command)
+
+
+def _add_common(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--model", type=Path, required=True, help="checkpoint or run directory")
+    command.add_argument("--input", type=Path, default=None, help="default: standard input")
+    command.add_argument("--batch-tokens", type=positive_int, default=4096,
+                         help="tokens per batch, counting padding")
+    command.add_argument("--dtype", default="float32", choices=choices(Dtype))
+
+
+def _read_input(args: argparse.Namespace) -> list[str]:
+    """All input lines; invalid UTF-8 names the file (or <stdin>) and line."""
+    from transduce.data.corpus import read_lines
+    from transduce.decode.streaming import line_batches
+
+    if args.input is not None:
+        return read_lines(args.input, allow_empty=True)
+    return [line for batch in line_batches(sys.stdin.fileno(), max_lines=1 << 16)
+            for line in batch]
+
+
+def classify_command(args: argparse.Namespace) -> int:
+    from transduce import atomic
+    from transduce.decode.encode import SentenceEncoder
+
+    encoder = SentenceEncoder.load(args.model, dtype=args.dtype)
+    predictions = encoder.classify(_read_input(args), batch_tokens=args.batch_tokens)
+    if args.all:
+        text = "".join("\t".join(f"{label}={p:.4f}" for label, p in pred.probabilities.items())
+                       + "\n" for pred in predictions)
+    else:
+        text = "".join(f"{pred.label}\t{pred.probability:.4f}\n" for pred in predictions)
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        atomic.write_text(args.output, text)
+    return 0
+
+
+def embed_command(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from transduce import atomic
+    from transduce.decode.encode import SentenceEncoder
+
+    encoder = SentenceEncoder.load(args.model, dtype=args.dtype)
+    vectors = encoder.embed(_read_input(args), normalize=args.normalize,
+                            batch_tokens=args.batch_tokens)
+    with atomic.atomic_file(args.out) as temporary, open(temporary, "wb") as handle:
+        np.save(handle, vectors)
+    print(f"wrote {args.out}: {vectors.shape[0]} vectors of {vectors.shape[1]} "
+          f"({'L2-normalised' if args.normalize else 'not normalised'})", file=sys.stderr)
+    return 0

@@ -1,0 +1,328 @@
+"""Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining or
+BertForSequenceClassification directories) -> our EncoderOnly.
+
+BERT is the encoder-only model of the "bert-base" preset: post-norm layers, learned
+positions, segment (token type) embeddings and an embedding LayerNorm, the pooler, and
+the heads of pre-training and fine-tuning. The weights map one to one (nn.Linear both):
+
+    embeddings.word_embeddings              encoder.embed.embedding
+    embeddings.position_embeddings          encoder.embed.positions.embedding
+    embeddings.token_type_embeddings        encoder.embed.segments
+    embeddings.LayerNorm                    encoder.embed.norm
+    encoder.layer.N.attention.self.query    encoder.layers.N.self_attn.q_proj (key, value)
+    encoder.layer.N.attention.output.dense  encoder.layers.N.self_attn.out_proj
+    encoder.layer.N.attention.output.LayerNorm   encoder.layers.N.norm1
+    encoder.layer.N.intermediate.dense      encoder.layers.N.ffn.linear1
+    encoder.layer.N.output.dense            encoder.layers.N.ffn.linear2
+    encoder.layer.N.output.LayerNorm        encoder.layers.N.norm2
+    pooler.dense                            pooler
+    cls.predictions.transform.dense         mlm_head.dense
+    cls.predictions.transform.LayerNorm     mlm_head.norm
+    cls.predictions.bias (decoder.bias)     mlm_head.decoder.bias (the weight: tied)
+    cls.seq_relationship                    nsp_head
+    classifier                              classifier
+
+The model's weights may carry a "bert." prefix (the task models) or not (BertModel),
+and old checkpoints name LayerNorm parameters gamma and beta. Every key is accounted
+for: the embeddings' position_ids / token_type_ids buffers are skipped, a stored
+cls.predictions.decoder.weight must equal the word embeddings, and anything else, or a
+missing weight, is an error naming the key. A head the checkpoint lacks (BertModel has
+no cls.*, BertForMaskedLM no pooler and no NSP head) keeps its fresh initialisation,
+and the checkpoint's origin lists it ("fresh_heads"). The tokenizer (tokenizer.json, or
+vocab.txt with tokenizer_config.json's casing) travels with the checkpoint: bos [CLS],
+eos [SEP], pad [PAD].
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from transduce import checkpoint
+from transduce.config import ConfigError, ModelConfig, preset
+from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
+from transduce.data.tokenizer import TokenizerError
+from transduce.importers import ForeignCheckpointError, check_foreign_options
+from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
+from transduce.model.encoder_only import EncoderOnly
+
+VOCAB_TXT = "vocab.txt"
+
+# Hugging Face hidden_act -> ModelConfig.activation (gelu_new and gelu_pytorch_tanh are
+# the same tanh approximation, computed two ways).
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh",
+               "relu": "relu"}
+# Options whose other value changes what the model computes: name -> the value we have.
+FIXED_OPTIONS = {"position_embedding_type": "absolute", "is_decoder": False,
+                 "add_cross_attention": False}
+_IGNORED = re.compile(r"^embeddings\.(position_ids|token_type_ids)$")   # index buffers
+# The optional heads: our module -> what it is called in messages.
+HEADS = {"pooler": "pooler", "mlm_head": "masked-LM head", "nsp_head": "next-sentence head",
+         "classifier": "classification head"}
+
+
+def import_bert(hf_dir: Path | str, out: Path | str) -> Path:
+    """Read a Hugging Face BERT directory (config.json, model.safetensors or
+    pytorch_model.bin, tokenizer.json or vocab.txt) and write it as our checkpoint at
+    `out`, replacing one there; nothing is written unless everything was read and
+    checked. The heads the checkpoint lacks are initialised afresh and listed in the
+    written config.json's origin["fresh_heads"] (see fresh_heads())."""
+    hf_dir, out = Path(hf_dir), Path(out)
+    if not (hf_dir / HF_CONFIG).is_file():
+        raise ForeignCheckpointError(f"{hf_dir}: not a Hugging Face checkpoint (no {HF_CONFIG})")
+    if out.resolve() == hf_dir.resolve():
+        raise ForeignCheckpointError(f"{out}: the output would replace the checkpoint being "
+                                     f"imported; choose another directory")
+    hf = _read_json(hf_dir / HF_CONFIG)
+    check_options(hf, hf_dir / HF_CONFIG)
+    tokenizer = read_tokenizer(hf_dir)
+    tensors, source = read_weights(hf_dir)
+    names = _bert_names(tensors, source)
+    labels = _labels(hf, hf_dir / HF_CONFIG) if "classifier.weight" in names else None
+    config = model_config(hf, hf_dir / HF_CONFIG, tokenizer,
+                          num_labels=len(labels) if labels else 0)
+    model = EncoderOnly(config)
+    state, found = map_weights(tensors, names, config, source)
+    fresh = {name: tensor for name, tensor in model.state_dict().items()
+             if name.split(".")[0] in HEADS and name.split(".")[0] not in found
+             and name not in state}
+    model.load_state_dict({**state, **fresh})
+    model.labels = labels
+    origin = {"imported": "hf-bert", "from": str(hf_dir.resolve()), "steps": None,
+              "fresh_heads": [head for head in HEADS if head not in found
+                              and (head != "classifier" or config.num_labels)]}
+    return checkpoint.save(out, model.eval(), None, tokenizer, origin=origin)
+
+
+def fresh_heads(path: Path | str) -> list[str]:
+    """The heads of an imported BERT checkpoint that were not in what it was imported
+    from, and hold a fresh initialisation ([] when all were there)."""
+    file = Path(path) / checkpoint.CONFIG
+    try:
+        origin = json.loads(file.read_text(encoding="utf-8")).get("origin") or {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as error:
+        raise checkpoint.CheckpointError(f"{file}: unreadable ({error})") from None
+    return list(origin.get("fresh_heads") or [])
+
+
+def check_options(hf: dict[str, Any], config_file: Path) -> None:
+    """A BERT configuration whose options we can reproduce."""
+    check_foreign_options(hf, config_file, "bert", FIXED_OPTIONS, "hidden_act", "gelu",
+                          ACTIVATIONS)
+
+
+def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
+                 num_labels: int = 0) -> ModelConfig:
+    """The "bert-base" preset with the sizes and options of a Hugging Face BertConfig."""
+    check_options(hf, config_file)
+
+    def required(name: str) -> Any:
+        if name not in hf:
+            raise ForeignCheckpointError(f"{config_file}: no {name!r}")
+        return hf[name]
+
+    vocab_size = required("vocab_size")
+    try:
+        config = preset("bert-base", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
+                        d_model=required("hidden_size"),
+                        num_heads=required("num_attention_heads"),
+                        num_encoder_layers=required("num_hidden_layers"),
+                        d_ff=required("intermediate_size"),
+                        max_positions=hf.get("max_position_embeddings", 512),
+                        type_vocab_size=hf.get("type_vocab_size", 2),
+                        activation=ACTIVATIONS[hf.get("hidden_act", "gelu")],
+                        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+                        dropout=hf.get("hidden_dropout_prob", 0.1),
+                        attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+                        num_labels=num_labels)
+        if tokenizer.vocab_size > config.src_vocab_size:
+            raise ForeignCheckpointError(f"{config_file}: vocab_size={vocab_size} is smaller "
+                                         f"than the tokenizer's {tokenizer.vocab_size} tokens")
+        config = config.replace(pad_id=tokenizer.pad_id)
+    except (ConfigError, TypeError) as error:
+        raise ForeignCheckpointError(f"{config_file}: {error}") from None
+    if hf.get("pad_token_id") is not None and hf["pad_token_id"] != tokenizer.pad_id:
+        raise ForeignCheckpointError(
+            f"{config_file}: pad_token_id={hf['pad_token_id']} but the tokenizer's pad token "
+            f"{tokenizer.piece(tokenizer.pad_id)!r} is {tokenizer.pad_id}")
+    return config
+
+
+def read_tokenizer(hf_dir: Path) -> HFTokenizer:
+    """The directory's tokenizer.json, else its vocab.txt (lowercased, accents stripped
+    and Chinese characters split as tokenizer_config.json's do_lower_case, strip_accents
+    and tokenize_chinese_chars say; BERT's defaults: True, as lowercasing, True), with
+    the special tokens its tokenizer_config.json / special_tokens_map.json name
+    (BERT's defaults: [CLS] bos, [SEP] eos, [PAD], [MASK], [UNK])."""
+    specials, options = tokenizer_settings(
+        hf_dir, {"cls": "[CLS]", "sep": "[SEP]", "pad": "[PAD]", "mask": "[MASK]",
+                 "unk": "[UNK]"}, ("do_lower_case", "strip_accents", "tokenize_chinese_chars"))
+    try:
+        if (hf_dir / TOKENIZER_JSON).is_file():
+            tokenizer = HFTokenizer.from_file(hf_dir / TOKENIZER_JSON, bos=specials["cls"],
+                                              eos=specials["sep"], pad=specials["pad"])
+            if not tokenizer.prepend_bos:   # no [CLS] A [SEP] template: give it BERT's,
+                tokenizer = _with_bert_template(tokenizer)   # which the checkpoint keeps
+        elif (hf_dir / VOCAB_TXT).is_file():
+            tokenizer = HFTokenizer.from_wordpiece(
+                hf_dir / VOCAB_TXT, lowercase=bool(options.get("do_lower_case", True)),
+                strip_accents=options.get("strip_accents"),
+                chinese_chars=bool(options.get("tokenize_chinese_chars", True)),
+                unk=specials["unk"], bos=specials["cls"], eos=specials["sep"],
+                pad=specials["pad"], mask=specials["mask"])
+        else:
+            raise ForeignCheckpointError(f"{hf_dir}: no tokenizer ({TOKENIZER_JSON} or "
+                                         f"{VOCAB_TXT})")
+    except TokenizerError as error:
+        raise ForeignCheckpointError(str(error)) from None
+    return tokenizer
+
+
+def _with_bert_template(tokenizer: HFTokenizer) -> HFTokenizer:
+    """The tokenizer with BERT's post-processor, [CLS] A [SEP] / [CLS] A [SEP] B [SEP],
+    so that it (and the checkpoint's tokenizer.json) says sequences start with [CLS]."""
+    from tokenizers import processors
+
+    cls, sep = tokenizer.piece(tokenizer.bos_id), tokenizer.piece(tokenizer.eos_id)
+    backend = tokenizer.backend
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, tokenizer.bos_id), (sep, tokenizer.eos_id)])
+    return HFTokenizer(backend, tokenizer.path, bos=tokenizer.bos_id, eos=tokenizer.eos_id,
+                       pad=tokenizer.pad_id, mask=tokenizer.mask_id)
+
+
+def _bert_names(tensors: dict[str, Tensor], source: Path) -> dict[str, str]:
+    """BERT's name of each stored tensor (no "bert." prefix, LayerNorm gamma / beta as
+    weight / bias) -> the stored key."""
+    names: dict[str, str] = {}
+    for key in tensors:
+        name = key.removeprefix("bert.")
+        name = re.sub(r"(LayerNorm)\.gamma$", r"\1.weight", name)
+        name = re.sub(r"(LayerNorm)\.beta$", r"\1.bias", name)
+        if name in names:
+            raise ForeignCheckpointError(f"{source}: {key!r} and {names[name]!r} are the same "
+                                         f"weight {name!r}, stored twice")
+        names[name] = key
+    return names
+
+
+def _labels(hf: dict[str, Any], config_file: Path) -> list[str]:
+    """The classes' names in id order, from id2label (else num_labels, else 2 as
+    transformers' default, named LABEL_i)."""
+    id2label = hf.get("id2label")
+    if id2label is None:
+        count = hf.get("num_labels", 2)
+        return [f"LABEL_{i}" for i in range(count)]
+    if not isinstance(id2label, dict):
+        raise ForeignCheckpointError(f"{config_file}: id2label must be an object")
+    try:
+        by_id = {int(key): str(value) for key, value in id2label.items()}
+    except ValueError:
+        raise ForeignCheckpointError(f"{config_file}: id2label keys must be class ids, got "
+                                     f"{sorted(id2label)}") from None
+    if sorted(by_id) != list(range(len(by_id))) or not by_id:
+        raise ForeignCheckpointError(f"{config_file}: id2label must number the classes 0 to "
+                                     f"n-1, got {sorted(by_id)}")
+    return [by_id[i] for i in range(len(by_id))]
+
+
+def map_weights(tensors: dict[str, Tensor], names: dict[str, str], config: ModelConfig,
+                source: Path) -> tuple[dict[str, Tensor], set[str]]:
+    """BERT's tensors -> (our state dict in float32, without the heads the checkpoint
+    lacks; the heads it has). Each key accounted for, each shape checked."""
+    names = dict(names)
+    c, ff, v = config.d_model, config.d_ff, config.src_vocab_size
+
+    def take(name: str, *shape: int) -> Tensor:
+        if name not in names:
+            raise ForeignCheckpointError(f"{source}: missing weight {name!r}")
+        tensor = tensors[names.pop(name)]
+        if tuple(tensor.shape) != shape:
+            raise ForeignCheckpointError(f"{source}: {name!r} has shape "
+                                         f"{tuple(tensor.shape)}, the configuration needs "
+                                         f"{shape}")
+        return tensor.float().contiguous()
+
+    def linear(ours: str, theirs: str, n_in: int, n_out: int) -> None:
+        state[f"{ours}.weight"] = take(f"{theirs}.weight", n_out, n_in)
+        state[f"{ours}.bias"] = take(f"{theirs}.bias", n_out)
+
+    def norm(ours: str, theirs: str) -> None:
+        state[f"{ours}.weight"] = take(f"{theirs}.weight", c)
+        state[f"{ours}.bias"] = take(f"{theirs}.bias", c)
+
+    embedding = take("embeddings.word_embeddings.weight", v, c)
+    state = {"encoder.embed.embedding.weight": embedding,
+             "mlm_head.decoder.weight": embedding,             # tied, whatever is found
+             "encoder.embed.positions.embedding.weight":
+                 take("embeddings.position_embeddings.weight", config.max_positions, c),
+             "encoder.embed.segments.weight":
+                 take("embeddings.token_type_embeddings.weight", config.type_vocab_size, c)}
+    norm("encoder.embed.norm", "embeddings.LayerNorm")
+    for i in range(config.num_encoder_layers):
+        ours, theirs = f"encoder.layers.{i}", f"encoder.layer.{i}"
+        for proj, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
+            linear(f"{ours}.self_attn.{proj}", f"{theirs}.attention.self.{name}", c, c)
+        linear(f"{ours}.self_attn.out_proj", f"{theirs}.attention.output.dense", c, c)
+        norm(f"{ours}.norm1", f"{theirs}.attention.output.LayerNorm")
+        linear(f"{ours}.ffn.linear1", f"{theirs}.intermediate.dense", c, ff)
+        linear(f"{ours}.ffn.linear2", f"{theirs}.output.dense", ff, c)
+        norm(f"{ours}.norm2", f"{theirs}.output.LayerNorm")
+
+    found: set[str] = set()
+
+    def head(ours: str, prefix: str, read: Callable[[], None]) -> None:
+        """A head is read whole when any of its weights is there, else left out."""
+        if any(name.startswith(prefix) for name in names):
+            read()
+            found.add(ours)
+
+    head("pooler", "pooler.", lambda: linear("pooler", "pooler.dense", c, c))
+    head("mlm_head", "cls.predictions.", lambda: _mlm_head(state, names, tensors, take,
+                                                           linear, norm, embedding, source))
+    head("nsp_head", "cls.seq_relationship.",
+         lambda: linear("nsp_head", "cls.seq_relationship", c, 2))
+    if config.num_labels:
+        head("classifier", "classifier.",
+             lambda: linear("classifier", "classifier", c, config.num_labels))
+    unknown = sorted(names[name] for name in names if not _IGNORED.match(name))
+    if unknown:
+        raise ForeignCheckpointError(f"{source}: unknown weight {unknown[0]!r}"
+                                     + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1
+                                        else ""))
+    return state, found
+
+
+def _mlm_head(state, names, tensors, take, linear, norm, embedding, source) -> None:
+    """cls.predictions: the transform, the output bias (stored as cls.predictions.bias,
+    cls.predictions.decoder.bias, or both and equal), and the output matrix, which must
+    be the word embeddings."""
+    c = embedding.shape[1]
+    linear("mlm_head.dense", "cls.predictions.transform.dense", c, c)
+    norm("mlm_head.norm", "cls.predictions.transform.LayerNorm")
+    biases = [name for name in ("cls.predictions.bias", "cls.predictions.decoder.bias")
+              if name in names]
+    if not biases:
+        raise ForeignCheckpointError(f"{source}: missing weight 'cls.predictions.bias' (or "
+                                     f"'cls.predictions.decoder.bias')")
+    values = [take(name, embedding.shape[0]) for name in biases]
+    if len(values) == 2 and not torch.equal(*values):
+        raise ForeignCheckpointError(f"{source}: 'cls.predictions.bias' differs from "
+                                     f"'cls.predictions.decoder.bias'")
+    state["mlm_head.decoder.bias"] = values[0]
+    if "cls.predictions.decoder.weight" in names:
+        decoder = tensors[names.pop("cls.predictions.decoder.weight")]
+        if decoder.shape != embedding.shape or not torch.equal(decoder.float(), embedding):
+            raise ForeignCheckpointError(
+                f"{source}: 'cls.predictions.decoder.weight' differs from "
+                f"'embeddings.word_embeddings.weight'; only tied output embeddings can be "
+                f"imported")
+
+
+

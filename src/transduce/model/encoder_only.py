@@ -1,0 +1,157 @@
+"""The encoder-only Transformer (BERT): the encoder's layers over a sentence or a pair of
+sentences, with the heads of its pre-training and fine-tuning.
+
+    hidden = model(ids, segments)               # (B, T) -> (B, T, C); pad id masked
+    pooled = model.pool(hidden)                 # dense + tanh over [CLS]: (B, C)
+    model.mlm_logits(hidden)                    # (B, T, V): the masked-LM head
+    model.nsp_logits(pooled)                    # (B, 2): is sentence B the next one?
+    model.classify_logits(pooled)               # (B, num_labels)
+    model.sentence_embeddings(ids)              # mean over real tokens: (B, C)
+
+The input is [CLS] A [SEP] (B [SEP]), segment 0 for A and its markers, 1 for B.
+Embeddings (Devlin et al. 2019): token + learned position + segment, then LayerNorm and
+dropout. The layers are post-norm with exact GELU, as the encoder-decoder's EncoderLayer
+computes them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transduce.attention import masks
+from transduce.config import ModelConfig
+from transduce.model.dropout import Dropout
+from transduce.model.layers import activation_module
+from transduce.model.positional import LearnedPositionalEmbedding
+from transduce.model.transformer import Encoder, init_linear_layers, rotary_embedding
+
+INIT_STD = 0.02   # BERT's initialiser: every weight N(0, 0.02), biases 0, LayerNorm 1 / 0
+
+
+class SegmentedEmbedding(nn.Module):
+    """Token + position + segment embeddings, LayerNorm, dropout: BERT's input layer."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = config
+        self.embedding = nn.Embedding(c.src_vocab_size, c.d_model)
+        self.positions = LearnedPositionalEmbedding(c.d_model, c.max_positions) \
+            if c.positional == "learned" else None
+        self.segments = nn.Embedding(c.type_vocab_size, c.d_model)
+        self.norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.dropout = Dropout(c.dropout)
+
+    def forward(self, ids: Tensor, segments: Tensor | None = None) -> Tensor:
+        """ids (B, T), segments (B, T) (None: all 0) -> (B, T, C)."""
+        x = self.embedding(ids)
+        if self.positions is not None:
+            x = x + self.positions(ids.shape[1])
+        x = x + (self.segments.weight[0] if segments is None else self.segments(segments))
+        return self.dropout(self.norm(x))
+
+
+class MaskedLMHead(nn.Module):
+    """dense + activation (GELU in BERT) + LayerNorm, then the token embeddings (tied) and
+    a bias: (B, T, V)."""
+
+    def __init__(self, config: ModelConfig, embedding: nn.Embedding):
+        super().__init__()
+        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.activation = activation_module(config.activation)   # BERT's hidden_act
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.d_model, config.src_vocab_size)
+        self.decoder.weight = embedding.weight
+
+    def transform(self, hidden: Tensor) -> Tensor:
+        """(..., C) -> (..., C): what the tied output matrix multiplies."""
+        return self.norm(self.activation(self.dense(hidden)))
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.decoder(self.transform(hidden))
+
+
+class EncoderOnly(nn.Module):
+    """BERT on the encoder-decoder's Encoder and EncoderLayer."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = self.config = config
+        embed = SegmentedEmbedding(c)
+        self.encoder = Encoder(c, embed, rotary_embedding(c))
+        self.pooler = nn.Linear(c.d_model, c.d_model)
+        self.mlm_head = MaskedLMHead(c, embed.embedding)
+        self.nsp_head = nn.Linear(c.d_model, 2)
+        self.classifier = nn.Linear(c.d_model, c.num_labels) if c.num_labels else None
+        # The classes' names, in the classifier's order (a checkpoint writes them in its
+        # config.json; load_model reads them back).
+        self.labels: list[str] | None = None
+        self.head_dropout = Dropout(c.dropout)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """BERT's: N(0, 0.02) for every matrix, zero biases, unit LayerNorms."""
+        init_linear_layers(list(self.modules()))
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=INIT_STD)
+        with torch.no_grad():
+            self.embed.embedding.weight[self.config.pad_id].zero_()
+
+    @property
+    def embed(self) -> SegmentedEmbedding:
+        return self.encoder.embed
+
+    @property
+    def output_proj(self) -> nn.Linear:
+        """The tied output matrix (V, C) (what training's projected loss multiplies)."""
+        return self.mlm_head.decoder
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, the tied matrix counted once."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def padding_mask(self, ids: Tensor) -> Tensor:
+        """(B, T) -> (B, 1, 1, T): every non-pad token may be attended."""
+        return masks.padding_mask_from_ids(ids, self.config.pad_id)
+
+    def forward(self, ids: Tensor, segments: Tensor | None = None, *,
+                key_mask: Tensor | None = None) -> Tensor:
+        """ids (B, T) right-padded, segments (B, T) -> hidden states (B, T, C). key_mask
+        (B, T), True for real tokens, defaults to ids != pad_id."""
+        mask = self.padding_mask(ids) if key_mask is None else key_mask[:, None, None, :]
+        inputs = {} if segments is None else {"segments": segments}
+        return self.encoder(ids, mask, **inputs)
+
+    def pool(self, hidden: Tensor) -> Tensor:
+        """The first token's ([CLS]) state through dense + tanh: (B, T, C) -> (B, C)."""
+        return torch.tanh(self.pooler(hidden[:, 0]))
+
+    def mlm_logits(self, hidden: Tensor) -> Tensor:
+        """(B, T, C) -> (B, T, V)."""
+        return self.mlm_head(hidden)
+
+    def nsp_logits(self, pooled: Tensor) -> Tensor:
+        """(B, C) -> (B, 2): logit 0 "B follows A", logit 1 "B is random" (BERT's order)."""
+        return self.nsp_head(pooled)
+
+    def classify_logits(self, pooled: Tensor) -> Tensor:
+        """(B, C) -> (B, num_labels), through dropout as in fine-tuning."""
+        if self.classifier is None:
+            raise ValueError("this model has no classification head (num_labels=0); "
+                             "fine-tune it with --task classify")
+        return self.classifier(self.head_dropout(pooled))
+
+    def sentence_embeddings(self, ids: Tensor, segments: Tensor | None = None, *,
+                            normalize: bool = False) -> Tensor:
+        """Mean of the last hidden states over the non-pad tokens (as sentence-transformers
+        pools), optionally L2-normalised: ids (B, T) -> (B, C)."""
+        hidden = self(ids, segments)
+        real = (ids != self.config.pad_id).unsqueeze(-1).to(hidden.dtype)     # (B, T, 1)
+        mean = (hidden * real).sum(dim=1) / real.sum(dim=1).clamp_min(1.0)
+        return F.normalize(mean, dim=-1) if normalize else mean
+
+    def attention_modules(self) -> dict[str, list[nn.Module]]:
+        """The attention modules by role, one per layer (attention/recorder.py)."""
+        return {"encoder": [layer.self_attn for layer in self.encoder.layers]}

@@ -1,0 +1,235 @@
+"""What training an encoder (arch "encoder", BERT) adds to the loop: its data, its
+losses, its dev evaluation, and loading pre-trained weights into a classifier.
+
+Pre-training (TrainConfig.task "pretrain") reads a text corpus: objective "mlm" trains
+the masked LM on [CLS] line [SEP]; "mlm,nsp" adds next-sentence prediction on
+[CLS] A [SEP] B [SEP], B the next line of the file (verses are in canonical order) or a
+random one. The step's loss is the mean over its masked positions of the MLM loss plus
+the mean over its pairs of the NSP loss (BERT's sum of the two means), each mean taken
+over every batch and process of the step, so accumulation and processes do not change
+it. Fine-tuning (task "classify") reads a classification corpus and minimises the mean
+cross entropy of classify_logits(pool(hidden)) over the step's sentences.
+
+Dev: masked-LM loss and accuracy with fixed masks (the same at every evaluation), NSP
+accuracy; or a classifier's loss, accuracy and macro-F1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transduce import checkpoint
+from transduce.config import ConfigError, ModelConfig, TrainConfig
+from transduce.data.batching import EncoderBatcher
+from transduce.data.corpus import CorpusKind, has_split
+from transduce.data.dataset import (TokenizedLabelled, TokenizedText, load_labelled_split,
+                                    load_text_split)
+from transduce.data.labelled import class_names
+from transduce.data.masking import IGNORE, EncoderBatch
+from transduce.data.tokenizer import Tokenizer
+from transduce.errors import TransduceError
+from transduce.model import build_model
+from transduce.decode.evaluate import macro_f1
+
+DEV_MASK_SEED = 12345   # dev masks are fixed: the same positions at every evaluation
+
+
+class EncoderTrainingError(TransduceError, RuntimeError):
+    """Pre-trained weights do not fit the classifier; the message says what differs."""
+
+
+def check_encoder_configs(model_config: ModelConfig, train_config: TrainConfig,
+                          kind: CorpusKind, data_dir: Path) -> None:
+    """Refuse an encoder run on the wrong corpus or with settings it does not use."""
+    c = train_config
+    if model_config.arch != "encoder":
+        if c.task != "pretrain" or c.objective != "mlm":
+            raise ConfigError(f"TrainConfig.task={c.task!r} / objective={c.objective!r} are "
+                              f"for arch 'encoder' (BERT), not {model_config.arch!r}")
+        if kind == "classification":
+            raise ConfigError(f"--data {data_dir} is a classification corpus: train a "
+                              f"classifier on it with --arch encoder --task classify")
+        return
+    wanted = "classification" if c.task == "classify" else "text"
+    if kind != wanted:
+        how = "labelled text ({train,dev}.tsv; `transduce data bible-genre`)" \
+            if wanted == "classification" else \
+            "a text corpus (train.txt, dev.txt; `transduce data bible-text`)"
+        raise ConfigError(f"arch 'encoder' with task {c.task!r} reads {how}: --data "
+                          f"{data_dir} is a {kind} corpus"
+                          + ("; pass --task classify" if kind == "classification" else ""))
+    if c.task == "classify" and model_config.num_labels < 2:
+        raise ConfigError(f"task 'classify' needs ModelConfig.num_labels >= 2 (the corpus's "
+                          f"classes), got {model_config.num_labels}")
+    if c.pack_length or c.dev_bleu_sentences:
+        raise ConfigError("pack_length and dev_bleu_sentences are for other architectures; "
+                          "an encoder batches whole lines and is scored by its own heads")
+    if min(c.max_len, model_config.max_positions) > c.max_tokens:
+        raise ConfigError(f"TrainConfig.max_tokens={c.max_tokens} cannot hold one sequence "
+                          f"of max_len={min(c.max_len, model_config.max_positions)} tokens")
+
+
+def load_encoder_data(data_dir: Path, tokenizer: Tokenizer, model_config: ModelConfig,
+                      train_config: TrainConfig
+                      ) -> tuple[TokenizedText | TokenizedLabelled, EncoderBatcher,
+                                 EncoderBatcher | None]:
+    """-> (train split, train batcher, dev batcher or None). Sequences are cropped to
+    max_len (and the model's positions), never dropped."""
+    c = train_config
+    max_len = min(c.max_len, model_config.max_positions)
+    common = dict(max_tokens=c.max_tokens, max_len=max_len,
+                  vocab_size=model_config.src_vocab_size)
+    has_dev = has_split(data_dir, "dev")
+    if c.task == "classify":
+        names = class_names(data_dir)
+        if len(names) != model_config.num_labels:
+            raise ConfigError(f"{data_dir} has {len(names)} classes ({', '.join(names)}) but "
+                              f"ModelConfig.num_labels={model_config.num_labels}")
+        train = load_labelled_split(data_dir, "train", tokenizer, names)
+        batcher = EncoderBatcher(train.ids, labels=train.labels, mask=False, seed=c.seed,
+                                 **common)
+        dev = load_labelled_split(data_dir, "dev", tokenizer, names) if has_dev else None
+        dev_batcher = None if dev is None else EncoderBatcher(
+            dev.ids, labels=dev.labels, mask=False, shuffle=False, **common)
+        return train, batcher, dev_batcher
+    pairs = c.objective == "mlm,nsp"
+    train = load_text_split(data_dir, "train", tokenizer)
+    batcher = EncoderBatcher(train.ids, pairs=pairs, seed=c.seed, **common)
+    dev = load_text_split(data_dir, "dev", tokenizer) if has_dev else None
+    dev_batcher = None if dev is None else EncoderBatcher(
+        dev.ids, pairs=pairs and len(dev.ids) >= 3, seed=DEV_MASK_SEED, shuffle=False,
+        **common)
+    return train, batcher, dev_batcher
+
+
+@dataclass
+class EncoderLosses:
+    """Summed losses of a batch, and its correct predictions, by head."""
+
+    sums: dict[str, Tensor]        # "mlm", "nsp", "classify": summed cross entropy
+    correct: dict[str, int]
+    predictions: Tensor | None = None   # (B,) classes (classification)
+
+
+def batch_losses(net: torch.nn.Module, model: torch.nn.Module, batch: EncoderBatch,
+                 *, count_correct: bool = False) -> EncoderLosses:
+    """The batch's summed losses. net runs the layers (compiled / DDP-wrapped);
+    model holds the heads. The MLM head runs only at the masked positions."""
+    hidden = net(batch.ids, batch.segments)                                  # (B, T, C)
+    sums: dict[str, Tensor] = {}
+    correct: dict[str, int] = {}
+    predictions = None
+    if batch.mlm_labels is not None:
+        chosen = batch.mlm_labels != IGNORE                                  # (B, T)
+        logits = model.mlm_logits(hidden[chosen]).float()                    # (N, V)
+        targets = batch.mlm_labels[chosen]                                   # (N,)
+        sums["mlm"] = F.cross_entropy(logits, targets, reduction="sum")
+        if count_correct:
+            correct["mlm"] = int((logits.argmax(-1) == targets).sum())
+    pooled = model.pool(hidden) if (batch.nsp_labels is not None
+                                    or batch.labels is not None) else None   # (B, C)
+    if batch.nsp_labels is not None:
+        logits = model.nsp_logits(pooled).float()                            # (B, 2)
+        sums["nsp"] = F.cross_entropy(logits, batch.nsp_labels, reduction="sum")
+        if count_correct:
+            correct["nsp"] = int((logits.argmax(-1) == batch.nsp_labels).sum())
+    if batch.labels is not None:
+        logits = model.classify_logits(pooled).float()                       # (B, K)
+        sums["classify"] = F.cross_entropy(logits, batch.labels, reduction="sum")
+        predictions = logits.argmax(-1)
+        if count_correct:
+            correct["classify"] = int((predictions == batch.labels).sum())
+    return EncoderLosses(sums, correct, predictions)
+
+
+def step_objective(losses: EncoderLosses, step_counts: dict[str, int]) -> Tensor:
+    """This batch's share of the step's loss: each head's sum over the step's count
+    of what it scores (so the step's loss is the sum of the heads' means)."""
+    return sum(losses.sums[name] / max(step_counts[name], 1) for name in losses.sums)
+
+
+def step_counts(batcher: EncoderBatcher, batches: list[np.ndarray]) -> dict[str, int]:
+    """What each head scores in the whole step (every batch of every process)."""
+    total: dict[str, int] = {}
+    for indices in batches:
+        for name, count in batcher.scored_counts(indices).items():
+            total[name] = total.get(name, 0) + count
+    return total
+
+
+def evaluate_encoder(model: torch.nn.Module, batcher: EncoderBatcher,
+                     device: torch.device) -> dict[str, float]:
+    """Dev: MLM loss and accuracy over the (fixed) masked positions and NSP accuracy,
+    or a classifier's loss, accuracy and macro-F1."""
+    model.eval()
+    sums: dict[str, float] = {}
+    correct: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    predicted, gold = [], []
+    with torch.no_grad():
+        for position, indices in enumerate(batcher.epoch_batches(0)):
+            batch = batcher.collate(indices, (0, position)).to(device)
+            losses = batch_losses(model, model, batch, count_correct=True)
+            for name, value in losses.sums.items():
+                sums[name] = sums.get(name, 0.0) + value.item()
+                correct[name] = correct.get(name, 0) + losses.correct[name]
+            for name, count in batcher.scored_counts(indices).items():
+                counts[name] = counts.get(name, 0) + count
+            if losses.predictions is not None:
+                predicted.append(losses.predictions.cpu())
+                gold.append(batch.labels.cpu())
+    model.train()
+    result: dict[str, float] = {}
+    if "mlm" in sums:
+        result["dev_mlm_loss"] = sums["mlm"] / counts["mlm"]
+        result["dev_mlm_ppl"] = math.exp(min(result["dev_mlm_loss"], 50.0))
+        result["dev_mlm_accuracy"] = correct["mlm"] / counts["mlm"]
+    if "nsp" in sums:
+        result["dev_nsp_loss"] = sums["nsp"] / counts["nsp"]
+        result["dev_nsp_accuracy"] = correct["nsp"] / counts["nsp"]
+    if "classify" in sums:
+        result["dev_loss"] = sums["classify"] / counts["classify"]
+        result["dev_accuracy"] = correct["classify"] / counts["classify"]
+        result["dev_macro_f1"] = macro_f1(torch.cat(predicted), torch.cat(gold),
+                                          model.config.num_labels)
+    return result
+
+
+NEW_HEAD = "classifier."    # the classification head's parameters: new in a fine-tuning
+
+
+def load_pretrained(model: torch.nn.Module, init: Path, device: torch.device) -> list[str]:
+    """Load a checkpoint's weights into `model`, an encoder: everything but the
+    classification head must be there with the same shapes (the configurations may
+    differ only in num_labels); the head is kept as initialised when the checkpoint has
+    none or one of another size. -> the names of the parameters not loaded."""
+    path = checkpoint.resolve(init)
+    saved_config, _ = checkpoint.read_configs(path)
+    ours = model.config
+    if saved_config.arch != "encoder":
+        raise EncoderTrainingError(f"--init {path}: arch {saved_config.arch!r}, not an "
+                                   f"encoder")
+    differ = sorted(k for k, v in saved_config.replace(num_labels=ours.num_labels)
+                    .to_dict().items() if ours.to_dict()[k] != v)
+    if differ:
+        raise EncoderTrainingError(f"--init {path}: its model differs from this one in "
+                                   f"{', '.join(differ)} (only num_labels may differ)")
+    source = build_model(saved_config)
+    checkpoint.load_weights(source, path, device)
+    weights = source.state_dict()
+    target = model.state_dict()
+    kept = {name: tensor for name, tensor in weights.items()
+            if not (name.startswith(NEW_HEAD) and (name not in target
+                                                    or target[name].shape != tensor.shape))}
+    missing = sorted(set(target) - set(kept))
+    if any(not name.startswith(NEW_HEAD) for name in missing):
+        raise EncoderTrainingError(f"--init {path}: no weights for {', '.join(missing)}")
+    model.load_state_dict({**target, **kept})
+    return missing

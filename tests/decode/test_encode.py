@@ -1,0 +1,127 @@
+"""Classifying and embedding lines with an encoder-only model: N in, N out, in order;
+batched equals one at a time; embeddings are masked means of the last hidden states."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from transduce import checkpoint
+from transduce.cli import main
+from transduce.config import ConfigError, preset
+from transduce.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
+from transduce.decode.encode import SentenceEncoder
+from transduce.decode.evaluate import macro_f1
+from transduce.model import build_model
+
+LINES = ["uno dos", "el perro grande come", "", "casa", "tres gato rojo rojo el casa perro"]
+LABELS = ["animals", "numbers", "things"]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_corpus):
+    torch.manual_seed(0)
+    vocab = Tokenizer(tiny_corpus / "spm.model").vocab_size
+    net = build_model(preset("bert-tiny", src_vocab_size=vocab, tgt_vocab_size=vocab,
+                             num_labels=len(LABELS))).eval()
+    net.labels = LABELS
+    return net
+
+
+@pytest.fixture(scope="module")
+def encoder(model, tiny_corpus):
+    return SentenceEncoder(model, Tokenizer(tiny_corpus / "spm.model"))
+
+
+@pytest.fixture(scope="module")
+def saved(model, tiny_corpus, tmp_path_factory):
+    path = tmp_path_factory.mktemp("bert") / "model"
+    checkpoint.save(path, model, None, tiny_corpus / "spm.model")
+    return path
+
+
+def test_classify_gives_one_prediction_per_line_in_order(encoder):
+    together = encoder.classify(LINES, batch_tokens=64)
+    alone = [encoder.classify([line])[0] for line in LINES]
+    assert len(together) == len(LINES)
+    for a, b in zip(together, alone):
+        assert a.label == b.label and a.label in LABELS
+        assert sum(a.probabilities.values()) == pytest.approx(1.0, abs=1e-5)
+        assert a.probability == pytest.approx(b.probability, abs=1e-5)
+        assert a.probability == max(a.probabilities.values())
+
+
+def test_embeddings_are_masked_means_of_the_last_hidden_states(encoder, model):
+    vectors = encoder.embed(LINES, batch_tokens=64)
+    assert vectors.shape == (len(LINES), model.config.d_model) and vectors.dtype == np.float32
+    for line, vector in zip(LINES, vectors):
+        ids = torch.tensor([[BOS_ID, *encoder.tokenizer.encode([line])[0], EOS_ID]])
+        with torch.no_grad():
+            expected = model(ids)[0].mean(dim=0)       # alone: no padding to leave out
+        np.testing.assert_allclose(vector, expected.numpy(), atol=1e-5, rtol=0)
+    unit = encoder.embed(LINES, normalize=True)
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-5)
+
+
+def test_a_model_without_a_classifier_or_of_another_kind_is_refused(tiny_corpus):
+    tokenizer = Tokenizer(tiny_corpus / "spm.model")
+    vocab = tokenizer.vocab_size
+    plain = SentenceEncoder(build_model(preset("bert-tiny", src_vocab_size=vocab,
+                                               tgt_vocab_size=vocab)), tokenizer)
+    with pytest.raises(ConfigError, match="no classification head"):
+        plain.classify(LINES)
+    assert plain.embed(LINES).shape[0] == len(LINES)          # embedding needs no head
+    with pytest.raises(ConfigError, match="encoder-only"):
+        SentenceEncoder(build_model(preset("gpt-tiny", src_vocab_size=vocab,
+                                           tgt_vocab_size=vocab)), tokenizer)
+
+
+def test_cli_classify_and_embed(saved, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    assert main(["classify", "--model", str(saved), "--input", str(source)]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == len(LINES) and all(label in LABELS for label, _ in rows)
+    assert main(["classify", "--model", str(saved), "--input", str(source), "--all"]) == 0
+    first = capsys.readouterr().out.splitlines()[0].split("\t")
+    assert [field.split("=")[0] for field in first] == LABELS
+    out = tmp_path / "vectors.npy"
+    assert main(["embed", "--model", str(saved), "--input", str(source), "--out", str(out),
+                 "--normalize"]) == 0
+    assert np.load(out).shape == (len(LINES), 64)
+
+
+def test_cli_names_the_invalid_line_on_stdin(saved):
+    result = subprocess.run([sys.executable, "-m", "transduce", "classify", "--model",
+                             str(saved)], input=b"uno\n\xff\n", capture_output=True,
+                            env={**os.environ, "PYTHONPATH": "src"})
+    assert result.returncode == 1 and b"<stdin>:2: invalid UTF-8" in result.stderr
+    assert b"Traceback" not in result.stderr
+
+
+def test_evaluate_reports_accuracy_and_macro_f1(saved, encoder, tmp_path, capsys):
+    data = tmp_path / "labelled"
+    data.mkdir()
+    gold = ["numbers", "animals", "things", "animals"]
+    texts = ["uno dos", "el perro grande come", "casa", "gato rojo"]
+    (data / "test.tsv").write_text("".join(f"{g}\t{t}\n" for g, t in zip(gold, texts)))
+    assert main(["evaluate", "--model", str(saved), "--data", str(data),
+                 "--out", str(tmp_path / "eval")]) == 0
+    result = json.loads((tmp_path / "eval.json").read_text())
+    predicted = [p.label for p in encoder.classify(texts)]
+    assert result["accuracy"] == pytest.approx(np.mean([p == g for p, g in zip(predicted, gold)]))
+    assert 0.0 <= result["macro_f1"] <= 1.0 and result["classes"] == LABELS
+    assert (tmp_path / "eval.tsv").read_text().count("\n") == len(texts)
+    (data / "test.tsv").write_text("numbers\tuno\nbirds\tdos\n")
+    assert main(["evaluate", "--model", str(saved), "--data", str(data)]) == 1
+    assert "test.tsv:2: label 'birds' is not one of the 3 classes" in capsys.readouterr().err
+
+
+def test_macro_f1_is_the_mean_of_the_classes_f1():
+    predicted, gold = torch.tensor([0, 0, 1, 2, 2, 2]), torch.tensor([0, 1, 1, 2, 2, 0])
+    # class 0: tp 1 fp 1 fn 1 -> 0.5; class 1: tp 1 fp 0 fn 1 -> 2/3; class 2: tp 2 fp 1 fn 0 -> 0.8
+    assert macro_f1(predicted, gold, 3) == pytest.approx((0.5 + 2 / 3 + 0.8) / 3)

@@ -1,0 +1,211 @@
+"""Encoders (arch "encoder", BERT) in the training loop: a toy masked LM and a toy
+classification learnt, exact resume, averaging keeps the class names, fine-tuning from
+a pre-trained checkpoint (a new head, named), bad labelled input named by file:line,
+and the refusals."""
+
+import json
+import random
+import re
+
+import pytest
+import torch
+
+from transduce import checkpoint
+from transduce.cli import main
+from transduce.config import ConfigError, TrainConfig, preset
+from transduce.data.corpus import CorpusError, write_text_metadata
+from transduce.data.labelled import read_labelled
+from transduce.data.tokenizer import train_tokenizer
+from transduce.model import load_model
+from transduce.train.encoder import EncoderTrainingError, load_pretrained, macro_f1
+from transduce.train.log import LOG_NAME
+from transduce.train.loop import train
+from tests.train.test_loop import weights
+
+WORDS = "one two three four five six seven eight nine ten eleven twelve".split()
+VOCAB = 320
+CLASSES = {"low": WORDS[:4], "middle": WORDS[4:8], "high": WORDS[8:]}
+
+
+@pytest.fixture(scope="module")
+def counting(tmp_path_factory):
+    """Counting lines from a random word on: each masked word follows from its
+    neighbours."""
+    directory = tmp_path_factory.mktemp("counting")
+    rng = random.Random(0)
+    for split, size in (("train", 300), ("dev", 30), ("test", 30)):
+        lines = [" ".join(WORDS[rng.randint(0, 9):]) for _ in range(size)]
+        (directory / f"{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text_metadata(directory, "en")
+    train_tokenizer((directory / "train.txt").read_text(encoding="utf-8").splitlines(),
+                    directory, vocab_size=VOCAB)
+    return directory
+
+
+def labelled_lines(rng, size):
+    """Lines of 3-6 words from one class's words: the class is the line's label."""
+    result = []
+    for _ in range(size):
+        label = rng.choice(sorted(CLASSES))
+        words = [rng.choice(CLASSES[label]) for _ in range(rng.randint(3, 6))]
+        result.append(f"{label}\t{' '.join(words)}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def classes(tmp_path_factory, counting):
+    """A classification corpus over the counting words (no vocabulary of its own: a
+    run from scratch copies the counting one in, a fine-tuning reads the checkpoint's)."""
+    directory = tmp_path_factory.mktemp("classes")
+    rng = random.Random(1)
+    for split, size in (("train", 240), ("dev", 60), ("test", 30)):
+        (directory / f"{split}.tsv").write_text("\n".join(labelled_lines(rng, size)) + "\n",
+                                                encoding="utf-8")
+    write_text_metadata(directory, "en", kind="classification")
+    return directory
+
+
+def bert_tiny(**changes):
+    return preset("bert-tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, **changes)
+
+
+def train_config(**changes):
+    values = dict(max_tokens=256, warmup_steps=20, log_every=10, eval_every=1000,
+                  save_every=1000, dtype="float32", lr_scale=0.1)
+    values.update(changes)
+    return TrainConfig(**values)
+
+
+def dev_records(run):
+    lines = (run / LOG_NAME).read_text(encoding="utf-8").splitlines()
+    return [record for record in map(json.loads, lines) if record["event"] == "dev"]
+
+
+def test_a_toy_masked_lm_is_learnt(counting, tmp_path):
+    """From the unigram loss (ln 10 ~ 2.3, accuracy ~0.2) to most masked words right."""
+    run = tmp_path / "run"
+    train(counting, run, bert_tiny(), train_config(max_steps=400, eval_every=400))
+    last = dev_records(run)[-1]
+    assert last["dev_mlm_loss"] < 0.9 and last["dev_mlm_accuracy"] > 0.8, last
+
+
+def with_vocabulary(classes, counting, tmp_path):
+    directory = tmp_path / "data"
+    directory.mkdir()
+    for path in classes.iterdir():
+        if path.is_file():
+            (directory / path.name).write_bytes(path.read_bytes())
+    (directory / "spm.model").write_bytes((counting / "spm.model").read_bytes())
+    return directory
+
+
+def test_a_toy_classification_is_learnt_exactly(classes, counting, tmp_path, capsys):
+    data = with_vocabulary(classes, counting, tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--out", str(run), "--arch", "encoder",
+                 "--preset", "bert-tiny", "--task", "classify", "--max-steps", "150",
+                 "--max-tokens", "256", "--warmup-steps", "20", "--lr-scale", "0.1",
+                 "--eval-every", "150", "--dtype", "float32"]) == 0
+    last = dev_records(run)[-1]
+    assert last["dev_accuracy"] == 1.0 and last["dev_macro_f1"] == 1.0, last
+    model = load_model(run)
+    assert model.labels == ["high", "low", "middle"] and model.config.num_labels == 3
+
+
+def test_fine_tuning_loads_the_encoder_and_names_the_new_head(classes, counting, tmp_path,
+                                                              capsys):
+    pretrained = tmp_path / "pre"
+    train(counting, pretrained, bert_tiny(), train_config(max_steps=20))
+    run = tmp_path / "fine"
+    assert main(["train", "--data", str(classes), "--out", str(run), "--init", str(pretrained),
+                 "--task", "classify", "--max-steps", "1", "--max-tokens", "256",
+                 "--dtype", "float32", "--dropout", "0.0"]) == 0
+    printed = capsys.readouterr().out
+    assert "new classification head (classifier.bias, classifier.weight)" in printed
+    before, after = weights(checkpoint.resolve(pretrained)), weights(run / "step-0000001")
+    assert "classifier.weight" in after and "classifier.weight" not in before
+    assert after["classifier.weight"].shape == (3, 64)
+    assert load_model(run).labels == ["high", "low", "middle"]
+    # A classifier of another size is a pre-trained encoder too: its head is replaced.
+    model = load_model(run)
+    bigger = type(model)(model.config.replace(num_labels=5))
+    assert load_pretrained(bigger, run, torch.device("cpu")) == \
+        ["classifier.bias", "classifier.weight"]
+    assert torch.equal(bigger.pooler.weight, model.pooler.weight)
+    other = type(model)(model.config.replace(d_ff=256, num_labels=5))
+    with pytest.raises(EncoderTrainingError, match="differs from this one in d_ff"):
+        load_pretrained(other, run, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("objective", ["mlm", "mlm,nsp"])
+def test_resume_continues_exactly(counting, tmp_path, objective):
+    """2N steps in one go == N steps, stop, resume, N more (mid-epoch), masks and pairs
+    included; then averaging the run's checkpoints."""
+    config = dict(max_tokens=128, ema_decay=0.5, objective=objective, save_every=3)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    model_config = bert_tiny(dropout=0.1)
+    train(counting, straight, model_config, train_config(max_steps=12, **config))
+    train(counting, split, model_config, train_config(max_steps=6, **config))
+    position = checkpoint.load_trainer_state(checkpoint.resolve(split))["position"]
+    assert position["batch"] > 0 and position["step"] == 6
+    train(counting, split, model_config, train_config(max_steps=12, **config), resume=True)
+    for part in ("step-0000012", "ema"):
+        a, b = weights(straight / part), weights(split / part)
+        assert all(torch.equal(a[name], b[name]) for name in a)
+    assert main(["average", str(straight), "--last", "2", "--out", str(tmp_path / "avg")]) == 0
+    averaged = weights(tmp_path / "avg")
+    x, y = weights(straight / "step-0000009"), weights(straight / "step-0000012")
+    name = "encoder.layers.0.ffn.w_1.weight" if "encoder.layers.0.ffn.w_1.weight" in x \
+        else next(iter(x))
+    assert torch.allclose(averaged[name], (x[name] + y[name]) / 2)
+
+
+def test_averaging_a_classifier_keeps_its_class_names(classes, counting, tmp_path):
+    data = with_vocabulary(classes, counting, tmp_path)
+    run = tmp_path / "run"
+    train(data, run, bert_tiny(num_labels=3),
+          train_config(max_steps=4, save_every=2, task="classify"))
+    assert main(["average", str(run), "--last", "2", "--out", str(tmp_path / "avg")]) == 0
+    assert load_model(tmp_path / "avg").labels == ["high", "low", "middle"]
+
+
+@pytest.mark.parametrize("line,message", [
+    ("low one two", "train.tsv:2: no tab"),
+    ("low\t   ", "train.tsv:2: the text (after the tab) is empty"),
+    ("\tone two", "train.tsv:2: the label (before the tab) is empty"),
+])
+def test_bad_tsv_lines_are_named_by_file_and_line(tmp_path, line, message):
+    (tmp_path / "train.tsv").write_text(f"low\tone\n{line}\nhigh\tnine\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=re.escape(message)):
+        read_labelled(tmp_path / "train.tsv")
+
+
+def test_a_dev_label_outside_the_classes_is_named(classes, counting, tmp_path):
+    data = with_vocabulary(classes, counting, tmp_path)
+    with open(data / "dev.tsv", "a", encoding="utf-8") as handle:
+        handle.write("huge\ttwelve twelve\n")
+    with pytest.raises(CorpusError, match=r"dev.tsv:61: label 'huge' is not one of the 3"):
+        train(data, tmp_path / "run", bert_tiny(num_labels=3),
+              train_config(max_steps=1, task="classify"))
+
+
+def test_refusals(classes, counting, tmp_path):
+    with pytest.raises(ConfigError, match="reads labelled text"):
+        train(counting, tmp_path / "a", bert_tiny(num_labels=3),
+              train_config(max_steps=1, task="classify"))
+    with pytest.raises(ConfigError, match="pass --task classify"):
+        train(classes, tmp_path / "b", bert_tiny(), train_config(max_steps=1))
+    with pytest.raises(ConfigError, match="are for arch 'encoder'"):
+        train(counting, tmp_path / "c", preset("gpt-tiny", src_vocab_size=VOCAB,
+                                               tgt_vocab_size=VOCAB),
+              train_config(max_steps=1, objective="mlm,nsp"))
+    data = with_vocabulary(classes, counting, tmp_path)
+    with pytest.raises(ConfigError, match="has 3 classes"):
+        train(data, tmp_path / "d", bert_tiny(num_labels=4),
+              train_config(max_steps=1, task="classify"))
+
+
+def test_macro_f1():
+    predicted, gold = torch.tensor([0, 0, 1, 2]), torch.tensor([0, 1, 1, 1])
+    # class 0: 2*1/(2+1) ; class 1: 2*1/(2+0+2) ; class 2: 0
+    assert macro_f1(predicted, gold, 3) == pytest.approx((2 / 3 + 0.5 + 0) / 3)
