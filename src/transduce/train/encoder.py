@@ -149,10 +149,23 @@ def batch_losses(net: torch.nn.Module, model: torch.nn.Module, batch: EncoderBat
     return EncoderLosses(sums, correct, predictions)
 
 
-def step_objective(losses: EncoderLosses, step_counts: dict[str, int]) -> Tensor:
+class EncoderObjective(torch.nn.Module):
+    """The encoder and its heads as one module whose forward is the batch's summed
+    losses by head: what the training loop steps, so that DistributedDataParallel sees
+    every parameter a step uses inside the forward it wraps."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: EncoderBatch) -> dict[str, Tensor]:
+        return batch_losses(self.model, self.model, batch).sums
+
+
+def step_objective(sums: dict[str, Tensor], step_counts: dict[str, int]) -> Tensor:
     """This batch's share of the step's loss: each head's sum over the step's count
     of what it scores (so the step's loss is the sum of the heads' means)."""
-    return sum(losses.sums[name] / max(step_counts[name], 1) for name in losses.sums)
+    return sum(sums[name] / max(step_counts[name], 1) for name in sums)
 
 
 def step_counts(batcher: EncoderBatcher, batches: list[np.ndarray]) -> dict[str, int]:

@@ -170,12 +170,11 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
         checkpoint.remove_stale_temporaries(out)
 
     net: torch.nn.Module = torch.compile(model, dynamic=True) if train_config.compile else model
-    if world > 1 and model_config.arch == "encoder":
-        # Its heads run outside the wrapped forward, which DDP's reducer does not follow.
-        raise TrainingError("arch 'encoder' trains in one process for now; run it without "
-                            "torchrun (update_freq accumulates larger steps)")
+    if model_config.arch == "encoder":   # the layers and the heads a step uses, as one
+        net = encoder_training.EncoderObjective(net)
     if world > 1:
-        net = DistributedDataParallel(net)
+        # An encoder's step leaves some heads unused (the classifier in pre-training).
+        net = DistributedDataParallel(net, find_unused_parameters=model_config.arch == "encoder")
     peak = matmul_peak(getattr(torch, training_dtype(train_config.dtype, device)), device)
     return Run(out, model_config, train_config, world, rank, device, tokenizer, train_split,
                dev_split, batcher, model, net, optimizer, position, peak,
@@ -374,8 +373,7 @@ def _backward(run: Run, key: tuple[int, int], indices: np.ndarray, step_tokens: 
     step's mean loss. -> (its loss summed over its scored tokens, its FLOPs)."""
     if run.encoder:
         batch = run.batcher.collate(indices, key).to(run.device)
-        share = encoder_training.step_objective(
-            encoder_training.batch_losses(run.net, run.model, batch), counts)
+        share = encoder_training.step_objective(run.net(batch), counts)
         (share * run.world).backward()
         # Logged per scored token: the step's loss (a sum of means) x its tokens.
         return (share * step_tokens).item(), training_flops(run.model_config,
