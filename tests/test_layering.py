@@ -79,5 +79,5 @@ def test_import_transduce_is_cheap_and_its_names_load_on_use():
             "print(transduce.load.__module__, transduce.Transformer.__name__)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={"PYTHONPATH": str(PACKAGE.parent)}, timeout=120)
-    assert result.stdout.split() == ["False", "transduce.decode.translate", "Transformer"], \
+    assert result.stdout.split() == ["False", "transduce.decode.load", "Transformer"], \
         result.stderr

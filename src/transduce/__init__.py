@@ -1,8 +1,10 @@
-"""transduce: the Transformer of "Attention Is All You Need" as a sequence-to-sequence toolkit.
+"""transduce: the Transformer of "Attention Is All You Need" and its family.
 
     import transduce
     model = transduce.load("runs/small/average")      # a Translator
     model.translate(["En el principio crió Dios los cielos y la tierra."])
+    transduce.load("runs/lm/ema").generate(["In the beginning"])   # a Generator (GPT)
+    transduce.load("models/bert").embed(["Jesus wept."])           # a SentenceEncoder (BERT)
 
 The names below load on first use, so that `import transduce` (and the command line's
 --help) does not import torch.
@@ -18,13 +20,17 @@ __version__ = "0.1.0"
 _LAZY = {
     "ModelConfig": "transduce.config", "TrainConfig": "transduce.config",
     "preset": "transduce.config", "Transformer": "transduce.model",
-    "Translator": "transduce.decode.translate", "load": "transduce.decode.translate",
+    "Translator": "transduce.decode.translate", "Generator": "transduce.decode.generate",
+    "SentenceEncoder": "transduce.decode.encode", "load": "transduce.decode.load",
 }
 __all__ = list(_LAZY)
 
 if TYPE_CHECKING:
     from transduce.config import ModelConfig, TrainConfig, preset
-    from transduce.decode.translate import Translator, load
+    from transduce.decode.encode import SentenceEncoder
+    from transduce.decode.generate import Generator
+    from transduce.decode.load import load
+    from transduce.decode.translate import Translator
     from transduce.model import Transformer
 
 

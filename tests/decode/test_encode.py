@@ -125,3 +125,19 @@ def test_macro_f1_is_the_mean_of_the_classes_f1():
     predicted, gold = torch.tensor([0, 0, 1, 2, 2, 2]), torch.tensor([0, 1, 1, 2, 2, 0])
     # class 0: tp 1 fp 1 fn 1 -> 0.5; class 1: tp 1 fp 0 fn 1 -> 2/3; class 2: tp 2 fp 1 fn 0 -> 0.8
     assert macro_f1(predicted, gold, 3) == pytest.approx((0.5 + 2 / 3 + 0.8) / 3)
+
+
+def test_transduce_load_gives_the_object_of_the_models_kind(saved, tiny_corpus, tmp_path):
+    import transduce
+    from transduce.decode.generate import Generator
+    from transduce.decode.translate import Translator
+
+    assert isinstance(transduce.load(saved), SentenceEncoder)
+    assert transduce.load(saved).classify(["uno"])[0].label in LABELS
+    vocab = Tokenizer(tiny_corpus / "spm.model").vocab_size
+    for name, kind in (("gpt-tiny", Generator), ("tiny", Translator)):
+        path = tmp_path / name
+        checkpoint.save(path, build_model(preset(name, src_vocab_size=vocab,
+                                                 tgt_vocab_size=vocab)), None,
+                        tiny_corpus / "spm.model")
+        assert isinstance(transduce.load(path), kind)
