@@ -1,15 +1,11 @@
 """Encoders (arch "encoder", BERT) in the training loop: a toy masked LM and a toy
-classification learnt, exact resume, two processes equal to one, averaging keeps the
-class names, fine-tuning from
+classification learnt, exact resume, averaging keeps the class names, fine-tuning from
 a pre-trained checkpoint (a new head, named), bad labelled input named by file:line,
 and the refusals."""
 
 import json
-import os
 import random
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -24,7 +20,7 @@ from transduce.model import load_model
 from transduce.train.encoder import EncoderTrainingError, load_pretrained, macro_f1
 from transduce.train.log import LOG_NAME
 from transduce.train.loop import train
-from tests.train.test_loop import REPO, assert_two_processes_trained_alike, weights
+from tests.train.test_loop import weights
 
 WORDS = "one two three four five six seven eight nine ten eleven twelve".split()
 VOCAB = 320
@@ -214,16 +210,3 @@ def test_macro_f1():
     # class 0: 2*1/(2+1) ; class 1: 2*1/(2+0+2) ; class 2: 0
     assert macro_f1(predicted, gold, 3) == pytest.approx((2 / 3 + 0.5 + 0) / 3)
 
-
-def test_two_processes_equal_one_with_double_update_freq(counting, tmp_path):
-    """Masked-LM + next-sentence pre-training in two gloo processes: the heads run inside
-    the module DDP wraps, so every gradient a step uses is averaged across processes."""
-    common = ["--data", str(counting), "--arch", "encoder", "--preset", "bert-tiny",
-              "--objective", "mlm,nsp", "--max-tokens", "128", "--max-steps", "4",
-              "--warmup-steps", "5", "--threads", "1", "--dtype", "float32"]
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    single = subprocess.run([sys.executable, "-m", "transduce", "train", "--out",
-                             str(tmp_path / "one"), "--update-freq", "2", *common],
-                            env=env, capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stdout + single.stderr
-    assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)

@@ -172,9 +172,13 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     net: torch.nn.Module = torch.compile(model, dynamic=True) if train_config.compile else model
     if model_config.arch == "encoder":   # the layers and the heads a step uses, as one
         net = encoder_training.EncoderObjective(net)
+        if world > 1:
+            # Wrapped whole, it trained like one process, but a process once aborted at
+            # exit (find_unused_parameters: some heads go unused); refused until found.
+            raise TrainingError("arch 'encoder' trains in one process for now; run it "
+                                "without torchrun (update_freq accumulates larger steps)")
     if world > 1:
-        # An encoder's step leaves some heads unused (the classifier in pre-training).
-        net = DistributedDataParallel(net, find_unused_parameters=model_config.arch == "encoder")
+        net = DistributedDataParallel(net)
     peak = matmul_peak(getattr(torch, training_dtype(train_config.dtype, device)), device)
     return Run(out, model_config, train_config, world, rank, device, tokenizer, train_split,
                dev_split, batcher, model, net, optimizer, position, peak,
