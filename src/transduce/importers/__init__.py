@@ -34,9 +34,22 @@ def check_foreign_options(hf: dict, config_file, model_type: str, fixed: dict,
     return activations[activation]
 
 
-# After the error and the check, which the importers import from this package.
+def take_weight(tensors: dict, names: dict, source, name: str, *shape: int):
+    """The tensor a foreign checkpoint calls `name`, in float32, of `shape` (its own
+    layout); `names` maps its names to the stored keys and loses this one, so that what
+    is left at the end is what no mapping took."""
+    if name not in names:
+        raise ForeignCheckpointError(f"{source}: missing weight {name!r}")
+    tensor = tensors[names.pop(name)]
+    if tuple(tensor.shape) != shape:
+        raise ForeignCheckpointError(f"{source}: {name!r} has shape {tuple(tensor.shape)}, "
+                                     f"the configuration needs {shape}")
+    return tensor.float().contiguous()
+
+
+# After the error and the helpers, which the importers import from this package.
 from transduce.importers.hf_gpt2 import import_gpt2  # noqa: E402
 from transduce.importers.hf_bert import fresh_heads, import_bert  # noqa: E402
 
-__all__ = ["ForeignCheckpointError", "check_foreign_options", "import_gpt2", "import_bert",
-           "fresh_heads"]
+__all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight", "import_gpt2",
+           "import_bert", "fresh_heads"]

@@ -47,7 +47,8 @@ from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, preset
 from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
 from transduce.data.tokenizer import TokenizerError
-from transduce.importers import ForeignCheckpointError, check_foreign_options
+from transduce.importers import ForeignCheckpointError, check_foreign_options, \
+    take_weight
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
 from transduce.model.encoder_only import EncoderOnly
 
@@ -240,14 +241,7 @@ def map_weights(tensors: dict[str, Tensor], names: dict[str, str], config: Model
     c, ff, v = config.d_model, config.d_ff, config.src_vocab_size
 
     def take(name: str, *shape: int) -> Tensor:
-        if name not in names:
-            raise ForeignCheckpointError(f"{source}: missing weight {name!r}")
-        tensor = tensors[names.pop(name)]
-        if tuple(tensor.shape) != shape:
-            raise ForeignCheckpointError(f"{source}: {name!r} has shape "
-                                         f"{tuple(tensor.shape)}, the configuration needs "
-                                         f"{shape}")
-        return tensor.float().contiguous()
+        return take_weight(tensors, names, source, name, *shape)
 
     def linear(ours: str, theirs: str, n_in: int, n_out: int) -> None:
         state[f"{ours}.weight"] = take(f"{theirs}.weight", n_out, n_in)

@@ -34,7 +34,8 @@ from torch import Tensor
 from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, preset
 from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
-from transduce.importers import ForeignCheckpointError, check_foreign_options
+from transduce.importers import ForeignCheckpointError, check_foreign_options, \
+    take_weight
 from transduce.model.decoder_only import DecoderOnly
 
 HF_CONFIG = "config.json"
@@ -167,15 +168,7 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig, hf: dict[str, A
     c, ff = config.d_model, config.d_ff
 
     def take(name: str, *shape: int) -> Tensor:
-        """The tensor GPT-2 calls `name`, of the given shape (GPT-2's layout)."""
-        if name not in names:
-            raise ForeignCheckpointError(f"{source}: missing weight {name!r}")
-        tensor = tensors[names.pop(name)]
-        if tuple(tensor.shape) != shape:
-            raise ForeignCheckpointError(f"{source}: {name!r} has shape "
-                                         f"{tuple(tensor.shape)}, the configuration needs "
-                                         f"{shape}")
-        return tensor.float()
+        return take_weight(tensors, names, source, name, *shape)
 
     embedding = take("wte.weight", config.tgt_vocab_size, c)          # (V, C)
     state = {"decoder.embed.embedding.weight": embedding, "output_proj.weight": embedding,
