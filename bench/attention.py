@@ -9,6 +9,7 @@ A case whose estimated memory would not fit in this machine's free memory is not
 and is reported as skipped, with the estimate.
 
     python bench/attention.py [--lengths 256 1024 4096 16384] [--out bench/results/attention-cpu.json]
+    python bench/attention.py --device cuda [...]   # the GPU benchmark: bench/attention_cuda.py
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from measure import (added_peak_bytes, available_bytes, format_bytes, machine_info,  # noqa: E402
-                     peak_in_child, time_interleaved)
+from measure import (added_peak_bytes, available_bytes, format_bytes,  # noqa: E402
+                     handed_to_gpu_benchmark, machine_info, peak_in_child, time_interleaved)
 from transduce.attention import attention  # noqa: E402
 from transduce.config import AttentionImpl, choices  # noqa: E402
 
-IMPLS = choices(AttentionImpl)
+IMPLS = [impl for impl in choices(AttentionImpl) if impl != "triton"]  # triton: --device cuda
 MODES = ("forward", "forward+backward")
 HEADS, HEAD_DIM, BATCH = 8, 64, 1
 
@@ -83,6 +84,8 @@ def time_cases(length: int, repeats: int) -> dict[tuple[str, str], list[float]]:
 
 
 def main() -> None:
+    if handed_to_gpu_benchmark("attention_cuda"):
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096, 16384])
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())

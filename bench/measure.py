@@ -15,6 +15,24 @@ from typing import Callable, Hashable
 import torch
 
 
+def handed_to_gpu_benchmark(module: str) -> bool:
+    """`--device cuda` on the command line runs `module`'s main (the GPU benchmark, beside
+    this file) with the other arguments and returns True; `--device cpu` is dropped."""
+    if "--device" not in sys.argv:
+        return False
+    where = sys.argv.index("--device")
+    device = sys.argv[where + 1] if where + 1 < len(sys.argv) else ""
+    if device not in ("cpu", "cuda"):
+        sys.exit(f"--device must be cpu or cuda, got {device!r}")
+    rest = sys.argv[1:where] + sys.argv[where + 2:]
+    if device == "cpu":
+        sys.argv[1:] = rest
+        return False
+    sys.path.insert(0, str(Path(__file__).parent))
+    __import__(module).main(rest)
+    return True
+
+
 def time_interleaved(calls: dict[Hashable, Callable[[], None]],
                      repeats: int) -> dict[Hashable, list[float]]:
     """Seconds per call of each case, the cases interleaved within each repeat so that they

@@ -22,6 +22,7 @@ it, so that freed blocks leave the high-water mark honest. Writes JSON with the
 machine's description and CPU flags.
 
     python bench/train.py --data data/bible --max-tokens 2048 4096 8192 [--dtype auto]
+    python bench/train.py --device cuda --data data/bible [--preset base]   # bench/train_cuda.py
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure import added_peak_bytes, format_bytes, machine_info, peak_in_child  # noqa: E402
+from measure import (added_peak_bytes, format_bytes, handed_to_gpu_benchmark,  # noqa: E402
+                     machine_info, peak_in_child)
 from transduce.config import preset  # noqa: E402
 from transduce.data.batching import TokenBatcher  # noqa: E402
 from transduce.data.dataset import load_split  # noqa: E402
@@ -161,6 +163,8 @@ def report(rows: list[dict], peaks: dict[str, float]) -> dict[str, float]:
 
 
 def main() -> None:
+    if handed_to_gpu_benchmark("train_cuda"):
+        return
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, help="corpus directory (required)")

@@ -1,7 +1,13 @@
+import os
 import random
 
 import pytest
 import torch
+
+# Without a GPU, impl="triton" is tested in Triton's interpreter, which must be chosen
+# before triton is first imported (tests/attention/test_triton.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from transduce.data.corpus import write_metadata
 from transduce.data.tokenizer import train_tokenizer

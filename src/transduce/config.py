@@ -18,7 +18,7 @@ from transduce.errors import TransduceError
 Positional = Literal["sinusoidal", "learned", "rotary"]
 Activation = Literal["relu", "gelu", "gelu-tanh"]
 Tying = Literal["all", "decoder", "none"]
-AttentionImpl = Literal["naive", "sdpa", "flash"]
+AttentionImpl = Literal["naive", "sdpa", "flash", "triton"]
 AttentionType = Literal["softmax", "linear", "sliding"]
 Architecture = Literal["transformer", "decoder", "encoder", "rnn-bahdanau", "rnn-luong"]
 RnnCell = Literal["gru", "lstm"]

@@ -1,6 +1,6 @@
-"""One attention signature, three kernels.
+"""One attention signature, four kernels.
 
-    attention(q, k, v, mask, causal=..., impl="naive" | "sdpa" | "flash")
+    attention(q, k, v, mask, causal=..., impl="naive" | "sdpa" | "flash" | "triton")
 
 Shapes: q (B, H, T, D); k, v (B, H_kv, S, D) with H % H_kv == 0: query head h reads
 key/value head h // (H / H_kv) (MHA when H_kv == H, GQA in between, MQA when H_kv == 1).
@@ -10,18 +10,23 @@ which is what a cached decode step needs; the usual causal mask when T == S).
 
 All kernels agree to float rounding, and a query row with no key to attend to yields
 zeros, never NaN. Only `naive` materialises the (T, S) weights, so only it can return them.
+"flash" is FlashAttention's tiling in PyTorch ops (any device); "triton" is the same
+algorithm as Triton kernels, for CUDA tensors (see triton_flash.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transduce.attention import masks
 from transduce.attention.flash import flash_attention
+from transduce.attention.triton_flash import triton_attention
 from transduce.config import AttentionImpl, choices
 
 IMPLS = choices(AttentionImpl)
@@ -46,6 +51,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if impl == "flash":
         return flash_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, scale=scale)
+    if impl == "triton":
+        return triton_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, scale=scale)
     if impl == "sdpa":
         return _sdpa(q, k, v, mask, causal, dropout_p, scale)
     out, weights = _naive(q, k, v, mask, causal, dropout_p, scale)
@@ -101,9 +108,21 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
     use_is_causal = causal and mask is None and num_queries == num_keys
     if causal and not use_is_causal:
         mask = masks.combine(mask, masks.causal_mask(num_queries, num_keys, device=q.device))
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_is_causal, scale=scale,
-        enable_gqa=k.shape[1] != q.shape[1])
+    with _shape_agnostic_backends(q.device):
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_is_causal, scale=scale,
+            enable_gqa=k.shape[1] != q.shape[1])
+
+
+# On CUDA, PyTorch may pick cuDNN's attention, which builds an execution plan for every new
+# shape: about 10 ms of CPU per call on an H100 machine, while the GPU work is a few hundred
+# microseconds. Training batches and decoding steps change shape all the time, so cuDNN is
+# left out; FlashAttention and memory-efficient attention have no per-shape setup.
+_CUDA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _shape_agnostic_backends(device: torch.device):
+    return sdpa_kernel(_CUDA_BACKENDS) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, impl: str,

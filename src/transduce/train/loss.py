@@ -29,6 +29,8 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float,
 # + backward on a 2-core Zen 4: 2.5-3.5x faster than the plain loss under bfloat16
 # autocast, 1.2-1.8x in float32.
 CHUNK_ELEMENTS = 1 << 21
+# On a GPU the loop's cost is kernel launches, not cache misses: chunks of 256 MiB logits.
+CHUNK_ELEMENTS_CUDA = 1 << 26
 
 
 def projected_label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor,
@@ -53,7 +55,8 @@ def projected_label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor,
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else rows.dtype
-    chunk = chunk_rows or max(1, CHUNK_ELEMENTS // weight.shape[0])
+    elements = CHUNK_ELEMENTS_CUDA if device == "cuda" else CHUNK_ELEMENTS
+    chunk = chunk_rows or max(1, elements // weight.shape[0])
     return _ProjectedSmoothedNLL.apply(rows, weight, target[keep], epsilon, pad_id, dtype,
                                        chunk, wants_grad)
 

@@ -1,0 +1,168 @@
+"""Training throughput on a CUDA GPU: the paper's base model (or another preset) on the
+Bible corpus, bfloat16 autocast, fused Adam, our fused projection + label-smoothed loss.
+
+Peers on the same batches, interleaved in rounds: ours with each attention impl asked
+for (default sdpa and triton), and Hugging Face's MarianMTModel of the same shape under
+the same autocast with F.cross_entropy (what its Trainer does with bf16=True). All count
+target tokens that are not padding per second of forward, backward and optimizer step.
+MFU is model FLOPs (train/flops.py, 6 N per token plus attention) per second against the
+GPU's dense bfloat16 peak from its data sheet (989.4 TFLOP/s for H100 SXM and H200), and
+also against the matmul rate measured here (8192^3 bfloat16).
+
+    python bench/train.py --device cuda --data data/bible [--preset base] [--max-tokens 8192 16384 25000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from attention_cuda import gpu_info  # noqa: E402
+from transduce.config import preset  # noqa: E402
+from transduce.data.tokenizer import PAD_ID  # noqa: E402
+from transduce.export.marian import marian_config  # noqa: E402
+from transduce.model import Transformer  # noqa: E402
+from transduce.train.flops import matmul_peak, training_flops  # noqa: E402
+from transduce.train.loss import projected_label_smoothed_nll  # noqa: E402
+
+# Dense bfloat16 tensor-core peaks from the data sheets (no sparsity), by name prefix.
+DATASHEET_BF16 = {"NVIDIA H100": 989.4e12, "NVIDIA H200": 989.4e12, "NVIDIA A100": 312e12}
+SMOOTHING, LR = 0.1, 5e-4
+
+
+def datasheet_peak(name: str) -> float | None:
+    return next((peak for prefix, peak in DATASHEET_BF16.items() if name.startswith(prefix)), None)
+
+
+def build(peer: str, preset_name: str, vocab: int):
+    """-> a training step on a batch (returning target tokens) and our model's config."""
+    torch.manual_seed(0)
+    impl = peer.removeprefix("ours ")
+    config = preset(preset_name, src_vocab_size=vocab, tgt_vocab_size=vocab,
+                    attention_impl=impl if peer.startswith("ours") else "sdpa")
+    ours = Transformer(config)
+    if peer.startswith("ours"):
+        model = ours.cuda().train()
+
+        def loss_of(batch):
+            hidden = model(batch.src, batch.tgt_in, project=False)
+            return projected_label_smoothed_nll(hidden, model.output_proj.weight, batch.tgt_out,
+                                                SMOOTHING, PAD_ID)[0]
+    else:
+        from transformers import MarianConfig, MarianMTModel
+
+        model = MarianMTModel(MarianConfig(**marian_config(ours))).cuda().train()
+
+        def loss_of(batch):
+            logits = model(input_ids=batch.src, attention_mask=(batch.src != PAD_ID).long(),
+                           decoder_input_ids=batch.tgt_in).logits
+            return F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
+                                   ignore_index=PAD_ID, label_smoothing=SMOOTHING, reduction="sum")
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR, betas=(0.9, 0.98), eps=1e-9, fused=True)
+
+    def step(batch) -> int:
+        tokens = (batch.tgt_out != PAD_ID).sum()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_of(batch) / tokens
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return tokens
+
+    return step, config
+
+
+def cuda_batches(data: Path, max_tokens: int, count: int):
+    from train import batches  # the CPU benchmark's batches: the same corpus and batcher
+    chosen, vocab = batches(data, max_tokens, count)
+    for batch in chosen:
+        for name in ("src", "tgt_in", "tgt_out"):
+            setattr(batch, name, getattr(batch, name).cuda())
+    return chosen, vocab
+
+
+def measure(args, max_tokens: int) -> list[dict]:
+    chosen, vocab = cuda_batches(args.data, max_tokens, args.steps)
+    steppers = {peer: build(peer, args.preset, vocab) for peer in args.peers}
+    config = next(iter(steppers.values()))[1]
+    flops = sum(training_flops(config, *b.src.shape, b.tgt_in.shape[1]) for b in chosen)
+    for step, _ in steppers.values():      # warm-up: kernels compiled, allocator settled
+        for batch in chosen[:3]:
+            step(batch)
+    torch.cuda.synchronize()
+    seconds: dict[str, list[float]] = {peer: [] for peer in steppers}
+    tokens = sum(int((b.tgt_out != PAD_ID).sum()) for b in chosen)
+    for _ in range(args.rounds):
+        for peer, (step, _) in steppers.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for batch in chosen:
+                step(batch)
+            torch.cuda.synchronize()
+            seconds[peer].append(time.perf_counter() - start)
+    rows = []
+    for peer, times in seconds.items():
+        median = statistics.median(times)
+        torch.cuda.reset_peak_memory_stats()
+        steppers[peer][0](chosen[0])
+        rows.append({"peer": peer, "max_tokens": max_tokens, "seconds": times,
+                     "target_tokens_per_round": tokens, "target_tokens_per_s": tokens / median,
+                     "model_flops_per_s": flops / median,
+                     "peak_memory_bytes": torch.cuda.max_memory_allocated()})
+    del steppers
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--preset", default="base")
+    parser.add_argument("--max-tokens", type=int, nargs="+", default=[8192, 16384, 25000])
+    parser.add_argument("--peers", nargs="+", default=["ours sdpa", "ours triton", "hf"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "train-cuda.json")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("--device cuda needs a CUDA GPU, and none is available")
+    info = gpu_info()
+    sheet = datasheet_peak(info["gpu"])
+    measured = matmul_peak(torch.bfloat16, "cuda", size=8192, seconds=2.0)
+    rows = []
+    for max_tokens in args.max_tokens:
+        rows += measure(args, max_tokens)
+    print(f"{info['gpu']}: bfloat16 peak {sheet / 1e12 if sheet else float('nan'):.0f} TFLOP/s "
+          f"(data sheet), {measured / 1e12:.0f} TFLOP/s measured (8192^3 matmul)")
+    print(f"{'peer':12s} {'tokens':>7s} {'target tok/s':>13s} {'TFLOP/s':>8s} {'MFU':>6s} "
+          f"{'of measured':>11s} {'peak mem':>9s}")
+    for row in rows:
+        row["mfu"] = row["model_flops_per_s"] / sheet if sheet else None
+        row["mfu_of_measured_matmul"] = row["model_flops_per_s"] / measured
+        mfu = f"{100 * row['mfu']:5.1f}%" if row["mfu"] is not None else "    -"
+        print(f"{row['peer']:12s} {row['max_tokens']:7d} {row['target_tokens_per_s']:13,.0f} "
+              f"{row['model_flops_per_s'] / 1e12:8.1f} {mfu} "
+              f"{100 * row['mfu_of_measured_matmul']:10.1f}% "
+              f"{row['peak_memory_bytes'] / 2**30:7.2f} GiB", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"benchmark": "train", "device": "cuda", "preset": args.preset,
+                                    "dtype": "bfloat16 autocast", "machine": info,
+                                    "bf16_peak_datasheet": sheet, "bf16_matmul_measured": measured,
+                                    "rounds": args.rounds, "steps_per_round": args.steps,
+                                    "rows": rows}, indent=2) + "\n")
+    print(f"written {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""FlashAttention forward and backward as Triton kernels (loaded by triton_flash.py).
+
+One program instance owns one tile of rows and walks the other axis tile by tile, so the
+(T, S) score matrix never leaves on-chip memory:
+
+    forward   one query block of one head; online softmax over the key tiles (as in
+              flash.py), writes O and the row statistic lse2 = m + log2(l).
+    dkdv      one key/value block of one key/value head; walks the query tiles of every
+              query head in its group (GQA without copying heads, and without atomics),
+              recomputing p = exp2(s - lse2):  dV += p^T dO,  dK += dS^T Q.
+    dq        one query block of one head; walks the key tiles:  dQ += dS K,
+              with dS = p * (dO V^T - Delta) and Delta = rowsum(dO * O).
+
+Scores are kept in base 2 (the scale is multiplied by log2(e)) so the exponentials are
+exp2. Masks: keys past S, the boolean mask (broadcast dimensions have stride 0), and the
+causal rule "key j is visible to query i when j <= i + S - T". A row that sees no key
+gets output 0 and lse2 = +inf, so its gradients are 0 too. Dropout draws a keep mask from
+Philox at offset ((b * H + h) * T + i) * S + j, the same in all three kernels.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile_scores(q, k_ptrs, mask_ptrs, offs_m, offs_n, T, S, offset, qk_scale,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+                 HAS_MASK: tl.constexpr, PRECISION: tl.constexpr):
+    """Scaled (base-2) scores of one tile, -inf where a key may not be attended: (M, N)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    k = tl.load(k_ptrs, mask=(offs_n[:, None] < S) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    visible = offs_n[None, :] < S
+    if HAS_MASK:
+        allowed = tl.load(mask_ptrs, mask=(offs_m[:, None] < T) & visible, other=0)
+        visible = visible & (allowed != 0)
+    if CAUSAL:
+        visible = visible & (offs_n[None, :] <= offs_m[:, None] + offset)
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _dropout_keep(seed, bh, offs_m, offs_n, T, S, dropout_p):
+    """Keep mask of one tile, drawn from the seed at a position-dependent offset: (M, N)."""
+    rows = (bh * T + offs_m).to(tl.int64)
+    return tl.rand(seed, rows[:, None] * S + offs_n[None, :]) >= dropout_p
+
+
+@triton.jit
+def forward_kernel(Q, K, V, Mask, Out, Lse,
+                   sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+                   smb, smh, smt, sms, sob, soh, sot, sod,
+                   H, GROUP, T, S, offset, qk_scale, dropout_p, seed,
+                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+                   DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+    """grid (cdiv(T, BLOCK_M), B * H): O (B, H, T, D) and lse2 (B, H, T) of one query block."""
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    hk = h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < T
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+                mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    k_base = K + b * skb + hk * skh + offs_d[None, :] * skd
+    v_base = V + b * svb + hk * svh + offs_d[None, :] * svd
+    mask_base = Mask + b * smb + h * smh + offs_m[:, None] * smt
+
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    denom = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    end = S
+    if CAUSAL:
+        end = tl.minimum(S, (pid_m + 1) * BLOCK_M + offset)
+    for start in range(0, end, BLOCK_N):
+        cols = start + offs_n
+        s = _tile_scores(q, k_base + cols[:, None] * sks, mask_base + cols[None, :] * sms,
+                         offs_m, cols, T, S, offset, qk_scale,
+                         HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, PRECISION)
+        new_max = tl.maximum(row_max, tl.max(s, 1))
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # rows that saw no key yet
+        p = tl.math.exp2(s - shift[:, None])
+        rescale = tl.math.exp2(row_max - shift)
+        denom = denom * rescale + tl.sum(p, 1)
+        if DROPOUT:
+            keep = _dropout_keep(seed, bh, offs_m, cols, T, S, dropout_p)
+            p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
+        v = tl.load(v_base + cols[:, None] * svs,
+                    mask=(cols[:, None] < S) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        row_max = new_max
+
+    empty = denom == 0.0
+    out = acc / tl.where(empty, 1.0, denom)[:, None]
+    lse2 = tl.where(empty, float("inf"), row_max + tl.math.log2(tl.where(empty, 1.0, denom)))
+    tl.store(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :] * sod,
+             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    tl.store(Lse + bh * T + offs_m, lse2, mask=row_ok)
+
+
+@triton.jit
+def dkdv_kernel(Q, K, V, Mask, DO, Lse, Delta, DK, DV,
+                sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+                smb, smh, smt, sms, sdob, sdoh, sdot, sdod,
+                H, GROUP, T, S, offset, qk_scale, scale, dropout_p, seed,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+                DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+    """grid (cdiv(S, BLOCK_N), B * Hkv): dK, dV (B, Hkv, S, D) of one key block, summed
+    over the GROUP query heads that share it. DK/DV are contiguous like K."""
+    pid_n, bhk = tl.program_id(0), tl.program_id(1)
+    kv_heads = H // GROUP
+    b, hk = bhk // kv_heads, bhk % kv_heads
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    col_ok = (offs_n[:, None] < S) & (offs_d[None, :] < HEAD_DIM)
+    k_ptrs = K + b * skb + hk * skh + offs_n[:, None] * sks + offs_d[None, :] * skd
+    v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svs + offs_d[None, :] * svd,
+                mask=col_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    first = 0
+    if CAUSAL:  # queries before start_n - offset see none of these keys
+        first = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        bh = b * H + h
+        for start_m in range(first, T, BLOCK_M):
+            offs_m = start_m + offs_m0
+            row_ok = (offs_m[:, None] < T) & (offs_d[None, :] < HEAD_DIM)
+            q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+                        mask=row_ok, other=0.0)
+            do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :] * sdod,
+                         mask=row_ok, other=0.0)
+            lse2 = tl.load(Lse + bh * T + offs_m, mask=offs_m < T, other=float("inf"))
+            delta = tl.load(Delta + bh * T + offs_m, mask=offs_m < T, other=0.0)
+            s = _tile_scores(q, k_ptrs, Mask + b * smb + h * smh + offs_m[:, None] * smt
+                             + offs_n[None, :] * sms, offs_m, offs_n, T, S, offset, qk_scale,
+                             HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, PRECISION)
+            p = tl.math.exp2(s - lse2[:, None])                              # (M, N)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)          # (M, N)
+            dropped = p
+            if DROPOUT:
+                keep = _dropout_keep(seed, bh, offs_m, offs_n, T, S, dropout_p)
+                dropped = tl.where(keep, p / (1.0 - dropout_p), 0.0)
+                dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+            dv += tl.dot(tl.trans(dropped.to(do.dtype)), do, input_precision=PRECISION)
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+    out_ptrs = bhk * S * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(DK + out_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=col_ok)
+    tl.store(DV + out_ptrs, dv.to(DV.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
+def dq_kernel(Q, K, V, Mask, DO, Lse, Delta, DQ,
+              sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+              smb, smh, smt, sms, sdob, sdoh, sdot, sdod,
+              H, GROUP, T, S, offset, qk_scale, scale, dropout_p, seed,
+              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+              DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+    """grid (cdiv(T, BLOCK_M), B * H): dQ (B, H, T, D) of one query block; DQ is contiguous."""
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    hk = h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = (offs_m[:, None] < T) & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+                mask=row_ok, other=0.0)
+    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :] * sdod,
+                 mask=row_ok, other=0.0)
+    lse2 = tl.load(Lse + bh * T + offs_m, mask=offs_m < T, other=float("inf"))
+    delta = tl.load(Delta + bh * T + offs_m, mask=offs_m < T, other=0.0)
+    k_base = K + b * skb + hk * skh + offs_d[None, :] * skd
+    v_base = V + b * svb + hk * svh + offs_d[None, :] * svd
+    mask_base = Mask + b * smb + h * smh + offs_m[:, None] * smt
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    end = S
+    if CAUSAL:
+        end = tl.minimum(S, (pid_m + 1) * BLOCK_M + offset)
+    for start in range(0, end, BLOCK_N):
+        cols = start + offs_n0
+        k_ptrs = k_base + cols[:, None] * sks
+        s = _tile_scores(q, k_ptrs, mask_base + cols[None, :] * sms, offs_m, cols, T, S,
+                         offset, qk_scale, HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, PRECISION)
+        p = tl.math.exp2(s - lse2[:, None])
+        v = tl.load(v_base + cols[:, None] * svs,
+                    mask=(cols[:, None] < S) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        if DROPOUT:
+            keep = _dropout_keep(seed, bh, offs_m, cols, T, S, dropout_p)
+            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+        ds = p * (dp - delta[:, None])
+        k = tl.load(k_ptrs, mask=(cols[:, None] < S) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    tl.store(DQ + bh * T * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def keep_mask_kernel(Keep, H, T, S, dropout_p, seed,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """grid (cdiv(T, BLOCK_M), cdiv(S, BLOCK_N), B * H): the dropout keep mask the attention
+    kernels draw, written out (B, H, T, S) int8, so tests can build the reference."""
+    pid_m, pid_n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    keep = _dropout_keep(seed, bh, offs_m, offs_n, T, S, dropout_p)
+    tl.store(Keep + (bh * T + offs_m[:, None]).to(tl.int64) * S + offs_n[None, :],
+             keep.to(tl.int8), mask=(offs_m[:, None] < T) & (offs_n[None, :] < S))

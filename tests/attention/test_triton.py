@@ -1,0 +1,160 @@
+"""impl="triton" against the float64 reference, forward and gradients.
+
+Without a GPU the kernels run in Triton's interpreter, which executes the same kernel code
+tile by tile on the CPU (tests/conftest.py sets TRITON_INTERPRET=1 there, before anything
+imports triton); with one, they run compiled on CUDA.
+Shapes are small and tiles 16 wide so that every edge case crosses tile borders.
+"""
+
+import os
+
+import pytest
+import torch
+
+from tests.attention.reference import reference_attention
+from tests.attention.test_kernels import grads, make_mask
+from transduce.attention import MultiHeadAttention, attention
+from transduce.attention.triton_flash import (Tiles, TritonUnavailable, dropout_keep_mask,
+                                              triton_attention)
+
+pytest.importorskip("triton")
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICES = ["cpu"] if INTERPRETED else ["cuda"]
+
+# (B, H, Hkv, T, S, D): MHA, GQA, MQA, one query, lengths that do not divide the tile,
+# a head size that is not a power of two.
+SHAPES = [
+    (2, 2, 2, 19, 19, 16),
+    (2, 4, 2, 17, 35, 16),
+    (1, 3, 1, 5, 21, 8),
+    (2, 2, 1, 1, 9, 16),
+    (1, 2, 2, 23, 23, 24),
+]
+CASES = [(shape, kind, causal) for shape in SHAPES for kind in ["none", "padding", "holes"]
+         for causal in [False, True]]
+SMALL_TILES = Tiles(block_m=16, block_n=16, num_warps=2, num_stages=1)
+
+
+def inputs(B, H, Hkv, T, S, D, device, dtype=torch.float32):
+    make = lambda *shape: torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)  # noqa: E731
+    return make(B, H, T, D), make(B, Hkv, S, D), make(B, Hkv, S, D)
+
+
+def reference_and_grads(q, k, v, mask, causal, keep=None):
+    """float64 reference output and gradients (on the CPU); keep applies dropout."""
+    q64, k64, v64 = (x.detach().cpu().double().requires_grad_() for x in (q, k, v))
+    mask = None if mask is None else mask.cpu()
+    if keep is None:
+        out, _ = reference_attention(q64, k64, v64, mask, causal)
+    else:
+        _, weights = reference_attention(q64, k64, v64, mask, causal)
+        group = q.shape[1] // k.shape[1]
+        out = (weights * keep.cpu() / (1 - 0.3)) @ v64.repeat_interleave(group, dim=1)
+    return out, grads(out, (q64, k64, v64))
+
+
+def assert_matches(out, got_grads, expected, expected_grads, atol):
+    torch.testing.assert_close(out.detach().cpu().double(), expected, rtol=0, atol=atol)
+    for name, got, want in zip("qkv", got_grads, expected_grads):
+        torch.testing.assert_close(got.cpu().double(), want, rtol=0, atol=atol * 5,
+                                   msg=lambda m: f"d{name}: {m}")  # noqa: B023
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,kind,causal", CASES)
+def test_forward_and_gradients_match_float64_reference(device, shape, kind, causal):
+    torch.manual_seed(0)
+    B, H, Hkv, T, S, D = shape
+    q, k, v = inputs(*shape, device)
+    mask = make_mask(kind, B, H, T, S)
+    mask = None if mask is None else mask.to(device)
+    out = triton_attention(q, k, v, mask, causal=causal, scale=D ** -0.5, tiles=SMALL_TILES)
+    expected, expected_grads = reference_and_grads(q, k, v, mask, causal)
+    assert_matches(out, grads(out, (q, k, v)), expected, expected_grads, atol=2e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_more_queries_than_keys_causal_gives_zero_rows_and_zero_gradients(device):
+    q, k, v = inputs(1, 2, 1, 20, 6, 16, device)
+    out = attention(q, k, v, causal=True, impl="triton")
+    assert torch.equal(out[:, :, :14], torch.zeros_like(out[:, :, :14]))
+    dq, dk, dv = grads(out, (q, k, v))
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+    assert torch.equal(dq[:, :, :14], torch.zeros_like(dq[:, :, :14]))
+    expected, expected_grads = reference_and_grads(q, k, v, None, True)
+    assert_matches(out, (dq, dk, dv), expected, expected_grads, atol=2e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dropout_applies_the_drawn_keep_mask_in_forward_and_backward(device):
+    torch.manual_seed(1)
+    B, H, Hkv, T, S, D = 2, 4, 2, 18, 33, 16
+    q, k, v = inputs(B, H, Hkv, T, S, D, device)
+    mask = make_mask("padding", B, H, T, S).to(device)
+    out = triton_attention(q, k, v, mask, causal=True, scale=0.25, dropout_p=0.3, seed=77,
+                           tiles=SMALL_TILES)
+    keep = dropout_keep_mask(B, H, T, S, 0.3, 77, q.device)
+    assert 0.6 < keep.float().mean().item() < 0.8
+    expected, expected_grads = reference_and_grads(q, k, v, mask, True, keep=keep)
+    assert_matches(out * 1.0, grads(out, (q, k, v)), expected * 1.0, expected_grads, atol=2e-5)
+    again = triton_attention(q, k, v, mask, causal=True, scale=0.25, dropout_p=0.3, seed=77,
+                             tiles=SMALL_TILES)
+    other = triton_attention(q, k, v, mask, causal=True, scale=0.25, dropout_p=0.3, seed=78,
+                             tiles=SMALL_TILES)
+    assert torch.equal(out, again) and not torch.equal(out, other)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_is_close_to_reference(device, dtype):
+    if dtype == torch.bfloat16 and INTERPRETED:
+        pytest.skip("Triton's interpreter multiplies bfloat16 tiles wrongly (tl.dot); "
+                    "bfloat16 is tested compiled, on CUDA")
+    torch.manual_seed(2)
+    q, k, v = inputs(1, 4, 2, 21, 40, 16, device, dtype=dtype)
+    out = attention(q, k, v, causal=True, impl="triton")
+    assert out.dtype == dtype
+    expected, expected_grads = reference_and_grads(q, k, v, None, True)
+    atol = 3e-2 if dtype == torch.bfloat16 else 4e-3
+    assert_matches(out, grads(out.float(), (q, k, v)), expected, expected_grads, atol=atol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batched_equals_one_sequence_at_a_time(device):
+    torch.manual_seed(3)
+    q, k, v = inputs(3, 2, 1, 9, 17, 16, device)
+    mask = make_mask("padding", 3, 2, 9, 17).to(device)
+    batched = attention(q, k, v, mask, impl="triton")
+    for b in range(3):
+        alone = attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], mask[b:b + 1], impl="triton")
+        torch.testing.assert_close(batched[b:b + 1], alone, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_multihead_attention_with_triton_equals_sdpa(device):
+    torch.manual_seed(4)
+    layers = {impl: MultiHeadAttention(32, 4, num_kv_heads=2, impl=impl).to(device)
+              for impl in ("sdpa", "triton")}
+    layers["triton"].load_state_dict(layers["sdpa"].state_dict())
+    x = torch.randn(2, 11, 32, device=device)
+    lengths = torch.tensor([11, 6], device=device)
+    key_mask = (torch.arange(11, device=device)[None, :] < lengths[:, None])[:, None, None, :]
+    outs = {impl: layer(x, key_mask, causal=True) for impl, layer in layers.items()}
+    torch.testing.assert_close(outs["triton"], outs["sdpa"], rtol=0, atol=1e-5)
+
+
+def test_cpu_tensors_without_the_interpreter_get_a_clear_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q = torch.randn(1, 2, 3, 16)
+    with pytest.raises(TritonUnavailable, match="runs on CUDA tensors.*TRITON_INTERPRET=1"):
+        attention(q, q, q, impl="triton")
+
+
+def test_unsupported_dtypes_and_head_sizes_are_named():
+    q = torch.randn(1, 2, 3, 16, dtype=torch.float64, device=DEVICES[0])
+    with pytest.raises(ValueError, match="float16, bfloat16, float32; got torch.float64"):
+        attention(q, q, q, impl="triton")
+    q = torch.randn(1, 2, 3, 264, device=DEVICES[0])
+    with pytest.raises(ValueError, match="head sizes up to 256"):
+        attention(q, q, q, impl="triton")
