@@ -13,9 +13,12 @@ import torch
 
 from tests.attention.reference import reference_attention
 from tests.attention.test_kernels import grads, make_mask
+from transduce import checkpoint
 from transduce.attention import MultiHeadAttention, attention
 from transduce.attention.triton_flash import (Tiles, TritonUnavailable, dropout_keep_mask,
                                               triton_attention)
+from transduce.config import preset
+from transduce.model import build_model, load_model
 
 pytest.importorskip("triton")
 
@@ -158,3 +161,15 @@ def test_unsupported_dtypes_and_head_sizes_are_named():
     q = torch.randn(1, 2, 3, 264, device=DEVICES[0])
     with pytest.raises(ValueError, match="head sizes up to 256"):
         attention(q, q, q, impl="triton")
+
+
+def test_a_model_trained_with_the_triton_kernel_loads_with_sdpa_off_the_gpu(tiny_corpus, tmp_path):
+    torch.manual_seed(5)
+    model = build_model(preset("tiny", src_vocab_size=300, tgt_vocab_size=300,
+                               attention_impl="triton")).eval()
+    path = checkpoint.save(tmp_path / "model", model, None, tiny_corpus / "spm.model")
+    loaded = load_model(path, "cpu")
+    assert loaded.config.attention_impl == "sdpa"
+    src, tgt = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[1, 8, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(src, tgt), model(src, tgt), rtol=0, atol=1e-5)

@@ -2,6 +2,7 @@
 decoder-only model (GPT) on the same layers, and the RNN encoder-decoders with attention
 that came before them."""
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -41,7 +42,12 @@ def build_model(config: ModelConfig) -> Model:
 def load_model(path: Path | str, device: torch.device | str = "cpu") -> Model:
     """The model of a checkpoint (or of a run's latest checkpoint), in eval mode."""
     path = checkpoint.resolve(Path(path))
-    model = build_model(checkpoint.read_configs(path)[0])
+    config = checkpoint.read_configs(path)[0]
+    if config.attention_impl == "triton" and torch.device(device).type != "cuda":
+        # The kernel is how attention is computed, not what: a model trained with the
+        # Triton kernel on a GPU loads anywhere, with PyTorch's kernel off the GPU.
+        config = dataclasses.replace(config, attention_impl="sdpa")
+    model = build_model(config)
     checkpoint.load_weights(model, path, device)
     if isinstance(model, EncoderOnly):
         model.labels = checkpoint.read_labels(path)
