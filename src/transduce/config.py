@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args
 
 from transduce.errors import TransduceError
 
-Positional = Literal["sinusoidal", "learned", "rotary"]
+Positional = Literal["sinusoidal", "learned", "rotary", "t5", "alibi"]
 Activation = Literal["relu", "gelu", "gelu-tanh"]
 Tying = Literal["all", "decoder", "none"]
 AttentionImpl = Literal["naive", "sdpa", "flash", "triton"]
@@ -148,6 +148,10 @@ class ModelConfig(ValidatedConfig):
             raise ConfigError("ModelConfig.positional='rotary' does not combine with "
                               "attention_type='linear' (rotated features are no longer "
                               "positive); use sinusoidal or learned positions")
+        if self.positional in ("t5", "alibi") and self.attention_type != "softmax":
+            raise ConfigError(f"ModelConfig.positional={self.positional!r} is a bias on the "
+                              f"softmax scores and does not combine with attention_type="
+                              f"{self.attention_type!r}")
         if self.arch == "decoder" and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError(f"ModelConfig.arch='decoder' has one vocabulary: "
                               f"src_vocab_size={self.src_vocab_size} must equal "

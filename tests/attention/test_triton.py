@@ -173,3 +173,21 @@ def test_a_model_trained_with_the_triton_kernel_loads_with_sdpa_off_the_gpu(tiny
     src, tgt = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[1, 8, 9]])
     with torch.no_grad():
         torch.testing.assert_close(loaded(src, tgt), model(src, tgt), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_position_bias_and_its_gradient_match_the_float64_reference(device, causal):
+    from tests.attention.test_position_bias import reference_with_bias
+    torch.manual_seed(6)
+    B, H, Hkv, T, S, D = 2, 4, 2, 17, 35, 16
+    q, k, v = inputs(B, H, Hkv, T, S, D, device)
+    vector = torch.randn(H, T + S - 1, device=device, requires_grad=True)
+    mask = make_mask("holes", B, H, T, S).to(device)
+    out = triton_attention(q, k, v, mask, causal=causal, scale=D ** -0.5, tiles=SMALL_TILES,
+                           position_bias=vector)
+    leaves = [x.detach().cpu().double().requires_grad_() for x in (q, k, v, vector)]
+    expected = reference_with_bias(*leaves[:3], mask.cpu(), causal, leaves[3])
+    torch.testing.assert_close(out.detach().cpu().double(), expected, rtol=0, atol=2e-5)
+    for got, want in zip(grads(out, (q, k, v, vector)), grads(expected, leaves)):
+        torch.testing.assert_close(got.cpu().double(), want, rtol=0, atol=1e-4)

@@ -121,7 +121,8 @@ def padded_sources(lengths):
     return ids
 
 
-@pytest.mark.parametrize("changes", [{}, {"num_kv_heads": 1}, {"positional": "rotary"}])
+@pytest.mark.parametrize("changes", [{}, {"num_kv_heads": 1}, {"positional": "rotary"},
+                                     {"positional": "t5"}, {"positional": "alibi"}])
 def test_batched_beam_equals_one_sentence_at_a_time(changes):
     model = real_model(**changes)
     src = padded_sources([9, 3, 6, 12, 2])

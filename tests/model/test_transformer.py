@@ -54,7 +54,7 @@ def test_tying_all_with_unequal_vocabularies_is_refused():
 
 @pytest.mark.parametrize("changes,field", [
     ({"d_model": 30}, "d_model=30"), ({"num_kv_heads": 3}, "num_kv_heads=3"),
-    ({"dropout": 1.0}, "dropout"), ({"positional": "alibi"}, "positional"),
+    ({"dropout": 1.0}, "dropout"), ({"positional": "xpos"}, "positional"),
     ({"num_encoder_layers": 0}, "num_encoder_layers"),
 ])
 def test_bad_configs_name_the_field(changes, field):
@@ -85,11 +85,18 @@ ATTENTION_TYPES = [
 ]
 
 
+# Relative positions as score biases, through each kernel that takes them.
+RELATIVE_POSITIONS = [
+    {"positional": "t5"}, {"positional": "t5", "attention_impl": "flash", "num_kv_heads": 2},
+    {"positional": "alibi"}, {"positional": "alibi", "attention_impl": "naive", "num_kv_heads": 1},
+]
+
+
 @pytest.mark.parametrize("changes", [
     {}, {"num_kv_heads": 2}, {"num_kv_heads": 1}, {"positional": "learned"},
     {"positional": "rotary", "num_kv_heads": 2}, {"norm_first": True},
     {"attention_impl": "naive"}, {"attention_impl": "flash", "num_kv_heads": 1},
-    *ATTENTION_TYPES,
+    *ATTENTION_TYPES, *RELATIVE_POSITIONS,
 ])
 def test_cached_decoding_equals_the_full_causal_pass(changes):
     model = Transformer(tiny(**changes)).eval()
@@ -113,7 +120,7 @@ def test_cache_bytes_are_measured_and_match_the_formula():
     assert mha_state.nbytes == 4 * state.nbytes  # 4 heads -> 1 kv head
 
 
-@pytest.mark.parametrize("changes", [{}, *ATTENTION_TYPES])
+@pytest.mark.parametrize("changes", [{}, *ATTENTION_TYPES, *RELATIVE_POSITIONS])
 def test_batched_equals_one_sentence_at_a_time(changes):
     model = Transformer(tiny(**changes)).eval()
     src, tgt = padded([7, 2, 5]), padded([4, 6, 3])

@@ -33,33 +33,35 @@ DEFAULT_BLOCK_K = 256
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
                     causal: bool = False, dropout_p: float = 0.0, scale: float,
                     block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
-                    seed: int | None = None) -> Tensor:
-    """q (B, H, T, D), k/v (B, Hkv, S, D), mask (B|1, H|1, T|1, S) bool -> (B, H, T, D).
+                    seed: int | None = None, position_bias: Tensor | None = None) -> Tensor:
+    """q (B, H, T, D), k/v (B, Hkv, S, D), mask (B|1, H|1, T|1, S) bool,
+    position_bias (H, T + S - 1) (position_bias.py) -> (B, H, T, D).
 
     seed fixes the dropout pattern (drawn from torch's generator when None); the backward
     regenerates the same pattern tile by tile instead of storing it.
     """
     if dropout_p > 0 and seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())
-    return _FlashAttention.apply(q, k, v, mask, causal, scale, dropout_p, seed or 0,
-                                 block_q, block_k)
+    return _FlashAttention.apply(q, k, v, mask, position_bias, causal, scale, dropout_p,
+                                 seed or 0, block_q, block_k)
 
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal, scale, dropout_p, seed, block_q, block_k):
-        tiles = _Tiling(q, k, mask, causal, scale, dropout_p, seed, block_q, block_k)
+    def forward(ctx, q, k, v, mask, bias, causal, scale, dropout_p, seed, block_q, block_k):
+        tiles = _Tiling(q, k, mask, bias, causal, scale, dropout_p, seed, block_q, block_k)
         out, lse = tiles.forward(q, k, v)
-        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.save_for_backward(q, k, v, mask, bias, out, lse)
         ctx.settings = (causal, scale, dropout_p, seed, block_q, block_k)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, mask, out, lse = ctx.saved_tensors
-        tiles = _Tiling(q, k, mask, *ctx.settings)
-        dq, dk, dv = tiles.backward(q, k, v, out, lse, grad_out)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        q, k, v, mask, bias, out, lse = ctx.saved_tensors
+        tiles = _Tiling(q, k, mask, bias, *ctx.settings)
+        dq, dk, dv, dbias = tiles.backward(q, k, v, out, lse, grad_out,
+                                           bias is not None and ctx.needs_input_grad[4])
+        return dq, dk, dv, None, dbias, None, None, None, None, None, None
 
 
 class _Tiling:
@@ -69,8 +71,9 @@ class _Tiling:
     query heads of a key/value head: q (B, H, T, D) -> (B, Hkv, G, T, D).
     """
 
-    def __init__(self, q: Tensor, k: Tensor, mask: Tensor | None, causal: bool, scale: float,
-                 dropout_p: float, seed: int, block_q: int, block_k: int):
+    def __init__(self, q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None,
+                 causal: bool, scale: float, dropout_p: float, seed: int, block_q: int,
+                 block_k: int):
         self.batch, heads, self.num_queries, self.dim = q.shape
         self.kv_heads, self.num_keys = k.shape[1], k.shape[2]
         self.group = heads // self.kv_heads
@@ -83,6 +86,8 @@ class _Tiling:
         self.offset = self.num_keys - self.num_queries
         # Kept as given (possibly an expanded view): only tile slices are ever inverted.
         self.allowed = None if mask is None else masks.group_heads(mask, self.kv_heads, self.group)
+        self.bias = None if bias is None else bias.to(self.acc_dtype)            # (H, T + S - 1)
+        self.bias_dtype = None if bias is None else bias.dtype
         self.generator = None
         if dropout_p > 0:
             self.generator = torch.Generator(device=q.device)
@@ -113,11 +118,20 @@ class _Tiling:
         if self.allowed is not None:
             rows = slice(None) if self.allowed.shape[3] == 1 else slice(qs, qe)
             s5.masked_fill_(~self.allowed[:, :, :, rows, ks:ke], float("-inf"))
+        if self.bias is not None:
+            s5 += self.bias[:, self.bias_index(qs, qe, ks, ke)].view(
+                self.kv_heads, self.group, qe - qs, ke - ks)
         if self.causal and ke - 1 > qs + self.offset:  # the tile crosses the diagonal
             allowed = masks.causal_mask(qe - qs, ke - ks, offset=qs + self.offset - ks,
                                         device=s.device)
             s5.masked_fill_(~allowed, float("-inf"))
         return s
+
+    def bias_index(self, qs: int, qe: int, ks: int, ke: int) -> Tensor:
+        """Where each score of a tile reads the bias vector: query t, key s -> t - s + S - 1."""
+        device = self.bias.device
+        return (torch.arange(qs, qe, device=device)[:, None]
+                - torch.arange(ks, ke, device=device)[None, :] + self.num_keys - 1)
 
     def keep(self, like: Tensor, q_block: int, k_block: int) -> Tensor | None:
         """Dropout's keep-and-rescale factors for one tile, regenerated from the seed."""
@@ -160,11 +174,12 @@ class _Tiling:
         return out, lse
 
     def backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                 grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """-> dq (B, H, T, D), dk, dv (B, Hkv, S, D)."""
+                 grad_out: Tensor, bias_grad: bool = False) -> tuple[Tensor, ...]:
+        """-> dq (B, H, T, D), dk, dv (B, Hkv, S, D), dbias (H, T + S - 1) or None."""
         acc_dtype = self.acc_dtype
         dk = torch.zeros(k.shape, dtype=acc_dtype, device=k.device)
         dv = torch.zeros(v.shape, dtype=acc_dtype, device=v.device)
+        dbias = torch.zeros_like(self.bias) if bias_grad else None
         dq = torch.empty_like(q)
         delta = (grad_out.to(acc_dtype) * out.to(acc_dtype)).sum(dim=-1, keepdim=True)  # (B, H, T, 1)
         for qs, qe in self.query_blocks():
@@ -181,9 +196,15 @@ class _Tiling:
                 if keep is not None:
                     dp.mul_(keep)
                 dv[:, :, ks:ke] += dropped.transpose(-1, -2).to(v.dtype) @ do_rows
-                ds = p.mul_(dp.sub_(delta_rows)).to(q.dtype)                # (B, Hkv, R, tk)
+                ds = p.mul_(dp.sub_(delta_rows))                            # (B, Hkv, R, tk)
+                if dbias is not None:   # the bias adds to each score: its gradient is dS
+                    per_head = ds.sum(0).view(-1, ke - ks)                   # (H * tq, tk)
+                    dbias.index_add_(1, self.bias_index(qs, qe, ks, ke).flatten(),
+                                     per_head.view(-1, (qe - qs) * (ke - ks)))
+                ds = ds.to(q.dtype)
                 dq_rows += ds @ k_tile
                 dk[:, :, ks:ke] += ds.transpose(-1, -2) @ q_rows
             dq[:, :, qs:qe] = self.unrows(dq_rows * self.scale, qs, qe).to(q.dtype)
-        return dq, dk.to(k.dtype), dv.to(v.dtype)
+        dbias = None if dbias is None else dbias.to(self.bias_dtype)
+        return dq, dk.to(k.dtype), dv.to(v.dtype), dbias
 

@@ -12,6 +12,9 @@ All kernels agree to float rounding, and a query row with no key to attend to yi
 zeros, never NaN. Only `naive` materialises the (T, S) weights, so only it can return them.
 "flash" is FlashAttention's tiling in PyTorch ops (any device); "triton" is the same
 algorithm as Triton kernels, for CUDA tensors (see triton_flash.py).
+position_bias (H, T + S - 1): an additive score bias by relative position (T5, ALiBi;
+see position_bias.py), one vector per head; naive and sdpa expand it to (H, T, S), flash
+and triton add it tile by tile.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transduce.attention import masks
 from transduce.attention.flash import flash_attention
+from transduce.attention.position_bias import expand
 from transduce.attention.triton_flash import triton_attention
 from transduce.config import AttentionImpl, choices
 
@@ -34,33 +38,39 @@ IMPLS = choices(AttentionImpl)
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
               causal: bool = False, dropout_p: float = 0.0, impl: str = "sdpa",
-              return_weights: bool = False,
-              scale: float | None = None) -> Tensor | tuple[Tensor, Tensor]:
-    """softmax(q k^T * scale + mask) v, scale = 1/sqrt(D) by default.
+              return_weights: bool = False, scale: float | None = None,
+              position_bias: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+    """softmax(q k^T * scale + bias + mask) v, scale = 1/sqrt(D) by default.
 
-    q (B, H, T, D), k/v (B, H_kv, S, D), mask broadcastable to (B, H, T, S)
-    -> out (B, H, T, D), and weights (B, H, T, S) when return_weights (naive only).
+    q (B, H, T, D), k/v (B, H_kv, S, D), mask broadcastable to (B, H, T, S),
+    position_bias (H, T + S - 1) -> out (B, H, T, D), and weights (B, H, T, S) when
+    return_weights (naive only).
     """
     # While an ONNX export traces this, a size compared in Python would be frozen at the
     # example's value; the checks and the one-query shortcut are skipped then.
     tracing = torch.jit.is_tracing()
     if not tracing:
         mask = _check_inputs(q, k, v, mask, impl, return_weights, dropout_p)
+        _check_position_bias(q, k, position_bias)
         # One query aligned with the last key sees every key: no causal mask to build.
         causal = causal and q.shape[2] > 1
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    bias = position_bias
     if impl == "flash":
-        return flash_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, scale=scale)
+        return flash_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, scale=scale,
+                               position_bias=bias)
     if impl == "triton":
-        return triton_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, scale=scale)
+        return triton_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, scale=scale,
+                                position_bias=bias)
     if impl == "sdpa":
-        return _sdpa(q, k, v, mask, causal, dropout_p, scale)
-    out, weights = _naive(q, k, v, mask, causal, dropout_p, scale)
+        return _sdpa(q, k, v, mask, causal, dropout_p, scale, bias)
+    out, weights = _naive(q, k, v, mask, causal, dropout_p, scale, bias)
     return (out, weights) if return_weights else out
 
 
 def _naive(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-           dropout_p: float, scale: float) -> tuple[Tensor, Tensor]:
+           dropout_p: float, scale: float,
+           position_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The formula written out. -> out (B, H, T, D), weights (B, H, T, S)."""
     batch, heads, num_queries, _ = q.shape
     kv_heads, num_keys = k.shape[1], k.shape[2]
@@ -70,6 +80,9 @@ def _naive(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
     # Group the query heads that share a key/value head; k and v broadcast, uncopied.
     q5 = q.unflatten(1, (kv_heads, group))                               # (B, Hkv, G, T, D)
     scores = (q5 * scale) @ k.unsqueeze(2).transpose(-1, -2)            # (B, Hkv, G, T, S)
+    if position_bias is not None:
+        dense = expand(position_bias, num_queries, num_keys)            # (H, T, S)
+        scores = scores + dense.unflatten(0, (kv_heads, group)).to(scores.dtype)
     allowed = None if mask is None else masks.group_heads(mask, kv_heads, group)
     weights = masked_softmax(scores, allowed)                           # (B, Hkv, G, T, S)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
@@ -98,13 +111,15 @@ MATMUL_FORM_MAX_KEYS = 256
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-          dropout_p: float, scale: float) -> Tensor:
+          dropout_p: float, scale: float, position_bias: Tensor | None = None) -> Tensor:
     """PyTorch's fused kernel. Its is_causal is top-left aligned, so it is used only
     for square unmasked attention; every other causal case goes through a mask."""
     num_queries, num_keys = q.shape[2], k.shape[2]
     if (q.device.type == "cpu" and q.dtype == torch.bfloat16 and num_keys <= MATMUL_FORM_MAX_KEYS
             and torch.is_grad_enabled() and q.requires_grad):
-        return _naive(q, k, v, mask, causal, dropout_p, scale)[0]
+        return _naive(q, k, v, mask, causal, dropout_p, scale, position_bias)[0]
+    if position_bias is not None:
+        return _sdpa_with_bias(q, k, v, mask, causal, dropout_p, scale, position_bias)
     use_is_causal = causal and mask is None and num_queries == num_keys
     if causal and not use_is_causal:
         mask = masks.combine(mask, masks.causal_mask(num_queries, num_keys, device=q.device))
@@ -112,6 +127,24 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_is_causal, scale=scale,
             enable_gqa=k.shape[1] != q.shape[1])
+
+
+def _sdpa_with_bias(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
+                    dropout_p: float, scale: float, position_bias: Tensor) -> Tensor:
+    """The bias as SDPA's float mask, (1, H, T, S), with a large negative number where a
+    key is masked. A row with no key would then average every value: it is set to 0."""
+    num_queries, num_keys = q.shape[2], k.shape[2]
+    if causal:
+        mask = masks.combine(mask, masks.causal_mask(num_queries, num_keys, device=q.device))
+    bias = expand(position_bias, num_queries, num_keys).to(q.dtype)[None]      # (1, H, T, S)
+    if mask is not None:
+        bias = bias.masked_fill(~mask, torch.finfo(q.dtype).min / 2)
+    with _shape_agnostic_backends(q.device):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
+                                             scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    if mask is None:
+        return out
+    return out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
 
 
 # On CUDA, PyTorch may pick cuDNN's attention, which builds an execution plan for every new
@@ -123,6 +156,15 @@ _CUDA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SD
 
 def _shape_agnostic_backends(device: torch.device):
     return sdpa_kernel(_CUDA_BACKENDS) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _check_position_bias(q: Tensor, k: Tensor, bias: Tensor | None) -> None:
+    if bias is None:
+        return
+    expected = (q.shape[1], q.shape[2] + k.shape[2] - 1)
+    if tuple(bias.shape) != expected or not bias.is_floating_point():
+        raise ValueError(f"position_bias must be a float (H, T + S - 1) = {expected} tensor, "
+                         f"got {bias.dtype} {tuple(bias.shape)}")
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, impl: str,

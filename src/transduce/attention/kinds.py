@@ -24,7 +24,7 @@ from torch import Tensor
 from transduce.attention import masks
 from transduce.attention.kernels import attention
 from transduce.attention.kv_cache import (Attended, AttentionCache, KVCache, QuantizedKVCache,
-                                          element_size, kv_cache_bytes)
+                                          element_size, kv_cache_bytes, refuse_position_bias)
 from transduce.attention.linear import (LinearStateCache, linear_attention,
                                         linear_attention_weights)
 from transduce.attention.local import SlidingKVCache, sliding_window_attention
@@ -35,9 +35,11 @@ class AttentionKind(Protocol):
     name: str
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, causal: bool,
-               impl: str, dropout_p: float = 0.0, return_weights: bool = False) -> Attended:
+               impl: str, dropout_p: float = 0.0, return_weights: bool = False,
+               position_bias: Tensor | None = None) -> Attended:
         """The full pass (no cache). impl "naive" computes the quadratic reference form,
-        which alone can return the weights (B, H, T, S)."""
+        which alone can return the weights (B, H, T, S). position_bias (H, T + S - 1):
+        softmax attention only."""
 
     def new_cache(self, batch: int, kv_heads: int, head_dim: int, max_len: int,
                   dtype: torch.dtype, device: torch.device | str) -> AttentionCache:
@@ -52,9 +54,10 @@ class AttentionKind(Protocol):
 class SoftmaxAttention:
     name: str = "softmax"
 
-    def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False):
+    def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False,
+               position_bias=None):
         return attention(q, k, v, mask, causal=causal, impl=impl, dropout_p=dropout_p,
-                         return_weights=return_weights)
+                         return_weights=return_weights, position_bias=position_bias)
 
     def new_cache(self, batch, kv_heads, head_dim, max_len, dtype, device):
         if dtype == torch.int8:
@@ -74,7 +77,9 @@ class SoftmaxAttention:
 class LinearAttention:
     name: str = "linear"
 
-    def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False):
+    def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False,
+               position_bias=None):
+        refuse_position_bias(position_bias, "linear attention")
         key_mask = masks.key_padding(mask, "linear attention")
         if impl != "naive" and not return_weights:
             return linear_attention(q, k, v, key_mask, causal=causal)[0]
@@ -99,7 +104,9 @@ class SlidingWindowAttention:
     window: int = 16
     name: str = "sliding"
 
-    def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False):
+    def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False,
+               position_bias=None):
+        refuse_position_bias(position_bias, "sliding-window attention")
         if impl != "naive" and not return_weights:
             return sliding_window_attention(q, k, v, masks.key_padding(
                 mask, "sliding-window attention"), self.window, causal=causal, impl=impl,

@@ -33,6 +33,13 @@ from transduce.attention.kernels import attention
 Attended = Tensor | tuple[Tensor, Tensor]
 
 
+def refuse_position_bias(position_bias: Tensor | None, kind: str) -> None:
+    """Relative-position score biases exist for softmax attention over all keys only."""
+    if position_bias is not None:
+        raise ValueError(f"{kind} takes no position_bias (relative positions are a bias on "
+                         "the full softmax attention's scores)")
+
+
 class AttentionCache(ABC):
     """The decoding state of one self-attention layer. `_buffers` names its (B, ...)
     tensors, which reorder() rearranges and nbytes counts."""
@@ -42,7 +49,8 @@ class AttentionCache(ABC):
 
     @abstractmethod
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
-               causal: bool, impl: str, return_weights: bool = False) -> Attended:
+               causal: bool, impl: str, return_weights: bool = False,
+               position_bias: Tensor | None = None) -> Attended:
         """Take this step's keys and values into the cache and attend q over all held.
         mask covers every key the cache has seen and this step's (B|1, 1, 1|T,
         length + T): left padding stays masked for the whole generation."""
@@ -109,13 +117,14 @@ class KVCache(AttentionCache):
         return self.k[:, :, :end], self.v[:, :, :end]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
-               causal: bool, impl: str, return_weights: bool = False) -> Attended:
+               causal: bool, impl: str, return_weights: bool = False,
+               position_bias: Tensor | None = None) -> Attended:
         """q (B, H, T, D) over every cached key, this step's included. Attention runs in
         the cache's type (a float32 cache for a bfloat16 model, say): casting the step's
         queries is cheap, casting the whole cache would not be."""
         k, v = self.update(k, v)                                         # (B, Hkv, S, D)
         result = attention(q.to(k.dtype), k, v, mask, causal=causal, impl=impl,
-                           return_weights=return_weights)
+                           return_weights=return_weights, position_bias=position_bias)
         if return_weights:
             return result[0].to(q.dtype), result[1].to(q.dtype)
         return result.to(q.dtype)
@@ -144,14 +153,15 @@ class ConcatKVCache(AttentionCache):
         return self.k.shape[2]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
-               causal: bool, impl: str, return_weights: bool = False) -> Attended:
+               causal: bool, impl: str, return_weights: bool = False,
+               position_bias: Tensor | None = None) -> Attended:
         self.k = torch.cat([self.k, k.to(self.k.dtype)], dim=2)
         self.v = torch.cat([self.v, v.to(self.v.dtype)], dim=2)
         if causal and self.step_mask is not None:
             mask, causal = masks.combine(mask, self.step_mask), False
         self.step_mask = None
         return attention(q, self.k, self.v, mask, causal=causal, impl=impl,
-                         return_weights=return_weights)
+                         return_weights=return_weights, position_bias=position_bias)
 
     def reset(self) -> None:
         self.k, self.v = self.k[:, :, :0], self.v[:, :, :0]

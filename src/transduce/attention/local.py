@@ -19,7 +19,8 @@ from torch import Tensor
 
 from transduce.attention import masks
 from transduce.attention.kernels import attention
-from transduce.attention.kv_cache import Attended, AttentionCache, element_size
+from transduce.attention.kv_cache import (Attended, AttentionCache, element_size,
+                                          refuse_position_bias)
 
 MIN_BLOCK = 8
 
@@ -95,9 +96,11 @@ class SlidingKVCache(AttentionCache):
         return k_all, v_all
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
-               causal: bool, impl: str, return_weights: bool = False) -> Attended:
+               causal: bool, impl: str, return_weights: bool = False,
+               position_bias: Tensor | None = None) -> Attended:
         """q (B, H, T, D) over the held window and this step's keys, banded. mask covers
         every key seen (B|1, 1, 1|T, length + T); the window's part of it is used."""
+        refuse_position_bias(position_bias, "sliding-window attention")
         older = self.held
         k, v = self.update(k, v)
         mask = None if mask is None else mask[..., -k.shape[2]:]

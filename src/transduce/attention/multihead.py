@@ -69,6 +69,7 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None, *,
                 kv: tuple[Tensor, Tensor] | None = None, causal: bool = False,
                 cache: AttentionCache | None = None, positions: Tensor | None = None,
+                position_bias: Tensor | None = None,
                 return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, T, C); mask broadcastable to (B, H, T, S), True = may attend.
 
@@ -80,6 +81,8 @@ class MultiHeadAttention(nn.Module):
         the cached ones and this call's.
         positions (B, T): the rotary positions of each row's tokens when rows do not all
         start at the same position (left-padded prompts).
+        position_bias (H, T + S - 1): a relative-position score bias (self-attention
+        only; S counts the cached keys too), see attention/position_bias.py.
         -> (B, T, C), and the weights (B, H, T, S) when return_weights (naive kernel).
         """
         q = self._split(self.q_proj(x), self.num_heads)                  # (B, H, T, D)
@@ -97,10 +100,11 @@ class MultiHeadAttention(nn.Module):
                 q, k = self.rotary(q, start), self.rotary(k, start)
             if cache is None:
                 result = self.kind.attend(q, k, v, mask, causal=causal, impl=impl,
-                                          dropout_p=self._dropout_p, return_weights=return_weights)
+                                          dropout_p=self._dropout_p, return_weights=return_weights,
+                                          position_bias=position_bias)
             else:
                 result = cache.attend(q, k, v, mask, causal=causal, impl=impl,
-                                      return_weights=return_weights)
+                                      return_weights=return_weights, position_bias=position_bias)
         out, weights = result if return_weights else (result, None)
         out = self.out_proj(self._merge(out))                            # (B, T, C)
         return (out, weights) if return_weights else out

@@ -32,16 +32,18 @@ class TritonUnavailable(TransduceError, RuntimeError):
 
 def triton_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
                      causal: bool = False, dropout_p: float = 0.0, scale: float,
-                     seed: int | None = None, tiles: Tiles | None = None) -> Tensor:
-    """q (B, H, T, D), k/v (B, Hkv, S, D), mask bool broadcastable to (B, H, T, S)
-    -> (B, H, T, D). seed fixes the dropout pattern (drawn from torch when None)."""
+                     seed: int | None = None, tiles: Tiles | None = None,
+                     position_bias: Tensor | None = None) -> Tensor:
+    """q (B, H, T, D), k/v (B, Hkv, S, D), mask bool broadcastable to (B, H, T, S),
+    position_bias (H, T + S - 1) -> (B, H, T, D). seed fixes the dropout pattern (drawn
+    from torch when None)."""
     kernels = kernels_for(q.device)
     _check(q, k, v)
     if dropout_p > 0 and seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())
     tiles = tiles or Tiles.choose(q)
-    return _TritonAttention.apply(q, k, v, mask, causal, scale, dropout_p, seed or 0,
-                                  tiles, kernels)
+    return _TritonAttention.apply(q, k, v, mask, position_bias, causal, scale, dropout_p,
+                                  seed or 0, tiles, kernels)
 
 
 @dataclass(frozen=True)
@@ -99,38 +101,41 @@ def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
 
 class _TritonAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal, scale, dropout_p, seed, tiles, kernels):
-        call = _Call(q, k, mask, causal, scale, dropout_p, seed, tiles, kernels)
+    def forward(ctx, q, k, v, mask, bias, causal, scale, dropout_p, seed, tiles, kernels):
+        call = _Call(q, k, mask, bias, causal, scale, dropout_p, seed, tiles, kernels)
         out, lse2 = call.forward(q, k, v)
-        ctx.save_for_backward(q, k, v, mask, out, lse2)
+        ctx.save_for_backward(q, k, v, out, lse2)
         ctx.call = call
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, mask, out, lse2 = ctx.saved_tensors
-        dq, dk, dv = ctx.call.backward(q, k, v, out, lse2, grad_out)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        q, k, v, out, lse2 = ctx.saved_tensors
+        bias_grad = ctx.call.bias is not None and ctx.needs_input_grad[4]
+        dq, dk, dv, dbias = ctx.call.backward(q, k, v, out, lse2, grad_out, bias_grad)
+        return dq, dk, dv, None, dbias, None, None, None, None, None, None
 
 
 class _Call:
     """One attention call's launch arguments, shared by the forward and backward launches."""
 
-    def __init__(self, q: Tensor, k: Tensor, mask: Tensor | None, causal: bool, scale: float,
-                 dropout_p: float, seed: int, tiles: Tiles, kernels: ModuleType):
+    def __init__(self, q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None,
+                 causal: bool, scale: float, dropout_p: float, seed: int, tiles: Tiles,
+                 kernels: ModuleType):
         self.batch, self.heads, self.num_queries, self.dim = q.shape
         self.kv_heads, self.num_keys = k.shape[1], k.shape[2]
         self.tiles, self.kernels = tiles, kernels
         target = (self.batch, self.heads, self.num_queries, self.num_keys)
         # A bool mask read as bytes; broadcast dimensions get stride 0 and cost no memory.
         self.mask = None if mask is None else mask.expand(target).view(torch.uint8)
+        self.bias = None if bias is None else bias.contiguous()             # (H, T + S - 1)
         self.scalars = (self.heads, self.heads // self.kv_heads, self.num_queries,
                         self.num_keys, self.num_keys - self.num_queries)
         self.scale, self.dropout_p, self.seed = scale, dropout_p, seed
         self.constants = dict(
             HEAD_DIM=self.dim, BLOCK_D=max(16, _next_power_of_2(self.dim)),
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=causal,
-            HAS_MASK=mask is not None, DROPOUT=dropout_p > 0,
+            HAS_MASK=mask is not None, DROPOUT=dropout_p > 0, HAS_BIAS=bias is not None,
             # float32 inputs get float32 products (tf32 would miss the reference by 1e-3).
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
         if q.device.type == "cuda":
@@ -147,14 +152,18 @@ class _Call:
         lse2 = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         grid = (_cdiv(self.num_queries, self.tiles.block_m), self.batch * self.heads)
         self.kernels.forward_kernel[grid](
-            q, k, v, *self.mask_args(q)[:1], out, lse2,
+            q, k, v, *self.mask_args(q)[:1], self._bias_or(q), out, lse2,
             *q.stride(), *k.stride(), *v.stride(), *self.mask_args(q)[1:], *out.stride(),
             *self.scalars, self.scale * LOG2E, self.dropout_p, self.seed, **self.constants)
         return out, lse2
 
+    def _bias_or(self, like: Tensor) -> Tensor:
+        return like if self.bias is None else self.bias   # never read without HAS_BIAS
+
     def backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2: Tensor,
-                 grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """-> dq (B, H, T, D), dk, dv (B, Hkv, S, D), each contiguous in its input's dtype."""
+                 grad_out: Tensor, bias_grad: bool) -> tuple[Tensor, ...]:
+        """-> dq (B, H, T, D), dk, dv (B, Hkv, S, D), each contiguous in its input's dtype,
+        and dbias (H, T + S - 1) when bias_grad (else None)."""
         delta = (grad_out.float() * out.float()).sum(dim=-1)                  # (B, H, T)
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -163,12 +172,16 @@ class _Call:
         args = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride(),
                 *self.scalars, self.scale * LOG2E, self.scale, self.dropout_p, self.seed)
         grid_kv = (_cdiv(self.num_keys, self.tiles.block_n), self.batch * self.kv_heads)
-        self.kernels.dkdv_kernel[grid_kv](q, k, v, mask, grad_out, lse2, delta, dk, dv,
+        bias = self._bias_or(q)
+        self.kernels.dkdv_kernel[grid_kv](q, k, v, mask, bias, grad_out, lse2, delta, dk, dv,
                                           *args, **self.constants)
+        dbias = torch.zeros(self.bias.shape, dtype=torch.float32, device=q.device) \
+            if bias_grad else None
         grid_q = (_cdiv(self.num_queries, self.tiles.block_m), self.batch * self.heads)
-        self.kernels.dq_kernel[grid_q](q, k, v, mask, grad_out, lse2, delta, dq,
-                                       *args, **self.constants)
-        return dq, dk, dv
+        self.kernels.dq_kernel[grid_q](q, k, v, mask, bias, grad_out, lse2, delta, dq,
+                                       q if dbias is None else dbias, *args,
+                                       BIAS_GRAD=bias_grad, **self.constants)
+        return dq, dk, dv, None if dbias is None else dbias.to(self.bias.dtype)
 
 
 def dropout_keep_mask(batch: int, heads: int, num_queries: int, num_keys: int,

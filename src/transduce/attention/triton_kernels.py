@@ -9,7 +9,8 @@ One program instance owns one tile of rows and walks the other axis tile by tile
               query head in its group (GQA without copying heads, and without atomics),
               recomputing p = exp2(s - lse2):  dV += p^T dO,  dK += dS^T Q.
     dq        one query block of one head; walks the key tiles:  dQ += dS K,
-              with dS = p * (dO V^T - Delta) and Delta = rowsum(dO * O).
+              with dS = p * (dO V^T - Delta) and Delta = rowsum(dO * O); a position
+              bias's gradient is dS summed by distance (atomic adds).
 
 Scores are kept in base 2 (the scale is multiplied by log2(e)) so the exponentials are
 exp2. Masks: keys past S, the boolean mask (broadcast dimensions have stride 0), and the
@@ -25,13 +26,18 @@ import triton.language as tl
 
 
 @triton.jit
-def _tile_scores(q, k_ptrs, mask_ptrs, offs_m, offs_n, T, S, offset, qk_scale,
+def _tile_scores(q, k_ptrs, mask_ptrs, bias_row, offs_m, offs_n, T, S, offset, qk_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-                 HAS_MASK: tl.constexpr, PRECISION: tl.constexpr):
-    """Scaled (base-2) scores of one tile, -inf where a key may not be attended: (M, N)."""
+                 HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """Scaled (base-2) scores of one tile, -inf where a key may not be attended: (M, N).
+    bias_row: this head's position-bias vector (T + S - 1,), read at t - s + S - 1."""
     offs_d = tl.arange(0, BLOCK_D)
     k = tl.load(k_ptrs, mask=(offs_n[:, None] < S) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    if HAS_BIAS:
+        inside = (offs_m[:, None] < T) & (offs_n[None, :] < S)
+        bias = tl.load(bias_row + offs_m[:, None] - offs_n[None, :] + S - 1, mask=inside, other=0.0)
+        s += bias.to(tl.float32) * 1.4426950408889634   # log2(e): scores are in base 2
     visible = offs_n[None, :] < S
     if HAS_MASK:
         allowed = tl.load(mask_ptrs, mask=(offs_m[:, None] < T) & visible, other=0)
@@ -49,14 +55,15 @@ def _dropout_keep(seed, bh, offs_m, offs_n, T, S, dropout_p):
 
 
 @triton.jit
-def forward_kernel(Q, K, V, Mask, Out, Lse,
+def forward_kernel(Q, K, V, Mask, Bias, Out, Lse,
                    sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
                    smb, smh, smt, sms, sob, soh, sot, sod,
                    H, GROUP, T, S, offset, qk_scale, dropout_p, seed,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-                   DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
-    """grid (cdiv(T, BLOCK_M), B * H): O (B, H, T, D) and lse2 (B, H, T) of one query block."""
+                   DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """grid (cdiv(T, BLOCK_M), B * H): O (B, H, T, D) and lse2 (B, H, T) of one query block.
+    Bias: the position bias (H, T + S - 1), contiguous."""
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     hk = h // GROUP
@@ -79,8 +86,8 @@ def forward_kernel(Q, K, V, Mask, Out, Lse,
     for start in range(0, end, BLOCK_N):
         cols = start + offs_n
         s = _tile_scores(q, k_base + cols[:, None] * sks, mask_base + cols[None, :] * sms,
-                         offs_m, cols, T, S, offset, qk_scale,
-                         HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, PRECISION)
+                         Bias + h * (T + S - 1), offs_m, cols, T, S, offset, qk_scale,
+                         HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, HAS_BIAS, PRECISION)
         new_max = tl.maximum(row_max, tl.max(s, 1))
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # rows that saw no key yet
         p = tl.math.exp2(s - shift[:, None])
@@ -103,13 +110,13 @@ def forward_kernel(Q, K, V, Mask, Out, Lse,
 
 
 @triton.jit
-def dkdv_kernel(Q, K, V, Mask, DO, Lse, Delta, DK, DV,
+def dkdv_kernel(Q, K, V, Mask, Bias, DO, Lse, Delta, DK, DV,
                 sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
                 smb, smh, smt, sms, sdob, sdoh, sdot, sdod,
                 H, GROUP, T, S, offset, qk_scale, scale, dropout_p, seed,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-                DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+                DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """grid (cdiv(S, BLOCK_N), B * Hkv): dK, dV (B, Hkv, S, D) of one key block, summed
     over the GROUP query heads that share it. DK/DV are contiguous like K."""
     pid_n, bhk = tl.program_id(0), tl.program_id(1)
@@ -141,8 +148,9 @@ def dkdv_kernel(Q, K, V, Mask, DO, Lse, Delta, DK, DV,
             lse2 = tl.load(Lse + bh * T + offs_m, mask=offs_m < T, other=float("inf"))
             delta = tl.load(Delta + bh * T + offs_m, mask=offs_m < T, other=0.0)
             s = _tile_scores(q, k_ptrs, Mask + b * smb + h * smh + offs_m[:, None] * smt
-                             + offs_n[None, :] * sms, offs_m, offs_n, T, S, offset, qk_scale,
-                             HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, PRECISION)
+                             + offs_n[None, :] * sms, Bias + h * (T + S - 1), offs_m, offs_n,
+                             T, S, offset, qk_scale, HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK,
+                             HAS_BIAS, PRECISION)
             p = tl.math.exp2(s - lse2[:, None])                              # (M, N)
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)          # (M, N)
             dropped = p
@@ -159,14 +167,16 @@ def dkdv_kernel(Q, K, V, Mask, DO, Lse, Delta, DK, DV,
 
 
 @triton.jit
-def dq_kernel(Q, K, V, Mask, DO, Lse, Delta, DQ,
+def dq_kernel(Q, K, V, Mask, Bias, DO, Lse, Delta, DQ, DBias,
               sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
               smb, smh, smt, sms, sdob, sdoh, sdot, sdod,
               H, GROUP, T, S, offset, qk_scale, scale, dropout_p, seed,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-              DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
-    """grid (cdiv(T, BLOCK_M), B * H): dQ (B, H, T, D) of one query block; DQ is contiguous."""
+              DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+              BIAS_GRAD: tl.constexpr):
+    """grid (cdiv(T, BLOCK_M), B * H): dQ (B, H, T, D) of one query block; DQ is contiguous.
+    BIAS_GRAD: also adds each score's dS into DBias (H, T + S - 1, float32) at its distance."""
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     hk = h // GROUP
@@ -190,8 +200,9 @@ def dq_kernel(Q, K, V, Mask, DO, Lse, Delta, DQ,
     for start in range(0, end, BLOCK_N):
         cols = start + offs_n0
         k_ptrs = k_base + cols[:, None] * sks
-        s = _tile_scores(q, k_ptrs, mask_base + cols[None, :] * sms, offs_m, cols, T, S,
-                         offset, qk_scale, HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, PRECISION)
+        s = _tile_scores(q, k_ptrs, mask_base + cols[None, :] * sms, Bias + h * (T + S - 1),
+                         offs_m, cols, T, S, offset, qk_scale, HEAD_DIM, BLOCK_D, CAUSAL,
+                         HAS_MASK, HAS_BIAS, PRECISION)
         p = tl.math.exp2(s - lse2[:, None])
         v = tl.load(v_base + cols[:, None] * svs,
                     mask=(cols[:, None] < S) & (offs_d[None, :] < HEAD_DIM), other=0.0)
@@ -200,6 +211,10 @@ def dq_kernel(Q, K, V, Mask, DO, Lse, Delta, DQ,
             keep = _dropout_keep(seed, bh, offs_m, cols, T, S, dropout_p)
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         ds = p * (dp - delta[:, None])
+        if BIAS_GRAD:
+            inside = (offs_m[:, None] < T) & (cols[None, :] < S)
+            tl.atomic_add(DBias + h * (T + S - 1) + offs_m[:, None] - cols[None, :] + S - 1,
+                          ds, mask=inside)
         k = tl.load(k_ptrs, mask=(cols[:, None] < S) & (offs_d[None, :] < HEAD_DIM), other=0.0)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     tl.store(DQ + bh * T * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],

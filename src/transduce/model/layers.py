@@ -57,12 +57,14 @@ class EncoderLayer(nn.Module):
         self.dropout = Dropout(c.dropout)
         self.norm_first = c.norm_first
 
-    def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
-        """x (B, S, C), src_mask (B, 1, 1, S) -> (B, S, C)."""
+    def forward(self, x: Tensor, src_mask: Tensor | None, *,
+                position_bias: Tensor | None = None) -> Tensor:
+        """x (B, S, C), src_mask (B, 1, 1, S), position_bias (H, 2S - 1) -> (B, S, C)."""
         if self.norm_first:
-            x = x + self.dropout(self.self_attn(self.norm1(x), src_mask))
+            x = x + self.dropout(self.self_attn(self.norm1(x), src_mask,
+                                                position_bias=position_bias))
             return x + self.dropout(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.dropout(self.self_attn(x, src_mask)))
+        x = self.norm1(x + self.dropout(self.self_attn(x, src_mask, position_bias=position_bias)))
         return self.norm2(x + self.dropout(self.ffn(x)))
 
 
@@ -95,16 +97,19 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor] | None,
                 memory_mask: Tensor | None, *, tgt_mask: Tensor | None = None,
-                cache: AttentionCache | None = None, positions: Tensor | None = None) -> Tensor:
+                cache: AttentionCache | None = None, positions: Tensor | None = None,
+                position_bias: Tensor | None = None) -> Tensor:
         """x (B, T, C); memory_kv: this layer's cross-attention keys and values
         (B, Hkv, S, D), None without cross-attention; memory_mask (B, 1, 1, S); tgt_mask
         combined with the causal mask (with a cache: over every key it holds and the new
         ones); cache: this layer's self-attention cache when decoding step by step;
         positions (B, T): each token's position, for rows that start at different
-        positions (left-padded prompts; default: consecutive from the cache's length)
+        positions (left-padded prompts; default: consecutive from the cache's length);
+        position_bias (H, T + S - 1): a relative-position score bias for self-attention
         -> (B, T, C)."""
         def self_attention(h: Tensor) -> Tensor:
-            return self.self_attn(h, tgt_mask, causal=True, cache=cache, positions=positions)
+            return self.self_attn(h, tgt_mask, causal=True, cache=cache, positions=positions,
+                                  position_bias=position_bias)
 
         def cross_attention(h: Tensor) -> Tensor:
             return self.cross_attn(h, memory_mask, kv=memory_kv)

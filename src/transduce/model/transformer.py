@@ -27,6 +27,7 @@ from transduce.attention.kv_cache import AttentionCache, keep_rows
 from transduce.config import ModelConfig
 from transduce.model.dropout import Dropout
 from transduce.model.layers import DecoderLayer, EncoderLayer
+from transduce.attention.position_bias import ALiBi, T5Bias
 from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedding,
                                         SinusoidalPositionalEncoding, TablePositions)
 
@@ -66,11 +67,21 @@ class TokenEmbedding(nn.Module):
 
 def positional_encoding(config: ModelConfig) -> TablePositions | None:
     """The additive position table config.positional names (None: rotary, which enters
-    inside self-attention)."""
+    inside self-attention, and the score biases t5 and alibi)."""
     if config.positional == "sinusoidal":
         return SinusoidalPositionalEncoding(config.d_model, config.max_positions)
     if config.positional == "learned":
         return LearnedPositionalEmbedding(config.d_model, config.max_positions)
+    return None
+
+
+def score_bias(config: ModelConfig, *, bidirectional: bool) -> ALiBi | T5Bias | None:
+    """The relative-position score bias config.positional names, one per stack's
+    self-attention (shared by its layers, as in T5); None for the other kinds."""
+    if config.positional == "alibi":
+        return ALiBi(config.num_heads)
+    if config.positional == "t5":
+        return T5Bias(config.num_heads, bidirectional=bidirectional)
     return None
 
 
@@ -96,6 +107,7 @@ class Encoder(nn.Module):
         self.embed = embed
         self.layers = nn.ModuleList(EncoderLayer(config, rotary)
                                     for _ in range(config.num_encoder_layers))
+        self.score_bias = score_bias(config, bidirectional=True)
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) \
             if config.norm_first else None
 
@@ -103,8 +115,10 @@ class Encoder(nn.Module):
         """src (B, S), src_mask (B, 1, 1, S) -> memory (B, S, C). embed_inputs go to the
         embedding with src (an encoder-only model's segment ids)."""
         x = self.embed(src, **embed_inputs)
+        length = src.shape[1]
+        bias = None if self.score_bias is None else self.score_bias(length, length)
         for layer in self.layers:
-            x = layer(x, src_mask)
+            x = layer(x, src_mask, position_bias=bias)
         return x if self.final_norm is None else self.final_norm(x)
 
 
@@ -117,6 +131,7 @@ class Decoder(nn.Module):
         self.embed = embed
         self.layers = nn.ModuleList(DecoderLayer(config, rotary, cross_attention=cross_attention)
                                     for _ in range(config.num_decoder_layers))
+        self.score_bias = score_bias(config, bidirectional=False)
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) \
             if config.norm_first else None
 
@@ -133,10 +148,14 @@ class Decoder(nn.Module):
         (B, T) gives each token's own. memory_kv None: no cross-attention."""
         start = 0 if caches is None else caches[0].length
         x = self.embed(tgt, start, positions)
+        # Relative positions: the new queries against every key, cached ones included
+        # (left padding shifts queries and keys alike, so the distances hold).
+        bias = None if self.score_bias is None else \
+            self.score_bias(tgt.shape[1], start + tgt.shape[1])
         for i, layer in enumerate(self.layers):
             x = layer(x, None if memory_kv is None else memory_kv[i], memory_mask,
                       tgt_mask=tgt_mask, cache=None if caches is None else caches[i],
-                      positions=positions)
+                      positions=positions, position_bias=bias)
         return x if self.final_norm is None else self.final_norm(x)
 
 
