@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian packages of the built-in Bible corpus when they are missing.
+# Installs the Debian packages the project uses when they are missing: the built-in Bible
+# corpus (diatheke and the SWORD modules) and Chromium, the browser that the serve page's
+# end-to-end tests drive (Playwright cannot download its own browser here).
 # Needs root and apt-get; without them it says what to install and exits 0, so that the
-# test suite still runs (the real-extraction test is then skipped with that reason).
+# test suite still runs (the tests that need them are then skipped with that reason).
 set -u
-packages="diatheke sword-text-sparv sword-text-kjv sword-text-web"
+packages="diatheke sword-text-sparv sword-text-kjv sword-text-web chromium"
 missing=""
 for package in $packages; do
     dpkg -s "$package" >/dev/null 2>&1 || missing="$missing $package"

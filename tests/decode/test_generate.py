@@ -188,3 +188,25 @@ def test_the_packed_copy_generates_what_the_model_does(model, generator):
     tokens = torch.randint(4, model.config.tgt_vocab_size, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(generator.model(tokens), model(tokens), rtol=0, atol=1e-5)
+
+
+def test_a_tiny_temperature_samples_the_most_likely_token():
+    # 1e-300 rounds to 0 in float32: dividing by it gave 0 / 0 = nan (found by the
+    # server's fuzz); now it is greedy.
+    logits = torch.tensor([[0.5, 3.0, -1.0, 3.0 - 1e-3], [-2.0, -9.0, -1.0, float("-inf")]])
+    for temperature in (1e-300, 2.8e-290, 1e-40):
+        drawn = Sampler(temperature=temperature, seed=0)(logits)
+        assert drawn.tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.9, "seed": 4}])
+def test_stream_batch_joined_equals_generate(generator, settings):
+    pieces = [[] for _ in PROMPTS]
+    for step in generator.stream_batch(PROMPTS, max_new_tokens=20, **settings):
+        assert len(step) == len(PROMPTS)
+        for row, text in zip(pieces, step):
+            row.append(text)
+    assert ["".join(row) for row in pieces] == \
+        generator.generate(PROMPTS, max_new_tokens=20, **settings)
+    with pytest.raises(ConfigError, match="beam"):
+        next(generator.stream_batch(PROMPTS, beam=2))

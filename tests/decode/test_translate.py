@@ -218,3 +218,23 @@ def test_int8_kv_cache_translates_and_rnn_refuses_it(run_dir, tiny_corpus, tmp_p
     assert main(["translate", "--model", str(rnn_run), "--kv-dtype", "int8",
                  "--input", str(tiny_corpus / "test.es")]) == 2
     assert "kv_dtype='int8'" in capsys.readouterr().err
+
+
+def test_max_length_caps_each_output_and_is_checked(run_dir):
+    from transduce.data.tokenizer import BOS_ID, EOS_ID
+    from transduce.decode.search import beam_search
+    from transduce.decode.translate import pad_sources
+
+    translator = load(run_dir)
+    for line in ["uno dos tres casa", "el perro"]:
+        ids = translator.tokenizer.encode([line])[0]
+        with torch.inference_mode():
+            free = beam_search(translator.model, pad_sources([ids]), bos_id=BOS_ID,
+                               eos_id=EOS_ID, beam=1)[0][0].tokens
+        assert len(free) > 3
+        # greedy choices do not depend on the limit: the capped output is the prefix
+        capped = translator.translate([line], beam=1, max_length=3)[0]
+        assert capped == translator.tokenizer.decode(free[:3])
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ConfigError, match="max_length"):
+            translator.translate(["uno"], max_length=bad)

@@ -12,11 +12,11 @@ import argparse
 import sys
 from typing import Sequence
 
-from transduce.cli import data, decode, encode, export, generate, imports, model, train
+from transduce.cli import data, decode, encode, export, generate, imports, model, serve, train
 from transduce.config import ConfigError
 from transduce.errors import TransduceError
 
-GROUPS = (model, data, train, decode, generate, encode, export, imports)
+GROUPS = (model, data, train, decode, generate, encode, export, imports, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -173,6 +173,24 @@ class Generator:
             if text:
                 yield text
 
+    def stream_batch(self, prompts: Sequence[str], options: GenerateOptions | None = None, *,
+                     first_number: int = 1, **settings) -> Iterator[list[str]]:
+        """Several prompts generated in one batch, streamed: after each step, the new text
+        of every prompt in whole words ("" where there is none yet); a server streams its
+        clients so. Each prompt's pieces joined are its generate() continuation: the rows
+        are ordered by length as generate() orders them, so that seeded sampling draws
+        the same too (for at most options.batch_sentences prompts, one batch there)."""
+        options = options or GenerateOptions(**settings)
+        if options.beam > 1:
+            raise ConfigError("streaming shows greedy or sampled tokens as they come; beam "
+                              "search knows its best continuation only at the end")
+        ids = self.encode(prompts, first_number)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        row_of = {prompt: row for row, prompt in enumerate(order)}
+        prompt_ids, mask, max_new, rows = self._prepare([ids[i] for i in order], options)
+        for _ in self._steps(prompt_ids, mask, rows, max_new, options, self._sampler(options)):
+            yield [rows[row_of[i]].take() for i in range(len(ids))]
+
     def encode(self, prompts: Sequence[str], first_number: int = 1) -> list[list[int]]:
         """Each prompt's ids (bos first where the model was trained so); an empty prompt
         or one that fills the context is a PromptError naming it."""

@@ -20,17 +20,21 @@ class SearchOptions(ValidatedConfig):
     """beam: hypotheses kept per sentence (1 is greedy search); alpha: the GNMT length
     penalty's exponent; nbest: hypotheses returned per sentence (at most beam);
     batch_tokens: source tokens per batch counting padding; batch_sentences: at most
-    this many lines per batch (0: no cap)."""
+    this many lines per batch (0: no cap); max_length: output tokens at most per
+    sentence (None: the source's length + 50), within the model's positions."""
 
     beam: int = 4
     alpha: float = 0.6
     nbest: int = 1
     batch_tokens: int = 4096
     batch_sentences: int = 0
+    max_length: int | None = None
 
     def __post_init__(self) -> None:
         self._check_floats_finite()
         check_positive(self, "beam", "nbest", "batch_tokens")
+        if self.max_length is not None:
+            check_positive(self, "max_length")
         check_at_least(self, 0, "alpha")
         if isinstance(self.batch_sentences, bool) or not isinstance(self.batch_sentences, int) \
                 or self.batch_sentences < 0:

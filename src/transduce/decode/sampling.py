@@ -36,7 +36,13 @@ class Sampler:
 
     def __call__(self, logits: Tensor, rows: list[int] | None = None) -> Tensor:
         """logits (B, V) -> tokens (B,); rows: the id of each row's own generator."""
-        logits = filter_logits(logits.float() / self.temperature, self.top_k, self.top_p)
+        logits = logits.float()
+        # Shifted so that the best logit is 0 before dividing, and the temperature kept
+        # from rounding to 0 in float32: softmax is unchanged, and a tiny temperature sends
+        # the others to -inf (greedy) instead of giving inf - inf or 0 / 0 = nan.
+        temperature = max(self.temperature, torch.finfo(torch.float32).tiny)
+        logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature       # (B, V)
+        logits = filter_logits(logits, self.top_k, self.top_p)
         probs = logits.softmax(dim=-1)
         if rows is None:
             return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)

@@ -109,27 +109,30 @@ class Translator:
 
     def translate(self, lines: Sequence[str], *, beam: int = 4, alpha: float = 0.6,
                   batch_tokens: int = 4096, batch_sentences: int = 0, strict: bool = False,
-                  first_line_number: int = 1, progress: Progress | None = None) -> list[str]:
+                  first_line_number: int = 1, progress: Progress | None = None,
+                  max_length: int | None = None) -> list[str]:
         """Translate lines -> the best translation of each line.
 
         Batches hold about batch_tokens source tokens counting padding, and at most
         batch_sentences lines when it is not 0. A line over the model's length limit is
         truncated with a warning naming it, or refused with strict=True. progress(n) is
-        called as each batch of n lines ends.
+        called as each batch of n lines ends. max_length caps each output's tokens (None:
+        the source's length + 50).
         """
         options = SearchOptions(beam=beam, alpha=alpha, batch_tokens=batch_tokens,
-                                batch_sentences=batch_sentences)
+                                batch_sentences=batch_sentences, max_length=max_length)
         found = self._search(lines, options, strict, first_line_number, progress)
         return [hypotheses[0].text for hypotheses in found]
 
     def translate_nbest(self, lines: Sequence[str], nbest: int, *, beam: int = 4,
                         alpha: float = 0.6, batch_tokens: int = 4096, batch_sentences: int = 0,
                         strict: bool = False, first_line_number: int = 1,
-                        progress: Progress | None = None) -> list[list[Translation]]:
+                        progress: Progress | None = None,
+                        max_length: int | None = None) -> list[list[Translation]]:
         """Translate lines -> the nbest (<= beam) best translations of each line with their
         scores, best first. Options as in translate()."""
         options = SearchOptions(beam=beam, alpha=alpha, nbest=nbest, batch_tokens=batch_tokens,
-                                batch_sentences=batch_sentences)
+                                batch_sentences=batch_sentences, max_length=max_length)
         return self._search(lines, options, strict, first_line_number, progress)
 
     def _search(self, lines: Sequence[str], options: SearchOptions, strict: bool,
@@ -143,7 +146,7 @@ class Translator:
             with torch.inference_mode():
                 found = beam_search(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID,
                                     beam=options.beam, alpha=options.alpha, nbest=options.nbest,
-                                    cache_dtype=cache_dtype)
+                                    max_len=options.max_length, cache_dtype=cache_dtype)
             for index, hypotheses in zip(indices, found):
                 results[index] = [Translation(self.tokenizer.decode(h.tokens), h.score)
                                   for h in hypotheses]

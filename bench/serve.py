@@ -1,0 +1,290 @@
+"""`transduce serve` under load: throughput and latency against offline translation.
+
+Clients on loopback send one sentence per request at each concurrency (1, 8, 32, 128)
+over the test split's lines, to the server with dynamic batching and to the same server
+with batching off (one request at a time, as servers that serialise requests do). In the
+same run, offline translation of the same lines (Translator.translate, what `transduce
+translate` runs: the ceiling) and each sentence translated directly one at a time (the
+latency floor, each timed on its second run). Last, 128 clients against a small queue:
+the excess must get 429, none a 5xx, none hang. The server runs in a child process;
+every phase stops after its line count or its time budget, whichever comes first.
+Writes JSON with the machine's description.
+
+    python bench/serve.py --model runs/small/average --data data/bible
+
+Sentences/s count requests answered 200 (one sentence each). Outputs are compared with
+the offline translations: batching must not change one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import machine_info  # noqa: E402
+from transduce.data.corpus import read_lines, split_files  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def default_model() -> Path | None:
+    """The best translation model under runs/ by its test BLEU (`transduce evaluate`'s
+    eval-test-beam4.json), else the newest average or ema; None if there is none."""
+    found = []
+    for config in (REPO / "runs").glob("**/config.json"):
+        directory = config.parent
+        if directory.name not in ("average", "ema"):
+            continue
+        arch = json.loads(config.read_text()).get("model", {}).get("arch", "transformer")
+        if arch not in ("transformer", "rnn"):
+            continue
+        scores = directory / "eval-test-beam4.json"
+        bleu = json.loads(scores.read_text()).get("bleu", 0.0) if scores.is_file() else -1.0
+        found.append((bleu, config.stat().st_mtime, directory))
+    return max(found)[2] if found else None
+
+
+def percentiles(seconds: list[float]) -> dict:
+    if not seconds:
+        return {"p50_ms": None, "p95_ms": None, "p99_ms": None}
+    ordered = sorted(seconds)
+
+    def at(q: float) -> float:
+        return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+    return {"p50_ms": at(0.50), "p95_ms": at(0.95), "p99_ms": at(0.99)}
+
+
+def offline_child(args: argparse.Namespace) -> None:
+    """Child process: time the whole split through Translator.translate (the ceiling),
+    then each sentence alone (the direct latency); print JSON."""
+    import torch
+
+    from transduce.decode.translate import Translator
+
+    torch.set_num_threads(args.threads)
+    lines = json.loads(Path(args.offline_child).read_text())
+    translator = Translator.load(args.model)
+    translator.translate(lines[:16], beam=args.beam)                  # warm up
+    started = time.perf_counter()
+    outputs = translator.translate(lines, beam=args.beam)
+    seconds = time.perf_counter() - started
+    direct, deadline = [], time.monotonic() + args.phase_seconds
+    for line in lines[:args.direct_lines]:
+        translator.translate([line], beam=args.beam)          # its shapes seen once
+        one = time.perf_counter()
+        translator.translate([line], beam=args.beam)
+        direct.append(time.perf_counter() - one)
+        if time.monotonic() > deadline:
+            break
+    print(json.dumps({"outputs": outputs, "seconds": seconds, "direct": direct}))
+
+
+def start_server(args: argparse.Namespace, *extra: str) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tempfile.TemporaryFile()           # the server's log, read if it fails to start
+    process = subprocess.Popen(
+        [sys.executable, "-m", "transduce", "serve", "--model", str(args.model), "--port",
+         str(port), "--threads", str(args.threads), *extra],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        stdout=subprocess.DEVNULL, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"the server exited with status {process.returncode}: "
+                               f"{log.read().decode(errors='replace')[-2000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError("the server did not start in 120 s")
+
+
+def stop_server(process: subprocess.Popen) -> int:
+    """SIGTERM -> the exit status (0 when it drained and stopped)."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return -9
+
+
+async def load(url: str, lines: list[str], concurrency: int, beam: int, seconds: float,
+               timeout: float) -> dict:
+    """`concurrency` clients, each sending the next unsent line until none is left or the
+    time is up -> statuses, latencies, outputs by line."""
+    next_line, outputs, latencies = iter(range(len(lines))), {}, {}
+    statuses: dict[str, int] = {}
+    deadline = time.monotonic() + seconds
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async def client(http: httpx.AsyncClient) -> None:
+        for index in next_line:
+            if time.monotonic() > deadline:
+                return
+            started = time.perf_counter()
+            try:
+                answer = await http.post(f"{url}/v1/translate",
+                                         json={"texts": [lines[index]], "beam": beam})
+                status = str(answer.status_code)
+            except httpx.TimeoutException:
+                status = "timeout"
+            except httpx.TransportError as error:
+                status = type(error).__name__
+            statuses[status] = statuses.get(status, 0) + 1
+            if status == "200":
+                latencies[index] = time.perf_counter() - started
+                outputs[index] = answer.json()["translations"][0]["text"]
+
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    return {"concurrency": concurrency, "seconds": round(wall, 3), "statuses": statuses,
+            "sentences_per_second": round(len(latencies) / wall, 2),
+            **percentiles(list(latencies.values())),
+            "errors": sum(n for s, n in statuses.items() if s != "200"), "outputs": outputs,
+            "latencies": latencies}
+
+
+def run_server_phases(args, lines, extra: tuple[str, ...], levels: list[int]) -> list[dict]:
+    process, url = start_server(args, *extra)
+    try:
+        asyncio.run(load(url, lines[:32], 4, args.beam, 60, args.timeout))   # warm up
+        results = []
+        for concurrency in levels:
+            result = asyncio.run(load(url, lines, concurrency, args.beam, args.phase_seconds,
+                                      args.timeout))
+            results.append(result)
+            print(f"  {' '.join(extra) or 'batching'} c={concurrency}: "
+                  f"{result['sentences_per_second']} sentences/s, p99 {result['p99_ms']} ms, "
+                  f"statuses {result['statuses']}", flush=True)
+    finally:
+        status = stop_server(process)
+    results[-1]["exit_status_after_sigterm"] = status
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=default_model())
+    parser.add_argument("--data", type=Path, default=REPO / "data" / "bible")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--lines", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--phase-seconds", type=float, default=300.0,
+                        help="each phase stops after this long, lines sent or not")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="a request unanswered after this long counts as hung")
+    parser.add_argument("--direct-lines", type=int, default=200,
+                        help="sentences translated one at a time for the direct latency")
+    parser.add_argument("--small-queue", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", type=Path, default=REPO / "bench/results/serve-cpu.json")
+    parser.add_argument("--offline-child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.model is None:
+        parser.error("no trained model under runs/: pass --model")
+    if args.offline_child:
+        return offline_child(args)
+    source, _ = split_files(args.data, args.split)
+    lines = [line for line in read_lines(source)[:args.lines]]
+    report(args, lines, measure(args, lines))
+
+
+def measure(args: argparse.Namespace, lines: list[str]) -> dict:
+    """Every phase, one after the other (never two timed processes at once)."""
+    print(f"offline: {len(lines)} lines, beam {args.beam}", flush=True)
+    offline = offline_run(args, lines)
+    print(f"  {len(lines) / offline['seconds']:.2f} sentences/s offline", flush=True)
+    print("server, dynamic batching", flush=True)
+    batched = run_server_phases(args, lines, (), args.concurrency)
+    print("server, batching off", flush=True)
+    unbatched = run_server_phases(args, lines, ("--no-batching",),
+                                  [c for c in args.concurrency if c <= 32])
+    print(f"server, queue of {args.small_queue}, {max(args.concurrency)} clients", flush=True)
+    overload = run_server_phases(args, lines, ("--max-queue", str(args.small_queue)),
+                                 [max(args.concurrency)])
+    return {"offline": offline, "batched": batched, "unbatched": unbatched,
+            "overload": overload[0]}
+
+
+def offline_run(args: argparse.Namespace, lines: list[str]) -> dict:
+    scratch = args.out.with_suffix(".lines.json")
+    scratch.parent.mkdir(parents=True, exist_ok=True)
+    scratch.write_text(json.dumps(lines))
+    try:
+        child = subprocess.run(
+            [sys.executable, __file__, "--offline-child", str(scratch), "--model",
+             str(args.model), "--beam", str(args.beam), "--threads", str(args.threads),
+             "--phase-seconds", str(args.phase_seconds), "--direct-lines",
+             str(args.direct_lines)], capture_output=True, text=True, check=True)
+    finally:
+        scratch.unlink()
+    return json.loads(child.stdout.splitlines()[-1])
+
+
+def report(args: argparse.Namespace, lines: list[str], found: dict) -> None:
+    offline = found["offline"]
+    ceiling = len(lines) / offline["seconds"]
+    c1_latencies = next((r["latencies"] for r in found["batched"] if r["concurrency"] == 1), {})
+    for phase in found["batched"] + found["unbatched"] + [found["overload"]]:
+        phase.pop("latencies")
+        outputs = phase.pop("outputs")
+        phase["outputs_differing_from_offline"] = sum(
+            1 for i, text in outputs.items() if text != offline["outputs"][i])
+        phase["fraction_of_offline"] = round(phase["sentences_per_second"] / ceiling, 3)
+    by_level = {r["concurrency"]: r for r in found["batched"]}
+    unbatched = {r["concurrency"]: r for r in found["unbatched"]}
+    direct = percentiles(offline["direct"])
+    goals = {}
+    if 32 in by_level and 32 in unbatched:
+        goals["c32_fraction_of_offline"] = by_level[32]["fraction_of_offline"]
+        goals["c32_over_unbatched"] = round(by_level[32]["sentences_per_second"]
+                                            / max(unbatched[32]["sentences_per_second"], 1e-9), 2)
+    common = [i for i in range(len(offline["direct"])) if i in c1_latencies]
+    if common:       # the same sentences: served one at a time, and translated directly
+        served = percentiles([c1_latencies[i] for i in common])["p99_ms"]
+        alone = percentiles([offline["direct"][i] for i in common])["p99_ms"]
+        goals["c1_p99_over_direct_p99"] = round(served / alone, 3)
+        goals["c1_p99_ms_and_direct_p99_ms_on_the_same_sentences"] = [served, alone]
+    overload = found["overload"]
+    goals["overload_429"] = overload["statuses"].get("429", 0)
+    goals["overload_5xx"] = sum(n for s, n in overload["statuses"].items() if s.startswith("5"))
+    goals["overload_hung"] = overload["statuses"].get("timeout", 0)
+    result = {"machine": machine_info(args.threads),
+              "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                           if k != "offline_child"},
+              "offline": {"lines": len(lines), "seconds": round(offline["seconds"], 3),
+                          "sentences_per_second": round(ceiling, 2),
+                          "direct_one_sentence": {"sentences": len(offline["direct"]), **direct}},
+              "batched": found["batched"], "unbatched": found["unbatched"],
+              "overload": overload, "goals": goals}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(goals, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""`transduce serve`: a model behind HTTP (see transduce.serve and docs/serving.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from transduce.cli.options import non_negative_float, positive_int
+
+
+def register(commands) -> None:
+    serve = commands.add_parser("serve", help="serve a model over HTTP, with dynamic batching "
+                                              "and an attention explorer page")
+    serve.add_argument("--model", type=Path, required=True, help="checkpoint or run directory")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--name", default=None, help="the model's name in /v1/models "
+                                                    "(default: the directory's name)")
+    serve.add_argument("--languages", default="es:en", type=_pair,
+                       help="SOURCE:TARGET of a translation model, for LibreTranslate's "
+                            "clients (default es:en, the built-in corpus)")
+    serve.add_argument("--max-chars", type=positive_int, default=5000,
+                       help="characters per text (413 over it)")
+    serve.add_argument("--max-texts", type=positive_int, default=128,
+                       help="texts per request (413 over it)")
+    serve.add_argument("--max-queue", type=positive_int, default=256,
+                       help="requests waiting for the decoder before 429")
+    serve.add_argument("--batch-tokens", type=positive_int, default=4096,
+                       help="source tokens per decoded batch, padding counted")
+    serve.add_argument("--window-ms", type=non_negative_float, default=5.0,
+                       help="how long the decoder waits for requests to join a batch")
+    serve.add_argument("--no-batching", action="store_true",
+                       help="decode one request at a time (for comparison)")
+    serve.add_argument("--drain-timeout", type=non_negative_float, default=60.0,
+                       help="seconds SIGTERM waits for requests in flight")
+    serve.add_argument("--threads", type=positive_int, default=None,
+                       help="PyTorch threads (default: PyTorch's choice)")
+    serve.set_defaults(handler=serve_command)
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """Load the model and serve it until SIGTERM; in-flight requests are answered first."""
+    import torch
+
+    from transduce import load
+    from transduce.serve.limits import Limits
+    from transduce.serve.server import serve
+
+    limits = Limits(max_chars=args.max_chars, max_texts=args.max_texts,
+                    max_queue=args.max_queue, batch_tokens=args.batch_tokens,
+                    window_ms=args.window_ms, batching=not args.no_batching)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load(args.model)
+    name = args.name or args.model.resolve().name
+    serve(model, name=name, host=args.host, port=args.port, limits=limits,
+          languages=args.languages, drain_timeout_s=args.drain_timeout)
+    return 0
+
+
+def _pair(text: str) -> tuple[str, str]:
+    source, _, target = text.partition(":")
+    if not source or not target or ":" in target:
+        raise argparse.ArgumentTypeError(f"{text}: expected SOURCE:TARGET, such as es:en")
+    return source, target

@@ -1,0 +1,124 @@
+"""The HTTP app: the routes the loaded model's kind calls for, around one decoding worker.
+
+    app = create_app(transduce.load("runs/small/ema"), name="small")
+    uvicorn.run(app)                   # or `transduce serve --model runs/small/ema`
+
+Every kind gets GET /health, /v1/models, /metrics, the page at / and the OpenAPI
+document at /openapi.json (rendered at /docs). A translation model adds /v1/translate,
+/translate and /languages (LibreTranslate's), and /v1/attention; a language model
+/v1/generate; an encoder-only model /v1/embed and, with a classification head,
+/v1/classify. The worker starts and stops with the app's lifespan: on shutdown the
+queue is closed to new work and what is queued is decoded before the worker stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
+
+from transduce.decode.encode import SentenceEncoder
+from transduce.decode.generate import Generator
+from transduce.decode.translate import Translator
+from transduce.serve import encoding, generation, page, translation
+from transduce.serve.batcher import Batcher
+from transduce.serve.limits import Limits
+from transduce.serve.metrics import Metrics
+from transduce.serve.middleware import BodyLimitMiddleware, MetricsMiddleware
+from transduce.serve.service import Service
+from transduce.serve.validation import install_error_handlers
+
+JSON_OVERHEAD_BYTES = 64 * 1024
+DRAIN_TIMEOUT_S = 600.0
+
+
+def model_kind(model) -> str:
+    """ "translation", "generation" or "encoder", by the object transduce.load gave."""
+    for kind, cls in (("translation", Translator), ("generation", Generator),
+                      ("encoder", SentenceEncoder)):
+        if isinstance(model, cls):
+            return kind
+    raise TypeError(f"cannot serve a {type(model).__name__}: expected what transduce.load "
+                    f"returns (Translator, Generator or SentenceEncoder)")
+
+
+def create_app(model, *, name: str = "model", limits: Limits | None = None,
+               languages: tuple[str, str] = ("es", "en")) -> FastAPI:
+    """An ASGI app serving `model`; languages (source, target) name a translation
+    model's pair for LibreTranslate's clients."""
+    limits = limits or Limits()
+    kind = model_kind(model)
+    metrics = Metrics()
+    batcher = Batcher(metrics, batch_tokens=limits.batch_tokens,
+                      window_s=limits.window_ms / 1000, max_queue=limits.max_queue,
+                      batching=limits.batching,
+                      others_coming=lambda: metrics.in_flight > metrics.queue_depth)
+    service = Service(model, name, limits, metrics, batcher,
+                      languages if kind == "translation" else None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        batcher.start()
+        try:
+            yield
+        finally:
+            batcher.close(DRAIN_TIMEOUT_S)
+
+    app = FastAPI(title="transduce serve", version="1", lifespan=lifespan,
+                  description=f"A {kind} model ({name}) behind one batching decoder.")
+    app.state.service = service
+    install_error_handlers(app)
+    router = {"translation": translation.routes, "generation": generation.routes,
+              "encoder": encoding.routes}[kind](service)
+    app.include_router(router)
+    app.include_router(_common_routes(service, kind))
+    app.include_router(page.routes(kind))
+    app.add_middleware(BodyLimitMiddleware,
+                       max_bytes=limits.max_texts * limits.max_chars * 4 + JSON_OVERHEAD_BYTES)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app
+
+
+def _common_routes(service: Service, kind: str):
+    from fastapi import APIRouter
+
+    router = APIRouter()
+
+    @router.get("/health", summary="Liveness, the model's kind and the queue's depth")
+    async def health() -> dict:
+        return {"status": "ok", "kind": kind, "model": service.name,
+                "queue_depth": service.metrics.queue_depth}
+
+    @router.get("/v1/models", summary="The loaded model: kind, languages, config, size")
+    async def models() -> dict:
+        return {"data": [describe(service, kind)]}
+
+    @router.get("/metrics", response_class=PlainTextResponse,
+                summary="Prometheus text format: requests, latency, batches, queue")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(service.metrics.render(),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return router
+
+
+def describe(service: Service, kind: str) -> dict:
+    """What /v1/models says of the model."""
+    model = service.model
+    network = model.model
+    config = network.config
+    parameters = sum(p.numel() for p in network.parameters()) \
+        if hasattr(network, "parameters") else None
+    tokenizer = model.tokenizer
+    info = {"id": service.name, "kind": kind, "config": dataclasses.asdict(config),
+            "parameters": parameters,
+            "vocabulary": {"size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id,
+                           "eos_id": tokenizer.eos_id, "pad_id": tokenizer.pad_id},
+            "limits": dataclasses.asdict(service.limits)}
+    if kind == "translation":
+        info["languages"] = {"source": service.languages[0], "target": service.languages[1]}
+    if kind == "encoder":
+        info["labels"] = model.labels
+    return info

@@ -1,0 +1,154 @@
+"""Dynamic batching: one decoding thread takes queued requests and runs them together.
+
+Requests arrive as Jobs. The worker takes the oldest job, waits up to the collection
+window for more, and joins the queued jobs that have the same key (the same search
+settings: jobs with different settings never share a batch) until the batch's token
+budget is reached; it then runs the batch with the first job's `run` and hands each job
+its own results. Other keys stay queued in arrival order, so none starves. One thread
+decodes, so the model never runs twice at once and two cores are not oversubscribed.
+
+The queue is bounded: submit() raises QueueFull, which the app answers with 429.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Sequence
+
+from transduce.serve.metrics import Metrics
+
+
+class QueueFull(Exception):
+    """The queue holds max_queue jobs already; retry_after is a guess in seconds."""
+
+    def __init__(self, retry_after: int):
+        super().__init__(f"the queue is full; retry in {retry_after} s")
+        self.retry_after = retry_after
+
+
+class Closed(Exception):
+    """The server is shutting down and takes no new work."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's work. key: jobs with equal keys may share a batch; run(jobs) ->
+    one result per job (called on the worker thread); tokens: the job's cost against the
+    batch budget; sentences: counted in the metrics."""
+
+    key: Hashable
+    run: Callable[[Sequence["Job"]], list[Any]]
+    payload: Any
+    tokens: int
+    sentences: int
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    queued_at: float = field(default_factory=time.monotonic)
+
+
+class Batcher:
+    """The queue and its one decoding thread. batching=False runs one job at a time."""
+
+    def __init__(self, metrics: Metrics, *, batch_tokens: int, window_s: float,
+                 max_queue: int, batching: bool = True,
+                 others_coming: Callable[[], bool] = lambda: True):
+        """others_coming() tells whether requests not yet queued are in the server: with
+        none, the oldest job is decoded at once instead of waiting for the window (one
+        client alone then pays no window)."""
+        self.metrics, self.batch_tokens, self.window_s = metrics, batch_tokens, window_s
+        self.others_coming = others_coming
+        self.max_queue, self.batching = max_queue, batching
+        self._queue: deque[Job] = deque()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._seconds_per_job = 0.05          # running estimate for Retry-After
+        self._thread = threading.Thread(target=self._loop, name="transduce-decoder",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> concurrent.futures.Future:
+        """Queue a job -> its future; QueueFull when max_queue jobs wait, Closed after
+        close()."""
+        with self._ready:
+            if self._closed:
+                raise Closed("the server is shutting down")
+            if len(self._queue) >= self.max_queue:
+                wait = len(self._queue) * self._seconds_per_job
+                raise QueueFull(max(1, int(wait + 0.999)))
+            self._queue.append(job)
+            self.metrics.queue_depth = len(self._queue)
+            self._ready.notify()
+        return job.future
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new jobs, let the worker finish the queued ones, and stop it."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            self._run(batch)
+
+    def _next_batch(self) -> list[Job] | None:
+        """Wait for a job, then for the window; take it and the queued jobs of its key
+        that fit the token budget. None when closed and empty."""
+        with self._ready:
+            while not self._queue:
+                if self._closed:
+                    return None
+                self._ready.wait()
+            if self.batching and not self._closed:
+                deadline = self._queue[0].queued_at + self.window_s
+                while time.monotonic() < deadline and self._room() > 0 and not self._closed \
+                        and self.others_coming():
+                    self._ready.wait(min(max(0.0, deadline - time.monotonic()), 0.001))
+            batch = self._take()
+            self.metrics.queue_depth = len(self._queue)
+            return batch
+
+    def _room(self) -> int:
+        """Tokens the oldest job's key could still add to a batch now."""
+        key = self._queue[0].key
+        return self.batch_tokens - sum(j.tokens for j in self._queue if j.key == key)
+
+    def _take(self) -> list[Job]:
+        """The oldest job and, with batching, later jobs of its key within the budget."""
+        first = self._queue.popleft()
+        batch, tokens = [first], first.tokens
+        if not self.batching:
+            return batch
+        for job in list(self._queue):
+            if job.key == first.key and tokens + job.tokens <= self.batch_tokens:
+                self._queue.remove(job)
+                batch.append(job)
+                tokens += job.tokens
+        return batch
+
+    def _run(self, batch: list[Job]) -> None:
+        """Run a batch and settle every job's future, with its result or the error."""
+        live = [job for job in batch if job.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        started = time.monotonic()
+        try:
+            results = live[0].run(live)
+        except BaseException as error:          # noqa: BLE001 - handed to the requests
+            for job in live:
+                job.future.set_exception(error)
+            return
+        seconds = time.monotonic() - started
+        self._seconds_per_job = 0.8 * self._seconds_per_job + 0.2 * seconds / len(live)
+        self.metrics.batch_done(sum(job.sentences for job in live), len(live), seconds)
+        for job, result in zip(live, results):
+            job.future.set_result(result)

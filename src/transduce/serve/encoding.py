@@ -1,0 +1,57 @@
+"""The routes of an encoder-only model: /v1/embed and, when it has a classification head,
+/v1/classify. Texts of concurrent requests with the same settings share batches."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from transduce.decode.encode import SentenceEncoder
+from transduce.serve.limits import check_texts, check_tokens
+from transduce.serve.schemas import ClassifyRequest, ClassifyResponse, EmbedRequest, \
+    EmbedResponse, Prediction
+from transduce.serve.service import Service, split_by_job, timed
+from transduce.serve.validation import ERROR_RESPONSES
+
+
+def routes(service: Service) -> APIRouter:
+    router = APIRouter()
+    encoder: SentenceEncoder = service.model
+
+    @router.post("/v1/embed", response_model=EmbedResponse, responses=ERROR_RESPONSES,
+                 summary="Sentence embeddings: the mean of the last hidden states")
+    async def embed(body: EmbedRequest) -> EmbedResponse:
+        cut, tokens = _check(service, body.texts, body.truncate)
+        key = ("embed", body.normalize)
+        run = timed(lambda jobs: split_by_job(jobs, encoder.embed(
+            [t for job in jobs for t in job.payload], normalize=key[1],
+            batch_tokens=service.limits.batch_tokens).tolist()))
+        vectors, timings = await service.submit(key, run, body.texts, tokens, len(body.texts))
+        return EmbedResponse(embeddings=vectors, dimensions=encoder.model.config.d_model,
+                             truncated=cut, timings=timings)
+
+    if encoder.model.classifier is not None:
+        @router.post("/v1/classify", response_model=ClassifyResponse,
+                     responses=ERROR_RESPONSES, summary="The most probable label of each text")
+        async def classify(body: ClassifyRequest) -> ClassifyResponse:
+            cut, tokens = _check(service, body.texts, body.truncate)
+            run = timed(lambda jobs: split_by_job(jobs, encoder.classify(
+                [t for job in jobs for t in job.payload],
+                batch_tokens=service.limits.batch_tokens)))
+            found, timings = await service.submit(("classify",), run, body.texts, tokens,
+                                                  len(body.texts))
+            return ClassifyResponse(predictions=[Prediction(**vars(p)) for p in found],
+                                    truncated=cut, timings=timings)
+
+    return router
+
+
+def _check(service: Service, texts: list[str], truncate: bool) -> tuple[list[bool], int]:
+    """Limits and the model's length (its positions less [CLS] and [SEP]) -> which texts
+    are cut, and the tokens the request adds to a batch."""
+    encoder: SentenceEncoder = service.model
+    check_texts(texts, service.limits, "texts")
+    limit = encoder.model.config.max_positions - 2
+    lengths = [len(ids) for ids in encoder.tokenizer.encode([t.strip() for t in texts])]
+    return check_tokens(lengths, limit, "texts", truncate), sum(min(n, limit) + 2
+                                                                for n in lengths)
+

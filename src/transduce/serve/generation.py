@@ -1,0 +1,137 @@
+"""The route of a decoder-only model: /v1/generate, whole or streamed (server-sent events).
+
+Greedy and beam requests with the same settings share batches (left-padded rows give
+what each prompt gives alone); a sampled request runs alone, so that its seed draws
+exactly what `Generator.generate` draws for those prompts. Streamed requests are
+batched the same way with Generator.stream_batch: each step's new text goes to every
+client of the batch as it is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import AsyncIterator, Sequence
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from transduce.config import ConfigError
+from transduce.decode.generate import Generator
+from transduce.decode.options import GenerateOptions
+from transduce.serve.batcher import Job
+from transduce.serve.limits import ApiError, check_texts
+from transduce.serve.schemas import GenerateRequest, GenerateResponse
+from transduce.serve.service import Service, split_by_job, timed
+from transduce.serve.validation import ERROR_RESPONSES
+
+SSE_DESCRIPTION = ("With \"stream\": true, text/event-stream: `data: {\"index\": i, \"text\": "
+                   "piece}` events in order, then `event: done` with the timings (or `event: "
+                   "error`).")
+
+
+def routes(service: Service) -> APIRouter:
+    router = APIRouter()
+    generator: Generator = service.model
+
+    @router.post("/v1/generate", response_model=GenerateResponse, responses={
+        **ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}},
+                                 "description": SSE_DESCRIPTION}},
+        summary="Continue prompts with a language model, whole or streamed")
+    async def generate(body: GenerateRequest):
+        options, lengths = _check(service, body)
+        key = ("generate", body.stream, options) + ((object(),) if not options.greedy else ())
+        tokens = sum(n + options.max_new_tokens for n in lengths)
+        if not body.stream:
+            run = timed(lambda jobs: _run_whole(generator, options, jobs))
+            texts, timings = await service.submit(key, run, body.prompts, tokens,
+                                                  len(body.prompts))
+            return GenerateResponse(generations=texts, timings=timings)
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue = asyncio.Queue()
+        run = timed(lambda jobs: _run_streamed(generator, options, jobs, loop))
+        job = service.enqueue(key, run, (body.prompts, pieces), tokens, len(body.prompts))
+        return StreamingResponse(_events(service, job, pieces), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    return router
+
+
+def _check(service: Service, body: GenerateRequest) -> tuple[GenerateOptions, list[int]]:
+    """The request's options and each prompt's length in tokens; refuses what the model
+    cannot take, naming the field."""
+    generator: Generator = service.model
+    check_texts(body.prompts, service.limits, "prompts")
+    fields = body.model_dump(exclude={"prompts", "stream"})
+    fields["stop"] = tuple(fields["stop"])
+    try:
+        options = GenerateOptions(**fields, batch_sentences=service.limits.max_texts)
+    except ConfigError as error:
+        raise ApiError(422, str(error)) from None
+    if body.stream and options.beam > 1:
+        raise ApiError(422, "stream: beam search knows its best continuation only at the "
+                            "end; stream with beam 1", "stream")
+    lengths = []
+    prefix = 1 if generator.tokenizer.prepend_bos else 0
+    for index, (prompt, ids) in enumerate(zip(body.prompts,
+                                              generator.tokenizer.encode(body.prompts))):
+        if not prompt:
+            raise ApiError(422, f"prompts[{index}]: empty; give at least one character to "
+                                f"continue", f"prompts[{index}]")
+        if len(ids) + prefix >= generator.context:
+            raise ApiError(413, f"prompts[{index}]: {len(ids) + prefix} tokens, but the "
+                                f"model reads {generator.context} positions in all (prompt "
+                                f"and continuation)", f"prompts[{index}]")
+        lengths.append(len(ids) + prefix)
+    return options, lengths
+
+
+def _run_whole(generator: Generator, options: GenerateOptions,
+               jobs: Sequence[Job]) -> list[list[str]]:
+    """On the worker: every job's prompts generated together -> per job, its texts."""
+    prompts = [p for job in jobs for p in job.payload]
+    return split_by_job(jobs, generator.generate(prompts, options))
+
+
+def _run_streamed(generator: Generator, options: GenerateOptions, jobs: Sequence[Job],
+                  loop: asyncio.AbstractEventLoop) -> list[None]:
+    """On the worker: every job's prompts generated together; each step's new text is
+    put on the job's queue (index within the job, text) from the event loop's thread."""
+    prompts = [p for job in jobs for p in job.payload[0]]
+    owners = [(job.payload[1], i) for job in jobs for i in range(len(job.payload[0]))]
+    for step in generator.stream_batch(prompts, options):
+        for (queue, index), text in zip(owners, step):
+            if text:
+                loop.call_soon_threadsafe(queue.put_nowait, (index, text))
+    return [None] * len(jobs)
+
+
+async def _events(service: Service, job: Job, pieces: asyncio.Queue) -> AsyncIterator[str]:
+    """The SSE stream of one job: its pieces as they come, then done (or error). A client
+    that leaves cancels its job if the worker has not started it."""
+    waiting = asyncio.ensure_future(service.wait(job))
+    getter = None
+    try:
+        while True:
+            getter = asyncio.ensure_future(pieces.get())
+            await asyncio.wait({getter, waiting}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                break
+            yield _piece(*getter.result())
+        while not pieces.empty():                  # what the last step put
+            yield _piece(*pieces.get_nowait())
+        try:
+            _, timings = waiting.result()
+            yield f"event: done\ndata: {timings.model_dump_json()}\n\n"
+        except ApiError as error:
+            yield f"event: error\ndata: {json.dumps(error.body())}\n\n"
+        except Exception as error:          # noqa: BLE001 - the status line is already sent
+            yield f"event: error\ndata: {json.dumps({'error': f'generation failed: {error}'})}\n\n"
+    finally:
+        for task in (getter, waiting):
+            if task is not None and not task.done():
+                task.cancel()
+
+
+def _piece(index: int, text: str) -> str:
+    return f"data: {json.dumps({'index': index, 'text': text})}\n\n"

@@ -1,0 +1,74 @@
+"""What the server accepts, and the errors that tell a client what it sent wrong.
+
+Every refusal is an ApiError: an HTTP status below 500, a message that names the field
+or limit and the offending item, and the headers it needs (Retry-After for a full queue).
+The app turns it into the JSON body {"error": message, "field": ...}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from transduce.config import ConfigError, ValidatedConfig, check_positive
+
+
+@dataclass(frozen=True)
+class Limits(ValidatedConfig):
+    """max_chars: characters per text; max_texts: texts per request; max_queue: requests
+    waiting for the decoding worker before new ones get 429; batch_tokens: source tokens
+    a batch holds (padding counted); window_ms: how long the worker waits for more
+    requests to join a batch; batching False decodes one request at a time (the
+    behaviour of servers that serialise requests, kept for comparison)."""
+
+    max_chars: int = 5000
+    max_texts: int = 128
+    max_queue: int = 256
+    batch_tokens: int = 4096
+    window_ms: float = 5.0
+    batching: bool = True
+
+    def __post_init__(self) -> None:
+        self._check_floats_finite()
+        check_positive(self, "max_chars", "max_texts", "max_queue", "batch_tokens")
+        if not 0 <= self.window_ms <= 1000:
+            raise ConfigError(f"Limits.window_ms={self.window_ms}: must be in [0, 1000]")
+
+
+@dataclass
+class ApiError(Exception):
+    """A refused request: status (4xx), a message naming what is wrong, the field (a
+    JSON path such as "texts[3]") and any headers to send."""
+
+    status: int
+    message: str
+    field: str | None = None
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def body(self) -> dict:
+        return {"error": self.message, **({"field": self.field} if self.field else {})}
+
+
+def check_texts(texts: list[str], limits: Limits, name: str) -> None:
+    """Refuse (413) a request with more texts than max_texts or a text longer than
+    max_chars, naming the limit and the first offending item."""
+    if len(texts) > limits.max_texts:
+        raise ApiError(413, f"{name}: {len(texts)} texts, more than the limit of "
+                            f"{limits.max_texts} per request (max_texts)", name)
+    for index, text in enumerate(texts):
+        if len(text) > limits.max_chars:
+            raise ApiError(413, f"{name}[{index}]: {len(text)} characters, more than the "
+                                f"limit of {limits.max_chars} (max_chars)", f"{name}[{index}]")
+
+
+def check_tokens(lengths: list[int], limit: int, name: str, truncate: bool) -> list[bool]:
+    """Per text, whether it is over the model's `limit` tokens: refused (413) naming the
+    first one, unless the client asked for truncation."""
+    over = [length > limit for length in lengths]
+    if not truncate:
+        for index, (length, too_long) in enumerate(zip(lengths, over)):
+            if too_long:
+                raise ApiError(413, f"{name}[{index}]: {length} tokens, more than the "
+                                    f"model's limit of {limit}; send \"truncate\": true to "
+                                    f"cut it instead", f"{name}[{index}]")
+    return over

@@ -1,0 +1,160 @@
+"""Request and response bodies of the API, as pydantic models (they make /openapi.json).
+
+Requests are strict: unknown fields, strings for numbers, floats for integers, empty
+lists and lone surrogates (text no UTF-8 can carry) are refused with 422 naming the
+field. Ranges that depend on the loaded model (max_length, max_new_tokens) and limits
+set at start-up (max_chars, max_texts: 413) are checked by the routes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, \
+    StrictInt, StrictStr
+
+MAX_BEAM = 16
+
+
+def _no_surrogates(text: str) -> str:
+    """JSON's \\ud800 escapes can smuggle halves of UTF-16 pairs, which are no text."""
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        raise ValueError("contains a lone surrogate (\\ud800-\\udfff), which is not text")
+    return text
+
+
+Text = Annotated[StrictStr, AfterValidator(_no_surrogates)]
+Texts = Annotated[list[Text], Field(min_length=1)]
+Number = StrictFloat | StrictInt
+Beam = Annotated[StrictInt, Field(ge=1, le=MAX_BEAM, description="hypotheses kept per "
+                                                                   "sentence (1: greedy)")]
+Alpha = Annotated[Number, Field(ge=0, le=10, allow_inf_nan=False,
+                                description="GNMT length penalty exponent")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TranslateRequest(Strict):
+    texts: Texts = Field(description="sentences to translate, one per item")
+    beam: Beam = 4
+    alpha: Alpha = 0.6
+    nbest: Annotated[StrictInt, Field(ge=1, le=MAX_BEAM)] = 1
+    max_length: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="output tokens at most (default: the source's length + 50)")
+    truncate: StrictBool = Field(False, description="cut texts over the model's length "
+                                                    "limit instead of refusing them (413)")
+
+
+class Hypothesis(BaseModel):
+    text: str
+    score: float
+
+
+class Translated(BaseModel):
+    text: str
+    score: float
+    truncated: bool
+    nbest: list[Hypothesis] | None = None
+
+
+class Timings(BaseModel):
+    queue_ms: float = Field(description="waiting for the decoding worker")
+    decode_ms: float = Field(description="the batch this request was decoded in")
+    total_ms: float
+
+
+class TranslateResponse(BaseModel):
+    translations: list[Translated]
+    timings: Timings
+
+
+class LibreTranslateRequest(Strict):
+    """LibreTranslate's /translate body (JSON or form-encoded)."""
+
+    q: Text | Texts
+    source: StrictStr = Field("auto", examples=["es", "auto"],
+                              description="the model's source language, or auto")
+    target: StrictStr = Field(examples=["en"], description="the model's target language")
+    format: Literal["text"] = Field("text", description="only plain text is translated")
+    alternatives: Annotated[StrictInt, Field(ge=0, le=MAX_BEAM - 1)] = 0
+    api_key: StrictStr | None = Field(None, description="accepted and ignored")
+
+
+class AttentionRequest(Strict):
+    text: Annotated[Text, Field(min_length=1)]
+    beam: Beam = 4
+    alpha: Alpha = 0.6
+    kinds: Annotated[list[Literal["encoder", "decoder", "cross"]], Field(min_length=1)] = [
+        "encoder", "decoder", "cross"]
+    layers: Annotated[list[Annotated[StrictInt, Field(ge=1)]], Field(min_length=1)] | None = \
+        Field(None, description="1-based layers to return (default: all)")
+    decimals: Annotated[StrictInt, Field(ge=1, le=6)] = 3
+    truncate: StrictBool = False
+
+
+class AttentionResponse(BaseModel):
+    translation: str
+    log_prob: float
+    source_tokens: list[str] = Field(description="encoder input pieces, eos included")
+    target_inputs: list[str] = Field(description="decoder input pieces: bos, the output")
+    target_outputs: list[str] = Field(description="what each decoder position predicts")
+    layers: dict[str, int] = Field(description="layers per kind")
+    heads: int
+    maps: dict[str, dict[str, list[list[list[float]]]]] = Field(
+        description="kind -> layer (1-based) -> heads x queries x keys")
+
+
+class GenerateRequest(Strict):
+    prompts: Texts
+    max_new_tokens: Annotated[StrictInt, Field(ge=1)] = 64
+    temperature: Annotated[Number, Field(ge=0, le=100, allow_inf_nan=False)] = 0.0
+    top_k: Annotated[StrictInt, Field(ge=0)] = 0
+    top_p: Annotated[Number, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
+    repetition_penalty: Annotated[Number, Field(gt=0, le=100, allow_inf_nan=False)] = 1.0
+    stop: Annotated[list[Annotated[Text, Field(min_length=1)]], Field(max_length=16)] = []
+    beam: Beam = 1
+    alpha: Alpha = 0.6
+    stream: StrictBool = Field(False, description="server-sent events, one per piece")
+
+
+class GenerateResponse(BaseModel):
+    generations: list[str]
+    timings: Timings
+
+
+class EmbedRequest(Strict):
+    texts: Texts
+    normalize: StrictBool = False
+    truncate: StrictBool = False
+
+
+class EmbedResponse(BaseModel):
+    embeddings: list[list[float]]
+    dimensions: int
+    truncated: list[bool]
+    timings: Timings
+
+
+class ClassifyRequest(Strict):
+    texts: Texts
+    truncate: StrictBool = False
+
+
+class Prediction(BaseModel):
+    label: str
+    probability: float
+    probabilities: dict[str, float]
+
+
+class ClassifyResponse(BaseModel):
+    predictions: list[Prediction]
+    truncated: list[bool]
+    timings: Timings
+
+
+class ErrorBody(BaseModel):
+    error: str
+    field: str | None = None

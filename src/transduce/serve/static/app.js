@@ -1,0 +1,400 @@
+// The page of `transduce serve`: a translate box and an attention explorer (or, for other
+// kinds of model, a generate box or a classify / embed box). No libraries, no network
+// beyond this server: the maps are drawn on canvases, one layer fetched at a time.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const KIND = document.body.dataset.kind;
+const state = { meta: null, maps: {}, kind: "cross", layer: 1, head: "1", hover: null,
+                request: null };
+
+async function api(path, body) {
+  const response = await fetch(path, { method: "POST", body: JSON.stringify(body),
+                                       headers: { "content-type": "application/json" } });
+  const data = await response.json().catch(() => ({ error: response.statusText }));
+  if (!response.ok) throw new Error(data.error || `HTTP ${response.status}`);
+  return data;
+}
+
+function setStatus(id, text, isError = false) {
+  const element = $(id);
+  element.textContent = text;
+  element.classList.toggle("error", isError);
+}
+
+// ---------------------------------------------------------------- translation + explorer
+
+async function translate() {
+  const text = $("source").value.trim();
+  if (!text) return setStatus("status", "type a sentence first", true);
+  const button = $("translate");
+  button.disabled = true;
+  setStatus("status", "translating…");
+  const started = performance.now();
+  try {
+    const request = { text, beam: Number($("beam").value), decimals: 3 };
+    const data = await api("/v1/attention", { ...request, layers: [1] });
+    state.request = request;
+    state.meta = data;
+    state.maps = { 1: data.maps };
+    $("output").textContent = data.translation;
+    $("output").classList.add("done");
+    setStatus("status", `${Math.round(performance.now() - started)} ms · log-probability ` +
+                        `${data.log_prob.toFixed(3)}`);
+    setUpExplorer();
+  } catch (error) {
+    $("output").textContent = "";
+    setStatus("status", error.message, true);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+function setUpExplorer() {
+  const meta = state.meta;
+  for (const button of document.querySelectorAll(".segmented button")) {
+    button.disabled = meta.layers[button.dataset.kind] === 0;
+  }
+  if (meta.layers[state.kind] === 0) state.kind = "cross";
+  fillSelect($("layer"), range(1, meta.layers[state.kind]).map(String), String(state.layer));
+  fillSelect($("head"), ["all", ...range(1, meta.heads).map(String)], state.head);
+  state.layer = Number($("layer").value);
+  state.head = $("head").value;
+  $("explorer").hidden = false;
+  showLayer();
+}
+
+function range(first, last) {
+  return Array.from({ length: Math.max(0, last - first + 1) }, (_, i) => first + i);
+}
+
+function fillSelect(select, values, wanted) {
+  select.replaceChildren(...values.map((v) => new Option(v === "all" ? "all heads" : v, v)));
+  select.value = values.includes(wanted) ? wanted : values[0];
+}
+
+async function showLayer() {
+  const layer = state.layer;
+  if (!state.maps[layer]) {
+    setStatus("cell", `loading layer ${layer}…`);
+    try {
+      const data = await api("/v1/attention", { ...state.request, layers: [layer] });
+      state.maps[layer] = data.maps;
+    } catch (error) {
+      return setStatus("cell", error.message, true);
+    }
+    setStatus("cell", "");
+  }
+  if (layer === state.layer) render();
+}
+
+function axes(kind) {
+  const m = state.meta;
+  if (kind === "encoder") return { rows: m.source_tokens, columns: m.source_tokens };
+  if (kind === "decoder") return { rows: m.target_outputs, columns: m.target_inputs };
+  return { rows: m.target_outputs, columns: m.source_tokens };
+}
+
+function currentMaps(kind = state.kind) {
+  const layer = state.maps[state.layer] && state.maps[state.layer][kind];
+  return layer ? layer[String(state.layer)] : undefined;
+}
+
+function render() {
+  const heads = currentMaps();
+  document.querySelectorAll(".segmented button").forEach((b) =>
+    b.classList.toggle("on", b.dataset.kind === state.kind));
+  if (!heads) return;
+  const all = state.head === "all";
+  $("single").hidden = all;
+  $("grid").hidden = !all;
+  if (all) renderGrid(heads); else renderSingle(heads[Number(state.head) - 1]);
+  renderAlignment();
+}
+
+function cellSize(rows, columns, room = 760) {
+  return Math.max(3, Math.min(22, Math.floor(room / Math.max(rows, columns))));
+}
+
+function renderSingle(matrix) {
+  const { rows, columns } = axes(state.kind);
+  const cell = cellSize(rows.length, columns.length);
+  const box = $("single");
+  box.style.setProperty("--cell", `${cell}px`);
+  box.style.fontSize = `${Math.min(11, cell - 1)}px`;
+  $("rows").replaceChildren(...rows.map((t, i) => token(t, "row", i)));
+  $("columns").replaceChildren(...columns.map((t, j) => token(t, "column", j)));
+  drawMap($("map"), matrix, cell, state.hover);
+  highlightLabels();
+}
+
+function token(text, axis, index) {
+  const span = document.createElement("span");
+  span.className = "tok";
+  span.textContent = text;
+  span.title = text;
+  span.dataset.axis = axis;
+  span.dataset.index = index;
+  span.addEventListener("mouseenter", () => hover({ [axis]: index }));
+  span.addEventListener("mouseleave", () => hover(null));
+  return span;
+}
+
+function hover(target) {
+  // On a self-attention map a token is both a query row and a key column: show both.
+  if (target && state.kind === "encoder") {
+    const i = target.row ?? target.column;
+    if (target.row === undefined || target.column === undefined) target = { row: i, column: i };
+  }
+  state.hover = target;
+  const matrix = currentMaps()?.[Number(state.head) - 1];
+  if (!matrix || state.head === "all") return;
+  const cell = cellSize(matrix.length, matrix[0].length);
+  drawMap($("map"), matrix, cell, target);
+  highlightLabels();
+  describeCell(matrix, target);
+}
+
+function describeCell(matrix, target) {
+  const { rows, columns } = axes(state.kind);
+  if (!target) return setStatus("cell", "");
+  const { row, column } = target;
+  if (row !== undefined && column !== undefined) {
+    const weight = matrix[row][column].toFixed(3);
+    return setStatus("cell", `${rows[row]} → ${columns[column]}: ${weight}`);
+  }
+  if (row !== undefined) {
+    const best = argmax(matrix[row]);
+    return setStatus("cell", `${rows[row]} attends most to ${columns[best]} ` +
+                             `(${matrix[row][best].toFixed(3)})`);
+  }
+  const column_values = matrix.map((r) => r[column]);
+  const best = argmax(column_values);
+  setStatus("cell", `${columns[column]} is attended most by ${rows[best]} ` +
+                    `(${column_values[best].toFixed(3)})`);
+}
+
+function argmax(values) {
+  return values.reduce((best, v, i) => (v > values[best] ? i : best), 0);
+}
+
+function highlightLabels() {
+  const h = state.hover || {};
+  document.querySelectorAll("#single .tok").forEach((span) => {
+    const index = Number(span.dataset.index);
+    span.classList.toggle("active", h[span.dataset.axis] === index);
+  });
+}
+
+// viridis, in five stops
+const STOPS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+
+function color(value) {
+  const x = Math.min(1, Math.max(0, value)) * (STOPS.length - 1);
+  const i = Math.min(STOPS.length - 2, Math.floor(x));
+  const f = x - i;
+  const c = STOPS[i].map((a, k) => Math.round(a + f * (STOPS[i + 1][k] - a)));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+function drawMap(canvas, matrix, cell, highlight) {
+  const rows = matrix.length, columns = matrix[0].length;
+  canvas.width = columns * cell;
+  canvas.height = rows * cell;
+  const g = canvas.getContext("2d");
+  for (let r = 0; r < rows; r++) {
+    for (let c = 0; c < columns; c++) {
+      g.fillStyle = color(matrix[r][c]);
+      g.fillRect(c * cell, r * cell, cell, cell);
+    }
+  }
+  if (!highlight) return;
+  g.strokeStyle = "#ff3b30";
+  g.lineWidth = 2;
+  if (highlight.row !== undefined) {
+    g.strokeRect(1, highlight.row * cell + 1, canvas.width - 2, cell - 2);
+  }
+  if (highlight.column !== undefined) {
+    g.strokeRect(highlight.column * cell + 1, 1, cell - 2, canvas.height - 2);
+  }
+}
+
+function renderGrid(heads) {
+  const { rows, columns } = axes(state.kind);
+  const cell = Math.max(2, cellSize(rows.length, columns.length, 220));
+  $("grid").replaceChildren(...heads.map((matrix, h) => {
+    const figure = document.createElement("figure");
+    const canvas = document.createElement("canvas");
+    drawMap(canvas, matrix, cell, null);
+    const caption = document.createElement("figcaption");
+    caption.textContent = `head ${h + 1}`;
+    figure.append(canvas, caption);
+    figure.addEventListener("click", () => {
+      state.head = $("head").value = String(h + 1);
+      render();
+    });
+    return figure;
+  }));
+}
+
+function renderAlignment() {
+  const heads = currentMaps("cross");
+  const box = $("alignment");
+  if (!heads) return box.replaceChildren();
+  const m = state.meta;
+  const targets = m.target_outputs, sources = m.source_tokens;
+  const mean = targets.map((_, t) => sources.map((_, s) =>
+    heads.reduce((sum, head) => sum + head[t][s], 0) / heads.length));
+  const line = (tokens, id) => {
+    const div = document.createElement("div");
+    div.className = "line";
+    div.id = id;
+    div.replaceChildren(...tokens.map((t) => {
+      const span = document.createElement("span");
+      span.className = "tok";
+      span.textContent = t;
+      return span;
+    }));
+    return div;
+  };
+  const top = line(sources, "align-source"), bottom = line(targets, "align-target");
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("height", "60");
+  box.replaceChildren(top, svg, bottom);
+  const width = Math.max(top.scrollWidth, bottom.scrollWidth);
+  svg.setAttribute("width", String(width));
+  const center = (span) => span.offsetLeft + span.offsetWidth / 2;     // box: offsetParent
+  targets.forEach((_, t) => {
+    const s = argmax(mean[t]);
+    const path = document.createElementNS("http://www.w3.org/2000/svg", "line");
+    path.setAttribute("x1", center(top.children[s]));
+    path.setAttribute("y1", "0");
+    path.setAttribute("x2", center(bottom.children[t]));
+    path.setAttribute("y2", "60");
+    path.setAttribute("stroke", "#2f6fd0");
+    path.setAttribute("stroke-width", String(1 + 3 * mean[t][s]));
+    path.setAttribute("stroke-opacity", String(0.25 + 0.75 * mean[t][s]));
+    path.dataset.target = t;
+    path.dataset.source = s;
+    svg.append(path);
+  });
+}
+
+// ---------------------------------------------------------------- other kinds of model
+
+async function generate() {
+  const prompt = $("prompt").value;
+  if (!prompt) return setStatus("gen-status", "type a prompt first", true);
+  $("generate").disabled = true;
+  $("prompt-echo").textContent = prompt;
+  $("continuation").textContent = "";
+  setStatus("gen-status", "generating…");
+  try {
+    const response = await fetch("/v1/generate", { method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompts: [prompt], stream: true,
+                             max_new_tokens: Number($("max-new").value),
+                             temperature: Number($("temperature").value) }) });
+    if (!response.ok) throw new Error((await response.json()).error);
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        onEvent(buffer.slice(0, end));
+        buffer = buffer.slice(end + 2);
+      }
+    }
+  } catch (error) {
+    setStatus("gen-status", error.message, true);
+  } finally {
+    $("generate").disabled = false;
+  }
+}
+
+function onEvent(block) {
+  const event = /^event: (.*)$/m.exec(block)?.[1] || "message";
+  const data = JSON.parse(/^data: (.*)$/m.exec(block)[1]);
+  if (event === "message") $("continuation").textContent += data.text;
+  else if (event === "done") setStatus("gen-status", `${Math.round(data.total_ms)} ms`);
+  else setStatus("gen-status", data.error, true);
+}
+
+async function encode(path) {
+  const texts = $("lines").value.split("\n").filter((line) => line.trim());
+  if (!texts.length) return setStatus("enc-status", "type a line first", true);
+  try {
+    const data = await api(path, { texts });
+    const rows = texts.map((text, i) => {
+      const tr = document.createElement("tr");
+      const value = path === "/v1/classify"
+        ? `${data.predictions[i].label} (${data.predictions[i].probability.toFixed(3)})`
+        : `[${data.embeddings[i].slice(0, 4).map((v) => v.toFixed(3)).join(", ")}, …] ` +
+          `(${data.dimensions} dims)`;
+      for (const cellText of [text, value]) {
+        const td = document.createElement("td");
+        td.textContent = cellText;
+        tr.append(td);
+      }
+      return tr;
+    });
+    $("enc-output").replaceChildren(...rows);
+    setStatus("enc-status", `${Math.round(data.timings.total_ms)} ms`);
+  } catch (error) {
+    setStatus("enc-status", error.message, true);
+  }
+}
+
+// ---------------------------------------------------------------- start
+
+async function start() {
+  try {
+    const models = await (await fetch("/v1/models")).json();
+    const model = models.data[0];
+    const languages = model.languages;
+    const pair = languages ? ` · ${languages.source} → ${languages.target}` : "";
+    const size = model.parameters ? ` · ${(model.parameters / 1e6).toFixed(1)}M parameters` : "";
+    $("model-info").textContent = `${model.id} · ${model.kind}${pair}${size}`;
+  } catch (error) { /* the page still works */ }
+  if (KIND === "translation") {
+    $("translate-panel").hidden = false;
+    $("translate").addEventListener("click", translate);
+    $("source").addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) translate();
+    });
+    document.querySelectorAll(".segmented button").forEach((button) =>
+      button.addEventListener("click", () => {
+        state.kind = button.dataset.kind;
+        state.hover = null;
+        const layers = range(1, state.meta.layers[state.kind]).map(String);
+        fillSelect($("layer"), layers, String(state.layer));
+        state.layer = Number($("layer").value);
+        showLayer();
+      }));
+    $("layer").addEventListener("change", () => {
+      state.layer = Number($("layer").value);
+      showLayer();
+    });
+    $("head").addEventListener("change", () => { state.head = $("head").value; render(); });
+    $("map").addEventListener("mousemove", (e) => {
+      const matrix = currentMaps()?.[Number(state.head) - 1];
+      if (!matrix) return;
+      const cell = $("map").width / matrix[0].length;
+      const row = Math.floor(e.offsetY / cell), column = Math.floor(e.offsetX / cell);
+      if (row < matrix.length && column < matrix[0].length) hover({ row, column });
+    });
+    $("map").addEventListener("mouseleave", () => hover(null));
+  } else if (KIND === "generation") {
+    $("generate-panel").hidden = false;
+    $("generate").addEventListener("click", generate);
+  } else {
+    $("encoder-panel").hidden = false;
+    $("classify").addEventListener("click", () => encode("/v1/classify"));
+    $("embed").addEventListener("click", () => encode("/v1/embed"));
+  }
+}
+
+start();

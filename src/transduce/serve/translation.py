@@ -1,0 +1,236 @@
+"""The routes of a translation (encoder-decoder) model: /v1/translate, LibreTranslate's
+/translate and /languages, and /v1/attention.
+
+Sentences of concurrent requests with the same search settings are decoded together by
+the worker (batcher.py); Translator sorts and pads them so that each gets what it would
+alone. /v1/attention runs attention_maps (the maps of the printed translation) on the
+same worker, one sentence at a time, and keeps the last few results so that the page
+can load the layers one by one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Sequence
+from urllib.parse import parse_qsl
+
+import torch
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from transduce.decode.translate import Translation, Translator
+from transduce.serve.batcher import Job
+from transduce.serve.limits import ApiError, check_texts, check_tokens
+from transduce.serve.schemas import AttentionRequest, AttentionResponse, \
+    LibreTranslateRequest, Timings, TranslateRequest, TranslateResponse, Translated
+from transduce.serve.service import Service, split_by_job, timed
+from transduce.serve.validation import ERROR_RESPONSES, validation_error
+
+LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "de": "German", "fr": "French",
+                  "it": "Italian", "pt": "Portuguese"}
+ATTENTION_CACHE = 8
+
+
+def routes(service: Service) -> APIRouter:
+    """The translation routes, bound to the service's Translator."""
+    router = APIRouter()
+    translator: Translator = service.model
+
+    @router.post("/v1/translate", response_model=TranslateResponse, responses=ERROR_RESPONSES,
+                 summary="Translate sentences, with scores, n-best lists and timings")
+    async def translate(body: TranslateRequest) -> TranslateResponse:
+        if body.nbest > body.beam:
+            raise ApiError(422, f"nbest: {body.nbest} is more than beam ({body.beam}); a "
+                                f"beam search finds at most beam hypotheses", "nbest")
+        limit = translator.max_source_tokens
+        if body.max_length is not None and body.max_length > limit:
+            raise ApiError(422, f"max_length: {body.max_length} is more than the model's "
+                                f"{limit} positions", "max_length")
+        found, timings = await _translate(service, body.texts, "texts", body.beam,
+                                          body.alpha, body.nbest, body.max_length,
+                                          body.truncate)
+        return TranslateResponse(translations=[
+            Translated(text=h[0].text, score=h[0].score, truncated=cut,
+                       nbest=[{"text": t.text, "score": t.score} for t in h]
+                       if body.nbest > 1 else None) for h, cut in found], timings=timings)
+
+    _add_libretranslate_routes(router, service)
+    if hasattr(translator.model, "attention_modules"):
+        router.add_api_route("/v1/attention", _attention_route(service), methods=["POST"],
+                             response_model=AttentionResponse, responses=ERROR_RESPONSES,
+                             summary="A translation with every attention map of it")
+    return router
+
+
+def _add_libretranslate_routes(router: APIRouter, service: Service) -> None:
+    """POST /translate and GET /languages, as LibreTranslate answers them."""
+
+    @router.post("/translate", responses=ERROR_RESPONSES, openapi_extra=LIBRE_BODY,
+                 summary="LibreTranslate-compatible translation (JSON or form body)")
+    async def libre_translate(request: Request) -> dict:
+        body = await _libre_body(request)
+        _check_pair(service, body.source, body.target)
+        texts = [body.q] if isinstance(body.q, str) else body.q
+        found, _ = await _translate(service, texts, "q", max(4, body.alternatives + 1), 0.6,
+                                    body.alternatives + 1, None, False)
+        best = [h[0].text for h, _ in found]
+        others = [[t.text for t in h[1:]] for h, _ in found]
+        single = isinstance(body.q, str)
+        answer: dict = {"translatedText": best[0] if single else best}
+        if body.alternatives:
+            answer["alternatives"] = others[0] if single else others
+        if body.source == "auto":
+            detected = {"confidence": 100.0, "language": service.languages[0]}
+            answer["detectedLanguage"] = detected if single else [detected] * len(texts)
+        return answer
+
+    @router.get("/languages", summary="LibreTranslate-compatible list of languages")
+    async def languages() -> list[dict]:
+        source, target = service.languages
+        return [{"code": source, "name": LANGUAGE_NAMES.get(source, source),
+                 "targets": [target]}]
+
+
+async def _translate(service: Service, texts: list[str], name: str, beam: int, alpha: float,
+                     nbest: int, max_length: int | None, truncate: bool
+                     ) -> tuple[list[tuple[list[Translation], bool]], Timings]:
+    """Check the texts against the limits, queue them, await -> [(hypotheses, truncated)]
+    per text, and the timings."""
+    translator: Translator = service.model
+    check_texts(texts, service.limits, name)
+    limit = translator.max_source_tokens - 1
+    lengths = [len(ids) for ids in translator.tokenizer.encode([t.strip() for t in texts])]
+    cut = check_tokens(lengths, limit, name, truncate)
+    key = ("translate", beam, float(alpha), nbest, max_length)
+    run = timed(lambda jobs: _run_translations(translator, key, service.limits.batch_tokens,
+                                               jobs))
+    tokens = sum(min(n, limit) + 1 for n in lengths)
+    found, timings = await service.submit(key, run, texts, tokens, len(texts))
+    return list(zip(found, cut)), timings
+
+
+def _run_translations(translator: Translator, key: tuple, batch_tokens: int,
+                      jobs: Sequence[Job]) -> list[list[list[Translation]]]:
+    """On the worker: every job's texts translated together -> per job, per text, its
+    hypotheses."""
+    _, beam, alpha, nbest, max_length = key
+    lines = [text for job in jobs for text in job.payload]
+    return split_by_job(jobs, translator.translate_nbest(
+        lines, nbest, beam=beam, alpha=alpha, max_length=max_length, batch_tokens=batch_tokens))
+
+
+async def _libre_body(request: Request) -> LibreTranslateRequest:
+    """LibreTranslate's clients send JSON or a form; both are read strictly."""
+    raw = await request.body()
+    kind = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ApiError(400, f"the body is not valid UTF-8 (byte {error.start})") from None
+    if kind == "application/x-www-form-urlencoded":
+        data = _form(parse_qsl(text, keep_blank_values=True))
+    elif kind in ("application/json", ""):
+        try:
+            data = json.loads(text) if text else {}
+        except json.JSONDecodeError as error:
+            raise ApiError(400, f"malformed JSON: {error.msg} at line {error.lineno} column "
+                                f"{error.colno}") from None
+    else:
+        raise ApiError(415, f"content-type {kind!r}: send application/json or "
+                            f"application/x-www-form-urlencoded")
+    try:
+        return LibreTranslateRequest.model_validate(data)
+    except ValidationError as error:
+        raise validation_error(error.errors(), prefix=()) from None
+
+
+def _form(pairs: list[tuple[str, str]]) -> dict:
+    """Form fields -> the JSON body they stand for: q repeated is a list, alternatives an
+    integer when it is written as one, any other field its last value."""
+    data: dict = {}
+    for name, value in pairs:
+        if name == "q" and "q" in data:
+            data["q"] = (data["q"] if isinstance(data["q"], list) else [data["q"]]) + [value]
+        else:
+            data[name] = value
+    if isinstance(data.get("alternatives"), str) and data["alternatives"].isdecimal():
+        data["alternatives"] = int(data["alternatives"])
+    return data
+
+
+def _check_pair(service: Service, source: str, target: str) -> None:
+    model_source, model_target = service.languages
+    if source not in ("auto", model_source):
+        raise ApiError(400, f"source: {source!r} is not supported; this model translates "
+                            f"{model_source} -> {model_target}", "source")
+    if target != model_target:
+        raise ApiError(400, f"target: {target!r} is not supported; this model translates "
+                            f"{model_source} -> {model_target}", "target")
+
+
+LIBRE_BODY = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": LibreTranslateRequest.model_json_schema()},
+    "application/x-www-form-urlencoded": {"schema": LibreTranslateRequest.model_json_schema()},
+}}}
+
+
+def _attention_route(service: Service):
+    """POST /v1/attention, with an LRU of the last maps computed (the page asks for one
+    layer at a time)."""
+    from transduce.attention_maps import AttentionMaps, attention_maps
+
+    translator: Translator = service.model
+    recent: OrderedDict[tuple, AttentionMaps] = OrderedDict()
+
+    def run(jobs: Sequence[Job]) -> list[AttentionMaps]:
+        return [attention_maps(translator, job.payload[0], beam=job.payload[1],
+                               alpha=job.payload[2]) for job in jobs]
+
+    async def attention(body: AttentionRequest) -> JSONResponse:
+        check_texts([body.text], service.limits, "text")
+        if not body.text.strip():
+            raise ApiError(422, "text: only white space; give a sentence to translate", "text")
+        limit = translator.max_source_tokens - 1
+        length = len(translator.tokenizer.encode([body.text.strip()])[0])
+        check_tokens([length], limit, "text", body.truncate)
+        key = (body.text, body.beam, float(body.alpha))
+        maps = recent.get(key)
+        if maps is None:
+            maps, _ = await service.submit(("attention", object()), timed(run), key,
+                                           min(length, limit) + 1, 1)
+            recent[key] = maps
+            while len(recent) > ATTENTION_CACHE:
+                recent.popitem(last=False)
+        recent.move_to_end(key)
+        return _attention_response(maps, body)
+
+    return attention
+
+
+def _attention_response(maps, body: AttentionRequest) -> JSONResponse:
+    """The requested kinds and layers of the maps, rounded: kind -> layer -> (H, T, S)."""
+    by_kind = {"encoder": maps.encoder, "decoder": maps.decoder, "cross": maps.cross}
+    layers = {kind: len(weights) for kind, weights in by_kind.items()}
+    wanted = body.layers or list(range(1, max(layers.values()) + 1))
+    for index, layer in enumerate(wanted):
+        if layer > max(layers.values()):
+            raise ApiError(422, f"layers[{index}]: {layer} is more than the model's "
+                                f"{max(layers.values())} layers", f"layers[{index}]")
+    selected = {kind: {str(layer): _rounded(by_kind[kind][layer - 1], body.decimals)
+                       for layer in wanted if layer <= layers[kind]}
+                for kind in dict.fromkeys(body.kinds)}
+    # Built as a plain dict and sent as it is: validating a few hundred thousand numbers
+    # against AttentionResponse (which documents the shape) would only cost time.
+    return JSONResponse({"translation": maps.translation, "log_prob": maps.log_prob,
+                         "source_tokens": maps.source_tokens,
+                         "target_inputs": maps.target_inputs,
+                         "target_outputs": maps.target_outputs, "layers": layers,
+                         "heads": int(maps.cross[0].shape[0]), "maps": selected})
+
+
+def _rounded(weights: torch.Tensor, decimals: int) -> list[list[list[float]]]:
+    """(H, T, S) weights -> nested lists rounded to `decimals` (a 100-piece sentence's
+    layer is then a few hundred kB of JSON)."""
+    return torch.round(weights.double(), decimals=decimals).tolist()    # 0.998, not 0.99800002

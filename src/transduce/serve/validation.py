@@ -1,0 +1,98 @@
+"""Bad input -> a 4xx JSON error that names the field and the problem, never a 500.
+
+FastAPI's own errors (422 validation lists, 400 unreadable bodies, 404, 405) are
+rewritten into the one shape every route answers with: {"error": message, "field": path},
+the path written as in JSON ("texts[2]", "stop[0]").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from transduce.serve.limits import ApiError
+from transduce.serve.schemas import ErrorBody
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text} for status, text in (
+        (400, "malformed body"), (413, "over a limit (named in the error)"),
+        (422, "a field with a wrong type or value (named in the error)"),
+        (429, "the queue is full; see Retry-After"))}
+
+
+def field_path(location: Sequence[Any]) -> str:
+    """("body", "texts", 2) -> "texts[2]"."""
+    path = ""
+    for part in location:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += ("." if path else "") + str(part)
+    return path
+
+
+def validation_error(errors: Iterable[dict], prefix: tuple = ("body",)) -> ApiError:
+    """The first of pydantic's errors as an ApiError: 400 for a body that is no JSON,
+    422 otherwise, naming the field."""
+    errors = [(_location(e, prefix), e) for e in errors]
+    if not errors:
+        return ApiError(422, "invalid request")
+    # A union's members fail each in turn; the deepest location is the most telling.
+    location, first = max(errors, key=lambda pair: len(pair[0]))
+    if first.get("type") == "json_invalid":
+        ctx = first.get("ctx", {})
+        return ApiError(400, f"malformed JSON: {ctx.get('error', 'cannot be parsed')}")
+    name = field_path(location)
+    if first.get("type") == "missing" and not name:
+        return ApiError(422, "the body is missing: send a JSON object")
+    if first.get("type") == "missing":
+        return ApiError(422, f"{name}: required field missing", name or None)
+    if first.get("type") == "extra_forbidden":
+        return ApiError(422, f"{name}: unknown field", name or None)
+    message = first.get("msg", "invalid")
+    if not name:
+        return ApiError(422, f"the body: {message}")
+    return ApiError(422, f"{name}: {message}", name)
+
+
+def _location(error: dict, prefix: tuple) -> tuple:
+    """pydantic's location without the prefix ("body") and the union members' names."""
+    location = tuple(error.get("loc", ()))
+    if location[:len(prefix)] == prefix:
+        location = location[len(prefix):]
+    return tuple(p for p in location if not _union_tag(p))
+
+
+def _union_tag(part: Any) -> bool:
+    """pydantic names the member of a union that failed ("str", "list[...]",
+    "function-after[...]") in the location; no field is named so."""
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every refusal through ApiError's JSON shape."""
+
+    async def api_error(_: Request, error: ApiError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        return await api_error(request, validation_error(error.errors()))
+
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        message = str(error.detail)
+        if error.status_code == 400 and "parsing the body" in message:
+            message = "the body is not valid UTF-8 JSON"
+        elif error.status_code == 404:
+            message = f"no route {request.url.path}"
+        elif error.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        return await api_error(request, ApiError(error.status_code, message,
+                                                 headers=dict(error.headers or {})))
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(HTTPException, http_error)

@@ -1,0 +1,383 @@
+"""Every endpoint through an in-process client: the answers equal the library's, and every
+kind of bad input gets a 4xx JSON error that names the field and the problem."""
+
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tests.serve.conftest import SENTENCES, client_for
+from transduce.attention_maps import attention_maps
+from transduce.decode.options import GenerateOptions
+from transduce.serve.batcher import Job
+
+
+# Texts cut because the client asked ("truncate": true) are still reported by the library.
+pytestmark = pytest.mark.filterwarnings("ignore:line .* truncated to the model's limit")
+
+
+# ------------------------------------------------------------------------ translation
+
+@pytest.mark.parametrize("settings", [{"beam": 1}, {"beam": 3, "nbest": 2, "alpha": 1.0},
+                                      {"beam": 2, "max_length": 3}])
+def test_v1_translate_equals_the_translator(mt, translator, settings):
+    answer = mt.post("/v1/translate", json={"texts": SENTENCES + [""], **settings})
+    assert answer.status_code == 200
+    body = answer.json()
+    offline = translator.translate_nbest(SENTENCES + [""], settings.get("nbest", 1),
+                                         beam=settings["beam"], alpha=settings.get("alpha", 0.6),
+                                         max_length=settings.get("max_length"))
+    assert [t["text"] for t in body["translations"]] == [h[0].text for h in offline]
+    assert [t["score"] for t in body["translations"]] == \
+        pytest.approx([h[0].score for h in offline])
+    if settings.get("nbest", 1) > 1:
+        assert [[n["text"] for n in t["nbest"]] for t in body["translations"]] == \
+               [[h.text for h in hs] for hs in offline]
+    assert set(body["timings"]) == {"queue_ms", "decode_ms", "total_ms"}
+    assert body["timings"]["total_ms"] >= body["timings"]["decode_ms"] > 0
+
+
+def test_max_length_caps_the_output(mt, translator):
+    short = mt.post("/v1/translate", json={"texts": ["uno dos"], "beam": 1, "max_length": 2})
+    assert short.json()["translations"][0]["text"] == \
+        translator.translate(["uno dos"], beam=1, max_length=2)[0]
+    assert short.json()["translations"][0]["text"] != \
+        translator.translate(["uno dos"], beam=1)[0]
+
+
+@pytest.mark.parametrize("body,status,field,words", [
+    ({"texts": ["a"], "beam": 2, "nbest": 3}, 422, "nbest", "more than beam"),
+    ({"texts": ["a"], "max_length": 41}, 422, "max_length", "40 positions"),
+    ({"texts": ["a"], "beam": 0}, 422, "beam", "greater than or equal to 1"),
+    ({"texts": ["a"], "beam": 17}, 422, "beam", "less than or equal to 16"),
+    ({"texts": ["a"], "alpha": -1}, 422, "alpha", "greater than or equal"),
+    ({"texts": ["a"], "beam": "4"}, 422, "beam", "valid integer"),
+    ({"texts": ["a"], "beam": 2.0}, 422, "beam", "valid integer"),
+    ({"texts": ["a"], "beam": True}, 422, "beam", "valid integer"),
+    ({"texts": ["a"], "truncate": "yes"}, 422, "truncate", "valid boolean"),
+    ({"texts": []}, 422, "texts", "at least 1 item"),
+    ({"texts": "uno"}, 422, "texts", "valid list"),
+    ({"texts": ["uno", 3]}, 422, "texts[1]", "valid string"),
+    ({"texts": ["uno", None]}, 422, "texts[1]", "valid string"),
+    ({"texts": ["uno"], "colour": "red"}, 422, "colour", "unknown field"),
+    ({}, 422, "texts", "required field missing"),
+    ({"texts": ["x" * 201]}, 413, "texts[0]", "limit of 200 (max_chars)"),
+    ({"texts": ["uno"] * 17}, 413, "texts", "limit of 16 per request (max_texts)"),
+    ({"texts": ["uno", "uno " * 45]}, 413, "texts[1]", "model's limit of 39"),
+])
+def test_bad_bodies_are_refused_naming_the_field(mt, body, status, field, words):
+    answer = mt.post("/v1/translate", json=body)
+    assert answer.status_code == status, answer.text
+    assert answer.json()["field"] == field
+    assert words in answer.json()["error"] and answer.json()["error"].startswith(field)
+
+
+@pytest.mark.parametrize("raw,content_type,status,words", [
+    (b'{"texts": [', "application/json", 400, "malformed JSON"),
+    (b'{"texts": ["\xff\xfe"]}', "application/json", 400, "UTF-8"),
+    (b'["uno"]', "application/json", 422, "valid dictionary"),
+    (b'null', "application/json", 422, "valid dictionary"),
+    (b'{"texts": ["uno", "\\ud83d"]}', "application/json", 422,
+     "texts[1]: Value error, contains a lone surrogate"),
+    (b'texts=uno', "text/plain", 422, "valid dictionary"),
+    (b'', "application/json", 422, "the body is missing"),
+])
+def test_unreadable_bodies_get_4xx(mt, raw, content_type, status, words):
+    answer = mt.post("/v1/translate", content=raw, headers={"content-type": content_type})
+    assert answer.status_code == status, answer.text
+    assert words in answer.json()["error"]
+
+
+def test_long_texts_are_cut_only_when_asked(mt, translator):
+    long = "uno " * 45
+    assert mt.post("/v1/translate", json={"texts": [long]}).status_code == 413
+    answer = mt.post("/v1/translate", json={"texts": ["uno", long], "truncate": True, "beam": 1})
+    assert answer.status_code == 200
+    assert [t["truncated"] for t in answer.json()["translations"]] == [False, True]
+    with pytest.warns(UserWarning, match="truncated"):
+        offline = translator.translate([long], beam=1)
+    assert answer.json()["translations"][1]["text"] == offline[0]
+
+
+def test_a_body_over_the_byte_limit_is_refused_before_reading_it_all(mt):
+    huge = b'{"texts": ["' + b"a" * 4_000_000 + b'"]}'
+    answer = mt.post("/v1/translate", content=huge, headers={"content-type": "application/json"})
+    assert answer.status_code == 413 and "bytes" in answer.json()["error"]
+
+
+def test_a_full_queue_answers_429_with_retry_after(translator):
+    with client_for(translator, max_queue=1) as client:
+        batcher = client.app.state.service.batcher
+        gate = threading.Event()
+        held = batcher.submit(Job("hold", lambda jobs: [gate.wait(5)] * len(jobs), None, 1, 1))
+        time.sleep(0.1)                      # the worker runs the held job
+        queued = batcher.submit(Job("hold", lambda jobs: [None] * len(jobs), None, 1, 1))
+        answer = client.post("/v1/translate", json={"texts": ["uno"]})
+        gate.set()
+        held.result(5), queued.result(5)
+        assert answer.status_code == 429
+        assert int(answer.headers["retry-after"]) >= 1
+        assert "max_queue" in answer.json()["error"]
+        assert client.post("/v1/translate", json={"texts": ["uno"]}).status_code == 200
+
+
+# ---------------------------------------------------------------- LibreTranslate's API
+
+def test_libretranslate_json_single_and_list(mt, translator):
+    one = mt.post("/translate", json={"q": "el perro", "source": "es", "target": "en",
+                                      "format": "text", "api_key": ""})
+    assert one.status_code == 200
+    assert one.json() == {"translatedText": translator.translate(["el perro"], beam=4)[0]}
+    many = mt.post("/translate", json={"q": SENTENCES[:3], "source": "auto", "target": "en"})
+    assert many.json()["translatedText"] == translator.translate(SENTENCES[:3], beam=4)
+    assert many.json()["detectedLanguage"] == [{"confidence": 100.0, "language": "es"}] * 3
+
+
+def test_libretranslate_form_and_alternatives(mt, translator):
+    answer = mt.post("/translate", data={"q": "uno dos", "source": "es", "target": "en",
+                                         "alternatives": "2"})
+    assert answer.status_code == 200, answer.text
+    nbest = translator.translate_nbest(["uno dos"], 3, beam=4)[0]
+    assert answer.json() == {"translatedText": nbest[0].text,
+                             "alternatives": [h.text for h in nbest[1:]]}
+
+
+@pytest.mark.parametrize("body,status,field", [
+    ({"q": "uno", "source": "fr", "target": "en"}, 400, "source"),
+    ({"q": "uno", "source": "es", "target": "de"}, 400, "target"),
+    ({"q": "uno", "source": "es"}, 422, "target"),
+    ({"q": "uno", "target": "en", "format": "html"}, 422, "format"),
+    ({"q": 5, "target": "en"}, 422, "q"),
+    ({"q": [], "target": "en"}, 422, "q"),
+    ({"q": ["uno", 5], "target": "en"}, 422, "q[1]"),
+    ({"q": "x" * 201, "target": "en"}, 413, "q[0]"),
+    ({"q": "uno", "target": "en", "alternatives": -1}, 422, "alternatives"),
+    ({"q": "uno", "target": "en", "extra": 1}, 422, "extra"),
+])
+def test_libretranslate_bad_requests(mt, body, status, field):
+    answer = mt.post("/translate", json=body)
+    assert answer.status_code == status, answer.text
+    assert answer.json()["field"] == field and answer.json()["error"]
+
+
+def test_libretranslate_unreadable_bodies(mt):
+    assert mt.post("/translate", content=b"{", headers={"content-type": "application/json"}
+                   ).status_code == 400
+    assert mt.post("/translate", content=b"q=\xff&target=en",
+                   headers={"content-type": "application/x-www-form-urlencoded"}
+                   ).status_code == 400
+    assert mt.post("/translate", content=b"<q/>", headers={"content-type": "application/xml"}
+                   ).status_code == 415
+
+
+def test_languages(mt):
+    assert mt.get("/languages").json() == [{"code": "es", "name": "Spanish", "targets": ["en"]}]
+
+
+# ------------------------------------------------------------------------- attention
+
+def test_attention_maps_are_those_of_the_printed_translation(mt, translator):
+    answer = mt.post("/v1/attention", json={"text": "gato rojo grande", "beam": 2, "decimals": 4})
+    assert answer.status_code == 200
+    body = answer.json()
+    offline = attention_maps(translator, "gato rojo grande", beam=2)
+    translated = mt.post("/v1/translate", json={"texts": ["gato rojo grande"], "beam": 2}).json()
+    assert body["translation"] == offline.translation == translated["translations"][0]["text"]
+    assert body["source_tokens"] == offline.source_tokens
+    assert body["target_outputs"] == offline.target_outputs
+    assert body["layers"] == {"encoder": 2, "decoder": 2, "cross": 2} and body["heads"] == 4
+    for kind in ("encoder", "decoder", "cross"):
+        for layer in (1, 2):
+            got = np.array(body["maps"][kind][str(layer)])
+            want = getattr(offline, kind)[layer - 1].numpy()
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, atol=5e-5)
+    heads, queries, keys = np.array(body["maps"]["cross"]["1"]).shape
+    assert (queries, keys) == (len(body["target_outputs"]), len(body["source_tokens"]))
+
+
+def test_attention_one_layer_and_kind_at_a_time(mt):
+    answer = mt.post("/v1/attention", json={"text": "el perro", "kinds": ["cross"], "layers": [2],
+                                            "decimals": 1})
+    maps = answer.json()["maps"]
+    assert list(maps) == ["cross"] and list(maps["cross"]) == ["2"]
+    values = np.array(maps["cross"]["2"]).ravel()
+    assert np.allclose(values, np.round(values, 1))
+
+
+@pytest.mark.parametrize("body,status,field", [
+    ({"text": ""}, 422, "text"),
+    ({"text": "   "}, 422, "text"),
+    ({"text": "uno", "layers": [3]}, 422, "layers[0]"),
+    ({"text": "uno", "layers": [0]}, 422, "layers[0]"),
+    ({"text": "uno", "kinds": ["self"]}, 422, "kinds[0]"),
+    ({"text": "uno", "decimals": 9}, 422, "decimals"),
+    ({"text": "uno " * 50}, 413, "text[0]"),
+    ({"texts": ["uno"]}, 422, "text"),
+])
+def test_attention_bad_requests(mt, body, status, field):
+    answer = mt.post("/v1/attention", json=body)
+    assert answer.status_code == status, answer.text
+    assert answer.json()["field"] == field
+
+
+def test_attention_truncates_when_asked(mt):
+    answer = mt.post("/v1/attention", json={"text": "uno " * 50, "truncate": True,
+                                            "layers": [1], "kinds": ["encoder"]})
+    assert answer.status_code == 200 and len(answer.json()["source_tokens"]) == 40
+
+
+# ------------------------------------------------------------------- the other kinds
+
+@pytest.mark.parametrize("settings", [{}, {"beam": 2}, {"temperature": 0.8, "seed": 3},
+                                      {"stop": ["4"], "repetition_penalty": 1.3}])
+def test_generate_equals_the_generator(lm, generator, settings):
+    prompts = ["uno dos", "el perro grande come", "casa"]
+    answer = lm.post("/v1/generate", json={"prompts": prompts, "max_new_tokens": 12, **settings})
+    assert answer.status_code == 200, answer.text
+    options = GenerateOptions(max_new_tokens=12, batch_sentences=16,
+                              **{k: tuple(v) if k == "stop" else v for k, v in settings.items()})
+    assert answer.json()["generations"] == generator.generate(prompts, options)
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.9, "seed": 4}])
+def test_streamed_pieces_join_to_the_whole_generation(lm, generator, settings):
+    prompts = ["el perro grande come", "uno dos"]
+    with lm.stream("POST", "/v1/generate", json={"prompts": prompts, "max_new_tokens": 16,
+                                                 "stream": True, **settings}) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        text = "".join(answer.iter_text())
+    events = [block for block in text.split("\n\n") if block]
+    assert events[-1].startswith("event: done")
+    import json
+    pieces = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    joined = ["".join(p["text"] for p in pieces if p["index"] == i) for i in range(2)]
+    assert joined == generator.generate(prompts, max_new_tokens=16, **settings)
+
+
+@pytest.mark.parametrize("body,status,field", [
+    ({"prompts": ["uno"], "stream": True, "beam": 2}, 422, "stream"),
+    ({"prompts": ["uno"], "top_p": 0}, 422, "top_p"),
+    ({"prompts": ["uno"], "temperature": -1}, 422, "temperature"),
+    ({"prompts": ["uno"], "stop": [""]}, 422, "stop[0]"),
+    ({"prompts": [""]}, 422, "prompts[0]"),
+    ({"prompts": ["uno", "uno " * 70]}, 413, "prompts[1]"),
+    ({"prompts": ["uno"], "max_new_tokens": 0}, 422, "max_new_tokens"),
+])
+def test_generate_bad_requests(lm, body, status, field):
+    answer = lm.post("/v1/generate", json=body)
+    assert answer.status_code == status, answer.text
+    assert answer.json().get("field") == field
+
+
+def test_beam_with_temperature_is_refused_by_the_options(lm):
+    answer = lm.post("/v1/generate", json={"prompts": ["uno"], "beam": 2, "temperature": 0.5})
+    assert answer.status_code == 422 and "beam" in answer.json()["error"]
+
+
+def test_embed_and_classify_equal_the_encoder(enc, encoder):
+    texts = ["uno dos", "el perro grande come", "casa"]
+    embedded = enc.post("/v1/embed", json={"texts": texts, "normalize": True}).json()
+    np.testing.assert_allclose(embedded["embeddings"], encoder.embed(texts, normalize=True),
+                               atol=1e-5)
+    assert embedded["dimensions"] == encoder.model.config.d_model
+    classified = enc.post("/v1/classify", json={"texts": texts}).json()["predictions"]
+    assert [p["label"] for p in classified] == [p.label for p in encoder.classify(texts)]
+    assert enc.post("/v1/classify", json={"texts": ["uno " * 40]}).status_code == 413
+    cut = enc.post("/v1/embed", json={"texts": ["uno " * 40], "truncate": True}).json()
+    assert cut["truncated"] == [True]
+
+
+def test_the_routes_follow_the_model_kind(mt, lm, enc):
+    assert mt.post("/v1/generate", json={"prompts": ["a"]}).status_code == 404
+    assert lm.post("/v1/translate", json={"texts": ["a"]}).status_code == 404
+    assert enc.post("/translate", json={"q": "a", "target": "en"}).status_code == 404
+    assert mt.get("/v1/translate").status_code == 405
+    missing = mt.get("/nothing/here")
+    assert missing.status_code == 404 and missing.json()["error"] == "no route /nothing/here"
+    paths = {client: set(client.get("/openapi.json").json()["paths"]) for client in (mt, lm, enc)}
+    assert {"/v1/translate", "/translate", "/v1/attention", "/languages"} <= paths[mt]
+    assert "/v1/generate" in paths[lm] and "/v1/translate" not in paths[lm]
+    assert {"/v1/embed", "/v1/classify"} <= paths[enc]
+
+
+# ------------------------------------------------------------------- around the model
+
+def test_health_models_and_docs(mt, enc):
+    assert mt.get("/health").json()["status"] == "ok"
+    model = mt.get("/v1/models").json()["data"][0]
+    assert model["kind"] == "translation" and model["languages"] == {"source": "es", "target": "en"}
+    assert model["parameters"] > 0 and model["vocabulary"]["size"] == 300
+    assert model["config"]["num_heads"] == 4 and model["limits"]["max_texts"] == 16
+    assert enc.get("/v1/models").json()["data"][0]["labels"] == ["animals", "numbers", "things"]
+    assert mt.get("/docs").status_code == 200
+
+
+def test_metrics_in_prometheus_text_format(mt):
+    mt.post("/v1/translate", json={"texts": ["uno", "dos"], "beam": 1})
+    mt.post("/v1/translate", json={"texts": []})
+    mt.get("/no/such/page")
+    text = mt.get("/metrics").text
+    assert 'transduce_requests_total{route="/v1/translate",status="200"} 1' in text
+    assert 'transduce_requests_total{route="/v1/translate",status="422"} 1' in text
+    assert 'transduce_requests_total{route="unmatched",status="404"} 1' in text
+    assert 'transduce_request_duration_seconds_count{route="/v1/translate"} 2' in text
+    assert "transduce_sentences_total 2" in text and "transduce_queue_depth 0" in text
+    assert "# TYPE transduce_batch_sentences histogram" in text
+    assert "transduce_sentences_per_second" in text
+    for line in text.splitlines():
+        assert line.startswith("#") or len(line.rsplit(" ", 1)) == 2
+
+
+def test_the_page_is_self_contained(mt, lm):
+    page = mt.get("/")
+    assert page.status_code == 200 and 'data-kind="translation"' in page.text
+    assert 'data-kind="generation"' in lm.get("/").text
+    remote = re.compile(r"""(src|href)=["']?(https?:)?//|url\(["']?(https?:)?//|"""
+                        r"""fetch\(["'`](https?:)?//|import\s""")
+    for asset in ("/static/app.js", "/static/style.css"):
+        answer = mt.get(asset)
+        assert answer.status_code == 200 and not remote.search(answer.text)
+    assert not remote.search(page.text)
+    assert mt.get("/static/secret.py").status_code == 404
+    assert mt.get("/static/..%2Fapp.py").status_code == 404
+
+
+def test_a_tiny_temperature_samples_what_greedy_search_chooses(lm, generator):
+    # Found by the fuzz: logits / 1e-290 overflowed to inf - inf = nan, and a 500.
+    answer = lm.post("/v1/generate", json={"prompts": ["uno dos"], "temperature": 2.8e-290,
+                                           "seed": 1, "max_new_tokens": 10})
+    assert answer.status_code == 200
+    assert answer.json()["generations"] == generator.generate(["uno dos"], max_new_tokens=10)
+
+
+def test_an_rnn_model_has_cross_attention_only(tiny_corpus):
+    import torch
+
+    from transduce.config import preset
+    from transduce.data.tokenizer import Tokenizer
+    from transduce.decode.translate import Translator
+    from transduce.model import build_model
+
+    torch.manual_seed(0)
+    rnn = build_model(preset("tiny", src_vocab_size=300, tgt_vocab_size=300, max_positions=40,
+                             arch="rnn-luong"))
+    with client_for(Translator(rnn, Tokenizer(tiny_corpus / "spm.model"))) as client:
+        body = client.post("/v1/attention", json={"text": "el perro"}).json()
+        assert body["layers"] == {"encoder": 0, "decoder": 0, "cross": 1} and body["heads"] == 1
+        assert body["maps"]["encoder"] == {} and list(body["maps"]["cross"]) == ["1"]
+        assert client.post("/v1/attention", json={"text": "el perro", "layers": [2]}
+                           ).json()["field"] == "layers[0]"
+
+
+@pytest.mark.parametrize("argv", [["--languages", "es"], ["--languages", "es:en:fr"],
+                                  ["--max-queue", "0"], ["--window-ms", "-1"]])
+def test_the_command_refuses_bad_options(translation_dir, argv, capsys):
+    from transduce.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model", str(translation_dir), *argv])
+    assert exit_.value.code == 2 and argv[0] in capsys.readouterr().err

@@ -1,0 +1,175 @@
+"""The batching worker on its own: keys never mix, the token budget and the window hold,
+the queue is bounded and drains on close, errors reach every request of their batch."""
+
+import threading
+import time
+
+import pytest
+
+from transduce.serve.batcher import Batcher, Closed, Job, QueueFull
+from transduce.serve.metrics import Metrics
+
+
+class Recorder:
+    """A batch runner that records each batch's keys and payloads; `gate` holds it."""
+
+    def __init__(self):
+        self.batches: list[list] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, jobs):
+        self.gate.wait(5)
+        self.batches.append([(job.key, job.payload) for job in jobs])
+        return [f"done {job.payload}" for job in jobs]
+
+
+def make(recorder=None, **settings):
+    settings = {"batch_tokens": 100, "window_s": 0.05, "max_queue": 100, **settings}
+    batcher = Batcher(Metrics(), **settings)
+    return batcher, recorder or Recorder()
+
+
+def job(recorder, key, payload, tokens=10):
+    return Job(key, recorder, payload, tokens, 1)
+
+
+def test_jobs_of_one_key_share_a_batch_and_keys_never_mix():
+    batcher, run = make()
+    run.gate.clear()
+    batcher.start()
+    try:
+        first = batcher.submit(job(run, "a", 0))
+        time.sleep(0.1)            # past the window: the worker holds job 0 behind the gate
+        futures = [batcher.submit(job(run, key, i)) for i, key in
+                   enumerate(["a", "b", "a", "b", "a"], start=1)]
+        run.gate.set()
+        assert first.result(5) == "done 0"
+        assert [f.result(5) for f in futures] == [f"done {i}" for i in range(1, 6)]
+    finally:
+        batcher.close(5)
+    assert run.batches[0] == [("a", 0)]
+    assert run.batches[1:] == [[("a", 1), ("a", 3), ("a", 5)], [("b", 2), ("b", 4)]]
+
+
+def test_the_token_budget_caps_a_batch_but_never_refuses_a_big_job():
+    batcher, run = make(batch_tokens=25)
+    run.gate.clear()
+    batcher.start()
+    try:
+        futures = [batcher.submit(job(run, "k", i, tokens)) for i, tokens in
+                   enumerate([10, 10, 10, 500, 1])]
+        run.gate.set()
+        [f.result(5) for f in futures]
+    finally:
+        batcher.close(5)
+    sizes = [[payload for _, payload in batch] for batch in run.batches]
+    assert sorted(p for batch in sizes for p in batch) == [0, 1, 2, 3, 4]
+    assert all(len(batch) == 1 or sum([10, 10, 10, 500, 1][p] for p in batch) <= 25
+               for batch in sizes)
+    assert [3] in sizes
+
+
+def test_the_window_collects_requests_that_arrive_soon_after():
+    batcher, run = make(window_s=0.2)
+    batcher.start()
+    try:
+        first = batcher.submit(job(run, "k", 0))
+        time.sleep(0.05)
+        second = batcher.submit(job(run, "k", 1))
+        assert (first.result(5), second.result(5)) == ("done 0", "done 1")
+    finally:
+        batcher.close(5)
+    assert run.batches == [[("k", 0), ("k", 1)]]
+
+
+def test_with_nobody_else_coming_a_job_does_not_wait_for_the_window():
+    batcher, run = make(window_s=2.0, others_coming=lambda: False)
+    batcher.start()
+    try:
+        started = time.monotonic()
+        assert batcher.submit(job(run, "k", 0)).result(5) == "done 0"
+        assert time.monotonic() - started < 1.0
+    finally:
+        batcher.close(5)
+
+
+def test_without_batching_one_job_at_a_time():
+    batcher, run = make(batching=False)
+    run.gate.clear()
+    batcher.start()
+    try:
+        futures = [batcher.submit(job(run, "k", i)) for i in range(4)]
+        run.gate.set()
+        [f.result(5) for f in futures]
+    finally:
+        batcher.close(5)
+    assert run.batches == [[("k", i)] for i in range(4)]
+
+
+def test_a_full_queue_refuses_with_a_retry_estimate_and_close_drains():
+    batcher, run = make(max_queue=2)
+    run.gate.clear()
+    batcher.start()
+    held = batcher.submit(job(run, "busy", "held"))
+    time.sleep(0.1)                          # taken by the worker: the queue is empty
+    queued = [batcher.submit(job(run, "k", i)) for i in range(2)]
+    with pytest.raises(QueueFull) as refused:
+        batcher.submit(job(run, "k", 9))
+    assert refused.value.retry_after >= 1
+    closing = threading.Thread(target=batcher.close, args=(5,))
+    closing.start()
+    time.sleep(0.05)
+    with pytest.raises(Closed):
+        batcher.submit(job(run, "k", 10))
+    run.gate.set()
+    closing.join(5)
+    assert held.result(0) == "done held" and [f.result(0) for f in queued] == ["done 0", "done 1"]
+    assert not batcher._thread.is_alive()
+
+
+def test_an_error_reaches_every_job_of_its_batch_and_the_worker_goes_on():
+    batcher, run = make()
+
+    def failing(jobs):
+        raise ValueError("boom")
+
+    batcher.start()
+    try:
+        bad = [batcher.submit(Job("x", failing, i, 1, 1)) for i in range(2)]
+        for future in bad:
+            with pytest.raises(ValueError, match="boom"):
+                future.result(5)
+        assert batcher.submit(job(run, "k", 1)).result(5) == "done 1"
+    finally:
+        batcher.close(5)
+
+
+def test_a_cancelled_job_is_skipped():
+    batcher, run = make()
+    run.gate.clear()
+    batcher.start()
+    try:
+        batcher.submit(job(run, "busy", "held"))
+        time.sleep(0.05)
+        cancelled = batcher.submit(job(run, "k", 1))
+        kept = batcher.submit(job(run, "k", 2))
+        assert cancelled.cancel()
+        run.gate.set()
+        assert kept.result(5) == "done 2"
+    finally:
+        batcher.close(5)
+    assert [("k", 1)] not in run.batches and [("k", 2)] in run.batches
+
+
+def test_metrics_count_batches_and_queue_depth():
+    batcher, run = make()
+    batcher.start()
+    try:
+        [f.result(5) for f in [batcher.submit(job(run, "k", i)) for i in range(3)]]
+    finally:
+        batcher.close(5)
+    text = batcher.metrics.render()
+    assert "transduce_sentences_total 3" in text
+    assert "transduce_queue_depth 0" in text
+    assert 'transduce_batch_sentences_bucket{le="+Inf"}' in text

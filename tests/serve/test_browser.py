@@ -1,0 +1,161 @@
+"""The page in a real browser: Debian's Chromium, headless, driven by Playwright.
+
+Types a sentence, translates, switches kind, layer and head, hovers tokens, and checks
+what the page shows against the API; a long sentence (100+ pieces) loads its layers
+lazily. Also the generate page (server-sent events) and the classify page. Screenshots
+go to the test's temporary directory.
+"""
+
+import shutil
+
+import httpx
+import pytest
+import torch
+
+from tests.serve.test_server import ServerThread
+from transduce.decode.translate import Translator
+from transduce.config import preset
+from transduce.data.tokenizer import Tokenizer
+from transduce.model import Transformer
+from transduce.serve import create_app
+
+playwright = pytest.importorskip("playwright.sync_api")
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None,
+                                reason="Debian's chromium is not installed "
+                                       "(scripts/install-system-packages.sh installs it)")
+
+
+@pytest.fixture()
+def browser_page(tmp_path):
+    """A page of a fresh Chromium profile; fails the test on any script error."""
+    errors: list[str] = []
+    with playwright.sync_playwright() as driver:
+        context = driver.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, args=FLAGS,
+            viewport={"width": 1280, "height": 1000})
+        page = context.new_page()
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        try:
+            yield page
+        finally:
+            context.close()
+    assert not errors, errors
+
+
+def test_translate_and_explore_the_attention(browser_page, translator, tmp_path):
+    page = browser_page
+    with ServerThread(create_app(translator, name="tiny")) as server:
+        page.goto(server.url + "/")
+        page.fill("#source", "el gato rojo come")
+        page.click("#translate")
+        page.wait_for_function("document.getElementById('output').textContent.length > 0")
+        expected = httpx.post(server.url + "/v1/attention",
+                              json={"text": "el gato rojo come", "layers": [1]}).json()
+        assert page.text_content("#output") == expected["translation"]
+        assert page.locator("#layer option").all_text_contents() == ["1", "2"]
+        assert page.locator("#head option").all_text_contents() == ["all heads", "1", "2", "3", "4"]
+        assert page.locator("#rows .tok").all_text_contents() == expected["target_outputs"]
+        assert page.locator("#columns .tok").all_text_contents() == expected["source_tokens"]
+
+        page.select_option("#layer", "2")
+        page.select_option("#head", "3")
+        row = page.locator("#rows .tok").nth(1)
+        row.hover()
+        assert "active" in row.get_attribute("class")
+        target = expected["target_outputs"][1]
+        assert page.text_content("#cell").startswith(f"{target} attends most to ")
+        layer2 = httpx.post(server.url + "/v1/attention", json={
+            "text": "el gato rojo come", "layers": [2], "kinds": ["cross"]}).json()
+        weights = layer2["maps"]["cross"]["2"][2][1]
+        best = max(range(len(weights)), key=weights.__getitem__)
+        assert page.text_content("#cell").endswith(f"({weights[best]:.3f})")
+
+        page.click(".segmented button[data-kind=encoder]")
+        page.locator("#rows .tok").nth(2).hover()
+        assert page.locator("#rows .tok.active").count() == 1
+        assert page.locator("#columns .tok.active").count() == 1   # a token is both axes
+        canvas = page.locator("#map").bounding_box()
+        tokens = len(expected["source_tokens"])
+        assert abs(canvas["width"] - canvas["height"]) <= 2 and canvas["width"] >= 5 * tokens
+
+        page.select_option("#head", "all")
+        assert page.locator("#grid figure").count() == 4 and page.is_hidden("#single")
+        assert page.locator("#alignment line").count() == len(expected["target_outputs"])
+        # each line joins the centres of its two tokens
+        offsets = page.evaluate("""() => [...document.querySelectorAll('#alignment line')].map(
+            (line) => {
+                const source = document.querySelector('#align-source')
+                    .children[line.dataset.source];
+                const target = document.querySelector('#align-target')
+                    .children[line.dataset.target];
+                const box = document.querySelector('#alignment').getBoundingClientRect();
+                const middle = (e) => e.getBoundingClientRect().left - box.left
+                                      + e.getBoundingClientRect().width / 2;
+                return [line.x1.baseVal.value - middle(source),
+                        line.x2.baseVal.value - middle(target)];
+            })""")
+        assert all(abs(a) < 1.5 and abs(b) < 1.5 for a, b in offsets), offsets
+        page.locator("#grid figure").nth(1).click()
+        assert page.input_value("#head") == "2" and page.is_visible("#single")
+        shot = tmp_path / "explorer.png"
+        page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+
+
+def test_a_long_sentence_loads_one_layer_at_a_time(browser_page, tiny_corpus):
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny", src_vocab_size=300, tgt_vocab_size=300,
+                               max_positions=256))
+    translator = Translator(model, Tokenizer(tiny_corpus / "spm.model"))
+    sentence = " ".join(["el perro grande come", "gato rojo", "casa tres"] * 8)
+    pieces = len(translator.tokenizer.encode([sentence])[0])
+    assert pieces >= 100
+    page = browser_page
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.post_data or "") if "attention" in r.url else None)
+    with ServerThread(create_app(translator)) as server:
+        page.goto(server.url + "/")
+        page.fill("#source", sentence)
+        page.select_option("#beam", "1")
+        page.click("#translate")
+        page.wait_for_function("document.getElementById('output').textContent.length > 0",
+                               timeout=60_000)
+        assert page.locator("#columns .tok").count() == pieces + 1        # eos
+        assert len(asked) == 1 and '"layers":[1]' in asked[0]
+        page.select_option("#layer", "2")
+        page.wait_for_function("document.getElementById('cell').textContent === ''")
+        assert len(asked) == 2 and '"layers":[2]' in asked[1]
+        page.select_option("#layer", "1")                                   # kept
+        assert len(asked) == 2
+        width = page.locator("#map").bounding_box()["width"]
+        assert width <= 800
+
+
+def test_generate_page_streams_the_continuation(browser_page, generator):
+    page = browser_page
+    with ServerThread(create_app(generator)) as server:
+        page.goto(server.url + "/")
+        assert page.is_visible("#generate-panel") and page.is_hidden("#translate-panel")
+        page.fill("#prompt", "uno dos")
+        page.fill("#max-new", "12")
+        page.click("#generate")
+        page.wait_for_function("/ms$/.test(document.getElementById('gen-status').textContent)")
+    assert page.text_content("#continuation") == generator.generate(["uno dos"],
+                                                                    max_new_tokens=12)[0]
+
+
+def test_encoder_page_classifies(browser_page, encoder):
+    page = browser_page
+    with ServerThread(create_app(encoder)) as server:
+        page.goto(server.url + "/")
+        page.fill("#lines", "uno dos\nel perro")
+        page.click("#classify")
+        page.wait_for_selector("#enc-output tr")
+    labels = [p.label for p in encoder.classify(["uno dos", "el perro"])]
+    cells = page.locator("#enc-output tr td:nth-child(2)").all_text_contents()
+    assert [cell.split(" ")[0] for cell in cells] == labels
