@@ -22,6 +22,7 @@ AttentionImpl = Literal["naive", "sdpa", "flash", "triton"]
 AttentionType = Literal["softmax", "linear", "sliding"]
 Architecture = Literal["transformer", "decoder", "encoder", "rnn-bahdanau", "rnn-luong"]
 RnnCell = Literal["gru", "lstm"]
+LuongScore = Literal["general", "dot"]
 
 
 class ConfigError(TransduceError, ValueError):
@@ -77,9 +78,11 @@ class ModelConfig(ValidatedConfig):
     num_encoder_layers encoder layers over src_vocab_size, with segment embeddings,
     an embedding LayerNorm, the pooler and the pre-training heads), or an RNN
     encoder-decoder with
-    Bahdanau (additive) or Luong (general) attention; the RNNs use d_model, the layer
+    Bahdanau (additive) or Luong attention; the RNNs use d_model, the layer
     counts, dropout, rnn_cell and the embedding fields, and ignore the attention and
-    position fields.
+    position fields. luong_score: arch "rnn-luong": "general" (q^T W k) or "dot" (q^T k);
+    input_feeding: arch "rnn-luong": the previous step's attentional vector joins the
+    decoder's input (Luong et al., section 3.3).
     activation: the FFN's; "gelu" is exact (erf) GELU, "gelu-tanh" its tanh
     approximation (GPT-2's).
     scale_embeddings: multiply token embeddings by sqrt(d_model) (the paper); GPT-2 and
@@ -113,6 +116,8 @@ class ModelConfig(ValidatedConfig):
     attention_window: int = 16
     arch: Architecture = "transformer"
     rnn_cell: RnnCell = "gru"
+    luong_score: LuongScore = "general"
+    input_feeding: bool = False
     scale_embeddings: bool = True
     type_vocab_size: int = 2
     num_labels: int = 0
@@ -127,6 +132,7 @@ class ModelConfig(ValidatedConfig):
         check_choice(self, "attention_type")
         check_choice(self, "arch")
         check_choice(self, "rnn_cell")
+        check_choice(self, "luong_score")
         check_choice(self, "positional")
         check_choice(self, "tie_embeddings")
         check_choice(self, "attention_impl")
@@ -159,6 +165,10 @@ class ModelConfig(ValidatedConfig):
         if self.arch.startswith("rnn") and self.attention_type != "softmax":
             raise ConfigError(f"ModelConfig.attention_type={self.attention_type!r} applies to "
                               f"the Transformer's self-attention; arch={self.arch!r} has none")
+        if self.arch != "rnn-luong" and (self.input_feeding or self.luong_score != "general"):
+            field = "input_feeding" if self.input_feeding else "luong_score"
+            raise ConfigError(f"ModelConfig.{field}={getattr(self, field)!r} applies to "
+                              f"arch='rnn-luong', not arch={self.arch!r}")
         if self.arch.startswith("rnn") and self.d_model % 2:
             raise ConfigError(f"ModelConfig.d_model={self.d_model}: the RNN's bidirectional "
                               f"encoder needs an even size (d_model / 2 per direction)")

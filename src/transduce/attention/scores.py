@@ -52,10 +52,15 @@ class AdditiveAttention(nn.Module):
 
 
 class DotAttention(nn.Module):
-    """Luong et al. (2015), "dot": the query and key must have the same size."""
+    """Luong et al. (2015), "dot": the query and key must have the same size. No
+    parameters; project_keys is the identity, so decoders treat all three alike."""
 
-    def forward(self, query: Tensor, keys: Tensor, values: Tensor,
-                mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    @staticmethod
+    def project_keys(keys: Tensor) -> Tensor:
+        return keys
+
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None,
+                *, projected_keys: Tensor | None = None) -> tuple[Tensor, Tensor]:
         if query.shape[-1] != keys.shape[-1]:
             raise ValueError(f"dot attention needs equal query and key sizes, got "
                              f"{query.shape[-1]} and {keys.shape[-1]}; use GeneralAttention")

@@ -9,11 +9,13 @@ tanh(W mean_j h_j). They differ in where attention sits:
         c_t = Attend(s_{t-1}, h)             s_t = RNN([y_{t-1}; c_t], s_{t-1})
         o_t = tanh(W_o [s_t; c_t; y_{t-1}])  p(y_t) = softmax(E o_t)
 
-    Luong et al. (2015), arch "rnn-luong": "general" scores s_t^T W h_j from the current
-    state, combined after the recurrence (no input feeding, so training runs the decoder
-    RNN over the whole target at once).
-        s_t = RNN(y_{t-1}, s_{t-1})          c_t = Attend(s_t, h)
-        o_t = tanh(W_c [c_t; s_t])           p(y_t) = softmax(E o_t)
+    Luong et al. (2015), arch "rnn-luong": "general" scores s_t^T W h_j (or "dot",
+    s_t^T h_j) from the current state, combined after the recurrence. Without input
+    feeding, training runs the decoder RNN over the whole target at once; with it
+    (input_feeding), the previous attentional vector o_{t-1} joins the input, and the
+    decoder runs step by step as Bahdanau's does.
+        s_t = RNN(y_{t-1} [; o_{t-1}], s_{t-1})   c_t = Attend(s_t, h)
+        o_t = tanh(W_c [c_t; s_t])                p(y_t) = softmax(E o_t)
 
 The interface is the Transformer's (forward, prefill, decode_step, a state with reorder),
 so training, search, translation and evaluation run unchanged.
@@ -29,7 +31,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from transduce.attention import masks
-from transduce.attention.scores import AdditiveAttention, GeneralAttention
+from transduce.attention.scores import AdditiveAttention, DotAttention, GeneralAttention
 from transduce.config import ModelConfig
 from transduce.model.dropout import Dropout
 from transduce.model.transformer import init_embeddings
@@ -48,17 +50,21 @@ class RNNState:
     memory_mask: Tensor        # (B, 1, S)
     hidden: Hidden
     length: int = 0
+    feed: Tensor | None = None  # (B, 1, C) the last attentional vector, with input feeding
 
     @property
     def nbytes(self) -> int:
         """Bytes of the per-hypothesis decoding state (the RNN's, instead of a KV cache)."""
-        return sum(t.nelement() * t.element_size() for t in _tensors(self.hidden))
+        fed = () if self.feed is None else (self.feed,)
+        return sum(t.nelement() * t.element_size() for t in (*_tensors(self.hidden), *fed))
 
     def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
         """Keep target rows `rows` (R',) in that order; see DecoderState.reorder. The RNN's
         attention keeps a copy of the source side per target row, so it follows `rows`
         whenever the rows change sentence (sources given) or number."""
         self.hidden = _map_hidden(self.hidden, lambda t: t.index_select(1, rows))
+        if self.feed is not None:
+            self.feed = self.feed.index_select(0, rows)
         if sources is not None or rows.numel() != self.memory.shape[0]:
             self.memory = self.memory.index_select(0, rows)
             self.keys = self.keys.index_select(0, rows)
@@ -73,6 +79,7 @@ class RNNEncoderDecoder(nn.Module):
         c = self.config = config
         d = c.d_model
         self.additive = c.arch == "rnn-bahdanau"
+        self.input_feeding = c.input_feeding
         self.src_embedding = nn.Embedding(c.src_vocab_size, d, padding_idx=c.pad_id)
         self.tgt_embedding = self.src_embedding if c.tie_embeddings == "all" else \
             nn.Embedding(c.tgt_vocab_size, d, padding_idx=c.pad_id)
@@ -88,10 +95,11 @@ class RNNEncoderDecoder(nn.Module):
         self.encoder = rnn(d, d // 2, c.num_encoder_layers, batch_first=True, bidirectional=True,
                            dropout=c.dropout if c.num_encoder_layers > 1 else 0.0)
         self.bridge = nn.Linear(d, d)
-        decoder_input = 2 * d if self.additive else d
+        decoder_input = 2 * d if self.additive or self.input_feeding else d
         self.decoder = rnn(decoder_input, d, c.num_decoder_layers, batch_first=True,
                            dropout=c.dropout if c.num_decoder_layers > 1 else 0.0)
-        self.attention = AdditiveAttention(d, d, d) if self.additive else GeneralAttention(d, d)
+        self.attention = AdditiveAttention(d, d, d) if self.additive else \
+            DotAttention() if c.luong_score == "dot" else GeneralAttention(d, d)
         self.readout = nn.Linear(3 * d if self.additive else 2 * d, d)
         self.dropout = Dropout(c.dropout)
 
@@ -138,7 +146,8 @@ class RNNEncoderDecoder(nn.Module):
         start = torch.tanh(self.bridge(mean)).expand(self.config.num_decoder_layers, -1, -1)
         start = start.contiguous()                                          # (L, B, C)
         hidden = (start, torch.zeros_like(start)) if self.config.rnn_cell == "lstm" else start
-        return RNNState(memory, self.attention.project_keys(memory), mask, hidden)
+        feed = memory.new_zeros(memory.shape[0], 1, memory.shape[2]) if self.input_feeding else None
+        return RNNState(memory, self.attention.project_keys(memory), mask, hidden, feed=feed)
 
     def _decode(self, tokens: Tensor, state: RNNState, project: bool = True) -> Tensor:
         """tokens (B, T) -> logits (B, T, V) (or the readout (B, T, C) when not project),
@@ -155,15 +164,28 @@ class RNNEncoderDecoder(nn.Module):
                 outputs.append(output)
                 contexts.append(context)
             output, context = torch.cat(outputs, dim=1), torch.cat(contexts, dim=1)
-            features = torch.cat([output, context, embedded], dim=-1)
+            readout = self.dropout(torch.tanh(self.readout(torch.cat([output, context, embedded], -1))))
+        elif self.input_feeding:
+            readout = torch.cat([self._luong_step(embedded[:, t:t + 1], state)
+                                 for t in range(tokens.shape[1])], dim=1)
         else:
             output, state.hidden = self.decoder(embedded, state.hidden)      # (B, T, C)
-            context, _ = self.attention(output, state.memory, state.memory,
-                                        state.memory_mask, projected_keys=state.keys)
-            features = torch.cat([context, output], dim=-1)
+            readout = self._luong_readout(output, state)
         state.length += tokens.shape[1]
-        readout = self.dropout(torch.tanh(self.readout(features)))           # (B, T, C)
-        return self.output_proj(readout) if project else readout
+        return self.output_proj(readout) if project else readout             # (B, T, C)
+
+    def _luong_readout(self, output: Tensor, state: RNNState) -> Tensor:
+        """Decoder states (B, T, C) -> attentional vectors o_t (B, T, C), dropped out."""
+        context, _ = self.attention(output, state.memory, state.memory, state.memory_mask,
+                                    projected_keys=state.keys)
+        return self.dropout(torch.tanh(self.readout(torch.cat([context, output], dim=-1))))
+
+    def _luong_step(self, embedded: Tensor, state: RNNState) -> Tensor:
+        """Input feeding, one step: [y_{t-1}; o_{t-1}] (B, 1, 2C) into the RNN -> o_t."""
+        output, state.hidden = self.decoder(torch.cat([embedded, state.feed], dim=-1),
+                                            state.hidden)
+        state.feed = self._luong_readout(output, state)
+        return state.feed
 
 
 def _tensors(hidden: Hidden) -> tuple[Tensor, ...]:
