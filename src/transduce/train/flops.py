@@ -62,16 +62,18 @@ def _encoder_only_forward_flops(config: ModelConfig, batch_size: int, src_len: i
 
 def _rnn_forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int) -> float:
     """The RNN encoder-decoders of model/rnn.py: gate matmuls of every layer and
-    direction, attention (key and query projections, scores, context), readout, output."""
+    direction, attention (key and query projections, scores, context), readout, output.
+    Luong's dot score projects nothing; input feeding widens the decoder's input."""
     d, gates = config.d_model, 3 if config.rnn_cell == "gru" else 4
     src_tokens, tgt_tokens = batch_size * src_len, batch_size * tgt_len
     additive = config.arch == "rnn-bahdanau"
     half = d // 2
     encoder = src_tokens * 2 * gates * (d * half + half * half) * config.num_encoder_layers
-    first_input = 2 * d if additive else d
+    first_input = 2 * d if additive or config.input_feeding else d
     decoder = tgt_tokens * gates * ((first_input * d + d * d)
                                     + (config.num_decoder_layers - 1) * 2 * d * d)
-    attention = src_tokens * d * d + 2 * batch_size * tgt_len * src_len * d \
+    key_projection = 0 if config.luong_score == "dot" and not additive else src_tokens * d * d
+    attention = key_projection + 2 * batch_size * tgt_len * src_len * d \
         + (tgt_tokens * d * d if additive else 0)
     readout = tgt_tokens * (3 if additive else 2) * d * d
     output = tgt_tokens * d * config.tgt_vocab_size
