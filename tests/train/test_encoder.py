@@ -1,11 +1,14 @@
 """Encoders (arch "encoder", BERT) in the training loop: a toy masked LM and a toy
-classification learnt, exact resume, averaging keeps the class names, fine-tuning from
-a pre-trained checkpoint (a new head, named), bad labelled input named by file:line,
-and the refusals."""
+classification learnt, exact resume, two processes equal to one, averaging keeps the
+class names, fine-tuning from a pre-trained checkpoint (a new head, named), bad
+labelled input named by file:line, and the refusals."""
 
 import json
+import os
 import random
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,11 +19,13 @@ from transduce.config import ConfigError, TrainConfig, preset
 from transduce.data.corpus import CorpusError, write_text_metadata
 from transduce.data.labelled import read_labelled
 from transduce.data.tokenizer import train_tokenizer
-from transduce.model import load_model
-from transduce.train.encoder import EncoderTrainingError, load_pretrained, macro_f1
+from transduce.model import build_model, load_model
+from transduce.train.encoder import (EncoderObjective, EncoderTrainingError,
+                                     load_pretrained, macro_f1,
+                                     unused_parameter_names)
 from transduce.train.log import LOG_NAME
 from transduce.train.loop import train
-from tests.train.test_loop import weights
+from tests.train.test_loop import REPO, assert_two_processes_trained_alike, weights
 
 WORDS = "one two three four five six seven eight nine ten eleven twelve".split()
 VOCAB = 320
@@ -210,3 +215,53 @@ def test_macro_f1():
     # class 0: 2*1/(2+1) ; class 1: 2*1/(2+0+2) ; class 2: 0
     assert macro_f1(predicted, gold, 3) == pytest.approx((2 / 3 + 0.5 + 0) / 3)
 
+
+@pytest.mark.parametrize("task,objective,unused", [
+    ("pretrain", "mlm", ["pooler.bias", "pooler.weight", "nsp_head.bias", "nsp_head.weight",
+                         "classifier.bias", "classifier.weight"]),
+    ("pretrain", "mlm,nsp", ["classifier.bias", "classifier.weight"]),
+    ("classify", "mlm", ["mlm_head.dense.bias", "mlm_head.dense.weight", "mlm_head.norm.bias",
+                         "mlm_head.norm.weight", "mlm_head.decoder.bias", "nsp_head.bias",
+                         "nsp_head.weight"]),
+])
+def test_the_heads_an_objective_never_runs_are_named(task, objective, unused):
+    """What DDP is told to leave alone, named in the module it wraps; the masked-LM
+    head's matrix, the token embeddings, is never among them."""
+    model = build_model(bert_tiny(num_labels=3))
+    net = EncoderObjective(model)
+    names = unused_parameter_names(net, model, TrainConfig(task=task, objective=objective))
+    assert sorted(names) == sorted(f"model.{name}" for name in unused)
+
+
+def train_in_one_process(arguments, out):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    single = subprocess.run([sys.executable, "-m", "transduce", "train", "--out", str(out),
+                             "--update-freq", "2", *arguments],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stdout + single.stderr
+
+
+@pytest.mark.parametrize("objective", ["mlm", "mlm,nsp"])
+def test_two_processes_equal_one_with_double_update_freq(counting, tmp_path, objective):
+    """Pre-training in two gloo processes: the heads run inside the module DDP wraps,
+    so every gradient a step uses is averaged across processes; the heads the objective
+    does not use (masked LM alone: the pooler and the next-sentence head) are left out
+    of DDP, which then needs no search for unused parameters."""
+    common = ["--data", str(counting), "--arch", "encoder", "--preset", "bert-tiny",
+              "--objective", objective, "--max-tokens", "128", "--max-steps", "4",
+              "--warmup-steps", "5", "--threads", "1", "--dtype", "float32"]
+    train_in_one_process(common, tmp_path / "one")
+    assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)
+
+
+def test_fine_tuning_in_two_processes_equals_one(classes, counting, tmp_path):
+    """A classifier fine-tuned from a pre-trained encoder in two processes: the
+    masked-LM and next-sentence heads are left out of DDP."""
+    pretrained = tmp_path / "pre"
+    train(counting, pretrained, bert_tiny(), train_config(max_steps=2, max_tokens=128,
+                                                          objective="mlm,nsp"))
+    common = ["--data", str(classes), "--init", str(pretrained), "--task", "classify",
+              "--max-tokens", "128", "--max-steps", "4", "--warmup-steps", "5",
+              "--threads", "1", "--dtype", "float32"]
+    train_in_one_process(common, tmp_path / "one")
+    assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)

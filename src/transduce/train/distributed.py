@@ -3,22 +3,47 @@ one process every helper here is a no-op."""
 
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
 import torch.distributed as dist
+
+from transduce.config import ConfigError
 
 
 def init_distributed() -> tuple[int, int]:
     """-> (world size, this process's rank), from torchrun's environment."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        # Before the group exists: imported later (DistributedDataParallel's constructor
+        # imports it, torch.compile too), torch._dynamo keeps references to the default
+        # group for good, and destroy_process_group can no longer free it.
+        import torch._dynamo  # noqa: F401
+        cuda = torch.cuda.is_available()
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if cuda and local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"torchrun started process {local_rank} on a machine with "
+                f"{torch.cuda.device_count()} GPU(s): start at most one process per GPU "
+                f"(--nproc-per-node), or hide the GPUs (CUDA_VISIBLE_DEVICES='') to train "
+                f"in CPU processes over gloo")
+        dist.init_process_group("nccl" if cuda else "gloo")
     return world, int(os.environ.get("RANK", "0"))
 
 
-def shutdown_distributed(world: int) -> None:
+def shutdown_distributed(world: int, finished: bool = True) -> None:
+    """Destroy the process group, for good: its backend's threads (gloo's workers and
+    its TCP loop) are joined before this returns, so none of them is still running
+    while the interpreter exits. The caller must have dropped what holds the group (a
+    DistributedDataParallel module: its reducer; the module sits in a reference cycle,
+    hence the collection). finished: every process got here the normal way, so all
+    wait for each other first; after an error nobody waits for a process that may be
+    gone."""
     if world > 1 and dist.is_initialized():
+        gc.collect()
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
 
 

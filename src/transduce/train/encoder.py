@@ -162,6 +162,29 @@ class EncoderObjective(torch.nn.Module):
         return batch_losses(self.model, self.model, batch).sums
 
 
+def unused_parameter_names(net: torch.nn.Module, model: torch.nn.Module,
+                           train_config: TrainConfig) -> list[str]:
+    """The names in `net` (the module stepped, holding `model`) of the parameters of the
+    heads this run's objective never runs: the next-sentence head and the pooler in
+    masked-LM pre-training, the masked-LM head (but its matrix, the token embeddings) in
+    fine-tuning, a classifier in pre-training. Every other parameter gets a gradient in
+    every step, so DistributedDataParallel, told to leave these alone, needs no search
+    for unused parameters (find_unused_parameters, a graph traversal each step)."""
+    c = train_config
+    mlm = c.task == "pretrain"
+    nsp = mlm and c.objective == "mlm,nsp"
+    classify = c.task == "classify"
+    heads = {"mlm_head": mlm, "nsp_head": nsp, "pooler": nsp or classify,
+             "classifier": classify}
+    used, unused = {id(p) for p in model.encoder.parameters()}, set()
+    for name, runs in heads.items():
+        head = getattr(model, name)
+        if head is not None:
+            (used if runs else unused).update(id(p) for p in head.parameters())
+    unused -= used      # the masked-LM head's matrix is the token embeddings
+    return [name for name, p in net.named_parameters() if id(p) in unused]
+
+
 def step_objective(sums: dict[str, Tensor], step_counts: dict[str, int]) -> Tensor:
     """This batch's share of the step's loss: each head's sum over the step's count
     of what it scores (so the step's loss is the sum of the heads' means)."""

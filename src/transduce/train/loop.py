@@ -26,6 +26,7 @@ import contextlib
 import math
 import os
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,12 +124,22 @@ def train(data_dir: Path, out: Path, model_config: ModelConfig, train_config: Tr
     with a fresh optimizer."""
     with stop_requests() as stop, torch_threads(train_config.threads):
         world, rank = init_distributed()
+        run, finished = None, False
         try:
             run = set_up(data_dir, out, model_config, train_config, world, rank,
                          resume=resume, init=init)
-            return _train_until_done(run, stop)
+            last = _train_until_done(run, stop)
+            finished = True
+            return last
+        except BaseException as error:
+            if world > 1:   # the frames it passed through hold the run, DDP's reducer
+                traceback.clear_frames(error.__traceback__)
+            raise
         finally:
-            shutdown_distributed(world)
+            # Nothing may hold the process group when it is destroyed (DDP's reducer
+            # does), or its gloo threads outlive train() into the interpreter's exit.
+            run = None
+            shutdown_distributed(world, finished)
 
 
 def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: TrainConfig,
@@ -172,12 +183,12 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     net: torch.nn.Module = torch.compile(model, dynamic=True) if train_config.compile else model
     if model_config.arch == "encoder":   # the layers and the heads a step uses, as one
         net = encoder_training.EncoderObjective(net)
-        if world > 1:
-            # Wrapped whole, it trained like one process, but a process once aborted at
-            # exit (find_unused_parameters: some heads go unused); refused until found.
-            raise TrainingError("arch 'encoder' trains in one process for now; run it "
-                                "without torchrun (update_freq accumulates larger steps)")
     if world > 1:
+        if model_config.arch == "encoder":
+            # The heads the objective never runs are left out of DDP, so that every
+            # parameter it averages gets a gradient in every step.
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+                net, encoder_training.unused_parameter_names(net, model, train_config))
         net = DistributedDataParallel(net)
     peak = matmul_peak(getattr(torch, training_dtype(train_config.dtype, device)), device)
     return Run(out, model_config, train_config, world, rank, device, tokenizer, train_split,
