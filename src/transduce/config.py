@@ -19,7 +19,7 @@ Positional = Literal["sinusoidal", "learned", "rotary", "t5", "alibi"]
 Activation = Literal["relu", "gelu", "gelu-tanh"]
 Tying = Literal["all", "decoder", "none"]
 AttentionImpl = Literal["naive", "sdpa", "flash", "triton"]
-AttentionType = Literal["softmax", "linear", "sliding"]
+AttentionType = Literal["softmax", "linear", "sliding", "global", "strided"]
 Architecture = Literal["transformer", "decoder", "encoder", "rnn-bahdanau", "rnn-luong"]
 RnnCell = Literal["gru", "lstm"]
 LuongScore = Literal["general", "dot"]
@@ -71,7 +71,10 @@ class ModelConfig(ValidatedConfig):
     attention_type: the self-attention of both stacks. "softmax" is the paper's;
     "linear" replaces softmax by a positive feature map (elu + 1), linear in the length;
     "sliding" lets each token see only the attention_window tokens on either side
-    (before it, in the decoder). Cross-attention is always softmax attention.
+    (before it, in the decoder); "global" adds the first global_tokens tokens as keys
+    of every query and as queries over every key (Longformer, BigBird); "strided" adds
+    summary keys every attention_window positions (Sparse Transformer's fixed pattern).
+    Cross-attention is always softmax attention.
     arch: "transformer" (the encoder-decoder), "decoder" (decoder-only, GPT: the
     decoder's layers without cross-attention, num_decoder_layers of them, over
     tgt_vocab_size, which must equal src_vocab_size), "encoder" (encoder-only, BERT:
@@ -114,6 +117,7 @@ class ModelConfig(ValidatedConfig):
     pad_id: int = 0
     attention_type: AttentionType = "softmax"
     attention_window: int = 16
+    global_tokens: int = 1
     arch: Architecture = "transformer"
     rnn_cell: RnnCell = "gru"
     luong_score: LuongScore = "general"
@@ -126,7 +130,7 @@ class ModelConfig(ValidatedConfig):
         self._check_floats_finite()
         check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
                         "num_encoder_layers", "num_decoder_layers", "max_positions",
-                        "attention_window", "type_vocab_size")
+                        "attention_window", "type_vocab_size", "global_tokens")
         check_at_least(self, 0, "num_labels")
         check_choice(self, "activation")
         check_choice(self, "attention_type")
@@ -158,6 +162,11 @@ class ModelConfig(ValidatedConfig):
             raise ConfigError(f"ModelConfig.positional={self.positional!r} is a bias on the "
                               f"softmax scores and does not combine with attention_type="
                               f"{self.attention_type!r}")
+        if self.arch == "decoder" and self.attention_type in ("global", "strided"):
+            raise ConfigError(f"ModelConfig.attention_type={self.attention_type!r} anchors its "
+                              f"pattern at absolute positions, which left-padded prompts "
+                              f"(arch='decoder') shift; use it with arch 'transformer' or "
+                              f"'encoder'")
         if self.arch == "decoder" and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError(f"ModelConfig.arch='decoder' has one vocabulary: "
                               f"src_vocab_size={self.src_vocab_size} must equal "

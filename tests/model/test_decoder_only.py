@@ -45,6 +45,12 @@ def test_gpt2_presets_have_the_published_sizes():
         assert round(build_model(preset("gpt2-medium")).num_parameters() / 1e6) == 355
 
 
+@pytest.mark.parametrize("attention_type", ["global", "strided"])
+def test_position_anchored_sparse_patterns_are_refused_for_left_padded_models(attention_type):
+    with pytest.raises(ConfigError, match=f"attention_type='{attention_type}'.*left-padded"):
+        tiny(attention_type=attention_type)
+
+
 def test_decoder_arch_needs_one_vocabulary():
     with pytest.raises(ConfigError, match="one vocabulary"):
         preset("gpt-tiny", src_vocab_size=10, tgt_vocab_size=12)

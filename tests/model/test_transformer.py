@@ -82,6 +82,8 @@ ATTENTION_TYPES = [
     {"attention_type": "sliding", "attention_window": 2},
     {"attention_type": "sliding", "attention_window": 3, "positional": "rotary",
      "num_kv_heads": 1, "attention_impl": "flash"},
+    {"attention_type": "global", "attention_window": 2, "global_tokens": 2},
+    {"attention_type": "strided", "attention_window": 2, "num_kv_heads": 2},
 ]
 
 

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -153,18 +154,86 @@ def test_two_processes_equal_one_with_double_update_freq(tiny_corpus, tmp_path):
     assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)
 
 
+# torchrun's worker: `transduce` with the given arguments, which writes the names of
+# the threads still running in the process (Linux) once train() has destroyed the
+# process group: its own alone. With the collector off, nothing but train() itself
+# frees what holds the group.
+WORKER = """
+import gc, os, sys
+gc.disable()
+from transduce.cli import main
+from transduce.train import loop
+shutdown = loop.shutdown_distributed
+def shutdown_and_look(*args, **kwargs):
+    shutdown(*args, **kwargs)
+    tasks = "/proc/self/task"
+    names = sorted(open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)) \\
+        if os.path.isdir(tasks) else []
+    sys.stdout.flush()
+    os.write(1, f"threads left: [{' '.join(names)}]\\n".encode())   # one write: whole
+loop.shutdown_distributed = shutdown_and_look
+PRELUDE
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def run_two_processes(worker: Path, args: list[str], prelude: str = "",
+                      launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`transduce ARGS` in two gloo processes (torchrun); asserts that neither aborted
+    and that no thread of the process group (gloo's workers, its TCP loop) was left
+    running once train() destroyed it, whatever the run's outcome."""
+    worker.write_text(WORKER.replace("PRELUDE", prelude), encoding="utf-8")
+    # gloo processes on the CPU, also on a machine with one GPU (two NCCL ranks need two)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1",
+           "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc_per_node", "2", *launcher, str(worker), *args],
+                            env=env, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert "terminate called" not in output and "SIGABRT" not in output, output
+    left = re.findall(r"threads left: \[([^\]]*)\]", result.stdout)
+    assert len(left) == 2, output
+    assert not any("gloo" in names or "tcpstore" in names for names in left), left
+    return result
+
+
 def assert_two_processes_trained_alike(one: Path, two: Path, common: list[str]) -> None:
     """Train `common` in two gloo processes at update_freq 1 into `two`: the weights
-    must be those of the single process at update_freq 2 in `one`."""
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc_per_node", "2", "-m", "transduce", "train",
-                             "--out", str(two), "--update-freq", "1", *common],
-                            env=env, capture_output=True, text=True, timeout=300)
+    must be those of the single process at update_freq 2 in `one`; neither process
+    aborts or leaves the process group's threads behind."""
+    double = run_two_processes(two.parent / f"{two.name}_worker.py",
+                               ["train", "--out", str(two), "--update-freq", "1", *common])
     assert double.returncode == 0, double.stdout + double.stderr
     a, b = weights(one), weights(two)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+
+
+FAIL_AT_STEP_2 = """
+from transduce.train import loop
+periodic = loop._periodic
+def failing(run, *args, **kwargs):
+    if run.position.step == 2:
+        raise loop.TrainingError("deliberate failure at step 2")
+    return periodic(run, *args, **kwargs)
+loop._periodic = failing
+"""
+
+
+def test_a_run_failing_in_two_processes_leaves_no_process_group_behind(tiny_corpus,
+                                                                       tmp_path):
+    """An error in the middle of a two-process run: each process names it and exits
+    with the process group destroyed (the error's frames hold the DDP module)."""
+    result = run_two_processes(tmp_path / "worker.py",
+                               ["train", "--data", str(tiny_corpus), "--out",
+                                str(tmp_path / "run"), "--preset", "tiny", "--max-tokens",
+                                "200", "--max-steps", "6", "--threads", "1"],
+                               prelude=FAIL_AT_STEP_2,
+                               # time for both to finish before torchrun stops the other
+                               launcher=("--monitor-interval", "3"))
+    assert result.returncode != 0
+    assert result.stderr.count("transduce: error: deliberate failure at step 2") == 2, \
+        result.stderr
 
 
 def test_cli_average_and_plot(tiny_corpus, tmp_path, capsys):
@@ -194,7 +263,11 @@ def test_bfloat16_autocast_trains_with_float32_master_weights(tiny_corpus, tmp_p
 
 @pytest.mark.parametrize("changes", [
     {"arch": "rnn-bahdanau"}, {"arch": "rnn-luong", "rnn_cell": "lstm"},
+    {"arch": "rnn-luong", "luong_score": "dot", "input_feeding": True},
     {"attention_type": "linear"}, {"attention_type": "sliding", "attention_window": 2},
+    {"attention_type": "global", "attention_window": 2}, {"attention_type": "strided",
+                                                           "attention_window": 2},
+    {"positional": "t5"}, {"positional": "alibi", "attention_impl": "flash"},
 ])
 def test_every_architecture_and_attention_type_trains(tiny_corpus, tmp_path, changes):
     run = tmp_path / "run"

@@ -28,6 +28,7 @@ from transduce.attention.kv_cache import (Attended, AttentionCache, KVCache, Qua
 from transduce.attention.linear import (LinearStateCache, linear_attention,
                                         linear_attention_weights)
 from transduce.attention.local import SlidingKVCache, sliding_window_attention
+from transduce.attention.sparse import Pattern, pattern_attention
 from transduce.config import AttentionType, choices
 
 
@@ -130,12 +131,60 @@ class SlidingWindowAttention:
             if kept != tokens else words
 
 
-def self_attention_kind(attention_type: AttentionType, window: int = 16) -> AttentionKind:
-    """The kind a configuration names (ModelConfig.attention_type, attention_window)."""
+@dataclass(frozen=True)
+class SparseAttention:
+    """A window plus shared keys (attention/sparse.py): "global" (the first tokens global)
+    or "strided" (summary keys every `window` positions). Its cache keeps every key (the
+    shared ones are anywhere before) and applies the pattern to each step's queries."""
+    pattern: Pattern
+    name: str = "global"
+
+    def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False,
+               position_bias=None):
+        refuse_position_bias(position_bias, f"{self.name} attention")
+        if impl != "naive" and not return_weights:
+            return pattern_attention(q, k, v, masks.key_padding(mask, f"{self.name} attention"),
+                                     self.pattern, causal=causal, impl=impl, dropout_p=dropout_p)
+        allowed = self.pattern.mask(q.shape[2], k.shape[2], causal=causal, device=q.device)
+        return attention(q, k, v, masks.combine(mask, allowed), impl="naive",
+                         dropout_p=dropout_p, return_weights=return_weights)
+
+    def new_cache(self, batch, kv_heads, head_dim, max_len, dtype, device):
+        _refuse_int8(dtype, self.name)
+        return PatternKVCache(self.pattern, batch, kv_heads, max_len, head_dim, dtype=dtype,
+                              device=device)
+
+    def cache_bytes(self, batch, tokens, kv_heads, head_dim, dtype):
+        return SoftmaxAttention().cache_bytes(batch, tokens, kv_heads, head_dim, dtype)
+
+
+class PatternKVCache(KVCache):
+    """A full KV cache whose steps attend through a sparse pattern."""
+
+    def __init__(self, pattern: Pattern, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pattern = pattern
+
+    def attend(self, q, k, v, mask, *, causal, impl, return_weights=False, position_bias=None):
+        refuse_position_bias(position_bias, "sparse attention")
+        allowed = self.pattern.mask(q.shape[2], self.length + q.shape[2], causal=causal,
+                                    query_offset=self.length, device=q.device)
+        return super().attend(q, k, v, masks.combine(mask, allowed), causal=False, impl=impl,
+                              return_weights=return_weights)
+
+
+def self_attention_kind(attention_type: AttentionType, window: int = 16,
+                        global_tokens: int = 1) -> AttentionKind:
+    """The kind a configuration names (ModelConfig.attention_type, attention_window,
+    global_tokens)."""
     if attention_type == "linear":
         return LinearAttention()
     if attention_type == "sliding":
         return SlidingWindowAttention(window)
+    if attention_type == "global":
+        return SparseAttention(Pattern(window, global_tokens=global_tokens), "global")
+    if attention_type == "strided":
+        return SparseAttention(Pattern(window, stride=window), "strided")
     if attention_type == "softmax":
         return SoftmaxAttention()
     raise ValueError(f"unknown attention type {attention_type!r}: choose one of "

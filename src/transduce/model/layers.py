@@ -50,7 +50,8 @@ class EncoderLayer(nn.Module):
                                             dropout=c.attention_dropout,
                                             impl=c.attention_impl, rotary=rotary,
                                             kind=self_attention_kind(c.attention_type,
-                                                                     c.attention_window))
+                                                                     c.attention_window,
+                                                                     c.global_tokens))
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)
         self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
@@ -84,7 +85,8 @@ class DecoderLayer(nn.Module):
                                             dropout=c.attention_dropout,
                                             impl=c.attention_impl, rotary=rotary,
                                             kind=self_attention_kind(c.attention_type,
-                                                                     c.attention_window))
+                                                                     c.attention_window,
+                                                                     c.global_tokens))
         self.cross_attn = MultiHeadAttention(c.d_model, c.num_heads, c.kv_heads, bias=c.bias,
                                              dropout=c.attention_dropout,
                                              impl=c.attention_impl) if cross_attention else None
