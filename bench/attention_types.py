@@ -1,9 +1,12 @@
-"""Softmax, linear and sliding-window self-attention at long inputs, side by side.
+"""Softmax, linear, sliding-window and sparse (global, strided) self-attention at long
+inputs, side by side.
 
 One encoder self-attention module of the `small` preset (d_model 256, 4 heads, float32,
 B=1) runs forward, and forward + backward, at each length T: softmax through the naive
 kernel (the (T, T) scores materialised) and through SDPA, linear attention, and
-sliding-window attention (16 tokens either side, block kernel). The peers are timed
+sliding-window attention (16 tokens either side, block kernel), and the sparse patterns
+on the same block kernel: the window plus one global token, and the window plus a summary
+key every 16 positions (attention/sparse.py). The peers are timed
 interleaved in one process (ratios to softmax SDPA); peak memory is measured in a fresh
 child process per case (bench/measure.py: VmHWM over the call).
 
@@ -33,6 +36,8 @@ PEERS = {  # name -> (kind, impl)
     "softmax sdpa": ("softmax", "sdpa"),
     "linear": ("linear", "sdpa"),
     "sliding 16": ("sliding", "sdpa"),
+    "global 16+1": ("global", "sdpa"),      # the window and one global token
+    "strided 16": ("strided", "sdpa"),      # the window and a summary key every 16
 }
 MODES = ("forward", "forward+backward")
 
