@@ -3,7 +3,10 @@ import torch
 
 from transduce.attention import (AttentionCache, KVCache, LinearAttention, SlidingWindowAttention,
                                  SoftmaxAttention)
-from transduce.attention.kv_cache import keep_rows
+from transduce.attention.kinds import SparseAttention
+from transduce.attention.kv_cache import (Int4KVCache, dequantize_int4, keep_rows,
+                                          quantize_int4)
+from transduce.attention.sparse import Pattern
 
 
 def test_update_appends_in_place_and_returns_the_filled_part():
@@ -81,33 +84,68 @@ def test_nbytes_follows_the_formula(dtype, size):
     assert cache.nbytes == 2 * kv_heads * head_dim * size * tokens * batch
 
 
-KINDS = [SoftmaxAttention(), LinearAttention(), SlidingWindowAttention(window=3)]
+KINDS = [SoftmaxAttention(), LinearAttention(), SlidingWindowAttention(window=3),
+         SparseAttention(Pattern(window=1, global_tokens=1))]
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
-@pytest.mark.parametrize("tokens", [1, 2, 7])
-def test_every_cache_measures_what_its_formula_says(kind, dtype, tokens):
-    if dtype == torch.int8 and kind.name != "softmax":
-        with pytest.raises(ValueError, match="int8"):
-            kind.new_cache(2, 2, 8, tokens, dtype, "meta")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.int4])
+@pytest.mark.parametrize("tokens,head_dim", [(1, 8), (2, 8), (7, 8), (3, 64)])
+def test_every_cache_measures_what_its_formula_says(kind, dtype, tokens, head_dim):
+    if dtype in (torch.int8, torch.int4) and kind.name != "softmax":
+        with pytest.raises(ValueError, match=str(dtype).removeprefix("torch.")):
+            kind.new_cache(2, 2, head_dim, tokens, dtype, "meta")
         return
-    cache = kind.new_cache(2, 2, 8, tokens, dtype, "meta")
+    cache = kind.new_cache(2, 2, head_dim, tokens, dtype, "meta")
     assert isinstance(cache, AttentionCache)
-    assert cache.nbytes == kind.cache_bytes(2, tokens, 2, 8, dtype)[0]
+    assert cache.nbytes == kind.cache_bytes(2, tokens, 2, head_dim, dtype)[0]
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
-def test_every_cache_reorders_like_index_select(kind):
+def test_int4_sizes_are_a_quarter_of_float16_plus_the_group_scales():
+    cache = SoftmaxAttention().new_cache(1, 1, 64, 10, torch.int4, "meta")
+    # per token and head: 64 values x 1/2 byte + 2 groups x 4 bytes, for K and V
+    assert cache.nbytes == 2 * (32 + 8) * 10
+
+
+@pytest.mark.parametrize("head_dim", [8, 64, 96])
+def test_int4_round_trip_is_within_half_a_step_of_each_group(head_dim):
+    x = torch.randn(3, 2, 5, head_dim) * torch.linspace(0.1, 10, head_dim)
+    group = 32 if head_dim % 32 == 0 else head_dim
+    packed, scale = quantize_int4(x, group)
+    assert packed.dtype == torch.uint8 and packed.shape[-1] == head_dim // 2
+    restored = dequantize_int4(packed, scale, torch.float32)
+    step = scale.repeat_interleave(group, dim=-1)
+    assert ((restored - x).abs() <= step / 2 + 1e-6).all()
+    assert (x.abs().unflatten(-1, (-1, group)).amax(-1) - 7 * scale).abs().max() < 1e-5
+
+
+def test_int4_cache_attends_exactly_over_its_round_tripped_keys_and_refuses_odd_heads():
+    torch.manual_seed(1)
+    q, k, v = torch.randn(2, 4, 6, 64), torch.randn(2, 2, 6, 64), torch.randn(2, 2, 6, 64)
+    k4, v4 = (dequantize_int4(*quantize_int4(x, 32), torch.float32) for x in (k, v))
+    exact = KVCache(2, 2, 8, 64).attend(q, k4, v4, None, causal=True, impl="sdpa")
+    int4 = Int4KVCache(2, 2, 8, 64)
+    first = int4.attend(q[:, :, :4], k[:, :, :4], v[:, :, :4], None, causal=True, impl="sdpa")
+    last = int4.attend(q[:, :, 4:], k[:, :, 4:], v[:, :, 4:], None, causal=True, impl="sdpa")
+    torch.testing.assert_close(torch.cat([first, last], dim=2), exact, rtol=0, atol=1e-6)
+    full = KVCache(2, 2, 8, 64).attend(q, k, v, None, causal=True, impl="sdpa")
+    assert (exact - full).abs().mean() < 0.1     # 4 bits: close, not equal
+    with pytest.raises(ValueError, match="even"):
+        Int4KVCache(1, 1, 4, 7)
+
+
+@pytest.mark.parametrize("kind,dtype", [(kind, torch.float32) for kind in KINDS]
+                         + [(SoftmaxAttention(), torch.int4)], ids=lambda x: str(x)[:20])
+def test_every_cache_reorders_like_index_select(kind, dtype):
     """After a reorder, a step attends exactly as caches built from the chosen rows."""
     torch.manual_seed(0)
     q, k, v = torch.randn(4, 2, 3, 8), torch.randn(4, 2, 3, 8), torch.randn(4, 2, 3, 8)
     step = [torch.randn(3, 2, 1, 8) for _ in range(3)]
     index = torch.tensor([2, 2, 0])
-    reordered = kind.new_cache(4, 2, 8, 8, torch.float32, "cpu")
+    reordered = kind.new_cache(4, 2, 8, 8, dtype, "cpu")
     reordered.attend(q, k, v, None, causal=True, impl="sdpa")
     reordered.reorder(index)
-    fresh = kind.new_cache(3, 2, 8, 8, torch.float32, "cpu")
+    fresh = kind.new_cache(3, 2, 8, 8, dtype, "cpu")
     fresh.attend(q[index], k[index], v[index], None, causal=True, impl="sdpa")
     assert reordered.batch_size == 3 and reordered.length == fresh.length == 3
     torch.testing.assert_close(reordered.attend(*step, None, causal=True, impl="sdpa"),

@@ -42,7 +42,8 @@ def saved_model(model, tiny_corpus, tmp_path_factory):
 
 
 @pytest.mark.parametrize("settings", [{}, {"temperature": 0.9, "seed": 4, "batch_sentences": 1},
-                                      {"kv_dtype": "int8"}, {"repetition_penalty": 1.5}])
+                                      {"kv_dtype": "int8"}, {"kv_dtype": "int4"},
+                                      {"repetition_penalty": 1.5}])
 def test_batched_prompts_equal_prompts_alone(model, generator, settings):
     settings = dict(settings)
     kv_dtype = settings.pop("kv_dtype", None)

@@ -187,6 +187,7 @@ def test_batch_sentence_cap_and_bfloat16_keep_outputs(run_dir):
 
 @pytest.mark.parametrize("flags,expected", [
     (["--dtype", "int8"], 2 * 6 * 8 * (64 + 4) * 128 * 4),                   # values + scales
+    (["--dtype", "int4"], 2 * 6 * 8 * (32 + 2 * 4) * 128 * 4),               # 2 groups of 32
     (["--attention-type", "sliding", "--attention-window", "16"], 2 * 6 * 8 * 64 * 4 * 16 * 4),
     (["--attention-type", "linear"], 6 * 8 * (64 * 64 + 64) * 4 * 4),       # no length at all
 ])
@@ -204,20 +205,22 @@ def test_kv_size_refuses_what_has_no_kv_cache(capsys):
     assert "int8" in capsys.readouterr().err
 
 
-def test_int8_kv_cache_translates_and_rnn_refuses_it(run_dir, tiny_corpus, tmp_path, capsys):
+@pytest.mark.parametrize("kv_dtype", ["int8", "int4"])
+def test_quantized_kv_caches_translate_and_rnn_refuses_them(run_dir, tiny_corpus, tmp_path,
+                                                            capsys, kv_dtype):
     lines = ["uno dos tres casa", "el perro", "gato rojo grande come el perro"]
-    quantized = load(run_dir, kv_dtype="int8").translate(lines, beam=2)
+    quantized = load(run_dir, kv_dtype=kv_dtype).translate(lines, beam=2)
     assert len(quantized) == 3
     assert main(["evaluate", "--model", str(run_dir), "--data", str(tiny_corpus), "--beam", "2",
-                 "--kv-dtype", "int8"]) == 0
-    assert (run_dir / "eval-test-beam2-kvint8.json").is_file()
+                 "--kv-dtype", kv_dtype]) == 0
+    assert (run_dir / f"eval-test-beam2-kv{kv_dtype}.json").is_file()
     rnn = preset("tiny", src_vocab_size=300, tgt_vocab_size=300, arch="rnn-luong")
     rnn_run = tmp_path / "rnn"
     checkpoint.save(checkpoint.step_dir(rnn_run, 1), build_model(rnn), None,
                     tiny_corpus / MODEL_NAME)
-    assert main(["translate", "--model", str(rnn_run), "--kv-dtype", "int8",
+    assert main(["translate", "--model", str(rnn_run), "--kv-dtype", kv_dtype,
                  "--input", str(tiny_corpus / "test.es")]) == 2
-    assert "kv_dtype='int8'" in capsys.readouterr().err
+    assert f"kv_dtype='{kv_dtype}'" in capsys.readouterr().err
 
 
 def test_max_length_caps_each_output_and_is_checked(run_dir):

@@ -16,6 +16,7 @@ KINDS = [  # (positional, attention_type, cache dtype, tolerance)
     ("t5", "softmax", torch.float32, 1e-5),
     ("alibi", "softmax", torch.float32, 1e-5),
     ("alibi", "softmax", torch.int8, 0.1),
+    ("learned", "softmax", torch.int4, 0.5),
     ("learned", "softmax", torch.bfloat16, 0.1),
     ("learned", "softmax", torch.int8, 0.1),
     ("rotary", "sliding", torch.float32, 1e-5),

@@ -23,8 +23,9 @@ from torch import Tensor
 
 from transduce.attention import masks
 from transduce.attention.kernels import attention
-from transduce.attention.kv_cache import (Attended, AttentionCache, KVCache, QuantizedKVCache,
-                                          element_size, kv_cache_bytes, refuse_position_bias)
+from transduce.attention.kv_cache import (Attended, AttentionCache, Int4KVCache, KVCache,
+                                          QuantizedKVCache, element_size, int4_group,
+                                          kv_cache_bytes, refuse_position_bias)
 from transduce.attention.linear import (LinearStateCache, linear_attention,
                                         linear_attention_weights)
 from transduce.attention.local import SlidingKVCache, sliding_window_attention
@@ -63,11 +64,18 @@ class SoftmaxAttention:
     def new_cache(self, batch, kv_heads, head_dim, max_len, dtype, device):
         if dtype == torch.int8:
             return QuantizedKVCache(batch, kv_heads, max_len, head_dim, device=device)
+        if dtype == torch.int4:
+            return Int4KVCache(batch, kv_heads, max_len, head_dim, device=device)
         return KVCache(batch, kv_heads, max_len, head_dim, dtype=dtype, device=device)
 
     def cache_bytes(self, batch, tokens, kv_heads, head_dim, dtype):
         size = kv_cache_bytes(tokens=tokens, batch=batch, kv_heads=kv_heads,
                               head_dim=head_dim, dtype=dtype)
+        if dtype == torch.int4:
+            groups = head_dim // int4_group(head_dim)
+            return size, (f"kv_heads {kv_heads} x 2 (K and V) x (head_dim {head_dim} x 1/2 "
+                          f"byte (int4) + {groups} x 4-byte scale) x {tokens} tokens x "
+                          f"batch {batch}")
         scale = " + 4-byte scale" if dtype == torch.int8 else ""
         return size, (f"kv_heads {kv_heads} x 2 (K and V) x (head_dim {head_dim} x "
                       f"{element_size(dtype)} bytes ({_name(dtype)}){scale}) x {tokens} "
@@ -192,9 +200,9 @@ def self_attention_kind(attention_type: AttentionType, window: int = 16,
 
 
 def _refuse_int8(dtype: torch.dtype, name: str) -> None:
-    if dtype == torch.int8:
-        raise ValueError(f"an int8 cache stores softmax attention's keys and values; "
-                         f"attention_type={name!r} caches something else")
+    if dtype in (torch.int8, torch.int4):
+        raise ValueError(f"an {_name(dtype)} cache stores softmax attention's keys and "
+                         f"values; attention_type={name!r} caches something else")
 
 
 def _name(dtype: torch.dtype) -> str:

@@ -194,10 +194,72 @@ class QuantizedKVCache(KVCache):
                 self.v[:, :, :end].to(dtype) * self.v_scale[:, :, :end].to(dtype))
 
 
+class Int4KVCache(KVCache):
+    """Keys and values stored as 4-bit integers, two per byte, with a symmetric float32
+    scale per group of INT4_GROUP values of a (token, head) vector:
+    x ~ scale * round(x / scale), scale = max|x| / 7 over the group. A quarter of
+    float16's bytes plus the scales; update() returns the dequantized keys and values."""
+
+    _buffers = ("k", "v", "k_scale", "v_scale")
+
+    def __init__(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, *,
+                 device: torch.device | str | None = None):
+        if head_dim % 2:
+            raise ValueError(f"an int4 cache packs two values per byte: head_dim={head_dim} "
+                             "must be even")
+        super().__init__(batch_size, num_kv_heads, max_len, head_dim // 2, dtype=torch.uint8,
+                         device=device)
+        self.group = int4_group(head_dim)
+        scale_shape = (batch_size, num_kv_heads, max_len, head_dim // self.group)
+        self.k_scale = torch.zeros(scale_shape, dtype=torch.float32, device=device)
+        self.v_scale = torch.zeros(scale_shape, dtype=torch.float32, device=device)
+
+    def update(self, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
+        start, dtype = self.length, k_new.dtype
+        k_packed, k_scale = quantize_int4(k_new, self.group)
+        v_packed, v_scale = quantize_int4(v_new, self.group)
+        super().update(k_packed, v_packed)
+        self.k_scale[:, :, start:self.length] = k_scale
+        self.v_scale[:, :, start:self.length] = v_scale
+        end = self.length
+        return (dequantize_int4(self.k[:, :, :end], self.k_scale[:, :, :end], dtype),
+                dequantize_int4(self.v[:, :, :end], self.v_scale[:, :, :end], dtype))
+
+
+INT4_GROUP = 32
+
+
+def int4_group(head_dim: int) -> int:
+    """Values per scale: INT4_GROUP, or the whole head when it does not divide it."""
+    return INT4_GROUP if head_dim % INT4_GROUP == 0 else head_dim
+
+
+def quantize_int4(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
+    """(..., D) -> packed uint8 (..., D / 2) (value + 8 in each nibble, even index low)
+    and float32 scales (..., D / group)."""
+    grouped = x.detach().float().unflatten(-1, (-1, group))                # (..., G, group)
+    scale = grouped.abs().amax(dim=-1, keepdim=True).clamp_min(1e-8) / 7.0
+    values = (grouped / scale).round().clamp(-7, 7).to(torch.uint8).add_(8).flatten(-2)
+    return values[..., 0::2] | (values[..., 1::2] << 4), scale.squeeze(-1)
+
+
+def dequantize_int4(packed: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """packed (..., D / 2) uint8, scale (..., G) -> (..., D) in dtype."""
+    low = (packed & 0x0F).to(dtype) - 8
+    high = (packed >> 4).to(dtype) - 8
+    values = torch.stack([low, high], dim=-1).flatten(-2)                 # (..., D)
+    grouped = values.unflatten(-1, (scale.shape[-1], -1))
+    return (grouped * scale.to(dtype).unsqueeze(-1)).flatten(-2)
+
+
 def kv_cache_bytes(*, tokens: int, batch: int, kv_heads: int, head_dim: int,
                    dtype: torch.dtype) -> int:
     """The seeds' formula for one layer: 2 (K and V) x kv_heads x head_dim x bytes per
-    element x tokens x batch; int8 adds one float32 scale per token and head."""
+    element x tokens x batch; int8 adds one float32 scale per token and head, int4 (half
+    a byte per element) one per group of int4_group(head_dim) values."""
+    if dtype == torch.int4:
+        per_vector = head_dim // 2 + 4 * (head_dim // int4_group(head_dim))
+        return 2 * kv_heads * per_vector * tokens * batch
     scales = 4 if dtype == torch.int8 else 0
     return 2 * kv_heads * (head_dim * element_size(dtype) + scales) * tokens * batch
 

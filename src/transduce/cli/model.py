@@ -9,7 +9,7 @@ from pathlib import Path
 from transduce.cli.options import add_config_flags, config_from_args, flags_given, positive_int
 from transduce.config import PRESETS, ConfigError, ModelConfig
 
-CACHE_DTYPES = ("float32", "bfloat16", "float16", "int8")
+CACHE_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
 
 
 def register(commands) -> None:

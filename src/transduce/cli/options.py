@@ -65,7 +65,7 @@ def add_search_options(command: argparse.ArgumentParser) -> None:
                               "(AMX / AVX512-BF16 on recent Xeons)")
     command.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
                          help="KV-cache type (default: --dtype's); int8 quantizes it per "
-                              "token and head")
+                              "token and head, int4 per group of 32 values, two per byte")
     command.add_argument("--engine", default="auto", choices=choices(Engine),
                          help="what runs the model (default: ONNX Runtime for an ONNX export, "
                               "PyTorch for a checkpoint)")

@@ -113,7 +113,7 @@ class Generator:
                  kv_dtype: KvDtype | None = None):
         """The model is copied for decoding in `dtype` ("bfloat16": a bfloat16 copy; the
         model passed in is left as it is); kv_dtype is the caches' type (default: the
-        model's), "int8" quantized per token and head."""
+        model's), "int8" quantized per token and head, "int4" per group of 32 values."""
         if not isinstance(model, DecoderOnly):
             raise ConfigError(f"generation needs a decoder-only model (arch 'decoder'); this "
                               f"one is arch={model.config.arch!r}: use translate")
@@ -122,8 +122,8 @@ class Generator:
         if kv_dtype is not None and kv_dtype not in choices(KvDtype):
             raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "
                               f"{', '.join(choices(KvDtype))}")
-        if kv_dtype == "int8" and model.config.attention_type != "softmax":
-            raise ConfigError("kv_dtype='int8' quantizes softmax attention's KV cache; this "
+        if kv_dtype in ("int8", "int4") and model.config.attention_type != "softmax":
+            raise ConfigError(f"kv_dtype={kv_dtype!r} quantizes softmax attention's KV cache; this "
                               f"model's attention_type is {model.config.attention_type!r}")
         # The copy's Linear weights are packed for oneDNN (model/packed.py): a decode step
         # streams every weight of the model for a few rows, 1.5-2x faster so on CPUs.

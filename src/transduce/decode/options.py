@@ -10,7 +10,7 @@ from transduce.config import ConfigError, Dtype, ValidatedConfig, check_at_least
 
 __all__ = ["Dtype", "KvDtype", "SearchOptions", "GenerateOptions"]
 
-KvDtype = Literal["float32", "bfloat16", "int8"]
+KvDtype = Literal["float32", "bfloat16", "int8", "int4"]
 # What runs a model: auto is ONNX Runtime for an ONNX export, PyTorch for a checkpoint.
 Engine = Literal["auto", "torch", "onnxruntime"]
 

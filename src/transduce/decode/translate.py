@@ -52,7 +52,7 @@ class Translator:
         for oneDNN (model/packed.py); "bfloat16" runs on the AMX / AVX512-BF16 units of
         recent CPUs. Search scores stay float32.
         kv_dtype: the self-attention cache's type (default: the model's); attention runs
-        in that type, and "int8" quantizes it per token and head."""
+        in that type, and "int8" quantizes it per token and head, "int4" per group of 32."""
         if isinstance(model, OnnxEngine):
             if dtype != "float32" or kv_dtype is not None or torch.device(device).type != "cpu":
                 raise ConfigError("an ONNX export decodes in the types it was exported with, "
@@ -66,9 +66,9 @@ class Translator:
         if kv_dtype is not None and kv_dtype not in choices(KvDtype):
             raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "
                               f"{', '.join(choices(KvDtype))}")
-        if kv_dtype == "int8" and (model.config.arch != "transformer"
-                                   or model.config.attention_type != "softmax"):
-            raise ConfigError("kv_dtype='int8' quantizes softmax attention's KV cache; this "
+        if kv_dtype in ("int8", "int4") and (model.config.arch != "transformer"
+                                             or model.config.attention_type != "softmax"):
+            raise ConfigError(f"kv_dtype={kv_dtype!r} quantizes softmax attention's KV cache; this "
                               f"model (arch={model.config.arch!r}, attention_type="
                               f"{model.config.attention_type!r}) has none")
         self.kv_dtype = kv_dtype

@@ -124,9 +124,9 @@ class RNNEncoderDecoder(nn.Module):
                 cache_dtype: torch.dtype | None = None) -> RNNState:
         """Encode once and start the decoder. An RNN keeps no KV cache (max_len and an
         int8 cache type have nothing to apply to)."""
-        if cache_dtype == torch.int8:
-            raise ValueError("an int8 KV cache needs a Transformer: an RNN decoder caches "
-                             "no keys and values")
+        if cache_dtype in (torch.int8, torch.int4):
+            raise ValueError(f"an {str(cache_dtype).removeprefix('torch.')} KV cache needs a "
+                             "Transformer: an RNN decoder caches no keys and values")
         return self._start(src)
 
     def decode_step(self, tokens: Tensor, state: RNNState) -> Tensor:
