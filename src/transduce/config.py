@@ -74,7 +74,8 @@ class ModelConfig(ValidatedConfig):
     (before it, in the decoder); "global" adds the first global_tokens tokens as keys
     of every query and as queries over every key (Longformer, BigBird); "strided" adds
     summary keys every attention_window positions (Sparse Transformer's fixed pattern).
-    Cross-attention is always softmax attention.
+    Cross-attention is always softmax attention. attention_scale=False drops the
+    1/sqrt(d_k) of every attention's scores (an experiment of the lab, not a model to use).
     arch: "transformer" (the encoder-decoder), "decoder" (decoder-only, GPT: the
     decoder's layers without cross-attention, num_decoder_layers of them, over
     tgt_vocab_size, which must equal src_vocab_size), "encoder" (encoder-only, BERT:
@@ -118,6 +119,7 @@ class ModelConfig(ValidatedConfig):
     attention_type: AttentionType = "softmax"
     attention_window: int = 16
     global_tokens: int = 1
+    attention_scale: bool = True
     arch: Architecture = "transformer"
     rnn_cell: RnnCell = "gru"
     luong_score: LuongScore = "general"

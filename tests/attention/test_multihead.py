@@ -152,3 +152,17 @@ def test_projection_sizes_shrink_with_kv_heads():
     mqa = MultiHeadAttention(64, 8, 1)
     assert mqa.q_proj.weight.shape == (64, 64)
     assert mqa.k_proj.weight.shape == (8, 64) and mqa.v_proj.weight.shape == (8, 64)
+
+
+def test_unscaled_scores_are_q_dot_k_without_the_square_root():
+    torch.manual_seed(3)
+    layer = MultiHeadAttention(32, 4, scale_scores=False).eval()
+    x = torch.randn(2, 5, 32)
+    q = layer._split(layer.q_proj(x), 4)
+    k, v = layer.project_kv(x)
+    weights = torch.softmax(q @ k.transpose(-1, -2), dim=-1)            # no 1/sqrt(8)
+    expected = layer.out_proj(layer._merge(weights @ v))
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-6)
+    scaled = MultiHeadAttention(32, 4).eval()
+    scaled.load_state_dict(layer.state_dict())
+    assert not torch.allclose(scaled(x), expected, atol=1e-3)

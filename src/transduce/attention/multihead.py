@@ -14,6 +14,8 @@ Shapes: hidden states (B, T, C); heads (B, H, T, D); keys/values (B, H_kv, S, D)
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable
 
 import torch
@@ -44,7 +46,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, *,
                  bias: bool = True, dropout: float = 0.0, impl: str = "sdpa",
                  rotary: Rotary | None = None, kind: AttentionKind | str = "softmax",
-                 window: int = 16):
+                 window: int = 16, scale_scores: bool = True):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if d_model % num_heads:
@@ -55,6 +57,9 @@ class MultiHeadAttention(nn.Module):
         self.kind = self_attention_kind(kind, window) if isinstance(kind, str) else kind
         self.head_dim = d_model // num_heads
         self.dropout, self.impl, self.rotary = dropout, impl, rotary
+        # False: scores q . k without the 1/sqrt(d_k) (the lab's experiment): the queries
+        # are multiplied by sqrt(d_k), which the kernels' scale then cancels exactly.
+        self.query_factor = 1.0 if scale_scores else math.sqrt(self.head_dim)
         kv_dim = num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
         self.k_proj = nn.Linear(d_model, kv_dim, bias=bias)
@@ -86,6 +91,8 @@ class MultiHeadAttention(nn.Module):
         -> (B, T, C), and the weights (B, H, T, S) when return_weights (naive kernel).
         """
         q = self._split(self.q_proj(x), self.num_heads)                  # (B, H, T, D)
+        if self.query_factor != 1.0:
+            q = q * self.query_factor
         impl = "naive" if return_weights else self.impl
         if kv is not None:
             if cache is not None:

@@ -17,6 +17,8 @@ def not_a_plain_transformer(c: ModelConfig) -> list[str]:
         problems.append(f"arch={c.arch!r} (the format holds Transformers)")
     if c.attention_type != "softmax":
         problems.append(f"attention_type={c.attention_type!r} (the format has softmax attention)")
+    if not c.attention_scale:
+        problems.append("attention_scale=False (the format scales the scores)")
     if c.positional in ("t5", "alibi"):
         problems.append(f"positional={c.positional!r} (the format has no score bias)")
     return problems

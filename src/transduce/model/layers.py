@@ -51,7 +51,8 @@ class EncoderLayer(nn.Module):
                                             impl=c.attention_impl, rotary=rotary,
                                             kind=self_attention_kind(c.attention_type,
                                                                      c.attention_window,
-                                                                     c.global_tokens))
+                                                                     c.global_tokens),
+                                            scale_scores=c.attention_scale)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)
         self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
@@ -86,10 +87,13 @@ class DecoderLayer(nn.Module):
                                             impl=c.attention_impl, rotary=rotary,
                                             kind=self_attention_kind(c.attention_type,
                                                                      c.attention_window,
-                                                                     c.global_tokens))
+                                                                     c.global_tokens),
+                                            scale_scores=c.attention_scale)
         self.cross_attn = MultiHeadAttention(c.d_model, c.num_heads, c.kv_heads, bias=c.bias,
                                              dropout=c.attention_dropout,
-                                             impl=c.attention_impl) if cross_attention else None
+                                             impl=c.attention_impl,
+                                             scale_scores=c.attention_scale) \
+            if cross_attention else None
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)
         self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if cross_attention else None
