@@ -13,6 +13,8 @@ key_mask (B, T), True = a real key.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -29,33 +31,68 @@ def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor |
                              window: int, *, causal: bool, impl: str = "sdpa",
                              dropout_p: float = 0.0) -> Tensor:
     """-> out (B, H, T, D), equal to attention() with masks.band_mask over the full length."""
-    batch, heads, length, dim = q.shape
-    if k.shape[2] != length:
-        raise ValueError(f"sliding-window attention is self-attention: {length} queries but "
-                         f"{k.shape[2]} keys")
-    block = max(window, MIN_BLOCK)
-    blocks = -(-length // block)
-    padded = blocks * block
-    before, after = block, padded - length + (0 if causal else block)
-    span = (2 if causal else 3) * block                 # keys per query block
+    blocks = Blocks.of(q, k, window, causal)
+    out = attention(blocks.queries(q), blocks.keys(k), blocks.keys(v),
+                    blocks.band_allowed(key_mask), impl=impl, dropout_p=dropout_p)
+    return blocks.unblock(out)
 
-    def key_blocks(x: Tensor) -> Tensor:
-        """(B, Hkv, T, D) -> (B * n, Hkv, span, D): block j's keys start at (j - 1) * b."""
-        x = F.pad(x, (0, 0, before, after)).unfold(2, span, block)       # (B, Hkv, n, D, span)
+
+@dataclass(frozen=True)
+class Blocks:
+    """A self-attention of length T cut into n query blocks of b >= window queries, each
+    with its band of keys: its own block and its neighbours (previous only when causal),
+    span = 3b (2b) keys, block j's starting at (j - 1) b."""
+    batch: int
+    length: int
+    block: int
+    window: int
+    causal: bool
+    device: torch.device
+
+    @staticmethod
+    def of(q: Tensor, k: Tensor, window: int, causal: bool) -> Blocks:
+        if k.shape[2] != q.shape[2]:
+            raise ValueError(f"local and sparse attention are self-attention: {q.shape[2]} "
+                             f"queries but {k.shape[2]} keys")
+        return Blocks(q.shape[0], q.shape[2], max(window, MIN_BLOCK), window, causal, q.device)
+
+    @property
+    def count(self) -> int:
+        return -(-self.length // self.block)
+
+    @property
+    def span(self) -> int:
+        return (2 if self.causal else 3) * self.block
+
+    def _pads(self) -> tuple[int, int]:
+        """Keys padded before and after the sequence so that every block has its span."""
+        padded = self.count * self.block
+        return self.block, padded - self.length + (0 if self.causal else self.block)
+
+    def queries(self, q: Tensor) -> Tensor:
+        """(B, H, T, D) -> (B * n, H, b, D)."""
+        padded = F.pad(q, (0, 0, 0, self.count * self.block - self.length))
+        return padded.unflatten(2, (self.count, self.block)).transpose(1, 2).flatten(0, 1)
+
+    def keys(self, x: Tensor) -> Tensor:
+        """(B, Hkv, T, D) -> (B * n, Hkv, span, D): each block's band of keys."""
+        x = F.pad(x, (0, 0, *self._pads())).unfold(2, self.span, self.block)  # (B, Hkv, n, D, span)
         return x.permute(0, 2, 1, 4, 3).flatten(0, 1)
 
-    q_blocks = F.pad(q, (0, 0, 0, padded - length)).unflatten(2, (blocks, block))
-    q_blocks = q_blocks.transpose(1, 2).flatten(0, 1)                    # (B * n, H, b, D)
-    valid = q.new_ones(batch, length, dtype=bool) if key_mask is None else key_mask
-    valid = F.pad(valid, (before, after), value=False).unfold(1, span, block)  # (B, n, span)
-    # Query i of any block sits at b + i relative to its key block's first key.
-    band = masks.band_mask(block, span, window, causal=causal, query_offset=block,
-                           device=q.device)                              # (1, 1, b, span)
-    allowed = band & valid.flatten(0, 1)[:, None, None, :]               # (B * n, 1, b, span)
-    out = attention(q_blocks, key_blocks(k), key_blocks(v), allowed, impl=impl,
-                    dropout_p=dropout_p)                                 # (B * n, H, b, D)
-    out = out.unflatten(0, (batch, blocks)).transpose(1, 2).flatten(2, 3)
-    return out[:, :, :length]
+    def band_allowed(self, key_mask: Tensor | None) -> Tensor:
+        """(B * n, 1, b, span): the window around each query, over real keys. Query i of
+        any block sits at b + i relative to its key block's first key."""
+        valid = key_mask if key_mask is not None else \
+            torch.ones(self.batch, self.length, dtype=torch.bool, device=self.device)
+        valid = F.pad(valid, self._pads(), value=False).unfold(1, self.span, self.block)
+        band = masks.band_mask(self.block, self.span, self.window, causal=self.causal,
+                               query_offset=self.block, device=self.device)  # (1, 1, b, span)
+        return band & valid.flatten(0, 1)[:, None, None, :]
+
+    def unblock(self, out: Tensor) -> Tensor:
+        """(B * n, H, b, D) -> (B, H, T, D)."""
+        out = out.unflatten(0, (self.batch, self.count)).transpose(1, 2).flatten(2, 3)
+        return out[:, :, :self.length]
 
 
 class SlidingKVCache(AttentionCache):

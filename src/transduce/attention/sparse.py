@@ -21,12 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from transduce.attention import masks
 from transduce.attention.kernels import attention
-from transduce.attention.local import MIN_BLOCK
+from transduce.attention.local import Blocks
 
 
 @dataclass(frozen=True)
@@ -65,34 +64,21 @@ def pattern_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None,
                       pattern: Pattern, *, causal: bool, impl: str = "sdpa",
                       dropout_p: float = 0.0) -> Tensor:
     """-> out (B, H, T, D), equal to attention() with pattern.mask over the full length."""
-    batch, heads, length, dim = q.shape
-    if k.shape[2] != length:
-        raise ValueError(f"sparse attention is self-attention: {length} queries but "
-                         f"{k.shape[2]} keys")
-    block = max(pattern.window, MIN_BLOCK)
-    blocks = -(-length // block)
-    padded = blocks * block
-    before, after = block, padded - length + (0 if causal else block)
-    span = (2 if causal else 3) * block
-    extra = pattern.extra_positions(length, q.device)                    # (E,)
+    blocks = Blocks.of(q, k, pattern.window, causal)
+    extra = pattern.extra_positions(blocks.length, q.device)            # (E,)
 
-    def key_blocks(x: Tensor) -> Tensor:
+    def keys(x: Tensor) -> Tensor:
         """(B, Hkv, T, D) -> (B * n, Hkv, span + E, D): each block's band, then the extra keys."""
-        band = F.pad(x, (0, 0, before, after)).unfold(2, span, block).permute(0, 2, 1, 4, 3)
-        shared = x[:, :, extra].unsqueeze(1).expand(-1, blocks, -1, -1, -1)
-        return torch.cat([band, shared], dim=3).flatten(0, 1)
+        shared = x[:, :, extra].unsqueeze(1).expand(-1, blocks.count, -1, -1, -1)
+        return torch.cat([blocks.keys(x), shared.flatten(0, 1)], dim=2)
 
-    q_blocks = F.pad(q, (0, 0, 0, padded - length)).unflatten(2, (blocks, block))
-    q_blocks = q_blocks.transpose(1, 2).flatten(0, 1)                    # (B * n, H, b, D)
-    valid = q.new_ones(batch, length, dtype=torch.bool) if key_mask is None else key_mask
-    band_valid = F.pad(valid, (before, after), value=False).unfold(1, span, block)
-    band = masks.band_mask(block, span, pattern.window, causal=causal, query_offset=block,
-                           device=q.device)                              # (1, 1, b, span)
-    allowed = torch.cat([band & band_valid.flatten(0, 1)[:, None, None, :],
-                         _extra_allowed(pattern, extra, blocks, block, causal, valid)], dim=3)
-    out = attention(q_blocks, key_blocks(k), key_blocks(v), allowed, impl=impl,
-                    dropout_p=dropout_p)                                 # (B * n, H, b, D)
-    out = out.unflatten(0, (batch, blocks)).transpose(1, 2).flatten(2, 3)[:, :, :length]
+    valid = key_mask if key_mask is not None else \
+        torch.ones(blocks.batch, blocks.length, dtype=torch.bool, device=q.device)
+    allowed = torch.cat([blocks.band_allowed(key_mask),
+                         _extra_allowed(pattern, extra, blocks, valid)], dim=3)
+    out = blocks.unblock(attention(blocks.queries(q), keys(k), keys(v), allowed, impl=impl,
+                                   dropout_p=dropout_p))                # (B, H, T, D)
+    length = blocks.length
     rows = min(pattern.global_tokens, length)
     if rows:   # global queries see every key (causal: every earlier one)
         full = masks.causal_mask(rows, length, offset=0, device=q.device) if causal else None
@@ -102,14 +88,13 @@ def pattern_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None,
     return out
 
 
-def _extra_allowed(pattern: Pattern, extra: Tensor, blocks: int, block: int, causal: bool,
-                   valid: Tensor) -> Tensor:
+def _extra_allowed(pattern: Pattern, extra: Tensor, blocks: Blocks, valid: Tensor) -> Tensor:
     """(B * n, 1, b, E): query i may use extra key j when j is a real key outside its
     window (inside it, the band has it already) and, when causal, j <= i."""
-    query_pos = torch.arange(blocks * block, device=extra.device).view(blocks, block, 1)
-    distance = query_pos - extra.view(1, 1, -1)                         # (n, b, E)
-    outside = distance > pattern.window if causal else distance.abs() > pattern.window
-    if causal:
+    query_pos = torch.arange(blocks.count * blocks.block, device=extra.device)
+    distance = query_pos.view(blocks.count, blocks.block, 1) - extra.view(1, 1, -1)  # (n, b, E)
+    outside = distance > pattern.window if blocks.causal else distance.abs() > pattern.window
+    if blocks.causal:
         outside &= distance >= 0
     allowed = outside[None] & valid[:, extra][:, None, None, :]          # (B, n, b, E)
     return allowed.flatten(0, 1).unsqueeze(1)
