@@ -1,4 +1,5 @@
-"""`transduce data bible | bible-text | bible-genre | stats` and `transduce vocab`:
+"""`transduce data import | tokenize | bible | bible-text | bible-genre | stats` and
+`transduce vocab`:
 corpora (parallel, text for language models and masked LMs, labelled text for
 classifiers) and their vocabulary."""
 
@@ -17,6 +18,8 @@ from transduce.data.corpus import SPLITS
 def register(commands) -> None:
     data = commands.add_parser("data", help="build or inspect a parallel corpus")
     data_commands = data.add_subparsers(dest="data_command", required=True)
+    add_import_parser(data_commands)
+    add_tokenize_parser(data_commands)
     bible = data_commands.add_parser("bible", help="extract the Spanish-English Bible corpus")
     bible.add_argument("--out", type=Path, required=True, help="corpus directory to write")
     bible.add_argument("--src-module", default=DEFAULT_SRC_MODULE)
@@ -61,6 +64,11 @@ def register(commands) -> None:
                                               "of a parallel corpus, or on a text corpus)")
     vocab.add_argument("--data", type=Path, required=True, help="corpus directory")
     vocab.add_argument("--size", type=positive_int, default=8000)
+    vocab.add_argument("--sample", type=positive_int, default=None, metavar="N",
+                       help="train on N training pairs (a text corpus: lines) drawn uniformly "
+                            "at random in one streamed pass (seeded), not on the whole "
+                            "split: memory holds N of them, whatever the corpus's size")
+    vocab.add_argument("--seed", type=int, default=1, help="the --sample draw's seed")
     vocab.set_defaults(handler=train_vocabulary)
 
 
@@ -163,6 +171,21 @@ def _text_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sampled_texts(args: argparse.Namespace, kind: str) -> list[str]:
+    """--sample pairs (both sides) or lines of the training split, drawn in one streamed
+    pass."""
+    from transduce.data.corpus import split_files, text_file
+    from transduce.data.store import sample_pairs
+
+    files = (text_file(args.data, "train"),) if kind == "text" else \
+        split_files(args.data, "train")
+    sample = sample_pairs(files, args.sample, args.seed)
+    unit = "lines with text" if kind == "text" else "pairs with text on both sides"
+    print(f"{' / '.join(map(str, files))}: sampled {len(sample.pairs)} of {sample.seen} "
+          f"{unit} (seed {args.seed})")
+    return [text for side in range(len(files)) for text in (row[side] for row in sample.pairs)]
+
+
 def train_vocabulary(args: argparse.Namespace) -> int:
     """Train the BPE vocabulary on both sides of the training split of a parallel corpus,
     or on the training text of a text or classification corpus."""
@@ -170,11 +193,16 @@ def train_vocabulary(args: argparse.Namespace) -> int:
     from transduce.data.tokenizer import train_tokenizer
 
     kind = corpus_kind(args.data)
+    if args.sample is not None and kind == "classification":
+        raise ConfigError(f"--sample draws from a parallel or text corpus; {args.data} is a "
+                          f"classification corpus")
     if kind == "classification":
         from transduce.data.labelled import labelled_file, read_labelled
         labelled = read_labelled(labelled_file(args.data, "train"))
         print(labelled.summary())
         texts = labelled.texts
+    elif args.sample is not None:
+        texts = _sampled_texts(args, kind)
     elif kind == "text":
         text = read_text_split(args.data, "train")
         print(text.summary())
@@ -188,4 +216,116 @@ def train_vocabulary(args: argparse.Namespace) -> int:
                    for ids, text in zip(tokenizer.encode(texts), texts))
     print(f"wrote {tokenizer.path} ({tokenizer.vocab_size} pieces; pad 0, bos 1, eos 2, unk 3); "
           f"round trip exact for {lossless} of {len(texts)} training sentences")
+    return 0
+
+
+def add_import_parser(data_commands) -> None:
+    imp = data_commands.add_parser(
+        "import", help="make a corpus directory from raw parallel text (two aligned files or "
+                       "a TSV; plain, .gz, .xz or .zst): cleaned with counts, split by hash")
+    imp.add_argument("--src", type=Path, default=None, help="source side, one sentence a line")
+    imp.add_argument("--tgt", type=Path, default=None, help="target side, line-aligned with --src")
+    imp.add_argument("--tsv", type=Path, default=None,
+                     help="instead of --src/--tgt: one file of source<TAB>target lines")
+    imp.add_argument("--source-language", required=True, help="code naming the source files")
+    imp.add_argument("--target-language", required=True, help="code naming the target files")
+    imp.add_argument("--out", type=Path, required=True, help="corpus directory to write")
+    imp.add_argument("--dev", type=non_negative_int, default=0, metavar="N",
+                     help="hold out N pairs, chosen by a hash of the pair, as dev")
+    imp.add_argument("--test", type=non_negative_int, default=0, metavar="N",
+                     help="hold out N further pairs, by hash, as test")
+    for name in ("dev", "test"):
+        imp.add_argument(f"--{name}-src", type=Path, default=None,
+                         help=f"{name} set's source file (instead of --{name} N)")
+        imp.add_argument(f"--{name}-tgt", type=Path, default=None,
+                         help=f"{name} set's target file")
+    imp.add_argument("--max-words", type=non_negative_int, default=250,
+                     help="drop pairs with more words on a side (0: no limit)")
+    imp.add_argument("--max-ratio", type=non_negative_float, default=9.0,
+                     help="drop pairs whose longer side has more than this many times the "
+                          "words of the shorter (0: no limit)")
+    imp.add_argument("--keep-duplicates", action="store_true",
+                     help="keep exact duplicate pairs (dropped and counted by default)")
+    imp.add_argument("--strict", action="store_true",
+                     help="invalid UTF-8 is an error naming file, line and byte (by default "
+                          "the pair is dropped and counted)")
+    imp.add_argument("--resplit", action="store_true",
+                     help="re-importing into an earlier import's --out: draw the split anew "
+                          "instead of keeping its thresholds")
+    imp.set_defaults(handler=data_import)
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text}")
+    return value
+
+
+def _file_pair(args: argparse.Namespace, name: str) -> tuple[Path, Path] | None:
+    src, tgt = getattr(args, f"{name}_src"), getattr(args, f"{name}_tgt")
+    if (src is None) != (tgt is None):
+        raise ConfigError(f"--{name}-src and --{name}-tgt go together")
+    return None if src is None else (src, tgt)
+
+
+def data_import(args: argparse.Namespace) -> int:
+    """Clean raw parallel text, split it by hash, and write a corpus directory."""
+    from transduce.data.importer import CleaningRules, import_corpus
+
+    if args.tsv is not None and (args.src is not None or args.tgt is not None):
+        raise ConfigError("give either --src and --tgt, or --tsv, not both")
+    if args.tsv is None and (args.src is None or args.tgt is None):
+        raise ConfigError("give --src and --tgt (two line-aligned files), or --tsv")
+    dev_files, test_files = _file_pair(args, "dev"), _file_pair(args, "test")
+    if dev_files is not None and args.dev or test_files is not None and args.test:
+        raise ConfigError("give dev and test either as --dev/--test N (held out by hash) or "
+                          "as files, not both")
+    rules = CleaningRules(max_words=args.max_words, max_ratio=args.max_ratio,
+                          strict=args.strict, dedupe=not args.keep_duplicates)
+    result = import_corpus(args.out, args.source_language, args.target_language,
+                           src=args.src, tgt=args.tgt, tsv=args.tsv, dev=args.dev,
+                           test=args.test, dev_files=dev_files, test_files=test_files,
+                           rules=rules, resplit=args.resplit)
+    for line in result.report:
+        print(line)
+    print(f"wrote {args.out}; next: `transduce vocab --data {args.out}`")
+    return 0
+
+
+def add_tokenize_parser(data_commands) -> None:
+    tokenize = data_commands.add_parser(
+        "tokenize", help="tokenise the training split once into a memory-mapped token store "
+                         "(DIR/tokens/train), for corpora larger than memory; training then "
+                         "reads it instead of the text")
+    tokenize.add_argument("--data", type=Path, required=True,
+                          help="corpus directory with spm.model")
+    tokenize.add_argument("--workers", type=non_negative_int, default=0,
+                          help="encoding processes (0: one per CPU, at most 8; 1: in this "
+                               "process)")
+    tokenize.set_defaults(handler=data_tokenize)
+
+
+def data_tokenize(args: argparse.Namespace) -> int:
+    """Stream the training split through the vocabulary into its token store."""
+    from transduce.data.store import build_store
+    from transduce.data.tokenizer import MODEL_NAME, Tokenizer
+
+    tokenizer = Tokenizer(args.data / MODEL_NAME)
+    result = build_store(args.data, "train", tokenizer.path, tokenizer.vocab_size,
+                         tokenizer.fingerprint, workers=args.workers)
+    if len(result.tokens) == 2:
+        unit, ids = "pairs", f"{result.tokens[0]} source and {result.tokens[1]} target ids"
+    else:
+        unit, ids = "lines", f"{result.tokens[0]} ids"
+    skipped = f"; left out {result.skipped_empty} with an empty side" \
+        if result.skipped_empty else ""
+    print(f"wrote {result.path}: {result.pairs} {unit}, {ids} as {result.dtype}{skipped}")
     return 0

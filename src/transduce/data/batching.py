@@ -85,7 +85,11 @@ class LengthFilter:
 
 
 def _lengths(ids: Ids) -> np.ndarray:
-    """Tokens per pair side with its one special (eos, or bos for tgt_in)."""
+    """Tokens per pair side with its one special (eos, or bos for tgt_in). Ids that know
+    their lengths (data/store.py's StoredIds) are not read."""
+    known = getattr(ids, "lengths", None)
+    if known is not None:
+        return np.asarray(known, dtype=np.int64) + 1
     return np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
 
 

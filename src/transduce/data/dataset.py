@@ -14,6 +14,7 @@ import numpy as np
 from transduce.data.batching import LengthFilter
 from transduce.data.corpus import ParallelCorpus, TextCorpus, read_split, read_text_split
 from transduce.data.labelled import LabelledCorpus, label_indices, labelled_file, read_labelled
+from transduce.data.store import TokenStore, open_store
 from transduce.data.tokenizer import Tokenizer
 
 CACHE_DIR = ".cache"
@@ -31,7 +32,11 @@ class TokenizedSplit:
 def load_split(data_dir: Path, split: str, tokenizer: Tokenizer,
                max_len: int | None = None) -> TokenizedSplit:
     """Pairs of a split as ids; with max_len, pairs longer than it (specials included)
-    are left out, counted in the report, never cropped."""
+    are left out, counted in the report, never cropped. A split with a token store
+    (`transduce data tokenize`, data/store.py) is read from it, memory-mapped."""
+    stored = open_store(data_dir, split, tokenizer.fingerprint)
+    if stored is not None and "src" in stored.sides:
+        return _stored_split(stored, max_len)
     corpus = read_split(data_dir, split)
     cache = Path(data_dir) / CACHE_DIR
     src_ids = tokenizer.encode_cached(corpus.source, cache)
@@ -44,6 +49,20 @@ def load_split(data_dir: Path, split: str, tokenizer: Tokenizer,
         tgt_ids = [tgt_ids[i] for i in kept.kept]
         lines = [lines[i] for i in kept.kept]
     return TokenizedSplit(corpus, src_ids, tgt_ids, lines, report)
+
+
+def _stored_split(stored: TokenStore, max_len: int | None) -> TokenizedSplit:
+    """A split from its token store (data/store.py): the ids stay on disk, mapped; the
+    length filter reads the offsets only. Its `corpus` is the store (no texts)."""
+    src_ids, tgt_ids = stored.sides["src"], stored.sides["tgt"]
+    lines, report = stored.line_numbers, [stored.summary()]
+    if max_len is not None:
+        kept = LengthFilter.apply(src_ids, tgt_ids, max_len)
+        report.append(kept.report(src_ids, tgt_ids, lines, max_len))
+        if len(kept.dropped):
+            src_ids, tgt_ids = src_ids.take(kept.kept), tgt_ids.take(kept.kept)
+            lines = np.asarray(lines[kept.kept])
+    return TokenizedSplit(stored, src_ids, tgt_ids, lines, report)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -60,7 +79,18 @@ def load_text_split(data_dir: Path, split: str, tokenizer: Tokenizer,
                     max_len: int | None = None) -> TokenizedText:
     """Lines of a text split as ids; with max_len, lines longer than it (with their bos
     or eos) are left out, counted in the report, never cropped. Packed training reads
-    the whole stream and passes no max_len: its blocks cross line boundaries."""
+    the whole stream and passes no max_len: its blocks cross line boundaries. A split
+    with a token store (data/store.py) is read from it, memory-mapped (packing then
+    still builds its stream in memory)."""
+    stored = open_store(data_dir, split, tokenizer.fingerprint)
+    if stored is not None and list(stored.sides) == ["tgt"]:
+        ids, lines, report = stored.sides["tgt"], stored.line_numbers, [stored.summary()]
+        if max_len is not None:
+            kept = LengthFilter.apply(None, ids, max_len)
+            report.append(kept.report(None, ids, lines, max_len))
+            if len(kept.dropped):
+                ids, lines = ids.take(kept.kept), np.asarray(lines[kept.kept])
+        return TokenizedText(stored, ids, lines, report)  # type: ignore[arg-type]
     corpus = read_text_split(data_dir, split)
     ids = tokenizer.encode_cached(corpus.lines, Path(data_dir) / CACHE_DIR)
     lines, report = list(corpus.line_numbers), [corpus.summary()]

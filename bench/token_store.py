@@ -1,0 +1,146 @@
+"""Corpora larger than memory, measured: import and tokenisation throughput, and training's
+peak memory on a synthetic corpus of many pairs against the Bible.
+
+    python bench/token_store.py --bible data/bible --pairs 500000 --work /tmp/store-bench
+
+1. Writes --pairs raw pairs (the Bible's training pairs over and over, each copy
+   numbered so that no pair is an exact duplicate), gzip-compressed.
+2. `transduce data import` of them (lines/s).
+3. Tokenisation: the token store with --workers processes against fairseq-preprocess-like
+   single-process SentencePiece encoding of the same files (read a line, encode it,
+   write its ids as binary), in the same run, interleaved (lines/s).
+4. Peak resident memory (the OS's: the child's ru_maxrss) of `transduce train` for
+   --steps steps of the tiny preset on the Bible (text path) and on the synthetic
+   corpus (token store), each in a fresh process, --repeats times interleaved.
+
+Writes a JSON of the figures and the machine to --out (bench/results/token-store-cpu.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = ("import resource, sys\n"
+         "from transduce.cli import main\n"
+         "code = main(sys.argv[1:])\n"
+         "print('maxrss_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+         "sys.exit(code)\n")
+
+
+def synthesise(bible: Path, pairs: int, work: Path) -> tuple[Path, Path]:
+    source = (bible / "train.es").read_text(encoding="utf-8").splitlines()
+    target = (bible / "train.en").read_text(encoding="utf-8").splitlines()
+    paths = work / "raw.es.gz", work / "raw.en.gz"
+    with gzip.open(paths[0], "wt", encoding="utf-8", compresslevel=1) as s_out, \
+            gzip.open(paths[1], "wt", encoding="utf-8", compresslevel=1) as t_out:
+        for i in range(pairs):
+            copy, row = divmod(i, len(source))
+            s_out.write(f"{source[row]} ({copy})\n")
+            t_out.write(f"{target[row]} ({copy})\n")
+    return paths
+
+
+def baseline_encode(corpus: Path, model: Path) -> int:
+    """fairseq-preprocess-like: one process, line by line, ids to a binary file."""
+    import numpy as np
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor(model_file=str(model))
+    count = 0
+    for side in ("es", "en"):
+        with open(corpus / f"train.{side}", encoding="utf-8") as lines, \
+                open(corpus / f"baseline.{side}.bin", "wb") as out:
+            for line in lines:
+                out.write(np.asarray(processor.encode(line.strip()), dtype=np.uint16).tobytes())
+                count += side == "es"
+    return count
+
+
+def train_peak(corpus: Path, out: Path, steps: int) -> tuple[int, str]:
+    shutil.rmtree(out, ignore_errors=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    result = subprocess.run(
+        [sys.executable, "-c", TRAIN, "train", "--data", str(corpus), "--out", str(out),
+         "--preset", "tiny", "--max-steps", str(steps), "--max-tokens", "4096",
+         "--eval-every", "100000", "--save-every", "100000", "--threads", "2"],
+        env=env, capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(result.stdout + result.stderr)
+    kib = int(result.stdout.split("maxrss_kib")[-1].split()[0])
+    return kib * 1024, result.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bible", type=Path, default=REPO / "data" / "bible")
+    parser.add_argument("--pairs", type=int, default=5_000_000)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3, help="training runs of each kind")
+    parser.add_argument("--out", type=Path,
+                        default=REPO / "bench" / "results" / "token-store-cpu.json")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO / "src"))
+    sys.path.insert(0, str(REPO / "bench"))
+    import numpy as np
+    from measure import machine_info
+
+    from transduce.data.importer import import_corpus
+    from transduce.data.store import build_store
+    from transduce.data.tokenizer import MODEL_NAME, Tokenizer
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    figures: dict = {"machine": machine_info(os.cpu_count() or 1), "pairs": args.pairs}
+    start = time.perf_counter()
+    src, tgt = synthesise(args.bible, args.pairs, args.work)
+    figures["synthesis_s"] = time.perf_counter() - start
+
+    corpus = args.work / "corpus"
+    start = time.perf_counter()
+    result = import_corpus(corpus, "es", "en", src=src, tgt=tgt, dev=1000, progress=False)
+    seconds = time.perf_counter() - start
+    figures["import"] = {"seconds": seconds, "lines_per_s": args.pairs / seconds,
+                         "report": result.report}
+    shutil.copy(args.bible / MODEL_NAME, corpus / MODEL_NAME)
+    tokenizer = Tokenizer(corpus / MODEL_NAME)
+
+    start = time.perf_counter()
+    stored = build_store(corpus, "train", tokenizer.path, tokenizer.vocab_size,
+                         tokenizer.fingerprint, workers=args.workers)
+    store_s = time.perf_counter() - start
+    start = time.perf_counter()
+    baseline_pairs = baseline_encode(corpus, tokenizer.path)
+    baseline_s = time.perf_counter() - start
+    figures["tokenise"] = {
+        "store_workers": args.workers, "store_s": store_s,
+        "store_pairs_per_s": stored.pairs / store_s,
+        "baseline_single_process_s": baseline_s,
+        "baseline_pairs_per_s": baseline_pairs / baseline_s,
+        "store_bytes": sum(p.stat().st_size for p in stored.path.iterdir())}
+
+    bible_peaks, store_peaks = [], []
+    for _ in range(args.repeats):          # interleaved, each in a fresh process
+        bible_peaks.append(train_peak(args.bible, args.work / "run-bible", args.steps)[0])
+        store_peaks.append(train_peak(corpus, args.work / "run-store", args.steps)[0])
+    figures["train_peak_rss"] = {"bible_text_bytes": bible_peaks,
+                                 "synthetic_store_bytes": store_peaks,
+                                 "ratio_of_medians": float(np.median(store_peaks)
+                                                           / np.median(bible_peaks)),
+                                 "steps": args.steps}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

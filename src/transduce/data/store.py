@@ -1,0 +1,396 @@
+"""The token store: a split tokenised once, on disk, memory-mapped, for corpora larger
+than memory.
+
+`transduce data tokenize --data DIR` streams the training split through SentencePiece in
+parallel worker processes and writes DIR/tokens/train/:
+
+    src.bin, tgt.bin            every pair's ids, one after the other (uint16 when the
+                                vocabulary has at most 65,536 pieces, else uint32)
+    src.offsets, tgt.offsets    int64 (pairs + 1,): pair i is ids[offsets[i]:offsets[i+1]]
+    lines                       uint32 (pairs,): the pair's 1-based line in the text files
+    store.json                  format, dtype, pair count, the tokenizer's fingerprint, and
+                                the size and modification time of the files it was made from
+
+(a text corpus, for language models, has only the tgt side). The pairs are exactly
+load_split's: lines stripped, pairs with an empty side left out (counted), invalid UTF-8
+or a NUL byte an error naming file and line. The directory is written under a temporary
+name and renamed into place (transduce.atomic): it is complete or absent.
+
+Reading it (StoredIds) maps the files; batching reads the offsets only (lengths), and a
+batch's ids are read from the map when it is collated, so a process touches only the
+pages of the batches it trains on, and memory grows by about 45 bytes per pair at the
+peak of cutting an epoch (the batcher's int64 lengths and orders), never with the
+corpus's tokens. load_split reads the store when it exists and
+matches the tokenizer and the text files; a store made from other files or another
+vocabulary is an error saying how to rebuild it, never silently used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import multiprocessing
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from transduce import atomic
+from transduce.data.corpus import CorpusError, corpus_kind, split_files, text_file
+from transduce.data.importer import raw_lines
+
+STORE_DIR = "tokens"
+FORMAT = 1
+CHUNK = 4096   # pairs per worker task
+
+
+def store_path(data_dir: Path | str, split: str) -> Path:
+    return Path(data_dir) / STORE_DIR / split
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest unsigned type holding every id."""
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def _text_files(data_dir: Path, split: str) -> tuple[Path, ...]:
+    """The split's files, one per side: (source, target), or (text,) for a text corpus."""
+    if corpus_kind(data_dir) == "text":
+        return (text_file(data_dir, split),)
+    return split_files(data_dir, split)
+
+
+def _stamp(path: Path) -> dict:
+    info = path.stat()
+    return {"path": path.name, "size": info.st_size, "mtime_ns": info.st_mtime_ns}
+
+
+def _decode(path: Path, number: int, raw: bytes) -> str:
+    """A line's text, with read_lines's errors (NUL, invalid UTF-8) and its stripping."""
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise CorpusError(f"{path}:{number}: NUL byte at column {nul + 1}")
+    try:
+        return raw.decode("utf-8").strip()
+    except UnicodeDecodeError as error:
+        raise CorpusError(f"{path}:{number}: invalid UTF-8 at byte {error.start + 1} of the "
+                          f"line ({raw[error.start:error.start + 4]!r})") from None
+
+
+def aligned_raw_rows(files: Sequence[Path]) -> Iterator[tuple[int, tuple[bytes, ...]]]:
+    """(line number, raw line of every file), streamed. Different line counts are an
+    error naming the file and line."""
+    readers = [raw_lines(path) for path in files]
+    while True:
+        rows = [next(reader, None) for reader in readers]
+        if all(row is None for row in rows):
+            return
+        if any(row is None for row in rows):
+            ended = [path for path, row in zip(files, rows) if row is None]
+            path, row = next((path, row) for path, row in zip(files, rows) if row is not None)
+            raise CorpusError(f"{path}:{row[0]}: {ended[0]} ends after line {row[0] - 1} but "
+                              f"{path} goes on: the files are not line-aligned")
+        yield rows[0][0], tuple(row[1] for row in rows)
+
+
+def stream_rows(files: Sequence[Path]) -> Iterator[tuple[int, tuple[str, ...]]]:
+    """(line number, stripped texts) of every line (pair), streamed; errors as
+    read_lines's (NUL, invalid UTF-8) and aligned_raw_rows's name file and line."""
+    for number, raws in aligned_raw_rows(files):
+        yield number, tuple(_decode(path, number, raw) for path, raw in zip(files, raws))
+
+
+# Workers ------------------------------------------------------------------------------
+
+_processor = None
+
+
+_start_error: str | None = None
+
+
+def _start_worker(model_path: str) -> None:
+    """A worker's set-up. It must not raise: multiprocessing replaces a worker whose
+    initializer fails, forever; the error is raised by the worker's first task instead."""
+    global _processor, _start_error
+    try:
+        import sentencepiece as spm
+        _processor = spm.SentencePieceProcessor(model_file=model_path)
+    except Exception as error:   # noqa: BLE001 - reported by _encode_chunk
+        _start_error = f"{model_path}: a tokenising worker cannot load it ({error})"
+
+
+@dataclass
+class _Chunk:
+    """Consecutive raw lines of every file, from line `first` on."""
+
+    files: tuple[Path, ...]
+    first: int
+    raws: list[tuple[bytes, ...]]
+    dtype: np.dtype
+
+
+def _encode_chunk(chunk: _Chunk) -> tuple[np.ndarray, int, list[tuple[bytes, np.ndarray]]]:
+    """A chunk's lines -> (line numbers kept, lines skipped for an empty side, and per
+    side: its ids as bytes of dtype and their lengths). Decoding happens here, in the
+    worker, with read_lines's errors naming file and line."""
+    if _start_error is not None:
+        raise CorpusError(_start_error)
+    kept, columns = [], [[] for _ in chunk.files]
+    for offset, raws in enumerate(chunk.raws):
+        number = chunk.first + offset
+        texts = [_decode(path, number, raw) for path, raw in zip(chunk.files, raws)]
+        if all(texts):
+            kept.append(number)
+            for column, text in zip(columns, texts):
+                column.append(text)
+    encoded = []
+    for texts in columns:
+        ids = _processor.encode(texts, out_type=int, num_threads=1) if texts else []
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=chunk.dtype,
+                           count=int(lengths.sum()))
+        encoded.append((flat.tobytes(), lengths))
+    return np.asarray(kept, dtype=np.uint32), len(chunk.raws) - len(kept), encoded
+
+
+@dataclass
+class BuildResult:
+    path: Path
+    pairs: int
+    tokens: tuple[int, ...]
+    skipped_empty: int
+    dtype: str
+
+
+def build_store(data_dir: Path | str, split: str, model_path: Path, vocab_size: int,
+                fingerprint: str, *, workers: int = 0, progress: bool | None = None
+                ) -> BuildResult:
+    """Tokenise the split into its store (see the module's notes). workers: processes
+    encoding in parallel (0: one per CPU, at most 8; 1: none, in this process)."""
+    from tqdm import tqdm
+
+    data_dir = Path(data_dir)
+    files = _text_files(data_dir, split)
+    for path in files:
+        if not path.is_file():
+            raise CorpusError(f"{path}: no such file")
+    sides = ("src", "tgt") if len(files) == 2 else ("tgt",)
+    dtype = token_dtype(vocab_size)
+    workers = workers or min(8, os.cpu_count() or 1)
+    skipped = pairs = 0
+    totals = [0] * len(sides)
+    files = tuple(files)
+    with atomic.atomic_directory(store_path(data_dir, split)) as scratch, \
+            contextlib.ExitStack() as stack:
+        lines = stack.enter_context(contextlib.closing(_Appender(scratch / "lines", np.uint32)))
+        ids = [stack.enter_context(open(scratch / f"{side}.bin", "wb")) for side in sides]
+        offsets = [stack.enter_context(contextlib.closing(
+            _Appender(scratch / f"{side}.offsets", np.int64))) for side in sides]
+        for appender in offsets:
+            appender.extend(np.zeros(1, dtype=np.int64))
+        bar = stack.enter_context(tqdm(desc=f"tokenising {split}", unit=" lines",
+                                       unit_scale=True,
+                                       disable=None if progress is None else not progress))
+        results = stack.enter_context(_encoded(_chunks(files, dtype), workers, model_path))
+        for numbers, empty, encoded in results:
+            lines.extend(numbers)
+            pairs += len(numbers)
+            skipped += empty
+            bar.update(len(numbers) + empty)
+            for k, (flat, lengths) in enumerate(encoded):
+                ids[k].write(flat)
+                offsets[k].extend(totals[k] + np.cumsum(lengths))
+                totals[k] += int(lengths.sum())
+        stack.close()
+        if not pairs:
+            raise CorpusError(f"{' / '.join(map(str, files))}: no line has text"
+                              f"{' on both sides' if len(files) == 2 else ''}")
+        metadata = {"format": FORMAT, "sides": list(sides), "dtype": dtype.name,
+                    "pairs": pairs, "tokens": totals, "skipped_empty": skipped,
+                    "tokenizer": fingerprint, "files": [_stamp(p) for p in files]}
+        (scratch / "store.json").write_text(json.dumps(metadata, indent=2) + "\n")
+    return BuildResult(store_path(data_dir, split), pairs, tuple(totals), skipped, dtype.name)
+
+
+def _chunks(files: tuple[Path, ...], dtype) -> Iterator[_Chunk]:
+    """The raw rows, CHUNK at a time. Pool.imap reads this in its task thread: only raw
+    lines here, the decoding and every per-line step are the workers'."""
+    raws: list[tuple[bytes, ...]] = []
+    first = 1
+    for number, row in aligned_raw_rows(files):
+        if not raws:
+            first = number
+        raws.append(row)
+        if len(raws) == CHUNK:
+            yield _Chunk(files, first, raws, dtype)
+            raws = []
+    if raws:
+        yield _Chunk(files, first, raws, dtype)
+
+
+@contextlib.contextmanager
+def _encoded(chunks: Iterator[_Chunk], workers: int, model_path: Path):
+    """The chunks encoded in order, by `workers` processes (1: in this one); on an error
+    the workers are stopped at once, else joined."""
+    if workers == 1:
+        _start_worker(str(model_path))
+        yield map(_encode_chunk, chunks)
+        return
+    pool = multiprocessing.get_context("spawn").Pool(
+        workers, initializer=_start_worker, initargs=(str(model_path),))
+    try:
+        yield pool.imap(_encode_chunk, chunks)
+    except BaseException:
+        pool.terminate()
+        pool.join()
+        raise
+    pool.close()
+    pool.join()
+
+
+class _Appender:
+    """A raw array file written in pieces (read back with np.memmap)."""
+
+    def __init__(self, path: Path, dtype) -> None:
+        self.handle, self.dtype = open(path, "wb"), np.dtype(dtype)
+
+    def extend(self, values: np.ndarray) -> None:
+        self.handle.write(np.asarray(values, dtype=self.dtype).tobytes())
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+# Reading ------------------------------------------------------------------------------
+
+class StoredIds(Sequence):
+    """One side of a stored split as a sequence of id arrays, read lazily from the map.
+    `lengths` (ids per item, without specials) comes from the offsets alone; `take`
+    narrows it to some items (the length filter) without reading any ids."""
+
+    def __init__(self, tokens: np.ndarray, offsets: np.ndarray, rows: np.ndarray | None = None):
+        self.tokens, self.offsets, self.rows = tokens, offsets, rows
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """(items,) int64, computed from the offsets at each call, never kept: the
+        batcher keeps its own copy, and a second would cost 8 bytes a pair for good."""
+        if self.rows is None:
+            return np.diff(self.offsets)
+        return self.offsets[self.rows + 1] - self.offsets[self.rows]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1 if self.rows is None else len(self.rows)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            raise TypeError("StoredIds is indexed one item at a time (or narrowed with take)")
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        index = int(index) % len(self)
+        row = index if self.rows is None else int(self.rows[index])
+        return np.asarray(self.tokens[self.offsets[row]:self.offsets[row + 1]], dtype=np.int64)
+
+    def take(self, indices: np.ndarray) -> "StoredIds":
+        indices = np.asarray(indices, dtype=np.int64)
+        rows = indices if self.rows is None else self.rows[indices]
+        return StoredIds(self.tokens, self.offsets, rows)
+
+
+@dataclass
+class TokenStore:
+    """An opened store: its sides, line numbers and metadata."""
+
+    path: Path
+    sides: dict[str, StoredIds]
+    line_numbers: np.ndarray       # (pairs,) uint32, memory-mapped
+    metadata: dict
+
+    def __len__(self) -> int:
+        return len(self.line_numbers)
+
+    def summary(self) -> str:
+        text = f"{self.path}: {len(self)} {'pairs' if 'src' in self.sides else 'lines'} " \
+               f"(token store, {self.metadata['dtype']})"
+        if self.metadata["skipped_empty"]:
+            text += f"; dropped {self.metadata['skipped_empty']} with an empty side"
+        return text
+
+
+def open_store(data_dir: Path | str, split: str, fingerprint: str) -> TokenStore | None:
+    """The split's store, or None when there is none. A store made by another vocabulary
+    or from text files that have changed since is an error saying how to rebuild it."""
+    data_dir = Path(data_dir)
+    path = store_path(data_dir, split)
+    if not (path / "store.json").is_file():
+        return None
+    rebuild = f"rebuild it with `transduce data tokenize --data {data_dir}` (or delete {path})"
+    try:
+        metadata = json.loads((path / "store.json").read_text(encoding="utf-8"))
+        if metadata["format"] != FORMAT:
+            raise CorpusError(f"{path}: store format {metadata['format']}, this version reads "
+                              f"{FORMAT}; {rebuild}")
+        dtype = np.dtype(metadata["dtype"])
+        sides, stamps = metadata["sides"], metadata["files"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CorpusError(f"{path}/store.json: unreadable ({error}); {rebuild}") from None
+    if metadata["tokenizer"] != fingerprint:
+        raise CorpusError(f"{path}: tokenised with another vocabulary (fingerprint "
+                          f"{metadata['tokenizer']}, the corpus's spm.model is {fingerprint}); "
+                          f"{rebuild}")
+    files = _text_files(data_dir, split)
+    for stamp, file in zip(stamps, files):
+        if not file.is_file() or _stamp(file) != stamp:
+            raise CorpusError(f"{path}: made from {stamp['path']} as it was before it "
+                              f"changed (size or modification time differ); {rebuild}")
+    opened = {}
+    pairs = int(metadata["pairs"])
+    for side in sides:
+        try:
+            offsets = np.memmap(path / f"{side}.offsets", dtype=np.int64, mode="r")
+            total = int(offsets[-1]) if len(offsets) else -1
+            tokens = np.memmap(path / f"{side}.bin", dtype=dtype, mode="r") if total > 0 \
+                else np.zeros(0, dtype=dtype)
+        except (OSError, ValueError) as error:
+            raise CorpusError(f"{path}/{side}: cannot map ({error}); {rebuild}") from None
+        if len(offsets) != pairs + 1 or len(tokens) != total:
+            raise CorpusError(f"{path}/{side}: {len(offsets) - 1} pairs and {len(tokens)} ids, "
+                              f"store.json says {pairs} and {total}: damaged; {rebuild}")
+        opened[side] = StoredIds(tokens, offsets)
+    lines = np.memmap(path / "lines", dtype=np.uint32, mode="r")
+    if len(lines) != pairs:
+        raise CorpusError(f"{path}/lines: {len(lines)} entries, expected {pairs}; {rebuild}")
+    return TokenStore(path, opened, lines, metadata)
+
+
+@dataclass
+class Sample:
+    pairs: list[tuple[str, ...]]   # in file order
+    seen: int                      # pairs with text on every side
+
+
+def sample_pairs(files: Sequence[Path], size: int, seed: int) -> Sample:
+    """`size` pairs (lines) with text on every side, drawn uniformly in one streamed pass
+    (reservoir sampling, Vitter's algorithm R, seeded): memory holds `size` pairs."""
+    import random
+
+    rng = random.Random(seed)
+    reservoir: list[tuple[int, tuple[str, ...]]] = []
+    seen = 0
+    for number, texts in stream_rows(files):
+        if not all(texts):
+            continue
+        seen += 1
+        if len(reservoir) < size:
+            reservoir.append((number, texts))
+        else:
+            slot = rng.randrange(seen)
+            if slot < size:
+                reservoir[slot] = (number, texts)
+    if not seen:
+        raise CorpusError(f"{' / '.join(map(str, files))}: no line has text on every side")
+    reservoir.sort()
+    return Sample([texts for _, texts in reservoir], seen)
