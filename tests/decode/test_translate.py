@@ -65,7 +65,7 @@ def test_the_api_refuses_bad_options_naming_them(run_dir, options, message):
         translator.translate(["el perro"], **options)
     with pytest.raises(ConfigError, match="nbest=5: must be at most beam=4"):
         translator.translate_nbest(["el perro"], nbest=5, beam=4)
-    for bad in ({"dtype": "float16"}, {"kv_dtype": "int4"}):
+    for bad in ({"dtype": "float16"}, {"kv_dtype": "int2"}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             load(run_dir, **bad)
 
