@@ -115,13 +115,15 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(translation_dir, tmp_
         port = probe.getsockname()[1]
     environment = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     process = subprocess.Popen(
+        # Small decoding batches, so that each request takes a good second to decode and
+        # all four are still in flight when the signal comes, however fast the machine.
         [sys.executable, "-m", "transduce", "serve", "--model", str(translation_dir),
-         "--port", str(port), "--threads", "1"], env=environment,
+         "--port", str(port), "--threads", "1", "--batch-tokens", "64"], env=environment,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_until_up(url, process)
-        texts = sentences(120, seed=5)
+        texts = sentences(240, seed=5)
 
         def ask(part):
             answer = httpx.post(f"{url}/v1/translate", timeout=120,
@@ -139,7 +141,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(translation_dir, tmp_
             answers, finished = zip(*(future.result() for future in slow))
         assert min(finished) > signalled, "no request was in flight at SIGTERM"
         assert [a.status_code for a in answers] == [200] * 4
-        assert all(len(a.json()["translations"]) == 30 for a in answers)
+        assert all(len(a.json()["translations"]) == 60 for a in answers)
         assert process.wait(60) == 0
     finally:
         if process.poll() is None:
