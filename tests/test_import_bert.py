@@ -10,12 +10,13 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from transduce import checkpoint
 from transduce.cli import main
 from transduce.data.hf_tokenizer import HFTokenizer
-from transduce.importers import ForeignCheckpointError, fresh_heads, import_bert
+from tests.foreign_checkpoints import assert_refused, damaged
+from transduce.importers import fresh_heads, import_bert
 from transduce.importers.hf_bert import read_tokenizer
 from transduce.model import EncoderOnly, load_model
 
@@ -230,25 +231,8 @@ def small_hf(vocab, tmp_path_factory):
     return directory
 
 
-def damaged(small_hf, tmp_path, config=None, weights=None):
-    directory = tmp_path / "hf"
-    shutil.copytree(small_hf, directory)
-    if config:
-        values = json.loads((directory / "config.json").read_text())
-        (directory / "config.json").write_text(json.dumps(config(values) or values))
-    if weights:
-        tensors = load_file(str(directory / "model.safetensors"))
-        save_file(weights(tensors) or tensors, str(directory / "model.safetensors"))
-    return directory
-
-
 def refused(directory, tmp_path, *messages):
-    out = tmp_path / "out"
-    with pytest.raises(ForeignCheckpointError) as error:
-        import_bert(directory, out)
-    for message in messages:
-        assert message in str(error.value)
-    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+    assert_refused(import_bert, directory, tmp_path, *messages)
 
 
 def test_legacy_names_prefix_and_pytorch_model_bin(small_hf, tmp_path):

@@ -8,13 +8,14 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from transduce import checkpoint
 from transduce.cli import main
 from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.decode.search import greedy_search
-from transduce.importers import ForeignCheckpointError, import_gpt2
+from tests.foreign_checkpoints import assert_refused, damaged
+from transduce.importers import import_gpt2
 from transduce.model import DecoderOnly, load_model
 
 transformers = pytest.importorskip("transformers")
@@ -232,25 +233,8 @@ def small_hf(bpe, tmp_path_factory):
     return directory
 
 
-def damaged(small_hf, tmp_path, config=None, weights=None):
-    directory = tmp_path / "hf"
-    shutil.copytree(small_hf, directory)
-    if config:
-        values = json.loads((directory / "config.json").read_text())
-        (directory / "config.json").write_text(json.dumps(config(values) or values))
-    if weights:
-        tensors = load_file(str(directory / "model.safetensors"))
-        save_file(weights(tensors) or tensors, str(directory / "model.safetensors"))
-    return directory
-
-
 def refused(directory, tmp_path, *messages):
-    out = tmp_path / "out"
-    with pytest.raises(ForeignCheckpointError) as error:
-        import_gpt2(directory, out)
-    for message in messages:
-        assert message in str(error.value)
-    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+    assert_refused(import_gpt2, directory, tmp_path, *messages)
 
 
 def test_refuses_another_model_type(small_hf, tmp_path):

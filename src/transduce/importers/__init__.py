@@ -34,6 +34,15 @@ def check_foreign_options(hf: dict, config_file, model_type: str, fixed: dict,
     return activations[activation]
 
 
+def check_directories(hf_dir, out, config_name: str) -> None:
+    """A Hugging Face checkpoint directory to read, and an output that is not it."""
+    if not (hf_dir / config_name).is_file():
+        raise ForeignCheckpointError(f"{hf_dir}: not a Hugging Face checkpoint (no {config_name})")
+    if out.resolve() == hf_dir.resolve():
+        raise ForeignCheckpointError(f"{out}: the output would replace the checkpoint being "
+                                     f"imported; choose another directory")
+
+
 def take_weight(tensors: dict, names: dict, source, name: str, *shape: int):
     """The tensor a foreign checkpoint calls `name`, in float32, of `shape` (its own
     layout); `names` maps its names to the stored keys and loses this one, so that what

@@ -47,8 +47,8 @@ from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, preset
 from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
 from transduce.data.tokenizer import TokenizerError
-from transduce.importers import ForeignCheckpointError, check_foreign_options, \
-    take_weight
+from transduce.importers import ForeignCheckpointError, check_directories, \
+    check_foreign_options, take_weight
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
 from transduce.model.encoder_only import EncoderOnly
 
@@ -74,11 +74,7 @@ def import_bert(hf_dir: Path | str, out: Path | str) -> Path:
     checked. The heads the checkpoint lacks are initialised afresh and listed in the
     written config.json's origin["fresh_heads"] (see fresh_heads())."""
     hf_dir, out = Path(hf_dir), Path(out)
-    if not (hf_dir / HF_CONFIG).is_file():
-        raise ForeignCheckpointError(f"{hf_dir}: not a Hugging Face checkpoint (no {HF_CONFIG})")
-    if out.resolve() == hf_dir.resolve():
-        raise ForeignCheckpointError(f"{out}: the output would replace the checkpoint being "
-                                     f"imported; choose another directory")
+    check_directories(hf_dir, out, HF_CONFIG)
     hf = _read_json(hf_dir / HF_CONFIG)
     check_options(hf, hf_dir / HF_CONFIG)
     tokenizer = read_tokenizer(hf_dir)

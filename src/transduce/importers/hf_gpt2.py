@@ -34,8 +34,8 @@ from torch import Tensor
 from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, preset
 from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
-from transduce.importers import ForeignCheckpointError, check_foreign_options, \
-    take_weight
+from transduce.importers import ForeignCheckpointError, check_directories, \
+    check_foreign_options, take_weight
 from transduce.model.decoder_only import DecoderOnly
 
 HF_CONFIG = "config.json"
@@ -58,11 +58,7 @@ def import_gpt2(hf_dir: Path | str, out: Path | str) -> Path:
     pytorch_model.bin, a tokenizer) and write it as our checkpoint at `out`, replacing
     one there; nothing is written unless everything was read and checked."""
     hf_dir, out = Path(hf_dir), Path(out)
-    if not (hf_dir / HF_CONFIG).is_file():
-        raise ForeignCheckpointError(f"{hf_dir}: not a Hugging Face checkpoint (no {HF_CONFIG})")
-    if out.resolve() == hf_dir.resolve():
-        raise ForeignCheckpointError(f"{out}: the output would replace the checkpoint being "
-                                     f"imported; choose another directory")
+    check_directories(hf_dir, out, HF_CONFIG)
     hf = _read_json(hf_dir / HF_CONFIG)
     tokenizer = read_tokenizer(hf_dir)
     config = model_config(hf, hf_dir / HF_CONFIG, tokenizer)
