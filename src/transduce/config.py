@@ -316,6 +316,10 @@ class TrainConfig(ValidatedConfig):
     mean NSP); task "classify" fine-tunes (or trains) a sequence classifier on a
     classification corpus ({split}.tsv), cross entropy on the pooled [CLS] state. The
     encoder's losses are not label-smoothed.
+    fsdp (torchrun, two processes or more; train/sharding.py): each process holds 1/N of
+    every weight, gradient and Adam moment (torch.distributed.fsdp.fully_shard, one unit
+    per layer) instead of a full replica (DistributedDataParallel); checkpoints keep the
+    full format.
     """
 
     max_steps: int = 0                 # 0: no step limit
@@ -332,6 +336,8 @@ class TrainConfig(ValidatedConfig):
     dtype: TrainDtype = "auto"         # bfloat16: autocast, float32 master weights; auto:
     #                                    bfloat16 where the hardware has bfloat16 units
     compile: bool = False
+    fsdp: bool = False                 # under torchrun: shard weights, gradients and Adam
+    #                                    state across the processes (FSDP) instead of DDP
     seed: int = 1
     max_len: int = 256                 # longer pairs are filtered from training, with a count
     log_every: int = 20

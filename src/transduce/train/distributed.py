@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -41,10 +42,33 @@ def shutdown_distributed(world: int, finished: bool = True) -> None:
     wait for each other first; after an error nobody waits for a process that may be
     gone."""
     if world > 1 and dist.is_initialized():
+        _forget_device_meshes()
         gc.collect()
         if finished:
             dist.barrier()
         dist.destroy_process_group()
+
+
+def _forget_device_meshes() -> None:
+    """Empty DTensor's caches (sharded training, FSDP): they keep every device mesh
+    their entries name, a mesh keeps its process groups, and a group kept alive keeps
+    its gloo threads running past destroy_process_group. Private functions of torch
+    2.13, each skipped where this torch lacks it."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return      # nothing was sharded
+    from torch.distributed.tensor import DTensor, _collective_utils, _redistribute
+    from torch.distributed.tensor import debug
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    topology = getattr(_collective_utils, "MeshTopoInfo", None)
+    for clear in (getattr(debug, "_clear_sharding_prop_cache", None),
+                  getattr(getattr(topology, "build_from_mesh", None), "cache_clear", None),
+                  getattr(getattr(propagator, "_propagate_tensor_meta_cached", None),
+                          "cache_clear", None),
+                  getattr(_redistribute._gen_transform_infos, "cache_clear", None),
+                  getattr(_redistribute, "clear_redistribute_planner_cache", None)):
+        if clear is not None:
+            clear()
 
 
 def barrier(world: int) -> None:

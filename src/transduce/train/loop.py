@@ -54,6 +54,7 @@ from transduce.train.log import TrainingLog
 from transduce.train.loss import projected_label_smoothed_nll
 from transduce.train.ema import WeightAverage
 from transduce.train import encoder as encoder_training
+from transduce.train import sharding
 from transduce.train.schedule import learning_rate
 from transduce.train.signals import StopRequest, stop_requests
 from transduce.train.state import (BatchStream, Position, restore, save_training_checkpoint,
@@ -79,7 +80,7 @@ class Run:
     dev_split: TokenizedSplit | TokenizedText | EncoderBatcher | None   # an encoder's: batches
     batcher: Batcher
     model: Model
-    net: torch.nn.Module          # the model as stepped: compiled and/or DDP-wrapped
+    net: torch.nn.Module          # the model as stepped: compiled, DDP-wrapped or sharded
     optimizer: torch.optim.Optimizer
     position: Position
     peak_flops: float
@@ -146,6 +147,7 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
            world: int, rank: int, *, resume: bool, init: Path | None) -> Run:
     """Data, model, optimizer and position (restored when resuming), as the run starts."""
     check_run_configs(model_config, train_config, corpus_kind(data_dir), data_dir)
+    sharding.check_fsdp_config(model_config, train_config, world)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
         if torch.cuda.is_available() else torch.device("cpu")
     tokenizer = Tokenizer(_tokenizer_path(data_dir, model_config, init))
@@ -157,14 +159,38 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
         train_split, dev_split, batcher = _load_data(data_dir, tokenizer, model_config,
                                                      train_config)
 
-    torch.manual_seed(train_config.seed)  # the same initial weights in every process
-    model = build_model(model_config).to(device)
+    labels = list(train_split.names) \
+        if isinstance(train_split, encoder_training.TokenizedLabelled) else None
+    model = _initial_model(model_config, train_config, labels, init, rank, device)
+    net = _stepped_module(model, model_config, train_config, world)
+    # After sharding: FSDP replaces the parameters by their shards, which Adam steps.
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0,
                                  betas=(train_config.adam_beta1, train_config.adam_beta2),
                                  eps=train_config.adam_eps, fused=device.type in ("cpu", "cuda"))
-    torch.manual_seed(train_config.seed + 1 + rank)  # dropout differs across processes
-    if isinstance(train_split, encoder_training.TokenizedLabelled):
-        model.labels = list(train_split.names)     # checkpoints record the class names
+    position, state = restore(out, model, optimizer, rank, device, world=world,
+                              sharded=train_config.fsdp) if resume else (Position(), {})
+    ema = WeightAverage(model, train_config.ema_decay) if train_config.ema_decay else None
+    if ema is not None and "ema" in state:
+        ema.load_state_dict(state["ema"])
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        checkpoint.remove_stale_temporaries(out)
+    peak = matmul_peak(getattr(torch, training_dtype(train_config.dtype, device)), device)
+    return Run(out, model_config, train_config, world, rank, device, tokenizer, train_split,
+               dev_split, batcher, model, net, optimizer, position, peak,
+               TrainingLog(out, rank == 0), ema)
+
+
+def _initial_model(model_config: ModelConfig, train_config: TrainConfig,
+                   labels: list[str] | None, init: Path | None, rank: int,
+                   device: torch.device) -> Model:
+    """The model as training starts: the same initial weights in every process, or
+    those of `init`; then each process's own random stream (dropout differs)."""
+    torch.manual_seed(train_config.seed)
+    model = build_model(model_config).to(device)
+    torch.manual_seed(train_config.seed + 1 + rank)
+    if labels is not None:
+        model.labels = labels     # checkpoints record the class names
     if init is not None and model_config.arch == "encoder":
         new = encoder_training.load_pretrained(model, init, device)
         if new and rank == 0:
@@ -172,28 +198,27 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
                   f"({', '.join(new)}), initialised afresh")
     elif init is not None:
         model.load_state_dict(load_model(init, device).state_dict())
-    position, state = restore(out, model, optimizer, rank, device) if resume else (Position(), {})
-    ema = WeightAverage(model, train_config.ema_decay) if train_config.ema_decay else None
-    if ema is not None and "ema" in state:
-        ema.load_state_dict(state["ema"])
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        checkpoint.remove_stale_temporaries(out)
+    return model
 
+
+def _stepped_module(model: Model, model_config: ModelConfig, train_config: TrainConfig,
+                    world: int) -> torch.nn.Module:
+    """What a step runs: the model (compiled if asked), an encoder's objective around
+    it, and across processes DistributedDataParallel around that, or (fsdp) the same
+    sharded in place."""
     net: torch.nn.Module = torch.compile(model, dynamic=True) if train_config.compile else model
     if model_config.arch == "encoder":   # the layers and the heads a step uses, as one
         net = encoder_training.EncoderObjective(net)
-    if world > 1:
+    if train_config.fsdp:
+        sharding.shard(net, model)
+    elif world > 1:
         if model_config.arch == "encoder":
             # The heads the objective never runs are left out of DDP, so that every
             # parameter it averages gets a gradient in every step.
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
                 net, encoder_training.unused_parameter_names(net, model, train_config))
         net = DistributedDataParallel(net)
-    peak = matmul_peak(getattr(torch, training_dtype(train_config.dtype, device)), device)
-    return Run(out, model_config, train_config, world, rank, device, tokenizer, train_split,
-               dev_split, batcher, model, net, optimizer, position, peak,
-               TrainingLog(out, rank == 0), ema)
+    return net
 
 
 def _tokenizer_path(data_dir: Path, model_config: ModelConfig, init: Path | None) -> Path:
@@ -357,7 +382,7 @@ def train_step(run: Run, seconds: float) -> StepResult | None:
     loss_sum, flops = 0.0, 0.0
     for i, (key, indices) in enumerate(mine):
         last = i == len(mine) - 1
-        sync = contextlib.nullcontext() if run.world == 1 or last else run.net.no_sync()
+        sync = _gradient_sync(run, last)
         with sync, torch.autocast(run.device.type, dtype=run.autocast_dtype or torch.float32,
                                   enabled=run.autocast_dtype is not None):
             loss, batch_flops = _backward(run, key, indices, step_tokens, counts)
@@ -369,7 +394,7 @@ def train_step(run: Run, seconds: float) -> StepResult | None:
         run.log.write({"event": "nonfinite_loss", "step": run.position.step + 1, "loss": loss_sum})
         return None
     if c.clip_norm > 0:
-        torch.nn.utils.clip_grad_norm_(run.model.parameters(), c.clip_norm)
+        _clip_gradients(run, c.clip_norm)
     if c.schedule == "budget" and run.world > 1:   # one clock for all: the same rate everywhere
         seconds = sum_over_processes([seconds], run.world, run.device)[0] / run.world
     lr = learning_rate(c, run.model_config.d_model, run.position.step, seconds)
@@ -380,6 +405,23 @@ def train_step(run: Run, seconds: float) -> StepResult | None:
     if run.ema is not None:
         run.ema.update(run.model)
     return StepResult(loss_sum, step_tokens, flops, lr)
+
+
+def _gradient_sync(run: Run, last: bool) -> contextlib.AbstractContextManager:
+    """Processes average gradients on a step's last batch only: before it, they
+    accumulate in each process (DDP's no_sync, FSDP's set_requires_gradient_sync)."""
+    if run.world == 1 or last:
+        return contextlib.nullcontext()
+    if run.train_config.fsdp:
+        return sharding.gradient_sync(run.net, False)
+    return run.net.no_sync()
+
+
+def _clip_gradients(run: Run, max_norm: float) -> None:
+    if run.train_config.fsdp:   # each process holds a shard of every gradient
+        sharding.clip_gradients(list(run.model.parameters()), max_norm)
+    else:
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), max_norm)
 
 
 def _backward(run: Run, key: tuple[int, int], indices: np.ndarray, step_tokens: int,
@@ -458,10 +500,11 @@ def _periodic(run: Run, window: _Window, lr: float, elapsed: float, finished: bo
         _log_window(run, window, lr, elapsed, progress)
         window.reset()
     if run.dev_split is not None and (step % c.eval_every == 0 or finished):
+        model = _evaluated_model(run)
         if run.main_process and isinstance(run.dev_split, EncoderBatcher):
-            result = encoder_training.evaluate_encoder(run.model, run.dev_split, run.device)
+            result = encoder_training.evaluate_encoder(model, run.dev_split, run.device)
         elif run.main_process:
-            result = evaluate_dev(run.model, run.dev_split, run.tokenizer, c, run.device)
+            result = evaluate_dev(model, run.dev_split, run.tokenizer, c, run.device)
         if run.main_process:
             run.log.write({"event": "dev", "step": step,
                            "elapsed_s": run.position.seconds + elapsed, **result})
@@ -470,8 +513,18 @@ def _periodic(run: Run, window: _Window, lr: float, elapsed: float, finished: bo
         barrier(run.world)
     if step % c.save_every == 0 or finished:
         return save_training_checkpoint(run.out, run.model, c, run.tokenizer.path, run.optimizer,
-                                        run.position, elapsed, run.world, run.rank, run.ema)
+                                        run.position, elapsed, run.world, run.rank, run.ema,
+                                        sharded=c.fsdp)
     return None
+
+
+def _evaluated_model(run: Run) -> Model | None:
+    """The model the first process evaluates: a sharded one's weights are gathered into
+    an unsharded copy on the device (every process takes part; the others get None)."""
+    if not run.train_config.fsdp:
+        return run.model
+    model = sharding.gather_model(run.model, run.main_process)
+    return None if model is None else model.to(run.device)
 
 
 def _log_window(run: Run, window: _Window, lr: float, elapsed: float, progress: tqdm) -> None:

@@ -12,7 +12,8 @@ import torch
 from transduce import checkpoint
 from transduce.config import TrainConfig
 from transduce.data.batching import Batcher
-from transduce.train.distributed import barrier, gather
+from transduce.train import sharding
+from transduce.train.distributed import any_true, barrier, gather
 from transduce.train.ema import WeightAverage
 
 
@@ -56,16 +57,24 @@ class BatchStream:
 def save_training_checkpoint(out: Path, model: torch.nn.Module, train_config: TrainConfig,
                              tokenizer_path: Path, optimizer: torch.optim.Optimizer,
                              position: Position, elapsed: float, world: int, rank: int,
-                             ema: WeightAverage | None = None) -> Path:
+                             ema: WeightAverage | None = None, *, sharded: bool = False
+                             ) -> Path:
     """RUN/step-N with everything resuming needs; the first process writes it, all wait.
-    elapsed: seconds this process has trained, added to the position's."""
+    elapsed: seconds this process has trained, added to the position's. sharded (FSDP):
+    the full weights and optimizer state are gathered into the first process first, so
+    the checkpoint is the one an unsharded run writes."""
     rng = {"torch": torch.get_rng_state(),
            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
     every_rng = gather(rng, world)
     path = checkpoint.step_dir(out, position.step)
+    if sharded:
+        optimizer_state = sharding.gather_optimizer(model, optimizer, rank == 0)
+        model = sharding.gather_model(model, rank == 0)
+    elif rank == 0:
+        optimizer_state = optimizer.state_dict()
     if rank == 0:
         state = {"position": {**asdict(position), "seconds": position.seconds + elapsed},
-                 "optimizer": optimizer.state_dict(), "rng": every_rng, "world_size": world,
+                 "optimizer": optimizer_state, "rng": every_rng, "world_size": world,
                  **({"ema": ema.state_dict()} if ema is not None else {})}
         checkpoint.save(path, model, train_config, tokenizer_path, state)
         checkpoint.keep_last(out, train_config.keep_last)
@@ -74,22 +83,58 @@ def save_training_checkpoint(out: Path, model: torch.nn.Module, train_config: Tr
 
 
 def restore(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int,
-            device: torch.device) -> tuple[Position, dict]:
+            device: torch.device, *, world: int = 1, sharded: bool = False
+            ) -> tuple[Position, dict]:
     """Weights, optimizer, data position and RNG of the run's latest checkpoint.
-    -> the position, and the whole trainer state (for what else the run keeps)."""
+    -> the position, and the whole trainer state (for what else the run keeps).
+    sharded (FSDP): the first process reads the full state and scatters it."""
     latest = checkpoint.resolve(out)
     state = checkpoint.load_trainer_state(latest, device)
-    checkpoint.load_weights(model, latest, device)
-    try:
-        optimizer.load_state_dict(state["optimizer"])
-    except (ValueError, KeyError, RuntimeError) as error:
-        raise checkpoint.CheckpointError(f"{latest / checkpoint.TRAINER_STATE}: optimizer state "
-                                         f"does not fit this model ({error})") from None
+    if sharded:
+        _scatter_checkpoint(latest, model, optimizer, state["optimizer"], rank, world, device)
+    else:
+        checkpoint.load_weights(model, latest, device)
+        _load_optimizer(optimizer, state["optimizer"], latest)
     rng = state["rng"][rank] if rank < len(state["rng"]) else state["rng"][0]
     torch.set_rng_state(rng["torch"])
     if rng.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
     return Position(**state["position"]), state
+
+
+def _load_optimizer(optimizer: torch.optim.Optimizer, state: dict, latest: Path) -> None:
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError, RuntimeError) as error:
+        raise checkpoint.CheckpointError(f"{latest / checkpoint.TRAINER_STATE}: optimizer state "
+                                         f"does not fit this model ({error})") from None
+
+
+def _scatter_checkpoint(latest: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        optimizer_state: dict, rank: int, world: int,
+                        device: torch.device) -> None:
+    """Load a full checkpoint into a sharded model and optimizer. The first process
+    checks it on an unsharded copy before anything is sent, and every process learns
+    whether it fits, so that none waits forever for a scatter that will not come."""
+    weights, error = None, None
+    if rank == 0:
+        try:
+            plain = sharding.plain_model(model)
+            checkpoint.load_weights(plain, latest)
+            _load_optimizer(_adam_like(plain, optimizer), optimizer_state, latest)
+            weights = plain.state_dict()
+        except checkpoint.CheckpointError as failure:
+            error = failure
+    if any_true(error is not None, world, device):
+        raise error or checkpoint.CheckpointError(f"{latest}: the first process could not "
+                                                  f"load it (see its error)")
+    sharding.scatter(model, optimizer, weights, optimizer_state if rank == 0 else None)
+
+
+def _adam_like(model: torch.nn.Module, optimizer: torch.optim.Optimizer
+               ) -> torch.optim.Optimizer:
+    """An optimizer of `optimizer`'s kind over `model`, to check a saved state against."""
+    return type(optimizer)(model.parameters(), **optimizer.defaults)
 
 
 def save_weight_average(out: Path, model: torch.nn.Module, ema: WeightAverage,
