@@ -10,10 +10,17 @@ peak memory on a synthetic corpus of many pairs against the Bible.
    single-process SentencePiece encoding of the same files (read a line, encode it,
    write its ids as binary), in the same run, interleaved (lines/s).
 4. Peak resident memory (the OS's: the child's ru_maxrss) of `transduce train` for
-   --steps steps of the tiny preset on the Bible (text path) and on the synthetic
-   corpus (token store), each in a fresh process, --repeats times interleaved.
+   --steps steps of the tiny preset on the Bible (text path), on the synthetic corpus
+   (token store), and on a control: as many synthetic pairs as the Bible has, drawn
+   uniformly (seeded) and trained from text, each in a fresh process, --repeats times
+   interleaved. The synthetic pairs are longer than the Bible's (each carries its copy
+   number), which changes the batches' shapes and with them the memory of the steps;
+   the control has the same sentences at the Bible's size, so store / control is what
+   the corpus's size costs.
 
 Writes a JSON of the figures and the machine to --out (bench/results/token-store-cpu.json).
+Steps 1-3's figures are also kept in --work/build.json: `--reuse` measures step 4 again on
+the corpus and store an earlier run left in --work, and reports their figures from there.
 """
 
 from __future__ import annotations
@@ -65,6 +72,26 @@ def baseline_encode(corpus: Path, model: Path) -> int:
     return count
 
 
+def control_corpus(corpus: Path, bible: Path, out: Path) -> Path:
+    """As many training pairs of `corpus` as `bible` has, drawn uniformly (seed 0), in
+    file order, with corpus's vocabulary and dev split: a text corpus."""
+    import numpy as np
+
+    size = sum(1 for _ in open(bible / "train.es", "rb"))
+    total = sum(1 for _ in open(corpus / "train.es", "rb"))
+    keep = np.zeros(total, dtype=bool)
+    keep[np.random.default_rng(0).choice(total, size, replace=False)] = True
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for side in ("es", "en"):
+        with open(corpus / f"train.{side}", "rb") as lines, \
+                open(out / f"train.{side}", "wb") as kept:
+            kept.writelines(line for line, chosen in zip(lines, keep) if chosen)
+    for name in ("corpus.json", "spm.model", "dev.es", "dev.en"):
+        shutil.copy(corpus / name, out / name)
+    return out
+
+
 def train_peak(corpus: Path, out: Path, steps: int) -> tuple[int, str]:
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
@@ -79,33 +106,17 @@ def train_peak(corpus: Path, out: Path, steps: int) -> tuple[int, str]:
     return kib * 1024, result.stdout
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bible", type=Path, default=REPO / "data" / "bible")
-    parser.add_argument("--pairs", type=int, default=5_000_000)
-    parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--repeats", type=int, default=3, help="training runs of each kind")
-    parser.add_argument("--out", type=Path,
-                        default=REPO / "bench" / "results" / "token-store-cpu.json")
-    args = parser.parse_args()
-    sys.path.insert(0, str(REPO / "src"))
-    sys.path.insert(0, str(REPO / "bench"))
-    import numpy as np
-    from measure import machine_info
-
+def build(args: argparse.Namespace, corpus: Path) -> dict:
+    """Steps 1-3: the synthetic corpus, its import and its token store -> their figures."""
     from transduce.data.importer import import_corpus
     from transduce.data.store import build_store
     from transduce.data.tokenizer import MODEL_NAME, Tokenizer
 
-    args.work.mkdir(parents=True, exist_ok=True)
-    figures: dict = {"machine": machine_info(os.cpu_count() or 1), "pairs": args.pairs}
+    figures: dict = {"pairs": args.pairs}
     start = time.perf_counter()
     src, tgt = synthesise(args.bible, args.pairs, args.work)
     figures["synthesis_s"] = time.perf_counter() - start
 
-    corpus = args.work / "corpus"
     start = time.perf_counter()
     result = import_corpus(corpus, "es", "en", src=src, tgt=tgt, dev=1000, progress=False)
     seconds = time.perf_counter() - start
@@ -127,15 +138,51 @@ def main() -> None:
         "baseline_single_process_s": baseline_s,
         "baseline_pairs_per_s": baseline_pairs / baseline_s,
         "store_bytes": sum(p.stat().st_size for p in stored.path.iterdir())}
+    return figures
 
-    bible_peaks, store_peaks = [], []
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bible", type=Path, default=REPO / "data" / "bible")
+    parser.add_argument("--pairs", type=int, default=5_000_000)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3, help="training runs of each kind")
+    parser.add_argument("--out", type=Path,
+                        default=REPO / "bench" / "results" / "token-store-cpu.json")
+    parser.add_argument("--reuse", action="store_true",
+                        help="measure training only, on the corpus and store in --work")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO / "src"))
+    sys.path.insert(0, str(REPO / "bench"))
+    import numpy as np
+    from measure import machine_info
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    corpus = args.work / "corpus"
+    if args.reuse:
+        figures = json.loads((args.work / "build.json").read_text())
+        figures["reused_build"] = True
+    else:
+        figures = build(args, corpus)
+        (args.work / "build.json").write_text(json.dumps(figures, indent=2) + "\n")
+    figures["machine"] = machine_info(os.cpu_count() or 1)
+    figures["command"] = " ".join(["python", "bench/token_store.py", *sys.argv[1:]])
+    figures["load_average_before_training"] = os.getloadavg()   # the CPU may be shared
+    control = control_corpus(corpus, args.bible, args.work / "control")
+    bible_peaks, store_peaks, control_peaks = [], [], []
     for _ in range(args.repeats):          # interleaved, each in a fresh process
         bible_peaks.append(train_peak(args.bible, args.work / "run-bible", args.steps)[0])
         store_peaks.append(train_peak(corpus, args.work / "run-store", args.steps)[0])
+        control_peaks.append(train_peak(control, args.work / "run-control", args.steps)[0])
     figures["train_peak_rss"] = {"bible_text_bytes": bible_peaks,
                                  "synthetic_store_bytes": store_peaks,
+                                 "control_text_bytes": control_peaks,
                                  "ratio_of_medians": float(np.median(store_peaks)
                                                            / np.median(bible_peaks)),
+                                 "ratio_to_control": float(np.median(store_peaks)
+                                                           / np.median(control_peaks)),
                                  "steps": args.steps}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2) + "\n")

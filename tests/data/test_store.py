@@ -13,7 +13,8 @@ from transduce.cli import main
 from transduce.data.batching import TokenBatcher
 from transduce.data.corpus import CorpusError, read_split
 from transduce.data.dataset import load_split
-from transduce.data.store import StoredIds, build_store, open_store, sample_pairs, token_dtype
+from transduce.data.store import (FileArray, StoredIds, build_store, open_store, sample_pairs,
+                                   token_dtype)
 from transduce.data.tokenizer import MODEL_NAME, Tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -247,3 +248,38 @@ def test_tokenising_shows_a_progress_bar_with_lines_per_second(tiny_corpus, tmp_
                 tokenizer.fingerprint, workers=1, progress=True)
     shown = capsys.readouterr().err
     assert "tokenising train" in shown and "lines/s" in shown and "300" in shown
+
+
+def resident_file_bytes() -> int | None:
+    """This process's resident pages of files (Linux), None elsewhere."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    line = next((x for x in status.splitlines() if x.startswith("RssFile:")), None)
+    return None if line is None else int(line.split()[1]) * 1024
+
+
+def test_file_arrays_read_by_position_and_leave_nothing_resident(tmp_path):
+    np.arange(3_000_000, dtype=np.int64).tofile(tmp_path / "a")          # 24 MB
+    array = FileArray(tmp_path / "a", np.int64)
+    assert len(array) == 3_000_000 and array[5] == 5 and array[-1] == 2_999_999
+    assert array[10:14].tolist() == [10, 11, 12, 13] and array[5:2].tolist() == []
+    assert array[np.array([3, 1])].tolist() == [3, 1]
+    with pytest.raises(IndexError):
+        array[3_000_000]
+    with pytest.raises(TypeError, match="step 1"):
+        array[::2]
+    before = resident_file_bytes()
+    for start in np.random.default_rng(0).integers(0, 2_999_000, 2000):
+        array[start:start + 40]                 # a mapped file would grow by ~64 KiB each
+    if before is not None:
+        assert resident_file_bytes() - before < 2 << 20
+    (tmp_path / "b").write_bytes(b"\0" * 7)
+    with pytest.raises(ValueError, match="whole number of int64"):
+        FileArray(tmp_path / "b", np.int64)
+    with open(tmp_path / "a", "r+b") as handle:
+        handle.truncate(800)
+    with pytest.raises(CorpusError, match=r"a: 0 bytes where 320 were expected at item "
+                                          r"1000: the file shrank"):
+        array[1000:1040]

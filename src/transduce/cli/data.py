@@ -135,6 +135,8 @@ def data_bible_genre(args: argparse.Namespace) -> int:
 
 def data_stats(args: argparse.Namespace) -> int:
     """Tokenised lengths, the length filter and token-count batching of a split."""
+    import numpy as np
+
     from transduce.data.batching import TokenBatcher
     from transduce.data.corpus import corpus_kind
     from transduce.data.dataset import load_split
@@ -148,8 +150,8 @@ def data_stats(args: argparse.Namespace) -> int:
     batcher = TokenBatcher(split.src_ids, split.tgt_ids, args.max_tokens,
                            line_numbers=split.line_numbers)
     batches = batcher.epoch_batches(0)
-    src_tokens = sum(len(x) + 1 for x in split.src_ids)
-    tgt_tokens = sum(len(x) + 1 for x in split.tgt_ids)
+    src_tokens = int(batcher.src_lengths.sum(dtype=np.int64))     # eos included; a token
+    tgt_tokens = int(batcher.tgt_lengths.sum(dtype=np.int64))     # store's ids are not read
     print(f"tokens: {src_tokens} source, {tgt_tokens} target; {len(batches)} batches of at most "
           f"{args.max_tokens} tokens a side; padding {100 * batcher.padding_fraction(0):.1f}%")
     return 0
@@ -157,6 +159,8 @@ def data_stats(args: argparse.Namespace) -> int:
 
 def _text_stats(args: argparse.Namespace) -> int:
     """data stats of a text corpus: its lines batched as a language model's."""
+    import numpy as np
+
     from transduce.data.batching import TokenBatcher
     from transduce.data.dataset import load_text_split
     from transduce.data.tokenizer import MODEL_NAME, Tokenizer
@@ -165,7 +169,7 @@ def _text_stats(args: argparse.Namespace) -> int:
     for line in split.report:
         print(line)
     batcher = TokenBatcher(None, split.ids, args.max_tokens, line_numbers=split.line_numbers)
-    tokens = sum(len(x) + 1 for x in split.ids)
+    tokens = int(batcher.tgt_lengths.sum(dtype=np.int64))
     print(f"tokens: {tokens} (eos included); {len(batcher.epoch_batches(0))} batches of at most "
           f"{args.max_tokens} tokens; padding {100 * batcher.padding_fraction(0):.1f}%")
     return 0
@@ -302,7 +306,7 @@ def data_import(args: argparse.Namespace) -> int:
 
 def add_tokenize_parser(data_commands) -> None:
     tokenize = data_commands.add_parser(
-        "tokenize", help="tokenise the training split once into a memory-mapped token store "
+        "tokenize", help="tokenise the training split once into an on-disk token store "
                          "(DIR/tokens/train), for corpora larger than memory; training then "
                          "reads it instead of the text")
     tokenize.add_argument("--data", type=Path, required=True,

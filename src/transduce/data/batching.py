@@ -13,8 +13,14 @@ An encoder (BERT) reads items of its own layouts: EncoderBatcher (data/masking.p
 A language model's lines have no source side: TokenBatcher(None, ids, ...) batches them
 by the same rule, with src an empty (B, 0) tensor. PackedBatcher instead cuts the token
 stream of all lines into fixed blocks across line boundaries (GPT). Both give the loop
-the same four things: epoch_batches(epoch) (lists of indices, pure in (seed, epoch), so
-a run resumes mid-epoch), collate(indices), target_tokens(indices), padding_fraction().
+the same four things: epoch_batches(epoch) (a sequence of index arrays, pure in (seed,
+epoch), so a run resumes mid-epoch), collate(indices), target_tokens(indices),
+padding_fraction().
+
+Every batcher works from lengths alone (a token store's StoredIds gives them from its
+offsets) and reads ids only in collate; what it keeps per item is narrow (data/order.py:
+int16 lengths, int32 orders, an epoch as views of one order array), since at millions
+of pairs those bytes are what training's memory grows by.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from torch import Tensor
 
 from transduce.data.masking import (CLS_ID, SEP_ID, EncoderBatch, crop_pair, generator,
                                     mask_tokens, masked_count, next_sentence_pairs)
+from transduce.data.order import (EpochBatches, gather, index_dtype, length_batches,
+                                  narrow_lengths)
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transduce.errors import TransduceError
 
@@ -85,12 +93,15 @@ class LengthFilter:
 
 
 def _lengths(ids: Ids) -> np.ndarray:
-    """Tokens per pair side with its one special (eos, or bos for tgt_in). Ids that know
-    their lengths (data/store.py's StoredIds) are not read."""
+    """Tokens per pair side with its one special (eos, or bos for tgt_in) -> (n,) int16
+    (int32 past 32,767 tokens): the batcher keeps two such arrays, its lasting cost per
+    pair. Ids that know their lengths (data/store.py's StoredIds) are not read."""
     known = getattr(ids, "lengths", None)
     if known is not None:
-        return np.asarray(known, dtype=np.int64) + 1
-    return np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
+        return narrow_lengths(np.add(known, 1, dtype=np.int64 if known.dtype == np.int64
+                                     else np.int32))
+    return narrow_lengths(np.fromiter((len(x) + 1 for x in ids), dtype=np.int64,
+                                      count=len(ids)))
 
 
 def _longest_side(src_ids: Ids | None, tgt_ids: Ids) -> np.ndarray:
@@ -101,7 +112,7 @@ def _longest_side(src_ids: Ids | None, tgt_ids: Ids) -> np.ndarray:
 class Batcher(Protocol):
     """What the training loop and its resume machinery (train/state.py) need."""
 
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]: ...
+    def epoch_batches(self, epoch: int) -> Sequence[np.ndarray]: ...
     def collate(self, indices: np.ndarray) -> Batch: ...
     def target_tokens(self, indices: np.ndarray) -> int: ...
     def padding_fraction(self, epoch: int = 0) -> float: ...
@@ -157,30 +168,14 @@ class TokenBatcher(_EpochBatches):
                                 f"{max_tokens} tokens even alone; the longest ({where}) has {int(longest[worst])} "
                                 f"tokens. Raise the batch size or lower the length limit")
 
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+    def epoch_batches(self, epoch: int) -> EpochBatches:
         """The batches of an epoch (arrays of pair indices), deterministic in (seed, epoch)."""
-        rng = np.random.default_rng([self.seed, epoch])
-        ties = rng.permutation(len(self.src_lengths)) if self.shuffle else \
-            np.arange(len(self.src_lengths))
+        rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
         # A batch is charged B x its longest side, so group by that first, then by source
         # length (on the Bible split: 3.9% padding at 4096 tokens, 6.4% at 25k, against
         # 6.4% and 20.8% when sorting by source then target length).
-        longest = np.maximum(self.src_lengths, self.tgt_lengths)
-        order = np.lexsort((ties, self.src_lengths, longest))
-        batches, start = [], 0
-        longest_src = longest_tgt = 0
-        for position, index in enumerate(order):
-            src_max = max(longest_src, self.src_lengths[index])
-            tgt_max = max(longest_tgt, self.tgt_lengths[index])
-            size = position - start + 1
-            if size * max(src_max, tgt_max) > self.max_tokens:
-                batches.append(order[start:position])
-                start, src_max, tgt_max = position, self.src_lengths[index], self.tgt_lengths[index]
-            longest_src, longest_tgt = src_max, tgt_max
-        batches.append(order[start:])
-        if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        return batches
+        longest = np.maximum(self.src_lengths, self.tgt_lengths)             # (pairs,)
+        return length_batches(longest, self.max_tokens, rng, then=self.src_lengths)
 
     def collate(self, indices: np.ndarray) -> Batch:
         size = len(indices)
@@ -196,29 +191,41 @@ class TokenBatcher(_EpochBatches):
             tgt_in[row, 0], tgt_in[row, 1:len(t) + 1] = BOS_ID, t
             tgt_out[row, :len(t)], tgt_out[row, len(t)] = t, EOS_ID
         return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
-                     torch.from_numpy(src_len), torch.from_numpy(tgt_len),
+                     torch.from_numpy(src_len.astype(np.int64)),
+                     torch.from_numpy(tgt_len.astype(np.int64)),
                      torch.from_numpy(np.asarray(indices, dtype=np.int64)))
 
     def padding_fraction(self, epoch: int = 0) -> float:
         """Share of padding among all batch positions, source and target together."""
-        padded = real = 0
-        for indices in self.epoch_batches(epoch):
-            size = len(indices)
-            padded += size * (self.src_lengths[indices].max() + self.tgt_lengths[indices].max())
-            real += self.src_lengths[indices].sum() + self.tgt_lengths[indices].sum()
+        batches = self.epoch_batches(epoch)
+        starts, sizes = batches.bounds[:-1], batches.sizes()
+        padded = 0
+        for lengths in (self.src_lengths, self.tgt_lengths):
+            ordered = gather(lengths, batches.order)                          # (pairs,)
+            padded += int((sizes * np.maximum.reduceat(ordered, starts)).sum())
+        real = int(self.src_lengths.sum(dtype=np.int64) + self.tgt_lengths.sum(dtype=np.int64))
         return 1.0 - real / padded
 
 
 def pack_stream(ids: Ids) -> np.ndarray:
     """Every line as [bos] + ids + [eos], one after the other -> (N,) int64: the line
     layout's tgt_in and tgt_out of each line, run together."""
-    lengths = _lengths(ids) + 1                                            # bos, ids, eos
+    lengths = _lengths(ids).astype(np.int64) + 1                           # bos, ids, eos
     ends = np.cumsum(lengths)
     stream = np.empty(int(ends[-1]), dtype=np.int64)
     for line, end in zip(ids, ends):
         start = end - len(line) - 2
         stream[start], stream[start + 1:end - 1], stream[end - 1] = BOS_ID, line, EOS_ID
     return stream
+
+
+def _line_starts(ids: Ids) -> np.ndarray:
+    """(lines + 1,) int64: line k is [bos] + ids[k] + [eos] = stream[starts[k]:starts[k + 1]],
+    from the lengths alone (a token store's are not read)."""
+    starts = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum(_lengths(ids), dtype=np.int64, out=starts[1:])              # ids + eos
+    starts[1:] += np.arange(1, len(ids) + 1)                               # + bos
+    return starts
 
 
 class PackedBatcher(_EpochBatches):
@@ -237,6 +244,11 @@ class PackedBatcher(_EpochBatches):
     alone at position 0 (as dev evaluation and `transduce evaluate` score it) is a case
     packed training sees only at the stream's start; a tiny model trained for a few
     hundred steps continues lines well after context, less reliably without it.
+
+    The stream is never built: a block's span is read line by line from `ids` when it
+    is collated (from its files, for a token store's StoredIds), and what is kept is one
+    int64 start per line and two per block. (A line's ids never hold bos: SentencePiece
+    emits no control pieces; the scored counts assume it, collate masks by value.)
     """
 
     def __init__(self, ids: Ids, length: int, max_tokens: int, *, seed: int = 0,
@@ -247,30 +259,51 @@ class PackedBatcher(_EpochBatches):
             raise BatchingError(f"pack length {length} must be in [1, max_tokens={max_tokens}]: "
                                 f"a batch holds max_tokens // pack length blocks")
         self.length, self.max_tokens, self.seed, self.shuffle = length, max_tokens, seed, shuffle
-        self.stream = pack_stream(ids)                                     # (N,)
-        self.num_blocks = -(-(len(self.stream) - 1) // length)             # ceil((N - 1) / L)
+        self.ids = ids
+        self.line_starts = _line_starts(ids)                               # (lines + 1,)
+        total = int(self.line_starts[-1])                                  # N
+        self.num_blocks = -(-(total - 1) // length)                        # ceil((N - 1) / L)
         self.blocks_per_batch = max_tokens // length
-        starts = np.arange(self.num_blocks) * length
-        self.block_lengths = np.minimum(length, len(self.stream) - 1 - starts)
-        # Targets scored per block: its positions, less the bos targets among them.
-        scored = (self.stream[1:] != BOS_ID).astype(np.int64)   # (N - 1,) by input position
-        self.tgt_lengths = np.add.reduceat(scored, starts)                 # (blocks,)
+        starts = np.arange(self.num_blocks, dtype=np.int64) * length
+        self.block_lengths = np.minimum(length, total - 1 - starts)        # (blocks,)
+        # Targets scored per block: its positions, less the bos targets (line starts)
+        # among stream[start + 1 : start + count + 1].
+        bos = self.line_starts[:-1]
+        bos_targets = np.searchsorted(bos, starts + self.block_lengths, side="right") - \
+            np.searchsorted(bos, starts + 1, side="left")
+        self.tgt_lengths = self.block_lengths - bos_targets                # (blocks,)
 
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+    def stream(self, begin: int, end: int) -> np.ndarray:
+        """stream[begin:end] -> (end - begin,) int64, read from the lines it covers."""
+        out = np.empty(end - begin, dtype=np.int64)
+        line = int(np.searchsorted(self.line_starts, begin, side="right")) - 1
+        position = begin
+        while position < end:
+            first, last = int(self.line_starts[line]), int(self.line_starts[line + 1])
+            ids = self.ids[line]
+            piece = np.empty(last - first, dtype=np.int64)                 # bos ids eos
+            piece[0], piece[1:-1], piece[-1] = BOS_ID, ids, EOS_ID
+            stop = min(last, end)
+            out[position - begin:stop - begin] = piece[position - first:stop - first]
+            position, line = stop, line + 1
+        return out
+
+    def epoch_batches(self, epoch: int) -> EpochBatches:
         """The batches of an epoch (arrays of block indices), deterministic in (seed, epoch)."""
         order = np.random.default_rng([self.seed, epoch]).permutation(self.num_blocks) \
             if self.shuffle else np.arange(self.num_blocks)
-        return [order[i:i + self.blocks_per_batch]
-                for i in range(0, self.num_blocks, self.blocks_per_batch)]
+        bounds = np.append(np.arange(0, self.num_blocks, self.blocks_per_batch),
+                           self.num_blocks)
+        return EpochBatches(order, bounds, np.arange(len(bounds) - 1))
 
     def collate(self, indices: np.ndarray) -> Batch:
         size, width = len(indices), int(self.block_lengths[indices].max())
         tgt_in = np.full((size, width), PAD_ID, dtype=np.int64)              # (B, L)
         tgt_out = np.full((size, width), PAD_ID, dtype=np.int64)             # (B, L)
         for row, block in enumerate(indices):
-            start, count = block * self.length, self.block_lengths[block]
-            tgt_in[row, :count] = self.stream[start:start + count]
-            tgt_out[row, :count] = self.stream[start + 1:start + count + 1]
+            start, count = int(block) * self.length, int(self.block_lengths[block])
+            span = self.stream(start, start + count + 1)                      # (count + 1,)
+            tgt_in[row, :count], tgt_out[row, :count] = span[:-1], span[1:]
         tgt_out[tgt_out == BOS_ID] = PAD_ID      # the start of the next line is not predicted
         return Batch(torch.zeros((size, 0), dtype=torch.long), torch.from_numpy(tgt_in),
                      torch.from_numpy(tgt_out), torch.zeros(size, dtype=torch.long),
@@ -281,25 +314,6 @@ class PackedBatcher(_EpochBatches):
         """Share of padding among all input positions (only the last block has some)."""
         padded = sum(len(b) * int(self.block_lengths[b].max()) for b in self.epoch_batches(epoch))
         return 1.0 - float(self.block_lengths.sum()) / padded
-
-
-def length_batches(lengths: np.ndarray, max_tokens: int, rng: np.random.Generator | None
-                   ) -> list[np.ndarray]:
-    """Items grouped by length (ties in a random order from rng; None: in order, and the
-    batches in order), cut greedily so that B x the longest item <= max_tokens, the
-    batches then shuffled with rng."""
-    ties = rng.permutation(len(lengths)) if rng is not None else np.arange(len(lengths))
-    order = np.lexsort((ties, lengths))
-    batches, start, longest = [], 0, 0
-    for position, index in enumerate(order):
-        longest = max(longest, int(lengths[index]))
-        if (position - start + 1) * longest > max_tokens:
-            batches.append(order[start:position])
-            start, longest = position, int(lengths[index])
-    batches.append(order[start:])
-    if rng is not None:
-        batches = [batches[i] for i in rng.permutation(len(batches))]
-    return batches
 
 
 class EncoderBatcher(_EpochBatches):
@@ -333,33 +347,38 @@ class EncoderBatcher(_EpochBatches):
         self.vocab_size, self.mask, self.pairs = vocab_size, mask, pairs
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
         self.seed, self.shuffle = seed, shuffle
-        self.line_pieces = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        self.line_pieces = narrow_lengths(_lengths(ids) - 1)   # (lines,); a store's not read
         self._epoch, self._partners, self._nsp = None, None, None
         if not pairs:   # fixed items: lengths and counts once
             pieces = np.minimum(self.line_pieces, max_len - 2)
-            self.lengths, self.tgt_lengths = pieces + 2, self._scored(pieces)
+            self.lengths, self.tgt_lengths = narrow_lengths(pieces + 2), self._scored(pieces)
 
     def _scored(self, pieces: np.ndarray) -> np.ndarray:
-        return masked_count(pieces) if self.mask else np.ones_like(pieces)
+        """(items,) int32 positions each item scores."""
+        scored = masked_count(pieces) if self.mask else np.ones_like(pieces)
+        return scored.astype(np.int32)
 
     def _pairs_of(self, epoch: int) -> None:
         """Pairs, their lengths and scored counts for this epoch (from (seed, epoch))."""
         if self._epoch == epoch:
             return
         rng = np.random.default_rng([self.seed, epoch, 1])
-        self._partners, self._nsp = next_sentence_pairs(len(self.ids), rng)
+        partners, nsp = next_sentence_pairs(len(self.ids), rng)
+        self._partners = partners.astype(index_dtype(len(self.ids)))       # (lines - 1,)
+        self._nsp = nsp.astype(np.int8)                                    # (lines - 1,)
+        del partners, nsp
         room = self.max_len - 3
-        first = self.line_pieces[:-1]
-        second = self.line_pieces[self._partners]
+        first = self.line_pieces[:-1].astype(np.int32)
+        second = gather(self.line_pieces, self._partners)
         total = np.minimum(first + second, room)               # crop_pair keeps this many
-        self.lengths, self.tgt_lengths = total + 3, masked_count(total)
+        self.lengths, self.tgt_lengths = narrow_lengths(total + 3), self._scored(total)
         self._epoch = epoch
 
     @property
     def num_items(self) -> int:
         return len(self.ids) - 1 if self.pairs else len(self.ids)
 
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+    def epoch_batches(self, epoch: int) -> EpochBatches:
         """Batches of item indices, deterministic in (seed, epoch)."""
         if self.pairs:
             self._pairs_of(epoch)
@@ -400,7 +419,7 @@ class EncoderBatcher(_EpochBatches):
         if self.mask:
             tokens, mlm_labels = mask_tokens(tokens, self.vocab_size,
                                              generator(self.seed, *key))
-        nsp = torch.from_numpy(self._nsp[indices]) if self.pairs else None
+        nsp = torch.from_numpy(self._nsp[indices].astype(np.int64)) if self.pairs else None
         labels = torch.from_numpy(self.labels[indices]) if self.labels is not None else None
         return EncoderBatch(tokens, torch.from_numpy(segments), mlm_labels, nsp, labels,
                             torch.from_numpy(np.asarray(indices, dtype=np.int64)))

@@ -14,7 +14,8 @@ import numpy as np
 from transduce.data.batching import LengthFilter
 from transduce.data.corpus import ParallelCorpus, TextCorpus, read_split, read_text_split
 from transduce.data.labelled import LabelledCorpus, label_indices, labelled_file, read_labelled
-from transduce.data.store import TokenStore, open_store
+from transduce.data.order import copy_as, index_dtype
+from transduce.data.store import StoredIds, TakenLines, TokenStore, open_store
 from transduce.data.tokenizer import Tokenizer
 
 CACHE_DIR = ".cache"
@@ -33,7 +34,7 @@ def load_split(data_dir: Path, split: str, tokenizer: Tokenizer,
                max_len: int | None = None) -> TokenizedSplit:
     """Pairs of a split as ids; with max_len, pairs longer than it (specials included)
     are left out, counted in the report, never cropped. A split with a token store
-    (`transduce data tokenize`, data/store.py) is read from it, memory-mapped."""
+    (`transduce data tokenize`, data/store.py) is read from it, ids read as batches need them."""
     stored = open_store(data_dir, split, tokenizer.fingerprint)
     if stored is not None and "src" in stored.sides:
         return _stored_split(stored, max_len)
@@ -60,9 +61,16 @@ def _stored_split(stored: TokenStore, max_len: int | None) -> TokenizedSplit:
         kept = LengthFilter.apply(src_ids, tgt_ids, max_len)
         report.append(kept.report(src_ids, tgt_ids, lines, max_len))
         if len(kept.dropped):
-            src_ids, tgt_ids = src_ids.take(kept.kept), tgt_ids.take(kept.kept)
-            lines = np.asarray(lines[kept.kept])
+            (src_ids, tgt_ids), lines = _take_kept((src_ids, tgt_ids), lines, kept.kept)
     return TokenizedSplit(stored, src_ids, tgt_ids, lines, report)  # type: ignore[arg-type]
+
+
+def _take_kept(sides: tuple[StoredIds, ...], lines: np.ndarray, kept: np.ndarray
+               ) -> tuple[tuple[StoredIds, ...], TakenLines]:
+    """The stored sides and line numbers narrowed to the rows `kept` (n,), all sharing
+    one int32 copy of them (4 bytes a pair), the line numbers left in their map."""
+    rows = copy_as(kept, index_dtype(len(lines)))
+    return tuple(side.take(rows) for side in sides), TakenLines(lines, rows)
 
 
 @dataclass
@@ -80,8 +88,8 @@ def load_text_split(data_dir: Path, split: str, tokenizer: Tokenizer,
     """Lines of a text split as ids; with max_len, lines longer than it (with their bos
     or eos) are left out, counted in the report, never cropped. Packed training reads
     the whole stream and passes no max_len: its blocks cross line boundaries. A split
-    with a token store (data/store.py) is read from it, memory-mapped (packing then
-    still builds its stream in memory)."""
+    with a token store (data/store.py) is read from it: packing (GPT) and the encoder's
+    items (BERT) read their ids from its files as they collate."""
     stored = open_store(data_dir, split, tokenizer.fingerprint)
     if stored is not None and list(stored.sides) == ["tgt"]:
         ids, lines, report = stored.sides["tgt"], stored.line_numbers, [stored.summary()]
@@ -89,7 +97,7 @@ def load_text_split(data_dir: Path, split: str, tokenizer: Tokenizer,
             kept = LengthFilter.apply(None, ids, max_len)
             report.append(kept.report(None, ids, lines, max_len))
             if len(kept.dropped):
-                ids, lines = ids.take(kept.kept), np.asarray(lines[kept.kept])
+                (ids,), lines = _take_kept((ids,), lines, kept.kept)
         return TokenizedText(stored, ids, lines, report)  # type: ignore[arg-type]
     corpus = read_text_split(data_dir, split)
     ids = tokenizer.encode_cached(corpus.lines, Path(data_dir) / CACHE_DIR)

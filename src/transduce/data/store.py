@@ -1,4 +1,4 @@
-"""The token store: a split tokenised once, on disk, memory-mapped, for corpora larger
+"""The token store: a split tokenised once, on disk, read as needed, for corpora larger
 than memory.
 
 `transduce data tokenize --data DIR` streams the training split through SentencePiece in
@@ -16,13 +16,15 @@ load_split's: lines stripped, pairs with an empty side left out (counted), inval
 or a NUL byte an error naming file and line. The directory is written under a temporary
 name and renamed into place (transduce.atomic): it is complete or absent.
 
-Reading it (StoredIds) maps the files; batching reads the offsets only (lengths), and a
-batch's ids are read from the map when it is collated, so a process touches only the
-pages of the batches it trains on, and memory grows by about 45 bytes per pair at the
-peak of cutting an epoch (the batcher's int64 lengths and orders), never with the
-corpus's tokens. load_split reads the store when it exists and
-matches the tokenizer and the text files; a store made from other files or another
-vocabulary is an error saying how to rebuild it, never silently used.
+Reading it (StoredIds) opens the files (FileArray: positioned reads, not a map, whose
+page faults would make the process resident in 64 KiB around every pair it reads);
+batching reads the offsets only (lengths, a chunk at a time), and a batch's ids are
+read when it is collated, so a process reads only the ids of the batches it trains
+on, and they stay in the page cache, outside its resident memory. Memory
+grows with the pairs by the batcher's narrow index (data/order.py: int16 lengths, int32
+rows and orders), never with the corpus's tokens. load_split reads the store when it
+exists and matches the tokenizer and the text files; a store made from other files or
+another vocabulary is an error saying how to rebuild it, never silently used.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import numpy as np
 from transduce import atomic
 from transduce.data.corpus import CorpusError, corpus_kind, split_files, text_file
 from transduce.data.importer import raw_lines
+from transduce.data.order import CHUNK as READ_CHUNK, gather, index_dtype
 
 STORE_DIR = "tokens"
 FORMAT = 1
@@ -252,7 +255,7 @@ def _encoded(chunks: Iterator[_Chunk], workers: int, model_path: Path):
 
 
 class _Appender:
-    """A raw array file written in pieces (read back with np.memmap)."""
+    """A raw array file written in pieces (read back as a FileArray)."""
 
     def __init__(self, path: Path, dtype) -> None:
         self.handle, self.dtype = open(path, "wb"), np.dtype(dtype)
@@ -266,8 +269,62 @@ class _Appender:
 
 # Reading ------------------------------------------------------------------------------
 
+class FileArray:
+    """A 1-D array in a raw file, read with positioned reads (os.pread), not mapped.
+
+    Why not np.memmap: a page fault on a mapped file maps the neighbouring cached pages
+    too (the kernel's fault-around, 64 KiB), so each pair a batch reads from a map made
+    the process's resident set grow by up to 64 KiB a side, about 0.4 GB over 30 steps
+    at 5 million pairs (docs/scaling.md); read pages stay in the page cache, outside the
+    process."""
+
+    def __init__(self, path: Path, dtype) -> None:
+        self.path, self.dtype = Path(path), np.dtype(dtype)
+        self._fd = os.open(self.path, os.O_RDONLY)
+        size = os.fstat(self._fd).st_size
+        if size % self.dtype.itemsize:
+            os.close(self._fd)
+            self._fd = None
+            raise ValueError(f"{size} bytes is not a whole number of {self.dtype.name}")
+        self._length = size // self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self._length
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Items [start, stop) -> (stop - start,) of dtype, read-only."""
+        count = max(0, stop - start) * self.dtype.itemsize
+        data = os.pread(self._fd, count, start * self.dtype.itemsize)
+        if len(data) != count:
+            raise CorpusError(f"{self.path}: {len(data)} bytes where {count} were expected "
+                              f"at item {start}: the file shrank")
+        return np.frombuffer(data, dtype=self.dtype)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self._length)
+            if step != 1:
+                raise TypeError("a FileArray is sliced with step 1 only")
+            return self.read(start, stop)
+        if isinstance(key, np.ndarray):             # fancy indexing: messages and tests
+            return np.asarray(self)[key]
+        index = int(key) + (self._length if int(key) < 0 else 0)
+        if not 0 <= index < self._length:
+            raise IndexError(key)
+        return self.read(index, index + 1)[0]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.asarray(self.read(0, self._length), dtype=dtype)
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            os.close(fd)
+
+
 class StoredIds(Sequence):
-    """One side of a stored split as a sequence of id arrays, read lazily from the map.
+    """One side of a stored split as a sequence of id arrays, read lazily from its files
+    (FileArray; any sliceable array works).
     `lengths` (ids per item, without specials) comes from the offsets alone; `take`
     narrows it to some items (the length filter) without reading any ids."""
 
@@ -276,11 +333,10 @@ class StoredIds(Sequence):
 
     @property
     def lengths(self) -> np.ndarray:
-        """(items,) int64, computed from the offsets at each call, never kept: the
-        batcher keeps its own copy, and a second would cost 8 bytes a pair for good."""
-        if self.rows is None:
-            return np.diff(self.offsets)
-        return self.offsets[self.rows + 1] - self.offsets[self.rows]
+        """(items,) int32, computed from the offsets at each call, never kept: the
+        batcher keeps its own (narrower) copy, and a second would cost bytes a pair."""
+        every = _offset_diffs(self.offsets)
+        return every if self.rows is None else gather(every, self.rows)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1 if self.rows is None else len(self.rows)
@@ -292,12 +348,43 @@ class StoredIds(Sequence):
             raise IndexError(index)
         index = int(index) % len(self)
         row = index if self.rows is None else int(self.rows[index])
-        return np.asarray(self.tokens[self.offsets[row]:self.offsets[row + 1]], dtype=np.int64)
+        start, stop = (int(x) for x in self.offsets[row:row + 2])
+        return np.asarray(self.tokens[start:stop], dtype=np.int64)
 
     def take(self, indices: np.ndarray) -> "StoredIds":
-        indices = np.asarray(indices, dtype=np.int64)
+        """The items `indices` (n,) (int32 below 2^31 pairs: pass that, and sides taken
+        with the same array share it)."""
+        indices = np.asarray(indices, dtype=index_dtype(len(self.offsets)))
         rows = indices if self.rows is None else self.rows[indices]
         return StoredIds(self.tokens, self.offsets, rows)
+
+
+def _offset_diffs(offsets: np.ndarray) -> np.ndarray:
+    """offsets (n + 1,) int64 -> (n,) int32 lengths, read a chunk at a time."""
+    count = len(offsets) - 1
+    lengths = np.empty(max(count, 0), dtype=np.int32)
+    for start in range(0, count, READ_CHUNK):
+        stop = min(start + READ_CHUNK, count)
+        chunk = np.asarray(offsets[start:stop + 1])
+        np.subtract(chunk[1:], chunk[:-1], out=lengths[start:stop], casting="unsafe")
+    return lengths
+
+
+class TakenLines(Sequence):
+    """The line numbers of some stored items, read from the file when asked (a message
+    names a line): nothing copies them all, 4 bytes a pair."""
+
+    def __init__(self, lines: np.ndarray, rows: np.ndarray):
+        self.lines, self.rows = lines, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return int(self.lines[self.rows[index]])
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.asarray(self.lines[self.rows], dtype=dtype)
 
 
 @dataclass
@@ -306,7 +393,7 @@ class TokenStore:
 
     path: Path
     sides: dict[str, StoredIds]
-    line_numbers: np.ndarray       # (pairs,) uint32, memory-mapped
+    line_numbers: FileArray        # (pairs,) uint32, read on demand
     metadata: dict
 
     def __len__(self) -> int:
@@ -350,17 +437,19 @@ def open_store(data_dir: Path | str, split: str, fingerprint: str) -> TokenStore
     pairs = int(metadata["pairs"])
     for side in sides:
         try:
-            offsets = np.memmap(path / f"{side}.offsets", dtype=np.int64, mode="r")
+            offsets = FileArray(path / f"{side}.offsets", np.int64)
             total = int(offsets[-1]) if len(offsets) else -1
-            tokens = np.memmap(path / f"{side}.bin", dtype=dtype, mode="r") if total > 0 \
-                else np.zeros(0, dtype=dtype)
+            tokens = FileArray(path / f"{side}.bin", dtype)
         except (OSError, ValueError) as error:
-            raise CorpusError(f"{path}/{side}: cannot map ({error}); {rebuild}") from None
+            raise CorpusError(f"{path}/{side}: cannot read ({error}); {rebuild}") from None
         if len(offsets) != pairs + 1 or len(tokens) != total:
             raise CorpusError(f"{path}/{side}: {len(offsets) - 1} pairs and {len(tokens)} ids, "
                               f"store.json says {pairs} and {total}: damaged; {rebuild}")
         opened[side] = StoredIds(tokens, offsets)
-    lines = np.memmap(path / "lines", dtype=np.uint32, mode="r")
+    try:
+        lines = FileArray(path / "lines", np.uint32)
+    except (OSError, ValueError) as error:
+        raise CorpusError(f"{path}/lines: cannot read ({error}); {rebuild}") from None
     if len(lines) != pairs:
         raise CorpusError(f"{path}/lines: {len(lines)} entries, expected {pairs}; {rebuild}")
     return TokenStore(path, opened, lines, metadata)
