@@ -1,17 +1,14 @@
 """Language-model generation speed: our decoder-only model against Hugging Face's
-`GPT2LMHeadModel.generate`, on the same weights, and our decode steps by cache kind.
+`GPT2LMHeadModel.generate`, on the same weights.
 
-1. A GPT-2 (124M, `--layers` etc. to change) is built by transformers from a random
-   config, saved with save_pretrained, and imported with `transduce import hf-gpt2`, so
-   both sides hold the same weights. Greedy generation of --new-tokens tokens from
-   prompts of --prompt-length random tokens, batch 1 and batch 8 (same-length prompts:
-   no padding on either side), float32, interleaved over --repeats rounds. Counted:
-   generated tokens (the same on both sides, checked token for token), per second of
-   the whole call (prompt prefill included).
-2. Our decode steps alone, tokens/s against the prompt length, for the float32, int8
-   and sliding-window (--window) caches: prefill the prompt, then time --new-tokens
-   single-token steps (batch 1 and 8), the prefill not timed. The sliding cache belongs to a model of the same
-   weights with attention_type "sliding": another model, the same cost per step.
+A GPT-2 (124M, `--layers` etc. to change) is built by transformers from a random config,
+saved with save_pretrained, and imported with `transduce import hf-gpt2`, so both sides
+hold the same weights. Greedy generation of --new-tokens tokens from prompts of
+--prompt-length random tokens, batch 1 and batch 8 (same-length prompts: no padding on
+either side), float32, interleaved over --repeats rounds. Counted: generated tokens (the
+same on both sides, checked token for token), per second of the whole call (prompt
+prefill included). Decode speed by KV-cache kind (float32, int8, int4, sliding) is
+bench/kv_cache.py's.
 
     python bench/generate.py [--repeats 3] [--out bench/results/generate-cpu.json]
 """
@@ -34,8 +31,7 @@ from measure import machine_info, time_interleaved  # noqa: E402
 from transduce.decode.generate import Generator  # noqa: E402
 from transduce.decode.options import GenerateOptions  # noqa: E402
 from transduce.importers.hf_gpt2 import import_gpt2  # noqa: E402
-from transduce.model import build_model, load_model  # noqa: E402
-from transduce.model.packed import decoding_copy  # noqa: E402
+from transduce.model import load_model  # noqa: E402
 
 
 def build_hf_model(args: argparse.Namespace, directory: Path):
@@ -99,46 +95,6 @@ def compare_with_hf(hf, ours: Generator, args: argparse.Namespace) -> list[dict]
     return rows
 
 
-def time_decode_steps(model, prompt: torch.Tensor, steps: int, cache_dtype) -> float:
-    """Prefill the prompt (untimed), then time `steps` greedy single-token steps
-    -> seconds."""
-    with torch.inference_mode():
-        state = model.prefill(prompt, steps + 1, cache_dtype=cache_dtype)
-        token = prompt[:, -1:]
-        start = time.perf_counter()
-        for _ in range(steps):
-            token = model.decode_step(token, state)[:, -1].argmax(dim=-1, keepdim=True)
-        return time.perf_counter() - start
-
-
-def cache_kinds(model, args: argparse.Namespace) -> list[dict]:
-    """Decode tokens/s by cache kind and prompt length, the kinds interleaved, each on
-    the float32 decoding copy that Generator uses."""
-    sliding = build_model(model.config.replace(attention_type="sliding",
-                                               attention_window=args.window)).eval()
-    sliding.load_state_dict(model.state_dict())
-    packed = decoding_copy(model)
-    kinds = {"float32": (packed, None), "int8": (packed, torch.int8),
-             "sliding": (decoding_copy(sliding), None)}
-    rows = []
-    for length in args.cache_prompt_lengths:
-        for batch in (1, 8):
-            prompt = prompts(batch, length, model.config.tgt_vocab_size, seed=length)
-            times: dict[str, list[float]] = {name: [] for name in kinds}
-            for repeat in range(args.repeats + 1):          # the first round warms up
-                for name, (net, dtype) in kinds.items():
-                    seconds = time_decode_steps(net, prompt, args.new_tokens, dtype)
-                    if repeat:
-                        times[name].append(seconds)
-            record = {"prompt_length": length, "batch": batch}
-            for name in kinds:
-                record[name] = batch * args.new_tokens / statistics.median(times[name])
-            print(f"prompt {length:4d}, batch {batch}: decode tok/s " + ", ".join(
-                f"{name} {record[name]:.1f}" for name in kinds))
-            rows.append(record)
-    return rows
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=12)
@@ -147,8 +103,6 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--prompt-length", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--window", type=int, default=128)
-    parser.add_argument("--cache-prompt-lengths", type=int, nargs="+", default=[64, 256, 768])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=Path("bench/results/generate-cpu.json"))
@@ -165,7 +119,6 @@ def main() -> None:
               "model": {"layers": args.layers, "d_model": args.d_model, "heads": args.heads,
                         "parameters": model.num_parameters()},
               "versus_hf_generate": compare_with_hf(hf, ours, args),
-              "decode_by_cache_kind": cache_kinds(model, args),
               "seconds": time.time() - started}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

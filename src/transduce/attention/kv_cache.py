@@ -9,7 +9,9 @@
                       returns views. Size per layer, by the seeds' formula (kv_cache_bytes):
                       2 x kv_heads x head_dim x bytes x tokens x batch.
     QuantizedKVCache  the same in int8, one float scale per token and head: about 4x
-                      smaller than float32 (plus the scales).
+                      smaller than float32 (plus the scales); a decoding step reads the
+                      integers directly (quantized.py), no float copy is made.
+    Int4KVCache       4-bit values, two per byte, a float scale per group of 32.
     ConcatKVCache     keys and values grown by concatenation instead of written into
                       preallocated buffers: the form an exported graph takes (past in,
                       present = past + this step out), where nothing is updated in place.
@@ -28,6 +30,7 @@ from torch import Tensor
 
 from transduce.attention import masks
 from transduce.attention.kernels import attention
+from transduce.attention.quantized import quantized_decode_attention
 
 # attend() returns the output (B, H, T, D), and the weights (B, H, T, S) when asked.
 Attended = Tensor | tuple[Tensor, Tensor]
@@ -167,40 +170,78 @@ class ConcatKVCache(AttentionCache):
         self.k, self.v = self.k[:, :, :0], self.v[:, :, :0]
 
 
-class QuantizedKVCache(KVCache):
-    """Keys and values stored as int8 with a symmetric scale per (token, head):
-    x ~ scale * round(x / scale), scale = max|x| / 127 over the head's D values.
-    update() returns the dequantized keys and values in the dtype they arrived in."""
+class QuantizedCache(KVCache):
+    """What the int8 and int4 caches share: integer keys and values with float32 scales
+    beside them. A decoding step (one query per row) attends by reading the integers
+    directly (quantized.py: the scales are applied to scores and weights, no float copy
+    of the cache is made); the prompt's prefill and requests for the weights dequantize
+    what is held and use the ordinary kernels."""
 
     _buffers = ("k", "v", "k_scale", "v_scale")
+
+    def _allocate_scales(self, groups: int, device: torch.device | str | None) -> None:
+        batch, kv_heads, max_len = self.k.shape[:3]
+        self.k_scale = torch.zeros(batch, kv_heads, max_len, groups, device=device)
+        self.v_scale = torch.zeros(batch, kv_heads, max_len, groups, device=device)
+
+    @abstractmethod
+    def quantize(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, Hkv, T, D) -> the stored integers and their scales."""
+
+    @abstractmethod
+    def dequantize(self, stored: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+        """Stored integers and their scales (B, Hkv, S, ...) -> (B, Hkv, S, D) in dtype."""
+
+    def store(self, k_new: Tensor, v_new: Tensor) -> None:
+        """Append (B, Hkv, T, D) keys and values, quantized."""
+        start = self.length
+        k_stored, k_scale = self.quantize(k_new)
+        v_stored, v_scale = self.quantize(v_new)
+        KVCache.update(self, k_stored, v_stored)
+        self.k_scale[:, :, start:self.length] = k_scale
+        self.v_scale[:, :, start:self.length] = v_scale
+
+    def update(self, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
+        """Append, and return every held key and value dequantized to k_new's dtype."""
+        self.store(k_new, v_new)
+        end = self.length
+        return (self.dequantize(self.k[:, :, :end], self.k_scale[:, :, :end], k_new.dtype),
+                self.dequantize(self.v[:, :, :end], self.v_scale[:, :, :end], k_new.dtype))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
+               causal: bool, impl: str, return_weights: bool = False,
+               position_bias: Tensor | None = None) -> Attended:
+        if q.shape[2] != 1 or return_weights:
+            k, v = self.update(k, v)
+            return attention(q, k, v, mask, causal=causal, impl=impl,
+                             return_weights=return_weights, position_bias=position_bias)
+        self.store(k, v)
+        return quantized_decode_attention(q, self.k, self.k_scale, self.v, self.v_scale, mask,
+                                          length=self.length, position_bias=position_bias)
+
+
+class QuantizedKVCache(QuantizedCache):
+    """Keys and values stored as int8 with a symmetric scale per (token, head):
+    x ~ scale * round(x / scale), scale = max|x| / 127 over the head's D values."""
 
     def __init__(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, *,
                  device: torch.device | str | None = None):
         super().__init__(batch_size, num_kv_heads, max_len, head_dim, dtype=torch.int8,
                          device=device)
-        scale_shape = (batch_size, num_kv_heads, max_len, 1)
-        self.k_scale = torch.zeros(scale_shape, dtype=torch.float32, device=device)
-        self.v_scale = torch.zeros(scale_shape, dtype=torch.float32, device=device)
+        self._allocate_scales(1, device)
 
-    def update(self, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
-        start, dtype = self.length, k_new.dtype
-        k_int, k_scale = quantize_int8(k_new)
-        v_int, v_scale = quantize_int8(v_new)
-        super().update(k_int, v_int)
-        self.k_scale[:, :, start:self.length] = k_scale
-        self.v_scale[:, :, start:self.length] = v_scale
-        end = self.length
-        return (self.k[:, :, :end].to(dtype) * self.k_scale[:, :, :end].to(dtype),
-                self.v[:, :, :end].to(dtype) * self.v_scale[:, :, :end].to(dtype))
+    def quantize(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return quantize_int8(x)
+
+    def dequantize(self, stored: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+        return stored.to(dtype) * scale.to(dtype)
 
 
-class Int4KVCache(KVCache):
+class Int4KVCache(QuantizedCache):
     """Keys and values stored as 4-bit integers, two per byte, with a symmetric float32
     scale per group of INT4_GROUP values of a (token, head) vector:
     x ~ scale * round(x / scale), scale = max|x| / 7 over the group. A quarter of
-    float16's bytes plus the scales; update() returns the dequantized keys and values."""
-
-    _buffers = ("k", "v", "k_scale", "v_scale")
+    float16's bytes plus the scales."""
 
     def __init__(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, *,
                  device: torch.device | str | None = None):
@@ -210,20 +251,13 @@ class Int4KVCache(KVCache):
         super().__init__(batch_size, num_kv_heads, max_len, head_dim // 2, dtype=torch.uint8,
                          device=device)
         self.group = int4_group(head_dim)
-        scale_shape = (batch_size, num_kv_heads, max_len, head_dim // self.group)
-        self.k_scale = torch.zeros(scale_shape, dtype=torch.float32, device=device)
-        self.v_scale = torch.zeros(scale_shape, dtype=torch.float32, device=device)
+        self._allocate_scales(head_dim // self.group, device)
 
-    def update(self, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
-        start, dtype = self.length, k_new.dtype
-        k_packed, k_scale = quantize_int4(k_new, self.group)
-        v_packed, v_scale = quantize_int4(v_new, self.group)
-        super().update(k_packed, v_packed)
-        self.k_scale[:, :, start:self.length] = k_scale
-        self.v_scale[:, :, start:self.length] = v_scale
-        end = self.length
-        return (dequantize_int4(self.k[:, :, :end], self.k_scale[:, :, :end], dtype),
-                dequantize_int4(self.v[:, :, :end], self.v_scale[:, :, :end], dtype))
+    def quantize(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return quantize_int4(x, self.group)
+
+    def dequantize(self, stored: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+        return dequantize_int4(stored, scale, dtype)
 
 
 INT4_GROUP = 32
