@@ -99,7 +99,7 @@ def test_wide_vocabularies_are_stored_as_uint32(tiny_corpus, tmp_path):
 
 
 class RecordingTokens:
-    """Stands for the mapped ids: records which spans a process reads."""
+    """Stands for the stored ids: records which spans a process reads."""
 
     def __init__(self, tokens):
         self.tokens, self.read = tokens, []

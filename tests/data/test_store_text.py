@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.data.test_store import RecordingTokens
 from transduce.config import TrainConfig, preset
 from transduce.data.batching import EncoderBatcher, PackedBatcher, TokenBatcher, pack_stream
 from transduce.data.corpus import CorpusError, write_text_metadata
@@ -107,20 +108,6 @@ def test_lines_from_the_store_equal_those_from_memory(counting):
     b = TokenBatcher(None, memory.ids, 100, seed=1, line_numbers=memory.line_numbers)
     for x, y in zip(a.epoch_batches(0), b.epoch_batches(0), strict=True):
         assert_same_tensors(a.collate(x), b.collate(y), BATCH_FIELDS)
-
-
-class RecordingTokens:
-    """Stands for the mapped ids: records which spans are read."""
-
-    def __init__(self, tokens):
-        self.tokens, self.read = tokens, []
-
-    def __getitem__(self, key):
-        self.read.append((key.start, key.stop))
-        return self.tokens[key]
-
-    def __len__(self):
-        return len(self.tokens)
 
 
 def recording_ids(directory):
