@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the project uses when they are missing: the built-in Bible
-# corpus (diatheke and the SWORD modules) and Chromium, the browser that the serve page's
-# end-to-end tests drive (Playwright cannot download its own browser here).
+# corpus (diatheke and the SWORD modules), Chromium, the browser that the serve page's
+# end-to-end tests drive (Playwright cannot download its own browser here), and g++, with
+# which torch.compile builds the quantized KV caches' decoding kernel (and --compile).
 # Needs root and apt-get; without them it says what to install and exits 0, so that the
 # test suite still runs (the tests that need them are then skipped with that reason).
 set -u
-packages="diatheke sword-text-sparv sword-text-kjv sword-text-web chromium"
+packages="diatheke sword-text-sparv sword-text-kjv sword-text-web chromium g++"
 missing=""
 for package in $packages; do
     dpkg -s "$package" >/dev/null 2>&1 || missing="$missing $package"
