@@ -140,7 +140,9 @@ def test_generate_page_streams_the_continuation(browser_page, generator):
     page = browser_page
     with ServerThread(create_app(generator)) as server:
         page.goto(server.url + "/")
-        assert page.is_visible("#generate-panel") and page.is_hidden("#translate-panel")
+        # The page shows the loaded model's panel once it has read /v1/models.
+        page.wait_for_selector("#generate-panel", state="visible", timeout=30_000)
+        assert page.is_hidden("#translate-panel")
         page.fill("#prompt", "uno dos")
         page.fill("#max-new", "12")
         page.click("#generate")
