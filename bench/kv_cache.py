@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import machine_info, time_interleaved  # noqa: E402
 from transduce.attention.kernels import _naive, _sdpa  # noqa: E402
-from transduce.attention.kv_cache import (dequantize_int4, quantize_int4,  # noqa: E402
-                                          quantize_int8)
+from transduce.attention.kv_cache import (dequantize_int4, dequantize_int8,  # noqa: E402
+                                          quantize_int4, quantize_int8)
 from transduce.attention.quantized import quantized_decode_attention  # noqa: E402
 from transduce.config import preset  # noqa: E402
 from transduce.data.corpus import read_lines  # noqa: E402
@@ -60,8 +60,9 @@ def attention_alone(args: argparse.Namespace) -> list[dict]:
         calls = {
             "float32 sdpa": lambda: _sdpa(q, k, v, None, False, 0.0, scale),
             "float32 products": lambda: _naive(q, k, v, None, False, 0.0, scale),
-            "int8 dequantize + sdpa": lambda: _sdpa(q, k8.float() * k8s, v8.float() * v8s,
-                                                    None, False, 0.0, scale),
+            "int8 dequantize + sdpa": lambda: _sdpa(
+                q, dequantize_int8(k8, k8s, torch.float32),
+                dequantize_int8(v8, v8s, torch.float32), None, False, 0.0, scale),
             "int8 kernel": lambda: quantized_decode_attention(q, k8, k8s, v8, v8s),
             "int4 dequantize + sdpa": lambda: _sdpa(
                 q, dequantize_int4(k4, k4s, torch.float32),

@@ -234,7 +234,7 @@ class QuantizedKVCache(QuantizedCache):
         return quantize_int8(x)
 
     def dequantize(self, stored: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
-        return stored.to(dtype) * scale.to(dtype)
+        return dequantize_int8(stored, scale, dtype)
 
 
 class Int4KVCache(QuantizedCache):
@@ -328,6 +328,11 @@ def keep_rows(x: Tensor, index: Tensor, length: int | None = None) -> Tensor:
     new = x.new_empty((rows,) + x.shape[1:])
     torch.index_select(filled(x), 0, index, out=filled(new))
     return new
+
+
+def dequantize_int8(values: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """int8 values (..., D), scales (..., 1) -> (..., D) in dtype."""
+    return values.to(dtype) * scale.to(dtype)
 
 
 def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
