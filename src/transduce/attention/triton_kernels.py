@@ -55,6 +55,32 @@ def _dropout_keep(seed, bh, offs_m, offs_n, T, S, dropout_p):
 
 
 @triton.jit
+def _forward_tile(acc, denom, row_max, q, k_base, v_base, mask_base, bias_row, start,
+                  offs_m, offs_n, svs, sks, sms, T, S, offset, qk_scale, dropout_p, seed, bh,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+                  HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    """One key tile of the online softmax: -> (acc, denom, row_max) updated."""
+    cols = start + offs_n
+    offs_d = tl.arange(0, BLOCK_D)
+    s = _tile_scores(q, k_base + cols[:, None] * sks, mask_base + cols[None, :] * sms,
+                     bias_row, offs_m, cols, T, S, offset, qk_scale,
+                     HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, HAS_BIAS, PRECISION)
+    new_max = tl.maximum(row_max, tl.max(s, 1))
+    shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # rows that saw no key yet
+    p = tl.math.exp2(s - shift[:, None])
+    rescale = tl.math.exp2(row_max - shift)
+    denom = denom * rescale + tl.sum(p, 1)
+    if DROPOUT:
+        keep = _dropout_keep(seed, bh, offs_m, cols, T, S, dropout_p)
+        p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
+    v = tl.load(v_base + cols[:, None] * svs,
+                mask=(cols[:, None] < S) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, denom, new_max
+
+
+@triton.jit
 def forward_kernel(Q, K, V, Mask, Bias, Out, Lse,
                    sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
                    smb, smh, smt, sms, sob, soh, sot, sod,
@@ -63,8 +89,11 @@ def forward_kernel(Q, K, V, Mask, Bias, Out, Lse,
                    BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                    DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """grid (cdiv(T, BLOCK_M), B * H): O (B, H, T, D) and lse2 (B, H, T) of one query block.
-    Bias: the position bias (H, T + S - 1), contiguous."""
+    Bias: the position bias (H, T + S - 1), contiguous. Causal blocks run last rows first
+    (they have the most keys), so the short ones fill the tail of the launch."""
     pid_m, bh = tl.program_id(0), tl.program_id(1)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
     b, h = bh // H, bh % H
     hk = h // GROUP
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -81,25 +110,21 @@ def forward_kernel(Q, K, V, Mask, Bias, Out, Lse,
     denom = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     end = S
+    below = 0   # key tiles every row of the block sees whole: no causal test needed
     if CAUSAL:
         end = tl.minimum(S, (pid_m + 1) * BLOCK_M + offset)
-    for start in range(0, end, BLOCK_N):
-        cols = start + offs_n
-        s = _tile_scores(q, k_base + cols[:, None] * sks, mask_base + cols[None, :] * sms,
-                         Bias + h * (T + S - 1), offs_m, cols, T, S, offset, qk_scale,
-                         HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, HAS_BIAS, PRECISION)
-        new_max = tl.maximum(row_max, tl.max(s, 1))
-        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # rows that saw no key yet
-        p = tl.math.exp2(s - shift[:, None])
-        rescale = tl.math.exp2(row_max - shift)
-        denom = denom * rescale + tl.sum(p, 1)
-        if DROPOUT:
-            keep = _dropout_keep(seed, bh, offs_m, cols, T, S, dropout_p)
-            p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
-        v = tl.load(v_base + cols[:, None] * svs,
-                    mask=(cols[:, None] < S) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        row_max = new_max
+        below = tl.maximum(pid_m * BLOCK_M + offset + 1, 0) // BLOCK_N * BLOCK_N
+        below = tl.minimum(below, end)
+    for start in range(0, below, BLOCK_N):
+        acc, denom, row_max = _forward_tile(
+            acc, denom, row_max, q, k_base, v_base, mask_base, Bias + h * (T + S - 1),
+            start, offs_m, offs_n, svs, sks, sms, T, S, offset, qk_scale, dropout_p, seed, bh,
+            HEAD_DIM, BLOCK_D, False, HAS_MASK, DROPOUT, HAS_BIAS, PRECISION)
+    for start in range(below, end, BLOCK_N):
+        acc, denom, row_max = _forward_tile(
+            acc, denom, row_max, q, k_base, v_base, mask_base, Bias + h * (T + S - 1),
+            start, offs_m, offs_n, svs, sks, sms, T, S, offset, qk_scale, dropout_p, seed, bh,
+            HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, DROPOUT, HAS_BIAS, PRECISION)
 
     empty = denom == 0.0
     out = acc / tl.where(empty, 1.0, denom)[:, None]
