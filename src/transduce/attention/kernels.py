@@ -120,7 +120,11 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
         return _naive(q, k, v, mask, causal, dropout_p, scale, position_bias)[0]
     if position_bias is not None:
         return _sdpa_with_bias(q, k, v, mask, causal, dropout_p, scale, position_bias)
-    use_is_causal = causal and mask is None and num_queries == num_keys
+    # A branch, not an expression: under torch.compile with dynamic shapes the comparison
+    # is symbolic, SDPA takes only a Python bool, and a branch makes the graph guard on it.
+    use_is_causal = False
+    if causal and mask is None and num_queries == num_keys:
+        use_is_causal = True
     if causal and not use_is_causal:
         mask = masks.combine(mask, masks.causal_mask(num_queries, num_keys, device=q.device))
     with _shape_agnostic_backends(q.device):

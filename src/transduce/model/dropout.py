@@ -5,7 +5,8 @@ torch's CPU dropout draws one Bernoulli sample per element, which cost 5-6 ms pe
 it, 17 times a training step. Here one 64-bit draw gives four 16-bit uniforms, each
 compared with a threshold: 1.1 ms for the same mask. The drop probability is rounded to
 a multiple of 2^-16 and the kept values are scaled by the exact inverse of the keep
-probability, so the output stays unbiased. Other devices use torch's own kernel.
+probability, so the output stays unbiased. Other devices, and compiled graphs (which
+fuse their own draw into the kernels around it), use torch's own dropout.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """x with each entry zeroed with probability p and the rest scaled by 1 / (1 - p)."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or p >= 1.0:
-        return F.dropout(x, p, training)
+    if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
+        return F.dropout(x, p, training)   # a compiled graph draws its own, fused
     keep, scale = keep_mask(x.shape, p, x.device)
     return x * keep.to(x.dtype).mul_(scale)
 

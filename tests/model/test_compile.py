@@ -1,0 +1,61 @@
+"""torch.compile captures the training forward and backward whole: no graph breaks, with
+dynamic shapes, for every attention impl that runs on the CPU. A break splits the
+compiled step into pieces with Python between them and costs most of what compiling
+gains: on an H100, one in SDPA's causal flag (a symbolic bool under dynamic shapes)
+made the compiled base model train slower than the uncompiled one.
+
+The graphs are captured with the "eager" backend: the same tracing as Inductor, without
+generating kernels, so the test is quick."""
+
+import pytest
+import torch
+
+from transduce.config import preset
+from transduce.model import build_model
+
+# (batch, source length, target length): equal lengths (SDPA's own causal flag), unequal
+# ones, and a new batch size, all through the same graph.
+SHAPES = [(4, 13, 13), (6, 17, 9), (3, 20, 21)]
+
+
+def batches(vocab: int):
+    generator = torch.Generator().manual_seed(0)
+    for batch, source, target in SHAPES:
+        src = torch.randint(4, vocab, (batch, source), generator=generator)
+        tgt = torch.randint(4, vocab, (batch, target), generator=generator)
+        src[0, -3:] = 0   # padding on both sides
+        tgt[1, -2:] = 0
+        yield src, tgt
+
+
+def forward(model, arch: str, src, tgt):
+    return model(tgt, project=False) if arch == "decoder" else model(src, tgt, project=False)
+
+
+@pytest.mark.parametrize("arch,impl", [("transformer", "sdpa"), ("transformer", "naive"),
+                                       ("transformer", "flash"), ("decoder", "sdpa")])
+def test_the_training_step_compiles_to_one_graph_and_computes_the_same(arch, impl):
+    config = preset("gpt-tiny" if arch == "decoder" else "tiny", src_vocab_size=300,
+                    tgt_vocab_size=300, attention_impl=impl, dropout=0.0)
+    torch.manual_seed(0)
+    model = build_model(config).train()
+    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend="eager")
+    for src, tgt in batches(300):
+        expected = forward(model, arch, src, tgt)
+        expected_grads = torch.autograd.grad(expected.square().sum(), list(model.parameters()))
+        got = forward(compiled, arch, src, tgt)
+        got_grads = torch.autograd.grad(got.square().sum(), list(model.parameters()))
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        for a, b in zip(got_grads, expected_grads):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_dropout_compiles_without_a_break():
+    """Training with dropout on: the CPU's own dropout draw (model/dropout.py) gives way
+    to torch's inside a compiled graph, which fuses it."""
+    torch.manual_seed(0)
+    model = build_model(preset("tiny", src_vocab_size=300, tgt_vocab_size=300)).train()
+    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend="eager")
+    for src, tgt in batches(300):
+        compiled(src, tgt, project=False).sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
