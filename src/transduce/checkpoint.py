@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, load_model, save_file
 from torch import nn
 
 from transduce import atomic
@@ -83,11 +83,29 @@ def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
     with atomic.atomic_directory(path) as temporary:
         _write_config(temporary, model.config, train_config, origin, section,
                       getattr(model, "labels", None))
-        save_model(model, str(temporary / WEIGHTS))
+        _save_weights(model, temporary / WEIGHTS)
         write_tokenizer(temporary)
         if trainer_state is not None:
             torch.save(trainer_state, temporary / TRAINER_STATE)
     return path
+
+
+def _save_weights(model: nn.Module, file: Path) -> None:
+    """The weights as safetensors' save_model writes them (a tensor under two names, a
+    tied matrix, is stored once and the other name recorded in the metadata), except that
+    distinct views into one buffer are copied apart: on a GPU, cuDNN packs an RNN's
+    weights into one buffer, which save_model refuses."""
+    tensors: dict[str, torch.Tensor] = {}
+    metadata: dict[str, str] = {}
+    first_name: dict[tuple, str] = {}
+    for name, tensor in model.state_dict().items():
+        view = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if tensor.numel() and view in first_name:
+            metadata[name] = first_name[view]
+            continue
+        first_name[view] = name
+        tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
+    save_file(tensors, str(file), metadata=metadata or None)
 
 
 def _tokenizer_writer(tokenizer: Path | TextTokenizer):

@@ -2,7 +2,6 @@
 (torchrun --nnodes 2 on one machine, rendezvous on 127.0.0.1, gloo) the same model as
 one process with twice the update frequency, each rank reading only its share."""
 
-import os
 import shutil
 import socket
 import subprocess
@@ -16,8 +15,8 @@ from transduce.data.store import build_store
 from transduce.data.tokenizer import MODEL_NAME, Tokenizer
 from transduce.model import load_model
 from transduce.train.loop import train
+from tests.train.test_loop import CPU_ENV
 
-REPO = Path(__file__).resolve().parents[2]
 COMMON = ["--preset", "tiny", "--dropout", "0.0", "--max-tokens", "200", "--max-steps", "4",
           "--warmup-steps", "4", "--threads", "1", "--eval-every", "1000",
           "--save-every", "1000"]
@@ -53,12 +52,9 @@ def free_port() -> int:
 
 def test_two_nodes_on_loopback_equal_one_process_with_double_update_freq(tiny_corpus, tmp_path):
     corpus = stored_corpus(tiny_corpus, tmp_path / "stored")
-    # gloo processes on the CPU, also on a machine with one GPU (two NCCL ranks need two)
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": ""}
     single = subprocess.run([sys.executable, "-m", "transduce", "train", "--data", str(corpus),
                              "--out", str(tmp_path / "one"), "--update-freq", "2", *COMMON],
-                            env=env, capture_output=True, text=True, timeout=300)
+                            env=CPU_ENV, capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stdout + single.stderr
     port = free_port()
     nodes = [subprocess.Popen(
@@ -66,7 +62,7 @@ def test_two_nodes_on_loopback_equal_one_process_with_double_update_freq(tiny_co
          "1", "--node_rank", str(rank), "--master_addr", "127.0.0.1", "--master_port",
          str(port), "-m", "transduce", "train", "--data", str(corpus), "--out",
          str(tmp_path / "two"), "--update-freq", "1", *COMMON],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env=CPU_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for rank in (0, 1)]
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)

@@ -3,7 +3,7 @@ import torch
 
 from transduce import checkpoint
 from transduce.config import TrainConfig, preset
-from transduce.model import Transformer, load_model
+from transduce.model import Transformer, build_model, load_model
 
 @pytest.fixture
 def tokenizer_file(tmp_path):
@@ -29,6 +29,23 @@ def test_save_and_load_round_trip_keeps_tied_weights(tmp_path, tokenizer_file):
     assert loaded.output_proj.weight is loaded.encoder.embed.embedding.weight
     model_config, train_config = checkpoint.read_configs(path)
     assert model_config == model.config and train_config == TrainConfig()
+
+
+def test_weights_that_are_views_of_one_buffer_are_saved_apart(tmp_path, tokenizer_file):
+    """On a GPU, cuDNN packs an RNN's weights into one buffer (each parameter a view of
+    it); the checkpoint must store them as separate tensors and load them back."""
+    torch.manual_seed(0)
+    model = build_model(preset("tiny", arch="rnn-luong", src_vocab_size=40, tgt_vocab_size=40))
+    rnn_weights = [p for n, p in model.named_parameters() if n.startswith("encoder.")]
+    flat = torch.cat([p.detach().flatten() for p in rnn_weights])
+    offset = 0
+    for parameter in rnn_weights:   # as cuDNN's flatten_parameters leaves them
+        parameter.data = flat[offset:offset + parameter.numel()].view_as(parameter)
+        offset += parameter.numel()
+    checkpoint.save(tmp_path / "run", model, None, tokenizer_file)
+    loaded = load_model(tmp_path / "run")
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
 
 
 def test_a_killed_save_leaves_no_checkpoint_and_is_cleaned_up(tmp_path, tokenizer_file):

@@ -4,7 +4,6 @@ class names, fine-tuning from a pre-trained checkpoint (a new head, named), bad
 labelled input named by file:line, and the refusals."""
 
 import json
-import os
 import random
 import re
 import subprocess
@@ -25,7 +24,7 @@ from transduce.train.encoder import (EncoderObjective, EncoderTrainingError,
                                      unused_parameter_names)
 from transduce.train.log import LOG_NAME
 from transduce.train.loop import train
-from tests.train.test_loop import REPO, assert_two_processes_trained_alike, weights
+from tests.train.test_loop import CPU_ENV, assert_two_processes_trained_alike, weights
 
 WORDS = "one two three four five six seven eight nine ten eleven twelve".split()
 VOCAB = 320
@@ -234,10 +233,9 @@ def test_the_heads_an_objective_never_runs_are_named(task, objective, unused):
 
 
 def train_in_one_process(arguments, out):
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     single = subprocess.run([sys.executable, "-m", "transduce", "train", "--out", str(out),
                              "--update-freq", "2", *arguments],
-                            env=env, capture_output=True, text=True, timeout=300)
+                            env=CPU_ENV, capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stdout + single.stderr
 
 

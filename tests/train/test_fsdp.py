@@ -2,7 +2,6 @@
 on the CPU: the weights DDP trains, exact resume, checkpoints in the ordinary format,
 and the refusals."""
 
-import os
 import shutil
 import subprocess
 import sys
@@ -17,11 +16,7 @@ from transduce.decode.translate import Translator
 from transduce.model import load_model
 from transduce.train.sharding import check_fsdp_config
 from tests.train import test_encoder
-from tests.train.test_loop import FAIL_AT_STEP_2, REPO, run_two_processes, weights
-
-# The processes of run_two_processes: on the CPU, one thread each.
-CPU_ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": ""}
+from tests.train.test_loop import CPU_ENV, FAIL_AT_STEP_2, run_two_processes, weights
 
 # Float32 (autocast would round differently on CPUs with and without bfloat16) and no
 # biases: a key projection's bias has a gradient of exactly zero (softmax ignores a

@@ -4,11 +4,9 @@ against an independent computation, the refusals, the CLI defaults, --init, FLOP
 
 import json
 import math
-import os
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,12 +22,11 @@ from transduce.data.tokenizer import BOS_ID, EOS_ID, MODEL_NAME, Tokenizer, trai
 from transduce.decode.search import greedy_search
 from transduce.model import build_model, load_model
 from transduce.train import loop
-from tests.train.test_loop import assert_two_processes_trained_alike, weights
+from tests.train.test_loop import CPU_ENV, assert_two_processes_trained_alike, weights
 from transduce.train.flops import forward_flops
 from transduce.train.log import LOG_NAME
 from transduce.train.loop import train
 
-REPO = Path(__file__).resolve().parents[2]
 WORDS = "one two three four five six seven eight nine ten eleven twelve".split()
 VOCAB = 320   # every word one piece
 
@@ -110,10 +107,9 @@ def test_two_processes_equal_one_with_double_update_freq_packed(counting, tmp_pa
     common = ["--data", str(counting), "--preset", "gpt-tiny", "--dropout", "0.0",
               "--max-tokens", "64", "--pack-length", "16", "--max-steps", "4",
               "--warmup-steps", "5", "--threads", "1", "--dtype", "float32"]
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     single = subprocess.run([sys.executable, "-m", "transduce", "train", "--out",
                              str(tmp_path / "one"), "--update-freq", "2", *common],
-                            env=env, capture_output=True, text=True, timeout=300)
+                            env=CPU_ENV, capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stdout + single.stderr
     assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)
 

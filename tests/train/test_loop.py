@@ -22,6 +22,11 @@ from transduce.train.log import LOG_NAME
 from transduce.train.loop import TrainingError, train
 
 REPO = Path(__file__).resolve().parents[2]
+# Training subprocesses: on the CPU with one thread each, also on a machine with a GPU,
+# so that runs compared with each other run where the two-process ones must (gloo on the
+# CPU: two NCCL ranks would need two GPUs).
+CPU_ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1",
+           "CUDA_VISIBLE_DEVICES": ""}
 
 
 def tiny_config(**changes):
@@ -123,8 +128,7 @@ def test_cli_config_file_and_flags(tiny_corpus, tmp_path, capsys):
 
 
 def run_cli(args, **kwargs):
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "transduce", *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "transduce", *args], env=CPU_ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
@@ -183,12 +187,9 @@ def run_two_processes(worker: Path, args: list[str], prelude: str = "",
     and that no thread of the process group (gloo's workers, its TCP loop) was left
     running once train() destroyed it, whatever the run's outcome."""
     worker.write_text(WORKER.replace("PRELUDE", prelude), encoding="utf-8")
-    # gloo processes on the CPU, also on a machine with one GPU (two NCCL ranks need two)
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                              "--nproc_per_node", "2", *launcher, str(worker), *args],
-                            env=env, capture_output=True, text=True, timeout=300)
+                            env=CPU_ENV, capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert "terminate called" not in output and "SIGABRT" not in output, output
     left = re.findall(r"threads left: \[([^\]]*)\]", result.stdout)

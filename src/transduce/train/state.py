@@ -96,9 +96,10 @@ def restore(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         checkpoint.load_weights(model, latest, device)
         _load_optimizer(optimizer, state["optimizer"], latest)
     rng = state["rng"][rank] if rank < len(state["rng"]) else state["rng"][0]
-    torch.set_rng_state(rng["torch"])
+    # The state was read onto `device`; random states are set from CPU byte tensors.
+    torch.set_rng_state(rng["torch"].cpu())
     if rng.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(rng["cuda"])
+        torch.cuda.set_rng_state(rng["cuda"].cpu())
     return Position(**state["position"]), state
 
 
