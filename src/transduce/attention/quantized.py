@@ -97,11 +97,11 @@ def int8_step(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor,
     """q (N, G, D) pre-scaled float32; k, v int8 (N, L, D) and scales (N, L, 1), the
     cache's buffers, of which the first S = additive.shape[-1] positions are read;
     additive (N, G, S) -> (N, G, D)."""
-    num_keys = additive.shape[-1]
-    k, k_scale, v, v_scale = (x.narrow(1, 0, num_keys) for x in (k, k_scale, v, v_scale))
-    scores = (q[:, :, None, :] * k[:, None].float()).sum(-1) * k_scale[:, None, :, 0]
-    weights = _softmax(scores, additive) * v_scale[:, None, :, 0]       # (N, G, S)
-    return (weights[..., None] * v[:, None].float()).sum(2)
+    k, k_scale, v, v_scale = _first_keys(additive, k[:, None], k_scale[:, None, :, 0],
+                                         v[:, None], v_scale[:, None, :, 0])
+    scores = (q[:, :, None, :] * k.float()).sum(-1) * k_scale            # (N, G, S)
+    weights = _softmax(scores, additive) * v_scale                       # (N, G, S)
+    return (weights[..., None] * v.float()).sum(2)
 
 
 def int4_step(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor,
@@ -113,23 +113,43 @@ def int4_step(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor, v_scale: Tensor,
     scale multiplies a whole dot product, and every expression is elementwise on the
     packed bytes or a sum, so the compiled kernel reads each byte once and never stores
     the values as floats."""
-    num_keys, groups = additive.shape[-1], k_scale.shape[-1]
+    groups = k_scale.shape[-1]
     per_group = k.shape[-1] // groups                                    # bytes per group
-    k, k_scale, v, v_scale = (x.narrow(1, 0, num_keys) for x in (k, k_scale, v, v_scale))
     scores = torch.zeros_like(additive)                                  # (N, G, S)
     for group in range(groups):
-        low, high = _nibbles(k[:, None, :, group * per_group:(group + 1) * per_group])
+        cols = slice(group * per_group, (group + 1) * per_group)         # the group's bytes
+        keys, scale = _first_keys(additive, k[:, None, :, cols], k_scale[:, None, :, group])
+        low, high = _nibbles(keys)                                       # (N, 1, S, D/2C)
         values = q[:, :, None, 2 * group * per_group:2 * (group + 1) * per_group]
         dots = (values[..., 0::2] * low + values[..., 1::2] * high).sum(-1)    # (N, G, S)
-        scores = scores + dots * k_scale[:, None, :, group]
+        scores = scores + dots * scale
     weights = _softmax(scores, additive)                                 # (N, G, S)
     out = []
     for group in range(groups):
-        low, high = _nibbles(v[:, None, :, group * per_group:(group + 1) * per_group])
-        scaled = (weights * v_scale[:, None, :, group])[..., None]       # (N, G, S, 1)
+        cols = slice(group * per_group, (group + 1) * per_group)
+        packed, scale = _first_keys(additive, v[:, None, :, cols], v_scale[:, None, :, group])
+        low, high = _nibbles(packed)
+        scaled = (weights * scale)[..., None]                            # (N, G, S, 1)
         even, odd = (scaled * low).sum(2), (scaled * high).sum(2)        # (N, G, D/2C)
         out.append(torch.stack([even, odd], dim=-1).flatten(-2))
     return torch.cat(out, dim=-1)
+
+
+def _first_keys(additive: Tensor, *views: Tensor) -> tuple[Tensor, ...]:
+    """The first S = additive.shape[-1] positions (dim 2) of views (N, 1, L, ...) of the
+    cache's buffers, read in place.
+
+    The narrowing comes after every other view of a buffer (the head axis, a scale's
+    column, an int4 group's bytes), never before: Inductor lays out a view of a narrowed
+    buffer by asking whether S == L (the narrowed rows are contiguous only then), a
+    question about the traced sizes that is answered once and compiled in: a kernel
+    traced with S == L was compiled again at the first S < L, and one traced with S < L
+    at the first S == L (torch 2.13 too). torch 2.11 went further: where S == L when
+    traced, it substituted L for S from then on, could no longer prove the other
+    buffers' narrows in range (S <= L), took them for data-dependent slices and failed
+    to lower them (LoweringException: KeyError: 'unbacked_bindings')."""
+    num_keys = additive.shape[-1]
+    return tuple(view.narrow(2, 0, num_keys) for view in views)
 
 
 def _nibbles(packed: Tensor) -> tuple[Tensor, Tensor]:
