@@ -29,6 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from transduce.attention import attention  # noqa: E402
 from transduce.attention.triton_flash import Tiles, triton_attention  # noqa: E402
+from transduce.train.flops import matmul_peak  # noqa: E402
 
 IMPLS = ("triton", "sdpa-flash", "flash", "naive")
 MODES = ("forward", "forward+backward")
@@ -171,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         sweep(args)
         return
     rows = []
+    matmul_peak(torch.bfloat16, "cuda", seconds=2.0)   # the GPU's clocks up from idle first
     for dtype in args.dtypes:
         for D in args.head_dims:
             for causal in (False, True):

@@ -2,8 +2,11 @@
 Bible corpus, bfloat16 autocast, fused Adam, our fused projection + label-smoothed loss.
 
 Peers on the same batches, interleaved in rounds: ours with each attention impl asked
-for (default sdpa and triton), and Hugging Face's MarianMTModel of the same shape under
-the same autocast with F.cross_entropy (what its Trainer does with bf16=True). All count
+for (default sdpa and triton), ours under torch.compile ("ours sdpa compiled": the model
+as `transduce train --compile` steps it, shapes dynamic), and Hugging Face's
+MarianMTModel of the same shape under the same autocast with F.cross_entropy (what its
+Trainer does with bf16=True). Every peer first steps through every batch once (kernels
+compiled for each shape, allocator settled); then the rounds are timed. All count
 target tokens that are not padding per second of forward, backward and optimizer step.
 MFU is model FLOPs (train/flops.py, 6 N per token plus attention) per second against the
 GPU's dense bfloat16 peak from its data sheet (989.4 TFLOP/s for H100 SXM and H200), and
@@ -47,15 +50,16 @@ def datasheet_peak(name: str) -> float | None:
 def build(peer: str, preset_name: str, vocab: int):
     """-> a training step on a batch (returning target tokens) and our model's config."""
     torch.manual_seed(0)
-    impl = peer.removeprefix("ours ")
+    impl = peer.removeprefix("ours ").removesuffix(" compiled")
     config = preset(preset_name, src_vocab_size=vocab, tgt_vocab_size=vocab,
                     attention_impl=impl if peer.startswith("ours") else "sdpa")
     ours = Transformer(config)
     if peer.startswith("ours"):
         model = ours.cuda().train()
+        net = torch.compile(model, dynamic=True) if peer.endswith(" compiled") else model
 
         def loss_of(batch):
-            hidden = model(batch.src, batch.tgt_in, project=False)
+            hidden = net(batch.src, batch.tgt_in, project=False)
             return projected_label_smoothed_nll(hidden, model.output_proj.weight, batch.tgt_out,
                                                 SMOOTHING, PAD_ID)[0]
     else:
@@ -96,8 +100,8 @@ def measure(args, max_tokens: int) -> list[dict]:
     steppers = {peer: build(peer, args.preset, vocab) for peer in args.peers}
     config = next(iter(steppers.values()))[1]
     flops = sum(training_flops(config, *b.src.shape, b.tgt_in.shape[1]) for b in chosen)
-    for step, _ in steppers.values():      # warm-up: kernels compiled, allocator settled
-        for batch in chosen[:3]:
+    for step, _ in steppers.values():      # warm-up: kernels compiled (for every batch
+        for batch in chosen:               # shape: a compiled model may specialise), allocator settled
             step(batch)
     torch.cuda.synchronize()
     seconds: dict[str, list[float]] = {peer: [] for peer in steppers}
@@ -124,13 +128,45 @@ def measure(args, max_tokens: int) -> list[dict]:
     return rows
 
 
+def print_row(row: dict, sheet: float | None, measured: float) -> None:
+    """Adds the MFU figures to `row` and prints it."""
+    row["mfu"] = row["model_flops_per_s"] / sheet if sheet else None
+    row["mfu_of_measured_matmul"] = row["model_flops_per_s"] / measured
+    mfu = f"{100 * row['mfu']:5.1f}%" if row["mfu"] is not None else "    -"
+    print(f"{row['peer']:20s} {row['max_tokens']:7d} {row['target_tokens_per_s']:13,.0f} "
+          f"{row['model_flops_per_s'] / 1e12:8.1f} {mfu} "
+          f"{100 * row['mfu_of_measured_matmul']:10.1f}% "
+          f"{row['peak_memory_bytes'] / 2**30:7.2f} GiB", flush=True)
+
+
+def profile_kernels(args, max_tokens: int) -> None:
+    """Each peer's GPU time by kernel over three steps (after three warm-up steps)."""
+    from torch.profiler import ProfilerActivity, profile
+    chosen, vocab = cuda_batches(args.data, max_tokens, 6)
+    for peer in args.peers:
+        step, _ = build(peer, args.preset, vocab)
+        for batch in chosen[:3]:
+            step(batch)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for batch in chosen[3:]:
+                step(batch)
+            torch.cuda.synchronize()
+        print(f"===== {peer}, {max_tokens} tokens: GPU time by kernel over three steps")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20,
+                                        max_name_column_width=60))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--preset", default="base")
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[8192, 16384, 25000])
-    parser.add_argument("--peers", nargs="+", default=["ours sdpa", "ours triton", "hf"])
+    parser.add_argument("--peers", nargs="+",
+                        default=["ours sdpa", "ours triton", "ours sdpa compiled", "hf"])
+    parser.add_argument("--profile", action="store_true",
+                        help="also print each peer's GPU kernels by time over three steps")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "train-cuda.json")
@@ -140,21 +176,17 @@ def main(argv: list[str] | None = None) -> None:
     info = gpu_info()
     sheet = datasheet_peak(info["gpu"])
     measured = matmul_peak(torch.bfloat16, "cuda", size=8192, seconds=2.0)
-    rows = []
-    for max_tokens in args.max_tokens:
-        rows += measure(args, max_tokens)
     print(f"{info['gpu']}: bfloat16 peak {sheet / 1e12 if sheet else float('nan'):.0f} TFLOP/s "
           f"(data sheet), {measured / 1e12:.0f} TFLOP/s measured (8192^3 matmul)")
-    print(f"{'peer':12s} {'tokens':>7s} {'target tok/s':>13s} {'TFLOP/s':>8s} {'MFU':>6s} "
-          f"{'of measured':>11s} {'peak mem':>9s}")
-    for row in rows:
-        row["mfu"] = row["model_flops_per_s"] / sheet if sheet else None
-        row["mfu_of_measured_matmul"] = row["model_flops_per_s"] / measured
-        mfu = f"{100 * row['mfu']:5.1f}%" if row["mfu"] is not None else "    -"
-        print(f"{row['peer']:12s} {row['max_tokens']:7d} {row['target_tokens_per_s']:13,.0f} "
-              f"{row['model_flops_per_s'] / 1e12:8.1f} {mfu} "
-              f"{100 * row['mfu_of_measured_matmul']:10.1f}% "
-              f"{row['peak_memory_bytes'] / 2**30:7.2f} GiB", flush=True)
+    print(f"{'peer':20s} {'tokens':>7s} {'target tok/s':>13s} {'TFLOP/s':>8s} {'MFU':>6s} "
+          f"{'of measured':>11s} {'peak mem':>9s}", flush=True)
+    rows = []
+    for max_tokens in args.max_tokens:   # each size's rows printed as soon as measured
+        for row in measure(args, max_tokens):
+            print_row(row, sheet, measured)
+            rows.append(row)
+    if args.profile:
+        profile_kernels(args, args.max_tokens[-1])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"benchmark": "train", "device": "cuda", "preset": args.preset,
                                     "dtype": "bfloat16 autocast", "machine": info,
