@@ -107,17 +107,22 @@ class TimedRecorder(Recorder):
         return super().__call__(jobs)
 
 
+def after_a_batch_of_four(seconds: float):
+    """A started batcher (10 ms window, nobody else in the server) whose last batch held
+    four jobs and took `seconds`, and its TimedRecorder."""
+    run = TimedRecorder(seconds)
+    batcher, _ = make(run, window_s=0.01, others_coming=lambda: False)
+    first = [batcher.submit(job(run, "k", i)) for i in range(4)]   # queued before it starts
+    batcher.start()
+    [f.result(5) for f in first]
+    return batcher, run
+
+
 def test_after_a_batch_of_n_the_next_waits_for_n_jobs_arriving_slower_than_the_window():
     """Clients answered together come back spread out: four requests 30 ms apart (the
     window is 10 ms) still make one batch, as the last one held four."""
-    run = TimedRecorder(0.5)
-    batcher, _ = make(run, window_s=0.01, others_coming=lambda: False)
-    run.gate.clear()
-    batcher.start()
+    batcher, run = after_a_batch_of_four(0.5)
     try:
-        first = [batcher.submit(job(run, "k", i)) for i in range(4)]
-        run.gate.set()
-        [f.result(5) for f in first]
         second = []
         for i in range(4, 8):
             second.append(batcher.submit(job(run, "k", i)))
@@ -132,14 +137,8 @@ def test_after_a_batch_of_n_the_next_waits_for_n_jobs_arriving_slower_than_the_w
 def test_the_wait_for_a_batch_to_fill_is_bounded_by_a_share_of_the_last_batch():
     """After a batch of four that took 0.5 s, a lone job waits for company at most a
     fifth of that (0.1 s), not for ever."""
-    run = TimedRecorder(0.5)
-    batcher, _ = make(run, window_s=0.01, others_coming=lambda: False)
-    run.gate.clear()
-    batcher.start()
+    batcher, run = after_a_batch_of_four(0.5)
     try:
-        first = [batcher.submit(job(run, "k", i)) for i in range(4)]
-        run.gate.set()
-        [f.result(5) for f in first]
         submitted = time.monotonic()
         assert batcher.submit(job(run, "k", 4)).result(5) == "done 4"
     finally:
