@@ -81,9 +81,9 @@ def main() -> None:
             row = {"decoder": f"ours {dtype}", "beam": beam,
                    **breakdown(translator, lines, beam, args.batch_sentences)}
             rows.append(row)
+            shares = "  ".join(f"{kind} {100 * share:.0f}%" for kind, share in row["shares"].items())
             print(f"{row['decoder']:14s} beam {beam}: {row['sentences_per_s']:6.1f} sentences/s  "
-                  + "  ".join(f"{kind} {100 * share:.0f}%" for kind, share in row["shares"].items()),
-                  flush=True)
+                  f"{shares}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"benchmark": "decode profile", "model": str(args.model),
                                     "split": args.split, "sentences": len(lines),

@@ -100,8 +100,10 @@ def measure(args, max_tokens: int) -> list[dict]:
     steppers = {peer: build(peer, args.preset, vocab) for peer in args.peers}
     config = next(iter(steppers.values()))[1]
     flops = sum(training_flops(config, *b.src.shape, b.tgt_in.shape[1]) for b in chosen)
-    for step, _ in steppers.values():      # warm-up: kernels compiled (for every batch
-        for batch in chosen:               # shape: a compiled model may specialise), allocator settled
+    # Warm-up on every batch: kernels compiled for each shape (a compiled model may
+    # specialise on some), allocator settled.
+    for step, _ in steppers.values():
+        for batch in chosen:
             step(batch)
     torch.cuda.synchronize()
     seconds: dict[str, list[float]] = {peer: [] for peer in steppers}

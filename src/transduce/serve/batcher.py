@@ -13,8 +13,10 @@ clients into a small batch and a large one. So the worker waits while fewer jobs
 queued than the last batch held, or while requests are still arriving (one came within
 the window, or some are inside the server but not yet queued), but never longer than a
 fifth of the last batch's decoding time (nor less than the window) after the oldest
-job: at most a fifth more latency, for full batches. A lone client never waits. Other keys stay queued in arrival order, so none starves. One thread
-decodes, so the model never runs twice at once and two cores are not oversubscribed.
+job: at most a fifth more latency, for full batches. A lone client never waits.
+
+Other keys stay queued in arrival order, so none starves. One thread decodes, so the
+model never runs twice at once and two cores are not oversubscribed.
 
 The queue is bounded: submit() raises QueueFull, which the app answers with 429.
 """
