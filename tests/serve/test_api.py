@@ -312,6 +312,7 @@ def test_health_models_and_docs(mt, enc):
     assert model["kind"] == "translation" and model["languages"] == {"source": "es", "target": "en"}
     assert model["parameters"] > 0 and model["vocabulary"]["size"] == 300
     assert model["config"]["num_heads"] == 4 and model["limits"]["max_texts"] == 16
+    assert model["attention_maps"] is True
     assert enc.get("/v1/models").json()["data"][0]["labels"] == ["animals", "numbers", "things"]
     assert mt.get("/docs").status_code == 200
 
@@ -371,6 +372,26 @@ def test_an_rnn_model_has_cross_attention_only(tiny_corpus):
         assert body["maps"]["encoder"] == {} and list(body["maps"]["cross"]) == ["1"]
         assert client.post("/v1/attention", json={"text": "el perro", "layers": [2]}
                            ).json()["field"] == "layers[0]"
+
+
+def test_an_onnx_export_is_served_like_its_checkpoint(translation_dir, translator, tmp_path):
+    """`transduce export onnx` output behind the server: /v1/translate and LibreTranslate's
+    /translate answer as the checkpoint does (ONNX Runtime behind the same searches);
+    /v1/attention is not offered (the graph returns no maps), which /v1/models says (the
+    page then translates without the explorer)."""
+    pytest.importorskip("onnxruntime")
+    from transduce import load
+    from transduce.export.onnx import export_onnx
+
+    engine = load(export_onnx(translation_dir, tmp_path / "onnx"))
+    with client_for(engine, max_chars=200, max_texts=16) as client:
+        body = client.post("/v1/translate", json={"texts": SENTENCES, "beam": 3}).json()
+        assert [t["text"] for t in body["translations"]] == translator.translate(SENTENCES, beam=3)
+        libre = client.post("/translate", json={"q": SENTENCES[:2], "source": "es", "target": "en"})
+        assert libre.json()["translatedText"] == translator.translate(SENTENCES[:2], beam=4)
+        assert "/v1/attention" not in client.get("/openapi.json").json()["paths"]
+        assert client.post("/v1/attention", json={"text": "el perro"}).status_code == 404
+        assert client.get("/v1/models").json()["data"][0]["attention_maps"] is False
 
 
 @pytest.mark.parametrize("argv", [["--languages", "es"], ["--languages", "es:en:fr"],

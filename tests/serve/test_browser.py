@@ -136,6 +136,27 @@ def test_a_long_sentence_loads_one_layer_at_a_time(browser_page, tiny_corpus):
         assert width <= 800
 
 
+def test_an_onnx_export_translates_without_the_explorer(browser_page, translation_dir,
+                                                         translator, tmp_path):
+    """A model without attention maps (an ONNX export): the page translates through
+    /v1/translate, says why there is no explorer, and shows none."""
+    pytest.importorskip("onnxruntime")
+    from transduce import load
+    from transduce.export.onnx import export_onnx
+
+    page = browser_page
+    engine = load(export_onnx(translation_dir, tmp_path / "onnx"))
+    with ServerThread(create_app(engine, name="tiny-onnx")) as server:
+        page.goto(server.url + "/")
+        page.wait_for_function("document.getElementById('model-info').textContent.length > 0")
+        page.fill("#source", "el gato rojo come")
+        page.click("#translate")
+        page.wait_for_function("document.getElementById('output').textContent.length > 0")
+        assert page.text_content("#output") == translator.translate(["el gato rojo come"])[0]
+        assert page.text_content("#status").endswith("this model serves no attention maps")
+        assert page.is_hidden("#explorer")
+
+
 def test_generate_page_streams_the_continuation(browser_page, generator):
     page = browser_page
     with ServerThread(create_app(generator)) as server:

@@ -119,6 +119,7 @@ def describe(service: Service, kind: str) -> dict:
             "limits": dataclasses.asdict(service.limits)}
     if kind == "translation":
         info["languages"] = {"source": service.languages[0], "target": service.languages[1]}
+        info["attention_maps"] = translation.serves_attention_maps(model)
     if kind == "encoder":
         info["labels"] = model.labels
     return info

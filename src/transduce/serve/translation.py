@@ -57,7 +57,7 @@ def routes(service: Service) -> APIRouter:
                        if body.nbest > 1 else None) for h, cut in found], timings=timings)
 
     _add_libretranslate_routes(router, service)
-    if hasattr(translator.model, "attention_modules"):
+    if serves_attention_maps(translator):
         router.add_api_route("/v1/attention", _attention_route(service), methods=["POST"],
                              response_model=AttentionResponse, responses=ERROR_RESPONSES,
                              summary="A translation with every attention map of it")
@@ -91,6 +91,12 @@ def _add_libretranslate_routes(router: APIRouter, service: Service) -> None:
         source, target = service.languages
         return [{"code": source, "name": LANGUAGE_NAMES.get(source, source),
                  "targets": [target]}]
+
+
+def serves_attention_maps(translator: Translator) -> bool:
+    """Whether /v1/attention is offered: a PyTorch model records its maps; an ONNX
+    export's graph returns logits alone."""
+    return hasattr(translator.model, "attention_modules")
 
 
 async def _translate(service: Service, texts: list[str], name: str, beam: int, alpha: float,

@@ -6,7 +6,7 @@
 const $ = (id) => document.getElementById(id);
 const KIND = document.body.dataset.kind;
 const state = { meta: null, maps: {}, kind: "cross", layer: 1, head: "1", hover: null,
-                request: null };
+                request: null, attentionMaps: true };
 
 async function api(path, body) {
   const response = await fetch(path, { method: "POST", body: JSON.stringify(body),
@@ -32,6 +32,7 @@ async function translate() {
   setStatus("status", "translating…");
   const started = performance.now();
   try {
+    if (!state.attentionMaps) return await translateOnly(text, started);
     const request = { text, beam: Number($("beam").value), decimals: 3 };
     const data = await api("/v1/attention", { ...request, layers: [1] });
     state.request = request;
@@ -48,6 +49,17 @@ async function translate() {
   } finally {
     button.disabled = false;
   }
+}
+
+// A model without attention maps (an ONNX export): the translation alone.
+async function translateOnly(text, started) {
+  const data = await api("/v1/translate", { texts: [text], beam: Number($("beam").value) });
+  const found = data.translations[0];
+  $("output").textContent = found.text;
+  $("output").classList.add("done");
+  $("explorer").hidden = true;
+  setStatus("status", `${Math.round(performance.now() - started)} ms · score ` +
+                      `${found.score.toFixed(3)} · this model serves no attention maps`);
 }
 
 function setUpExplorer() {
@@ -358,6 +370,7 @@ async function start() {
     const pair = languages ? ` · ${languages.source} → ${languages.target}` : "";
     const size = model.parameters ? ` · ${(model.parameters / 1e6).toFixed(1)}M parameters` : "";
     $("model-info").textContent = `${model.id} · ${model.kind}${pair}${size}`;
+    state.attentionMaps = model.attention_maps !== false;
   } catch (error) { /* the page still works */ }
   if (KIND === "translation") {
     $("translate-panel").hidden = false;
