@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.environment import python_path
+
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "transduce"
 
 # Module prefix -> what it may not import, anywhere in the file (lazy imports included).
@@ -70,7 +72,7 @@ def test_the_command_line_starts_without_torch(argv):
     code = ("import sys\nfrom transduce.cli import main\ntry:\n    main(%r)\n"
             "except SystemExit:\n    pass\nprint('torch' in sys.modules)" % argv)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env={"PYTHONPATH": str(PACKAGE.parent)}, timeout=60)
+                            env={"PYTHONPATH": python_path()}, timeout=60)
     assert result.stdout.strip().splitlines()[-1] == "False", result.stdout + result.stderr
 
 
@@ -78,6 +80,6 @@ def test_import_transduce_is_cheap_and_its_names_load_on_use():
     code = ("import sys, transduce\nprint('torch' in sys.modules)\n"
             "print(transduce.load.__module__, transduce.Transformer.__name__)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env={"PYTHONPATH": str(PACKAGE.parent)}, timeout=120)
+                            env={"PYTHONPATH": python_path()}, timeout=120)
     assert result.stdout.split() == ["False", "transduce.decode.load", "Transformer"], \
         result.stderr

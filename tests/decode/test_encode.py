@@ -2,7 +2,6 @@
 batched equals one at a time; embeddings are masked means of the last hidden states."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -17,6 +16,7 @@ from transduce.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.evaluate import macro_f1
 from transduce.model import build_model
+from tests.environment import subprocess_env
 
 LINES = ["uno dos", "el perro grande come", "", "casa", "tres gato rojo rojo el casa perro"]
 LABELS = ["animals", "numbers", "things"]
@@ -98,7 +98,7 @@ def test_cli_classify_and_embed(saved, tmp_path, capsys):
 def test_cli_names_the_invalid_line_on_stdin(saved):
     result = subprocess.run([sys.executable, "-m", "transduce", "classify", "--model",
                              str(saved)], input=b"uno\n\xff\n", capture_output=True,
-                            env={**os.environ, "PYTHONPATH": "src"})
+                            env=subprocess_env())
     assert result.returncode == 1 and b"<stdin>:2: invalid UTF-8" in result.stderr
     assert b"Traceback" not in result.stderr
 

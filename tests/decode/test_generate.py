@@ -2,7 +2,6 @@
 strings and max_new_tokens are honoured exactly, bad prompts and options are refused."""
 
 import io
-import os
 import subprocess
 import sys
 
@@ -17,6 +16,7 @@ from transduce.decode.generate import Continuation, Generator, PromptError
 from transduce.decode.options import GenerateOptions
 from transduce.decode.sampling import Sampler, filter_logits, penalize_repetition
 from transduce.model import build_model
+from tests.environment import subprocess_env
 
 PROMPTS = ["uno dos", "el perro grande come", "casa", "tres gato rojo rojo el casa perro"]
 
@@ -169,7 +169,7 @@ def test_cli_generates_one_line_per_prompt(saved_model, capsys):
 
 def _run_cli(args, stdin: bytes):
     return subprocess.run([sys.executable, "-m", "transduce", *args], input=stdin,
-                          capture_output=True, env={**os.environ, "PYTHONPATH": "src"})
+                          capture_output=True, env=subprocess_env())
 
 
 def test_cli_refuses_bad_stdin_and_bad_options(saved_model):

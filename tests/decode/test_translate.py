@@ -1,7 +1,6 @@
 """The Python API and the translate / evaluate / kv-size commands."""
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from transduce.config import ConfigError, preset
 from transduce.data.tokenizer import MODEL_NAME
 from transduce.decode.translate import InputTooLong, Translation, length_sorted_batches
 from transduce.model import Transformer, build_model
+from tests.environment import subprocess_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -122,7 +122,7 @@ def test_translate_command_names_bad_utf8(run_dir, tmp_path, capsys):
 
 
 def test_interactive_lines_are_answered_as_they_are_typed(run_dir):
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env = subprocess_env()
     process = subprocess.Popen([sys.executable, "-m", "transduce", "translate", "--model",
                                 str(run_dir), "--beam", "1"], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,

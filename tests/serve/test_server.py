@@ -3,7 +3,6 @@ batched; a small queue sheds the excess with 429 and nothing else; SIGTERM drain
 requests in flight, refuses new ones, and the process exits 0."""
 
 import concurrent.futures
-import os
 import random
 import re
 import signal
@@ -20,6 +19,7 @@ import uvicorn
 
 from transduce.serve import Limits, create_app
 from transduce.serve.server import DrainingServer
+from tests.environment import subprocess_env
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = ["uno", "dos", "tres", "casa", "perro", "gato", "rojo", "grande", "el", "come"]
@@ -113,7 +113,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(translation_dir, tmp_
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    environment = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    environment = subprocess_env()
     process = subprocess.Popen(
         # Small decoding batches, so that each request takes a good second to decode and
         # all four are still in flight when the signal comes, however fast the machine.

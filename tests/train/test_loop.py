@@ -2,7 +2,6 @@
 
 import json
 import math
-import os
 import re
 import signal
 import subprocess
@@ -20,13 +19,13 @@ from transduce.model import load_model
 from transduce.train import loop
 from transduce.train.log import LOG_NAME
 from transduce.train.loop import TrainingError, train
+from tests.environment import subprocess_env
 
 REPO = Path(__file__).resolve().parents[2]
 # Training subprocesses: on the CPU with one thread each, also on a machine with a GPU,
 # so that runs compared with each other run where the two-process ones must (gloo on the
 # CPU: two NCCL ranks would need two GPUs).
-CPU_ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": ""}
+CPU_ENV = subprocess_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
 
 
 def tiny_config(**changes):
