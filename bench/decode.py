@@ -5,7 +5,9 @@ and the bfloat16 copy that `--dtype bfloat16` decodes with), with the same weigh
 exported to Hugging Face Marian and run by `generate` (float32), and exported to
 CTranslate2 (float32 and int8, each run in a child process that times itself, see
 CTranslate2Model), and exported to ONNX and run by ONNX Runtime behind our own searches
-(float32 and int8 weights, `transduce export onnx`), all in batches of --batch-sentences lines sorted by length,
+(float32 and int8 weights, `transduce export onnx`), and ours and CTranslate2 float32
+with two batches decoded side by side on one thread each ("2 workers"), all in batches
+of --batch-sentences lines sorted by length,
 interleaving everything over --repeats rounds. It reports sentences/s (median), the
 ratio to Hugging Face at the same beam (to CTranslate2 float32 for a model Marian cannot
 hold, such as a pre-norm one: that decoder is then left out), and sacreBLEU. Writes JSON with the machine's
@@ -39,8 +41,11 @@ from transduce.data.corpus import read_lines, split_files  # noqa: E402
 from transduce.data.tokenizer import PAD_ID, Tokenizer  # noqa: E402
 from transduce.decode.translate import Translator, length_sorted_batches, pad_sources  # noqa: E402
 
-DECODERS = ("ours float32", "ours bfloat16", "hf generate", "ct2 float32", "ct2 int8",
-            "ort float32", "ort int8")
+DECODERS = ("ours float32", "ours bfloat16", "ours float32 2 workers", "hf generate",
+            "ct2 float32", "ct2 int8", "ct2 float32 2 workers", "ort float32", "ort int8")
+# "2 workers": two batches decoded side by side, each on one thread (ours: Translator's
+# workers=2; CTranslate2: inter_threads=2, intra_threads=1, two batches in flight).
+WORKERS_SUFFIX = " 2 workers"
 
 
 def sorted_batches(ids: list[list[int]], batch_sentences: int):
@@ -54,11 +59,12 @@ class CTranslate2Model:
     PyTorch decoder here (128 -> 58 sentences/s, greedy), which would bias the table."""
 
     def __init__(self, model_path: Path, export_dir: Path, quantization: str | None,
-                 threads: int):
+                 threads: int, workers: int = 1):
         from transduce.export import export_ctranslate2
 
-        export_ctranslate2(model_path, export_dir, quantization)
-        self.export_dir, self.threads = export_dir, threads
+        if not (export_dir / "model.bin").is_file():
+            export_ctranslate2(model_path, export_dir, quantization)
+        self.export_dir, self.threads, self.workers = export_dir, threads, workers
 
     def translate(self, lines: list[str], beam: int, batch_sentences: int,
                   **_) -> tuple[list[str], float]:
@@ -67,7 +73,8 @@ class CTranslate2Model:
         result = subprocess.run(
             [sys.executable, __file__, "--ct2-worker", str(self.export_dir), "--input", f.name,
              "--beam", str(beam), "--batch-sentences", str(batch_sentences),
-             "--threads", str(self.threads)], capture_output=True, text=True, check=True)
+             "--threads", str(self.threads), "--workers", str(self.workers)],
+            capture_output=True, text=True, check=True)
         answer = json.loads(result.stdout.splitlines()[-1])
         return answer["hypotheses"], answer["seconds"]
 
@@ -77,21 +84,28 @@ def ct2_worker(args: argparse.Namespace) -> None:
     import ctranslate2
 
     tokenizer = Tokenizer(args.ct2_worker / "spm.model")
+    from concurrent.futures import ThreadPoolExecutor
+
     translator = ctranslate2.Translator(str(args.ct2_worker), device="cpu",
-                                        intra_threads=args.threads, inter_threads=1)
+                                        intra_threads=max(1, args.threads // args.workers),
+                                        inter_threads=args.workers)
     lines = read_lines(args.input)
     piece = tokenizer.processor.id_to_piece
 
     def run(subset: list[str]) -> list[str]:
         ids = tokenizer.encode(subset)
         out = [""] * len(subset)
-        for batch in sorted_batches(ids, args.batch_sentences):
+
+        def one_batch(batch: list[int]) -> None:   # CTranslate2 releases the GIL
             tokens = [[piece(t) for t in ids[i]] + ["</s>"] for i in batch]
             found = translator.translate_batch(
                 tokens, beam_size=args.beam, length_penalty=0.6 if args.beam > 1 else 0.0,
                 max_decoding_length=max(len(t) for t in tokens) + 50)
             for index, result in zip(batch, found):
                 out[index] = tokenizer.processor.decode(result.hypotheses[0])
+
+        with ThreadPoolExecutor(args.workers) as pool:
+            list(pool.map(one_batch, sorted_batches(ids, args.batch_sentences)))
         return out
 
     run(lines[:args.batch_sentences])  # warm-up
@@ -134,13 +148,16 @@ class HuggingFaceMarian:
 
 def load_decoder(name: str, model: Path, exports: Path, threads: int):
     """One decoder of the table, its export written under `exports` where it needs one."""
+    workers = 2 if name.endswith(WORKERS_SUFFIX) else 1
+    name = name.removesuffix(WORKERS_SUFFIX)
     if name.startswith("ours"):
-        return Translator.load(model, dtype=name.split()[1])
+        return Translator.load(model, dtype=name.split()[1], workers=workers)
     if name == "hf generate":
         return HuggingFaceMarian(model, exports / "hf")
     if name.startswith("ct2"):
         quantization = None if name == "ct2 float32" else "int8"
-        return CTranslate2Model(model, exports / name.replace(" ", "-"), quantization, threads)
+        return CTranslate2Model(model, exports / name.replace(" ", "-"), quantization, threads,
+                                workers)
     from transduce.export.onnx import export_onnx
 
     quantize = None if name == "ort float32" else "int8"
@@ -164,6 +181,7 @@ def main() -> None:
     parser.add_argument("--ct2-worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--input", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--beam", type=int, default=4, help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ct2_worker:
         ct2_worker(args)

@@ -54,7 +54,7 @@ def translate_command(args: argparse.Namespace) -> int:
     if args.nbest > args.beam:
         raise ConfigError(f"--nbest {args.nbest}: must be at most --beam ({args.beam})")
     translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                                 engine=args.engine)
+                                 engine=args.engine, workers=args.workers)
     if args.input is not None:
         _translate_file(translator, args)
         return 0
@@ -115,7 +115,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from transduce.decode.translate import Translator
 
     translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                                 engine=args.engine)
+                                 engine=args.engine, workers=args.workers)
     suffix = f"-kv{args.kv_dtype}" if args.kv_dtype else ""
     out = args.out or (Path(args.model) / f"eval-{args.split}-beam{args.beam}{suffix}")
     with tqdm(unit="line", desc=f"translating {args.split}") as bar:

@@ -22,7 +22,8 @@ from transduce.config import ConfigError, choices
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.decode.onnx_engine import OnnxEngine
 from transduce.decode.options import Dtype, Engine, KvDtype, SearchOptions
-from transduce.decode.search import beam_search
+from transduce.decode.parallel import map_batches
+from transduce.decode.search import Hypothesis, beam_search
 from transduce.errors import TransduceError
 from transduce.model import Seq2SeqModel, load_model
 from transduce.model.packed import decoding_copy
@@ -46,13 +47,21 @@ class Translator:
 
     def __init__(self, model: Seq2SeqModel | OnnxEngine, tokenizer: Tokenizer,
                  device: torch.device | str = "cpu", dtype: Dtype = "float32",
-                 kv_dtype: KvDtype | None = None):
+                 kv_dtype: KvDtype | None = None, workers: int = 1):
         """model: a PyTorch model, or an OnnxEngine (an ONNX export run by ONNX Runtime).
         A PyTorch model is decoded by a copy in `dtype` whose Linear weights are packed
         for oneDNN (model/packed.py); "bfloat16" runs on the AMX / AVX512-BF16 units of
         recent CPUs. Search scores stay float32.
         kv_dtype: the self-attention cache's type (default: the model's); attention runs
-        in that type, and "int8" quantizes it per token and head, "int4" per group of 32."""
+        in that type, and "int8" quantizes it per token and head, "int4" per group of 32.
+        workers: batches decoded side by side on the CPU, each on its share of PyTorch's
+        threads (decode/parallel.py); the translations are the same."""
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ConfigError(f"workers={workers!r}: must be an integer >= 1")
+        if workers > 1 and (isinstance(model, OnnxEngine) or torch.device(device).type != "cpu"):
+            raise ConfigError(f"workers={workers}: parallel workers decode PyTorch models on "
+                              f"the CPU (a GPU, or ONNX Runtime, has threads of its own)")
+        self.workers = workers
         if isinstance(model, OnnxEngine):
             if dtype != "float32" or kv_dtype is not None or torch.device(device).type != "cpu":
                 raise ConfigError("an ONNX export decodes in the types it was exported with, "
@@ -82,7 +91,7 @@ class Translator:
     @classmethod
     def load(cls, path: Path | str, device: torch.device | str = "cpu",
              dtype: Dtype = "float32", kv_dtype: KvDtype | None = None,
-             engine: Engine = "auto") -> "Translator":
+             engine: Engine = "auto", workers: int = 1) -> "Translator":
         """A checkpoint directory, a run directory (its latest checkpoint), or an ONNX
         export. engine "auto" runs an ONNX export with ONNX Runtime and a checkpoint
         with PyTorch; naming one refuses the other kind of directory."""
@@ -94,13 +103,14 @@ class Translator:
                 raise ConfigError(f"{path}: engine onnxruntime needs an ONNX export (write "
                                   f"one with `transduce export onnx {path} OUT`)")
             return cls(OnnxEngine(path), Tokenizer(Path(path) / checkpoint.TOKENIZER), device,
-                       dtype, kv_dtype)
+                       dtype, kv_dtype, workers)
         if onnx:
             raise ConfigError(f"{path} is an ONNX export, which only ONNX Runtime runs "
                               "(engine onnxruntime); this needs a PyTorch checkpoint")
         directory = checkpoint.resolve(Path(path))
         model = load_model(directory, device)
-        return cls(model, Tokenizer(directory / checkpoint.TOKENIZER), device, dtype, kv_dtype)
+        return cls(model, Tokenizer(directory / checkpoint.TOKENIZER), device, dtype, kv_dtype,
+                   workers)
 
     @property
     def max_source_tokens(self) -> int:
@@ -141,12 +151,16 @@ class Translator:
         empty = [Translation("", 0.0)] * options.nbest
         results: list[list[Translation]] = [empty for _ in lines]
         cache_dtype = getattr(torch, self.kv_dtype) if self.kv_dtype else None
-        for indices in length_sorted_batches(ids, options.batch_tokens, options.batch_sentences):
+
+        def search(indices: list[int]) -> list[list[Hypothesis]]:   # on a worker
             src = pad_sources([ids[i] for i in indices], self.device)
             with torch.inference_mode():
-                found = beam_search(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID,
-                                    beam=options.beam, alpha=options.alpha, nbest=options.nbest,
-                                    max_len=options.max_length, cache_dtype=cache_dtype)
+                return beam_search(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID,
+                                   beam=options.beam, alpha=options.alpha, nbest=options.nbest,
+                                   max_len=options.max_length, cache_dtype=cache_dtype)
+
+        batches = length_sorted_batches(ids, options.batch_tokens, options.batch_sentences)
+        for indices, found in map_batches(search, batches, self.workers):
             for index, hypotheses in zip(indices, found):
                 results[index] = [Translation(self.tokenizer.decode(h.tokens), h.score)
                                   for h in hypotheses]
