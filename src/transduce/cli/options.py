@@ -68,7 +68,7 @@ def add_search_options(command: argparse.ArgumentParser) -> None:
                               "token and head, int4 per group of 32 values, two per byte")
     command.add_argument("--workers", type=positive_int, default=1,
                          help="batches decoded side by side on the CPU, each on its share of "
-                              "the threads (2 on 2 cores: 1.1-1.25x faster for small models)")
+                              "the threads (2 on 2 cores: 1.1-1.3x faster for small models)")
     command.add_argument("--engine", default="auto", choices=choices(Engine),
                          help="what runs the model (default: ONNX Runtime for an ONNX export, "
                               "PyTorch for a checkpoint)")

@@ -3,7 +3,7 @@
 A decoding step of a small model is some sixty small operators. Spread over every core,
 each pays for waking and joining the others; on one core each, several batches decode
 side by side (PyTorch's operators release the GIL). On a 2-core Zen 4, two workers of
-one thread each translated 1.11x (greedy) and 1.25x (beam 4) faster than one worker of
+one thread each translated 1.09x (greedy) and 1.32x (beam 4) faster than one worker of
 two threads, batches of 32 sentences (bench/decode.py).
 """
 
