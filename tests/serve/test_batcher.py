@@ -94,58 +94,6 @@ def test_with_nobody_else_coming_a_job_does_not_wait_for_the_window():
         batcher.close(5)
 
 
-class TimedRecorder(Recorder):
-    """A Recorder whose batches take `seconds` and which notes when each one started."""
-
-    def __init__(self, seconds):
-        super().__init__()
-        self.seconds, self.started = seconds, []
-
-    def __call__(self, jobs):
-        self.started.append(time.monotonic())
-        time.sleep(self.seconds)
-        return super().__call__(jobs)
-
-
-def after_a_batch_of_four(seconds: float):
-    """A started batcher (10 ms window, nobody else in the server) whose last batch held
-    four jobs and took `seconds`, and its TimedRecorder."""
-    run = TimedRecorder(seconds)
-    batcher, _ = make(run, window_s=0.01, others_coming=lambda: False)
-    first = [batcher.submit(job(run, "k", i)) for i in range(4)]   # queued before it starts
-    batcher.start()
-    [f.result(5) for f in first]
-    return batcher, run
-
-
-def test_after_a_batch_of_n_the_next_waits_for_n_jobs_arriving_slower_than_the_window():
-    """Clients answered together come back spread out: four requests 30 ms apart (the
-    window is 10 ms) still make one batch, as the last one held four."""
-    batcher, run = after_a_batch_of_four(0.5)
-    try:
-        second = []
-        for i in range(4, 8):
-            second.append(batcher.submit(job(run, "k", i)))
-            time.sleep(0.03)
-        [f.result(5) for f in second]
-    finally:
-        batcher.close(5)
-    assert [[payload for _, payload in batch] for batch in run.batches] == \
-        [[0, 1, 2, 3], [4, 5, 6, 7]]
-
-
-def test_the_wait_for_a_batch_to_fill_is_bounded_by_a_share_of_the_last_batch():
-    """After a batch of four that took 0.5 s, a lone job waits for company at most a
-    fifth of that (0.1 s), not for ever."""
-    batcher, run = after_a_batch_of_four(0.5)
-    try:
-        submitted = time.monotonic()
-        assert batcher.submit(job(run, "k", 4)).result(5) == "done 4"
-    finally:
-        batcher.close(5)
-    assert 0.05 < run.started[-1] - submitted < 0.4
-
-
 def test_without_batching_one_job_at_a_time():
     batcher, run = make(batching=False)
     run.gate.clear()

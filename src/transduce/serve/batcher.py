@@ -1,22 +1,11 @@
 """Dynamic batching: one decoding thread takes queued requests and runs them together.
 
-Requests arrive as Jobs. The worker takes the oldest job, waits for more while they are
-coming (below), and joins the queued jobs that have the same key (the same search
+Requests arrive as Jobs. The worker takes the oldest job, waits up to the collection
+window for more, and joins the queued jobs that have the same key (the same search
 settings: jobs with different settings never share a batch) until the batch's token
 budget is reached; it then runs the batch with the first job's `run` and hands each job
-its own results.
-
-How long to wait: clients that got their answers from the last batch mostly send their
-next request at once, but on a busy machine those requests reach the queue over tens of
-milliseconds, not within a fixed few. Waiting only the window split every round of 32
-clients into a small batch and a large one. So the worker waits while fewer jobs are
-queued than the last batch held, or while requests are still arriving (one came within
-the window, or some are inside the server but not yet queued), but never longer than a
-fifth of the last batch's decoding time (nor less than the window) after the oldest
-job: at most a fifth more latency, for full batches. A lone client never waits.
-
-Other keys stay queued in arrival order, so none starves. One thread decodes, so the
-model never runs twice at once and two cores are not oversubscribed.
+its own results. Other keys stay queued in arrival order, so none starves. One thread
+decodes, so the model never runs twice at once and two cores are not oversubscribed.
 
 The queue is bounded: submit() raises QueueFull, which the app answers with 429.
 """
@@ -31,10 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
 from transduce.serve.metrics import Metrics
-
-
-# The longest wait for a batch to fill, as a share of the last batch's decoding time.
-COLLECT_SHARE = 0.2
 
 
 class QueueFull(Exception):
@@ -80,7 +65,6 @@ class Batcher:
         self._ready = threading.Condition()
         self._closed = False
         self._seconds_per_job = 0.05          # running estimate for Retry-After
-        self._last_batch_s, self._last_batch_jobs = 0.0, 0   # what the collection expects
         self._thread = threading.Thread(target=self._loop, name="transduce-decoder",
                                         daemon=True)
 
@@ -124,24 +108,14 @@ class Batcher:
                 if self._closed:
                     return None
                 self._ready.wait()
-            if self.batching:
-                limit = self._queue[0].queued_at + max(self.window_s,
-                                                       COLLECT_SHARE * self._last_batch_s)
-                while not self._closed and self._room() > 0 and time.monotonic() < limit \
-                        and self._more_coming():
-                    self._ready.wait(0.001)
+            if self.batching and not self._closed:
+                deadline = self._queue[0].queued_at + self.window_s
+                while time.monotonic() < deadline and self._room() > 0 and not self._closed \
+                        and self.others_coming():
+                    self._ready.wait(min(max(0.0, deadline - time.monotonic()), 0.001))
             batch = self._take()
             self.metrics.queue_depth = len(self._queue)
             return batch
-
-    def _more_coming(self) -> bool:
-        """Whether more jobs are likely on their way: fewer are queued than the last
-        batch held, or one arrived within the window, or the server holds requests not
-        yet queued."""
-        if len(self._queue) < self._last_batch_jobs or self.others_coming():
-            return True
-        return len(self._queue) > 1 and \
-            time.monotonic() < self._queue[-1].queued_at + self.window_s
 
     def _room(self) -> int:
         """Tokens the oldest job's key could still add to a batch now."""
@@ -175,7 +149,6 @@ class Batcher:
             return
         seconds = time.monotonic() - started
         self._seconds_per_job = 0.8 * self._seconds_per_job + 0.2 * seconds / len(live)
-        self._last_batch_s, self._last_batch_jobs = seconds, len(live)
         self.metrics.batch_done(sum(job.sentences for job in live), len(live), seconds)
         for job, result in zip(live, results):
             job.future.set_result(result)
