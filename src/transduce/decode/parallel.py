@@ -31,17 +31,19 @@ def intra_op_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def map_batches(run: Callable[[Batch], Result], batches: Sequence[Batch],
-                workers: int) -> Iterator[tuple[Batch, Result]]:
-    """(batch, run(batch)) for every batch, in order. With workers > 1 the first batch
-    runs alone (it builds what is built lazily: packed weights, compiled kernels), the
-    rest on `workers` threads that share the intra-op threads PyTorch had."""
+def map_batches(run: Callable[[Batch], Result], batches: Sequence[Batch], workers: int,
+                first_alone: bool = True) -> Iterator[tuple[Batch, Result]]:
+    """(batch, run(batch)) for every batch, in order, on `workers` threads that share the
+    intra-op threads PyTorch had. first_alone: the first batch runs by itself first (it
+    builds what is built lazily: packed weights, compiled kernels)."""
     if workers <= 1 or len(batches) < 2:
         for batch in batches:
             yield batch, run(batch)
         return
-    yield batches[0], run(batches[0])
+    if first_alone:
+        yield batches[0], run(batches[0])
+        batches = batches[1:]
     share = max(1, torch.get_num_threads() // workers)
     with intra_op_threads(share), \
             ThreadPoolExecutor(workers, thread_name_prefix="transduce-decode") as pool:
-        yield from zip(batches[1:], pool.map(run, batches[1:]))
+        yield from zip(batches, pool.map(run, batches))

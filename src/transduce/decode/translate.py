@@ -62,6 +62,7 @@ class Translator:
             raise ConfigError(f"workers={workers}: parallel workers decode PyTorch models on "
                               f"the CPU (a GPU, or ONNX Runtime, has threads of its own)")
         self.workers = workers
+        self._warmed = False      # a first batch decoded: lazily built state exists
         if isinstance(model, OnnxEngine):
             if dtype != "float32" or kv_dtype is not None or torch.device(device).type != "cpu":
                 raise ConfigError("an ONNX export decodes in the types it was exported with, "
@@ -160,7 +161,9 @@ class Translator:
                                    max_len=options.max_length, cache_dtype=cache_dtype)
 
         batches = length_sorted_batches(ids, options.batch_tokens, options.batch_sentences)
-        for indices, found in map_batches(search, batches, self.workers):
+        for indices, found in map_batches(search, batches, self.workers,
+                                          first_alone=not self._warmed):
+            self._warmed = True
             for index, hypotheses in zip(indices, found):
                 results[index] = [Translation(self.tokenizer.decode(h.tokens), h.score)
                                   for h in hypotheses]
