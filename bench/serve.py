@@ -244,6 +244,14 @@ def offline_run(args: argparse.Namespace, lines: list[str]) -> dict:
     return json.loads(child.stdout.splitlines()[-1])
 
 
+def _shown(value):
+    """A setting as the JSON records it: paths inside the repository relative to it."""
+    if not isinstance(value, Path):
+        return value
+    resolved = value.resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(value)
+
+
 def report(args: argparse.Namespace, lines: list[str], found: dict) -> None:
     offline = found["offline"]
     ceiling = len(lines) / offline["seconds"]
@@ -273,8 +281,7 @@ def report(args: argparse.Namespace, lines: list[str], found: dict) -> None:
     goals["overload_5xx"] = sum(n for s, n in overload["statuses"].items() if s.startswith("5"))
     goals["overload_hung"] = overload["statuses"].get("timeout", 0)
     result = {"machine": machine_info(args.threads),
-              "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
-                           if k != "offline_child"},
+              "settings": {k: _shown(v) for k, v in vars(args).items() if k != "offline_child"},
               "offline": {"lines": len(lines), "seconds": round(offline["seconds"], 3),
                           "sentences_per_second": round(ceiling, 2),
                           "direct_one_sentence": {"sentences": len(offline["direct"]), **direct}},
