@@ -38,7 +38,7 @@ def test_without_a_first_batch_alone_every_batch_runs_on_the_workers():
     names = []
     list(map_batches(lambda b: names.append(threading.current_thread().name), [0, 1],
                      workers=2, first_alone=False))
-    assert all(name.startswith("transduce-decode") for name in names)
+    assert len(names) == 2 and all(name.startswith("transduce-decode") for name in names)
 
 
 def test_an_error_on_a_worker_reaches_the_caller_and_the_threads_are_restored():
