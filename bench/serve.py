@@ -1,10 +1,12 @@
 """`transduce serve` under load: throughput and latency against offline translation.
 
 Clients on loopback send one sentence per request at each concurrency (1, 8, 32, 128)
-over the test split's lines, to the server with dynamic batching and to the same server
-with batching off (one request at a time, as servers that serialise requests do). In the
+over the test split's lines, to the server with dynamic batching, to the same server
+decoding whole batches (--static-batches: no sentence joins a running search) and with
+batching off (one request at a time, as servers that serialise requests do). In the
 same run, offline translation of the same lines (Translator.translate, what `transduce
-translate` runs: the ceiling) and each sentence translated directly one at a time (the
+translate` runs: the ceiling, timed before the servers and after them, and averaged, as
+this host's speed drifts) and each sentence translated directly one at a time (the
 latency floor, each timed on its second run). Last, 128 clients against a small queue:
 the excess must get 429, none a 5xx, none hang. The server runs in a child process;
 every phase stops after its line count or its time budget, whichever comes first.
@@ -219,17 +221,24 @@ def measure(args: argparse.Namespace, lines: list[str]) -> dict:
     print(f"  {len(lines) / offline['seconds']:.2f} sentences/s offline", flush=True)
     print("server, dynamic batching", flush=True)
     batched = run_server_phases(args, lines, (), args.concurrency)
+    print("server, whole batches (no continuous batching)", flush=True)
+    static = run_server_phases(args, lines, ("--static-batches",),
+                               [c for c in args.concurrency if c in (8, 32)])
     print("server, batching off", flush=True)
     unbatched = run_server_phases(args, lines, ("--no-batching",),
                                   [c for c in args.concurrency if c <= 32])
     print(f"server, queue of {args.small_queue}, {max(args.concurrency)} clients", flush=True)
     overload = run_server_phases(args, lines, ("--max-queue", str(args.small_queue)),
                                  [max(args.concurrency)])
-    return {"offline": offline, "batched": batched, "unbatched": unbatched,
-            "overload": overload[0]}
+    print("offline again (the host's speed drifts: the ceiling is the mean of both)", flush=True)
+    offline["seconds_after"] = offline_run(args, lines, direct_lines=0)["seconds"]
+    print(f"  {len(lines) / offline['seconds_after']:.2f} sentences/s offline", flush=True)
+    return {"offline": offline, "batched": batched, "static": static,
+            "unbatched": unbatched, "overload": overload[0]}
 
 
-def offline_run(args: argparse.Namespace, lines: list[str]) -> dict:
+def offline_run(args: argparse.Namespace, lines: list[str],
+                direct_lines: int | None = None) -> dict:
     scratch = args.out.with_suffix(".lines.json")
     scratch.parent.mkdir(parents=True, exist_ok=True)
     scratch.write_text(json.dumps(lines))
@@ -238,7 +247,8 @@ def offline_run(args: argparse.Namespace, lines: list[str]) -> dict:
             [sys.executable, __file__, "--offline-child", str(scratch), "--model",
              str(args.model), "--beam", str(args.beam), "--threads", str(args.threads),
              "--phase-seconds", str(args.phase_seconds), "--direct-lines",
-             str(args.direct_lines)], capture_output=True, text=True, check=True)
+             str(args.direct_lines if direct_lines is None else direct_lines)],
+            capture_output=True, text=True, check=True)
     finally:
         scratch.unlink()
     return json.loads(child.stdout.splitlines()[-1])
@@ -254,9 +264,10 @@ def _shown(value):
 
 def report(args: argparse.Namespace, lines: list[str], found: dict) -> None:
     offline = found["offline"]
-    ceiling = len(lines) / offline["seconds"]
+    rates = [len(lines) / offline["seconds"], len(lines) / offline["seconds_after"]]
+    ceiling = sum(rates) / 2
     c1_latencies = next((r["latencies"] for r in found["batched"] if r["concurrency"] == 1), {})
-    for phase in found["batched"] + found["unbatched"] + [found["overload"]]:
+    for phase in found["batched"] + found["static"] + found["unbatched"] + [found["overload"]]:
         phase.pop("latencies")
         outputs = phase.pop("outputs")
         phase["outputs_differing_from_offline"] = sum(
@@ -270,6 +281,10 @@ def report(args: argparse.Namespace, lines: list[str], found: dict) -> None:
         goals["c32_fraction_of_offline"] = by_level[32]["fraction_of_offline"]
         goals["c32_over_unbatched"] = round(by_level[32]["sentences_per_second"]
                                             / max(unbatched[32]["sentences_per_second"], 1e-9), 2)
+    static = {r["concurrency"]: r for r in found["static"]}
+    if 32 in by_level and 32 in static:
+        goals["c32_over_whole_batches"] = round(by_level[32]["sentences_per_second"]
+                                                / max(static[32]["sentences_per_second"], 1e-9), 2)
     common = [i for i in range(len(offline["direct"])) if i in c1_latencies]
     if common:       # the same sentences: served one at a time, and translated directly
         served = percentiles([c1_latencies[i] for i in common])["p99_ms"]
@@ -283,9 +298,12 @@ def report(args: argparse.Namespace, lines: list[str], found: dict) -> None:
     result = {"machine": machine_info(args.threads),
               "settings": {k: _shown(v) for k, v in vars(args).items() if k != "offline_child"},
               "offline": {"lines": len(lines), "seconds": round(offline["seconds"], 3),
+                          "seconds_after_the_servers": round(offline["seconds_after"], 3),
                           "sentences_per_second": round(ceiling, 2),
+                          "sentences_per_second_before_and_after": [round(r, 2) for r in rates],
                           "direct_one_sentence": {"sentences": len(offline["direct"]), **direct}},
-              "batched": found["batched"], "unbatched": found["unbatched"],
+              "batched": found["batched"], "whole_batches": found["static"],
+              "unbatched": found["unbatched"],
               "overload": overload, "goals": goals}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

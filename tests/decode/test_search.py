@@ -9,7 +9,7 @@ import torch
 
 from transduce.attention import masks
 from transduce.config import preset
-from transduce.decode.search import (_fill_holes, _stable_slots, beam_search, greedy_search,
+from transduce.decode.search import (_stable_slots, beam_search, fill_holes, greedy_search,
                                      length_penalty, max_lengths, sample, top_k)
 from transduce.model import Transformer
 
@@ -207,7 +207,7 @@ def test_stable_slots_keep_candidates_in_their_source_rows(source_beam, expected
 
 
 def test_fill_holes_moves_only_the_last_rows():
-    assert _fill_holes([0, 1, 2]) == [0, 1, 2]
-    assert _fill_holes([0, 2, 3, 5]) == [0, 5, 2, 3]     # rows 1 and 4 finished
-    assert _fill_holes([4, 5]) == [4, 5]
-    assert sorted(_fill_holes([1, 3, 4, 6, 7])) == [1, 3, 4, 6, 7]
+    assert fill_holes([0, 1, 2]) == [0, 1, 2]
+    assert fill_holes([0, 2, 3, 5]) == [0, 5, 2, 3]     # rows 1 and 4 finished
+    assert fill_holes([4, 5]) == [4, 5]
+    assert sorted(fill_holes([1, 3, 4, 6, 7])) == [1, 3, 4, 6, 7]

@@ -173,3 +173,98 @@ def test_metrics_count_batches_and_queue_depth():
     assert "transduce_sentences_total 3" in text
     assert "transduce_queue_depth 0" in text
     assert 'transduce_batch_sentences_bucket{le="+Inf"}' in text
+
+
+class CountdownStream:
+    """A Stream whose job `payload` steps long, each step 5 ms: records which jobs ran
+    at each step."""
+
+    instances: list["CountdownStream"] = []
+
+    def __init__(self, fail_at: int | None = None):
+        self.left: dict[Job, int] = {}
+        self.steps: list[list] = []
+        self.fail_at = fail_at
+        CountdownStream.instances.append(self)
+
+    @property
+    def running(self) -> int:
+        return len(self.left)
+
+    def admit(self, jobs):
+        for job in jobs:
+            self.left[job] = job.payload
+
+    def step(self):
+        time.sleep(0.005)
+        if self.fail_at is not None and len(self.steps) == self.fail_at:
+            raise RuntimeError("step failed")
+        self.steps.append(sorted((job.key, job.payload) for job in self.left))
+        for job in self.left:
+            self.left[job] -= 1
+        done = [job for job, left in self.left.items() if left <= 0]
+        for job in done:
+            del self.left[job]
+        return [(job, f"streamed {job.payload}") for job in done]
+
+
+def stream_job(key, steps, tokens=10, stream=CountdownStream):
+    return Job(key, lambda jobs: [f"batched {job.payload}" for job in jobs], steps, tokens, 1,
+               stream=stream)
+
+
+def test_streamed_jobs_join_between_steps_and_leave_when_done():
+    """A job queued while a stream runs joins it at the next step (a batch would have
+    waited for the longest job); one of another key waits for the stream to drain."""
+    CountdownStream.instances.clear()
+    batcher, _ = make(window_s=0.0)
+    batcher.start()
+    try:
+        long = batcher.submit(stream_job("k", 30))
+        while not CountdownStream.instances or len(CountdownStream.instances[0].steps) < 2:
+            time.sleep(0.001)
+        short = batcher.submit(stream_job("k", 2))
+        assert short.result(5) == "streamed 2"
+        assert not long.done()                   # answered before the long job is
+        other = batcher.submit(stream_job("other", 1))
+        assert long.result(5) == "streamed 30" and other.result(5) == "streamed 1"
+    finally:
+        batcher.close(5)
+    first, second = CountdownStream.instances
+    assert [("k", 2), ("k", 30)] in first.steps and len(first.steps) == 30
+    assert all(("other", 1) not in step for step in first.steps)
+    assert second.steps == [[("other", 1)]]
+    text = batcher.metrics.render()
+    assert "transduce_sentences_total 3" in text and "transduce_batches_total 31" in text
+
+
+def test_the_token_budget_caps_a_stream_and_static_batches_ignore_streams():
+    CountdownStream.instances.clear()
+    batcher, _ = make(window_s=0.0, batch_tokens=25)
+    batcher.start()
+    try:
+        futures = [batcher.submit(stream_job("k", 3)) for _ in range(3)]
+        assert [f.result(5) for f in futures] == ["streamed 3"] * 3
+    finally:
+        batcher.close(5)
+    assert max(len(step) for s in CountdownStream.instances for step in s.steps) == 2
+    whole, _ = make(continuous=False)
+    whole.start()
+    try:
+        assert whole.submit(stream_job("k", 3)).result(5) == "batched 3"
+    finally:
+        whole.close(5)
+
+
+def test_a_failing_stream_fails_its_running_jobs_and_the_worker_goes_on():
+    batcher, _ = make(window_s=0.0)
+    failing = lambda: CountdownStream(fail_at=1)    # noqa: E731
+    batcher.start()
+    try:
+        bad = [batcher.submit(stream_job("x", 5, stream=failing)) for _ in range(2)]
+        for future in bad:
+            with pytest.raises(RuntimeError, match="step failed"):
+                future.result(5)
+        assert batcher.submit(stream_job("k", 1)).result(5) == "streamed 1"
+    finally:
+        batcher.close(5)

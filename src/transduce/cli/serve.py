@@ -31,6 +31,9 @@ def register(commands) -> None:
                        help="how long the decoder waits for requests to join a batch")
     serve.add_argument("--no-batching", action="store_true",
                        help="decode one request at a time (for comparison)")
+    serve.add_argument("--static-batches", action="store_true",
+                       help="decode whole batches instead of letting sentences join and leave "
+                            "the running search (for comparison)")
     serve.add_argument("--drain-timeout", type=non_negative_float, default=60.0,
                        help="seconds SIGTERM waits for requests in flight")
     serve.add_argument("--threads", type=positive_int, default=None,
@@ -48,7 +51,8 @@ def serve_command(args: argparse.Namespace) -> int:
 
     limits = Limits(max_chars=args.max_chars, max_texts=args.max_texts,
                     max_queue=args.max_queue, batch_tokens=args.batch_tokens,
-                    window_ms=args.window_ms, batching=not args.no_batching)
+                    window_ms=args.window_ms, batching=not args.no_batching,
+                    continuous=not args.static_batches)
     if args.threads:
         torch.set_num_threads(args.threads)
     model = _load_in_a_passing_thread(load, args.model)

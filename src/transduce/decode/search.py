@@ -15,7 +15,7 @@ output length of source length + 50.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -134,22 +134,23 @@ def beam_search(model: Model, src: Tensor, *, bos_id: Start, eos_id: int, beam: 
 
     for step in range(1, max(limits) + 1):
         logits = model.decode_step(history[:, -1:], state)[:, -1]         # (A * K, V)
-        top = _best_extensions(logits, scores, beam, eos_id)
-        penalty = length_penalty(step, alpha)
-        _finish_eos(top, history, alive, finished, beam, penalty)
+        top = best_extensions(logits, scores, beam, eos_id)
+        penalties = [length_penalty(step, alpha)] * len(alive)
+        prefix = history_prefix(history)
+        finish_eos(top, prefix, [finished[sentence] for sentence in alive], beam, penalties)
         still_alive: list[int] = []
         best_live = top.next_scores.max(dim=1).values.tolist()
         for row, sentence in enumerate(alive):
             if step >= limits[sentence]:   # cut at the limit: the live beams end here
-                _finish_live(top, row, history, finished[sentence], beam, penalty)
-            elif not _done(finished[sentence], best_live[row], beam, nbest, alpha,
-                           limits[sentence]):
+                finish_live(top, row, prefix, finished[sentence], beam, penalties[row])
+            elif not sentence_done(finished[sentence], best_live[row], beam, nbest, alpha,
+                                   limits[sentence]):
                 still_alive.append(row)
         if not still_alive:
             break
 
         if len(still_alive) < len(alive):
-            still_alive = _fill_holes(still_alive)
+            still_alive = fill_holes(still_alive)
         rows = torch.tensor(still_alive, device=device)
         source_rows = (rows[:, None] * beam + top.next_beam[rows]).view(-1)  # (A' * K)
         history = torch.cat([history[source_rows], top.next_token[rows].view(-1, 1)], dim=1)
@@ -162,7 +163,7 @@ def beam_search(model: Model, src: Tensor, *, bos_id: Start, eos_id: int, beam: 
     return [hypotheses[:nbest] for hypotheses in finished]
 
 
-class _Extensions(NamedTuple):
+class Extensions(NamedTuple):
     """One step's best 2K extensions per sentence (A, 2K), best first, and the K that go
     on (A, K), placed so that most stay in their parent beam's row."""
 
@@ -175,7 +176,7 @@ class _Extensions(NamedTuple):
     next_token: Tensor
 
 
-def _best_extensions(logits: Tensor, scores: Tensor, beam: int, eos_id: int) -> _Extensions:
+def best_extensions(logits: Tensor, scores: Tensor, beam: int, eos_id: int) -> Extensions:
     """logits (A * K, V), the live beams' scores (A, K) -> the step's extensions."""
     vocab = logits.shape[-1]
     log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
@@ -187,27 +188,36 @@ def _best_extensions(logits: Tensor, scores: Tensor, beam: int, eos_id: int) -> 
     order = (torch.arange(2 * beam, device=logits.device) + is_eos * 2 * beam).argsort(dim=1)
     keep = order[:, :beam]                                                 # (A, K)
     keep = keep.gather(1, _stable_slots(top_beam.gather(1, keep)))
-    return _Extensions(top_scores, top_beam, top_token, is_eos, top_scores.gather(1, keep),
+    return Extensions(top_scores, top_beam, top_token, is_eos, top_scores.gather(1, keep),
                        top_beam.gather(1, keep), top_token.gather(1, keep))
 
 
-def _finish_eos(top: _Extensions, history: Tensor, alive: list[int],
-                finished: list[list[Hypothesis]], beam: int, penalty: float) -> None:
-    """Candidates among each sentence's best `beam` that end in eos are finished."""
+Prefix = Callable[[int], list[int]]   # a target row -> the tokens it generated so far
+
+
+def history_prefix(history: Tensor) -> Prefix:
+    """history (R, 1 + steps): bos, then each row's tokens -> the tokens of a row."""
+    return lambda row: history[row, 1:].tolist()
+
+
+def finish_eos(top: Extensions, prefix: Prefix, finished: Sequence[list[Hypothesis]],
+               beam: int, penalties: Sequence[float]) -> None:
+    """Candidates among each sentence's best `beam` that end in eos are finished.
+    finished and penalties: those of each sentence row of top, in its order."""
     ending = top.is_eos[:, :beam] & (top.top_scores[:, :beam] > float("-inf"))
     for row, rank in zip(*(t.tolist() for t in ending.nonzero(as_tuple=True))):
-        tokens = history[row * beam + int(top.top_beam[row, rank]), 1:].tolist()
+        tokens = prefix(row * beam + int(top.top_beam[row, rank]))
         log_prob = float(top.top_scores[row, rank])
-        finished[alive[row]].append(Hypothesis(tokens, log_prob / penalty, log_prob))
+        finished[row].append(Hypothesis(tokens, log_prob / penalties[row], log_prob))
 
 
-def _finish_live(top: _Extensions, row: int, history: Tensor, finished: list[Hypothesis],
-                 beam: int, penalty: float) -> None:
+def finish_live(top: Extensions, row: int, prefix: Prefix, finished: list[Hypothesis],
+                beam: int, penalty: float) -> None:
     """A sentence at its length limit: its live beams end here, without eos."""
     for k in range(beam):
         log_prob = float(top.next_scores[row, k])
         if log_prob > float("-inf"):
-            tokens = history[row * beam + int(top.next_beam[row, k]), 1:].tolist()
+            tokens = prefix(row * beam + int(top.next_beam[row, k]))
             tokens.append(int(top.next_token[row, k]))
             finished.append(Hypothesis(tokens, log_prob / penalty, log_prob))
 
@@ -253,7 +263,7 @@ def _stable_slots(source_beam: Tensor) -> Tensor:
     return torch.empty_like(slot).scatter_(1, slot, positions.expand(sentences, beam))
 
 
-def _fill_holes(kept: list[int]) -> list[int]:
+def fill_holes(kept: list[int]) -> list[int]:
     """The rows that go on, in their new order: each kept row among the first len(kept)
     stays in place, and the last kept rows fill the places of the finished ones, so that
     few cache rows move (KVCache.reorder)."""
@@ -263,8 +273,8 @@ def _fill_holes(kept: list[int]) -> list[int]:
     return [place if place in staying else next(movers) for place in range(places)]
 
 
-def _done(finished: list[Hypothesis], best_live_log_prob: float, beam: int, nbest: int,
-          alpha: float, limit: int) -> bool:
+def sentence_done(finished: list[Hypothesis], best_live_log_prob: float, beam: int,
+                  nbest: int, alpha: float, limit: int) -> bool:
     """Whether more steps can change this sentence's nbest list."""
     if len(finished) >= beam:
         return True

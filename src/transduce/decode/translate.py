@@ -10,6 +10,7 @@ N lines in give N lines out in the same order; an empty line gives an empty line
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 from transduce import checkpoint
 from transduce.config import ConfigError, choices
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from transduce.decode import continuous
 from transduce.decode.onnx_engine import OnnxEngine
 from transduce.decode.options import Dtype, Engine, KvDtype, SearchOptions
 from transduce.decode.parallel import map_batches
@@ -113,6 +115,12 @@ class Translator:
         return cls(model, Tokenizer(directory / checkpoint.TOKENIZER), device, dtype, kv_dtype,
                    workers)
 
+    @functools.cached_property
+    def decodes_continuously(self) -> bool:
+        """Whether sentences can join and leave a running search (decode/continuous.py):
+        a PyTorch Transformer with plain KV caches (not quantized: kv_dtype None)."""
+        return self.kv_dtype is None and continuous.supports(self.model)
+
     @property
     def max_source_tokens(self) -> int:
         """Source tokens the model can read, eos included."""
@@ -148,7 +156,7 @@ class Translator:
 
     def _search(self, lines: Sequence[str], options: SearchOptions, strict: bool,
                 first_line_number: int, progress: Progress | None) -> list[list[Translation]]:
-        ids = self._encode(lines, strict, first_line_number)
+        ids = self.encode(lines, strict, first_line_number)
         empty = [Translation("", 0.0)] * options.nbest
         results: list[list[Translation]] = [empty for _ in lines]
         cache_dtype = getattr(torch, self.kv_dtype) if self.kv_dtype else None
@@ -171,8 +179,11 @@ class Translator:
                 progress(len(indices))
         return results
 
-    def _encode(self, lines: Sequence[str], strict: bool, first_line_number: int) -> list[list[int]]:
-        """Token ids per line, stripped; an empty line gives no ids (and is not searched)."""
+    def encode(self, lines: Sequence[str], strict: bool = False,
+               first_line_number: int = 1) -> list[list[int]]:
+        """Source token ids per line, stripped, within the model's limit (a longer line is
+        truncated with a warning naming it, or refused with strict=True); an empty line
+        gives no ids (and is not searched)."""
         limit = self.max_source_tokens - 1  # room for eos
         encoded = self.tokenizer.encode([line.strip() for line in lines])
         for offset, ids in enumerate(encoded):

@@ -53,7 +53,7 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
     metrics = Metrics()
     batcher = Batcher(metrics, batch_tokens=limits.batch_tokens,
                       window_s=limits.window_ms / 1000, max_queue=limits.max_queue,
-                      batching=limits.batching,
+                      batching=limits.batching, continuous=limits.continuous,
                       others_coming=lambda: metrics.in_flight > metrics.queue_depth)
     service = Service(model, name, limits, metrics, batcher,
                       languages if kind == "translation" else None)

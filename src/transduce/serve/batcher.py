@@ -7,6 +7,12 @@ budget is reached; it then runs the batch with the first job's `run` and hands e
 its own results. Other keys stay queued in arrival order, so none starves. One thread
 decodes, so the model never runs twice at once and two cores are not oversubscribed.
 
+Jobs that can be decoded continuously (translation with a Transformer: a `stream`
+factory) are not run as one batch that lasts as long as its longest sentence: the batch
+is a Stream that decodes step by step, hands each job its results as soon as its
+sentences are done, and takes queued jobs of its key in between steps, within the token
+budget, until the oldest queued job has another key; then it drains and that key goes.
+
 The queue is bounded: submit() raises QueueFull, which the app answers with 429.
 """
 
@@ -17,7 +23,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Protocol, Sequence
 
 from transduce.serve.metrics import Metrics
 
@@ -34,33 +40,50 @@ class Closed(Exception):
     """The server is shutting down and takes no new work."""
 
 
+class Stream(Protocol):
+    """A batch that jobs join and leave between decoding steps (continuous batching)."""
+
+    @property
+    def running(self) -> int:
+        """Jobs admitted whose results have not been handed back."""
+
+    def admit(self, jobs: Sequence["Job"]) -> None:
+        """Start decoding these jobs at the next step."""
+
+    def step(self) -> list[tuple["Job", Any]]:
+        """One decoding step -> the jobs done at it, each with its result."""
+
+
 @dataclass(eq=False)
 class Job:
     """One request's work. key: jobs with equal keys may share a batch; run(jobs) ->
     one result per job (called on the worker thread); tokens: the job's cost against the
-    batch budget; sentences: counted in the metrics."""
+    batch budget; sentences: counted in the metrics. stream: when given, a new Stream
+    for jobs of this key, which the worker uses instead of run."""
 
     key: Hashable
     run: Callable[[Sequence["Job"]], list[Any]]
     payload: Any
     tokens: int
     sentences: int
+    stream: Callable[[], Stream] | None = None
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     queued_at: float = field(default_factory=time.monotonic)
 
 
 class Batcher:
-    """The queue and its one decoding thread. batching=False runs one job at a time."""
+    """The queue and its one decoding thread. batching=False runs one job at a time;
+    continuous=False runs whole batches even for jobs that have a stream."""
 
     def __init__(self, metrics: Metrics, *, batch_tokens: int, window_s: float,
-                 max_queue: int, batching: bool = True,
+                 max_queue: int, batching: bool = True, continuous: bool = True,
                  others_coming: Callable[[], bool] = lambda: True):
         """others_coming() tells whether requests not yet queued are in the server: with
         none, the oldest job is decoded at once instead of waiting for the window (one
         client alone then pays no window)."""
         self.metrics, self.batch_tokens, self.window_s = metrics, batch_tokens, window_s
         self.others_coming = others_coming
-        self.max_queue, self.batching = max_queue, batching
+        self.max_queue, self.batching, self.continuous = max_queue, batching, continuous
         self._queue: deque[Job] = deque()
         self._ready = threading.Condition()
         self._closed = False
@@ -98,7 +121,10 @@ class Batcher:
             batch = self._next_batch()
             if batch is None:
                 return
-            self._run(batch)
+            if self.batching and self.continuous and batch[0].stream is not None:
+                self._stream(batch)
+            else:
+                self._run(batch)
 
     def _next_batch(self) -> list[Job] | None:
         """Wait for a job, then for the window; take it and the queued jobs of its key
@@ -122,6 +148,18 @@ class Batcher:
         key = self._queue[0].key
         return self.batch_tokens - sum(j.tokens for j in self._queue if j.key == key)
 
+    def _joining(self, key: Hashable, room: int) -> list[Job]:
+        """Queued jobs of `key` at the head of the queue, within `room` tokens, taken
+        without waiting: none once the oldest queued job has another key."""
+        taken = []
+        with self._ready:
+            while self._queue and self._queue[0].key == key and self._queue[0].tokens <= room:
+                job = self._queue.popleft()
+                taken.append(job)
+                room -= job.tokens
+            self.metrics.queue_depth = len(self._queue)
+        return taken
+
     def _take(self) -> list[Job]:
         """The oldest job and, with batching, later jobs of its key within the budget."""
         first = self._queue.popleft()
@@ -134,6 +172,35 @@ class Batcher:
                 batch.append(job)
                 tokens += job.tokens
         return batch
+
+    def _stream(self, batch: list[Job]) -> None:
+        """Decode a batch step by step in its key's Stream, settling each job when it is
+        done and admitting queued jobs of the key between steps, until none runs."""
+        key, stream = batch[0].key, batch[0].stream()
+        tokens, running = 0, set()
+        try:
+            while True:
+                live = [job for job in batch if job.future.set_running_or_notify_cancel()]
+                if live:
+                    stream.admit(live)
+                    running.update(live)
+                    tokens += sum(job.tokens for job in live)
+                if not stream.running:
+                    return
+                sentences = sum(job.sentences for job in running)
+                started = time.monotonic()
+                done = stream.step()
+                seconds = time.monotonic() - started
+                for job, result in done:
+                    running.discard(job)
+                    tokens -= job.tokens
+                    job.future.set_result(result)
+                self.metrics.step_done(sentences, sum(job.sentences for job, _ in done), seconds)
+                batch = self._joining(key, self.batch_tokens - tokens)
+        except BaseException as error:          # noqa: BLE001 - handed to the requests
+            for job in running | set(batch):
+                if not job.future.done():
+                    job.future.set_exception(error)
 
     def _run(self, batch: list[Job]) -> None:
         """Run a batch and settle every job's future, with its result or the error."""

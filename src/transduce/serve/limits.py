@@ -19,7 +19,9 @@ class Limits(ValidatedConfig):
     waiting for the decoding worker before new ones get 429; batch_tokens: source tokens
     a batch holds (padding counted); window_ms: how long the worker waits for more
     requests to join a batch; batching False decodes one request at a time (the
-    behaviour of servers that serialise requests, kept for comparison)."""
+    behaviour of servers that serialise requests, kept for comparison); continuous False
+    decodes whole batches even where sentences could join and leave a running search
+    (batcher.py; kept for comparison)."""
 
     max_chars: int = 5000
     max_texts: int = 128
@@ -27,6 +29,7 @@ class Limits(ValidatedConfig):
     batch_tokens: int = 4096
     window_ms: float = 5.0
     batching: bool = True
+    continuous: bool = True
 
     def __post_init__(self) -> None:
         self._check_floats_finite()

@@ -70,6 +70,17 @@ class Metrics:
             self.decode_seconds += seconds
             self._recent.append((now, sentences))
 
+    def step_done(self, running: int, finished: int, seconds: float) -> None:
+        """One step of continuous batching: `running` sentences decoded (the batch's size),
+        `finished` of them done at it."""
+        now = time.monotonic()
+        with self._lock:
+            self.batch_sentences.observe(running)
+            self.sentences_total += finished
+            self.batches_total += 1
+            self.decode_seconds += seconds
+            self._recent.append((now, finished))
+
     def sentences_per_second(self) -> float:
         """Sentences decoded over the last minute, per second."""
         now = time.monotonic()
@@ -91,12 +102,14 @@ class Metrics:
             for route, histogram in sorted(self.latency.items()):
                 lines += histogram.lines("transduce_request_duration_seconds",
                                          f'route="{route}"')
-            lines += ["# HELP transduce_batch_sentences Sentences per decoded batch.",
+            lines += ["# HELP transduce_batch_sentences Sentences per decoded batch (with "
+                      "continuous batching, per decoding step).",
                       "# TYPE transduce_batch_sentences histogram",
                       *self.batch_sentences.lines("transduce_batch_sentences"),
                       *_single("transduce_sentences_total", "counter",
                                "Sentences decoded.", self.sentences_total),
-                      *_single("transduce_batches_total", "counter", "Batches decoded.",
+                      *_single("transduce_batches_total", "counter",
+                               "Batches decoded (continuous batching: decoding steps).",
                                self.batches_total),
                       *_single("transduce_decode_seconds_total", "counter",
                                "Seconds the worker spent decoding.", self.decode_seconds),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
 
 from transduce.errors import TransduceError
-from transduce.serve.batcher import Batcher, Closed, Job, QueueFull
+from transduce.serve.batcher import Batcher, Closed, Job, QueueFull, Stream
 from transduce.serve.limits import ApiError, Limits
 from transduce.serve.metrics import Metrics
 from transduce.serve.schemas import Timings
@@ -25,15 +25,18 @@ class Service:
     languages: tuple[str, str] | None     # (source, target) of a translation model
 
     async def submit(self, key: Hashable, run: Callable[[Sequence[Job]], list[Any]],
-                     payload: Any, tokens: int, sentences: int) -> tuple[Any, Timings]:
+                     payload: Any, tokens: int, sentences: int,
+                     stream: Callable[[], Stream] | None = None) -> tuple[Any, Timings]:
         """Queue one request's work and await its result -> (result, timings)."""
-        job = self.enqueue(key, run, payload, tokens, sentences)
+        job = self.enqueue(key, run, payload, tokens, sentences, stream)
         return await self.wait(job)
 
     def enqueue(self, key: Hashable, run: Callable[[Sequence[Job]], list[Any]],
-                payload: Any, tokens: int, sentences: int) -> Job:
-        """Queue a job; a full queue is 429 with Retry-After, a closing server 503."""
-        job = Job(key, run, payload, tokens, sentences)
+                payload: Any, tokens: int, sentences: int,
+                stream: Callable[[], Stream] | None = None) -> Job:
+        """Queue a job (decoded by `run` in a batch, or continuously in a `stream`); a
+        full queue is 429 with Retry-After, a closing server 503."""
+        job = Job(key, run, payload, tokens, sentences, stream)
         try:
             self.batcher.submit(job)
         except QueueFull as full:

@@ -2,10 +2,11 @@
 /translate and /languages, and /v1/attention.
 
 Sentences of concurrent requests with the same search settings are decoded together by
-the worker (batcher.py); Translator sorts and pads them so that each gets what it would
-alone. /v1/attention runs attention_maps (the maps of the printed translation) on the
-same worker, one sentence at a time, and keeps the last few results so that the page
-can load the layers one by one.
+the worker (batcher.py): a Transformer's continuously (continuous.py: sentences join and
+leave the running search between steps), other models' in batches that Translator
+sorts and pads; either way each sentence gets what it would alone. /v1/attention runs
+attention_maps (the maps of the printed translation) on the same worker, one sentence at
+a time, and keeps the last few results so that the page can load the layers one by one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 
 from transduce.decode.translate import Translation, Translator
 from transduce.serve.batcher import Job
+from transduce.serve.continuous import translation_stream
 from transduce.serve.limits import ApiError, check_texts, check_tokens
 from transduce.serve.schemas import AttentionRequest, AttentionResponse, \
     LibreTranslateRequest, Timings, TranslateRequest, TranslateResponse, Translated
@@ -113,7 +115,8 @@ async def _translate(service: Service, texts: list[str], name: str, beam: int, a
     run = timed(lambda jobs: _run_translations(translator, key, service.limits.batch_tokens,
                                                jobs))
     tokens = sum(min(n, limit) + 1 for n in lengths)
-    found, timings = await service.submit(key, run, texts, tokens, len(texts))
+    found, timings = await service.submit(key, run, texts, tokens, len(texts),
+                                          translation_stream(translator, *key[1:]))
     return list(zip(found, cut)), timings
 
 

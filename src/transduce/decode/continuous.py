@@ -1,0 +1,275 @@
+"""Beam search over a batch that sentences join and leave between steps: continuous
+batching, what a server needs when requests keep arriving.
+
+A static batch lasts as long as its longest sentence, and requests that arrive meanwhile
+wait for all of it. Here each step decodes the sentences that are running; one that is
+done leaves at once, and new ones join before any step (`add`), so the batch stays full.
+
+Rows are aligned by cache slot, as left-padded prompts are (model/decoder_only.py): a
+sentence that joins when the caches hold t slots feeds its bos at slot t, its rows
+attend to slots t and later only (what the rows held before is masked), and its
+positions count from t. Attention reads from the oldest running sentence's bos on (the
+caches are views that start there), so the slots before it cost nothing; when the
+slots run out they are dropped (compaction), and the buffers grow (doubling) when a
+sentence needs more rows or slots.
+
+Each sentence is searched as `beam_search` searches it alone: the same extensions,
+finished lists, length penalty and stopping rules (search.py), by its own step count.
+Only numerics differ: its keys sit at other slots among masked ones, which the attention
+kernel may sum in another order (last-bit differences; tested equal on real outputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from transduce.attention.kv_cache import KVCache
+from transduce.decode.search import (Hypothesis, best_extensions, fill_holes, finish_eos,
+                                     finish_live, length_penalty, max_lengths, sentence_done)
+from transduce.model.transformer import Transformer
+
+
+@dataclass
+class _Sentence:
+    tag: Any                  # the caller's handle, given back with the result
+    offset: int               # the cache slot of its bos
+    limit: int                # its most output tokens
+    finished: list[Hypothesis] = field(default_factory=list)
+
+
+def supports(model: Any) -> bool:
+    """Whether `model` can decode continuously: an encoder-decoder Transformer whose
+    self-attention caches are plain KVCaches (softmax attention over every key)."""
+    if not isinstance(model, Transformer):
+        return False
+    caches = model.new_caches(1, 1, torch.float32, "meta")
+    return all(type(cache) is KVCache for cache in caches)
+
+
+class ContinuousBeamSearch:
+    """Beam search (beam, alpha, nbest, max_len as in beam_search) on sentences that join
+    with add() and leave as step() finds them done.
+
+        search = ContinuousBeamSearch(model, bos_id=BOS, eos_id=EOS)
+        search.add(src, tags)                # src (N, S) right-padded ids
+        while search.running:
+            for tag, hypotheses in search.step():   # the sentences done at this step
+                ...
+    """
+
+    def __init__(self, model: Transformer, *, bos_id: int, eos_id: int, beam: int = 4,
+                 alpha: float = 0.6, nbest: int = 1, max_len: int | None = None):
+        if not supports(model):
+            raise ValueError(f"{type(model).__name__} cannot decode continuously: it needs an "
+                             "encoder-decoder Transformer with softmax attention's KV caches")
+        if not 1 <= nbest <= beam:
+            raise ValueError(f"nbest={nbest} must be between 1 and beam={beam}")
+        self.model, self.bos_id, self.eos_id = model, bos_id, eos_id
+        self.beam, self.alpha, self.nbest, self.max_len = beam, alpha, nbest, max_len
+        c = model.config
+        self.dtype = model.output_proj.weight.dtype if hasattr(model.output_proj, "weight") \
+            else model.decoder.embed.embedding.weight.dtype
+        self.device = model.decoder.embed.embedding.weight.device
+        self.sentences: list[_Sentence] = []        # running, in row order
+        self.slot = 0                                # the slot the next step writes
+        # Buffers at capacity; the running rows are their first ones. Sized by _grow.
+        self.caches = model.new_caches(0, 0, self.dtype, self.device)
+        self._keys = [(cache.k, cache.v) for cache in self.caches]   # (R, Hkv, T, D)
+        empty = self.caches[0].k.new_zeros(0, c.kv_heads, 0, c.head_dim)
+        self._memory = [(empty, empty.clone()) for _ in self.caches]    # (A, Hkv, S, D)
+        self._memory_mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # (A, S)
+        self._history = torch.zeros(0, 0, dtype=torch.long, device=self.device)      # (R, T)
+        self._offsets = torch.zeros(0, dtype=torch.long, device=self.device)         # (A,)
+        self._scores = torch.zeros(0, beam, device=self.device)                     # (A, K)
+        self._source_width = 0     # the widest running source: what cross-attention reads
+
+    @property
+    def running(self) -> int:
+        """Sentences being searched."""
+        return len(self.sentences)
+
+    @torch.no_grad()
+    def add(self, src: Tensor, tags: list[Any]) -> None:
+        """Start searching sentences src (N, S) (right-padded ids, each ending in eos) at the
+        next step; tags come back with their results."""
+        if src.dim() != 2 or src.shape[0] != len(tags) or src.shape[0] == 0:
+            raise ValueError(f"src {tuple(src.shape)} must be (N, S) with one tag per row "
+                             f"({len(tags)} tags), N >= 1")
+        src = src.to(self.device)
+        new, width = src.shape
+        first, first_row = len(self.sentences), len(self.sentences) * self.beam
+        limits = max_lengths(self.model, src, self.max_len).tolist()
+        self._make_room(first + new, width, self.slot + 1)
+
+        src_mask = self.model.source_mask(src)                           # (N, 1, 1, S)
+        memory_kv = self.model.decoder.memory_kv(self.model.encode(src, src_mask))
+        for (k_buffer, v_buffer), (k, v) in zip(self._memory, memory_kv):
+            k_buffer[first:first + new, :, :width] = k
+            v_buffer[first:first + new, :, :width] = v
+        self._memory_mask[first:first + new] = False
+        self._memory_mask[first:first + new, :width] = src_mask.view(new, width)
+        self._source_width = max(self._source_width, width)
+
+        self._history[first_row:first_row + new * self.beam, self.slot] = self.bos_id
+        self._offsets[first:first + new] = self.slot
+        self._scores[first:first + new] = float("-inf")
+        self._scores[first:first + new, 0] = 0.0     # one live beam at first, as beam_search
+        self.sentences += [_Sentence(tag, self.slot, limit) for tag, limit in zip(tags, limits)]
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[Any, list[Hypothesis]]]:
+        """One token for every running beam -> (tag, nbest hypotheses, best first) of each
+        sentence done at this step, which leaves the batch."""
+        if not self.sentences:
+            return []
+        sentences, beam, slot = len(self.sentences), self.beam, self.slot
+        rows = sentences * beam
+        logits = self._decode(rows, slot)                                # (R, V)
+        scores = self._scores[:sentences]
+        top = best_extensions(logits, scores, beam, self.eos_id)
+        steps = [slot + 1 - s.offset for s in self.sentences]            # tokens so far
+        penalties = [length_penalty(n, self.alpha) for n in steps]
+        history, running = self._history, self.sentences
+
+        def prefix(row: int) -> list[int]:
+            return history[row, running[row // beam].offset + 1:slot + 1].tolist()
+
+        finish_eos(top, prefix, [s.finished for s in self.sentences], beam, penalties)
+        best_live = top.next_scores.max(dim=1).values.tolist()
+        kept, done = [], []
+        for row, sentence in enumerate(self.sentences):
+            if steps[row] >= sentence.limit:
+                finish_live(top, row, prefix, sentence.finished, beam, penalties[row])
+                done.append(sentence)
+            elif sentence_done(sentence.finished, best_live[row], beam, self.nbest,
+                               self.alpha, sentence.limit):
+                done.append(sentence)
+            else:
+                kept.append(row)
+        self._keep(kept, top, sentences, slot)
+        return [(s.tag, sorted(s.finished, key=lambda h: h.score, reverse=True)[:self.nbest])
+                for s in done]
+
+    def _decode(self, rows: int, slot: int) -> Tensor:
+        """The running rows' tokens at `slot` through the decoder -> logits (R, V).
+        The caches are views from the oldest bos on: slots before it are never read."""
+        first = min(s.offset for s in self.sentences)
+        for cache, (k, v) in zip(self.caches, self._keys):
+            cache.k, cache.v, cache.length = k[:rows, :, first:], v[:rows, :, first:], slot - first
+        sentences, beam, width = rows // self.beam, self.beam, self._source_width
+        memory_kv = [(k[:sentences, :, :width], v[:sentences, :, :width])
+                     for k, v in self._memory]
+        memory_mask = self._memory_mask[:sentences, None, None, :width]   # (A, 1, 1, S)
+        offsets = self._offsets[:sentences]                                # (A,)
+        positions = (slot - offsets).repeat_interleave(beam)[:, None]      # (R, 1)
+        key_mask = None           # all rows from the same bos: nothing to hide
+        if any(s.offset != first for s in self.sentences):
+            seen = torch.arange(first, slot + 1, device=self.device) >= offsets[:, None]
+            key_mask = seen[:, None, :].expand(-1, beam, -1).reshape(rows, 1, 1, -1)
+        hidden = self.model.decoder(self._history[:rows, slot:slot + 1], memory_kv,
+                                    memory_mask, tgt_mask=key_mask, caches=self.caches,
+                                    positions=positions)
+        return self.model.output_proj(hidden)[:, -1]
+
+    def _keep(self, kept: list[int], top, sentences: int, slot: int) -> None:
+        """Carry the kept sentences' best beams to the next slot, in rows [:len(kept) * K];
+        the sentences done leave (only the rows that move are copied)."""
+        beam = self.beam
+        if len(kept) < sentences:
+            kept = fill_holes(kept)
+        self.sentences = [self.sentences[row] for row in kept]
+        self.slot = slot + 1
+        if not kept:
+            self.slot, self._source_width = 0, 0
+            return
+        index = torch.tensor(kept, device=self.device)
+        source_rows = (index[:, None] * beam + top.next_beam[index]).view(-1)   # (A' * K)
+        first = min(s.offset for s in self.sentences)
+        self._move_rows(source_rows, first, slot + 1)
+        self._scores[:len(kept)] = top.next_scores[index]
+        if len(kept) < sentences:
+            for k, v in self._memory:
+                _rearrange(k[:, :, :self._source_width], index)
+                _rearrange(v[:, :, :self._source_width], index)
+            _rearrange(self._memory_mask, index)
+            _rearrange(self._offsets, index)
+            self._source_width = int(self._memory_mask[:len(kept)].any(dim=0).nonzero().max()) + 1
+        self._make_room(len(kept), 0, self.slot + 1)     # may compact: self.slot moves
+        self._history[:len(source_rows), self.slot] = top.next_token[index].view(-1)
+
+    def _move_rows(self, source_rows: Tensor, start: int, end: int) -> None:
+        """Target row i takes what row source_rows[i] held in slots [start:end] (before
+        start, no running sentence looks)."""
+        for k, v in self._keys:
+            _rearrange(k[:, :, start:end], source_rows)
+            _rearrange(v[:, :, start:end], source_rows)
+        _rearrange(self._history[:, start:end], source_rows)
+
+    def _make_room(self, sentences: int, width: int, slots: int) -> None:
+        """Buffers for `sentences` sentences, sources `width` wide and `slots` slots: drop
+        the slots before every running sentence's bos when slots run out; grow what is
+        still too small."""
+        held_rows, held_slots = self._history.shape
+        first = min((s.offset for s in self.sentences), default=self.slot)
+        if first and slots > held_slots:
+            self._compact(first)
+            slots -= first
+        rows = sentences * self.beam
+        if rows > held_rows or slots > held_slots \
+                or width > self._memory_mask.shape[1] or sentences > self._memory_mask.shape[0]:
+            self._grow(sentences, width, slots)
+
+    def _compact(self, first: int) -> None:
+        """Drop slots [:first], which no running sentence attends."""
+        rows, end = len(self.sentences) * self.beam, self.slot   # slots written so far
+        for k, v in self._keys:
+            k[:rows, :, :end - first] = k[:rows, :, first:end].clone()
+            v[:rows, :, :end - first] = v[:rows, :, first:end].clone()
+        self._history[:rows, :end - first] = self._history[:rows, first:end].clone()
+        self._offsets[:len(self.sentences)] -= first
+        for sentence in self.sentences:
+            sentence.offset -= first
+        self.slot -= first
+
+    def _grow(self, sentences: int, width: int, slots: int) -> None:
+        """Reallocate every buffer at least twice as large where it is too small, keeping
+        what the running rows hold."""
+        def size(needed: int, held: int) -> int:
+            return held if needed <= held else max(needed, 2 * held, 8)
+
+        held_rows, held_slots = self._history.shape
+        held_sentences, held_width = self._memory_mask.shape
+        n_rows, n_slots = size(sentences * self.beam, held_rows), size(slots, held_slots)
+        n_sentences, n_width = size(sentences, held_sentences), size(width, held_width)
+        self._keys = [(_resized(k, (n_rows, k.shape[1], n_slots, k.shape[3])),
+                       _resized(v, (n_rows, v.shape[1], n_slots, v.shape[3])))
+                      for k, v in self._keys]
+        self._memory = [(_resized(k, (n_sentences, k.shape[1], n_width, k.shape[3])),
+                         _resized(v, (n_sentences, v.shape[1], n_width, v.shape[3])))
+                        for k, v in self._memory]
+        self._memory_mask = _resized(self._memory_mask, (n_sentences, n_width))
+        self._history = _resized(self._history, (n_rows, n_slots))
+        self._offsets = _resized(self._offsets, (n_sentences,))
+        self._scores = _resized(self._scores, (n_sentences, self.beam))
+
+
+def _resized(buffer: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """A zero-filled buffer of `shape` holding `buffer`'s values at its corner. Zeros,
+    not garbage: masked keys still enter the attention's products."""
+    if tuple(buffer.shape) == shape:
+        return buffer
+    new = torch.zeros(shape, dtype=buffer.dtype, device=buffer.device)
+    new[tuple(slice(0, n) for n in buffer.shape)] = buffer
+    return new
+
+
+def _rearrange(buffer: Tensor, index: Tensor) -> None:
+    """buffer[:len(index)] = buffer[index] in place (buffer may be a view), copying only
+    the rows that move."""
+    moved = (index != torch.arange(index.numel(), device=index.device)).nonzero().squeeze(1)
+    if moved.numel():
+        buffer.index_copy_(0, moved, buffer.index_select(0, index[moved]))

@@ -1,0 +1,78 @@
+"""Translation jobs decoded by continuous batching (batcher.py's Stream): every job's
+sentences join one running beam search (decode/continuous.py) between steps, and a job
+is answered as soon as its last sentence is done, not when the whole batch is."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from transduce.data.tokenizer import BOS_ID, EOS_ID
+from transduce.decode.continuous import ContinuousBeamSearch
+from transduce.decode.translate import Translation, Translator, pad_sources
+from transduce.serve.batcher import Job, Stream
+
+
+def translation_stream(translator: Translator, beam: int, alpha: float, nbest: int,
+                       max_length: int | None) -> Callable[[], Stream] | None:
+    """A factory of TranslationStreams for these search settings, or None where the
+    translator cannot decode continuously (an ONNX export, an RNN, a quantized or
+    windowed cache): its jobs are then decoded as whole batches."""
+    if not translator.decodes_continuously:
+        return None
+    return lambda: TranslationStream(translator, beam, alpha, nbest, max_length)
+
+
+@dataclass
+class _Pending:
+    results: list[list[Translation]]     # per text, its hypotheses (empty texts: ready)
+    waiting: int                         # texts still being searched
+    started: float
+
+
+class TranslationStream:
+    """The Stream of one key's translation jobs. Each result is (per text, its nbest
+    translations; the time the job was admitted; seconds until it was done), the form
+    the routes' timings read (service.py)."""
+
+    def __init__(self, translator: Translator, beam: int, alpha: float, nbest: int,
+                 max_length: int | None):
+        self.translator, self.nbest = translator, nbest
+        self.search = ContinuousBeamSearch(translator.model, bos_id=BOS_ID, eos_id=EOS_ID,
+                                           beam=beam, alpha=alpha, nbest=nbest,
+                                           max_len=max_length)
+        self.pending: dict[Job, _Pending] = {}
+        self.ready: list[Job] = []             # done without a step: only empty texts
+
+    @property
+    def running(self) -> int:
+        return len(self.pending)
+
+    def admit(self, jobs: Sequence[Job]) -> None:
+        now, rows, tags = time.monotonic(), [], []
+        for job in jobs:
+            ids = self.translator.encode(job.payload)
+            empty = [Translation("", 0.0)] * self.nbest
+            self.pending[job] = _Pending([empty for _ in ids], sum(1 for x in ids if x), now)
+            if not self.pending[job].waiting:
+                self.ready.append(job)
+            for index, sentence in enumerate(ids):
+                if sentence:
+                    rows.append(sentence)
+                    tags.append((job, index))
+        if rows:
+            self.search.add(pad_sources(rows, self.translator.device), tags)
+
+    def step(self) -> list[tuple[Job, Any]]:
+        done, self.ready = self.ready, []
+        decode = self.translator.tokenizer.decode
+        for (job, index), hypotheses in self.search.step():
+            pending = self.pending[job]
+            pending.results[index] = [Translation(decode(h.tokens), h.score) for h in hypotheses]
+            pending.waiting -= 1
+            if not pending.waiting:
+                done.append(job)
+        now = time.monotonic()
+        finished = [(job, self.pending.pop(job)) for job in done]
+        return [(job, (p.results, p.started, now - p.started)) for job, p in finished]

@@ -1,0 +1,113 @@
+"""Continuous batching: sentences joining a running beam search at any step get what
+beam_search gives each alone, through compaction and growth of the buffers."""
+
+import pytest
+import torch
+
+from transduce.config import preset
+from transduce.decode.continuous import ContinuousBeamSearch, supports
+from transduce.decode.search import beam_search
+from transduce.model import Transformer
+from transduce.model.packed import decoding_copy
+
+from tests.decode.test_search import BOS, EOS, PAD, padded_sources, real_model
+
+
+def alone(model, src_row, **options):
+    """beam_search on one sentence, its padding cut."""
+    src = src_row[None, :int((src_row != PAD).sum())]
+    return beam_search(model, src, bos_id=BOS, eos_id=EOS, **options)[0]
+
+
+def run_schedule(search, src, joins):
+    """Add sentence i (row i of src) before step joins[i]; step until all are done ->
+    {i: hypotheses}, and the most slots the buffers held."""
+    results, step, most_slots = {}, 0, 0
+    waiting = sorted(range(len(joins)), key=lambda i: joins[i])
+    while waiting or search.running:
+        joining = [i for i in waiting if joins[i] <= step]
+        if joining:
+            rows = src[joining]
+            width = int((rows != PAD).sum(dim=1).max())
+            search.add(rows[:, :width], joining)
+            waiting = [i for i in waiting if i not in joining]
+        for tag, hypotheses in search.step():
+            assert tag not in results
+            results[tag] = hypotheses
+        most_slots = max(most_slots, search._history.shape[1])
+        step += 1
+    return results, most_slots
+
+
+def assert_same(found, expected):
+    assert [h.tokens for h in found] == [h.tokens for h in expected]
+    assert [h.score for h in found] == pytest.approx([h.score for h in expected], abs=1e-4)
+    assert [h.log_prob for h in found] == pytest.approx([h.log_prob for h in expected], abs=1e-4)
+
+
+@pytest.mark.parametrize("changes", [{}, {"num_kv_heads": 1}, {"positional": "rotary"},
+                                     {"positional": "t5"}, {"positional": "alibi"},
+                                     {"positional": "learned"}])
+def test_sentences_joining_at_any_step_get_what_they_get_alone(changes):
+    model = real_model(**changes)
+    torch.manual_seed(3)
+    lengths = [9, 3, 6, 12, 2, 7, 1 + 4, 10]
+    src = padded_sources(lengths)
+    joins = [0, 0, 2, 3, 3, 7, 8, 15]
+    search = ContinuousBeamSearch(model, bos_id=BOS, eos_id=EOS, beam=4, nbest=2, max_len=12)
+    results, _ = run_schedule(search, src, joins)
+    assert sorted(results) == list(range(len(lengths)))
+    for i in range(len(lengths)):
+        assert_same(results[i], alone(model, src[i], beam=4, nbest=2, max_len=12))
+
+
+@pytest.mark.parametrize("beam,nbest,alpha", [(1, 1, 0.6), (3, 3, 1.0), (5, 1, 0.0)])
+def test_search_settings_as_beam_search(beam, nbest, alpha):
+    model = real_model()
+    src = padded_sources([4, 8, 2, 6])
+    search = ContinuousBeamSearch(model, bos_id=BOS, eos_id=EOS, beam=beam, nbest=nbest,
+                                  alpha=alpha, max_len=10)
+    results, _ = run_schedule(search, src, [0, 1, 1, 5])
+    for i in range(4):
+        assert_same(results[i], alone(model, src[i], beam=beam, nbest=nbest, alpha=alpha,
+                                      max_len=10))
+
+
+def test_a_long_stream_compacts_its_slots_and_stays_exact():
+    """Sixty sentences joining two per step: the slots are compacted, not grown without
+    end, and every result still equals beam_search alone (the default length limit,
+    source + 50, also reached by some)."""
+    model = real_model()
+    torch.manual_seed(5)
+    lengths = torch.randint(2, 10, (60,)).tolist()
+    src = padded_sources(lengths)
+    search = ContinuousBeamSearch(model, bos_id=BOS, eos_id=EOS, beam=2)
+    results, most_slots = run_schedule(search, src, [i // 2 for i in range(60)])
+    assert most_slots <= 2 * (max(lengths) + 50) + 2   # far below the ~90 steps run
+    for i in range(60):
+        assert_same(results[i], alone(model, src[i], beam=2))
+    assert search.running == 0 and search.slot == 0
+
+
+def test_packed_decoding_copy_decodes_continuously():
+    model = decoding_copy(real_model(), torch.float32)
+    src = padded_sources([5, 9, 3])
+    search = ContinuousBeamSearch(model, bos_id=BOS, eos_id=EOS, beam=4, max_len=12)
+    results, _ = run_schedule(search, src, [0, 2, 4])
+    for i in range(3):
+        assert_same(results[i], alone(model, src[i], beam=4, max_len=12))
+
+
+def test_models_without_plain_kv_caches_are_refused():
+    torch.manual_seed(0)
+    local = Transformer(preset("tiny", src_vocab_size=24, tgt_vocab_size=24,
+                               attention_type="sliding", attention_window=4))
+    assert supports(real_model()) and not supports(local) and not supports(object())
+    with pytest.raises(ValueError, match="cannot decode continuously"):
+        ContinuousBeamSearch(local, bos_id=BOS, eos_id=EOS)
+    with pytest.raises(ValueError, match="nbest=5"):
+        ContinuousBeamSearch(real_model(), bos_id=BOS, eos_id=EOS, beam=4, nbest=5)
+    search = ContinuousBeamSearch(real_model(), bos_id=BOS, eos_id=EOS)
+    with pytest.raises(ValueError, match="one tag per row"):
+        search.add(padded_sources([3, 4]), ["only one"])
+    assert search.step() == []
