@@ -9,7 +9,7 @@ import torch
 
 from transduce.cli import main
 from transduce.config import ConfigError
-from transduce.decode.parallel import intra_op_threads, map_batches
+from transduce.decode.parallel import auto_workers, intra_op_threads, map_batches
 from transduce.decode.translate import Translator
 from tests.decode.test_translate import run_dir  # noqa: F401  (the fixture)
 
@@ -78,3 +78,43 @@ def test_bad_worker_counts_are_refused_by_name(run_dir, capsys):  # noqa: F811
     with pytest.raises(SystemExit) as stopped:
         main(["translate", "--model", str(run_dir), "--workers", "0"])
     assert stopped.value.code == 2 and "--workers" in capsys.readouterr().err
+
+
+def test_auto_workers_are_two_on_a_cpu_with_two_threads_and_one_elsewhere(run_dir):  # noqa: F811
+    threads_before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert Translator.load(run_dir, workers="auto").workers == 2
+        loaded = Translator.load(run_dir)
+        assert loaded.workers == 1                              # the library's default
+        assert auto_workers(on_cpu=False) == 1                  # a GPU, ONNX Runtime
+        torch.set_num_threads(1)
+        assert Translator.load(run_dir, workers="auto").workers == 1
+    finally:
+        torch.set_num_threads(threads_before)
+    with pytest.raises(ConfigError, match="workers='two'"):
+        Translator.load(run_dir, workers="two")
+
+
+def test_the_cli_decodes_with_auto_workers_by_default(run_dir, tmp_path, capsys,  # noqa: F811
+                                                      monkeypatch):
+    chosen = []
+    original = Translator.__init__
+
+    def recording(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        chosen.append(self.workers)
+
+    monkeypatch.setattr(Translator, "__init__", recording)
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(LINES) + "\n")
+    threads_before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert main(["translate", "--model", str(run_dir), "--input", str(source)]) == 0
+        assert main(["translate", "--model", str(run_dir), "--input", str(source),
+                     "--workers", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads_before)
+    assert chosen == [2, 1]
+    assert capsys.readouterr().out.count("\n") == 2 * len(LINES)

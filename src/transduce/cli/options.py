@@ -23,6 +23,11 @@ def positive_int(text: str) -> int:
     return value
 
 
+def workers_count(text: str) -> int | str:
+    """--workers: "auto" or a positive integer."""
+    return "auto" if text == "auto" else positive_int(text)
+
+
 def non_negative_int(text: str) -> int:
     value = _parse(int, text, "an integer")
     if value < 0:
@@ -66,9 +71,10 @@ def add_search_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
                          help="KV-cache type (default: --dtype's); int8 quantizes it per "
                               "token and head, int4 per group of 32 values, two per byte")
-    command.add_argument("--workers", type=positive_int, default=1,
+    command.add_argument("--workers", type=workers_count, default="auto",
                          help="batches decoded side by side on the CPU, each on its share of "
-                              "the threads (2 on 2 cores: 1.1-1.3x faster for small models)")
+                              "the threads (auto: 2 on a CPU with 2+ threads, 1.05-1.3x "
+                              "faster for small models; else 1)")
     command.add_argument("--engine", default="auto", choices=choices(Engine),
                          help="what runs the model (default: ONNX Runtime for an ONNX export, "
                               "PyTorch for a checkpoint)")

@@ -19,6 +19,13 @@ Batch = TypeVar("Batch")
 Result = TypeVar("Result")
 
 
+def auto_workers(on_cpu: bool) -> int:
+    """What `--workers auto` picks: two workers when PyTorch decodes on a CPU with two
+    threads or more (1.2-1.3x faster at beam 4, 1.05-1.3x greedy, on a 2-core Zen 4 with
+    the CLI's 4,096-token batches), else one."""
+    return 2 if on_cpu and torch.get_num_threads() >= 2 else 1
+
+
 @contextlib.contextmanager
 def intra_op_threads(count: int) -> Iterator[None]:
     """PyTorch's intra-op thread count set to `count` inside, restored after (it is the

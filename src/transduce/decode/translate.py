@@ -14,7 +14,7 @@ import functools
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 
@@ -24,7 +24,7 @@ from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.decode import continuous
 from transduce.decode.onnx_engine import OnnxEngine
 from transduce.decode.options import Dtype, Engine, KvDtype, SearchOptions
-from transduce.decode.parallel import map_batches
+from transduce.decode.parallel import auto_workers, map_batches
 from transduce.decode.search import Hypothesis, beam_search
 from transduce.errors import TransduceError
 from transduce.model import Seq2SeqModel, load_model
@@ -49,7 +49,7 @@ class Translator:
 
     def __init__(self, model: Seq2SeqModel | OnnxEngine, tokenizer: Tokenizer,
                  device: torch.device | str = "cpu", dtype: Dtype = "float32",
-                 kv_dtype: KvDtype | None = None, workers: int = 1):
+                 kv_dtype: KvDtype | None = None, workers: int | Literal["auto"] = 1):
         """model: a PyTorch model, or an OnnxEngine (an ONNX export run by ONNX Runtime).
         A PyTorch model is decoded by a copy in `dtype` whose Linear weights are packed
         for oneDNN (model/packed.py); "bfloat16" runs on the AMX / AVX512-BF16 units of
@@ -57,9 +57,13 @@ class Translator:
         kv_dtype: the self-attention cache's type (default: the model's); attention runs
         in that type, and "int8" quantizes it per token and head, "int4" per group of 32.
         workers: batches decoded side by side on the CPU, each on its share of PyTorch's
-        threads (decode/parallel.py); the translations are the same."""
+        threads (decode/parallel.py); the translations are the same. "auto" (the CLI's
+        default): two on a CPU with two threads or more, else one."""
+        if workers == "auto":
+            workers = auto_workers(not isinstance(model, OnnxEngine)
+                                   and torch.device(device).type == "cpu")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ConfigError(f"workers={workers!r}: must be an integer >= 1")
+            raise ConfigError(f"workers={workers!r}: must be an integer >= 1 or 'auto'")
         if workers > 1 and (isinstance(model, OnnxEngine) or torch.device(device).type != "cpu"):
             raise ConfigError(f"workers={workers}: parallel workers decode PyTorch models on "
                               f"the CPU (a GPU, or ONNX Runtime, has threads of its own)")
@@ -94,7 +98,8 @@ class Translator:
     @classmethod
     def load(cls, path: Path | str, device: torch.device | str = "cpu",
              dtype: Dtype = "float32", kv_dtype: KvDtype | None = None,
-             engine: Engine = "auto", workers: int = 1) -> "Translator":
+             engine: Engine = "auto",
+             workers: int | Literal["auto"] = 1) -> "Translator":
         """A checkpoint directory, a run directory (its latest checkpoint), or an ONNX
         export. engine "auto" runs an ONNX export with ONNX Runtime and a checkpoint
         with PyTorch; naming one refuses the other kind of directory."""
