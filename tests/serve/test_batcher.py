@@ -234,6 +234,7 @@ def test_streamed_jobs_join_between_steps_and_leave_when_done():
     assert [("k", 2), ("k", 30)] in first.steps and len(first.steps) == 30
     assert all(("other", 1) not in step for step in first.steps)
     assert second.steps == [[("other", 1)]]
+    assert batcher._seconds_per_job != 0.05     # Retry-After follows the streams' pace
     text = batcher.metrics.render()
     assert "transduce_sentences_total 3" in text and "transduce_batches_total 31" in text
 

@@ -177,7 +177,7 @@ class Batcher:
         """Decode a batch step by step in its key's Stream, settling each job when it is
         done and admitting queued jobs of the key between steps, until none runs."""
         key, stream = batch[0].key, batch[0].stream()
-        tokens, running = 0, set()
+        tokens, running, last_done = 0, set(), time.monotonic()
         try:
             while True:
                 live = [job for job in batch if job.future.set_running_or_notify_cancel()]
@@ -195,6 +195,11 @@ class Batcher:
                     running.discard(job)
                     tokens -= job.tokens
                     job.future.set_result(result)
+                if done:     # jobs leave one by one: the time between them, for Retry-After
+                    now = time.monotonic()
+                    self._seconds_per_job = 0.8 * self._seconds_per_job \
+                        + 0.2 * (now - last_done) / len(done)
+                    last_done = now
                 self.metrics.step_done(sentences, sum(job.sentences for job, _ in done), seconds)
                 batch = self._joining(key, self.batch_tokens - tokens)
         except BaseException as error:          # noqa: BLE001 - handed to the requests
