@@ -62,20 +62,18 @@ class Metrics:
             self.latency.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)
 
     def batch_done(self, sentences: int, jobs: int, seconds: float) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self.batch_sentences.observe(sentences)
-            self.sentences_total += sentences
-            self.batches_total += 1
-            self.decode_seconds += seconds
-            self._recent.append((now, sentences))
+        """A whole batch of `sentences` decoded (from `jobs` requests) in `seconds`."""
+        self._decoded(sentences, sentences, seconds)
 
     def step_done(self, running: int, finished: int, seconds: float) -> None:
         """One step of continuous batching: `running` sentences decoded (the batch's size),
         `finished` of them done at it."""
+        self._decoded(running, finished, seconds)
+
+    def _decoded(self, batch_size: int, finished: int, seconds: float) -> None:
         now = time.monotonic()
         with self._lock:
-            self.batch_sentences.observe(running)
+            self.batch_sentences.observe(batch_size)
             self.sentences_total += finished
             self.batches_total += 1
             self.decode_seconds += seconds
