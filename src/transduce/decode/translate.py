@@ -22,6 +22,7 @@ from transduce import checkpoint
 from transduce.config import ConfigError, choices
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.decode import continuous
+from transduce.decode.greedy import greedy_hypotheses
 from transduce.decode.onnx_engine import OnnxEngine
 from transduce.decode.options import Dtype, Engine, KvDtype, SearchOptions
 from transduce.decode.parallel import auto_workers, map_batches
@@ -169,6 +170,10 @@ class Translator:
         def search(indices: list[int]) -> list[list[Hypothesis]]:   # on a worker
             src = pad_sources([ids[i] for i in indices], self.device)
             with torch.inference_mode():
+                if options.beam == 1:     # the same answer in fewer operations
+                    return greedy_hypotheses(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID,
+                                             alpha=options.alpha, max_len=options.max_length,
+                                             cache_dtype=cache_dtype)
                 return beam_search(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID,
                                    beam=options.beam, alpha=options.alpha, nbest=options.nbest,
                                    max_len=options.max_length, cache_dtype=cache_dtype)
