@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from transduce.serve.batcher import Batcher, Closed, Job, QueueFull
+from transduce.serve.batcher import JOIN_GROUP, JOIN_WAIT_STEPS, Batcher, Closed, Job, QueueFull
 from transduce.serve.metrics import Metrics
 
 
@@ -269,3 +269,18 @@ def test_a_failing_stream_fails_its_running_jobs_and_the_worker_goes_on():
         assert batcher.submit(stream_job("k", 1)).result(5) == "streamed 1"
     finally:
         batcher.close(5)
+
+
+def test_newcomers_join_a_running_stream_in_groups():
+    """Between steps, queued jobs of the stream's key join only when they hold `least`
+    sentences (the stream passes 1 once they have waited JOIN_WAIT_STEPS steps)."""
+    batcher, _ = make(window_s=0.0)
+    queued = [Job("k", lambda jobs: [], i, 10, 1 + i) for i in range(2)] + \
+        [Job("other", lambda jobs: [], 9, 10, 1)]
+    for each in queued:
+        batcher.submit(each)                    # not started: the jobs stay queued
+    assert batcher._joining("k", 100, least=4) == []          # 3 sentences < 4
+    assert batcher._joining("k", 15, least=1) == queued[:1]   # the token room holds one
+    assert batcher._joining("k", 100, least=2) == queued[1:2]
+    assert batcher._joining("k", 100, least=1) == []          # the head has another key
+    assert list(batcher._queue) == queued[2:] and JOIN_GROUP > 1 and JOIN_WAIT_STEPS >= 1

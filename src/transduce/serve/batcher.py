@@ -28,6 +28,10 @@ from typing import Any, Callable, Hashable, Protocol, Sequence
 from transduce.serve.metrics import Metrics
 
 
+JOIN_GROUP = 4         # sentences that join a running stream together
+JOIN_WAIT_STEPS = 4    # steps a queued job waits for others to join with it, at most
+
+
 class QueueFull(Exception):
     """The queue holds max_queue jobs already; retry_after is a guess in seconds."""
 
@@ -148,15 +152,19 @@ class Batcher:
         key = self._queue[0].key
         return self.batch_tokens - sum(j.tokens for j in self._queue if j.key == key)
 
-    def _joining(self, key: Hashable, room: int) -> list[Job]:
+    def _joining(self, key: Hashable, room: int, least: int) -> list[Job]:
         """Queued jobs of `key` at the head of the queue, within `room` tokens, taken
-        without waiting: none once the oldest queued job has another key."""
-        taken = []
+        without waiting if they hold `least` sentences or more (else none): none once the
+        oldest queued job has another key."""
         with self._ready:
-            while self._queue and self._queue[0].key == key and self._queue[0].tokens <= room:
-                job = self._queue.popleft()
-                taken.append(job)
-                room -= job.tokens
+            count = sentences = 0
+            for job in self._queue:
+                if job.key != key or job.tokens > room:
+                    break
+                count, sentences, room = count + 1, sentences + job.sentences, room - job.tokens
+            if not count or sentences < least:
+                return []
+            taken = [self._queue.popleft() for _ in range(count)]
             self.metrics.queue_depth = len(self._queue)
         return taken
 
@@ -177,7 +185,7 @@ class Batcher:
         """Decode a batch step by step in its key's Stream, settling each job when it is
         done and admitting queued jobs of the key between steps, until none runs."""
         key, stream = batch[0].key, batch[0].stream()
-        tokens, running, last_done = 0, set(), time.monotonic()
+        tokens, running, last_done, held = 0, set(), time.monotonic(), 0
         try:
             while True:
                 live = [job for job in batch if job.future.set_running_or_notify_cancel()]
@@ -201,7 +209,11 @@ class Batcher:
                         + 0.2 * (now - last_done) / len(done)
                     last_done = now
                 self.metrics.step_done(sentences, sum(job.sentences for job, _ in done), seconds)
-                batch = self._joining(key, self.batch_tokens - tokens)
+                # Newcomers join in groups (encoded together: 1.3-1.5 ms a sentence against
+                # 2.2 alone), unless they have waited JOIN_WAIT_STEPS or nothing runs.
+                least = 1 if held >= JOIN_WAIT_STEPS or not stream.running else JOIN_GROUP
+                batch = self._joining(key, self.batch_tokens - tokens, least)
+                held = 0 if batch or not self._queue else held + 1
         except BaseException as error:          # noqa: BLE001 - handed to the requests
             for job in running | set(batch):
                 if not job.future.done():
