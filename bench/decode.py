@@ -172,6 +172,8 @@ def main() -> None:
     parser.add_argument("--split", default="test")
     parser.add_argument("--batch-sentences", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--lines", type=int, default=0,
+                        help="only the split's first N lines (0: all; for --batch-sentences 1)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=DECODERS,
                         help="which to run (default: all); the ratios are to hf generate, "
@@ -192,6 +194,8 @@ def main() -> None:
 
     source_path, reference_path = split_files(args.data, args.split)
     sources, references = read_lines(source_path), read_lines(reference_path)
+    if args.lines:
+        sources, references = sources[:args.lines], references[:args.lines]
     exports = Path(tempfile.mkdtemp())
     translators = {}
     for name in (d for d in DECODERS if d in args.decoders):
