@@ -284,3 +284,17 @@ def test_newcomers_join_a_running_stream_in_groups():
     assert batcher._joining("k", 100, least=2) == queued[1:2]
     assert batcher._joining("k", 100, least=1) == []          # the head has another key
     assert list(batcher._queue) == queued[2:] and JOIN_GROUP > 1 and JOIN_WAIT_STEPS >= 1
+
+
+def test_the_rate_keeps_a_minute_of_counts_however_many_steps_run():
+    from transduce.serve import metrics as metrics_module
+
+    metrics = Metrics()
+    for _ in range(1000):
+        metrics.step_done(32, 0, 0.01)           # steps that finish nothing add nothing
+    metrics.step_done(32, 3, 0.01)
+    assert len(metrics._recent) == 1
+    assert metrics.sentences_per_second() == pytest.approx(3 / metrics_module.RATE_WINDOW_S)
+    metrics._recent[0] = (time.monotonic() - 2 * metrics_module.RATE_WINDOW_S, 3)
+    metrics.step_done(32, 1, 0.01)               # the old count is dropped as steps go on
+    assert [n for _, n in metrics._recent] == [1]

@@ -77,15 +77,21 @@ class Metrics:
             self.sentences_total += finished
             self.batches_total += 1
             self.decode_seconds += seconds
-            self._recent.append((now, finished))
+            if finished:
+                self._recent.append((now, finished))
+            self._forget_before(now - RATE_WINDOW_S)   # a minute's worth, however long it runs
 
     def sentences_per_second(self) -> float:
         """Sentences decoded over the last minute, per second."""
         now = time.monotonic()
         with self._lock:
-            while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
-                self._recent.popleft()
+            self._forget_before(now - RATE_WINDOW_S)
             return sum(n for _, n in self._recent) / RATE_WINDOW_S
+
+    def _forget_before(self, moment: float) -> None:
+        """Drop the recent counts older than `moment` (the lock held)."""
+        while self._recent and self._recent[0][0] < moment:
+            self._recent.popleft()
 
     def render(self) -> str:
         rate = self.sentences_per_second()
