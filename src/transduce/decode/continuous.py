@@ -71,8 +71,7 @@ class ContinuousBeamSearch:
         self.model, self.bos_id, self.eos_id = model, bos_id, eos_id
         self.beam, self.alpha, self.nbest, self.max_len = beam, alpha, nbest, max_len
         c = model.config
-        self.dtype = model.output_proj.weight.dtype if hasattr(model.output_proj, "weight") \
-            else model.decoder.embed.embedding.weight.dtype
+        self.dtype = model.decoder.embed.embedding.weight.dtype     # the decoding copy's
         self.device = model.decoder.embed.embedding.weight.device
         self.sentences: list[_Sentence] = []        # running, in row order
         self.slot = 0                                # the slot the next step writes
@@ -157,7 +156,7 @@ class ContinuousBeamSearch:
     def _decode(self, rows: int, slot: int) -> Tensor:
         """The running rows' tokens at `slot` through the decoder -> logits (R, V).
         The caches are views from the oldest bos on: slots before it are never read."""
-        first = min(s.offset for s in self.sentences)
+        first = self._oldest_bos()
         for cache, (k, v) in zip(self.caches, self._keys):
             cache.k, cache.v, cache.length = k[:rows, :, first:], v[:rows, :, first:], slot - first
         sentences, beam, width = rows // self.beam, self.beam, self._source_width
@@ -188,7 +187,7 @@ class ContinuousBeamSearch:
             return
         index = torch.tensor(kept, device=self.device)
         source_rows = (index[:, None] * beam + top.next_beam[index]).view(-1)   # (A' * K)
-        first = min(s.offset for s in self.sentences)
+        first = self._oldest_bos()
         self._move_rows(source_rows, first, slot + 1)
         self._scores[:len(kept)] = top.next_scores[index]
         if len(kept) < sentences:
@@ -200,6 +199,11 @@ class ContinuousBeamSearch:
             self._source_width = int(self._memory_mask[:len(kept)].any(dim=0).nonzero().max()) + 1
         self._make_room(len(kept), 0, self.slot + 1)     # may compact: self.slot moves
         self._history[:len(source_rows), self.slot] = top.next_token[index].view(-1)
+
+    def _oldest_bos(self) -> int:
+        """The slot of the oldest running sentence's bos: no row reads before it (the
+        current slot when none runs)."""
+        return min((s.offset for s in self.sentences), default=self.slot)
 
     def _move_rows(self, source_rows: Tensor, start: int, end: int) -> None:
         """Target row i takes what row source_rows[i] held in slots [start:end] (before
@@ -214,7 +218,7 @@ class ContinuousBeamSearch:
         the slots before every running sentence's bos when slots run out; grow what is
         still too small."""
         held_rows, held_slots = self._history.shape
-        first = min((s.offset for s in self.sentences), default=self.slot)
+        first = self._oldest_bos()
         if first and slots > held_slots:
             self._compact(first)
             slots -= first
