@@ -166,3 +166,40 @@ def test_unscaled_scores_are_q_dot_k_without_the_square_root():
     scaled = MultiHeadAttention(32, 4).eval()
     scaled.load_state_dict(layer.state_dict())
     assert not torch.allclose(scaled(x), expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("rotary", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("scale_scores", [True, False])
+def test_fused_projections_give_the_separate_ones_result(kv_heads, rotary, bias, scale_scores):
+    """One stacked product computes exactly the three rows' dot products: the full pass,
+    the cached steps and the returned weights all match the unfused module."""
+    rope = RotaryEmbedding(8, max_positions=64) if rotary else None
+    separate = MultiHeadAttention(32, 4, kv_heads, rotary=rope, bias=bias,
+                                  scale_scores=scale_scores).eval()
+    fused = MultiHeadAttention(32, 4, kv_heads, rotary=rope, bias=bias,
+                               scale_scores=scale_scores).eval()
+    fused.load_state_dict(separate.state_dict())
+    fused.fuse_self_projections()
+    assert fused.q_proj is None and fused.qkv_proj.out_features == 32 + 2 * kv_heads * 8
+    x = torch.randn(3, 6, 32)
+    mask = masks.padding_mask(torch.tensor([6, 4, 1]), 6)
+    torch.testing.assert_close(fused(x, mask, causal=True), separate(x, mask, causal=True),
+                               rtol=1e-6, atol=1e-6)
+    got, expected = (m(x, mask, return_weights=True) for m in (fused, separate))
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    caches = [KVCache(3, kv_heads, max_len=6, head_dim=8) for _ in range(2)]
+    for t in range(6):
+        torch.testing.assert_close(fused(x[:, t:t + 1], causal=True, cache=caches[0]),
+                                   separate(x[:, t:t + 1], causal=True, cache=caches[1]),
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_fused_projections_refuse_cross_attention():
+    mha = MultiHeadAttention(16, 2)
+    mha.fuse_self_projections()
+    with pytest.raises(ValueError, match="fused for self-attention"):
+        mha.project_kv(torch.randn(1, 5, 16))
+    with pytest.raises(ValueError, match="fused for self-attention"):
+        mha(torch.randn(1, 1, 16), kv=(torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 8)))

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from transduce.model import Transformer
+from transduce.model import packed as packed_module
 from transduce.model.packed import PackedLinear, bfloat16_copy, decoding_copy, packing_available
 from tests.model.test_transformer import tiny
 
@@ -58,12 +59,19 @@ def test_float32_packed_linear_is_as_exact_as_f_linear(activation, shape):
     torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)
 
 
-def test_float32_decoding_copy_gives_the_models_logits():
+@pytest.mark.parametrize("packed", [True, False])
+def test_float32_decoding_copy_gives_the_models_logits(packed, monkeypatch):
+    """Fused self-attention projections, packed or (forced) plain Linear layers."""
+    if packed and not packing_available(torch.float32):
+        pytest.skip("no oneDNN in this build")
+    monkeypatch.setattr(packed_module, "packing_available", lambda dtype=None: packed)
     model = Transformer(tiny()).eval()
     clone = decoding_copy(model, torch.float32)
     assert clone.output_proj is not model.output_proj
-    if packing_available(torch.float32):
-        assert not any(type(m) is nn.Linear for m in clone.modules())
+    assert any(type(m) is nn.Linear for m in clone.modules()) is not packed
+    for layer in [*clone.encoder.layers, *clone.decoder.layers]:
+        assert layer.self_attn.q_proj is None and layer.self_attn.qkv_proj is not None
+    assert all(layer.cross_attn.q_proj is not None for layer in clone.decoder.layers)
     src, tgt = torch.randint(4, 20, (3, 7)), torch.randint(4, 20, (3, 5))
     with torch.no_grad():
         torch.testing.assert_close(clone(src, tgt), model(src, tgt), rtol=0, atol=1e-5)

@@ -65,9 +65,11 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, kv_dim, bias=bias)
         self.v_proj = nn.Linear(d_model, kv_dim, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.qkv_proj: nn.Linear | None = None     # fuse_self_projections()
 
     def project_kv(self, source: Tensor) -> tuple[Tensor, Tensor]:
         """source (B, S, C) -> keys, values (B, H_kv, S, D): cross-attention's, once per source."""
+        self._require_separate_projections()
         return self._split(self.k_proj(source), self.num_kv_heads), \
             self._split(self.v_proj(source), self.num_kv_heads)
 
@@ -90,17 +92,14 @@ class MultiHeadAttention(nn.Module):
         only; S counts the cached keys too), see attention/position_bias.py.
         -> (B, T, C), and the weights (B, H, T, S) when return_weights (naive kernel).
         """
-        q = self._split(self.q_proj(x), self.num_heads)                  # (B, H, T, D)
-        if self.query_factor != 1.0:
-            q = q * self.query_factor
         impl = "naive" if return_weights else self.impl
         if kv is not None:
             if cache is not None:
                 raise ValueError("cross-attention keys are computed once per source; "
                                  "a KV cache applies to self-attention only")
-            result = self._cross_attention(q, *kv, mask, impl, return_weights)
+            result = self._cross_attention(self._queries(x), *kv, mask, impl, return_weights)
         else:
-            k, v = self.project_kv(x)                                    # (B, Hkv, T, D)
+            q, k, v = self._project_self(x)                # (B, H, T, D), (B, Hkv, T, D) x 2
             if self.rotary is not None:
                 start = (0 if cache is None else cache.length) if positions is None \
                     else positions
@@ -115,6 +114,44 @@ class MultiHeadAttention(nn.Module):
         out, weights = result if return_weights else (result, None)
         out = self.out_proj(self._merge(out))                            # (B, T, C)
         return (out, weights) if return_weights else out
+
+    def fuse_self_projections(self) -> None:
+        """Stack q_proj, k_proj and v_proj into one Linear, qkv_proj: a self-attention call
+        then makes one product instead of three (decoding copies, model/packed.py). The
+        module serves self-attention only from then on."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        fused = nn.Linear(self.q_proj.in_features, sum(p.out_features for p in projections),
+                          bias=self.q_proj.bias is not None, device=self.q_proj.weight.device,
+                          dtype=self.q_proj.weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([p.weight for p in projections]))
+            if fused.bias is not None:
+                fused.bias.copy_(torch.cat([p.bias for p in projections]))
+        self.qkv_proj = fused
+        self.q_proj = self.k_proj = self.v_proj = None
+
+    def _queries(self, x: Tensor) -> Tensor:
+        """x (B, T, C) -> queries (B, H, T, D), times query_factor."""
+        self._require_separate_projections()
+        return self._scaled(self._split(self.q_proj(x), self.num_heads))
+
+    def _require_separate_projections(self) -> None:
+        if self.q_proj is None:
+            raise ValueError("this attention's projections were fused for self-attention; "
+                             "it cannot attend to a source's keys")
+
+    def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, C) -> queries (B, H, T, D), keys and values (B, Hkv, T, D)."""
+        if self.qkv_proj is None:
+            return (self._scaled(self._split(self.q_proj(x), self.num_heads)),
+                    *self.project_kv(x))
+        kv_dim = self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split([self.num_heads * self.head_dim, kv_dim, kv_dim], -1)
+        return (self._scaled(self._split(q, self.num_heads)), self._split(k, self.num_kv_heads),
+                self._split(v, self.num_kv_heads))
+
+    def _scaled(self, q: Tensor) -> Tensor:
+        return q * self.query_factor if self.query_factor != 1.0 else q
 
     @property
     def _dropout_p(self) -> float:

@@ -19,7 +19,8 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from transduce.model.layers import FeedForward
+from transduce.attention.multihead import MultiHeadAttention
+from transduce.model.layers import DecoderLayer, EncoderLayer, FeedForward
 
 
 def packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
@@ -60,10 +61,15 @@ class PackedLinear(nn.Module):
 
 def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
                   device: torch.device | str = "cpu") -> nn.Module:
-    """model's weights in `dtype` in a copy for inference (model is left as it is); on a
-    CPU that supports it, its Linear layers packed. A tied output projection gets a
-    packed matrix of its own (the embedding keeps its rows for lookups)."""
+    """model's weights in `dtype` in a copy for inference (model is left as it is), each
+    self-attention's query, key and value projections fused into one; on a CPU that
+    supports it, its Linear layers packed. A tied output projection gets a packed matrix
+    of its own (the embedding keeps its rows for lookups)."""
     clone = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
+    for module in clone.modules():
+        if isinstance(module, (EncoderLayer, DecoderLayer)) and \
+                isinstance(module.self_attn, MultiHeadAttention):
+            module.self_attn.fuse_self_projections()
     if torch.device(device).type == "cpu" and packing_available(dtype):
         for module in list(clone.modules()):   # the feed-forward ReLU, fused in its product
             if isinstance(module, FeedForward) and type(module.activation) is nn.ReLU:
