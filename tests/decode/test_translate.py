@@ -13,6 +13,8 @@ from transduce import checkpoint, load
 from transduce.cli import main
 from transduce.config import ConfigError, preset
 from transduce.data.tokenizer import MODEL_NAME
+from transduce.decode import options as options_module
+from transduce.decode.options import decoding_dtype
 from transduce.decode.translate import InputTooLong, Translation, length_sorted_batches
 from transduce.model import Transformer, build_model
 from tests.environment import subprocess_env
@@ -241,3 +243,26 @@ def test_max_length_caps_each_output_and_is_checked(run_dir):
     for bad in (0, -1, 2.5):
         with pytest.raises(ConfigError, match="max_length"):
             translator.translate(["uno"], max_length=bad)
+
+
+@pytest.mark.parametrize("flags,device,expected", [
+    ({"amx_bf16", "avx512_bf16"}, "cpu", "bfloat16"),      # a Sapphire Rapids Xeon
+    ({"avx512_bf16", "avx512_vnni"}, "cpu", "float32"),    # a Zen 4
+    (set(), "cpu", "float32"),
+    ({"amx_bf16"}, "cuda", "float32"),
+])
+def test_auto_dtype_is_bfloat16_only_on_a_cpu_with_amx(monkeypatch, flags, device, expected):
+    monkeypatch.setattr(options_module, "cpu_flags", lambda: frozenset(flags))
+    assert decoding_dtype("auto", device) == expected
+    assert decoding_dtype("float32", device) == "float32"
+    with pytest.raises(ConfigError, match="dtype='float16': choose one of auto, float32, bfloat16"):
+        decoding_dtype("float16", device)
+
+
+def test_auto_dtype_decodes_in_the_type_it_picked(run_dir, monkeypatch):
+    monkeypatch.setattr(options_module, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+    translator = load(run_dir, dtype="auto")
+    assert translator.dtype == "bfloat16"
+    assert next(translator.model.parameters()).dtype == torch.bfloat16
+    monkeypatch.setattr(options_module, "cpu_flags", lambda: frozenset())
+    assert load(run_dir, dtype="auto").dtype == "float32"

@@ -170,7 +170,8 @@ def _evaluate_language_model(args: argparse.Namespace) -> int:
     from transduce.decode.evaluate import evaluate_language_model
     from transduce.model import load_model
 
-    if args.dtype != "float32" or args.kv_dtype is not None or args.engine == "onnxruntime":
+    if args.dtype not in ("auto", "float32") or args.kv_dtype is not None \
+            or args.engine == "onnxruntime":
         raise ConfigError("a language model is scored in float32 by PyTorch: --dtype, "
                           "--kv-dtype and --engine onnxruntime apply to translation")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -12,8 +12,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from transduce.config import ConfigError, Dtype, ModelConfig, TrainConfig, choices, preset
-from transduce.decode.options import Engine, KvDtype
+from transduce.config import ConfigError, ModelConfig, TrainConfig, choices, preset
+from transduce.decode.options import DecodeDtype, Engine, KvDtype
 
 
 def positive_int(text: str) -> int:
@@ -56,6 +56,12 @@ def _parse(kind: type, text: str, what: str):
         raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
 
 
+def add_dtype_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--dtype", default="auto", choices=choices(DecodeDtype),
+                         help="the type the model decodes in (auto: bfloat16 on a CPU with "
+                              "AMX, else float32)")
+
+
 def add_search_options(command: argparse.ArgumentParser) -> None:
     """The options of translate and evaluate."""
     command.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
@@ -65,9 +71,7 @@ def add_search_options(command: argparse.ArgumentParser) -> None:
                          help="source tokens per batch, counting padding")
     command.add_argument("--batch-sentences", type=non_negative_int, default=0,
                          help="at most this many lines per batch (0: no cap)")
-    command.add_argument("--dtype", default="float32", choices=choices(Dtype),
-                         help="bfloat16: decode with a bfloat16 copy of the model "
-                              "(AMX / AVX512-BF16 on recent Xeons)")
+    add_dtype_option(command)
     command.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
                          help="KV-cache type (default: --dtype's); int8 quantizes it per "
                               "token and head, int4 per group of 32 values, two per byte")

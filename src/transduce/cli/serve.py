@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
-from transduce.cli.options import non_negative_float, positive_int
+from transduce.cli.options import add_dtype_option, non_negative_float, positive_int
 
 
 def register(commands) -> None:
@@ -36,6 +37,7 @@ def register(commands) -> None:
                             "the running search (for comparison)")
     serve.add_argument("--drain-timeout", type=non_negative_float, default=60.0,
                        help="seconds SIGTERM waits for requests in flight")
+    add_dtype_option(serve)
     serve.add_argument("--threads", type=positive_int, default=None,
                        help="PyTorch threads (default: PyTorch's choice)")
     serve.set_defaults(handler=serve_command)
@@ -55,7 +57,7 @@ def serve_command(args: argparse.Namespace) -> int:
                     continuous=not args.static_batches)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = _load_in_a_passing_thread(load, args.model)
+    model = _load_in_a_passing_thread(functools.partial(load, dtype=args.dtype), args.model)
     name = args.name or args.model.resolve().name
     serve(model, name=name, host=args.host, port=args.port, limits=limits,
           languages=args.languages, drain_timeout_s=args.drain_timeout)

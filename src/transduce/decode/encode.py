@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from transduce import checkpoint
-from transduce.config import ConfigError, choices
+from transduce.config import ConfigError
 from transduce.data.tokenizer import TextTokenizer
-from transduce.decode.options import Dtype
+from transduce.decode.options import DecodeDtype, decoding_dtype
 from transduce.decode.translate import length_sorted_batches
 from transduce.model import EncoderOnly, load_model
 from transduce.model.packed import decoding_copy
@@ -39,21 +39,20 @@ class SentenceEncoder:
     """An encoder-only model with its tokenizer, ready to classify or embed lines."""
 
     def __init__(self, model: EncoderOnly, tokenizer: TextTokenizer,
-                 device: torch.device | str = "cpu", dtype: Dtype = "float32"):
+                 device: torch.device | str = "cpu", dtype: DecodeDtype = "float32"):
         """The model is run by a copy in `dtype` whose Linear weights are packed for
         oneDNN (model/packed.py); the model passed in is left as it is."""
         if not isinstance(model, EncoderOnly):
             raise ConfigError(f"classify and embed need an encoder-only model (arch "
                               f"'encoder'); this one is arch={model.config.arch!r}")
-        if dtype not in choices(Dtype):
-            raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(choices(Dtype))}")
+        dtype = decoding_dtype(dtype, device)
         self.labels = model.labels
         self.model = decoding_copy(model, getattr(torch, dtype), device)
         self.tokenizer, self.device = tokenizer, torch.device(device)
 
     @classmethod
     def load(cls, path: Path | str, device: torch.device | str = "cpu",
-             dtype: Dtype = "float32") -> "SentenceEncoder":
+             dtype: DecodeDtype = "float32") -> "SentenceEncoder":
         """A checkpoint directory, or a run directory (its latest checkpoint)."""
         directory = checkpoint.resolve(Path(path))
         return cls(load_model(directory, device), checkpoint.load_tokenizer(directory), device,

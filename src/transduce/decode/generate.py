@@ -23,7 +23,7 @@ from torch import Tensor
 from transduce import checkpoint
 from transduce.config import ConfigError, choices
 from transduce.data.tokenizer import TextTokenizer
-from transduce.decode.options import Dtype, GenerateOptions, KvDtype
+from transduce.decode.options import DecodeDtype, GenerateOptions, KvDtype, decoding_dtype
 from transduce.decode.sampling import Sampler, penalize_repetition
 from transduce.decode.search import beam_search
 from transduce.errors import TransduceError
@@ -109,7 +109,7 @@ class Generator:
     """A decoder-only model with its tokenizer, ready to generate."""
 
     def __init__(self, model: DecoderOnly, tokenizer: TextTokenizer,
-                 device: torch.device | str = "cpu", dtype: Dtype = "float32",
+                 device: torch.device | str = "cpu", dtype: DecodeDtype = "float32",
                  kv_dtype: KvDtype | None = None):
         """The model is copied for decoding in `dtype` ("bfloat16": a bfloat16 copy; the
         model passed in is left as it is); kv_dtype is the caches' type (default: the
@@ -117,8 +117,7 @@ class Generator:
         if not isinstance(model, DecoderOnly):
             raise ConfigError(f"generation needs a decoder-only model (arch 'decoder'); this "
                               f"one is arch={model.config.arch!r}: use translate")
-        if dtype not in choices(Dtype):
-            raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(choices(Dtype))}")
+        dtype = decoding_dtype(dtype, device)
         if kv_dtype is not None and kv_dtype not in choices(KvDtype):
             raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "
                               f"{', '.join(choices(KvDtype))}")
@@ -133,7 +132,7 @@ class Generator:
 
     @classmethod
     def load(cls, path: Path | str, device: torch.device | str = "cpu",
-             dtype: Dtype = "float32", kv_dtype: KvDtype | None = None) -> "Generator":
+             dtype: DecodeDtype = "float32", kv_dtype: KvDtype | None = None) -> "Generator":
         """A checkpoint directory, or a run directory (its latest checkpoint)."""
         directory = checkpoint.resolve(Path(path))
         return cls(load_model(directory, device), checkpoint.load_tokenizer(directory), device,

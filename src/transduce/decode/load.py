@@ -15,12 +15,12 @@ from transduce import checkpoint
 from transduce.config import ConfigError
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.generate import Generator
-from transduce.decode.options import Dtype, Engine, KvDtype
+from transduce.decode.options import DecodeDtype, Engine, KvDtype
 from transduce.decode.translate import Translator
 from transduce.onnx_format import is_onnx_export
 
 
-def load(path: Path | str, device: torch.device | str = "cpu", dtype: Dtype = "float32",
+def load(path: Path | str, device: torch.device | str = "cpu", dtype: DecodeDtype = "float32",
          kv_dtype: KvDtype | None = None,
          engine: Engine = "auto") -> Translator | Generator | SentenceEncoder:
     """A checkpoint directory, a run directory (its latest checkpoint) or an ONNX export

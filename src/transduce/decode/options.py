@@ -4,13 +4,36 @@ ConfigError naming the option and its allowed range, before any work is done."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from transduce.config import ConfigError, Dtype, ValidatedConfig, check_at_least, check_positive
+from transduce.config import (ConfigError, Dtype, ValidatedConfig, check_at_least,
+                              check_positive, choices)
+from transduce.runtime import cpu_flags
 
-__all__ = ["Dtype", "KvDtype", "SearchOptions", "GenerateOptions"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Dtype", "DecodeDtype", "KvDtype", "SearchOptions", "GenerateOptions"]
 
 KvDtype = Literal["float32", "bfloat16", "int8", "int4"]
+# A decoding copy's type; auto picks by the hardware (decoding_dtype).
+DecodeDtype = Literal["auto", "float32", "bfloat16"]
+
+
+def decoding_dtype(dtype: str, device: torch.device | str) -> Dtype:
+    """The type a model decodes in. "auto": bfloat16 on a CPU with AMX, where its tiles
+    multiply bfloat16 several times faster than float32 (on a Sapphire Rapids Xeon,
+    translation ran 1.48x faster at beam 4 and 1.21x greedy, 0.05-0.2 BLEU apart),
+    else float32 (on a Zen 4's AVX512-BF16 it was 1.13x at beam 4 but 0.87x greedy;
+    GPUs: not measured). The CPU is read once, from its flags."""
+    import torch   # the command line reads these options without torch
+
+    if dtype == "auto":
+        amx = torch.device(device).type == "cpu" and "amx_bf16" in cpu_flags()
+        return "bfloat16" if amx else "float32"
+    if dtype not in choices(Dtype):
+        raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(choices(DecodeDtype))}")
+    return dtype
 # What runs a model: auto is ONNX Runtime for an ONNX export, PyTorch for a checkpoint.
 Engine = Literal["auto", "torch", "onnxruntime"]
 

@@ -24,7 +24,8 @@ from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.decode import continuous
 from transduce.decode.greedy import greedy_hypotheses
 from transduce.decode.onnx_engine import OnnxEngine
-from transduce.decode.options import Dtype, Engine, KvDtype, SearchOptions
+from transduce.decode.options import (DecodeDtype, Engine, KvDtype, SearchOptions,
+                                      decoding_dtype)
 from transduce.decode.parallel import auto_workers, map_batches
 from transduce.decode.search import Hypothesis, beam_search
 from transduce.errors import TransduceError
@@ -49,12 +50,13 @@ class Translator:
     """A trained model with its tokenizer, ready to translate."""
 
     def __init__(self, model: Seq2SeqModel | OnnxEngine, tokenizer: Tokenizer,
-                 device: torch.device | str = "cpu", dtype: Dtype = "float32",
+                 device: torch.device | str = "cpu", dtype: DecodeDtype = "float32",
                  kv_dtype: KvDtype | None = None, workers: int | Literal["auto"] = 1):
         """model: a PyTorch model, or an OnnxEngine (an ONNX export run by ONNX Runtime).
         A PyTorch model is decoded by a copy in `dtype` whose Linear weights are packed
         for oneDNN (model/packed.py); "bfloat16" runs on the AMX / AVX512-BF16 units of
-        recent CPUs. Search scores stay float32.
+        recent CPUs, "auto" (the CLI's default) picks by the CPU (decoding_dtype). Search
+        scores stay float32.
         kv_dtype: the self-attention cache's type (default: the model's); attention runs
         in that type, and "int8" quantizes it per token and head, "int4" per group of 32.
         workers: batches decoded side by side on the CPU, each on its share of PyTorch's
@@ -71,6 +73,7 @@ class Translator:
         self.workers = workers
         self._warmed = False      # a first batch decoded: lazily built state exists
         if isinstance(model, OnnxEngine):
+            dtype = "float32" if dtype == "auto" else dtype
             if dtype != "float32" or kv_dtype is not None or torch.device(device).type != "cpu":
                 raise ConfigError("an ONNX export decodes in the types it was exported with, "
                                   "on the CPU: --dtype, --kv-dtype and devices apply to "
@@ -78,8 +81,6 @@ class Translator:
             self.model, self.tokenizer, self.device = model, tokenizer, torch.device("cpu")
             self.dtype, self.kv_dtype = dtype, kv_dtype
             return
-        if dtype not in choices(Dtype):
-            raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(choices(Dtype))}")
         if kv_dtype is not None and kv_dtype not in choices(KvDtype):
             raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "
                               f"{', '.join(choices(KvDtype))}")
@@ -88,6 +89,7 @@ class Translator:
             raise ConfigError(f"kv_dtype={kv_dtype!r} quantizes softmax attention's KV cache; this "
                               f"model (arch={model.config.arch!r}, attention_type="
                               f"{model.config.attention_type!r}) has none")
+        dtype = decoding_dtype(dtype, device)
         self.kv_dtype = kv_dtype
         # A copy for decoding, its Linear weights packed for oneDNN (model/packed.py):
         # the model passed in is left as it is, in its mode and dtype.
@@ -98,7 +100,7 @@ class Translator:
 
     @classmethod
     def load(cls, path: Path | str, device: torch.device | str = "cpu",
-             dtype: Dtype = "float32", kv_dtype: KvDtype | None = None,
+             dtype: DecodeDtype = "float32", kv_dtype: KvDtype | None = None,
              engine: Engine = "auto",
              workers: int | Literal["auto"] = 1) -> "Translator":
         """A checkpoint directory, a run directory (its latest checkpoint), or an ONNX
@@ -236,7 +238,7 @@ def pad_sources(rows: list[list[int]], device: torch.device | str = "cpu") -> to
     return src.to(device)
 
 
-def load(path: Path | str, device: torch.device | str = "cpu", dtype: Dtype = "float32",
+def load(path: Path | str, device: torch.device | str = "cpu", dtype: DecodeDtype = "float32",
          kv_dtype: KvDtype | None = None, engine: Engine = "auto") -> Translator:
     """transduce.load(RUN): a Translator for a checkpoint, a run directory or an ONNX
     export."""
