@@ -5,8 +5,10 @@ glibc returns every large freed block to the operating system (it is allocated w
 mmap above a threshold, and the heap top is trimmed), so each training step maps fresh
 pages again for its activations and pays a page fault per 4 KiB. Keeping freed memory
 in the heap removes most of that: on the Bible `small` training step, 2.6M minor page
-faults became 0.6M and training ran about 11% faster. The cost is that the process keeps
-its peak memory reserved. Not used where glibc is absent.
+faults became 0.6M and training ran about 11% faster; translating 400 test verses at
+beam 4 with two workers, 150k became 100k and it ran 1.05-1.09x faster (2-core Zen 4).
+The cost is that the process keeps its peak memory reserved. Not used where glibc is
+absent.
 """
 
 from __future__ import annotations

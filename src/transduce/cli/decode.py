@@ -50,6 +50,9 @@ def register(commands) -> None:
 def translate_command(args: argparse.Namespace) -> int:
     """Translate lines from a file or standard input; N lines in, N lines out, in order."""
     from transduce.decode.translate import Translator
+    from transduce.runtime import keep_freed_memory
+
+    keep_freed_memory()  # a process setting: the command line's to make, not the library's
 
     if args.nbest > args.beam:
         raise ConfigError(f"--nbest {args.nbest}: must be at most --beam ({args.beam})")
@@ -113,7 +116,9 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
     from transduce.decode.evaluate import evaluate_split
     from transduce.decode.translate import Translator
+    from transduce.runtime import keep_freed_memory
 
+    keep_freed_memory()  # a process setting: the command line's to make, not the library's
     translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                  engine=args.engine, workers=args.workers)
     suffix = f"-kv{args.kv_dtype}" if args.kv_dtype else ""
