@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import machine_info  # noqa: E402
 from transduce.export import ExportError  # noqa: E402
+from transduce.runtime import keep_freed_memory  # noqa: E402
 from transduce.data.corpus import read_lines, split_files  # noqa: E402
 from transduce.data.tokenizer import PAD_ID, Tokenizer  # noqa: E402
 from transduce.decode.translate import Translator, length_sorted_batches, pad_sources  # noqa: E402
@@ -191,6 +192,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.model is None or args.data is None:
         parser.error("--model and --data are required")
+    # What `transduce translate` does for its process (the in-process decoders share it).
+    keep_freed_memory()
 
     source_path, reference_path = split_files(args.data, args.split)
     sources, references = read_lines(source_path), read_lines(reference_path)

@@ -4,13 +4,13 @@ Clients on loopback send one sentence per request at each concurrency (1, 8, 32,
 over the test split's lines, to the server with dynamic batching, to the same server
 decoding whole batches (--static-batches: no sentence joins a running search) and with
 batching off (one request at a time, as servers that serialise requests do). In the
-same run, offline translation of the same lines (Translator.translate, what `transduce
-translate` runs: the ceiling, timed before the servers and after them, and averaged, as
-this host's speed drifts) and each sentence translated directly one at a time (the
-latency floor, each timed on its second run). Last, 128 clients against a small queue:
-the excess must get 429, none a 5xx, none hang. The server runs in a child process;
-every phase stops after its line count or its time budget, whichever comes first.
-Writes JSON with the machine's description.
+same run, offline translation of the same lines (Translator.translate as `transduce
+translate` runs it, two workers on two cores and freed memory kept: the ceiling, timed
+before the servers and after them, and averaged, as this host's speed drifts) and each
+sentence translated directly one at a time (the latency floor, each timed on its second
+run). Last, 128 clients against a small queue: the excess must get 429, none a 5xx,
+none hang. The server runs in a child process; every phase stops after its line count
+or its time budget, whichever comes first. Writes JSON with the machine's description.
 
     python bench/serve.py --model runs/small/average --data data/bible
 
@@ -70,15 +70,18 @@ def percentiles(seconds: list[float]) -> dict:
 
 
 def offline_child(args: argparse.Namespace) -> None:
-    """Child process: time the whole split through Translator.translate (the ceiling),
-    then each sentence alone (the direct latency); print JSON."""
+    """Child process: time the whole split through Translator.translate as `transduce
+    translate` runs it (the ceiling: its workers and memory setting), then each sentence
+    alone (the direct latency); print JSON."""
     import torch
 
     from transduce.decode.translate import Translator
+    from transduce.runtime import keep_freed_memory
 
     torch.set_num_threads(args.threads)
+    keep_freed_memory()                 # what `transduce translate` sets for its process
     lines = json.loads(Path(args.offline_child).read_text())
-    translator = Translator.load(args.model)
+    translator = Translator.load(args.model, workers="auto")    # the CLI's default
     translator.translate(lines[:16], beam=args.beam)                  # warm up
     started = time.perf_counter()
     outputs = translator.translate(lines, beam=args.beam)

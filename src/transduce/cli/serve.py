@@ -48,8 +48,11 @@ def serve_command(args: argparse.Namespace) -> int:
     import torch
 
     from transduce import load
+    from transduce.runtime import keep_freed_memory
     from transduce.serve.limits import Limits
     from transduce.serve.server import serve
+
+    keep_freed_memory()  # as translate: a process setting, the command line's to make
 
     limits = Limits(max_chars=args.max_chars, max_texts=args.max_texts,
                     max_queue=args.max_queue, batch_tokens=args.batch_tokens,
