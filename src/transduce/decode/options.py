@@ -19,6 +19,9 @@ KvDtype = Literal["float32", "bfloat16", "int8", "int4"]
 # A decoding copy's type; auto picks by the hardware (decoding_dtype).
 DecodeDtype = Literal["auto", "float32", "bfloat16"]
 
+# What runs a model: auto is ONNX Runtime for an ONNX export, PyTorch for a checkpoint.
+Engine = Literal["auto", "torch", "onnxruntime"]
+
 
 def decoding_dtype(dtype: str, device: torch.device | str) -> Dtype:
     """The type a model decodes in. "auto": bfloat16 on a CPU with AMX, where its tiles
@@ -34,8 +37,6 @@ def decoding_dtype(dtype: str, device: torch.device | str) -> Dtype:
     if dtype not in choices(Dtype):
         raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(choices(DecodeDtype))}")
     return dtype
-# What runs a model: auto is ONNX Runtime for an ONNX export, PyTorch for a checkpoint.
-Engine = Literal["auto", "torch", "onnxruntime"]
 
 
 @dataclass(frozen=True)
