@@ -12,11 +12,15 @@ import torch
 from transduce import checkpoint, load
 from transduce.cli import main
 from transduce.config import ConfigError, preset
-from transduce.data.tokenizer import MODEL_NAME
+from transduce.data.tokenizer import BOS_ID, EOS_ID, MODEL_NAME
 from transduce.decode import options as options_module
 from transduce.decode.options import decoding_dtype
-from transduce.decode.translate import InputTooLong, Translation, length_sorted_batches
-from transduce.model import Transformer, build_model
+from transduce.decode.search import beam_search
+from transduce.decode.translate import (InputTooLong, Translation, length_sorted_batches,
+                                        pad_sources)
+from transduce.model import Transformer, build_model, load_model
+from transduce.model import packed as packed_module
+from transduce.model.packed import packing_available
 from tests.environment import subprocess_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -266,3 +270,22 @@ def test_auto_dtype_decodes_in_the_type_it_picked(run_dir, monkeypatch):
     assert next(translator.model.parameters()).dtype == torch.bfloat16
     monkeypatch.setattr(options_module, "cpu_flags", lambda: frozenset())
     assert load(run_dir, dtype="auto").dtype == "float32"
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_decoding_copy_translates_as_the_checkpoints_own_model(run_dir, monkeypatch, packed):
+    """The copy Translator decodes with (projections fused; Linear layers packed, or the
+    plain fallback forced) gives the model's own greedy and beam translations, and each
+    line alone gives what it gives in the batch."""
+    if packed and not packing_available(torch.float32):
+        pytest.skip("no oneDNN in this build")
+    monkeypatch.setattr(packed_module, "packing_available", lambda dtype=None: packed)
+    translator = load(run_dir)
+    model = load_model(checkpoint.resolve(run_dir)).eval()
+    lines = ["uno dos tres casa", "el perro", "gato rojo grande come el perro", "casa"]
+    src = pad_sources(translator.encode(lines))
+    for beam in (1, 3):
+        expected = beam_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=beam)
+        got = translator.translate(lines, beam=beam)
+        assert got == [translator.tokenizer.decode(found[0].tokens) for found in expected]
+        assert [translator.translate([line], beam=beam)[0] for line in lines] == got
