@@ -395,7 +395,8 @@ def test_an_onnx_export_is_served_like_its_checkpoint(translation_dir, translato
 
 
 @pytest.mark.parametrize("argv", [["--languages", "es"], ["--languages", "es:en:fr"],
-                                  ["--max-queue", "0"], ["--window-ms", "-1"]])
+                                  ["--max-queue", "0"], ["--window-ms", "-1"],
+                                  ["--dtype", "float16"]])
 def test_the_command_refuses_bad_options(translation_dir, argv, capsys):
     from transduce.cli import main
 
