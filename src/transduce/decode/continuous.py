@@ -91,7 +91,7 @@ class ContinuousBeamSearch:
         """Sentences being searched."""
         return len(self.sentences)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def add(self, src: Tensor, tags: list[Any]) -> None:
         """Start searching sentences src (N, S) (right-padded ids, each ending in eos) at the
         next step; tags come back with their results."""
@@ -119,7 +119,7 @@ class ContinuousBeamSearch:
         self._scores[first:first + new, 0] = 0.0     # one live beam at first, as beam_search
         self.sentences += [_Sentence(tag, self.slot, limit) for tag, limit in zip(tags, limits)]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def step(self) -> list[tuple[Any, list[Hypothesis]]]:
         """One token for every running beam -> (tag, nbest hypotheses, best first) of each
         sentence done at this step, which leaves the batch."""
