@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transduce.data.tokenizer import BOS_ID, EOS_ID, UNK_ID
 
 CLS_ID, SEP_ID, MASK_ID = BOS_ID, EOS_ID, UNK_ID
 NUM_SPECIALS = 4          # pad, bos/[CLS], eos/[SEP], unk/[MASK]
