@@ -61,8 +61,8 @@ class Metrics:
             self.requests[(route, status)] += 1
             self.latency.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)
 
-    def batch_done(self, sentences: int, jobs: int, seconds: float) -> None:
-        """A whole batch of `sentences` decoded (from `jobs` requests) in `seconds`."""
+    def batch_done(self, sentences: int, seconds: float) -> None:
+        """A whole batch of `sentences` decoded in `seconds`."""
         self._decoded(sentences, sentences, seconds)
 
     def step_done(self, running: int, finished: int, seconds: float) -> None:
