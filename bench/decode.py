@@ -1,17 +1,17 @@
 """Decoding speed and quality of a trained model on a corpus split, settings side by side.
 
 For beam 4 and greedy (beam 1) it translates the whole split with our decoder (float32,
-and the bfloat16 copy that `--dtype bfloat16` decodes with), with the same weights
-exported to Hugging Face Marian and run by `generate` (float32), and exported to
-CTranslate2 (float32 and int8, each run in a child process that times itself, see
-CTranslate2Model), and exported to ONNX and run by ONNX Runtime behind our own searches
-(float32 and int8 weights, `transduce export onnx`), and ours and CTranslate2 float32
-with two batches decoded side by side on one thread each ("2 workers"), all in batches
-of --batch-sentences lines sorted by length,
-interleaving everything over --repeats rounds. It reports sentences/s (median), the
-ratio to Hugging Face at the same beam (to CTranslate2 float32 for a model Marian cannot
-hold, such as a pre-norm one: that decoder is then left out), and sacreBLEU. Writes JSON with the machine's
-description.
+the bfloat16 copy that `--dtype bfloat16` decodes with, and `--dtype int8`'s copy with
+int8 products, model/int8.py), with the same weights exported to Hugging Face Marian
+and run by `generate` (float32), and exported to CTranslate2 (float32 and int8, each run
+in a child process that times itself, see CTranslate2Model), and exported to ONNX and
+run by ONNX Runtime behind our own searches (float32 and int8 weights, `transduce export
+onnx`), and ours (float32, int8) and CTranslate2 float32 with two batches decoded side
+by side on one thread each ("2 workers"), all in batches of --batch-sentences lines
+sorted by length, interleaving everything over --repeats rounds. It reports
+sentences/s (median), the ratio to Hugging Face at the same beam (to CTranslate2
+float32 for a model Marian cannot hold, such as a pre-norm one: that decoder is then
+left out), and sacreBLEU. Writes JSON with the machine's description.
 
     python bench/decode.py --model runs/small/average --data data/bible [--split test]
 
@@ -42,7 +42,8 @@ from transduce.data.corpus import read_lines, split_files  # noqa: E402
 from transduce.data.tokenizer import PAD_ID, Tokenizer  # noqa: E402
 from transduce.decode.translate import Translator, length_sorted_batches, pad_sources  # noqa: E402
 
-DECODERS = ("ours float32", "ours bfloat16", "ours float32 2 workers", "hf generate",
+DECODERS = ("ours float32", "ours bfloat16", "ours int8", "ours float32 2 workers",
+            "ours int8 2 workers", "hf generate",
             "ct2 float32", "ct2 int8", "ct2 float32 2 workers", "ort float32", "ort int8")
 # "2 workers": two batches decoded side by side, each on one thread (ours: Translator's
 # workers=2; CTranslate2: inter_threads=2, intra_threads=1, two batches in flight).

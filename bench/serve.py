@@ -81,7 +81,7 @@ def offline_child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     keep_freed_memory()                 # what `transduce translate` sets for its process
     lines = json.loads(Path(args.offline_child).read_text())
-    translator = Translator.load(args.model, workers="auto")    # the CLI's default
+    translator = Translator.load(args.model, dtype="auto", workers="auto")   # the CLI's defaults
     translator.translate(lines[:16], beam=args.beam)                  # warm up
     started = time.perf_counter()
     outputs = translator.translate(lines, beam=args.beam)

@@ -125,8 +125,9 @@ def test_what_onnx_cannot_run_is_refused_clearly(tmp_path, tiny_corpus, capsys):
     with pytest.raises(ConfigError, match="needs an ONNX export"):
         Translator.load(plain, engine="onnxruntime")
     out = export_onnx(plain, tmp_path / "good")
-    with pytest.raises(ConfigError, match="--dtype"):
-        Translator.load(out, dtype="bfloat16")
+    for dtype in ("bfloat16", "int8"):
+        with pytest.raises(ConfigError, match="--dtype"):
+            Translator.load(out, dtype=dtype)
     with pytest.raises(ConfigError, match="kv_dtype"):
         greedy_search(OnnxEngine(out), sources(), bos_id=BOS_ID, eos_id=EOS_ID,
                       cache_dtype=torch.int8)

@@ -8,6 +8,7 @@ from transduce.config import preset
 from transduce.decode.continuous import ContinuousBeamSearch, supports
 from transduce.decode.search import beam_search
 from transduce.model import Transformer
+from transduce.model import int8 as int8_module
 from transduce.model.packed import decoding_copy
 
 from tests.decode.test_search import BOS, EOS, PAD, padded_sources, real_model
@@ -89,8 +90,13 @@ def test_a_long_stream_compacts_its_slots_and_stays_exact():
     assert search.running == 0 and search.slot == 0
 
 
-def test_packed_decoding_copy_decodes_continuously():
-    model = decoding_copy(real_model(), torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8])
+def test_packed_decoding_copy_decodes_continuously(dtype, monkeypatch):
+    if dtype == torch.int8:
+        if not int8_module.int8_available():
+            pytest.skip("no oneDNN int8 ops in this build")
+        monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)    # every product in int8
+    model = decoding_copy(real_model(), dtype)
     src = padded_sources([5, 9, 3])
     search = ContinuousBeamSearch(model, bos_id=BOS, eos_id=EOS, beam=4, max_len=12)
     results, _ = run_schedule(search, src, [0, 2, 4])

@@ -16,6 +16,7 @@ from transduce.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.evaluate import macro_f1
 from transduce.model import build_model
+from transduce.model import int8 as int8_module
 from tests.environment import subprocess_env
 
 LINES = ["uno dos", "el perro grande come", "", "casa", "tres gato rojo rojo el casa perro"]
@@ -53,6 +54,19 @@ def test_classify_gives_one_prediction_per_line_in_order(encoder):
         assert sum(a.probabilities.values()) == pytest.approx(1.0, abs=1e-5)
         assert a.probability == pytest.approx(b.probability, abs=1e-5)
         assert a.probability == max(a.probabilities.values())
+
+
+@pytest.mark.skipif(not int8_module.int8_available(), reason="no oneDNN int8 ops in this build")
+def test_int8_classifies_alike_alone_and_in_a_batch_near_the_float_model(model, encoder,
+                                                                          monkeypatch):
+    monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)      # every product in int8
+    int8 = SentenceEncoder(model, encoder.tokenizer, dtype="int8")
+    together = int8.classify(LINES, batch_tokens=64)
+    alone = [int8.classify([line])[0] for line in LINES]
+    exact = encoder.classify(LINES)
+    for a, b, c in zip(together, alone, exact):
+        assert a.probabilities == b.probabilities
+        assert all(abs(a.probabilities[name] - c.probabilities[name]) < 0.05 for name in LABELS)
 
 
 def test_embeddings_are_masked_means_of_the_last_hidden_states(encoder, model):

@@ -1,7 +1,6 @@
 """Generation from prompts: batched equals alone, streaming equals the whole text, stop
 strings and max_new_tokens are honoured exactly, bad prompts and options are refused."""
 
-import io
 import subprocess
 import sys
 
@@ -16,6 +15,7 @@ from transduce.decode.generate import Continuation, Generator, PromptError
 from transduce.decode.options import GenerateOptions
 from transduce.decode.sampling import Sampler, filter_logits, penalize_repetition
 from transduce.model import build_model
+from transduce.model import int8 as int8_module
 from tests.environment import subprocess_env
 
 PROMPTS = ["uno dos", "el perro grande come", "casa", "tres gato rojo rojo el casa perro"]
@@ -180,6 +180,17 @@ def test_cli_refuses_bad_stdin_and_bad_options(saved_model):
     result = _run_cli(["generate", "--model", str(saved_model), "--top-p", "0"], b"uno\n")
     assert result.returncode == 2 and b"--top-p" in result.stderr
     assert b"Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(not int8_module.int8_available(), reason="no oneDNN int8 ops in this build")
+def test_int8_generation_is_the_same_batched_and_alone(model, generator, monkeypatch):
+    """Left-padded prompts side by side: the int8 products quantize each row alone."""
+    monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)      # every product in int8
+    int8 = Generator(model, generator.tokenizer, dtype="int8")
+    assert any(isinstance(m, int8_module.Int8Linear) for m in int8.model.modules())
+    together = int8.generate(PROMPTS, max_new_tokens=12)
+    assert together == [int8.generate([p], max_new_tokens=12)[0] for p in PROMPTS]
+    assert any(together)
 
 
 def test_the_packed_copy_generates_what_the_model_does(model, generator):

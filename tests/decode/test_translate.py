@@ -19,6 +19,7 @@ from transduce.decode.search import beam_search
 from transduce.decode.translate import (InputTooLong, Translation, length_sorted_batches,
                                         pad_sources)
 from transduce.model import Transformer, build_model, load_model
+from transduce.model import int8 as int8_module
 from transduce.model import packed as packed_module
 from transduce.model.packed import packing_available
 from tests.environment import subprocess_env
@@ -249,18 +250,25 @@ def test_max_length_caps_each_output_and_is_checked(run_dir):
             translator.translate(["uno"], max_length=bad)
 
 
-@pytest.mark.parametrize("flags,device,expected", [
-    ({"amx_bf16", "avx512_bf16"}, "cpu", "bfloat16"),      # a Sapphire Rapids Xeon
-    ({"avx512_bf16", "avx512_vnni"}, "cpu", "float32"),    # a Zen 4
-    (set(), "cpu", "float32"),
-    ({"amx_bf16"}, "cuda", "float32"),
+@pytest.mark.parametrize("flags,device,int8_ops,expected", [
+    ({"amx_bf16", "avx512_bf16", "avx512_vnni"}, "cpu", True, "bfloat16"),  # Sapphire Rapids
+    ({"avx512_bf16", "avx512_vnni"}, "cpu", True, "int8"),                   # a Zen 4
+    ({"avx_vnni"}, "cpu", True, "int8"),                                     # AVX-VNNI cores
+    ({"avx512_vnni"}, "cpu", False, "float32"),       # a PyTorch without oneDNN's int8 ops
+    (set(), "cpu", True, "float32"),
+    ({"amx_bf16", "avx512_vnni"}, "cuda", True, "float32"),
 ])
-def test_auto_dtype_is_bfloat16_only_on_a_cpu_with_amx(monkeypatch, flags, device, expected):
+def test_auto_dtype_picks_by_the_cpu(monkeypatch, flags, device, int8_ops, expected):
     monkeypatch.setattr(options_module, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(int8_module, "int8_available", lambda: int8_ops)
     assert decoding_dtype("auto", device) == expected
     assert decoding_dtype("float32", device) == "float32"
-    with pytest.raises(ConfigError, match="dtype='float16': choose one of auto, float32, bfloat16"):
+    with pytest.raises(ConfigError, match="dtype='float16': choose one of auto, float32, "
+                                          "bfloat16, int8"):
         decoding_dtype("float16", device)
+    if device != "cpu" or not int8_ops:
+        with pytest.raises(ConfigError, match="dtype='int8' decodes on a CPU"):
+            decoding_dtype("int8", device)
 
 
 def test_auto_dtype_decodes_in_the_type_it_picked(run_dir, monkeypatch):
@@ -270,6 +278,30 @@ def test_auto_dtype_decodes_in_the_type_it_picked(run_dir, monkeypatch):
     assert next(translator.model.parameters()).dtype == torch.bfloat16
     monkeypatch.setattr(options_module, "cpu_flags", lambda: frozenset())
     assert load(run_dir, dtype="auto").dtype == "float32"
+    if int8_module.int8_available():
+        monkeypatch.setattr(options_module, "cpu_flags", lambda: frozenset({"avx512_vnni"}))
+        monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)
+        translator = load(run_dir, dtype="auto")
+        assert translator.dtype == "int8"
+        assert any(isinstance(m, int8_module.Int8Linear) for m in translator.model.modules())
+
+
+@pytest.mark.skipif(not int8_module.int8_available(), reason="no oneDNN int8 ops in this build")
+@pytest.mark.parametrize("packed", [True, False])
+def test_int8_translations_are_the_same_alone_and_in_a_batch(run_dir, monkeypatch, packed):
+    """Activations quantized per row: a sentence's int8 products do not depend on its
+    batch mates, greedy or beam, with the other products packed or (forced) plain."""
+    if packed and not packing_available(torch.float32):
+        pytest.skip("no oneDNN in this build")
+    monkeypatch.setattr(packed_module, "packing_available", lambda dtype=None: packed)
+    monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)     # every product in int8
+    translator = load(run_dir, dtype="int8")
+    assert not any(type(m) is torch.nn.Linear for m in translator.model.modules())
+    lines = ["uno dos tres casa", "el perro", "gato rojo grande come el perro", "casa"]
+    for beam in (1, 3):
+        got = translator.translate(lines, beam=beam)
+        assert all(isinstance(text, str) for text in got)
+        assert [translator.translate([line], beam=beam)[0] for line in lines] == got
 
 
 @pytest.mark.parametrize("packed", [True, False])

@@ -58,8 +58,9 @@ def _parse(kind: type, text: str, what: str):
 
 def add_dtype_option(command: argparse.ArgumentParser) -> None:
     command.add_argument("--dtype", default="auto", choices=choices(DecodeDtype),
-                         help="the type the model decodes in (auto: bfloat16 on a CPU with "
-                              "AMX, else float32)")
+                         help="the type the model decodes in (int8: float32 with the widest "
+                              "products in int8; auto: bfloat16 on a CPU with AMX, int8 on "
+                              "another CPU with VNNI, else float32)")
 
 
 def add_search_options(command: argparse.ArgumentParser) -> None:

@@ -16,26 +16,41 @@ if TYPE_CHECKING:
 __all__ = ["Dtype", "DecodeDtype", "KvDtype", "SearchOptions", "GenerateOptions"]
 
 KvDtype = Literal["float32", "bfloat16", "int8", "int4"]
-# A decoding copy's type; auto picks by the hardware (decoding_dtype).
-DecodeDtype = Literal["auto", "float32", "bfloat16"]
+# A decoding copy's type; auto picks by the hardware (decoding_dtype). int8: float32
+# weights but the widest products in int8 (model/int8.py).
+DecodeDtype = Literal["auto", "float32", "bfloat16", "int8"]
 
 # What runs a model: auto is ONNX Runtime for an ONNX export, PyTorch for a checkpoint.
 Engine = Literal["auto", "torch", "onnxruntime"]
 
+# CPU flags of int8 dot-product instructions (AVX512-VNNI: Zen 4, Cascade Lake and
+# later Xeons; AVX-VNNI: Alder Lake and later cores).
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})
 
-def decoding_dtype(dtype: str, device: torch.device | str) -> Dtype:
+
+def decoding_dtype(dtype: str, device: torch.device | str) -> str:
     """The type a model decodes in. "auto": bfloat16 on a CPU with AMX, where its tiles
     multiply bfloat16 several times faster than float32 (on a Sapphire Rapids Xeon,
-    translation ran 1.48x faster at beam 4 and 1.21x greedy, 0.05-0.2 BLEU apart),
-    else float32 (on a Zen 4's AVX512-BF16 it was 1.13x at beam 4 but 0.87x greedy;
-    GPUs: not measured). The CPU is read once, from its flags."""
+    translation ran 1.48x faster at beam 4 and 1.21x greedy, 0.05-0.2 BLEU apart); int8
+    on another CPU with VNNI (on a Zen 4, where bfloat16 was 1.13x at beam 4 but 0.87x
+    greedy, int8 ran 1.11x and 1.08x, 0.01 and 0.09 BLEU below float32); else float32,
+    and float32 on GPUs (not measured). The CPU is read once, from its flags."""
     import torch   # the command line reads these options without torch
 
+    from transduce.model.int8 import int8_available
+
+    on_cpu = torch.device(device).type == "cpu"
     if dtype == "auto":
-        amx = torch.device(device).type == "cpu" and "amx_bf16" in cpu_flags()
-        return "bfloat16" if amx else "float32"
-    if dtype not in choices(Dtype):
+        flags = cpu_flags() if on_cpu else frozenset()
+        if "amx_bf16" in flags:
+            return "bfloat16"
+        return "int8" if flags & VNNI_FLAGS and int8_available() else "float32"
+    if dtype not in choices(DecodeDtype):
         raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(choices(DecodeDtype))}")
+    if dtype == "int8" and not (on_cpu and int8_available()):
+        where = "this PyTorch build lacks oneDNN's int8 ops" if on_cpu else \
+            f"the device is {torch.device(device)}"
+        raise ConfigError(f"dtype='int8' decodes on a CPU through oneDNN's int8 products; {where}")
     return dtype
 
 

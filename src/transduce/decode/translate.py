@@ -55,8 +55,9 @@ class Translator:
         """model: a PyTorch model, or an OnnxEngine (an ONNX export run by ONNX Runtime).
         A PyTorch model is decoded by a copy in `dtype` whose Linear weights are packed
         for oneDNN (model/packed.py); "bfloat16" runs on the AMX / AVX512-BF16 units of
-        recent CPUs, "auto" (the CLI's default) picks by the CPU (decoding_dtype). Search
-        scores stay float32.
+        recent CPUs, "int8" multiplies the widest products in int8 (model/int8.py),
+        "auto" (the CLI's default) picks by the CPU (decoding_dtype). Search scores stay
+        float32.
         kv_dtype: the self-attention cache's type (default: the model's); attention runs
         in that type, and "int8" quantizes it per token and head, "int4" per group of 32.
         workers: batches decoded side by side on the CPU, each on its share of PyTorch's

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from transduce.attention.multihead import MultiHeadAttention
+from transduce.model.int8 import Int8Linear, int8_available, worth_int8
 from transduce.model.layers import DecoderLayer, EncoderLayer, FeedForward
 
 
@@ -64,22 +65,42 @@ def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
     """model's weights in `dtype` in a copy for inference (model is left as it is), each
     self-attention's query, key and value projections fused into one; on a CPU that
     supports it, its Linear layers packed. A tied output projection gets a packed matrix
-    of its own (the embedding keeps its rows for lookups)."""
-    clone = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
+    of its own (the embedding keeps its rows for lookups).
+
+    dtype torch.int8: float32, with the wide products in int8 (model/int8.py), CPU only."""
+    int8 = dtype == torch.int8
+    if int8 and (torch.device(device).type != "cpu" or not int8_available()):
+        raise ValueError("int8 decoding runs on a CPU, through oneDNN's int8 ops "
+                         f"(device {torch.device(device)}, ops available: {int8_available()})")
+    weights = torch.float32 if int8 else dtype
+    clone = copy.deepcopy(model).to(device=device, dtype=weights).eval()
     for module in clone.modules():
         if isinstance(module, (EncoderLayer, DecoderLayer)) and \
                 isinstance(module.self_attn, MultiHeadAttention):
             module.self_attn.fuse_self_projections()
-    if torch.device(device).type == "cpu" and packing_available(dtype):
-        for module in list(clone.modules()):   # the feed-forward ReLU, fused in its product
-            if isinstance(module, FeedForward) and type(module.activation) is nn.ReLU:
-                module.linear1 = PackedLinear(module.linear1, activation="relu")
-                module.activation = nn.Identity()
-        for parent in list(clone.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear:
-                    setattr(parent, name, PackedLinear(child))
+    packed = torch.device(device).type == "cpu" and packing_available(weights)
+    if packed or int8:
+        _replace_linear_layers(clone, packed, int8)
     return clone
+
+
+def _replace_linear_layers(model: nn.Module, packed: bool, int8: bool) -> None:
+    """Each Linear layer becomes an Int8Linear (int8, where worth it), a PackedLinear
+    (packed) or stays; the feed-forward ReLU moves into its first product."""
+    def converted(linear: nn.Linear, activation: str = "none") -> nn.Module | None:
+        if int8 and worth_int8(linear):
+            return Int8Linear(linear, activation)
+        return PackedLinear(linear, activation) if packed else None
+
+    for module in list(model.modules()):
+        if isinstance(module, FeedForward) and type(module.activation) is nn.ReLU:
+            first = converted(module.linear1, activation="relu")
+            if first is not None:
+                module.linear1, module.activation = first, nn.Identity()
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and (replacement := converted(child)) is not None:
+                setattr(parent, name, replacement)
 
 
 def bfloat16_copy(model: nn.Module, device: torch.device | str = "cpu") -> nn.Module:
