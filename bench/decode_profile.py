@@ -1,10 +1,10 @@
-"""Where a decoding step's time goes: our decoder (float32 and the bfloat16 copy) on a
-corpus split, greedy and beam 4, in batches of --batch-sentences lines sorted by length,
-under PyTorch's profiler.
+"""Where a decoding step's time goes: our decoder (float32, the bfloat16 copy and the
+int8 one) on a corpus split, greedy and beam 4, in batches of --batch-sentences lines
+sorted by length, under PyTorch's profiler.
 
 Each setting translates the lines once unprofiled (sentences/s) and once profiled. The
-profiled wall time is split into the operators' own time by kind (oneDNN's packed
-matrix products, fused attention, the search's log-softmax and top-k, cache and beam
+profiled wall time is split into the operators' own time by kind (oneDNN's packed and
+int8 matrix products, fused attention, the search's log-softmax and top-k, cache and beam
 reorders, layer norm, other operators) and what is left: Python between the operators
 (the step loop, the search's bookkeeping, dispatch). Shares, not absolute times: the
 profiler adds its own cost to every operator.
@@ -30,7 +30,8 @@ from transduce.data.corpus import read_lines, split_files  # noqa: E402
 from transduce.decode.translate import Translator  # noqa: E402
 
 KINDS = {
-    "matrix products": ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::bmm"),
+    "matrix products": ("mkldnn::_linear_pointwise", "onednn::qlinear_pointwise", "aten::addmm",
+                        "aten::mm", "aten::bmm"),
     "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",),
     "log-softmax, top-k": ("aten::_log_softmax", "aten::topk", "aten::amax", "aten::sort"),
     "cache and beam reorders": ("aten::index_copy_", "aten::index_select", "aten::copy_",
@@ -75,7 +76,7 @@ def main() -> None:
     every = read_lines(source)
     lines = every[::max(1, len(every) // args.lines)][:args.lines]
     rows = []
-    for dtype in ("float32", "bfloat16"):
+    for dtype in ("float32", "bfloat16", "int8"):
         translator = Translator.load(args.model, dtype=dtype)
         for beam in (1, 4):
             row = {"decoder": f"ours {dtype}", "beam": beam,
