@@ -33,8 +33,8 @@ def decoding_dtype(dtype: str, device: torch.device | str) -> str:
     multiply bfloat16 several times faster than float32 (on a Sapphire Rapids Xeon,
     translation ran 1.48x faster at beam 4 and 1.21x greedy, 0.05-0.2 BLEU apart); int8
     on another CPU with VNNI (on a Zen 4, where bfloat16 was 1.13x at beam 4 but 0.87x
-    greedy, int8 ran 1.11x and 1.08x, 0.01 and 0.09 BLEU below float32); else float32,
-    and float32 on GPUs (not measured). The CPU is read once, from its flags."""
+    greedy, int8 ran 1.11-1.15x and 0.99-1.08x, 0.01 and 0.09 BLEU below float32); else
+    float32, and float32 on GPUs (not measured). The CPU is read once, from its flags."""
     import torch   # the command line reads these options without torch
 
     from transduce.model.int8 import int8_available

@@ -20,8 +20,10 @@ import torch
 from torch import Tensor, nn
 
 from transduce.attention.multihead import MultiHeadAttention
+from transduce.model.decoder_step import DecoderStep
 from transduce.model.int8 import Int8Linear, int8_available, worth_int8
 from transduce.model.layers import DecoderLayer, EncoderLayer, FeedForward
+from transduce.model.transformer import Decoder
 
 
 def packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
@@ -65,7 +67,8 @@ def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
     """model's weights in `dtype` in a copy for inference (model is left as it is), each
     self-attention's query, key and value projections fused into one; on a CPU that
     supports it, its Linear layers packed. A tied output projection gets a packed matrix
-    of its own (the embedding keeps its rows for lookups).
+    of its own (the embedding keeps its rows for lookups). Its decoder steps run written
+    out where they can (model/decoder_step.py).
 
     dtype torch.int8: float32, with the wide products in int8 (model/int8.py), CPU only."""
     int8 = dtype == torch.int8
@@ -81,6 +84,8 @@ def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
     packed = torch.device(device).type == "cpu" and packing_available(weights)
     if packed or int8:
         _replace_linear_layers(clone, packed, int8)
+    if isinstance(getattr(clone, "decoder", None), Decoder):
+        clone.decoder.fast_step = DecoderStep.build(clone.decoder)
     return clone
 
 

@@ -25,6 +25,7 @@ from transduce.attention import masks
 from transduce.attention.kinds import self_attention_kind
 from transduce.attention.kv_cache import AttentionCache, keep_rows
 from transduce.config import ModelConfig
+from transduce.model.decoder_step import DecoderStep
 from transduce.model.dropout import Dropout
 from transduce.model.layers import DecoderLayer, EncoderLayer
 from transduce.attention.position_bias import ALiBi, T5Bias
@@ -110,6 +111,8 @@ class Encoder(nn.Module):
         self.score_bias = score_bias(config, bidirectional=True)
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) \
             if config.norm_first else None
+        # A decoding copy's written-out step (model/decoder_step.py), where it applies.
+        self.fast_step: DecoderStep | None = None
 
     def forward(self, src: Tensor, src_mask: Tensor | None, **embed_inputs: Tensor) -> Tensor:
         """src (B, S), src_mask (B, 1, 1, S) -> memory (B, S, C). embed_inputs go to the
@@ -134,6 +137,8 @@ class Decoder(nn.Module):
         self.score_bias = score_bias(config, bidirectional=False)
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) \
             if config.norm_first else None
+        # A decoding copy's written-out step (model/decoder_step.py), where it applies.
+        self.fast_step: DecoderStep | None = None
 
     def memory_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Each layer's cross-attention keys and values, (B, Hkv, S, D): once per source."""
@@ -146,6 +151,8 @@ class Decoder(nn.Module):
         """tgt (B, T) -> hidden states (B, T, C). With caches, tgt holds only the new
         tokens, whose positions start after what the caches hold, unless positions
         (B, T) gives each token's own. memory_kv None: no cross-attention."""
+        if self.fast_step is not None and self.fast_step.covers(tgt, caches):
+            return self.fast_step(tgt, memory_kv, memory_mask, tgt_mask, caches, positions)
         start = 0 if caches is None else caches[0].length
         x = self.embed(tgt, start, positions)
         # Relative positions: the new queries against every key, cached ones included

@@ -1,0 +1,121 @@
+"""The written-out decoder step (model/decoder_step.py) against the modules' own step:
+the same logits to the bit, step after step, for every layout it covers; the others are
+left to the modules."""
+
+import pytest
+import torch
+
+from transduce.attention.kv_cache import QuantizedKVCache
+from transduce.config import preset
+from transduce.model import Transformer, build_model
+from transduce.model import int8 as int8_module
+from transduce.model import packed as packed_module
+from transduce.model.decoder_step import DecoderStep
+from transduce.model.packed import decoding_copy, packing_available
+from tests.model.test_transformer import padded, tiny
+
+VOCAB = 20
+
+
+def _copy(model, packed: bool, int8: bool, monkeypatch):
+    if packed and not packing_available(torch.float32):
+        pytest.skip("no oneDNN in this build")
+    if int8 and not int8_module.int8_available():
+        pytest.skip("no oneDNN int8 ops in this build")
+    monkeypatch.setattr(packed_module, "packing_available", lambda dtype=None: packed)
+    monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)
+    return decoding_copy(model, torch.int8 if int8 else torch.float32)
+
+
+def _steps(model, src, beams: int, steps: int, cache_dtype=None) -> list[torch.Tensor]:
+    """Logits of `steps` decoding steps, `beams` rows per sentence, random tokens."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        state = model.prefill(src, steps + 1, cache_dtype=cache_dtype)
+        state.reorder(torch.arange(src.shape[0]).repeat_interleave(beams))
+        logits = []
+        for _ in range(steps):
+            tokens = torch.randint(3, VOCAB, (src.shape[0] * beams, 1), generator=generator)
+            logits.append(model.decode_step(tokens, state))
+        return logits
+
+
+def _assert_written_out_step_is_exact(model, run) -> None:
+    step = model.decoder.fast_step
+    assert step is not None
+    written = run()
+    model.decoder.fast_step = None
+    try:
+        plain = run()
+    finally:
+        model.decoder.fast_step = step
+    assert all(torch.equal(a, b) for a, b in zip(written, plain))
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"norm_first": False}, {"activation": "gelu", "bias": False},
+    {"num_kv_heads": 2}, {"num_kv_heads": 1, "positional": "learned"},
+    {"scale_embeddings": False},
+])
+@pytest.mark.parametrize("packed,int8", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize("beams", [1, 3])
+def test_the_written_out_step_gives_the_modules_logits(changes, packed, int8, beams,
+                                                       monkeypatch):
+    torch.manual_seed(0)
+    model = _copy(Transformer(tiny(**changes)).eval(), packed, int8, monkeypatch)
+    src = padded([5, 2, 7], vocab=VOCAB)
+    _assert_written_out_step_is_exact(model, lambda: _steps(model, src, beams, 6))
+
+
+def test_left_padded_prompts_of_a_language_model_step_alike(monkeypatch):
+    """A decoder-only model's steps carry a key mask and each row's positions."""
+    torch.manual_seed(0)
+    lm = build_model(preset("gpt-tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
+                            max_positions=64)).eval()
+    model = _copy(lm, packing_available(torch.float32), False, monkeypatch)
+    prompt = torch.randint(3, VOCAB, (3, 6))
+    real = torch.ones(3, 6, dtype=torch.bool)
+    real[0, :4], real[2, :1] = False, False                      # left padding
+
+    def run():
+        with torch.inference_mode():
+            state = model.prefill(prompt, 8, src_mask=real)
+            tokens, logits = prompt[:, -1:], []
+            for _ in range(5):
+                logits.append(model.decode_step(tokens, state))
+                tokens = logits[-1][:, -1].argmax(-1, keepdim=True)
+            return logits
+
+    _assert_written_out_step_is_exact(model, run)
+
+
+@pytest.mark.parametrize("changes", [{"positional": "rotary"}, {"positional": "alibi"},
+                                     {"positional": "t5"}, {"attention_impl": "flash"},
+                                     {"attention_scale": False}])
+def test_layouts_it_does_not_write_out_are_left_to_the_modules(changes):
+    model = decoding_copy(Transformer(tiny(**changes)).eval())
+    assert model.decoder.fast_step is None
+    assert DecoderStep.build(decoding_copy(Transformer(tiny())).decoder) is not None
+
+
+def test_it_covers_one_token_per_row_over_plain_caches_in_eval_mode():
+    torch.manual_seed(0)
+    model = decoding_copy(Transformer(tiny()).eval())
+    step, src = model.decoder.fast_step, padded([4, 3], vocab=VOCAB)
+    with torch.inference_mode():
+        state = model.prefill(src, 4)
+        quantized = model.prefill(src, 4, cache_dtype=torch.int8)
+    one, two = torch.full((2, 1), 5), torch.full((2, 2), 5)
+    with torch.no_grad():
+        assert step.covers(one, state.caches)
+        assert not step.covers(two, state.caches) and not step.covers(one, None)
+        assert not step.covers(one, quantized.caches)
+    assert not step.covers(one, state.caches)          # autograd on: the modules'
+    with torch.no_grad():
+        model.train()
+        assert not step.covers(one, state.caches)
+    assert isinstance(quantized.caches[0], QuantizedKVCache)
+    # The int8 cache's steps run through the modules, with the same logits as before.
+    model.eval()
+    _assert_written_out_step_is_exact(
+        model, lambda: _steps(model, src, 2, 3, cache_dtype=torch.int8))
