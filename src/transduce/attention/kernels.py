@@ -197,7 +197,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, impl: st
         raise ValueError(f"mask must be boolean (True = may attend), got {mask.dtype}")
     if mask.dim() > 4:
         raise ValueError(f"mask must broadcast to (B, H, T, S), got shape {tuple(mask.shape)}")
-    mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    mask = masks.four_d(mask)
     target = (batch, heads, num_queries, k.shape[2])
     if any(m not in (1, t) for m, t in zip(mask.shape, target)) or mask.shape[3] != target[3]:
         raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to "

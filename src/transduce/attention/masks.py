@@ -42,6 +42,11 @@ def causal_mask(num_queries: int, num_keys: int | None = None, offset: int | Non
     return (key_pos <= query_pos + shift)[None, None]
 
 
+def four_d(mask: Tensor) -> Tensor:
+    """A mask of up to 4 dimensions as (B|1, H|1, T|1, S), leading ones added."""
+    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
 def combine(*masks: Tensor | None) -> Tensor | None:
     """Logical AND of the masks given (None entries ignored); None if none given."""
     result: Tensor | None = None

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transduce.attention import masks
 from transduce.attention.kv_cache import KVCache
 
 
@@ -72,7 +73,8 @@ class DecoderStep:
         positions (R, 1) or None -> hidden states (R, 1, C), as Decoder.forward."""
         decoder = self.decoder
         x = decoder.embed.forward(tgt, caches[0].length, positions)        # (R, 1, C)
-        self_mask, cross_mask = _four_d(tgt_mask), _four_d(memory_mask)
+        self_mask = None if tgt_mask is None else masks.four_d(tgt_mask)
+        cross_mask = None if memory_mask is None else masks.four_d(memory_mask)
         for i, layer in enumerate(decoder.layers):
             kv = None if memory_kv is None else memory_kv[i]
             if layer.norm_first:
@@ -93,9 +95,9 @@ class DecoderStep:
         takes this step's keys and values."""
         attn = layer.self_attn
         q, k, v = attn.qkv_proj.forward(h).split(self.sizes, -1)
-        keys, values = cache.update(self._split(k, self.kv_heads), self._split(v, self.kv_heads))
+        keys, values = cache.update(attn._split(k, self.kv_heads), attn._split(v, self.kv_heads))
         out = F.scaled_dot_product_attention(
-            self._split(q, self.heads), keys, values, attn_mask=mask, dropout_p=0.0,
+            attn._split(q, self.heads), keys, values, attn_mask=mask, dropout_p=0.0,
             is_causal=False, scale=self.scale, enable_gqa=self.kv_heads != self.heads)
         return attn.out_proj.forward(out.transpose(1, 2).flatten(2))
 
@@ -105,7 +107,7 @@ class DecoderStep:
         rows of a source (its beams) are folded into one sequence of n queries, as
         MultiHeadAttention._cross_attention does -> (R, 1, C)."""
         attn, (k, v) = layer.cross_attn, kv
-        q = self._split(attn.q_proj.forward(h), self.heads)                 # (R, H, 1, D)
+        q = attn._split(attn.q_proj.forward(h), self.heads)                 # (R, H, 1, D)
         rows, sources = q.shape[0], k.shape[0]
         n = rows // sources
         if n > 1:
@@ -117,15 +119,7 @@ class DecoderStep:
             out = out.unflatten(2, (n, 1)).transpose(1, 2).flatten(0, 1)    # (R, H, 1, D)
         return attn.out_proj.forward(out.transpose(1, 2).flatten(2))
 
-    def _split(self, x: Tensor, heads: int) -> Tensor:
-        """(R, 1, heads * D) -> (R, heads, 1, D), as MultiHeadAttention._split."""
-        return x.reshape(x.shape[0], x.shape[1], heads, self.head_dim).transpose(1, 2)
-
 
 def _feed_forward(ffn: nn.Module, h: Tensor) -> Tensor:
     return ffn.linear2.forward(ffn.activation.forward(ffn.linear1.forward(h)))
 
-
-def _four_d(mask: Tensor | None) -> Tensor | None:
-    """A mask broadcastable to (B, H, T, S) as attention() reshapes it."""
-    return None if mask is None else mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
