@@ -127,7 +127,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(translation_dir, tmp_
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_until_up(url, process)
-        texts = sentences(240, seed=5)
+        texts = sentences(480, seed=5)
 
         def ask(part):
             answer = httpx.post(f"{url}/v1/translate", timeout=120,
@@ -145,7 +145,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(translation_dir, tmp_
             answers, finished = zip(*(future.result() for future in slow))
         assert min(finished) > signalled, "no request was in flight at SIGTERM"
         assert [a.status_code for a in answers] == [200] * 4
-        assert all(len(a.json()["translations"]) == 60 for a in answers)
+        assert all(len(a.json()["translations"]) == 120 for a in answers)
         assert process.wait(60) == 0
     finally:
         if process.poll() is None:
