@@ -2,6 +2,8 @@
 the same logits to the bit, step after step, for every layout it covers; the others are
 left to the modules."""
 
+import threading
+
 import pytest
 import torch
 
@@ -40,15 +42,21 @@ def _steps(model, src, beams: int, steps: int, cache_dtype=None) -> list[torch.T
         return logits
 
 
-def _assert_written_out_step_is_exact(model, run) -> None:
+def _assert_written_out_step_is_exact(model, run, scripted: bool = True) -> None:
+    """run()'s logits with the written-out step (compiled by TorchScript or not) equal
+    those of the modules, to the bit."""
     step = model.decoder.fast_step
     assert step is not None
-    written = run()
-    model.decoder.fast_step = None
+    if not scripted:
+        model.decoder.fast_step = DecoderStep.build(model.decoder, script=False)
     try:
+        written = run()
+        assert model.decoder.fast_step.is_scripted == scripted
+        model.decoder.fast_step = None
         plain = run()
     finally:
         model.decoder.fast_step = step
+    assert len(written) == len(plain)
     assert all(torch.equal(a, b) for a, b in zip(written, plain))
 
 
@@ -59,15 +67,18 @@ def _assert_written_out_step_is_exact(model, run) -> None:
 ])
 @pytest.mark.parametrize("packed,int8", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("beams", [1, 3])
+@pytest.mark.parametrize("scripted", [True, False])
 def test_the_written_out_step_gives_the_modules_logits(changes, packed, int8, beams,
-                                                       monkeypatch):
+                                                       scripted, monkeypatch):
     torch.manual_seed(0)
     model = _copy(Transformer(tiny(**changes)).eval(), packed, int8, monkeypatch)
     src = padded([5, 2, 7], vocab=VOCAB)
-    _assert_written_out_step_is_exact(model, lambda: _steps(model, src, beams, 6))
+    # Eight steps: TorchScript's executor optimizes its graph after the first few calls.
+    _assert_written_out_step_is_exact(model, lambda: _steps(model, src, beams, 8), scripted)
 
 
-def test_left_padded_prompts_of_a_language_model_step_alike(monkeypatch):
+@pytest.mark.parametrize("scripted", [True, False])
+def test_left_padded_prompts_of_a_language_model_step_alike(scripted, monkeypatch):
     """A decoder-only model's steps carry a key mask and each row's positions."""
     torch.manual_seed(0)
     lm = build_model(preset("gpt-tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
@@ -86,7 +97,54 @@ def test_left_padded_prompts_of_a_language_model_step_alike(monkeypatch):
                 tokens = logits[-1][:, -1].argmax(-1, keepdim=True)
             return logits
 
-    _assert_written_out_step_is_exact(model, run)
+    _assert_written_out_step_is_exact(model, run, scripted)
+
+
+def test_where_torchscript_cannot_compile_the_step_runs_as_python(monkeypatch):
+    def refuse(module):
+        raise RuntimeError("no TorchScript here")
+
+    monkeypatch.setattr(torch.jit, "script", refuse)
+    torch.manual_seed(0)
+    model = decoding_copy(Transformer(tiny()).eval())
+    model.decoder.fast_step = DecoderStep.build(model.decoder)
+    src = padded([5, 2], vocab=VOCAB)
+    written = _steps(model, src, 2, 4)
+    assert not model.decoder.fast_step.is_scripted
+    model.decoder.fast_step = None
+    assert all(torch.equal(a, b) for a, b in zip(written, _steps(model, src, 2, 4)))
+
+
+def test_two_threads_stepping_the_same_compiled_model_get_their_own_logits():
+    """Decoding workers share one decoding copy: its compiled step is reentrant."""
+    torch.manual_seed(0)
+    model = decoding_copy(Transformer(tiny()).eval())
+    sources = [padded([5, 2, 7], vocab=VOCAB), padded([3, 6], vocab=VOCAB)]
+    alone = [_steps(model, src, 2, 8) for src in sources]
+    together = [None, None]
+
+    def work(i):
+        together[i] = _steps(model, sources[i], 2, 8)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert model.decoder.fast_step.is_scripted
+    for mine, theirs in zip(alone, together):
+        assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+
+
+def test_a_full_cache_is_refused_by_name():
+    model = decoding_copy(Transformer(tiny()).eval())
+    src = padded([3], vocab=VOCAB)
+    with torch.inference_mode():
+        state = model.prefill(src, 2)
+        model.decode_step(torch.full((1, 1), 5), state)
+        model.decode_step(torch.full((1, 1), 5), state)
+        with pytest.raises(ValueError, match="KV cache full: 2 cached \\+ 1 new > max_len 2"):
+            model.decode_step(torch.full((1, 1), 5), state)
 
 
 @pytest.mark.parametrize("changes", [{"positional": "rotary"}, {"positional": "alibi"},

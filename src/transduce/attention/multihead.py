@@ -190,11 +190,19 @@ class MultiHeadAttention(nn.Module):
         return unfold(result)
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
-        """(B, T, heads * D) -> (B, heads, T, D). Sizes are read from x (not unflatten's
-        -1 arithmetic) so that an ONNX trace keeps B and T symbolic."""
-        return x.reshape(x.shape[0], x.shape[1], heads, self.head_dim).transpose(1, 2)
+        return split_heads(x, heads, self.head_dim)
 
     @staticmethod
     def _merge(x: Tensor) -> Tensor:
-        """(B, H, T, D) -> (B, T, H * D)."""
-        return x.transpose(1, 2).flatten(2)
+        return merge_heads(x)
+
+
+def split_heads(x: Tensor, heads: int, head_dim: int) -> Tensor:
+    """(B, T, heads * D) -> (B, heads, T, D). Sizes are read from x (not unflatten's -1
+    arithmetic) so that an ONNX trace keeps B and T symbolic."""
+    return x.reshape(x.shape[0], x.shape[1], heads, head_dim).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(B, H, T, D) -> (B, T, H * D)."""
+    return x.transpose(1, 2).flatten(2)

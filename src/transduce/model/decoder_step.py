@@ -1,20 +1,27 @@
-"""One decoding step of a decoding copy's decoder, written out operator by operator.
+"""One decoding step of a decoding copy's decoder, written out operator by operator and
+compiled by TorchScript.
 
-A step of a small model is a few hundred operators on a few rows, and the modules around
-them cost time of their own: each call goes through nn.Module's hooks machinery, each
-attention call checks its inputs, picks a kernel and a mask, the cache checks shapes.
-DecoderStep runs the same operators in the same order (bit-identical outputs, tested)
-and calls each projection's and norm's forward directly. On a 2-core Zen 4 (demo model,
-int8, two workers; the same translations, A/B over six rounds in one process) whole
-translations ran 1.05x faster at beam 4 and 1.08x greedy in batches of 32 sentences,
-1.23x and 1.33x one sentence at a time. It covers the common case (softmax attention
-over plain KV caches, additive or no positions, PyTorch's fused attention kernel) and
-leaves every other step to the modules: `covers` says which.
+A step of a small model is a hundred-odd operators on a few rows. Run from Python, each
+costs interpreter and dispatch time around a kernel of a few microseconds, and the
+modules add their own (nn.Module's call machinery, attention's input checks and kernel
+choice, the cache's shape checks). StepLayers runs the decoder layers' operators in the
+modules' order with none of that, and TorchScript runs them from its own interpreter:
+no Python between operators, and the interpreter's lock released for the whole step, so
+two decoding workers' steps overlap. The kernels are the modules' own, called in the
+same order: the logits are bit-identical (tested, compiled and not). Where TorchScript
+is missing or cannot compile a step, the same code runs as Python.
+
+It covers the common case (softmax attention over plain KV caches, additive or no
+positions, PyTorch's fused attention kernel) and leaves every other step to the
+modules: `covers` says which.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+import warnings
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -22,10 +29,11 @@ from torch import Tensor, nn
 
 from transduce.attention import masks
 from transduce.attention.kv_cache import KVCache
+from transduce.attention.multihead import merge_heads, split_heads
 
 
 def _supported(decoder: nn.Module) -> bool:
-    """Whether every layer is one DecoderStep writes out: fused self-attention
+    """Whether every layer is one StepLayers writes out: fused self-attention
     projections, no rotary positions or score biases, scaled scores, the SDPA kernel."""
     if getattr(decoder, "score_bias", None) is not None:
         return False
@@ -39,21 +47,144 @@ def _supported(decoder: nn.Module) -> bool:
     return True
 
 
-class DecoderStep:
-    """Decoder.forward for one new token per row over KV caches (see the module note).
-    Built by decoding copies (model/packed.py) for decoders it supports (`build`)."""
+class _SelfAttention(nn.Module):
+    """Self-attention of one new query per row over the cache, which takes its key and
+    value at slot `length`."""
+
+    def __init__(self, attn: nn.Module):
+        super().__init__()
+        self.qkv_proj, self.out_proj = attn.qkv_proj, attn.out_proj
+        self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, \
+            attn.head_dim
+        self.sizes = [self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                      self.kv_heads * self.head_dim]
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.grouped = self.kv_heads != self.heads
+
+    def forward(self, h: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
+                mask: Optional[Tensor]) -> Tensor:
+        """h (R, 1, C), caches (R, Hkv, T, D) holding `length` slots -> (R, 1, C)."""
+        qkv = self.qkv_proj(h).split(self.sizes, -1)
+        end = length + 1
+        k_cache[:, :, length:end] = split_heads(qkv[1], self.kv_heads, self.head_dim)
+        v_cache[:, :, length:end] = split_heads(qkv[2], self.kv_heads, self.head_dim)
+        out = F.scaled_dot_product_attention(
+            split_heads(qkv[0], self.heads, self.head_dim), k_cache[:, :, :end],
+            v_cache[:, :, :end], attn_mask=mask, dropout_p=0.0, is_causal=False,
+            scale=self.scale, enable_gqa=self.grouped)
+        return self.out_proj(merge_heads(out))
+
+
+class _CrossAttention(nn.Module):
+    """Cross-attention of one query per row against its source's keys and values; the
+    n = R / B rows of a source (its beams) are folded into one sequence of n queries, as
+    MultiHeadAttention._cross_attention does."""
+
+    def __init__(self, attn: nn.Module):
+        super().__init__()
+        self.q_proj, self.out_proj = attn.q_proj, attn.out_proj
+        self.heads, self.head_dim = attn.num_heads, attn.head_dim
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.grouped = attn.num_kv_heads != attn.num_heads
+
+    def forward(self, h: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """h (R, 1, C), k and v (B, Hkv, S, D), mask (B, 1, 1, S) -> (R, 1, C)."""
+        q = split_heads(self.q_proj(h), self.heads, self.head_dim)          # (R, H, 1, D)
+        n = q.shape[0] // k.shape[0]
+        if n > 1:
+            q = q.unflatten(0, (k.shape[0], n)).transpose(1, 2).flatten(2, 3)  # (B, H, n, D)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False, scale=self.scale,
+            enable_gqa=self.grouped)
+        if n > 1:
+            out = out.unflatten(2, (n, 1)).transpose(1, 2).flatten(0, 1)    # (R, H, 1, D)
+        return self.out_proj(merge_heads(out))
+
+
+class _LayerStep(nn.Module):
+    """DecoderLayer.forward for one new token per row, in eval mode (no dropout)."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.norm_first = layer.norm_first
+        self.norm1, self.norm2, self.norm3 = layer.norm1, layer.norm2, layer.norm3
+        self.self_attention = _SelfAttention(layer.self_attn)
+        self.cross_attention = None if layer.cross_attn is None else \
+            _CrossAttention(layer.cross_attn)
+        ffn = layer.ffn
+        self.linear1, self.activation, self.linear2 = ffn.linear1, ffn.activation, ffn.linear2
+
+    def forward(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
+                self_mask: Optional[Tensor], memory_k: Tensor, memory_v: Tensor,
+                cross_mask: Optional[Tensor]) -> Tensor:
+        """x (R, 1, C) -> (R, 1, C); memory_k and memory_v are empty without cross-attention."""
+        if self.norm_first:
+            x = x + self.self_attention(self.norm1(x), k_cache, v_cache, length, self_mask)
+            if self.cross_attention is not None and self.norm2 is not None:
+                x = x + self.cross_attention(self.norm2(x), memory_k, memory_v, cross_mask)
+            return x + self.linear2(self.activation(self.linear1(self.norm3(x))))
+        x = self.norm1(x + self.self_attention(x, k_cache, v_cache, length, self_mask))
+        if self.cross_attention is not None and self.norm2 is not None:
+            x = self.norm2(x + self.cross_attention(x, memory_k, memory_v, cross_mask))
+        return self.norm3(x + self.linear2(self.activation(self.linear1(x))))
+
+
+class StepLayers(nn.Module):
+    """The decoder's layers and final norm for one new token per row over KV caches; the
+    modules it holds are the decoder's own (no weight is copied)."""
 
     def __init__(self, decoder: nn.Module):
+        super().__init__()
+        self.layers = nn.ModuleList(_LayerStep(layer) for layer in decoder.layers)
+        self.final_norm = decoder.final_norm
+
+    def forward(self, x: Tensor, k_caches: List[Tensor], v_caches: List[Tensor], length: int,
+                self_mask: Optional[Tensor], memory_k: List[Tensor], memory_v: List[Tensor],
+                cross_mask: Optional[Tensor]) -> Tensor:
+        """x (R, 1, C) embedded tokens, per layer its caches (R, Hkv, T, D) holding `length`
+        slots and its sources' keys and values (B, Hkv, S, D) (empty tensors without
+        cross-attention) -> hidden states (R, 1, C); every cache takes slot `length`."""
+        for i, layer in enumerate(self.layers):
+            x = layer(x, k_caches[i], v_caches[i], length, self_mask, memory_k[i], memory_v[i],
+                      cross_mask)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x
+
+
+def compiled(module: nn.Module) -> nn.Module:
+    """`module` compiled by TorchScript, or as it is where TorchScript is missing or cannot
+    compile it (the same code then runs as Python). TorchScript's deprecation warning is
+    kept out of the caller's warnings."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.script(module)
+    except Exception:  # noqa: BLE001  any failure to compile leaves the Python code
+        return module
+
+
+class DecoderStep:
+    """Decoder.forward for one new token per row over KV caches (see the module note).
+    Built by decoding copies (model/packed.py) for decoders it supports (`build`); the
+    layers are compiled on the first step (`script=False` keeps them Python)."""
+
+    def __init__(self, decoder: nn.Module, script: bool = True):
         self.decoder = decoder
-        first = decoder.layers[0].self_attn
-        self.heads, self.kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, \
-            first.head_dim
-        self.scale = 1.0 / math.sqrt(self.head_dim)
-        self.sizes = [self.heads * self.head_dim, *[self.kv_heads * self.head_dim] * 2]
+        self.layers: nn.Module = StepLayers(decoder)
+        self.script = script
+        self._compiled = not script
+        self._compiling = threading.Lock()
+        self._no_memory = torch.zeros(0)
 
     @classmethod
-    def build(cls, decoder: nn.Module) -> "DecoderStep | None":
-        return cls(decoder) if _supported(decoder) else None
+    def build(cls, decoder: nn.Module, script: bool = True) -> "DecoderStep | None":
+        return cls(decoder, script) if _supported(decoder) else None
+
+    @property
+    def is_scripted(self) -> bool:
+        """Whether the layers run compiled (known after the first step)."""
+        return isinstance(self.layers, torch.jit.ScriptModule)
 
     def covers(self, tgt: Tensor, caches: list | None) -> bool:
         """Whether this call is one DecoderStep runs: one token per row on a CPU, plain
@@ -71,55 +202,32 @@ class DecoderStep:
         """tgt (R, 1), each layer's cross-attention keys and values (B, Hkv, S, D) with
         memory_mask (B, 1, 1, S), tgt_mask over every cached key and the new one, caches,
         positions (R, 1) or None -> hidden states (R, 1, C), as Decoder.forward."""
-        decoder = self.decoder
-        x = decoder.embed.forward(tgt, caches[0].length, positions)        # (R, 1, C)
-        self_mask = None if tgt_mask is None else masks.four_d(tgt_mask)
-        cross_mask = None if memory_mask is None else masks.four_d(memory_mask)
-        for i, layer in enumerate(decoder.layers):
-            kv = None if memory_kv is None else memory_kv[i]
-            if layer.norm_first:
-                x = x + self._self_attention(layer, layer.norm1.forward(x), caches[i], self_mask)
-                if layer.cross_attn is not None:
-                    x = x + self._cross_attention(layer, layer.norm2.forward(x), kv, cross_mask)
-                x = x + _feed_forward(layer.ffn, layer.norm3.forward(x))
-            else:
-                x = layer.norm1.forward(x + self._self_attention(layer, x, caches[i], self_mask))
-                if layer.cross_attn is not None:
-                    x = layer.norm2.forward(x + self._cross_attention(layer, x, kv, cross_mask))
-                x = layer.norm3.forward(x + _feed_forward(layer.ffn, x))
-        return x if decoder.final_norm is None else decoder.final_norm.forward(x)
-
-    def _self_attention(self, layer: nn.Module, h: Tensor, cache: KVCache,
-                        mask: Tensor | None) -> Tensor:
-        """h (R, 1, C) -> the self-attention sub-layer's output (R, 1, C); the cache
-        takes this step's keys and values."""
-        attn = layer.self_attn
-        q, k, v = attn.qkv_proj.forward(h).split(self.sizes, -1)
-        keys, values = cache.update(attn._split(k, self.kv_heads), attn._split(v, self.kv_heads))
-        out = F.scaled_dot_product_attention(
-            attn._split(q, self.heads), keys, values, attn_mask=mask, dropout_p=0.0,
-            is_causal=False, scale=self.scale, enable_gqa=self.kv_heads != self.heads)
-        return attn.out_proj.forward(out.transpose(1, 2).flatten(2))
-
-    def _cross_attention(self, layer: nn.Module, h: Tensor, kv: tuple[Tensor, Tensor],
-                         mask: Tensor | None) -> Tensor:
-        """h (R, 1, C) against the sources' keys and values (B, Hkv, S, D); the n = R / B
-        rows of a source (its beams) are folded into one sequence of n queries, as
-        MultiHeadAttention._cross_attention does -> (R, 1, C)."""
-        attn, (k, v) = layer.cross_attn, kv
-        q = attn._split(attn.q_proj.forward(h), self.heads)                 # (R, H, 1, D)
-        rows, sources = q.shape[0], k.shape[0]
-        n = rows // sources
-        if n > 1:
-            q = q.unflatten(0, (sources, n)).transpose(1, 2).flatten(2, 3)  # (B, H, n, D)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False, scale=self.scale,
-            enable_gqa=self.kv_heads != self.heads)
-        if n > 1:
-            out = out.unflatten(2, (n, 1)).transpose(1, 2).flatten(0, 1)    # (R, H, 1, D)
-        return attn.out_proj.forward(out.transpose(1, 2).flatten(2))
+        if not self._compiled:
+            with self._compiling:               # decoding workers may share this copy
+                if not self._compiled:
+                    self.layers, self._compiled = compiled(self.layers), True
+        length = caches[0].length
+        _check_room(caches, length)
+        x = self.decoder.embed.forward(tgt, length, positions)             # (R, 1, C)
+        none = [self._no_memory] * len(caches)
+        memory_k = none if memory_kv is None else [k for k, _ in memory_kv]
+        memory_v = none if memory_kv is None else [v for _, v in memory_kv]
+        hidden = self.layers(x, [cache.k for cache in caches], [cache.v for cache in caches],
+                             length, None if tgt_mask is None else masks.four_d(tgt_mask),
+                             memory_k, memory_v,
+                             None if memory_mask is None else masks.four_d(memory_mask))
+        for cache in caches:
+            cache.length = length + 1
+        return hidden
 
 
-def _feed_forward(ffn: nn.Module, h: Tensor) -> Tensor:
-    return ffn.linear2.forward(ffn.activation.forward(ffn.linear1.forward(h)))
-
+def _check_room(caches: list[KVCache], length: int) -> None:
+    """The error KVCache.update gives when a cache has no slot left for this step."""
+    for cache in caches:
+        if cache.length != length or cache.k.shape[0] != caches[0].k.shape[0]:
+            raise ValueError(f"the decoder's caches disagree: {cache.length} cached, "
+                             f"{tuple(cache.k.shape)}, against {length}, "
+                             f"{tuple(caches[0].k.shape)}")
+        if length + 1 > cache.max_len:
+            raise ValueError(f"KV cache full: {length} cached + 1 new > max_len "
+                             f"{cache.max_len}")

@@ -22,12 +22,20 @@ a small model, the feed-forward products too from d_model 512 and d_ff 2048 on.
 
 from __future__ import annotations
 
+from typing import List, Optional, Tuple, Union
+
 import torch
 from torch import Tensor, nn
 
 # Products with fewer weights stay float32 (see above).
 MIN_INT8_WEIGHTS = 1 << 20
 _ZERO_POINT = 128
+
+
+def no_scalars() -> List[Optional[Union[int, float, complex]]]:
+    """The empty `scalars` argument of oneDNN's fused Linear ops, typed for TorchScript
+    (which would type a bare [] as a list of tensors)."""
+    return torch.jit.annotate(List[Optional[Union[int, float, complex]]], [])
 
 
 def int8_available() -> bool:
@@ -54,13 +62,15 @@ def quantize_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
     return values, scales
 
 
-def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+def quantize_rows(x: Tensor) -> Tuple[Tensor, Tensor]:
     """x (N, in) float32 -> uint8 (N, in) with zero point 128, and each row's scale
     (N, 1): x ~= (values - 128) * scale."""
-    # abs().amax(): vector_norm(inf) gives the same 5-20x slower on CPU.
-    scale = x.abs().amax(dim=1, keepdim=True).clamp_min_(torch.finfo(torch.float32).tiny)
+    # abs().amax(): vector_norm(inf) gives the same 5-20x slower on CPU. Literals, not
+    # globals, as TorchScript compiles this: float32's smallest normal number, and
+    # _ZERO_POINT.
+    scale = x.abs().amax(dim=1, keepdim=True).clamp_min_(1.1754943508222875e-38)
     scale = scale.div_(127.0)
-    values = torch.div(x, scale).round_().add_(_ZERO_POINT).to(torch.uint8)
+    values = torch.div(x, scale).round_().add_(128).to(torch.uint8)
     return values, scale
 
 
@@ -75,7 +85,7 @@ class Int8Linear(nn.Module):
         if activation not in ("none", "relu"):
             raise ValueError(f"activation {activation!r}: Int8Linear applies none or relu")
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.activation = activation
+        self.activation, self.zero_point = activation, _ZERO_POINT
         values, scales = quantize_weight(linear.weight)
         self.register_buffer("packed_weight", torch.ops.onednn.qlinear_prepack(values, None),
                              persistent=False)
@@ -89,13 +99,14 @@ class Int8Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)                              # (N, in)
         values, scale = quantize_rows(rows)
         products = torch.ops.onednn.qlinear_pointwise(
-            values, 1.0, _ZERO_POINT, self.packed_weight, self.weight_scale,
-            self.weight_zero_point, None, 1.0, 0, torch.float32, "none", [], "")
-        out = products.mul_(scale) if self.bias is None else \
-            torch.addcmul(self.bias, products, scale)                       # (N, out)
+            values, 1.0, self.zero_point, self.packed_weight, self.weight_scale,
+            self.weight_zero_point, None, 1.0, 0, torch.float32, "none", no_scalars(), "")
+        bias = self.bias
+        out = products.mul_(scale) if bias is None else \
+            torch.addcmul(bias, products, scale)                            # (N, out)
         if self.activation == "relu":
             out.relu_()
-        return out.view(*x.shape[:-1], self.out_features)
+        return out.view(list(x.shape[:-1]) + [self.out_features])
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, " \

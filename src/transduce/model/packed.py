@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from transduce.attention.multihead import MultiHeadAttention
 from transduce.model.decoder_step import DecoderStep
-from transduce.model.int8 import Int8Linear, int8_available, worth_int8
+from transduce.model.int8 import Int8Linear, int8_available, no_scalars, worth_int8
 from transduce.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from transduce.model.transformer import Decoder
 
@@ -55,7 +55,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias,
-                                                  self.activation, [], "")
+                                                  self.activation, no_scalars(), "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, " \
