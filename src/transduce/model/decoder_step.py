@@ -6,10 +6,10 @@ costs interpreter and dispatch time around a kernel of a few microseconds, and t
 modules add their own (nn.Module's call machinery, attention's input checks and kernel
 choice, the cache's shape checks). StepLayers runs the decoder layers' operators in the
 modules' order with none of that, and TorchScript runs them from its own interpreter:
-no Python between operators, and the interpreter's lock released for the whole step, so
-two decoding workers' steps overlap. The kernels are the modules' own, called in the
-same order: the logits are bit-identical (tested, compiled and not). Where TorchScript
-is missing or cannot compile a step, the same code runs as Python.
+no Python between operators. The kernels are the modules' own, called in the same
+order: the logits are bit-identical (tested, compiled and not). Where TorchScript is
+missing or cannot compile a step, the same code runs as Python. (Whether two decoding
+workers' compiled steps overlap better than their Python ones is not measured yet.)
 
 It covers the common case (softmax attention over plain KV caches, additive or no
 positions, PyTorch's fused attention kernel) and leaves every other step to the
@@ -118,6 +118,7 @@ class _LayerStep(nn.Module):
                 self_mask: Optional[Tensor], memory_k: Tensor, memory_v: Tensor,
                 cross_mask: Optional[Tensor]) -> Tensor:
         """x (R, 1, C) -> (R, 1, C); memory_k and memory_v are empty without cross-attention."""
+        # norm2 is None exactly when cross_attention is; TorchScript needs both tested.
         if self.norm_first:
             x = x + self.self_attention(self.norm1(x), k_cache, v_cache, length, self_mask)
             if self.cross_attention is not None and self.norm2 is not None:
@@ -172,8 +173,7 @@ class DecoderStep:
     def __init__(self, decoder: nn.Module, script: bool = True):
         self.decoder = decoder
         self.layers: nn.Module = StepLayers(decoder)
-        self.script = script
-        self._compiled = not script
+        self._compiled = not script          # True: nothing left to compile
         self._compiling = threading.Lock()
         self._no_memory = torch.zeros(0)
 
@@ -222,7 +222,8 @@ class DecoderStep:
 
 
 def _check_room(caches: list[KVCache], length: int) -> None:
-    """The error KVCache.update gives when a cache has no slot left for this step."""
+    """KVCache.update's refusal of a step with no slot left, checked before the compiled
+    layers write every cache at slot `length` (so all must hold that many)."""
     for cache in caches:
         if cache.length != length or cache.k.shape[0] != caches[0].k.shape[0]:
             raise ValueError(f"the decoder's caches disagree: {cache.length} cached, "
