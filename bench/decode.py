@@ -2,16 +2,15 @@
 
 For beam 4 and greedy (beam 1) it translates the whole split with our decoder (float32,
 the bfloat16 copy that `--dtype bfloat16` decodes with, and `--dtype int8`'s copy with
-int8 products, model/int8.py), with the same weights exported to Hugging Face Marian
-and run by `generate` (float32), and exported to CTranslate2 (float32 and int8, each run
+int8 products, model/int8.py), with the same weights exported to Hugging Face (Marian
+for a post-norm model, Pegasus for a pre-norm one) and run by `generate` (float32), and exported to CTranslate2 (float32 and int8, each run
 in a child process that times itself, see CTranslate2Model), and exported to ONNX and
 run by ONNX Runtime behind our own searches (float32 and int8 weights, `transduce export
 onnx`), and ours (float32, int8) and CTranslate2 float32 with two batches decoded side
 by side on one thread each ("2 workers"), all in batches of --batch-sentences lines
 sorted by length, interleaving everything over --repeats rounds. It reports
-sentences/s (median), the ratio to Hugging Face at the same beam (to CTranslate2
-float32 for a model Marian cannot hold, such as a pre-norm one: that decoder is then
-left out), and sacreBLEU. Writes JSON with the machine's description.
+sentences/s (median), the ratios to Hugging Face and to CTranslate2 float32 at the same
+beam (where they ran: a format that cannot hold the model is left out), and sacreBLEU. Writes JSON with the machine's description.
 
     python bench/decode.py --model runs/small/average --data data/bible [--split test]
 
@@ -116,20 +115,21 @@ def ct2_worker(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": time.perf_counter() - start, "hypotheses": hypotheses}))
 
 
-class HuggingFaceMarian:
-    """Our checkpoint exported to Marian, translated with transformers' generate."""
+class HuggingFaceGenerate:
+    """Our checkpoint exported to transformers (Marian or Pegasus), translated with its
+    generate."""
 
     def __init__(self, model_path: Path, export_dir: Path):
         import warnings
 
-        from transformers import MarianMTModel
+        from transformers import AutoModelForSeq2SeqLM
 
         from transduce.export import export_hf
 
         export_hf(model_path, export_dir)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.model = MarianMTModel.from_pretrained(export_dir).eval()
+            self.model = AutoModelForSeq2SeqLM.from_pretrained(export_dir).eval()
         self.tokenizer = Tokenizer(export_dir / "source.spm")
 
     def translate(self, lines: list[str], beam: int, batch_sentences: int, **_) -> list[str]:
@@ -155,7 +155,7 @@ def load_decoder(name: str, model: Path, exports: Path, threads: int):
     if name.startswith("ours"):
         return Translator.load(model, dtype=name.split()[1], workers=workers)
     if name == "hf generate":
-        return HuggingFaceMarian(model, exports / "hf")
+        return HuggingFaceGenerate(model, exports / "hf")
     if name.startswith("ct2"):
         quantization = None if name == "ct2 float32" else "int8"
         return CTranslate2Model(model, exports / name.replace(" ", "-"), quantization, threads,
@@ -178,8 +178,8 @@ def main() -> None:
                         help="only the split's first N lines (0: all; for --batch-sentences 1)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=DECODERS,
-                        help="which to run (default: all); the ratios are to hf generate, "
-                             "to ct2 float32 when the model has no Marian form (pre-norm)")
+                        help="which to run (default: all); the ratios are to hf generate "
+                             "and to ct2 float32, where they ran")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "decode-cpu.json")
     parser.add_argument("--ct2-worker", type=Path, help=argparse.SUPPRESS)
@@ -207,7 +207,7 @@ def main() -> None:
             translators[name] = load_decoder(name, args.model, exports, args.threads)
         except ExportError as error:      # a format that cannot hold this model
             print(f"{name}: left out ({error})")
-    base = next((d for d in ("hf generate", "ct2 float32") if d in translators), None)
+    bases = [d for d in ("hf generate", "ct2 float32") if d in translators]
     settings = [(decoder, beam) for beam in (4, 1) for decoder in translators]
     for name, translator in translators.items():  # warm-up (the worker warms up itself)
         if not name.startswith("ct2"):
@@ -229,15 +229,17 @@ def main() -> None:
                   f"{len(sources) / elapsed:.1f} sentences/s", flush=True)
 
     rows = []
-    print(f"\n{'setting':24} {'sentences/s':>12} {'vs ' + str(base):>15} {'BLEU':>6}")
+    print(f"\n{'setting':34} {'sentences/s':>12}" + "".join(f" {'vs ' + b:>15}" for b in bases)
+          + f" {'BLEU':>6}")
     for decoder, beam in settings:
         rate = len(sources) / statistics.median(seconds[(decoder, beam)])
-        baseline = len(sources) / statistics.median(seconds[(base, beam)]) if base else rate
+        ratios = {b: rate * statistics.median(seconds[(b, beam)]) / len(sources) for b in bases}
         rows.append({"decoder": decoder, "beam": beam, "sentences_per_second": rate,
-                     "ratio_base": base, "ratio": rate / baseline, "bleu": bleu[(decoder, beam)],
+                     "ratios": ratios, "bleu": bleu[(decoder, beam)],
                      "seconds": seconds[(decoder, beam)]})
-        print(f"{decoder + ', beam ' + str(beam):24} {rate:>12.1f} {rate / baseline:>14.2f}x "
-              f"{bleu[(decoder, beam)]:>6.2f}")
+        print(f"{decoder + ', beam ' + str(beam):34} {rate:>12.1f}"
+              + "".join(f" {ratio:>14.2f}x" for ratio in ratios.values())
+              + f" {bleu[(decoder, beam)]:>6.2f}")
     result = {"benchmark": "decode", "model": str(args.model), "split": args.split,
               "sentences": len(sources), "batch_sentences": args.batch_sentences,
               "machine": machine_info(args.threads), "rows": rows}

@@ -46,7 +46,7 @@ from transduce.config import preset  # noqa: E402
 from transduce.data.batching import TokenBatcher  # noqa: E402
 from transduce.data.dataset import load_split  # noqa: E402
 from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer  # noqa: E402
-from transduce.export.marian import marian_config  # noqa: E402
+from transduce.export.hf import hf_config  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.runtime import BFLOAT16_FLAGS, cpu_flags, keep_freed_memory, training_dtype  # noqa: E402
 from transduce.train.flops import matmul_peak, training_flops  # noqa: E402
@@ -72,7 +72,7 @@ def build(peer: str, vocab_size: int, ours_dtype: torch.dtype | None):
     else:
         from transformers import MarianConfig, MarianMTModel
 
-        values = {**marian_config(ours), "dropout": 0.1}
+        values = {**hf_config(ours), "dropout": 0.1}
         model = MarianMTModel(MarianConfig(**values)).train()
 
         def loss_of(batch):

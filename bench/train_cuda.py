@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_cuda import gpu_info  # noqa: E402
 from transduce.config import preset  # noqa: E402
 from transduce.data.tokenizer import PAD_ID  # noqa: E402
-from transduce.export.marian import marian_config  # noqa: E402
+from transduce.export.hf import hf_config  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.train.flops import matmul_peak, training_flops  # noqa: E402
 from transduce.train.loss import projected_label_smoothed_nll  # noqa: E402
@@ -65,7 +65,7 @@ def build(peer: str, preset_name: str, vocab: int):
     else:
         from transformers import MarianConfig, MarianMTModel
 
-        model = MarianMTModel(MarianConfig(**marian_config(ours))).cuda().train()
+        model = MarianMTModel(MarianConfig(**hf_config(ours))).cuda().train()
 
         def loss_of(batch):
             logits = model(input_ids=batch.src, attention_mask=(batch.src != PAD_ID).long(),

@@ -1,4 +1,5 @@
-"""The Marian export computes exactly what our model computes."""
+"""The Hugging Face export (Marian for post-norm, Pegasus for pre-norm models) computes
+exactly what our model computes."""
 
 import warnings
 
@@ -10,7 +11,7 @@ from transduce.cli import main
 from transduce.config import preset
 from transduce.data.tokenizer import BOS_ID, EOS_ID, MODEL_NAME, PAD_ID
 from transduce.decode.search import beam_search, greedy_search
-from transduce.export import ExportError, export_hf, marian_permutation
+from transduce.export import ExportError, export_hf, sines_first_permutation
 from transduce.model import Transformer
 from transduce.model.positional import sinusoidal_table
 
@@ -36,53 +37,63 @@ def sources():
     return src
 
 
-@pytest.fixture
-def exported(tmp_path, tiny_corpus):
-    model, path = saved_model(tmp_path, tiny_corpus)
+LAYOUTS = {"marian": {}, "pegasus": {"norm_first": True},
+           "pegasus-gelu-unscaled": {"norm_first": True, "activation": "gelu-tanh",
+                                     "scale_embeddings": False}}
+
+
+@pytest.fixture(params=list(LAYOUTS))
+def exported(request, tmp_path, tiny_corpus):
+    model, path = saved_model(tmp_path, tiny_corpus, **LAYOUTS[request.param])
     out = export_hf(path, tmp_path / "hf")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        marian = transformers.MarianMTModel.from_pretrained(out).eval()
-    return model, marian, out
+        theirs = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    expected = "Pegasus" if model.config.norm_first else "Marian"
+    assert type(theirs).__name__.startswith(expected)
+    return model, theirs, out
 
 
-def test_permutation_maps_our_table_onto_marians():
+@pytest.mark.parametrize("table", ["marian", "pegasus"])
+def test_permutation_maps_our_table_onto_theirs(table):
     d = 16
     ours = sinusoidal_table(30, d)
-    marian = transformers.models.marian.modeling_marian.MarianSinusoidalPositionalEmbedding(30, d)
-    torch.testing.assert_close(ours[:, marian_permutation(d)], marian.create_weight(),
+    module = getattr(transformers.models, table)
+    kind = getattr(getattr(module, f"modeling_{table}"),
+                   f"{table.capitalize()}SinusoidalPositionalEmbedding")
+    torch.testing.assert_close(ours[:, sines_first_permutation(d)], kind(30, d).create_weight(),
                                rtol=0, atol=1e-6)
 
 
 def test_logits_match(exported):
-    model, marian, _ = exported
+    model, theirs, _ = exported
     src = sources()
     tgt = torch.randint(4, 300, (4, 7))
     tgt[:, 0] = BOS_ID
     with torch.no_grad():
         ours = model(src, tgt)
-        theirs = marian(input_ids=src, attention_mask=(src != PAD_ID).long(),
+        logits = theirs(input_ids=src, attention_mask=(src != PAD_ID).long(),
                         decoder_input_ids=tgt).logits
-    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits, ours, rtol=1e-4, atol=1e-4)
 
 
-def generate(marian, src, **options):
+def generate(theirs, src, **options):
     with torch.no_grad():
-        out = marian.generate(input_ids=src, attention_mask=(src != PAD_ID).long(),
+        out = theirs.generate(input_ids=src, attention_mask=(src != PAD_ID).long(),
                               max_new_tokens=12, **options)
     return [[t for t in row.tolist()[1:] if t not in (PAD_ID, EOS_ID)] for row in out]
 
 
 def test_greedy_and_beam_outputs_are_identical(exported):
-    model, marian, _ = exported
+    model, theirs, _ = exported
     src = sources()
     ours_greedy = greedy_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, max_len=12)
     ours_greedy = [[t for t in row.tolist() if t not in (PAD_ID, EOS_ID)] for row in ours_greedy]
-    assert generate(marian, src, num_beams=1, do_sample=False) == ours_greedy
+    assert generate(theirs, src, num_beams=1, do_sample=False) == ours_greedy
     # Without a length penalty both rank finished hypotheses by log-probability.
     ours_beam = [hyps[0].tokens for hyps in beam_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID,
                                                           beam=4, alpha=0.0, max_len=12)]
-    assert generate(marian, src, num_beams=4, length_penalty=0.0, early_stopping=True,
+    assert generate(theirs, src, num_beams=4, length_penalty=0.0, early_stopping=True,
                     do_sample=False) == ours_beam
 
 
@@ -90,7 +101,7 @@ def test_tokenizer_files_give_our_ids(exported, tiny_corpus):
     from transduce.data.tokenizer import Tokenizer
 
     _, _, out = exported
-    theirs = transformers.MarianTokenizer.from_pretrained(out)
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
     ours = Tokenizer(tiny_corpus / MODEL_NAME)
     text = "el perro come uno dos"
     assert theirs(text)["input_ids"] == ours.encode([text])[0] + [EOS_ID]
@@ -102,6 +113,13 @@ def test_unexportable_models_are_refused_naming_the_feature(tmp_path, tiny_corpu
         export_hf(path, tmp_path / "hf")
     assert main(["export", "hf", str(path), str(tmp_path / "hf2")]) == 1
     assert "cannot export to Marian" in capsys.readouterr().err
+
+
+def test_pre_norm_models_are_refused_as_pegasus_naming_the_feature(tmp_path, tiny_corpus):
+    _, path = saved_model(tmp_path, tiny_corpus, norm_first=True, layer_norm_eps=1e-6)
+    with pytest.raises(ExportError, match=r"cannot export to Pegasus: layer_norm_eps=1e-06"):
+        export_hf(path, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
 
 
 ctranslate2 = pytest.importorskip("ctranslate2")

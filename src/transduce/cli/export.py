@@ -11,7 +11,8 @@ CT2_QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")
 def register(commands) -> None:
     export = commands.add_parser("export", help="write a checkpoint in another toolkit's format")
     formats = export.add_subparsers(dest="format", required=True)
-    hf = formats.add_parser("hf", help="Hugging Face Marian (MarianMTModel)")
+    hf = formats.add_parser("hf", help="Hugging Face transformers: Marian (post-norm) or "
+                                     "Pegasus (pre-norm)")
     hf.add_argument("model", type=Path, help="checkpoint or run directory")
     hf.add_argument("out", type=Path, help="directory to write")
     hf.set_defaults(handler=export_hf)
@@ -31,11 +32,12 @@ def register(commands) -> None:
 
 
 def export_hf(args: argparse.Namespace) -> int:
-    """Write a checkpoint in the Hugging Face Marian format."""
+    """Write a checkpoint as a Hugging Face Marian or Pegasus model."""
     from transduce.export import export_hf as write
 
     out = write(args.model, args.out)
-    print(f"wrote {out} (load it with transformers.MarianMTModel.from_pretrained)")
+    print(f"wrote {out} (load it with transformers.AutoModelForSeq2SeqLM.from_pretrained and "
+          f"AutoTokenizer.from_pretrained)")
     return 0
 
 

@@ -1,9 +1,9 @@
-"""Writing a checkpoint in other toolkits' formats: Hugging Face Marian (marian.py),
+"""Writing a checkpoint in other toolkits' formats: Hugging Face Marian or Pegasus (hf.py),
 CTranslate2 (ctranslate2.py) and ONNX (onnx.py, imported on use). Each computes what our
 model computes, and refuses, with the reason, a model it cannot express."""
 
 from transduce.export.common import ExportError
 from transduce.export.ctranslate2 import export_ctranslate2
-from transduce.export.marian import export_hf, marian_permutation
+from transduce.export.hf import export_hf, sines_first_permutation
 
-__all__ = ["ExportError", "export_hf", "export_ctranslate2", "marian_permutation"]
+__all__ = ["ExportError", "export_hf", "export_ctranslate2", "sines_first_permutation"]

@@ -1,0 +1,200 @@
+"""Export to Hugging Face transformers (config, safetensors, SentencePiece files): a
+post-norm model as Marian (`MarianMTModel`), a pre-norm one as Pegasus
+(`PegasusForConditionalGeneration`).
+
+Marian is the paper's architecture (post-norm, sinusoidal positions, embeddings scaled by
+sqrt(d_model), one shared vocabulary). Pegasus is the same with pre-norm layers and a
+final LayerNorm after each stack, which is exactly our `norm_first` layout; its
+sinusoids have the paper's frequencies and start at position 0, as ours. Both put all
+the sines of their table first and all the cosines second, where the paper (and we)
+interleave them. The export therefore permutes the model dimension of every weight that
+touches the residual stream (embeddings, projection inputs and outputs, layer norms):
+LayerNorm, attention and the feed-forward network are all equivariant to that
+permutation, so the exported model computes exactly the same function.
+
+The decoder starts from our bos token. Both read the tokenizer files of MarianTokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from transduce import atomic, checkpoint
+from transduce.config import ModelConfig
+from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from transduce.export.common import ExportError, not_a_plain_transformer
+from transduce.model import Transformer, load_model
+
+# Our activations under transformers' names (ACT2FN).
+HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_pytorch_tanh"}
+HF_LAYER_NORM_EPS = 1e-5          # both build nn.LayerNorm with its default eps
+
+
+class Family(NamedTuple):
+    name: str
+    model_class: str       # transformers' class names
+    config_class: str
+    model_type: str
+
+
+MARIAN = Family("Marian", "MarianMTModel", "MarianConfig", "marian")
+PEGASUS = Family("Pegasus", "PegasusForConditionalGeneration", "PegasusConfig", "pegasus")
+
+
+def hf_family(config: ModelConfig) -> Family:
+    """The transformers model that holds this layout: Pegasus for pre-norm, else Marian."""
+    return PEGASUS if config.norm_first else MARIAN
+
+
+def sines_first_permutation(d_model: int) -> Tensor:
+    """Our dimension 2i (sin) -> their i; our 2i + 1 (cos) -> their d/2 + i.
+    Returns perm with their_vector = our_vector[perm]."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def check_exportable(model: Transformer) -> None:
+    c = model.config
+    problems = not_a_plain_transformer(c)
+    if c.tie_embeddings != "all":
+        problems.append(f"tie_embeddings={c.tie_embeddings!r} (the format shares one matrix: "
+                        "'all')")
+    if c.positional != "sinusoidal":
+        problems.append(f"positional={c.positional!r} (the format has sinusoidal positions)")
+    if c.kv_heads != c.num_heads:
+        problems.append(f"num_kv_heads={c.num_kv_heads} (the format has full multi-head "
+                        "attention)")
+    if not c.bias:
+        problems.append("bias=False (the format's projections have biases)")
+    if c.d_model % 2:
+        problems.append(f"d_model={c.d_model} is odd")
+    if c.activation not in HF_ACTIVATIONS:
+        problems.append(f"activation={c.activation!r} (not one of {sorted(HF_ACTIVATIONS)})")
+    if c.layer_norm_eps != HF_LAYER_NORM_EPS:
+        problems.append(f"layer_norm_eps={c.layer_norm_eps} (the format's is "
+                        f"{HF_LAYER_NORM_EPS})")
+    if problems:
+        raise ExportError(f"cannot export to {hf_family(c).name}: " + "; ".join(problems))
+
+
+def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
+    """Our weights under Marian's / Pegasus's names, with the model dimension permuted."""
+    perm = sines_first_permutation(model.config.d_model)
+    state: dict[str, Tensor] = {}
+
+    def reads_residual(name: str, linear) -> None:      # input dimension is d_model
+        state[name + ".weight"] = linear.weight[:, perm]
+        state[name + ".bias"] = linear.bias
+
+    def writes_residual(name: str, linear) -> None:     # output dimension is d_model
+        state[name + ".weight"] = linear.weight[perm, :]
+        state[name + ".bias"] = linear.bias[perm]
+
+    def norm(name: str, layer_norm) -> None:
+        state[name + ".weight"] = layer_norm.weight[perm]
+        state[name + ".bias"] = layer_norm.bias[perm]
+
+    def attention(name: str, attn) -> None:
+        for projection in ("q_proj", "k_proj", "v_proj"):
+            reads_residual(f"{name}.{projection}", getattr(attn, projection))
+        writes_residual(f"{name}.out_proj", attn.out_proj)
+
+    shared = model.encoder.embed.embedding.weight[:, perm]
+    for key in ("model.shared.weight", "model.encoder.embed_tokens.weight",
+                "model.decoder.embed_tokens.weight", "lm_head.weight"):
+        state[key] = shared
+    for i, layer in enumerate(model.encoder.layers):
+        prefix = f"model.encoder.layers.{i}"
+        attention(f"{prefix}.self_attn", layer.self_attn)
+        norm(f"{prefix}.self_attn_layer_norm", layer.norm1)
+        reads_residual(f"{prefix}.fc1", layer.ffn.linear1)
+        writes_residual(f"{prefix}.fc2", layer.ffn.linear2)
+        norm(f"{prefix}.final_layer_norm", layer.norm2)
+    for i, layer in enumerate(model.decoder.layers):
+        prefix = f"model.decoder.layers.{i}"
+        attention(f"{prefix}.self_attn", layer.self_attn)
+        norm(f"{prefix}.self_attn_layer_norm", layer.norm1)
+        attention(f"{prefix}.encoder_attn", layer.cross_attn)
+        norm(f"{prefix}.encoder_attn_layer_norm", layer.norm2)
+        reads_residual(f"{prefix}.fc1", layer.ffn.linear1)
+        writes_residual(f"{prefix}.fc2", layer.ffn.linear2)
+        norm(f"{prefix}.final_layer_norm", layer.norm3)
+    for stack in ("encoder", "decoder"):      # pre-norm: each stack ends with a LayerNorm
+        final_norm = getattr(model, stack).final_norm
+        if final_norm is not None:
+            norm(f"model.{stack}.layer_norm", final_norm)
+    return {name: tensor.detach().clone().contiguous() for name, tensor in state.items()}
+
+
+def hf_config(model: Transformer) -> dict:
+    """The config of the transformers model that holds this one (hf_family)."""
+    c = model.config
+    family = hf_family(c)
+    values = {
+        "architectures": [family.model_class], "model_type": family.model_type,
+        "vocab_size": c.tgt_vocab_size,
+        "d_model": c.d_model, "encoder_layers": c.num_encoder_layers,
+        "decoder_layers": c.num_decoder_layers, "encoder_attention_heads": c.num_heads,
+        "decoder_attention_heads": c.num_heads, "encoder_ffn_dim": c.d_ff,
+        "decoder_ffn_dim": c.d_ff, "activation_function": HF_ACTIVATIONS[c.activation],
+        "max_position_embeddings": c.max_positions, "scale_embedding": c.scale_embeddings,
+        "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0,
+        "pad_token_id": PAD_ID, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
+        "decoder_start_token_id": BOS_ID,
+        "forced_eos_token_id": None,  # the configs' defaults would force a token at the limit
+        "tie_word_embeddings": True, "is_encoder_decoder": True, "init_std": 0.02,
+    }
+    if family is MARIAN:
+        values.update(decoder_vocab_size=c.tgt_vocab_size,
+                      share_encoder_decoder_embeddings=True)
+    return values
+
+
+def hf_model(model: Transformer):
+    """A transformers model holding our weights (in eval mode)."""
+    import transformers
+
+    check_exportable(model)
+    family = hf_family(model.config)
+    config = getattr(transformers, family.config_class)(**hf_config(model))
+    theirs = getattr(transformers, family.model_class)(config).eval()
+    missing, unexpected = theirs.load_state_dict(hf_state_dict(model), strict=False)
+    left = [name for name in missing if "embed_positions" not in name
+            and name != "final_logits_bias"]
+    if left or unexpected:
+        raise ExportError(f"{family.name} weights not set: {left[:5]}; unknown: "
+                          f"{unexpected[:5]}")
+    with torch.no_grad():
+        theirs.final_logits_bias.zero_()
+    return theirs
+
+
+def export_hf(path: Path, out: Path) -> Path:
+    """Write OUT/ with config.json, model.safetensors, source.spm, target.spm, vocab.json
+    and tokenizer_config.json; loadable with transformers' Auto classes
+    (AutoModelForSeq2SeqLM, AutoTokenizer) -> OUT."""
+    directory = checkpoint.resolve(path)
+    model = load_model(directory)
+    theirs = hf_model(model)
+    tokenizer = Tokenizer(directory / checkpoint.TOKENIZER)
+    with atomic.atomic_directory(out) as temporary:
+        theirs.save_pretrained(temporary)
+        _write_tokenizer(tokenizer, temporary, model.config.max_positions)
+    return out
+
+
+def _write_tokenizer(tokenizer: Tokenizer, directory: Path, max_positions: int) -> None:
+    """The files MarianTokenizer reads: our SentencePiece model for both sides."""
+    for name in ("source.spm", "target.spm"):
+        shutil.copyfile(tokenizer.path, directory / name)
+    pieces = {tokenizer.processor.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
+    (directory / "vocab.json").write_text(json.dumps(pieces, ensure_ascii=False), encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "MarianTokenizer", "eos_token": "</s>", "unk_token": "<unk>",
+        "pad_token": "<pad>", "model_max_length": max_positions,
+        "separate_vocabs": False}, indent=2), encoding="utf-8")
