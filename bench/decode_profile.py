@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import machine_info  # noqa: E402
 from transduce.data.corpus import read_lines, split_files  # noqa: E402
 from transduce.decode.translate import Translator  # noqa: E402
+from transduce.runtime import keep_freed_memory  # noqa: E402
 
 KINDS = {
     "matrix products": ("mkldnn::_linear_pointwise", "onednn::qlinear_pointwise", "aten::addmm",
@@ -72,6 +73,7 @@ def main() -> None:
                         / "decode-profile-cpu.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_memory()     # what `transduce translate` does for its process, as bench/decode.py
     source, _ = split_files(args.data, args.split)
     every = read_lines(source)
     lines = every[::max(1, len(every) // args.lines)][:args.lines]
