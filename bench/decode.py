@@ -3,14 +3,16 @@
 For beam 4 and greedy (beam 1) it translates the whole split with our decoder (float32,
 the bfloat16 copy that `--dtype bfloat16` decodes with, and `--dtype int8`'s copy with
 int8 products, model/int8.py), with the same weights exported to Hugging Face (Marian
-for a post-norm model, Pegasus for a pre-norm one) and run by `generate` (float32), and exported to CTranslate2 (float32 and int8, each run
-in a child process that times itself, see CTranslate2Model), and exported to ONNX and
+for a post-norm model, Pegasus for a pre-norm one) and run by `generate` (float32), and
+exported to CTranslate2 (float32 and int8, each run in a child process that times
+itself, see CTranslate2Model), and exported to ONNX and
 run by ONNX Runtime behind our own searches (float32 and int8 weights, `transduce export
 onnx`), and ours (float32, int8) and CTranslate2 float32 with two batches decoded side
 by side on one thread each ("2 workers"), all in batches of --batch-sentences lines
 sorted by length, interleaving everything over --repeats rounds. It reports
 sentences/s (median), the ratios to Hugging Face and to CTranslate2 float32 at the same
-beam (where they ran: a format that cannot hold the model is left out), and sacreBLEU. Writes JSON with the machine's description.
+beam (where they ran: a format that cannot hold the model is left out), and sacreBLEU.
+Writes JSON with the machine's description.
 
     python bench/decode.py --model runs/small/average --data data/bible [--split test]
 
