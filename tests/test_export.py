@@ -97,6 +97,14 @@ def test_greedy_and_beam_outputs_are_identical(exported):
                     do_sample=False) == ours_beam
 
 
+def test_generate_defaults_are_our_searchs_and_reach_the_position_limit(exported):
+    model, theirs, out = exported
+    saved = transformers.GenerationConfig.from_pretrained(out)
+    assert (saved.num_beams, saved.length_penalty, saved.early_stopping) == (4, 0.6, True)
+    assert saved.max_length == model.config.max_positions
+    assert saved.forced_eos_token_id is None and saved.decoder_start_token_id == BOS_ID
+
+
 def test_tokenizer_files_give_our_ids(exported, tiny_corpus):
     from transduce.data.tokenizer import Tokenizer
 
