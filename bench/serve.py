@@ -6,11 +6,14 @@ decoding whole batches (--static-batches: no sentence joins a running search) an
 batching off (one request at a time, as servers that serialise requests do). In the
 same run, offline translation of the same lines (Translator.translate as `transduce
 translate` runs it, two workers on two cores and freed memory kept: the ceiling, timed
-before the servers and after them, and averaged, as this host's speed drifts) and each
-sentence translated directly one at a time (the latency floor, each timed on its second
-run). Last, 128 clients against a small queue: the excess must get 429, none a 5xx,
-none hang. The server runs in a child process; every phase stops after its line count
-or its time budget, whichever comes first. Writes JSON with the machine's description.
+before the servers and after them, and averaged, as this host's speed drifts). One
+client's latency is compared with translating the sentence directly (the floor) in
+pairs: a process holding a Translator stays up beside the server, and for each
+sentence one request to the server and one direct translation alternate, in turn
+first, so that the host's drift falls on both sides alike. Last, 128 clients against a
+small queue: the excess must get 429, none a 5xx, none hang. The server runs in a child
+process; every phase stops after its line count or its time budget, whichever comes
+first. Writes JSON with the machine's description.
 
     python bench/serve.py --model runs/small/average --data data/bible
 
@@ -69,10 +72,9 @@ def percentiles(seconds: list[float]) -> dict:
     return {"p50_ms": at(0.50), "p95_ms": at(0.95), "p99_ms": at(0.99)}
 
 
-def offline_child(args: argparse.Namespace) -> None:
-    """Child process: time the whole split through Translator.translate as `transduce
-    translate` runs it (the ceiling: its workers and memory setting), then each sentence
-    alone (the direct latency); print JSON."""
+def cli_translator(args: argparse.Namespace):
+    """A Translator as `transduce translate` makes one: its dtype, workers and process
+    settings."""
     import torch
 
     from transduce.decode.translate import Translator
@@ -80,21 +82,75 @@ def offline_child(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     keep_freed_memory()                 # what `transduce translate` sets for its process
+    return Translator.load(args.model, dtype="auto", workers="auto")   # the CLI's defaults
+
+
+def offline_child(args: argparse.Namespace) -> None:
+    """Child process: time the whole split through Translator.translate as `transduce
+    translate` runs it (the ceiling); print JSON."""
+    translator = cli_translator(args)
     lines = json.loads(Path(args.offline_child).read_text())
-    translator = Translator.load(args.model, dtype="auto", workers="auto")   # the CLI's defaults
     translator.translate(lines[:16], beam=args.beam)                  # warm up
     started = time.perf_counter()
     outputs = translator.translate(lines, beam=args.beam)
     seconds = time.perf_counter() - started
-    direct, deadline = [], time.monotonic() + args.phase_seconds
-    for line in lines[:args.direct_lines]:
-        translator.translate([line], beam=args.beam)          # its shapes seen once
-        one = time.perf_counter()
-        translator.translate([line], beam=args.beam)
-        direct.append(time.perf_counter() - one)
-        if time.monotonic() > deadline:
-            break
-    print(json.dumps({"outputs": outputs, "seconds": seconds, "direct": direct}))
+    print(json.dumps({"outputs": outputs, "seconds": seconds}))
+
+
+def direct_child(args: argparse.Namespace) -> None:
+    """Child process: for each JSON line on stdin (one sentence), translate it alone and
+    answer a JSON line with the seconds it took."""
+    translator = cli_translator(args)
+    print(json.dumps({"ready": True}), flush=True)
+    for request in sys.stdin:
+        started = time.perf_counter()
+        translator.translate([json.loads(request)], beam=args.beam)
+        print(json.dumps({"seconds": time.perf_counter() - started}), flush=True)
+
+
+def paired_latency(args: argparse.Namespace, url: str, lines: list[str]) -> dict:
+    """One client: each sentence sent to the server and translated directly in a process
+    of its own, alternately (the server first for even lines) -> both sides' latency
+    percentiles on the same sentences, the same spell of the host."""
+    direct = subprocess.Popen(
+        [sys.executable, __file__, "--direct-child", "--model", str(args.model), "--beam",
+         str(args.beam), "--threads", str(args.threads)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+
+    def alone(line: str) -> float:
+        direct.stdin.write(json.dumps(line) + "\n")
+        direct.stdin.flush()
+        return json.loads(direct.stdout.readline())["seconds"]
+
+    def served(http: httpx.Client, line: str) -> float:
+        started = time.perf_counter()
+        http.post(f"{url}/v1/translate", json={"texts": [line], "beam": args.beam}
+                  ).raise_for_status()
+        return time.perf_counter() - started
+
+    times: dict[str, list[float]] = {"served": [], "direct": []}
+    deadline = time.monotonic() + args.phase_seconds
+    try:
+        json.loads(direct.stdout.readline())                   # loaded
+        with httpx.Client(timeout=args.timeout) as http:
+            for line in lines[:16]:                            # warm up both
+                served(http, line)
+                alone(line)
+            for index, line in enumerate(lines[:args.direct_lines]):
+                if time.monotonic() > deadline:
+                    break
+                if index % 2 == 0:
+                    times["served"].append(served(http, line))
+                    times["direct"].append(alone(line))
+                else:
+                    times["direct"].append(alone(line))
+                    times["served"].append(served(http, line))
+    finally:
+        direct.stdin.close()
+        direct.wait(60)
+    return {"sentences": len(times["served"]),
+            **{side: percentiles(values) for side, values in times.items()}}
 
 
 def start_server(args: argparse.Namespace, *extra: str) -> tuple[subprocess.Popen, str]:
@@ -167,8 +223,7 @@ async def load(url: str, lines: list[str], concurrency: int, beam: int, seconds:
     return {"concurrency": concurrency, "seconds": round(wall, 3), "statuses": statuses,
             "sentences_per_second": round(len(latencies) / wall, 2),
             **percentiles(list(latencies.values())),
-            "errors": sum(n for s, n in statuses.items() if s != "200"), "outputs": outputs,
-            "latencies": latencies}
+            "errors": sum(n for s, n in statuses.items() if s != "200"), "outputs": outputs}
 
 
 def run_server_phases(args, lines, extra: tuple[str, ...], levels: list[int]) -> list[dict]:
@@ -189,6 +244,18 @@ def run_server_phases(args, lines, extra: tuple[str, ...], levels: list[int]) ->
     return results
 
 
+def run_pairs(args: argparse.Namespace, lines: list[str]) -> dict:
+    """The batching server at one client against direct translation, in pairs."""
+    process, url = start_server(args)
+    try:
+        pairs = paired_latency(args, url, lines)
+    finally:
+        stop_server(process)
+    print(f"  {pairs['sentences']} sentences: p99 served {pairs['served']['p99_ms']} ms, "
+          f"direct {pairs['direct']['p99_ms']} ms", flush=True)
+    return pairs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=default_model())
@@ -202,16 +269,19 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="a request unanswered after this long counts as hung")
     parser.add_argument("--direct-lines", type=int, default=200,
-                        help="sentences translated one at a time for the direct latency")
+                        help="sentences of the one-client pairs (served and direct)")
     parser.add_argument("--small-queue", type=int, default=16)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/serve-cpu.json")
     parser.add_argument("--offline-child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--direct-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.model is None:
         parser.error("no trained model under runs/: pass --model")
     if args.offline_child:
         return offline_child(args)
+    if args.direct_child:
+        return direct_child(args)
     source, _ = split_files(args.data, args.split)
     lines = [line for line in read_lines(source)[:args.lines]]
     report(args, lines, measure(args, lines))
@@ -233,15 +303,16 @@ def measure(args: argparse.Namespace, lines: list[str]) -> dict:
     print(f"server, queue of {args.small_queue}, {max(args.concurrency)} clients", flush=True)
     overload = run_server_phases(args, lines, ("--max-queue", str(args.small_queue)),
                                  [max(args.concurrency)])
+    print("one client: served and direct, alternating", flush=True)
+    pairs = run_pairs(args, lines)
     print("offline again (the host's speed drifts: the ceiling is the mean of both)", flush=True)
-    offline["seconds_after"] = offline_run(args, lines, direct_lines=0)["seconds"]
+    offline["seconds_after"] = offline_run(args, lines)["seconds"]
     print(f"  {len(lines) / offline['seconds_after']:.2f} sentences/s offline", flush=True)
     return {"offline": offline, "batched": batched, "static": static,
-            "unbatched": unbatched, "overload": overload[0]}
+            "unbatched": unbatched, "overload": overload[0], "pairs": pairs}
 
 
-def offline_run(args: argparse.Namespace, lines: list[str],
-                direct_lines: int | None = None) -> dict:
+def offline_run(args: argparse.Namespace, lines: list[str]) -> dict:
     scratch = args.out.with_suffix(".lines.json")
     scratch.parent.mkdir(parents=True, exist_ok=True)
     scratch.write_text(json.dumps(lines))
@@ -249,8 +320,7 @@ def offline_run(args: argparse.Namespace, lines: list[str],
         child = subprocess.run(
             [sys.executable, __file__, "--offline-child", str(scratch), "--model",
              str(args.model), "--beam", str(args.beam), "--threads", str(args.threads),
-             "--phase-seconds", str(args.phase_seconds), "--direct-lines",
-             str(args.direct_lines if direct_lines is None else direct_lines)],
+             "--phase-seconds", str(args.phase_seconds)],
             capture_output=True, text=True, check=True)
     finally:
         scratch.unlink()
@@ -269,16 +339,13 @@ def report(args: argparse.Namespace, lines: list[str], found: dict) -> None:
     offline = found["offline"]
     rates = [len(lines) / offline["seconds"], len(lines) / offline["seconds_after"]]
     ceiling = sum(rates) / 2
-    c1_latencies = next((r["latencies"] for r in found["batched"] if r["concurrency"] == 1), {})
     for phase in found["batched"] + found["static"] + found["unbatched"] + [found["overload"]]:
-        phase.pop("latencies")
         outputs = phase.pop("outputs")
         phase["outputs_differing_from_offline"] = sum(
             1 for i, text in outputs.items() if text != offline["outputs"][i])
         phase["fraction_of_offline"] = round(phase["sentences_per_second"] / ceiling, 3)
     by_level = {r["concurrency"]: r for r in found["batched"]}
     unbatched = {r["concurrency"]: r for r in found["unbatched"]}
-    direct = percentiles(offline["direct"])
     goals = {}
     if 32 in by_level and 32 in unbatched:
         goals["c32_fraction_of_offline"] = by_level[32]["fraction_of_offline"]
@@ -288,12 +355,13 @@ def report(args: argparse.Namespace, lines: list[str], found: dict) -> None:
     if 32 in by_level and 32 in static:
         goals["c32_over_whole_batches"] = round(by_level[32]["sentences_per_second"]
                                                 / max(static[32]["sentences_per_second"], 1e-9), 2)
-    common = [i for i in range(len(offline["direct"])) if i in c1_latencies]
-    if common:       # the same sentences: served one at a time, and translated directly
-        served = percentiles([c1_latencies[i] for i in common])["p99_ms"]
-        alone = percentiles([offline["direct"][i] for i in common])["p99_ms"]
+    pairs = found["pairs"]     # the same sentences, served one at a time and translated directly
+    if pairs["sentences"]:
+        served, alone = pairs["served"]["p99_ms"], pairs["direct"]["p99_ms"]
         goals["c1_p99_over_direct_p99"] = round(served / alone, 3)
         goals["c1_p99_ms_and_direct_p99_ms_on_the_same_sentences"] = [served, alone]
+        goals["c1_p50_over_direct_p50"] = round(pairs["served"]["p50_ms"]
+                                                / pairs["direct"]["p50_ms"], 3)
     overload = found["overload"]
     goals["overload_429"] = overload["statuses"].get("429", 0)
     goals["overload_5xx"] = sum(n for s, n in overload["statuses"].items() if s.startswith("5"))
@@ -303,8 +371,8 @@ def report(args: argparse.Namespace, lines: list[str], found: dict) -> None:
               "offline": {"lines": len(lines), "seconds": round(offline["seconds"], 3),
                           "seconds_after_the_servers": round(offline["seconds_after"], 3),
                           "sentences_per_second": round(ceiling, 2),
-                          "sentences_per_second_before_and_after": [round(r, 2) for r in rates],
-                          "direct_one_sentence": {"sentences": len(offline["direct"]), **direct}},
+                          "sentences_per_second_before_and_after": [round(r, 2) for r in rates]},
+              "one_client_pairs": pairs,
               "batched": found["batched"], "whole_batches": found["static"],
               "unbatched": found["unbatched"],
               "overload": overload, "goals": goals}
