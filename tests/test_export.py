@@ -98,7 +98,7 @@ def test_greedy_and_beam_outputs_are_identical(exported):
 
 
 def test_generate_defaults_are_our_searchs_and_reach_the_position_limit(exported):
-    model, theirs, out = exported
+    model, _, out = exported
     saved = transformers.GenerationConfig.from_pretrained(out)
     assert (saved.num_beams, saved.length_penalty, saved.early_stopping) == (4, 0.6, True)
     assert saved.max_length == model.config.max_positions

@@ -171,20 +171,21 @@ def hf_model(model: Transformer):
                           f"{unexpected[:5]}")
     with torch.no_grad():
         theirs.final_logits_bias.zero_()
-    theirs.generation_config = generation_config(model)
+    theirs.generation_config = generation_config(theirs.config)
     return theirs
 
 
-def generation_config(model: Transformer):
-    """`generate`'s defaults for the export: our search's (beam 4, length penalty 0.6,
-    which transformers applies as length^0.6 where we use GNMT's), and outputs up to the
-    position table's end, where transformers' default would cut them at 20 tokens."""
+def generation_config(config):
+    """`generate`'s defaults for the export: the token ids of its config, our search's
+    settings (beam 4, length penalty 0.6, which transformers applies as length^0.6 where
+    we use GNMT's), and outputs up to the position table's end, where transformers'
+    default would cut them at 20 tokens."""
     from transformers import GenerationConfig
 
-    return GenerationConfig(decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID,
-                            eos_token_id=EOS_ID, pad_token_id=PAD_ID, forced_eos_token_id=None,
-                            max_length=model.config.max_positions, num_beams=4,
-                            length_penalty=0.6, early_stopping=True)
+    defaults = GenerationConfig.from_model_config(config)
+    defaults.update(max_length=config.max_position_embeddings, num_beams=4,
+                    length_penalty=0.6, early_stopping=True)
+    return defaults
 
 
 def export_hf(path: Path, out: Path) -> Path:
