@@ -76,11 +76,12 @@ def test_int8_linear_refuses_other_activations():
         Int8Linear(nn.Linear(4, 4), "gelu")
 
 
-def test_only_wide_products_are_worth_int8():
+def test_products_of_d_model_256_and_up_are_worth_int8():
     assert worth_int8(nn.Linear(256, 8000, bias=False))
-    assert worth_int8(nn.Linear(512, 2048))
-    assert not worth_int8(nn.Linear(256, 1024))
-    assert not worth_int8(nn.Linear(512, 512))
+    assert worth_int8(nn.Linear(256, 1024)) and worth_int8(nn.Linear(1024, 256))
+    assert worth_int8(nn.Linear(256, 256))
+    assert not worth_int8(nn.Linear(128, 128))
+    assert not worth_int8(nn.Linear(64, 256))
 
 
 @needs_int8

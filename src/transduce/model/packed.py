@@ -70,7 +70,8 @@ def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
     of its own (the embedding keeps its rows for lookups). Its decoder steps run written
     out where they can (model/decoder_step.py).
 
-    dtype torch.int8: float32, with the wide products in int8 (model/int8.py), CPU only."""
+    dtype torch.int8: float32, with every product of 2^16 weights or more in int8
+    (model/int8.py), CPU only."""
     int8 = dtype == torch.int8
     if int8 and (torch.device(device).type != "cpu" or not int8_available()):
         raise ValueError("int8 decoding runs on a CPU, through oneDNN's int8 ops "
