@@ -71,10 +71,11 @@ def quantize_rows(x: Tensor) -> Tuple[Tensor, Tensor]:
     (N, 1): x ~= (values - 128) * scale."""
     # abs().amax(): vector_norm(inf) gives the same 5-20x slower on CPU. Literals, not
     # globals, as TorchScript compiles this: float32's smallest normal number, and
-    # _ZERO_POINT.
+    # _ZERO_POINT. Through int16: PyTorch's float -> uint8 copy is slow on CPU, and
+    # quantizing 128 rows of 1,024 took 0.72x the time this way (one row: 1.1x).
     scale = x.abs().amax(dim=1, keepdim=True).clamp_min_(1.1754943508222875e-38)
     scale = scale.div_(127.0)
-    values = torch.div(x, scale).round_().add_(128).to(torch.uint8)
+    values = torch.div(x, scale).round_().add_(128).to(torch.int16).to(torch.uint8)
     return values, scale
 
 
