@@ -10,6 +10,7 @@ import pytest
 
 from tests.serve.conftest import SENTENCES, client_for
 from transduce.attention_maps import attention_maps
+from transduce.config import ConfigError
 from transduce.decode.options import GenerateOptions
 from transduce.serve.batcher import Job
 
@@ -396,10 +397,29 @@ def test_an_onnx_export_is_served_like_its_checkpoint(translation_dir, translato
 
 @pytest.mark.parametrize("argv", [["--languages", "es"], ["--languages", "es:en:fr"],
                                   ["--max-queue", "0"], ["--window-ms", "-1"],
-                                  ["--dtype", "float16"]])
+                                  ["--dtype", "float16"], ["--decoders", "0"]])
 def test_the_command_refuses_bad_options(translation_dir, argv, capsys):
     from transduce.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["serve", "--model", str(translation_dir), *argv])
     assert exit_.value.code == 2 and argv[0] in capsys.readouterr().err
+
+
+def test_auto_decoders_run_streams_side_by_side_only_where_there_are_streams(translator,
+                                                                            generator):
+    """--decoders auto: two for a Transformer translating continuously on a CPU with two
+    threads or more, one with batching or continuous decoding off and for other models."""
+    from transduce.cli.serve import _auto_decoders
+    from transduce.decode.parallel import intra_op_threads
+    from transduce.serve.limits import Limits
+
+    with intra_op_threads(2):
+        assert _auto_decoders(translator, Limits()) == 2
+        assert _auto_decoders(translator, Limits(batching=False)) == 1
+        assert _auto_decoders(translator, Limits(continuous=False)) == 1
+        assert _auto_decoders(generator, Limits()) == 1
+    with intra_op_threads(1):
+        assert _auto_decoders(translator, Limits()) == 1
+    with pytest.raises(ConfigError, match="decoders"):
+        Limits(decoders=0)

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from transduce.serve.batcher import JOIN_GROUP, JOIN_WAIT_STEPS, Batcher, Closed, Job, QueueFull
+from transduce.serve.batcher import JOIN_GROUP, JOIN_WAIT_STEPS, SPLIT_AT, Batcher, Closed, Job, \
+    QueueFull
 from transduce.serve.metrics import Metrics
 
 
@@ -125,7 +126,7 @@ def test_a_full_queue_refuses_with_a_retry_estimate_and_close_drains():
     run.gate.set()
     closing.join(5)
     assert held.result(0) == "done held" and [f.result(0) for f in queued] == ["done 0", "done 1"]
-    assert not batcher._thread.is_alive()
+    assert not any(thread.is_alive() for thread in batcher._threads)
 
 
 def test_an_error_reaches_every_job_of_its_batch_and_the_worker_goes_on():
@@ -298,3 +299,104 @@ def test_the_rate_keeps_a_minute_of_counts_however_many_steps_run():
     metrics._recent[0] = (time.monotonic() - 2 * metrics_module.RATE_WINDOW_S, 3)
     metrics.step_done(32, 1, 0.01)               # the old count is dropped as steps go on
     assert [n for _, n in metrics._recent] == [1]
+
+
+class BlockingStream(CountdownStream):
+    """A CountdownStream whose steps record the thread and its intra-op thread count,
+    and wait until `release` is set (so two streams are seen running at once)."""
+
+    release = threading.Event()
+    seen: list[tuple[str, int]] = []
+
+    def step(self):
+        import torch
+
+        BlockingStream.seen.append((threading.current_thread().name, torch.get_num_threads()))
+        BlockingStream.release.wait(5)
+        return super().step()
+
+
+def test_two_decoders_run_two_streams_side_by_side_each_with_its_share():
+    """32 one-sentence jobs split 16 / 16 between the decoders, which step at the same
+    time on one intra-op thread each; the main thread's count is left alone."""
+    import torch
+
+    CountdownStream.instances.clear()
+    BlockingStream.seen.clear()
+    BlockingStream.release.clear()
+    threads_before = torch.get_num_threads()
+    batcher, _ = make(window_s=0.05, batch_tokens=1000, decoders=2, cores=2)
+    futures = [batcher.submit(stream_job("k", 10, stream=BlockingStream)) for _ in range(32)]
+    batcher.start()
+    try:
+        deadline = time.monotonic() + 5
+        while len({name for name, _ in BlockingStream.seen}) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        BlockingStream.release.set()
+        assert [f.result(5) for f in futures] == ["streamed 10"] * 32
+    finally:
+        batcher.close(5)
+    assert {name for name, _ in BlockingStream.seen} == {"transduce-decoder-0",
+                                                         "transduce-decoder-1"}
+    assert sorted(len(s.left) + len(s.steps[0]) for s in CountdownStream.instances) == [16, 16]
+    # The second starts while the first works: one thread each from then on.
+    assert {count for name, count in BlockingStream.seen if name.endswith("1")} == {1}
+    assert ("transduce-decoder-0", 1) in BlockingStream.seen
+    assert torch.get_num_threads() == threads_before
+
+
+def test_light_load_stays_on_the_first_decoder_with_every_core():
+    """Below SPLIT_AT running sentences the second decoder never starts, and the first
+    decodes with all the cores."""
+    CountdownStream.instances.clear()
+    BlockingStream.seen.clear()
+    BlockingStream.release.set()
+    batcher, _ = make(window_s=0.0, decoders=2, cores=2)
+    batcher.start()
+    try:
+        for i in range(5):
+            jobs = [batcher.submit(stream_job("k", 2 + i, stream=BlockingStream))
+                    for _ in range(SPLIT_AT - 1)]
+            assert [f.result(5) for f in jobs] == [f"streamed {2 + i}"] * (SPLIT_AT - 1)
+    finally:
+        batcher.close(5)
+    assert {name for name, _ in BlockingStream.seen} == {"transduce-decoder-0"}
+    assert {count for _, count in BlockingStream.seen} == {2}
+
+
+def test_a_job_that_is_not_streamed_runs_alone_beside_no_stream():
+    """Attention maps and whole batches run while no stream steps, and streams wait for
+    them: the run's interval overlaps no step."""
+    CountdownStream.instances.clear()
+    spans: list[tuple[float, float]] = []
+
+    def alone(jobs):
+        start = time.monotonic()
+        time.sleep(0.05)
+        spans.append((start, time.monotonic()))
+        return ["alone" for _ in jobs]
+
+    class TimedStream(CountdownStream):
+        def step(self):
+            start = time.monotonic()
+            done = super().step()
+            spans.append((start, time.monotonic(), "step"))
+            return done
+
+    batcher, _ = make(window_s=0.0, decoders=2, cores=2)
+    batcher.start()
+    try:
+        streamed = [batcher.submit(stream_job("k", 20, stream=TimedStream))
+                    for _ in range(2 * SPLIT_AT)]
+        time.sleep(0.02)
+        single = batcher.submit(Job("attention", alone, "x", 10, 1))
+        later = [batcher.submit(stream_job("k", 5, stream=TimedStream)) for _ in range(4)]
+        assert single.result(5) == "alone"
+        assert [f.result(5) for f in streamed + later] == \
+            ["streamed 20"] * (2 * SPLIT_AT) + ["streamed 5"] * 4
+    finally:
+        batcher.close(5)
+    (run_start, run_end), = [span for span in spans if len(span) == 2]
+    steps = [span for span in spans if len(span) == 3]
+    assert all(end <= run_start or start >= run_end for start, end, _ in steps)
+    assert any(start >= run_end for start, _, _ in steps)   # the later jobs ran after it

@@ -54,7 +54,8 @@ def sentences(count: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 7))) for _ in range(count)]
 
 
-def test_concurrent_clients_get_the_offline_outputs_in_order(translator):
+@pytest.mark.parametrize("decoders", [1, 2])
+def test_concurrent_clients_get_the_offline_outputs_in_order(translator, decoders):
     requests = []            # (texts, beam): varied lengths, one to four texts, greedy and beam
     rng = random.Random(1)
     for index in range(32):
@@ -66,7 +67,7 @@ def test_concurrent_clients_get_the_offline_outputs_in_order(translator):
     for beam, outputs in offline.items():           # and each alone gives the same
         for text in sorted(outputs)[:6]:
             assert translator.translate([text], beam=beam) == [outputs[text]]
-    app = create_app(translator, limits=Limits(window_ms=20, max_queue=256))
+    app = create_app(translator, limits=Limits(window_ms=20, max_queue=256, decoders=decoders))
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60) as client:
         def ask(request):
             texts, beam = request

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
+import torch
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
@@ -54,7 +55,9 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
     batcher = Batcher(metrics, batch_tokens=limits.batch_tokens,
                       window_s=limits.window_ms / 1000, max_queue=limits.max_queue,
                       batching=limits.batching, continuous=limits.continuous,
-                      others_coming=lambda: metrics.in_flight > metrics.queue_depth)
+                      others_coming=lambda: metrics.in_flight > metrics.queue_depth,
+                      decoders=limits.decoders,
+                      cores=torch.get_num_threads() if limits.decoders > 1 else None)
     service = Service(model, name, limits, metrics, batcher,
                       languages if kind == "translation" else None)
 
@@ -67,7 +70,7 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
             batcher.close(DRAIN_TIMEOUT_S)
 
     app = FastAPI(title="transduce serve", version="1", lifespan=lifespan,
-                  description=f"A {kind} model ({name}) behind one batching decoder.")
+                  description=f"A {kind} model ({name}) behind a batching decoder.")
     app.state.service = service
     install_error_handlers(app)
     router = {"translation": translation.routes, "generation": generation.routes,

@@ -21,7 +21,8 @@ class Limits(ValidatedConfig):
     requests to join a batch; batching False decodes one request at a time (the
     behaviour of servers that serialise requests, kept for comparison); continuous False
     decodes whole batches even where sentences could join and leave a running search
-    (batcher.py; kept for comparison)."""
+    (batcher.py; kept for comparison); decoders: threads that decode continuous
+    searches side by side, sharing PyTorch's intra-op threads (batcher.py)."""
 
     max_chars: int = 5000
     max_texts: int = 128
@@ -30,10 +31,12 @@ class Limits(ValidatedConfig):
     window_ms: float = 5.0
     batching: bool = True
     continuous: bool = True
+    decoders: int = 1
 
     def __post_init__(self) -> None:
         self._check_floats_finite()
-        check_positive(self, "max_chars", "max_texts", "max_queue", "batch_tokens")
+        check_positive(self, "max_chars", "max_texts", "max_queue", "batch_tokens",
+                       "decoders")
         if not 0 <= self.window_ms <= 1000:
             raise ConfigError(f"Limits.window_ms={self.window_ms}: must be in [0, 1000]")
 
