@@ -16,7 +16,7 @@ budget, until the oldest queued job has another key; then it drains and that key
 Several decoders (`decoders`) run streams side by side, each on its share of the cores
 and its share of the running sentences: a decoding step is many small operators, and two
 streams of 16 sentences on one core each decode faster than one of 32 on both (2.05x in
-one process, int8, the compiled step, which releases the interpreter's lock). A job that
+one process, int8, the compiled step, whose operators run outside Python). A job that
 is not streamed (attention maps, whole batches, other model kinds) runs alone, with
 every core: it waits for the streams to drain, as a job of another key does.
 
@@ -202,7 +202,7 @@ class Batcher:
         """Queued jobs of `key` at the head of the queue, within `room` tokens and the
         stream's share of the sentences (it runs `running`), taken without waiting if
         they hold `least` sentences or more (else none): none once the oldest queued job
-        has another key, or is one that must run alone."""
+        has another key."""
         with self._ready:
             share = self._share(key) - running
             count = sentences = 0
