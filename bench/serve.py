@@ -160,7 +160,7 @@ def start_server(args: argparse.Namespace, *extra: str) -> tuple[subprocess.Pope
     log = tempfile.TemporaryFile()           # the server's log, read if it fails to start
     process = subprocess.Popen(
         [sys.executable, "-m", "transduce", "serve", "--model", str(args.model), "--port",
-         str(port), "--threads", str(args.threads), *extra],
+         str(port), "--threads", str(args.threads), "--decoders", args.decoders, *extra],
         env={**os.environ, "PYTHONPATH": str(REPO / "src")},
         stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
@@ -272,6 +272,8 @@ def main() -> None:
                         help="sentences of the one-client pairs (served and direct)")
     parser.add_argument("--small-queue", type=int, default=16)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--decoders", default="auto",
+                        help="the server's --decoders (auto: 2 on a CPU with 2+ threads)")
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/serve-cpu.json")
     parser.add_argument("--offline-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--direct-child", action="store_true", help=argparse.SUPPRESS)
