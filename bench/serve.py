@@ -39,6 +39,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loopback_http import HttpError, LoopbackConnection  # noqa: E402
 from measure import machine_info  # noqa: E402
 from transduce.data.corpus import read_lines, split_files  # noqa: E402
 
@@ -191,35 +192,40 @@ def stop_server(process: subprocess.Popen) -> int:
 
 async def load(url: str, lines: list[str], concurrency: int, beam: int, seconds: float,
                timeout: float) -> dict:
-    """`concurrency` clients, each sending the next unsent line until none is left or the
-    time is up -> statuses, latencies, outputs by line."""
+    """`concurrency` clients, each on its keep-alive connection (loopback_http.py: the
+    clients share the server's cores), sending the next unsent line until none is left or
+    the time is up -> statuses, latencies, outputs by line."""
     next_line, outputs, latencies = iter(range(len(lines))), {}, {}
     statuses: dict[str, int] = {}
     deadline = time.monotonic() + seconds
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
 
-    async def client(http: httpx.AsyncClient) -> None:
-        for index in next_line:
-            if time.monotonic() > deadline:
-                return
-            started = time.perf_counter()
-            try:
-                answer = await http.post(f"{url}/v1/translate",
-                                         json={"texts": [lines[index]], "beam": beam})
-                status = str(answer.status_code)
-            except httpx.TimeoutException:
-                status = "timeout"
-            except httpx.TransportError as error:
-                status = type(error).__name__
-            statuses[status] = statuses.get(status, 0) + 1
-            if status == "200":
-                latencies[index] = time.perf_counter() - started
-                outputs[index] = answer.json()["translations"][0]["text"]
+    async def client() -> None:
+        connection = LoopbackConnection(host, int(port))
+        try:
+            for index in next_line:
+                if time.monotonic() > deadline:
+                    return
+                started = time.perf_counter()
+                try:
+                    status, answer = await asyncio.wait_for(connection.post(
+                        "/v1/translate", {"texts": [lines[index]], "beam": beam}), timeout)
+                    status = str(status)
+                except asyncio.TimeoutError:
+                    status = "timeout"
+                    await connection.close()
+                except (HttpError, OSError) as error:
+                    status = type(error).__name__
+                statuses[status] = statuses.get(status, 0) + 1
+                if status == "200":
+                    latencies[index] = time.perf_counter() - started
+                    outputs[index] = answer["translations"][0]["text"]
+        finally:
+            await connection.close()
 
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
-        started = time.perf_counter()
-        await asyncio.gather(*(client(http) for _ in range(concurrency)))
-        wall = time.perf_counter() - started
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    wall = time.perf_counter() - started
     return {"concurrency": concurrency, "seconds": round(wall, 3), "statuses": statuses,
             "sentences_per_second": round(len(latencies) / wall, 2),
             **percentiles(list(latencies.values())),

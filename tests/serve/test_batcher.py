@@ -210,8 +210,9 @@ class CountdownStream:
 
 
 def stream_job(key, steps, tokens=10, stream=CountdownStream):
+    """A job whose stream is stream() on any decoder."""
     return Job(key, lambda jobs: [f"batched {job.payload}" for job in jobs], steps, tokens, 1,
-               stream=stream)
+               stream=lambda rank: stream())
 
 
 def test_streamed_jobs_join_between_steps_and_leave_when_done():

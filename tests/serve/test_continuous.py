@@ -31,7 +31,7 @@ def run(stream, waves):
 @pytest.mark.parametrize("beam,nbest", [(4, 2), (1, 1)])
 def test_jobs_get_what_offline_translation_gives(translator, beam, nbest):
     assert translator.decodes_continuously
-    stream = translation_stream(translator, beam, 0.6, nbest, None)()
+    stream = translation_stream(translator, beam, 0.6, nbest, None)(0)
     jobs = [job(SENTENCES[:3]), job(["", SENTENCES[3]]), job([""]), job(SENTENCES[4:])]
     answered, when = run(stream, [jobs[:2], [jobs[2]], [], [jobs[3]]])
     assert when[jobs[2]] == 1                  # only an empty text: answered at once
@@ -47,7 +47,7 @@ def test_bfloat16_jobs_are_all_answered(translation_dir):
     """In bfloat16 any batching changes some outputs (static batches too), so only the
     answers' shape is checked."""
     translator = load(translation_dir, dtype="bfloat16")
-    stream = translation_stream(translator, 3, 0.6, 2, None)()
+    stream = translation_stream(translator, 3, 0.6, 2, None)(0)
     jobs = [job(SENTENCES[:5]), job([""] + SENTENCES[5:])]
     answered, _ = run(stream, [jobs[:1], [], [jobs[1]]])
     for each in jobs:

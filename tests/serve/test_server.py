@@ -3,6 +3,7 @@ batched; a small queue sheds the excess with 429 and nothing else; SIGTERM drain
 requests in flight, refuses new ones, and the process exits 0."""
 
 import concurrent.futures
+import functools
 import random
 import re
 import signal
@@ -17,6 +18,7 @@ import httpx
 import pytest
 import uvicorn
 
+from transduce import load
 from transduce.serve import Limits, create_app
 from transduce.serve.server import DrainingServer
 from tests.environment import subprocess_env
@@ -54,8 +56,9 @@ def sentences(count: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 7))) for _ in range(count)]
 
 
-@pytest.mark.parametrize("decoders", [1, 2])
-def test_concurrent_clients_get_the_offline_outputs_in_order(translator, decoders):
+@pytest.mark.parametrize("decoders,processes", [(1, False), (2, False), (2, True)])
+def test_concurrent_clients_get_the_offline_outputs_in_order(translator, translation_dir,
+                                                               decoders, processes):
     requests = []            # (texts, beam): varied lengths, one to four texts, greedy and beam
     rng = random.Random(1)
     for index in range(32):
@@ -67,7 +70,9 @@ def test_concurrent_clients_get_the_offline_outputs_in_order(translator, decoder
     for beam, outputs in offline.items():           # and each alone gives the same
         for text in sorted(outputs)[:6]:
             assert translator.translate([text], beam=beam) == [outputs[text]]
-    app = create_app(translator, limits=Limits(window_ms=20, max_queue=256, decoders=decoders))
+    reload = functools.partial(load, translation_dir) if processes else None
+    app = create_app(translator, limits=Limits(window_ms=20, max_queue=256, decoders=decoders),
+                     reload=reload)
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60) as client:
         def ask(request):
             texts, beam = request

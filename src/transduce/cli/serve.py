@@ -38,8 +38,9 @@ def register(commands) -> None:
                        help="decode whole batches instead of letting sentences join and leave "
                             "the running search (for comparison)")
     serve.add_argument("--decoders", type=workers_count, default="auto",
-                       help="threads that decode translations side by side, each on its "
-                            "share of the cores and of the running sentences (auto: 2 for a "
+                       help="decoders that run translations side by side, each on its share "
+                            "of the cores and of the running sentences; above 1, each in a "
+                            "process of its own with its own copy of the model (auto: 2 for a "
                             "translation model on a CPU with 2+ threads, else 1)")
     serve.add_argument("--drain-timeout", type=non_negative_float, default=60.0,
                        help="seconds SIGTERM waits for requests in flight")
@@ -70,8 +71,9 @@ def serve_command(args: argparse.Namespace) -> int:
     decoders = _auto_decoders(model, limits) if args.decoders == "auto" else args.decoders
     limits = dataclasses.replace(limits, decoders=decoders)
     name = args.name or args.model.resolve().name
+    reload = functools.partial(load, args.model.resolve(), dtype=args.dtype)    # decoding processes
     serve(model, name=name, host=args.host, port=args.port, limits=limits,
-          languages=args.languages, drain_timeout_s=args.drain_timeout)
+          languages=args.languages, drain_timeout_s=args.drain_timeout, reload=reload)
     return 0
 
 

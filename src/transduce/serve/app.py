@@ -13,8 +13,10 @@ queue is closed to new work and what is queued is decoded before the worker stop
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+from typing import Any, Callable
 
 import torch
 from fastapi import FastAPI
@@ -28,6 +30,7 @@ from transduce.serve.batcher import Batcher
 from transduce.serve.limits import Limits
 from transduce.serve.metrics import Metrics
 from transduce.serve.middleware import BodyLimitMiddleware, MetricsMiddleware
+from transduce.serve.processes import DecoderProcess
 from transduce.serve.service import Service
 from transduce.serve.validation import install_error_handlers
 
@@ -46,9 +49,13 @@ def model_kind(model) -> str:
 
 
 def create_app(model, *, name: str = "model", limits: Limits | None = None,
-               languages: tuple[str, str] = ("es", "en")) -> FastAPI:
+               languages: tuple[str, str] = ("es", "en"),
+               reload: Callable[[], Any] | None = None) -> FastAPI:
     """An ASGI app serving `model`; languages (source, target) name a translation
-    model's pair for LibreTranslate's clients."""
+    model's pair for LibreTranslate's clients. reload() -> a copy of `model`, loaded the
+    same way: with limits.decoders above one, each decoder then decodes its continuous
+    translations in a process of its own that calls it (processes.py: it must pickle);
+    without it they decode in threads of this process."""
     limits = limits or Limits()
     kind = model_kind(model)
     metrics = Metrics()
@@ -58,16 +65,20 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
                       others_coming=lambda: metrics.in_flight > metrics.queue_depth,
                       decoders=limits.decoders,
                       cores=torch.get_num_threads() if limits.decoders > 1 else None)
+    processes = decoder_processes(model, limits, reload)
     service = Service(model, name, limits, metrics, batcher,
-                      languages if kind == "translation" else None)
+                      languages if kind == "translation" else None, processes)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
+        await asyncio.to_thread(start_all, processes or [])
         batcher.start()
         try:
             yield
         finally:
             batcher.close(DRAIN_TIMEOUT_S)
+            for process in processes or []:
+                process.close()
 
     app = FastAPI(title="transduce serve", version="1", lifespan=lifespan,
                   description=f"A {kind} model ({name}) behind a batching decoder.")
@@ -82,6 +93,31 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
                        max_bytes=limits.max_texts * limits.max_chars * 4 + JSON_OVERHEAD_BYTES)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
+
+
+def decoder_processes(model, limits: Limits, reload: Callable[[], Any] | None
+                      ) -> list[DecoderProcess] | None:
+    """One DecoderProcess per decoder where continuous translations have several decoders
+    and a way to load the model again; else None (they decode in threads)."""
+    continuous = isinstance(model, Translator) and model.decodes_continuously \
+        and limits.batching and limits.continuous
+    if reload is None or limits.decoders < 2 or not continuous:
+        return None
+    return [DecoderProcess(reload, rank) for rank in range(limits.decoders)]
+
+
+def start_all(processes: list[DecoderProcess]) -> None:
+    """Start every process, then wait for each (they load side by side); if one fails,
+    stop those started and raise."""
+    try:
+        for process in processes:
+            process.launch()
+        for process in processes:
+            process.wait_ready()
+    except BaseException:
+        for process in processes:
+            process.close()
+        raise
 
 
 def _common_routes(service: Service, kind: str):

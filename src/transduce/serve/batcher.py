@@ -73,15 +73,15 @@ class Stream(Protocol):
 class Job:
     """One request's work. key: jobs with equal keys may share a batch; run(jobs) ->
     one result per job (called on the worker thread); tokens: the job's cost against the
-    batch budget; sentences: counted in the metrics. stream: when given, a new Stream
-    for jobs of this key, which the worker uses instead of run."""
+    batch budget; sentences: counted in the metrics. stream: when given, stream(rank) is
+    a new Stream for jobs of this key on decoder `rank`, which it uses instead of run."""
 
     key: Hashable
     run: Callable[[Sequence["Job"]], list[Any]]
     payload: Any
     tokens: int
     sentences: int
-    stream: Callable[[], Stream] | None = None
+    stream: Callable[[int], Stream] | None = None
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     queued_at: float = field(default_factory=time.monotonic)
 
@@ -151,7 +151,7 @@ class Batcher:
                 return
             try:
                 if self._streams(batch[0]):
-                    self._stream(batch)
+                    self._stream(batch, rank)
                 else:
                     self._run(batch)
             finally:
@@ -240,25 +240,30 @@ class Batcher:
                 tokens, sentences = tokens + job.tokens, sentences + job.sentences
         return batch
 
-    def _use_cores(self) -> None:
+    def _use_cores(self, stream: Stream | None = None) -> None:
         """Set this decoder's intra-op threads to its share of `cores` (the count is per
-        thread in PyTorch's OpenMP pool)."""
-        if self.cores is not None:
-            share = max(1, self.cores // max(1, self._working))
-            if torch.get_num_threads() != share:
-                torch.set_num_threads(share)
+        thread in PyTorch's OpenMP pool), or tell a stream that decodes in another
+        process (one with use_cores) to use that many."""
+        if self.cores is None:
+            return
+        share = max(1, self.cores // max(1, self._working))
+        if hasattr(stream, "use_cores"):
+            stream.use_cores(share)
+        elif torch.get_num_threads() != share:
+            torch.set_num_threads(share)
 
     def _note_pace(self, seconds_per_job: float) -> None:
         """Fold a new observation into the running estimate that Retry-After reads."""
         self._seconds_per_job = 0.8 * self._seconds_per_job + 0.2 * seconds_per_job
 
-    def _stream(self, batch: list[Job]) -> None:
+    def _stream(self, batch: list[Job], rank: int) -> None:
         """Decode a batch step by step in its key's Stream, settling each job when it is
         done and admitting queued jobs of the key between steps, until none runs."""
-        key, stream = batch[0].key, batch[0].stream()
+        key, running = batch[0].key, set()
         tokens = sentences = held = 0                    # of the running jobs
-        running, last_done = set(), time.monotonic()
+        last_done = time.monotonic()
         try:
+            stream = batch[0].stream(rank)
             while True:
                 live = [job for job in batch if job.future.set_running_or_notify_cancel()]
                 if live:
@@ -270,7 +275,7 @@ class Batcher:
                     self._streaming(added)
                 if not stream.running:
                     return
-                self._use_cores()
+                self._use_cores(stream)
                 started = time.monotonic()
                 done = stream.step()
                 seconds = time.monotonic() - started

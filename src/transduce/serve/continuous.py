@@ -15,13 +15,18 @@ from transduce.serve.batcher import Job, Stream
 
 
 def translation_stream(translator: Translator, beam: int, alpha: float, nbest: int,
-                       max_length: int | None) -> Callable[[], Stream] | None:
-    """A factory of TranslationStreams for these search settings, or None where the
-    translator cannot decode continuously (an ONNX export, an RNN, a quantized or
-    windowed cache): its jobs are then decoded as whole batches."""
+                       max_length: int | None, processes: Sequence[Any] | None = None
+                       ) -> Callable[[int], Stream] | None:
+    """A factory of streams for these search settings (called with the decoder's rank),
+    or None where the translator cannot decode continuously (an ONNX export, an RNN, a
+    quantized or windowed cache): its jobs are then decoded as whole batches. processes:
+    one DecoderProcess per decoder (processes.py), which then decodes its streams; None
+    decodes them in the decoder's thread."""
     if not translator.decodes_continuously:
         return None
-    return lambda: TranslationStream(translator, beam, alpha, nbest, max_length)
+    if processes:
+        return lambda rank: processes[rank].stream(beam, alpha, nbest, max_length)
+    return lambda rank: TranslationStream(translator, beam, alpha, nbest, max_length)
 
 
 @dataclass

@@ -13,7 +13,7 @@ import contextlib
 import signal
 import socket
 import threading
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import uvicorn
 
@@ -49,10 +49,10 @@ class DrainingServer(uvicorn.Server):
 def serve(model, *, name: str = "model", host: str = "127.0.0.1", port: int = 8000,
           limits: Limits | None = None, languages: tuple[str, str] = ("es", "en"),
           drain_timeout_s: float = 60.0, log_level: str = "info",
-          sock: socket.socket | None = None) -> None:
+          sock: socket.socket | None = None, reload: Callable[[], Any] | None = None) -> None:
     """Serve `model` until SIGTERM or SIGINT, then drain and return. `sock`: an already
-    bound socket to serve on instead of host and port."""
-    app = create_app(model, name=name, limits=limits, languages=languages)
+    bound socket to serve on instead of host and port; reload: create_app's."""
+    app = create_app(model, name=name, limits=limits, languages=languages, reload=reload)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=drain_timeout_s, lifespan="on")
     server = DrainingServer(config)

@@ -23,17 +23,18 @@ class Service:
     metrics: Metrics
     batcher: Batcher
     languages: tuple[str, str] | None     # (source, target) of a translation model
+    decoder_processes: list | None = None  # DecoderProcesses decoding translation streams
 
     async def submit(self, key: Hashable, run: Callable[[Sequence[Job]], list[Any]],
                      payload: Any, tokens: int, sentences: int,
-                     stream: Callable[[], Stream] | None = None) -> tuple[Any, Timings]:
+                     stream: Callable[[int], Stream] | None = None) -> tuple[Any, Timings]:
         """Queue one request's work and await its result -> (result, timings)."""
         job = self.enqueue(key, run, payload, tokens, sentences, stream)
         return await self.wait(job)
 
     def enqueue(self, key: Hashable, run: Callable[[Sequence[Job]], list[Any]],
                 payload: Any, tokens: int, sentences: int,
-                stream: Callable[[], Stream] | None = None) -> Job:
+                stream: Callable[[int], Stream] | None = None) -> Job:
         """Queue a job (decoded by `run` in a batch, or continuously in a `stream`); a
         full queue is 429 with Retry-After, a closing server 503."""
         job = Job(key, run, payload, tokens, sentences, stream)

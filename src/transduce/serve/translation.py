@@ -116,7 +116,8 @@ async def _translate(service: Service, texts: list[str], name: str, beam: int, a
                                                jobs))
     tokens = sum(min(n, limit) + 1 for n in lengths)
     found, timings = await service.submit(key, run, texts, tokens, len(texts),
-                                          translation_stream(translator, *key[1:]))
+                                          translation_stream(translator, *key[1:],
+                                                             service.decoder_processes))
     return list(zip(found, cut)), timings
 
 
