@@ -20,13 +20,16 @@ def translation_stream(translator: Translator, beam: int, alpha: float, nbest: i
     """A factory of streams for these search settings (called with the decoder's rank),
     or None where the translator cannot decode continuously (an ONNX export, an RNN, a
     quantized or windowed cache): its jobs are then decoded as whole batches. processes:
-    one DecoderProcess per decoder (processes.py), which then decodes its streams; None
-    decodes them in the decoder's thread."""
+    per decoder, the DecoderProcess (processes.py) that decodes its streams, or None
+    where the decoder's thread decodes them itself."""
     if not translator.decodes_continuously:
         return None
-    if processes:
-        return lambda rank: processes[rank].stream(beam, alpha, nbest, max_length)
-    return lambda rank: TranslationStream(translator, beam, alpha, nbest, max_length)
+
+    def stream(rank: int) -> Stream:
+        if processes and processes[rank] is not None:
+            return processes[rank].stream(beam, alpha, nbest, max_length)
+        return TranslationStream(translator, beam, alpha, nbest, max_length)
+    return stream
 
 
 @dataclass
