@@ -39,8 +39,8 @@ def register(commands) -> None:
                             "the running search (for comparison)")
     serve.add_argument("--decoders", type=workers_count, default="auto",
                        help="decoders that run translations side by side, each on its share "
-                            "of the cores and of the running sentences; above 1, each in a "
-                            "process of its own with its own copy of the model (auto: 2 for a "
+                            "of the cores and of the running sentences; the second and later "
+                            "each in a process with its own copy of the model (auto: 2 for a "
                             "translation model on a CPU with 2+ threads, else 1)")
     serve.add_argument("--drain-timeout", type=non_negative_float, default=60.0,
                        help="seconds SIGTERM waits for requests in flight")

@@ -18,7 +18,8 @@ and its share of the running sentences: a decoding step is many small operators,
 streams of 16 sentences on one core each decode faster than one of 32 on both (2.05x in
 one process, int8, the compiled step, whose operators run outside Python). A job that
 is not streamed (attention maps, whole batches, other model kinds) runs alone, with
-every core: it waits for the streams to drain, as a job of another key does.
+every core: it waits for the streams to drain, as a job of another key does. A stream
+may decode in another process (serve/processes.py): its decoder's thread then forwards.
 
 The queue is bounded: submit() raises QueueFull, which the app answers with 429.
 """

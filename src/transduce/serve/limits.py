@@ -21,8 +21,9 @@ class Limits(ValidatedConfig):
     requests to join a batch; batching False decodes one request at a time (the
     behaviour of servers that serialise requests, kept for comparison); continuous False
     decodes whole batches even where sentences could join and leave a running search
-    (batcher.py; kept for comparison); decoders: threads that decode continuous
-    searches side by side, sharing PyTorch's intra-op threads (batcher.py)."""
+    (batcher.py; kept for comparison); decoders: decoders of continuous searches side by
+    side, sharing the cores (batcher.py; those after the first in processes of their
+    own where create_app is given a way to load the model again, processes.py)."""
 
     max_chars: int = 5000
     max_texts: int = 128

@@ -10,8 +10,10 @@ as the same two in threads of one process (2-core Zen 4, int8, no HTTP).
 
 The process does not wait for its decoder thread between steps: it steps while
 sentences run, reads what arrived in between, and sends one report per step, which the
-thread reads in order (RemoteTranslationStream.step). Its output is the in-process
-stream's: the same model, loaded the same way, the same search.
+thread reads in order (RemoteTranslationStream.step). It runs the in-process stream's
+search on the same model, loaded the same way: in float32 every sentence gets what it
+gets alone (tested through a real server). The server's first decoder stays in its
+process (app.py's decoder_processes says why).
 
 A process ignores SIGINT and SIGTERM (a terminal's Ctrl-C reaches the whole process
 group, and the server drains first): it stops when told to, or when its server is gone.
