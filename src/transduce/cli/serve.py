@@ -71,7 +71,7 @@ def serve_command(args: argparse.Namespace) -> int:
     decoders = _auto_decoders(model, limits) if args.decoders == "auto" else args.decoders
     limits = dataclasses.replace(limits, decoders=decoders)
     name = args.name or args.model.resolve().name
-    reload = functools.partial(load, args.model.resolve(), dtype=args.dtype)    # decoding processes
+    reload = functools.partial(load, args.model.resolve(), dtype=args.dtype)   # for processes
     serve(model, name=name, host=args.host, port=args.port, limits=limits,
           languages=args.languages, drain_timeout_s=args.drain_timeout, reload=reload)
     return 0

@@ -53,9 +53,9 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
                reload: Callable[[], Any] | None = None) -> FastAPI:
     """An ASGI app serving `model`; languages (source, target) name a translation
     model's pair for LibreTranslate's clients. reload() -> a copy of `model`, loaded the
-    same way: with limits.decoders above one, each decoder then decodes its continuous
-    translations in a process of its own that calls it (processes.py: it must pickle);
-    without it they decode in threads of this process."""
+    same way: with limits.decoders above one, the decoders after the first then decode
+    their continuous translations in processes of their own that call it (processes.py:
+    it must pickle); without it, every decoder is a thread of this process."""
     limits = limits or Limits()
     kind = model_kind(model)
     metrics = Metrics()
