@@ -1,6 +1,6 @@
 """Decoding processes: a stream decoded in another process answers what the same stream
-in this process does; a process that cannot load, fails a job or dies says so, and the
-next stream on it works."""
+in this process does; one stream follows another; a process that cannot load, fails a
+job or dies says so, and the next stream on it works."""
 
 import functools
 import os
@@ -65,7 +65,7 @@ def test_a_process_answers_what_the_stream_in_this_process_does(translator, proc
     assert len(there[there_jobs[0]]) == 3 and len(there[there_jobs[0]][0]) == nbest
 
 
-def test_cores_are_passed_on_and_streams_follow_one_another(translator, process):
+def test_streams_follow_one_another_on_a_process_whatever_its_cores(process):
     stream = process.stream(4, 0.6, 1, None)
     stream.use_cores(1)
     first = run(stream, [[job(SENTENCES[:2])]])

@@ -82,11 +82,9 @@ def _auto_decoders(model, limits) -> int:
     two threads or more (two streams of 16 sentences on a core each ran 2.05x one of 32
     on both, 2-core Zen 4, int8), else one."""
     from transduce.decode.parallel import auto_workers
-    from transduce.decode.translate import Translator
+    from transduce.serve.continuous import decodes_in_streams
 
-    streams = isinstance(model, Translator) and model.decodes_continuously \
-        and limits.batching and limits.continuous
-    return auto_workers(model.device.type == "cpu") if streams else 1
+    return auto_workers(model.device.type == "cpu") if decodes_in_streams(model, limits) else 1
 
 
 def _load_in_a_passing_thread(load, path):

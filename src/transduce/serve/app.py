@@ -27,10 +27,11 @@ from transduce.decode.generate import Generator
 from transduce.decode.translate import Translator
 from transduce.serve import encoding, generation, page, translation
 from transduce.serve.batcher import Batcher
+from transduce.serve.continuous import decodes_in_streams
 from transduce.serve.limits import Limits
 from transduce.serve.metrics import Metrics
 from transduce.serve.middleware import BodyLimitMiddleware, MetricsMiddleware
-from transduce.serve.processes import DecoderProcess
+from transduce.serve.processes import DecoderProcess, start_processes
 from transduce.serve.service import Service
 from transduce.serve.validation import install_error_handlers
 
@@ -71,13 +72,13 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        await asyncio.to_thread(start_all, _started(processes))
+        await asyncio.to_thread(start_processes, processes.values())
         batcher.start()
         try:
             yield
         finally:
             batcher.close(DRAIN_TIMEOUT_S)
-            for process in _started(processes):
+            for process in processes.values():
                 process.close()
 
     app = FastAPI(title="transduce serve", version="1", lifespan=lifespan,
@@ -96,35 +97,15 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
 
 
 def decoder_processes(model, limits: Limits, reload: Callable[[], Any] | None
-                      ) -> list[DecoderProcess | None] | None:
-    """Where continuous translations have several decoders and a way to load the model
-    again: per decoder, the process that decodes its streams, None for the first, which
-    decodes in the server's process (light load stays on it, and one client is served
-    there at full speed: a process's decoding team, woken with each step's report by
-    the server, served one client 0.92x as fast). Else None: all decode in threads."""
-    continuous = isinstance(model, Translator) and model.decodes_continuously \
-        and limits.batching and limits.continuous
-    if reload is None or limits.decoders < 2 or not continuous:
-        return None
-    return [None] + [DecoderProcess(reload, rank) for rank in range(1, limits.decoders)]
-
-
-def start_all(processes: list[DecoderProcess]) -> None:
-    """Start every process, then wait for each (they load side by side); if one fails,
-    stop those started and raise."""
-    try:
-        for process in processes:
-            process.launch()
-        for process in processes:
-            process.wait_ready()
-    except BaseException:
-        for process in processes:
-            process.close()
-        raise
-
-
-def _started(processes: list[DecoderProcess | None] | None) -> list[DecoderProcess]:
-    return [process for process in processes or [] if process is not None]
+                      ) -> dict[int, DecoderProcess]:
+    """By decoder rank, the processes that decode continuous translations, where there
+    are several decoders and a way to load the model again: every decoder but the first,
+    which decodes in the server's process (light load stays on it, and one client is
+    served there at full speed: a process's decoding team, woken with each step's report
+    by the server, served one client 0.92x as fast). Else none: all decode in threads."""
+    if reload is None or not decodes_in_streams(model, limits):
+        return {}
+    return {rank: DecoderProcess(reload, rank) for rank in range(1, limits.decoders)}
 
 
 def _common_routes(service: Service, kind: str):

@@ -6,27 +6,35 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from transduce.data.tokenizer import BOS_ID, EOS_ID
 from transduce.decode.continuous import ContinuousBeamSearch
 from transduce.decode.translate import Translation, Translator, pad_sources
 from transduce.serve.batcher import Job, Stream
+from transduce.serve.limits import Limits
+
+
+def decodes_in_streams(model: Any, limits: Limits) -> bool:
+    """Whether the server decodes `model`'s translations in continuous streams: a
+    Translator that can, with batching on and continuous batching not turned off."""
+    return isinstance(model, Translator) and model.decodes_continuously \
+        and limits.batching and limits.continuous
 
 
 def translation_stream(translator: Translator, beam: int, alpha: float, nbest: int,
-                       max_length: int | None, processes: Sequence[Any] | None = None
+                       max_length: int | None, processes: Mapping[int, Any] | None = None
                        ) -> Callable[[int], Stream] | None:
     """A factory of streams for these search settings (called with the decoder's rank),
     or None where the translator cannot decode continuously (an ONNX export, an RNN, a
     quantized or windowed cache): its jobs are then decoded as whole batches. processes:
-    per decoder, the DecoderProcess (processes.py) that decodes its streams, or None
-    where the decoder's thread decodes them itself."""
+    by decoder rank, the DecoderProcess (processes.py) that decodes its streams; a
+    decoder without one decodes them in its own thread."""
     if not translator.decodes_continuously:
         return None
 
     def stream(rank: int) -> Stream:
-        if processes and processes[rank] is not None:
+        if processes and rank in processes:
             return processes[rank].stream(beam, alpha, nbest, max_length)
         return TranslationStream(translator, beam, alpha, nbest, max_length)
     return stream

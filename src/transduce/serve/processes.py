@@ -28,7 +28,7 @@ import signal
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -54,7 +54,7 @@ class DecoderProcess:
         self.load, self.rank = load, rank
         self._context = multiprocessing.get_context("spawn")    # no fork of a threaded server
         self.serials = itertools.count()
-        self._process: Any = None
+        self._process: multiprocessing.process.BaseProcess | None = None
         self.connection: Connection | None = None
 
     def start(self) -> None:
@@ -111,8 +111,24 @@ class DecoderProcess:
         self._process = None
 
     def gone(self) -> DecoderProcessFailed:
+        """The error for the jobs it held when it died."""
         return DecoderProcessFailed(f"decoding process {self.rank} exited (status "
                                     f"{self._process.exitcode}) while it held jobs")
+
+
+def start_processes(processes: Iterable[DecoderProcess]) -> None:
+    """Launch every process, then wait for each (they load side by side); if one fails,
+    stop them all and raise."""
+    processes = list(processes)
+    try:
+        for process in processes:
+            process.launch()
+        for process in processes:
+            process.wait_ready()
+    except BaseException:
+        for process in processes:
+            process.close()
+        raise
 
 
 class RemoteTranslationStream:

@@ -23,7 +23,7 @@ class Service:
     metrics: Metrics
     batcher: Batcher
     languages: tuple[str, str] | None     # (source, target) of a translation model
-    decoder_processes: list | None = None  # DecoderProcesses decoding translation streams
+    decoder_processes: dict | None = None  # rank -> DecoderProcess (translation streams)
 
     async def submit(self, key: Hashable, run: Callable[[Sequence[Job]], list[Any]],
                      payload: Any, tokens: int, sentences: int,
