@@ -49,8 +49,11 @@ def assert_same(found, expected):
 @pytest.mark.parametrize("changes", [{}, {"num_kv_heads": 1}, {"positional": "rotary"},
                                      {"positional": "t5"}, {"positional": "alibi"},
                                      {"positional": "learned"}])
-def test_sentences_joining_at_any_step_get_what_they_get_alone(changes):
-    model = real_model(**changes)
+@pytest.mark.parametrize("written_out", [False, True])
+def test_sentences_joining_at_any_step_get_what_they_get_alone(changes, written_out):
+    """written_out: a decoding copy, whose step (where it covers the layout) reads each
+    run of sentences' own slots; the modules mask the slots a row does not own."""
+    model = decoding_copy(real_model(**changes)) if written_out else real_model(**changes)
     torch.manual_seed(3)
     lengths = [9, 3, 6, 12, 2, 7, 1 + 4, 10]
     src = padded_sources(lengths)
@@ -74,11 +77,12 @@ def test_search_settings_as_beam_search(beam, nbest, alpha):
                                       max_len=10))
 
 
-def test_a_long_stream_compacts_its_slots_and_stays_exact():
+@pytest.mark.parametrize("written_out", [False, True])
+def test_a_long_stream_compacts_its_slots_and_stays_exact(written_out):
     """Sixty sentences joining two per step: the slots are compacted, not grown without
     end, and every result still equals beam_search alone (the default length limit,
     source + 50, also reached by some)."""
-    model = real_model()
+    model = decoding_copy(real_model()) if written_out else real_model()
     torch.manual_seed(5)
     lengths = torch.randint(2, 10, (60,)).tolist()
     src = padded_sources(lengths)

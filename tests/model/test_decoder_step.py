@@ -2,6 +2,7 @@
 the same logits to the bit, step after step, for every layout it covers; the others are
 left to the modules."""
 
+import copy
 import threading
 
 import pytest
@@ -178,3 +179,41 @@ def test_it_covers_one_token_per_row_over_plain_caches_in_eval_mode():
     model.eval()
     _assert_written_out_step_is_exact(
         model, lambda: _steps(model, src, 2, 3, cache_dtype=torch.int8), scripted=None)
+
+
+@pytest.mark.parametrize("changes", [{}, {"num_kv_heads": 2}, {"norm_first": False}])
+def test_runs_of_rows_read_their_own_slots_as_a_key_mask_would_let_them(changes):
+    """A continuous search's rows: three runs whose sentences joined after 0, 2 and 3
+    slots read only their slots, each run without a mask; the modules read every slot
+    with the others masked. A single run from slot 0 is the unmasked step itself."""
+    torch.manual_seed(0)
+    model = decoding_copy(Transformer(tiny(**changes)).eval())
+    src = padded([5, 2, 7], vocab=VOCAB)
+    runs, starts = [(0, 2, 0), (2, 4, 2), (4, 6, 3)], torch.tensor([0, 0, 2, 2, 3, 3])
+    with torch.inference_mode():
+        state = model.prefill(src, 8)
+        state.reorder(torch.arange(3).repeat_interleave(2))
+        for _ in range(4):
+            model.decode_step(torch.randint(3, VOCAB, (6, 1)), state)
+        tokens, step = torch.randint(3, VOCAB, (6, 1)), model.decoder.fast_step
+
+        def fresh_caches():
+            return [copy.deepcopy(cache) for cache in state.caches]
+
+        mask = (torch.arange(5) >= starts[:, None])[:, None, None, :]      # (R, 1, 1, 5)
+        by_runs = step(tokens, state.memory_kv, state.memory_mask, None, fresh_caches(),
+                       None, row_runs=runs)
+        model.decoder.fast_step = None
+        masked = model.decoder(tokens, state.memory_kv, state.memory_mask, tgt_mask=mask,
+                               caches=fresh_caches())
+        unmasked = model.decoder(tokens, state.memory_kv, state.memory_mask,
+                                 caches=fresh_caches())
+        model.decoder.fast_step = step
+        one_run = step(tokens, state.memory_kv, state.memory_mask, None, fresh_caches(), None,
+                       row_runs=[(0, 6, 0)])
+        assert torch.allclose(by_runs, masked, atol=1e-6, rtol=0)
+        assert not torch.allclose(by_runs, unmasked, atol=1e-3)     # the runs do mask
+        assert torch.equal(one_run, unmasked)
+        with pytest.raises(ValueError, match="row_runs replace tgt_mask"):
+            step(tokens, state.memory_kv, state.memory_mask, mask, fresh_caches(), None,
+                 row_runs=runs)

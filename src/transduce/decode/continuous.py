@@ -7,16 +7,21 @@ done leaves at once, and new ones join before any step (`add`), so the batch sta
 
 Rows are aligned by cache slot, as left-padded prompts are (model/decoder_only.py): a
 sentence that joins when the caches hold t slots feeds its bos at slot t, its rows
-attend to slots t and later only (what the rows held before is masked), and its
-positions count from t. Attention reads from the oldest running sentence's bos on (the
-caches are views that start there), so the slots before it cost nothing; when the
-slots run out they are dropped (compaction), and the buffers grow (doubling) when a
-sentence needs more rows or slots.
+attend to slots t and later only, and its positions count from t. Sentences keep the
+order they joined in, so the rows of those that joined at one step are a run with one
+first slot: through a decoding copy's written-out step (model/decoder_step.py), each
+run's self-attention reads its own slots and no others (in a stream of sentences
+joining one or two at a time, reading from the oldest sentence's bos read 2.5x the
+keys). Through the modules, every row reads from the oldest running sentence's bos on,
+what it does not own masked. Slots before the oldest bos are never read; when the slots
+run out they are dropped (compaction), and the buffers grow (doubling) when a sentence
+needs more rows or slots. A beam that changes rows takes its sentence's slots along, not
+the slots before its bos.
 
 Each sentence is searched as `beam_search` searches it alone: the same extensions,
 finished lists, length penalty and stopping rules (search.py), by its own step count.
-Only numerics differ: its keys sit at other slots among masked ones, which the attention
-kernel may sum in another order (last-bit differences; tested equal on real outputs).
+Only numerics may differ: masked keys, and rows decoded in other company, can change
+the order in which a kernel sums (last-bit differences; tested equal on real outputs).
 """
 
 from __future__ import annotations
@@ -165,14 +170,31 @@ class ContinuousBeamSearch:
         memory_mask = self._memory_mask[:sentences, None, None, :width]   # (A, 1, 1, S)
         offsets = self._offsets[:sentences]                                # (A,)
         positions = (slot - offsets).repeat_interleave(beam)[:, None]      # (R, 1)
+        tokens = self._history[:rows, slot:slot + 1]
+        decoder = self.model.decoder
+        if decoder.fast_step is not None and decoder.fast_step.covers(tokens, self.caches):
+            hidden = decoder.fast_step(tokens, memory_kv, memory_mask, None, self.caches,
+                                       positions, row_runs=self._row_runs(first))
+            return self.model.output_proj(hidden)[:, -1]
         key_mask = None           # all rows from the same bos: nothing to hide
         if any(s.offset != first for s in self.sentences):
             seen = torch.arange(first, slot + 1, device=self.device) >= offsets[:, None]
             key_mask = seen[:, None, :].expand(-1, beam, -1).reshape(rows, 1, 1, -1)
-        hidden = self.model.decoder(self._history[:rows, slot:slot + 1], memory_kv,
-                                    memory_mask, tgt_mask=key_mask, caches=self.caches,
-                                    positions=positions)
+        hidden = decoder(tokens, memory_kv, memory_mask, tgt_mask=key_mask, caches=self.caches,
+                         positions=positions)
         return self.model.output_proj(hidden)[:, -1]
+
+    def _row_runs(self, first: int) -> list[tuple[int, int, int]]:
+        """(first row, end row, first slot of the cache views) of each run of sentences
+        that joined at the same step: their rows read their own slots only."""
+        runs: list[tuple[int, int, int]] = []
+        for index, sentence in enumerate(self.sentences):
+            row, start = index * self.beam, sentence.offset - first
+            if runs and runs[-1][2] == start:
+                runs[-1] = (runs[-1][0], row + self.beam, start)
+            else:
+                runs.append((row, row + self.beam, start))
+        return runs
 
     def _keep(self, kept: list[int], top, sentences: int, slot: int) -> None:
         """Carry the kept sentences' best beams to the next slot, in rows [:len(kept) * K];
@@ -187,8 +209,7 @@ class ContinuousBeamSearch:
             return
         index = torch.tensor(kept, device=self.device)
         source_rows = (index[:, None] * beam + top.next_beam[index]).view(-1)   # (A' * K)
-        first = self._oldest_bos()
-        self._move_rows(source_rows, first, slot + 1)
+        self._move_rows(source_rows, self._offsets[index].repeat_interleave(beam), slot + 1)
         self._scores[:len(kept)] = top.next_scores[index]
         if len(kept) < sentences:
             for k, v in self._memory:
@@ -205,13 +226,25 @@ class ContinuousBeamSearch:
         current slot when none runs)."""
         return min((s.offset for s in self.sentences), default=self.slot)
 
-    def _move_rows(self, source_rows: Tensor, start: int, end: int) -> None:
-        """Target row i takes what row source_rows[i] held in slots [start:end] (before
-        start, no running sentence looks)."""
-        for k, v in self._keys:
-            _rearrange(k[:, :, start:end], source_rows)
-            _rearrange(v[:, :, start:end], source_rows)
-        _rearrange(self._history[:, start:end], source_rows)
+    def _move_rows(self, source_rows: Tensor, starts: Tensor, end: int) -> None:
+        """Target row i takes what row source_rows[i] held in slots [starts[i]:end]: its
+        sentence's own, from its bos on (no row reads before its bos). Only the rows that
+        move are copied, as (row, slot) cells of the whole buffers, every row's at once."""
+        moved = (source_rows != torch.arange(len(source_rows), device=self.device)).nonzero()
+        if not moved.numel():
+            return
+        moved = moved.squeeze(1)
+        rows, slots = _cells(moved, starts[moved], end)                    # (N,), (N,)
+        sources = source_rows[rows]
+        held_slots = self._history.shape[1]
+        _copy_cells(self._history.view(-1), rows * held_slots + slots,
+                    sources * held_slots + slots)
+        heads = torch.arange(self._keys[0][0].shape[1], device=self.device)[None]   # (1, Hkv)
+        target = ((rows[:, None] * heads.shape[1] + heads) * held_slots + slots[:, None]).view(-1)
+        source = ((sources[:, None] * heads.shape[1] + heads) * held_slots + slots[:, None]).view(-1)
+        for k, v in self._keys:                   # (R, Hkv, T, D) -> (R * Hkv * T, D) rows
+            _copy_cells(k.view(-1, k.shape[-1]), target, source)
+            _copy_cells(v.view(-1, v.shape[-1]), target, source)
 
     def _make_room(self, sentences: int, width: int, slots: int) -> None:
         """Buffers for `sentences` sentences, sources `width` wide and `slots` slots: drop
@@ -269,6 +302,23 @@ def _resized(buffer: Tensor, shape: tuple[int, ...]) -> Tensor:
     new = torch.zeros(shape, dtype=buffer.dtype, device=buffer.device)
     new[tuple(slice(0, n) for n in buffer.shape)] = buffer
     return new
+
+
+def _cells(rows: Tensor, starts: Tensor, end: int) -> tuple[Tensor, Tensor]:
+    """rows (N,) with their first slots (N,) -> every (row, slot) with slot in
+    [start:end), as rows (M,) and slots (M,)."""
+    lengths = end - starts
+    total = int(lengths.sum())
+    before = (lengths.cumsum(0) - lengths).repeat_interleave(lengths, output_size=total)
+    slots = starts.repeat_interleave(lengths, output_size=total) \
+        + torch.arange(total, device=rows.device) - before
+    return rows.repeat_interleave(lengths, output_size=total), slots
+
+
+def _copy_cells(buffer: Tensor, target: Tensor, source: Tensor) -> None:
+    """buffer[target] = buffer[source] along the first dimension (every source read
+    before any target is written)."""
+    buffer.index_copy_(0, target, buffer.index_select(0, source))
 
 
 def _rearrange(buffer: Tensor, index: Tensor) -> None:

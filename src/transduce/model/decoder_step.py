@@ -19,9 +19,7 @@ modules: `covers` says which.
 from __future__ import annotations
 
 import math
-import threading
-import warnings
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +28,7 @@ from torch import Tensor, nn
 from transduce.attention import masks
 from transduce.attention.kv_cache import KVCache
 from transduce.attention.multihead import merge_heads, split_heads
+from transduce.model.scripting import CompiledOnFirstCall
 
 
 def _supported(decoder: nn.Module) -> bool:
@@ -62,17 +61,27 @@ class _SelfAttention(nn.Module):
         self.grouped = self.kv_heads != self.heads
 
     def forward(self, h: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
-                mask: Optional[Tensor]) -> Tensor:
-        """h (R, 1, C), caches (R, Hkv, T, D) holding `length` slots -> (R, 1, C)."""
+                mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]]) -> Tensor:
+        """h (R, 1, C), caches (R, Hkv, T, D) holding `length` slots -> (R, 1, C).
+        runs: (first row, end row, first slot) of row ranges that read only the slots
+        from their first on (then mask is None)."""
         qkv = self.qkv_proj(h).split(self.sizes, -1)
         end = length + 1
         k_cache[:, :, length:end] = split_heads(qkv[1], self.kv_heads, self.head_dim)
         v_cache[:, :, length:end] = split_heads(qkv[2], self.kv_heads, self.head_dim)
-        out = F.scaled_dot_product_attention(
-            split_heads(qkv[0], self.heads, self.head_dim), k_cache[:, :, :end],
-            v_cache[:, :, :end], attn_mask=mask, dropout_p=0.0, is_causal=False,
-            scale=self.scale, enable_gqa=self.grouped)
+        q = split_heads(qkv[0], self.heads, self.head_dim)                 # (R, H, 1, D)
+        if runs is None:
+            out = self._attend(q, k_cache[:, :, :end], v_cache[:, :, :end], mask)
+        else:
+            out = torch.cat([self._attend(q[first:last], k_cache[first:last, :, start:end],
+                                          v_cache[first:last, :, start:end], None)
+                             for first, last, start in runs])
         return self.out_proj(merge_heads(out))
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0,
+                                              is_causal=False, scale=self.scale,
+                                              enable_gqa=self.grouped)
 
 
 class _CrossAttention(nn.Module):
@@ -116,15 +125,18 @@ class _LayerStep(nn.Module):
 
     def forward(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
                 self_mask: Optional[Tensor], memory_k: Tensor, memory_v: Tensor,
-                cross_mask: Optional[Tensor]) -> Tensor:
+                cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]]
+                ) -> Tensor:
         """x (R, 1, C) -> (R, 1, C); memory_k and memory_v are empty without cross-attention."""
         # norm2 is None exactly when cross_attention is; TorchScript needs both tested.
         if self.norm_first:
-            x = x + self.self_attention(self.norm1(x), k_cache, v_cache, length, self_mask)
+            x = x + self.self_attention(self.norm1(x), k_cache, v_cache, length, self_mask,
+                                        runs)
             if self.cross_attention is not None and self.norm2 is not None:
                 x = x + self.cross_attention(self.norm2(x), memory_k, memory_v, cross_mask)
             return x + self.linear2(self.activation(self.linear1(self.norm3(x))))
-        x = self.norm1(x + self.self_attention(x, k_cache, v_cache, length, self_mask))
+        x = self.norm1(x + self.self_attention(x, k_cache, v_cache, length, self_mask,
+                                                      runs))
         if self.cross_attention is not None and self.norm2 is not None:
             x = self.norm2(x + self.cross_attention(x, memory_k, memory_v, cross_mask))
         return self.norm3(x + self.linear2(self.activation(self.linear1(x))))
@@ -141,28 +153,17 @@ class StepLayers(nn.Module):
 
     def forward(self, x: Tensor, k_caches: List[Tensor], v_caches: List[Tensor], length: int,
                 self_mask: Optional[Tensor], memory_k: List[Tensor], memory_v: List[Tensor],
-                cross_mask: Optional[Tensor]) -> Tensor:
+                cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]]
+                ) -> Tensor:
         """x (R, 1, C) embedded tokens, per layer its caches (R, Hkv, T, D) holding `length`
         slots and its sources' keys and values (B, Hkv, S, D) (empty tensors without
         cross-attention) -> hidden states (R, 1, C); every cache takes slot `length`."""
         for i, layer in enumerate(self.layers):
             x = layer(x, k_caches[i], v_caches[i], length, self_mask, memory_k[i], memory_v[i],
-                      cross_mask)
+                      cross_mask, runs)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x
-
-
-def compiled(module: nn.Module) -> nn.Module:
-    """`module` compiled by TorchScript, or as it is where TorchScript is missing or cannot
-    compile it (the same code then runs as Python). TorchScript's deprecation warning is
-    kept out of the caller's warnings."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return torch.jit.script(module)
-    except Exception:  # noqa: BLE001  any failure to compile leaves the Python code
-        return module
 
 
 class DecoderStep:
@@ -172,9 +173,7 @@ class DecoderStep:
 
     def __init__(self, decoder: nn.Module, script: bool = True):
         self.decoder = decoder
-        self.layers: nn.Module = StepLayers(decoder)
-        self._compiled = not script          # True: nothing left to compile
-        self._compiling = threading.Lock()
+        self.layers = CompiledOnFirstCall(StepLayers(decoder), script)
         self._no_memory = torch.zeros(0)
 
     @classmethod
@@ -184,7 +183,7 @@ class DecoderStep:
     @property
     def is_scripted(self) -> bool:
         """Whether the layers run compiled (known after the first step)."""
-        return isinstance(self.layers, torch.jit.ScriptModule)
+        return self.layers.is_scripted
 
     def covers(self, tgt: Tensor, caches: list | None) -> bool:
         """Whether this call is one DecoderStep runs: one token per row on a CPU, plain
@@ -198,14 +197,17 @@ class DecoderStep:
 
     def __call__(self, tgt: Tensor, memory_kv: list[tuple[Tensor, Tensor]] | None,
                  memory_mask: Tensor | None, tgt_mask: Tensor | None,
-                 caches: list[KVCache], positions: Tensor | None) -> Tensor:
+                 caches: list[KVCache], positions: Tensor | None,
+                 row_runs: list[tuple[int, int, int]] | None = None) -> Tensor:
         """tgt (R, 1), each layer's cross-attention keys and values (B, Hkv, S, D) with
         memory_mask (B, 1, 1, S), tgt_mask over every cached key and the new one, caches,
-        positions (R, 1) or None -> hidden states (R, 1, C), as Decoder.forward."""
-        if not self._compiled:
-            with self._compiling:               # decoding workers may share this copy
-                if not self._compiled:
-                    self.layers, self._compiled = compiled(self.layers), True
+        positions (R, 1) or None -> hidden states (R, 1, C), as Decoder.forward.
+        row_runs, instead of tgt_mask: (first row, end row, first slot) of runs of rows
+        that cover all R in order, each attending to its slots from its first on only
+        (a continuous search's sentences that joined at different steps); each run
+        makes a self-attention call of its own, without a mask."""
+        if row_runs is not None and tgt_mask is not None:
+            raise ValueError("row_runs replace tgt_mask: give one of them")
         length = caches[0].length
         _check_room(caches, length)
         x = self.decoder.embed.forward(tgt, length, positions)             # (R, 1, C)
@@ -215,7 +217,8 @@ class DecoderStep:
         hidden = self.layers(x, [cache.k for cache in caches], [cache.v for cache in caches],
                              length, None if tgt_mask is None else masks.four_d(tgt_mask),
                              memory_k, memory_v,
-                             None if memory_mask is None else masks.four_d(memory_mask))
+                             None if memory_mask is None else masks.four_d(memory_mask),
+                             row_runs)
         for cache in caches:
             cache.length = length + 1
         return hidden

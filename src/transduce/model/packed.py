@@ -23,7 +23,8 @@ from transduce.attention.multihead import MultiHeadAttention
 from transduce.model.decoder_step import DecoderStep
 from transduce.model.int8 import Int8Linear, int8_available, no_scalars, worth_int8
 from transduce.model.layers import DecoderLayer, EncoderLayer, FeedForward
-from transduce.model.transformer import Decoder
+from transduce.model.encoder_pass import EncoderPass
+from transduce.model.transformer import Decoder, Encoder
 
 
 def packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
@@ -68,7 +69,8 @@ def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
     self-attention's query, key and value projections fused into one; on a CPU that
     supports it, its Linear layers packed. A tied output projection gets a packed matrix
     of its own (the embedding keeps its rows for lookups). Its decoder steps run written
-    out where they can (model/decoder_step.py).
+    out where they can (model/decoder_step.py), and so do its encoder's layers
+    (model/encoder_pass.py).
 
     dtype torch.int8: float32, with every product of 2^16 weights or more in int8
     (model/int8.py), CPU only."""
@@ -87,6 +89,8 @@ def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
         _replace_linear_layers(clone, packed, int8)
     if isinstance(getattr(clone, "decoder", None), Decoder):
         clone.decoder.fast_step = DecoderStep.build(clone.decoder)
+    if isinstance(getattr(clone, "encoder", None), Encoder):
+        clone.encoder.fast_pass = EncoderPass.build(clone.encoder)
     return clone
 
 

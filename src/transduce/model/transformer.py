@@ -27,6 +27,7 @@ from transduce.attention.kv_cache import AttentionCache, keep_rows
 from transduce.config import ModelConfig
 from transduce.model.decoder_step import DecoderStep
 from transduce.model.dropout import Dropout
+from transduce.model.encoder_pass import EncoderPass
 from transduce.model.layers import DecoderLayer, EncoderLayer
 from transduce.attention.position_bias import ALiBi, T5Bias
 from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedding,
@@ -111,12 +112,14 @@ class Encoder(nn.Module):
         self.score_bias = score_bias(config, bidirectional=True)
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) \
             if config.norm_first else None
-        # A decoding copy's written-out step (model/decoder_step.py), where it applies.
-        self.fast_step: DecoderStep | None = None
+        # A decoding copy's written-out layers (model/encoder_pass.py), where they apply.
+        self.fast_pass: EncoderPass | None = None
 
     def forward(self, src: Tensor, src_mask: Tensor | None, **embed_inputs: Tensor) -> Tensor:
         """src (B, S), src_mask (B, 1, 1, S) -> memory (B, S, C). embed_inputs go to the
         embedding with src (an encoder-only model's segment ids)."""
+        if self.fast_pass is not None and self.fast_pass.covers(src):
+            return self.fast_pass(src, src_mask, **embed_inputs)
         x = self.embed(src, **embed_inputs)
         length = src.shape[1]
         bias = None if self.score_bias is None else self.score_bias(length, length)

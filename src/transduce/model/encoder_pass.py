@@ -1,0 +1,133 @@
+"""The encoder's layers for inference, written out operator by operator and compiled by
+TorchScript: what decoder_step.py does for a decoder step, for the source.
+
+A server encodes each request's sentences when they join a running search, often one
+or two short sentences at a time; through the modules, a pass of the small preset's
+three layers then spent about as long in Python (module calls, attention's checks and
+kernel choice) as in its operators. The layers here call the modules' kernels in the
+modules' order, so the memory is bit-identical (tested, compiled and not); where
+TorchScript is missing or cannot compile them, the same code runs as Python.
+
+It covers what decoder_step.py covers (softmax attention with fused projections, no
+rotary positions or score biases, scaled scores, the SDPA kernel); `build` says which.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transduce.attention import masks
+from transduce.attention.kinds import SoftmaxAttention
+from transduce.attention.multihead import merge_heads, split_heads
+from transduce.model.scripting import CompiledOnFirstCall
+
+
+def _supported(encoder: nn.Module) -> bool:
+    """Every layer's self-attention fused, softmax over all keys through SDPA, scaled
+    scores, no rotary positions; no score bias."""
+    if getattr(encoder, "score_bias", None) is not None:
+        return False
+    for layer in encoder.layers:
+        attn = layer.self_attn
+        if attn.qkv_proj is None or attn.rotary is not None or attn.impl != "sdpa" \
+                or attn.query_factor != 1.0 or type(attn.kind) is not SoftmaxAttention:
+            return False
+    return True
+
+
+class _LayerPass(nn.Module):
+    """EncoderLayer.forward in eval mode (no dropout)."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        attn = layer.self_attn
+        self.qkv_proj, self.out_proj = attn.qkv_proj, attn.out_proj
+        self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, \
+            attn.head_dim
+        self.sizes = [self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                      self.kv_heads * self.head_dim]
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.norm_first, self.norm1, self.norm2 = layer.norm_first, layer.norm1, layer.norm2
+        ffn = layer.ffn
+        self.linear1, self.activation, self.linear2 = ffn.linear1, ffn.activation, ffn.linear2
+
+    def _attention(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """x (B, S, C), mask (B, 1, 1, S) -> (B, S, C)."""
+        q, k, v = self.qkv_proj(x).split(self.sizes, -1)
+        out = F.scaled_dot_product_attention(
+            split_heads(q, self.heads, self.head_dim), split_heads(k, self.kv_heads, self.head_dim),
+            split_heads(v, self.kv_heads, self.head_dim), attn_mask=mask, dropout_p=0.0,
+            is_causal=False, scale=self.scale, enable_gqa=self.kv_heads != self.heads)
+        return self.out_proj(merge_heads(out))
+
+    def forward(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """x (B, S, C) -> (B, S, C)."""
+        if self.norm_first:
+            x = x + self._attention(self.norm1(x), mask)
+            return x + self.linear2(self.activation(self.linear1(self.norm2(x))))
+        x = self.norm1(x + self._attention(x, mask))
+        return self.norm2(x + self.linear2(self.activation(self.linear1(x))))
+
+
+class EncoderLayers(nn.Module):
+    """The encoder's layers and final norm; the modules it holds are the encoder's own."""
+
+    def __init__(self, encoder: nn.Module):
+        super().__init__()
+        self.layers = nn.ModuleList(_LayerPass(layer) for layer in encoder.layers)
+        self.final_norm = encoder.final_norm
+
+    def forward(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """x (B, S, C) embedded tokens, mask (B, 1, 1, S) -> memory (B, S, C)."""
+        for layer in self.layers:
+            x = layer(x, mask)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x
+
+
+class EncoderPass:
+    """Encoder.forward for inference (see the module note). Built by decoding copies
+    (model/packed.py) for encoders it supports (`build`); the layers are compiled on the
+    first pass (`script=False` keeps them Python)."""
+
+    def __init__(self, encoder: nn.Module, script: bool = True):
+        self.encoder = encoder
+        self.layers = CompiledOnFirstCall(EncoderLayers(encoder), script)
+        self._modules = list(encoder.layers.modules())
+
+    @classmethod
+    def build(cls, encoder: nn.Module, script: bool = True) -> "EncoderPass | None":
+        return cls(encoder, script) if _supported(encoder) else None
+
+    @property
+    def is_scripted(self) -> bool:
+        return self.layers.is_scripted
+
+    def covers(self, src: Tensor) -> bool:
+        """Inference on a CPU: eval mode, no autograd, not traced (an ONNX export traces
+        the modules), and no forward hook on a layer's module (the attention recorder's,
+        a user's): hooks see the modules' calls, which the written-out layers skip."""
+        return src.device.type == "cpu" and not self.encoder.training \
+            and not torch.is_grad_enabled() and not torch.jit.is_tracing() \
+            and not self._hooked()
+
+    def _hooked(self) -> bool:
+        return bool(nn.modules.module._global_forward_hooks
+                    or nn.modules.module._global_forward_pre_hooks) \
+            or any(module._forward_hooks or module._forward_pre_hooks
+                   for module in self._modules)
+
+    def __call__(self, src: Tensor, src_mask: Tensor | None, **embed_inputs: Tensor) -> Tensor:
+        """src (B, S), src_mask (B, 1, 1, S) or None -> memory (B, S, C), as Encoder.forward."""
+        if src_mask is not None:
+            if src_mask.dtype != torch.bool or src_mask.dim() > 4:
+                raise ValueError(f"src_mask must be a boolean mask broadcastable to "
+                                 f"(B, 1, 1, S), got {src_mask.dtype} {tuple(src_mask.shape)}")
+            src_mask = masks.four_d(src_mask)
+        return self.layers(self.encoder.embed(src, **embed_inputs), src_mask)
