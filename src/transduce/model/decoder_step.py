@@ -136,7 +136,7 @@ class _LayerStep(nn.Module):
                 x = x + self.cross_attention(self.norm2(x), memory_k, memory_v, cross_mask)
             return x + self.linear2(self.activation(self.linear1(self.norm3(x))))
         x = self.norm1(x + self.self_attention(x, k_cache, v_cache, length, self_mask,
-                                                      runs))
+                                               runs))
         if self.cross_attention is not None and self.norm2 is not None:
             x = self.norm2(x + self.cross_attention(x, memory_k, memory_v, cross_mask))
         return self.norm3(x + self.linear2(self.activation(self.linear1(x))))
