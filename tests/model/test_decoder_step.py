@@ -20,7 +20,8 @@ from tests.model.test_transformer import padded, tiny
 VOCAB = 20
 
 
-def _copy(model, packed: bool, int8: bool, monkeypatch):
+def copy_for_decoding(model, packed: bool, int8: bool, monkeypatch):
+    """A decoding copy, packed or not, with every product in int8 or none."""
     if packed and not packing_available(torch.float32):
         pytest.skip("no oneDNN in this build")
     if int8 and not int8_module.int8_available():
@@ -73,7 +74,7 @@ def _assert_written_out_step_is_exact(model, run, scripted: bool | None = True) 
 def test_the_written_out_step_gives_the_modules_logits(changes, packed, int8, beams,
                                                        scripted, monkeypatch):
     torch.manual_seed(0)
-    model = _copy(Transformer(tiny(**changes)).eval(), packed, int8, monkeypatch)
+    model = copy_for_decoding(Transformer(tiny(**changes)).eval(), packed, int8, monkeypatch)
     src = padded([5, 2, 7], vocab=VOCAB)
     # Eight steps: TorchScript's executor optimizes its graph after the first few calls.
     _assert_written_out_step_is_exact(model, lambda: _steps(model, src, beams, 8), scripted)
@@ -85,7 +86,7 @@ def test_left_padded_prompts_of_a_language_model_step_alike(scripted, monkeypatc
     torch.manual_seed(0)
     lm = build_model(preset("gpt-tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
                             max_positions=64)).eval()
-    model = _copy(lm, packing_available(torch.float32), False, monkeypatch)
+    model = copy_for_decoding(lm, packing_available(torch.float32), False, monkeypatch)
     prompt = torch.randint(3, VOCAB, (3, 6))
     real = torch.ones(3, 6, dtype=torch.bool)
     real[0, :4], real[2, :1] = False, False                      # left padding

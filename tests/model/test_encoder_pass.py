@@ -6,23 +6,12 @@ import torch
 
 from transduce.config import preset
 from transduce.model import Transformer, build_model
-from transduce.model import int8 as int8_module
-from transduce.model import packed as packed_module
 from transduce.model.encoder_pass import EncoderPass
 from transduce.model.packed import decoding_copy, packing_available
+from tests.model.test_decoder_step import copy_for_decoding
 from tests.model.test_transformer import padded, tiny
 
 VOCAB = 20
-
-
-def _copy(model, packed: bool, int8: bool, monkeypatch):
-    if packed and not packing_available(torch.float32):
-        pytest.skip("no oneDNN in this build")
-    if int8 and not int8_module.int8_available():
-        pytest.skip("no oneDNN int8 ops in this build")
-    monkeypatch.setattr(packed_module, "packing_available", lambda dtype=None: packed)
-    monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)
-    return decoding_copy(model, torch.int8 if int8 else torch.float32)
 
 
 def _assert_written_out_pass_is_exact(encoder, run, scripted: bool) -> None:
@@ -50,7 +39,7 @@ def _assert_written_out_pass_is_exact(encoder, run, scripted: bool) -> None:
 def test_the_written_out_layers_give_the_modules_memory(changes, packed, int8, scripted,
                                                         monkeypatch):
     torch.manual_seed(0)
-    model = _copy(Transformer(tiny(**changes)).eval(), packed, int8, monkeypatch)
+    model = copy_for_decoding(Transformer(tiny(**changes)).eval(), packed, int8, monkeypatch)
     sources = [padded(lengths, vocab=VOCAB) for lengths in
                ([5, 2, 7], [1], [3, 3], [9, 1, 4, 6], [2], [8, 8, 1])]
 
@@ -64,7 +53,7 @@ def test_the_written_out_layers_give_the_modules_memory(changes, packed, int8, s
 def test_an_encoder_only_model_with_segments_passes_alike(monkeypatch):
     torch.manual_seed(0)
     bert = build_model(preset("bert-tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)).eval()
-    model = _copy(bert, packing_available(torch.float32), False, monkeypatch)
+    model = copy_for_decoding(bert, packing_available(torch.float32), False, monkeypatch)
     ids = padded([6, 3, 5], vocab=VOCAB)
     segments = (torch.arange(6) >= 3).long().expand(3, -1)
 

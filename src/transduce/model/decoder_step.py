@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from transduce.attention import masks
 from transduce.attention.kv_cache import KVCache
 from transduce.attention.multihead import merge_heads, split_heads
-from transduce.model.scripting import CompiledOnFirstCall
+from transduce.model.scripting import CompiledOnFirstCall, WrittenOut
 
 
 def _supported(decoder: nn.Module) -> bool:
@@ -46,9 +46,9 @@ def _supported(decoder: nn.Module) -> bool:
     return True
 
 
-class _SelfAttention(nn.Module):
-    """Self-attention of one new query per row over the cache, which takes its key and
-    value at slot `length`."""
+class FusedSelfAttention(nn.Module):
+    """A self-attention module's fused projections and sizes, for the written-out passes
+    (this step's and encoder_pass.py's): project, then attend through SDPA."""
 
     def __init__(self, attn: nn.Module):
         super().__init__()
@@ -60,28 +60,39 @@ class _SelfAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.grouped = self.kv_heads != self.heads
 
+    def project(self, h: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """h (B, T, C) -> queries (B, H, T, D), keys and values (B, Hkv, T, D)."""
+        qkv = self.qkv_proj(h).split(self.sizes, -1)
+        return split_heads(qkv[0], self.heads, self.head_dim), \
+            split_heads(qkv[1], self.kv_heads, self.head_dim), \
+            split_heads(qkv[2], self.kv_heads, self.head_dim)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0,
+                                              is_causal=False, scale=self.scale,
+                                              enable_gqa=self.grouped)
+
+
+class _SelfAttention(FusedSelfAttention):
+    """Self-attention of one new query per row over the cache, which takes its key and
+    value at slot `length`."""
+
     def forward(self, h: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
                 mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]]) -> Tensor:
         """h (R, 1, C), caches (R, Hkv, T, D) holding `length` slots -> (R, 1, C).
         runs: (first row, end row, first slot) of row ranges that read only the slots
         from their first on (then mask is None)."""
-        qkv = self.qkv_proj(h).split(self.sizes, -1)
+        q, k, v = self.project(h)                         # (R, H, 1, D), (R, Hkv, 1, D) x 2
         end = length + 1
-        k_cache[:, :, length:end] = split_heads(qkv[1], self.kv_heads, self.head_dim)
-        v_cache[:, :, length:end] = split_heads(qkv[2], self.kv_heads, self.head_dim)
-        q = split_heads(qkv[0], self.heads, self.head_dim)                 # (R, H, 1, D)
+        k_cache[:, :, length:end] = k
+        v_cache[:, :, length:end] = v
         if runs is None:
-            out = self._attend(q, k_cache[:, :, :end], v_cache[:, :, :end], mask)
+            out = self.attend(q, k_cache[:, :, :end], v_cache[:, :, :end], mask)
         else:
-            out = torch.cat([self._attend(q[first:last], k_cache[first:last, :, start:end],
-                                          v_cache[first:last, :, start:end], None)
+            out = torch.cat([self.attend(q[first:last], k_cache[first:last, :, start:end],
+                                         v_cache[first:last, :, start:end], None)
                              for first, last, start in runs])
         return self.out_proj(merge_heads(out))
-
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0,
-                                              is_causal=False, scale=self.scale,
-                                              enable_gqa=self.grouped)
 
 
 class _CrossAttention(nn.Module):
@@ -166,7 +177,7 @@ class StepLayers(nn.Module):
         return x
 
 
-class DecoderStep:
+class DecoderStep(WrittenOut):
     """Decoder.forward for one new token per row over KV caches (see the module note).
     Built by decoding copies (model/packed.py) for decoders it supports (`build`); the
     layers are compiled on the first step (`script=False` keeps them Python)."""
@@ -176,14 +187,7 @@ class DecoderStep:
         self.layers = CompiledOnFirstCall(StepLayers(decoder), script)
         self._no_memory = torch.zeros(0)
 
-    @classmethod
-    def build(cls, decoder: nn.Module, script: bool = True) -> "DecoderStep | None":
-        return cls(decoder, script) if _supported(decoder) else None
-
-    @property
-    def is_scripted(self) -> bool:
-        """Whether the layers run compiled (known after the first step)."""
-        return self.layers.is_scripted
+    supports = staticmethod(_supported)
 
     def covers(self, tgt: Tensor, caches: list | None) -> bool:
         """Whether this call is one DecoderStep runs: one token per row on a CPU, plain

@@ -14,17 +14,16 @@ rotary positions or score biases, scaled scores, the SDPA kernel); `build` says 
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transduce.attention import masks
 from transduce.attention.kinds import SoftmaxAttention
-from transduce.attention.multihead import merge_heads, split_heads
-from transduce.model.scripting import CompiledOnFirstCall
+from transduce.attention.multihead import merge_heads
+from transduce.model.decoder_step import FusedSelfAttention
+from transduce.model.scripting import CompiledOnFirstCall, WrittenOut
 
 
 def _supported(encoder: nn.Module) -> bool:
@@ -40,37 +39,29 @@ def _supported(encoder: nn.Module) -> bool:
     return True
 
 
+class _SelfAttention(FusedSelfAttention):
+    def forward(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """x (B, S, C), mask (B, 1, 1, S) -> (B, S, C)."""
+        q, k, v = self.project(x)
+        return self.out_proj(merge_heads(self.attend(q, k, v, mask)))
+
+
 class _LayerPass(nn.Module):
     """EncoderLayer.forward in eval mode (no dropout)."""
 
     def __init__(self, layer: nn.Module):
         super().__init__()
-        attn = layer.self_attn
-        self.qkv_proj, self.out_proj = attn.qkv_proj, attn.out_proj
-        self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, \
-            attn.head_dim
-        self.sizes = [self.heads * self.head_dim, self.kv_heads * self.head_dim,
-                      self.kv_heads * self.head_dim]
-        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.self_attention = _SelfAttention(layer.self_attn)
         self.norm_first, self.norm1, self.norm2 = layer.norm_first, layer.norm1, layer.norm2
         ffn = layer.ffn
         self.linear1, self.activation, self.linear2 = ffn.linear1, ffn.activation, ffn.linear2
 
-    def _attention(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
-        """x (B, S, C), mask (B, 1, 1, S) -> (B, S, C)."""
-        q, k, v = self.qkv_proj(x).split(self.sizes, -1)
-        out = F.scaled_dot_product_attention(
-            split_heads(q, self.heads, self.head_dim), split_heads(k, self.kv_heads, self.head_dim),
-            split_heads(v, self.kv_heads, self.head_dim), attn_mask=mask, dropout_p=0.0,
-            is_causal=False, scale=self.scale, enable_gqa=self.kv_heads != self.heads)
-        return self.out_proj(merge_heads(out))
-
     def forward(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
         """x (B, S, C) -> (B, S, C)."""
         if self.norm_first:
-            x = x + self._attention(self.norm1(x), mask)
+            x = x + self.self_attention(self.norm1(x), mask)
             return x + self.linear2(self.activation(self.linear1(self.norm2(x))))
-        x = self.norm1(x + self._attention(x, mask))
+        x = self.norm1(x + self.self_attention(x, mask))
         return self.norm2(x + self.linear2(self.activation(self.linear1(x))))
 
 
@@ -91,7 +82,7 @@ class EncoderLayers(nn.Module):
         return x
 
 
-class EncoderPass:
+class EncoderPass(WrittenOut):
     """Encoder.forward for inference (see the module note). Built by decoding copies
     (model/packed.py) for encoders it supports (`build`); the layers are compiled on the
     first pass (`script=False` keeps them Python)."""
@@ -101,13 +92,7 @@ class EncoderPass:
         self.layers = CompiledOnFirstCall(EncoderLayers(encoder), script)
         self._modules = list(encoder.layers.modules())
 
-    @classmethod
-    def build(cls, encoder: nn.Module, script: bool = True) -> "EncoderPass | None":
-        return cls(encoder, script) if _supported(encoder) else None
-
-    @property
-    def is_scripted(self) -> bool:
-        return self.layers.is_scripted
+    supports = staticmethod(_supported)
 
     def covers(self, src: Tensor) -> bool:
         """Inference on a CPU: eval mode, no autograd, not traced (an ONNX export traces

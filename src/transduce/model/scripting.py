@@ -1,5 +1,6 @@
-"""TorchScript for the written-out inference passes (decoder_step.py, encoder_pass.py):
-compiled on first use, once, whichever decoding thread gets there first."""
+"""What the written-out inference passes share (decoder_step.py, encoder_pass.py): built
+for the layouts they support only, their layers compiled by TorchScript on first use,
+once, whichever decoding thread gets there first."""
 
 from __future__ import annotations
 
@@ -43,3 +44,25 @@ class CompiledOnFirstCall:
                 if not self._compiled:
                     self.module, self._compiled = compiled(self.module), True
         return self.module(*args)
+
+
+class WrittenOut:
+    """A written-out pass over a module's layers (subclasses: `supports`, and an
+    __init__(module, script) that sets `layers`)."""
+
+    layers: CompiledOnFirstCall
+
+    @staticmethod
+    def supports(module: nn.Module) -> bool:
+        raise NotImplementedError
+
+    @classmethod
+    def build(cls, module: nn.Module, script: bool = True) -> "WrittenOut | None":
+        """The pass over `module`, or None where its layout is one the pass leaves to
+        the modules."""
+        return cls(module, script) if cls.supports(module) else None
+
+    @property
+    def is_scripted(self) -> bool:
+        """Whether the layers run compiled (known after the first call)."""
+        return self.layers.is_scripted
