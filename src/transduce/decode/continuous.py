@@ -235,14 +235,16 @@ class ContinuousBeamSearch:
             return
         moved = moved.squeeze(1)
         rows, slots = _cells(moved, starts[moved], end)                    # (N,), (N,)
-        sources = source_rows[rows]
-        held_slots = self._history.shape[1]
+        sources, held_slots = source_rows[rows], self._history.shape[1]
         _copy_cells(self._history.view(-1), rows * held_slots + slots,
                     sources * held_slots + slots)
-        heads = torch.arange(self._keys[0][0].shape[1], device=self.device)[None]   # (1, Hkv)
-        target = ((rows[:, None] * heads.shape[1] + heads) * held_slots + slots[:, None]).view(-1)
-        source = ((sources[:, None] * heads.shape[1] + heads) * held_slots + slots[:, None]).view(-1)
-        for k, v in self._keys:                   # (R, Hkv, T, D) -> (R * Hkv * T, D) rows
+        heads = torch.arange(self._keys[0][0].shape[1], device=self.device)          # (Hkv,)
+
+        def cells(rows: Tensor) -> Tensor:   # (N,) -> (N * Hkv,) rows of (R * Hkv * T, D)
+            return ((rows[:, None] * len(heads) + heads) * held_slots + slots[:, None]).view(-1)
+
+        target, source = cells(rows), cells(sources)
+        for k, v in self._keys:
             _copy_cells(k.view(-1, k.shape[-1]), target, source)
             _copy_cells(v.view(-1, v.shape[-1]), target, source)
 
