@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from transduce.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer,
-                                      TokenizerError, train_tokenizer)
+from transduce.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, THREADED_FROM, UNK_ID,
+                                      Tokenizer, TokenizerError, train_tokenizer)
 
 SENTENCES = [
     "En el principio crió Dios los cielos y la tierra.",
@@ -30,6 +30,16 @@ def test_round_trip_is_lossless_even_for_unseen_characters(tokenizer):
     for text, ids in zip(texts, tokenizer.encode(texts)):
         assert tokenizer.decode(ids) == text
         assert UNK_ID not in ids
+
+
+def test_few_texts_one_by_one_and_many_on_threads_encode_alike(tokenizer):
+    texts = [f"{sentence} {i}" for i, sentence in enumerate(SENTENCES)][:THREADED_FROM + 5]
+    many = tokenizer.encode(texts)                        # SentencePiece's threaded batch
+    few = [ids for start in range(0, len(texts), 3)
+           for ids in tokenizer.encode(texts[start:start + 3])]     # one by one
+    assert many == few == [tokenizer.processor.encode(t, out_type=int) for t in texts]
+    assert tokenizer.encode([]) == []
+    assert tokenizer.encode(("la luz",)) == [tokenizer.processor.encode("la luz", out_type=int)]
 
 
 def test_decode_stops_at_eos_and_skips_pad_and_bos(tokenizer):
