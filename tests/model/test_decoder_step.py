@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from transduce.attention import one_query
 from transduce.attention.kv_cache import QuantizedKVCache
 from transduce.config import preset
 from transduce.model import Transformer, build_model
@@ -182,13 +183,17 @@ def test_it_covers_one_token_per_row_over_plain_caches_in_eval_mode():
         model, lambda: _steps(model, src, 2, 3, cache_dtype=torch.int8), scripted=None)
 
 
+@pytest.mark.parametrize("kernel", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not one_query.available(), reason="the one-query kernel could not be built here"))])
 @pytest.mark.parametrize("changes", [{}, {"num_kv_heads": 2}, {"norm_first": False}])
-def test_runs_of_rows_read_their_own_slots_as_a_key_mask_would_let_them(changes):
+def test_runs_of_rows_read_their_own_slots_as_a_key_mask_would_let_them(changes, kernel):
     """A continuous search's rows: three runs whose sentences joined after 0, 2 and 3
-    slots read only their slots, each run without a mask; the modules read every slot
-    with the others masked. A single run from slot 0 is the unmasked step itself."""
+    slots read only their slots (each run without a mask, or every row through the
+    one-query kernel); the modules read every slot with the others masked. A single run
+    from slot 0 is the unmasked step itself (bit for bit through PyTorch's kernel)."""
     torch.manual_seed(0)
     model = decoding_copy(Transformer(tiny(**changes)).eval())
+    model.decoder.fast_step = DecoderStep(model.decoder, kernel=kernel)
     src = padded([5, 2, 7], vocab=VOCAB)
     runs, starts = [(0, 2, 0), (2, 4, 2), (4, 6, 3)], torch.tensor([0, 0, 2, 2, 3, 3])
     with torch.inference_mode():
@@ -214,7 +219,9 @@ def test_runs_of_rows_read_their_own_slots_as_a_key_mask_would_let_them(changes)
                        row_runs=[(0, 6, 0)])
         assert torch.allclose(by_runs, masked, atol=1e-6, rtol=0)
         assert not torch.allclose(by_runs, unmasked, atol=1e-3)     # the runs do mask
-        assert torch.equal(one_run, unmasked)
+        assert torch.equal(one_run, unmasked) or kernel and \
+            torch.allclose(one_run, unmasked, atol=1e-6, rtol=0)
+        assert step.kernel is kernel and step._layers_for_runs(torch.float32).is_scripted
         with pytest.raises(ValueError, match="row_runs replace tgt_mask"):
             step(tokens, state.memory_kv, state.memory_mask, mask, fresh_caches(), None,
                  row_runs=runs)

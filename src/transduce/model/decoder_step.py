@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transduce.attention import masks
+from transduce.attention import masks, one_query
 from transduce.attention.kv_cache import KVCache
 from transduce.attention.multihead import merge_heads, split_heads
 from transduce.model.scripting import CompiledOnFirstCall, WrittenOut
@@ -78,10 +78,12 @@ class _SelfAttention(FusedSelfAttention):
     value at slot `length`."""
 
     def forward(self, h: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
-                mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]]) -> Tensor:
+                mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
+                row_starts: Optional[Tensor]) -> Tensor:
         """h (R, 1, C), caches (R, Hkv, T, D) holding `length` slots -> (R, 1, C).
         runs: (first row, end row, first slot) of row ranges that read only the slots
-        from their first on (then mask is None)."""
+        from their first on (then mask is None); row_starts (R,): each row's first slot,
+        the same given per row."""
         q, k, v = self.project(h)                         # (R, H, 1, D), (R, Hkv, 1, D) x 2
         end = length + 1
         k_cache[:, :, length:end] = k
@@ -89,10 +91,30 @@ class _SelfAttention(FusedSelfAttention):
         if runs is None:
             out = self.attend(q, k_cache[:, :, :end], v_cache[:, :, :end], mask)
         else:
-            out = torch.cat([self.attend(q[first:last], k_cache[first:last, :, start:end],
-                                         v_cache[first:last, :, start:end], None)
-                             for first, last, start in runs])
+            out = self.attend_runs(q, k_cache, v_cache, end, runs, row_starts)
         return self.out_proj(merge_heads(out))
+
+    def attend_runs(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, end: int,
+                    runs: List[Tuple[int, int, int]], row_starts: Optional[Tensor]) -> Tensor:
+        """One unmasked call of PyTorch's kernel per run -> (R, H, 1, D)."""
+        return torch.cat([self.attend(q[first:last], k_cache[first:last, :, start:end],
+                                      v_cache[first:last, :, start:end], None)
+                          for first, last, start in runs])
+
+
+class _KernelSelfAttention(_SelfAttention):
+    """_SelfAttention whose runs are read by one call of the one-query kernel
+    (attention/one_query.py): each row its own slots, whatever the runs."""
+
+    def attend_runs(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, end: int,
+                    runs: List[Tuple[int, int, int]], row_starts: Optional[Tensor]) -> Tensor:
+        assert row_starts is not None, "the kernel reads each row's first slot"
+        rows = q.shape[0]
+        grouped = q.view(rows, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
+        ends = torch.full_like(row_starts, end)
+        out = torch.ops.transduce.one_query_attention(grouped, k_cache, v_cache, row_starts,
+                                                      ends, self.scale)
+        return out.view(rows, self.heads, 1, self.head_dim)
 
 
 class _CrossAttention(nn.Module):
@@ -124,11 +146,12 @@ class _CrossAttention(nn.Module):
 class _LayerStep(nn.Module):
     """DecoderLayer.forward for one new token per row, in eval mode (no dropout)."""
 
-    def __init__(self, layer: nn.Module):
+    def __init__(self, layer: nn.Module, kernel: bool):
         super().__init__()
         self.norm_first = layer.norm_first
         self.norm1, self.norm2, self.norm3 = layer.norm1, layer.norm2, layer.norm3
-        self.self_attention = _SelfAttention(layer.self_attn)
+        self.self_attention = (_KernelSelfAttention if kernel else _SelfAttention)(
+            layer.self_attn)
         self.cross_attention = None if layer.cross_attn is None else \
             _CrossAttention(layer.cross_attn)
         ffn = layer.ffn
@@ -136,18 +159,18 @@ class _LayerStep(nn.Module):
 
     def forward(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
                 self_mask: Optional[Tensor], memory_k: Tensor, memory_v: Tensor,
-                cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]]
-                ) -> Tensor:
+                cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
+                row_starts: Optional[Tensor]) -> Tensor:
         """x (R, 1, C) -> (R, 1, C); memory_k and memory_v are empty without cross-attention."""
         # norm2 is None exactly when cross_attention is; TorchScript needs both tested.
         if self.norm_first:
             x = x + self.self_attention(self.norm1(x), k_cache, v_cache, length, self_mask,
-                                        runs)
+                                        runs, row_starts)
             if self.cross_attention is not None and self.norm2 is not None:
                 x = x + self.cross_attention(self.norm2(x), memory_k, memory_v, cross_mask)
             return x + self.linear2(self.activation(self.linear1(self.norm3(x))))
         x = self.norm1(x + self.self_attention(x, k_cache, v_cache, length, self_mask,
-                                               runs))
+                                               runs, row_starts))
         if self.cross_attention is not None and self.norm2 is not None:
             x = self.norm2(x + self.cross_attention(x, memory_k, memory_v, cross_mask))
         return self.norm3(x + self.linear2(self.activation(self.linear1(x))))
@@ -157,21 +180,21 @@ class StepLayers(nn.Module):
     """The decoder's layers and final norm for one new token per row over KV caches; the
     modules it holds are the decoder's own (no weight is copied)."""
 
-    def __init__(self, decoder: nn.Module):
+    def __init__(self, decoder: nn.Module, kernel: bool = False):
         super().__init__()
-        self.layers = nn.ModuleList(_LayerStep(layer) for layer in decoder.layers)
+        self.layers = nn.ModuleList(_LayerStep(layer, kernel) for layer in decoder.layers)
         self.final_norm = decoder.final_norm
 
     def forward(self, x: Tensor, k_caches: List[Tensor], v_caches: List[Tensor], length: int,
                 self_mask: Optional[Tensor], memory_k: List[Tensor], memory_v: List[Tensor],
-                cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]]
-                ) -> Tensor:
+                cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
+                row_starts: Optional[Tensor]) -> Tensor:
         """x (R, 1, C) embedded tokens, per layer its caches (R, Hkv, T, D) holding `length`
         slots and its sources' keys and values (B, Hkv, S, D) (empty tensors without
         cross-attention) -> hidden states (R, 1, C); every cache takes slot `length`."""
         for i, layer in enumerate(self.layers):
             x = layer(x, k_caches[i], v_caches[i], length, self_mask, memory_k[i], memory_v[i],
-                      cross_mask, runs)
+                      cross_mask, runs, row_starts)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x
@@ -182,9 +205,14 @@ class DecoderStep(WrittenOut):
     Built by decoding copies (model/packed.py) for decoders it supports (`build`); the
     layers are compiled on the first step (`script=False` keeps them Python)."""
 
-    def __init__(self, decoder: nn.Module, script: bool = True):
-        self.decoder = decoder
+    def __init__(self, decoder: nn.Module, script: bool = True, kernel: bool | None = None):
+        """kernel: whether steps with row runs over float32 caches read them through the
+        one-query kernel (attention/one_query.py); None: where it is available, checked
+        (and built) at the first such step, so that searches without runs never build
+        it."""
+        self.decoder, self.script, self.kernel = decoder, script, kernel
         self.layers = CompiledOnFirstCall(StepLayers(decoder), script)
+        self._run_layers: CompiledOnFirstCall | None = None
         self._no_memory = torch.zeros(0)
 
     supports = staticmethod(_supported)
@@ -208,8 +236,9 @@ class DecoderStep(WrittenOut):
         positions (R, 1) or None -> hidden states (R, 1, C), as Decoder.forward.
         row_runs, instead of tgt_mask: (first row, end row, first slot) of runs of rows
         that cover all R in order, each attending to its slots from its first on only
-        (a continuous search's sentences that joined at different steps); each run
-        makes a self-attention call of its own, without a mask."""
+        (a continuous search's sentences that joined at different steps): one call of
+        the one-query kernel reads every row's own slots, or, without it, each run makes
+        a self-attention call of its own, without a mask."""
         if row_runs is not None and tgt_mask is not None:
             raise ValueError("row_runs replace tgt_mask: give one of them")
         length = caches[0].length
@@ -218,14 +247,35 @@ class DecoderStep(WrittenOut):
         none = [self._no_memory] * len(caches)
         memory_k = none if memory_kv is None else [k for k, _ in memory_kv]
         memory_v = none if memory_kv is None else [v for _, v in memory_kv]
-        hidden = self.layers(x, [cache.k for cache in caches], [cache.v for cache in caches],
-                             length, None if tgt_mask is None else masks.four_d(tgt_mask),
-                             memory_k, memory_v,
-                             None if memory_mask is None else masks.four_d(memory_mask),
-                             row_runs)
+        layers, row_starts = self.layers, None
+        if row_runs is not None:
+            layers, row_starts = self._layers_for_runs(x.dtype), _row_starts(row_runs)
+        hidden = layers(x, [cache.k for cache in caches], [cache.v for cache in caches],
+                        length, None if tgt_mask is None else masks.four_d(tgt_mask),
+                        memory_k, memory_v,
+                        None if memory_mask is None else masks.four_d(memory_mask),
+                        row_runs, row_starts)
         for cache in caches:
             cache.length = length + 1
         return hidden
+
+
+    def _layers_for_runs(self, dtype: torch.dtype) -> CompiledOnFirstCall:
+        """The layers that read row runs: through the kernel where it is available (it
+        reads float32 caches only)."""
+        if dtype != torch.float32:
+            return self.layers
+        if self._run_layers is None:
+            if self.kernel is None:
+                self.kernel = one_query.available()
+            self._run_layers = CompiledOnFirstCall(StepLayers(self.decoder, kernel=True),
+                                                   self.script) if self.kernel else self.layers
+        return self._run_layers
+
+
+def _row_starts(runs: list[tuple[int, int, int]]) -> Tensor:
+    """Runs (first row, end row, first slot) -> each row's first slot (R,) int64."""
+    return torch.tensor([start for first, last, start in runs for _ in range(last - first)])
 
 
 def _check_room(caches: list[KVCache], length: int) -> None:
