@@ -189,7 +189,8 @@ def test_it_covers_one_token_per_row_over_plain_caches_in_eval_mode():
 def test_runs_of_rows_read_their_own_slots_as_a_key_mask_would_let_them(changes, kernel):
     """A continuous search's rows: three runs whose sentences joined after 0, 2 and 3
     slots read only their slots (each run without a mask, or every row through the
-    one-query kernel); the modules read every slot with the others masked. A single run
+    one-query kernel, which also reads each source's own keys where their lengths are
+    given); the modules read every slot with the others masked. A single run
     from slot 0 is the unmasked step itself (bit for bit through PyTorch's kernel)."""
     torch.manual_seed(0)
     model = decoding_copy(Transformer(tiny(**changes)).eval())
@@ -217,7 +218,11 @@ def test_runs_of_rows_read_their_own_slots_as_a_key_mask_would_let_them(changes,
         model.decoder.fast_step = step
         one_run = step(tokens, state.memory_kv, state.memory_mask, None, fresh_caches(), None,
                        row_runs=[(0, 6, 0)])
+        lengths = state.memory_mask.reshape(3, -1).sum(dim=1)      # sources 5, 2, 7 + eos
+        with_lengths = step(tokens, state.memory_kv, state.memory_mask, None, fresh_caches(),
+                            None, row_runs=runs, memory_lengths=lengths)
         assert torch.allclose(by_runs, masked, atol=1e-6, rtol=0)
+        assert torch.allclose(with_lengths, masked, atol=1e-6, rtol=0)
         assert not torch.allclose(by_runs, unmasked, atol=1e-3)     # the runs do mask
         assert torch.equal(one_run, unmasked) or kernel and \
             torch.allclose(one_run, unmasked, atol=1e-6, rtol=0)

@@ -173,8 +173,10 @@ class ContinuousBeamSearch:
         tokens = self._history[:rows, slot:slot + 1]
         decoder = self.model.decoder
         if decoder.fast_step is not None and decoder.fast_step.covers(tokens, self.caches):
+            lengths = self._memory_mask[:sentences, :width].sum(dim=1)      # right-padded
             hidden = decoder.fast_step(tokens, memory_kv, memory_mask, None, self.caches,
-                                       positions, row_runs=self._row_runs(first))
+                                       positions, row_runs=self._row_runs(first),
+                                       memory_lengths=lengths)
             return self.model.output_proj(hidden)[:, -1]
         key_mask = None           # all rows from the same bos: nothing to hide
         if any(s.offset != first for s in self.sentences):

@@ -129,18 +129,44 @@ class _CrossAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.grouped = attn.num_kv_heads != attn.num_heads
 
-    def forward(self, h: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
-        """h (R, 1, C), k and v (B, Hkv, S, D), mask (B, 1, 1, S) -> (R, 1, C)."""
+    def forward(self, h: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor],
+                lengths: Optional[Tensor]) -> Tensor:
+        """h (R, 1, C), k and v (B, Hkv, S, D), mask (B, 1, 1, S) -> (R, 1, C).
+        lengths (B,): each source's keys are its first `length` (the mask's, given
+        again; used by the kernel's subclass)."""
         q = split_heads(self.q_proj(h), self.heads, self.head_dim)          # (R, H, 1, D)
         n = q.shape[0] // k.shape[0]
         if n > 1:
             q = q.unflatten(0, (k.shape[0], n)).transpose(1, 2).flatten(2, 3)  # (B, H, n, D)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False, scale=self.scale,
-            enable_gqa=self.grouped)
+        out = self.attend(q, k, v, mask, lengths)                           # (B, H, n, D)
         if n > 1:
             out = out.unflatten(2, (n, 1)).transpose(1, 2).flatten(0, 1)    # (R, H, 1, D)
         return self.out_proj(merge_heads(out))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor],
+               lengths: Optional[Tensor]) -> Tensor:
+        return self.sdpa(q, k, v, mask)
+
+    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False, scale=self.scale,
+            enable_gqa=self.grouped)
+
+
+class _KernelCrossAttention(_CrossAttention):
+    """_CrossAttention through the one-query kernel where the sources' lengths are given:
+    each source's queries (its beams, and a kv head's group) read its own keys only, not
+    the padding up to the widest source."""
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor],
+               lengths: Optional[Tensor]) -> Tensor:
+        if lengths is None:
+            return self.sdpa(q, k, v, mask)
+        sources, heads, n, dim = q.shape
+        grouped = q.reshape(sources, k.shape[1], heads // k.shape[1] * n, dim)
+        out = torch.ops.transduce.one_query_attention(grouped, k, v, torch.zeros_like(lengths),
+                                                      lengths, self.scale)
+        return out.view(sources, heads, n, dim)
 
 
 class _LayerStep(nn.Module):
@@ -153,26 +179,28 @@ class _LayerStep(nn.Module):
         self.self_attention = (_KernelSelfAttention if kernel else _SelfAttention)(
             layer.self_attn)
         self.cross_attention = None if layer.cross_attn is None else \
-            _CrossAttention(layer.cross_attn)
+            (_KernelCrossAttention if kernel else _CrossAttention)(layer.cross_attn)
         ffn = layer.ffn
         self.linear1, self.activation, self.linear2 = ffn.linear1, ffn.activation, ffn.linear2
 
     def forward(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
                 self_mask: Optional[Tensor], memory_k: Tensor, memory_v: Tensor,
                 cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
-                row_starts: Optional[Tensor]) -> Tensor:
+                row_starts: Optional[Tensor], memory_lengths: Optional[Tensor]) -> Tensor:
         """x (R, 1, C) -> (R, 1, C); memory_k and memory_v are empty without cross-attention."""
         # norm2 is None exactly when cross_attention is; TorchScript needs both tested.
         if self.norm_first:
             x = x + self.self_attention(self.norm1(x), k_cache, v_cache, length, self_mask,
                                         runs, row_starts)
             if self.cross_attention is not None and self.norm2 is not None:
-                x = x + self.cross_attention(self.norm2(x), memory_k, memory_v, cross_mask)
+                x = x + self.cross_attention(self.norm2(x), memory_k, memory_v, cross_mask,
+                                             memory_lengths)
             return x + self.linear2(self.activation(self.linear1(self.norm3(x))))
         x = self.norm1(x + self.self_attention(x, k_cache, v_cache, length, self_mask,
                                                runs, row_starts))
         if self.cross_attention is not None and self.norm2 is not None:
-            x = self.norm2(x + self.cross_attention(x, memory_k, memory_v, cross_mask))
+            x = self.norm2(x + self.cross_attention(x, memory_k, memory_v, cross_mask,
+                                                    memory_lengths))
         return self.norm3(x + self.linear2(self.activation(self.linear1(x))))
 
 
@@ -188,13 +216,13 @@ class StepLayers(nn.Module):
     def forward(self, x: Tensor, k_caches: List[Tensor], v_caches: List[Tensor], length: int,
                 self_mask: Optional[Tensor], memory_k: List[Tensor], memory_v: List[Tensor],
                 cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
-                row_starts: Optional[Tensor]) -> Tensor:
+                row_starts: Optional[Tensor], memory_lengths: Optional[Tensor]) -> Tensor:
         """x (R, 1, C) embedded tokens, per layer its caches (R, Hkv, T, D) holding `length`
         slots and its sources' keys and values (B, Hkv, S, D) (empty tensors without
         cross-attention) -> hidden states (R, 1, C); every cache takes slot `length`."""
         for i, layer in enumerate(self.layers):
             x = layer(x, k_caches[i], v_caches[i], length, self_mask, memory_k[i], memory_v[i],
-                      cross_mask, runs, row_starts)
+                      cross_mask, runs, row_starts, memory_lengths)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x
@@ -230,7 +258,8 @@ class DecoderStep(WrittenOut):
     def __call__(self, tgt: Tensor, memory_kv: list[tuple[Tensor, Tensor]] | None,
                  memory_mask: Tensor | None, tgt_mask: Tensor | None,
                  caches: list[KVCache], positions: Tensor | None,
-                 row_runs: list[tuple[int, int, int]] | None = None) -> Tensor:
+                 row_runs: list[tuple[int, int, int]] | None = None,
+                 memory_lengths: Tensor | None = None) -> Tensor:
         """tgt (R, 1), each layer's cross-attention keys and values (B, Hkv, S, D) with
         memory_mask (B, 1, 1, S), tgt_mask over every cached key and the new one, caches,
         positions (R, 1) or None -> hidden states (R, 1, C), as Decoder.forward.
@@ -238,7 +267,9 @@ class DecoderStep(WrittenOut):
         that cover all R in order, each attending to its slots from its first on only
         (a continuous search's sentences that joined at different steps): one call of
         the one-query kernel reads every row's own slots, or, without it, each run makes
-        a self-attention call of its own, without a mask."""
+        a self-attention call of its own, without a mask. memory_lengths (B,), with
+        row_runs: the sources are right-padded, each its first `length` keys (as
+        memory_mask says), which the kernel's cross-attention reads alone."""
         if row_runs is not None and tgt_mask is not None:
             raise ValueError("row_runs replace tgt_mask: give one of them")
         length = caches[0].length
@@ -254,7 +285,7 @@ class DecoderStep(WrittenOut):
                         length, None if tgt_mask is None else masks.four_d(tgt_mask),
                         memory_k, memory_v,
                         None if memory_mask is None else masks.four_d(memory_mask),
-                        row_runs, row_starts)
+                        row_runs, row_starts, memory_lengths)
         for cache in caches:
             cache.length = length + 1
         return hidden
