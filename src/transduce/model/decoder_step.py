@@ -7,7 +7,9 @@ modules add their own (nn.Module's call machinery, attention's input checks and 
 choice, the cache's shape checks). StepLayers runs the decoder layers' operators in the
 modules' order with none of that, and TorchScript runs them from its own interpreter:
 no Python between operators. The kernels are the modules' own, called in the same
-order: the logits are bit-identical (tested, compiled and not). Where TorchScript is
+order: the logits are bit-identical (tested, compiled and not). Steps over row runs (a
+continuous search's, below) read them through the one-query kernel where it is built
+(attention/one_query.py), equal to float32's last bits. Where TorchScript is
 missing or cannot compile a step, the same code runs as Python. (Whether two decoding
 workers' compiled steps overlap better than their Python ones is not measured yet.)
 
@@ -289,7 +291,6 @@ class DecoderStep(WrittenOut):
         for cache in caches:
             cache.length = length + 1
         return hidden
-
 
     def _layers_for_runs(self, dtype: torch.dtype) -> CompiledOnFirstCall:
         """The layers that read row runs: through the kernel where it is available (it
