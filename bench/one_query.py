@@ -81,14 +81,15 @@ def search(args: argparse.Namespace) -> dict:
     from transduce.data.tokenizer import BOS_ID, EOS_ID
     from transduce.decode.continuous import ContinuousBeamSearch
     from transduce.decode.translate import Translator, pad_sources
+    from transduce.model.decoder_step import DecoderStep
 
     translator = Translator.load(args.model, dtype=args.dtype)
     ids = translator.encode(read_lines(Path(args.data) / "test.es")[:args.lines])
-    step = translator.model.decoder.fast_step
-    layers = {"kernel": step._layers_for_runs(torch.float32), "sdpa": step.layers}
+    decoder = translator.model.decoder
+    layers = {name: DecoderStep(decoder, kernel=name == "kernel") for name in ("kernel", "sdpa")}
 
     def run(name: str) -> tuple[float, list]:
-        step._run_layers = layers[name]
+        decoder.fast_step = layers[name]
         searcher = ContinuousBeamSearch(translator.model, bos_id=BOS_ID, eos_id=EOS_ID, beam=BEAM)
         waiting, found = list(range(len(ids))), {}
         started = time.perf_counter()

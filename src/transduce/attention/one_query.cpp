@@ -26,7 +26,7 @@ void attend_range(const float* __restrict__ queries, const float* __restrict__ k
                   int64_t G, int64_t dim, float scale, std::vector<float>& scores,
                   float* __restrict__ out) {
   const int64_t D = kD > 0 ? kD : dim;
-  std::fill(out, out + G * D, 0.f);
+  if (n <= 0 || kD == 0) std::fill(out, out + G * D, 0.f);   // kD > 0 sums in registers
   if (n <= 0) return;
   scores.resize(G * n);
   for (int64_t t = 0; t < n; ++t) {              // each key is read once for all G queries

@@ -7,7 +7,7 @@ per call, so the decoding step made one call per run of sentences that joined to
 (11-12 a layer at 16 sentences), each costing more in set-up than in arithmetic; one
 call over every slot with a mask reads 2.5x the keys and was no faster. This kernel
 takes each row's first and last slot and reads its own keys only, once for the G
-queries that share them, in one call: 2.4-3.8x faster than the calls per run for 64
+queries that share them, in one call: 2.3-3.8x faster than the calls per run for 64
 rows (2-core Zen 4, one thread; `python bench/one_query.py`). Cross-attention is the
 same shape: a source's beams (and a kv head's group) are its G queries, and its keys
 end at its own length instead of the widest running source's. With both, the search
