@@ -45,6 +45,7 @@ from measure import (added_peak_bytes, format_bytes, handed_to_gpu_benchmark,  #
 from transduce.config import preset  # noqa: E402
 from transduce.data.batching import TokenBatcher  # noqa: E402
 from transduce.data.dataset import load_split  # noqa: E402
+from transduce.data.packing import PackedPairBatcher  # noqa: E402
 from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer  # noqa: E402
 from transduce.export.hf import hf_config  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
@@ -100,6 +101,15 @@ def batches(data: Path, max_tokens: int, count: int) -> list:
     tokenizer = Tokenizer(data / MODEL_NAME)
     split = load_split(data, "train", tokenizer, 256)
     batcher = TokenBatcher(split.src_ids, split.tgt_ids, max_tokens, seed=1)
+    return [batcher.collate(indices) for indices in batcher.epoch_batches(0)[:count]], \
+        tokenizer.vocab_size
+
+
+def packed_batches(data: Path, max_tokens: int, count: int, pack_length: int) -> tuple[list, int]:
+    """The first `count` batches of the same corpus packed into rows (data/packing.py)."""
+    tokenizer = Tokenizer(data / MODEL_NAME)
+    split = load_split(data, "train", tokenizer, min(256, pack_length - 1))
+    batcher = PackedPairBatcher(split.src_ids, split.tgt_ids, pack_length, max_tokens, seed=1)
     return [batcher.collate(indices) for indices in batcher.epoch_batches(0)[:count]], \
         tokenizer.vocab_size
 

@@ -5,14 +5,21 @@ Peers on the same batches, interleaved in rounds: ours with each attention impl 
 for (default sdpa and triton), ours under torch.compile ("ours sdpa compiled": the model
 as `transduce train --compile` steps it, shapes dynamic), and Hugging Face's
 MarianMTModel of the same shape under the same autocast with F.cross_entropy (what its
-Trainer does with bf16=True). Every peer first steps through every batch once (kernels
-compiled for each shape, allocator settled); then the rounds are timed. All count
-target tokens that are not padding per second of forward, backward and optimizer step.
+Trainer does with bf16=True). Peers named "... packed" ("ours triton packed", "ours
+sdpa packed compiled") train on rows of --pack-length tokens packed with whole pairs
+(data/packing.py; `transduce train --pack-length`), the first --steps packed batches of
+the same corpus at the same budget: batches of one shape, compiled without dynamic
+shapes, and the Triton kernel skipping other pairs' tiles. Every peer first steps
+through every batch once (kernels compiled for each shape, allocator settled); then the
+rounds are timed. All count target tokens that are not padding per second of forward,
+backward and optimizer step (each peer its own batches' targets).
 MFU is model FLOPs (train/flops.py, 6 N per token plus attention) per second against the
 GPU's dense bfloat16 peak from its data sheet (989.4 TFLOP/s for H100 SXM and H200), and
 also against the matmul rate measured here (8192^3 bfloat16).
 
     python bench/train.py --device cuda --data data/bible [--preset base] [--max-tokens 8192 16384 25000]
+    python bench/train.py --device cuda --data data/bible --max-tokens 25000 \
+        --peers "ours sdpa compiled" "ours triton packed" "ours triton packed compiled"
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from transduce.config import preset  # noqa: E402
 from transduce.data.tokenizer import PAD_ID  # noqa: E402
 from transduce.export.hf import hf_config  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
-from transduce.train.flops import matmul_peak, training_flops  # noqa: E402
+from transduce.train.flops import batch_training_flops, matmul_peak  # noqa: E402
 from transduce.train.loss import projected_label_smoothed_nll  # noqa: E402
 
 # Dense bfloat16 tensor-core peaks from the data sheets (no sparsity), by name prefix.
@@ -50,16 +57,17 @@ def datasheet_peak(name: str) -> float | None:
 def build(peer: str, preset_name: str, vocab: int):
     """-> a training step on a batch (returning target tokens) and our model's config."""
     torch.manual_seed(0)
-    impl = peer.removeprefix("ours ").removesuffix(" compiled")
-    config = preset(preset_name, src_vocab_size=vocab, tgt_vocab_size=vocab,
-                    attention_impl=impl if peer.startswith("ours") else "sdpa")
+    impl = peer.split()[1] if peer.startswith("ours") else "sdpa"
+    config = preset(preset_name, src_vocab_size=vocab, tgt_vocab_size=vocab, attention_impl=impl)
     ours = Transformer(config)
     if peer.startswith("ours"):
         model = ours.cuda().train()
-        net = torch.compile(model, dynamic=True) if peer.endswith(" compiled") else model
+        # Packed batches all have one shape: compiled for it, as `transduce train` does.
+        net = torch.compile(model, dynamic="packed" not in peer) \
+            if peer.endswith(" compiled") else model
 
         def loss_of(batch):
-            hidden = net(batch.src, batch.tgt_in, project=False)
+            hidden = net(batch.src, batch.tgt_in, project=False, segments=batch.segments)
             return projected_label_smoothed_nll(hidden, model.output_proj.weight, batch.tgt_out,
                                                 SMOOTHING, PAD_ID)[0]
     else:
@@ -86,42 +94,48 @@ def build(peer: str, preset_name: str, vocab: int):
     return step, config
 
 
-def cuda_batches(data: Path, max_tokens: int, count: int):
-    from train import batches  # the CPU benchmark's batches: the same corpus and batcher
-    chosen, vocab = batches(data, max_tokens, count)
-    for batch in chosen:
-        for name in ("src", "tgt_in", "tgt_out"):
-            setattr(batch, name, getattr(batch, name).cuda())
-    return chosen, vocab
+def cuda_batches(data: Path, max_tokens: int, count: int, pack_length: int = 0):
+    """The CPU benchmark's batches (the same corpus and batcher) on the GPU; with
+    pack_length, the first `count` packed batches of the same corpus instead."""
+    from train import batches, packed_batches
+    chosen, vocab = packed_batches(data, max_tokens, count, pack_length) if pack_length \
+        else batches(data, max_tokens, count)
+    return [batch.to("cuda") for batch in chosen], vocab
 
 
 def measure(args, max_tokens: int) -> list[dict]:
-    chosen, vocab = cuda_batches(args.data, max_tokens, args.steps)
+    """Peers with "packed" in their name train on packed rows, the others on
+    length-sorted batches of the same budget: tokens/s counts each one's own targets."""
+    plain, vocab = cuda_batches(args.data, max_tokens, args.steps)
+    packed = cuda_batches(args.data, max_tokens, args.steps, args.pack_length)[0] \
+        if any("packed" in peer for peer in args.peers) else []
+    data = {peer: packed if "packed" in peer else plain for peer in args.peers}
     steppers = {peer: build(peer, args.preset, vocab) for peer in args.peers}
     config = next(iter(steppers.values()))[1]
-    flops = sum(training_flops(config, *b.src.shape, b.tgt_in.shape[1]) for b in chosen)
     # Warm-up on every batch: kernels compiled for each shape (a compiled model may
     # specialise on some), allocator settled.
-    for step, _ in steppers.values():
-        for batch in chosen:
+    for peer, (step, _) in steppers.items():
+        for batch in data[peer]:
             step(batch)
     torch.cuda.synchronize()
     seconds: dict[str, list[float]] = {peer: [] for peer in steppers}
-    tokens = sum(int((b.tgt_out != PAD_ID).sum()) for b in chosen)
     for _ in range(args.rounds):
         for peer, (step, _) in steppers.items():
             torch.cuda.synchronize()
             start = time.perf_counter()
-            for batch in chosen:
+            for batch in data[peer]:
                 step(batch)
             torch.cuda.synchronize()
             seconds[peer].append(time.perf_counter() - start)
     rows = []
     for peer, times in seconds.items():
         median = statistics.median(times)
+        tokens = sum(b.num_tgt_tokens for b in data[peer])
+        flops = sum(batch_training_flops(config, b) for b in data[peer])
         torch.cuda.reset_peak_memory_stats()
-        steppers[peer][0](chosen[0])
+        steppers[peer][0](data[peer][0])
         rows.append({"peer": peer, "max_tokens": max_tokens, "seconds": times,
+                     "pack_length": args.pack_length if "packed" in peer else 0,
                      "target_tokens_per_round": tokens, "target_tokens_per_s": tokens / median,
                      "model_flops_per_s": flops / median,
                      "peak_memory_bytes": torch.cuda.max_memory_allocated()})
@@ -144,8 +158,10 @@ def print_row(row: dict, sheet: float | None, measured: float) -> None:
 def profile_kernels(args, max_tokens: int) -> None:
     """Each peer's GPU time by kernel over three steps (after three warm-up steps)."""
     from torch.profiler import ProfilerActivity, profile
-    chosen, vocab = cuda_batches(args.data, max_tokens, 6)
+    plain, vocab = cuda_batches(args.data, max_tokens, 6)
+    packed = cuda_batches(args.data, max_tokens, 6, args.pack_length)[0]
     for peer in args.peers:
+        chosen = packed if "packed" in peer else plain
         step, _ = build(peer, args.preset, vocab)
         for batch in chosen[:3]:
             step(batch)
@@ -167,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[8192, 16384, 25000])
     parser.add_argument("--peers", nargs="+",
                         default=["ours sdpa", "ours triton", "ours sdpa compiled", "hf"])
+    parser.add_argument("--pack-length", type=int, default=256,
+                        help="row length of the peers named '... packed' (data/packing.py)")
     parser.add_argument("--profile", action="store_true",
                         help="also print each peer's GPU kernels by time over three steps")
     parser.add_argument("--rounds", type=int, default=3)

@@ -307,9 +307,11 @@ class TrainConfig(ValidatedConfig):
     smoothing; batches of about max_tokens source and max_tokens target tokens,
     update_freq of them (per process) per step. ema_decay > 0 keeps an exponential
     moving average of the weights, written as RUN/ema when the run ends.
-    pack_length > 0 (language models, arch "decoder"): train on fixed blocks of that many
-    tokens cut across line boundaries from the stream of all training lines (GPT),
-    max_tokens // pack_length blocks per batch, instead of whole lines batched by length.
+    pack_length > 0: batches of max_tokens // pack_length rows of that many tokens instead
+    of whole lines batched by length. A language model (arch "decoder") trains on blocks
+    cut across line boundaries from the stream of all training lines (GPT); a translation
+    model (arch "transformer") on rows packed with whole pairs, each pair attending only
+    to itself (data/packing.py): every batch the same shape, padding only at row ends.
     task and objective (arch "encoder", BERT; data/masking.py has the layouts): task
     "pretrain" trains on a text corpus with objective "mlm" (masked LM: [CLS] line [SEP])
     or "mlm,nsp" (masked LM + next sentence: [CLS] A [SEP] B [SEP], loss = mean MLM +
@@ -351,7 +353,7 @@ class TrainConfig(ValidatedConfig):
     schedule: Schedule = "noam"
     warmup_fraction: float = 0.05      # schedule "budget": warmup as a fraction of the budget
     ema_decay: float = 0.0             # 0: no moving average of the weights
-    pack_length: int = 0               # >0: a language model trains on packed blocks of it
+    pack_length: int = 0               # >0: train on packed rows of this many tokens
     task: Task = "pretrain"            # arch encoder: "pretrain" (text) or "classify" (tsv)
     objective: Objective = "mlm"       # arch encoder, task pretrain: "mlm" or "mlm,nsp"
 

@@ -15,9 +15,11 @@ from tests.attention.reference import reference_attention
 from tests.attention.test_kernels import grads, make_mask
 from transduce import checkpoint
 from transduce.attention import MultiHeadAttention, attention
+from transduce.attention.masks import Segments
 from transduce.attention.triton_flash import (Tiles, TritonUnavailable, dropout_keep_mask,
                                               triton_attention)
 from transduce.config import preset
+from transduce.data.packing import sentence_numbers
 from transduce.model import build_model, load_model
 
 pytest.importorskip("triton")
@@ -195,3 +197,105 @@ def test_position_bias_and_its_gradient_match_the_float64_reference(device, caus
     torch.testing.assert_close(out.detach().cpu().double(), expected, rtol=0, atol=2e-5)
     for got, want in zip(grads(out, (q, k, v, vector)), grads(expected, leaves)):
         torch.testing.assert_close(got.cpu().double(), want, rtol=0, atol=1e-4)
+
+
+# Packed rows (Segments): (H, Hkv, T, S, each row's target sentence lengths, each row's
+# source sentence lengths). Self-attention with padding at row ends, a row that is one
+# sentence and a row of only padding; cross-attention (T != S, sentence i of the target
+# row attends sentence i of the source row) with GQA; MQA with a sentence that starts
+# inside a tile and spans several (the causal split past the first key tile).
+SEGMENT_CASES = [
+    (2, 2, 37, 37, [[5, 20, 7], [37], []], [[5, 20, 7], [37], []]),
+    (4, 2, 19, 35, [[6, 9], [3, 1, 10]], [[15, 11], [7, 4, 20]]),
+    (3, 1, 50, 50, [[18, 30, 2]], [[18, 30, 2]]),
+]
+
+
+def packed(target_lengths, source_lengths, T, S, device, dtype=torch.int32):
+    segments = Segments.packed(sentence_numbers(target_lengths, T),
+                               sentence_numbers(source_lengths, S))
+    return Segments(segments.queries.to(device, dtype), segments.keys.to(device, dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", SEGMENT_CASES)
+def test_segments_match_the_reference_with_their_dense_mask(device, case, causal):
+    torch.manual_seed(7)
+    H, Hkv, T, S, target_lengths, source_lengths = case
+    B, D = len(target_lengths), 16
+    q, k, v = inputs(B, H, Hkv, T, S, D, device)
+    segments = packed(target_lengths, source_lengths, T, S, device, dtype=torch.int64)
+    out = triton_attention(q, k, v, segments, causal=causal, scale=D ** -0.5, tiles=SMALL_TILES)
+    expected, expected_grads = reference_and_grads(q, k, v, segments.dense(), causal)
+    assert_matches(out, grads(out, (q, k, v)), expected, expected_grads, atol=2e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_segments_with_dropout_apply_the_drawn_keep_mask(device):
+    torch.manual_seed(8)
+    H, Hkv, T, S, target_lengths, source_lengths = SEGMENT_CASES[1]
+    B, D = len(target_lengths), 16
+    q, k, v = inputs(B, H, Hkv, T, S, D, device)
+    segments = packed(target_lengths, source_lengths, T, S, device)
+    out = triton_attention(q, k, v, segments, causal=True, scale=D ** -0.5, dropout_p=0.3,
+                           seed=5, tiles=SMALL_TILES)
+    keep = dropout_keep_mask(B, H, T, S, 0.3, 5, q.device)
+    expected, expected_grads = reference_and_grads(q, k, v, segments.dense(), True, keep=keep)
+    assert_matches(out, grads(out, (q, k, v)), expected, expected_grads, atol=2e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_segments_with_a_position_bias_match_the_float64_reference(device):
+    from tests.attention.test_position_bias import reference_with_bias
+    torch.manual_seed(9)
+    H, Hkv, T, S, target_lengths, source_lengths = SEGMENT_CASES[0]
+    B, D = len(target_lengths), 16
+    q, k, v = inputs(B, H, Hkv, T, S, D, device)
+    vector = torch.randn(H, T + S - 1, device=device, requires_grad=True)
+    segments = packed(target_lengths, source_lengths, T, S, device)
+    out = triton_attention(q, k, v, segments, causal=True, scale=D ** -0.5, tiles=SMALL_TILES,
+                           position_bias=vector)
+    leaves = [x.detach().cpu().double().requires_grad_() for x in (q, k, v, vector)]
+    expected = reference_with_bias(*leaves[:3], segments.dense().cpu(), True, leaves[3])
+    torch.testing.assert_close(out.detach().cpu().double(), expected, rtol=0, atol=2e-5)
+    for got, want in zip(grads(out, (q, k, v, vector)), grads(expected, leaves)):
+        torch.testing.assert_close(got.cpu().double(), want, rtol=0, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice")   # the interpreter's row maxima
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_segments_skip_the_tiles_of_other_sentences(device, causal):
+    # Sentence 1 fills key and query tiles 1 and 2 (16 wide) and has NaN in its queries,
+    # keys and values, so in its outputs and upstream gradient too. A masked tile that is
+    # read still multiplies its zero weights by NaN: sentences 0 and 2 come out finite only
+    # if their kernels never read sentence 1's tiles. The dense mask, read tile by tile,
+    # gets NaN there.
+    torch.manual_seed(10)
+    T, D = 64, 16
+    segments = packed([[16, 32, 13]], [[16, 32, 13]], T, T, device)
+    q, k, v = inputs(1, 2, 1, T, T, D, device)
+    expected, expected_grads = reference_and_grads(q, k, v, segments.dense(), causal)
+    poisoned = torch.zeros(T, dtype=torch.bool)
+    poisoned[16:48] = True
+    for mask, finite in ((segments, True), (segments.dense(), False)):
+        leaves = [x.detach().masked_fill(poisoned[:, None].to(device), float("nan"))
+                  .requires_grad_() for x in (q, k, v)]
+        out = triton_attention(*leaves, mask, causal=causal, scale=D ** -0.5,
+                               tiles=SMALL_TILES)
+        for got, want in zip((out, *grads(out, leaves)), (expected, *expected_grads)):
+            rest = got.detach().cpu().double()[:, :, ~poisoned]
+            assert bool(torch.isfinite(rest).all()) == finite
+            if finite:
+                torch.testing.assert_close(rest, want[:, :, ~poisoned], rtol=0, atol=1e-4)
+
+
+def test_segments_of_the_wrong_shape_or_dtype_are_named():
+    q = torch.randn(2, 2, 5, 16, device=DEVICES[0])
+    k = torch.randn(2, 1, 7, 16, device=DEVICES[0])
+    numbers = torch.zeros(2, 7, dtype=torch.int32, device=q.device)
+    with pytest.raises(ValueError, match=r"Segments\.keys .*\(2, 7\)"):
+        attention(q, k, k, Segments(numbers[:, :5], numbers[:, :5]), impl="triton")
+    with pytest.raises(ValueError, match=r"Segments\.queries .*float32"):
+        attention(q, k, k, Segments(numbers[:, :5].float(), numbers), impl="triton")

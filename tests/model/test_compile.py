@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from transduce.config import preset
+from transduce.data.packing import sentence_numbers
 from transduce.model import build_model
 
 # (batch, source length, target length): equal lengths (SDPA's own causal flag), unequal
@@ -59,3 +60,20 @@ def test_dropout_compiles_without_a_break():
     for src, tgt in batches(300):
         compiled(src, tgt, project=False).sum().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_packed_rows_compile_to_one_graph_and_compute_the_same():
+    """Packed pairs (attention/masks.py Segments, positions counted per sentence), as
+    `transduce train --pack-length --compile` steps them: one graph, the same numbers."""
+    config = preset("tiny", src_vocab_size=300, tgt_vocab_size=300, dropout=0.0)
+    torch.manual_seed(0)
+    model = build_model(config).train()
+    compiled = torch.compile(model, dynamic=False, fullgraph=True, backend="eager")
+    generator = torch.Generator().manual_seed(0)
+    src = torch.randint(4, 300, (3, 16), generator=generator)
+    tgt = torch.randint(4, 300, (3, 16), generator=generator)
+    segments = (sentence_numbers([[5, 9], [16], [2, 3, 4]], 16),
+                sentence_numbers([[7, 6], [12], [4, 4, 4]], 16))
+    expected = model(src, tgt, project=False, segments=segments)
+    got = compiled(src, tgt, project=False, segments=segments)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

@@ -193,9 +193,13 @@ def test_each_kind_of_model_needs_its_kind_of_corpus(counting, tiny_corpus, tmp_
     with pytest.raises(ConfigError, match="is a parallel corpus; give a text corpus"):
         train(tiny_corpus, tmp_path / "run", preset("gpt-tiny", src_vocab_size=300,
                                                     tgt_vocab_size=300), train_config())
-    with pytest.raises(ConfigError, match="pack_length=8 packs a text corpus"):
+    with pytest.raises(ConfigError, match="pack_length=8 packs lines .* not arch 'rnn-luong'"):
         train(tiny_corpus, tmp_path / "run", preset("tiny", src_vocab_size=300,
-                                                    tgt_vocab_size=300),
+                                                    tgt_vocab_size=300, arch="rnn-luong"),
+              train_config(pack_length=8))
+    with pytest.raises(ConfigError, match="pack_length=8: packed pairs keep to themselves"):
+        train(tiny_corpus, tmp_path / "run", preset("tiny", src_vocab_size=300,
+                                                    tgt_vocab_size=300, attention_type="linear"),
               train_config(pack_length=8))
 
 

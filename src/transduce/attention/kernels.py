@@ -36,19 +36,21 @@ from transduce.config import AttentionImpl, choices
 IMPLS = choices(AttentionImpl)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Segments | None = None, *,
               causal: bool = False, dropout_p: float = 0.0, impl: str = "sdpa",
               return_weights: bool = False, scale: float | None = None,
               position_bias: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """softmax(q k^T * scale + bias + mask) v, scale = 1/sqrt(D) by default.
 
-    q (B, H, T, D), k/v (B, H_kv, S, D), mask broadcastable to (B, H, T, S),
-    position_bias (H, T + S - 1) -> out (B, H, T, D), and weights (B, H, T, S) when
-    return_weights (naive only).
+    q (B, H, T, D), k/v (B, H_kv, S, D), mask broadcastable to (B, H, T, S) or a packed
+    batch's Segments, position_bias (H, T + S - 1) -> out (B, H, T, D), and weights
+    (B, H, T, S) when return_weights (naive only).
     """
     # While an ONNX export traces this, a size compared in Python would be frozen at the
     # example's value; the checks and the one-query shortcut are skipped then.
     tracing = torch.jit.is_tracing()
+    if isinstance(mask, masks.Segments) and impl != "triton":
+        mask = _check_segments(q, k, mask).dense()   # only the Triton kernel reads the numbers
     if not tracing:
         mask = _check_inputs(q, k, v, mask, impl, return_weights, dropout_p)
         _check_position_bias(q, k, position_bias)
@@ -171,8 +173,9 @@ def _check_position_bias(q: Tensor, k: Tensor, bias: Tensor | None) -> None:
                          f"got {bias.dtype} {tuple(bias.shape)}")
 
 
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, impl: str,
-                  return_weights: bool, dropout_p: float) -> Tensor | None:
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Segments | None,
+                  impl: str, return_weights: bool,
+                  dropout_p: float) -> Tensor | masks.Segments | None:
     """Clear errors for misuse; returns the mask made 4-D."""
     if impl not in IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}: choose one of {', '.join(IMPLS)}")
@@ -193,6 +196,8 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, impl: st
         raise ValueError(f"{heads} query heads cannot be grouped over {k.shape[1]} key/value heads")
     if mask is None:
         return None
+    if isinstance(mask, masks.Segments):
+        return _check_segments(q, k, mask)
     if mask.dtype != torch.bool:
         raise ValueError(f"mask must be boolean (True = may attend), got {mask.dtype}")
     if mask.dim() > 4:
@@ -203,3 +208,14 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, impl: st
         raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to "
                          f"(B, H, T, S) = {target} with a full key dimension")
     return mask
+
+
+def _check_segments(q: Tensor, k: Tensor, segments: masks.Segments) -> masks.Segments:
+    """Segments' numbers must be (B, T) and (B, S) integers for q (B, H, T, D), k (B, Hkv, S, D)."""
+    for name, numbers, length in (("queries", segments.queries, q.shape[2]),
+                                  ("keys", segments.keys, k.shape[2])):
+        if numbers.dtype not in (torch.int32, torch.int64) or \
+                tuple(numbers.shape) != (q.shape[0], length):
+            raise ValueError(f"Segments.{name} must be integer sentence numbers of shape "
+                             f"{(q.shape[0], length)}, got {numbers.dtype} {tuple(numbers.shape)}")
+    return segments

@@ -6,6 +6,8 @@ broadcasts to scores of shape (B, H, T, S): batch, heads, queries, keys.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -88,3 +90,48 @@ def key_padding(mask: Tensor | None, what: str) -> Tensor | None:
         raise ValueError(f"{what} takes a key padding mask of shape (B, 1, 1, S), got "
                          f"{tuple(mask.shape)}")
     return mask[:, 0, 0, :]
+
+
+# Padding's sentence numbers inside a Segments mask: past every sentence's, so the numbers
+# never decrease along a row, and different for queries and keys, so padding attends
+# nothing and nothing attends padding.
+PAD_SEGMENT = 1 << 30
+PAD_KEY_SEGMENT = PAD_SEGMENT + 1
+
+
+@dataclass(frozen=True)
+class Segments:
+    """A packed batch's mask, kept as each token's sentence number in its row: a query may
+    attend the keys of its own sentence only (with causal=True, up to itself).
+
+    Several sentences share a row so that a batch holds no padding but a row's end, and
+    every batch has the same shape. Why not the dense (B, 1, T, S) mask it stands for:
+    a FlashAttention kernel that reads the numbers skips every tile of keys from other
+    sentences (impl="triton"); the other kernels take `dense()`. Numbers start at 0 in
+    each row and never decrease along it; padding is PAD_SEGMENT among the queries and
+    PAD_KEY_SEGMENT among the keys (`Segments.packed` builds them so).
+    """
+    queries: Tensor   # (B, T) int32
+    keys: Tensor      # (B, S) int32
+
+    @staticmethod
+    def packed(queries: Tensor, keys: Tensor) -> "Segments":
+        """Queries numbered (B, T) over keys numbered (B, S) as a packed batch numbers them
+        (data/packing.py: 0, 1, ... along a row, padding -1)."""
+        return Segments(queries.masked_fill(queries < 0, PAD_SEGMENT),
+                        keys.masked_fill(keys < 0, PAD_KEY_SEGMENT))
+
+    def dense(self) -> Tensor:
+        """-> (B, 1, T, S) bool, True where query and key belong to the same sentence."""
+        return (self.queries[:, :, None] == self.keys[:, None, :])[:, None]
+
+
+def positions_in_segments(numbers: Tensor) -> Tensor:
+    """(B, T) sentence numbers of a packed batch -> (B, T) int64, each token's position in
+    its own sentence (what position tables and rotary read; padding counts from where
+    the padding starts)."""
+    index = torch.arange(numbers.shape[1], device=numbers.device).expand_as(numbers)
+    first = torch.ones_like(numbers, dtype=torch.bool)
+    first[:, 1:] = numbers[:, 1:] != numbers[:, :-1]
+    starts = torch.where(first, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - starts

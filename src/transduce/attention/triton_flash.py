@@ -20,6 +20,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from transduce.attention.masks import Segments
 from transduce.errors import TransduceError
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -30,13 +31,14 @@ class TritonUnavailable(TransduceError, RuntimeError):
     """impl='triton' was asked for where it cannot run (printed as one line by the CLI)."""
 
 
-def triton_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+def triton_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | Segments | None = None, *,
                      causal: bool = False, dropout_p: float = 0.0, scale: float,
                      seed: int | None = None, tiles: Tiles | None = None,
                      position_bias: Tensor | None = None) -> Tensor:
-    """q (B, H, T, D), k/v (B, Hkv, S, D), mask bool broadcastable to (B, H, T, S),
-    position_bias (H, T + S - 1) -> (B, H, T, D). seed fixes the dropout pattern (drawn
-    from torch when None)."""
+    """q (B, H, T, D), k/v (B, Hkv, S, D), mask bool broadcastable to (B, H, T, S) or a
+    packed batch's Segments (read as sentence numbers: the kernels skip the tiles of other
+    sentences), position_bias (H, T + S - 1) -> (B, H, T, D). seed fixes the dropout
+    pattern (drawn from torch when None)."""
     kernels = kernels_for(q.device)
     _check(q, k, v)
     if dropout_p > 0 and seed is None:
@@ -119,13 +121,18 @@ class _TritonAttention(torch.autograd.Function):
 class _Call:
     """One attention call's launch arguments, shared by the forward and backward launches."""
 
-    def __init__(self, q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None,
+    def __init__(self, q: Tensor, k: Tensor, mask: Tensor | Segments | None, bias: Tensor | None,
                  causal: bool, scale: float, dropout_p: float, seed: int, tiles: Tiles,
                  kernels: ModuleType):
         self.batch, self.heads, self.num_queries, self.dim = q.shape
         self.kv_heads, self.num_keys = k.shape[1], k.shape[2]
         self.tiles, self.kernels = tiles, kernels
         target = (self.batch, self.heads, self.num_queries, self.num_keys)
+        # Sentence numbers (B, T), (B, S) as contiguous int32, in place of a dense mask.
+        self.numbers = None
+        if isinstance(mask, Segments):
+            self.numbers = tuple(n.to(torch.int32).contiguous() for n in (mask.queries, mask.keys))
+            mask = None
         # A bool mask read as bytes; broadcast dimensions get stride 0 and cost no memory.
         self.mask = None if mask is None else mask.expand(target).view(torch.uint8)
         self.bias = None if bias is None else bias.contiguous()             # (H, T + S - 1)
@@ -135,7 +142,8 @@ class _Call:
         self.constants = dict(
             HEAD_DIM=self.dim, BLOCK_D=max(16, _next_power_of_2(self.dim)),
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=causal,
-            HAS_MASK=mask is not None, DROPOUT=dropout_p > 0, HAS_BIAS=bias is not None,
+            HAS_MASK=mask is not None, SEGMENTS=self.numbers is not None,
+            DROPOUT=dropout_p > 0, HAS_BIAS=bias is not None,
             # float32 inputs get float32 products (tf32 would miss the reference by 1e-3).
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
         if q.device.type == "cuda":
@@ -146,13 +154,16 @@ class _Call:
             return (like, 0, 0, 0, 0)
         return (self.mask, *self.mask.stride())
 
+    def _numbers_or(self, like: Tensor) -> tuple[Tensor, Tensor]:
+        return (like, like) if self.numbers is None else self.numbers  # never read without SEGMENTS
+
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """-> out (B, H, T, D) like q, lse2 (B, H, T) float32."""
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse2 = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         grid = (_cdiv(self.num_queries, self.tiles.block_m), self.batch * self.heads)
         self.kernels.forward_kernel[grid](
-            q, k, v, *self.mask_args(q)[:1], self._bias_or(q), out, lse2,
+            q, k, v, *self.mask_args(q)[:1], *self._numbers_or(q), self._bias_or(q), out, lse2,
             *q.stride(), *k.stride(), *v.stride(), *self.mask_args(q)[1:], *out.stride(),
             *self.scalars, self.scale * LOG2E, self.dropout_p, self.seed, **self.constants)
         return out, lse2
@@ -172,13 +183,13 @@ class _Call:
         args = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride(),
                 *self.scalars, self.scale * LOG2E, self.scale, self.dropout_p, self.seed)
         grid_kv = (_cdiv(self.num_keys, self.tiles.block_n), self.batch * self.kv_heads)
-        bias = self._bias_or(q)
-        self.kernels.dkdv_kernel[grid_kv](q, k, v, mask, bias, grad_out, lse2, delta, dk, dv,
-                                          *args, **self.constants)
+        bias, numbers = self._bias_or(q), self._numbers_or(q)
+        self.kernels.dkdv_kernel[grid_kv](q, k, v, mask, *numbers, bias, grad_out, lse2, delta,
+                                          dk, dv, *args, **self.constants)
         dbias = torch.zeros(self.bias.shape, dtype=torch.float32, device=q.device) \
             if bias_grad else None
         grid_q = (_cdiv(self.num_queries, self.tiles.block_m), self.batch * self.heads)
-        self.kernels.dq_kernel[grid_q](q, k, v, mask, bias, grad_out, lse2, delta, dq,
+        self.kernels.dq_kernel[grid_q](q, k, v, mask, *numbers, bias, grad_out, lse2, delta, dq,
                                        q if dbias is None else dbias, *args,
                                        BIAS_GRAD=bias_grad, **self.constants)
         return dq, dk, dv, None if dbias is None else dbias.to(self.bias.dtype)

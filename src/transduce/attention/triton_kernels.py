@@ -13,10 +13,18 @@ One program instance owns one tile of rows and walks the other axis tile by tile
               bias's gradient is dS summed by distance (atomic adds).
 
 Scores are kept in base 2 (the scale is multiplied by log2(e)) so the exponentials are
-exp2. Masks: keys past S, the boolean mask (broadcast dimensions have stride 0), and the
-causal rule "key j is visible to query i when j <= i + S - T". A row that sees no key
-gets output 0 and lse2 = +inf, so its gradients are 0 too. Dropout draws a keep mask from
-Philox at offset ((b * H + h) * T + i) * S + j, the same in all three kernels.
+exp2. Masks: keys past S, the boolean mask (broadcast dimensions have stride 0) or a
+packed batch's sentence numbers (SEGMENTS, below), and the causal rule "key j is visible
+to query i when j <= i + S - T". A row that sees no key gets output 0 and lse2 = +inf, so
+its gradients are 0 too. Dropout draws a keep mask from Philox at offset
+((b * H + h) * T + i) * S + j, the same in all three kernels.
+
+SEGMENTS: a packed row holds many sentences, and a query sees only its own sentence's
+keys. Given as a dense mask, every tile of the (T, S) square would be read and computed,
+though most are wholly masked; given as each token's sentence number (QNum (B, T), KNum
+(B, S) int32, contiguous; "query i sees key j" is QNum[i] == KNum[j]), a kernel finds
+where its block's sentences lie along the other axis (numbers never decrease along a
+row) and walks only those tiles: other sentences' keys and values are never loaded.
 """
 
 from __future__ import annotations
@@ -26,10 +34,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _tile_scores(q, k_ptrs, mask_ptrs, bias_row, offs_m, offs_n, T, S, offset, qk_scale,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-                 HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+def _tile_scores(q, k_ptrs, mask_ptrs, q_nums, k_nums, bias_row, offs_m, offs_n, T, S,
+                 offset, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                 CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, SEGMENTS: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """Scaled (base-2) scores of one tile, -inf where a key may not be attended: (M, N).
+    q_nums, k_nums: pointers to the sentence numbers of the tile's queries (M,) and keys (N,).
     bias_row: this head's position-bias vector (T + S - 1,), read at t - s + S - 1."""
     offs_d = tl.arange(0, BLOCK_D)
     k = tl.load(k_ptrs, mask=(offs_n[:, None] < S) & (offs_d[None, :] < HEAD_DIM), other=0.0)
@@ -42,6 +52,10 @@ def _tile_scores(q, k_ptrs, mask_ptrs, bias_row, offs_m, offs_n, T, S, offset, q
     if HAS_MASK:
         allowed = tl.load(mask_ptrs, mask=(offs_m[:, None] < T) & visible, other=0)
         visible = visible & (allowed != 0)
+    if SEGMENTS:
+        query_sentence = tl.load(q_nums, mask=offs_m < T, other=-1)
+        key_sentence = tl.load(k_nums, mask=offs_n < S, other=-2)
+        visible = visible & (query_sentence[:, None] == key_sentence[None, :])
     if CAUSAL:
         visible = visible & (offs_n[None, :] <= offs_m[:, None] + offset)
     return tl.where(visible, s, float("-inf"))
@@ -55,17 +69,38 @@ def _dropout_keep(seed, bh, offs_m, offs_n, T, S, dropout_p):
 
 
 @triton.jit
-def _forward_tile(acc, denom, row_max, q, k_base, v_base, mask_base, bias_row, start,
-                  offs_m, offs_n, svs, sks, sms, T, S, offset, qk_scale, dropout_p, seed, bh,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-                  HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  PRECISION: tl.constexpr):
+def _same_sentences(own_row, own_first, own_last, other_row, length, BLOCK: tl.constexpr):
+    """The stretch of the other side's row that holds a block's sentences: -> (first, end),
+    first rounded down to a BLOCK tile. own_row, other_row: the sentence numbers of one
+    batch row on the block's side and on the other (length long); own_first, own_last: the
+    block's first and last positions. Numbers never decrease along a row, so before first
+    they are lower than the block's and from end on higher: other sentences only. One pass
+    over the other side's numbers, 4 bytes a position against the keys and values skipped."""
+    low = tl.load(own_row + own_first)
+    high = tl.load(own_row + own_last)
+    first = 0
+    end = 0
+    for start in range(0, length, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        inside = offs < length
+        nums = tl.load(other_row + offs, mask=inside, other=0)
+        first += tl.sum((inside & (nums < low)).to(tl.int32), 0)
+        end += tl.sum((inside & (nums <= high)).to(tl.int32), 0)
+    return first // BLOCK * BLOCK, end
+
+
+@triton.jit
+def _forward_tile(acc, denom, row_max, q, k_base, v_base, mask_base, q_nums, k_num_row,
+                  bias_row, start, offs_m, offs_n, svs, sks, sms, T, S, offset, qk_scale,
+                  dropout_p, seed, bh, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, SEGMENTS: tl.constexpr,
+                  DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """One key tile of the online softmax: -> (acc, denom, row_max) updated."""
     cols = start + offs_n
     offs_d = tl.arange(0, BLOCK_D)
-    s = _tile_scores(q, k_base + cols[:, None] * sks, mask_base + cols[None, :] * sms,
-                     bias_row, offs_m, cols, T, S, offset, qk_scale,
-                     HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, HAS_BIAS, PRECISION)
+    s = _tile_scores(q, k_base + cols[:, None] * sks, mask_base + cols[None, :] * sms, q_nums,
+                     k_num_row + cols, bias_row, offs_m, cols, T, S, offset, qk_scale,
+                     HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, SEGMENTS, HAS_BIAS, PRECISION)
     new_max = tl.maximum(row_max, tl.max(s, 1))
     shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # rows that saw no key yet
     p = tl.math.exp2(s - shift[:, None])
@@ -81,16 +116,18 @@ def _forward_tile(acc, denom, row_max, q, k_base, v_base, mask_base, bias_row, s
 
 
 @triton.jit
-def forward_kernel(Q, K, V, Mask, Bias, Out, Lse,
+def forward_kernel(Q, K, V, Mask, QNum, KNum, Bias, Out, Lse,
                    sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
                    smb, smh, smt, sms, sob, soh, sot, sod,
                    H, GROUP, T, S, offset, qk_scale, dropout_p, seed,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-                   DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+                   SEGMENTS: tl.constexpr, DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   PRECISION: tl.constexpr):
     """grid (cdiv(T, BLOCK_M), B * H): O (B, H, T, D) and lse2 (B, H, T) of one query block.
     Bias: the position bias (H, T + S - 1), contiguous. Causal blocks run last rows first
-    (they have the most keys), so the short ones fill the tail of the launch."""
+    (they have the most keys), so the short ones fill the tail of the launch. SEGMENTS:
+    only the key tiles of the block's own sentences are walked."""
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -105,26 +142,34 @@ def forward_kernel(Q, K, V, Mask, Bias, Out, Lse,
     k_base = K + b * skb + hk * skh + offs_d[None, :] * skd
     v_base = V + b * svb + hk * svh + offs_d[None, :] * svd
     mask_base = Mask + b * smb + h * smh + offs_m[:, None] * smt
+    q_num_row, k_num_row = QNum + b * T, KNum + b * S
 
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     denom = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    first = 0
     end = S
-    below = 0   # key tiles every row of the block sees whole: no causal test needed
+    if SEGMENTS:
+        first, end = _same_sentences(q_num_row, pid_m * BLOCK_M,
+                                     tl.minimum(T, (pid_m + 1) * BLOCK_M) - 1, k_num_row, S,
+                                     BLOCK_N)
+    below = first   # key tiles every row of the block sees whole: no causal test needed
     if CAUSAL:
-        end = tl.minimum(S, (pid_m + 1) * BLOCK_M + offset)
+        end = tl.minimum(end, (pid_m + 1) * BLOCK_M + offset)
         below = tl.maximum(pid_m * BLOCK_M + offset + 1, 0) // BLOCK_N * BLOCK_N
-        below = tl.minimum(below, end)
-    for start in range(0, below, BLOCK_N):
+        below = tl.maximum(tl.minimum(below, end), first)
+    for start in range(first, below, BLOCK_N):
         acc, denom, row_max = _forward_tile(
-            acc, denom, row_max, q, k_base, v_base, mask_base, Bias + h * (T + S - 1),
-            start, offs_m, offs_n, svs, sks, sms, T, S, offset, qk_scale, dropout_p, seed, bh,
-            HEAD_DIM, BLOCK_D, False, HAS_MASK, DROPOUT, HAS_BIAS, PRECISION)
+            acc, denom, row_max, q, k_base, v_base, mask_base, q_num_row + offs_m, k_num_row,
+            Bias + h * (T + S - 1), start, offs_m, offs_n, svs, sks, sms, T, S, offset,
+            qk_scale, dropout_p, seed, bh,
+            HEAD_DIM, BLOCK_D, False, HAS_MASK, SEGMENTS, DROPOUT, HAS_BIAS, PRECISION)
     for start in range(below, end, BLOCK_N):
         acc, denom, row_max = _forward_tile(
-            acc, denom, row_max, q, k_base, v_base, mask_base, Bias + h * (T + S - 1),
-            start, offs_m, offs_n, svs, sks, sms, T, S, offset, qk_scale, dropout_p, seed, bh,
-            HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, DROPOUT, HAS_BIAS, PRECISION)
+            acc, denom, row_max, q, k_base, v_base, mask_base, q_num_row + offs_m, k_num_row,
+            Bias + h * (T + S - 1), start, offs_m, offs_n, svs, sks, sms, T, S, offset,
+            qk_scale, dropout_p, seed, bh,
+            HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, SEGMENTS, DROPOUT, HAS_BIAS, PRECISION)
 
     empty = denom == 0.0
     out = acc / tl.where(empty, 1.0, denom)[:, None]
@@ -135,15 +180,17 @@ def forward_kernel(Q, K, V, Mask, Bias, Out, Lse,
 
 
 @triton.jit
-def dkdv_kernel(Q, K, V, Mask, Bias, DO, Lse, Delta, DK, DV,
+def dkdv_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DK, DV,
                 sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
                 smb, smh, smt, sms, sdob, sdoh, sdot, sdod,
                 H, GROUP, T, S, offset, qk_scale, scale, dropout_p, seed,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-                DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+                SEGMENTS: tl.constexpr, DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                PRECISION: tl.constexpr):
     """grid (cdiv(S, BLOCK_N), B * Hkv): dK, dV (B, Hkv, S, D) of one key block, summed
-    over the GROUP query heads that share it. DK/DV are contiguous like K."""
+    over the GROUP query heads that share it. DK/DV are contiguous like K. SEGMENTS: only
+    the query tiles of the block's own sentences are walked."""
     pid_n, bhk = tl.program_id(0), tl.program_id(1)
     kv_heads = H // GROUP
     b, hk = bhk // kv_heads, bhk % kv_heads
@@ -157,13 +204,18 @@ def dkdv_kernel(Q, K, V, Mask, Bias, DO, Lse, Delta, DK, DV,
                 mask=col_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    q_num_row, k_num_row = QNum + b * T, KNum + b * S
     first = 0
+    end = T
+    if SEGMENTS:
+        first, end = _same_sentences(k_num_row, start_n, tl.minimum(S, start_n + BLOCK_N) - 1,
+                                     q_num_row, T, BLOCK_M)
     if CAUSAL:  # queries before start_n - offset see none of these keys
-        first = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
+        first = tl.maximum(first, tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M)
     for g in range(0, GROUP):
         h = hk * GROUP + g
         bh = b * H + h
-        for start_m in range(first, T, BLOCK_M):
+        for start_m in range(first, end, BLOCK_M):
             offs_m = start_m + offs_m0
             row_ok = (offs_m[:, None] < T) & (offs_d[None, :] < HEAD_DIM)
             q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
@@ -173,9 +225,9 @@ def dkdv_kernel(Q, K, V, Mask, Bias, DO, Lse, Delta, DK, DV,
             lse2 = tl.load(Lse + bh * T + offs_m, mask=offs_m < T, other=float("inf"))
             delta = tl.load(Delta + bh * T + offs_m, mask=offs_m < T, other=0.0)
             s = _tile_scores(q, k_ptrs, Mask + b * smb + h * smh + offs_m[:, None] * smt
-                             + offs_n[None, :] * sms, Bias + h * (T + S - 1), offs_m, offs_n,
-                             T, S, offset, qk_scale, HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK,
-                             HAS_BIAS, PRECISION)
+                             + offs_n[None, :] * sms, q_num_row + offs_m, k_num_row + offs_n,
+                             Bias + h * (T + S - 1), offs_m, offs_n, T, S, offset, qk_scale,
+                             HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, SEGMENTS, HAS_BIAS, PRECISION)
             p = tl.math.exp2(s - lse2[:, None])                              # (M, N)
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)          # (M, N)
             dropped = p
@@ -192,16 +244,17 @@ def dkdv_kernel(Q, K, V, Mask, Bias, DO, Lse, Delta, DK, DV,
 
 
 @triton.jit
-def dq_kernel(Q, K, V, Mask, Bias, DO, Lse, Delta, DQ, DBias,
+def dq_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DQ, DBias,
               sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
               smb, smh, smt, sms, sdob, sdoh, sdot, sdod,
               H, GROUP, T, S, offset, qk_scale, scale, dropout_p, seed,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-              DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-              BIAS_GRAD: tl.constexpr):
+              SEGMENTS: tl.constexpr, DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr,
+              PRECISION: tl.constexpr, BIAS_GRAD: tl.constexpr):
     """grid (cdiv(T, BLOCK_M), B * H): dQ (B, H, T, D) of one query block; DQ is contiguous.
-    BIAS_GRAD: also adds each score's dS into DBias (H, T + S - 1, float32) at its distance."""
+    BIAS_GRAD: also adds each score's dS into DBias (H, T + S - 1, float32) at its distance.
+    SEGMENTS: only the key tiles of the block's own sentences are walked."""
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     hk = h // GROUP
@@ -218,16 +271,23 @@ def dq_kernel(Q, K, V, Mask, Bias, DO, Lse, Delta, DQ, DBias,
     k_base = K + b * skb + hk * skh + offs_d[None, :] * skd
     v_base = V + b * svb + hk * svh + offs_d[None, :] * svd
     mask_base = Mask + b * smb + h * smh + offs_m[:, None] * smt
+    q_num_row, k_num_row = QNum + b * T, KNum + b * S
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    first = 0
     end = S
+    if SEGMENTS:
+        first, end = _same_sentences(q_num_row, pid_m * BLOCK_M,
+                                     tl.minimum(T, (pid_m + 1) * BLOCK_M) - 1, k_num_row, S,
+                                     BLOCK_N)
     if CAUSAL:
-        end = tl.minimum(S, (pid_m + 1) * BLOCK_M + offset)
-    for start in range(0, end, BLOCK_N):
+        end = tl.minimum(end, (pid_m + 1) * BLOCK_M + offset)
+    for start in range(first, end, BLOCK_N):
         cols = start + offs_n0
         k_ptrs = k_base + cols[:, None] * sks
-        s = _tile_scores(q, k_ptrs, mask_base + cols[None, :] * sms, Bias + h * (T + S - 1),
-                         offs_m, cols, T, S, offset, qk_scale, HEAD_DIM, BLOCK_D, CAUSAL,
-                         HAS_MASK, HAS_BIAS, PRECISION)
+        s = _tile_scores(q, k_ptrs, mask_base + cols[None, :] * sms, q_num_row + offs_m,
+                         k_num_row + cols, Bias + h * (T + S - 1), offs_m, cols, T, S, offset,
+                         qk_scale, HEAD_DIM, BLOCK_D, CAUSAL, HAS_MASK, SEGMENTS, HAS_BIAS,
+                         PRECISION)
         p = tl.math.exp2(s - lse2[:, None])
         v = tl.load(v_base + cols[:, None] * svs,
                     mask=(cols[:, None] < S) & (offs_d[None, :] < HEAD_DIM), other=0.0)

@@ -52,15 +52,25 @@ class Batch:
     src_lengths: Tensor    # (B,) without padding
     tgt_lengths: Tensor    # (B,) targets scored: the tokens of tgt_out that are not pad
     indices: Tensor        # (B,) positions of the pairs (lines, blocks) in the dataset
+    # Packed rows (data/packing.py) hold several pairs: each token's sentence number in its
+    # row (B, S) and (B, T) (attention/masks.py: Segments), and the three per-pair fields
+    # above are then (pairs,), in row order.
+    src_numbers: Tensor | None = None
+    tgt_numbers: Tensor | None = None
 
     @property
     def num_tgt_tokens(self) -> int:
         return int(self.tgt_lengths.sum())
 
+    @property
+    def segments(self) -> tuple[Tensor, Tensor] | None:
+        """What the model's forward takes for packed rows (None: one pair a row)."""
+        return None if self.src_numbers is None else (self.src_numbers, self.tgt_numbers)
+
     def to(self, device: torch.device | str) -> "Batch":
-        return Batch(*(t.to(device, non_blocking=True) for t in
+        return Batch(*(None if t is None else t.to(device, non_blocking=True) for t in
                        (self.src, self.tgt_in, self.tgt_out, self.src_lengths,
-                        self.tgt_lengths, self.indices)))
+                        self.tgt_lengths, self.indices, self.src_numbers, self.tgt_numbers)))
 
 
 Ids = Sequence[np.ndarray]

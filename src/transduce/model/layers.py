@@ -60,13 +60,15 @@ class EncoderLayer(nn.Module):
         self.norm_first = c.norm_first
 
     def forward(self, x: Tensor, src_mask: Tensor | None, *,
-                position_bias: Tensor | None = None) -> Tensor:
-        """x (B, S, C), src_mask (B, 1, 1, S), position_bias (H, 2S - 1) -> (B, S, C)."""
+                position_bias: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+        """x (B, S, C), src_mask (B, 1, 1, S) or a packed batch's Segments, position_bias
+        (H, 2S - 1), positions (B, S) each token's rotary position -> (B, S, C)."""
         if self.norm_first:
-            x = x + self.dropout(self.self_attn(self.norm1(x), src_mask,
+            x = x + self.dropout(self.self_attn(self.norm1(x), src_mask, positions=positions,
                                                 position_bias=position_bias))
             return x + self.dropout(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.dropout(self.self_attn(x, src_mask, position_bias=position_bias)))
+        x = self.norm1(x + self.dropout(self.self_attn(x, src_mask, positions=positions,
+                                                       position_bias=position_bias)))
         return self.norm2(x + self.dropout(self.ffn(x)))
 
 

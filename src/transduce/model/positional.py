@@ -37,8 +37,10 @@ def _check_range(start: int, length: int, max_positions: int) -> None:
 
 
 def _check_positions(positions: Tensor, max_positions: int) -> None:
-    """Per-token positions (B, T) within the table."""
-    if positions.numel() and not torch.jit.is_tracing():
+    """Per-token positions (B, T) within the table. Not while torch.compile captures a
+    graph: reading the largest would break it in two (packed training's positions stay
+    below its rows' length, which the run's configuration checks)."""
+    if positions.numel() and not torch.jit.is_tracing() and not torch.compiler.is_compiling():
         _check_range(0, int(positions.max()) + 1, max_positions)
 
 

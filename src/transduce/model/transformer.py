@@ -4,6 +4,8 @@ Training runs the whole target at once (teacher forcing):
 
     logits = model(src, tgt_in)                    # src (B, S), tgt_in (B, T) -> (B, T, V)
     hidden = model(src, tgt_in, project=False)     # (B, T, C), for a loss that projects itself
+    hidden = model(src, tgt_in, project=False, segments=(src_numbers, tgt_numbers))
+                                                   # packed rows: several pairs per row
 
 Decoding runs in two phases:
 
@@ -117,14 +119,15 @@ class Encoder(nn.Module):
 
     def forward(self, src: Tensor, src_mask: Tensor | None, **embed_inputs: Tensor) -> Tensor:
         """src (B, S), src_mask (B, 1, 1, S) -> memory (B, S, C). embed_inputs go to the
-        embedding with src (an encoder-only model's segment ids)."""
+        embedding with src (an encoder-only model's segment ids; each token's positions
+        (B, S), which place rotary too)."""
         if self.fast_pass is not None and self.fast_pass.covers(src):
             return self.fast_pass(src, src_mask, **embed_inputs)
         x = self.embed(src, **embed_inputs)
         length = src.shape[1]
         bias = None if self.score_bias is None else self.score_bias(length, length)
         for layer in self.layers:
-            x = layer(x, src_mask, position_bias=bias)
+            x = layer(x, src_mask, position_bias=bias, positions=embed_inputs.get("positions"))
         return x if self.final_norm is None else self.final_norm(x)
 
 
@@ -255,12 +258,38 @@ class Transformer(nn.Module):
         hidden = self.decoder(tgt, self.decoder.memory_kv(memory), memory_mask, tgt_mask=tgt_mask)
         return self.output_proj(hidden) if project else hidden
 
-    def forward(self, src: Tensor, tgt: Tensor, *, project: bool = True) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, *, project: bool = True,
+                segments: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """src (B, S), tgt (B, T) (the shifted-right target) -> logits (B, T, V); with
         project=False the hidden states (B, T, C) that output_proj would map to them, for
-        a loss that does the projection itself (train/loss.py)."""
+        a loss that does the projection itself (train/loss.py).
+
+        segments: packed rows (data/packing.py), each holding several pairs: the sentence
+        number of every source (B, S) and target (B, T) token, pair i of a row being
+        source i and target i of that row (attention/masks.py: Segments)."""
+        if segments is not None:
+            return self._packed_forward(src, tgt, *segments, project=project)
         src_mask = self.source_mask(src)
         return self.decode(tgt, self.encode(src, src_mask), src_mask, project=project)
+
+    def _packed_forward(self, src: Tensor, tgt: Tensor, src_numbers: Tensor,
+                        tgt_numbers: Tensor, *, project: bool) -> Tensor:
+        """forward() over packed rows: every attention stays inside its own pair, and
+        positions (tables, rotary) count from each sentence's first token, so each pair
+        computes what it would alone (the score biases see only distances inside a
+        sentence, which packing does not change)."""
+        if self.config.attention_type != "softmax":
+            raise ValueError(f"packed rows need softmax attention, not attention_type="
+                             f"{self.config.attention_type!r}")
+        src_positions = masks.positions_in_segments(src_numbers)              # (B, S)
+        tgt_positions = masks.positions_in_segments(tgt_numbers)              # (B, T)
+        memory = self.encoder(src, masks.Segments.packed(src_numbers, src_numbers),
+                              positions=src_positions)
+        hidden = self.decoder(tgt, self.decoder.memory_kv(memory),
+                              masks.Segments.packed(tgt_numbers, src_numbers),
+                              tgt_mask=masks.Segments.packed(tgt_numbers, tgt_numbers),
+                              positions=tgt_positions)
+        return self.output_proj(hidden) if project else hidden
 
     def prefill(self, src: Tensor, max_len: int, *, src_mask: Tensor | None = None,
                 cache_dtype: torch.dtype | None = None) -> DecoderState:

@@ -84,6 +84,15 @@ def training_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: 
     return 3.0 * forward_flops(config, batch_size, src_len, tgt_len)
 
 
+def batch_training_flops(config: ModelConfig, batch) -> float:
+    """A data/batching.py Batch's training FLOPs: its padded shape's, or for packed rows
+    the sum over its pairs, each counted alone (its attention stays inside the pair)."""
+    if batch.segments is None:
+        return training_flops(config, *batch.src.shape, batch.tgt_in.shape[1])
+    src, tgt = batch.src_lengths.cpu().numpy(), batch.tgt_lengths.cpu().numpy()
+    return float(training_flops(config, 1, src, tgt).sum())   # polynomial: one pass over arrays
+
+
 def matmul_peak(dtype: torch.dtype, device: torch.device | str = "cpu", size: int | None = None,
                 seconds: float = 0.5) -> float:
     """Measured FLOP/s of a square matmul in `dtype`: the median of a short run. The

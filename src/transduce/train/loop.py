@@ -41,6 +41,7 @@ from transduce.config import ConfigError, ModelConfig, TrainConfig
 from transduce.data.batching import Batch, Batcher, EncoderBatcher, PackedBatcher, TokenBatcher
 from transduce.data.corpus import CorpusKind, corpus_kind, has_split
 from transduce.data.dataset import TokenizedSplit, TokenizedText, load_split, load_text_split
+from transduce.data.packing import PackedPairBatcher
 from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer
 from transduce.decode.evaluate import score_lines
 from transduce.decode.translate import Translator
@@ -49,7 +50,7 @@ from transduce.model import Model, build_model, load_model
 from transduce.runtime import torch_threads, training_dtype
 from transduce.train.distributed import (any_true, barrier, init_distributed,
                                          shutdown_distributed, sum_over_processes)
-from transduce.train.flops import matmul_peak, training_flops
+from transduce.train.flops import batch_training_flops, matmul_peak, training_flops
 from transduce.train.log import TrainingLog
 from transduce.train.loss import projected_label_smoothed_nll
 from transduce.train.ema import WeightAverage
@@ -206,7 +207,10 @@ def _stepped_module(model: Model, model_config: ModelConfig, train_config: Train
     """What a step runs: the model (compiled if asked), an encoder's objective around
     it, and across processes DistributedDataParallel around that, or (fsdp) the same
     sharded in place."""
-    net: torch.nn.Module = torch.compile(model, dynamic=True) if train_config.compile else model
+    # Packed rows give every batch one shape: compiled for it alone (dynamic shapes
+    # would trade specialised kernels for shapes that never come).
+    net: torch.nn.Module = torch.compile(model, dynamic=not train_config.pack_length) \
+        if train_config.compile else model
     if model_config.arch == "encoder":   # the layers and the heads a step uses, as one
         net = encoder_training.EncoderObjective(net)
     if train_config.fsdp:
@@ -252,7 +256,7 @@ def is_language_model(model_config: ModelConfig) -> bool:
 def check_run_configs(model_config: ModelConfig, train_config: TrainConfig, kind: CorpusKind,
                       data_dir: Path) -> None:
     """Refuse what cannot train, before anything is loaded or written: a model on the
-    other kind of corpus, BLEU for a language model, packing for a translation model."""
+    other kind of corpus, BLEU for a language model, packing what cannot be packed."""
     encoder_training.check_encoder_configs(model_config, train_config, kind, data_dir)
     if model_config.arch == "encoder":
         return
@@ -269,9 +273,15 @@ def check_run_configs(model_config: ModelConfig, train_config: TrainConfig, kind
         raise ConfigError(f"TrainConfig.dev_bleu_sentences={train_config.dev_bleu_sentences}: "
                           f"a language model translates nothing to score; its dev "
                           f"evaluation is dev_loss and dev_ppl (per piece). Set it to 0")
-    if train_config.pack_length and not language_model:
-        raise ConfigError(f"TrainConfig.pack_length={train_config.pack_length} packs a text "
-                          f"corpus for arch 'decoder'; a translation model batches pairs")
+    if train_config.pack_length and model_config.arch != "transformer" and not language_model:
+        raise ConfigError(f"TrainConfig.pack_length={train_config.pack_length} packs lines "
+                          f"(arch 'decoder') or pairs (arch 'transformer'), not arch "
+                          f"{model_config.arch!r}")
+    if train_config.pack_length and not language_model and \
+            model_config.attention_type != "softmax":
+        raise ConfigError(f"TrainConfig.pack_length={train_config.pack_length}: packed pairs "
+                          f"keep to themselves through softmax attention's masks, not "
+                          f"attention_type={model_config.attention_type!r}")
     if train_config.pack_length > model_config.max_positions:
         raise ConfigError(f"TrainConfig.pack_length={train_config.pack_length}: the model "
                           f"reads at most max_positions={model_config.max_positions} tokens")
@@ -286,14 +296,22 @@ def _load_data(data_dir: Path, tokenizer: Tokenizer, model_config: ModelConfig,
                ) -> tuple[TokenizedSplit | TokenizedText, TokenizedSplit | TokenizedText | None,
                           Batcher]:
     """-> (train split, dev split or None, train batcher). Lines and pairs longer than
-    max_len (and the model's positions) are filtered, except in packed training, whose
-    blocks hold pieces of lines of any length."""
+    max_len (and the model's positions) are filtered, and packed pairs longer than a
+    row; a language model's packed blocks hold pieces of lines of any length."""
     c = train_config
     max_len = min(c.max_len, model_config.max_positions)
     if not is_language_model(model_config):
-        train_split = load_split(data_dir, "train", tokenizer, max_len)
-        batcher: Batcher = TokenBatcher(train_split.src_ids, train_split.tgt_ids, c.max_tokens,
-                                        seed=c.seed, line_numbers=train_split.line_numbers)
+        # A packed row holds a sentence and its eos (or bos): pack_length - 1 pieces.
+        train_split = load_split(data_dir, "train", tokenizer,
+                                 min(max_len, c.pack_length - 1) if c.pack_length else max_len)
+        batcher: Batcher = PackedPairBatcher(
+            train_split.src_ids, train_split.tgt_ids, c.pack_length, c.max_tokens,
+            seed=c.seed, line_numbers=train_split.line_numbers) if c.pack_length else \
+            TokenBatcher(train_split.src_ids, train_split.tgt_ids, c.max_tokens,
+                         seed=c.seed, line_numbers=train_split.line_numbers)
+        if c.pack_length:
+            train_split.report.append(f"pairs packed into rows of {c.pack_length} tokens a "
+                                      f"side, {c.max_tokens // c.pack_length} rows per batch")
         dev_split = load_split(data_dir, "dev", tokenizer, max_len) \
             if has_split(data_dir, "dev") else None
         return train_split, dev_split, batcher
@@ -442,15 +460,17 @@ def _backward(run: Run, key: tuple[int, int], indices: np.ndarray, step_tokens: 
                                            PAD_ID)
     # DDP averages over processes: scale so the result is sum / step_tokens.
     (loss * run.world / step_tokens).backward()
-    return loss.item(), training_flops(run.model_config, *batch.src.shape,
-                                       batch.tgt_in.shape[1])
+    return loss.item(), batch_training_flops(run.model_config, batch)
 
 
 def _hidden_states(net: torch.nn.Module, batch: Batch, language_model: bool):
     """The decoder's output (B, T, C) for the batch: a language model reads tgt_in alone
-    ([bos] + a line, or a packed block), a translation model the source too."""
+    ([bos] + a line, or a packed block), a translation model the source too (and the
+    sentence numbers of packed pairs)."""
     if language_model:
         return net(batch.tgt_in, project=False)
+    if batch.segments is not None:
+        return net(batch.src, batch.tgt_in, project=False, segments=batch.segments)
     return net(batch.src, batch.tgt_in, project=False)
 
 
