@@ -114,6 +114,19 @@ def _lengths(ids: Ids) -> np.ndarray:
                                       count=len(ids)))
 
 
+def longer_than(longest: np.ndarray, limit: int, unit: str,
+                line_numbers: Sequence[int] | None) -> tuple[str, str] | None:
+    """Items whose longest side (n,) exceeds limit, in words: ("3 of 500 pairs", "the
+    longest (line 12) has 70 tokens"); None when there are none."""
+    too_long = np.flatnonzero(longest > limit)
+    if not len(too_long):
+        return None
+    worst = int(too_long[np.argmax(longest[too_long])])
+    where = f"line {line_numbers[worst]}" if line_numbers is not None else f"{unit} {worst}"
+    return (f"{len(too_long)} of {len(longest)} {unit}s",
+            f"the longest ({where}) has {int(longest[worst])} tokens")
+
+
 def _longest_side(src_ids: Ids | None, tgt_ids: Ids) -> np.ndarray:
     return _lengths(tgt_ids) if src_ids is None else \
         np.maximum(_lengths(src_ids), _lengths(tgt_ids))
@@ -168,15 +181,13 @@ class TokenBatcher(_EpochBatches):
         self.src_lengths = np.zeros_like(self.tgt_lengths) if src_ids is None else \
             _lengths(src_ids)
         self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
-        longest = np.maximum(self.src_lengths, self.tgt_lengths)
-        too_long = np.flatnonzero(longest > max_tokens)
-        if len(too_long):
-            unit = "pair" if src_ids is not None else "line"
-            worst = int(too_long[np.argmax(longest[too_long])])
-            where = f"line {line_numbers[worst]}" if line_numbers is not None else f"{unit} {worst}"
-            raise BatchingError(f"{len(too_long)} of {len(longest)} {unit}s cannot fit a batch of "
-                                f"{max_tokens} tokens even alone; the longest ({where}) has {int(longest[worst])} "
-                                f"tokens. Raise the batch size or lower the length limit")
+        unit = "pair" if src_ids is not None else "line"
+        too_long = longer_than(np.maximum(self.src_lengths, self.tgt_lengths), max_tokens, unit,
+                               line_numbers)
+        if too_long:
+            count, worst = too_long
+            raise BatchingError(f"{count} cannot fit a batch of {max_tokens} tokens even alone; "
+                                f"{worst}. Raise the batch size or lower the length limit")
 
     def epoch_batches(self, epoch: int) -> EpochBatches:
         """The batches of an epoch (arrays of pair indices), deterministic in (seed, epoch)."""

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from transduce.data.batching import Batch, BatchingError, Ids, _EpochBatches, _lengths
+from transduce.data.batching import Batch, BatchingError, Ids, _EpochBatches, _lengths, longer_than
 from transduce.data.order import EpochBatches, index_dtype
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -43,14 +43,12 @@ class PackedPairBatcher(_EpochBatches):
         self.src_lengths, self.tgt_lengths = _lengths(src_ids), _lengths(tgt_ids)
         self.length, self.rows = length, max_tokens // length
         self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
-        longest = np.maximum(self.src_lengths, self.tgt_lengths)
-        too_long = np.flatnonzero(longest > length)
-        if len(too_long):
-            worst = int(too_long[np.argmax(longest[too_long])])
-            where = f"line {line_numbers[worst]}" if line_numbers is not None else f"pair {worst}"
-            raise BatchingError(f"{len(too_long)} of {len(longest)} pairs do not fit a packed row "
-                                f"of {length} tokens; the longest ({where}) has "
-                                f"{int(longest[worst])}. Raise the pack length or lower max_len")
+        too_long = longer_than(np.maximum(self.src_lengths, self.tgt_lengths), length, "pair",
+                               line_numbers)
+        if too_long:
+            count, worst = too_long
+            raise BatchingError(f"{count} do not fit a packed row of {length} tokens; {worst}. "
+                                f"Raise the pack length or lower max_len")
 
     def epoch_batches(self, epoch: int) -> EpochBatches:
         """The batches of an epoch (arrays of pair indices, in placing order),
@@ -60,26 +58,29 @@ class PackedPairBatcher(_EpochBatches):
         if self.shuffle:
             np.random.default_rng([self.seed, epoch]).shuffle(order)
         bounds = [0]
-        rooms = _Rooms(self.rows, self.length)
+        rooms = self._empty_batch()
         for position, pair in enumerate(order):
-            if rooms.place(int(self.src_lengths[pair]), int(self.tgt_lengths[pair])) is None:
+            if rooms.place(pair) is None:      # the pair opens the next batch
                 bounds.append(position)
-                rooms = _Rooms(self.rows, self.length)
-                rooms.place(int(self.src_lengths[pair]), int(self.tgt_lengths[pair]))
+                rooms = self._empty_batch()
+                rooms.place(pair)
         bounds.append(count)
         return EpochBatches(order, np.asarray(bounds, dtype=np.int64),
                             np.arange(len(bounds) - 1))   # already in shuffled order
 
     def placement(self, indices: np.ndarray) -> list[list[int]]:
         """The pairs of each row, in order: first-fit of `indices` in their order."""
-        rooms, rows = _Rooms(self.rows, self.length), [[] for _ in range(self.rows)]
+        rooms, rows = self._empty_batch(), [[] for _ in range(self.rows)]
         for pair in indices:
-            row = rooms.place(int(self.src_lengths[pair]), int(self.tgt_lengths[pair]))
+            row = rooms.place(pair)
             if row is None:
                 raise BatchingError(f"pairs {list(indices)} do not fit one packed batch of "
                                     f"{self.rows} rows of {self.length} tokens")
             rows[row].append(int(pair))
         return rows
+
+    def _empty_batch(self) -> "_Rooms":
+        return _Rooms(self.rows, self.length, self.src_lengths, self.tgt_lengths)
 
     def collate(self, indices: np.ndarray) -> Batch:
         """-> a Batch of (rows, length) src, tgt_in, tgt_out, their sentence numbers, and
@@ -132,12 +133,14 @@ def sentence_numbers(lengths: list[list[int]], row_length: int) -> torch.Tensor:
 class _Rooms:
     """The free tokens left on each side of each row of a batch being packed."""
 
-    def __init__(self, rows: int, length: int):
+    def __init__(self, rows: int, length: int, src_lengths: np.ndarray, tgt_lengths: np.ndarray):
         self.src = np.full(rows, length, dtype=np.int64)
         self.tgt = np.full(rows, length, dtype=np.int64)
+        self.src_lengths, self.tgt_lengths = src_lengths, tgt_lengths
 
-    def place(self, src_length: int, tgt_length: int) -> int | None:
-        """The first row with room for both sides (its rooms shrink), or None."""
+    def place(self, pair: int) -> int | None:
+        """The first row with room for both sides of `pair` (its rooms shrink), or None."""
+        src_length, tgt_length = int(self.src_lengths[pair]), int(self.tgt_lengths[pair])
         fits = (self.src >= src_length) & (self.tgt >= tgt_length)
         row = int(fits.argmax())
         if not fits[row]:
