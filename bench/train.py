@@ -12,7 +12,10 @@ count the same thing: target tokens that are not padding, per second of forward,
 backward and optimizer step. Each side computes its loss as its training loop does
 (ours: the output projection fused with the label-smoothed loss,
 projected_label_smoothed_nll; Hugging Face: logits, then F.cross_entropy with
-label_smoothing, as its Trainer does). For each batch size the peers alternate rounds
+label_smoothing, as its Trainer does). With --compiled, a fourth peer, "ours compiled",
+steps our model and loss as `transduce train --compile` does (train/objective.py under
+torch.compile, shapes dynamic; it first steps every batch once, so that compiling is
+not timed). For each batch size the peers alternate rounds
 of --steps steps; the median round gives tokens/s, model FLOPs utilisation against the
 matmul peak measured here for the peer's dtype, and the ratios ours / each Hugging Face
 peer. Peak memory is the resident memory a few steps add, measured in a fresh child
@@ -21,7 +24,7 @@ makes (runtime.keep_freed_memory), for all peers alike; the memory children with
 it, so that freed blocks leave the high-water mark honest. Writes JSON with the
 machine's description and CPU flags.
 
-    python bench/train.py --data data/bible --max-tokens 2048 4096 8192 [--dtype auto]
+    python bench/train.py --data data/bible --max-tokens 2048 4096 8192 [--dtype auto] [--compiled]
     python bench/train.py --device cuda --data data/bible [--preset base]   # bench/train_cuda.py
 """
 
@@ -51,7 +54,7 @@ from transduce.export.hf import hf_config  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.runtime import BFLOAT16_FLAGS, cpu_flags, keep_freed_memory, training_dtype  # noqa: E402
 from transduce.train.flops import matmul_peak, training_flops  # noqa: E402
-from transduce.train.loss import projected_label_smoothed_nll  # noqa: E402
+from transduce.train.objective import SequenceObjective  # noqa: E402
 
 HF_PEERS = {"hf float32": None, "hf bfloat16": torch.bfloat16}
 PEERS = ("ours", *HF_PEERS)
@@ -63,13 +66,13 @@ def build(peer: str, vocab_size: int, ours_dtype: torch.dtype | None):
     torch.manual_seed(0)
     ours = Transformer(preset("small", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
                               norm_first=False))     # Marian's layout, for both
-    if peer == "ours":
+    if peer.startswith("ours"):
         model = ours.train()
+        objective = SequenceObjective(model, language_model=False, label_smoothing=SMOOTHING)
+        net = torch.compile(objective, dynamic=True) if peer == "ours compiled" else objective
 
         def loss_of(batch):
-            hidden = model(batch.src, batch.tgt_in, project=False)
-            return projected_label_smoothed_nll(hidden, model.output_proj.weight, batch.tgt_out,
-                                                SMOOTHING, PAD_ID)[0]
+            return net(batch.src, batch.tgt_in, batch.tgt_out)
     else:
         from transformers import MarianConfig, MarianMTModel
 
@@ -84,7 +87,7 @@ def build(peer: str, vocab_size: int, ours_dtype: torch.dtype | None):
                                    reduction="sum")
     optimizer = torch.optim.Adam(model.parameters(), lr=LR, betas=(0.9, 0.98), eps=1e-9,
                                  fused=True)
-    dtype = ours_dtype if peer == "ours" else HF_PEERS[peer]
+    dtype = ours_dtype if peer.startswith("ours") else HF_PEERS[peer]
 
     def step(batch) -> int:
         tokens = int((batch.tgt_out != PAD_ID).sum())
@@ -114,14 +117,16 @@ def packed_batches(data: Path, max_tokens: int, count: int, pack_length: int) ->
         tokenizer.vocab_size
 
 
-def measure(data: Path, max_tokens: int, rounds: int, steps: int, ours_dtype) -> dict:
+def measure(data: Path, max_tokens: int, rounds: int, steps: int, ours_dtype,
+            peers: tuple[str, ...]) -> dict:
     chosen, vocab = batches(data, max_tokens, steps)
-    steppers = {peer: build(peer, vocab, ours_dtype) for peer in PEERS}
+    steppers = {peer: build(peer, vocab, ours_dtype) for peer in peers}
     config = steppers["ours"][0]
     flops = sum(training_flops(config, *b.src.shape, b.tgt_in.shape[1]) for b in chosen)
-    for _, _, step in steppers.values():   # warm-up: allocator, thread pool, autograd
-        step(chosen[0])
-    seconds: dict[str, list[float]] = {peer: [] for peer in PEERS}
+    for peer, (_, _, step) in steppers.items():   # warm-up: allocator, thread pool, autograd
+        for batch in chosen if peer == "ours compiled" else chosen[:1]:   # and compiling
+            step(batch)
+    seconds: dict[str, list[float]] = {peer: [] for peer in peers}
     tokens = 0
     for _ in range(rounds):
         for peer, (_, _, step) in steppers.items():
@@ -165,7 +170,8 @@ def report(rows: list[dict], peaks: dict[str, float]) -> dict[str, float]:
         print(f"{row['peer']:12s} {row['dtype']:9s} {row['max_tokens']:7d} "
               f"{row['target_tokens_per_s']:13,.0f} {ratios} {100 * row['mfu']:5.1f}% "
               f"{format_bytes(row['peak_memory_bytes']):>10s}")
-    best = {peer: max(r["target_tokens_per_s"] for r in rows if r["peer"] == peer) for peer in PEERS}
+    best = {peer: max(r["target_tokens_per_s"] for r in rows if r["peer"] == peer)
+            for peer in {row["peer"] for row in rows}}
     ratios = {hf: best["ours"] / best[hf] for hf in HF_PEERS}
     print("at each one's fastest batch size: " + ", ".join(f"ours / {hf} = {ratio:.2f}x"
                                                           for hf, ratio in ratios.items()))
@@ -183,6 +189,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="batches per round and peer")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="our model's training dtype (default: what `transduce train` picks)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="also time 'ours compiled' (transduce train --compile)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
@@ -198,8 +206,9 @@ def main() -> None:
     ours_dtype = torch.bfloat16 if ours == "bfloat16" else None
     peaks = {name: matmul_peak(getattr(torch, name)) for name in ("float32", "bfloat16")}
     rows = []
+    peers = (*PEERS, "ours compiled") if args.compiled else PEERS
     for max_tokens in args.max_tokens:
-        result = measure(args.data, max_tokens, args.rounds, args.steps, ours_dtype)
+        result = measure(args.data, max_tokens, args.rounds, args.steps, ours_dtype, peers)
         for peer, values in result.items():
             values["mfu"] = values["model_flops_per_s"] / peaks[values["dtype"]]
             case = [peer, str(max_tokens), str(args.data), ours]

@@ -3,13 +3,16 @@ Bible corpus, bfloat16 autocast, fused Adam, our fused projection + label-smooth
 
 Peers on the same batches, interleaved in rounds: ours with each attention impl asked
 for (default sdpa and triton), ours under torch.compile ("ours sdpa compiled": the model
-as `transduce train --compile` steps it, shapes dynamic), and Hugging Face's
+and its loss as one graph, train/objective.py, as `transduce train --compile` steps
+them, shapes dynamic), and Hugging Face's
 MarianMTModel of the same shape under the same autocast with F.cross_entropy (what its
 Trainer does with bf16=True). Peers named "... packed" ("ours triton packed", "ours
 sdpa packed compiled") train on rows of --pack-length tokens packed with whole pairs
 (data/packing.py; `transduce train --pack-length`), the first --steps packed batches of
 the same corpus at the same budget: batches of one shape, compiled without dynamic
-shapes, and the Triton kernel skipping other pairs' tiles. Every peer first steps
+shapes, and the Triton kernel skipping other pairs' tiles; "... packed graphed" also
+replays each step's forward and backward as CUDA graphs (torch.compile's
+reduce-overhead mode: one launch a graph, no Python between kernels). Every peer first steps
 through every batch once (kernels compiled for each shape, allocator settled); then the
 rounds are timed. All count target tokens that are not padding per second of forward,
 backward and optimizer step (each peer its own batches' targets).
@@ -19,7 +22,8 @@ also against the matmul rate measured here (8192^3 bfloat16).
 
     python bench/train.py --device cuda --data data/bible [--preset base] [--max-tokens 8192 16384 25000]
     python bench/train.py --device cuda --data data/bible --max-tokens 25000 \
-        --peers "ours sdpa compiled" "ours triton packed" "ours triton packed compiled"
+        --peers "ours sdpa compiled" "ours triton packed" "ours triton packed compiled" \
+        "ours triton packed graphed"
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from transduce.data.tokenizer import PAD_ID  # noqa: E402
 from transduce.export.hf import hf_config  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.train.flops import batch_training_flops, matmul_peak  # noqa: E402
-from transduce.train.loss import projected_label_smoothed_nll  # noqa: E402
+from transduce.train.objective import SequenceObjective  # noqa: E402
 
 # Dense bfloat16 tensor-core peaks from the data sheets (no sparsity), by name prefix.
 DATASHEET_BF16 = {"NVIDIA H100": 989.4e12, "NVIDIA H200": 989.4e12, "NVIDIA A100": 312e12}
@@ -62,14 +66,18 @@ def build(peer: str, preset_name: str, vocab: int):
     ours = Transformer(config)
     if peer.startswith("ours"):
         model = ours.cuda().train()
+        objective = SequenceObjective(model, language_model=False, label_smoothing=SMOOTHING)
         # Packed batches all have one shape: compiled for it, as `transduce train` does.
-        net = torch.compile(model, dynamic="packed" not in peer) \
-            if peer.endswith(" compiled") else model
+        net = objective
+        if peer.endswith(" compiled"):
+            net = torch.compile(objective, dynamic="packed" not in peer)
+        elif peer.endswith(" graphed"):
+            net = torch.compile(objective, dynamic=False, mode="reduce-overhead")
 
         def loss_of(batch):
-            hidden = net(batch.src, batch.tgt_in, project=False, segments=batch.segments)
-            return projected_label_smoothed_nll(hidden, model.output_proj.weight, batch.tgt_out,
-                                                SMOOTHING, PAD_ID)[0]
+            if peer.endswith(" graphed"):   # the last step's outputs are no longer read
+                torch.compiler.cudagraph_mark_step_begin()
+            return net(batch.src, batch.tgt_in, batch.tgt_out, batch.segments)
     else:
         from transformers import MarianConfig, MarianMTModel
 
@@ -193,6 +201,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU, and none is available")
+    for peer in args.peers:
+        if peer.endswith(" graphed") and "packed" not in peer:
+            parser.error(f"--peers {peer!r}: CUDA graphs replay one shape; name a packed peer "
+                         f"('ours triton packed graphed')")
     info = gpu_info()
     sheet = datasheet_peak(info["gpu"])
     measured = matmul_peak(torch.bfloat16, "cuda", size=8192, seconds=2.0)

@@ -11,6 +11,7 @@ import torch
 
 from tests.attention.reference import reference_attention
 from tests.attention.test_kernels import grads, make_mask
+from tests.train.test_objective import VOCAB, packed_batches
 from transduce.attention import attention
 from transduce.config import TrainConfig, preset
 from transduce.data.tokenizer import Tokenizer
@@ -18,6 +19,7 @@ from transduce.decode.generate import Generator
 from transduce.decode.translate import Translator
 from transduce.model import build_model, load_model
 from transduce.train.loop import train
+from transduce.train.objective import SequenceObjective
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 IMPLS = ["naive", "sdpa", "flash"]  # triton on CUDA: tests/attention/test_triton.py
@@ -60,6 +62,45 @@ def test_training_on_cuda_in_bfloat16_learns(tiny_corpus, tmp_path):
     losses = [r["loss"] for r in records if r["event"] == "train"]
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert next(load_model(run).parameters()).device.type == "cpu"  # checkpoints load anywhere
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_the_compiled_packed_objective_steps_like_the_eager_one(mode):
+    """The model and its loss compiled as one graph over packed rows of one shape
+    (`transduce train --compile --pack-length`), and the same replayed as CUDA graphs
+    (reduce-overhead; bench/train_cuda.py's "... packed graphed"): the eager losses
+    through four Adam steps, and the eager gradients in the first. (Not the weights:
+    Adam turns the rounding noise of gradients that are zero in exact arithmetic, such
+    as the key projection's bias, into steps of the full learning rate.)"""
+    def trained(compile_mode: str | None) -> tuple[list[float], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = build_model(preset("tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
+                                   dropout=0.0)).cuda().train()
+        objective = SequenceObjective(model, language_model=False, label_smoothing=0.1)
+        net = objective if compile_mode is None else \
+            torch.compile(objective, dynamic=False, mode=compile_mode)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+        losses, first_grads = [], []
+        for batch in [*packed_batches()] * 2:
+            if compile_mode == "reduce-overhead":
+                torch.compiler.cudagraph_mark_step_begin()
+            loss = net(*(None if t is None else
+                         tuple(x.cuda() for x in t) if isinstance(t, tuple) else t.cuda()
+                         for t in batch))
+            loss.backward()
+            losses.append(loss.item())
+            first_grads = first_grads or [p.grad.clone() for p in model.parameters()]
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return losses, first_grads
+
+    with _no_tf32():
+        want_losses, want_grads = trained(None)
+        got_losses, got_grads = trained(mode)
+    assert got_losses == pytest.approx(want_losses, rel=1e-4)
+    for got, want in zip(got_grads, want_grads):   # (the floor: rounding noise, as above)
+        torch.testing.assert_close(got, want, rtol=0,
+                                   atol=max(1e-4 * want.abs().max().item(), 1e-6))
 
 
 def test_decoding_on_cuda_equals_decoding_on_the_cpu(tiny_corpus):

@@ -16,7 +16,7 @@ from transduce import checkpoint
 from transduce.cli import main
 from transduce.config import TrainConfig, preset
 from transduce.model import load_model
-from transduce.train import loop
+from transduce.train import loop, objective
 from transduce.train.log import LOG_NAME
 from transduce.train.loop import TrainingError, train
 from tests.environment import subprocess_env
@@ -92,13 +92,13 @@ def test_checkpoints_log_and_keep_last(tiny_corpus, tmp_path):
 
 
 def test_nonfinite_losses_skip_steps_then_abort(tiny_corpus, tmp_path, monkeypatch):
-    real = loop.projected_label_smoothed_nll
+    real = objective.projected_label_smoothed_nll
 
     def poisoned(hidden, weight, target, epsilon, pad_id):
         loss, nll = real(hidden, weight, target, epsilon, pad_id)
         return loss * float("nan"), nll
 
-    monkeypatch.setattr(loop, "projected_label_smoothed_nll", poisoned)
+    monkeypatch.setattr(objective, "projected_label_smoothed_nll", poisoned)
     with pytest.raises(TrainingError, match="not finite in 3 steps in a row"):
         train(tiny_corpus, tmp_path / "run", tiny_config(), train_config(max_steps=10, nan_limit=3))
     nonfinite = [line for line in (tmp_path / "run" / "log.jsonl").open() if "nonfinite" in line]

@@ -1,5 +1,7 @@
 """The output projection fused with the label-smoothed loss, against the plain form:
-logits, then log-softmax and smoothing, all in float64."""
+logits, then log-softmax and smoothing, all in float64; both ways of leaving padding
+out (its rows selected away, or every row projected and padding weighed by zero, as
+a compiled graph does)."""
 
 import pytest
 import torch
@@ -31,12 +33,13 @@ def inputs(batch=4, length=6, dim=8, vocab=23, dtype=torch.float64):
     return hidden, weight, target
 
 
+@pytest.mark.parametrize("every_row", [False, True])
 @pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
 @pytest.mark.parametrize("chunk_rows", [1, 5, 1000])
-def test_loss_and_gradients_equal_the_plain_form_in_float64(epsilon, chunk_rows):
+def test_loss_and_gradients_equal_the_plain_form_in_float64(epsilon, chunk_rows, every_row):
     hidden, weight, target = inputs()
     smoothed, nll = projected_label_smoothed_nll(hidden, weight, target, epsilon, PAD,
-                                                 chunk_rows=chunk_rows)
+                                                 chunk_rows=chunk_rows, every_row=every_row)
     want_smoothed, want_nll = plain_float64(hidden, weight, target, epsilon)
     # the sums are float32; the terms and gradients float64
     assert smoothed.item() == pytest.approx(want_smoothed.item(), rel=1e-6)
@@ -49,15 +52,45 @@ def test_loss_and_gradients_equal_the_plain_form_in_float64(epsilon, chunk_rows)
         torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
 
 
-def test_padding_rows_get_no_gradient_and_change_nothing():
+@pytest.mark.parametrize("every_row", [False, True])
+def test_padding_rows_get_no_gradient_and_change_nothing(every_row):
     hidden, weight, target = inputs()
-    smoothed, _ = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD)
-    (grad,) = torch.autograd.grad(smoothed, hidden)
-    assert torch.all(grad[target == PAD] == 0) and torch.all(grad[target != PAD] != 0)
-    changed = hidden.detach().clone()
-    changed[target == PAD] = 1e3
-    again, _ = projected_label_smoothed_nll(changed, weight, target, 0.1, PAD)
+    smoothed, _ = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD,
+                                               every_row=every_row)
+    grad_hidden, grad_weight = torch.autograd.grad(smoothed, (hidden, weight))
+    assert torch.all(grad_hidden[target == PAD] == 0)
+    assert torch.all(grad_hidden[target != PAD] != 0)
+    changed = hidden.detach().clone().requires_grad_()
+    with torch.no_grad():
+        changed[target == PAD] = 1e3
+    again, _ = projected_label_smoothed_nll(changed, weight, target, 0.1, PAD,
+                                            every_row=every_row)
     assert again.item() == smoothed.item()
+    # padding's hidden states reach the weight's gradient in no way either
+    assert torch.equal(torch.autograd.grad(again, weight)[0], grad_weight)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_the_loss_compiles_into_one_graph_and_computes_the_same(dynamic):
+    """Under torch.compile the loss projects every row (no shape that depends on the
+    data), so the step's graph can hold it: one graph for each batch shape, fed
+    different padding, equal to the eager loss in float64."""
+    torch._dynamo.reset()
+    _, weight, _ = inputs()
+    compiled = torch.compile(
+        lambda h, t: projected_label_smoothed_nll(h, weight, t, 0.1, PAD, chunk_rows=5),
+        fullgraph=True, dynamic=dynamic, backend="aot_eager")
+    for batch, length in [(4, 6), (3, 9), (4, 6)]:
+        hidden, _, target = inputs(batch, length)
+        target[-1, 2:] = PAD
+        got = compiled(hidden, target)
+        want = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD)
+        for g, w in zip(got, want):
+            assert g.item() == pytest.approx(w.item(), rel=1e-6)
+        got_grads = torch.autograd.grad(got[0], (hidden, weight))
+        want_grads = torch.autograd.grad(want[0], (hidden, weight))
+        for g, w in zip(got_grads, want_grads):   # the weight's is summed in float32
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-6 * w.abs().max().item())
 
 
 def test_float32_agrees_with_the_plain_loss_on_logits():

@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, TrainConfig
-from transduce.data.batching import Batch, Batcher, EncoderBatcher, PackedBatcher, TokenBatcher
+from transduce.data.batching import Batcher, EncoderBatcher, PackedBatcher, TokenBatcher
 from transduce.data.corpus import CorpusKind, corpus_kind, has_split
 from transduce.data.dataset import TokenizedSplit, TokenizedText, load_split, load_text_split
 from transduce.data.packing import PackedPairBatcher
@@ -54,6 +54,7 @@ from transduce.train.flops import batch_training_flops, matmul_peak, training_fl
 from transduce.train.log import TrainingLog
 from transduce.train.loss import projected_label_smoothed_nll
 from transduce.train.ema import WeightAverage
+from transduce.train.objective import SequenceObjective
 from transduce.train import encoder as encoder_training
 from transduce.train import sharding
 from transduce.train.schedule import learning_rate
@@ -204,15 +205,20 @@ def _initial_model(model_config: ModelConfig, train_config: TrainConfig,
 
 def _stepped_module(model: Model, model_config: ModelConfig, train_config: TrainConfig,
                     world: int) -> torch.nn.Module:
-    """What a step runs: the model (compiled if asked), an encoder's objective around
-    it, and across processes DistributedDataParallel around that, or (fsdp) the same
-    sharded in place."""
+    """What a step runs: the model and its loss as one module (train/objective.py;
+    an encoder's objective around the model), compiled if asked, and across processes
+    DistributedDataParallel around that, or (fsdp) the same sharded in place."""
     # Packed rows give every batch one shape: compiled for it alone (dynamic shapes
     # would trade specialised kernels for shapes that never come).
-    net: torch.nn.Module = torch.compile(model, dynamic=not train_config.pack_length) \
-        if train_config.compile else model
+    dynamic = not train_config.pack_length
+    net: torch.nn.Module
     if model_config.arch == "encoder":   # the layers and the heads a step uses, as one
-        net = encoder_training.EncoderObjective(net)
+        net = encoder_training.EncoderObjective(
+            torch.compile(model, dynamic=dynamic) if train_config.compile else model)
+    else:   # compiled with its loss: one graph a step, with no pause for the host
+        net = SequenceObjective(model, is_language_model(model_config),
+                                train_config.label_smoothing)
+        net = torch.compile(net, dynamic=dynamic) if train_config.compile else net
     if train_config.fsdp:
         sharding.shard(net, model)
     elif world > 1:
@@ -453,25 +459,13 @@ def _backward(run: Run, key: tuple[int, int], indices: np.ndarray, step_tokens: 
         # Logged per scored token: the step's loss (a sum of means) x its tokens.
         return (share * step_tokens).item(), training_flops(run.model_config,
                                                             *batch.ids.shape, 0)
-    batch = run.batcher.collate(indices).to(run.device)
-    hidden = _hidden_states(run.net, batch, run.language_model)
-    loss, _ = projected_label_smoothed_nll(hidden, run.model.output_proj.weight,
-                                           batch.tgt_out, run.train_config.label_smoothing,
-                                           PAD_ID)
+    batch = run.batcher.collate(indices)
+    flops = batch_training_flops(run.model_config, batch)   # from the host's copy
+    batch = batch.to(run.device)
+    loss = run.net(batch.src, batch.tgt_in, batch.tgt_out, batch.segments)
     # DDP averages over processes: scale so the result is sum / step_tokens.
     (loss * run.world / step_tokens).backward()
-    return loss.item(), batch_training_flops(run.model_config, batch)
-
-
-def _hidden_states(net: torch.nn.Module, batch: Batch, language_model: bool):
-    """The decoder's output (B, T, C) for the batch: a language model reads tgt_in alone
-    ([bos] + a line, or a packed block), a translation model the source too (and the
-    sentence numbers of packed pairs)."""
-    if language_model:
-        return net(batch.tgt_in, project=False)
-    if batch.segments is not None:
-        return net(batch.src, batch.tgt_in, project=False, segments=batch.segments)
-    return net(batch.src, batch.tgt_in, project=False)
+    return loss.item(), flops
 
 
 def _refuse_divergence(run: Run, nonfinite_in_a_row: int) -> None:

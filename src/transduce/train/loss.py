@@ -34,8 +34,8 @@ CHUNK_ELEMENTS_CUDA = 1 << 26
 
 
 def projected_label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor,
-                                 epsilon: float, pad_id: int,
-                                 chunk_rows: int | None = None) -> tuple[Tensor, Tensor]:
+                                 epsilon: float, pad_id: int, chunk_rows: int | None = None,
+                                 every_row: bool | None = None) -> tuple[Tensor, Tensor]:
     """label_smoothed_nll(hidden @ weight^T, ...) without the (B, T, V) logits.
 
     hidden (B, T, C) the decoder's output, weight (V, C) the output projection, target
@@ -49,15 +49,30 @@ def projected_label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor,
     (softmax - q, with q the smoothed target distribution) is formed while the chunk is
     in cache and multiplied straight into the gradients of `hidden` and `weight`. The
     products run in the autocast dtype when autocast is on, as nn.Linear's would.
+
+    every_row (default: while torch.compile captures): project every position and weigh
+    padding by zero, instead of selecting the rows that are not padding. Selecting
+    gives a shape that depends on the data, which a compiled graph cannot hold (and a
+    GPU must report to the host before going on); padding rows cost their share of
+    the products. While compiling, the rows are also projected in one piece: a loop
+    over chunks would fix the number of rows in the graph (a new graph for every batch
+    shape), and the compiler fuses the steps over the (B*T, V) logits itself.
     """
-    keep = target != pad_id
-    rows = hidden[keep]                                                      # (N, C)
+    if every_row is None:
+        every_row = torch.compiler.is_compiling()
+    if every_row:
+        rows, targets = hidden.flatten(0, 1), target.flatten()             # (B*T, C), (B*T,)
+        scored = (targets != pad_id).float()                                  # (B*T,)
+    else:
+        keep = target != pad_id
+        rows, targets, scored = hidden[keep], target[keep], None             # (N, C), (N,)
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else rows.dtype
     elements = CHUNK_ELEMENTS_CUDA if device == "cuda" else CHUNK_ELEMENTS
-    chunk = chunk_rows or max(1, elements // weight.shape[0])
-    return _ProjectedSmoothedNLL.apply(rows, weight, target[keep], epsilon, pad_id, dtype,
+    chunk = None if torch.compiler.is_compiling() else \
+        chunk_rows or max(1, elements // weight.shape[0])
+    return _ProjectedSmoothedNLL.apply(rows, weight, targets, scored, epsilon, pad_id, dtype,
                                        chunk, wants_grad)
 
 
@@ -65,11 +80,12 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
     """Forward computes the loss and, when asked, both gradients; backward scales them."""
 
     @staticmethod
-    def forward(ctx, rows: Tensor, weight: Tensor, target: Tensor, epsilon: float, pad_id: int,
-                dtype: torch.dtype, chunk: int, wants_grad: bool) -> tuple[Tensor, Tensor]:
+    def forward(ctx, rows: Tensor, weight: Tensor, target: Tensor, scored: Tensor | None,
+                epsilon: float, pad_id: int, dtype: torch.dtype, chunk: int | None,
+                wants_grad: bool) -> tuple[Tensor, Tensor]:
         with torch.autocast(rows.device.type, enabled=False):
             smoothed, nll, grad_rows, grad_weight = _chunked_loss_and_grads(
-                rows, weight, target, epsilon, pad_id, dtype, chunk, wants_grad)
+                rows, weight, target, scored, epsilon, pad_id, dtype, chunk, wants_grad)
         ctx.save_for_backward(grad_rows, grad_weight)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(nll)
@@ -80,13 +96,16 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
         grad_rows, grad_weight = ctx.saved_tensors
         return (grad_rows * grad_smoothed.to(grad_rows.dtype),
                 (grad_weight * grad_smoothed).to(ctx.weight_dtype),
-                None, None, None, None, None, None)
+                None, None, None, None, None, None, None)
 
 
-def _chunked_loss_and_grads(rows: Tensor, weight: Tensor, target: Tensor, epsilon: float,
-                            pad_id: int, dtype: torch.dtype, chunk: int, wants_grad: bool):
-    """rows (N, C), weight (V, C), target (N,) -> smoothed and NLL sums (float32), and
-    d smoothed / d rows (N, C), d smoothed / d weight (V, C) (empty unless wants_grad)."""
+def _chunked_loss_and_grads(rows: Tensor, weight: Tensor, target: Tensor,
+                            scored: Tensor | None, epsilon: float, pad_id: int,
+                            dtype: torch.dtype, chunk: int | None, wants_grad: bool):
+    """rows (N, C), weight (V, C), target (N,), scored (N,) 1.0 for the rows that count
+    and 0.0 for the rest, or None for all; chunk rows at a time (None: all at once)
+    -> smoothed and NLL sums (float32), and d smoothed / d rows (N, C),
+    d smoothed / d weight (V, C) (empty unless wants_grad)."""
     vocab = weight.shape[0]
     spread = epsilon / (vocab - 2)       # q on each token that is neither reference nor pad
     w = weight.to(dtype)
@@ -95,14 +114,19 @@ def _chunked_loss_and_grads(rows: Tensor, weight: Tensor, target: Tensor, epsilo
     grad_rows = torch.empty_like(rows) if wants_grad else rows.new_empty(0)
     grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
         if wants_grad else weight.new_empty(0, dtype=torch.float32)
-    for start in range(0, rows.shape[0], chunk):
-        h = rows[start:start + chunk].to(dtype)                               # (n, C)
-        y = target[start:start + chunk].unsqueeze(1)                          # (n, 1)
+    pieces = [slice(None)] if chunk is None else \
+        [slice(start, start + chunk) for start in range(0, rows.shape[0], chunk)]
+    for piece in pieces:
+        h = rows[piece].to(dtype)                                             # (n, C)
+        y = target[piece].unsqueeze(1)                                        # (n, 1)
         logits = (h @ w.T).float()                                            # (n, V)
         log_p = torch.log_softmax(logits, dim=1)                              # (n, V)
         reference = log_p.gather(1, y)                                        # (n, 1)
         # -log p summed over the tokens that are neither the reference nor pad
         others = -(log_p.sum(1, keepdim=True) - log_p[:, pad_id:pad_id + 1] - reference)
+        weights = None if scored is None else scored[piece].unsqueeze(1)
+        if weights is not None:
+            reference, others = reference * weights, others * weights
         nll -= reference.sum()
         smoothed += -(1.0 - epsilon) * reference.sum() + spread * others.sum()
         if wants_grad:   # d/dlogits = softmax - q, rounded to `dtype` once
@@ -110,6 +134,8 @@ def _chunked_loss_and_grads(rows: Tensor, weight: Tensor, target: Tensor, epsilo
             p.scatter_add_(1, y, p.new_full(y.shape, spread - (1.0 - epsilon)))
             p[:, pad_id] += spread
             grad = torch.sub(p, spread, out=torch.empty(p.shape, dtype=dtype, device=p.device))
-            grad_rows[start:start + chunk] = (grad @ w).to(rows.dtype)
+            if weights is not None:
+                grad *= weights                  # by 0 or 1: exact in any dtype
+            grad_rows[piece] = (grad @ w).to(rows.dtype)
             grad_weight += grad.T @ h          # a bfloat16 product is summed in float32
     return smoothed, nll, grad_rows, grad_weight
