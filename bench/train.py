@@ -160,14 +160,14 @@ def report(rows: list[dict], peaks: dict[str, float]) -> dict[str, float]:
     """Print the table; -> ours / each Hugging Face peer at each one's fastest batch size."""
     print("\nmatmul peak " + ", ".join(f"{name} {value / 1e9:.0f} GFLOP/s"
                                       for name, value in peaks.items()))
-    print(f"{'peer':12s} {'dtype':9s} {'tokens':>7s} {'target tok/s':>13s} "
+    print(f"{'peer':14s} {'dtype':9s} {'tokens':>7s} {'target tok/s':>13s} "
           + " ".join(f"{'vs ' + hf:>15s}" for hf in HF_PEERS) + f" {'MFU':>6s} {'peak mem':>10s}")
     for row in rows:
         same_batch = {hf: next(r for r in rows if r["peer"] == hf and
                                r["max_tokens"] == row["max_tokens"]) for hf in HF_PEERS}
         ratios = " ".join(f"{row['target_tokens_per_s'] / hf['target_tokens_per_s']:14.2f}x"
                           for hf in same_batch.values())
-        print(f"{row['peer']:12s} {row['dtype']:9s} {row['max_tokens']:7d} "
+        print(f"{row['peer']:14s} {row['dtype']:9s} {row['max_tokens']:7d} "
               f"{row['target_tokens_per_s']:13,.0f} {ratios} {100 * row['mfu']:5.1f}% "
               f"{format_bytes(row['peak_memory_bytes']):>10s}")
     best = {peer: max(r["target_tokens_per_s"] for r in rows if r["peer"] == peer)
