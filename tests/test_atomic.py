@@ -59,3 +59,23 @@ def test_leftovers_of_killed_writers_are_removed(tmp_path):
     notes.write_text("x")
     atomic.remove_temporaries(tmp_path, "step-")
     assert not step.exists() and notes.exists()
+
+
+def test_a_file_is_never_written_over_a_directory_or_under_a_file(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "f").write_text("mine")
+    for path in (tmp_path / "d", tmp_path / "f" / "x"):
+        with pytest.raises(atomic.OutputPathError, match=str(path)):
+            atomic.write_text(path, "text")
+    assert (tmp_path / "f").read_text() == "mine" and not any((tmp_path / "d").iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "f"]
+
+
+def test_a_directory_never_takes_the_place_of_a_file(tmp_path):
+    """(The swap would move the file aside under a temporary name and fail to remove it.)"""
+    path = tmp_path / "notes.txt"
+    path.write_text("mine")
+    with pytest.raises(atomic.OutputPathError, match="not a directory"):
+        with atomic.atomic_directory(path) as temporary:
+            (temporary / "a.txt").write_text("new")
+    assert path.read_text() == "mine" and [p.name for p in tmp_path.iterdir()] == ["notes.txt"]

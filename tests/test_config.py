@@ -48,6 +48,11 @@ def test_rotary_needs_even_heads():
     (TrainConfig, {"dev_bleu_sentences": -2}, "dev_bleu_sentences=-2"),
     (ModelConfig, {"dropout": float("nan")}, "dropout=nan"),
     (ModelConfig, {"layer_norm_eps": -1e-5}, "layer_norm_eps=-1e-05: must be positive"),
+    # a config file's strings and numbers are not switches
+    (ModelConfig, {"bias": "false"}, "bias='false': must be true or false"),
+    (TrainConfig, {"compile": 0}, "compile=0: must be true or false"),
+    (TrainConfig, {"seed": -1}, "seed=-1: must be an integer from 0 to 4294967295"),
+    (TrainConfig, {"seed": 2 ** 64}, "seed=18446744073709551616"),
 ])
 def test_out_of_range_and_non_finite_values_are_refused(config_type, changes, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -21,7 +21,14 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from transduce.errors import TransduceError
+
 _PREFIX = ".tmp-"
+
+
+class OutputPathError(TransduceError, OSError):
+    """The destination cannot be written: a directory where a file goes, a file where
+    a directory goes or under one of its parents."""
 
 
 def temporary_path(path: Path) -> Path:
@@ -34,7 +41,9 @@ def atomic_file(path: Path | str) -> Iterator[Path]:
     """Yields a temporary path to write; on success it replaces `path` in one rename.
     On an exception the temporary file is removed and `path` is left as it was."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise OutputPathError(f"{path}: is a directory; a file cannot be written there")
+    _make_parent(path)
     temporary = temporary_path(path)
     try:
         yield temporary
@@ -59,7 +68,10 @@ def atomic_directory(path: Path | str) -> Iterator[Path]:
     `path` (an existing directory there is replaced whole). On an exception the
     temporary directory is removed and `path` is left as it was."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.is_dir():
+        raise OutputPathError(f"{path}: exists and is not a directory; a directory cannot "
+                              f"be written there")
+    _make_parent(path)
     temporary = temporary_path(path)
     if temporary.exists():
         shutil.rmtree(temporary)
@@ -72,6 +84,14 @@ def atomic_directory(path: Path | str) -> Iterator[Path]:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     _fsync(path.parent)
+
+
+def _make_parent(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise OutputPathError(f"{path}: a file stands where one of its parent directories "
+                              f"goes") from None
 
 
 def remove_temporaries(directory: Path, name_prefix: str = "") -> None:

@@ -41,6 +41,14 @@ class ValidatedConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def _check_bools(self) -> None:
+        """A config file's "false" or 1 is not a switch: only true and false are."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type in ("bool", bool) and not isinstance(value, bool):
+                raise ConfigError(f"{type(self).__name__}.{field.name}={value!r}: must be "
+                                  f"true or false")
+
     def _check_floats_finite(self) -> None:
         """NaN and infinity pass every range check written as a comparison: refuse them."""
         for field in dataclasses.fields(self):
@@ -129,6 +137,7 @@ class ModelConfig(ValidatedConfig):
     num_labels: int = 0
 
     def __post_init__(self) -> None:
+        self._check_bools()
         self._check_floats_finite()
         check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
                         "num_encoder_layers", "num_decoder_layers", "max_positions",
@@ -207,6 +216,14 @@ def check_positive(config: object, *names: str) -> None:
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{type(config).__name__}.{name}={value!r}: must be a positive integer")
+
+
+SEED_LIMIT = 2 ** 32     # what every generator seeded from it (torch, numpy) takes
+
+
+def check_seed(value: object, name: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < SEED_LIMIT:
+        raise ConfigError(f"{name}={value!r}: must be an integer from 0 to {SEED_LIMIT - 1}")
 
 
 def check_at_least(config: object, low: float, *names: str) -> None:
@@ -358,6 +375,7 @@ class TrainConfig(ValidatedConfig):
     objective: Objective = "mlm"       # arch encoder, task pretrain: "mlm" or "mlm,nsp"
 
     def __post_init__(self) -> None:
+        self._check_bools()
         self._check_floats_finite()
         check_positive(self, "max_tokens", "update_freq", "warmup_steps", "max_len",
                         "log_every", "eval_every", "save_every", "keep_last", "nan_limit")
@@ -372,6 +390,7 @@ class TrainConfig(ValidatedConfig):
         check_at_least(self, 0, "max_steps", "max_minutes", "clip_norm", "dev_bleu_sentences",
                        "threads", "schedule_offset", "pack_length")
         check_in_unit_interval(self, "label_smoothing", "adam_beta1", "adam_beta2")
+        check_seed(self.seed, "TrainConfig.seed")
         for name in ("lr_scale", "adam_eps"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)}: must be positive")

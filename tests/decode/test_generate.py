@@ -222,3 +222,14 @@ def test_stream_batch_joined_equals_generate(generator, settings):
         generator.generate(PROMPTS, max_new_tokens=20, **settings)
     with pytest.raises(ConfigError, match="beam"):
         next(generator.stream_batch(PROMPTS, beam=2))
+
+
+def test_translate_and_attention_refuse_a_language_model_naming_generate(saved_model, tmp_path,
+                                                                         capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("uno dos\n")
+    for argv in (["translate", "--model", str(saved_model), "--input", str(source)],
+                 ["attention", "uno", "--model", str(saved_model),
+                  "--out", str(tmp_path / "a.png")]):
+        assert main(argv) == 2
+        assert "arch='decoder': a language model, use generate" in capsys.readouterr().err

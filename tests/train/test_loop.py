@@ -56,6 +56,11 @@ def test_resume_continues_exactly(tiny_corpus, tmp_path):
     torch.manual_seed(1)
     assert not torch.equal(a["output_proj.weight"],
                            loop.build_model(model_config).state_dict()["output_proj.weight"])
+    # A budget already spent is refused, not overrun by a step.
+    with pytest.raises(TrainingError, match=r"at step 24, which spends its step budget "
+                                            r"\(max_steps=20\)"):
+        train(tiny_corpus, split, model_config, train_config(max_steps=20), resume=True)
+    assert checkpoint.list_checkpoints(split)[-1].name.endswith("24")
 
 
 def test_packed_pairs_train_and_resume_exactly(tiny_corpus, tmp_path):

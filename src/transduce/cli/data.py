@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from transduce.cli.options import positive_int
+from transduce.cli.options import positive_int, seed_value
 from transduce.config import ConfigError
 from transduce.data.bible import DEFAULT_REF2_MODULE, DEFAULT_SRC_MODULE, DEFAULT_TGT_MODULE, \
     LANGUAGES
@@ -68,7 +68,7 @@ def register(commands) -> None:
                        help="train on N training pairs (a text corpus: lines) drawn uniformly "
                             "at random in one streamed pass (seeded), not on the whole "
                             "split: memory holds N of them, whatever the corpus's size")
-    vocab.add_argument("--seed", type=int, default=1, help="the --sample draw's seed")
+    vocab.add_argument("--seed", type=seed_value, default=1, help="the --sample draw's seed")
     vocab.set_defaults(handler=train_vocabulary)
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from transduce.cli.options import add_search_options, positive_int
+from transduce.cli.outputs import check_output_file
 from transduce.config import ConfigError
 from transduce.data.corpus import SPLITS
 
@@ -56,16 +57,19 @@ def translate_command(args: argparse.Namespace) -> int:
 
     if args.nbest > args.beam:
         raise ConfigError(f"--nbest {args.nbest}: must be at most --beam ({args.beam})")
+    if args.output is not None:
+        check_output_file(args.output, "--output")
     translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                  engine=args.engine, workers=args.workers)
     if args.input is not None:
         _translate_file(translator, args)
         return 0
+    from transduce import atomic
     from transduce.decode.streaming import line_batches
 
-    with contextlib.ExitStack() as stack:
-        out = stack.enter_context(open(args.output, "w", encoding="utf-8")) \
-            if args.output else sys.stdout
+    with contextlib.ExitStack() as stack:   # an --output file appears complete or not at all
+        out = stack.enter_context(open(stack.enter_context(atomic.atomic_file(args.output)),
+                                       "w", encoding="utf-8")) if args.output else sys.stdout
         done = 0
         for lines in line_batches(sys.stdin.fileno(), max_lines=STDIN_BATCH_LINES):
             out.write(_translated_text(translator, lines, args, done))
@@ -119,10 +123,11 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from transduce.runtime import keep_freed_memory
 
     keep_freed_memory()  # a process setting: the command line's to make, not the library's
-    translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                                 engine=args.engine, workers=args.workers)
     suffix = f"-kv{args.kv_dtype}" if args.kv_dtype else ""
     out = args.out or (Path(args.model) / f"eval-{args.split}-beam{args.beam}{suffix}")
+    _check_outputs(out, ".hyp", ".json")
+    translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                                 engine=args.engine, workers=args.workers)
     with tqdm(unit="line", desc=f"translating {args.split}") as bar:
         result = evaluate_split(translator, args.data, args.split, out, beam=args.beam,
                                 alpha=args.alpha, batch_tokens=args.batch_tokens,
@@ -136,6 +141,12 @@ def evaluate_command(args: argparse.Namespace) -> int:
               f"BLEU {result['bleu_two_references']:.2f}")
     print(f"wrote {out.with_suffix('.hyp')} and {out.with_suffix('.json')}")
     return 0
+
+
+def _check_outputs(prefix: Path, *suffixes: str) -> None:
+    """Before the split is scored: every file it writes can be written."""
+    for suffix in suffixes:
+        check_output_file(prefix.with_suffix(suffix), "--out")
 
 
 def _arch(path: Path) -> str:
@@ -158,6 +169,7 @@ def _evaluate_classifier(args: argparse.Namespace) -> int:
                           "and --engine onnxruntime apply to translation")
     encoder = SentenceEncoder.load(args.model, dtype=args.dtype)
     out = args.out or (Path(args.model) / f"eval-{args.split}-classify")
+    _check_outputs(out, ".tsv", ".json")
     result = evaluate_classifier(encoder, args.data, args.split, out,
                                  batch_tokens=args.batch_tokens)
     print(f"{args.split}: accuracy {100 * result['accuracy']:.2f}%, macro-F1 "
@@ -183,6 +195,7 @@ def _evaluate_language_model(args: argparse.Namespace) -> int:
     directory = checkpoint.resolve(Path(args.model))
     model = load_model(directory, device)
     out = args.out or (Path(args.model) / f"eval-{args.split}-lm")
+    _check_outputs(out, ".json")
     result = evaluate_language_model(model, checkpoint.load_tokenizer(directory), args.data,
                                      args.split, out, batch_tokens=args.batch_tokens,
                                      device=device)
@@ -203,6 +216,7 @@ def attention_command(args: argparse.Namespace) -> int:
     from transduce.attention_maps import attention_maps, plot_attention_maps
     from transduce.decode.translate import Translator
 
+    check_output_file(args.out, "--out")
     translator = Translator.load(args.model, engine="torch")
     maps = attention_maps(translator, args.sentence, beam=args.beam)
     out = plot_attention_maps(maps, args.out, layer=args.layer, head=args.head)

@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from transduce.cli.outputs import check_output_file
 from transduce.cli.options import positive_int
 from transduce.config import Dtype, choices
 
@@ -53,6 +54,8 @@ def classify_command(args: argparse.Namespace) -> int:
     from transduce import atomic
     from transduce.decode.encode import SentenceEncoder
 
+    if args.output is not None:
+        check_output_file(args.output, "--output")
     encoder = SentenceEncoder.load(args.model, dtype=args.dtype)
     predictions = encoder.classify(_read_input(args), batch_tokens=args.batch_tokens)
     if args.all:
@@ -73,6 +76,7 @@ def embed_command(args: argparse.Namespace) -> int:
     from transduce import atomic
     from transduce.decode.encode import SentenceEncoder
 
+    check_output_file(args.out, "--out")
     encoder = SentenceEncoder.load(args.model, dtype=args.dtype)
     vectors = encoder.embed(_read_input(args), normalize=args.normalize,
                             batch_tokens=args.batch_tokens)

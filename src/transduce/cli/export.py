@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from transduce.cli.outputs import FORCE_HELP, check_output_directory
+
 CT2_QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")
 
 
@@ -15,10 +17,12 @@ def register(commands) -> None:
                                      "Pegasus (pre-norm)")
     hf.add_argument("model", type=Path, help="checkpoint or run directory")
     hf.add_argument("out", type=Path, help="directory to write")
+    hf.add_argument("--force", action="store_true", help=FORCE_HELP)
     hf.set_defaults(handler=export_hf)
     ct2 = formats.add_parser("ct2", help="CTranslate2")
     ct2.add_argument("model", type=Path, help="checkpoint or run directory")
     ct2.add_argument("out", type=Path, help="directory to write")
+    ct2.add_argument("--force", action="store_true", help=FORCE_HELP)
     ct2.add_argument("--quantization", default=None, choices=CT2_QUANTIZATIONS,
                      help="weight type (default: float32)")
     ct2.set_defaults(handler=export_ct2)
@@ -26,6 +30,7 @@ def register(commands) -> None:
                                            "the KV cache, for ONNX Runtime")
     onnx.add_argument("model", type=Path, help="checkpoint or run directory")
     onnx.add_argument("out", type=Path, help="directory to write")
+    onnx.add_argument("--force", action="store_true", help=FORCE_HELP)
     onnx.add_argument("--quantize", default=None, choices=("int8",),
                       help="int8: weights int8 per channel (ONNX Runtime dynamic quantization)")
     onnx.set_defaults(handler=export_onnx)
@@ -35,6 +40,7 @@ def export_hf(args: argparse.Namespace) -> int:
     """Write a checkpoint as a Hugging Face Marian or Pegasus model."""
     from transduce.export import export_hf as write
 
+    check_output_directory(args.out, "OUT", force=args.force, reads=args.model)
     out = write(args.model, args.out)
     print(f"wrote {out} (load it with transformers.AutoModelForSeq2SeqLM.from_pretrained and "
           f"AutoTokenizer.from_pretrained)")
@@ -45,6 +51,7 @@ def export_ct2(args: argparse.Namespace) -> int:
     """Write a checkpoint as a CTranslate2 model."""
     from transduce.export import export_ctranslate2
 
+    check_output_directory(args.out, "OUT", force=args.force, reads=args.model)
     out = export_ctranslate2(args.model, args.out, args.quantization)
     print(f"wrote {out} (load it with ctranslate2.Translator; tokenizer: {out / 'spm.model'})")
     return 0
@@ -54,6 +61,7 @@ def export_onnx(args: argparse.Namespace) -> int:
     """Write a checkpoint as two ONNX graphs (prefill and decode step)."""
     from transduce.export.onnx import export_onnx as write
 
+    check_output_directory(args.out, "OUT", force=args.force, reads=args.model)
     out = write(args.model, args.out, args.quantize)
     print(f"wrote {out} (translate with `transduce translate --model {out}`, or "
           f"transduce.load({str(out)!r}))")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from transduce.config import ConfigError
+from transduce.cli.outputs import FORCE_HELP, check_output_directory
 
 
 def register(commands) -> None:
@@ -21,8 +21,7 @@ def register(commands) -> None:
     gpt2.add_argument("hf_dir", metavar="DIR", type=Path, help="Hugging Face model directory")
     gpt2.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
     gpt2.add_argument("--force", action="store_true",
-                      help="replace OUT if it is an existing checkpoint (anything else there "
-                           "is never replaced)")
+                      help=FORCE_HELP)
     gpt2.set_defaults(handler=import_hf_gpt2)
     bert = formats.add_parser(
         "hf-bert", help="Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining "
@@ -35,18 +34,16 @@ def register(commands) -> None:
     bert.add_argument("hf_dir", metavar="DIR", type=Path, help="Hugging Face model directory")
     bert.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
     bert.add_argument("--force", action="store_true",
-                      help="replace OUT if it is an existing checkpoint (anything else there "
-                           "is never replaced)")
+                      help=FORCE_HELP)
     bert.set_defaults(handler=import_hf_bert)
 
 
 def import_hf_gpt2(args: argparse.Namespace) -> int:
     """Import a Hugging Face GPT-2 checkpoint."""
-    from transduce import checkpoint
     from transduce.importers import import_gpt2
     from transduce.model import load_model
 
-    _check_out(args.out, args.force, checkpoint.CONFIG)
+    check_output_directory(args.out, "--out", force=args.force, reads=args.hf_dir)
     out = import_gpt2(args.hf_dir, args.out)
     config = load_model(out).config
     print(f"wrote {out} (decoder-only: {config.num_decoder_layers} layers, d_model "
@@ -56,12 +53,11 @@ def import_hf_gpt2(args: argparse.Namespace) -> int:
 
 def import_hf_bert(args: argparse.Namespace) -> int:
     """Import a Hugging Face BERT checkpoint."""
-    from transduce import checkpoint
     from transduce.importers import fresh_heads, import_bert
     from transduce.importers.hf_bert import HEADS
     from transduce.model import load_model
 
-    _check_out(args.out, args.force, checkpoint.CONFIG)
+    check_output_directory(args.out, "--out", force=args.force, reads=args.hf_dir)
     out = import_bert(args.hf_dir, args.out)
     model = load_model(out)
     config = model.config
@@ -74,18 +70,3 @@ def import_hf_bert(args: argparse.Namespace) -> int:
         print(f"not in {args.hf_dir}, initialised afresh (train before use): "
               f"{', '.join(f'{HEADS[head]} ({head})' for head in fresh)}")
     return 0
-
-
-def _check_out(out: Path, force: bool, config_name: str) -> None:
-    """An import writes a new directory: one already holding something is replaced only
-    with --force, and only if it is a checkpoint (never, say, a home directory)."""
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-        return
-    if not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a directory")
-    if not force:
-        raise ConfigError(f"--out {out}: exists and is not empty; pass --force to replace "
-                          f"the checkpoint there")
-    if not (out / config_name).is_file():
-        raise ConfigError(f"--out {out}: --force replaces only a checkpoint, and {out} has "
-                          f"no {config_name}")

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from transduce.cli.outputs import FORCE_HELP, check_output_directory
 from transduce.cli.options import add_config_flags, config_from_args, flags_given, positive_int
 from transduce.config import PRESETS, ConfigError, ModelConfig
 
@@ -37,6 +38,7 @@ def register(commands) -> None:
     convert.add_argument("--kv-heads", type=positive_int, required=True,
                          help="key/value heads G (1: multi-query); must divide num_heads")
     convert.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+    convert.add_argument("--force", action="store_true", help=FORCE_HELP)
     convert.set_defaults(handler=convert_kv)
 
 
@@ -108,6 +110,7 @@ def convert_kv(args: argparse.Namespace) -> int:
     from transduce.model import load_model
     from transduce.model.convert import convert_kv_heads
 
+    check_output_directory(args.out, "--out", force=args.force, reads=args.run)
     source = checkpoint.resolve(args.run)
     model = load_model(source)
     converted = convert_kv_heads(model, args.kv_heads)

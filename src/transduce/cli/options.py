@@ -12,7 +12,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from transduce.config import ConfigError, ModelConfig, TrainConfig, choices, preset
+from transduce.config import SEED_LIMIT, ConfigError, ModelConfig, TrainConfig, choices, preset
 from transduce.decode.options import DecodeDtype, Engine, KvDtype
 
 
@@ -39,6 +39,20 @@ def non_negative_float(text: str) -> float:
     value = _parse(float, text, "a number")
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text}: must be a finite number >= 0")
+    return value
+
+
+def seed_value(text: str) -> int:
+    value = _parse(int, text, "an integer")
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"{text}: must be an integer from 0 to {SEED_LIMIT - 1}")
+    return value
+
+
+def port_number(text: str) -> int:
+    value = _parse(int, text, "an integer")
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text}: must be a TCP port from 1 to 65535")
     return value
 
 
@@ -126,6 +140,9 @@ def read_config_file(path: Path | None) -> dict[str, Any]:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; expected preset, "
                           f"[model] and [train]")
     for table, config_type in (("model", ModelConfig), ("train", TrainConfig)):
+        if not isinstance(values.get(table, {}), dict):
+            raise ConfigError(f"{path}: {table} = {values[table]!r}: must be a table of "
+                              f"{config_type.__name__} fields, [{table}]")
         fields = {f.name for f in dataclasses.fields(config_type)}
         bad = sorted(set(values.get(table, {})) - fields)
         if bad:

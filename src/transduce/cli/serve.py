@@ -8,7 +8,7 @@ import functools
 from pathlib import Path
 
 from transduce.cli.options import add_dtype_option, non_negative_float, positive_int, \
-    workers_count
+    port_number, workers_count
 
 
 def register(commands) -> None:
@@ -16,7 +16,7 @@ def register(commands) -> None:
                                               "and an attention explorer page")
     serve.add_argument("--model", type=Path, required=True, help="checkpoint or run directory")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=port_number, default=8000)
     serve.add_argument("--name", default=None, help="the model's name in /v1/models "
                                                     "(default: the directory's name)")
     serve.add_argument("--languages", default="es:en", type=_pair,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from transduce.cli.outputs import FORCE_HELP, check_directory_path, check_output_directory
 from transduce.cli.options import add_config_flags, flags_given, fraction, positive_int, \
     read_config_file
 from transduce.config import PRESETS, ConfigError, ModelConfig, TrainConfig, preset, \
@@ -47,7 +48,8 @@ def register(commands) -> None:
     average = commands.add_parser("average", help="average a run's last checkpoints")
     average.add_argument("run_dir", metavar="RUN", type=Path)
     average.add_argument("--last", type=positive_int, default=5)
-    average.add_argument("--out", type=Path, required=True)
+    average.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+    average.add_argument("--force", action="store_true", help=FORCE_HELP)
     average.set_defaults(handler=average_command)
 
     plot = commands.add_parser("plot", help="plot a run's curves, or several runs' dev BLEU "
@@ -65,6 +67,7 @@ def train_command(args: argparse.Namespace) -> int:
     from transduce.train.loop import train
 
     keep_freed_memory()  # a process setting: the command line's to make, not the library's
+    check_directory_path(args.out, "--out")
     if args.init is not None and flags_given(args, TrainConfig).get("task") == "classify":
         model_config, train_config = _fine_tuning_configs(args)
     elif args.init is not None:
@@ -167,6 +170,7 @@ def average_command(args: argparse.Namespace) -> int:
     """Average the weights of a run's last N checkpoints (the paper: 5 for base)."""
     from transduce import checkpoint
 
+    check_output_directory(args.out, "--out", force=args.force, reads=args.run_dir)
     found = checkpoint.list_checkpoints(args.run_dir)
     if not found:
         raise checkpoint.CheckpointError(f"{args.run_dir}: no checkpoints to average")

@@ -115,8 +115,9 @@ class Generator:
         model passed in is left as it is); kv_dtype is the caches' type (default: the
         model's), "int8" quantized per token and head, "int4" per group of 32 values."""
         if not isinstance(model, DecoderOnly):
+            use = "classify or embed" if model.config.arch == "encoder" else "translate"
             raise ConfigError(f"generation needs a decoder-only model (arch 'decoder'); this "
-                              f"one is arch={model.config.arch!r}: use translate")
+                              f"one is arch={model.config.arch!r}: use {use}")
         dtype = decoding_dtype(dtype, device)
         if kv_dtype is not None and kv_dtype not in choices(KvDtype):
             raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "

@@ -46,6 +46,11 @@ class Translation:
     score: float
 
 
+# What the models that translate nothing are for, by arch.
+OTHER_COMMANDS = {"decoder": "a language model, use generate",
+                  "encoder": "an encoder (BERT), use classify or embed"}
+
+
 class Translator:
     """A trained model with its tokenizer, ready to translate."""
 
@@ -82,6 +87,9 @@ class Translator:
             self.model, self.tokenizer, self.device = model, tokenizer, torch.device("cpu")
             self.dtype, self.kv_dtype = dtype, kv_dtype
             return
+        if model.config.arch in OTHER_COMMANDS:
+            raise ConfigError(f"translation needs an encoder-decoder; this model is arch="
+                              f"{model.config.arch!r}: {OTHER_COMMANDS[model.config.arch]}")
         if kv_dtype is not None and kv_dtype not in choices(KvDtype):
             raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "
                               f"{', '.join(choices(KvDtype))}")

@@ -338,6 +338,14 @@ def _load_data(data_dir: Path, tokenizer: Tokenizer, model_config: ModelConfig,
 def _train_until_done(run: Run, stop: StopRequest) -> Path:
     """Steps until the step or time budget is spent or a signal asks to stop; logs,
     evaluates and saves along the way. -> the last checkpoint."""
+    spent = _budget_spent(run, 0.0)
+    if spent:   # a resumed run that has nothing left to train
+        c, at = run.train_config, run.position
+        done, budget = (f"is at step {at.step}", f"max_steps={c.max_steps}") \
+            if spent == "step budget" else \
+            (f"has trained {at.seconds / 60:.1f} minutes", f"max_minutes={c.max_minutes:g}")
+        raise TrainingError(f"{run.out}: the run {done}, which spends its {spent} "
+                            f"({budget}); raise it to train on")
     _announce(run)
     started = time.perf_counter()
     progress = tqdm(total=run.train_config.max_steps or None, initial=run.position.step,

@@ -1,0 +1,58 @@
+"""Where a command writes, checked before it does any work: a path where writing would
+fail after the work is done (a directory where a file goes, a file where a directory
+goes), or would destroy what the user has (the model being read, a directory of
+theirs that atomic.atomic_directory would replace whole), is refused by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transduce.config import ConfigError
+
+# What every directory these commands write holds (checkpoints, exports, imports).
+MARKER = "config.json"
+FORCE_HELP = f"replace OUT if it holds what transduce writes (a {MARKER}); anything " \
+             f"else there is never replaced"
+
+
+def check_output_file(path: Path, option: str) -> None:
+    """A file the command writes: not a directory, and under directories, not files."""
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a directory; name a file to write")
+    _check_parents(path, option)
+
+
+def check_directory_path(path: Path, option: str) -> None:
+    """A directory the command writes into: not a file, and under directories."""
+    _check_parents(path, option)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{option} {path}: exists and is not a directory")
+
+
+def check_output_directory(path: Path, option: str, *, force: bool,
+                           reads: Path | None = None) -> None:
+    """A directory the command writes whole: not the directory it reads (`reads`) nor
+    one holding it, not a file, and, if it holds anything, replaced only with --force
+    and only if it is a directory these commands write (never, say, a home directory)."""
+    check_directory_path(path, option)
+    if reads is not None:
+        target, source = path.resolve(), reads.resolve()
+        if target == source or target in source.parents:
+            raise ConfigError(f"{option} {path}: writing there would replace {reads}, "
+                              f"which this command reads; choose another directory")
+    if not path.exists() or not any(path.iterdir()):
+        return
+    if not force:
+        raise ConfigError(f"{option} {path}: exists and is not empty; pass --force to "
+                          f"replace what is there")
+    if not (path / MARKER).is_file():
+        raise ConfigError(f"{option} {path}: --force replaces only a directory written by "
+                          f"transduce, and {path} has no {MARKER}")
+
+
+def _check_parents(path: Path, option: str) -> None:
+    for parent in path.absolute().parents:     # nearest first: the first that exists
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{option} {path}: {parent} is a file, not a directory")
+            return
