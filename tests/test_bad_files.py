@@ -8,7 +8,7 @@ from transduce import checkpoint, load
 from transduce.cli import main
 from transduce.config import TrainConfig, preset
 from transduce.data.tokenizer import MODEL_NAME, Tokenizer, TokenizerError
-from transduce.model import Transformer
+from transduce.model import Transformer, load_model
 from transduce.train.loop import train
 
 
@@ -41,6 +41,24 @@ def test_corrupt_weights(run, tmp_path, capsys, how):
     with pytest.raises(checkpoint.CheckpointError, match="model.safetensors: unreadable or corrupt"):
         load(run)
     translate_fails_naming(run, tmp_path, capsys, "model.safetensors")
+
+
+def test_weights_that_are_not_finite_are_refused_by_name(run, tmp_path, capsys):
+    """NaN weights would translate every line to nothing: refused at load."""
+    model = load_model(run)
+    with torch.no_grad():
+        model.encoder.layers[0].ffn.linear1.weight[0, 0] = float("nan")
+    checkpoint.save(run / "step-0000001", model, None, run / "step-0000001" / MODEL_NAME)
+    with pytest.raises(checkpoint.CheckpointError, match="not finite .* in encoder.layers.0"):
+        load(run)
+    translate_fails_naming(run, tmp_path, capsys, "model.safetensors")
+
+
+def test_weights_of_another_shape_are_named_in_a_few_lines(run, tmp_path, capsys):
+    config = run / "step-0000001" / checkpoint.CONFIG
+    config.write_text(config.read_text().replace('"d_ff": 128', '"d_ff": 96'))
+    err = translate_fails_naming(run, tmp_path, capsys, "model.safetensors")
+    assert "size mismatch" in err and len(err) < 1000
 
 
 @pytest.mark.parametrize("text,message", [

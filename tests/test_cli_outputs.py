@@ -120,3 +120,12 @@ def test_a_config_file_table_of_the_wrong_type_is_named(tmp_path, tiny_corpus, c
             "--config", str(config)]
     assert main(argv) == 2
     assert "train = 5: must be a table of TrainConfig fields" in capsys.readouterr().err
+
+
+def test_plot_names_a_log_line_that_is_not_a_record(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.jsonl").write_text('{"event": "start"}\n[1, 2]\n')
+    assert main(["plot", str(run)]) == 1
+    assert "log.jsonl:2: not a JSON record (an object), but list [1, 2]" in \
+        capsys.readouterr().err

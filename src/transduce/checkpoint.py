@@ -223,12 +223,20 @@ def load_weights(model: nn.Module, path: Path, device: torch.device | str = "cpu
     try:
         missing, unexpected = load_model(model, str(file), strict=False, device=str(device))
     except (SafetensorError, OSError, RuntimeError, ValueError) as error:
-        raise CheckpointError(f"{file}: unreadable or corrupt weights "
-                              f"({type(error).__name__}: {error})") from None
+        lines = str(error).strip().splitlines()   # a size mismatch lists every tensor
+        more = f" ... ({len(lines) - 4} more lines)" if len(lines) > 4 else ""
+        raise CheckpointError(f"{file}: unreadable or corrupt weights ({type(error).__name__}: "
+                              f"{' '.join(lines[:4])}{more})") from None
     if missing or unexpected:
         raise CheckpointError(f"{file}: weights do not match the configuration "
                               f"(missing {sorted(missing)[:3]}, unexpected "
                               f"{sorted(unexpected)[:3]})")
+    broken = [name for name, weight in model.named_parameters()
+              if not bool(torch.isfinite(weight).all())]
+    if broken:
+        raise CheckpointError(f"{file}: weights that are not finite (NaN or infinity) in "
+                              f"{', '.join(broken[:3])}{' ...' if len(broken) > 3 else ''}: "
+                              f"the file is corrupt, or the training that wrote it diverged")
 
 
 def load_trainer_state(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:

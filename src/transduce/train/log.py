@@ -34,7 +34,11 @@ def read_log(run: Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as error:
             raise TransduceError(f"{path}:{number}: not a JSON record ({error})") from None
+        if not isinstance(record, dict):
+            raise TransduceError(f"{path}:{number}: not a JSON record (an object), but "
+                                 f"{type(record).__name__} {line.strip()[:40]}")
+        records.append(record)
     return records
