@@ -20,8 +20,7 @@ def register(commands) -> None:
                     "refused by name. OUT must not exist or be empty, unless --force.")
     gpt2.add_argument("hf_dir", metavar="DIR", type=Path, help="Hugging Face model directory")
     gpt2.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
-    gpt2.add_argument("--force", action="store_true",
-                      help=FORCE_HELP)
+    gpt2.add_argument("--force", action="store_true", help=FORCE_HELP)
     gpt2.set_defaults(handler=import_hf_gpt2)
     bert = formats.add_parser(
         "hf-bert", help="Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining "
@@ -33,8 +32,7 @@ def register(commands) -> None:
                     "must not exist or be empty, unless --force.")
     bert.add_argument("hf_dir", metavar="DIR", type=Path, help="Hugging Face model directory")
     bert.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
-    bert.add_argument("--force", action="store_true",
-                      help=FORCE_HELP)
+    bert.add_argument("--force", action="store_true", help=FORCE_HELP)
     bert.set_defaults(handler=import_hf_bert)
 
 
