@@ -41,9 +41,8 @@ def atomic_file(path: Path | str) -> Iterator[Path]:
     """Yields a temporary path to write; on success it replaces `path` in one rename.
     On an exception the temporary file is removed and `path` is left as it was."""
     path = Path(path)
-    if path.is_dir():
-        raise OutputPathError(f"{path}: is a directory; a file cannot be written there")
-    _make_parent(path)
+    check_file_destination(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = temporary_path(path)
     try:
         yield temporary
@@ -68,10 +67,8 @@ def atomic_directory(path: Path | str) -> Iterator[Path]:
     `path` (an existing directory there is replaced whole). On an exception the
     temporary directory is removed and `path` is left as it was."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise OutputPathError(f"{path}: exists and is not a directory; a directory cannot "
-                              f"be written there")
-    _make_parent(path)
+    check_directory_destination(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = temporary_path(path)
     if temporary.exists():
         shutil.rmtree(temporary)
@@ -86,12 +83,26 @@ def atomic_directory(path: Path | str) -> Iterator[Path]:
     _fsync(path.parent)
 
 
-def _make_parent(path: Path) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise OutputPathError(f"{path}: a file stands where one of its parent directories "
-                              f"goes") from None
+def check_file_destination(path: Path) -> None:
+    """Raises OutputPathError unless a file can be written at `path`."""
+    if path.is_dir():
+        raise OutputPathError(f"{path}: is a directory; name a file to write")
+    _check_parents(path)
+
+
+def check_directory_destination(path: Path) -> None:
+    """Raises OutputPathError unless a directory can be written at `path`."""
+    if path.exists() and not path.is_dir():
+        raise OutputPathError(f"{path}: exists and is not a directory")
+    _check_parents(path)
+
+
+def _check_parents(path: Path) -> None:
+    for parent in path.absolute().parents:     # nearest first: the first that exists
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputPathError(f"{path}: {parent} is a file, not a directory")
+            return
 
 
 def remove_temporaries(directory: Path, name_prefix: str = "") -> None:

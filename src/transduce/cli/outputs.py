@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from transduce import atomic
 from transduce.config import ConfigError
 
 # What every directory these commands write holds (checkpoints, exports, imports).
@@ -17,16 +18,12 @@ FORCE_HELP = f"replace OUT if it holds what transduce writes (a {MARKER}); anyth
 
 def check_output_file(path: Path, option: str) -> None:
     """A file the command writes: not a directory, and under directories, not files."""
-    if path.is_dir():
-        raise ConfigError(f"{option} {path}: is a directory; name a file to write")
-    _check_parents(path, option)
+    _as_option_error(atomic.check_file_destination, path, option)
 
 
 def check_directory_path(path: Path, option: str) -> None:
     """A directory the command writes into: not a file, and under directories."""
-    _check_parents(path, option)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{option} {path}: exists and is not a directory")
+    _as_option_error(atomic.check_directory_destination, path, option)
 
 
 def check_output_directory(path: Path, option: str, *, force: bool,
@@ -50,9 +47,8 @@ def check_output_directory(path: Path, option: str, *, force: bool,
                           f"transduce, and {path} has no {MARKER}")
 
 
-def _check_parents(path: Path, option: str) -> None:
-    for parent in path.absolute().parents:     # nearest first: the first that exists
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"{option} {path}: {parent} is a file, not a directory")
-            return
+def _as_option_error(check, path: Path, option: str) -> None:
+    try:
+        check(path)
+    except atomic.OutputPathError as error:
+        raise ConfigError(f"{option} {error}") from None
