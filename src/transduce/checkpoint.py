@@ -34,7 +34,7 @@ from transduce import atomic
 from transduce.config import ConfigError, ModelConfig, TrainConfig
 from transduce.data.hf_tokenizer import SPECIALS, TOKENIZER_JSON, HFTokenizer
 from transduce.data.tokenizer import MODEL_NAME, TextTokenizer, Tokenizer
-from transduce.errors import TransduceError
+from transduce.errors import TransduceError, not_there
 
 CONFIG, WEIGHTS, TOKENIZER, TRAINER_STATE = "config.json", "model.safetensors", MODEL_NAME, \
     "trainer_state.pt"
@@ -63,6 +63,8 @@ def resolve(path: Path) -> Path:
     path = Path(path)
     if (path / WEIGHTS).is_file():
         return path
+    if not path.is_dir():
+        raise CheckpointError(not_there(path, "checkpoint or run directory"))
     checkpoints = list_checkpoints(path)
     if not checkpoints:
         raise CheckpointError(f"{path}: no checkpoint found (neither {WEIGHTS} nor step-* "

@@ -15,6 +15,7 @@ from transduce.attention.kv_cache import (Int4KVCache, KVCache, QuantizedKVCache
                                           dequantize_int4, dequantize_int8, quantize_int4,
                                           quantize_int8)
 from transduce.attention.quantized import quantized_decode_attention
+from transduce.errors import TransduceWarning
 
 # (B, H, Hkv, S, D): MHA, GQA, MQA, one key, one row, a head size of one int4 group.
 SHAPES = [(3, 4, 4, 13, 64), (2, 8, 2, 21, 64), (2, 6, 1, 9, 32), (2, 4, 2, 1, 64),
@@ -101,7 +102,7 @@ def test_a_failed_compilation_warns_once_and_falls_back_to_eager(monkeypatch):
     monkeypatch.setattr(quantized, "_steps", {})
     q, stored, k_real, v_real = quantized_inputs("int8", 2, 4, 4, 6, 16)
     eager = quantized_decode_attention(q, *stored, compiled=False)
-    with pytest.warns(RuntimeWarning, match="could not be compiled .*no C\\+\\+ compiler"):
+    with pytest.warns(TransduceWarning, match="could not be compiled .*no C\\+\\+ compiler"):
         first = quantized_decode_attention(q, *stored)
     torch.testing.assert_close(first, eager, rtol=0, atol=0)
     with warnings.catch_warnings():

@@ -44,6 +44,9 @@ def test_bad_bytes_name_file_and_line(tmp_path, data, message):
 def test_missing_file(tmp_path):
     with pytest.raises(CorpusError, match="nope.txt: no such file"):
         read_parallel(tmp_path / "nope.txt", tmp_path / "nope.txt")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(CorpusError, match="folder: a directory, where a file was expected"):
+        read_parallel(tmp_path / "folder", tmp_path / "folder")
 
 
 def test_all_pairs_empty_is_an_error(tmp_path):

@@ -61,8 +61,10 @@ def test_the_kind_of_a_corpus_directory(tmp_path):
     write(parallel / "corpus.json", '{"kind": "images"}')
     with pytest.raises(CorpusError, match="corpus.json: \"kind\": 'images'"):
         corpus_kind(parallel)
-    with pytest.raises(CorpusError, match="nowhere: no such directory"):
+    with pytest.raises(CorpusError, match="nowhere: no such corpus directory"):
         corpus_kind(tmp_path / "nowhere")
+    with pytest.raises(CorpusError, match="corpus.json: a file, where a corpus directory was"):
+        corpus_kind(parallel / "corpus.json")
 
 
 def test_lines_batched_without_a_source_side():

@@ -16,6 +16,7 @@ from transduce.data.tokenizer import BOS_ID, EOS_ID, MODEL_NAME
 from transduce.decode import options as options_module
 from transduce.decode.options import decoding_dtype
 from transduce.decode.search import beam_search
+from transduce.errors import LineTruncated
 from transduce.decode.translate import (InputTooLong, Translation, length_sorted_batches,
                                         pad_sources)
 from transduce.model import Transformer, build_model, load_model
@@ -101,7 +102,7 @@ def test_the_cli_refuses_more_nbest_than_beam(run_dir, capsys):
 def test_long_lines_are_truncated_with_a_warning_or_refused(run_dir):
     translator = load(run_dir)
     long_line = " ".join(["perro"] * 200)
-    with pytest.warns(UserWarning, match="line 2: .* truncated"):
+    with pytest.warns(LineTruncated, match="line 2: .* truncated"):
         outputs = translator.translate(["el gato", long_line], beam=1)
     assert len(outputs) == 2
     with pytest.raises(InputTooLong, match="line 2"):
@@ -119,6 +120,19 @@ def test_translate_command_on_files(run_dir, tmp_path, capsys):
     assert main(["translate", "--model", str(run_dir), "--input", str(source), "--nbest", "2"]) == 0
     nbest = capsys.readouterr().out.splitlines()
     assert len(nbest) == 6 and nbest[0].startswith("0 ||| ") and nbest[4].startswith("2 ||| ")
+
+
+def test_translate_command_names_the_file_of_a_line_too_long(run_dir, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("el gato\n" + " ".join(["perro"] * 200) + "\n", encoding="utf-8")
+    assert main(["translate", "--model", str(run_dir), "--input", str(source), "--beam", "1"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 2
+    assert captured.err.splitlines() == [f"transduce: warning: {source}: line 2: 1000 tokens, "
+                                         f"truncated to the model's limit of 39"]
+    assert main(["translate", "--model", str(run_dir), "--input", str(source), "--strict"]) == 1
+    assert capsys.readouterr().err == (f"transduce: error: {source}: line 2: 1000 tokens, more "
+                                       f"than the model's limit of 39\n")
 
 
 def test_translate_command_names_bad_utf8(run_dir, tmp_path, capsys):

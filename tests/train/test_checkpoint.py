@@ -66,8 +66,15 @@ def test_keep_last_and_resolve(tmp_path, tokenizer_file):
         checkpoint.save(checkpoint.step_dir(run, step), tiny_model(), None, tokenizer_file)
     checkpoint.keep_last(run, 2)
     assert [p.name for p in checkpoint.list_checkpoints(run)] == ["step-0000010", "step-0000030"]
-    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint found"):
+    with pytest.raises(checkpoint.CheckpointError, match="empty: no such checkpoint or run dir"):
         checkpoint.resolve(tmp_path / "empty")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(checkpoint.CheckpointError, match="empty: no checkpoint found"):
+        checkpoint.resolve(tmp_path / "empty")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(checkpoint.CheckpointError,
+                       match="weights.bin: a file, where a checkpoint or run directory was"):
+        checkpoint.resolve(tmp_path / "weights.bin")
 
 
 def test_average_is_the_elementwise_mean(tmp_path, tokenizer_file):

@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from transduce.errors import TransduceWarning
+
 SOURCE = Path(__file__).with_name("one_query.cpp")
 SWITCH = "TRANSDUCE_ONE_QUERY_KERNEL"
 _building = threading.Lock()
@@ -72,7 +74,8 @@ def _build() -> bool:
     except Exception as error:  # noqa: BLE001  no compiler, no ninja, a failed build
         lines = str(error).strip().splitlines() or [type(error).__name__]
         warnings.warn(f"the one-query attention kernel could not be built ({lines[-1][:300]}); "
-                      f"decoding steps use PyTorch's attention kernel instead", stacklevel=3)
+                      f"decoding steps use PyTorch's attention kernel instead", TransduceWarning,
+                      stacklevel=3)
         return False
 
 

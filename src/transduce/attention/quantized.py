@@ -39,6 +39,7 @@ from torch import Tensor
 
 from transduce.attention import masks
 from transduce.attention.position_bias import expand
+from transduce.errors import TransduceWarning
 
 
 def quantized_decode_attention(q: Tensor, k: Tensor, k_scale: Tensor, v: Tensor,
@@ -203,7 +204,7 @@ class _CompiledStep:
                 if not required:
                     warnings.warn(f"the {self.kind} KV-cache decode kernel could not be "
                                   f"compiled ({self.failure}); attending in eager PyTorch "
-                                  f"instead (slower)", RuntimeWarning, stacklevel=3)
+                                  f"instead (slower)", TransduceWarning, stacklevel=3)
         if required:
             raise RuntimeError(f"the {self.kind} decode kernel could not be compiled: "
                                f"{self.failure}")

@@ -3,7 +3,8 @@
 Each command group's module builds its parsers next to their handlers, and a handler
 imports what it needs when it runs, so `transduce --help` loads no torch. Errors that
 describe bad input (TransduceError) are printed as one line, never a traceback:
-configuration errors exit with status 2, the others with 1.
+configuration errors exit with status 2, the others with 1. The library's warnings are
+one line each too (cli/reporting.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from typing import Sequence
 
 from transduce.cli import data, decode, encode, export, generate, imports, model, serve, train
+from transduce.cli.reporting import one_line_warnings
 from transduce.config import ConfigError
 from transduce.errors import TransduceError
 
@@ -32,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.handler(args)
+        with one_line_warnings():
+            return args.handler(args)
     except ConfigError as error:
         print(f"transduce: configuration error: {error}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from transduce.cli.options import add_search_options, positive_int
 from transduce.cli.outputs import check_output_file
+from transduce.cli.reporting import one_line_warnings
 from transduce.config import ConfigError
 from transduce.data.corpus import SPLITS
 
@@ -86,7 +87,8 @@ def _translate_file(translator, args: argparse.Namespace) -> None:
     from transduce.data.corpus import read_lines
 
     lines = read_lines(args.input, allow_empty=True)
-    with tqdm(total=len(lines), unit="line", disable=args.output is None) as bar:
+    with tqdm(total=len(lines), unit="line", disable=args.output is None) as bar, \
+            one_line_warnings(args.input):
         text = _translated_text(translator, lines, args, 0, progress=bar.update)
     if args.output is None:
         sys.stdout.write(text)

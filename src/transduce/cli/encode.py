@@ -13,6 +13,7 @@ from pathlib import Path
 
 from transduce.cli.outputs import check_output_file
 from transduce.cli.options import positive_int
+from transduce.cli.reporting import one_line_warnings
 from transduce.config import Dtype, choices
 
 
@@ -57,7 +58,8 @@ def classify_command(args: argparse.Namespace) -> int:
     if args.output is not None:
         check_output_file(args.output, "--output")
     encoder = SentenceEncoder.load(args.model, dtype=args.dtype)
-    predictions = encoder.classify(_read_input(args), batch_tokens=args.batch_tokens)
+    with one_line_warnings(args.input):
+        predictions = encoder.classify(_read_input(args), batch_tokens=args.batch_tokens)
     if args.all:
         text = "".join("\t".join(f"{label}={p:.4f}" for label, p in pred.probabilities.items())
                        + "\n" for pred in predictions)
@@ -78,8 +80,9 @@ def embed_command(args: argparse.Namespace) -> int:
 
     check_output_file(args.out, "--out")
     encoder = SentenceEncoder.load(args.model, dtype=args.dtype)
-    vectors = encoder.embed(_read_input(args), normalize=args.normalize,
-                            batch_tokens=args.batch_tokens)
+    with one_line_warnings(args.input):
+        vectors = encoder.embed(_read_input(args), normalize=args.normalize,
+                                batch_tokens=args.batch_tokens)
     with atomic.atomic_file(args.out) as temporary, open(temporary, "wb") as handle:
         np.save(handle, vectors)
     print(f"wrote {args.out}: {vectors.shape[0]} vectors of {vectors.shape[1]} "

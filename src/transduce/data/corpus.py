@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from transduce import atomic
-from transduce.errors import TransduceError
+from transduce.errors import TransduceError, not_there
 
 SPLITS = ("train", "dev", "test")
 METADATA = "corpus.json"
@@ -61,7 +61,7 @@ def read_lines(path: Path | str, *, allow_empty: bool = False) -> list[str]:
     """All lines of a UTF-8 text file, without line ends. Errors name file and line."""
     path = Path(path)
     if not path.is_file():
-        raise CorpusError(f"{path}: no such file")
+        raise CorpusError(not_there(path))
     data = path.read_bytes()
     if not data:
         if allow_empty:
@@ -179,7 +179,7 @@ def corpus_kind(data_dir: Path | str) -> CorpusKind:
     "parallel" (whose files split_files finds or explains)."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        raise CorpusError(f"{data_dir}: no such directory")
+        raise CorpusError(not_there(data_dir, "corpus directory"))
     metadata = data_dir / METADATA
     if metadata.is_file():
         kind = _read_metadata(metadata).get("kind", "parallel")

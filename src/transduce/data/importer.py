@@ -45,6 +45,7 @@ import numpy as np
 
 from transduce import atomic
 from transduce.data.corpus import METADATA, CorpusError
+from transduce.errors import not_there
 
 SPLIT_SCHEME = "blake2b-64 of source + tab + target"
 SHOWN = 5   # places listed per cleaning rule
@@ -58,7 +59,7 @@ def open_binary(path: Path) -> BinaryIO:
     A file whose suffix promises a compression it does not have is an error naming it."""
     path = Path(path)
     if not path.is_file():
-        raise CorpusError(f"{path}: no such file")
+        raise CorpusError(not_there(path))
     suffix = path.suffix.lower()
     magic = {".gz": b"\x1f\x8b", ".xz": b"\xfd7zXZ\x00", ".zst": b"\x28\xb5\x2f\xfd"}
     if suffix in magic:

@@ -44,6 +44,7 @@ from transduce import atomic
 from transduce.data.corpus import CorpusError, corpus_kind, split_files, text_file
 from transduce.data.importer import raw_lines
 from transduce.data.order import CHUNK as READ_CHUNK, gather, index_dtype
+from transduce.errors import not_there
 
 STORE_DIR = "tokens"
 FORMAT = 1
@@ -179,7 +180,7 @@ def build_store(data_dir: Path | str, split: str, model_path: Path, vocab_size: 
     files = _text_files(data_dir, split)
     for path in files:
         if not path.is_file():
-            raise CorpusError(f"{path}: no such file")
+            raise CorpusError(not_there(path))
     sides = ("src", "tgt") if len(files) == 2 else ("tgt",)
     dtype = token_dtype(vocab_size)
     workers = workers or min(8, os.cpu_count() or 1)

@@ -22,6 +22,7 @@ import torch
 from transduce import checkpoint
 from transduce.config import ConfigError
 from transduce.data.tokenizer import TextTokenizer
+from transduce.errors import LineTruncated
 from transduce.decode.options import DecodeDtype, decoding_dtype
 from transduce.decode.translate import length_sorted_batches
 from transduce.model import EncoderOnly, load_model
@@ -93,7 +94,7 @@ class SentenceEncoder:
         for offset, ids in enumerate(encoded):
             if len(ids) > limit:
                 warnings.warn(f"line {first_line_number + offset}: {len(ids)} tokens, truncated "
-                              f"to the model's limit of {limit}", stacklevel=4)
+                              f"to the model's limit of {limit}", LineTruncated, stacklevel=4)
                 encoded[offset] = ids[:limit]
         rows = [[t.bos_id, *ids, t.eos_id] for ids in encoded]
         for indices in length_sorted_batches(rows, batch_tokens):

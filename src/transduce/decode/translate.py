@@ -28,16 +28,12 @@ from transduce.decode.options import (DecodeDtype, Engine, KvDtype, SearchOption
                                       decoding_dtype)
 from transduce.decode.parallel import auto_workers, map_batches
 from transduce.decode.search import Hypothesis, beam_search
-from transduce.errors import TransduceError
+from transduce.errors import InputTooLong, LineTruncated
 from transduce.model import Seq2SeqModel, load_model
 from transduce.model.packed import decoding_copy
 from transduce.onnx_format import is_onnx_export
 
 Progress = Callable[[int], None]
-
-
-class InputTooLong(TransduceError, ValueError):
-    """A line longer than the model can read, with strict=True; names the line."""
 
 
 @dataclass
@@ -214,7 +210,7 @@ class Translator:
                     raise InputTooLong(f"{where}: {len(ids)} tokens, more than the model's "
                                        f"limit of {limit}")
                 warnings.warn(f"{where}: {len(ids)} tokens, truncated to the model's limit of "
-                              f"{limit}", stacklevel=4)
+                              f"{limit}", LineTruncated, stacklevel=4)
                 encoded[offset] = ids[:limit]
         return encoded
 
