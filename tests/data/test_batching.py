@@ -83,3 +83,11 @@ def test_length_filter_counts_and_reports_the_longest():
     report = kept.report(src, tgt, [11, 12, 13, 14], max_len=10)
     assert report == ("filtered 2 of 4 pairs longer than 10 tokens; the longest is line 13 "
                       "with 4 source and 71 target tokens")
+
+
+def test_a_length_filter_that_keeps_nothing_says_what_the_shortest_needs():
+    src, tgt = [np.arange(5), np.arange(3)], [np.arange(4), np.arange(7)]
+    with pytest.raises(BatchingError, match=r"^max_len=5: none of the 2 pairs fits; the "
+                                            r"shortest needs 6 tokens on its longer side"):
+        LengthFilter.apply(src, tgt, max_len=5)
+    assert len(LengthFilter.apply([], [], max_len=5).kept) == 0      # an empty split is no error

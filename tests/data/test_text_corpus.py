@@ -94,6 +94,9 @@ def test_length_filter_of_lines():
     assert kept.kept.tolist() == [0, 2]
     assert kept.report(None, ids, [3, 4, 5], 10) == \
         "filtered 1 of 3 lines longer than 10 tokens; the longest is line 4 with 51 tokens"
+    with pytest.raises(BatchingError, match=r"^max_len=5: none of the 3 lines fits; the "
+                                            r"shortest needs 6 tokens \(bos or eos included\)$"):
+        LengthFilter.apply(None, ids, max_len=5)
 
 
 def test_packed_blocks_cross_line_boundaries():

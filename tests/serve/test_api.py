@@ -1,9 +1,12 @@
 """Every endpoint through an in-process client: the answers equal the library's, and every
 kind of bad input gets a 4xx JSON error that names the field and the problem."""
 
+import os
 import re
+import socket
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -404,6 +407,32 @@ def test_the_command_refuses_bad_options(translation_dir, argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["serve", "--model", str(translation_dir), *argv])
     assert exit_.value.code == 2 and argv[0] in capsys.readouterr().err
+
+
+def test_an_address_it_cannot_listen_on_is_refused_before_the_model_loads(tmp_path, capsys):
+    from transduce.cli import main
+
+    missing = str(tmp_path / "no-model")            # never read: the address fails first
+    assert main(["serve", "--model", missing, "--host", "no-such-host.invalid"]) == 2
+    assert "--host no-such-host.invalid: does not resolve" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        assert main(["serve", "--model", missing, "--port", port]) == 2
+    assert f"--host 127.0.0.1 --port {port}: cannot listen there" in capsys.readouterr().err
+
+
+def test_more_threads_than_cpus_is_warned_about(monkeypatch):
+    from transduce.cli.serve import _check_threads
+    from transduce.errors import TransduceWarning
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    with pytest.warns(TransduceWarning, match="--threads 3: more than the 2 CPUs"):
+        _check_threads(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check_threads(2)
 
 
 def test_auto_decoders_run_streams_side_by_side_only_where_there_are_streams(translator,

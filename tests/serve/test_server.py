@@ -157,6 +157,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(translation_dir, tmp_
         if process.poll() is None:
             process.kill()
         output = process.stdout.read()
+    assert f"Listening on {url}" in output
     assert "Waiting for connections to close" in output or "Shutting down" in output
 
 

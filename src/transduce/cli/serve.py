@@ -9,6 +9,7 @@ from pathlib import Path
 
 from transduce.cli.options import add_dtype_option, non_negative_float, positive_int, \
     port_number, workers_count
+from transduce.config import ConfigError
 
 
 def register(commands) -> None:
@@ -65,7 +66,9 @@ def serve_command(args: argparse.Namespace) -> int:
                     max_queue=args.max_queue, batch_tokens=args.batch_tokens,
                     window_ms=args.window_ms, batching=not args.no_batching,
                     continuous=not args.static_batches)
+    listening = _bound_socket(args.host, args.port)    # a bad address is said before loading
     if args.threads:
+        _check_threads(args.threads)
         torch.set_num_threads(args.threads)
     model = _load_in_a_passing_thread(functools.partial(load, dtype=args.dtype), args.model)
     decoders = _auto_decoders(model, limits) if args.decoders == "auto" else args.decoders
@@ -73,8 +76,45 @@ def serve_command(args: argparse.Namespace) -> int:
     name = args.name or args.model.resolve().name
     reload = functools.partial(load, args.model.resolve(), dtype=args.dtype)   # for processes
     serve(model, name=name, host=args.host, port=args.port, limits=limits,
-          languages=args.languages, drain_timeout_s=args.drain_timeout, reload=reload)
+          languages=args.languages, drain_timeout_s=args.drain_timeout, reload=reload,
+          sock=listening)
     return 0
+
+
+def _bound_socket(host: str, port: int):
+    """A TCP socket bound to --host and --port (the server listens on it once the model
+    is loaded): a host that does not resolve, a port in use or one not allowed stops the
+    command before the model loads, naming the options."""
+    import socket
+
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as error:
+        raise ConfigError(f"--host {host}: does not resolve ({error.strerror})"
+                          ) from None
+    listening = socket.socket(family, kind, protocol)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)    # as uvicorn binds
+    try:
+        listening.bind(address)
+    except OSError as error:
+        listening.close()
+        raise ConfigError(f"--host {host} --port {port}: cannot listen there "
+                          f"({error.strerror})") from None
+    return listening
+
+
+def _check_threads(threads: int) -> None:
+    """More threads than the CPUs this process may run on only make them wait."""
+    import os
+    import warnings
+
+    from transduce.errors import TransduceWarning
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cpus and threads > cpus:
+        warnings.warn(f"--threads {threads}: more than the {cpus} CPUs this process may use; "
+                      f"the threads will take turns on them", TransduceWarning, stacklevel=2)
 
 
 def _auto_decoders(model, limits) -> int:

@@ -86,8 +86,15 @@ class LengthFilter:
 
     @classmethod
     def apply(cls, src_ids: Ids | None, tgt_ids: Ids, max_len: int) -> "LengthFilter":
+        """The filter; one that would keep nothing of a non-empty split is an error."""
         lengths = _longest_side(src_ids, tgt_ids)
-        return cls(np.flatnonzero(lengths <= max_len), np.flatnonzero(lengths > max_len))
+        kept = cls(np.flatnonzero(lengths <= max_len), np.flatnonzero(lengths > max_len))
+        if len(lengths) and not len(kept.kept):
+            unit, side = ("pairs", " on its longer side") if src_ids is not None else ("lines", "")
+            raise BatchingError(f"max_len={max_len}: none of the {len(lengths)} {unit} fits; the "
+                                f"shortest needs {int(lengths.min())} tokens{side} (bos or eos "
+                                f"included)")
+        return kept
 
     def report(self, src_ids: Ids | None, tgt_ids: Ids, line_numbers: Sequence[int],
                max_len: int) -> str:

@@ -10,6 +10,7 @@ handlers it installs for the run only and puts back the ones it found.
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import socket
 import threading
@@ -39,6 +40,14 @@ class DrainingServer(uvicorn.Server):
         finally:
             for sig, handler in found.items():
                 signal.signal(sig, handler)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        for listening in (sockets or []) if self.started else []:    # uvicorn says only its own
+            host, port = listening.getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            logging.getLogger("uvicorn.error").info(
+                "Listening on http://%s:%d (Ctrl+C to stop)", shown, port)
 
     def _on_signal(self, sig: int, _frame) -> None:
         if self.should_exit and sig == signal.SIGINT:
