@@ -129,3 +129,18 @@ def test_plot_names_a_log_line_that_is_not_a_record(tmp_path, capsys):
     assert main(["plot", str(run)]) == 1
     assert "log.jsonl:2: not a JSON record (an object), but list [1, 2]" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lines,message", [
+    ('{"event": "start"}\n', "no training steps logged yet"),
+    ('{"event": "train", "step": 5, "lr": 0.001}\n', "a 'train' record without a number for loss"),
+    ('{"event": "train", "step": 5, "loss": 2.5, "lr": 0.001}\n{"event": "dev", "step": "5"}\n',
+     "a 'dev' record without a number for step, dev_loss")])
+def test_plot_refuses_a_log_with_nothing_to_draw_writing_nothing(tmp_path, capsys, lines, message):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.jsonl").write_text(lines)
+    assert main(["plot", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert f"{run / 'log.jsonl'}: {message}" in err and len(err.splitlines()) == 1
+    assert not (run / "curves.png").exists()

@@ -6,11 +6,12 @@ changes no backend or global state of the process (a notebook keeps its own)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from transduce import atomic
 from transduce.errors import TransduceError
-from transduce.train.log import read_log
+from transduce.train.log import LOG_NAME, read_log
 
 
 def plot_training(run: Path, out: Path | None = None) -> Path:
@@ -18,8 +19,11 @@ def plot_training(run: Path, out: Path | None = None) -> Path:
     from matplotlib.figure import Figure
 
     records = read_log(run)
-    train = [r for r in records if r.get("event") == "train"]
-    dev = [r for r in records if r.get("event") == "dev"]
+    train = _events(records, "train", ("step", "loss", "lr"), run)
+    dev = _events(records, "dev", ("step", "dev_loss"), run)
+    if not train:
+        raise TransduceError(f"{run / LOG_NAME}: no training steps logged yet (one record "
+                             f"every log_every steps); nothing to plot")
     figure = Figure(figsize=(11, 4))
     loss_axis, lr_axis = figure.subplots(1, 2)
     loss_axis.plot([r["step"] for r in train], [r["loss"] for r in train],
@@ -49,7 +53,7 @@ def plot_quality_over_time(runs: list[Path], out: Path) -> Path:
     bleu_axis, loss_axis = figure.subplots(1, 2)
     drawn = 0
     for run in runs:
-        dev = _dev_records_with_minutes(read_log(run))
+        dev = _dev_records_with_minutes(read_log(run), run)
         if not dev:
             continue
         minutes = [r["minutes"] for r in dev]
@@ -71,15 +75,25 @@ def plot_quality_over_time(runs: list[Path], out: Path) -> Path:
     return out
 
 
-def _dev_records_with_minutes(records: list[dict]) -> list[dict]:
+def _events(records: list[dict], event: str, fields: tuple[str, ...], run: Path) -> list[dict]:
+    """The log's records of one event; one without a number in a field drawn is an error
+    naming the log and the record."""
+    found = [r for r in records if r.get("event") == event]
+    for record in found:
+        missing = [f for f in fields if type(record.get(f)) not in (int, float)]
+        if missing:
+            raise TransduceError(f"{run / LOG_NAME}: a {event!r} record without a number for "
+                                 f"{', '.join(missing)}: {json.dumps(record)[:120]}")
+    return found
+
+
+def _dev_records_with_minutes(records: list[dict], run: Path) -> list[dict]:
     """Dev evaluations with the training minutes they came at (logs written before dev
     records carried elapsed_s take it from the training record of the same step)."""
-    elapsed_at = {r["step"]: r["elapsed_s"] for r in records if r.get("event") == "train"}
+    elapsed_at = {r.get("step"): r.get("elapsed_s") for r in records if r.get("event") == "train"}
     dev = []
-    for record in records:
-        if record.get("event") != "dev":
-            continue
+    for record in _events(records, "dev", ("step", "dev_loss"), run):
         seconds = record.get("elapsed_s", elapsed_at.get(record["step"]))
-        if seconds is not None:
+        if type(seconds) in (int, float):
             dev.append({**record, "minutes": seconds / 60})
     return dev

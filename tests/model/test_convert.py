@@ -86,4 +86,4 @@ def test_convert_kv_then_uptrain_five_percent(tiny_corpus, tmp_path, capsys):
     assert last_lr == pytest.approx(noam_lr(42, 64, 10))
     assert main(["train", "--data", str(tiny_corpus), "--out", str(tmp_path / "x"), "--init",
                  str(gqa), "--d-model", "32"]) == 2
-    assert "cannot change d_model" in capsys.readouterr().err
+    assert "cannot change --d-model" in capsys.readouterr().err

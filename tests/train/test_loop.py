@@ -108,6 +108,12 @@ def test_nonfinite_losses_skip_steps_then_abort(tiny_corpus, tmp_path, monkeypat
         train(tiny_corpus, tmp_path / "run", tiny_config(), train_config(max_steps=10, nan_limit=3))
     nonfinite = [line for line in (tmp_path / "run" / "log.jsonl").open() if "nonfinite" in line]
     assert len(nonfinite) == 3
+    monkeypatch.undo()        # a new run in the same directory starts a log of its own
+    train(tiny_corpus, tmp_path / "run", tiny_config(), train_config(max_steps=1))
+    events = [json.loads(line)["event"] for line in (tmp_path / "run" / LOG_NAME).open()]
+    assert events[0] == "start" and "nonfinite_loss" not in events
+    previous = (tmp_path / "run" / f"{LOG_NAME}.previous").read_text(encoding="utf-8")
+    assert previous.count("nonfinite_loss") == 3
 
 
 def test_vocabulary_mismatch_is_refused_before_training(tiny_corpus, tmp_path):
@@ -142,6 +148,18 @@ def test_cli_config_file_and_flags(tiny_corpus, tmp_path, capsys):
     assert train_cfg.max_steps == 2 and train_cfg.max_tokens == 200
     assert main(["train", "--data", str(tiny_corpus), "--out", str(run), "--preset", "tiny"]) == 2
     assert "--resume" in capsys.readouterr().err
+    # Resumed with the first command line and a longer budget in the file: it continues.
+    config.write_text('preset = "tiny"\n[model]\nnum_kv_heads = 2\n[train]\nmax_steps = 3\n',
+                      encoding="utf-8")
+    resume = ["train", "--data", str(tiny_corpus), "--out", str(run), "--resume"]
+    assert main([*resume, "--config", str(config)]) == 0
+    assert checkpoint.list_checkpoints(run)[-1].name == "step-0000003"
+    assert main([*resume, "--preset", "small", "--max-steps", "4"]) == 2
+    assert "describe another: d_model 256 (the run: 64)" in capsys.readouterr().err
+    assert main(["train", "--data", str(tiny_corpus), "--out", str(tmp_path / "up"), "--init",
+                 str(run), "--preset", "tiny", "--config", str(config)]) == 2
+    assert (f"--init keeps the checkpoint's model; it cannot change --preset, {config}: preset, "
+            f"{config}: [model] num_kv_heads") in capsys.readouterr().err
     config.write_text('[train]\nmax_stepz = 3\n', encoding="utf-8")
     assert main(["train", "--data", str(tiny_corpus), "--out", str(tmp_path / "x"),
                  "--config", str(config)]) == 2

@@ -73,12 +73,10 @@ def train_command(args: argparse.Namespace) -> int:
     elif args.init is not None:
         model_config, train_config = _uptraining_configs(args)
     elif args.resume:
-        model_flags = flags_given(args, ModelConfig)
-        if model_flags:
-            raise ConfigError(f"--resume continues the run's model; it cannot change "
-                              f"{', '.join(sorted(model_flags))}")
         model_config, saved_train = checkpoint.read_configs(checkpoint.resolve(args.out))
-        train_config = (saved_train or TrainConfig()).replace(**flags_given(args, TrainConfig))
+        _check_resumed_model(args, model_config)
+        train_config = (saved_train or TrainConfig()).replace(
+            **read_config_file(args.config).get("train", {}), **flags_given(args, TrainConfig))
     else:
         model_config, train_config = _new_run_configs(args)
     if not args.resume and checkpoint.list_checkpoints(args.out):
@@ -91,9 +89,22 @@ def train_command(args: argparse.Namespace) -> int:
 def _new_run_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
     """The preset (flag, config file, else small, or gpt-small for arch decoder) with the
     file's and the flags' fields; the vocabulary sizes are the corpus vocabulary's."""
+    file_values = read_config_file(args.config)
+    name, model_config = _described_model(args, file_values)
+    chosen = {**file_values.get("train", {}), **flags_given(args, TrainConfig)}
+    values = {**train_recipe(name), **chosen}
+    if values.get("schedule") == "budget" and "schedule" not in chosen \
+            and not (values.get("max_minutes") or values.get("max_steps")):
+        raise ConfigError(f"preset {name!r} trains with a schedule that ends with the budget: "
+                          "give --max-minutes or --max-steps (or --schedule noam for a run "
+                          "without one)")
+    return model_config, TrainConfig(**values)
+
+
+def _described_model(args: argparse.Namespace, file_values: dict) -> tuple[str, ModelConfig]:
+    """The preset's name and the model it gives with the file's and the flags' fields."""
     from transduce.data.tokenizer import MODEL_NAME, Tokenizer
 
-    file_values = read_config_file(args.config)
     vocab_size = Tokenizer(args.data / MODEL_NAME).vocab_size
     model_values = {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size,
                     **file_values.get("model", {}), **flags_given(args, ModelConfig)}
@@ -102,15 +113,22 @@ def _new_run_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig
     chosen = {**file_values.get("train", {}), **flags_given(args, TrainConfig)}
     if chosen.get("task") == "classify" and "num_labels" not in model_values:
         model_values["num_labels"] = len(_class_names(args.data))
-    model_config = preset(name, **model_values)
-    recipe = train_recipe(name)
-    values = {**recipe, **chosen}
-    if values.get("schedule") == "budget" and "schedule" not in chosen \
-            and not (values.get("max_minutes") or values.get("max_steps")):
-        raise ConfigError(f"preset {name!r} trains with a schedule that ends with the budget: "
-                          "give --max-minutes or --max-steps (or --schedule noam for a run "
-                          "without one)")
-    return model_config, TrainConfig(**values)
+    return name, preset(name, **model_values)
+
+
+def _check_resumed_model(args: argparse.Namespace, saved: ModelConfig) -> None:
+    """--resume repeated with the run's first command line (its --preset, --config or
+    model flags) is fine; model choices that describe another model are refused."""
+    file_values = read_config_file(args.config)
+    if not (args.preset or flags_given(args, ModelConfig) or "preset" in file_values
+            or file_values.get("model")):
+        return
+    described = _described_model(args, file_values)[1].to_dict()
+    differing = [f"{name} {value!r} (the run: {saved.to_dict()[name]!r})"
+                 for name, value in described.items() if saved.to_dict().get(name) != value]
+    if differing:
+        raise ConfigError(f"--resume continues the run's model; the --preset, --config and "
+                          f"model flags given describe another: {', '.join(differing)}")
 
 
 def _class_names(data_dir: Path) -> list[str]:
@@ -126,17 +144,18 @@ def _fine_tuning_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainCo
     if args.resume:
         raise ConfigError("--init starts a new run from a checkpoint's weights; --resume "
                           "continues a run: choose one")
-    model_flags = flags_given(args, ModelConfig)
-    if set(model_flags) - {"dropout", "attention_dropout"}:
-        raise ConfigError(f"--init keeps the checkpoint's model; it cannot change "
-                          f"{', '.join(sorted(set(model_flags) - {'dropout', 'attention_dropout'}))}")
+    dropouts = ("dropout", "attention_dropout")
+    _refuse_model_choices(args, "--init keeps the checkpoint's model", allowed=dropouts)
+    file_values = read_config_file(args.config)
+    model_flags = {name: value for name, value in {**file_values.get("model", {}),
+                                                   **flags_given(args, ModelConfig)}.items()
+                   if name in dropouts}
     saved, _ = checkpoint.read_configs(checkpoint.resolve(args.init))
     if saved.arch != "encoder":
         raise ConfigError(f"--task classify fine-tunes an encoder; --init {args.init} is "
                           f"arch {saved.arch!r}")
     model_config = saved.replace(num_labels=len(_class_names(args.data)), **model_flags)
-    file_train = read_config_file(args.config).get("train", {})
-    return model_config, TrainConfig(**{**FINE_TUNING, **file_train,
+    return model_config, TrainConfig(**{**FINE_TUNING, **file_values.get("train", {}),
                                         **flags_given(args, TrainConfig)})
 
 
@@ -149,10 +168,8 @@ def _uptraining_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainCon
     if args.resume:
         raise ConfigError("--init starts a new run from a checkpoint's weights; --resume "
                           "continues a run: choose one")
-    model_flags, train_flags = flags_given(args, ModelConfig), flags_given(args, TrainConfig)
-    if model_flags:
-        raise ConfigError(f"--init keeps the checkpoint's model; it cannot change "
-                          f"{', '.join(sorted(model_flags))}")
+    _refuse_model_choices(args, "--init keeps the checkpoint's model")
+    train_flags = flags_given(args, TrainConfig)
     model_config, saved_train = checkpoint.read_configs(checkpoint.resolve(args.init))
     recipe = {**(saved_train.to_dict() if saved_train else {}), "max_steps": 0,
               "max_minutes": 0.0, "schedule_offset": 0}
@@ -164,6 +181,22 @@ def _uptraining_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainCon
               f"schedule continues from there{budget}")
     file_train = read_config_file(args.config).get("train", {})
     return model_config, TrainConfig(**{**recipe, **file_train, **defaults, **train_flags})
+
+
+def _refuse_model_choices(args: argparse.Namespace, why: str, allowed: tuple[str, ...] = ()
+                          ) -> None:
+    """A run that keeps a saved model refuses what would choose another (--preset, the
+    model's flags, the --config file's preset and [model] fields) but `allowed`, naming
+    each as the user wrote it."""
+    file_values = read_config_file(args.config)
+    chosen = ["--preset"] if args.preset else []
+    chosen += [f"--{name.replace('_', '-')}" for name in flags_given(args, ModelConfig)
+               if name not in allowed]
+    chosen += [f"{args.config}: preset"] if "preset" in file_values else []
+    chosen += [f"{args.config}: [model] {name}" for name in file_values.get("model", {})
+               if name not in allowed]
+    if chosen:
+        raise ConfigError(f"{why}; it cannot change {', '.join(chosen)}")
 
 
 def average_command(args: argparse.Namespace) -> int:

@@ -24,6 +24,16 @@ class TrainingLog:
                 handle.write(json.dumps({"time": time.time(), **record}) + "\n")
 
 
+def set_aside_earlier_log(run: Path) -> Path | None:
+    """A new run's log starts empty: a log an earlier run left in its directory (one that
+    saved no checkpoint, or the new run could not start there) is renamed
+    log.jsonl.previous, replacing an older one. Returns its new path, if there was one."""
+    path = run / LOG_NAME
+    if not path.is_file():
+        return None
+    return path.replace(path.with_name(LOG_NAME + ".previous"))
+
+
 def read_log(run: Path) -> list[dict]:
     """Every record of a run's log, oldest first."""
     path = run / LOG_NAME
