@@ -3,6 +3,7 @@ strings and max_new_tokens are honoured exactly, bad prompts and options are ref
 
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from transduce.data.tokenizer import Tokenizer
 from transduce.decode.generate import Continuation, Generator, PromptError
 from transduce.decode.options import GenerateOptions
 from transduce.decode.sampling import Sampler, filter_logits, penalize_repetition
+from transduce.errors import TransduceWarning
 from transduce.model import build_model
 from transduce.model import int8 as int8_module
 from tests.environment import subprocess_env
@@ -120,6 +122,17 @@ def test_continuation_streams_whole_words_and_holds_back_stop_prefixes():
         row.add(byte)
     assert row.finished and row.text == "héllo wörld ENX ab "
     assert row.take() == "ab "
+
+
+def test_more_new_tokens_than_the_context_holds_is_warned_about(generator):
+    prompt_tokens = len(generator.encode(["uno dos"])[0])
+    with pytest.warns(TransduceWarning, match=f"max_new_tokens=100: the model reads 64 positions "
+                                              f"and the longest prompt takes {prompt_tokens}, so "
+                                              f"continuations stop after {64 - prompt_tokens}"):
+        generator.generate(["uno dos"], max_new_tokens=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        generator.generate(["uno dos"], max_new_tokens=64 - prompt_tokens)
 
 
 def test_empty_and_too_long_prompts_are_refused_by_number(generator):

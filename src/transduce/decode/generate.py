@@ -13,6 +13,7 @@ step then feeds one token per row, and rows that finish leave the batch.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -26,7 +27,7 @@ from transduce.data.tokenizer import TextTokenizer
 from transduce.decode.options import DecodeDtype, GenerateOptions, KvDtype, decoding_dtype
 from transduce.decode.sampling import Sampler, penalize_repetition
 from transduce.decode.search import beam_search
-from transduce.errors import TransduceError
+from transduce.errors import TransduceError, TransduceWarning
 from transduce.model import DecoderOnly, load_model
 from transduce.model.packed import decoding_copy
 
@@ -218,7 +219,13 @@ class Generator:
         """Left-padded prompt (B, P), its mask (B, 1, 1, P), the new tokens the context
         leaves room for, and an empty Continuation per row."""
         prompt, mask = left_pad(ids, self.model.config.pad_id, self.device)
-        max_new = min(options.max_new_tokens, self.context - prompt.shape[1])
+        room = self.context - prompt.shape[1]
+        if options.max_new_tokens > room:
+            warnings.warn(f"max_new_tokens={options.max_new_tokens}: the model reads "
+                          f"{self.context} positions and the longest prompt takes "
+                          f"{prompt.shape[1]}, so continuations stop after {room} new tokens",
+                          TransduceWarning, stacklevel=3)
+        max_new = min(options.max_new_tokens, room)
         return prompt, mask, max_new, [Continuation(self.tokenizer, options.stop,
                                                     self._context(row)) for row in ids]
 
