@@ -146,7 +146,8 @@ def test_empty_and_too_long_prompts_are_refused_by_number(generator):
     ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"temperature": -1.0}, "temperature"),
     ({"top_k": -2}, "top_k"), ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"max_new_tokens": 0}, "max_new_tokens"), ({"stop": ("",)}, "stop"),
-    ({"beam": 2, "temperature": 0.5}, "beam")])
+    ({"beam": 2, "temperature": 0.5}, "beam"), ({"seed": -1}, "seed"), ({"seed": 2**64}, "seed"),
+    ({"seed": 1.5}, "seed"), ({"seed": True}, "seed")])
 def test_out_of_range_options_are_refused_naming_them(generator, settings, option):
     with pytest.raises(ConfigError, match=option):
         generator.generate(PROMPTS, **settings)
@@ -168,6 +169,20 @@ def test_filtering_and_penalty():
     assert penalize_repetition(logits, seen, 2.0).tolist() == [[1.5, 2.0, 1.0, -2.0]]
     with pytest.raises(ConfigError, match="top_p"):
         Sampler(top_p=0.0)
+
+
+def test_a_top_p_or_penalty_at_the_edge_of_float32_still_samples(generator):
+    """top_p 1e-300 rounds to 0 in float32: the most likely token alone is left, so
+    sampling is greedy search. A penalty of 1e-40 would divide logits into inf."""
+    greedy = generator.generate(PROMPTS, max_new_tokens=6)
+    assert generator.generate(PROMPTS, max_new_tokens=6, temperature=1.0, top_p=1e-300,
+                              seed=3) == greedy
+    for penalty in (1e-40, 1e40):
+        texts = generator.generate(PROMPTS, max_new_tokens=6, temperature=1.0, seed=3,
+                                   repetition_penalty=penalty)
+        assert len(texts) == len(PROMPTS)
+    logits = torch.tensor([[3.0, -2.0]])
+    assert penalize_repetition(logits, torch.tensor([[True, True]]), 1e-40).isfinite().all()
 
 
 def test_cli_generates_one_line_per_prompt(saved_model, capsys):

@@ -113,6 +113,9 @@ class GenerateOptions(ValidatedConfig):
         check_at_least(self, 0, "temperature", "top_k", "alpha")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"GenerateOptions.top_p={self.top_p}: must be in (0, 1]")
+        if self.seed is not None and (type(self.seed) is not int or not 0 <= self.seed < 2**63):
+            raise ConfigError(f"GenerateOptions.seed={self.seed!r}: must be an integer from 0 "
+                              f"to 2**63 - 1, or None")
         if not self.repetition_penalty > 0:
             raise ConfigError(f"GenerateOptions.repetition_penalty={self.repetition_penalty}: "
                               f"must be positive (1: off)")

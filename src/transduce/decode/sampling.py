@@ -70,8 +70,10 @@ def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     if top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         probs = sorted_logits.softmax(dim=-1)
-        # Drop a token when the tokens before it already reach top_p.
+        # Drop a token when the tokens before it already reach top_p; never the first
+        # (a top_p that rounds to 0 in float32 would drop it too, and leave nothing).
         drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
+        drop_sorted[:, 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -80,8 +82,11 @@ def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
 def penalize_repetition(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
     """The CTRL repetition penalty (Keskar et al. 2019): the logit of every token already
     in the row (prompt or output) is divided by penalty when positive and multiplied by
-    it when negative. logits (B, V), seen (B, V) boolean -> (B, V)."""
+    it when negative. logits (B, V), seen (B, V) boolean -> (B, V). A penalty far from 1
+    saturates at the dtype's largest finite logits instead of giving inf (whose
+    difference, inf - inf, would make the softmax nan)."""
     if penalty == 1.0:
         return logits
     penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
-    return torch.where(seen, penalized, logits)
+    largest = torch.finfo(logits.dtype).max
+    return torch.where(seen, penalized.clamp(-largest, largest), logits)

@@ -114,7 +114,8 @@ def _common_routes(service: Service, kind: str):
 
     router = APIRouter()
 
-    @router.get("/health", summary="Liveness, the model's kind and the queue's depth")
+    @router.api_route("/health", methods=["GET", "HEAD"],    # HEAD: load balancers' probes
+                      summary="Liveness, the model's kind and the queue's depth")
     async def health() -> dict:
         return {"status": "ok", "kind": kind, "model": service.name,
                 "queue_depth": service.metrics.queue_depth}

@@ -11,7 +11,6 @@ a time, and keeps the last few results so that the page can load the layers one 
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from typing import Sequence
 from urllib.parse import parse_qsl
@@ -28,7 +27,7 @@ from transduce.serve.limits import ApiError, check_texts, check_tokens
 from transduce.serve.schemas import AttentionRequest, AttentionResponse, \
     LibreTranslateRequest, Timings, TranslateRequest, TranslateResponse, Translated
 from transduce.serve.service import Service, split_by_job, timed
-from transduce.serve.validation import ERROR_RESPONSES, validation_error
+from transduce.serve.validation import ERROR_RESPONSES, read_json, validation_error
 
 LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "de": "German", "fr": "French",
                   "it": "Italian", "pt": "Portuguese"}
@@ -134,19 +133,19 @@ def _run_translations(translator: Translator, key: tuple, batch_tokens: int,
 async def _libre_body(request: Request) -> LibreTranslateRequest:
     """LibreTranslate's clients send JSON or a form; both are read strictly."""
     raw = await request.body()
-    kind = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ApiError(400, f"the body is not valid UTF-8 (byte {error.start})") from None
     if kind == "application/x-www-form-urlencoded":
-        data = _form(parse_qsl(text, keep_blank_values=True))
-    elif kind in ("application/json", ""):
         try:
-            data = json.loads(text) if text else {}
-        except json.JSONDecodeError as error:
-            raise ApiError(400, f"malformed JSON: {error.msg} at line {error.lineno} column "
-                                f"{error.colno}") from None
+            data = _form(parse_qsl(text, keep_blank_values=True, errors="strict"))
+        except UnicodeDecodeError:
+            raise ApiError(400, "the form has a percent-encoded value that is not UTF-8") \
+                from None
+    elif kind in ("application/json", "") or kind.endswith("+json"):
+        data = read_json(text) if text else {}
     else:
         raise ApiError(415, f"content-type {kind!r}: send application/json or "
                             f"application/x-www-form-urlencoded")
@@ -165,8 +164,9 @@ def _form(pairs: list[tuple[str, str]]) -> dict:
             data["q"] = (data["q"] if isinstance(data["q"], list) else [data["q"]]) + [value]
         else:
             data[name] = value
-    if isinstance(data.get("alternatives"), str) and data["alternatives"].isdecimal():
-        data["alternatives"] = int(data["alternatives"])
+    alternatives = data.get("alternatives")
+    if isinstance(alternatives, str) and alternatives.isdecimal() and len(alternatives) < 19:
+        data["alternatives"] = int(alternatives)     # longer: refused as it is written
     return data
 
 

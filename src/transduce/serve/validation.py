@@ -7,6 +7,8 @@ the path written as in JSON ("texts[2]", "stop[0]").
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Any, Iterable, Sequence
 
 from fastapi import FastAPI, Request
@@ -22,6 +24,21 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (400, "malformed body"), (413, "over a limit (named in the error)"),
         (422, "a field with a wrong type or value (named in the error)"),
         (429, "the queue is full; see Retry-After"))}
+
+
+def read_json(text: str) -> Any:
+    """A request body's JSON; a body Python's reader cannot take is a 400 saying why
+    (malformed where, nested too deeply, a number too long)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ApiError(400, f"malformed JSON: {error.msg} at line {error.lineno} column "
+                            f"{error.colno}") from None
+    except RecursionError:
+        raise ApiError(400, "the JSON body is nested too deeply") from None
+    except ValueError:          # an integer of more digits than Python converts
+        raise ApiError(400, f"the JSON body has a number of more than "
+                            f"{sys.get_int_max_str_digits()} digits") from None
 
 
 def field_path(location: Sequence[Any]) -> str:
@@ -73,6 +90,17 @@ def _union_tag(part: Any) -> bool:
     return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool"))
 
 
+async def _why_unreadable(request: Request) -> str:
+    """What is wrong with a body FastAPI could not parse, read again (it is cached)."""
+    try:
+        read_json((await request.body()).decode("utf-8"))
+    except UnicodeDecodeError as error:
+        return f"the body is not valid UTF-8 (byte {error.start})"
+    except ApiError as error:
+        return error.message
+    return "the body is not valid UTF-8 JSON"
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Route every refusal through ApiError's JSON shape."""
 
@@ -80,14 +108,21 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind and kind != "application/json" and not kind.endswith("+json"):
+            return await api_error(request, ApiError(415, f"content-type {kind!r}: send "
+                                                          f"application/json"))
         return await api_error(request, validation_error(error.errors()))
 
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
         message = str(error.detail)
         if error.status_code == 400 and "parsing the body" in message:
-            message = "the body is not valid UTF-8 JSON"
+            message = await _why_unreadable(request)
         elif error.status_code == 404:
-            message = f"no route {request.url.path}"
+            posts = sorted(path for path, operations in request.app.openapi()["paths"].items()
+                           if "post" in operations)
+            message = f"no route {request.url.path} (this model's server answers POST on " \
+                      f"{', '.join(posts)})"
         elif error.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}"
         return await api_error(request, ApiError(error.status_code, message,
