@@ -14,11 +14,12 @@ from transduce.cli import main
 from transduce.config import ConfigError, preset
 from transduce.data.tokenizer import BOS_ID, EOS_ID, MODEL_NAME
 from transduce.decode import options as options_module
+from transduce.decode.inputs import TextError
 from transduce.decode.options import decoding_dtype
 from transduce.decode.search import beam_search
-from transduce.errors import LineTruncated
 from transduce.decode.translate import (InputTooLong, Translation, length_sorted_batches,
                                         pad_sources)
+from transduce.errors import LineTruncated
 from transduce.model import Transformer, build_model, load_model
 from transduce.model import int8 as int8_module
 from transduce.model import packed as packed_module
@@ -120,6 +121,14 @@ def test_translate_command_on_files(run_dir, tmp_path, capsys):
     assert main(["translate", "--model", str(run_dir), "--input", str(source), "--nbest", "2"]) == 0
     nbest = capsys.readouterr().out.splitlines()
     assert len(nbest) == 6 and nbest[0].startswith("0 ||| ") and nbest[4].startswith("2 ||| ")
+
+
+def test_one_string_or_a_non_string_is_refused_naming_the_line(run_dir):
+    translator = load(run_dir)
+    with pytest.raises(TextError, match="got one str"):
+        translator.translate("el gato")
+    with pytest.raises(TextError, match="line 2: a NoneType"):
+        translator.translate(["el gato", None])
 
 
 def test_translate_command_names_the_file_of_a_line_too_long(run_dir, tmp_path, capsys):

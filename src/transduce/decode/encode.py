@@ -22,6 +22,7 @@ import torch
 from transduce import checkpoint
 from transduce.config import ConfigError
 from transduce.data.tokenizer import TextTokenizer
+from transduce.decode.inputs import checked_texts
 from transduce.errors import LineTruncated
 from transduce.decode.options import DecodeDtype, decoding_dtype
 from transduce.decode.translate import length_sorted_batches
@@ -90,6 +91,7 @@ class SentenceEncoder:
         """(indices of the lines, their ids (B, T) right-padded) by length."""
         t = self.tokenizer
         limit = self.model.config.max_positions - 2                        # [CLS], [SEP]
+        lines = checked_texts(lines, "line", first_line_number)
         encoded = t.encode([line.strip() for line in lines])
         for offset, ids in enumerate(encoded):
             if len(ids) > limit:

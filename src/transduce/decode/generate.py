@@ -24,6 +24,7 @@ from torch import Tensor
 from transduce import checkpoint
 from transduce.config import ConfigError, choices
 from transduce.data.tokenizer import TextTokenizer
+from transduce.decode.inputs import checked_texts
 from transduce.decode.options import DecodeDtype, GenerateOptions, KvDtype, decoding_dtype
 from transduce.decode.sampling import Sampler, penalize_repetition
 from transduce.decode.search import beam_search
@@ -196,6 +197,7 @@ class Generator:
         """Each prompt's ids (bos first where the model was trained so); an empty prompt
         or one that fills the context is a PromptError naming it."""
         prefix = [self.tokenizer.bos_id] if self.tokenizer.prepend_bos else []
+        prompts = checked_texts(prompts, "prompt", first_number)
         encoded = []
         for number, (prompt, ids) in enumerate(zip(prompts, self.tokenizer.encode(list(prompts))),
                                                start=first_number):

@@ -23,6 +23,7 @@ from transduce.config import ConfigError, choices
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.decode import continuous
 from transduce.decode.greedy import greedy_hypotheses
+from transduce.decode.inputs import checked_texts
 from transduce.decode.onnx_engine import OnnxEngine
 from transduce.decode.options import (DecodeDtype, Engine, KvDtype, SearchOptions,
                                       decoding_dtype)
@@ -202,6 +203,7 @@ class Translator:
         truncated with a warning naming it, or refused with strict=True); an empty line
         gives no ids (and is not searched)."""
         limit = self.max_source_tokens - 1  # room for eos
+        lines = checked_texts(lines, "line", first_line_number)
         encoded = self.tokenizer.encode([line.strip() for line in lines])
         for offset, ids in enumerate(encoded):
             if len(ids) > limit:
