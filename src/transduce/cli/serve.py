@@ -66,18 +66,19 @@ def serve_command(args: argparse.Namespace) -> int:
                     max_queue=args.max_queue, batch_tokens=args.batch_tokens,
                     window_ms=args.window_ms, batching=not args.no_batching,
                     continuous=not args.static_batches)
-    listening = _bound_socket(args.host, args.port)    # a bad address is said before loading
     if args.threads:
         _check_threads(args.threads)
         torch.set_num_threads(args.threads)
-    model = _load_in_a_passing_thread(functools.partial(load, dtype=args.dtype), args.model)
-    decoders = _auto_decoders(model, limits) if args.decoders == "auto" else args.decoders
-    limits = dataclasses.replace(limits, decoders=decoders)
-    name = args.name or args.model.resolve().name
-    reload = functools.partial(load, args.model.resolve(), dtype=args.dtype)   # for processes
-    serve(model, name=name, host=args.host, port=args.port, limits=limits,
-          languages=args.languages, drain_timeout_s=args.drain_timeout, reload=reload,
-          sock=listening)
+    # Bound first, so that a bad address is said before loading; closed however it ends.
+    with _bound_socket(args.host, args.port) as listening:
+        model = _load_in_a_passing_thread(functools.partial(load, dtype=args.dtype), args.model)
+        decoders = _auto_decoders(model, limits) if args.decoders == "auto" else args.decoders
+        limits = dataclasses.replace(limits, decoders=decoders)
+        name = args.name or args.model.resolve().name
+        reload = functools.partial(load, args.model.resolve(), dtype=args.dtype)  # processes
+        serve(model, name=name, host=args.host, port=args.port, limits=limits,
+              languages=args.languages, drain_timeout_s=args.drain_timeout, reload=reload,
+              sock=listening)
     return 0
 
 
@@ -91,8 +92,7 @@ def _bound_socket(host: str, port: int):
         family, kind, protocol, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as error:
-        raise ConfigError(f"--host {host}: does not resolve ({error.strerror})"
-                          ) from None
+        raise ConfigError(f"--host {host}: does not resolve ({error.strerror})") from None
     listening = socket.socket(family, kind, protocol)
     listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)    # as uvicorn binds
     try:

@@ -23,9 +23,9 @@ from transduce import checkpoint
 from transduce.config import ConfigError
 from transduce.data.tokenizer import TextTokenizer
 from transduce.decode.inputs import checked_texts
-from transduce.errors import LineTruncated
 from transduce.decode.options import DecodeDtype, decoding_dtype
 from transduce.decode.translate import length_sorted_batches
+from transduce.errors import LineTruncated
 from transduce.model import EncoderOnly, load_model
 from transduce.model.packed import decoding_copy
 
