@@ -79,6 +79,16 @@ def test_the_api_refuses_bad_options_naming_them(run_dir, options, message):
             load(run_dir, **bad)
 
 
+@pytest.mark.parametrize("device,message", [
+    ("tpu", "device='tpu': not a device PyTorch knows"),
+    (7.5, "device=7.5: not a device PyTorch knows"),
+    pytest.param("cuda", "device='cuda': this PyTorch sees no CUDA GPU", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="a CUDA GPU is there to load onto"))])
+def test_a_device_it_cannot_load_onto_is_named_not_the_weights(run_dir, device, message):
+    with pytest.raises(ConfigError, match=message):
+        load(run_dir, device=device)
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--beam", "0"], "argument --beam: 0: must be a positive integer"),
     (["--beam", "-3"], "argument --beam: -3: must be a positive integer"),

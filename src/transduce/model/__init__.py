@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from transduce import checkpoint
-from transduce.config import ModelConfig
+from transduce.config import ConfigError, ModelConfig
 from transduce.model.decoder_only import DecoderOnly, LMState
 from transduce.model.encoder_only import EncoderOnly
 from transduce.model.layers import DecoderLayer, EncoderLayer, FeedForward
@@ -41,6 +41,7 @@ def build_model(config: ModelConfig) -> Model:
 
 def load_model(path: Path | str, device: torch.device | str = "cpu") -> Model:
     """The model of a checkpoint (or of a run's latest checkpoint), in eval mode."""
+    device = _usable_device(device)
     path = checkpoint.resolve(Path(path))
     config = checkpoint.read_configs(path)[0]
     if config.attention_impl == "triton" and torch.device(device).type != "cuda":
@@ -52,6 +53,20 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> Model:
     if isinstance(model, EncoderOnly):
         model.labels = checkpoint.read_labels(path)
     return model.to(device).eval()
+
+
+def _usable_device(device: torch.device | str) -> torch.device:
+    """A device name PyTorch does not know, or CUDA where it has none, is a ConfigError
+    naming it (reading the weights onto it would blame the weights file)."""
+    try:
+        found = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device={device!r}: not a device PyTorch knows (such as 'cpu' or "
+                          f"'cuda')") from None
+    if found.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r}: this PyTorch sees no CUDA GPU "
+                          f"(torch.cuda.is_available() is False)")
+    return found
 
 
 __all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "SinusoidalPositionalEncoding",
