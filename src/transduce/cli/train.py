@@ -74,9 +74,10 @@ def train_command(args: argparse.Namespace) -> int:
         model_config, train_config = _uptraining_configs(args)
     elif args.resume:
         model_config, saved_train = checkpoint.read_configs(checkpoint.resolve(args.out))
-        _check_resumed_model(args, model_config)
+        file_values = read_config_file(args.config)
+        _check_resumed_model(args, file_values, model_config)
         train_config = (saved_train or TrainConfig()).replace(
-            **read_config_file(args.config).get("train", {}), **flags_given(args, TrainConfig))
+            **file_values.get("train", {}), **flags_given(args, TrainConfig))
     else:
         model_config, train_config = _new_run_configs(args)
     if not args.resume and checkpoint.list_checkpoints(args.out):
@@ -116,16 +117,16 @@ def _described_model(args: argparse.Namespace, file_values: dict) -> tuple[str, 
     return name, preset(name, **model_values)
 
 
-def _check_resumed_model(args: argparse.Namespace, saved: ModelConfig) -> None:
+def _check_resumed_model(args: argparse.Namespace, file_values: dict, saved: ModelConfig
+                         ) -> None:
     """--resume repeated with the run's first command line (its --preset, --config or
     model flags) is fine; model choices that describe another model are refused."""
-    file_values = read_config_file(args.config)
     if not (args.preset or flags_given(args, ModelConfig) or "preset" in file_values
             or file_values.get("model")):
         return
-    described = _described_model(args, file_values)[1].to_dict()
-    differing = [f"{name} {value!r} (the run: {saved.to_dict()[name]!r})"
-                 for name, value in described.items() if saved.to_dict().get(name) != value]
+    described, run = _described_model(args, file_values)[1].to_dict(), saved.to_dict()
+    differing = [f"{name} {value!r} (the run: {run[name]!r})"
+                 for name, value in described.items() if run.get(name) != value]
     if differing:
         raise ConfigError(f"--resume continues the run's model; the --preset, --config and "
                           f"model flags given describe another: {', '.join(differing)}")
@@ -145,8 +146,9 @@ def _fine_tuning_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainCo
         raise ConfigError("--init starts a new run from a checkpoint's weights; --resume "
                           "continues a run: choose one")
     dropouts = ("dropout", "attention_dropout")
-    _refuse_model_choices(args, "--init keeps the checkpoint's model", allowed=dropouts)
     file_values = read_config_file(args.config)
+    _refuse_model_choices(args, file_values, "--init keeps the checkpoint's model",
+                          allowed=dropouts)
     model_flags = {name: value for name, value in {**file_values.get("model", {}),
                                                    **flags_given(args, ModelConfig)}.items()
                    if name in dropouts}
@@ -168,7 +170,8 @@ def _uptraining_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainCon
     if args.resume:
         raise ConfigError("--init starts a new run from a checkpoint's weights; --resume "
                           "continues a run: choose one")
-    _refuse_model_choices(args, "--init keeps the checkpoint's model")
+    file_values = read_config_file(args.config)
+    _refuse_model_choices(args, file_values, "--init keeps the checkpoint's model")
     train_flags = flags_given(args, TrainConfig)
     model_config, saved_train = checkpoint.read_configs(checkpoint.resolve(args.init))
     recipe = {**(saved_train.to_dict() if saved_train else {}), "max_steps": 0,
@@ -179,16 +182,15 @@ def _uptraining_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainCon
             if "max_steps" in defaults else ""
         print(f"uptraining from {args.init}: trained {defaults['schedule_offset']} steps; the "
               f"schedule continues from there{budget}")
-    file_train = read_config_file(args.config).get("train", {})
+    file_train = file_values.get("train", {})
     return model_config, TrainConfig(**{**recipe, **file_train, **defaults, **train_flags})
 
 
-def _refuse_model_choices(args: argparse.Namespace, why: str, allowed: tuple[str, ...] = ()
-                          ) -> None:
+def _refuse_model_choices(args: argparse.Namespace, file_values: dict, why: str,
+                          allowed: tuple[str, ...] = ()) -> None:
     """A run that keeps a saved model refuses what would choose another (--preset, the
     model's flags, the --config file's preset and [model] fields) but `allowed`, naming
     each as the user wrote it."""
-    file_values = read_config_file(args.config)
     chosen = ["--preset"] if args.preset else []
     chosen += [f"--{name.replace('_', '-')}" for name in flags_given(args, ModelConfig)
                if name not in allowed]
