@@ -1,6 +1,7 @@
 """Every endpoint through an in-process client: the answers equal the library's, and every
 kind of bad input gets a 4xx JSON error that names the field and the problem."""
 
+import json
 import os
 import re
 import socket
@@ -121,6 +122,18 @@ def test_a_body_over_the_byte_limit_is_refused_before_reading_it_all(mt):
     assert answer.status_code == 413 and "bytes" in answer.json()["error"]
 
 
+def test_a_body_of_escaped_characters_within_max_chars_is_read(translator):
+    """A character beyond the BMP is 12 bytes of JSON (two \\uXXXX escapes): texts of them
+    within max_texts and max_chars are translated, not refused for the body's size."""
+    texts = ["\U0001F600" * 2000] * 16                  # 16 x 2000 x 12 bytes: 384 kB
+    with client_for(translator, max_texts=16, max_chars=2000) as client:
+        body = json.dumps({"texts": texts, "truncate": True, "beam": 1})     # ASCII
+        assert len(body) > 16 * 2000 * 12
+        answer = client.post("/v1/translate", content=body,
+                             headers={"content-type": "application/json"})
+        assert answer.status_code == 200, answer.text
+
+
 def test_a_full_queue_answers_429_with_retry_after(translator):
     with client_for(translator, max_queue=1) as client:
         batcher = client.app.state.service.batcher
@@ -236,13 +249,65 @@ def test_attention_one_layer_and_kind_at_a_time(mt):
     ({"text": "uno", "layers": [0]}, 422, "layers[0]"),
     ({"text": "uno", "kinds": ["self"]}, 422, "kinds[0]"),
     ({"text": "uno", "decimals": 9}, 422, "decimals"),
-    ({"text": "uno " * 50}, 413, "text[0]"),
+    ({"text": "uno " * 50}, 413, "text"),
+    ({"text": "x" * 201}, 413, "text"),
     ({"texts": ["uno"]}, 422, "text"),
 ])
 def test_attention_bad_requests(mt, body, status, field):
     answer = mt.post("/v1/attention", json=body)
     assert answer.status_code == status, answer.text
     assert answer.json()["field"] == field
+
+
+def test_attention_layers_are_checked_before_translating(mt, monkeypatch):
+    def no_translation(*args, **kwargs):
+        raise AssertionError("the maps were computed")
+    monkeypatch.setattr("transduce.serve.attention.attention_maps", no_translation)
+    answer = mt.post("/v1/attention", json={"text": "uno " * 50, "layers": [1, 3]})
+    assert answer.status_code == 422 and answer.json()["field"] == "layers[1]"
+
+
+def test_attention_answers_are_streamed_in_pieces_that_make_the_same_json(mt, monkeypatch):
+    whole = mt.post("/v1/attention", json={"text": "el perro come pan", "decimals": 5})
+    assert whole.status_code == 200 and "content-length" not in whole.headers
+    monkeypatch.setattr("transduce.serve.attention.PIECE_VALUES", 1)    # a piece per row
+    pieces = mt.post("/v1/attention", json={"text": "el perro come pan", "decimals": 5})
+    assert pieces.json() == whole.json()
+    assert len(pieces.content) == len(whole.content)
+
+
+def test_attention_answers_over_max_attention_values_are_refused(translator):
+    with client_for(translator) as client:
+        everything = client.post("/v1/attention", json={"text": "el perro"}).json()
+    count = sum(np.array(weights).size for layers in everything["maps"].values()
+                for weights in layers.values())
+    with client_for(translator, max_attention_values=count - 1) as client:
+        refused = client.post("/v1/attention", json={"text": "el perro"})
+        assert refused.status_code == 413
+        assert refused.json()["error"].startswith(f"the maps asked for are {count} numbers, "
+                                                  f"more than the limit of {count - 1}")
+        one_layer = client.post("/v1/attention", json={"text": "el perro", "layers": [2]})
+        assert one_layer.status_code == 200
+        assert one_layer.json()["maps"]["cross"]["2"] == everything["maps"]["cross"]["2"]
+
+
+def test_the_attention_cache_keeps_the_newest_maps_within_its_bytes():
+    import torch
+
+    from transduce.attention_maps import AttentionMaps
+    from transduce.serve.attention import MapsCache
+
+    def maps(queries):       # 4 x queries x 8 float32 weights: 128 bytes per query
+        return AttentionMaps([], [], [], "", 0.0, [], [], [torch.zeros(4, queries, 8)])
+
+    cache = MapsCache(budget=1000)
+    cache.put("a", maps(3))
+    cache.put("b", maps(4))
+    assert cache.get("a") is not None              # now the most recent of the two
+    cache.put("c", maps(2))                        # 384 + 512 + 256 > 1000: b goes
+    assert cache.get("b") is None and cache.get("a") and cache.get("c")
+    cache.put("d", maps(10))                       # alone over the budget, and still kept
+    assert list(cache.entries) == ["d"]
 
 
 def test_attention_truncates_when_asked(mt):
@@ -428,6 +493,7 @@ def test_an_onnx_export_is_served_like_its_checkpoint(translation_dir, translato
 
 @pytest.mark.parametrize("argv", [["--languages", "es"], ["--languages", "es:en:fr"],
                                   ["--max-queue", "0"], ["--window-ms", "-1"],
+                                  ["--window-ms", "5000"], ["--max-attention-values", "0"],
                                   ["--dtype", "float16"], ["--decoders", "0"]])
 def test_the_command_refuses_bad_options(translation_dir, argv, capsys):
     from transduce.cli import main

@@ -31,8 +31,9 @@ def register(commands) -> None:
                        help="requests waiting for the decoder before 429")
     serve.add_argument("--batch-tokens", type=positive_int, default=4096,
                        help="source tokens per decoded batch, padding counted")
-    serve.add_argument("--window-ms", type=non_negative_float, default=5.0,
-                       help="how long the decoder waits for requests to join a batch")
+    serve.add_argument("--window-ms", type=_window_ms, default=5.0,
+                       help="how long the decoder waits for requests to join a batch "
+                            "(0 to 1000)")
     serve.add_argument("--no-batching", action="store_true",
                        help="decode one request at a time (for comparison)")
     serve.add_argument("--static-batches", action="store_true",
@@ -43,6 +44,9 @@ def register(commands) -> None:
                             "of the cores and of the running sentences; the second and later "
                             "each in a process with its own copy of the model (auto: 2 for a "
                             "translation model on a CPU with 2+ threads, else 1)")
+    serve.add_argument("--max-attention-values", type=positive_int, default=2**25,
+                       help="numbers in one /v1/attention answer (413 over it; about 6 "
+                            "bytes of JSON each)")
     serve.add_argument("--drain-timeout", type=non_negative_float, default=60.0,
                        help="seconds SIGTERM waits for requests in flight")
     add_dtype_option(serve)
@@ -65,7 +69,8 @@ def serve_command(args: argparse.Namespace) -> int:
     limits = Limits(max_chars=args.max_chars, max_texts=args.max_texts,
                     max_queue=args.max_queue, batch_tokens=args.batch_tokens,
                     window_ms=args.window_ms, batching=not args.no_batching,
-                    continuous=not args.static_batches)
+                    continuous=not args.static_batches,
+                    max_attention_values=args.max_attention_values)
     if args.threads:
         _check_threads(args.threads)
         torch.set_num_threads(args.threads)
@@ -155,3 +160,10 @@ def _pair(text: str) -> tuple[str, str]:
     if not source or not target or ":" in target:
         raise argparse.ArgumentTypeError(f"{text}: expected SOURCE:TARGET, such as es:en")
     return source, target
+
+
+def _window_ms(text: str) -> float:
+    value = non_negative_float(text)
+    if value > 1000:      # Limits' bound: a longer wait only delays every request
+        raise argparse.ArgumentTypeError(f"{text}: must be at most 1000 (milliseconds)")
+    return value

@@ -36,6 +36,8 @@ from transduce.serve.service import Service
 from transduce.serve.validation import install_error_handlers
 
 JSON_OVERHEAD_BYTES = 64 * 1024
+BYTES_PER_CHARACTER = 12    # the most one character takes in a body: a character beyond
+                            # the BMP is two \uXXXX escapes in JSON, %XX x 4 in a form
 DRAIN_TIMEOUT_S = 600.0
 
 
@@ -91,7 +93,8 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
     app.include_router(_common_routes(service, kind))
     app.include_router(page.routes(kind))
     app.add_middleware(BodyLimitMiddleware,
-                       max_bytes=limits.max_texts * limits.max_chars * 4 + JSON_OVERHEAD_BYTES)
+                       max_bytes=limits.max_texts * limits.max_chars * BYTES_PER_CHARACTER
+                       + JSON_OVERHEAD_BYTES)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
 
@@ -114,8 +117,8 @@ def _common_routes(service: Service, kind: str):
 
     router = APIRouter()
 
-    @router.api_route("/health", methods=["GET", "HEAD"],    # HEAD: load balancers' probes
-                      summary="Liveness, the model's kind and the queue's depth")
+    @router.head("/health", include_in_schema=False)     # load balancers' probes
+    @router.get("/health", summary="Liveness, the model's kind and the queue's depth")
     async def health() -> dict:
         return {"status": "ok", "kind": kind, "model": service.name,
                 "queue_depth": service.metrics.queue_depth}

@@ -23,7 +23,9 @@ class Limits(ValidatedConfig):
     decodes whole batches even where sentences could join and leave a running search
     (batcher.py; kept for comparison); decoders: decoders of continuous searches side by
     side, sharing the cores (batcher.py; those after the first in processes of their
-    own where create_app is given a way to load the model again, processes.py)."""
+    own where create_app is given a way to load the model again, processes.py);
+    max_attention_values: numbers in one /v1/attention answer (about 6 bytes of JSON
+    each at 3 decimals)."""
 
     max_chars: int = 5000
     max_texts: int = 128
@@ -33,11 +35,12 @@ class Limits(ValidatedConfig):
     batching: bool = True
     continuous: bool = True
     decoders: int = 1
+    max_attention_values: int = 2**25
 
     def __post_init__(self) -> None:
         self._check_floats_finite()
         check_positive(self, "max_chars", "max_texts", "max_queue", "batch_tokens",
-                       "decoders")
+                       "decoders", "max_attention_values")
         if not 0 <= self.window_ms <= 1000:
             raise ConfigError(f"Limits.window_ms={self.window_ms}: must be in [0, 1000]")
 
@@ -56,26 +59,35 @@ class ApiError(Exception):
         return {"error": self.message, **({"field": self.field} if self.field else {})}
 
 
-def check_texts(texts: list[str], limits: Limits, name: str) -> None:
+def check_texts(texts: list[str], limits: Limits, name: str, *,
+                indexed: bool = True) -> None:
     """Refuse (413) a request with more texts than max_texts or a text longer than
-    max_chars, naming the limit and the first offending item."""
+    max_chars, naming the limit and the first offending item (`name[i]`, or `name`
+    for a field that holds one text: indexed False)."""
     if len(texts) > limits.max_texts:
         raise ApiError(413, f"{name}: {len(texts)} texts, more than the limit of "
                             f"{limits.max_texts} per request (max_texts)", name)
     for index, text in enumerate(texts):
         if len(text) > limits.max_chars:
-            raise ApiError(413, f"{name}[{index}]: {len(text)} characters, more than the "
-                                f"limit of {limits.max_chars} (max_chars)", f"{name}[{index}]")
+            field = _item(name, index, indexed)
+            raise ApiError(413, f"{field}: {len(text)} characters, more than the limit of "
+                                f"{limits.max_chars} (max_chars)", field)
 
 
-def check_tokens(lengths: list[int], limit: int, name: str, truncate: bool) -> list[bool]:
+def check_tokens(lengths: list[int], limit: int, name: str, truncate: bool, *,
+                 indexed: bool = True) -> list[bool]:
     """Per text, whether it is over the model's `limit` tokens: refused (413) naming the
     first one, unless the client asked for truncation."""
     over = [length > limit for length in lengths]
     if not truncate:
         for index, (length, too_long) in enumerate(zip(lengths, over)):
             if too_long:
-                raise ApiError(413, f"{name}[{index}]: {length} tokens, more than the "
-                                    f"model's limit of {limit}; send \"truncate\": true to "
-                                    f"cut it instead", f"{name}[{index}]")
+                field = _item(name, index, indexed)
+                raise ApiError(413, f"{field}: {length} tokens, more than the model's limit "
+                                    f"of {limit}; send \"truncate\": true to cut it instead",
+                               field)
     return over
+
+
+def _item(name: str, index: int, indexed: bool) -> str:
+    return f"{name}[{index}]" if indexed else name

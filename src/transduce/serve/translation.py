@@ -1,37 +1,32 @@
 """The routes of a translation (encoder-decoder) model: /v1/translate, LibreTranslate's
-/translate and /languages, and /v1/attention.
+/translate and /languages, and /v1/attention (attention.py).
 
 Sentences of concurrent requests with the same search settings are decoded together by
 the worker (batcher.py): a Transformer's continuously (continuous.py: sentences join and
 leave the running search between steps), other models' in batches that Translator
-sorts and pads; either way each sentence gets what it would alone. /v1/attention runs
-attention_maps (the maps of the printed translation) on the same worker, one sentence at
-a time, and keeps the last few results so that the page can load the layers one by one.
+sorts and pads; either way each sentence gets what it would alone.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Sequence
 from urllib.parse import parse_qsl
 
-import torch
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from transduce.decode.translate import Translation, Translator
+from transduce.serve.attention import attention_route
 from transduce.serve.batcher import Job
 from transduce.serve.continuous import translation_stream
 from transduce.serve.limits import ApiError, check_texts, check_tokens
-from transduce.serve.schemas import AttentionRequest, AttentionResponse, \
-    LibreTranslateRequest, Timings, TranslateRequest, TranslateResponse, Translated
+from transduce.serve.schemas import AttentionResponse, LibreTranslateRequest, Timings, \
+    TranslateRequest, TranslateResponse, Translated
 from transduce.serve.service import Service, split_by_job, timed
 from transduce.serve.validation import ERROR_RESPONSES, read_json, validation_error
 
 LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "de": "German", "fr": "French",
                   "it": "Italian", "pt": "Portuguese"}
-ATTENTION_CACHE = 8
 
 
 def routes(service: Service) -> APIRouter:
@@ -59,7 +54,7 @@ def routes(service: Service) -> APIRouter:
 
     _add_libretranslate_routes(router, service)
     if serves_attention_maps(translator):
-        router.add_api_route("/v1/attention", _attention_route(service), methods=["POST"],
+        router.add_api_route("/v1/attention", attention_route(service), methods=["POST"],
                              response_model=AttentionResponse, responses=ERROR_RESPONSES,
                              summary="A translation with every attention map of it")
     return router
@@ -184,63 +179,3 @@ LIBRE_BODY = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": LibreTranslateRequest.model_json_schema()},
     "application/x-www-form-urlencoded": {"schema": LibreTranslateRequest.model_json_schema()},
 }}}
-
-
-def _attention_route(service: Service):
-    """POST /v1/attention, with an LRU of the last maps computed (the page asks for one
-    layer at a time)."""
-    from transduce.attention_maps import AttentionMaps, attention_maps
-
-    translator: Translator = service.model
-    recent: OrderedDict[tuple, AttentionMaps] = OrderedDict()
-
-    def run(jobs: Sequence[Job]) -> list[AttentionMaps]:
-        return [attention_maps(translator, job.payload[0], beam=job.payload[1],
-                               alpha=job.payload[2]) for job in jobs]
-
-    async def attention(body: AttentionRequest) -> JSONResponse:
-        check_texts([body.text], service.limits, "text")
-        if not body.text.strip():
-            raise ApiError(422, "text: only white space; give a sentence to translate", "text")
-        limit = translator.max_source_tokens - 1
-        length = len(translator.tokenizer.encode([body.text.strip()])[0])
-        check_tokens([length], limit, "text", body.truncate)
-        key = (body.text, body.beam, float(body.alpha))
-        maps = recent.get(key)
-        if maps is None:
-            maps, _ = await service.submit(("attention", object()), timed(run), key,
-                                           min(length, limit) + 1, 1)
-            recent[key] = maps
-            while len(recent) > ATTENTION_CACHE:
-                recent.popitem(last=False)
-        recent.move_to_end(key)
-        return _attention_response(maps, body)
-
-    return attention
-
-
-def _attention_response(maps, body: AttentionRequest) -> JSONResponse:
-    """The requested kinds and layers of the maps, rounded: kind -> layer -> (H, T, S)."""
-    by_kind = {"encoder": maps.encoder, "decoder": maps.decoder, "cross": maps.cross}
-    layers = {kind: len(weights) for kind, weights in by_kind.items()}
-    wanted = body.layers or list(range(1, max(layers.values()) + 1))
-    for index, layer in enumerate(wanted):
-        if layer > max(layers.values()):
-            raise ApiError(422, f"layers[{index}]: {layer} is more than the model's "
-                                f"{max(layers.values())} layers", f"layers[{index}]")
-    selected = {kind: {str(layer): _rounded(by_kind[kind][layer - 1], body.decimals)
-                       for layer in wanted if layer <= layers[kind]}
-                for kind in dict.fromkeys(body.kinds)}
-    # Built as a plain dict and sent as it is: validating a few hundred thousand numbers
-    # against AttentionResponse (which documents the shape) would only cost time.
-    return JSONResponse({"translation": maps.translation, "log_prob": maps.log_prob,
-                         "source_tokens": maps.source_tokens,
-                         "target_inputs": maps.target_inputs,
-                         "target_outputs": maps.target_outputs, "layers": layers,
-                         "heads": int(maps.cross[0].shape[0]), "maps": selected})
-
-
-def _rounded(weights: torch.Tensor, decimals: int) -> list[list[list[float]]]:
-    """(H, T, S) weights -> nested lists rounded to `decimals` (a 100-piece sentence's
-    layer is then a few hundred kB of JSON)."""
-    return torch.round(weights.double(), decimals=decimals).tolist()    # 0.998, not 0.99800002
