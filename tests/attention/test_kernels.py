@@ -206,6 +206,40 @@ def test_bad_shapes_and_masks_are_named():
         attention(q, k, v, torch.ones(1, 3, 1, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="4-D"):
         attention(q[0], k[0], v[0])
+    with pytest.raises(ValueError, match="grouped over 0"):
+        attention(q, k[:, :0], v[:, :0])
+    with pytest.raises(ValueError, match="one floating-point dtype; got torch.float64, "
+                                         "torch.float32"):
+        attention(q, k.float(), v)
+    with pytest.raises(ValueError, match="floating-point"):
+        attention(q.long(), k.long(), v.long())
+    with pytest.raises(ValueError, match="one device; got cpu, meta"):
+        attention(q, k.to("meta"), v)
+    with pytest.raises(ValueError, match="boolean .* got list"):
+        attention(q, k, v, [[True] * 5])
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"mask": torch.ones(1, 1, 1, 5)}, "boolean"),
+    ({"mask": torch.ones(1, 3, 1, 5, dtype=torch.bool)}, "does not broadcast"),
+    ({"block_q": 0}, "block_q=0 must be a positive"),
+    ({"block_k": 2.5}, "block_k=2.5 must be a positive"),
+    ({"dropout_p": -0.1}, "dropout_p"),
+    ({"position_bias": torch.zeros(4, 3)}, "position_bias"),
+])
+def test_flash_attention_called_directly_names_bad_arguments(kwargs, message):
+    q, k, v = make_inputs(1, 4, 2, 3, 5, 4)
+    with pytest.raises(ValueError, match=message):
+        flash_attention(q, k, v, scale=0.5, **kwargs)
+
+
+def test_flash_attention_called_directly_names_bad_shapes_and_segments():
+    q, k, v = make_inputs(1, 4, 2, 3, 5, 4)
+    with pytest.raises(ValueError, match="grouped over 3"):
+        flash_attention(q, torch.randn(1, 3, 5, 4), torch.randn(1, 3, 5, 4), scale=0.5)
+    with pytest.raises(ValueError, match="give Segments to attention"):
+        flash_attention(q, k, v, masks.Segments(torch.zeros(1, 3, dtype=torch.long),
+                                                torch.zeros(1, 5, dtype=torch.long)), scale=0.5)
 
 
 @pytest.mark.parametrize("kind", ["none", "padding", "holes"])

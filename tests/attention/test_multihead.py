@@ -146,6 +146,14 @@ def test_bad_head_counts_are_named():
         MultiHeadAttention(16, 3)
     with pytest.raises(ValueError, match="num_kv_heads=3"):
         MultiHeadAttention(24, 4, 3)
+    with pytest.raises(ValueError, match="d_model=0 and num_heads=4 must be positive"):
+        MultiHeadAttention(0, 4)
+    with pytest.raises(ValueError, match="num_heads=0 must be positive"):
+        MultiHeadAttention(16, 0)
+    with pytest.raises(ValueError, match="num_kv_heads=0"):
+        MultiHeadAttention(16, 4, 0)
+    with pytest.raises(ValueError, match="dropout=1.5"):
+        MultiHeadAttention(16, 4, dropout=1.5)
 
 
 def test_projection_sizes_shrink_with_kv_heads():

@@ -94,6 +94,14 @@ def test_a_model_without_a_classifier_or_of_another_kind_is_refused(tiny_corpus)
                                            tgt_vocab_size=vocab)), tokenizer)
 
 
+@pytest.mark.parametrize("batch_tokens", [0, -4, 2.5, True])
+def test_batch_tokens_that_is_not_a_positive_integer_is_refused(encoder, batch_tokens):
+    for method in (encoder.classify, encoder.embed):
+        with pytest.raises(ConfigError, match=f"batch_tokens={batch_tokens!r}: must be a "
+                                              f"positive integer"):
+            method(LINES, batch_tokens=batch_tokens)
+
+
 def test_cli_classify_and_embed(saved, tmp_path, capsys):
     source = tmp_path / "in.txt"
     source.write_text("\n".join(LINES) + "\n", encoding="utf-8")

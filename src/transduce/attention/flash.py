@@ -25,6 +25,8 @@ import torch
 from torch import Tensor
 
 from transduce.attention import masks
+from transduce.attention.checks import check_dropout, check_mask, check_position_bias, \
+    check_qkv
 
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
@@ -40,10 +42,27 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     seed fixes the dropout pattern (drawn from torch's generator when None); the backward
     regenerates the same pattern tile by tile instead of storing it.
     """
+    if not torch.jit.is_tracing():
+        mask = _checked_mask(q, k, v, mask, position_bias, dropout_p, block_q, block_k)
     if dropout_p > 0 and seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())
     return _FlashAttention.apply(q, k, v, mask, position_bias, causal, scale, dropout_p,
                                  seed or 0, block_q, block_k)
+
+
+def _checked_mask(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
+                  dropout_p: float, block_q: int, block_k: int) -> Tensor | None:
+    """Clear errors for misuse (as attention() gives); returns the mask made 4-D."""
+    check_qkv(q, k, v)
+    if isinstance(mask, masks.Segments):
+        raise ValueError("flash_attention takes a boolean mask; give Segments to "
+                         "attention(), which turns them into one")
+    check_position_bias(q, k, bias)
+    check_dropout(dropout_p)
+    for name, block in (("block_q", block_q), ("block_k", block_k)):
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"{name}={block!r} must be a positive number of rows")
+    return check_mask(q, k, mask)
 
 
 class _FlashAttention(torch.autograd.Function):

@@ -28,6 +28,8 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transduce.attention import masks
+from transduce.attention.checks import check_dropout, check_mask, check_position_bias, \
+    check_qkv, check_segments
 from transduce.attention.flash import flash_attention
 from transduce.attention.position_bias import expand
 from transduce.attention.triton_flash import triton_attention
@@ -50,10 +52,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Segments | N
     # example's value; the checks and the one-query shortcut are skipped then.
     tracing = torch.jit.is_tracing()
     if isinstance(mask, masks.Segments) and impl != "triton":
-        mask = _check_segments(q, k, mask).dense()   # only the Triton kernel reads the numbers
+        mask = check_segments(q, k, mask).dense()   # only the Triton kernel reads the numbers
     if not tracing:
         mask = _check_inputs(q, k, v, mask, impl, return_weights, dropout_p)
-        _check_position_bias(q, k, position_bias)
+        check_position_bias(q, k, position_bias)
         # One query aligned with the last key sees every key: no causal mask to build.
         causal = causal and q.shape[2] > 1
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -164,15 +166,6 @@ def _shape_agnostic_backends(device: torch.device):
     return sdpa_kernel(_CUDA_BACKENDS) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _check_position_bias(q: Tensor, k: Tensor, bias: Tensor | None) -> None:
-    if bias is None:
-        return
-    expected = (q.shape[1], q.shape[2] + k.shape[2] - 1)
-    if tuple(bias.shape) != expected or not bias.is_floating_point():
-        raise ValueError(f"position_bias must be a float (H, T + S - 1) = {expected} tensor, "
-                         f"got {bias.dtype} {tuple(bias.shape)}")
-
-
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Segments | None,
                   impl: str, return_weights: bool,
                   dropout_p: float) -> Tensor | masks.Segments | None:
@@ -182,40 +175,6 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Segments
     if return_weights and impl != "naive":
         raise ValueError(f"impl={impl!r} never materialises the attention weights; "
                          "use impl='naive' to return them")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p={dropout_p} must be in [0, 1)")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be 4-D (B, H, T, D); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
-    batch, heads, num_queries, dim = q.shape
-    if k.shape[0] != batch or k.shape[3] != dim:
-        raise ValueError(f"k/v {tuple(k.shape)} do not match q {tuple(q.shape)} in batch or head size")
-    if heads % k.shape[1]:
-        raise ValueError(f"{heads} query heads cannot be grouped over {k.shape[1]} key/value heads")
-    if mask is None:
-        return None
-    if isinstance(mask, masks.Segments):
-        return _check_segments(q, k, mask)
-    if mask.dtype != torch.bool:
-        raise ValueError(f"mask must be boolean (True = may attend), got {mask.dtype}")
-    if mask.dim() > 4:
-        raise ValueError(f"mask must broadcast to (B, H, T, S), got shape {tuple(mask.shape)}")
-    mask = masks.four_d(mask)
-    target = (batch, heads, num_queries, k.shape[2])
-    if any(m not in (1, t) for m, t in zip(mask.shape, target)) or mask.shape[3] != target[3]:
-        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to "
-                         f"(B, H, T, S) = {target} with a full key dimension")
-    return mask
-
-
-def _check_segments(q: Tensor, k: Tensor, segments: masks.Segments) -> masks.Segments:
-    """Segments' numbers must be (B, T) and (B, S) integers for q (B, H, T, D), k (B, Hkv, S, D)."""
-    for name, numbers, length in (("queries", segments.queries, q.shape[2]),
-                                  ("keys", segments.keys, k.shape[2])):
-        if numbers.dtype not in (torch.int32, torch.int64) or \
-                tuple(numbers.shape) != (q.shape[0], length):
-            raise ValueError(f"Segments.{name} must be integer sentence numbers of shape "
-                             f"{(q.shape[0], length)}, got {numbers.dtype} {tuple(numbers.shape)}")
-    return segments
+    check_dropout(dropout_p)
+    check_qkv(q, k, v)
+    return check_mask(q, k, mask)

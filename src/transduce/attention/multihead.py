@@ -49,6 +49,10 @@ class MultiHeadAttention(nn.Module):
                  window: int = 16, scale_scores: bool = True):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if d_model < 1 or num_heads < 1:
+            raise ValueError(f"d_model={d_model} and num_heads={num_heads} must be positive")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout={dropout} must be in [0, 1)")
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         if num_kv_heads < 1 or num_heads % num_kv_heads:

@@ -89,6 +89,9 @@ class SentenceEncoder:
 
     def _batches(self, lines: Sequence[str], batch_tokens: int, first_line_number: int):
         """(indices of the lines, their ids (B, T) right-padded) by length."""
+        if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
+            raise ConfigError(f"batch_tokens={batch_tokens!r}: must be a positive integer "
+                              f"(tokens per batch, padding counted)")
         t = self.tokenizer
         limit = self.model.config.max_positions - 2                        # [CLS], [SEP]
         lines = checked_texts(lines, "line", first_line_number)
