@@ -1,11 +1,13 @@
 """Attention maps: recorded from the pass that scores the translation, and drawn."""
 
+import math
+
 import pytest
 import torch
 
 from transduce import checkpoint
 from transduce.attention import MultiHeadAttention, record_attention
-from transduce.attention_maps import attention_maps, plot_attention_maps
+from transduce.attention_maps import AttentionMaps, attention_maps, plot_attention_maps
 from transduce.cli import main
 from transduce.config import preset
 from transduce.data.tokenizer import MODEL_NAME, Tokenizer
@@ -86,6 +88,29 @@ def test_plot_all_or_one_layer_and_head(tiny_corpus, tmp_path):
     everything = plot_attention_maps(maps, tmp_path / "all.png")
     one = plot_attention_maps(maps, tmp_path / "one.png", layer=2, head=3)
     assert everything.stat().st_size > one.stat().st_size > 10_000
+
+
+def test_a_long_sentence_is_drawn_within_the_pixel_budget(tmp_path, monkeypatch):
+    """A 400-piece sentence's 12 maps would want 65-inch panels, 8 x 10^8 pixels in all:
+    the panels shrink to the budget and every step-th piece is labelled."""
+    from PIL import Image
+
+    from transduce import attention_maps as module
+
+    monkeypatch.setattr(module, "MAX_PIXELS", 4_000_000)
+    pieces = [f"_w{i}" for i in range(400)]
+    weights = torch.rand(4, 400, 400).softmax(-1)
+    maps = AttentionMaps(pieces, pieces, pieces, "word " * 100, -1.0, [weights], [weights],
+                         [weights])
+    out = plot_attention_maps(maps, tmp_path / "long.png")
+    width, height = Image.open(out).size
+    assert width * height <= 4_000_000 * 1.01 and min(width, height) > 1000
+    size, step = module._panel_size(400, 12)
+    assert 12 * (size * module.DPI) ** 2 == pytest.approx(4_000_000)
+    assert step == math.ceil(0.16 * 400 / (size - 1.2))
+    assert module._ticks(pieces, step)[1][:2] == ["_w0", f"_w{step}"]
+    assert module._panel_size(10, 12) == (3.0, 1)          # short sentences: as before
+    assert module._shortened("word " * 100, 150).endswith("word…")
 
 
 def test_attention_command(tiny_corpus, tmp_path, capsys):

@@ -76,6 +76,12 @@ def _first_sentence(recorded: Recorded, role: str) -> list[Tensor]:
     return layers
 
 
+DPI = 110
+LABEL_INCHES = 0.16          # per piece's label, at font size 6
+TITLE_CHARACTERS = 150      # of the translation, above the maps
+MAX_PIXELS = 80_000_000      # of the whole figure: 320 MB as RGBA while drawn
+
+
 def plot_attention_maps(maps: AttentionMaps, out: Path, *, layer: int | None = None,
                         head: int | None = None) -> Path:
     """Heatmaps with the pieces on the axes: one row per (kind, layer), one column per
@@ -100,7 +106,7 @@ def plot_attention_maps(maps: AttentionMaps, out: Path, *, layer: int | None = N
         raise ConfigError(f"--layer {layer}: the model has {max(len(k[1]) for k in kinds)} layers")
     columns = max(len(row) for row in rows)
     longest = max(len(maps.source_tokens), len(maps.target_inputs))
-    size = max(3.0, 0.16 * longest + 1.2)
+    size, step = _panel_size(longest, len(rows) * columns)
     figure = Figure(figsize=(size * columns, size * len(rows)))
     axes = figure.subplots(len(rows), columns, squeeze=False)
     for r, row in enumerate(rows):
@@ -113,13 +119,37 @@ def plot_attention_maps(maps: AttentionMaps, out: Path, *, layer: int | None = N
             axis.imshow(weights.float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0,
                         aspect="auto")
             axis.set_title(title, fontsize=8)
-            axis.set_xticks(range(len(keys)), map(_label, keys), rotation=90, fontsize=6)
-            axis.set_yticks(range(len(queries)), map(_label, queries), fontsize=6)
-    figure.suptitle(_label(maps.translation), fontsize=9)
+            axis.set_xticks(*_ticks(keys, step), rotation=90, fontsize=6)
+            axis.set_yticks(*_ticks(queries, step), fontsize=6)
+    figure.suptitle(_label(_shortened(maps.translation, TITLE_CHARACTERS)), fontsize=9)
     figure.tight_layout()
     with atomic.atomic_file(out) as temporary:
-        figure.savefig(temporary, format="png", dpi=110)
+        figure.savefig(temporary, format="png", dpi=DPI)
     return out
+
+
+def _panel_size(longest: int, panels: int) -> tuple[float, int]:
+    """(inches per side of one heatmap, label every step-th piece) for sentences of up to
+    `longest` pieces: room for each piece's label where the figure stays within
+    MAX_PIXELS (a whole model's maps of a 1,000-piece sentence would otherwise be a
+    canvas of billions of pixels), and then only every step-th piece labelled."""
+    wanted = max(3.0, LABEL_INCHES * longest + 1.2)
+    size = min(wanted, math.sqrt(MAX_PIXELS / panels) / DPI)
+    step = max(1, math.ceil(LABEL_INCHES * longest / max(size - 1.2, LABEL_INCHES)))
+    return size, step
+
+
+def _shortened(text: str, characters: int) -> str:
+    """The text, cut at a word to at most `characters` with an ellipsis when longer."""
+    if len(text) <= characters:
+        return text
+    return text[:characters - 1].rsplit(" ", 1)[0] + "…"
+
+
+def _ticks(pieces: list[str], step: int) -> tuple[range, list[str]]:
+    """Tick positions and labels for every step-th piece."""
+    positions = range(0, len(pieces), step)
+    return positions, [_label(pieces[i]) for i in positions]
 
 
 def _label(piece: str) -> str:
