@@ -1,13 +1,15 @@
 """The command line's warnings: the library's as one line each (naming the input file
 where they are about one of its lines), everyone else's in Python's format, and the
-process's warning printer as it was afterwards."""
+process's warning printer as it was afterwards; running out of memory as one line."""
 
+import argparse
 import warnings
 from pathlib import Path
 
 import pytest
 
-from transduce.cli.reporting import one_line_warnings
+from transduce.cli import decode, main
+from transduce.cli.reporting import one_line_warnings, out_of_memory
 from transduce.errors import InputTooLong, LineTruncated, TransduceWarning
 
 
@@ -38,3 +40,39 @@ def test_a_refused_line_names_the_file_and_the_printer_is_restored():
         with one_line_warnings():
             raise InputTooLong("line 2: too long")
     assert warnings.showwarning is before
+
+
+CPU_FAILURE = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+               "allocate memory: you tried to allocate 57344000000 bytes. Error code 12")
+CUDA_FAILURE = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"
+
+
+@pytest.mark.parametrize("error,expected", [
+    (RuntimeError(CPU_FAILURE), "out of memory (an allocation of 57.3 GB failed); lower "
+                                "--beam (now 64) or --batch-tokens (now 4096)"),
+    (RuntimeError(CUDA_FAILURE), "out of memory (an allocation of 2.00 GiB failed); lower "
+                                 "--beam (now 64) or --batch-tokens (now 4096)"),
+    (MemoryError(), "out of memory; lower --beam (now 64) or --batch-tokens (now 4096)"),
+    (RuntimeError("shapes cannot be multiplied"), None),
+    (ValueError("can't allocate memory"), None),
+])
+def test_running_out_of_memory_is_one_line_naming_the_options_to_lower(error, expected):
+    args = argparse.Namespace(beam=64, batch_tokens=4096, batch_sentences=0, input=None)
+    assert out_of_memory(error, args) == expected
+
+
+def test_the_command_line_says_it_ran_out_of_memory_and_lets_other_errors_through(
+        monkeypatch, capsys):
+    def failing(args):
+        raise RuntimeError(CPU_FAILURE)
+    monkeypatch.setattr(decode, "translate_command", failing)
+    assert main(["translate", "--model", "M", "--beam", "1000000"]) == 1
+    assert capsys.readouterr().err == ("transduce: error: out of memory (an allocation of "
+                                       "57.3 GB failed); lower --beam (now 1000000) or "
+                                       "--batch-tokens (now 4096)\n")
+
+    def broken(args):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(decode, "translate_command", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["translate", "--model", "M"])

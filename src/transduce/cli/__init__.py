@@ -4,7 +4,7 @@ Each command group's module builds its parsers next to their handlers, and a han
 imports what it needs when it runs, so `transduce --help` loads no torch. Errors that
 describe bad input (TransduceError) are printed as one line, never a traceback:
 configuration errors exit with status 2, the others with 1. The library's warnings are
-one line each too (cli/reporting.py).
+one line each too, and so is running out of memory (cli/reporting.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from typing import Sequence
 
 from transduce.cli import data, decode, encode, export, generate, imports, model, serve, train
-from transduce.cli.reporting import one_line_warnings
+from transduce.cli.reporting import one_line_warnings, out_of_memory
 from transduce.config import ConfigError
 from transduce.errors import TransduceError
 
@@ -41,4 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except TransduceError as error:
         print(f"transduce: error: {error}", file=sys.stderr)
+        return 1
+    except (MemoryError, RuntimeError) as error:
+        message = out_of_memory(error, args)
+        if message is None:
+            raise
+        print(f"transduce: error: {message}", file=sys.stderr)
         return 1

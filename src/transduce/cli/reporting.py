@@ -1,10 +1,13 @@
 """How the command line says what the library warns about: one line on standard error,
 `transduce: warning: ...`, naming the input file where a warning or error is about one
-of its lines. Warnings from elsewhere (PyTorch, NumPy) keep Python's own format."""
+of its lines. Warnings from elsewhere (PyTorch, NumPy) keep Python's own format. Running
+out of memory is one line too, naming the options that size the work."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -36,3 +39,25 @@ def one_line_warnings(input_path: Path | None = None) -> Iterator[None]:
             if not prefix:
                 raise
             raise InputTooLong(f"{prefix}{error}") from None
+
+
+# The options that size what a command holds in memory at once, in the order to try.
+MEMORY_OPTIONS = ("beam", "batch_tokens", "batch_sentences", "max_tokens", "max_new_tokens")
+
+
+def out_of_memory(error: BaseException, args: argparse.Namespace) -> str | None:
+    """One line for an allocation that failed (PyTorch's CPU or CUDA allocator, or
+    Python's), with the size asked for and the command's options that would lower it;
+    None for any other error."""
+    text = str(error)
+    failed = isinstance(error, MemoryError) or isinstance(error, RuntimeError) and \
+        re.search(r"out of memory|can't allocate memory", text, re.IGNORECASE)
+    if not failed:
+        return None
+    asked = re.search(r"allocate (\d+) bytes", text)
+    size = f"{int(asked.group(1)) / 1e9:.1f} GB" if asked else \
+        next(iter(re.findall(r"allocate ([\d.]+ [KMGT]iB)", text)), None)
+    message = "out of memory" + (f" (an allocation of {size} failed)" if size else "")
+    options = [f"--{name.replace('_', '-')} (now {value})" for name in MEMORY_OPTIONS
+               if (value := getattr(args, name, None)) not in (None, 0)]
+    return message + (f"; lower {' or '.join(options)}" if options else "")
