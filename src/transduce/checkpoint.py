@@ -80,11 +80,13 @@ def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
     a tokenizer.json inside a checkpoint (its special ids are taken from there), or a
     tokenizer object (an HFTokenizer is written as tokenizer.json with its special ids).
     origin: how a derived checkpoint was made, with "steps" (the training steps behind it).
-    A classifier's label names (model.labels) are written with its configuration."""
+    A classifier's label names (model.labels) and a translation model's language pair
+    (model.languages: source, target) are written with its configuration."""
     write_tokenizer, section = _tokenizer_writer(tokenizer_path)
+    described = {"labels": getattr(model, "labels", None),
+                 "languages": getattr(model, "languages", None)}
     with atomic.atomic_directory(path) as temporary:
-        _write_config(temporary, model.config, train_config, origin, section,
-                      getattr(model, "labels", None))
+        _write_config(temporary, model.config, train_config, origin, section, **described)
         _save_weights(model, temporary / WEIGHTS)
         write_tokenizer(temporary)
         if trainer_state is not None:
@@ -135,12 +137,14 @@ def _tokenizer_section(tokenizer: HFTokenizer) -> dict[str, Any]:
 
 def _write_config(directory: Path, model_config: ModelConfig, train_config: TrainConfig | None,
                   origin: dict[str, Any] | None, tokenizer: dict[str, Any] | None = None,
-                  labels: list[str] | None = None) -> None:
+                  labels: list[str] | None = None,
+                  languages: tuple[str, str] | None = None) -> None:
     values = {"model": model_config.to_dict(),
               "train": None if train_config is None else train_config.to_dict(),
               **({"origin": origin} if origin else {}),
               **({"tokenizer": tokenizer} if tokenizer else {}),
-              **({"labels": list(labels)} if labels else {})}
+              **({"labels": list(labels)} if labels else {}),
+              **({"languages": dict(zip(("source", "target"), languages))} if languages else {})}
     (directory / CONFIG).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
 
 
@@ -187,6 +191,19 @@ def read_labels(path: Path) -> list[str] | None:
                                or not all(isinstance(label, str) for label in labels)):
         raise CheckpointError(f"{Path(path) / CONFIG}: \"labels\" must be a list of strings")
     return labels
+
+
+def read_languages(path: Path) -> tuple[str, str] | None:
+    """(source, target) a translation checkpoint was trained on (None: not recorded,
+    as in checkpoints from before it was, or imported ones)."""
+    languages = _read_config_json(path).get("languages")
+    if languages is None:
+        return None
+    if not isinstance(languages, dict) or \
+            not all(isinstance(languages.get(side), str) for side in ("source", "target")):
+        raise CheckpointError(f"{Path(path) / CONFIG}: \"languages\" must be "
+                              f'{{"source": "es", "target": "en"}}, got {languages!r}')
+    return languages["source"], languages["target"]
 
 
 def load_tokenizer(path: Path) -> TextTokenizer:
@@ -292,7 +309,7 @@ def average(checkpoints: list[Path], out: Path) -> Path:
     tokenizer_file = TOKENIZER_JSON if section is not None else TOKENIZER
     with atomic.atomic_directory(out) as temporary:
         _write_config(temporary, model_config, train_config, origin, section,
-                      read_labels(last))
+                      read_labels(last), read_languages(last))
         save_file(mean, str(temporary / WEIGHTS), metadata=metadata)
         shutil.copyfile(last / tokenizer_file, temporary / tokenizer_file)
     return out

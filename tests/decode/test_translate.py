@@ -202,6 +202,27 @@ def test_kv_size_formula_matches_measured_buffers(capsys, kv_heads, expected):
     assert f"formula:  {expected:,d}" in out and f"measured: {expected:,d}" in out
 
 
+def test_evaluate_warns_when_the_corpus_is_not_the_pair_the_model_learned(
+        tiny_corpus, tmp_path, capsys):
+    import shutil
+
+    from transduce.data.corpus import write_metadata
+
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny", src_vocab_size=300, tgt_vocab_size=300, max_positions=40))
+    model.languages = ("es", "en")
+    run = checkpoint.save(tmp_path / "run", model, None, tiny_corpus / MODEL_NAME)
+    reversed_ = tmp_path / "reversed"
+    shutil.copytree(tiny_corpus, reversed_)
+    write_metadata(reversed_, "en", "es")
+    for data, warned in ((tiny_corpus, False), (reversed_, True)):
+        assert main(["evaluate", "--model", str(run), "--data", str(data), "--beam", "1",
+                     "--out", str(tmp_path / "eval")]) == 0
+        err = capsys.readouterr().err
+        assert ("transduce: warning: the model was trained to translate es -> en, but "
+                f"{reversed_} is en -> es") in err if warned else "warning" not in err
+
+
 def test_evaluate_refuses_misaligned_references(run_dir, tiny_corpus, tmp_path, capsys):
     import shutil
 

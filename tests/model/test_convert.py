@@ -35,8 +35,9 @@ def test_as_many_groups_as_heads_is_the_identity():
 @pytest.mark.parametrize("groups", [2, 1])
 def test_converted_model_pools_heads_and_its_cache_shrinks(groups):
     model = Transformer(tiny()).eval()
+    model.languages = ("es", "en")
     converted = convert_kv_heads(model, groups)
-    assert converted.config.kv_heads == groups
+    assert converted.config.kv_heads == groups and converted.languages == ("es", "en")
     layer, original = converted.decoder.layers[0], model.decoder.layers[0]
     for name in ("k_proj", "v_proj"):
         for attention in ("self_attn", "cross_attn"):

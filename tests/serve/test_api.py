@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 
 from tests.serve.conftest import SENTENCES, client_for
 from transduce.attention_maps import attention_maps
@@ -209,6 +210,18 @@ def test_libretranslate_unreadable_bodies(mt):
 
 def test_languages(mt):
     assert mt.get("/languages").json() == [{"code": "es", "name": "Spanish", "targets": ["en"]}]
+
+
+def test_the_pair_a_checkpoint_records_is_served_unless_given(translator, monkeypatch):
+    monkeypatch.setattr(translator.model, "languages", ("de", "fr"))
+    with client_for(translator) as client:
+        assert client.get("/languages").json() == [{"code": "de", "name": "German",
+                                                    "targets": ["fr"]}]
+        assert client.post("/translate", json={"q": "uno", "source": "es", "target": "en"}
+                           ).status_code == 400
+    from transduce.serve.app import create_app
+    with TestClient(create_app(translator, languages=("es", "en"))) as client:
+        assert client.get("/languages").json()[0]["code"] == "es"
 
 
 # ------------------------------------------------------------------------- attention

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 
@@ -29,6 +31,21 @@ def test_save_and_load_round_trip_keeps_tied_weights(tmp_path, tokenizer_file):
     assert loaded.output_proj.weight is loaded.encoder.embed.embedding.weight
     model_config, train_config = checkpoint.read_configs(path)
     assert model_config == model.config and train_config == TrainConfig()
+
+
+def test_a_translation_models_language_pair_is_recorded_and_read_back(tmp_path, tokenizer_file):
+    model = tiny_model()
+    assert load_model(checkpoint.save(tmp_path / "plain", model, None, tokenizer_file)
+                      ).languages is None                 # not known: not written
+    model.languages = ("es", "en")
+    path = checkpoint.save(tmp_path / "run", model, None, tokenizer_file)
+    config = json.loads((path / "config.json").read_text())
+    assert config["languages"] == {"source": "es", "target": "en"}
+    assert load_model(path).languages == ("es", "en")
+    config["languages"] = ["es", "en"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(checkpoint.CheckpointError, match='config.json: "languages" must be'):
+        load_model(path)
 
 
 def test_weights_that_are_views_of_one_buffer_are_saved_apart(tmp_path, tokenizer_file):
@@ -80,9 +97,12 @@ def test_keep_last_and_resolve(tmp_path, tokenizer_file):
 def test_average_is_the_elementwise_mean(tmp_path, tokenizer_file):
     run = tmp_path / "run"
     models = [tiny_model(seed) for seed in range(3)]
+    for model in models:
+        model.languages = ("es", "en")
     paths = [checkpoint.save(checkpoint.step_dir(run, i), m, None, tokenizer_file)
              for i, m in enumerate(models)]
     averaged = load_model(checkpoint.average(paths, tmp_path / "avg"))
+    assert averaged.languages == ("es", "en")
     for name, tensor in averaged.state_dict().items():
         expected = sum(m.state_dict()[name] for m in models) / 3
         torch.testing.assert_close(tensor, expected, rtol=0, atol=1e-6)

@@ -94,6 +94,7 @@ def test_checkpoints_log_and_keep_last(tiny_corpus, tmp_path):
     assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 for r in train_records)
     dev = [r for r in records if r["event"] == "dev"][-1]
     assert {"dev_loss", "dev_ppl", "dev_bleu_greedy"} <= set(dev)
+    assert load_model(run).languages == ("es", "en")        # from the corpus's corpus.json
 
 
 def test_nonfinite_losses_skip_steps_then_abort(tiny_corpus, tmp_path, monkeypatch):

@@ -20,9 +20,9 @@ def register(commands) -> None:
     serve.add_argument("--port", type=port_number, default=8000)
     serve.add_argument("--name", default=None, help="the model's name in /v1/models "
                                                     "(default: the directory's name)")
-    serve.add_argument("--languages", default="es:en", type=_pair,
+    serve.add_argument("--languages", default=None, type=_pair,
                        help="SOURCE:TARGET of a translation model, for LibreTranslate's "
-                            "clients (default es:en, the built-in corpus)")
+                            "clients (default: the pair its checkpoint records, else es:en)")
     serve.add_argument("--max-chars", type=positive_int, default=5000,
                        help="characters per text (413 over it)")
     serve.add_argument("--max-texts", type=positive_int, default=128,

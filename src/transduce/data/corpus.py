@@ -205,6 +205,17 @@ def has_split(data_dir: Path | str, split: str) -> bool:
         all(path.is_file() for path in split_files(data_dir, split))
 
 
+def language_pair(data_dir: Path | str) -> tuple[str, str] | None:
+    """(source, target) of a parallel corpus, as its corpus.json names them; None for
+    another kind of corpus."""
+    data_dir = Path(data_dir)
+    if corpus_kind(data_dir) != "parallel" or not (data_dir / METADATA).is_file():
+        return None
+    values = _read_metadata(data_dir / METADATA)
+    pair = values.get("source_language"), values.get("target_language")
+    return pair if all(isinstance(language, str) for language in pair) else None
+
+
 def write_metadata(data_dir: Path, source_language: str, target_language: str, **extra) -> None:
     values = {"source_language": source_language, "target_language": target_language, **extra}
     atomic.write_text(data_dir / METADATA, json.dumps(values, indent=2) + "\n")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -32,11 +33,13 @@ from torch import Tensor
 
 from transduce import atomic
 from transduce.data.batching import TokenBatcher
-from transduce.data.corpus import CorpusError, read_lines, read_text_split, split_files
+from transduce.data.corpus import CorpusError, language_pair, read_lines, read_text_split, \
+    split_files
 from transduce.data.labelled import label_indices, labelled_file, read_labelled
 from transduce.data.tokenizer import BOS_ID, EOS_ID, TextTokenizer
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.translate import Translator
+from transduce.errors import TransduceWarning
 from transduce.model import DecoderOnly
 
 
@@ -45,6 +48,7 @@ def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefi
                    batch_sentences: int = 0, progress=None) -> dict:
     """Translate every line of the split's source, score against its references, and
     write OUT.hyp (one line per source line) and OUT.json (scores, signatures, timing)."""
+    _check_language_pair(translator, data_dir)
     source_path, reference_path = split_files(data_dir, split)
     sources, references = read_lines(source_path), read_lines(reference_path)
     second = data_dir / f"{split}.ref2"
@@ -125,6 +129,17 @@ def score_lines(model: DecoderOnly, ids: Sequence[np.ndarray], *, max_tokens: in
         per_line.index_add_(0, rows, token_nll.double())                   # (B,)
         nll[indices] = per_line.cpu().numpy()
     return LineScores(nll, pieces)
+
+
+def _check_language_pair(translator: Translator, data_dir: Path) -> None:
+    """Warn when the corpus's pair is not the one the checkpoint was trained on (a
+    reversed corpus would score near zero with nothing else said)."""
+    trained = getattr(translator.model, "languages", None)
+    corpus = language_pair(data_dir)
+    if trained and corpus and tuple(trained) != corpus:
+        warnings.warn(f"the model was trained to translate {trained[0]} -> {trained[1]}, "
+                      f"but {data_dir} is {corpus[0]} -> {corpus[1]}", TransduceWarning,
+                      stacklevel=3)
 
 
 def _token_nll(rows: Tensor, weight: Tensor, target: Tensor) -> Tensor:

@@ -52,6 +52,8 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> Model:
     checkpoint.load_weights(model, path, device)
     if isinstance(model, EncoderOnly):
         model.labels = checkpoint.read_labels(path)
+    elif config.arch != "decoder":
+        model.languages = checkpoint.read_languages(path)
     return model.to(device).eval()
 
 

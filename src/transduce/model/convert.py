@@ -35,6 +35,7 @@ def convert_kv_heads(model: Transformer, kv_heads: int) -> Transformer:
                           f"multi-head ({c.num_heads} heads) checkpoint")
     config = c.replace(num_kv_heads=kv_heads)  # validates that kv_heads divides num_heads
     converted = Transformer(config)
+    converted.languages = model.languages
     state = model.state_dict()
     pooled = {}
     for name, tensor in state.items():

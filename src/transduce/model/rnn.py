@@ -77,6 +77,9 @@ class RNNEncoderDecoder(nn.Module):
         if config.arch not in ("rnn-bahdanau", "rnn-luong"):
             raise ValueError(f"RNNEncoderDecoder builds rnn-bahdanau or rnn-luong, not {config.arch!r}")
         c = self.config = config
+        # The (source, target) languages trained on (a checkpoint writes them in its
+        # config.json; load_model reads them back; None when unknown).
+        self.languages: tuple[str, str] | None = None
         d = c.d_model
         self.additive = c.arch == "rnn-bahdanau"
         self.input_feeding = c.input_feeding

@@ -219,6 +219,9 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         c = self.config = config
+        # The (source, target) languages trained on (a checkpoint writes them in its
+        # config.json; load_model reads them back; None when unknown).
+        self.languages: tuple[str, str] | None = None
         src_embedding = nn.Embedding(c.src_vocab_size, c.d_model, padding_idx=c.pad_id)
         tgt_embedding = src_embedding if c.tie_embeddings == "all" else \
             nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id)

@@ -52,15 +52,17 @@ def model_kind(model) -> str:
 
 
 def create_app(model, *, name: str = "model", limits: Limits | None = None,
-               languages: tuple[str, str] = ("es", "en"),
+               languages: tuple[str, str] | None = None,
                reload: Callable[[], Any] | None = None) -> FastAPI:
     """An ASGI app serving `model`; languages (source, target) name a translation
-    model's pair for LibreTranslate's clients. reload() -> a copy of `model`, loaded the
+    model's pair for LibreTranslate's clients (default: the pair its checkpoint records,
+    else es -> en, the built-in corpus's). reload() -> a copy of `model`, loaded the
     same way: with limits.decoders above one, the decoders after the first then decode
     their continuous translations in processes of their own that call it (processes.py:
     it must pickle); without it, every decoder is a thread of this process."""
     limits = limits or Limits()
     kind = model_kind(model)
+    languages = languages or getattr(model.model, "languages", None) or ("es", "en")
     metrics = Metrics()
     batcher = Batcher(metrics, batch_tokens=limits.batch_tokens,
                       window_s=limits.window_ms / 1000, max_queue=limits.max_queue,

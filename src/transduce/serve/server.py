@@ -56,7 +56,7 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(model, *, name: str = "model", host: str = "127.0.0.1", port: int = 8000,
-          limits: Limits | None = None, languages: tuple[str, str] = ("es", "en"),
+          limits: Limits | None = None, languages: tuple[str, str] | None = None,
           drain_timeout_s: float = 60.0, log_level: str = "info",
           sock: socket.socket | None = None, reload: Callable[[], Any] | None = None) -> None:
     """Serve `model` until SIGTERM or SIGINT, then drain and return. `sock`: an already

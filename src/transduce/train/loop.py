@@ -39,7 +39,7 @@ from tqdm import tqdm
 from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, TrainConfig
 from transduce.data.batching import Batcher, EncoderBatcher, PackedBatcher, TokenBatcher
-from transduce.data.corpus import CorpusKind, corpus_kind, has_split
+from transduce.data.corpus import CorpusKind, corpus_kind, has_split, language_pair
 from transduce.data.dataset import TokenizedSplit, TokenizedText, load_split, load_text_split
 from transduce.data.packing import PackedPairBatcher
 from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer
@@ -164,6 +164,8 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     labels = list(train_split.names) \
         if isinstance(train_split, encoder_training.TokenizedLabelled) else None
     model = _initial_model(model_config, train_config, labels, init, rank, device)
+    if model_config.arch not in ("encoder", "decoder"):
+        model.languages = language_pair(data_dir)      # checkpoints record the pair
     net = _stepped_module(model, model_config, train_config, world)
     # After sharding: FSDP replaces the parameters by their shards, which Adam steps.
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0,

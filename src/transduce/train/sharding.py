@@ -100,6 +100,8 @@ def plain_model(model: Model) -> Model:
         plain = build_model(model.config)
     if getattr(model, "labels", None) is not None:
         plain.labels = list(model.labels)
+    if getattr(model, "languages", None) is not None:
+        plain.languages = model.languages
     return plain
 
 
