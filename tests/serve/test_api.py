@@ -272,6 +272,25 @@ def test_attention_bad_requests(mt, body, status, field):
     assert answer.json()["field"] == field
 
 
+@pytest.mark.parametrize("route,body,message", [
+    ("/v1/translate", '{"texts": ["uno"], "alpha": NaN}', "alpha: NaN is not a number it takes"),
+    ("/v1/translate", '{"texts": ["uno"], "alpha": -Infinity}', "alpha: -Infinity is not a number"),
+    ("/v1/attention", '{"text": ""}', "text: String should have at least 1 character"),
+])
+def test_messages_say_what_is_wrong_with_the_value(mt, route, body, message):
+    answer = mt.post(route, content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 422 and answer.json()["error"].startswith(message)
+
+
+def test_generate_refusals_from_its_options_name_the_field(lm):
+    answer = lm.post("/v1/generate", json={"prompts": ["uno"], "beam": 2, "temperature": 0.5})
+    assert answer.json()["error"].startswith("beam: beam search ranks whole continuations")
+    answer = lm.post("/v1/generate", content='{"prompts": ["uno"], "temperature": NaN}',
+                     headers={"content-type": "application/json"})
+    assert answer.json() == {"error": "temperature: NaN is not a number it takes: give a "
+                                      "finite number", "field": "temperature"}
+
+
 def test_attention_layers_are_checked_before_translating(mt, monkeypatch):
     def no_translation(*args, **kwargs):
         raise AssertionError("the maps were computed")
@@ -366,6 +385,7 @@ def test_streamed_pieces_join_to_the_whole_generation(lm, generator, settings):
     ({"prompts": [""]}, 422, "prompts[0]"),
     ({"prompts": ["uno", "uno " * 70]}, 413, "prompts[1]"),
     ({"prompts": ["uno"], "max_new_tokens": 0}, 422, "max_new_tokens"),
+    ({"prompts": ["uno"], "beam": 2, "temperature": 0.5}, 422, "beam"),
 ])
 def test_generate_bad_requests(lm, body, status, field):
     answer = lm.post("/v1/generate", json=body)

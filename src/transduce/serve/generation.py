@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import AsyncIterator, Sequence
 
 from fastapi import APIRouter
@@ -67,7 +68,7 @@ def _check(service: Service, body: GenerateRequest) -> tuple[GenerateOptions, li
     try:
         options = GenerateOptions(**fields, batch_sentences=service.limits.max_texts)
     except ConfigError as error:
-        raise ApiError(422, str(error)) from None
+        raise _named(error) from None
     if body.stream and options.beam > 1:
         raise ApiError(422, "stream: beam search knows its best continuation only at the "
                             "end; stream with beam 1", "stream")
@@ -84,6 +85,15 @@ def _check(service: Service, body: GenerateRequest) -> tuple[GenerateOptions, li
                                 f"and continuation)", f"prompts[{index}]")
         lengths.append(len(ids) + prefix)
     return options, lengths
+
+
+def _named(error: ConfigError) -> ApiError:
+    """GenerateOptions' refusal ("GenerateOptions.beam=2: ...") as the request's field."""
+    found = re.match(r"GenerateOptions\.(\w+)=", str(error))
+    if found is None:
+        return ApiError(422, str(error))
+    field = found.group(1)
+    return ApiError(422, f"{field}: {str(error).split(': ', 1)[-1]}", field)
 
 
 def _run_whole(generator: Generator, options: GenerateOptions,

@@ -83,7 +83,7 @@ class LibreTranslateRequest(Strict):
 
 
 class AttentionRequest(Strict):
-    text: Annotated[Text, Field(min_length=1)]
+    text: Annotated[StrictStr, Field(min_length=1), AfterValidator(_no_surrogates)]
     beam: Beam = 4
     alpha: Alpha = 0.6
     kinds: Annotated[list[Literal["encoder", "decoder", "cross"]], Field(min_length=1)] = [

@@ -8,6 +8,7 @@ the path written as in JSON ("texts[2]", "stop[0]").
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any, Iterable, Sequence
 
@@ -71,6 +72,9 @@ def validation_error(errors: Iterable[dict], prefix: tuple = ("body",)) -> ApiEr
     if first.get("type") == "extra_forbidden":
         return ApiError(422, f"{name}: unknown field", name or None)
     message = first.get("msg", "invalid")
+    value = first.get("input")
+    if isinstance(value, float) and not math.isfinite(value):
+        message = f"{json.dumps(value)} is not a number it takes: give a finite number"
     if not name:
         return ApiError(422, f"the body: {message}")
     return ApiError(422, f"{name}: {message}", name)
