@@ -44,6 +44,17 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     """
     if not torch.jit.is_tracing():
         mask = _checked_mask(q, k, v, mask, position_bias, dropout_p, block_q, block_k)
+    return tiled_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, scale=scale,
+                           block_q=block_q, block_k=block_k, seed=seed,
+                           position_bias=position_bias)
+
+
+def tiled_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, causal: bool,
+                    dropout_p: float, scale: float, block_q: int = DEFAULT_BLOCK_Q,
+                    block_k: int = DEFAULT_BLOCK_K, seed: int | None = None,
+                    position_bias: Tensor | None = None) -> Tensor:
+    """flash_attention without its argument checks, for attention(), which has made
+    them already (mask 4-D); the same shapes."""
     if dropout_p > 0 and seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())
     return _FlashAttention.apply(q, k, v, mask, position_bias, causal, scale, dropout_p,

@@ -30,7 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transduce.attention import masks
 from transduce.attention.checks import check_dropout, check_mask, check_position_bias, \
     check_qkv, check_segments
-from transduce.attention.flash import flash_attention
+from transduce.attention.flash import tiled_attention
 from transduce.attention.position_bias import expand
 from transduce.attention.triton_flash import triton_attention
 from transduce.config import AttentionImpl, choices
@@ -61,7 +61,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Segments | N
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     bias = position_bias
     if impl == "flash":
-        return flash_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, scale=scale,
+        return tiled_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, scale=scale,
                                position_bias=bias)
     if impl == "triton":
         return triton_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, scale=scale,

@@ -44,7 +44,7 @@ def attention_route(service: Service):
                                alpha=job.payload[2]) for job in jobs]
 
     async def attention(body: AttentionRequest) -> StreamingResponse:
-        wanted = _wanted_layers(body, layers)
+        selected = _selected(body, layers)
         check_texts([body.text], service.limits, "text", indexed=False)
         if not body.text.strip():
             raise ApiError(422, "text: only white space; give a sentence to translate", "text")
@@ -57,47 +57,47 @@ def attention_route(service: Service):
             maps, _ = await service.submit(("attention", object()), timed(run), key,
                                            min(length, limit) + 1, 1)
             cache.put(key, maps)
-        kinds = list(dict.fromkeys(body.kinds))
-        _check_size(maps, kinds, wanted, service.limits.max_attention_values)
-        return StreamingResponse(_answer(maps, layers, kinds, wanted, body.decimals),
+        _check_size(maps, selected, service.limits.max_attention_values)
+        return StreamingResponse(_answer(maps, layers, selected, body.decimals),
                                  media_type="application/json")
 
     return attention
 
 
-def _wanted_layers(body: AttentionRequest, layers: dict[str, int]) -> list[int]:
-    """The 1-based layers asked for (default all), refused (422) beyond the model's."""
+def _selected(body: AttentionRequest, layers: dict[str, int]) -> dict[str, list[int]]:
+    """Kind -> the 1-based layers of it to send (those asked for, default all, that the
+    kind has); a layer beyond every kind's is refused (422)."""
     deepest = max(layers.values())
     wanted = body.layers or list(range(1, deepest + 1))
     for index, layer in enumerate(wanted):
         if layer > deepest:
             raise ApiError(422, f"layers[{index}]: {layer} is more than the model's "
                                 f"{deepest} layers", f"layers[{index}]")
-    return wanted
+    return {kind: [layer for layer in dict.fromkeys(wanted) if layer <= layers[kind]]
+            for kind in dict.fromkeys(body.kinds)}
 
 
-def _check_size(maps: AttentionMaps, kinds: list[str], wanted: list[int], limit: int) -> None:
+def _check_size(maps: AttentionMaps, selected: dict[str, list[int]], limit: int) -> None:
     """Refuse (413) an answer of more than `limit` numbers, saying how to ask for less."""
-    count = sum(_of(maps, kind)[layer - 1].numel() for kind in kinds
-                for layer in dict.fromkeys(wanted) if layer <= len(_of(maps, kind)))
+    count = sum(_of(maps, kind)[layer - 1].numel()
+                for kind, numbers in selected.items() for layer in numbers)
     if count > limit:
         raise ApiError(413, f"the maps asked for are {count} numbers, more than the limit of "
                             f"{limit} (max_attention_values); ask for fewer \"layers\" or "
                             f"\"kinds\", or a shorter text", "layers")
 
 
-async def _answer(maps: AttentionMaps, layers: dict[str, int], kinds: list[str],
-                  wanted: list[int], decimals: int) -> AsyncIterator[str]:
+async def _answer(maps: AttentionMaps, layers: dict[str, int], selected: dict[str, list[int]],
+                  decimals: int) -> AsyncIterator[str]:
     """The JSON of AttentionResponse, piece by piece: kind -> layer -> (H, T, S)."""
     head = _dumps({"translation": maps.translation, "log_prob": maps.log_prob,
                    "source_tokens": maps.source_tokens, "target_inputs": maps.target_inputs,
                    "target_outputs": maps.target_outputs, "layers": layers,
                    "heads": int(maps.cross[0].shape[0])})
     yield head[:-1] + ',"maps":{'
-    for k, kind in enumerate(kinds):
+    for k, (kind, numbers) in enumerate(selected.items()):
         yield ("," if k else "") + _dumps(kind) + ":{"
-        present = [layer for layer in dict.fromkeys(wanted) if layer <= len(_of(maps, kind))]
-        for n, layer in enumerate(present):
+        for n, layer in enumerate(numbers):
             yield ("," if n else "") + f'"{layer}":['
             for h, weights in enumerate(_of(maps, kind)[layer - 1]):         # (T, S)
                 yield "," if h else ""
