@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from transduce.serve.batcher import JOIN_GROUP, JOIN_WAIT_STEPS, SPLIT_AT, Batcher, Closed, Job, \
-    QueueFull
+from transduce.serve.batcher import JOIN_GROUP, JOIN_WAIT_STEPS, MAX_LANES, SPLIT_AT, Batcher, \
+    Closed, Job, QueueFull, _Lane
 from transduce.serve.metrics import Metrics
 
 
@@ -217,7 +217,7 @@ def stream_job(key, steps, tokens=10, stream=CountdownStream):
 
 def test_streamed_jobs_join_between_steps_and_leave_when_done():
     """A job queued while a stream runs joins it at the next step (a batch would have
-    waited for the longest job); one of another key waits for the stream to drain."""
+    waited for the longest job); one of another key runs in a lane of its own beside it."""
     CountdownStream.instances.clear()
     batcher, _ = make(window_s=0.0)
     batcher.start()
@@ -229,7 +229,8 @@ def test_streamed_jobs_join_between_steps_and_leave_when_done():
         assert short.result(5) == "streamed 2"
         assert not long.done()                   # answered before the long job is
         other = batcher.submit(stream_job("other", 1))
-        assert long.result(5) == "streamed 30" and other.result(5) == "streamed 1"
+        assert other.result(5) == "streamed 1" and not long.done()
+        assert long.result(5) == "streamed 30"
     finally:
         batcher.close(5)
     first, second = CountdownStream.instances
@@ -259,6 +260,59 @@ def test_the_token_budget_caps_a_stream_and_static_batches_ignore_streams():
         whole.close(5)
 
 
+class SlowStream(CountdownStream):
+    """A CountdownStream whose steps take 30 ms, each noted in `log` with its time."""
+
+    log: list[tuple[str, float]] = []
+
+    def step(self):
+        time.sleep(0.025)
+        SlowStream.log.append(("slow", time.monotonic()))
+        return super().step()
+
+
+def test_a_short_search_of_other_settings_is_not_held_by_a_long_one():
+    """A short job of another key opens a lane at the next step and has steps by turns,
+    the lane with the least time first: its five 5 ms steps pass while the 30 ms lane
+    steps about once, not after its hundred steps."""
+    CountdownStream.instances.clear()
+    SlowStream.log.clear()
+    batcher, _ = make(window_s=0.0)
+    batcher.start()
+    try:
+        long = batcher.submit(stream_job("slow", 100, stream=SlowStream))
+        while len(SlowStream.log) < 3:
+            time.sleep(0.001)
+        queued = time.monotonic()
+        short = batcher.submit(stream_job("fast", 5))
+        assert short.result(5) == "streamed 5"
+        answered = time.monotonic()
+        assert not long.done()
+        assert long.result(10) == "streamed 100"
+    finally:
+        batcher.close(5)
+    slow_steps_meanwhile = [t for _, t in SlowStream.log if queued <= t <= answered]
+    assert len(slow_steps_meanwhile) <= 3
+    slow, fast = CountdownStream.instances
+    assert len(fast.steps) == 5 and all(step == [("fast", 5)] for step in fast.steps)
+
+
+def test_a_failing_lane_fails_only_its_jobs():
+    CountdownStream.instances.clear()
+    batcher, _ = make(window_s=0.0)
+    failing = lambda: CountdownStream(fail_at=3)    # noqa: E731
+    batcher.start()
+    try:
+        fine = batcher.submit(stream_job("fine", 8))
+        bad = batcher.submit(stream_job("bad", 5, stream=failing))
+        with pytest.raises(RuntimeError, match="step failed"):
+            bad.result(5)
+        assert fine.result(5) == "streamed 8"
+    finally:
+        batcher.close(5)
+    assert batcher._streamed == 0
+
+
 def test_a_failing_stream_fails_its_running_jobs_and_the_worker_goes_on():
     batcher, _ = make(window_s=0.0)
     failing = lambda: CountdownStream(fail_at=1)    # noqa: E731
@@ -273,19 +327,63 @@ def test_a_failing_stream_fails_its_running_jobs_and_the_worker_goes_on():
         batcher.close(5)
 
 
-def test_newcomers_join_a_running_stream_in_groups():
-    """Between steps, queued jobs of the stream's key join only when they hold `least`
-    sentences (the stream passes 1 once they have waited JOIN_WAIT_STEPS steps)."""
-    batcher, _ = make(window_s=0.0)
-    queued = [Job("k", lambda jobs: [], i, 10, 1 + i) for i in range(2)] + \
-        [Job("other", lambda jobs: [], 9, 10, 1)]
-    for each in queued:
+def running_lane(key, stream=CountdownStream, tokens=0):
+    """A lane of `key` whose stream runs one job."""
+    lane = _Lane(key, stream(), tokens=tokens)
+    lane.stream.admit([stream_job(key, 5)])
+    return lane
+
+
+def queue_up(batcher, jobs):
+    for each in jobs:
         batcher.submit(each)                    # not started: the jobs stay queued
-    assert batcher._joining("k", 100, least=4) == []          # 3 sentences < 4
-    assert batcher._joining("k", 15, least=1) == queued[:1]   # the token room holds one
-    assert batcher._joining("k", 100, least=2) == queued[1:2]
-    assert batcher._joining("k", 100, least=1) == []          # the head has another key
-    assert list(batcher._queue) == queued[2:] and JOIN_GROUP > 1 and JOIN_WAIT_STEPS >= 1
+    return jobs
+
+
+def test_newcomers_join_a_running_stream_in_groups():
+    """Between steps, queued jobs of a lane's key join it only in groups of JOIN_GROUP
+    sentences, or one by one once they have waited JOIN_WAIT_STEPS steps."""
+    batcher, _ = make(window_s=0.0)
+    queued = queue_up(batcher, [Job("k", lambda jobs: [], i, 10, 1 + i) for i in range(2)])
+    lanes = {"k": running_lane("k")}
+    assert sum(job.sentences for job in queued) < JOIN_GROUP
+    for held in range(JOIN_WAIT_STEPS):
+        assert batcher._admissions(lanes) == ([], {"k": []})
+        assert lanes["k"].held == held + 1 and list(batcher._queue) == queued
+    assert batcher._admissions(lanes) == ([], {"k": queued})
+    assert not batcher._queue and lanes["k"].held == 0
+
+
+def test_nothing_joins_past_a_job_that_waits():
+    """Jobs join within their lane's token room; the first that cannot join opens a lane
+    where its key may have one, and no job behind it is taken."""
+    batcher, _ = make(window_s=0.0)
+    lanes = {"k": running_lane("k", tokens=85)}
+    lanes["k"].held = JOIN_WAIT_STEPS                           # no waiting for a group
+    first, second, other, third = queue_up(batcher, [
+        stream_job("k", 1), stream_job("k", 1), stream_job("other", 1), stream_job("k", 1)])
+    opening, joining = batcher._admissions(lanes)   # 15 tokens of room: one job joins
+    assert (opening, joining) == ([], {"k": [first]}) and list(batcher._queue)[0] is second
+    lanes["k"].tokens, lanes["k"].held = 0, JOIN_WAIT_STEPS
+    opening, joining = batcher._admissions(lanes)
+    assert opening == [other] and joining == {"k": [second]}    # the third waits for it
+    assert list(batcher._queue) == [third]
+
+
+def test_a_key_waits_while_every_lane_is_taken_or_its_stream_is_exclusive():
+    batcher, _ = make(window_s=0.0)
+    full = {f"k{i}": running_lane(f"k{i}") for i in range(MAX_LANES)}
+    waiting, behind = queue_up(batcher, [stream_job("other", 1), stream_job("k0", 1)])
+    full["k0"].held = JOIN_WAIT_STEPS
+    assert batcher._admissions(full) == ([], {key: [] for key in full})
+    assert list(batcher._queue) == [waiting, behind]
+
+    class Exclusive(CountdownStream):
+        exclusive = True
+
+    lanes = {"k0": running_lane("k0", stream=Exclusive)}
+    assert batcher._admissions(lanes) == ([], {"k0": []})
+    assert batcher._admissions({"k1": running_lane("k1")}) == ([waiting], {"k1": []})
 
 
 def test_the_rate_keeps_a_minute_of_counts_however_many_steps_run():

@@ -11,7 +11,12 @@ Jobs that can be decoded continuously (translation with a Transformer: a `stream
 factory) are not run as one batch that lasts as long as its longest sentence: the batch
 is a Stream that decodes step by step, hands each job its results as soon as its
 sentences are done, and takes queued jobs of its key in between steps, within the token
-budget, until the oldest queued job has another key; then it drains and that key goes.
+budget. A job of another key does not wait for it to drain: it opens a stream of its own
+on the same decoder (a lane, up to MAX_LANES keys, each within its own token budget), and
+the decoder gives each step to the lane that has had the least decoding time, so a
+search of minutes slows a short one of other settings instead of holding it for minutes.
+Nothing is taken past a job that must wait (all lanes in use, or a job that is not
+streamed): the lanes then drain and it goes next.
 
 Several decoders (`decoders`) run streams side by side, each on its share of the cores
 and its share of the running sentences: a decoding step is many small operators, and two
@@ -42,6 +47,7 @@ from transduce.serve.metrics import Metrics
 JOIN_GROUP = 4         # sentences that join a running stream together
 JOIN_WAIT_STEPS = 4    # steps a queued job waits for others to join with it, at most
 SPLIT_AT = 8           # sentences running per decoder before the next one starts
+MAX_LANES = 4          # keys whose streams one decoder decodes by turns
 
 
 class QueueFull(Exception):
@@ -68,6 +74,24 @@ class Stream(Protocol):
 
     def step(self) -> list[tuple["Job", Any]]:
         """One decoding step -> the jobs done at it, each with its result."""
+
+    # A stream may set `exclusive = True`: its decoder then runs no other stream beside it
+    # (one decoded by a process that holds one stream at a time).
+
+
+@dataclass(eq=False)
+class _Lane:
+    """One key's stream on a decoder: the jobs it runs, their tokens and sentences, the
+    steps its queued jobs have waited to join in a group, and the seconds of steps it has
+    had (the decoder steps the lane that has had the fewest)."""
+
+    key: Hashable
+    stream: Stream
+    jobs: set = field(default_factory=set)
+    tokens: int = 0
+    sentences: int = 0
+    held: int = 0
+    used: float = 0.0
 
 
 @dataclass(eq=False)
@@ -199,36 +223,19 @@ class Batcher:
         key = self._queue[0].key
         return self.batch_tokens - sum(j.tokens for j in self._queue if j.key == key)
 
-    def _joining(self, key: Hashable, room: int, least: int, running: int = 0) -> list[Job]:
-        """Queued jobs of `key` at the head of the queue, within `room` tokens and the
-        stream's share of the sentences (it runs `running`), taken without waiting if
-        they hold `least` sentences or more (else none): none once the oldest queued job
-        has another key."""
-        with self._ready:
-            share = self._share(key) - running
-            count = sentences = 0
-            for job in self._queue:
-                if job.key != key or job.tokens > room or sentences + job.sentences > share:
-                    break
-                count, sentences, room = count + 1, sentences + job.sentences, room - job.tokens
-            if not count or sentences < least:
-                return []
-            taken = [self._queue.popleft() for _ in range(count)]
-            self.metrics.queue_depth = len(self._queue)
-        return taken
-
     def _share(self, key: Hashable) -> int:
         """A stream's fair share of the sentences (the lock held): those running in every
         stream and those queued for `key`, over the decoders."""
         queued = sum(job.sentences for job in self._queue if job.key == key)
         return math.ceil((self._streamed + queued) / len(self._threads))
 
-    def _take(self) -> list[Job]:
-        """The oldest job and, with batching, later jobs of its key within the budget (and
-        a new stream's share of the sentences)."""
-        first = self._queue[0]
+    def _take(self, first: Job | None = None) -> list[Job]:
+        """`first` (by default the oldest job) and, with batching, later jobs of its key
+        within the budget (and a new stream's share of the sentences), taken from the
+        queue (the lock held)."""
+        first = first or self._queue[0]
         share = self._share(first.key) if self._streams(first) else math.inf
-        self._queue.popleft()
+        self._queue.remove(first)
         batch, tokens = [first], first.tokens
         if not self.batching:
             return batch
@@ -258,51 +265,132 @@ class Batcher:
         self._seconds_per_job = 0.8 * self._seconds_per_job + 0.2 * seconds_per_job
 
     def _stream(self, batch: list[Job], rank: int) -> None:
-        """Decode a batch step by step in its key's Stream, settling each job when it is
-        done and admitting queued jobs of the key between steps, until none runs."""
-        key, running = batch[0].key, set()
-        tokens = sentences = held = 0                    # of the running jobs
+        """Decode lanes step by step until none runs: the batch's key first, then queued
+        jobs taken between steps (_admissions), each step going to the lane that has had
+        the least decoding time."""
+        lanes: dict[Hashable, _Lane] = {}
         last_done = time.monotonic()
+        self._open(lanes, batch, rank)
+        while True:
+            for key in [key for key, lane in lanes.items() if not lane.stream.running]:
+                del lanes[key]
+            if not lanes:
+                return
+            # The newest of the lanes with the least time first: a new lane steps next.
+            done = self._step(lanes, min(reversed(lanes.values()), key=lambda lane: lane.used))
+            if done:        # jobs leave one by one: the time between them, for Retry-After
+                now = time.monotonic()
+                self._note_pace((now - last_done) / done)
+                last_done = now
+            opening, joining = self._admissions(lanes)
+            for key, jobs in joining.items():
+                if jobs and key in lanes:
+                    self._admit(lanes, lanes[key], jobs)
+            if opening:
+                self._open(lanes, opening, rank)
+
+    def _admissions(self, lanes: dict[Hashable, "_Lane"]
+                    ) -> tuple[list[Job], dict[Hashable, list[Job]]]:
+        """Queued jobs taken between steps -> (a new lane's batch or [], the jobs that
+        join each lane). From the head of the queue, jobs join their key's lane within
+        its token room and its share of the sentences, in groups of JOIN_GROUP sentences
+        (encoded together: 1.3-1.5 ms a sentence against 2.2 alone) unless they have
+        waited JOIN_WAIT_STEPS or the lane runs nothing. The first job that cannot join
+        opens a lane if its key may have one (_may_open); nothing is taken past it."""
+        with self._ready:
+            joining: dict[Hashable, list[Job]] = {key: [] for key in lanes}
+            room = {key: [self.batch_tokens - lane.tokens, self._share(key) - lane.sentences]
+                    for key, lane in lanes.items()}
+            waiting = None
+            for job in self._queue:
+                left = room.get(job.key)
+                if left is None or job.tokens > left[0] or job.sentences > left[1]:
+                    waiting = job
+                    break
+                joining[job.key].append(job)
+                left[0], left[1] = left[0] - job.tokens, left[1] - job.sentences
+            for key, jobs in joining.items():
+                lane = lanes[key]
+                least = 1 if lane.held >= JOIN_WAIT_STEPS or not lane.stream.running \
+                    else JOIN_GROUP
+                if sum(job.sentences for job in jobs) < least:
+                    jobs.clear()
+                queued = any(job.key == key for job in self._queue)
+                lane.held = 0 if jobs or not queued else lane.held + 1
+                for job in jobs:
+                    self._queue.remove(job)
+            opening = self._take(waiting) if waiting and self._may_open(lanes, waiting) else []
+            self.metrics.queue_depth = len(self._queue)
+        return opening, joining
+
+    def _may_open(self, lanes: dict[Hashable, "_Lane"], job: Job) -> bool:
+        """Whether `job` may open a lane beside `lanes`: a streamed job of a key none of
+        them runs, while fewer than MAX_LANES run and none is exclusive."""
+        return self._streams(job) and job.key not in lanes and len(lanes) < MAX_LANES \
+            and not any(getattr(lane.stream, "exclusive", False) for lane in lanes.values())
+
+    def _open(self, lanes: dict[Hashable, "_Lane"], batch: list[Job], rank: int) -> None:
+        """Start a lane for the batch's key on decoder `rank`, with the least time any
+        lane has had (it steps next), and admit the batch."""
         try:
             stream = batch[0].stream(rank)
-            while True:
-                live = [job for job in batch if job.future.set_running_or_notify_cancel()]
-                if live:
-                    stream.admit(live)
-                    running.update(live)
-                    tokens += sum(job.tokens for job in live)
-                    added = sum(job.sentences for job in live)
-                    sentences += added
-                    self._streaming(added)
-                if not stream.running:
-                    return
-                self._use_cores(stream)
-                started = time.monotonic()
-                done = stream.step()
-                seconds = time.monotonic() - started
-                finished = 0
-                for job, result in done:
-                    running.discard(job)
-                    tokens, finished = tokens - job.tokens, finished + job.sentences
-                    job.future.set_result(result)
-                self.metrics.step_done(sentences, finished, seconds)
-                sentences -= finished
-                self._streaming(-finished)
-                if done:     # jobs leave one by one: the time between them, for Retry-After
-                    now = time.monotonic()
-                    self._note_pace((now - last_done) / len(done))
-                    last_done = now
-                # Newcomers join in groups (encoded together: 1.3-1.5 ms a sentence against
-                # 2.2 alone), unless they have waited JOIN_WAIT_STEPS or nothing runs.
-                least = 1 if held >= JOIN_WAIT_STEPS or not stream.running else JOIN_GROUP
-                batch = self._joining(key, self.batch_tokens - tokens, least, sentences)
-                held = 0 if batch or not self._queue else held + 1
         except BaseException as error:          # noqa: BLE001 - handed to the requests
-            for job in running | set(batch):
-                if not job.future.done():
-                    job.future.set_exception(error)
-        finally:
-            self._streaming(-sentences)
+            self._fail(batch, error)
+            return
+        used = min((lane.used for lane in lanes.values()), default=0.0)
+        lanes[batch[0].key] = lane = _Lane(batch[0].key, stream, used=used)
+        self._admit(lanes, lane, batch)
+
+    def _admit(self, lanes: dict[Hashable, "_Lane"], lane: "_Lane", jobs: list[Job]) -> None:
+        """Start decoding the jobs not cancelled in `lane` at its next step."""
+        live = [job for job in jobs if job.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        try:
+            lane.stream.admit(live)
+        except BaseException as error:          # noqa: BLE001 - handed to the requests
+            self._close_lane(lanes, lane, error, live)
+            return
+        lane.jobs.update(live)
+        lane.tokens += sum(job.tokens for job in live)
+        added = sum(job.sentences for job in live)
+        lane.sentences += added
+        self._streaming(added)
+
+    def _step(self, lanes: dict[Hashable, "_Lane"], lane: "_Lane") -> int:
+        """One step of `lane`'s stream, settling the jobs done at it -> how many."""
+        self._use_cores(lane.stream)
+        started = time.monotonic()
+        try:
+            done = lane.stream.step()
+        except BaseException as error:          # noqa: BLE001 - handed to the requests
+            self._close_lane(lanes, lane, error)
+            return 0
+        seconds = time.monotonic() - started
+        lane.used += seconds
+        finished = 0
+        for job, result in done:
+            lane.jobs.discard(job)
+            lane.tokens, finished = lane.tokens - job.tokens, finished + job.sentences
+            job.future.set_result(result)
+        self.metrics.step_done(lane.sentences, finished, seconds)
+        lane.sentences -= finished
+        self._streaming(-finished)
+        return len(done)
+
+    def _close_lane(self, lanes: dict[Hashable, "_Lane"], lane: "_Lane",
+                    error: BaseException, more: Sequence[Job] = ()) -> None:
+        """A lane whose stream failed: its jobs (and `more`) get the error, and the lane
+        goes; the other lanes go on."""
+        self._fail([*lane.jobs, *more], error)
+        self._streaming(-lane.sentences)
+        del lanes[lane.key]
+
+    @staticmethod
+    def _fail(jobs: Sequence[Job], error: BaseException) -> None:
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(error)
 
     def _streaming(self, change: int) -> None:
         """Count `change` more sentences running in the streams (more may let another
@@ -322,8 +410,7 @@ class Batcher:
         try:
             results = live[0].run(live)
         except BaseException as error:          # noqa: BLE001 - handed to the requests
-            for job in live:
-                job.future.set_exception(error)
+            self._fail(live, error)
             return
         seconds = time.monotonic() - started
         self._note_pace(seconds / len(live))

@@ -136,6 +136,8 @@ class RemoteTranslationStream:
     result is (per text, its nbest translations; the time the job was admitted; seconds
     until it was reported done), as TranslationStream gives."""
 
+    exclusive = True     # the process decodes one stream at a time: no lanes beside it
+
     def __init__(self, process: DecoderProcess, settings: tuple):
         self.process, self._ids = process, itertools.count()
         self.serial = next(process.serials)    # reports of a stream that failed are skipped
