@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from transduce import checkpoint
 from transduce.cli import main
 from transduce.data.hf_tokenizer import HFTokenizer
+from transduce.decode.generate import Generator
 from transduce.decode.search import greedy_search
 from tests.foreign_checkpoints import assert_refused, damaged
 from transduce.importers import import_gpt2
@@ -130,6 +131,19 @@ def test_greedy_generation_matches_transformers(imported):
     assert expected.shape == (2, 50)
     assert torch.equal(got, expected)
     assert len(set(expected.flatten().tolist())) > 3     # a real test, not one token repeated
+
+
+def test_an_empty_prompt_generates_what_transformers_generates_from_bos(imported):
+    """GPT-2's tokenizer puts no bos before a prompt; an empty one starts from
+    <|endoftext|> alone, as transformers' generate does when given no input ids."""
+    hf, _, out = imported
+    generator = Generator.load(out)
+    assert not generator.tokenizer.prepend_bos
+    with torch.no_grad():
+        expected = hf.generate(do_sample=False, max_new_tokens=20,
+                               pad_token_id=generator.tokenizer.eos_id)[0, 1:]
+    text = generator.generate([""], max_new_tokens=20)[0]
+    assert text == generator.tokenizer.decode(expected.tolist())   # config 2: eos at once
 
 
 def test_perplexity_of_an_imported_model_uses_its_end_token(imported, tmp_path):

@@ -12,7 +12,7 @@ from transduce import checkpoint
 from transduce.cli import main
 from transduce.config import ConfigError, preset
 from transduce.data.tokenizer import Tokenizer
-from transduce.decode.generate import Continuation, Generator, PromptError
+from transduce.decode.generate import Continuation, Generator, PromptError, with_bos
 from transduce.decode.options import GenerateOptions
 from transduce.decode.sampling import Sampler, filter_logits, penalize_repetition
 from transduce.errors import TransduceWarning
@@ -135,11 +135,33 @@ def test_more_new_tokens_than_the_context_holds_is_warned_about(generator):
         generator.generate(["uno dos"], max_new_tokens=64 - prompt_tokens)
 
 
-def test_empty_and_too_long_prompts_are_refused_by_number(generator):
-    with pytest.raises(PromptError, match="prompt 2 is empty"):
-        generator.generate(["uno", ""])
-    with pytest.raises(PromptError, match="prompt 1: .* tokens, but the model reads 64"):
-        generator.generate(["uno " * 80])
+def test_too_long_prompts_are_refused_by_number(generator):
+    with pytest.raises(PromptError, match="prompt 2: .* tokens, but the model reads 64"):
+        generator.generate(["uno", "uno " * 80])
+
+
+def test_an_empty_prompt_generates_from_bos_alone(model, generator):
+    """The greedy continuation of [bos], step by step with the whole model (no cache),
+    batched with other prompts or alone."""
+    tokens = torch.tensor([[generator.tokenizer.bos_id]])
+    with torch.no_grad():
+        for _ in range(10):
+            chosen = model(tokens)[:, -1].argmax(-1, keepdim=True)
+            if chosen.item() == generator.tokenizer.eos_id:
+                break
+            tokens = torch.cat([tokens, chosen], dim=1)
+    expected = generator.tokenizer.decode(tokens[0, 1:].tolist())
+    assert generator.generate([""], max_new_tokens=10) == [expected]
+    assert generator.generate(["uno", ""], max_new_tokens=10)[1] == expected
+
+
+def test_with_bos_starts_an_empty_prompt_with_bos_whatever_the_tokenizer_prepends():
+    class Unprefixed:           # GPT-2's tokenizer: no bos before a prompt
+        prepend_bos, bos_id = False, 7
+
+    assert with_bos([], Unprefixed()) == [7] and with_bos([4, 5], Unprefixed()) == [4, 5]
+    Unprefixed.prepend_bos = True
+    assert with_bos([], Unprefixed()) == [7] and with_bos([4, 5], Unprefixed()) == [7, 4, 5]
 
 
 @pytest.mark.parametrize("settings,option", [
@@ -203,8 +225,9 @@ def _run_cli(args, stdin: bytes):
 def test_cli_refuses_bad_stdin_and_bad_options(saved_model):
     result = _run_cli(["generate", "--model", str(saved_model)], b"uno\n\xff\xfe\n")
     assert result.returncode == 1 and b"<stdin>:2: invalid UTF-8" in result.stderr
-    result = _run_cli(["generate", "--model", str(saved_model)], b"uno\n\ncasa\n")
-    assert result.returncode == 1 and b"prompt 2 is empty" in result.stderr
+    result = _run_cli(["generate", "--model", str(saved_model), "--max-new-tokens", "3"],
+                      b"uno\n\ncasa\n")
+    assert result.returncode == 0 and len(result.stdout.splitlines()) == 3   # one per prompt
     result = _run_cli(["generate", "--model", str(saved_model), "--top-p", "0"], b"uno\n")
     assert result.returncode == 2 and b"--top-p" in result.stderr
     assert b"Traceback" not in result.stderr

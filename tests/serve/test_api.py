@@ -353,7 +353,7 @@ def test_attention_truncates_when_asked(mt):
 @pytest.mark.parametrize("settings", [{}, {"beam": 2}, {"temperature": 0.8, "seed": 3},
                                       {"stop": ["4"], "repetition_penalty": 1.3}])
 def test_generate_equals_the_generator(lm, generator, settings):
-    prompts = ["uno dos", "el perro grande come", "casa"]
+    prompts = ["uno dos", "el perro grande come", "casa", ""]
     answer = lm.post("/v1/generate", json={"prompts": prompts, "max_new_tokens": 12, **settings})
     assert answer.status_code == 200, answer.text
     options = GenerateOptions(max_new_tokens=12, batch_sentences=16,
@@ -382,7 +382,6 @@ def test_streamed_pieces_join_to_the_whole_generation(lm, generator, settings):
     ({"prompts": ["uno"], "top_p": 0}, 422, "top_p"),
     ({"prompts": ["uno"], "temperature": -1}, 422, "temperature"),
     ({"prompts": ["uno"], "stop": [""]}, 422, "stop[0]"),
-    ({"prompts": [""]}, 422, "prompts[0]"),
     ({"prompts": ["uno", "uno " * 70]}, 413, "prompts[1]"),
     ({"prompts": ["uno"], "max_new_tokens": 0}, 422, "max_new_tokens"),
     ({"prompts": ["uno"], "beam": 2, "temperature": 0.5}, 422, "beam"),

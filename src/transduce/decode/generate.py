@@ -34,7 +34,7 @@ from transduce.model.packed import decoding_copy
 
 
 class PromptError(TransduceError, ValueError):
-    """A prompt the model cannot continue (empty, or longer than its context); names it."""
+    """A prompt the model cannot continue (longer than its context); names it."""
 
 
 # Prompt tokens decoded before a continuation, so that it keeps the space or the joined
@@ -195,16 +195,12 @@ class Generator:
 
     def encode(self, prompts: Sequence[str], first_number: int = 1) -> list[list[int]]:
         """Each prompt's ids (bos first where the model was trained so); an empty prompt
-        or one that fills the context is a PromptError naming it."""
-        prefix = [self.tokenizer.bos_id] if self.tokenizer.prepend_bos else []
+        is bos alone, so the model generates from nothing, as it began its training
+        sequences; one that fills the context is a PromptError naming it."""
         prompts = checked_texts(prompts, "prompt", first_number)
         encoded = []
-        for number, (prompt, ids) in enumerate(zip(prompts, self.tokenizer.encode(list(prompts))),
-                                               start=first_number):
-            if not prompt:
-                raise PromptError(f"prompt {number} is empty: give at least one character "
-                                  f"to continue")
-            ids = prefix + ids
+        for number, ids in enumerate(self.tokenizer.encode(list(prompts)), start=first_number):
+            ids = with_bos(ids, self.tokenizer)
             if len(ids) >= self.context:
                 raise PromptError(f"prompt {number}: {len(ids)} tokens, but the model reads "
                                   f"{self.context} positions in all (prompt and continuation)")
@@ -304,3 +300,11 @@ def left_pad(ids: list[list[int]], pad_id: int,
         prompt[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
         mask[i, width - len(row):] = True
     return prompt.to(device), mask[:, None, None, :].to(device)
+
+
+def with_bos(ids: list[int], tokenizer: TextTokenizer) -> list[int]:
+    """A prompt's ids as the model reads them: bos first where it was trained so, and bos
+    alone for an empty prompt (as Hugging Face's generate starts without input ids)."""
+    if tokenizer.prepend_bos or not ids:
+        return [tokenizer.bos_id, *ids]
+    return ids

@@ -18,7 +18,7 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from transduce.config import ConfigError
-from transduce.decode.generate import Generator
+from transduce.decode.generate import Generator, with_bos
 from transduce.decode.options import GenerateOptions
 from transduce.serve.batcher import Job
 from transduce.serve.limits import ApiError, check_texts
@@ -73,17 +73,13 @@ def _check(service: Service, body: GenerateRequest) -> tuple[GenerateOptions, li
         raise ApiError(422, "stream: beam search knows its best continuation only at the "
                             "end; stream with beam 1", "stream")
     lengths = []
-    prefix = 1 if generator.tokenizer.prepend_bos else 0
-    for index, (prompt, ids) in enumerate(zip(body.prompts,
-                                              generator.tokenizer.encode(body.prompts))):
-        if not prompt:
-            raise ApiError(422, f"prompts[{index}]: empty; give at least one character to "
-                                f"continue", f"prompts[{index}]")
-        if len(ids) + prefix >= generator.context:
-            raise ApiError(413, f"prompts[{index}]: {len(ids) + prefix} tokens, but the "
-                                f"model reads {generator.context} positions in all (prompt "
-                                f"and continuation)", f"prompts[{index}]")
-        lengths.append(len(ids) + prefix)
+    for index, ids in enumerate(generator.tokenizer.encode(body.prompts)):
+        length = len(with_bos(ids, generator.tokenizer))
+        if length >= generator.context:
+            raise ApiError(413, f"prompts[{index}]: {length} tokens, but the model reads "
+                                f"{generator.context} positions in all (prompt and "
+                                f"continuation)", f"prompts[{index}]")
+        lengths.append(length)
     return options, lengths
 
 

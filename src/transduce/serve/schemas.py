@@ -107,7 +107,8 @@ class AttentionResponse(BaseModel):
 
 
 class GenerateRequest(Strict):
-    prompts: Texts
+    prompts: Texts = Field(description="texts to continue, one per item (an empty one: "
+                                       "generate from the model's bos alone)")
     max_new_tokens: Annotated[StrictInt, Field(ge=1)] = 64
     temperature: Annotated[Number, Field(ge=0, le=100, allow_inf_nan=False)] = 0.0
     top_k: Annotated[StrictInt, Field(ge=0)] = 0
