@@ -118,11 +118,12 @@ def test_left_padded_logits_match_transformers(imported):
     torch.testing.assert_close(got[mask], expected[mask], atol=1e-5, rtol=1e-5)
 
 
-def test_greedy_generation_matches_transformers(imported):
+def test_greedy_generation_matches_transformers(imported, monkeypatch):
     hf, ours, _ = imported
     prompt, mask = left_padded([6, 3], 6, hf.config.vocab_size, ours.config.pad_id, seed=1)
-    # No end token: both run the full 50 steps, whatever they produce.
-    hf.generation_config.eos_token_id = None
+    # No end token: both run the full 50 steps, whatever they produce. (Undone after the
+    # test: without it, transformers takes a lone bos, which is also pad, for padding.)
+    monkeypatch.setattr(hf.generation_config, "eos_token_id", None)
     with torch.no_grad():
         expected = hf.generate(prompt, attention_mask=mask.long(), do_sample=False,
                                max_new_tokens=50, pad_token_id=ours.config.pad_id)[:, 6:]

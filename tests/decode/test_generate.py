@@ -128,11 +128,27 @@ def test_more_new_tokens_than_the_context_holds_is_warned_about(generator):
     prompt_tokens = len(generator.encode(["uno dos"])[0])
     with pytest.warns(TransduceWarning, match=f"max_new_tokens=100: the model reads 64 positions "
                                               f"and the longest prompt takes {prompt_tokens}, so "
-                                              f"continuations stop after {64 - prompt_tokens}"):
+                                              f"its continuation stops after {64 - prompt_tokens}"):
         generator.generate(["uno dos"], max_new_tokens=100)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         generator.generate(["uno dos"], max_new_tokens=64 - prompt_tokens)
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 1.5, "seed": 2}, {"beam": 3}])
+def test_near_the_context_end_each_prompt_gets_the_tokens_it_gets_alone(generator, settings):
+    """A long prompt leaves few positions; batched with it, a short one still runs to
+    max_new_tokens, as alone (it used to stop where the long one had to)."""
+    prompts = ["uno", "el perro grande come " * 2]
+    lengths = [len(ids) for ids in generator.encode(prompts)]
+    assert lengths[1] > 64 - 40 > lengths[0]
+    options = GenerateOptions(max_new_tokens=40, **settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TransduceWarning)
+        rows = generator._generate_batch(generator.encode(prompts), options)
+        alone = [generator._generate_batch(generator.encode([p]), options)[0] for p in prompts]
+    assert [row.tokens for row in rows] == [row.tokens for row in alone]
+    assert len(rows[1].tokens) <= 64 - lengths[1] < len(rows[0].tokens)
 
 
 def test_too_long_prompts_are_refused_by_number(generator):

@@ -53,6 +53,7 @@ class Continuation:
     stops: tuple[str, ...]
     context: list[int] = field(default_factory=list)   # the prompt's last tokens
     tokens: list[int] = field(default_factory=list)
+    limit: int | None = None          # tokens at most (where the context ends)
     finished: bool = False
     streamed: int = 0
     _text: str = ""
@@ -66,6 +67,8 @@ class Continuation:
         self.tokens.append(token)
         if self.stops:
             self._decode()
+        if self.limit is not None and len(self.tokens) >= self.limit:
+            self.finished = True
 
     def set_tokens(self, tokens: list[int]) -> None:
         """A whole continuation at once (beam search)."""
@@ -214,18 +217,20 @@ class Generator:
 
     def _prepare(self, ids: list[list[int]], options: GenerateOptions
                  ) -> tuple[Tensor, Tensor, int, list[Continuation]]:
-        """Left-padded prompt (B, P), its mask (B, 1, 1, P), the new tokens the context
-        leaves room for, and an empty Continuation per row."""
+        """Left-padded prompt (B, P), its mask (B, 1, 1, P), the new tokens of the row
+        that may have most, and an empty Continuation per row, limited to the tokens its
+        own prompt leaves room for (so that a row gets what it gets alone)."""
         prompt, mask = left_pad(ids, self.model.config.pad_id, self.device)
-        room = self.context - prompt.shape[1]
-        if options.max_new_tokens > room:
+        longest = max(len(row) for row in ids)
+        if options.max_new_tokens > self.context - longest:
             warnings.warn(f"max_new_tokens={options.max_new_tokens}: the model reads "
-                          f"{self.context} positions and the longest prompt takes "
-                          f"{prompt.shape[1]}, so continuations stop after {room} new tokens",
-                          TransduceWarning, stacklevel=3)
-        max_new = min(options.max_new_tokens, room)
-        return prompt, mask, max_new, [Continuation(self.tokenizer, options.stop,
-                                                    self._context(row)) for row in ids]
+                          f"{self.context} positions and the longest prompt takes {longest}, "
+                          f"so its continuation stops after {self.context - longest} new "
+                          f"tokens", TransduceWarning, stacklevel=3)
+        rows = [Continuation(self.tokenizer, options.stop, self._context(row),
+                             limit=min(options.max_new_tokens, self.context - len(row)))
+                for row in ids]
+        return prompt, mask, max(row.limit for row in rows), rows
 
     def _context(self, ids: list[int]) -> list[int]:
         """The prompt's last tokens after its last special one (which ends decoding)."""
@@ -244,7 +249,8 @@ class Generator:
         with torch.inference_mode():
             found = beam_search(self.model, prompt, bos_id=prompt[:, -1],
                                 eos_id=self.tokenizer.eos_id, beam=options.beam,
-                                alpha=options.alpha, max_len=max_new,
+                                alpha=options.alpha,
+                                max_len=torch.tensor([row.limit for row in rows]),
                                 cache_dtype=self.cache_dtype, src_mask=mask)
         for row, hypotheses in zip(rows, found):
             row.set_tokens(hypotheses[0].tokens)
@@ -271,10 +277,7 @@ class Generator:
                 chosen = logits.argmax(dim=-1) if sampler is None \
                     else sampler(logits, running.tolist())
                 for row, value in zip(running.tolist(), chosen.tolist()):
-                    rows[row].add(value)
-                if step == max_new - 1:
-                    for row in running.tolist():
-                        rows[row].finished = True
+                    rows[row].add(value)        # finished at eos, a stop or its limit
                 yield rows
                 keep = [i for i, row in enumerate(running.tolist()) if not rows[row].finished]
                 if not keep:

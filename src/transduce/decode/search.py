@@ -40,10 +40,16 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def max_lengths(model: Model, src: Tensor, max_len: int | None) -> Tensor:
-    """Per-sentence output limit: source length + 50 (or max_len), within max_positions."""
+def max_lengths(model: Model, src: Tensor, max_len: int | Tensor | None) -> Tensor:
+    """Per-sentence output limit (B,): source length + 50, or max_len (one for all, or
+    (B,) one each), within max_positions."""
     source_lengths = (src != model.config.pad_id).sum(dim=1)
-    limit = source_lengths + EXTRA_LENGTH if max_len is None else torch.full_like(source_lengths, max_len)
+    if max_len is None:
+        limit = source_lengths + EXTRA_LENGTH
+    elif isinstance(max_len, Tensor):
+        limit = max_len.to(source_lengths)
+    else:
+        limit = torch.full_like(source_lengths, max_len)
     return limit.clamp(max=model.config.max_positions, min=1)
 
 
@@ -103,7 +109,7 @@ def start_tokens(start: Start, batch: int, device: torch.device) -> Tensor:
 
 @torch.no_grad()
 def beam_search(model: Model, src: Tensor, *, bos_id: Start, eos_id: int, beam: int = 4,
-                alpha: float = 0.6, nbest: int = 1, max_len: int | None = None,
+                alpha: float = 0.6, nbest: int = 1, max_len: int | Tensor | None = None,
                 cache_dtype: torch.dtype | None = None,
                 src_mask: Tensor | None = None) -> list[list[Hypothesis]]:
     """Batched beam search -> for each sentence, its nbest hypotheses, best first.
@@ -115,8 +121,9 @@ def beam_search(model: Model, src: Tensor, *, bos_id: Start, eos_id: int, beam: 
     no live beam can still beat its nbest-th finished one (the length penalty bounds what
     a beam can reach by the sentence's length limit), or at that limit. Done sentences
     leave the batch, and their cache rows with them (KVCache.reorder).
-    cache_dtype: the self-attention caches' type (default: the model's); torch.int8
-    quantizes them (QuantizedKVCache).
+    max_len: new tokens at most, one limit for all or (B,) one each. cache_dtype: the
+    self-attention caches' type (default: the model's); torch.int8 quantizes them
+    (QuantizedKVCache).
     """
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest={nbest} must be between 1 and beam={beam}")
