@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from tests.test_export import saved_model, sources
+from transduce import checkpoint
 from transduce.cli import main
-from transduce.config import ConfigError
-from transduce.data.tokenizer import BOS_ID, EOS_ID
+from transduce.config import ConfigError, preset
+from transduce.data.tokenizer import BOS_ID, EOS_ID, MODEL_NAME
 from transduce.decode.search import beam_search, greedy_search
 from transduce.decode.translate import Translator
 from transduce.export import ExportError
+from transduce.model import Transformer
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -136,3 +138,12 @@ def test_what_onnx_cannot_run_is_refused_clearly(tmp_path, tiny_corpus, capsys):
     (out / "decoder_step.onnx").write_bytes(b"not a graph")
     assert main(["translate", "--model", str(out)]) == 1
     assert "decoder_step.onnx: not loadable by ONNX Runtime" in capsys.readouterr().err
+
+
+def test_an_export_keeps_the_language_pair_its_checkpoint_records(tmp_path, tiny_corpus):
+    """A server of the export offers LibreTranslate's clients the pair the model learned."""
+    model = Transformer(preset("tiny", src_vocab_size=300, tgt_vocab_size=300)).eval()
+    model.languages = ("de", "fr")
+    path = checkpoint.save(tmp_path / "ckpt", model, None, tiny_corpus / MODEL_NAME)
+    assert main(["export", "onnx", str(path), str(tmp_path / "onnx")]) == 0
+    assert Translator.load(tmp_path / "onnx").model.languages == ("de", "fr")

@@ -69,6 +69,7 @@ class OnnxEngine:
         directory = Path(directory)
         read_info(directory)                     # an export, with both graphs
         self.config: ModelConfig = checkpoint.read_configs(directory)[0]
+        self.languages = checkpoint.read_languages(directory)   # as the checkpoint's
         self.layers = self.config.num_decoder_layers
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
