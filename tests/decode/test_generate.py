@@ -12,7 +12,8 @@ from transduce import checkpoint
 from transduce.cli import main
 from transduce.config import ConfigError, preset
 from transduce.data.tokenizer import Tokenizer
-from transduce.decode.generate import Continuation, Generator, PromptError, with_bos
+from transduce.decode.generate import Continuation, Generator, PromptError, prompt_seeds, \
+    with_bos
 from transduce.decode.options import GenerateOptions
 from transduce.decode.sampling import Sampler, filter_logits, penalize_repetition
 from transduce.errors import TransduceWarning
@@ -52,9 +53,27 @@ def test_batched_prompts_equal_prompts_alone(model, generator, settings):
     if kv_dtype:
         generator = Generator(model, generator.tokenizer, kv_dtype=kv_dtype)
     together = generator.generate(PROMPTS, max_new_tokens=12, **settings)
-    alone = [generator.generate([p], max_new_tokens=12, **settings)[0] for p in PROMPTS]
+    seeds = prompt_seeds(settings.get("seed"), len(PROMPTS))     # sampling: each its own
+    alone = [generator.generate([p], max_new_tokens=12, seeds=[seed], **settings)[0]
+             for p, seed in zip(PROMPTS, seeds)]
     assert together == alone
     assert len(together) == len(PROMPTS) and any(together)
+
+
+def test_each_prompt_samples_from_its_own_seed(generator):
+    """A prompt given twice draws two samples; prompt i draws from prompt_seeds(seed)[i]
+    whatever shares its batch; a given list of seeds is checked."""
+    settings = {"temperature": 1.0, "max_new_tokens": 10}
+    prompts = ["uno dos"] * 3 + ["casa"]
+    texts = generator.generate(prompts, seed=9, **settings)
+    assert len(set(texts[:3])) == 3
+    seeds = prompt_seeds(9, len(prompts))
+    assert seeds[0] == 9 and len(set(seeds)) == len(seeds)
+    alone = [generator.generate([p], seeds=[s], **settings)[0] for p, s in zip(prompts, seeds)]
+    assert texts == alone == generator.generate(prompts, seed=9, batch_sentences=1, **settings)
+    assert len(set(generator.generate(["uno dos"] * 3, **settings))) == 3     # unseeded too
+    with pytest.raises(ConfigError, match="seeds: give one integer"):
+        generator.generate(prompts, seeds=[1, 2], **settings)
 
 
 def test_seeded_sampling_repeats_and_differs_across_seeds(generator):
@@ -236,6 +255,22 @@ def test_cli_generates_one_line_per_prompt(saved_model, capsys):
 def _run_cli(args, stdin: bytes):
     return subprocess.run([sys.executable, "-m", "transduce", *args], input=stdin,
                           capture_output=True, env=subprocess_env())
+
+
+def test_cli_draws_prompt_k_from_the_kth_seed_however_it_reads_them(saved_model):
+    """Sampled prompts from standard input (read in batches of 64 lines), from --prompt
+    and streamed give the same lines; the same prompt twice gives two samples."""
+    sampled = ["--max-new-tokens", "4", "--temperature", "1", "--seed", "3"]
+    prompts = ["uno dos"] * 66
+    piped = _run_cli(["generate", "--model", str(saved_model), *sampled],
+                     ("\n".join(prompts) + "\n").encode())
+    assert piped.returncode == 0, piped.stderr
+    lines = piped.stdout.decode().split("\n")[:-1]     # not splitlines: \x1c is a break
+    assert len(lines) == 66 and len(set(lines)) > 60
+    given = [arg for prompt in prompts[:3] for arg in ("--prompt", prompt)]
+    streamed = _run_cli(["generate", "--model", str(saved_model), *sampled, *given,
+                         "--stream"], b"")
+    assert streamed.stdout.decode().split("\n")[:-1] == lines[:3]
 
 
 def test_cli_refuses_bad_stdin_and_bad_options(saved_model):

@@ -361,6 +361,46 @@ def test_generate_equals_the_generator(lm, generator, settings):
     assert answer.json()["generations"] == generator.generate(prompts, options)
 
 
+def test_sampled_requests_with_other_seeds_share_a_batch(generator, monkeypatch):
+    """Two sampled requests queued behind a running one are generated in one call, each
+    prompt with its own seed: each answer is what the generator gives its request alone,
+    and a prompt asked twice gets two samples."""
+    calls, release = [], threading.Event()
+    real = generator.generate
+
+    def recording(prompts, options, **settings):
+        calls.append(list(prompts))
+        if len(calls) == 1:
+            release.wait(10)                       # holds the decoder while others queue
+        return real(prompts, options, **settings)
+
+    monkeypatch.setattr(generator, "generate", recording)
+    sampled = {"temperature": 0.9, "max_new_tokens": 8}
+    bodies = [{"prompts": ["casa"]}, {"prompts": ["uno dos", "uno dos"], "seed": 5, **sampled},
+              {"prompts": ["el perro"], "seed": 6, **sampled}]
+    answers = [None] * 3
+    with client_for(generator, max_texts=16) as client:
+        def post(i):
+            answers[i] = client.post("/v1/generate", json=bodies[i])
+
+        threads = [threading.Thread(target=post, args=(i,)) for i in range(3)]
+        threads[0].start()
+        while not calls:
+            time.sleep(0.001)
+        for thread in threads[1:]:
+            thread.start()
+        while client.get("/health").json()["queue_depth"] < 2:
+            time.sleep(0.001)
+        release.set()
+        for thread in threads:
+            thread.join(10)
+    assert calls[1:] == [["uno dos", "uno dos", "el perro"]]
+    for body, answer in zip(bodies[1:], answers[1:]):
+        assert answer.json()["generations"] == real(body["prompts"], seed=body["seed"], **sampled)
+    twice = answers[1].json()["generations"]
+    assert twice[0] != twice[1]
+
+
 @pytest.mark.parametrize("settings", [{}, {"temperature": 0.9, "seed": 4}])
 def test_streamed_pieces_join_to_the_whole_generation(lm, generator, settings):
     prompts = ["el perro grande come", "uno dos"]

@@ -57,7 +57,7 @@ def _positive_float(text: str) -> float:
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    from transduce.decode.generate import Generator
+    from transduce.decode.generate import Generator, prompt_seeds
     from transduce.decode.options import GenerateOptions
 
     options = GenerateOptions(
@@ -66,17 +66,19 @@ def generate_command(args: argparse.Namespace) -> int:
         stop=tuple(args.stop), beam=args.beam, alpha=args.alpha,
         batch_sentences=args.batch_sentences)
     generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    seed = prompt_seeds(options.seed, 1)[0]      # one run, one seed: prompt k draws the k-th
     done = 0
     for prompts in _prompt_batches(args):
+        seeds = prompt_seeds(seed, len(prompts), start=done)
         if args.stream:
-            for prompt in prompts:
+            for prompt, prompt_seed in zip(prompts, seeds):
                 done += 1
-                for text in generator.stream(prompt, options, number=done):
+                for text in generator.stream(prompt, options, number=done, seed=prompt_seed):
                     sys.stdout.write(one_line(text))
                     sys.stdout.flush()
                 sys.stdout.write("\n")
         else:
-            texts = generator.generate(prompts, options, first_number=done + 1)
+            texts = generator.generate(prompts, options, first_number=done + 1, seeds=seeds)
             sys.stdout.write("".join(one_line(text) + "\n" for text in texts))
             done += len(prompts)
         sys.stdout.flush()

@@ -13,6 +13,7 @@ step then feeds one token per row, and rows that finish leave the batch.
 
 from __future__ import annotations
 
+import secrets
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,50 +151,60 @@ class Generator:
         return self.model.config.max_positions
 
     def generate(self, prompts: Sequence[str], options: GenerateOptions | None = None, *,
-                 first_number: int = 1, **settings) -> list[str]:
+                 first_number: int = 1, seeds: Sequence[int] | None = None,
+                 **settings) -> list[str]:
         """The continuation of each prompt. options, or its fields as keyword arguments
         (max_new_tokens, temperature, top_k, top_p, seed, repetition_penalty, stop, beam,
-        alpha, batch_sentences). Errors count prompts from first_number."""
+        alpha, batch_sentences). Sampling draws each prompt from its own seed: `seeds`,
+        or prompt_seeds(options.seed). Errors count prompts from first_number."""
         options = options or GenerateOptions(**settings)
         ids = self.encode(prompts, first_number)
+        seeds = self._seeds(options, seeds, len(ids))
         results = [""] * len(prompts)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         for first in range(0, len(order), options.batch_sentences):
             batch = order[first:first + options.batch_sentences]
-            for index, row in zip(batch, self._generate_batch([ids[i] for i in batch], options)):
+            rows = self._generate_batch([ids[i] for i in batch], options,
+                                        seeds and [seeds[i] for i in batch])
+            for index, row in zip(batch, rows):
                 results[index] = row.text
         return results
 
     def stream(self, prompt: str, options: GenerateOptions | None = None, *, number: int = 1,
-               **settings) -> Iterator[str]:
+               seed: int | None = None, **settings) -> Iterator[str]:
         """The continuation of one prompt as it is generated, in pieces of whole words;
-        the pieces joined are generate([prompt])[0]. Errors call it prompt `number`."""
+        the pieces joined are generate([prompt], seeds=[seed])[0] (seed None: the
+        options' seed). Errors call it prompt `number`."""
         options = options or GenerateOptions(**settings)
         if options.beam > 1:
             raise ConfigError("streaming shows greedy or sampled tokens as they come; beam "
                               "search knows its best continuation only at the end")
         prompt_ids, mask, max_new, rows = self._prepare(self.encode([prompt], number), options)
-        for _ in self._steps(prompt_ids, mask, rows, max_new, options, self._sampler(options)):
+        sampler = self._sampler(options,
+                                self._seeds(options, None if seed is None else [seed], 1))
+        for _ in self._steps(prompt_ids, mask, rows, max_new, options, sampler):
             text = rows[0].take()
             if text:
                 yield text
 
     def stream_batch(self, prompts: Sequence[str], options: GenerateOptions | None = None, *,
-                     first_number: int = 1, **settings) -> Iterator[list[str]]:
+                     first_number: int = 1, seeds: Sequence[int] | None = None,
+                     **settings) -> Iterator[list[str]]:
         """Several prompts generated in one batch, streamed: after each step, the new text
         of every prompt in whole words ("" where there is none yet); a server streams its
-        clients so. Each prompt's pieces joined are its generate() continuation: the rows
-        are ordered by length as generate() orders them, so that seeded sampling draws
-        the same too (for at most options.batch_sentences prompts, one batch there)."""
+        clients so. Each prompt's pieces joined are its generate() continuation (with the
+        same seeds)."""
         options = options or GenerateOptions(**settings)
         if options.beam > 1:
             raise ConfigError("streaming shows greedy or sampled tokens as they come; beam "
                               "search knows its best continuation only at the end")
         ids = self.encode(prompts, first_number)
+        seeds = self._seeds(options, seeds, len(ids))
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         row_of = {prompt: row for row, prompt in enumerate(order)}
         prompt_ids, mask, max_new, rows = self._prepare([ids[i] for i in order], options)
-        for _ in self._steps(prompt_ids, mask, rows, max_new, options, self._sampler(options)):
+        sampler = self._sampler(options, seeds and [seeds[i] for i in order])
+        for _ in self._steps(prompt_ids, mask, rows, max_new, options, sampler):
             yield [rows[row_of[i]].take() for i in range(len(ids))]
 
     def encode(self, prompts: Sequence[str], first_number: int = 1) -> list[list[int]]:
@@ -210,10 +221,25 @@ class Generator:
             encoded.append(ids)
         return encoded
 
-    def _sampler(self, options: GenerateOptions) -> Sampler | None:
-        """A batch's sampler (None: greedy); its rows draw from generators of their own."""
+    @staticmethod
+    def _seeds(options: GenerateOptions, seeds: Sequence[int] | None, count: int
+               ) -> list[int] | None:
+        """Each prompt's seed (None when nothing is sampled); given ones are checked."""
+        if options.greedy:
+            return None
+        if seeds is None:
+            return prompt_seeds(options.seed, count)
+        if len(seeds) != count or not all(type(s) is int and 0 <= s < 2**63 for s in seeds):
+            raise ConfigError(f"seeds: give one integer from 0 to 2**63 - 1 per prompt "
+                              f"({count}), not {list(seeds)!r}")
+        return list(seeds)
+
+    def _sampler(self, options: GenerateOptions, seeds: list[int] | None) -> Sampler | None:
+        """A batch's sampler (None: greedy); row i draws from a generator of its own,
+        seeded with seeds[i]."""
         return None if options.greedy else Sampler(options.temperature, options.top_k,
-                                                   options.top_p, options.seed, self.device)
+                                                   options.top_p, options.seed, self.device,
+                                                   row_seeds=seeds)
 
     def _prepare(self, ids: list[list[int]], options: GenerateOptions
                  ) -> tuple[Tensor, Tensor, int, list[Continuation]]:
@@ -239,11 +265,12 @@ class Generator:
         last = max((i for i, token in enumerate(ids) if token in specials), default=-1)
         return ids[max(last + 1, len(ids) - CONTEXT_TOKENS):]
 
-    def _generate_batch(self, ids: list[list[int]], options: GenerateOptions
-                        ) -> list[Continuation]:
+    def _generate_batch(self, ids: list[list[int]], options: GenerateOptions,
+                        seeds: list[int] | None = None) -> list[Continuation]:
         prompt, mask, max_new, rows = self._prepare(ids, options)
         if options.beam == 1:
-            for _ in self._steps(prompt, mask, rows, max_new, options, self._sampler(options)):
+            sampler = self._sampler(options, seeds)
+            for _ in self._steps(prompt, mask, rows, max_new, options, sampler):
                 pass
             return rows
         with torch.inference_mode():
@@ -311,3 +338,22 @@ def with_bos(ids: list[int], tokenizer: TextTokenizer) -> list[int]:
     if tokenizer.prepend_bos or not ids:
         return [tokenizer.bos_id, *ids]
     return ids
+
+
+def prompt_seeds(seed: int | None, count: int, start: int = 0) -> list[int]:
+    """The sampling seeds of prompts start .. start + count - 1 given `seed` (None: a
+    fresh one): prompt 0's is `seed` itself, the others' are mixed from (seed, index), so
+    that a prompt given twice draws two samples, and each draws what it draws whatever
+    else shares its batch."""
+    base = secrets.randbits(62) if seed is None else seed
+    return [base if index == 0 else _mixed(base, index)
+            for index in range(start, start + count)]
+
+
+def _mixed(seed: int, index: int) -> int:
+    """SplitMix64 (Steele et al. 2014) of seed + index * the golden ratio, to 63 bits."""
+    mask = 2**64 - 1
+    z = (seed + index * 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) >> 1

@@ -6,6 +6,9 @@ Shapes: logits (B, V) for the rows decoding now -> tokens (B,).
 
 from __future__ import annotations
 
+import secrets
+from typing import Sequence
+
 import torch
 from torch import Tensor
 
@@ -17,22 +20,30 @@ class Sampler:
     likely tokens (0: all) and to the smallest set whose probability reaches top_p
     (nucleus sampling, Holtzman et al. 2020). A seeded sampler repeats exactly.
 
-    Called with row ids, each row draws from its own generator seeded alike, so that a
-    prompt samples the same continuation whatever else shares its batch."""
+    Called with row ids, each row draws from its own generator, seeded with
+    row_seeds[row] (or `seed`), so that a prompt samples the same continuation whatever
+    else shares its batch."""
 
     def __init__(self, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int | None = None, device: torch.device | str = "cpu"):
+                 seed: int | None = None, device: torch.device | str = "cpu", *,
+                 row_seeds: Sequence[int] | None = None):
         check_sampling(temperature, top_k, top_p)
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-        self.seed = seed if seed is not None else int(torch.randint(0, 2**62, (1,)))
-        self.device = device
-        self.generator = self._new_generator()
+        self.seed = seed if seed is not None else secrets.randbits(62)
+        self.device, self.row_seeds = device, row_seeds
+        self.generator = self._new_generator(self.seed)
         self.row_generators: dict[int, torch.Generator] = {}
 
-    def _new_generator(self) -> torch.Generator:
+    def _new_generator(self, seed: int) -> torch.Generator:
         generator = torch.Generator(device=self.device)
-        generator.manual_seed(self.seed)
+        generator.manual_seed(seed)
         return generator
+
+    def _row_generator(self, row: int) -> torch.Generator:
+        if row not in self.row_generators:
+            seed = self.seed if self.row_seeds is None else self.row_seeds[row]
+            self.row_generators[row] = self._new_generator(seed)
+        return self.row_generators[row]
 
     def __call__(self, logits: Tensor, rows: list[int] | None = None) -> Tensor:
         """logits (B, V) -> tokens (B,); rows: the id of each row's own generator."""
@@ -46,8 +57,8 @@ class Sampler:
         probs = logits.softmax(dim=-1)
         if rows is None:
             return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
-        drawn = [torch.multinomial(probs[i], 1, generator=self.row_generators.setdefault(
-            row, self._new_generator())) for i, row in enumerate(rows)]
+        drawn = [torch.multinomial(probs[i], 1, generator=self._row_generator(row))
+                 for i, row in enumerate(rows)]
         return torch.cat(drawn)
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:

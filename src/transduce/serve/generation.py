@@ -10,15 +10,17 @@ client of the batch as it is made.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
+from dataclasses import dataclass
 from typing import AsyncIterator, Sequence
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from transduce.config import ConfigError
-from transduce.decode.generate import Generator, with_bos
+from transduce.decode.generate import Generator, prompt_seeds, with_bos
 from transduce.decode.options import GenerateOptions
 from transduce.serve.batcher import Job
 from transduce.serve.limits import ApiError, check_texts
@@ -41,17 +43,20 @@ def routes(service: Service) -> APIRouter:
         summary="Continue prompts with a language model, whole or streamed")
     async def generate(body: GenerateRequest):
         options, lengths = _check(service, body)
-        key = ("generate", body.stream, options) + ((object(),) if not options.greedy else ())
+        # Requests sampled with other seeds share a batch: each prompt has its own seed.
+        key = ("generate", body.stream, dataclasses.replace(options, seed=None))
         tokens = sum(n + options.max_new_tokens for n in lengths)
+        seeds = None if options.greedy else prompt_seeds(options.seed, len(body.prompts))
         if not body.stream:
             run = timed(lambda jobs: _run_whole(generator, options, jobs))
-            texts, timings = await service.submit(key, run, body.prompts, tokens,
-                                                  len(body.prompts))
+            texts, timings = await service.submit(key, run, _Prompts(body.prompts, seeds),
+                                                  tokens, len(body.prompts))
             return GenerateResponse(generations=texts, timings=timings)
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue = asyncio.Queue()
         run = timed(lambda jobs: _run_streamed(generator, options, jobs, loop))
-        job = service.enqueue(key, run, (body.prompts, pieces), tokens, len(body.prompts))
+        job = service.enqueue(key, run, _Prompts(body.prompts, seeds, pieces), tokens,
+                              len(body.prompts))
         return StreamingResponse(_events(service, job, pieces), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
@@ -92,20 +97,42 @@ def _named(error: ConfigError) -> ApiError:
     return ApiError(422, f"{field}: {str(error).split(': ', 1)[-1]}", field)
 
 
+@dataclass
+class _Prompts:
+    """A generate job's payload: its prompts, their seeds (None: greedy or beam) and,
+    when streamed, the queue its pieces go to."""
+
+    texts: list[str]
+    seeds: list[int] | None
+    pieces: asyncio.Queue | None = None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def _joined(jobs: Sequence[Job]) -> tuple[list[str], list[int] | None]:
+    """Every job's prompts, and their seeds, in order."""
+    prompts = [text for job in jobs for text in job.payload.texts]
+    if jobs[0].payload.seeds is None:
+        return prompts, None
+    return prompts, [seed for job in jobs for seed in job.payload.seeds]
+
+
 def _run_whole(generator: Generator, options: GenerateOptions,
                jobs: Sequence[Job]) -> list[list[str]]:
-    """On the worker: every job's prompts generated together -> per job, its texts."""
-    prompts = [p for job in jobs for p in job.payload]
-    return split_by_job(jobs, generator.generate(prompts, options))
+    """On the worker: every job's prompts generated together, each with its own seed ->
+    per job, its texts."""
+    prompts, seeds = _joined(jobs)
+    return split_by_job(jobs, generator.generate(prompts, options, seeds=seeds))
 
 
 def _run_streamed(generator: Generator, options: GenerateOptions, jobs: Sequence[Job],
                   loop: asyncio.AbstractEventLoop) -> list[None]:
     """On the worker: every job's prompts generated together; each step's new text is
     put on the job's queue (index within the job, text) from the event loop's thread."""
-    prompts = [p for job in jobs for p in job.payload[0]]
-    owners = [(job.payload[1], i) for job in jobs for i in range(len(job.payload[0]))]
-    for step in generator.stream_batch(prompts, options):
+    prompts, seeds = _joined(jobs)
+    owners = [(job.payload.pieces, i) for job in jobs for i in range(len(job.payload))]
+    for step in generator.stream_batch(prompts, options, seeds=seeds):
         for (queue, index), text in zip(owners, step):
             if text:
                 loop.call_soon_threadsafe(queue.put_nowait, (index, text))
