@@ -313,6 +313,25 @@ def test_a_failing_lane_fails_only_its_jobs():
     assert batcher._streamed == 0
 
 
+def test_a_fault_outside_a_step_fails_every_running_job_and_the_worker_goes_on():
+    class Faulty(CountdownStream):
+        @property
+        def running(self):
+            if self.steps:
+                raise RuntimeError("running failed")
+            return len(self.left)
+
+    batcher, _ = make(window_s=0.0)
+    batcher.start()
+    try:
+        with pytest.raises(RuntimeError, match="running failed"):
+            batcher.submit(stream_job("x", 5, stream=Faulty)).result(5)
+        assert batcher.submit(stream_job("k", 1)).result(5) == "streamed 1"
+    finally:
+        batcher.close(5)
+    assert batcher._streamed == 0
+
+
 def test_a_failing_stream_fails_its_running_jobs_and_the_worker_goes_on():
     batcher, _ = make(window_s=0.0)
     failing = lambda: CountdownStream(fail_at=1)    # noqa: E731

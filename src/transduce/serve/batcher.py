@@ -269,6 +269,13 @@ class Batcher:
         jobs taken between steps (_admissions), each step going to the lane that has had
         the least decoding time."""
         lanes: dict[Hashable, _Lane] = {}
+        try:
+            self._run_lanes(lanes, batch, rank)
+        except BaseException as error:          # noqa: BLE001 - no request left waiting
+            for lane in list(lanes.values()):
+                self._close_lane(lanes, lane, error)
+
+    def _run_lanes(self, lanes: dict[Hashable, "_Lane"], batch: list[Job], rank: int) -> None:
         last_done = time.monotonic()
         self._open(lanes, batch, rank)
         while True:
