@@ -394,7 +394,7 @@ def test_sampled_requests_with_other_seeds_share_a_batch(generator, monkeypatch)
         release.set()
         for thread in threads:
             thread.join(10)
-    assert calls[1:] == [["uno dos", "uno dos", "el perro"]]
+    assert len(calls) == 2 and sorted(calls[1]) == ["el perro", "uno dos", "uno dos"]
     for body, answer in zip(bodies[1:], answers[1:]):
         assert answer.json()["generations"] == real(body["prompts"], seed=body["seed"], **sampled)
     twice = answers[1].json()["generations"]
