@@ -56,6 +56,7 @@ def test_force_replaces_an_earlier_export(saved, tmp_path, capsys):
     out = tmp_path / "hf"
     assert main(["export", "hf", str(saved), str(out)]) == 0
     assert main(["export", "hf", str(saved), str(out)]) == 2
+    assert "not empty; pass --force" in capsys.readouterr().err
     assert main(["export", "hf", str(saved), str(out), "--force"]) == 0
     assert (out / "config.json").is_file()
 

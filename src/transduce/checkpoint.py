@@ -250,9 +250,9 @@ def load_weights(model: nn.Module, path: Path, device: torch.device | str = "cpu
         raise CheckpointError(f"{file}: weights do not match the configuration "
                               f"(missing {sorted(missing)[:3]}, unexpected "
                               f"{sorted(unexpected)[:3]})")
-    broken = [name for name, weight in model.named_parameters()
-              if not bool(torch.isfinite(weight).all())]
-    if broken:
+    finite = [torch.isfinite(weight).all() for weight in model.parameters()]
+    if finite and not bool(torch.stack(finite).all()):     # one host sync, not one a tensor
+        broken = [name for (name, _), ok in zip(model.named_parameters(), finite) if not ok]
         raise CheckpointError(f"{file}: weights that are not finite (NaN or infinity) in "
                               f"{', '.join(broken[:3])}{' ...' if len(broken) > 3 else ''}: "
                               f"the file is corrupt, or the training that wrote it diverged")

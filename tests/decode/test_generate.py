@@ -250,6 +250,8 @@ def test_cli_generates_one_line_per_prompt(saved_model, capsys):
     assert main(["generate", "--model", str(saved_model), "--prompt", "casa", "--stream",
                  "--max-new-tokens", "5"]) == 0
     assert capsys.readouterr().out.splitlines() == lines[1:]
+    assert main(["generate", "--model", str(saved_model), "--prompt", "casa", "--temperature",
+                 "1", "--seed", str(2**40), "--max-new-tokens", "2"]) == 0   # 63-bit seeds
 
 
 def _run_cli(args, stdin: bytes):

@@ -339,7 +339,9 @@ def test_the_attention_cache_keeps_the_newest_maps_within_its_bytes():
     cache.put("c", maps(2))                        # 384 + 512 + 256 > 1000: b goes
     assert cache.get("b") is None and cache.get("a") and cache.get("c")
     cache.put("d", maps(10))                       # alone over the budget, and still kept
-    assert list(cache.entries) == ["d"]
+    assert list(cache.entries) == ["d"] and cache.bytes == 1280
+    cache.put("d", maps(1))                        # put again: counted once
+    assert cache.bytes == 128
 
 
 def test_attention_truncates_when_asked(mt):

@@ -77,6 +77,6 @@ def check_position_bias(q: Tensor, k: Tensor, bias: Tensor | None) -> None:
                          f"got {bias.dtype} {tuple(bias.shape)}")
 
 
-def check_dropout(dropout_p: float) -> None:
+def check_dropout(dropout_p: float, name: str = "dropout_p") -> None:
     if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p={dropout_p} must be in [0, 1)")
+        raise ValueError(f"{name}={dropout_p} must be in [0, 1)")

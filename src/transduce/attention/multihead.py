@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from transduce.attention.checks import check_dropout
 from transduce.attention.kernels import attention
 from transduce.attention.kinds import AttentionKind, self_attention_kind
 from transduce.attention.kv_cache import Attended, AttentionCache
@@ -51,8 +52,7 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if d_model < 1 or num_heads < 1:
             raise ValueError(f"d_model={d_model} and num_heads={num_heads} must be positive")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout={dropout} must be in [0, 1)")
+        check_dropout(dropout, "dropout")
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         if num_kv_heads < 1 or num_heads % num_kv_heads:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from transduce.cli.options import fraction, non_negative_float, non_negative_int, positive_int, \
-    seed_value
+    sampling_seed
 from transduce.config import Dtype, choices
 from transduce.decode.options import KvDtype
 
@@ -31,7 +31,7 @@ def register(commands) -> None:
                           help="sample among the k most likely tokens (0: all)")
     generate.add_argument("--top-p", type=fraction, default=1.0,
                           help="sample within the smallest set of this probability (nucleus)")
-    generate.add_argument("--seed", type=seed_value, default=None, help="repeatable sampling")
+    generate.add_argument("--seed", type=sampling_seed, default=None, help="repeatable sampling")
     generate.add_argument("--repetition-penalty", type=_positive_float, default=1.0,
                           help="> 1 discourages tokens already in prompt or output (1: off)")
     generate.add_argument("--stop", action="append", default=[],

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from transduce.config import SEED_LIMIT, ConfigError, ModelConfig, TrainConfig, choices, preset
-from transduce.decode.options import DecodeDtype, Engine, KvDtype
+from transduce.decode.options import DecodeDtype, Engine, KvDtype, is_sampling_seed
 
 
 def positive_int(text: str) -> int:
@@ -43,9 +43,18 @@ def non_negative_float(text: str) -> float:
 
 
 def seed_value(text: str) -> int:
+    """A training or vocabulary seed (numpy takes 32 bits)."""
     value = _parse(int, text, "an integer")
     if not 0 <= value < SEED_LIMIT:
         raise argparse.ArgumentTypeError(f"{text}: must be an integer from 0 to {SEED_LIMIT - 1}")
+    return value
+
+
+def sampling_seed(text: str) -> int:
+    """A sampler's seed: what GenerateOptions.seed and the server's seed take."""
+    value = _parse(int, text, "an integer")
+    if not is_sampling_seed(value):
+        raise argparse.ArgumentTypeError(f"{text}: must be an integer from 0 to 2**63 - 1")
     return value
 
 

@@ -163,7 +163,10 @@ def _pair(text: str) -> tuple[str, str]:
 
 
 def _window_ms(text: str) -> float:
+    from transduce.serve.limits import MAX_WINDOW_MS    # the serve command imports it anyway
+
     value = non_negative_float(text)
-    if value > 1000:      # Limits' bound: a longer wait only delays every request
-        raise argparse.ArgumentTypeError(f"{text}: must be at most 1000 (milliseconds)")
+    if value > MAX_WINDOW_MS:
+        raise argparse.ArgumentTypeError(f"{text}: must be at most {MAX_WINDOW_MS} "
+                                         f"(milliseconds)")
     return value

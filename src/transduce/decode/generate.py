@@ -26,7 +26,8 @@ from transduce import checkpoint
 from transduce.config import ConfigError, choices
 from transduce.data.tokenizer import TextTokenizer
 from transduce.decode.inputs import checked_texts
-from transduce.decode.options import DecodeDtype, GenerateOptions, KvDtype, decoding_dtype
+from transduce.decode.options import DecodeDtype, GenerateOptions, KvDtype, decoding_dtype, \
+    is_sampling_seed
 from transduce.decode.sampling import Sampler, penalize_repetition
 from transduce.decode.search import beam_search
 from transduce.errors import TransduceError, TransduceWarning
@@ -229,7 +230,7 @@ class Generator:
             return None
         if seeds is None:
             return prompt_seeds(options.seed, count)
-        if len(seeds) != count or not all(type(s) is int and 0 <= s < 2**63 for s in seeds):
+        if len(seeds) != count or not all(map(is_sampling_seed, seeds)):
             raise ConfigError(f"seeds: give one integer from 0 to 2**63 - 1 per prompt "
                               f"({count}), not {list(seeds)!r}")
         return list(seeds)

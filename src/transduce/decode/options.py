@@ -113,7 +113,7 @@ class GenerateOptions(ValidatedConfig):
         check_at_least(self, 0, "temperature", "top_k", "alpha")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"GenerateOptions.top_p={self.top_p}: must be in (0, 1]")
-        if self.seed is not None and (type(self.seed) is not int or not 0 <= self.seed < 2**63):
+        if self.seed is not None and not is_sampling_seed(self.seed):
             raise ConfigError(f"GenerateOptions.seed={self.seed!r}: must be an integer from 0 "
                               f"to 2**63 - 1, or None")
         if not self.repetition_penalty > 0:
@@ -132,3 +132,9 @@ class GenerateOptions(ValidatedConfig):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def is_sampling_seed(value: object) -> bool:
+    """Whether `value` seeds a sampler: an integer (not a bool) from 0 to 2**63 - 1, what
+    torch.Generator.manual_seed takes."""
+    return type(value) is int and 0 <= value < 2**63

@@ -134,7 +134,7 @@ class MapsCache:
     newest entry stays even when it alone is over the budget."""
 
     def __init__(self, budget: int):
-        self.budget, self.entries = budget, OrderedDict()
+        self.budget, self.entries, self.bytes = budget, OrderedDict(), 0
 
     def get(self, key: tuple) -> AttentionMaps | None:
         maps = self.entries.get(key)
@@ -143,11 +143,13 @@ class MapsCache:
         return maps
 
     def put(self, key: tuple, maps: AttentionMaps) -> None:
+        if key in self.entries:
+            self.bytes -= _bytes(self.entries.pop(key))
         self.entries[key] = maps
-        self.entries.move_to_end(key)
-        while len(self.entries) > 1 and self.size() > self.budget:
-            self.entries.popitem(last=False)
+        self.bytes += _bytes(maps)
+        while len(self.entries) > 1 and self.bytes > self.budget:
+            self.bytes -= _bytes(self.entries.popitem(last=False)[1])
 
-    def size(self) -> int:
-        return sum(weights.nbytes for maps in self.entries.values() for kind in KINDS
-                   for weights in _of(maps, kind))
+
+def _bytes(maps: AttentionMaps) -> int:
+    return sum(weights.nbytes for kind in KINDS for weights in _of(maps, kind))

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from transduce.config import ConfigError, ValidatedConfig, check_positive
 
 
+MAX_WINDOW_MS = 1000     # a longer collection window only delays every request
+
+
 @dataclass(frozen=True)
 class Limits(ValidatedConfig):
     """max_chars: characters per text; max_texts: texts per request; max_queue: requests
@@ -41,8 +44,9 @@ class Limits(ValidatedConfig):
         self._check_floats_finite()
         check_positive(self, "max_chars", "max_texts", "max_queue", "batch_tokens",
                        "decoders", "max_attention_values")
-        if not 0 <= self.window_ms <= 1000:
-            raise ConfigError(f"Limits.window_ms={self.window_ms}: must be in [0, 1000]")
+        if not 0 <= self.window_ms <= MAX_WINDOW_MS:
+            raise ConfigError(f"Limits.window_ms={self.window_ms}: must be in "
+                              f"[0, {MAX_WINDOW_MS}]")
 
 
 @dataclass

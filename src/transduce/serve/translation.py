@@ -23,7 +23,8 @@ from transduce.serve.limits import ApiError, check_texts, check_tokens
 from transduce.serve.schemas import AttentionResponse, LibreTranslateRequest, Timings, \
     TranslateRequest, TranslateResponse, Translated
 from transduce.serve.service import Service, split_by_job, timed
-from transduce.serve.validation import ERROR_RESPONSES, read_json, validation_error
+from transduce.serve.validation import ERROR_RESPONSES, is_json, media_type, read_json, \
+    validation_error
 
 LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "de": "German", "fr": "French",
                   "it": "Italian", "pt": "Portuguese"}
@@ -128,7 +129,7 @@ def _run_translations(translator: Translator, key: tuple, batch_tokens: int,
 async def _libre_body(request: Request) -> LibreTranslateRequest:
     """LibreTranslate's clients send JSON or a form; both are read strictly."""
     raw = await request.body()
-    kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    kind = media_type(request)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -139,7 +140,7 @@ async def _libre_body(request: Request) -> LibreTranslateRequest:
         except UnicodeDecodeError:
             raise ApiError(400, "the form has a percent-encoded value that is not UTF-8") \
                 from None
-    elif kind in ("application/json", "") or kind.endswith("+json"):
+    elif is_json(kind):
         data = read_json(text) if text else {}
     else:
         raise ApiError(415, f"content-type {kind!r}: send application/json or "

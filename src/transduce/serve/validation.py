@@ -112,8 +112,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if kind and kind != "application/json" and not kind.endswith("+json"):
+        kind = media_type(request)
+        if not is_json(kind):
             return await api_error(request, ApiError(415, f"content-type {kind!r}: send "
                                                           f"application/json"))
         return await api_error(request, validation_error(error.errors()))
@@ -135,3 +135,13 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(HTTPException, http_error)
+
+
+def media_type(request: Request) -> str:
+    """The request's content-type without its parameters, lower case ("" when none)."""
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def is_json(kind: str) -> bool:
+    """application/json or a +json type; none given is read as JSON."""
+    return kind in ("", "application/json") or kind.endswith("+json")
