@@ -100,7 +100,7 @@ def ct2_worker(args: argparse.Namespace) -> None:
         out = [""] * len(subset)
 
         def one_batch(batch: list[int]) -> None:   # CTranslate2 releases the GIL
-            tokens = [[piece(t) for t in ids[i]] + ["</s>"] for i in batch]
+            tokens = [[piece(t) for t in ids[i]] for i in batch]   # the export appends eos
             found = translator.translate_batch(
                 tokens, beam_size=args.beam, length_penalty=0.6 if args.beam > 1 else 0.0,
                 max_decoding_length=max(len(t) for t in tokens) + 50)

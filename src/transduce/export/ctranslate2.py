@@ -9,7 +9,7 @@ from pathlib import Path
 from torch import Tensor
 
 from transduce import atomic, checkpoint
-from transduce.data.tokenizer import BOS_ID, Tokenizer
+from transduce.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 from transduce.export.common import ExportError, not_a_plain_transformer
 from transduce.model import Transformer, load_model
 
@@ -32,7 +32,7 @@ def check_ctranslate2_exportable(model: Transformer) -> None:
 
 def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     """Our model as a CTranslate2 TransformerSpec: the same layout, our own position table,
-    decoding from our bos token."""
+    decoding from our bos token, eos appended to every source as in training."""
     from ctranslate2.specs import common_spec, transformer_spec
 
     c = model.config
@@ -40,7 +40,12 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
         (c.num_encoder_layers, c.num_decoder_layers), c.num_heads, pre_norm=c.norm_first,
         activation=common_spec.Activation.RELU if c.activation == "relu" else common_spec.Activation.GELU)
     spec.config.layer_norm_epsilon = c.layer_norm_eps
-    spec.config.decoder_start_token = tokenizer.processor.id_to_piece(BOS_ID)
+    piece = tokenizer.processor.id_to_piece
+    spec.config.unk_token, spec.config.bos_token = piece(UNK_ID), piece(BOS_ID)
+    spec.config.eos_token, spec.config.decoder_start_token = piece(EOS_ID), piece(BOS_ID)
+    # Every source we train on ends with eos; CTranslate2 appends it, so callers pass the
+    # source's pieces as they come from SentencePiece.
+    spec.config.add_source_eos = True
     _stack_input(spec.encoder, model.encoder, c.max_positions)
     for target, layer in zip(spec.encoder.layer, model.encoder.layers):
         _self_attention_and_ffn(target, layer, layer.norm2)
@@ -52,7 +57,7 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
         _linear(target.attention.linear[2], layer.cross_attn.out_proj)
         _norm(target.attention.layer_norm, layer.norm2)
     spec.decoder.projection.weight = _array(model.output_proj.weight)
-    pieces = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    pieces = [piece(i) for i in range(tokenizer.vocab_size)]
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
     return spec
