@@ -366,7 +366,7 @@ class TrainConfig(ValidatedConfig):
     dev_bleu_sentences: int = 0        # >0: greedy dev BLEU on that many sentences per eval
     nan_limit: int = 5                 # abort after this many non-finite losses in a row
     threads: int = 0                   # 0: torch's default
-    schedule_offset: int = 0           # the lr schedule starts this many steps in (uptraining)
+    schedule_offset: int = 0           # noam starts this many steps in (uptraining)
     schedule: Schedule = "noam"
     warmup_fraction: float = 0.05      # schedule "budget": warmup as a fraction of the budget
     ema_decay: float = 0.0             # 0: no moving average of the weights

@@ -10,7 +10,7 @@ from transduce.cli import main
 from transduce.config import ConfigError
 from transduce.model import Transformer
 from transduce.model.convert import convert_kv_heads, pool_heads
-from transduce.train.schedule import noam_lr
+from transduce.train.schedule import budget_lr, noam_lr
 from tests.model.test_transformer import padded, tiny
 
 
@@ -88,3 +88,25 @@ def test_convert_kv_then_uptrain_five_percent(tiny_corpus, tmp_path, capsys):
     assert main(["train", "--data", str(tiny_corpus), "--out", str(tmp_path / "x"), "--init",
                  str(gqa), "--d-model", "32"]) == 2
     assert "cannot change --d-model" in capsys.readouterr().err
+
+
+def test_uptraining_a_budget_run_warms_up_again_and_says_so(tiny_corpus, tmp_path, capsys):
+    """A budget schedule ends at rate 0, so uptraining starts its own, over its own steps."""
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(tiny_corpus), "--out", str(run), "--preset", "tiny",
+                 "--max-steps", "20", "--max-tokens", "256", "--schedule", "budget",
+                 "--warmup-fraction", "0.5", "--warmup-steps", "10",
+                 "--eval-every", "1000"]) == 0
+    capsys.readouterr()
+    uptrained = tmp_path / "uptrained"
+    assert main(["train", "--data", str(tiny_corpus), "--out", str(uptrained), "--init",
+                 str(run / "step-0000020"), "--max-tokens", "256", "--eval-every", "1000",
+                 "--uptrain-fraction", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "trained 20 steps; 4 more (0.2 of them); the budget schedule starts again" in out
+    assert "warmup over 0.5 of it" in out and "continues" not in out
+    lines = (uptrained / "log.jsonl").read_text().split("\n")
+    rates = [r["lr"] for r in map(json.loads, filter(None, lines)) if r.get("event") == "train"]
+    peak = (64 * 10) ** -0.5
+    assert rates[-1] == pytest.approx(budget_lr(3 / 4, peak, 0.5))
+

@@ -230,7 +230,7 @@ def test_cli_trains_on_from_a_language_model_checkpoint(counting, tmp_path, caps
                  "--max-steps", "4", "--warmup-steps", "5", "--pack-length", "32"]) == 0
     assert main(["train", *common, "--out", str(second), "--init", str(first),
                  "--max-steps", "2"]) == 0
-    assert "trained 4 steps; the schedule continues" in capsys.readouterr().out
+    assert "trained 4 steps; the noam schedule continues from step 5" in capsys.readouterr().out
     model_config, train_cfg = checkpoint.read_configs(checkpoint.resolve(second))
     assert model_config == gpt_tiny() and train_cfg.schedule_offset == 4
     assert train_cfg.pack_length == 32

@@ -177,13 +177,25 @@ def _uptraining_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainCon
     recipe = {**(saved_train.to_dict() if saved_train else {}), "max_steps": 0,
               "max_minutes": 0.0, "schedule_offset": 0}
     defaults = uptraining_defaults(args.init, train_flags, args.uptrain_fraction)
-    if "schedule_offset" in defaults:
-        budget = f"; {defaults['max_steps']} steps ({args.uptrain_fraction:.0%})" \
-            if "max_steps" in defaults else ""
-        print(f"uptraining from {args.init}: trained {defaults['schedule_offset']} steps; the "
-              f"schedule continues from there{budget}")
     file_train = file_values.get("train", {})
-    return model_config, TrainConfig(**{**recipe, **file_train, **defaults, **train_flags})
+    train_config = TrainConfig(**{**recipe, **file_train, **defaults, **train_flags})
+    if "schedule_offset" in defaults:
+        print(uptraining_plan(args.init, train_config, defaults, args.uptrain_fraction))
+    return model_config, train_config
+
+
+def uptraining_plan(init: Path, config: TrainConfig, defaults: dict, fraction: float) -> str:
+    """What the uptraining run will do with its learning rate, said before it starts."""
+    budget = f"; {defaults['max_steps']} more ({fraction:.3g} of them)" \
+        if "max_steps" in defaults else ""
+    trained = f"uptraining from {init}: trained {config.schedule_offset} steps{budget}; "
+    if config.schedule == "noam":
+        return trained + f"the noam schedule continues from step {config.schedule_offset + 1}"
+    # A budget schedule ends at 0, so continuing it would train at rate 0: warm up again
+    # and decay over the new budget (re-warming, as continued pre-training does).
+    return trained + (f"the budget schedule starts again over this run (warmup over "
+                      f"{config.warmup_fraction:.3g} of it, then decay to 0), since the "
+                      f"checkpoint's own schedule ended at 0")
 
 
 def _refuse_model_choices(args: argparse.Namespace, file_values: dict, why: str,

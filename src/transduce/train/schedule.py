@@ -40,9 +40,10 @@ def budget_progress(config: TrainConfig, steps_done: int, seconds: float) -> flo
 
 
 def learning_rate(config: TrainConfig, d_model: int, steps_done: int, seconds: float) -> float:
-    """The rate of the next step, after steps_done steps and `seconds` of training."""
-    step = config.schedule_offset + steps_done + 1
+    """The rate of the next step, after steps_done steps and `seconds` of training.
+    schedule_offset moves noam along; a budget schedule always spans this run's budget."""
     if config.schedule == "noam":
+        step = config.schedule_offset + steps_done + 1
         return noam_lr(step, d_model, config.warmup_steps, config.lr_scale)
     peak = config.lr_scale * (d_model * config.warmup_steps) ** -0.5
     return budget_lr(budget_progress(config, steps_done, seconds), peak, config.warmup_fraction)
