@@ -1,8 +1,11 @@
 """The command line's warnings: the library's as one line each (naming the input file
 where they are about one of its lines), everyone else's in Python's format, and the
-process's warning printer as it was afterwards; running out of memory as one line."""
+process's warning printer as it was afterwards; running out of memory and Ctrl-C as one
+line; a reader that closes the output early ends the command without a word."""
 
 import argparse
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -75,4 +78,30 @@ def test_the_command_line_says_it_ran_out_of_memory_and_lets_other_errors_throug
         raise RuntimeError("a bug")
     monkeypatch.setattr(decode, "translate_command", broken)
     with pytest.raises(RuntimeError, match="a bug"):
+        main(["translate", "--model", "M"])
+
+
+def test_ctrl_c_is_one_line_and_the_shells_status(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(decode, "translate_command", interrupted)
+    assert main(["translate", "--model", "M"]) == 130
+    assert capsys.readouterr().err == "transduce: interrupted\n"
+
+
+def test_a_reader_that_closes_the_output_early_ends_the_command_quietly(tiny_corpus):
+    """`transduce data stats ... | head -0`: the reader is gone before the first write."""
+    process = subprocess.Popen([sys.executable, "-m", "transduce", "data", "stats", "--data",
+                                str(tiny_corpus)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    process.stdout.close()
+    assert process.wait(timeout=120) == 141   # 128 + SIGPIPE, as the shell shows for cat
+    assert process.stderr.read() == b""
+
+
+def test_a_broken_pipe_elsewhere_is_not_taken_for_a_closed_output(monkeypatch):
+    def writes_to_a_closed_pipe(args):
+        raise BrokenPipeError(32, "Broken pipe")   # a child's pipe, say; stdout is fine
+    monkeypatch.setattr(decode, "translate_command", writes_to_a_closed_pipe)
+    with pytest.raises(BrokenPipeError):
         main(["translate", "--model", "M"])

@@ -238,3 +238,20 @@ def test_real_genre_corpus_keeps_the_translation_split(translation_corpus, tmp_p
     books = {bible.format_key(k): k[0] for k in translation_corpus.target}
     assert train.labels == [bible.BOOK_GENRES[books[name]] for name in keys]
     assert set(Counter(train.labels)) == set(bible.GENRES)
+
+
+@pytest.mark.parametrize("command", [["bible"], ["bible-text", "--module", "KJV"],
+                                     ["bible-genre", "--module", "KJV"]])
+def test_an_out_that_is_a_file_is_refused_before_extracting(command, tmp_path, monkeypatch,
+                                                            capsys):
+    from transduce.cli import main
+
+    def never(*args):
+        raise AssertionError("extracted before checking --out")
+    monkeypatch.setattr(bible, "build_corpus", never)
+    monkeypatch.setattr(bible, "build_text_corpus", never)
+    (tmp_path / "file").write_text("kept\n")
+    assert main(["data", *command, "--out", str(tmp_path / "file")]) == 2
+    assert "--out " + str(tmp_path / "file") + ": exists and is not a directory" in \
+        capsys.readouterr().err
+    assert (tmp_path / "file").read_text() == "kept\n"

@@ -4,7 +4,8 @@ Each command group's module builds its parsers next to their handlers, and a han
 imports what it needs when it runs, so `transduce --help` loads no torch. Errors that
 describe bad input (TransduceError) are printed as one line, never a traceback:
 configuration errors exit with status 2, the others with 1. The library's warnings are
-one line each too, and so is running out of memory (cli/reporting.py).
+one line each too, and so are running out of memory and Ctrl-C (cli/reporting.py); a
+reader that closes the output early (`| head`) ends the command quietly.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import sys
 from typing import Sequence
 
 from transduce.cli import data, decode, encode, export, generate, imports, model, serve, train
-from transduce.cli.reporting import one_line_warnings, out_of_memory
+from transduce.cli.reporting import one_line_warnings, out_of_memory, stdout_reader_gone, \
+    stop_writing_stdout
 from transduce.config import ConfigError
 from transduce.errors import TransduceError
 
@@ -48,3 +50,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"transduce: error: {message}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:   # training stops at a checkpoint by itself (train/signals.py)
+        print("transduce: interrupted", file=sys.stderr)
+        return 130   # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+    except BrokenPipeError:
+        if not stdout_reader_gone():
+            raise
+        stop_writing_stdout()
+        return 141   # 128 + SIGPIPE, as for any command whose reader went away

@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from transduce.cli.options import positive_int, seed_value
+from transduce.cli.outputs import check_directory_path
 from transduce.config import ConfigError
 from transduce.data.bible import DEFAULT_REF2_MODULE, DEFAULT_SRC_MODULE, DEFAULT_TGT_MODULE, \
     LANGUAGES
@@ -74,6 +75,7 @@ def register(commands) -> None:
 
 def data_bible(args: argparse.Namespace) -> int:
     """Extract the verse-aligned Bible corpus and write the fixed split."""
+    check_directory_path(args.out, "--out")   # before minutes of extracting
     from transduce.data import bible
     from transduce.data.corpus import write_metadata
 
@@ -103,6 +105,7 @@ def _verses(args: argparse.Namespace):
 
 def data_bible_text(args: argparse.Namespace) -> int:
     """Extract one module's verses as train.txt, dev.txt and test.txt in the fixed split."""
+    check_directory_path(args.out, "--out")   # before minutes of extracting
     from transduce.data import bible
     from transduce.data.corpus import write_text_metadata
 
@@ -118,6 +121,7 @@ def data_bible_text(args: argparse.Namespace) -> int:
 
 def data_bible_genre(args: argparse.Namespace) -> int:
     """One module's verses labelled by genre: train|dev|test.tsv, labels.txt, keys."""
+    check_directory_path(args.out, "--out")   # before minutes of extracting
     from transduce.data import bible
     from transduce.data.corpus import write_text_metadata
 

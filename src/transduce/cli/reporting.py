@@ -61,3 +61,26 @@ def out_of_memory(error: BaseException, args: argparse.Namespace) -> str | None:
     options = [f"--{name.replace('_', '-')} (now {value})" for name in MEMORY_OPTIONS
                if (value := getattr(args, name, None)) not in (None, 0)]
     return message + (f"; lower {' or '.join(options)}" if options else "")
+
+
+def stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (`... | head`), the
+    one broken pipe that is the reader's choice rather than a failure."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):   # not a file descriptor (captured)
+        return False
+
+
+def stop_writing_stdout() -> None:
+    """Point standard output at /dev/null, so the interpreter's last flush of what is
+    still buffered does not fail on the closed pipe as well."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
