@@ -75,3 +75,16 @@ def test_float32_decoding_copy_gives_the_models_logits(packed, monkeypatch):
     src, tgt = torch.randint(4, 20, (3, 7)), torch.randint(4, 20, (3, 5))
     with torch.no_grad():
         torch.testing.assert_close(clone(src, tgt), model(src, tgt), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_a_decoding_copy_counts_its_sources_parameters(dtype):
+    """Packed and int8 weights are buffers; the copy still reports the model's size."""
+    from transduce.model.int8 import int8_available
+
+    if dtype == torch.int8 and not int8_available():
+        pytest.skip("no oneDNN int8 ops in this build")
+    model = Transformer(tiny())
+    clone = decoding_copy(model, dtype)
+    assert clone.num_parameters() == model.num_parameters()
+    assert model.num_parameters() == sum(p.numel() for p in model.parameters())

@@ -17,6 +17,7 @@ from tests.serve.conftest import SENTENCES, client_for
 from transduce.attention_maps import attention_maps
 from transduce.config import ConfigError
 from transduce.decode.options import GenerateOptions
+from transduce.model import Transformer
 from transduce.serve.batcher import Job
 
 
@@ -477,11 +478,13 @@ def test_the_routes_follow_the_model_kind(mt, lm, enc):
 
 # ------------------------------------------------------------------- around the model
 
-def test_health_models_and_docs(mt, enc):
+def test_health_models_and_docs(mt, enc, translator):
     assert mt.get("/health").json()["status"] == "ok"
     model = mt.get("/v1/models").json()["data"][0]
     assert model["kind"] == "translation" and model["languages"] == {"source": "es", "target": "en"}
-    assert model["parameters"] > 0 and model["vocabulary"]["size"] == 300
+    # The saved model's count, not the packed decoding copy's parameters.
+    assert model["parameters"] == Transformer(translator.model.config).num_parameters()
+    assert model["vocabulary"]["size"] == 300
     assert model["config"]["num_heads"] == 4 and model["limits"]["max_texts"] == 16
     assert model["attention_maps"] is True
     assert enc.get("/v1/models").json()["data"][0]["labels"] == ["animals", "numbers", "things"]

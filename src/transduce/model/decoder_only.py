@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from transduce.attention.kv_cache import AttentionCache
 from transduce.config import ModelConfig
+from transduce.model.counting import CountedParameters
 from transduce.model.transformer import (CachedLayers, Decoder, TokenEmbedding,
                                          init_embeddings, init_linear_layers,
                                          positional_encoding, rotary_embedding)
@@ -54,7 +55,7 @@ class LMState(CachedLayers):
         self.key_mask, self.offsets = self.key_mask[rows], self.offsets[rows]
 
 
-class DecoderOnly(nn.Module):
+class DecoderOnly(CountedParameters, nn.Module):
     """GPT-style language model on the encoder-decoder's Decoder and DecoderLayer."""
 
     def __init__(self, config: ModelConfig):
@@ -71,10 +72,6 @@ class DecoderOnly(nn.Module):
         init_linear_layers(list(self.decoder.modules()))
         if c.tie_embeddings == "none":
             nn.init.normal_(self.output_proj.weight, std=c.d_model ** -0.5)
-
-    def num_parameters(self) -> int:
-        """Trainable parameters, a tied matrix counted once."""
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
     def forward(self, tokens: Tensor, *, key_mask: Tensor | None = None,
                 project: bool = True) -> Tensor:

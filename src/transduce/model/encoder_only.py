@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from transduce.attention import masks
 from transduce.config import ModelConfig
+from transduce.model.counting import CountedParameters
 from transduce.model.dropout import Dropout
 from transduce.model.layers import activation_module
 from transduce.model.positional import LearnedPositionalEmbedding
@@ -72,7 +73,7 @@ class MaskedLMHead(nn.Module):
         return self.decoder(self.transform(hidden))
 
 
-class EncoderOnly(nn.Module):
+class EncoderOnly(CountedParameters, nn.Module):
     """BERT on the encoder-decoder's Encoder and EncoderLayer."""
 
     def __init__(self, config: ModelConfig):
@@ -107,10 +108,6 @@ class EncoderOnly(nn.Module):
     def output_proj(self) -> nn.Linear:
         """The tied output matrix (V, C) (what training's projected loss multiplies)."""
         return self.mlm_head.decoder
-
-    def num_parameters(self) -> int:
-        """Trainable parameters, the tied matrix counted once."""
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
     def padding_mask(self, ids: Tensor) -> Tensor:
         """(B, T) -> (B, 1, 1, T): every non-pad token may be attended."""

@@ -80,6 +80,8 @@ def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
                          f"(device {torch.device(device)}, ops available: {int8_available()})")
     weights = torch.float32 if int8 else dtype
     clone = copy.deepcopy(model).to(device=device, dtype=weights).eval()
+    if hasattr(model, "num_parameters"):   # packed weights are buffers (model/counting.py)
+        clone.source_parameters = model.num_parameters()
     for module in clone.modules():
         if isinstance(module, (EncoderLayer, DecoderLayer)) and \
                 isinstance(module.self_attn, MultiHeadAttention):

@@ -33,6 +33,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transduce.attention import masks
 from transduce.attention.scores import AdditiveAttention, DotAttention, GeneralAttention
 from transduce.config import ModelConfig
+from transduce.model.counting import CountedParameters
 from transduce.model.dropout import Dropout
 from transduce.model.transformer import init_embeddings
 
@@ -71,7 +72,7 @@ class RNNState:
             self.memory_mask = self.memory_mask.index_select(0, rows)
 
 
-class RNNEncoderDecoder(nn.Module):
+class RNNEncoderDecoder(CountedParameters, nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         if config.arch not in ("rnn-bahdanau", "rnn-luong"):
@@ -105,9 +106,6 @@ class RNNEncoderDecoder(nn.Module):
             DotAttention() if c.luong_score == "dot" else GeneralAttention(d, d)
         self.readout = nn.Linear(3 * d if self.additive else 2 * d, d)
         self.dropout = Dropout(c.dropout)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
     def source_mask(self, src: Tensor) -> Tensor:
         """src (B, S) -> (B, 1, 1, S), as the Transformer's."""

@@ -28,6 +28,7 @@ from transduce.attention.kinds import self_attention_kind
 from transduce.attention.kv_cache import AttentionCache, keep_rows
 from transduce.config import ModelConfig
 from transduce.model.decoder_step import DecoderStep
+from transduce.model.counting import CountedParameters
 from transduce.model.dropout import Dropout
 from transduce.model.encoder_pass import EncoderPass
 from transduce.model.layers import DecoderLayer, EncoderLayer
@@ -215,7 +216,7 @@ class DecoderState(CachedLayers):
             self.memory_mask = keep_rows(self.memory_mask, sources)
 
 
-class Transformer(nn.Module):
+class Transformer(CountedParameters, nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         c = self.config = config
@@ -240,10 +241,6 @@ class Transformer(nn.Module):
         init_linear_layers([*self.encoder.modules(), *self.decoder.modules()])
         if c.tie_embeddings == "none":
             nn.init.normal_(self.output_proj.weight, std=c.d_model ** -0.5)
-
-    def num_parameters(self) -> int:
-        """Trainable parameters, each tied matrix counted once."""
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
     def source_mask(self, src: Tensor) -> Tensor:
         """src (B, S) -> (B, 1, 1, S): every non-pad source token may be attended."""

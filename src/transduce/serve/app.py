@@ -143,8 +143,7 @@ def describe(service: Service, kind: str) -> dict:
     model = service.model
     network = model.model
     config = network.config
-    parameters = sum(p.numel() for p in network.parameters()) \
-        if hasattr(network, "parameters") else None
+    parameters = network.num_parameters() if hasattr(network, "num_parameters") else None
     tokenizer = model.tokenizer
     info = {"id": service.name, "kind": kind, "config": dataclasses.asdict(config),
             "parameters": parameters,

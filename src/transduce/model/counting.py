@@ -1,0 +1,16 @@
+"""Parameter counts that a decoding copy keeps: its packed and int8 weights are buffers,
+not parameters (model/packed.py), so counting its parameters would miss most of them."""
+
+from __future__ import annotations
+
+
+class CountedParameters:
+    """Mixed into each model class beside nn.Module."""
+
+    source_parameters: int | None = None   # set on a decoding copy: its source's count
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, a tied matrix counted once."""
+        if self.source_parameters is not None:
+            return self.source_parameters
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
