@@ -150,3 +150,20 @@ def test_every_cache_reorders_like_index_select(kind, dtype):
     assert reordered.batch_size == 3 and reordered.length == fresh.length == 3
     torch.testing.assert_close(reordered.attend(*step, None, causal=True, impl="sdpa"),
                                fresh.attend(*step, None, causal=True, impl="sdpa"))
+
+
+def test_reordering_a_cache_under_autograd_says_to_decode_without_gradients():
+    from transduce import Transformer, preset
+
+    model = Transformer(preset("tiny", src_vocab_size=50, tgt_vocab_size=50)).eval()
+    src, tokens = torch.randint(4, 50, (2, 5)), torch.ones(2, 1, dtype=torch.long)
+    state = model.prefill(src, max_len=8)
+    model.decode_step(tokens, state)
+    with pytest.raises(RuntimeError, match=r"no gradient can flow through it: run prefill, "
+                                           r"decode_step and reorder under torch.inference_mode"):
+        state.reorder(torch.tensor([1, 0]))
+    with torch.inference_mode():
+        state = model.prefill(src, max_len=8)
+        model.decode_step(tokens, state)
+        state.reorder(torch.tensor([1, 0]))
+        assert model.decode_step(tokens, state).shape == (2, 1, 50)
