@@ -66,3 +66,11 @@ def test_model_info_of_an_rnn_lists_its_parts(capsys):
     for part in ("embeddings (tied: all)", "encoder", "decoder", "attention", "readout"):
         assert part in out
     assert "KV cache" not in out
+
+
+def test_train_on_a_missing_corpus_names_the_directory(tmp_path, capsys):
+    assert main(["train", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"),
+                 "--max-steps", "2"]) == 1
+    assert capsys.readouterr().err == f"transduce: error: {tmp_path / 'nowhere'}: no such " \
+                                      f"corpus directory\n"
+    assert not (tmp_path / "run").exists()

@@ -63,11 +63,13 @@ def register(commands) -> None:
 def train_command(args: argparse.Namespace) -> int:
     """Train a model on a corpus directory: a new run, a resumed one, or an uptraining."""
     from transduce import checkpoint
+    from transduce.data.corpus import corpus_kind
     from transduce.runtime import keep_freed_memory
     from transduce.train.loop import train
 
     keep_freed_memory()  # a process setting: the command line's to make, not the library's
     check_directory_path(args.out, "--out")
+    corpus_kind(args.data)   # a missing corpus is named as such, before its vocabulary is read
     if args.init is not None and flags_given(args, TrainConfig).get("task") == "classify":
         model_config, train_config = _fine_tuning_configs(args)
     elif args.init is not None:
