@@ -1,3 +1,5 @@
+import pytest
+
 from transduce.cli import main
 
 
@@ -74,3 +76,14 @@ def test_train_on_a_missing_corpus_names_the_directory(tmp_path, capsys):
     assert capsys.readouterr().err == f"transduce: error: {tmp_path / 'nowhere'}: no such " \
                                       f"corpus directory\n"
     assert not (tmp_path / "run").exists()
+
+
+def test_small_refusals_say_what_is_expected(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["translate", "--model", "M", "--workers", "many"])
+    assert "--workers: 'many': expected 'auto' or an integer >= 1" in capsys.readouterr().err
+    assert main(["average", str(tmp_path / "nowhere"), "--out", str(tmp_path / "avg")]) == 1
+    assert capsys.readouterr().err.endswith("nowhere: no such run directory\n")
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "--objective {mlm | mlm,nsp}" in capsys.readouterr().out

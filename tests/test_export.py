@@ -1,6 +1,8 @@
 """The Hugging Face export (Marian for post-norm, Pegasus for pre-norm models) computes
 exactly what our model computes."""
 
+import os
+import stat
 import warnings
 
 import pytest
@@ -121,6 +123,17 @@ def test_unexportable_models_are_refused_naming_the_feature(tmp_path, tiny_corpu
         export_hf(path, tmp_path / "hf")
     assert main(["export", "hf", str(path), str(tmp_path / "hf2")]) == 1
     assert "cannot export to Marian" in capsys.readouterr().err
+
+
+def test_the_hf_export_is_readable_as_open_would_write_it(tmp_path, tiny_corpus):
+    _, path = saved_model(tmp_path, tiny_corpus)
+    previous = os.umask(0o022)
+    try:
+        out = export_hf(path, tmp_path / "hf")
+    finally:
+        os.umask(previous)
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}
 
 
 def test_pre_norm_models_are_refused_as_pegasus_naming_the_feature(tmp_path, tiny_corpus):

@@ -61,6 +61,23 @@ def write_text(path: Path | str, text: str) -> Path:
     return Path(path)
 
 
+def open_permissions(path: Path) -> None:
+    """Give a file that its writer created private (safetensors writes 0600) the mode
+    open() gives: 0666 less the process's umask, so a shared model is readable by all."""
+    path.chmod(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask can only swap)."""
+    try:
+        for line in Path("/proc/self/status").read_text().split("\n"):
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
 @contextlib.contextmanager
 def atomic_directory(path: Path | str) -> Iterator[Path]:
     """Yields a fresh temporary directory to fill; on success it takes the place of

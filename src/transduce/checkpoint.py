@@ -109,7 +109,12 @@ def _save_weights(model: nn.Module, file: Path) -> None:
             continue
         first_name[view] = name
         tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
-    save_file(tensors, str(file), metadata=metadata or None)
+    _save_tensors(tensors, file, metadata or None)
+
+
+def _save_tensors(tensors: dict[str, torch.Tensor], file: Path, metadata: dict | None) -> None:
+    save_file(tensors, str(file), metadata=metadata)
+    atomic.open_permissions(file)   # safetensors creates it 0600
 
 
 def _tokenizer_writer(tokenizer: Path | TextTokenizer):
@@ -310,7 +315,7 @@ def average(checkpoints: list[Path], out: Path) -> Path:
     with atomic.atomic_directory(out) as temporary:
         _write_config(temporary, model_config, train_config, origin, section,
                       read_labels(last), read_languages(last))
-        save_file(mean, str(temporary / WEIGHTS), metadata=metadata)
+        _save_tensors(mean, temporary / WEIGHTS, metadata)
         shutil.copyfile(last / tokenizer_file, temporary / tokenizer_file)
     return out
 

@@ -1,4 +1,6 @@
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -115,3 +117,20 @@ def test_average_refuses_different_models(tmp_path, tokenizer_file):
     b = checkpoint.save(checkpoint.step_dir(run, 2), other, None, tokenizer_file)
     with pytest.raises(checkpoint.CheckpointError):
         checkpoint.average([a, b], tmp_path / "avg")
+
+
+@pytest.fixture()
+def umask_027():
+    previous = os.umask(0o027)
+    yield
+    os.umask(previous)
+
+
+def test_weights_get_the_mode_open_gives_not_safetensors_private_one(tmp_path, tokenizer_file,
+                                                                      umask_027):
+    """safetensors creates its file 0600: a model shared on a server was unreadable."""
+    paths = [checkpoint.save(checkpoint.step_dir(tmp_path / "run", i), tiny_model(i), None,
+                             tokenizer_file) for i in range(2)]
+    averaged = checkpoint.average(paths, tmp_path / "avg")
+    for weights in [*paths, averaged]:
+        assert stat.S_IMODE((weights / checkpoint.WEIGHTS).stat().st_mode) == 0o640

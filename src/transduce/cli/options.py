@@ -25,7 +25,13 @@ def positive_int(text: str) -> int:
 
 def workers_count(text: str) -> int | str:
     """--workers: "auto" or a positive integer."""
-    return "auto" if text == "auto" else positive_int(text)
+    if text == "auto":
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 'auto' or an integer >= 1") \
+            from None
 
 
 def non_negative_int(text: str) -> int:
@@ -120,6 +126,8 @@ def add_config_flags(parser: argparse.ArgumentParser, config_type: type) -> None
             options["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(kind) is typing.Literal:
             options["choices"] = typing.get_args(kind)
+            if any("," in choice for choice in options["choices"]):   # "mlm,nsp"
+                options["metavar"] = "{" + " | ".join(options["choices"]) + "}"
         else:
             union = isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union
             options["type"] = [t for t in typing.get_args(kind) if t is not type(None)][0] \

@@ -218,8 +218,11 @@ def _refuse_model_choices(args: argparse.Namespace, file_values: dict, why: str,
 def average_command(args: argparse.Namespace) -> int:
     """Average the weights of a run's last N checkpoints (the paper: 5 for base)."""
     from transduce import checkpoint
+    from transduce.errors import not_there
 
     check_output_directory(args.out, "--out", force=args.force, reads=args.run_dir)
+    if not args.run_dir.is_dir():
+        raise checkpoint.CheckpointError(not_there(args.run_dir, "run directory"))
     found = checkpoint.list_checkpoints(args.run_dir)
     if not found:
         raise checkpoint.CheckpointError(f"{args.run_dir}: no checkpoints to average")

@@ -198,6 +198,8 @@ def export_hf(path: Path, out: Path) -> Path:
     tokenizer = Tokenizer(directory / checkpoint.TOKENIZER)
     with atomic.atomic_directory(out) as temporary:
         theirs.save_pretrained(temporary)
+        for weights in temporary.glob("*.safetensors"):   # written 0600
+            atomic.open_permissions(weights)
         _write_tokenizer(tokenizer, temporary, model.config.max_positions)
     return out
 
