@@ -11,6 +11,7 @@ from transduce.attention import masks
 from transduce.config import preset
 from transduce.decode.search import (_stable_slots, beam_search, fill_holes, greedy_search,
                                      length_penalty, max_lengths, sample, top_k)
+from transduce.decode.sampling import prompt_seeds
 from transduce.model import Transformer
 
 PAD, BOS, EOS = 0, 1, 2
@@ -169,6 +170,20 @@ def test_sampling_is_seeded_and_degenerates_to_greedy():
                        greedy)
     with pytest.raises(ValueError, match="temperature"):
         sample(model, src, bos_id=BOS, eos_id=EOS, temperature=0)
+
+
+def test_a_sampled_row_draws_the_same_alone_and_in_any_batch():
+    """Row i draws from prompt_seeds(seed)[i]: alone with that seed it samples the same."""
+    model = real_model().double()
+    src = padded_sources([6, 3, 5, 6])
+    together = sample(model, src, bos_id=BOS, eos_id=EOS, seed=5, max_len=10)
+    assert len({tuple(row.tolist()) for row in together}) > 1
+    for row, seed in enumerate(prompt_seeds(5, 4)):
+        length = int((src[row] != PAD).sum())
+        alone = sample(model, src[row:row + 1, :length], bos_id=BOS, eos_id=EOS, seed=seed,
+                       max_len=10)
+        assert alone[0].tolist() == together[row, :alone.shape[1]].tolist()
+        assert (together[row, alone.shape[1]:] == PAD).all()
 
 
 @pytest.mark.parametrize("width", [32000, 8003 * 4])   # a multiple of the block, and not

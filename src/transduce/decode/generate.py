@@ -13,7 +13,6 @@ step then feeds one token per row, and rows that finish leave the batch.
 
 from __future__ import annotations
 
-import secrets
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from transduce.data.tokenizer import TextTokenizer
 from transduce.decode.inputs import checked_texts
 from transduce.decode.options import DecodeDtype, GenerateOptions, KvDtype, decoding_dtype, \
     is_sampling_seed
-from transduce.decode.sampling import Sampler, penalize_repetition
+from transduce.decode.sampling import Sampler, penalize_repetition, prompt_seeds
 from transduce.decode.search import beam_search
 from transduce.errors import TransduceError, TransduceWarning
 from transduce.model import DecoderOnly, load_model
@@ -339,22 +338,3 @@ def with_bos(ids: list[int], tokenizer: TextTokenizer) -> list[int]:
     if tokenizer.prepend_bos or not ids:
         return [tokenizer.bos_id, *ids]
     return ids
-
-
-def prompt_seeds(seed: int | None, count: int, start: int = 0) -> list[int]:
-    """The sampling seeds of prompts start .. start + count - 1 given `seed` (None: a
-    fresh one): prompt 0's is `seed` itself, the others' are mixed from (seed, index), so
-    that a prompt given twice draws two samples, and each draws what it draws whatever
-    else shares its batch."""
-    base = secrets.randbits(62) if seed is None else seed
-    return [base if index == 0 else _mixed(base, index)
-            for index in range(start, start + count)]
-
-
-def _mixed(seed: int, index: int) -> int:
-    """SplitMix64 (Steele et al. 2014) of seed + index * the golden ratio, to 63 bits."""
-    mask = 2**64 - 1
-    z = (seed + index * 0x9E3779B97F4A7C15) & mask
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-    return (z ^ (z >> 31)) >> 1

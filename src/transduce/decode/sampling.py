@@ -101,3 +101,22 @@ def penalize_repetition(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
     penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
     largest = torch.finfo(logits.dtype).max
     return torch.where(seen, penalized.clamp(-largest, largest), logits)
+
+
+def prompt_seeds(seed: int | None, count: int, start: int = 0) -> list[int]:
+    """The sampling seeds of prompts start .. start + count - 1 given `seed` (None: a
+    fresh one): prompt 0's is `seed` itself, the others' are mixed from (seed, index), so
+    that a prompt given twice draws two samples, and each draws what it draws whatever
+    else shares its batch."""
+    base = secrets.randbits(62) if seed is None else seed
+    return [base if index == 0 else _mixed(base, index)
+            for index in range(start, start + count)]
+
+
+def _mixed(seed: int, index: int) -> int:
+    """SplitMix64 (Steele et al. 2014) of seed + index * the golden ratio, to 63 bits."""
+    mask = 2**64 - 1
+    z = (seed + index * 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) >> 1

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transduce.decode.sampling import Sampler
+from transduce.decode.sampling import Sampler, prompt_seeds
 from transduce.model import Generative as Model
 
 EXTRA_LENGTH = 50  # the paper: maximum output length = input length + 50
@@ -73,9 +73,14 @@ def sample(model: Model, src: Tensor, *, bos_id: Start, eos_id: int,
            src_mask: Tensor | None = None) -> Tensor:
     """Draw each token from softmax(logits / temperature), restricted to the top_k most
     likely tokens and to the smallest set whose probability reaches top_p (nucleus).
-    Same layout as greedy_search; seeded runs repeat exactly."""
-    sampler = Sampler(temperature, top_k, top_p, seed, src.device)
-    return _step_until_done(model, src, bos_id, eos_id, max_len, sampler, None, src_mask)
+    Same layout as greedy_search; seeded runs repeat exactly. Row i draws from a
+    generator of its own, seeded prompt_seeds(seed)[i], so its sample does not depend on
+    what else is in the batch."""
+    rows = list(range(src.shape[0]))
+    sampler = Sampler(temperature, top_k, top_p, device=src.device,
+                      row_seeds=prompt_seeds(seed, len(rows)))
+    return _step_until_done(model, src, bos_id, eos_id, max_len,
+                            lambda logits: sampler(logits, rows), None, src_mask)
 
 
 def _step_until_done(model: Model, src: Tensor, bos_id: Start, eos_id: int,
