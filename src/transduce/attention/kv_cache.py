@@ -314,10 +314,8 @@ def keep_rows(x: Tensor, index: Tensor, length: int | None = None) -> Tensor:
     last sentences into the places of finished ones, so a step copies a few rows instead
     of the whole cache. When many rows move, one gather into a fresh buffer is cheaper.
     """
-    if x.requires_grad:
-        raise RuntimeError("the decoding cache is written in place, so no gradient can flow "
-                           "through it: run prefill, decode_step and reorder under "
-                           "torch.inference_mode() or torch.no_grad()")
+    if x.requires_grad:   # decoding outside inference mode: out= cannot record a graph
+        return x.index_select(0, index)
     rows = index.numel()
     filled = (lambda t: t) if length is None else (lambda t: t[:, :, :length])
     if rows <= x.shape[0]:
