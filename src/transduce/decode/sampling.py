@@ -1,5 +1,6 @@
 """Choosing the next token from the logits: temperature, top-k, nucleus (top-p) and the
-repetition penalty. Shared by translation sampling and language-model generation.
+repetition penalty, and each row's seed. Shared by translation sampling and
+language-model generation.
 
 Shapes: logits (B, V) for the rows decoding now -> tokens (B,).
 """
