@@ -365,9 +365,10 @@ def test_generate_equals_the_generator(lm, generator, settings):
 
 
 def test_sampled_requests_with_other_seeds_share_a_batch(generator, monkeypatch):
-    """Two sampled requests queued behind a running one are generated in one call, each
-    prompt with its own seed: each answer is what the generator gives its request alone,
-    and a prompt asked twice gets two samples."""
+    """With whole batches (--static-batches), two sampled requests queued behind a
+    running one are generated in one call, each prompt with its own seed: each answer is
+    what the generator gives its request alone, and a prompt asked twice gets two
+    samples."""
     calls, release = [], threading.Event()
     real = generator.generate
 
@@ -382,7 +383,7 @@ def test_sampled_requests_with_other_seeds_share_a_batch(generator, monkeypatch)
     bodies = [{"prompts": ["casa"]}, {"prompts": ["uno dos", "uno dos"], "seed": 5, **sampled},
               {"prompts": ["el perro"], "seed": 6, **sampled}]
     answers = [None] * 3
-    with client_for(generator, max_texts=16) as client:
+    with client_for(generator, max_texts=16, continuous=False) as client:
         def post(i):
             answers[i] = client.post("/v1/generate", json=bodies[i])
 
@@ -402,6 +403,42 @@ def test_sampled_requests_with_other_seeds_share_a_batch(generator, monkeypatch)
         assert answer.json()["generations"] == real(body["prompts"], seed=body["seed"], **sampled)
     twice = answers[1].json()["generations"]
     assert twice[0] != twice[1]
+
+
+def test_concurrent_generation_is_continuous_and_equals_each_alone(generator, monkeypatch):
+    """Concurrent greedy, sampled and streamed requests (no beam) are generated in
+    continuous streams, never by whole batches, and each gets what it gets alone."""
+    real = generator.generate
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a whole batch where the requests stream continuously")
+
+    sampled = {"temperature": 0.9, "top_k": 30}
+    bodies = [{"prompts": [SENTENCES[i % len(SENTENCES)], SENTENCES[(3 * i) % len(SENTENCES)]],
+               "max_new_tokens": 6 + 3 * i, **(sampled if i % 2 else {}), "seed": i,
+               "stream": i % 3 == 2} for i in range(9)]
+    answers = [None] * len(bodies)
+    monkeypatch.setattr(generator, "generate", refused)
+    with client_for(generator, max_texts=16) as client:
+        def post(i):
+            if not bodies[i]["stream"]:
+                answers[i] = client.post("/v1/generate", json=bodies[i]).json()["generations"]
+                return
+            with client.stream("POST", "/v1/generate", json=bodies[i]) as answer:
+                events = "".join(answer.iter_text()).split("\n\n")
+            pieces = [json.loads(e.removeprefix("data: ")) for e in events
+                      if e.startswith("data: ")]
+            answers[i] = ["".join(p["text"] for p in pieces if p["index"] == index)
+                          for index in range(2)]
+
+        threads = [threading.Thread(target=post, args=(i,)) for i in range(len(bodies))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    for body, answer in zip(bodies, answers):
+        settings = {k: v for k, v in body.items() if k not in ("prompts", "stream")}
+        assert answer == real(body["prompts"], **settings), body
 
 
 @pytest.mark.parametrize("settings", [{}, {"temperature": 0.9, "seed": 4}])

@@ -1,11 +1,14 @@
-"""Translation jobs in a continuous-batching stream: each job is answered when its last
-text is done, with what offline translation gives; other translators batch whole."""
+"""Translation and generation jobs in continuous-batching streams: each job is answered
+when its last text is done, with what offline translation or the Generator gives (a
+streamed job's pieces join to it); other translators and settings batch whole."""
 
 import pytest
 
 from transduce import load
+from transduce.decode.generate import prompt_seeds
+from transduce.decode.options import GenerateOptions
 from transduce.serve.batcher import Job
-from transduce.serve.continuous import translation_stream
+from transduce.serve.continuous import generation_stream, translation_stream
 
 from tests.serve.conftest import SENTENCES
 
@@ -63,3 +66,54 @@ def test_quantized_caches_are_batched_whole(translation_dir):
     quantized = load(translation_dir, kv_dtype="int8")
     assert not quantized.decodes_continuously
     assert translation_stream(quantized, 4, 0.6, 1, None) is None
+
+
+# ------------------------------------------------------------------ generation streams
+
+class _Posted:
+    """A generate job's payload (serve/generation.py's _Prompts) that records what a
+    streamed job posts instead of handing it to an event loop."""
+
+    def __init__(self, texts, seeds=None, streamed=False):
+        self.texts, self.seeds, self.posted = texts, seeds, []
+        self.pieces = self.posted if streamed else None
+
+    def __len__(self):
+        return len(self.texts)
+
+    def post(self, index, text):
+        self.posted.append((index, text))
+
+
+def prompts_job(payload, options):
+    return Job(("generate", payload.pieces is not None, options), lambda jobs: [], payload,
+               10 * len(payload), len(payload))
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.9, "top_p": 0.95}])
+def test_generation_jobs_get_what_the_generator_gives(generator, settings):
+    options = GenerateOptions(max_new_tokens=14, **settings)
+    stream = generation_stream(generator, options)(0)
+    seeds = (lambda n, s: None if options.greedy else prompt_seeds(s, n))
+    payloads = [_Posted(SENTENCES[:3], seeds(3, 1)), _Posted(["", SENTENCES[3]], seeds(2, 2)),
+                _Posted(SENTENCES[4:6], seeds(2, 3), streamed=True),
+                _Posted(SENTENCES[6:], seeds(2, 4))]
+    jobs = [prompts_job(payload, options) for payload in payloads]
+    answered, when = run(stream, [jobs[:2], [jobs[2]], [], [], [jobs[3]]])
+    for each in jobs:
+        texts, started, seconds = answered[each]
+        expected = generator.generate(each.payload.texts, options, seeds=each.payload.seeds)
+        if each.payload.pieces is None:
+            assert texts == expected
+        else:
+            assert texts is None
+            joined = ["".join(t for i, t in each.payload.posted if i == index)
+                      for index in range(len(expected))]
+            assert joined == expected and len(each.payload.posted) > len(expected)
+        assert seconds >= 0 and started > 0
+    assert len(set(when.values())) > 1          # jobs left at different steps
+
+
+def test_beam_and_quantized_generation_is_batched_whole(generator, lm_dir):
+    assert generation_stream(generator, GenerateOptions(beam=2)) is None
+    assert generation_stream(load(lm_dir, kv_dtype="int8"), GenerateOptions()) is None

@@ -253,17 +253,19 @@ class Generator:
                           f"{self.context} positions and the longest prompt takes {longest}, "
                           f"so its continuation stops after {self.context - longest} new "
                           f"tokens", TransduceWarning, stacklevel=3)
-        rows = [Continuation(self.tokenizer, options.stop, self._context(row),
-                             limit=min(options.max_new_tokens, self.context - len(row)))
-                for row in ids]
+        rows = [self.continuation(row, options) for row in ids]
         return prompt, mask, max(row.limit for row in rows), rows
 
-    def _context(self, ids: list[int]) -> list[int]:
-        """The prompt's last tokens after its last special one (which ends decoding)."""
+    def continuation(self, ids: list[int], options: GenerateOptions) -> Continuation:
+        """An empty Continuation of prompt `ids`, limited to the tokens the prompt leaves
+        room for in the context, decoded after the prompt's last tokens that follow its
+        last special one (which ends decoding)."""
         t = self.tokenizer
         specials = {t.bos_id, t.eos_id, t.pad_id}
         last = max((i for i, token in enumerate(ids) if token in specials), default=-1)
-        return ids[max(last + 1, len(ids) - CONTEXT_TOKENS):]
+        context = ids[max(last + 1, len(ids) - CONTEXT_TOKENS):]
+        return Continuation(t, options.stop, context,
+                            limit=min(options.max_new_tokens, self.context - len(ids)))
 
     def _generate_batch(self, ids: list[list[int]], options: GenerateOptions,
                         seeds: list[int] | None = None) -> list[Continuation]:

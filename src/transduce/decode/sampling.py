@@ -8,7 +8,7 @@ Shapes: logits (B, V) for the rows decoding now -> tokens (B,).
 from __future__ import annotations
 
 import secrets
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -27,7 +27,7 @@ class Sampler:
 
     def __init__(self, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int | None = None, device: torch.device | str = "cpu", *,
-                 row_seeds: Sequence[int] | None = None):
+                 row_seeds: Sequence[int] | Mapping[int, int] | None = None):
         check_sampling(temperature, top_k, top_p)
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.seed = seed if seed is not None else secrets.randbits(62)
@@ -45,6 +45,11 @@ class Sampler:
             seed = self.seed if self.row_seeds is None else self.row_seeds[row]
             self.row_generators[row] = self._new_generator(seed)
         return self.row_generators[row]
+
+    def forget(self, rows: Sequence[int]) -> None:
+        """Drop the generators of rows that are done (a running batch's ids keep coming)."""
+        for row in rows:
+            self.row_generators.pop(row, None)
 
     def __call__(self, logits: Tensor, rows: list[int] | None = None) -> Tensor:
         """logits (B, V) -> tokens (B,); rows: the id of each row's own generator."""

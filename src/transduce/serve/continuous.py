@@ -1,6 +1,8 @@
-"""Translation jobs decoded by continuous batching (batcher.py's Stream): every job's
-sentences join one running beam search (decode/continuous.py) between steps, and a job
-is answered as soon as its last sentence is done, not when the whole batch is."""
+"""Jobs decoded by continuous batching (batcher.py's Stream): every translation job's
+sentences join one running beam search (decode/continuous.py), every generation job's
+prompts one running generation (decode/continuous_generation.py), between steps, and a
+job is answered as soon as its last sentence or prompt is done, not when the whole batch
+is."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from transduce.data.tokenizer import BOS_ID, EOS_ID
 from transduce.decode.continuous import ContinuousBeamSearch
+from transduce.decode.continuous_generation import ContinuousGeneration, supports
+from transduce.decode.generate import Generator
+from transduce.decode.options import GenerateOptions
 from transduce.decode.translate import Translation, Translator, pad_sources
 from transduce.serve.batcher import Job, Stream
 from transduce.serve.limits import Limits
@@ -92,3 +97,70 @@ class TranslationStream:
         now = time.monotonic()
         finished = [(job, self.pending.pop(job)) for job in done]
         return [(job, (p.results, p.started, now - p.started)) for job, p in finished]
+
+
+def generation_stream(generator: Generator, options: GenerateOptions
+                      ) -> Callable[[int], Stream] | None:
+    """A factory of streams for these generation settings, or None where they cannot be
+    generated continuously (beam search, a quantized or windowed cache): their jobs are
+    then generated as whole batches."""
+    if options.beam != 1 or not supports(generator):
+        return None
+    return lambda rank: GenerationStream(generator, options)
+
+
+@dataclass
+class _Prompted:
+    texts: list[str]                     # per prompt, its continuation once done
+    waiting: int                         # prompts still being continued
+    started: float
+
+
+class GenerationStream:
+    """The Stream of one key's generation jobs (payloads as serve/generation.py's
+    _Prompts). Each result is (per prompt its text, or None for a streamed job, whose
+    pieces went out step by step; the time the job was admitted; seconds until done)."""
+
+    def __init__(self, generator: Generator, options: GenerateOptions):
+        self.generator = generator
+        self.generation = ContinuousGeneration(generator, options)
+        self.pending: dict[Job, _Prompted] = {}
+
+    @property
+    def running(self) -> int:
+        return len(self.pending)
+
+    def admit(self, jobs: Sequence[Job]) -> None:
+        now, prompts, tags, seeds = time.monotonic(), [], [], []
+        for job in jobs:
+            ids = self.generator.encode(job.payload.texts)
+            self.pending[job] = _Prompted([""] * len(ids), len(ids), now)
+            prompts += ids
+            tags += [(job, index) for index in range(len(ids))]
+            seeds += job.payload.seeds or []
+        if prompts:
+            self.generation.add(prompts, tags, seeds if self.generation.sampler else None)
+
+    def step(self) -> list[tuple[Job, Any]]:
+        done = []
+        for (job, index), continuation in self.generation.step():
+            pending = self.pending[job]
+            pending.texts[index] = continuation.text
+            self._post(job, index, continuation)
+            pending.waiting -= 1
+            if not pending.waiting:
+                done.append(job)
+        for (job, index), continuation in self.generation.continuations():
+            self._post(job, index, continuation)
+        now = time.monotonic()
+        finished = [(job, self.pending.pop(job)) for job in done]
+        return [(job, (None if job.payload.pieces else p.texts, p.started, now - p.started))
+                for job, p in finished]
+
+    @staticmethod
+    def _post(job: Job, index: int, continuation: Any) -> None:
+        """A streamed job's new text of prompt `index`, if any, to its client."""
+        if job.payload.pieces is not None:
+            text = continuation.take()
+            if text:
+                job.payload.post(index, text)

@@ -1,10 +1,12 @@
 """The route of a decoder-only model: /v1/generate, whole or streamed (server-sent events).
 
-Greedy and beam requests with the same settings share batches (left-padded rows give
-what each prompt gives alone); a sampled request runs alone, so that its seed draws
-exactly what `Generator.generate` draws for those prompts. Streamed requests are
-batched the same way with Generator.stream_batch: each step's new text goes to every
-client of the batch as it is made.
+Requests with the same settings share batches, each prompt getting what it gets alone;
+sampled ones too, as each prompt draws from its own seed (prompt_seeds of the request's
+seed and its place in the request). Greedy and sampled requests are batched continuously
+(serve/continuous.py's GenerationStream): prompts join the running batch between steps
+and leave it, answered, when done. Beam search, a quantized or windowed cache, or
+--static-batches run whole batches with Generator.generate or, streamed,
+Generator.stream_batch. A streamed request gets each step's new text as it is made.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from transduce.config import ConfigError
 from transduce.decode.generate import Generator, prompt_seeds, with_bos
 from transduce.decode.options import GenerateOptions
 from transduce.serve.batcher import Job
+from transduce.serve.continuous import generation_stream
 from transduce.serve.limits import ApiError, check_texts
 from transduce.serve.schemas import GenerateRequest, GenerateResponse
 from transduce.serve.service import Service, split_by_job, timed
@@ -47,16 +50,17 @@ def routes(service: Service) -> APIRouter:
         key = ("generate", body.stream, dataclasses.replace(options, seed=None))
         tokens = sum(n + options.max_new_tokens for n in lengths)
         seeds = None if options.greedy else prompt_seeds(options.seed, len(body.prompts))
+        stream = generation_stream(generator, options)
         if not body.stream:
             run = timed(lambda jobs: _run_whole(generator, options, jobs))
             texts, timings = await service.submit(key, run, _Prompts(body.prompts, seeds),
-                                                  tokens, len(body.prompts))
+                                                  tokens, len(body.prompts), stream)
             return GenerateResponse(generations=texts, timings=timings)
-        loop = asyncio.get_running_loop()
         pieces: asyncio.Queue = asyncio.Queue()
-        run = timed(lambda jobs: _run_streamed(generator, options, jobs, loop))
-        job = service.enqueue(key, run, _Prompts(body.prompts, seeds, pieces), tokens,
-                              len(body.prompts))
+        run = timed(lambda jobs: _run_streamed(generator, options, jobs))
+        job = service.enqueue(key, run, _Prompts(body.prompts, seeds, pieces,
+                                                 asyncio.get_running_loop()),
+                              tokens, len(body.prompts), stream)
         return StreamingResponse(_events(service, job, pieces), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
@@ -100,14 +104,19 @@ def _named(error: ConfigError) -> ApiError:
 @dataclass
 class _Prompts:
     """A generate job's payload: its prompts, their seeds (None: greedy or beam) and,
-    when streamed, the queue its pieces go to."""
+    when streamed, the queue its pieces go to, on the event loop's thread."""
 
     texts: list[str]
     seeds: list[int] | None
     pieces: asyncio.Queue | None = None
+    loop: asyncio.AbstractEventLoop | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def post(self, index: int, text: str) -> None:
+        """From the decoding thread: prompt `index`'s new text, to its stream."""
+        self.loop.call_soon_threadsafe(self.pieces.put_nowait, (index, text))
 
 
 def _joined(jobs: Sequence[Job]) -> tuple[list[str], list[int] | None]:
@@ -126,16 +135,16 @@ def _run_whole(generator: Generator, options: GenerateOptions,
     return split_by_job(jobs, generator.generate(prompts, options, seeds=seeds))
 
 
-def _run_streamed(generator: Generator, options: GenerateOptions, jobs: Sequence[Job],
-                  loop: asyncio.AbstractEventLoop) -> list[None]:
-    """On the worker: every job's prompts generated together; each step's new text is
-    put on the job's queue (index within the job, text) from the event loop's thread."""
+def _run_streamed(generator: Generator, options: GenerateOptions,
+                  jobs: Sequence[Job]) -> list[None]:
+    """On the worker: every job's prompts generated together; each step's new text goes
+    to its job's stream (index within the job, text)."""
     prompts, seeds = _joined(jobs)
-    owners = [(job.payload.pieces, i) for job in jobs for i in range(len(job.payload))]
+    owners = [(job.payload, i) for job in jobs for i in range(len(job.payload))]
     for step in generator.stream_batch(prompts, options, seeds=seeds):
-        for (queue, index), text in zip(owners, step):
+        for (payload, index), text in zip(owners, step):
             if text:
-                loop.call_soon_threadsafe(queue.put_nowait, (index, text))
+                payload.post(index, text)
     return [None] * len(jobs)
 
 

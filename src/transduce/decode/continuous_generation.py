@@ -1,0 +1,239 @@
+"""Generation over a batch that prompts join and leave between steps: continuous
+batching for a decoder-only model, what a server needs when requests keep arriving.
+
+A static batch of prompts lasts as long as its longest continuation, and requests that
+arrive meanwhile wait for all of it. Here each step feeds one token to every running
+row; a row that is done (eos, a stop string, its limit) leaves at once, and new prompts
+join before any step (`add`), so the batch stays full.
+
+Rows are aligned by cache slot, as in the continuous beam search (continuous.py): a step
+writes every row's token at one slot. A prompt of P tokens that joins when the next step
+writes slot t has its first P - 1 tokens cached at slots t - P + 1 .. t - 1 of its own
+rows (one prefill for all the prompts that join together), and its last token is fed at
+slot t with everyone's. Its positions count from its first slot, and it attends to its
+own slots only (the key mask), so it generates what it would alone. Slots before the
+oldest running row's first are never read; when the buffers lack room (for more rows, a
+longer prompt, the next slot) they are laid out again from that slot, with twice the
+room needed, so that this is rare.
+
+Each row is generated as Generator.generate generates it alone: greedy, or sampled from a
+generator of its own seeded with its seed, with the repetition penalty over its own
+tokens, and its stop strings and limit. Only numerics may differ: masked keys, and rows
+decoded in other company, can change the order in which a kernel sums.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from transduce.attention.kv_cache import KVCache
+from transduce.decode.generate import Continuation, Generator, left_pad
+from transduce.decode.options import GenerateOptions
+from transduce.decode.sampling import Sampler, penalize_repetition
+from transduce.model.decoder_only import LMState
+
+MIN_SLOTS = 32     # the fewest slots a layout allocates
+
+
+@dataclass
+class _Row:
+    tag: Any                       # the caller's handle, given back with the result
+    continuation: Continuation
+    generator_id: int              # its random generator's id in the sampler
+
+
+def supports(generator: Generator) -> bool:
+    """Whether `generator` can generate continuously: its caches are plain KVCaches
+    (softmax attention over every key, not quantized, no window)."""
+    caches = generator.model.new_caches(1, 1, generator.cache_dtype or torch.float32, "meta")
+    return all(type(cache) is KVCache for cache in caches)
+
+
+class ContinuousGeneration:
+    """Greedy or sampled generation (beam 1) of prompts that join with add() and leave as
+    step() finds them done.
+
+        generation = ContinuousGeneration(generator, options)
+        generation.add(generator.encode(prompts), tags, seeds)   # seeds when sampling
+        while generation.running:
+            for tag, continuation in generation.step():     # the rows done at this step
+                print(continuation.text)
+    """
+
+    def __init__(self, generator: Generator, options: GenerateOptions):
+        if options.beam != 1:
+            raise ValueError(f"beam={options.beam}: continuous generation is greedy or "
+                             "sampled; beam search runs whole batches (Generator.generate)")
+        if not supports(generator):
+            raise ValueError("this generator cannot generate continuously: it needs softmax "
+                             "attention's plain KV caches (no kv_dtype, no window)")
+        self.generator, self.options, self.model = generator, options, generator.model
+        self.device = generator.device
+        self.rows: list[_Row] = []                   # running, in row order
+        self.slot = 0                                # the slot the next step writes
+        self.cache_dtype = generator.cache_dtype or self.model.decoder.embed.embedding.weight.dtype
+        self.caches = self.model.new_caches(0, 0, self.cache_dtype, self.device)
+        self._keys = [(cache.k, cache.v) for cache in self.caches]   # (R, Hkv, T, D)
+        self._tokens = torch.zeros(0, dtype=torch.long, device=self.device)   # (R,) fed next
+        self._starts = torch.zeros(0, dtype=torch.long, device=self.device)   # (R,)
+        self._seen = None if options.repetition_penalty == 1.0 else torch.zeros(
+            0, self.model.config.tgt_vocab_size, dtype=torch.bool, device=self.device)  # (R, V)
+        self._seeds: dict[int, int] = {}             # generator id -> seed
+        self._ids = itertools.count()
+        self.sampler = None if options.greedy else Sampler(
+            options.temperature, options.top_k, options.top_p, device=self.device,
+            row_seeds=self._seeds)
+
+    @property
+    def running(self) -> int:
+        """Prompts being continued."""
+        return len(self.rows)
+
+    def continuations(self) -> list[tuple[Any, Continuation]]:
+        """(tag, continuation so far) of every running row, in row order."""
+        return [(row.tag, row.continuation) for row in self.rows]
+
+    @torch.inference_mode()
+    def add(self, prompts: Sequence[Sequence[int]], tags: Sequence[Any],
+            seeds: Sequence[int] | None = None) -> None:
+        """Start continuing prompts (ids as Generator.encode gives them) at the next step;
+        tags come back with their continuations. seeds: one per prompt when sampling."""
+        prompts = [list(ids) for ids in prompts]
+        if not prompts or len(tags) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts and {len(tags)} tags: give one tag per "
+                             "prompt, and at least one prompt")
+        if (seeds is None) != (self.sampler is None) or \
+                (seeds is not None and len(seeds) != len(prompts)):
+            raise ValueError("give one seed per prompt when sampling, and none when greedy")
+        too_long = [len(ids) for ids in prompts if not 1 <= len(ids) < self.generator.context]
+        if too_long:
+            raise ValueError(f"a prompt of {too_long[0]} tokens: each needs 1 to "
+                             f"{self.generator.context - 1}")
+        first, count, before = len(self.rows), len(prompts), max(map(len, prompts)) - 1
+        self._make_room(first + count, before)
+        rows = slice(first, first + count)
+        if before:
+            self._prefill(prompts, rows, before)
+        lengths = torch.tensor([len(ids) for ids in prompts], device=self.device)
+        self._starts[rows] = self.slot - (lengths - 1)
+        self._tokens[rows] = torch.tensor([ids[-1] for ids in prompts], device=self.device)
+        if self._seen is not None:
+            self._seen[rows] = False
+            for row, ids in enumerate(prompts, start=first):
+                self._seen[row, ids] = True
+        for index, (ids, tag) in enumerate(zip(prompts, tags)):
+            generator_id = next(self._ids)
+            if seeds is not None:
+                self._seeds[generator_id] = seeds[index]
+            self.rows.append(_Row(tag, self.generator.continuation(ids, self.options),
+                                  generator_id))
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Any, Continuation]]:
+        """One token for every running row -> (tag, continuation) of each row done at this
+        step, which leaves the batch."""
+        if not self.rows:
+            return []
+        count = len(self.rows)
+        self._make_room(count, 0)
+        logits = self._decode(count)                                        # (R, V)
+        if self._seen is not None:
+            logits = penalize_repetition(logits, self._seen[:count],
+                                         self.options.repetition_penalty)
+        chosen = logits.argmax(dim=-1) if self.sampler is None else \
+            self.sampler(logits, [row.generator_id for row in self.rows])     # (R,)
+        self._tokens[:count] = chosen
+        if self._seen is not None:
+            self._seen[:count].scatter_(1, chosen[:, None], True)
+        for row, token in zip(self.rows, chosen.tolist()):
+            row.continuation.add(token)         # finished at eos, a stop or its limit
+        self.slot += 1
+        done = [row for row in self.rows if row.continuation.finished]
+        if done:
+            self._keep([index for index, row in enumerate(self.rows)
+                        if not row.continuation.finished])
+        return [(row.tag, row.continuation) for row in done]
+
+    def _decode(self, count: int) -> Tensor:
+        """The running rows' tokens at self.slot through the model -> logits (R, V). The
+        caches are views from the oldest row's first slot on."""
+        starts = self._starts[:count]
+        first = int(starts.min())
+        for cache, (k, v) in zip(self.caches, self._keys):
+            cache.k, cache.v, cache.length = k[:count, :, first:], v[:count, :, first:], \
+                self.slot - first
+        offsets = starts - first                                            # (R,)
+        slots = torch.arange(self.caches[0].max_len, device=self.device)
+        key_mask = slots[None, :] >= offsets[:, None]                       # (R, T)
+        state = LMState(self.caches, key_mask, offsets)
+        return self.model.decode_step(self._tokens[:count, None], state)[:, -1].float()
+
+    def _prefill(self, prompts: list[list[int]], rows: slice, before: int) -> None:
+        """Cache every prompt's tokens but its last, right-aligned to end at slot - 1."""
+        prompt, mask = left_pad(prompts, self.model.config.pad_id, self.device)   # (N, P)
+        state = self.model.prefill(prompt, 0, src_mask=mask, cache_dtype=self.cache_dtype)
+        for (k, v), cache in zip(self._keys, state.caches):
+            k[rows, :, self.slot - before:self.slot] = cache.k[:, :, :before]
+            v[rows, :, self.slot - before:self.slot] = cache.v[:, :, :before]
+
+    def _keep(self, kept: list[int]) -> None:
+        """Keep rows `kept` (in order) at the top of the buffers; forget the others."""
+        staying = set(kept)
+        gone = [row.generator_id for index, row in enumerate(self.rows) if index not in staying]
+        if self.sampler is not None:
+            self.sampler.forget(gone)
+        for generator_id in gone:
+            self._seeds.pop(generator_id, None)
+        self.rows = [self.rows[index] for index in kept]
+        if not kept:
+            return
+        index = torch.tensor(kept, device=self.device)
+        first = int(self._starts[index].min())
+        for k, v in self._keys:
+            k[:len(kept), :, first:self.slot] = k[index, :, first:self.slot]
+            v[:len(kept), :, first:self.slot] = v[index, :, first:self.slot]
+        for buffer in (self._tokens, self._starts, self._seen):
+            if buffer is not None:
+                buffer[:len(kept)] = buffer[index]
+
+    def _make_room(self, rows: int, before: int) -> None:
+        """Buffers with room for `rows` rows, for `before` slots before self.slot and for
+        self.slot itself: laid out again where they lack it."""
+        have_rows, have_slots = self._keys[0][0].shape[0], self._keys[0][0].shape[2]
+        if rows <= have_rows and before <= self.slot < have_slots:
+            return
+        count = len(self.rows)
+        oldest = int(self._starts[:count].min()) if count else self.slot
+        live = self.slot - oldest                     # slots the running rows still read
+        lead = max(before, live)                      # the new layout's self.slot
+        new_rows = rows if rows <= have_rows else max(rows, 2 * have_rows)
+        new_rows = max(new_rows, have_rows)
+        slots = max(2 * (lead + 1), MIN_SLOTS)
+        moved = []
+        for k, v in self._keys:
+            pair = []
+            for old in (k, v):
+                new = old.new_zeros(new_rows, old.shape[1], slots, old.shape[3])
+                new[:count, :, lead - live:lead] = old[:count, :, oldest:self.slot]
+                pair.append(new)
+            moved.append(tuple(pair))
+        self._keys = moved
+        self._starts = self._starts + (lead - self.slot)
+        self.slot = lead
+        self._tokens, self._starts = _grown(self._tokens, new_rows), _grown(self._starts, new_rows)
+        if self._seen is not None:
+            self._seen = _grown(self._seen, new_rows)
+
+
+def _grown(buffer: Tensor, rows: int) -> Tensor:
+    """`buffer` (R, ...) with its rows kept first and zeros up to `rows`."""
+    if buffer.shape[0] == rows:
+        return buffer
+    grown = buffer.new_zeros(rows, *buffer.shape[1:])
+    grown[:buffer.shape[0]] = buffer
+    return grown

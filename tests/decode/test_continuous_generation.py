@@ -1,0 +1,128 @@
+"""Continuous generation: prompts that join a running batch at any step, and leave it
+when done, get what Generator.generate gives each alone (greedy, sampled with its seed,
+with a repetition penalty and stop strings), through relayouts of the buffers."""
+
+import random
+
+import pytest
+import torch
+
+from transduce.config import preset
+from transduce.data.tokenizer import Tokenizer
+from transduce.decode.continuous_generation import ContinuousGeneration, supports
+from transduce.decode.generate import Generator, prompt_seeds
+from transduce.decode.options import GenerateOptions
+from transduce.model import build_model
+
+pytestmark = pytest.mark.filterwarnings("ignore:max_new_tokens")   # the context's end
+
+PROMPTS = ["uno dos", "el perro grande come", "casa", "", "tres gato rojo rojo el casa perro",
+           "rojo", "el gato come la casa grande y el perro", "dos tres"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_corpus):
+    return Tokenizer(tiny_corpus / "spm.model")
+
+
+def _generator(tokenizer, dtype="float32", kv_dtype=None, **config):
+    torch.manual_seed(0)
+    settings = {"max_positions": 40, **config}
+    model = build_model(preset("gpt-tiny", src_vocab_size=tokenizer.vocab_size,
+                               tgt_vocab_size=tokenizer.vocab_size, **settings)).eval()
+    return Generator(model, tokenizer, dtype=dtype, kv_dtype=kv_dtype)
+
+
+@pytest.fixture(scope="module")
+def generator(tokenizer):
+    return _generator(tokenizer)
+
+
+def run_continuously(generation, generator, prompts, seeds, joins):
+    """Add prompt i before step joins[i] (several may join at one step); step until all
+    are done -> each prompt's text, and the number of steps."""
+    ids = generator.encode(prompts)
+    texts, step = {}, 0
+    pending = sorted(range(len(prompts)), key=lambda i: joins[i])
+    while pending or generation.running:
+        joining = [i for i in pending if joins[i] <= step]
+        if joining:
+            generation.add([ids[i] for i in joining], joining,
+                           None if seeds is None else [seeds[i] for i in joining])
+            pending = [i for i in pending if i not in joining]
+        for tag, continuation in generation.step():
+            assert continuation.finished
+            texts[tag] = continuation.text
+        step += 1
+    return [texts[i] for i in range(len(prompts))], step
+
+
+@pytest.mark.parametrize("settings", [
+    {}, {"temperature": 0.9, "top_k": 20, "seed": 3}, {"temperature": 1.2, "top_p": 0.9},
+    {"repetition_penalty": 1.6}, {"stop": ("a",)}])
+@pytest.mark.parametrize("joins", ["together", "staggered", "late"])
+def test_continuous_equals_alone(generator, settings, joins):
+    options = GenerateOptions(max_new_tokens=12, **settings)
+    rng = random.Random(len(PROMPTS) + len(settings))
+    when = {"together": [0] * len(PROMPTS),
+            "staggered": [rng.randrange(0, 15) for _ in PROMPTS],
+            "late": [3 * i for i in range(len(PROMPTS))]}[joins]
+    seeds = None if options.greedy else prompt_seeds(options.seed or 11, len(PROMPTS))
+    found, _ = run_continuously(ContinuousGeneration(generator, options), generator, PROMPTS,
+                                seeds, when)
+    alone = [generator.generate([p], options, seeds=None if seeds is None else [seed])[0]
+             for p, seed in zip(PROMPTS, seeds or [None] * len(PROMPTS))]
+    assert found == alone
+    assert sum(map(len, found)) > 20
+
+
+def test_long_prompts_joining_early_slots_and_relayouts(tokenizer):
+    """Prompts longer than the slots written so far shift the running rows; rows that
+    run to the context's end force relayouts; every one still gets its own text."""
+    generator = _generator(tokenizer, max_positions=24)
+    long = "el perro grande come"
+    prompts = ["uno", long, "dos", long + " rojo", "", "casa grande"] * 2
+    options = GenerateOptions(max_new_tokens=30)        # more than the context leaves
+    joins = [0, 1, 1, 2, 9, 9, 10, 11, 30, 31, 31, 45]
+    generation = ContinuousGeneration(generator, options)
+    found, steps = run_continuously(generation, generator, prompts, None, joins)
+    assert found == [generator.generate([p], options)[0] for p in prompts]
+    assert steps > 40 and generation.slot < 2 * 24 + 8     # slots stay bounded
+
+
+def test_bfloat16_model_with_float32_cache(tokenizer):
+    generator = _generator(tokenizer, dtype="bfloat16", kv_dtype="float32")
+    options = GenerateOptions(max_new_tokens=10)
+    generation = ContinuousGeneration(generator, options)
+    assert generation.caches[0].k.dtype == torch.float32
+    found, _ = run_continuously(generation, generator, PROMPTS[:4], None, [0, 0, 2, 5])
+    assert found == [generator.generate([p], options)[0] for p in PROMPTS[:4]]
+
+
+def test_refuses_what_it_cannot_generate(generator, tokenizer):
+    with pytest.raises(ValueError, match="beam=2"):
+        ContinuousGeneration(generator, GenerateOptions(beam=2))
+    quantized = _generator(tokenizer, kv_dtype="int8")
+    assert supports(generator) and not supports(quantized)
+    with pytest.raises(ValueError, match="plain KV caches"):
+        ContinuousGeneration(quantized, GenerateOptions())
+    greedy = ContinuousGeneration(generator, GenerateOptions())
+    with pytest.raises(ValueError, match="one tag per prompt"):
+        greedy.add([[1, 5]], [])
+    with pytest.raises(ValueError, match="none when greedy"):
+        greedy.add([[1, 5]], ["a"], seeds=[3])
+    with pytest.raises(ValueError, match="a prompt of 40 tokens"):
+        greedy.add([[5] * 40], ["a"])
+    sampled = ContinuousGeneration(generator, GenerateOptions(temperature=1.0))
+    with pytest.raises(ValueError, match="one seed per prompt"):
+        sampled.add([[1, 5]], ["a"])
+    assert greedy.running == 0 and greedy.step() == []
+
+
+def test_done_rows_free_their_generators(generator):
+    options = GenerateOptions(max_new_tokens=4, temperature=1.0)
+    generation = ContinuousGeneration(generator, options)
+    generation.add(generator.encode(PROMPTS[:3]), [0, 1, 2], [5, 6, 7])
+    while generation.running:
+        generation.step()
+    assert generation.sampler.row_generators == {} and generation._seeds == {}
