@@ -263,13 +263,16 @@ def load_weights(model: nn.Module, path: Path, device: torch.device | str = "cpu
                               f"the file is corrupt, or the training that wrote it diverged")
 
 
-def load_trainer_state(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """The optimizer, position and RNG states a training checkpoint holds."""
+def load_trainer_state(path: Path, device: torch.device | str = "cpu", *,
+                       mmap: bool = False) -> dict[str, Any]:
+    """The optimizer, position and RNG states a training checkpoint holds. mmap: its
+    tensors mapped from the file, not read, for a caller that wants the position alone
+    (an optimizer state is twice the model)."""
     file = Path(path) / TRAINER_STATE
     if not file.is_file():
         raise CheckpointError(f"{path}: no trainer state ({TRAINER_STATE}) to resume from")
     try:
-        state = torch.load(file, map_location=device, weights_only=False)
+        state = torch.load(file, map_location=device, weights_only=False, mmap=mmap)
     except Exception as error:  # noqa: BLE001 - unpickling a corrupt file raises anything
         raise CheckpointError(f"{file}: unreadable or corrupt trainer state "
                               f"({type(error).__name__}: {error})") from None
@@ -285,7 +288,7 @@ def trained_steps(path: Path) -> int | None:
     its origin records (averages and conversions), else None."""
     path = resolve(path)
     if (path / TRAINER_STATE).is_file():
-        return int(load_trainer_state(path)["position"]["step"])
+        return int(load_trainer_state(path, mmap=True)["position"]["step"])
     return (_read_config_json(path).get("origin") or {}).get("steps")
 
 

@@ -43,7 +43,7 @@ def weights(run):
     return load_model(run).state_dict()
 
 
-def test_resume_continues_exactly(tiny_corpus, tmp_path):
+def test_resume_continues_exactly(tiny_corpus, tmp_path, monkeypatch):
     """2N steps in one go == N steps, stop, resume, N more: identical parameters."""
     model_config = tiny_config()
     straight, split = tmp_path / "straight", tmp_path / "split"
@@ -56,10 +56,18 @@ def test_resume_continues_exactly(tiny_corpus, tmp_path):
     torch.manual_seed(1)
     assert not torch.equal(a["output_proj.weight"],
                            loop.build_model(model_config).state_dict()["output_proj.weight"])
-    # A budget already spent is refused, not overrun by a step.
+    # A budget already spent is refused, not overrun by a step, before anything loads.
+    def loading(*args, **kwargs):
+        raise AssertionError("the data and the model were loaded for a spent budget")
+
+    monkeypatch.setattr(loop, "set_up", loading)
     with pytest.raises(TrainingError, match=r"at step 24, which spends its step budget "
                                             r"\(max_steps=20\)"):
         train(tiny_corpus, split, model_config, train_config(max_steps=20), resume=True)
+    with pytest.raises(TrainingError, match=r"has trained 0\.\d minutes, which spends its "
+                                            r"time budget \(max_minutes=0\.0001\)"):
+        train(tiny_corpus, split, model_config,
+              train_config(max_steps=0, max_minutes=0.0001), resume=True)
     assert checkpoint.list_checkpoints(split)[-1].name.endswith("24")
 
 

@@ -129,6 +129,8 @@ def train(data_dir: Path, out: Path, model_config: ModelConfig, train_config: Tr
         world, rank = init_distributed()
         run, finished = None, False
         try:
+            if resume:
+                _refuse_spent_budget(out, train_config)
             run = set_up(data_dir, out, model_config, train_config, world, rank,
                          resume=resume, init=init)
             last = _train_until_done(run, stop)
@@ -344,14 +346,6 @@ def _load_data(data_dir: Path, tokenizer: Tokenizer, model_config: ModelConfig,
 def _train_until_done(run: Run, stop: StopRequest) -> Path:
     """Steps until the step or time budget is spent or a signal asks to stop; logs,
     evaluates and saves along the way. -> the last checkpoint."""
-    spent = _budget_spent(run, 0.0)
-    if spent:   # a resumed run that has nothing left to train
-        c, at = run.train_config, run.position
-        done, budget = (f"is at step {at.step}", f"max_steps={c.max_steps}") \
-            if spent == "step budget" else \
-            (f"has trained {at.seconds / 60:.1f} minutes", f"max_minutes={c.max_minutes:g}")
-        raise TrainingError(f"{run.out}: the run {done}, which spends its {spent} "
-                            f"({budget}); raise it to train on")
     _announce(run)
     started = time.perf_counter()
     progress = tqdm(total=run.train_config.max_steps or None, initial=run.position.step,
@@ -375,7 +369,7 @@ def _train_until_done(run: Run, stop: StopRequest) -> Path:
         if forecast_due and elapsed >= FORECAST_AFTER_S:
             forecast_due = False
             _forecast(run, run.position.step - first_step, elapsed, progress)
-        budget = _budget_spent(run, elapsed)
+        budget = _budget_spent(run.train_config, run.position, elapsed)
         finished = any_true(bool(budget or stop.received), run.world, run.device)
         saved = _periodic(run, window, result.lr, elapsed, finished, progress)
         if finished:
@@ -489,15 +483,28 @@ def _refuse_divergence(run: Run, nonfinite_in_a_row: int) -> None:
                             f"raise warmup_steps or set clip_norm")
 
 
-def _budget_spent(run: Run, elapsed: float) -> str | None:
+def _budget_spent(c: TrainConfig, position: Position, elapsed: float) -> str | None:
     """Which budget the run has spent, if any. Both count the whole run, a resumed one
     included: its steps, and its training time before and in this process."""
-    c = run.train_config
-    if c.max_minutes and run.position.seconds + elapsed >= 60 * c.max_minutes:
+    if c.max_minutes and position.seconds + elapsed >= 60 * c.max_minutes:
         return "time budget"
-    if c.max_steps and run.position.step >= c.max_steps:
+    if c.max_steps and position.step >= c.max_steps:
         return "step budget"
     return None
+
+
+def _refuse_spent_budget(out: Path, c: TrainConfig) -> None:
+    """A resume whose latest checkpoint has spent the budget is refused before the data
+    and the model are loaded (its trainer state mapped, not read)."""
+    latest = checkpoint.resolve(out)
+    at = Position(**checkpoint.load_trainer_state(latest, mmap=True)["position"])
+    spent = _budget_spent(c, at, 0.0)
+    if spent:
+        done, budget = (f"is at step {at.step}", f"max_steps={c.max_steps}") \
+            if spent == "step budget" else \
+            (f"has trained {at.seconds / 60:.1f} minutes", f"max_minutes={c.max_minutes:g}")
+        raise TrainingError(f"{out}: the run {done}, which spends its {spent} "
+                            f"({budget}); raise it to train on")
 
 
 @dataclass
