@@ -602,7 +602,9 @@ def test_an_onnx_export_is_served_like_its_checkpoint(translation_dir, translato
         assert libre.json()["translatedText"] == translator.translate(SENTENCES[:2], beam=4)
         assert "/v1/attention" not in client.get("/openapi.json").json()["paths"]
         assert client.post("/v1/attention", json={"text": "el perro"}).status_code == 404
-        assert client.get("/v1/models").json()["data"][0]["attention_maps"] is False
+        described = client.get("/v1/models").json()["data"][0]
+        assert described["attention_maps"] is False
+        assert described["parameters"] == translator.model.num_parameters()
 
 
 @pytest.mark.parametrize("argv", [["--languages", "es"], ["--languages", "es:en:fr"],

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig
+from transduce.model import build_model
 from transduce.onnx_format import DECODER_STEP, ENCODER, OnnxExportError, cache_names, read_info
 
 
@@ -86,6 +87,13 @@ class OnnxEngine:
         self.encoder, self.decoder = session(ENCODER), session(DECODER_STEP)
         self._past_names = cache_names(self.layers, "past")
         self._cross_names = cache_names(self.layers, "cross")
+
+    def num_parameters(self) -> int:
+        """The exported model's trainable parameters, as its checkpoint counts them:
+        counted on a model of its configuration built on the meta device (nothing
+        allocated), since the graphs' initializers repeat shared matrices."""
+        with torch.device("meta"):
+            return build_model(self.config).num_parameters()
 
     def prefill(self, src: Tensor, max_len: int, *, src_mask: Tensor | None = None,
                 cache_dtype: torch.dtype | None = None) -> OnnxState:
