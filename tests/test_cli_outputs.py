@@ -4,6 +4,7 @@ directory it reads, a file, and a directory with anything in it unless --force, 
 --force only over a directory transduce wrote. Output files are refused where they
 cannot be written (a directory, under a file) before the model is even loaded."""
 
+import json
 import subprocess
 import sys
 
@@ -47,18 +48,29 @@ def test_writers_refuse_to_replace_what_the_user_has(command, saved, tmp_path, c
         assert message in capsys.readouterr().err
     # --force replaces only a directory transduce wrote
     assert main([*commands(saved, theirs)[command], "--force"]) == 2
-    assert "has no config.json" in capsys.readouterr().err
+    assert "holds neither our config.json nor an export's" in capsys.readouterr().err
     assert (theirs / "notes.txt").read_text() == "mine" and a_file.read_text() == "mine"
     assert (saved / checkpoint.CONFIG).is_file()
+    # nor a directory whose config.json is another toolkit's (a downloaded model)
+    (theirs / "config.json").write_text('{"model_type": "marian", "d_model": 512}')
+    assert main([*commands(saved, theirs)[command], "--force"]) == 2
+    assert "holds neither our config.json" in capsys.readouterr().err
+    assert (theirs / "notes.txt").read_text() == "mine"
 
 
-def test_force_replaces_an_earlier_export(saved, tmp_path, capsys):
-    out = tmp_path / "hf"
-    assert main(["export", "hf", str(saved), str(out)]) == 0
-    assert main(["export", "hf", str(saved), str(out)]) == 2
+@pytest.mark.parametrize("kind", ["hf", "ct2", "onnx"])
+def test_force_replaces_an_earlier_export(saved, tmp_path, capsys, kind):
+    if kind == "onnx":
+        pytest.importorskip("onnxruntime")
+    out = tmp_path / kind
+    assert main(["export", kind, str(saved), str(out)]) == 0
+    assert main(["export", kind, str(saved), str(out)]) == 2
     assert "not empty; pass --force" in capsys.readouterr().err
-    assert main(["export", "hf", str(saved), str(out), "--force"]) == 0
+    assert main(["export", kind, str(saved), str(out), "--force"]) == 0
     assert (out / "config.json").is_file()
+    if kind != "onnx":       # its config.json is ours
+        marker = json.loads((out / "transduce-export.json").read_text())
+        assert marker["written_by"] == "transduce" and marker["trained_steps"] is None
 
 
 @pytest.mark.parametrize("argv,message", [

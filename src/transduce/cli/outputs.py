@@ -9,11 +9,10 @@ from pathlib import Path
 
 from transduce import atomic
 from transduce.config import ConfigError
+from transduce.written import CONFIG, EXPORT_MARKER, written_by_transduce
 
-# What every directory these commands write holds (checkpoints, exports, imports).
-MARKER = "config.json"
-FORCE_HELP = f"replace OUT if it holds what transduce writes (a {MARKER}); anything " \
-             f"else there is never replaced"
+FORCE_HELP = f"replace OUT if transduce wrote it (our {CONFIG}, or an export's " \
+             f"{EXPORT_MARKER}); anything else there is never replaced"
 
 
 def check_output_file(path: Path, option: str) -> None:
@@ -42,9 +41,10 @@ def check_output_directory(path: Path, option: str, *, force: bool,
     if not force:
         raise ConfigError(f"{option} {path}: exists and is not empty; pass --force to "
                           f"replace what is there")
-    if not (path / MARKER).is_file():
+    if not written_by_transduce(path):
         raise ConfigError(f"{option} {path}: --force replaces only a directory written by "
-                          f"transduce, and {path} has no {MARKER}")
+                          f"transduce, and {path} holds neither our {CONFIG} nor an "
+                          f"export's {EXPORT_MARKER}; remove it yourself if it should go")
 
 
 def _as_option_error(check, path: Path, option: str) -> None:

@@ -12,6 +12,7 @@ from transduce import atomic, checkpoint
 from transduce.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 from transduce.export.common import ExportError, not_a_plain_transformer
 from transduce.model import Transformer, load_model
+from transduce.written import write_export_marker
 
 
 def check_ctranslate2_exportable(model: Transformer) -> None:
@@ -128,4 +129,5 @@ def export_ctranslate2(path: Path, out: Path, quantization: str | None = None) -
     with atomic.atomic_directory(out) as temporary:
         _Prepared().convert(str(temporary), quantization=quantization, force=True)
         shutil.copyfile(tokenizer.path, temporary / checkpoint.TOKENIZER)
+        write_export_marker(temporary, "ctranslate2", checkpoint.trained_steps(directory))
     return out

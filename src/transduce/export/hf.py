@@ -30,6 +30,7 @@ from transduce.config import ModelConfig
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.export.common import ExportError, not_a_plain_transformer
 from transduce.model import Transformer, load_model
+from transduce.written import write_export_marker
 
 # Our activations under transformers' names (ACT2FN).
 HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_pytorch_tanh"}
@@ -201,6 +202,8 @@ def export_hf(path: Path, out: Path) -> Path:
         for weights in temporary.glob("*.safetensors"):   # written 0600
             atomic.open_permissions(weights)
         _write_tokenizer(tokenizer, temporary, model.config.max_positions)
+        write_export_marker(temporary, f"huggingface-{theirs.config.model_type}",
+                            checkpoint.trained_steps(directory))
     return out
 
 
