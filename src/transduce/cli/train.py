@@ -70,18 +70,15 @@ def train_command(args: argparse.Namespace) -> int:
     keep_freed_memory()  # a process setting: the command line's to make, not the library's
     check_directory_path(args.out, "--out")
     corpus_kind(args.data)   # a missing corpus is named as such, before its vocabulary is read
+    file_values = read_config_file(args.config)
     if args.init is not None and flags_given(args, TrainConfig).get("task") == "classify":
-        model_config, train_config = _fine_tuning_configs(args)
+        model_config, train_config = _fine_tuning_configs(args, file_values)
     elif args.init is not None:
-        model_config, train_config = _uptraining_configs(args)
+        model_config, train_config = _uptraining_configs(args, file_values)
     elif args.resume:
-        model_config, saved_train = checkpoint.read_configs(checkpoint.resolve(args.out))
-        file_values = read_config_file(args.config)
-        _check_resumed_model(args, file_values, model_config)
-        train_config = (saved_train or TrainConfig()).replace(
-            **file_values.get("train", {}), **flags_given(args, TrainConfig))
+        model_config, train_config = _resumed_configs(args, file_values)
     else:
-        model_config, train_config = _new_run_configs(args)
+        model_config, train_config = _new_run_configs(args, file_values)
     if not args.resume and checkpoint.list_checkpoints(args.out):
         resume = "" if args.init else "pass --resume to continue that run, or "
         raise ConfigError(f"{args.out} already holds checkpoints: {resume}choose another --out")
@@ -89,10 +86,10 @@ def train_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _new_run_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
+def _new_run_configs(args: argparse.Namespace, file_values: dict
+                     ) -> tuple[ModelConfig, TrainConfig]:
     """The preset (flag, config file, else small, or gpt-small for arch decoder) with the
     file's and the flags' fields; the vocabulary sizes are the corpus vocabulary's."""
-    file_values = read_config_file(args.config)
     name, model_config = _described_model(args, file_values)
     chosen = {**file_values.get("train", {}), **flags_given(args, TrainConfig)}
     values = {**train_recipe(name), **chosen}
@@ -119,12 +116,22 @@ def _described_model(args: argparse.Namespace, file_values: dict) -> tuple[str, 
     return name, preset(name, **model_values)
 
 
+def _resumed_configs(args: argparse.Namespace, file_values: dict
+                     ) -> tuple[ModelConfig, TrainConfig]:
+    """The run's saved model, and its recipe with the file's and the flags' fields."""
+    from transduce import checkpoint
+
+    model_config, saved_train = checkpoint.read_configs(checkpoint.resolve(args.out))
+    _check_resumed_model(args, file_values, model_config)
+    return model_config, (saved_train or TrainConfig()).replace(
+        **file_values.get("train", {}), **flags_given(args, TrainConfig))
+
+
 def _check_resumed_model(args: argparse.Namespace, file_values: dict, saved: ModelConfig
                          ) -> None:
     """--resume repeated with the run's first command line (its --preset, --config or
     model flags) is fine; model choices that describe another model are refused."""
-    if not (args.preset or flags_given(args, ModelConfig) or "preset" in file_values
-            or file_values.get("model")):
+    if not _model_choices(args, file_values):
         return
     described, run = _described_model(args, file_values)[1].to_dict(), saved.to_dict()
     differing = [f"{name} {value!r} (the run: {run[name]!r})"
@@ -139,7 +146,8 @@ def _class_names(data_dir: Path) -> list[str]:
     return class_names(data_dir)
 
 
-def _fine_tuning_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
+def _fine_tuning_configs(args: argparse.Namespace, file_values: dict
+                         ) -> tuple[ModelConfig, TrainConfig]:
     """A pre-trained encoder's model with num_labels set to the corpus's classes, and
     the fine-tuning recipe (FINE_TUNING) with the file's and the flags' fields."""
     from transduce import checkpoint
@@ -148,7 +156,6 @@ def _fine_tuning_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainCo
         raise ConfigError("--init starts a new run from a checkpoint's weights; --resume "
                           "continues a run: choose one")
     dropouts = ("dropout", "attention_dropout")
-    file_values = read_config_file(args.config)
     _refuse_model_choices(args, file_values, "--init keeps the checkpoint's model",
                           allowed=dropouts)
     model_flags = {name: value for name, value in {**file_values.get("model", {}),
@@ -163,7 +170,8 @@ def _fine_tuning_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainCo
                                         **flags_given(args, TrainConfig)})
 
 
-def _uptraining_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
+def _uptraining_configs(args: argparse.Namespace, file_values: dict
+                        ) -> tuple[ModelConfig, TrainConfig]:
     """The checkpoint's model and recipe (warmup, batch size, smoothing...) with a new
     budget: a fraction of its steps, the schedule continued (train/uptrain.py)."""
     from transduce import checkpoint
@@ -172,7 +180,6 @@ def _uptraining_configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainCon
     if args.resume:
         raise ConfigError("--init starts a new run from a checkpoint's weights; --resume "
                           "continues a run: choose one")
-    file_values = read_config_file(args.config)
     _refuse_model_choices(args, file_values, "--init keeps the checkpoint's model")
     train_flags = flags_given(args, TrainConfig)
     model_config, saved_train = checkpoint.read_configs(checkpoint.resolve(args.init))
@@ -202,17 +209,23 @@ def uptraining_plan(init: Path, config: TrainConfig, defaults: dict, fraction: f
 
 def _refuse_model_choices(args: argparse.Namespace, file_values: dict, why: str,
                           allowed: tuple[str, ...] = ()) -> None:
-    """A run that keeps a saved model refuses what would choose another (--preset, the
-    model's flags, the --config file's preset and [model] fields) but `allowed`, naming
-    each as the user wrote it."""
+    """A run that keeps a saved model refuses what would choose another but `allowed`."""
+    chosen = _model_choices(args, file_values, allowed)
+    if chosen:
+        raise ConfigError(f"{why}; it cannot change {', '.join(chosen)}")
+
+
+def _model_choices(args: argparse.Namespace, file_values: dict,
+                   allowed: tuple[str, ...] = ()) -> list[str]:
+    """What chooses a model (--preset, the model's flags, the --config file's preset and
+    [model] fields) but `allowed`, each named as the user wrote it."""
     chosen = ["--preset"] if args.preset else []
     chosen += [f"--{name.replace('_', '-')}" for name in flags_given(args, ModelConfig)
                if name not in allowed]
     chosen += [f"{args.config}: preset"] if "preset" in file_values else []
     chosen += [f"{args.config}: [model] {name}" for name in file_values.get("model", {})
                if name not in allowed]
-    if chosen:
-        raise ConfigError(f"{why}; it cannot change {', '.join(chosen)}")
+    return chosen
 
 
 def average_command(args: argparse.Namespace) -> int:
