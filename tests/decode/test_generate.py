@@ -15,7 +15,8 @@ from transduce.data.tokenizer import Tokenizer
 from transduce.decode.generate import Continuation, Generator, PromptError, prompt_seeds, \
     with_bos
 from transduce.decode.options import GenerateOptions
-from transduce.decode.sampling import Sampler, filter_logits, penalize_repetition
+from transduce.decode.sampling import Sampler, filter_logits, exponential_race, \
+    penalize_repetition
 from transduce.errors import TransduceWarning
 from transduce.model import build_model
 from transduce.model import int8 as int8_module
@@ -304,6 +305,25 @@ def test_the_packed_copy_generates_what_the_model_does(model, generator):
     tokens = torch.randint(4, model.config.tgt_vocab_size, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(generator.model(tokens), model(tokens), rtol=0, atol=1e-5)
+
+
+def test_the_exponential_race_draws_each_token_with_its_probability():
+    """Drawn tokens follow the distribution (against the exact probabilities, with a
+    bound a biased draw breaks), tokens of probability 0 are never drawn, even against
+    an arrival of 0, and a token of probability 1 always is."""
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0], [0.1] * 5 + [0.5]])
+    draws = 100_000
+    generator = torch.Generator().manual_seed(0)
+    for row in probs:
+        uniforms = torch.rand(draws, len(row), generator=generator)
+        tokens = exponential_race(row.expand(draws, -1), uniforms)
+        frequencies = torch.bincount(tokens, minlength=len(row)).double() / draws
+        # 5 standard deviations of a frequency: sqrt(p (1 - p) / n) <= 0.0016 here
+        torch.testing.assert_close(frequencies, row.double(), rtol=0, atol=0.008)
+        assert (frequencies[row == 0] == 0).all()
+    certain = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    assert exponential_race(certain, torch.zeros(1, 4)).tolist() == [2]
+    assert exponential_race(certain, torch.tensor([[0.0, 0.3, 0.99, 0.0]])).tolist() == [2]
 
 
 def test_a_tiny_temperature_samples_the_most_likely_token():
