@@ -76,6 +76,38 @@ def test_continuous_equals_alone(generator, settings, joins):
     assert sum(map(len, found)) > 20
 
 
+def test_prompts_of_different_settings_share_the_batch(generator):
+    """Greedy and sampled prompts of several temperatures, top_k and top_p, with and
+    without a repetition penalty, stop strings or a short limit, joining at different
+    steps, each get what they get alone with their own settings."""
+    kinds = [{}, {"temperature": 0.9, "top_k": 20}, {"temperature": 1.2, "top_p": 0.9},
+             {"repetition_penalty": 1.6}, {"stop": ("a",)}, {"max_new_tokens": 3},
+             {"temperature": 0.9, "top_k": 20, "repetition_penalty": 1.3},
+             {"temperature": 1.2, "top_p": 0.9, "max_new_tokens": 5}]
+    options = [GenerateOptions(**{"max_new_tokens": 12, **kind}) for kind in kinds]
+    seeds = [None if each.greedy else 40 + i for i, each in enumerate(options)]
+    ids = generator.encode(PROMPTS)
+    generation, texts = ContinuousGeneration(generator), {}
+    joins = [[0, 1], [], [2, 3, 4], [], [], [5], [6, 7]]
+    step = 0
+    while step < len(joins) or generation.running:
+        joining = joins[step] if step < len(joins) else []
+        if joining:
+            generation.add([ids[i] for i in joining], joining, [seeds[i] for i in joining],
+                           [options[i] for i in joining])
+            assert len(generation.samplers) <= 3
+        texts.update((tag, c.text) for tag, c in generation.step())
+        step += 1
+    alone = [generator.generate([p], each, seeds=None if seed is None else [seed])[0]
+             for p, each, seed in zip(PROMPTS, options, seeds)]
+    assert [texts[i] for i in range(len(PROMPTS))] == alone
+    assert generation.samplers == {} and generation._seeds == {}
+    with pytest.raises(ValueError, match="2 prompts and 1 options"):
+        generation.add(ids[:2], [0, 1], None, [options[0]])
+    with pytest.raises(ValueError, match="one seed per prompt when sampling"):
+        generation.add(ids[:2], [0, 1], [None, None], options[:2])
+
+
 def test_long_prompts_joining_early_slots_and_relayouts(tokenizer):
     """Prompts longer than the slots written so far shift the running rows; rows that
     run to the context's end force relayouts; every one still gets its own text."""
@@ -125,4 +157,4 @@ def test_done_rows_free_their_generators(generator):
     generation.add(generator.encode(PROMPTS[:3]), [0, 1, 2], [5, 6, 7])
     while generation.running:
         generation.step()
-    assert generation.sampler.row_generators == {} and generation._seeds == {}
+    assert generation.samplers == {} and generation._seeds == {}

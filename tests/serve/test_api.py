@@ -18,7 +18,7 @@ from transduce.attention_maps import attention_maps
 from transduce.config import ConfigError
 from transduce.decode.options import GenerateOptions
 from transduce.model import Transformer
-from transduce.serve.batcher import Job
+from transduce.serve.batcher import Batcher, Job
 
 
 # Texts cut because the client asked ("truncate": true) are still reported by the library.
@@ -406,9 +406,14 @@ def test_sampled_requests_with_other_seeds_share_a_batch(generator, monkeypatch)
 
 
 def test_concurrent_generation_is_continuous_and_equals_each_alone(generator, monkeypatch):
-    """Concurrent greedy, sampled and streamed requests (no beam) are generated in
-    continuous streams, never by whole batches, and each gets what it gets alone."""
-    real = generator.generate
+    """Concurrent greedy, sampled and streamed requests (no beam) of different settings
+    are generated in one continuous stream (one key), never by whole batches, and each
+    gets what it gets alone."""
+    real, submit, keys = generator.generate, Batcher.submit, []
+
+    def recorded(batcher, job):
+        keys.append(job.key)
+        return submit(batcher, job)
 
     def refused(*args, **kwargs):
         raise AssertionError("a whole batch where the requests stream continuously")
@@ -419,6 +424,7 @@ def test_concurrent_generation_is_continuous_and_equals_each_alone(generator, mo
                "stream": i % 3 == 2} for i in range(9)]
     answers = [None] * len(bodies)
     monkeypatch.setattr(generator, "generate", refused)
+    monkeypatch.setattr(Batcher, "submit", recorded)
     with client_for(generator, max_texts=16) as client:
         def post(i):
             if not bodies[i]["stream"]:
@@ -439,6 +445,7 @@ def test_concurrent_generation_is_continuous_and_equals_each_alone(generator, mo
     for body, answer in zip(bodies, answers):
         settings = {k: v for k, v in body.items() if k not in ("prompts", "stream")}
         assert answer == real(body["prompts"], **settings), body
+    assert len(keys) == len(bodies) and set(keys) == {("generate",)}
 
 
 @pytest.mark.parametrize("settings", [{}, {"temperature": 0.9, "seed": 4}])

@@ -74,8 +74,8 @@ class _Posted:
     """A generate job's payload (serve/generation.py's _Prompts) that records what a
     streamed job posts instead of handing it to an event loop."""
 
-    def __init__(self, texts, seeds=None, streamed=False):
-        self.texts, self.seeds, self.posted = texts, seeds, []
+    def __init__(self, texts, options, seeds=None, streamed=False):
+        self.texts, self.options, self.seeds, self.posted = texts, options, seeds, []
         self.pieces = self.posted if streamed else None
 
     def __len__(self):
@@ -90,28 +90,38 @@ def prompts_job(payload, options):
                10 * len(payload), len(payload))
 
 
-@pytest.mark.parametrize("settings", [{}, {"temperature": 0.9, "top_p": 0.95}])
-def test_generation_jobs_get_what_the_generator_gives(generator, settings):
-    options = GenerateOptions(max_new_tokens=14, **settings)
-    stream = generation_stream(generator, options)(0)
-    seeds = (lambda n, s: None if options.greedy else prompt_seeds(s, n))
-    payloads = [_Posted(SENTENCES[:3], seeds(3, 1)), _Posted(["", SENTENCES[3]], seeds(2, 2)),
-                _Posted(SENTENCES[4:6], seeds(2, 3), streamed=True),
-                _Posted(SENTENCES[6:], seeds(2, 4))]
-    jobs = [prompts_job(payload, options) for payload in payloads]
-    answered, when = run(stream, [jobs[:2], [jobs[2]], [], [], [jobs[3]]])
+def test_generation_jobs_of_any_settings_get_what_the_generator_gives(generator):
+    """Greedy and sampled jobs of different settings share one stream, each prompt
+    generated as alone with its job's settings, whole or streamed."""
+    settings = [{}, {"temperature": 0.9, "top_p": 0.95},
+                {"repetition_penalty": 1.5},
+                {"max_new_tokens": 6, "stop": ("a",)},
+                {"temperature": 1.1, "top_k": 30, "max_new_tokens": 9}]
+    options = [GenerateOptions(**{"max_new_tokens": 14, **each}) for each in settings]
+    stream = generation_stream(generator, options[0])(0)
+    seeds = (lambda n, s, o: None if o.greedy else prompt_seeds(s, n))
+    payloads = [_Posted(SENTENCES[:3], options[0]),
+                _Posted(["", SENTENCES[3]], options[1], seeds(2, 2, options[1])),
+                _Posted(SENTENCES[4:6], options[2], seeds(2, 3, options[2]), streamed=True),
+                _Posted(SENTENCES[6:], options[3]),
+                _Posted(SENTENCES[1:4], options[4], seeds(3, 4, options[4]), streamed=True)]
+    jobs = [prompts_job(payload, payload.options) for payload in payloads]
+    answered, when = run(stream, [jobs[:2], [jobs[2]], [], [jobs[4]], [], [jobs[3]]])
     for each in jobs:
         texts, started, seconds = answered[each]
-        expected = generator.generate(each.payload.texts, options, seeds=each.payload.seeds)
+        expected = generator.generate(each.payload.texts, each.payload.options,
+                                      seeds=each.payload.seeds)
         if each.payload.pieces is None:
             assert texts == expected
         else:
             assert texts is None
             joined = ["".join(t for i, t in each.payload.posted if i == index)
                       for index in range(len(expected))]
-            assert joined == expected and len(each.payload.posted) > len(expected)
+            assert joined == expected
         assert seconds >= 0 and started > 0
     assert len(set(when.values())) > 1          # jobs left at different steps
+    # in pieces, each ending at a word's end
+    assert len(payloads[2].posted) > len(payloads[2].texts)
 
 
 def test_beam_and_quantized_generation_is_batched_whole(generator, lm_dir):

@@ -16,9 +16,10 @@ oldest running row's first are never read; when the buffers lack room (for more 
 longer prompt, the next slot) they are laid out again from that slot, with twice the
 room needed, so that this is rare.
 
-Each row is generated as Generator.generate generates it alone: greedy, or sampled from a
-generator of its own seeded with its seed, with the repetition penalty over its own
-tokens, and its stop strings and limit. Only numerics may differ: masked keys, and rows
+Each row is generated as Generator.generate generates it alone, with its own settings
+(prompts of any settings share the batch): greedy, or sampled at its temperature, top_k
+and top_p from a generator of its own seeded with its seed, with its repetition penalty
+over its own tokens, and its stop strings and limit. Only numerics may differ: masked keys, and rows
 decoded in other company, can change the order in which a kernel sums.
 """
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
 import torch
 from torch import Tensor
@@ -44,7 +45,8 @@ MIN_SLOTS = 32     # the fewest slots a layout allocates
 class _Row:
     tag: Any                       # the caller's handle, given back with the result
     continuation: Continuation
-    generator_id: int              # its random generator's id in the sampler
+    generator_id: int              # its random generator's id in its sampler
+    sampling: Hashable             # (temperature, top_k, top_p), None when greedy
 
 
 def supports(generator: Generator) -> bool:
@@ -56,7 +58,7 @@ def supports(generator: Generator) -> bool:
 
 class ContinuousGeneration:
     """Greedy or sampled generation (beam 1) of prompts that join with add() and leave as
-    step() finds them done.
+    step() finds them done; `options` are the settings of prompts added without their own.
 
         generation = ContinuousGeneration(generator, options)
         generation.add(generator.encode(prompts), tags, seeds)   # seeds when sampling
@@ -65,10 +67,8 @@ class ContinuousGeneration:
                 print(continuation.text)
     """
 
-    def __init__(self, generator: Generator, options: GenerateOptions):
-        if options.beam != 1:
-            raise ValueError(f"beam={options.beam}: continuous generation is greedy or "
-                             "sampled; beam search runs whole batches (Generator.generate)")
+    def __init__(self, generator: Generator, options: GenerateOptions = GenerateOptions()):
+        _check_beam(options)
         if not supports(generator):
             raise ValueError("this generator cannot generate continuously: it needs softmax "
                              "attention's plain KV caches (no kv_dtype, no window)")
@@ -81,13 +81,11 @@ class ContinuousGeneration:
         self._keys = [(cache.k, cache.v) for cache in self.caches]   # (R, Hkv, T, D)
         self._tokens = torch.zeros(0, dtype=torch.long, device=self.device)   # (R,) fed next
         self._starts = torch.zeros(0, dtype=torch.long, device=self.device)   # (R,)
-        self._seen = None if options.repetition_penalty == 1.0 else torch.zeros(
-            0, self.model.config.tgt_vocab_size, dtype=torch.bool, device=self.device)  # (R, V)
+        self._seen: Tensor | None = None             # (R, V) once a row has a penalty
+        self._penalties: Tensor | None = None        # (R,) repetition penalties, 1: off
         self._seeds: dict[int, int] = {}             # generator id -> seed
         self._ids = itertools.count()
-        self.sampler = None if options.greedy else Sampler(
-            options.temperature, options.top_k, options.top_p, device=self.device,
-            row_seeds=self._seeds)
+        self.samplers: dict[Hashable, Sampler] = {}  # sampling settings -> their sampler
 
     @property
     def running(self) -> int:
@@ -100,20 +98,14 @@ class ContinuousGeneration:
 
     @torch.inference_mode()
     def add(self, prompts: Sequence[Sequence[int]], tags: Sequence[Any],
-            seeds: Sequence[int] | None = None) -> None:
+            seeds: Sequence[int | None] | None = None,
+            options: GenerateOptions | Sequence[GenerateOptions] | None = None) -> None:
         """Start continuing prompts (ids as Generator.encode gives them) at the next step;
-        tags come back with their continuations. seeds: one per prompt when sampling."""
+        tags come back with their continuations. options: the prompts' settings, one for
+        all or one each (None: the generation's); seeds: one per prompt, an integer for
+        each sampled one (None for a greedy one)."""
         prompts = [list(ids) for ids in prompts]
-        if not prompts or len(tags) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts and {len(tags)} tags: give one tag per "
-                             "prompt, and at least one prompt")
-        if (seeds is None) != (self.sampler is None) or \
-                (seeds is not None and len(seeds) != len(prompts)):
-            raise ValueError("give one seed per prompt when sampling, and none when greedy")
-        too_long = [len(ids) for ids in prompts if not 1 <= len(ids) < self.generator.context]
-        if too_long:
-            raise ValueError(f"a prompt of {too_long[0]} tokens: each needs 1 to "
-                             f"{self.generator.context - 1}")
+        settings = self._settings(prompts, tags, seeds, options)
         first, count, before = len(self.rows), len(prompts), max(map(len, prompts)) - 1
         self._make_room(first + count, before)
         rows = slice(first, first + count)
@@ -122,16 +114,62 @@ class ContinuousGeneration:
         lengths = torch.tensor([len(ids) for ids in prompts], device=self.device)
         self._starts[rows] = self.slot - (lengths - 1)
         self._tokens[rows] = torch.tensor([ids[-1] for ids in prompts], device=self.device)
-        if self._seen is not None:
-            self._seen[rows] = False
-            for row, ids in enumerate(prompts, start=first):
-                self._seen[row, ids] = True
-        for index, (ids, tag) in enumerate(zip(prompts, tags)):
-            generator_id = next(self._ids)
-            if seeds is not None:
+        self._note_penalties(prompts, settings, first)
+        for index, (ids, tag, each) in enumerate(zip(prompts, tags, settings)):
+            generator_id, sampling = next(self._ids), None
+            if not each.greedy:
+                sampling = (each.temperature, each.top_k, each.top_p)
                 self._seeds[generator_id] = seeds[index]
-            self.rows.append(_Row(tag, self.generator.continuation(ids, self.options),
-                                  generator_id))
+                if sampling not in self.samplers:
+                    self.samplers[sampling] = Sampler(*sampling, device=self.device,
+                                                      row_seeds=self._seeds)
+            self.rows.append(_Row(tag, self.generator.continuation(ids, each), generator_id,
+                                  sampling))
+
+    def _settings(self, prompts: list[list[int]], tags: Sequence[Any],
+                  seeds: Sequence[int | None] | None,
+                  options: GenerateOptions | Sequence[GenerateOptions] | None
+                  ) -> list[GenerateOptions]:
+        """Each prompt's options, once the arguments are checked (a ValueError names what
+        is wrong)."""
+        count = len(prompts)
+        if not prompts or len(tags) != count:
+            raise ValueError(f"{count} prompts and {len(tags)} tags: give one tag per "
+                             "prompt, and at least one prompt")
+        settings = [options or self.options] * count if options is None or \
+            isinstance(options, GenerateOptions) else list(options)
+        if len(settings) != count:
+            raise ValueError(f"{count} prompts and {len(settings)} options: give one for "
+                             "all, or one per prompt")
+        for each in settings:
+            _check_beam(each)
+        given = [None] * count if seeds is None else list(seeds)
+        if len(given) != count or any((seed is None) != each.greedy
+                                      for seed, each in zip(given, settings)):
+            raise ValueError("give one seed per prompt when sampling, and none when greedy")
+        too_long = [len(ids) for ids in prompts if not 1 <= len(ids) < self.generator.context]
+        if too_long:
+            raise ValueError(f"a prompt of {too_long[0]} tokens: each needs 1 to "
+                             f"{self.generator.context - 1}")
+        return settings
+
+    def _note_penalties(self, prompts: list[list[int]], settings: list[GenerateOptions],
+                        first: int) -> None:
+        """The joining rows' repetition penalties, and the tokens of their prompts (the
+        buffers are made when the first row with a penalty joins)."""
+        if self._seen is None:
+            if all(each.repetition_penalty == 1.0 for each in settings):
+                return
+            rows = self._tokens.shape[0]
+            self._seen = torch.zeros(rows, self.model.config.tgt_vocab_size, dtype=torch.bool,
+                                     device=self.device)
+            self._penalties = torch.ones(rows, device=self.device)
+        rows = slice(first, first + len(prompts))
+        self._penalties[rows] = torch.tensor([each.repetition_penalty for each in settings],
+                                             device=self.device)
+        self._seen[rows] = False
+        for row, ids in enumerate(prompts, start=first):
+            self._seen[row, ids] = True
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Any, Continuation]]:
@@ -144,9 +182,8 @@ class ContinuousGeneration:
         logits = self._decode(count)                                        # (R, V)
         if self._seen is not None:
             logits = penalize_repetition(logits, self._seen[:count],
-                                         self.options.repetition_penalty)
-        chosen = logits.argmax(dim=-1) if self.sampler is None else \
-            self.sampler(logits, [row.generator_id for row in self.rows])     # (R,)
+                                         self._penalties[:count, None])
+        chosen = self._choose(logits)                                       # (R,)
         self._tokens[:count] = chosen
         if self._seen is not None:
             self._seen[:count].scatter_(1, chosen[:, None], True)
@@ -158,6 +195,27 @@ class ContinuousGeneration:
             self._keep([index for index, row in enumerate(self.rows)
                         if not row.continuation.finished])
         return [(row.tag, row.continuation) for row in done]
+
+    def _choose(self, logits: Tensor) -> Tensor:
+        """Each row's next token, by its own settings: logits (R, V) -> tokens (R,). The
+        rows of each setting are chosen together."""
+        groups: dict[Hashable, list[int]] = {}
+        for index, row in enumerate(self.rows):
+            groups.setdefault(row.sampling, []).append(index)
+        if len(groups) == 1:
+            return self._chosen(logits, next(iter(groups)), self.rows)
+        chosen = torch.empty(len(self.rows), dtype=torch.long, device=self.device)
+        for sampling, indices in groups.items():
+            index = torch.tensor(indices, device=self.device)
+            chosen[index] = self._chosen(logits[index], sampling,
+                                         [self.rows[i] for i in indices])
+        return chosen
+
+    def _chosen(self, logits: Tensor, sampling: Hashable, rows: list[_Row]) -> Tensor:
+        """logits (N, V) of `rows`, which share `sampling` -> tokens (N,)."""
+        if sampling is None:
+            return logits.argmax(dim=-1)
+        return self.samplers[sampling](logits, [row.generator_id for row in rows])
 
     def _decode(self, count: int) -> Tensor:
         """The running rows' tokens at self.slot through the model -> logits (R, V). The
@@ -182,24 +240,33 @@ class ContinuousGeneration:
             v[rows, :, self.slot - before:self.slot] = cache.v[:, :, :before]
 
     def _keep(self, kept: list[int]) -> None:
-        """Keep rows `kept` (in order) at the top of the buffers; forget the others."""
+        """Keep rows `kept` at the top of the buffers and forget the others: the kept
+        rows past the new end move into the holes, so that a step copies the caches
+        of as many rows as finished at most, not of every row after the first done."""
         staying = set(kept)
-        gone = [row.generator_id for index, row in enumerate(self.rows) if index not in staying]
-        if self.sampler is not None:
-            self.sampler.forget(gone)
-        for generator_id in gone:
-            self._seeds.pop(generator_id, None)
-        self.rows = [self.rows[index] for index in kept]
-        if not kept:
+        for index, row in enumerate(self.rows):
+            if index not in staying and row.sampling is not None:
+                self.samplers[row.sampling].forget([row.generator_id])
+                del self._seeds[row.generator_id]
+        count = len(kept)
+        holes = [index for index in range(count) if index not in staying]
+        movers = [index for index in kept if index >= count]        # as many as holes
+        rows = self.rows
+        for hole, mover in zip(holes, movers):
+            rows[hole] = rows[mover]
+        self.rows = rows[:count]
+        in_use = {row.sampling for row in self.rows}
+        self.samplers = {key: sampler for key, sampler in self.samplers.items() if key in in_use}
+        if not holes:
             return
-        index = torch.tensor(kept, device=self.device)
-        first = int(self._starts[index].min())
+        dst, src = torch.tensor(holes, device=self.device), torch.tensor(movers, device=self.device)
+        first = int(self._starts[src].min())
         for k, v in self._keys:
-            k[:len(kept), :, first:self.slot] = k[index, :, first:self.slot]
-            v[:len(kept), :, first:self.slot] = v[index, :, first:self.slot]
-        for buffer in (self._tokens, self._starts, self._seen):
+            k[dst, :, first:self.slot] = k[src, :, first:self.slot]
+            v[dst, :, first:self.slot] = v[src, :, first:self.slot]
+        for buffer in (self._tokens, self._starts, self._seen, self._penalties):
             if buffer is not None:
-                buffer[:len(kept)] = buffer[index]
+                buffer[dst] = buffer[src]
 
     def _make_room(self, rows: int, before: int) -> None:
         """Buffers with room for `rows` rows, for `before` slots before self.slot and for
@@ -228,6 +295,7 @@ class ContinuousGeneration:
         self._tokens, self._starts = _grown(self._tokens, new_rows), _grown(self._starts, new_rows)
         if self._seen is not None:
             self._seen = _grown(self._seen, new_rows)
+            self._penalties = _grown(self._penalties, new_rows)
 
 
 def _grown(buffer: Tensor, rows: int) -> Tensor:
@@ -237,3 +305,9 @@ def _grown(buffer: Tensor, rows: int) -> Tensor:
     grown = buffer.new_zeros(rows, *buffer.shape[1:])
     grown[:buffer.shape[0]] = buffer
     return grown
+
+
+def _check_beam(options: GenerateOptions) -> None:
+    if options.beam != 1:
+        raise ValueError(f"beam={options.beam}: continuous generation is greedy or "
+                         "sampled; beam search runs whole batches (Generator.generate)")

@@ -184,9 +184,14 @@ class Batcher:
                     self._working, self._alone = self._working - 1, False
                     self._ready.notify_all()
 
+    @property
+    def streams(self) -> bool:
+        """Whether jobs that have a stream are decoded in it (not in whole batches)."""
+        return self.batching and self.continuous
+
     def _streams(self, job: Job) -> bool:
         """Whether `job` is decoded in a stream (which may run beside other streams)."""
-        return self.batching and self.continuous and job.stream is not None
+        return self.streams and job.stream is not None
 
     def _may_start(self, job: Job, rank: int) -> bool:
         """Whether decoder `rank` may start `job` now (the lock held): a stream beside

@@ -101,12 +101,13 @@ class TranslationStream:
 
 def generation_stream(generator: Generator, options: GenerateOptions
                       ) -> Callable[[int], Stream] | None:
-    """A factory of streams for these generation settings, or None where they cannot be
-    generated continuously (beam search, a quantized or windowed cache): their jobs are
-    then generated as whole batches."""
+    """A factory of the stream that generates jobs of these settings (one stream takes
+    jobs of any greedy or sampled settings), or None where they cannot be generated
+    continuously (beam search, a quantized or windowed cache): their jobs are then
+    generated as whole batches."""
     if options.beam != 1 or not supports(generator):
         return None
-    return lambda rank: GenerationStream(generator, options)
+    return lambda rank: GenerationStream(generator)
 
 
 @dataclass
@@ -117,13 +118,14 @@ class _Prompted:
 
 
 class GenerationStream:
-    """The Stream of one key's generation jobs (payloads as serve/generation.py's
-    _Prompts). Each result is (per prompt its text, or None for a streamed job, whose
-    pieces went out step by step; the time the job was admitted; seconds until done)."""
+    """The Stream of generation jobs of any greedy or sampled settings, each prompt with
+    its job's (payloads as serve/generation.py's _Prompts). Each result is (per prompt its
+    text, or None for a streamed job, whose pieces went out step by step; the time the
+    job was admitted; seconds until done)."""
 
-    def __init__(self, generator: Generator, options: GenerateOptions):
+    def __init__(self, generator: Generator):
         self.generator = generator
-        self.generation = ContinuousGeneration(generator, options)
+        self.generation = ContinuousGeneration(generator)
         self.pending: dict[Job, _Prompted] = {}
 
     @property
@@ -131,15 +133,16 @@ class GenerationStream:
         return len(self.pending)
 
     def admit(self, jobs: Sequence[Job]) -> None:
-        now, prompts, tags, seeds = time.monotonic(), [], [], []
+        now, tags, seeds, options = time.monotonic(), [], [], []
+        prompts = self.generator.encode([text for job in jobs for text in job.payload.texts])
         for job in jobs:
-            ids = self.generator.encode(job.payload.texts)
-            self.pending[job] = _Prompted([""] * len(ids), len(ids), now)
-            prompts += ids
-            tags += [(job, index) for index in range(len(ids))]
-            seeds += job.payload.seeds or []
+            count = len(job.payload.texts)
+            self.pending[job] = _Prompted([""] * count, count, now)
+            tags += [(job, index) for index in range(count)]
+            seeds += job.payload.seeds or [None] * count
+            options += [job.payload.options] * count
         if prompts:
-            self.generation.add(prompts, tags, seeds if self.generation.sampler else None)
+            self.generation.add(prompts, tags, seeds, options)
 
     def step(self) -> list[tuple[Job, Any]]:
         done = []

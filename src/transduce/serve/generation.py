@@ -1,12 +1,13 @@
 """The route of a decoder-only model: /v1/generate, whole or streamed (server-sent events).
 
-Requests with the same settings share batches, each prompt getting what it gets alone;
-sampled ones too, as each prompt draws from its own seed (prompt_seeds of the request's
-seed and its place in the request). Greedy and sampled requests are batched continuously
-(serve/continuous.py's GenerationStream): prompts join the running batch between steps
-and leave it, answered, when done. Beam search, a quantized or windowed cache, or
---static-batches run whole batches with Generator.generate or, streamed,
-Generator.stream_batch. A streamed request gets each step's new text as it is made.
+Requests share batches, each prompt getting what it gets alone; sampled ones too, as
+each prompt draws from its own seed (prompt_seeds of the request's seed and its place in
+the request). Greedy and sampled requests of any settings, whole or streamed, are batched
+continuously (serve/continuous.py's GenerationStream): prompts join the running batch
+between steps, each with its request's settings, and leave it, answered, when done. Beam
+search, a quantized or windowed cache, or --static-batches run whole batches of requests
+with the same settings, with Generator.generate or, streamed, Generator.stream_batch. A
+streamed request gets each step's new text as it is made.
 """
 
 from __future__ import annotations
@@ -46,19 +47,22 @@ def routes(service: Service) -> APIRouter:
         summary="Continue prompts with a language model, whole or streamed")
     async def generate(body: GenerateRequest):
         options, lengths = _check(service, body)
-        # Requests sampled with other seeds share a batch: each prompt has its own seed.
-        key = ("generate", body.stream, dataclasses.replace(options, seed=None))
         tokens = sum(n + options.max_new_tokens for n in lengths)
         seeds = None if options.greedy else prompt_seeds(options.seed, len(body.prompts))
         stream = generation_stream(generator, options)
+        # One stream runs every continuous job; whole batches share settings, save the
+        # seed (each prompt has its own).
+        key = ("generate",) if stream is not None and service.batcher.streams else \
+            ("generate", body.stream, dataclasses.replace(options, seed=None))
         if not body.stream:
             run = timed(lambda jobs: _run_whole(generator, options, jobs))
-            texts, timings = await service.submit(key, run, _Prompts(body.prompts, seeds),
-                                                  tokens, len(body.prompts), stream)
+            texts, timings = await service.submit(
+                key, run, _Prompts(body.prompts, options, seeds), tokens, len(body.prompts),
+                stream)
             return GenerateResponse(generations=texts, timings=timings)
         pieces: asyncio.Queue = asyncio.Queue()
         run = timed(lambda jobs: _run_streamed(generator, options, jobs))
-        job = service.enqueue(key, run, _Prompts(body.prompts, seeds, pieces,
+        job = service.enqueue(key, run, _Prompts(body.prompts, options, seeds, pieces,
                                                  asyncio.get_running_loop()),
                               tokens, len(body.prompts), stream)
         return StreamingResponse(_events(service, job, pieces), media_type="text/event-stream",
@@ -103,10 +107,11 @@ def _named(error: ConfigError) -> ApiError:
 
 @dataclass
 class _Prompts:
-    """A generate job's payload: its prompts, their seeds (None: greedy or beam) and,
-    when streamed, the queue its pieces go to, on the event loop's thread."""
+    """A generate job's payload: its prompts, their settings and seeds (None: greedy or
+    beam) and, when streamed, the queue its pieces go to, on the event loop's thread."""
 
     texts: list[str]
+    options: GenerateOptions
     seeds: list[int] | None
     pieces: asyncio.Queue | None = None
     loop: asyncio.AbstractEventLoop | None = None
