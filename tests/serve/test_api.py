@@ -535,6 +535,21 @@ def test_health_models_and_docs(mt, enc, translator):
     assert mt.get("/docs").status_code == 200
 
 
+def test_the_docs_pages_load_nothing_from_elsewhere(mt):
+    """/docs and /redoc name no other host: their scripts and styles are the server's."""
+    for path in ("/docs", "/redoc"):
+        html = mt.get(path).text
+        assert "/openapi.json" in html and not re.search(r"(https?:)?//[\w.-]+\.\w", html)
+        for url in re.findall(r'(?:src|href)="([^"]+)"', html) + \
+                re.findall(r"(?:url|href): '([^']+)'", html):
+            answer = mt.get(url)
+            assert answer.status_code == 200 and len(answer.content) > 1000, url
+    assert mt.get("/docs-assets/swagger-ui-bundle.js").headers["content-type"].startswith(
+        "text/javascript")
+    missing = mt.get("/docs-assets/nothing.js")
+    assert missing.status_code == 404 and "docs-assets/nothing.js" in missing.json()["error"]
+
+
 def test_metrics_in_prometheus_text_format(mt):
     mt.post("/v1/translate", json={"texts": ["uno", "dos"], "beam": 1})
     mt.post("/v1/translate", json={"texts": []})

@@ -182,3 +182,27 @@ def test_encoder_page_classifies(browser_page, encoder):
     labels = [p.label for p in encoder.classify(["uno dos", "el perro"])]
     cells = page.locator("#enc-output tr td:nth-child(2)").all_text_contents()
     assert [cell.split(" ")[0] for cell in cells] == labels
+
+
+def test_the_api_docs_render_with_no_network(browser_page, generator):
+    """Swagger UI and ReDoc draw the API from the server's own files; every request
+    that would leave it is refused and counted."""
+    page = browser_page
+    elsewhere: list[str] = []
+    with ServerThread(create_app(generator)) as server:
+        def only_the_server(route):
+            if route.request.url.startswith(server.url):
+                return route.continue_()
+            elsewhere.append(route.request.url)
+            return route.abort()
+
+        page.route("**/*", only_the_server)
+        page.goto(server.url + "/docs")
+        page.wait_for_selector(".opblock-summary-path", timeout=30_000)
+        paths = page.locator(".opblock-summary-path").all_text_contents()
+        assert {"/v1/generate", "/health", "/v1/models"} <= {p.replace("\u200b", "")
+                                                              for p in paths}
+        page.goto(server.url + "/redoc")
+        page.get_by_text("Continue prompts with a language model").first.wait_for(
+            timeout=30_000)
+    assert elsewhere == []

@@ -4,7 +4,8 @@
     uvicorn.run(app)                   # or `transduce serve --model runs/small/ema`
 
 Every kind gets GET /health, /v1/models, /metrics, the page at / and the OpenAPI
-document at /openapi.json (rendered at /docs). A translation model adds /v1/translate,
+document at /openapi.json (rendered at /docs and /redoc, with scripts the server serves
+itself: docs.py). A translation model adds /v1/translate,
 /translate and /languages (LibreTranslate's), and /v1/attention; a language model
 /v1/generate; an encoder-only model /v1/embed and, with a classification head,
 /v1/classify. The worker starts and stops with the app's lifespan: on shutdown the
@@ -25,7 +26,7 @@ from fastapi.responses import PlainTextResponse
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.generate import Generator
 from transduce.decode.translate import Translator
-from transduce.serve import encoding, generation, page, translation
+from transduce.serve import docs, encoding, generation, page, translation
 from transduce.serve.batcher import Batcher
 from transduce.serve.continuous import decodes_in_streams
 from transduce.serve.limits import Limits
@@ -86,7 +87,8 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
                 process.close()
 
     app = FastAPI(title="transduce serve", version="1", lifespan=lifespan,
-                  description=f"A {kind} model ({name}) behind a batching decoder.")
+                  description=f"A {kind} model ({name}) behind a batching decoder.",
+                  docs_url=None, redoc_url=None)          # docs.routes: no CDN
     app.state.service = service
     install_error_handlers(app)
     router = {"translation": translation.routes, "generation": generation.routes,
@@ -94,6 +96,7 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
     app.include_router(router)
     app.include_router(_common_routes(service, kind))
     app.include_router(page.routes(kind))
+    app.include_router(docs.routes(app.title, app.openapi_url))
     app.add_middleware(BodyLimitMiddleware,
                        max_bytes=limits.max_texts * limits.max_chars * BYTES_PER_CHARACTER
                        + JSON_OVERHEAD_BYTES)
