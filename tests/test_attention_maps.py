@@ -38,6 +38,29 @@ def test_transformer_maps_are_distributions_over_the_right_tokens(tiny_corpus, c
         assert not maps.encoder[0].triu(diagonal=3).any()  # window 2
 
 
+# int8 converts products of 2**16 weights or more (model/int8.py): d_model 256
+@pytest.mark.parametrize("dtype, size", [("bfloat16", {}), ("int8", {"d_model": 256, "d_ff": 512})])
+def test_maps_of_a_model_decoding_in_reduced_precision(tiny_corpus, dtype, size):
+    """The recorded pass rounds its activations otherwise than the search over its beams
+    did: the score differs a little, and the maps are still given (they were refused
+    for most sentences, a 500 of the server)."""
+    torch.manual_seed(0)
+    config = preset("tiny", src_vocab_size=300, tgt_vocab_size=300, max_positions=40, **size)
+    model = build_model(config).eval()
+    reduced = Translator(model, Tokenizer(tiny_corpus / MODEL_NAME), dtype=dtype)
+    exact = Translator(model, Tokenizer(tiny_corpus / MODEL_NAME))
+    sentences = ["el perro rojo come", "uno dos tres", "la casa grande y el gato",
+                 "dos perro", "rojo rojo casa come el"]
+    differences = []
+    for sentence in sentences:
+        maps, reference = attention_maps(reduced, sentence), attention_maps(exact, sentence)
+        differences.append(abs(maps.log_prob - reference.log_prob) / abs(reference.log_prob))
+        for weights in [*maps.encoder, *maps.decoder, *maps.cross]:
+            torch.testing.assert_close(weights.float().sum(-1), torch.ones(weights.shape[:-1]),
+                                       rtol=0, atol=2e-2)
+    assert max(differences) > 1e-4         # rounded otherwise, and still within bounds
+
+
 def no_hooks(model):
     return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 

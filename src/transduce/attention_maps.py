@@ -2,9 +2,12 @@
 
 The sentence is translated (beam search); then one teacher-forced forward pass over the
 chosen translation runs with every attention module recording its weights
-(attention/recorder.py: forward hooks, the naive kernel). That pass computes exactly the
+(attention/recorder.py: forward hooks, the naive kernel). That pass computes the
 log-probabilities the search used, which `attention_maps` checks, so the maps are those
-of the translation shown. Any model that exposes `attention_modules()` can be drawn.
+of the translation shown: in float32 to rounding, in bfloat16 or int8 to the rounding
+of activations, which the pass over one row rounds otherwise than the search over its
+beams (up to 1.5% of the score over 150 test verses in bfloat16, 0.8% in int8). Any
+model that exposes `attention_modules()` can be drawn.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from transduce.config import ConfigError
 from transduce.data.tokenizer import BOS_ID, EOS_ID
 from transduce.decode.search import beam_search, max_lengths
 from transduce.decode.translate import Translator, pad_sources
+
+# How far the recorded pass's score may be from the search's when the model decodes in
+# bfloat16 or int8 (relative, and in nats near 0): three times the most seen.
+ROUNDED_TOLERANCE = 0.05
 
 
 @dataclass
@@ -57,7 +64,8 @@ def attention_maps(translator: Translator, sentence: str, *, beam: int = 4,
                                for role in ("encoder", "decoder", "cross"))
     log_prob = float(logits.float().log_softmax(-1)[0, torch.arange(len(outputs)),
                                                      torch.tensor(outputs)].sum())
-    if not math.isclose(log_prob, best.log_prob, rel_tol=1e-3, abs_tol=1e-3):
+    tolerance = 1e-3 if translator.dtype == "float32" else ROUNDED_TOLERANCE
+    if not math.isclose(log_prob, best.log_prob, rel_tol=tolerance, abs_tol=tolerance):
         raise RuntimeError(f"the recorded pass scores the translation {log_prob:.4f}, the "
                            f"search {best.log_prob:.4f}: the maps would not be its own")
     piece = tokenizer.piece
