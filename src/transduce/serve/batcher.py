@@ -15,16 +15,20 @@ budget. A job of another key does not wait for it to drain: it opens a stream of
 on the same decoder (a lane, up to MAX_LANES keys, each within its own token budget), and
 the decoder gives each step to the lane that has had the least decoding time, so a
 search of minutes slows a short one of other settings instead of holding it for minutes.
-Nothing is taken past a job that must wait (all lanes in use, or a job that is not
-streamed): the lanes then drain and it goes next.
+Nothing is taken past a job that must wait for a lane (all lanes in use): the lanes then
+drain and it goes next.
 
 Several decoders (`decoders`) run streams side by side, each on its share of the cores
 and its share of the running sentences: a decoding step is many small operators, and two
 streams of 16 sentences on one core each decode faster than one of 32 on both (2.05x in
 one process, int8, the compiled step, whose operators run outside Python). A job that
-is not streamed (attention maps, whole batches, other model kinds) runs alone, with
-every core: it waits for the streams to drain, as a job of another key does. A stream
-may decode in another process (serve/processes.py): its decoder's thread then forwards.
+is not streamed (attention maps, whole batches such as beam-search generation) runs
+alone, with every core, when no decoder works; while the streams run on a single decoder,
+that decoder runs it (with the queued jobs of its key) between two of its steps, its
+lanes waiting meanwhile, so that it neither waits for every stream to drain nor holds
+back the jobs queued after it. Never beside another decoder: they share the model, whose
+modules recording attention maps changes while it runs. A stream may decode in another process (serve/processes.py): its decoder's thread then
+forwards.
 
 The queue is bounded: submit() raises QueueFull, which the app answers with 429.
 """
@@ -298,8 +302,10 @@ class Batcher:
             for key, jobs in joining.items():
                 if jobs and key in lanes:
                     self._admit(lanes, lanes[key], jobs)
-            if opening:
+            if opening and self._streams(opening[0]):
                 self._open(lanes, opening, rank)
+            elif opening:
+                self._run_between_steps(opening)
 
     def _admissions(self, lanes: dict[Hashable, "_Lane"]
                     ) -> tuple[list[Job], dict[Hashable, list[Job]]]:
@@ -308,7 +314,9 @@ class Batcher:
         its token room and its share of the sentences, in groups of JOIN_GROUP sentences
         (encoded together: 1.3-1.5 ms a sentence against 2.2 alone) unless they have
         waited JOIN_WAIT_STEPS or the lane runs nothing. The first job that cannot join
-        opens a lane if its key may have one (_may_open); nothing is taken past it."""
+        opens a lane if its key may have one (_may_open), or, not streamed, is taken with
+        its key's queued jobs to run now if no other decoder works; nothing is taken past
+        it."""
         with self._ready:
             joining: dict[Hashable, list[Job]] = {key: [] for key in lanes}
             room = {key: [self.batch_tokens - lane.tokens, self._share(key) - lane.sentences]
@@ -331,9 +339,25 @@ class Batcher:
                 lane.held = 0 if jobs or not queued else lane.held + 1
                 for job in jobs:
                     self._queue.remove(job)
-            opening = self._take(waiting) if waiting and self._may_open(lanes, waiting) else []
+            opening = []
+            if waiting and self._streams(waiting) and self._may_open(lanes, waiting):
+                opening = self._take(waiting)
+            elif waiting and not self._streams(waiting) and self._working == 1:
+                # No other decoder may start until it is done (_run_between_steps).
+                opening, self._alone = self._take(waiting), True
             self.metrics.queue_depth = len(self._queue)
         return opening, joining
+
+    def _run_between_steps(self, batch: list[Job]) -> None:
+        """A batch that is not streamed, run by the only decoder working, its lanes
+        waiting. No other decoder starts meanwhile: they share the model, whose modules
+        recording attention maps changes for the duration."""
+        try:
+            self._run(batch)
+        finally:
+            with self._ready:
+                self._alone = False
+                self._ready.notify_all()
 
     def _may_open(self, lanes: dict[Hashable, "_Lane"], job: Job) -> bool:
         """Whether `job` may open a lane beside `lanes`: a streamed job of a key none of
