@@ -535,6 +535,23 @@ def test_health_models_and_docs(mt, enc, translator):
     assert mt.get("/docs").status_code == 200
 
 
+def test_the_continuous_kernel_is_built_before_the_server_answers(translator, generator,
+                                                                  monkeypatch):
+    """A machine's first build of the one-query kernel (about 20 s) happens at start-up,
+    not in the step of the first requests; only for a model that streams translations."""
+    from transduce.attention import one_query
+
+    calls = []
+    monkeypatch.setattr(one_query, "available", lambda: calls.append("built") or True)
+    with client_for(translator) as client:
+        assert calls == ["built"]
+        assert client.get("/health").status_code == 200
+    for model, limits in [(generator, {}), (translator, {"continuous": False})]:
+        with client_for(model, **limits):
+            pass
+    assert calls == ["built"]
+
+
 def test_the_docs_pages_load_nothing_from_elsewhere(mt):
     """/docs and /redoc name no other host: their scripts and styles are the server's."""
     for path in ("/docs", "/redoc"):

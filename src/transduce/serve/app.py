@@ -23,6 +23,7 @@ import torch
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
+from transduce.attention import one_query
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.generate import Generator
 from transduce.decode.translate import Translator
@@ -77,6 +78,11 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
+        if decodes_in_streams(model, limits):
+            # The continuous search's kernel: built here on a machine's first start
+            # (about 20 s, then cached), not in the first requests' step, and before the
+            # decoder processes, which then load it.
+            await asyncio.to_thread(one_query.available)
         await asyncio.to_thread(start_processes, processes.values())
         batcher.start()
         try:
