@@ -127,7 +127,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     keep_freed_memory()  # a process setting: the command line's to make, not the library's
     suffix = f"-kv{args.kv_dtype}" if args.kv_dtype else ""
     out = args.out or (Path(args.model) / f"eval-{args.split}-beam{args.beam}{suffix}")
-    _check_outputs(out, ".hyp", ".json")
+    files = _check_outputs(out, "translation")
     translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                  engine=args.engine, workers=args.workers)
     with tqdm(unit="line", desc=f"translating {args.split}") as bar:
@@ -141,14 +141,19 @@ def evaluate_command(args: argparse.Namespace) -> int:
     if "bleu_ref2" in result:
         print(f"  second reference: BLEU {result['bleu_ref2']:.2f}; both references: "
               f"BLEU {result['bleu_two_references']:.2f}")
-    print(f"wrote {out.with_suffix('.hyp')} and {out.with_suffix('.json')}")
+    print(f"wrote {' and '.join(map(str, files))}")
     return 0
 
 
-def _check_outputs(prefix: Path, *suffixes: str) -> None:
-    """Before the split is scored: every file it writes can be written."""
-    for suffix in suffixes:
-        check_output_file(prefix.with_suffix(suffix), "--out")
+def _check_outputs(prefix: Path, kind: str) -> list[Path]:
+    """Before the split is scored: every file an evaluation of `kind` writes can be
+    written -> those files."""
+    from transduce.decode.evaluate import written_files
+
+    files = written_files(prefix, kind)
+    for path in files:
+        check_output_file(path, "--out")
+    return files
 
 
 def _arch(path: Path) -> str:
@@ -171,13 +176,13 @@ def _evaluate_classifier(args: argparse.Namespace) -> int:
                           "and --engine onnxruntime apply to translation")
     encoder = SentenceEncoder.load(args.model, dtype=args.dtype)
     out = args.out or (Path(args.model) / f"eval-{args.split}-classify")
-    _check_outputs(out, ".tsv", ".json")
+    files = _check_outputs(out, "classification")
     result = evaluate_classifier(encoder, args.data, args.split, out,
                                  batch_tokens=args.batch_tokens)
     print(f"{args.split}: accuracy {100 * result['accuracy']:.2f}%, macro-F1 "
           f"{100 * result['macro_f1']:.2f} ({result['lines']} lines, "
           f"{len(result['classes'])} classes; {result['lines_per_second']:.0f} lines/s)")
-    print(f"wrote {out.with_suffix('.tsv')} and {out.with_suffix('.json')}")
+    print(f"wrote {' and '.join(map(str, files))}")
     return 0
 
 
@@ -197,7 +202,7 @@ def _evaluate_language_model(args: argparse.Namespace) -> int:
     directory = checkpoint.resolve(Path(args.model))
     model = load_model(directory, device)
     out = args.out or (Path(args.model) / f"eval-{args.split}-lm")
-    _check_outputs(out, ".json")
+    files = _check_outputs(out, "language model")
     result = evaluate_language_model(model, checkpoint.load_tokenizer(directory), args.data,
                                      args.split, out, batch_tokens=args.batch_tokens,
                                      device=device)
@@ -209,7 +214,7 @@ def _evaluate_language_model(args: argparse.Namespace) -> int:
         print(f"  left out {result['lines_too_long_skipped']} lines longer than the model's "
               f"{result['max_positions']} positions (lines "
               f"{', '.join(map(str, result['too_long_line_numbers'][:5]))} ...)")
-    print(f"wrote {out.with_suffix('.json')}")
+    print(f"wrote {' and '.join(map(str, files))}")
     return 0
 
 

@@ -42,6 +42,16 @@ from transduce.decode.translate import Translator
 from transduce.errors import TransduceWarning
 from transduce.model import DecoderOnly
 
+# What each evaluation writes beside OUT (the prefix): the command line checks them all
+# before a split is scored.
+SUFFIXES = {"translation": (".hyp", ".json"), "classification": (".tsv", ".json"),
+            "language model": (".json",)}
+
+
+def written_files(out_prefix: Path, kind: str) -> list[Path]:
+    """The files an evaluation of `kind` writes for OUT, in SUFFIXES' order."""
+    return [out_prefix.with_suffix(suffix) for suffix in SUFFIXES[kind]]
+
 
 def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefix: Path, *,
                    beam: int = 4, alpha: float = 0.6, batch_tokens: int = 4096,
@@ -75,10 +85,10 @@ def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefi
         result["bleu_ref2"] = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references2]).score
         two = sacrebleu.metrics.BLEU()
         result["bleu_two_references"] = two.corpus_score(hypotheses, [references, references2]).score
-    hypothesis_file = atomic.write_text(out_prefix.with_suffix(".hyp"),
-                                        "".join(h + "\n" for h in hypotheses))
-    result["hypotheses"] = str(hypothesis_file)
-    atomic.write_text(out_prefix.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
+    hypothesis_file, json_file = written_files(out_prefix, "translation")
+    result["hypotheses"] = str(atomic.write_text(hypothesis_file,
+                                                 "".join(h + "\n" for h in hypotheses)))
+    atomic.write_text(json_file, json.dumps(result, indent=2) + "\n")
     return result
 
 
@@ -181,7 +191,8 @@ def evaluate_language_model(model: DecoderOnly, tokenizer: TextTokenizer, data_d
         "lines_too_long_skipped": len(too_long), "too_long_line_numbers": too_long[:20],
         "max_positions": limit, "seconds": seconds, "pieces_per_second": pieces / seconds,
     }
-    atomic.write_text(out_prefix.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
+    json_file, = written_files(out_prefix, "language model")
+    atomic.write_text(json_file, json.dumps(result, indent=2) + "\n")
     return result
 
 
@@ -215,7 +226,8 @@ def evaluate_classifier(encoder: SentenceEncoder, data_dir: Path, split: str,
               "accuracy": float((predicted == gold).float().mean()),
               "macro_f1": macro_f1(predicted, gold, len(names)), "classes": names,
               "seconds": seconds, "lines_per_second": len(corpus) / seconds}
-    atomic.write_text(out_prefix.with_suffix(".tsv"), "".join(
+    predictions_file, json_file = written_files(out_prefix, "classification")
+    atomic.write_text(predictions_file, "".join(
         f"{p.label}\t{p.probability:.4f}\n" for p in predictions))
-    atomic.write_text(out_prefix.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
+    atomic.write_text(json_file, json.dumps(result, indent=2) + "\n")
     return result
