@@ -122,6 +122,28 @@ def test_long_prompts_joining_early_slots_and_relayouts(tokenizer):
     assert steps > 40 and generation.slot < 2 * 24 + 8     # slots stay bounded
 
 
+def test_float32_steps_read_each_rows_own_slots_through_the_kernel(generator, monkeypatch):
+    """Where the one-query kernel is built, a float32 step reads each row's own slots
+    (row runs), not the window from the oldest row on under a mask; still as alone."""
+    from transduce.attention import one_query
+    from transduce.model.decoder_step import DecoderStep
+
+    if not one_query.available():
+        pytest.skip("the one-query kernel cannot be built here")
+    runs, step = [], DecoderStep.__call__
+
+    def recorded(self, *args, row_runs=None, **kwargs):
+        runs.append(row_runs)
+        return step(self, *args, row_runs=row_runs, **kwargs)
+
+    monkeypatch.setattr(DecoderStep, "__call__", recorded)
+    options = GenerateOptions(max_new_tokens=8)
+    found, _ = run_continuously(ContinuousGeneration(generator, options), generator,
+                                PROMPTS[:5], None, [0, 0, 2, 3, 3])
+    assert found == [generator.generate([p], options)[0] for p in PROMPTS[:5]]
+    assert any(r is not None and len(r) > 1 for r in runs)     # rows of several starts
+
+
 def test_bfloat16_model_with_float32_cache(tokenizer):
     generator = _generator(tokenizer, dtype="bfloat16", kv_dtype="float32")
     options = GenerateOptions(max_new_tokens=10)

@@ -11,7 +11,9 @@ writes every row's token at one slot. A prompt of P tokens that joins when the n
 writes slot t has its first P - 1 tokens cached at slots t - P + 1 .. t - 1 of its own
 rows (one prefill for all the prompts that join together), and its last token is fed at
 slot t with everyone's. Its positions count from its first slot, and it attends to its
-own slots only (the key mask), so it generates what it would alone. Slots before the
+own slots only, so it generates what it would alone: in float32 each row reads just
+those (the one-query kernel, attention/one_query.py, as the continuous beam search
+does), elsewhere the window from the oldest row's first slot under a mask. Slots before the
 oldest running row's first are never read; when the buffers lack room (for more rows, a
 longer prompt, the next slot) they are laid out again from that slot, with twice the
 room needed, so that this is rare.
@@ -225,11 +227,20 @@ class ContinuousGeneration:
         for cache, (k, v) in zip(self.caches, self._keys):
             cache.k, cache.v, cache.length = k[:count, :, first:], v[:count, :, first:], \
                 self.slot - first
-        offsets = starts - first                                            # (R,)
+        tokens, offsets = self._tokens[:count, None], starts - first          # (R, 1), (R,)
+        step = self.model.decoder.fast_step
+        if step is not None and step.covers(tokens, self.caches) and \
+                step.reads_rows_by_kernel(self.cache_dtype):
+            # Each row reads its own slots only (the one-query kernel), not the window
+            # from the oldest row's first slot that a mask would hide it from.
+            positions = (self.slot - starts)[:, None]                             # (R, 1)
+            hidden = step(tokens, None, None, None, self.caches, positions,
+                          row_runs=_runs(offsets.tolist()))
+            return self.model.output_proj(hidden)[:, -1].float()
         slots = torch.arange(self.caches[0].max_len, device=self.device)
         key_mask = slots[None, :] >= offsets[:, None]                       # (R, T)
         state = LMState(self.caches, key_mask, offsets)
-        return self.model.decode_step(self._tokens[:count, None], state)[:, -1].float()
+        return self.model.decode_step(tokens, state)[:, -1].float()
 
     def _prefill(self, prompts: list[list[int]], rows: slice, before: int) -> None:
         """Cache every prompt's tokens but its last, right-aligned to end at slot - 1."""
@@ -296,6 +307,18 @@ class ContinuousGeneration:
         if self._seen is not None:
             self._seen = _grown(self._seen, new_rows)
             self._penalties = _grown(self._penalties, new_rows)
+
+
+def _runs(offsets: list[int]) -> list[tuple[int, int, int]]:
+    """Each row's first slot in the cache views -> (first row, end row, first slot) of
+    the runs of consecutive rows that start at one slot (DecoderStep's row_runs)."""
+    runs: list[tuple[int, int, int]] = []
+    for row, start in enumerate(offsets):
+        if runs and runs[-1][2] == start:
+            runs[-1] = (runs[-1][0], row + 1, start)
+        else:
+            runs.append((row, row + 1, start))
+    return runs
 
 
 def _grown(buffer: Tensor, rows: int) -> Tensor:

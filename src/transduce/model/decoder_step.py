@@ -292,16 +292,23 @@ class DecoderStep(WrittenOut):
             cache.length = length + 1
         return hidden
 
-    def _layers_for_runs(self, dtype: torch.dtype) -> CompiledOnFirstCall:
-        """The layers that read row runs: through the kernel where it is available (it
-        reads float32 caches only)."""
+    def reads_rows_by_kernel(self, dtype: torch.dtype) -> bool:
+        """Whether steps over row runs of `dtype` go through the one-query kernel (it reads
+        float32 caches only), which reads each row's slots in one call whatever the runs
+        (without it, each run is a call of its own)."""
         if dtype != torch.float32:
+            return False
+        if self.kernel is None:
+            self.kernel = one_query.available()
+        return self.kernel
+
+    def _layers_for_runs(self, dtype: torch.dtype) -> CompiledOnFirstCall:
+        """The layers that read row runs: through the kernel where it is available."""
+        if not self.reads_rows_by_kernel(dtype):
             return self.layers
         if self._run_layers is None:
-            if self.kernel is None:
-                self.kernel = one_query.available()
             self._run_layers = CompiledOnFirstCall(StepLayers(self.decoder, kernel=True),
-                                                   self.script) if self.kernel else self.layers
+                                                   self.script)
         return self._run_layers
 
 
