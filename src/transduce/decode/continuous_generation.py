@@ -228,14 +228,14 @@ class ContinuousGeneration:
             cache.k, cache.v, cache.length = k[:count, :, first:], v[:count, :, first:], \
                 self.slot - first
         tokens, offsets = self._tokens[:count, None], starts - first          # (R, 1), (R,)
-        step = self.model.decoder.fast_step
-        if step is not None and step.covers(tokens, self.caches) and \
+        runs, step = _runs(offsets.tolist()), self.model.decoder.fast_step
+        if len(runs) > 1 and step is not None and step.covers(tokens, self.caches) and \
                 step.reads_rows_by_kernel(self.cache_dtype):
             # Each row reads its own slots only (the one-query kernel), not the window
-            # from the oldest row's first slot that a mask would hide it from.
+            # from the oldest row's first slot that a mask would hide it from. (Rows of
+            # one start take the unmasked path below: exactly what they do alone.)
             positions = (self.slot - starts)[:, None]                             # (R, 1)
-            hidden = step(tokens, None, None, None, self.caches, positions,
-                          row_runs=_runs(offsets.tolist()))
+            hidden = step(tokens, None, None, None, self.caches, positions, row_runs=runs)
             return self.model.output_proj(hidden)[:, -1].float()
         slots = torch.arange(self.caches[0].max_len, device=self.device)
         key_mask = slots[None, :] >= offsets[:, None]                       # (R, T)
