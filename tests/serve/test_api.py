@@ -552,15 +552,17 @@ def test_the_continuous_kernel_is_built_before_the_server_answers(translator, ge
     assert calls == ["built"]
 
 
-def test_the_docs_pages_load_nothing_from_elsewhere(mt):
-    """/docs and /redoc name no other host: their scripts and styles are the server's."""
-    for path in ("/docs", "/redoc"):
-        html = mt.get(path).text
-        assert "/openapi.json" in html and not re.search(r"(https?:)?//[\w.-]+\.\w", html)
-        for url in re.findall(r'(?:src|href)="([^"]+)"', html) + \
-                re.findall(r"(?:url|href): '([^']+)'", html):
-            answer = mt.get(url)
-            assert answer.status_code == 200 and len(answer.content) > 1000, url
+def test_the_docs_page_loads_nothing_from_elsewhere(mt):
+    """/docs names no other host: its script and styles are the server's, and Swagger
+    UI's online validator is off."""
+    html = mt.get("/docs").text
+    assert "/openapi.json" in html and not re.search(r"(https?:)?//[\w.-]+\.\w", html)
+    assert '"validatorUrl": null' in html and '"dom_id": "#swagger-ui"' in html
+    for url in re.findall(r'(?:src|href)="([^"]+)"', html) + \
+            re.findall(r"(?:url|href): '([^']+)'", html):
+        answer = mt.get(url)
+        assert answer.status_code == 200 and len(answer.content) > 1000, url
+    assert mt.get("/redoc").status_code == 404     # ReDoc fetches its logo from a CDN
     assert mt.get("/docs-assets/swagger-ui-bundle.js").headers["content-type"].startswith(
         "text/javascript")
     missing = mt.get("/docs-assets/nothing.js")

@@ -4,8 +4,8 @@
     uvicorn.run(app)                   # or `transduce serve --model runs/small/ema`
 
 Every kind gets GET /health, /v1/models, /metrics, the page at / and the OpenAPI
-document at /openapi.json (rendered at /docs and /redoc, with scripts the server serves
-itself: docs.py). A translation model adds /v1/translate,
+document at /openapi.json (rendered at /docs, with a script the server serves itself:
+docs.py). A translation model adds /v1/translate,
 /translate and /languages (LibreTranslate's), and /v1/attention; a language model
 /v1/generate; an encoder-only model /v1/embed and, with a classification head,
 /v1/classify. The worker starts and stops with the app's lifespan: on shutdown the
