@@ -13,16 +13,17 @@ rows (one prefill for all the prompts that join together), and its last token is
 slot t with everyone's. Its positions count from its first slot, and it attends to its
 own slots only, so it generates what it would alone: in float32 each row reads just
 those (the one-query kernel, attention/one_query.py, as the continuous beam search
-does), elsewhere the window from the oldest row's first slot under a mask. Slots before the
-oldest running row's first are never read; when the buffers lack room (for more rows, a
-longer prompt, the next slot) they are laid out again from that slot, with twice the
-room needed, so that this is rare.
+does), elsewhere the window from the oldest row's first slot under a mask. Slots before
+the oldest running row's first are never read; when the buffers lack room (for more
+rows, a longer prompt, the next slot) they are laid out again from that slot, with
+twice the room needed, so that this is rare.
 
 Each row is generated as Generator.generate generates it alone, with its own settings
 (prompts of any settings share the batch): greedy, or sampled at its temperature, top_k
 and top_p from a generator of its own seeded with its seed, with its repetition penalty
-over its own tokens, and its stop strings and limit. Only numerics may differ: masked keys, and rows
-decoded in other company, can change the order in which a kernel sums.
+over its own tokens, and its stop strings and limit. Only numerics may differ: masked
+keys, the kernel, and rows decoded in other company can change the order in which a
+kernel sums.
 """
 
 from __future__ import annotations
@@ -138,8 +139,10 @@ class ContinuousGeneration:
         if not prompts or len(tags) != count:
             raise ValueError(f"{count} prompts and {len(tags)} tags: give one tag per "
                              "prompt, and at least one prompt")
-        settings = [options or self.options] * count if options is None or \
-            isinstance(options, GenerateOptions) else list(options)
+        if options is None or isinstance(options, GenerateOptions):
+            settings = [options or self.options] * count
+        else:
+            settings = list(options)
         if len(settings) != count:
             raise ValueError(f"{count} prompts and {len(settings)} options: give one for "
                              "all, or one per prompt")

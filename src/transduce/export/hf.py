@@ -191,8 +191,8 @@ def generation_config(config):
 
 def export_hf(path: Path, out: Path) -> Path:
     """Write OUT/ with config.json, model.safetensors, source.spm, target.spm, vocab.json,
-    tokenizer_config.json and our export marker (written.py); loadable with transformers' Auto classes
-    (AutoModelForSeq2SeqLM, AutoTokenizer) -> OUT."""
+    tokenizer_config.json and our export marker (written.py); loadable with transformers'
+    Auto classes (AutoModelForSeq2SeqLM, AutoTokenizer) -> OUT."""
     directory = checkpoint.resolve(path)
     model = load_model(directory)
     theirs = hf_model(model)

@@ -27,8 +27,8 @@ alone, with every core, when no decoder works; while the streams run on a single
 that decoder runs it (with the queued jobs of its key) between two of its steps, its
 lanes waiting meanwhile, so that it neither waits for every stream to drain nor holds
 back the jobs queued after it. Never beside another decoder: they share the model, whose
-modules recording attention maps changes while it runs. A stream may decode in another process (serve/processes.py): its decoder's thread then
-forwards.
+modules recording attention maps changes while it runs. A stream may decode in another
+process (serve/processes.py): its decoder's thread then forwards.
 
 The queue is bounded: submit() raises QueueFull, which the app answers with 429.
 """

@@ -157,8 +157,8 @@ class GenerationStream:
             self._post(job, index, continuation)
         now = time.monotonic()
         finished = [(job, self.pending.pop(job)) for job in done]
-        return [(job, (None if job.payload.pieces else p.texts, p.started, now - p.started))
-                for job, p in finished]
+        return [(job, (None if job.payload.pieces is not None else p.texts, p.started,
+                       now - p.started)) for job, p in finished]
 
     @staticmethod
     def _post(job: Job, index: int, continuation: Any) -> None:
