@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import httpx
 
@@ -190,12 +191,14 @@ def stop_server(process: subprocess.Popen) -> int:
         return -9
 
 
-async def load(url: str, lines: list[str], concurrency: int, beam: int, seconds: float,
-               timeout: float) -> dict:
+async def client_load(url: str, count: int, concurrency: int, path: str,
+                      body: Callable[[int], dict], output: Callable[[dict], Any],
+                      seconds: float, timeout: float) -> tuple[dict, dict, dict, float]:
     """`concurrency` clients, each on its keep-alive connection (loopback_http.py: the
-    clients share the server's cores), sending the next unsent line until none is left or
-    the time is up -> statuses, latencies, outputs by line."""
-    next_line, outputs, latencies = iter(range(len(lines))), {}, {}
+    clients share the server's cores), posting body(i) to `path` for the next unsent i
+    of `count` until none is left or the time is up -> (statuses, latencies and outputs
+    by index, of the answers 200, seconds)."""
+    next_index, outputs, latencies = iter(range(count)), {}, {}
     statuses: dict[str, int] = {}
     deadline = time.monotonic() + seconds
     host, port = url.removeprefix("http://").rsplit(":", 1)
@@ -203,13 +206,13 @@ async def load(url: str, lines: list[str], concurrency: int, beam: int, seconds:
     async def client() -> None:
         connection = LoopbackConnection(host, int(port))
         try:
-            for index in next_line:
+            for index in next_index:
                 if time.monotonic() > deadline:
                     return
                 started = time.perf_counter()
                 try:
-                    status, answer = await asyncio.wait_for(connection.post(
-                        "/v1/translate", {"texts": [lines[index]], "beam": beam}), timeout)
+                    status, answer = await asyncio.wait_for(
+                        connection.post(path, body(index)), timeout)
                     status = str(status)
                 except asyncio.TimeoutError:
                     status = "timeout"
@@ -219,13 +222,23 @@ async def load(url: str, lines: list[str], concurrency: int, beam: int, seconds:
                 statuses[status] = statuses.get(status, 0) + 1
                 if status == "200":
                     latencies[index] = time.perf_counter() - started
-                    outputs[index] = answer["translations"][0]["text"]
+                    outputs[index] = output(answer)
         finally:
             await connection.close()
 
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
-    wall = time.perf_counter() - started
+    return statuses, latencies, outputs, time.perf_counter() - started
+
+
+async def load(url: str, lines: list[str], concurrency: int, beam: int, seconds: float,
+               timeout: float) -> dict:
+    """Lines translated one per request by `concurrency` clients (client_load) ->
+    statuses, latencies, outputs by line."""
+    statuses, latencies, outputs, wall = await client_load(
+        url, len(lines), concurrency, "/v1/translate",
+        lambda index: {"texts": [lines[index]], "beam": beam},
+        lambda answer: answer["translations"][0]["text"], seconds, timeout)
     return {"concurrency": concurrency, "seconds": round(wall, 3), "statuses": statuses,
             "sentences_per_second": round(len(latencies) / wall, 2),
             **percentiles(list(latencies.values())),
@@ -233,6 +246,8 @@ async def load(url: str, lines: list[str], concurrency: int, beam: int, seconds:
 
 
 def run_server_phases(args, lines, extra: tuple[str, ...], levels: list[int]) -> list[dict]:
+    if not levels:              # none of --concurrency is one this server is measured at
+        return []
     process, url = start_server(args, *extra)
     try:
         asyncio.run(load(url, lines[:32], 4, args.beam, 60, args.timeout))   # warm up

@@ -26,14 +26,12 @@ import asyncio
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loopback_http import HttpError, LoopbackConnection  # noqa: E402
 from measure import machine_info  # noqa: E402
-from serve import percentiles, start_server, stop_server  # noqa: E402
+from serve import client_load, percentiles, start_server, stop_server  # noqa: E402
 from transduce import checkpoint  # noqa: E402
 from transduce.data.corpus import TEXT_SUFFIX, read_lines  # noqa: E402
 
@@ -42,42 +40,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 async def load(url: str, prompts: list[str], concurrency: int, settings: dict,
                seconds: float, timeout: float) -> dict:
-    """`concurrency` clients on keep-alive connections, each sending the next unsent
-    prompt until none is left or the time is up -> statuses, latencies, outputs."""
-    next_prompt, outputs, latencies = iter(range(len(prompts))), {}, {}
-    statuses: dict[str, int] = {}
-    deadline = time.monotonic() + seconds
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-
-    async def client() -> None:
-        connection = LoopbackConnection(host, int(port))
-        try:
-            for index in next_prompt:
-                if time.monotonic() > deadline:
-                    return
-                started = time.perf_counter()
-                try:
-                    status, answer = await asyncio.wait_for(connection.post(
-                        "/v1/generate", {"prompts": [prompts[index]], "seed": index,
-                                         **settings}), timeout)
-                    status = str(status)
-                except asyncio.TimeoutError:
-                    status = "timeout"
-                    await connection.close()
-                except (HttpError, OSError) as error:
-                    status = type(error).__name__
-                statuses[status] = statuses.get(status, 0) + 1
-                if status == "200":
-                    latencies[index] = time.perf_counter() - started
-                    outputs[index] = answer["generations"][0]
-        finally:
-            await connection.close()
-
-    started = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    return {"concurrency": concurrency, "seconds": round(time.perf_counter() - started, 3),
-            "statuses": statuses, **percentiles(list(latencies.values())),
-            "outputs": outputs}
+    """Prompts continued one per request by `concurrency` clients (serve.py's
+    client_load), each with its index as its seed -> statuses, latencies, outputs."""
+    statuses, latencies, outputs, wall = await client_load(
+        url, len(prompts), concurrency, "/v1/generate",
+        lambda index: {"prompts": [prompts[index]], "seed": index, **settings},
+        lambda answer: answer["generations"][0], seconds, timeout)
+    return {"concurrency": concurrency, "seconds": round(wall, 3), "statuses": statuses,
+            **percentiles(list(latencies.values())), "outputs": outputs}
 
 
 MODES = {"continuous": (), "whole_batches": ("--static-batches",)}
