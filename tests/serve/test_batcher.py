@@ -482,27 +482,35 @@ def test_light_load_stays_on_the_first_decoder_with_every_core():
     assert {count for _, count in BlockingStream.seen} == {2}
 
 
+class TimedStream(CountdownStream):
+    """A CountdownStream whose steps record (start, end, thread, "step") in `spans`."""
+
+    spans: list[tuple] = []
+
+    def step(self):
+        start = time.monotonic()
+        done = super().step()
+        TimedStream.spans.append((start, time.monotonic(), threading.current_thread().name,
+                                  "step"))
+        return done
+
+
+def run_alone(jobs):
+    """A batch runner of 50 ms that records (start, end, thread) in TimedStream.spans."""
+    start = time.monotonic()
+    time.sleep(0.05)
+    TimedStream.spans.append((start, time.monotonic(), threading.current_thread().name))
+    return ["alone" for _ in jobs]
+
+
 def test_a_job_that_is_not_streamed_runs_between_steps_while_streams_run():
     """Attention maps and whole batches that arrive while streams run on one decoder
     are run by it between two of its steps (its lanes wait: no step overlaps the run),
     not after every stream has drained; the jobs queued after it do not wait for the
     drain either."""
     CountdownStream.instances.clear()
-    spans: list[tuple] = []
+    TimedStream.spans.clear()
     finished: dict[str, float] = {}
-
-    def alone(jobs):
-        start = time.monotonic()
-        time.sleep(0.05)
-        spans.append((start, time.monotonic(), threading.current_thread().name))
-        return ["alone" for _ in jobs]
-
-    class TimedStream(CountdownStream):
-        def step(self):
-            start = time.monotonic()
-            done = super().step()
-            spans.append((start, time.monotonic(), threading.current_thread().name, "step"))
-            return done
 
     def timed(future, name):
         future.add_done_callback(lambda _: finished.setdefault(name, time.monotonic()))
@@ -514,7 +522,7 @@ def test_a_job_that_is_not_streamed_runs_between_steps_while_streams_run():
         streamed = [timed(batcher.submit(stream_job("k", 40, stream=TimedStream)), f"s{i}")
                     for i in range(2 * SPLIT_AT)]
         time.sleep(0.03)
-        single = batcher.submit(Job("attention", alone, "x", 10, 1))
+        single = batcher.submit(Job("attention", run_alone, "x", 10, 1))
         later = [timed(batcher.submit(stream_job("k", 5, stream=TimedStream)), f"l{i}")
                  for i in range(4)]
         assert single.result(5) == "alone"
@@ -522,8 +530,8 @@ def test_a_job_that_is_not_streamed_runs_between_steps_while_streams_run():
             ["streamed 40"] * (2 * SPLIT_AT) + ["streamed 5"] * 4
     finally:
         batcher.close(5)
-    (run_start, run_end, runner), = [span for span in spans if len(span) == 3]
-    steps = [span for span in spans if len(span) == 4]
+    (run_start, run_end, runner), = [span for span in TimedStream.spans if len(span) == 3]
+    steps = [span for span in TimedStream.spans if len(span) == 4]
     assert runner.startswith("transduce-decoder-")
     assert all(end <= run_start or start >= run_end for start, end, _, _ in steps)
     assert any(start >= run_end for start, _, name, _ in steps if name == runner)
@@ -537,36 +545,22 @@ def test_a_job_that_is_not_streamed_never_runs_beside_another_decoder():
     them is done: no step of either overlaps its run (they share the model, whose
     modules recording attention maps changes)."""
     CountdownStream.instances.clear()
-    spans: list[tuple] = []
-
-    def alone(jobs):
-        start = time.monotonic()
-        time.sleep(0.05)
-        spans.append((start, time.monotonic()))
-        return ["alone" for _ in jobs]
-
-    class TimedStream(CountdownStream):
-        def step(self):
-            start = time.monotonic()
-            done = super().step()
-            spans.append((start, time.monotonic(), threading.current_thread().name))
-            return done
-
+    TimedStream.spans.clear()
     batcher, _ = make(window_s=0.0, decoders=2, cores=2)
     batcher.start()
     try:
         streamed = [batcher.submit(stream_job("k", 20, stream=TimedStream))
                     for _ in range(2 * SPLIT_AT)]
         time.sleep(0.02)
-        single = batcher.submit(Job("attention", alone, "x", 10, 1))
+        single = batcher.submit(Job("attention", run_alone, "x", 10, 1))
         later = [batcher.submit(stream_job("k", 5, stream=TimedStream)) for _ in range(4)]
         assert single.result(5) == "alone"
         assert [f.result(5) for f in streamed + later] == \
             ["streamed 20"] * (2 * SPLIT_AT) + ["streamed 5"] * 4
     finally:
         batcher.close(5)
-    (run_start, run_end), = [span for span in spans if len(span) == 2]
-    steps = [span for span in spans if len(span) == 3]
-    assert len({name for _, _, name in steps}) == 2           # both decoders streamed
-    assert all(end <= run_start or start >= run_end for start, end, _ in steps)
-    assert any(start >= run_end for start, _, _ in steps)   # the later jobs ran after it
+    (run_start, run_end, _), = [span for span in TimedStream.spans if len(span) == 3]
+    steps = [span for span in TimedStream.spans if len(span) == 4]
+    assert len({name for _, _, name, _ in steps}) == 2        # both decoders streamed
+    assert all(end <= run_start or start >= run_end for start, end, _, _ in steps)
+    assert any(start >= run_end for start, _, _, _ in steps)   # the later jobs ran after it
