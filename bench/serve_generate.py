@@ -12,6 +12,10 @@ Writes JSON with the machine's description.
 
     python bench/serve_generate.py --model runs/lm/ema --data data/bible-text
 
+With --mixed, prompt i is sent with the settings MIXED[i % 4] (greedy, sampled with and
+without top-p, a shorter limit): the continuous server runs them in one batch, the
+whole-batch server in batches of one setting each.
+
 Counted on both sides alike: requests answered 200, and the tokens of their generated
 text (re-encoded with the model's tokenizer). The outputs of the two servers are
 compared, each prompt drawn from the same seed on both: in float32 they must be equal;
@@ -27,6 +31,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,13 +43,18 @@ from transduce.data.corpus import TEXT_SUFFIX, read_lines  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
-async def load(url: str, prompts: list[str], concurrency: int, settings: dict,
-               seconds: float, timeout: float) -> dict:
+# Settings that --mixed sends in turn (over --max-new-tokens and --temperature).
+MIXED = [{}, {"temperature": 0.0}, {"temperature": 1.0, "top_p": 0.9}, {"max_new_tokens": 32}]
+
+
+async def load(url: str, prompts: list[str], concurrency: int,
+               settings: Callable[[int], dict], seconds: float, timeout: float) -> dict:
     """Prompts continued one per request by `concurrency` clients (serve.py's
-    client_load), each with its index as its seed -> statuses, latencies, outputs."""
+    client_load), each with its index as its seed and settings(index) -> statuses,
+    latencies, outputs."""
     statuses, latencies, outputs, wall = await client_load(
         url, len(prompts), concurrency, "/v1/generate",
-        lambda index: {"prompts": [prompts[index]], "seed": index, **settings},
+        lambda index: {"prompts": [prompts[index]], "seed": index, **settings(index)},
         lambda answer: answer["generations"][0], seconds, timeout)
     return {"concurrency": concurrency, "seconds": round(wall, 3), "statuses": statuses,
             **percentiles(list(latencies.values())), "outputs": outputs}
@@ -55,7 +65,9 @@ MODES = {"continuous": (), "whole_batches": ("--static-batches",)}
 
 def run_phases(args: argparse.Namespace, prompts: list[str]) -> dict[str, list[dict]]:
     """Both servers, warmed up, loaded in turn at each concurrency -> results by mode."""
-    settings = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+    base = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+    settings = (lambda index: {**base, **MIXED[index % len(MIXED)]}) if args.mixed else \
+        (lambda index: base)
     servers: dict[str, tuple] = {}
     results: dict[str, list[dict]] = {mode: [] for mode in MODES}
     try:
@@ -98,9 +110,13 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--decoders", default="auto")
-    parser.add_argument("--out", type=Path,
-                        default=REPO / "bench/results/serve-generate-cpu.json")
+    parser.add_argument("--mixed", action="store_true",
+                        help="send the settings of MIXED in turn, not one setting")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: bench/results/serve-generate[-mixed]-cpu.json")
     args = parser.parse_args()
+    args.out = args.out or REPO / "bench/results" / \
+        f"serve-generate{'-mixed' if args.mixed else ''}-cpu.json"
     prompts = [" ".join(line.split()[:args.prompt_words])
                for line in read_lines(args.data / f"{args.split}{TEXT_SUFFIX}")[:args.prompts]]
     tokenizer = checkpoint.load_tokenizer(checkpoint.resolve(args.model))
@@ -126,7 +142,7 @@ def main() -> None:
     args.out.write_text(json.dumps({
         "machine": machine_info(args.threads), "model": str(args.model), "prompts": len(prompts),
         "prompt_words": args.prompt_words, "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
+        "temperature": args.temperature, "mixed": MIXED if args.mixed else None,
         "decoders": args.decoders, **phases}, indent=2) + "\n")
     print(f"wrote {args.out}")
 
