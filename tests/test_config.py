@@ -53,6 +53,8 @@ def test_rotary_needs_even_heads():
     (TrainConfig, {"compile": 0}, "compile=0: must be true or false"),
     (TrainConfig, {"seed": -1}, "seed=-1: must be an integer from 0 to 4294967295"),
     (TrainConfig, {"seed": 2 ** 64}, "seed=18446744073709551616"),
+    (ModelConfig, {"output_bias": True, "arch": "decoder"},
+     "output_bias=True applies to arch='transformer', not arch='decoder'"),
 ])
 def test_out_of_range_and_non_finite_values_are_refused(config_type, changes, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -39,7 +39,7 @@ def sources():
     return src
 
 
-LAYOUTS = {"marian": {}, "pegasus": {"norm_first": True},
+LAYOUTS = {"marian": {}, "marian-silu": {"activation": "silu"}, "pegasus": {"norm_first": True},
            "pegasus-gelu-unscaled": {"norm_first": True, "activation": "gelu-tanh",
                                      "scale_embeddings": False}}
 
@@ -147,7 +147,8 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 
 
 @pytest.mark.parametrize("changes", [{}, {"norm_first": True}, {"positional": "learned"},
-                                     {"activation": "gelu"}])
+                                     {"activation": "gelu"}, {"activation": "gelu-tanh"},
+                                     {"activation": "silu"}])
 def test_ctranslate2_scores_and_greedy_output_match(tmp_path, tiny_corpus, changes):
     from transduce.data.tokenizer import Tokenizer
     from transduce.export import export_ctranslate2
@@ -161,7 +162,8 @@ def test_ctranslate2_scores_and_greedy_output_match(tmp_path, tiny_corpus, chang
     source_tokens = [[pieces(t) for t in row.tolist() if t not in (PAD_ID, EOS_ID)] for row in src]
     ours = greedy_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, max_len=12)
     ours = [[t for t in row.tolist() if t not in (PAD_ID, EOS_ID)] for row in ours]
-    found = translator.translate_batch(source_tokens, beam_size=1, max_decoding_length=12)
+    found = translator.translate_batch(source_tokens, beam_size=1, max_decoding_length=12,
+                                       min_decoding_length=0)   # ours may end at once
     theirs = [[Tokenizer(out / MODEL_NAME).processor.piece_to_id(p) for p in r.hypotheses[0]]
               for r in found]
     assert theirs == ours

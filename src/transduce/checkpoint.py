@@ -10,6 +10,8 @@ crash, even SIGKILL, never leaves a half-written checkpoint in place:
         or tokenizer.json    or a Hugging Face tokenizer for imported ones, whose special
                              ids config.json records as {"tokenizer": {"file":
                              "tokenizer.json", "bos_id", "eos_id", "pad_id"}}
+        spm-target.model     optional: how targets are segmented, when not as sources
+                             (an imported Marian model's target.spm; same ids)
         trainer_state.pt     optimizer, step, data position, RNG states (training only)
 
 This module knows the format, not the models: it saves and fills any nn.Module with a
@@ -33,11 +35,12 @@ from torch import nn
 from transduce import atomic
 from transduce.config import ConfigError, ModelConfig, TrainConfig
 from transduce.data.hf_tokenizer import SPECIALS, TOKENIZER_JSON, HFTokenizer
-from transduce.data.tokenizer import MODEL_NAME, TextTokenizer, Tokenizer
+from transduce.data.tokenizer import MODEL_NAME, TARGET_MODEL_NAME, TextTokenizer, Tokenizer
 from transduce.errors import TransduceError, not_there
 
 CONFIG, WEIGHTS, TOKENIZER, TRAINER_STATE = "config.json", "model.safetensors", MODEL_NAME, \
     "trainer_state.pt"
+TARGET_TOKENIZER = TARGET_MODEL_NAME
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -76,7 +79,8 @@ def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
          tokenizer_path: Path | TextTokenizer, trainer_state: dict[str, Any] | None = None,
          origin: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint directory atomically; an existing one at `path` is replaced.
-    tokenizer_path: a SentencePiece model file (stored as spm.model, whatever its name),
+    tokenizer_path: a SentencePiece model file (stored as spm.model, whatever its name;
+    a spm.model's spm-target.model beside it is stored too),
     a tokenizer.json inside a checkpoint (its special ids are taken from there), or a
     tokenizer object (an HFTokenizer is written as tokenizer.json with its special ids).
     origin: how a derived checkpoint was made, with "steps" (the training steps behind it).
@@ -133,7 +137,14 @@ def _tokenizer_writer(tokenizer: Path | TextTokenizer):
                 _tokenizer_section(loaded))
     if not source.is_file():
         raise CheckpointError(f"{source}: no such tokenizer file")
-    return lambda directory: shutil.copyfile(source, directory / TOKENIZER), None
+    target = source.with_name(TARGET_TOKENIZER)
+    target = target if source.name == TOKENIZER and target.is_file() else None
+
+    def write(directory: Path) -> None:
+        shutil.copyfile(source, directory / TOKENIZER)
+        if target is not None:        # the targets' segmentation beside it (tokenizer.py)
+            shutil.copyfile(target, directory / TARGET_TOKENIZER)
+    return write, None
 
 
 def _tokenizer_section(tokenizer: HFTokenizer) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 from transduce.errors import TransduceError
 
 Positional = Literal["sinusoidal", "learned", "rotary", "t5", "alibi"]
-Activation = Literal["relu", "gelu", "gelu-tanh"]
+Activation = Literal["relu", "gelu", "gelu-tanh", "silu"]
 Tying = Literal["all", "decoder", "none"]
 AttentionImpl = Literal["naive", "sdpa", "flash", "triton"]
 AttentionType = Literal["softmax", "linear", "sliding", "global", "strided"]
@@ -96,7 +96,10 @@ class ModelConfig(ValidatedConfig):
     input_feeding: arch "rnn-luong": the previous step's attentional vector joins the
     decoder's input (Luong et al., section 3.3).
     activation: the FFN's; "gelu" is exact (erf) GELU, "gelu-tanh" its tanh
-    approximation (GPT-2's).
+    approximation (GPT-2's), "silu" x * sigmoid(x) (swish, Marian's).
+    output_bias: arch "transformer": the output projection adds a bias per token (the
+    final_logits_bias of imported Marian models, hugely negative for tokens never to be
+    output).
     scale_embeddings: multiply token embeddings by sqrt(d_model) (the paper); GPT-2 and
     BERT do not.
     type_vocab_size: arch "encoder": segment (token type) embeddings, 2 for BERT's
@@ -135,6 +138,7 @@ class ModelConfig(ValidatedConfig):
     scale_embeddings: bool = True
     type_vocab_size: int = 2
     num_labels: int = 0
+    output_bias: bool = False
 
     def __post_init__(self) -> None:
         self._check_bools()
@@ -192,6 +196,9 @@ class ModelConfig(ValidatedConfig):
         if self.arch.startswith("rnn") and self.d_model % 2:
             raise ConfigError(f"ModelConfig.d_model={self.d_model}: the RNN's bidirectional "
                               f"encoder needs an even size (d_model / 2 per direction)")
+        if self.output_bias and self.arch != "transformer":
+            raise ConfigError(f"ModelConfig.output_bias=True applies to arch='transformer', "
+                              f"not arch={self.arch!r}")
         if self.tie_embeddings == "all" and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError(
                 f"ModelConfig.tie_embeddings='all' needs one shared vocabulary, but "

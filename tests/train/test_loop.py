@@ -108,8 +108,8 @@ def test_checkpoints_log_and_keep_last(tiny_corpus, tmp_path):
 def test_nonfinite_losses_skip_steps_then_abort(tiny_corpus, tmp_path, monkeypatch):
     real = objective.projected_label_smoothed_nll
 
-    def poisoned(hidden, weight, target, epsilon, pad_id):
-        loss, nll = real(hidden, weight, target, epsilon, pad_id)
+    def poisoned(hidden, weight, target, epsilon, pad_id, **options):
+        loss, nll = real(hidden, weight, target, epsilon, pad_id, **options)
         return loss * float("nan"), nll
 
     monkeypatch.setattr(objective, "projected_label_smoothed_nll", poisoned)

@@ -6,6 +6,7 @@ a compiled graph does)."""
 import pytest
 import torch
 
+from transduce.model.transformer import NEVER_OUTPUT
 from transduce.train.loss import label_smoothed_nll, projected_label_smoothed_nll
 
 PAD = 0
@@ -127,3 +128,54 @@ def test_without_gradients_only_the_sums_are_computed():
     assert smoothed.item() == pytest.approx(want_smoothed.item(), rel=1e-6)
     smoothed, nll = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD)
     assert smoothed.requires_grad and not nll.requires_grad
+
+
+def plain_with_bias_float64(hidden, weight, bias, target, epsilon):
+    """The definition with an output bias: tokens at NEVER_OUTPUT and pad take no share."""
+    log_p = torch.log_softmax(hidden @ weight.T + bias, dim=-1)          # (B, T, V)
+    support = (bias > NEVER_OUTPUT).double()
+    support[PAD] = 0.0
+    q = (epsilon / (support.sum() - 1) * support).expand_as(log_p).clone()
+    q.scatter_(-1, target.unsqueeze(-1), 1.0 - epsilon)
+    keep = (target != PAD).unsqueeze(-1)
+    smoothed = -(q * log_p * keep).sum()
+    nll = -(log_p.gather(-1, target.unsqueeze(-1)) * keep).sum()
+    return smoothed, nll
+
+
+def biased_inputs():
+    """inputs() with a bias that never lets out pad, token 1 (bos) and token 5."""
+    hidden, weight, target = inputs()
+    bias = torch.randn(weight.shape[0], dtype=torch.float64)
+    bias[[PAD, 1, 5]] = NEVER_OUTPUT
+    target[target == 1], target[target == 5] = 2, 3
+    return hidden, weight, bias.requires_grad_(), target
+
+
+@pytest.mark.parametrize("every_row", [False, True])
+@pytest.mark.parametrize("chunk_rows", [1, 1000])
+def test_an_output_bias_is_added_and_its_never_tokens_take_no_smoothing(chunk_rows, every_row):
+    hidden, weight, bias, target = biased_inputs()
+    smoothed, nll = projected_label_smoothed_nll(hidden, weight, target, 0.1, PAD,
+                                                 chunk_rows=chunk_rows, every_row=every_row,
+                                                 bias=bias)
+    want_smoothed, want_nll = plain_with_bias_float64(hidden, weight, bias, target, 0.1)
+    assert smoothed.item() == pytest.approx(want_smoothed.item(), rel=1e-6)
+    assert nll.item() == pytest.approx(want_nll.item(), rel=1e-6)
+    got = torch.autograd.grad(0.37 * smoothed, (hidden, weight, bias))
+    want = torch.autograd.grad(0.37 * want_smoothed, (hidden, weight, bias))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
+    assert torch.all(got[2][[PAD, 1, 5]] == 0)     # the never tokens stay never
+
+
+def test_a_loss_with_a_bias_compiles_into_one_graph():
+    torch._dynamo.reset()
+    hidden, weight, bias, target = biased_inputs()
+    compiled = torch.compile(
+        lambda h, t: projected_label_smoothed_nll(h, weight, t, 0.1, PAD, bias=bias),
+        fullgraph=True, backend="aot_eager")
+    got, want = compiled(hidden, target), projected_label_smoothed_nll(
+        hidden, weight, target, 0.1, PAD, bias=bias)
+    for g, w in zip(got, want):
+        assert g.item() == pytest.approx(w.item(), rel=1e-6)

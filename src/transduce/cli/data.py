@@ -327,6 +327,9 @@ def data_tokenize(args: argparse.Namespace) -> int:
     from transduce.data.tokenizer import MODEL_NAME, Tokenizer
 
     tokenizer = Tokenizer(args.data / MODEL_NAME)
+    if tokenizer.target_tokenizer is not tokenizer:
+        raise ConfigError(f"{tokenizer.target_tokenizer.path}: a token store segments both "
+                          f"sides with {MODEL_NAME}; remove it, or train from the text")
     result = build_store(args.data, "train", tokenizer.path, tokenizer.vocab_size,
                          tokenizer.fingerprint, workers=args.workers)
     if len(result.tokens) == 2:

@@ -1,4 +1,5 @@
-"""`transduce import hf-gpt2` / `hf-bert`: another toolkit's checkpoint as ours."""
+"""`transduce import hf-gpt2` / `hf-bert` / `hf-marian`: another toolkit's checkpoint
+as ours."""
 
 from __future__ import annotations
 
@@ -34,16 +35,25 @@ def register(commands) -> None:
     bert.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
     bert.add_argument("--force", action="store_true", help=FORCE_HELP)
     bert.set_defaults(handler=import_hf_bert)
+    marian = formats.add_parser(
+        "hf-marian", help="Hugging Face Marian (MarianMTModel directory: OPUS-MT)",
+        description="Import a Hugging Face Marian translation model (config.json, "
+                    "model.safetensors or pytorch_model.bin, source.spm, vocab.json) as an "
+                    "encoder-decoder checkpoint that translates, serves and exports as ours "
+                    "do; options the model cannot reproduce are refused by name. OUT must "
+                    "not exist or be empty, unless --force.")
+    marian.add_argument("hf_dir", metavar="DIR", type=Path, help="Hugging Face model directory")
+    marian.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+    marian.add_argument("--force", action="store_true", help=FORCE_HELP)
+    marian.set_defaults(handler=import_hf_marian)
 
 
 def import_hf_gpt2(args: argparse.Namespace) -> int:
     """Import a Hugging Face GPT-2 checkpoint."""
     from transduce.importers import import_gpt2
-    from transduce.model import load_model
 
-    check_output_directory(args.out, "--out", force=args.force, reads=args.hf_dir)
-    out = import_gpt2(args.hf_dir, args.out)
-    config = load_model(out).config
+    out, model = _imported(args, import_gpt2)
+    config = model.config
     print(f"wrote {out} (decoder-only: {config.num_decoder_layers} layers, d_model "
           f"{config.d_model}, {config.num_heads} heads, vocabulary {config.tgt_vocab_size})")
     return 0
@@ -53,11 +63,8 @@ def import_hf_bert(args: argparse.Namespace) -> int:
     """Import a Hugging Face BERT checkpoint."""
     from transduce.importers import fresh_heads, import_bert
     from transduce.importers.hf_bert import HEADS
-    from transduce.model import load_model
 
-    check_output_directory(args.out, "--out", force=args.force, reads=args.hf_dir)
-    out = import_bert(args.hf_dir, args.out)
-    model = load_model(out)
+    out, model = _imported(args, import_bert)
     config = model.config
     labels = f", {config.num_labels} labels" if config.num_labels else ""
     print(f"wrote {out} (encoder-only: {config.num_encoder_layers} layers, d_model "
@@ -68,3 +75,26 @@ def import_hf_bert(args: argparse.Namespace) -> int:
         print(f"not in {args.hf_dir}, initialised afresh (train before use): "
               f"{', '.join(f'{HEADS[head]} ({head})' for head in fresh)}")
     return 0
+
+
+def import_hf_marian(args: argparse.Namespace) -> int:
+    """Import a Hugging Face Marian checkpoint."""
+    from transduce.importers import import_marian
+
+    out, model = _imported(args, import_marian)
+    config = model.config
+    languages = f", {model.languages[0]} -> {model.languages[1]}" if model.languages else ""
+    print(f"wrote {out} (encoder-decoder: {config.num_encoder_layers} + "
+          f"{config.num_decoder_layers} layers, d_model {config.d_model}, {config.num_heads} "
+          f"heads, vocabulary {config.tgt_vocab_size}{languages})")
+    return 0
+
+
+def _imported(args: argparse.Namespace, importer):
+    """Run `importer` from args.hf_dir into args.out (checked first) -> (the checkpoint
+    written, its model as loaded back)."""
+    from transduce.model import load_model
+
+    check_output_directory(args.out, "--out", force=args.force, reads=args.hf_dir)
+    out = importer(args.hf_dir, args.out)
+    return out, load_model(out)

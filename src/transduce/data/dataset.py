@@ -32,16 +32,18 @@ class TokenizedSplit:
 
 def load_split(data_dir: Path, split: str, tokenizer: Tokenizer,
                max_len: int | None = None) -> TokenizedSplit:
-    """Pairs of a split as ids; with max_len, pairs longer than it (specials included)
-    are left out, counted in the report, never cropped. A split with a token store
-    (`transduce data tokenize`, data/store.py) is read from it, ids read as batches need them."""
+    """Pairs of a split as ids, the targets segmented by the tokenizer's target side (an
+    imported Marian model's target.spm, else the one vocabulary); with max_len, pairs
+    longer than it (specials included) are left out, counted in the report, never
+    cropped. A split with a token store (`transduce data tokenize`, data/store.py) is
+    read from it, ids read as batches need them."""
     stored = open_store(data_dir, split, tokenizer.fingerprint)
     if stored is not None and "src" in stored.sides:
         return _stored_split(stored, max_len)
     corpus = read_split(data_dir, split)
     cache = Path(data_dir) / CACHE_DIR
     src_ids = tokenizer.encode_cached(corpus.source, cache)
-    tgt_ids = tokenizer.encode_cached(corpus.target, cache)
+    tgt_ids = tokenizer.target_tokenizer.encode_cached(corpus.target, cache)
     lines, report = list(corpus.line_numbers), [corpus.summary()]
     if max_len is not None:
         kept = LengthFilter.apply(src_ids, tgt_ids, max_len)

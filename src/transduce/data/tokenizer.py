@@ -29,6 +29,9 @@ from transduce.errors import TransduceError
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 MODEL_NAME = "spm.model"
+# Beside spm.model, the targets' segmentation when it is another (an imported Marian
+# model's target.spm): the same pieces under the same ids, other scores and normalizer.
+TARGET_MODEL_NAME = "spm-target.model"
 # Below this many texts, encode() takes them one by one: SentencePiece encodes a list on
 # a pool of threads that it starts per call, which cost 57 us of CPU for one sentence
 # against 6.5 one by one, and more CPU up to 64 sentences (2-core Zen 4).
@@ -85,7 +88,24 @@ class Tokenizer:
         if specials != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
             raise TokenizerError(f"{self.path}: special ids (pad, bos, eos, unk) are {specials}, "
                                  f"expected {(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}")
-        self.fingerprint = hashlib.sha256(self.path.read_bytes()).hexdigest()[:16]
+        self.target_tokenizer = self._target_side()
+        files = self.path.read_bytes() + (b"" if self.target_tokenizer is self
+                                          else self.target_tokenizer.path.read_bytes())
+        self.fingerprint = hashlib.sha256(files).hexdigest()[:16]
+
+    def _target_side(self) -> "Tokenizer":
+        """The tokenizer of target sentences (training's references): the spm-target.model
+        beside this spm.model, else this one. Its ids must name the same pieces: the
+        model decodes its outputs with either."""
+        sibling = self.path.with_name(TARGET_MODEL_NAME)
+        if self.path.name != MODEL_NAME or not sibling.is_file():
+            return self
+        target = Tokenizer(sibling)
+        if target.vocab_size != self.vocab_size or \
+                any(target.piece(i) != self.piece(i) for i in range(self.vocab_size)):
+            raise TokenizerError(f"{sibling}: its pieces are not those of {self.path} under "
+                                 f"the same ids")
+        return target
 
     @property
     def vocab_size(self) -> int:

@@ -14,6 +14,9 @@ from transduce.export.common import ExportError, not_a_plain_transformer
 from transduce.model import Transformer, load_model
 from transduce.written import write_export_marker
 
+# Our activations under CTranslate2's names (common_spec.Activation).
+CT2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu-tanh": "GELUTanh", "silu": "SWISH"}
+
 
 def check_ctranslate2_exportable(model: Transformer) -> None:
     c = model.config
@@ -39,7 +42,7 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     c = model.config
     spec = transformer_spec.TransformerSpec.from_config(
         (c.num_encoder_layers, c.num_decoder_layers), c.num_heads, pre_norm=c.norm_first,
-        activation=common_spec.Activation.RELU if c.activation == "relu" else common_spec.Activation.GELU)
+        activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[c.activation]))
     spec.config.layer_norm_epsilon = c.layer_norm_eps
     piece = tokenizer.processor.id_to_piece
     spec.config.unk_token, spec.config.bos_token = piece(UNK_ID), piece(BOS_ID)
@@ -58,6 +61,8 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
         _linear(target.attention.linear[2], layer.cross_attn.out_proj)
         _norm(target.attention.layer_norm, layer.norm2)
     spec.decoder.projection.weight = _array(model.output_proj.weight)
+    if model.output_proj.bias is not None:
+        spec.decoder.projection.bias = _array(model.output_proj.bias)
     pieces = [piece(i) for i in range(tokenizer.vocab_size)]
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)

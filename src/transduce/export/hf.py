@@ -29,11 +29,14 @@ from transduce import atomic, checkpoint
 from transduce.config import ModelConfig
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.export.common import ExportError, not_a_plain_transformer
+from transduce.importers.marian_vocabulary import LANGUAGE_CODE, WORD_BOUNDARY
 from transduce.model import Transformer, load_model
+from transduce.model.positional import sines_first_permutation
 from transduce.written import write_export_marker
 
 # Our activations under transformers' names (ACT2FN).
-HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_pytorch_tanh"}
+HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu-tanh": "gelu_pytorch_tanh",
+                  "silu": "swish"}
 HF_LAYER_NORM_EPS = 1e-5          # both build nn.LayerNorm with its default eps
 
 
@@ -51,12 +54,6 @@ PEGASUS = Family("Pegasus", "PegasusForConditionalGeneration", "PegasusConfig", 
 def hf_family(config: ModelConfig) -> Family:
     """The transformers model that holds this layout: Pegasus for pre-norm, else Marian."""
     return PEGASUS if config.norm_first else MARIAN
-
-
-def sines_first_permutation(d_model: int) -> Tensor:
-    """Our dimension 2i (sin) -> their i; our 2i + 1 (cos) -> their d/2 + i.
-    Returns perm with their_vector = our_vector[perm]."""
-    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
 def check_exportable(model: Transformer) -> None:
@@ -170,8 +167,10 @@ def hf_model(model: Transformer):
     if left or unexpected:
         raise ExportError(f"{family.name} weights not set: {left[:5]}; unknown: "
                           f"{unexpected[:5]}")
-    with torch.no_grad():
-        theirs.final_logits_bias.zero_()
+    with torch.no_grad():       # the output bias (an imported Marian model's), or none
+        bias = model.output_proj.bias
+        theirs.final_logits_bias.copy_(torch.zeros(1, model.config.tgt_vocab_size)
+                                       if bias is None else bias.detach()[None])
     theirs.generation_config = generation_config(theirs.config)
     return theirs
 
@@ -201,19 +200,33 @@ def export_hf(path: Path, out: Path) -> Path:
         theirs.save_pretrained(temporary)
         for weights in temporary.glob("*.safetensors"):   # written 0600
             atomic.open_permissions(weights)
-        _write_tokenizer(tokenizer, temporary, model.config.max_positions)
+        _write_tokenizer(tokenizer, temporary, model.config.max_positions,
+                         checkpoint.read_languages(directory))
         write_export_marker(temporary, f"huggingface-{theirs.config.model_type}",
                             checkpoint.trained_steps(directory))
     return out
 
 
-def _write_tokenizer(tokenizer: Tokenizer, directory: Path, max_positions: int) -> None:
-    """The files MarianTokenizer reads: our SentencePiece model for both sides."""
-    for name in ("source.spm", "target.spm"):
-        shutil.copyfile(tokenizer.path, directory / name)
-    pieces = {tokenizer.processor.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
+def _write_tokenizer(tokenizer: Tokenizer, directory: Path, max_positions: int,
+                     languages: tuple[str, str] | None) -> None:
+    """The files MarianTokenizer reads: our SentencePiece model for both sides (the
+    targets' own, an imported Marian model's, for target.spm), vocab.json, where a
+    language code is named as MarianTokenizer looks it up (>>fra<<, not our "▁>>fra<<"),
+    and tokenizer_config.json, with the model's languages if it records them."""
+    shutil.copyfile(tokenizer.path, directory / "source.spm")
+    shutil.copyfile(tokenizer.target_tokenizer.path, directory / "target.spm")
+    pieces = {_marian_piece(tokenizer.processor.id_to_piece(i)): i
+              for i in range(tokenizer.vocab_size)}
     (directory / "vocab.json").write_text(json.dumps(pieces, ensure_ascii=False), encoding="utf-8")
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "MarianTokenizer", "eos_token": "</s>", "unk_token": "<unk>",
-        "pad_token": "<pad>", "model_max_length": max_positions,
-        "separate_vocabs": False}, indent=2), encoding="utf-8")
+        "pad_token": "<pad>", "model_max_length": max_positions, "separate_vocabs": False,
+        **({"source_lang": languages[0], "target_lang": languages[1]} if languages else {})},
+        indent=2), encoding="utf-8")
+
+
+def _marian_piece(piece: str) -> str:
+    """Our piece's name in vocab.json: a language code without the word boundary that our
+    tokenizer puts before it (importers/marian_vocabulary.py)."""
+    code = piece.removeprefix(WORD_BOUNDARY)
+    return code if code != piece and LANGUAGE_CODE.match(code) else piece

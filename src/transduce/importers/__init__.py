@@ -1,9 +1,9 @@
-"""Reading other toolkits' checkpoints into ours: Hugging Face GPT-2 (hf_gpt2.py) and
-BERT (hf_bert.py). Each importer maps the weights name by name onto a model of this
-package that computes the same function, and refuses, naming the file, key or option,
-what it cannot reproduce; the result is an ordinary checkpoint directory
-(checkpoint.py), written whole or not at all. (The package is not called `import`, a
-Python keyword.)"""
+"""Reading other toolkits' checkpoints into ours: Hugging Face GPT-2 (hf_gpt2.py),
+BERT (hf_bert.py) and Marian (hf_marian.py, the OPUS-MT translation models). Each
+importer maps the weights name by name onto a model of this package that computes the
+same function, and refuses, naming the file, key or option, what it cannot reproduce;
+the result is an ordinary checkpoint directory (checkpoint.py), written whole or not at
+all. (The package is not called `import`, a Python keyword.)"""
 
 from transduce.errors import TransduceError
 
@@ -43,6 +43,19 @@ def check_directories(hf_dir, out, config_name: str) -> None:
                                      f"imported; choose another directory")
 
 
+def unprefixed_names(tensors: dict, prefix: str, source) -> dict[str, str]:
+    """The stored keys by name without `prefix` (a head class's "transformer." or
+    "model."), which checkpoints save with or without; a weight under both is refused."""
+    names: dict[str, str] = {}
+    for key in tensors:
+        name = key.removeprefix(prefix)
+        if name in names:
+            raise ForeignCheckpointError(f"{source}: {key!r} is stored twice (with and "
+                                         f"without the {prefix!r} prefix)")
+        names[name] = key
+    return names
+
+
 def take_weight(tensors: dict, names: dict, source, name: str, *shape: int):
     """The tensor a foreign checkpoint calls `name`, in float32, of `shape` (its own
     layout); `names` maps its names to the stored keys and loses this one, so that what
@@ -59,6 +72,7 @@ def take_weight(tensors: dict, names: dict, source, name: str, *shape: int):
 # After the error and the helpers, which the importers import from this package.
 from transduce.importers.hf_gpt2 import import_gpt2  # noqa: E402
 from transduce.importers.hf_bert import fresh_heads, import_bert  # noqa: E402
+from transduce.importers.hf_marian import import_marian  # noqa: E402
 
 __all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight", "import_gpt2",
-           "import_bert", "fresh_heads"]
+           "import_bert", "fresh_heads", "import_marian"]

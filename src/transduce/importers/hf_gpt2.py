@@ -35,7 +35,7 @@ from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, preset
 from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
 from transduce.importers import ForeignCheckpointError, check_directories, \
-    check_foreign_options, take_weight
+    check_foreign_options, take_weight, unprefixed_names
 from transduce.model.decoder_only import DecoderOnly
 
 HF_CONFIG = "config.json"
@@ -154,13 +154,7 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig, hf: dict[str, A
                 source: Path) -> dict[str, Tensor]:
     """GPT-2's tensors -> our state dict (float32), each key accounted for and each shape
     checked against what the configuration gives."""
-    names: dict[str, str] = {}           # GPT-2 name without "transformer." -> stored key
-    for key in tensors:
-        name = key.removeprefix("transformer.")
-        if name in names:
-            raise ForeignCheckpointError(f"{source}: {key!r} is stored twice (with and "
-                                         f"without the 'transformer.' prefix)")
-        names[name] = key
+    names = unprefixed_names(tensors, "transformer.", source)
     c, ff = config.d_model, config.d_ff
 
     def take(name: str, *shape: int) -> Tensor:

@@ -18,16 +18,18 @@ from transduce.model.dropout import Dropout
 
 
 def activation_module(name: str) -> nn.Module:
-    """ModelConfig.activation as a module: ReLU, exact (erf) GELU, or GELU's tanh
-    approximation."""
+    """ModelConfig.activation as a module: ReLU, exact (erf) GELU, GELU's tanh
+    approximation, or SiLU (swish)."""
     if name == "relu":
         return nn.ReLU()
+    if name == "silu":
+        return nn.SiLU()
     return nn.GELU(approximate="tanh" if name == "gelu-tanh" else "none")
 
 
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (ReLU as in the paper; GELU, exact or its tanh
-    approximation, as options)."""
+    approximation, and SiLU as options)."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True):
         super().__init__()

@@ -28,6 +28,13 @@ def sinusoidal_table(num_positions: int, d_model: int) -> Tensor:
     return table.float()
 
 
+def sines_first_permutation(d_model: int) -> Tensor:
+    """Our dimension 2i (sin) -> i, our 2i + 1 (cos) -> d/2 + i: the layout of tables
+    that put all the sines first (Marian's, Pegasus's). Returns perm with
+    their_vector = our_vector[perm]; ours = theirs[perm.argsort()]."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
 def _check_range(start: int, length: int, max_positions: int) -> None:
     if torch.jit.is_tracing():   # an ONNX trace would freeze the sizes it compares
         return

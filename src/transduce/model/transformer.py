@@ -216,6 +216,13 @@ class DecoderState(CachedLayers):
             self.memory_mask = keep_rows(self.memory_mask, sources)
 
 
+# The output bias of a token the model never outputs (ModelConfig.output_bias: pad and bos
+# of an imported Marian model): a probability of 0, as -inf would give, but finite, as
+# every weight of a checkpoint must be, and exact in float32 and bfloat16 alike, so that
+# a bfloat16 copy for decoding holds it too (float32's lowest number rounds to -inf there).
+NEVER_OUTPUT = -2.0 ** 100
+
+
 class Transformer(CountedParameters, nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -226,7 +233,9 @@ class Transformer(CountedParameters, nn.Module):
         src_embedding = nn.Embedding(c.src_vocab_size, c.d_model, padding_idx=c.pad_id)
         tgt_embedding = src_embedding if c.tie_embeddings == "all" else \
             nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id)
-        self.output_proj = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
+        self.output_proj = nn.Linear(c.d_model, c.tgt_vocab_size, bias=c.output_bias)
+        if c.output_bias:
+            nn.init.zeros_(self.output_proj.bias)
         init_embeddings([src_embedding, tgt_embedding], c.pad_id)
         if c.tie_embeddings in ("all", "decoder"):
             self.output_proj.weight = tgt_embedding.weight

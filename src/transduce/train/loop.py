@@ -154,7 +154,8 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     sharding.check_fsdp_config(model_config, train_config, world)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
         if torch.cuda.is_available() else torch.device("cpu")
-    tokenizer = Tokenizer(_tokenizer_path(data_dir, model_config, init))
+    trained = checkpoint.list_checkpoints(out)[-1:] if resume else [init] if init else []
+    tokenizer = Tokenizer(_tokenizer_path(data_dir, trained[0] if trained else None))
     _check_vocabulary(model_config, tokenizer)
     if model_config.arch == "encoder":
         train_split, batcher, dev_split = encoder_training.load_encoder_data(
@@ -239,19 +240,24 @@ def _stepped_module(model: Model, model_config: ModelConfig, train_config: Train
     return net
 
 
-def _tokenizer_path(data_dir: Path, model_config: ModelConfig, init: Path | None) -> Path:
-    """The corpus's vocabulary; an encoder fine-tuned from a checkpoint (--init) on a
-    corpus without one reads the checkpoint's, which its embeddings were trained on."""
+def _tokenizer_path(data_dir: Path, weights_from: Path | None) -> Path:
+    """The corpus's vocabulary; a model trained on from a checkpoint (weights_from:
+    --init's, an encoder into a classifier or an imported translation model on a corpus
+    of one's own, or the run's latest when it resumes) on a corpus without one reads the
+    checkpoint's, which its embeddings were trained on (and its targets' segmentation,
+    data/tokenizer.py)."""
     path = data_dir / MODEL_NAME
-    if init is None or model_config.arch != "encoder":
+    if weights_from is None:
         return path
-    theirs = checkpoint.resolve(init) / MODEL_NAME
+    theirs = checkpoint.resolve(weights_from) / MODEL_NAME
+    if not theirs.is_file():
+        return path
     if not path.is_file():
         return theirs
-    if theirs.is_file() and theirs.read_bytes() != path.read_bytes():
-        raise TrainingError(f"{path} is not the vocabulary {init} was trained with "
-                            f"({theirs}): remove it to fine-tune with the checkpoint's")
-    return path
+    if theirs.read_bytes() != path.read_bytes():
+        raise TrainingError(f"{path} is not the vocabulary {weights_from} was trained with "
+                            f"({theirs}): remove it to train on with the checkpoint's")
+    return theirs      # the same, with the targets' segmentation if it has one of its own
 
 
 def _check_vocabulary(model_config: ModelConfig, tokenizer: Tokenizer) -> None:
@@ -612,7 +618,7 @@ def evaluate_dev(model: Model, split: TokenizedSplit | TokenizedText, tokenizer:
             batch = batch.to(device)
             _, nll = projected_label_smoothed_nll(model(batch.src, batch.tgt_in, project=False),
                                                   model.output_proj.weight, batch.tgt_out,
-                                                  0.0, PAD_ID)
+                                                  0.0, PAD_ID, bias=model.output_proj.bias)
             nll_sum += nll.item()
             tokens += batch.num_tgt_tokens
     result = {"dev_loss": nll_sum / tokens, "dev_ppl": math.exp(min(nll_sum / tokens, 50.0))}

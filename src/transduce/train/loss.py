@@ -2,13 +2,17 @@
 
 The target distribution puts 1 - eps on the reference token and spreads eps uniformly
 over the other tokens of the vocabulary except padding, which is never a target.
-Padding positions contribute nothing.
+Padding positions contribute nothing. A model whose output adds a bias (an imported
+Marian model's) may give tokens the bias NEVER_OUTPUT (pad, bos): they are never a
+target either, so the spread leaves them out too.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from transduce.model.transformer import NEVER_OUTPUT
 
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float,
@@ -35,12 +39,14 @@ CHUNK_ELEMENTS_CUDA = 1 << 26
 
 def projected_label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor,
                                  epsilon: float, pad_id: int, chunk_rows: int | None = None,
-                                 every_row: bool | None = None) -> tuple[Tensor, Tensor]:
-    """label_smoothed_nll(hidden @ weight^T, ...) without the (B, T, V) logits.
+                                 every_row: bool | None = None,
+                                 bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """label_smoothed_nll(hidden @ weight^T + bias, ...) without the (B, T, V) logits.
 
-    hidden (B, T, C) the decoder's output, weight (V, C) the output projection, target
-    (B, T) -> (smoothed loss, plain NLL) summed over non-pad tokens, float32; only the
-    smoothed loss carries a gradient.
+    hidden (B, T, C) the decoder's output, weight (V, C) and bias (V,) or None the output
+    projection, target (B, T) -> (smoothed loss, plain NLL) summed over non-pad tokens,
+    float32; only the smoothed loss carries a gradient. Tokens whose bias is
+    NEVER_OUTPUT take no share of the smoothing.
 
     Why: over an 8k vocabulary the logits, their log-softmax and its gradient are
     several (B*T, V) float32 arrays, each written and read once, and that memory
@@ -66,76 +72,111 @@ def projected_label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor,
     else:
         keep = target != pad_id
         rows, targets, scored = hidden[keep], target[keep], None             # (N, C), (N,)
-    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
+                                              or (bias is not None and bias.requires_grad))
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else rows.dtype
     elements = CHUNK_ELEMENTS_CUDA if device == "cuda" else CHUNK_ELEMENTS
     chunk = None if torch.compiler.is_compiling() else \
         chunk_rows or max(1, elements // weight.shape[0])
-    return _ProjectedSmoothedNLL.apply(rows, weight, targets, scored, epsilon, pad_id, dtype,
-                                       chunk, wants_grad)
+    return _ProjectedSmoothedNLL.apply(rows, weight, bias, targets, scored, epsilon, pad_id,
+                                       dtype, chunk, wants_grad)
 
 
 class _ProjectedSmoothedNLL(torch.autograd.Function):
     """Forward computes the loss and, when asked, both gradients; backward scales them."""
 
     @staticmethod
-    def forward(ctx, rows: Tensor, weight: Tensor, target: Tensor, scored: Tensor | None,
-                epsilon: float, pad_id: int, dtype: torch.dtype, chunk: int | None,
-                wants_grad: bool) -> tuple[Tensor, Tensor]:
+    def forward(ctx, rows: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor,
+                scored: Tensor | None, epsilon: float, pad_id: int, dtype: torch.dtype,
+                chunk: int | None, wants_grad: bool) -> tuple[Tensor, Tensor]:
         with torch.autocast(rows.device.type, enabled=False):
-            smoothed, nll, grad_rows, grad_weight = _chunked_loss_and_grads(
-                rows, weight, target, scored, epsilon, pad_id, dtype, chunk, wants_grad)
-        ctx.save_for_backward(grad_rows, grad_weight)
+            smoothed, nll, grad_rows, grad_weight, grad_bias = _chunked_loss_and_grads(
+                rows, weight, bias, target, scored, epsilon, pad_id, dtype, chunk, wants_grad)
+        ctx.save_for_backward(grad_rows, grad_weight, grad_bias)
         ctx.weight_dtype = weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.mark_non_differentiable(nll)
         return smoothed, nll
 
     @staticmethod
     def backward(ctx, grad_smoothed: Tensor, _grad_nll: Tensor):
-        grad_rows, grad_weight = ctx.saved_tensors
+        grad_rows, grad_weight, grad_bias = ctx.saved_tensors
+        bias = None if ctx.bias_dtype is None else (grad_bias * grad_smoothed).to(ctx.bias_dtype)
         return (grad_rows * grad_smoothed.to(grad_rows.dtype),
-                (grad_weight * grad_smoothed).to(ctx.weight_dtype),
+                (grad_weight * grad_smoothed).to(ctx.weight_dtype), bias,
                 None, None, None, None, None, None, None)
 
 
-def _chunked_loss_and_grads(rows: Tensor, weight: Tensor, target: Tensor,
-                            scored: Tensor | None, epsilon: float, pad_id: int,
-                            dtype: torch.dtype, chunk: int | None, wants_grad: bool):
-    """rows (N, C), weight (V, C), target (N,), scored (N,) 1.0 for the rows that count
-    and 0.0 for the rest, or None for all; chunk rows at a time (None: all at once)
-    -> smoothed and NLL sums (float32), and d smoothed / d rows (N, C),
-    d smoothed / d weight (V, C) (empty unless wants_grad)."""
-    vocab = weight.shape[0]
-    spread = epsilon / (vocab - 2)       # q on each token that is neither reference nor pad
+def _chunked_loss_and_grads(rows: Tensor, weight: Tensor, bias: Tensor | None,
+                            target: Tensor, scored: Tensor | None, epsilon: float,
+                            pad_id: int, dtype: torch.dtype, chunk: int | None,
+                            wants_grad: bool):
+    """rows (N, C), weight (V, C), bias (V,) or None, target (N,), scored (N,) 1.0 for
+    the rows that count and 0.0 for the rest, or None for all; chunk rows at a time
+    (None: all at once) -> smoothed and NLL sums (float32), and d smoothed / d rows
+    (N, C), d smoothed / d weight (V, C) and d smoothed / d bias (V,) (empty unless
+    wants_grad, and for the bias unless there is one)."""
+    # q on each token but the reference and those left out (a tensor with a bias: no
+    # host sync, nothing that breaks a compiled graph)
+    support = None if bias is None else _smoothing_support(bias, pad_id)     # (V,) or None
+    spread = epsilon / (weight.shape[0] - 2 if support is None else support.sum() - 1)
     w = weight.to(dtype)
     smoothed = torch.zeros((), dtype=torch.float32, device=rows.device)
     nll = torch.zeros_like(smoothed)
     grad_rows = torch.empty_like(rows) if wants_grad else rows.new_empty(0)
     grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
         if wants_grad else weight.new_empty(0, dtype=torch.float32)
+    grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) \
+        if wants_grad and bias is not None else weight.new_empty(0, dtype=torch.float32)
     pieces = [slice(None)] if chunk is None else \
         [slice(start, start + chunk) for start in range(0, rows.shape[0], chunk)]
     for piece in pieces:
         h = rows[piece].to(dtype)                                             # (n, C)
         y = target[piece].unsqueeze(1)                                        # (n, 1)
         logits = (h @ w.T).float()                                            # (n, V)
+        if bias is not None:
+            logits += bias
         log_p = torch.log_softmax(logits, dim=1)                              # (n, V)
         reference = log_p.gather(1, y)                                        # (n, 1)
-        # -log p summed over the tokens that are neither the reference nor pad
-        others = -(log_p.sum(1, keepdim=True) - log_p[:, pad_id:pad_id + 1] - reference)
+        # -log p summed over the tokens that are neither the reference nor left out
+        if support is None:
+            others = -(log_p.sum(1, keepdim=True) - log_p[:, pad_id:pad_id + 1] - reference)
+        else:
+            others = -(log_p @ support[:, None] - reference)
         weights = None if scored is None else scored[piece].unsqueeze(1)
         if weights is not None:
             reference, others = reference * weights, others * weights
         nll -= reference.sum()
         smoothed += -(1.0 - epsilon) * reference.sum() + spread * others.sum()
-        if wants_grad:   # d/dlogits = softmax - q, rounded to `dtype` once
-            p = torch.softmax(logits, dim=1)
-            p.scatter_add_(1, y, p.new_full(y.shape, spread - (1.0 - epsilon)))
-            p[:, pad_id] += spread
-            grad = torch.sub(p, spread, out=torch.empty(p.shape, dtype=dtype, device=p.device))
+        if wants_grad:
+            grad = _logit_gradient(logits, y, epsilon, spread, support, pad_id, dtype)
             if weights is not None:
                 grad *= weights                  # by 0 or 1: exact in any dtype
             grad_rows[piece] = (grad @ w).to(rows.dtype)
             grad_weight += grad.T @ h          # a bfloat16 product is summed in float32
-    return smoothed, nll, grad_rows, grad_weight
+            if bias is not None:
+                grad_bias += grad.sum(0, dtype=torch.float32)
+    return smoothed, nll, grad_rows, grad_weight, grad_bias
+
+
+def _logit_gradient(logits: Tensor, y: Tensor, epsilon: float, spread: float | Tensor,
+                    support: Tensor | None, pad_id: int, dtype: torch.dtype) -> Tensor:
+    """d loss / d logits = softmax - q, rounded to `dtype` once: logits (n, V) float32,
+    y (n, 1) the references -> (n, V). q is 1 - epsilon on the reference, `spread` on
+    the other tokens of `support` (None: every token but pad), 0 elsewhere."""
+    p = torch.softmax(logits, dim=1)
+    p.scatter_add_(1, y, torch.as_tensor(spread - (1.0 - epsilon), dtype=p.dtype,
+                                         device=p.device).expand(y.shape))
+    if support is None:
+        p[:, pad_id] += spread
+    q = spread if support is None else spread * support     # all alike, or (V,)
+    return torch.sub(p, q, out=torch.empty(p.shape, dtype=dtype, device=p.device))
+
+
+def _smoothing_support(bias: Tensor, pad_id: int) -> Tensor:
+    """(V,) float32: 1 for the tokens smoothing spreads over (any but pad and those the
+    bias never lets out), 0 for the rest."""
+    support = (bias.detach() > NEVER_OUTPUT).float()
+    support[pad_id] = 0.0
+    return support

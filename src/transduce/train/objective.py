@@ -38,6 +38,7 @@ class SequenceObjective(torch.nn.Module):
             hidden = self.model(src, tgt_in, project=False, segments=segments)
         else:
             hidden = self.model(src, tgt_in, project=False)
-        loss, _ = projected_label_smoothed_nll(hidden, self.model.output_proj.weight,
-                                               tgt_out, self.label_smoothing, PAD_ID)
+        output = self.model.output_proj
+        loss, _ = projected_label_smoothed_nll(hidden, output.weight, tgt_out,
+                                               self.label_smoothing, PAD_ID, bias=output.bias)
         return loss

@@ -1,0 +1,325 @@
+"""Hugging Face Marian (MarianMTModel directories: the OPUS-MT translation models) -> our
+Transformer.
+
+Marian is the paper's encoder-decoder: post-norm layers, sinusoidal positions from 0,
+token embeddings scaled by sqrt(d_model) (scale_embedding), one vocabulary whose matrix
+the source and target embeddings and the output share. Three things differ:
+
+- the position table puts all its sines first and all its cosines second, where ours
+  interleaves them; every weight that touches the residual stream is permuted back
+  (the inverse of our Marian export's permutation, export/hf.py), which LayerNorm,
+  attention and the feed-forward network are equivariant to;
+- the output adds final_logits_bias (output_bias=True here), and transformers' search
+  never outputs <pad> (MarianMTModel sets its logit to -inf, as bad_words_ids asks):
+  the imported bias is NEVER_OUTPUT (-2^100) for pad, bos and every
+  single-token bad word, a probability of 0 as -inf would give, which a checkpoint's
+  weights cannot hold (a weight that is not finite marks a diverged run);
+- the ids: ours put pad, bos, eos, unk first (marian_vocabulary.py), so the embedding
+  rows and the bias are reordered; bos takes the row of the decoder's start token;
+  target.spm, where it segments otherwise, is kept beside ours as spm-target.model, the
+  segmentation of the references a fine-tuning run trains on.
+
+    shared / encoder.embed_tokens / decoder.embed_tokens   (tied) the embedding
+    encoder.layers.N.self_attn.{q,k,v,out}_proj     encoder.layers.N.self_attn.*
+    encoder.layers.N.self_attn_layer_norm           encoder.layers.N.norm1
+    encoder.layers.N.fc1, fc2, final_layer_norm     .ffn.linear1, .ffn.linear2, .norm2
+    decoder.layers.N.self_attn(_layer_norm)         decoder.layers.N.self_attn, .norm1
+    decoder.layers.N.encoder_attn(_layer_norm)      decoder.layers.N.cross_attn, .norm2
+    decoder.layers.N.fc1, fc2, final_layer_norm     .ffn.linear1, .ffn.linear2, .norm3
+
+Keys may carry the "model." prefix (MarianMTModel) or not (MarianModel). Every key is
+accounted for: stored position tables must be the sinusoids, a stored lm_head must equal
+the embedding, and anything else, or anything missing, is an error naming the key.
+Separate source and target vocabularies (separate_vocabs) are refused.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from transduce import checkpoint
+from transduce.config import ConfigError, ModelConfig
+from transduce.data.tokenizer import BOS_ID, PAD_ID
+from transduce.importers import ForeignCheckpointError, check_directories, \
+    check_foreign_options, take_weight, unprefixed_names
+from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
+from transduce.importers.marian_vocabulary import MarianVocabulary, merged_vocabulary
+from transduce.model.positional import sinusoidal_table, sines_first_permutation
+from transduce.model.transformer import NEVER_OUTPUT, Transformer
+
+SOURCE_SPM, TARGET_SPM, VOCAB_JSON = "source.spm", "target.spm", "vocab.json"
+GENERATION_CONFIG = "generation_config.json"
+# transformers' activation names -> ModelConfig.activation (OPUS-MT's are "swish").
+ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu",
+               "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
+# Options whose other value changes what the model computes: name -> the value we have
+# (the first five are Marian-NMT's, kept in old configs; transformers assumes them).
+FIXED_OPTIONS = {"normalize_before": False, "add_final_layer_norm": False,
+                 "normalize_embedding": False, "add_bias_logits": False,
+                 "static_position_embeddings": True, "share_encoder_decoder_embeddings": True,
+                 "tie_word_embeddings": True, "is_encoder_decoder": True}
+EMBEDDINGS = ("shared.weight", "encoder.embed_tokens.weight",
+              "decoder.embed_tokens.weight", "lm_head.weight")
+POSITIONS = ("encoder.embed_positions.weight", "decoder.embed_positions.weight")
+POSITION_TOLERANCE = 1e-4      # float32 tables computed two ways
+
+
+def import_marian(hf_dir: Path | str, out: Path | str) -> Path:
+    """Read a Hugging Face Marian directory (config.json, model.safetensors or
+    pytorch_model.bin, source.spm, vocab.json, tokenizer_config.json) and write it as
+    our checkpoint at `out`, replacing one there; nothing is written unless everything
+    was read and checked. The source and target languages of tokenizer_config.json
+    (source_lang, target_lang), when it names both, are recorded as the model's."""
+    hf_dir, out = Path(hf_dir), Path(out)
+    check_directories(hf_dir, out, HF_CONFIG)
+    config_file = hf_dir / HF_CONFIG
+    hf = _read_json(config_file)
+    activation = check_foreign_options(hf, config_file, "marian", FIXED_OPTIONS,
+                                       "activation_function", "gelu", ACTIVATIONS)
+    vocabulary, languages = read_vocabulary(hf_dir, hf)
+    config = model_config(hf, config_file, activation, len(vocabulary.marian_ids))
+    tensors, source = read_weights(hf_dir)
+    model = Transformer(config)
+    banned = bad_words(hf, hf_dir / GENERATION_CONFIG)
+    model.load_state_dict(map_weights(tensors, config, hf["vocab_size"], banned, vocabulary,
+                                      source))
+    model.languages = languages
+    origin = {"imported": "hf-marian", "from": str(hf_dir.resolve()), "steps": None,
+              "source_pieces_not_in_vocabulary": vocabulary.dropped}
+    with tempfile.TemporaryDirectory(prefix="transduce-marian-") as scratch:
+        spm_file = Path(scratch) / checkpoint.TOKENIZER
+        spm_file.write_bytes(vocabulary.model)
+        if vocabulary.target_model is not None:      # saved beside it (checkpoint.py)
+            (Path(scratch) / checkpoint.TARGET_TOKENIZER).write_bytes(vocabulary.target_model)
+        return checkpoint.save(out, model.eval(), None, spm_file, origin=origin)
+
+
+def read_vocabulary(hf_dir: Path, hf: dict[str, Any]
+                    ) -> tuple[MarianVocabulary, tuple[str, str] | None]:
+    """The merged SentencePiece vocabulary, with target.spm's segmentation if there is
+    one (marian_vocabulary.py), and the (source, target) languages tokenizer_config.json
+    names."""
+    specials, options = tokenizer_settings(
+        hf_dir, {"eos": "</s>", "unk": "<unk>", "pad": "<pad>"},
+        ("separate_vocabs", "source_lang", "target_lang"))
+    if options.get("separate_vocabs"):
+        raise ForeignCheckpointError(f"{hf_dir}: separate_vocabs=true (a source and a "
+                                     f"target vocabulary); only one shared vocabulary can "
+                                     f"be imported")
+    for name in (SOURCE_SPM, VOCAB_JSON):
+        if not (hf_dir / name).is_file():
+            raise ForeignCheckpointError(f"{hf_dir}: no {name} (a Marian tokenizer has "
+                                         f"{SOURCE_SPM}, {TARGET_SPM} and {VOCAB_JSON})")
+    vocab = _read_json(hf_dir / VOCAB_JSON)
+    _check_vocab(vocab, hf, hf_dir / VOCAB_JSON, hf_dir / HF_CONFIG, specials)
+    start = hf.get("decoder_start_token_id")
+    start = vocab[specials["pad"]] if start is None else start     # transformers' default
+    if not isinstance(start, int) or start not in set(vocab.values()):
+        raise ForeignCheckpointError(f"{hf_dir / HF_CONFIG}: decoder_start_token_id={start!r} "
+                                     f"is not an id of {VOCAB_JSON}")
+    target_spm = hf_dir / TARGET_SPM
+    vocabulary = merged_vocabulary(hf_dir / SOURCE_SPM,
+                                   target_spm if target_spm.is_file() else None, vocab,
+                                   eos=specials["eos"], unk=specials["unk"],
+                                   pad=specials["pad"], decoder_start=start)
+    source_lang, target_lang = options.get("source_lang"), options.get("target_lang")
+    languages = (source_lang, target_lang) \
+        if isinstance(source_lang, str) and isinstance(target_lang, str) else None
+    return vocabulary, languages
+
+
+def _check_vocab(vocab: Any, hf: dict[str, Any], vocab_file: Path, config_file: Path,
+                 specials: dict[str, str]) -> None:
+    """vocab.json maps pieces to distinct ids below vocab_size, with the special pieces,
+    and the config's eos and pad ids are theirs."""
+    if not isinstance(vocab, dict) or not vocab or \
+            not all(isinstance(i, int) and not isinstance(i, bool) for i in vocab.values()):
+        raise ForeignCheckpointError(f"{vocab_file}: not a mapping of pieces to ids")
+    size = hf.get("vocab_size")
+    if not isinstance(size, int) or size < 1:
+        raise ForeignCheckpointError(f"{config_file}: vocab_size={size!r}")
+    ids = list(vocab.values())
+    if len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= size:
+        raise ForeignCheckpointError(f"{vocab_file}: ids must be distinct and from 0 to "
+                                     f"vocab_size - 1 = {size - 1}")
+    for role, piece in specials.items():
+        if piece not in vocab:
+            raise ForeignCheckpointError(f"{vocab_file}: no {role} piece {piece!r}")
+        given = hf.get(f"{role}_token_id")
+        if role != "unk" and given is not None and given != vocab[piece]:
+            raise ForeignCheckpointError(f"{config_file}: {role}_token_id={given} but "
+                                         f"{piece!r} is {vocab[piece]} in {vocab_file.name}")
+    decoder_size = hf.get("decoder_vocab_size")
+    if decoder_size is not None and decoder_size != size:
+        raise ForeignCheckpointError(f"{config_file}: decoder_vocab_size={decoder_size} "
+                                     f"differs from vocab_size={size}; only one shared "
+                                     f"vocabulary can be imported")
+
+
+def model_config(hf: dict[str, Any], config_file: Path, activation: str,
+                 vocab_size: int) -> ModelConfig:
+    """Our ModelConfig of a Marian configuration; what differs between the stacks, or
+    what we cannot reproduce, is refused."""
+    def required(name: str) -> Any:
+        if name not in hf:
+            raise ForeignCheckpointError(f"{config_file}: no {name!r}")
+        return hf[name]
+
+    for ours, (encoder_key, decoder_key) in {
+            "num_heads": ("encoder_attention_heads", "decoder_attention_heads"),
+            "d_ff": ("encoder_ffn_dim", "decoder_ffn_dim")}.items():
+        if required(encoder_key) != required(decoder_key):
+            raise ForeignCheckpointError(f"{config_file}: {encoder_key}={hf[encoder_key]} "
+                                         f"but {decoder_key}={hf[decoder_key]}; our stacks "
+                                         f"share {ours}")
+    if not isinstance(required("d_model"), int) or hf["d_model"] % 2:
+        raise ForeignCheckpointError(f"{config_file}: d_model={hf['d_model']!r}; the "
+                                     f"sinusoids need an even size")
+    try:
+        return ModelConfig(
+            src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=required("d_model"),
+            num_heads=hf["encoder_attention_heads"], d_ff=hf["encoder_ffn_dim"],
+            num_encoder_layers=required("encoder_layers"),
+            num_decoder_layers=required("decoder_layers"),
+            dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.0),
+            activation=activation, norm_first=False, positional="sinusoidal",
+            max_positions=required("max_position_embeddings"), tie_embeddings="all",
+            bias=True, layer_norm_eps=1e-5, pad_id=PAD_ID,
+            scale_embeddings=bool(hf.get("scale_embedding", False)), output_bias=True)
+    except (ConfigError, TypeError) as error:
+        raise ForeignCheckpointError(f"{config_file}: {error}") from None
+
+
+def bad_words(hf: dict[str, Any], generation_config: Path) -> set[int]:
+    """The Marian ids that bad_words_ids (of config.json, or of generation_config.json,
+    where newer transformers keep it) bans on their own: never output."""
+    found = [hf.get("bad_words_ids")]
+    if generation_config.is_file():
+        found.append(_read_json(generation_config).get("bad_words_ids"))
+    return {words[0] for lists in found if isinstance(lists, list) for words in lists
+            if isinstance(words, list) and len(words) == 1 and isinstance(words[0], int)}
+
+
+def map_weights(tensors: dict[str, Tensor], config: ModelConfig, marian_size: int,
+                banned: set[int], vocabulary: MarianVocabulary,
+                source: Path) -> dict[str, Tensor]:
+    """Marian's tensors (a vocabulary of marian_size) -> our state dict (float32): the
+    model dimension permuted back to interleaved sines, the vocabulary reordered to
+    ours, the `banned` Marian ids never output, each key accounted for."""
+    weights = _Weights(tensors, source, config.d_model)
+    rows = torch.tensor(vocabulary.marian_ids)            # ours[i] = theirs[rows[i]]
+    embedding = _embedding(weights, marian_size)[rows][:, weights.order]
+    for key in ("encoder.embed.embedding.weight", "decoder.embed.embedding.weight",
+                "output_proj.weight"):
+        weights.state[key] = embedding
+    weights.state["output_proj.bias"] = _output_bias(weights, banned, rows, marian_size)
+    for stack, layers in (("encoder", config.num_encoder_layers),
+                          ("decoder", config.num_decoder_layers)):
+        for i in range(layers):
+            weights.layer(f"{stack}.layers.{i}", config.d_ff, cross=stack == "decoder")
+    _check_positions(weights, config)
+    return weights.all_taken()
+
+
+class _Weights:
+    """Marian's stored tensors, each read once into our state dict with the model
+    dimension permuted back: ours = theirs[order] along it."""
+
+    def __init__(self, tensors: dict[str, Tensor], source: Path, d_model: int):
+        self.tensors, self.source, self.d_model = tensors, source, d_model
+        self.names = unprefixed_names(tensors, "model.", source)   # what is left to read
+        self.order = sines_first_permutation(d_model).argsort()
+        self.state: dict[str, Tensor] = {}
+
+    def take(self, name: str, *shape: int) -> Tensor:
+        return take_weight(self.tensors, self.names, self.source, name, *shape)
+
+    def linear(self, ours: str, theirs: str, n_in: int, n_out: int, writes: bool) -> None:
+        """A projection that reads the residual stream (fc1, q, k, v: its input is
+        permuted) or writes it (writes: fc2, out_proj: its output is)."""
+        weight = self.take(f"{theirs}.weight", n_out, n_in)
+        bias = self.take(f"{theirs}.bias", n_out)
+        if writes:
+            weight, bias = weight[self.order], bias[self.order]
+        else:
+            weight = weight[:, self.order]
+        self.state[f"{ours}.weight"], self.state[f"{ours}.bias"] = weight, bias
+
+    def norm(self, ours: str, theirs: str) -> None:
+        for part in ("weight", "bias"):
+            self.state[f"{ours}.{part}"] = self.take(f"{theirs}.{part}", self.d_model)[self.order]
+
+    def attention(self, ours: str, theirs: str) -> None:
+        c = self.d_model
+        for projection in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            self.linear(f"{ours}.{projection}", f"{theirs}.{projection}", c, c,
+                        writes=projection == "out_proj")
+
+    def layer(self, prefix: str, d_ff: int, cross: bool) -> None:
+        """Encoder layer `prefix` (encoder.layers.N), or a decoder layer (cross)."""
+        c = self.d_model
+        self.attention(f"{prefix}.self_attn", f"{prefix}.self_attn")
+        self.norm(f"{prefix}.norm1", f"{prefix}.self_attn_layer_norm")
+        self.linear(f"{prefix}.ffn.linear1", f"{prefix}.fc1", c, d_ff, writes=False)
+        self.linear(f"{prefix}.ffn.linear2", f"{prefix}.fc2", d_ff, c, writes=True)
+        if cross:
+            self.attention(f"{prefix}.cross_attn", f"{prefix}.encoder_attn")
+            self.norm(f"{prefix}.norm2", f"{prefix}.encoder_attn_layer_norm")
+        self.norm(f"{prefix}.norm3" if cross else f"{prefix}.norm2",
+                  f"{prefix}.final_layer_norm")
+
+    def all_taken(self) -> dict[str, Tensor]:
+        """The state dict, once every stored tensor was read (else the first unread is
+        named)."""
+        if self.names:
+            unknown = sorted(self.names.values())
+            raise ForeignCheckpointError(f"{self.source}: unknown weight {unknown[0]!r}"
+                                         + (f" (and {len(unknown) - 1} more)"
+                                            if len(unknown) > 1 else ""))
+        return {name: tensor.contiguous() for name, tensor in self.state.items()}
+
+
+def _embedding(weights: _Weights, vocab_size: int) -> Tensor:
+    """The shared embedding (V, C) in Marian's layout: every stored copy (shared, the
+    stacks', lm_head) must be the same matrix."""
+    stored = [name for name in EMBEDDINGS if name in weights.names]
+    if not stored:
+        raise ForeignCheckpointError(f"{weights.source}: missing weight 'shared.weight'")
+    first = weights.take(stored[0], vocab_size, weights.d_model)
+    for name in stored[1:]:
+        if not torch.equal(weights.take(name, vocab_size, weights.d_model), first):
+            raise ForeignCheckpointError(f"{weights.source}: {name!r} differs from "
+                                         f"{stored[0]!r}; only one shared embedding matrix "
+                                         f"can be imported")
+    return first
+
+
+def _output_bias(weights: _Weights, banned: set[int], rows: Tensor, vocab_size: int) -> Tensor:
+    """final_logits_bias in our order (zeros when not stored), NEVER_OUTPUT for pad, bos and
+    the `banned` Marian ids."""
+    if "final_logits_bias" in weights.names:
+        bias = weights.take("final_logits_bias", 1, vocab_size)[0]
+    else:
+        bias = torch.zeros(vocab_size)
+    ours = bias[rows].clone()
+    never = [i for i, marian_id in enumerate(rows.tolist()) if marian_id in banned]
+    ours[[PAD_ID, BOS_ID] + never] = NEVER_OUTPUT
+    return ours
+
+
+def _check_positions(weights: _Weights, config: ModelConfig) -> None:
+    """Stored position tables (transformers saves them) must hold the sinusoids, sines
+    first, that our model computes."""
+    expected = sinusoidal_table(config.max_positions, config.d_model)[
+        :, sines_first_permutation(config.d_model)]
+    for name in POSITIONS:
+        if name in weights.names:
+            table = weights.take(name, config.max_positions, config.d_model)
+            if not torch.allclose(table, expected, atol=POSITION_TOLERANCE, rtol=0):
+                raise ForeignCheckpointError(f"{weights.source}: {name!r} is not the "
+                                             f"sinusoidal table Marian computes")
