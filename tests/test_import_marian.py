@@ -284,12 +284,45 @@ def test_an_imported_model_fine_tunes_on_a_corpus_of_ones_own(marian, tmp_path, 
     before = load_model(out)
     assert torch.all(tuned.output_proj.bias[[PAD_ID, BOS_ID]] == NEVER_OUTPUT)
     assert not torch.equal(tuned.output_proj.bias, before.output_proj.bias)
-    assert (checkpoint.resolve(tmp_path / "run") / checkpoint.TOKENIZER).read_bytes() == \
-        (out / checkpoint.TOKENIZER).read_bytes()
+    assert main(["average", str(tmp_path / "run"), "--out", str(tmp_path / "average")]) == 0
+    for written in (checkpoint.resolve(tmp_path / "run"), tmp_path / "average"):
+        for name in (checkpoint.TOKENIZER, checkpoint.TARGET_TOKENIZER):
+            assert (written / name).read_bytes() == (out / name).read_bytes()
     (corpus / "spm.model").write_bytes((tiny_corpus / "spm.model").read_bytes())
     capsys.readouterr()
     assert main(args + ["--out", str(tmp_path / "again")]) == 1
     assert "is not the vocabulary" in capsys.readouterr().err
+
+
+def test_a_pytorch_model_bin_imports_as_its_safetensors_do(marian, tmp_path):
+    """Older OPUS-MT directories hold pytorch_model.bin only."""
+    from safetensors.torch import load_file
+
+    directory = tmp_path / "bin"
+    shutil.copytree(marian[0], directory)
+    weights = directory / "model.safetensors"
+    torch.save(load_file(str(weights)), directory / "pytorch_model.bin")
+    weights.unlink()
+    ours = load_model(import_marian(directory, tmp_path / "out")).state_dict()
+    assert all(torch.equal(ours[name], weight)
+               for name, weight in load_model(marian[4]).state_dict().items())
+
+
+def test_an_import_converts_to_multi_query_with_its_vocabularies(marian, tmp_path, capsys):
+    out = tmp_path / "mqa"
+    assert main(["convert-kv", "--kv-heads", "1", "--out", str(out), str(marian[4])]) == 0
+    assert "--max-steps N" in capsys.readouterr().out       # an import records no steps
+    for name in (checkpoint.TOKENIZER, checkpoint.TARGET_TOKENIZER):
+        assert (out / name).read_bytes() == (marian[4] / name).read_bytes()
+    assert torch.equal(load_model(out).output_proj.bias, load_model(marian[4]).output_proj.bias)
+
+
+def test_fine_tuning_an_import_asks_for_a_budget(marian, tmp_path, tiny_corpus, capsys):
+    """An import records no training steps, from which --init would take its budget."""
+    assert main(["train", "--data", str(tiny_corpus), "--init", str(marian[4]),
+                 "--out", str(tmp_path / "run")]) == 2      # a usage error
+    assert "steps are not recorded (an import)" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_source_piece_the_vocabulary_lacks_is_counted(tmp_path):

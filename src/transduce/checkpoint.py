@@ -330,7 +330,9 @@ def average(checkpoints: list[Path], out: Path) -> Path:
         _write_config(temporary, model_config, train_config, origin, section,
                       read_labels(last), read_languages(last))
         _save_tensors(mean, temporary / WEIGHTS, metadata)
-        shutil.copyfile(last / tokenizer_file, temporary / tokenizer_file)
+        for name in (tokenizer_file, TARGET_TOKENIZER):
+            if name == tokenizer_file or (last / name).is_file():
+                shutil.copyfile(last / name, temporary / name)
     return out
 
 

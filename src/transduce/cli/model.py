@@ -123,5 +123,6 @@ def convert_kv(args: argparse.Namespace) -> int:
     kind = "multi-query" if args.kv_heads == 1 else f"grouped-query ({args.kv_heads} groups)"
     print(f"{source}: {model.config.num_heads} heads -> {kind} decoder attention; "
           f"{before:,d} -> {after:,d} parameters; wrote {args.out}")
-    print(f"uptrain it: transduce train --init {args.out} --data DIR --out RUN")
+    budget = "" if origin["steps"] else " --max-steps N"   # unknown steps give no default
+    print(f"uptrain it: transduce train --init {args.out} --data DIR --out RUN{budget}")
     return 0

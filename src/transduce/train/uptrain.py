@@ -18,7 +18,8 @@ def uptraining_defaults(init: Path, given: dict[str, Any], fraction: float) -> d
     has_budget = bool(given.get("max_steps") or given.get("max_minutes"))
     if steps is None:
         if not has_budget:
-            raise ConfigError(f"{init}: its training steps are not recorded; give --max-steps")
+            raise ConfigError(f"{init}: its training steps are not recorded (an import), so "
+                              f"no budget follows from them; give --max-steps or --max-minutes")
         return {}
     defaults: dict[str, Any] = {"schedule_offset": steps}
     if not has_budget:
