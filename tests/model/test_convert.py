@@ -1,6 +1,7 @@
 """MHA -> GQA / MQA conversion by mean-pooling key/value heads, and uptraining."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,3 +111,12 @@ def test_uptraining_a_budget_run_warms_up_again_and_says_so(tiny_corpus, tmp_pat
     peak = (64 * 10) ** -0.5
     assert rates[-1] == pytest.approx(budget_lr(3 / 4, peak, 0.5))
 
+
+
+def test_the_uptraining_plan_names_the_checkpoints_steps_whatever_the_offset():
+    from transduce.cli.train import uptraining_plan
+    from transduce.config import TrainConfig
+
+    plan = uptraining_plan(Path("run"), TrainConfig(schedule="noam", schedule_offset=0),
+                           {"schedule_offset": 40}, 0.05)
+    assert "trained 40 steps; the noam schedule continues from step 1" in plan

@@ -197,7 +197,8 @@ def uptraining_plan(init: Path, config: TrainConfig, defaults: dict, fraction: f
     """What the uptraining run will do with its learning rate, said before it starts."""
     budget = f"; {defaults['max_steps']} more ({fraction:.3g} of them)" \
         if "max_steps" in defaults else ""
-    trained = f"uptraining from {init}: trained {config.schedule_offset} steps{budget}; "
+    # the checkpoint's steps, whatever --schedule-offset says (the schedule follows that)
+    trained = f"uptraining from {init}: trained {defaults['schedule_offset']} steps{budget}; "
     if config.schedule == "noam":
         return trained + f"the noam schedule continues from step {config.schedule_offset + 1}"
     # A budget schedule ends at 0, so continuing it would train at rate 0: warm up again
