@@ -308,6 +308,40 @@ def test_a_pytorch_model_bin_imports_as_its_safetensors_do(marian, tmp_path):
                for name, weight in load_model(marian[4]).state_dict().items())
 
 
+def test_float16_weights_and_stored_position_tables_import(marian, tmp_path):
+    """transformers' converter saves OPUS-MT models in float16, and older directories
+    hold the position tables too (which float16 rounds by up to 2.4e-4)."""
+    from safetensors.torch import load_file, save_file
+
+    directory = tmp_path / "half"
+    shutil.copytree(marian[0], directory)
+    weights = directory / "model.safetensors"
+    tensors = load_file(str(weights))
+    table = marian[2].model.encoder.embed_positions.weight.detach()
+    for stack in ("encoder", "decoder"):
+        tensors[f"model.{stack}.embed_positions.weight"] = table.clone()
+    save_file({name: tensor.half() for name, tensor in tensors.items()}, str(weights))
+    half = load_model(import_marian(directory, tmp_path / "out")).state_dict()
+    for name, weight in load_model(marian[4]).state_dict().items():
+        rounded = weight.half().float()
+        if name == "output_proj.bias":        # never-output tokens are set, not read
+            rounded = torch.where(weight == NEVER_OUTPUT, weight, rounded)
+        assert torch.equal(half[name], rounded), name
+
+
+def test_old_configurations_keys_import_where_transformers_computes_the_same(marian,
+                                                                             tmp_path):
+    """Configs written by transformers 3 carry BART's options; add_bias_logits is one
+    transformers no longer reads (it adds final_logits_bias either way)."""
+    old = {"add_bias_logits": True, "normalize_before": False, "add_final_layer_norm": False,
+           "normalize_embedding": False, "static_position_embeddings": True,
+           "extra_pos_embeddings": 71, "classif_dropout": 0.0, "num_beams": 4}
+    changed = damaged(marian[0], tmp_path, config=lambda values: {**values, **old})
+    imported = load_model(import_marian(changed, tmp_path / "out")).state_dict()
+    assert all(torch.equal(imported[name], weight)
+               for name, weight in load_model(marian[4]).state_dict().items())
+
+
 def test_an_import_converts_to_multi_query_with_its_vocabularies(marian, tmp_path, capsys):
     out = tmp_path / "mqa"
     assert main(["convert-kv", "--kv-heads", "1", "--out", str(out), str(marian[4])]) == 0

@@ -58,15 +58,16 @@ GENERATION_CONFIG = "generation_config.json"
 ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu",
                "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh"}
 # Options whose other value changes what the model computes: name -> the value we have
-# (the first five are Marian-NMT's, kept in old configs; transformers assumes them).
+# (the first four are Marian-NMT's, kept in old configs; transformers assumes them). Old
+# configs' add_bias_logits is not among them: transformers adds final_logits_bias anyway.
 FIXED_OPTIONS = {"normalize_before": False, "add_final_layer_norm": False,
-                 "normalize_embedding": False, "add_bias_logits": False,
-                 "static_position_embeddings": True, "share_encoder_decoder_embeddings": True,
-                 "tie_word_embeddings": True, "is_encoder_decoder": True}
+                 "normalize_embedding": False, "static_position_embeddings": True,
+                 "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
+                 "is_encoder_decoder": True}
 EMBEDDINGS = ("shared.weight", "encoder.embed_tokens.weight",
               "decoder.embed_tokens.weight", "lm_head.weight")
 POSITIONS = ("encoder.embed_positions.weight", "decoder.embed_positions.weight")
-POSITION_TOLERANCE = 1e-4      # float32 tables computed two ways
+POSITION_TOLERANCE = 1e-4      # float32 tables computed two ways; a float16 one is rounded
 
 
 def import_marian(hf_dir: Path | str, out: Path | str) -> Path:
@@ -319,7 +320,10 @@ def _check_positions(weights: _Weights, config: ModelConfig) -> None:
         :, sines_first_permutation(config.d_model)]
     for name in POSITIONS:
         if name in weights.names:
+            stored = weights.tensors[weights.names[name]].dtype     # (the converter's float16)
+            tolerance = max(POSITION_TOLERANCE, torch.finfo(stored).eps) \
+                if stored.is_floating_point else POSITION_TOLERANCE
             table = weights.take(name, config.max_positions, config.d_model)
-            if not torch.allclose(table, expected, atol=POSITION_TOLERANCE, rtol=0):
+            if not torch.allclose(table, expected, atol=tolerance, rtol=0):
                 raise ForeignCheckpointError(f"{weights.source}: {name!r} is not the "
                                              f"sinusoidal table Marian computes")
