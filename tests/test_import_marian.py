@@ -4,6 +4,7 @@ beam translations, as text), its tokenizer gives MarianTokenizer's ids, the expo
 the output bias, and a checkpoint we cannot reproduce is refused by name with nothing
 written."""
 
+import dataclasses
 import json
 import shutil
 import warnings
@@ -443,8 +444,11 @@ def test_our_marian_export_imports_back_to_the_same_model(tmp_path, tiny_corpus)
     from tests.test_export import saved_model
     from transduce.export import export_hf
 
-    model, path = saved_model(tmp_path, tiny_corpus, activation="silu")
+    model, path = saved_model(tmp_path, tiny_corpus, activation="silu", dropout=0.2,
+                              attention_dropout=0.1)
     back = import_marian(export_hf(path, tmp_path / "hf"), tmp_path / "back")
+    # the same configuration, dropout included (a fine-tuning run trains with it)
+    assert dataclasses.replace(load_model(back).config, output_bias=False) == model.config
     ours, theirs = Tokenizer(path / checkpoint.TOKENIZER), Tokenizer(back / checkpoint.TOKENIZER)
     assert [theirs.piece(i) for i in range(theirs.vocab_size)] == \
         [ours.piece(i) for i in range(ours.vocab_size)]

@@ -141,7 +141,9 @@ def hf_config(model: Transformer) -> dict:
         "decoder_attention_heads": c.num_heads, "encoder_ffn_dim": c.d_ff,
         "decoder_ffn_dim": c.d_ff, "activation_function": HF_ACTIVATIONS[c.activation],
         "max_position_embeddings": c.max_positions, "scale_embedding": c.scale_embeddings,
-        "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0,
+        # the model's own rates, so that training the export goes on as ours would (our
+        # feed-forward has no dropout of its own: activation_dropout 0)
+        "dropout": c.dropout, "attention_dropout": c.attention_dropout, "activation_dropout": 0.0,
         "pad_token_id": PAD_ID, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
         "decoder_start_token_id": BOS_ID,
         "forced_eos_token_id": None,  # the configs' defaults would force a token at the limit
