@@ -89,9 +89,10 @@ class Tokenizer:
             raise TokenizerError(f"{self.path}: special ids (pad, bos, eos, unk) are {specials}, "
                                  f"expected {(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}")
         self.target_tokenizer = self._target_side()
-        files = self.path.read_bytes() + (b"" if self.target_tokenizer is self
-                                          else self.target_tokenizer.path.read_bytes())
-        self.fingerprint = hashlib.sha256(files).hexdigest()[:16]
+        # the file's hash; with a target side, one of both (its fingerprint, not a re-read)
+        both = self.path.read_bytes() + (b"" if self.target_tokenizer is self
+                                         else self.target_tokenizer.fingerprint.encode())
+        self.fingerprint = hashlib.sha256(both).hexdigest()[:16]
 
     def _target_side(self) -> "Tokenizer":
         """The tokenizer of target sentences (training's references): the spm-target.model
@@ -101,8 +102,9 @@ class Tokenizer:
         if self.path.name != MODEL_NAME or not sibling.is_file():
             return self
         target = Tokenizer(sibling)
+        ids = list(range(self.vocab_size))
         if target.vocab_size != self.vocab_size or \
-                any(target.piece(i) != self.piece(i) for i in range(self.vocab_size)):
+                target.processor.id_to_piece(ids) != self.processor.id_to_piece(ids):
             raise TokenizerError(f"{sibling}: its pieces are not those of {self.path} under "
                                  f"the same ids")
         return target
