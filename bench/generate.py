@@ -1,16 +1,20 @@
 """Language-model generation speed: our decoder-only model against Hugging Face's
-`GPT2LMHeadModel.generate`, on the same weights.
+`generate` (GPT2LMHeadModel or LlamaForCausalLM), on the same weights.
 
-A GPT-2 (124M, `--layers` etc. to change) is built by transformers from a random config,
-saved with save_pretrained, and imported with `transduce import hf-gpt2`, so both sides
-hold the same weights. Greedy generation of --new-tokens tokens from prompts of
---prompt-length random tokens, batch 1 and batch 8 (same-length prompts: no padding on
-either side), float32, interleaved over --repeats rounds. Counted: generated tokens (the
-same on both sides, checked token for token), per second of the whole call (prompt
-prefill included). Decode speed by KV-cache kind (float32, int8, int4, sliding) is
+A GPT-2 (124M) or, with `--family llama`, a Llama of SmolLM2-135M's shape (30 layers of
+576, 9 heads sharing 3 key/value heads, SwiGLU 1536, tied embeddings; `--layers` etc.
+to change either) is built by transformers from a random config, saved with
+save_pretrained, and imported with `transduce import hf-gpt2` / `hf-llama`, so both
+sides hold the same weights; CTranslate2's Generator runs our `export ct2` of the
+import (float32, the same threads; `--no-ctranslate2` leaves it out). Greedy generation
+of --new-tokens tokens from prompts of --prompt-length random tokens, batch 1 and batch
+8 (same-length prompts: no padding on any side), float32, interleaved over --repeats
+rounds. Counted: generated tokens (the same on every side, checked token for token), per
+second of the whole call (prompt prefill included). Decode speed by KV-cache kind (float32, int8, int4, sliding) is
 bench/kv_cache.py's.
 
-    python bench/generate.py [--repeats 3] [--out bench/results/generate-cpu.json]
+    python bench/generate.py [--family gpt2|llama] [--repeats 3] [--no-ctranslate2]
+        [--out bench/results/generate-cpu.json]
 """
 
 from __future__ import annotations
@@ -30,28 +34,54 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import machine_info, time_interleaved  # noqa: E402
 from transduce.decode.generate import Generator  # noqa: E402
 from transduce.decode.options import GenerateOptions  # noqa: E402
-from transduce.importers.hf_gpt2 import import_gpt2  # noqa: E402
+from transduce.export import export_ctranslate2  # noqa: E402
+from transduce.importers import import_gpt2, import_llama  # noqa: E402
 from transduce.model import load_model  # noqa: E402
+
+# Each family's shape (overridden by the flags of the same names) and importer.
+FAMILIES = {
+    "gpt2": {"layers": 12, "d_model": 768, "heads": 12, "kv_heads": 12, "d_ff": 3072,
+             "vocab": 50257, "context": 1024, "importer": import_gpt2},
+    "llama": {"layers": 30, "d_model": 576, "heads": 9, "kv_heads": 3, "d_ff": 1536,
+              "vocab": 49152, "context": 2048, "importer": import_llama},
+}
+END = "<|endoftext|>"
+
+
+def hf_model(args: argparse.Namespace):
+    """A random model of the family from transformers, seeded."""
+    import transformers
+
+    torch.manual_seed(0)
+    if args.family == "gpt2":
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=args.layers, n_embd=args.d_model, n_head=args.heads, n_inner=args.d_ff,
+            n_positions=args.context, vocab_size=args.vocab, bos_token_id=args.vocab - 1,
+            eos_token_id=args.vocab - 1)).eval()
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        num_hidden_layers=args.layers, hidden_size=args.d_model, num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads, intermediate_size=args.d_ff,
+        max_position_embeddings=args.context, vocab_size=args.vocab, tie_word_embeddings=True,
+        bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1)).eval()
 
 
 def build_hf_model(args: argparse.Namespace, directory: Path):
-    """A random GPT-2 from transformers, saved where our importer reads it."""
+    """A random model from transformers, saved where our importer reads it, with a
+    byte-level vocabulary of its size (the tokens are random ids anyway) whose last
+    token is both bos and eos."""
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
-    from transformers import GPT2Config, GPT2LMHeadModel
 
-    torch.manual_seed(0)
-    config = GPT2Config(n_layer=args.layers, n_embd=args.d_model, n_head=args.heads,
-                        n_positions=args.context)
-    model = GPT2LMHeadModel(config).eval()
+    model = hf_model(args)
     model.save_pretrained(directory)
-    # A byte-level vocabulary of GPT-2's size: the tokens are random ids anyway.
-    vocab = {f"t{i}": i for i in range(config.vocab_size - 1)}
-    vocab["<|endoftext|>"] = config.vocab_size - 1
+    vocab = {f"t{i}": i for i in range(args.vocab - 1)}
+    vocab[END] = args.vocab - 1
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(["<|endoftext|>"])
+    tokenizer.add_special_tokens([END])
     tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": END,
+                                                                 "eos_token": END}))
     return model
 
 
@@ -60,65 +90,91 @@ def prompts(batch: int, length: int, vocab: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab - 1, (batch, length), generator=generator)   # no eos
 
 
-def compare_with_hf(hf, ours: Generator, args: argparse.Namespace) -> list[dict]:
+def compare_peers(hf, ours: Generator, ct2, args: argparse.Namespace) -> list[dict]:
+    """Each batch size: every peer on the same prompts, interleaved; tokens/s over the
+    tokens ours generated (the same on every side, checked)."""
     options = GenerateOptions(max_new_tokens=args.new_tokens, batch_sentences=8)
     eos = ours.tokenizer.eos_id
     rows = []
     for batch in (1, 8):
         ids = prompts(batch, args.prompt_length, hf.config.vocab_size, seed=batch)
+        pieces = [[ours.tokenizer.piece(t) for t in row] for row in ids.tolist()]
         outputs: dict[str, list[list[int]]] = {}
 
         def run_hf():
             with torch.inference_mode():
                 out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                   max_new_tokens=args.new_tokens, pad_token_id=eos)
-            outputs["hf"] = [[t for t in row if t != eos] for row in
-                             out[:, ids.shape[1]:].tolist()]
+            outputs["hf generate"] = [[t for t in row if t != eos] for row in
+                                      out[:, ids.shape[1]:].tolist()]
 
         def run_ours():
             found = ours._generate_batch(ids.tolist(), options)
             outputs["ours"] = [row.tokens for row in found]
 
-        times = time_interleaved({"hf generate": run_hf, "ours": run_ours}, args.repeats)
+        def run_ct2():
+            found = ct2.generate_batch(pieces, max_length=args.new_tokens, sampling_topk=1,
+                                       include_prompt_in_result=False)
+            outputs["ctranslate2"] = [result.sequences_ids[0] for result in found]
+
+        calls = {"hf generate": run_hf, "ours": run_ours}
+        if ct2 is not None:
+            calls["ctranslate2"] = run_ct2
+        times = time_interleaved(calls, args.repeats)
         tokens = sum(len(row) for row in outputs["ours"])
-        equal = outputs["ours"] == outputs["hf"]
-        record = {"batch": batch, "prompt_length": args.prompt_length, "generated_tokens": tokens,
-                  "equal_outputs": equal}
+        record = {"batch": batch, "prompt_length": args.prompt_length, "generated_tokens": tokens}
         for name, seconds in times.items():
             record[name] = {"seconds": statistics.median(seconds),
-                            "tokens_per_s": tokens / statistics.median(seconds)}
+                            "tokens_per_s": tokens / statistics.median(seconds),
+                            "equal_outputs": outputs[name] == outputs["ours"]}
         record["ratio"] = record["ours"]["tokens_per_s"] / record["hf generate"]["tokens_per_s"]
-        print(f"batch {batch}: ours {record['ours']['tokens_per_s']:.1f} tok/s, HF generate "
-              f"{record['hf generate']['tokens_per_s']:.1f} tok/s: {record['ratio']:.2f}x; "
-              f"{tokens} tokens, outputs equal: {equal}")
+        print(f"batch {batch}: " + ", ".join(
+            f"{name} {record[name]['tokens_per_s']:.1f} tok/s (same tokens: "
+            f"{record[name]['equal_outputs']})" for name in calls) +
+            f"; ours / HF {record['ratio']:.2f}x")
         rows.append(record)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--d-model", type=int, default=768)
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--family", choices=FAMILIES, default="gpt2")
+    for name in ("layers", "d_model", "heads", "kv_heads", "d_ff", "vocab", "context"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
+                            help="default: the family's")
     parser.add_argument("--prompt-length", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-ctranslate2", dest="ctranslate2", action="store_false",
+                        help="leave CTranslate2's Generator (on our ct2 export) out")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=Path("bench/results/generate-cpu.json"))
     args = parser.parse_args()
+    family = FAMILIES[args.family]
+    for name, value in family.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as scratch:
         hf = build_hf_model(args, Path(scratch) / "hf")
-        import_gpt2(Path(scratch) / "hf", Path(scratch) / "ours")
+        family["importer"](Path(scratch) / "hf", Path(scratch) / "ours")
         ours = Generator.load(Path(scratch) / "ours")
         model = load_model(Path(scratch) / "ours")
+        ct2 = None
+        if args.ctranslate2:      # float32, as the other two, on as many threads
+            import ctranslate2
+
+            export_ctranslate2(Path(scratch) / "ours", Path(scratch) / "ct2")
+            ct2 = ctranslate2.Generator(str(Path(scratch) / "ct2"), device="cpu",
+                                        compute_type="float32", intra_threads=args.threads)
     started = time.time()
-    result = {"machine": machine_info(args.threads), "settings": vars(args) | {"out": str(args.out)},
-              "model": {"layers": args.layers, "d_model": args.d_model, "heads": args.heads,
+    settings = {name: value for name, value in vars(args).items() if name != "importer"}
+    result = {"machine": machine_info(args.threads), "settings": settings | {"out": str(args.out)},
+              "model": {"family": args.family, "layers": args.layers, "d_model": args.d_model,
+                        "heads": args.heads, "kv_heads": args.kv_heads,
                         "parameters": model.num_parameters()},
-              "versus_hf_generate": compare_with_hf(hf, ours, args),
+              "peers": compare_peers(hf, ours, ct2, args),
               "seconds": time.time() - started}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

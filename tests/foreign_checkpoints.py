@@ -1,10 +1,13 @@
 """What the importers' tests share: a copy of a small Hugging Face checkpoint with its
-config or weights changed, and the check that an import was refused leaving nothing."""
+config or weights changed, the check that an import was refused leaving nothing, and
+the checks that an imported language model computes and generates what transformers'
+does."""
 
 import json
 import shutil
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from transduce.importers import ForeignCheckpointError
@@ -32,3 +35,69 @@ def assert_refused(importer, directory, tmp_path, *messages):
     for message in messages:
         assert message in str(error.value)
     assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+def left_padded(lengths, length, vocab_size, pad_id, seed=0):
+    """(B, T) ids, each row's real tokens last, and the (B, T) mask of real tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab_size, (len(lengths), length), generator=generator)
+    mask = torch.arange(length)[None, :] >= (length - torch.tensor(lengths))[:, None]
+    return ids.masked_fill(~mask, pad_id), mask
+
+
+def assert_same_logits(hf, ours, atol):
+    """Logits of random tokens, and of a left-padded batch at each row's own positions
+    (the real tokens compared)."""
+    tokens = torch.randint(0, hf.config.vocab_size, (3, 17))
+    padded, mask = left_padded([13, 7, 1], 13, hf.config.vocab_size, ours.config.pad_id)
+    positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    with torch.no_grad():
+        expected, got = hf(tokens).logits, ours(tokens)
+        padded_expected = hf(padded, attention_mask=mask.long(), position_ids=positions).logits
+        padded_got = ours(padded, key_mask=mask)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, atol=atol, rtol=1e-5)
+    torch.testing.assert_close(padded_got[mask], padded_expected[mask], atol=atol, rtol=1e-5)
+
+
+def assert_same_greedy_tokens(hf, ours, steps, monkeypatch):
+    """`steps` greedy tokens after two left-padded prompts, through our cache and
+    transformers' generate (no end token: both run every step, whatever they produce;
+    undone after the test)."""
+    from transduce.decode.search import greedy_search
+
+    prompt, mask = left_padded([6, 3], 6, hf.config.vocab_size, ours.config.pad_id, seed=1)
+    monkeypatch.setattr(hf.generation_config, "eos_token_id", None)
+    with torch.no_grad():
+        expected = hf.generate(prompt, attention_mask=mask.long(), do_sample=False,
+                               max_new_tokens=steps, pad_token_id=ours.config.pad_id)[:, 6:]
+    got = greedy_search(ours, prompt, bos_id=prompt[:, -1], eos_id=-1, max_len=steps,
+                        src_mask=mask[:, None, None, :])
+    assert expected.shape == (2, steps)
+    assert torch.equal(got, expected)
+    assert len(set(expected.flatten().tolist())) > 3     # a real test, not one token repeated
+
+
+def assert_same_perplexity(hf, out, tmp_path):
+    """`transduce evaluate` scores [bos] + line -> line + [eos] with the imported
+    tokenizer's ids (GPT-2's bos is its eos): its log-likelihood equals transformers'
+    loss on the same sequences."""
+    import json
+
+    from transduce import checkpoint
+    from transduce.cli import main
+
+    data = tmp_path / "text"
+    data.mkdir()
+    lines = ["Hello world!", "El niño comió café."]
+    (data / "test.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["evaluate", "--model", str(out), "--data", str(data), "--split", "test",
+                 "--out", str(tmp_path / "eval")]) == 0
+    result = json.loads((tmp_path / "eval.json").read_text())
+    tokenizer = checkpoint.load_tokenizer(out)
+    total = 0.0
+    with torch.no_grad():
+        for ids in tokenizer.encode(lines):
+            sequence = torch.tensor([[tokenizer.bos_id, *ids, tokenizer.eos_id]])
+            total += hf(sequence, labels=sequence).loss.item() * (len(ids) + 1)
+    assert result["nll"] == pytest.approx(total, rel=1e-5)

@@ -14,8 +14,8 @@ from transduce import checkpoint
 from transduce.cli import main
 from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.decode.generate import Generator
-from transduce.decode.search import greedy_search
-from tests.foreign_checkpoints import assert_refused, damaged
+from tests.foreign_checkpoints import assert_refused, assert_same_greedy_tokens, \
+    assert_same_logits, assert_same_perplexity, damaged
 from transduce.importers import import_gpt2
 from transduce.model import DecoderOnly, load_model
 
@@ -89,49 +89,16 @@ def imported(request, bpe, tmp_path_factory):
     return hf, load_model(out), out
 
 
-def left_padded(lengths, length, vocab_size, pad_id, seed=0):
-    """(B, T) ids, each row's real tokens last, and the (B, T) mask of real tokens."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, vocab_size, (len(lengths), length), generator=generator)
-    mask = torch.arange(length)[None, :] >= (length - torch.tensor(lengths))[:, None]
-    return ids.masked_fill(~mask, pad_id), mask
-
-
 def test_logits_match_transformers(imported):
     hf, ours, _ = imported
     assert isinstance(ours, DecoderOnly) and not ours.training
-    tokens = torch.randint(0, hf.config.vocab_size, (3, 17))
-    with torch.no_grad():
-        expected = hf(tokens).logits
-        got = ours(tokens)
-    assert got.shape == expected.shape
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-
-
-def test_left_padded_logits_match_transformers(imported):
-    hf, ours, _ = imported
-    tokens, mask = left_padded([13, 7, 1], 13, hf.config.vocab_size, ours.config.pad_id)
-    positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    with torch.no_grad():
-        expected = hf(tokens, attention_mask=mask.long(), position_ids=positions).logits
-        got = ours(tokens, key_mask=mask)
-    torch.testing.assert_close(got[mask], expected[mask], atol=1e-5, rtol=1e-5)
+    assert_same_logits(hf, ours, atol=1e-5)
 
 
 def test_greedy_generation_matches_transformers(imported, monkeypatch):
+    # (a lone bos, which is also pad, would otherwise be taken for padding)
     hf, ours, _ = imported
-    prompt, mask = left_padded([6, 3], 6, hf.config.vocab_size, ours.config.pad_id, seed=1)
-    # No end token: both run the full 50 steps, whatever they produce. (Undone after the
-    # test: without it, transformers takes a lone bos, which is also pad, for padding.)
-    monkeypatch.setattr(hf.generation_config, "eos_token_id", None)
-    with torch.no_grad():
-        expected = hf.generate(prompt, attention_mask=mask.long(), do_sample=False,
-                               max_new_tokens=50, pad_token_id=ours.config.pad_id)[:, 6:]
-    got = greedy_search(ours, prompt, bos_id=prompt[:, -1], eos_id=-1, max_len=50,
-                        src_mask=mask[:, None, None, :])
-    assert expected.shape == (2, 50)
-    assert torch.equal(got, expected)
-    assert len(set(expected.flatten().tolist())) > 3     # a real test, not one token repeated
+    assert_same_greedy_tokens(hf, ours, 50, monkeypatch)
 
 
 def test_an_empty_prompt_generates_what_transformers_generates_from_bos(imported):
@@ -148,23 +115,8 @@ def test_an_empty_prompt_generates_what_transformers_generates_from_bos(imported
 
 
 def test_perplexity_of_an_imported_model_uses_its_end_token(imported, tmp_path):
-    """`evaluate` scores [<|endoftext|>] + line -> line + [<|endoftext|>] with the
-    imported tokenizer's ids: its loss equals transformers' on the same sequence."""
     hf, _, out = imported
-    data = tmp_path / "text"
-    data.mkdir()
-    lines = ["Hello world!", "El niño comió café."]
-    (data / "test.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert main(["evaluate", "--model", str(out), "--data", str(data), "--split", "test",
-                 "--out", str(tmp_path / "eval")]) == 0
-    result = json.loads((tmp_path / "eval.json").read_text())
-    tokenizer = checkpoint.load_tokenizer(out)
-    total = 0.0
-    with torch.no_grad():
-        for ids in tokenizer.encode(lines):
-            sequence = torch.tensor([[tokenizer.eos_id, *ids, tokenizer.eos_id]])
-            total += hf(sequence, labels=sequence).loss.item() * (len(ids) + 1)
-    assert result["nll"] == pytest.approx(total, rel=1e-5)
+    assert_same_perplexity(hf, out, tmp_path)
 
 
 def test_imported_checkpoint_records_its_tokenizer(imported, bpe):

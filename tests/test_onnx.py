@@ -26,6 +26,8 @@ VARIANTS = [
     {"num_kv_heads": 2, "norm_first": True},                       # GQA, pre-norm
     {"num_kv_heads": 1, "positional": "rotary"},                   # MQA, rotary
     {"positional": "learned", "norm_first": True, "activation": "gelu"},
+    {"norm": "rms", "gated_ffn": True, "activation": "silu", "bias": False,   # Llama's layers
+     "norm_first": True, "positional": "rotary", "num_kv_heads": 2},
 ]
 
 

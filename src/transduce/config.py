@@ -17,6 +17,7 @@ from transduce.errors import TransduceError
 
 Positional = Literal["sinusoidal", "learned", "rotary", "t5", "alibi"]
 Activation = Literal["relu", "gelu", "gelu-tanh", "silu"]
+Norm = Literal["layer", "rms"]
 Tying = Literal["all", "decoder", "none"]
 AttentionImpl = Literal["naive", "sdpa", "flash", "triton"]
 AttentionType = Literal["softmax", "linear", "sliding", "global", "strided"]
@@ -97,6 +98,10 @@ class ModelConfig(ValidatedConfig):
     decoder's input (Luong et al., section 3.3).
     activation: the FFN's; "gelu" is exact (erf) GELU, "gelu-tanh" its tanh
     approximation (GPT-2's), "silu" x * sigmoid(x) (swish, Marian's).
+    gated_ffn: the FFN's gated linear unit form (Shazeer 2020): act(x W1) * (x W3), then
+    W2; with "silu", SwiGLU (Llama's, Mistral's).
+    norm: "layer" (LayerNorm, the paper's) or "rms" (RMSNorm, Zhang & Sennrich 2019:
+    x / rms(x) * g, no centring and no bias; Llama's) for every norm of the model.
     output_bias: arch "transformer": the output projection adds a bias per token (the
     final_logits_bias of imported Marian models, hugely negative for tokens never to be
     output).
@@ -118,6 +123,8 @@ class ModelConfig(ValidatedConfig):
     dropout: float = 0.1
     attention_dropout: float = 0.0
     activation: Activation = "relu"
+    gated_ffn: bool = False
+    norm: Norm = "layer"
     norm_first: bool = False
     positional: Positional = "sinusoidal"
     max_positions: int = 1024
@@ -148,6 +155,7 @@ class ModelConfig(ValidatedConfig):
                         "attention_window", "type_vocab_size", "global_tokens")
         check_at_least(self, 0, "num_labels")
         check_choice(self, "activation")
+        check_choice(self, "norm")
         check_choice(self, "attention_type")
         check_choice(self, "arch")
         check_choice(self, "rnn_cell")
@@ -189,6 +197,10 @@ class ModelConfig(ValidatedConfig):
         if self.arch.startswith("rnn") and self.attention_type != "softmax":
             raise ConfigError(f"ModelConfig.attention_type={self.attention_type!r} applies to "
                               f"the Transformer's self-attention; arch={self.arch!r} has none")
+        if self.arch.startswith("rnn") and (self.gated_ffn or self.norm != "layer"):
+            field = "gated_ffn" if self.gated_ffn else "norm"
+            raise ConfigError(f"ModelConfig.{field}={getattr(self, field)!r} applies to the "
+                              f"Transformer's layers; arch={self.arch!r} has none")
         if self.arch != "rnn-luong" and (self.input_feeding or self.luong_score != "general"):
             field = "input_feeding" if self.input_feeding else "luong_score"
             raise ConfigError(f"ModelConfig.{field}={getattr(self, field)!r} applies to "
@@ -266,6 +278,11 @@ _GPT: dict[str, Any] = {"arch": "decoder", "norm_first": True, "positional": "le
                         "activation": "gelu-tanh", "scale_embeddings": False,
                         "max_positions": 1024, "num_encoder_layers": 1}
 
+# Llama (Touvron et al. 2023): GPT's layout with RMSNorm, rotary positions, SwiGLU
+# feed-forward networks and no biases.
+_LLAMA: dict[str, Any] = {**_GPT, "positional": "rotary", "norm": "rms", "gated_ffn": True,
+                          "activation": "silu", "bias": False, "layer_norm_eps": 1e-6}
+
 _BERT: dict[str, Any] = {"arch": "encoder", "norm_first": False, "positional": "learned",
                          "activation": "gelu", "scale_embeddings": False,
                          "max_positions": 512, "num_decoder_layers": 1,
@@ -302,6 +319,14 @@ PRESETS: dict[str, ModelConfig] = {
                              d_ff=128, num_encoder_layers=2),
     "gpt-tiny": ModelConfig(**{**_GPT, "max_positions": 256, "dropout": 0.0}, d_model=64,
                             num_heads=4, d_ff=128, num_decoder_layers=2),
+    # Llama-style decoders for a CPU budget: gpt-small's sizes with grouped-query
+    # attention (2 key/value heads) and the SwiGLU width that keeps the FFN's weights
+    # (3 * 704 ~ 2 * 1024); imported Llama and Mistral checkpoints start from llama-small.
+    "llama-small": ModelConfig(**{**_LLAMA, "max_positions": 512}, d_model=256, num_heads=4,
+                               num_kv_heads=2, d_ff=704, num_decoder_layers=4),
+    "llama-tiny": ModelConfig(**{**_LLAMA, "max_positions": 256, "dropout": 0.0},
+                              d_model=64, num_heads=4, num_kv_heads=2, d_ff=96,
+                              num_decoder_layers=2),
 }
 
 
@@ -403,6 +428,11 @@ class TrainConfig(ValidatedConfig):
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)}: must be positive")
 
 
+# small's budget recipe without label smoothing, for the small language models.
+_SMALL_LM_RECIPE: dict[str, Any] = {"max_tokens": 2048, "schedule": "budget",
+                                   "warmup_fraction": 0.3, "warmup_steps": 400,
+                                   "lr_scale": 0.7, "ema_decay": 0.999, "label_smoothing": 0.0}
+
 # What a preset trains with unless a config file or flags say otherwise. base and big keep
 # the paper's recipe (TrainConfig's defaults); small has the budget recipe chosen on dev
 # BLEU after 5 and 20 minutes on 2 CPU cores (docs/experiments.md, "A budget recipe").
@@ -411,11 +441,12 @@ class TrainConfig(ValidatedConfig):
 TRAIN_RECIPES: dict[str, dict[str, Any]] = {
     "small": {"max_tokens": 2048, "schedule": "budget", "warmup_fraction": 0.3,
               "warmup_steps": 400, "lr_scale": 0.7, "ema_decay": 0.999},
-    # The same budget schedule for the small language model, without label smoothing:
-    # a language model is judged by its perplexity, which smoothing raises.
-    "gpt-small": {"max_tokens": 2048, "schedule": "budget", "warmup_fraction": 0.3,
-                  "warmup_steps": 400, "lr_scale": 0.7, "ema_decay": 0.999,
-                  "label_smoothing": 0.0},
+    # The same budget schedule for the small language models, without label smoothing:
+    # a language model is judged by its perplexity, which smoothing raises. Llama's
+    # layout at gpt-small's size trains with the same recipe, so that the two compare at
+    # one budget (docs/experiments.md, "GPT-2's layout against Llama's").
+    "gpt-small": _SMALL_LM_RECIPE,
+    "llama-small": _SMALL_LM_RECIPE,
     # The same for the small encoder (masked LM; its losses are never smoothed), at a
     # lower peak: post-norm BERT stalls at the unigram loss where pre-norm GPT trains.
     "bert-small": {"max_tokens": 2048, "schedule": "budget", "warmup_fraction": 0.3,

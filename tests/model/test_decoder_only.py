@@ -71,6 +71,10 @@ def test_full_pass_is_causal():
 def test_cached_steps_equal_the_full_pass(positional, attention, cache_dtype, tolerance,
                                           kv_heads):
     model = tiny(positional=positional, attention_type=attention, num_kv_heads=kv_heads)
+    assert_cached_steps_equal_the_full_pass(model, cache_dtype, tolerance)
+
+
+def assert_cached_steps_equal_the_full_pass(model, cache_dtype, tolerance):
     tokens = torch.randint(3, VOCAB, (3, 11))
     with torch.no_grad():
         full = model(tokens)
@@ -85,6 +89,10 @@ def test_cached_steps_equal_the_full_pass(positional, attention, cache_dtype, to
 def test_left_padded_rows_generate_what_they_would_alone(positional, attention, cache_dtype,
                                                          tolerance):
     model = tiny(positional=positional, attention_type=attention, num_kv_heads=2)
+    assert_left_padded_rows_generate_what_they_would_alone(model, cache_dtype)
+
+
+def assert_left_padded_rows_generate_what_they_would_alone(model, cache_dtype):
     prompts = [torch.randint(3, VOCAB, (n,)) for n in (7, 1, 4)]
     width = 7
     batch = torch.zeros(3, width, dtype=torch.long)
@@ -137,3 +145,16 @@ def test_positions_beyond_the_context_are_refused():
         model.decode_step(torch.ones(1, 7, dtype=torch.long), state)   # 256 = max_positions
         with pytest.raises(ValueError, match="max_positions"):
             model.decode_step(torch.ones(1, 1, dtype=torch.long), state)
+
+
+@pytest.mark.parametrize("cache_dtype,tolerance", [(torch.float32, 1e-5), (torch.int8, 0.1)])
+def test_the_llama_preset_caches_and_pads_as_the_gpt_preset(cache_dtype, tolerance):
+    """RMSNorm, SwiGLU, rotary positions, grouped-query attention and an untied output."""
+    model = build_model(preset("llama-tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
+                               tie_embeddings="none")).eval()
+    layer = model.decoder.layers[0]
+    assert isinstance(model.decoder.final_norm, torch.nn.RMSNorm)
+    assert layer.ffn.linear3 is not None and layer.self_attn.num_kv_heads == 2
+    assert model.output_proj.weight is not model.decoder.embed.embedding.weight
+    assert_cached_steps_equal_the_full_pass(model, cache_dtype, tolerance)
+    assert_left_padded_rows_generate_what_they_would_alone(model, cache_dtype)

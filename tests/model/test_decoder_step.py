@@ -68,6 +68,8 @@ def _assert_written_out_step_is_exact(model, run, scripted: bool | None = True) 
     {}, {"norm_first": False}, {"activation": "gelu", "bias": False},
     {"num_kv_heads": 2}, {"num_kv_heads": 1, "positional": "learned"},
     {"scale_embeddings": False},
+    {"gated_ffn": True, "activation": "silu", "norm": "rms", "bias": False},
+    {"gated_ffn": True, "norm_first": False}, {"positional": "rotary", "num_kv_heads": 2},
 ])
 @pytest.mark.parametrize("packed,int8", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("beams", [1, 3])
@@ -81,11 +83,13 @@ def test_the_written_out_step_gives_the_modules_logits(changes, packed, int8, be
     _assert_written_out_step_is_exact(model, lambda: _steps(model, src, beams, 8), scripted)
 
 
+@pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny"])
 @pytest.mark.parametrize("scripted", [True, False])
-def test_left_padded_prompts_of_a_language_model_step_alike(scripted, monkeypatch):
-    """A decoder-only model's steps carry a key mask and each row's positions."""
+def test_left_padded_prompts_of_a_language_model_step_alike(name, scripted, monkeypatch):
+    """A decoder-only model's steps carry a key mask and each row's positions (learned
+    positions in GPT's layout, rotary in Llama's)."""
     torch.manual_seed(0)
-    lm = build_model(preset("gpt-tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
+    lm = build_model(preset(name, src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
                             max_positions=64)).eval()
     model = copy_for_decoding(lm, packing_available(torch.float32), False, monkeypatch)
     prompt = torch.randint(3, VOCAB, (3, 6))
@@ -151,7 +155,7 @@ def test_a_full_cache_is_refused_by_name():
             model.decode_step(torch.full((1, 1), 5), state)
 
 
-@pytest.mark.parametrize("changes", [{"positional": "rotary"}, {"positional": "alibi"},
+@pytest.mark.parametrize("changes", [{"positional": "alibi"},
                                      {"positional": "t5"}, {"attention_impl": "flash"},
                                      {"attention_scale": False}])
 def test_layouts_it_does_not_write_out_are_left_to_the_modules(changes):
@@ -185,7 +189,8 @@ def test_it_covers_one_token_per_row_over_plain_caches_in_eval_mode():
 
 @pytest.mark.parametrize("kernel", [False, pytest.param(True, marks=pytest.mark.skipif(
     not one_query.available(), reason="the one-query kernel could not be built here"))])
-@pytest.mark.parametrize("changes", [{}, {"num_kv_heads": 2}, {"norm_first": False}])
+@pytest.mark.parametrize("changes", [{}, {"num_kv_heads": 2}, {"norm_first": False},
+                                     {"positional": "rotary"}])
 def test_runs_of_rows_read_their_own_slots_as_a_key_mask_would_let_them(changes, kernel):
     """A continuous search's rows: three runs whose sentences joined after 0, 2 and 3
     slots read only their slots (each run without a mask, or every row through the

@@ -238,11 +238,12 @@ def test_cli_trains_on_from_a_language_model_checkpoint(counting, tmp_path, caps
                                                      weights(second).values()))
 
 
-@pytest.mark.parametrize("num_kv_heads", [None, 2])
-def test_forward_flops_of_a_decoder_only_model_are_its_matmuls(num_kv_heads):
+@pytest.mark.parametrize("changes", [{}, {"num_kv_heads": 2},
+                                     {"gated_ffn": True, "norm": "rms", "num_kv_heads": 1}])
+def test_forward_flops_of_a_decoder_only_model_are_its_matmuls(changes):
     """Counted by PyTorch's FLOP counter on a real forward pass (naive attention, whose
     scores and weighted sum are explicit matmuls over the whole T x T square)."""
-    config = gpt_tiny(attention_impl="naive", num_kv_heads=num_kv_heads)
+    config = gpt_tiny(attention_impl="naive", **changes)
     model = build_model(config).eval()
     tokens = torch.randint(4, VOCAB, (3, 17))
     with FlopCounterMode(display=False) as counter:

@@ -14,12 +14,14 @@ def register(commands) -> None:
     export = commands.add_parser("export", help="write a checkpoint in another toolkit's format")
     formats = export.add_subparsers(dest="format", required=True)
     hf = formats.add_parser("hf", help="Hugging Face transformers: Marian (post-norm) or "
-                                     "Pegasus (pre-norm)")
+                                     "Pegasus (pre-norm); a language model as Llama "
+                                     "(rotary positions) or GPT-2")
     hf.add_argument("model", type=Path, help="checkpoint or run directory")
     hf.add_argument("out", type=Path, help="directory to write")
     hf.add_argument("--force", action="store_true", help=FORCE_HELP)
     hf.set_defaults(handler=export_hf)
-    ct2 = formats.add_parser("ct2", help="CTranslate2")
+    ct2 = formats.add_parser("ct2", help="CTranslate2: a Translator's model, or a "
+                                         "Generator's for a language model")
     ct2.add_argument("model", type=Path, help="checkpoint or run directory")
     ct2.add_argument("out", type=Path, help="directory to write")
     ct2.add_argument("--force", action="store_true", help=FORCE_HELP)
@@ -37,23 +39,33 @@ def register(commands) -> None:
 
 
 def export_hf(args: argparse.Namespace) -> int:
-    """Write a checkpoint as a Hugging Face Marian or Pegasus model."""
+    """Write a checkpoint as a Hugging Face Marian, Pegasus, Llama or GPT-2 model."""
+    import json
+
     from transduce.export import export_hf as write
 
     check_output_directory(args.out, "OUT", force=args.force, reads=args.model)
     out = write(args.model, args.out)
-    print(f"wrote {out} (load it with transformers.AutoModelForSeq2SeqLM.from_pretrained and "
-          f"AutoTokenizer.from_pretrained)")
+    written = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    auto = "AutoModelForSeq2SeqLM" if written.get("is_encoder_decoder") else \
+        "AutoModelForCausalLM"
+    print(f"wrote {out} ({written['architectures'][0]}: load it with transformers.{auto}"
+          f".from_pretrained and AutoTokenizer.from_pretrained)")
     return 0
 
 
 def export_ct2(args: argparse.Namespace) -> int:
     """Write a checkpoint as a CTranslate2 model."""
+    from transduce import checkpoint
     from transduce.export import export_ctranslate2
 
     check_output_directory(args.out, "OUT", force=args.force, reads=args.model)
     out = export_ctranslate2(args.model, args.out, args.quantization)
-    print(f"wrote {out} (load it with ctranslate2.Translator; tokenizer: {out / 'spm.model'})")
+    config, _ = checkpoint.read_configs(checkpoint.resolve(args.model))
+    kind = "Generator" if config.arch == "decoder" else "Translator"
+    tokenizer = next(out / name for name in ("spm.model", "tokenizer.json")
+                     if (out / name).is_file())
+    print(f"wrote {out} (load it with ctranslate2.{kind}; tokenizer: {tokenizer})")
     return 0
 
 

@@ -1,5 +1,5 @@
-"""`transduce import hf-gpt2` / `hf-bert` / `hf-marian`: another toolkit's checkpoint
-as ours."""
+"""`transduce import hf-gpt2` / `hf-llama` / `hf-bert` / `hf-marian`: another toolkit's
+checkpoint as ours."""
 
 from __future__ import annotations
 
@@ -13,49 +13,67 @@ def register(commands) -> None:
     imports = commands.add_parser("import", help="read another toolkit's checkpoint into a "
                                                  "checkpoint of ours")
     formats = imports.add_subparsers(dest="format", required=True)
-    gpt2 = formats.add_parser(
-        "hf-gpt2", help="Hugging Face GPT-2 (GPT2LMHeadModel directory)",
-        description="Import a Hugging Face GPT-2 directory (config.json, model.safetensors "
-                    "or pytorch_model.bin, tokenizer.json or vocab.json + merges.txt) as a "
-                    "decoder-only checkpoint; options the model cannot reproduce are "
-                    "refused by name. OUT must not exist or be empty, unless --force.")
-    gpt2.add_argument("hf_dir", metavar="DIR", type=Path, help="Hugging Face model directory")
-    gpt2.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
-    gpt2.add_argument("--force", action="store_true", help=FORCE_HELP)
-    gpt2.set_defaults(handler=import_hf_gpt2)
-    bert = formats.add_parser(
-        "hf-bert", help="Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining "
-                        "or BertForSequenceClassification directory)",
-        description="Import a Hugging Face BERT directory (config.json, model.safetensors "
-                    "or pytorch_model.bin, tokenizer.json or vocab.txt) as an encoder-only "
-                    "checkpoint; heads the directory lacks are initialised afresh and "
-                    "listed, options the model cannot reproduce are refused by name. OUT "
-                    "must not exist or be empty, unless --force.")
-    bert.add_argument("hf_dir", metavar="DIR", type=Path, help="Hugging Face model directory")
-    bert.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
-    bert.add_argument("--force", action="store_true", help=FORCE_HELP)
-    bert.set_defaults(handler=import_hf_bert)
-    marian = formats.add_parser(
-        "hf-marian", help="Hugging Face Marian (MarianMTModel directory: OPUS-MT)",
-        description="Import a Hugging Face Marian translation model (config.json, "
-                    "model.safetensors or pytorch_model.bin, source.spm, vocab.json) as an "
-                    "encoder-decoder checkpoint that translates, serves and exports as ours "
-                    "do; options the model cannot reproduce are refused by name. OUT must "
-                    "not exist or be empty, unless --force.")
-    marian.add_argument("hf_dir", metavar="DIR", type=Path, help="Hugging Face model directory")
-    marian.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
-    marian.add_argument("--force", action="store_true", help=FORCE_HELP)
-    marian.set_defaults(handler=import_hf_marian)
+    _add_format(formats, import_hf_gpt2, "hf-gpt2",
+                "Hugging Face GPT-2 (GPT2LMHeadModel directory)",
+                "Import a Hugging Face GPT-2 directory (config.json, model.safetensors or "
+                "pytorch_model.bin, tokenizer.json or vocab.json + merges.txt) as a "
+                "decoder-only checkpoint; options the model cannot reproduce are refused by "
+                "name.")
+    _add_format(formats, import_hf_llama, "hf-llama",
+                "Hugging Face Llama or Mistral (LlamaForCausalLM, MistralForCausalLM "
+                "directory)",
+                "Import a Hugging Face Llama or Mistral directory (config.json, "
+                "model.safetensors, its shards or pytorch_model.bin, tokenizer.json) as a "
+                "decoder-only checkpoint (RMSNorm, rotary positions, SwiGLU, grouped-query "
+                "attention); options the model cannot reproduce are refused by name.")
+    _add_format(formats, import_hf_bert, "hf-bert",
+                "Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining or "
+                "BertForSequenceClassification directory)",
+                "Import a Hugging Face BERT directory (config.json, model.safetensors or "
+                "pytorch_model.bin, tokenizer.json or vocab.txt) as an encoder-only "
+                "checkpoint; heads the directory lacks are initialised afresh and listed, "
+                "options the model cannot reproduce are refused by name.")
+    _add_format(formats, import_hf_marian, "hf-marian",
+                "Hugging Face Marian (MarianMTModel directory: OPUS-MT)",
+                "Import a Hugging Face Marian translation model (config.json, "
+                "model.safetensors or pytorch_model.bin, source.spm, vocab.json) as an "
+                "encoder-decoder checkpoint that translates, serves and exports as ours do; "
+                "options the model cannot reproduce are refused by name.")
+
+
+def _add_format(formats, handler, name: str, summary: str, description: str) -> None:
+    """One `import NAME DIR --out OUT [--force]` command."""
+    command = formats.add_parser(name, help=summary, description=description + " OUT must "
+                                 "not exist or be empty, unless --force.")
+    command.add_argument("hf_dir", metavar="DIR", type=Path, help="Hugging Face model directory")
+    command.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+    command.add_argument("--force", action="store_true", help=FORCE_HELP)
+    command.set_defaults(handler=handler)
 
 
 def import_hf_gpt2(args: argparse.Namespace) -> int:
     """Import a Hugging Face GPT-2 checkpoint."""
     from transduce.importers import import_gpt2
 
-    out, model = _imported(args, import_gpt2)
+    return _import_decoder(args, import_gpt2)
+
+
+def import_hf_llama(args: argparse.Namespace) -> int:
+    """Import a Hugging Face Llama or Mistral checkpoint."""
+    from transduce.importers import import_llama
+
+    return _import_decoder(args, import_llama)
+
+
+def _import_decoder(args: argparse.Namespace, importer) -> int:
+    """Import a decoder-only checkpoint and say what it holds."""
+    out, model = _imported(args, importer)
     config = model.config
+    grouped = f", {config.kv_heads} key/value heads" if config.kv_heads != config.num_heads \
+        else ""
     print(f"wrote {out} (decoder-only: {config.num_decoder_layers} layers, d_model "
-          f"{config.d_model}, {config.num_heads} heads, vocabulary {config.tgt_vocab_size})")
+          f"{config.d_model}, {config.num_heads} heads{grouped}, vocabulary "
+          f"{config.tgt_vocab_size})")
     return 0
 
 

@@ -37,6 +37,8 @@ from transduce.data.tokenizer import TokenizerError
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as Backend
 
+    from transduce.data.tokenizer import Tokenizer
+
 TOKENIZER_JSON = "tokenizer.json"
 SPECIALS = ("bos_id", "eos_id", "pad_id")
 MASK_TOKENS = ("[MASK]", "<mask>")   # how BERT and RoBERTa name their mask token
@@ -52,6 +54,30 @@ def _tokenizers() -> ModuleType:
     except ImportError:
         raise TokenizerError("a Hugging Face tokenizer needs the `tokenizers` package "
                              "(pip install tokenizers)") from None
+
+
+WORD_START = "\u2581"     # SentencePiece's "▁", which stands for a space
+
+
+def _check_llama_like(tokenizer: "Tokenizer") -> None:
+    """What HFTokenizer.from_sentencepiece writes out exactly: the model `transduce vocab`
+    trains (BPE, byte fallback, identity normalization, whitespace kept, a space put
+    first)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(tokenizer.processor.serialized_model_proto())
+    trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
+    settings = {"model_type": (trainer.model_type, trainer.BPE),
+                "byte_fallback": (trainer.byte_fallback, True),
+                "normalization": (normalizer.name, "identity"),
+                "remove_extra_whitespaces": (normalizer.remove_extra_whitespaces, False),
+                "add_dummy_prefix": (normalizer.add_dummy_prefix, True)}
+    wrong = [f"{name}={have!r}" for name, (have, want) in settings.items() if have != want]
+    if wrong:
+        raise TokenizerError(f"{tokenizer.path}: cannot be written as a tokenizer.json "
+                             f"({', '.join(wrong)}; only the BPE models `transduce vocab` "
+                             f"trains)")
 
 
 class HFTokenizer:
@@ -176,6 +202,45 @@ class HFTokenizer:
         backend.add_special_tokens([library.AddedToken(t, special=True, normalized=False)
                                     for t in tokens])
         return cls(backend, vocab_path, bos=bos, eos=eos, pad=pad, mask=mask)
+
+    @classmethod
+    def from_sentencepiece(cls, tokenizer: "Tokenizer") -> HFTokenizer:
+        """One of our SentencePiece models in the tokenizer.json layout of Llama 2's, which
+        has the same settings (BPE with byte fallback, no normalization, every space
+        kept): a space becomes "▁" after one is put first, BPE runs over the whole text
+        with the model's merges (each piece's splits into two pieces of the vocabulary,
+        ranked by the piece's id as SentencePiece ranks its merges) and falls back to
+        bytes, and every sequence starts with bos (models trained here read [bos] + ids).
+        The ids are SentencePiece's (tested on the corpus); refused for other kinds."""
+        processor = tokenizer.processor
+        _check_llama_like(tokenizer)
+        vocab = {processor.id_to_piece(i): i for i in range(processor.get_piece_size())}
+        normal = [piece for piece, i in vocab.items() if not (
+            processor.is_control(i) or processor.is_unknown(i) or processor.is_byte(i))]
+        merges = sorted((vocab[piece], len(piece[:cut]), vocab[piece[:cut]], vocab[piece[cut:]],
+                         piece[:cut], piece[cut:])
+                        for piece in normal for cut in range(1, len(piece))
+                        if piece[:cut] in vocab and piece[cut:] in vocab)
+        library = _tokenizers()
+        unk = processor.id_to_piece(processor.unk_id())
+        backend = library.Tokenizer(library.models.BPE(
+            vocab, [(left, right) for *_, left, right in merges], unk_token=unk,
+            byte_fallback=True, fuse_unk=True))
+        backend.normalizer = library.normalizers.Sequence([
+            library.normalizers.Prepend(WORD_START), library.normalizers.Replace(" ", WORD_START)])
+        backend.decoder = library.decoders.Sequence([
+            library.decoders.Replace(WORD_START, " "), library.decoders.ByteFallback(),
+            library.decoders.Fuse(), library.decoders.Strip(" ", 1, 0)])
+        bos = processor.id_to_piece(tokenizer.bos_id)
+        backend.post_processor = library.processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+            special_tokens=[(bos, tokenizer.bos_id)])
+        backend.add_special_tokens([library.AddedToken(processor.id_to_piece(i), special=True,
+                                                       normalized=False)
+                                    for i in range(len(vocab))
+                                    if processor.is_control(i) or processor.is_unknown(i)])
+        return cls(backend, tokenizer.path, bos=tokenizer.bos_id, eos=tokenizer.eos_id,
+                   pad=tokenizer.pad_id)
 
     def _find_mask(self) -> int | None:
         """The id of the special token named [MASK] (or <mask>), if the tokenizer has one."""

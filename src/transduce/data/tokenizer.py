@@ -70,7 +70,7 @@ class TextTokenizer(Protocol):
 class Tokenizer:
     """Text <-> ids with a SentencePiece model file."""
 
-    bos_id, eos_id, pad_id = BOS_ID, EOS_ID, PAD_ID
+    bos_id, eos_id, pad_id, unk_id = BOS_ID, EOS_ID, PAD_ID, UNK_ID
     prepend_bos = True   # models trained here read [bos] + ids
 
     def __init__(self, model_path: Path | str):

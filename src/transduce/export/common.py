@@ -10,15 +10,27 @@ class ExportError(TransduceError, ValueError):
     """The model has a feature the target format cannot express; names it."""
 
 
-def not_a_plain_transformer(c: ModelConfig) -> list[str]:
-    """What neither format can hold: RNN models and non-softmax self-attention."""
+def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer") -> list[str]:
+    """What no format here can hold: another shape than the format's `arch` (RNN
+    models among them) and non-softmax self-attention."""
     problems = []
-    if c.arch != "transformer":
-        problems.append(f"arch={c.arch!r} (the format holds Transformers)")
+    if c.arch != arch:
+        problems.append(f"arch={c.arch!r} (the format holds arch {arch!r})")
     if c.attention_type != "softmax":
         problems.append(f"attention_type={c.attention_type!r} (the format has softmax attention)")
     if not c.attention_scale:
         problems.append("attention_scale=False (the format scales the scores)")
     if c.positional in ("t5", "alibi"):
         problems.append(f"positional={c.positional!r} (the format has no score bias)")
+    return problems
+
+
+def not_the_papers_layers(c: ModelConfig) -> list[str]:
+    """What the encoder-decoder formats' layers lack: RMSNorm and gated feed-forward
+    networks (Llama's, which the decoder-only export holds)."""
+    problems = []
+    if c.norm != "layer":
+        problems.append(f"norm={c.norm!r} (the format has LayerNorm)")
+    if c.gated_ffn:
+        problems.append("gated_ffn=True (the format's feed-forward network has two matrices)")
     return problems

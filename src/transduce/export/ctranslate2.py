@@ -10,7 +10,8 @@ from torch import Tensor
 
 from transduce import atomic, checkpoint
 from transduce.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
-from transduce.export.common import ExportError, not_a_plain_transformer
+from transduce.export.common import ExportError, not_a_plain_transformer, \
+    not_the_papers_layers
 from transduce.model import Transformer, load_model
 from transduce.written import write_export_marker
 
@@ -20,7 +21,7 @@ CT2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu-tanh": "GELUTanh", "sil
 
 def check_ctranslate2_exportable(model: Transformer) -> None:
     c = model.config
-    problems = not_a_plain_transformer(c)
+    problems = not_a_plain_transformer(c) + not_the_papers_layers(c)
     if c.positional == "rotary":
         problems.append("positional='rotary' (not in CTranslate2's encoder-decoder spec)")
     if c.kv_heads != c.num_heads:
@@ -56,76 +57,94 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     _stack_input(spec.decoder, model.decoder, c.max_positions)
     for target, layer in zip(spec.decoder.layer, model.decoder.layers):
         _self_attention_and_ffn(target, layer, layer.norm3)
-        _linear(target.attention.linear[0], layer.cross_attn.q_proj)
-        _fused(target.attention.linear[1], [layer.cross_attn.k_proj, layer.cross_attn.v_proj])
-        _linear(target.attention.linear[2], layer.cross_attn.out_proj)
-        _norm(target.attention.layer_norm, layer.norm2)
-    spec.decoder.projection.weight = _array(model.output_proj.weight)
+        set_linear(target.attention.linear[0], layer.cross_attn.q_proj)
+        set_fused(target.attention.linear[1], [layer.cross_attn.k_proj, layer.cross_attn.v_proj])
+        set_linear(target.attention.linear[2], layer.cross_attn.out_proj)
+        set_norm(target.attention.layer_norm, layer.norm2)
+    spec.decoder.projection.weight = as_array(model.output_proj.weight)
     if model.output_proj.bias is not None:
-        spec.decoder.projection.bias = _array(model.output_proj.bias)
+        spec.decoder.projection.bias = as_array(model.output_proj.bias)
     pieces = [piece(i) for i in range(tokenizer.vocab_size)]
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
     return spec
 
 
-def _array(tensor: Tensor):
+def as_array(tensor: Tensor):
     return tensor.detach().float().contiguous().numpy()
 
 
-def _linear(target, source) -> None:
-    target.weight = _array(source.weight)
-    target.bias = _array(source.bias)
+def set_linear(target, source) -> None:
+    target.weight = as_array(source.weight)
+    if source.bias is not None:
+        target.bias = as_array(source.bias)
 
 
-def _fused(target, sources) -> None:
+def set_fused(target, sources) -> None:
     """Several projections of one input as one (q, k, v -> qkv)."""
     from ctranslate2.converters import utils
     from ctranslate2.specs import common_spec
 
     parts = [common_spec.LinearSpec() for _ in sources]
     for part, source in zip(parts, sources):
-        _linear(part, source)
+        set_linear(part, source)
     utils.fuse_linear(target, parts)
 
 
-def _norm(target, source) -> None:
-    target.gamma, target.beta = _array(source.weight), _array(source.bias)
+def set_norm(target, source) -> None:
+    """A LayerNorm's gain and bias, or an RMSNorm's gain (CTranslate2's rms_norm spec)."""
+    target.gamma = as_array(source.weight)
+    if getattr(source, "bias", None) is not None:
+        target.beta = as_array(source.bias)
 
 
 def _stack_input(target, stack, max_positions: int) -> None:
     """Embedding, position table and (pre-norm) final norm of the encoder or decoder."""
-    embedding = _array(stack.embed.embedding.weight)
+    embedding = as_array(stack.embed.embedding.weight)
     if isinstance(target.embeddings, list):
         target.embeddings[0].weight = embedding
     else:
         target.embeddings.weight = embedding
-    target.position_encodings.encodings = _array(stack.embed.positions(max_positions))
+    target.position_encodings.encodings = as_array(stack.embed.positions(max_positions))
     if stack.final_norm is not None:
-        _norm(target.layer_norm, stack.final_norm)
+        set_norm(target.layer_norm, stack.final_norm)
 
 
 def _self_attention_and_ffn(target, layer, ffn_norm) -> None:
     """The parts every layer has; CTranslate2 keeps each sub-layer's norm with it."""
     attn = layer.self_attn
-    _fused(target.self_attention.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
-    _linear(target.self_attention.linear[1], attn.out_proj)
-    _norm(target.self_attention.layer_norm, layer.norm1)
-    _linear(target.ffn.linear_0, layer.ffn.linear1)
-    _linear(target.ffn.linear_1, layer.ffn.linear2)
-    _norm(target.ffn.layer_norm, ffn_norm)
+    set_fused(target.self_attention.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
+    set_linear(target.self_attention.linear[1], attn.out_proj)
+    set_norm(target.self_attention.layer_norm, layer.norm1)
+    set_linear(target.ffn.linear_0, layer.ffn.linear1)
+    if layer.ffn.linear3 is not None:           # a gated FFN's ungated product
+        set_linear(target.ffn.linear_0_noact, layer.ffn.linear3)
+    set_linear(target.ffn.linear_1, layer.ffn.linear2)
+    set_norm(target.ffn.layer_norm, ffn_norm)
 
 
 def export_ctranslate2(path: Path, out: Path, quantization: str | None = None) -> Path:
     """Write a CTranslate2 model directory (quantization: None, "int8", "bfloat16", ...)
-    with our tokenizer beside it as spm.model."""
-    from ctranslate2.converters.converter import Converter
-
+    with our tokenizer beside it as spm.model; a language model as a Generator's
+    (ctranslate2_decoder.py)."""
     directory = checkpoint.resolve(path)
     model = load_model(directory)
+    if model.config.arch == "decoder":
+        from transduce.export.ctranslate2_decoder import export_ctranslate2_decoder
+
+        return export_ctranslate2_decoder(directory, model, out, quantization)
     check_ctranslate2_exportable(model)
     tokenizer = Tokenizer(directory / checkpoint.TOKENIZER)
-    spec = ctranslate2_spec(model, tokenizer)
+    return write_ctranslate2(ctranslate2_spec(model, tokenizer), directory, out, quantization,
+                             tokenizer.path)
+
+
+def write_ctranslate2(spec, directory: Path, out: Path, quantization: str | None,
+                      tokenizer_file: Path) -> Path:
+    """Convert a filled model specification of the checkpoint at `directory` into OUT,
+    whole or not at all, with the tokenizer file beside it (under its own name) and our
+    export marker."""
+    from ctranslate2.converters.converter import Converter
 
     class _Prepared(Converter):
         def _load(self):
@@ -133,6 +152,6 @@ def export_ctranslate2(path: Path, out: Path, quantization: str | None = None) -
 
     with atomic.atomic_directory(out) as temporary:
         _Prepared().convert(str(temporary), quantization=quantization, force=True)
-        shutil.copyfile(tokenizer.path, temporary / checkpoint.TOKENIZER)
+        shutil.copyfile(tokenizer_file, temporary / tokenizer_file.name)
         write_export_marker(temporary, "ctranslate2", checkpoint.trained_steps(directory))
     return out

@@ -28,7 +28,8 @@ from torch import Tensor
 from transduce import atomic, checkpoint
 from transduce.config import ModelConfig
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from transduce.export.common import ExportError, not_a_plain_transformer
+from transduce.export.common import ExportError, not_a_plain_transformer, \
+    not_the_papers_layers
 from transduce.importers.marian_vocabulary import LANGUAGE_CODE, WORD_BOUNDARY
 from transduce.model import Transformer, load_model
 from transduce.model.positional import sines_first_permutation
@@ -58,7 +59,7 @@ def hf_family(config: ModelConfig) -> Family:
 
 def check_exportable(model: Transformer) -> None:
     c = model.config
-    problems = not_a_plain_transformer(c)
+    problems = not_a_plain_transformer(c) + not_the_papers_layers(c)
     if c.tie_embeddings != "all":
         problems.append(f"tie_embeddings={c.tie_embeddings!r} (the format shares one matrix: "
                         "'all')")
@@ -193,9 +194,14 @@ def generation_config(config):
 def export_hf(path: Path, out: Path) -> Path:
     """Write OUT/ with config.json, model.safetensors, source.spm, target.spm, vocab.json,
     tokenizer_config.json and our export marker (written.py); loadable with transformers'
-    Auto classes (AutoModelForSeq2SeqLM, AutoTokenizer) -> OUT."""
+    Auto classes (AutoModelForSeq2SeqLM, AutoTokenizer) -> OUT. A decoder-only model is
+    written as Llama or GPT-2 (hf_decoder.py)."""
     directory = checkpoint.resolve(path)
     model = load_model(directory)
+    if model.config.arch == "decoder":
+        from transduce.export.hf_decoder import export_hf_decoder
+
+        return export_hf_decoder(directory, model, out)
     theirs = hf_model(model)
     tokenizer = Tokenizer(directory / checkpoint.TOKENIZER)
     with atomic.atomic_directory(out) as temporary:

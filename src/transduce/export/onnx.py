@@ -53,6 +53,27 @@ def check_onnx_exportable(model: nn.Module) -> None:
                           "carries softmax attention's key/value cache between steps)")
 
 
+class RMSNormOperators(nn.Module):
+    """nn.RMSNorm as the operators opset 17 has (it has no RMSNormalization): x /
+    sqrt(mean(x^2) + eps) * g, with the module's own gain."""
+
+    def __init__(self, norm: nn.RMSNorm):
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = torch.finfo(torch.float32).eps if norm.eps is None else norm.eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(..., C) -> (..., C)."""
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def _write_out_rms_norms(model: nn.Module) -> None:
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.RMSNorm):
+                setattr(parent, name, RMSNormOperators(child))
+
+
 class EncoderGraph(nn.Module):
     """src (B, S) -> each decoder layer's cross-attention keys and values."""
 
@@ -106,6 +127,7 @@ def export_onnx(path: Path, out: Path, quantize: str | None = None) -> Path:
     for module in model.modules():      # the matrix-product form of attention
         if hasattr(module, "impl"):
             module.impl = "naive"
+    _write_out_rms_norms(model)
     with atomic.atomic_directory(out) as temporary:
         _export_graphs(model, temporary)
         for name in (ENCODER, DECODER_STEP):

@@ -1,5 +1,6 @@
 """Reading other toolkits' checkpoints into ours: Hugging Face GPT-2 (hf_gpt2.py),
-BERT (hf_bert.py) and Marian (hf_marian.py, the OPUS-MT translation models). Each
+BERT (hf_bert.py), Marian (hf_marian.py, the OPUS-MT translation models) and Llama
+(hf_llama.py, with Mistral). Each
 importer maps the weights name by name onto a model of this package that computes the
 same function, and refuses, naming the file, key or option, what it cannot reproduce;
 the result is an ordinary checkpoint directory (checkpoint.py), written whole or not at
@@ -13,16 +14,19 @@ class ForeignCheckpointError(TransduceError, ValueError):
     with an option our models do not have; the message names the file and key."""
 
 
-def check_foreign_options(hf: dict, config_file, model_type: str, fixed: dict,
-                          activation_key: str, default_activation: str,
+def check_foreign_options(hf: dict, config_file, model_type: str | tuple[str, ...],
+                          fixed: dict, activation_key: str, default_activation: str,
                           activations: dict[str, str]) -> str:
-    """A Hugging Face configuration of `model_type` whose `fixed` options have the values
-    our models compute and whose activation we have -> that activation's name of ours."""
+    """A Hugging Face configuration of `model_type` (or one of them) whose `fixed` options
+    have the values our models compute and whose activation we have -> that
+    activation's name of ours."""
     import json
 
-    if hf.get("model_type") != model_type:
+    types = (model_type,) if isinstance(model_type, str) else model_type
+    if hf.get("model_type") not in types:
         raise ForeignCheckpointError(f"{config_file}: model_type={hf.get('model_type')!r}; "
-                                     f"only {model_type!r} checkpoints can be imported here")
+                                     f"only {' or '.join(map(repr, types))} checkpoints can "
+                                     f"be imported here")
     for name, ours in fixed.items():
         if name in hf and hf[name] != ours:
             raise ForeignCheckpointError(f"{config_file}: {name}={json.dumps(hf[name])} is "
@@ -69,10 +73,36 @@ def take_weight(tensors: dict, names: dict, source, name: str, *shape: int):
     return tensor.float().contiguous()
 
 
+def check_tied_copy(tensors: dict, names: dict, source, name: str, tied_to, tied_name: str,
+                    why: str) -> None:
+    """A stored copy of a tied matrix (`name`, an lm_head.weight) must equal the matrix
+    it is tied to (`tied_to`, float32, stored as `tied_name`); `why` ends the refusal."""
+    import torch
+
+    if name in names:
+        stored = tensors[names.pop(name)]
+        if stored.shape != tied_to.shape or not torch.equal(stored.float(), tied_to):
+            raise ForeignCheckpointError(f"{source}: {name!r} differs from {tied_name!r}; "
+                                         f"{why}")
+
+
+def refuse_unread(names: dict, source, ignored=None) -> None:
+    """After the mapping: the stored keys that no take_weight read (`names`, a foreign
+    name -> its key), less those `ignored` (a compiled pattern over the names) matches,
+    are refused, the first named."""
+    unknown = sorted(key for name, key in names.items()
+                     if ignored is None or not ignored.match(name))
+    if unknown:
+        raise ForeignCheckpointError(f"{source}: unknown weight {unknown[0]!r}"
+                                     + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1
+                                        else ""))
+
+
 # After the error and the helpers, which the importers import from this package.
 from transduce.importers.hf_gpt2 import import_gpt2  # noqa: E402
 from transduce.importers.hf_bert import fresh_heads, import_bert  # noqa: E402
 from transduce.importers.hf_marian import import_marian  # noqa: E402
+from transduce.importers.hf_llama import import_llama  # noqa: E402
 
-__all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight", "import_gpt2",
-           "import_bert", "fresh_heads", "import_marian"]
+__all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight", "refuse_unread",
+           "import_gpt2", "import_llama", "import_bert", "fresh_heads", "import_marian"]

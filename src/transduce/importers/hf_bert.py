@@ -48,7 +48,7 @@ from transduce.config import ConfigError, ModelConfig, preset
 from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
 from transduce.data.tokenizer import TokenizerError
 from transduce.importers import ForeignCheckpointError, check_directories, \
-    check_foreign_options, take_weight
+    check_foreign_options, refuse_unread, take_weight
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
 from transduce.model.encoder_only import EncoderOnly
 
@@ -281,11 +281,7 @@ def map_weights(tensors: dict[str, Tensor], names: dict[str, str], config: Model
     if config.num_labels:
         head("classifier", "classifier.",
              lambda: linear("classifier", "classifier", c, config.num_labels))
-    unknown = sorted(names[name] for name in names if not _IGNORED.match(name))
-    if unknown:
-        raise ForeignCheckpointError(f"{source}: unknown weight {unknown[0]!r}"
-                                     + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1
-                                        else ""))
+    refuse_unread(names, source, _IGNORED)
     return state, found
 
 

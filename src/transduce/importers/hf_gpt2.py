@@ -35,7 +35,7 @@ from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, preset
 from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
 from transduce.importers import ForeignCheckpointError, check_directories, \
-    check_foreign_options, take_weight, unprefixed_names
+    check_foreign_options, check_tied_copy, refuse_unread, take_weight, unprefixed_names
 from transduce.model.decoder_only import DecoderOnly
 
 HF_CONFIG = "config.json"
@@ -186,11 +186,7 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig, hf: dict[str, A
                 take(f"{key}.weight", n_in, n_out).t().contiguous()    # (in, out) -> (out, in)
             state[f"{ours}.{ours_name}.bias"] = take(f"{key}.bias", n_out)
     _check_lm_head(names, tensors, embedding, hf, source)
-    unknown = sorted(names[name] for name in names if not _IGNORED.match(name))
-    if unknown:
-        raise ForeignCheckpointError(f"{source}: unknown weight {unknown[0]!r}"
-                                     + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1
-                                        else ""))
+    refuse_unread(names, source, _IGNORED)
     return state
 
 
@@ -198,11 +194,8 @@ def _check_lm_head(names: dict[str, str], tensors: dict[str, Tensor], embedding:
                    hf: dict[str, Any], source: Path) -> None:
     """Our output projection is the token embedding: a separate lm_head must equal it."""
     if "lm_head.weight" in names:
-        head = tensors[names.pop("lm_head.weight")]
-        if head.shape != embedding.shape or not torch.equal(head.float(), embedding):
-            raise ForeignCheckpointError(f"{source}: 'lm_head.weight' differs from "
-                                         f"'wte.weight'; only tied output embeddings can be "
-                                         f"imported")
+        check_tied_copy(tensors, names, source, "lm_head.weight", embedding, "wte.weight",
+                        "only tied output embeddings can be imported")
     elif hf.get("tie_word_embeddings", True) is False:
         raise ForeignCheckpointError(f"{source}: missing weight 'lm_head.weight' "
                                      f"(tie_word_embeddings is false)")

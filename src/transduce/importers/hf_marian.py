@@ -46,7 +46,7 @@ from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig
 from transduce.data.tokenizer import BOS_ID, PAD_ID
 from transduce.importers import ForeignCheckpointError, check_directories, \
-    check_foreign_options, take_weight, unprefixed_names
+    check_foreign_options, refuse_unread, take_weight, unprefixed_names
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
 from transduce.importers.marian_vocabulary import MarianVocabulary, merged_vocabulary
 from transduce.model.positional import sinusoidal_table, sines_first_permutation
@@ -277,11 +277,7 @@ class _Weights:
     def all_taken(self) -> dict[str, Tensor]:
         """The state dict, once every stored tensor was read (else the first unread is
         named)."""
-        if self.names:
-            unknown = sorted(self.names.values())
-            raise ForeignCheckpointError(f"{self.source}: unknown weight {unknown[0]!r}"
-                                         + (f" (and {len(unknown) - 1} more)"
-                                            if len(unknown) > 1 else ""))
+        refuse_unread(self.names, self.source)
         return {name: tensor.contiguous() for name, tensor in self.state.items()}
 
 

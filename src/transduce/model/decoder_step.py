@@ -13,8 +13,8 @@ continuous search's, below) read them through the one-query kernel where it is b
 missing or cannot compile a step, the same code runs as Python. (Whether two decoding
 workers' compiled steps overlap better than their Python ones is not measured yet.)
 
-It covers the common case (softmax attention over plain KV caches, additive or no
-positions, PyTorch's fused attention kernel) and leaves every other step to the
+It covers the common case (softmax attention over plain KV caches, additive, rotary or
+no positions, PyTorch's fused attention kernel) and leaves every other step to the
 modules: `covers` says which.
 """
 
@@ -30,18 +30,19 @@ from torch import Tensor, nn
 from transduce.attention import masks, one_query
 from transduce.attention.kv_cache import KVCache
 from transduce.attention.multihead import merge_heads, split_heads
+from transduce.model.positional import check_range
 from transduce.model.scripting import CompiledOnFirstCall, WrittenOut
 
 
 def _supported(decoder: nn.Module) -> bool:
     """Whether every layer is one StepLayers writes out: fused self-attention
-    projections, no rotary positions or score biases, scaled scores, the SDPA kernel."""
+    projections, no score biases, scaled scores, the SDPA kernel."""
     if getattr(decoder, "score_bias", None) is not None:
         return False
     for layer in decoder.layers:
         attentions = [layer.self_attn] + ([layer.cross_attn] if layer.cross_attn is not None
                                           else [])
-        if layer.self_attn.qkv_proj is None or layer.self_attn.rotary is not None:
+        if layer.self_attn.qkv_proj is None:
             return False
         if any(a.impl != "sdpa" or a.query_factor != 1.0 for a in attentions):
             return False
@@ -75,18 +76,45 @@ class FusedSelfAttention(nn.Module):
                                               enable_gqa=self.grouped)
 
 
+class WrittenFeedForward(nn.Module):
+    """FeedForward.forward on the module's own layers, for the written-out passes (this
+    step's and encoder_pass.py's)."""
+
+    def __init__(self, ffn: nn.Module):
+        super().__init__()
+        self.linear1, self.activation, self.linear2 = ffn.linear1, ffn.activation, ffn.linear2
+        self.linear3 = ffn.linear3          # a gated FFN's, else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T, C) -> (B, T, C)."""
+        hidden = self.activation(self.linear1(x))
+        if self.linear3 is not None:
+            hidden = hidden * self.linear3(x)
+        return self.linear2(hidden)
+
+
 class _SelfAttention(FusedSelfAttention):
     """Self-attention of one new query per row over the cache, which takes its key and
-    value at slot `length`."""
+    value at slot `length`; rotary positions rotate the query and key as RotaryEmbedding
+    does, from its tables."""
+
+    def __init__(self, attn: nn.Module):
+        super().__init__(attn)
+        self.rotary = attn.rotary is not None
+        self.rotary_cos = attn.rotary.cos if self.rotary else torch.zeros(0)   # (P, D)
+        self.rotary_sin = attn.rotary.sin if self.rotary else torch.zeros(0)
 
     def forward(self, h: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
                 mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
-                row_starts: Optional[Tensor]) -> Tensor:
+                row_starts: Optional[Tensor], positions: Optional[Tensor]) -> Tensor:
         """h (R, 1, C), caches (R, Hkv, T, D) holding `length` slots -> (R, 1, C).
         runs: (first row, end row, first slot) of row ranges that read only the slots
         from their first on (then mask is None); row_starts (R,): each row's first slot,
-        the same given per row."""
+        the same given per row; positions (R, 1): each row's rotary position (None:
+        `length` for all)."""
         q, k, v = self.project(h)                         # (R, H, 1, D), (R, Hkv, 1, D) x 2
+        if self.rotary:
+            q, k = self.rotate(q, length, positions), self.rotate(k, length, positions)
         end = length + 1
         k_cache[:, :, length:end] = k
         v_cache[:, :, length:end] = v
@@ -95,6 +123,18 @@ class _SelfAttention(FusedSelfAttention):
         else:
             out = self.attend_runs(q, k_cache, v_cache, end, runs, row_starts)
         return self.out_proj(merge_heads(out))
+
+    def rotate(self, x: Tensor, length: int, positions: Optional[Tensor]) -> Tensor:
+        """RotaryEmbedding.forward's operators: x (R, H, 1, D) at position `length`, or
+        at each row's `positions` (R, 1) -> (R, H, 1, D)."""
+        if positions is None:
+            cos, sin = self.rotary_cos[length:length + 1], self.rotary_sin[length:length + 1]
+        else:
+            cos, sin = self.rotary_cos[positions].unsqueeze(1), \
+                self.rotary_sin[positions].unsqueeze(1)                      # (R, 1, 1, D)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        first, second = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-second, first], dim=-1) * sin
 
     def attend_runs(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, end: int,
                     runs: List[Tuple[int, int, int]], row_starts: Optional[Tensor]) -> Tensor:
@@ -182,28 +222,28 @@ class _LayerStep(nn.Module):
             layer.self_attn)
         self.cross_attention = None if layer.cross_attn is None else \
             (_KernelCrossAttention if kernel else _CrossAttention)(layer.cross_attn)
-        ffn = layer.ffn
-        self.linear1, self.activation, self.linear2 = ffn.linear1, ffn.activation, ffn.linear2
+        self.feed_forward = WrittenFeedForward(layer.ffn)
 
     def forward(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
                 self_mask: Optional[Tensor], memory_k: Tensor, memory_v: Tensor,
                 cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
-                row_starts: Optional[Tensor], memory_lengths: Optional[Tensor]) -> Tensor:
+                row_starts: Optional[Tensor], memory_lengths: Optional[Tensor],
+                positions: Optional[Tensor]) -> Tensor:
         """x (R, 1, C) -> (R, 1, C); memory_k and memory_v are empty without cross-attention."""
         # norm2 is None exactly when cross_attention is; TorchScript needs both tested.
         if self.norm_first:
             x = x + self.self_attention(self.norm1(x), k_cache, v_cache, length, self_mask,
-                                        runs, row_starts)
+                                        runs, row_starts, positions)
             if self.cross_attention is not None and self.norm2 is not None:
                 x = x + self.cross_attention(self.norm2(x), memory_k, memory_v, cross_mask,
                                              memory_lengths)
-            return x + self.linear2(self.activation(self.linear1(self.norm3(x))))
+            return x + self.feed_forward(self.norm3(x))
         x = self.norm1(x + self.self_attention(x, k_cache, v_cache, length, self_mask,
-                                               runs, row_starts))
+                                               runs, row_starts, positions))
         if self.cross_attention is not None and self.norm2 is not None:
             x = self.norm2(x + self.cross_attention(x, memory_k, memory_v, cross_mask,
                                                     memory_lengths))
-        return self.norm3(x + self.linear2(self.activation(self.linear1(x))))
+        return self.norm3(x + self.feed_forward(x))
 
 
 class StepLayers(nn.Module):
@@ -218,13 +258,15 @@ class StepLayers(nn.Module):
     def forward(self, x: Tensor, k_caches: List[Tensor], v_caches: List[Tensor], length: int,
                 self_mask: Optional[Tensor], memory_k: List[Tensor], memory_v: List[Tensor],
                 cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
-                row_starts: Optional[Tensor], memory_lengths: Optional[Tensor]) -> Tensor:
+                row_starts: Optional[Tensor], memory_lengths: Optional[Tensor],
+                positions: Optional[Tensor]) -> Tensor:
         """x (R, 1, C) embedded tokens, per layer its caches (R, Hkv, T, D) holding `length`
         slots and its sources' keys and values (B, Hkv, S, D) (empty tensors without
-        cross-attention) -> hidden states (R, 1, C); every cache takes slot `length`."""
+        cross-attention), positions (R, 1) each row's rotary position or None ->
+        hidden states (R, 1, C); every cache takes slot `length`."""
         for i, layer in enumerate(self.layers):
             x = layer(x, k_caches[i], v_caches[i], length, self_mask, memory_k[i], memory_v[i],
-                      cross_mask, runs, row_starts, memory_lengths)
+                      cross_mask, runs, row_starts, memory_lengths, positions)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x
@@ -276,6 +318,9 @@ class DecoderStep(WrittenOut):
             raise ValueError("row_runs replace tgt_mask: give one of them")
         length = caches[0].length
         _check_room(caches, length)
+        rotary = self.decoder.layers[0].self_attn.rotary
+        if rotary is not None:      # every position read is below the next slot's
+            check_range(length, 1, rotary.max_positions)
         x = self.decoder.embed.forward(tgt, length, positions)             # (R, 1, C)
         none = [self._no_memory] * len(caches)
         memory_k = none if memory_kv is None else [k for k, _ in memory_kv]
@@ -287,7 +332,7 @@ class DecoderStep(WrittenOut):
                         length, None if tgt_mask is None else masks.four_d(tgt_mask),
                         memory_k, memory_v,
                         None if memory_mask is None else masks.four_d(memory_mask),
-                        row_runs, row_starts, memory_lengths)
+                        row_runs, row_starts, memory_lengths, positions)
         for cache in caches:
             cache.length = length + 1
         return hidden

@@ -24,7 +24,7 @@ from transduce.attention import masks
 from transduce.config import ModelConfig
 from transduce.model.counting import CountedParameters
 from transduce.model.dropout import Dropout
-from transduce.model.layers import activation_module
+from transduce.model.layers import activation_module, norm_module
 from transduce.model.positional import LearnedPositionalEmbedding
 from transduce.model.transformer import Encoder, init_linear_layers, rotary_embedding
 
@@ -41,7 +41,7 @@ class SegmentedEmbedding(nn.Module):
         self.positions = LearnedPositionalEmbedding(c.d_model, c.max_positions) \
             if c.positional == "learned" else None
         self.segments = nn.Embedding(c.type_vocab_size, c.d_model)
-        self.norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.norm = norm_module(c)
         self.dropout = Dropout(c.dropout)
 
     def forward(self, ids: Tensor, segments: Tensor | None = None) -> Tensor:
@@ -61,7 +61,7 @@ class MaskedLMHead(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.d_model, config.d_model)
         self.activation = activation_module(config.activation)   # BERT's hidden_act
-        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.norm = norm_module(config)
         self.decoder = nn.Linear(config.d_model, config.src_vocab_size)
         self.decoder.weight = embedding.weight
 

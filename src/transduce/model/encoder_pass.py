@@ -10,8 +10,9 @@ modules' kernels in the modules' order, so the memory is bit-identical (tested,
 compiled and not); where TorchScript is missing or cannot compile them, the same code
 runs as Python.
 
-It covers what decoder_step.py covers (softmax attention with fused projections, no
-rotary positions or score biases, scaled scores, the SDPA kernel); `build` says which.
+It covers what decoder_step.py covers but rotary positions (softmax attention with
+fused projections, no rotary positions or score biases, scaled scores, the SDPA kernel);
+`build` says which.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 from transduce.attention import masks
 from transduce.attention.kinds import SoftmaxAttention
 from transduce.attention.multihead import merge_heads
-from transduce.model.decoder_step import FusedSelfAttention
+from transduce.model.decoder_step import FusedSelfAttention, WrittenFeedForward
 from transduce.model.scripting import CompiledOnFirstCall, WrittenOut
 
 
@@ -55,16 +56,15 @@ class _LayerPass(nn.Module):
         super().__init__()
         self.self_attention = _SelfAttention(layer.self_attn)
         self.norm_first, self.norm1, self.norm2 = layer.norm_first, layer.norm1, layer.norm2
-        ffn = layer.ffn
-        self.linear1, self.activation, self.linear2 = ffn.linear1, ffn.activation, ffn.linear2
+        self.feed_forward = WrittenFeedForward(layer.ffn)
 
     def forward(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
         """x (B, S, C) -> (B, S, C)."""
         if self.norm_first:
             x = x + self.self_attention(self.norm1(x), mask)
-            return x + self.linear2(self.activation(self.linear1(self.norm2(x))))
+            return x + self.feed_forward(self.norm2(x))
         x = self.norm1(x + self.self_attention(x, mask))
-        return self.norm2(x + self.linear2(self.activation(self.linear1(x))))
+        return self.norm2(x + self.feed_forward(x))
 
 
 class EncoderLayers(nn.Module):

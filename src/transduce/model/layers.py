@@ -1,8 +1,8 @@
 """The Transformer's layers: position-wise feed-forward, encoder layer, decoder layer.
 
-Post-norm (the paper): x = LayerNorm(x + Dropout(Sublayer(x))).
-Pre-norm (norm_first): x = x + Dropout(Sublayer(LayerNorm(x))); the stack then needs a
-final LayerNorm, which Encoder and Decoder add.
+Post-norm (the paper): x = Norm(x + Dropout(Sublayer(x))).
+Pre-norm (norm_first): x = x + Dropout(Sublayer(Norm(x))); the stack then needs a
+final norm, which Encoder and Decoder add. Norm is LayerNorm, or RMSNorm (config.norm).
 Shapes: hidden states (B, T, C); the source memory (B, S, C).
 """
 
@@ -27,19 +27,33 @@ def activation_module(name: str) -> nn.Module:
     return nn.GELU(approximate="tanh" if name == "gelu-tanh" else "none")
 
 
+def norm_module(config: ModelConfig) -> nn.Module:
+    """ModelConfig.norm over d_model: LayerNorm (the paper's) or RMSNorm (Llama's)."""
+    if config.norm == "rms":
+        return nn.RMSNorm(config.d_model, eps=config.layer_norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (ReLU as in the paper; GELU, exact or its tanh
-    approximation, and SiLU as options)."""
+    approximation, and SiLU as options). gated: the gated linear unit form,
+    (act(x W1) * x W3) W2 (Shazeer 2020; SwiGLU with SiLU), whose W3 is linear3 after
+    Meta's Llama, w2(silu(w1(x)) * w3(x))."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True):
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True,
+                 gated: bool = False):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.linear3 = nn.Linear(d_model, d_ff, bias=bias) if gated else None
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
         self.activation = activation_module(activation)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, C) -> (B, T, C)."""
-        return self.linear2(self.activation(self.linear1(x)))
+        hidden = self.activation(self.linear1(x))                      # (B, T, d_ff)
+        if self.linear3 is not None:
+            hidden = hidden * self.linear3(x)
+        return self.linear2(hidden)
 
 
 class EncoderLayer(nn.Module):
@@ -55,9 +69,8 @@ class EncoderLayer(nn.Module):
                                                                      c.attention_window,
                                                                      c.global_tokens),
                                             scale_scores=c.attention_scale)
-        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)
-        self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias, c.gated_ffn)
+        self.norm1, self.norm2 = norm_module(c), norm_module(c)
         self.dropout = Dropout(c.dropout)
         self.norm_first = c.norm_first
 
@@ -98,10 +111,10 @@ class DecoderLayer(nn.Module):
                                              impl=c.attention_impl,
                                              scale_scores=c.attention_scale) \
             if cross_attention else None
-        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)
-        self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if cross_attention else None
-        self.norm3 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias, c.gated_ffn)
+        self.norm1 = norm_module(c)
+        self.norm2 = norm_module(c) if cross_attention else None
+        self.norm3 = norm_module(c)
         self.dropout = Dropout(c.dropout)
         self.norm_first = c.norm_first
 

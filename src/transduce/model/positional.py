@@ -35,7 +35,7 @@ def sines_first_permutation(d_model: int) -> Tensor:
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
-def _check_range(start: int, length: int, max_positions: int) -> None:
+def check_range(start: int, length: int, max_positions: int) -> None:
     if torch.jit.is_tracing():   # an ONNX trace would freeze the sizes it compares
         return
     if start + length > max_positions:
@@ -48,7 +48,7 @@ def _check_positions(positions: Tensor, max_positions: int) -> None:
     graph: reading the largest would break it in two (packed training's positions stay
     below its rows' length, which the run's configuration checks)."""
     if positions.numel() and not torch.jit.is_tracing() and not torch.compiler.is_compiling():
-        _check_range(0, int(positions.max()) + 1, max_positions)
+        check_range(0, int(positions.max()) + 1, max_positions)
 
 
 class TablePositions(nn.Module):
@@ -62,7 +62,7 @@ class TablePositions(nn.Module):
 
     def forward(self, length: int, start: int = 0) -> Tensor:
         """-> (length, d_model), the encodings of positions start .. start + length - 1."""
-        _check_range(start, length, self.max_positions)
+        check_range(start, length, self.max_positions)
         return self._table()[start:start + length]
 
     def lookup(self, positions: Tensor) -> Tensor:
@@ -119,7 +119,7 @@ class RotaryEmbedding(nn.Module):
             cos, sin = self.cos[start].unsqueeze(1), self.sin[start].unsqueeze(1)  # (B, 1, T, D)
         else:
             length = x.shape[-2]
-            _check_range(start, length, self.max_positions)
+            check_range(start, length, self.max_positions)
             cos, sin = self.cos[start:start + length], self.sin[start:start + length]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         first, second = x.chunk(2, dim=-1)

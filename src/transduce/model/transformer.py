@@ -31,7 +31,7 @@ from transduce.model.decoder_step import DecoderStep
 from transduce.model.counting import CountedParameters
 from transduce.model.dropout import Dropout
 from transduce.model.encoder_pass import EncoderPass
-from transduce.model.layers import DecoderLayer, EncoderLayer
+from transduce.model.layers import DecoderLayer, EncoderLayer, norm_module
 from transduce.attention.position_bias import ALiBi, T5Bias
 from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedding,
                                         SinusoidalPositionalEncoding, TablePositions)
@@ -113,8 +113,7 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(config, rotary)
                                     for _ in range(config.num_encoder_layers))
         self.score_bias = score_bias(config, bidirectional=True)
-        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) \
-            if config.norm_first else None
+        self.final_norm = norm_module(config) if config.norm_first else None
         # A decoding copy's written-out layers (model/encoder_pass.py), where they apply.
         self.fast_pass: EncoderPass | None = None
 
@@ -142,8 +141,7 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, rotary, cross_attention=cross_attention)
                                     for _ in range(config.num_decoder_layers))
         self.score_bias = score_bias(config, bidirectional=False)
-        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) \
-            if config.norm_first else None
+        self.final_norm = norm_module(config) if config.norm_first else None
         # A decoding copy's written-out step (model/decoder_step.py), where it applies.
         self.fast_step: DecoderStep | None = None
 

@@ -15,6 +15,12 @@ import torch
 from transduce.config import ModelConfig
 
 
+def ffn_weights(config: ModelConfig) -> int:
+    """Weights of one feed-forward network: 2 * d_model * d_ff, 3 * when gated (W1, W3,
+    W2). Each is a multiply-add per token."""
+    return (3 if config.gated_ffn else 2) * config.d_model * config.d_ff
+
+
 def forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int) -> float:
     """Matmul FLOPs of one forward pass over a padded (B, S) / (B, T) batch (a
     decoder-only model has no source: src_len is ignored)."""
@@ -24,13 +30,13 @@ def forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: i
         return _encoder_only_forward_flops(config, batch_size, src_len)
     if config.arch != "transformer":
         return _rnn_forward_flops(config, batch_size, src_len, tgt_len)
-    d, d_ff, kv = config.d_model, config.d_ff, config.kv_heads * config.head_dim
+    d, kv, ffn = config.d_model, config.kv_heads * config.head_dim, ffn_weights(config)
     src_tokens, tgt_tokens = batch_size * src_len, batch_size * tgt_len
     encoder = config.num_encoder_layers * (
-        src_tokens * (4 * d * d + 2 * d * d_ff)                 # projections, FFN
+        src_tokens * (4 * d * d + ffn)                 # projections, FFN
         + 2 * batch_size * src_len * src_len * d)               # QK^T and AV
     decoder = config.num_decoder_layers * (
-        tgt_tokens * (2 * d * d + 2 * d * kv + 2 * d * d_ff)     # self q, o, k, v; FFN
+        tgt_tokens * (2 * d * d + 2 * d * kv + ffn)     # self q, o, k, v; FFN
         + tgt_tokens * 2 * d * d + src_tokens * 2 * d * kv     # cross q, o; k, v per source
         + 2 * batch_size * tgt_len * tgt_len * d               # causal self-attention
         + 2 * batch_size * tgt_len * src_len * d)              # cross-attention
@@ -41,10 +47,10 @@ def forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: i
 def _decoder_only_forward_flops(config: ModelConfig, batch_size: int, tgt_len: int) -> float:
     """GPT: the decoder's layers without cross-attention (self-attention projections,
     causal QK^T and AV over the full T x T square, as above, FFN), and the output."""
-    d, d_ff, kv = config.d_model, config.d_ff, config.kv_heads * config.head_dim
+    d, kv, ffn = config.d_model, config.kv_heads * config.head_dim, ffn_weights(config)
     tokens = batch_size * tgt_len
     layers = config.num_decoder_layers * (
-        tokens * (2 * d * d + 2 * d * kv + 2 * d * d_ff)        # q, o; k, v; FFN
+        tokens * (2 * d * d + 2 * d * kv + ffn)        # q, o; k, v; FFN
         + 2 * batch_size * tgt_len * tgt_len * d)               # QK^T and AV
     output = tokens * d * config.tgt_vocab_size
     return 2.0 * (layers + output)
@@ -53,9 +59,9 @@ def _decoder_only_forward_flops(config: ModelConfig, batch_size: int, tgt_len: i
 def _encoder_only_forward_flops(config: ModelConfig, batch_size: int, src_len: int) -> float:
     """BERT: the encoder's layers over (B, S) (projections, FFN, QK^T and AV), the
     pooler; the MLM head runs on the masked positions only and is not counted."""
-    d, d_ff = config.d_model, config.d_ff
+    d, ffn = config.d_model, ffn_weights(config)
     tokens = batch_size * src_len
-    layers = config.num_encoder_layers * (tokens * (4 * d * d + 2 * d * d_ff)
+    layers = config.num_encoder_layers * (tokens * (4 * d * d + ffn)
                                           + 2 * batch_size * src_len * src_len * d)
     return 2.0 * (layers + batch_size * d * d)
 

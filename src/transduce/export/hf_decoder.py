@@ -1,0 +1,180 @@
+"""Export a decoder-only model to Hugging Face transformers: Llama's layout (rotary
+positions, RMSNorm, SwiGLU, grouped-query attention, no biases) as `LlamaForCausalLM`,
+GPT-2's (learned positions, LayerNorm, biases) as `GPT2LMHeadModel`.
+
+Both hold our layers as they are, so the weights only change names (GPT-2's Conv1D
+stores each matrix transposed, and fuses q, k, v). The tokenizer goes with them as a
+tokenizer.json that gives our ids: an imported model's own, or our SentencePiece model
+written out in Llama 2's tokenizer layout (data/hf_tokenizer.py), which starts every
+sequence with bos as our language models are trained.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from transduce import atomic, checkpoint
+from transduce.config import ModelConfig
+from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
+from transduce.export.common import ExportError, not_a_plain_transformer
+from transduce.export.hf import HF_ACTIVATIONS, Family, generation_config
+from transduce.model import DecoderOnly
+from transduce.written import write_export_marker
+
+LLAMA = Family("Llama", "LlamaForCausalLM", "LlamaConfig", "llama")
+GPT2 = Family("GPT-2", "GPT2LMHeadModel", "GPT2Config", "gpt2")
+# Our activations under GPT-2's names (its activation_function).
+GPT2_ACTIVATIONS = {"gelu-tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+
+
+def decoder_family(config: ModelConfig) -> Family:
+    """Llama for rotary positions, GPT-2 for the rest."""
+    return LLAMA if config.positional == "rotary" else GPT2
+
+
+def check_decoder_exportable(model: DecoderOnly) -> None:
+    c = model.config
+    family = decoder_family(c)
+    problems = not_a_plain_transformer(c, arch="decoder")
+    if not c.norm_first:
+        problems.append("norm_first=False (the format's layers are pre-norm)")
+    if c.scale_embeddings:
+        problems.append("scale_embeddings=True (the format does not scale embeddings)")
+    wanted = {"norm": "rms", "gated_ffn": True, "bias": False} if family is LLAMA else \
+        {"positional": "learned", "norm": "layer", "gated_ffn": False, "bias": True,
+         "tie_embeddings": c.tie_embeddings if c.tie_embeddings != "none" else "all"}
+    problems += [f"{name}={getattr(c, name)!r} (the format's is {value!r})"
+                 for name, value in wanted.items() if getattr(c, name) != value]
+    activations = HF_ACTIVATIONS if family is LLAMA else GPT2_ACTIVATIONS
+    if c.activation not in activations:
+        problems.append(f"activation={c.activation!r} (not one of {sorted(activations)})")
+    if family is GPT2 and c.kv_heads != c.num_heads:
+        problems.append(f"num_kv_heads={c.num_kv_heads} (GPT-2 has full multi-head "
+                        f"attention; rotary positions export as Llama, which groups heads)")
+    if problems:
+        raise ExportError(f"cannot export to {family.name}: " + "; ".join(problems))
+
+
+def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
+    """The config of the transformers model that holds this one (decoder_family)."""
+    c = model.config
+    ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+           "pad_token_id": tokenizer.pad_id, "tie_word_embeddings": c.tie_embeddings != "none"}
+    if decoder_family(c) is LLAMA:
+        return {"architectures": [LLAMA.model_class], "model_type": LLAMA.model_type,
+                "vocab_size": c.tgt_vocab_size, "hidden_size": c.d_model,
+                "intermediate_size": c.d_ff, "num_hidden_layers": c.num_decoder_layers,
+                "num_attention_heads": c.num_heads, "num_key_value_heads": c.kv_heads,
+                "head_dim": c.head_dim, "hidden_act": HF_ACTIVATIONS[c.activation],
+                "max_position_embeddings": c.max_positions, "rms_norm_eps": c.layer_norm_eps,
+                # the rotary base as transformers 5 (rope_parameters) and 4 read it
+                "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base},
+                "rope_theta": c.rope_base, "attention_dropout": c.attention_dropout,
+                "attention_bias": False, "mlp_bias": False, **ids}
+    return {"architectures": [GPT2.model_class], "model_type": GPT2.model_type,
+            "vocab_size": c.tgt_vocab_size, "n_embd": c.d_model, "n_inner": c.d_ff,
+            "n_layer": c.num_decoder_layers, "n_head": c.num_heads,
+            "n_positions": c.max_positions, "activation_function": GPT2_ACTIVATIONS[c.activation],
+            "layer_norm_epsilon": c.layer_norm_eps, "resid_pdrop": c.dropout,
+            "embd_pdrop": c.dropout, "attn_pdrop": c.attention_dropout, **ids}
+
+
+def llama_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
+    """Our weights under LlamaForCausalLM's names (the inverse of importers/hf_llama.py)."""
+    decoder = model.decoder
+    state = {"model.embed_tokens.weight": decoder.embed.embedding.weight,
+             "model.norm.weight": decoder.final_norm.weight,
+             "lm_head.weight": model.output_proj.weight}
+    for i, layer in enumerate(decoder.layers):
+        prefix = f"model.layers.{i}"
+        for theirs, ours in (("self_attn.q_proj", layer.self_attn.q_proj),
+                             ("self_attn.k_proj", layer.self_attn.k_proj),
+                             ("self_attn.v_proj", layer.self_attn.v_proj),
+                             ("self_attn.o_proj", layer.self_attn.out_proj),
+                             ("mlp.gate_proj", layer.ffn.linear1),
+                             ("mlp.up_proj", layer.ffn.linear3),
+                             ("mlp.down_proj", layer.ffn.linear2),
+                             ("input_layernorm", layer.norm1),
+                             ("post_attention_layernorm", layer.norm3)):
+            state[f"{prefix}.{theirs}.weight"] = ours.weight
+    return {name: tensor.detach().clone().contiguous() for name, tensor in state.items()}
+
+
+def gpt2_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
+    """Our weights under GPT2LMHeadModel's names: Conv1D matrices are (in, out), the
+    transpose of nn.Linear's, and q, k, v are one c_attn (the inverse of hf_gpt2.py)."""
+    decoder = model.decoder
+    state = {"transformer.wte.weight": decoder.embed.embedding.weight,
+             "transformer.wpe.weight": decoder.embed.positions.embedding.weight,
+             "lm_head.weight": model.output_proj.weight}
+
+    def norm(name: str, layer_norm) -> None:
+        state[f"{name}.weight"], state[f"{name}.bias"] = layer_norm.weight, layer_norm.bias
+
+    def conv1d(name: str, *linears) -> None:
+        state[f"{name}.weight"] = torch.cat([linear.weight for linear in linears]).t()
+        state[f"{name}.bias"] = torch.cat([linear.bias for linear in linears])
+
+    for i, layer in enumerate(decoder.layers):
+        prefix, attn = f"transformer.h.{i}", layer.self_attn
+        norm(f"{prefix}.ln_1", layer.norm1)
+        norm(f"{prefix}.ln_2", layer.norm3)
+        conv1d(f"{prefix}.attn.c_attn", attn.q_proj, attn.k_proj, attn.v_proj)
+        conv1d(f"{prefix}.attn.c_proj", attn.out_proj)
+        conv1d(f"{prefix}.mlp.c_fc", layer.ffn.linear1)
+        conv1d(f"{prefix}.mlp.c_proj", layer.ffn.linear2)
+    norm("transformer.ln_f", decoder.final_norm)
+    return {name: tensor.detach().clone().contiguous() for name, tensor in state.items()}
+
+
+def hf_decoder_model(model: DecoderOnly, tokenizer):
+    """A transformers model holding our weights (in eval mode)."""
+    import transformers
+
+    check_decoder_exportable(model)
+    family = decoder_family(model.config)
+    config = getattr(transformers, family.config_class)(**hf_decoder_config(model, tokenizer))
+    theirs = getattr(transformers, family.model_class)(config).eval()
+    state = llama_state_dict(model) if family is LLAMA else gpt2_state_dict(model)
+    missing, unexpected = theirs.load_state_dict(state, strict=False)
+    left = [name for name in missing if not name.endswith((".attn.bias", ".attn.masked_bias"))]
+    if left or unexpected:
+        raise ExportError(f"{family.name} weights not set: {left[:5]}; unknown: "
+                          f"{unexpected[:5]}")
+    theirs.generation_config = generation_config(theirs.config)
+    theirs.generation_config.update(num_beams=1, length_penalty=1.0, early_stopping=False)
+    return theirs
+
+
+def hf_tokenizer(directory: Path):
+    """The checkpoint's tokenizer as a tokenizer.json backend: an imported model's own,
+    or our SentencePiece model written out (HFTokenizer.from_sentencepiece)."""
+    tokenizer = checkpoint.load_tokenizer(directory)
+    return tokenizer if isinstance(tokenizer, HFTokenizer) \
+        else HFTokenizer.from_sentencepiece(tokenizer)
+
+
+def export_hf_decoder(directory: Path, model: DecoderOnly, out: Path) -> Path:
+    """Write the checkpoint at `directory`, whose model is `model`, as OUT/ with
+    config.json, generation_config.json, model.safetensors, tokenizer.json,
+    tokenizer_config.json and our export marker; loadable with transformers'
+    AutoModelForCausalLM and AutoTokenizer -> OUT."""
+    tokenizer = hf_tokenizer(directory)
+    theirs = hf_decoder_model(model, tokenizer)
+    with atomic.atomic_directory(out) as temporary:
+        theirs.save_pretrained(temporary)
+        for weights in temporary.glob("*.safetensors"):   # written 0600
+            atomic.open_permissions(weights)
+        tokenizer.save(temporary / TOKENIZER_JSON)
+        piece = tokenizer.piece
+        (temporary / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": piece(tokenizer.bos_id),
+            "eos_token": piece(tokenizer.eos_id), "pad_token": piece(tokenizer.pad_id),
+            "model_max_length": model.config.max_positions}, indent=2), encoding="utf-8")
+        write_export_marker(temporary, f"huggingface-{theirs.config.model_type}",
+                            checkpoint.trained_steps(directory))
+    return out

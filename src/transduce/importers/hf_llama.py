@@ -1,0 +1,190 @@
+"""Hugging Face Llama-family decoders (LlamaForCausalLM; Mistral without a sliding
+window) -> our DecoderOnly.
+
+Llama is the decoder-only model with the field's later choices, each a field of ours:
+pre-norm layers with RMSNorm (norm "rms") and a final norm, rotary positions in the
+"rotate half" layout that RotaryEmbedding uses, SwiGLU feed-forward networks (gated_ffn,
+activation "silu"), grouped-query attention (num_kv_heads), no biases, no embedding
+scale, and an output projection of its own unless tie_word_embeddings. The weights map
+name by name, with no transposition or permutation:
+
+    embed_tokens                      decoder.embed.embedding
+    layers.N.input_layernorm          decoder.layers.N.norm1 (before attention)
+    layers.N.self_attn.q/k/v_proj     self_attn.q_proj, .k_proj, .v_proj (k, v: Hkv heads)
+    layers.N.self_attn.o_proj         self_attn.out_proj
+    layers.N.post_attention_layernorm norm3 (before the FFN)
+    layers.N.mlp.gate/up/down_proj    ffn.linear1 (activated), .linear3, .linear2
+    norm                              decoder.final_norm
+    lm_head                           output_proj (must equal embed_tokens when tied)
+
+Every key is accounted for (older checkpoints' rotary_emb.inv_freq buffers are skipped);
+options we do not compute (rope scaling, a sliding window, biases, a head size other
+than hidden_size / heads) are refused naming them, and nothing is written. The
+tokenizer.json travels with the checkpoint, with the bos and eos tokens that
+tokenizer_config.json names; a sequence starts with bos if its post-processor adds one,
+as Llama's does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from transduce import checkpoint
+from transduce.config import ConfigError, ModelConfig, preset
+from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
+from transduce.importers import ForeignCheckpointError, check_directories, \
+    check_foreign_options, check_tied_copy, refuse_unread, take_weight, unprefixed_names
+from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
+from transduce.model.decoder_only import DecoderOnly
+
+MODEL_TYPES = ("llama", "mistral")
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu",
+               "gelu_pytorch_tanh": "gelu-tanh", "gelu_new": "gelu-tanh", "relu": "relu"}
+# Options whose other value changes what the model computes: name -> the value we have.
+FIXED_OPTIONS = {"attention_bias": False, "mlp_bias": False, "rope_scaling": None}
+_IGNORED = re.compile(r"^(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$")
+
+
+def import_llama(hf_dir: Path | str, out: Path | str) -> Path:
+    """Read a Hugging Face Llama or Mistral directory (config.json, model.safetensors,
+    its shards or pytorch_model.bin, tokenizer.json) and write it as our checkpoint at
+    `out`, replacing one there; nothing is written unless everything was read and
+    checked."""
+    hf_dir, out = Path(hf_dir), Path(out)
+    check_directories(hf_dir, out, HF_CONFIG)
+    hf = _read_json(hf_dir / HF_CONFIG)
+    config_file = hf_dir / HF_CONFIG
+    activation = check_foreign_options(hf, config_file, MODEL_TYPES, FIXED_OPTIONS,
+                                       "hidden_act", "silu", ACTIVATIONS)
+    tokenizer = read_tokenizer(hf_dir)
+    config = model_config(hf, config_file, tokenizer, activation)
+    tensors, source = read_weights(hf_dir)
+    model = DecoderOnly(config)
+    model.load_state_dict(map_weights(tensors, config, source))
+    origin = {"imported": "hf-llama", "from": str(hf_dir.resolve()), "steps": None}
+    return checkpoint.save(out, model.eval(), None, tokenizer, origin=origin)
+
+
+def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
+                 activation: str) -> ModelConfig:
+    """The "llama-small" preset with the sizes and options of a LlamaConfig."""
+    def required(name: str) -> Any:
+        if name not in hf:
+            raise ForeignCheckpointError(f"{config_file}: no {name!r}")
+        return hf[name]
+
+    vocab_size, d_model = required("vocab_size"), required("hidden_size")
+    heads, max_positions = required("num_attention_heads"), required("max_position_embeddings")
+    window = hf.get("sliding_window")
+    if window is not None and not (isinstance(window, int) and isinstance(max_positions, int)
+                                   and window >= max_positions):
+        raise ForeignCheckpointError(f"{config_file}: sliding_window={json.dumps(window)} is "
+                                     f"not supported (only null, or at least "
+                                     f"max_position_embeddings={max_positions}: attention "
+                                     f"over the whole context)")
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and isinstance(heads, int) and heads and head_dim * heads != d_model:
+        raise ForeignCheckpointError(f"{config_file}: head_dim={head_dim} is not "
+                                     f"hidden_size / num_attention_heads = {d_model} / "
+                                     f"{heads} (only that head size is supported)")
+    try:
+        config = preset("llama-small", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
+                        d_model=d_model, num_heads=heads,
+                        num_kv_heads=hf.get("num_key_value_heads") or heads,
+                        d_ff=required("intermediate_size"),
+                        num_decoder_layers=required("num_hidden_layers"),
+                        max_positions=max_positions,
+                        rope_base=float(_rope_theta(hf, config_file)),
+                        activation=activation, layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
+                        dropout=0.0, attention_dropout=hf.get("attention_dropout", 0.0),
+                        tie_embeddings="all" if hf.get("tie_word_embeddings", False) else "none",
+                        pad_id=tokenizer.pad_id)
+    except (ConfigError, TypeError, ValueError) as error:
+        raise ForeignCheckpointError(f"{config_file}: {error}") from None
+    if tokenizer.vocab_size > config.tgt_vocab_size:
+        raise ForeignCheckpointError(f"{config_file}: vocab_size={vocab_size} is smaller "
+                                     f"than the tokenizer's {tokenizer.vocab_size} tokens")
+    for name, token_id in (("bos_token_id", tokenizer.bos_id),
+                           ("eos_token_id", tokenizer.eos_id)):
+        given = hf.get(name)
+        if given is not None and token_id not in (given if isinstance(given, list) else [given]):
+            raise ForeignCheckpointError(
+                f"{config_file}: {name}={json.dumps(given)} but the tokenizer's "
+                f"{name.split('_')[0]} token {tokenizer.piece(token_id)!r} is {token_id}")
+    return config
+
+
+def _rope_theta(hf: dict[str, Any], config_file: Path) -> float:
+    """The rotary base: rope_parameters (transformers 5) or rope_theta, unscaled."""
+    parameters = hf.get("rope_parameters")
+    if parameters is None:
+        return hf.get("rope_theta", 10000.0)
+    if not isinstance(parameters, dict):
+        raise ForeignCheckpointError(f"{config_file}: rope_parameters must be an object")
+    kind = parameters.get("rope_type", "default")
+    if kind != "default":
+        raise ForeignCheckpointError(f"{config_file}: rope_parameters.rope_type={kind!r} is "
+                                     f"not supported (only \"default\": unscaled rotary "
+                                     f"positions)")
+    return parameters.get("rope_theta", hf.get("rope_theta", 10000.0))
+
+
+def read_tokenizer(hf_dir: Path) -> HFTokenizer:
+    """The directory's tokenizer.json with the bos, eos and pad tokens that its
+    tokenizer_config.json / special_tokens_map.json name (Llama's defaults: <s>, </s>,
+    no pad token, so eos pads)."""
+    specials, _ = tokenizer_settings(hf_dir, {"bos": "<s>", "eos": "</s>", "pad": None})
+    if not (hf_dir / TOKENIZER_JSON).is_file():
+        hint = " (only tokenizer.model: save the tokenizer with transformers' " \
+               "LlamaTokenizerFast to write one)" if (hf_dir / "tokenizer.model").is_file() \
+            else ""
+        raise ForeignCheckpointError(f"{hf_dir}: no {TOKENIZER_JSON}{hint}")
+    return HFTokenizer.from_file(hf_dir / TOKENIZER_JSON, **specials)
+
+
+def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
+                source: Path) -> dict[str, Tensor]:
+    """Llama's tensors -> our state dict (float32), each key accounted for and each shape
+    checked against what the configuration gives."""
+    names = unprefixed_names(tensors, "model.", source)
+    c, ff, kv = config.d_model, config.d_ff, config.kv_heads * config.head_dim
+
+    def take(name: str, *shape: int) -> Tensor:
+        return take_weight(tensors, names, source, name, *shape)
+
+    embedding = take("embed_tokens.weight", config.tgt_vocab_size, c)   # (V, C)
+    state = {"decoder.embed.embedding.weight": embedding,
+             "decoder.final_norm.weight": take("norm.weight", c)}
+    for i in range(config.num_decoder_layers):
+        ours, theirs = f"decoder.layers.{i}", f"layers.{i}"
+        for ours_name, theirs_name, n_out, n_in in (
+                ("self_attn.q_proj", "self_attn.q_proj", c, c),
+                ("self_attn.k_proj", "self_attn.k_proj", kv, c),
+                ("self_attn.v_proj", "self_attn.v_proj", kv, c),
+                ("self_attn.out_proj", "self_attn.o_proj", c, c),
+                ("ffn.linear1", "mlp.gate_proj", ff, c),
+                ("ffn.linear3", "mlp.up_proj", ff, c),
+                ("ffn.linear2", "mlp.down_proj", c, ff)):
+            state[f"{ours}.{ours_name}.weight"] = take(f"{theirs}.{theirs_name}.weight",
+                                                       n_out, n_in)
+        state[f"{ours}.norm1.weight"] = take(f"{theirs}.input_layernorm.weight", c)
+        state[f"{ours}.norm3.weight"] = take(f"{theirs}.post_attention_layernorm.weight", c)
+    state["output_proj.weight"] = _output_projection(tensors, names, embedding, config, source)
+    refuse_unread(names, source, _IGNORED)
+    return state
+
+
+def _output_projection(tensors: dict[str, Tensor], names: dict[str, str], embedding: Tensor,
+                       config: ModelConfig, source: Path) -> Tensor:
+    """lm_head (V, C): its own matrix, or the token embeddings when tied (a stored copy
+    must then equal them)."""
+    if config.tie_embeddings == "none":
+        return take_weight(tensors, names, source, "lm_head.weight", *embedding.shape)
+    check_tied_copy(tensors, names, source, "lm_head.weight", embedding, "embed_tokens.weight",
+                    "tie_word_embeddings is true")
+    return embedding
