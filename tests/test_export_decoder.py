@@ -50,9 +50,9 @@ def exported(request, tmp_path, tiny_corpus):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    expected = "Llama" if model.config.positional == "rotary" else "GPT2"
-    assert type(theirs).__name__ == f"{expected}LMHeadModel" or \
-        type(theirs).__name__ == f"{expected}ForCausalLM"
+    expected = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}[
+        request.param.split("-")[0]]
+    assert type(theirs).__name__ == expected
     return model, theirs, out, path
 
 
@@ -140,6 +140,7 @@ def test_an_export_imports_back_to_the_same_model(importer, name, changes, tmp_p
     ("llama-tiny", {"bias": True, "norm": "layer"}, "norm='layer'"),
     ("llama-tiny", {"attention_type": "sliding"}, "attention_type='sliding'"),
     ("gpt-tiny", {"gated_ffn": True, "scale_embeddings": True}, "scale_embeddings=True"),
+    ("llama-tiny", {"qkv_bias": True}, "Qwen2 with a SentencePiece vocabulary"),
 ])
 def test_what_the_formats_cannot_hold_is_refused_by_name(name, changes, message, tmp_path,
                                                          tiny_corpus):

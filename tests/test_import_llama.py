@@ -1,5 +1,5 @@
-"""Hugging Face Llama / Mistral -> our checkpoint: the imported model computes what
-transformers.LlamaForCausalLM / MistralForCausalLM compute (logits, left-padded batches,
+"""Hugging Face Llama / Mistral / Qwen2 -> our checkpoint: the imported model computes
+what transformers.LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM compute (logits, left-padded batches,
 greedy generation through the cache, perplexity), its tokenizer gives the fast
 tokenizer's ids with Llama's leading bos, and a checkpoint we cannot reproduce is
 refused by name with nothing written."""
@@ -47,12 +47,14 @@ def spm_bpe(tmp_path_factory):
 
 
 def hf_checkpoint(directory, tokenizer_dir, model_type="llama", seed=0, **config):
-    """A random LlamaForCausalLM (or Mistral) saved with save_pretrained, its RMSNorm
-    gains drawn around 1 so that each counts, with the tokenizer's files."""
+    """A random LlamaForCausalLM (or Mistral, Qwen2) saved with save_pretrained, its
+    RMSNorm gains drawn around 1 and its biases (Qwen2's) around 0 so that each counts,
+    with the tokenizer's files."""
     vocab = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     torch.manual_seed(seed)
     family = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-              "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM)}
+              "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+              "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}
     config_class, model_class = family[model_type]
     hf_config = config_class(vocab_size=vocab.get_vocab_size(), bos_token_id=1, eos_token_id=2,
                              initializer_range=0.2, **config)
@@ -61,6 +63,8 @@ def hf_checkpoint(directory, tokenizer_dir, model_type="llama", seed=0, **config
         for name, parameter in model.named_parameters():
             if "norm" in name:
                 parameter.normal_(1.0, 0.2)
+            elif name.endswith("bias"):
+                parameter.normal_(0.0, 0.2)
     model.save_pretrained(directory)
     for file in tokenizer_dir.iterdir():
         (directory / file.name).write_bytes(file.read_bytes())
@@ -80,6 +84,11 @@ CONFIGS = [
     dict(model_type="mistral", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=96,
          sliding_window=None, seed=2),
+    # Qwen2: biases on q, k and v only, a sliding window it does not use, tied output
+    dict(model_type="qwen2", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+         use_sliding_window=False, sliding_window=16, tie_word_embeddings=True,
+         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, seed=3),
 ]
 
 
@@ -97,6 +106,7 @@ def test_logits_match_transformers(imported):
     assert isinstance(ours, DecoderOnly) and not ours.training
     c = ours.config
     assert (c.norm, c.gated_ffn, c.positional, c.bias) == ("rms", True, "rotary", False)
+    assert c.qkv_bias == (hf.config.model_type == "qwen2")
     assert c.kv_heads == hf.config.num_key_value_heads
     assert_same_logits(hf, ours, atol=2e-5)
 
@@ -156,6 +166,22 @@ def test_an_import_exports_to_ctranslate2_with_its_tokenizer_json(imported, tmp_
     assert len(expected) == 15 and len(set(expected.tolist())) > 3
 
 
+def test_an_import_exports_back_to_its_family(imported, tmp_path):
+    """export hf of the import: Llama, Mistral (as Llama, its layout without a window) and
+    Qwen2 (biases on q, k, v), computing transformers' logits again."""
+    from transduce.export import export_hf
+
+    hf, ours, out = imported
+    exported = export_hf(out, tmp_path / "hf")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
+    family = "Qwen2" if hf.config.model_type == "qwen2" else "Llama"
+    assert type(theirs).__name__ == f"{family}ForCausalLM"
+    tokens = torch.randint(0, hf.config.vocab_size, (2, 11))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens).logits, hf(tokens).logits, atol=2e-5,
+                                   rtol=1e-5)
+
+
 def test_tokenizer_ids_equal_the_fast_tokenizer(spm_bpe, tmp_path):
     hf_checkpoint(tmp_path / "hf", spm_bpe, hidden_size=16, intermediate_size=24,
                   num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=32)
@@ -185,7 +211,7 @@ def refused(directory, tmp_path, *messages):
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"model_type": "qwen2"}, "model_type='qwen2'; only 'llama' or 'mistral'"),
+    ({"model_type": "gemma"}, "model_type='gemma'; only 'llama' or 'mistral' or 'qwen2'"),
     ({"attention_bias": True}, "attention_bias=true is not supported"),
     ({"mlp_bias": True}, "mlp_bias=true is not supported"),
     ({"hidden_act": "tanh"}, "hidden_act='tanh' is not supported"),
@@ -257,3 +283,21 @@ def test_command_line_import(small_hf, tmp_path, capsys):
     assert main(["import", "hf-llama", str(bad), "--out", str(tmp_path / "bad")]) == 1
     err = capsys.readouterr().err
     assert "attention_bias=true" in err and "Traceback" not in err
+
+
+def test_a_tokenizer_without_bos_starts_from_the_configs_bos(spm_bpe, tmp_path):
+    """Qwen2's tokenizer_config.json says "bos_token": null, and its post-processor adds
+    nothing: prompts are read as they are, and an empty one starts from config.json's
+    bos_token_id, as transformers' generate does."""
+    directory = tmp_path / "hf"
+    hf_checkpoint(directory, spm_bpe, model_type="qwen2", hidden_size=16, intermediate_size=24,
+                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                  max_position_embeddings=32)
+    vocab = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
+    vocab.post_processor = None
+    vocab.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": None, "eos_token": EOS, "pad_token": EOS}))
+    tokenizer = checkpoint.load_tokenizer(import_llama(directory, tmp_path / "out"))
+    assert (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id) == (1, 2, 2)
+    assert not tokenizer.prepend_bos

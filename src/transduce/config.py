@@ -102,6 +102,8 @@ class ModelConfig(ValidatedConfig):
     W2; with "silu", SwiGLU (Llama's, Mistral's).
     norm: "layer" (LayerNorm, the paper's) or "rms" (RMSNorm, Zhang & Sennrich 2019:
     x / rms(x) * g, no centring and no bias; Llama's) for every norm of the model.
+    qkv_bias: the query, key and value projections have biases even where bias is False
+    (Qwen2's layout: only those three).
     output_bias: arch "transformer": the output projection adds a bias per token (the
     final_logits_bias of imported Marian models, hugely negative for tokens never to be
     output).
@@ -125,6 +127,7 @@ class ModelConfig(ValidatedConfig):
     activation: Activation = "relu"
     gated_ffn: bool = False
     norm: Norm = "layer"
+    qkv_bias: bool = False
     norm_first: bool = False
     positional: Positional = "sinusoidal"
     max_positions: int = 1024

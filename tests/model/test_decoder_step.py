@@ -70,6 +70,7 @@ def _assert_written_out_step_is_exact(model, run, scripted: bool | None = True) 
     {"scale_embeddings": False},
     {"gated_ffn": True, "activation": "silu", "norm": "rms", "bias": False},
     {"gated_ffn": True, "norm_first": False}, {"positional": "rotary", "num_kv_heads": 2},
+    {"positional": "rotary", "bias": False, "qkv_bias": True},
 ])
 @pytest.mark.parametrize("packed,int8", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("beams", [1, 3])

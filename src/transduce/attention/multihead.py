@@ -47,7 +47,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, *,
                  bias: bool = True, dropout: float = 0.0, impl: str = "sdpa",
                  rotary: Rotary | None = None, kind: AttentionKind | str = "softmax",
-                 window: int = 16, scale_scores: bool = True):
+                 window: int = 16, scale_scores: bool = True, qkv_bias: bool | None = None):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if d_model < 1 or num_heads < 1:
@@ -65,9 +65,10 @@ class MultiHeadAttention(nn.Module):
         # are multiplied by sqrt(d_k), which the kernels' scale then cancels exactly.
         self.query_factor = 1.0 if scale_scores else math.sqrt(self.head_dim)
         kv_dim = num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, kv_dim, bias=bias)
-        self.v_proj = nn.Linear(d_model, kv_dim, bias=bias)
+        qkv_bias = bias if qkv_bias is None else qkv_bias     # Qwen2: these alone
+        self.q_proj = nn.Linear(d_model, d_model, bias=qkv_bias)
+        self.k_proj = nn.Linear(d_model, kv_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(d_model, kv_dim, bias=qkv_bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.qkv_proj: nn.Linear | None = None     # fuse_self_projections()
 

@@ -20,9 +20,9 @@ def register(commands) -> None:
                 "decoder-only checkpoint; options the model cannot reproduce are refused by "
                 "name.")
     _add_format(formats, import_hf_llama, "hf-llama",
-                "Hugging Face Llama or Mistral (LlamaForCausalLM, MistralForCausalLM "
-                "directory)",
-                "Import a Hugging Face Llama or Mistral directory (config.json, "
+                "Hugging Face Llama, Mistral or Qwen2 (LlamaForCausalLM, "
+                "MistralForCausalLM, Qwen2ForCausalLM directory)",
+                "Import a Hugging Face Llama, Mistral or Qwen2 directory (config.json, "
                 "model.safetensors, its shards or pytorch_model.bin, tokenizer.json) as a "
                 "decoder-only checkpoint (RMSNorm, rotary positions, SwiGLU, grouped-query "
                 "attention); options the model cannot reproduce are refused by name.")
@@ -59,7 +59,7 @@ def import_hf_gpt2(args: argparse.Namespace) -> int:
 
 
 def import_hf_llama(args: argparse.Namespace) -> int:
-    """Import a Hugging Face Llama or Mistral checkpoint."""
+    """Import a Hugging Face Llama, Mistral or Qwen2 checkpoint."""
     from transduce.importers import import_llama
 
     return _import_decoder(args, import_llama)

@@ -1,6 +1,7 @@
 """Export a decoder-only model to Hugging Face transformers: Llama's layout (rotary
 positions, RMSNorm, SwiGLU, grouped-query attention, no biases) as `LlamaForCausalLM`,
-GPT-2's (learned positions, LayerNorm, biases) as `GPT2LMHeadModel`.
+or as `Qwen2ForCausalLM` with biases on the query, key and value projections
+(qkv_bias), GPT-2's (learned positions, LayerNorm, biases) as `GPT2LMHeadModel`.
 
 Both hold our layers as they are, so the weights only change names (GPT-2's Conv1D
 stores each matrix transposed, and fuses q, k, v). The tokenizer goes with them as a
@@ -26,14 +27,18 @@ from transduce.model import DecoderOnly
 from transduce.written import write_export_marker
 
 LLAMA = Family("Llama", "LlamaForCausalLM", "LlamaConfig", "llama")
+QWEN2 = Family("Qwen2", "Qwen2ForCausalLM", "Qwen2Config", "qwen2")
 GPT2 = Family("GPT-2", "GPT2LMHeadModel", "GPT2Config", "gpt2")
 # Our activations under GPT-2's names (its activation_function).
 GPT2_ACTIVATIONS = {"gelu-tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
 
 def decoder_family(config: ModelConfig) -> Family:
-    """Llama for rotary positions, GPT-2 for the rest."""
-    return LLAMA if config.positional == "rotary" else GPT2
+    """Llama for rotary positions (Qwen2 with biases on q, k, v alone), GPT-2 for the
+    rest."""
+    if config.positional != "rotary":
+        return GPT2
+    return QWEN2 if config.qkv_bias and not config.bias else LLAMA
 
 
 def check_decoder_exportable(model: DecoderOnly) -> None:
@@ -44,12 +49,12 @@ def check_decoder_exportable(model: DecoderOnly) -> None:
         problems.append("norm_first=False (the format's layers are pre-norm)")
     if c.scale_embeddings:
         problems.append("scale_embeddings=True (the format does not scale embeddings)")
-    wanted = {"norm": "rms", "gated_ffn": True, "bias": False} if family is LLAMA else \
+    wanted = {"norm": "rms", "gated_ffn": True, "bias": False} if family is not GPT2 else \
         {"positional": "learned", "norm": "layer", "gated_ffn": False, "bias": True,
          "tie_embeddings": c.tie_embeddings if c.tie_embeddings != "none" else "all"}
     problems += [f"{name}={getattr(c, name)!r} (the format's is {value!r})"
                  for name, value in wanted.items() if getattr(c, name) != value]
-    activations = HF_ACTIVATIONS if family is LLAMA else GPT2_ACTIVATIONS
+    activations = HF_ACTIVATIONS if family is not GPT2 else GPT2_ACTIVATIONS
     if c.activation not in activations:
         problems.append(f"activation={c.activation!r} (not one of {sorted(activations)})")
     if family is GPT2 and c.kv_heads != c.num_heads:
@@ -64,8 +69,11 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
     c = model.config
     ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
            "pad_token_id": tokenizer.pad_id, "tie_word_embeddings": c.tie_embeddings != "none"}
-    if decoder_family(c) is LLAMA:
-        return {"architectures": [LLAMA.model_class], "model_type": LLAMA.model_type,
+    family = decoder_family(c)
+    if family is not GPT2:
+        layout = {"attention_bias": False, "mlp_bias": False} if family is LLAMA else \
+            {"use_sliding_window": False}
+        return {"architectures": [family.model_class], "model_type": family.model_type,
                 "vocab_size": c.tgt_vocab_size, "hidden_size": c.d_model,
                 "intermediate_size": c.d_ff, "num_hidden_layers": c.num_decoder_layers,
                 "num_attention_heads": c.num_heads, "num_key_value_heads": c.kv_heads,
@@ -74,7 +82,7 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
                 # the rotary base as transformers 5 (rope_parameters) and 4 read it
                 "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base},
                 "rope_theta": c.rope_base, "attention_dropout": c.attention_dropout,
-                "attention_bias": False, "mlp_bias": False, **ids}
+                **layout, **ids}
     return {"architectures": [GPT2.model_class], "model_type": GPT2.model_type,
             "vocab_size": c.tgt_vocab_size, "n_embd": c.d_model, "n_inner": c.d_ff,
             "n_layer": c.num_decoder_layers, "n_head": c.num_heads,
@@ -84,7 +92,8 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
 
 
 def llama_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
-    """Our weights under LlamaForCausalLM's names (the inverse of importers/hf_llama.py)."""
+    """Our weights under LlamaForCausalLM's (and Qwen2ForCausalLM's) names, the inverse
+    of importers/hf_llama.py."""
     decoder = model.decoder
     state = {"model.embed_tokens.weight": decoder.embed.embedding.weight,
              "model.norm.weight": decoder.final_norm.weight,
@@ -101,6 +110,8 @@ def llama_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
                              ("input_layernorm", layer.norm1),
                              ("post_attention_layernorm", layer.norm3)):
             state[f"{prefix}.{theirs}.weight"] = ours.weight
+            if getattr(ours, "bias", None) is not None:           # Qwen2's q, k, v
+                state[f"{prefix}.{theirs}.bias"] = ours.bias
     return {name: tensor.detach().clone().contiguous() for name, tensor in state.items()}
 
 
@@ -139,7 +150,7 @@ def hf_decoder_model(model: DecoderOnly, tokenizer):
     family = decoder_family(model.config)
     config = getattr(transformers, family.config_class)(**hf_decoder_config(model, tokenizer))
     theirs = getattr(transformers, family.model_class)(config).eval()
-    state = llama_state_dict(model) if family is LLAMA else gpt2_state_dict(model)
+    state = gpt2_state_dict(model) if family is GPT2 else llama_state_dict(model)
     missing, unexpected = theirs.load_state_dict(state, strict=False)
     left = [name for name in missing if not name.endswith((".attn.bias", ".attn.masked_bias"))]
     if left or unexpected:
@@ -150,12 +161,20 @@ def hf_decoder_model(model: DecoderOnly, tokenizer):
     return theirs
 
 
-def hf_tokenizer(directory: Path):
+def hf_tokenizer(directory: Path, family: Family):
     """The checkpoint's tokenizer as a tokenizer.json backend: an imported model's own,
-    or our SentencePiece model written out (HFTokenizer.from_sentencepiece)."""
+    or our SentencePiece model written out (HFTokenizer.from_sentencepiece). Not for
+    Qwen2: transformers reads a qwen2 model's tokenizer.json through Qwen2Tokenizer,
+    whose own pre-tokenizer would split our pieces' text differently."""
     tokenizer = checkpoint.load_tokenizer(directory)
-    return tokenizer if isinstance(tokenizer, HFTokenizer) \
-        else HFTokenizer.from_sentencepiece(tokenizer)
+    if isinstance(tokenizer, HFTokenizer):
+        return tokenizer
+    if family is QWEN2:
+        raise ExportError("cannot export to Qwen2 with a SentencePiece vocabulary: "
+                          "transformers reads a qwen2 model's tokenizer as Qwen2Tokenizer, "
+                          "whose pre-tokenizer would give other ids (qkv_bias=True without "
+                          "bias is Qwen2's layout; a Llama has no biases)")
+    return HFTokenizer.from_sentencepiece(tokenizer)
 
 
 def export_hf_decoder(directory: Path, model: DecoderOnly, out: Path) -> Path:
@@ -163,7 +182,8 @@ def export_hf_decoder(directory: Path, model: DecoderOnly, out: Path) -> Path:
     config.json, generation_config.json, model.safetensors, tokenizer.json,
     tokenizer_config.json and our export marker; loadable with transformers'
     AutoModelForCausalLM and AutoTokenizer -> OUT."""
-    tokenizer = hf_tokenizer(directory)
+    check_decoder_exportable(model)
+    tokenizer = hf_tokenizer(directory, decoder_family(model.config))
     theirs = hf_decoder_model(model, tokenizer)
     with atomic.atomic_directory(out) as temporary:
         theirs.save_pretrained(temporary)

@@ -1,5 +1,5 @@
 """Hugging Face Llama-family decoders (LlamaForCausalLM; Mistral without a sliding
-window) -> our DecoderOnly.
+window; Qwen2, whose query, key and value projections have biases) -> our DecoderOnly.
 
 Llama is the decoder-only model with the field's later choices, each a field of ours:
 pre-norm layers with RMSNorm (norm "rms") and a final norm, rotary positions in the
@@ -10,7 +10,8 @@ name by name, with no transposition or permutation:
 
     embed_tokens                      decoder.embed.embedding
     layers.N.input_layernorm          decoder.layers.N.norm1 (before attention)
-    layers.N.self_attn.q/k/v_proj     self_attn.q_proj, .k_proj, .v_proj (k, v: Hkv heads)
+    layers.N.self_attn.q/k/v_proj     self_attn.q_proj, .k_proj, .v_proj (k, v: Hkv heads;
+                                      Qwen2's with their biases: qkv_bias)
     layers.N.self_attn.o_proj         self_attn.out_proj
     layers.N.post_attention_layernorm norm3 (before the FFN)
     layers.N.mlp.gate/up/down_proj    ffn.linear1 (activated), .linear3, .linear2
@@ -42,7 +43,7 @@ from transduce.importers import ForeignCheckpointError, check_directories, \
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
 from transduce.model.decoder_only import DecoderOnly
 
-MODEL_TYPES = ("llama", "mistral")
+MODEL_TYPES = ("llama", "mistral", "qwen2")
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu",
                "gelu_pytorch_tanh": "gelu-tanh", "gelu_new": "gelu-tanh", "relu": "relu"}
 # Options whose other value changes what the model computes: name -> the value we have.
@@ -51,7 +52,7 @@ _IGNORED = re.compile(r"^(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$")
 
 
 def import_llama(hf_dir: Path | str, out: Path | str) -> Path:
-    """Read a Hugging Face Llama or Mistral directory (config.json, model.safetensors,
+    """Read a Hugging Face Llama, Mistral or Qwen2 directory (config.json, model.safetensors,
     its shards or pytorch_model.bin, tokenizer.json) and write it as our checkpoint at
     `out`, replacing one there; nothing is written unless everything was read and
     checked."""
@@ -61,7 +62,7 @@ def import_llama(hf_dir: Path | str, out: Path | str) -> Path:
     config_file = hf_dir / HF_CONFIG
     activation = check_foreign_options(hf, config_file, MODEL_TYPES, FIXED_OPTIONS,
                                        "hidden_act", "silu", ACTIVATIONS)
-    tokenizer = read_tokenizer(hf_dir)
+    tokenizer = read_tokenizer(hf_dir, hf.get("bos_token_id"))
     config = model_config(hf, config_file, tokenizer, activation)
     tensors, source = read_weights(hf_dir)
     model = DecoderOnly(config)
@@ -80,13 +81,7 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
 
     vocab_size, d_model = required("vocab_size"), required("hidden_size")
     heads, max_positions = required("num_attention_heads"), required("max_position_embeddings")
-    window = hf.get("sliding_window")
-    if window is not None and not (isinstance(window, int) and isinstance(max_positions, int)
-                                   and window >= max_positions):
-        raise ForeignCheckpointError(f"{config_file}: sliding_window={json.dumps(window)} is "
-                                     f"not supported (only null, or at least "
-                                     f"max_position_embeddings={max_positions}: attention "
-                                     f"over the whole context)")
+    _check_whole_context(hf, config_file, max_positions)
     head_dim = hf.get("head_dim")
     if head_dim is not None and isinstance(heads, int) and heads and head_dim * heads != d_model:
         raise ForeignCheckpointError(f"{config_file}: head_dim={head_dim} is not "
@@ -102,6 +97,7 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                         rope_base=float(_rope_theta(hf, config_file)),
                         activation=activation, layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
                         dropout=0.0, attention_dropout=hf.get("attention_dropout", 0.0),
+                        qkv_bias=hf.get("model_type") == "qwen2",
                         tie_embeddings="all" if hf.get("tie_word_embeddings", False) else "none",
                         pad_id=tokenizer.pad_id)
     except (ConfigError, TypeError, ValueError) as error:
@@ -119,6 +115,18 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
     return config
 
 
+def _check_whole_context(hf: dict[str, Any], config_file: Path, max_positions: Any) -> None:
+    """Every token attends to the whole context: no sliding window shorter than it
+    (Mistral v0.1's; Qwen2's, where use_sliding_window turns it on)."""
+    window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
+    if window is None or isinstance(window, int) and isinstance(max_positions, int) \
+            and window >= max_positions:
+        return
+    raise ForeignCheckpointError(f"{config_file}: sliding_window={json.dumps(window)} is not "
+                                 f"supported (only null, or at least max_position_embeddings="
+                                 f"{max_positions}: attention over the whole context)")
+
+
 def _rope_theta(hf: dict[str, Any], config_file: Path) -> float:
     """The rotary base: rope_parameters (transformers 5) or rope_theta, unscaled."""
     parameters = hf.get("rope_parameters")
@@ -134,11 +142,16 @@ def _rope_theta(hf: dict[str, Any], config_file: Path) -> float:
     return parameters.get("rope_theta", hf.get("rope_theta", 10000.0))
 
 
-def read_tokenizer(hf_dir: Path) -> HFTokenizer:
+def read_tokenizer(hf_dir: Path, bos_token_id: Any = None) -> HFTokenizer:
     """The directory's tokenizer.json with the bos, eos and pad tokens that its
     tokenizer_config.json / special_tokens_map.json name (Llama's defaults: <s>, </s>,
-    no pad token, so eos pads)."""
-    specials, _ = tokenizer_settings(hf_dir, {"bos": "<s>", "eos": "</s>", "pad": None})
+    no pad token, so eos pads). Qwen2's names no bos ("bos_token": null): config.json's
+    bos_token_id then, as transformers' generate starts an empty prompt from it, else
+    eos."""
+    specials, found = tokenizer_settings(hf_dir, {"bos": "<s>", "eos": "</s>", "pad": None},
+                                         ("bos_token",))
+    if "bos_token" in found and found["bos_token"] is None:
+        specials["bos"] = bos_token_id if isinstance(bos_token_id, int) else specials["eos"]
     if not (hf_dir / TOKENIZER_JSON).is_file():
         hint = " (only tokenizer.model: save the tokenizer with transformers' " \
                "LlamaTokenizerFast to write one)" if (hf_dir / "tokenizer.model").is_file() \
@@ -172,6 +185,8 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
                 ("ffn.linear2", "mlp.down_proj", c, ff)):
             state[f"{ours}.{ours_name}.weight"] = take(f"{theirs}.{theirs_name}.weight",
                                                        n_out, n_in)
+            if config.qkv_bias and theirs_name[-6:] in ("q_proj", "k_proj", "v_proj"):
+                state[f"{ours}.{ours_name}.bias"] = take(f"{theirs}.{theirs_name}.bias", n_out)
         state[f"{ours}.norm1.weight"] = take(f"{theirs}.input_layernorm.weight", c)
         state[f"{ours}.norm3.weight"] = take(f"{theirs}.post_attention_layernorm.weight", c)
     state["output_proj.weight"] = _output_projection(tensors, names, embedding, config, source)

@@ -68,7 +68,8 @@ class EncoderLayer(nn.Module):
                                             kind=self_attention_kind(c.attention_type,
                                                                      c.attention_window,
                                                                      c.global_tokens),
-                                            scale_scores=c.attention_scale)
+                                            scale_scores=c.attention_scale,
+                                            qkv_bias=c.bias or c.qkv_bias)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias, c.gated_ffn)
         self.norm1, self.norm2 = norm_module(c), norm_module(c)
         self.dropout = Dropout(c.dropout)
@@ -105,11 +106,13 @@ class DecoderLayer(nn.Module):
                                             kind=self_attention_kind(c.attention_type,
                                                                      c.attention_window,
                                                                      c.global_tokens),
-                                            scale_scores=c.attention_scale)
+                                            scale_scores=c.attention_scale,
+                                            qkv_bias=c.bias or c.qkv_bias)
         self.cross_attn = MultiHeadAttention(c.d_model, c.num_heads, c.kv_heads, bias=c.bias,
                                              dropout=c.attention_dropout,
                                              impl=c.attention_impl,
-                                             scale_scores=c.attention_scale) \
+                                             scale_scores=c.attention_scale,
+                                             qkv_bias=c.bias or c.qkv_bias) \
             if cross_attention else None
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias, c.gated_ffn)
         self.norm1 = norm_module(c)
