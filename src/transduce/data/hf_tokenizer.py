@@ -7,6 +7,8 @@ WordPiece for BERT), GPT-2's older pair `vocab.json` + `merges.txt`, assembled h
 into the byte-level BPE that `transformers.GPT2TokenizerFast` builds from them, or
 BERT's `vocab.txt`, assembled into the WordPiece pipeline of `transformers.BertTokenizerFast`
 (BERT normalizer, BERT pre-tokenizer, WordPiece with "##" continuations and [UNK]).
+The other way, a language model's export writes our SentencePiece model as a
+tokenizer.json of the same ids (`from_sentencepiece`, Llama 2's layout).
 
 A tokenizer.json does not say which of its tokens begin or end a text or pad a batch
 (Hugging Face keeps that in tokenizer_config.json and the model's config.json), so the

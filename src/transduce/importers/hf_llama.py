@@ -48,6 +48,7 @@ ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu",
                "gelu_pytorch_tanh": "gelu-tanh", "gelu_new": "gelu-tanh", "relu": "relu"}
 # Options whose other value changes what the model computes: name -> the value we have.
 FIXED_OPTIONS = {"attention_bias": False, "mlp_bias": False, "rope_scaling": None}
+QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")   # Qwen2's biased ones
 _IGNORED = re.compile(r"^(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$")
 
 
@@ -185,7 +186,7 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
                 ("ffn.linear2", "mlp.down_proj", c, ff)):
             state[f"{ours}.{ours_name}.weight"] = take(f"{theirs}.{theirs_name}.weight",
                                                        n_out, n_in)
-            if config.qkv_bias and theirs_name[-6:] in ("q_proj", "k_proj", "v_proj"):
+            if config.qkv_bias and ours_name in QKV:
                 state[f"{ours}.{ours_name}.bias"] = take(f"{theirs}.{theirs_name}.bias", n_out)
         state[f"{ours}.norm1.weight"] = take(f"{theirs}.input_layernorm.weight", c)
         state[f"{ours}.norm3.weight"] = take(f"{theirs}.post_attention_layernorm.weight", c)
