@@ -59,3 +59,12 @@ def test_rotary_needs_even_heads():
 def test_out_of_range_and_non_finite_values_are_refused(config_type, changes, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         config_type(**changes)
+
+
+def test_rope_scaling_needs_rotary_positions_and_ordered_llama3_factors():
+    with pytest.raises(ConfigError, match="rope_scaling='linear' scales rotary positions; "
+                                          "positional='learned'"):
+        preset("gpt-tiny", rope_scaling="linear")
+    with pytest.raises(ConfigError, match="rope_high_freq_factor=1.0 > rope_low_freq_factor"):
+        preset("llama-tiny", rope_scaling="llama3", rope_high_freq_factor=1.0)
+    assert preset("llama-tiny", rope_scaling="llama3").rope_factor == 8.0

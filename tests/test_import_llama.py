@@ -84,6 +84,13 @@ CONFIGS = [
     dict(model_type="mistral", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=96,
          sliding_window=None, seed=2),
+    # Llama 3.1's rotary scaling, its original context short enough that every band of
+    # frequencies (kept, blended, stretched) is there
+    dict(hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+         num_key_value_heads=1, max_position_embeddings=128,
+         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 16}, seed=4),
     # Qwen2: biases on q, k and v only, a sliding window it does not use, tied output
     dict(model_type="qwen2", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -148,9 +155,13 @@ def test_an_import_exports_to_ctranslate2_with_its_tokenizer_json(imported, tmp_
     """A CTranslate2 Generator on the import's export continues a prompt as transformers
     does, and the export keeps the import's tokenizer.json."""
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from transduce.export import export_ctranslate2
+    from transduce.export import ExportError, export_ctranslate2
 
-    hf, _, out = imported
+    hf, ours, out = imported
+    if ours.config.rope_scaling != "none":
+        with pytest.raises(ExportError, match="rope_scaling='llama3'"):
+            export_ctranslate2(out, tmp_path / "ct2")
+        return
     exported = export_ctranslate2(out, tmp_path / "ct2")
     assert (exported / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()
     tokenizer = checkpoint.load_tokenizer(out)
@@ -215,9 +226,8 @@ def refused(directory, tmp_path, *messages):
     ({"attention_bias": True}, "attention_bias=true is not supported"),
     ({"mlp_bias": True}, "mlp_bias=true is not supported"),
     ({"hidden_act": "tanh"}, "hidden_act='tanh' is not supported"),
-    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling="),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}},
-     "rope_parameters.rope_type='llama3' is not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}},
+     "rope_parameters.rope_type='yarn' is not supported"),
     ({"sliding_window": 16}, "sliding_window=16 is not supported"),
     ({"head_dim": 8}, "head_dim=8 is not hidden_size / num_attention_heads"),
     ({"eos_token_id": 5}, "eos_token_id=5 but the tokenizer's eos token '</s>' is 2"),
@@ -301,3 +311,26 @@ def test_a_tokenizer_without_bos_starts_from_the_configs_bos(spm_bpe, tmp_path):
     tokenizer = checkpoint.load_tokenizer(import_llama(directory, tmp_path / "out"))
     assert (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id) == (1, 2, 2)
     assert not tokenizer.prepend_bos
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "linear", "factor": 2.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 16}])
+def test_a_transformers_4_config_with_rope_scaling_imports_as_the_same_model(
+        scaling, small_hf, tmp_path):
+    """Before rope_parameters, the rotary base was rope_theta and its scaling rope_scaling:
+    both kinds read from there give transformers' logits."""
+    def older(values):
+        values.pop("rope_parameters", None)
+        values.update(rope_theta=10000.0, rope_scaling=scaling)
+    directory = damaged(small_hf, tmp_path, config=older)
+    ours = load_model(import_llama(directory, tmp_path / "out"))
+    assert ours.config.rope_scaling == scaling["rope_type"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    plain = transformers.AutoModelForCausalLM.from_pretrained(small_hf).eval()
+    tokens = torch.randint(0, hf.config.vocab_size, (2, 30))
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        torch.testing.assert_close(ours(tokens), expected, atol=2e-5, rtol=1e-5)
+        assert not torch.allclose(plain(tokens).logits, expected, atol=1e-3)   # it scales

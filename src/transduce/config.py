@@ -18,6 +18,7 @@ from transduce.errors import TransduceError
 Positional = Literal["sinusoidal", "learned", "rotary", "t5", "alibi"]
 Activation = Literal["relu", "gelu", "gelu-tanh", "silu"]
 Norm = Literal["layer", "rms"]
+RopeScaling = Literal["none", "linear", "llama3"]
 Tying = Literal["all", "decoder", "none"]
 AttentionImpl = Literal["naive", "sdpa", "flash", "triton"]
 AttentionType = Literal["softmax", "linear", "sliding", "global", "strided"]
@@ -104,6 +105,10 @@ class ModelConfig(ValidatedConfig):
     x / rms(x) * g, no centring and no bias; Llama's) for every norm of the model.
     qkv_bias: the query, key and value projections have biases even where bias is False
     (Qwen2's layout: only those three).
+    rope_scaling: rotary frequencies stretched for a longer context: "linear" divides
+    them all by rope_factor; "llama3" (Llama 3.1) divides those whose wavelength exceeds
+    rope_original_positions / rope_low_freq_factor by rope_factor, keeps those below
+    rope_original_positions / rope_high_freq_factor, and blends the ones between.
     output_bias: arch "transformer": the output projection adds a bias per token (the
     final_logits_bias of imported Marian models, hugely negative for tokens never to be
     output).
@@ -132,6 +137,11 @@ class ModelConfig(ValidatedConfig):
     positional: Positional = "sinusoidal"
     max_positions: int = 1024
     rope_base: float = 10000.0
+    rope_scaling: RopeScaling = "none"
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_positions: int = 8192
     tie_embeddings: Tying = "all"
     attention_impl: AttentionImpl = "sdpa"
     bias: bool = True
@@ -155,10 +165,12 @@ class ModelConfig(ValidatedConfig):
         self._check_floats_finite()
         check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
                         "num_encoder_layers", "num_decoder_layers", "max_positions",
-                        "attention_window", "type_vocab_size", "global_tokens")
+                        "attention_window", "type_vocab_size", "global_tokens",
+                        "rope_original_positions")
         check_at_least(self, 0, "num_labels")
         check_choice(self, "activation")
         check_choice(self, "norm")
+        check_choice(self, "rope_scaling")
         check_choice(self, "attention_type")
         check_choice(self, "arch")
         check_choice(self, "rnn_cell")
@@ -167,7 +179,7 @@ class ModelConfig(ValidatedConfig):
         check_choice(self, "tie_embeddings")
         check_choice(self, "attention_impl")
         check_in_unit_interval(self, "dropout", "attention_dropout")
-        for name in ("rope_base", "layer_norm_eps"):
+        for name in ("rope_base", "layer_norm_eps", "rope_factor", "rope_low_freq_factor"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"ModelConfig.{name}={getattr(self, name)}: must be positive")
         if self.d_model % self.num_heads:
@@ -180,6 +192,14 @@ class ModelConfig(ValidatedConfig):
         if self.positional == "rotary" and self.head_dim % 2:
             raise ConfigError(f"ModelConfig.positional='rotary' needs an even head size, "
                               f"got d_model/num_heads={self.head_dim}")
+        if self.rope_scaling != "none" and self.positional != "rotary":
+            raise ConfigError(f"ModelConfig.rope_scaling={self.rope_scaling!r} scales rotary "
+                              f"positions; positional={self.positional!r} has none")
+        if self.rope_scaling == "llama3" and \
+                not self.rope_high_freq_factor > self.rope_low_freq_factor:
+            raise ConfigError(f"ModelConfig.rope_scaling='llama3' needs rope_high_freq_factor="
+                              f"{self.rope_high_freq_factor} > rope_low_freq_factor="
+                              f"{self.rope_low_freq_factor}")
         if self.positional == "rotary" and self.attention_type == "linear":
             raise ConfigError("ModelConfig.positional='rotary' does not combine with "
                               "attention_type='linear' (rotated features are no longer "

@@ -79,9 +79,12 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
                 "num_attention_heads": c.num_heads, "num_key_value_heads": c.kv_heads,
                 "head_dim": c.head_dim, "hidden_act": HF_ACTIVATIONS[c.activation],
                 "max_position_embeddings": c.max_positions, "rms_norm_eps": c.layer_norm_eps,
-                # the rotary base as transformers 5 (rope_parameters) and 4 read it
-                "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base},
-                "rope_theta": c.rope_base, "attention_dropout": c.attention_dropout,
+                # the rotary base and scaling as transformers 5 (rope_parameters) and 4
+                # (rope_theta, rope_scaling) read them
+                "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base,
+                                    **hf_rope_scaling(c)},
+                "rope_theta": c.rope_base, "rope_scaling": hf_rope_scaling(c) or None,
+                "attention_dropout": c.attention_dropout,
                 **layout, **ids}
     return {"architectures": [GPT2.model_class], "model_type": GPT2.model_type,
             "vocab_size": c.tgt_vocab_size, "n_embd": c.d_model, "n_inner": c.d_ff,
@@ -89,6 +92,18 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
             "n_positions": c.max_positions, "activation_function": GPT2_ACTIVATIONS[c.activation],
             "layer_norm_epsilon": c.layer_norm_eps, "resid_pdrop": c.dropout,
             "embd_pdrop": c.dropout, "attn_pdrop": c.attention_dropout, **ids}
+
+
+def hf_rope_scaling(c: ModelConfig) -> dict:
+    """ModelConfig's rotary scaling under transformers' names (rope_type "default": none)."""
+    if c.rope_scaling == "linear":
+        return {"rope_type": "linear", "factor": c.rope_factor}
+    if c.rope_scaling == "llama3":
+        return {"rope_type": "llama3", "factor": c.rope_factor,
+                "low_freq_factor": c.rope_low_freq_factor,
+                "high_freq_factor": c.rope_high_freq_factor,
+                "original_max_position_embeddings": c.rope_original_positions}
+    return {}
 
 
 def llama_state_dict(model: DecoderOnly) -> dict[str, Tensor]:

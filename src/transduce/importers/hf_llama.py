@@ -19,8 +19,8 @@ name by name, with no transposition or permutation:
     lm_head                           output_proj (must equal embed_tokens when tied)
 
 Every key is accounted for (older checkpoints' rotary_emb.inv_freq buffers are skipped);
-options we do not compute (rope scaling, a sliding window, biases, a head size other
-than hidden_size / heads) are refused naming them, and nothing is written. The
+options we do not compute (rope scaling but Llama 3.1's and linear, a sliding window,
+biases, a head size other than hidden_size / heads) are refused naming them, and nothing is written. The
 tokenizer.json travels with the checkpoint, with the bos and eos tokens that
 tokenizer_config.json names; a sequence starts with bos if its post-processor adds one,
 as Llama's does.
@@ -47,7 +47,7 @@ MODEL_TYPES = ("llama", "mistral", "qwen2")
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu",
                "gelu_pytorch_tanh": "gelu-tanh", "gelu_new": "gelu-tanh", "relu": "relu"}
 # Options whose other value changes what the model computes: name -> the value we have.
-FIXED_OPTIONS = {"attention_bias": False, "mlp_bias": False, "rope_scaling": None}
+FIXED_OPTIONS = {"attention_bias": False, "mlp_bias": False}
 QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")   # Qwen2's biased ones
 _IGNORED = re.compile(r"^(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$")
 
@@ -95,7 +95,7 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                         d_ff=required("intermediate_size"),
                         num_decoder_layers=required("num_hidden_layers"),
                         max_positions=max_positions,
-                        rope_base=float(_rope_theta(hf, config_file)),
+                        **_rope(hf, config_file),
                         activation=activation, layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
                         dropout=0.0, attention_dropout=hf.get("attention_dropout", 0.0),
                         qkv_bias=hf.get("model_type") == "qwen2",
@@ -128,19 +128,31 @@ def _check_whole_context(hf: dict[str, Any], config_file: Path, max_positions: A
                                  f"{max_positions}: attention over the whole context)")
 
 
-def _rope_theta(hf: dict[str, Any], config_file: Path) -> float:
-    """The rotary base: rope_parameters (transformers 5) or rope_theta, unscaled."""
+def _rope(hf: dict[str, Any], config_file: Path) -> dict[str, Any]:
+    """The rotary base and scaling as ModelConfig fields, from rope_parameters
+    (transformers 5) or rope_theta and rope_scaling (before): unscaled, "linear" or
+    "llama3" (Llama 3.1's); other kinds are refused."""
     parameters = hf.get("rope_parameters")
+    key = "rope_parameters"
     if parameters is None:
-        return hf.get("rope_theta", 10000.0)
+        parameters, key = hf.get("rope_scaling") or {}, "rope_scaling"
     if not isinstance(parameters, dict):
-        raise ForeignCheckpointError(f"{config_file}: rope_parameters must be an object")
-    kind = parameters.get("rope_type", "default")
+        raise ForeignCheckpointError(f"{config_file}: {key} must be an object")
+    kind = parameters.get("rope_type", parameters.get("type", "default"))
+    fields = {"rope_base": parameters.get("rope_theta", hf.get("rope_theta", 10000.0))}
+    if kind == "linear":
+        return {**fields, "rope_scaling": "linear", "rope_factor": parameters.get("factor")}
+    if kind == "llama3":
+        return {**fields, "rope_scaling": "llama3", "rope_factor": parameters.get("factor"),
+                "rope_low_freq_factor": parameters.get("low_freq_factor"),
+                "rope_high_freq_factor": parameters.get("high_freq_factor"),
+                "rope_original_positions": parameters.get(
+                    "original_max_position_embeddings", hf.get("max_position_embeddings"))}
     if kind != "default":
-        raise ForeignCheckpointError(f"{config_file}: rope_parameters.rope_type={kind!r} is "
-                                     f"not supported (only \"default\": unscaled rotary "
-                                     f"positions)")
-    return parameters.get("rope_theta", hf.get("rope_theta", 10000.0))
+        raise ForeignCheckpointError(f"{config_file}: {key}.rope_type={kind!r} is not "
+                                     f"supported (only \"default\", \"linear\" and "
+                                     f"\"llama3\")")
+    return fields
 
 
 def read_tokenizer(hf_dir: Path, bos_token_id: Any = None) -> HFTokenizer:

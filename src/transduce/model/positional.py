@@ -96,16 +96,38 @@ class LearnedPositionalEmbedding(TablePositions):
         return self.embedding.weight
 
 
+def rotary_frequencies(head_dim: int, base: float = 10000.0, scaling: str = "none",
+                       factor: float = 8.0, low_freq_factor: float = 1.0,
+                       high_freq_factor: float = 4.0, original_positions: int = 8192) -> Tensor:
+    """The D/2 rotation rates base^(-2i/D), float64, stretched for a longer context:
+    "linear" divides every rate by `factor` (positions m / factor); "llama3" (Llama 3.1)
+    divides the rates of wavelengths 2 pi / rate above original_positions /
+    low_freq_factor by `factor`, keeps those below original_positions /
+    high_freq_factor, and blends linearly in 1 / wavelength between."""
+    rates = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if scaling == "linear":
+        return rates / factor
+    if scaling != "llama3":
+        return rates
+    wavelength = 2 * math.pi / rates
+    blend = ((original_positions / wavelength - low_freq_factor)
+             / (high_freq_factor - low_freq_factor)).clamp(0.0, 1.0)    # 0: long, 1: short
+    return (1 - blend) * rates / factor + blend * rates
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE (Su et al. 2021), "rotate half" layout: dimension i is paired with i + D/2,
-    and the pair at position m is rotated by the angle m * base^(-2i/D)."""
+    and the pair at position m is rotated by the angle m * base^(-2i/D) (the rates of
+    rotary_frequencies, which may be given instead)."""
 
-    def __init__(self, head_dim: int, max_positions: int, base: float = 10000.0):
+    def __init__(self, head_dim: int, max_positions: int, base: float = 10000.0,
+                 inv_freq: Tensor | None = None):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary positions need an even head size, got {head_dim}")
         self.max_positions = max_positions
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        if inv_freq is None:
+            inv_freq = rotary_frequencies(head_dim, base)
         angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq
         angles = torch.cat([angles, angles], dim=-1)                     # (P, D)
         self.register_buffer("cos", angles.cos().float(), persistent=False)

@@ -34,7 +34,8 @@ from transduce.model.encoder_pass import EncoderPass
 from transduce.model.layers import DecoderLayer, EncoderLayer, norm_module
 from transduce.attention.position_bias import ALiBi, T5Bias
 from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedding,
-                                        SinusoidalPositionalEncoding, TablePositions)
+                                        SinusoidalPositionalEncoding, TablePositions,
+                                        rotary_frequencies)
 
 
 def init_embeddings(embeddings: list[nn.Embedding], pad_id: int) -> None:
@@ -91,8 +92,13 @@ def score_bias(config: ModelConfig, *, bidirectional: bool) -> ALiBi | T5Bias | 
 
 
 def rotary_embedding(config: ModelConfig) -> RotaryEmbedding | None:
-    return RotaryEmbedding(config.head_dim, config.max_positions, config.rope_base) \
-        if config.positional == "rotary" else None
+    c = config
+    if c.positional != "rotary":
+        return None
+    rates = rotary_frequencies(c.head_dim, c.rope_base, c.rope_scaling, c.rope_factor,
+                               c.rope_low_freq_factor, c.rope_high_freq_factor,
+                               c.rope_original_positions)
+    return RotaryEmbedding(c.head_dim, c.max_positions, inv_freq=rates)
 
 
 def init_linear_layers(modules: list[nn.Module]) -> None:
