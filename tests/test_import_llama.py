@@ -91,6 +91,10 @@ CONFIGS = [
          rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                           "original_max_position_embeddings": 16}, seed=4),
+    # Mistral v0.1's sliding window (8 keys here), shorter than the prompts and outputs
+    dict(model_type="mistral", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96,
+         sliding_window=8, seed=5),
     # Qwen2: biases on q, k and v only, a sliding window it does not use, tied output
     dict(model_type="qwen2", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -158,8 +162,10 @@ def test_an_import_exports_to_ctranslate2_with_its_tokenizer_json(imported, tmp_
     from transduce.export import ExportError, export_ctranslate2
 
     hf, ours, out = imported
-    if ours.config.rope_scaling != "none":
-        with pytest.raises(ExportError, match="rope_scaling='llama3'"):
+    refused = {"sliding": "attention_type='sliding'"}.get(ours.config.attention_type) or \
+        {"llama3": "rope_scaling='llama3'"}.get(ours.config.rope_scaling)
+    if refused:
+        with pytest.raises(ExportError, match=refused):
             export_ctranslate2(out, tmp_path / "ct2")
         return
     exported = export_ctranslate2(out, tmp_path / "ct2")
@@ -178,11 +184,16 @@ def test_an_import_exports_to_ctranslate2_with_its_tokenizer_json(imported, tmp_
 
 
 def test_an_import_exports_back_to_its_family(imported, tmp_path):
-    """export hf of the import: Llama, Mistral (as Llama, its layout without a window) and
-    Qwen2 (biases on q, k, v), computing transformers' logits again."""
-    from transduce.export import export_hf
+    """export hf of the import: Llama, Mistral (as Llama, its layout without a window; a
+    sliding window is refused) and Qwen2 (biases on q, k, v), computing transformers'
+    logits again."""
+    from transduce.export import ExportError, export_hf
 
     hf, ours, out = imported
+    if ours.config.attention_type == "sliding":
+        with pytest.raises(ExportError, match="attention_type='sliding'"):
+            export_hf(out, tmp_path / "hf")
+        return
     exported = export_hf(out, tmp_path / "hf")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
     family = "Qwen2" if hf.config.model_type == "qwen2" else "Llama"
@@ -228,7 +239,8 @@ def refused(directory, tmp_path, *messages):
     ({"hidden_act": "tanh"}, "hidden_act='tanh' is not supported"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}},
      "rope_parameters.rope_type='yarn' is not supported"),
-    ({"sliding_window": 16}, "sliding_window=16 is not supported"),
+    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16},
+     "sliding_window=16 is not supported here"),
     ({"head_dim": 8}, "head_dim=8 is not hidden_size / num_attention_heads"),
     ({"eos_token_id": 5}, "eos_token_id=5 but the tokenizer's eos token '</s>' is 2"),
     ({"num_key_value_heads": 3}, "num_kv_heads=3"),

@@ -1,5 +1,6 @@
-"""Hugging Face Llama-family decoders (LlamaForCausalLM; Mistral without a sliding
-window; Qwen2, whose query, key and value projections have biases) -> our DecoderOnly.
+"""Hugging Face Llama-family decoders (LlamaForCausalLM; Mistral, whose sliding window
+is our sliding attention; Qwen2, whose query, key and value projections have biases)
+-> our DecoderOnly.
 
 Llama is the decoder-only model with the field's later choices, each a field of ours:
 pre-norm layers with RMSNorm (norm "rms") and a final norm, rotary positions in the
@@ -82,7 +83,7 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
 
     vocab_size, d_model = required("vocab_size"), required("hidden_size")
     heads, max_positions = required("num_attention_heads"), required("max_position_embeddings")
-    _check_whole_context(hf, config_file, max_positions)
+    rope, window = _rope(hf, config_file), _attention_window(hf, config_file, max_positions)
     head_dim = hf.get("head_dim")
     if head_dim is not None and isinstance(heads, int) and heads and head_dim * heads != d_model:
         raise ForeignCheckpointError(f"{config_file}: head_dim={head_dim} is not "
@@ -95,13 +96,13 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                         d_ff=required("intermediate_size"),
                         num_decoder_layers=required("num_hidden_layers"),
                         max_positions=max_positions,
-                        **_rope(hf, config_file),
+                        **rope, **window,
                         activation=activation, layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
                         dropout=0.0, attention_dropout=hf.get("attention_dropout", 0.0),
                         qkv_bias=hf.get("model_type") == "qwen2",
                         tie_embeddings="all" if hf.get("tie_word_embeddings", False) else "none",
                         pad_id=tokenizer.pad_id)
-    except (ConfigError, TypeError, ValueError) as error:
+    except (ConfigError, TypeError) as error:
         raise ForeignCheckpointError(f"{config_file}: {error}") from None
     if tokenizer.vocab_size > config.tgt_vocab_size:
         raise ForeignCheckpointError(f"{config_file}: vocab_size={vocab_size} is smaller "
@@ -116,16 +117,21 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
     return config
 
 
-def _check_whole_context(hf: dict[str, Any], config_file: Path, max_positions: Any) -> None:
-    """Every token attends to the whole context: no sliding window shorter than it
-    (Mistral v0.1's; Qwen2's, where use_sliding_window turns it on)."""
+def _attention_window(hf: dict[str, Any], config_file: Path, max_positions: Any) -> dict:
+    """ModelConfig's attention fields for the checkpoint's window: none (attention over
+    the whole context), or Mistral v0.1's sliding window of S keys, the token's own
+    among them, which is our "sliding" attention over the S - 1 tokens before it.
+    Qwen2's (use_sliding_window, on its upper layers only) is refused."""
     window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
     if window is None or isinstance(window, int) and isinstance(max_positions, int) \
             and window >= max_positions:
-        return
+        return {}
+    if hf.get("model_type") == "mistral" and isinstance(window, int) and window > 1:
+        return {"attention_type": "sliding", "attention_window": window - 1}
     raise ForeignCheckpointError(f"{config_file}: sliding_window={json.dumps(window)} is not "
-                                 f"supported (only null, or at least max_position_embeddings="
-                                 f"{max_positions}: attention over the whole context)")
+                                 f"supported here (only null, at least "
+                                 f"max_position_embeddings={max_positions}, or Mistral's on "
+                                 f"every layer)")
 
 
 def _rope(hf: dict[str, Any], config_file: Path) -> dict[str, Any]:
