@@ -69,11 +69,7 @@ def _import_decoder(args: argparse.Namespace, importer) -> int:
     """Import a decoder-only checkpoint and say what it holds."""
     out, model = _imported(args, importer)
     config = model.config
-    grouped = f", {config.kv_heads} key/value heads" if config.kv_heads != config.num_heads \
-        else ""
-    print(f"wrote {out} (decoder-only: {config.num_decoder_layers} layers, d_model "
-          f"{config.d_model}, {config.num_heads} heads{grouped}, vocabulary "
-          f"{config.tgt_vocab_size})")
+    _say_written(out, "decoder-only", config.num_decoder_layers, config, config.tgt_vocab_size)
     return 0
 
 
@@ -84,10 +80,8 @@ def import_hf_bert(args: argparse.Namespace) -> int:
 
     out, model = _imported(args, import_bert)
     config = model.config
-    labels = f", {config.num_labels} labels" if config.num_labels else ""
-    print(f"wrote {out} (encoder-only: {config.num_encoder_layers} layers, d_model "
-          f"{config.d_model}, {config.num_heads} heads, vocabulary {config.src_vocab_size}"
-          f"{labels})")
+    _say_written(out, "encoder-only", config.num_encoder_layers, config, config.src_vocab_size,
+                 f", {config.num_labels} labels" if config.num_labels else "")
     fresh = fresh_heads(out)
     if fresh:
         print(f"not in {args.hf_dir}, initialised afresh (train before use): "
@@ -101,11 +95,19 @@ def import_hf_marian(args: argparse.Namespace) -> int:
 
     out, model = _imported(args, import_marian)
     config = model.config
-    languages = f", {model.languages[0]} -> {model.languages[1]}" if model.languages else ""
-    print(f"wrote {out} (encoder-decoder: {config.num_encoder_layers} + "
-          f"{config.num_decoder_layers} layers, d_model {config.d_model}, {config.num_heads} "
-          f"heads, vocabulary {config.tgt_vocab_size}{languages})")
+    _say_written(out, "encoder-decoder", f"{config.num_encoder_layers} + "
+                 f"{config.num_decoder_layers}", config, config.tgt_vocab_size,
+                 f", {model.languages[0]} -> {model.languages[1]}" if model.languages else "")
     return 0
+
+
+def _say_written(out: Path, shape: str, layers, config, vocabulary: int, more: str = "") -> None:
+    """One line on what an import wrote: its shape, layers, width, heads (and key/value
+    heads where fewer), vocabulary, and `more`."""
+    grouped = f", {config.kv_heads} key/value heads" if config.kv_heads != config.num_heads \
+        else ""
+    print(f"wrote {out} ({shape}: {layers} layers, d_model {config.d_model}, "
+          f"{config.num_heads} heads{grouped}, vocabulary {vocabulary}{more})")
 
 
 def _imported(args: argparse.Namespace, importer):

@@ -197,7 +197,6 @@ def export_hf_decoder(directory: Path, model: DecoderOnly, out: Path) -> Path:
     config.json, generation_config.json, model.safetensors, tokenizer.json,
     tokenizer_config.json and our export marker; loadable with transformers'
     AutoModelForCausalLM and AutoTokenizer -> OUT."""
-    check_decoder_exportable(model)
     tokenizer = hf_tokenizer(directory, decoder_family(model.config))
     theirs = hf_decoder_model(model, tokenizer)
     with atomic.atomic_directory(out) as temporary:
