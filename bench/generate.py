@@ -4,17 +4,22 @@
 A GPT-2 (124M) or, with `--family llama`, a Llama of SmolLM2-135M's shape (30 layers of
 576, 9 heads sharing 3 key/value heads, SwiGLU 1536, tied embeddings; `--layers` etc.
 to change either) is built by transformers from a random config, saved with
-save_pretrained, and imported with `transduce import hf-gpt2` / `hf-llama`, so both
-sides hold the same weights; CTranslate2's Generator runs our `export ct2` of the
-import (float32, the same threads; `--no-ctranslate2` leaves it out). Greedy generation
-of --new-tokens tokens from prompts of --prompt-length random tokens, batch 1 and batch
-8 (same-length prompts: no padding on any side), float32, interleaved over --repeats
-rounds. Counted: generated tokens (the same on every side, checked token for token), per
-second of the whole call (prompt prefill included). Decode speed by KV-cache kind (float32, int8, int4, sliding) is
-bench/kv_cache.py's.
+save_pretrained, and imported with `transduce import hf-gpt2` / `hf-llama`, so every
+peer holds the same weights:
+- CTranslate2's Generator runs our `export ct2` of the import (float32, the same
+  threads; `--no-ctranslate2` leaves it out) in a child process per call, which times
+  itself after a warm-up: loaded into this process, its thread runtime slowed the
+  PyTorch peers 1.3-1.5x for as long as the process lived;
+- ONNX Runtime runs our `export onnx` of it behind our Generator (float32, the same
+  threads; `--no-onnx` leaves it out).
+Greedy generation of --new-tokens tokens from prompts of --prompt-length random tokens,
+batch 1 and batch 8 (same-length prompts: no padding on any side), float32, interleaved
+over --repeats rounds. Counted: generated tokens (the same on every side, checked token
+for token), per second of the whole call (prompt prefill included). Decode speed by
+KV-cache kind (float32, int8, int4, sliding) is bench/kv_cache.py's.
 
     python bench/generate.py [--family gpt2|llama] [--repeats 3] [--no-ctranslate2]
-        [--out bench/results/generate-cpu.json]
+        [--no-onnx] [--out bench/results/generate-cpu.json]
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,9 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import machine_info, time_interleaved  # noqa: E402
 from transduce.decode.generate import Generator  # noqa: E402
 from transduce.decode.options import GenerateOptions  # noqa: E402
+from transduce import checkpoint  # noqa: E402
 from transduce.export import export_ctranslate2  # noqa: E402
+from transduce.decode.onnx_lm_engine import OnnxLanguageModel  # noqa: E402
+from transduce.export.onnx import export_onnx  # noqa: E402
 from transduce.importers import import_gpt2, import_llama  # noqa: E402
-from transduce.model import load_model  # noqa: E402
 
 # Each family's shape (overridden by the flags of the same names) and importer.
 FAMILIES = {
@@ -90,7 +98,42 @@ def prompts(batch: int, length: int, vocab: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab - 1, (batch, length), generator=generator)   # no eos
 
 
-def compare_peers(hf, ours: Generator, ct2, args: argparse.Namespace) -> list[dict]:
+def ct2_in_child(export: Path, pieces: list[list[str]], args: argparse.Namespace
+                 ) -> tuple[list[list[int]], float]:
+    """CTranslate2's greedy generation of `pieces` in a child process -> its token ids
+    and the seconds of the call it timed (after a warm-up call on the same prompts)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(pieces, f)
+    result = subprocess.run(
+        [sys.executable, __file__, "--ct2-worker", str(export), "--prompts", f.name,
+         "--new-tokens", str(args.new_tokens), "--threads", str(args.threads)],
+        capture_output=True, text=True, check=True)
+    Path(f.name).unlink()
+    answer = json.loads(result.stdout.splitlines()[-1])
+    return answer["ids"], answer["seconds"]
+
+
+def ct2_worker(args: argparse.Namespace) -> None:
+    """Child process: load the export, warm up, time one call; print JSON."""
+    import ctranslate2
+
+    generator = ctranslate2.Generator(str(args.ct2_worker), device="cpu",
+                                      compute_type="float32", intra_threads=args.threads)
+    pieces = json.loads(Path(args.prompts).read_text())
+
+    def run():
+        return generator.generate_batch(pieces, max_length=args.new_tokens, sampling_topk=1,
+                                        include_prompt_in_result=False)
+
+    run()
+    start = time.perf_counter()
+    found = run()
+    seconds = time.perf_counter() - start
+    print(json.dumps({"seconds": seconds, "ids": [r.sequences_ids[0] for r in found]}))
+
+
+def compare_peers(hf, ours: Generator, ct2: Path | None, onnx: Generator | None,
+                  args: argparse.Namespace) -> list[dict]:
     """Each batch size: every peer on the same prompts, interleaved; tokens/s over the
     tokens ours generated (the same on every side, checked)."""
     options = GenerateOptions(max_new_tokens=args.new_tokens, batch_sentences=8)
@@ -112,14 +155,19 @@ def compare_peers(hf, ours: Generator, ct2, args: argparse.Namespace) -> list[di
             found = ours._generate_batch(ids.tolist(), options)
             outputs["ours"] = [row.tokens for row in found]
 
-        def run_ct2():
-            found = ct2.generate_batch(pieces, max_length=args.new_tokens, sampling_topk=1,
-                                       include_prompt_in_result=False)
-            outputs["ctranslate2"] = [result.sequences_ids[0] for result in found]
+        def run_ct2() -> float:
+            outputs["ctranslate2"], seconds = ct2_in_child(ct2, pieces, args)
+            return seconds
+
+        def run_onnx():
+            found = onnx._generate_batch(ids.tolist(), options)
+            outputs["onnxruntime"] = [row.tokens for row in found]
 
         calls = {"hf generate": run_hf, "ours": run_ours}
         if ct2 is not None:
             calls["ctranslate2"] = run_ct2
+        if onnx is not None:
+            calls["onnxruntime"] = run_onnx
         times = time_interleaved(calls, args.repeats)
         tokens = sum(len(row) for row in outputs["ours"])
         record = {"batch": batch, "prompt_length": args.prompt_length, "generated_tokens": tokens}
@@ -147,9 +195,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-ctranslate2", dest="ctranslate2", action="store_false",
                         help="leave CTranslate2's Generator (on our ct2 export) out")
+    parser.add_argument("--no-onnx", dest="onnx", action="store_false",
+                        help="leave ONNX Runtime (on our onnx export) out")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=Path("bench/results/generate-cpu.json"))
+    parser.add_argument("--ct2-worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--prompts", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.ct2_worker:
+        ct2_worker(args)
+        return
     family = FAMILIES[args.family]
     for name, value in family.items():
         if getattr(args, name, None) is None:
@@ -157,28 +212,34 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as scratch:
-        hf = build_hf_model(args, Path(scratch) / "hf")
-        family["importer"](Path(scratch) / "hf", Path(scratch) / "ours")
-        ours = Generator.load(Path(scratch) / "ours")
-        model = load_model(Path(scratch) / "ours")
-        ct2 = None
-        if args.ctranslate2:      # float32, as the other two, on as many threads
-            import ctranslate2
-
-            export_ctranslate2(Path(scratch) / "ours", Path(scratch) / "ct2")
-            ct2 = ctranslate2.Generator(str(Path(scratch) / "ct2"), device="cpu",
-                                        compute_type="float32", intra_threads=args.threads)
-    started = time.time()
-    settings = {name: value for name, value in vars(args).items() if name != "importer"}
-    result = {"machine": machine_info(args.threads), "settings": settings | {"out": str(args.out)},
-              "model": {"family": args.family, "layers": args.layers, "d_model": args.d_model,
-                        "heads": args.heads, "kv_heads": args.kv_heads,
-                        "parameters": model.num_parameters()},
-              "peers": compare_peers(hf, ours, ct2, args),
-              "seconds": time.time() - started}
+        result = run_peers(args, family, Path(scratch))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
+
+
+def run_peers(args: argparse.Namespace, family: dict, scratch: Path) -> dict:
+    """Build the model and every peer's copy of it under `scratch`, then compare them."""
+    hf = build_hf_model(args, scratch / "hf")
+    family["importer"](scratch / "hf", scratch / "ours")
+    ours = Generator.load(scratch / "ours")
+    ct2 = None
+    if args.ctranslate2:      # float32, as the others, on as many threads (ct2_worker)
+        ct2 = export_ctranslate2(scratch / "ours", scratch / "ct2")
+    onnx = None
+    if args.onnx:             # float32, on as many threads, behind our Generator
+        exported = export_onnx(scratch / "ours", scratch / "onnx")
+        onnx = Generator(OnnxLanguageModel(exported, threads=args.threads),
+                         checkpoint.load_tokenizer(exported))
+    started = time.time()
+    settings = {name: value for name, value in vars(args).items()
+                if name not in ("importer", "ct2_worker", "prompts")}
+    return {"machine": machine_info(args.threads), "settings": settings | {"out": str(args.out)},
+            "model": {"family": args.family, "layers": args.layers, "d_model": args.d_model,
+                      "heads": args.heads, "kv_heads": args.kv_heads,
+                      "parameters": ours.model.num_parameters()},
+            "peers": compare_peers(hf, ours, ct2, onnx, args),
+            "seconds": time.time() - started}
 
 
 if __name__ == "__main__":

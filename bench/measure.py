@@ -33,18 +33,20 @@ def handed_to_gpu_benchmark(module: str) -> bool:
     return True
 
 
-def time_interleaved(calls: dict[Hashable, Callable[[], None]],
+def time_interleaved(calls: dict[Hashable, Callable[[], float | None]],
                      repeats: int) -> dict[Hashable, list[float]]:
     """Seconds per call of each case, the cases interleaved within each repeat so that they
-    share the machine's state; one warm-up call each first (allocator, thread pool)."""
+    share the machine's state; one warm-up call each first (allocator, thread pool). A
+    call that returns a float timed itself (a child process, its start-up left out)."""
     for call in calls.values():
         call()
     times: dict[Hashable, list[float]] = {}
     for _ in range(repeats):
         for key, call in calls.items():
             start = time.perf_counter()
-            call()
-            times.setdefault(key, []).append(time.perf_counter() - start)
+            timed = call()
+            elapsed = time.perf_counter() - start
+            times.setdefault(key, []).append(timed if isinstance(timed, float) else elapsed)
     return times
 
 

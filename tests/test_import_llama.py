@@ -32,9 +32,12 @@ BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 
 @pytest.fixture(scope="module")
 def spm_bpe(tmp_path_factory):
+    return write_spm_bpe(tmp_path_factory.mktemp("tokenizer"))
+
+
+def write_spm_bpe(directory):
     """A SentencePiece-style BPE (▁ for spaces, as Llama 2's tokenizer.json) trained here,
     with Llama's post-processor: every sequence starts with <s>."""
-    directory = tmp_path_factory.mktemp("tokenizer")
     trained = tokenizers.SentencePieceBPETokenizer()
     trained.train_from_iterator(TRAINING_TEXT * 2, vocab_size=300, min_frequency=1,
                                 special_tokens=[UNK, BOS, EOS], show_progress=False)

@@ -1,8 +1,10 @@
 """The on-disk layout of an ONNX export, shared by the exporter (export/onnx.py) and the
 ONNX Runtime engine (decode/onnx_engine.py); it imports no model code.
 
-    OUT/encoder.onnx, OUT/decoder_step.onnx   the two graphs
+    OUT/encoder.onnx, OUT/decoder_step.onnx   an encoder-decoder's two graphs
+    OUT/decoder.onnx                          a decoder-only model's one graph
     OUT/config.json, OUT/spm.model            the model's configuration and tokenizer
+                                              (or tokenizer.json, as its checkpoint's)
     OUT/onnx.json                             opset, quantization, the graphs' names
 """
 
@@ -14,6 +16,7 @@ from pathlib import Path
 from transduce.errors import TransduceError
 
 ENCODER, DECODER_STEP, INFO = "encoder.onnx", "decoder_step.onnx", "onnx.json"
+DECODER = "decoder.onnx"
 
 
 class OnnxExportError(TransduceError, ValueError):
@@ -39,7 +42,12 @@ def read_info(directory: Path | str) -> dict:
         values = json.loads(info.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise OnnxExportError(f"{info}: unreadable ({error})") from None
-    for name in (ENCODER, DECODER_STEP):
+    graphs = values.get("graphs") if isinstance(values, dict) else None
+    if not isinstance(graphs, list) or not graphs or not all(
+            name in (ENCODER, DECODER_STEP, DECODER) for name in graphs):
+        raise OnnxExportError(f"{info}: \"graphs\" must list the export's graphs "
+                              f"({ENCODER} and {DECODER_STEP}, or {DECODER}), got {graphs!r}")
+    for name in graphs:
         if not (Path(directory) / name).is_file():
             raise OnnxExportError(f"{directory}: {name} is missing")
     return values

@@ -157,12 +157,14 @@ def _check_outputs(prefix: Path, kind: str) -> list[Path]:
 
 
 def _arch(path: Path) -> str:
-    """The architecture of --model's checkpoint (or run); an ONNX export translates."""
+    """The architecture of --model's checkpoint, run or ONNX export."""
     from transduce import checkpoint
     from transduce.onnx_format import is_onnx_export
 
     if is_onnx_export(path):
-        return "transformer"
+        from transduce.decode.onnx_engine import exported_config
+
+        return exported_config(Path(path)).arch
     return checkpoint.read_configs(checkpoint.resolve(Path(path)))[0].arch
 
 
@@ -193,11 +195,14 @@ def _evaluate_language_model(args: argparse.Namespace) -> int:
     from transduce import checkpoint
     from transduce.decode.evaluate import evaluate_language_model
     from transduce.model import load_model
+    from transduce.onnx_format import is_onnx_export
 
     if args.dtype not in ("auto", "float32") or args.kv_dtype is not None \
-            or args.engine == "onnxruntime":
-        raise ConfigError("a language model is scored in float32 by PyTorch: --dtype, "
-                          "--kv-dtype and --engine onnxruntime apply to translation")
+            or args.engine == "onnxruntime" or is_onnx_export(args.model):
+        raise ConfigError("a language model is scored in float32 by PyTorch, from its "
+                          "checkpoint: --dtype, --kv-dtype, --engine onnxruntime and ONNX "
+                          "exports apply to translation (an exported language model "
+                          "generates: transduce generate)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     directory = checkpoint.resolve(Path(args.model))
     model = load_model(directory, device)

@@ -28,8 +28,9 @@ def register(commands) -> None:
     ct2.add_argument("--quantization", default=None, choices=CT2_QUANTIZATIONS,
                      help="weight type (default: float32)")
     ct2.set_defaults(handler=export_ct2)
-    onnx = formats.add_parser("onnx", help="ONNX: encoder.onnx and decoder_step.onnx with "
-                                           "the KV cache, for ONNX Runtime")
+    onnx = formats.add_parser("onnx", help="ONNX with the KV cache, for ONNX Runtime: "
+                                           "encoder.onnx and decoder_step.onnx, or a "
+                                           "language model's decoder.onnx")
     onnx.add_argument("model", type=Path, help="checkpoint or run directory")
     onnx.add_argument("out", type=Path, help="directory to write")
     onnx.add_argument("--force", action="store_true", help=FORCE_HELP)
@@ -70,11 +71,14 @@ def export_ct2(args: argparse.Namespace) -> int:
 
 
 def export_onnx(args: argparse.Namespace) -> int:
-    """Write a checkpoint as two ONNX graphs (prefill and decode step)."""
+    """Write a checkpoint as ONNX graphs (an encoder-decoder's prefill and decode step,
+    or a language model's one graph)."""
     from transduce.export.onnx import export_onnx as write
+    from transduce.onnx_format import DECODER
 
     check_output_directory(args.out, "OUT", force=args.force, reads=args.model)
     out = write(args.model, args.out, args.quantize)
-    print(f"wrote {out} (translate with `transduce translate --model {out}`, or "
+    command = "generate" if (out / DECODER).is_file() else "translate"
+    print(f"wrote {out} ({command} with `transduce {command} --model {out}`, or "
           f"transduce.load({str(out)!r}))")
     return 0

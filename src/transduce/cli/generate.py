@@ -11,8 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from transduce.cli.options import fraction, non_negative_float, non_negative_int, positive_int, \
-    sampling_seed
+from transduce.cli.options import add_engine_option, fraction, non_negative_float, \
+    non_negative_int, positive_int, sampling_seed
 from transduce.config import Dtype, choices
 from transduce.decode.options import KvDtype
 
@@ -21,7 +21,8 @@ STDIN_BATCH_LINES = 64
 
 def register(commands) -> None:
     generate = commands.add_parser("generate", help="continue prompts with a language model")
-    generate.add_argument("--model", type=Path, required=True, help="checkpoint or run directory")
+    generate.add_argument("--model", type=Path, required=True,
+                          help="checkpoint, run directory or ONNX export")
     generate.add_argument("--prompt", action="append", default=None,
                           help="a prompt (repeatable; default: one per line of standard input)")
     generate.add_argument("--max-new-tokens", type=positive_int, default=64)
@@ -46,6 +47,7 @@ def register(commands) -> None:
     generate.add_argument("--dtype", default="float32", choices=choices(Dtype))
     generate.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
                           help="KV-cache type (default: --dtype's); int8 quantizes it")
+    add_engine_option(generate)
     generate.set_defaults(handler=generate_command)
 
 
@@ -65,7 +67,8 @@ def generate_command(args: argparse.Namespace) -> int:
         top_p=args.top_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
         stop=tuple(args.stop), beam=args.beam, alpha=args.alpha,
         batch_sentences=args.batch_sentences)
-    generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                               engine=args.engine)
     seed = prompt_seeds(options.seed, 1)[0]      # one run, one seed: prompt k draws the k-th
     done = 0
     for prompts in _prompt_batches(args):

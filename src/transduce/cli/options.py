@@ -109,6 +109,10 @@ def add_search_options(command: argparse.ArgumentParser) -> None:
                          help="batches decoded side by side on the CPU, each on its share of "
                               "the threads (auto: 2 on a CPU with 2+ threads, 1.05-1.3x "
                               "faster for small models; else 1)")
+    add_engine_option(command)
+
+
+def add_engine_option(command: argparse.ArgumentParser) -> None:
     command.add_argument("--engine", default="auto", choices=choices(Engine),
                          help="what runs the model (default: ONNX Runtime for an ONNX export, "
                               "PyTorch for a checkpoint)")

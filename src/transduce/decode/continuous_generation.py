@@ -39,7 +39,7 @@ from transduce.attention.kv_cache import KVCache
 from transduce.decode.generate import Continuation, Generator, left_pad
 from transduce.decode.options import GenerateOptions
 from transduce.decode.sampling import Sampler, penalize_repetition
-from transduce.model.decoder_only import LMState
+from transduce.model.decoder_only import DecoderOnly, LMState
 
 MIN_SLOTS = 32     # the fewest slots a layout allocates
 
@@ -53,8 +53,11 @@ class _Row:
 
 
 def supports(generator: Generator) -> bool:
-    """Whether `generator` can generate continuously: its caches are plain KVCaches
-    (softmax attention over every key, not quantized, no window)."""
+    """Whether `generator` can generate continuously: a PyTorch model (not an ONNX
+    export) whose caches are plain KVCaches (softmax attention over every key, not
+    quantized, no window)."""
+    if not isinstance(generator.model, DecoderOnly):
+        return False
     caches = generator.model.new_caches(1, 1, generator.cache_dtype or torch.float32, "meta")
     return all(type(cache) is KVCache for cache in caches)
 

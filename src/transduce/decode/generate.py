@@ -25,8 +25,10 @@ from transduce import checkpoint
 from transduce.config import ConfigError, choices
 from transduce.data.tokenizer import TextTokenizer
 from transduce.decode.inputs import checked_texts
-from transduce.decode.options import DecodeDtype, GenerateOptions, KvDtype, decoding_dtype, \
-    is_sampling_seed
+from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
+from transduce.decode.onnx_lm_engine import OnnxLanguageModel
+from transduce.decode.options import DecodeDtype, Engine, GenerateOptions, KvDtype, \
+    decoding_dtype, is_sampling_seed
 from transduce.decode.sampling import Sampler, penalize_repetition, prompt_seeds
 from transduce.decode.search import beam_search
 from transduce.errors import TransduceError, TransduceWarning
@@ -114,12 +116,18 @@ class Continuation:
 class Generator:
     """A decoder-only model with its tokenizer, ready to generate."""
 
-    def __init__(self, model: DecoderOnly, tokenizer: TextTokenizer,
+    def __init__(self, model: DecoderOnly | OnnxLanguageModel, tokenizer: TextTokenizer,
                  device: torch.device | str = "cpu", dtype: DecodeDtype = "float32",
                  kv_dtype: KvDtype | None = None):
-        """The model is copied for decoding in `dtype` ("bfloat16": a bfloat16 copy; the
-        model passed in is left as it is); kv_dtype is the caches' type (default: the
-        model's), "int8" quantized per token and head, "int4" per group of 32 values."""
+        """A PyTorch model is copied for decoding in `dtype` ("bfloat16": a bfloat16 copy;
+        the model passed in is left as it is); kv_dtype is the caches' type (default: the
+        model's), "int8" quantized per token and head, "int4" per group of 32 values.
+        An OnnxLanguageModel (an ONNX export) runs as exported, on the CPU."""
+        if isinstance(model, OnnxLanguageModel):
+            check_onnx_settings(dtype, kv_dtype, device)
+            self.model, self.tokenizer, self.device = model, tokenizer, torch.device("cpu")
+            self.cache_dtype = None
+            return
         if not isinstance(model, DecoderOnly):
             use = "classify or embed" if model.config.arch == "encoder" else "translate"
             raise ConfigError(f"generation needs a decoder-only model (arch 'decoder'); this "
@@ -139,8 +147,13 @@ class Generator:
 
     @classmethod
     def load(cls, path: Path | str, device: torch.device | str = "cpu",
-             dtype: DecodeDtype = "float32", kv_dtype: KvDtype | None = None) -> "Generator":
-        """A checkpoint directory, or a run directory (its latest checkpoint)."""
+             dtype: DecodeDtype = "float32", kv_dtype: KvDtype | None = None,
+             engine: Engine = "auto") -> "Generator":
+        """A checkpoint directory, a run directory (its latest checkpoint), or an ONNX
+        export (engine "auto" runs it with ONNX Runtime, as Translator.load does)."""
+        if runs_on_onnxruntime(path, engine):
+            return cls(OnnxLanguageModel(path), checkpoint.load_tokenizer(Path(path)), device,
+                       dtype, kv_dtype)
         directory = checkpoint.resolve(Path(path))
         return cls(load_model(directory, device), checkpoint.load_tokenizer(directory), device,
                    dtype, kv_dtype)

@@ -15,9 +15,9 @@ from transduce import checkpoint
 from transduce.config import ConfigError
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.generate import Generator
+from transduce.decode.onnx_engine import exported_config, runs_on_onnxruntime
 from transduce.decode.options import DecodeDtype, Engine, KvDtype
 from transduce.decode.translate import Translator
-from transduce.onnx_format import is_onnx_export
 
 
 def load(path: Path | str, device: torch.device | str = "cpu", dtype: DecodeDtype = "float32",
@@ -25,11 +25,12 @@ def load(path: Path | str, device: torch.device | str = "cpu", dtype: DecodeDtyp
          engine: Engine = "auto") -> Translator | Generator | SentenceEncoder:
     """A checkpoint directory, a run directory (its latest checkpoint) or an ONNX export
     -> a Translator, a Generator or a SentenceEncoder, by the model's architecture."""
-    if is_onnx_export(path) or engine == "onnxruntime":
-        return Translator.load(path, device, dtype, kv_dtype, engine)
-    arch = checkpoint.read_configs(checkpoint.resolve(Path(path)))[0].arch
+    if runs_on_onnxruntime(path, engine):
+        arch = exported_config(Path(path)).arch
+    else:
+        arch = checkpoint.read_configs(checkpoint.resolve(Path(path)))[0].arch
     if arch == "decoder":
-        return Generator.load(path, device, dtype, kv_dtype)
+        return Generator.load(path, device, dtype, kv_dtype, engine)
     if arch == "encoder":
         if kv_dtype is not None:
             raise ConfigError("kv_dtype applies to models that decode; an encoder-only "

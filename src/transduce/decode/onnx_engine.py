@@ -20,9 +20,64 @@ import torch
 from torch import Tensor
 
 from transduce import checkpoint
-from transduce.config import ConfigError, ModelConfig
+from transduce.config import ConfigError, ModelConfig, choices
+from transduce.decode.options import Engine
 from transduce.model import build_model
-from transduce.onnx_format import DECODER_STEP, ENCODER, OnnxExportError, cache_names, read_info
+from transduce.onnx_format import (DECODER_STEP, ENCODER, OnnxExportError, cache_names,
+                                   is_onnx_export, read_info)
+
+
+def runs_on_onnxruntime(path: Path | str, engine: Engine) -> bool:
+    """Whether `path` is run by ONNX Runtime: engine "auto" runs an ONNX export so and a
+    checkpoint with PyTorch; naming an engine refuses the other kind of directory."""
+    if engine not in choices(Engine):
+        raise ConfigError(f"engine={engine!r}: choose one of {', '.join(choices(Engine))}")
+    onnx = is_onnx_export(path)
+    if engine == "onnxruntime" and not onnx:
+        raise ConfigError(f"{path}: engine onnxruntime needs an ONNX export (write one with "
+                          f"`transduce export onnx {path} OUT`)")
+    if engine == "torch" and onnx:
+        raise ConfigError(f"{path} is an ONNX export, which only ONNX Runtime runs (engine "
+                          "onnxruntime); this needs a PyTorch checkpoint")
+    return onnx
+
+
+def check_onnx_settings(dtype: str, kv_dtype: str | None, device: torch.device | str) -> None:
+    """An export runs as it was exported: float32 ("auto" too), its own cache, the CPU."""
+    if dtype not in ("auto", "float32") or kv_dtype is not None \
+            or torch.device(device).type != "cpu":
+        raise ConfigError("an ONNX export decodes in the types it was exported with, on the "
+                          "CPU: --dtype, --kv-dtype and devices apply to PyTorch checkpoints")
+
+
+def open_session(directory: Path, name: str, threads: int = 0):
+    """An ONNX Runtime session over DIRECTORY/name on the CPU, with one intra-op thread
+    per core this process may use (or `threads`); a clear error when it cannot load."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
+    options.inter_op_num_threads = 1
+    try:
+        return onnxruntime.InferenceSession(str(directory / name), options,
+                                            providers=["CPUExecutionProvider"])
+    except Exception as error:  # onnxruntime raises its own untyped errors
+        raise OnnxExportError(f"{directory / name}: not loadable by ONNX Runtime "
+                              f"({str(error).splitlines()[0]})") from None
+
+
+def exported_config(directory: Path) -> ModelConfig:
+    """An export's model configuration, after checking that the export is whole."""
+    read_info(directory)
+    return checkpoint.read_configs(directory)[0]
+
+
+def count_parameters(config: ModelConfig) -> int:
+    """An exported model's trainable parameters, as its checkpoint counts them: counted on
+    a model of its configuration built on the meta device (nothing allocated), since the
+    graphs' initializers repeat shared matrices."""
+    with torch.device("meta"):
+        return build_model(config).num_parameters()
 
 
 class OnnxState:
@@ -65,35 +120,21 @@ class OnnxEngine:
     core this process may use (or `threads`)."""
 
     def __init__(self, directory: Path | str, threads: int = 0):
-        import onnxruntime
-
         directory = Path(directory)
-        read_info(directory)                     # an export, with both graphs
-        self.config: ModelConfig = checkpoint.read_configs(directory)[0]
+        self.config = exported_config(directory)
+        if self.config.arch != "transformer":
+            raise ConfigError(f"{directory}: translation needs an encoder-decoder; this "
+                              f"export holds an arch={self.config.arch!r} model (a language "
+                              f"model: use generate)")
         self.languages = checkpoint.read_languages(directory)   # as the checkpoint's
         self.layers = self.config.num_decoder_layers
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
-        options.inter_op_num_threads = 1
-
-        def session(name: str):
-            try:
-                return onnxruntime.InferenceSession(str(directory / name), options,
-                                                    providers=["CPUExecutionProvider"])
-            except Exception as error:  # onnxruntime raises its own untyped errors
-                raise OnnxExportError(f"{directory / name}: not loadable by ONNX Runtime "
-                                      f"({str(error).splitlines()[0]})") from None
-
-        self.encoder, self.decoder = session(ENCODER), session(DECODER_STEP)
+        self.encoder = open_session(directory, ENCODER, threads)
+        self.decoder = open_session(directory, DECODER_STEP, threads)
         self._past_names = cache_names(self.layers, "past")
         self._cross_names = cache_names(self.layers, "cross")
 
     def num_parameters(self) -> int:
-        """The exported model's trainable parameters, as its checkpoint counts them:
-        counted on a model of its configuration built on the meta device (nothing
-        allocated), since the graphs' initializers repeat shared matrices."""
-        with torch.device("meta"):
-            return build_model(self.config).num_parameters()
+        return count_parameters(self.config)
 
     def prefill(self, src: Tensor, max_len: int, *, src_mask: Tensor | None = None,
                 cache_dtype: torch.dtype | None = None) -> OnnxState:

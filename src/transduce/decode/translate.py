@@ -24,7 +24,7 @@ from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.decode import continuous
 from transduce.decode.greedy import greedy_hypotheses
 from transduce.decode.inputs import checked_texts
-from transduce.decode.onnx_engine import OnnxEngine
+from transduce.decode.onnx_engine import OnnxEngine, check_onnx_settings, runs_on_onnxruntime
 from transduce.decode.options import (DecodeDtype, Engine, KvDtype, SearchOptions,
                                       decoding_dtype)
 from transduce.decode.parallel import auto_workers, map_batches
@@ -32,7 +32,6 @@ from transduce.decode.search import Hypothesis, beam_search
 from transduce.errors import InputTooLong, LineTruncated
 from transduce.model import Seq2SeqModel, load_model
 from transduce.model.packed import decoding_copy
-from transduce.onnx_format import is_onnx_export
 
 Progress = Callable[[int], None]
 
@@ -76,13 +75,9 @@ class Translator:
         self.workers = workers
         self._warmed = False      # a first batch decoded: lazily built state exists
         if isinstance(model, OnnxEngine):
-            dtype = "float32" if dtype == "auto" else dtype
-            if dtype != "float32" or kv_dtype is not None or torch.device(device).type != "cpu":
-                raise ConfigError("an ONNX export decodes in the types it was exported with, "
-                                  "on the CPU: --dtype, --kv-dtype and devices apply to "
-                                  "PyTorch checkpoints")
+            check_onnx_settings(dtype, kv_dtype, device)
             self.model, self.tokenizer, self.device = model, tokenizer, torch.device("cpu")
-            self.dtype, self.kv_dtype = dtype, kv_dtype
+            self.dtype, self.kv_dtype = "float32", None
             return
         if model.config.arch in OTHER_COMMANDS:
             raise ConfigError(f"translation needs an encoder-decoder; this model is arch="
@@ -112,18 +107,9 @@ class Translator:
         """A checkpoint directory, a run directory (its latest checkpoint), or an ONNX
         export. engine "auto" runs an ONNX export with ONNX Runtime and a checkpoint
         with PyTorch; naming one refuses the other kind of directory."""
-        if engine not in choices(Engine):
-            raise ConfigError(f"engine={engine!r}: choose one of {', '.join(choices(Engine))}")
-        onnx = is_onnx_export(path)
-        if engine == "onnxruntime" or (engine == "auto" and onnx):
-            if not onnx:
-                raise ConfigError(f"{path}: engine onnxruntime needs an ONNX export (write "
-                                  f"one with `transduce export onnx {path} OUT`)")
+        if runs_on_onnxruntime(path, engine):
             return cls(OnnxEngine(path), Tokenizer(Path(path) / checkpoint.TOKENIZER), device,
                        dtype, kv_dtype, workers)
-        if onnx:
-            raise ConfigError(f"{path} is an ONNX export, which only ONNX Runtime runs "
-                              "(engine onnxruntime); this needs a PyTorch checkpoint")
         directory = checkpoint.resolve(Path(path))
         model = load_model(directory, device)
         return cls(model, Tokenizer(directory / checkpoint.TOKENIZER), device, dtype, kv_dtype,

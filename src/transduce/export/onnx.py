@@ -1,4 +1,5 @@
-"""Export to ONNX: the two phases of incremental decoding as two graphs.
+"""Export to ONNX: an encoder-decoder's two phases of incremental decoding as two graphs
+(a decoder-only model's one graph: export/onnx_decoder.py).
 
     encoder.onnx       src (B, S) int64 -> cross_k.{i}, cross_v.{i} (B, Hkv, S, D) for
                        every decoder layer i: the prefill's source side, once per source
@@ -39,7 +40,8 @@ from torch import Tensor, nn
 from transduce import atomic, checkpoint
 from transduce.attention.kv_cache import ConcatKVCache
 from transduce.export.common import ExportError, not_a_plain_transformer
-from transduce.model import Transformer, load_model
+from transduce.export.onnx_decoder import export_language_model
+from transduce.model import DecoderOnly, Transformer, load_model
 from transduce.onnx_format import DECODER_STEP, ENCODER, INFO, cache_names
 
 OPSET = 17
@@ -47,7 +49,11 @@ QUANTIZATIONS = ("int8",)
 
 
 def check_onnx_exportable(model: nn.Module) -> None:
-    problems = not_a_plain_transformer(model.config)
+    arch = model.config.arch
+    problems = not_a_plain_transformer(model.config, arch if arch == "decoder" else "transformer")
+    if arch not in ("transformer", "decoder"):
+        problems[0] = (f"arch={arch!r} (the export holds encoder-decoders, arch 'transformer', "
+                       "and language models, arch 'decoder')")
     if problems:
         raise ExportError("cannot export to ONNX: " + "; ".join(problems) + " (the export "
                           "carries softmax attention's key/value cache between steps)")
@@ -115,8 +121,9 @@ class DecoderStepGraph(nn.Module):
 
 
 def export_onnx(path: Path, out: Path, quantize: str | None = None) -> Path:
-    """Write OUT/encoder.onnx, OUT/decoder_step.onnx, config.json and the tokenizer.
-    quantize "int8": weights int8 (onnxruntime's dynamic quantization)."""
+    """Write OUT/encoder.onnx and OUT/decoder_step.onnx (a language model: OUT/decoder.onnx),
+    config.json and the tokenizer. quantize "int8": weights int8 (onnxruntime's dynamic
+    quantization)."""
     import onnx
 
     if quantize not in (None, *QUANTIZATIONS):
@@ -129,20 +136,24 @@ def export_onnx(path: Path, out: Path, quantize: str | None = None) -> Path:
             module.impl = "naive"
     _write_out_rms_norms(model)
     with atomic.atomic_directory(out) as temporary:
-        _export_graphs(model, temporary)
-        for name in (ENCODER, DECODER_STEP):
+        if isinstance(model, DecoderOnly):
+            graphs = export_language_model(model, temporary, OPSET)
+        else:
+            graphs = _export_encoder_decoder(model, temporary)
+        for name in graphs:
             onnx.checker.check_model(str(temporary / name), full_check=True)
             if quantize == "int8":
                 _quantize_int8(temporary / name)
-        shutil.copyfile(directory / checkpoint.CONFIG, temporary / checkpoint.CONFIG)
-        shutil.copyfile(directory / checkpoint.TOKENIZER, temporary / checkpoint.TOKENIZER)
+        for name in (checkpoint.CONFIG, checkpoint.TOKENIZER, checkpoint.TOKENIZER_JSON):
+            if (directory / name).is_file():
+                shutil.copyfile(directory / name, temporary / name)
         (temporary / INFO).write_text(json.dumps(
-            {"opset": OPSET, "quantize": quantize, "graphs": [ENCODER, DECODER_STEP]},
+            {"opset": OPSET, "quantize": quantize, "graphs": graphs},
             indent=2) + "\n", encoding="utf-8")
     return out
 
 
-def _export_graphs(model: Transformer, out: Path) -> None:
+def _export_encoder_decoder(model: Transformer, out: Path) -> list[str]:
     c = model.config
     layers, heads, dim = c.num_decoder_layers, c.kv_heads, c.head_dim
     sources, beams, source_len, past_len, step_len = 2, 2, 5, 3, 2
@@ -175,6 +186,7 @@ def _export_graphs(model: Transformer, out: Path) -> None:
                           **{name: {0: "rows", 2: "past_length"} for name in past_names},
                           **{name: {0: "rows", 2: "present_length"} for name in present_names},
                           **{name: source_axes for name in cross_names}})
+    return [ENCODER, DECODER_STEP]
 
 
 def _quantize_int8(graph: Path) -> None:

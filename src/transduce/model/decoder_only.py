@@ -55,6 +55,18 @@ class LMState(CachedLayers):
         self.key_mask, self.offsets = self.key_mask[rows], self.offsets[rows]
 
 
+def left_padded_tokens(prompt: Tensor, src_mask: Tensor | None) -> Tensor:
+    """Which of a left-padded prompt's tokens are real: prompt (B, P), src_mask
+    (B, 1, 1, P) or None (no padding) -> (B, P) bool; a clear error for anything else."""
+    if prompt.shape[1] < 1:
+        raise ValueError("a prompt needs at least one token")
+    real = torch.ones_like(prompt, dtype=torch.bool) if src_mask is None \
+        else src_mask.reshape(prompt.shape)
+    if not bool(real[:, -1].all()) or bool((real[:, :-1] & ~real[:, 1:]).any()):
+        raise ValueError("prompts must be left-padded: each row's real tokens last")
+    return real
+
+
 class DecoderOnly(CountedParameters, nn.Module):
     """GPT-style language model on the encoder-decoder's Decoder and DecoderLayer."""
 
@@ -92,12 +104,7 @@ class DecoderOnly(CountedParameters, nn.Module):
         their first step). prompt (B, P) left-padded; src_mask (B, 1, 1, P) True for
         real tokens (None: no padding). cache_dtype torch.int8 quantizes the caches."""
         batch, length = prompt.shape
-        if length < 1:
-            raise ValueError("a prompt needs at least one token")
-        real = torch.ones_like(prompt, dtype=torch.bool) if src_mask is None \
-            else src_mask.reshape(batch, length)
-        if not bool(real[:, -1].all()) or bool((real[:, :-1] & ~real[:, 1:]).any()):
-            raise ValueError("prompts must be left-padded: each row's real tokens last")
+        real = left_padded_tokens(prompt, src_mask)
         dtype = cache_dtype or self.decoder.embed.embedding.weight.dtype
         caches = self.new_caches(batch, length + max_len, dtype, prompt.device)
         key_mask = torch.ones(batch, length + max_len, dtype=torch.bool, device=prompt.device)
