@@ -179,7 +179,8 @@ def test_int8_export_stays_close(tmp_path, tiny_corpus):
 @pytest.mark.parametrize("name, changes, message", [
     ("llama-tiny", {"attention_type": "sliding", "attention_window": 4}, "attention_type='sliding'"),
     ("gpt-tiny", {"positional": "alibi"}, "positional='alibi'"),
-    ("bert-tiny", {}, "arch='encoder' (the export holds encoder-decoders"),
+    ("tiny", {"arch": "rnn-luong"}, "arch='rnn-luong' (the export holds the Transformer's"),
+    ("bert-tiny", {"attention_type": "linear"}, "attention_type='linear'"),
 ])
 def test_what_the_export_cannot_hold_is_refused_by_name(tmp_path, tiny_corpus, capsys, name,
                                                         changes, message):

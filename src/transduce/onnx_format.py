@@ -3,6 +3,7 @@ ONNX Runtime engine (decode/onnx_engine.py); it imports no model code.
 
     OUT/encoder.onnx, OUT/decoder_step.onnx   an encoder-decoder's two graphs
     OUT/decoder.onnx                          a decoder-only model's one graph
+    OUT/sentence_encoder.onnx                 an encoder-only model's one graph
     OUT/config.json, OUT/spm.model            the model's configuration and tokenizer
                                               (or tokenizer.json, as its checkpoint's)
     OUT/onnx.json                             opset, quantization, the graphs' names
@@ -16,7 +17,8 @@ from pathlib import Path
 from transduce.errors import TransduceError
 
 ENCODER, DECODER_STEP, INFO = "encoder.onnx", "decoder_step.onnx", "onnx.json"
-DECODER = "decoder.onnx"
+DECODER, SENTENCE_ENCODER = "decoder.onnx", "sentence_encoder.onnx"
+GRAPHS = (ENCODER, DECODER_STEP, DECODER, SENTENCE_ENCODER)
 
 
 class OnnxExportError(TransduceError, ValueError):
@@ -43,10 +45,9 @@ def read_info(directory: Path | str) -> dict:
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise OnnxExportError(f"{info}: unreadable ({error})") from None
     graphs = values.get("graphs") if isinstance(values, dict) else None
-    if not isinstance(graphs, list) or not graphs or not all(
-            name in (ENCODER, DECODER_STEP, DECODER) for name in graphs):
-        raise OnnxExportError(f"{info}: \"graphs\" must list the export's graphs "
-                              f"({ENCODER} and {DECODER_STEP}, or {DECODER}), got {graphs!r}")
+    if not isinstance(graphs, list) or not graphs or not all(name in GRAPHS for name in graphs):
+        raise OnnxExportError(f"{info}: \"graphs\" must list the export's graphs (of "
+                              f"{', '.join(GRAPHS)}), got {graphs!r}")
     for name in graphs:
         if not (Path(directory) / name).is_file():
             raise OnnxExportError(f"{directory}: {name} is missing")

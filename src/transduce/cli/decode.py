@@ -173,10 +173,10 @@ def _evaluate_classifier(args: argparse.Namespace) -> int:
     from transduce.decode.encode import SentenceEncoder
     from transduce.decode.evaluate import evaluate_classifier
 
-    if args.kv_dtype is not None or args.engine == "onnxruntime":
-        raise ConfigError("a classifier keeps no KV cache and runs in PyTorch: --kv-dtype "
-                          "and --engine onnxruntime apply to translation")
-    encoder = SentenceEncoder.load(args.model, dtype=args.dtype)
+    if args.kv_dtype is not None:
+        raise ConfigError("a classifier keeps no KV cache: --kv-dtype applies to models "
+                          "that decode")
+    encoder = SentenceEncoder.load(args.model, dtype=args.dtype, engine=args.engine)
     out = args.out or (Path(args.model) / f"eval-{args.split}-classify")
     files = _check_outputs(out, "classification")
     result = evaluate_classifier(encoder, args.data, args.split, out,

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from transduce.cli.outputs import check_output_file
-from transduce.cli.options import positive_int
+from transduce.cli.options import add_engine_option, positive_int
 from transduce.cli.reporting import one_line_warnings
 from transduce.config import Dtype, choices
 
@@ -33,11 +33,13 @@ def register(commands) -> None:
 
 
 def _add_common(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--model", type=Path, required=True, help="checkpoint or run directory")
+    command.add_argument("--model", type=Path, required=True,
+                         help="checkpoint, run directory or ONNX export")
     command.add_argument("--input", type=Path, default=None, help="default: standard input")
     command.add_argument("--batch-tokens", type=positive_int, default=4096,
                          help="tokens per batch, counting padding")
     command.add_argument("--dtype", default="float32", choices=choices(Dtype))
+    add_engine_option(command)
 
 
 def _read_input(args: argparse.Namespace) -> list[str]:
@@ -57,7 +59,7 @@ def classify_command(args: argparse.Namespace) -> int:
 
     if args.output is not None:
         check_output_file(args.output, "--output")
-    encoder = SentenceEncoder.load(args.model, dtype=args.dtype)
+    encoder = SentenceEncoder.load(args.model, dtype=args.dtype, engine=args.engine)
     with one_line_warnings(args.input):
         predictions = encoder.classify(_read_input(args), batch_tokens=args.batch_tokens)
     if args.all:
@@ -79,7 +81,7 @@ def embed_command(args: argparse.Namespace) -> int:
     from transduce.decode.encode import SentenceEncoder
 
     check_output_file(args.out, "--out")
-    encoder = SentenceEncoder.load(args.model, dtype=args.dtype)
+    encoder = SentenceEncoder.load(args.model, dtype=args.dtype, engine=args.engine)
     with one_line_warnings(args.input):
         vectors = encoder.embed(_read_input(args), normalize=args.normalize,
                                 batch_tokens=args.batch_tokens)

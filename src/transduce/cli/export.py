@@ -74,11 +74,12 @@ def export_onnx(args: argparse.Namespace) -> int:
     """Write a checkpoint as ONNX graphs (an encoder-decoder's prefill and decode step,
     or a language model's one graph)."""
     from transduce.export.onnx import export_onnx as write
-    from transduce.onnx_format import DECODER
+    from transduce.onnx_format import DECODER, SENTENCE_ENCODER
 
     check_output_directory(args.out, "OUT", force=args.force, reads=args.model)
     out = write(args.model, args.out, args.quantize)
-    command = "generate" if (out / DECODER).is_file() else "translate"
-    print(f"wrote {out} ({command} with `transduce {command} --model {out}`, or "
-          f"transduce.load({str(out)!r}))")
+    command = "generate" if (out / DECODER).is_file() else "classify or embed" \
+        if (out / SENTENCE_ENCODER).is_file() else "translate"
+    print(f"wrote {out} ({command} with `transduce {command.replace(' or ', '|')} --model "
+          f"{out}`, or transduce.load({str(out)!r}))")
     return 0

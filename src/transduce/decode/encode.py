@@ -23,7 +23,9 @@ from transduce import checkpoint
 from transduce.config import ConfigError
 from transduce.data.tokenizer import TextTokenizer
 from transduce.decode.inputs import checked_texts
-from transduce.decode.options import DecodeDtype, decoding_dtype
+from transduce.decode.onnx_encoder_engine import OnnxSentenceEncoder
+from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
+from transduce.decode.options import DecodeDtype, Engine, decoding_dtype
 from transduce.decode.translate import length_sorted_batches
 from transduce.errors import LineTruncated
 from transduce.model import EncoderOnly, load_model
@@ -40,10 +42,16 @@ class Prediction:
 class SentenceEncoder:
     """An encoder-only model with its tokenizer, ready to classify or embed lines."""
 
-    def __init__(self, model: EncoderOnly, tokenizer: TextTokenizer,
+    def __init__(self, model: EncoderOnly | OnnxSentenceEncoder, tokenizer: TextTokenizer,
                  device: torch.device | str = "cpu", dtype: DecodeDtype = "float32"):
-        """The model is run by a copy in `dtype` whose Linear weights are packed for
-        oneDNN (model/packed.py); the model passed in is left as it is."""
+        """A PyTorch model is run by a copy in `dtype` whose Linear weights are packed for
+        oneDNN (model/packed.py); the model passed in is left as it is. An
+        OnnxSentenceEncoder (an ONNX export) runs as exported, on the CPU."""
+        if isinstance(model, OnnxSentenceEncoder):
+            check_onnx_settings(dtype, None, device)
+            self.labels, self.model = model.labels, model
+            self.tokenizer, self.device = tokenizer, torch.device("cpu")
+            return
         if not isinstance(model, EncoderOnly):
             raise ConfigError(f"classify and embed need an encoder-only model (arch "
                               f"'encoder'); this one is arch={model.config.arch!r}")
@@ -54,8 +62,12 @@ class SentenceEncoder:
 
     @classmethod
     def load(cls, path: Path | str, device: torch.device | str = "cpu",
-             dtype: DecodeDtype = "float32") -> "SentenceEncoder":
-        """A checkpoint directory, or a run directory (its latest checkpoint)."""
+             dtype: DecodeDtype = "float32", engine: Engine = "auto") -> "SentenceEncoder":
+        """A checkpoint directory, a run directory (its latest checkpoint), or an ONNX
+        export (engine "auto" runs it with ONNX Runtime, as Translator.load does)."""
+        if runs_on_onnxruntime(path, engine):
+            return cls(OnnxSentenceEncoder(path), checkpoint.load_tokenizer(Path(path)), device,
+                       dtype)
         directory = checkpoint.resolve(Path(path))
         return cls(load_model(directory, device), checkpoint.load_tokenizer(directory), device,
                    dtype)
@@ -63,15 +75,13 @@ class SentenceEncoder:
     def classify(self, lines: Sequence[str], *, batch_tokens: int = 4096,
                  first_line_number: int = 1) -> list[Prediction]:
         """The most probable class of each line, with every class's probability."""
-        if self.model.classifier is None:
+        if not self.classifies:
             raise ConfigError("this model has no classification head: fine-tune it with "
                               "`transduce train --task classify --init MODEL`")
         names = self.labels or [str(i) for i in range(self.model.config.num_labels)]
         probabilities = np.zeros((len(lines), len(names)), dtype=np.float32)
         for indices, ids in self._batches(lines, batch_tokens, first_line_number):
-            with torch.inference_mode():
-                pooled = self.model.pool(self.model(ids))
-                logits = self.model.classify_logits(pooled).float()          # (B, K)
+            logits = self._class_logits(ids).float()                           # (B, K)
             probabilities[indices] = logits.softmax(dim=-1).cpu().numpy()
         return [Prediction(names[int(row.argmax())], float(row.max()),
                            dict(zip(names, map(float, row)))) for row in probabilities]
@@ -82,10 +92,30 @@ class SentenceEncoder:
         padding not), L2-normalised if asked -> (N, C) float32."""
         vectors = np.zeros((len(lines), self.model.config.d_model), dtype=np.float32)
         for indices, ids in self._batches(lines, batch_tokens, first_line_number):
-            with torch.inference_mode():
-                pooled = self.model.sentence_embeddings(ids, normalize=normalize).float()
+            pooled = self._embeddings(ids).float()                             # (B, C)
+            if normalize:
+                pooled = torch.nn.functional.normalize(pooled, dim=-1)
             vectors[indices] = pooled.cpu().numpy()
         return vectors
+
+    @property
+    def classifies(self) -> bool:
+        """Whether the model has a classification head (classify needs one)."""
+        return self.model.config.num_labels > 0
+
+    @torch.inference_mode()
+    def _class_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, T) -> (B, num_labels), from either engine."""
+        if isinstance(self.model, OnnxSentenceEncoder):
+            return self.model.class_logits(ids)
+        return self.model.classify_logits(self.model.pool(self.model(ids)))
+
+    @torch.inference_mode()
+    def _embeddings(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, T) -> the mean hidden state over real tokens (B, C), from either engine."""
+        if isinstance(self.model, OnnxSentenceEncoder):
+            return self.model.embeddings(ids)
+        return self.model.sentence_embeddings(ids)
 
     def _batches(self, lines: Sequence[str], batch_tokens: int, first_line_number: int):
         """(indices of the lines, their ids (B, T) right-padded) by length."""

@@ -35,5 +35,5 @@ def load(path: Path | str, device: torch.device | str = "cpu", dtype: DecodeDtyp
         if kv_dtype is not None:
             raise ConfigError("kv_dtype applies to models that decode; an encoder-only "
                               "model keeps no KV cache")
-        return SentenceEncoder.load(path, device, dtype)
+        return SentenceEncoder.load(path, device, dtype, engine)
     return Translator.load(path, device, dtype, kv_dtype, engine)

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, choices
-from transduce.decode.options import Engine
+from transduce.decode.options import Engine, use_instead
 from transduce.model import build_model
 from transduce.onnx_format import (DECODER_STEP, ENCODER, OnnxExportError, cache_names,
                                    is_onnx_export, read_info)
@@ -124,8 +124,8 @@ class OnnxEngine:
         self.config = exported_config(directory)
         if self.config.arch != "transformer":
             raise ConfigError(f"{directory}: translation needs an encoder-decoder; this "
-                              f"export holds an arch={self.config.arch!r} model (a language "
-                              f"model: use generate)")
+                              f"export holds an arch={self.config.arch!r} model: "
+                              f"{use_instead(self.config.arch)}")
         self.languages = checkpoint.read_languages(directory)   # as the checkpoint's
         self.layers = self.config.num_decoder_layers
         self.encoder = open_session(directory, ENCODER, threads)

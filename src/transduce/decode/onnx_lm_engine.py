@@ -18,6 +18,7 @@ from torch import Tensor
 
 from transduce.config import ConfigError
 from transduce.decode.onnx_engine import count_parameters, exported_config, open_session
+from transduce.decode.options import use_instead
 from transduce.model.decoder_only import left_padded_tokens
 from transduce.onnx_format import DECODER, cache_names
 
@@ -56,8 +57,8 @@ class OnnxLanguageModel:
         self.config = exported_config(directory)
         if self.config.arch != "decoder":
             raise ConfigError(f"{directory}: generation needs a language model; this export "
-                              f"holds an arch={self.config.arch!r} model (an encoder-decoder: "
-                              f"use translate)")
+                              f"holds an arch={self.config.arch!r} model: "
+                              f"{use_instead(self.config.arch)}")
         self.session = open_session(directory, DECODER, threads)
         self._past_names = cache_names(self.config.num_decoder_layers, "past")
 

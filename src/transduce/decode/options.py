@@ -23,6 +23,13 @@ DecodeDtype = Literal["auto", "float32", "bfloat16", "int8"]
 # What runs a model: auto is ONNX Runtime for an ONNX export, PyTorch for a checkpoint.
 Engine = Literal["auto", "torch", "onnxruntime"]
 
+
+def use_instead(arch: str) -> str:
+    """What a model of `arch` is for, said where it was given to the wrong command."""
+    return {"decoder": "a language model, use generate",
+            "encoder": "an encoder (BERT), use classify or embed"}.get(
+        arch, "an encoder-decoder, use translate")
+
 # CPU flags of int8 dot-product instructions (AVX512-VNNI: Zen 4, Cascade Lake and
 # later Xeons; AVX-VNNI: Alder Lake and later cores).
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})

@@ -26,7 +26,7 @@ from transduce.decode.greedy import greedy_hypotheses
 from transduce.decode.inputs import checked_texts
 from transduce.decode.onnx_engine import OnnxEngine, check_onnx_settings, runs_on_onnxruntime
 from transduce.decode.options import (DecodeDtype, Engine, KvDtype, SearchOptions,
-                                      decoding_dtype)
+                                      decoding_dtype, use_instead)
 from transduce.decode.parallel import auto_workers, map_batches
 from transduce.decode.search import Hypothesis, beam_search
 from transduce.errors import InputTooLong, LineTruncated
@@ -43,8 +43,6 @@ class Translation:
 
 
 # What the models that translate nothing are for, by arch.
-OTHER_COMMANDS = {"decoder": "a language model, use generate",
-                  "encoder": "an encoder (BERT), use classify or embed"}
 
 
 class Translator:
@@ -79,9 +77,9 @@ class Translator:
             self.model, self.tokenizer, self.device = model, tokenizer, torch.device("cpu")
             self.dtype, self.kv_dtype = "float32", None
             return
-        if model.config.arch in OTHER_COMMANDS:
+        if model.config.arch in ("decoder", "encoder"):
             raise ConfigError(f"translation needs an encoder-decoder; this model is arch="
-                              f"{model.config.arch!r}: {OTHER_COMMANDS[model.config.arch]}")
+                              f"{model.config.arch!r}: {use_instead(model.config.arch)}")
         if kv_dtype is not None and kv_dtype not in choices(KvDtype):
             raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "
                               f"{', '.join(choices(KvDtype))}")

@@ -1,5 +1,6 @@
 """Export to ONNX: an encoder-decoder's two phases of incremental decoding as two graphs
-(a decoder-only model's one graph: export/onnx_decoder.py).
+(a decoder-only model's one graph: export/onnx_decoder.py; an encoder-only model's:
+export/onnx_encoder.py).
 
     encoder.onnx       src (B, S) int64 -> cross_k.{i}, cross_v.{i} (B, Hkv, S, D) for
                        every decoder layer i: the prefill's source side, once per source
@@ -41,22 +42,25 @@ from transduce import atomic, checkpoint
 from transduce.attention.kv_cache import ConcatKVCache
 from transduce.export.common import ExportError, not_a_plain_transformer
 from transduce.export.onnx_decoder import export_language_model
-from transduce.model import DecoderOnly, Transformer, load_model
+from transduce.export.onnx_encoder import export_sentence_encoder
+from transduce.model import DecoderOnly, EncoderOnly, Transformer, load_model
 from transduce.onnx_format import DECODER_STEP, ENCODER, INFO, cache_names
 
 OPSET = 17
+ONNX_ARCHS = ("transformer", "decoder", "encoder")
 QUANTIZATIONS = ("int8",)
 
 
 def check_onnx_exportable(model: nn.Module) -> None:
     arch = model.config.arch
-    problems = not_a_plain_transformer(model.config, arch if arch == "decoder" else "transformer")
-    if arch not in ("transformer", "decoder"):
-        problems[0] = (f"arch={arch!r} (the export holds encoder-decoders, arch 'transformer', "
-                       "and language models, arch 'decoder')")
+    problems = not_a_plain_transformer(model.config, arch if arch in ONNX_ARCHS else "transformer")
+    if arch not in ONNX_ARCHS:
+        problems[0] = (f"arch={arch!r} (the export holds the Transformer's three shapes, "
+                       f"arch {', '.join(map(repr, ONNX_ARCHS))})")
     if problems:
         raise ExportError("cannot export to ONNX: " + "; ".join(problems) + " (the export "
-                          "carries softmax attention's key/value cache between steps)")
+                          "writes softmax attention over scaled scores, and carries its "
+                          "key/value cache between steps)")
 
 
 class RMSNormOperators(nn.Module):
@@ -121,8 +125,8 @@ class DecoderStepGraph(nn.Module):
 
 
 def export_onnx(path: Path, out: Path, quantize: str | None = None) -> Path:
-    """Write OUT/encoder.onnx and OUT/decoder_step.onnx (a language model: OUT/decoder.onnx),
-    config.json and the tokenizer. quantize "int8": weights int8 (onnxruntime's dynamic
+    """Write OUT/encoder.onnx and OUT/decoder_step.onnx (a language model: OUT/decoder.onnx;
+    an encoder-only one: OUT/sentence_encoder.onnx), config.json and the tokenizer. quantize "int8": weights int8 (onnxruntime's dynamic
     quantization)."""
     import onnx
 
@@ -138,6 +142,8 @@ def export_onnx(path: Path, out: Path, quantize: str | None = None) -> Path:
     with atomic.atomic_directory(out) as temporary:
         if isinstance(model, DecoderOnly):
             graphs = export_language_model(model, temporary, OPSET)
+        elif isinstance(model, EncoderOnly):
+            graphs = export_sentence_encoder(model, temporary, OPSET)
         else:
             graphs = _export_encoder_decoder(model, temporary)
         for name in graphs:

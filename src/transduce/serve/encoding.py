@@ -29,7 +29,7 @@ def routes(service: Service) -> APIRouter:
         return EmbedResponse(embeddings=vectors, dimensions=encoder.model.config.d_model,
                              truncated=cut, timings=timings)
 
-    if encoder.model.classifier is not None:
+    if encoder.classifies:
         @router.post("/v1/classify", response_model=ClassifyResponse,
                      responses=ERROR_RESPONSES, summary="The most probable label of each text")
         async def classify(body: ClassifyRequest) -> ClassifyResponse:

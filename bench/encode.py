@@ -1,0 +1,145 @@
+"""Sentence-embedding speed of an encoder-only model: our SentenceEncoder in PyTorch and
+on our ONNX export (ONNX Runtime), against transformers' BertModel, on the same weights.
+
+A BERT of bert-base's shape (12 layers of 768, 12 heads, 3072, 30,522 tokens; `--layers`
+etc. to change it) is built by transformers from a random config with a WordPiece
+vocabulary of whole words, saved with save_pretrained and imported with `transduce
+import hf-bert`; `transduce export onnx` of the import is the third peer. --lines lines
+of 8 to --max-words random words each are embedded (mean of the last hidden states over
+real tokens, as sentence-transformers pools). Every peer tokenizes its lines and runs the
+same length-sorted batches of at most --batch-tokens tokens (padding counted), float32
+(and ours in bfloat16 too, the AMX path `--dtype auto` picks), on the same threads,
+interleaved over --repeats rounds. Counted: lines per second of the
+whole call; each peer's vectors are compared with ours (largest difference).
+
+    python bench/encode.py [--lines 512] [--repeats 3] [--out bench/results/encode-cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import machine_info, time_interleaved  # noqa: E402
+from transduce.decode.encode import SentenceEncoder  # noqa: E402
+from transduce.decode.translate import length_sorted_batches  # noqa: E402
+from transduce.export.onnx import export_onnx  # noqa: E402
+from transduce.importers import import_bert  # noqa: E402
+
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def build_hf_model(args: argparse.Namespace, directory: Path):
+    """A random BertModel saved where our importer reads it, with a vocabulary of whole
+    words w0, w1, ... (one token each)."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(
+        vocab_size=args.vocab, hidden_size=args.d_model, num_hidden_layers=args.layers,
+        num_attention_heads=args.heads, intermediate_size=args.d_ff,
+        max_position_embeddings=512)).eval()
+    model.save_pretrained(directory)
+    words = [f"w{i}" for i in range(args.vocab - len(SPECIAL))]
+    (directory / "vocab.txt").write_text("\n".join(SPECIAL + words) + "\n", encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    return model, words
+
+
+def hf_embedder(model, directory: Path, lines: list[str], batches: list[list[int]]):
+    """transformers' side: BertTokenizerFast, then BertModel and the same mean pooling,
+    over our batches -> a call that returns the (N, C) vectors."""
+    import transformers
+
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(str(directory))
+
+    def embed() -> np.ndarray:
+        vectors = np.zeros((len(lines), model.config.hidden_size), dtype=np.float32)
+        for indices in batches:
+            inputs = tokenizer([lines[i] for i in indices], padding=True, return_tensors="pt")
+            with torch.inference_mode():
+                hidden = model(**inputs).last_hidden_state                   # (B, T, C)
+            real = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            vectors[indices] = ((hidden * real).sum(1) / real.sum(1)).numpy()
+        return vectors
+
+    return embed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--d-model", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--d-ff", type=int, default=3072)
+    parser.add_argument("--vocab", type=int, default=30522)
+    parser.add_argument("--lines", type=int, default=512)
+    parser.add_argument("--max-words", type=int, default=64)
+    parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--out", type=Path, default=Path("bench/results/encode-cpu.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        hf, words = build_hf_model(args, scratch / "hf")
+        rng = random.Random(0)
+        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(8, args.max_words)))
+                 for _ in range(args.lines)]
+        ours = SentenceEncoder.load(import_bert(scratch / "hf", scratch / "ours"))
+        onnx = SentenceEncoder.load(export_onnx(scratch / "ours", scratch / "onnx"))
+        bf16 = SentenceEncoder.load(scratch / "ours", dtype="bfloat16")
+        t = ours.tokenizer
+        ids = [[t.bos_id, *row, t.eos_id] for row in t.encode(lines)]      # [CLS] ... [SEP]
+        batches = [list(b) for b in length_sorted_batches(ids, args.batch_tokens)]
+        vectors: dict[str, np.ndarray] = {}
+
+        def peer(name, call):
+            def run():
+                vectors[name] = call()
+            return run
+
+        calls = {"transformers": peer("transformers", hf_embedder(hf, scratch / "hf", lines,
+                                                                  batches)),
+                 "ours": peer("ours", lambda: ours.embed(lines, batch_tokens=args.batch_tokens)),
+                 "onnxruntime": peer("onnxruntime", lambda: onnx.embed(
+                     lines, batch_tokens=args.batch_tokens)),
+                 "ours bfloat16": peer("ours bfloat16", lambda: bf16.embed(
+                     lines, batch_tokens=args.batch_tokens))}
+        started = time.time()
+        times = time_interleaved(calls, args.repeats)
+    tokens = sum(len(row) for row in ids)
+    peers = {}
+    for name, seconds in times.items():
+        median = statistics.median(seconds)
+        peers[name] = {"seconds": median, "lines_per_s": args.lines / median,
+                       "tokens_per_s": tokens / median, "all_seconds": seconds,
+                       "largest_difference_from_ours": float(
+                           np.abs(vectors[name] - vectors["ours"]).max())}
+        print(f"{name}: {args.lines / median:.1f} lines/s, {tokens / median:.0f} tokens/s "
+              f"(largest difference from ours {peers[name]['largest_difference_from_ours']:.1e})")
+    result = {"machine": machine_info(args.threads), "settings": vars(args) | {"out": str(args.out)},
+              "tokens": tokens, "batches": len(batches), "peers": peers,
+              "ratios": {f"ours / {name}": peers["ours"]["lines_per_s"] / peers[name]["lines_per_s"]
+                         for name in peers if name != "ours"},
+              "seconds": time.time() - started}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

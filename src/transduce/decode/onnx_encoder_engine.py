@@ -1,0 +1,49 @@
+"""ONNX Runtime running an encoder-only export (export/onnx_encoder.py) behind the
+SentenceEncoder: `config`, `labels`, and the two things it reads of a batch,
+`class_logits(ids)` and `embeddings(ids)`, as a PyTorch EncoderOnly gives them
+(decode/encode.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from transduce import checkpoint
+from transduce.config import ConfigError
+from transduce.decode.onnx_engine import count_parameters, exported_config, open_session
+from transduce.decode.options import use_instead
+from transduce.onnx_format import SENTENCE_ENCODER
+
+
+class OnnxSentenceEncoder:
+    """An encoder-only model's export run by ONNX Runtime on the CPU (threads: as
+    onnx_engine.open_session)."""
+
+    def __init__(self, directory: Path | str, threads: int = 0):
+        directory = Path(directory)
+        self.config = exported_config(directory)
+        if self.config.arch != "encoder":
+            raise ConfigError(f"{directory}: classify and embed need an encoder-only model; "
+                              f"this export holds an arch={self.config.arch!r} model: "
+                              f"{use_instead(self.config.arch)}")
+        self.labels = checkpoint.read_labels(directory)
+        self.session = open_session(directory, SENTENCE_ENCODER, threads)
+
+    def num_parameters(self) -> int:
+        return count_parameters(self.config)
+
+    def class_logits(self, ids: Tensor) -> Tensor:
+        """ids (B, T) right-padded -> the classifier's logits (B, num_labels)."""
+        return self._run(ids, "logits")
+
+    def embeddings(self, ids: Tensor) -> Tensor:
+        """ids (B, T) right-padded -> the mean hidden state over real tokens (B, C)."""
+        return self._run(ids, "embeddings")
+
+    def _run(self, ids: Tensor, output: str) -> Tensor:
+        array = ids.cpu().numpy().astype(np.int64)
+        feeds = {"ids": array, "segments": np.zeros_like(array)}
+        return torch.from_numpy(self.session.run([output], feeds)[0])
