@@ -131,7 +131,8 @@ def main() -> None:
                            np.abs(vectors[name] - vectors["ours"]).max())}
         print(f"{name}: {args.lines / median:.1f} lines/s, {tokens / median:.0f} tokens/s "
               f"(largest difference from ours {peers[name]['largest_difference_from_ours']:.1e})")
-    result = {"machine": machine_info(args.threads), "settings": vars(args) | {"out": str(args.out)},
+    result = {"machine": machine_info(args.threads),
+              "settings": vars(args) | {"out": str(args.out)},
               "tokens": tokens, "batches": len(batches), "peers": peers,
               "ratios": {f"ours / {name}": peers["ours"]["lines_per_s"] / peers[name]["lines_per_s"]
                          for name in peers if name != "ours"},

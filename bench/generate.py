@@ -10,16 +10,18 @@ peer holds the same weights:
   threads; `--no-ctranslate2` leaves it out) in a child process per call, which times
   itself after a warm-up: loaded into this process, its thread runtime slowed the
   PyTorch peers 1.3-1.5x for as long as the process lived;
-- ONNX Runtime runs our `export onnx` of it behind our Generator (float32, the same
-  threads; `--no-onnx` leaves it out).
-Greedy generation of --new-tokens tokens from prompts of --prompt-length random tokens,
-batch 1 and batch 8 (same-length prompts: no padding on any side), float32, interleaved
-over --repeats rounds. Counted: generated tokens (the same on every side, checked token
-for token), per second of the whole call (prompt prefill included). Decode speed by
-KV-cache kind (float32, int8, int4, sliding) is bench/kv_cache.py's.
+- ONNX Runtime runs our `export onnx` of it behind our Generator (float32, and with
+  `--quantize int8`'s int8 weights, the same threads; `--no-onnx` leaves both out).
+Our Generator also runs in bfloat16 and int8 (`--our-dtypes`), the types `--dtype auto`
+picks on CPUs with AMX and with VNNI. Greedy generation of --new-tokens tokens from
+prompts of --prompt-length random tokens, batch 1 and batch 8 (same-length prompts: no
+padding on any side), interleaved over --repeats rounds. Counted: generated tokens, per
+second of the whole call (prompt prefill included); the float32 peers' tokens are checked
+equal to ours, token for token, and a quantized or bfloat16 peer counts its own. Decode
+speed by KV-cache kind (float32, int8, int4, sliding) is bench/kv_cache.py's.
 
     python bench/generate.py [--family gpt2|llama] [--repeats 3] [--no-ctranslate2]
-        [--no-onnx] [--out bench/results/generate-cpu.json]
+        [--no-onnx] [--our-dtypes bfloat16 int8] [--out bench/results/generate-cpu.json]
 """
 
 from __future__ import annotations
@@ -132,11 +134,13 @@ def ct2_worker(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": seconds, "ids": [r.sequences_ids[0] for r in found]}))
 
 
-def compare_peers(hf, ours: Generator, ct2: Path | None, onnx: Generator | None,
+def compare_peers(hf, generators: dict[str, Generator], ct2: Path | None,
                   args: argparse.Namespace) -> list[dict]:
     """Each batch size: every peer on the same prompts, interleaved; tokens/s over the
-    tokens ours generated (the same on every side, checked)."""
+    tokens each generated (the same as ours, checked, but for a quantized export's).
+    generators: ours, then our Generator on other engines."""
     options = GenerateOptions(max_new_tokens=args.new_tokens, batch_sentences=8)
+    ours = generators["ours"]
     eos = ours.tokenizer.eos_id
     rows = []
     for batch in (1, 8):
@@ -151,29 +155,26 @@ def compare_peers(hf, ours: Generator, ct2: Path | None, onnx: Generator | None,
             outputs["hf generate"] = [[t for t in row if t != eos] for row in
                                       out[:, ids.shape[1]:].tolist()]
 
-        def run_ours():
-            found = ours._generate_batch(ids.tolist(), options)
-            outputs["ours"] = [row.tokens for row in found]
+        def run_generator(name: str):
+            def run():
+                found = generators[name]._generate_batch(ids.tolist(), options)
+                outputs[name] = [row.tokens for row in found]
+            return run
 
         def run_ct2() -> float:
             outputs["ctranslate2"], seconds = ct2_in_child(ct2, pieces, args)
             return seconds
 
-        def run_onnx():
-            found = onnx._generate_batch(ids.tolist(), options)
-            outputs["onnxruntime"] = [row.tokens for row in found]
-
-        calls = {"hf generate": run_hf, "ours": run_ours}
+        calls = {"hf generate": run_hf, **{name: run_generator(name) for name in generators}}
         if ct2 is not None:
             calls["ctranslate2"] = run_ct2
-        if onnx is not None:
-            calls["onnxruntime"] = run_onnx
         times = time_interleaved(calls, args.repeats)
         tokens = sum(len(row) for row in outputs["ours"])
         record = {"batch": batch, "prompt_length": args.prompt_length, "generated_tokens": tokens}
         for name, seconds in times.items():
-            record[name] = {"seconds": statistics.median(seconds),
-                            "tokens_per_s": tokens / statistics.median(seconds),
+            own = sum(len(row) for row in outputs[name])
+            record[name] = {"seconds": statistics.median(seconds), "generated_tokens": own,
+                            "tokens_per_s": own / statistics.median(seconds),
                             "equal_outputs": outputs[name] == outputs["ours"]}
         record["ratio"] = record["ours"]["tokens_per_s"] / record["hf generate"]["tokens_per_s"]
         print(f"batch {batch}: " + ", ".join(
@@ -197,6 +198,9 @@ def main() -> None:
                         help="leave CTranslate2's Generator (on our ct2 export) out")
     parser.add_argument("--no-onnx", dest="onnx", action="store_false",
                         help="leave ONNX Runtime (on our onnx export) out")
+    parser.add_argument("--our-dtypes", nargs="*", default=["bfloat16", "int8"],
+                        choices=["bfloat16", "int8"],
+                        help="our Generator in these types too (as more peers)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=Path("bench/results/generate-cpu.json"))
     parser.add_argument("--ct2-worker", type=Path, help=argparse.SUPPRESS)
@@ -226,11 +230,14 @@ def run_peers(args: argparse.Namespace, family: dict, scratch: Path) -> dict:
     ct2 = None
     if args.ctranslate2:      # float32, as the others, on as many threads (ct2_worker)
         ct2 = export_ctranslate2(scratch / "ours", scratch / "ct2")
-    onnx = None
-    if args.onnx:             # float32, on as many threads, behind our Generator
-        exported = export_onnx(scratch / "ours", scratch / "onnx")
-        onnx = Generator(OnnxLanguageModel(exported, threads=args.threads),
-                         checkpoint.load_tokenizer(exported))
+    generators = {"ours": ours}
+    for dtype in args.our_dtypes:   # the copies `--dtype auto` chooses among, by the CPU
+        generators[f"ours {dtype}"] = Generator.load(scratch / "ours", dtype=dtype)
+    if args.onnx:             # on as many threads, behind our Generator
+        for name, quantize in (("onnxruntime", None), ("onnxruntime int8", "int8")):
+            exported = export_onnx(scratch / "ours", scratch / name.replace(" ", "-"), quantize)
+            generators[name] = Generator(OnnxLanguageModel(exported, threads=args.threads),
+                                         checkpoint.load_tokenizer(exported))
     started = time.time()
     settings = {name: value for name, value in vars(args).items()
                 if name not in ("importer", "ct2_worker", "prompts")}
@@ -238,7 +245,7 @@ def run_peers(args: argparse.Namespace, family: dict, scratch: Path) -> dict:
             "model": {"family": args.family, "layers": args.layers, "d_model": args.d_model,
                       "heads": args.heads, "kv_heads": args.kv_heads,
                       "parameters": ours.model.num_parameters()},
-            "peers": compare_peers(hf, ours, ct2, onnx, args),
+            "peers": compare_peers(hf, generators, ct2, args),
             "seconds": time.time() - started}
 
 

@@ -16,6 +16,7 @@ from tests.test_import_llama import CONFIGS, hf_checkpoint, write_spm_bpe
 from transduce import load
 from transduce.cli import main
 from transduce.config import ConfigError
+from transduce.data.corpus import write_text_metadata
 from transduce.decode.generate import Generator
 from transduce.decode.options import GenerateOptions
 from transduce.decode.search import beam_search, greedy_search
@@ -142,11 +143,11 @@ def test_an_imported_llama_export_computes_what_transformers_computes(tmp_path):
     engine = OnnxLanguageModel(out)
 
     class WholePass(torch.nn.Module):
-        """The export's prefill of a whole batch, as the model's forward."""
+        """The export's pass over whole sequences, as the model's forward."""
         config = engine.config
 
         def forward(self, tokens, key_mask=None):
-            return _prefill_logits(engine, tokens, key_mask)
+            return engine.logits(tokens, key_mask)
 
     assert_same_logits(hf, WholePass(), atol=1e-4)
     text = ["In the beginning God", "El niño"]
@@ -154,16 +155,27 @@ def test_an_imported_llama_export_computes_what_transformers_computes(tmp_path):
         Generator.load(imported).generate(text, max_new_tokens=10)
 
 
-def _prefill_logits(engine, tokens, key_mask):
-    """The graph over a whole batch with an empty past: tokens (B, T) -> logits (B, T, V)."""
-    import numpy as np
-
-    c = engine.config
-    empty = np.zeros((tokens.shape[0], c.kv_heads, 0, c.head_dim), dtype=np.float32)
-    key_mask = torch.ones_like(tokens, dtype=torch.bool) if key_mask is None else key_mask
-    feeds = {"tokens": tokens.numpy(), "key_mask": key_mask.numpy(),
-             **{name: empty for name in engine._past_names}}
-    return torch.from_numpy(engine.session.run(["logits"], feeds)[0])
+def test_perplexity_of_the_export_is_the_checkpoint_s(tmp_path, tiny_corpus, capsys):
+    _, path, _ = exported(tmp_path, tiny_corpus, "llama-gqa")
+    corpus = tmp_path / "text"
+    corpus.mkdir()
+    lines = (tiny_corpus / "test.es").read_text(encoding="utf-8").splitlines()
+    (corpus / "test.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text_metadata(corpus, "es")
+    results = []
+    for model, batch_tokens in ((path, "4096"), (tmp_path / "onnx", "4096"),
+                                (tmp_path / "onnx", "40")):
+        out = tmp_path / f"eval-{len(results)}"
+        assert main(["evaluate", "--model", str(model), "--data", str(corpus),
+                     "--batch-tokens", batch_tokens, "--out", str(out)]) == 0
+        results.append(json.loads(out.with_suffix(".json").read_text()))
+    assert "perplexity" in capsys.readouterr().out
+    for result in results[1:]:
+        assert result["pieces"] == results[0]["pieces"] > 100
+        assert result["nll"] == pytest.approx(results[0]["nll"], rel=1e-5)
+    assert main(["evaluate", "--model", str(tmp_path / "onnx"), "--data", str(corpus),
+                 "--engine", "torch"]) == 2
+    assert "only ONNX Runtime runs" in capsys.readouterr().err
 
 
 def test_int8_export_stays_close(tmp_path, tiny_corpus):
@@ -177,7 +189,8 @@ def test_int8_export_stays_close(tmp_path, tiny_corpus):
 
 
 @pytest.mark.parametrize("name, changes, message", [
-    ("llama-tiny", {"attention_type": "sliding", "attention_window": 4}, "attention_type='sliding'"),
+    ("llama-tiny", {"attention_type": "sliding", "attention_window": 4},
+     "attention_type='sliding'"),
     ("gpt-tiny", {"positional": "alibi"}, "positional='alibi'"),
     ("tiny", {"arch": "rnn-luong"}, "arch='rnn-luong' (the export holds the Transformer's"),
     ("bert-tiny", {"attention_type": "linear"}, "attention_type='linear'"),
@@ -203,8 +216,6 @@ def test_wrong_uses_of_the_export_are_refused_clearly(tmp_path, tiny_corpus, cap
     assert "only ONNX Runtime runs" in capsys.readouterr().err
     assert main(["translate", "--model", str(out)]) == 2
     assert "translation needs an encoder-decoder" in capsys.readouterr().err
-    assert main(["evaluate", "--model", str(out), "--data", str(tiny_corpus)]) == 2
-    assert "transduce generate" in capsys.readouterr().err
     with pytest.raises(ValueError, match="left-padded"):
         OnnxLanguageModel(out).prefill(torch.tensor([[5, 6]]), 4,
                                        src_mask=torch.tensor([[True, False]])[:, None, None])

@@ -194,20 +194,22 @@ def _evaluate_language_model(args: argparse.Namespace) -> int:
 
     from transduce import checkpoint
     from transduce.decode.evaluate import evaluate_language_model
+    from transduce.decode.onnx_engine import runs_on_onnxruntime
+    from transduce.decode.onnx_lm_engine import OnnxLanguageModel
     from transduce.model import load_model
-    from transduce.onnx_format import is_onnx_export
 
-    if args.dtype not in ("auto", "float32") or args.kv_dtype is not None \
-            or args.engine == "onnxruntime" or is_onnx_export(args.model):
-        raise ConfigError("a language model is scored in float32 by PyTorch, from its "
-                          "checkpoint: --dtype, --kv-dtype, --engine onnxruntime and ONNX "
-                          "exports apply to translation (an exported language model "
-                          "generates: transduce generate)")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    directory = checkpoint.resolve(Path(args.model))
-    model = load_model(directory, device)
+    if args.dtype not in ("auto", "float32") or args.kv_dtype is not None:
+        raise ConfigError("a language model is scored in float32: --dtype and --kv-dtype "
+                          "apply to translation")
     out = args.out or (Path(args.model) / f"eval-{args.split}-lm")
     files = _check_outputs(out, "language model")
+    if runs_on_onnxruntime(args.model, args.engine):
+        device, directory = torch.device("cpu"), Path(args.model)
+        model = OnnxLanguageModel(directory)
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        directory = checkpoint.resolve(Path(args.model))
+        model = load_model(directory, device)
     result = evaluate_language_model(model, checkpoint.load_tokenizer(directory), args.data,
                                      args.split, out, batch_tokens=args.batch_tokens,
                                      device=device)

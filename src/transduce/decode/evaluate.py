@@ -38,6 +38,7 @@ from transduce.data.corpus import CorpusError, language_pair, read_lines, read_t
 from transduce.data.labelled import label_indices, labelled_file, read_labelled
 from transduce.data.tokenizer import BOS_ID, EOS_ID, TextTokenizer
 from transduce.decode.encode import SentenceEncoder
+from transduce.decode.onnx_lm_engine import OnnxLanguageModel
 from transduce.decode.translate import Translator
 from transduce.errors import TransduceWarning
 from transduce.model import DecoderOnly
@@ -94,6 +95,8 @@ def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefi
 
 # Logits per chunk when scoring: (rows, V) float32 of 8 MiB, as the training loss's chunks.
 SCORE_CHUNK_ELEMENTS = 1 << 21
+# The most logits an ONNX export's scoring batch returns at once (256 MiB of float32).
+ONNX_LOGITS_ELEMENTS = 1 << 26
 
 
 @dataclass
@@ -110,19 +113,23 @@ class LineScores:
 
 
 @torch.no_grad()
-def score_lines(model: DecoderOnly, ids: Sequence[np.ndarray], *, max_tokens: int = 4096,
-                device: torch.device | str = "cpu", bos_id: int = BOS_ID,
-                eos_id: int = EOS_ID) -> LineScores:
-    """The NLL of every line under a decoder-only model: [bos] + ids -> ids + [eos], each
-    line alone, batched by length (TokenBatcher's batches without a source side). Lines
-    must fit the model's max_positions (with their bos). bos_id, eos_id: the tokenizer's
-    (an imported one has its own). The model is left in eval mode."""
-    model.eval()
+def score_lines(model: DecoderOnly | OnnxLanguageModel, ids: Sequence[np.ndarray], *,
+                max_tokens: int = 4096, device: torch.device | str = "cpu",
+                bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> LineScores:
+    """The NLL of every line under a decoder-only model (or its ONNX export): [bos] + ids
+    -> ids + [eos], each line alone, batched by length (TokenBatcher's batches without a
+    source side). Lines must fit the model's max_positions (with their bos). bos_id,
+    eos_id: the tokenizer's (an imported one has its own). A PyTorch model is left in
+    eval mode."""
     nll = np.zeros(len(ids), dtype=np.float64)
     pieces = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
     if not len(ids):
         return LineScores(nll, pieces)
-    weight = model.output_proj.weight                                      # (V, C)
+    if isinstance(model, OnnxLanguageModel):   # it returns whole (B, T, V) logits
+        vocab = model.config.tgt_vocab_size
+        max_tokens = max(min(max_tokens, ONNX_LOGITS_ELEMENTS // vocab), int(pieces.max()) + 1)
+    else:
+        model.eval()
     batcher = TokenBatcher(None, ids, max_tokens, shuffle=False)
     for indices in batcher.epoch_batches(0):
         tokens = torch.full((len(indices), int(pieces[indices].max()) + 1), eos_id,
@@ -132,13 +139,21 @@ def score_lines(model: DecoderOnly, ids: Sequence[np.ndarray], *, max_tokens: in
         tokens = tokens.to(device)
         lengths = torch.from_numpy(pieces[indices]).to(device)            # (B,)
         keep = torch.arange(tokens.shape[1] - 1, device=device) < lengths[:, None]  # (B, T)
-        hidden = model(tokens[:, :-1], project=False)                      # (B, T, C)
-        token_nll = _token_nll(hidden[keep], weight, tokens[:, 1:][keep])  # (N,)
+        token_nll = _batch_nll(model, tokens, keep)                         # (N,)
         rows = torch.arange(len(indices), device=device)[:, None].expand_as(keep)[keep]
         per_line = torch.zeros(len(indices), dtype=torch.float64, device=device)
         per_line.index_add_(0, rows, token_nll.double())                   # (B,)
         nll[indices] = per_line.cpu().numpy()
     return LineScores(nll, pieces)
+
+
+def _batch_nll(model: DecoderOnly | OnnxLanguageModel, tokens: Tensor, keep: Tensor) -> Tensor:
+    """-log p of each kept next token: tokens (B, T + 1), keep (B, T) -> (N,) float32."""
+    if isinstance(model, OnnxLanguageModel):
+        logits = model.logits(tokens[:, :-1])                               # (B, T, V)
+        return F.cross_entropy(logits[keep], tokens[:, 1:][keep], reduction="none")
+    hidden = model(tokens[:, :-1], project=False)                          # (B, T, C)
+    return _token_nll(hidden[keep], model.output_proj.weight, tokens[:, 1:][keep])
 
 
 def _check_language_pair(translator: Translator, data_dir: Path) -> None:
@@ -161,8 +176,9 @@ def _token_nll(rows: Tensor, weight: Tensor, target: Tensor) -> Tensor:
     return torch.cat(parts) if parts else rows.new_zeros(0, dtype=torch.float32)
 
 
-def evaluate_language_model(model: DecoderOnly, tokenizer: TextTokenizer, data_dir: Path,
-                            split: str, out_prefix: Path, *, batch_tokens: int = 4096,
+def evaluate_language_model(model: DecoderOnly | OnnxLanguageModel, tokenizer: TextTokenizer,
+                            data_dir: Path, split: str, out_prefix: Path, *,
+                            batch_tokens: int = 4096,
                             device: torch.device | str = "cpu") -> dict:
     """Perplexity per piece and per word of the lines of a text split ({split}.txt),
     written to OUT.json. Lines longer than the model reads (max_positions, bos

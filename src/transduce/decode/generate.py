@@ -28,7 +28,7 @@ from transduce.decode.inputs import checked_texts
 from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
 from transduce.decode.onnx_lm_engine import OnnxLanguageModel
 from transduce.decode.options import DecodeDtype, Engine, GenerateOptions, KvDtype, \
-    decoding_dtype, is_sampling_seed
+    decoding_dtype, is_sampling_seed, use_instead
 from transduce.decode.sampling import Sampler, penalize_repetition, prompt_seeds
 from transduce.decode.search import beam_search
 from transduce.errors import TransduceError, TransduceWarning
@@ -129,9 +129,9 @@ class Generator:
             self.cache_dtype = None
             return
         if not isinstance(model, DecoderOnly):
-            use = "classify or embed" if model.config.arch == "encoder" else "translate"
+            arch = model.config.arch
             raise ConfigError(f"generation needs a decoder-only model (arch 'decoder'); this "
-                              f"one is arch={model.config.arch!r}: use {use}")
+                              f"one is arch={arch!r}: {use_instead(arch)}")
         dtype = decoding_dtype(dtype, device)
         if kv_dtype is not None and kv_dtype not in choices(KvDtype):
             raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "

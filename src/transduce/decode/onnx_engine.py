@@ -8,6 +8,10 @@ sampling, beam search and n-best lists work the same on both.
 
 The past keys and values travel as graph inputs and come back as outputs (ONNX graphs
 update nothing in place); the state keeps them as arrays and reorders their rows.
+
+What the engines of the other two shapes share with it is here too: which engine runs a
+directory (runs_on_onnxruntime), the settings an export accepts, opening a session, the
+export's configuration and parameter count (onnx_lm_engine.py, onnx_encoder_engine.py).
 """
 
 from __future__ import annotations

@@ -75,17 +75,26 @@ class OnnxLanguageModel:
             raise ConfigError(f"the ONNX export keeps its cache in the graph's type; "
                               f"kv_dtype={cache_dtype} needs the PyTorch engine")
         real = left_padded_tokens(prompt, src_mask).cpu().numpy()
-        c = self.config
-        empty = np.zeros((prompt.shape[0], c.kv_heads, 0, c.head_dim), dtype=np.float32)
-        state = OnnxLMState([empty] * (2 * c.num_decoder_layers), real[:, :0])
+        state = self._empty_state(prompt.shape[0])
         if prompt.shape[1] > 1:
             self._run(prompt[:, :-1], real[:, :-1], state)
         return state
+
+    def logits(self, tokens: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        """The whole causal pass, as DecoderOnly.forward: tokens (B, T) -> logits
+        (B, T, V); key_mask (B, T), True for real tokens, only for left padding."""
+        real = np.ones(tokens.shape, dtype=bool) if key_mask is None else key_mask.cpu().numpy()
+        return self._run(tokens, real, self._empty_state(tokens.shape[0]))
 
     def decode_step(self, tokens: Tensor, state: OnnxLMState) -> Tensor:
         """tokens (R, T), all real, after state.length cached positions -> logits
         (R, T, V); the state's caches grow by T."""
         return self._run(tokens, np.ones(tokens.shape, dtype=bool), state)
+
+    def _empty_state(self, rows: int) -> OnnxLMState:
+        c = self.config
+        empty = np.zeros((rows, c.kv_heads, 0, c.head_dim), dtype=np.float32)
+        return OnnxLMState([empty] * (2 * c.num_decoder_layers), np.ones((rows, 0), dtype=bool))
 
     def _run(self, tokens: Tensor, real: np.ndarray, state: OnnxLMState) -> Tensor:
         """tokens (R, T) and which of them are real (R, T) -> logits (R, T, V)."""

@@ -126,8 +126,8 @@ class DecoderStepGraph(nn.Module):
 
 def export_onnx(path: Path, out: Path, quantize: str | None = None) -> Path:
     """Write OUT/encoder.onnx and OUT/decoder_step.onnx (a language model: OUT/decoder.onnx;
-    an encoder-only one: OUT/sentence_encoder.onnx), config.json and the tokenizer. quantize "int8": weights int8 (onnxruntime's dynamic
-    quantization)."""
+    an encoder-only one: OUT/sentence_encoder.onnx), config.json and the tokenizer.
+    quantize "int8": weights int8 (onnxruntime's dynamic quantization)."""
     import onnx
 
     if quantize not in (None, *QUANTIZATIONS):
