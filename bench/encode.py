@@ -8,8 +8,8 @@ import hf-bert`; `transduce export onnx` of the import is the third peer. --line
 of 8 to --max-words random words each are embedded (mean of the last hidden states over
 real tokens, as sentence-transformers pools). Every peer tokenizes its lines and runs the
 same length-sorted batches of at most --batch-tokens tokens (padding counted), float32
-(and ours in bfloat16 too, the AMX path `--dtype auto` picks), on the same threads,
-interleaved over --repeats rounds. Counted: lines per second of the
+(and ours in bfloat16 and int8, the AMX and VNNI paths `--dtype auto` picks, and the
+export with `--quantize int8`), on the same threads, interleaved over --repeats rounds. Counted: lines per second of the
 whole call; each peer's vectors are compared with ours (largest difference).
 
     python bench/encode.py [--lines 512] [--repeats 3] [--out bench/results/encode-cpu.json]
@@ -99,10 +99,13 @@ def main() -> None:
         rng = random.Random(0)
         lines = [" ".join(rng.choice(words) for _ in range(rng.randint(8, args.max_words)))
                  for _ in range(args.lines)]
-        ours = SentenceEncoder.load(import_bert(scratch / "hf", scratch / "ours"))
-        onnx = SentenceEncoder.load(export_onnx(scratch / "ours", scratch / "onnx"))
-        bf16 = SentenceEncoder.load(scratch / "ours", dtype="bfloat16")
-        t = ours.tokenizer
+        encoders = {"ours": SentenceEncoder.load(import_bert(scratch / "hf", scratch / "ours"))}
+        for dtype in ("bfloat16", "int8"):
+            encoders[f"ours {dtype}"] = SentenceEncoder.load(scratch / "ours", dtype=dtype)
+        for name, quantize in (("onnxruntime", None), ("onnxruntime int8", "int8")):
+            encoders[name] = SentenceEncoder.load(export_onnx(
+                scratch / "ours", scratch / name.replace(" ", "-"), quantize))
+        t = encoders["ours"].tokenizer
         ids = [[t.bos_id, *row, t.eos_id] for row in t.encode(lines)]      # [CLS] ... [SEP]
         batches = [list(b) for b in length_sorted_batches(ids, args.batch_tokens)]
         vectors: dict[str, np.ndarray] = {}
@@ -112,13 +115,11 @@ def main() -> None:
                 vectors[name] = call()
             return run
 
-        calls = {"transformers": peer("transformers", hf_embedder(hf, scratch / "hf", lines,
-                                                                  batches)),
-                 "ours": peer("ours", lambda: ours.embed(lines, batch_tokens=args.batch_tokens)),
-                 "onnxruntime": peer("onnxruntime", lambda: onnx.embed(
-                     lines, batch_tokens=args.batch_tokens)),
-                 "ours bfloat16": peer("ours bfloat16", lambda: bf16.embed(
-                     lines, batch_tokens=args.batch_tokens))}
+        embed_hf = hf_embedder(hf, scratch / "hf", lines, batches)
+        calls = {"transformers": peer("transformers", embed_hf),
+                 **{name: peer(name, lambda e=encoder: e.embed(lines,
+                                                               batch_tokens=args.batch_tokens))
+                    for name, encoder in encoders.items()}}
         started = time.time()
         times = time_interleaved(calls, args.repeats)
     tokens = sum(len(row) for row in ids)

@@ -137,6 +137,17 @@ def test_an_imported_bert_export_computes_what_transformers_computes(tmp_path):
     assert engine.labels == ["negative", "neutral", "positive"]
 
 
+def test_int8_export_stays_close(tmp_path, tiny_corpus):
+    model, path, _ = exported(tmp_path, tiny_corpus, "bert-classifier")
+    engine = OnnxSentenceEncoder(export_onnx(path, tmp_path / "int8", quantize="int8"))
+    ids = torch.randint(4, VOCAB, (3, 9))
+    got = graph_outputs(engine, ids, torch.zeros_like(ids))
+    with torch.no_grad():
+        hidden = model(ids)
+    error = (got["hidden"] - hidden).abs().max().item()
+    assert 0 < error < 0.1 * hidden.abs().max().item()      # quantized, and close
+
+
 def test_wrong_uses_of_the_export_are_refused_clearly(tmp_path, tiny_corpus, capsys):
     _, path, _ = exported(tmp_path, tiny_corpus, "bert")
     out = tmp_path / "onnx"
