@@ -133,12 +133,33 @@ def test_an_export_imports_back_to_the_same_model(importer, name, changes, tmp_p
         ["And God said", " two  spaces"]) == tokens
 
 
+def test_a_sliding_window_exports_as_mistral_and_imports_back(tmp_path, tiny_corpus):
+    model, path = saved_language_model(tmp_path, tiny_corpus, "llama-tiny",
+                                       attention_type="sliding", attention_window=4)
+    out = export_hf(path, tmp_path / "hf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(theirs).__name__ == "MistralForCausalLM" and theirs.config.sliding_window == 5
+    tokens, mask = left_padded([13, 7, 1], 13, VOCAB, model.config.pad_id)   # beyond the window
+    positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    with torch.no_grad():
+        expected = theirs(tokens, attention_mask=mask.long(), position_ids=positions).logits
+        got = model(tokens, key_mask=mask)
+    torch.testing.assert_close(got[mask], expected[mask], atol=2e-5, rtol=1e-5)
+    back = load_model(import_llama(out, tmp_path / "back"))
+    assert back.config.replace(dropout=model.config.dropout) == model.config
+    for (key, a), (_, b) in zip(model.state_dict().items(), back.state_dict().items()):
+        assert torch.equal(a, b), key
+
+
 @pytest.mark.parametrize("name,changes,message", [
     ("gpt-tiny", {"num_kv_heads": 2}, "num_kv_heads=2 (GPT-2 has full multi-head"),
     ("gpt-tiny", {"positional": "sinusoidal"}, "positional='sinusoidal' (the format's is "
                                                "'learned')"),
     ("llama-tiny", {"bias": True, "norm": "layer"}, "norm='layer'"),
-    ("llama-tiny", {"attention_type": "sliding"}, "attention_type='sliding'"),
+    ("gpt-tiny", {"attention_type": "sliding"}, "attention_type='sliding'"),
+    ("llama-tiny", {"attention_type": "sliding", "qkv_bias": True}, "qkv_bias=True (Mistral"),
     ("gpt-tiny", {"gated_ffn": True, "scale_embeddings": True}, "scale_embeddings=True"),
     ("llama-tiny", {"qkv_bias": True}, "Qwen2 with a SentencePiece vocabulary"),
 ])

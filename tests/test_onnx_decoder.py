@@ -37,6 +37,7 @@ VARIANTS = {  # preset, changes
                                         "rope_factor": 8.0, "rope_original_positions": 16}),
     "gpt": ("gpt-tiny", {}),
     "gpt-sinusoidal-post-norm": ("gpt-tiny", {"positional": "sinusoidal", "norm_first": False}),
+    "mistral-sliding": ("llama-tiny", {"attention_type": "sliding", "attention_window": 3}),
 }
 PROMPTS = ["uno dos tres casa el perro", "el gato", "", "dos"]
 
@@ -91,7 +92,7 @@ def test_reordered_rows_follow_pytorch(tmp_path, tiny_corpus):
     torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("variant", ["llama-gqa", "gpt"])
+@pytest.mark.parametrize("variant", ["llama-gqa", "gpt", "mistral-sliding"])
 def test_generation_and_searches_give_the_same_text(tmp_path, tiny_corpus, variant):
     _, path, _ = exported(tmp_path, tiny_corpus, variant)
     ours, theirs = Generator.load(path), Generator.load(tmp_path / "onnx")
@@ -134,9 +135,11 @@ def test_the_cli_and_a_server_run_the_export(tmp_path, tiny_corpus, capsys):
         assert described["parameters"] == Generator.load(path).model.num_parameters()
 
 
-def test_an_imported_llama_export_computes_what_transformers_computes(tmp_path):
+@pytest.mark.parametrize("config", [0, 4, 5], ids=["llama-gqa", "mistral-sliding", "qwen2"])
+def test_an_imported_llama_export_computes_what_transformers_computes(tmp_path, config):
     (tmp_path / "tokenizer").mkdir()
-    hf = hf_checkpoint(tmp_path / "hf", write_spm_bpe(tmp_path / "tokenizer"), **CONFIGS[0])
+    hf = hf_checkpoint(tmp_path / "hf", write_spm_bpe(tmp_path / "tokenizer"),
+                       **dict(CONFIGS[config]))
     imported = import_llama(tmp_path / "hf", tmp_path / "ours")
     out = export_onnx(imported, tmp_path / "onnx")
     assert (out / "tokenizer.json").is_file()          # the checkpoint's own tokenizer
@@ -189,8 +192,7 @@ def test_int8_export_stays_close(tmp_path, tiny_corpus):
 
 
 @pytest.mark.parametrize("name, changes, message", [
-    ("llama-tiny", {"attention_type": "sliding", "attention_window": 4},
-     "attention_type='sliding'"),
+    ("gpt-tiny", {"attention_type": "linear"}, "attention_type='linear'"),
     ("gpt-tiny", {"positional": "alibi"}, "positional='alibi'"),
     ("tiny", {"arch": "rnn-luong"}, "arch='rnn-luong' (the export holds the Transformer's"),
     ("bert-tiny", {"attention_type": "linear"}, "attention_type='linear'"),

@@ -10,13 +10,15 @@ class ExportError(TransduceError, ValueError):
     """The model has a feature the target format cannot express; names it."""
 
 
-def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer") -> list[str]:
+def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
+                            sliding: bool = False) -> list[str]:
     """What no format here can hold: another shape than the format's `arch` (RNN
-    models among them) and non-softmax self-attention."""
+    models among them) and non-softmax self-attention (sliding-window softmax attention
+    where the format masks it: `sliding`)."""
     problems = []
     if c.arch != arch:
         problems.append(f"arch={c.arch!r} (the format holds arch {arch!r})")
-    if c.attention_type != "softmax":
+    if c.attention_type not in (("softmax", "sliding") if sliding else ("softmax",)):
         problems.append(f"attention_type={c.attention_type!r} (the format has softmax attention)")
     if not c.attention_scale:
         problems.append("attention_scale=False (the format scales the scores)")

@@ -1,7 +1,8 @@
 """Export a decoder-only model to Hugging Face transformers: Llama's layout (rotary
 positions, RMSNorm, SwiGLU, grouped-query attention, no biases) as `LlamaForCausalLM`,
-or as `Qwen2ForCausalLM` with biases on the query, key and value projections
-(qkv_bias), GPT-2's (learned positions, LayerNorm, biases) as `GPT2LMHeadModel`.
+as `MistralForCausalLM` with sliding-window attention, or as `Qwen2ForCausalLM` with
+biases on the query, key and value projections (qkv_bias); GPT-2's (learned positions,
+LayerNorm, biases) as `GPT2LMHeadModel`.
 
 Both hold our layers as they are, so the weights only change names (GPT-2's Conv1D
 stores each matrix transposed, and fuses q, k, v). The tokenizer goes with them as a
@@ -28,23 +29,28 @@ from transduce.written import write_export_marker
 
 LLAMA = Family("Llama", "LlamaForCausalLM", "LlamaConfig", "llama")
 QWEN2 = Family("Qwen2", "Qwen2ForCausalLM", "Qwen2Config", "qwen2")
+MISTRAL = Family("Mistral", "MistralForCausalLM", "MistralConfig", "mistral")
 GPT2 = Family("GPT-2", "GPT2LMHeadModel", "GPT2Config", "gpt2")
 # Our activations under GPT-2's names (its activation_function).
 GPT2_ACTIVATIONS = {"gelu-tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
 
 def decoder_family(config: ModelConfig) -> Family:
-    """Llama for rotary positions (Qwen2 with biases on q, k, v alone), GPT-2 for the
-    rest."""
+    """Llama for rotary positions (Mistral with a sliding window, Qwen2 with biases on
+    q, k, v alone), GPT-2 for the rest."""
     if config.positional != "rotary":
         return GPT2
+    if config.attention_type == "sliding":
+        return MISTRAL
     return QWEN2 if config.qkv_bias and not config.bias else LLAMA
 
 
 def check_decoder_exportable(model: DecoderOnly) -> None:
     c = model.config
     family = decoder_family(c)
-    problems = not_a_plain_transformer(c, arch="decoder")
+    problems = not_a_plain_transformer(c, arch="decoder", sliding=family is MISTRAL)
+    if family is MISTRAL and c.qkv_bias:
+        problems.append("qkv_bias=True (Mistral's projections have no biases)")
     if not c.norm_first:
         problems.append("norm_first=False (the format's layers are pre-norm)")
     if c.scale_embeddings:
@@ -71,8 +77,10 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
            "pad_token_id": tokenizer.pad_id, "tie_word_embeddings": c.tie_embeddings != "none"}
     family = decoder_family(c)
     if family is not GPT2:
-        layout = {"attention_bias": False, "mlp_bias": False} if family is LLAMA else \
-            {"use_sliding_window": False}
+        # Mistral's window counts the query's own key; ours, the keys before it.
+        layout = {LLAMA: {"attention_bias": False, "mlp_bias": False},
+                  MISTRAL: {"sliding_window": c.attention_window + 1},
+                  QWEN2: {"use_sliding_window": False}}[family]
         return {"architectures": [family.model_class], "model_type": family.model_type,
                 "vocab_size": c.tgt_vocab_size, "hidden_size": c.d_model,
                 "intermediate_size": c.d_ff, "num_hidden_layers": c.num_decoder_layers,

@@ -53,7 +53,8 @@ QUANTIZATIONS = ("int8",)
 
 def check_onnx_exportable(model: nn.Module) -> None:
     arch = model.config.arch
-    problems = not_a_plain_transformer(model.config, arch if arch in ONNX_ARCHS else "transformer")
+    problems = not_a_plain_transformer(model.config, arch if arch in ONNX_ARCHS else "transformer",
+                                       sliding=arch == "decoder")   # onnx_decoder's band
     if arch not in ONNX_ARCHS:
         problems[0] = (f"arch={arch!r} (the export holds the Transformer's three shapes, "
                        f"arch {', '.join(map(repr, ONNX_ARCHS))})")

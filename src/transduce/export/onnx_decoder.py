@@ -8,7 +8,9 @@ The prompt's prefill is the call with an empty past (P = 0); each later step pas
 the present back as the past. key_mask marks the real tokens among the past and the new
 ones: left-padded prompts of different lengths run as one batch, each token's position
 counting from its row's first real token (the cumulative sum of key_mask), as in
-DecoderOnly.forward with key_mask. Every size is dynamic; the export is traced as the
+DecoderOnly.forward with key_mask. Sliding-window attention (Mistral's) is the same graph
+with the band in the mask: the past keeps every key (not the window's rolling cache), and
+each query attends the attention_window positions before it. Every size is dynamic; the export is traced as the
 encoder-decoder's is (export/onnx.py says why).
 """
 
@@ -32,6 +34,8 @@ class LanguageModelGraph(nn.Module):
         super().__init__()
         self.model = model
         self.layers = model.config.num_decoder_layers
+        c = model.config
+        self.window = c.attention_window if c.attention_type == "sliding" else None
 
     def forward(self, tokens: Tensor, key_mask: Tensor, *past: Tensor) -> tuple[Tensor, ...]:
         """tokens (R, T), key_mask (R, P + T), then past k/v per layer -> logits
@@ -40,8 +44,11 @@ class LanguageModelGraph(nn.Module):
         positions = (key_mask.long().cumsum(dim=1) - 1).clamp(min=0)[:, past_len:]  # (R, T)
         query_pos = torch.arange(steps, device=tokens.device)[:, None] + past_len
         key_pos = torch.arange(past_len + steps, device=tokens.device)[None, :]
-        step_mask = (key_pos <= query_pos)[None, None] & key_mask[:, None, None, :]
-        caches = [ConcatKVCache(past[2 * i], past[2 * i + 1], step_mask)      # (R, 1, T, P + T)
+        allowed = key_pos <= query_pos                                     # (T, P + T)
+        if self.window is not None:
+            allowed = allowed & (query_pos - key_pos <= self.window)
+        step_mask = allowed[None, None] & key_mask[:, None, None, :]      # (R, 1, T, P + T)
+        caches = [ConcatKVCache(past[2 * i], past[2 * i + 1], step_mask)
                   for i in range(self.layers)]
         hidden = self.model.decoder(tokens, None, None, caches=caches, positions=positions)
         logits = self.model.output_proj(hidden)
