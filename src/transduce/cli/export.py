@@ -15,7 +15,7 @@ def register(commands) -> None:
     formats = export.add_subparsers(dest="format", required=True)
     hf = formats.add_parser("hf", help="Hugging Face transformers: Marian (post-norm) or "
                                      "Pegasus (pre-norm); a language model as Llama "
-                                     "(rotary positions) or GPT-2")
+                                     "(rotary positions) or GPT-2; an encoder as BERT")
     hf.add_argument("model", type=Path, help="checkpoint or run directory")
     hf.add_argument("out", type=Path, help="directory to write")
     hf.add_argument("--force", action="store_true", help=FORCE_HELP)
@@ -48,8 +48,10 @@ def export_hf(args: argparse.Namespace) -> int:
     check_output_directory(args.out, "OUT", force=args.force, reads=args.model)
     out = write(args.model, args.out)
     written = json.loads((out / "config.json").read_text(encoding="utf-8"))
-    auto = "AutoModelForSeq2SeqLM" if written.get("is_encoder_decoder") else \
-        "AutoModelForCausalLM"
+    auto = {"BertForSequenceClassification": "AutoModelForSequenceClassification",
+            "BertForPreTraining": "AutoModelForPreTraining"}.get(
+        written["architectures"][0],
+        "AutoModelForSeq2SeqLM" if written.get("is_encoder_decoder") else "AutoModelForCausalLM")
     print(f"wrote {out} ({written['architectures'][0]}: load it with transformers.{auto}"
           f".from_pretrained and AutoTokenizer.from_pretrained)")
     return 0

@@ -244,6 +244,18 @@ class HFTokenizer:
         return cls(backend, tokenizer.path, bos=tokenizer.bos_id, eos=tokenizer.eos_id,
                    pad=tokenizer.pad_id)
 
+    def with_bert_template(self) -> HFTokenizer:
+        """This tokenizer with BERT's post-processor, [CLS] A [SEP] / [CLS] A [SEP] B [SEP]
+        (bos as [CLS], eos as [SEP]), so that its tokenizer.json says sequences start with
+        [CLS] and end with [SEP], as an encoder-only model reads them."""
+        library = _tokenizers()
+        cls, sep = self.piece(self.bos_id), self.piece(self.eos_id)
+        self.backend.post_processor = library.processors.TemplateProcessing(
+            single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            special_tokens=[(cls, self.bos_id), (sep, self.eos_id)])
+        return HFTokenizer(self.backend, self.path, bos=self.bos_id, eos=self.eos_id,
+                           pad=self.pad_id, mask=self.mask_id)
+
     def _find_mask(self) -> int | None:
         """The id of the special token named [MASK] (or <mask>), if the tokenizer has one."""
         names = {token.content: token_id for token_id, token

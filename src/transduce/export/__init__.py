@@ -1,6 +1,8 @@
-"""Writing a checkpoint in other toolkits' formats: Hugging Face Marian or Pegasus (hf.py),
-CTranslate2 (ctranslate2.py) and ONNX (onnx.py, imported on use). Each computes what our
-model computes, and refuses, with the reason, a model it cannot express."""
+"""Writing a checkpoint in other toolkits' formats: Hugging Face Marian or Pegasus (hf.py;
+language models: hf_decoder.py, encoders: hf_encoder.py), CTranslate2 (ctranslate2.py)
+and ONNX (onnx.py, imported on use), for all three shapes where the format holds them.
+Each computes what our model computes, and refuses, with the reason, a model it cannot
+express."""
 
 from transduce.export.common import ExportError
 from transduce.export.ctranslate2 import export_ctranslate2

@@ -195,13 +195,18 @@ def export_hf(path: Path, out: Path) -> Path:
     """Write OUT/ with config.json, model.safetensors, source.spm, target.spm, vocab.json,
     tokenizer_config.json and our export marker (written.py); loadable with transformers'
     Auto classes (AutoModelForSeq2SeqLM, AutoTokenizer) -> OUT. A decoder-only model is
-    written as Llama or GPT-2 (hf_decoder.py)."""
+    written as Llama, Mistral, Qwen2 or GPT-2 (hf_decoder.py), an encoder-only one as
+    BERT (hf_encoder.py)."""
     directory = checkpoint.resolve(path)
     model = load_model(directory)
     if model.config.arch == "decoder":
         from transduce.export.hf_decoder import export_hf_decoder
 
         return export_hf_decoder(directory, model, out)
+    if model.config.arch == "encoder":
+        from transduce.export.hf_encoder import export_hf_encoder
+
+        return export_hf_encoder(directory, model, out)
     theirs = hf_model(model)
     tokenizer = Tokenizer(directory / checkpoint.TOKENIZER)
     with atomic.atomic_directory(out) as temporary:

@@ -32,9 +32,8 @@ class LanguageModelGraph(nn.Module):
 
     def __init__(self, model: DecoderOnly):
         super().__init__()
-        self.model = model
-        self.layers = model.config.num_decoder_layers
         c = model.config
+        self.model, self.layers = model, c.num_decoder_layers
         self.window = c.attention_window if c.attention_type == "sliding" else None
 
     def forward(self, tokens: Tensor, key_mask: Tensor, *past: Tensor) -> tuple[Tensor, ...]:

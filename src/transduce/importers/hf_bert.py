@@ -164,7 +164,7 @@ def read_tokenizer(hf_dir: Path) -> HFTokenizer:
             tokenizer = HFTokenizer.from_file(hf_dir / TOKENIZER_JSON, bos=specials["cls"],
                                               eos=specials["sep"], pad=specials["pad"])
             if not tokenizer.prepend_bos:   # no [CLS] A [SEP] template: give it BERT's,
-                tokenizer = _with_bert_template(tokenizer)   # which the checkpoint keeps
+                tokenizer = tokenizer.with_bert_template()   # which the checkpoint keeps
         elif (hf_dir / VOCAB_TXT).is_file():
             tokenizer = HFTokenizer.from_wordpiece(
                 hf_dir / VOCAB_TXT, lowercase=bool(options.get("do_lower_case", True)),
@@ -178,20 +178,6 @@ def read_tokenizer(hf_dir: Path) -> HFTokenizer:
     except TokenizerError as error:
         raise ForeignCheckpointError(str(error)) from None
     return tokenizer
-
-
-def _with_bert_template(tokenizer: HFTokenizer) -> HFTokenizer:
-    """The tokenizer with BERT's post-processor, [CLS] A [SEP] / [CLS] A [SEP] B [SEP],
-    so that it (and the checkpoint's tokenizer.json) says sequences start with [CLS]."""
-    from tokenizers import processors
-
-    cls, sep = tokenizer.piece(tokenizer.bos_id), tokenizer.piece(tokenizer.eos_id)
-    backend = tokenizer.backend
-    backend.post_processor = processors.TemplateProcessing(
-        single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
-        special_tokens=[(cls, tokenizer.bos_id), (sep, tokenizer.eos_id)])
-    return HFTokenizer(backend, tokenizer.path, bos=tokenizer.bos_id, eos=tokenizer.eos_id,
-                       pad=tokenizer.pad_id, mask=tokenizer.mask_id)
 
 
 def _bert_names(tensors: dict[str, Tensor], source: Path) -> dict[str, str]:
