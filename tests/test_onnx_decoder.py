@@ -118,7 +118,7 @@ def test_the_cli_and_a_server_run_the_export(tmp_path, tiny_corpus, capsys):
     _, path, _ = exported(tmp_path, tiny_corpus, "gpt")
     out = tmp_path / "cli"
     assert main(["export", "onnx", str(path), str(out)]) == 0
-    assert "generate with `transduce generate" in capsys.readouterr().out
+    assert "run it with `transduce generate --model" in capsys.readouterr().out
     expected = Generator.load(path).generate(PROMPTS[:2], max_new_tokens=8)
     for engine in ("auto", "onnxruntime"):
         assert main(["generate", "--model", str(out), "--engine", engine, "--max-new-tokens",

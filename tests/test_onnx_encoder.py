@@ -78,7 +78,7 @@ def test_classify_embed_cli_and_server_give_the_checkpoint_s_answers(tmp_path, t
     _, path, _ = exported(tmp_path, tiny_corpus, "bert-classifier")
     out = tmp_path / "cli"
     assert main(["export", "onnx", str(path), str(out)]) == 0
-    assert "classify or embed with `transduce classify|embed --model" in capsys.readouterr().out
+    assert "run it with `transduce classify|embed --model" in capsys.readouterr().out
     ours, theirs = SentenceEncoder.load(path), load(out)
     assert isinstance(theirs, SentenceEncoder) and isinstance(theirs.model, OnnxSentenceEncoder)
     assert theirs.labels == ours.labels == ["class 0", "class 1", "class 2"]

@@ -28,9 +28,10 @@ def register(commands) -> None:
     ct2.add_argument("--quantization", default=None, choices=CT2_QUANTIZATIONS,
                      help="weight type (default: float32)")
     ct2.set_defaults(handler=export_ct2)
-    onnx = formats.add_parser("onnx", help="ONNX with the KV cache, for ONNX Runtime: "
-                                           "encoder.onnx and decoder_step.onnx, or a "
-                                           "language model's decoder.onnx")
+    onnx = formats.add_parser("onnx", help="ONNX, for ONNX Runtime: encoder.onnx and "
+                                           "decoder_step.onnx with the KV cache, a language "
+                                           "model's decoder.onnx, an encoder's "
+                                           "sentence_encoder.onnx")
     onnx.add_argument("model", type=Path, help="checkpoint or run directory")
     onnx.add_argument("out", type=Path, help="directory to write")
     onnx.add_argument("--force", action="store_true", help=FORCE_HELP)
@@ -74,14 +75,14 @@ def export_ct2(args: argparse.Namespace) -> int:
 
 def export_onnx(args: argparse.Namespace) -> int:
     """Write a checkpoint as ONNX graphs (an encoder-decoder's prefill and decode step,
-    or a language model's one graph)."""
+    or a language model's or an encoder's one graph)."""
     from transduce.export.onnx import export_onnx as write
     from transduce.onnx_format import DECODER, SENTENCE_ENCODER
 
     check_output_directory(args.out, "OUT", force=args.force, reads=args.model)
     out = write(args.model, args.out, args.quantize)
-    command = "generate" if (out / DECODER).is_file() else "classify or embed" \
-        if (out / SENTENCE_ENCODER).is_file() else "translate"
-    print(f"wrote {out} ({command} with `transduce {command.replace(' or ', '|')} --model "
-          f"{out}`, or transduce.load({str(out)!r}))")
+    commands = {DECODER: "generate", SENTENCE_ENCODER: "classify|embed"}
+    command = next((c for graph, c in commands.items() if (out / graph).is_file()), "translate")
+    print(f"wrote {out} (run it with `transduce {command} --model {out}`, or "
+          f"transduce.load({str(out)!r}))")
     return 0

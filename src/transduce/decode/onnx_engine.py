@@ -84,7 +84,24 @@ def count_parameters(config: ModelConfig) -> int:
         return build_model(config).num_parameters()
 
 
-class OnnxState:
+class PastArrays:
+    """What every ONNX decoding state holds: the past self-attention keys and values
+    (R, Hkv, P, D) per layer, as arrays."""
+
+    past: list[np.ndarray]
+
+    @property
+    def length(self) -> int:
+        """Positions decoded (or cached) so far."""
+        return self.past[0].shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the self-attention caches."""
+        return sum(array.nbytes for array in self.past)
+
+
+class OnnxState(PastArrays):
     """The decoding state between steps, as arrays: past self-attention keys and values
     (R, Hkv, P, D) per layer, the sources' cross-attention keys and values (B, Hkv, S, D)
     per layer, the source mask (B, S), and which source each target row reads (R,)."""
@@ -92,16 +109,6 @@ class OnnxState:
     def __init__(self, past: list[np.ndarray], cross: list[np.ndarray], src_mask: np.ndarray):
         self.past, self.cross, self.src_mask = past, cross, src_mask
         self.row_source = np.arange(src_mask.shape[0], dtype=np.int64)
-
-    @property
-    def length(self) -> int:
-        """Target tokens decoded so far."""
-        return self.past[0].shape[2]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the self-attention caches."""
-        return sum(array.nbytes for array in self.past)
 
     def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
         """Keep target rows `rows` (R',) and, when given, sources `sources` (B',), in

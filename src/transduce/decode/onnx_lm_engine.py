@@ -17,28 +17,19 @@ import torch
 from torch import Tensor
 
 from transduce.config import ConfigError
-from transduce.decode.onnx_engine import count_parameters, exported_config, open_session
+from transduce.decode.onnx_engine import PastArrays, count_parameters, exported_config, \
+    open_session
 from transduce.decode.options import use_instead
 from transduce.model.decoder_only import left_padded_tokens
 from transduce.onnx_format import DECODER, cache_names
 
 
-class OnnxLMState:
-    """Past keys and values (R, Hkv, P, D) per layer and key_mask (R, P), True where a
-    real token is."""
+class OnnxLMState(PastArrays):
+    """Past keys and values (R, Hkv, P, D) per layer (P counts left padding too) and
+    key_mask (R, P), True where a real token is."""
 
     def __init__(self, past: list[np.ndarray], key_mask: np.ndarray):
         self.past, self.key_mask = past, key_mask
-
-    @property
-    def length(self) -> int:
-        """Positions cached so far, left padding included."""
-        return self.past[0].shape[2]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the caches."""
-        return sum(array.nbytes for array in self.past)
 
     def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
         """Keep rows `rows` (R',) in that order (beams, running prompts); `sources` is

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from transduce import atomic, checkpoint
 from transduce.config import ModelConfig
+from transduce.data.hf_tokenizer import TOKENIZER_JSON
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.export.common import ExportError, not_a_plain_transformer, \
     not_the_papers_layers
@@ -215,6 +216,25 @@ def export_hf(path: Path, out: Path) -> Path:
             atomic.open_permissions(weights)
         _write_tokenizer(tokenizer, temporary, model.config.max_positions,
                          checkpoint.read_languages(directory))
+        write_export_marker(temporary, f"huggingface-{theirs.config.model_type}",
+                            checkpoint.trained_steps(directory))
+    return out
+
+
+def save_with_tokenizer_json(theirs, tokenizer, specials: dict[str, int], max_positions: int,
+                             directory: Path, out: Path) -> Path:
+    """Write transformers model `theirs` (of the checkpoint at `directory`) as OUT/ with
+    its tokenizer as tokenizer.json, a tokenizer_config.json naming the special tokens
+    (`specials`: "bos_token" etc. -> id) and our export marker -> OUT."""
+    with atomic.atomic_directory(out) as temporary:
+        theirs.save_pretrained(temporary)
+        for weights in temporary.glob("*.safetensors"):   # written 0600
+            atomic.open_permissions(weights)
+        tokenizer.save(temporary / TOKENIZER_JSON)
+        (temporary / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **{name: tokenizer.piece(token) for name, token in specials.items()},
+            "model_max_length": max_positions}, indent=2), encoding="utf-8")
         write_export_marker(temporary, f"huggingface-{theirs.config.model_type}",
                             checkpoint.trained_steps(directory))
     return out

@@ -13,19 +13,18 @@ sequence with bos as our language models are trained.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from transduce import atomic, checkpoint
+from transduce import checkpoint
 from transduce.config import ModelConfig
-from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
+from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.export.common import ExportError, not_a_plain_transformer
-from transduce.export.hf import HF_ACTIVATIONS, Family, generation_config
+from transduce.export.hf import HF_ACTIVATIONS, Family, generation_config, \
+    save_with_tokenizer_json
 from transduce.model import DecoderOnly
-from transduce.written import write_export_marker
 
 LLAMA = Family("Llama", "LlamaForCausalLM", "LlamaConfig", "llama")
 QWEN2 = Family("Qwen2", "Qwen2ForCausalLM", "Qwen2Config", "qwen2")
@@ -207,16 +206,7 @@ def export_hf_decoder(directory: Path, model: DecoderOnly, out: Path) -> Path:
     AutoModelForCausalLM and AutoTokenizer -> OUT."""
     tokenizer = hf_tokenizer(directory, decoder_family(model.config))
     theirs = hf_decoder_model(model, tokenizer)
-    with atomic.atomic_directory(out) as temporary:
-        theirs.save_pretrained(temporary)
-        for weights in temporary.glob("*.safetensors"):   # written 0600
-            atomic.open_permissions(weights)
-        tokenizer.save(temporary / TOKENIZER_JSON)
-        piece = tokenizer.piece
-        (temporary / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": piece(tokenizer.bos_id),
-            "eos_token": piece(tokenizer.eos_id), "pad_token": piece(tokenizer.pad_id),
-            "model_max_length": model.config.max_positions}, indent=2), encoding="utf-8")
-        write_export_marker(temporary, f"huggingface-{theirs.config.model_type}",
-                            checkpoint.trained_steps(directory))
-    return out
+    specials = {"bos_token": tokenizer.bos_id, "eos_token": tokenizer.eos_id,
+                "pad_token": tokenizer.pad_id}
+    return save_with_tokenizer_json(theirs, tokenizer, specials, model.config.max_positions,
+                                    directory, out)

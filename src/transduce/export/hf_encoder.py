@@ -12,17 +12,16 @@ unknown piece (data/masking.py).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from torch import Tensor
 
-from transduce import atomic, checkpoint
-from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
+from transduce import checkpoint
+from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.data.masking import MASK_ID
 from transduce.export.common import ExportError, not_a_plain_transformer
+from transduce.export.hf import save_with_tokenizer_json
 from transduce.model import EncoderOnly
-from transduce.written import write_export_marker
 
 # Our activations under BERT's names (hidden_act).
 BERT_ACTIVATIONS = {"gelu": "gelu", "gelu-tanh": "gelu_new", "relu": "relu"}
@@ -127,18 +126,8 @@ def export_hf_encoder(directory: Path, model: EncoderOnly, out: Path) -> Path:
     marker; loadable with transformers' AutoModel... classes and AutoTokenizer -> OUT."""
     check_bert_exportable(model)
     tokenizer = bert_tokenizer(directory)
-    theirs = bert_model(model)
-    mask = tokenizer.mask_id if tokenizer.mask_id is not None else MASK_ID
-    with atomic.atomic_directory(out) as temporary:
-        theirs.save_pretrained(temporary)
-        for weights in temporary.glob("*.safetensors"):   # written 0600
-            atomic.open_permissions(weights)
-        tokenizer.save(temporary / TOKENIZER_JSON)
-        piece = tokenizer.piece
-        (temporary / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "PreTrainedTokenizerFast", "cls_token": piece(tokenizer.bos_id),
-            "sep_token": piece(tokenizer.eos_id), "pad_token": piece(tokenizer.pad_id),
-            "mask_token": piece(mask), "model_max_length": model.config.max_positions},
-            indent=2), encoding="utf-8")
-        write_export_marker(temporary, "huggingface-bert", checkpoint.trained_steps(directory))
-    return out
+    specials = {"cls_token": tokenizer.bos_id, "sep_token": tokenizer.eos_id,
+                "pad_token": tokenizer.pad_id,
+                "mask_token": MASK_ID if tokenizer.mask_id is None else tokenizer.mask_id}
+    return save_with_tokenizer_json(bert_model(model), tokenizer, specials,
+                                    model.config.max_positions, directory, out)
