@@ -245,15 +245,17 @@ class HFTokenizer:
                    pad=tokenizer.pad_id)
 
     def with_bert_template(self) -> HFTokenizer:
-        """This tokenizer with BERT's post-processor, [CLS] A [SEP] / [CLS] A [SEP] B [SEP]
-        (bos as [CLS], eos as [SEP]), so that its tokenizer.json says sequences start with
-        [CLS] and end with [SEP], as an encoder-only model reads them."""
+        """A copy of this tokenizer with BERT's post-processor, [CLS] A [SEP] / [CLS] A
+        [SEP] B [SEP] (bos as [CLS], eos as [SEP]), so that its tokenizer.json says
+        sequences start with [CLS] and end with [SEP], as an encoder-only model reads them
+        (this one is left as it is)."""
         library = _tokenizers()
         cls, sep = self.piece(self.bos_id), self.piece(self.eos_id)
-        self.backend.post_processor = library.processors.TemplateProcessing(
+        backend = library.Tokenizer.from_str(self.backend.to_str())
+        backend.post_processor = library.processors.TemplateProcessing(
             single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
             special_tokens=[(cls, self.bos_id), (sep, self.eos_id)])
-        return HFTokenizer(self.backend, self.path, bos=self.bos_id, eos=self.eos_id,
+        return HFTokenizer(backend, self.path, bos=self.bos_id, eos=self.eos_id,
                            pad=self.pad_id, mask=self.mask_id)
 
     def _find_mask(self) -> int | None:

@@ -12,9 +12,7 @@ import torch
 from torch import Tensor
 
 from transduce import checkpoint
-from transduce.config import ConfigError
 from transduce.decode.onnx_engine import count_parameters, exported_config, open_session
-from transduce.decode.options import use_instead
 from transduce.onnx_format import SENTENCE_ENCODER
 
 
@@ -24,11 +22,8 @@ class OnnxSentenceEncoder:
 
     def __init__(self, directory: Path | str, threads: int = 0):
         directory = Path(directory)
-        self.config = exported_config(directory)
-        if self.config.arch != "encoder":
-            raise ConfigError(f"{directory}: classify and embed need an encoder-only model; "
-                              f"this export holds an arch={self.config.arch!r} model: "
-                              f"{use_instead(self.config.arch)}")
+        self.config = exported_config(directory, "encoder",
+                                      "classify and embed need an encoder-only model")
         self.labels = checkpoint.read_labels(directory)
         self.session = open_session(directory, SENTENCE_ENCODER, threads)
 

@@ -70,10 +70,16 @@ def open_session(directory: Path, name: str, threads: int = 0):
                               f"({str(error).splitlines()[0]})") from None
 
 
-def exported_config(directory: Path) -> ModelConfig:
-    """An export's model configuration, after checking that the export is whole."""
+def exported_config(directory: Path, arch: str | None = None, needs: str = "") -> ModelConfig:
+    """An export's model configuration, after checking that the export is whole and, when
+    `arch` is given, that it holds that shape (else a ConfigError: "`needs`; this export
+    holds ..., use ...")."""
     read_info(directory)
-    return checkpoint.read_configs(directory)[0]
+    config = checkpoint.read_configs(directory)[0]
+    if arch is not None and config.arch != arch:
+        raise ConfigError(f"{directory}: {needs}; this export holds an arch={config.arch!r} "
+                          f"model: {use_instead(config.arch)}")
+    return config
 
 
 def count_parameters(config: ModelConfig) -> int:
@@ -132,11 +138,8 @@ class OnnxEngine:
 
     def __init__(self, directory: Path | str, threads: int = 0):
         directory = Path(directory)
-        self.config = exported_config(directory)
-        if self.config.arch != "transformer":
-            raise ConfigError(f"{directory}: translation needs an encoder-decoder; this "
-                              f"export holds an arch={self.config.arch!r} model: "
-                              f"{use_instead(self.config.arch)}")
+        self.config = exported_config(directory, "transformer",
+                                      "translation needs an encoder-decoder")
         self.languages = checkpoint.read_languages(directory)   # as the checkpoint's
         self.layers = self.config.num_decoder_layers
         self.encoder = open_session(directory, ENCODER, threads)

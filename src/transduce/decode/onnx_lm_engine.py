@@ -19,7 +19,6 @@ from torch import Tensor
 from transduce.config import ConfigError
 from transduce.decode.onnx_engine import PastArrays, count_parameters, exported_config, \
     open_session
-from transduce.decode.options import use_instead
 from transduce.model.decoder_only import left_padded_tokens
 from transduce.onnx_format import DECODER, cache_names
 
@@ -45,11 +44,8 @@ class OnnxLanguageModel:
 
     def __init__(self, directory: Path | str, threads: int = 0):
         directory = Path(directory)
-        self.config = exported_config(directory)
-        if self.config.arch != "decoder":
-            raise ConfigError(f"{directory}: generation needs a language model; this export "
-                              f"holds an arch={self.config.arch!r} model: "
-                              f"{use_instead(self.config.arch)}")
+        self.config = exported_config(directory, "decoder",
+                                      "generation needs a language model")
         self.session = open_session(directory, DECODER, threads)
         self._past_names = cache_names(self.config.num_decoder_layers, "past")
 

@@ -124,10 +124,10 @@ def export_hf_encoder(directory: Path, model: EncoderOnly, out: Path) -> Path:
     """Write the checkpoint at `directory`, whose model is `model`, as OUT/ with
     config.json, model.safetensors, tokenizer.json, tokenizer_config.json and our export
     marker; loadable with transformers' AutoModel... classes and AutoTokenizer -> OUT."""
-    check_bert_exportable(model)
+    theirs = bert_model(model)             # checks what BERT can hold first
     tokenizer = bert_tokenizer(directory)
     specials = {"cls_token": tokenizer.bos_id, "sep_token": tokenizer.eos_id,
                 "pad_token": tokenizer.pad_id,
                 "mask_token": MASK_ID if tokenizer.mask_id is None else tokenizer.mask_id}
-    return save_with_tokenizer_json(bert_model(model), tokenizer, specials,
-                                    model.config.max_positions, directory, out)
+    return save_with_tokenizer_json(theirs, tokenizer, specials, model.config.max_positions,
+                                    directory, out)
