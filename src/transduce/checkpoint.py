@@ -84,11 +84,13 @@ def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
     a tokenizer.json inside a checkpoint (its special ids are taken from there), or a
     tokenizer object (an HFTokenizer is written as tokenizer.json with its special ids).
     origin: how a derived checkpoint was made, with "steps" (the training steps behind it).
-    A classifier's label names (model.labels) and a translation model's language pair
-    (model.languages: source, target) are written with its configuration."""
+    A classifier's label names (model.labels), a translation model's language pair
+    (model.languages: source, target) and a multilingual one's language codes
+    (model.language_codes: code -> id) are written with its configuration."""
     write_tokenizer, section = _tokenizer_writer(tokenizer_path)
     described = {"labels": getattr(model, "labels", None),
-                 "languages": getattr(model, "languages", None)}
+                 "languages": getattr(model, "languages", None),
+                 "language_codes": getattr(model, "language_codes", None)}
     with atomic.atomic_directory(path) as temporary:
         _write_config(temporary, model.config, train_config, origin, section, **described)
         _save_weights(model, temporary / WEIGHTS)
@@ -154,13 +156,15 @@ def _tokenizer_section(tokenizer: HFTokenizer) -> dict[str, Any]:
 def _write_config(directory: Path, model_config: ModelConfig, train_config: TrainConfig | None,
                   origin: dict[str, Any] | None, tokenizer: dict[str, Any] | None = None,
                   labels: list[str] | None = None,
-                  languages: tuple[str, str] | None = None) -> None:
+                  languages: tuple[str, str] | None = None,
+                  language_codes: dict[str, int] | None = None) -> None:
     values = {"model": model_config.to_dict(),
               "train": None if train_config is None else train_config.to_dict(),
               **({"origin": origin} if origin else {}),
               **({"tokenizer": tokenizer} if tokenizer else {}),
               **({"labels": list(labels)} if labels else {}),
-              **({"languages": dict(zip(("source", "target"), languages))} if languages else {})}
+              **({"languages": dict(zip(("source", "target"), languages))} if languages else {}),
+              **({"language_codes": dict(language_codes)} if language_codes else {})}
     (directory / CONFIG).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
 
 
@@ -220,6 +224,19 @@ def read_languages(path: Path) -> tuple[str, str] | None:
         raise CheckpointError(f"{Path(path) / CONFIG}: \"languages\" must be "
                               f'{{"source": "es", "target": "en"}}, got {languages!r}')
     return languages["source"], languages["target"]
+
+
+def read_language_codes(path: Path) -> dict[str, int] | None:
+    """A multilingual translation model's language codes -> their token ids (None: a
+    model of one language pair). A source starts with its language's code, and the
+    decoder is given the target's code after bos (decode/languages.py)."""
+    codes = _read_config_json(path).get("language_codes")
+    if codes is not None and (not isinstance(codes, dict) or not codes or not all(
+            isinstance(code, str) and isinstance(i, int) and not isinstance(i, bool)
+            for code, i in codes.items())):
+        raise CheckpointError(f"{Path(path) / CONFIG}: \"language_codes\" must map codes "
+                              f"to token ids, such as {{\"eng_Latn\": 4}}, got {codes!r}")
+    return codes
 
 
 def load_tokenizer(path: Path) -> TextTokenizer:

@@ -15,11 +15,13 @@ CONFIG = "config.json"
 EXPORT_MARKER = "transduce-export.json"
 
 
-def write_export_marker(directory: Path, format_name: str, steps: int | None) -> None:
-    """Mark an export of `format_name` (from a checkpoint of `steps` training steps)."""
+def write_export_marker(directory: Path, format_name: str, steps: int | None,
+                        **more) -> None:
+    """Mark an export of `format_name` (from a checkpoint of `steps` training steps),
+    with `more` that its user needs (a multilingual model's language code pieces)."""
     (directory / EXPORT_MARKER).write_text(json.dumps(
-        {"written_by": "transduce", "format": format_name, "trained_steps": steps},
-        indent=2) + "\n", encoding="utf-8")
+        {"written_by": "transduce", "format": format_name, "trained_steps": steps, **more},
+        indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def written_by_transduce(directory: Path) -> bool:

@@ -26,6 +26,7 @@ def register(commands) -> None:
     translate.add_argument("--output", type=Path, default=None, help="default: standard output")
     translate.add_argument("--strict", action="store_true",
                            help="refuse lines over the model's length limit instead of truncating")
+    add_language_options(translate)
     translate.set_defaults(handler=translate_command)
 
     evaluate = commands.add_parser("evaluate", help="BLEU and chrF on a corpus split; "
@@ -37,6 +38,7 @@ def register(commands) -> None:
                           help="prefix for .hyp and .json (default MODEL/eval-SPLIT-beamN; "
                                "a language model's .json: MODEL/eval-SPLIT-lm)")
     add_search_options(evaluate)
+    add_language_options(evaluate)
     evaluate.set_defaults(handler=evaluate_command)
 
     maps = commands.add_parser("attention", help="draw a translation's attention maps")
@@ -47,6 +49,15 @@ def register(commands) -> None:
     maps.add_argument("--head", type=positive_int, default=None, help="only this head (1-based)")
     maps.add_argument("--beam", type=positive_int, default=4)
     maps.set_defaults(handler=attention_command)
+
+
+def add_language_options(parser: argparse.ArgumentParser) -> None:
+    """--source-lang and --target-lang: a multilingual model's pair (decode/languages.py)."""
+    for side in ("source", "target"):
+        parser.add_argument(f"--{side}-lang", default=None, metavar="CODE",
+                            help=f"a multilingual model's {side} language, one of its codes "
+                                 f"(NLLB's: eng_Latn, fra_Latn, ...); default: the pair it "
+                                 f"records")
 
 
 def translate_command(args: argparse.Namespace) -> int:
@@ -62,6 +73,7 @@ def translate_command(args: argparse.Namespace) -> int:
         check_output_file(args.output, "--output")
     translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                  engine=args.engine, workers=args.workers)
+    translator.direction(args.source_lang, args.target_lang)   # refused before any input
     if args.input is not None:
         _translate_file(translator, args)
         return 0
@@ -103,7 +115,8 @@ def _translated_text(translator, lines: list[str], args: argparse.Namespace, don
 
     options = dict(beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens,
                    batch_sentences=args.batch_sentences, strict=args.strict,
-                   first_line_number=done + 1, progress=progress)
+                   first_line_number=done + 1, progress=progress,
+                   source_lang=args.source_lang, target_lang=args.target_lang)
     if args.nbest == 1:
         return format_best(translator.translate(lines, **options))
     return format_nbest(translator.translate_nbest(lines, args.nbest, **options), done)
@@ -130,10 +143,12 @@ def evaluate_command(args: argparse.Namespace) -> int:
     files = _check_outputs(out, "translation")
     translator = Translator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                  engine=args.engine, workers=args.workers)
+    translator.direction(args.source_lang, args.target_lang)   # refused before translating
     with tqdm(unit="line", desc=f"translating {args.split}") as bar:
         result = evaluate_split(translator, args.data, args.split, out, beam=args.beam,
                                 alpha=args.alpha, batch_tokens=args.batch_tokens,
-                                batch_sentences=args.batch_sentences, progress=bar.update)
+                                batch_sentences=args.batch_sentences, progress=bar.update,
+                                source_lang=args.source_lang, target_lang=args.target_lang)
     print(f"{args.split}: BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  "
           f"({result['sentences']} sentences, beam {args.beam}, "
           f"{result['sentences_per_second']:.1f} sentences/s)")

@@ -1,5 +1,5 @@
-"""`transduce import hf-gpt2` / `hf-llama` / `hf-bert` / `hf-marian`: another toolkit's
-checkpoint as ours."""
+"""`transduce import hf-gpt2` / `hf-llama` / `hf-bert` / `hf-marian` / `hf-nllb`: another
+toolkit's checkpoint as ours."""
 
 from __future__ import annotations
 
@@ -38,6 +38,13 @@ def register(commands) -> None:
                 "Import a Hugging Face Marian translation model (config.json, "
                 "model.safetensors or pytorch_model.bin, source.spm, vocab.json) as an "
                 "encoder-decoder checkpoint that translates, serves and exports as ours do; "
+                "options the model cannot reproduce are refused by name.")
+    _add_format(formats, import_hf_nllb, "hf-nllb",
+                "Hugging Face NLLB-200 (M2M100ForConditionalGeneration directory)",
+                "Import a Hugging Face NLLB-200 translation model (config.json, "
+                "model.safetensors or pytorch_model.bin, tokenizer.json, "
+                "sentencepiece.bpe.model) as a multilingual encoder-decoder checkpoint: "
+                "translate with --source-lang and --target-lang (eng_Latn, fra_Latn, ...); "
                 "options the model cannot reproduce are refused by name.")
 
 
@@ -98,6 +105,18 @@ def import_hf_marian(args: argparse.Namespace) -> int:
     _say_written(out, "encoder-decoder", f"{config.num_encoder_layers} + "
                  f"{config.num_decoder_layers}", config, config.tgt_vocab_size,
                  f", {model.languages[0]} -> {model.languages[1]}" if model.languages else "")
+    return 0
+
+
+def import_hf_nllb(args: argparse.Namespace) -> int:
+    """Import a Hugging Face NLLB checkpoint."""
+    from transduce.importers import import_nllb
+
+    out, model = _imported(args, import_nllb)
+    config = model.config
+    _say_written(out, "encoder-decoder", f"{config.num_encoder_layers} + "
+                 f"{config.num_decoder_layers}", config, config.tgt_vocab_size,
+                 f", {len(model.language_codes)} languages")
     return 0
 
 

@@ -56,10 +56,14 @@ def written_files(out_prefix: Path, kind: str) -> list[Path]:
 
 def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefix: Path, *,
                    beam: int = 4, alpha: float = 0.6, batch_tokens: int = 4096,
-                   batch_sentences: int = 0, progress=None) -> dict:
+                   batch_sentences: int = 0, progress=None, source_lang: str | None = None,
+                   target_lang: str | None = None) -> dict:
     """Translate every line of the split's source, score against its references, and
-    write OUT.hyp (one line per source line) and OUT.json (scores, signatures, timing)."""
-    _check_language_pair(translator, data_dir)
+    write OUT.hyp (one line per source line) and OUT.json (scores, signatures, timing).
+    source_lang, target_lang: a multilingual model's pair (Translator.translate)."""
+    way = translator.direction(source_lang, target_lang)
+    if not way.languages:       # a multilingual model's codes are not the corpus's names
+        _check_language_pair(translator, data_dir)
     source_path, reference_path = split_files(data_dir, split)
     sources, references = read_lines(source_path), read_lines(reference_path)
     second = data_dir / f"{split}.ref2"
@@ -70,12 +74,15 @@ def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefi
                               f"{len(sources)}: references must be line-aligned")
     start = time.perf_counter()
     hypotheses = translator.translate(sources, beam=beam, alpha=alpha, batch_tokens=batch_tokens,
-                                      batch_sentences=batch_sentences, progress=progress)
+                                      batch_sentences=batch_sentences, progress=progress,
+                                      source_lang=source_lang, target_lang=target_lang)
     seconds = time.perf_counter() - start
     bleu = sacrebleu.metrics.BLEU()
     chrf = sacrebleu.metrics.CHRF()
     result = {
         "split": split, "sentences": len(sources), "beam": beam, "alpha": alpha,
+        **({"languages": dict(zip(("source", "target"), way.languages))}
+           if way.languages else {}),
         "dtype": translator.dtype,
         "bleu": bleu.corpus_score(hypotheses, [references]).score,
         "chrf": chrf.corpus_score(hypotheses, [references]).score,

@@ -14,26 +14,30 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from transduce.decode.search import (Hypothesis, Start, fill_holes, length_penalty,
-                                     max_lengths, start_tokens)
+from transduce.decode.search import (Hypothesis, Start, fill_holes, forced_start,
+                                     length_penalty, max_lengths, start_tokens)
 from transduce.model import Generative as Model
 
 
 @torch.no_grad()
 def greedy_hypotheses(model: Model, src: Tensor, *, bos_id: Start, eos_id: int,
                       alpha: float = 0.6, max_len: int | None = None,
-                      cache_dtype: torch.dtype | None = None,
-                      src_mask: Tensor | None = None) -> list[list[Hypothesis]]:
+                      cache_dtype: torch.dtype | None = None, src_mask: Tensor | None = None,
+                      forced: Tensor | None = None) -> list[list[Hypothesis]]:
     """src (B, S) right-padded ids -> for each sentence, [its greedy Hypothesis] (the form
     beam_search returns). A sentence ends at eos or at its length limit, and leaves the
-    batch with its cache rows."""
+    batch with its cache rows. forced: (B, F) tokens every output starts with
+    (search.forced_start)."""
     device, batch = src.device, src.shape[0]
-    limits = max_lengths(model, src, max_len)                              # (B,)
-    state = model.prefill(src, int(limits.max()), src_mask=src_mask, cache_dtype=cache_dtype)
+    given = 0 if forced is None else forced.shape[1]
+    limits = max_lengths(model, src, max_len, given)                       # (B,)
+    state = model.prefill(src, int(limits.max()) + given, src_mask=src_mask,
+                          cache_dtype=cache_dtype)
+    start = forced_start(model, state, bos_id, forced)
     alive = list(range(batch))            # original index of each row still searching
     limit = limits.to(device)                                              # (A,)
     scores = torch.zeros(batch, device=device)                             # (A,)
-    history = start_tokens(bos_id, batch, device)                          # (A, 1 + steps)
+    history = start_tokens(start, batch, device)                           # (A, 1 + steps)
     found: list[list[Hypothesis]] = [[] for _ in range(batch)]
     for step in range(1, int(limits.max()) + 1):
         logits = model.decode_step(history[:, -1:], state)[:, -1]          # (A, V)

@@ -141,6 +141,7 @@ class OnnxEngine:
         self.config = exported_config(directory, "transformer",
                                       "translation needs an encoder-decoder")
         self.languages = checkpoint.read_languages(directory)   # as the checkpoint's
+        self.language_codes = checkpoint.read_language_codes(directory)
         self.layers = self.config.num_decoder_layers
         self.encoder = open_session(directory, ENCODER, threads)
         self.decoder = open_session(directory, DECODER_STEP, threads)

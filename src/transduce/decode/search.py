@@ -40,9 +40,10 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def max_lengths(model: Model, src: Tensor, max_len: int | Tensor | None) -> Tensor:
+def max_lengths(model: Model, src: Tensor, max_len: int | Tensor | None,
+                forced: int = 0) -> Tensor:
     """Per-sentence output limit (B,): source length + 50, or max_len (one for all, or
-    (B,) one each), within max_positions."""
+    (B,) one each), within max_positions less the `forced` tokens given after bos."""
     source_lengths = (src != model.config.pad_id).sum(dim=1)
     if max_len is None:
         limit = source_lengths + EXTRA_LENGTH
@@ -50,7 +51,7 @@ def max_lengths(model: Model, src: Tensor, max_len: int | Tensor | None) -> Tens
         limit = max_len.to(source_lengths)
     else:
         limit = torch.full_like(source_lengths, max_len)
-    return limit.clamp(max=model.config.max_positions, min=1)
+    return limit.clamp(max=model.config.max_positions - forced, min=1)
 
 
 @torch.no_grad()
@@ -104,6 +105,19 @@ def _step_until_done(model: Model, src: Tensor, bos_id: Start, eos_id: int,
     return torch.cat(generated, dim=1)
 
 
+def forced_start(model: Model, state, bos_id: Start, forced: Tensor | None) -> Start:
+    """Where a search starts: bos, or, with `forced` (B, F) tokens that every output
+    begins with (a multilingual model's target language), the last of them, once bos and
+    the others went through the decoder into `state`. They are given, not searched: they
+    count in no score, length or limit, and are not part of the hypotheses."""
+    if forced is None:
+        return bos_id
+    batch = forced.shape[0]
+    given = torch.cat([start_tokens(bos_id, batch, forced.device), forced[:, :-1]], dim=1)
+    model.decode_step(given, state)
+    return forced[:, -1]
+
+
 def start_tokens(start: Start, batch: int, device: torch.device) -> Tensor:
     """The first decoder input of each row: bos, or a decoder-only prompt's last token
     -> (B, 1)."""
@@ -115,8 +129,8 @@ def start_tokens(start: Start, batch: int, device: torch.device) -> Tensor:
 @torch.no_grad()
 def beam_search(model: Model, src: Tensor, *, bos_id: Start, eos_id: int, beam: int = 4,
                 alpha: float = 0.6, nbest: int = 1, max_len: int | Tensor | None = None,
-                cache_dtype: torch.dtype | None = None,
-                src_mask: Tensor | None = None) -> list[list[Hypothesis]]:
+                cache_dtype: torch.dtype | None = None, src_mask: Tensor | None = None,
+                forced: Tensor | None = None) -> list[list[Hypothesis]]:
     """Batched beam search -> for each sentence, its nbest hypotheses, best first.
 
     Each step extends every live beam by every token, keeps the 2 * beam best
@@ -128,13 +142,15 @@ def beam_search(model: Model, src: Tensor, *, bos_id: Start, eos_id: int, beam: 
     leave the batch, and their cache rows with them (KVCache.reorder).
     max_len: new tokens at most, one limit for all or (B,) one each. cache_dtype: the
     self-attention caches' type (default: the model's); torch.int8 quantizes them
-    (QuantizedKVCache).
+    (QuantizedKVCache). forced: (B, F) tokens every output starts with (forced_start).
     """
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest={nbest} must be between 1 and beam={beam}")
     device, batch = src.device, src.shape[0]
-    limits = max_lengths(model, src, max_len).tolist()
-    state = model.prefill(src, max(limits), src_mask=src_mask, cache_dtype=cache_dtype)
+    given = 0 if forced is None else forced.shape[1]
+    limits = max_lengths(model, src, max_len, given).tolist()
+    state = model.prefill(src, max(limits) + given, src_mask=src_mask, cache_dtype=cache_dtype)
+    start = forced_start(model, state, bos_id, forced)
     # K target rows per sentence; the source side stays one row per sentence.
     state.reorder(torch.arange(batch, device=device).repeat_interleave(beam))  # (B * K)
     alive = list(range(batch))             # original index of each sentence still searching
@@ -142,7 +158,7 @@ def beam_search(model: Model, src: Tensor, *, bos_id: Start, eos_id: int, beam: 
     # Only the first beam of each sentence is live at the start: the others would repeat it.
     scores = torch.full((batch, beam), float("-inf"), device=device)
     scores[:, 0] = 0.0
-    history = start_tokens(bos_id, batch, device).repeat_interleave(beam, dim=0)  # (B * K, 1)
+    history = start_tokens(start, batch, device).repeat_interleave(beam, dim=0)  # (B * K, 1)
 
     for step in range(1, max(limits) + 1):
         logits = model.decode_step(history[:, -1:], state)[:, -1]         # (A * K, V)

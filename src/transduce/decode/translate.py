@@ -3,6 +3,7 @@
     model = transduce.load("runs/small/average")
     model.translate(["En el principio crió Dios los cielos y la tierra."])  # -> [str]
     model.translate_nbest(lines, nbest=3, beam=4)      # -> [[Translation(text, score)]]
+    nllb.translate(lines, source_lang="eng_Latn", target_lang="fra_Latn")   # multilingual
     transduce.load("exported/onnx")     # an ONNX export, run by ONNX Runtime (same searches)
 
 N lines in give N lines out in the same order; an empty line gives an empty line.
@@ -24,6 +25,7 @@ from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.decode import continuous
 from transduce.decode.greedy import greedy_hypotheses
 from transduce.decode.inputs import checked_texts
+from transduce.decode.languages import Direction, direction
 from transduce.decode.onnx_engine import OnnxEngine, check_onnx_settings, runs_on_onnxruntime
 from transduce.decode.options import (DecodeDtype, Engine, KvDtype, SearchOptions,
                                       decoding_dtype, use_instead)
@@ -117,7 +119,19 @@ class Translator:
     def decodes_continuously(self) -> bool:
         """Whether sentences can join and leave a running search (decode/continuous.py):
         a PyTorch Transformer with plain KV caches (not quantized: kv_dtype None)."""
-        return self.kv_dtype is None and continuous.supports(self.model)
+        return self.kv_dtype is None and continuous.supports(self.model) \
+            and not self.language_codes       # the running search forces no tokens
+
+    @property
+    def language_codes(self) -> dict[str, int] | None:
+        """A multilingual model's language codes -> ids (decode/languages.py)."""
+        return getattr(self.model, "language_codes", None)
+
+    def direction(self, source_lang: str | None, target_lang: str | None) -> Direction:
+        """The tokens a translation from source_lang into target_lang is given (None: the
+        model's own pair); a language the model does not have is a ConfigError."""
+        return direction(self.language_codes, getattr(self.model, "languages", None),
+                         source_lang, target_lang)
 
     @property
     def max_source_tokens(self) -> int:
@@ -127,48 +141,57 @@ class Translator:
     def translate(self, lines: Sequence[str], *, beam: int = 4, alpha: float = 0.6,
                   batch_tokens: int = 4096, batch_sentences: int = 0, strict: bool = False,
                   first_line_number: int = 1, progress: Progress | None = None,
-                  max_length: int | None = None) -> list[str]:
+                  max_length: int | None = None, source_lang: str | None = None,
+                  target_lang: str | None = None) -> list[str]:
         """Translate lines -> the best translation of each line.
 
         Batches hold about batch_tokens source tokens counting padding, and at most
         batch_sentences lines when it is not 0. A line over the model's length limit is
         truncated with a warning naming it, or refused with strict=True. progress(n) is
         called as each batch of n lines ends. max_length caps each output's tokens (None:
-        the source's length + 50).
+        the source's length + 50). source_lang, target_lang: a multilingual model's
+        languages (its codes, such as eng_Latn; None: the pair it records).
         """
         options = SearchOptions(beam=beam, alpha=alpha, batch_tokens=batch_tokens,
                                 batch_sentences=batch_sentences, max_length=max_length)
-        found = self._search(lines, options, strict, first_line_number, progress)
+        found = self._search(lines, options, strict, first_line_number, progress,
+                             self.direction(source_lang, target_lang))
         return [hypotheses[0].text for hypotheses in found]
 
     def translate_nbest(self, lines: Sequence[str], nbest: int, *, beam: int = 4,
                         alpha: float = 0.6, batch_tokens: int = 4096, batch_sentences: int = 0,
                         strict: bool = False, first_line_number: int = 1,
-                        progress: Progress | None = None,
-                        max_length: int | None = None) -> list[list[Translation]]:
+                        progress: Progress | None = None, max_length: int | None = None,
+                        source_lang: str | None = None,
+                        target_lang: str | None = None) -> list[list[Translation]]:
         """Translate lines -> the nbest (<= beam) best translations of each line with their
         scores, best first. Options as in translate()."""
         options = SearchOptions(beam=beam, alpha=alpha, nbest=nbest, batch_tokens=batch_tokens,
                                 batch_sentences=batch_sentences, max_length=max_length)
-        return self._search(lines, options, strict, first_line_number, progress)
+        return self._search(lines, options, strict, first_line_number, progress,
+                            self.direction(source_lang, target_lang))
 
     def _search(self, lines: Sequence[str], options: SearchOptions, strict: bool,
-                first_line_number: int, progress: Progress | None) -> list[list[Translation]]:
-        ids = self.encode(lines, strict, first_line_number)
+                first_line_number: int, progress: Progress | None,
+                way: Direction) -> list[list[Translation]]:
+        ids = self.encode(lines, strict, first_line_number, way.source_prefix)
         empty = [Translation("", 0.0)] * options.nbest
         results: list[list[Translation]] = [empty for _ in lines]
         cache_dtype = getattr(torch, self.kv_dtype) if self.kv_dtype else None
 
         def search(indices: list[int]) -> list[list[Hypothesis]]:   # on a worker
             src = pad_sources([ids[i] for i in indices], self.device)
+            forced = torch.tensor([way.forced] * len(indices), device=self.device) \
+                if way.forced else None                                    # (B, F)
             with torch.inference_mode():
                 if options.beam == 1:     # the same answer in fewer operations
                     return greedy_hypotheses(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID,
                                              alpha=options.alpha, max_len=options.max_length,
-                                             cache_dtype=cache_dtype)
+                                             cache_dtype=cache_dtype, forced=forced)
                 return beam_search(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID,
                                    beam=options.beam, alpha=options.alpha, nbest=options.nbest,
-                                   max_len=options.max_length, cache_dtype=cache_dtype)
+                                   max_len=options.max_length, cache_dtype=cache_dtype,
+                                   forced=forced)
 
         batches = length_sorted_batches(ids, options.batch_tokens, options.batch_sentences)
         for indices, found in map_batches(search, batches, self.workers,
@@ -181,12 +204,13 @@ class Translator:
                 progress(len(indices))
         return results
 
-    def encode(self, lines: Sequence[str], strict: bool = False,
-               first_line_number: int = 1) -> list[list[int]]:
-        """Source token ids per line, stripped, within the model's limit (a longer line is
-        truncated with a warning naming it, or refused with strict=True); an empty line
-        gives no ids (and is not searched)."""
-        limit = self.max_source_tokens - 1  # room for eos
+    def encode(self, lines: Sequence[str], strict: bool = False, first_line_number: int = 1,
+               prefix: Sequence[int] = ()) -> list[list[int]]:
+        """Source token ids per line, stripped, after `prefix` (a multilingual model's
+        source language), within the model's limit (a longer line is truncated with a
+        warning naming it, or refused with strict=True); an empty line gives no ids (and
+        is not searched)."""
+        limit = self.max_source_tokens - 1 - len(prefix)  # room for eos and the prefix
         lines = checked_texts(lines, "line", first_line_number)
         encoded = self.tokenizer.encode([line.strip() for line in lines])
         for offset, ids in enumerate(encoded):
@@ -198,7 +222,7 @@ class Translator:
                 warnings.warn(f"{where}: {len(ids)} tokens, truncated to the model's limit of "
                               f"{limit}", LineTruncated, stacklevel=4)
                 encoded[offset] = ids[:limit]
-        return encoded
+        return [list(prefix) + ids if ids else ids for ids in encoded] if prefix else encoded
 
 
 def length_sorted_batches(ids: list[list[int]], batch_tokens: int,

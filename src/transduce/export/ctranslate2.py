@@ -135,15 +135,18 @@ def export_ctranslate2(path: Path, out: Path, quantization: str | None = None) -
         return export_ctranslate2_decoder(directory, model, out, quantization)
     check_ctranslate2_exportable(model)
     tokenizer = Tokenizer(directory / checkpoint.TOKENIZER)
+    codes = model.language_codes
+    more = {"language_code_pieces": {code: tokenizer.piece(i) for code, i in codes.items()}} \
+        if codes else {}         # a source starts with one, target_prefix gives another
     return write_ctranslate2(ctranslate2_spec(model, tokenizer), directory, out, quantization,
-                             tokenizer.path)
+                             tokenizer.path, **more)
 
 
 def write_ctranslate2(spec, directory: Path, out: Path, quantization: str | None,
-                      tokenizer_file: Path) -> Path:
+                      tokenizer_file: Path, **more) -> Path:
     """Convert a filled model specification of the checkpoint at `directory` into OUT,
     whole or not at all, with the tokenizer file beside it (under its own name) and our
-    export marker."""
+    export marker (with `more`)."""
     from ctranslate2.converters.converter import Converter
 
     class _Prepared(Converter):
@@ -153,5 +156,6 @@ def write_ctranslate2(spec, directory: Path, out: Path, quantization: str | None
     with atomic.atomic_directory(out) as temporary:
         _Prepared().convert(str(temporary), quantization=quantization, force=True)
         shutil.copyfile(tokenizer_file, temporary / tokenizer_file.name)
-        write_export_marker(temporary, "ctranslate2", checkpoint.trained_steps(directory))
+        write_export_marker(temporary, "ctranslate2", checkpoint.trained_steps(directory),
+                            **more)
     return out

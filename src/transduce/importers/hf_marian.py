@@ -117,7 +117,7 @@ def read_vocabulary(hf_dir: Path, hf: dict[str, Any]
             raise ForeignCheckpointError(f"{hf_dir}: no {name} (a Marian tokenizer has "
                                          f"{SOURCE_SPM}, {TARGET_SPM} and {VOCAB_JSON})")
     vocab = _read_json(hf_dir / VOCAB_JSON)
-    _check_vocab(vocab, hf, hf_dir / VOCAB_JSON, hf_dir / HF_CONFIG, specials)
+    check_vocab(vocab, hf, hf_dir / VOCAB_JSON, hf_dir / HF_CONFIG, specials)
     start = hf.get("decoder_start_token_id")
     start = vocab[specials["pad"]] if start is None else start     # transformers' default
     if not isinstance(start, int) or start not in set(vocab.values()):
@@ -134,7 +134,7 @@ def read_vocabulary(hf_dir: Path, hf: dict[str, Any]
     return vocabulary, languages
 
 
-def _check_vocab(vocab: Any, hf: dict[str, Any], vocab_file: Path, config_file: Path,
+def check_vocab(vocab: Any, hf: dict[str, Any], vocab_file: Path, config_file: Path,
                  specials: dict[str, str]) -> None:
     """vocab.json maps pieces to distinct ids below vocab_size, with the special pieces,
     and the config's eos and pad ids are theirs."""
@@ -162,10 +162,11 @@ def _check_vocab(vocab: Any, hf: dict[str, Any], vocab_file: Path, config_file: 
                                      f"vocabulary can be imported")
 
 
-def model_config(hf: dict[str, Any], config_file: Path, activation: str,
-                 vocab_size: int) -> ModelConfig:
-    """Our ModelConfig of a Marian configuration; what differs between the stacks, or
-    what we cannot reproduce, is refused."""
+def model_config(hf: dict[str, Any], config_file: Path, activation: str, vocab_size: int,
+                 *, norm_first: bool = False, positional: str = "sinusoidal") -> ModelConfig:
+    """Our ModelConfig of a Marian configuration (or of the same keys: M2M100's, which is
+    norm_first with its positions as a learned table); what differs between the stacks,
+    or what we cannot reproduce, is refused."""
     def required(name: str) -> Any:
         if name not in hf:
             raise ForeignCheckpointError(f"{config_file}: no {name!r}")
@@ -188,7 +189,7 @@ def model_config(hf: dict[str, Any], config_file: Path, activation: str,
             num_encoder_layers=required("encoder_layers"),
             num_decoder_layers=required("decoder_layers"),
             dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.0),
-            activation=activation, norm_first=False, positional="sinusoidal",
+            activation=activation, norm_first=norm_first, positional=positional,
             max_positions=required("max_position_embeddings"), tie_embeddings="all",
             bias=True, layer_norm_eps=1e-5, pad_id=PAD_ID,
             scale_embeddings=bool(hf.get("scale_embedding", False)), output_bias=True)
@@ -212,13 +213,13 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig, marian_size: in
     """Marian's tensors (a vocabulary of marian_size) -> our state dict (float32): the
     model dimension permuted back to interleaved sines, the vocabulary reordered to
     ours, the `banned` Marian ids never output, each key accounted for."""
-    weights = _Weights(tensors, source, config.d_model)
+    weights = BartWeights(tensors, source, config.d_model)
     rows = torch.tensor(vocabulary.marian_ids)            # ours[i] = theirs[rows[i]]
-    embedding = _embedding(weights, marian_size)[rows][:, weights.order]
+    embedding = shared_embedding(weights, marian_size)[rows][:, weights.order]
     for key in ("encoder.embed.embedding.weight", "decoder.embed.embedding.weight",
                 "output_proj.weight"):
         weights.state[key] = embedding
-    weights.state["output_proj.bias"] = _output_bias(weights, banned, rows, marian_size)
+    weights.state["output_proj.bias"] = output_bias(weights, banned, rows, marian_size)
     for stack, layers in (("encoder", config.num_encoder_layers),
                           ("decoder", config.num_decoder_layers)):
         for i in range(layers):
@@ -227,14 +228,17 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig, marian_size: in
     return weights.all_taken()
 
 
-class _Weights:
-    """Marian's stored tensors, each read once into our state dict with the model
-    dimension permuted back: ours = theirs[order] along it."""
+class BartWeights:
+    """The stored tensors of BART's layout (Marian's, M2M100's), each read once into
+    our state dict; with `permuted`, Marian's, the model dimension is permuted back:
+    ours = theirs[order] along it."""
 
-    def __init__(self, tensors: dict[str, Tensor], source: Path, d_model: int):
+    def __init__(self, tensors: dict[str, Tensor], source: Path, d_model: int,
+                 permuted: bool = True):
         self.tensors, self.source, self.d_model = tensors, source, d_model
         self.names = unprefixed_names(tensors, "model.", source)   # what is left to read
-        self.order = sines_first_permutation(d_model).argsort()
+        self.order = sines_first_permutation(d_model).argsort() if permuted \
+            else torch.arange(d_model)
         self.state: dict[str, Tensor] = {}
 
     def take(self, name: str, *shape: int) -> Tensor:
@@ -281,9 +285,9 @@ class _Weights:
         return {name: tensor.contiguous() for name, tensor in self.state.items()}
 
 
-def _embedding(weights: _Weights, vocab_size: int) -> Tensor:
-    """The shared embedding (V, C) in Marian's layout: every stored copy (shared, the
-    stacks', lm_head) must be the same matrix."""
+def shared_embedding(weights: BartWeights, vocab_size: int) -> Tensor:
+    """The shared embedding (V, C) as stored: every stored copy (shared, the stacks',
+    lm_head) must be the same matrix."""
     stored = [name for name in EMBEDDINGS if name in weights.names]
     if not stored:
         raise ForeignCheckpointError(f"{weights.source}: missing weight 'shared.weight'")
@@ -296,7 +300,7 @@ def _embedding(weights: _Weights, vocab_size: int) -> Tensor:
     return first
 
 
-def _output_bias(weights: _Weights, banned: set[int], rows: Tensor, vocab_size: int) -> Tensor:
+def output_bias(weights: BartWeights, banned: set[int], rows: Tensor, vocab_size: int) -> Tensor:
     """final_logits_bias in our order (zeros when not stored), NEVER_OUTPUT for pad, bos and
     the `banned` Marian ids."""
     if "final_logits_bias" in weights.names:
@@ -309,7 +313,7 @@ def _output_bias(weights: _Weights, banned: set[int], rows: Tensor, vocab_size: 
     return ours
 
 
-def _check_positions(weights: _Weights, config: ModelConfig) -> None:
+def _check_positions(weights: BartWeights, config: ModelConfig) -> None:
     """Stored position tables (transformers saves them) must hold the sinusoids, sines
     first, that our model computes."""
     expected = sinusoidal_table(config.max_positions, config.d_model)[

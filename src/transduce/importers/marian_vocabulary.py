@@ -29,6 +29,7 @@ decodes an output: decoding concatenates the pieces.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,10 +54,12 @@ class MarianVocabulary:
 
 
 def merged_vocabulary(source_spm: Path, target_spm: Path | None, vocab: dict[str, int], *,
-                      eos: str, unk: str, pad: str, decoder_start: int) -> MarianVocabulary:
+                      eos: str, unk: str, pad: str, decoder_start: int,
+                      codes: frozenset[str] | None = None) -> MarianVocabulary:
     """source.spm, target.spm (None: none) and vocab.json (piece -> Marian id) as
     SentencePiece models of ours (see the module's note). eos, unk, pad: Marian's special
-    pieces; decoder_start: the Marian id the decoder starts from."""
+    pieces; decoder_start: the Marian id the decoder starts from; codes: the pieces that
+    are language codes (None: those named as Marian names them, >>fra<<)."""
     specials = {eos: EOS_ID, unk: UNK_ID, pad: PAD_ID}
     start = next(piece for piece, marian_id in vocab.items() if marian_id == decoder_start)
     if start not in specials:      # a bos of its own (our Marian exports'): it stays one
@@ -71,10 +74,12 @@ def merged_vocabulary(source_spm: Path, target_spm: Path | None, vocab: dict[str
                                          if piece not in specials)]
     named = {"pad": pad, "bos": bos, "eos": eos, "unk": unk}
     source = _read_model(source_spm)
-    model = _merged_model(source, source_spm, rest, named)
+    is_code = (lambda piece: LANGUAGE_CODE.match(piece) is not None) if codes is None \
+        else codes.__contains__
+    model = _merged_model(source, source_spm, rest, named, is_code)
     target_model = None
     if target_spm is not None:
-        target_model = _merged_model(_read_model(target_spm), target_spm, rest, named)
+        target_model = _merged_model(_read_model(target_spm), target_spm, rest, named, is_code)
         target_model = None if target_model == model else target_model
     dropped = sum(not _in_vocabulary(piece.piece, vocab) for piece in source.pieces
                   if piece.type in _KNOWN_TYPES)
@@ -102,7 +107,8 @@ def _read_model(path: Path):
     return model
 
 
-def _merged_model(spm_model, path: Path, rest: list[str], named: dict[str, str]) -> bytes:
+def _merged_model(spm_model, path: Path, rest: list[str], named: dict[str, str],
+                  is_code: Callable[[str], bool]) -> bytes:
     """spm_model (read from `path`) with our pieces: the specials `named` (pad, bos, eos,
     unk) under our ids, then `rest` in order, each with its type and score where
     spm_model has it, a language code user-defined, any other UNUSED -> serialized."""
@@ -128,7 +134,7 @@ def _merged_model(spm_model, path: Path, rest: list[str], named: dict[str, str])
     boundary = WORD_BOUNDARY if spm_model.normalizer_spec.add_dummy_prefix else ""
     for piece in rest:
         entry = known.get(piece)
-        if LANGUAGE_CODE.match(piece):
+        if is_code(piece):
             add(boundary + piece, kinds.USER_DEFINED)
         elif entry is None or (entry.type == kinds.BYTE and not keeps_bytes):
             add(piece, kinds.UNUSED)
@@ -143,6 +149,6 @@ def _merged_model(spm_model, path: Path, rest: list[str], named: dict[str, str])
     try:
         spm.SentencePieceProcessor(model_proto=model)
     except (RuntimeError, OSError) as error:
-        raise ForeignCheckpointError(f"{path} with vocab.json does not make a "
+        raise ForeignCheckpointError(f"{path} with its vocabulary does not make a "
                                      f"SentencePiece model ({error})") from None
     return model

@@ -54,6 +54,7 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> Model:
         model.labels = checkpoint.read_labels(path)
     elif config.arch != "decoder":
         model.languages = checkpoint.read_languages(path)
+        model.language_codes = checkpoint.read_language_codes(path)
     return model.to(device).eval()
 
 

@@ -36,6 +36,7 @@ def convert_kv_heads(model: Transformer, kv_heads: int) -> Transformer:
     config = c.replace(num_kv_heads=kv_heads)  # validates that kv_heads divides num_heads
     converted = Transformer(config)
     converted.languages = model.languages
+    converted.language_codes = model.language_codes
     state = model.state_dict()
     pooled = {}
     for name, tensor in state.items():

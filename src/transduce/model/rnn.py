@@ -81,6 +81,7 @@ class RNNEncoderDecoder(CountedParameters, nn.Module):
         # The (source, target) languages trained on (a checkpoint writes them in its
         # config.json; load_model reads them back; None when unknown).
         self.languages: tuple[str, str] | None = None
+        self.language_codes: dict[str, int] | None = None     # multilingual: none here
         d = c.d_model
         self.additive = c.arch == "rnn-bahdanau"
         self.input_feeding = c.input_feeding

@@ -234,6 +234,8 @@ class Transformer(CountedParameters, nn.Module):
         # The (source, target) languages trained on (a checkpoint writes them in its
         # config.json; load_model reads them back; None when unknown).
         self.languages: tuple[str, str] | None = None
+        # A multilingual model's language codes -> token ids (decode/languages.py).
+        self.language_codes: dict[str, int] | None = None
         src_embedding = nn.Embedding(c.src_vocab_size, c.d_model, padding_idx=c.pad_id)
         tgt_embedding = src_embedding if c.tie_embeddings == "all" else \
             nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id)

@@ -64,7 +64,8 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
     it must pickle); without it, every decoder is a thread of this process."""
     limits = limits or Limits()
     kind = model_kind(model)
-    languages = languages or getattr(model.model, "languages", None) or ("es", "en")
+    languages = languages or getattr(model.model, "languages", None) or \
+        (None if getattr(model.model, "language_codes", None) else ("es", "en"))
     metrics = Metrics()
     batcher = Batcher(metrics, batch_tokens=limits.batch_tokens,
                       window_s=limits.window_ms / 1000, max_queue=limits.max_queue,
@@ -160,7 +161,11 @@ def describe(service: Service, kind: str) -> dict:
                            "eos_id": tokenizer.eos_id, "pad_id": tokenizer.pad_id},
             "limits": dataclasses.asdict(service.limits)}
     if kind == "translation":
-        info["languages"] = {"source": service.languages[0], "target": service.languages[1]}
+        info["languages"] = dict(zip(("source", "target"), service.languages)) \
+            if service.languages else None
+        codes = getattr(model.model, "language_codes", None)
+        if codes:
+            info["language_codes"] = sorted(codes)
         info["attention_maps"] = translation.serves_attention_maps(model)
     if kind == "encoder":
         info["labels"] = model.labels

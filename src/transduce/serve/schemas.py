@@ -45,6 +45,11 @@ class TranslateRequest(Strict):
         None, description="output tokens at most (default: the source's length + 50)")
     truncate: StrictBool = Field(False, description="cut texts over the model's length "
                                                     "limit instead of refusing them (413)")
+    source_lang: StrictStr | None = Field(None, examples=["eng_Latn"], description=(
+        "a multilingual model's source language, one of its codes (default: the pair it "
+        "records)"))
+    target_lang: StrictStr | None = Field(None, examples=["fra_Latn"], description=(
+        "a multilingual model's target language, one of its codes"))
 
 
 class Hypothesis(BaseModel):

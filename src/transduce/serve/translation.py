@@ -1,5 +1,6 @@
 """The routes of a translation (encoder-decoder) model: /v1/translate, LibreTranslate's
-/translate and /languages, and /v1/attention (attention.py).
+/translate and /languages, and /v1/attention (attention.py). A multilingual model
+(decode/languages.py) translates between the languages each request names.
 
 Sentences of concurrent requests with the same search settings are decoded together by
 the worker (batcher.py): a Transformer's continuously (continuous.py: sentences join and
@@ -15,6 +16,7 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
 
+from transduce.decode.languages import Direction, LanguageError
 from transduce.decode.translate import Translation, Translator
 from transduce.serve.attention import attention_route
 from transduce.serve.batcher import Job
@@ -45,9 +47,10 @@ def routes(service: Service) -> APIRouter:
         if body.max_length is not None and body.max_length > limit:
             raise ApiError(422, f"max_length: {body.max_length} is more than the model's "
                                 f"{limit} positions", "max_length")
+        way = _direction(translator, body.source_lang, body.target_lang)
         found, timings = await _translate(service, body.texts, "texts", body.beam,
                                           body.alpha, body.nbest, body.max_length,
-                                          body.truncate)
+                                          body.truncate, way)
         return TranslateResponse(translations=[
             Translated(text=h[0].text, score=h[0].score, truncated=cut,
                        nbest=[{"text": t.text, "score": t.score} for t in h]
@@ -68,10 +71,10 @@ def _add_libretranslate_routes(router: APIRouter, service: Service) -> None:
                  summary="LibreTranslate-compatible translation (JSON or form body)")
     async def libre_translate(request: Request) -> dict:
         body = await _libre_body(request)
-        _check_pair(service, body.source, body.target)
+        way = _libre_direction(service, body.source, body.target)
         texts = [body.q] if isinstance(body.q, str) else body.q
         found, _ = await _translate(service, texts, "q", max(4, body.alternatives + 1), 0.6,
-                                    body.alternatives + 1, None, False)
+                                    body.alternatives + 1, None, False, way)
         best = [h[0].text for h, _ in found]
         others = [[t.text for t in h[1:]] for h, _ in found]
         single = isinstance(body.q, str)
@@ -79,12 +82,17 @@ def _add_libretranslate_routes(router: APIRouter, service: Service) -> None:
         if body.alternatives:
             answer["alternatives"] = others[0] if single else others
         if body.source == "auto":
-            detected = {"confidence": 100.0, "language": service.languages[0]}
+            detected = {"confidence": 100.0, "language": (way.languages or
+                                                         service.languages)[0]}
             answer["detectedLanguage"] = detected if single else [detected] * len(texts)
         return answer
 
     @router.get("/languages", summary="LibreTranslate-compatible list of languages")
     async def languages() -> list[dict]:
+        codes = service.model.language_codes
+        if codes:        # any to any, under the model's own codes
+            return [{"code": code, "name": code, "targets": sorted(codes)}
+                    for code in sorted(codes)]
         source, target = service.languages
         return [{"code": source, "name": LANGUAGE_NAMES.get(source, source),
                  "targets": [target]}]
@@ -92,26 +100,28 @@ def _add_libretranslate_routes(router: APIRouter, service: Service) -> None:
 
 def serves_attention_maps(translator: Translator) -> bool:
     """Whether /v1/attention is offered: a PyTorch model records its maps; an ONNX
-    export's graph returns logits alone."""
-    return hasattr(translator.model, "attention_modules")
+    export's graph returns logits alone, and a multilingual model's maps would need the
+    target language given, which the maps' search does not do."""
+    return hasattr(translator.model, "attention_modules") and not translator.language_codes
 
 
 async def _translate(service: Service, texts: list[str], name: str, beam: int, alpha: float,
-                     nbest: int, max_length: int | None, truncate: bool
+                     nbest: int, max_length: int | None, truncate: bool, way: Direction
                      ) -> tuple[list[tuple[list[Translation], bool]], Timings]:
     """Check the texts against the limits, queue them, await -> [(hypotheses, truncated)]
-    per text, and the timings."""
+    per text, and the timings. Texts join others of the same settings and languages."""
     translator: Translator = service.model
     check_texts(texts, service.limits, name)
-    limit = translator.max_source_tokens - 1
+    limit = translator.max_source_tokens - 1 - len(way.source_prefix)
     lengths = [len(ids) for ids in translator.tokenizer.encode([t.strip() for t in texts])]
     cut = check_tokens(lengths, limit, name, truncate)
-    key = ("translate", beam, float(alpha), nbest, max_length)
+    search = (beam, float(alpha), nbest, max_length)
+    key = ("translate", *search, way.languages)
     run = timed(lambda jobs: _run_translations(translator, key, service.limits.batch_tokens,
                                                jobs))
-    tokens = sum(min(n, limit) + 1 for n in lengths)
+    tokens = sum(min(n, limit) + 1 + len(way.source_prefix) for n in lengths)
     found, timings = await service.submit(key, run, texts, tokens, len(texts),
-                                          translation_stream(translator, *key[1:],
+                                          translation_stream(translator, *search,
                                                              service.decoder_processes))
     return list(zip(found, cut)), timings
 
@@ -120,10 +130,22 @@ def _run_translations(translator: Translator, key: tuple, batch_tokens: int,
                       jobs: Sequence[Job]) -> list[list[list[Translation]]]:
     """On the worker: every job's texts translated together -> per job, per text, its
     hypotheses."""
-    _, beam, alpha, nbest, max_length = key
+    _, beam, alpha, nbest, max_length, languages = key
+    source, target = languages or (None, None)
     lines = [text for job in jobs for text in job.payload]
     return split_by_job(jobs, translator.translate_nbest(
-        lines, nbest, beam=beam, alpha=alpha, max_length=max_length, batch_tokens=batch_tokens))
+        lines, nbest, beam=beam, alpha=alpha, max_length=max_length, batch_tokens=batch_tokens,
+        source_lang=source, target_lang=target))
+
+
+def _direction(translator: Translator, source: str | None, target: str | None) -> Direction:
+    """/v1/translate's source_lang and target_lang as the model's tokens; a language it
+    lacks (or one not named, for a multilingual model) is a 422 naming the field."""
+    try:
+        return translator.direction(source, target)
+    except LanguageError as error:
+        field = f"{error.side}_lang"
+        raise ApiError(422, f"{field}: {error}", field) from None
 
 
 async def _libre_body(request: Request) -> LibreTranslateRequest:
@@ -164,6 +186,22 @@ def _form(pairs: list[tuple[str, str]]) -> dict:
     if isinstance(alternatives, str) and alternatives.isdecimal() and len(alternatives) < 19:
         data["alternatives"] = int(alternatives)     # longer: refused as it is written
     return data
+
+
+def _libre_direction(service: Service, source: str, target: str) -> Direction:
+    """LibreTranslate's pair: a multilingual model's codes (source "auto": the pair the
+    model records), else the model's own pair, with 400s as LibreTranslate answers."""
+    translator: Translator = service.model
+    if translator.language_codes:
+        if source == "auto" and not service.languages:
+            raise ApiError(400, "source: 'auto' is not offered (no language detection): "
+                                "name one of the model's language codes", "source")
+        try:
+            return translator.direction(None if source == "auto" else source, target)
+        except LanguageError as error:
+            raise ApiError(400, f"{error.side}: {error}", error.side) from None
+    _check_pair(service, source, target)
+    return Direction()
 
 
 def _check_pair(service: Service, source: str, target: str) -> None:

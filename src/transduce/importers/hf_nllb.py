@@ -1,0 +1,186 @@
+"""Hugging Face NLLB-200 (M2M100ForConditionalGeneration directories with NllbTokenizer's
+files) -> our Transformer, with its language codes.
+
+NLLB is the paper's encoder-decoder in pre-norm: a LayerNorm before every sublayer and
+one after each stack (norm_first), ReLU, token embeddings scaled by sqrt(d_model), one
+vocabulary whose matrix both embeddings and the output share. What differs:
+
+- positions are fairseq's sinusoids: all sines then all cosines, frequencies
+  10000^(-k / (C/2 - 1)), counted from 2 (its pad id + 1). That is not our table, so the
+  import writes them as a learned table (positional="learned") of exactly those rows;
+- the ids: fairseq's put <s>, <pad>, </s>, <unk> first, then the SentencePiece pieces,
+  the language codes and <mask>; ours put pad, bos, eos, unk first. The vocabulary is
+  merged as Marian's is (marian_vocabulary.py), bos taking the row of </s>, where NLLB's
+  decoder starts, and the codes becoming pieces of their own;
+- languages: a source is [its code] + pieces + </s>, and the decoder is given the
+  target's code after its start. The codes and their ids are recorded in config.json
+  (language_codes), and the searches give them (decode/languages.py);
+- the output has no bias in NLLB; ours has one of zeros, with the tokens no translation
+  contains never output (NEVER_OUTPUT): pad, bos (which repeats eos's row), <s>, <mask>
+  and the language codes, which the decoder is given but never has to choose.
+
+    shared / encoder.embed_tokens / decoder.embed_tokens / lm_head   (tied) the embedding
+    encoder.layers.N.* / decoder.layers.N.*          as Marian's (hf_marian.py)
+    encoder.layer_norm, decoder.layer_norm           encoder.final_norm, decoder.final_norm
+
+The tokenizer is read from tokenizer.json (the vocabulary and the codes' ids) with
+sentencepiece.bpe.model (the segmentation); M2M-100's own tokenizer (vocab.json and
+__en__ codes) is not read, and NLLB-MoE (model_type nllb-moe) is refused.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from transduce import checkpoint
+from transduce.importers import ForeignCheckpointError, check_directories, \
+    check_foreign_options
+from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
+from transduce.importers.hf_marian import ACTIVATIONS, GENERATION_CONFIG, BartWeights, \
+    bad_words, check_vocab, model_config, output_bias, shared_embedding
+from transduce.importers.marian_vocabulary import MarianVocabulary, merged_vocabulary
+from transduce.model.transformer import Transformer
+
+SPM_FILE, TOKENIZER_JSON = "sentencepiece.bpe.model", "tokenizer.json"
+FIXED_OPTIONS = {"tie_word_embeddings": True, "is_encoder_decoder": True}
+POSITION_OFFSET = 2            # fairseq counts positions from its pad id + 1
+STORED_POSITIONS = ("encoder.embed_positions.weights", "decoder.embed_positions.weights")
+POSITION_TOLERANCE = 1e-4
+NOT_CODES = ("bos", "eos", "unk", "pad", "mask", "cls", "sep")   # special, but no language
+
+
+def import_nllb(hf_dir: Path | str, out: Path | str) -> Path:
+    """Read a Hugging Face NLLB directory (config.json, model.safetensors or
+    pytorch_model.bin, tokenizer.json, sentencepiece.bpe.model) and write it as our
+    checkpoint at `out`, replacing one there; nothing is written unless everything was
+    read and checked. tokenizer_config.json's src_lang and tgt_lang, when it names both,
+    become the model's default pair."""
+    hf_dir, out = Path(hf_dir), Path(out)
+    check_directories(hf_dir, out, HF_CONFIG)
+    config_file = hf_dir / HF_CONFIG
+    hf = _read_json(config_file)
+    activation = check_foreign_options(hf, config_file, "m2m_100", FIXED_OPTIONS,
+                                       "activation_function", "relu", ACTIVATIONS)
+    vocabulary, codes, languages, unused = read_vocabulary(hf_dir, hf)
+    config = model_config(hf, config_file, activation, len(vocabulary.marian_ids),
+                          norm_first=True, positional="learned")
+    tensors, source = read_weights(hf_dir)
+    model = Transformer(config)
+    banned = bad_words(hf, hf_dir / GENERATION_CONFIG) | unused
+    model.load_state_dict(map_weights(tensors, config, hf["vocab_size"], banned, vocabulary,
+                                      source))
+    ours = {nllb_id: i for i, nllb_id in enumerate(vocabulary.marian_ids)}
+    model.language_codes = {code: ours[nllb_id] for code, nllb_id in codes.items()}
+    model.languages = languages
+    origin = {"imported": "hf-nllb", "from": str(hf_dir.resolve()), "steps": None,
+              "source_pieces_not_in_vocabulary": vocabulary.dropped}
+    with tempfile.TemporaryDirectory(prefix="transduce-nllb-") as scratch:
+        spm_file = Path(scratch) / checkpoint.TOKENIZER
+        spm_file.write_bytes(vocabulary.model)
+        return checkpoint.save(out, model.eval(), None, spm_file, origin=origin)
+
+
+def read_vocabulary(hf_dir: Path, hf: dict[str, Any]) -> tuple[
+        MarianVocabulary, dict[str, int], tuple[str, str] | None, set[int]]:
+    """The merged SentencePiece vocabulary, the language codes -> NLLB's ids, the
+    (source, target) pair tokenizer_config.json names, and the NLLB ids that no
+    translation contains (the codes, <s> and <mask>)."""
+    specials, options = tokenizer_settings(
+        hf_dir, {"bos": "<s>", "eos": "</s>", "unk": "<unk>", "pad": "<pad>",
+                 "mask": "<mask>", "cls": None, "sep": None}, ("src_lang", "tgt_lang"))
+    for name in (TOKENIZER_JSON, SPM_FILE):
+        if not (hf_dir / name).is_file():
+            raise ForeignCheckpointError(f"{hf_dir}: no {name} (an NLLB tokenizer has "
+                                         f"{TOKENIZER_JSON} and {SPM_FILE})")
+    vocab, codes = _tokenizer_vocabulary(hf_dir / TOKENIZER_JSON,
+                                         {token for token in specials.values() if token})
+    if not codes:
+        raise ForeignCheckpointError(f"{hf_dir / TOKENIZER_JSON}: no language codes among "
+                                     f"its added tokens")
+    named = {role: specials[role] for role in ("eos", "unk", "pad")}
+    check_vocab(vocab, hf, hf_dir / TOKENIZER_JSON, hf_dir / HF_CONFIG, named)
+    start = hf.get("decoder_start_token_id", vocab[named["eos"]])
+    if not isinstance(start, int) or start not in set(vocab.values()):
+        raise ForeignCheckpointError(f"{hf_dir / HF_CONFIG}: decoder_start_token_id={start!r} "
+                                     f"is not an id of {TOKENIZER_JSON}")
+    vocabulary = merged_vocabulary(hf_dir / SPM_FILE, None, vocab, **named,
+                                   decoder_start=start, codes=frozenset(codes))
+    pair = options.get("src_lang"), options.get("tgt_lang")
+    languages = pair if all(language in codes for language in pair) else None
+    unused = set(codes.values()) | {vocab[specials[role]] for role in ("bos", "mask")
+                                    if specials[role] in vocab}
+    return vocabulary, codes, languages, unused
+
+
+def _tokenizer_vocabulary(file: Path, specials: set[str]
+                          ) -> tuple[dict[str, int], dict[str, int]]:
+    """tokenizer.json -> (every piece -> its id: the model's vocabulary and the added
+    tokens, the language codes: the added special tokens that are none of `specials`)."""
+    values = _read_json(file)
+    model, added = values.get("model"), values.get("added_tokens")
+    if not isinstance(model, dict) or not isinstance(model.get("vocab"), dict) or \
+            not isinstance(added, list) or \
+            not all(isinstance(token, dict) and isinstance(token.get("content"), str)
+                    and isinstance(token.get("id"), int) for token in added):
+        raise ForeignCheckpointError(f"{file}: expected a \"model\" with a \"vocab\" and "
+                                     f"\"added_tokens\" with ids")
+    vocab = dict(model["vocab"])
+    vocab.update({token["content"]: token["id"] for token in added})
+    codes = {token["content"]: token["id"] for token in added
+             if token.get("special") and token["content"] not in specials}
+    return vocab, codes
+
+
+def fairseq_positions(rows: int, d_model: int) -> Tensor:
+    """fairseq's sinusoidal table (rows, C): [sin | cos] of position * 10000^(-k /
+    (C/2 - 1)), computed in float32 as fairseq and transformers compute it (the angles'
+    rounding moves far rows by up to 1e-4 from float64's: the model was trained on
+    these)."""
+    half = d_model // 2
+    frequencies = torch.exp(torch.arange(half, dtype=torch.float32)
+                            * -(math.log(10000) / (half - 1)))
+    angles = torch.arange(rows, dtype=torch.float32)[:, None] * frequencies[None]
+    return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+
+def map_weights(tensors: dict[str, Tensor], config, nllb_size: int, banned: set[int],
+                vocabulary: MarianVocabulary, source: Path) -> dict[str, Tensor]:
+    """NLLB's tensors (a vocabulary of nllb_size) -> our state dict (float32): the
+    vocabulary reordered to ours, the position tables written out, each key accounted
+    for."""
+    weights = BartWeights(tensors, source, config.d_model, permuted=False)
+    rows = torch.tensor(vocabulary.marian_ids)            # ours[i] = theirs[rows[i]]
+    embedding = shared_embedding(weights, nllb_size)[rows]
+    for key in ("encoder.embed.embedding.weight", "decoder.embed.embedding.weight",
+                "output_proj.weight"):
+        weights.state[key] = embedding
+    weights.state["output_proj.bias"] = output_bias(weights, banned, rows, nllb_size)
+    table = fairseq_positions(config.max_positions + POSITION_OFFSET, config.d_model)
+    for stack, layers in (("encoder", config.num_encoder_layers),
+                          ("decoder", config.num_decoder_layers)):
+        weights.state[f"{stack}.embed.positions.embedding.weight"] = table[POSITION_OFFSET:]
+        for i in range(layers):
+            weights.layer(f"{stack}.layers.{i}", config.d_ff, cross=stack == "decoder")
+        weights.norm(f"{stack}.final_norm", f"{stack}.layer_norm")
+    _check_stored_positions(weights, table)
+    return weights.all_taken()
+
+
+def _check_stored_positions(weights: BartWeights, table: Tensor) -> None:
+    """Position tables that older transformers saved must hold fairseq's sinusoids (their
+    rows from 2 on; rows 0 and 1, never read, are not compared)."""
+    for name in STORED_POSITIONS:
+        if name in weights.names:
+            stored = weights.tensors[weights.names.pop(name)]
+            rows = min(stored.shape[0], table.shape[0])
+            if stored.dim() != 2 or stored.shape[1] != table.shape[1] or not torch.allclose(
+                    stored[POSITION_OFFSET:rows].float(), table[POSITION_OFFSET:rows],
+                    atol=max(POSITION_TOLERANCE, torch.finfo(stored.dtype).eps), rtol=0):
+                raise ForeignCheckpointError(f"{weights.source}: {name!r} is not the "
+                                             f"sinusoidal table NLLB computes")

@@ -1,0 +1,410 @@
+"""Hugging Face NLLB-200 -> our checkpoint: the imported model computes what
+transformers' M2M100ForConditionalGeneration computes (logits, greedy and beam
+translations with the target language forced), its tokenizer gives NllbTokenizer's ids
+with the source language first, the languages are chosen by the command line, the API
+and the exports, and what we cannot reproduce is refused by name with nothing written."""
+
+import json
+import shutil
+import warnings
+
+import pytest
+import sentencepiece as spm
+import torch
+from fastapi.testclient import TestClient
+
+from transduce import checkpoint
+from transduce.checkpoint import CheckpointError
+from transduce.cli import main
+from transduce.config import ConfigError
+from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from transduce.decode.greedy import greedy_hypotheses
+from transduce.decode.search import beam_search
+from transduce.decode.translate import Translator, pad_sources
+from transduce.importers import import_nllb
+from transduce.importers.hf_nllb import fairseq_positions
+from transduce.model import load_model
+from transduce.model.transformer import NEVER_OUTPUT
+from tests.foreign_checkpoints import assert_refused, damaged
+
+transformers = pytest.importorskip("transformers")
+
+TEXT = ["The quick brown fox jumps over the lazy dog.", "She sells sea shells by the shore.",
+        "How much wood would a woodchuck chuck?", "Peter Piper picked a peck of peppers.",
+        "El rápido zorro marrón salta sobre el perro perezoso.",
+        "Numbers 12, 345 and 6789; symbols: @#%&*!", "Ünïcödé àéîõü ñ ß café naïve"]
+SAMPLES = ["The quick brown fox.", "sea shells by the shore", "café naïve Ünïcödé",
+           "Numbers: 12 and 345!", "zzzz qqqq xylophone", "a"]
+CODES = ["eng_Latn", "spa_Latn", "fra_Latn"]
+
+
+def write_nllb(directory, **config_changes):
+    """A small random NLLB directory (M2M100 weights, NllbTokenizer files) -> (directory,
+    its tokenizer)."""
+    directory.mkdir()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXT * 20), minloglevel=2,
+                                   model_prefix=str(directory / "sentencepiece.bpe"),
+                                   vocab_size=120, model_type="bpe", hard_vocab_limit=False)
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "NllbTokenizer", "src_lang": "eng_Latn", "tgt_lang": "spa_Latn"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            directory, extra_special_tokens=CODES, src_lang="eng_Latn", tgt_lang="spa_Latn")
+        tokenizer.save_pretrained(directory)
+    values = dict(vocab_size=len(tokenizer) + 2, d_model=32, encoder_layers=2,
+                  decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                  encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+                  scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                  decoder_start_token_id=2, dropout=0.0, attention_dropout=0.0,
+                  activation_dropout=0.0, encoder_layerdrop=0.0, decoder_layerdrop=0.0)
+    values.update(config_changes)
+    torch.manual_seed(8)
+    model = transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(**values))
+    with torch.no_grad():   # away from the initialisation: outputs that vary and end
+        for name, parameter in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                parameter.add_(0.3 * torch.randn_like(parameter))
+            elif name.endswith("proj.weight") or ".fc" in name:
+                parameter.normal_(0.0, 1.0)
+        embedding = model.model.shared.weight.normal_(0.0, 0.3)
+        eos = embedding[values["eos_token_id"]]
+        model.model.decoder.layer_norm.bias.add_(3.0 * eos / eos.norm())
+    model.save_pretrained(directory)
+    return directory, tokenizer
+
+
+@pytest.fixture(scope="module")
+def nllb(tmp_path_factory):
+    """(the NLLB directory, its model, its tokenizer, our import)."""
+    root = tmp_path_factory.mktemp("nllb")
+    directory, tokenizer = write_nllb(root / "hf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = transformers.M2M100ForConditionalGeneration.from_pretrained(directory).eval()
+    return directory, theirs, tokenizer, import_nllb(directory, root / "ours")
+
+
+def nllb_id_of(ours: Tokenizer, theirs) -> list[int]:
+    """Per id of ours, NLLB's id of the same piece (a code's piece of ours starts with
+    the word boundary), -1 for pad and bos."""
+    ids = []
+    for i in range(ours.vocab_size):
+        piece = ours.piece(i)
+        piece = piece[1:] if piece[1:] in CODES else piece
+        ids.append(-1 if i in (PAD_ID, BOS_ID) else theirs.convert_tokens_to_ids(piece))
+    return ids
+
+
+def never_output(theirs) -> list[int]:
+    """NLLB's ids that the import never outputs: pad, <s>, <mask> and the codes, and the
+    rows beyond the tokenizer's ids (NLLB has 2), which no piece names."""
+    return theirs.convert_tokens_to_ids(["<pad>", "<s>", "<mask>"] + CODES) + \
+        [len(theirs), len(theirs) + 1]
+
+
+class _AfterTheForcedCode(transformers.LogitsProcessor):
+    """transformers' search made to skip the tokens ours never outputs, once the forced
+    language code is given (suppress_tokens would suppress the code as well)."""
+
+    def __init__(self, banned):
+        self.banned = banned
+
+    def __call__(self, input_ids, scores):
+        if input_ids.shape[1] > 1:
+            scores[:, self.banned] = float("-inf")
+        return scores
+
+
+def _their_outputs(nllb, texts, target, **options):
+    """transformers' generate into `target` -> ids after the start and the code (12 at
+    most: its max_new_tokens counts the code)."""
+    _, theirs, tokenizer, _ = nllb
+    tokenizer.src_lang = "eng_Latn"
+    encoded = tokenizer(texts, padding=True, return_tensors="pt")
+    processors = transformers.LogitsProcessorList([_AfterTheForcedCode(never_output(tokenizer))])
+    with torch.no_grad():
+        out = theirs.generate(**encoded, forced_bos_token_id=tokenizer.convert_tokens_to_ids(
+            target), do_sample=False, max_new_tokens=13, logits_processor=processors,
+            **options)
+    return [[t for t in row[2:] if t != tokenizer.pad_token_id] for row in out.tolist()]
+
+
+def _our_source(out, texts):
+    model, ours = load_model(out), Tokenizer(out / checkpoint.TOKENIZER)
+    return model, ours, pad_sources([[model.language_codes["eng_Latn"]] + ids
+                                     for ids in ours.encode(texts)])
+
+
+def test_the_tokenizer_gives_nllbs_ids_after_the_source_language(nllb):
+    _, _, theirs, out = nllb
+    ours = Tokenizer(out / checkpoint.TOKENIZER)
+    to_nllb = nllb_id_of(ours, theirs)
+    theirs.src_lang = "eng_Latn"
+    for text in SAMPLES + TEXT:
+        source = Translator.load(out).encode([text], prefix=[load_model(out).language_codes[
+            "eng_Latn"]])[0]
+        assert [to_nllb[i] for i in source + [EOS_ID]] == theirs(text)["input_ids"], text
+
+
+def test_logits_match_over_every_token_it_may_output(nllb):
+    _, theirs, tokenizer, out = nllb
+    model, ours, src = _our_source(out, SAMPLES[:4])
+    to_nllb = torch.tensor(nllb_id_of(ours, tokenizer))
+    to_ours = {int(n): i for i, n in enumerate(to_nllb.tolist()) if n >= 0}
+    tokenizer.src_lang = "eng_Latn"
+    encoded = tokenizer(SAMPLES[:4], padding=True, return_tensors="pt")
+    torch.manual_seed(1)
+    words = torch.randint(4, 120, (4, 6))
+    code = tokenizer.convert_tokens_to_ids("fra_Latn")
+    their_tgt = torch.cat([torch.full((4, 1), EOS_ID), torch.full((4, 1), code), words], dim=1)
+    tgt = their_tgt.clone().apply_(to_ours.get)
+    tgt[:, 0] = BOS_ID
+    with torch.no_grad():
+        expected = theirs(**encoded, decoder_input_ids=their_tgt).logits
+        found = model(src, tgt)
+    kept = [i for i, n in enumerate(to_nllb.tolist()) if n >= 0 and n not in never_output(
+        tokenizer)]
+    torch.testing.assert_close(found[..., kept], expected[..., to_nllb[kept]], rtol=1e-4,
+                               atol=1e-4)
+    banned = [i for i in range(len(to_nllb)) if i not in kept]
+    assert torch.all(found[..., banned] <= NEVER_OUTPUT / 2)
+
+
+@pytest.mark.parametrize("target", ["fra_Latn", "spa_Latn"])
+def test_greedy_and_beam_outputs_are_transformers_with_the_target_forced(nllb, target):
+    _, _, tokenizer, out = nllb
+    model, ours, src = _our_source(out, SAMPLES)
+    to_nllb = nllb_id_of(ours, tokenizer)
+    forced = torch.full((len(SAMPLES), 1), model.language_codes[target])
+    greedy = greedy_hypotheses(model, src, bos_id=BOS_ID, eos_id=EOS_ID, alpha=0.0,
+                               max_len=12, forced=forced)
+    expected = _their_outputs(nllb, SAMPLES, target, num_beams=1)
+    assert [[to_nllb[t] for t in h[0].tokens] + [EOS_ID] * (len(e) > len(h[0].tokens))
+            for h, e in zip(greedy, expected)] == expected
+    # Without a length penalty both rank finished hypotheses by log-probability.
+    beams = beam_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=3, alpha=0.0,
+                        max_len=12, forced=forced)
+    expected = _their_outputs(nllb, SAMPLES, target, num_beams=3, length_penalty=0.0,
+                              early_stopping=True)
+    assert [[to_nllb[t] for t in h[0].tokens] + [EOS_ID] * (len(e) > len(h[0].tokens))
+            for h, e in zip(beams, expected)] == expected
+
+
+def test_the_target_language_changes_the_translation(nllb):
+    translator = Translator.load(nllb[3])
+    french = translator.translate(SAMPLES, beam=1, source_lang="eng_Latn",
+                                  target_lang="fra_Latn")
+    spanish = translator.translate(SAMPLES, beam=1, target_lang="spa_Latn")
+    assert french != spanish
+    # Batched as one at a time, and the default pair is tokenizer_config.json's.
+    assert [translator.translate([s], beam=2, target_lang="fra_Latn")[0] for s in SAMPLES] \
+        == translator.translate(SAMPLES, beam=2, target_lang="fra_Latn")
+    assert translator.translate(SAMPLES, beam=1) == spanish
+    assert not translator.decodes_continuously
+
+
+def test_a_forced_code_leaves_room_within_the_positions(nllb):
+    """bos and the code take two of the 64 positions: outputs stop at 62 tokens."""
+    model, _, src = _our_source(nllb[3], ["a"])
+    forced = torch.tensor([[model.language_codes["fra_Latn"]]])
+    found = greedy_hypotheses(model, src, bos_id=BOS_ID, eos_id=EOS_ID, max_len=500,
+                              forced=forced)
+    assert len(found[0][0].tokens) <= 63
+    found = beam_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=2, max_len=500,
+                        forced=forced)
+    assert len(found[0][0].tokens) <= 63
+
+
+def test_languages_it_does_not_have_are_refused_naming_the_closest(nllb):
+    translator = Translator.load(nllb[3])
+    with pytest.raises(ConfigError, match="target language 'fr_Latn' is not one of this "
+                                          "model's 3 language codes.*fra_Latn"):
+        translator.translate(["a"], target_lang="fr_Latn")
+    with pytest.raises(ConfigError, match="source language 'x'"):
+        translator.translate(["a"], source_lang="x", target_lang="fra_Latn")
+
+
+def test_a_model_of_one_pair_takes_its_own_pair_only():
+    from transduce.decode.languages import Direction, LanguageError, direction
+
+    with pytest.raises(LanguageError, match="source language 'fra_Latn': this model "
+                                            "translates es -> en only") as error:
+        direction(None, ("es", "en"), "fra_Latn", None)
+    assert error.value.side == "source"
+    assert direction(None, ("es", "en"), "es", "en") == Direction()
+    assert direction(None, None, "anything", "else") == Direction()   # none recorded
+
+
+def test_the_checkpoint_records_the_codes_and_refuses_bad_ones(nllb, tmp_path):
+    out = nllb[3]
+    config = json.loads((out / "config.json").read_text())
+    assert config["origin"]["imported"] == "hf-nllb"
+    assert config["languages"] == {"source": "eng_Latn", "target": "spa_Latn"}
+    assert set(config["language_codes"]) == set(CODES)
+    assert config["model"]["norm_first"] and config["model"]["positional"] == "learned"
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    config["language_codes"] = {"eng_Latn": "four"}
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match='"language_codes" must map codes to token ids'):
+        load_model(copy)
+
+
+def test_the_position_tables_are_fairseqs_from_position_two(nllb):
+    theirs, ours = nllb[1], load_model(nllb[3])
+    table = theirs.model.encoder.embed_positions.weights
+    assert torch.equal(fairseq_positions(66, 32)[2:], table[2:66])   # (row 1, pad, is 0)
+    assert torch.equal(ours.encoder.embed.positions.embedding.weight, table[2:66])
+
+
+def test_the_command_translates_between_the_languages_named(nllb, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["import", "hf-nllb", str(nllb[0]), "--out", str(out)]) == 0
+    assert "encoder-decoder: 2 + 2 layers" in capsys.readouterr().out
+    lines = tmp_path / "in.txt"
+    lines.write_text("\n".join(SAMPLES) + "\n")
+    assert main(["translate", "--model", str(out), "--input", str(lines), "--beam", "1",
+                 "--target-lang", "fra_Latn", "--dtype", "float32"]) == 0
+    assert capsys.readouterr().out.splitlines() == Translator.load(out).translate(
+        SAMPLES, beam=1, target_lang="fra_Latn")
+    assert main(["translate", "--model", str(out), "--input", str(lines),
+                 "--target-lang", "french"]) == 2
+    assert "target language 'french'" in capsys.readouterr().err
+
+
+def test_a_model_without_a_default_pair_asks_for_one(nllb, tmp_path):
+    directory = tmp_path / "hf"
+    shutil.copytree(nllb[0], directory)
+    settings = json.loads((directory / "tokenizer_config.json").read_text())
+    settings["tgt_lang"] = None
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings))
+    translator = Translator.load(import_nllb(directory, tmp_path / "out"))
+    with pytest.raises(ConfigError, match="between 3 languages: name the source and the "
+                                          "target"):
+        translator.translate(["a"])
+
+
+def test_the_server_translates_between_the_languages_each_request_names(nllb):
+    from transduce.serve import create_app
+
+    translator = Translator.load(nllb[3])
+    expected = translator.translate(SAMPLES[:2], beam=4, target_lang="fra_Latn")
+    with TestClient(create_app(translator, name="nllb")) as client:
+        answer = client.post("/v1/translate", json={"texts": SAMPLES[:2],
+                                                    "target_lang": "fra_Latn"})
+        assert answer.status_code == 200
+        assert [t["text"] for t in answer.json()["translations"]] == expected
+        libre = client.post("/translate", json={"q": SAMPLES[:2], "source": "eng_Latn",
+                                                "target": "fra_Latn"})
+        assert libre.status_code == 200 and libre.json()["translatedText"] == expected
+        bad = client.post("/v1/translate", json={"texts": ["a"], "target_lang": "xx"})
+        assert bad.status_code == 422 and "target_lang" in bad.text
+        bad = client.post("/translate", json={"q": "a", "source": "xx", "target": "fra_Latn"})
+        assert bad.status_code == 400 and "source" in bad.text
+        languages = client.get("/languages").json()
+        assert [entry["code"] for entry in languages] == sorted(CODES)
+        assert all(entry["targets"] == sorted(CODES) for entry in languages)
+        info = client.get("/v1/models").json()["data"][0]
+        assert info["language_codes"] == sorted(CODES)
+        assert info["languages"] == {"source": "eng_Latn", "target": "spa_Latn"}
+        assert not info["attention_maps"]
+
+
+def test_the_onnx_export_translates_between_the_languages_named(nllb, tmp_path):
+    pytest.importorskip("onnxruntime")
+    from transduce.export.onnx import export_onnx
+
+    exported = export_onnx(nllb[3], tmp_path / "onnx")
+    ours = Translator.load(nllb[3]).translate(SAMPLES, beam=2, target_lang="fra_Latn")
+    assert Translator.load(exported).translate(SAMPLES, beam=2, target_lang="fra_Latn") == ours
+
+
+def test_the_ctranslate2_export_translates_with_the_code_as_target_prefix(nllb, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from transduce.export import export_ctranslate2
+
+    out = nllb[3]
+    exported = export_ctranslate2(out, tmp_path / "ct2")
+    pieces = json.loads((exported / "transduce-export.json").read_text())[
+        "language_code_pieces"]
+    ours = Tokenizer(out / checkpoint.TOKENIZER)
+    translator = ctranslate2.Translator(str(exported), device="cpu", intra_threads=1)
+    sources = [[pieces["eng_Latn"]] + [ours.piece(i) for i in ids]
+               for ids in ours.encode(SAMPLES)]
+    found = translator.translate_batch(sources, target_prefix=[[pieces["fra_Latn"]]] *
+                                       len(SAMPLES), beam_size=1, max_decoding_length=13,
+                                       min_decoding_length=0)
+    texts = [ours.decode([ours.processor.piece_to_id(p) for p in r.hypotheses[0][1:]])
+             for r in found]
+    assert texts == Translator.load(out).translate(SAMPLES, beam=1, max_length=12,
+                                                   target_lang="fra_Latn")
+
+
+REFUSED_CONFIGS = [
+    (lambda c: {**c, "model_type": "nllb-moe"}, "model_type='nllb-moe'"),
+    (lambda c: {**c, "activation_function": "tanh"}, "activation_function='tanh'"),
+    (lambda c: {**c, "tie_word_embeddings": False}, "tie_word_embeddings=false"),
+    (lambda c: {**c, "decoder_ffn_dim": 32}, "our stacks share d_ff"),
+    (lambda c: {**c, "pad_token_id": 5}, "pad_token_id=5"),
+    (lambda c: {**c, "decoder_start_token_id": 10 ** 6}, "decoder_start_token_id=1000000"),
+]
+REFUSED_WEIGHTS = [
+    (lambda t: {k: v for k, v in t.items() if k != "model.decoder.layer_norm.bias"},
+     "missing weight 'decoder.layer_norm.bias'"),
+    (lambda t: {**t, "model.extra.weight": torch.zeros(2)}, "unknown weight 'model.extra.weight'"),
+    (lambda t: {**t, "model.encoder.embed_positions.weights": torch.zeros(66, 32)},
+     "'encoder.embed_positions.weights' is not the sinusoidal table NLLB computes"),
+]
+
+
+@pytest.mark.parametrize("part, change, message",
+                         [("config", *case) for case in REFUSED_CONFIGS]
+                         + [("weights", *case) for case in REFUSED_WEIGHTS])
+def test_configurations_and_weights_we_cannot_reproduce_are_refused_by_name(nllb, tmp_path,
+                                                                            part, change,
+                                                                            message):
+    bad = damaged(nllb[0], tmp_path, **{part: change})
+    assert_refused(import_nllb, bad, tmp_path, message)
+
+
+def test_a_stored_position_table_imports(nllb, tmp_path):
+    """Older transformers saved the tables (all 66 rows; rows 0 and 1 are never read)."""
+    table = nllb[1].model.encoder.embed_positions.weights.clone()
+
+    def with_tables(tensors):
+        for stack in ("encoder", "decoder"):
+            tensors[f"model.{stack}.embed_positions.weights"] = table.clone()
+
+    imported = load_model(import_nllb(damaged(nllb[0], tmp_path, weights=with_tables),
+                                      tmp_path / "out")).state_dict()
+    assert all(torch.equal(imported[name], weight)
+               for name, weight in load_model(nllb[3]).state_dict().items())
+
+
+def test_float16_weights_import_rounded(nllb, tmp_path):
+    half = damaged(nllb[0], tmp_path, weights=lambda tensors: {
+        name: tensor.half() for name, tensor in tensors.items()})
+    imported = load_model(import_nllb(half, tmp_path / "out")).state_dict()
+    for name, weight in load_model(nllb[3]).state_dict().items():
+        if "positions" in name:                  # computed, not read
+            assert torch.equal(imported[name], weight), name
+        elif name != "output_proj.bias":         # (zeros and never-output tokens)
+            assert torch.equal(imported[name], weight.half().float()), name
+
+
+@pytest.mark.parametrize("missing", ["tokenizer.json", "sentencepiece.bpe.model"])
+def test_tokenizer_files_it_needs_are_named(nllb, tmp_path, missing):
+    directory = tmp_path / "hf"
+    shutil.copytree(nllb[0], directory)
+    (directory / missing).unlink()
+    assert_refused(import_nllb, directory, tmp_path, f"no {missing}")
+
+
+def test_a_tokenizer_without_language_codes_is_refused(nllb, tmp_path):
+    directory = tmp_path / "hf"
+    shutil.copytree(nllb[0], directory)
+    values = json.loads((directory / "tokenizer.json").read_text())
+    values["added_tokens"] = [t for t in values["added_tokens"] if t["content"] not in CODES]
+    (directory / "tokenizer.json").write_text(json.dumps(values))
+    assert_refused(import_nllb, directory, tmp_path, "no language codes")
