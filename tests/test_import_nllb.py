@@ -341,6 +341,81 @@ def test_the_ctranslate2_export_translates_with_the_code_as_target_prefix(nllb, 
                                                    target_lang="fra_Latn")
 
 
+def test_training_batches_score_what_transformers_scores_after_the_forced_code(nllb):
+    """A pair as fine-tuning batches it (source code first, the target's code given
+    after bos and not scored) has the NLL transformers gives NllbTokenizer's labels,
+    less the code's own (the first label), over the tokens ours may output."""
+    from transduce.data.batching import TokenBatcher
+    from transduce.train.loss import projected_label_smoothed_nll
+
+    _, theirs, tokenizer, out = nllb
+    model, ours = load_model(out), Tokenizer(out / checkpoint.TOKENIZER)
+    sources, targets = TEXT[:4], TEXT[3:7]
+    codes = model.language_codes
+    batcher = TokenBatcher([torch.tensor(ids).numpy() for ids in ours.encode(sources)],
+                           [torch.tensor(ids).numpy() for ids in ours.encode(targets)], 4096,
+                           shuffle=False, source_prefix=[codes["eng_Latn"]],
+                           forced=[codes["spa_Latn"]])
+    batch = batcher.collate(torch.arange(4).numpy())
+    with torch.no_grad():
+        _, found = projected_label_smoothed_nll(model(batch.src, batch.tgt_in, project=False),
+                                                model.output_proj.weight, batch.tgt_out, 0.0,
+                                                PAD_ID, bias=model.output_proj.bias)
+        tokenizer.src_lang, tokenizer.tgt_lang = "eng_Latn", "spa_Latn"
+        encoded = tokenizer(sources, text_target=targets, padding=True, return_tensors="pt")
+        labels = encoded.pop("labels")
+        logits = theirs(**encoded, labels=labels).logits
+        logits[..., never_output(tokenizer)] = float("-inf")
+        nll = torch.nn.functional.cross_entropy(logits[:, 1:].transpose(1, 2), labels[:, 1:],
+                                                ignore_index=tokenizer.pad_token_id,
+                                                reduction="sum")
+    assert int(batch.tgt_lengths.sum()) == int((labels[:, 1:] != tokenizer.pad_token_id).sum())
+    torch.testing.assert_close(found, nll, rtol=1e-5, atol=1e-4)
+
+
+def test_fine_tuning_on_a_pair_keeps_the_codes_and_makes_it_the_default(nllb, tmp_path,
+                                                                        tiny_corpus, capsys):
+    out = nllb[3]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for file in tiny_corpus.iterdir():
+        if file.is_file() and not file.name.startswith("spm."):
+            (corpus / file.name).write_bytes(file.read_bytes())
+    args = ["train", "--data", str(corpus), "--init", str(out), "--max-steps", "4",
+            "--eval-every", "4", "--save-every", "2", "--max-tokens", "512",
+            "--dev-bleu-sentences", "4"]
+    assert main(args + ["--out", str(tmp_path / "none")]) == 2
+    assert "the model is multilingual (3 language codes): name the corpus's languages" in \
+        capsys.readouterr().err
+    assert main(args + ["--out", str(tmp_path / "unknown"), "--source-lang", "spa",
+                        "--target-lang", "eng_Latn"]) == 2
+    assert "source language 'spa'" in capsys.readouterr().err
+    assert main(args + ["--out", str(tmp_path / "run"), "--source-lang", "spa_Latn",
+                        "--target-lang", "eng_Latn"]) == 0
+    tuned = checkpoint.resolve(tmp_path / "run")
+    assert checkpoint.read_language_codes(tuned) == load_model(out).language_codes
+    assert checkpoint.read_languages(tuned) == ("spa_Latn", "eng_Latn")
+    translator = Translator.load(tuned)
+    assert translator.translate(["uno dos"], beam=1) == translator.translate(
+        ["uno dos"], beam=1, source_lang="spa_Latn", target_lang="eng_Latn")
+    # A resumed run gives its pairs the same codes (from its own checkpoints).
+    assert main(["train", "--data", str(corpus), "--out", str(tmp_path / "run"), "--resume",
+                 "--max-steps", "6"]) == 0
+    assert checkpoint.read_languages(checkpoint.resolve(tmp_path / "run")) == \
+        ("spa_Latn", "eng_Latn")
+    assert main(["average", str(tmp_path / "run"), "--out", str(tmp_path / "average")]) == 0
+    assert checkpoint.read_language_codes(tmp_path / "average") == load_model(out).language_codes
+
+
+def test_a_model_of_one_pair_refuses_language_codes_to_train_on(tiny_corpus, tmp_path,
+                                                                 capsys):
+    assert main(["train", "--data", str(tiny_corpus), "--out", str(tmp_path / "run"),
+                 "--preset", "tiny", "--max-steps", "1", "--source-lang", "spa_Latn",
+                 "--target-lang", "eng_Latn"]) == 2
+    assert "this model has none" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 REFUSED_CONFIGS = [
     (lambda c: {**c, "model_type": "nllb-moe"}, "model_type='nllb-moe'"),
     (lambda c: {**c, "activation_function": "tanh"}, "activation_function='tanh'"),

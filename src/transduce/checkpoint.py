@@ -345,7 +345,7 @@ def average(checkpoints: list[Path], out: Path) -> Path:
     tokenizer_file = TOKENIZER_JSON if section is not None else TOKENIZER
     with atomic.atomic_directory(out) as temporary:
         _write_config(temporary, model_config, train_config, origin, section,
-                      read_labels(last), read_languages(last))
+                      read_labels(last), read_languages(last), read_language_codes(last))
         _save_tensors(mean, temporary / WEIGHTS, metadata)
         for name in (tokenizer_file, TARGET_TOKENIZER):
             if name == tokenizer_file or (last / name).is_file():

@@ -428,6 +428,8 @@ class TrainConfig(ValidatedConfig):
     pack_length: int = 0               # >0: train on packed rows of this many tokens
     task: Task = "pretrain"            # arch encoder: "pretrain" (text) or "classify" (tsv)
     objective: Objective = "mlm"       # arch encoder, task pretrain: "mlm" or "mlm,nsp"
+    source_lang: str = ""              # a multilingual model's (NLLB's): the corpus's source
+    target_lang: str = ""              # and target language codes ("": a one-pair model)
 
     def __post_init__(self) -> None:
         self._check_bools()
@@ -446,6 +448,14 @@ class TrainConfig(ValidatedConfig):
                        "threads", "schedule_offset", "pack_length")
         check_in_unit_interval(self, "label_smoothing", "adam_beta1", "adam_beta2")
         check_seed(self.seed, "TrainConfig.seed")
+        for name in ("source_lang", "target_lang"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"TrainConfig.{name}={getattr(self, name)!r}: must be a "
+                                  f"language code (a string)")
+        if bool(self.source_lang) != bool(self.target_lang):
+            raise ConfigError(f"TrainConfig.source_lang={self.source_lang!r}, target_lang="
+                              f"{self.target_lang!r}: a multilingual model trains on a pair; "
+                              f"give both codes or neither")
         for name in ("lr_scale", "adam_eps"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)}: must be positive")

@@ -7,6 +7,9 @@ under the budget, and the batch order is shuffled with the same seed. A run can 
 mid-epoch from (epoch, batch position).
 
 Layout of one pair: src = ids + [eos]; tgt_in = [bos] + ids; tgt_out = ids + [eos].
+A multilingual model's pairs are given their languages (TokenBatcher's source_prefix
+and forced: the codes, decode/languages.py): src = [code] + ids + [eos]; tgt_in =
+[bos, code] + ids; tgt_out = [pad] + ids + [eos], the given code not scored.
 
 An encoder (BERT) reads items of its own layouts: EncoderBatcher (data/masking.py).
 
@@ -172,25 +175,31 @@ class TokenBatcher(_EpochBatches):
     text corpus (src_ids None: no source side, src is (B, 0)).
 
     max_tokens bounds B * max(src len) and B * max(tgt len) of every batch: padded
-    tokens count, so no batch ever exceeds the budget on either side.
+    tokens count, so no batch ever exceeds the budget on either side. source_prefix and
+    forced: ids every source starts with and every target is given after bos, unscored
+    (a multilingual model's languages).
     """
 
     def __init__(self, src_ids: Ids | None, tgt_ids: Ids, max_tokens: int, *, seed: int = 0,
-                 shuffle: bool = True, line_numbers: Sequence[int] | None = None):
+                 shuffle: bool = True, line_numbers: Sequence[int] | None = None,
+                 source_prefix: Sequence[int] = (), forced: Sequence[int] = ()):
         if src_ids is None and not len(tgt_ids):
             raise BatchingError("need at least one line, got none")
         if src_ids is not None and (len(src_ids) != len(tgt_ids) or not len(src_ids)):
             raise BatchingError(f"need the same, non-zero number of source and target sentences, "
                                 f"got {len(src_ids)} and {len(tgt_ids)}")
+        if src_ids is None and (source_prefix or forced):
+            raise BatchingError("lines of a language model take no languages")
         self.src_ids, self.tgt_ids = src_ids, tgt_ids
-        self.tgt_lengths = _lengths(tgt_ids)
+        self.source_prefix = np.asarray(source_prefix, dtype=np.int64)
+        self.forced = np.asarray(forced, dtype=np.int64)
+        self.tgt_lengths = _lengths(tgt_ids)          # scored: the given tokens are not
         # No source side: length 0, which changes neither the order nor the budget.
         self.src_lengths = np.zeros_like(self.tgt_lengths) if src_ids is None else \
-            _lengths(src_ids)
+            _lengths(src_ids) + len(source_prefix)
         self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
         unit = "pair" if src_ids is not None else "line"
-        too_long = longer_than(np.maximum(self.src_lengths, self.tgt_lengths), max_tokens, unit,
-                               line_numbers)
+        too_long = longer_than(self._longest(), max_tokens, unit, line_numbers)
         if too_long:
             count, worst = too_long
             raise BatchingError(f"{count} cannot fit a batch of {max_tokens} tokens even alone; "
@@ -202,22 +211,27 @@ class TokenBatcher(_EpochBatches):
         # A batch is charged B x its longest side, so group by that first, then by source
         # length (on the Bible split: 3.9% padding at 4096 tokens, 6.4% at 25k, against
         # 6.4% and 20.8% when sorting by source then target length).
-        longest = np.maximum(self.src_lengths, self.tgt_lengths)             # (pairs,)
-        return length_batches(longest, self.max_tokens, rng, then=self.src_lengths)
+        return length_batches(self._longest(), self.max_tokens, rng, then=self.src_lengths)
+
+    def _longest(self) -> np.ndarray:
+        """(pairs,) the longer side of each pair as a batch holds it."""
+        return np.maximum(self.src_lengths, self.tgt_lengths + len(self.forced))
 
     def collate(self, indices: np.ndarray) -> Batch:
-        size = len(indices)
+        size, prefix, forced = len(indices), self.source_prefix, self.forced
         src_len, tgt_len = self.src_lengths[indices], self.tgt_lengths[indices]
+        given = len(forced)
         src = np.full((size, src_len.max()), PAD_ID, dtype=np.int64)        # (B, 0) for lines
-        tgt_in = np.full((size, tgt_len.max()), PAD_ID, dtype=np.int64)
-        tgt_out = np.full((size, tgt_len.max()), PAD_ID, dtype=np.int64)
+        tgt_in = np.full((size, tgt_len.max() + given), PAD_ID, dtype=np.int64)
+        tgt_out = np.full((size, tgt_len.max() + given), PAD_ID, dtype=np.int64)
+        src[:, :len(prefix)], tgt_in[:, 0], tgt_in[:, 1:given + 1] = prefix, BOS_ID, forced
         for row, index in enumerate(indices):
             t = self.tgt_ids[index]
             if self.src_ids is not None:
-                s = self.src_ids[index]
-                src[row, :len(s)], src[row, len(s)] = s, EOS_ID
-            tgt_in[row, 0], tgt_in[row, 1:len(t) + 1] = BOS_ID, t
-            tgt_out[row, :len(t)], tgt_out[row, len(t)] = t, EOS_ID
+                s, start = self.src_ids[index], len(prefix)
+                src[row, start:start + len(s)], src[row, start + len(s)] = s, EOS_ID
+            tgt_in[row, given + 1:given + len(t) + 1] = t
+            tgt_out[row, given:given + len(t)], tgt_out[row, given + len(t)] = t, EOS_ID
         return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
                      torch.from_numpy(src_len.astype(np.int64)),
                      torch.from_numpy(tgt_len.astype(np.int64)),
@@ -228,10 +242,11 @@ class TokenBatcher(_EpochBatches):
         batches = self.epoch_batches(epoch)
         starts, sizes = batches.bounds[:-1], batches.sizes()
         padded = 0
-        for lengths in (self.src_lengths, self.tgt_lengths):
+        target = self.tgt_lengths + len(self.forced) if len(self.forced) else self.tgt_lengths
+        for lengths in (self.src_lengths, target):
             ordered = gather(lengths, batches.order)                          # (pairs,)
             padded += int((sizes * np.maximum.reduceat(ordered, starts)).sum())
-        real = int(self.src_lengths.sum(dtype=np.int64) + self.tgt_lengths.sum(dtype=np.int64))
+        real = int(self.src_lengths.sum(dtype=np.int64) + target.sum(dtype=np.int64))
         return 1.0 - real / padded
 
 

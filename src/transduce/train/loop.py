@@ -44,6 +44,7 @@ from transduce.data.dataset import TokenizedSplit, TokenizedText, load_split, lo
 from transduce.data.packing import PackedPairBatcher
 from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer
 from transduce.decode.evaluate import score_lines
+from transduce.decode.languages import Direction
 from transduce.decode.translate import Translator
 from transduce.errors import TransduceError
 from transduce.model import Model, build_model, load_model
@@ -58,6 +59,7 @@ from transduce.train.objective import SequenceObjective
 from transduce.train import encoder as encoder_training
 from transduce.train import sharding
 from transduce.train.schedule import learning_rate
+from transduce.train.languages import training_direction
 from transduce.train.signals import StopRequest, stop_requests
 from transduce.train.state import (BatchStream, Position, restore, save_training_checkpoint,
                                    save_weight_average)
@@ -157,18 +159,23 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     trained = checkpoint.list_checkpoints(out)[-1:] if resume else [init] if init else []
     tokenizer = Tokenizer(_tokenizer_path(data_dir, trained[0] if trained else None))
     _check_vocabulary(model_config, tokenizer)
+    codes = checkpoint.read_language_codes(checkpoint.resolve(trained[0])) \
+        if trained and model_config.arch == "transformer" else None
+    given = training_direction(codes, train_config)
     if model_config.arch == "encoder":
         train_split, batcher, dev_split = encoder_training.load_encoder_data(
             data_dir, tokenizer, model_config, train_config)
     else:
         train_split, dev_split, batcher = _load_data(data_dir, tokenizer, model_config,
-                                                     train_config)
+                                                     train_config, given)
 
     labels = list(train_split.names) \
         if isinstance(train_split, encoder_training.TokenizedLabelled) else None
     model = _initial_model(model_config, train_config, labels, init, rank, device)
     if model_config.arch not in ("encoder", "decoder"):
-        model.languages = language_pair(data_dir)      # checkpoints record the pair
+        # Checkpoints record the pair (a multilingual model's as its codes name it).
+        model.languages = given.languages or language_pair(data_dir)
+        model.language_codes = codes
     net = _stepped_module(model, model_config, train_config, world)
     # After sharding: FSDP replaces the parameters by their shards, which Adam steps.
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0,
@@ -312,14 +319,15 @@ def check_run_configs(model_config: ModelConfig, train_config: TrainConfig, kind
 
 
 def _load_data(data_dir: Path, tokenizer: Tokenizer, model_config: ModelConfig,
-               train_config: TrainConfig
+               train_config: TrainConfig, given: Direction = Direction()
                ) -> tuple[TokenizedSplit | TokenizedText, TokenizedSplit | TokenizedText | None,
                           Batcher]:
     """-> (train split, dev split or None, train batcher). Lines and pairs longer than
-    max_len (and the model's positions) are filtered, and packed pairs longer than a
-    row; a language model's packed blocks hold pieces of lines of any length."""
+    max_len (and the model's positions, less the tokens `given` to a multilingual
+    model's pairs) are filtered, and packed pairs longer than a row; a language model's
+    packed blocks hold pieces of lines of any length."""
     c = train_config
-    max_len = min(c.max_len, model_config.max_positions)
+    max_len = min(c.max_len, model_config.max_positions - len(given.forced))
     if not is_language_model(model_config):
         # A packed row holds a sentence and its eos (or bos): pack_length - 1 pieces.
         train_split = load_split(data_dir, "train", tokenizer,
@@ -328,7 +336,8 @@ def _load_data(data_dir: Path, tokenizer: Tokenizer, model_config: ModelConfig,
             train_split.src_ids, train_split.tgt_ids, c.pack_length, c.max_tokens,
             seed=c.seed, line_numbers=train_split.line_numbers) if c.pack_length else \
             TokenBatcher(train_split.src_ids, train_split.tgt_ids, c.max_tokens,
-                         seed=c.seed, line_numbers=train_split.line_numbers)
+                         seed=c.seed, line_numbers=train_split.line_numbers,
+                         source_prefix=given.source_prefix, forced=given.forced)
         if c.pack_length:
             train_split.report.append(f"pairs packed into rows of {c.pack_length} tokens a "
                                       f"side, {c.max_tokens // c.pack_length} rows per batch")
@@ -611,7 +620,9 @@ def evaluate_dev(model: Model, split: TokenizedSplit | TokenizedText, tokenizer:
         model.train()
         return {"dev_loss": loss, "dev_ppl": math.exp(min(loss, 50.0))}
     model.eval()
-    batcher = TokenBatcher(split.src_ids, split.tgt_ids, train_config.max_tokens, shuffle=False)
+    given = training_direction(getattr(model, "language_codes", None), train_config)
+    batcher = TokenBatcher(split.src_ids, split.tgt_ids, train_config.max_tokens, shuffle=False,
+                           source_prefix=given.source_prefix, forced=given.forced)
     nll_sum, tokens = 0.0, 0
     with torch.no_grad():
         for batch in batcher.iterate(epoch=0):
@@ -625,8 +636,9 @@ def evaluate_dev(model: Model, split: TokenizedSplit | TokenizedText, tokenizer:
     count = train_config.dev_bleu_sentences
     if count:
         # Beam 1 is greedy search (tested); Translator batches, pads and detokenises.
+        source, target = given.languages or (None, None)
         hypotheses = Translator(model, tokenizer, device).translate(
-            split.corpus.source[:count], beam=1)
+            split.corpus.source[:count], beam=1, source_lang=source, target_lang=target)
         result["dev_bleu_greedy"] = sacrebleu.corpus_bleu(
             hypotheses, [split.corpus.target[:count]]).score
     model.train()

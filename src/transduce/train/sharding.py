@@ -102,6 +102,8 @@ def plain_model(model: Model) -> Model:
         plain.labels = list(model.labels)
     if getattr(model, "languages", None) is not None:
         plain.languages = model.languages
+    if getattr(model, "language_codes", None) is not None:
+        plain.language_codes = dict(model.language_codes)
     return plain
 
 
