@@ -201,7 +201,49 @@ def test_the_target_language_changes_the_translation(nllb):
     assert [translator.translate([s], beam=2, target_lang="fra_Latn")[0] for s in SAMPLES] \
         == translator.translate(SAMPLES, beam=2, target_lang="fra_Latn")
     assert translator.translate(SAMPLES, beam=1) == spanish
-    assert not translator.decodes_continuously
+    assert translator.decodes_continuously
+
+
+@pytest.mark.parametrize("joins", [[0, 0, 0, 0, 0, 0], [0, 1, 2, 3, 4, 5], [0, 0, 3, 3, 9, 9]])
+def test_sentences_joining_a_running_search_are_searched_as_alone(nllb, joins):
+    """Continuous batching (the server's): sentences into different languages, one of a
+    one-pair search (no code given), joining at different steps (the last ones into an
+    empty search), each get beam_search's hypotheses."""
+    from transduce.decode.continuous import ContinuousBeamSearch
+
+    translator = Translator.load(nllb[3])
+    model, codes = translator.model, translator.language_codes
+    ids = translator.encode(SAMPLES, prefix=[codes["eng_Latn"]])
+    targets = ["fra_Latn", "spa_Latn", None, "eng_Latn", "spa_Latn", "fra_Latn"]
+    expected = [beam_search(model, pad_sources([i]), bos_id=BOS_ID, eos_id=EOS_ID, beam=3,
+                            max_len=10, forced=torch.tensor([[codes[t]]]) if t else None)[0]
+                for i, t in zip(ids, targets)]
+    search = ContinuousBeamSearch(model, bos_id=BOS_ID, eos_id=EOS_ID, beam=3, max_len=10)
+    found, step = {}, 0
+    while len(found) < len(SAMPLES):
+        for forcing in (True, False):
+            joining = [k for k, at in enumerate(joins)
+                       if at == step and (targets[k] is not None) == forcing]
+            if joining:
+                search.add(pad_sources([ids[k] for k in joining]), joining, torch.tensor(
+                    [codes[targets[k]] for k in joining]) if forcing else None)
+        found.update(search.step())
+        step += 1
+    for k, hypotheses in found.items():
+        assert [h.tokens for h in hypotheses] == [h.tokens for h in expected[k]], k
+        assert hypotheses[0].score == pytest.approx(expected[k][0].score, rel=1e-5)
+
+
+def test_a_decoding_process_warms_up_without_a_default_pair(nllb, tmp_path):
+    from transduce.serve.processes import _warm_up
+
+    directory = tmp_path / "hf"
+    shutil.copytree(nllb[0], directory)
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "NllbTokenizer"}))
+    translator = Translator.load(import_nllb(directory, tmp_path / "out"))
+    assert translator.model.languages is None
+    _warm_up(translator)
 
 
 def test_a_forced_code_leaves_room_within_the_positions(nllb):

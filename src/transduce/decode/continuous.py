@@ -18,6 +18,11 @@ run out they are dropped (compaction), and the buffers grow (doubling) when a se
 needs more rows or slots. A beam that changes rows takes its sentence's slots along, not
 the slots before its bos.
 
+A sentence may be given a token after bos (a multilingual model's target language,
+search.forced_start): its bos goes through the decoder as it joins, into the slot
+before the next step's, which feeds the given token (an empty search starts a slot
+later for it), and its search counts from the token after.
+
 Each sentence is searched as `beam_search` searches it alone: the same extensions,
 finished lists, length penalty and stopping rules (search.py), by its own step count.
 Only numerics may differ: masked keys, and rows decoded in other company, can change
@@ -43,6 +48,7 @@ class _Sentence:
     tag: Any                  # the caller's handle, given back with the result
     offset: int               # the cache slot of its bos
     limit: int                # its most output tokens
+    given: int = 0            # tokens after bos that were given, not searched (0 or 1)
     finished: list[Hypothesis] = field(default_factory=list)
 
 
@@ -97,17 +103,25 @@ class ContinuousBeamSearch:
         return len(self.sentences)
 
     @torch.inference_mode()
-    def add(self, src: Tensor, tags: list[Any]) -> None:
+    def add(self, src: Tensor, tags: list[Any], forced: Tensor | None = None) -> None:
         """Start searching sentences src (N, S) (right-padded ids, each ending in eos) at the
-        next step; tags come back with their results."""
+        next step; tags come back with their results. forced: (N,) the token each output
+        starts with after bos, given rather than searched."""
         if src.dim() != 2 or src.shape[0] != len(tags) or src.shape[0] == 0:
             raise ValueError(f"src {tuple(src.shape)} must be (N, S) with one tag per row "
                              f"({len(tags)} tags), N >= 1")
+        if forced is not None and tuple(forced.shape) != (src.shape[0],):
+            raise ValueError(f"forced {tuple(forced.shape)} must be (N,): one token per "
+                             f"sentence")
         src = src.to(self.device)
         new, width = src.shape
         first, first_row = len(self.sentences), len(self.sentences) * self.beam
-        limits = max_lengths(self.model, src, self.max_len).tolist()
+        given = 0 if forced is None else 1
+        limits = max_lengths(self.model, src, self.max_len, given).tolist()
         self._make_room(first + new, width, self.slot + 1)
+        if given and self.slot == 0:         # bos needs a slot before the next step's
+            self._make_room(first + new, width, 2)
+            self._start_a_slot_later()
 
         src_mask = self.model.source_mask(src)                           # (N, 1, 1, S)
         memory_kv = self.model.decoder.memory_kv(self.model.encode(src, src_mask))
@@ -118,11 +132,39 @@ class ContinuousBeamSearch:
         self._memory_mask[first:first + new, :width] = src_mask.view(new, width)
         self._source_width = max(self._source_width, width)
 
-        self._history[first_row:first_row + new * self.beam, self.slot] = self.bos_id
-        self._offsets[first:first + new] = self.slot
+        rows, bos_slot = slice(first_row, first_row + new * self.beam), self.slot - given
+        self._history[rows, bos_slot] = self.bos_id
+        if forced is not None:
+            self._history[rows, self.slot] = forced.to(self.device).repeat_interleave(self.beam)
+            self._decode_bos(first, new, width, bos_slot)
+        self._offsets[first:first + new] = bos_slot
         self._scores[first:first + new] = float("-inf")
         self._scores[first:first + new, 0] = 0.0     # one live beam at first, as beam_search
-        self.sentences += [_Sentence(tag, self.slot, limit) for tag, limit in zip(tags, limits)]
+        self.sentences += [_Sentence(tag, bos_slot, limit, given)
+                           for tag, limit in zip(tags, limits)]
+
+    def _start_a_slot_later(self) -> None:
+        """Move the next step to slot 1: the sentences waiting for it (at slot 0, none
+        fed yet, as the slot is 0) feed their bos there instead."""
+        rows = len(self.sentences) * self.beam
+        self._history[:rows, 1] = self._history[:rows, 0]
+        self._offsets[:len(self.sentences)] += 1
+        for sentence in self.sentences:
+            sentence.offset += 1
+        self.slot = 1
+
+    def _decode_bos(self, first: int, new: int, width: int, slot: int) -> None:
+        """The bos of sentences [first:first + new] through the decoder, into `slot` of
+        their rows' caches (position 0); their logits are not needed."""
+        rows = slice(first * self.beam, (first + new) * self.beam)
+        for cache, (k, v) in zip(self.caches, self._keys):
+            cache.k, cache.v, cache.length = k[rows, :, slot:], v[rows, :, slot:], 0
+        memory_kv = [(k[first:first + new, :, :width], v[first:first + new, :, :width])
+                     for k, v in self._memory]
+        memory_mask = self._memory_mask[first:first + new, None, None, :width]
+        tokens = self._history[rows, slot:slot + 1]                        # (N * K, 1)
+        self.model.decoder(tokens, memory_kv, memory_mask, caches=self.caches,
+                           positions=torch.zeros_like(tokens))
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Any, list[Hypothesis]]]:
@@ -135,12 +177,13 @@ class ContinuousBeamSearch:
         logits = self._decode(rows, slot)                                # (R, V)
         scores = self._scores[:sentences]
         top = best_extensions(logits, scores, beam, self.eos_id)
-        steps = [slot + 1 - s.offset for s in self.sentences]            # tokens so far
+        steps = [slot + 1 - s.offset - s.given for s in self.sentences]  # tokens so far
         penalties = [length_penalty(n, self.alpha) for n in steps]
         history, running = self._history, self.sentences
 
         def prefix(row: int) -> list[int]:
-            return history[row, running[row // beam].offset + 1:slot + 1].tolist()
+            sentence = running[row // beam]
+            return history[row, sentence.offset + 1 + sentence.given:slot + 1].tolist()
 
         finish_eos(top, prefix, [s.finished for s in self.sentences], beam, penalties)
         best_live = top.next_scores.max(dim=1).values.tolist()

@@ -119,8 +119,7 @@ class Translator:
     def decodes_continuously(self) -> bool:
         """Whether sentences can join and leave a running search (decode/continuous.py):
         a PyTorch Transformer with plain KV caches (not quantized: kv_dtype None)."""
-        return self.kv_dtype is None and continuous.supports(self.model) \
-            and not self.language_codes       # the running search forces no tokens
+        return self.kv_dtype is None and continuous.supports(self.model)
 
     @property
     def language_codes(self) -> dict[str, int] | None:

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+import torch
+
 from transduce.data.tokenizer import BOS_ID, EOS_ID
 from transduce.decode.continuous import ContinuousBeamSearch
 from transduce.decode.continuous_generation import ContinuousGeneration, supports
@@ -28,20 +30,23 @@ def decodes_in_streams(model: Any, limits: Limits) -> bool:
 
 
 def translation_stream(translator: Translator, beam: int, alpha: float, nbest: int,
-                       max_length: int | None, processes: Mapping[int, Any] | None = None
+                       max_length: int | None, processes: Mapping[int, Any] | None = None,
+                       *, languages: tuple[str, str] | None = None
                        ) -> Callable[[int], Stream] | None:
-    """A factory of streams for these search settings (called with the decoder's rank),
-    or None where the translator cannot decode continuously (an ONNX export, an RNN, a
-    quantized or windowed cache): its jobs are then decoded as whole batches. processes:
-    by decoder rank, the DecoderProcess (processes.py) that decodes its streams; a
-    decoder without one decodes them in its own thread."""
+    """A factory of streams for these search settings and languages (a multilingual
+    model's; called with the decoder's rank), or None where the translator cannot decode
+    continuously (an ONNX export, an RNN, a quantized or windowed cache): its jobs are
+    then decoded as whole batches. processes: by decoder rank, the DecoderProcess
+    (processes.py) that decodes its streams; a decoder without one decodes them in its
+    own thread."""
     if not translator.decodes_continuously:
         return None
+    settings = (beam, alpha, nbest, max_length, languages)
 
     def stream(rank: int) -> Stream:
         if processes and rank in processes:
-            return processes[rank].stream(beam, alpha, nbest, max_length)
-        return TranslationStream(translator, beam, alpha, nbest, max_length)
+            return processes[rank].stream(*settings)
+        return TranslationStream(translator, *settings)
     return stream
 
 
@@ -58,8 +63,9 @@ class TranslationStream:
     the routes' timings read (service.py)."""
 
     def __init__(self, translator: Translator, beam: int, alpha: float, nbest: int,
-                 max_length: int | None):
+                 max_length: int | None, languages: tuple[str, str] | None = None):
         self.translator, self.nbest = translator, nbest
+        self.way = translator.direction(*(languages or (None, None)))
         self.search = ContinuousBeamSearch(translator.model, bos_id=BOS_ID, eos_id=EOS_ID,
                                            beam=beam, alpha=alpha, nbest=nbest,
                                            max_len=max_length)
@@ -73,7 +79,7 @@ class TranslationStream:
     def admit(self, jobs: Sequence[Job]) -> None:
         now, rows, tags = time.monotonic(), [], []
         for job in jobs:
-            ids = self.translator.encode(job.payload)
+            ids = self.translator.encode(job.payload, prefix=self.way.source_prefix)
             empty = [Translation("", 0.0)] * self.nbest
             self.pending[job] = _Pending([empty for _ in ids], sum(1 for x in ids if x), now)
             if not self.pending[job].waiting:
@@ -83,7 +89,8 @@ class TranslationStream:
                     rows.append(sentence)
                     tags.append((job, index))
         if rows:
-            self.search.add(pad_sources(rows, self.translator.device), tags)
+            forced = torch.tensor(self.way.forced * len(rows)) if self.way.forced else None
+            self.search.add(pad_sources(rows, self.translator.device), tags, forced)
 
     def step(self) -> list[tuple[Job, Any]]:
         done, self.ready = self.ready, []

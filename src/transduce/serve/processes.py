@@ -87,13 +87,13 @@ class DecoderProcess:
             raise DecoderProcessFailed(f"decoding process {self.rank} could not load the "
                                        f"model: {detail}")
 
-    def stream(self, beam: int, alpha: float, nbest: int,
-               max_length: int | None) -> "RemoteTranslationStream":
-        """A new stream with these search settings, decoded by this process (started
-        again first if it has died)."""
+    def stream(self, beam: int, alpha: float, nbest: int, max_length: int | None,
+               languages: tuple[str, str] | None = None) -> "RemoteTranslationStream":
+        """A new stream with these search settings (and a multilingual model's
+        languages), decoded by this process (started again first if it has died)."""
         if self._process is None or not self._process.is_alive():
             self.start()
-        return RemoteTranslationStream(self, (beam, alpha, nbest, max_length))
+        return RemoteTranslationStream(self, (beam, alpha, nbest, max_length, languages))
 
     def close(self) -> None:
         """Tell the process to stop and wait for it (killed if it does not stop)."""
@@ -216,8 +216,11 @@ def _decode_here(load: Callable[[], Translator], connection: Connection) -> None
 def _warm_up(translator: Translator) -> None:
     """Decode as a server does for a moment (sentences of many lengths joining a running
     search in groups, 4 beams), so that the first requests pay for no compiling: the
-    compiled step specialises on the first shapes it sees."""
-    stream = TranslationStream(translator, 4, 0.6, 1, 12)
+    compiled step specialises on the first shapes it sees. A multilingual model
+    translates in its default pair, or from and into its first code."""
+    codes = translator.language_codes
+    languages = None if not codes else (translator.model.languages or (min(codes),) * 2)
+    stream = TranslationStream(translator, 4, 0.6, 1, 12, languages)
     texts = [" ".join(WARM_UP_WORDS[:length]) for length in range(2, 26, 2)]
     for start in range(0, len(texts), 4):
         stream.admit([_Job(start + i, [text]) for i, text in enumerate(texts[start:start + 4])])

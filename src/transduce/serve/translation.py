@@ -122,7 +122,8 @@ async def _translate(service: Service, texts: list[str], name: str, beam: int, a
     tokens = sum(min(n, limit) + 1 + len(way.source_prefix) for n in lengths)
     found, timings = await service.submit(key, run, texts, tokens, len(texts),
                                           translation_stream(translator, *search,
-                                                             service.decoder_processes))
+                                                             service.decoder_processes,
+                                                             languages=way.languages))
     return list(zip(found, cut)), timings
 
 
