@@ -350,7 +350,28 @@ def test_the_server_translates_between_the_languages_each_request_names(nllb):
         info = client.get("/v1/models").json()["data"][0]
         assert info["language_codes"] == sorted(CODES)
         assert info["languages"] == {"source": "eng_Latn", "target": "spa_Latn"}
-        assert not info["attention_maps"]
+        maps = client.post("/v1/attention", json={"text": SAMPLES[0], "target_lang": "fra_Latn",
+                                                   "kinds": ["cross"], "layers": [1]})
+        assert maps.status_code == 200 and maps.json()["translation"] == expected[0]
+        bad = client.post("/v1/attention", json={"text": "a", "source_lang": "xx"})
+        assert bad.status_code == 422 and "source_lang" in bad.text
+
+
+def test_attention_maps_are_those_of_the_translation_into_the_language_named(nllb, tmp_path):
+    from transduce.attention_maps import attention_maps
+
+    translator = Translator.load(nllb[3])
+    maps = attention_maps(translator, SAMPLES[0], beam=2, source_lang="eng_Latn",
+                          target_lang="fra_Latn")
+    assert maps.translation == translator.translate([SAMPLES[0]], beam=2,
+                                                    target_lang="fra_Latn")[0]
+    assert maps.source_tokens[0] == "\u2581eng_Latn"
+    assert maps.target_inputs[:2] == ["<bos>", "\u2581fra_Latn"]
+    assert maps.target_outputs[0] == "\u2581fra_Latn"      # given after bos
+    assert len(maps.target_outputs) == len(maps.target_inputs) == maps.cross[0].shape[1]
+    assert main(["attention", SAMPLES[0], "--model", str(nllb[3]), "--out",
+                 str(tmp_path / "maps.png"), "--layer", "1", "--target-lang", "fra_Latn"]) == 0
+    assert (tmp_path / "maps.png").stat().st_size > 0
 
 
 def test_the_onnx_export_translates_between_the_languages_named(nllb, tmp_path):

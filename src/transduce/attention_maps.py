@@ -38,6 +38,7 @@ class AttentionMaps:
     source_tokens: list[str]      # the encoder's input pieces, eos included
     target_inputs: list[str]      # the decoder's input pieces: bos, then the output
     target_outputs: list[str]     # what each decoder position predicts: the output, eos
+    #                               (a multilingual model's: given its target code first)
     translation: str
     log_prob: float               # of the translation, recomputed by the recorded pass
     encoder: list[Tensor]         # (H, S, S) per layer
@@ -47,31 +48,38 @@ class AttentionMaps:
 
 @torch.no_grad()
 def attention_maps(translator: Translator, sentence: str, *, beam: int = 4,
-                   alpha: float = 0.6) -> AttentionMaps:
-    """Translate one sentence and record the attention weights of that translation."""
+                   alpha: float = 0.6, source_lang: str | None = None,
+                   target_lang: str | None = None) -> AttentionMaps:
+    """Translate one sentence (a multilingual model's between source_lang and
+    target_lang) and record the attention weights of that translation."""
     model, tokenizer = translator.model.eval(), translator.tokenizer
-    source_ids = tokenizer.encode([sentence.strip()])[0][:translator.max_source_tokens - 1]
+    way = translator.direction(source_lang, target_lang)
+    limit = translator.max_source_tokens - 1 - len(way.source_prefix)
+    source_ids = tokenizer.encode([sentence.strip()])[0][:limit]
     if not source_ids:
         raise ConfigError("attention maps need a non-empty sentence")
-    src = pad_sources([source_ids], translator.device)                   # (1, S)
-    best = beam_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=beam, alpha=alpha)[0][0]
-    cut = len(best.tokens) >= int(max_lengths(model, src, None)[0])    # no eos at the limit
+    src = pad_sources([list(way.source_prefix) + source_ids], translator.device)   # (1, S)
+    given = list(way.forced)
+    forced = torch.tensor([given], device=src.device) if given else None
+    best = beam_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=beam, alpha=alpha,
+                       forced=forced)[0][0]
+    cut = len(best.tokens) >= int(max_lengths(model, src, None, len(given))[0])   # no eos
     outputs = best.tokens if cut else best.tokens + [EOS_ID]
-    inputs = [BOS_ID] + outputs[:-1]
+    inputs = [BOS_ID] + given + outputs[:-1]
     with record_attention(model.attention_modules()) as recorded:
         logits = model(src, torch.tensor([inputs], device=src.device))   # (1, T, V)
     encoder, decoder, cross = (_first_sentence(recorded, role)
                                for role in ("encoder", "decoder", "cross"))
-    log_prob = float(logits.float().log_softmax(-1)[0, torch.arange(len(outputs)),
-                                                     torch.tensor(outputs)].sum())
+    searched = torch.arange(len(given), len(inputs))                 # the given are not scored
+    log_prob = float(logits.float().log_softmax(-1)[0, searched, torch.tensor(outputs)].sum())
     tolerance = 1e-3 if translator.dtype == "float32" else ROUNDED_TOLERANCE
     if not math.isclose(log_prob, best.log_prob, rel_tol=tolerance, abs_tol=tolerance):
         raise RuntimeError(f"the recorded pass scores the translation {log_prob:.4f}, the "
                            f"search {best.log_prob:.4f}: the maps would not be its own")
     piece = tokenizer.piece
     return AttentionMaps([piece(i) for i in src[0].tolist()], [piece(i) for i in inputs],
-                         [piece(i) for i in outputs], tokenizer.decode(best.tokens), log_prob,
-                         encoder, decoder, cross)
+                         [piece(i) for i in given + outputs], tokenizer.decode(best.tokens),
+                         log_prob, encoder, decoder, cross)
 
 
 def _first_sentence(recorded: Recorded, role: str) -> list[Tensor]:

@@ -206,3 +206,31 @@ def test_the_api_docs_render_with_no_network(browser_page, generator):
         page.wait_for_selector(".opblock-body", timeout=30_000)
         page.wait_for_timeout(1000)
     assert elsewhere == []
+
+
+def test_a_multilingual_model_translates_into_the_language_picked(browser_page, tmp_path):
+    pytest.importorskip("transformers")
+    from tests.test_import_nllb import write_nllb
+    from transduce.importers import import_nllb
+
+    directory, _ = write_nllb(tmp_path / "hf")
+    translator = Translator.load(import_nllb(directory, tmp_path / "nllb"))
+    page = browser_page
+    with ServerThread(create_app(translator, name="nllb")) as server:
+        page.goto(server.url + "/")
+        page.wait_for_selector("#languages:not([hidden])")
+        assert page.input_value("#source-lang") == "eng_Latn"     # the pair it records
+        assert page.input_value("#target-lang") == "spa_Latn"
+        assert page.locator("#target-lang option").all_text_contents() == \
+            ["eng_Latn", "fra_Latn", "spa_Latn"]
+        page.select_option("#target-lang", "fra_Latn")
+        page.fill("#source", "sea shells by the shore")
+        page.click("#translate")
+        page.wait_for_function("document.getElementById('status').textContent"
+                               ".includes('log-probability')")
+        expected = httpx.post(server.url + "/v1/attention", json={
+            "text": "sea shells by the shore", "layers": [1], "target_lang": "fra_Latn"}).json()
+        assert expected["translation"]
+        assert page.text_content("#output") == expected["translation"]
+        assert page.locator("#rows .tok").all_text_contents() == expected["target_outputs"]
+        assert expected["target_outputs"][0] == "\u2581fra_Latn"

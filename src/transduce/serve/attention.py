@@ -26,6 +26,7 @@ from transduce.serve.batcher import Job
 from transduce.serve.limits import ApiError, check_texts, check_tokens
 from transduce.serve.schemas import AttentionRequest
 from transduce.serve.service import Service, timed
+from transduce.serve.validation import checked_direction
 
 CACHE_BYTES = 256 * 2**20      # the newest maps are kept even when larger
 PIECE_VALUES = 16384           # numbers per piece written between returns to the loop
@@ -40,18 +41,20 @@ def attention_route(service: Service):
     cache = MapsCache(CACHE_BYTES)
 
     def run(jobs: Sequence[Job]) -> list[AttentionMaps]:
-        return [attention_maps(translator, job.payload[0], beam=job.payload[1],
-                               alpha=job.payload[2]) for job in jobs]
+        return [attention_maps(translator, text, beam=beam, alpha=alpha, source_lang=source,
+                               target_lang=target)
+                for text, beam, alpha, (source, target) in (job.payload for job in jobs)]
 
     async def attention(body: AttentionRequest) -> StreamingResponse:
         selected = _selected(body, layers)
         check_texts([body.text], service.limits, "text", indexed=False)
         if not body.text.strip():
             raise ApiError(422, "text: only white space; give a sentence to translate", "text")
-        limit = translator.max_source_tokens - 1
+        way = checked_direction(translator, body)
+        limit = translator.max_source_tokens - 1 - len(way.source_prefix)
         length = len(translator.tokenizer.encode([body.text.strip()])[0])
         check_tokens([length], limit, "text", body.truncate, indexed=False)
-        key = (body.text, body.beam, float(body.alpha))
+        key = (body.text, body.beam, float(body.alpha), way.languages or (None, None))
         maps = cache.get(key)
         if maps is None:
             maps, _ = await service.submit(("attention", object()), timed(run), key,

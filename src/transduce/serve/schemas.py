@@ -36,7 +36,18 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TranslateRequest(Strict):
+class LanguagePair(Strict):
+    """A multilingual model's languages (decode/languages.py); a one-pair model takes
+    none, or its own."""
+
+    source_lang: StrictStr | None = Field(None, examples=["eng_Latn"], description=(
+        "a multilingual model's source language, one of its codes (default: the pair it "
+        "records)"))
+    target_lang: StrictStr | None = Field(None, examples=["fra_Latn"], description=(
+        "a multilingual model's target language, one of its codes"))
+
+
+class TranslateRequest(LanguagePair):
     texts: Texts = Field(description="sentences to translate, one per item")
     beam: Beam = 4
     alpha: Alpha = 0.6
@@ -45,11 +56,6 @@ class TranslateRequest(Strict):
         None, description="output tokens at most (default: the source's length + 50)")
     truncate: StrictBool = Field(False, description="cut texts over the model's length "
                                                     "limit instead of refusing them (413)")
-    source_lang: StrictStr | None = Field(None, examples=["eng_Latn"], description=(
-        "a multilingual model's source language, one of its codes (default: the pair it "
-        "records)"))
-    target_lang: StrictStr | None = Field(None, examples=["fra_Latn"], description=(
-        "a multilingual model's target language, one of its codes"))
 
 
 class Hypothesis(BaseModel):
@@ -87,7 +93,7 @@ class LibreTranslateRequest(Strict):
     api_key: StrictStr | None = Field(None, description="accepted and ignored")
 
 
-class AttentionRequest(Strict):
+class AttentionRequest(LanguagePair):
     text: Annotated[StrictStr, Field(min_length=1), AfterValidator(_no_surrogates)]
     beam: Beam = 4
     alpha: Alpha = 0.6

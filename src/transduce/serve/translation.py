@@ -25,8 +25,8 @@ from transduce.serve.limits import ApiError, check_texts, check_tokens
 from transduce.serve.schemas import AttentionResponse, LibreTranslateRequest, Timings, \
     TranslateRequest, TranslateResponse, Translated
 from transduce.serve.service import Service, split_by_job, timed
-from transduce.serve.validation import ERROR_RESPONSES, is_json, media_type, read_json, \
-    validation_error
+from transduce.serve.validation import ERROR_RESPONSES, checked_direction, is_json, \
+    media_type, read_json, validation_error
 
 LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "de": "German", "fr": "French",
                   "it": "Italian", "pt": "Portuguese"}
@@ -47,7 +47,7 @@ def routes(service: Service) -> APIRouter:
         if body.max_length is not None and body.max_length > limit:
             raise ApiError(422, f"max_length: {body.max_length} is more than the model's "
                                 f"{limit} positions", "max_length")
-        way = _direction(translator, body.source_lang, body.target_lang)
+        way = checked_direction(translator, body)
         found, timings = await _translate(service, body.texts, "texts", body.beam,
                                           body.alpha, body.nbest, body.max_length,
                                           body.truncate, way)
@@ -100,9 +100,8 @@ def _add_libretranslate_routes(router: APIRouter, service: Service) -> None:
 
 def serves_attention_maps(translator: Translator) -> bool:
     """Whether /v1/attention is offered: a PyTorch model records its maps; an ONNX
-    export's graph returns logits alone, and a multilingual model's maps would need the
-    target language given, which the maps' search does not do."""
-    return hasattr(translator.model, "attention_modules") and not translator.language_codes
+    export's graph returns logits alone."""
+    return hasattr(translator.model, "attention_modules")
 
 
 async def _translate(service: Service, texts: list[str], name: str, beam: int, alpha: float,
@@ -137,16 +136,6 @@ def _run_translations(translator: Translator, key: tuple, batch_tokens: int,
     return split_by_job(jobs, translator.translate_nbest(
         lines, nbest, beam=beam, alpha=alpha, max_length=max_length, batch_tokens=batch_tokens,
         source_lang=source, target_lang=target))
-
-
-def _direction(translator: Translator, source: str | None, target: str | None) -> Direction:
-    """/v1/translate's source_lang and target_lang as the model's tokens; a language it
-    lacks (or one not named, for a multilingual model) is a 422 naming the field."""
-    try:
-        return translator.direction(source, target)
-    except LanguageError as error:
-        field = f"{error.side}_lang"
-        raise ApiError(422, f"{field}: {error}", field) from None
 
 
 async def _libre_body(request: Request) -> LibreTranslateRequest:

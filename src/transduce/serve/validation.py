@@ -17,14 +17,26 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from transduce.decode.languages import Direction, LanguageError
 from transduce.serve.limits import ApiError
-from transduce.serve.schemas import ErrorBody
+from transduce.serve.schemas import ErrorBody, LanguagePair
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text} for status, text in (
         (400, "malformed body"), (413, "over a limit (named in the error)"),
         (422, "a field with a wrong type or value (named in the error)"),
         (429, "the queue is full; see Retry-After"))}
+
+
+def checked_direction(translator, body: LanguagePair) -> Direction:
+    """A request's source_lang and target_lang as the translator's tokens; a language
+    its model lacks (or none named, for a multilingual model without a default pair) is
+    a 422 naming the field."""
+    try:
+        return translator.direction(body.source_lang, body.target_lang)
+    except LanguageError as error:
+        field = f"{error.side}_lang"
+        raise ApiError(422, f"{field}: {error}", field) from None
 
 
 def read_json(text: str) -> Any:

@@ -33,7 +33,7 @@ async function translate() {
   const started = performance.now();
   try {
     if (!state.attentionMaps) return await translateOnly(text, started);
-    const request = { text, beam: Number($("beam").value), decimals: 3 };
+    const request = { text, beam: Number($("beam").value), decimals: 3, ...chosenLanguages() };
     const data = await api("/v1/attention", { ...request, layers: [1] });
     state.request = request;
     state.meta = data;
@@ -53,13 +53,26 @@ async function translate() {
 
 // A model without attention maps (an ONNX export): the translation alone.
 async function translateOnly(text, started) {
-  const data = await api("/v1/translate", { texts: [text], beam: Number($("beam").value) });
+  const data = await api("/v1/translate", { texts: [text], beam: Number($("beam").value),
+                                            ...chosenLanguages() });
   const found = data.translations[0];
   $("output").textContent = found.text;
   $("output").classList.add("done");
   $("explorer").hidden = true;
   setStatus("status", `${Math.round(performance.now() - started)} ms · score ` +
                       `${found.score.toFixed(3)} · this model serves no attention maps`);
+}
+
+// A multilingual model's languages, picked on the page (empty for a model of one pair).
+function chosenLanguages() {
+  if ($("languages").hidden) return {};
+  return { source_lang: $("source-lang").value, target_lang: $("target-lang").value };
+}
+
+function setUpLanguages(codes, languages) {
+  fillSelect($("source-lang"), codes, languages?.source ?? codes[0]);
+  fillSelect($("target-lang"), codes, languages?.target ?? codes[Math.min(1, codes.length - 1)]);
+  $("languages").hidden = false;
 }
 
 function setUpExplorer() {
@@ -371,6 +384,7 @@ async function start() {
     const size = model.parameters ? ` · ${(model.parameters / 1e6).toFixed(1)}M parameters` : "";
     $("model-info").textContent = `${model.id} · ${model.kind}${pair}${size}`;
     state.attentionMaps = model.attention_maps !== false;
+    if (model.language_codes) setUpLanguages(model.language_codes, languages);
   } catch (error) { /* the page still works */ }
   if (KIND === "translation") {
     $("translate-panel").hidden = false;
