@@ -479,6 +479,83 @@ def test_a_model_of_one_pair_refuses_language_codes_to_train_on(tiny_corpus, tmp
     assert not (tmp_path / "run").exists()
 
 
+WMT21 = ["en", "ha", "is", "ja", "cs", "ru", "zh", "de"]     # M2M-100's "wmt21" codes
+
+
+def write_m2m100(directory):
+    """A small random M2M-100 directory (M2M100Tokenizer's files: vocab.json over the
+    SentencePiece pieces, language_codes "wmt21") -> (directory, its tokenizer)."""
+    directory.mkdir()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXT * 20), minloglevel=2,
+                                   model_prefix=str(directory / "sentencepiece.bpe"),
+                                   vocab_size=120, model_type="bpe", hard_vocab_limit=False)
+    processor = spm.SentencePieceProcessor(model_file=str(directory / "sentencepiece.bpe.model"))
+    pieces = ["<s>", "<pad>", "</s>", "<unk>"] + [
+        processor.id_to_piece(i) for i in range(processor.get_piece_size())
+        if not (processor.is_control(i) or processor.is_unknown(i))]
+    (directory / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "M2M100Tokenizer", "language_codes": "wmt21", "src_lang": "en",
+         "tgt_lang": "de"}))
+    tokenizer = transformers.M2M100Tokenizer.from_pretrained(directory)
+    torch.manual_seed(8)
+    config = transformers.M2M100Config(
+        vocab_size=len(pieces) + len(WMT21), d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, decoder_start_token_id=2, dropout=0.0)
+    model = transformers.M2M100ForConditionalGeneration(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("proj.weight") or ".fc" in name:
+                parameter.normal_(0.0, 1.0)
+        model.model.shared.weight.normal_(0.0, 0.3)
+    model.save_pretrained(directory)
+    return directory, tokenizer
+
+
+def test_m2m100_imports_with_its_codes_after_its_vocabulary(tmp_path):
+    directory, tokenizer = write_m2m100(tmp_path / "hf")
+    out = import_nllb(directory, tmp_path / "ours")
+    translator = Translator.load(out)
+    codes = translator.language_codes
+    assert sorted(codes) == sorted(WMT21) and translator.model.languages == ("en", "de")
+    ours = translator.tokenizer
+    to_theirs = [-1 if i in (PAD_ID, BOS_ID) else tokenizer.convert_tokens_to_ids(
+        ours.piece(i).removeprefix("\u2581") if ours.piece(i).startswith("\u2581__")
+        else ours.piece(i)) for i in range(ours.vocab_size)]
+    for code in WMT21:
+        assert to_theirs[codes[code]] == tokenizer.get_lang_id(code)
+    tokenizer.src_lang = "en"
+    for text in SAMPLES + TEXT:
+        source = translator.encode([text], prefix=[codes["en"]])[0]
+        assert [to_theirs[i] for i in source + [EOS_ID]] == tokenizer(text)["input_ids"], text
+    theirs = transformers.M2M100ForConditionalGeneration.from_pretrained(directory).eval()
+    encoded = tokenizer(SAMPLES, padding=True, return_tensors="pt")
+    banned = [tokenizer.pad_token_id, tokenizer.bos_token_id] + [
+        tokenizer.get_lang_id(code) for code in WMT21]
+    processors = transformers.LogitsProcessorList([_AfterTheForcedCode(banned)])
+    with torch.no_grad():
+        out_ids = theirs.generate(**encoded, forced_bos_token_id=tokenizer.get_lang_id("ru"),
+                                  num_beams=1, do_sample=False, max_new_tokens=13,
+                                  logits_processor=processors)
+    expected = [[t for t in row[2:] if t != tokenizer.pad_token_id] for row in out_ids.tolist()]
+    model, src = translator.model, pad_sources(translator.encode(SAMPLES, prefix=[codes["en"]]))
+    found = greedy_hypotheses(model, src, bos_id=BOS_ID, eos_id=EOS_ID, max_len=12,
+                              forced=torch.full((len(SAMPLES), 1), codes["ru"]))
+    assert [[to_theirs[t] for t in h[0].tokens] + [EOS_ID] * (len(e) > len(h[0].tokens))
+            for h, e in zip(found, expected)] == expected
+    assert len({tuple(e) for e in expected}) > 1
+
+
+def test_m2m100_language_lists_it_does_not_know_are_refused(tmp_path):
+    directory, _ = write_m2m100(tmp_path / "base")
+    settings = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {**settings, "language_codes": "m2m200"}))
+    assert_refused(import_nllb, directory, tmp_path, "language_codes='m2m200'")
+
+
 REFUSED_CONFIGS = [
     (lambda c: {**c, "model_type": "nllb-moe"}, "model_type='nllb-moe'"),
     (lambda c: {**c, "activation_function": "tanh"}, "activation_function='tanh'"),
@@ -531,12 +608,15 @@ def test_float16_weights_import_rounded(nllb, tmp_path):
             assert torch.equal(imported[name], weight.half().float()), name
 
 
-@pytest.mark.parametrize("missing", ["tokenizer.json", "sentencepiece.bpe.model"])
-def test_tokenizer_files_it_needs_are_named(nllb, tmp_path, missing):
+@pytest.mark.parametrize("missing, message", [
+    (["tokenizer.json"], "no tokenizer.json (NLLB's) or vocab.json (M2M-100's)"),
+    (["sentencepiece.bpe.model"], "no sentencepiece.bpe.model")])
+def test_tokenizer_files_it_needs_are_named(nllb, tmp_path, missing, message):
     directory = tmp_path / "hf"
     shutil.copytree(nllb[0], directory)
-    (directory / missing).unlink()
-    assert_refused(import_nllb, directory, tmp_path, f"no {missing}")
+    for name in missing:
+        (directory / name).unlink()
+    assert_refused(import_nllb, directory, tmp_path, message)
 
 
 def test_a_tokenizer_without_language_codes_is_refused(nllb, tmp_path):

@@ -1,5 +1,5 @@
-"""`transduce import hf-gpt2` / `hf-llama` / `hf-bert` / `hf-marian` / `hf-nllb`: another
-toolkit's checkpoint as ours."""
+"""`transduce import hf-gpt2` / `hf-llama` / `hf-bert` / `hf-marian` / `hf-nllb` (also
+called `hf-m2m100`): another toolkit's checkpoint as ours."""
 
 from __future__ import annotations
 
@@ -40,18 +40,21 @@ def register(commands) -> None:
                 "encoder-decoder checkpoint that translates, serves and exports as ours do; "
                 "options the model cannot reproduce are refused by name.")
     _add_format(formats, import_hf_nllb, "hf-nllb",
-                "Hugging Face NLLB-200 (M2M100ForConditionalGeneration directory)",
-                "Import a Hugging Face NLLB-200 translation model (config.json, "
-                "model.safetensors or pytorch_model.bin, tokenizer.json, "
-                "sentencepiece.bpe.model) as a multilingual encoder-decoder checkpoint: "
-                "translate with --source-lang and --target-lang (eng_Latn, fra_Latn, ...); "
-                "options the model cannot reproduce are refused by name.")
+                "Hugging Face NLLB-200 or M2M-100 (M2M100ForConditionalGeneration directory)",
+                "Import a Hugging Face NLLB-200 or M2M-100 translation model (config.json, "
+                "model.safetensors or pytorch_model.bin, sentencepiece.bpe.model with "
+                "NLLB's tokenizer.json or M2M-100's vocab.json) as a multilingual "
+                "encoder-decoder checkpoint: translate with --source-lang and --target-lang "
+                "(NLLB's eng_Latn, fra_Latn, ...; M2M-100's en, fr, ...); options the model "
+                "cannot reproduce are refused by name.", aliases=["hf-m2m100"])
 
 
-def _add_format(formats, handler, name: str, summary: str, description: str) -> None:
+def _add_format(formats, handler, name: str, summary: str, description: str,
+                aliases: list[str] | None = None) -> None:
     """One `import NAME DIR --out OUT [--force]` command."""
-    command = formats.add_parser(name, help=summary, description=description + " OUT must "
-                                 "not exist or be empty, unless --force.")
+    command = formats.add_parser(name, help=summary, aliases=aliases or [],
+                                 description=description + " OUT must not exist or be "
+                                 "empty, unless --force.")
     command.add_argument("hf_dir", metavar="DIR", type=Path, help="Hugging Face model directory")
     command.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
     command.add_argument("--force", action="store_true", help=FORCE_HELP)
@@ -109,7 +112,7 @@ def import_hf_marian(args: argparse.Namespace) -> int:
 
 
 def import_hf_nllb(args: argparse.Namespace) -> int:
-    """Import a Hugging Face NLLB checkpoint."""
+    """Import a Hugging Face NLLB-200 or M2M-100 checkpoint."""
     from transduce.importers import import_nllb
 
     out, model = _imported(args, import_nllb)

@@ -41,9 +41,10 @@ def length_penalty(length: int, alpha: float) -> float:
 
 
 def max_lengths(model: Model, src: Tensor, max_len: int | Tensor | None,
-                forced: int = 0) -> Tensor:
+                given: int = 0) -> Tensor:
     """Per-sentence output limit (B,): source length + 50, or max_len (one for all, or
-    (B,) one each), within max_positions less the `forced` tokens given after bos."""
+    (B,) one each), within max_positions less the `given` tokens after bos
+    (forced_start)."""
     source_lengths = (src != model.config.pad_id).sum(dim=1)
     if max_len is None:
         limit = source_lengths + EXTRA_LENGTH
@@ -51,7 +52,7 @@ def max_lengths(model: Model, src: Tensor, max_len: int | Tensor | None,
         limit = max_len.to(source_lengths)
     else:
         limit = torch.full_like(source_lengths, max_len)
-    return limit.clamp(max=model.config.max_positions - forced, min=1)
+    return limit.clamp(max=model.config.max_positions - given, min=1)
 
 
 @torch.no_grad()

@@ -1,5 +1,5 @@
-"""Hugging Face NLLB-200 (M2M100ForConditionalGeneration directories with NllbTokenizer's
-files) -> our Transformer, with its language codes.
+"""Hugging Face NLLB-200 and M2M-100 (M2M100ForConditionalGeneration directories, with
+NllbTokenizer's or M2M100Tokenizer's files) -> our Transformer, with its language codes.
 
 NLLB is the paper's encoder-decoder in pre-norm: a LayerNorm before every sublayer and
 one after each stack (norm_first), ReLU, token embeddings scaled by sqrt(d_model), one
@@ -23,9 +23,11 @@ vocabulary whose matrix both embeddings and the output share. What differs:
     encoder.layers.N.* / decoder.layers.N.*          as Marian's (hf_marian.py)
     encoder.layer_norm, decoder.layer_norm           encoder.final_norm, decoder.final_norm
 
-The tokenizer is read from tokenizer.json (the vocabulary and the codes' ids) with
-sentencepiece.bpe.model (the segmentation); M2M-100's own tokenizer (vocab.json and
-__en__ codes) is not read, and NLLB-MoE (model_type nllb-moe) is refused.
+The tokenizer is sentencepiece.bpe.model (the segmentation) with NLLB's tokenizer.json
+(the vocabulary and the codes' ids: eng_Latn, ...), or with M2M-100's vocab.json, after
+whose ids its codes follow (__en__, ... in fairseq's order of tokenizer_config.json's
+language_codes, "m2m100" by default; a code is named without its underscores: en).
+NLLB-MoE (model_type nllb-moe) is refused.
 """
 
 from __future__ import annotations
@@ -47,7 +49,15 @@ from transduce.importers.hf_marian import ACTIVATIONS, GENERATION_CONFIG, BartWe
 from transduce.importers.marian_vocabulary import MarianVocabulary, merged_vocabulary
 from transduce.model.transformer import Transformer
 
-SPM_FILE, TOKENIZER_JSON = "sentencepiece.bpe.model", "tokenizer.json"
+SPM_FILE, TOKENIZER_JSON, VOCAB_JSON = "sentencepiece.bpe.model", "tokenizer.json", "vocab.json"
+# M2M-100's languages, in fairseq's order: the ids of their codes (__af__, ...) follow
+# vocab.json's, in this order (M2M100Tokenizer's language_codes names the list).
+M2M100_LANGUAGES = {
+    "m2m100": ("af am ar ast az ba be bg bn br bs ca ceb cs cy da de el en es et fa ff fi fr "
+               "fy ga gd gl gu ha he hi hr ht hu hy id ig ilo is it ja jv ka kk km kn ko lb lg "
+               "ln lo lt lv mg mk ml mn mr ms my ne nl no ns oc or pa pl ps pt ro ru sd si sk "
+               "sl so sq sr ss su sv sw ta th tl tn tr uk ur uz vi wo xh yi yo zh zu").split(),
+    "wmt21": "en ha is ja cs ru zh de".split()}
 FIXED_OPTIONS = {"tie_word_embeddings": True, "is_encoder_decoder": True}
 POSITION_OFFSET = 2            # fairseq counts positions from its pad id + 1
 STORED_POSITIONS = ("encoder.embed_positions.weights", "decoder.embed_positions.weights")
@@ -56,11 +66,11 @@ NOT_CODES = ("bos", "eos", "unk", "pad", "mask", "cls", "sep")   # special, but 
 
 
 def import_nllb(hf_dir: Path | str, out: Path | str) -> Path:
-    """Read a Hugging Face NLLB directory (config.json, model.safetensors or
-    pytorch_model.bin, tokenizer.json, sentencepiece.bpe.model) and write it as our
-    checkpoint at `out`, replacing one there; nothing is written unless everything was
-    read and checked. tokenizer_config.json's src_lang and tgt_lang, when it names both,
-    become the model's default pair."""
+    """Read a Hugging Face NLLB or M2M-100 directory (config.json, model.safetensors or
+    pytorch_model.bin, sentencepiece.bpe.model with tokenizer.json or vocab.json) and
+    write it as our checkpoint at `out`, replacing one there; nothing is written unless
+    everything was read and checked. tokenizer_config.json's src_lang and tgt_lang, when
+    it names both, become the model's default pair."""
     hf_dir, out = Path(hf_dir), Path(out)
     check_directories(hf_dir, out, HF_CONFIG)
     config_file = hf_dir / HF_CONFIG
@@ -88,29 +98,36 @@ def import_nllb(hf_dir: Path | str, out: Path | str) -> Path:
 
 def read_vocabulary(hf_dir: Path, hf: dict[str, Any]) -> tuple[
         MarianVocabulary, dict[str, int], tuple[str, str] | None, set[int]]:
-    """The merged SentencePiece vocabulary, the language codes -> NLLB's ids, the
-    (source, target) pair tokenizer_config.json names, and the NLLB ids that no
-    translation contains (the codes, <s> and <mask>)."""
+    """The merged SentencePiece vocabulary, the language codes -> their ids in the
+    checkpoint, the (source, target) pair tokenizer_config.json names, and the ids that
+    no translation contains (the codes, <s> and <mask>)."""
     specials, options = tokenizer_settings(
         hf_dir, {"bos": "<s>", "eos": "</s>", "unk": "<unk>", "pad": "<pad>",
-                 "mask": "<mask>", "cls": None, "sep": None}, ("src_lang", "tgt_lang"))
-    for name in (TOKENIZER_JSON, SPM_FILE):
-        if not (hf_dir / name).is_file():
-            raise ForeignCheckpointError(f"{hf_dir}: no {name} (an NLLB tokenizer has "
-                                         f"{TOKENIZER_JSON} and {SPM_FILE})")
-    vocab, codes = _tokenizer_vocabulary(hf_dir / TOKENIZER_JSON,
-                                         {token for token in specials.values() if token})
-    if not codes:
-        raise ForeignCheckpointError(f"{hf_dir / TOKENIZER_JSON}: no language codes among "
-                                     f"its added tokens")
+                 "mask": "<mask>", "cls": None, "sep": None},
+        ("src_lang", "tgt_lang", "language_codes"))
+    if not (hf_dir / SPM_FILE).is_file():
+        raise ForeignCheckpointError(f"{hf_dir}: no {SPM_FILE} (NLLB's and M2M-100's "
+                                     f"tokenizers segment with it)")
+    if (hf_dir / TOKENIZER_JSON).is_file():
+        ids_file = hf_dir / TOKENIZER_JSON
+        vocab, tokens = _tokenizer_vocabulary(ids_file, {t for t in specials.values() if t})
+    elif (hf_dir / VOCAB_JSON).is_file():
+        ids_file = hf_dir / VOCAB_JSON
+        vocab, tokens = _m2m100_vocabulary(ids_file, options.get("language_codes", "m2m100"))
+    else:
+        raise ForeignCheckpointError(f"{hf_dir}: no {TOKENIZER_JSON} (NLLB's) or "
+                                     f"{VOCAB_JSON} (M2M-100's) beside {SPM_FILE}")
+    if not tokens:
+        raise ForeignCheckpointError(f"{ids_file}: no language codes among its added tokens")
     named = {role: specials[role] for role in ("eos", "unk", "pad")}
-    check_vocab(vocab, hf, hf_dir / TOKENIZER_JSON, hf_dir / HF_CONFIG, named)
+    check_vocab(vocab, hf, ids_file, hf_dir / HF_CONFIG, named)
     start = hf.get("decoder_start_token_id", vocab[named["eos"]])
     if not isinstance(start, int) or start not in set(vocab.values()):
         raise ForeignCheckpointError(f"{hf_dir / HF_CONFIG}: decoder_start_token_id={start!r} "
-                                     f"is not an id of {TOKENIZER_JSON}")
+                                     f"is not an id of {ids_file.name}")
     vocabulary = merged_vocabulary(hf_dir / SPM_FILE, None, vocab, **named,
-                                   decoder_start=start, codes=frozenset(codes))
+                                   decoder_start=start, codes=frozenset(tokens.values()))
+    codes = {code: vocab[token] for code, token in tokens.items()}
     pair = options.get("src_lang"), options.get("tgt_lang")
     languages = pair if all(language in codes for language in pair) else None
     unused = set(codes.values()) | {vocab[specials[role]] for role in ("bos", "mask")
@@ -118,10 +135,25 @@ def read_vocabulary(hf_dir: Path, hf: dict[str, Any]) -> tuple[
     return vocabulary, codes, languages, unused
 
 
+def _m2m100_vocabulary(file: Path, which: Any) -> tuple[dict[str, int], dict[str, str]]:
+    """M2M-100's vocab.json -> (every piece -> its id, with the codes after vocab.json's
+    ids in fairseq's order; each code -> its token: en -> __en__)."""
+    if which not in M2M100_LANGUAGES:
+        raise ForeignCheckpointError(f"{file.parent / 'tokenizer_config.json'}: "
+                                     f"language_codes={which!r}; M2M-100's are "
+                                     f"{' or '.join(map(repr, M2M100_LANGUAGES))}")
+    vocab = _read_json(file)
+    tokens = {code: f"__{code}__" for code in M2M100_LANGUAGES[which]}
+    first = len(vocab)
+    vocab.update({token: first + i for i, token in enumerate(tokens.values())})
+    return vocab, tokens
+
+
 def _tokenizer_vocabulary(file: Path, specials: set[str]
-                          ) -> tuple[dict[str, int], dict[str, int]]:
-    """tokenizer.json -> (every piece -> its id: the model's vocabulary and the added
-    tokens, the language codes: the added special tokens that are none of `specials`)."""
+                          ) -> tuple[dict[str, int], dict[str, str]]:
+    """NLLB's tokenizer.json -> (every piece -> its id: the model's vocabulary and the
+    added tokens; each language code -> its token, the code itself: the added special
+    tokens that are none of `specials`)."""
     values = _read_json(file)
     model, added = values.get("model"), values.get("added_tokens")
     if not isinstance(model, dict) or not isinstance(model.get("vocab"), dict) or \
@@ -132,7 +164,7 @@ def _tokenizer_vocabulary(file: Path, specials: set[str]
                                      f"\"added_tokens\" with ids")
     vocab = dict(model["vocab"])
     vocab.update({token["content"]: token["id"] for token in added})
-    codes = {token["content"]: token["id"] for token in added
+    codes = {token["content"]: token["content"] for token in added
              if token.get("special") and token["content"] not in specials}
     return vocab, codes
 

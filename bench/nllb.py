@@ -1,0 +1,301 @@
+"""Translation speed of an NLLB-200 import against transformers and CTranslate2, at the
+shape of nllb-200-distilled-600M (d_model 1024, 12 + 12 layers, FFN 4096, 16 heads,
+256,206 ids), with random weights (no network here: the real checkpoint cannot be
+fetched, and speed does not depend on what the weights hold).
+
+It writes a Hugging Face NLLB directory (random M2M100 weights; a vocabulary of NLLB's
+size, pieces ▁w0, ▁w1, ... in a BPE SentencePiece model and its tokenizer.json, with
+the 202 language codes), imports it (`transduce import hf-nllb`), exports the import to
+CTranslate2, and translates the same sentences (random words, eng_Latn -> fra_Latn)
+with every peer, batch by batch, interleaved over --repeats rounds:
+
+    ours float32 / bfloat16 / int8   the Translator's decoding copy at that --dtype, and
+                                     its searches (greedy_hypotheses, beam_search)
+    hf generate                      M2M100ForConditionalGeneration.generate, float32,
+                                     forced_bos_token_id
+    ct2 float32 / int8               CTranslate2's Translator on our export, target_prefix
+                                     [code], each call in a child process that times itself
+                                     (CTranslate2 slows PyTorch in a process it is loaded in)
+
+Random weights never choose eos, so every peer writes --new-tokens tokens per sentence
+(checked: the tokens each counts are the same), and tokens/s compares like with like.
+Greedy float32 outputs are checked equal to transformers'. Writes JSON with the
+machine's description.
+
+    python bench/nllb.py [--sentences 16 --batch-sentences 8 --new-tokens 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import machine_info, time_interleaved  # noqa: E402
+
+CODES = ["eng_Latn", "fra_Latn"] + [f"x{i:02d}_Test" for i in range(200)]   # 202 codes
+SPM_PIECES = 256_000          # NLLB's SentencePiece model; ids +1 in its dictionary
+SHAPE = dict(d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16,
+             decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096,
+             max_position_embeddings=1024, scale_embedding=True, pad_token_id=1,
+             bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+             vocab_size=SPM_PIECES + 1 + len(CODES) + 1 + 2)     # + <mask>, + 2 unnamed rows
+PEERS = ("ours float32", "ours bfloat16", "ours int8", "hf generate", "ct2 float32",
+         "ct2 int8")
+
+
+def write_vocabulary(directory: Path) -> None:
+    """sentencepiece.bpe.model (pieces ▁w0..., whole words: unigram, where NLLB's is BPE,
+    which segments otherwise but encodes the same way) and tokenizer.json with NLLB's ids."""
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    model = model_pb2.ModelProto()
+    kinds = model_pb2.ModelProto.SentencePiece
+    for piece, kind in (("<unk>", kinds.UNKNOWN), ("<s>", kinds.CONTROL),
+                        ("</s>", kinds.CONTROL)):
+        entry = model.pieces.add()
+        entry.piece, entry.type, entry.score = piece, kind, 0.0
+    for i in range(SPM_PIECES - 3):
+        entry = model.pieces.add()
+        entry.piece, entry.type, entry.score = f"\u2581w{i}", kinds.NORMAL, -float(i)
+    model.trainer_spec.model_type = model_pb2.TrainerSpec.UNIGRAM   # (a BPE model needs
+    #                                                 merges from characters to reach ▁wN)
+    model.trainer_spec.vocab_size = SPM_PIECES
+    model.trainer_spec.unk_id, model.trainer_spec.bos_id = 0, 1
+    model.trainer_spec.eos_id, model.trainer_spec.pad_id = 2, -1
+    model.normalizer_spec.add_dummy_prefix = True
+    model.normalizer_spec.remove_extra_whitespaces = True
+    (directory / "sentencepiece.bpe.model").write_bytes(model.SerializeToString())
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    vocab = {piece: i for i, piece in enumerate(specials)}
+    vocab.update({f"\u2581w{i}": i + 4 for i in range(SPM_PIECES - 3)})
+    added = [{"id": i, "content": piece, "special": True} for i, piece in enumerate(specials)]
+    added += [{"id": SPM_PIECES + 1 + i, "content": code, "special": True}
+              for i, code in enumerate(CODES)]
+    added.append({"id": SPM_PIECES + 1 + len(CODES), "content": "<mask>", "special": True})
+    (directory / "tokenizer.json").write_text(json.dumps(
+        {"model": {"type": "BPE", "vocab": vocab, "merges": []}, "added_tokens": added}))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "NllbTokenizer", "src_lang": "eng_Latn", "tgt_lang": "fra_Latn"}))
+
+
+def write_nllb(directory: Path) -> None:
+    """A Hugging Face NLLB directory of nllb-200-distilled-600M's shape, random weights."""
+    import transformers
+
+    directory.mkdir(parents=True)
+    write_vocabulary(directory)
+    torch.manual_seed(0)
+    config = transformers.M2M100Config(**SHAPE, dropout=0.0, attention_dropout=0.0)
+    transformers.M2M100ForConditionalGeneration(config).save_pretrained(directory)
+
+
+class HuggingFace:
+    """transformers' generate on the directory, the target code forced, and after it
+    the tokens our import never outputs banned (<s>, pad, the codes, <mask>, the unnamed
+    rows), as random weights would otherwise choose them."""
+
+    def __init__(self, directory: Path, code: int):
+        import transformers
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.model = transformers.M2M100ForConditionalGeneration.from_pretrained(
+                directory).eval()
+        self.code = code
+        banned = [0, 1] + list(range(SPM_PIECES + 1, SHAPE["vocab_size"]))
+
+        class AfterTheCode(transformers.LogitsProcessor):
+            def __call__(self, input_ids, scores):
+                if input_ids.shape[1] > 1:
+                    scores[:, banned] = float("-inf")
+                return scores
+
+        self.processors = transformers.LogitsProcessorList([AfterTheCode()])
+
+    def __call__(self, batches: list[torch.Tensor], beam: int, new_tokens: int
+                 ) -> list[list[int]]:
+        outputs = []
+        for src in batches:
+            with torch.inference_mode():
+                generated = self.model.generate(
+                    input_ids=src, attention_mask=(src != SHAPE["pad_token_id"]).long(),
+                    num_beams=beam, do_sample=False, forced_bos_token_id=self.code,
+                    max_new_tokens=new_tokens + 1, logits_processor=self.processors,
+                    **({"length_penalty": 0.0} if beam > 1 else {}))
+            outputs += [row[2:] for row in generated.tolist()]       # after start and code
+        return outputs
+
+
+def our_outputs(translator, batches: list[torch.Tensor], beam: int, new_tokens: int,
+                code: int) -> list[list[int]]:
+    """The searches the Translator runs (greedy_hypotheses at beam 1, else beam_search),
+    on its decoding copy, batch by batch, the code given -> token ids per sentence."""
+    from transduce.data.tokenizer import BOS_ID, EOS_ID
+    from transduce.decode.greedy import greedy_hypotheses
+    from transduce.decode.search import beam_search
+
+    outputs = []
+    for src in batches:
+        forced = torch.full((src.shape[0], 1), code)
+        with torch.inference_mode():
+            if beam == 1:
+                found = greedy_hypotheses(translator.model, src, bos_id=BOS_ID, eos_id=EOS_ID,
+                                          alpha=0.0, max_len=new_tokens, forced=forced)
+            else:
+                found = beam_search(translator.model, src, bos_id=BOS_ID, eos_id=EOS_ID,
+                                    beam=beam, alpha=0.0, max_len=new_tokens, forced=forced)
+        outputs += [hypotheses[0].tokens for hypotheses in found]
+    return outputs
+
+
+def ct2_call(export: Path, pieces: list[list[list[str]]], prefix: str, beam: int,
+             new_tokens: int, threads: int) -> tuple[list[list[str]], float]:
+    """CTranslate2 in a child process (see the module's note) -> (outputs, seconds)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump({"batches": pieces, "prefix": prefix, "beam": beam, "new": new_tokens,
+                   "threads": threads}, handle)
+    done = subprocess.run([sys.executable, __file__, "--ct2-worker", str(export),
+                           "--job", handle.name], capture_output=True, text=True, check=True)
+    answer = json.loads(done.stdout.splitlines()[-1])
+    return answer["outputs"], answer["seconds"]
+
+
+def ct2_worker(export: Path, job: Path) -> None:
+    """Child process: load, warm up on the first batch, time every batch; print JSON."""
+    import ctranslate2
+
+    task = json.loads(job.read_text())
+    translator = ctranslate2.Translator(str(export), device="cpu",
+                                        intra_threads=task["threads"])
+
+    def run() -> list[list[str]]:
+        outputs = []
+        for batch in task["batches"]:
+            found = translator.translate_batch(
+                batch, target_prefix=[[task["prefix"]]] * len(batch), beam_size=task["beam"],
+                max_decoding_length=task["new"] + 1, length_penalty=0.0)
+            outputs += [result.hypotheses[0][1:] for result in found]
+        return outputs
+
+    run()
+    start = time.perf_counter()
+    outputs = run()
+    print(json.dumps({"outputs": outputs, "seconds": time.perf_counter() - start}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sentences", type=int, default=16)
+    parser.add_argument("--batch-sentences", type=int, default=8)
+    parser.add_argument("--words", type=int, default=20, help="source words per sentence")
+    parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
+    parser.add_argument("--work", type=Path, default=None,
+                        help="where the models are written (default: a temporary directory)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" /
+                        "nllb-cpu.json")
+    parser.add_argument("--ct2-worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.ct2_worker:
+        return ct2_worker(args.ct2_worker, args.job)
+    with tempfile.TemporaryDirectory(prefix="transduce-nllb-bench-") as scratch:
+        run(args, args.work or Path(scratch))
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    from transduce.decode.translate import Translator, pad_sources
+    from transduce.export import export_ctranslate2
+    from transduce.importers import import_nllb
+
+    hf_dir, ours_dir = work / "hf", work / "ours"
+    if not (hf_dir / "config.json").is_file():
+        write_nllb(hf_dir)
+    if not (ours_dir / "config.json").is_file():
+        import_nllb(hf_dir, ours_dir)
+    generator = torch.Generator().manual_seed(1)
+    words = torch.randint(0, SPM_PIECES - 3, (args.sentences, args.words), generator=generator)
+    lines = [" ".join(f"w{int(w)}" for w in row) for row in words]     # one piece a word
+    peers: dict[str, object] = {}
+    translators = {name: Translator.load(ours_dir, dtype=name.split()[1])
+                   for name in args.peers if name.startswith("ours")}
+    first = next(iter(translators.values()), None) or Translator.load(ours_dir)
+    codes, tokenizer = first.language_codes, first.tokenizer
+    source = first.encode(lines, prefix=[codes["eng_Latn"]])
+    theirs = [int(tokenizer.piece(i)[2:]) + 4 for ids in source for i in ids[1:]]  # ▁wN
+    their_source = torch.tensor(theirs).view(args.sentences, -1)
+    their_source = torch.cat([torch.full((args.sentences, 1), SPM_PIECES + 1),   # eng_Latn
+                              their_source, torch.full((args.sentences, 1), 2)], dim=1)
+    cut = range(0, args.sentences, args.batch_sentences)
+    their_batches = [their_source[i:i + args.batch_sentences] for i in cut]
+    our_batches = [pad_sources(source[i:i + args.batch_sentences]) for i in cut]
+    piece_batches = [[[tokenizer.piece(t) for t in ids] for ids in source[i:i + args.batch_sentences]]
+                     for i in cut]
+    results: dict = {"peers": {}, "outputs_equal": {}}
+    for beam in args.beams:
+        calls, outputs = {}, {}
+        for name, translator in translators.items():
+            def ours(translator=translator, name=name, beam=beam):
+                outputs[name] = our_outputs(translator, our_batches, beam, args.new_tokens,
+                                            codes["fra_Latn"])
+            calls[name] = ours
+        if "hf generate" in args.peers:
+            if "hf" not in peers:
+                peers["hf"] = HuggingFace(hf_dir, SPM_PIECES + 2)          # fra_Latn
+            hf = peers["hf"]
+            calls["hf generate"] = lambda beam=beam: outputs.__setitem__(
+                "hf generate", hf(their_batches, beam, args.new_tokens))
+        for name in (p for p in args.peers if p.startswith("ct2")):
+            quantization = name.split()[1]
+            export = work / f"ct2-{quantization}"
+            if not (export / "model.bin").is_file():
+                export_ctranslate2(ours_dir, export,
+                                   None if quantization == "float32" else quantization)
+
+            def ct2(export=export, name=name, beam=beam) -> float:
+                found, seconds = ct2_call(export, piece_batches, tokenizer.piece(
+                    codes["fra_Latn"]), beam, args.new_tokens, torch.get_num_threads())
+                outputs[name] = found
+                return seconds
+            calls[name] = ct2
+        times = time_interleaved(calls, args.repeats)
+        tokens = args.sentences * args.new_tokens
+        for name, seconds in times.items():
+            count = sum(len(o) for o in outputs[name])
+            results["peers"].setdefault(name, {})[f"beam{beam}"] = {
+                "seconds": seconds, "tokens": count,
+                "tokens_per_s": count / statistics.median(seconds)}
+            if count != tokens:
+                print(f"warning: {name} wrote {count} tokens, not {tokens}")
+        if beam == 1 and "hf generate" in outputs and "ours float32" in outputs:
+            mapped = [[int(tokenizer.piece(t)[2:]) + 4 for t in o] for o in outputs["ours float32"]]
+            results["outputs_equal"]["ours float32 = hf generate, greedy"] = \
+                mapped == outputs["hf generate"]
+        for name in times:
+            print(f"beam {beam}  {name:14s} "
+                  f"{results['peers'][name][f'beam{beam}']['tokens_per_s']:8.1f} tokens/s")
+    results.update({"machine": machine_info(torch.get_num_threads()), "shape": SHAPE,
+                    "sentences": args.sentences, "batch_sentences": args.batch_sentences,
+                    "source_tokens": len(source[0]) + 1, "new_tokens": args.new_tokens,
+                    "repeats": args.repeats})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
