@@ -597,6 +597,29 @@ def test_a_stored_position_table_imports(nllb, tmp_path):
                for name, weight in load_model(nllb[3]).state_dict().items())
 
 
+def test_sharded_pytorch_model_bin_files_import_as_one(nllb, tmp_path):
+    """NLLB-3.3B comes as pytorch_model-0000N-of-0000M.bin with an index."""
+    from safetensors.torch import load_file
+
+    directory = tmp_path / "hf"
+    shutil.copytree(nllb[0], directory)
+    tensors = load_file(str(directory / "model.safetensors"))
+    (directory / "model.safetensors").unlink()
+    names = sorted(tensors)
+    halves = {"pytorch_model-00001-of-00002.bin": names[:len(names) // 2],
+              "pytorch_model-00002-of-00002.bin": names[len(names) // 2:]}
+    for file, part in halves.items():
+        torch.save({name: tensors[name] for name in part}, directory / file)
+    (directory / "pytorch_model.bin.index.json").write_text(json.dumps(
+        {"weight_map": {name: file for file, part in halves.items() for name in part}}))
+    imported = load_model(import_nllb(directory, tmp_path / "out")).state_dict()
+    assert all(torch.equal(imported[name], weight)
+               for name, weight in load_model(nllb[3]).state_dict().items())
+    (directory / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}}))
+    assert_refused(import_nllb, directory, tmp_path / "again",
+                   'pytorch_model.bin.index.json: no "weight_map"')
+
+
 def test_float16_weights_import_rounded(nllb, tmp_path):
     half = damaged(nllb[0], tmp_path, weights=lambda tensors: {
         name: tensor.half() for name, tensor in tensors.items()})

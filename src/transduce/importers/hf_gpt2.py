@@ -39,8 +39,9 @@ from transduce.importers import ForeignCheckpointError, check_directories, \
 from transduce.model.decoder_only import DecoderOnly
 
 HF_CONFIG = "config.json"
-SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN = \
-    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
+SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN, PYTORCH_BIN_INDEX = \
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", \
+    "pytorch_model.bin.index.json"
 END_OF_TEXT = "<|endoftext|>"
 
 # Hugging Face activation names -> ModelConfig.activation (gelu_new and
@@ -121,33 +122,52 @@ def read_tokenizer(hf_dir: Path) -> HFTokenizer:
 
 
 def read_weights(hf_dir: Path) -> tuple[dict[str, Tensor], Path]:
-    """The checkpoint's tensors, from model.safetensors (or its shards) or
-    pytorch_model.bin -> (name -> tensor, the file named in errors)."""
+    """The checkpoint's tensors, from model.safetensors or pytorch_model.bin, or the
+    shards either index names -> (name -> tensor, the file named in errors)."""
     try:
         if (hf_dir / SAFETENSORS).is_file():
             return load_file(str(hf_dir / SAFETENSORS)), hf_dir / SAFETENSORS
         if (hf_dir / SAFETENSORS_INDEX).is_file():
-            shards = _read_json(hf_dir / SAFETENSORS_INDEX).get("weight_map", {})
             tensors: dict[str, Tensor] = {}
-            for shard in sorted(set(shards.values())):
-                tensors.update(load_file(str(hf_dir / shard)))
+            for shard in _shards(hf_dir / SAFETENSORS_INDEX):
+                tensors.update(load_file(str(shard)))
             return tensors, hf_dir / SAFETENSORS_INDEX
     except (SafetensorError, OSError) as error:
         raise ForeignCheckpointError(f"{hf_dir}: unreadable safetensors weights "
                                      f"({error})") from None
     if (hf_dir / PYTORCH_BIN).is_file():
-        file = hf_dir / PYTORCH_BIN
-        try:
-            tensors = torch.load(file, map_location="cpu", weights_only=True)
-        except Exception as error:  # noqa: BLE001 - unpickling a corrupt file raises anything
-            raise ForeignCheckpointError(f"{file}: unreadable ({type(error).__name__}: "
-                                         f"{error})") from None
-        if not isinstance(tensors, dict) or \
-                not all(isinstance(t, Tensor) for t in tensors.values()):
-            raise ForeignCheckpointError(f"{file}: not a state dict of tensors")
-        return dict(tensors), file
-    raise ForeignCheckpointError(f"{hf_dir}: no weights ({SAFETENSORS}, {SAFETENSORS_INDEX} "
-                                 f"or {PYTORCH_BIN})")
+        return _read_pickled(hf_dir / PYTORCH_BIN), hf_dir / PYTORCH_BIN
+    if (hf_dir / PYTORCH_BIN_INDEX).is_file():     # larger models (NLLB-3.3B) in shards
+        tensors = {}
+        for shard in _shards(hf_dir / PYTORCH_BIN_INDEX):
+            tensors.update(_read_pickled(shard))
+        return tensors, hf_dir / PYTORCH_BIN_INDEX
+    raise ForeignCheckpointError(f"{hf_dir}: no weights ({SAFETENSORS}, {PYTORCH_BIN} or "
+                                 f"the shards {SAFETENSORS_INDEX} or {PYTORCH_BIN_INDEX} "
+                                 f"names)")
+
+
+def _shards(index: Path) -> list[Path]:
+    """The shard files an index's weight_map names, each once."""
+    shards = _read_json(index).get("weight_map")
+    if not isinstance(shards, dict) or not shards or \
+            not all(isinstance(name, str) for name in shards.values()):
+        raise ForeignCheckpointError(f"{index}: no \"weight_map\" of weights to files")
+    return [index.parent / name for name in sorted(set(shards.values()))]
+
+
+def _read_pickled(file: Path) -> dict[str, Tensor]:
+    """A pytorch_model.bin (or a shard of one): a state dict of tensors, read without
+    running code (weights_only)."""
+    try:
+        tensors = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - unpickling a corrupt file raises anything
+        raise ForeignCheckpointError(f"{file}: unreadable ({type(error).__name__}: "
+                                     f"{error})") from None
+    if not isinstance(tensors, dict) or \
+            not all(isinstance(t, Tensor) for t in tensors.values()):
+        raise ForeignCheckpointError(f"{file}: not a state dict of tensors")
+    return dict(tensors)
 
 
 def map_weights(tensors: dict[str, Tensor], config: ModelConfig, hf: dict[str, Any],
