@@ -357,6 +357,24 @@ def test_the_server_translates_between_the_languages_each_request_names(nllb):
         assert bad.status_code == 422 and "source_lang" in bad.text
 
 
+def test_the_servers_languages_are_a_multilingual_models_default_pair(nllb):
+    from transduce.serve import create_app
+
+    translator = Translator.load(nllb[3])
+    expected = translator.translate(SAMPLES[:2], source_lang="spa_Latn", target_lang="fra_Latn")
+    with TestClient(create_app(translator, languages=("spa_Latn", "fra_Latn"))) as client:
+        answer = client.post("/v1/translate", json={"texts": SAMPLES[:2]})
+        assert [t["text"] for t in answer.json()["translations"]] == expected
+        libre = client.post("/translate", json={"q": SAMPLES[:2], "source": "auto",
+                                                "target": "fra_Latn"}).json()
+        assert libre["translatedText"] == expected
+        assert libre["detectedLanguage"][0]["language"] == "spa_Latn"
+        info = client.get("/v1/models").json()["data"][0]
+        assert info["languages"] == {"source": "spa_Latn", "target": "fra_Latn"}
+    with pytest.raises(ConfigError, match="target language 'en' is not one of"):
+        create_app(translator, languages=("eng_Latn", "en"))
+
+
 def test_attention_maps_are_those_of_the_translation_into_the_language_named(nllb, tmp_path):
     from transduce.attention_maps import attention_maps
 

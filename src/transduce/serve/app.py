@@ -58,14 +58,18 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
                reload: Callable[[], Any] | None = None) -> FastAPI:
     """An ASGI app serving `model`; languages (source, target) name a translation
     model's pair for LibreTranslate's clients (default: the pair its checkpoint records,
-    else es -> en, the built-in corpus's). reload() -> a copy of `model`, loaded the
+    else es -> en, the built-in corpus's), and a multilingual model's default pair (two
+    of its codes: a ConfigError otherwise). reload() -> a copy of `model`, loaded the
     same way: with limits.decoders above one, the decoders after the first then decode
     their continuous translations in processes of their own that call it (processes.py:
     it must pickle); without it, every decoder is a thread of this process."""
     limits = limits or Limits()
     kind = model_kind(model)
+    multilingual = kind == "translation" and bool(model.language_codes)
+    if multilingual and languages:
+        model.direction(*languages)            # two of its codes, or refused by name
     languages = languages or getattr(model.model, "languages", None) or \
-        (None if getattr(model.model, "language_codes", None) else ("es", "en"))
+        (None if multilingual else ("es", "en"))
     metrics = Metrics()
     batcher = Batcher(metrics, batch_tokens=limits.batch_tokens,
                       window_s=limits.window_ms / 1000, max_queue=limits.max_queue,

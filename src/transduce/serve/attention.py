@@ -50,7 +50,7 @@ def attention_route(service: Service):
         check_texts([body.text], service.limits, "text", indexed=False)
         if not body.text.strip():
             raise ApiError(422, "text: only white space; give a sentence to translate", "text")
-        way = checked_direction(translator, body)
+        way = checked_direction(translator, body, service.languages)
         limit = translator.max_source_tokens - 1 - len(way.source_prefix)
         length = len(translator.tokenizer.encode([body.text.strip()])[0])
         check_tokens([length], limit, "text", body.truncate, indexed=False)

@@ -47,7 +47,7 @@ def routes(service: Service) -> APIRouter:
         if body.max_length is not None and body.max_length > limit:
             raise ApiError(422, f"max_length: {body.max_length} is more than the model's "
                                 f"{limit} positions", "max_length")
-        way = checked_direction(translator, body)
+        way = checked_direction(translator, body, service.languages)
         found, timings = await _translate(service, body.texts, "texts", body.beam,
                                           body.alpha, body.nbest, body.max_length,
                                           body.truncate, way)
@@ -179,15 +179,16 @@ def _form(pairs: list[tuple[str, str]]) -> dict:
 
 
 def _libre_direction(service: Service, source: str, target: str) -> Direction:
-    """LibreTranslate's pair: a multilingual model's codes (source "auto": the pair the
-    model records), else the model's own pair, with 400s as LibreTranslate answers."""
+    """LibreTranslate's pair: a multilingual model's codes (source "auto": the server's
+    default pair's), else the model's own pair, with 400s as LibreTranslate answers."""
     translator: Translator = service.model
     if translator.language_codes:
         if source == "auto" and not service.languages:
             raise ApiError(400, "source: 'auto' is not offered (no language detection): "
                                 "name one of the model's language codes", "source")
         try:
-            return translator.direction(None if source == "auto" else source, target)
+            return translator.direction(service.languages[0] if source == "auto" else source,
+                                        target)
         except LanguageError as error:
             raise ApiError(400, f"{error.side}: {error}", error.side) from None
     _check_pair(service, source, target)

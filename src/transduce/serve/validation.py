@@ -28,12 +28,14 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (429, "the queue is full; see Retry-After"))}
 
 
-def checked_direction(translator, body: LanguagePair) -> Direction:
-    """A request's source_lang and target_lang as the translator's tokens; a language
-    its model lacks (or none named, for a multilingual model without a default pair) is
-    a 422 naming the field."""
+def checked_direction(translator, body: LanguagePair,
+                      default: tuple[str, str] | None) -> Direction:
+    """A request's source_lang and target_lang (each None: the server's `default` pair's)
+    as the translator's tokens; a language its model lacks (or none named, for a
+    multilingual model without a default pair) is a 422 naming the field."""
+    source, target = default if default and translator.language_codes else (None, None)
     try:
-        return translator.direction(body.source_lang, body.target_lang)
+        return translator.direction(body.source_lang or source, body.target_lang or target)
     except LanguageError as error:
         field = f"{error.side}_lang"
         raise ApiError(422, f"{field}: {error}", field) from None
