@@ -89,6 +89,7 @@ def import_bert(hf_dir: Path | str, out: Path | str) -> Path:
              if name.split(".")[0] in HEADS and name.split(".")[0] not in found
              and name not in state}
     model.load_state_dict({**state, **fresh})
+    del tensors, state   # the stored files are let go before the save copies the model
     model.labels = labels
     origin = {"imported": "hf-bert", "from": str(hf_dir.resolve()), "steps": None,
               "fresh_heads": [head for head in HEADS if head not in found

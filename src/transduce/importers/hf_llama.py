@@ -69,6 +69,7 @@ def import_llama(hf_dir: Path | str, out: Path | str) -> Path:
     tensors, source = read_weights(hf_dir)
     model = DecoderOnly(config)
     model.load_state_dict(map_weights(tensors, config, source))
+    del tensors          # the stored files are let go before the save copies the model
     origin = {"imported": "hf-llama", "from": str(hf_dir.resolve()), "steps": None}
     return checkpoint.save(out, model.eval(), None, tokenizer, origin=origin)
 

@@ -89,6 +89,7 @@ def import_marian(hf_dir: Path | str, out: Path | str) -> Path:
     banned = bad_words(hf, hf_dir / GENERATION_CONFIG)
     model.load_state_dict(map_weights(tensors, config, hf["vocab_size"], banned, vocabulary,
                                       source))
+    del tensors          # the stored files are let go before the save copies the model
     model.languages = languages
     origin = {"imported": "hf-marian", "from": str(hf_dir.resolve()), "steps": None,
               "source_pieces_not_in_vocabulary": vocabulary.dropped}
@@ -215,7 +216,7 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig, marian_size: in
     ours, the `banned` Marian ids never output, each key accounted for."""
     weights = BartWeights(tensors, source, config.d_model)
     rows = torch.tensor(vocabulary.marian_ids)            # ours[i] = theirs[rows[i]]
-    embedding = shared_embedding(weights, marian_size)[rows][:, weights.order]
+    embedding = weights.permute(shared_embedding(weights, marian_size)[rows], 1)
     for key in ("encoder.embed.embedding.weight", "decoder.embed.embedding.weight",
                 "output_proj.weight"):
         weights.state[key] = embedding
@@ -231,15 +232,18 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig, marian_size: in
 class BartWeights:
     """The stored tensors of BART's layout (Marian's, M2M100's), each read once into
     our state dict; with `permuted`, Marian's, the model dimension is permuted back:
-    ours = theirs[order] along it."""
+    ours = theirs[order] along it (else order is None, and nothing is copied)."""
 
     def __init__(self, tensors: dict[str, Tensor], source: Path, d_model: int,
                  permuted: bool = True):
         self.tensors, self.source, self.d_model = tensors, source, d_model
         self.names = unprefixed_names(tensors, "model.", source)   # what is left to read
-        self.order = sines_first_permutation(d_model).argsort() if permuted \
-            else torch.arange(d_model)
+        self.order = sines_first_permutation(d_model).argsort() if permuted else None
         self.state: dict[str, Tensor] = {}
+
+    def permute(self, tensor: Tensor, dim: int = 0) -> Tensor:
+        """tensor with the model dimension `dim` in our order."""
+        return tensor if self.order is None else tensor.index_select(dim, self.order)
 
     def take(self, name: str, *shape: int) -> Tensor:
         return take_weight(self.tensors, self.names, self.source, name, *shape)
@@ -250,14 +254,15 @@ class BartWeights:
         weight = self.take(f"{theirs}.weight", n_out, n_in)
         bias = self.take(f"{theirs}.bias", n_out)
         if writes:
-            weight, bias = weight[self.order], bias[self.order]
+            weight, bias = self.permute(weight), self.permute(bias)
         else:
-            weight = weight[:, self.order]
+            weight = self.permute(weight, 1)
         self.state[f"{ours}.weight"], self.state[f"{ours}.bias"] = weight, bias
 
     def norm(self, ours: str, theirs: str) -> None:
         for part in ("weight", "bias"):
-            self.state[f"{ours}.{part}"] = self.take(f"{theirs}.{part}", self.d_model)[self.order]
+            self.state[f"{ours}.{part}"] = self.permute(self.take(f"{theirs}.{part}",
+                                                                 self.d_model))
 
     def attention(self, ours: str, theirs: str) -> None:
         c = self.d_model

@@ -85,6 +85,7 @@ def import_nllb(hf_dir: Path | str, out: Path | str) -> Path:
     banned = bad_words(hf, hf_dir / GENERATION_CONFIG) | unused
     model.load_state_dict(map_weights(tensors, config, hf["vocab_size"], banned, vocabulary,
                                       source))
+    del tensors          # the stored files are let go before the save copies the model
     ours = {nllb_id: i for i, nllb_id in enumerate(vocabulary.marian_ids)}
     model.language_codes = {code: ours[nllb_id] for code, nllb_id in codes.items()}
     model.languages = languages
