@@ -243,8 +243,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
     cut = range(0, args.sentences, args.batch_sentences)
     their_batches = [their_source[i:i + args.batch_sentences] for i in cut]
     our_batches = [pad_sources(source[i:i + args.batch_sentences]) for i in cut]
-    piece_batches = [[[tokenizer.piece(t) for t in ids] for ids in source[i:i + args.batch_sentences]]
-                     for i in cut]
+    piece_batches = [[[tokenizer.piece(t) for t in ids]
+                      for ids in source[i:i + args.batch_sentences]] for i in cut]
     results: dict = {"peers": {}, "outputs_equal": {}}
     for beam in args.beams:
         calls, outputs = {}, {}

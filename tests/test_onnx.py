@@ -149,3 +149,61 @@ def test_an_export_keeps_the_language_pair_its_checkpoint_records(tmp_path, tiny
     path = checkpoint.save(tmp_path / "ckpt", model, None, tiny_corpus / MODEL_NAME)
     assert main(["export", "onnx", str(path), str(tmp_path / "onnx")]) == 0
     assert Translator.load(tmp_path / "onnx").model.languages == ("de", "fr")
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_graphs_over_the_inline_limit_keep_their_weights_in_one_file_each(
+        tmp_path, tiny_corpus, monkeypatch, quantize):
+    """Past protobuf's 2 GB (NLLB-600M's decoder step: 2.6 GB), a graph's weights go to
+    GRAPH.data, one file, not one per weight as the tracer writes them; here the limit
+    is lowered to 1 KB so that a tiny model takes that path, and runs as inline."""
+    from transduce.export import onnx_files
+
+    _, path = saved_model(tmp_path, tiny_corpus, norm_first=True)
+    inline = export_onnx(path, tmp_path / "inline", quantize)
+    monkeypatch.setattr(onnx_files, "INLINE_BYTES", 1024)
+    apart = export_onnx(path, tmp_path / "apart", quantize)
+    assert sorted([*(p.name for p in inline.iterdir()), "decoder_step.onnx.data",
+                   "encoder.onnx.data"]) == sorted(p.name for p in apart.iterdir())
+    size = {name: (inline / name).stat().st_size for name in ("decoder_step.onnx", "encoder.onnx")}
+    assert all((apart / name).stat().st_size < held for name, held in size.items())
+    lines = ["el perro come", "uno dos tres casa"]
+    assert Translator.load(apart).translate(lines, beam=2) == \
+        Translator.load(inline).translate(lines, beam=2)
+
+
+def test_weights_the_tracer_wrote_apart_are_gathered_into_one_file(tmp_path):
+    """torch.onnx.export's layout over 2 GB (a file per weight, named after it) is
+    rewritten as GRAPH.data, the files it wrote removed, the graph computing the same."""
+    import numpy as np
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    from transduce.export import onnx_files
+
+    weights = [numpy_helper.from_array(np.full((64, 64), i + 1.0, np.float32), f"w{i}")
+               for i in range(3)]
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", f"w{i}"],
+                              [f"h{i + 1}" if i < 2 else "y"]) for i in range(3)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 64])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 64])], weights)
+    traced = tmp_path / "traced" / "step.onnx"
+    traced.parent.mkdir()
+    onnx.save_model(helper.make_model(graph), str(traced), save_as_external_data=True,
+                    all_tensors_to_one_file=False, size_threshold=0)
+    assert len(list(traced.parent.iterdir())) == 4
+    x = np.ones((1, 64), np.float32)
+    want = onnxruntime.InferenceSession(str(traced)).run(None, {"x": x})[0]
+    original = onnx_files.INLINE_BYTES
+    try:
+        onnx_files.INLINE_BYTES = 1024
+        onnx_files.rewrite_graph(traced, tmp_path / "step.onnx")
+    finally:
+        onnx_files.INLINE_BYTES = original
+    assert not traced.parent.exists() or not list(traced.parent.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["step.onnx",
+                                                                         "step.onnx.data"]
+    got = onnxruntime.InferenceSession(str(tmp_path / "step.onnx")).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, want)

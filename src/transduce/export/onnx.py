@@ -43,6 +43,7 @@ from transduce.attention.kv_cache import ConcatKVCache
 from transduce.export.common import ExportError, not_a_plain_transformer
 from transduce.export.onnx_decoder import export_language_model
 from transduce.export.onnx_encoder import export_sentence_encoder
+from transduce.export.onnx_files import has_weight_files, rewrite_graph, traced_graph
 from transduce.model import DecoderOnly, EncoderOnly, Transformer, load_model
 from transduce.onnx_format import DECODER_STEP, ENCODER, INFO, cache_names
 
@@ -178,21 +179,24 @@ def _export_encoder_decoder(model: Transformer, out: Path) -> list[str]:
     source_axes = {0: "sources", 2: "source_length"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # tracer notes on size checks taken at trace time
-        torch.onnx.export(EncoderGraph(model), (src,), str(out / ENCODER), dynamo=False,
-                          input_names=["src"], output_names=cross_names, opset_version=OPSET,
-                          dynamic_axes={"src": {0: "sources", 1: "source_length"},
-                                        **{name: source_axes for name in cross_names}})
-        torch.onnx.export(
-            DecoderStepGraph(model), (tokens, row_source, src_mask, *past, *cross),
-            str(out / DECODER_STEP), dynamo=False, opset_version=OPSET,
-            input_names=["tokens", "row_source", "src_mask", *past_names, *cross_names],
-            output_names=["logits", *present_names],
-            dynamic_axes={"tokens": {0: "rows", 1: "step_length"}, "row_source": {0: "rows"},
-                          "src_mask": {0: "sources", 1: "source_length"},
-                          "logits": {0: "rows", 1: "step_length"},
-                          **{name: {0: "rows", 2: "past_length"} for name in past_names},
-                          **{name: {0: "rows", 2: "present_length"} for name in present_names},
-                          **{name: source_axes for name in cross_names}})
+        with traced_graph(out / ENCODER) as path:
+            torch.onnx.export(EncoderGraph(model), (src,), str(path), dynamo=False,
+                              input_names=["src"], output_names=cross_names,
+                              opset_version=OPSET,
+                              dynamic_axes={"src": {0: "sources", 1: "source_length"},
+                                            **{name: source_axes for name in cross_names}})
+        with traced_graph(out / DECODER_STEP) as path:
+            torch.onnx.export(
+                DecoderStepGraph(model), (tokens, row_source, src_mask, *past, *cross),
+                str(path), dynamo=False, opset_version=OPSET,
+                input_names=["tokens", "row_source", "src_mask", *past_names, *cross_names],
+                output_names=["logits", *present_names],
+                dynamic_axes={"tokens": {0: "rows", 1: "step_length"}, "row_source": {0: "rows"},
+                              "src_mask": {0: "sources", 1: "source_length"},
+                              "logits": {0: "rows", 1: "step_length"},
+                              **{name: {0: "rows", 2: "past_length"} for name in past_names},
+                              **{name: {0: "rows", 2: "present_length"} for name in present_names},
+                              **{name: source_axes for name in cross_names}})
     return [ENCODER, DECODER_STEP]
 
 
@@ -206,7 +210,7 @@ def _quantize_int8(graph: Path) -> None:
     root.setLevel(logging.ERROR)   # its advice on pre-processing is for image models
     try:
         quantize_dynamic(str(graph), str(quantized), weight_type=QuantType.QInt8,
-                         per_channel=True)
+                         per_channel=True, use_external_data_format=has_weight_files(graph))
     finally:
         root.setLevel(level)
-    quantized.replace(graph)
+    rewrite_graph(quantized, graph)      # (its weights inside it, or in GRAPH.data)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from transduce.attention.kv_cache import ConcatKVCache
+from transduce.export.onnx_files import traced_graph
 from transduce.model import DecoderOnly
 from transduce.onnx_format import DECODER, cache_names
 
@@ -66,14 +67,15 @@ def export_language_model(model: DecoderOnly, out: Path, opset: int) -> list[str
     past_names, present_names = cache_names(layers, "past"), cache_names(layers, "present")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # tracer notes on size checks taken at trace time
-        torch.onnx.export(
-            LanguageModelGraph(model), (tokens, key_mask, *past), str(out / DECODER),
-            dynamo=False, opset_version=opset,
-            input_names=["tokens", "key_mask", *past_names],
-            output_names=["logits", *present_names],
-            dynamic_axes={"tokens": {0: "rows", 1: "step_length"},
-                          "key_mask": {0: "rows", 1: "present_length"},
-                          "logits": {0: "rows", 1: "step_length"},
-                          **{name: {0: "rows", 2: "past_length"} for name in past_names},
-                          **{name: {0: "rows", 2: "present_length"} for name in present_names}})
+        with traced_graph(out / DECODER) as path:
+            torch.onnx.export(
+                LanguageModelGraph(model), (tokens, key_mask, *past), str(path),
+                dynamo=False, opset_version=opset,
+                input_names=["tokens", "key_mask", *past_names],
+                output_names=["logits", *present_names],
+                dynamic_axes={"tokens": {0: "rows", 1: "step_length"},
+                              "key_mask": {0: "rows", 1: "present_length"},
+                              "logits": {0: "rows", 1: "step_length"},
+                              **{name: {0: "rows", 2: "past_length"} for name in past_names},
+                              **{name: {0: "rows", 2: "present_length"} for name in present_names}})
     return [DECODER]

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from transduce.export.onnx_files import traced_graph
 from transduce.model import EncoderOnly
 from transduce.onnx_format import SENTENCE_ENCODER
 
@@ -54,8 +55,9 @@ def export_sentence_encoder(model: EncoderOnly, out: Path, opset: int) -> list[s
             "hidden": {0: "rows", 1: "length"}, **{name: {0: "rows"} for name in outputs[1:]}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # tracer notes on size checks taken at trace time
-        torch.onnx.export(
-            SentenceEncoderGraph(model), (ids, segments), str(out / SENTENCE_ENCODER),
-            dynamo=False, opset_version=opset, input_names=["ids", "segments"],
-            output_names=outputs, dynamic_axes=axes)
+        with traced_graph(out / SENTENCE_ENCODER) as path:
+            torch.onnx.export(
+                SentenceEncoderGraph(model), (ids, segments), str(path),
+                dynamo=False, opset_version=opset, input_names=["ids", "segments"],
+                output_names=outputs, dynamic_axes=axes)
     return [SENTENCE_ENCODER]
