@@ -1,6 +1,6 @@
 """Reading other toolkits' checkpoints into ours: Hugging Face GPT-2 (hf_gpt2.py),
-BERT (hf_bert.py), Marian (hf_marian.py, the OPUS-MT translation models), NLLB-200
-(hf_nllb.py) and Llama (hf_llama.py, with Mistral and Qwen2). Each
+BERT (hf_bert.py), Marian (hf_marian.py, the OPUS-MT translation models), NLLB-200 and
+M2M-100 (hf_nllb.py) and Llama (hf_llama.py, with Mistral and Qwen2). Each
 importer maps the weights name by name onto a model of this package that computes the
 same function, and refuses, naming the file, key or option, what it cannot reproduce;
 the result is an ordinary checkpoint directory (checkpoint.py), written whole or not at
@@ -106,4 +106,5 @@ from transduce.importers.hf_llama import import_llama  # noqa: E402
 from transduce.importers.hf_nllb import import_nllb  # noqa: E402
 
 __all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight", "refuse_unread",
-           "import_gpt2", "import_llama", "import_bert", "fresh_heads", "import_marian", "import_nllb"]
+           "import_gpt2", "import_llama", "import_bert", "fresh_heads", "import_marian",
+           "import_nllb"]

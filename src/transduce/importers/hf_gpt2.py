@@ -123,9 +123,9 @@ def read_tokenizer(hf_dir: Path) -> HFTokenizer:
 
 
 class SafetensorsFiles(Mapping):
-    """The tensors of safetensors files, each read from its (memory-mapped) file when
-    asked for: an import then holds the stored checkpoint and our model one tensor
-    apart, not both whole (NLLB-600M's import: 7.6 GB at its peak when read whole)."""
+    """The tensors of safetensors files, each read from its memory-mapped file when
+    asked for: an import holds the file's pages, which the kernel may drop, rather
+    than a copy of the whole checkpoint in its own memory."""
 
     def __init__(self, files: list[Path]):
         self._where: dict[str, tuple[Any, Path]] = {}

@@ -136,7 +136,7 @@ def read_vocabulary(hf_dir: Path, hf: dict[str, Any]
 
 
 def check_vocab(vocab: Any, hf: dict[str, Any], vocab_file: Path, config_file: Path,
-                 specials: dict[str, str]) -> None:
+                specials: dict[str, str]) -> None:
     """vocab.json maps pieces to distinct ids below vocab_size, with the special pieces,
     and the config's eos and pad ids are theirs."""
     if not isinstance(vocab, dict) or not vocab or \
