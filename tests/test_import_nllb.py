@@ -234,6 +234,33 @@ def test_sentences_joining_a_running_search_are_searched_as_alone(nllb, joins):
         assert hypotheses[0].score == pytest.approx(expected[k][0].score, rel=1e-5)
 
 
+def test_a_decoding_process_translates_the_pair_its_stream_names(nllb):
+    """The server's decoding processes (serve --decoders 2) get a stream's languages."""
+    import functools
+
+    from transduce import load
+    from transduce.serve.batcher import Job
+    from transduce.serve.continuous import translation_stream
+    from transduce.serve.processes import DecoderProcess
+
+    translator = Translator.load(nllb[3])
+    expected = translator.translate(SAMPLES, beam=2, source_lang="eng_Latn",
+                                    target_lang="fra_Latn")
+    process = DecoderProcess(functools.partial(load, nllb[3]), 0)
+    process.start()
+    try:
+        stream = translation_stream(translator, 2, 0.6, 1, None, [process],
+                                    languages=("eng_Latn", "fra_Latn"))(0)
+        job = Job(("translate",), lambda jobs: [], SAMPLES, 10, len(SAMPLES))
+        stream.admit([job])
+        answered = []
+        while stream.running:
+            answered += stream.step()
+    finally:
+        process.close()
+    assert [[t.text for t in hypotheses][0] for hypotheses in answered[0][1][0]] == expected
+
+
 def test_a_decoding_process_warms_up_without_a_default_pair(nllb, tmp_path):
     from transduce.serve.processes import _warm_up
 
@@ -313,6 +340,24 @@ def test_the_command_translates_between_the_languages_named(nllb, tmp_path, caps
     assert main(["translate", "--model", str(out), "--input", str(lines),
                  "--target-lang", "french"]) == 2
     assert "target language 'french'" in capsys.readouterr().err
+
+
+def test_evaluate_scores_the_translation_into_the_language_named(nllb, tmp_path, tiny_corpus,
+                                                                 capsys):
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--model", str(nllb[3]), "--data", str(tiny_corpus), "--beam", "1",
+                 "--dtype", "float32",
+                 "--source-lang", "spa_Latn", "--target-lang", "eng_Latn", "--out",
+                 str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert result["languages"] == {"source": "spa_Latn", "target": "eng_Latn"}
+    sources = (tiny_corpus / "test.es").read_text(encoding="utf-8").splitlines()
+    assert out.with_suffix(".hyp").read_text(encoding="utf-8").splitlines() == \
+        Translator.load(nllb[3]).translate(sources, beam=1, source_lang="spa_Latn",
+                                           target_lang="eng_Latn")
+    assert main(["evaluate", "--model", str(nllb[3]), "--data", str(tiny_corpus),
+                 "--target-lang", "xx", "--out", str(tmp_path / "bad")]) == 2
+    assert "target language 'xx'" in capsys.readouterr().err
 
 
 def test_a_model_without_a_default_pair_asks_for_one(nllb, tmp_path):
