@@ -91,12 +91,19 @@ def import_marian(hf_dir: Path | str, out: Path | str) -> Path:
                                       source))
     del tensors          # the stored files are let go before the save copies the model
     model.languages = languages
-    origin = {"imported": "hf-marian", "from": str(hf_dir.resolve()), "steps": None,
+    return save_with_vocabulary(out, model, vocabulary, "hf-marian", hf_dir)
+
+
+def save_with_vocabulary(out: Path, model: Transformer, vocabulary: MarianVocabulary,
+                         imported: str, hf_dir: Path) -> Path:
+    """The imported model as our checkpoint at `out`, with the merged SentencePiece
+    model (and the targets' beside it, where they segment otherwise: checkpoint.py)."""
+    origin = {"imported": imported, "from": str(hf_dir.resolve()), "steps": None,
               "source_pieces_not_in_vocabulary": vocabulary.dropped}
-    with tempfile.TemporaryDirectory(prefix="transduce-marian-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="transduce-import-") as scratch:
         spm_file = Path(scratch) / checkpoint.TOKENIZER
         spm_file.write_bytes(vocabulary.model)
-        if vocabulary.target_model is not None:      # saved beside it (checkpoint.py)
+        if vocabulary.target_model is not None:
             (Path(scratch) / checkpoint.TARGET_TOKENIZER).write_bytes(vocabulary.target_model)
         return checkpoint.save(out, model.eval(), None, spm_file, origin=origin)
 

@@ -33,19 +33,17 @@ NLLB-MoE (model_type nllb-moe) is refused.
 from __future__ import annotations
 
 import math
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from transduce import checkpoint
 from transduce.importers import ForeignCheckpointError, check_directories, \
     check_foreign_options
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
 from transduce.importers.hf_marian import ACTIVATIONS, GENERATION_CONFIG, BartWeights, \
-    bad_words, check_vocab, model_config, output_bias, shared_embedding
+    bad_words, check_vocab, model_config, output_bias, save_with_vocabulary, shared_embedding
 from transduce.importers.marian_vocabulary import MarianVocabulary, merged_vocabulary
 from transduce.model.transformer import Transformer
 
@@ -89,12 +87,7 @@ def import_nllb(hf_dir: Path | str, out: Path | str) -> Path:
     ours = {nllb_id: i for i, nllb_id in enumerate(vocabulary.marian_ids)}
     model.language_codes = {code: ours[nllb_id] for code, nllb_id in codes.items()}
     model.languages = languages
-    origin = {"imported": "hf-nllb", "from": str(hf_dir.resolve()), "steps": None,
-              "source_pieces_not_in_vocabulary": vocabulary.dropped}
-    with tempfile.TemporaryDirectory(prefix="transduce-nllb-") as scratch:
-        spm_file = Path(scratch) / checkpoint.TOKENIZER
-        spm_file.write_bytes(vocabulary.model)
-        return checkpoint.save(out, model.eval(), None, spm_file, origin=origin)
+    return save_with_vocabulary(out, model, vocabulary, "hf-nllb", hf_dir)
 
 
 def read_vocabulary(hf_dir: Path, hf: dict[str, Any]) -> tuple[
