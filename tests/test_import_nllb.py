@@ -22,7 +22,7 @@ from transduce.decode.greedy import greedy_hypotheses
 from transduce.decode.search import beam_search
 from transduce.decode.translate import Translator, pad_sources
 from transduce.importers import import_nllb
-from transduce.importers.hf_nllb import fairseq_positions
+from transduce.model.positional import fairseq_table
 from transduce.model import load_model
 from transduce.model.transformer import NEVER_OUTPUT
 from tests.foreign_checkpoints import assert_refused, damaged
@@ -311,7 +311,7 @@ def test_the_checkpoint_records_the_codes_and_refuses_bad_ones(nllb, tmp_path):
     assert config["origin"]["imported"] == "hf-nllb"
     assert config["languages"] == {"source": "eng_Latn", "target": "spa_Latn"}
     assert set(config["language_codes"]) == set(CODES)
-    assert config["model"]["norm_first"] and config["model"]["positional"] == "learned"
+    assert config["model"]["norm_first"] and config["model"]["positional"] == "fairseq"
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     config["language_codes"] = {"eng_Latn": "four"}
@@ -320,11 +320,15 @@ def test_the_checkpoint_records_the_codes_and_refuses_bad_ones(nllb, tmp_path):
         load_model(copy)
 
 
-def test_the_position_tables_are_fairseqs_from_position_two(nllb):
+def test_the_positions_are_fairseqs_from_position_two_and_never_trained(nllb):
     theirs, ours = nllb[1], load_model(nllb[3])
-    table = theirs.model.encoder.embed_positions.weights
-    assert torch.equal(fairseq_positions(66, 32)[2:], table[2:66])   # (row 1, pad, is 0)
-    assert torch.equal(ours.encoder.embed.positions.embedding.weight, table[2:66])
+    table = theirs.model.encoder.embed_positions.weights          # (row 1, pad's, is 0)
+    for stack in (ours.encoder, ours.decoder):
+        assert torch.equal(stack.embed.positions.table, table[2:66])
+    assert torch.equal(fairseq_table(64, 32), table[2:66])
+    assert not any("positions" in name for name, _ in ours.named_parameters())
+    odd = fairseq_table(5, 7)                                  # transformers' zero column
+    assert odd.shape == (5, 7) and torch.all(odd[:, 6] == 0)
 
 
 def test_the_command_translates_between_the_languages_named(nllb, tmp_path, capsys):

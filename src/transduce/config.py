@@ -15,7 +15,8 @@ from typing import Any, Literal, get_args
 
 from transduce.errors import TransduceError
 
-Positional = Literal["sinusoidal", "learned", "rotary", "t5", "alibi"]
+# "fairseq": fairseq's sinusoids ([sin | cos], counted from 2), as NLLB and M2M-100 add them.
+Positional = Literal["sinusoidal", "learned", "rotary", "t5", "alibi", "fairseq"]
 Activation = Literal["relu", "gelu", "gelu-tanh", "silu"]
 Norm = Literal["layer", "rms"]
 RopeScaling = Literal["none", "linear", "llama3"]
@@ -204,6 +205,10 @@ class ModelConfig(ValidatedConfig):
             raise ConfigError("ModelConfig.positional='rotary' does not combine with "
                               "attention_type='linear' (rotated features are no longer "
                               "positive); use sinusoidal or learned positions")
+        if self.positional == "fairseq" and (self.arch == "encoder" or self.d_model < 4):
+            raise ConfigError(f"ModelConfig.positional='fairseq' (NLLB's positions) is for "
+                              f"arch 'transformer' or 'decoder' with d_model >= 4, not arch="
+                              f"{self.arch!r}, d_model={self.d_model}")
         if self.positional in ("t5", "alibi") and self.attention_type != "softmax":
             raise ConfigError(f"ModelConfig.positional={self.positional!r} is a bias on the "
                               f"softmax scores and does not combine with attention_type="

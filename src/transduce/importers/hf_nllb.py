@@ -6,8 +6,8 @@ one after each stack (norm_first), ReLU, token embeddings scaled by sqrt(d_model
 vocabulary whose matrix both embeddings and the output share. What differs:
 
 - positions are fairseq's sinusoids: all sines then all cosines, frequencies
-  10000^(-k / (C/2 - 1)), counted from 2 (its pad id + 1). That is not our table, so the
-  import writes them as a learned table (positional="learned") of exactly those rows;
+  10000^(-k / (C/2 - 1)), counted from 2 (its pad id + 1): positional="fairseq"
+  (model/positional.py), computed as NLLB computes them and never trained;
 - the ids: fairseq's put <s>, <pad>, </s>, <unk> first, then the SentencePiece pieces,
   the language codes and <mask>; ours put pad, bos, eos, unk first. The vocabulary is
   merged as Marian's is (marian_vocabulary.py), bos taking the row of </s>, where NLLB's
@@ -32,7 +32,6 @@ NLLB-MoE (model_type nllb-moe) is refused.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tok
 from transduce.importers.hf_marian import ACTIVATIONS, GENERATION_CONFIG, BartWeights, \
     bad_words, check_vocab, model_config, output_bias, save_with_vocabulary, shared_embedding
 from transduce.importers.marian_vocabulary import MarianVocabulary, merged_vocabulary
+from transduce.model.positional import FAIRSEQ_OFFSET, fairseq_table
 from transduce.model.transformer import Transformer
 
 SPM_FILE, TOKENIZER_JSON, VOCAB_JSON = "sentencepiece.bpe.model", "tokenizer.json", "vocab.json"
@@ -57,7 +57,6 @@ M2M100_LANGUAGES = {
                "sl so sq sr ss su sv sw ta th tl tn tr uk ur uz vi wo xh yi yo zh zu").split(),
     "wmt21": "en ha is ja cs ru zh de".split()}
 FIXED_OPTIONS = {"tie_word_embeddings": True, "is_encoder_decoder": True}
-POSITION_OFFSET = 2            # fairseq counts positions from its pad id + 1
 STORED_POSITIONS = ("encoder.embed_positions.weights", "decoder.embed_positions.weights")
 POSITION_TOLERANCE = 1e-4
 NOT_CODES = ("bos", "eos", "unk", "pad", "mask", "cls", "sep")   # special, but no language
@@ -77,7 +76,7 @@ def import_nllb(hf_dir: Path | str, out: Path | str) -> Path:
                                        "activation_function", "relu", ACTIVATIONS)
     vocabulary, codes, languages, unused = read_vocabulary(hf_dir, hf)
     config = model_config(hf, config_file, activation, len(vocabulary.marian_ids),
-                          norm_first=True, positional="learned")
+                          norm_first=True, positional="fairseq")
     tensors, source = read_weights(hf_dir)
     model = Transformer(config)
     banned = bad_words(hf, hf_dir / GENERATION_CONFIG) | unused
@@ -163,23 +162,10 @@ def _tokenizer_vocabulary(file: Path, specials: set[str]
     return vocab, codes
 
 
-def fairseq_positions(rows: int, d_model: int) -> Tensor:
-    """fairseq's sinusoidal table (rows, C): [sin | cos] of position * 10000^(-k /
-    (C/2 - 1)), computed in float32 as fairseq and transformers compute it (the angles'
-    rounding moves far rows by up to 1e-4 from float64's: the model was trained on
-    these)."""
-    half = d_model // 2
-    frequencies = torch.exp(torch.arange(half, dtype=torch.float32)
-                            * -(math.log(10000) / (half - 1)))
-    angles = torch.arange(rows, dtype=torch.float32)[:, None] * frequencies[None]
-    return torch.cat([angles.sin(), angles.cos()], dim=1)
-
-
 def map_weights(tensors: dict[str, Tensor], config, nllb_size: int, banned: set[int],
                 vocabulary: MarianVocabulary, source: Path) -> dict[str, Tensor]:
     """NLLB's tensors (a vocabulary of nllb_size) -> our state dict (float32): the
-    vocabulary reordered to ours, the position tables written out, each key accounted
-    for."""
+    vocabulary reordered to ours, each key accounted for."""
     weights = BartWeights(tensors, source, config.d_model, permuted=False)
     rows = torch.tensor(vocabulary.marian_ids)            # ours[i] = theirs[rows[i]]
     embedding = shared_embedding(weights, nllb_size)[rows]
@@ -187,26 +173,25 @@ def map_weights(tensors: dict[str, Tensor], config, nllb_size: int, banned: set[
                 "output_proj.weight"):
         weights.state[key] = embedding
     weights.state["output_proj.bias"] = output_bias(weights, banned, rows, nllb_size)
-    table = fairseq_positions(config.max_positions + POSITION_OFFSET, config.d_model)
     for stack, layers in (("encoder", config.num_encoder_layers),
                           ("decoder", config.num_decoder_layers)):
-        weights.state[f"{stack}.embed.positions.embedding.weight"] = table[POSITION_OFFSET:]
         for i in range(layers):
             weights.layer(f"{stack}.layers.{i}", config.d_ff, cross=stack == "decoder")
         weights.norm(f"{stack}.final_norm", f"{stack}.layer_norm")
-    _check_stored_positions(weights, table)
+    _check_stored_positions(weights, config)
     return weights.all_taken()
 
 
-def _check_stored_positions(weights: BartWeights, table: Tensor) -> None:
+def _check_stored_positions(weights: BartWeights, config) -> None:
     """Position tables that older transformers saved must hold fairseq's sinusoids (their
-    rows from 2 on; rows 0 and 1, never read, are not compared)."""
+    rows from 2 on, which are our positions from 0; rows 0 and 1 are never read)."""
+    table = fairseq_table(config.max_positions, config.d_model)
     for name in STORED_POSITIONS:
         if name in weights.names:
             stored = weights.tensors[weights.names.pop(name)]
-            rows = min(stored.shape[0], table.shape[0])
+            rows = min(stored.shape[0] - FAIRSEQ_OFFSET, table.shape[0])
             if stored.dim() != 2 or stored.shape[1] != table.shape[1] or not torch.allclose(
-                    stored[POSITION_OFFSET:rows].float(), table[POSITION_OFFSET:rows],
+                    stored[FAIRSEQ_OFFSET:FAIRSEQ_OFFSET + rows].float(), table[:rows],
                     atol=max(POSITION_TOLERANCE, torch.finfo(stored.dtype).eps), rtol=0):
                 raise ForeignCheckpointError(f"{weights.source}: {name!r} is not the "
                                              f"sinusoidal table NLLB computes")

@@ -1,4 +1,5 @@
-"""Position information: sinusoidal (the paper), learned, and rotary (RoPE).
+"""Position information: sinusoidal (the paper; fairseq's variant, NLLB's), learned, and
+rotary (RoPE).
 
 Sinusoidal and learned encodings are added to the scaled token embeddings; rotary
 positions rotate the queries and keys inside self-attention instead, so that q.k
@@ -26,6 +27,22 @@ def sinusoidal_table(num_positions: int, d_model: int) -> Tensor:
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
     return table.float()
+
+
+FAIRSEQ_OFFSET = 2      # fairseq counts positions from its pad id (1) + 1
+
+
+def fairseq_table(num_positions: int, d_model: int) -> Tensor:
+    """fairseq's sinusoids (NLLB's, M2M-100's) for positions 0 .. num_positions - 1:
+    [sin | cos] of (position + 2) * 10000^(-k / (d/2 - 1)), k < d/2 (a zero column for an
+    odd d). Computed in float32 as fairseq and transformers compute them: the models
+    were trained on these roundings. -> (num_positions, d_model) float32"""
+    half = d_model // 2
+    rates = torch.exp(torch.arange(half, dtype=torch.float32) * -(math.log(10000) / (half - 1)))
+    angles = torch.arange(FAIRSEQ_OFFSET, FAIRSEQ_OFFSET + num_positions,
+                          dtype=torch.float32)[:, None] * rates[None]
+    table = torch.cat([angles.sin(), angles.cos()], dim=1)
+    return torch.cat([table, table.new_zeros(num_positions, d_model % 2)], dim=1)
 
 
 def sines_first_permutation(d_model: int) -> Tensor:
@@ -78,6 +95,19 @@ class SinusoidalPositionalEncoding(TablePositions):
         super().__init__()
         self.max_positions = max_positions
         self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+
+    def _table(self) -> Tensor:
+        return self.table
+
+
+class FairseqPositionalEncoding(TablePositions):
+    """fairseq's fixed encoding (fairseq_table), as NLLB and M2M-100 add it; derived, so
+    not saved, and never trained."""
+
+    def __init__(self, d_model: int, max_positions: int):
+        super().__init__()
+        self.max_positions = max_positions
+        self.register_buffer("table", fairseq_table(max_positions, d_model), persistent=False)
 
     def _table(self) -> Tensor:
         return self.table

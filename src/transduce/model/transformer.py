@@ -33,9 +33,9 @@ from transduce.model.dropout import Dropout
 from transduce.model.encoder_pass import EncoderPass
 from transduce.model.layers import DecoderLayer, EncoderLayer, norm_module
 from transduce.attention.position_bias import ALiBi, T5Bias
-from transduce.model.positional import (LearnedPositionalEmbedding, RotaryEmbedding,
-                                        SinusoidalPositionalEncoding, TablePositions,
-                                        rotary_frequencies)
+from transduce.model.positional import (FairseqPositionalEncoding, LearnedPositionalEmbedding,
+                                        RotaryEmbedding, SinusoidalPositionalEncoding,
+                                        TablePositions, rotary_frequencies)
 
 
 def init_embeddings(embeddings: list[nn.Embedding], pad_id: int) -> None:
@@ -78,6 +78,8 @@ def positional_encoding(config: ModelConfig) -> TablePositions | None:
         return SinusoidalPositionalEncoding(config.d_model, config.max_positions)
     if config.positional == "learned":
         return LearnedPositionalEmbedding(config.d_model, config.max_positions)
+    if config.positional == "fairseq":
+        return FairseqPositionalEncoding(config.d_model, config.max_positions)
     return None
 
 
