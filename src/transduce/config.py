@@ -205,10 +205,9 @@ class ModelConfig(ValidatedConfig):
             raise ConfigError("ModelConfig.positional='rotary' does not combine with "
                               "attention_type='linear' (rotated features are no longer "
                               "positive); use sinusoidal or learned positions")
-        if self.positional == "fairseq" and (self.arch == "encoder" or self.d_model < 4):
-            raise ConfigError(f"ModelConfig.positional='fairseq' (NLLB's positions) is for "
-                              f"arch 'transformer' or 'decoder' with d_model >= 4, not arch="
-                              f"{self.arch!r}, d_model={self.d_model}")
+        if self.positional == "fairseq" and self.d_model < 4:
+            raise ConfigError(f"ModelConfig.positional='fairseq' (NLLB's positions) needs "
+                              f"d_model >= 4, got {self.d_model}")
         if self.positional in ("t5", "alibi") and self.attention_type != "softmax":
             raise ConfigError(f"ModelConfig.positional={self.positional!r} is a bias on the "
                               f"softmax scores and does not combine with attention_type="

@@ -33,6 +33,17 @@ def test_right_padding_changes_nothing_before_it():
                                    model.sentence_embeddings(ids), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "fairseq", "rotary", "t5"])
+def test_every_kind_of_position_tells_the_order(positional):
+    """A table of any kind is added to the embeddings, as in the encoder-decoder (a
+    sinusoidal encoder-only model had no positions at all before)."""
+    model = tiny(positional=positional)
+    ids = torch.randint(4, VOCAB, (1, 6))
+    with torch.no_grad():
+        hidden, swapped = model(ids), model(ids.flip(1)).flip(1)
+    assert not torch.allclose(hidden, swapped, atol=1e-4)
+
+
 def test_segments_enter_the_embedding():
     model = tiny()
     ids = torch.randint(4, VOCAB, (2, 6))

@@ -25,8 +25,8 @@ from transduce.config import ModelConfig
 from transduce.model.counting import CountedParameters
 from transduce.model.dropout import Dropout
 from transduce.model.layers import activation_module, norm_module
-from transduce.model.positional import LearnedPositionalEmbedding
-from transduce.model.transformer import Encoder, init_linear_layers, rotary_embedding
+from transduce.model.transformer import Encoder, init_linear_layers, positional_encoding, \
+    rotary_embedding
 
 INIT_STD = 0.02   # BERT's initialiser: every weight N(0, 0.02), biases 0, LayerNorm 1 / 0
 
@@ -38,8 +38,7 @@ class SegmentedEmbedding(nn.Module):
         super().__init__()
         c = config
         self.embedding = nn.Embedding(c.src_vocab_size, c.d_model)
-        self.positions = LearnedPositionalEmbedding(c.d_model, c.max_positions) \
-            if c.positional == "learned" else None
+        self.positions = positional_encoding(c)   # a table (learned, BERT's), or None
         self.segments = nn.Embedding(c.type_vocab_size, c.d_model)
         self.norm = norm_module(c)
         self.dropout = Dropout(c.dropout)
