@@ -222,18 +222,29 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig, marian_size: in
     model dimension permuted back to interleaved sines, the vocabulary reordered to
     ours, the `banned` Marian ids never output, each key accounted for."""
     weights = BartWeights(tensors, source, config.d_model)
+    take_bart_weights(weights, config, marian_size, banned, vocabulary)
+    _check_positions(weights, config)
+    return weights.all_taken()
+
+
+def take_bart_weights(weights: "BartWeights", config: ModelConfig, stored_size: int,
+                      banned: set[int], vocabulary: MarianVocabulary,
+                      final_norms: bool = False) -> None:
+    """The shared embedding in our ids' order, the output bias (the `banned` stored ids
+    never output) and every layer into weights.state; with final_norms, each stack's
+    last LayerNorm too (pre-norm's: M2M100's layer_norm)."""
     rows = torch.tensor(vocabulary.marian_ids)            # ours[i] = theirs[rows[i]]
-    embedding = weights.permute(shared_embedding(weights, marian_size)[rows], 1)
+    embedding = weights.permute(shared_embedding(weights, stored_size)[rows], 1)
     for key in ("encoder.embed.embedding.weight", "decoder.embed.embedding.weight",
                 "output_proj.weight"):
         weights.state[key] = embedding
-    weights.state["output_proj.bias"] = output_bias(weights, banned, rows, marian_size)
+    weights.state["output_proj.bias"] = output_bias(weights, banned, rows, stored_size)
     for stack, layers in (("encoder", config.num_encoder_layers),
                           ("decoder", config.num_decoder_layers)):
         for i in range(layers):
             weights.layer(f"{stack}.layers.{i}", config.d_ff, cross=stack == "decoder")
-    _check_positions(weights, config)
-    return weights.all_taken()
+        if final_norms:
+            weights.norm(f"{stack}.final_norm", f"{stack}.layer_norm")
 
 
 class BartWeights:

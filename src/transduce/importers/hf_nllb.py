@@ -42,7 +42,7 @@ from transduce.importers import ForeignCheckpointError, check_directories, \
     check_foreign_options
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
 from transduce.importers.hf_marian import ACTIVATIONS, GENERATION_CONFIG, BartWeights, \
-    bad_words, check_vocab, model_config, output_bias, save_with_vocabulary, shared_embedding
+    bad_words, check_vocab, model_config, save_with_vocabulary, take_bart_weights
 from transduce.importers.marian_vocabulary import MarianVocabulary, merged_vocabulary
 from transduce.model.positional import FAIRSEQ_OFFSET, fairseq_table
 from transduce.model.transformer import Transformer
@@ -167,17 +167,7 @@ def map_weights(tensors: dict[str, Tensor], config, nllb_size: int, banned: set[
     """NLLB's tensors (a vocabulary of nllb_size) -> our state dict (float32): the
     vocabulary reordered to ours, each key accounted for."""
     weights = BartWeights(tensors, source, config.d_model, permuted=False)
-    rows = torch.tensor(vocabulary.marian_ids)            # ours[i] = theirs[rows[i]]
-    embedding = shared_embedding(weights, nllb_size)[rows]
-    for key in ("encoder.embed.embedding.weight", "decoder.embed.embedding.weight",
-                "output_proj.weight"):
-        weights.state[key] = embedding
-    weights.state["output_proj.bias"] = output_bias(weights, banned, rows, nllb_size)
-    for stack, layers in (("encoder", config.num_encoder_layers),
-                          ("decoder", config.num_decoder_layers)):
-        for i in range(layers):
-            weights.layer(f"{stack}.layers.{i}", config.d_ff, cross=stack == "decoder")
-        weights.norm(f"{stack}.final_norm", f"{stack}.layer_norm")
+    take_bart_weights(weights, config, nllb_size, banned, vocabulary, final_norms=True)
     _check_stored_positions(weights, config)
     return weights.all_taken()
 

@@ -88,29 +88,31 @@ class TablePositions(nn.Module):
         return self._table()[positions]
 
 
-class SinusoidalPositionalEncoding(TablePositions):
-    """The paper's fixed encoding; the table is derived, so it is not saved."""
+class ComputedTable(TablePositions):
+    """A fixed encoding: the table is derived from its size, so it is neither saved nor
+    trained."""
 
-    def __init__(self, d_model: int, max_positions: int):
+    def __init__(self, table: Tensor):
         super().__init__()
-        self.max_positions = max_positions
-        self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+        self.max_positions = table.shape[0]
+        self.register_buffer("table", table, persistent=False)
 
     def _table(self) -> Tensor:
         return self.table
 
 
-class FairseqPositionalEncoding(TablePositions):
-    """fairseq's fixed encoding (fairseq_table), as NLLB and M2M-100 add it; derived, so
-    not saved, and never trained."""
+class SinusoidalPositionalEncoding(ComputedTable):
+    """The paper's fixed encoding."""
 
     def __init__(self, d_model: int, max_positions: int):
-        super().__init__()
-        self.max_positions = max_positions
-        self.register_buffer("table", fairseq_table(max_positions, d_model), persistent=False)
+        super().__init__(sinusoidal_table(max_positions, d_model))
 
-    def _table(self) -> Tensor:
-        return self.table
+
+class FairseqPositionalEncoding(ComputedTable):
+    """fairseq's fixed encoding (fairseq_table), as NLLB and M2M-100 add it."""
+
+    def __init__(self, d_model: int, max_positions: int):
+        super().__init__(fairseq_table(max_positions, d_model))
 
 
 class LearnedPositionalEmbedding(TablePositions):
