@@ -28,6 +28,7 @@ machine's description.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -218,8 +219,37 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, work: Path) -> None:
-    from transduce.decode.translate import Translator, pad_sources
-    from transduce.export import export_ctranslate2
+    """Every peer at every beam, interleaved; the results written to args.out."""
+    from transduce.decode.translate import Translator
+
+    ours_dir = prepared_models(work)
+    translators = {name: Translator.load(ours_dir, dtype=name.split()[1])
+                   for name in args.peers if name.startswith("ours")}
+    inputs = Inputs(args, next(iter(translators.values()), None) or Translator.load(ours_dir))
+    peers = {name: peer(name, work, translators, inputs, args.new_tokens)
+             for name in args.peers}
+    results: dict = {"peers": {}, "outputs_equal": {}}
+    for beam in args.beams:
+        outputs: dict[str, list] = {}
+        calls = {name: functools.partial(call, beam, outputs, name)
+                 for name, call in peers.items()}
+        times = time_interleaved(calls, args.repeats)
+        record(results, beam, times, outputs, args.sentences * args.new_tokens)
+        if beam == 1 and "hf generate" in outputs and "ours float32" in outputs:
+            results["outputs_equal"]["ours float32 = hf generate, greedy"] = \
+                [inputs.theirs(o) for o in outputs["ours float32"]] == outputs["hf generate"]
+    results.update({"machine": machine_info(torch.get_num_threads()), "shape": SHAPE,
+                    "sentences": args.sentences, "batch_sentences": args.batch_sentences,
+                    "source_tokens": inputs.source_tokens, "new_tokens": args.new_tokens,
+                    "repeats": args.repeats})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+def prepared_models(work: Path) -> Path:
+    """The Hugging Face directory and its import under `work` (kept between runs) ->
+    the import's directory."""
     from transduce.importers import import_nllb
 
     hf_dir, ours_dir = work / "hf", work / "ours"
@@ -227,74 +257,74 @@ def run(args: argparse.Namespace, work: Path) -> None:
         write_nllb(hf_dir)
     if not (ours_dir / "config.json").is_file():
         import_nllb(hf_dir, ours_dir)
-    generator = torch.Generator().manual_seed(1)
-    words = torch.randint(0, SPM_PIECES - 3, (args.sentences, args.words), generator=generator)
-    lines = [" ".join(f"w{int(w)}" for w in row) for row in words]     # one piece a word
-    peers: dict[str, object] = {}
-    translators = {name: Translator.load(ours_dir, dtype=name.split()[1])
-                   for name in args.peers if name.startswith("ours")}
-    first = next(iter(translators.values()), None) or Translator.load(ours_dir)
-    codes, tokenizer = first.language_codes, first.tokenizer
-    source = first.encode(lines, prefix=[codes["eng_Latn"]])
-    theirs = [int(tokenizer.piece(i)[2:]) + 4 for ids in source for i in ids[1:]]  # ▁wN
-    their_source = torch.tensor(theirs).view(args.sentences, -1)
-    their_source = torch.cat([torch.full((args.sentences, 1), SPM_PIECES + 1),   # eng_Latn
-                              their_source, torch.full((args.sentences, 1), 2)], dim=1)
-    cut = range(0, args.sentences, args.batch_sentences)
-    their_batches = [their_source[i:i + args.batch_sentences] for i in cut]
-    our_batches = [pad_sources(source[i:i + args.batch_sentences]) for i in cut]
-    piece_batches = [[[tokenizer.piece(t) for t in ids]
-                      for ids in source[i:i + args.batch_sentences]] for i in cut]
-    results: dict = {"peers": {}, "outputs_equal": {}}
-    for beam in args.beams:
-        calls, outputs = {}, {}
-        for name, translator in translators.items():
-            def ours(translator=translator, name=name, beam=beam):
-                outputs[name] = our_outputs(translator, our_batches, beam, args.new_tokens,
-                                            codes["fra_Latn"])
-            calls[name] = ours
-        if "hf generate" in args.peers:
-            if "hf" not in peers:
-                peers["hf"] = HuggingFace(hf_dir, SPM_PIECES + 2)          # fra_Latn
-            hf = peers["hf"]
-            calls["hf generate"] = lambda beam=beam: outputs.__setitem__(
-                "hf generate", hf(their_batches, beam, args.new_tokens))
-        for name in (p for p in args.peers if p.startswith("ct2")):
-            quantization = name.split()[1]
-            export = work / f"ct2-{quantization}"
-            if not (export / "model.bin").is_file():
-                export_ctranslate2(ours_dir, export,
-                                   None if quantization == "float32" else quantization)
+    return ours_dir
 
-            def ct2(export=export, name=name, beam=beam) -> float:
-                found, seconds = ct2_call(export, piece_batches, tokenizer.piece(
-                    codes["fra_Latn"]), beam, args.new_tokens, torch.get_num_threads())
-                outputs[name] = found
-                return seconds
-            calls[name] = ct2
-        times = time_interleaved(calls, args.repeats)
-        tokens = args.sentences * args.new_tokens
-        for name, seconds in times.items():
-            count = sum(len(o) for o in outputs[name])
-            results["peers"].setdefault(name, {})[f"beam{beam}"] = {
-                "seconds": seconds, "tokens": count,
-                "tokens_per_s": count / statistics.median(seconds)}
-            if count != tokens:
-                print(f"warning: {name} wrote {count} tokens, not {tokens}")
-        if beam == 1 and "hf generate" in outputs and "ours float32" in outputs:
-            mapped = [[int(tokenizer.piece(t)[2:]) + 4 for t in o] for o in outputs["ours float32"]]
-            results["outputs_equal"]["ours float32 = hf generate, greedy"] = \
-                mapped == outputs["hf generate"]
-        for name in times:
-            print(f"beam {beam}  {name:14s} "
-                  f"{results['peers'][name][f'beam{beam}']['tokens_per_s']:8.1f} tokens/s")
-    results.update({"machine": machine_info(torch.get_num_threads()), "shape": SHAPE,
-                    "sentences": args.sentences, "batch_sentences": args.batch_sentences,
-                    "source_tokens": len(source[0]) + 1, "new_tokens": args.new_tokens,
-                    "repeats": args.repeats})
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.out}")
+
+class Inputs:
+    """The same random sentences (one piece a word) for every peer: our batches of ids,
+    transformers' (NLLB's ids), CTranslate2's (pieces)."""
+
+    def __init__(self, args: argparse.Namespace, translator):
+        from transduce.decode.translate import pad_sources
+
+        generator = torch.Generator().manual_seed(1)
+        words = torch.randint(0, SPM_PIECES - 3, (args.sentences, args.words),
+                              generator=generator)
+        lines = [" ".join(f"w{int(w)}" for w in row) for row in words]
+        self.codes, self.tokenizer = translator.language_codes, translator.tokenizer
+        source = translator.encode(lines, prefix=[self.codes["eng_Latn"]])
+        self.source_tokens = len(source[0]) + 1                      # code, words, eos
+        their_source = torch.tensor([[SPM_PIECES + 1] + self.theirs(ids[1:]) + [2]
+                                     for ids in source])              # eng_Latn ... </s>
+        cut = [slice(i, i + args.batch_sentences)
+               for i in range(0, args.sentences, args.batch_sentences)]
+        self.ours = [pad_sources(source[part]) for part in cut]
+        self.their_ids = [their_source[part] for part in cut]
+        self.pieces = [[[self.tokenizer.piece(t) for t in ids] for ids in source[part]]
+                       for part in cut]
+
+    def theirs(self, ids: list[int]) -> list[int]:
+        """Our ids of pieces ▁wN -> NLLB's (the SentencePiece id N + 3, plus fairseq's 1)."""
+        return [int(self.tokenizer.piece(i)[2:]) + 4 for i in ids]
+
+
+def peer(name: str, work: Path, translators: dict, inputs: Inputs, new_tokens: int):
+    """call(beam, outputs, name) of one peer: decodes every batch into outputs[name];
+    CTranslate2's returns the seconds its child process timed."""
+    code = inputs.codes["fra_Latn"]
+    if name.startswith("ours"):
+        translator = translators[name]
+        return lambda beam, outputs, name: outputs.__setitem__(
+            name, our_outputs(translator, inputs.ours, beam, new_tokens, code))
+    if name == "hf generate":
+        hf = HuggingFace(work / "hf", SPM_PIECES + 2)                   # fra_Latn
+        return lambda beam, outputs, name: outputs.__setitem__(
+            name, hf(inputs.their_ids, beam, new_tokens))
+    from transduce.export import export_ctranslate2
+
+    quantization = name.split()[1]
+    export = work / f"ct2-{quantization}"
+    if not (export / "model.bin").is_file():
+        export_ctranslate2(work / "ours", export,
+                           None if quantization == "float32" else quantization)
+
+    def ct2(beam: int, outputs: dict, name: str) -> float:
+        outputs[name], seconds = ct2_call(export, inputs.pieces, inputs.tokenizer.piece(code),
+                                          beam, new_tokens, torch.get_num_threads())
+        return seconds
+    return ct2
+
+
+def record(results: dict, beam: int, times: dict, outputs: dict, tokens: int) -> None:
+    """Each peer's seconds, tokens and tokens/s at this beam, printed and kept."""
+    for name, seconds in times.items():
+        count = sum(len(o) for o in outputs[name])
+        rate = count / statistics.median(seconds)
+        results["peers"].setdefault(name, {})[f"beam{beam}"] = {
+            "seconds": seconds, "tokens": count, "tokens_per_s": rate}
+        if count != tokens:
+            print(f"warning: {name} wrote {count} tokens, not {tokens}")
+        print(f"beam {beam}  {name:14s} {rate:8.1f} tokens/s")
 
 
 if __name__ == "__main__":

@@ -12,23 +12,19 @@ import torch
 from torch import Tensor
 
 from transduce import checkpoint
-from transduce.decode.onnx_engine import count_parameters, exported_config, open_session
+from transduce.decode.onnx_engine import ExportedModel, open_session
 from transduce.onnx_format import SENTENCE_ENCODER
 
 
-class OnnxSentenceEncoder:
+class OnnxSentenceEncoder(ExportedModel):
     """An encoder-only model's export run by ONNX Runtime on the CPU (threads: as
     onnx_engine.open_session)."""
 
     def __init__(self, directory: Path | str, threads: int = 0):
         directory = Path(directory)
-        self.config = exported_config(directory, "encoder",
-                                      "classify and embed need an encoder-only model")
+        super().__init__(directory, "encoder", "classify and embed need an encoder-only model")
         self.labels = checkpoint.read_labels(directory)
         self.session = open_session(directory, SENTENCE_ENCODER, threads)
-
-    def num_parameters(self) -> int:
-        return count_parameters(self.config)
 
     def class_logits(self, ids: Tensor) -> Tensor:
         """ids (B, T) right-padded -> the classifier's logits (B, num_labels)."""

@@ -82,12 +82,20 @@ def exported_config(directory: Path, arch: str | None = None, needs: str = "") -
     return config
 
 
-def count_parameters(config: ModelConfig) -> int:
-    """An exported model's trainable parameters, as its checkpoint counts them: counted on
-    a model of its configuration built on the meta device (nothing allocated), since the
-    graphs' initializers repeat shared matrices."""
-    with torch.device("meta"):
-        return build_model(config).num_parameters()
+class ExportedModel:
+    """What every engine of an ONNX export shares: the configuration of the checkpoint it
+    came from, checked to be of `arch` (else a ConfigError saying what `needs` it), and
+    that checkpoint's parameter count."""
+
+    def __init__(self, directory: Path, arch: str, needs: str):
+        self.config = exported_config(directory, arch, needs)
+
+    def num_parameters(self) -> int:
+        """The trainable parameters, as the checkpoint counts them: counted on a model of
+        its configuration built on the meta device (nothing allocated), since the graphs'
+        initializers repeat shared matrices."""
+        with torch.device("meta"):
+            return build_model(self.config).num_parameters()
 
 
 class PastArrays:
@@ -132,14 +140,13 @@ class OnnxState(PastArrays):
         self.row_source = row_source
 
 
-class OnnxEngine:
+class OnnxEngine(ExportedModel):
     """An exported model run by ONNX Runtime on the CPU, with one intra-op thread per
     core this process may use (or `threads`)."""
 
     def __init__(self, directory: Path | str, threads: int = 0):
         directory = Path(directory)
-        self.config = exported_config(directory, "transformer",
-                                      "translation needs an encoder-decoder")
+        super().__init__(directory, "transformer", "translation needs an encoder-decoder")
         self.languages = checkpoint.read_languages(directory)   # as the checkpoint's
         self.language_codes = checkpoint.read_language_codes(directory)
         self.layers = self.config.num_decoder_layers
@@ -147,9 +154,6 @@ class OnnxEngine:
         self.decoder = open_session(directory, DECODER_STEP, threads)
         self._past_names = cache_names(self.layers, "past")
         self._cross_names = cache_names(self.layers, "cross")
-
-    def num_parameters(self) -> int:
-        return count_parameters(self.config)
 
     def prefill(self, src: Tensor, max_len: int, *, src_mask: Tensor | None = None,
                 cache_dtype: torch.dtype | None = None) -> OnnxState:

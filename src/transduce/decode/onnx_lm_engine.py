@@ -17,8 +17,7 @@ import torch
 from torch import Tensor
 
 from transduce.config import ConfigError
-from transduce.decode.onnx_engine import PastArrays, count_parameters, exported_config, \
-    open_session
+from transduce.decode.onnx_engine import ExportedModel, PastArrays, open_session
 from transduce.model.decoder_only import left_padded_tokens
 from transduce.onnx_format import DECODER, cache_names
 
@@ -38,19 +37,15 @@ class OnnxLMState(PastArrays):
         self.key_mask = np.take(self.key_mask, index, axis=0)
 
 
-class OnnxLanguageModel:
+class OnnxLanguageModel(ExportedModel):
     """A decoder-only model's export run by ONNX Runtime on the CPU (threads: as
     onnx_engine.open_session)."""
 
     def __init__(self, directory: Path | str, threads: int = 0):
         directory = Path(directory)
-        self.config = exported_config(directory, "decoder",
-                                      "generation needs a language model")
+        super().__init__(directory, "decoder", "generation needs a language model")
         self.session = open_session(directory, DECODER, threads)
         self._past_names = cache_names(self.config.num_decoder_layers, "past")
-
-    def num_parameters(self) -> int:
-        return count_parameters(self.config)
 
     def prefill(self, prompt: Tensor, max_len: int, *, src_mask: Tensor | None = None,
                 cache_dtype: torch.dtype | None = None) -> OnnxLMState:

@@ -77,11 +77,8 @@ def import_marian(hf_dir: Path | str, out: Path | str) -> Path:
     was read and checked. The source and target languages of tokenizer_config.json
     (source_lang, target_lang), when it names both, are recorded as the model's."""
     hf_dir, out = Path(hf_dir), Path(out)
-    check_directories(hf_dir, out, HF_CONFIG)
-    config_file = hf_dir / HF_CONFIG
-    hf = _read_json(config_file)
-    activation = check_foreign_options(hf, config_file, "marian", FIXED_OPTIONS,
-                                       "activation_function", "gelu", ACTIVATIONS)
+    hf, config_file, activation = read_bart_config(hf_dir, out, "marian", FIXED_OPTIONS,
+                                                   "gelu")
     vocabulary, languages = read_vocabulary(hf_dir, hf)
     config = model_config(hf, config_file, activation, len(vocabulary.marian_ids))
     tensors, source = read_weights(hf_dir)
@@ -106,6 +103,19 @@ def save_with_vocabulary(out: Path, model: Transformer, vocabulary: MarianVocabu
         if vocabulary.target_model is not None:
             (Path(scratch) / checkpoint.TARGET_TOKENIZER).write_bytes(vocabulary.target_model)
         return checkpoint.save(out, model.eval(), None, spm_file, origin=origin)
+
+
+def read_bart_config(hf_dir: Path, out: Path, model_type: str, fixed: dict[str, Any],
+                     default_activation: str) -> tuple[dict[str, Any], Path, str]:
+    """The directories checked, config.json read, its `fixed` options checked -> (its
+    values, its path, our name of its activation)."""
+    check_directories(hf_dir, out, HF_CONFIG)
+    config_file = hf_dir / HF_CONFIG
+    hf = _read_json(config_file)
+    activation = check_foreign_options(hf, config_file, model_type, fixed,
+                                       "activation_function", default_activation,
+                                       ACTIVATIONS)
+    return hf, config_file, activation
 
 
 def read_vocabulary(hf_dir: Path, hf: dict[str, Any]

@@ -38,11 +38,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transduce.importers import ForeignCheckpointError, check_directories, \
-    check_foreign_options
+from transduce.importers import ForeignCheckpointError
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
-from transduce.importers.hf_marian import ACTIVATIONS, GENERATION_CONFIG, BartWeights, \
-    bad_words, check_vocab, model_config, save_with_vocabulary, take_bart_weights
+from transduce.importers.hf_marian import GENERATION_CONFIG, BartWeights, bad_words, \
+    check_vocab, model_config, read_bart_config, save_with_vocabulary, take_bart_weights
 from transduce.importers.marian_vocabulary import MarianVocabulary, merged_vocabulary
 from transduce.model.positional import FAIRSEQ_OFFSET, fairseq_table
 from transduce.model.transformer import Transformer
@@ -69,11 +68,8 @@ def import_nllb(hf_dir: Path | str, out: Path | str) -> Path:
     everything was read and checked. tokenizer_config.json's src_lang and tgt_lang, when
     it names both, become the model's default pair."""
     hf_dir, out = Path(hf_dir), Path(out)
-    check_directories(hf_dir, out, HF_CONFIG)
-    config_file = hf_dir / HF_CONFIG
-    hf = _read_json(config_file)
-    activation = check_foreign_options(hf, config_file, "m2m_100", FIXED_OPTIONS,
-                                       "activation_function", "relu", ACTIVATIONS)
+    hf, config_file, activation = read_bart_config(hf_dir, out, "m2m_100", FIXED_OPTIONS,
+                                                   "relu")
     vocabulary, codes, languages, unused = read_vocabulary(hf_dir, hf)
     config = model_config(hf, config_file, activation, len(vocabulary.marian_ids),
                           norm_first=True, positional="fairseq")
