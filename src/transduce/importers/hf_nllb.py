@@ -58,7 +58,6 @@ M2M100_LANGUAGES = {
 FIXED_OPTIONS = {"tie_word_embeddings": True, "is_encoder_decoder": True}
 STORED_POSITIONS = ("encoder.embed_positions.weights", "decoder.embed_positions.weights")
 POSITION_TOLERANCE = 1e-4
-NOT_CODES = ("bos", "eos", "unk", "pad", "mask", "cls", "sep")   # special, but no language
 
 
 def import_nllb(hf_dir: Path | str, out: Path | str) -> Path:
