@@ -51,6 +51,9 @@ SHAPE = dict(d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attenti
              max_position_embeddings=1024, scale_embedding=True, pad_token_id=1,
              bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
              vocab_size=SPM_PIECES + 1 + len(CODES) + 1 + 2)     # + <mask>, + 2 unnamed rows
+# nllb-200-3.3B's sizes, for bench/load.py (its import and load on a machine of 24 GB)
+SHAPE_3B = {**SHAPE, "d_model": 2048, "encoder_layers": 24, "decoder_layers": 24,
+            "encoder_ffn_dim": 8192, "decoder_ffn_dim": 8192}
 PEERS = ("ours float32", "ours bfloat16", "ours int8", "hf generate", "ct2 float32",
          "ct2 int8")
 
@@ -90,14 +93,15 @@ def write_vocabulary(directory: Path) -> None:
         {"tokenizer_class": "NllbTokenizer", "src_lang": "eng_Latn", "tgt_lang": "fra_Latn"}))
 
 
-def write_nllb(directory: Path) -> None:
-    """A Hugging Face NLLB directory of nllb-200-distilled-600M's shape, random weights."""
+def write_nllb(directory: Path, shape: dict = SHAPE) -> None:
+    """A Hugging Face NLLB directory of nllb-200-distilled-600M's shape (or another),
+    random weights."""
     import transformers
 
     directory.mkdir(parents=True)
     write_vocabulary(directory)
     torch.manual_seed(0)
-    config = transformers.M2M100Config(**SHAPE, dropout=0.0, attention_dropout=0.0)
+    config = transformers.M2M100Config(**shape, dropout=0.0, attention_dropout=0.0)
     transformers.M2M100ForConditionalGeneration(config).save_pretrained(directory)
 
 
@@ -247,17 +251,23 @@ def run(args: argparse.Namespace, work: Path) -> None:
     print(f"wrote {args.out}")
 
 
-def prepared_models(work: Path) -> Path:
+def prepared_models(work: Path, shape: dict = SHAPE) -> Path:
     """The Hugging Face directory and its import under `work` (kept between runs) ->
     the import's directory."""
     from transduce.importers import import_nllb
 
-    hf_dir, ours_dir = work / "hf", work / "ours"
-    if not (hf_dir / "config.json").is_file():
-        write_nllb(hf_dir)
+    hf_dir, ours_dir = prepared_hf(work, shape), work / "ours"
     if not (ours_dir / "config.json").is_file():
         import_nllb(hf_dir, ours_dir)
     return ours_dir
+
+
+def prepared_hf(work: Path, shape: dict = SHAPE) -> Path:
+    """The Hugging Face directory under `work`, written if it is not there."""
+    hf_dir = work / "hf"
+    if not (hf_dir / "config.json").is_file():
+        write_nllb(hf_dir, shape)
+    return hf_dir
 
 
 class Inputs:

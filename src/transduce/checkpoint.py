@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, load_model, save_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from transduce import atomic
@@ -104,7 +104,8 @@ def _save_weights(model: nn.Module, file: Path) -> None:
     """The weights as safetensors' save_model writes them (a tensor under two names, a
     tied matrix, is stored once and the other name recorded in the metadata), except that
     distinct views into one buffer are copied apart: on a GPU, cuDNN packs an RNN's
-    weights into one buffer, which save_model refuses."""
+    weights into one buffer, which save_model refuses. A CPU tensor that is the whole of
+    its buffer is written from where it is: a model is saved without a second copy."""
     tensors: dict[str, torch.Tensor] = {}
     metadata: dict[str, str] = {}
     first_name: dict[tuple, str] = {}
@@ -114,7 +115,11 @@ def _save_weights(model: nn.Module, file: Path) -> None:
             metadata[name] = first_name[view]
             continue
         first_name[view] = name
-        tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
+        tensor = tensor.detach()
+        whole = tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.nbytes
+        if tensor.device.type != "cpu" or not whole:
+            tensor = tensor.to("cpu", copy=True).contiguous()
+        tensors[name] = tensor
     _save_tensors(tensors, file, metadata or None)
 
 
@@ -270,22 +275,71 @@ def _load_hf_tokenizer(path: Path, section: Any) -> HFTokenizer:
 
 def load_weights(model: nn.Module, path: Path, device: torch.device | str = "cpu") -> None:
     """Fill `model` with the weights of checkpoint directory `path`; they must match it
-    name for name and shape for shape."""
+    name for name and shape for shape. One tensor is read at a time and copied into
+    place, so that loading needs the model's memory and one tensor's more, not two
+    models'. A tied matrix, stored once, fills every name that shares it."""
     file = Path(path) / WEIGHTS
+    targets = model.state_dict()            # the model's own storage, under every name
     try:
-        missing, unexpected = load_model(model, str(file), strict=False, device=str(device))
+        with safe_open(str(file), framework="pt", device=str(device)) as handle:
+            stored = set(handle.keys())
+            _check_names(file, targets, stored)
+            filled: dict[int, str] = {}         # storage -> the name that filled it
+            for name in sorted(stored):
+                _fill(file, name, targets[name], handle.get_tensor(name), filled)
+    except CheckpointError:
+        raise
     except (SafetensorError, OSError, RuntimeError, ValueError) as error:
-        lines = str(error).strip().splitlines()   # a size mismatch lists every tensor
+        lines = str(error).strip().splitlines()
         more = f" ... ({len(lines) - 4} more lines)" if len(lines) > 4 else ""
         raise CheckpointError(f"{file}: unreadable or corrupt weights ({type(error).__name__}: "
                               f"{' '.join(lines[:4])}{more})") from None
+    _check_finite(file, model)
+
+
+def _check_names(file: Path, targets: dict[str, torch.Tensor], stored: set[str]) -> None:
+    """Every name stored is the model's, and every name of the model is stored or shares
+    its storage with one that is (a tied matrix is saved under one name)."""
+    filled = {targets[name].data_ptr() for name in stored & targets.keys()}
+    missing = [name for name in targets.keys() - stored
+               if not (targets[name].numel() and targets[name].data_ptr() in filled)]
+    unexpected = stored - targets.keys()
     if missing or unexpected:
         raise CheckpointError(f"{file}: weights do not match the configuration "
                               f"(missing {sorted(missing)[:3]}, unexpected "
                               f"{sorted(unexpected)[:3]})")
-    finite = [torch.isfinite(weight).all() for weight in model.parameters()]
-    if finite and not bool(torch.stack(finite).all()):     # one host sync, not one a tensor
-        broken = [name for (name, _), ok in zip(model.named_parameters(), finite) if not ok]
+
+
+def _fill(file: Path, name: str, target: torch.Tensor, tensor: torch.Tensor,
+          filled: dict[int, str]) -> None:
+    """Copy `tensor` into the model's `target`; one the model ties to a name filled
+    before must hold the same values (else the file is of an untied model)."""
+    if target.shape != tensor.shape:
+        raise CheckpointError(f"{file}: {name} has shape {tuple(tensor.shape)} in this file, "
+                              f"but {tuple(target.shape)} by the model {CONFIG} describes")
+    first = filled.setdefault(target.data_ptr(), name) if target.numel() else name
+    if first != name:
+        if not torch.equal(target, tensor.to(target.device, target.dtype)):
+            raise CheckpointError(f"{file}: {first} and {name} differ, but the model "
+                                  f"{CONFIG} describes ties them (tie_embeddings)")
+        return
+    with torch.no_grad():
+        target.copy_(tensor)
+
+
+def _check_finite(file: Path, model: nn.Module) -> None:
+    """A parameter's sum is finite only if every element is, and is 40x cheaper to find
+    than isfinite of each (2.8 s for NLLB-600M's shape on 2 cores); only a parameter whose
+    sum is not finite, which a large enough finite sum could be, is looked at element by
+    element."""
+    named = list(model.named_parameters())
+    if not named:
+        return
+    with torch.no_grad():
+        sums = torch.stack([weight.sum().float() for _, weight in named])
+    suspects = torch.nonzero(~torch.isfinite(sums)).flatten().tolist()   # one host sync
+    broken = [named[i][0] for i in suspects if not bool(torch.isfinite(named[i][1]).all())]
+    if broken:
         raise CheckpointError(f"{file}: weights that are not finite (NaN or infinity) in "
                               f"{', '.join(broken[:3])}{' ...' if len(broken) > 3 else ''}: "
                               f"the file is corrupt, or the training that wrote it diverged")

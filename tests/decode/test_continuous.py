@@ -40,10 +40,11 @@ def run_schedule(search, src, joins):
     return results, most_slots
 
 
-def assert_same(found, expected):
+def assert_same(found, expected, tolerance=1e-4):
     assert [h.tokens for h in found] == [h.tokens for h in expected]
-    assert [h.score for h in found] == pytest.approx([h.score for h in expected], abs=1e-4)
-    assert [h.log_prob for h in found] == pytest.approx([h.log_prob for h in expected], abs=1e-4)
+    assert [h.score for h in found] == pytest.approx([h.score for h in expected], abs=tolerance)
+    assert [h.log_prob for h in found] == pytest.approx([h.log_prob for h in expected],
+                                                        abs=tolerance)
 
 
 @pytest.mark.parametrize("changes", [{}, {"num_kv_heads": 1}, {"positional": "rotary"},
@@ -101,11 +102,17 @@ def test_packed_decoding_copy_decodes_continuously(dtype, monkeypatch):
             pytest.skip("no oneDNN int8 ops in this build")
         monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)    # every product in int8
     model = decoding_copy(real_model(), dtype)
+    torch.manual_seed(7)                  # the sources, whatever the copy drew or did not
     src = padded_sources([5, 9, 3])
     search = ContinuousBeamSearch(model, bos_id=BOS, eos_id=EOS, beam=4, max_len=12)
     results, _ = run_schedule(search, src, [0, 2, 4])
+    # int8: a row's activations are quantized on their own, but what reaches a product
+    # can differ in its last bits with its batch mates and move a value by a step
+    # (model/int8.py); with every product of this tiny model in int8, a score then
+    # moves by up to 1e-2 (seen on other sources).
     for i in range(3):
-        assert_same(results[i], alone(model, src[i], beam=4, max_len=12))
+        assert_same(results[i], alone(model, src[i], beam=4, max_len=12),
+                    1e-2 if dtype == torch.int8 else 1e-4)
 
 
 def test_models_without_plain_kv_caches_are_refused():

@@ -163,3 +163,12 @@ def test_transduce_load_gives_the_object_of_the_models_kind(saved, tiny_corpus, 
                                                  tgt_vocab_size=vocab)), None,
                         tiny_corpus / "spm.model")
         assert isinstance(transduce.load(path), kind)
+
+
+def test_load_encodes_with_the_model_it_read_as_a_copy_would(model, encoder, saved):
+    """SentenceEncoder.load hands its own model over (in_place): one copy, not two."""
+    loaded = SentenceEncoder.load(saved)
+    assert np.allclose(loaded.embed(LINES), encoder.embed(LINES), atol=1e-6)
+    given = build_model(model.config)
+    given.labels = model.labels
+    assert SentenceEncoder(given, encoder.tokenizer, in_place=True).model is given

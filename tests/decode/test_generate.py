@@ -357,3 +357,13 @@ def test_translate_and_attention_refuse_a_language_model_naming_generate(saved_m
                   "--out", str(tmp_path / "a.png")]):
         assert main(argv) == 2
         assert "arch='decoder': a language model, use generate" in capsys.readouterr().err
+
+
+def test_load_generates_with_the_model_it_read_as_a_copy_would(model, generator, saved_model):
+    """Generator.load hands its own model over (in_place): one copy in memory, not two."""
+    loaded = Generator.load(saved_model)
+    assert loaded.model.source_parameters == model.num_parameters()
+    assert loaded.generate(PROMPTS, max_new_tokens=8) == generator.generate(PROMPTS,
+                                                                            max_new_tokens=8)
+    given = build_model(model.config)
+    assert Generator(given, generator.tokenizer, in_place=True).model is given

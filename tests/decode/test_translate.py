@@ -246,6 +246,24 @@ def test_batch_sentence_cap_and_bfloat16_keep_outputs(run_dir):
         load(run_dir, dtype="int4")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_in_place_decodes_with_the_model_itself_as_a_copy_would(run_dir, dtype):
+    """load() hands its own model over (in_place): one copy in memory, not two, and the
+    same translations as a copy of it gives."""
+    from transduce.decode.translate import Translator
+    if dtype == "int8" and not int8_module.int8_available():
+        pytest.skip("oneDNN's int8 ops are not in this build")
+    lines = ["uno dos casa", "dos", "casa casa uno dos"]
+    tokenizer = load(run_dir).tokenizer
+    given = load_model(run_dir)
+    copied = Translator(given, tokenizer, dtype=dtype)
+    assert copied.model is not given and next(given.parameters()).dtype == torch.float32
+    converted = Translator(given, tokenizer, dtype=dtype, in_place=True)
+    assert converted.model is given
+    assert converted.translate(lines, beam=2) == copied.translate(lines, beam=2)
+    assert load(run_dir, dtype=dtype).translate(lines, beam=2) == copied.translate(lines, beam=2)
+
+
 @pytest.mark.parametrize("flags,expected", [
     (["--dtype", "int8"], 2 * 6 * 8 * (64 + 4) * 128 * 4),                   # values + scales
     (["--dtype", "int4"], 2 * 6 * 8 * (32 + 2 * 4) * 128 * 4),               # 2 groups of 32

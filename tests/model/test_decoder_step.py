@@ -227,11 +227,12 @@ def test_runs_of_rows_read_their_own_slots_as_a_key_mask_would_let_them(changes,
         lengths = state.memory_mask.reshape(3, -1).sum(dim=1)      # sources 5, 2, 7 + eos
         with_lengths = step(tokens, state.memory_kv, state.memory_mask, None, fresh_caches(),
                             None, row_runs=runs, memory_lengths=lengths)
-        assert torch.allclose(by_runs, masked, atol=1e-6, rtol=0)
-        assert torch.allclose(with_lengths, masked, atol=1e-6, rtol=0)
+        # within a few float32 roundings of values up to ~3 (other sums, other orders)
+        assert torch.allclose(by_runs, masked, atol=3e-6, rtol=0)
+        assert torch.allclose(with_lengths, masked, atol=3e-6, rtol=0)
         assert not torch.allclose(by_runs, unmasked, atol=1e-3)     # the runs do mask
         assert torch.equal(one_run, unmasked) or kernel and \
-            torch.allclose(one_run, unmasked, atol=1e-6, rtol=0)
+            torch.allclose(one_run, unmasked, atol=3e-6, rtol=0)
         assert step.kernel is kernel and step._layers_for_runs(torch.float32).is_scripted
         with pytest.raises(ValueError, match="row_runs replace tgt_mask"):
             step(tokens, state.memory_kv, state.memory_mask, mask, fresh_caches(), None,

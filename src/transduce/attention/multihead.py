@@ -126,12 +126,11 @@ class MultiHeadAttention(nn.Module):
         module serves self-attention only from then on."""
         projections = (self.q_proj, self.k_proj, self.v_proj)
         fused = nn.Linear(self.q_proj.in_features, sum(p.out_features for p in projections),
-                          bias=self.q_proj.bias is not None, device=self.q_proj.weight.device,
-                          dtype=self.q_proj.weight.dtype)
+                          bias=self.q_proj.bias is not None, device="meta")  # weights next
         with torch.no_grad():
-            fused.weight.copy_(torch.cat([p.weight for p in projections]))
+            fused.weight = nn.Parameter(torch.cat([p.weight for p in projections]))
             if fused.bias is not None:
-                fused.bias.copy_(torch.cat([p.bias for p in projections]))
+                fused.bias = nn.Parameter(torch.cat([p.bias for p in projections]))
         self.qkv_proj = fused
         self.q_proj = self.k_proj = self.v_proj = None
 

@@ -46,11 +46,11 @@ def model_info(args: argparse.Namespace) -> int:
     """Print a model's configuration and its parameter count, part by part."""
     import torch
 
-    from transduce.model import build_model
+    from transduce.model import empty_model
     from transduce.model.transformer import kv_cache_size
 
     config = config_from_args(args)
-    model = build_model(config)
+    model = empty_model(config, "meta")     # counted, not allocated: any size is described
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     embeddings.add(id(model.output_proj.weight))
     parts: dict[str, int] = {}

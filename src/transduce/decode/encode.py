@@ -43,9 +43,11 @@ class SentenceEncoder:
     """An encoder-only model with its tokenizer, ready to classify or embed lines."""
 
     def __init__(self, model: EncoderOnly | OnnxSentenceEncoder, tokenizer: TextTokenizer,
-                 device: torch.device | str = "cpu", dtype: DecodeDtype = "float32"):
+                 device: torch.device | str = "cpu", dtype: DecodeDtype = "float32", *,
+                 in_place: bool = False):
         """A PyTorch model is run by a copy in `dtype` whose Linear weights are packed for
-        oneDNN (model/packed.py); the model passed in is left as it is. An
+        oneDNN (model/packed.py); the model passed in is left as it is, unless in_place
+        (see Translator). An
         OnnxSentenceEncoder (an ONNX export) runs as exported, on the CPU."""
         if isinstance(model, OnnxSentenceEncoder):
             check_onnx_settings(dtype, None, device)
@@ -57,7 +59,7 @@ class SentenceEncoder:
                               f"'encoder'); this one is arch={model.config.arch!r}")
         dtype = decoding_dtype(dtype, device)
         self.labels = model.labels
-        self.model = decoding_copy(model, getattr(torch, dtype), device)
+        self.model = decoding_copy(model, getattr(torch, dtype), device, in_place=in_place)
         self.tokenizer, self.device = tokenizer, torch.device(device)
 
     @classmethod
@@ -70,7 +72,7 @@ class SentenceEncoder:
                        dtype)
         directory = checkpoint.resolve(Path(path))
         return cls(load_model(directory, device), checkpoint.load_tokenizer(directory), device,
-                   dtype)
+                   dtype, in_place=True)
 
     def classify(self, lines: Sequence[str], *, batch_tokens: int = 4096,
                  first_line_number: int = 1) -> list[Prediction]:

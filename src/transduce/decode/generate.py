@@ -118,10 +118,11 @@ class Generator:
 
     def __init__(self, model: DecoderOnly | OnnxLanguageModel, tokenizer: TextTokenizer,
                  device: torch.device | str = "cpu", dtype: DecodeDtype = "float32",
-                 kv_dtype: KvDtype | None = None):
+                 kv_dtype: KvDtype | None = None, *, in_place: bool = False):
         """A PyTorch model is copied for decoding in `dtype` ("bfloat16": a bfloat16 copy;
-        the model passed in is left as it is); kv_dtype is the caches' type (default: the
-        model's), "int8" quantized per token and head, "int4" per group of 32 values.
+        the model passed in is left as it is, unless in_place: see Translator); kv_dtype
+        is the caches' type (default: the model's), "int8" quantized per token and head,
+        "int4" per group of 32 values.
         An OnnxLanguageModel (an ONNX export) runs as exported, on the CPU."""
         if isinstance(model, OnnxLanguageModel):
             check_onnx_settings(dtype, kv_dtype, device)
@@ -141,7 +142,7 @@ class Generator:
                               f"model's attention_type is {model.config.attention_type!r}")
         # The copy's Linear weights are packed for oneDNN (model/packed.py): a decode step
         # streams every weight of the model for a few rows, 1.5-2x faster so on CPUs.
-        self.model = decoding_copy(model, getattr(torch, dtype), device)
+        self.model = decoding_copy(model, getattr(torch, dtype), device, in_place=in_place)
         self.tokenizer, self.device = tokenizer, torch.device(device)
         self.cache_dtype = getattr(torch, kv_dtype) if kv_dtype else None
 
@@ -156,7 +157,7 @@ class Generator:
                        dtype, kv_dtype)
         directory = checkpoint.resolve(Path(path))
         return cls(load_model(directory, device), checkpoint.load_tokenizer(directory), device,
-                   dtype, kv_dtype)
+                   dtype, kv_dtype, in_place=True)
 
     @property
     def context(self) -> int:

@@ -26,7 +26,7 @@ from torch import Tensor
 from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, choices
 from transduce.decode.options import Engine, use_instead
-from transduce.model import build_model
+from transduce.model import empty_model
 from transduce.onnx_format import (DECODER_STEP, ENCODER, OnnxExportError, cache_names,
                                    is_onnx_export, read_info)
 
@@ -94,8 +94,7 @@ class ExportedModel:
         """The trainable parameters, as the checkpoint counts them: counted on a model of
         its configuration built on the meta device (nothing allocated), since the graphs'
         initializers repeat shared matrices."""
-        with torch.device("meta"):
-            return build_model(self.config).num_parameters()
+        return empty_model(self.config, "meta").num_parameters()
 
 
 class PastArrays:

@@ -52,7 +52,8 @@ class Translator:
 
     def __init__(self, model: Seq2SeqModel | OnnxEngine, tokenizer: Tokenizer,
                  device: torch.device | str = "cpu", dtype: DecodeDtype = "float32",
-                 kv_dtype: KvDtype | None = None, workers: int | Literal["auto"] = 1):
+                 kv_dtype: KvDtype | None = None, workers: int | Literal["auto"] = 1, *,
+                 in_place: bool = False):
         """model: a PyTorch model, or an OnnxEngine (an ONNX export run by ONNX Runtime).
         A PyTorch model is decoded by a copy in `dtype` whose Linear weights are packed
         for oneDNN (model/packed.py); "bfloat16" runs on the AMX / AVX512-BF16 units of
@@ -63,7 +64,9 @@ class Translator:
         in that type, and "int8" quantizes it per token and head, "int4" per group of 32.
         workers: batches decoded side by side on the CPU, each on its share of PyTorch's
         threads (decode/parallel.py); the translations are the same. "auto" (the CLI's
-        default): two on a CPU with two threads or more, else one."""
+        default): two on a CPU with two threads or more, else one.
+        in_place: decode with `model` itself, converted (load() does: the model it read
+        is its own, and one as large as half the memory would not fit twice)."""
         if workers == "auto":
             workers = auto_workers(not isinstance(model, OnnxEngine)
                                    and torch.device(device).type == "cpu")
@@ -93,8 +96,8 @@ class Translator:
         dtype = decoding_dtype(dtype, device)
         self.kv_dtype = kv_dtype
         # A copy for decoding, its Linear weights packed for oneDNN (model/packed.py):
-        # the model passed in is left as it is, in its mode and dtype.
-        self.model = decoding_copy(model, getattr(torch, dtype), device)
+        # the model passed in is left as it is, in its mode and dtype (unless in_place).
+        self.model = decoding_copy(model, getattr(torch, dtype), device, in_place=in_place)
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.dtype = dtype
@@ -113,7 +116,7 @@ class Translator:
         directory = checkpoint.resolve(Path(path))
         model = load_model(directory, device)
         return cls(model, Tokenizer(directory / checkpoint.TOKENIZER), device, dtype, kv_dtype,
-                   workers)
+                   workers, in_place=True)
 
     @functools.cached_property
     def decodes_continuously(self) -> bool:

@@ -36,7 +36,7 @@ from transduce.config import ConfigError, ModelConfig, preset
 from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
 from transduce.importers import ForeignCheckpointError, check_directories, \
     check_foreign_options, check_tied_copy, refuse_unread, take_weight, unprefixed_names
-from transduce.model.decoder_only import DecoderOnly
+from transduce.model import empty_model
 
 HF_CONFIG = "config.json"
 SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN, PYTORCH_BIN_INDEX = \
@@ -64,7 +64,7 @@ def import_gpt2(hf_dir: Path | str, out: Path | str) -> Path:
     tokenizer = read_tokenizer(hf_dir)
     config = model_config(hf, hf_dir / HF_CONFIG, tokenizer)
     tensors, source = read_weights(hf_dir)
-    model = DecoderOnly(config)
+    model = empty_model(config)     # every weight is loaded next
     model.load_state_dict(map_weights(tensors, config, hf, source))
     del tensors          # the stored files are let go before the save copies the model
     origin = {"imported": "hf-gpt2", "from": str(hf_dir.resolve()), "steps": None}

@@ -42,7 +42,7 @@ from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
 from transduce.importers import ForeignCheckpointError, check_directories, \
     check_foreign_options, check_tied_copy, refuse_unread, take_weight, unprefixed_names
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
-from transduce.model.decoder_only import DecoderOnly
+from transduce.model import empty_model
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu",
@@ -67,7 +67,7 @@ def import_llama(hf_dir: Path | str, out: Path | str) -> Path:
     tokenizer = read_tokenizer(hf_dir, hf.get("bos_token_id"))
     config = model_config(hf, config_file, tokenizer, activation)
     tensors, source = read_weights(hf_dir)
-    model = DecoderOnly(config)
+    model = empty_model(config)     # every weight is loaded next
     model.load_state_dict(map_weights(tensors, config, source))
     del tensors          # the stored files are let go before the save copies the model
     origin = {"imported": "hf-llama", "from": str(hf_dir.resolve()), "steps": None}

@@ -49,6 +49,7 @@ from transduce.importers import ForeignCheckpointError, check_directories, \
     check_foreign_options, refuse_unread, take_weight, unprefixed_names
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
 from transduce.importers.marian_vocabulary import MarianVocabulary, merged_vocabulary
+from transduce.model import empty_model
 from transduce.model.positional import sinusoidal_table, sines_first_permutation
 from transduce.model.transformer import NEVER_OUTPUT, Transformer
 
@@ -82,7 +83,7 @@ def import_marian(hf_dir: Path | str, out: Path | str) -> Path:
     vocabulary, languages = read_vocabulary(hf_dir, hf)
     config = model_config(hf, config_file, activation, len(vocabulary.marian_ids))
     tensors, source = read_weights(hf_dir)
-    model = Transformer(config)
+    model = empty_model(config)     # every weight is loaded next
     banned = bad_words(hf, hf_dir / GENERATION_CONFIG)
     model.load_state_dict(map_weights(tensors, config, hf["vocab_size"], banned, vocabulary,
                                       source))

@@ -43,8 +43,8 @@ from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tok
 from transduce.importers.hf_marian import GENERATION_CONFIG, BartWeights, bad_words, \
     check_vocab, model_config, read_bart_config, save_with_vocabulary, take_bart_weights
 from transduce.importers.marian_vocabulary import MarianVocabulary, merged_vocabulary
+from transduce.model import empty_model
 from transduce.model.positional import FAIRSEQ_OFFSET, fairseq_table
-from transduce.model.transformer import Transformer
 
 SPM_FILE, TOKENIZER_JSON, VOCAB_JSON = "sentencepiece.bpe.model", "tokenizer.json", "vocab.json"
 # M2M-100's languages, in fairseq's order: the ids of their codes (__af__, ...) follow
@@ -73,7 +73,7 @@ def import_nllb(hf_dir: Path | str, out: Path | str) -> Path:
     config = model_config(hf, config_file, activation, len(vocabulary.marian_ids),
                           norm_first=True, positional="fairseq")
     tensors, source = read_weights(hf_dir)
-    model = Transformer(config)
+    model = empty_model(config)     # every weight is loaded next
     banned = bad_words(hf, hf_dir / GENERATION_CONFIG) | unused
     model.load_state_dict(map_weights(tensors, config, hf["vocab_size"], banned, vocabulary,
                                       source))

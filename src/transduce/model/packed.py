@@ -64,7 +64,7 @@ class PackedLinear(nn.Module):
 
 
 def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
-                  device: torch.device | str = "cpu") -> nn.Module:
+                  device: torch.device | str = "cpu", *, in_place: bool = False) -> nn.Module:
     """model's weights in `dtype` in a copy for inference (model is left as it is), each
     self-attention's query, key and value projections fused into one; on a CPU that
     supports it, its Linear layers packed. A tied output projection gets a packed matrix
@@ -72,6 +72,8 @@ def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
     out where they can (model/decoder_step.py), and so do its encoder's layers
     (model/encoder_pass.py).
 
+    in_place: `model` itself is converted and returned, for a caller done with it: a
+    model as large as half the memory does not fit twice.
     dtype torch.int8: float32, with every product of 2^16 weights or more in int8
     (model/int8.py), CPU only."""
     int8 = dtype == torch.int8
@@ -79,9 +81,11 @@ def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
         raise ValueError("int8 decoding runs on a CPU, through oneDNN's int8 ops "
                          f"(device {torch.device(device)}, ops available: {int8_available()})")
     weights = torch.float32 if int8 else dtype
-    clone = copy.deepcopy(model).to(device=device, dtype=weights).eval()
-    if hasattr(model, "num_parameters"):   # packed weights are buffers (model/counting.py)
-        clone.source_parameters = model.num_parameters()
+    counted = model.num_parameters() if hasattr(model, "num_parameters") else None
+    clone = (model if in_place else copy.deepcopy(model)).to(device=device, dtype=weights)
+    clone.eval()
+    if counted is not None:                # packed weights are buffers (model/counting.py)
+        clone.source_parameters = counted
     for module in clone.modules():
         if isinstance(module, (EncoderLayer, DecoderLayer)) and \
                 isinstance(module.self_attn, MultiHeadAttention):
@@ -104,14 +108,20 @@ def _replace_linear_layers(model: nn.Module, packed: bool, int8: bool) -> None:
             return Int8Linear(linear, activation)
         return PackedLinear(linear, activation) if packed else None
 
-    for module in list(model.modules()):
-        if isinstance(module, FeedForward) and type(module.activation) is nn.ReLU:
-            first = converted(module.linear1, activation="relu")
-            if first is not None:
-                module.linear1, module.activation = first, nn.Identity()
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and (replacement := converted(child)) is not None:
+    # The lists name the modules to change, never the Linear layers: each replaced layer
+    # is freed at once, and the conversion needs one layer's memory more, not the model's.
+    relu_feed_forwards = [module for module in model.modules()
+                          if isinstance(module, FeedForward) and type(module.activation) is nn.ReLU]
+    for module in relu_feed_forwards:
+        first = converted(module.linear1, activation="relu")
+        if first is not None:
+            module.linear1, module.activation = first, nn.Identity()
+    parents = [module for module in model.modules()
+               if any(type(child) is nn.Linear for child in module.children())]
+    for parent in parents:
+        for name in [name for name, child in parent.named_children() if type(child) is nn.Linear]:
+            replacement = converted(getattr(parent, name))
+            if replacement is not None:
                 setattr(parent, name, replacement)
 
 

@@ -35,7 +35,7 @@ from transduce.data.labelled import class_names
 from transduce.data.masking import IGNORE, EncoderBatch
 from transduce.data.tokenizer import Tokenizer
 from transduce.errors import TransduceError
-from transduce.model import build_model
+from transduce.model import empty_model
 from transduce.decode.evaluate import macro_f1
 
 DEV_MASK_SEED = 12345   # dev masks are fixed: the same positions at every evaluation
@@ -257,7 +257,7 @@ def load_pretrained(model: torch.nn.Module, init: Path, device: torch.device) ->
     if differ:
         raise EncoderTrainingError(f"--init {path}: its model differs from this one in "
                                    f"{', '.join(differ)} (only num_labels may differ)")
-    source = build_model(saved_config)
+    source = empty_model(saved_config)
     checkpoint.load_weights(source, path, device)
     weights = source.state_dict()
     target = model.state_dict()

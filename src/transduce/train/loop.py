@@ -47,7 +47,7 @@ from transduce.decode.evaluate import score_lines
 from transduce.decode.languages import Direction
 from transduce.decode.translate import Translator
 from transduce.errors import TransduceError
-from transduce.model import Model, build_model, load_model
+from transduce.model import Model, build_model, empty_model, load_model
 from transduce.runtime import torch_threads, training_dtype
 from transduce.train.distributed import (any_true, barrier, init_distributed,
                                          shutdown_distributed, sum_over_processes)
@@ -205,7 +205,10 @@ def _initial_model(model_config: ModelConfig, train_config: TrainConfig,
     """The model as training starts: the same initial weights in every process, or
     those of `init`; then each process's own random stream (dropout differs)."""
     torch.manual_seed(train_config.seed)
-    model = build_model(model_config).to(device)
+    if init is not None and model_config.arch != "encoder":    # every weight is init's
+        model = empty_model(model_config, device)
+    else:
+        model = build_model(model_config).to(device)
     torch.manual_seed(train_config.seed + 1 + rank)
     if labels is not None:
         model.labels = labels     # checkpoints record the class names

@@ -20,7 +20,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forwar
 from torch.distributed.tensor import DTensor
 
 from transduce.config import ConfigError, ModelConfig, TrainConfig
-from transduce.model import Model, build_model
+from transduce.model import Model, empty_model
 
 # Gathered into the first process, on the CPU: what it saves needs no room on the device.
 GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -94,10 +94,9 @@ def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> Non
 
 
 def plain_model(model: Model) -> Model:
-    """An unsharded model of the same configuration on the CPU, for the full weights.
-    Its random initialisation is drawn aside: the run's random stream is untouched."""
-    with torch.random.fork_rng(devices=[]):
-        plain = build_model(model.config)
+    """An unsharded model of the same configuration on the CPU, for the full weights
+    (uninitialised: they are loaded next, and no random number is drawn)."""
+    plain = empty_model(model.config)
     if getattr(model, "labels", None) is not None:
         plain.labels = list(model.labels)
     if getattr(model, "languages", None) is not None:
