@@ -154,14 +154,14 @@ def base_or_big(shape: str, work: Path) -> Path:
 
     directory = work / shape
     if not (directory / checkpoint.CONFIG).is_file():
-        tokenizer = prepared_models_tokenizer(work)
+        tokenizer = small_tokenizer(work)
         torch.manual_seed(0)
         model = build_model(preset(shape, src_vocab_size=37000, tgt_vocab_size=37000))
         checkpoint.save(directory, model, None, tokenizer)
     return directory
 
 
-def prepared_models_tokenizer(work: Path) -> Path:
+def small_tokenizer(work: Path) -> Path:
     """A small SentencePiece model for the checkpoints to carry: loading a model reads
     its configuration and weights only."""
     import sentencepiece
