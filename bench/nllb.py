@@ -251,12 +251,12 @@ def run(args: argparse.Namespace, work: Path) -> None:
     print(f"wrote {args.out}")
 
 
-def prepared_models(work: Path, shape: dict = SHAPE) -> Path:
+def prepared_models(work: Path) -> Path:
     """The Hugging Face directory and its import under `work` (kept between runs) ->
     the import's directory."""
     from transduce.importers import import_nllb
 
-    hf_dir, ours_dir = prepared_hf(work, shape), work / "ours"
+    hf_dir, ours_dir = prepared_hf(work), work / "ours"
     if not (ours_dir / "config.json").is_file():
         import_nllb(hf_dir, ours_dir)
     return ours_dir
