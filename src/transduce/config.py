@@ -112,7 +112,7 @@ class ModelConfig(ValidatedConfig):
     rope_original_positions / rope_high_freq_factor, and blends the ones between.
     output_bias: arch "transformer": the output projection adds a bias per token (the
     final_logits_bias of imported Marian models, hugely negative for tokens never to be
-    output).
+    output). It is fixed: training leaves it as imported, as transformers does.
     scale_embeddings: multiply token embeddings by sqrt(d_model) (the paper); GPT-2 and
     BERT do not.
     type_vocab_size: arch "encoder": segment (token type) embeddings, 2 for BERT's

@@ -14,8 +14,9 @@ def register(commands) -> None:
     export = commands.add_parser("export", help="write a checkpoint in another toolkit's format")
     formats = export.add_subparsers(dest="format", required=True)
     hf = formats.add_parser("hf", help="Hugging Face transformers: Marian (post-norm) or "
-                                     "Pegasus (pre-norm); a language model as Llama "
-                                     "(rotary positions) or GPT-2; an encoder as BERT")
+                                     "Pegasus (pre-norm); an NLLB or M2M-100 import as "
+                                     "itself; a language model as Llama (rotary "
+                                     "positions) or GPT-2; an encoder as BERT")
     hf.add_argument("model", type=Path, help="checkpoint or run directory")
     hf.add_argument("out", type=Path, help="directory to write")
     hf.add_argument("--force", action="store_true", help=FORCE_HELP)

@@ -82,9 +82,14 @@ def check_exportable(model: Transformer) -> None:
         raise ExportError(f"cannot export to {hf_family(c).name}: " + "; ".join(problems))
 
 
-def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
-    """Our weights under Marian's / Pegasus's names, with the model dimension permuted."""
-    perm = sines_first_permutation(model.config.d_model)
+def hf_state_dict(model: Transformer, perm: Tensor | slice | None = None,
+                  shared: Tensor | None = None) -> dict[str, Tensor]:
+    """Our weights under the names of BART's family (Marian, Pegasus, M2M-100), the
+    model dimension permuted by `perm` (default: sines first, for Marian's and Pegasus's
+    sinusoids; slice(None) keeps it), the (V, C) `shared` matrix (default: our embedding)
+    under the embeddings' and the output's names. Views of our weights where nothing
+    is permuted."""
+    perm = sines_first_permutation(model.config.d_model) if perm is None else perm
     state: dict[str, Tensor] = {}
 
     def reads_residual(name: str, linear) -> None:      # input dimension is d_model
@@ -104,7 +109,7 @@ def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
             reads_residual(f"{name}.{projection}", getattr(attn, projection))
         writes_residual(f"{name}.out_proj", attn.out_proj)
 
-    shared = model.encoder.embed.embedding.weight[:, perm]
+    shared = model.encoder.embed.embedding.weight[:, perm] if shared is None else shared
     for key in ("model.shared.weight", "model.encoder.embed_tokens.weight",
                 "model.decoder.embed_tokens.weight", "lm_head.weight"):
         state[key] = shared
@@ -128,7 +133,7 @@ def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
         final_norm = getattr(model, stack).final_norm
         if final_norm is not None:
             norm(f"model.{stack}.layer_norm", final_norm)
-    return {name: tensor.detach().clone().contiguous() for name, tensor in state.items()}
+    return {name: tensor.detach().contiguous() for name, tensor in state.items()}
 
 
 def hf_config(model: Transformer) -> dict:
@@ -197,7 +202,7 @@ def export_hf(path: Path, out: Path) -> Path:
     tokenizer_config.json and our export marker (written.py); loadable with transformers'
     Auto classes (AutoModelForSeq2SeqLM, AutoTokenizer) -> OUT. A decoder-only model is
     written as Llama, Mistral, Qwen2 or GPT-2 (hf_decoder.py), an encoder-only one as
-    BERT (hf_encoder.py)."""
+    BERT (hf_encoder.py), an NLLB or M2M-100 import as itself (hf_nllb.py)."""
     directory = checkpoint.resolve(path)
     model = load_model(directory)
     if model.config.arch == "decoder":
@@ -208,6 +213,10 @@ def export_hf(path: Path, out: Path) -> Path:
         from transduce.export.hf_encoder import export_hf_encoder
 
         return export_hf_encoder(directory, model, out)
+    from transduce.export.hf_nllb import export_hf_nllb, is_nllb_layout
+
+    if is_nllb_layout(model):
+        return export_hf_nllb(directory, model, out)
     theirs = hf_model(model)
     tokenizer = Tokenizer(directory / checkpoint.TOKENIZER)
     with atomic.atomic_directory(out) as temporary:

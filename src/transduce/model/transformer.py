@@ -242,8 +242,10 @@ class Transformer(CountedParameters, nn.Module):
         tgt_embedding = src_embedding if c.tie_embeddings == "all" else \
             nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id)
         self.output_proj = nn.Linear(c.d_model, c.tgt_vocab_size, bias=c.output_bias)
-        if c.output_bias:
-            nn.init.zeros_(self.output_proj.bias)
+        if c.output_bias:     # fixed, never trained: transformers' Marian keeps its
+            # final_logits_bias as a buffer, and NLLB has none (export/hf_nllb.py)
+            self.output_proj.bias = nn.Parameter(torch.zeros(c.tgt_vocab_size),
+                                                 requires_grad=False)
         init_embeddings([src_embedding, tgt_embedding], c.pad_id)
         if c.tie_embeddings in ("all", "decoder"):
             self.output_proj.weight = tgt_embedding.weight
