@@ -11,6 +11,8 @@ with every peer, batch by batch, interleaved over --repeats rounds:
 
     ours float32 / bfloat16 / int8   the Translator's decoding copy at that --dtype, and
                                      its searches (greedy_hypotheses, beam_search)
+    onnx float32 / int8              our ONNX export (`export onnx`, `--quantize int8`)
+                                     run by ONNX Runtime behind the same searches
     hf generate                      M2M100ForConditionalGeneration.generate, float32,
                                      forced_bos_token_id
     ct2 float32 / int8               CTranslate2's Translator on our export, target_prefix
@@ -54,8 +56,8 @@ SHAPE = dict(d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attenti
 # nllb-200-3.3B's sizes, for bench/load.py (its import and load on a machine of 24 GB)
 SHAPE_3B = {**SHAPE, "d_model": 2048, "encoder_layers": 24, "decoder_layers": 24,
             "encoder_ffn_dim": 8192, "decoder_ffn_dim": 8192}
-PEERS = ("ours float32", "ours bfloat16", "ours int8", "hf generate", "ct2 float32",
-         "ct2 int8")
+PEERS = ("ours float32", "ours bfloat16", "ours int8", "onnx float32", "onnx int8",
+         "hf generate", "ct2 float32", "ct2 int8")
 
 
 def write_vocabulary(directory: Path) -> None:
@@ -229,6 +231,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
     ours_dir = prepared_models(work)
     translators = {name: Translator.load(ours_dir, dtype=name.split()[1])
                    for name in args.peers if name.startswith("ours")}
+    translators.update({name: Translator.load(prepared_onnx(work, name.split()[1]))
+                        for name in args.peers if name.startswith("onnx")})
     inputs = Inputs(args, next(iter(translators.values()), None) or Translator.load(ours_dir))
     peers = {name: peer(name, work, translators, inputs, args.new_tokens)
              for name in args.peers}
@@ -242,6 +246,9 @@ def run(args: argparse.Namespace, work: Path) -> None:
         if beam == 1 and "hf generate" in outputs and "ours float32" in outputs:
             results["outputs_equal"]["ours float32 = hf generate, greedy"] = \
                 [inputs.theirs(o) for o in outputs["ours float32"]] == outputs["hf generate"]
+        if "onnx float32" in outputs and "ours float32" in outputs:
+            results["outputs_equal"][f"onnx float32 = ours float32, beam {beam}"] = \
+                outputs["onnx float32"] == outputs["ours float32"]
     results.update({"machine": machine_info(torch.get_num_threads()), "shape": SHAPE,
                     "sentences": args.sentences, "batch_sentences": args.batch_sentences,
                     "source_tokens": inputs.source_tokens, "new_tokens": args.new_tokens,
@@ -260,6 +267,16 @@ def prepared_models(work: Path) -> Path:
     if not (ours_dir / "config.json").is_file():
         import_nllb(hf_dir, ours_dir)
     return ours_dir
+
+
+def prepared_onnx(work: Path, quantization: str) -> Path:
+    """The ONNX export of the import under `work`, written if it is not there."""
+    from transduce.export.onnx import export_onnx
+
+    export = work / f"onnx-{quantization}"
+    if not (export / "onnx.json").is_file():
+        export_onnx(work / "ours", export, None if quantization == "float32" else quantization)
+    return export
 
 
 def prepared_hf(work: Path, shape: dict = SHAPE) -> Path:
@@ -302,7 +319,7 @@ def peer(name: str, work: Path, translators: dict, inputs: Inputs, new_tokens: i
     """call(beam, outputs, name) of one peer: decodes every batch into outputs[name];
     CTranslate2's returns the seconds its child process timed."""
     code = inputs.codes["fra_Latn"]
-    if name.startswith("ours"):
+    if name.startswith(("ours", "onnx")):
         translator = translators[name]
         return lambda beam, outputs, name: outputs.__setitem__(
             name, our_outputs(translator, inputs.ours, beam, new_tokens, code))

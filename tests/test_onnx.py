@@ -207,3 +207,78 @@ def test_weights_the_tracer_wrote_apart_are_gathered_into_one_file(tmp_path):
                                                                          "step.onnx.data"]
     got = onnxruntime.InferenceSession(str(tmp_path / "step.onnx")).run(None, {"x": x})[0]
     np.testing.assert_array_equal(got, want)
+
+
+def _stored(graph):
+    """name -> (shape, where its bytes are: None inside the graph, else the file)."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return {t.name: (tuple(t.dims), next((e.value for e in t.external_data
+                                          if e.key == "location"), None))
+            for t in model.graph.initializer}
+
+
+def _ops_on(graph, weight):
+    """The operators of the graph that read `weight`."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return sorted(n.op_type for n in model.graph.node if weight in n.input)
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_a_tied_embedding_is_stored_once_in_each_graph(tmp_path, tiny_corpus, quantize):
+    """The tracer writes the tied matrix (V, C) for the embeddings and (C, V) for the
+    output MatMul: the output is a Gemm by the (V, C) table, and no (C, V) copy is kept
+    (int8: the quantizer's own two, one per operator, as before)."""
+    model, path = saved_model(tmp_path, tiny_corpus)
+    out = export_onnx(path, tmp_path / "onnx", quantize)
+    stored = {name: shape for name, (shape, _) in _stored(out / "decoder_step.onnx").items()}
+    if quantize is None:
+        assert list(stored.values()).count((300, 64)) == 1 and (64, 300) not in stored.values()
+        table = next(name for name, shape in stored.items() if shape == (300, 64))
+        assert _ops_on(out / "decoder_step.onnx", table) == ["Gather", "Gemm"]
+        engine, src = OnnxEngine(out), sources()
+        steps = [torch.full((8, 1), BOS_ID), torch.randint(4, 300, (8, 3))]
+        with torch.no_grad():
+            want, _ = step_logits(model, src, steps, 2)
+        got, _ = step_logits(engine, src, steps, 2)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-4)
+    else:
+        assert list(stored.values()).count((300, 64)) == 1 and \
+            list(stored.values()).count((64, 300)) == 1
+    assert [shape for shape, _ in _stored(out / "encoder.onnx").values()].count((300, 64)) == 1
+
+
+def test_an_untied_output_is_multiplied_as_traced(tmp_path, tiny_corpus):
+    _, path = saved_model(tmp_path, tiny_corpus, tie_embeddings="none")
+    out = export_onnx(path, tmp_path / "onnx")
+    stored = [shape for shape, _ in _stored(out / "decoder_step.onnx").values()]
+    assert stored.count((300, 64)) == 1 and stored.count((64, 300)) == 1
+
+
+def test_the_encoder_reads_the_tied_matrix_from_the_decoder_steps_file(
+        tmp_path, tiny_corpus, monkeypatch):
+    """Past the inline limit (lowered to 1 KB here, as for NLLB's 1 GB matrix), the
+    encoder's graph points at the bytes decoder_step.onnx.data holds, and its own file
+    is that much smaller; it translates as the inline export."""
+    from transduce.export import onnx_files
+
+    _, path = saved_model(tmp_path, tiny_corpus, norm_first=True)
+    inline = export_onnx(path, tmp_path / "inline")
+    monkeypatch.setattr(onnx_files, "INLINE_BYTES", 1024)
+    monkeypatch.setattr(onnx_files, "SHARED_BYTES", 1024)
+    apart = export_onnx(path, tmp_path / "apart")
+    where = {shape: file for shape, file in _stored(apart / "encoder.onnx").values()}
+    assert where[(300, 64)] == "decoder_step.onnx.data"
+    assert all(file == "encoder.onnx.data" for shape, file in where.items()
+               if shape != (300, 64) and file is not None)
+    monkeypatch.setattr(onnx_files, "SHARED_BYTES", 1 << 40)       # nothing shared
+    unshared = export_onnx(path, tmp_path / "unshared")
+    sizes = [(d / "encoder.onnx.data").stat().st_size for d in (unshared, apart)]
+    assert sizes[0] - sizes[1] >= 300 * 64 * 4
+    lines = ["el perro come", "uno dos tres casa"]
+    assert Translator.load(apart).translate(lines, beam=2) == \
+        Translator.load(inline).translate(lines, beam=2)

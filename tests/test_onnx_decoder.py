@@ -49,6 +49,17 @@ def exported(tmp_path, tiny_corpus, variant, quantize=None):
     return model, path, OnnxLanguageModel(out)
 
 
+def _assert_stored_once_if_tied(graph, model):
+    """A tied embedding is kept as its (V, C) table only, the output a Gemm by it
+    (export/onnx_tied.py); an untied one as traced."""
+    import onnx
+
+    stored = [tuple(t.dims) for t in onnx.load(str(graph)).graph.initializer]
+    rows, columns = (VOCAB, model.config.d_model), (model.config.d_model, VOCAB)
+    tied = model.config.tie_embeddings != "none"
+    assert (stored.count(rows), stored.count(columns)) == ((1, 0) if tied else (1, 1))
+
+
 def stepped_logits(runner, prompt, mask, steps):
     """Prefill, then the given (B, t) token blocks in turn -> the logits of every block."""
     state = runner.prefill(prompt, 32, src_mask=mask[:, None, None, :])
@@ -58,6 +69,7 @@ def stepped_logits(runner, prompt, mask, steps):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_logits_match_at_every_past_length_with_left_padding(tmp_path, tiny_corpus, variant):
     model, _, engine = exported(tmp_path, tiny_corpus, variant)
+    _assert_stored_once_if_tied(tmp_path / "onnx" / "decoder.onnx", model)
     for lengths in ([1], [9, 4, 1], [2, 2]):
         prompt, mask = left_padded(lengths, max(lengths), VOCAB, model.config.pad_id)
         # the last prompt token, then one token, three, one: past lengths P - 1 .. P + 4

@@ -23,8 +23,10 @@ from transduce.train.encoder import (EncoderObjective, EncoderTrainingError,
                                      load_pretrained, macro_f1,
                                      unused_parameter_names)
 from transduce.train.log import LOG_NAME
+from transduce.train import loop
 from transduce.train.loop import train
-from tests.train.test_loop import CPU_ENV, assert_two_processes_trained_alike, weights
+from tests.train.test_loop import CPU_ENV, _not_called, assert_two_processes_trained_alike, \
+    weights
 
 WORDS = "one two three four five six seven eight nine ten eleven twelve".split()
 VOCAB = 320
@@ -142,7 +144,7 @@ def test_fine_tuning_loads_the_encoder_and_names_the_new_head(classes, counting,
 
 
 @pytest.mark.parametrize("objective", ["mlm", "mlm,nsp"])
-def test_resume_continues_exactly(counting, tmp_path, objective):
+def test_resume_continues_exactly(counting, tmp_path, objective, monkeypatch):
     """2N steps in one go == N steps, stop, resume, N more (mid-epoch), masks and pairs
     included; then averaging the run's checkpoints."""
     config = dict(max_tokens=128, ema_decay=0.5, objective=objective, save_every=3)
@@ -152,7 +154,10 @@ def test_resume_continues_exactly(counting, tmp_path, objective):
     train(counting, split, model_config, train_config(max_steps=6, **config))
     position = checkpoint.load_trainer_state(checkpoint.resolve(split))["position"]
     assert position["batch"] > 0 and position["step"] == 6
-    train(counting, split, model_config, train_config(max_steps=12, **config), resume=True)
+    with monkeypatch.context() as patched:     # every weight is read: none drawn first
+        patched.setattr(loop, "build_model", _not_called)
+        train(counting, split, model_config, train_config(max_steps=12, **config),
+              resume=True)
     for part in ("step-0000012", "ema"):
         a, b = weights(straight / part), weights(split / part)
         assert all(torch.equal(a[name], b[name]) for name in a)

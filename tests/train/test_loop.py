@@ -43,13 +43,19 @@ def weights(run):
     return load_model(run).state_dict()
 
 
+def _not_called(*args, **kwargs):
+    raise AssertionError("a random model was built for weights read next")
+
+
 def test_resume_continues_exactly(tiny_corpus, tmp_path, monkeypatch):
     """2N steps in one go == N steps, stop, resume, N more: identical parameters."""
     model_config = tiny_config()
     straight, split = tmp_path / "straight", tmp_path / "split"
     train(tiny_corpus, straight, model_config, train_config(max_steps=24))
     train(tiny_corpus, split, model_config, train_config(max_steps=12))
-    train(tiny_corpus, split, model_config, train_config(max_steps=24), resume=True)
+    with monkeypatch.context() as patched:     # every weight is read: none drawn first
+        patched.setattr(loop, "build_model", _not_called)
+        train(tiny_corpus, split, model_config, train_config(max_steps=24), resume=True)
     a, b = weights(straight), weights(split)
     assert all(torch.equal(a[name], b[name]) for name in a)
     # The run did train: the weights moved from their initialisation.

@@ -43,7 +43,8 @@ from transduce.attention.kv_cache import ConcatKVCache
 from transduce.export.common import ExportError, not_a_plain_transformer
 from transduce.export.onnx_decoder import export_language_model
 from transduce.export.onnx_encoder import export_sentence_encoder
-from transduce.export.onnx_files import has_weight_files, rewrite_graph, traced_graph
+from transduce.export.onnx_files import has_weight_files, rewrite_graph, \
+    share_stored_weights, traced_graph
 from transduce.model import DecoderOnly, EncoderOnly, Transformer, load_model
 from transduce.onnx_format import DECODER_STEP, ENCODER, INFO, cache_names
 
@@ -152,6 +153,8 @@ def export_onnx(path: Path, out: Path, quantize: str | None = None) -> Path:
             onnx.checker.check_model(str(temporary / name), full_check=True)
             if quantize == "int8":
                 _quantize_int8(temporary / name)
+        if graphs == [ENCODER, DECODER_STEP]:    # the tied embedding, stored once
+            share_stored_weights(temporary / ENCODER, temporary / DECODER_STEP)
         for name in (checkpoint.CONFIG, checkpoint.TOKENIZER, checkpoint.TOKENIZER_JSON):
             if (directory / name).is_file():
                 shutil.copyfile(directory / name, temporary / name)

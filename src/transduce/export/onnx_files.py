@@ -1,5 +1,6 @@
 """Where an exported graph's weights go: inside the graph, or, past protobuf's 2 GB limit
-on one message (NLLB-600M's decoder step is 2.6 GB), in one file beside it, GRAPH.data.
+on one message (NLLB-600M's decoder step is 2.6 GB), in one file beside it, GRAPH.data;
+and a weight two graphs hold, once (the tied embedding: onnx_tied.py).
 
 torch.onnx.export writes each weight of a graph over the limit as a file of its own,
 named after the weight (onnx__MatMul_3838, ...): a hundred files, and names that two
@@ -10,19 +11,23 @@ of its own, then written where it belongs with its weights in one file (`traced_
 from __future__ import annotations
 
 import contextlib
-import shutil
+import hashlib
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from transduce.export.onnx_tied import multiply_by_gathered_tables
+
 # Weights above this many bytes in all go to GRAPH.data (protobuf refuses 2 GiB).
 INLINE_BYTES = 1 << 30
+# Weights of at least this many bytes are looked for in another graph's GRAPH.data.
+SHARED_BYTES = 1 << 20
 
 
 @contextlib.contextmanager
 def traced_graph(path: Path) -> Iterator[Path]:
     """The file to trace the graph `path` into; on leaving, the graph is at `path`,
-    its weights inside it or in PATH.data."""
+    its weights inside it or in PATH.data, a tied embedding stored once."""
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".traced-") as scratch:
         traced = Path(scratch) / path.name
         yield traced
@@ -31,8 +36,9 @@ def traced_graph(path: Path) -> Iterator[Path]:
 
 def rewrite_graph(source: Path, path: Path) -> None:
     """Write the graph at `source` (its weights inside it or in files beside it) as
-    `path`, its weights inside it, or in one PATH.data when they hold more than
-    INLINE_BYTES; `source` and its weight files are removed (path may be source)."""
+    `path`, its output multiplied by the embedding table it is tied to (onnx_tied.py),
+    its weights inside it, or in one PATH.data when they hold more than INLINE_BYTES;
+    `source` and its weight files are removed (path may be source)."""
     import onnx
 
     model = onnx.load(str(source), load_external_data=False)
@@ -40,18 +46,79 @@ def rewrite_graph(source: Path, path: Path) -> None:
               for entry in tensor.external_data if entry.key == "location"}
     if stored:
         onnx.load_external_data_for_model(model, str(source.parent))
-    large = sum(len(tensor.raw_data) for tensor in _initializers(model)) > INLINE_BYTES
-    if not stored and not large:
-        if path != source:
-            shutil.move(source, path)
-        return
-    data = path.with_name(path.name + ".data")
+    multiply_by_gathered_tables(model)
     for name in stored:
         (source.parent / name).unlink()
     if path != source:
         source.unlink()
+    _save(model, path)
+
+
+def share_stored_weights(path: Path, donor: Path) -> int:
+    """The weights of the graph at `path` that the graph at `donor` stores in its
+    GRAPH.data, byte for byte, are read from there; PATH.data is written without them
+    -> the bytes no longer stored twice."""
+    import onnx
+
+    donated = _stored_tensors(donor)
+    if not donated:
+        return 0
+    model = onnx.load(str(path))
+    shared = 0
+    for tensor in _initializers(model):
+        key = _key(tensor, tensor.raw_data) if len(tensor.raw_data) >= SHARED_BYTES else None
+        if key in donated:
+            shared += len(tensor.raw_data)
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            del tensor.external_data[:]
+            for entry_key, value in donated[key].items():
+                tensor.external_data.add(key=entry_key, value=value)
+    if shared:
+        _save(model, path, external=True)      # as the rest was: kept out of the graph
+    return shared
+
+
+def _stored_tensors(graph: Path) -> dict[tuple, dict[str, str]]:
+    """The weights a graph keeps in its GRAPH.data, of SHARED_BYTES or more: (their
+    shape, type and digest) -> their external_data entries (location, offset, length)."""
+    import onnx
+
+    data = graph.with_name(graph.name + ".data")
+    if not data.is_file():
+        return {}
+    model = onnx.load(str(graph), load_external_data=False)
+    found = {}
+    with data.open("rb") as file:
+        for tensor in _initializers(model):
+            entries = {entry.key: entry.value for entry in tensor.external_data}
+            if entries.get("location") != data.name or \
+                    int(entries.get("length", 0)) < SHARED_BYTES:
+                continue
+            file.seek(int(entries.get("offset", 0)))
+            digest, left = hashlib.blake2b(), int(entries["length"])
+            while piece := file.read(min(left, 1 << 26)):   # NLLB's table is 1 GB
+                digest.update(piece)
+                left -= len(piece)
+            found[tuple(tensor.dims), tensor.data_type, digest.hexdigest()] = entries
+    return found
+
+
+def _key(tensor, raw: bytes) -> tuple:
+    return tuple(tensor.dims), tensor.data_type, hashlib.blake2b(raw).hexdigest()
+
+
+def _save(model, path: Path, external: bool | None = None) -> None:
+    """The graph at `path`, its weights (those it holds: some may be read from another
+    graph's file) inside it, or in PATH.data (`external`; default: when they pass
+    INLINE_BYTES)."""
+    import onnx
+
+    data = path.with_name(path.name + ".data")
+    if external is None:
+        external = sum(len(tensor.raw_data) for tensor in _initializers(model)) > INLINE_BYTES
     data.unlink(missing_ok=True)
-    onnx.save_model(model, str(path), save_as_external_data=large,
+    onnx.save_model(model, str(path), save_as_external_data=external,
                     all_tensors_to_one_file=True, location=data.name, size_threshold=1024)
     if data.is_file():            # (written owner-only; readable as the graph is)
         data.chmod(path.stat().st_mode & 0o777)

@@ -47,7 +47,7 @@ from transduce.decode.evaluate import score_lines
 from transduce.decode.languages import Direction
 from transduce.decode.translate import Translator
 from transduce.errors import TransduceError
-from transduce.model import Model, build_model, empty_model, load_model
+from transduce.model import Model, build_model, empty_model
 from transduce.runtime import torch_threads, training_dtype
 from transduce.train.distributed import (any_true, barrier, init_distributed,
                                          shutdown_distributed, sum_over_processes)
@@ -171,7 +171,7 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
 
     labels = list(train_split.names) \
         if isinstance(train_split, encoder_training.TokenizedLabelled) else None
-    model = _initial_model(model_config, train_config, labels, init, rank, device)
+    model = _initial_model(model_config, train_config, labels, init, resume, rank, device)
     if model_config.arch not in ("encoder", "decoder"):
         # Checkpoints record the pair (a multilingual model's as its codes name it).
         model.languages = given.languages or language_pair(data_dir)
@@ -200,12 +200,13 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
 
 
 def _initial_model(model_config: ModelConfig, train_config: TrainConfig,
-                   labels: list[str] | None, init: Path | None, rank: int,
+                   labels: list[str] | None, init: Path | None, resume: bool, rank: int,
                    device: torch.device) -> Model:
     """The model as training starts: the same initial weights in every process, or
-    those of `init`; then each process's own random stream (dropout differs)."""
+    those of `init`, or none yet when the run resumes (restore reads them all); then
+    each process's own random stream (dropout differs)."""
     torch.manual_seed(train_config.seed)
-    if init is not None and model_config.arch != "encoder":    # every weight is init's
+    if resume or (init is not None and model_config.arch != "encoder"):   # read next
         model = empty_model(model_config, device)
     else:
         model = build_model(model_config).to(device)
@@ -217,8 +218,8 @@ def _initial_model(model_config: ModelConfig, train_config: TrainConfig,
         if new and rank == 0:
             print(f"--init {init}: loaded every weight but the new classification head "
                   f"({', '.join(new)}), initialised afresh")
-    elif init is not None:
-        model.load_state_dict(load_model(init, device).state_dict())
+    elif init is not None:     # into place, without a second copy of the model
+        checkpoint.load_weights(model, checkpoint.resolve(init), device)
     return model
 
 
