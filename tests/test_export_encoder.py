@@ -5,6 +5,7 @@ same model, and what BERT cannot hold is refused by name."""
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -98,5 +99,53 @@ def test_the_cli_names_the_class_and_bert_s_limits_are_refused(tmp_path, tiny_co
                                        **changes)
         with pytest.raises(ExportError, match="cannot export to BERT") as error:
             export_hf(path, tmp_path / "refused")
+        assert message in str(error.value)
+        assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.parametrize("changes", [{}, {"norm_first": True, "positional": "sinusoidal",
+                                          "activation": "relu"}],
+                         ids=["bert", "pre-norm-sinusoidal"])
+def test_the_ctranslate2_encoder_gives_our_states_and_pooled_output(tmp_path, tiny_corpus,
+                                                                    changes):
+    """`export ct2` of an encoder: ctranslate2.Encoder.forward_batch gives our hidden
+    states and pooled output, with segments and without (all 0, as ours)."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from transduce.export import export_ctranslate2
+
+    model, path = saved_language_model(tmp_path, tiny_corpus, "bert-tiny", **changes)
+    assert main(["export", "ct2", str(path), str(tmp_path / "ct2")]) == 0
+    encoder = ctranslate2.Encoder(str(tmp_path / "ct2"))
+    ids, segments, real = padded_pairs(model.config.pad_id)
+    lengths = real.sum(dim=1).tolist()
+    rows = [row[:n] for row, n in zip(ids.tolist(), lengths)]
+    for given in (segments, None):
+        types = None if given is None else [row[:n] for row, n in zip(given.tolist(), lengths)]
+        result = encoder.forward_batch(rows, token_type_ids=types)
+        with torch.no_grad():
+            hidden = model(ids, given)
+            pooled = model.pool(hidden)
+        states = torch.as_tensor(np.asarray(result.last_hidden_state))
+        torch.testing.assert_close(states[real], hidden[real], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(torch.as_tensor(np.asarray(result.pooler_output)), pooled,
+                                   atol=2e-5, rtol=1e-5)
+    int8 = ctranslate2.Encoder(str(export_ctranslate2(path, tmp_path / "int8", "int8")))
+    states = torch.as_tensor(np.asarray(int8.forward_batch(rows).last_hidden_state))
+    with torch.no_grad():
+        hidden = model(ids)
+    error = (states[real] - hidden[real]).abs().max().item()
+    assert 0 < error < 0.1 * hidden[real].abs().max().item()       # quantized, and close
+
+
+def test_what_ctranslate2_s_encoder_cannot_hold_is_refused_by_name(tmp_path, tiny_corpus):
+    from transduce.export import export_ctranslate2
+
+    for changes, message in (({"positional": "rotary"}, "positional='rotary'"),
+                             ({"num_kv_heads": 2}, "num_kv_heads=2"),
+                             ({"bias": False}, "bias=False")):
+        _, path = saved_language_model(tmp_path / str(len(message)), tiny_corpus, "bert-tiny",
+                                       **changes)
+        with pytest.raises(ExportError, match="cannot export to CTranslate2") as error:
+            export_ctranslate2(path, tmp_path / "refused")
         assert message in str(error.value)
         assert not (tmp_path / "refused").exists()

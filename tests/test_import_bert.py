@@ -8,6 +8,7 @@ nothing written."""
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -155,6 +156,32 @@ def test_outputs_match_transformers(imported):
                       "BertForSequenceClassification": ["mlm_head", "nsp_head"]}[kind]
     assert fresh_heads(out) == expected_fresh
     assert torch.equal(ours.mlm_head.decoder.weight, ours.embed.embedding.weight)
+
+
+def test_the_ctranslate2_export_gives_transformers_hidden_states(imported, tmp_path):
+    """`export ct2` of the import: ctranslate2.Encoder's last_hidden_state (and, where
+    the model has its pooler, pooler_output) are transformers', by the import's ids."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from transduce.export import export_ctranslate2
+
+    kind, hf, _, path = imported
+    encoder = ctranslate2.Encoder(str(export_ctranslate2(path, tmp_path / "ct2")))
+    assert sorted(p.name for p in (tmp_path / "ct2").iterdir()) == [
+        "config.json", "model.bin", "tokenizer.json", "transduce-export.json", "vocabulary.json"]
+    ids, segments, mask = batch(hf.config)
+    lengths = mask.sum(dim=1).tolist()
+    result = encoder.forward_batch([row[:n] for row, n in zip(ids.tolist(), lengths)],
+                                   token_type_ids=[row[:n] for row, n in
+                                                   zip(segments.tolist(), lengths)])
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask.long(), token_type_ids=segments,
+                      output_hidden_states=True)
+    close = dict(atol=1e-5, rtol=1e-5)
+    hidden = torch.as_tensor(np.asarray(result.last_hidden_state))
+    torch.testing.assert_close(hidden[mask], expected.hidden_states[-1][mask], **close)
+    if kind == "BertModel":
+        torch.testing.assert_close(torch.as_tensor(np.asarray(result.pooler_output)),
+                                   expected.pooler_output, **close)
 
 
 def test_default_padding_mask_is_the_pad_token(imported):

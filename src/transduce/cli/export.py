@@ -21,8 +21,9 @@ def register(commands) -> None:
     hf.add_argument("out", type=Path, help="directory to write")
     hf.add_argument("--force", action="store_true", help=FORCE_HELP)
     hf.set_defaults(handler=export_hf)
-    ct2 = formats.add_parser("ct2", help="CTranslate2: a Translator's model, or a "
-                                         "Generator's for a language model")
+    ct2 = formats.add_parser("ct2", help="CTranslate2: a Translator's model, a "
+                                         "Generator's for a language model, an Encoder's "
+                                         "for an encoder")
     ct2.add_argument("model", type=Path, help="checkpoint or run directory")
     ct2.add_argument("out", type=Path, help="directory to write")
     ct2.add_argument("--force", action="store_true", help=FORCE_HELP)

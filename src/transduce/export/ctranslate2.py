@@ -126,13 +126,17 @@ def _self_attention_and_ffn(target, layer, ffn_norm) -> None:
 def export_ctranslate2(path: Path, out: Path, quantization: str | None = None) -> Path:
     """Write a CTranslate2 model directory (quantization: None, "int8", "bfloat16", ...)
     with our tokenizer beside it as spm.model; a language model as a Generator's
-    (ctranslate2_decoder.py)."""
+    (ctranslate2_decoder.py), an encoder-only one as an Encoder's (ctranslate2_encoder.py)."""
     directory = checkpoint.resolve(path)
     model = load_model(directory)
     if model.config.arch == "decoder":
         from transduce.export.ctranslate2_decoder import export_ctranslate2_decoder
 
         return export_ctranslate2_decoder(directory, model, out, quantization)
+    if model.config.arch == "encoder":
+        from transduce.export.ctranslate2_encoder import export_ctranslate2_encoder
+
+        return export_ctranslate2_encoder(directory, model, out, quantization)
     check_ctranslate2_exportable(model)
     tokenizer = Tokenizer(directory / checkpoint.TOKENIZER)
     codes = model.language_codes
