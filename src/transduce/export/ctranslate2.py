@@ -53,10 +53,10 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     spec.config.add_source_eos = True
     _stack_input(spec.encoder, model.encoder, c.max_positions)
     for target, layer in zip(spec.encoder.layer, model.encoder.layers):
-        _self_attention_and_ffn(target, layer, layer.norm2)
+        set_self_attention_and_ffn(target, layer, layer.norm2)
     _stack_input(spec.decoder, model.decoder, c.max_positions)
     for target, layer in zip(spec.decoder.layer, model.decoder.layers):
-        _self_attention_and_ffn(target, layer, layer.norm3)
+        set_self_attention_and_ffn(target, layer, layer.norm3)
         set_linear(target.attention.linear[0], layer.cross_attn.q_proj)
         set_fused(target.attention.linear[1], [layer.cross_attn.k_proj, layer.cross_attn.v_proj])
         set_linear(target.attention.linear[2], layer.cross_attn.out_proj)
@@ -110,7 +110,14 @@ def _stack_input(target, stack, max_positions: int) -> None:
         set_norm(target.layer_norm, stack.final_norm)
 
 
-def _self_attention_and_ffn(target, layer, ffn_norm) -> None:
+def vocabulary_pieces(tokenizer, size: int) -> list[str]:
+    """The tokenizer's pieces as a CTranslate2 vocabulary of `size` ids (those past the
+    tokenizer's, where the model's vocabulary is larger, as <extra_N>)."""
+    pieces = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
+    return pieces + [f"<extra_{i}>" for i in range(size - len(pieces))]
+
+
+def set_self_attention_and_ffn(target, layer, ffn_norm) -> None:
     """The parts every layer has; CTranslate2 keeps each sub-layer's norm with it."""
     attn = layer.self_attn
     set_fused(target.self_attention.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
@@ -129,14 +136,12 @@ def export_ctranslate2(path: Path, out: Path, quantization: str | None = None) -
     (ctranslate2_decoder.py), an encoder-only one as an Encoder's (ctranslate2_encoder.py)."""
     directory = checkpoint.resolve(path)
     model = load_model(directory)
-    if model.config.arch == "decoder":
-        from transduce.export.ctranslate2_decoder import export_ctranslate2_decoder
-
-        return export_ctranslate2_decoder(directory, model, out, quantization)
-    if model.config.arch == "encoder":
-        from transduce.export.ctranslate2_encoder import export_ctranslate2_encoder
-
-        return export_ctranslate2_encoder(directory, model, out, quantization)
+    if model.config.arch in ("decoder", "encoder"):
+        check, build = _one_stack_export(model.config.arch)
+        check(model)
+        tokenizer = checkpoint.load_tokenizer(directory)     # spm.model or tokenizer.json
+        return write_ctranslate2(build(model, tokenizer), directory, out, quantization,
+                                 tokenizer.path)
     check_ctranslate2_exportable(model)
     tokenizer = Tokenizer(directory / checkpoint.TOKENIZER)
     codes = model.language_codes
@@ -144,6 +149,18 @@ def export_ctranslate2(path: Path, out: Path, quantization: str | None = None) -
         if codes else {}         # a source starts with one, target_prefix gives another
     return write_ctranslate2(ctranslate2_spec(model, tokenizer), directory, out, quantization,
                              tokenizer.path, **more)
+
+
+def _one_stack_export(arch: str):
+    """(check, spec builder) of a language model's (a Generator's) or an encoder's."""
+    if arch == "decoder":
+        from transduce.export import ctranslate2_decoder as module
+
+        return (module.check_ctranslate2_decoder_exportable,
+                module.ctranslate2_decoder_spec)
+    from transduce.export import ctranslate2_encoder as module
+
+    return module.check_ctranslate2_encoder_exportable, module.ctranslate2_encoder_spec
 
 
 def write_ctranslate2(spec, directory: Path, out: Path, quantization: str | None,

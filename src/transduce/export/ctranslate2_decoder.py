@@ -6,12 +6,9 @@ the tokenizer's pieces after bos, as our language models read it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from transduce import checkpoint
 from transduce.export.common import ExportError, not_a_plain_transformer
-from transduce.export.ctranslate2 import CT2_ACTIVATIONS, as_array, set_fused, set_linear, \
-    set_norm, write_ctranslate2
+from transduce.export.ctranslate2 import CT2_ACTIVATIONS, as_array, set_norm, \
+    set_self_attention_and_ffn, vocabulary_pieces
 from transduce.model import DecoderOnly
 
 
@@ -54,18 +51,9 @@ def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
             model.decoder.embed.positions(c.max_positions))
     set_norm(decoder.layer_norm, model.decoder.final_norm)
     for target, layer in zip(decoder.layer, model.decoder.layers):
-        attn, ffn = layer.self_attn, layer.ffn
-        set_fused(target.self_attention.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
-        set_linear(target.self_attention.linear[1], attn.out_proj)
-        set_norm(target.self_attention.layer_norm, layer.norm1)
-        set_linear(target.ffn.linear_0, ffn.linear1)
-        if ffn.linear3 is not None:
-            set_linear(target.ffn.linear_0_noact, ffn.linear3)
-        set_linear(target.ffn.linear_1, ffn.linear2)
-        set_norm(target.ffn.layer_norm, layer.norm3)
+        set_self_attention_and_ffn(target, layer, layer.norm3)
     decoder.projection.weight = as_array(model.output_proj.weight)
-    pieces = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
-    pieces += [f"<extra_{i}>" for i in range(c.tgt_vocab_size - len(pieces))]
+    pieces = vocabulary_pieces(tokenizer, c.tgt_vocab_size)
     spec.register_vocabulary(pieces)
     unk = tokenizer.unk_id      # None: none (GPT-2's byte-level BPE spells every byte)
     spec.config.bos_token, spec.config.eos_token = pieces[tokenizer.bos_id], \
@@ -74,12 +62,3 @@ def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
     spec.config.layer_norm_epsilon = c.layer_norm_eps
     return spec
 
-
-def export_ctranslate2_decoder(directory: Path, model: DecoderOnly, out: Path,
-                               quantization: str | None) -> Path:
-    """Write the language model at `directory` (its model: `model`) as a CTranslate2
-    Generator directory with its tokenizer file beside it (spm.model or tokenizer.json)."""
-    check_ctranslate2_decoder_exportable(model)
-    tokenizer = checkpoint.load_tokenizer(directory)
-    return write_ctranslate2(ctranslate2_decoder_spec(model, tokenizer), directory, out,
-                             quantization, tokenizer.path)

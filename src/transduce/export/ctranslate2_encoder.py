@@ -7,13 +7,10 @@ next sentence, classifier) are not part of CTranslate2's encoder and stay ours."
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from transduce import checkpoint
 from transduce.export.common import ExportError, not_a_plain_transformer, \
     not_the_papers_layers
-from transduce.export.ctranslate2 import CT2_ACTIVATIONS, as_array, set_fused, set_linear, \
-    set_norm, write_ctranslate2
+from transduce.export.ctranslate2 import CT2_ACTIVATIONS, as_array, set_linear, set_norm, \
+    set_self_attention_and_ffn, vocabulary_pieces
 from transduce.model import EncoderOnly
 
 
@@ -56,28 +53,12 @@ def ctranslate2_encoder_spec(model: EncoderOnly, tokenizer):
     if model.encoder.final_norm is not None:
         set_norm(encoder.layer_norm, model.encoder.final_norm)
     for target, layer in zip(encoder.layer, model.encoder.layers):
-        attn = layer.self_attn
-        set_fused(target.self_attention.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
-        set_linear(target.self_attention.linear[1], attn.out_proj)
-        set_norm(target.self_attention.layer_norm, layer.norm1)
-        set_linear(target.ffn.linear_0, layer.ffn.linear1)
-        set_linear(target.ffn.linear_1, layer.ffn.linear2)
-        set_norm(target.ffn.layer_norm, layer.norm2)
+        set_self_attention_and_ffn(target, layer, layer.norm2)
     set_linear(spec.pooler_dense, model.pooler)
-    pieces = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
-    pieces += [f"<extra_{i}>" for i in range(c.src_vocab_size - len(pieces))]
+    pieces = vocabulary_pieces(tokenizer, c.src_vocab_size)
     spec.register_vocabulary(pieces)
     unk = tokenizer.unk_id
     spec.config.unk_token = pieces[tokenizer.pad_id if unk is None else unk]
     spec.config.layer_norm_epsilon = c.layer_norm_eps
     return spec
 
-
-def export_ctranslate2_encoder(directory: Path, model: EncoderOnly, out: Path,
-                               quantization: str | None) -> Path:
-    """Write the encoder-only model at `directory` (its model: `model`) as a CTranslate2
-    Encoder directory with its tokenizer file beside it (spm.model or tokenizer.json)."""
-    check_ctranslate2_encoder_exportable(model)
-    tokenizer = checkpoint.load_tokenizer(directory)
-    return write_ctranslate2(ctranslate2_encoder_spec(model, tokenizer), directory, out,
-                             quantization, tokenizer.path)
