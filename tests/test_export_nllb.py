@@ -1,8 +1,8 @@
-"""An NLLB model (imported, then fine-tuned here) -> transformers'
-M2M100ForConditionalGeneration with NllbTokenizer's files: every weight is set, the
-tokenizer gives our ids in NLLB's numbering, the logits and the translations with the
-target forced are ours, the export imports back to the same translations, and what
-M2M100 cannot hold is refused by name with nothing written."""
+"""An NLLB model (imported, then fine-tuned here) or an M2M-100 import -> transformers'
+M2M100ForConditionalGeneration with NllbTokenizer's or M2M100Tokenizer's files: every
+weight is set, the tokenizer gives our ids in the original's numbering, the logits and
+the translations with the target forced are ours, the export imports back to the same
+translations, and what M2M100 cannot hold is refused by name with nothing written."""
 
 import json
 import shutil
