@@ -22,6 +22,7 @@ Every unreadable or corrupt file is a CheckpointError naming it.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from transduce import atomic
@@ -374,24 +375,25 @@ def trained_steps(path: Path) -> int | None:
     return (_read_config_json(path).get("origin") or {}).get("steps")
 
 
+AVERAGE_BLOCK_BYTES = 1 << 26     # what average() reads of a tensor from each file at once
+
+
 def average(checkpoints: list[Path], out: Path) -> Path:
     """The element-wise mean of the checkpoints' weights, as the paper averages the last
-    5 (base) or 20 (big) checkpoints; written as a checkpoint without trainer state."""
+    5 (base) or 20 (big) checkpoints; written as a checkpoint without trainer state.
+    Summed in float64 one tensor at a time, so that it needs the mean's memory and one
+    tensor more, however many checkpoints there are."""
     if not checkpoints:
         raise CheckpointError("no checkpoints to average")
     configs = {json.dumps(read_configs(p)[0].to_dict(), sort_keys=True) for p in checkpoints}
     if len(configs) != 1:
         raise CheckpointError("the checkpoints have different model configurations")
-    total, metadata = _read_tensors(checkpoints[0] / WEIGHTS)
-    dtypes = {name: tensor.dtype for name, tensor in total.items()}
-    total = {name: tensor.double() for name, tensor in total.items()}
-    for path in checkpoints[1:]:
-        tensors, _ = _read_tensors(path / WEIGHTS)
-        if tensors.keys() != total.keys():
-            raise CheckpointError(f"{path / WEIGHTS}: other tensors than {checkpoints[0]}")
-        for name, tensor in tensors.items():
-            total[name] += tensor.double()
-    mean = {name: (summed / len(checkpoints)).to(dtypes[name]) for name, summed in total.items()}
+    files = [path / WEIGHTS for path in checkpoints]
+    names, metadata = _names_and_metadata(files[0])
+    for file in files[1:]:
+        if _names_and_metadata(file)[0] != names:
+            raise CheckpointError(f"{file}: other tensors than {checkpoints[0]}")
+    mean = {name: _mean_of(name, files) for name in names}
     last = checkpoints[-1]
     model_config, train_config = read_configs(last)
     origin = {"averaged": [str(p) for p in checkpoints], "steps": trained_steps(last)}
@@ -407,11 +409,55 @@ def average(checkpoints: list[Path], out: Path) -> Path:
     return out
 
 
-def _read_tensors(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
-    """A safetensors file's tensors and metadata (which names a tied tensor stands for)."""
+def _names_and_metadata(file: Path) -> tuple[list[str], dict[str, str] | None]:
+    """A safetensors file's tensor names, sorted, and its metadata (which names a tied
+    tensor stands for)."""
     try:
         with safe_open(str(file), framework="pt") as handle:
-            metadata = handle.metadata()
-        return load_file(str(file)), metadata
+            return sorted(handle.keys()), handle.metadata()
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(f"{file}: unreadable or corrupt weights ({error})") from None
+
+
+def _mean_of(name: str, files: list[Path]) -> torch.Tensor:
+    """One tensor's mean over the files, summed in float64 in their order, a block of
+    rows (AVERAGE_BLOCK_BYTES in float64) at a time: NLLB's 1 GB embedding needs 64 MB
+    more than its mean, not 3 GB."""
+    shape = _shape_of(files[0], name)
+    if not shape or math.prod(shape) * 8 <= AVERAGE_BLOCK_BYTES:
+        return _block_mean(name, files, None)
+    step = max(1, AVERAGE_BLOCK_BYTES // (8 * math.prod(shape[1:])))     # rows per block
+    mean = None
+    for start in range(0, shape[0], step):
+        rows = slice(start, start + step)
+        block = _block_mean(name, files, rows)
+        mean = torch.empty(shape, dtype=block.dtype) if mean is None else mean
+        mean[rows] = block
+    return mean
+
+
+def _block_mean(name: str, files: list[Path], rows: slice | None) -> torch.Tensor:
+    """The mean of tensor `name`'s `rows` (None: all of it) over the files."""
+    first = _read_rows(files[0], name, rows)
+    summed = first.double()
+    for file in files[1:]:
+        summed.add_(_read_rows(file, name, rows))                    # (in float64)
+    return summed.div_(len(files)).to(first.dtype)
+
+
+def _shape_of(file: Path, name: str) -> list[int]:
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            return handle.get_slice(name).get_shape()
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(f"{file}: unreadable or corrupt weights ({error})") from None
+
+
+def _read_rows(file: Path, name: str, rows: slice | None) -> torch.Tensor:
+    """Rows of one tensor of a safetensors file (None: the whole tensor), the file opened
+    for them alone: a file kept open keeps every page read from it resident."""
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            return handle.get_tensor(name) if rows is None else handle.get_slice(name)[rows]
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"{file}: unreadable or corrupt weights ({error})") from None

@@ -110,6 +110,25 @@ def test_average_is_the_elementwise_mean(tmp_path, tokenizer_file):
         torch.testing.assert_close(tensor, expected, rtol=0, atol=1e-6)
 
 
+def test_average_by_blocks_of_rows_gives_the_same_bits(tmp_path, tokenizer_file, monkeypatch):
+    """A tensor over AVERAGE_BLOCK_BYTES (NLLB's embedding) is averaged a block of rows
+    at a time: the same float64 sums, so the same bits as whole, and the float64 mean."""
+    from safetensors.torch import load_file
+
+    models = [tiny_model(seed) for seed in range(3)]
+    paths = [checkpoint.save(checkpoint.step_dir(tmp_path / "run", i), m, None, tokenizer_file)
+             for i, m in enumerate(models)]
+    whole = load_file(str(checkpoint.average(paths, tmp_path / "whole") / checkpoint.WEIGHTS))
+    monkeypatch.setattr(checkpoint, "AVERAGE_BLOCK_BYTES", 3 * 8 * 64 + 8)  # 3 rows of 64
+    blocks = load_file(str(checkpoint.average(paths, tmp_path / "blocks") / checkpoint.WEIGHTS))
+    assert whole.keys() == blocks.keys()
+    assert all(torch.equal(whole[name], blocks[name]) for name in whole)
+    name = "output_proj.weight"
+    assert blocks[name].shape == (40, 64)           # 14 blocks, the last of one row
+    expected = sum(m.state_dict()[name].double() for m in models) / 3
+    assert torch.equal(blocks[name], expected.float())
+
+
 def test_average_refuses_different_models(tmp_path, tokenizer_file):
     run = tmp_path / "run"
     a = checkpoint.save(checkpoint.step_dir(run, 1), tiny_model(), None, tokenizer_file)
