@@ -21,12 +21,13 @@ Every unreadable or corrupt file is a CheckpointError naming it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -381,8 +382,8 @@ AVERAGE_BLOCK_BYTES = 1 << 26     # what average() reads of a tensor from each f
 def average(checkpoints: list[Path], out: Path) -> Path:
     """The element-wise mean of the checkpoints' weights, as the paper averages the last
     5 (base) or 20 (big) checkpoints; written as a checkpoint without trainer state.
-    Summed in float64 one tensor at a time, so that it needs the mean's memory and one
-    tensor more, however many checkpoints there are."""
+    Summed in float64 a block of rows at a time (_mean_of), so that it needs the mean's
+    memory and little more, however many checkpoints there are."""
     if not checkpoints:
         raise CheckpointError("no checkpoints to average")
     configs = {json.dumps(read_configs(p)[0].to_dict(), sort_keys=True) for p in checkpoints}
@@ -409,14 +410,23 @@ def average(checkpoints: list[Path], out: Path) -> Path:
     return out
 
 
+@contextlib.contextmanager
+def _opened(file: Path) -> Iterator:
+    """A safetensors file opened for reading; what fails to read from it is a
+    CheckpointError naming it. Opened for what is read and closed after: a file kept
+    open keeps every page read from it resident."""
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            yield handle
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(f"{file}: unreadable or corrupt weights ({error})") from None
+
+
 def _names_and_metadata(file: Path) -> tuple[list[str], dict[str, str] | None]:
     """A safetensors file's tensor names, sorted, and its metadata (which names a tied
     tensor stands for)."""
-    try:
-        with safe_open(str(file), framework="pt") as handle:
-            return sorted(handle.keys()), handle.metadata()
-    except (SafetensorError, OSError) as error:
-        raise CheckpointError(f"{file}: unreadable or corrupt weights ({error})") from None
+    with _opened(file) as handle:
+        return sorted(handle.keys()), handle.metadata()
 
 
 def _mean_of(name: str, files: list[Path]) -> torch.Tensor:
@@ -446,18 +456,12 @@ def _block_mean(name: str, files: list[Path], rows: slice | None) -> torch.Tenso
 
 
 def _shape_of(file: Path, name: str) -> list[int]:
-    try:
-        with safe_open(str(file), framework="pt") as handle:
-            return handle.get_slice(name).get_shape()
-    except (SafetensorError, OSError) as error:
-        raise CheckpointError(f"{file}: unreadable or corrupt weights ({error})") from None
+    """A tensor's shape, read from the file's header."""
+    with _opened(file) as handle:
+        return handle.get_slice(name).get_shape()
 
 
 def _read_rows(file: Path, name: str, rows: slice | None) -> torch.Tensor:
-    """Rows of one tensor of a safetensors file (None: the whole tensor), the file opened
-    for them alone: a file kept open keeps every page read from it resident."""
-    try:
-        with safe_open(str(file), framework="pt") as handle:
-            return handle.get_tensor(name) if rows is None else handle.get_slice(name)[rows]
-    except (SafetensorError, OSError) as error:
-        raise CheckpointError(f"{file}: unreadable or corrupt weights ({error})") from None
+    """Rows of one tensor of a safetensors file (None: the whole tensor)."""
+    with _opened(file) as handle:
+        return handle.get_tensor(name) if rows is None else handle.get_slice(name)[rows]
