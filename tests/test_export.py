@@ -3,6 +3,7 @@ exactly what our model computes."""
 
 import os
 import stat
+import sys
 import warnings
 
 import pytest
@@ -187,3 +188,17 @@ def test_ctranslate2_refuses_what_it_cannot_express(tmp_path, tiny_corpus, capsy
     assert main(["export", "ct2", str(path), str(tmp_path / "ct2")]) == 1
     err = capsys.readouterr().err
     assert "cannot export to CTranslate2: positional='rotary'" in err and "num_kv_heads=1" in err
+
+
+@pytest.mark.parametrize("kind, library", [("hf", "transformers"), ("ct2", "ctranslate2")])
+def test_an_export_without_its_library_says_how_to_install_it(tmp_path, tiny_corpus,
+                                                              monkeypatch, capsys, kind,
+                                                              library):
+    """transformers and ctranslate2 are the `export` extra, not the core install."""
+    _, path = saved_model(tmp_path, tiny_corpus)
+    monkeypatch.setitem(sys.modules, library, None)          # as if it were not installed
+    assert main(["export", kind, str(path), str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err
+    assert f"export {kind} writes with {library}, which cannot be imported" in error
+    assert "pip install 'transduce[export]'" in error and "Traceback" not in error
+    assert not (tmp_path / "out").exists()

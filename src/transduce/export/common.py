@@ -1,13 +1,27 @@
-"""What every export shares: its error, and the models no format here can hold."""
+"""What every export shares: its error, the library it writes with, and the models no
+format here can hold."""
 
 from __future__ import annotations
+
+import importlib
 
 from transduce.config import ModelConfig
 from transduce.errors import TransduceError
 
 
 class ExportError(TransduceError, ValueError):
-    """The model has a feature the target format cannot express; names it."""
+    """The model has a feature the target format cannot express, or the library that
+    writes the format is missing; names it."""
+
+
+def require(library: str, command: str) -> None:
+    """The library an export writes with (transformers, ctranslate2: the `export` extra,
+    not the core install), or an ExportError that says how to install it."""
+    try:
+        importlib.import_module(library)
+    except ImportError as error:
+        raise ExportError(f"{command} writes with {library}, which cannot be imported "
+                          f"({error}): pip install 'transduce[export]'") from None
 
 
 def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,

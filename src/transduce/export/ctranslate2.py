@@ -11,7 +11,7 @@ from torch import Tensor
 from transduce import atomic, checkpoint
 from transduce.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 from transduce.export.common import ExportError, not_a_plain_transformer, \
-    not_the_papers_layers
+    not_the_papers_layers, require
 from transduce.model import Transformer, load_model
 from transduce.written import write_export_marker
 
@@ -134,6 +134,7 @@ def export_ctranslate2(path: Path, out: Path, quantization: str | None = None) -
     """Write a CTranslate2 model directory (quantization: None, "int8", "bfloat16", ...)
     with our tokenizer beside it as spm.model; a language model as a Generator's
     (ctranslate2_decoder.py), an encoder-only one as an Encoder's (ctranslate2_encoder.py)."""
+    require("ctranslate2", "export ct2")
     directory = checkpoint.resolve(path)
     model = load_model(directory)
     if model.config.arch in ("decoder", "encoder"):

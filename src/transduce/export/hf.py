@@ -30,7 +30,7 @@ from transduce.config import ModelConfig
 from transduce.data.hf_tokenizer import TOKENIZER_JSON
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.export.common import ExportError, not_a_plain_transformer, \
-    not_the_papers_layers
+    not_the_papers_layers, require
 from transduce.importers.marian_vocabulary import LANGUAGE_CODE, WORD_BOUNDARY
 from transduce.model import Transformer, load_model
 from transduce.model.positional import sines_first_permutation
@@ -203,6 +203,7 @@ def export_hf(path: Path, out: Path) -> Path:
     Auto classes (AutoModelForSeq2SeqLM, AutoTokenizer) -> OUT. A decoder-only model is
     written as Llama, Mistral, Qwen2 or GPT-2 (hf_decoder.py), an encoder-only one as
     BERT (hf_encoder.py), an NLLB or M2M-100 import as itself (hf_nllb.py)."""
+    require("transformers", "export hf")
     directory = checkpoint.resolve(path)
     model = load_model(directory)
     if model.config.arch == "decoder":
