@@ -61,4 +61,3 @@ def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
     spec.config.unk_token = pieces[tokenizer.eos_id if unk is None else unk]
     spec.config.layer_norm_epsilon = c.layer_norm_eps
     return spec
-

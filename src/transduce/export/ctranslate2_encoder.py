@@ -61,4 +61,3 @@ def ctranslate2_encoder_spec(model: EncoderOnly, tokenizer):
     spec.config.unk_token = pieces[tokenizer.pad_id if unk is None else unk]
     spec.config.layer_norm_epsilon = c.layer_norm_eps
     return spec
-

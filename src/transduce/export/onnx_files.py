@@ -66,7 +66,7 @@ def share_stored_weights(path: Path, donor: Path) -> int:
     model = onnx.load(str(path))
     shared = 0
     for tensor in _initializers(model):
-        key = _key(tensor, tensor.raw_data) if len(tensor.raw_data) >= SHARED_BYTES else None
+        key = _key(tensor, [tensor.raw_data]) if len(tensor.raw_data) >= SHARED_BYTES else None
         if key in donated:
             shared += len(tensor.raw_data)
             tensor.ClearField("raw_data")
@@ -96,16 +96,24 @@ def _stored_tensors(graph: Path) -> dict[tuple, dict[str, str]]:
                     int(entries.get("length", 0)) < SHARED_BYTES:
                 continue
             file.seek(int(entries.get("offset", 0)))
-            digest, left = hashlib.blake2b(), int(entries["length"])
-            while piece := file.read(min(left, 1 << 26)):   # NLLB's table is 1 GB
-                digest.update(piece)
-                left -= len(piece)
-            found[tuple(tensor.dims), tensor.data_type, digest.hexdigest()] = entries
+            found[_key(tensor, _pieces(file, int(entries["length"])))] = entries
     return found
 
 
-def _key(tensor, raw: bytes) -> tuple:
-    return tuple(tensor.dims), tensor.data_type, hashlib.blake2b(raw).hexdigest()
+def _pieces(file, length: int) -> Iterator[bytes]:
+    """`length` bytes of `file` from where it stands, 64 MB at a time (NLLB's table is
+    1 GB)."""
+    while length > 0 and (piece := file.read(min(length, 1 << 26))):
+        length -= len(piece)
+        yield piece
+
+
+def _key(tensor, pieces) -> tuple:
+    """What identifies a weight's value: its shape, type and the digest of its bytes."""
+    digest = hashlib.blake2b()
+    for piece in pieces:
+        digest.update(piece)
+    return tuple(tensor.dims), tensor.data_type, digest.hexdigest()
 
 
 def _save(model, path: Path, external: bool | None = None) -> None:

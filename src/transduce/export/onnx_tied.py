@@ -35,7 +35,7 @@ def multiply_by_gathered_tables(model) -> int:
                                                numpy_helper.to_array(weights[table]).T):
             nodes.append(node)
             continue
-        nodes += _product_by_transposed(graph, node.input[0], table, node.output[0])
+        nodes += _product_by_transposed(graph, weights, node.input[0], table, node.output[0])
         rewritten += 1
     del graph.node[:]
     graph.node.extend(nodes)
@@ -43,17 +43,19 @@ def multiply_by_gathered_tables(model) -> int:
     return rewritten
 
 
-def _product_by_transposed(graph, x: str, table: str, out: str) -> list:
+def _product_by_transposed(graph, weights: dict, x: str, table: str, out: str) -> list:
     """Nodes for out = x @ table^T: x (..., C) flattened to (N, C), Gemm(transB=1) by the
-    (V, C) table, the result reshaped to (..., V)."""
+    (V, C) table, the result reshaped to (..., V). `weights`: the graph's initializers by
+    name, to which the shape constants are added."""
     from onnx import helper, numpy_helper
 
     def constant(name: str, values: list[int]) -> str:
-        if name not in {tensor.name for tensor in graph.initializer}:
-            graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
+        if name not in weights:
+            weights[name] = numpy_helper.from_array(np.array(values, np.int64), name)
+            graph.initializer.append(weights[name])
         return name
 
-    width = next(tensor.dims[1] for tensor in graph.initializer if tensor.name == table)
+    width = weights[table].dims[1]
     rows, leading = f"{out}/rows", f"{out}/leading"
     return [
         helper.make_node("Reshape", [x, constant(f"tied/rows_of_{width}", [-1, width])],
