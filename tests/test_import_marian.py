@@ -44,11 +44,11 @@ def _spm(texts, prefix, size):
     return spm.SentencePieceProcessor(model_file=f"{prefix}.model")
 
 
-def _marian_vocab(source, target):
-    """vocab.json as Marian's converter writes it: </s>, <unk>, then the pieces (language
-    codes first here), <pad> last."""
-    pieces = ["</s>", "<unk>"] + CODES
-    for processor in (source, target):
+def _marian_vocab(*processors, codes=CODES):
+    """vocab.json as Marian's converter writes it: </s>, <unk>, then the pieces of the
+    processors (language codes first here), <pad> last."""
+    pieces = ["</s>", "<unk>"] + codes
+    for processor in processors:
         for i in range(processor.get_piece_size()):
             piece = processor.id_to_piece(i)
             if not (processor.is_control(i) or processor.is_unknown(i)) and piece not in pieces:
@@ -56,20 +56,27 @@ def _marian_vocab(source, target):
     return {piece: i for i, piece in enumerate(pieces + ["<pad>"])}
 
 
-def write_marian(directory, **config_changes):
-    """A small random MarianMTModel with its tokenizer files -> (directory, vocab)."""
+def write_marian(directory, separate=False, **config_changes):
+    """A small random MarianMTModel with its tokenizer files -> (directory, vocab); with
+    `separate`, a vocabulary for each side (target_vocab.json; each ends with its <pad>,
+    and the config's pad is the target's, as Marian's converter writes them: within the
+    larger source vocabulary, as transformers needs it)."""
     directory.mkdir()
     source = _spm(SOURCE_TEXT, directory / "source", 70)
-    target = _spm(TARGET_TEXT, directory / "target", 70)
+    target = _spm(TARGET_TEXT, directory / "target", 60 if separate else 70)
     (directory / "source.model").rename(directory / "source.spm")
     (directory / "target.model").rename(directory / "target.spm")
-    vocab = _marian_vocab(source, target)
-    pad = vocab["<pad>"]
+    vocab = _marian_vocab(source) if separate else _marian_vocab(source, target)
+    target_vocab = _marian_vocab(target, codes=[]) if separate else vocab
+    pad = target_vocab["<pad>"]
     (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    if separate:
+        (directory / "target_vocab.json").write_text(json.dumps(target_vocab, ensure_ascii=False))
     (directory / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "MarianTokenizer", "source_lang": "en", "target_lang": "es",
-         "separate_vocabs": False, "model_max_length": 64}))
-    values = dict(vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=32,
+         "separate_vocabs": separate, "model_max_length": 64}))
+    values = dict(vocab_size=len(vocab), decoder_vocab_size=len(target_vocab), d_model=32,
+                  share_encoder_decoder_embeddings=not separate,
                   encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                   decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
                   max_position_embeddings=64, activation_function="swish",
@@ -82,11 +89,13 @@ def write_marian(directory, **config_changes):
         for name, parameter in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 parameter.add_(0.3 * torch.randn_like(parameter))
-        model.model.shared.weight.normal_(0.0, 0.3)
-        model.model.shared.weight[pad] = 0.0     # as Marian's converter leaves it
+        for stack, pad_id in ((model.model.encoder, vocab["<pad>"]),
+                              (model.model.decoder, pad)):     # shared: one matrix
+            stack.embed_tokens.weight.normal_(0.0, 0.3)
+            stack.embed_tokens.weight[pad_id] = 0.0    # as Marian's converter leaves it
         model.final_logits_bias.normal_(0.0, 0.3)
         # Trained models do not output language codes (ours would decode with a space).
-        model.final_logits_bias[0, [vocab[code] for code in CODES]] = -10.0
+        model.final_logits_bias[0, [target_vocab[c] for c in CODES if c in target_vocab]] = -10.0
     model.save_pretrained(directory)
     return directory, vocab
 
@@ -138,15 +147,16 @@ def test_targets_are_segmented_as_target_spm_segments_them(marian):
 
 
 def test_a_target_model_of_other_pieces_is_refused(marian, tmp_path, tiny_corpus):
+    """The import shares one matrix: a target vocabulary of other pieces is not its own."""
     from transduce.data.tokenizer import TokenizerError
+    from transduce.decode.translate import Translator
 
-    out = marian[4]
     copy = tmp_path / "copy"
-    copy.mkdir()
-    shutil.copyfile(out / checkpoint.TOKENIZER, copy / checkpoint.TOKENIZER)
+    shutil.copytree(marian[4], copy)
     shutil.copyfile(tiny_corpus / "spm.model", copy / checkpoint.TARGET_TOKENIZER)
-    with pytest.raises(TokenizerError, match="spm-target.model: its pieces are not those"):
-        Tokenizer(copy / checkpoint.TOKENIZER)
+    with pytest.raises(TokenizerError, match=r"spm-target.model: a separate target vocabulary "
+                                             r".*\(tie_embeddings='all'\)"):
+        Translator.load(copy)
 
 
 def test_the_hugging_face_export_keeps_segmentations_codes_and_languages(marian, tmp_path):
@@ -253,6 +263,91 @@ def test_the_ctranslate2_export_translates_as_we_do(marian, tmp_path):
                                        min_decoding_length=0)
     texts = [ours.decode([ours.processor.piece_to_id(p) for p in r.hypotheses[0]]) for r in found]
     assert texts == Translator.load(out).translate(SAMPLES, beam=1, max_length=10)
+
+
+@pytest.fixture(scope="module")
+def separate(tmp_path_factory):
+    """(the Marian directory with separate vocabularies, vocab, target vocab, its model,
+    its tokenizer, our import)."""
+    root = tmp_path_factory.mktemp("separate")
+    directory, vocab = write_marian(root / "hf", separate=True)
+    target_vocab = json.loads((directory / "target_vocab.json").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = transformers.MarianMTModel.from_pretrained(directory).eval()
+        tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
+    return directory, vocab, target_vocab, theirs, tokenizer, import_marian(directory,
+                                                                            root / "ours")
+
+
+def test_separate_vocabularies_give_marians_ids_on_each_side(separate):
+    _, vocab, target_vocab, _, theirs, out = separate
+    ours = Tokenizer(out / checkpoint.TOKENIZER)
+    assert ours.separate and len(vocab) != len(target_vocab)
+    assert vocab["<pad>"] != target_vocab["<pad>"]
+    for side, marian_vocab, texts in ((ours, vocab, {"text": SAMPLES}),
+                                      (ours.target_tokenizer, target_vocab,
+                                       {"text_target": TARGET_TEXT})):
+        to_marian = marian_id_of(side, marian_vocab)
+        assert [[to_marian[i] for i in ids + [EOS_ID]] for ids in side.encode(
+            next(iter(texts.values())))] == theirs(**texts)["input_ids"]
+    config = load_model(out).config
+    # each with a bos of ours, which Marian's vocabularies lack
+    assert (config.src_vocab_size, config.tgt_vocab_size, config.tie_embeddings) == \
+        (len(vocab) + 1, len(target_vocab) + 1, "decoder")
+
+
+def test_separate_vocabularies_give_marians_logits_and_translations(separate):
+    _, vocab, target_vocab, theirs, tokenizer, out = separate
+    model, ours = load_model(out), Tokenizer(out / checkpoint.TOKENIZER)
+    source_ours = {m: i for i, m in enumerate(marian_id_of(ours, vocab)) if m >= 0}
+    to_marian = torch.tensor(marian_id_of(ours.target_tokenizer, target_vocab))
+    target_ours = {int(m): i for i, m in enumerate(to_marian.tolist()) if m >= 0}
+    their_src, mask = _batch(tokenizer, SAMPLES[:4])
+    src = their_src.clone().apply_(lambda t: source_ours.get(t, PAD_ID)).masked_fill(
+        mask == 0, PAD_ID)
+    torch.manual_seed(1)
+    outputs = torch.randint(2, len(target_vocab) - 1, (4, 6))
+    their_tgt = torch.cat([torch.full((4, 1), target_vocab["<pad>"]), outputs], dim=1)
+    tgt = torch.cat([torch.full((4, 1), BOS_ID), outputs.clone().apply_(target_ours.get)], dim=1)
+    with torch.no_grad():
+        expected = theirs(input_ids=their_src, attention_mask=mask,
+                          decoder_input_ids=their_tgt).logits
+        found = model(src, tgt)
+    torch.testing.assert_close(found[..., 2:], expected[..., to_marian[2:]], rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        generated = theirs.generate(input_ids=their_src, attention_mask=mask, max_new_tokens=10,
+                                    do_sample=False, num_beams=1, forced_eos_token_id=None)
+    # (the start token left out: its <pad> is the target's, which the tokenizer does not
+    # know as its special token)
+    assert Translator.load(out).translate(SAMPLES[:4], beam=1, max_length=10) == \
+        tokenizer.batch_decode(generated[:, 1:], skip_special_tokens=True)
+
+
+def test_separate_vocabularies_need_a_matrix_each_and_their_files(tmp_path):
+    directory, _ = write_marian(tmp_path / "base", separate=True)
+    bad = damaged(directory, tmp_path, config=lambda c: {
+        **c, "share_encoder_decoder_embeddings": True, "vocab_size": c["decoder_vocab_size"]})
+    assert_refused(import_marian, bad, tmp_path, "separate_vocabs=true needs "
+                                                 "share_encoder_decoder_embeddings=false")
+    (directory / "target_vocab.json").unlink()
+    assert_refused(import_marian, directory, tmp_path, "no target_vocab.json")
+
+
+def test_an_encoder_matrix_of_its_own_over_one_vocabulary_is_imported(tmp_path):
+    directory, _ = write_marian(tmp_path / "hf", share_encoder_decoder_embeddings=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = transformers.MarianMTModel.from_pretrained(directory).eval()
+        tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
+    out = import_marian(directory, tmp_path / "ours")
+    model = load_model(out)
+    assert model.config.tie_embeddings == "decoder"
+    assert not Tokenizer(out / checkpoint.TOKENIZER).separate
+    assert not torch.equal(model.encoder.embed.embedding.weight,
+                           model.decoder.embed.embedding.weight)
+    assert Translator.load(out).translate(SAMPLES, beam=1, max_length=10) == \
+        _generate(theirs, tokenizer, SAMPLES, num_beams=1)
 
 
 def test_the_command_imports(marian, tmp_path, capsys):
@@ -380,8 +475,6 @@ REFUSED_CONFIGS = [
     (lambda c: {**c, "model_type": "bart"}, "model_type='bart'"),
     (lambda c: {**c, "activation_function": "tanh"}, "activation_function='tanh'"),
     (lambda c: {**c, "normalize_before": True}, "normalize_before=true"),
-    (lambda c: {**c, "share_encoder_decoder_embeddings": False},
-     "share_encoder_decoder_embeddings=false"),
     (lambda c: {**c, "decoder_attention_heads": 2}, "our stacks share num_heads"),
     (lambda c: {**c, "decoder_vocab_size": 10}, "decoder_vocab_size=10"),
     (lambda c: {**c, "eos_token_id": 5}, "eos_token_id=5"),

@@ -76,10 +76,11 @@ def attention_maps(translator: Translator, sentence: str, *, beam: int = 4,
     if not math.isclose(log_prob, best.log_prob, rel_tol=tolerance, abs_tol=tolerance):
         raise RuntimeError(f"the recorded pass scores the translation {log_prob:.4f}, the "
                            f"search {best.log_prob:.4f}: the maps would not be its own")
-    piece = tokenizer.piece
-    return AttentionMaps([piece(i) for i in src[0].tolist()], [piece(i) for i in inputs],
-                         [piece(i) for i in given + outputs], tokenizer.decode(best.tokens),
-                         log_prob, encoder, decoder, cross)
+    source, target = tokenizer.piece, tokenizer.target_tokenizer.piece   # separate vocabularies
+    return AttentionMaps([source(i) for i in src[0].tolist()], [target(i) for i in inputs],
+                         [target(i) for i in given + outputs],
+                         tokenizer.target_tokenizer.decode(best.tokens), log_prob, encoder,
+                         decoder, cross)
 
 
 def _first_sentence(recorded: Recorded, role: str) -> list[Tensor]:

@@ -62,9 +62,19 @@ def register(commands) -> None:
     stats.set_defaults(handler=data_stats)
 
     vocab = commands.add_parser("vocab", help="train the shared BPE vocabulary (on both sides "
-                                              "of a parallel corpus, or on a text corpus)")
+                                              "of a parallel corpus, or on a text corpus), "
+                                              "or one per side (--separate)")
     vocab.add_argument("--data", type=Path, required=True, help="corpus directory")
-    vocab.add_argument("--size", type=positive_int, default=8000)
+    vocab.add_argument("--size", type=positive_int, default=8000,
+                       help="pieces in the vocabulary (with --separate: the sources')")
+    vocab.add_argument("--separate", action="store_true",
+                       help="a parallel corpus: a vocabulary for each side, spm.model on the "
+                            "sources and spm-target.model on the targets (for languages that "
+                            "share few pieces); models trained on it tie only the target "
+                            "embedding to the output (tie_embeddings 'decoder')")
+    vocab.add_argument("--target-size", type=positive_int, default=None, metavar="N",
+                       help="with --separate: pieces in the targets' vocabulary (default "
+                            "--size)")
     vocab.add_argument("--sample", type=positive_int, default=None, metavar="N",
                        help="train on N training pairs (a text corpus: lines) drawn uniformly "
                             "at random in one streamed pass (seeded), not on the whole "
@@ -179,9 +189,9 @@ def _text_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sampled_texts(args: argparse.Namespace, kind: str) -> list[str]:
-    """--sample pairs (both sides) or lines of the training split, drawn in one streamed
-    pass."""
+def _sampled_texts(args: argparse.Namespace, kind: str) -> list[list[str]]:
+    """--sample pairs (each side's texts) or lines of the training split, drawn in one
+    streamed pass."""
     from transduce.data.corpus import split_files, text_file
     from transduce.data.store import sample_pairs
 
@@ -191,40 +201,61 @@ def _sampled_texts(args: argparse.Namespace, kind: str) -> list[str]:
     unit = "lines with text" if kind == "text" else "pairs with text on both sides"
     print(f"{' / '.join(map(str, files))}: sampled {len(sample.pairs)} of {sample.seen} "
           f"{unit} (seed {args.seed})")
-    return [text for side in range(len(files)) for text in (row[side] for row in sample.pairs)]
+    return [[row[side] for row in sample.pairs] for side in range(len(files))]
 
 
 def train_vocabulary(args: argparse.Namespace) -> int:
-    """Train the BPE vocabulary on both sides of the training split of a parallel corpus,
-    or on the training text of a text or classification corpus."""
-    from transduce.data.corpus import corpus_kind, read_split, read_text_split
+    """Train the BPE vocabulary on both sides of the training split of a parallel corpus
+    (or one on each side), or on the training text of a text or classification corpus."""
+    from transduce.data.corpus import corpus_kind
     from transduce.data.tokenizer import train_tokenizer
 
     kind = corpus_kind(args.data)
     if args.sample is not None and kind == "classification":
         raise ConfigError(f"--sample draws from a parallel or text corpus; {args.data} is a "
                           f"classification corpus")
+    if args.separate and kind != "parallel":
+        raise ConfigError(f"--separate trains a vocabulary for each side of a parallel "
+                          f"corpus; {args.data} is a {kind} corpus")
+    if args.target_size is not None and not args.separate:
+        raise ConfigError("--target-size sizes a separate target vocabulary: give --separate")
+    sides = _training_texts(args, kind)
+    if args.separate:
+        tokenizer = train_tokenizer(sides[0], args.data, args.size, sides[1], args.target_size)
+        _report_vocabulary(tokenizer, sides[0])
+        _report_vocabulary(tokenizer.target_tokenizer, sides[1])
+    else:
+        texts = [text for side in sides for text in side]
+        _report_vocabulary(train_tokenizer(texts, args.data, args.size), texts)
+    return 0
+
+
+def _training_texts(args: argparse.Namespace, kind: str) -> list[list[str]]:
+    """The training split's texts, per side (one side for a text or classification
+    corpus), all of them or --sample's."""
+    from transduce.data.corpus import read_split, read_text_split
+
     if kind == "classification":
         from transduce.data.labelled import labelled_file, read_labelled
         labelled = read_labelled(labelled_file(args.data, "train"))
         print(labelled.summary())
-        texts = labelled.texts
-    elif args.sample is not None:
-        texts = _sampled_texts(args, kind)
-    elif kind == "text":
+        return [labelled.texts]
+    if args.sample is not None:
+        return _sampled_texts(args, kind)
+    if kind == "text":
         text = read_text_split(args.data, "train")
         print(text.summary())
-        texts = text.lines
-    else:
-        train = read_split(args.data, "train")
-        print(train.summary())
-        texts = train.source + train.target
-    tokenizer = train_tokenizer(texts, args.data, args.size)
+        return [text.lines]
+    train = read_split(args.data, "train")
+    print(train.summary())
+    return [train.source, train.target]
+
+
+def _report_vocabulary(tokenizer, texts: list[str]) -> None:
     lossless = sum(tokenizer.decode(ids) == text
                    for ids, text in zip(tokenizer.encode(texts), texts))
     print(f"wrote {tokenizer.path} ({tokenizer.vocab_size} pieces; pad 0, bos 1, eos 2, unk 3); "
           f"round trip exact for {lossless} of {len(texts)} training sentences")
-    return 0
 
 
 def add_import_parser(data_commands) -> None:
@@ -327,11 +358,11 @@ def data_tokenize(args: argparse.Namespace) -> int:
     from transduce.data.tokenizer import MODEL_NAME, Tokenizer
 
     tokenizer = Tokenizer(args.data / MODEL_NAME)
-    if tokenizer.target_tokenizer is not tokenizer:
-        raise ConfigError(f"{tokenizer.target_tokenizer.path}: a token store segments both "
-                          f"sides with {MODEL_NAME}; remove it, or train from the text")
-    result = build_store(args.data, "train", tokenizer.path, tokenizer.vocab_size,
-                         tokenizer.fingerprint, workers=args.workers)
+    target = tokenizer.target_tokenizer       # the targets' own, where they have one
+    result = build_store(args.data, "train", tokenizer.path,
+                         max(tokenizer.vocab_size, target.vocab_size), tokenizer.fingerprint,
+                         target_model=None if target is tokenizer else target.path,
+                         workers=args.workers)
     if len(result.tokens) == 2:
         unit, ids = "pairs", f"{result.tokens[0]} source and {result.tokens[1]} target ids"
     else:

@@ -101,12 +101,17 @@ def import_hf_bert(args: argparse.Namespace) -> int:
 
 def import_hf_marian(args: argparse.Namespace) -> int:
     """Import a Hugging Face Marian checkpoint."""
+    from transduce import checkpoint
+    from transduce.data.tokenizer import Tokenizer
     from transduce.importers import import_marian
 
     out, model = _imported(args, import_marian)
     config = model.config
+    sizes = (config.src_vocab_size, config.tgt_vocab_size)
     _say_written(out, "encoder-decoder", f"{config.num_encoder_layers} + "
-                 f"{config.num_decoder_layers}", config, config.tgt_vocab_size,
+                 f"{config.num_decoder_layers}", config,
+                 f"{sizes[0]} source, {sizes[1]} target" if Tokenizer(
+                     out / checkpoint.TOKENIZER).separate else sizes[1],
                  f", {model.languages[0]} -> {model.languages[1]}" if model.languages else "")
     return 0
 
@@ -123,7 +128,8 @@ def import_hf_nllb(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say_written(out: Path, shape: str, layers, config, vocabulary: int, more: str = "") -> None:
+def _say_written(out: Path, shape: str, layers, config, vocabulary: int | str,
+                 more: str = "") -> None:
     """One line on what an import wrote: its shape, layers, width, heads (and key/value
     heads where fewer), vocabulary, and `more`."""
     grouped = f", {config.kv_heads} key/value heads" if config.kv_heads != config.num_heads \

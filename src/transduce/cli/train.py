@@ -102,11 +102,14 @@ def _new_run_configs(args: argparse.Namespace, file_values: dict
 
 
 def _described_model(args: argparse.Namespace, file_values: dict) -> tuple[str, ModelConfig]:
-    """The preset's name and the model it gives with the file's and the flags' fields."""
+    """The preset's name and the model it gives with the file's and the flags' fields;
+    with separate vocabularies, the target embedding is tied to the output alone."""
     from transduce.data.tokenizer import MODEL_NAME, Tokenizer
 
-    vocab_size = Tokenizer(args.data / MODEL_NAME).vocab_size
-    model_values = {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size,
+    tokenizer = Tokenizer(args.data / MODEL_NAME)
+    model_values = {"src_vocab_size": tokenizer.vocab_size,
+                    "tgt_vocab_size": tokenizer.target_tokenizer.vocab_size,
+                    **({"tie_embeddings": "decoder"} if tokenizer.separate else {}),
                     **file_values.get("model", {}), **flags_given(args, ModelConfig)}
     default = DEFAULT_PRESETS.get(model_values.get("arch"), DEFAULT_PRESET)
     name = args.preset or file_values.get("preset", default)

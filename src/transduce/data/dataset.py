@@ -32,11 +32,11 @@ class TokenizedSplit:
 
 def load_split(data_dir: Path, split: str, tokenizer: Tokenizer,
                max_len: int | None = None) -> TokenizedSplit:
-    """Pairs of a split as ids, the targets segmented by the tokenizer's target side (an
-    imported Marian model's target.spm, else the one vocabulary); with max_len, pairs
-    longer than it (specials included) are left out, counted in the report, never
-    cropped. A split with a token store (`transduce data tokenize`, data/store.py) is
-    read from it, ids read as batches need them."""
+    """Pairs of a split as ids, the targets segmented by the tokenizer's target side (a
+    separate target vocabulary, an imported Marian model's target.spm, else the one
+    vocabulary); with max_len, pairs longer than it (specials included) are left out,
+    counted in the report, never cropped. A split with a token store (`transduce data
+    tokenize`, data/store.py) is read from it, ids read as batches need them."""
     stored = open_store(data_dir, split, tokenizer.fingerprint)
     if stored is not None and "src" in stored.sides:
         return _stored_split(stored, max_len)

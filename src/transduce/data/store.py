@@ -2,7 +2,8 @@
 than memory.
 
 `transduce data tokenize --data DIR` streams the training split through SentencePiece in
-parallel worker processes and writes DIR/tokens/train/:
+parallel worker processes (each side through its own model where the targets have one)
+and writes DIR/tokens/train/:
 
     src.bin, tgt.bin            every pair's ids, one after the other (uint16 when the
                                 vocabulary has at most 65,536 pieces, else uint32)
@@ -109,21 +110,24 @@ def stream_rows(files: Sequence[Path]) -> Iterator[tuple[int, tuple[str, ...]]]:
 
 # Workers ------------------------------------------------------------------------------
 
-_processor = None
+_processors: list = []          # one per side: the last side's for any side past it
 
 
 _start_error: str | None = None
 
 
-def _start_worker(model_path: str) -> None:
+def _start_worker(model_paths: tuple[str, ...]) -> None:
     """A worker's set-up. It must not raise: multiprocessing replaces a worker whose
     initializer fails, forever; the error is raised by the worker's first task instead."""
-    global _processor, _start_error
-    try:
-        import sentencepiece as spm
-        _processor = spm.SentencePieceProcessor(model_file=model_path)
-    except Exception as error:   # noqa: BLE001 - reported by _encode_chunk
-        _start_error = f"{model_path}: a tokenising worker cannot load it ({error})"
+    global _processors, _start_error
+    _processors, _start_error = [], None
+    for model_path in model_paths:
+        try:
+            import sentencepiece as spm
+            _processors.append(spm.SentencePieceProcessor(model_file=model_path))
+        except Exception as error:   # noqa: BLE001 - reported by _encode_chunk
+            _start_error = f"{model_path}: a tokenising worker cannot load it ({error})"
+            return
 
 
 @dataclass
@@ -151,8 +155,9 @@ def _encode_chunk(chunk: _Chunk) -> tuple[np.ndarray, int, list[tuple[bytes, np.
             for column, text in zip(columns, texts):
                 column.append(text)
     encoded = []
-    for texts in columns:
-        ids = _processor.encode(texts, out_type=int, num_threads=1) if texts else []
+    for side, texts in enumerate(columns):
+        processor = _processors[min(side, len(_processors) - 1)]
+        ids = processor.encode(texts, out_type=int, num_threads=1) if texts else []
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=chunk.dtype,
                            count=int(lengths.sum()))
@@ -170,10 +175,12 @@ class BuildResult:
 
 
 def build_store(data_dir: Path | str, split: str, model_path: Path, vocab_size: int,
-                fingerprint: str, *, workers: int = 0, progress: bool | None = None
-                ) -> BuildResult:
-    """Tokenise the split into its store (see the module's notes). workers: processes
-    encoding in parallel (0: one per CPU, at most 8; 1: none, in this process)."""
+                fingerprint: str, *, target_model: Path | None = None, workers: int = 0,
+                progress: bool | None = None) -> BuildResult:
+    """Tokenise the split into its store (see the module's notes). target_model: the
+    targets' SentencePiece model where it is not model_path's (a separate vocabulary;
+    vocab_size is then the larger one's). workers: processes encoding in parallel (0:
+    one per CPU, at most 8; 1: none, in this process)."""
     from tqdm import tqdm
 
     data_dir = Path(data_dir)
@@ -198,7 +205,8 @@ def build_store(data_dir: Path | str, split: str, model_path: Path, vocab_size: 
         bar = stack.enter_context(tqdm(desc=f"tokenising {split}", unit=" lines",
                                        unit_scale=True,
                                        disable=None if progress is None else not progress))
-        results = stack.enter_context(_encoded(_chunks(files, dtype), workers, model_path))
+        models = (model_path,) if target_model is None else (model_path, target_model)
+        results = stack.enter_context(_encoded(_chunks(files, dtype), workers, models))
         for numbers, empty, encoded in results:
             lines.extend(numbers)
             pairs += len(numbers)
@@ -236,15 +244,16 @@ def _chunks(files: tuple[Path, ...], dtype) -> Iterator[_Chunk]:
 
 
 @contextlib.contextmanager
-def _encoded(chunks: Iterator[_Chunk], workers: int, model_path: Path):
+def _encoded(chunks: Iterator[_Chunk], workers: int, model_paths: tuple[Path, ...]):
     """The chunks encoded in order, by `workers` processes (1: in this one); on an error
     the workers are stopped at once, else joined."""
+    paths = tuple(map(str, model_paths))
     if workers == 1:
-        _start_worker(str(model_path))
+        _start_worker(paths)
         yield map(_encode_chunk, chunks)
         return
     pool = multiprocessing.get_context("spawn").Pool(
-        workers, initializer=_start_worker, initargs=(str(model_path),))
+        workers, initializer=_start_worker, initargs=(paths,))
     try:
         yield pool.imap(_encode_chunk, chunks)
     except BaseException:

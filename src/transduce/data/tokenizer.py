@@ -1,9 +1,14 @@
-"""The shared BPE vocabulary (the paper's "shared source-target vocabulary").
+"""The BPE vocabularies: shared (the paper's "shared source-target vocabulary") or one
+per side.
 
-One SentencePiece BPE model is trained on both sides of the training data, so that the
-source embedding, target embedding and output projection can share one matrix. It is
-trained for a lossless round trip: no normalisation, whitespace kept as it is, and byte
-fallback for characters never seen in training, so decode(encode(text)) == text.
+By default one SentencePiece BPE model is trained on both sides of the training data, so
+that the source embedding, target embedding and output projection can share one matrix.
+Languages that share little (other scripts: English and Chinese, Russian, Arabic) can
+have a vocabulary each instead (`transduce vocab --separate`): spm.model segments the
+sources and spm-target.model the targets, each with its own pieces and ids, and the
+model ties only the target embedding to the output projection. Each model is trained
+for a lossless round trip: no normalisation, whitespace kept as it is, and byte fallback
+for characters never seen in training, so decode(encode(text)) == text.
 
 Special ids are fixed for every vocabulary:
     PAD_ID = 0   padding (ModelConfig.pad_id)
@@ -29,8 +34,9 @@ from transduce.errors import TransduceError
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 MODEL_NAME = "spm.model"
-# Beside spm.model, the targets' segmentation when it is another (an imported Marian
-# model's target.spm): the same pieces under the same ids, other scores and normalizer.
+# Beside spm.model, the targets' tokenizer when it is another: a separate vocabulary (its
+# own pieces and ids), or another segmentation of the same pieces under the same ids (an
+# imported Marian model's target.spm: other scores and normalizer).
 TARGET_MODEL_NAME = "spm-target.model"
 # Below this many texts, encode() takes them one by one: SentencePiece encodes a list on
 # a pool of threads that it starts per call, which cost 57 us of CPU for one sentence
@@ -89,25 +95,22 @@ class Tokenizer:
             raise TokenizerError(f"{self.path}: special ids (pad, bos, eos, unk) are {specials}, "
                                  f"expected {(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}")
         self.target_tokenizer = self._target_side()
+        self.separate = self.target_tokenizer is not self and not _same_pieces(
+            self.processor, self.target_tokenizer.processor)
         # the file's hash; with a target side, one of both (its fingerprint, not a re-read)
         both = self.path.read_bytes() + (b"" if self.target_tokenizer is self
                                          else self.target_tokenizer.fingerprint.encode())
         self.fingerprint = hashlib.sha256(both).hexdigest()[:16]
 
     def _target_side(self) -> "Tokenizer":
-        """The tokenizer of target sentences (training's references): the spm-target.model
-        beside this spm.model, else this one. Its ids must name the same pieces: the
-        model decodes its outputs with either."""
+        """The tokenizer of target sentences (training's references, the model's outputs):
+        the spm-target.model beside this spm.model, else this one. Whether the model
+        expects a separate vocabulary or the same pieces is its config's to say
+        (check_vocabularies)."""
         sibling = self.path.with_name(TARGET_MODEL_NAME)
         if self.path.name != MODEL_NAME or not sibling.is_file():
             return self
-        target = Tokenizer(sibling)
-        ids = list(range(self.vocab_size))
-        if target.vocab_size != self.vocab_size or \
-                target.processor.id_to_piece(ids) != self.processor.id_to_piece(ids):
-            raise TokenizerError(f"{sibling}: its pieces are not those of {self.path} under "
-                                 f"the same ids")
-        return target
+        return Tokenizer(sibling)
 
     @property
     def vocab_size(self) -> int:
@@ -153,23 +156,65 @@ class Tokenizer:
         return np.split(flat, offsets[1:-1])
 
 
-def train_tokenizer(texts: Iterable[str], model_dir: Path, vocab_size: int) -> Tokenizer:
-    """Train a joint BPE model on the texts (both languages) -> model_dir/spm.model."""
+def _same_pieces(one: spm.SentencePieceProcessor, other: spm.SentencePieceProcessor) -> bool:
+    ids = list(range(one.get_piece_size()))
+    return one.get_piece_size() == other.get_piece_size() and \
+        one.id_to_piece(ids) == other.id_to_piece(ids)
+
+
+def check_vocabularies(tokenizer: TextTokenizer, src_vocab_size: int, tgt_vocab_size: int,
+                       shared: bool) -> None:
+    """A model's embedding sizes against the vocabularies it reads and writes; shared:
+    whether one matrix embeds both sides (tie_embeddings "all"), which needs one
+    vocabulary. A TokenizerError names the file and what differs."""
+    target = getattr(tokenizer, "target_tokenizer", tokenizer)
+    if shared and getattr(tokenizer, "separate", False):
+        raise TokenizerError(f"{target.path}: a separate target vocabulary (other pieces "
+                             f"than {tokenizer.path}), but the model shares one matrix "
+                             f"between both sides (tie_embeddings='all'); remove it, or "
+                             f"train a model with tie_embeddings='decoder'")
+    for side, size, vocabulary in (("src", src_vocab_size, tokenizer),
+                                   ("tgt", tgt_vocab_size, target)):
+        if size != vocabulary.vocab_size:
+            raise TokenizerError(f"{vocabulary.path}: {vocabulary.vocab_size} pieces, but the "
+                                 f"model has {side}_vocab_size={size}")
+
+
+def train_tokenizer(texts: Iterable[str], model_dir: Path, vocab_size: int,
+                    target_texts: Iterable[str] | None = None,
+                    target_size: int | None = None) -> Tokenizer:
+    """Train a BPE model on the texts -> model_dir/spm.model: both languages' for a shared
+    vocabulary, or, given target_texts, the sources' with a separate vocabulary of
+    target_size pieces (default vocab_size) trained on the targets as spm-target.model.
+    Both are trained before either is written; a shared vocabulary removes an earlier
+    separate one's target side."""
     model_dir.mkdir(parents=True, exist_ok=True)
+    sides = [(Path(MODEL_NAME).stem, texts, vocab_size)]
+    if target_texts is not None:
+        sides.append((Path(TARGET_MODEL_NAME).stem, target_texts, target_size or vocab_size))
     with tempfile.TemporaryDirectory(dir=model_dir, prefix=".tmp-spm-") as scratch:
-        prefix = Path(scratch) / "spm"
-        try:
-            spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(texts), model_prefix=str(prefix), model_type="bpe",
-                vocab_size=vocab_size, character_coverage=1.0, byte_fallback=True,
-                normalization_rule_name="identity", remove_extra_whitespaces=False,
-                pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
-                input_sentence_size=0, shuffle_input_sentence=False, num_threads=2,
-                minloglevel=2)
-        except RuntimeError as error:
-            raise TokenizerError(f"SentencePiece could not train a {vocab_size}-token "
-                                 f"vocabulary: {error}") from None
-        for suffix in (".model", ".vocab"):
-            with atomic.atomic_file(model_dir / f"spm{suffix}") as temporary:
-                shutil.move(f"{prefix}{suffix}", temporary)
+        for stem, side_texts, size in sides:
+            _train_bpe(side_texts, Path(scratch) / stem, size)
+        if target_texts is None:
+            for suffix in (".model", ".vocab"):
+                (model_dir / f"{Path(TARGET_MODEL_NAME).stem}{suffix}").unlink(missing_ok=True)
+        for stem, _, _ in sides:
+            for suffix in (".model", ".vocab"):
+                with atomic.atomic_file(model_dir / f"{stem}{suffix}") as temporary:
+                    shutil.move(Path(scratch) / f"{stem}{suffix}", temporary)
     return Tokenizer(model_dir / MODEL_NAME)
+
+
+def _train_bpe(texts: Iterable[str], prefix: Path, vocab_size: int) -> None:
+    """SentencePiece BPE for a lossless round trip -> prefix.model, prefix.vocab."""
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_prefix=str(prefix), model_type="bpe",
+            vocab_size=vocab_size, character_coverage=1.0, byte_fallback=True,
+            normalization_rule_name="identity", remove_extra_whitespaces=False,
+            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+            input_sentence_size=0, shuffle_input_sentence=False, num_threads=2,
+            minloglevel=2)
+    except RuntimeError as error:
+        raise TokenizerError(f"SentencePiece could not train a {vocab_size}-token "
+                             f"vocabulary: {error}") from None

@@ -21,7 +21,7 @@ import torch
 
 from transduce import checkpoint
 from transduce.config import ConfigError, choices
-from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, check_vocabularies
 from transduce.decode import continuous
 from transduce.decode.greedy import greedy_hypotheses
 from transduce.decode.inputs import checked_texts
@@ -77,14 +77,17 @@ class Translator:
                               f"the CPU (a GPU, or ONNX Runtime, has threads of its own)")
         self.workers = workers
         self._warmed = False      # a first batch decoded: lazily built state exists
+        c = model.config
+        if c.arch in ("decoder", "encoder"):
+            raise ConfigError(f"translation needs an encoder-decoder; this model is arch="
+                              f"{c.arch!r}: {use_instead(c.arch)}")
+        check_vocabularies(tokenizer, c.src_vocab_size, c.tgt_vocab_size,
+                           c.tie_embeddings == "all")
         if isinstance(model, OnnxEngine):
             check_onnx_settings(dtype, kv_dtype, device)
             self.model, self.tokenizer, self.device = model, tokenizer, torch.device("cpu")
             self.dtype, self.kv_dtype = "float32", None
             return
-        if model.config.arch in ("decoder", "encoder"):
-            raise ConfigError(f"translation needs an encoder-decoder; this model is arch="
-                              f"{model.config.arch!r}: {use_instead(model.config.arch)}")
         if kv_dtype is not None and kv_dtype not in choices(KvDtype):
             raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "
                               f"{', '.join(choices(KvDtype))}")
@@ -199,9 +202,9 @@ class Translator:
         for indices, found in map_batches(search, batches, self.workers,
                                           first_alone=not self._warmed):
             self._warmed = True
+            decode = self.tokenizer.target_tokenizer.decode
             for index, hypotheses in zip(indices, found):
-                results[index] = [Translation(self.tokenizer.decode(h.tokens), h.score)
-                                  for h in hypotheses]
+                results[index] = [Translation(decode(h.tokens), h.score) for h in hypotheses]
             if progress is not None:
                 progress(len(indices))
         return results

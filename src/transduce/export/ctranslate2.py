@@ -37,7 +37,8 @@ def check_ctranslate2_exportable(model: Transformer) -> None:
 
 def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     """Our model as a CTranslate2 TransformerSpec: the same layout, our own position table,
-    decoding from our bos token, eos appended to every source as in training."""
+    decoding from our bos token, eos appended to every source as in training; the target
+    vocabulary is the targets' own where they have one (a separate vocabulary)."""
     from ctranslate2.specs import common_spec, transformer_spec
 
     c = model.config
@@ -45,7 +46,7 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
         (c.num_encoder_layers, c.num_decoder_layers), c.num_heads, pre_norm=c.norm_first,
         activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[c.activation]))
     spec.config.layer_norm_epsilon = c.layer_norm_eps
-    piece = tokenizer.processor.id_to_piece
+    piece = tokenizer.target_tokenizer.processor.id_to_piece     # the decoder's specials
     spec.config.unk_token, spec.config.bos_token = piece(UNK_ID), piece(BOS_ID)
     spec.config.eos_token, spec.config.decoder_start_token = piece(EOS_ID), piece(BOS_ID)
     # Every source we train on ends with eos; CTranslate2 appends it, so callers pass the
@@ -64,9 +65,9 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     spec.decoder.projection.weight = as_array(model.output_proj.weight)
     if model.output_proj.bias is not None:
         spec.decoder.projection.bias = as_array(model.output_proj.bias)
-    pieces = [piece(i) for i in range(tokenizer.vocab_size)]
-    spec.register_source_vocabulary(pieces)
-    spec.register_target_vocabulary(pieces)
+    spec.register_source_vocabulary(vocabulary_pieces(tokenizer, c.src_vocab_size))
+    spec.register_target_vocabulary(vocabulary_pieces(tokenizer.target_tokenizer,
+                                                      c.tgt_vocab_size))
     return spec
 
 
@@ -148,8 +149,10 @@ def export_ctranslate2(path: Path, out: Path, quantization: str | None = None) -
     codes = model.language_codes
     more = {"language_code_pieces": {code: tokenizer.piece(i) for code, i in codes.items()}} \
         if codes else {}         # a source starts with one, target_prefix gives another
+    target = tokenizer.target_tokenizer
     return write_ctranslate2(ctranslate2_spec(model, tokenizer), directory, out, quantization,
-                             tokenizer.path, **more)
+                             tokenizer.path, target.path if tokenizer.separate else None,
+                             **more)
 
 
 def _one_stack_export(arch: str):
@@ -165,10 +168,11 @@ def _one_stack_export(arch: str):
 
 
 def write_ctranslate2(spec, directory: Path, out: Path, quantization: str | None,
-                      tokenizer_file: Path, **more) -> Path:
+                      tokenizer_file: Path, target_tokenizer_file: Path | None = None,
+                      **more) -> Path:
     """Convert a filled model specification of the checkpoint at `directory` into OUT,
-    whole or not at all, with the tokenizer file beside it (under its own name) and our
-    export marker (with `more`)."""
+    whole or not at all, with the tokenizer file beside it (under its own name; and a
+    separate target vocabulary's) and our export marker (with `more`)."""
     from ctranslate2.converters.converter import Converter
 
     class _Prepared(Converter):
@@ -177,7 +181,9 @@ def write_ctranslate2(spec, directory: Path, out: Path, quantization: str | None
 
     with atomic.atomic_directory(out) as temporary:
         _Prepared().convert(str(temporary), quantization=quantization, force=True)
-        shutil.copyfile(tokenizer_file, temporary / tokenizer_file.name)
+        for file in (tokenizer_file, target_tokenizer_file):
+            if file is not None:
+                shutil.copyfile(file, temporary / file.name)
         write_export_marker(temporary, "ctranslate2", checkpoint.trained_steps(directory),
                             **more)
     return out

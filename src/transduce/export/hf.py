@@ -3,8 +3,9 @@ post-norm model as Marian (`MarianMTModel`), a pre-norm one as Pegasus
 (`PegasusForConditionalGeneration`).
 
 Marian is the paper's architecture (post-norm, sinusoidal positions, embeddings scaled by
-sqrt(d_model), one shared vocabulary). Pegasus is the same with pre-norm layers and a
-final LayerNorm after each stack, which is exactly our `norm_first` layout; its
+sqrt(d_model), one shared vocabulary, or one per side: `share_encoder_decoder_embeddings`
+false, with MarianTokenizer's `separate_vocabs`). Pegasus is the same with pre-norm layers
+and a final LayerNorm after each stack, which is exactly our `norm_first` layout; its
 sinusoids have the paper's frequencies and start at position 0, as ours. Both put all
 the sines of their table first and all the cosines second, where the paper (and we)
 interleave them. The export therefore permutes the model dimension of every weight that
@@ -61,9 +62,11 @@ def hf_family(config: ModelConfig) -> Family:
 def check_exportable(model: Transformer) -> None:
     c = model.config
     problems = not_a_plain_transformer(c) + not_the_papers_layers(c)
-    if c.tie_embeddings != "all":
-        problems.append(f"tie_embeddings={c.tie_embeddings!r} (the format shares one matrix: "
-                        "'all')")
+    if c.tie_embeddings == "none":
+        problems.append("tie_embeddings='none' (the format's output is the target embedding)")
+    elif c.tie_embeddings == "decoder" and hf_family(c) is PEGASUS:
+        problems.append("tie_embeddings='decoder' (Pegasus shares one matrix between both "
+                        "sides; post-norm models, exported as Marian, can have one each)")
     if c.positional != "sinusoidal":
         problems.append(f"positional={c.positional!r} (the format has sinusoidal positions)")
     if c.kv_heads != c.num_heads:
@@ -87,8 +90,9 @@ def hf_state_dict(model: Transformer, perm: Tensor | slice | None = None,
     """Our weights under the names of BART's family (Marian, Pegasus, M2M-100), the
     model dimension permuted by `perm` (default: sines first, for Marian's and Pegasus's
     sinusoids; slice(None) keeps it), the (V, C) `shared` matrix (default: our embedding)
-    under the embeddings' and the output's names. Views of our weights where nothing
-    is permuted."""
+    under the embeddings' and the output's names; a model with an embedding for each
+    side (tie_embeddings "decoder") has the encoder's and the decoder's. Views of our
+    weights where nothing is permuted."""
     perm = sines_first_permutation(model.config.d_model) if perm is None else perm
     state: dict[str, Tensor] = {}
 
@@ -109,10 +113,15 @@ def hf_state_dict(model: Transformer, perm: Tensor | slice | None = None,
             reads_residual(f"{name}.{projection}", getattr(attn, projection))
         writes_residual(f"{name}.out_proj", attn.out_proj)
 
-    shared = model.encoder.embed.embedding.weight[:, perm] if shared is None else shared
-    for key in ("model.shared.weight", "model.encoder.embed_tokens.weight",
-                "model.decoder.embed_tokens.weight", "lm_head.weight"):
-        state[key] = shared
+    if model.config.tie_embeddings == "all":
+        shared = model.encoder.embed.embedding.weight[:, perm] if shared is None else shared
+        for key in ("model.shared.weight", "model.encoder.embed_tokens.weight",
+                    "model.decoder.embed_tokens.weight", "lm_head.weight"):
+            state[key] = shared
+    else:                 # the output is the decoder's embedding (check_exportable)
+        state["model.encoder.embed_tokens.weight"] = model.encoder.embed.embedding.weight[:, perm]
+        for key in ("model.decoder.embed_tokens.weight", "lm_head.weight"):
+            state[key] = model.decoder.embed.embedding.weight[:, perm]
     for i, layer in enumerate(model.encoder.layers):
         prefix = f"model.encoder.layers.{i}"
         attention(f"{prefix}.self_attn", layer.self_attn)
@@ -157,8 +166,8 @@ def hf_config(model: Transformer) -> dict:
         "tie_word_embeddings": True, "is_encoder_decoder": True, "init_std": 0.02,
     }
     if family is MARIAN:
-        values.update(decoder_vocab_size=c.tgt_vocab_size,
-                      share_encoder_decoder_embeddings=True)
+        values.update(vocab_size=c.src_vocab_size, decoder_vocab_size=c.tgt_vocab_size,
+                      share_encoder_decoder_embeddings=c.tie_embeddings == "all")
     return values
 
 
@@ -252,20 +261,28 @@ def save_with_tokenizer_json(theirs, tokenizer, specials: dict[str, int], max_po
 
 def _write_tokenizer(tokenizer: Tokenizer, directory: Path, max_positions: int,
                      languages: tuple[str, str] | None) -> None:
-    """The files MarianTokenizer reads: our SentencePiece model for both sides (the
-    targets' own, an imported Marian model's, for target.spm), vocab.json, where a
-    language code is named as MarianTokenizer looks it up (>>fra<<, not our "▁>>fra<<"),
-    and tokenizer_config.json, with the model's languages if it records them."""
+    """The files MarianTokenizer reads: our SentencePiece model for each side (the
+    targets' own, a separate vocabulary's or an imported Marian model's, for target.spm),
+    vocab.json (and target_vocab.json for a separate target vocabulary), where a language
+    code is named as MarianTokenizer looks it up (>>fra<<, not our "▁>>fra<<"), and
+    tokenizer_config.json, with the model's languages if it records them."""
     shutil.copyfile(tokenizer.path, directory / "source.spm")
     shutil.copyfile(tokenizer.target_tokenizer.path, directory / "target.spm")
-    pieces = {_marian_piece(tokenizer.processor.id_to_piece(i)): i
-              for i in range(tokenizer.vocab_size)}
-    (directory / "vocab.json").write_text(json.dumps(pieces, ensure_ascii=False), encoding="utf-8")
+    _write_marian_vocabulary(tokenizer, directory / "vocab.json")
+    if tokenizer.separate:
+        _write_marian_vocabulary(tokenizer.target_tokenizer, directory / "target_vocab.json")
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "MarianTokenizer", "eos_token": "</s>", "unk_token": "<unk>",
-        "pad_token": "<pad>", "model_max_length": max_positions, "separate_vocabs": False,
+        "pad_token": "<pad>", "model_max_length": max_positions,
+        "separate_vocabs": tokenizer.separate,
         **({"source_lang": languages[0], "target_lang": languages[1]} if languages else {})},
         indent=2), encoding="utf-8")
+
+
+def _write_marian_vocabulary(tokenizer: Tokenizer, path: Path) -> None:
+    pieces = {_marian_piece(tokenizer.processor.id_to_piece(i)): i
+              for i in range(tokenizer.vocab_size)}
+    path.write_text(json.dumps(pieces, ensure_ascii=False), encoding="utf-8")
 
 
 def _marian_piece(piece: str) -> str:

@@ -155,7 +155,8 @@ def export_onnx(path: Path, out: Path, quantize: str | None = None) -> Path:
                 _quantize_int8(temporary / name)
         if graphs == [ENCODER, DECODER_STEP]:    # the tied embedding, stored once
             share_stored_weights(temporary / ENCODER, temporary / DECODER_STEP)
-        for name in (checkpoint.CONFIG, checkpoint.TOKENIZER, checkpoint.TOKENIZER_JSON):
+        for name in (checkpoint.CONFIG, checkpoint.TOKENIZER, checkpoint.TARGET_TOKENIZER,
+                     checkpoint.TOKENIZER_JSON):
             if (directory / name).is_file():
                 shutil.copyfile(directory / name, temporary / name)
         (temporary / INFO).write_text(json.dumps(

@@ -3,7 +3,11 @@ Transformer.
 
 Marian is the paper's encoder-decoder: post-norm layers, sinusoidal positions from 0,
 token embeddings scaled by sqrt(d_model) (scale_embedding), one vocabulary whose matrix
-the source and target embeddings and the output share. Three things differ:
+the source and target embeddings and the output share, or (share_encoder_decoder_embeddings
+false) an encoder's matrix of its own, over a separate source vocabulary where the
+tokenizer has one (separate_vocabs: vocab.json and source.spm for the sources,
+target_vocab.json and target.spm for the targets; our spm.model and spm-target.model,
+tie_embeddings "decoder"). Three things differ:
 
 - the position table puts all its sines first and all its cosines second, where ours
   interleaves them; every weight that touches the residual stream is permuted back
@@ -29,8 +33,8 @@ the source and target embeddings and the output share. Three things differ:
 
 Keys may carry the "model." prefix (MarianMTModel) or not (MarianModel). Every key is
 accounted for: stored position tables must be the sinusoids, a stored lm_head must equal
-the embedding, and anything else, or anything missing, is an error naming the key.
-Separate source and target vocabularies (separate_vocabs) are refused.
+the (decoder's) embedding, and anything else, or anything missing, is an error naming
+the key.
 """
 
 from __future__ import annotations
@@ -48,12 +52,14 @@ from transduce.data.tokenizer import BOS_ID, PAD_ID
 from transduce.importers import ForeignCheckpointError, check_directories, \
     check_foreign_options, refuse_unread, take_weight, unprefixed_names
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
-from transduce.importers.marian_vocabulary import MarianVocabulary, merged_vocabulary
+from transduce.importers.marian_vocabulary import BOS_NAMES, MarianVocabulary, \
+    merged_vocabulary
 from transduce.model import empty_model
 from transduce.model.positional import sinusoidal_table, sines_first_permutation
 from transduce.model.transformer import NEVER_OUTPUT, Transformer
 
 SOURCE_SPM, TARGET_SPM, VOCAB_JSON = "source.spm", "target.spm", "vocab.json"
+TARGET_VOCAB_JSON = "target_vocab.json"      # separate_vocabs: the targets' vocab.json
 GENERATION_CONFIG = "generation_config.json"
 # transformers' activation names -> ModelConfig.activation (OPUS-MT's are "swish").
 ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu",
@@ -63,8 +69,7 @@ ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu",
 # configs' add_bias_logits is not among them: transformers adds final_logits_bias anyway.
 FIXED_OPTIONS = {"normalize_before": False, "add_final_layer_norm": False,
                  "normalize_embedding": False, "static_position_embeddings": True,
-                 "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
-                 "is_encoder_decoder": True}
+                 "tie_word_embeddings": True, "is_encoder_decoder": True}
 EMBEDDINGS = ("shared.weight", "encoder.embed_tokens.weight",
               "decoder.embed_tokens.weight", "lm_head.weight")
 POSITIONS = ("encoder.embed_positions.weight", "decoder.embed_positions.weight")
@@ -80,29 +85,35 @@ def import_marian(hf_dir: Path | str, out: Path | str) -> Path:
     hf_dir, out = Path(hf_dir), Path(out)
     hf, config_file, activation = read_bart_config(hf_dir, out, "marian", FIXED_OPTIONS,
                                                    "gelu")
-    vocabulary, languages = read_vocabulary(hf_dir, hf)
-    config = model_config(hf, config_file, activation, len(vocabulary.marian_ids))
+    vocabulary, target, languages = read_vocabulary(hf_dir, hf)
+    config = model_config(hf, config_file, activation, len(vocabulary.marian_ids),
+                          len(target.marian_ids) if target else None,
+                          shared=hf.get("share_encoder_decoder_embeddings", True) is True)
     tensors, source = read_weights(hf_dir)
     model = empty_model(config)     # every weight is loaded next
     banned = bad_words(hf, hf_dir / GENERATION_CONFIG)
-    model.load_state_dict(map_weights(tensors, config, hf["vocab_size"], banned, vocabulary,
+    sizes = (hf["vocab_size"], hf.get("decoder_vocab_size") or hf["vocab_size"])
+    model.load_state_dict(map_weights(tensors, config, sizes, banned, vocabulary, target,
                                       source))
     del tensors          # the stored files are let go before the save copies the model
     model.languages = languages
-    return save_with_vocabulary(out, model, vocabulary, "hf-marian", hf_dir)
+    return save_with_vocabulary(out, model, vocabulary, "hf-marian", hf_dir, target)
 
 
 def save_with_vocabulary(out: Path, model: Transformer, vocabulary: MarianVocabulary,
-                         imported: str, hf_dir: Path) -> Path:
+                         imported: str, hf_dir: Path,
+                         target: MarianVocabulary | None = None) -> Path:
     """The imported model as our checkpoint at `out`, with the merged SentencePiece
-    model (and the targets' beside it, where they segment otherwise: checkpoint.py)."""
+    model, and beside it the targets' (checkpoint.py): a separate vocabulary's
+    (`target`), or the same pieces where target.spm segments otherwise."""
     origin = {"imported": imported, "from": str(hf_dir.resolve()), "steps": None,
               "source_pieces_not_in_vocabulary": vocabulary.dropped}
+    target_model = vocabulary.target_model if target is None else target.model
     with tempfile.TemporaryDirectory(prefix="transduce-import-") as scratch:
         spm_file = Path(scratch) / checkpoint.TOKENIZER
         spm_file.write_bytes(vocabulary.model)
-        if vocabulary.target_model is not None:
-            (Path(scratch) / checkpoint.TARGET_TOKENIZER).write_bytes(vocabulary.target_model)
+        if target_model is not None:
+            (Path(scratch) / checkpoint.TARGET_TOKENIZER).write_bytes(target_model)
         return checkpoint.save(out, model.eval(), None, spm_file, origin=origin)
 
 
@@ -119,73 +130,97 @@ def read_bart_config(hf_dir: Path, out: Path, model_type: str, fixed: dict[str, 
     return hf, config_file, activation
 
 
-def read_vocabulary(hf_dir: Path, hf: dict[str, Any]
-                    ) -> tuple[MarianVocabulary, tuple[str, str] | None]:
+def read_vocabulary(hf_dir: Path, hf: dict[str, Any]) -> tuple[
+        MarianVocabulary, MarianVocabulary | None, tuple[str, str] | None]:
     """The merged SentencePiece vocabulary, with target.spm's segmentation if there is
-    one (marian_vocabulary.py), and the (source, target) languages tokenizer_config.json
-    names."""
+    one (marian_vocabulary.py), the separate target vocabulary (separate_vocabs; else
+    None), and the (source, target) languages tokenizer_config.json names."""
     specials, options = tokenizer_settings(
         hf_dir, {"eos": "</s>", "unk": "<unk>", "pad": "<pad>"},
         ("separate_vocabs", "source_lang", "target_lang"))
-    if options.get("separate_vocabs"):
-        raise ForeignCheckpointError(f"{hf_dir}: separate_vocabs=true (a source and a "
-                                     f"target vocabulary); only one shared vocabulary can "
-                                     f"be imported")
-    for name in (SOURCE_SPM, VOCAB_JSON):
+    separate = options.get("separate_vocabs") is True
+    if separate and hf.get("share_encoder_decoder_embeddings", True) is not False:
+        raise ForeignCheckpointError(f"{hf_dir / HF_CONFIG}: separate_vocabs=true needs "
+                                     f"share_encoder_decoder_embeddings=false (a matrix for "
+                                     f"each vocabulary)")
+    needed = (SOURCE_SPM, VOCAB_JSON) + ((TARGET_SPM, TARGET_VOCAB_JSON) if separate else ())
+    for name in needed:
         if not (hf_dir / name).is_file():
             raise ForeignCheckpointError(f"{hf_dir}: no {name} (a Marian tokenizer has "
-                                         f"{SOURCE_SPM}, {TARGET_SPM} and {VOCAB_JSON})")
+                                         f"{SOURCE_SPM}, {TARGET_SPM} and {VOCAB_JSON}"
+                                         f"{f', and {TARGET_VOCAB_JSON}' if separate else ''})")
+    # Separate vocabularies each end with a <pad> of their own: pad_token_id names one.
+    config_ids = ("eos",) if separate else ("eos", "pad")
     vocab = _read_json(hf_dir / VOCAB_JSON)
-    check_vocab(vocab, hf, hf_dir / VOCAB_JSON, hf_dir / HF_CONFIG, specials)
+    check_vocab(vocab, hf, hf_dir / VOCAB_JSON, hf_dir / HF_CONFIG, specials,
+                config_ids=config_ids)
+    target_vocab, decoder_size = vocab, hf.get("decoder_vocab_size")
+    if not separate and decoder_size not in (None, hf["vocab_size"]):
+        raise ForeignCheckpointError(f"{hf_dir / HF_CONFIG}: decoder_vocab_size={decoder_size} "
+                                     f"differs from vocab_size={hf['vocab_size']}, but the "
+                                     f"tokenizer has one vocabulary (no separate_vocabs)")
+    if separate:
+        target_vocab = _read_json(hf_dir / TARGET_VOCAB_JSON)
+        check_vocab(target_vocab, hf, hf_dir / TARGET_VOCAB_JSON, hf_dir / HF_CONFIG,
+                    specials, "decoder_vocab_size", config_ids)
     start = hf.get("decoder_start_token_id")
-    start = vocab[specials["pad"]] if start is None else start     # transformers' default
-    if not isinstance(start, int) or start not in set(vocab.values()):
+    start = target_vocab[specials["pad"]] if start is None else start   # transformers' default
+    if not isinstance(start, int) or start not in set(target_vocab.values()):
         raise ForeignCheckpointError(f"{hf_dir / HF_CONFIG}: decoder_start_token_id={start!r} "
-                                     f"is not an id of {VOCAB_JSON}")
+                                     f"is not an id of "
+                                     f"{TARGET_VOCAB_JSON if separate else VOCAB_JSON}")
+    named = {"eos": specials["eos"], "unk": specials["unk"], "pad": specials["pad"]}
     target_spm = hf_dir / TARGET_SPM
-    vocabulary = merged_vocabulary(hf_dir / SOURCE_SPM,
-                                   target_spm if target_spm.is_file() else None, vocab,
-                                   eos=specials["eos"], unk=specials["unk"],
-                                   pad=specials["pad"], decoder_start=start)
+    vocabulary = merged_vocabulary(hf_dir / SOURCE_SPM, None if separate else target_spm
+                                   if target_spm.is_file() else None, vocab, **named,
+                                   decoder_start=_source_bos(vocab, specials["pad"])
+                                   if separate else start)
+    target = merged_vocabulary(target_spm, None, target_vocab, **named, decoder_start=start) \
+        if separate else None
     source_lang, target_lang = options.get("source_lang"), options.get("target_lang")
     languages = (source_lang, target_lang) \
         if isinstance(source_lang, str) and isinstance(target_lang, str) else None
-    return vocabulary, languages
+    return vocabulary, target, languages
+
+
+def _source_bos(vocab: dict[str, int], pad: str) -> int:
+    """The id a separate source vocabulary's bos (which sources never hold) takes: its
+    bos piece's (one our exports wrote), else pad's."""
+    return next((vocab[name] for name in BOS_NAMES if name in vocab), vocab[pad])
 
 
 def check_vocab(vocab: Any, hf: dict[str, Any], vocab_file: Path, config_file: Path,
-                specials: dict[str, str]) -> None:
-    """vocab.json maps pieces to distinct ids below vocab_size, with the special pieces,
-    and the config's eos and pad ids are theirs."""
+                specials: dict[str, str], size_key: str = "vocab_size",
+                config_ids: tuple[str, ...] = ("eos", "pad")) -> None:
+    """vocab.json (or target_vocab.json, of decoder_vocab_size ids) maps pieces to
+    distinct ids below the config's size, with the special pieces, and the config's ids
+    of `config_ids` are theirs."""
     if not isinstance(vocab, dict) or not vocab or \
             not all(isinstance(i, int) and not isinstance(i, bool) for i in vocab.values()):
         raise ForeignCheckpointError(f"{vocab_file}: not a mapping of pieces to ids")
-    size = hf.get("vocab_size")
+    size = hf.get(size_key)
     if not isinstance(size, int) or size < 1:
-        raise ForeignCheckpointError(f"{config_file}: vocab_size={size!r}")
+        raise ForeignCheckpointError(f"{config_file}: {size_key}={size!r}")
     ids = list(vocab.values())
     if len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= size:
         raise ForeignCheckpointError(f"{vocab_file}: ids must be distinct and from 0 to "
-                                     f"vocab_size - 1 = {size - 1}")
+                                     f"{size_key} - 1 = {size - 1}")
     for role, piece in specials.items():
         if piece not in vocab:
             raise ForeignCheckpointError(f"{vocab_file}: no {role} piece {piece!r}")
         given = hf.get(f"{role}_token_id")
-        if role != "unk" and given is not None and given != vocab[piece]:
+        if role in config_ids and given is not None and given != vocab[piece]:
             raise ForeignCheckpointError(f"{config_file}: {role}_token_id={given} but "
                                          f"{piece!r} is {vocab[piece]} in {vocab_file.name}")
-    decoder_size = hf.get("decoder_vocab_size")
-    if decoder_size is not None and decoder_size != size:
-        raise ForeignCheckpointError(f"{config_file}: decoder_vocab_size={decoder_size} "
-                                     f"differs from vocab_size={size}; only one shared "
-                                     f"vocabulary can be imported")
 
 
 def model_config(hf: dict[str, Any], config_file: Path, activation: str, vocab_size: int,
-                 *, norm_first: bool = False, positional: str = "sinusoidal") -> ModelConfig:
+                 target_size: int | None = None, *, shared: bool = True,
+                 norm_first: bool = False, positional: str = "sinusoidal") -> ModelConfig:
     """Our ModelConfig of a Marian configuration (or of the same keys: M2M100's, which is
-    norm_first with its positions as a learned table); what differs between the stacks,
-    or what we cannot reproduce, is refused."""
+    norm_first with its positions as a learned table), target_size ids for a separate
+    target vocabulary, shared=False for an encoder's embedding of its own; what differs
+    between the stacks, or what we cannot reproduce, is refused."""
     def required(name: str) -> Any:
         if name not in hf:
             raise ForeignCheckpointError(f"{config_file}: no {name!r}")
@@ -203,13 +238,15 @@ def model_config(hf: dict[str, Any], config_file: Path, activation: str, vocab_s
                                      f"sinusoids need an even size")
     try:
         return ModelConfig(
-            src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=required("d_model"),
+            src_vocab_size=vocab_size, tgt_vocab_size=target_size or vocab_size,
+            d_model=required("d_model"),
             num_heads=hf["encoder_attention_heads"], d_ff=hf["encoder_ffn_dim"],
             num_encoder_layers=required("encoder_layers"),
             num_decoder_layers=required("decoder_layers"),
             dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.0),
             activation=activation, norm_first=norm_first, positional=positional,
-            max_positions=required("max_position_embeddings"), tie_embeddings="all",
+            max_positions=required("max_position_embeddings"),
+            tie_embeddings="all" if shared else "decoder",
             bias=True, layer_norm_eps=1e-5, pad_id=PAD_ID,
             scale_embeddings=bool(hf.get("scale_embedding", False)), output_bias=True)
     except (ConfigError, TypeError) as error:
@@ -226,30 +263,43 @@ def bad_words(hf: dict[str, Any], generation_config: Path) -> set[int]:
             if isinstance(words, list) and len(words) == 1 and isinstance(words[0], int)}
 
 
-def map_weights(tensors: dict[str, Tensor], config: ModelConfig, marian_size: int,
+def map_weights(tensors: dict[str, Tensor], config: ModelConfig, sizes: tuple[int, int],
                 banned: set[int], vocabulary: MarianVocabulary,
-                source: Path) -> dict[str, Tensor]:
-    """Marian's tensors (a vocabulary of marian_size) -> our state dict (float32): the
-    model dimension permuted back to interleaved sines, the vocabulary reordered to
-    ours, the `banned` Marian ids never output, each key accounted for."""
+                target: MarianVocabulary | None, source: Path) -> dict[str, Tensor]:
+    """Marian's tensors (vocabularies of sizes: the encoder's, the decoder's) -> our
+    state dict (float32): the model dimension permuted back to interleaved sines, the
+    vocabulary (and a separate target one) reordered to ours, the `banned` Marian ids
+    never output, each key accounted for."""
     weights = BartWeights(tensors, source, config.d_model)
-    take_bart_weights(weights, config, marian_size, banned, vocabulary)
+    take_bart_weights(weights, config, sizes[0], banned, vocabulary, target=target,
+                      decoder_size=sizes[1])
     _check_positions(weights, config)
     return weights.all_taken()
 
 
 def take_bart_weights(weights: "BartWeights", config: ModelConfig, stored_size: int,
                       banned: set[int], vocabulary: MarianVocabulary,
-                      final_norms: bool = False) -> None:
-    """The shared embedding in our ids' order, the output bias (the `banned` stored ids
-    never output) and every layer into weights.state; with final_norms, each stack's
-    last LayerNorm too (pre-norm's: M2M100's layer_norm)."""
+                      final_norms: bool = False, *, target: MarianVocabulary | None = None,
+                      decoder_size: int | None = None) -> None:
+    """The embeddings in our ids' order (shared, or the encoder's and the decoder's where
+    config ties the decoder's alone: over `target`'s ids where it is separate, of
+    decoder_size stored rows), the output bias (the `banned` stored ids never output)
+    and every layer into weights.state; with final_norms, each stack's last LayerNorm
+    too (pre-norm's: M2M100's layer_norm)."""
     rows = torch.tensor(vocabulary.marian_ids)            # ours[i] = theirs[rows[i]]
-    embedding = weights.permute(shared_embedding(weights, stored_size)[rows], 1)
-    for key in ("encoder.embed.embedding.weight", "decoder.embed.embedding.weight",
-                "output_proj.weight"):
+    target_rows = rows if target is None else torch.tensor(target.marian_ids)
+    decoder_size = decoder_size or stored_size
+    if config.tie_embeddings == "all":
+        embedding = weights.permute(stored_embedding(weights, stored_size)[rows], 1)
+        weights.state["encoder.embed.embedding.weight"] = embedding
+    else:
+        encoder = stored_embedding(weights, stored_size, EMBEDDINGS[1:2])
+        weights.state["encoder.embed.embedding.weight"] = weights.permute(encoder[rows], 1)
+        embedding = weights.permute(
+            stored_embedding(weights, decoder_size, EMBEDDINGS[2:])[target_rows], 1)
+    for key in ("decoder.embed.embedding.weight", "output_proj.weight"):
         weights.state[key] = embedding
-    weights.state["output_proj.bias"] = output_bias(weights, banned, rows, stored_size)
+    weights.state["output_proj.bias"] = output_bias(weights, banned, target_rows, decoder_size)
     for stack, layers in (("encoder", config.num_encoder_layers),
                           ("decoder", config.num_decoder_layers)):
         for i in range(layers):
@@ -319,18 +369,19 @@ class BartWeights:
         return {name: tensor.contiguous() for name, tensor in self.state.items()}
 
 
-def shared_embedding(weights: BartWeights, vocab_size: int) -> Tensor:
-    """The shared embedding (V, C) as stored: every stored copy (shared, the stacks',
-    lm_head) must be the same matrix."""
-    stored = [name for name in EMBEDDINGS if name in weights.names]
+def stored_embedding(weights: BartWeights, vocab_size: int,
+                     names: tuple[str, ...] = EMBEDDINGS) -> Tensor:
+    """An embedding (V, C) as stored under `names` (default: the shared one's): every
+    stored copy (shared, the stacks', lm_head) must be the same matrix."""
+    stored = [name for name in names if name in weights.names]
     if not stored:
-        raise ForeignCheckpointError(f"{weights.source}: missing weight 'shared.weight'")
+        raise ForeignCheckpointError(f"{weights.source}: missing weight {names[0]!r}")
     first = weights.take(stored[0], vocab_size, weights.d_model)
     for name in stored[1:]:
         if not torch.equal(weights.take(name, vocab_size, weights.d_model), first):
             raise ForeignCheckpointError(f"{weights.source}: {name!r} differs from "
-                                         f"{stored[0]!r}; only one shared embedding matrix "
-                                         f"can be imported")
+                                         f"{stored[0]!r}; the model ties them (one "
+                                         f"matrix)")
     return first
 
 

@@ -164,6 +164,8 @@ def describe(service: Service, kind: str) -> dict:
             "vocabulary": {"size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id,
                            "eos_id": tokenizer.eos_id, "pad_id": tokenizer.pad_id},
             "limits": dataclasses.asdict(service.limits)}
+    if getattr(tokenizer, "separate", False):     # a target vocabulary of its own
+        info["vocabulary"]["target_size"] = tokenizer.target_tokenizer.vocab_size
     if kind == "translation":
         info["languages"] = dict(zip(("source", "target"), service.languages)) \
             if service.languages else None

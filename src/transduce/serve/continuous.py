@@ -94,7 +94,7 @@ class TranslationStream:
 
     def step(self) -> list[tuple[Job, Any]]:
         done, self.ready = self.ready, []
-        decode = self.translator.tokenizer.decode
+        decode = self.translator.tokenizer.target_tokenizer.decode
         for (job, index), hypotheses in self.search.step():
             pending = self.pending[job]
             pending.results[index] = [Translation(decode(h.tokens), h.score) for h in hypotheses]

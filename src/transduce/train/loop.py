@@ -42,7 +42,8 @@ from transduce.data.batching import Batcher, EncoderBatcher, PackedBatcher, Toke
 from transduce.data.corpus import CorpusKind, corpus_kind, has_split, language_pair
 from transduce.data.dataset import TokenizedSplit, TokenizedText, load_split, load_text_split
 from transduce.data.packing import PackedPairBatcher
-from transduce.data.tokenizer import MODEL_NAME, PAD_ID, Tokenizer
+from transduce.data.tokenizer import MODEL_NAME, PAD_ID, TARGET_MODEL_NAME, Tokenizer, \
+    TokenizerError, check_vocabularies
 from transduce.decode.evaluate import score_lines
 from transduce.decode.languages import Direction
 from transduce.decode.translate import Translator
@@ -265,17 +266,22 @@ def _tokenizer_path(data_dir: Path, weights_from: Path | None) -> Path:
         return path
     if not path.is_file():
         return theirs
-    if theirs.read_bytes() != path.read_bytes():
-        raise TrainingError(f"{path} is not the vocabulary {weights_from} was trained with "
-                            f"({theirs}): remove it to train on with the checkpoint's")
+    for name in (MODEL_NAME, TARGET_MODEL_NAME):    # a separate target vocabulary too
+        ours, stored = data_dir / name, theirs.with_name(name)
+        if (ours.is_file() or name == MODEL_NAME) and \
+                (not stored.is_file() or stored.read_bytes() != ours.read_bytes()):
+            raise TrainingError(f"{ours} is not the vocabulary {weights_from} was trained "
+                                f"with ({stored}): remove it to train on with the "
+                                f"checkpoint's")
     return theirs      # the same, with the targets' segmentation if it has one of its own
 
 
 def _check_vocabulary(model_config: ModelConfig, tokenizer: Tokenizer) -> None:
-    for name in ("src_vocab_size", "tgt_vocab_size"):
-        if getattr(model_config, name) != tokenizer.vocab_size:
-            raise TrainingError(f"ModelConfig.{name}={getattr(model_config, name)} but the "
-                                f"vocabulary {tokenizer.path} has {tokenizer.vocab_size} pieces")
+    try:
+        check_vocabularies(tokenizer, model_config.src_vocab_size,
+                           model_config.tgt_vocab_size, model_config.tie_embeddings == "all")
+    except TokenizerError as error:
+        raise TrainingError(str(error)) from None
     if model_config.pad_id != PAD_ID:
         raise TrainingError(f"ModelConfig.pad_id must be the tokenizer's pad id {PAD_ID}")
 
