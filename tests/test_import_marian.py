@@ -477,6 +477,8 @@ REFUSED_CONFIGS = [
     (lambda c: {**c, "normalize_before": True}, "normalize_before=true"),
     (lambda c: {**c, "decoder_attention_heads": 2}, "our stacks share num_heads"),
     (lambda c: {**c, "decoder_vocab_size": 10}, "decoder_vocab_size=10"),
+    (lambda c: {**c, "share_encoder_decoder_embeddings": "no"},
+     "share_encoder_decoder_embeddings='no'; expected true or false"),
     (lambda c: {**c, "eos_token_id": 5}, "eos_token_id=5"),
     (lambda c: {**c, "decoder_start_token_id": 10 ** 6}, "decoder_start_token_id=1000000"),
     (lambda c: {**c, "d_model": 33}, "d_model=33"),

@@ -110,7 +110,7 @@ def stream_rows(files: Sequence[Path]) -> Iterator[tuple[int, tuple[str, ...]]]:
 
 # Workers ------------------------------------------------------------------------------
 
-_processors: list = []          # one per side: the last side's for any side past it
+_processors: list = []          # SentencePiece processors: one per side, or one for both
 
 
 _start_error: str | None = None

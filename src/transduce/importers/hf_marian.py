@@ -85,10 +85,13 @@ def import_marian(hf_dir: Path | str, out: Path | str) -> Path:
     hf_dir, out = Path(hf_dir), Path(out)
     hf, config_file, activation = read_bart_config(hf_dir, out, "marian", FIXED_OPTIONS,
                                                    "gelu")
+    shared = hf.get("share_encoder_decoder_embeddings", True)
+    if not isinstance(shared, bool):
+        raise ForeignCheckpointError(f"{config_file}: share_encoder_decoder_embeddings="
+                                     f"{shared!r}; expected true or false")
     vocabulary, target, languages = read_vocabulary(hf_dir, hf)
     config = model_config(hf, config_file, activation, len(vocabulary.marian_ids),
-                          len(target.marian_ids) if target else None,
-                          shared=hf.get("share_encoder_decoder_embeddings", True) is True)
+                          len(target.marian_ids) if target else None, shared=shared)
     tensors, source = read_weights(hf_dir)
     model = empty_model(config)     # every weight is loaded next
     banned = bad_words(hf, hf_dir / GENERATION_CONFIG)
@@ -139,30 +142,7 @@ def read_vocabulary(hf_dir: Path, hf: dict[str, Any]) -> tuple[
         hf_dir, {"eos": "</s>", "unk": "<unk>", "pad": "<pad>"},
         ("separate_vocabs", "source_lang", "target_lang"))
     separate = options.get("separate_vocabs") is True
-    if separate and hf.get("share_encoder_decoder_embeddings", True) is not False:
-        raise ForeignCheckpointError(f"{hf_dir / HF_CONFIG}: separate_vocabs=true needs "
-                                     f"share_encoder_decoder_embeddings=false (a matrix for "
-                                     f"each vocabulary)")
-    needed = (SOURCE_SPM, VOCAB_JSON) + ((TARGET_SPM, TARGET_VOCAB_JSON) if separate else ())
-    for name in needed:
-        if not (hf_dir / name).is_file():
-            raise ForeignCheckpointError(f"{hf_dir}: no {name} (a Marian tokenizer has "
-                                         f"{SOURCE_SPM}, {TARGET_SPM} and {VOCAB_JSON}"
-                                         f"{f', and {TARGET_VOCAB_JSON}' if separate else ''})")
-    # Separate vocabularies each end with a <pad> of their own: pad_token_id names one.
-    config_ids = ("eos",) if separate else ("eos", "pad")
-    vocab = _read_json(hf_dir / VOCAB_JSON)
-    check_vocab(vocab, hf, hf_dir / VOCAB_JSON, hf_dir / HF_CONFIG, specials,
-                config_ids=config_ids)
-    target_vocab, decoder_size = vocab, hf.get("decoder_vocab_size")
-    if not separate and decoder_size not in (None, hf["vocab_size"]):
-        raise ForeignCheckpointError(f"{hf_dir / HF_CONFIG}: decoder_vocab_size={decoder_size} "
-                                     f"differs from vocab_size={hf['vocab_size']}, but the "
-                                     f"tokenizer has one vocabulary (no separate_vocabs)")
-    if separate:
-        target_vocab = _read_json(hf_dir / TARGET_VOCAB_JSON)
-        check_vocab(target_vocab, hf, hf_dir / TARGET_VOCAB_JSON, hf_dir / HF_CONFIG,
-                    specials, "decoder_vocab_size", config_ids)
+    vocab, target_vocab = _read_vocab_files(hf_dir, hf, specials, separate)
     start = hf.get("decoder_start_token_id")
     start = target_vocab[specials["pad"]] if start is None else start   # transformers' default
     if not isinstance(start, int) or start not in set(target_vocab.values()):
@@ -181,6 +161,39 @@ def read_vocabulary(hf_dir: Path, hf: dict[str, Any]) -> tuple[
     languages = (source_lang, target_lang) \
         if isinstance(source_lang, str) and isinstance(target_lang, str) else None
     return vocabulary, target, languages
+
+
+def _read_vocab_files(hf_dir: Path, hf: dict[str, Any], specials: dict[str, str],
+                      separate: bool) -> tuple[dict[str, int], dict[str, int]]:
+    """vocab.json, and target_vocab.json where the vocabularies are separate (else
+    vocab.json again), checked against the config."""
+    if separate and hf.get("share_encoder_decoder_embeddings", True) is not False:
+        raise ForeignCheckpointError(f"{hf_dir / HF_CONFIG}: separate_vocabs=true needs "
+                                     f"share_encoder_decoder_embeddings=false (a matrix for "
+                                     f"each vocabulary)")
+    needed = (SOURCE_SPM, VOCAB_JSON) + ((TARGET_SPM, TARGET_VOCAB_JSON) if separate else ())
+    for name in needed:
+        if not (hf_dir / name).is_file():
+            raise ForeignCheckpointError(f"{hf_dir}: no {name} (a Marian tokenizer has "
+                                         f"{SOURCE_SPM}, {TARGET_SPM} and {VOCAB_JSON}"
+                                         f"{f', and {TARGET_VOCAB_JSON}' if separate else ''})")
+    # Separate vocabularies each end with a <pad> of their own: pad_token_id names one.
+    config_ids = ("eos",) if separate else ("eos", "pad")
+    vocab = _read_json(hf_dir / VOCAB_JSON)
+    check_vocab(vocab, hf, hf_dir / VOCAB_JSON, hf_dir / HF_CONFIG, specials,
+                config_ids=config_ids)
+    decoder_size = hf.get("decoder_vocab_size")
+    if not separate:
+        if decoder_size not in (None, hf["vocab_size"]):
+            raise ForeignCheckpointError(f"{hf_dir / HF_CONFIG}: decoder_vocab_size="
+                                         f"{decoder_size} differs from vocab_size="
+                                         f"{hf['vocab_size']}, but the tokenizer has one "
+                                         f"vocabulary (no separate_vocabs)")
+        return vocab, vocab
+    target_vocab = _read_json(hf_dir / TARGET_VOCAB_JSON)
+    check_vocab(target_vocab, hf, hf_dir / TARGET_VOCAB_JSON, hf_dir / HF_CONFIG, specials,
+                "decoder_vocab_size", config_ids)
+    return vocab, target_vocab
 
 
 def _source_bos(vocab: dict[str, int], pad: str) -> int:

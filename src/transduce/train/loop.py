@@ -268,8 +268,7 @@ def _tokenizer_path(data_dir: Path, weights_from: Path | None) -> Path:
         return theirs
     for name in (MODEL_NAME, TARGET_MODEL_NAME):    # a separate target vocabulary too
         ours, stored = data_dir / name, theirs.with_name(name)
-        if (ours.is_file() or name == MODEL_NAME) and \
-                (not stored.is_file() or stored.read_bytes() != ours.read_bytes()):
+        if ours.is_file() and (not stored.is_file() or stored.read_bytes() != ours.read_bytes()):
             raise TrainingError(f"{ours} is not the vocabulary {weights_from} was trained "
                                 f"with ({stored}): remove it to train on with the "
                                 f"checkpoint's")
