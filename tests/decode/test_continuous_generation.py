@@ -9,7 +9,9 @@ import torch
 
 from transduce.config import preset
 from transduce.data.tokenizer import Tokenizer
-from transduce.decode.continuous_generation import ContinuousGeneration, supports
+from transduce.decode import continuous_generation
+from transduce.decode.continuous_generation import ContinuousGeneration, length_groups, \
+    supports
 from transduce.decode.generate import Generator, prompt_seeds
 from transduce.decode.options import GenerateOptions
 from transduce.model import build_model
@@ -106,6 +108,34 @@ def test_prompts_of_different_settings_share_the_batch(generator):
         generation.add(ids[:2], [0, 1], None, [options[0]])
     with pytest.raises(ValueError, match="one seed per prompt when sampling"):
         generation.add(ids[:2], [0, 1], [None, None], options[:2])
+
+
+def test_prompts_are_prefilled_in_groups_of_near_lengths():
+    # 3 + 2 + 2 positions padded to 9 stay within 1.3x; 100 + 90 padded to 200 too.
+    assert length_groups([3, 100, 2, 90, 2, 0], slack=1.3, spare=0) == \
+        [[1, 3], [0, 2, 4], [5]]
+    assert length_groups([3, 100, 2, 90, 2, 0], slack=1.25, spare=0) == \
+        [[1, 3], [0, 2], [4], [5]]
+    # 128 spare positions: the 3 joins the long ones (300 for 193), the 2 would not (400).
+    assert length_groups([3, 100, 2, 90, 2, 0], slack=1.25, spare=128) == \
+        [[1, 3, 0], [2, 4, 5]]
+    assert length_groups([5], slack=1.0, spare=0) == [[0]] and length_groups([]) == []
+
+
+def test_groups_prefilled_apart_give_what_each_gives_alone(generator, monkeypatch):
+    """Every length of its own (no slack): each group's pass writes its own rows."""
+    monkeypatch.setattr(continuous_generation, "PREFILL_SLACK", 1.0)
+    monkeypatch.setattr(continuous_generation, "PREFILL_SPARE", 0)
+    passes = []
+    prefill = generator.model.prefill
+    monkeypatch.setattr(generator.model, "prefill",
+                        lambda prompt, *args, **kw: passes.append(prompt.shape) or
+                        prefill(prompt, *args, **kw))
+    options = GenerateOptions(max_new_tokens=10)
+    found, _ = run_continuously(ContinuousGeneration(generator, options), generator, PROMPTS,
+                                None, [0, 0, 0, 0, 0, 2, 2, 2])
+    assert len(passes) >= 5                # two joins, a pass for each length
+    assert found == [generator.generate([p], options)[0] for p in PROMPTS]
 
 
 def test_long_prompts_joining_early_slots_and_relayouts(tokenizer):

@@ -9,8 +9,9 @@ join before any step (`add`), so the batch stays full.
 Rows are aligned by cache slot, as in the continuous beam search (continuous.py): a step
 writes every row's token at one slot. A prompt of P tokens that joins when the next step
 writes slot t has its first P - 1 tokens cached at slots t - P + 1 .. t - 1 of its own
-rows (one prefill for all the prompts that join together), and its last token is fed at
-slot t with everyone's. Its positions count from its first slot, and it attends to its
+rows, and its last token is fed at slot t with everyone's. The prompts that join
+together are prefilled in groups of near lengths (length_groups): one left-padded pass
+would make every prompt as long as the longest. Its positions count from its first slot, and it attends to its
 own slots only, so it generates what it would alone: in float32 each row reads just
 those (the one-query kernel, attention/one_query.py, as the continuous beam search
 does), elsewhere the window from the oldest row's first slot under a mask. Slots before
@@ -42,6 +43,10 @@ from transduce.decode.sampling import Sampler, penalize_repetition
 from transduce.model.decoder_only import DecoderOnly, LMState
 
 MIN_SLOTS = 32     # the fewest slots a layout allocates
+# A prefill group's rows, padded to its longest prompt, compute at most this many
+# positions per real one, or this many padding positions more (below which another
+# pass would cost more than the padding it saves).
+PREFILL_SLACK, PREFILL_SPARE = 1.25, 128
 
 
 @dataclass
@@ -116,7 +121,7 @@ class ContinuousGeneration:
         self._make_room(first + count, before)
         rows = slice(first, first + count)
         if before:
-            self._prefill(prompts, rows, before)
+            self._prefill(prompts, first)
         lengths = torch.tensor([len(ids) for ids in prompts], device=self.device)
         self._starts[rows] = self.slot - (lengths - 1)
         self._tokens[rows] = torch.tensor([ids[-1] for ids in prompts], device=self.device)
@@ -248,13 +253,20 @@ class ContinuousGeneration:
         state = LMState(self.caches, key_mask, offsets)
         return self.model.decode_step(tokens, state)[:, -1].float()
 
-    def _prefill(self, prompts: list[list[int]], rows: slice, before: int) -> None:
-        """Cache every prompt's tokens but its last, right-aligned to end at slot - 1."""
-        prompt, mask = left_pad(prompts, self.model.config.pad_id, self.device)   # (N, P)
-        state = self.model.prefill(prompt, 0, src_mask=mask, cache_dtype=self.cache_dtype)
-        for (k, v), cache in zip(self._keys, state.caches):
-            k[rows, :, self.slot - before:self.slot] = cache.k[:, :, :before]
-            v[rows, :, self.slot - before:self.slot] = cache.v[:, :, :before]
+    def _prefill(self, prompts: list[list[int]], first: int) -> None:
+        """Cache every prompt's tokens but its last, right-aligned to end at slot - 1, in
+        rows first, first + 1, ...: a pass for each group of near lengths."""
+        for group in length_groups([len(ids) - 1 for ids in prompts]):
+            before = len(prompts[group[0]]) - 1                      # the group's longest
+            if not before:
+                continue
+            prompt, mask = left_pad([prompts[i] for i in group], self.model.config.pad_id,
+                                    self.device)                                  # (N, P)
+            state = self.model.prefill(prompt, 0, src_mask=mask, cache_dtype=self.cache_dtype)
+            rows = torch.tensor([first + i for i in group], device=self.device)
+            for (k, v), cache in zip(self._keys, state.caches):
+                k[rows, :, self.slot - before:self.slot] = cache.k[:, :, :before]
+                v[rows, :, self.slot - before:self.slot] = cache.v[:, :, :before]
 
     def _keep(self, kept: list[int]) -> None:
         """Keep rows `kept` at the top of the buffers and forget the others: the kept
@@ -313,6 +325,28 @@ class ContinuousGeneration:
         if self._seen is not None:
             self._seen = _grown(self._seen, new_rows)
             self._penalties = _grown(self._penalties, new_rows)
+
+
+def length_groups(lengths: Sequence[int], slack: float | None = None,
+                  spare: int | None = None) -> list[list[int]]:
+    """Indices of `lengths` grouped to be padded together, longest first in each group:
+    a group padded to its first's length computes at most `slack` times its lengths'
+    sum, or `spare` positions more (default: PREFILL_SLACK, PREFILL_SPARE)."""
+    slack = PREFILL_SLACK if slack is None else slack
+    spare = PREFILL_SPARE if spare is None else spare
+    groups: list[list[int]] = []
+    real = 0
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if groups:
+            padded = lengths[groups[-1][0]] * (len(groups[-1]) + 1)
+            total = real + lengths[index]
+            if padded <= max(slack * total, total + spare):
+                groups[-1].append(index)
+                real = total
+                continue
+        groups.append([index])
+        real = lengths[index]
+    return groups
 
 
 def _runs(offsets: list[int]) -> list[tuple[int, int, int]]:
