@@ -23,20 +23,27 @@ WORDS = {"uno": "one", "dos": "two", "tres": "three", "casa": "house", "perro": 
          "gato": "cat", "rojo": "red", "grande": "big", "el": "the", "come": "eats"}
 
 
-@pytest.fixture(scope="session")
-def tiny_corpus(tmp_path_factory):
-    """A word-for-word toy translation task with its own 300-piece vocabulary."""
-    directory = tmp_path_factory.mktemp("corpus")
+def write_word_pairs(directory, words: dict[str, str], target_language: str) -> None:
+    """A word-for-word toy translation task: Spanish words (the keys of `words`) into
+    theirs, 300 training pairs, 30 dev, 30 test, written as a corpus directory."""
     rng = random.Random(0)
     for split, size in (("train", 300), ("dev", 30), ("test", 30)):
         source, target = [], []
         for _ in range(size):
-            words = [rng.choice(list(WORDS)) for _ in range(rng.randint(2, 8))]
-            source.append(" ".join(words))
-            target.append(" ".join(WORDS[w] for w in words))
+            chosen = [rng.choice(list(words)) for _ in range(rng.randint(2, 8))]
+            source.append(" ".join(chosen))
+            target.append(" ".join(words[w] for w in chosen))
         (directory / f"{split}.es").write_text("\n".join(source) + "\n", encoding="utf-8")
-        (directory / f"{split}.en").write_text("\n".join(target) + "\n", encoding="utf-8")
-    write_metadata(directory, "es", "en")
+        (directory / f"{split}.{target_language}").write_text("\n".join(target) + "\n",
+                                                             encoding="utf-8")
+    write_metadata(directory, "es", target_language)
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory):
+    """A word-for-word toy translation task with its own 300-piece vocabulary."""
+    directory = tmp_path_factory.mktemp("corpus")
+    write_word_pairs(directory, WORDS, "en")
     train_source = (directory / "train.es").read_text(encoding="utf-8").splitlines()
     train_target = (directory / "train.en").read_text(encoding="utf-8").splitlines()
     train_tokenizer(train_source + train_target, directory, vocab_size=300)

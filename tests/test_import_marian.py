@@ -180,22 +180,31 @@ def _batch(tokenizer, texts):
     return encoded["input_ids"], encoded["attention_mask"]
 
 
-def test_logits_match_over_every_token_it_may_output(marian):
-    directory, vocab, theirs, tokenizer, out = marian
-    model = load_model(out)
-    to_marian = torch.tensor(marian_id_of(Tokenizer(out / checkpoint.TOKENIZER), vocab))
-    to_ours = {int(m): i for i, m in enumerate(to_marian.tolist()) if m >= 0}
+def logits_both_ways(theirs, tokenizer, out, vocab, target_vocab):
+    """Our import's logits and Marian's, for SAMPLES[:4] and random targets -> (ours,
+    Marian's in our target ids' order past pad and bos, Marian's source and mask)."""
+    ours = Tokenizer(out / checkpoint.TOKENIZER)
+    to_source = {m: i for i, m in enumerate(marian_id_of(ours, vocab)) if m >= 0}
+    to_marian = torch.tensor(marian_id_of(ours.target_tokenizer, target_vocab))
+    to_target = {int(m): i for i, m in enumerate(to_marian.tolist()) if m >= 0}
     their_src, mask = _batch(tokenizer, SAMPLES[:4])
-    src = their_src.clone().apply_(lambda t: to_ours.get(t, PAD_ID)).masked_fill(mask == 0, PAD_ID)
+    src = their_src.clone().apply_(lambda t: to_source.get(t, PAD_ID)).masked_fill(
+        mask == 0, PAD_ID)
     torch.manual_seed(1)
-    outputs = torch.randint(2, len(vocab) - 1, (4, 6))
-    their_tgt = torch.cat([torch.full((4, 1), vocab["<pad>"]), outputs], dim=1)
-    tgt = torch.cat([torch.full((4, 1), BOS_ID), outputs.clone().apply_(to_ours.get)], dim=1)
+    outputs = torch.randint(2, len(target_vocab) - 1, (4, 6))
+    their_tgt = torch.cat([torch.full((4, 1), target_vocab["<pad>"]), outputs], dim=1)
+    tgt = torch.cat([torch.full((4, 1), BOS_ID), outputs.clone().apply_(to_target.get)], dim=1)
     with torch.no_grad():
         expected = theirs(input_ids=their_src, attention_mask=mask,
                           decoder_input_ids=their_tgt).logits
-        found = model(src, tgt)
-    torch.testing.assert_close(found[..., 2:], expected[..., to_marian[2:]], rtol=1e-4, atol=1e-4)
+        found = load_model(out)(src, tgt)
+    return found, expected[..., to_marian[2:]], (their_src, mask)
+
+
+def test_logits_match_over_every_token_it_may_output(marian):
+    directory, vocab, theirs, tokenizer, out = marian
+    found, expected, _ = logits_both_ways(theirs, tokenizer, out, vocab, vocab)
+    torch.testing.assert_close(found[..., 2:], expected, rtol=1e-4, atol=1e-4)
     assert torch.all(found[..., [PAD_ID, BOS_ID]] <= NEVER_OUTPUT / 2)      # never output
 
 
@@ -299,22 +308,9 @@ def test_separate_vocabularies_give_marians_ids_on_each_side(separate):
 
 def test_separate_vocabularies_give_marians_logits_and_translations(separate):
     _, vocab, target_vocab, theirs, tokenizer, out = separate
-    model, ours = load_model(out), Tokenizer(out / checkpoint.TOKENIZER)
-    source_ours = {m: i for i, m in enumerate(marian_id_of(ours, vocab)) if m >= 0}
-    to_marian = torch.tensor(marian_id_of(ours.target_tokenizer, target_vocab))
-    target_ours = {int(m): i for i, m in enumerate(to_marian.tolist()) if m >= 0}
-    their_src, mask = _batch(tokenizer, SAMPLES[:4])
-    src = their_src.clone().apply_(lambda t: source_ours.get(t, PAD_ID)).masked_fill(
-        mask == 0, PAD_ID)
-    torch.manual_seed(1)
-    outputs = torch.randint(2, len(target_vocab) - 1, (4, 6))
-    their_tgt = torch.cat([torch.full((4, 1), target_vocab["<pad>"]), outputs], dim=1)
-    tgt = torch.cat([torch.full((4, 1), BOS_ID), outputs.clone().apply_(target_ours.get)], dim=1)
-    with torch.no_grad():
-        expected = theirs(input_ids=their_src, attention_mask=mask,
-                          decoder_input_ids=their_tgt).logits
-        found = model(src, tgt)
-    torch.testing.assert_close(found[..., 2:], expected[..., to_marian[2:]], rtol=1e-4, atol=1e-4)
+    found, expected, (their_src, mask) = logits_both_ways(theirs, tokenizer, out, vocab,
+                                                          target_vocab)
+    torch.testing.assert_close(found[..., 2:], expected, rtol=1e-4, atol=1e-4)
     with torch.no_grad():
         generated = theirs.generate(input_ids=their_src, attention_mask=mask, max_new_tokens=10,
                                     do_sample=False, num_beams=1, forced_eos_token_id=None)

@@ -118,7 +118,9 @@ class _AfterTheForcedCode(transformers.LogitsProcessor):
 
 def _their_outputs(nllb, texts, target, **options):
     """transformers' generate into `target` -> ids after the start and the code (12 at
-    most: its max_new_tokens counts the code)."""
+    most: its max_new_tokens counts the code). The banned tokens' share is taken out of
+    the probabilities (renormalize_logits), as our never-output bias does, so that beams
+    are ranked as ours."""
     _, theirs, tokenizer, _ = nllb
     tokenizer.src_lang = "eng_Latn"
     encoded = tokenizer(texts, padding=True, return_tensors="pt")
@@ -126,7 +128,7 @@ def _their_outputs(nllb, texts, target, **options):
     with torch.no_grad():
         out = theirs.generate(**encoded, forced_bos_token_id=tokenizer.convert_tokens_to_ids(
             target), do_sample=False, max_new_tokens=13, logits_processor=processors,
-            **options)
+            renormalize_logits=True, **options)
     return [[t for t in row[2:] if t != tokenizer.pad_token_id] for row in out.tolist()]
 
 

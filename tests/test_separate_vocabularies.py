@@ -5,7 +5,6 @@ and every export (Marian with separate_vocabs, CTranslate2, ONNX) and the Marian
 carry both."""
 
 import json
-import random
 import shutil
 import warnings
 
@@ -16,7 +15,6 @@ from transduce import checkpoint
 from transduce.attention_maps import attention_maps
 from transduce.cli import main
 from transduce.config import preset
-from transduce.data.corpus import write_metadata
 from transduce.data.dataset import load_split
 from transduce.data.store import open_store
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerError, \
@@ -24,6 +22,7 @@ from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, Tokenize
 from transduce.decode.search import greedy_search
 from transduce.decode.translate import Translator
 from transduce.model import Transformer, load_model
+from tests.conftest import write_word_pairs
 
 # Spanish to Russian: the sides share no letters, so that each vocabulary is its own.
 WORDS = {"uno": "один", "dos": "два", "tres": "три", "casa": "дом", "perro": "собака",
@@ -31,23 +30,10 @@ WORDS = {"uno": "один", "dos": "два", "tres": "три", "casa": "дом",
 SOURCE_SIZE, TARGET_SIZE = 300, 320
 
 
-def _write_pairs(directory, seed=0):
-    rng = random.Random(seed)
-    for split, size in (("train", 300), ("dev", 20), ("test", 20)):
-        source, target = [], []
-        for _ in range(size):
-            words = [rng.choice(list(WORDS)) for _ in range(rng.randint(2, 8))]
-            source.append(" ".join(words))
-            target.append(" ".join(WORDS[word] for word in words))
-        (directory / f"{split}.es").write_text("\n".join(source) + "\n", encoding="utf-8")
-        (directory / f"{split}.ru").write_text("\n".join(target) + "\n", encoding="utf-8")
-    write_metadata(directory, "es", "ru")
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     directory = tmp_path_factory.mktemp("es-ru")
-    _write_pairs(directory)
+    write_word_pairs(directory, WORDS, "ru")
     assert main(["vocab", "--data", str(directory), "--size", str(SOURCE_SIZE), "--separate",
                  "--target-size", str(TARGET_SIZE)]) == 0
     return directory
@@ -117,6 +103,19 @@ def test_a_shared_vocabulary_replaces_a_separate_one(corpus, tmp_path):
     shared = Tokenizer(copy / checkpoint.TOKENIZER)
     assert not shared.separate and shared.target_tokenizer is shared
     assert shared.encode(["perro"]) and shared.encode(["собака"])
+
+
+def test_a_sample_trains_each_side_on_its_own_texts(corpus, tmp_path):
+    copy = tmp_path / "corpus"
+    shutil.copytree(corpus, copy)
+    assert main(["vocab", "--data", str(copy), "--separate", "--sample", "150", "--size", "290",
+                 "--target-size", "300"]) == 0
+    tokenizer = Tokenizer(copy / checkpoint.TOKENIZER)
+    assert (tokenizer.vocab_size, tokenizer.target_tokenizer.vocab_size) == (290, 300)
+    cyrillic = [any("\u0400" <= char <= "\u04ff" for char in side.piece(i))
+                for side, size in ((tokenizer, 290), (tokenizer.target_tokenizer, 300))
+                for i in range(size)]
+    assert not any(cyrillic[:290]) and sum(cyrillic[290:]) > 20     # Russian: targets only
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -11,13 +11,13 @@ writes every row's token at one slot. A prompt of P tokens that joins when the n
 writes slot t has its first P - 1 tokens cached at slots t - P + 1 .. t - 1 of its own
 rows, and its last token is fed at slot t with everyone's. The prompts that join
 together are prefilled in groups of near lengths (length_groups): one left-padded pass
-would make every prompt as long as the longest. Its positions count from its first slot, and it attends to its
-own slots only, so it generates what it would alone: in float32 each row reads just
-those (the one-query kernel, attention/one_query.py, as the continuous beam search
-does), elsewhere the window from the oldest row's first slot under a mask. Slots before
-the oldest running row's first are never read; when the buffers lack room (for more
-rows, a longer prompt, the next slot) they are laid out again from that slot, with
-twice the room needed, so that this is rare.
+would make every prompt as long as the longest. Its positions count from its first
+slot, and it attends to its own slots only, so it generates what it would alone: in
+float32 each row reads just those (the one-query kernel, attention/one_query.py, as the
+continuous beam search does), elsewhere the window from the oldest row's first slot
+under a mask. Slots before the oldest running row's first are never read; when the
+buffers lack room (for more rows, a longer prompt, the next slot) they are laid out
+again from that slot, with twice the room needed, so that this is rare.
 
 Each row is generated as Generator.generate generates it alone, with its own settings
 (prompts of any settings share the batch): greedy, or sampled at its temperature, top_k
@@ -44,8 +44,8 @@ from transduce.model.decoder_only import DecoderOnly, LMState
 
 MIN_SLOTS = 32     # the fewest slots a layout allocates
 # A prefill group's rows, padded to its longest prompt, compute at most this many
-# positions per real one, or this many padding positions more (below which another
-# pass would cost more than the padding it saves).
+# positions per real one, or this many padding positions more: a few padded positions
+# cost less than another pass (a round figure, not tuned; bench/prefill.py).
 PREFILL_SLACK, PREFILL_SPARE = 1.25, 128
 
 
