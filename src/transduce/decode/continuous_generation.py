@@ -44,8 +44,9 @@ from transduce.model.decoder_only import DecoderOnly, LMState
 
 MIN_SLOTS = 32     # the fewest slots a layout allocates
 # A prefill group's rows, padded to its longest prompt, compute at most this many
-# positions per real one, or this many padding positions more: a few padded positions
-# cost less than another pass (a round figure, not tuned; bench/prefill.py).
+# positions per real one, or this many padding positions more: on gpt-small's shape
+# another pass cost as much as 64 to 128 padded positions (2-core Xeon, bfloat16 and
+# float32, one long prompt joining 1 or 7 short ones).
 PREFILL_SLACK, PREFILL_SPARE = 1.25, 128
 
 
