@@ -46,18 +46,22 @@ def _lines(corpus, name):
 @pytest.fixture(scope="module")
 def saved(corpus, tmp_path_factory):
     """A random post-norm model over both vocabularies, saved with them -> (model, path)."""
+    return saved_model(corpus, tmp_path_factory.mktemp("model"))
+
+
+def saved_model(corpus, directory, **changes):
+    """A random `tiny` model with a matrix for each vocabulary (and `changes`), saved in
+    `directory` -> (model, path)."""
     torch.manual_seed(3)
     model = Transformer(preset("tiny", src_vocab_size=SOURCE_SIZE, tgt_vocab_size=TARGET_SIZE,
-                               tie_embeddings="decoder")).eval()
+                               tie_embeddings="decoder", **changes)).eval()
     with torch.no_grad():  # non-trivial norms and biases, so that a wrong permutation shows
         for name, parameter in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 parameter.add_(0.3 * torch.randn_like(parameter))
         # Outputs of whole pieces rather than bytes (ids 4-259), so that they decode to text.
         model.decoder.embed.embedding.weight[4:260] = 0.0
-    path = checkpoint.save(tmp_path_factory.mktemp("model") / "ckpt", model, None,
-                           corpus / checkpoint.TOKENIZER)
-    return model, path
+    return model, checkpoint.save(directory / "ckpt", model, None, corpus / checkpoint.TOKENIZER)
 
 
 def _sources(tokenizer, texts):
@@ -304,9 +308,7 @@ def test_the_marian_export_imports_back_to_the_same_model(corpus, saved, exporte
 def test_pegasus_refuses_a_matrix_for_each_side_by_name(corpus, tmp_path):
     from transduce.export import ExportError, export_hf
 
-    model = Transformer(preset("tiny", src_vocab_size=SOURCE_SIZE, tgt_vocab_size=TARGET_SIZE,
-                               tie_embeddings="decoder", norm_first=True))
-    path = checkpoint.save(tmp_path / "ckpt", model, None, corpus / checkpoint.TOKENIZER)
+    _, path = saved_model(corpus, tmp_path, norm_first=True)
     with pytest.raises(ExportError, match=r"Pegasus: tie_embeddings='decoder' \(Pegasus "
                                           r"shares one matrix"):
         export_hf(path, tmp_path / "hf")
@@ -325,11 +327,12 @@ def test_the_onnx_export_carries_both_vocabularies(corpus, saved, tmp_path):
         Translator.load(saved[1]).translate(sources, beam=2, max_length=12)
 
 
-def test_the_ctranslate2_export_outputs_target_pieces(corpus, saved, tmp_path):
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_ctranslate2_export_outputs_target_pieces(corpus, tmp_path, norm_first):
     ctranslate2 = pytest.importorskip("ctranslate2")
     from transduce.export import export_ctranslate2
 
-    model, path = saved
+    model, path = saved_model(corpus, tmp_path, norm_first=norm_first)
     out = export_ctranslate2(path, tmp_path / "ct2")
     source, target = (Tokenizer(out / name) for name in (checkpoint.TOKENIZER,
                                                         checkpoint.TARGET_TOKENIZER))
