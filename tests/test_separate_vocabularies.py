@@ -133,6 +133,19 @@ def test_vocabulary_flags_that_do_not_apply_are_refused(tmp_path, capsys, flags,
     assert not (tmp_path / "spm.model").exists()
 
 
+def test_a_target_vocabulary_too_large_names_its_file_and_writes_nothing(corpus, tmp_path,
+                                                                        capsys):
+    copy = tmp_path / "corpus"
+    shutil.copytree(corpus, copy)
+    before = {name: (copy / name).read_bytes() for name in ("spm.model", "spm-target.model")}
+    assert main(["vocab", "--data", str(copy), "--separate", "--size", "300",
+                 "--target-size", "100000"]) == 1
+    assert "spm-target.model: SentencePiece could not train a 100000-token vocabulary" in \
+        capsys.readouterr().err
+    assert {name: (copy / name).read_bytes() for name in before} == before
+    assert not list(copy.glob(".tmp-spm-*"))
+
+
 def test_a_model_is_checked_against_both_vocabularies(corpus):
     tokenizer = Tokenizer(corpus / checkpoint.TOKENIZER)
     check_vocabularies(tokenizer, SOURCE_SIZE, TARGET_SIZE, shared=False)

@@ -194,7 +194,7 @@ def train_tokenizer(texts: Iterable[str], model_dir: Path, vocab_size: int,
         sides.append((Path(TARGET_MODEL_NAME).stem, target_texts, target_size or vocab_size))
     with tempfile.TemporaryDirectory(dir=model_dir, prefix=".tmp-spm-") as scratch:
         for stem, side_texts, size in sides:
-            _train_bpe(side_texts, Path(scratch) / stem, size)
+            _train_bpe(side_texts, Path(scratch) / stem, size, model_dir / f"{stem}.model")
         if target_texts is None:
             for suffix in (".model", ".vocab"):
                 (model_dir / f"{Path(TARGET_MODEL_NAME).stem}{suffix}").unlink(missing_ok=True)
@@ -205,8 +205,9 @@ def train_tokenizer(texts: Iterable[str], model_dir: Path, vocab_size: int,
     return Tokenizer(model_dir / MODEL_NAME)
 
 
-def _train_bpe(texts: Iterable[str], prefix: Path, vocab_size: int) -> None:
-    """SentencePiece BPE for a lossless round trip -> prefix.model, prefix.vocab."""
+def _train_bpe(texts: Iterable[str], prefix: Path, vocab_size: int, goal: Path) -> None:
+    """SentencePiece BPE for a lossless round trip -> prefix.model, prefix.vocab (to become
+    `goal`, which an error names)."""
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(texts), model_prefix=str(prefix), model_type="bpe",
@@ -216,5 +217,5 @@ def _train_bpe(texts: Iterable[str], prefix: Path, vocab_size: int) -> None:
             input_sentence_size=0, shuffle_input_sentence=False, num_threads=2,
             minloglevel=2)
     except RuntimeError as error:
-        raise TokenizerError(f"SentencePiece could not train a {vocab_size}-token "
+        raise TokenizerError(f"{goal}: SentencePiece could not train a {vocab_size}-token "
                              f"vocabulary: {error}") from None
