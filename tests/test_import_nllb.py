@@ -4,6 +4,7 @@ translations with the target language forced), its tokenizer gives NllbTokenizer
 with the source language first, the languages are chosen by the command line, the API
 and the exports, and what we cannot reproduce is refused by name with nothing written."""
 
+import functools
 import json
 import shutil
 import warnings
@@ -601,20 +602,28 @@ def test_m2m100_imports_with_its_codes_after_its_vocabulary(tmp_path):
         assert [to_theirs[i] for i in source + [EOS_ID]] == tokenizer(text)["input_ids"], text
     theirs = transformers.M2M100ForConditionalGeneration.from_pretrained(directory).eval()
     encoded = tokenizer(SAMPLES, padding=True, return_tensors="pt")
+    # What ours never outputs: pad, bos, the codes, and the rows no token of its uses.
     banned = [tokenizer.pad_token_id, tokenizer.bos_token_id] + [
-        tokenizer.get_lang_id(code) for code in WMT21]
+        tokenizer.get_lang_id(code) for code in WMT21] + sorted(
+        set(range(theirs.config.vocab_size)) - set(to_theirs))
     processors = transformers.LogitsProcessorList([_AfterTheForcedCode(banned)])
-    with torch.no_grad():
-        out_ids = theirs.generate(**encoded, forced_bos_token_id=tokenizer.get_lang_id("ru"),
-                                  num_beams=1, do_sample=False, max_new_tokens=13,
-                                  logits_processor=processors)
-    expected = [[t for t in row[2:] if t != tokenizer.pad_token_id] for row in out_ids.tolist()]
     model, src = translator.model, pad_sources(translator.encode(SAMPLES, prefix=[codes["en"]]))
-    found = greedy_hypotheses(model, src, bos_id=BOS_ID, eos_id=EOS_ID, max_len=12,
-                              forced=torch.full((len(SAMPLES), 1), codes["ru"]))
-    assert [[to_theirs[t] for t in h[0].tokens] + [EOS_ID] * (len(e) > len(h[0].tokens))
-            for h, e in zip(found, expected)] == expected
-    assert len({tuple(e) for e in expected}) > 1
+    forced = torch.full((len(SAMPLES), 1), codes["ru"])
+    # Greedy, then beams without a length penalty (both rank by log-probability, with
+    # the banned tokens' share taken out as ours does).
+    for beam, search in ((1, greedy_hypotheses), (3, functools.partial(beam_search, beam=3))):
+        with torch.no_grad():
+            out_ids = theirs.generate(
+                **encoded, forced_bos_token_id=tokenizer.get_lang_id("ru"), num_beams=beam,
+                do_sample=False, max_new_tokens=13, logits_processor=processors,
+                renormalize_logits=True, length_penalty=0.0, early_stopping=True)
+        expected = [[t for t in row[2:] if t != tokenizer.pad_token_id]
+                    for row in out_ids.tolist()]
+        found = search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, alpha=0.0, max_len=12,
+                       forced=forced)
+        assert [[to_theirs[t] for t in h[0].tokens] + [EOS_ID] * (len(e) > len(h[0].tokens))
+                for h, e in zip(found, expected)] == expected
+        assert len({tuple(e) for e in expected}) > 1
 
 
 def test_m2m100_language_lists_it_does_not_know_are_refused(tmp_path):

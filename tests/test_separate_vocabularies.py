@@ -196,6 +196,18 @@ def test_training_embeds_each_side_with_its_own_matrix(corpus, tmp_path, capsys)
     assert "tie_embeddings='all' needs one shared vocabulary" in capsys.readouterr().err
 
 
+def test_an_rnn_translates_with_separate_vocabularies(corpus, tmp_path):
+    run = tmp_path / "rnn"
+    assert main(["train", "--data", str(corpus), "--out", str(run), "--preset", "tiny",
+                 "--arch", "rnn-luong", "--max-steps", "2"]) == 0
+    model = load_model(run)
+    assert model.output_proj.weight is model.tgt_embedding.weight
+    assert model.src_embedding.weight.shape[0] == SOURCE_SIZE
+    sources = _lines(corpus, "test.es")[:4]
+    assert Translator.load(run).translate(sources, beam=1, max_length=8) == \
+        _greedy_texts(model.eval(), Tokenizer(corpus / checkpoint.TOKENIZER), sources, 8)
+
+
 def test_fine_tuning_refuses_a_corpus_with_another_target_vocabulary(corpus, saved, tmp_path,
                                                                     capsys):
     copy = tmp_path / "corpus"
