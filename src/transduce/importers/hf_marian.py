@@ -149,14 +149,16 @@ def read_vocabulary(hf_dir: Path, hf: dict[str, Any]) -> tuple[
         raise ForeignCheckpointError(f"{hf_dir / HF_CONFIG}: decoder_start_token_id={start!r} "
                                      f"is not an id of "
                                      f"{TARGET_VOCAB_JSON if separate else VOCAB_JSON}")
-    named = {"eos": specials["eos"], "unk": specials["unk"], "pad": specials["pad"]}
-    target_spm = hf_dir / TARGET_SPM
-    vocabulary = merged_vocabulary(hf_dir / SOURCE_SPM, None if separate else target_spm
-                                   if target_spm.is_file() else None, vocab, **named,
-                                   decoder_start=_source_bos(vocab, specials["pad"])
-                                   if separate else start)
-    target = merged_vocabulary(target_spm, None, target_vocab, **named, decoder_start=start) \
-        if separate else None
+    source_spm, target_spm = hf_dir / SOURCE_SPM, hf_dir / TARGET_SPM
+    if separate:
+        vocabulary = merged_vocabulary(source_spm, None, vocab, **specials,
+                                       decoder_start=_source_bos(vocab, specials["pad"]))
+        target = merged_vocabulary(target_spm, None, target_vocab, **specials,
+                                   decoder_start=start)
+    else:       # target.spm: another segmentation of the same pieces, if there is one
+        vocabulary = merged_vocabulary(source_spm, target_spm if target_spm.is_file() else None,
+                                       vocab, **specials, decoder_start=start)
+        target = None
     source_lang, target_lang = options.get("source_lang"), options.get("target_lang")
     languages = (source_lang, target_lang) \
         if isinstance(source_lang, str) and isinstance(target_lang, str) else None
