@@ -2,6 +2,7 @@ import dataclasses
 import re
 
 import pytest
+import torch
 
 from transduce.config import PRESETS, ConfigError, ModelConfig, TrainConfig, preset
 
@@ -55,10 +56,35 @@ def test_rotary_needs_even_heads():
     (TrainConfig, {"seed": 2 ** 64}, "seed=18446744073709551616"),
     (ModelConfig, {"output_bias": True, "arch": "decoder"},
      "output_bias=True applies to arch='transformer', not arch='decoder'"),
+    (ModelConfig, {"head_size": 0}, "head_size=0: must be a positive integer"),
+    (ModelConfig, {"d_model": 100, "num_heads": 8},
+     "d_model=100 is not divisible by num_heads=8; set head_size for heads of another size"),
+    (ModelConfig, {"tie_embeddings": "embeddings", "arch": "decoder"},
+     "tie_embeddings='embeddings' shares the source and target embeddings of an "
+     "encoder-decoder; arch='decoder' has one embedding"),
+    (ModelConfig, {"tie_embeddings": "embeddings", "tgt_vocab_size": 100},
+     "tie_embeddings='embeddings' needs one shared vocabulary"),
 ])
 def test_out_of_range_and_non_finite_values_are_refused(config_type, changes, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         config_type(**changes)
+
+
+def test_heads_of_another_width_and_embeddings_shared_apart_from_the_output():
+    """head_size: T5 v1.1 small's 6 heads of 64 in a model of 512; tie_embeddings
+    "embeddings": one matrix for both sides' embeddings, the output its own."""
+    from transduce.model import build_model
+
+    c = ModelConfig(src_vocab_size=40, tgt_vocab_size=40, d_model=64, num_heads=3, head_size=16,
+                    d_ff=32, num_encoder_layers=1, num_decoder_layers=1,
+                    tie_embeddings="embeddings")
+    assert c.head_dim == 16 and c.shares_embeddings
+    model = build_model(c)
+    attention = model.decoder.layers[0].cross_attn
+    assert (attention.q_proj.out_features, attention.out_proj.in_features) == (48, 48)
+    assert model.encoder.embed.embedding is model.decoder.embed.embedding
+    assert model.output_proj.weight is not model.decoder.embed.embedding.weight
+    assert model(torch.randint(4, 40, (2, 5)), torch.randint(4, 40, (2, 3))).shape == (2, 3, 40)
 
 
 def test_rope_scaling_needs_rotary_positions_and_ordered_llama3_factors():

@@ -147,9 +147,16 @@ def test_pre_norm_models_are_refused_as_pegasus_naming_the_feature(tmp_path, tin
 ctranslate2 = pytest.importorskip("ctranslate2")
 
 
+T5_LAYOUT = {"positional": "t5", "norm_first": True, "norm": "rms", "bias": False,
+             "scale_embeddings": False, "gated_ffn": True, "activation": "gelu-tanh"}
+
+
 @pytest.mark.parametrize("changes", [{}, {"norm_first": True}, {"positional": "learned"},
                                      {"activation": "gelu"}, {"activation": "gelu-tanh"},
-                                     {"activation": "silu"}])
+                                     {"activation": "silu"}, {"scale_embeddings": False},
+                                     {"norm_first": True, "norm": "rms", "gated_ffn": True,
+                                      "activation": "silu", "tie_embeddings": "embeddings"},
+                                     T5_LAYOUT, {**T5_LAYOUT, "head_size": 8}])
 def test_ctranslate2_scores_and_greedy_output_match(tmp_path, tiny_corpus, changes):
     from transduce.data.tokenizer import Tokenizer
     from transduce.export import export_ctranslate2

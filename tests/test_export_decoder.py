@@ -172,16 +172,15 @@ def test_what_the_formats_cannot_hold_is_refused_by_name(name, changes, message,
     assert not (tmp_path / "hf").exists()
 
 
-def test_the_encoder_decoder_exports_refuse_llama_layers(tmp_path, tiny_corpus):
-    from transduce.export import export_ctranslate2
+def test_the_hugging_face_encoder_decoder_export_refuses_llama_layers(tmp_path, tiny_corpus):
+    """(CTranslate2's encoder-decoder holds them: test_export.py.)"""
     from transduce.model import Transformer
 
     model = Transformer(preset("tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
                                norm="rms", gated_ffn=True)).eval()
     path = checkpoint.save(tmp_path / "ckpt", model, None, tiny_corpus / MODEL_NAME)
-    for export in (export_hf, export_ctranslate2):
-        with pytest.raises(ExportError, match="norm='rms'.*gated_ffn=True"):
-            export(path, tmp_path / "out")
+    with pytest.raises(ExportError, match="norm='rms'.*gated_ffn=True"):
+        export_hf(path, tmp_path / "out")
 
 
 def test_command_line_export_names_the_class_to_load(tmp_path, tiny_corpus, capsys):

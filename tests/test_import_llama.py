@@ -103,6 +103,9 @@ CONFIGS = [
          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
          use_sliding_window=False, sliding_window=16, tie_word_embeddings=True,
          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, seed=3),
+    # heads wider than hidden_size / heads (Mistral NeMo's head_dim), grouped
+    dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+         num_key_value_heads=2, head_dim=16, max_position_embeddings=64, seed=6),
 ]
 
 
@@ -122,6 +125,8 @@ def test_logits_match_transformers(imported):
     assert (c.norm, c.gated_ffn, c.positional, c.bias) == ("rms", True, "rotary", False)
     assert c.qkv_bias == (hf.config.model_type == "qwen2")
     assert c.kv_heads == hf.config.num_key_value_heads
+    assert c.head_dim == (getattr(hf.config, "head_dim", None)       # (Qwen2's has none)
+                          or hf.config.hidden_size // hf.config.num_attention_heads)
     assert_same_logits(hf, ours, atol=2e-5)
 
 
@@ -241,7 +246,6 @@ def refused(directory, tmp_path, *messages):
      "rope_parameters.rope_type='yarn' is not supported"),
     ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16},
      "sliding_window=16 is not supported here"),
-    ({"head_dim": 8}, "head_dim=8 is not hidden_size / num_attention_heads"),
     ({"eos_token_id": 5}, "eos_token_id=5 but the tokenizer's eos token '</s>' is 2"),
     ({"num_key_value_heads": 3}, "num_kv_heads=3"),
     ({"vocab_size": 10}, "vocab_size=10 is smaller than the tokenizer's"),

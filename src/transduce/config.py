@@ -20,7 +20,7 @@ Positional = Literal["sinusoidal", "learned", "rotary", "t5", "alibi", "fairseq"
 Activation = Literal["relu", "gelu", "gelu-tanh", "silu"]
 Norm = Literal["layer", "rms"]
 RopeScaling = Literal["none", "linear", "llama3"]
-Tying = Literal["all", "decoder", "none"]
+Tying = Literal["all", "embeddings", "decoder", "none"]
 AttentionImpl = Literal["naive", "sdpa", "flash", "triton"]
 AttentionType = Literal["softmax", "linear", "sliding", "global", "strided"]
 Architecture = Literal["transformer", "decoder", "encoder", "rnn-bahdanau", "rnn-luong"]
@@ -74,8 +74,14 @@ class ModelConfig(ValidatedConfig):
     """Sizes and options of the encoder-decoder model.
 
     tie_embeddings: "all" shares one matrix between source embedding, target embedding
-    and the pre-softmax projection (the paper, needs one shared vocabulary); "decoder"
-    ties only the target embedding and the projection; "none" unties everything.
+    and the pre-softmax projection (the paper, needs one shared vocabulary); "embeddings"
+    shares one matrix between the two embeddings and gives the projection its own (T5
+    v1.1's, Flan-T5's); "decoder" ties only the target embedding and the projection;
+    "none" unties everything.
+    head_size: the size of every attention head, when it is not d_model / num_heads
+    (T5 v1.1 small: 6 heads of 64 in a model of 512): the queries, keys and values are
+    num_heads * head_size wide and the output projection maps them back to d_model.
+    None: d_model / num_heads, which must then divide.
     num_kv_heads: key/value heads of the decoder's self- and cross-attention (MHA when
     equal to num_heads, MQA when 1, GQA in between). The encoder always uses full
     multi-head attention: it runs once per source, so its keys are never cached.
@@ -125,6 +131,7 @@ class ModelConfig(ValidatedConfig):
     d_model: int = 512
     num_heads: int = 8
     num_kv_heads: int | None = None
+    head_size: int | None = None
     d_ff: int = 2048
     num_encoder_layers: int = 6
     num_decoder_layers: int = 6
@@ -183,16 +190,19 @@ class ModelConfig(ValidatedConfig):
         for name in ("rope_base", "layer_norm_eps", "rope_factor", "rope_low_freq_factor"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"ModelConfig.{name}={getattr(self, name)}: must be positive")
-        if self.d_model % self.num_heads:
+        if self.head_size is not None:
+            check_positive(self, "head_size")
+        elif self.d_model % self.num_heads:
             raise ConfigError(f"ModelConfig.d_model={self.d_model} is not divisible by "
-                              f"num_heads={self.num_heads}")
+                              f"num_heads={self.num_heads}; set head_size for heads of "
+                              f"another size")
         kv_heads = self.kv_heads
         if kv_heads < 1 or self.num_heads % kv_heads:
             raise ConfigError(f"ModelConfig.num_kv_heads={self.num_kv_heads}: num_heads="
                               f"{self.num_heads} must be a positive multiple of it")
         if self.positional == "rotary" and self.head_dim % 2:
             raise ConfigError(f"ModelConfig.positional='rotary' needs an even head size, "
-                              f"got d_model/num_heads={self.head_dim}")
+                              f"got {self.head_dim}")
         if self.rope_scaling != "none" and self.positional != "rotary":
             raise ConfigError(f"ModelConfig.rope_scaling={self.rope_scaling!r} scales rotary "
                               f"positions; positional={self.positional!r} has none")
@@ -238,9 +248,15 @@ class ModelConfig(ValidatedConfig):
         if self.output_bias and self.arch != "transformer":
             raise ConfigError(f"ModelConfig.output_bias=True applies to arch='transformer', "
                               f"not arch={self.arch!r}")
-        if self.tie_embeddings == "all" and self.src_vocab_size != self.tgt_vocab_size:
+        if self.tie_embeddings == "embeddings" and self.arch in ("decoder", "encoder"):
+            raise ConfigError(f"ModelConfig.tie_embeddings='embeddings' shares the source "
+                              f"and target embeddings of an encoder-decoder; arch="
+                              f"{self.arch!r} has one embedding: use 'all' or 'none'")
+        if self.tie_embeddings in ("all", "embeddings") and \
+                self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError(
-                f"ModelConfig.tie_embeddings='all' needs one shared vocabulary, but "
+                f"ModelConfig.tie_embeddings={self.tie_embeddings!r} needs one shared "
+                f"vocabulary, but "
                 f"src_vocab_size={self.src_vocab_size} != tgt_vocab_size={self.tgt_vocab_size}; "
                 f"use tie_embeddings='decoder' or 'none' for separate vocabularies")
         if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
@@ -248,7 +264,12 @@ class ModelConfig(ValidatedConfig):
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+        return self.d_model // self.num_heads if self.head_size is None else self.head_size
+
+    @property
+    def shares_embeddings(self) -> bool:
+        """Whether one matrix embeds both sides (which then need one vocabulary)."""
+        return self.tie_embeddings in ("all", "embeddings")
 
     @property
     def kv_heads(self) -> int:

@@ -239,7 +239,8 @@ def test_cli_trains_on_from_a_language_model_checkpoint(counting, tmp_path, caps
 
 
 @pytest.mark.parametrize("changes", [{}, {"num_kv_heads": 2},
-                                     {"gated_ffn": True, "norm": "rms", "num_kv_heads": 1}])
+                                     {"gated_ffn": True, "norm": "rms", "num_kv_heads": 1},
+                                     {"head_size": 8, "num_kv_heads": 2}])
 def test_forward_flops_of_a_decoder_only_model_are_its_matmuls(changes):
     """Counted by PyTorch's FLOP counter on a real forward pass (naive attention, whose
     scores and weighted sum are explicit matmuls over the whole T x T square)."""
@@ -250,6 +251,19 @@ def test_forward_flops_of_a_decoder_only_model_are_its_matmuls(changes):
         model(tokens)
     assert forward_flops(config, 3, 0, 17) == counter.get_total_flops()
     assert forward_flops(config, 3, 99, 17) == forward_flops(config, 3, 0, 17)
+
+
+@pytest.mark.parametrize("changes", [{}, {"head_size": 8}, {"head_size": 24, "num_kv_heads": 2}])
+def test_forward_flops_of_an_encoder_decoder_are_its_matmuls(changes):
+    """The same count for the encoder-decoder (cross-attention's keys and values once
+    per source), with heads of d_model / num_heads and of other widths."""
+    config = preset("tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, attention_impl="naive",
+                    **changes)
+    model = build_model(config).eval()
+    src, tgt = torch.randint(4, VOCAB, (3, 11)), torch.randint(4, VOCAB, (3, 7))
+    with FlopCounterMode(display=False) as counter:
+        model(src, tgt)
+    assert forward_flops(config, 3, 11, 7) == counter.get_total_flops()
 
 
 def test_score_lines_batches_as_it_scores_one_by_one(counting):

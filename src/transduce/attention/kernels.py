@@ -144,15 +144,22 @@ def _sdpa_with_bias(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal
     num_queries, num_keys = q.shape[2], k.shape[2]
     if causal:
         mask = masks.combine(mask, masks.causal_mask(num_queries, num_keys, device=q.device))
-    bias = expand(position_bias, num_queries, num_keys).to(q.dtype)[None]      # (1, H, T, S)
-    if mask is not None:
-        bias = bias.masked_fill(~mask, torch.finfo(q.dtype).min / 2)
+    bias = bias_as_mask(position_bias, mask, num_queries, num_keys, q.dtype)
     with _shape_agnostic_backends(q.device):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
                                              scale=scale, enable_gqa=k.shape[1] != q.shape[1])
     if mask is None:
         return out
     return out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+
+
+def bias_as_mask(position_bias: Tensor, mask: Tensor | None, num_queries: int, num_keys: int,
+                 dtype: torch.dtype) -> Tensor:
+    """position_bias (H, T + S - 1) and a boolean mask broadcastable to (B, H, T, S) ->
+    SDPA's float mask: the bias, a large negative number where a key is masked;
+    (1, H, T, S) without a mask."""
+    bias = expand(position_bias, num_queries, num_keys).to(dtype)[None]         # (1, H, T, S)
+    return bias if mask is None else bias.masked_fill(~mask, torch.finfo(dtype).min / 2)
 
 
 # On CUDA, PyTorch may pick cuDNN's attention, which builds an execution plan for every new

@@ -42,34 +42,39 @@ class MultiHeadAttention(nn.Module):
     "sliding" with `window`), as ModelConfig.attention_type names it.
     impl "naive" computes every kind in its quadratic reference form (and can return the
     weights); "sdpa" and "flash" use the kind's efficient algorithm.
+    head_dim: each head's size; None: d_model / num_heads. Heads of another size (T5
+    v1.1's) make the queries num_heads * head_dim wide, which out_proj maps to d_model.
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, *,
                  bias: bool = True, dropout: float = 0.0, impl: str = "sdpa",
                  rotary: Rotary | None = None, kind: AttentionKind | str = "softmax",
-                 window: int = 16, scale_scores: bool = True, qkv_bias: bool | None = None):
+                 window: int = 16, scale_scores: bool = True, qkv_bias: bool | None = None,
+                 head_dim: int | None = None):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if d_model < 1 or num_heads < 1:
             raise ValueError(f"d_model={d_model} and num_heads={num_heads} must be positive")
         check_dropout(dropout, "dropout")
-        if d_model % num_heads:
+        if head_dim is None and d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        if head_dim is not None and head_dim < 1:
+            raise ValueError(f"head_dim={head_dim} must be positive")
         if num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.kind = self_attention_kind(kind, window) if isinstance(kind, str) else kind
-        self.head_dim = d_model // num_heads
+        self.head_dim = d_model // num_heads if head_dim is None else head_dim
         self.dropout, self.impl, self.rotary = dropout, impl, rotary
         # False: scores q . k without the 1/sqrt(d_k) (the lab's experiment): the queries
         # are multiplied by sqrt(d_k), which the kernels' scale then cancels exactly.
         self.query_factor = 1.0 if scale_scores else math.sqrt(self.head_dim)
         kv_dim = num_kv_heads * self.head_dim
         qkv_bias = bias if qkv_bias is None else qkv_bias     # Qwen2: these alone
-        self.q_proj = nn.Linear(d_model, d_model, bias=qkv_bias)
+        self.q_proj = nn.Linear(d_model, num_heads * self.head_dim, bias=qkv_bias)
         self.k_proj = nn.Linear(d_model, kv_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(d_model, kv_dim, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
         self.qkv_proj: nn.Linear | None = None     # fuse_self_projections()
 
     def project_kv(self, source: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,5 +1,5 @@
 """`transduce import hf-gpt2` / `hf-llama` / `hf-bert` / `hf-marian` / `hf-nllb` (also
-called `hf-m2m100`): another toolkit's checkpoint as ours."""
+called `hf-m2m100`) / `hf-t5`: another toolkit's checkpoint as ours."""
 
 from __future__ import annotations
 
@@ -47,6 +47,13 @@ def register(commands) -> None:
                 "encoder-decoder checkpoint: translate with --source-lang and --target-lang "
                 "(NLLB's eng_Latn, fra_Latn, ...; M2M-100's en, fr, ...); options the model "
                 "cannot reproduce are refused by name.", aliases=["hf-m2m100"])
+    _add_format(formats, import_hf_t5, "hf-t5",
+                "Hugging Face T5, Flan-T5 or mT5 (T5ForConditionalGeneration directory)",
+                "Import a Hugging Face T5 model (config.json, model.safetensors or "
+                "pytorch_model.bin, spiece.model) as an encoder-decoder checkpoint with "
+                "T5's relative positions: give it its task in the text (\"translate English "
+                "to German: ...\", \"summarize: ...\"); options the model cannot reproduce "
+                "are refused by name.")
 
 
 def _add_format(formats, handler, name: str, summary: str, description: str,
@@ -125,6 +132,17 @@ def import_hf_nllb(args: argparse.Namespace) -> int:
     _say_written(out, "encoder-decoder", f"{config.num_encoder_layers} + "
                  f"{config.num_decoder_layers}", config, config.tgt_vocab_size,
                  f", {len(model.language_codes)} languages")
+    return 0
+
+
+def import_hf_t5(args: argparse.Namespace) -> int:
+    """Import a Hugging Face T5 checkpoint."""
+    from transduce.importers import import_t5
+
+    out, model = _imported(args, import_t5)
+    config = model.config
+    _say_written(out, "encoder-decoder", f"{config.num_encoder_layers} + "
+                 f"{config.num_decoder_layers}", config, config.tgt_vocab_size)
     return 0
 
 

@@ -82,7 +82,7 @@ class Translator:
             raise ConfigError(f"translation needs an encoder-decoder; this model is arch="
                               f"{c.arch!r}: {use_instead(c.arch)}")
         check_vocabularies(tokenizer, c.src_vocab_size, c.tgt_vocab_size,
-                           c.tie_embeddings == "all")
+                           c.shares_embeddings)
         if isinstance(model, OnnxEngine):
             check_onnx_settings(dtype, kv_dtype, device)
             self.model, self.tokenizer, self.device = model, tokenizer, torch.device("cpu")

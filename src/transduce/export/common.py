@@ -25,10 +25,13 @@ def require(library: str, command: str) -> None:
 
 
 def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
-                            sliding: bool = False) -> list[str]:
+                            sliding: bool = False, any_head_size: bool = False,
+                            score_bias: tuple[str, ...] = ()) -> list[str]:
     """What no format here can hold: another shape than the format's `arch` (RNN
-    models among them) and non-softmax self-attention (sliding-window softmax attention
-    where the format masks it: `sliding`)."""
+    models among them), non-softmax self-attention (sliding-window softmax attention
+    where the format masks it: `sliding`), score biases (but those of `score_bias`:
+    "t5") and heads of another size than d_model / num_heads (unless the format has a
+    field for it: `any_head_size`)."""
     problems = []
     if c.arch != arch:
         problems.append(f"arch={c.arch!r} (the format holds arch {arch!r})")
@@ -36,8 +39,11 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
         problems.append(f"attention_type={c.attention_type!r} (the format has softmax attention)")
     if not c.attention_scale:
         problems.append("attention_scale=False (the format scales the scores)")
-    if c.positional in ("t5", "alibi"):
+    if c.positional in ("t5", "alibi") and c.positional not in score_bias:
         problems.append(f"positional={c.positional!r} (the format has no score bias)")
+    if c.head_size is not None and not any_head_size and c.head_size * c.num_heads != c.d_model:
+        problems.append(f"head_size={c.head_size} (the format's heads are d_model / "
+                        f"num_heads = {c.d_model / c.num_heads:g} wide)")
     return problems
 
 

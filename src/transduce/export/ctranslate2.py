@@ -1,17 +1,18 @@
 """Export to CTranslate2, written through its own model specification, which expresses
-our layout directly (post-norm or pre-norm, our position table, decoding from bos)."""
+our layout directly (post-norm or pre-norm, our position table or T5's relative-position
+bias, LayerNorm or RMSNorm, plain or gated feed-forward networks, decoding from bos)."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+import numpy as np
 from torch import Tensor
 
 from transduce import atomic, checkpoint
 from transduce.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
-from transduce.export.common import ExportError, not_a_plain_transformer, \
-    not_the_papers_layers, require
+from transduce.export.common import ExportError, not_a_plain_transformer, require
 from transduce.model import Transformer, load_model
 from transduce.written import write_export_marker
 
@@ -21,7 +22,7 @@ CT2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu-tanh": "GELUTanh", "sil
 
 def check_ctranslate2_exportable(model: Transformer) -> None:
     c = model.config
-    problems = not_a_plain_transformer(c) + not_the_papers_layers(c)
+    problems = not_a_plain_transformer(c, score_bias=("t5",), any_head_size=True)
     if c.positional == "rotary":
         problems.append("positional='rotary' (not in CTranslate2's encoder-decoder spec)")
     if c.kv_heads != c.num_heads:
@@ -29,8 +30,8 @@ def check_ctranslate2_exportable(model: Transformer) -> None:
         # our encoder always keeps full heads.
         problems.append(f"num_kv_heads={c.num_kv_heads} (CTranslate2's encoder-decoder "
                         f"would make the encoder multi-query too)")
-    if not c.bias:
-        problems.append("bias=False")
+    if not c.bias and c.norm == "layer":
+        problems.append("bias=False with norm='layer' (CTranslate2's LayerNorm has a bias)")
     if problems:
         raise ExportError("cannot export to CTranslate2: " + "; ".join(problems))
 
@@ -42,9 +43,12 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     from ctranslate2.specs import common_spec, transformer_spec
 
     c = model.config
-    spec = transformer_spec.TransformerSpec.from_config(
-        (c.num_encoder_layers, c.num_decoder_layers), c.num_heads, pre_norm=c.norm_first,
-        activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[c.activation]))
+    layout = dict(pre_norm=c.norm_first, ffn_glu=c.gated_ffn, rms_norm=c.norm == "rms",
+                  relative_attention_bias=c.positional == "t5", head_dim=c.head_dim,
+                  activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[c.activation]))
+    spec = transformer_spec.TransformerSpec(
+        transformer_spec.TransformerEncoderSpec(c.num_encoder_layers, c.num_heads, **layout),
+        transformer_spec.TransformerDecoderSpec(c.num_decoder_layers, c.num_heads, **layout))
     spec.config.layer_norm_epsilon = c.layer_norm_eps
     piece = tokenizer.target_tokenizer.processor.id_to_piece     # the decoder's specials
     spec.config.unk_token, spec.config.bos_token = piece(UNK_ID), piece(BOS_ID)
@@ -52,12 +56,12 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     # Every source we train on ends with eos; CTranslate2 appends it, so callers pass the
     # source's pieces as they come from SentencePiece.
     spec.config.add_source_eos = True
-    _stack_input(spec.encoder, model.encoder, c.max_positions)
+    _stack_input(spec.encoder, model.encoder, c)
     for target, layer in zip(spec.encoder.layer, model.encoder.layers):
-        set_self_attention_and_ffn(target, layer, layer.norm2)
-    _stack_input(spec.decoder, model.decoder, c.max_positions)
+        set_self_attention_and_ffn(target, layer, layer.norm2, model.encoder.score_bias)
+    _stack_input(spec.decoder, model.decoder, c)
     for target, layer in zip(spec.decoder.layer, model.decoder.layers):
-        set_self_attention_and_ffn(target, layer, layer.norm3)
+        set_self_attention_and_ffn(target, layer, layer.norm3, model.decoder.score_bias)
         set_linear(target.attention.linear[0], layer.cross_attn.q_proj)
         set_fused(target.attention.linear[1], [layer.cross_attn.k_proj, layer.cross_attn.v_proj])
         set_linear(target.attention.linear[2], layer.cross_attn.out_proj)
@@ -99,14 +103,18 @@ def set_norm(target, source) -> None:
         target.beta = as_array(source.bias)
 
 
-def _stack_input(target, stack, max_positions: int) -> None:
-    """Embedding, position table and (pre-norm) final norm of the encoder or decoder."""
+def _stack_input(target, stack, config) -> None:
+    """Embedding (scaled or not), position table (none with T5's bias) and (pre-norm)
+    final norm of the encoder or decoder."""
     embedding = as_array(stack.embed.embedding.weight)
     if isinstance(target.embeddings, list):
         target.embeddings[0].weight = embedding
     else:
         target.embeddings.weight = embedding
-    target.position_encodings.encodings = as_array(stack.embed.positions(max_positions))
+    target.scale_embeddings = config.scale_embeddings
+    if stack.embed.positions is not None:
+        target.position_encodings.encodings = as_array(
+            stack.embed.positions(config.max_positions))
     if stack.final_norm is not None:
         set_norm(target.layer_norm, stack.final_norm)
 
@@ -118,10 +126,16 @@ def vocabulary_pieces(tokenizer, size: int) -> list[str]:
     return pieces + [f"<extra_{i}>" for i in range(size - len(pieces))]
 
 
-def set_self_attention_and_ffn(target, layer, ffn_norm) -> None:
-    """The parts every layer has; CTranslate2 keeps each sub-layer's norm with it."""
+def set_self_attention_and_ffn(target, layer, ffn_norm, score_bias=None) -> None:
+    """The parts every layer has; CTranslate2 keeps each sub-layer's norm with it, and
+    T5's relative-position table (`score_bias`, one per stack) with every layer's
+    self-attention."""
     attn = layer.self_attn
     set_fused(target.self_attention.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
+    if score_bias is not None:
+        target.self_attention.relative_attention_bias = as_array(score_bias.table.weight)
+        target.self_attention.relative_attention_max_distance = \
+            np.dtype("int32").type(score_bias.max_distance)
     set_linear(target.self_attention.linear[1], attn.out_proj)
     set_norm(target.self_attention.layer_norm, layer.norm1)
     set_linear(target.ffn.linear_0, layer.ffn.linear1)

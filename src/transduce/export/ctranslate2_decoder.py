@@ -14,7 +14,7 @@ from transduce.model import DecoderOnly
 
 def check_ctranslate2_decoder_exportable(model: DecoderOnly) -> None:
     c = model.config
-    problems = not_a_plain_transformer(c, arch="decoder")
+    problems = not_a_plain_transformer(c, arch="decoder", any_head_size=True)
     if not c.norm_first:
         problems.append("norm_first=False (CTranslate2's decoder-only models are pre-norm)")
     if c.activation not in CT2_ACTIVATIONS:
@@ -42,7 +42,7 @@ def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
         activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[c.activation]),
         ffn_glu=c.gated_ffn, rms_norm=c.norm == "rms",
         rotary_dim=0 if rotary else None, rotary_interleave=False, rotary_base=c.rope_base,
-        num_heads_kv=None if c.kv_heads == c.num_heads else c.kv_heads)
+        num_heads_kv=None if c.kv_heads == c.num_heads else c.kv_heads, head_dim=c.head_dim)
     decoder = spec.decoder
     decoder.scale_embeddings = c.scale_embeddings
     decoder.embeddings.weight = as_array(model.decoder.embed.embedding.weight)

@@ -62,8 +62,9 @@ def hf_family(config: ModelConfig) -> Family:
 def check_exportable(model: Transformer) -> None:
     c = model.config
     problems = not_a_plain_transformer(c) + not_the_papers_layers(c)
-    if c.tie_embeddings == "none":
-        problems.append("tie_embeddings='none' (the format's output is the target embedding)")
+    if c.tie_embeddings in ("none", "embeddings"):
+        problems.append(f"tie_embeddings={c.tie_embeddings!r} (the format's output is the "
+                        f"target embedding)")
     elif c.tie_embeddings == "decoder" and hf_family(c) is PEGASUS:
         problems.append("tie_embeddings='decoder' (Pegasus shares one matrix between both "
                         "sides; post-norm models, exported as Marian, can have one each)")

@@ -47,7 +47,8 @@ def decoder_family(config: ModelConfig) -> Family:
 def check_decoder_exportable(model: DecoderOnly) -> None:
     c = model.config
     family = decoder_family(c)
-    problems = not_a_plain_transformer(c, arch="decoder", sliding=family is MISTRAL)
+    problems = not_a_plain_transformer(c, arch="decoder", sliding=family is MISTRAL,
+                                       any_head_size=family is not GPT2)   # head_dim
     if family is MISTRAL and c.qkv_bias:
         problems.append("qkv_bias=True (Mistral's projections have no biases)")
     if not c.norm_first:

@@ -1,10 +1,11 @@
 """Reading other toolkits' checkpoints into ours: Hugging Face GPT-2 (hf_gpt2.py),
 BERT (hf_bert.py), Marian (hf_marian.py, the OPUS-MT translation models), NLLB-200 and
-M2M-100 (hf_nllb.py) and Llama (hf_llama.py, with Mistral and Qwen2). Each
-importer maps the weights name by name onto a model of this package that computes the
-same function, and refuses, naming the file, key or option, what it cannot reproduce;
-the result is an ordinary checkpoint directory (checkpoint.py), written whole or not at
-all. (The package is not called `import`, a Python keyword.)"""
+M2M-100 (hf_nllb.py), T5 (hf_t5.py, with Flan-T5 and mT5) and Llama (hf_llama.py, with
+Mistral and Qwen2). Each importer maps the weights name by name onto a model of this
+package that computes the same function, and refuses, naming the file, key or option,
+what it cannot reproduce; the result is an ordinary checkpoint directory
+(checkpoint.py), written whole or not at all. (The package is not called `import`, a
+Python keyword.)"""
 
 from transduce.errors import TransduceError
 
@@ -20,6 +21,18 @@ def check_foreign_options(hf: dict, config_file, model_type: str | tuple[str, ..
     """A Hugging Face configuration of `model_type` (or one of them) whose `fixed` options
     have the values our models compute and whose activation we have -> that
     activation's name of ours."""
+    check_type_and_fixed_options(hf, config_file, model_type, fixed)
+    activation = hf.get(activation_key, default_activation)
+    if activation not in activations:
+        raise ForeignCheckpointError(f"{config_file}: {activation_key}={activation!r} is "
+                                     f"not supported (choose one of {', '.join(activations)})")
+    return activations[activation]
+
+
+def check_type_and_fixed_options(hf: dict, config_file, model_type: str | tuple[str, ...],
+                                 fixed: dict) -> None:
+    """A Hugging Face configuration of `model_type` (or one of them) whose `fixed` options,
+    where it names them, have the values our models compute."""
     import json
 
     types = (model_type,) if isinstance(model_type, str) else model_type
@@ -31,11 +44,6 @@ def check_foreign_options(hf: dict, config_file, model_type: str | tuple[str, ..
         if name in hf and hf[name] != ours:
             raise ForeignCheckpointError(f"{config_file}: {name}={json.dumps(hf[name])} is "
                                          f"not supported (only {json.dumps(ours)})")
-    activation = hf.get(activation_key, default_activation)
-    if activation not in activations:
-        raise ForeignCheckpointError(f"{config_file}: {activation_key}={activation!r} is "
-                                     f"not supported (choose one of {', '.join(activations)})")
-    return activations[activation]
 
 
 def check_directories(hf_dir, out, config_name: str) -> None:
@@ -104,7 +112,8 @@ from transduce.importers.hf_bert import fresh_heads, import_bert  # noqa: E402
 from transduce.importers.hf_marian import import_marian  # noqa: E402
 from transduce.importers.hf_llama import import_llama  # noqa: E402
 from transduce.importers.hf_nllb import import_nllb  # noqa: E402
+from transduce.importers.hf_t5 import import_t5  # noqa: E402
 
 __all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight", "refuse_unread",
            "import_gpt2", "import_llama", "import_bert", "fresh_heads", "import_marian",
-           "import_nllb"]
+           "import_nllb", "import_t5"]

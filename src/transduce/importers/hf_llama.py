@@ -85,14 +85,12 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
     vocab_size, d_model = required("vocab_size"), required("hidden_size")
     heads, max_positions = required("num_attention_heads"), required("max_position_embeddings")
     rope, window = _rope(hf, config_file), _attention_window(hf, config_file, max_positions)
-    head_dim = hf.get("head_dim")
-    if head_dim is not None and isinstance(heads, int) and heads and head_dim * heads != d_model:
-        raise ForeignCheckpointError(f"{config_file}: head_dim={head_dim} is not "
-                                     f"hidden_size / num_attention_heads = {d_model} / "
-                                     f"{heads} (only that head size is supported)")
+    head_dim = hf.get("head_dim")     # Mistral NeMo's: not hidden_size / heads
+    head_size = None if head_dim is None or (isinstance(heads, int) and heads and
+                                            head_dim * heads == d_model) else head_dim
     try:
         config = preset("llama-small", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
-                        d_model=d_model, num_heads=heads,
+                        d_model=d_model, num_heads=heads, head_size=head_size,
                         num_kv_heads=hf.get("num_key_value_heads") or heads,
                         d_ff=required("intermediate_size"),
                         num_decoder_layers=required("num_hidden_layers"),
@@ -185,7 +183,8 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
     """Llama's tensors -> our state dict (float32), each key accounted for and each shape
     checked against what the configuration gives."""
     names = unprefixed_names(tensors, "model.", source)
-    c, ff, kv = config.d_model, config.d_ff, config.kv_heads * config.head_dim
+    c, ff = config.d_model, config.d_ff
+    q, kv = config.num_heads * config.head_dim, config.kv_heads * config.head_dim
 
     def take(name: str, *shape: int) -> Tensor:
         return take_weight(tensors, names, source, name, *shape)
@@ -196,10 +195,10 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
     for i in range(config.num_decoder_layers):
         ours, theirs = f"decoder.layers.{i}", f"layers.{i}"
         for ours_name, theirs_name, n_out, n_in in (
-                ("self_attn.q_proj", "self_attn.q_proj", c, c),
+                ("self_attn.q_proj", "self_attn.q_proj", q, c),
                 ("self_attn.k_proj", "self_attn.k_proj", kv, c),
                 ("self_attn.v_proj", "self_attn.v_proj", kv, c),
-                ("self_attn.out_proj", "self_attn.o_proj", c, c),
+                ("self_attn.out_proj", "self_attn.o_proj", c, q),
                 ("ffn.linear1", "mlp.gate_proj", ff, c),
                 ("ffn.linear3", "mlp.up_proj", ff, c),
                 ("ffn.linear2", "mlp.down_proj", c, ff)):

@@ -14,8 +14,9 @@ missing or cannot compile a step, the same code runs as Python. (Whether two dec
 workers' compiled steps overlap better than their Python ones is not measured yet.)
 
 It covers the common case (softmax attention over plain KV caches, additive, rotary or
-no positions, PyTorch's fused attention kernel) and leaves every other step to the
-modules: `covers` says which.
+no positions or a relative-position score bias, PyTorch's fused attention kernel) and
+leaves every other step to the modules: `covers` says which. A score bias (T5's, ALiBi)
+enters the step as SDPA's float mask, built once per step for every layer.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transduce.attention import masks, one_query
+from transduce.attention.kernels import bias_as_mask
 from transduce.attention.kv_cache import KVCache
 from transduce.attention.multihead import merge_heads, split_heads
 from transduce.model.positional import check_range
@@ -36,9 +38,7 @@ from transduce.model.scripting import CompiledOnFirstCall, WrittenOut
 
 def _supported(decoder: nn.Module) -> bool:
     """Whether every layer is one StepLayers writes out: fused self-attention
-    projections, no score biases, scaled scores, the SDPA kernel."""
-    if getattr(decoder, "score_bias", None) is not None:
-        return False
+    projections, scaled scores, the SDPA kernel."""
     for layer in decoder.layers:
         attentions = [layer.self_attn] + ([layer.cross_attn] if layer.cross_attn is not None
                                           else [])
@@ -326,11 +326,14 @@ class DecoderStep(WrittenOut):
         memory_k = none if memory_kv is None else [k for k, _ in memory_kv]
         memory_v = none if memory_kv is None else [v for _, v in memory_kv]
         layers, row_starts = self.layers, None
+        self_mask = None if tgt_mask is None else masks.four_d(tgt_mask)
+        if self.decoder.score_bias is not None:
+            self_mask, row_runs = _biased_mask(self.decoder.score_bias, length + 1, self_mask,
+                                               row_runs, x.dtype), None
         if row_runs is not None:
             layers, row_starts = self._layers_for_runs(x.dtype), _row_starts(row_runs)
         hidden = layers(x, [cache.k for cache in caches], [cache.v for cache in caches],
-                        length, None if tgt_mask is None else masks.four_d(tgt_mask),
-                        memory_k, memory_v,
+                        length, self_mask, memory_k, memory_v,
                         None if memory_mask is None else masks.four_d(memory_mask),
                         row_runs, row_starts, memory_lengths, positions)
         for cache in caches:
@@ -355,6 +358,17 @@ class DecoderStep(WrittenOut):
             self._run_layers = CompiledOnFirstCall(StepLayers(self.decoder, kernel=True),
                                                    self.script)
         return self._run_layers
+
+
+def _biased_mask(score_bias: nn.Module, keys: int, mask: Tensor | None,
+                 runs: list[tuple[int, int, int]] | None, dtype: torch.dtype) -> Tensor:
+    """The self-attention mask of a step under a relative-position bias: the new query's
+    bias over the `keys` slots, as SDPA's float mask (1 or R, H, 1, keys), masked where
+    `mask` (R, 1, 1, keys) or the row runs (each row from its first slot on) exclude a
+    slot. Runs become this mask: the one-query kernel adds no bias."""
+    if runs is not None:
+        mask = (torch.arange(keys) >= _row_starts(runs)[:, None])[:, None, None, :]
+    return bias_as_mask(score_bias(1, keys), mask, 1, keys, dtype)
 
 
 def _row_starts(runs: list[tuple[int, int, int]]) -> Tensor:

@@ -11,8 +11,8 @@ compiled and not); where TorchScript is missing or cannot compile them, the same
 runs as Python.
 
 It covers what decoder_step.py covers but rotary positions (softmax attention with
-fused projections, no rotary positions or score biases, scaled scores, the SDPA kernel);
-`build` says which.
+fused projections, no rotary positions, scaled scores, the SDPA kernel; a score bias
+enters as SDPA's float mask, built once for every layer); `build` says which.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from transduce.attention import masks
+from transduce.attention.kernels import bias_as_mask
 from transduce.attention.kinds import SoftmaxAttention
 from transduce.attention.multihead import merge_heads
 from transduce.model.decoder_step import FusedSelfAttention, WrittenFeedForward
@@ -31,9 +32,7 @@ from transduce.model.scripting import CompiledOnFirstCall, WrittenOut
 
 def _supported(encoder: nn.Module) -> bool:
     """Every layer's self-attention fused, softmax over all keys through SDPA, scaled
-    scores, no rotary positions; no score bias."""
-    if getattr(encoder, "score_bias", None) is not None:
-        return False
+    scores, no rotary positions (a score bias enters as SDPA's float mask)."""
     for layer in encoder.layers:
         attn = layer.self_attn
         if attn.qkv_proj is None or attn.rotary is not None or attn.impl != "sdpa" \
@@ -117,4 +116,9 @@ class EncoderPass(WrittenOut):
                 raise ValueError(f"src_mask must be a boolean mask broadcastable to "
                                  f"(B, 1, 1, S), got {src_mask.dtype} {tuple(src_mask.shape)}")
             src_mask = masks.four_d(src_mask)
-        return self.layers(self.encoder.embed(src, **embed_inputs), src_mask)
+        x = self.encoder.embed(src, **embed_inputs)                             # (B, S, C)
+        if self.encoder.score_bias is not None:     # built once for every layer
+            length = src.shape[1]
+            src_mask = bias_as_mask(self.encoder.score_bias(length, length), src_mask,
+                                    length, length, x.dtype)
+        return self.layers(x, src_mask)

@@ -69,7 +69,7 @@ class EncoderLayer(nn.Module):
                                                                      c.attention_window,
                                                                      c.global_tokens),
                                             scale_scores=c.attention_scale,
-                                            qkv_bias=c.bias or c.qkv_bias)
+                                            qkv_bias=c.bias or c.qkv_bias, head_dim=c.head_size)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias, c.gated_ffn)
         self.norm1, self.norm2 = norm_module(c), norm_module(c)
         self.dropout = Dropout(c.dropout)
@@ -107,12 +107,12 @@ class DecoderLayer(nn.Module):
                                                                      c.attention_window,
                                                                      c.global_tokens),
                                             scale_scores=c.attention_scale,
-                                            qkv_bias=c.bias or c.qkv_bias)
+                                            qkv_bias=c.bias or c.qkv_bias, head_dim=c.head_size)
         self.cross_attn = MultiHeadAttention(c.d_model, c.num_heads, c.kv_heads, bias=c.bias,
                                              dropout=c.attention_dropout,
                                              impl=c.attention_impl,
                                              scale_scores=c.attention_scale,
-                                             qkv_bias=c.bias or c.qkv_bias) \
+                                             qkv_bias=c.bias or c.qkv_bias, head_dim=c.head_size) \
             if cross_attention else None
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias, c.gated_ffn)
         self.norm1 = norm_module(c)

@@ -86,7 +86,7 @@ class RNNEncoderDecoder(CountedParameters, nn.Module):
         self.additive = c.arch == "rnn-bahdanau"
         self.input_feeding = c.input_feeding
         self.src_embedding = nn.Embedding(c.src_vocab_size, d, padding_idx=c.pad_id)
-        self.tgt_embedding = self.src_embedding if c.tie_embeddings == "all" else \
+        self.tgt_embedding = self.src_embedding if c.shares_embeddings else \
             nn.Embedding(c.tgt_vocab_size, d, padding_idx=c.pad_id)
         self.output_proj = nn.Linear(d, c.tgt_vocab_size, bias=False)
         unique = {id(e): e for e in (self.src_embedding, self.tgt_embedding)}  # tied: once

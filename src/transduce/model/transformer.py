@@ -239,7 +239,7 @@ class Transformer(CountedParameters, nn.Module):
         # A multilingual model's language codes -> token ids (decode/languages.py).
         self.language_codes: dict[str, int] | None = None
         src_embedding = nn.Embedding(c.src_vocab_size, c.d_model, padding_idx=c.pad_id)
-        tgt_embedding = src_embedding if c.tie_embeddings == "all" else \
+        tgt_embedding = src_embedding if c.shares_embeddings else \
             nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id)
         self.output_proj = nn.Linear(c.d_model, c.tgt_vocab_size, bias=c.output_bias)
         if c.output_bias:     # fixed, never trained: transformers' Marian keeps its
@@ -258,7 +258,7 @@ class Transformer(CountedParameters, nn.Module):
                                                  c.dropout, scale=scale), rotary)
         # Every projection but the output, which is tied or drawn like an embedding.
         init_linear_layers([*self.encoder.modules(), *self.decoder.modules()])
-        if c.tie_embeddings == "none":
+        if c.tie_embeddings in ("none", "embeddings"):
             nn.init.normal_(self.output_proj.weight, std=c.d_model ** -0.5)
 
     def source_mask(self, src: Tensor) -> Tensor:

@@ -21,6 +21,12 @@ def ffn_weights(config: ModelConfig) -> int:
     return (3 if config.gated_ffn else 2) * config.d_model * config.d_ff
 
 
+def attention_widths(config: ModelConfig) -> tuple[int, int]:
+    """The widths of the queries (all heads: d_model unless head_size says otherwise)
+    and of the decoder's keys and values (its key/value heads)."""
+    return config.num_heads * config.head_dim, config.kv_heads * config.head_dim
+
+
 def forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int) -> float:
     """Matmul FLOPs of one forward pass over a padded (B, S) / (B, T) batch (a
     decoder-only model has no source: src_len is ignored)."""
@@ -30,16 +36,16 @@ def forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: i
         return _encoder_only_forward_flops(config, batch_size, src_len)
     if config.arch != "transformer":
         return _rnn_forward_flops(config, batch_size, src_len, tgt_len)
-    d, kv, ffn = config.d_model, config.kv_heads * config.head_dim, ffn_weights(config)
+    d, q, kv, ffn = config.d_model, *attention_widths(config), ffn_weights(config)
     src_tokens, tgt_tokens = batch_size * src_len, batch_size * tgt_len
     encoder = config.num_encoder_layers * (
-        src_tokens * (4 * d * d + ffn)                 # projections, FFN
-        + 2 * batch_size * src_len * src_len * d)               # QK^T and AV
+        src_tokens * (4 * d * q + ffn)                 # projections, FFN
+        + 2 * batch_size * src_len * src_len * q)               # QK^T and AV
     decoder = config.num_decoder_layers * (
-        tgt_tokens * (2 * d * d + 2 * d * kv + ffn)     # self q, o, k, v; FFN
-        + tgt_tokens * 2 * d * d + src_tokens * 2 * d * kv     # cross q, o; k, v per source
-        + 2 * batch_size * tgt_len * tgt_len * d               # causal self-attention
-        + 2 * batch_size * tgt_len * src_len * d)              # cross-attention
+        tgt_tokens * (2 * d * q + 2 * d * kv + ffn)     # self q, o, k, v; FFN
+        + tgt_tokens * 2 * d * q + src_tokens * 2 * d * kv     # cross q, o; k, v per source
+        + 2 * batch_size * tgt_len * tgt_len * q               # causal self-attention
+        + 2 * batch_size * tgt_len * src_len * q)              # cross-attention
     output = tgt_tokens * d * config.tgt_vocab_size
     return 2.0 * (encoder + decoder + output)
 
@@ -47,11 +53,11 @@ def forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: i
 def _decoder_only_forward_flops(config: ModelConfig, batch_size: int, tgt_len: int) -> float:
     """GPT: the decoder's layers without cross-attention (self-attention projections,
     causal QK^T and AV over the full T x T square, as above, FFN), and the output."""
-    d, kv, ffn = config.d_model, config.kv_heads * config.head_dim, ffn_weights(config)
+    d, q, kv, ffn = config.d_model, *attention_widths(config), ffn_weights(config)
     tokens = batch_size * tgt_len
     layers = config.num_decoder_layers * (
-        tokens * (2 * d * d + 2 * d * kv + ffn)        # q, o; k, v; FFN
-        + 2 * batch_size * tgt_len * tgt_len * d)               # QK^T and AV
+        tokens * (2 * d * q + 2 * d * kv + ffn)        # q, o; k, v; FFN
+        + 2 * batch_size * tgt_len * tgt_len * q)               # QK^T and AV
     output = tokens * d * config.tgt_vocab_size
     return 2.0 * (layers + output)
 
@@ -59,10 +65,10 @@ def _decoder_only_forward_flops(config: ModelConfig, batch_size: int, tgt_len: i
 def _encoder_only_forward_flops(config: ModelConfig, batch_size: int, src_len: int) -> float:
     """BERT: the encoder's layers over (B, S) (projections, FFN, QK^T and AV), the
     pooler; the MLM head runs on the masked positions only and is not counted."""
-    d, ffn = config.d_model, ffn_weights(config)
+    d, q, ffn = config.d_model, attention_widths(config)[0], ffn_weights(config)
     tokens = batch_size * src_len
-    layers = config.num_encoder_layers * (tokens * (4 * d * d + ffn)
-                                          + 2 * batch_size * src_len * src_len * d)
+    layers = config.num_encoder_layers * (tokens * (4 * d * q + ffn)
+                                          + 2 * batch_size * src_len * src_len * q)
     return 2.0 * (layers + batch_size * d * d)
 
 

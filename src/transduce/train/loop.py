@@ -278,7 +278,7 @@ def _tokenizer_path(data_dir: Path, weights_from: Path | None) -> Path:
 def _check_vocabulary(model_config: ModelConfig, tokenizer: Tokenizer) -> None:
     try:
         check_vocabularies(tokenizer, model_config.src_vocab_size,
-                           model_config.tgt_vocab_size, model_config.tie_embeddings == "all")
+                           model_config.tgt_vocab_size, model_config.shares_embeddings)
     except TokenizerError as error:
         raise TrainingError(str(error)) from None
     if model_config.pad_id != PAD_ID:
