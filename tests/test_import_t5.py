@@ -335,3 +335,55 @@ def test_the_server_translates_as_the_translator_does(t5):
     assert [answer.json()["translations"][0]["text"] for answer in answers] == \
         [translator.translate([text], beam=beam, max_length=10)[0]
          for beam in (1, 3) for text in SAMPLES]
+
+
+def test_the_hugging_face_export_computes_the_same_and_imports_back(t5, tmp_path):
+    """export hf writes T5ForConditionalGeneration again (queries unscaled, a tied
+    output's scale undone, our ids with MarianTokenizer's files): the same logits and
+    translations in transformers, and the same weights imported back."""
+    from transduce.export import export_hf
+
+    layout, _, _, _, out = t5
+    exported = export_hf(out, tmp_path / "hf")
+    theirs, tokenizer = _load_theirs(exported)
+    assert type(theirs).__name__ == "T5ForConditionalGeneration"
+    assert (theirs.lm_head.weight is theirs.shared.weight) == (layout == "t5")
+    ours = load_model(out)
+    encoded = tokenizer(SAMPLES, padding=True, return_tensors="pt")
+    ids = Tokenizer(out / checkpoint.TOKENIZER).encode(SAMPLES)
+    assert [row[:len(mine) + 1] for row, mine in zip(encoded["input_ids"].tolist(), ids)] == \
+        [mine + [EOS_ID] for mine in ids]
+    tgt = torch.cat([torch.full((len(SAMPLES), 1), BOS_ID),
+                     torch.randint(2, ours.config.tgt_vocab_size, (len(SAMPLES), 6))], dim=1)
+    with torch.no_grad():
+        expected = ours(encoded["input_ids"], tgt)
+        found = theirs(**encoded, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(found[..., 2:], expected[..., 2:], rtol=1e-4, atol=1e-4)
+    with torch.no_grad():     # generation_config: our search's defaults, pad and bos never
+        generated = theirs.generate(**encoded, num_beams=1, max_new_tokens=10,
+                                    use_cache=False)      # (see _generate)
+    assert tokenizer.batch_decode(generated, skip_special_tokens=True) == \
+        Translator.load(out, dtype="float32").translate(SAMPLES, beam=1, max_length=10)
+    back = load_model(import_t5(exported, tmp_path / "back"))
+    assert back.config == ours.config
+    for name, tensor in ours.state_dict().items():
+        torch.testing.assert_close(back.state_dict()[name], tensor, rtol=1e-6, atol=1e-6,
+                                   msg=name)
+
+
+def test_the_hugging_face_export_refuses_what_t5_cannot_hold(tmp_path, tiny_corpus):
+    from transduce.config import preset
+    from transduce.export import ExportError, export_hf
+    from transduce.model import Transformer
+
+    vocab = Tokenizer(tiny_corpus / "spm.model").vocab_size
+    model = Transformer(preset("tiny", src_vocab_size=vocab, tgt_vocab_size=vocab,
+                               positional="t5", norm_first=True, norm="rms",
+                               tie_embeddings="decoder", gated_ffn=True, activation="gelu"))
+    path = checkpoint.save(tmp_path / "ckpt", model.eval(), None, tiny_corpus / "spm.model")
+    with pytest.raises(ExportError) as error:
+        export_hf(path, tmp_path / "out")
+    for problem in ("cannot export to T5", "bias=True (T5 has no biases)",
+                    "tie_embeddings='decoder'", "activation='gelu' with gated_ffn=True"):
+        assert problem in str(error.value)
+    assert not (tmp_path / "out").exists()

@@ -212,7 +212,8 @@ def export_hf(path: Path, out: Path) -> Path:
     tokenizer_config.json and our export marker (written.py); loadable with transformers'
     Auto classes (AutoModelForSeq2SeqLM, AutoTokenizer) -> OUT. A decoder-only model is
     written as Llama, Mistral, Qwen2 or GPT-2 (hf_decoder.py), an encoder-only one as
-    BERT (hf_encoder.py), an NLLB or M2M-100 import as itself (hf_nllb.py)."""
+    BERT (hf_encoder.py), an NLLB or M2M-100 import as itself (hf_nllb.py), a model of
+    T5's layout as T5 (hf_t5.py)."""
     require("transformers", "export hf")
     directory = checkpoint.resolve(path)
     model = load_model(directory)
@@ -228,13 +229,17 @@ def export_hf(path: Path, out: Path) -> Path:
 
     if is_nllb_layout(model):
         return export_hf_nllb(directory, model, out)
+    from transduce.export.hf_t5 import export_hf_t5, is_t5_layout
+
+    if is_t5_layout(model):
+        return export_hf_t5(directory, model, out)
     theirs = hf_model(model)
     tokenizer = Tokenizer(directory / checkpoint.TOKENIZER)
     with atomic.atomic_directory(out) as temporary:
         theirs.save_pretrained(temporary)
         for weights in temporary.glob("*.safetensors"):   # written 0600
             atomic.open_permissions(weights)
-        _write_tokenizer(tokenizer, temporary, model.config.max_positions,
+        write_marian_tokenizer(tokenizer, temporary, model.config.max_positions,
                          checkpoint.read_languages(directory))
         write_export_marker(temporary, f"huggingface-{theirs.config.model_type}",
                             checkpoint.trained_steps(directory))
@@ -260,7 +265,7 @@ def save_with_tokenizer_json(theirs, tokenizer, specials: dict[str, int], max_po
     return out
 
 
-def _write_tokenizer(tokenizer: Tokenizer, directory: Path, max_positions: int,
+def write_marian_tokenizer(tokenizer: Tokenizer, directory: Path, max_positions: int,
                      languages: tuple[str, str] | None) -> None:
     """The files MarianTokenizer reads: our SentencePiece model for each side (the
     targets' own, a separate vocabulary's or an imported Marian model's, for target.spm),
