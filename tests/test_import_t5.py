@@ -387,3 +387,25 @@ def test_the_hugging_face_export_refuses_what_t5_cannot_hold(tmp_path, tiny_corp
                     "tie_embeddings='decoder'", "activation='gelu' with gated_ffn=True"):
         assert problem in str(error.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_sentinels_that_spiece_model_holds_are_not_added_again(tmp_path):
+    """mT5's spiece.model holds ▁<extra_id_0> ... as pieces of its own (and no extra_ids):
+    they keep their ids, and no more are added."""
+    directory = tmp_path / "hf"
+    directory.mkdir()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXTS * 20), model_prefix=str(directory / "spiece"),
+        vocab_size=80, model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+        user_defined_symbols=["\u2581<extra_id_1>", "\u2581<extra_id_0>"], minloglevel=2,
+        hard_vocab_limit=False)
+    pieces = spm.SentencePieceProcessor(model_file=str(directory / "spiece.model"))
+    torch.manual_seed(0)
+    transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=pieces.get_piece_size() + 3, d_model=16, d_kv=4, d_ff=24, num_layers=1,
+        num_heads=4, decoder_start_token_id=0)).save_pretrained(directory)
+    ours = Tokenizer(import_t5(directory, tmp_path / "ours") / checkpoint.TOKENIZER)
+    assert ours.vocab_size == pieces.get_piece_size() + 1           # + our bos
+    text = "The <extra_id_0> walks"
+    assert [ours.piece(i) for i in ours.encode([text])[0]] == pieces.encode(text, out_type=str)
+    assert "\u2581<extra_id_0>" in pieces.encode(text, out_type=str)

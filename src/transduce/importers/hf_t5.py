@@ -19,9 +19,10 @@ model runs on our fastest paths and exports as ours do:
 Heads need not be d_model / num_heads wide (d_kv: v1.1-small has 6 heads of 64 in 512,
 our head_size). The ids: spiece.model's pad 0, </s> 1, <unk> 2, then its pieces, then
 the sentinels <extra_id_99> ... <extra_id_0> (extra_ids of tokenizer_config.json, 100
-by default). Ours put pad, bos, eos, unk first: the vocabulary is merged as Marian's is
-(marian_vocabulary.py), bos taking the row of pad, where T5's decoder starts, and the
-sentinels becoming pieces of their own. Rows past the tokenizer's (32128 - 32100 in
+by default, none where spiece.model holds them as pieces, as mT5's does). Ours put pad,
+bos, eos, unk first: the vocabulary is merged as Marian's is (marian_vocabulary.py),
+bos taking the row of pad, where T5's decoder starts, and the sentinels becoming
+pieces of their own. Rows past the tokenizer's (32128 - 32100 in
 T5's) are dropped; pad and bos are never output.
 
     shared / encoder.embed_tokens / decoder.embed_tokens    the embedding (one matrix)
@@ -135,12 +136,14 @@ def read_vocabulary(hf_dir: Path, hf: dict[str, Any]) -> MarianVocabulary:
     except (RuntimeError, OSError) as error:
         raise ForeignCheckpointError(f"{spm_file}: not a readable SentencePiece model "
                                      f"({error})") from None
-    extra = options.get("extra_ids", DEFAULT_EXTRA_IDS)
+    size = processor.get_piece_size()
+    vocab = {processor.id_to_piece(i): i for i in range(size)}
+    # mT5's spiece.model holds its sentinels (▁<extra_id_0>...): none to add then.
+    held = any(SENTINEL.match(piece.removeprefix("\u2581")) for piece in vocab)
+    extra = options.get("extra_ids", 0 if held else DEFAULT_EXTRA_IDS)
     if not isinstance(extra, int) or isinstance(extra, bool) or extra < 0:
         raise ForeignCheckpointError(f"{hf_dir / 'tokenizer_config.json'}: extra_ids="
                                      f"{extra!r}; expected a count")
-    size = processor.get_piece_size()
-    vocab = {processor.id_to_piece(i): i for i in range(size)}
     sentinels = {f"<extra_id_{n}>": size + extra - 1 - n for n in range(extra)}
     vocab.update(sentinels)
     _check_tokenizer_ids(hf_dir / TOKENIZER_JSON, sentinels)
