@@ -117,7 +117,7 @@ def test_the_tokenizer_gives_t5s_ids_with_its_sentinels(t5):
 def test_logits_match_over_every_token_it_may_output(t5):
     """A right-padded batch of sources and random targets: T5's logits, in our ids'
     order, past pad and bos; pad and bos are never output."""
-    layout, _, theirs, tokenizer, out = t5
+    _, _, theirs, tokenizer, out = t5
     to_t5 = torch.tensor(t5_id_of(Tokenizer(out / checkpoint.TOKENIZER), tokenizer))
     to_ours = {int(t): i for i, t in enumerate(to_t5.tolist()) if t >= 0}
     encoded = tokenizer(SAMPLES, padding=True, return_tensors="pt")
@@ -409,3 +409,17 @@ def test_sentinels_that_spiece_model_holds_are_not_added_again(tmp_path):
     text = "The <extra_id_0> walks"
     assert [ours.piece(i) for i in ours.encode([text])[0]] == pieces.encode(text, out_type=str)
     assert "\u2581<extra_id_0>" in pieces.encode(text, out_type=str)
+
+
+def test_the_onnx_export_translates_as_we_do(t5, tmp_path):
+    """T5's bias is computed inside the graphs from the inputs' sizes: sources and
+    outputs longer than the export's example (past the exact buckets) translate alike."""
+    pytest.importorskip("onnxruntime")
+    from transduce.export.onnx import export_onnx
+
+    out = t5[4]
+    exported = export_onnx(out, tmp_path / "onnx")
+    texts = SAMPLES + [" ".join(TEXTS)]                     # 60-odd source tokens
+    for beam in (1, 3):
+        assert Translator.load(exported).translate(texts, beam=beam, max_length=40) == \
+            Translator.load(out, dtype="float32").translate(texts, beam=beam, max_length=40)

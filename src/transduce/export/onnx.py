@@ -24,7 +24,8 @@ from the inputs' sizes, and the example takes the general path (two new tokens a
 non-empty past).
 Attention is exported in its matrix-product form (`impl="naive"`), plain
 MatMul/Softmax/Where operators every runtime has; GQA and MQA broadcast their key/value
-heads inside it.
+heads inside it. T5's relative-position bias (an encoder-decoder's) is traced like the
+causal mask: the distances, their buckets and the table's rows from the inputs' sizes.
 """
 
 from __future__ import annotations
@@ -55,8 +56,11 @@ QUANTIZATIONS = ("int8",)
 
 def check_onnx_exportable(model: nn.Module) -> None:
     arch = model.config.arch
+    seq2seq = arch == "transformer"       # whose graphs take T5's bias and heads of any width
     problems = not_a_plain_transformer(model.config, arch if arch in ONNX_ARCHS else "transformer",
-                                       sliding=arch == "decoder")   # onnx_decoder's band
+                                       sliding=arch == "decoder",   # onnx_decoder's band
+                                       score_bias=("t5",) if seq2seq else (),
+                                       any_head_size=seq2seq)
     if arch not in ONNX_ARCHS:
         problems[0] = (f"arch={arch!r} (the export holds the Transformer's three shapes, "
                        f"arch {', '.join(map(repr, ONNX_ARCHS))})")
