@@ -147,7 +147,8 @@ def test_the_cli_and_a_server_run_the_export(tmp_path, tiny_corpus, capsys):
         assert described["parameters"] == Generator.load(path).model.num_parameters()
 
 
-@pytest.mark.parametrize("config", [0, 4, 5], ids=["llama-gqa", "mistral-sliding", "qwen2"])
+@pytest.mark.parametrize("config", [0, 4, 5, 6],
+                         ids=["llama-gqa", "mistral-sliding", "qwen2", "head-dim"])
 def test_an_imported_llama_export_computes_what_transformers_computes(tmp_path, config):
     (tmp_path / "tokenizer").mkdir()
     hf = hf_checkpoint(tmp_path / "hf", write_spm_bpe(tmp_path / "tokenizer"),
