@@ -165,8 +165,8 @@ def _same_pieces(one: spm.SentencePieceProcessor, other: spm.SentencePieceProces
 def check_vocabularies(tokenizer: TextTokenizer, src_vocab_size: int, tgt_vocab_size: int,
                        shared: bool) -> None:
     """A model's embedding sizes against the vocabularies it reads and writes; shared:
-    whether one matrix embeds both sides (tie_embeddings "all" or "embeddings"), which needs one
-    vocabulary. A TokenizerError names the file and what differs."""
+    whether one matrix embeds both sides (tie_embeddings "all" or "embeddings"), which
+    needs one vocabulary. A TokenizerError names the file and what differs."""
     target = getattr(tokenizer, "target_tokenizer", tokenizer)
     if shared and getattr(tokenizer, "separate", False):
         raise TokenizerError(f"{target.path}: a separate target vocabulary (other pieces "

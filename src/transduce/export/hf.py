@@ -240,7 +240,7 @@ def export_hf(path: Path, out: Path) -> Path:
         for weights in temporary.glob("*.safetensors"):   # written 0600
             atomic.open_permissions(weights)
         write_marian_tokenizer(tokenizer, temporary, model.config.max_positions,
-                         checkpoint.read_languages(directory))
+                               checkpoint.read_languages(directory))
         write_export_marker(temporary, f"huggingface-{theirs.config.model_type}",
                             checkpoint.trained_steps(directory))
     return out
@@ -266,12 +266,14 @@ def save_with_tokenizer_json(theirs, tokenizer, specials: dict[str, int], max_po
 
 
 def write_marian_tokenizer(tokenizer: Tokenizer, directory: Path, max_positions: int,
-                     languages: tuple[str, str] | None) -> None:
+                           languages: tuple[str, str] | None,
+                           settings: dict | None = None) -> None:
     """The files MarianTokenizer reads: our SentencePiece model for each side (the
     targets' own, a separate vocabulary's or an imported Marian model's, for target.spm),
     vocab.json (and target_vocab.json for a separate target vocabulary), where a language
     code is named as MarianTokenizer looks it up (>>fra<<, not our "▁>>fra<<"), and
-    tokenizer_config.json, with the model's languages if it records them."""
+    tokenizer_config.json, with the model's languages if it records them and any other
+    `settings`."""
     shutil.copyfile(tokenizer.path, directory / "source.spm")
     shutil.copyfile(tokenizer.target_tokenizer.path, directory / "target.spm")
     _write_marian_vocabulary(tokenizer, directory / "vocab.json")
@@ -281,8 +283,8 @@ def write_marian_tokenizer(tokenizer: Tokenizer, directory: Path, max_positions:
         "tokenizer_class": "MarianTokenizer", "eos_token": "</s>", "unk_token": "<unk>",
         "pad_token": "<pad>", "model_max_length": max_positions,
         "separate_vocabs": tokenizer.separate,
-        **({"source_lang": languages[0], "target_lang": languages[1]} if languages else {})},
-        indent=2), encoding="utf-8")
+        **({"source_lang": languages[0], "target_lang": languages[1]} if languages else {}),
+        **(settings or {})}, indent=2), encoding="utf-8")
 
 
 def _write_marian_vocabulary(tokenizer: Tokenizer, path: Path) -> None:

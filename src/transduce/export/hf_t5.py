@@ -34,6 +34,7 @@ from transduce import atomic, checkpoint
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.export.common import ExportError, not_a_plain_transformer
 from transduce.export.hf import write_marian_tokenizer
+from transduce.importers.hf_t5 import FFN_NORM, SUBLAYERS
 from transduce.model import Transformer
 from transduce.model.transformer import NEVER_OUTPUT
 from transduce.written import write_export_marker
@@ -105,7 +106,7 @@ def t5_weights(model: Transformer) -> dict[str, Tensor]:
         state[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = \
             module.score_bias.table.weight
         for i, layer in enumerate(layers):
-            state.update(_block(layer, f"{stack}.block.{i}.layer", c.head_dim))
+            state.update(_block(layer, stack, f"{stack}.block.{i}.layer", c.head_dim))
         state[f"{stack}.final_layer_norm.weight"] = module.final_norm.weight
     if c.tie_embeddings == "all":     # T5 scales its last states by d_model^-0.5 then
         state["decoder.final_layer_norm.weight"] = \
@@ -113,20 +114,18 @@ def t5_weights(model: Transformer) -> dict[str, Tensor]:
     return {name: tensor.detach().float().contiguous() for name, tensor in state.items()}
 
 
-def _block(layer, prefix: str, head_dim: int) -> dict[str, Tensor]:
-    """One layer's weights: self-attention, (a decoder's) cross-attention, feed-forward."""
-    cross = getattr(layer, "cross_attn", None)              # a decoder layer's
-    sublayers = [("SelfAttention", layer.self_attn, layer.norm1)]
-    if cross is not None:
-        sublayers.append(("EncDecAttention", cross, layer.norm2))
+def _block(layer, stack: str, prefix: str, head_dim: int) -> dict[str, Tensor]:
+    """One layer of `stack` (its block N's prefix): self-attention, (a decoder's)
+    cross-attention, feed-forward."""
     state = {}
-    for n, (name, attention, norm) in enumerate(sublayers):
+    for n, (name, ours, norm) in enumerate(SUBLAYERS[stack]):
+        attention = getattr(layer, ours)
         state[f"{prefix}.{n}.{name}.q.weight"] = attention.q_proj.weight / math.sqrt(head_dim)
         state[f"{prefix}.{n}.{name}.k.weight"] = attention.k_proj.weight
         state[f"{prefix}.{n}.{name}.v.weight"] = attention.v_proj.weight
         state[f"{prefix}.{n}.{name}.o.weight"] = attention.out_proj.weight
-        state[f"{prefix}.{n}.layer_norm.weight"] = norm.weight
-    n, ffn = len(sublayers), layer.ffn
+        state[f"{prefix}.{n}.layer_norm.weight"] = getattr(layer, norm).weight
+    n, ffn = len(SUBLAYERS[stack]), layer.ffn
     dense = f"{prefix}.{n}.DenseReluDense"
     if ffn.linear3 is not None:        # act(x wi_0) * (x wi_1)
         state[f"{dense}.wi_0.weight"], state[f"{dense}.wi_1.weight"] = \
@@ -134,8 +133,7 @@ def _block(layer, prefix: str, head_dim: int) -> dict[str, Tensor]:
     else:
         state[f"{dense}.wi.weight"] = ffn.linear1.weight
     state[f"{dense}.wo.weight"] = ffn.linear2.weight
-    state[f"{prefix}.{n}.layer_norm.weight"] = \
-        (layer.norm3 if cross is not None else layer.norm2).weight
+    state[f"{prefix}.{n}.layer_norm.weight"] = getattr(layer, FFN_NORM[stack]).weight
     return state
 
 
@@ -167,11 +165,8 @@ def export_hf_t5(directory: Path, model: Transformer, out: Path) -> Path:
         save_file(t5_weights(model), str(weights), metadata={"format": "pt"})
         atomic.open_permissions(weights)                   # written 0600
         write_marian_tokenizer(tokenizer, temporary, model.config.max_positions,
-                        checkpoint.read_languages(directory))
-        settings = temporary / "tokenizer_config.json"
-        values = json.loads(settings.read_text(encoding="utf-8"))
-        settings.write_text(json.dumps({**values, "extra_ids": 0}, indent=2),
-                            encoding="utf-8")
+                               checkpoint.read_languages(directory),
+                               {"extra_ids": 0})       # spiece.model's: no sentinels added
         shutil.copyfile(tokenizer.path, temporary / SPM_FILE)
         write_export_marker(temporary, "huggingface-t5", checkpoint.trained_steps(directory))
     return out

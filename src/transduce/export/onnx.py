@@ -56,10 +56,9 @@ QUANTIZATIONS = ("int8",)
 
 def check_onnx_exportable(model: nn.Module) -> None:
     arch = model.config.arch
-    seq2seq = arch == "transformer"       # whose graphs take T5's bias
     problems = not_a_plain_transformer(model.config, arch if arch in ONNX_ARCHS else "transformer",
                                        sliding=arch == "decoder",   # onnx_decoder's band
-                                       score_bias=("t5",) if seq2seq else (),
+                                       score_bias=("t5",) if arch == "transformer" else (),
                                        any_head_size=arch in ("transformer", "decoder"))
     if arch not in ONNX_ARCHS:
         problems[0] = (f"arch={arch!r} (the export holds the Transformer's three shapes, "

@@ -70,6 +70,13 @@ FIXED_OPTIONS = {"relative_attention_num_buckets": BUCKETS,
 # transformers' activation names (feed_forward_proj's last part) -> ModelConfig.activation
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu-tanh",
                "gelu_pytorch_tanh": "gelu-tanh", "silu": "silu", "swish": "silu"}
+# Each stack's sublayers in T5's order (block N's layer.0, layer.1, ...): its attention's
+# name, ours and our norm before it, then the feed-forward network's norm (export/hf_t5.py
+# writes the same names back).
+SUBLAYERS = {"encoder": (("SelfAttention", "self_attn", "norm1"),),
+             "decoder": (("SelfAttention", "self_attn", "norm1"),
+                         ("EncDecAttention", "cross_attn", "norm2"))}
+FFN_NORM = {"encoder": "norm2", "decoder": "norm3"}
 DEFAULT_EXTRA_IDS = 100
 DEFAULT_POSITIONS = 512        # T5's n_positions: what it was trained on, not a table
 SENTINEL = re.compile(r"^<extra_id_(\d+)>$")
@@ -263,18 +270,15 @@ class T5Weights:
     def block(self, config: ModelConfig, stack: str, i: int) -> dict[str, Tensor]:
         """One layer: self-attention, (the decoder's) cross-attention, feed-forward."""
         theirs, ours = f"{stack}.block.{i}.layer", f"{stack}.layers.{i}"
-        sublayers = [("SelfAttention", "self_attn", "norm1")]
-        if stack == "decoder":
-            sublayers.append(("EncDecAttention", "cross_attn", "norm2"))
         state = {}
-        for n, (name, attention, norm) in enumerate(sublayers):
+        for n, (name, attention, norm) in enumerate(SUBLAYERS[stack]):
             state.update(self.attention(config, f"{theirs}.{n}.{name}", f"{ours}.{attention}"))
             state[f"{ours}.{norm}.weight"] = self.take(f"{theirs}.{n}.layer_norm.weight",
                                                        config.d_model)
-        n = len(sublayers)
+        n = len(SUBLAYERS[stack])
         state.update(self.feed_forward(config, f"{theirs}.{n}.DenseReluDense", f"{ours}.ffn"))
-        state[f"{ours}.{'norm3' if stack == 'decoder' else 'norm2'}.weight"] = self.take(
-            f"{theirs}.{n}.layer_norm.weight", config.d_model)
+        state[f"{ours}.{FFN_NORM[stack]}.weight"] = self.take(f"{theirs}.{n}.layer_norm.weight",
+                                                              config.d_model)
         return state
 
     def attention(self, config: ModelConfig, theirs: str, ours: str) -> dict[str, Tensor]:
