@@ -199,7 +199,7 @@ def test_tokenizer_ids_match_bert_tokenizer_fast(vocab, casing, source):
     ours = read_tokenizer(directory)
     for text in SAMPLES:
         assert ours.encode([text]) == [fast(text, add_special_tokens=False)["input_ids"]], text
-    assert ours.specials == {"bos_id": 2, "eos_id": 3, "pad_id": 0}
+    assert ours.specials == {"bos_id": 2, "eos_id": 3, "pad_id": 0, "mask_id": 4}
     assert (ours.mask_id, ours.unk_id, ours.prepend_bos) == (4, 1, True)
     words = ["The quick brown fox", "hello world"]
     for text, ids in zip(words, ours.encode(words)):
@@ -231,7 +231,7 @@ def test_checkpoint_keeps_the_tokenizer_and_its_specials(vocab, tmp_path):
                                         lowercase=False)
     assert isinstance(loaded, HFTokenizer)
     assert loaded.encode(SAMPLES) == direct.encode(SAMPLES)
-    assert loaded.specials == {"bos_id": 2, "eos_id": 3, "pad_id": 0}
+    assert loaded.specials == {"bos_id": 2, "eos_id": 3, "pad_id": 0, "mask_id": 4}
     assert (loaded.mask_id, loaded.unk_id, loaded.prepend_bos) == (4, 1, True)
     assert load_model(out).config.pad_id == 0
 

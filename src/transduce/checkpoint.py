@@ -84,7 +84,8 @@ def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
     tokenizer_path: a SentencePiece model file (stored as spm.model, whatever its name;
     a spm.model's spm-target.model beside it is stored too),
     a tokenizer.json inside a checkpoint (its special ids are taken from there), or a
-    tokenizer object (an HFTokenizer is written as tokenizer.json with its special ids).
+    tokenizer object (an HFTokenizer is written as tokenizer.json with its special ids, a
+    Tokenizer as the bytes it read).
     origin: how a derived checkpoint was made, with "steps" (the training steps behind it).
     A classifier's label names (model.labels), a translation model's language pair
     (model.languages: source, target) and a multilingual one's language codes
@@ -136,7 +137,9 @@ def _tokenizer_writer(tokenizer: Path | TextTokenizer):
     if isinstance(tokenizer, HFTokenizer):
         return (lambda directory: tokenizer.save(directory / TOKENIZER_JSON),
                 _tokenizer_section(tokenizer))
-    source = Path(tokenizer.path if isinstance(tokenizer, Tokenizer) else tokenizer)
+    if isinstance(tokenizer, Tokenizer):
+        return _sentencepiece_writer(tokenizer), None
+    source = Path(tokenizer)
     if source.name == TOKENIZER_JSON:
         loaded = load_tokenizer(source.parent)
         if not isinstance(loaded, HFTokenizer) or loaded.path != source:
@@ -154,6 +157,17 @@ def _tokenizer_writer(tokenizer: Path | TextTokenizer):
         if target is not None:        # the targets' segmentation beside it (tokenizer.py)
             shutil.copyfile(target, directory / TARGET_TOKENIZER)
     return write, None
+
+
+def _sentencepiece_writer(tokenizer: Tokenizer):
+    """Writes the model as it was read (and its targets' beside it, if it has one)."""
+    target = tokenizer.target_tokenizer
+
+    def write(directory: Path) -> None:
+        (directory / TOKENIZER).write_bytes(tokenizer.model_bytes)
+        if target is not tokenizer:
+            (directory / TARGET_TOKENIZER).write_bytes(target.model_bytes)
+    return write
 
 
 def _tokenizer_section(tokenizer: HFTokenizer) -> dict[str, Any]:
@@ -246,6 +260,13 @@ def read_language_codes(path: Path) -> dict[str, int] | None:
     return codes
 
 
+def holds_tokenizer_json(path: Path) -> bool:
+    """Whether a checkpoint directory's tokenizer is a tokenizer.json (an imported
+    checkpoint's, or a model trained on from one) rather than our SentencePiece model."""
+    path = Path(path)
+    return (path / CONFIG).is_file() and _read_config_json(path).get("tokenizer") is not None
+
+
 def load_tokenizer(path: Path) -> TextTokenizer:
     """The tokenizer a checkpoint directory holds: the tokenizer.json its config.json's
     "tokenizer" section names, with the special ids recorded there, else spm.model."""
@@ -269,10 +290,13 @@ def _load_hf_tokenizer(path: Path, section: Any) -> HFTokenizer:
     missing = [key for key in SPECIALS if not isinstance(section.get(key), int)]
     if missing:
         raise CheckpointError(f"{where} lacks integer {', '.join(missing)}")
+    mask = section.get("mask_id")      # optional: found by its name when not recorded
+    if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int)):
+        raise CheckpointError(f"{where}: mask_id must be an integer, got {mask!r}")
     if not (path / TOKENIZER_JSON).is_file():
         raise CheckpointError(f"{path}: no tokenizer ({TOKENIZER_JSON}, which {CONFIG} names)")
     return HFTokenizer.from_file(path / TOKENIZER_JSON, bos=section["bos_id"],
-                                 eos=section["eos_id"], pad=section["pad_id"])
+                                 eos=section["eos_id"], pad=section["pad_id"], mask=mask)
 
 
 def load_weights(model: nn.Module, path: Path, device: torch.device | str = "cpu") -> None:

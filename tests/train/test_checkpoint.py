@@ -153,3 +153,21 @@ def test_weights_get_the_mode_open_gives_not_safetensors_private_one(tmp_path, t
     averaged = checkpoint.average(paths, tmp_path / "avg")
     for weights in [*paths, averaged]:
         assert stat.S_IMODE((weights / checkpoint.WEIGHTS).stat().st_mode) == 0o640
+
+
+def test_a_sentencepiece_model_is_saved_as_read_when_its_file_has_gone(tmp_path):
+    """A resumed run may read its vocabulary from its own latest checkpoint, which
+    keep_last removes when the run saves the next: the bytes read are written."""
+    from transduce.data.tokenizer import Tokenizer, train_tokenizer
+
+    words = "one two three four five six seven eight nine ten eleven twelve".split()
+    lines = [" ".join(words[i:] + words[:i]) for i in range(len(words))] * 5
+    trained = train_tokenizer(lines, tmp_path / "vocab", vocab_size=300)
+    original = trained.path.read_bytes()
+    (tmp_path / "gone").mkdir()
+    (tmp_path / "gone" / "spm.model").write_bytes(original)
+    tokenizer = Tokenizer(tmp_path / "gone" / "spm.model")
+    (tmp_path / "gone" / "spm.model").unlink()
+    path = checkpoint.save(tmp_path / "ckpt", tiny_model(), None, tokenizer)
+    assert (path / "spm.model").read_bytes() == original
+    assert checkpoint.load_tokenizer(path).encode(["one two"]) == trained.encode(["one two"])

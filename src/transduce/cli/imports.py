@@ -1,5 +1,6 @@
-"""`transduce import hf-gpt2` / `hf-llama` / `hf-bert` / `hf-marian` / `hf-nllb` (also
-called `hf-m2m100`) / `hf-t5`: another toolkit's checkpoint as ours."""
+"""`transduce import hf-gpt2` / `hf-llama` / `hf-bert` / `hf-roberta` (also called
+`hf-xlm-roberta`) / `hf-marian` / `hf-nllb` (also called `hf-m2m100`) / `hf-t5`: another
+toolkit's checkpoint as ours."""
 
 from __future__ import annotations
 
@@ -33,6 +34,15 @@ def register(commands) -> None:
                 "pytorch_model.bin, tokenizer.json or vocab.txt) as an encoder-only "
                 "checkpoint; heads the directory lacks are initialised afresh and listed, "
                 "options the model cannot reproduce are refused by name.")
+    _add_format(formats, import_hf_roberta, "hf-roberta",
+                "Hugging Face RoBERTa, XLM-RoBERTa or CamemBERT (RobertaModel, "
+                "RobertaForMaskedLM or RobertaForSequenceClassification directory, or "
+                "their XLM-R / CamemBERT twins)",
+                "Import a Hugging Face RoBERTa, XLM-RoBERTa or CamemBERT directory "
+                "(config.json, model.safetensors or pytorch_model.bin, tokenizer.json or "
+                "vocab.json + merges.txt) as an encoder-only checkpoint; heads the directory "
+                "lacks are initialised afresh and listed, options the model cannot "
+                "reproduce are refused by name.", aliases=["hf-xlm-roberta"])
     _add_format(formats, import_hf_marian, "hf-marian",
                 "Hugging Face Marian (MarianMTModel directory: OPUS-MT)",
                 "Import a Hugging Face Marian translation model (config.json, "
@@ -92,10 +102,24 @@ def _import_decoder(args: argparse.Namespace, importer) -> int:
 
 def import_hf_bert(args: argparse.Namespace) -> int:
     """Import a Hugging Face BERT checkpoint."""
-    from transduce.importers import fresh_heads, import_bert
+    from transduce.importers import import_bert
+
+    return _import_encoder(args, import_bert)
+
+
+def import_hf_roberta(args: argparse.Namespace) -> int:
+    """Import a Hugging Face RoBERTa, XLM-RoBERTa or CamemBERT checkpoint."""
+    from transduce.importers import import_roberta
+
+    return _import_encoder(args, import_roberta)
+
+
+def _import_encoder(args: argparse.Namespace, importer) -> int:
+    """Import an encoder-only checkpoint, say what it holds and which heads it lacked."""
+    from transduce.importers import fresh_heads
     from transduce.importers.hf_bert import HEADS
 
-    out, model = _imported(args, import_bert)
+    out, model = _imported(args, importer)
     config = model.config
     _say_written(out, "encoder-only", config.num_encoder_layers, config, config.src_vocab_size,
                  f", {config.num_labels} labels" if config.num_labels else "")

@@ -26,7 +26,9 @@ FINE_TUNING: dict = {"task": "classify", "max_tokens": 2048, "warmup_steps": 100
 
 def register(commands) -> None:
     train = commands.add_parser("train", help="train a model with the paper's recipe")
-    train.add_argument("--data", type=Path, required=True, help="corpus directory with spm.model")
+    train.add_argument("--data", type=Path, required=True,
+                       help="corpus directory with spm.model (or none, when --init's "
+                            "checkpoint brings its vocabulary)")
     train.add_argument("--out", type=Path, required=True, help="run directory for checkpoints")
     train.add_argument("--preset", choices=sorted(PRESETS), default=None,
                        help="model preset (default: the config file's, else small, or "
@@ -38,7 +40,8 @@ def register(commands) -> None:
     train.add_argument("--init", type=Path, default=None,
                        help="start from this checkpoint's weights (uptraining a converted "
                             "model; with --task classify, fine-tuning a pre-trained encoder "
-                            "with a new classification head)")
+                            "with a new classification head); an imported BERT or RoBERTa "
+                            "reads the corpus with its own tokenizer")
     train.add_argument("--uptrain-fraction", type=fraction, default=0.05,
                        help="with --init and no budget: this fraction of its training steps")
     add_config_flags(train, TrainConfig)

@@ -35,8 +35,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transduce.data.masking import (CLS_ID, SEP_ID, EncoderBatch, crop_pair, generator,
-                                    mask_tokens, masked_count, next_sentence_pairs)
+from transduce.data.masking import (SENTENCEPIECE, EncoderBatch, EncoderSpecials, crop_pair,
+                                    generator, mask_tokens, masked_count,
+                                    next_sentence_pairs)
 from transduce.data.order import (EpochBatches, gather, index_dtype, length_batches,
                                   narrow_lengths)
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -373,23 +374,28 @@ class EncoderBatcher(_EpochBatches):
     (seed, *key), the loop's key being (epoch, batch position), so a resumed run sees the
     same masks. target_tokens counts what a batch scores: masked positions (MLM) or
     sentences (classification); scored_counts gives each part of the loss its count.
+    specials: the vocabulary's [CLS], [SEP], pad and mask ids (ours by default).
     """
 
     def __init__(self, ids: Ids, max_tokens: int, max_len: int, vocab_size: int, *,
                  mask: bool = True, pairs: bool = False, labels: Sequence[int] | None = None,
-                 seed: int = 0, shuffle: bool = True):
+                 seed: int = 0, shuffle: bool = True,
+                 specials: EncoderSpecials = SENTENCEPIECE):
         if max_len > max_tokens:
             raise BatchingError(f"a sequence of max_len={max_len} tokens cannot fit a batch "
                                 f"of {max_tokens}; lower max_len or raise max_tokens")
         if (labels is None) == (not mask) or (labels is not None and pairs):
             raise BatchingError("an encoder batcher either masks (optionally pairs) or "
                                 "classifies (labels, no masking)")
+        if mask and specials.mask_id is None:
+            raise BatchingError("the vocabulary has no mask token ([MASK] or <mask>): it "
+                                "cannot train a masked LM")
         if len(ids) < (3 if pairs else 1):
             raise BatchingError(f"need at least {3 if pairs else 1} lines, got {len(ids)}")
         self.ids, self.max_tokens, self.max_len = ids, max_tokens, max_len
         self.vocab_size, self.mask, self.pairs = vocab_size, mask, pairs
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
-        self.seed, self.shuffle = seed, shuffle
+        self.seed, self.shuffle, self.specials = seed, shuffle, specials
         self.line_pieces = narrow_lengths(_lengths(ids) - 1)   # (lines,); a store's not read
         self._epoch, self._partners, self._nsp = None, None, None
         if not pairs:   # fixed items: lengths and counts once
@@ -447,21 +453,26 @@ class EncoderBatcher(_EpochBatches):
         if self.pairs:
             self._pairs_of(key[0])
         size, width = len(indices), int(self.lengths[indices].max())
-        ids = np.full((size, width), PAD_ID, dtype=np.int64)                  # (B, T)
+        cls, sep = self.specials.cls_id, self.specials.sep_id
+        ids = np.full((size, width), self.specials.pad_id, dtype=np.int64)    # (B, T)
         segments = np.zeros((size, width), dtype=np.int64)                    # (B, T)
+        pieces = np.zeros((size, width), dtype=bool)   # (B, T) the texts' pieces, not markers
         for row, index in enumerate(indices):
             second = self.ids[self._partners[index]] if self.pairs else None
             a, b = crop_pair(self.ids[index], second, self.max_len)
-            ids[row, 0], ids[row, 1:len(a) + 1], ids[row, len(a) + 1] = CLS_ID, a, SEP_ID
+            ids[row, 0], ids[row, 1:len(a) + 1], ids[row, len(a) + 1] = cls, a, sep
+            pieces[row, 1:len(a) + 1] = True
             if b is not None:
                 start = len(a) + 2
-                ids[row, start:start + len(b)], ids[row, start + len(b)] = b, SEP_ID
+                ids[row, start:start + len(b)], ids[row, start + len(b)] = b, sep
                 segments[row, start:start + len(b) + 1] = 1
+                pieces[row, start:start + len(b)] = True
         tokens = torch.from_numpy(ids)
         mlm_labels = None
         if self.mask:
             tokens, mlm_labels = mask_tokens(tokens, self.vocab_size,
-                                             generator(self.seed, *key))
+                                             generator(self.seed, *key), self.specials,
+                                             candidate=torch.from_numpy(pieces))
         nsp = torch.from_numpy(self._nsp[indices].astype(np.int64)) if self.pairs else None
         labels = torch.from_numpy(self.labels[indices]) if self.labels is not None else None
         return EncoderBatch(tokens, torch.from_numpy(segments), mlm_labels, nsp, labels,

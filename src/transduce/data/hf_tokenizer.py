@@ -29,12 +29,13 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+from functools import cached_property
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Sequence
 
 from transduce import atomic
-from transduce.data.tokenizer import TokenizerError
+from transduce.data.tokenizer import CachedEncoding, TokenizerError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as Backend
@@ -82,7 +83,7 @@ def _check_llama_like(tokenizer: "Tokenizer") -> None:
                              f"trains)")
 
 
-class HFTokenizer:
+class HFTokenizer(CachedEncoding):
     """Text <-> ids with a `tokenizers.Tokenizer`; implements TextTokenizer.
 
     path: the file it was read from (tokenizer.json, or vocab.json of a BPE pair);
@@ -107,7 +108,7 @@ class HFTokenizer:
         # post-processor does (a tokenizer.json records it, so a checkpoint keeps it).
         self.prepend_bos = self._post_processor_prepends_bos() if prepend_bos is None \
             else bool(prepend_bos)
-        specials = json.dumps(self.specials, sort_keys=True)
+        specials = json.dumps({key: self.specials[key] for key in SPECIALS}, sort_keys=True)
         self.fingerprint = hashlib.sha256(
             (backend.to_str() + specials).encode("utf-8")).hexdigest()[:16]
 
@@ -132,11 +133,14 @@ class HFTokenizer:
     @classmethod
     def from_byte_level_bpe(cls, vocab_path: Path | str, merges_path: Path | str, *,
                             bos: str, eos: str, pad: str | None = None,
-                            add_prefix_space: bool = False) -> HFTokenizer:
+                            add_prefix_space: bool = False, mask: str | None = None,
+                            unk: str | None = None) -> HFTokenizer:
         """GPT-2's vocab.json + merges.txt: byte-level pre-tokenization (the GPT-2 split
         pattern, every byte mapped to a printable character), BPE without word affixes,
         the byte-level decoder; the special tokens, which must be in the vocabulary, are
-        matched whole in the input, as transformers.GPT2TokenizerFast does."""
+        matched whole in the input, as transformers.GPT2TokenizerFast does. RoBERTa's
+        adds a mask token, which takes the space before it (lstrip, as
+        RobertaTokenizerFast's), and an unknown one."""
         vocab_path, merges_path = Path(vocab_path), Path(merges_path)
         for file in (vocab_path, merges_path):
             if not file.is_file():
@@ -145,7 +149,8 @@ class HFTokenizer:
         try:
             bpe = library.models.BPE.from_file(str(vocab_path), str(merges_path),
                                                dropout=None, continuing_subword_prefix="",
-                                               end_of_word_suffix="", fuse_unk=False)
+                                               end_of_word_suffix="", fuse_unk=False,
+                                               unk_token=unk)
         except Exception as error:  # noqa: BLE001 - the Rust side raises plain Exception
             raise TokenizerError(f"{vocab_path} + {merges_path.name}: not a readable BPE "
                                  f"vocabulary ({error})") from None
@@ -154,14 +159,15 @@ class HFTokenizer:
             add_prefix_space=add_prefix_space)
         backend.decoder = library.decoders.ByteLevel()
         backend.post_processor = library.processors.ByteLevel(trim_offsets=False)
-        tokens = dict.fromkeys(t for t in (bos, eos, pad) if t is not None)   # once each
-        for token in tokens:
+        tokens = dict.fromkeys(t for t in (bos, eos, pad, mask, unk) if t is not None)
+        for token in tokens:     # (each once)
             if backend.token_to_id(token) is None:
                 raise TokenizerError(f"{vocab_path}: special token {token!r} is not in the "
                                      f"vocabulary")
-        backend.add_special_tokens([library.AddedToken(t, special=True, normalized=False)
+        backend.add_special_tokens([library.AddedToken(t, special=True, normalized=False,
+                                                       lstrip=t == mask)
                                     for t in tokens])
-        return cls(backend, vocab_path, bos=bos, eos=eos, pad=pad)
+        return cls(backend, vocab_path, bos=bos, eos=eos, pad=pad, mask=mask)
 
     @classmethod
     def from_wordpiece(cls, vocab_path: Path | str, *, lowercase: bool = True,
@@ -249,14 +255,32 @@ class HFTokenizer:
         [SEP] B [SEP] (bos as [CLS], eos as [SEP]), so that its tokenizer.json says
         sequences start with [CLS] and end with [SEP], as an encoder-only model reads them
         (this one is left as it is)."""
+        cls, sep = self.piece(self.bos_id), self.piece(self.eos_id)
+        return self._with_template(f"{cls}:0 $A:0 {sep}:0",
+                                   f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1")
+
+    def with_roberta_template(self) -> HFTokenizer:
+        """The same with RoBERTa's, <s> A </s> / <s> A </s> </s> B </s>, one segment."""
+        cls, sep = self.piece(self.bos_id), self.piece(self.eos_id)
+        return self._with_template(f"{cls} $A {sep}", f"{cls} $A {sep} {sep} $B {sep}")
+
+    def _with_template(self, single: str, pair: str) -> HFTokenizer:
         library = _tokenizers()
         cls, sep = self.piece(self.bos_id), self.piece(self.eos_id)
         backend = library.Tokenizer.from_str(self.backend.to_str())
         backend.post_processor = library.processors.TemplateProcessing(
-            single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
-            special_tokens=[(cls, self.bos_id), (sep, self.eos_id)])
+            single=single, pair=pair, special_tokens=[(cls, self.bos_id), (sep, self.eos_id)])
         return HFTokenizer(backend, self.path, bos=self.bos_id, eos=self.eos_id,
                            pad=self.pad_id, mask=self.mask_id)
+
+    def with_mask(self, token: str | None) -> HFTokenizer:
+        """This tokenizer with `token` as its mask token, if the vocabulary has it
+        (tokenizer_config.json's mask_token: our exports name <unk>), else itself."""
+        token_id = None if token is None else self.backend.token_to_id(token)
+        if token_id is None or token_id == self._mask_id:
+            return self
+        return HFTokenizer(self.backend, self.path, bos=self.bos_id, eos=self.eos_id,
+                           pad=self.pad_id, mask=token_id, prepend_bos=self.prepend_bos)
 
     def _find_mask(self) -> int | None:
         """The id of the special token named [MASK] (or <mask>), if the tokenizer has one."""
@@ -306,16 +330,32 @@ class HFTokenizer:
         """The mask token of masked-LM training ([MASK] for BERT); None: none."""
         return self._mask_id
 
-    @property
+    @cached_property
     def unk_id(self) -> int | None:
-        """The token for what the vocabulary cannot spell ([UNK] for BERT); None: none."""
+        """The token for what the vocabulary cannot spell ([UNK] for BERT, <unk> for
+        XLM-R's unigram model); None: none (byte-level BPE spells everything)."""
         token = getattr(self.backend.model, "unk_token", None)
-        return None if token is None else self.backend.token_to_id(token)
+        if token is not None:
+            return self.backend.token_to_id(token)
+        if type(self.backend.model).__name__ == "Unigram":   # which keeps an id, unexposed
+            unk = json.loads(self.backend.to_str())["model"].get("unk_id")
+            return unk if isinstance(unk, int) else None
+        return None
+
+    @property
+    def special_ids(self) -> list[int]:
+        """The ids of the tokens the vocabulary marks special ([CLS], [SEP], [PAD],
+        [MASK], [UNK] in BERT's; <s>, </s>, <pad>, <mask>, <unk> in RoBERTa's)."""
+        return sorted(token_id for token_id, token
+                      in self.backend.get_added_tokens_decoder().items() if token.special)
 
     @property
     def specials(self) -> dict[str, int]:
-        """{"bos_id", "eos_id", "pad_id"}: what a checkpoint records beside the file."""
-        return {"bos_id": self._bos_id, "eos_id": self._eos_id, "pad_id": self._pad_id}
+        """{"bos_id", "eos_id", "pad_id"} and "mask_id" if it has one: what a checkpoint
+        records beside the file (a mask token of another name than [MASK] or <mask>,
+        our exports' <unk>, is found by this record)."""
+        mask = {} if self._mask_id is None else {"mask_id": self._mask_id}
+        return {"bos_id": self._bos_id, "eos_id": self._eos_id, "pad_id": self._pad_id, **mask}
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Texts -> ids, without specials (no post-processor template: no [CLS]/[SEP])."""

@@ -1,15 +1,19 @@
-"""BERT's inputs from our SentencePiece vocabularies: the special tokens, masked-LM
-masking, next-sentence pairs, and the length batching of encoder items.
+"""BERT's inputs: the special tokens, masked-LM masking, next-sentence pairs, and the
+length batching of encoder items.
 
-Special tokens. Our vocabularies have no [CLS], [SEP] or [MASK] (tokenizer.py fixes
-pad 0, bos 1, eos 2, unk 3), so the encoder reuses them, and no vocabulary changes:
+Special tokens (EncoderSpecials). Our SentencePiece vocabularies have no [CLS], [SEP]
+or [MASK] (tokenizer.py fixes pad 0, bos 1, eos 2, unk 3), so the encoder reuses them,
+and no vocabulary changes:
     CLS_ID  = BOS_ID (1)   opens every sequence; the pooler reads its state
     SEP_ID  = EOS_ID (2)   closes each sentence
     MASK_ID = UNK_ID (3)   the masked-LM's [MASK]: SentencePiece with byte fallback and
                            full character coverage never produces unk (an unseen
                            character becomes its UTF-8 bytes), so [MASK] never stands
                            for real text.
-Ids below NUM_SPECIALS are never chosen for masking, never a random replacement.
+Ids below NUM_SPECIALS are never chosen for masking, never a random replacement. An
+imported checkpoint's tokenizer (BERT's WordPiece, RoBERTa's byte-level BPE) has its
+own: bos is [CLS], eos [SEP], its pad and mask tokens, and every special token of the
+vocabulary is left alone as those four are here.
 
 Layouts (segments 0 for [CLS] A [SEP], 1 for B [SEP]):
     one sentence (MLM, classification):  [CLS] A [SEP]
@@ -29,18 +33,62 @@ so a resumed run masks exactly as an uninterrupted one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from transduce.data.tokenizer import BOS_ID, EOS_ID, UNK_ID
+from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, TextTokenizer
 
 CLS_ID, SEP_ID, MASK_ID = BOS_ID, EOS_ID, UNK_ID
 NUM_SPECIALS = 4          # pad, bos/[CLS], eos/[SEP], unk/[MASK]
 IGNORE = -100             # label of a position not scored (torch's cross_entropy default)
 MASK_FRACTION = 0.15
 MASK_TOKEN_SHARE, RANDOM_TOKEN_SHARE = 0.8, 0.1   # the rest of the chosen stay unchanged
+
+
+@dataclass(frozen=True)
+class EncoderSpecials:
+    """The ids an encoder's items are built with, and those masking leaves alone."""
+
+    cls_id: int
+    sep_id: int
+    pad_id: int
+    mask_id: int | None        # None: the vocabulary has none (it can classify, not mask)
+    special: tuple[int, ...]   # never chosen for masking, never a random replacement
+
+    @classmethod
+    def of(cls, tokenizer: TextTokenizer) -> "EncoderSpecials":
+        """A tokenizer's: ours (SentencePiece) as the module says, an imported one's from
+        its vocabulary (bos as [CLS], eos as [SEP], its [MASK] or <mask>, and every
+        token it marks special)."""
+        special_ids = getattr(tokenizer, "special_ids", None)
+        if special_ids is None:
+            return SENTENCEPIECE
+        mask = tokenizer.mask_id
+        named = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id, tokenizer.unk_id, mask}
+        return cls(tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id, mask,
+                   tuple(sorted((set(special_ids) | named) - {None})))
+
+    def not_special(self, ids: Tensor, vocab_size: int) -> Tensor:
+        """(...) ids -> (...) bool: True where an id is no special token."""
+        return ~_special_table(self.special, vocab_size)[ids]
+
+    def replacements(self, vocab_size: int) -> Tensor:
+        """(R,) the ids a chosen piece may be replaced by: every id but the specials."""
+        return torch.nonzero(~_special_table(self.special, vocab_size)).flatten()
+
+
+@lru_cache(maxsize=8)
+def _special_table(special: tuple[int, ...], vocab_size: int) -> Tensor:
+    """(V,) bool: True at the special ids."""
+    table = torch.zeros(vocab_size, dtype=torch.bool)
+    table[list(special)] = True
+    return table
+
+
+SENTENCEPIECE = EncoderSpecials(CLS_ID, SEP_ID, PAD_ID, MASK_ID, tuple(range(NUM_SPECIALS)))
 
 
 def masked_count(pieces: np.ndarray | Tensor) -> np.ndarray | Tensor:
@@ -58,20 +106,29 @@ def generator(*key: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def mask_tokens(ids: Tensor, vocab_size: int, rng: torch.Generator) -> tuple[Tensor, Tensor]:
+def mask_tokens(ids: Tensor, vocab_size: int, rng: torch.Generator,
+                specials: EncoderSpecials = SENTENCEPIECE, *,
+                candidate: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """ids (B, T) -> (inputs (B, T), labels (B, T)): masked_count pieces of each row
     chosen uniformly, 80 / 10 / 10 replaced by [MASK] / a random piece / themselves;
-    labels the original ids there, IGNORE elsewhere. Specials and padding are never
-    chosen."""
-    candidate = ids >= NUM_SPECIALS                                           # (B, T)
+    labels the original ids there, IGNORE elsewhere. candidate (B, T): the positions
+    that may be chosen, by default those of no special id. The batcher passes the
+    positions of the texts' pieces, so that the count is a function of the item's length
+    even where a text holds a special token (an imported WordPiece's [UNK])."""
+    if specials.mask_id is None:
+        raise ValueError("the vocabulary has no mask token ([MASK] or <mask>): it cannot "
+                         "train a masked LM")
+    if candidate is None:
+        candidate = specials.not_special(ids, vocab_size)                     # (B, T)
     count = masked_count(candidate.sum(dim=1))                                # (B,)
     scores = torch.rand(ids.shape, generator=rng)
     scores = scores.masked_fill(~candidate, 2.0)       # non-candidates rank last
     rank = scores.argsort(dim=1).argsort(dim=1)                               # (B, T)
     chosen = rank < count[:, None]
     action = torch.rand(ids.shape, generator=rng)
-    random_ids = torch.randint(NUM_SPECIALS, vocab_size, ids.shape, generator=rng)
-    inputs = torch.where(chosen & (action < MASK_TOKEN_SHARE), MASK_ID, ids)
+    replacements = specials.replacements(vocab_size)                          # (R,)
+    random_ids = replacements[torch.randint(0, len(replacements), ids.shape, generator=rng)]
+    inputs = torch.where(chosen & (action < MASK_TOKEN_SHARE), specials.mask_id, ids)
     use_random = chosen & (action >= MASK_TOKEN_SHARE) & \
         (action < MASK_TOKEN_SHARE + RANDOM_TOKEN_SHARE)
     inputs = torch.where(use_random, random_ids, inputs)

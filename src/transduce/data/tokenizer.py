@@ -73,7 +73,31 @@ class TextTokenizer(Protocol):
         """Ids -> text, stopping at the first eos; pad and bos skipped."""
 
 
-class Tokenizer:
+class CachedEncoding:
+    """encode_cached() for a tokenizer with encode() and a fingerprint (SentencePiece's
+    and the `tokenizers` library's alike)."""
+
+    def encode_cached(self, texts: Sequence[str], cache_dir: Path) -> list[np.ndarray]:
+        """encode(), remembered on disk by (tokenizer, text) fingerprint, so that a corpus
+        is tokenised once, not on every run."""
+        digest = hashlib.sha256("\n".join(texts).encode("utf-8")).hexdigest()[:16]
+        path = cache_dir / f"{self.fingerprint}-{digest}.npz"
+        if path.is_file():
+            try:
+                with np.load(path) as stored:
+                    return np.split(stored["ids"], stored["offsets"][1:-1])
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+                pass  # a damaged cache entry: encode again and rewrite it
+        encoded = self.encode(texts)
+        lengths = np.array([len(ids) for ids in encoded], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        flat = np.fromiter((t for ids in encoded for t in ids), dtype=np.int32, count=int(offsets[-1]))
+        with atomic.atomic_file(path) as temporary, open(temporary, "wb") as handle:
+            np.savez(handle, ids=flat, offsets=offsets)
+        return np.split(flat, offsets[1:-1])
+
+
+class Tokenizer(CachedEncoding):
     """Text <-> ids with a SentencePiece model file."""
 
     bos_id, eos_id, pad_id, unk_id = BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -97,9 +121,13 @@ class Tokenizer:
         self.target_tokenizer = self._target_side()
         self.separate = self.target_tokenizer is not self and not _same_pieces(
             self.processor, self.target_tokenizer.processor)
+        # What the file held when read: a checkpoint saved later writes these bytes, even
+        # where the file has gone since (a resumed run's first checkpoint, removed by
+        # keep_last while the run still reads it).
+        self.model_bytes = self.path.read_bytes()
         # the file's hash; with a target side, one of both (its fingerprint, not a re-read)
-        both = self.path.read_bytes() + (b"" if self.target_tokenizer is self
-                                         else self.target_tokenizer.fingerprint.encode())
+        both = self.model_bytes + (b"" if self.target_tokenizer is self
+                                   else self.target_tokenizer.fingerprint.encode())
         self.fingerprint = hashlib.sha256(both).hexdigest()[:16]
 
     def _target_side(self) -> "Tokenizer":
@@ -135,25 +163,6 @@ class Tokenizer:
     def piece(self, token_id: int) -> str:
         """The piece of one id ("<s>", "</s>" for bos and eos), for display."""
         return self.processor.id_to_piece(int(token_id))
-
-    def encode_cached(self, texts: Sequence[str], cache_dir: Path) -> list[np.ndarray]:
-        """encode(), remembered on disk by (tokenizer, text) fingerprint, so that a corpus
-        is tokenised once, not on every run."""
-        digest = hashlib.sha256("\n".join(texts).encode("utf-8")).hexdigest()[:16]
-        path = cache_dir / f"{self.fingerprint}-{digest}.npz"
-        if path.is_file():
-            try:
-                with np.load(path) as stored:
-                    return np.split(stored["ids"], stored["offsets"][1:-1])
-            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-                pass  # a damaged cache entry: encode again and rewrite it
-        encoded = self.encode(texts)
-        lengths = np.array([len(ids) for ids in encoded], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        flat = np.fromiter((t for ids in encoded for t in ids), dtype=np.int32, count=int(offsets[-1]))
-        with atomic.atomic_file(path) as temporary, open(temporary, "wb") as handle:
-            np.savez(handle, ids=flat, offsets=offsets)
-        return np.split(flat, offsets[1:-1])
 
 
 def _same_pieces(one: spm.SentencePieceProcessor, other: spm.SentencePieceProcessor) -> bool:

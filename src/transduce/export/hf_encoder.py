@@ -1,11 +1,16 @@
 """Export an encoder-only model to Hugging Face transformers as BERT: with a
 classification head as `BertForSequenceClassification` (its class names as id2label),
 else as `BertForPreTraining` (the masked-LM and next-sentence heads with the pooler).
+A model of one segment type (type_vocab_size 1: an imported RoBERTa or XLM-R) goes as
+RoBERTa, `RobertaForSequenceClassification` or `RobertaForMaskedLM` (which has no
+pooler), as transformers could not read a second segment of the BERT template.
 
 Our BERT holds BERT's layers as they are, so the weights only change names: the
-inverse of importers/hf_bert.py's table, under the task models' "bert." prefix. The
-tokenizer goes with them as a tokenizer.json that gives our ids with BERT's template,
-[CLS] A [SEP]: an imported model's own, or our SentencePiece model written out
+inverse of importers/hf_bert.py's table, under the task models' "bert." (or
+"roberta.") prefix. RoBERTa counts positions from pad + 1, so its table gets pad + 1
+rows in front, which no real token reads. The tokenizer goes with them as a
+tokenizer.json that gives our ids with BERT's template, [CLS] A [SEP] (RoBERTa's, <s>
+A </s>): an imported model's own, or our SentencePiece model written out
 (HFTokenizer.from_sentencepiece), whose [CLS], [SEP] and [MASK] are bos, eos and the
 unknown piece (data/masking.py).
 """
@@ -14,7 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
 from transduce import checkpoint
 from transduce.data.hf_tokenizer import HFTokenizer
@@ -39,6 +45,10 @@ def check_bert_exportable(model: EncoderOnly) -> None:
         problems.append(f"num_kv_heads={c.num_kv_heads} (BERT has full multi-head attention)")
     if c.activation not in BERT_ACTIVATIONS:
         problems.append(f"activation={c.activation!r} (not one of {sorted(BERT_ACTIVATIONS)})")
+    elif is_roberta(model) and model.classifier is None and c.activation != "gelu":
+        problems.append(f"activation={c.activation!r} with one segment type, which goes as "
+                        f"RobertaForMaskedLM, whose head computes exact GELU whatever "
+                        f"hidden_act says")
     if problems:
         raise ExportError("cannot export to BERT: " + "; ".join(problems))
 
@@ -61,41 +71,84 @@ def bert_config(model: EncoderOnly) -> dict:
 
 
 def bert_class(model: EncoderOnly) -> str:
+    if is_roberta(model):
+        return "RobertaForSequenceClassification" if model.classifier is not None \
+            else "RobertaForMaskedLM"
     return "BertForSequenceClassification" if model.classifier is not None \
         else "BertForPreTraining"
 
 
+def is_roberta(model: EncoderOnly) -> bool:
+    """Whether the model goes as RoBERTa: one segment type."""
+    return model.config.type_vocab_size == 1
+
+
+def roberta_config(model: EncoderOnly) -> dict:
+    """The RobertaConfig of the transformers model that holds this one: BERT's, with
+    pad + 1 more positions."""
+    c = model.config
+    return {**bert_config(model), "model_type": "roberta",
+            "architectures": [bert_class(model)],
+            "max_position_embeddings": c.max_positions + c.pad_id + 1}
+
+
+def roberta_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
+    """Our weights under the RoBERTa task model's names (importers/hf_roberta.py's)."""
+    state = _layer_weights(model, "roberta.")
+    table = state["roberta.embeddings.position_embeddings.weight"]
+    state["roberta.embeddings.position_embeddings.weight"] = torch.cat(
+        [table.new_zeros(model.config.pad_id + 1, table.shape[1]), table])
+    if model.classifier is not None:
+        heads = {"classifier.dense": model.pooler, "classifier.out_proj": model.classifier}
+    else:
+        heads = {"lm_head.dense": model.mlm_head.dense,
+                 "lm_head.layer_norm": model.mlm_head.norm}
+        for name in ("lm_head.bias", "lm_head.decoder.bias"):   # one bias, two names
+            state[name] = model.mlm_head.decoder.bias.detach().clone()
+        state["lm_head.decoder.weight"] = model.embed.embedding.weight.detach().clone()
+    return state | _module_weights(heads)
+
+
 def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     """Our weights under the BERT task model's names (importers/hf_bert.py's table)."""
-    embed = model.embed
-    modules = {"bert.embeddings.word_embeddings": embed.embedding,
-               "bert.embeddings.position_embeddings": embed.positions.embedding,
-               "bert.embeddings.token_type_embeddings": embed.segments,
-               "bert.embeddings.LayerNorm": embed.norm, "bert.pooler.dense": model.pooler}
-    for i, layer in enumerate(model.encoder.layers):
-        prefix, attn = f"bert.encoder.layer.{i}", layer.self_attn
-        modules |= {f"{prefix}.attention.self.query": attn.q_proj,
-                    f"{prefix}.attention.self.key": attn.k_proj,
-                    f"{prefix}.attention.self.value": attn.v_proj,
-                    f"{prefix}.attention.output.dense": attn.out_proj,
-                    f"{prefix}.attention.output.LayerNorm": layer.norm1,
-                    f"{prefix}.intermediate.dense": layer.ffn.linear1,
-                    f"{prefix}.output.dense": layer.ffn.linear2,
-                    f"{prefix}.output.LayerNorm": layer.norm2}
+    state = _layer_weights(model, "bert.") | _module_weights({"bert.pooler.dense": model.pooler})
     if model.classifier is not None:
-        modules["classifier"] = model.classifier
-    else:
-        head = model.mlm_head
-        modules |= {"cls.predictions.transform.dense": head.dense,
-                    "cls.predictions.transform.LayerNorm": head.norm,
-                    "cls.seq_relationship": model.nsp_head}
-    state = {f"{name}.{kind}": getattr(module, kind) for name, module in modules.items()
-             for kind in ("weight", "bias") if getattr(module, kind, None) is not None}
-    if model.classifier is None:   # the decoder's weight is the word embeddings (tied),
-        for name in ("cls.predictions.bias", "cls.predictions.decoder.bias"):   # its bias
-            state[name] = model.mlm_head.decoder.bias             # under both of BERT's names
-        state["cls.predictions.decoder.weight"] = embed.embedding.weight
-    return {name: tensor.detach().clone().contiguous() for name, tensor in state.items()}
+        return state | _module_weights({"classifier": model.classifier})
+    head = model.mlm_head
+    state |= _module_weights({"cls.predictions.transform.dense": head.dense,
+                              "cls.predictions.transform.LayerNorm": head.norm,
+                              "cls.seq_relationship": model.nsp_head})
+    for name in ("cls.predictions.bias", "cls.predictions.decoder.bias"):   # the decoder's
+        state[name] = head.decoder.bias.detach().clone()     # bias, under both of BERT's
+    state["cls.predictions.decoder.weight"] = model.embed.embedding.weight.detach().clone()
+    return state                                # names; its weight: the word embeddings
+
+
+def _layer_weights(model: EncoderOnly, prefix: str) -> dict[str, Tensor]:
+    """The embeddings' and the layers' weights under BERT's names (RoBERTa's alike)."""
+    embed = model.embed
+    modules = {f"{prefix}embeddings.word_embeddings": embed.embedding,
+               f"{prefix}embeddings.position_embeddings": embed.positions.embedding,
+               f"{prefix}embeddings.token_type_embeddings": embed.segments,
+               f"{prefix}embeddings.LayerNorm": embed.norm}
+    for i, layer in enumerate(model.encoder.layers):
+        at, attn = f"{prefix}encoder.layer.{i}", layer.self_attn
+        modules |= {f"{at}.attention.self.query": attn.q_proj,
+                    f"{at}.attention.self.key": attn.k_proj,
+                    f"{at}.attention.self.value": attn.v_proj,
+                    f"{at}.attention.output.dense": attn.out_proj,
+                    f"{at}.attention.output.LayerNorm": layer.norm1,
+                    f"{at}.intermediate.dense": layer.ffn.linear1,
+                    f"{at}.output.dense": layer.ffn.linear2,
+                    f"{at}.output.LayerNorm": layer.norm2}
+    return _module_weights(modules)
+
+
+def _module_weights(modules: dict[str, nn.Module]) -> dict[str, Tensor]:
+    """{name.weight, name.bias: a copy} of each module."""
+    return {f"{name}.{kind}": getattr(module, kind).detach().clone().contiguous()
+            for name, module in modules.items()
+            for kind in ("weight", "bias") if getattr(module, kind, None) is not None}
 
 
 def bert_model(model: EncoderOnly):
@@ -103,21 +156,28 @@ def bert_model(model: EncoderOnly):
     import transformers
 
     check_bert_exportable(model)
-    config = transformers.BertConfig(**bert_config(model))
+    if is_roberta(model):
+        config = transformers.RobertaConfig(**roberta_config(model))
+        state = roberta_state_dict(model)
+    else:
+        config = transformers.BertConfig(**bert_config(model))
+        state = bert_state_dict(model)
     theirs = getattr(transformers, bert_class(model))(config).eval()
-    missing, unexpected = theirs.load_state_dict(bert_state_dict(model), strict=False)
+    missing, unexpected = theirs.load_state_dict(state, strict=False)
     left = [name for name in missing if not name.endswith("position_ids")]
     if left or unexpected:
-        raise ExportError(f"BERT weights not set: {left[:5]}; unknown: {unexpected[:5]}")
+        raise ExportError(f"{config.model_type} weights not set: {left[:5]}; unknown: "
+                          f"{unexpected[:5]}")
     return theirs
 
 
-def bert_tokenizer(directory: Path) -> HFTokenizer:
-    """The checkpoint's tokenizer as a tokenizer.json backend with BERT's template."""
+def bert_tokenizer(directory: Path, roberta: bool = False) -> HFTokenizer:
+    """The checkpoint's tokenizer as a tokenizer.json backend with BERT's template (or
+    RoBERTa's)."""
     tokenizer = checkpoint.load_tokenizer(directory)
     if not isinstance(tokenizer, HFTokenizer):
         tokenizer = HFTokenizer.from_sentencepiece(tokenizer)
-    return tokenizer.with_bert_template()
+    return tokenizer.with_roberta_template() if roberta else tokenizer.with_bert_template()
 
 
 def export_hf_encoder(directory: Path, model: EncoderOnly, out: Path) -> Path:
@@ -125,9 +185,11 @@ def export_hf_encoder(directory: Path, model: EncoderOnly, out: Path) -> Path:
     config.json, model.safetensors, tokenizer.json, tokenizer_config.json and our export
     marker; loadable with transformers' AutoModel... classes and AutoTokenizer -> OUT."""
     theirs = bert_model(model)             # checks what BERT can hold first
-    tokenizer = bert_tokenizer(directory)
+    tokenizer = bert_tokenizer(directory, is_roberta(model))
     specials = {"cls_token": tokenizer.bos_id, "sep_token": tokenizer.eos_id,
                 "pad_token": tokenizer.pad_id,
                 "mask_token": MASK_ID if tokenizer.mask_id is None else tokenizer.mask_id}
+    if is_roberta(model):   # RoBERTa's tokenizer names <s> and </s> twice
+        specials |= {"bos_token": tokenizer.bos_id, "eos_token": tokenizer.eos_id}
     return save_with_tokenizer_json(theirs, tokenizer, specials, model.config.max_positions,
                                     directory, out)

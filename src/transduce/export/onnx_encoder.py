@@ -49,7 +49,7 @@ def export_sentence_encoder(model: EncoderOnly, out: Path, opset: int) -> list[s
     ids = torch.randint(4, c.src_vocab_size, (2, 6))
     ids[1, 4:] = c.pad_id
     segments = torch.zeros_like(ids)
-    segments[0, 3:] = 1
+    segments[0, 3:] = min(1, c.type_vocab_size - 1)     # RoBERTa's has one type
     outputs = ["hidden", "pooled", "embeddings"] + (["logits"] if c.num_labels else [])
     axes = {"ids": {0: "rows", 1: "length"}, "segments": {0: "rows", 1: "length"},
             "hidden": {0: "rows", 1: "length"}, **{name: {0: "rows"} for name in outputs[1:]}}

@@ -1,7 +1,7 @@
 """Reading other toolkits' checkpoints into ours: Hugging Face GPT-2 (hf_gpt2.py),
-BERT (hf_bert.py), Marian (hf_marian.py, the OPUS-MT translation models), NLLB-200 and
-M2M-100 (hf_nllb.py), T5 (hf_t5.py, with Flan-T5 and mT5) and Llama (hf_llama.py, with
-Mistral and Qwen2). Each importer maps the weights name by name onto a model of this
+BERT (hf_bert.py), RoBERTa (hf_roberta.py, with XLM-R and CamemBERT), Marian
+(hf_marian.py, the OPUS-MT translation models), NLLB-200 and M2M-100 (hf_nllb.py), T5
+(hf_t5.py, with Flan-T5 and mT5) and Llama (hf_llama.py, with Mistral and Qwen2). Each importer maps the weights name by name onto a model of this
 package that computes the same function, and refuses, naming the file, key or option,
 what it cannot reproduce; the result is an ordinary checkpoint directory
 (checkpoint.py), written whole or not at all. (The package is not called `import`, a
@@ -109,11 +109,13 @@ def refuse_unread(names: dict, source, ignored=None) -> None:
 # After the error and the helpers, which the importers import from this package.
 from transduce.importers.hf_gpt2 import import_gpt2  # noqa: E402
 from transduce.importers.hf_bert import fresh_heads, import_bert  # noqa: E402
+from transduce.importers.hf_roberta import import_roberta  # noqa: E402
 from transduce.importers.hf_marian import import_marian  # noqa: E402
 from transduce.importers.hf_llama import import_llama  # noqa: E402
 from transduce.importers.hf_nllb import import_nllb  # noqa: E402
 from transduce.importers.hf_t5 import import_t5  # noqa: E402
 
 __all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight", "refuse_unread",
-           "import_gpt2", "import_llama", "import_bert", "fresh_heads", "import_marian",
+           "import_gpt2", "import_llama", "import_bert", "import_roberta", "fresh_heads",
+           "import_marian",
            "import_nllb", "import_t5"]

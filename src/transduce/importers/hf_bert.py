@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -67,33 +68,65 @@ HEADS = {"pooler": "pooler", "mlm_head": "masked-LM head", "nsp_head": "next-sen
          "classifier": "classification head"}
 
 
+@dataclass(frozen=True)
+class EncoderFamily:
+    """Where a family of Hugging Face encoders (BERT, RoBERTa) keeps what our EncoderOnly
+    holds: the layers are named alike, the heads not."""
+
+    name: str                       # the import's name ("hf-bert"), for the origin
+    model_types: tuple[str, ...]    # config.json's model_type
+    prefix: str                     # of the task models' weights ("bert.")
+    poolers: tuple[str, ...]        # the dense + tanh over the first token, where found
+    mlm_prefix: str                 # the masked-LM head's, then its parts:
+    mlm_dense: str
+    mlm_norm: str
+    mlm_biases: tuple[str, ...]     # the output bias, under any of these names
+    mlm_decoder: str                # the output matrix, tied to the word embeddings
+    nsp: str | None                 # the next-sentence head (None: the family has none)
+    classifier: str                 # the classification head's output layer
+    read_tokenizer: Callable[[Path], HFTokenizer]
+    # The row of the position table that position 0 takes: RoBERTa counts from pad + 1.
+    position_offset: Callable[[dict[str, Any]], int] = lambda hf: 0
+    # The masked-LM head's activation where it is fixed (RoBERTa's: exact GELU, whatever
+    # hidden_act says); None: hidden_act, as BERT's head and ours.
+    mlm_activation: str | None = None
+
+
 def import_bert(hf_dir: Path | str, out: Path | str) -> Path:
     """Read a Hugging Face BERT directory (config.json, model.safetensors or
     pytorch_model.bin, tokenizer.json or vocab.txt) and write it as our checkpoint at
     `out`, replacing one there; nothing is written unless everything was read and
     checked. The heads the checkpoint lacks are initialised afresh and listed in the
     written config.json's origin["fresh_heads"] (see fresh_heads())."""
+    return import_encoder(hf_dir, out, BERT)
+
+
+def import_encoder(hf_dir: Path | str, out: Path | str, family: EncoderFamily) -> Path:
+    """import_bert for any EncoderFamily."""
     hf_dir, out = Path(hf_dir), Path(out)
     check_directories(hf_dir, out, HF_CONFIG)
     hf = _read_json(hf_dir / HF_CONFIG)
-    check_options(hf, hf_dir / HF_CONFIG)
-    tokenizer = read_tokenizer(hf_dir)
+    check_options(hf, hf_dir / HF_CONFIG, family)
+    tokenizer = family.read_tokenizer(hf_dir)
     tensors, source = read_weights(hf_dir)
-    names = _bert_names(tensors, source)
-    labels = _labels(hf, hf_dir / HF_CONFIG) if "classifier.weight" in names else None
+    names = _bert_names(tensors, source, family.prefix)
+    labels = _labels(hf, hf_dir / HF_CONFIG) if f"{family.classifier}.weight" in names \
+        else None
+    offset = family.position_offset(hf)
     config = model_config(hf, hf_dir / HF_CONFIG, tokenizer,
-                          num_labels=len(labels) if labels else 0)
+                          num_labels=len(labels) if labels else 0, position_offset=offset)
     model = EncoderOnly(config)
-    state, found = map_weights(tensors, names, config, source)
+    state, found = map_weights(tensors, names, config, source, family, offset)
     fresh = {name: tensor for name, tensor in model.state_dict().items()
              if name.split(".")[0] in HEADS and name.split(".")[0] not in found
              and name not in state}
     model.load_state_dict({**state, **fresh})
     del tensors, state   # the stored files are let go before the save copies the model
     model.labels = labels
-    origin = {"imported": "hf-bert", "from": str(hf_dir.resolve()), "steps": None,
+    origin = {"imported": family.name, "from": str(hf_dir.resolve()), "steps": None,
               "fresh_heads": [head for head in HEADS if head not in found
-                              and (head != "classifier" or config.num_labels)]}
+                              and (head != "classifier" or config.num_labels)
+                              and (head != "nsp_head" or family.nsp)]}
     return checkpoint.save(out, model.eval(), None, tokenizer, origin=origin)
 
 
@@ -108,16 +141,16 @@ def fresh_heads(path: Path | str) -> list[str]:
     return list(origin.get("fresh_heads") or [])
 
 
-def check_options(hf: dict[str, Any], config_file: Path) -> None:
-    """A BERT configuration whose options we can reproduce."""
-    check_foreign_options(hf, config_file, "bert", FIXED_OPTIONS, "hidden_act", "gelu",
-                          ACTIVATIONS)
+def check_options(hf: dict[str, Any], config_file: Path, family: EncoderFamily) -> None:
+    """A BERT (or RoBERTa) configuration whose options we can reproduce."""
+    check_foreign_options(hf, config_file, family.model_types, FIXED_OPTIONS, "hidden_act",
+                          "gelu", ACTIVATIONS)
 
 
 def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
-                 num_labels: int = 0) -> ModelConfig:
-    """The "bert-base" preset with the sizes and options of a Hugging Face BertConfig."""
-    check_options(hf, config_file)
+                 num_labels: int = 0, position_offset: int = 0) -> ModelConfig:
+    """The "bert-base" preset with the sizes and options of a Hugging Face BertConfig
+    (or RobertaConfig, whose first `position_offset` positions are never used)."""
 
     def required(name: str) -> Any:
         if name not in hf:
@@ -131,7 +164,8 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                         num_heads=required("num_attention_heads"),
                         num_encoder_layers=required("num_hidden_layers"),
                         d_ff=required("intermediate_size"),
-                        max_positions=hf.get("max_position_embeddings", 512),
+                        max_positions=hf.get("max_position_embeddings", 512)
+                        - position_offset,
                         type_vocab_size=hf.get("type_vocab_size", 2),
                         activation=ACTIVATIONS[hf.get("hidden_act", "gelu")],
                         layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
@@ -164,6 +198,7 @@ def read_tokenizer(hf_dir: Path) -> HFTokenizer:
         if (hf_dir / TOKENIZER_JSON).is_file():
             tokenizer = HFTokenizer.from_file(hf_dir / TOKENIZER_JSON, bos=specials["cls"],
                                               eos=specials["sep"], pad=specials["pad"])
+            tokenizer = tokenizer.with_mask(specials["mask"])
             if not tokenizer.prepend_bos:   # no [CLS] A [SEP] template: give it BERT's,
                 tokenizer = tokenizer.with_bert_template()   # which the checkpoint keeps
         elif (hf_dir / VOCAB_TXT).is_file():
@@ -181,12 +216,13 @@ def read_tokenizer(hf_dir: Path) -> HFTokenizer:
     return tokenizer
 
 
-def _bert_names(tensors: dict[str, Tensor], source: Path) -> dict[str, str]:
+def _bert_names(tensors: dict[str, Tensor], source: Path, prefix: str = "bert."
+                ) -> dict[str, str]:
     """BERT's name of each stored tensor (no "bert." prefix, LayerNorm gamma / beta as
     weight / bias) -> the stored key."""
     names: dict[str, str] = {}
     for key in tensors:
-        name = key.removeprefix("bert.")
+        name = key.removeprefix(prefix)
         name = re.sub(r"(LayerNorm)\.gamma$", r"\1.weight", name)
         name = re.sub(r"(LayerNorm)\.beta$", r"\1.bias", name)
         if name in names:
@@ -217,9 +253,12 @@ def _labels(hf: dict[str, Any], config_file: Path) -> list[str]:
 
 
 def map_weights(tensors: dict[str, Tensor], names: dict[str, str], config: ModelConfig,
-                source: Path) -> tuple[dict[str, Tensor], set[str]]:
+                source: Path, family: EncoderFamily, position_offset: int = 0
+                ) -> tuple[dict[str, Tensor], set[str]]:
     """BERT's tensors -> (our state dict in float32, without the heads the checkpoint
-    lacks; the heads it has). Each key accounted for, each shape checked."""
+    lacks; the heads it has). Each key accounted for, each shape checked. The position
+    table loses its first position_offset rows (RoBERTa's: padding's and unused)."""
+    f = family
     names = dict(names)
     c, ff, v = config.d_model, config.d_ff, config.src_vocab_size
 
@@ -238,7 +277,8 @@ def map_weights(tensors: dict[str, Tensor], names: dict[str, str], config: Model
     state = {"encoder.embed.embedding.weight": embedding,
              "mlm_head.decoder.weight": embedding,             # tied, whatever is found
              "encoder.embed.positions.embedding.weight":
-                 take("embeddings.position_embeddings.weight", config.max_positions, c),
+                 take("embeddings.position_embeddings.weight",
+                      config.max_positions + position_offset, c)[position_offset:],
              "encoder.embed.segments.weight":
                  take("embeddings.token_type_embeddings.weight", config.type_vocab_size, c)}
     norm("encoder.embed.norm", "embeddings.LayerNorm")
@@ -260,42 +300,60 @@ def map_weights(tensors: dict[str, Tensor], names: dict[str, str], config: Model
             read()
             found.add(ours)
 
-    head("pooler", "pooler.", lambda: linear("pooler", "pooler.dense", c, c))
-    head("mlm_head", "cls.predictions.", lambda: _mlm_head(state, names, tensors, take,
-                                                           linear, norm, embedding, source))
-    head("nsp_head", "cls.seq_relationship.",
-         lambda: linear("nsp_head", "cls.seq_relationship", c, 2))
+    poolers = [name for name in f.poolers if f"{name}.weight" in names]
+    if len(poolers) > 1:
+        raise ForeignCheckpointError(f"{source}: two poolers, {poolers[0]!r} and "
+                                     f"{poolers[1]!r}; a model has one")
+    for name in poolers:
+        head("pooler", f"{name}.", lambda: linear("pooler", name, c, c))
+    head("mlm_head", f.mlm_prefix, lambda: _mlm_head(state, names, tensors, take, linear, norm,
+                                                     embedding, source, f, config.activation))
+    if f.nsp is not None:
+        head("nsp_head", f"{f.nsp}.", lambda: linear("nsp_head", f.nsp, c, 2))
     if config.num_labels:
-        head("classifier", "classifier.",
-             lambda: linear("classifier", "classifier", c, config.num_labels))
+        head("classifier", f"{f.classifier}.",
+             lambda: linear("classifier", f.classifier, c, config.num_labels))
     refuse_unread(names, source, _IGNORED)
     return state, found
 
 
-def _mlm_head(state, names, tensors, take, linear, norm, embedding, source) -> None:
-    """cls.predictions: the transform, the output bias (stored as cls.predictions.bias,
-    cls.predictions.decoder.bias, or both and equal), and the output matrix, which must
-    be the word embeddings."""
-    c = embedding.shape[1]
-    linear("mlm_head.dense", "cls.predictions.transform.dense", c, c)
-    norm("mlm_head.norm", "cls.predictions.transform.LayerNorm")
-    biases = [name for name in ("cls.predictions.bias", "cls.predictions.decoder.bias")
-              if name in names]
+def _mlm_head(state, names, tensors, take, linear, norm, embedding, source,
+              family: EncoderFamily, activation: str) -> None:
+    """The masked-LM head: the transform, the output bias (stored under either of its
+    names, or both and equal), and the output matrix, which must be the word
+    embeddings."""
+    c, f = embedding.shape[1], family
+    if f.mlm_activation is not None and activation != f.mlm_activation:
+        raise ForeignCheckpointError(
+            f"{source}: a masked-LM head ({f.mlm_prefix}*), whose activation is "
+            f"{f.mlm_activation!r} whatever hidden_act says, in a model of activation "
+            f"{activation!r}; ours would compute the head with {activation!r}, so only "
+            f"models of hidden_act {f.mlm_activation!r} can be imported with it")
+    linear("mlm_head.dense", f.mlm_dense, c, c)
+    norm("mlm_head.norm", f.mlm_norm)
+    biases = [name for name in f.mlm_biases if name in names]
     if not biases:
-        raise ForeignCheckpointError(f"{source}: missing weight 'cls.predictions.bias' (or "
-                                     f"'cls.predictions.decoder.bias')")
+        raise ForeignCheckpointError(f"{source}: missing weight {f.mlm_biases[0]!r} (or "
+                                     f"{f.mlm_biases[1]!r})")
     values = [take(name, embedding.shape[0]) for name in biases]
     if len(values) == 2 and not torch.equal(*values):
-        raise ForeignCheckpointError(f"{source}: 'cls.predictions.bias' differs from "
-                                     f"'cls.predictions.decoder.bias'")
+        raise ForeignCheckpointError(f"{source}: {biases[0]!r} differs from {biases[1]!r}")
     state["mlm_head.decoder.bias"] = values[0]
-    if "cls.predictions.decoder.weight" in names:
-        decoder = tensors[names.pop("cls.predictions.decoder.weight")]
+    if f.mlm_decoder in names:
+        decoder = tensors[names.pop(f.mlm_decoder)]
         if decoder.shape != embedding.shape or not torch.equal(decoder.float(), embedding):
             raise ForeignCheckpointError(
-                f"{source}: 'cls.predictions.decoder.weight' differs from "
+                f"{source}: {f.mlm_decoder!r} differs from "
                 f"'embeddings.word_embeddings.weight'; only tied output embeddings can be "
                 f"imported")
+
+
+BERT = EncoderFamily(
+    "hf-bert", ("bert",), "bert.", poolers=("pooler.dense",), mlm_prefix="cls.predictions.",
+    mlm_dense="cls.predictions.transform.dense", mlm_norm="cls.predictions.transform.LayerNorm",
+    mlm_biases=("cls.predictions.bias", "cls.predictions.decoder.bias"),
+    mlm_decoder="cls.predictions.decoder.weight", nsp="cls.seq_relationship",
+    classifier="classifier", read_tokenizer=read_tokenizer)
 
 
 

@@ -107,6 +107,9 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer) 
     return config
 
 
+VOCAB_JSON, MERGES = "vocab.json", "merges.txt"    # the byte-level BPE pair's files
+
+
 def read_tokenizer(hf_dir: Path) -> HFTokenizer:
     """The directory's tokenizer.json, else its vocab.json + merges.txt, with the bos,
     eos and pad tokens its tokenizer_config.json / special_tokens_map.json name
@@ -115,11 +118,10 @@ def read_tokenizer(hf_dir: Path) -> HFTokenizer:
                                               "pad": None})
     if (hf_dir / TOKENIZER_JSON).is_file():
         return HFTokenizer.from_file(hf_dir / TOKENIZER_JSON, **specials)
-    if (hf_dir / "vocab.json").is_file() and (hf_dir / "merges.txt").is_file():
-        return HFTokenizer.from_byte_level_bpe(hf_dir / "vocab.json", hf_dir / "merges.txt",
-                                               **specials)
-    raise ForeignCheckpointError(f"{hf_dir}: no tokenizer ({TOKENIZER_JSON}, or vocab.json "
-                                 f"and merges.txt)")
+    if (hf_dir / VOCAB_JSON).is_file() and (hf_dir / MERGES).is_file():
+        return HFTokenizer.from_byte_level_bpe(hf_dir / VOCAB_JSON, hf_dir / MERGES, **specials)
+    raise ForeignCheckpointError(f"{hf_dir}: no tokenizer ({TOKENIZER_JSON}, or {VOCAB_JSON} "
+                                 f"and {MERGES})")
 
 
 class SafetensorsFiles(Mapping):

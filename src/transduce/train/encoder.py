@@ -32,8 +32,8 @@ from transduce.data.corpus import CorpusKind, has_split
 from transduce.data.dataset import (TokenizedLabelled, TokenizedText, load_labelled_split,
                                     load_text_split)
 from transduce.data.labelled import class_names
-from transduce.data.masking import IGNORE, EncoderBatch
-from transduce.data.tokenizer import Tokenizer
+from transduce.data.masking import IGNORE, EncoderBatch, EncoderSpecials
+from transduce.data.tokenizer import TextTokenizer
 from transduce.errors import TransduceError
 from transduce.model import empty_model
 from transduce.decode.evaluate import macro_f1
@@ -65,6 +65,10 @@ def check_encoder_configs(model_config: ModelConfig, train_config: TrainConfig,
         raise ConfigError(f"arch 'encoder' with task {c.task!r} reads {how}: --data "
                           f"{data_dir} is a {kind} corpus"
                           + ("; pass --task classify" if kind == "classification" else ""))
+    if c.task == "pretrain" and c.objective == "mlm,nsp" and model_config.type_vocab_size < 2:
+        raise ConfigError(f"objective 'mlm,nsp' reads pairs as segments 0 and 1, but "
+                          f"ModelConfig.type_vocab_size={model_config.type_vocab_size} (a "
+                          f"RoBERTa-like model has one segment): use objective 'mlm'")
     if c.task == "classify" and model_config.num_labels < 2:
         raise ConfigError(f"task 'classify' needs ModelConfig.num_labels >= 2 (the corpus's "
                           f"classes), got {model_config.num_labels}")
@@ -76,16 +80,21 @@ def check_encoder_configs(model_config: ModelConfig, train_config: TrainConfig,
                           f"of max_len={min(c.max_len, model_config.max_positions)} tokens")
 
 
-def load_encoder_data(data_dir: Path, tokenizer: Tokenizer, model_config: ModelConfig,
+def load_encoder_data(data_dir: Path, tokenizer: TextTokenizer, model_config: ModelConfig,
                       train_config: TrainConfig
                       ) -> tuple[TokenizedText | TokenizedLabelled, EncoderBatcher,
                                  EncoderBatcher | None]:
     """-> (train split, train batcher, dev batcher or None). Sequences are cropped to
-    max_len (and the model's positions), never dropped."""
+    max_len (and the model's positions), never dropped. The items are built with the
+    tokenizer's specials: ours, or an imported checkpoint's ([CLS], [SEP], [MASK])."""
     c = train_config
     max_len = min(c.max_len, model_config.max_positions)
+    specials = EncoderSpecials.of(tokenizer)
+    if c.task == "pretrain" and specials.mask_id is None:
+        raise ConfigError(f"{tokenizer.path}: the vocabulary has no mask token ([MASK] or "
+                          f"<mask>), so it cannot train a masked LM")
     common = dict(max_tokens=c.max_tokens, max_len=max_len,
-                  vocab_size=model_config.src_vocab_size)
+                  vocab_size=model_config.src_vocab_size, specials=specials)
     has_dev = has_split(data_dir, "dev")
     if c.task == "classify":
         names = class_names(data_dir)

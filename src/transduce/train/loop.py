@@ -42,8 +42,9 @@ from transduce.data.batching import Batcher, EncoderBatcher, PackedBatcher, Toke
 from transduce.data.corpus import CorpusKind, corpus_kind, has_split, language_pair
 from transduce.data.dataset import TokenizedSplit, TokenizedText, load_split, load_text_split
 from transduce.data.packing import PackedPairBatcher
-from transduce.data.tokenizer import MODEL_NAME, PAD_ID, TARGET_MODEL_NAME, Tokenizer, \
-    TokenizerError, check_vocabularies
+from transduce.data.hf_tokenizer import HFTokenizer
+from transduce.data.tokenizer import MODEL_NAME, PAD_ID, TARGET_MODEL_NAME, TextTokenizer, \
+    Tokenizer, TokenizerError, check_vocabularies
 from transduce.decode.evaluate import score_lines
 from transduce.decode.languages import Direction
 from transduce.decode.translate import Translator
@@ -158,7 +159,7 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
         if torch.cuda.is_available() else torch.device("cpu")
     trained = checkpoint.list_checkpoints(out)[-1:] if resume else [init] if init else []
-    tokenizer = Tokenizer(_tokenizer_path(data_dir, trained[0] if trained else None))
+    tokenizer = _training_tokenizer(data_dir, trained[0] if trained else None, model_config)
     _check_vocabulary(model_config, tokenizer)
     codes = checkpoint.read_language_codes(checkpoint.resolve(trained[0])) \
         if trained and model_config.arch == "transformer" else None
@@ -252,6 +253,25 @@ def _stepped_module(model: Model, model_config: ModelConfig, train_config: Train
     return net
 
 
+def _training_tokenizer(data_dir: Path, weights_from: Path | None,
+                        model_config: ModelConfig) -> TextTokenizer:
+    """The vocabulary the run reads: an imported checkpoint's own tokenizer (a
+    tokenizer.json: BERT's WordPiece, RoBERTa's BPE) when it trains on from one, whatever
+    the corpus holds, as its embeddings know no other; else a SentencePiece model
+    (_tokenizer_path)."""
+    if weights_from is not None:
+        directory = checkpoint.resolve(weights_from)
+        if checkpoint.holds_tokenizer_json(directory):
+            if model_config.arch != "encoder":
+                raise TrainingError(
+                    f"{directory}: its vocabulary is a tokenizer.json (an imported "
+                    f"checkpoint's); only encoder-only models (BERT, RoBERTa) train on one "
+                    f"here, a {model_config.arch!r} model trains on a SentencePiece "
+                    f"vocabulary")
+            return checkpoint.load_tokenizer(directory)
+    return Tokenizer(_tokenizer_path(data_dir, weights_from))
+
+
 def _tokenizer_path(data_dir: Path, weights_from: Path | None) -> Path:
     """The corpus's vocabulary; a model trained on from a checkpoint (weights_from:
     --init's, an encoder into a classifier or an imported translation model on a corpus
@@ -275,7 +295,15 @@ def _tokenizer_path(data_dir: Path, weights_from: Path | None) -> Path:
     return theirs      # the same, with the targets' segmentation if it has one of its own
 
 
-def _check_vocabulary(model_config: ModelConfig, tokenizer: Tokenizer) -> None:
+def _check_vocabulary(model_config: ModelConfig, tokenizer: TextTokenizer) -> None:
+    if isinstance(tokenizer, HFTokenizer):   # an import may have embeddings to spare
+        if tokenizer.vocab_size > model_config.src_vocab_size:
+            raise TrainingError(f"{tokenizer.path}: {tokenizer.vocab_size} tokens, but the "
+                                f"model has src_vocab_size={model_config.src_vocab_size}")
+        if model_config.pad_id != tokenizer.pad_id:
+            raise TrainingError(f"ModelConfig.pad_id={model_config.pad_id} is not the pad id "
+                                f"of {tokenizer.path} ({tokenizer.pad_id})")
+        return
     try:
         check_vocabularies(tokenizer, model_config.src_vocab_size,
                            model_config.tgt_vocab_size, model_config.shares_embeddings)
@@ -404,7 +432,7 @@ def _train_until_done(run: Run, stop: StopRequest) -> Path:
         print(f"stopped after step {run.position.step} ({reason}); last checkpoint {saved}")
         if run.ema is not None:
             ema = save_weight_average(run.out, run.model, run.ema, run.train_config,
-                                      run.tokenizer.path, run.position.step)
+                                      run.tokenizer, run.position.step)
             print(f"moving average of the weights (decay {run.ema.decay}): {ema}")
     return saved
 
@@ -571,7 +599,7 @@ def _periodic(run: Run, window: _Window, lr: float, elapsed: float, finished: bo
                                                         for key, value in result.items()))
         barrier(run.world)
     if step % c.save_every == 0 or finished:
-        return save_training_checkpoint(run.out, run.model, c, run.tokenizer.path, run.optimizer,
+        return save_training_checkpoint(run.out, run.model, c, run.tokenizer, run.optimizer,
                                         run.position, elapsed, run.world, run.rank, run.ema,
                                         sharded=c.fsdp)
     return None
