@@ -87,11 +87,13 @@ def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
     tokenizer object (an HFTokenizer is written as tokenizer.json with its special ids, a
     Tokenizer as the bytes it read).
     origin: how a derived checkpoint was made, with "steps" (the training steps behind it).
-    A classifier's label names (model.labels), a translation model's language pair
+    A classifier's label names (model.labels), an encoder's way of pooling sentence
+    embeddings (model.sentence_embedding), a translation model's language pair
     (model.languages: source, target) and a multilingual one's language codes
     (model.language_codes: code -> id) are written with its configuration."""
     write_tokenizer, section = _tokenizer_writer(tokenizer_path)
     described = {"labels": getattr(model, "labels", None),
+                 "sentence_embedding": getattr(model, "sentence_embedding", None),
                  "languages": getattr(model, "languages", None),
                  "language_codes": getattr(model, "language_codes", None)}
     with atomic.atomic_directory(path) as temporary:
@@ -178,14 +180,17 @@ def _write_config(directory: Path, model_config: ModelConfig, train_config: Trai
                   origin: dict[str, Any] | None, tokenizer: dict[str, Any] | None = None,
                   labels: list[str] | None = None,
                   languages: tuple[str, str] | None = None,
-                  language_codes: dict[str, int] | None = None) -> None:
+                  language_codes: dict[str, int] | None = None,
+                  sentence_embedding: dict[str, Any] | None = None) -> None:
     values = {"model": model_config.to_dict(),
               "train": None if train_config is None else train_config.to_dict(),
               **({"origin": origin} if origin else {}),
               **({"tokenizer": tokenizer} if tokenizer else {}),
               **({"labels": list(labels)} if labels else {}),
               **({"languages": dict(zip(("source", "target"), languages))} if languages else {}),
-              **({"language_codes": dict(language_codes)} if language_codes else {})}
+              **({"language_codes": dict(language_codes)} if language_codes else {}),
+              **({"sentence_embedding": dict(sentence_embedding)} if sentence_embedding
+                 else {})}
     (directory / CONFIG).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
 
 
@@ -232,6 +237,23 @@ def read_labels(path: Path) -> list[str] | None:
                                or not all(isinstance(label, str) for label in labels)):
         raise CheckpointError(f"{Path(path) / CONFIG}: \"labels\" must be a list of strings")
     return labels
+
+
+POOLINGS = ("mean", "cls")   # sentence embeddings: mean over real tokens, or [CLS]'s state
+
+
+def read_sentence_embedding(path: Path) -> dict[str, Any] | None:
+    """How an encoder's sentence embeddings are made by default, {"pooling": "mean" or
+    "cls", "normalize": bool}, when it records it (an imported sentence-transformers
+    model: BGE pools [CLS], all-MiniLM and E5 the mean; None: not recorded)."""
+    values = _read_config_json(path).get("sentence_embedding")
+    if values is not None and (not isinstance(values, dict)
+                               or values.get("pooling") not in POOLINGS
+                               or not isinstance(values.get("normalize"), bool)):
+        raise CheckpointError(f"{Path(path) / CONFIG}: \"sentence_embedding\" must be "
+                              f"{{\"pooling\": \"mean\" or \"cls\", \"normalize\": true or "
+                              f"false}}, got {values!r}")
+    return values
 
 
 def read_languages(path: Path) -> tuple[str, str] | None:
@@ -426,7 +448,8 @@ def average(checkpoints: list[Path], out: Path) -> Path:
     tokenizer_file = TOKENIZER_JSON if section is not None else TOKENIZER
     with atomic.atomic_directory(out) as temporary:
         _write_config(temporary, model_config, train_config, origin, section,
-                      read_labels(last), read_languages(last), read_language_codes(last))
+                      read_labels(last), read_languages(last), read_language_codes(last),
+                      read_sentence_embedding(last))
         _save_tensors(mean, temporary / WEIGHTS, metadata)
         for name in (tokenizer_file, TARGET_TOKENIZER):
             if name == tokenizer_file or (last / name).is_file():

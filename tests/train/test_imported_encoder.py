@@ -129,6 +129,19 @@ def test_a_masked_lm_batch_gives_transformers_loss(hf_bert, imported, corpora):
                                atol=1e-5, rtol=1e-5)
 
 
+def test_random_replacements_are_the_tokenizers_ids(imported, corpora):
+    """An import with embedding rows to spare (a vocabulary padded to a multiple of 8)
+    never puts a row no text reads into a masked item."""
+    model_config, _ = checkpoint.read_configs(imported)
+    spare = model_config.replace(src_vocab_size=len(VOCAB) + 40, tgt_vocab_size=len(VOCAB) + 40)
+    tokenizer = checkpoint.load_tokenizer(imported)
+    _, batcher, _ = encoder_training.load_encoder_data(corpora[0], tokenizer, spare,
+                                                       train_config(max_tokens=400))
+    seen = torch.cat([batcher.collate(indices, (epoch, 0)).ids.flatten() for epoch in range(20)
+                      for indices in batcher.epoch_batches(epoch)])
+    assert seen.max() < len(VOCAB) and len(seen.unique()) > 20
+
+
 def test_a_classification_batch_gives_transformers_loss(hf_bert, imported, corpora):
     split, batch, indices = batch_of(imported, corpora[1], "classify", {})
     fast = transformers.BertTokenizerFast.from_pretrained(str(hf_bert))

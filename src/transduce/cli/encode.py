@@ -25,10 +25,15 @@ def register(commands) -> None:
                           help="every class's probability, label=probability, tab-separated")
     classify.set_defaults(handler=classify_command)
 
-    embed = commands.add_parser("embed", help="sentence vectors: mean of the last hidden states")
+    embed = commands.add_parser("embed", help="sentence vectors: the last hidden states pooled")
     _add_common(embed)
     embed.add_argument("--out", type=Path, required=True, help=".npy file to write (N, d_model)")
-    embed.add_argument("--normalize", action="store_true", help="L2-normalise each vector")
+    embed.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                       help="L2-normalise each vector (default: as the checkpoint records, "
+                            "an imported sentence-transformers model's way; else not)")
+    embed.add_argument("--pooling", choices=["mean", "cls"], default=None,
+                       help="mean of the hidden states over the tokens, or [CLS]'s state "
+                            "(default: as the checkpoint records; else mean)")
     embed.set_defaults(handler=embed_command)
 
 
@@ -84,9 +89,13 @@ def embed_command(args: argparse.Namespace) -> int:
     encoder = SentenceEncoder.load(args.model, dtype=args.dtype, engine=args.engine)
     with one_line_warnings(args.input):
         vectors = encoder.embed(_read_input(args), normalize=args.normalize,
-                                batch_tokens=args.batch_tokens)
+                                pooling=args.pooling, batch_tokens=args.batch_tokens)
+    settings = {**encoder.embedding_defaults,
+                **{k: v for k, v in (("pooling", args.pooling), ("normalize", args.normalize))
+                   if v is not None}}
     with atomic.atomic_file(args.out) as temporary, open(temporary, "wb") as handle:
         np.save(handle, vectors)
     print(f"wrote {args.out}: {vectors.shape[0]} vectors of {vectors.shape[1]} "
-          f"({'L2-normalised' if args.normalize else 'not normalised'})", file=sys.stderr)
+          f"({settings['pooling']} pooling, "
+          f"{'L2-normalised' if settings['normalize'] else 'not normalised'})", file=sys.stderr)
     return 0

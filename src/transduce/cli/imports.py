@@ -116,6 +116,7 @@ def import_hf_roberta(args: argparse.Namespace) -> int:
 
 def _import_encoder(args: argparse.Namespace, importer) -> int:
     """Import an encoder-only checkpoint, say what it holds and which heads it lacked."""
+    from transduce import checkpoint
     from transduce.importers import fresh_heads
     from transduce.importers.hf_bert import HEADS
 
@@ -123,6 +124,10 @@ def _import_encoder(args: argparse.Namespace, importer) -> int:
     config = model.config
     _say_written(out, "encoder-only", config.num_encoder_layers, config, config.src_vocab_size,
                  f", {config.num_labels} labels" if config.num_labels else "")
+    recorded = checkpoint.read_sentence_embedding(out)
+    if recorded:
+        print(f"sentence embeddings (modules.json): {recorded['pooling']} pooling, "
+              f"{'L2-normalised' if recorded['normalize'] else 'not normalised'}")
     fresh = fresh_heads(out)
     if fresh:
         print(f"not in {args.hf_dir}, initialised afresh (train before use): "

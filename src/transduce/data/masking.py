@@ -77,7 +77,7 @@ class EncoderSpecials:
 
     def replacements(self, vocab_size: int) -> Tensor:
         """(R,) the ids a chosen piece may be replaced by: every id but the specials."""
-        return torch.nonzero(~_special_table(self.special, vocab_size)).flatten()
+        return _replacements(self.special, vocab_size)
 
 
 @lru_cache(maxsize=8)
@@ -86,6 +86,11 @@ def _special_table(special: tuple[int, ...], vocab_size: int) -> Tensor:
     table = torch.zeros(vocab_size, dtype=torch.bool)
     table[list(special)] = True
     return table
+
+
+@lru_cache(maxsize=8)
+def _replacements(special: tuple[int, ...], vocab_size: int) -> Tensor:
+    return torch.nonzero(~_special_table(special, vocab_size)).flatten()
 
 
 SENTENCEPIECE = EncoderSpecials(CLS_ID, SEP_ID, PAD_ID, MASK_ID, tuple(range(NUM_SPECIALS)))

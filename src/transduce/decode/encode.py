@@ -3,6 +3,7 @@
     encoder = SentenceEncoder.load("runs/genre/ema")
     encoder.classify(["And Jesus wept."])      # -> [Prediction("gospels and Acts", 0.93, {...})]
     encoder.embed(lines, normalize=True)      # -> (N, C) float32 numpy array
+    encoder.embed(lines, pooling="cls")       # [CLS]'s state (BGE's way) rather than the mean
 
 Each line is read as [CLS] line [SEP] (the tokenizer's bos and eos), segment 0. Lines
 are sorted by length and batched by tokens, N lines in give N results out in order. A
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from transduce import checkpoint
+from transduce.checkpoint import POOLINGS
 from transduce.config import ConfigError
 from transduce.data.tokenizer import TextTokenizer
 from transduce.decode.inputs import checked_texts
@@ -30,6 +32,12 @@ from transduce.decode.translate import length_sorted_batches
 from transduce.errors import LineTruncated
 from transduce.model import EncoderOnly, load_model
 from transduce.model.packed import decoding_copy
+
+
+def embedding_defaults(recorded: dict | None) -> dict:
+    """{"pooling", "normalize"} of embed() when not given: the checkpoint's record, else
+    the mean, not normalised."""
+    return dict(recorded or {"pooling": "mean", "normalize": False})
 
 
 @dataclass
@@ -52,6 +60,7 @@ class SentenceEncoder:
         if isinstance(model, OnnxSentenceEncoder):
             check_onnx_settings(dtype, None, device)
             self.labels, self.model = model.labels, model
+            self.embedding_defaults = embedding_defaults(model.sentence_embedding)
             self.tokenizer, self.device = tokenizer, torch.device("cpu")
             return
         if not isinstance(model, EncoderOnly):
@@ -59,6 +68,7 @@ class SentenceEncoder:
                               f"'encoder'); this one is arch={model.config.arch!r}")
         dtype = decoding_dtype(dtype, device)
         self.labels = model.labels
+        self.embedding_defaults = embedding_defaults(model.sentence_embedding)
         self.model = decoding_copy(model, getattr(torch, dtype), device, in_place=in_place)
         self.tokenizer, self.device = tokenizer, torch.device(device)
 
@@ -88,13 +98,20 @@ class SentenceEncoder:
         return [Prediction(names[int(row.argmax())], float(row.max()),
                            dict(zip(names, map(float, row)))) for row in probabilities]
 
-    def embed(self, lines: Sequence[str], *, normalize: bool = False, batch_tokens: int = 4096,
+    def embed(self, lines: Sequence[str], *, normalize: bool | None = None,
+              pooling: str | None = None, batch_tokens: int = 4096,
               first_line_number: int = 1) -> np.ndarray:
-        """Each line's mean last hidden state over its tokens ([CLS] and [SEP] included,
-        padding not), L2-normalised if asked -> (N, C) float32."""
+        """Each line's last hidden states pooled, "mean" over its tokens ([CLS] and [SEP]
+        included, padding not) or "cls" ([CLS]'s), L2-normalised if asked -> (N, C)
+        float32. None: as the checkpoint records (an imported sentence-transformers
+        model's way), else mean and not normalised (embedding_defaults)."""
+        pooling = self.embedding_defaults["pooling"] if pooling is None else pooling
+        normalize = self.embedding_defaults["normalize"] if normalize is None else normalize
+        if pooling not in POOLINGS:
+            raise ConfigError(f"pooling={pooling!r}: choose one of {', '.join(POOLINGS)}")
         vectors = np.zeros((len(lines), self.model.config.d_model), dtype=np.float32)
         for indices, ids in self._batches(lines, batch_tokens, first_line_number):
-            pooled = self._embeddings(ids).float()                             # (B, C)
+            pooled = self._embeddings(ids, pooling).float()                    # (B, C)
             if normalize:
                 pooled = torch.nn.functional.normalize(pooled, dim=-1)
             vectors[indices] = pooled.cpu().numpy()
@@ -113,11 +130,11 @@ class SentenceEncoder:
         return self.model.classify_logits(self.model.pool(self.model(ids)))
 
     @torch.inference_mode()
-    def _embeddings(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, T) -> the mean hidden state over real tokens (B, C), from either engine."""
+    def _embeddings(self, ids: torch.Tensor, pooling: str) -> torch.Tensor:
+        """ids (B, T) -> the pooled hidden states (B, C), from either engine."""
         if isinstance(self.model, OnnxSentenceEncoder):
-            return self.model.embeddings(ids)
-        return self.model.sentence_embeddings(ids)
+            return self.model.embeddings(ids, pooling)
+        return self.model.sentence_embeddings(ids, pooling=pooling)
 
     def _batches(self, lines: Sequence[str], batch_tokens: int, first_line_number: int):
         """(indices of the lines, their ids (B, T) right-padded) by length."""

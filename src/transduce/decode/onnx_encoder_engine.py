@@ -24,15 +24,18 @@ class OnnxSentenceEncoder(ExportedModel):
         directory = Path(directory)
         super().__init__(directory, "encoder", "classify and embed need an encoder-only model")
         self.labels = checkpoint.read_labels(directory)
+        self.sentence_embedding = checkpoint.read_sentence_embedding(directory)
         self.session = open_session(directory, SENTENCE_ENCODER, threads)
 
     def class_logits(self, ids: Tensor) -> Tensor:
         """ids (B, T) right-padded -> the classifier's logits (B, num_labels)."""
         return self._run(ids, "logits")
 
-    def embeddings(self, ids: Tensor) -> Tensor:
-        """ids (B, T) right-padded -> the mean hidden state over real tokens (B, C)."""
-        return self._run(ids, "embeddings")
+    def embeddings(self, ids: Tensor, pooling: str = "mean") -> Tensor:
+        """ids (B, T) right-padded -> the mean hidden state over real tokens, or the
+        first token's ("cls"): (B, C)."""
+        return self._run(ids, "hidden")[:, 0] if pooling == "cls" else \
+            self._run(ids, "embeddings")
 
     def _run(self, ids: Tensor, output: str) -> Tensor:
         array = ids.cpu().numpy().astype(np.int64)

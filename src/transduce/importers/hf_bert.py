@@ -30,7 +30,8 @@ missing weight, is an error naming the key. A head the checkpoint lacks (BertMod
 no cls.*, BertForMaskedLM no pooler and no NSP head) keeps its fresh initialisation,
 and the checkpoint's origin lists it ("fresh_heads"). The tokenizer (tokenizer.json, or
 vocab.txt with tokenizer_config.json's casing) travels with the checkpoint: bos [CLS],
-eos [SEP], pad [PAD].
+eos [SEP], pad [PAD]. A sentence-transformers directory's pooling (modules.json) is
+recorded, so that `embed` makes its vectors (sentence_transformers.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from transduce.data.tokenizer import TokenizerError
 from transduce.importers import ForeignCheckpointError, check_directories, \
     check_foreign_options, refuse_unread, take_weight
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
+from transduce.importers.sentence_transformers import read_sentence_embedding
 from transduce.model.encoder_only import EncoderOnly
 
 VOCAB_TXT = "vocab.txt"
@@ -108,6 +110,7 @@ def import_encoder(hf_dir: Path | str, out: Path | str, family: EncoderFamily) -
     hf = _read_json(hf_dir / HF_CONFIG)
     check_options(hf, hf_dir / HF_CONFIG, family)
     tokenizer = family.read_tokenizer(hf_dir)
+    sentence_embedding = read_sentence_embedding(hf_dir)     # a sentence-transformers model's
     tensors, source = read_weights(hf_dir)
     names = _bert_names(tensors, source, family.prefix)
     labels = _labels(hf, hf_dir / HF_CONFIG) if f"{family.classifier}.weight" in names \
@@ -122,7 +125,7 @@ def import_encoder(hf_dir: Path | str, out: Path | str, family: EncoderFamily) -
              and name not in state}
     model.load_state_dict({**state, **fresh})
     del tensors, state   # the stored files are let go before the save copies the model
-    model.labels = labels
+    model.labels, model.sentence_embedding = labels, sentence_embedding
     origin = {"imported": family.name, "from": str(hf_dir.resolve()), "steps": None,
               "fresh_heads": [head for head in HEADS if head not in found
                               and (head != "classifier" or config.num_labels)

@@ -86,6 +86,7 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> Model:
     checkpoint.load_weights(model, path, device)
     if isinstance(model, EncoderOnly):
         model.labels = checkpoint.read_labels(path)
+        model.sentence_embedding = checkpoint.read_sentence_embedding(path)
     elif config.arch != "decoder":
         model.languages = checkpoint.read_languages(path)
         model.language_codes = checkpoint.read_language_codes(path)

@@ -6,7 +6,7 @@ sentences, with the heads of its pre-training and fine-tuning.
     model.mlm_logits(hidden)                    # (B, T, V): the masked-LM head
     model.nsp_logits(pooled)                    # (B, 2): is sentence B the next one?
     model.classify_logits(pooled)               # (B, num_labels)
-    model.sentence_embeddings(ids)              # mean over real tokens: (B, C)
+    model.sentence_embeddings(ids)              # mean over real tokens ([CLS]'s): (B, C)
 
 The input is [CLS] A [SEP] (B [SEP]), segment 0 for A and its markers, 1 for B.
 Embeddings (Devlin et al. 2019): token + learned position + segment, then LayerNorm and
@@ -87,6 +87,9 @@ class EncoderOnly(CountedParameters, nn.Module):
         # The classes' names, in the classifier's order (a checkpoint writes them in its
         # config.json; load_model reads them back).
         self.labels: list[str] | None = None
+        # How its sentence embeddings are made by default, {"pooling", "normalize"}, when
+        # the checkpoint records it (an imported sentence-transformers model's).
+        self.sentence_embedding: dict | None = None
         self.head_dropout = Dropout(c.dropout)
         self._init_weights()
 
@@ -140,13 +143,19 @@ class EncoderOnly(CountedParameters, nn.Module):
         return self.classifier(self.head_dropout(pooled))
 
     def sentence_embeddings(self, ids: Tensor, segments: Tensor | None = None, *,
-                            normalize: bool = False) -> Tensor:
-        """Mean of the last hidden states over the non-pad tokens (as sentence-transformers
-        pools), optionally L2-normalised: ids (B, T) -> (B, C)."""
+                            normalize: bool = False, pooling: str = "mean") -> Tensor:
+        """The last hidden states pooled as sentence-transformers pools them, "mean" over
+        the non-pad tokens or "cls" (the first token's), optionally L2-normalised:
+        ids (B, T) -> (B, C)."""
         hidden = self(ids, segments)
-        real = (ids != self.config.pad_id).unsqueeze(-1).to(hidden.dtype)     # (B, T, 1)
-        mean = (hidden * real).sum(dim=1) / real.sum(dim=1).clamp_min(1.0)
-        return F.normalize(mean, dim=-1) if normalize else mean
+        if pooling == "cls":
+            pooled = hidden[:, 0]
+        elif pooling == "mean":
+            real = (ids != self.config.pad_id).unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+            pooled = (hidden * real).sum(dim=1) / real.sum(dim=1).clamp_min(1.0)
+        else:
+            raise ValueError(f"pooling={pooling!r}: choose 'mean' or 'cls'")
+        return F.normalize(pooled, dim=-1) if normalize else pooled
 
     def attention_modules(self) -> dict[str, list[nn.Module]]:
         """The attention modules by role, one per layer (attention/recorder.py)."""

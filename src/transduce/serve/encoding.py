@@ -18,16 +18,21 @@ def routes(service: Service) -> APIRouter:
     encoder: SentenceEncoder = service.model
 
     @router.post("/v1/embed", response_model=EmbedResponse, responses=ERROR_RESPONSES,
-                 summary="Sentence embeddings: the mean of the last hidden states")
+                 summary="Sentence embeddings: the last hidden states pooled (mean or "
+                         "[CLS])")
     async def embed(body: EmbedRequest) -> EmbedResponse:
         cut, tokens = _check(service, body.texts, body.truncate)
-        key = ("embed", body.normalize)
+        defaults = encoder.embedding_defaults
+        pooling = defaults["pooling"] if body.pooling is None else body.pooling
+        normalize = defaults["normalize"] if body.normalize is None else body.normalize
+        key = ("embed", normalize, pooling)
         run = timed(lambda jobs: split_by_job(jobs, encoder.embed(
-            [t for job in jobs for t in job.payload], normalize=key[1],
+            [t for job in jobs for t in job.payload], normalize=normalize, pooling=pooling,
             batch_tokens=service.limits.batch_tokens).tolist()))
         vectors, timings = await service.submit(key, run, body.texts, tokens, len(body.texts))
         return EmbedResponse(embeddings=vectors, dimensions=encoder.model.config.d_model,
-                             truncated=cut, timings=timings)
+                             pooling=pooling, normalized=normalize, truncated=cut,
+                             timings=timings)
 
     if encoder.classifies:
         @router.post("/v1/classify", response_model=ClassifyResponse,

@@ -139,13 +139,19 @@ class GenerateResponse(BaseModel):
 
 class EmbedRequest(Strict):
     texts: Texts
-    normalize: StrictBool = False
+    normalize: StrictBool | None = Field(
+        None, description="L2-normalise; default: as the model records, else false")
+    pooling: Literal["mean", "cls"] | None = Field(
+        None, description="mean over the tokens or [CLS]'s state; default: as the model "
+                          "records, else mean")
     truncate: StrictBool = False
 
 
 class EmbedResponse(BaseModel):
     embeddings: list[list[float]]
     dimensions: int
+    pooling: str
+    normalized: bool
     truncated: list[bool]
     timings: Timings
 

@@ -93,8 +93,11 @@ def load_encoder_data(data_dir: Path, tokenizer: TextTokenizer, model_config: Mo
     if c.task == "pretrain" and specials.mask_id is None:
         raise ConfigError(f"{tokenizer.path}: the vocabulary has no mask token ([MASK] or "
                           f"<mask>), so it cannot train a masked LM")
+    # Random replacements come from the tokenizer's ids: an import may have embedding
+    # rows to spare, which no text reads.
     common = dict(max_tokens=c.max_tokens, max_len=max_len,
-                  vocab_size=model_config.src_vocab_size, specials=specials)
+                  vocab_size=min(tokenizer.vocab_size, model_config.src_vocab_size),
+                  specials=specials)
     has_dev = has_split(data_dir, "dev")
     if c.task == "classify":
         names = class_names(data_dir)
