@@ -358,7 +358,7 @@ def imported_for_export(request, roberta_vocab, xlmr_vocab, tmp_path_factory):
     return kind, hf, import_roberta(root / "hf", root / "ours"), root
 
 
-def test_export_hf_is_roberta_again(imported_for_export, tmp_path):
+def test_export_hf_is_roberta_again(imported_for_export, tmp_path, capsys):
     """`export hf` of the import: a RoBERTa that AutoModel and AutoTokenizer read, with
     the original's outputs and ids (pairs included, in RoBERTa's template), which
     imports back to the same weights."""
@@ -367,6 +367,8 @@ def test_export_hf_is_roberta_again(imported_for_export, tmp_path):
     assert main(["export", "hf", str(out), str(exported)]) == 0
     auto = transformers.AutoModelForSequenceClassification if "Classification" in kind \
         else transformers.AutoModelForMaskedLM
+    assert f"load it with transformers.{auto.__name__}.from_pretrained" in \
+        capsys.readouterr().out
     theirs = auto.from_pretrained(str(exported)).eval()
     assert type(theirs).__name__ == kind.replace("XLMRoberta", "Roberta")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(exported))

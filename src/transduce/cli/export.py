@@ -43,7 +43,8 @@ def register(commands) -> None:
 
 
 def export_hf(args: argparse.Namespace) -> int:
-    """Write a checkpoint as a Hugging Face Marian, Pegasus, Llama or GPT-2 model."""
+    """Write a checkpoint as a Hugging Face Marian, Pegasus, T5, Llama, GPT-2, BERT or
+    RoBERTa model."""
     import json
 
     from transduce.export import export_hf as write
@@ -52,7 +53,9 @@ def export_hf(args: argparse.Namespace) -> int:
     out = write(args.model, args.out)
     written = json.loads((out / "config.json").read_text(encoding="utf-8"))
     auto = {"BertForSequenceClassification": "AutoModelForSequenceClassification",
-            "BertForPreTraining": "AutoModelForPreTraining"}.get(
+            "BertForPreTraining": "AutoModelForPreTraining",
+            "RobertaForSequenceClassification": "AutoModelForSequenceClassification",
+            "RobertaForMaskedLM": "AutoModelForMaskedLM"}.get(
         written["architectures"][0],
         "AutoModelForSeq2SeqLM" if written.get("is_encoder_decoder") else "AutoModelForCausalLM")
     print(f"wrote {out} ({written['architectures'][0]}: load it with transformers.{auto}"

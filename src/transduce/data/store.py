@@ -436,8 +436,9 @@ def open_store(data_dir: Path | str, split: str, fingerprint: str) -> TokenStore
         raise CorpusError(f"{path}/store.json: unreadable ({error}); {rebuild}") from None
     if metadata["tokenizer"] != fingerprint:
         raise CorpusError(f"{path}: tokenised with another vocabulary (fingerprint "
-                          f"{metadata['tokenizer']}, the corpus's spm.model is {fingerprint}); "
-                          f"{rebuild}")
+                          f"{metadata['tokenizer']}, the one read is {fingerprint}: the "
+                          f"corpus's spm.model, or the tokenizer.json of the checkpoint "
+                          f"trained on); {rebuild}")
     files = _text_files(data_dir, split)
     for stamp, file in zip(stamps, files):
         if not file.is_file() or _stamp(file) != stamp:
