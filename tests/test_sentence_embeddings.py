@@ -79,6 +79,11 @@ def test_embed_makes_sentence_transformers_vectors(vocab, tmp_path, pooling, nor
     np.testing.assert_allclose(exported.embed(LINES), expected, atol=1e-5)
     np.testing.assert_allclose(exported.embed(LINES, pooling=other, normalize=False),
                                their_vectors(hf, tmp_path / "hf", other, False), atol=1e-5)
+    assert main(["export", "hf", str(out), str(tmp_path / "hf-again")]) == 0
+    again = import_bert(tmp_path / "hf-again", tmp_path / "again")   # modules.json went along
+    assert checkpoint.read_sentence_embedding(again) == {"pooling": pooling,
+                                                         "normalize": normalize}
+    np.testing.assert_allclose(SentenceEncoder.load(again).embed(LINES), expected, atol=1e-5)
     averaged = tmp_path / "run"
     for step in (1, 2):
         shutil.copytree(out, averaged / f"step-000000{step}")

@@ -247,10 +247,11 @@ def export_hf(path: Path, out: Path) -> Path:
 
 
 def save_with_tokenizer_json(theirs, tokenizer, specials: dict[str, int], max_positions: int,
-                             directory: Path, out: Path) -> Path:
+                             directory: Path, out: Path, extra=None) -> Path:
     """Write transformers model `theirs` (of the checkpoint at `directory`) as OUT/ with
     its tokenizer as tokenizer.json, a tokenizer_config.json naming the special tokens
-    (`specials`: "bos_token" etc. -> id) and our export marker -> OUT."""
+    (`specials`: "bos_token" etc. -> id), our export marker, and what extra(directory)
+    writes, if given -> OUT."""
     with atomic.atomic_directory(out) as temporary:
         theirs.save_pretrained(temporary)
         for weights in temporary.glob("*.safetensors"):   # written 0600
@@ -262,6 +263,8 @@ def save_with_tokenizer_json(theirs, tokenizer, specials: dict[str, int], max_po
             "model_max_length": max_positions}, indent=2), encoding="utf-8")
         write_export_marker(temporary, f"huggingface-{theirs.config.model_type}",
                             checkpoint.trained_steps(directory))
+        if extra is not None:
+            extra(temporary)
     return out
 
 

@@ -12,11 +12,13 @@ rows in front, which no real token reads. The tokenizer goes with them as a
 tokenizer.json that gives our ids with BERT's template, [CLS] A [SEP] (RoBERTa's, <s>
 A </s>): an imported model's own, or our SentencePiece model written out
 (HFTokenizer.from_sentencepiece), whose [CLS], [SEP] and [MASK] are bos, eos and the
-unknown piece (data/masking.py).
+unknown piece (data/masking.py). A model that records its sentence embeddings' pooling
+(an imported sentence-transformers model) takes its modules.json along.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -191,5 +193,29 @@ def export_hf_encoder(directory: Path, model: EncoderOnly, out: Path) -> Path:
                 "mask_token": MASK_ID if tokenizer.mask_id is None else tokenizer.mask_id}
     if is_roberta(model):   # RoBERTa's tokenizer names <s> and </s> twice
         specials |= {"bos_token": tokenizer.bos_id, "eos_token": tokenizer.eos_id}
-    return save_with_tokenizer_json(theirs, tokenizer, specials, model.config.max_positions,
-                                    directory, out)
+    recorded = getattr(model, "sentence_embedding", None)
+    return save_with_tokenizer_json(
+        theirs, tokenizer, specials, model.config.max_positions, directory, out,
+        None if recorded is None else
+        lambda target: write_sentence_transformers(target, recorded, model.config.d_model))
+
+
+def write_sentence_transformers(directory: Path, recorded: dict, width: int) -> None:
+    """A sentence-transformers model's modules.json, 1_Pooling/config.json (and
+    2_Normalize), so that it pools as the checkpoint records (an imported one's way)."""
+    modules = [{"idx": 0, "name": "0", "path": "",
+                "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling"}]
+    if recorded["normalize"]:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+        (directory / "2_Normalize").mkdir()
+    (directory / "modules.json").write_text(json.dumps(modules, indent=2), encoding="utf-8")
+    (directory / "1_Pooling").mkdir()
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": width,
+        "pooling_mode_cls_token": recorded["pooling"] == "cls",
+        "pooling_mode_mean_tokens": recorded["pooling"] == "mean",
+        "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False},
+        indent=2), encoding="utf-8")
