@@ -88,7 +88,6 @@ def test_the_specials_are_the_vocabularys(imported):
     assert set(specials.special) == {CLS, SEP, PAD, MASK, UNK}
     replacements = specials.replacements(len(VOCAB)).tolist()
     assert len(replacements) == len(VOCAB) - 5 and not set(replacements) & {CLS, SEP, PAD, MASK}
-    assert EncoderSpecials.of(loop.Tokenizer.__new__(loop.Tokenizer)) is SENTENCEPIECE
 
 
 def batch_of(imported, data, task, train_config_values):
@@ -209,17 +208,19 @@ def exported_copy(counting, tmp_path_factory):
 def test_an_exported_and_imported_copy_masks_as_ours(exported_copy, counting, objective):
     """Pre-training batches from the copy's tokenizer.json equal those from our
     SentencePiece model: the same ids, pairs and masks."""
-    batches = []
+    batches, specials = [], []
     for source in exported_copy:
         directory = checkpoint.resolve(source)
         model_config, _ = checkpoint.read_configs(directory)
         tokenizer = loop._training_tokenizer(counting, directory, model_config)
+        specials.append(EncoderSpecials.of(tokenizer))
         config = train_config(max_tokens=128, objective=objective)
         _, batcher, _ = encoder_training.load_encoder_data(counting, tokenizer, model_config,
                                                            config)
         batches.append([batcher.collate(indices, (1, position)) for position, indices
                         in enumerate(batcher.epoch_batches(1))])
     assert isinstance(tokenizer, HFTokenizer) and len(batches[0]) == len(batches[1]) > 2
+    assert specials[0] is SENTENCEPIECE and specials[1] == SENTENCEPIECE   # the same ids
     for ours, theirs in zip(*batches):
         for name in ("ids", "segments", "mlm_labels", "nsp_labels"):
             a, b = getattr(ours, name), getattr(theirs, name)

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, TextTokenizer
 
 CLS_ID, SEP_ID, MASK_ID = BOS_ID, EOS_ID, UNK_ID
@@ -63,13 +64,12 @@ class EncoderSpecials:
         """A tokenizer's: ours (SentencePiece) as the module says, an imported one's from
         its vocabulary (bos as [CLS], eos as [SEP], its [MASK] or <mask>, and every
         token it marks special)."""
-        special_ids = getattr(tokenizer, "special_ids", None)
-        if special_ids is None:
+        if not isinstance(tokenizer, HFTokenizer):
             return SENTENCEPIECE
         mask = tokenizer.mask_id
         named = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id, tokenizer.unk_id, mask}
         return cls(tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id, mask,
-                   tuple(sorted((set(special_ids) | named) - {None})))
+                   tuple(sorted((set(tokenizer.special_ids) | named) - {None})))
 
     def not_special(self, ids: Tensor, vocab_size: int) -> Tensor:
         """(...) ids -> (...) bool: True where an id is no special token."""

@@ -105,9 +105,8 @@ def roberta_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     else:
         heads = {"lm_head.dense": model.mlm_head.dense,
                  "lm_head.layer_norm": model.mlm_head.norm}
-        for name in ("lm_head.bias", "lm_head.decoder.bias"):   # one bias, two names
-            state[name] = model.mlm_head.decoder.bias.detach().clone()
-        state["lm_head.decoder.weight"] = model.embed.embedding.weight.detach().clone()
+        state |= _tied_output(model, ("lm_head.bias", "lm_head.decoder.bias"),
+                              "lm_head.decoder.weight")
     return state | _module_weights(heads)
 
 
@@ -120,10 +119,17 @@ def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     state |= _module_weights({"cls.predictions.transform.dense": head.dense,
                               "cls.predictions.transform.LayerNorm": head.norm,
                               "cls.seq_relationship": model.nsp_head})
-    for name in ("cls.predictions.bias", "cls.predictions.decoder.bias"):   # the decoder's
-        state[name] = head.decoder.bias.detach().clone()     # bias, under both of BERT's
-    state["cls.predictions.decoder.weight"] = model.embed.embedding.weight.detach().clone()
-    return state                                # names; its weight: the word embeddings
+    return state | _tied_output(model, ("cls.predictions.bias", "cls.predictions.decoder.bias"),
+                                "cls.predictions.decoder.weight")
+
+
+def _tied_output(model: EncoderOnly, bias_names: tuple[str, ...], weight_name: str
+                 ) -> dict[str, Tensor]:
+    """The masked-LM head's output layer: its bias under each of `bias_names` (where
+    transformers looks for it), its matrix (the word embeddings, tied) as `weight_name`."""
+    bias = model.mlm_head.decoder.bias.detach()
+    return {**{name: bias.clone() for name in bias_names},
+            weight_name: model.embed.embedding.weight.detach().clone()}
 
 
 def _layer_weights(model: EncoderOnly, prefix: str) -> dict[str, Tensor]:
