@@ -9,6 +9,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from transduce.config import preset
+from transduce.data.masking import IGNORE
 from transduce.data.packing import sentence_numbers
 from transduce.model import build_model
 from transduce.train.objective import SequenceObjective
@@ -44,9 +45,19 @@ def packed_batches():
         yield src, torch.randint(4, VOCAB, (3, 16), generator=generator), tgt_out, segments
 
 
+def ignored_batches():
+    """A language model's batches whose targets not scored are IGNORE and whose pad is
+    eos, a scored target (an imported GPT-2's or Llama's)."""
+    for src, tgt_in, tgt_out, segments in sorted_batches():
+        tgt_out = tgt_out.masked_fill(tgt_out == 0, IGNORE)
+        tgt_out[0, 0] = 0      # token 0 scored like any other
+        yield src, tgt_in, tgt_out, segments
+
+
 CASES = {"translation": ("tiny", sorted_batches, True),
          "packed pairs": ("tiny", packed_batches, False),
-         "language model": ("gpt-tiny", sorted_batches, True)}
+         "language model": ("gpt-tiny", sorted_batches, True),
+         "language model without pad": ("gpt-tiny", ignored_batches, True)}
 
 
 @pytest.mark.parametrize("autocast", [False, True])
@@ -57,7 +68,8 @@ def test_the_compiled_objective_is_one_graph_and_computes_the_eager_loss(case, a
     torch.manual_seed(0)
     model = build_model(preset(name, src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
                                dropout=0.0)).train()
-    objective = SequenceObjective(model, name == "gpt-tiny", label_smoothing=0.1)
+    objective = SequenceObjective(model, name == "gpt-tiny", label_smoothing=0.1,
+                                  pad_id=None if "without pad" in case else 0)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(objective, dynamic=dynamic, fullgraph=True, backend=counter)
     parameters = list(model.parameters())

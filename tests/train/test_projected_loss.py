@@ -6,22 +6,28 @@ a compiled graph does)."""
 import pytest
 import torch
 
+from transduce.data.masking import IGNORE
 from transduce.model.transformer import NEVER_OUTPUT
 from transduce.train.loss import label_smoothed_nll, projected_label_smoothed_nll
 
 PAD = 0
 
 
-def plain_float64(hidden, weight, target, epsilon):
-    """The definition, differentiated by autograd: -sum_v q(v) log softmax(h W^T)(v)."""
+def plain_float64(hidden, weight, target, epsilon, pad=PAD):
+    """The definition, differentiated by autograd: -sum_v q(v) log softmax(h W^T)(v),
+    over the targets that are neither pad nor IGNORE (pad None: no token is padding,
+    and the smoothing spreads over every token but the reference)."""
     log_p = torch.log_softmax(hidden @ weight.T, dim=-1)                 # (B, T, V)
     vocab = weight.shape[0]
-    q = torch.full_like(log_p, epsilon / (vocab - 2))
-    q.scatter_(-1, target.unsqueeze(-1), 1.0 - epsilon)
-    q[..., PAD] = 0.0
-    keep = (target != PAD).unsqueeze(-1)
+    keep = (target != IGNORE) & (target != pad)
+    reference = torch.where(keep, target, 0).unsqueeze(-1)
+    q = torch.full_like(log_p, epsilon / (vocab - (1 if pad is None else 2)))
+    q.scatter_(-1, reference, 1.0 - epsilon)
+    if pad is not None:
+        q[..., pad] = 0.0
+    keep = keep.unsqueeze(-1)
     smoothed = -(q * log_p * keep).sum()
-    nll = -(log_p.gather(-1, target.unsqueeze(-1)) * keep).sum()
+    nll = -(log_p.gather(-1, reference) * keep).sum()
     return smoothed, nll
 
 
@@ -51,6 +57,34 @@ def test_loss_and_gradients_equal_the_plain_form_in_float64(epsilon, chunk_rows,
     for g, w in zip(got, want):
         assert g.dtype == torch.float64
         torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("every_row", [False, True])
+@pytest.mark.parametrize("chunk_rows", [3, 1000])
+def test_without_a_pad_token_ignore_marks_what_is_not_scored(chunk_rows, every_row):
+    """An imported GPT-2 pads with eos, a target to predict: pad_id None, the targets
+    not scored are IGNORE, and token 0 is scored and smoothed like any other."""
+    hidden, weight, target = inputs()
+    target[target == PAD] = IGNORE
+    target[1, :3] = 0
+    smoothed, nll = projected_label_smoothed_nll(hidden, weight, target, 0.1, None,
+                                                 chunk_rows=chunk_rows, every_row=every_row)
+    want_smoothed, want_nll = plain_float64(hidden, weight, target, 0.1, pad=None)
+    assert smoothed.item() == pytest.approx(want_smoothed.item(), rel=1e-6)
+    assert nll.item() == pytest.approx(want_nll.item(), rel=1e-6)
+    got = torch.autograd.grad(smoothed, (hidden, weight))
+    want = torch.autograd.grad(want_smoothed, (hidden, weight))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
+    logits = (hidden @ weight.T).detach()
+    plain = label_smoothed_nll(logits, target, 0.1, None)
+    assert [x.item() for x in plain] == pytest.approx([want_smoothed.item(),
+                                                        want_nll.item()], rel=1e-6)
+    # IGNORE also works beside a pad token (ours), each position left out once
+    mixed = target.clone()
+    mixed[3, 2:] = PAD
+    assert label_smoothed_nll(logits, mixed, 0.1, PAD)[1].item() == pytest.approx(
+        plain_float64(hidden, weight, mixed, 0.1)[1].item(), rel=1e-6)
 
 
 @pytest.mark.parametrize("every_row", [False, True])

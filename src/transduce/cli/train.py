@@ -22,6 +22,13 @@ DEFAULT_PRESETS = {"decoder": DECODER_PRESET, "encoder": ENCODER_PRESET}
 # pre-training had learnt (dev accuracy 60.0% against 79.1%).
 FINE_TUNING: dict = {"task": "classify", "max_tokens": 2048, "warmup_steps": 100,
                      "lr_scale": 0.05, "label_smoothing": 0.0}
+# Training on from an import (--init of a checkpoint that records no recipe: GPT-2 or
+# Llama on one's own text, BERT's masked LM on one's own domain): the budget schedule,
+# warmup over a tenth of the budget to lr_scale x (d_model x warmup_steps)^-0.5, then
+# linear decay to 0, no smoothing. The peak is 7.2e-5 at GPT-2's width (768), 3.1e-5
+# at Llama 7B's (4096): the range fine-tuning recipes use.
+IMPORT_TRAINING: dict = {"max_tokens": 2048, "schedule": "budget", "warmup_fraction": 0.1,
+                         "warmup_steps": 100, "lr_scale": 0.02, "label_smoothing": 0.0}
 
 
 def register(commands) -> None:
@@ -179,7 +186,8 @@ def _fine_tuning_configs(args: argparse.Namespace, file_values: dict
 def _uptraining_configs(args: argparse.Namespace, file_values: dict
                         ) -> tuple[ModelConfig, TrainConfig]:
     """The checkpoint's model and recipe (warmup, batch size, smoothing...) with a new
-    budget: a fraction of its steps, the schedule continued (train/uptrain.py)."""
+    budget: a fraction of its steps, the schedule continued (train/uptrain.py); an
+    import's model with IMPORT_TRAINING and the budget given."""
     from transduce import checkpoint
     from transduce.train.uptrain import uptraining_defaults
 
@@ -189,14 +197,28 @@ def _uptraining_configs(args: argparse.Namespace, file_values: dict
     _refuse_model_choices(args, file_values, "--init keeps the checkpoint's model")
     train_flags = flags_given(args, TrainConfig)
     model_config, saved_train = checkpoint.read_configs(checkpoint.resolve(args.init))
-    recipe = {**(saved_train.to_dict() if saved_train else {}), "max_steps": 0,
+    recipe = {**(saved_train.to_dict() if saved_train else IMPORT_TRAINING), "max_steps": 0,
               "max_minutes": 0.0, "schedule_offset": 0}
     defaults = uptraining_defaults(args.init, train_flags, args.uptrain_fraction)
     file_train = file_values.get("train", {})
     train_config = TrainConfig(**{**recipe, **file_train, **defaults, **train_flags})
     if "schedule_offset" in defaults:
         print(uptraining_plan(args.init, train_config, defaults, args.uptrain_fraction))
+    elif saved_train is None:
+        print(import_training_plan(args.init, train_config, model_config.d_model))
     return model_config, train_config
+
+
+def import_training_plan(init: Path, config: TrainConfig, d_model: int) -> str:
+    """What training on from an import will do with its learning rate, said before it
+    starts."""
+    peak = config.lr_scale * (d_model * config.warmup_steps) ** -0.5
+    if config.schedule == "noam":
+        return (f"training on from {init} (an import, no recipe of its own): the noam "
+                f"schedule, peak learning rate {peak:.2g} at step {config.warmup_steps}")
+    return (f"training on from {init} (an import, no recipe of its own): learning rate "
+            f"warmed up over {config.warmup_fraction:.3g} of the budget to {peak:.2g}, then "
+            f"decayed to 0; pass --lr-scale to move the peak")
 
 
 def uptraining_plan(init: Path, config: TrainConfig, defaults: dict, fraction: float) -> str:

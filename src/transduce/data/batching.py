@@ -15,7 +15,9 @@ An encoder (BERT) reads items of its own layouts: EncoderBatcher (data/masking.p
 
 A language model's lines have no source side: TokenBatcher(None, ids, ...) batches them
 by the same rule, with src an empty (B, 0) tensor. PackedBatcher instead cuts the token
-stream of all lines into fixed blocks across line boundaries (GPT). Both give the loop
+stream of all lines into fixed blocks across line boundaries (GPT). A line is read with
+its vocabulary's specials (LineSpecials: ours, or an imported GPT-2's or Llama's, which
+pad with eos and so mark the targets not scored with IGNORE). Both give the loop
 the same four things: epoch_batches(epoch) (a sequence of index arrays, pure in (seed,
 epoch), so a run resumes mid-epoch), collate(indices), target_tokens(indices),
 padding_fraction().
@@ -35,12 +37,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transduce.data.masking import (SENTENCEPIECE, EncoderBatch, EncoderSpecials, crop_pair,
-                                    generator, mask_tokens, masked_count,
+from transduce.data.hf_tokenizer import HFTokenizer
+from transduce.data.masking import (IGNORE, SENTENCEPIECE, EncoderBatch, EncoderSpecials,
+                                    crop_pair, generator, mask_tokens, masked_count,
                                     next_sentence_pairs)
 from transduce.data.order import (EpochBatches, gather, index_dtype, length_batches,
                                   narrow_lengths)
-from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TextTokenizer
 from transduce.errors import TransduceError
 
 
@@ -54,7 +57,7 @@ class Batch:
     tgt_in: Tensor         # (B, T) bos + target ids, right-padded
     tgt_out: Tensor        # (B, T) target ids + eos, right-padded
     src_lengths: Tensor    # (B,) without padding
-    tgt_lengths: Tensor    # (B,) targets scored: the tokens of tgt_out that are not pad
+    tgt_lengths: Tensor    # (B,) targets scored: tgt_out's tokens but padding (or IGNORE)
     indices: Tensor        # (B,) positions of the pairs (lines, blocks) in the dataset
     # Packed rows (data/packing.py) hold several pairs: each token's sentence number in its
     # row (B, S) and (B, T) (attention/masks.py: Segments), and the three per-pair fields
@@ -78,6 +81,40 @@ class Batch:
 
 
 Ids = Sequence[np.ndarray]
+
+
+@dataclass(frozen=True)
+class LineSpecials:
+    """The ids a batch is built with: a line is [bos] + ids on input and ids + [eos] as
+    targets, input rows are padded with `pad`, and targets not scored hold `unscored`.
+    Ours (SentencePiece) pad both with pad 0. An imported language model's tokenizer.json
+    has its own ids and may pad with eos (GPT-2, Llama), which is also a target to
+    predict, so its unscored targets are IGNORE."""
+
+    bos: int
+    eos: int
+    pad: int
+    unscored: int
+
+    @classmethod
+    def of(cls, tokenizer: TextTokenizer) -> "LineSpecials":
+        if not isinstance(tokenizer, HFTokenizer):
+            return SENTENCEPIECE_LINES
+        return cls(tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id, IGNORE)
+
+    @property
+    def shares_bos(self) -> bool:
+        """Whether one token both ends a line and opens the next (GPT-2's <|endoftext|>)."""
+        return self.bos == self.eos
+
+    @property
+    def loss_pad(self) -> int | None:
+        """The pad id the loss leaves out of label smoothing: None where pad is also a
+        token the model predicts (eos) or reads (bos)."""
+        return None if self.pad in (self.bos, self.eos) else self.pad
+
+
+SENTENCEPIECE_LINES = LineSpecials(BOS_ID, EOS_ID, PAD_ID, PAD_ID)
 
 
 @dataclass
@@ -178,12 +215,13 @@ class TokenBatcher(_EpochBatches):
     max_tokens bounds B * max(src len) and B * max(tgt len) of every batch: padded
     tokens count, so no batch ever exceeds the budget on either side. source_prefix and
     forced: ids every source starts with and every target is given after bos, unscored
-    (a multilingual model's languages).
+    (a multilingual model's languages). specials: the vocabulary's (ours by default).
     """
 
     def __init__(self, src_ids: Ids | None, tgt_ids: Ids, max_tokens: int, *, seed: int = 0,
                  shuffle: bool = True, line_numbers: Sequence[int] | None = None,
-                 source_prefix: Sequence[int] = (), forced: Sequence[int] = ()):
+                 source_prefix: Sequence[int] = (), forced: Sequence[int] = (),
+                 specials: LineSpecials = SENTENCEPIECE_LINES):
         if src_ids is None and not len(tgt_ids):
             raise BatchingError("need at least one line, got none")
         if src_ids is not None and (len(src_ids) != len(tgt_ids) or not len(src_ids)):
@@ -191,7 +229,7 @@ class TokenBatcher(_EpochBatches):
                                 f"got {len(src_ids)} and {len(tgt_ids)}")
         if src_ids is None and (source_prefix or forced):
             raise BatchingError("lines of a language model take no languages")
-        self.src_ids, self.tgt_ids = src_ids, tgt_ids
+        self.src_ids, self.tgt_ids, self.specials = src_ids, tgt_ids, specials
         self.source_prefix = np.asarray(source_prefix, dtype=np.int64)
         self.forced = np.asarray(forced, dtype=np.int64)
         self.tgt_lengths = _lengths(tgt_ids)          # scored: the given tokens are not
@@ -219,20 +257,20 @@ class TokenBatcher(_EpochBatches):
         return np.maximum(self.src_lengths, self.tgt_lengths + len(self.forced))
 
     def collate(self, indices: np.ndarray) -> Batch:
-        size, prefix, forced = len(indices), self.source_prefix, self.forced
+        size, prefix, forced, sp = len(indices), self.source_prefix, self.forced, self.specials
         src_len, tgt_len = self.src_lengths[indices], self.tgt_lengths[indices]
         given = len(forced)
-        src = np.full((size, src_len.max()), PAD_ID, dtype=np.int64)        # (B, 0) for lines
-        tgt_in = np.full((size, tgt_len.max() + given), PAD_ID, dtype=np.int64)
-        tgt_out = np.full((size, tgt_len.max() + given), PAD_ID, dtype=np.int64)
-        src[:, :len(prefix)], tgt_in[:, 0], tgt_in[:, 1:given + 1] = prefix, BOS_ID, forced
+        src = np.full((size, src_len.max()), sp.pad, dtype=np.int64)        # (B, 0) for lines
+        tgt_in = np.full((size, tgt_len.max() + given), sp.pad, dtype=np.int64)
+        tgt_out = np.full((size, tgt_len.max() + given), sp.unscored, dtype=np.int64)
+        src[:, :len(prefix)], tgt_in[:, 0], tgt_in[:, 1:given + 1] = prefix, sp.bos, forced
         for row, index in enumerate(indices):
             t = self.tgt_ids[index]
             if self.src_ids is not None:
                 s, start = self.src_ids[index], len(prefix)
-                src[row, start:start + len(s)], src[row, start + len(s)] = s, EOS_ID
+                src[row, start:start + len(s)], src[row, start + len(s)] = s, sp.eos
             tgt_in[row, given + 1:given + len(t) + 1] = t
-            tgt_out[row, given:given + len(t)], tgt_out[row, given + len(t)] = t, EOS_ID
+            tgt_out[row, given:given + len(t)], tgt_out[row, given + len(t)] = t, sp.eos
         return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
                      torch.from_numpy(src_len.astype(np.int64)),
                      torch.from_numpy(tgt_len.astype(np.int64)),
@@ -251,24 +289,26 @@ class TokenBatcher(_EpochBatches):
         return 1.0 - real / padded
 
 
-def pack_stream(ids: Ids) -> np.ndarray:
+def pack_stream(ids: Ids, specials: LineSpecials = SENTENCEPIECE_LINES) -> np.ndarray:
     """Every line as [bos] + ids + [eos], one after the other -> (N,) int64: the line
-    layout's tgt_in and tgt_out of each line, run together."""
-    lengths = _lengths(ids).astype(np.int64) + 1                           # bos, ids, eos
-    ends = np.cumsum(lengths)
-    stream = np.empty(int(ends[-1]), dtype=np.int64)
-    for line, end in zip(ids, ends):
-        start = end - len(line) - 2
-        stream[start], stream[start + 1:end - 1], stream[end - 1] = BOS_ID, line, EOS_ID
-    return stream
+    layout's tgt_in and tgt_out of each line, run together. Where bos is eos (GPT-2's
+    <|endoftext|>), one token closes a line and opens the next, as GPT-2 was trained:
+    bos ids_0 bos ids_1 ... bos ids_n eos."""
+    closing = [] if specials.shares_bos else [specials.eos]
+    pieces = [np.concatenate(([specials.bos], line, closing)) for line in ids]
+    if specials.shares_bos:
+        pieces.append(np.array([specials.eos]))
+    return np.concatenate(pieces).astype(np.int64)
 
 
-def _line_starts(ids: Ids) -> np.ndarray:
-    """(lines + 1,) int64: line k is [bos] + ids[k] + [eos] = stream[starts[k]:starts[k + 1]],
-    from the lengths alone (a token store's are not read)."""
+def _line_starts(ids: Ids, shares_bos: bool) -> np.ndarray:
+    """(lines + 1,) int64: where each line's bos is in pack_stream's stream, and its end
+    (without the closing eos where one token ends a line and opens the next), from the
+    lengths alone (a token store's are not read)."""
     starts = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(_lengths(ids), dtype=np.int64, out=starts[1:])              # ids + eos
-    starts[1:] += np.arange(1, len(ids) + 1)                               # + bos
+    if not shares_bos:
+        starts[1:] += np.arange(1, len(ids) + 1)                           # + bos
     return starts
 
 
@@ -281,53 +321,64 @@ class PackedBatcher(_EpochBatches):
     make a batch.
 
     The stream is pack_stream's: each line opened by bos and closed by eos, and a
-    target that is a bos (the position after an eos) is not scored (pad), so every line
-    is predicted as the line layout predicts it, from bos to its eos, and a model
-    trained either way is scored and continued the same way. One difference remains:
-    in a block a line starts at any position, after the lines before it, so a line
-    alone at position 0 (as dev evaluation and `transduce evaluate` score it) is a case
-    packed training sees only at the stream's start; a tiny model trained for a few
-    hundred steps continues lines well after context, less reliably without it.
+    target that is a line's bos (the position after an eos) is not scored, so every
+    line is predicted as the line layout predicts it, from bos to its eos, and a model
+    trained either way is scored and continued the same way. Where one token is both
+    (GPT-2's), it closes a line and opens the next, and every target is scored: the
+    same predictions. One difference remains: in a block a line starts at any position,
+    after the lines before it, so a line alone at position 0 (as dev evaluation and
+    `transduce evaluate` score it) is a case packed training sees only at the stream's
+    start; a tiny model trained for a few hundred steps continues lines well after
+    context, less reliably without it.
 
     The stream is never built: a block's span is read line by line from `ids` when it
     is collated (from its files, for a token store's StoredIds), and what is kept is one
-    int64 start per line and two per block. (A line's ids never hold bos: SentencePiece
-    emits no control pieces; the scored counts assume it, collate masks by value.)
+    int64 start per line and two per block. specials: the vocabulary's (ours by default).
     """
 
     def __init__(self, ids: Ids, length: int, max_tokens: int, *, seed: int = 0,
-                 shuffle: bool = True):
+                 shuffle: bool = True, specials: LineSpecials = SENTENCEPIECE_LINES):
         if not len(ids):
             raise BatchingError("need at least one line to pack, got none")
         if not 0 < length <= max_tokens:
             raise BatchingError(f"pack length {length} must be in [1, max_tokens={max_tokens}]: "
                                 f"a batch holds max_tokens // pack length blocks")
         self.length, self.max_tokens, self.seed, self.shuffle = length, max_tokens, seed, shuffle
-        self.ids = ids
-        self.line_starts = _line_starts(ids)                               # (lines + 1,)
-        total = int(self.line_starts[-1])                                  # N
+        self.ids, self.specials = ids, specials
+        self.line_starts = _line_starts(ids, specials.shares_bos)          # (lines + 1,)
+        total = int(self.line_starts[-1]) + specials.shares_bos            # N
         self.num_blocks = -(-(total - 1) // length)                        # ceil((N - 1) / L)
         self.blocks_per_batch = max_tokens // length
         starts = np.arange(self.num_blocks, dtype=np.int64) * length
         self.block_lengths = np.minimum(length, total - 1 - starts)        # (blocks,)
         # Targets scored per block: its positions, less the bos targets (line starts)
         # among stream[start + 1 : start + count + 1].
-        bos = self.line_starts[:-1]
-        bos_targets = np.searchsorted(bos, starts + self.block_lengths, side="right") - \
-            np.searchsorted(bos, starts + 1, side="left")
-        self.tgt_lengths = self.block_lengths - bos_targets                # (blocks,)
+        first, last = self._opening_targets(starts, self.block_lengths)
+        self.tgt_lengths = self.block_lengths - (last - first)             # (blocks,)
+
+    def _opening_targets(self, starts: np.ndarray, counts: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """Blocks' starts and target counts (k,) -> (first, last) (k,): line_starts[first:
+        last] are the lines whose bos is one of the block's targets, not scored; none
+        where one token closes a line and opens the next."""
+        if self.specials.shares_bos:
+            return np.zeros_like(starts), np.zeros_like(starts)
+        return (np.searchsorted(self.line_starts, starts + 1, side="left"),
+                np.searchsorted(self.line_starts, starts + counts, side="right"))
 
     def stream(self, begin: int, end: int) -> np.ndarray:
         """stream[begin:end] -> (end - begin,) int64, read from the lines it covers."""
         out = np.empty(end - begin, dtype=np.int64)
-        line = int(np.searchsorted(self.line_starts, begin, side="right")) - 1
-        position = begin
+        line = min(int(np.searchsorted(self.line_starts, begin, side="right")) - 1,
+                   len(self.ids) - 1)      # the closing eos of a shared stream: the last's
+        position, sp = begin, self.specials
         while position < end:
-            first, last = int(self.line_starts[line]), int(self.line_starts[line + 1])
             ids = self.ids[line]
-            piece = np.empty(last - first, dtype=np.int64)                 # bos ids eos
-            piece[0], piece[1:-1], piece[-1] = BOS_ID, ids, EOS_ID
-            stop = min(last, end)
+            first = int(self.line_starts[line])
+            piece = np.empty(len(ids) + 2, dtype=np.int64)                 # bos ids eos
+            piece[0], piece[1:-1], piece[-1] = sp.bos, ids, sp.eos
+            # A shared eos is the next line's bos: the next line then starts past it.
+            stop = min(first + len(piece), end)
             out[position - begin:stop - begin] = piece[position - first:stop - first]
             position, line = stop, line + 1
         return out
@@ -342,13 +393,17 @@ class PackedBatcher(_EpochBatches):
 
     def collate(self, indices: np.ndarray) -> Batch:
         size, width = len(indices), int(self.block_lengths[indices].max())
-        tgt_in = np.full((size, width), PAD_ID, dtype=np.int64)              # (B, L)
-        tgt_out = np.full((size, width), PAD_ID, dtype=np.int64)             # (B, L)
-        for row, block in enumerate(indices):
-            start, count = int(block) * self.length, int(self.block_lengths[block])
+        tgt_in = np.full((size, width), self.specials.pad, dtype=np.int64)       # (B, L)
+        tgt_out = np.full((size, width), self.specials.unscored, dtype=np.int64)  # (B, L)
+        starts = indices.astype(np.int64) * self.length
+        counts = self.block_lengths[indices]
+        first, last = self._opening_targets(starts, counts)
+        for row, (start, count) in enumerate(zip(starts.tolist(), counts.tolist())):
             span = self.stream(start, start + count + 1)                      # (count + 1,)
             tgt_in[row, :count], tgt_out[row, :count] = span[:-1], span[1:]
-        tgt_out[tgt_out == BOS_ID] = PAD_ID      # the start of the next line is not predicted
+            # the start of the next line is not predicted
+            tgt_out[row, self.line_starts[first[row]:last[row]] - start - 1] = \
+                self.specials.unscored
         return Batch(torch.zeros((size, 0), dtype=torch.long), torch.from_numpy(tgt_in),
                      torch.from_numpy(tgt_out), torch.zeros(size, dtype=torch.long),
                      torch.from_numpy(self.tgt_lengths[indices]),

@@ -15,8 +15,8 @@ GPT-2's projections are Conv1D modules, x @ W + b with W stored (in, out), the t
 of nn.Linear's (out, in). Every key is accounted for: the causal-mask buffers
 (attn.bias, attn.masked_bias) are skipped, a tied lm_head must equal wte, and anything
 else, or anything missing, is an error naming the key. The tokenizer (tokenizer.json, or
-vocab.json + merges.txt) travels with the checkpoint; its end-of-text token is the
-model's pad id, as GPT-2 has no pad token of its own.
+vocab.json + merges.txt) travels with the checkpoint; its pad token is the model's pad
+id, and its end-of-text token where it names none, as GPT-2's does not.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer) 
         if tokenizer.vocab_size > config.tgt_vocab_size:
             raise ForeignCheckpointError(f"{config_file}: vocab_size={vocab_size} is smaller "
                                          f"than the tokenizer's {tokenizer.vocab_size} tokens")
-        config = config.replace(pad_id=tokenizer.eos_id)
+        config = config.replace(pad_id=tokenizer.pad_id)
     except (ConfigError, TypeError) as error:
         raise ForeignCheckpointError(f"{config_file}: {error}") from None
     for name, token_id in (("bos_token_id", tokenizer.bos_id),

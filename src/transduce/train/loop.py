@@ -38,7 +38,8 @@ from tqdm import tqdm
 
 from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, TrainConfig
-from transduce.data.batching import Batcher, EncoderBatcher, PackedBatcher, TokenBatcher
+from transduce.data.batching import (Batcher, EncoderBatcher, LineSpecials, PackedBatcher,
+                                     TokenBatcher)
 from transduce.data.corpus import CorpusKind, corpus_kind, has_split, language_pair
 from transduce.data.dataset import TokenizedSplit, TokenizedText, load_split, load_text_split
 from transduce.data.packing import PackedPairBatcher
@@ -178,7 +179,8 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
         # Checkpoints record the pair (a multilingual model's as its codes name it).
         model.languages = given.languages or language_pair(data_dir)
         model.language_codes = codes
-    net = _stepped_module(model, model_config, train_config, world)
+    net = _stepped_module(model, model_config, train_config, world,
+                          LineSpecials.of(tokenizer).loss_pad)
     # After sharding: FSDP replaces the parameters by their shards, which Adam steps.
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0,
                                  betas=(train_config.adam_beta1, train_config.adam_beta2),
@@ -226,10 +228,11 @@ def _initial_model(model_config: ModelConfig, train_config: TrainConfig,
 
 
 def _stepped_module(model: Model, model_config: ModelConfig, train_config: TrainConfig,
-                    world: int) -> torch.nn.Module:
+                    world: int, pad_id: int | None) -> torch.nn.Module:
     """What a step runs: the model and its loss as one module (train/objective.py;
     an encoder's objective around the model), compiled if asked, and across processes
-    DistributedDataParallel around that, or (fsdp) the same sharded in place."""
+    DistributedDataParallel around that, or (fsdp) the same sharded in place. pad_id:
+    the loss's (LineSpecials.loss_pad)."""
     # Packed rows give every batch one shape: compiled for it alone (dynamic shapes
     # would trade specialised kernels for shapes that never come).
     dynamic = not train_config.pack_length
@@ -239,7 +242,7 @@ def _stepped_module(model: Model, model_config: ModelConfig, train_config: Train
             torch.compile(model, dynamic=dynamic) if train_config.compile else model)
     else:   # compiled with its loss: one graph a step, with no pause for the host
         net = SequenceObjective(model, is_language_model(model_config),
-                                train_config.label_smoothing)
+                                train_config.label_smoothing, pad_id)
         net = torch.compile(net, dynamic=dynamic) if train_config.compile else net
     if train_config.fsdp:
         sharding.shard(net, model)
@@ -256,18 +259,18 @@ def _stepped_module(model: Model, model_config: ModelConfig, train_config: Train
 def _training_tokenizer(data_dir: Path, weights_from: Path | None,
                         model_config: ModelConfig) -> TextTokenizer:
     """The vocabulary the run reads: an imported checkpoint's own tokenizer (a
-    tokenizer.json: BERT's WordPiece, RoBERTa's BPE) when it trains on from one, whatever
-    the corpus holds, as its embeddings know no other; else a SentencePiece model
-    (_tokenizer_path)."""
+    tokenizer.json: BERT's WordPiece, RoBERTa's or GPT-2's BPE, Llama's) when it trains on
+    from one, whatever the corpus holds, as its embeddings know no other; else a
+    SentencePiece model (_tokenizer_path)."""
     if weights_from is not None:
         directory = checkpoint.resolve(weights_from)
         if checkpoint.holds_tokenizer_json(directory):
-            if model_config.arch != "encoder":
+            if model_config.arch not in ("encoder", "decoder"):
                 raise TrainingError(
                     f"{directory}: its vocabulary is a tokenizer.json (an imported "
-                    f"checkpoint's); only encoder-only models (BERT, RoBERTa) train on one "
-                    f"here, a {model_config.arch!r} model trains on a SentencePiece "
-                    f"vocabulary")
+                    f"checkpoint's); encoders (BERT, RoBERTa) and language models (GPT-2, "
+                    f"Llama) train on one here, a {model_config.arch!r} model trains on a "
+                    f"SentencePiece vocabulary")
             return checkpoint.load_tokenizer(directory)
     return Tokenizer(_tokenizer_path(data_dir, weights_from))
 
@@ -297,9 +300,10 @@ def _tokenizer_path(data_dir: Path, weights_from: Path | None) -> Path:
 
 def _check_vocabulary(model_config: ModelConfig, tokenizer: TextTokenizer) -> None:
     if isinstance(tokenizer, HFTokenizer):   # an import may have embeddings to spare
-        if tokenizer.vocab_size > model_config.src_vocab_size:
+        field = "tgt_vocab_size" if model_config.arch == "decoder" else "src_vocab_size"
+        if tokenizer.vocab_size > getattr(model_config, field):
             raise TrainingError(f"{tokenizer.path}: {tokenizer.vocab_size} tokens, but the "
-                                f"model has src_vocab_size={model_config.src_vocab_size}")
+                                f"model has {field}={getattr(model_config, field)}")
         if model_config.pad_id != tokenizer.pad_id:
             raise TrainingError(f"ModelConfig.pad_id={model_config.pad_id} is not the pad id "
                                 f"of {tokenizer.path} ({tokenizer.pad_id})")
@@ -383,13 +387,15 @@ def _load_data(data_dir: Path, tokenizer: Tokenizer, model_config: ModelConfig,
         return train_split, dev_split, batcher
     train_text = load_text_split(data_dir, "train", tokenizer,
                                  None if c.pack_length else max_len)
+    specials = LineSpecials.of(tokenizer)
     if c.pack_length:
-        batcher = PackedBatcher(train_text.ids, c.pack_length, c.max_tokens, seed=c.seed)
+        batcher = PackedBatcher(train_text.ids, c.pack_length, c.max_tokens, seed=c.seed,
+                                specials=specials)
         train_text.report.append(f"packed into {batcher.num_blocks} blocks of {c.pack_length} "
                                  f"tokens, {batcher.blocks_per_batch} per batch")
     else:
         batcher = TokenBatcher(None, train_text.ids, c.max_tokens, seed=c.seed,
-                               line_numbers=train_text.line_numbers)
+                               line_numbers=train_text.line_numbers, specials=specials)
     dev_text = load_text_split(data_dir, "dev", tokenizer, max_len) \
         if has_split(data_dir, "dev") else None
     return train_text, dev_text, batcher
@@ -653,7 +659,8 @@ def evaluate_dev(model: Model, split: TokenizedSplit | TokenizedText, tokenizer:
     whichever layout trained it, as `transduce evaluate` scores them."""
     if isinstance(split, TokenizedText):
         loss = score_lines(model, split.ids, max_tokens=train_config.max_tokens,
-                           device=device).loss
+                           device=device, bos_id=tokenizer.bos_id,
+                           eos_id=tokenizer.eos_id).loss
         model.train()
         return {"dev_loss": loss, "dev_ppl": math.exp(min(loss, 50.0))}
     model.eval()

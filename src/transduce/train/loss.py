@@ -5,6 +5,11 @@ over the other tokens of the vocabulary except padding, which is never a target.
 Padding positions contribute nothing. A model whose output adds a bias (an imported
 Marian model's) may give tokens the bias NEVER_OUTPUT (pad, bos): they are never a
 target either, so the spread leaves them out too.
+
+Targets not scored are pad_id's, or IGNORE (-100) where pad is a token the model
+must predict: an imported GPT-2 or Llama pads with eos, so its batches mark the
+targets to skip with IGNORE and pass pad_id None (no token is left out of the
+spread but those the bias never lets out).
 """
 
 from __future__ import annotations
@@ -12,19 +17,31 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from transduce.data.masking import IGNORE
 from transduce.model.transformer import NEVER_OUTPUT
 
 
+def scored_targets(target: Tensor, pad_id: int | None) -> Tensor:
+    """target (...) -> bool (...): the positions the loss scores (neither pad_id's nor
+    IGNORE)."""
+    keep = target != IGNORE
+    return keep if pad_id is None else keep & (target != pad_id)
+
+
 def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float,
-                       pad_id: int) -> tuple[Tensor, Tensor]:
+                       pad_id: int | None) -> tuple[Tensor, Tensor]:
     """logits (B, T, V), target (B, T) -> (smoothed loss, plain NLL), each summed over
-    the non-pad target tokens, in float32."""
+    the scored target tokens, in float32."""
     log_probs = torch.log_softmax(logits.float(), dim=-1)                    # (B, T, V)
-    keep = target != pad_id                                                   # (B, T)
-    nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)            # (B, T)
-    # Mass eps over the V - 2 tokens that are neither the reference nor padding.
-    others = -(log_probs.sum(dim=-1) - log_probs[..., pad_id]) - nll
-    smoothed = (1.0 - epsilon) * nll + epsilon / (logits.shape[-1] - 2) * others
+    keep = scored_targets(target, pad_id)                                     # (B, T)
+    reference = torch.where(keep, target, 0).unsqueeze(-1)                   # (B, T, 1)
+    nll = -log_probs.gather(-1, reference).squeeze(-1)                       # (B, T)
+    # Mass eps over the tokens that are neither the reference nor padding.
+    others = -log_probs.sum(dim=-1) - nll
+    if pad_id is not None:
+        others = others + log_probs[..., pad_id]
+    share = logits.shape[-1] - (1 if pad_id is None else 2)
+    smoothed = (1.0 - epsilon) * nll + epsilon / share * others
     return smoothed[keep].sum(), nll[keep].sum()
 
 
@@ -38,13 +55,14 @@ CHUNK_ELEMENTS_CUDA = 1 << 26
 
 
 def projected_label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor,
-                                 epsilon: float, pad_id: int, chunk_rows: int | None = None,
+                                 epsilon: float, pad_id: int | None,
+                                 chunk_rows: int | None = None,
                                  every_row: bool | None = None,
                                  bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """label_smoothed_nll(hidden @ weight^T + bias, ...) without the (B, T, V) logits.
 
     hidden (B, T, C) the decoder's output, weight (V, C) and bias (V,) or None the output
-    projection, target (B, T) -> (smoothed loss, plain NLL) summed over non-pad tokens,
+    projection, target (B, T) -> (smoothed loss, plain NLL) summed over scored tokens,
     float32; only the smoothed loss carries a gradient. Tokens whose bias is
     NEVER_OUTPUT take no share of the smoothing.
 
@@ -66,11 +84,11 @@ def projected_label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor,
     """
     if every_row is None:
         every_row = torch.compiler.is_compiling()
+    keep = scored_targets(target, pad_id)                                     # (B, T)
     if every_row:
-        rows, targets = hidden.flatten(0, 1), target.flatten()             # (B*T, C), (B*T,)
-        scored = (targets != pad_id).float()                                  # (B*T,)
+        rows, scored = hidden.flatten(0, 1), keep.flatten().float()          # (B*T, C), (B*T,)
+        targets = torch.where(keep, target, 0).flatten()                      # (B*T,)
     else:
-        keep = target != pad_id
         rows, targets, scored = hidden[keep], target[keep], None             # (N, C), (N,)
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
                                               or (bias is not None and bias.requires_grad))
@@ -88,7 +106,8 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, rows: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor,
-                scored: Tensor | None, epsilon: float, pad_id: int, dtype: torch.dtype,
+                scored: Tensor | None, epsilon: float, pad_id: int | None,
+                dtype: torch.dtype,
                 chunk: int | None, wants_grad: bool) -> tuple[Tensor, Tensor]:
         with torch.autocast(rows.device.type, enabled=False):
             smoothed, nll, grad_rows, grad_weight, grad_bias = _chunked_loss_and_grads(
@@ -110,7 +129,7 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
 
 def _chunked_loss_and_grads(rows: Tensor, weight: Tensor, bias: Tensor | None,
                             target: Tensor, scored: Tensor | None, epsilon: float,
-                            pad_id: int, dtype: torch.dtype, chunk: int | None,
+                            pad_id: int | None, dtype: torch.dtype, chunk: int | None,
                             wants_grad: bool):
     """rows (N, C), weight (V, C), bias (V,) or None, target (N,), scored (N,) 1.0 for
     the rows that count and 0.0 for the rest, or None for all; chunk rows at a time
@@ -120,7 +139,10 @@ def _chunked_loss_and_grads(rows: Tensor, weight: Tensor, bias: Tensor | None,
     # q on each token but the reference and those left out (a tensor with a bias: no
     # host sync, nothing that breaks a compiled graph)
     support = None if bias is None else _smoothing_support(bias, pad_id)     # (V,) or None
-    spread = epsilon / (weight.shape[0] - 2 if support is None else support.sum() - 1)
+    if support is None:    # every token but the reference and pad, if there is one
+        spread = epsilon / (weight.shape[0] - (1 if pad_id is None else 2))
+    else:
+        spread = epsilon / (support.sum() - 1)
     w = weight.to(dtype)
     smoothed = torch.zeros((), dtype=torch.float32, device=rows.device)
     nll = torch.zeros_like(smoothed)
@@ -141,7 +163,9 @@ def _chunked_loss_and_grads(rows: Tensor, weight: Tensor, bias: Tensor | None,
         reference = log_p.gather(1, y)                                        # (n, 1)
         # -log p summed over the tokens that are neither the reference nor left out
         if support is None:
-            others = -(log_p.sum(1, keepdim=True) - log_p[:, pad_id:pad_id + 1] - reference)
+            others = -(log_p.sum(1, keepdim=True) - reference)
+            if pad_id is not None:
+                others += log_p[:, pad_id:pad_id + 1]
         else:
             others = -(log_p @ support[:, None] - reference)
         weights = None if scored is None else scored[piece].unsqueeze(1)
@@ -161,22 +185,25 @@ def _chunked_loss_and_grads(rows: Tensor, weight: Tensor, bias: Tensor | None,
 
 
 def _logit_gradient(logits: Tensor, y: Tensor, epsilon: float, spread: float | Tensor,
-                    support: Tensor | None, pad_id: int, dtype: torch.dtype) -> Tensor:
+                    support: Tensor | None, pad_id: int | None,
+                    dtype: torch.dtype) -> Tensor:
     """d loss / d logits = softmax - q, rounded to `dtype` once: logits (n, V) float32,
     y (n, 1) the references -> (n, V). q is 1 - epsilon on the reference, `spread` on
-    the other tokens of `support` (None: every token but pad), 0 elsewhere."""
+    the other tokens of `support` (None: every token but pad, if there is one), 0
+    elsewhere."""
     p = torch.softmax(logits, dim=1)
     p.scatter_add_(1, y, torch.as_tensor(spread - (1.0 - epsilon), dtype=p.dtype,
                                          device=p.device).expand(y.shape))
-    if support is None:
+    if support is None and pad_id is not None:
         p[:, pad_id] += spread
     q = spread if support is None else spread * support     # all alike, or (V,)
     return torch.sub(p, q, out=torch.empty(p.shape, dtype=dtype, device=p.device))
 
 
-def _smoothing_support(bias: Tensor, pad_id: int) -> Tensor:
+def _smoothing_support(bias: Tensor, pad_id: int | None) -> Tensor:
     """(V,) float32: 1 for the tokens smoothing spreads over (any but pad and those the
     bias never lets out), 0 for the rest."""
     support = (bias.detach() > NEVER_OUTPUT).float()
-    support[pad_id] = 0.0
+    if pad_id is not None:
+        support[pad_id] = 0.0
     return support

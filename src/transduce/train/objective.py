@@ -19,14 +19,18 @@ from transduce.train.loss import projected_label_smoothed_nll
 
 
 class SequenceObjective(torch.nn.Module):
-    """forward -> the label-smoothed loss summed over the target tokens that are not
-    padding (float32, the one output with a gradient)."""
+    """forward -> the label-smoothed loss summed over the scored target tokens (float32,
+    the one output with a gradient). pad_id: what the loss takes as padding
+    (train/loss.py; None for a vocabulary that pads with eos, whose batches mark the
+    targets not scored with IGNORE)."""
 
-    def __init__(self, model: torch.nn.Module, language_model: bool, label_smoothing: float):
+    def __init__(self, model: torch.nn.Module, language_model: bool, label_smoothing: float,
+                 pad_id: int | None = PAD_ID):
         super().__init__()
         self.model = model
         self.language_model = language_model
         self.label_smoothing = label_smoothing
+        self.pad_id = pad_id
 
     def forward(self, src: Tensor | None, tgt_in: Tensor, tgt_out: Tensor,
                 segments: tuple[Tensor, Tensor] | None = None) -> Tensor:
@@ -40,5 +44,6 @@ class SequenceObjective(torch.nn.Module):
             hidden = self.model(src, tgt_in, project=False)
         output = self.model.output_proj
         loss, _ = projected_label_smoothed_nll(hidden, output.weight, tgt_out,
-                                               self.label_smoothing, PAD_ID, bias=output.bias)
+                                               self.label_smoothing, self.pad_id,
+                                               bias=output.bias)
         return loss
