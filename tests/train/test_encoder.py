@@ -180,8 +180,11 @@ def test_averaging_a_classifier_keeps_its_class_names(classes, counting, tmp_pat
 
 @pytest.mark.parametrize("line,message", [
     ("low one two", "train.tsv:2: no tab"),
-    ("low\t   ", "train.tsv:2: the text (after the tab) is empty"),
-    ("\tone two", "train.tsv:2: the label (before the tab) is empty"),
+    ("low\t   ", "train.tsv:2: the text (after the first tab) is empty"),
+    ("\tone two", "train.tsv:2: the label (before the first tab) is empty"),
+    ("low\tone\t", "train.tsv:2: the second text (after the second tab) is empty"),
+    ("low\tone\ttwo\tthree", "train.tsv:2: 3 tabs"),
+    ("low\tone\ttwo", "train.tsv:2: a pair of texts, where line 1 has a single text"),
 ])
 def test_bad_tsv_lines_are_named_by_file_and_line(tmp_path, line, message):
     (tmp_path / "train.tsv").write_text(f"low\tone\n{line}\nhigh\tnine\n", encoding="utf-8")

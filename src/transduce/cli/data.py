@@ -239,7 +239,7 @@ def _training_texts(args: argparse.Namespace, kind: str) -> list[list[str]]:
         from transduce.data.labelled import labelled_file, read_labelled
         labelled = read_labelled(labelled_file(args.data, "train"))
         print(labelled.summary())
-        return [labelled.texts]
+        return [labelled.texts + (labelled.seconds or [])]   # a pair's texts share one side
     if args.sample is not None:
         return _sampled_texts(args, kind)
     if kind == "text":

@@ -1,8 +1,9 @@
 """`transduce classify | embed`: an encoder-only model over lines of text.
 
 Lines come from --input or standard input; N lines in give N results out, in order.
-classify writes `label<TAB>probability` per line (--all: every class's probability);
-embed writes an (N, d_model) float32 .npy file.
+classify writes `label<TAB>probability` per line (--all: every class's probability;
+--pairs: each line is `text<TAB>second text`, for a classifier of pairs); embed writes an
+(N, d_model) float32 .npy file.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ def register(commands) -> None:
     classify.add_argument("--output", type=Path, default=None, help="default: standard output")
     classify.add_argument("--all", action="store_true",
                           help="every class's probability, label=probability, tab-separated")
+    classify.add_argument("--pairs", action="store_true",
+                          help="each line is a pair, `text<TAB>second text` (a classifier "
+                               "fine-tuned on pairs: entailment, paraphrase)")
     classify.set_defaults(handler=classify_command)
 
     embed = commands.add_parser("embed", help="sentence vectors: the last hidden states pooled")
@@ -65,8 +69,11 @@ def classify_command(args: argparse.Namespace) -> int:
     if args.output is not None:
         check_output_file(args.output, "--output")
     encoder = SentenceEncoder.load(args.model, dtype=args.dtype, engine=args.engine)
+    lines, seconds = _read_input(args), None
+    if args.pairs:
+        lines, seconds = _split_pairs(lines, args.input)
     with one_line_warnings(args.input):
-        predictions = encoder.classify(_read_input(args), batch_tokens=args.batch_tokens)
+        predictions = encoder.classify(lines, pairs=seconds, batch_tokens=args.batch_tokens)
     if args.all:
         text = "".join("\t".join(f"{label}={p:.4f}" for label, p in pred.probabilities.items())
                        + "\n" for pred in predictions)
@@ -77,6 +84,22 @@ def classify_command(args: argparse.Namespace) -> int:
     else:
         atomic.write_text(args.output, text)
     return 0
+
+
+def _split_pairs(lines: list[str], path: Path | None) -> tuple[list[str], list[str]]:
+    """`text<TAB>second text` lines -> (texts, second texts); a line without exactly
+    one tab is named by file (or <stdin>) and line."""
+    from transduce.decode.inputs import TextError
+
+    texts, seconds = [], []
+    for number, line in enumerate(lines, start=1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise TextError(f"{path or '<stdin>'}:{number}: {len(fields) - 1} tabs; --pairs "
+                            f"reads `text<TAB>second text` lines")
+        texts.append(fields[0])
+        seconds.append(fields[1])
+    return texts, seconds
 
 
 def embed_command(args: argparse.Namespace) -> int:

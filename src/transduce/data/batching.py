@@ -39,8 +39,8 @@ from torch import Tensor
 
 from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.data.masking import (IGNORE, SENTENCEPIECE, EncoderBatch, EncoderSpecials,
-                                    crop_pair, generator, mask_tokens, masked_count,
-                                    next_sentence_pairs)
+                                    crop_pair, encoder_item, generator, mask_tokens,
+                                    masked_count, next_sentence_pairs)
 from transduce.data.order import (EpochBatches, gather, index_dtype, length_batches,
                                   narrow_lengths)
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TextTokenizer
@@ -422,7 +422,8 @@ class EncoderBatcher(_EpochBatches):
     - masked LM + next sentence (mask=True, pairs=True): item i is [CLS] line i [SEP]
       B [SEP], B the next line or, in half the items, a random one, drawn anew each
       epoch from (seed, epoch);
-    - classification (labels given, mask=False): item i is [CLS] text i [SEP], label i.
+    - classification (labels given, mask=False): item i is [CLS] text i [SEP], label i,
+      or with second_ids [CLS] text i [SEP] second i [SEP] (entailment, paraphrase).
 
     Items are cropped to max_len tokens and batched by length under max_tokens as
     TokenBatcher batches lines. collate(indices, key) masks with a generator seeded by
@@ -430,12 +431,14 @@ class EncoderBatcher(_EpochBatches):
     same masks. target_tokens counts what a batch scores: masked positions (MLM) or
     sentences (classification); scored_counts gives each part of the loss its count.
     specials: the vocabulary's [CLS], [SEP], pad and mask ids (ours by default).
+    one_segment: a model of one segment type (RoBERTa) reads a pair as <s> A </s></s>
+    B </s> (masking.encoder_item).
     """
 
     def __init__(self, ids: Ids, max_tokens: int, max_len: int, vocab_size: int, *,
                  mask: bool = True, pairs: bool = False, labels: Sequence[int] | None = None,
-                 seed: int = 0, shuffle: bool = True,
-                 specials: EncoderSpecials = SENTENCEPIECE):
+                 second_ids: Ids | None = None, seed: int = 0, shuffle: bool = True,
+                 specials: EncoderSpecials = SENTENCEPIECE, one_segment: bool = False):
         if max_len > max_tokens:
             raise BatchingError(f"a sequence of max_len={max_len} tokens cannot fit a batch "
                                 f"of {max_tokens}; lower max_len or raise max_tokens")
@@ -447,13 +450,22 @@ class EncoderBatcher(_EpochBatches):
                                 "cannot train a masked LM")
         if len(ids) < (3 if pairs else 1):
             raise BatchingError(f"need at least {3 if pairs else 1} lines, got {len(ids)}")
+        if second_ids is not None and (labels is None or len(second_ids) != len(ids)):
+            raise BatchingError("second texts pair with the texts of a classification "
+                                "batcher, one each")
         self.ids, self.max_tokens, self.max_len = ids, max_tokens, max_len
         self.vocab_size, self.mask, self.pairs = vocab_size, mask, pairs
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
         self.seed, self.shuffle, self.specials = seed, shuffle, specials
+        self.second_ids, self.one_segment = second_ids, one_segment
         self.line_pieces = narrow_lengths(_lengths(ids) - 1)   # (lines,); a store's not read
         self._epoch, self._partners, self._nsp = None, None, None
-        if not pairs:   # fixed items: lengths and counts once
+        if second_ids is not None:   # given pairs: crop_pair keeps this many pieces
+            markers = 3 + one_segment
+            both = self.line_pieces.astype(np.int64) + _lengths(second_ids) - 1
+            pieces = np.minimum(both, max_len - markers)
+            self.lengths, self.tgt_lengths = narrow_lengths(pieces + markers), self._scored(pieces)
+        elif not pairs:   # fixed items: lengths and counts once
             pieces = np.minimum(self.line_pieces, max_len - 2)
             self.lengths, self.tgt_lengths = narrow_lengths(pieces + 2), self._scored(pieces)
 
@@ -513,15 +525,11 @@ class EncoderBatcher(_EpochBatches):
         segments = np.zeros((size, width), dtype=np.int64)                    # (B, T)
         pieces = np.zeros((size, width), dtype=bool)   # (B, T) the texts' pieces, not markers
         for row, index in enumerate(indices):
-            second = self.ids[self._partners[index]] if self.pairs else None
-            a, b = crop_pair(self.ids[index], second, self.max_len)
-            ids[row, 0], ids[row, 1:len(a) + 1], ids[row, len(a) + 1] = cls, a, sep
-            pieces[row, 1:len(a) + 1] = True
-            if b is not None:
-                start = len(a) + 2
-                ids[row, start:start + len(b)], ids[row, start + len(b)] = b, sep
-                segments[row, start:start + len(b) + 1] = 1
-                pieces[row, start:start + len(b)] = True
+            a, b = crop_pair(self.ids[index], self._second(index), self.max_len,
+                             self.one_segment)
+            item = encoder_item(a, b, cls, sep, self.one_segment)
+            length = len(item[0])
+            ids[row, :length], segments[row, :length], pieces[row, :length] = item
         tokens = torch.from_numpy(ids)
         mlm_labels = None
         if self.mask:
@@ -532,6 +540,12 @@ class EncoderBatcher(_EpochBatches):
         labels = torch.from_numpy(self.labels[indices]) if self.labels is not None else None
         return EncoderBatch(tokens, torch.from_numpy(segments), mlm_labels, nsp, labels,
                             torch.from_numpy(np.asarray(indices, dtype=np.int64)))
+
+    def _second(self, index: int) -> np.ndarray | None:
+        """Item `index`'s B: its pair's (NSP), its given second text, or None."""
+        if self.pairs:
+            return self.ids[self._partners[index]]
+        return None if self.second_ids is None else self.second_ids[index]
 
     def iterate_keyed(self, epoch: int = 0):
         """The batches of an epoch, masked with the keys the loop would use (dev

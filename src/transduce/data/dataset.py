@@ -115,7 +115,8 @@ def load_text_split(data_dir: Path, split: str, tokenizer: Tokenizer,
 @dataclass
 class TokenizedLabelled:
     """The labelled lines of a classification split as ids (no specials), with their
-    class indices (in `names`' order) and line numbers."""
+    class indices (in `names`' order) and line numbers; second_ids the second text of
+    each pair (None: single texts)."""
 
     corpus: LabelledCorpus
     ids: list[np.ndarray]
@@ -123,6 +124,7 @@ class TokenizedLabelled:
     names: list[str]
     line_numbers: list[int]
     report: list[str]
+    second_ids: list[np.ndarray] | None = None
 
 
 def load_labelled_split(data_dir: Path, split: str, tokenizer: Tokenizer,
@@ -132,5 +134,7 @@ def load_labelled_split(data_dir: Path, split: str, tokenizer: Tokenizer,
     corpus = read_labelled(labelled_file(data_dir, split))
     labels = label_indices(corpus, names)
     ids = tokenizer.encode_cached(corpus.texts, Path(data_dir) / CACHE_DIR)
+    second = None if corpus.seconds is None else \
+        tokenizer.encode_cached(corpus.seconds, Path(data_dir) / CACHE_DIR)
     return TokenizedLabelled(corpus, ids, labels, names, list(corpus.line_numbers),
-                             [corpus.summary()])
+                             [corpus.summary()], second)

@@ -1,11 +1,14 @@
-"""Labelled text for sequence classification: {split}.tsv, one `label<TAB>text` a line.
+"""Labelled text for sequence classification: {split}.tsv, one `label<TAB>text` a line,
+or `label<TAB>text<TAB>text` for a pair (entailment, paraphrase: [CLS] A [SEP] B [SEP]).
 
 A classification corpus is a directory of train.tsv, dev.tsv, test.tsv and corpus.json
 with "kind": "classification" (`transduce data bible-genre` writes one). The classes are
 labels.txt (one name a line, in the classifier's order) when it exists, else the labels
-of train.tsv, sorted. The text is everything after the first tab, stripped.
+of train.tsv, sorted. Fields are stripped. A file holds single texts or pairs, not both:
+its first line says which.
 
-Errors name the file and line: a line without a tab, an empty label or text, a label of
+Errors name the file and line: a line without a tab or with more than two, an empty
+label or text, a line of pairs in a file of single texts (or the reverse), a label of
 dev or test (or of train, with labels.txt) that is not among the classes. Empty lines
 are skipped and counted, as in text corpora.
 """
@@ -24,46 +27,67 @@ LABELS_FILE = "labels.txt"
 
 @dataclass
 class LabelledCorpus:
-    """The labelled lines of a TSV file, with their 1-based line numbers."""
+    """The labelled lines of a TSV file, with their 1-based line numbers; `seconds` the
+    second text of each pair (None: single texts)."""
 
     texts: list[str]
     labels: list[str]
     line_numbers: list[int]
     path: Path
     dropped_empty: list[int] = field(default_factory=list)
+    seconds: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
 
     def summary(self) -> str:
         classes = len(set(self.labels))
-        text = f"{self.path}: {len(self)} labelled lines, {classes} classes"
+        unit = "pairs" if self.seconds is not None else "lines"
+        text = f"{self.path}: {len(self)} labelled {unit}, {classes} classes"
         if self.dropped_empty:
             text += f"; skipped {len(self.dropped_empty)} empty lines"
         return text
 
 
 def read_labelled(path: Path | str) -> LabelledCorpus:
-    """`label<TAB>text` lines; empty lines skipped. CorpusError names file:line."""
+    """`label<TAB>text` or `label<TAB>text<TAB>text` lines, one kind a file; empty lines
+    skipped. CorpusError names file:line."""
     path = Path(path)
-    texts, labels, numbers, empty = [], [], [], []
+    rows, numbers, empty = [], [], []
     for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             empty.append(number)
             continue
-        label, tab, text = line.partition("\t")
-        if not tab:
-            raise CorpusError(f"{path}:{number}: no tab; expected `label<TAB>text`")
-        if not label.strip():
-            raise CorpusError(f"{path}:{number}: the label (before the tab) is empty")
-        if not text.strip():
-            raise CorpusError(f"{path}:{number}: the text (after the tab) is empty")
-        texts.append(text.strip())
-        labels.append(label.strip())
+        fields = [part.strip() for part in line.split("\t")]
+        _check_fields(fields, rows[0] if rows else None, f"{path}:{number}", numbers[:1])
+        rows.append(fields)
         numbers.append(number)
-    if not texts:
+    if not rows:
         raise CorpusError(f"{path}: no labelled line")
-    return LabelledCorpus(texts, labels, numbers, path, empty)
+    columns = list(zip(*rows))
+    return LabelledCorpus(list(columns[1]), list(columns[0]), numbers, path, empty,
+                          list(columns[2]) if len(columns) == 3 else None)
+
+
+def _check_fields(fields: list[str], first: list[str] | None, where: str,
+                  first_number: list[int]) -> None:
+    """A line's fields: label and one or two texts, none empty, as many as the file's
+    first line has."""
+    if len(fields) == 1:
+        raise CorpusError(f"{where}: no tab; expected `label<TAB>text` (or "
+                          f"`label<TAB>text<TAB>text` for a pair)")
+    if len(fields) > 3:
+        raise CorpusError(f"{where}: {len(fields) - 1} tabs; expected `label<TAB>text` or "
+                          f"`label<TAB>text<TAB>text`")
+    names = ("the label (before the first tab)", "the text (after the first tab)",
+             "the second text (after the second tab)")
+    for name, value in zip(names, fields):
+        if not value:
+            raise CorpusError(f"{where}: {name} is empty")
+    if first is not None and len(fields) != len(first):
+        kinds = {2: "a single text", 3: "a pair of texts"}
+        raise CorpusError(f"{where}: {kinds[len(fields)]}, where line {first_number[0]} has "
+                          f"{kinds[len(first)]}: a file holds one kind")
 
 
 def labelled_file(data_dir: Path | str, split: str) -> Path:

@@ -174,17 +174,41 @@ class EncoderBatch:
                                                  self.nsp_labels, self.labels, self.indices)))
 
 
-def crop_pair(a: np.ndarray, b: np.ndarray | None, max_len: int
+def crop_pair(a: np.ndarray, b: np.ndarray | None, max_len: int, one_segment: bool = False
               ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Crop A (and B) so that [CLS] A [SEP] (B [SEP]) fits max_len: the longer side
-    loses its last piece first (BERT's truncate_seq_pair)."""
-    room = max_len - (2 if b is None else 3)
+    """Crop A (and B) so that [CLS] A [SEP] (B [SEP]) fits max_len (one_segment: a pair
+    as RoBERTa's, one separator more), each side cut at its end: the shorter side
+    keeps up to half the room, A at a tie, as the tokenizers library's "longest_first"
+    truncation of a pair (transformers' default)."""
+    room = max_len - (2 if b is None else 3 + one_segment)
     if b is None:
         return a[:room], None
     len_a, len_b = len(a), len(b)
-    while len_a + len_b > room:
-        if len_a >= len_b:
-            len_a -= 1
+    if len_a + len_b > room:   # the shorter (A at a tie) keeps up to half, the other the rest
+        if len_a <= len_b:
+            len_a = min(len_a, room // 2)
+            len_b = room - len_a
         else:
-            len_b -= 1
+            len_b = min(len_b, room // 2)
+            len_a = room - len_b
     return a[:len_a], b[:len_b]
+
+
+def encoder_item(a: np.ndarray, b: np.ndarray | None, cls_id: int, sep_id: int,
+                 one_segment: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A (T_a,) and B (T_b,) or None -> the item an encoder reads: ids [CLS] A [SEP]
+    (B [SEP]), segments 0 for A and its markers and 1 for B's, and which positions hold
+    the texts' pieces (bool), each (T,). A model of one segment type (RoBERTa) reads a
+    pair as its tokenizer builds one, <s> A </s></s> B </s>, all in segment 0."""
+    parts = [[cls_id], a, [sep_id]]
+    if b is not None:
+        parts += [[sep_id] * one_segment, b, [sep_id]]
+    ids = np.concatenate(parts).astype(np.int64)
+    segments = np.zeros(len(ids), dtype=np.int64)
+    pieces = np.zeros(len(ids), dtype=bool)
+    pieces[1:len(a) + 1] = True
+    if b is not None:
+        start = len(a) + 2 + one_segment                    # B's first piece
+        segments[len(a) + 2:] = 0 if one_segment else 1
+        pieces[start:start + len(b)] = True
+    return ids, segments, pieces

@@ -2,12 +2,16 @@
 
     encoder = SentenceEncoder.load("runs/genre/ema")
     encoder.classify(["And Jesus wept."])      # -> [Prediction("gospels and Acts", 0.93, {...})]
+    nli.classify(premises, pairs=hypotheses)   # pairs: [CLS] premise [SEP] hypothesis [SEP]
     encoder.embed(lines, normalize=True)      # -> (N, C) float32 numpy array
     encoder.embed(lines, pooling="cls")       # [CLS]'s state (BGE's way) rather than the mean
 
-Each line is read as [CLS] line [SEP] (the tokenizer's bos and eos), segment 0. Lines
-are sorted by length and batched by tokens, N lines in give N results out in order. A
-line longer than the model reads is truncated with a warning naming it.
+Each line is read as [CLS] line [SEP] (the tokenizer's bos and eos), segment 0, a pair
+as [CLS] A [SEP] B [SEP] with B in segment 1 (RoBERTa's: <s> A </s></s> B </s>, all
+segment 0), as training builds them (data/masking.py: encoder_item). Lines are sorted
+by length and batched by tokens, N lines in give N results out in order. A line or pair
+longer than the model reads is truncated with a warning naming it (a pair as the
+tokenizers library's "longest_first" cuts one: masking.crop_pair).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from transduce import checkpoint
 from transduce.checkpoint import POOLINGS
 from transduce.config import ConfigError
+from transduce.data.masking import crop_pair, encoder_item
 from transduce.data.tokenizer import TextTokenizer
 from transduce.decode.inputs import checked_texts
 from transduce.decode.onnx_encoder_engine import OnnxSentenceEncoder
@@ -84,16 +89,18 @@ class SentenceEncoder:
         return cls(load_model(directory, device), checkpoint.load_tokenizer(directory), device,
                    dtype, in_place=True)
 
-    def classify(self, lines: Sequence[str], *, batch_tokens: int = 4096,
-                 first_line_number: int = 1) -> list[Prediction]:
-        """The most probable class of each line, with every class's probability."""
+    def classify(self, lines: Sequence[str], *, pairs: Sequence[str] | None = None,
+                 batch_tokens: int = 4096, first_line_number: int = 1) -> list[Prediction]:
+        """The most probable class of each line (or of each pair: line i and pairs[i],
+        for a classifier fine-tuned on pairs), with every class's probability."""
         if not self.classifies:
             raise ConfigError("this model has no classification head: fine-tune it with "
                               "`transduce train --task classify --init MODEL`")
         names = self.labels or [str(i) for i in range(self.model.config.num_labels)]
         probabilities = np.zeros((len(lines), len(names)), dtype=np.float32)
-        for indices, ids in self._batches(lines, batch_tokens, first_line_number):
-            logits = self._class_logits(ids).float()                           # (B, K)
+        for indices, ids, segments in self._batches(lines, batch_tokens, first_line_number,
+                                                    pairs):
+            logits = self._class_logits(ids, segments).float()                 # (B, K)
             probabilities[indices] = logits.softmax(dim=-1).cpu().numpy()
         return [Prediction(names[int(row.argmax())], float(row.max()),
                            dict(zip(names, map(float, row)))) for row in probabilities]
@@ -110,7 +117,7 @@ class SentenceEncoder:
         if pooling not in POOLINGS:
             raise ConfigError(f"pooling={pooling!r}: choose one of {', '.join(POOLINGS)}")
         vectors = np.zeros((len(lines), self.model.config.d_model), dtype=np.float32)
-        for indices, ids in self._batches(lines, batch_tokens, first_line_number):
+        for indices, ids, _ in self._batches(lines, batch_tokens, first_line_number):
             pooled = self._embeddings(ids, pooling).float()                    # (B, C)
             if normalize:
                 pooled = torch.nn.functional.normalize(pooled, dim=-1)
@@ -123,11 +130,11 @@ class SentenceEncoder:
         return self.model.config.num_labels > 0
 
     @torch.inference_mode()
-    def _class_logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, T) -> (B, num_labels), from either engine."""
+    def _class_logits(self, ids: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
+        """ids, segments (B, T) -> (B, num_labels), from either engine."""
         if isinstance(self.model, OnnxSentenceEncoder):
-            return self.model.class_logits(ids)
-        return self.model.classify_logits(self.model.pool(self.model(ids)))
+            return self.model.class_logits(ids, segments)
+        return self.model.classify_logits(self.model.pool(self.model(ids, segments)))
 
     @torch.inference_mode()
     def _embeddings(self, ids: torch.Tensor, pooling: str) -> torch.Tensor:
@@ -136,24 +143,47 @@ class SentenceEncoder:
             return self.model.embeddings(ids, pooling)
         return self.model.sentence_embeddings(ids, pooling=pooling)
 
-    def _batches(self, lines: Sequence[str], batch_tokens: int, first_line_number: int):
-        """(indices of the lines, their ids (B, T) right-padded) by length."""
+    def _batches(self, lines: Sequence[str], batch_tokens: int, first_line_number: int,
+                 pairs: Sequence[str] | None = None):
+        """(indices of the lines, their ids and segments (B, T) right-padded) by length;
+        pairs: each line's second text, or None."""
         if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
             raise ConfigError(f"batch_tokens={batch_tokens!r}: must be a positive integer "
                               f"(tokens per batch, padding counted)")
-        t = self.tokenizer
-        limit = self.model.config.max_positions - 2                        # [CLS], [SEP]
+        items = self._items(lines, first_line_number, pairs)
+        for indices in length_sorted_batches([ids for ids, _ in items], batch_tokens):
+            width = max(len(items[i][0]) for i in indices)
+            batch = torch.full((len(indices), width), self.model.config.pad_id, dtype=torch.long)
+            segments = torch.zeros((len(indices), width), dtype=torch.long)
+            for row, index in enumerate(indices):
+                ids, segment = items[index]
+                batch[row, :len(ids)], segments[row, :len(ids)] = (torch.from_numpy(ids),
+                                                                   torch.from_numpy(segment))
+            yield np.asarray(indices), batch.to(self.device), segments.to(self.device)
+
+    def _items(self, lines: Sequence[str], first_line_number: int,
+               pairs: Sequence[str] | None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each line's (or pair's) ids and segments (T,), cropped to the model's positions
+        with a warning."""
+        t, limit = self.tokenizer, self.model.config.max_positions
         lines = checked_texts(lines, "line", first_line_number)
         encoded = t.encode([line.strip() for line in lines])
-        for offset, ids in enumerate(encoded):
-            if len(ids) > limit:
-                warnings.warn(f"line {first_line_number + offset}: {len(ids)} tokens, truncated "
-                              f"to the model's limit of {limit}", LineTruncated, stacklevel=4)
-                encoded[offset] = ids[:limit]
-        rows = [[t.bos_id, *ids, t.eos_id] for ids in encoded]
-        for indices in length_sorted_batches(rows, batch_tokens):
-            width = max(len(rows[i]) for i in indices)
-            batch = torch.full((len(indices), width), self.model.config.pad_id, dtype=torch.long)
-            for row, index in enumerate(indices):
-                batch[row, :len(rows[index])] = torch.tensor(rows[index])
-            yield np.asarray(indices), batch.to(self.device)
+        seconds: list = [None] * len(lines)
+        if pairs is not None:
+            pairs = checked_texts(pairs, "second text", first_line_number)
+            if len(pairs) != len(lines):
+                raise ConfigError(f"{len(lines)} texts but {len(pairs)} second texts: a pair "
+                                  f"is a text and its second text, one each")
+            seconds = t.encode([text.strip() for text in pairs])
+        one_segment = self.model.config.type_vocab_size == 1     # RoBERTa's pairs
+        items = []
+        for offset, (a, b) in enumerate(zip(encoded, seconds)):
+            a, b = np.asarray(a, dtype=np.int64), None if b is None else np.asarray(b)
+            kept_a, kept_b = crop_pair(a, b, limit, one_segment)
+            if len(kept_a) < len(a) or (b is not None and len(kept_b) < len(b)):
+                tokens = f"{len(a)} tokens" if b is None else f"{len(a)} + {len(b)} tokens"
+                warnings.warn(f"line {first_line_number + offset}: {tokens}, truncated to the "
+                              f"model's limit of {limit} positions", LineTruncated, stacklevel=5)
+            ids, segments, _ = encoder_item(kept_a, kept_b, t.bos_id, t.eos_id, one_segment)
+            items.append((ids, segments))
+        return items

@@ -242,7 +242,8 @@ def evaluate_classifier(encoder: SentenceEncoder, data_dir: Path, split: str,
     names = encoder.labels or [str(i) for i in range(encoder.model.config.num_labels)]
     gold = torch.tensor(label_indices(corpus, names))
     start = time.perf_counter()
-    predictions = encoder.classify(corpus.texts, batch_tokens=batch_tokens)
+    predictions = encoder.classify(corpus.texts, pairs=corpus.seconds,
+                                   batch_tokens=batch_tokens)
     seconds = time.perf_counter() - start
     predicted = torch.tensor([names.index(p.label) for p in predictions])
     result = {"split": split, "file": str(corpus.path), "lines": len(corpus),

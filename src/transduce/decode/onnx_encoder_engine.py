@@ -27,9 +27,10 @@ class OnnxSentenceEncoder(ExportedModel):
         self.sentence_embedding = checkpoint.read_sentence_embedding(directory)
         self.session = open_session(directory, SENTENCE_ENCODER, threads)
 
-    def class_logits(self, ids: Tensor) -> Tensor:
-        """ids (B, T) right-padded -> the classifier's logits (B, num_labels)."""
-        return self._run(ids, "logits")
+    def class_logits(self, ids: Tensor, segments: Tensor | None = None) -> Tensor:
+        """ids (B, T) right-padded, segments (B, T) (None: all 0) -> the classifier's
+        logits (B, num_labels)."""
+        return self._run(ids, "logits", segments)
 
     def embeddings(self, ids: Tensor, pooling: str = "mean") -> Tensor:
         """ids (B, T) right-padded -> the mean hidden state over real tokens, or the
@@ -37,7 +38,8 @@ class OnnxSentenceEncoder(ExportedModel):
         return self._run(ids, "hidden")[:, 0] if pooling == "cls" else \
             self._run(ids, "embeddings")
 
-    def _run(self, ids: Tensor, output: str) -> Tensor:
+    def _run(self, ids: Tensor, output: str, segments: Tensor | None = None) -> Tensor:
         array = ids.cpu().numpy().astype(np.int64)
-        feeds = {"ids": array, "segments": np.zeros_like(array)}
+        feeds = {"ids": array, "segments": np.zeros_like(array) if segments is None
+                 else segments.cpu().numpy().astype(np.int64)}
         return torch.from_numpy(self.session.run([output], feeds)[0])

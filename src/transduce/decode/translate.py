@@ -230,12 +230,12 @@ class Translator:
         return [list(prefix) + ids if ids else ids for ids in encoded] if prefix else encoded
 
 
-def length_sorted_batches(ids: list[list[int]], batch_tokens: int,
+def length_sorted_batches(ids: Sequence[Sequence[int]], batch_tokens: int,
                           batch_sentences: int = 0) -> list[list[int]]:
     """Indices of the non-empty lines sorted by length, cut into batches of about
     batch_tokens source tokens counting padding (a long line alone rather than never), and
     at most batch_sentences lines when that is not 0."""
-    order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: len(ids[i]))
+    order = sorted((i for i, x in enumerate(ids) if len(x)), key=lambda i: len(ids[i]))
     batches, current = [], []
     for index in order:
         full = batch_sentences and len(current) >= batch_sentences

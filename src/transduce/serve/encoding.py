@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from transduce.decode.encode import SentenceEncoder
-from transduce.serve.limits import check_texts, check_tokens
+from transduce.serve.limits import ApiError, check_texts, check_tokens
 from transduce.serve.schemas import ClassifyRequest, ClassifyResponse, EmbedRequest, \
     EmbedResponse, Prediction
 from transduce.serve.service import Service, split_by_job, timed
@@ -38,12 +38,23 @@ def routes(service: Service) -> APIRouter:
         @router.post("/v1/classify", response_model=ClassifyResponse,
                      responses=ERROR_RESPONSES, summary="The most probable label of each text")
         async def classify(body: ClassifyRequest) -> ClassifyResponse:
-            cut, tokens = _check(service, body.texts, body.truncate)
-            run = timed(lambda jobs: split_by_job(jobs, encoder.classify(
-                [t for job in jobs for t in job.payload],
-                batch_tokens=service.limits.batch_tokens)))
-            found, timings = await service.submit(("classify",), run, body.texts, tokens,
-                                                  len(body.texts))
+            if body.text_pairs is None:
+                cut, tokens = _check(service, body.texts, body.truncate)
+                payload = [(text, None) for text in body.texts]
+            else:
+                cut, tokens = _check_pairs(service, body.texts, body.text_pairs,
+                                           body.truncate)
+                payload = list(zip(body.texts, body.text_pairs))
+            pairs = body.text_pairs is not None
+
+            def classify_jobs(jobs):
+                items = [item for job in jobs for item in job.payload]
+                return split_by_job(jobs, encoder.classify(
+                    [a for a, _ in items], pairs=[b for _, b in items] if pairs else None,
+                    batch_tokens=service.limits.batch_tokens))
+
+            found, timings = await service.submit(("classify", pairs), timed(classify_jobs),
+                                                  payload, tokens, len(body.texts))
             return ClassifyResponse(predictions=[Prediction(**vars(p)) for p in found],
                                     truncated=cut, timings=timings)
 
@@ -59,4 +70,23 @@ def _check(service: Service, texts: list[str], truncate: bool) -> tuple[list[boo
     lengths = [len(ids) for ids in encoder.tokenizer.encode([t.strip() for t in texts])]
     return check_tokens(lengths, limit, "texts", truncate), sum(min(n, limit) + 2
                                                                 for n in lengths)
+
+
+def _check_pairs(service: Service, texts: list[str], seconds: list[str],
+                 truncate: bool) -> tuple[list[bool], int]:
+    """_check for pairs: each text with its second text, both within the limits, and
+    together within the model's positions less the pair's markers."""
+    encoder: SentenceEncoder = service.model
+    if len(seconds) != len(texts):
+        raise ApiError(422, f"text_pairs: {len(seconds)} second texts for {len(texts)} texts; "
+                            f"give one for each", "text_pairs")
+    check_texts(texts, service.limits, "texts")
+    check_texts(seconds, service.limits, "text_pairs")
+    one_segment = encoder.model.config.type_vocab_size == 1   # <s> A </s></s> B </s>
+    limit = encoder.model.config.max_positions - 3 - one_segment
+    encode = encoder.tokenizer.encode
+    pairs = zip(encode([t.strip() for t in texts]), encode([t.strip() for t in seconds]))
+    lengths = [len(a) + len(b) for a, b in pairs]
+    cut = check_tokens(lengths, limit, "texts", truncate)
+    return cut, sum(min(n, limit) + 3 + one_segment for n in lengths)
 

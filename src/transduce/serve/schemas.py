@@ -158,6 +158,9 @@ class EmbedResponse(BaseModel):
 
 class ClassifyRequest(Strict):
     texts: Texts
+    text_pairs: Texts | None = Field(
+        default=None, description="each text's second text, for a classifier of pairs "
+        "(entailment, paraphrase): [CLS] text [SEP] second [SEP]")
     truncate: StrictBool = False
 
 

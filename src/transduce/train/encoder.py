@@ -105,11 +105,17 @@ def load_encoder_data(data_dir: Path, tokenizer: TextTokenizer, model_config: Mo
             raise ConfigError(f"{data_dir} has {len(names)} classes ({', '.join(names)}) but "
                               f"ModelConfig.num_labels={model_config.num_labels}")
         train = load_labelled_split(data_dir, "train", tokenizer, names)
-        batcher = EncoderBatcher(train.ids, labels=train.labels, mask=False, seed=c.seed,
-                                 **common)
         dev = load_labelled_split(data_dir, "dev", tokenizer, names) if has_dev else None
+        if dev is not None and (dev.second_ids is None) != (train.second_ids is None):
+            raise ConfigError(f"{dev.corpus.path} and {train.corpus.path}: one holds pairs of "
+                              f"texts, the other single texts; a classifier reads one kind")
+        # RoBERTa's one segment type: its pairs are <s> A </s></s> B </s>
+        common["one_segment"] = model_config.type_vocab_size == 1
+        batcher = EncoderBatcher(train.ids, labels=train.labels, second_ids=train.second_ids,
+                                 mask=False, seed=c.seed, **common)
         dev_batcher = None if dev is None else EncoderBatcher(
-            dev.ids, labels=dev.labels, mask=False, shuffle=False, **common)
+            dev.ids, labels=dev.labels, second_ids=dev.second_ids, mask=False, shuffle=False,
+            **common)
         return train, batcher, dev_batcher
     pairs = c.objective == "mlm,nsp"
     train = load_text_split(data_dir, "train", tokenizer)
