@@ -214,6 +214,33 @@ def test_genre_corpus_files_from_a_text_corpus(tmp_path):
     assert (tmp_path / "dev.keys").read_text(encoding="utf-8") == "Acts 2:1\n"
 
 
+def test_paraphrase_pairs_a_verse_with_itself_or_the_next_in_the_other_module(tmp_path):
+    from transduce.data.labelled import class_names, read_labelled
+    keys = [("Genesis", 1, v) for v in range(1, 41)] + [("Jude", 1, 3), ("Jude", 1, 4)]
+    first = bible.BibleText("a", {"train": keys[:40], "dev": keys[40:], "test": []},
+                            {key: f"first {bible.format_key(key)}" for key in keys}, [],
+                            ("a", "b"))
+    verses = {key: f"second {bible.format_key(key)}" for key in keys}
+    verses[keys[5]] = ""                                  # no text in the second module
+    second = bible.BibleText("b", first.splits, verses, [], ("a", "b"))
+    pairs = bible.paraphrase_pairs(first, second)
+    assert pairs == bible.paraphrase_pairs(first, second)          # seeded
+    train = pairs["train"]
+    assert [a for _, a, _ in train] == keys[:5] + keys[6:40]
+    labels = [label for label, _, _ in train]
+    assert 10 < labels.count("same") < 30
+    both = keys[:5] + keys[6:40]
+    for label, a, b in train:
+        assert b == (a if label == "same" else both[(both.index(a) + 1) % len(both)])
+    bible.write_paraphrase_corpus(first, second, pairs, tmp_path)
+    written = read_labelled(tmp_path / "train.tsv")
+    assert written.labels == labels and class_names(tmp_path) == ["different", "same"]
+    assert written.texts[0] == "first Genesis 1:1"
+    assert written.seconds[0] == f"second Genesis 1:{1 if labels[0] == 'same' else 2}"
+    dev = (tmp_path / "dev.keys").read_text(encoding="utf-8").splitlines()
+    assert dev[0].split("\t")[0] == "Jude 1:3" and len(dev) == 2
+
+
 @pytest.mark.skipif(not HAVE_SWORD, reason="diatheke and the SWORD modules are not installed "
                     "(apt-get install diatheke sword-text-sparv sword-text-kjv sword-text-web)")
 def test_real_genre_corpus_keeps_the_translation_split(translation_corpus, tmp_path,
@@ -241,7 +268,8 @@ def test_real_genre_corpus_keeps_the_translation_split(translation_corpus, tmp_p
 
 
 @pytest.mark.parametrize("command", [["bible"], ["bible-text", "--module", "KJV"],
-                                     ["bible-genre", "--module", "KJV"]])
+                                     ["bible-genre", "--module", "KJV"],
+                                     ["bible-paraphrase"]])
 def test_an_out_that_is_a_file_is_refused_before_extracting(command, tmp_path, monkeypatch,
                                                             capsys):
     from transduce.cli import main

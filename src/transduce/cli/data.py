@@ -1,4 +1,5 @@
-"""`transduce data import | tokenize | bible | bible-text | bible-genre | stats` and
+"""`transduce data import | tokenize | bible | bible-text | bible-genre | bible-paraphrase |
+stats` and
 `transduce vocab`:
 corpora (parallel, text for language models and masked LMs, labelled text for
 classifiers) and their vocabulary."""
@@ -50,6 +51,19 @@ def register(commands) -> None:
     genre.add_argument("--language", default=None,
                        help="language code for corpus.json (default: the module's)")
     genre.set_defaults(handler=data_bible_genre)
+
+    paraphrase = data_commands.add_parser(
+        "bible-paraphrase", help="pairs of verses from two English Bibles, labelled same (one "
+                                 "verse in both) or different (a verse and the next), in the "
+                                 "translation corpus's fixed split, for classifying pairs")
+    paraphrase.add_argument("--out", type=Path, required=True, help="corpus directory to write")
+    paraphrase.add_argument("--module", default=DEFAULT_TGT_MODULE,
+                            help="SWORD module of the first text of each pair")
+    paraphrase.add_argument("--second", default=DEFAULT_REF2_MODULE,
+                            help="SWORD module of the second text")
+    paraphrase.add_argument("--language", default=None,
+                            help="language code for corpus.json (default: the module's)")
+    paraphrase.set_defaults(handler=data_bible_paraphrase)
 
     stats = data_commands.add_parser("stats", help="lengths, filtering and batching of a split "
                                                    "(parallel or text corpus)")
@@ -144,6 +158,33 @@ def data_bible_genre(args: argparse.Namespace) -> int:
     sizes = ", ".join(f"{split} {len(keys)}" for split, keys in corpus.splits.items())
     print(f"verses: {sizes}; classes {', '.join(bible.GENRES)}; wrote {len(written)} files "
           f"to {args.out}")
+    return 0
+
+
+def data_bible_paraphrase(args: argparse.Namespace) -> int:
+    """Verse pairs of two modules labelled same or different: train|dev|test.tsv,
+    labels.txt, keys."""
+    check_directory_path(args.out, "--out")   # before minutes of extracting
+    from transduce.data import bible
+    from transduce.data.corpus import write_text_metadata
+
+    language = args.language or LANGUAGES.get(args.module)
+    if language is None:
+        raise ConfigError(f"--module {args.module}: its language is not known; give --language")
+    translation = bible.build_corpus(ref2_module=None)
+    first, second = (bible.text_corpus(translation, module)
+                     for module in (args.module, args.second))
+    for line in first.report + second.report[1:]:
+        print(line)
+    pairs = bible.paraphrase_pairs(first, second)
+    written = bible.write_paraphrase_corpus(first, second, pairs, args.out)
+    write_text_metadata(args.out, language, kind="classification", module=args.module,
+                        second_module=args.second, labels=list(bible.PARAPHRASE_LABELS),
+                        split_from={"source_module": first.split_from[0],
+                                    "target_module": first.split_from[1]})
+    sizes = ", ".join(f"{split} {len(triples)}" for split, triples in pairs.items())
+    print(f"pairs: {sizes}; classes {', '.join(bible.PARAPHRASE_LABELS)}; wrote "
+          f"{len(written)} files to {args.out}")
     return 0
 
 

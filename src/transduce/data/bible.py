@@ -23,6 +23,12 @@ by its section of the canon (GENRES, in canonical order): law (Genesis-Deuterono
 history (Joshua-Esther), wisdom (Job-Song of Solomon: wisdom and poetry), prophets
 (Isaiah-Malachi, the major and minor prophets), gospels (Matthew-Acts: the four gospels
 and Acts), letters (Romans-Revelation of John: the epistles and Revelation).
+
+The paraphrase corpus (classification of pairs) puts two English translations side by
+side in that split: each verse with text in both is one pair, the KJV's rendering and,
+in half the pairs (drawn by a seeded generator), the WEB's rendering of the same verse
+("same"), in the other half the WEB's of the next verse of the split ("different": the
+same book and matter, mostly, so that shared words do not give it away).
 """
 
 from __future__ import annotations
@@ -345,6 +351,45 @@ def write_text_corpus(corpus: BibleText, out: Path) -> list[Path]:
         for name, lines in ((f"{split}.txt", [corpus.verses[k] for k in keys]),
                             (f"{split}.keys", [format_key(k) for k in keys])):
             written.append(atomic.write_text(out / name, "".join(line + "\n" for line in lines)))
+    return written
+
+
+PARAPHRASE_LABELS = ("different", "same")
+
+
+def paraphrase_pairs(first: BibleText, second: BibleText, seed: int = 0
+                     ) -> dict[str, list[tuple[str, Key, Key]]]:
+    """Per split, one (label, key in `first`, key in `second`) for each verse with text
+    in both, in canonical order: the same key ("same") or the next such verse of the
+    split, the last wrapping to the first ("different"), chosen by random.Random(seed)
+    over the split's verses."""
+    pairs = {}
+    for split, keys in first.splits.items():
+        both = [key for key in keys if second.verses.get(key)]
+        rng = random.Random(f"{seed}-{split}")
+        pairs[split] = [("same", key, key) if rng.random() < 0.5 else
+                        ("different", key, both[(index + 1) % len(both)])
+                        for index, key in enumerate(both)]
+    return pairs
+
+
+def write_paraphrase_corpus(first: BibleText, second: BibleText,
+                            pairs: dict[str, list[tuple[str, Key, Key]]], out: Path
+                            ) -> list[Path]:
+    """Write paraphrase_pairs' `pairs` as {split}.tsv (`label<TAB>first's verse<TAB>
+    second's verse`), {split}.keys (`key<TAB>key`) and labels.txt (PARAPHRASE_LABELS),
+    each written whole then renamed; the caller writes corpus.json."""
+    from transduce.data.labelled import LABELS_FILE, write_labelled
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = [atomic.write_text(out / LABELS_FILE,
+                                 "".join(name + "\n" for name in PARAPHRASE_LABELS))]
+    for split, triples in pairs.items():
+        written.append(write_labelled(out / f"{split}.tsv", [label for label, _, _ in triples],
+                                      [first.verses[a] for _, a, _ in triples],
+                                      [second.verses[b] for _, _, b in triples]))
+        written.append(atomic.write_text(out / f"{split}.keys", "".join(
+            f"{format_key(a)}\t{format_key(b)}\n" for _, a, b in triples)))
     return written
 
 

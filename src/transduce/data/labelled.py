@@ -119,10 +119,14 @@ def label_indices(corpus: LabelledCorpus, names: list[str]) -> list[int]:
     return [index[label] for label in corpus.labels]
 
 
-def write_labelled(path: Path, labels: list[str], texts: list[str]) -> Path:
-    """Write a TSV file whole, then rename it into place."""
-    for label, text in zip(labels, texts):
-        if "\t" in label or "\n" in label + text:
-            raise CorpusError(f"{path}: label {label!r} or its text holds a tab or line end")
-    return atomic.write_text(path, "".join(f"{label}\t{' '.join(text.split())}\n"
-                                           for label, text in zip(labels, texts)))
+def write_labelled(path: Path, labels: list[str], texts: list[str],
+                   seconds: list[str] | None = None) -> Path:
+    """Write a TSV file whole (pairs with `seconds`), then rename it into place; each
+    text's whitespace runs become one space."""
+    rows = zip(labels, texts, seconds or [None] * len(texts))
+    lines = []
+    for label, *fields in rows:
+        if "\t" in label or "\n" in label:
+            raise CorpusError(f"{path}: label {label!r} holds a tab or line end")
+        lines.append("\t".join([label, *(" ".join(f.split()) for f in fields if f is not None)]))
+    return atomic.write_text(path, "".join(line + "\n" for line in lines))
