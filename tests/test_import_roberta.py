@@ -310,6 +310,14 @@ def test_command_line_import_names_fresh_heads(roberta_vocab, tmp_path, capsys):
     assert "model_type='bert'" in err and "Traceback" not in err
 
 
+def roberta_classifier(directory, vocab_root):
+    """A random RobertaForSequenceClassification (negative, positive) without dropout,
+    saved with its tokenizer."""
+    return hf_checkpoint(directory, "RobertaForSequenceClassification", vocab_root / "json",
+                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                         **CONFIGS[0])
+
+
 def test_a_classification_batch_gives_transformers_loss(roberta_vocab, tmp_path):
     """Fine-tuning an imported RoBERTa (<pad> at 1): the batch our training builds is
     RobertaTokenizerFast's padded encoding, and transformers'
@@ -318,9 +326,7 @@ def test_a_classification_batch_gives_transformers_loss(roberta_vocab, tmp_path)
     from transduce.train import encoder as encoder_training
     from transduce.train.loop import _training_tokenizer
 
-    hf = hf_checkpoint(tmp_path / "hf", "RobertaForSequenceClassification",
-                       roberta_vocab / "json", hidden_dropout_prob=0.0,
-                       attention_probs_dropout_prob=0.0, **CONFIGS[0])
+    hf = roberta_classifier(tmp_path / "hf", roberta_vocab)
     out = import_roberta(tmp_path / "hf", tmp_path / "ours")
     data = tmp_path / "data"
     data.mkdir()

@@ -19,6 +19,7 @@ from transduce.cli import main
 from transduce.config import TrainConfig
 from transduce.data.batching import (SENTENCEPIECE_LINES, LineSpecials, PackedBatcher,
                                      TokenBatcher, pack_stream)
+from transduce.data.dataset import load_text_split
 from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.data.masking import IGNORE
 from transduce.data.tokenizer import Tokenizer
@@ -187,6 +188,9 @@ def test_an_imported_language_model_trains_on_a_corpus_of_its_own(imported, coun
     dev loss falls, and the result is a model of the same vocabulary that generates and
     is evaluated."""
     family, _, ours = imported
+    tokenizer = training_tokenizer(ours, counting)
+    untrained = loop.evaluate_dev(load_model(ours), load_text_split(counting, "dev", tokenizer),
+                                  tokenizer, train_config(), torch.device("cpu"))["dev_loss"]
     for pack in ("0", "16"):
         run = tmp_path / f"run-{pack}"
         assert main(["train", "--data", str(counting), "--out", str(run), "--init", str(ours),
@@ -196,14 +200,10 @@ def test_an_imported_language_model_trains_on_a_corpus_of_its_own(imported, coun
         assert "an import, no recipe of its own" in printed
         dev = [json.loads(line)["dev_loss"] for line in (run / LOG_NAME).open()
                if '"dev_loss"' in line]
-        untrained = loop.evaluate_dev(load_model(ours), training_data(ours, counting),
-                                      training_tokenizer(ours, counting), train_config(),
-                                      torch.device("cpu"))["dev_loss"]
         assert dev[-1] < 0.6 * untrained, (pack, untrained, dev)
     trained = checkpoint.resolve(run)
     saved = checkpoint.load_tokenizer(trained)
-    assert isinstance(saved, HFTokenizer) and saved.specials == \
-        training_tokenizer(ours, counting).specials
+    assert isinstance(saved, HFTokenizer) and saved.specials == tokenizer.specials
     _, train_cfg = checkpoint.read_configs(trained)
     assert (train_cfg.schedule, train_cfg.label_smoothing) == ("budget", 0.0)
     assert main(["generate", "--model", str(run), "--prompt", "five six",
@@ -213,13 +213,6 @@ def test_an_imported_language_model_trains_on_a_corpus_of_its_own(imported, coun
     assert main(["evaluate", "--model", str(run), "--data", str(counting),
                  "--split", "dev", "--out", str(tmp_path / "eval")]) == 0
     assert "perplexity" in capsys.readouterr().out
-
-
-def training_data(directory, data):
-    """The dev split as the run reads it."""
-    tokenizer = training_tokenizer(directory, data)
-    from transduce.data.dataset import load_text_split
-    return load_text_split(data, "dev", tokenizer, 64)
 
 
 def test_resume_continues_exactly(imported, counting, tmp_path):

@@ -28,7 +28,7 @@ from transduce.model import load_model
 from transduce.train import encoder as encoder_training
 from transduce.train.loop import _training_tokenizer
 from tests.serve.conftest import client_for
-from tests.test_import_roberta import CONFIGS, TEXT, hf_checkpoint, roberta_vocab  # noqa: F401
+from tests.test_import_roberta import TEXT, roberta_classifier, roberta_vocab  # noqa: F401
 from tests.train.test_imported_encoder import VOCAB
 
 transformers = pytest.importorskip("transformers")
@@ -71,9 +71,7 @@ def classifier(request, roberta_vocab, tmp_path_factory):  # noqa: F811 - a fixt
         hf = write_bert(root / "hf")
         ours = import_bert(root / "hf", root / "ours")
     else:
-        hf = hf_checkpoint(root / "hf", "RobertaForSequenceClassification",
-                           roberta_vocab / "json", hidden_dropout_prob=0.0,
-                           attention_probs_dropout_prob=0.0, **CONFIGS[0])
+        hf = roberta_classifier(root / "hf", roberta_vocab)
         ours = import_roberta(root / "hf", root / "ours")
     data = root / "data"
     data.mkdir()

@@ -45,24 +45,16 @@ def register(commands) -> None:
         "bible-genre", help="label each verse of one Bible module with its section of the "
                             "canon (law, history, wisdom, prophets, gospels, letters), in the "
                             "translation corpus's fixed split, for sequence classification")
-    genre.add_argument("--out", type=Path, required=True, help="corpus directory to write")
-    genre.add_argument("--module", default=DEFAULT_TGT_MODULE,
-                       help=f"SWORD module ({', '.join(LANGUAGES)})")
-    genre.add_argument("--language", default=None,
-                       help="language code for corpus.json (default: the module's)")
+    _module_options(genre, f"SWORD module ({', '.join(LANGUAGES)})")
     genre.set_defaults(handler=data_bible_genre)
 
     paraphrase = data_commands.add_parser(
         "bible-paraphrase", help="pairs of verses from two English Bibles, labelled same (one "
                                  "verse in both) or different (a verse and the next), in the "
                                  "translation corpus's fixed split, for classifying pairs")
-    paraphrase.add_argument("--out", type=Path, required=True, help="corpus directory to write")
-    paraphrase.add_argument("--module", default=DEFAULT_TGT_MODULE,
-                            help="SWORD module of the first text of each pair")
+    _module_options(paraphrase, "SWORD module of the first text of each pair")
     paraphrase.add_argument("--second", default=DEFAULT_REF2_MODULE,
                             help="SWORD module of the second text")
-    paraphrase.add_argument("--language", default=None,
-                            help="language code for corpus.json (default: the module's)")
     paraphrase.set_defaults(handler=data_bible_paraphrase)
 
     stats = data_commands.add_parser("stats", help="lengths, filtering and batching of a split "
@@ -114,17 +106,31 @@ def data_bible(args: argparse.Namespace) -> int:
     return 0
 
 
+def _module_options(command: argparse.ArgumentParser, module_help: str) -> None:
+    """--out, --module and --language of a command that writes one module's corpus."""
+    command.add_argument("--out", type=Path, required=True, help="corpus directory to write")
+    command.add_argument("--module", default=DEFAULT_TGT_MODULE, help=module_help)
+    command.add_argument("--language", default=None,
+                         help="language code for corpus.json (default: the module's)")
+
+
 def _verses(args: argparse.Namespace):
     """--module's verses in the fixed split, reported, and their language."""
     from transduce.data import bible
 
-    language = args.language or LANGUAGES.get(args.module)
-    if language is None:
-        raise ConfigError(f"--module {args.module}: its language is not known; give --language")
+    language = _language(args)
     corpus = bible.build_text_corpus(args.module)
     for line in corpus.report:
         print(line)
     return corpus, language
+
+
+def _language(args: argparse.Namespace) -> str:
+    """--language, else --module's known language."""
+    language = args.language or LANGUAGES.get(args.module)
+    if language is None:
+        raise ConfigError(f"--module {args.module}: its language is not known; give --language")
+    return language
 
 
 def data_bible_text(args: argparse.Namespace) -> int:
@@ -168,9 +174,7 @@ def data_bible_paraphrase(args: argparse.Namespace) -> int:
     from transduce.data import bible
     from transduce.data.corpus import write_text_metadata
 
-    language = args.language or LANGUAGES.get(args.module)
-    if language is None:
-        raise ConfigError(f"--module {args.module}: its language is not known; give --language")
+    language = _language(args)
     translation = bible.build_corpus(ref2_module=None)
     first, second = (bible.text_corpus(translation, module)
                      for module in (args.module, args.second))

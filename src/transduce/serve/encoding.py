@@ -38,14 +38,9 @@ def routes(service: Service) -> APIRouter:
         @router.post("/v1/classify", response_model=ClassifyResponse,
                      responses=ERROR_RESPONSES, summary="The most probable label of each text")
         async def classify(body: ClassifyRequest) -> ClassifyResponse:
-            if body.text_pairs is None:
-                cut, tokens = _check(service, body.texts, body.truncate)
-                payload = [(text, None) for text in body.texts]
-            else:
-                cut, tokens = _check_pairs(service, body.texts, body.text_pairs,
-                                           body.truncate)
-                payload = list(zip(body.texts, body.text_pairs))
+            cut, tokens = _check(service, body.texts, body.truncate, body.text_pairs)
             pairs = body.text_pairs is not None
+            payload = list(zip(body.texts, body.text_pairs or [None] * len(body.texts)))
 
             def classify_jobs(jobs):
                 items = [item for job in jobs for item in job.payload]
@@ -61,32 +56,28 @@ def routes(service: Service) -> APIRouter:
     return router
 
 
-def _check(service: Service, texts: list[str], truncate: bool) -> tuple[list[bool], int]:
-    """Limits and the model's length (its positions less [CLS] and [SEP]) -> which texts
+def _check(service: Service, texts: list[str], truncate: bool,
+           seconds: list[str] | None = None) -> tuple[list[bool], int]:
+    """Limits and the model's length (its positions less the item's markers: [CLS] and
+    [SEP], or a pair's three, RoBERTa's four) -> which texts (or pairs, with `seconds`)
     are cut, and the tokens the request adds to a batch."""
     encoder: SentenceEncoder = service.model
+    config = encoder.model.config
     check_texts(texts, service.limits, "texts")
-    limit = encoder.model.config.max_positions - 2
-    lengths = [len(ids) for ids in encoder.tokenizer.encode([t.strip() for t in texts])]
-    return check_tokens(lengths, limit, "texts", truncate), sum(min(n, limit) + 2
+    lengths = _token_counts(encoder, texts)
+    markers = 2
+    if seconds is not None:
+        if len(seconds) != len(texts):
+            raise ApiError(422, f"text_pairs: {len(seconds)} second texts for {len(texts)} "
+                                f"texts; give one for each", "text_pairs")
+        check_texts(seconds, service.limits, "text_pairs")
+        lengths = [a + b for a, b in zip(lengths, _token_counts(encoder, seconds))]
+        markers = 3 + (config.type_vocab_size == 1)      # RoBERTa's <s> A </s></s> B </s>
+    limit = config.max_positions - markers
+    return check_tokens(lengths, limit, "texts", truncate), sum(min(n, limit) + markers
                                                                 for n in lengths)
 
 
-def _check_pairs(service: Service, texts: list[str], seconds: list[str],
-                 truncate: bool) -> tuple[list[bool], int]:
-    """_check for pairs: each text with its second text, both within the limits, and
-    together within the model's positions less the pair's markers."""
-    encoder: SentenceEncoder = service.model
-    if len(seconds) != len(texts):
-        raise ApiError(422, f"text_pairs: {len(seconds)} second texts for {len(texts)} texts; "
-                            f"give one for each", "text_pairs")
-    check_texts(texts, service.limits, "texts")
-    check_texts(seconds, service.limits, "text_pairs")
-    one_segment = encoder.model.config.type_vocab_size == 1   # <s> A </s></s> B </s>
-    limit = encoder.model.config.max_positions - 3 - one_segment
-    encode = encoder.tokenizer.encode
-    pairs = zip(encode([t.strip() for t in texts]), encode([t.strip() for t in seconds]))
-    lengths = [len(a) + len(b) for a, b in pairs]
-    cut = check_tokens(lengths, limit, "texts", truncate)
-    return cut, sum(min(n, limit) + 3 + one_segment for n in lengths)
+def _token_counts(encoder: SentenceEncoder, texts: list[str]) -> list[int]:
+    return [len(ids) for ids in encoder.tokenizer.encode([t.strip() for t in texts])]
 
