@@ -231,7 +231,7 @@ def _ops_on(graph, weight):
 def test_a_tied_embedding_is_stored_once_in_each_graph(tmp_path, tiny_corpus, quantize):
     """The tracer writes the tied matrix (V, C) for the embeddings and (C, V) for the
     output MatMul: the output is a Gemm by the (V, C) table, and no (C, V) copy is kept
-    (int8: the quantizer's own two, one per operator, as before)."""
+    (int8: one int8 (C, V) matrix, the embedding gathering its columns)."""
     model, path = saved_model(tmp_path, tiny_corpus)
     out = export_onnx(path, tmp_path / "onnx", quantize)
     stored = {name: shape for name, (shape, _) in _stored(out / "decoder_step.onnx").items()}
@@ -246,10 +246,39 @@ def test_a_tied_embedding_is_stored_once_in_each_graph(tmp_path, tiny_corpus, qu
         got, _ = step_logits(engine, src, steps, 2)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=0, atol=1e-4)
+        assert [shape for shape, _ in _stored(out / "encoder.onnx").values()].count(
+            (300, 64)) == 1
     else:
-        assert list(stored.values()).count((300, 64)) == 1 and \
-            list(stored.values()).count((64, 300)) == 1
-    assert [shape for shape, _ in _stored(out / "encoder.onnx").values()].count((300, 64)) == 1
+        assert list(stored.values()).count((64, 300)) == 1 and (300, 64) not in stored.values()
+        columns = next(name for name, shape in stored.items() if shape == (64, 300))
+        assert _ops_on(out / "decoder_step.onnx", columns) == ["Gather", "MatMulInteger"]
+        encoder = [shape for shape, _ in _stored(out / "encoder.onnx").values()]
+        assert encoder.count((64, 300)) == 1 and (300, 64) not in encoder
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_a_tied_matrix_under_the_inline_limit_is_stored_once_for_both_graphs(
+        tmp_path, tiny_corpus, monkeypatch, quantize):
+    """Inside the inline limit, a table of SHARED_BYTES or more that both graphs hold
+    (lowered to 1 KB here, as for the 8 MB table of a model of 8,000 ids) moves the
+    decoder step's weights to decoder_step.onnx.data, which the encoder reads it from;
+    the export translates as the one that stores it twice."""
+    from transduce.export import onnx_files
+
+    _, path = saved_model(tmp_path, tiny_corpus, norm_first=True)
+    twice = export_onnx(path, tmp_path / "twice", quantize)
+    monkeypatch.setattr(onnx_files, "SHARED_BYTES", 1024)
+    once = export_onnx(path, tmp_path / "once", quantize)
+    assert not (twice / "decoder_step.onnx.data").exists()
+    where = {shape: file for shape, file in _stored(once / "encoder.onnx").values()}
+    table, size = ((300, 64), 300 * 64 * 4) if quantize is None else ((64, 300), 300 * 64)
+    assert where[table] == "decoder_step.onnx.data" and \
+        not (once / "encoder.onnx.data").exists()
+    sizes = [(d / "encoder.onnx").stat().st_size for d in (twice, once)]
+    assert sizes[0] - sizes[1] > 0.99 * size        # less the entry naming where it is
+    lines = ["el perro come", "uno dos tres casa"]
+    assert Translator.load(once).translate(lines, beam=2) == \
+        Translator.load(twice).translate(lines, beam=2)
 
 
 def test_an_untied_output_is_multiplied_as_traced(tmp_path, tiny_corpus):

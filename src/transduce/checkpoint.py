@@ -87,12 +87,14 @@ def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
     tokenizer object (an HFTokenizer is written as tokenizer.json with its special ids, a
     Tokenizer as the bytes it read).
     origin: how a derived checkpoint was made, with "steps" (the training steps behind it).
-    A classifier's label names (model.labels), an encoder's way of pooling sentence
+    A classifier's label names (model.labels) and what it was fine-tuned to classify
+    (model.classifier_inputs: "texts" or "pairs"), an encoder's way of pooling sentence
     embeddings (model.sentence_embedding), a translation model's language pair
     (model.languages: source, target) and a multilingual one's language codes
     (model.language_codes: code -> id) are written with its configuration."""
     write_tokenizer, section = _tokenizer_writer(tokenizer_path)
     described = {"labels": getattr(model, "labels", None),
+                 "classifier_inputs": getattr(model, "classifier_inputs", None),
                  "sentence_embedding": getattr(model, "sentence_embedding", None),
                  "languages": getattr(model, "languages", None),
                  "language_codes": getattr(model, "language_codes", None)}
@@ -178,7 +180,7 @@ def _tokenizer_section(tokenizer: HFTokenizer) -> dict[str, Any]:
 
 def _write_config(directory: Path, model_config: ModelConfig, train_config: TrainConfig | None,
                   origin: dict[str, Any] | None, tokenizer: dict[str, Any] | None = None,
-                  labels: list[str] | None = None,
+                  labels: list[str] | None = None, classifier_inputs: str | None = None,
                   languages: tuple[str, str] | None = None,
                   language_codes: dict[str, int] | None = None,
                   sentence_embedding: dict[str, Any] | None = None) -> None:
@@ -187,6 +189,7 @@ def _write_config(directory: Path, model_config: ModelConfig, train_config: Trai
               **({"origin": origin} if origin else {}),
               **({"tokenizer": tokenizer} if tokenizer else {}),
               **({"labels": list(labels)} if labels else {}),
+              **({"classifier_inputs": classifier_inputs} if classifier_inputs else {}),
               **({"languages": dict(zip(("source", "target"), languages))} if languages else {}),
               **({"language_codes": dict(language_codes)} if language_codes else {}),
               **({"sentence_embedding": dict(sentence_embedding)} if sentence_embedding
@@ -237,6 +240,20 @@ def read_labels(path: Path) -> list[str] | None:
                                or not all(isinstance(label, str) for label in labels)):
         raise CheckpointError(f"{Path(path) / CONFIG}: \"labels\" must be a list of strings")
     return labels
+
+
+CLASSIFIER_INPUTS = ("texts", "pairs")   # what a classifier was fine-tuned on
+
+
+def read_classifier_inputs(path: Path) -> str | None:
+    """What a classifier checkpoint was fine-tuned to classify: "texts" (one per line) or
+    "pairs" (a text and its second text); None: not recorded (imported classifiers,
+    checkpoints from before it was recorded)."""
+    inputs = _read_config_json(path).get("classifier_inputs")
+    if inputs is not None and inputs not in CLASSIFIER_INPUTS:
+        raise CheckpointError(f"{Path(path) / CONFIG}: \"classifier_inputs\" must be "
+                              f"\"texts\" or \"pairs\", got {inputs!r}")
+    return inputs
 
 
 POOLINGS = ("mean", "cls")   # sentence embeddings: mean over real tokens, or [CLS]'s state
@@ -448,8 +465,8 @@ def average(checkpoints: list[Path], out: Path) -> Path:
     tokenizer_file = TOKENIZER_JSON if section is not None else TOKENIZER
     with atomic.atomic_directory(out) as temporary:
         _write_config(temporary, model_config, train_config, origin, section,
-                      read_labels(last), read_languages(last), read_language_codes(last),
-                      read_sentence_embedding(last))
+                      read_labels(last), read_classifier_inputs(last), read_languages(last),
+                      read_language_codes(last), read_sentence_embedding(last))
         _save_tensors(mean, temporary / WEIGHTS, metadata)
         for name in (tokenizer_file, TARGET_TOKENIZER):
             if name == tokenizer_file or (last / name).is_file():

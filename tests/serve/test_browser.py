@@ -6,6 +6,7 @@ lazily. Also the generate page (server-sent events) and the classify page. Scree
 go to the test's temporary directory.
 """
 
+import copy
 import shutil
 
 import httpx
@@ -182,6 +183,30 @@ def test_encoder_page_classifies(browser_page, encoder):
     labels = [p.label for p in encoder.classify(["uno dos", "el perro"])]
     cells = page.locator("#enc-output tr td:nth-child(2)").all_text_contents()
     assert [cell.split(" ")[0] for cell in cells] == labels
+
+
+def test_encoder_page_classifies_pairs(browser_page, encoder):
+    """A classifier fine-tuned on pairs (/v1/models says so): the page asks for each
+    line's second text, and checks that every line has one before it sends them."""
+    pairs_encoder = copy.copy(encoder)
+    pairs_encoder.classifier_inputs = "pairs"
+    page = browser_page
+    with ServerThread(create_app(pairs_encoder)) as server:
+        page.goto(server.url + "/")
+        page.wait_for_selector("#seconds", state="visible")
+        page.fill("#lines", "uno dos\nel perro")
+        page.fill("#seconds", "el perro")
+        page.click("#classify")
+        page.wait_for_function(
+            "/2 texts but 1 second texts/.test(document.getElementById('enc-status').textContent)")
+        page.fill("#seconds", "el perro\nuno")
+        page.click("#classify")
+        page.wait_for_selector("#enc-output tr")
+    labels = [p.label for p in pairs_encoder.classify(["uno dos", "el perro"],
+                                                      pairs=["el perro", "uno"])]
+    cells = page.locator("#enc-output tr td").all_text_contents()
+    assert cells[0::2] == ["uno dos | el perro", "el perro | uno"]
+    assert [cell.split(" ")[0] for cell in cells[1::2]] == labels
 
 
 def test_the_api_docs_render_with_no_network(browser_page, generator):

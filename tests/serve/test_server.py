@@ -35,7 +35,10 @@ class ServerThread:
         self.socket.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
         self.server = DrainingServer(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]})
+        # A daemon: a server that outlives its test (a client's connection held open)
+        # must not keep the test process from exiting.
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
+                                       daemon=True)
 
     def __enter__(self):
         self.thread.start()
@@ -47,7 +50,10 @@ class ServerThread:
 
     def __exit__(self, *_):
         self.server.should_exit = True
-        self.thread.join(30)
+        self.thread.join(15)
+        if self.thread.is_alive():     # connections that do not close: stop waiting for them
+            self.server.force_exit = True
+            self.thread.join(15)
         self.socket.close()
 
 

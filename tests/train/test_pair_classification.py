@@ -230,3 +230,60 @@ def test_bad_pair_input_is_named(same_or_not, tmp_path, capsys):
                  "--pairs"]) == 1
     assert "in.txt:2: 0 tabs; --pairs reads `text<TAB>second text` lines" in \
         capsys.readouterr().err
+
+
+def test_a_classifier_records_what_it_classifies(same_or_not, tmp_path, capsys):
+    """Fine-tuned on pairs or on single texts, the checkpoint says which (through
+    averaging and the ONNX export); classify, the CLI, evaluate and the server then
+    refuse the other kind of input by name, where they would answer with classes that
+    mean nothing for it. An unrecorded classifier (an import) takes either."""
+    from transduce.config import ConfigError
+    from transduce.export.onnx import export_onnx
+
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for name in ("corpus.json", "spm.model"):
+        (texts / name).write_bytes((same_or_not / name).read_bytes())
+    for split in ("train", "dev", "test"):
+        rows = (same_or_not / f"{split}.tsv").read_text(encoding="utf-8").splitlines()
+        (texts / f"{split}.tsv").write_text("".join(
+            "\t".join(row.split("\t")[:2]) + "\n" for row in rows), encoding="utf-8")
+    common = ["--arch", "encoder", "--preset", "bert-tiny", "--task", "classify",
+              "--max-steps", "1", "--save-every", "1"]
+    for data, name in ((same_or_not, "pairs"), (texts, "texts")):
+        assert main(["train", "--data", str(data), "--out", str(tmp_path / name),
+                     *common]) == 0
+        latest = checkpoint.resolve(tmp_path / name)
+        averaged = checkpoint.average([latest, latest], tmp_path / f"{name}-average")
+        for path in (latest, averaged):
+            assert checkpoint.read_classifier_inputs(path) == name, path
+    pairs_model = SentenceEncoder.load(tmp_path / "pairs")
+    onnx_model = SentenceEncoder.load(export_onnx(tmp_path / "pairs", tmp_path / "onnx"))
+    for encoder in (pairs_model, onnx_model):
+        assert len(encoder.classify(["one"], pairs=["one"])) == 1
+        with pytest.raises(ConfigError, match="fine-tuned on pairs of texts: give each text "
+                                              "its second text"):
+            encoder.classify(["one"])
+    with pytest.raises(ConfigError, match="fine-tuned on single texts, not pairs"):
+        SentenceEncoder.load(tmp_path / "texts").classify(["one"], pairs=["one"])
+    (tmp_path / "in.txt").write_text("one two\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["classify", "--model", str(tmp_path / "pairs"),
+                 "--input", str(tmp_path / "in.txt")]) == 2
+    assert "--pairs FILE on the command line" in capsys.readouterr().err
+    assert main(["evaluate", "--model", str(tmp_path / "texts"), "--data", str(same_or_not),
+                 "--split", "test", "--out", str(tmp_path / "test")]) == 2
+    assert "fine-tuned on single texts" in capsys.readouterr().err
+    with client_for(pairs_model, max_chars=100, max_texts=16) as client:
+        assert client.get("/v1/models").json()["data"][0]["classifier_inputs"] == "pairs"
+        answer = client.post("/v1/classify", json={"texts": ["one"]})
+        assert answer.status_code == 422 and answer.json()["field"] == "text_pairs"
+        assert "fine-tuned on pairs of texts" in answer.text
+    pairs_model.classifier_inputs = None                  # as an import: either kind
+    assert len(pairs_model.classify(["one"])) == 1
+    config = json.loads((averaged / checkpoint.CONFIG).read_text(encoding="utf-8"))
+    (averaged / checkpoint.CONFIG).write_text(json.dumps({**config, "classifier_inputs":
+                                                          "triples"}), encoding="utf-8")
+    with pytest.raises(checkpoint.CheckpointError, match='config.json: "classifier_inputs" '
+                                                         'must be "texts" or "pairs"'):
+        SentenceEncoder.load(averaged)

@@ -38,7 +38,8 @@ def register(commands) -> None:
     onnx.add_argument("out", type=Path, help="directory to write")
     onnx.add_argument("--force", action="store_true", help=FORCE_HELP)
     onnx.add_argument("--quantize", default=None, choices=("int8",),
-                      help="int8: weights int8 per channel (ONNX Runtime dynamic quantization)")
+                      help="int8: weights int8 per channel (ONNX Runtime dynamic quantization; "
+                           "a tied embedding once, a scale per token)")
     onnx.set_defaults(handler=export_onnx)
 
 

@@ -65,6 +65,7 @@ class SentenceEncoder:
         if isinstance(model, OnnxSentenceEncoder):
             check_onnx_settings(dtype, None, device)
             self.labels, self.model = model.labels, model
+            self.classifier_inputs = model.classifier_inputs
             self.embedding_defaults = embedding_defaults(model.sentence_embedding)
             self.tokenizer, self.device = tokenizer, torch.device("cpu")
             return
@@ -73,6 +74,7 @@ class SentenceEncoder:
                               f"'encoder'); this one is arch={model.config.arch!r}")
         dtype = decoding_dtype(dtype, device)
         self.labels = model.labels
+        self.classifier_inputs = getattr(model, "classifier_inputs", None)
         self.embedding_defaults = embedding_defaults(model.sentence_embedding)
         self.model = decoding_copy(model, getattr(torch, dtype), device, in_place=in_place)
         self.tokenizer, self.device = tokenizer, torch.device(device)
@@ -96,6 +98,7 @@ class SentenceEncoder:
         if not self.classifies:
             raise ConfigError("this model has no classification head: fine-tune it with "
                               "`transduce train --task classify --init MODEL`")
+        self.check_inputs(pairs is not None)
         names = self.labels or [str(i) for i in range(self.model.config.num_labels)]
         probabilities = np.zeros((len(lines), len(names)), dtype=np.float32)
         for indices, ids, segments in self._batches(lines, batch_tokens, first_line_number,
@@ -123,6 +126,18 @@ class SentenceEncoder:
                 pooled = torch.nn.functional.normalize(pooled, dim=-1)
             vectors[indices] = pooled.cpu().numpy()
         return vectors
+
+    def check_inputs(self, pairs: bool) -> None:
+        """A ConfigError if the classifier records that it was fine-tuned on the other
+        kind of input: its classes mean nothing for single texts if it learned them on
+        pairs, and the other way round (an unrecorded one takes either)."""
+        if self.classifier_inputs == "pairs" and not pairs:
+            raise ConfigError("this classifier was fine-tuned on pairs of texts: give each "
+                              "text its second text (--pairs FILE on the command line, "
+                              "pairs= in Python, \"text_pairs\" in a request)")
+        if self.classifier_inputs == "texts" and pairs:
+            raise ConfigError("this classifier was fine-tuned on single texts, not pairs: "
+                              "classify the texts without second texts")
 
     @property
     def classifies(self) -> bool:

@@ -24,6 +24,7 @@ class OnnxSentenceEncoder(ExportedModel):
         directory = Path(directory)
         super().__init__(directory, "encoder", "classify and embed need an encoder-only model")
         self.labels = checkpoint.read_labels(directory)
+        self.classifier_inputs = checkpoint.read_classifier_inputs(directory)
         self.sentence_embedding = checkpoint.read_sentence_embedding(directory)
         self.session = open_session(directory, SENTENCE_ENCODER, threads)
 

@@ -44,8 +44,9 @@ from transduce.attention.kv_cache import ConcatKVCache
 from transduce.export.common import ExportError, not_a_plain_transformer
 from transduce.export.onnx_decoder import export_language_model
 from transduce.export.onnx_encoder import export_sentence_encoder
-from transduce.export.onnx_files import has_weight_files, rewrite_graph, \
+from transduce.export.onnx_files import has_weight_files, rewrite_graph, save_graph, \
     share_stored_weights, traced_graph
+from transduce.export.onnx_int8_tables import quantize_tables
 from transduce.model import DecoderOnly, EncoderOnly, Transformer, load_model
 from transduce.onnx_format import DECODER_STEP, ENCODER, INFO, cache_names
 
@@ -154,8 +155,10 @@ def export_onnx(path: Path, out: Path, quantize: str | None = None) -> Path:
             graphs = _export_encoder_decoder(model, temporary)
         for name in graphs:
             onnx.checker.check_model(str(temporary / name), full_check=True)
-            if quantize == "int8":
-                _quantize_int8(temporary / name)
+        tied: set[str] = set()
+        if quantize == "int8":    # the step's tied table first, then the encoder's copy
+            for name in sorted(graphs, key=lambda name: name == ENCODER):
+                tied |= _quantize_int8(temporary / name, tied)
         if graphs == [ENCODER, DECODER_STEP]:    # the tied embedding, stored once
             share_stored_weights(temporary / ENCODER, temporary / DECODER_STEP)
         for name in (checkpoint.CONFIG, checkpoint.TOKENIZER, checkpoint.TARGET_TOKENIZER,
@@ -207,17 +210,26 @@ def _export_encoder_decoder(model: Transformer, out: Path) -> list[str]:
     return [ENCODER, DECODER_STEP]
 
 
-def _quantize_int8(graph: Path) -> None:
-    """Linear and MatMul weights to int8 per channel, activations quantized per call."""
+def _quantize_int8(graph: Path, tied_elsewhere: set[str]) -> set[str]:
+    """Linear and MatMul weights to int8 per channel, activations quantized per call; a
+    tied table once for its embedding and product (onnx_int8_tables) -> the tied tables'
+    digests."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    model = onnx.load(str(graph))
+    ours, tied = quantize_tables(model, tied_elsewhere)
+    save_graph(model, graph)
+    del model
     quantized = graph.with_suffix(".int8.onnx")
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)   # its advice on pre-processing is for image models
     try:
         quantize_dynamic(str(graph), str(quantized), weight_type=QuantType.QInt8,
-                         per_channel=True, use_external_data_format=has_weight_files(graph))
+                         per_channel=True, nodes_to_exclude=ours,
+                         use_external_data_format=has_weight_files(graph))
     finally:
         root.setLevel(level)
     rewrite_graph(quantized, graph)      # (its weights inside it, or in GRAPH.data)
+    return tied

@@ -1,6 +1,7 @@
 """Where an exported graph's weights go: inside the graph, or, past protobuf's 2 GB limit
 on one message (NLLB-600M's decoder step is 2.6 GB), in one file beside it, GRAPH.data;
-and a weight two graphs hold, once (the tied embedding: onnx_tied.py).
+and a weight two graphs hold, once (the tied embedding: onnx_tied.py; in int8,
+onnx_int8_tables.py), in the decoder step's GRAPH.data, where the encoder reads it.
 
 torch.onnx.export writes each weight of a graph over the limit as a file of its own,
 named after the weight (onnx__MatMul_3838, ...): a hundred files, and names that two
@@ -51,18 +52,21 @@ def rewrite_graph(source: Path, path: Path) -> None:
         (source.parent / name).unlink()
     if path != source:
         source.unlink()
-    _save(model, path)
+    save_graph(model, path)
 
 
 def share_stored_weights(path: Path, donor: Path) -> int:
     """The weights of the graph at `path` that the graph at `donor` stores in its
-    GRAPH.data, byte for byte, are read from there; PATH.data is written without them
+    GRAPH.data, byte for byte, are read from there (a donor holding such a weight inside
+    its graph stores its weights in GRAPH.data first); PATH.data is written without them
     -> the bytes no longer stored twice."""
     import onnx
 
+    _store_apart_if_shared(path, donor)
     donated = _stored_tensors(donor)
     if not donated:
         return 0
+    apart = path.with_name(path.name + ".data").is_file()
     model = onnx.load(str(path))
     shared = 0
     for tensor in _initializers(model):
@@ -75,8 +79,25 @@ def share_stored_weights(path: Path, donor: Path) -> int:
             for entry_key, value in donated[key].items():
                 tensor.external_data.add(key=entry_key, value=value)
     if shared:
-        _save(model, path, external=True)      # as the rest was: kept out of the graph
+        save_graph(model, path, external=apart)     # the rest where it was
     return shared
+
+
+def _store_apart_if_shared(path: Path, donor: Path) -> None:
+    """A donor that keeps its weights inside its graph (under INLINE_BYTES: an int8
+    export, a model of a few hundred MB) and holds a weight of SHARED_BYTES or more that
+    the graph at `path` holds too, has them written to DONOR.data, where `path` can read
+    them."""
+    import onnx
+
+    if donor.with_name(donor.name + ".data").is_file():
+        return
+    model = onnx.load(str(donor))
+    theirs = {_key(t, [t.raw_data]) for t in _initializers(onnx.load(str(path)))
+              if len(t.raw_data) >= SHARED_BYTES}
+    if any(len(t.raw_data) >= SHARED_BYTES and _key(t, [t.raw_data]) in theirs
+           for t in _initializers(model)):
+        save_graph(model, donor, external=True)
 
 
 def _stored_tensors(graph: Path) -> dict[tuple, dict[str, str]]:
@@ -116,7 +137,7 @@ def _key(tensor, pieces) -> tuple:
     return tuple(tensor.dims), tensor.data_type, digest.hexdigest()
 
 
-def _save(model, path: Path, external: bool | None = None) -> None:
+def save_graph(model, path: Path, external: bool | None = None) -> None:
     """The graph at `path`, its weights (those it holds: some may be read from another
     graph's file) inside it, or in PATH.data (`external`; default: when they pass
     INLINE_BYTES)."""

@@ -86,6 +86,7 @@ def load_model(path: Path | str, device: torch.device | str = "cpu") -> Model:
     checkpoint.load_weights(model, path, device)
     if isinstance(model, EncoderOnly):
         model.labels = checkpoint.read_labels(path)
+        model.classifier_inputs = checkpoint.read_classifier_inputs(path)
         model.sentence_embedding = checkpoint.read_sentence_embedding(path)
     elif config.arch != "decoder":
         model.languages = checkpoint.read_languages(path)

@@ -175,5 +175,6 @@ def describe(service: Service, kind: str) -> dict:
         info["attention_maps"] = translation.serves_attention_maps(model)
     if kind == "encoder":
         info["labels"] = model.labels
+        info["classifier_inputs"] = model.classifier_inputs   # "pairs": send text_pairs
         info["sentence_embedding"] = model.embedding_defaults   # what /v1/embed does unasked
     return info

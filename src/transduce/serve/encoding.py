@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from transduce.config import ConfigError
 from transduce.decode.encode import SentenceEncoder
 from transduce.serve.limits import ApiError, check_texts, check_tokens
 from transduce.serve.schemas import ClassifyRequest, ClassifyResponse, EmbedRequest, \
@@ -38,6 +39,10 @@ def routes(service: Service) -> APIRouter:
         @router.post("/v1/classify", response_model=ClassifyResponse,
                      responses=ERROR_RESPONSES, summary="The most probable label of each text")
         async def classify(body: ClassifyRequest) -> ClassifyResponse:
+            try:
+                encoder.check_inputs(body.text_pairs is not None)
+            except ConfigError as error:
+                raise ApiError(422, f"text_pairs: {error}", "text_pairs") from None
             cut, tokens = _check(service, body.texts, body.truncate, body.text_pairs)
             pairs = body.text_pairs is not None
             payload = list(zip(body.texts, body.text_pairs or [None] * len(body.texts)))

@@ -175,6 +175,8 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     labels = list(train_split.names) \
         if isinstance(train_split, encoder_training.TokenizedLabelled) else None
     model = _initial_model(model_config, train_config, labels, init, resume, rank, device)
+    if labels is not None:     # and what they label, which classify then asks for
+        model.classifier_inputs = "texts" if train_split.second_ids is None else "pairs"
     if model_config.arch not in ("encoder", "decoder"):
         # Checkpoints record the pair (a multilingual model's as its codes name it).
         model.languages = given.languages or language_pair(data_dir)

@@ -99,6 +99,7 @@ def plain_model(model: Model) -> Model:
     plain = empty_model(model.config)
     if getattr(model, "labels", None) is not None:
         plain.labels = list(model.labels)
+        plain.classifier_inputs = getattr(model, "classifier_inputs", None)
     if getattr(model, "languages", None) is not None:
         plain.languages = model.languages
     if getattr(model, "language_codes", None) is not None:

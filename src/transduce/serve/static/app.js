@@ -6,7 +6,7 @@
 const $ = (id) => document.getElementById(id);
 const KIND = document.body.dataset.kind;
 const state = { meta: null, maps: {}, kind: "cross", layer: 1, head: "1", hover: null,
-                request: null, attentionMaps: true };
+                request: null, attentionMaps: true, pairs: false };
 
 async function api(path, body) {
   const response = await fetch(path, { method: "POST", body: JSON.stringify(body),
@@ -348,18 +348,31 @@ function onEvent(block) {
   else setStatus("gen-status", data.error, true);
 }
 
+function linesOf(id) {
+  return $(id).value.split("\n").filter((line) => line.trim());
+}
+
 async function encode(path) {
-  const texts = $("lines").value.split("\n").filter((line) => line.trim());
+  const texts = linesOf("lines");
   if (!texts.length) return setStatus("enc-status", "type a line first", true);
+  const body = { texts };
+  const pairs = state.pairs && path === "/v1/classify";   // a classifier of pairs
+  if (pairs) {
+    body.text_pairs = linesOf("seconds");
+    if (body.text_pairs.length !== texts.length) {
+      return setStatus("enc-status", `${texts.length} texts but ${body.text_pairs.length} ` +
+                       "second texts: give each line its second text", true);
+    }
+  }
   try {
-    const data = await api(path, { texts });
+    const data = await api(path, body);
     const rows = texts.map((text, i) => {
       const tr = document.createElement("tr");
       const value = path === "/v1/classify"
         ? `${data.predictions[i].label} (${data.predictions[i].probability.toFixed(3)})`
         : `[${data.embeddings[i].slice(0, 4).map((v) => v.toFixed(3)).join(", ")}, …] ` +
           `(${data.dimensions} dims)`;
-      for (const cellText of [text, value]) {
+      for (const cellText of [pairs ? `${text} | ${body.text_pairs[i]}` : text, value]) {
         const td = document.createElement("td");
         td.textContent = cellText;
         tr.append(td);
@@ -385,6 +398,8 @@ async function start() {
     $("model-info").textContent = `${model.id} · ${model.kind}${pair}${size}`;
     state.attentionMaps = model.attention_maps !== false;
     if (model.language_codes) setUpLanguages(model.language_codes, languages);
+    state.pairs = model.classifier_inputs === "pairs";
+    $("seconds").hidden = !state.pairs;
   } catch (error) { /* the page still works */ }
   if (KIND === "translation") {
     $("translate-panel").hidden = false;
