@@ -13,12 +13,14 @@ Shapes (random float32 weights, tied embeddings):
                tokens, then 16 one-token steps on 4 beams each (32 rows)
 
 For each: the bytes on disk; the resident memory a process holds with the sessions open
-after one call (VmRSS, less the interpreter's before loading; the median of three
-fresh processes, one after the other); the seconds of a call, the peers interleaved within each of
---repeats rounds after a warm-up, median; and how far each int8 export's logits are
-from the float32 export's on that call's inputs (the root mean square of the
-difference over every step's logits / that of the float32 logits). Writes JSON with the
-machine's description.
+after one call, less the interpreter's before loading, in all (VmRSS) and split into
+anonymous memory (RssAnon) and pages of the files mapped (RssFile: page cache the
+system can reclaim; pages two sessions map are counted twice), the median of three
+fresh processes, one after the other; the seconds of a call, the peers interleaved
+within each of --repeats rounds after a warm-up, median; and how far each int8
+export's logits are from the float32 export's on that call's inputs (the root mean
+square of the difference over every step's logits / that of the float32 logits).
+Writes JSON with the machine's description.
 
     python bench/onnx_int8.py [--shapes gpt2 nllb-600m] [--repeats 5] [--work DIR]
 """
@@ -70,10 +72,11 @@ def run(args: argparse.Namespace, work: Path) -> None:
 
     results = {"machine": machine_info(torch.get_num_threads()), "repeats": args.repeats,
                "method": "median seconds of a call, the peers interleaved in each round; "
-                         "resident memory with the sessions open after one call, the "
-                         "median of 3 fresh processes; logit_error: the root mean square "
-                         "of the logits' difference from float32's over every step / "
-                         "that of float32's logits", "shapes": {}}
+                         "resident memory (VmRSS, RssAnon, RssFile) with the sessions "
+                         "open after one call, the median of 3 fresh processes; "
+                         "logit_error: the root mean square of the logits' difference "
+                         "from float32's over every step / that of float32's logits",
+               "shapes": {}}
     for shape in args.shapes:
         exports = prepared(shape, work)
         engines = {peer: engine_of(path) for peer, path in exports.items()}
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
                           if f.suffix in (".onnx", ".data")},
                 "seconds": statistics.median(times[peer]),
                 "all_seconds": times[peer],
-                "resident_bytes": resident_in_child(path),
+                "resident_bytes": resident_in_child(path),   # VmRSS, RssAnon, RssFile
                 "logit_error": float((logits - reference).square().mean().sqrt()
                                      / reference.square().mean().sqrt()),
             }
@@ -187,20 +190,25 @@ def one_call(engine, steps: list | None = None):
             steps.append(logits)
 
 
-def resident_in_child(path: Path, processes: int = 3) -> int:
-    """The median over `processes` fresh processes (what the allocators keep varies)."""
-    return int(statistics.median(
-        int(subprocess.run([sys.executable, __file__, "--child", str(path)], check=True,
-                           capture_output=True, text=True).stdout.split()[-1])
-        for _ in range(processes)))
+RESIDENT = ("VmRSS", "RssAnon", "RssFile")
+
+
+def resident_in_child(path: Path, processes: int = 3) -> dict[str, int]:
+    """Each of RESIDENT's bytes, the median over `processes` fresh processes (what the
+    allocators keep varies)."""
+    runs = [json.loads(subprocess.run([sys.executable, __file__, "--child", str(path)],
+                                      check=True, capture_output=True,
+                                      text=True).stdout.splitlines()[-1])
+            for _ in range(processes)]
+    return {field: int(statistics.median(run[field] for run in runs)) for field in RESIDENT}
 
 
 def child(path: Path) -> None:
-    """Print the resident bytes the export's sessions hold after one call."""
-    def resident() -> int:
+    """Print the resident bytes the export's sessions hold after one call, as JSON."""
+    def resident() -> dict[str, int]:
         with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) * 1024 for line in status
-                        if line.startswith("VmRSS:"))
+            fields = dict(line.split(":", 1) for line in status)
+        return {field: int(fields[field].split()[0]) * 1024 for field in RESIDENT}
 
     import transduce.decode.onnx_engine  # noqa: F401  (the libraries, before the baseline)
     import transduce.decode.onnx_lm_engine  # noqa: F401
@@ -208,7 +216,8 @@ def child(path: Path) -> None:
     before = resident()
     engine = engine_of(path)
     one_call(engine)
-    print(resident() - before)
+    after = resident()
+    print(json.dumps({field: after[field] - before[field] for field in RESIDENT}))
 
 
 if __name__ == "__main__":
