@@ -1,4 +1,4 @@
-"""The int8 ONNX export (`export onnx --quantize int8`), whose embedding tables are
+"""The int8 ONNX export (`export onnx --quantize int8`), whose tied embedding table is
 quantized once by the export (export/onnx_int8_tables.py), against ONNX Runtime's
 quantizer alone (`quantize_dynamic` on each graph of the float32 export, per channel:
 what the export wrote before, and what one gets running the quantizer on a float
