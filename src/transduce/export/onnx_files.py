@@ -62,40 +62,37 @@ def share_stored_weights(path: Path, donor: Path) -> int:
     -> the bytes no longer stored twice."""
     import onnx
 
-    _store_apart_if_shared(path, donor)
-    donated = _stored_tensors(donor)
-    if not donated:
-        return 0
     apart = path.with_name(path.name + ".data").is_file()
     model = onnx.load(str(path))
+    held = {_key(tensor, [tensor.raw_data]): tensor for tensor in _initializers(model)
+            if len(tensor.raw_data) >= SHARED_BYTES}
+    _store_apart_if_shared(held.keys(), donor)
+    donated = _stored_tensors(donor)
     shared = 0
-    for tensor in _initializers(model):
-        key = _key(tensor, [tensor.raw_data]) if len(tensor.raw_data) >= SHARED_BYTES else None
-        if key in donated:
-            shared += len(tensor.raw_data)
-            tensor.ClearField("raw_data")
-            tensor.data_location = onnx.TensorProto.EXTERNAL
-            del tensor.external_data[:]
-            for entry_key, value in donated[key].items():
-                tensor.external_data.add(key=entry_key, value=value)
+    for key in held.keys() & donated.keys():
+        tensor = held[key]
+        shared += len(tensor.raw_data)
+        tensor.ClearField("raw_data")
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        del tensor.external_data[:]
+        for entry_key, value in donated[key].items():
+            tensor.external_data.add(key=entry_key, value=value)
     if shared:
         save_graph(model, path, external=apart)     # the rest where it was
     return shared
 
 
-def _store_apart_if_shared(path: Path, donor: Path) -> None:
+def _store_apart_if_shared(keys, donor: Path) -> None:
     """A donor that keeps its weights inside its graph (under INLINE_BYTES: an int8
-    export, a model of a few hundred MB) and holds a weight of SHARED_BYTES or more that
-    the graph at `path` holds too, has them written to DONOR.data, where `path` can read
-    them."""
+    export, a model of a few hundred MB) and holds a weight whose _key is among `keys`
+    (another graph's weights of SHARED_BYTES or more) has them written to DONOR.data,
+    where the other graph can read them."""
     import onnx
 
-    if donor.with_name(donor.name + ".data").is_file():
+    if not keys or donor.with_name(donor.name + ".data").is_file():
         return
     model = onnx.load(str(donor))
-    theirs = {_key(t, [t.raw_data]) for t in _initializers(onnx.load(str(path)))
-              if len(t.raw_data) >= SHARED_BYTES}
-    if any(len(t.raw_data) >= SHARED_BYTES and _key(t, [t.raw_data]) in theirs
+    if any(len(t.raw_data) >= SHARED_BYTES and _key(t, [t.raw_data]) in keys
            for t in _initializers(model)):
         save_graph(model, donor, external=True)
 

@@ -61,7 +61,8 @@ def _tied_tables(graph, weights: dict, tied_elsewhere: set[str]) -> dict[str, st
                 and len(weights[node.input[0]].dims) == 2
                 and weights[node.input[0]].data_type == TensorProto.FLOAT}
     multiplied = {node.input[1] for node in graph.node if _a_product_by_table(node)}
-    digests = {name: _digest(weights[name]) for name in gathered}
+    digests = {name: _digest(weights[name]) for name in gathered       # (hashed only
+               if name in multiplied or tied_elsewhere}                   # when needed)
     return {name: digest for name, digest in digests.items()
             if name in multiplied or digest in tied_elsewhere}
 
