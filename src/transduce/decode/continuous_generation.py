@@ -116,7 +116,7 @@ class ContinuousGeneration:
         tags come back with their continuations. options: the prompts' settings, one for
         all or one each (None: the generation's); seeds: one per prompt, an integer for
         each sampled one (None for a greedy one)."""
-        prompts = [list(ids) for ids in prompts]
+        prompts = [ids if isinstance(ids, list) else list(ids) for ids in prompts]  # ReplyIds
         settings = self._settings(prompts, tags, seeds, options)
         first, count, before = len(self.rows), len(prompts), max(map(len, prompts)) - 1
         self._make_room(first + count, before)

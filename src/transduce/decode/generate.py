@@ -4,6 +4,11 @@
     generator.generate(["In the beginning"], max_new_tokens=40)          # -> [str]
     for text in generator.stream("In the beginning", temperature=0.8, seed=1):
         print(text, end="", flush=True)                                   # whole words
+    generator.chat([{"role": "user", "content": "Hi!"}])   # an instruct model's reply
+
+A prompt is a text, continued as it is, or a Chat (data/chat.py), a conversation that
+the model's chat template lays out with the opening of the assistant's turn, so that
+what the model generates is its reply.
 
 N prompts in give N continuations out, in order. Prompts are sorted by length and
 generated in left-padded batches (model/decoder_only.py): each row's positions and mask
@@ -23,6 +28,7 @@ from torch import Tensor
 
 from transduce import checkpoint
 from transduce.config import ConfigError, choices
+from transduce.data.chat import Chat
 from transduce.data.tokenizer import TextTokenizer
 from transduce.decode.inputs import checked_texts
 from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
@@ -55,17 +61,22 @@ class Continuation:
     tokenizer: TextTokenizer
     stops: tuple[str, ...]
     context: list[int] = field(default_factory=list)   # the prompt's last tokens
+    ends: frozenset[int] = frozenset()   # tokens that end it as eos does (stop_ids)
     tokens: list[int] = field(default_factory=list)
     limit: int | None = None          # tokens at most (where the context ends)
     finished: bool = False
+    ended: bool = False               # finished by eos, an end token or a stop string
+    end_token: int | None = None      # the token that ended it, if one did
     streamed: int = 0
     _text: str = ""
     _decoded: int = 0     # tokens behind _text
 
     def add(self, token: int) -> None:
-        """Take one generated token; eos or a stop string finishes the row."""
-        if token == self.tokenizer.eos_id:
-            self.finished = True
+        """Take one generated token; eos (or an end token) or a stop string finishes the
+        row."""
+        if token == self.tokenizer.eos_id or token in self.ends:
+            self.finished = self.ended = True
+            self.end_token = token
             return
         self.tokens.append(token)
         if self.stops:
@@ -76,6 +87,14 @@ class Continuation:
     def set_tokens(self, tokens: list[int]) -> None:
         """A whole continuation at once (beam search)."""
         self.tokens, self.finished = list(tokens), True
+        self.ended = self.limit is None or len(self.tokens) < self.limit
+
+    @property
+    def finish_reason(self) -> str:
+        """"stop" where it ended by itself (an end token or a stop string), "length"
+        where it was cut at its limit (OpenAI's names)."""
+        _ = self.text        # decoded: a stop string in a beam's continuation is found
+        return "stop" if self.ended else "length"
 
     @property
     def text(self) -> str:
@@ -92,7 +111,7 @@ class Continuation:
                 text = joined[len(before):]
         found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
         if found:
-            text, self.finished = text[:min(found)], True
+            text, self.finished, self.ended = text[:min(found)], True, True
         self._text, self._decoded = text, len(self.tokens)
 
     def take(self) -> str:
@@ -111,6 +130,10 @@ class Continuation:
         held = max((k for stop in self.stops for k in range(1, len(stop))
                     if text.endswith(stop[:k])), default=0)
         return min(words_end, len(text) - held)
+
+
+class ReplyIds(list):
+    """A Chat's prompt ids (Generator.encode): what follows is the assistant's reply."""
 
 
 class Generator:
@@ -146,6 +169,11 @@ class Generator:
         self.tokenizer, self.device = tokenizer, torch.device(device)
         self.cache_dtype = getattr(torch, kv_dtype) if kv_dtype else None
 
+    @property
+    def end_ids(self) -> tuple[int, ...]:
+        """The tokens that end a continuation: eos, and an instruct model's others."""
+        return (self.tokenizer.eos_id, *getattr(self.tokenizer, "stop_ids", ()))
+
     @classmethod
     def load(cls, path: Path | str, device: torch.device | str = "cpu",
              dtype: DecodeDtype = "float32", kv_dtype: KvDtype | None = None,
@@ -164,28 +192,41 @@ class Generator:
         """Positions the model reads: prompt and continuation together."""
         return self.model.config.max_positions
 
-    def generate(self, prompts: Sequence[str], options: GenerateOptions | None = None, *,
-                 first_number: int = 1, seeds: Sequence[int] | None = None,
+    def generate(self, prompts: Sequence[str | Chat], options: GenerateOptions | None = None,
+                 *, first_number: int = 1, seeds: Sequence[int] | None = None,
                  **settings) -> list[str]:
         """The continuation of each prompt. options, or its fields as keyword arguments
         (max_new_tokens, temperature, top_k, top_p, seed, repetition_penalty, stop, beam,
         alpha, batch_sentences). Sampling draws each prompt from its own seed: `seeds`,
         or prompt_seeds(options.seed). Errors count prompts from first_number."""
+        return [row.text for row in self.generate_rows(prompts, options,
+                                                       first_number=first_number,
+                                                       seeds=seeds, **settings)]
+
+    def generate_rows(self, prompts: Sequence[str | Chat],
+                      options: GenerateOptions | None = None, *, first_number: int = 1,
+                      seeds: Sequence[int] | None = None, **settings) -> list[Continuation]:
+        """generate()'s continuations whole: their tokens and why each ended, too."""
         options = options or GenerateOptions(**settings)
         ids = self.encode(prompts, first_number)
         seeds = self._seeds(options, seeds, len(ids))
-        results = [""] * len(prompts)
+        found: dict[int, Continuation] = {}
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         for first in range(0, len(order), options.batch_sentences):
             batch = order[first:first + options.batch_sentences]
             rows = self._generate_batch([ids[i] for i in batch], options,
                                         seeds and [seeds[i] for i in batch])
-            for index, row in zip(batch, rows):
-                results[index] = row.text
-        return results
+            found.update(zip(batch, rows))
+        return [found[index] for index in range(len(ids))]
 
-    def stream(self, prompt: str, options: GenerateOptions | None = None, *, number: int = 1,
-               seed: int | None = None, **settings) -> Iterator[str]:
+    def chat(self, messages: Sequence[dict] | Chat, options: GenerateOptions | None = None,
+             **settings) -> str:
+        """The model's reply to one conversation ({"role": ..., "content": ...} messages,
+        the last the user's), laid out by its chat template; generate()'s settings."""
+        return self.generate([Chat.of(messages)], options, **settings)[0]
+
+    def stream(self, prompt: str | Chat, options: GenerateOptions | None = None, *,
+               number: int = 1, seed: int | None = None, **settings) -> Iterator[str]:
         """The continuation of one prompt as it is generated, in pieces of whole words;
         the pieces joined are generate([prompt], seeds=[seed])[0] (seed None: the
         options' seed). Errors call it prompt `number`."""
@@ -201,13 +242,22 @@ class Generator:
             if text:
                 yield text
 
-    def stream_batch(self, prompts: Sequence[str], options: GenerateOptions | None = None, *,
-                     first_number: int = 1, seeds: Sequence[int] | None = None,
-                     **settings) -> Iterator[list[str]]:
+    def stream_batch(self, prompts: Sequence[str | Chat],
+                     options: GenerateOptions | None = None, *, first_number: int = 1,
+                     seeds: Sequence[int] | None = None, **settings) -> Iterator[list[str]]:
         """Several prompts generated in one batch, streamed: after each step, the new text
         of every prompt in whole words ("" where there is none yet); a server streams its
         clients so. Each prompt's pieces joined are its generate() continuation (with the
         same seeds)."""
+        for rows in self.stream_rows(prompts, options, first_number=first_number,
+                                     seeds=seeds, **settings):
+            yield [row.take() for row in rows]
+
+    def stream_rows(self, prompts: Sequence[str | Chat],
+                    options: GenerateOptions | None = None, *, first_number: int = 1,
+                    seeds: Sequence[int] | None = None,
+                    **settings) -> Iterator[list[Continuation]]:
+        """stream_batch()'s continuations, in the prompts' order, after each step."""
         options = options or GenerateOptions(**settings)
         if options.beam > 1:
             raise ConfigError("streaming shows greedy or sampled tokens as they come; beam "
@@ -219,21 +269,38 @@ class Generator:
         prompt_ids, mask, max_new, rows = self._prepare([ids[i] for i in order], options)
         sampler = self._sampler(options, seeds and [seeds[i] for i in order])
         for _ in self._steps(prompt_ids, mask, rows, max_new, options, sampler):
-            yield [rows[row_of[i]].take() for i in range(len(ids))]
+            yield [rows[row_of[i]] for i in range(len(ids))]
 
-    def encode(self, prompts: Sequence[str], first_number: int = 1) -> list[list[int]]:
-        """Each prompt's ids (bos first where the model was trained so); an empty prompt
-        is bos alone, so the model generates from nothing, as it began its training
-        sequences; one that fills the context is a PromptError naming it."""
-        prompts = checked_texts(prompts, "prompt", first_number)
+    def encode(self, prompts: Sequence[str | Chat], first_number: int = 1
+               ) -> list[list[int]]:
+        """Each prompt's ids: a text's with bos first where the model was trained so (an
+        empty one is bos alone, so the model generates from nothing, as it began its
+        training sequences), a Chat's as its template lays it out; one that fills the
+        context is a PromptError naming it."""
+        prompts = _checked_prompts(prompts, first_number)
+        texts = [self.chat_text(p) if isinstance(p, Chat) else p for p in prompts]
         encoded = []
-        for number, ids in enumerate(self.tokenizer.encode(list(prompts)), start=first_number):
-            ids = with_bos(ids, self.tokenizer)
+        for number, (prompt, ids) in enumerate(zip(prompts, self.tokenizer.encode(texts)),
+                                               start=first_number):
+            if not isinstance(prompt, Chat) or not ids:
+                ids = with_bos(ids, self.tokenizer)
+            else:
+                ids = ReplyIds(ids)
             if len(ids) >= self.context:
                 raise PromptError(f"prompt {number}: {len(ids)} tokens, but the model reads "
                                   f"{self.context} positions in all (prompt and continuation)")
             encoded.append(ids)
         return encoded
+
+    def chat_text(self, chat: Chat) -> str:
+        """The conversation as the model's chat template writes it, up to the opening of
+        the assistant's reply; a model without a template is a ConfigError."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        if template is None:
+            raise ConfigError("this model has no chat template: chat needs an instruct "
+                              "model imported with its template (tokenizer_config.json's "
+                              "chat_template or chat_template.jinja); give it plain prompts")
+        return template.render(chat)
 
     @staticmethod
     def _seeds(options: GenerateOptions, seeds: Sequence[int] | None, count: int
@@ -273,12 +340,14 @@ class Generator:
     def continuation(self, ids: list[int], options: GenerateOptions) -> Continuation:
         """An empty Continuation of prompt `ids`, limited to the tokens the prompt leaves
         room for in the context, decoded after the prompt's last tokens that follow its
-        last special one (which ends decoding)."""
+        last special one (which ends decoding); a chat's reply is decoded alone, as
+        transformers decodes it (a leading "▁" is the template's separator)."""
         t = self.tokenizer
-        specials = {t.bos_id, t.eos_id, t.pad_id}
+        specials = {t.bos_id, t.pad_id, *self.end_ids}
         last = max((i for i, token in enumerate(ids) if token in specials), default=-1)
-        context = ids[max(last + 1, len(ids) - CONTEXT_TOKENS):]
-        return Continuation(t, options.stop, context,
+        context = [] if isinstance(ids, ReplyIds) else \
+            ids[max(last + 1, len(ids) - CONTEXT_TOKENS):]
+        return Continuation(t, options.stop, context, frozenset(self.end_ids[1:]),
                             limit=min(options.max_new_tokens, self.context - len(ids)))
 
     def _generate_batch(self, ids: list[list[int]], options: GenerateOptions,
@@ -291,7 +360,7 @@ class Generator:
             return rows
         with torch.inference_mode():
             found = beam_search(self.model, prompt, bos_id=prompt[:, -1],
-                                eos_id=self.tokenizer.eos_id, beam=options.beam,
+                                eos_id=_one_or_all(self.end_ids), beam=options.beam,
                                 alpha=options.alpha,
                                 max_len=torch.tensor([row.limit for row in rows]),
                                 cache_dtype=self.cache_dtype, src_mask=mask)
@@ -333,6 +402,25 @@ class Generator:
                 token = chosen[:, None]
                 if seen is not None:
                     seen.scatter_(1, token, True)
+
+
+def _one_or_all(ids: tuple[int, ...]) -> int | tuple[int, ...]:
+    """One end token as an int (beam search compares it), several as they are."""
+    return ids[0] if len(ids) == 1 else ids
+
+
+def _checked_prompts(prompts: Sequence[str | Chat], first_number: int) -> list[str | Chat]:
+    """The prompts as a list, each a Chat or a text encodable as UTF-8 (else a TextError
+    naming it by its number)."""
+    if isinstance(prompts, Chat):
+        raise ConfigError("expected a list of prompts, got one Chat: pass [chat]")
+    if isinstance(prompts, (str, bytes)):
+        return checked_texts(prompts, "prompt", first_number)      # which refuses it
+    prompts = list(prompts)
+    for number, prompt in enumerate(prompts, start=first_number):
+        if not isinstance(prompt, Chat):
+            checked_texts([prompt], "prompt", number)
+    return prompts
 
 
 def left_pad(ids: list[list[int]], pad_id: int,

@@ -128,7 +128,8 @@ def start_tokens(start: Start, batch: int, device: torch.device) -> Tensor:
 
 
 @torch.no_grad()
-def beam_search(model: Model, src: Tensor, *, bos_id: Start, eos_id: int, beam: int = 4,
+def beam_search(model: Model, src: Tensor, *, bos_id: Start, eos_id: int | Sequence[int],
+                beam: int = 4,
                 alpha: float = 0.6, nbest: int = 1, max_len: int | Tensor | None = None,
                 cache_dtype: torch.dtype | None = None, src_mask: Tensor | None = None,
                 forced: Tensor | None = None) -> list[list[Hypothesis]]:
@@ -141,6 +142,7 @@ def beam_search(model: Model, src: Tensor, *, bos_id: Start, eos_id: int, beam: 
     no live beam can still beat its nbest-th finished one (the length penalty bounds what
     a beam can reach by the sentence's length limit), or at that limit. Done sentences
     leave the batch, and their cache rows with them (KVCache.reorder).
+    eos_id: the end token, or several (an instruct model's: any of them ends a hypothesis).
     max_len: new tokens at most, one limit for all or (B,) one each. cache_dtype: the
     self-attention caches' type (default: the model's); torch.int8 quantizes them
     (QuantizedKVCache). forced: (B, F) tokens every output starts with (forced_start).
@@ -205,14 +207,16 @@ class Extensions(NamedTuple):
     next_token: Tensor
 
 
-def best_extensions(logits: Tensor, scores: Tensor, beam: int, eos_id: int) -> Extensions:
+def best_extensions(logits: Tensor, scores: Tensor, beam: int,
+                    eos_id: int | Sequence[int]) -> Extensions:
     """logits (A * K, V), the live beams' scores (A, K) -> the step's extensions."""
     vocab = logits.shape[-1]
     log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
     candidates = log_probs.add_(scores.view(-1, 1)).view(scores.shape[0], beam * vocab)
     top_scores, top_index = top_k(candidates, 2 * beam)                   # (A, 2K)
     top_beam, top_token = top_index // vocab, top_index % vocab
-    is_eos = top_token == eos_id
+    is_eos = top_token == eos_id if isinstance(eos_id, int) else \
+        torch.isin(top_token, torch.tensor(eos_id, device=top_token.device))
     # The best `beam` candidates that do not end: rank by position, eos pushed back.
     order = (torch.arange(2 * beam, device=logits.device) + is_eos * 2 * beam).argsort(dim=1)
     keep = order[:, :beam]                                                 # (A, K)

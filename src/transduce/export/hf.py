@@ -260,12 +260,20 @@ def save_with_tokenizer_json(theirs, tokenizer, specials: dict[str, int], max_po
         (temporary / "tokenizer_config.json").write_text(json.dumps({
             "tokenizer_class": "PreTrainedTokenizerFast",
             **{name: tokenizer.piece(token) for name, token in specials.items()},
+            **_chat_template(tokenizer),
             "model_max_length": max_positions}, indent=2), encoding="utf-8")
         write_export_marker(temporary, f"huggingface-{theirs.config.model_type}",
                             checkpoint.trained_steps(directory))
         if extra is not None:
             extra(temporary)
     return out
+
+
+def _chat_template(tokenizer) -> dict[str, str]:
+    """An instruct model's chat template, where transformers' apply_chat_template finds
+    it."""
+    template = getattr(tokenizer, "chat_template", None)
+    return {} if template is None else {"chat_template": template.template}
 
 
 def write_marian_tokenizer(tokenizer: Tokenizer, directory: Path, max_positions: int,

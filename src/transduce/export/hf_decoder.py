@@ -181,6 +181,8 @@ def hf_decoder_model(model: DecoderOnly, tokenizer):
                           f"{unexpected[:5]}")
     theirs.generation_config = generation_config(theirs.config)
     theirs.generation_config.update(num_beams=1, length_penalty=1.0, early_stopping=False)
+    if getattr(tokenizer, "stop_ids", ()):         # an instruct model's other end tokens
+        theirs.generation_config.eos_token_id = [tokenizer.eos_id, *tokenizer.stop_ids]
     return theirs
 
 

@@ -24,6 +24,8 @@ import numpy as np
 
 # Rows of a table quantized at a time: NLLB's 256k x 1024 table is 1 GB in float32.
 ROWS_AT_A_TIME = 1 << 15
+# Steps each side of zero of the int8 table: 7 bits (quantized_rows).
+LEVELS = 63
 
 
 def quantize_tables(model, tied_elsewhere: Collection[str] = ()) -> tuple[list[str], set[str]]:
@@ -96,16 +98,18 @@ def _digest(tensor) -> str:
 
 def quantized_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(V, C) float32 -> the int8 (C, V) matrix and the (V,) float32 scales: row v is
-    matrix[:, v] * scales[v], its largest magnitude at +-127 (an all-zero row: scale 1)."""
+    matrix[:, v] * scales[v], its largest magnitude at +-LEVELS (an all-zero row: scale
+    1): 7 bits, as the quantizer's reduce_range (export/onnx.py's _quantize_int8)."""
     vocabulary, width = table.shape
     matrix = np.empty((width, vocabulary), np.int8)
     scales = np.empty(vocabulary, np.float32)
     for start in range(0, vocabulary, ROWS_AT_A_TIME):
         rows = table[start:start + ROWS_AT_A_TIME]
         largest = np.abs(rows).max(axis=1)
-        scale = np.where(largest > 0, largest / np.float32(127), np.float32(1)).astype(np.float32)
+        scale = np.where(largest > 0, largest / np.float32(LEVELS), np.float32(1)
+                         ).astype(np.float32)
         matrix[:, start:start + len(rows)] = np.clip(
-            np.rint(rows / scale[:, None]), -127, 127).astype(np.int8).T
+            np.rint(rows / scale[:, None]), -LEVELS, LEVELS).astype(np.int8).T
         scales[start:start + len(rows)] = scale
     return matrix, scales
 

@@ -36,6 +36,7 @@ from transduce.config import ConfigError, ModelConfig, preset
 from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
 from transduce.importers import ForeignCheckpointError, check_directories, \
     check_foreign_options, check_tied_copy, refuse_unread, take_weight, unprefixed_names
+from transduce.importers.chat_settings import with_chat_settings
 from transduce.model import empty_model
 
 HF_CONFIG = "config.json"
@@ -61,7 +62,7 @@ def import_gpt2(hf_dir: Path | str, out: Path | str) -> Path:
     hf_dir, out = Path(hf_dir), Path(out)
     check_directories(hf_dir, out, HF_CONFIG)
     hf = _read_json(hf_dir / HF_CONFIG)
-    tokenizer = read_tokenizer(hf_dir)
+    tokenizer = with_chat_settings(read_tokenizer(hf_dir), hf_dir)
     config = model_config(hf, hf_dir / HF_CONFIG, tokenizer)
     tensors, source = read_weights(hf_dir)
     model = empty_model(config)     # every weight is loaded next

@@ -41,6 +41,7 @@ from transduce.config import ConfigError, ModelConfig, preset
 from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
 from transduce.importers import ForeignCheckpointError, check_directories, \
     check_foreign_options, check_tied_copy, refuse_unread, take_weight, unprefixed_names
+from transduce.importers.chat_settings import with_chat_settings
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
 from transduce.model import empty_model
 
@@ -64,7 +65,7 @@ def import_llama(hf_dir: Path | str, out: Path | str) -> Path:
     config_file = hf_dir / HF_CONFIG
     activation = check_foreign_options(hf, config_file, MODEL_TYPES, FIXED_OPTIONS,
                                        "hidden_act", "silu", ACTIVATIONS)
-    tokenizer = read_tokenizer(hf_dir, hf.get("bos_token_id"))
+    tokenizer = with_chat_settings(read_tokenizer(hf_dir, hf.get("bos_token_id")), hf_dir)
     config = model_config(hf, config_file, tokenizer, activation)
     tensors, source = read_weights(hf_dir)
     model = empty_model(config)     # every weight is loaded next

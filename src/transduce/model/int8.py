@@ -10,7 +10,13 @@ any batch. (What reaches a product can still differ in its last bits with a batc
 padding, and a quantized value then moves by a step: 3 of 500 test verses translate
 differently alone than in batches with every product in int8, none in float32.)
 The activation scale is the row's largest magnitude over 127, stored unsigned with zero
-point 128 (what the u8 x s8 instructions multiply).
+point 128 (what the u8 x s8 instructions multiply), on a CPU with VNNI, whose
+instruction sums each u8 x s8 product in int32. Without it (AVX2 alone, or AVX-512
+before Cascade Lake), oneDNN adds products in pairs in int16 first (vpmaddubsw), which
+saturates beyond 32,767, as 255 x 127 x 2 does: a random Linear of 64 inputs came out
+9-19% off (relative error) on an AVX2-only EPYC. There a row takes 7 bits, 63 levels
+each side of zero point 64 (127 x 127 x 2 = 32,258 fits; FBGEMM's reduce_range): 1.2%
+off, a rounding step twice 8 bits'.
 
 Quantizing a row costs a few elementwise operators whatever the layer's width (an int8
 product of a few rows takes about 12 us more than a packed float32 one, 13-25 us, at
@@ -36,7 +42,8 @@ from torch import Tensor, nn
 
 # Products with fewer weights stay float32 (see above).
 MIN_INT8_WEIGHTS = 1 << 16
-_ZERO_POINT = 128
+# The u8 x s8 instructions that sum each product in int32 (see above).
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def no_scalars() -> List[Optional[Union[int, float, complex]]]:
@@ -55,6 +62,15 @@ def int8_available() -> bool:
         return False
 
 
+def activation_range() -> tuple[int, int]:
+    """(levels each side of zero, zero point) of the activations' uint8: 8 bits on a CPU
+    with VNNI, 7 elsewhere, so that no pair of products saturates (see above). The flags
+    are Linux's; where they cannot be read, 7 bits, which are right on any CPU."""
+    from transduce.runtime import cpu_flags
+
+    return (127, 128) if cpu_flags() & VNNI_FLAGS else (63, 64)
+
+
 def worth_int8(linear: nn.Linear) -> bool:
     """Whether `linear` runs faster in int8 than packed float32 (see the module's note)."""
     return linear.in_features * linear.out_features >= MIN_INT8_WEIGHTS
@@ -69,16 +85,17 @@ def quantize_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
     return values, scales
 
 
-def quantize_rows(x: Tensor) -> Tuple[Tensor, Tensor]:
-    """x (N, in) float32 -> uint8 (N, in) with zero point 128, and each row's scale
-    (N, 1): x ~= (values - 128) * scale."""
-    # abs().amax(): vector_norm(inf) gives the same 5-20x slower on CPU. Literals, not
-    # globals, as TorchScript compiles this: float32's smallest normal number, and
-    # _ZERO_POINT. Through int16: PyTorch's float -> uint8 copy is slow on CPU, and
-    # quantizing 128 rows of 1,024 took 0.72x the time this way (one row: 1.1x).
+def quantize_rows(x: Tensor, levels: int = 127, zero_point: int = 128
+                  ) -> Tuple[Tensor, Tensor]:
+    """x (N, in) float32 -> uint8 (N, in) with `levels` steps each side of `zero_point`
+    (activation_range), and each row's scale (N, 1): x ~= (values - zero_point) * scale."""
+    # abs().amax(): vector_norm(inf) gives the same 5-20x slower on CPU. A literal, not a
+    # global, as TorchScript compiles this: float32's smallest normal number. Through
+    # int16: PyTorch's float -> uint8 copy is slow on CPU, and quantizing 128 rows of
+    # 1,024 took 0.72x the time this way (one row: 1.1x).
     scale = x.abs().amax(dim=1, keepdim=True).clamp_min_(1.1754943508222875e-38)
-    scale = scale.div_(127.0)
-    values = torch.div(x, scale).round_().add_(128).to(torch.int16).to(torch.uint8)
+    scale = scale.div_(float(levels))
+    values = torch.div(x, scale).round_().add_(zero_point).to(torch.int16).to(torch.uint8)
     return values, scale
 
 
@@ -93,7 +110,8 @@ class Int8Linear(nn.Module):
         if activation not in ("none", "relu"):
             raise ValueError(f"activation {activation!r}: Int8Linear applies none or relu")
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.activation, self.zero_point = activation, _ZERO_POINT
+        self.activation = activation
+        self.levels, self.zero_point = activation_range()
         values, scales = quantize_weight(linear.weight)
         self.register_buffer("packed_weight", torch.ops.onednn.qlinear_prepack(values, None),
                              persistent=False)
@@ -105,7 +123,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)                              # (N, in)
-        values, scale = quantize_rows(rows)
+        values, scale = quantize_rows(rows, self.levels, self.zero_point)
         products = torch.ops.onednn.qlinear_pointwise(
             values, 1.0, self.zero_point, self.packed_weight, self.weight_scale,
             self.weight_zero_point, None, 1.0, 0, torch.float32, "none", no_scalars(), "")

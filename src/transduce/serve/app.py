@@ -27,7 +27,7 @@ from transduce.attention import one_query
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.generate import Generator
 from transduce.decode.translate import Translator
-from transduce.serve import docs, encoding, generation, page, translation
+from transduce.serve import chat, docs, encoding, generation, page, translation
 from transduce.serve.batcher import Batcher
 from transduce.serve.continuous import decodes_in_streams
 from transduce.serve.limits import Limits
@@ -105,6 +105,8 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
     router = {"translation": translation.routes, "generation": generation.routes,
               "encoder": encoding.routes}[kind](service)
     app.include_router(router)
+    if kind == "generation":
+        app.include_router(chat.routes(service))        # an instruct model's conversations
     app.include_router(_common_routes(service, kind))
     app.include_router(page.routes(kind))
     app.include_router(docs.routes(app.title, app.openapi_url))
@@ -173,6 +175,8 @@ def describe(service: Service, kind: str) -> dict:
         if codes:
             info["language_codes"] = sorted(codes)
         info["attention_maps"] = translation.serves_attention_maps(model)
+    if kind == "generation":     # whether /v1/chat/completions answers
+        info["chat"] = getattr(tokenizer, "chat_template", None) is not None
     if kind == "encoder":
         info["labels"] = model.labels
         info["classifier_inputs"] = model.classifier_inputs   # "pairs": send text_pairs

@@ -119,16 +119,16 @@ def generation_stream(generator: Generator, options: GenerateOptions
 
 @dataclass
 class _Prompted:
-    texts: list[str]                     # per prompt, its continuation once done
+    texts: list[Any]                     # per prompt, its result once done
     waiting: int                         # prompts still being continued
     started: float
 
 
 class GenerationStream:
     """The Stream of generation jobs of any greedy or sampled settings, each prompt with
-    its job's (payloads as serve/generation.py's _Prompts). Each result is (per prompt its
-    text, or None for a streamed job, whose pieces went out step by step; the time the
-    job was admitted; seconds until done)."""
+    its job's (payloads as serve/generation.py's Prompts). Each result is (per prompt its
+    payload.result: the text, or a chat's reply; the time the job was admitted; seconds
+    until done); a streamed job's pieces went out step by step before."""
 
     def __init__(self, generator: Generator):
         self.generator = generator
@@ -155,7 +155,7 @@ class GenerationStream:
         done = []
         for (job, index), continuation in self.generation.step():
             pending = self.pending[job]
-            pending.texts[index] = continuation.text
+            pending.texts[index] = job.payload.result(continuation)
             self._post(job, index, continuation)
             pending.waiting -= 1
             if not pending.waiting:
@@ -164,8 +164,7 @@ class GenerationStream:
             self._post(job, index, continuation)
         now = time.monotonic()
         finished = [(job, self.pending.pop(job)) for job in done]
-        return [(job, (None if job.payload.pieces is not None else p.texts, p.started,
-                       now - p.started)) for job, p in finished]
+        return [(job, (p.texts, p.started, now - p.started)) for job, p in finished]
 
     @staticmethod
     def _post(job: Job, index: int, continuation: Any) -> None:

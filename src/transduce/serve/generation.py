@@ -17,18 +17,19 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from transduce.config import ConfigError
-from transduce.decode.generate import Generator, prompt_seeds, with_bos
+from transduce.data.chat import Chat
+from transduce.decode.generate import Continuation, Generator, prompt_seeds, with_bos
 from transduce.decode.options import GenerateOptions
 from transduce.serve.batcher import Job
 from transduce.serve.continuous import generation_stream
 from transduce.serve.limits import ApiError, check_texts
-from transduce.serve.schemas import GenerateRequest, GenerateResponse
+from transduce.serve.schemas import GenerateRequest, GenerateResponse, Timings
 from transduce.serve.service import Service, split_by_job, timed
 from transduce.serve.validation import ERROR_RESPONSES
 
@@ -39,7 +40,6 @@ SSE_DESCRIPTION = ("With \"stream\": true, text/event-stream: `data: {\"index\":
 
 def routes(service: Service) -> APIRouter:
     router = APIRouter()
-    generator: Generator = service.model
 
     @router.post("/v1/generate", response_model=GenerateResponse, responses={
         **ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}},
@@ -49,26 +49,32 @@ def routes(service: Service) -> APIRouter:
         options, lengths = _check(service, body)
         tokens = sum(n + options.max_new_tokens for n in lengths)
         seeds = None if options.greedy else prompt_seeds(options.seed, len(body.prompts))
-        stream = generation_stream(generator, options)
-        # One stream runs every continuous job; whole batches share settings, save the
-        # seed (each prompt has its own).
-        key = ("generate",) if stream is not None and service.batcher.streams else \
-            ("generate", body.stream, dataclasses.replace(options, seed=None))
         if not body.stream:
-            run = timed(lambda jobs: _run_whole(generator, options, jobs))
-            texts, timings = await service.submit(
-                key, run, _Prompts(body.prompts, options, seeds), tokens, len(body.prompts),
-                stream)
+            job = enqueue_prompts(service, Prompts(body.prompts, options, seeds), tokens)
+            texts, timings = await service.wait(job)
             return GenerateResponse(generations=texts, timings=timings)
         pieces: asyncio.Queue = asyncio.Queue()
-        run = timed(lambda jobs: _run_streamed(generator, options, jobs))
-        job = service.enqueue(key, run, _Prompts(body.prompts, options, seeds, pieces,
-                                                 asyncio.get_running_loop()),
-                              tokens, len(body.prompts), stream)
-        return StreamingResponse(_events(service, job, pieces), media_type="text/event-stream",
+        job = enqueue_prompts(service, Prompts(body.prompts, options, seeds, pieces,
+                                               asyncio.get_running_loop()), tokens)
+        return StreamingResponse(events(service, job, pieces), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
     return router
+
+
+def enqueue_prompts(service: Service, payload: Prompts, tokens: int) -> Job:
+    """Queue a job of prompts: generated continuously where its settings allow, else in
+    whole batches of the same settings; streamed where its payload has a queue for the
+    pieces. One stream runs every continuous job; whole batches share settings, save the
+    seed (each prompt has its own)."""
+    generator, options = service.model, payload.options
+    stream = generation_stream(generator, options)
+    streamed = payload.pieces is not None
+    key = ("generate",) if stream is not None and service.batcher.streams else \
+        ("generate", streamed, dataclasses.replace(options, seed=None))
+    runner = run_streamed if streamed else run_whole
+    run = timed(lambda jobs: runner(generator, options, jobs))
+    return service.enqueue(key, run, payload, tokens, len(payload), stream)
 
 
 def _check(service: Service, body: GenerateRequest) -> tuple[GenerateOptions, list[int]]:
@@ -81,7 +87,7 @@ def _check(service: Service, body: GenerateRequest) -> tuple[GenerateOptions, li
     try:
         options = GenerateOptions(**fields, batch_sentences=service.limits.max_texts)
     except ConfigError as error:
-        raise _named(error) from None
+        raise named(error) from None
     if body.stream and options.beam > 1:
         raise ApiError(422, "stream: beam search knows its best continuation only at the "
                             "end; stream with beam 1", "stream")
@@ -96,7 +102,7 @@ def _check(service: Service, body: GenerateRequest) -> tuple[GenerateOptions, li
     return options, lengths
 
 
-def _named(error: ConfigError) -> ApiError:
+def named(error: ConfigError) -> ApiError:
     """GenerateOptions' refusal ("GenerateOptions.beam=2: ...") as the request's field."""
     found = re.match(r"GenerateOptions\.(\w+)=", str(error))
     if found is None:
@@ -106,11 +112,12 @@ def _named(error: ConfigError) -> ApiError:
 
 
 @dataclass
-class _Prompts:
-    """A generate job's payload: its prompts, their settings and seeds (None: greedy or
-    beam) and, when streamed, the queue its pieces go to, on the event loop's thread."""
+class Prompts:
+    """A generate job's payload: its prompts (texts, or Chats: serve/chat.py), their
+    settings and seeds (None: greedy or beam) and, when streamed, the queue its pieces go
+    to, on the event loop's thread."""
 
-    texts: list[str]
+    texts: list[str | Chat]
     options: GenerateOptions
     seeds: list[int] | None
     pieces: asyncio.Queue | None = None
@@ -118,6 +125,11 @@ class _Prompts:
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    @staticmethod
+    def result(row: Continuation) -> Any:
+        """What the job answers of one finished continuation: its text."""
+        return row.text
 
     def post(self, index: int, text: str) -> None:
         """From the decoding thread: prompt `index`'s new text, to its stream."""
@@ -132,28 +144,49 @@ def _joined(jobs: Sequence[Job]) -> tuple[list[str], list[int] | None]:
     return prompts, [seed for job in jobs for seed in job.payload.seeds]
 
 
-def _run_whole(generator: Generator, options: GenerateOptions,
-               jobs: Sequence[Job]) -> list[list[str]]:
+def run_whole(generator: Generator, options: GenerateOptions,
+              jobs: Sequence[Job]) -> list[list[Any]]:
     """On the worker: every job's prompts generated together, each with its own seed ->
-    per job, its texts."""
+    per job, its results (payload.result of each continuation)."""
     prompts, seeds = _joined(jobs)
-    return split_by_job(jobs, generator.generate(prompts, options, seeds=seeds))
+    rows = split_by_job(jobs, generator.generate_rows(prompts, options, seeds=seeds))
+    return [[job.payload.result(row) for row in own] for job, own in zip(jobs, rows)]
 
 
-def _run_streamed(generator: Generator, options: GenerateOptions,
-                  jobs: Sequence[Job]) -> list[None]:
+def run_streamed(generator: Generator, options: GenerateOptions,
+                 jobs: Sequence[Job]) -> list[list[Any]]:
     """On the worker: every job's prompts generated together; each step's new text goes
-    to its job's stream (index within the job, text)."""
+    to its job's stream (index within the job, text) -> per job, its results."""
     prompts, seeds = _joined(jobs)
     owners = [(job.payload, i) for job in jobs for i in range(len(job.payload))]
-    for step in generator.stream_batch(prompts, options, seeds=seeds):
-        for (payload, index), text in zip(owners, step):
+    rows: list[Continuation] = []
+    for rows in generator.stream_rows(prompts, options, seeds=seeds):
+        for (payload, index), row in zip(owners, rows):
+            text = row.take()
             if text:
                 payload.post(index, text)
-    return [None] * len(jobs)
+    return [[job.payload.result(row) for row in own]
+            for job, own in zip(jobs, split_by_job(jobs, rows))]
 
 
-async def _events(service: Service, job: Job, pieces: asyncio.Queue) -> AsyncIterator[str]:
+@dataclass(frozen=True)
+class EventFormat:
+    """How a streamed job's server-sent events read: a piece of prompt `index`'s text,
+    the end (the job's results and timings), an error (ApiError's body)."""
+
+    piece: Callable[[int, str], str]
+    done: Callable[[Any, Timings], str]
+    error: Callable[[dict], str]
+
+
+GENERATE_EVENTS = EventFormat(
+    piece=lambda index, text: f"data: {json.dumps({'index': index, 'text': text})}\n\n",
+    done=lambda results, timings: f"event: done\ndata: {timings.model_dump_json()}\n\n",
+    error=lambda body: f"event: error\ndata: {json.dumps(body)}\n\n")
+
+
+async def events(service: Service, job: Job, pieces: asyncio.Queue,
+                 form: EventFormat = GENERATE_EVENTS) -> AsyncIterator[str]:
     """The SSE stream of one job: its pieces as they come, then done (or error). A client
     that leaves cancels its job if the worker has not started it."""
     waiting = asyncio.ensure_future(service.wait(job))
@@ -164,21 +197,18 @@ async def _events(service: Service, job: Job, pieces: asyncio.Queue) -> AsyncIte
             await asyncio.wait({getter, waiting}, return_when=asyncio.FIRST_COMPLETED)
             if not getter.done():
                 break
-            yield _piece(*getter.result())
+            yield form.piece(*getter.result())
         while not pieces.empty():                  # what the last step put
-            yield _piece(*pieces.get_nowait())
+            yield form.piece(*pieces.get_nowait())
         try:
-            _, timings = waiting.result()
-            yield f"event: done\ndata: {timings.model_dump_json()}\n\n"
+            results, timings = waiting.result()
+            yield form.done(results, timings)
         except ApiError as error:
-            yield f"event: error\ndata: {json.dumps(error.body())}\n\n"
+            yield form.error(error.body())
         except Exception as error:          # noqa: BLE001 - the status line is already sent
-            yield f"event: error\ndata: {json.dumps({'error': f'generation failed: {error}'})}\n\n"
+            yield form.error({"error": f"generation failed: {error}"})
     finally:
         for task in (getter, waiting):
             if task is not None and not task.done():
                 task.cancel()
 
-
-def _piece(index: int, text: str) -> str:
-    return f"data: {json.dumps({'index': index, 'text': text})}\n\n"

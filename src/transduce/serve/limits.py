@@ -62,6 +62,12 @@ class ApiError(Exception):
     def body(self) -> dict:
         return {"error": self.message, **({"field": self.field} if self.field else {})}
 
+    def openai_body(self) -> dict:
+        """The body in OpenAI's shape, which its clients read the message from."""
+        kind = "rate_limit_error" if self.status == 429 else "invalid_request_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.field,
+                          "code": None}}
+
 
 def check_texts(texts: list[str], limits: Limits, name: str, *,
                 indexed: bool = True) -> None:

@@ -179,3 +179,69 @@ class ClassifyResponse(BaseModel):
 class ErrorBody(BaseModel):
     error: str
     field: str | None = None
+
+
+class ChatMessage(Strict):
+    role: Annotated[StrictStr, Field(min_length=1, examples=["user"],
+                                     description="system, user or assistant (a template "
+                                                 "may take others)")]
+    content: Text
+
+
+class StreamOptions(Strict):
+    include_usage: StrictBool = Field(False, description="a last chunk with the usage")
+
+
+class ChatRequest(Strict):
+    """OpenAI's chat completion request, for its clients; sampling as /v1/generate's."""
+
+    model: StrictStr | None = Field(None, description="accepted for OpenAI's clients; the "
+                                                      "server answers with its one model")
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="reply tokens at most (default: what the context leaves)")
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="the same, OpenAI's newer name")
+    temperature: Annotated[Number, Field(ge=0, le=100, allow_inf_nan=False)] = Field(
+        1.0, description="OpenAI's default, 1: sampling; 0: greedy")
+    top_p: Annotated[Number, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    top_k: Annotated[StrictInt, Field(ge=0)] = 0
+    repetition_penalty: Annotated[Number, Field(gt=0, le=100, allow_inf_nan=False)] = 1.0
+    seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
+    stop: Annotated[Text, Field(min_length=1)] | Annotated[
+        list[Annotated[Text, Field(min_length=1)]], Field(max_length=16)] | None = None
+    n: Literal[1] = Field(1, description="one reply per request")
+    frequency_penalty: Annotated[Number, Field(ge=0, le=0)] = Field(
+        0, description="only 0; repetition_penalty discourages repeats")
+    presence_penalty: Annotated[Number, Field(ge=0, le=0)] = Field(
+        0, description="only 0; repetition_penalty discourages repeats")
+    user: StrictStr | None = Field(None, description="accepted and ignored")
+    stream: StrictBool = Field(False, description="server-sent chunks as OpenAI's")
+    stream_options: StreamOptions | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    timings: Timings

@@ -119,11 +119,16 @@ async def _why_unreadable(request: Request) -> str:
     return "the body is not valid UTF-8 JSON"
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Route every refusal through ApiError's JSON shape."""
+OPENAI_PATHS = ("/v1/chat/",)       # routes in OpenAI's shape: errors in its shape too
 
-    async def api_error(_: Request, error: ApiError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every refusal through ApiError's JSON shape (OpenAI's on its routes)."""
+
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        openai = request.url.path.startswith(OPENAI_PATHS)
+        return JSONResponse(error.openai_body() if openai else error.body(),
+                            status_code=error.status, headers=error.headers)
 
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         kind = media_type(request)

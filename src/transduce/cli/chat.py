@@ -1,0 +1,87 @@
+"""`transduce chat`: a conversation with an instruct model, at a terminal or through a pipe.
+
+Each line read is the user's next message. The model's reply to the whole conversation so
+far, laid out by its chat template, is printed word by word as it is generated, on one
+line (a newline in it as \\n, as `generate` writes). Where the conversation would leave
+the reply fewer than --max-new-tokens positions of the model's context, its oldest
+exchanges are left out, and standard error says so; --system's message always stays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from transduce.cli.generate import add_sampling_options, one_line, user_turn
+from transduce.cli.options import add_engine_option
+from transduce.config import Dtype, choices
+from transduce.decode.options import KvDtype
+
+
+def register(commands) -> None:
+    chat = commands.add_parser("chat", help="hold a conversation with an instruct model")
+    chat.add_argument("--model", type=Path, required=True,
+                      help="an instruct model's checkpoint, run directory or ONNX export")
+    chat.add_argument("--system", default=None, help="the system message (default: none)")
+    add_sampling_options(chat)
+    chat.add_argument("--dtype", default="float32", choices=choices(Dtype))
+    chat.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
+                      help="KV-cache type (default: --dtype's); int8 quantizes it")
+    add_engine_option(chat)
+    chat.set_defaults(handler=chat_command)
+
+
+def chat_command(args: argparse.Namespace) -> int:
+    from transduce.data.chat import Message
+    from transduce.decode.generate import Generator, prompt_seeds
+    from transduce.decode.options import GenerateOptions
+    from transduce.decode.streaming import line_batches
+
+    options = GenerateOptions(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
+        stop=tuple(args.stop))
+    generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                               engine=args.engine)
+    generator.chat_text(user_turn("", args.system))    # a model without a template: refused
+    seed = prompt_seeds(options.seed, 1)[0]
+    history: list[Message] = []
+    turn = 0
+    _ask()
+    for lines in line_batches(sys.stdin.fileno(), max_lines=1):
+        for line in lines:
+            history = _fitting(generator, history, line, args.system, options.max_new_tokens)
+            conversation = user_turn(line, args.system, history)
+            reply = ""
+            for text in generator.stream(conversation, options, number=turn + 1,
+                                         seed=prompt_seeds(seed, 1, start=turn)[0]):
+                reply += text
+                sys.stdout.write(one_line(text))
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            history += [Message("user", line), Message("assistant", reply)]
+            turn += 1
+        _ask()
+    return 0
+
+
+def _fitting(generator, history: list, line: str, system: str | None, max_new: int) -> list:
+    """The history without its oldest exchanges (user message and reply) as long as the
+    conversation leaves the reply fewer than max_new positions."""
+    while history:
+        text = generator.chat_text(user_turn(line, system, history))
+        length = len(generator.tokenizer.encode([text])[0])
+        if length + max_new <= generator.context:
+            break
+        history = history[2:]
+        print(f"(the conversation is longer than the model's {generator.context} "
+              f"positions leave room for: its oldest exchange is left out)", file=sys.stderr)
+    return history
+
+
+def _ask() -> None:
+    """A prompt for the next message, at a terminal only."""
+    if sys.stdin.isatty():
+        sys.stderr.write("> ")
+        sys.stderr.flush()

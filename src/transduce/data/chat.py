@@ -1,0 +1,190 @@
+"""Conversations as an instruct model reads them.
+
+A chat model was fine-tuned on conversations laid out in its own way (ChatML's
+`<|im_start|>user ... <|im_end|>`, Llama 3's `<|start_header_id|>user<|end_header_id|>`,
+...); Hugging Face ships that layout as a Jinja template in tokenizer_config.json
+("chat_template") or chat_template.jinja, and an import keeps it with the tokenizer
+(HFTokenizer.chat_template, recorded in the checkpoint's "tokenizer" section).
+
+A `Chat` is a prompt of its own: Generator.encode renders it with the template, with the
+opening of the assistant's turn after the last message (add_generation_prompt), and
+reads the text without adding bos (a template writes bos itself where its model wants
+it). Templates run as transformers runs them, so that the ids are the ones the model was
+fine-tuned on: a sandboxed Jinja environment that trims blocks, with loop controls,
+`raise_exception`, `strftime_now` and a `tojson` that keeps non-ASCII characters, and
+the special tokens' strings (bos_token, eos_token, ...) as variables.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, Iterable, Mapping
+
+from transduce.errors import TransduceError
+
+
+class ChatError(TransduceError, ValueError):
+    """A conversation that cannot be laid out: a malformed message, or one its template
+    refuses (most refuse roles that do not alternate); names which."""
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str          # "system", "user", "assistant" (a template may take others)
+    content: str
+
+
+@dataclass(frozen=True)
+class Chat:
+    """A conversation to answer: its messages, oldest first, the last one the user's (or
+    a system message alone)."""
+
+    messages: tuple[Message, ...]
+
+    @classmethod
+    def of(cls, messages: Iterable[Mapping[str, Any] | Message] | "Chat",
+           where: str = "messages") -> Chat:
+        """A Chat of {"role": ..., "content": ...} objects (or Messages); a malformed one
+        is a ChatError naming it as `where`[i]."""
+        if isinstance(messages, Chat):
+            return messages
+        if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
+            raise ChatError(f"{where}: expected a list of messages ({{\"role\": ..., "
+                            f"\"content\": ...}}), got a {type(messages).__name__}")
+        checked = tuple(_message(message, f"{where}[{index}]")
+                        for index, message in enumerate(messages))
+        if not checked:
+            raise ChatError(f"{where}: no messages")
+        return cls(checked)
+
+
+def _message(message: Any, where: str) -> Message:
+    if isinstance(message, Message):
+        message = {"role": message.role, "content": message.content}
+    if not isinstance(message, Mapping):
+        raise ChatError(f"{where}: expected an object with \"role\" and \"content\", got a "
+                        f"{type(message).__name__}")
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str) or not role:
+        raise ChatError(f"{where}.role: expected a non-empty string, got {role!r:.40}")
+    if not isinstance(content, str):
+        raise ChatError(f"{where}.content: expected a string, got {content!r:.40}")
+    try:
+        content.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ChatError(f"{where}.content: a lone surrogate at character "
+                        f"{error.start + 1}, which is no text") from None
+    return Message(role, content)
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A model's chat template and the special tokens' strings it may read (bos_token,
+    eos_token, ...: tokenizer_config.json's, as transformers passes them)."""
+
+    template: str
+    tokens: Mapping[str, str] = field(default_factory=dict)
+
+    def render(self, chat: Chat, add_generation_prompt: bool = True) -> str:
+        """The conversation as the model's text; with add_generation_prompt, followed by
+        the opening of the assistant's turn, so that the model writes the reply."""
+        import jinja2
+
+        messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+        try:
+            return _compiled(self.template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                tools=None, documents=None, **self.tokens)
+        except jinja2.TemplateError as error:
+            raise ChatError(f"the model's chat template refuses this conversation: "
+                            f"{error}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"template": self.template, "tokens": dict(self.tokens)}
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str) -> ChatTemplate:
+        """What to_dict wrote; anything else is a ChatError naming `where`."""
+        if not isinstance(value, dict) or not isinstance(value.get("template"), str):
+            raise ChatError(f"{where} must be an object with a string \"template\"")
+        tokens = value.get("tokens", {})
+        if not isinstance(tokens, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in tokens.items()):
+            raise ChatError(f"{where}.tokens must map names to strings")
+        template = cls(value["template"], tokens)
+        template.check(where)
+        return template
+
+    def check(self, where: str) -> None:
+        """A template Jinja cannot compile is a ChatError naming `where`."""
+        import jinja2
+
+        try:
+            _compiled(self.template)
+        except jinja2.TemplateError as error:
+            raise ChatError(f"{where}: not a Jinja template ({error})") from None
+
+
+@lru_cache(maxsize=8)
+def _compiled(template: str):
+    """The template compiled in a sandbox: a checkpoint's template is code from
+    elsewhere, so it reads no attributes of Python's internals."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str):
+        raise jinja2.TemplateError(message)
+
+    def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+               separators: Any = None, sort_keys: bool = False) -> str:
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                          separators=separators, sort_keys=sort_keys)
+
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols, _generation_block()])
+    environment.filters["tojson"] = tojson
+    environment.globals["raise_exception"] = raise_exception
+    environment.globals["strftime_now"] = lambda form: datetime.now().strftime(form)
+    return environment.from_string(template)
+
+
+def _generation_block():
+    """The {% generation %} ... {% endgeneration %} block some templates wrap assistant
+    turns in (transformers marks the tokens it must learn with it): here, its text as is."""
+    import jinja2.ext
+    import jinja2.nodes
+
+    class GenerationBlock(jinja2.ext.Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            line = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_text"), [], [], body
+                                          ).set_lineno(line)
+
+        @staticmethod
+        def _text(caller) -> str:
+            return caller()
+
+    return GenerationBlock
+
+
+def read_chat_template(value: Any, where: str) -> str | None:
+    """tokenizer_config.json's "chat_template": a string, or a list of named templates
+    ({"name": ..., "template": ...}), of which the one named "default" is the chat's;
+    None where there is none."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(item, dict) for item in value):
+        named = {item.get("name"): item.get("template") for item in value}
+        if isinstance(named.get("default"), str):
+            return named["default"]
+        raise ChatError(f"{where}: chat_template lists {sorted(map(str, named))} but no "
+                        f"\"default\" one")
+    raise ChatError(f"{where}: chat_template must be a string or a list of named templates")

@@ -1,0 +1,173 @@
+"""/v1/chat/completions: an instruct model's reply to a conversation, in the shape of
+OpenAI's chat completions API, so that its clients (the `openai` package, LangChain,
+curl scripts written for it) talk to a model served here by changing the base URL.
+
+The conversation is laid out by the model's chat template (data/chat.py) and generated
+as a prompt of /v1/generate's, in the same continuous batches. A reply is one choice
+(n 1), whole or streamed as "chat.completion.chunk" events ending in `data: [DONE]`;
+usage counts the prompt's tokens and the reply's (the end token included), and
+finish_reason says "stop" (an end token or a stop string) or "length" (max_tokens, or
+the end of the model's context). The defaults are OpenAI's: temperature 1, and a reply
+as long as the context allows; frequency and presence penalties are refused but at 0
+(repetition_penalty, as /v1/generate's, is ours), as is any field OpenAI's API lacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from transduce.config import ConfigError
+from transduce.data.chat import Chat, ChatError, Message
+from transduce.decode.generate import Continuation, Generator, PromptError, prompt_seeds
+from transduce.decode.options import GenerateOptions
+from transduce.serve.generation import EventFormat, Prompts, enqueue_prompts, events, named
+from transduce.serve.limits import ApiError, check_texts
+from transduce.serve.schemas import AssistantMessage, ChatChoice, ChatRequest, ChatResponse, \
+    Timings, Usage
+from transduce.serve.service import Service
+from transduce.serve.validation import ERROR_RESPONSES
+
+SSE_DESCRIPTION = ("With \"stream\": true, text/event-stream: OpenAI's `data: "
+                   "{\"object\": \"chat.completion.chunk\", ...}` events, the last with its "
+                   "finish_reason (then one with the usage if stream_options.include_usage), "
+                   "then `data: [DONE]`.")
+
+
+@dataclass
+class Reply:
+    text: str
+    tokens: int               # generated, the end token included
+    finish_reason: str
+
+
+class Conversations(Prompts):
+    """A chat job's payload: one Chat; its result is the Reply."""
+
+    @staticmethod
+    def result(row: Continuation) -> Reply:
+        return Reply(row.text, len(row.tokens) + (row.end_token is not None),
+                     row.finish_reason)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What every chunk or answer of one request repeats."""
+
+    id: str
+    created: int
+    model: str
+    prompt_tokens: int
+
+    def usage(self, reply: Reply) -> Usage:
+        return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=reply.tokens,
+                     total_tokens=self.prompt_tokens + reply.tokens)
+
+    def chunk(self, delta: dict, finish_reason: str | None = None, **more: Any) -> str:
+        choices = [] if delta is None else [
+            {"index": 0, "delta": delta, "finish_reason": finish_reason}]
+        return "data: " + json.dumps({"id": self.id, "object": "chat.completion.chunk",
+                                      "created": self.created, "model": self.model,
+                                      "choices": choices, **more}) + "\n\n"
+
+
+def routes(service: Service) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/chat/completions", response_model=ChatResponse, responses={
+        **ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}},
+                                 "description": SSE_DESCRIPTION}},
+        summary="An instruct model's reply to a conversation (OpenAI's chat completions)")
+    async def chat(body: ChatRequest):
+        conversation, prompt_tokens = _conversation(service, body)
+        options = _options(service, body, prompt_tokens)
+        seeds = None if options.greedy else prompt_seeds(options.seed, 1)
+        completion = Completion(f"chatcmpl-{secrets.token_hex(12)}", int(time.time()),
+                                service.name, prompt_tokens)
+        tokens = prompt_tokens + options.max_new_tokens
+        if not body.stream:
+            job = enqueue_prompts(service, Conversations([conversation], options, seeds),
+                                  tokens)
+            (reply,), timings = await service.wait(job)
+            return ChatResponse(
+                id=completion.id, created=completion.created, model=completion.model,
+                choices=[ChatChoice(index=0, message=AssistantMessage(content=reply.text),
+                                    finish_reason=reply.finish_reason)],
+                usage=completion.usage(reply), timings=timings)
+        pieces: asyncio.Queue = asyncio.Queue()
+        job = enqueue_prompts(service, Conversations([conversation], options, seeds, pieces,
+                                                     asyncio.get_running_loop()), tokens)
+        usage = body.stream_options is not None and body.stream_options.include_usage
+        return StreamingResponse(_chunks(service, job, pieces, completion, usage),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    return router
+
+
+def _conversation(service: Service, body: ChatRequest) -> tuple[Chat, int]:
+    """The request's conversation and its length in tokens as the template lays it out;
+    a model without a template, or a conversation its template refuses, is 422, one
+    longer than the model's context 413."""
+    generator: Generator = service.model
+    check_texts([message.content for message in body.messages], service.limits, "messages")
+    conversation = Chat(tuple(Message(m.role, m.content) for m in body.messages))
+    try:
+        (ids,) = generator.encode([conversation])
+    except (ConfigError, ChatError) as error:
+        raise ApiError(422, str(error), "messages") from None
+    except PromptError as error:
+        raise ApiError(413, str(error).replace("prompt 1", "messages"), "messages") from None
+    return conversation, len(ids)
+
+
+def _options(service: Service, body: ChatRequest, prompt_tokens: int) -> GenerateOptions:
+    """The request's settings as GenerateOptions: max_tokens (or max_completion_tokens;
+    default: what the context leaves), one reply, no beam."""
+    generator: Generator = service.model
+    if body.max_tokens is not None and body.max_completion_tokens is not None \
+            and body.max_tokens != body.max_completion_tokens:
+        raise ApiError(422, "max_tokens and max_completion_tokens differ: give one",
+                       "max_completion_tokens")
+    most = body.max_tokens or body.max_completion_tokens \
+        or generator.context - prompt_tokens
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    try:
+        return GenerateOptions(max_new_tokens=most, temperature=body.temperature,
+                               top_k=body.top_k, top_p=body.top_p, seed=body.seed,
+                               repetition_penalty=body.repetition_penalty, stop=stop,
+                               batch_sentences=service.limits.max_texts)
+    except ConfigError as error:
+        raise named(error) from None
+
+
+def _openai(body: dict) -> dict:
+    """An error event's body (ApiError.body's shape) in OpenAI's."""
+    return ApiError(422, body["error"], body.get("field")).openai_body()
+
+
+async def _chunks(service: Service, job, pieces: asyncio.Queue, completion: Completion,
+                  usage: bool) -> AsyncIterator[str]:
+    """OpenAI's stream: the assistant's role, the reply's pieces, the finish reason, the
+    usage if asked, [DONE]; an error ends it as an {"error": ...} event."""
+    def done(results: list[Reply], timings: Timings) -> str:
+        (reply,) = results
+        last = completion.chunk({}, reply.finish_reason)
+        if usage:
+            last += completion.chunk(None, usage=completion.usage(reply).model_dump())
+        return last + "data: [DONE]\n\n"
+
+    form = EventFormat(piece=lambda index, text: completion.chunk({"content": text}),
+                       done=done,
+                       error=lambda body: f"data: {json.dumps(_openai(body))}\n\n"
+                                          "data: [DONE]\n\n")
+    yield completion.chunk({"role": "assistant", "content": ""})
+    async for event in events(service, job, pieces, form):
+        yield event

@@ -1,0 +1,106 @@
+"""Instruct models for the chat tests: a random Llama saved by transformers with a
+tokenizer that knows ChatML's or Llama 3's turn tokens, and a chat template in
+tokenizer_config.json as the Hub's instruct models ship it."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.test_import_llama import hf_checkpoint, write_spm_bpe
+
+tokenizers = pytest.importorskip("tokenizers")
+transformers = pytest.importorskip("transformers")
+
+# Qwen2's and SmolLM2's layout: a system message first if given, no bos.
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+# Llama 3's layout: bos first, headers around each role, turns that must alternate.
+LLAMA3 = (
+    "{{ bos_token }}"
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system = messages[0]['content'] %}"
+    "{% else %}{% set loop_messages = messages %}{% set system = none %}{% endif %}"
+    "{% if system is not none %}"
+    "{{ '<|start_header_id|>system<|end_header_id|>\n\n' + system | trim + '<|eot_id|>' }}"
+    "{% endif %}"
+    "{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant') }}"
+    "{% endif %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}"
+    "{{ message['content'] | trim }}{{ '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+
+EOS, STEPS = 2, 12      # the tokenizer's eos; reply tokens the tests generate
+TURN_TOKENS = ["<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>",
+               "<|eot_id|>"]
+CONFIG = dict(hidden_size=32, intermediate_size=56, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256)
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello world!"}],
+    [{"role": "system", "content": "Answer in Spanish."},
+     {"role": "user", "content": "In the beginning"}],
+    [{"role": "user", "content": "El niño comió una manzana."},
+     {"role": "assistant", "content": "¿verdad que sí?"},
+     {"role": "user", "content": "Ça coûte 12,50 €"}],
+]
+
+
+def instruct_llama(directory, template, seed=0, **config):
+    """A random LlamaForCausalLM in `directory` whose tokenizer has the turn tokens and
+    whose tokenizer_config.json holds `template` -> the transformers model."""
+    vocabulary = directory / "vocabulary"
+    vocabulary.mkdir(parents=True)
+    write_spm_bpe(vocabulary)
+    backend = tokenizers.Tokenizer.from_file(str(vocabulary / "tokenizer.json"))
+    backend.add_special_tokens([tokenizers.AddedToken(token, special=True, normalized=False)
+                                for token in TURN_TOKENS])
+    backend.save(str(vocabulary / "tokenizer.json"))
+    settings = json.loads((vocabulary / "tokenizer_config.json").read_text())
+    (vocabulary / "tokenizer_config.json").write_text(json.dumps(
+        {**settings, "chat_template": template}))
+    return hf_checkpoint(directory / "hf", vocabulary, seed=seed, **{**CONFIG, **config})
+
+
+def template_ids(hf_dir, conversation):
+    """transformers' apply_chat_template ids, opening the assistant's turn."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
+                                        tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def greedy_reply(hf, ids, steps, eos):
+    """transformers' greedy reply tokens after `ids`, stopping at any of `eos`."""
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=steps, do_sample=False,
+                          eos_token_id=list(eos), pad_token_id=eos[0])
+    return out[0, len(ids):].tolist()
+
+
+def chatml_model(root):
+    """A ChatML model imported from `root`/hf, whose generation_config.json lists an end
+    token besides eos: a token that its greedy reply to the first conversation makes
+    third, or later (`cut`: the reply's length there)."""
+    from transduce.decode.generate import Generator
+    from transduce.importers import import_llama
+
+    hf = instruct_llama(root, CHATML)
+    hf_dir = root / "hf"
+    reply = greedy_reply(hf, template_ids(hf_dir, CONVERSATIONS[0]), STEPS, [EOS])
+    cut = next(k for k in range(2, STEPS) if reply[k] not in reply[:k])
+    settings = json.loads((hf_dir / "generation_config.json").read_text())
+    (hf_dir / "generation_config.json").write_text(json.dumps(
+        {**settings, "eos_token_id": [EOS, reply[cut]]}))
+    out = import_llama(hf_dir, root / "ours")
+    return SimpleNamespace(hf=hf, hf_dir=hf_dir, out=out, end=reply[cut], cut=cut,
+                           generator=Generator.load(out))

@@ -1,0 +1,164 @@
+"""/v1/chat/completions: OpenAI's shape, the library's replies (whole, streamed, in the
+batches /v1/generate's prompts share), usage and finish reasons that count what was
+generated, 4xx for what it cannot take, and OpenAI's own client reading all of it."""
+
+import json
+import threading
+
+import pytest
+
+from tests.chat_models import CONVERSATIONS, STEPS, chatml_model
+from tests.serve.conftest import client_for
+from tests.serve.test_server import ServerThread
+from transduce.data.chat import Chat
+from transduce.serve.app import create_app
+
+
+@pytest.fixture(scope="module")
+def chatml(tmp_path_factory):
+    return chatml_model(tmp_path_factory.mktemp("chatml"))
+
+
+@pytest.fixture()
+def api(chatml):
+    with client_for(chatml.generator, max_chars=200, max_texts=16) as client:
+        yield client
+
+
+def expected_reply(chatml, conversation, **settings):
+    (row,) = chatml.generator.generate_rows([Chat.of(conversation)], **settings)
+    (prompt,) = chatml.generator.encode([Chat.of(conversation)])
+    completion = len(row.tokens) + (row.end_token is not None)
+    return row.text, row.finish_reason, {"prompt_tokens": len(prompt),
+                                         "completion_tokens": completion,
+                                         "total_tokens": len(prompt) + completion}
+
+
+@pytest.mark.parametrize("index", range(len(CONVERSATIONS)))
+def test_a_reply_is_the_librarys_with_its_usage_and_finish_reason(api, chatml, index):
+    conversation = CONVERSATIONS[index]
+    answer = api.post("/v1/chat/completions", json={
+        "model": "anything", "messages": conversation, "max_tokens": STEPS, "temperature": 0})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    text, reason, usage = expected_reply(chatml, conversation, max_new_tokens=STEPS)
+    assert body["object"] == "chat.completion" and body["model"] == "tiny"
+    assert body["id"].startswith("chatcmpl-") and body["created"] > 0
+    assert body["choices"] == [{"index": 0, "finish_reason": reason,
+                                "message": {"role": "assistant", "content": text}}]
+    assert body["usage"] == usage
+    if index == 0:        # the end token besides eos ends it
+        assert reason == "stop" and usage["completion_tokens"] == chatml.cut + 1
+
+
+def test_sampled_replies_follow_the_seed_and_the_default_length_fills_the_context(api, chatml):
+    body = {"messages": CONVERSATIONS[1], "seed": 7, "top_p": 0.9, "max_completion_tokens": 9}
+    first = api.post("/v1/chat/completions", json=body).json()
+    assert first["choices"][0]["message"]["content"] == expected_reply(
+        chatml, CONVERSATIONS[1], max_new_tokens=9, temperature=1.0, top_p=0.9, seed=7)[0]
+    assert api.post("/v1/chat/completions", json=body).json()["choices"] == first["choices"]
+    whole = api.post("/v1/chat/completions", json={"messages": CONVERSATIONS[2],
+                                                   "temperature": 0}).json()
+    room = chatml.generator.context - whole["usage"]["prompt_tokens"]
+    assert whole["choices"][0]["message"]["content"] == expected_reply(
+        chatml, CONVERSATIONS[2], max_new_tokens=room)[0]
+
+
+@pytest.mark.parametrize("usage", [False, True])
+def test_a_streamed_reply_is_openais_chunks_joined_to_the_whole(api, chatml, usage):
+    request = {"messages": CONVERSATIONS[2], "max_tokens": STEPS, "temperature": 0,
+               "stream": True, "stop": "zz",
+               **({"stream_options": {"include_usage": True}} if usage else {})}
+    with api.stream("POST", "/v1/chat/completions", json=request) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        events = [block for block in "".join(answer.iter_text()).split("\n\n") if block]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(event.removeprefix("data: ")) for event in events[:-1]]
+    assert {chunk["object"] for chunk in chunks} == {"chat.completion.chunk"}
+    assert len({chunk["id"] for chunk in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text, reason, counts = expected_reply(chatml, CONVERSATIONS[2], max_new_tokens=STEPS,
+                                          stop=("zz",))
+    if usage:
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == counts
+        chunks = chunks[:-1]
+    assert chunks[-1]["choices"][0] == {"index": 0, "delta": {}, "finish_reason": reason}
+    assert "".join(chunk["choices"][0]["delta"].get("content", "")
+                   for chunk in chunks) == text
+
+
+def test_chats_and_prompts_share_the_continuous_batches(chatml):
+    """Chat and generate requests at once, each answered as if alone."""
+    answers = {}
+    with client_for(chatml.generator, max_texts=16, window_ms=50) as client:
+        def ask(name, path, body):
+            answers[name] = client.post(path, json=body).json()
+        threads = [threading.Thread(target=ask, args=(f"chat{i}", "/v1/chat/completions", {
+            "messages": conversation, "max_tokens": STEPS, "temperature": 0}))
+            for i, conversation in enumerate(CONVERSATIONS)]
+        threads.append(threading.Thread(target=ask, args=("plain", "/v1/generate", {
+            "prompts": ["Hello world!"], "max_new_tokens": STEPS})))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    for i, conversation in enumerate(CONVERSATIONS):
+        assert answers[f"chat{i}"]["choices"][0]["message"]["content"] == \
+            expected_reply(chatml, conversation, max_new_tokens=STEPS)[0]
+    assert answers["plain"]["generations"] == chatml.generator.generate(
+        ["Hello world!"], max_new_tokens=STEPS)
+
+
+@pytest.mark.parametrize("body,status,field,words", [
+    ({"messages": []}, 422, "messages", "at least 1 item"),
+    ({"messages": [{"role": "user"}]}, 422, "messages[0].content", "missing"),
+    ({"messages": [{"role": "", "content": "a"}]}, 422, "messages[0].role", "at least 1"),
+    ({"messages": [{"role": "user", "content": "a"}], "n": 2}, 422, "n", "1"),
+    ({"messages": [{"role": "user", "content": "a"}], "logprobs": True}, 422, "logprobs",
+     "unknown field"),
+    ({"messages": [{"role": "user", "content": "a"}], "presence_penalty": 0.5}, 422,
+     "presence_penalty", "0"),
+    ({"messages": [{"role": "user", "content": "a"}], "max_tokens": 3,
+      "max_completion_tokens": 4}, 422, "max_completion_tokens", "differ"),
+    ({"messages": [{"role": "user", "content": "a"}], "temperature": -1}, 422, "temperature",
+     "greater than or equal"),
+    ({"messages": [{"role": "user", "content": "a " * 99}] * 3}, 413, "messages",
+     "positions in all"),
+    ({"messages": [{"role": "user", "content": "a" * 201}]}, 413, "messages[0]", "max_chars"),
+])
+def test_bad_requests_are_4xx_naming_the_field(api, body, status, field, words):
+    answer = api.post("/v1/chat/completions", json=body)
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]                    # in OpenAI's shape
+    assert error["param"] == field and error["type"] == "invalid_request_error"
+    assert words in error["message"]
+
+
+def test_a_model_without_a_template_answers_422(lm):
+    answer = lm.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "uno"}]})
+    assert answer.status_code == 422
+    assert "this model has no chat template" in answer.json()["error"]["message"]
+    assert lm.get("/v1/models").json()["data"][0]["chat"] is False
+
+
+def test_openais_client_reads_replies_whole_and_streamed(chatml):
+    openai = pytest.importorskip("openai")
+    with ServerThread(create_app(chatml.generator, name="tiny")) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        whole = client.chat.completions.create(model="tiny", messages=CONVERSATIONS[1],
+                                               max_tokens=STEPS, temperature=0)
+        text, reason, usage = expected_reply(chatml, CONVERSATIONS[1], max_new_tokens=STEPS)
+        assert whole.choices[0].message.content == text
+        assert whole.choices[0].finish_reason == reason
+        assert whole.usage.model_dump(include=set(usage)) == usage
+        pieces = client.chat.completions.create(
+            model="tiny", messages=CONVERSATIONS[1], max_tokens=STEPS, temperature=0,
+            stream=True, stream_options={"include_usage": True})
+        chunks = list(pieces)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+        assert chunks[-1].usage.total_tokens == usage["total_tokens"]
+        with pytest.raises(openai.UnprocessableEntityError, match="logprobs"):
+            client.chat.completions.create(model="tiny", messages=CONVERSATIONS[1],
+                                           logprobs=True)

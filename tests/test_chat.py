@@ -1,0 +1,217 @@
+"""An instruct model's conversations: the import keeps its chat template and end tokens,
+a Chat is the ids transformers' apply_chat_template gives, the reply is transformers'
+greedy reply (ending at any end token), and the template goes with every copy of the
+model: a fine-tuning's saves, averages, the ONNX export and the export to transformers.
+`transduce chat` holds a conversation; `generate --chat` answers one message a line."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.chat_models import CHATML, CONVERSATIONS, EOS, LLAMA3, STEPS, chatml_model, \
+    greedy_reply, instruct_llama, template_ids, transformers
+from tests.test_import_llama import hf_checkpoint, write_spm_bpe
+from transduce import checkpoint
+from transduce.cli import main
+from transduce.config import ConfigError
+from transduce.data.chat import Chat
+from transduce.decode.generate import Generator
+from transduce.decode.search import beam_search, best_extensions
+from transduce.importers import ForeignCheckpointError, import_llama
+from transduce.model import load_model
+
+@pytest.fixture(scope="module")
+def chatml(tmp_path_factory):
+    return chatml_model(tmp_path_factory.mktemp("chatml"))
+
+
+@pytest.fixture(scope="module")
+def llama3(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llama3")
+    hf = instruct_llama(root, LLAMA3, seed=1)
+    out = import_llama(root / "hf", root / "ours")
+    return SimpleNamespace(hf=hf, hf_dir=root / "hf", out=out, generator=Generator.load(out))
+
+
+def section(path):
+    return json.loads((path / "config.json").read_text())["tokenizer"]
+
+
+def test_the_import_records_the_template_its_tokens_and_the_end_tokens(chatml):
+    recorded = section(chatml.out)
+    assert recorded["chat_template"]["template"] == CHATML
+    assert recorded["chat_template"]["tokens"] == {"bos_token": "<s>", "eos_token": "</s>",
+                                                   "unk_token": "<unk>"}
+    assert recorded["stop_ids"] == [chatml.end]
+    assert chatml.generator.end_ids == (EOS, chatml.end)
+
+
+@pytest.mark.parametrize("model", ["chatml", "llama3"])
+@pytest.mark.parametrize("index", range(len(CONVERSATIONS)))
+def test_a_conversation_is_the_ids_apply_chat_template_gives(model, index, request):
+    imported = request.getfixturevalue(model)
+    conversation = CONVERSATIONS[index]
+    (ids,) = imported.generator.encode([Chat.of(conversation)])
+    assert ids == template_ids(imported.hf_dir, conversation)
+    assert (ids[0] == 1) == (model == "llama3")       # bos only where the template writes it
+
+
+@pytest.mark.parametrize("model", ["chatml", "llama3"])
+def test_replies_are_transformers_greedy_replies_batched_or_alone(model, request):
+    imported = request.getfixturevalue(model)
+    generator, ends = imported.generator, list(imported.generator.end_ids)
+    chats = [Chat.of(conversation) for conversation in CONVERSATIONS]
+    batched = generator.generate_rows(chats, max_new_tokens=STEPS)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(imported.hf_dir)
+    for chat, conversation, row in zip(chats, CONVERSATIONS, batched):
+        theirs = greedy_reply(imported.hf, template_ids(imported.hf_dir, conversation), STEPS,
+                              ends)
+        assert row.tokens + ([row.end_token] if row.end_token is not None else []) == theirs
+        ended = theirs[-1] in ends
+        assert row.text == tokenizer.decode(theirs[:-1] if ended else theirs,
+                                            skip_special_tokens=True)
+        assert row.finish_reason == ("stop" if ended else "length")
+        assert generator.generate([chat], max_new_tokens=STEPS) == [row.text]
+
+
+def test_an_end_token_besides_eos_ends_the_reply(chatml):
+    (row,) = chatml.generator.generate_rows([Chat.of(CONVERSATIONS[0])], max_new_tokens=STEPS)
+    assert len(row.tokens) == chatml.cut and row.end_token == chatml.end
+    assert row.finish_reason == "stop"
+    # beam search (beam 1: greedy) ends there too
+    (ids,) = chatml.generator.encode([Chat.of(CONVERSATIONS[0])])
+    prompt = torch.tensor([ids])
+    found = beam_search(chatml.generator.model, prompt, bos_id=prompt[:, -1],
+                        eos_id=(EOS, chatml.end), beam=1, max_len=STEPS)
+    assert found[0][0].tokens == row.tokens
+    assert chatml.generator.chat(CONVERSATIONS[0], max_new_tokens=STEPS, beam=3) != ""
+
+
+def test_several_end_tokens_are_ends_to_the_beam_search_as_one_is():
+    logits = torch.randn(2 * 3, 11)
+    scores = torch.zeros(2, 3)
+    one = best_extensions(logits, scores, 3, 4)
+    two = best_extensions(logits, scores, 3, (4, 7))
+    assert torch.equal(one.is_eos, one.top_token == 4)
+    assert torch.equal(two.is_eos, (two.top_token == 4) | (two.top_token == 7))
+    assert torch.equal(best_extensions(logits, scores, 3, (4,)).is_eos, one.is_eos)
+
+
+def test_the_template_goes_with_saves_averages_and_the_onnx_export(chatml, tmp_path):
+    expected = checkpoint.load_tokenizer(chatml.out)
+    # a fine-tuning's save names the checkpoint's tokenizer.json
+    saved = checkpoint.save(tmp_path / "tuned", load_model(chatml.out), None,
+                            chatml.out / "tokenizer.json")
+    averaged = checkpoint.average([chatml.out, saved], tmp_path / "averaged")
+    for path in (saved, averaged):
+        copy = checkpoint.load_tokenizer(path)
+        assert (copy.chat_template, copy.stop_ids) == (expected.chat_template,
+                                                       expected.stop_ids)
+    assert main(["export", "onnx", str(chatml.out), str(tmp_path / "onnx")]) == 0
+    onnx = Generator.load(tmp_path / "onnx")
+    for conversation in CONVERSATIONS:
+        assert onnx.chat(conversation, max_new_tokens=STEPS) == \
+            chatml.generator.chat(conversation, max_new_tokens=STEPS)
+
+
+def test_the_export_to_transformers_has_the_template_and_the_end_tokens(chatml, tmp_path):
+    assert main(["export", "hf", str(chatml.out), str(tmp_path / "hf")]) == 0
+    for conversation in CONVERSATIONS:
+        assert template_ids(tmp_path / "hf", conversation) == \
+            template_ids(chatml.hf_dir, conversation)
+    generation = transformers.GenerationConfig.from_pretrained(tmp_path / "hf")
+    assert generation.eos_token_id == [EOS, chatml.end]
+    back = import_llama(tmp_path / "hf", tmp_path / "back")
+    again, before = section(back)["chat_template"], section(chatml.out)["chat_template"]
+    assert again["template"] == before["template"]
+    for name in ("bos_token", "eos_token"):      # the export names bos, eos and pad only
+        assert again["tokens"][name] == before["tokens"][name]
+    assert section(back)["stop_ids"] == [chatml.end]
+
+
+def test_a_model_without_a_template_refuses_a_chat_by_name(tmp_path):
+    (tmp_path / "vocabulary").mkdir()
+    hf_checkpoint(tmp_path / "hf", write_spm_bpe(tmp_path / "vocabulary"),
+                  hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                  num_attention_heads=2, max_position_embeddings=32)
+    generator = Generator.load(import_llama(tmp_path / "hf", tmp_path / "ours"))
+    assert "stop_ids" not in section(tmp_path / "ours")
+    with pytest.raises(ConfigError, match="this model has no chat template"):
+        generator.chat([{"role": "user", "content": "Hello"}])
+    assert generator.generate(["Hello"], max_new_tokens=3)       # plain prompts still work
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda s: s["chat_template"].update(template="{% for m in messages %}"),
+     "chat_template: not a Jinja template"),
+    (lambda s: s.update(chat_template="{{ messages }}"), "must be an object"),
+    (lambda s: s.update(stop_ids="3"), "stop_ids must be a list of ids"),
+    (lambda s: s.update(stop_ids=[100000]), "stop_id=100000 is not an id of the vocabulary"),
+])
+def test_a_corrupt_record_is_named(chatml, tmp_path, change, message):
+    copy = checkpoint.save(tmp_path / "copy", load_model(chatml.out), None,
+                           chatml.out / "tokenizer.json")
+    values = json.loads((copy / "config.json").read_text())
+    change(values["tokenizer"])
+    (copy / "config.json").write_text(json.dumps(values))
+    with pytest.raises(checkpoint.CheckpointError, match=message):
+        checkpoint.load_tokenizer(copy)
+
+
+def test_an_import_takes_chat_template_jinja_and_refuses_a_broken_template(chatml, tmp_path):
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    for file in chatml.hf_dir.iterdir():
+        (hf_dir / file.name).write_bytes(file.read_bytes())
+    (hf_dir / "chat_template.jinja").write_text(LLAMA3)        # transformers 4.43's file
+    out = import_llama(hf_dir, tmp_path / "ours")
+    assert section(out)["chat_template"]["template"] == LLAMA3
+    (hf_dir / "chat_template.jinja").write_text("{% if %}")
+    with pytest.raises(ForeignCheckpointError, match="chat_template.jinja: not a Jinja"):
+        import_llama(hf_dir, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    (hf_dir / "chat_template.jinja").unlink()
+    (hf_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, "x"]}))
+    with pytest.raises(ForeignCheckpointError, match="generation_config.json: eos_token_id"):
+        import_llama(hf_dir, tmp_path / "refused")
+
+
+def test_chat_holds_a_conversation_and_leaves_out_what_no_longer_fits(chatml, tmp_path,
+                                                                     monkeypatch, capsys):
+    lines = ["Hello world!", "In the beginning", "¿verdad que sí?"]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    system = {"role": "system", "content": "Answer in Spanish."}
+    generator = chatml.generator
+    alone = max(len(ids) for ids in generator.encode(
+        [Chat.of([system, {"role": "user", "content": line}]) for line in lines]))
+    # 8 new tokens: the whole conversation fits; all the context leaves a message alone:
+    # each message is answered without the exchanges before it
+    for max_new, kept in ((8, 3), (generator.context - alone, 1)):
+        monkeypatch.setattr("sys.stdin", open(tmp_path / "in.txt", encoding="utf-8"))
+        assert main(["chat", "--model", str(chatml.out), "--system", system["content"],
+                     "--max-new-tokens", str(max_new)]) == 0
+        out, err = capsys.readouterr()
+        history, expected = [], []
+        for line in lines:
+            history = history[-2 * (kept - 1):] if kept > 1 else []
+            reply = chatml.generator.chat([system, *history, {"role": "user", "content": line}],
+                                          max_new_tokens=max_new)
+            expected.append(reply)
+            history += [{"role": "user", "content": line},
+                        {"role": "assistant", "content": reply}]
+        assert out == "".join(reply.replace("\n", "\\n") + "\n" for reply in expected)
+        assert ("left out" in err) == (kept == 1)
+
+
+def test_generate_chat_answers_each_line_as_a_users_message(chatml, capsys):
+    assert main(["generate", "--chat", "--model", str(chatml.out), "--system", "Be brief.",
+                 "--max-new-tokens", "6", "--prompt", "Hello world!", "--prompt", "Ça"]) == 0
+    expected = [chatml.generator.chat([{"role": "system", "content": "Be brief."},
+                                       {"role": "user", "content": text}], max_new_tokens=6)
+                for text in ("Hello world!", "Ça")]
+    assert capsys.readouterr().out == "".join(text.replace("\n", "\\n") + "\n"
+                                              for text in expected)
+    assert main(["generate", "--model", str(chatml.out), "--system", "x", "--prompt", "a"]) == 2
+    assert "--system is the system message of --chat" in capsys.readouterr().err
