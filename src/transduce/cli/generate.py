@@ -79,6 +79,9 @@ def generate_command(args: argparse.Namespace) -> int:
     from transduce.decode.generate import Generator, prompt_seeds
     from transduce.decode.options import GenerateOptions
 
+    if args.system is not None and not args.chat:
+        raise ConfigError("--system is the system message of --chat's conversations: give "
+                          "--chat too")
     options = GenerateOptions(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
@@ -86,11 +89,10 @@ def generate_command(args: argparse.Namespace) -> int:
         batch_sentences=args.batch_sentences)
     generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                engine=args.engine)
+    if args.chat:
+        generator.chat_text(user_turn("", args.system))   # no template: refused before input
     seed = prompt_seeds(options.seed, 1)[0]      # one run, one seed: prompt k draws the k-th
     done = 0
-    if args.system is not None and not args.chat:
-        raise ConfigError("--system is the system message of --chat's conversations: give "
-                          "--chat too")
     for prompts in _prompt_batches(args):
         if args.chat:
             prompts = [user_turn(prompt, args.system) for prompt in prompts]
