@@ -91,13 +91,23 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
+# The instruction sets the fast paths choose by (one "AMD EPYC" may be a Zen 4 with
+# AVX-512, VNNI and bfloat16, or a CPU with AVX2 alone).
+KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni",
+                "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
 def machine_info(threads: int) -> dict:
-    cpu = "unknown"
+    cpu, flags = "unknown", set()
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info
-                        if line.startswith("model name")), cpu)
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "torch_threads": threads,
+            lines = info.read().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines
+                    if line.startswith("model name")), cpu)
+        flags = next((set(line.split(":", 1)[1].split()) for line in lines
+                      if line.startswith("flags")), flags)
+    return {"cpu": cpu, "cpu_flags": [flag for flag in KERNEL_FLAGS if flag in flags],
+            "logical_cpus": os.cpu_count(), "torch_threads": threads,
             "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "python": platform.python_version(), "platform": platform.platform(),
             "memory_available_bytes": available_bytes(),

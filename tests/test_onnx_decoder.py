@@ -1,8 +1,8 @@
 """A decoder-only model's ONNX export (one graph for prompt and steps) run by ONNX Runtime
 computes what our model computes, for left-padded batches and at every past length,
-generates the same text through the same searches, computes what transformers computes
-for an imported Llama, and is served like the checkpoint; what it cannot hold is
-refused by name."""
+generates the same text through the same searches, scores tokens as it does, computes
+what transformers computes for an imported Llama, and is served like the checkpoint;
+what it cannot hold is refused by name."""
 
 import json
 
@@ -124,6 +124,11 @@ def test_generation_and_searches_give_the_same_text(tmp_path, tiny_corpus, varia
              for runner in (ours, theirs)]
     assert [[h.tokens for h in row] for row in found[1]] == \
         [[h.tokens for h in row] for row in found[0]]
+    sequences = [ids + [5, 9, 11, 7] for ids in ours.encode(PROMPTS)]    # /v1/completions'
+    for mine, its in zip(ours.token_logprobs(sequences, 3), theirs.token_logprobs(sequences, 3)):
+        assert its.logprobs == pytest.approx(mine.logprobs, abs=1e-4)
+        assert [[i for i, _ in best] for best in its.top] == \
+            [[i for i, _ in best] for best in mine.top]
 
 
 def test_the_cli_and_a_server_run_the_export(tmp_path, tiny_corpus, capsys):

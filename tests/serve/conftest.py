@@ -62,6 +62,15 @@ def encoder(encoder_dir):
     return load(encoder_dir)
 
 
+@pytest.fixture(scope="session")
+def chatml(tmp_path_factory):
+    """A random ChatML instruct Llama saved by transformers and imported
+    (tests/chat_models.py), with an end token besides eos."""
+    from tests.chat_models import chatml_model
+
+    return chatml_model(tmp_path_factory.mktemp("chatml"))
+
+
 def client_for(model, **limits) -> TestClient:
     return TestClient(create_app(model, name="tiny", limits=Limits(**limits)),
                       raise_server_exceptions=False)

@@ -7,16 +7,11 @@ import threading
 
 import pytest
 
-from tests.chat_models import CONVERSATIONS, STEPS, chatml_model
+from tests.chat_models import CONVERSATIONS, STEPS
 from tests.serve.conftest import client_for
 from tests.serve.test_server import ServerThread
 from transduce.data.chat import Chat
 from transduce.serve.app import create_app
-
-
-@pytest.fixture(scope="module")
-def chatml(tmp_path_factory):
-    return chatml_model(tmp_path_factory.mktemp("chatml"))
 
 
 @pytest.fixture()

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.chat_models import chatml_model
 from tests.serve.conftest import client_for
 
 
@@ -122,9 +121,9 @@ def fuzz(client, path: str, schema: dict, schemas: dict) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def instruct(tmp_path_factory):
+def instruct(chatml):
     """A language model with a chat template, whose /v1/chat/completions answers."""
-    return chatml_model(tmp_path_factory.mktemp("instruct")).generator
+    return chatml.generator
 
 
 @pytest.mark.parametrize("kind", ["translator", "generator", "encoder", "instruct"])

@@ -6,9 +6,9 @@
         print(text, end="", flush=True)                                   # whole words
     generator.chat([{"role": "user", "content": "Hi!"}])   # an instruct model's reply
 
-A prompt is a text, continued as it is, or a Chat (data/chat.py), a conversation that
-the model's chat template lays out with the opening of the assistant's turn, so that
-what the model generates is its reply.
+A prompt is a text, continued as it is, a Chat (data/chat.py), a conversation that the
+model's chat template lays out with the opening of the assistant's turn, so that what
+the model generates is its reply, or PromptIds, token ids read as they are.
 
 N prompts in give N continuations out, in order. Prompts are sorted by length and
 generated in left-padded batches (model/decoder_only.py): each row's positions and mask
@@ -21,7 +21,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -37,18 +37,19 @@ from transduce.decode.options import DecodeDtype, Engine, GenerateOptions, KvDty
     decoding_dtype, is_sampling_seed, use_instead
 from transduce.decode.sampling import Sampler, penalize_repetition, prompt_seeds
 from transduce.decode.search import beam_search
+from transduce.decode.token_logprobs import TokenLogprobs, token_logprobs
+from transduce.decode.token_spans import decoded_after, last_text_tokens
 from transduce.errors import TransduceError, TransduceWarning
 from transduce.model import DecoderOnly, load_model
 from transduce.model.packed import decoding_copy
 
 
 class PromptError(TransduceError, ValueError):
-    """A prompt the model cannot continue (longer than its context); names it."""
+    """A prompt the model cannot continue (ids it lacks, or PromptTooLong); names it."""
 
 
-# Prompt tokens decoded before a continuation, so that it keeps the space or the joined
-# bytes that its first piece means after them (SentencePiece drops a leading space).
-CONTEXT_TOKENS = 4
+class PromptTooLong(PromptError):
+    """A prompt that fills the model's context, leaving no place to continue it."""
 
 
 @dataclass
@@ -103,12 +104,7 @@ class Continuation:
         return self._text
 
     def _decode(self) -> None:
-        text = self.tokenizer.decode(self.tokens)
-        if self.context:
-            before = self.tokenizer.decode(self.context)
-            joined = self.tokenizer.decode(self.context + self.tokens)
-            if joined.startswith(before):
-                text = joined[len(before):]
+        text = decoded_after(self.tokenizer, self.context, self.tokens)
         found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
         if found:
             text, self.finished, self.ended = text[:min(found)], True, True
@@ -134,6 +130,15 @@ class Continuation:
 
 class ReplyIds(list):
     """A Chat's prompt ids (Generator.encode): what follows is the assistant's reply."""
+
+
+class PromptIds(tuple):
+    """A prompt given as token ids (OpenAI's completions take them), read as they are:
+    no bos is added, so that a caller that tokenized a text itself (an evaluation
+    harness) is answered about exactly the tokens it sent."""
+
+
+Prompt = Union[str, Chat, PromptIds]
 
 
 class Generator:
@@ -192,7 +197,7 @@ class Generator:
         """Positions the model reads: prompt and continuation together."""
         return self.model.config.max_positions
 
-    def generate(self, prompts: Sequence[str | Chat], options: GenerateOptions | None = None,
+    def generate(self, prompts: Sequence[Prompt], options: GenerateOptions | None = None,
                  *, first_number: int = 1, seeds: Sequence[int] | None = None,
                  **settings) -> list[str]:
         """The continuation of each prompt. options, or its fields as keyword arguments
@@ -203,7 +208,7 @@ class Generator:
                                                        first_number=first_number,
                                                        seeds=seeds, **settings)]
 
-    def generate_rows(self, prompts: Sequence[str | Chat],
+    def generate_rows(self, prompts: Sequence[Prompt],
                       options: GenerateOptions | None = None, *, first_number: int = 1,
                       seeds: Sequence[int] | None = None, **settings) -> list[Continuation]:
         """generate()'s continuations whole: their tokens and why each ended, too."""
@@ -225,7 +230,7 @@ class Generator:
         the last the user's), laid out by its chat template; generate()'s settings."""
         return self.generate([Chat.of(messages)], options, **settings)[0]
 
-    def stream(self, prompt: str | Chat, options: GenerateOptions | None = None, *,
+    def stream(self, prompt: Prompt, options: GenerateOptions | None = None, *,
                number: int = 1, seed: int | None = None, **settings) -> Iterator[str]:
         """The continuation of one prompt as it is generated, in pieces of whole words;
         the pieces joined are generate([prompt], seeds=[seed])[0] (seed None: the
@@ -242,7 +247,7 @@ class Generator:
             if text:
                 yield text
 
-    def stream_batch(self, prompts: Sequence[str | Chat],
+    def stream_batch(self, prompts: Sequence[Prompt],
                      options: GenerateOptions | None = None, *, first_number: int = 1,
                      seeds: Sequence[int] | None = None, **settings) -> Iterator[list[str]]:
         """Several prompts generated in one batch, streamed: after each step, the new text
@@ -253,7 +258,7 @@ class Generator:
                                      seeds=seeds, **settings):
             yield [row.take() for row in rows]
 
-    def stream_rows(self, prompts: Sequence[str | Chat],
+    def stream_rows(self, prompts: Sequence[Prompt],
                     options: GenerateOptions | None = None, *, first_number: int = 1,
                     seeds: Sequence[int] | None = None,
                     **settings) -> Iterator[list[Continuation]]:
@@ -271,26 +276,53 @@ class Generator:
         for _ in self._steps(prompt_ids, mask, rows, max_new, options, sampler):
             yield [rows[row_of[i]] for i in range(len(ids))]
 
-    def encode(self, prompts: Sequence[str | Chat], first_number: int = 1
+    def encode(self, prompts: Sequence[Prompt], first_number: int = 1
                ) -> list[list[int]]:
         """Each prompt's ids: a text's with bos first where the model was trained so (an
         empty one is bos alone, so the model generates from nothing, as it began its
-        training sequences), a Chat's as its template lays it out; one that fills the
-        context is a PromptError naming it."""
+        training sequences), a Chat's as its template lays it out, PromptIds as they are;
+        one that fills the context, or ids the model lacks, is a PromptError naming it."""
         prompts = _checked_prompts(prompts, first_number)
-        texts = [self.chat_text(p) if isinstance(p, Chat) else p for p in prompts]
+        texts = iter(self.tokenizer.encode([self.chat_text(p) if isinstance(p, Chat) else p
+                                            for p in prompts if not isinstance(p, PromptIds)]))
         encoded = []
-        for number, (prompt, ids) in enumerate(zip(prompts, self.tokenizer.encode(texts)),
-                                               start=first_number):
-            if not isinstance(prompt, Chat) or not ids:
-                ids = with_bos(ids, self.tokenizer)
+        for number, prompt in enumerate(prompts, start=first_number):
+            if isinstance(prompt, PromptIds):
+                ids = self._known_ids(prompt, number)
             else:
-                ids = ReplyIds(ids)
+                ids = next(texts)
+                ids = ReplyIds(ids) if isinstance(prompt, Chat) and ids \
+                    else with_bos(ids, self.tokenizer)
             if len(ids) >= self.context:
-                raise PromptError(f"prompt {number}: {len(ids)} tokens, but the model reads "
-                                  f"{self.context} positions in all (prompt and continuation)")
+                raise PromptTooLong(f"prompt {number}: {len(ids)} tokens, but the model "
+                                    f"reads {self.context} positions in all (prompt and "
+                                    f"continuation)")
             encoded.append(ids)
         return encoded
+
+    def token_logprobs(self, sequences: Sequence[Sequence[int]], top: int = 0
+                       ) -> list[TokenLogprobs]:
+        """Each token's log-probability given the tokens before it, and the `top`
+        likeliest tokens in each place (decode/token_logprobs.py), of sequences of ids
+        (a prompt's and its continuation's); a sequence the model cannot read whole is
+        a PromptError."""
+        for number, sequence in enumerate(sequences, start=1):
+            if len(sequence) > self.context + 1:   # the last token is scored, not read
+                raise PromptError(f"sequence {number}: {len(sequence)} tokens, but the model "
+                                  f"reads {self.context} positions")
+        return token_logprobs(self.model, sequences, top, device=self.device)
+
+    def _known_ids(self, prompt: PromptIds, number: int) -> list[int]:
+        """PromptIds as a list, refused (PromptError) where empty or holding an id that
+        is no integer of the model's vocabulary."""
+        vocab = self.model.config.tgt_vocab_size
+        if not prompt:
+            raise PromptError(f"prompt {number}: no token ids (give at least one)")
+        for index, token in enumerate(prompt):
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+                raise PromptError(f"prompt {number}: token {index} is {token!r}, not an id of "
+                                  f"the model's vocabulary (0 to {vocab - 1})")
+        return list(prompt)
 
     def chat_text(self, chat: Chat) -> str:
         """The conversation as the model's chat template writes it, up to the opening of
@@ -343,10 +375,7 @@ class Generator:
         last special one (which ends decoding); a chat's reply is decoded alone, as
         transformers decodes it (a leading "▁" is the template's separator)."""
         t = self.tokenizer
-        specials = {t.bos_id, t.pad_id, *self.end_ids}
-        last = max((i for i, token in enumerate(ids) if token in specials), default=-1)
-        context = [] if isinstance(ids, ReplyIds) else \
-            ids[max(last + 1, len(ids) - CONTEXT_TOKENS):]
+        context = [] if isinstance(ids, ReplyIds) else last_text_tokens(t, ids, self.end_ids)
         return Continuation(t, options.stop, context, frozenset(self.end_ids[1:]),
                             limit=min(options.max_new_tokens, self.context - len(ids)))
 
@@ -409,16 +438,16 @@ def _one_or_all(ids: tuple[int, ...]) -> int | tuple[int, ...]:
     return ids[0] if len(ids) == 1 else ids
 
 
-def _checked_prompts(prompts: Sequence[str | Chat], first_number: int) -> list[str | Chat]:
-    """The prompts as a list, each a Chat or a text encodable as UTF-8 (else a TextError
-    naming it by its number)."""
+def _checked_prompts(prompts: Sequence[Prompt], first_number: int) -> list[Prompt]:
+    """The prompts as a list, each a Chat, PromptIds or a text encodable as UTF-8 (else a
+    TextError naming it by its number)."""
     if isinstance(prompts, Chat):
         raise ConfigError("expected a list of prompts, got one Chat: pass [chat]")
     if isinstance(prompts, (str, bytes)):
         return checked_texts(prompts, "prompt", first_number)      # which refuses it
     prompts = list(prompts)
     for number, prompt in enumerate(prompts, start=first_number):
-        if not isinstance(prompt, Chat):
+        if not isinstance(prompt, (Chat, PromptIds)):
             checked_texts([prompt], "prompt", number)
     return prompts
 

@@ -27,7 +27,7 @@ from transduce.attention import one_query
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.generate import Generator
 from transduce.decode.translate import Translator
-from transduce.serve import chat, docs, encoding, generation, page, translation
+from transduce.serve import chat, completions, docs, encoding, generation, page, translation
 from transduce.serve.batcher import Batcher
 from transduce.serve.continuous import decodes_in_streams
 from transduce.serve.limits import Limits
@@ -107,6 +107,7 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
     app.include_router(router)
     if kind == "generation":
         app.include_router(chat.routes(service))        # an instruct model's conversations
+        app.include_router(completions.routes(service))   # OpenAI's clients, harnesses
     app.include_router(_common_routes(service, kind))
     app.include_router(page.routes(kind))
     app.include_router(docs.routes(app.title, app.openapi_url))

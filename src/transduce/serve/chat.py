@@ -15,9 +15,6 @@ as long as the context allows; frequency and presence penalties are refused but 
 from __future__ import annotations
 
 import asyncio
-import json
-import secrets
-import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
@@ -28,12 +25,13 @@ from transduce.config import ConfigError
 from transduce.data.chat import Chat, ChatError, Message
 from transduce.decode.generate import Continuation, Generator, PromptError, prompt_seeds
 from transduce.decode.options import GenerateOptions
-from transduce.serve.generation import EventFormat, Prompts, enqueue_prompts, events, named
+from transduce.serve.generation import EventFormat, Prompts, enqueue_prompts, events
 from transduce.serve.limits import ApiError, check_texts
+from transduce.serve.openai_shape import DONE, Completion, error_event, sampling_options
 from transduce.serve.schemas import AssistantMessage, ChatChoice, ChatRequest, ChatResponse, \
-    Timings, Usage
+    Timings
 from transduce.serve.service import Service
-from transduce.serve.validation import ERROR_RESPONSES
+from transduce.serve.validation import OPENAI_ERROR_RESPONSES
 
 SSE_DESCRIPTION = ("With \"stream\": true, text/event-stream: OpenAI's `data: "
                    "{\"object\": \"chat.completion.chunk\", ...}` events, the last with its "
@@ -57,40 +55,26 @@ class Conversations(Prompts):
                      row.finish_reason)
 
 
-@dataclass(frozen=True)
-class Completion:
-    """What every chunk or answer of one request repeats."""
-
-    id: str
-    created: int
-    model: str
-    prompt_tokens: int
-
-    def usage(self, reply: Reply) -> Usage:
-        return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=reply.tokens,
-                     total_tokens=self.prompt_tokens + reply.tokens)
-
-    def chunk(self, delta: dict, finish_reason: str | None = None, **more: Any) -> str:
-        choices = [] if delta is None else [
-            {"index": 0, "delta": delta, "finish_reason": finish_reason}]
-        return "data: " + json.dumps({"id": self.id, "object": "chat.completion.chunk",
-                                      "created": self.created, "model": self.model,
-                                      "choices": choices, **more}) + "\n\n"
+def _chunk(completion: Completion, delta: dict | None, finish_reason: str | None = None,
+           **more: Any) -> str:
+    """One "chat.completion.chunk" event: the reply's delta (None: no choice)."""
+    choices = [] if delta is None else [
+        {"index": 0, "delta": delta, "finish_reason": finish_reason}]
+    return completion.event("chat.completion.chunk", choices, **more)
 
 
 def routes(service: Service) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/chat/completions", response_model=ChatResponse, responses={
-        **ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}},
-                                 "description": SSE_DESCRIPTION}},
+        **OPENAI_ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}},
+                                        "description": SSE_DESCRIPTION}},
         summary="An instruct model's reply to a conversation (OpenAI's chat completions)")
     async def chat(body: ChatRequest):
         conversation, prompt_tokens = _conversation(service, body)
         options = _options(service, body, prompt_tokens)
         seeds = None if options.greedy else prompt_seeds(options.seed, 1)
-        completion = Completion(f"chatcmpl-{secrets.token_hex(12)}", int(time.time()),
-                                service.name, prompt_tokens)
+        completion = Completion.new("chatcmpl", service.name, prompt_tokens)
         tokens = prompt_tokens + options.max_new_tokens
         if not body.stream:
             job = enqueue_prompts(service, Conversations([conversation], options, seeds),
@@ -100,7 +84,7 @@ def routes(service: Service) -> APIRouter:
                 id=completion.id, created=completion.created, model=completion.model,
                 choices=[ChatChoice(index=0, message=AssistantMessage(content=reply.text),
                                     finish_reason=reply.finish_reason)],
-                usage=completion.usage(reply), timings=timings)
+                usage=completion.usage(reply.tokens), timings=timings)
         pieces: asyncio.Queue = asyncio.Queue()
         job = enqueue_prompts(service, Conversations([conversation], options, seeds, pieces,
                                                      asyncio.get_running_loop()), tokens)
@@ -138,19 +122,7 @@ def _options(service: Service, body: ChatRequest, prompt_tokens: int) -> Generat
                        "max_completion_tokens")
     most = body.max_tokens or body.max_completion_tokens \
         or generator.context - prompt_tokens
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    try:
-        return GenerateOptions(max_new_tokens=most, temperature=body.temperature,
-                               top_k=body.top_k, top_p=body.top_p, seed=body.seed,
-                               repetition_penalty=body.repetition_penalty, stop=stop,
-                               batch_sentences=service.limits.max_texts)
-    except ConfigError as error:
-        raise named(error) from None
-
-
-def _openai(body: dict) -> dict:
-    """An error event's body (ApiError.body's shape) in OpenAI's."""
-    return ApiError(422, body["error"], body.get("field")).openai_body()
+    return sampling_options(body, most, service.limits.max_texts)
 
 
 async def _chunks(service: Service, job, pieces: asyncio.Queue, completion: Completion,
@@ -159,15 +131,13 @@ async def _chunks(service: Service, job, pieces: asyncio.Queue, completion: Comp
     usage if asked, [DONE]; an error ends it as an {"error": ...} event."""
     def done(results: list[Reply], timings: Timings) -> str:
         (reply,) = results
-        last = completion.chunk({}, reply.finish_reason)
+        last = _chunk(completion, {}, reply.finish_reason)
         if usage:
-            last += completion.chunk(None, usage=completion.usage(reply).model_dump())
-        return last + "data: [DONE]\n\n"
+            last += _chunk(completion, None, usage=completion.usage(reply.tokens).model_dump())
+        return last + DONE
 
-    form = EventFormat(piece=lambda index, text: completion.chunk({"content": text}),
-                       done=done,
-                       error=lambda body: f"data: {json.dumps(_openai(body))}\n\n"
-                                          "data: [DONE]\n\n")
-    yield completion.chunk({"role": "assistant", "content": ""})
+    form = EventFormat(piece=lambda index, text: _chunk(completion, {"content": text}),
+                       done=done, error=error_event)
+    yield _chunk(completion, {"role": "assistant", "content": ""})
     async for event in events(service, job, pieces, form):
         yield event

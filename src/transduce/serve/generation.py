@@ -23,8 +23,7 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from transduce.config import ConfigError
-from transduce.data.chat import Chat
-from transduce.decode.generate import Continuation, Generator, prompt_seeds, with_bos
+from transduce.decode.generate import Continuation, Generator, Prompt, prompt_seeds, with_bos
 from transduce.decode.options import GenerateOptions
 from transduce.serve.batcher import Job
 from transduce.serve.continuous import generation_stream
@@ -113,11 +112,11 @@ def named(error: ConfigError) -> ApiError:
 
 @dataclass
 class Prompts:
-    """A generate job's payload: its prompts (texts, or Chats: serve/chat.py), their
-    settings and seeds (None: greedy or beam) and, when streamed, the queue its pieces go
-    to, on the event loop's thread."""
+    """A generate job's payload: its prompts (texts, Chats: serve/chat.py, or PromptIds:
+    serve/completions.py), their settings and seeds (None: greedy or beam) and, when
+    streamed, the queue its pieces go to, on the event loop's thread."""
 
-    texts: list[str | Chat]
+    texts: list[Prompt]
     options: GenerateOptions
     seeds: list[int] | None
     pieces: asyncio.Queue | None = None

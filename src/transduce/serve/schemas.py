@@ -8,10 +8,12 @@ set at start-up (max_chars, max_texts: 413) are checked by the routes.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import json
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, \
-    StrictInt, StrictStr
+    StrictInt, StrictStr, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic_core import PydanticCustomError
 
 MAX_BEAM = 16
 
@@ -192,16 +194,13 @@ class StreamOptions(Strict):
     include_usage: StrictBool = Field(False, description="a last chunk with the usage")
 
 
-class ChatRequest(Strict):
-    """OpenAI's chat completion request, for its clients; sampling as /v1/generate's."""
+class OpenAISampling(Strict):
+    """What OpenAI's chat and text completion requests share: sampling as /v1/generate's,
+    OpenAI's default temperature, and the fields its clients send that change nothing
+    here."""
 
     model: StrictStr | None = Field(None, description="accepted for OpenAI's clients; the "
                                                       "server answers with its one model")
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
-        None, description="reply tokens at most (default: what the context leaves)")
-    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
-        None, description="the same, OpenAI's newer name")
     temperature: Annotated[Number, Field(ge=0, le=100, allow_inf_nan=False)] = Field(
         1.0, description="OpenAI's default, 1: sampling; 0: greedy")
     top_p: Annotated[Number, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
@@ -210,7 +209,6 @@ class ChatRequest(Strict):
     seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
     stop: Annotated[Text, Field(min_length=1)] | Annotated[
         list[Annotated[Text, Field(min_length=1)]], Field(max_length=16)] | None = None
-    n: Literal[1] = Field(1, description="one reply per request")
     frequency_penalty: Annotated[Number, Field(ge=0, le=0)] = Field(
         0, description="only 0; repetition_penalty discourages repeats")
     presence_penalty: Annotated[Number, Field(ge=0, le=0)] = Field(
@@ -218,6 +216,17 @@ class ChatRequest(Strict):
     user: StrictStr | None = Field(None, description="accepted and ignored")
     stream: StrictBool = Field(False, description="server-sent chunks as OpenAI's")
     stream_options: StreamOptions | None = None
+
+
+class ChatRequest(OpenAISampling):
+    """OpenAI's chat completion request, for its clients."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="reply tokens at most (default: what the context leaves)")
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="the same, OpenAI's newer name")
+    n: Literal[1] = Field(1, description="one reply per request")
 
 
 class AssistantMessage(BaseModel):
@@ -243,5 +252,110 @@ class ChatResponse(BaseModel):
     created: int
     model: str
     choices: list[ChatChoice]
+    usage: Usage
+    timings: Timings
+
+
+class OpenAIError(BaseModel):
+    message: str
+    type: Literal["invalid_request_error", "rate_limit_error"]
+    param: str | None = Field(description="the field at fault, as a JSON path")
+    code: None = None
+
+
+class OpenAIErrorBody(BaseModel):
+    """How the OpenAI-shaped routes (/v1/chat/completions, /v1/completions) answer a
+    request they refuse: as OpenAI does, for its clients to show the message."""
+
+    error: OpenAIError
+
+
+TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
+PROMPT_SHAPES = "a text, a list of texts, token ids, or a list of lists of token ids"
+
+
+def _prompt_shape(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A prompt of none of the four shapes, refused saying where it strays from them (a
+    text's own fault, a lone surrogate, is named by the text's check)."""
+    try:
+        return handler(value)
+    except ValidationError:
+        if isinstance(value, str) or (isinstance(value, list) and value and
+                                      all(isinstance(item, str) for item in value)):
+            raise
+        raise PydanticCustomError("prompt_shape", _prompt_problem(value)) from None
+
+
+def _prompt_problem(value: Any) -> str:
+    if not isinstance(value, list) or not value:
+        return f"give {PROMPT_SHAPES}, not {json.dumps(value)[:40]}"
+    rows = value if isinstance(value[0], list) else [value]
+    for i, row in enumerate(rows):
+        where = f"[{i}]" if rows is value else ""
+        if not isinstance(row, list) or not row:
+            return f"item {where or 0} is {json.dumps(row)[:40]}: each prompt's ids are a " \
+                   f"list of one or more"
+        for j, token in enumerate(row):
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                return f"item {where}[{j}] is {json.dumps(token)[:40]}, no token id (an " \
+                       f"integer from 0); give {PROMPT_SHAPES}"
+    return f"give {PROMPT_SHAPES}"
+
+
+CompletionPrompt = Annotated[
+    Text | Annotated[list[Text], Field(min_length=1)] | TokenIds
+    | Annotated[list[TokenIds], Field(min_length=1)], WrapValidator(_prompt_shape)]
+
+
+class CompletionRequest(OpenAISampling):
+    """OpenAI's (legacy) completion request: prompts continued as they are, for its
+    clients and the evaluation harnesses that score with `echo` and `logprobs`."""
+
+    prompt: CompletionPrompt = Field(description=(
+        "a text, texts, a prompt's token ids, or several prompts' (ids are read as they "
+        "are: no bos is added)"))
+    max_tokens: Annotated[StrictInt, Field(ge=0)] = Field(
+        16, description="tokens at most per completion (OpenAI's default, 16); 0 with "
+                        "echo scores the prompt alone")
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_BEAM)] = Field(
+        1, description="completions per prompt, each drawn from a seed of its own")
+    best_of: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="only n: each completion drawn is returned")
+    echo: StrictBool = Field(False, description="the prompt before its completion, and "
+                                                "its tokens in logprobs")
+    logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = Field(
+        None, description="each token's log-probability and the likeliest this many "
+                          "tokens in its place (the token's own is always among them)")
+    logit_bias: Annotated[dict[str, Number], Field(max_length=0)] | None = Field(
+        None, description="only empty")
+    suffix: None = Field(None, description="only null: no text after the completion")
+
+
+class CompletionLogprobs(BaseModel):
+    """OpenAI's: per token of the choice's text, in order."""
+
+    tokens: list[str] = Field(description="each token's piece of the text (an end "
+                                          "token's name, after the text)")
+    token_logprobs: list[float | None] = Field(description="natural log-probability given "
+                                                            "the tokens before (null: a "
+                                                            "first token)")
+    top_logprobs: list[dict[str, float] | None] = Field(description="the likeliest tokens "
+                                                                    "in that place")
+    text_offset: list[int] = Field(description="where each token's piece begins in the text")
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int
+    logprobs: CompletionLogprobs | None
+    finish_reason: Literal["stop", "length"]
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
     usage: Usage
     timings: Timings

@@ -19,13 +19,20 @@ from starlette.exceptions import HTTPException
 
 from transduce.decode.languages import Direction, LanguageError
 from transduce.serve.limits import ApiError
-from transduce.serve.schemas import ErrorBody, LanguagePair
+from transduce.serve.schemas import ErrorBody, LanguagePair, OpenAIErrorBody
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": text} for status, text in (
+
+
+def _error_responses(body: type) -> dict[int | str, dict[str, Any]]:
+    """The refusals a route documents in /openapi.json, with the body's schema."""
+    return {status: {"model": body, "description": text} for status, text in (
         (400, "malformed body"), (413, "over a limit (named in the error)"),
         (422, "a field with a wrong type or value (named in the error)"),
         (429, "the queue is full; see Retry-After"))}
+
+
+ERROR_RESPONSES = _error_responses(ErrorBody)
+OPENAI_ERROR_RESPONSES = _error_responses(OpenAIErrorBody)   # OPENAI_PATHS' routes
 
 
 def checked_direction(translator, body: LanguagePair,
@@ -85,7 +92,7 @@ def validation_error(errors: Iterable[dict], prefix: tuple = ("body",)) -> ApiEr
         return ApiError(422, f"{name}: required field missing", name or None)
     if first.get("type") == "extra_forbidden":
         return ApiError(422, f"{name}: unknown field", name or None)
-    message = first.get("msg", "invalid")
+    message = first.get("msg", "invalid").removeprefix("Value error, ")   # our validators'
     value = first.get("input")
     if isinstance(value, float) and not math.isfinite(value):
         message = f"{json.dumps(value)} is not a number it takes: give a finite number"
@@ -119,7 +126,8 @@ async def _why_unreadable(request: Request) -> str:
     return "the body is not valid UTF-8 JSON"
 
 
-OPENAI_PATHS = ("/v1/chat/",)       # routes in OpenAI's shape: errors in its shape too
+# Routes in OpenAI's shape: their errors in its shape too.
+OPENAI_PATHS = ("/v1/chat/", "/v1/completions")
 
 
 def install_error_handlers(app: FastAPI) -> None:
