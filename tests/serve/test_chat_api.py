@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tests.chat_models import CONVERSATIONS, STEPS
+from tests.chat_models import CONVERSATIONS, STEPS, template_ids
 from tests.serve.conftest import client_for
 from tests.serve.test_server import ServerThread
 from transduce.data.chat import Chat
@@ -39,11 +39,39 @@ def test_a_reply_is_the_librarys_with_its_usage_and_finish_reason(api, chatml, i
     text, reason, usage = expected_reply(chatml, conversation, max_new_tokens=STEPS)
     assert body["object"] == "chat.completion" and body["model"] == "tiny"
     assert body["id"].startswith("chatcmpl-") and body["created"] > 0
-    assert body["choices"] == [{"index": 0, "finish_reason": reason,
+    assert body["choices"] == [{"index": 0, "finish_reason": reason, "logprobs": None,
                                 "message": {"role": "assistant", "content": text}}]
     assert body["usage"] == usage
     if index == 0:        # the end token besides eos ends it
         assert reason == "stop" and usage["completion_tokens"] == chatml.cut + 1
+
+
+def test_logprobs_of_a_reply_are_transformers(api, chatml):
+    """Each content token's log-probability and the likeliest in its place, against
+    transformers' log-softmax after apply_chat_template's ids; the end token that stopped
+    the reply is not content."""
+    import torch
+
+    body = api.post("/v1/chat/completions", json={
+        "messages": CONVERSATIONS[0], "max_tokens": STEPS, "temperature": 0,
+        "logprobs": True, "top_logprobs": 3}).json()
+    (choice,) = body["choices"]
+    content = choice["logprobs"]["content"]
+    ids = template_ids(chatml.hf_dir, CONVERSATIONS[0])
+    (row,) = chatml.generator.generate_rows([Chat.of(CONVERSATIONS[0])], max_new_tokens=STEPS)
+    assert row.end_token == chatml.end and len(content) == len(row.tokens) == chatml.cut
+    with torch.no_grad():
+        logits = chatml.hf(torch.tensor([ids + row.tokens])).logits[0, len(ids) - 1:-1]
+    rows = torch.log_softmax(logits.double(), dim=-1)
+    expected = rows.gather(1, torch.tensor(row.tokens)[:, None])[:, 0]
+    assert [t["logprob"] for t in content] == pytest.approx(expected.tolist(), abs=1e-4)
+    assert "".join(t["token"] for t in content) == choice["message"]["content"]
+    for token, place in zip(content, rows):
+        assert token["bytes"] == list(token["token"].encode())
+        values = [top["logprob"] for top in token["top_logprobs"]]
+        assert 1 <= len(values) <= 3 and values == sorted(values, reverse=True)
+        assert values[0] == pytest.approx(place.max().item(), abs=1e-4)
+        assert token["logprob"] == max(values)          # greedy: the likeliest each time
 
 
 def test_sampled_replies_follow_the_seed_and_the_default_length_fills_the_context(api, chatml):
@@ -110,7 +138,13 @@ def test_chats_and_prompts_share_the_continuous_batches(chatml):
     ({"messages": [{"role": "user"}]}, 422, "messages[0].content", "missing"),
     ({"messages": [{"role": "", "content": "a"}]}, 422, "messages[0].role", "at least 1"),
     ({"messages": [{"role": "user", "content": "a"}], "n": 2}, 422, "n", "1"),
-    ({"messages": [{"role": "user", "content": "a"}], "logprobs": True}, 422, "logprobs",
+    ({"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}, 422,
+     "top_logprobs", "with logprobs true"),
+    ({"messages": [{"role": "user", "content": "a"}], "logprobs": True, "stream": True}, 422,
+     "logprobs", "stream"),
+    ({"messages": [{"role": "user", "content": "a"}], "logprobs": True, "top_logprobs": 21},
+     422, "top_logprobs", "less than or equal to 20"),
+    ({"messages": [{"role": "user", "content": "a"}], "tools": []}, 422, "tools",
      "unknown field"),
     ({"messages": [{"role": "user", "content": "a"}], "presence_penalty": 0.5}, 422,
      "presence_penalty", "0"),
@@ -154,6 +188,12 @@ def test_openais_client_reads_replies_whole_and_streamed(chatml):
         chunks = list(pieces)
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
         assert chunks[-1].usage.total_tokens == usage["total_tokens"]
+        scored = client.chat.completions.create(model="tiny", messages=CONVERSATIONS[1],
+                                                max_tokens=STEPS, temperature=0,
+                                                logprobs=True, top_logprobs=2)
+        content = scored.choices[0].logprobs.content
+        assert "".join(t.token for t in content) == text
+        assert all(len(t.top_logprobs) <= 2 and t.logprob <= 0 for t in content)
         with pytest.raises(openai.UnprocessableEntityError, match="logprobs"):
             client.chat.completions.create(model="tiny", messages=CONVERSATIONS[1],
-                                           logprobs=True)
+                                           logprobs=True, stream=True)

@@ -27,7 +27,9 @@ from transduce.decode.generate import Continuation, Generator, PromptError, prom
 from transduce.decode.options import GenerateOptions
 from transduce.serve.generation import EventFormat, Prompts, enqueue_prompts, events
 from transduce.serve.limits import ApiError, check_texts
-from transduce.serve.openai_shape import DONE, Completion, error_event, sampling_options
+from transduce.serve.completion_logprobs import reply_logprobs, scored
+from transduce.serve.openai_shape import DONE, Completion, error_event, one_after_other, \
+    sampling_options
 from transduce.serve.schemas import AssistantMessage, ChatChoice, ChatRequest, ChatResponse, \
     Timings
 from transduce.serve.service import Service
@@ -42,6 +44,7 @@ SSE_DESCRIPTION = ("With \"stream\": true, text/event-stream: OpenAI's `data: "
 @dataclass
 class Reply:
     text: str
+    ids: list[int]            # the content's tokens (not the end token)
     tokens: int               # generated, the end token included
     finish_reason: str
 
@@ -51,7 +54,7 @@ class Conversations(Prompts):
 
     @staticmethod
     def result(row: Continuation) -> Reply:
-        return Reply(row.text, len(row.tokens) + (row.end_token is not None),
+        return Reply(row.text, list(row.tokens), len(row.tokens) + (row.end_token is not None),
                      row.finish_reason)
 
 
@@ -71,20 +74,16 @@ def routes(service: Service) -> APIRouter:
                                         "description": SSE_DESCRIPTION}},
         summary="An instruct model's reply to a conversation (OpenAI's chat completions)")
     async def chat(body: ChatRequest):
-        conversation, prompt_tokens = _conversation(service, body)
-        options = _options(service, body, prompt_tokens)
+        conversation, prompt = _conversation(service, body)
+        options = _options(service, body, len(prompt))
         seeds = None if options.greedy else prompt_seeds(options.seed, 1)
-        completion = Completion.new("chatcmpl", service.name, prompt_tokens)
-        tokens = prompt_tokens + options.max_new_tokens
+        completion = Completion.new("chatcmpl", service.name, len(prompt))
+        tokens = len(prompt) + options.max_new_tokens
         if not body.stream:
             job = enqueue_prompts(service, Conversations([conversation], options, seeds),
                                   tokens)
             (reply,), timings = await service.wait(job)
-            return ChatResponse(
-                id=completion.id, created=completion.created, model=completion.model,
-                choices=[ChatChoice(index=0, message=AssistantMessage(content=reply.text),
-                                    finish_reason=reply.finish_reason)],
-                usage=completion.usage(reply.tokens), timings=timings)
+            return await _answer(service, body, completion, prompt, reply, timings)
         pieces: asyncio.Queue = asyncio.Queue()
         job = enqueue_prompts(service, Conversations([conversation], options, seeds, pieces,
                                                      asyncio.get_running_loop()), tokens)
@@ -96,8 +95,25 @@ def routes(service: Service) -> APIRouter:
     return router
 
 
-def _conversation(service: Service, body: ChatRequest) -> tuple[Chat, int]:
-    """The request's conversation and its length in tokens as the template lays it out;
+async def _answer(service: Service, body: ChatRequest, completion: Completion,
+                  prompt: list[int], reply: Reply, timings: Timings) -> ChatResponse:
+    """The whole answer: the reply and, if asked, its tokens' logprobs, scored now."""
+    logprobs = None
+    if body.logprobs:
+        (scores,), scoring = await scored(service, [prompt + reply.ids],
+                                          body.top_logprobs or 0)
+        logprobs = reply_logprobs(service.model, prompt, reply.ids, reply.text, scores,
+                                  body.top_logprobs or 0)
+        timings = one_after_other(timings, scoring)
+    return ChatResponse(
+        id=completion.id, created=completion.created, model=completion.model,
+        choices=[ChatChoice(index=0, message=AssistantMessage(content=reply.text),
+                            logprobs=logprobs, finish_reason=reply.finish_reason)],
+        usage=completion.usage(reply.tokens), timings=timings)
+
+
+def _conversation(service: Service, body: ChatRequest) -> tuple[Chat, list[int]]:
+    """The request's conversation and its ids as the template lays it out;
     a model without a template, or a conversation its template refuses, is 422, one
     longer than the model's context 413."""
     generator: Generator = service.model
@@ -109,7 +125,7 @@ def _conversation(service: Service, body: ChatRequest) -> tuple[Chat, int]:
         raise ApiError(422, str(error), "messages") from None
     except PromptError as error:
         raise ApiError(413, str(error).replace("prompt 1", "messages"), "messages") from None
-    return conversation, len(ids)
+    return conversation, ids
 
 
 def _options(service: Service, body: ChatRequest, prompt_tokens: int) -> GenerateOptions:
@@ -120,6 +136,11 @@ def _options(service: Service, body: ChatRequest, prompt_tokens: int) -> Generat
             and body.max_tokens != body.max_completion_tokens:
         raise ApiError(422, "max_tokens and max_completion_tokens differ: give one",
                        "max_completion_tokens")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(422, "top_logprobs: give it with logprobs true", "top_logprobs")
+    if body.stream and body.logprobs:
+        raise ApiError(422, "logprobs: a stream carries no logprobs; ask without stream",
+                       "logprobs")
     most = body.max_tokens or body.max_completion_tokens \
         or generator.context - prompt_tokens
     return sampling_options(body, most, service.limits.max_texts)

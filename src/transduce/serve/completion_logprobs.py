@@ -1,18 +1,24 @@
-"""A completion's logprobs in OpenAI's shape: per token of the choice's text (the
-prompt's own tokens first with echo, then the completion's, then the end token that
-stopped it), its piece of the text, where the piece begins, its log-probability and
-the likeliest tokens in its place, each named by the text it would write there."""
+"""A completion's logprobs in OpenAI's shapes, scored by a job on the decoding worker:
+per token of the text, its piece of the text, where the piece begins, its
+log-probability and the likeliest tokens in its place, each named by the text it would
+write there. Text completions list the prompt's own tokens first with echo, then the
+completion's, then the end token that stopped it; a chat reply lists its content's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from typing import Sequence
 
 from transduce.data.tokenizer import TextTokenizer
 from transduce.decode.generate import Generator, Prompt, PromptIds
 from transduce.decode.token_logprobs import TokenLogprobs
 from transduce.decode.token_spans import decoded_after, last_text_tokens, token_offsets, \
     token_strings
-from transduce.serve.schemas import CompletionLogprobs
+from transduce.serve.batcher import Job
+from transduce.serve.schemas import ChatLogprobs, CompletionLogprobs, Timings, TokenLogprob, \
+    TopLogprob
+from transduce.serve.service import Service, split_by_job, timed
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,33 @@ class Prompted:
         if isinstance(prompt, PromptIds):
             return cls(prompt, ids, 0, tokenizer.decode(ids))
         return cls(prompt, ids, len(ids) - len(tokenizer.encode([prompt])[0]), prompt)
+
+
+@dataclass
+class Scoring:
+    """A logprobs job's payload: the sequences to score, and how many of the likeliest
+    tokens to give in each place."""
+
+    sequences: list[list[int]]
+    top: int
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+
+async def scored(service: Service, sequences: list[list[int]], top: int
+                 ) -> tuple[list[TokenLogprobs], Timings]:
+    """The sequences' scores, from a job on the decoding worker (jobs asking for the same
+    `top` share its batches), and its timings."""
+    generator: Generator = service.model
+
+    def run(jobs: Sequence[Job]) -> list[list]:
+        every = [s for job in jobs for s in job.payload.sequences]
+        return split_by_job(jobs, generator.token_logprobs(every, jobs[0].payload.top))
+
+    job = service.enqueue(("logprobs", top), timed(run), Scoring(sequences, top),
+                          sum(map(len, sequences)), len(sequences))
+    return await service.wait(job)
 
 
 @dataclass
@@ -69,6 +102,25 @@ def choice_logprobs(generator: Generator, prompted: Prompted, completion: list[i
         text_offset=[t.offset for t in tokens])
 
 
+def reply_logprobs(generator: Generator, prompt: list[int], reply: list[int], text: str,
+                   scores: TokenLogprobs, top: int) -> ChatLogprobs:
+    """The logprobs of a chat reply: `reply` its tokens (the end token, not content, left
+    out), `text` what they wrote (decoded alone), `scores` those of the prompt's ids and
+    the reply as one sequence; `top` alternatives in each place."""
+    tokenizer = generator.tokenizer
+    sequence = prompt + reply
+    specials = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id, *generator.end_ids}
+    content = []
+    for token in _spans(tokenizer, reply, text, [], len(prompt), 0):
+        best = _top(tokenizer, sequence, token, scores, specials, own=False)
+        content.append(TokenLogprob(
+            token=token.string, logprob=scores.logprobs[token.place - 1],
+            bytes=list(token.string.encode()),
+            top_logprobs=[TopLogprob(token=name, logprob=value, bytes=list(name.encode()))
+                          for name, value in list(best.items())[:top]]))
+    return ChatLogprobs(content=content)
+
+
 def _spans(tokenizer: TextTokenizer, ids: list[int], text: str, context: list[int],
            first_place: int, shift: int) -> list[_Token]:
     """ids that write `text` after `context`, from place first_place of the sequence,
@@ -79,13 +131,14 @@ def _spans(tokenizer: TextTokenizer, ids: list[int], text: str, context: list[in
 
 
 def _top(tokenizer: TextTokenizer, sequence: list[int], token: _Token,
-         scores: TokenLogprobs, specials: set[int]) -> dict[str, float]:
+         scores: TokenLogprobs, specials: set[int], own: bool = True) -> dict[str, float]:
     """The likeliest tokens in the token's place, best first, by the text each would
     write after the tokens before it (a special token by its name), the token itself
-    among them by its own piece; of two writing the same text, the likelier."""
+    among them by its own piece if `own`; of two writing the same text, the likelier."""
     place = token.place
     best = dict(scores.top[place - 1])
-    best.setdefault(sequence[place], scores.logprobs[place - 1])
+    if own:
+        best.setdefault(sequence[place], scores.logprobs[place - 1])
     before = last_text_tokens(tokenizer, sequence[:place], specials)
     out: dict[str, float] = {}
     for candidate, logprob in sorted(best.items(), key=lambda pair: -pair[1]):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
@@ -33,13 +33,14 @@ from transduce.decode.generate import Continuation, Generator, PromptError, Prom
     PromptTooLong, prompt_seeds
 from transduce.decode.options import GenerateOptions
 from transduce.serve.batcher import Job
-from transduce.serve.completion_logprobs import Prompted, choice_logprobs
+from transduce.serve.completion_logprobs import Prompted, choice_logprobs, scored
 from transduce.serve.generation import EventFormat, Prompts, enqueue_prompts, events
 from transduce.serve.limits import ApiError, check_texts
-from transduce.serve.openai_shape import DONE, Completion, error_event, sampling_options
+from transduce.serve.openai_shape import DONE, Completion, error_event, one_after_other, \
+    sampling_options
 from transduce.serve.schemas import CompletionChoice, CompletionRequest, CompletionResponse, \
     Timings
-from transduce.serve.service import Service, split_by_job, timed
+from transduce.serve.service import Service
 from transduce.serve.validation import OPENAI_ERROR_RESPONSES
 
 SSE_DESCRIPTION = ("With \"stream\": true, text/event-stream: OpenAI's `data: {\"object\": "
@@ -72,17 +73,6 @@ class Completions(Prompts):
         ended_by = row.end_token
         return Generated(row.text, row.tokens + ([] if ended_by is None else [ended_by]),
                          ended_by, row.context, row.finish_reason)
-
-
-@dataclass
-class Scoring:
-    """A logprobs job's payload: the sequences to score."""
-
-    sequences: list[list[int]]
-    top: int
-
-    def __len__(self) -> int:
-        return len(self.sequences)
 
 
 def routes(service: Service) -> APIRouter:
@@ -124,8 +114,8 @@ async def _answer(service: Service, completion: Completion, each: list[Prompted]
     its logprobs, scored now."""
     logprobs = [None] * len(each)
     if body.logprobs is not None:
-        logprobs, scored = await _scored(service, each, generated, body)
-        timings = _after(timings, scored)
+        logprobs, scoring = await _scored(service, each, generated, body)
+        timings = one_after_other(timings, scoring)
     return CompletionResponse(
         id=completion.id, created=completion.created, model=completion.model,
         choices=[CompletionChoice(index=i, text=(p.text if body.echo else "") + g.text,
@@ -184,24 +174,9 @@ async def _scored(service: Service, each: list[Prompted], generated: list[Genera
     """Every choice's logprobs, scored by a job on the decoding worker, and its timings."""
     generator: Generator = service.model
     sequences = [p.ids + g.tokens for p, g in zip(each, generated)]
-
-    def run(jobs: Sequence[Job]) -> list[list]:
-        every = [s for job in jobs for s in job.payload.sequences]
-        return split_by_job(jobs, generator.token_logprobs(every, jobs[0].payload.top))
-
-    job = service.enqueue(("logprobs", body.logprobs), timed(run),
-                          Scoring(sequences, body.logprobs), sum(map(len, sequences)),
-                          len(sequences))
-    scores, timings = await service.wait(job)
+    scores, timings = await scored(service, sequences, body.logprobs)
     return [choice_logprobs(generator, p, g.tokens, g.text, g.context, s, body.echo)
             for p, g, s in zip(each, generated, scores)], timings
-
-
-def _after(first: Timings, second: Timings) -> Timings:
-    """The timings of a request that ran two jobs, one after the other."""
-    return Timings(queue_ms=first.queue_ms + second.queue_ms,
-                   decode_ms=first.decode_ms + second.decode_ms,
-                   total_ms=round(first.total_ms + second.total_ms, 3))
 
 
 def _chunk(completion: Completion, index: int, text: str,

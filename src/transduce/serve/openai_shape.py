@@ -14,7 +14,7 @@ from transduce.config import ConfigError
 from transduce.decode.options import GenerateOptions
 from transduce.serve.generation import named
 from transduce.serve.limits import ApiError
-from transduce.serve.schemas import OpenAISampling, Usage
+from transduce.serve.schemas import OpenAISampling, Timings, Usage
 
 DONE = "data: [DONE]\n\n"
 
@@ -57,6 +57,14 @@ def sampling_options(body: OpenAISampling, max_new_tokens: int,
                                batch_sentences=batch_sentences)
     except ConfigError as error:
         raise named(error) from None
+
+
+def one_after_other(first: Timings, second: Timings) -> Timings:
+    """The timings of a request that ran two jobs, one after the other (a generation,
+    then its scoring)."""
+    return Timings(queue_ms=round(first.queue_ms + second.queue_ms, 3),
+                   decode_ms=round(first.decode_ms + second.decode_ms, 3),
+                   total_ms=round(first.total_ms + second.total_ms, 3))
 
 
 def error_event(body: dict) -> str:

@@ -227,6 +227,27 @@ class ChatRequest(OpenAISampling):
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
         None, description="the same, OpenAI's newer name")
     n: Literal[1] = Field(1, description="one reply per request")
+    logprobs: StrictBool = Field(False, description="each reply token's log-probability")
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = Field(
+        None, description="with logprobs: the likeliest this many tokens in each place")
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] = Field(description="the token's text as UTF-8")
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """OpenAI's: per token of the reply's content, in order (the end token is not
+    content)."""
+
+    content: list[TokenLogprob]
+    refusal: None = None
 
 
 class AssistantMessage(BaseModel):
@@ -237,6 +258,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length"]
 
 
