@@ -27,11 +27,12 @@ from transduce.decode.generate import Continuation, Generator, PromptError, prom
 from transduce.decode.options import GenerateOptions
 from transduce.serve.generation import EventFormat, Prompts, enqueue_prompts, events
 from transduce.serve.limits import ApiError, check_texts
-from transduce.serve.completion_logprobs import reply_logprobs, scored
+from transduce.serve.completion_logprobs import reply_logprobs
 from transduce.serve.openai_shape import DONE, Completion, error_event, one_after_other, \
     sampling_options
 from transduce.serve.schemas import AssistantMessage, ChatChoice, ChatRequest, ChatResponse, \
     Timings
+from transduce.serve.scoring import scored
 from transduce.serve.service import Service
 from transduce.serve.validation import OPENAI_ERROR_RESPONSES
 

@@ -1,5 +1,5 @@
-"""A completion's logprobs in OpenAI's shapes, scored by a job on the decoding worker:
-per token of the text, its piece of the text, where the piece begins, its
+"""A completion's logprobs in OpenAI's shapes, from its scores (serve/scoring.py): per
+token of the text, its piece of the text, where the piece begins, its
 log-probability and the likeliest tokens in its place, each named by the text it would
 write there. Text completions list the prompt's own tokens first with echo, then the
 completion's, then the end token that stopped it; a chat reply lists its content's."""
@@ -8,17 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from typing import Sequence
-
 from transduce.data.tokenizer import TextTokenizer
 from transduce.decode.generate import Generator, Prompt, PromptIds
 from transduce.decode.token_logprobs import TokenLogprobs
 from transduce.decode.token_spans import decoded_after, last_text_tokens, token_offsets, \
     token_strings
-from transduce.serve.batcher import Job
-from transduce.serve.schemas import ChatLogprobs, CompletionLogprobs, Timings, TokenLogprob, \
-    TopLogprob
-from transduce.serve.service import Service, split_by_job, timed
+from transduce.serve.schemas import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
 
 
 @dataclass(frozen=True)
@@ -39,33 +34,6 @@ class Prompted:
         if isinstance(prompt, PromptIds):
             return cls(prompt, ids, 0, tokenizer.decode(ids))
         return cls(prompt, ids, len(ids) - len(tokenizer.encode([prompt])[0]), prompt)
-
-
-@dataclass
-class Scoring:
-    """A logprobs job's payload: the sequences to score, and how many of the likeliest
-    tokens to give in each place."""
-
-    sequences: list[list[int]]
-    top: int
-
-    def __len__(self) -> int:
-        return len(self.sequences)
-
-
-async def scored(service: Service, sequences: list[list[int]], top: int
-                 ) -> tuple[list[TokenLogprobs], Timings]:
-    """The sequences' scores, from a job on the decoding worker (jobs asking for the same
-    `top` share its batches), and its timings."""
-    generator: Generator = service.model
-
-    def run(jobs: Sequence[Job]) -> list[list]:
-        every = [s for job in jobs for s in job.payload.sequences]
-        return split_by_job(jobs, generator.token_logprobs(every, jobs[0].payload.top))
-
-    job = service.enqueue(("logprobs", top), timed(run), Scoring(sequences, top),
-                          sum(map(len, sequences)), len(sequences))
-    return await service.wait(job)
 
 
 @dataclass

@@ -33,13 +33,14 @@ from transduce.decode.generate import Continuation, Generator, PromptError, Prom
     PromptTooLong, prompt_seeds
 from transduce.decode.options import GenerateOptions
 from transduce.serve.batcher import Job
-from transduce.serve.completion_logprobs import Prompted, choice_logprobs, scored
+from transduce.serve.completion_logprobs import Prompted, choice_logprobs
 from transduce.serve.generation import EventFormat, Prompts, enqueue_prompts, events
 from transduce.serve.limits import ApiError, check_texts
 from transduce.serve.openai_shape import DONE, Completion, error_event, one_after_other, \
     sampling_options
 from transduce.serve.schemas import CompletionChoice, CompletionRequest, CompletionResponse, \
     Timings
+from transduce.serve.scoring import scored
 from transduce.serve.service import Service
 from transduce.serve.validation import OPENAI_ERROR_RESPONSES
 
