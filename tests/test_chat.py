@@ -131,6 +131,28 @@ def test_the_export_to_transformers_has_the_template_and_the_end_tokens(chatml, 
     assert section(back)["stop_ids"] == [chatml.end]
 
 
+def test_the_ctranslate2_export_has_the_template_and_the_end_tokens(chatml, tmp_path):
+    """CTranslate2 has no chat template: transformers' tokenizer in the export lays the
+    conversation out, and the marker's end tokens stop the Generator's reply where ours
+    stops."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    assert main(["export", "ct2", str(chatml.out), str(tmp_path / "ct2")]) == 0
+    marker = json.loads((tmp_path / "ct2" / "transduce-export.json").read_text())
+    generator = ctranslate2.Generator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    tokenizer = chatml.generator.tokenizer
+    for conversation in CONVERSATIONS:
+        ids = template_ids(tmp_path / "ct2", conversation)
+        assert ids == template_ids(chatml.hf_dir, conversation)
+        (found,) = generator.generate_batch([[tokenizer.piece(t) for t in ids]],
+                                            max_length=STEPS, sampling_topk=1,
+                                            include_prompt_in_result=False,
+                                            end_token=marker["end_tokens"])
+        (row,) = chatml.generator.generate_rows([Chat.of(conversation)],
+                                                max_new_tokens=STEPS)
+        assert found.sequences_ids[0] == row.tokens
+    assert marker["end_tokens"] == [tokenizer.piece(EOS), tokenizer.piece(chatml.end)]
+
+
 def test_a_model_without_a_template_refuses_a_chat_by_name(tmp_path):
     (tmp_path / "vocabulary").mkdir()
     hf_checkpoint(tmp_path / "hf", write_spm_bpe(tmp_path / "vocabulary"),

@@ -156,8 +156,9 @@ def export_ctranslate2(path: Path, out: Path, quantization: str | None = None) -
         check, build = _one_stack_export(model.config.arch)
         check(model)
         tokenizer = checkpoint.load_tokenizer(directory)     # spm.model or tokenizer.json
+        files, more = _chat_files(tokenizer, model.config.max_positions)
         return write_ctranslate2(build(model, tokenizer), directory, out, quantization,
-                                 tokenizer.path)
+                                 tokenizer.path, files=files, **more)
     check_ctranslate2_exportable(model)
     tokenizer = Tokenizer(directory / checkpoint.TOKENIZER)
     codes = model.language_codes
@@ -167,6 +168,20 @@ def export_ctranslate2(path: Path, out: Path, quantization: str | None = None) -
     return write_ctranslate2(ctranslate2_spec(model, tokenizer), directory, out, quantization,
                              tokenizer.path, target.path if tokenizer.separate else None,
                              **more)
+
+
+def _chat_files(tokenizer, max_positions: int) -> tuple[dict[str, str], dict]:
+    """An instruct model's chat template, as tokenizer_config.json beside its
+    tokenizer.json (for transformers' apply_chat_template: CTranslate2 has none), and its
+    end tokens for the marker (a Generator's end_token); nothing for another model."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return {}, {}
+    from transduce.export.hf import tokenizer_config
+
+    specials = {"bos_token": tokenizer.bos_id, "eos_token": tokenizer.eos_id}
+    ends = [tokenizer.piece(token) for token in (tokenizer.eos_id, *tokenizer.stop_ids)]
+    return ({"tokenizer_config.json": tokenizer_config(tokenizer, specials, max_positions)},
+            {"end_tokens": ends})
 
 
 def _one_stack_export(arch: str):
@@ -183,10 +198,11 @@ def _one_stack_export(arch: str):
 
 def write_ctranslate2(spec, directory: Path, out: Path, quantization: str | None,
                       tokenizer_file: Path, target_tokenizer_file: Path | None = None,
-                      **more) -> Path:
+                      files: dict[str, str] | None = None, **more) -> Path:
     """Convert a filled model specification of the checkpoint at `directory` into OUT,
     whole or not at all, with the tokenizer file beside it (under its own name; and a
-    separate target vocabulary's) and our export marker (with `more`)."""
+    separate target vocabulary's), `files` (name -> text) and our export marker (with
+    `more`)."""
     from ctranslate2.converters.converter import Converter
 
     class _Prepared(Converter):
@@ -198,6 +214,8 @@ def write_ctranslate2(spec, directory: Path, out: Path, quantization: str | None
         for file in (tokenizer_file, target_tokenizer_file):
             if file is not None:
                 shutil.copyfile(file, temporary / file.name)
+        for name, text in (files or {}).items():
+            (temporary / name).write_text(text, encoding="utf-8")
         write_export_marker(temporary, "ctranslate2", checkpoint.trained_steps(directory),
                             **more)
     return out

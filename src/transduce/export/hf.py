@@ -257,16 +257,23 @@ def save_with_tokenizer_json(theirs, tokenizer, specials: dict[str, int], max_po
         for weights in temporary.glob("*.safetensors"):   # written 0600
             atomic.open_permissions(weights)
         tokenizer.save(temporary / TOKENIZER_JSON)
-        (temporary / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            **{name: tokenizer.piece(token) for name, token in specials.items()},
-            **_chat_template(tokenizer),
-            "model_max_length": max_positions}, indent=2), encoding="utf-8")
+        (temporary / "tokenizer_config.json").write_text(
+            tokenizer_config(tokenizer, specials, max_positions), encoding="utf-8")
         write_export_marker(temporary, f"huggingface-{theirs.config.model_type}",
                             checkpoint.trained_steps(directory))
         if extra is not None:
             extra(temporary)
     return out
+
+
+def tokenizer_config(tokenizer, specials: dict[str, int], max_positions: int) -> str:
+    """tokenizer_config.json beside a tokenizer.json: transformers' fast tokenizer, the
+    special tokens (`specials`: "bos_token" etc. -> id) by their pieces, an instruct
+    model's chat template, where apply_chat_template finds it."""
+    return json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **{name: tokenizer.piece(token) for name, token in specials.items()},
+        **_chat_template(tokenizer), "model_max_length": max_positions}, indent=2)
 
 
 def _chat_template(tokenizer) -> dict[str, str]:
