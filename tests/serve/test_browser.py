@@ -2,7 +2,8 @@
 
 Types a sentence, translates, switches kind, layer and head, hovers tokens, and checks
 what the page shows against the API; a long sentence (100+ pieces) loads its layers
-lazily. Also the generate page (server-sent events) and the classify page. Screenshots
+lazily. Also the generate page (server-sent events), an instruct model's chat and the
+classify page. Screenshots
 go to the test's temporary directory.
 """
 
@@ -171,6 +172,40 @@ def test_generate_page_streams_the_continuation(browser_page, generator):
         page.wait_for_function("/ms$/.test(document.getElementById('gen-status').textContent)")
     assert page.text_content("#continuation") == generator.generate(["uno dos"],
                                                                     max_new_tokens=12)[0]
+
+
+def test_an_instruct_model_holds_a_conversation_on_the_page(browser_page, chatml, tmp_path):
+    """Two messages, each answered (streamed) with the history before it, as
+    Generator.chat answers the same conversation; "New chat" forgets it."""
+    page, generator = browser_page, chatml.generator
+    with ServerThread(create_app(generator)) as server:
+        page.goto(server.url + "/")
+        page.wait_for_selector("#chat-panel", state="visible", timeout=30_000)
+        page.fill("#chat-max", "12")
+        conversation = [{"role": "system", "content": "Answer in Spanish."}]
+        page.fill("#system", conversation[0]["content"])
+        for number, text in enumerate(["Hello world!", "In the beginning"], start=1):
+            page.fill("#message", text)
+            page.click("#send")
+            page.wait_for_function(f"document.querySelectorAll('#messages li').length == "
+                                   f"{2 * number} && /tokens$/.test("
+                                   f"document.getElementById('chat-status').textContent)")
+            conversation.append({"role": "user", "content": text})
+            reply = generator.chat(conversation, max_new_tokens=12)
+            assert page.text_content("#messages li.assistant:last-child") == reply
+            conversation.append({"role": "assistant", "content": reply})
+        page.screenshot(path=str(tmp_path / "chat.png"), full_page=True)
+        page.click("#new-chat")
+        assert page.locator("#messages li").count() == 0
+
+
+def test_a_model_without_a_template_shows_no_chat(browser_page, generator):
+    page = browser_page
+    with ServerThread(create_app(generator)) as server:
+        page.goto(server.url + "/")
+        page.wait_for_selector("#generate-panel", state="visible", timeout=30_000)
+        page.wait_for_function("document.getElementById('model-info').textContent")
+        assert page.is_hidden("#chat-panel")
 
 
 def test_encoder_page_classifies(browser_page, encoder):

@@ -1,5 +1,6 @@
 // The page of `transduce serve`: a translate box and an attention explorer (or, for other
-// kinds of model, a generate box or a classify / embed box). No libraries, no network
+// kinds of model, a generate box, with a chat for an instruct model, or a classify /
+// embed box). No libraries, no network
 // beyond this server: the maps are drawn on canvases, one layer fetched at a time.
 "use strict";
 
@@ -321,23 +322,84 @@ async function generate() {
                              max_new_tokens: Number($("max-new").value),
                              temperature: Number($("temperature").value) }) });
     if (!response.ok) throw new Error((await response.json()).error);
-    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += value;
-      let end;
-      while ((end = buffer.indexOf("\n\n")) >= 0) {
-        onEvent(buffer.slice(0, end));
-        buffer = buffer.slice(end + 2);
-      }
-    }
+    await eachEvent(response, onEvent);
   } catch (error) {
     setStatus("gen-status", error.message, true);
   } finally {
     $("generate").disabled = false;
   }
+}
+
+// Each server-sent event of a streamed answer, as its text block, in order.
+async function eachEvent(response, onBlock) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      onBlock(buffer.slice(0, end));
+      buffer = buffer.slice(end + 2);
+    }
+  }
+}
+
+// An instruct model's conversation: each message sent with the history before it, the
+// reply streamed into the page; the history keeps only exchanges that were answered.
+const chat = { history: [] };
+
+function bubble(role, text) {
+  const item = document.createElement("li");
+  item.className = role;
+  item.textContent = text;
+  $("messages").append(item);
+  return item;
+}
+
+async function send() {
+  const text = $("message").value.trim();
+  if (!text) return setStatus("chat-status", "type a message first", true);
+  const system = $("system").value.trim();
+  const messages = [...(system ? [{ role: "system", content: system }] : []),
+                    ...chat.history, { role: "user", content: text }];
+  const asked = bubble("user", text), reply = bubble("assistant", "");
+  $("send").disabled = true;
+  setStatus("chat-status", "replying…");
+  try {
+    const response = await fetch("/v1/chat/completions", { method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ messages, stream: true, stream_options: { include_usage: true },
+                             max_tokens: Number($("chat-max").value),
+                             temperature: Number($("chat-temperature").value) }) });
+    if (!response.ok) throw new Error((await response.json()).error.message);
+    let usage = null;
+    await eachEvent(response, (block) => {
+      const data = /^data: (.*)$/m.exec(block)?.[1];
+      if (!data || data === "[DONE]") return;
+      const chunk = JSON.parse(data);
+      if (chunk.error) throw new Error(chunk.error.message);
+      reply.textContent += chunk.choices[0]?.delta?.content || "";
+      usage = chunk.usage || usage;
+    });
+    chat.history.push({ role: "user", content: text },
+                      { role: "assistant", content: reply.textContent });
+    $("message").value = "";
+    setStatus("chat-status", usage ? `${usage.completion_tokens} tokens` : "done");
+  } catch (error) {
+    asked.remove();
+    reply.remove();
+    setStatus("chat-status", error.message, true);
+  } finally {
+    $("send").disabled = false;
+  }
+}
+
+function newChat() {
+  chat.history = [];
+  $("messages").replaceChildren();
+  setStatus("chat-status", "");
 }
 
 function onEvent(block) {
@@ -400,6 +462,7 @@ async function start() {
     if (model.language_codes) setUpLanguages(model.language_codes, languages);
     state.pairs = model.classifier_inputs === "pairs";
     $("seconds").hidden = !state.pairs;
+    $("chat-panel").hidden = !model.chat;          // an instruct model with a template
   } catch (error) { /* the page still works */ }
   if (KIND === "translation") {
     $("translate-panel").hidden = false;
@@ -432,6 +495,11 @@ async function start() {
   } else if (KIND === "generation") {
     $("generate-panel").hidden = false;
     $("generate").addEventListener("click", generate);
+    $("send").addEventListener("click", send);
+    $("new-chat").addEventListener("click", newChat);
+    $("message").addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) send();
+    });
   } else {
     $("encoder-panel").hidden = false;
     $("classify").addEventListener("click", () => encode("/v1/classify"));
