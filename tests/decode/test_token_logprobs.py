@@ -73,14 +73,18 @@ def test_small_batches_and_no_top_give_the_same(language_model):
     assert all(best == [] for s in whole for best in s.top)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("int8", marks=pytest.mark.skipif(
-    not int8_module.int8_available(), reason="no oneDNN int8 ops in this build"))])
-def test_a_lower_precision_copy_scores_near_float32(language_model, dtype, monkeypatch):
+@pytest.mark.parametrize("dtype,within", [("bfloat16", 0.05), pytest.param(
+    "int8", 0.1, marks=pytest.mark.skipif(not int8_module.int8_available(),
+                                          reason="no oneDNN int8 ops in this build"))])
+def test_a_lower_precision_copy_scores_near_float32(language_model, dtype, within,
+                                                    monkeypatch):
+    """Off by 0.021 (bfloat16) and 0.047 (int8) on a Zen 4; a shifted target would be
+    off by up to 2."""
     model, generator = language_model
     monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)      # every product in int8
     lower = Generator(model, generator.tokenizer, dtype=dtype)
     for exact, near in zip(generator.token_logprobs(SEQUENCES), lower.token_logprobs(SEQUENCES)):
-        assert near.logprobs == pytest.approx(exact.logprobs, abs=0.1)
+        assert near.logprobs == pytest.approx(exact.logprobs, abs=within)
 
 
 def test_the_cached_greedy_steps_choose_the_likeliest_token(language_model):

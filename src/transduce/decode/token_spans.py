@@ -21,17 +21,21 @@ SPAN_WINDOW = 32
 CONTEXT_TOKENS = 4
 
 
-def decoded_after(tokenizer: TextTokenizer, context: Sequence[int],
-                  tokens: Sequence[int]) -> str:
+def decoded_after(tokenizer: TextTokenizer, context: Sequence[int], tokens: Sequence[int],
+                  *, settled: bool = False) -> str:
     """The text `tokens` add after `context`: the space or the joined bytes their first
-    piece means there (SentencePiece drops a leading space at the start of a text)."""
-    text = tokenizer.decode(list(tokens))
+    piece means there (SentencePiece drops a leading space at the start of a text).
+    settled: each side's text up to a character whose bytes are still arriving, so that
+    the token completing it carries it."""
+    def text(ids: Sequence[int]) -> str:
+        decoded = tokenizer.decode(list(ids))
+        return decoded.rstrip("\ufffd") if settled else decoded
+
     if context:
-        before = tokenizer.decode(list(context))
-        joined = tokenizer.decode([*context, *tokens])
+        before, joined = text(context), text([*context, *tokens])
         if joined.startswith(before):
             return joined[len(before):]
-    return text
+    return text(tokens)
 
 
 def last_text_tokens(tokenizer: TextTokenizer, tokens: Sequence[int],
@@ -55,20 +59,10 @@ def token_offsets(tokenizer: TextTokenizer, tokens: Sequence[int], text: str,
         if end - anchor > SPAN_WINDOW:
             anchor = end - 1
         before = last_text_tokens(tokenizer, context + tokens[:anchor])
-        written = _settled_after(tokenizer, before, tokens[anchor:end])
+        written = decoded_after(tokenizer, before, tokens[anchor:end], settled=True)
         offsets.append(min(len(text), max(offsets[-1], offsets[anchor] + len(written))))
     offsets[-1] = len(text)
     return offsets
-
-
-def _settled_after(tokenizer: TextTokenizer, context: list[int], tokens: list[int]) -> str:
-    """What `tokens` add to the settled text after `context` (settled: up to a character
-    whose bytes are still arriving, so that the token completing it carries it)."""
-    before = tokenizer.decode(context).rstrip("\ufffd")
-    joined = tokenizer.decode(context + tokens).rstrip("\ufffd")
-    if joined.startswith(before):
-        return joined[len(before):]
-    return tokenizer.decode(tokens).rstrip("\ufffd")
 
 
 def token_strings(text: str, offsets: Sequence[int]) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from transduce.data.tokenizer import TextTokenizer
-from transduce.decode.generate import Generator, Prompt, PromptIds
+from transduce.decode.generate import Generator, PromptIds
 from transduce.decode.token_logprobs import TokenLogprobs
 from transduce.decode.token_spans import decoded_after, last_text_tokens, token_offsets, \
     token_strings
@@ -18,10 +18,10 @@ from transduce.serve.schemas import ChatLogprobs, CompletionLogprobs, TokenLogpr
 
 @dataclass(frozen=True)
 class Prompted:
-    """One prompt of a request: as the job takes it, its ids as the model reads them,
-    how many of those lead the prompt's own (a bos the model adds: 1), and its text."""
+    """One prompt of a request: its ids as the model reads them (what the jobs take, so
+    that it is tokenized once), how many of those lead the prompt's own (a bos the model
+    adds: 1), and its text."""
 
-    prompt: Prompt
     ids: list[int]
     added: int
     text: str
@@ -32,8 +32,8 @@ class Prompted:
         """A text prompt and its ids (Generator.encode's), or PromptIds read as they
         are (their text is what they decode to)."""
         if isinstance(prompt, PromptIds):
-            return cls(prompt, ids, 0, tokenizer.decode(ids))
-        return cls(prompt, ids, len(ids) - len(tokenizer.encode([prompt])[0]), prompt)
+            return cls(ids, 0, tokenizer.decode(ids))
+        return cls(ids, len(ids) - len(tokenizer.encode([prompt])[0]), prompt)
 
 
 @dataclass
@@ -85,7 +85,7 @@ def reply_logprobs(generator: Generator, prompt: list[int], reply: list[int], te
             token=token.string, logprob=scores.logprobs[token.place - 1],
             bytes=list(token.string.encode()),
             top_logprobs=[TopLogprob(token=name, logprob=value, bytes=list(name.encode()))
-                          for name, value in list(best.items())[:top]]))
+                          for name, value in best.items()]))
     return ChatLogprobs(content=content)
 
 

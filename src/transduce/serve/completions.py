@@ -56,24 +56,23 @@ class Generated:
 
     text: str
     tokens: list[int]          # generated, the end token that stopped it included
-    ended_by: int | None       # that end token
     context: list[int]         # the prompt's tokens its text is decoded after
     finish_reason: str
 
     @classmethod
     def nothing(cls) -> "Generated":
         """max_tokens 0: the prompt alone."""
-        return cls("", [], None, [], "length")
+        return cls("", [], [], "length")
 
 
 class Completions(Prompts):
-    """A completion job's payload: prompts (texts or PromptIds); results Generated."""
+    """A completion job's payload: prompts as PromptIds of the ids the route read; results
+    Generated."""
 
     @staticmethod
     def result(row: Continuation) -> Generated:
-        ended_by = row.end_token
-        return Generated(row.text, row.tokens + ([] if ended_by is None else [ended_by]),
-                         ended_by, row.context, row.finish_reason)
+        ends = [] if row.end_token is None else [row.end_token]
+        return Generated(row.text, row.tokens + ends, row.context, row.finish_reason)
 
 
 def routes(service: Service) -> APIRouter:
@@ -90,7 +89,7 @@ def routes(service: Service) -> APIRouter:
         each = [p for p in prompted for _ in range(body.n)]          # one per choice
         seeds = None if options.greedy else prompt_seeds(options.seed, len(each))
         tokens = sum(len(p.ids) + body.max_tokens for p in each)
-        prompts = [p.prompt for p in each]
+        prompts = [PromptIds(p.ids) for p in each]            # read as the route read them
         if body.stream:
             pieces: asyncio.Queue = asyncio.Queue()
             job = enqueue_prompts(service, Completions(
