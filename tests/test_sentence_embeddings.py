@@ -1,8 +1,9 @@
 """Sentence-transformers models imported whole: the pooling their modules.json names
 ([CLS] as BGE, the mean as all-MiniLM and E5) and their Normalize module are recorded
-by the import, and embed (Python, command line, server, ONNX export) makes the vectors
-sentence-transformers makes from transformers' hidden states, unless told otherwise;
-what we do not compute (max pooling, a Dense module) is refused by name."""
+by the import, and embed (Python, command line, server: /v1/embed and OpenAI's
+/v1/embeddings, ONNX export) makes the vectors sentence-transformers makes from
+transformers' hidden states, unless told otherwise; what we do not compute (max
+pooling, a Dense module) is refused by name."""
 
 import json
 import shutil
@@ -118,6 +119,9 @@ def test_the_command_line_and_the_server_follow_the_record(vocab, tmp_path, caps
                                                "normalize": False}).json()
         np.testing.assert_allclose(asked["embeddings"], np.load(tmp_path / "b.npy"),
                                    atol=1e-5)
+        openai_shaped = client.post("/v1/embeddings", json={"input": LINES}).json()["data"]
+        np.testing.assert_allclose([item["embedding"] for item in openai_shaped],
+                                   np.load(tmp_path / "a.npy"), atol=1e-5)
         bad = client.post("/v1/embed", json={"texts": LINES, "pooling": "max"})
         assert bad.status_code == 422 and "pooling" in bad.text
         described = client.get("/v1/models").json()["data"][0]

@@ -15,6 +15,8 @@ from transduce.config import ConfigError, preset
 from transduce.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.evaluate import macro_f1
+from transduce.decode.inputs import PromptIds, TextError
+from transduce.errors import LineTruncated
 from transduce.model import build_model
 from transduce.model import int8 as int8_module
 from tests.environment import subprocess_env
@@ -79,6 +81,47 @@ def test_embeddings_are_masked_means_of_the_last_hidden_states(encoder, model):
         np.testing.assert_allclose(vector, expected.numpy(), atol=1e-5, rtol=0)
     unit = encoder.embed(LINES, normalize=True)
     np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-5)
+
+
+def test_token_ids_are_read_as_they_are_and_texts_as_cls_text_sep(encoder, model):
+    items = encoder.item_ids(LINES)
+    assert items == [[BOS_ID, *ids, EOS_ID] for ids in encoder.tokenizer.encode(LINES)]
+    given = [PromptIds(ids) for ids in items]
+    mixed = [given[i] if i % 2 else line for i, line in enumerate(LINES)]
+    np.testing.assert_array_equal(encoder.embed(mixed, batch_tokens=64),
+                                  encoder.embed(LINES, batch_tokens=64))   # the same batches
+    bare = PromptIds(items[1][1:-1])             # no [CLS] or [SEP]: read without them
+    with torch.no_grad():
+        expected = model(torch.tensor([bare]))[0].mean(dim=0).numpy()
+    np.testing.assert_allclose(encoder.embed([bare])[0], expected, atol=1e-5, rtol=0)
+    assert [p.label for p in encoder.classify(given)] == \
+        [p.label for p in encoder.classify(LINES)]
+
+
+@pytest.mark.parametrize("ids,problem", [
+    ([], "line 2: no token ids"), ([5, -1], "line 2: token 1 is -1, not an id"),
+    ([5, 10**6], "token 1 is 1000000, not an id of the model's vocabulary"),
+    ([True], "token 0 is True")])
+def test_ids_the_model_lacks_are_refused_naming_the_line(encoder, ids, problem):
+    with pytest.raises(TextError, match=problem):
+        encoder.embed(["uno", PromptIds(ids)])
+    with pytest.raises(TextError, match="line 2: a list"):       # a list is no text
+        encoder.embed(["uno", [5, 6]])
+
+
+def test_a_line_over_the_models_positions_is_cut_with_a_warning(encoder, model):
+    limit = model.config.max_positions
+    long = " ".join(["casa perro"] * limit)
+    (ids,) = encoder.item_ids([long])
+    with pytest.warns(LineTruncated, match=f"line 2: {len(ids) - 2} tokens, truncated to the "
+                                           f"model's limit of {limit}"):
+        cut = encoder.embed(["uno", long])[1]
+    kept = PromptIds([*ids[:limit - 1], EOS_ID])            # [SEP] kept at the end
+    np.testing.assert_allclose(cut, encoder.embed([kept])[0], atol=1e-6, rtol=0)
+    with pytest.warns(LineTruncated, match=f"line 1: {len(ids)} token ids, truncated"):
+        given = encoder.embed([PromptIds(ids)])[0]
+    np.testing.assert_allclose(given, encoder.embed([PromptIds(ids[:limit])])[0], atol=1e-6,
+                               rtol=0)
 
 
 def test_a_model_without_a_classifier_or_of_another_kind_is_refused(tiny_corpus):

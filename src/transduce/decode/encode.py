@@ -19,7 +19,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, Union
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from transduce.checkpoint import POOLINGS
 from transduce.config import ConfigError
 from transduce.data.masking import crop_pair, encoder_item
 from transduce.data.tokenizer import TextTokenizer
-from transduce.decode.inputs import checked_texts
+from transduce.decode.inputs import PromptIds, TextError, checked_texts, ids_problem
 from transduce.decode.onnx_encoder_engine import OnnxSentenceEncoder
 from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
 from transduce.decode.options import DecodeDtype, Engine, decoding_dtype
@@ -37,6 +37,9 @@ from transduce.decode.translate import length_sorted_batches
 from transduce.errors import LineTruncated
 from transduce.model import EncoderOnly, load_model
 from transduce.model.packed import decoding_copy
+
+
+Line = Union[str, PromptIds]      # a text, or token ids read as they are
 
 
 def embedding_defaults(recorded: dict | None) -> dict:
@@ -91,7 +94,7 @@ class SentenceEncoder:
         return cls(load_model(directory, device), checkpoint.load_tokenizer(directory), device,
                    dtype, in_place=True)
 
-    def classify(self, lines: Sequence[str], *, pairs: Sequence[str] | None = None,
+    def classify(self, lines: Sequence[Line], *, pairs: Sequence[str] | None = None,
                  batch_tokens: int = 4096, first_line_number: int = 1) -> list[Prediction]:
         """The most probable class of each line (or of each pair: line i and pairs[i],
         for a classifier fine-tuned on pairs), with every class's probability."""
@@ -108,7 +111,7 @@ class SentenceEncoder:
         return [Prediction(names[int(row.argmax())], float(row.max()),
                            dict(zip(names, map(float, row)))) for row in probabilities]
 
-    def embed(self, lines: Sequence[str], *, normalize: bool | None = None,
+    def embed(self, lines: Sequence[Line], *, normalize: bool | None = None,
               pooling: str | None = None, batch_tokens: int = 4096,
               first_line_number: int = 1) -> np.ndarray:
         """Each line's last hidden states pooled, "mean" over its tokens ([CLS] and [SEP]
@@ -176,29 +179,69 @@ class SentenceEncoder:
                                                                    torch.from_numpy(segment))
             yield np.asarray(indices), batch.to(self.device), segments.to(self.device)
 
-    def _items(self, lines: Sequence[str], first_line_number: int,
+    def item_ids(self, lines: Sequence[Line], first_line_number: int = 1) -> list[list[int]]:
+        """Each line's ids as classify and embed read it, whole (not cropped to the
+        model's positions): [CLS] line [SEP], or PromptIds as they are (a PromptIds
+        holding ids the model lacks is a TextError naming the line)."""
+        t = self.tokenizer
+        lines = checked_texts(lines, "line", first_line_number, ids_too=True)
+        texts = iter(t.encode([line.strip() for line in lines
+                               if not isinstance(line, PromptIds)]))
+        items = []
+        for number, line in enumerate(lines, start=first_line_number):
+            if isinstance(line, PromptIds):
+                problem = ids_problem(line, self.model.config.src_vocab_size)
+                if problem:
+                    raise TextError(f"line {number}: {problem}")
+                items.append(PromptIds(line))
+            else:
+                items.append([t.bos_id, *next(texts), t.eos_id])
+        return items
+
+    def _items(self, lines: Sequence[Line], first_line_number: int,
                pairs: Sequence[str] | None) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each line's (or pair's) ids and segments (T,), cropped to the model's positions
         with a warning."""
+        if pairs is None:          # (a loop: the warning's stacklevel counts the frames)
+            items = []
+            for number, ids in enumerate(self.item_ids(lines, first_line_number),
+                                         start=first_line_number):
+                items.append(self._cropped(ids, number))
+            return items
+        return self._pair_items(lines, pairs, first_line_number)
+
+    def _pair_items(self, lines: Sequence[str], pairs: Sequence[str],
+                    first_line_number: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each pair's ids and segments (T,), cropped as the tokenizers library's
+        "longest_first" cuts a pair, with a warning."""
         t, limit = self.tokenizer, self.model.config.max_positions
         lines = checked_texts(lines, "line", first_line_number)
+        pairs = checked_texts(pairs, "second text", first_line_number)
+        if len(pairs) != len(lines):
+            raise ConfigError(f"{len(lines)} texts but {len(pairs)} second texts: a pair "
+                              f"is a text and its second text, one each")
         encoded = t.encode([line.strip() for line in lines])
-        seconds: list = [None] * len(lines)
-        if pairs is not None:
-            pairs = checked_texts(pairs, "second text", first_line_number)
-            if len(pairs) != len(lines):
-                raise ConfigError(f"{len(lines)} texts but {len(pairs)} second texts: a pair "
-                                  f"is a text and its second text, one each")
-            seconds = t.encode([text.strip() for text in pairs])
+        seconds = t.encode([text.strip() for text in pairs])
         one_segment = self.model.config.type_vocab_size == 1     # RoBERTa's pairs
         items = []
-        for offset, (a, b) in enumerate(zip(encoded, seconds)):
-            a, b = np.asarray(a, dtype=np.int64), None if b is None else np.asarray(b)
+        for number, (a, b) in enumerate(zip(encoded, seconds), start=first_line_number):
+            a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
             kept_a, kept_b = crop_pair(a, b, limit, one_segment)
-            if len(kept_a) < len(a) or (b is not None and len(kept_b) < len(b)):
-                tokens = f"{len(a)} tokens" if b is None else f"{len(a)} + {len(b)} tokens"
-                warnings.warn(f"line {first_line_number + offset}: {tokens}, truncated to the "
-                              f"model's limit of {limit} positions", LineTruncated, stacklevel=5)
+            if len(kept_a) < len(a) or len(kept_b) < len(b):
+                warnings.warn(f"line {number}: {len(a)} + {len(b)} tokens, truncated to the "
+                              f"model's limit of {limit} positions", LineTruncated, stacklevel=6)
             ids, segments, _ = encoder_item(kept_a, kept_b, t.bos_id, t.eos_id, one_segment)
             items.append((ids, segments))
         return items
+
+    def _cropped(self, ids: list[int], number: int) -> tuple[np.ndarray, np.ndarray]:
+        """One line's ids (item_ids') and segments (T,), cropped to the model's positions
+        with a warning: a text keeps its [SEP], PromptIds lose their end."""
+        limit = self.model.config.max_positions
+        given = isinstance(ids, PromptIds)
+        if len(ids) > limit:
+            tokens = f"{len(ids)} token ids" if given else f"{len(ids) - 2} tokens"
+            warnings.warn(f"line {number}: {tokens}, truncated to the model's limit of "
+                          f"{limit} positions", LineTruncated, stacklevel=5)
+            ids = list(ids[:limit]) if given else [*ids[:limit - 1], self.tokenizer.eos_id]
+        return np.asarray(ids, dtype=np.int64), np.zeros(len(ids), dtype=np.int64)

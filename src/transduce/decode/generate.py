@@ -30,7 +30,7 @@ from transduce import checkpoint
 from transduce.config import ConfigError, choices
 from transduce.data.chat import Chat
 from transduce.data.tokenizer import TextTokenizer
-from transduce.decode.inputs import checked_texts
+from transduce.decode.inputs import PromptIds, checked_texts, ids_problem
 from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
 from transduce.decode.onnx_lm_engine import OnnxLanguageModel
 from transduce.decode.options import DecodeDtype, Engine, GenerateOptions, KvDtype, \
@@ -130,12 +130,6 @@ class Continuation:
 
 class ReplyIds(list):
     """A Chat's prompt ids (Generator.encode): what follows is the assistant's reply."""
-
-
-class PromptIds(tuple):
-    """A prompt given as token ids (OpenAI's completions take them), read as they are:
-    no bos is added, so that a caller that tokenized a text itself (an evaluation
-    harness) is answered about exactly the tokens it sent."""
 
 
 Prompt = Union[str, Chat, PromptIds]
@@ -315,13 +309,9 @@ class Generator:
     def _known_ids(self, prompt: PromptIds, number: int) -> list[int]:
         """PromptIds as a list, refused (PromptError) where empty or holding an id that
         is no integer of the model's vocabulary."""
-        vocab = self.model.config.tgt_vocab_size
-        if not prompt:
-            raise PromptError(f"prompt {number}: no token ids (give at least one)")
-        for index, token in enumerate(prompt):
-            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
-                raise PromptError(f"prompt {number}: token {index} is {token!r}, not an id of "
-                                  f"the model's vocabulary (0 to {vocab - 1})")
+        problem = ids_problem(prompt, self.model.config.tgt_vocab_size)
+        if problem:
+            raise PromptError(f"prompt {number}: {problem}")
         return list(prompt)
 
     def chat_text(self, chat: Chat) -> str:

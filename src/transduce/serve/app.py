@@ -7,7 +7,8 @@ Every kind gets GET /health, /v1/models, /metrics, the page at / and the OpenAPI
 document at /openapi.json (rendered at /docs, with a script the server serves itself:
 docs.py). A translation model adds /v1/translate,
 /translate and /languages (LibreTranslate's), and /v1/attention; a language model
-/v1/generate; an encoder-only model /v1/embed and, with a classification head,
+/v1/generate, /v1/completions and /v1/chat/completions (OpenAI's); an encoder-only
+model /v1/embed, /v1/embeddings (OpenAI's) and, with a classification head,
 /v1/classify. The worker starts and stops with the app's lifespan: on shutdown the
 queue is closed to new work and what is queued is decoded before the worker stops.
 """
@@ -27,7 +28,8 @@ from transduce.attention import one_query
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.generate import Generator
 from transduce.decode.translate import Translator
-from transduce.serve import chat, completions, docs, encoding, generation, page, translation
+from transduce.serve import chat, completions, docs, embeddings, encoding, generation, page, \
+    translation
 from transduce.serve.batcher import Batcher
 from transduce.serve.continuous import decodes_in_streams
 from transduce.serve.limits import Limits
@@ -108,6 +110,8 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
     if kind == "generation":
         app.include_router(chat.routes(service))        # an instruct model's conversations
         app.include_router(completions.routes(service))   # OpenAI's clients, harnesses
+    if kind == "encoder":
+        app.include_router(embeddings.routes(service))    # OpenAI's clients
     app.include_router(_common_routes(service, kind))
     app.include_router(page.routes(kind))
     app.include_router(docs.routes(app.title, app.openapi_url))

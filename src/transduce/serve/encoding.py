@@ -1,15 +1,16 @@
 """The routes of an encoder-only model: /v1/embed and, when it has a classification head,
-/v1/classify. Texts of concurrent requests with the same settings share batches."""
+/v1/classify (OpenAI's /v1/embeddings: embeddings.py). Texts of concurrent requests with
+the same settings share batches."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
 from transduce.config import ConfigError
-from transduce.decode.encode import SentenceEncoder
+from transduce.decode.encode import Line, SentenceEncoder
 from transduce.serve.limits import ApiError, check_texts, check_tokens
 from transduce.serve.schemas import ClassifyRequest, ClassifyResponse, EmbedRequest, \
-    EmbedResponse, Prediction
+    EmbedResponse, Prediction, Timings
 from transduce.serve.service import Service, split_by_job, timed
 from transduce.serve.validation import ERROR_RESPONSES
 
@@ -26,11 +27,7 @@ def routes(service: Service) -> APIRouter:
         defaults = encoder.embedding_defaults
         pooling = defaults["pooling"] if body.pooling is None else body.pooling
         normalize = defaults["normalize"] if body.normalize is None else body.normalize
-        key = ("embed", normalize, pooling)
-        run = timed(lambda jobs: split_by_job(jobs, encoder.embed(
-            [t for job in jobs for t in job.payload], normalize=normalize, pooling=pooling,
-            batch_tokens=service.limits.batch_tokens).tolist()))
-        vectors, timings = await service.submit(key, run, body.texts, tokens, len(body.texts))
+        vectors, timings = await embedded(service, body.texts, tokens, normalize, pooling)
         return EmbedResponse(embeddings=vectors, dimensions=encoder.model.config.d_model,
                              pooling=pooling, normalized=normalize, truncated=cut,
                              timings=timings)
@@ -59,6 +56,19 @@ def routes(service: Service) -> APIRouter:
                                     truncated=cut, timings=timings)
 
     return router
+
+
+async def embedded(service: Service, lines: list[Line], tokens: int, normalize: bool,
+                   pooling: str) -> tuple[list[list[float]], Timings]:
+    """The lines' vectors (texts, or PromptIds), from a job on the decoding worker that
+    the lines of requests asking for the same pooling and normalisation share (from
+    /v1/embed and /v1/embeddings alike), and its timings."""
+    encoder: SentenceEncoder = service.model
+    run = timed(lambda jobs: split_by_job(jobs, encoder.embed(
+        [line for job in jobs for line in job.payload], normalize=normalize,
+        pooling=pooling, batch_tokens=service.limits.batch_tokens).tolist()))
+    return await service.submit(("embed", normalize, pooling), run, lines, tokens,
+                                len(lines))
 
 
 def _check(service: Service, texts: list[str], truncate: bool,

@@ -286,54 +286,56 @@ class OpenAIError(BaseModel):
 
 
 class OpenAIErrorBody(BaseModel):
-    """How the OpenAI-shaped routes (/v1/chat/completions, /v1/completions) answer a
-    request they refuse: as OpenAI does, for its clients to show the message."""
+    """How the OpenAI-shaped routes (/v1/chat/completions, /v1/completions,
+    /v1/embeddings) answer a request they refuse: as OpenAI does, for its clients to show
+    the message."""
 
     error: OpenAIError
 
 
 TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
-PROMPT_SHAPES = "a text, a list of texts, token ids, or a list of lists of token ids"
+INPUT_SHAPES = "a text, a list of texts, token ids, or a list of lists of token ids"
 
 
-def _prompt_shape(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    """A prompt of none of the four shapes, refused saying where it strays from them (a
-    text's own fault, a lone surrogate, is named by the text's check)."""
+def _input_shape(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """An input (OpenAI's prompt, or an embeddings input) of none of the four shapes,
+    refused saying where it strays from them (a text's own fault, a lone surrogate, is
+    named by the text's check)."""
     try:
         return handler(value)
     except ValidationError:
         if isinstance(value, str) or (isinstance(value, list) and value and
                                       all(isinstance(item, str) for item in value)):
             raise
-        raise PydanticCustomError("prompt_shape", _prompt_problem(value)) from None
+        raise PydanticCustomError("input_shape", _input_problem(value)) from None
 
 
-def _prompt_problem(value: Any) -> str:
+def _input_problem(value: Any) -> str:
     if not isinstance(value, list) or not value:
-        return f"give {PROMPT_SHAPES}, not {json.dumps(value)[:40]}"
+        return f"give {INPUT_SHAPES}, not {json.dumps(value)[:40]}"
     rows = value if isinstance(value[0], list) else [value]
     for i, row in enumerate(rows):
         where = f"[{i}]" if rows is value else ""
         if not isinstance(row, list) or not row:
-            return f"item {where or 0} is {json.dumps(row)[:40]}: each prompt's ids are a " \
+            return f"item {where or 0} is {json.dumps(row)[:40]}: each item's ids are a " \
                    f"list of one or more"
         for j, token in enumerate(row):
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
                 return f"item {where}[{j}] is {json.dumps(token)[:40]}, no token id (an " \
-                       f"integer from 0); give {PROMPT_SHAPES}"
-    return f"give {PROMPT_SHAPES}"
+                       f"integer from 0); give {INPUT_SHAPES}"
+    return f"give {INPUT_SHAPES}"
 
 
-CompletionPrompt = Annotated[
+TextsOrIds = Annotated[
     Text | Annotated[list[Text], Field(min_length=1)] | TokenIds
-    | Annotated[list[TokenIds], Field(min_length=1)], WrapValidator(_prompt_shape)]
+    | Annotated[list[TokenIds], Field(min_length=1)], WrapValidator(_input_shape)]
 
 
 class CompletionRequest(OpenAISampling):
     """OpenAI's (legacy) completion request: prompts continued as they are, for its
     clients and the evaluation harnesses that score with `echo` and `logprobs`."""
 
-    prompt: CompletionPrompt = Field(description=(
+    prompt: TextsOrIds = Field(description=(
         "a text, texts, a prompt's token ids, or several prompts' (ids are read as they "
         "are: no bos is added)"))
     max_tokens: Annotated[StrictInt, Field(ge=0)] = Field(
@@ -380,4 +382,41 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage
+    timings: Timings
+
+
+class EmbeddingsRequest(Strict):
+    """OpenAI's embeddings request, for its client and the libraries built on it: the
+    model's sentence embeddings, pooled and normalised as its checkpoint records."""
+
+    input: TextsOrIds = Field(description=(
+        "a text, texts, a text's token ids, or several texts' (ids are read as they are: "
+        "no [CLS] or [SEP] is added)"))
+    model: StrictStr | None = Field(None, description="accepted for OpenAI's clients; the "
+                                                      "server answers with its one model")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: each vector's float32 values, little-endian, in "
+                             "base64 (what OpenAI's client asks for)")
+    dimensions: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="only the model's width: its vectors were not trained to be cut")
+    user: StrictStr | None = Field(None, description="accepted and ignored")
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(description="the vector, or its base64")
+
+
+class EmbeddingsUsage(BaseModel):
+    prompt_tokens: int = Field(description="the tokens the model read, [CLS] and [SEP] "
+                                           "counted")
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingsUsage
     timings: Timings

@@ -127,7 +127,7 @@ async def _why_unreadable(request: Request) -> str:
 
 
 # Routes in OpenAI's shape: their errors in its shape too.
-OPENAI_PATHS = ("/v1/chat/", "/v1/completions")
+OPENAI_PATHS = ("/v1/chat/", "/v1/completions", "/v1/embeddings")
 
 
 def install_error_handlers(app: FastAPI) -> None:
