@@ -1,6 +1,6 @@
-"""Tiny untrained models of the three kinds, saved with the toy corpus's tokenizer, and
-in-process apps serving them (TestClient runs the app's lifespan, so the decoding worker
-starts and stops with each client)."""
+"""Tiny untrained models of the three kinds (and a cross-encoder), saved with the toy
+corpus's tokenizer, and in-process apps serving them (TestClient runs the app's
+lifespan, so the decoding worker starts and stops with each client)."""
 
 import pytest
 import torch
@@ -48,6 +48,17 @@ def encoder_dir(tiny_corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def reranker(tiny_corpus, tmp_path_factory):
+    """An encoder whose head has one output, as a cross-encoder's, loaded as served."""
+    torch.manual_seed(1)
+    model = build_model(preset("bert-tiny", src_vocab_size=300, tgt_vocab_size=300,
+                               num_labels=1, max_positions=32))
+    path = tmp_path_factory.mktemp("serve-reranker") / "model"
+    checkpoint.save(path, model, None, tiny_corpus / MODEL_NAME)
+    return load(path)
+
+
+@pytest.fixture(scope="session")
 def translator(translation_dir):
     return load(translation_dir)
 
@@ -91,4 +102,10 @@ def lm(generator):
 @pytest.fixture()
 def enc(encoder):
     with client_for(encoder, max_chars=200, max_texts=16) as client:
+        yield client
+
+
+@pytest.fixture()
+def ranks(reranker):
+    with client_for(reranker, max_chars=200, max_texts=16) as client:
         yield client

@@ -2,8 +2,8 @@
 
 Types a sentence, translates, switches kind, layer and head, hovers tokens, and checks
 what the page shows against the API; a long sentence (100+ pieces) loads its layers
-lazily. Also the generate page (server-sent events), an instruct model's chat and the
-classify page. Screenshots
+lazily. Also the generate page (server-sent events), an instruct model's chat, the
+classify page and a cross-encoder's rerank page. Screenshots
 go to the test's temporary directory.
 """
 
@@ -215,9 +215,31 @@ def test_encoder_page_classifies(browser_page, encoder):
         page.fill("#lines", "uno dos\nel perro")
         page.click("#classify")
         page.wait_for_selector("#enc-output tr")
+        assert page.is_hidden("#rerank") and page.is_hidden("#query")
     labels = [p.label for p in encoder.classify(["uno dos", "el perro"])]
     cells = page.locator("#enc-output tr td:nth-child(2)").all_text_contents()
     assert [cell.split(" ")[0] for cell in cells] == labels
+
+
+def test_encoder_page_reranks_with_a_cross_encoder(browser_page, reranker):
+    """A model of one output (/v1/models: "reranks"): the page asks for a query, ranks
+    the lines by it as the library does, and offers no classification."""
+    page, documents = browser_page, ["uno dos", "el perro", "gato rojo"]
+    with ServerThread(create_app(reranker)) as server:
+        page.goto(server.url + "/")
+        page.wait_for_selector("#query", state="visible")
+        assert page.is_hidden("#classify")
+        page.fill("#lines", "\n".join(documents))
+        page.click("#rerank")
+        page.wait_for_function(
+            "/type a query first/.test(document.getElementById('enc-status').textContent)")
+        page.fill("#query", "el perro grande")
+        page.click("#rerank")
+        page.wait_for_selector("#enc-output tr")
+    expected = reranker.rerank("el perro grande", documents)
+    cells = page.locator("#enc-output tr td").all_text_contents()
+    assert cells[0::2] == [documents[r.index] for r in expected]
+    assert cells[1::2] == [f"{r.relevance:.3f}" for r in expected]
 
 
 def test_encoder_page_classifies_pairs(browser_page, encoder):

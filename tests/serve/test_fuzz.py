@@ -126,7 +126,7 @@ def instruct(chatml):
     return chatml.generator
 
 
-@pytest.mark.parametrize("kind", ["translator", "generator", "encoder", "instruct"])
+@pytest.mark.parametrize("kind", ["translator", "generator", "encoder", "instruct", "reranker"])
 def test_no_request_gets_a_5xx(kind, request):
     model = request.getfixturevalue(kind)
     with client_for(model, max_chars=120, max_texts=4) as client:

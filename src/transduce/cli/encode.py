@@ -1,8 +1,11 @@
-"""`transduce classify | embed`: an encoder-only model over lines of text.
+"""`transduce classify | score | rerank | embed`: an encoder-only model over lines of text.
 
 Lines come from --input or standard input; N lines in give N results out, in order.
 classify writes `label<TAB>probability` per line (--all: every class's probability;
---pairs: each line is `text<TAB>second text`, for a classifier of pairs); embed writes an
+--pairs: each line is `text<TAB>second text`, for a classifier of pairs); score, for a
+model of one output (a cross-encoder, a regression head), writes its value per line
+(--pairs likewise); rerank writes the lines as documents ranked by relevance to --query,
+`line<TAB>relevance<TAB>document`, the most relevant first; embed writes an
 (N, d_model) float32 .npy file.
 """
 
@@ -28,6 +31,24 @@ def register(commands) -> None:
                           help="each line is a pair, `text<TAB>second text` (a classifier "
                                "fine-tuned on pairs: entailment, paraphrase)")
     classify.set_defaults(handler=classify_command)
+
+    score = commands.add_parser("score", help="a cross-encoder's (or regression head's) "
+                                              "value for each line or pair")
+    _add_common(score)
+    score.add_argument("--output", type=Path, default=None, help="default: standard output")
+    score.add_argument("--pairs", action="store_true",
+                       help="each line is a pair, `text<TAB>second text` (a query and a "
+                            "document, for a cross-encoder)")
+    score.set_defaults(handler=score_command)
+
+    rerank = commands.add_parser("rerank", help="lines ranked by a cross-encoder's relevance "
+                                                "to a query")
+    _add_common(rerank)
+    rerank.add_argument("--query", required=True, help="the text the lines are ranked against")
+    rerank.add_argument("--top", type=positive_int, default=None,
+                        help="the most relevant N lines (default: all)")
+    rerank.add_argument("--output", type=Path, default=None, help="default: standard output")
+    rerank.set_defaults(handler=rerank_command)
 
     embed = commands.add_parser("embed", help="sentence vectors: the last hidden states pooled")
     _add_common(embed)
@@ -63,7 +84,6 @@ def _read_input(args: argparse.Namespace) -> list[str]:
 
 
 def classify_command(args: argparse.Namespace) -> int:
-    from transduce import atomic
     from transduce.decode.encode import SentenceEncoder
 
     if args.output is not None:
@@ -79,11 +99,47 @@ def classify_command(args: argparse.Namespace) -> int:
                        + "\n" for pred in predictions)
     else:
         text = "".join(f"{pred.label}\t{pred.probability:.4f}\n" for pred in predictions)
-    if args.output is None:
+    _write(args.output, text)
+    return 0
+
+
+def score_command(args: argparse.Namespace) -> int:
+    from transduce.decode.encode import SentenceEncoder
+
+    if args.output is not None:
+        check_output_file(args.output, "--output")
+    encoder = SentenceEncoder.load(args.model, dtype=args.dtype, engine=args.engine)
+    lines, seconds = _read_input(args), None
+    if args.pairs:
+        lines, seconds = _split_pairs(lines, args.input)
+    with one_line_warnings(args.input):
+        scores = encoder.score(lines, pairs=seconds, batch_tokens=args.batch_tokens)
+    _write(args.output, "".join(f"{value:.6f}\n" for value in scores))
+    return 0
+
+
+def rerank_command(args: argparse.Namespace) -> int:
+    from transduce.decode.encode import SentenceEncoder
+
+    if args.output is not None:
+        check_output_file(args.output, "--output")
+    encoder = SentenceEncoder.load(args.model, dtype=args.dtype, engine=args.engine)
+    documents = _read_input(args)
+    found = encoder.rerank(args.query, documents, top_n=args.top,
+                           batch_tokens=args.batch_tokens)
+    _write(args.output, "".join(f"{r.index + 1}\t{r.relevance:.4f}\t{documents[r.index]}\n"
+                                for r in found))
+    return 0
+
+
+def _write(output: Path | None, text: str) -> None:
+    """text to standard output, or to the --output file whole."""
+    from transduce import atomic
+
+    if output is None:
         sys.stdout.write(text)
     else:
-        atomic.write_text(args.output, text)
-    return 0
+        atomic.write_text(output, text)
 
 
 def _split_pairs(lines: list[str], path: Path | None) -> tuple[list[str], list[str]]:

@@ -16,6 +16,8 @@ tokenizers library's "longest_first" cuts one: masking.crop_pair).
 
 from __future__ import annotations
 
+import math
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,23 @@ def embedding_defaults(recorded: dict | None) -> dict:
     """{"pooling", "normalize"} of embed() when not given: the checkpoint's record, else
     the mean, not normalised."""
     return dict(recorded or {"pooling": "mean", "normalize": False})
+
+
+@dataclass
+class Ranked:
+    """A document as rerank places it."""
+
+    index: int          # its place in the documents given
+    score: float        # the model's output, a logit
+    relevance: float    # its sigmoid, in (0, 1): the relevance score rerank APIs give
+
+
+def ranked(scores: np.ndarray, top_n: int | None = None) -> list[Ranked]:
+    """Documents' scores (N,) -> the top_n (None: all) as Ranked, the highest first (a
+    tie in the order given)."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_n]
+    return [Ranked(i, float(scores[i]), 0.5 * (1 + math.tanh(float(scores[i]) / 2)))
+            for i in order]                     # tanh: the sigmoid, without overflow
 
 
 @dataclass
@@ -98,6 +117,10 @@ class SentenceEncoder:
                  batch_tokens: int = 4096, first_line_number: int = 1) -> list[Prediction]:
         """The most probable class of each line (or of each pair: line i and pairs[i],
         for a classifier fine-tuned on pairs), with every class's probability."""
+        if self.scores:
+            raise ConfigError("this model has one output (a cross-encoder's relevance, or a "
+                              "regression head's value), not classes: score or rerank with "
+                              "it (`transduce score`, `transduce rerank`, /v1/rerank)")
         if not self.classifies:
             raise ConfigError("this model has no classification head: fine-tune it with "
                               "`transduce train --task classify --init MODEL`")
@@ -110,6 +133,37 @@ class SentenceEncoder:
             probabilities[indices] = logits.softmax(dim=-1).cpu().numpy()
         return [Prediction(names[int(row.argmax())], float(row.max()),
                            dict(zip(names, map(float, row)))) for row in probabilities]
+
+    def score(self, lines: Sequence[Line], *, pairs: Sequence[str] | None = None,
+              batch_tokens: int = 4096, first_line_number: int = 1,
+              warn: bool = True) -> np.ndarray:
+        """The model's one output for each line (or pair: line i and pairs[i]), a
+        cross-encoder's relevance logit or a regression head's value -> (N,) float32.
+        warn: of each pair cut to fit the model (False: cut quietly, as a reranker cuts
+        long documents)."""
+        if not self.scores:
+            raise ConfigError(self._not_a_scorer())
+        self.check_inputs(pairs is not None)
+        scores = np.zeros(len(lines), dtype=np.float32)
+        for indices, ids, segments in self._batches(lines, batch_tokens, first_line_number,
+                                                    pairs, warn=warn):
+            scores[indices] = self._class_logits(ids, segments).float()[:, 0].cpu().numpy()
+        return scores
+
+    def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,
+               batch_tokens: int = 4096) -> list[Ranked]:
+        """The documents (or the top_n of them), the most relevant to the query first, as
+        a cross-encoder ranks them: each read in a pair with the query, [CLS] query [SEP]
+        document [SEP], a long pair cut as the tokenizers library cuts one, without a
+        warning (a reranker judges a long document by its start)."""
+        if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int)
+                                  or top_n < 1):
+            raise ConfigError(f"top_n={top_n!r}: must be a positive integer (or None: all)")
+        (query,) = checked_texts([query], "query")
+        documents = checked_texts(documents, "document")
+        scores = self.score([query] * len(documents), pairs=documents,
+                            batch_tokens=batch_tokens, warn=False)
+        return ranked(scores, top_n)
 
     def embed(self, lines: Sequence[Line], *, normalize: bool | None = None,
               pooling: str | None = None, batch_tokens: int = 4096,
@@ -144,8 +198,20 @@ class SentenceEncoder:
 
     @property
     def classifies(self) -> bool:
-        """Whether the model has a classification head (classify needs one)."""
-        return self.model.config.num_labels > 0
+        """Whether the model has a classification head of classes (classify needs one)."""
+        return self.model.config.num_labels > 1
+
+    @property
+    def scores(self) -> bool:
+        """Whether the model's head has one output (score and rerank need one): a
+        cross-encoder (ms-marco-MiniLM, bge-reranker) or a regression head (STS-B)."""
+        return self.model.config.num_labels == 1
+
+    def _not_a_scorer(self) -> str:
+        count = self.model.config.num_labels
+        has = f"{count} classes: classify with it" if count else "no head"
+        return f"score and rerank need a model with one output (a cross-encoder or a " \
+               f"regression head); this one has {has}"
 
     @torch.inference_mode()
     def _class_logits(self, ids: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
@@ -162,13 +228,14 @@ class SentenceEncoder:
         return self.model.sentence_embeddings(ids, pooling=pooling)
 
     def _batches(self, lines: Sequence[str], batch_tokens: int, first_line_number: int,
-                 pairs: Sequence[str] | None = None):
+                 pairs: Sequence[str] | None = None, *, warn: bool = True):
         """(indices of the lines, their ids and segments (B, T) right-padded) by length;
-        pairs: each line's second text, or None."""
+        pairs: each line's second text, or None; warn: of each pair cut to fit."""
         if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
             raise ConfigError(f"batch_tokens={batch_tokens!r}: must be a positive integer "
                               f"(tokens per batch, padding counted)")
-        items = self._items(lines, first_line_number, pairs)
+        items = self._items(lines, first_line_number) if pairs is None else \
+            self._pair_items(lines, pairs, first_line_number, warn)
         for indices in length_sorted_batches([ids for ids, _ in items], batch_tokens):
             width = max(len(items[i][0]) for i in indices)
             batch = torch.full((len(indices), width), self.model.config.pad_id, dtype=torch.long)
@@ -198,22 +265,17 @@ class SentenceEncoder:
                 items.append([t.bos_id, *next(texts), t.eos_id])
         return items
 
-    def _items(self, lines: Sequence[Line], first_line_number: int,
-               pairs: Sequence[str] | None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each line's (or pair's) ids and segments (T,), cropped to the model's positions
-        with a warning."""
-        if pairs is None:          # (a loop: the warning's stacklevel counts the frames)
-            items = []
-            for number, ids in enumerate(self.item_ids(lines, first_line_number),
-                                         start=first_line_number):
-                items.append(self._cropped(ids, number))
-            return items
-        return self._pair_items(lines, pairs, first_line_number)
+    def _items(self, lines: Sequence[Line], first_line_number: int
+               ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each line's ids and segments (T,), cropped to the model's positions with a
+        warning."""
+        return [self._cropped(ids, number) for number, ids in
+                enumerate(self.item_ids(lines, first_line_number), start=first_line_number)]
 
-    def _pair_items(self, lines: Sequence[str], pairs: Sequence[str],
-                    first_line_number: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _pair_items(self, lines: Sequence[str], pairs: Sequence[str], first_line_number: int,
+                    warn: bool) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each pair's ids and segments (T,), cropped as the tokenizers library's
-        "longest_first" cuts a pair, with a warning."""
+        "longest_first" cuts a pair (with a warning, if warn)."""
         t, limit = self.tokenizer, self.model.config.max_positions
         lines = checked_texts(lines, "line", first_line_number)
         pairs = checked_texts(pairs, "second text", first_line_number)
@@ -227,9 +289,9 @@ class SentenceEncoder:
         for number, (a, b) in enumerate(zip(encoded, seconds), start=first_line_number):
             a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
             kept_a, kept_b = crop_pair(a, b, limit, one_segment)
-            if len(kept_a) < len(a) or len(kept_b) < len(b):
-                warnings.warn(f"line {number}: {len(a)} + {len(b)} tokens, truncated to the "
-                              f"model's limit of {limit} positions", LineTruncated, stacklevel=6)
+            if warn and (len(kept_a) < len(a) or len(kept_b) < len(b)):
+                _warn_truncated(f"line {number}: {len(a)} + {len(b)} tokens, truncated to "
+                                f"the model's limit of {limit} positions")
             ids, segments, _ = encoder_item(kept_a, kept_b, t.bos_id, t.eos_id, one_segment)
             items.append((ids, segments))
         return items
@@ -241,7 +303,16 @@ class SentenceEncoder:
         given = isinstance(ids, PromptIds)
         if len(ids) > limit:
             tokens = f"{len(ids)} token ids" if given else f"{len(ids) - 2} tokens"
-            warnings.warn(f"line {number}: {tokens}, truncated to the model's limit of "
-                          f"{limit} positions", LineTruncated, stacklevel=5)
+            _warn_truncated(f"line {number}: {tokens}, truncated to the model's limit of "
+                            f"{limit} positions")
             ids = list(ids[:limit]) if given else [*ids[:limit - 1], self.tokenizer.eos_id]
         return np.asarray(ids, dtype=np.int64), np.zeros(len(ids), dtype=np.int64)
+
+
+def _warn_truncated(message: str) -> None:
+    """A LineTruncated warning at the caller's line: the first frame outside this module,
+    however deep the call that cut the line."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, LineTruncated, stacklevel=level)

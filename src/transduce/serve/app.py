@@ -5,12 +5,13 @@
 
 Every kind gets GET /health, /v1/models, /metrics, the page at / and the OpenAPI
 document at /openapi.json (rendered at /docs, with a script the server serves itself:
-docs.py). A translation model adds /v1/translate,
-/translate and /languages (LibreTranslate's), and /v1/attention; a language model
-/v1/generate, /v1/completions and /v1/chat/completions (OpenAI's); an encoder-only
-model /v1/embed, /v1/embeddings (OpenAI's) and, with a classification head,
-/v1/classify. The worker starts and stops with the app's lifespan: on shutdown the
-queue is closed to new work and what is queued is decoded before the worker stops.
+docs.py). A translation model adds /v1/translate, /translate and /languages
+(LibreTranslate's), and /v1/attention; a language model /v1/generate, /v1/completions
+and /v1/chat/completions (OpenAI's); an encoder-only model /v1/embed, /v1/embeddings
+(OpenAI's) and, with a classification head, /v1/classify, or with a head of one output
+(a cross-encoder) /v1/rerank. The worker starts and stops with the app's lifespan: on
+shutdown the queue is closed to new work and what is queued is decoded before the
+worker stops.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from transduce.decode.encode import SentenceEncoder
 from transduce.decode.generate import Generator
 from transduce.decode.translate import Translator
 from transduce.serve import chat, completions, docs, embeddings, encoding, generation, page, \
-    translation
+    rerank, translation
 from transduce.serve.batcher import Batcher
 from transduce.serve.continuous import decodes_in_streams
 from transduce.serve.limits import Limits
@@ -112,6 +113,8 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
         app.include_router(completions.routes(service))   # OpenAI's clients, harnesses
     if kind == "encoder":
         app.include_router(embeddings.routes(service))    # OpenAI's clients
+    if kind == "encoder" and model.scores:
+        app.include_router(rerank.routes(service))        # a cross-encoder: Cohere's, Jina's
     app.include_router(_common_routes(service, kind))
     app.include_router(page.routes(kind))
     app.include_router(docs.routes(app.title, app.openapi_url))
@@ -186,4 +189,5 @@ def describe(service: Service, kind: str) -> dict:
         info["labels"] = model.labels
         info["classifier_inputs"] = model.classifier_inputs   # "pairs": send text_pairs
         info["sentence_embedding"] = model.embedding_defaults   # what /v1/embed does unasked
+        info["reranks"] = model.scores                   # a cross-encoder: /v1/rerank
     return info

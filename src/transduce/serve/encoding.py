@@ -79,20 +79,21 @@ def _check(service: Service, texts: list[str], truncate: bool,
     encoder: SentenceEncoder = service.model
     config = encoder.model.config
     check_texts(texts, service.limits, "texts")
-    lengths = _token_counts(encoder, texts)
+    lengths = token_counts(encoder, texts)
     markers = 2
     if seconds is not None:
         if len(seconds) != len(texts):
             raise ApiError(422, f"text_pairs: {len(seconds)} second texts for {len(texts)} "
                                 f"texts; give one for each", "text_pairs")
         check_texts(seconds, service.limits, "text_pairs")
-        lengths = [a + b for a, b in zip(lengths, _token_counts(encoder, seconds))]
+        lengths = [a + b for a, b in zip(lengths, token_counts(encoder, seconds))]
         markers = 3 + (config.type_vocab_size == 1)      # RoBERTa's <s> A </s></s> B </s>
     limit = config.max_positions - markers
     return check_tokens(lengths, limit, "texts", truncate), sum(min(n, limit) + markers
                                                                 for n in lengths)
 
 
-def _token_counts(encoder: SentenceEncoder, texts: list[str]) -> list[int]:
+def token_counts(encoder: SentenceEncoder, texts: list[str]) -> list[int]:
+    """Each text's tokens, without [CLS] and [SEP]."""
     return [len(ids) for ids in encoder.tokenizer.encode([t.strip() for t in texts])]
 

@@ -420,3 +420,40 @@ class EmbeddingsResponse(BaseModel):
     model: str
     usage: EmbeddingsUsage
     timings: Timings
+
+
+class RerankText(Strict):
+    text: Text
+
+
+class RerankRequest(Strict):
+    """Cohere's and Jina's rerank request, for their clients and the frameworks' rerankers
+    built on them."""
+
+    query: Text = Field(examples=["Who wept?"])
+    documents: Annotated[list[Text | RerankText], Field(min_length=1)] = Field(
+        description="texts, or objects with a text")
+    top_n: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="the most relevant this many (default: all)")
+    return_documents: StrictBool = Field(True, description="each result with its text")
+    model: StrictStr | None = Field(None, description="accepted for the clients; the server "
+                                                      "answers with its one model")
+
+
+class RerankResult(BaseModel):
+    index: int = Field(description="the document's place in the request")
+    relevance_score: float = Field(description="the sigmoid of the model's logit, in (0, 1)")
+    document: RerankText | None = None
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int = Field(description="the tokens the model read, the query's in each "
+                                          "pair and the markers counted")
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[RerankResult] = Field(description="the most relevant first")
+    usage: RerankUsage
+    timings: Timings

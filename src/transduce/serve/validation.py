@@ -111,8 +111,10 @@ def _location(error: dict, prefix: tuple) -> tuple:
 
 def _union_tag(part: Any) -> bool:
     """pydantic names the member of a union that failed ("str", "list[...]",
-    "function-after[...]") in the location; no field is named so."""
-    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool"))
+    "function-after[...]", a model's class: "RerankText") in the location; no field is
+    named so."""
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool")
+                                      or part[:1].isupper())
 
 
 async def _why_unreadable(request: Request) -> str:

@@ -428,20 +428,12 @@ async function encode(path) {
   }
   try {
     const data = await api(path, body);
-    const rows = texts.map((text, i) => {
-      const tr = document.createElement("tr");
-      const value = path === "/v1/classify"
+    resultRows(texts.map((text, i) => [
+      pairs ? `${text} | ${body.text_pairs[i]}` : text,
+      path === "/v1/classify"
         ? `${data.predictions[i].label} (${data.predictions[i].probability.toFixed(3)})`
         : `[${data.embeddings[i].slice(0, 4).map((v) => v.toFixed(3)).join(", ")}, …] ` +
-          `(${data.dimensions} dims)`;
-      for (const cellText of [pairs ? `${text} | ${body.text_pairs[i]}` : text, value]) {
-        const td = document.createElement("td");
-        td.textContent = cellText;
-        tr.append(td);
-      }
-      return tr;
-    });
-    $("enc-output").replaceChildren(...rows);
+          `(${data.dimensions} dims)`]));
     setStatus("enc-status", `${Math.round(data.timings.total_ms)} ms`);
   } catch (error) {
     setStatus("enc-status", error.message, true);
@@ -449,6 +441,31 @@ async function encode(path) {
 }
 
 // ---------------------------------------------------------------- start
+
+function resultRows(rows) {
+  $("enc-output").replaceChildren(...rows.map((cells) => {
+    const tr = document.createElement("tr");
+    for (const cellText of cells) {
+      const td = document.createElement("td");
+      td.textContent = cellText;
+      tr.append(td);
+    }
+    return tr;
+  }));
+}
+
+async function rerank() {
+  const query = $("query").value.trim(), documents = linesOf("lines");
+  if (!query) return setStatus("enc-status", "type a query first", true);
+  if (!documents.length) return setStatus("enc-status", "type the documents, one a line", true);
+  try {
+    const data = await api("/v1/rerank", { query, documents });
+    resultRows(data.results.map((r) => [r.document.text, r.relevance_score.toFixed(3)]));
+    setStatus("enc-status", `${Math.round(data.timings.total_ms)} ms`);
+  } catch (error) {
+    setStatus("enc-status", error.message, true);
+  }
+}
 
 async function start() {
   try {
@@ -462,6 +479,8 @@ async function start() {
     if (model.language_codes) setUpLanguages(model.language_codes, languages);
     state.pairs = model.classifier_inputs === "pairs";
     $("seconds").hidden = !state.pairs;
+    $("query").hidden = $("rerank").hidden = !model.reranks;     // a cross-encoder
+    $("classify").hidden = !model.labels || Boolean(model.reranks);
     $("chat-panel").hidden = !model.chat;          // an instruct model with a template
   } catch (error) { /* the page still works */ }
   if (KIND === "translation") {
@@ -504,6 +523,7 @@ async function start() {
     $("encoder-panel").hidden = false;
     $("classify").addEventListener("click", () => encode("/v1/classify"));
     $("embed").addEventListener("click", () => encode("/v1/embed"));
+    $("rerank").addEventListener("click", rerank);
   }
 }
 
