@@ -124,6 +124,20 @@ def test_a_line_over_the_models_positions_is_cut_with_a_warning(encoder, model):
                                rtol=0)
 
 
+def test_a_cpu_runs_batches_of_512_tokens_unless_told(encoder, monkeypatch):
+    assert encoder.batch_tokens == 512
+    shapes = []
+    run = encoder._embeddings
+    monkeypatch.setattr(encoder, "_embeddings",
+                        lambda ids, pooling: shapes.append(ids.shape) or run(ids, pooling))
+    lines = [" ".join(["casa perro"] * (1 + i % 7)) for i in range(200)]
+    together = encoder.embed(lines)
+    assert len(shapes) > 4 and all(b * t <= 512 for b, t in shapes)
+    shapes.clear()
+    np.testing.assert_allclose(encoder.embed(lines, batch_tokens=8192), together, atol=1e-5)
+    assert len(shapes) <= 2 and max(b * t for b, t in shapes) > 2048
+
+
 def test_a_model_without_a_classifier_or_of_another_kind_is_refused(tiny_corpus):
     tokenizer = Tokenizer(tiny_corpus / "spm.model")
     vocab = tokenizer.vocab_size

@@ -7,7 +7,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from transduce.cli.options import add_search_options, positive_int
+from transduce.cli.options import add_search_options, positive_int, search_batch_tokens
 from transduce.cli.outputs import check_output_file
 from transduce.cli.reporting import one_line_warnings
 from transduce.config import ConfigError
@@ -37,7 +37,7 @@ def register(commands) -> None:
     evaluate.add_argument("--out", type=Path, default=None,
                           help="prefix for .hyp and .json (default MODEL/eval-SPLIT-beamN; "
                                "a language model's .json: MODEL/eval-SPLIT-lm)")
-    add_search_options(evaluate)
+    add_search_options(evaluate, classifies=True)
     add_language_options(evaluate)
     evaluate.set_defaults(handler=evaluate_command)
 
@@ -147,7 +147,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     translator.direction(args.source_lang, args.target_lang)   # refused before translating
     with tqdm(unit="line", desc=f"translating {args.split}") as bar:
         result = evaluate_split(translator, args.data, args.split, out, beam=args.beam,
-                                alpha=args.alpha, batch_tokens=args.batch_tokens,
+                                alpha=args.alpha, batch_tokens=search_batch_tokens(args),
                                 batch_sentences=args.batch_sentences, progress=bar.update,
                                 source_lang=args.source_lang, target_lang=args.target_lang)
     print(f"{args.split}: BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  "
@@ -227,7 +227,7 @@ def _evaluate_language_model(args: argparse.Namespace) -> int:
         directory = checkpoint.resolve(Path(args.model))
         model = load_model(directory, device)
     result = evaluate_language_model(model, checkpoint.load_tokenizer(directory), args.data,
-                                     args.split, out, batch_tokens=args.batch_tokens,
+                                     args.split, out, batch_tokens=search_batch_tokens(args),
                                      device=device)
     print(f"{args.split}: perplexity {result['perplexity_per_piece']:.2f} per piece, "
           f"{result['perplexity_per_word']:.2f} per word ({result['lines']} lines, "

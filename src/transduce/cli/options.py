@@ -92,13 +92,26 @@ def add_dtype_option(command: argparse.ArgumentParser) -> None:
                               "another CPU with VNNI, else float32)")
 
 
-def add_search_options(command: argparse.ArgumentParser) -> None:
-    """The options of translate and evaluate."""
+SEARCH_BATCH_TOKENS = 4096        # a search's tokens per batch, unless told
+
+
+def search_batch_tokens(args: argparse.Namespace) -> int:
+    """--batch-tokens of evaluate (None: not given) for a search or a language model."""
+    return args.batch_tokens or SEARCH_BATCH_TOKENS
+
+
+def add_search_options(command: argparse.ArgumentParser, *, classifies: bool = False
+                       ) -> None:
+    """The options of translate and evaluate (classifies: evaluate's, whose
+    --batch-tokens a classifier leaves to the library when not given)."""
     command.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
     command.add_argument("--alpha", type=non_negative_float, default=0.6,
                          help="GNMT length penalty exponent")
-    command.add_argument("--batch-tokens", type=positive_int, default=4096,
-                         help="source tokens per batch, counting padding")
+    classifier = "; a classifier's: the library's, 512 on a CPU" if classifies else ""
+    command.add_argument("--batch-tokens", type=positive_int,
+                         default=None if classifies else SEARCH_BATCH_TOKENS,
+                         help=f"source tokens per batch, counting padding (default "
+                              f"{SEARCH_BATCH_TOKENS}{classifier})")
     command.add_argument("--batch-sentences", type=non_negative_int, default=0,
                          help="at most this many lines per batch (0: no cap)")
     add_dtype_option(command)

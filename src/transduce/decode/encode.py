@@ -43,6 +43,17 @@ from transduce.model.packed import decoding_copy
 
 Line = Union[str, PromptIds]      # a text, or token ids read as they are
 
+# The tokens (padding counted) of the batches the model runs when a call names none. On
+# a CPU, PyTorch runs small batches faster: bert-base's shape embedding 256 lines of
+# 10-66 tokens (bench/encode.py, 2-core Zen 4) ran 2.0x as many lines a second in
+# batches of 512 tokens as of 4,096 in int8, 1.3x in float32 and 1.1x in bfloat16 (256
+# to 1,024 within 10% of each other): a batch's activations then stay in the caches,
+# and under glibc's threshold for allocating by mmap, whose fresh pages a large tensor
+# pays for at every operator. ONNX Runtime, which keeps its buffers, ran 1.16x faster in
+# int8 at 4,096 than at 512, and a GPU wants large batches: 4,096 there.
+CPU_BATCH_TOKENS = 512
+BATCH_TOKENS = 4096
+
 
 def embedding_defaults(recorded: dict | None) -> dict:
     """{"pooling", "normalize"} of embed() when not given: the checkpoint's record, else
@@ -90,6 +101,7 @@ class SentenceEncoder:
             self.classifier_inputs = model.classifier_inputs
             self.embedding_defaults = embedding_defaults(model.sentence_embedding)
             self.tokenizer, self.device = tokenizer, torch.device("cpu")
+            self.batch_tokens = BATCH_TOKENS
             return
         if not isinstance(model, EncoderOnly):
             raise ConfigError(f"classify and embed need an encoder-only model (arch "
@@ -100,6 +112,7 @@ class SentenceEncoder:
         self.embedding_defaults = embedding_defaults(model.sentence_embedding)
         self.model = decoding_copy(model, getattr(torch, dtype), device, in_place=in_place)
         self.tokenizer, self.device = tokenizer, torch.device(device)
+        self.batch_tokens = CPU_BATCH_TOKENS if self.device.type == "cpu" else BATCH_TOKENS
 
     @classmethod
     def load(cls, path: Path | str, device: torch.device | str = "cpu",
@@ -114,7 +127,8 @@ class SentenceEncoder:
                    dtype, in_place=True)
 
     def classify(self, lines: Sequence[Line], *, pairs: Sequence[str] | None = None,
-                 batch_tokens: int = 4096, first_line_number: int = 1) -> list[Prediction]:
+                 batch_tokens: int | None = None, first_line_number: int = 1
+                 ) -> list[Prediction]:
         """The most probable class of each line (or of each pair: line i and pairs[i],
         for a classifier fine-tuned on pairs), with every class's probability."""
         if self.scores:
@@ -135,7 +149,7 @@ class SentenceEncoder:
                            dict(zip(names, map(float, row)))) for row in probabilities]
 
     def score(self, lines: Sequence[Line], *, pairs: Sequence[str] | None = None,
-              batch_tokens: int = 4096, first_line_number: int = 1,
+              batch_tokens: int | None = None, first_line_number: int = 1,
               warn: bool = True) -> np.ndarray:
         """The model's one output for each line (or pair: line i and pairs[i]), a
         cross-encoder's relevance logit or a regression head's value -> (N,) float32.
@@ -151,7 +165,7 @@ class SentenceEncoder:
         return scores
 
     def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,
-               batch_tokens: int = 4096) -> list[Ranked]:
+               batch_tokens: int | None = None) -> list[Ranked]:
         """The documents (or the top_n of them), the most relevant to the query first, as
         a cross-encoder ranks them: each read in a pair with the query, [CLS] query [SEP]
         document [SEP], a long pair cut as the tokenizers library cuts one, without a
@@ -166,7 +180,7 @@ class SentenceEncoder:
         return ranked(scores, top_n)
 
     def embed(self, lines: Sequence[Line], *, normalize: bool | None = None,
-              pooling: str | None = None, batch_tokens: int = 4096,
+              pooling: str | None = None, batch_tokens: int | None = None,
               first_line_number: int = 1) -> np.ndarray:
         """Each line's last hidden states pooled, "mean" over its tokens ([CLS] and [SEP]
         included, padding not) or "cls" ([CLS]'s), L2-normalised if asked -> (N, C)
@@ -227,10 +241,12 @@ class SentenceEncoder:
             return self.model.embeddings(ids, pooling)
         return self.model.sentence_embeddings(ids, pooling=pooling)
 
-    def _batches(self, lines: Sequence[str], batch_tokens: int, first_line_number: int,
+    def _batches(self, lines: Sequence[str], batch_tokens: int | None, first_line_number: int,
                  pairs: Sequence[str] | None = None, *, warn: bool = True):
-        """(indices of the lines, their ids and segments (B, T) right-padded) by length;
-        pairs: each line's second text, or None; warn: of each pair cut to fit."""
+        """(indices of the lines, their ids and segments (B, T) right-padded) by length,
+        batch_tokens at most (None: self.batch_tokens); pairs: each line's second text,
+        or None; warn: of each pair cut to fit."""
+        batch_tokens = self.batch_tokens if batch_tokens is None else batch_tokens
         if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
             raise ConfigError(f"batch_tokens={batch_tokens!r}: must be a positive integer "
                               f"(tokens per batch, padding counted)")

@@ -234,7 +234,7 @@ def macro_f1(predicted: Tensor, gold: Tensor, num_classes: int) -> float:
 
 
 def evaluate_classifier(encoder: SentenceEncoder, data_dir: Path, split: str,
-                        out_prefix: Path, *, batch_tokens: int = 4096) -> dict:
+                        out_prefix: Path, *, batch_tokens: int | None = None) -> dict:
     """Accuracy and macro-F1 of a classifier on a labelled split ({split}.tsv), written
     to OUT.json with the predictions to OUT.tsv. A gold label the classifier does not
     know is an error naming file and line."""

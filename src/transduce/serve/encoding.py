@@ -1,6 +1,7 @@
 """The routes of an encoder-only model: /v1/embed and, when it has a classification head,
 /v1/classify (OpenAI's /v1/embeddings: embeddings.py). Texts of concurrent requests with
-the same settings share batches."""
+the same settings share a call of the library, up to --batch-tokens, which runs them in
+batches of its own size (SentenceEncoder.batch_tokens: small on a CPU)."""
 
 from __future__ import annotations
 
@@ -47,8 +48,7 @@ def routes(service: Service) -> APIRouter:
             def classify_jobs(jobs):
                 items = [item for job in jobs for item in job.payload]
                 return split_by_job(jobs, encoder.classify(
-                    [a for a, _ in items], pairs=[b for _, b in items] if pairs else None,
-                    batch_tokens=service.limits.batch_tokens))
+                    [a for a, _ in items], pairs=[b for _, b in items] if pairs else None))
 
             found, timings = await service.submit(("classify", pairs), timed(classify_jobs),
                                                   payload, tokens, len(body.texts))
@@ -66,7 +66,7 @@ async def embedded(service: Service, lines: list[Line], tokens: int, normalize: 
     encoder: SentenceEncoder = service.model
     run = timed(lambda jobs: split_by_job(jobs, encoder.embed(
         [line for job in jobs for line in job.payload], normalize=normalize,
-        pooling=pooling, batch_tokens=service.limits.batch_tokens).tolist()))
+        pooling=pooling).tolist()))
     return await service.submit(("embed", normalize, pooling), run, lines, tokens,
                                 len(lines))
 

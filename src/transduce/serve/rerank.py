@@ -36,7 +36,7 @@ def routes(service: Service) -> APIRouter:
         pairs = [pair for job in jobs for pair in job.payload]
         return split_by_job(jobs, encoder.score(
             [query for query, _ in pairs], pairs=[document for _, document in pairs],
-            batch_tokens=service.limits.batch_tokens, warn=False).tolist())
+            warn=False).tolist())
 
     @router.post("/v2/rerank", response_model=RerankResponse, responses=ERROR_RESPONSES,
                  include_in_schema=False)
