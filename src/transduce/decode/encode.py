@@ -34,7 +34,7 @@ from transduce.data.tokenizer import TextTokenizer
 from transduce.decode.inputs import PromptIds, TextError, checked_texts, ids_problem
 from transduce.decode.onnx_encoder_engine import OnnxSentenceEncoder
 from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
-from transduce.decode.options import DecodeDtype, Engine, decoding_dtype
+from transduce.decode.options import DecodeDtype, Engine, decoding_dtype, pass_batch_tokens
 from transduce.decode.translate import length_sorted_batches
 from transduce.errors import LineTruncated
 from transduce.model import EncoderOnly, load_model
@@ -42,17 +42,9 @@ from transduce.model.packed import decoding_copy
 
 
 Line = Union[str, PromptIds]      # a text, or token ids read as they are
-
-# The tokens (padding counted) of the batches the model runs when a call names none. On
-# a CPU, PyTorch runs small batches faster: bert-base's shape embedding 256 lines of
-# 10-66 tokens (bench/encode.py, 2-core Zen 4) ran 2.0x as many lines a second in
-# batches of 512 tokens as of 4,096 in int8, 1.3x in float32 and 1.1x in bfloat16 (256
-# to 1,024 within 10% of each other): a batch's activations then stay in the caches,
-# and under glibc's threshold for allocating by mmap, whose fresh pages a large tensor
-# pays for at every operator. ONNX Runtime, which keeps its buffers, ran 1.16x faster in
-# int8 at 4,096 than at 512, and a GPU wants large batches: 4,096 there.
-CPU_BATCH_TOKENS = 512
-BATCH_TOKENS = 4096
+# ONNX Runtime keeps its buffers and runs large batches faster: 1.16x in int8 at 4,096
+# tokens than at 512 (bench/encode.py, Zen 4). PyTorch's: options.pass_batch_tokens.
+ONNX_BATCH_TOKENS = 4096
 
 
 def embedding_defaults(recorded: dict | None) -> dict:
@@ -101,7 +93,7 @@ class SentenceEncoder:
             self.classifier_inputs = model.classifier_inputs
             self.embedding_defaults = embedding_defaults(model.sentence_embedding)
             self.tokenizer, self.device = tokenizer, torch.device("cpu")
-            self.batch_tokens = BATCH_TOKENS
+            self.batch_tokens = ONNX_BATCH_TOKENS
             return
         if not isinstance(model, EncoderOnly):
             raise ConfigError(f"classify and embed need an encoder-only model (arch "
@@ -112,7 +104,7 @@ class SentenceEncoder:
         self.embedding_defaults = embedding_defaults(model.sentence_embedding)
         self.model = decoding_copy(model, getattr(torch, dtype), device, in_place=in_place)
         self.tokenizer, self.device = tokenizer, torch.device(device)
-        self.batch_tokens = CPU_BATCH_TOKENS if self.device.type == "cpu" else BATCH_TOKENS
+        self.batch_tokens = pass_batch_tokens(self.device)
 
     @classmethod
     def load(cls, path: Path | str, device: torch.device | str = "cpu",

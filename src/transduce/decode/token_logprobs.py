@@ -17,10 +17,9 @@ import torch
 from torch import Tensor
 
 from transduce.decode.onnx_lm_engine import OnnxLanguageModel
+from transduce.decode.options import pass_batch_tokens
 from transduce.model import DecoderOnly
 
-# Places in one scoring batch (as `evaluate`'s default --batch-tokens).
-BATCH_TOKENS = 4096
 # Logits per chunk: (rows, V) float32 of 8 MiB, and an ONNX batch's whole (B, T, V) at
 # most 256 MiB (the graph returns every place's logits at once).
 CHUNK_ELEMENTS = 1 << 21
@@ -39,13 +38,16 @@ class TokenLogprobs:
 
 def token_logprobs(model: DecoderOnly | OnnxLanguageModel, sequences: Sequence[Sequence[int]],
                    top: int = 0, *, device: torch.device | str = "cpu",
-                   batch_tokens: int = BATCH_TOKENS) -> list[TokenLogprobs]:
+                   batch_tokens: int | None = None) -> list[TokenLogprobs]:
     """The log-probabilities of every token of each sequence (each one at most as long
     as the model reads) under the model, and the `top` likeliest in each place, in the
-    sequences' order; natural logarithms, from float32 logits."""
+    sequences' order; natural logarithms, from float32 logits. batch_tokens: places per
+    batch (None: options.pass_batch_tokens, 512 on a CPU)."""
     vocab = model.config.tgt_vocab_size
     if isinstance(model, OnnxLanguageModel):
         batch_tokens = max(1, ONNX_LOGITS_ELEMENTS // vocab)
+    elif batch_tokens is None:
+        batch_tokens = pass_batch_tokens(device)
     found: dict[int, TokenLogprobs] = {}
     with torch.inference_mode():
         for indices in _batches([len(s) for s in sequences], batch_tokens):
