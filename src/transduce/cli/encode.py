@@ -85,14 +85,7 @@ def _read_input(args: argparse.Namespace) -> list[str]:
 
 
 def classify_command(args: argparse.Namespace) -> int:
-    from transduce.decode.encode import SentenceEncoder
-
-    if args.output is not None:
-        check_output_file(args.output, "--output")
-    encoder = SentenceEncoder.load(args.model, dtype=args.dtype, engine=args.engine)
-    lines, seconds = _read_input(args), None
-    if args.pairs:
-        lines, seconds = _split_pairs(lines, args.input)
+    encoder, lines, seconds = _encoder_and_lines(args)
     with one_line_warnings(args.input):
         predictions = encoder.classify(lines, pairs=seconds, batch_tokens=args.batch_tokens)
     if args.all:
@@ -105,14 +98,7 @@ def classify_command(args: argparse.Namespace) -> int:
 
 
 def score_command(args: argparse.Namespace) -> int:
-    from transduce.decode.encode import SentenceEncoder
-
-    if args.output is not None:
-        check_output_file(args.output, "--output")
-    encoder = SentenceEncoder.load(args.model, dtype=args.dtype, engine=args.engine)
-    lines, seconds = _read_input(args), None
-    if args.pairs:
-        lines, seconds = _split_pairs(lines, args.input)
+    encoder, lines, seconds = _encoder_and_lines(args)
     with one_line_warnings(args.input):
         scores = encoder.score(lines, pairs=seconds, batch_tokens=args.batch_tokens)
     _write(args.output, "".join(f"{value:.6f}\n" for value in scores))
@@ -120,17 +106,26 @@ def score_command(args: argparse.Namespace) -> int:
 
 
 def rerank_command(args: argparse.Namespace) -> int:
-    from transduce.decode.encode import SentenceEncoder
-
-    if args.output is not None:
-        check_output_file(args.output, "--output")
-    encoder = SentenceEncoder.load(args.model, dtype=args.dtype, engine=args.engine)
-    documents = _read_input(args)
+    encoder, documents, _ = _encoder_and_lines(args)
     found = encoder.rerank(args.query, documents, top_n=args.top,
                            batch_tokens=args.batch_tokens)
     _write(args.output, "".join(f"{r.index + 1}\t{r.relevance:.4f}\t{documents[r.index]}\n"
                                 for r in found))
     return 0
+
+
+def _encoder_and_lines(args: argparse.Namespace):
+    """The --output checked, the model loaded and the input read -> (SentenceEncoder,
+    lines, their second texts with --pairs, else None)."""
+    from transduce.decode.encode import SentenceEncoder
+
+    if args.output is not None:
+        check_output_file(args.output, "--output")
+    encoder = SentenceEncoder.load(args.model, dtype=args.dtype, engine=args.engine)
+    lines, seconds = _read_input(args), None
+    if getattr(args, "pairs", False):
+        lines, seconds = _split_pairs(lines, args.input)
+    return encoder, lines, seconds
 
 
 def _write(output: Path | None, text: str) -> None:
