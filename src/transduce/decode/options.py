@@ -148,7 +148,9 @@ class GenerateOptions(ValidatedConfig):
 # 2-core Zen 4, batches of 512 against 4,096 embedded 2.0x as many lines a second with
 # bert-base's shape in int8, 1.3x in float32, 1.1x in bfloat16 (bench/encode.py), and
 # scored 1.56x and 1.18x as many tokens with gpt2's in int8 and float32
-# (bench/scoring.py); 256 to 1,024 ran alike. A GPU wants large batches.
+# (bench/scoring.py); 256 to 1,024 ran alike. Where freed memory is kept (the command
+# line and the server: runtime.keep_freed_memory), the caches alone: 1.38x and 1.22x
+# embedding in int8 and float32. A GPU wants large batches.
 CPU_PASS_TOKENS = 512
 PASS_TOKENS = 4096
 
