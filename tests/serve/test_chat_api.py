@@ -106,9 +106,27 @@ def test_a_streamed_reply_is_openais_chunks_joined_to_the_whole(api, chatml, usa
     if usage:
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == counts
         chunks = chunks[:-1]
-    assert chunks[-1]["choices"][0] == {"index": 0, "delta": {}, "finish_reason": reason}
+    assert chunks[-1]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
+                                        "finish_reason": reason}
     assert "".join(chunk["choices"][0]["delta"].get("content", "")
                    for chunk in chunks) == text
+
+
+def test_a_streamed_reply_carries_the_whole_replys_logprobs_after_its_pieces(api):
+    """The pieces stream as generated; the logprobs come in one chunk once the reply is
+    whole and scored, the ones the answer without stream gives."""
+    request = {"messages": CONVERSATIONS[1], "max_tokens": STEPS, "temperature": 0,
+               "logprobs": True, "top_logprobs": 2}
+    whole = api.post("/v1/chat/completions", json=request).json()["choices"][0]
+    with api.stream("POST", "/v1/chat/completions", json={**request, "stream": True}) as answer:
+        assert answer.status_code == 200
+        events = [block for block in "".join(answer.iter_text()).split("\n\n") if block]
+    choices = [json.loads(event.removeprefix("data: "))["choices"][0] for event in events[:-1]]
+    scored = [c["logprobs"] for c in choices if c["logprobs"] is not None]
+    assert len(scored) == 1 and scored[0] == whole["logprobs"]
+    assert choices.index(next(c for c in choices if c["logprobs"])) == len(choices) - 2
+    assert "".join(c["delta"].get("content", "") for c in choices) == \
+        whole["message"]["content"] == "".join(t["token"] for t in scored[0]["content"])
 
 
 def test_chats_and_prompts_share_the_continuous_batches(chatml):
@@ -140,8 +158,6 @@ def test_chats_and_prompts_share_the_continuous_batches(chatml):
     ({"messages": [{"role": "user", "content": "a"}], "n": 2}, 422, "n", "1"),
     ({"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}, 422,
      "top_logprobs", "with logprobs true"),
-    ({"messages": [{"role": "user", "content": "a"}], "logprobs": True, "stream": True}, 422,
-     "logprobs", "stream"),
     ({"messages": [{"role": "user", "content": "a"}], "logprobs": True, "top_logprobs": 21},
      422, "top_logprobs", "less than or equal to 20"),
     ({"messages": [{"role": "user", "content": "a"}], "tools": []}, 422, "tools",
@@ -194,6 +210,9 @@ def test_openais_client_reads_replies_whole_and_streamed(chatml):
         content = scored.choices[0].logprobs.content
         assert "".join(t.token for t in content) == text
         assert all(len(t.top_logprobs) <= 2 and t.logprob <= 0 for t in content)
-        with pytest.raises(openai.UnprocessableEntityError, match="logprobs"):
-            client.chat.completions.create(model="tiny", messages=CONVERSATIONS[1],
-                                           logprobs=True, stream=True)
+        streamed = client.chat.completions.create(model="tiny", messages=CONVERSATIONS[1],
+                                                  max_tokens=STEPS, temperature=0,
+                                                  logprobs=True, top_logprobs=2, stream=True)
+        joined = [t for c in streamed if c.choices and c.choices[0].logprobs
+                  for t in c.choices[0].logprobs.content]
+        assert [(t.token, t.logprob) for t in joined] == [(t.token, t.logprob) for t in content]

@@ -145,9 +145,11 @@ def test_echo_without_completion_scores_a_text_prompt(lm, generator):
     assert echoed["choices"][0]["text"] == PROMPTS[0] and echoed["timings"]["decode_ms"] == 0
 
 
-@pytest.mark.parametrize("usage", [False, True])
-def test_streamed_choices_join_to_the_whole(lm, usage):
-    request = {"prompt": PROMPTS[:2], "n": 2, "max_tokens": 7, "seed": 3, "echo": True}
+@pytest.mark.parametrize("usage,logprobs", [(False, None), (True, None), (False, 2)])
+def test_streamed_choices_join_to_the_whole(lm, usage, logprobs):
+    """With logprobs, each choice's come in one chunk once every choice is whole."""
+    request = {"prompt": PROMPTS[:2], "n": 2, "max_tokens": 7, "seed": 3, "echo": True,
+               **({"logprobs": logprobs} if logprobs is not None else {})}
     whole = lm.post("/v1/completions", json=request).json()
     streamed = {**request, "stream": True,
                 **({"stream_options": {"include_usage": True}} if usage else {})}
@@ -160,13 +162,17 @@ def test_streamed_choices_join_to_the_whole(lm, usage):
     if usage:
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
         chunks = chunks[:-1]
-    texts, reasons = [""] * 4, [None] * 4
+    texts, reasons, scored = [""] * 4, [None] * 4, [[] for _ in range(4)]
     for chunk in chunks:
         (choice,) = chunk["choices"]
         texts[choice["index"]] += choice["text"]
         reasons[choice["index"]] = choice["finish_reason"] or reasons[choice["index"]]
+        if choice["logprobs"] is not None:
+            scored[choice["index"]].append(choice["logprobs"])
     assert texts == [c["text"] for c in whole["choices"]]
     assert reasons == [c["finish_reason"] for c in whole["choices"]]
+    assert scored == [[] if c["logprobs"] is None else [c["logprobs"]]
+                      for c in whole["choices"]]
 
 
 @pytest.mark.parametrize("body,status,field,words", [
@@ -180,7 +186,6 @@ def test_streamed_choices_join_to_the_whole(lm, usage):
     ({"prompt": "uno", "max_tokens": 0}, 422, "max_tokens", "0 generates nothing"),
     ({"prompt": "uno", "max_tokens": 0, "echo": True, "stream": True}, 422, "max_tokens",
      "stream"),
-    ({"prompt": "uno", "logprobs": 2, "stream": True}, 422, "logprobs", "stream"),
     ({"prompt": "uno", "logprobs": 21}, 422, "logprobs", "less than or equal to 20"),
     ({"prompt": "uno", "best_of": 3}, 422, "best_of", "give n alone"),
     ({"prompt": "uno", "suffix": "x"}, 422, "suffix", "None"),

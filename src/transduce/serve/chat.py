@@ -30,14 +30,15 @@ from transduce.serve.limits import ApiError, check_texts
 from transduce.serve.completion_logprobs import reply_logprobs
 from transduce.serve.openai_shape import DONE, Completion, error_event, one_after_other, \
     sampling_options
-from transduce.serve.schemas import AssistantMessage, ChatChoice, ChatRequest, ChatResponse, \
-    Timings
+from transduce.serve.schemas import AssistantMessage, ChatChoice, ChatLogprobs, ChatRequest, \
+    ChatResponse, Timings
 from transduce.serve.scoring import scored
 from transduce.serve.service import Service
 from transduce.serve.validation import OPENAI_ERROR_RESPONSES
 
 SSE_DESCRIPTION = ("With \"stream\": true, text/event-stream: OpenAI's `data: "
-                   "{\"object\": \"chat.completion.chunk\", ...}` events, the last with its "
+                   "{\"object\": \"chat.completion.chunk\", ...}` events, the reply's "
+                   "logprobs in one after its pieces if asked, the last with its "
                    "finish_reason (then one with the usage if stream_options.include_usage), "
                    "then `data: [DONE]`.")
 
@@ -60,10 +61,11 @@ class Conversations(Prompts):
 
 
 def _chunk(completion: Completion, delta: dict | None, finish_reason: str | None = None,
-           **more: Any) -> str:
-    """One "chat.completion.chunk" event: the reply's delta (None: no choice)."""
+           logprobs: dict | None = None, **more: Any) -> str:
+    """One "chat.completion.chunk" event: the reply's delta (None: no choice), and the
+    logprobs of its tokens."""
     choices = [] if delta is None else [
-        {"index": 0, "delta": delta, "finish_reason": finish_reason}]
+        {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
     return completion.event("chat.completion.chunk", choices, **more)
 
 
@@ -88,8 +90,7 @@ def routes(service: Service) -> APIRouter:
         pieces: asyncio.Queue = asyncio.Queue()
         job = enqueue_prompts(service, Conversations([conversation], options, seeds, pieces,
                                                      asyncio.get_running_loop()), tokens)
-        usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamingResponse(_chunks(service, job, pieces, completion, usage),
+        return StreamingResponse(_chunks(service, job, pieces, completion, prompt, body),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
@@ -101,16 +102,22 @@ async def _answer(service: Service, body: ChatRequest, completion: Completion,
     """The whole answer: the reply and, if asked, its tokens' logprobs, scored now."""
     logprobs = None
     if body.logprobs:
-        (scores,), scoring = await scored(service, [prompt + reply.ids],
-                                          body.top_logprobs or 0)
-        logprobs = reply_logprobs(service.model, prompt, reply.ids, reply.text, scores,
-                                  body.top_logprobs or 0)
+        logprobs, scoring = await _scored(service, body, prompt, reply)
         timings = one_after_other(timings, scoring)
     return ChatResponse(
         id=completion.id, created=completion.created, model=completion.model,
         choices=[ChatChoice(index=0, message=AssistantMessage(content=reply.text),
                             logprobs=logprobs, finish_reason=reply.finish_reason)],
         usage=completion.usage(reply.tokens), timings=timings)
+
+
+async def _scored(service: Service, body: ChatRequest, prompt: list[int], reply: Reply
+                  ) -> tuple[ChatLogprobs, Timings]:
+    """The reply's tokens' logprobs, scored by a job on the decoding worker, and its
+    timings."""
+    top = body.top_logprobs or 0
+    (scores,), timings = await scored(service, [prompt + reply.ids], top)
+    return reply_logprobs(service.model, prompt, reply.ids, reply.text, scores, top), timings
 
 
 def _conversation(service: Service, body: ChatRequest) -> tuple[Chat, list[int]]:
@@ -139,22 +146,25 @@ def _options(service: Service, body: ChatRequest, prompt_tokens: int) -> Generat
                        "max_completion_tokens")
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(422, "top_logprobs: give it with logprobs true", "top_logprobs")
-    if body.stream and body.logprobs:
-        raise ApiError(422, "logprobs: a stream carries no logprobs; ask without stream",
-                       "logprobs")
     most = body.max_tokens or body.max_completion_tokens \
         or generator.context - prompt_tokens
     return sampling_options(body, most, service.limits.max_texts)
 
 
 async def _chunks(service: Service, job, pieces: asyncio.Queue, completion: Completion,
-                  usage: bool) -> AsyncIterator[str]:
-    """OpenAI's stream: the assistant's role, the reply's pieces, the finish reason, the
-    usage if asked, [DONE]; an error ends it as an {"error": ...} event."""
-    def done(results: list[Reply], timings: Timings) -> str:
+                  prompt: list[int], body: ChatRequest) -> AsyncIterator[str]:
+    """OpenAI's stream: the assistant's role, the reply's pieces, with logprobs the
+    reply's in one chunk (scored once it is whole: OpenAI's clients join every chunk's
+    logprobs.content), the finish reason, the usage if asked, [DONE]; an error ends it
+    as an {"error": ...} event."""
+    async def done(results: list[Reply], timings: Timings) -> str:
         (reply,) = results
-        last = _chunk(completion, {}, reply.finish_reason)
-        if usage:
+        last = ""
+        if body.logprobs:
+            logprobs, _ = await _scored(service, body, prompt, reply)
+            last += _chunk(completion, {}, logprobs=logprobs.model_dump())
+        last += _chunk(completion, {}, reply.finish_reason)
+        if body.stream_options is not None and body.stream_options.include_usage:
             last += _chunk(completion, None, usage=completion.usage(reply.tokens).model_dump())
         return last + DONE
 

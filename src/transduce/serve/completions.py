@@ -16,8 +16,9 @@ of each token (the end token that stopped it included) from the model's own
 distribution (before temperature, top-k or top-p), and the likeliest `logprobs` tokens
 in its place, the token itself always among them. A prompt's first token has nothing
 before it: null. A token's string is its piece of the text (decode/token_spans.py): the
-pieces join to the choice's text. Streams carry no logprobs (a request asking for both
-is refused).
+pieces join to the choice's text. A stream gives each choice's logprobs in one chunk
+after its pieces, scored once every choice is whole (OpenAI's clients join the chunks'
+logprobs).
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ from transduce.serve.validation import OPENAI_ERROR_RESPONSES
 
 SSE_DESCRIPTION = ("With \"stream\": true, text/event-stream: OpenAI's `data: {\"object\": "
                    "\"text_completion\", \"choices\": [{\"index\": i, \"text\": piece}]}` "
-                   "events, each choice's last with its finish_reason (then one with the "
-                   "usage if stream_options.include_usage), then `data: [DONE]`.")
+                   "events, then each choice's logprobs in one if asked, each choice's last "
+                   "with its finish_reason (then one with the usage if "
+                   "stream_options.include_usage), then `data: [DONE]`.")
 
 
 @dataclass
@@ -160,9 +162,6 @@ def _options(service: Service, body: CompletionRequest) -> GenerateOptions:
     if body.best_of is not None and body.best_of != body.n:
         raise ApiError(422, f"best_of: {body.best_of} completions ranked for the best n "
                             f"are not drawn here: give n alone", "best_of")
-    if body.stream and body.logprobs is not None:
-        raise ApiError(422, "logprobs: a stream carries no logprobs; ask without stream",
-                       "logprobs")
     if body.stream and body.max_tokens == 0:
         raise ApiError(422, "max_tokens: 0 scores the prompt, which a stream does not "
                             "carry; ask without stream", "max_tokens")
@@ -179,22 +178,27 @@ async def _scored(service: Service, each: list[Prompted], generated: list[Genera
             for p, g, s in zip(each, generated, scores)], timings
 
 
-def _chunk(completion: Completion, index: int, text: str,
-           finish_reason: str | None = None) -> str:
-    """One "text_completion" event: choice `index`'s next piece."""
+def _chunk(completion: Completion, index: int, text: str, finish_reason: str | None = None,
+           logprobs: dict | None = None) -> str:
+    """One "text_completion" event: choice `index`'s next piece (and its logprobs)."""
     return completion.event("text_completion", [{"index": index, "text": text,
-                                                 "logprobs": None,
+                                                 "logprobs": logprobs,
                                                  "finish_reason": finish_reason}])
 
 
 async def _chunks(service: Service, job: Job, pieces: asyncio.Queue, completion: Completion,
                   each: list[Prompted], body: CompletionRequest) -> AsyncIterator[str]:
     """OpenAI's stream: each choice's prompt if echo, the pieces as they come, each
-    choice's finish reason, the usage if asked, [DONE]; an error ends it as an
-    {"error": ...} event."""
-    def done(results: list[Generated], timings: Timings) -> str:
-        last = "".join(_chunk(completion, i, "", g.finish_reason)
-                       for i, g in enumerate(results))
+    choice's logprobs if asked, its finish reason, the usage if asked, [DONE]; an error
+    ends it as an {"error": ...} event."""
+    async def done(results: list[Generated], timings: Timings) -> str:
+        last = ""
+        if body.logprobs is not None:
+            logprobs, _ = await _scored(service, each, results, body)
+            last += "".join(_chunk(completion, i, "", logprobs=lp.model_dump())
+                            for i, lp in enumerate(logprobs))
+        last += "".join(_chunk(completion, i, "", g.finish_reason)
+                        for i, g in enumerate(results))
         if body.stream_options is not None and body.stream_options.include_usage:
             usage = completion.usage(sum(len(g.tokens) for g in results))
             last += completion.event("text_completion", [], usage=usage.model_dump())

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
@@ -171,10 +172,11 @@ def run_streamed(generator: Generator, options: GenerateOptions,
 @dataclass(frozen=True)
 class EventFormat:
     """How a streamed job's server-sent events read: a piece of prompt `index`'s text,
-    the end (the job's results and timings), an error (ApiError's body)."""
+    the end (the job's results and timings; a coroutine where the end waits for more
+    work, scoring what was generated), an error (ApiError's body)."""
 
     piece: Callable[[int, str], str]
-    done: Callable[[Any, Timings], str]
+    done: Callable[[Any, Timings], str | Awaitable[str]]
     error: Callable[[dict], str]
 
 
@@ -201,7 +203,8 @@ async def events(service: Service, job: Job, pieces: asyncio.Queue,
             yield form.piece(*pieces.get_nowait())
         try:
             results, timings = waiting.result()
-            yield form.done(results, timings)
+            ending = form.done(results, timings)
+            yield await ending if inspect.isawaitable(ending) else ending
         except ApiError as error:
             yield form.error(error.body())
         except Exception as error:          # noqa: BLE001 - the status line is already sent
