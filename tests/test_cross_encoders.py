@@ -1,9 +1,9 @@
 """Cross-encoders (a BERT or XLM-R with a head of one output: ms-marco-MiniLM,
 bge-reranker) imported from transformers: score gives transformers' logits for pairs
 as sentence-transformers' CrossEncoder reads them (cut "longest_first" to the model's
-positions), rerank orders by them with their sigmoid as relevance, in PyTorch and
-through the ONNX export, on the command line; classify is refused for one output, and
-score for a classifier."""
+positions), rerank orders by them with their sigmoid as relevance, in PyTorch, through
+the ONNX export and the export back to transformers, and on the command line; classify
+is refused for one output, and score for a classifier."""
 
 import numpy as np
 import pytest
@@ -85,13 +85,20 @@ def test_scores_and_ranking_are_transformers(imported):
         encoder.classify(DOCUMENTS)
 
 
-def test_the_onnx_export_scores_alike(imported, tmp_path):
+def test_the_exports_score_alike(imported, tmp_path):
+    """ONNX Runtime on `export onnx`; transformers on `export hf`, a model of one label."""
     hf, fast, out = imported
     assert main(["export", "onnx", str(out), str(tmp_path / "onnx")]) == 0
     exported = SentenceEncoder.load(tmp_path / "onnx")
     expected = their_logits(hf, fast, exported.model.config.max_positions)
     np.testing.assert_allclose(exported.score([QUERY] * len(DOCUMENTS), pairs=DOCUMENTS,
                                               warn=False), expected, atol=1e-5, rtol=0)
+    assert main(["export", "hf", str(out), str(tmp_path / "hf")]) == 0
+    again = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(tmp_path / "hf")).eval()
+    assert again.config.num_labels == 1
+    np.testing.assert_allclose(their_logits(again, fast, exported.model.config.max_positions),
+                               expected, atol=1e-5, rtol=0)
 
 
 def test_the_command_line_scores_and_reranks(imported, tmp_path, capsys):
