@@ -94,7 +94,8 @@ def test_bad_requests_are_named(ranks, body, status, field, words):
 def test_only_a_cross_encoder_reranks_and_it_does_not_classify(ranks, enc, reranker):
     assert enc.post("/v1/rerank", json={"query": "a", "documents": ["b"]}).status_code == 404
     assert ranks.post("/v1/classify", json={"texts": ["a"]}).status_code == 404
-    assert ranks.get("/v1/models").json()["data"][0]["reranks"] is True
-    assert enc.get("/v1/models").json()["data"][0]["reranks"] is False
+    described = [c.get("/v1/models").json()["data"][0] for c in (ranks, enc)]
+    assert [(d["reranks"], d["classifies"]) for d in described] == [(True, False),
+                                                                    (False, True)]
     assert "/v1/rerank" in ranks.get("/openapi.json").json()["paths"]
     assert isinstance(reranker, SentenceEncoder) and reranker.scores

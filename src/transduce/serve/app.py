@@ -189,5 +189,6 @@ def describe(service: Service, kind: str) -> dict:
         info["labels"] = model.labels
         info["classifier_inputs"] = model.classifier_inputs   # "pairs": send text_pairs
         info["sentence_embedding"] = model.embedding_defaults   # what /v1/embed does unasked
+        info["classifies"] = model.classifies            # /v1/classify
         info["reranks"] = model.scores                   # a cross-encoder: /v1/rerank
     return info

@@ -71,15 +71,15 @@ def _read(service: Service, body: EmbeddingsRequest) -> list[PromptIds]:
     if len(inputs) > service.limits.max_texts:
         raise ApiError(413, f"input: {len(inputs)} inputs, more than the limit of "
                             f"{service.limits.max_texts} per request (max_texts)", "input")
-    if isinstance(inputs[0], str):
+    if isinstance(inputs[0], str):     # the shapes do not mix: texts, or ids
         check_texts(inputs, service.limits, "input", indexed=not single)
+        items = [PromptIds(ids) for ids in encoder.item_ids(inputs)]
     else:
-        inputs = [PromptIds(ids) for ids in inputs]
-        for index, ids in enumerate(inputs):
+        items = [PromptIds(ids) for ids in inputs]
+        for index, ids in enumerate(items):
             problem = ids_problem(ids, config.src_vocab_size)
             if problem:
                 raise ApiError(422, f"{name(index)}: {problem}", name(index))
-    items = [PromptIds(ids) for ids in encoder.item_ids(inputs)]
     for index, ids in enumerate(items):
         if len(ids) > config.max_positions:
             raise ApiError(413, f"{name(index)}: {len(ids)} tokens, more than the "

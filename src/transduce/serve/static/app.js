@@ -480,7 +480,7 @@ async function start() {
     state.pairs = model.classifier_inputs === "pairs";
     $("seconds").hidden = !state.pairs;
     $("query").hidden = $("rerank").hidden = !model.reranks;     // a cross-encoder
-    $("classify").hidden = !model.labels || Boolean(model.reranks);
+    $("classify").hidden = !model.classifies;
     $("chat-panel").hidden = !model.chat;          // an instruct model with a template
   } catch (error) { /* the page still works */ }
   if (KIND === "translation") {
