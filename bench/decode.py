@@ -44,7 +44,7 @@ from transduce.data.tokenizer import PAD_ID, Tokenizer  # noqa: E402
 from transduce.decode.translate import Translator, length_sorted_batches, pad_sources  # noqa: E402
 
 DECODERS = ("ours float32", "ours bfloat16", "ours int8", "ours float32 2 workers",
-            "ours int8 2 workers", "hf generate",
+            "ours bfloat16 2 workers", "ours int8 2 workers", "hf generate",
             "ct2 float32", "ct2 int8", "ct2 float32 2 workers", "ort float32", "ort int8")
 # "2 workers": two batches decoded side by side, each on one thread (ours: Translator's
 # workers=2; CTranslate2: inter_threads=2, intra_threads=1, two batches in flight).

@@ -106,6 +106,13 @@ def machine_info(threads: int) -> dict:
                     if line.startswith("model name")), cpu)
         flags = next((set(line.split(":", 1)[1].split()) for line in lines
                       if line.startswith("flags")), flags)
+        # A virtual machine's model name can be generic ("Intel(R) Xeon(R) Processor"):
+        # family and model tell the generation (6/143 Sapphire Rapids, 6/207 Emerald
+        # Rapids, 25/17 Zen 4).
+        family, model = (next((line.split(":", 1)[1].strip() for line in lines
+                               if line.split(":")[0].strip() == key), "?")
+                         for key in ("cpu family", "model"))
+        cpu = f"{cpu} (family {family}, model {model})"
     return {"cpu": cpu, "cpu_flags": [flag for flag in KERNEL_FLAGS if flag in flags],
             "logical_cpus": os.cpu_count(), "torch_threads": threads,
             "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),

@@ -12,6 +12,7 @@ from transduce import checkpoint
 from transduce.cli import main
 from transduce.config import ConfigError, preset
 from transduce.data.tokenizer import Tokenizer
+from transduce.decode import options as options_module
 from transduce.decode import sampling
 from transduce.decode.generate import Continuation, Generator, PromptError, prompt_seeds, \
     with_bos
@@ -44,6 +45,21 @@ def saved_model(model, tiny_corpus, tmp_path_factory):
     path = tmp_path_factory.mktemp("lm") / "model"
     checkpoint.save(path, model, None, tiny_corpus / "spm.model")
     return path
+
+
+@pytest.mark.skipif(not int8_module.int8_available(), reason="no oneDNN int8 ops")
+def test_auto_dtype_on_amx_picks_by_the_language_models_size(model, generator, monkeypatch):
+    monkeypatch.setattr(options_module, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+    monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)
+    small = Generator(model, generator.tokenizer, dtype="auto")
+    assert next(small.model.parameters()).dtype == torch.bfloat16
+    size = sum(p.numel() for p in model.parameters())
+    monkeypatch.setattr(options_module, "AMX_INT8_LM_PARAMETERS", size)
+    large = Generator(model, generator.tokenizer, dtype="auto")
+    assert any(isinstance(m, int8_module.Int8Linear) for m in large.model.modules())
+    assert large.generate(PROMPTS[:1], max_new_tokens=4)[0] == \
+        Generator(model, generator.tokenizer, dtype="int8").generate(PROMPTS[:1],
+                                                                     max_new_tokens=4)[0]
 
 
 @pytest.mark.parametrize("settings", [{}, {"temperature": 0.9, "seed": 4, "batch_sentences": 1},

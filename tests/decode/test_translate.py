@@ -343,6 +343,25 @@ def test_auto_dtype_picks_by_the_cpu(monkeypatch, flags, device, int8_ops, expec
             decoding_dtype("int8", device)
 
 
+@pytest.mark.parametrize("parameters,int8_ops,expected", [
+    (0, True, "bfloat16"),                                  # not a language model
+    (options_module.AMX_INT8_LM_PARAMETERS - 1, True, "bfloat16"),
+    (options_module.AMX_INT8_LM_PARAMETERS, True, "int8"),
+    (options_module.AMX_INT8_LM_PARAMETERS, False, "bfloat16"),
+])
+def test_auto_dtype_on_amx_generates_with_a_large_language_model_in_int8(
+        monkeypatch, parameters, int8_ops, expected):
+    """A step of a few rows streams every weight from memory: int8 reads half the bytes."""
+    monkeypatch.setattr(options_module, "cpu_flags",
+                        lambda: frozenset({"amx_bf16", "avx512_bf16", "avx512_vnni"}))
+    monkeypatch.setattr(int8_module, "int8_available", lambda: int8_ops)
+    assert decoding_dtype("auto", "cpu", parameters) == expected
+    assert decoding_dtype("auto", "cuda", parameters) == "float32"
+    assert decoding_dtype("bfloat16", "cpu", parameters) == "bfloat16"
+    monkeypatch.setattr(options_module, "cpu_flags", lambda: frozenset({"avx512_vnni"}))
+    assert decoding_dtype("auto", "cpu", parameters) == ("int8" if int8_ops else "float32")
+
+
 def test_auto_dtype_decodes_in_the_type_it_picked(run_dir, monkeypatch):
     monkeypatch.setattr(options_module, "cpu_flags", lambda: frozenset({"amx_bf16"}))
     translator = load(run_dir, dtype="auto")

@@ -88,7 +88,8 @@ def _parse(kind: type, text: str, what: str):
 def add_dtype_option(command: argparse.ArgumentParser) -> None:
     command.add_argument("--dtype", default="auto", choices=choices(DecodeDtype),
                          help="the type the model decodes in (int8: float32 with the widest "
-                              "products in int8; auto: bfloat16 on a CPU with AMX, int8 on "
+                              "products in int8; auto: bfloat16 on a CPU with AMX (int8 for "
+                              "a language model of 16.8M parameters or more), int8 on "
                               "another CPU with VNNI, else float32)")
 
 

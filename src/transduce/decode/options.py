@@ -34,14 +34,26 @@ def use_instead(arch: str) -> str:
 # later Xeons; AVX-VNNI: Alder Lake and later cores).
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})
 
+# On a CPU with AMX, a language model of this many parameters or more generates in int8
+# (decoding_dtype; measured between 5.3M, where bfloat16 wins, and 29.6M, where int8 does).
+AMX_INT8_LM_PARAMETERS = 1 << 24
 
-def decoding_dtype(dtype: str, device: torch.device | str) -> str:
-    """The type a model decodes in. "auto": bfloat16 on a CPU with AMX, where its tiles
-    multiply bfloat16 several times faster than float32 (on a Sapphire Rapids Xeon,
-    translation ran 1.48x faster at beam 4 and 1.21x greedy, 0.05-0.2 BLEU apart); int8
-    on another CPU with VNNI (on a Zen 4, where bfloat16 was 1.13x at beam 4 but 0.87x
-    greedy, int8 ran 1.11-1.15x and 0.99-1.08x, 0.01 and 0.09 BLEU below float32); else
-    float32, and float32 on GPUs (not measured). The CPU is read once, from its flags."""
+
+def decoding_dtype(dtype: str, device: torch.device | str,
+                   language_model_parameters: int = 0) -> str:
+    """The type a model decodes in. "auto" on a CPU with AMX: bfloat16, whose tiles
+    multiply several times faster than float32 (on an Emerald Rapids Xeon, two workers,
+    batches of 32: the demo model translated 1.91x float32's speed at beam 4 and 1.64x
+    greedy, 0.13 and 0.04 BLEU below it, and 1.31x and 1.26x int8's; the presets base
+    and big 1.28-1.36x int8 at beam 4, 1.05-1.27x greedy; bench/decode_dtypes.py), but
+    int8 for a language model (language_model_parameters given) of
+    AMX_INT8_LM_PARAMETERS or more: generating for a few prompts, a step multiplies one
+    row each by every weight, read from memory at every step, and int8 reads half the
+    bytes (1.34-1.55x bfloat16 at one prompt from 29.6M to 160M parameters, 0.88-1.07x
+    at eight; 0.81x and 0.74x at 5.3M). On another CPU with VNNI, int8 (on a Zen 4,
+    where bfloat16 was 1.13x at beam 4 but 0.87x greedy, int8 ran 1.11-1.15x and
+    0.99-1.08x, 0.01 and 0.09 BLEU below float32); else float32, and float32 on GPUs
+    (not measured). The CPU is read once, from its flags."""
     import torch   # the command line reads these options without torch
 
     from transduce.model.int8 import int8_available
@@ -49,9 +61,11 @@ def decoding_dtype(dtype: str, device: torch.device | str) -> str:
     on_cpu = torch.device(device).type == "cpu"
     if dtype == "auto":
         flags = cpu_flags() if on_cpu else frozenset()
+        int8 = int8_available()
         if "amx_bf16" in flags:
-            return "bfloat16"
-        return "int8" if flags & VNNI_FLAGS and int8_available() else "float32"
+            large = language_model_parameters >= AMX_INT8_LM_PARAMETERS
+            return "int8" if large and int8 else "bfloat16"
+        return "int8" if flags & VNNI_FLAGS and int8 else "float32"
     if dtype not in choices(DecodeDtype):
         raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(choices(DecodeDtype))}")
     if dtype == "int8" and not (on_cpu and int8_available()):
