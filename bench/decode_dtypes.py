@@ -2,9 +2,10 @@
 decoding copies (`--dtype`) of the same random weights, side by side, interleaved.
 
 `--dtype auto` picks one type from the CPU and the model (decode/options.py); this is
-what that choice rests on. A decoding step multiplies a few rows by every weight: a
-small model's weights stay in the caches and AMX's bfloat16 tiles compute fastest,
-while a large one's stream from memory at every step and int8 reads half the bytes.
+what that choice rests on. A decoding step multiplies its rows by every weight: with
+many rows (a batch of beams) or small weights, AMX's bfloat16 tiles compute fastest;
+with one row of a large model, the weights stream from memory at every step and int8
+reads half the bytes.
 
 - translation: encoder-decoders of the presets small (256 wide, 3 + 3 layers), base
   (512, 6 + 6) and big (1024, 6 + 6) at the corpus's vocabulary, translating --lines
@@ -15,9 +16,9 @@ while a large one's stream from memory at every step and int8 reads half the byt
   prompts, batch 1 and 8.
 
 The random weights' rows of the special ids are zero, so every side writes --new-tokens
-pieces a sentence (the mean of each side's outputs is recorded to show it). Counted: sentences
-(translation) or generated tokens (language models) per second, the median of --repeats
-interleaved rounds, and each type's ratio to bfloat16.
+pieces a sentence (the mean of each side's outputs is recorded to show it). Counted:
+sentences (translation) or generated tokens (language models) per second, the median of
+--repeats interleaved rounds, and each type's ratio to bfloat16.
 
     python bench/decode_dtypes.py --data data/bible [--lines 256] [--repeats 3]
 """
