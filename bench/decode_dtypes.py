@@ -65,10 +65,6 @@ def random_model(config, vocab: int):
     return model
 
 
-def weights(model) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def compare_translation(name: str, config, tokenizer: Tokenizer, sources: list[str],
                         args: argparse.Namespace) -> list[dict]:
     model = random_model(config, tokenizer.vocab_size)
@@ -87,9 +83,10 @@ def compare_translation(name: str, config, tokenizer: Tokenizer, sources: list[s
 
         times = time_interleaved({dtype: call(dtype) for dtype in DTYPES}, args.repeats)
         rate = {d: len(sources) / statistics.median(times[d]) for d in DTYPES}
-        rows.append(record("translation", name, weights(model), {"beam": beam}, rate, times, {
-            d: statistics.mean(len(tokenizer.encode([o])[0]) for o in outputs[d])
-            for d in DTYPES}, "sentences_per_s"))
+        pieces = {d: statistics.mean(len(ids) for ids in tokenizer.encode(outputs[d]))
+                  for d in DTYPES}
+        rows.append(record("translation", name, model.num_parameters(), {"beam": beam}, rate,
+                           times, pieces, "sentences_per_s"))
     return rows
 
 
@@ -112,7 +109,7 @@ def compare_language_model(name: str, config, tokenizer: Tokenizer,
 
         times = time_interleaved({dtype: call(dtype) for dtype in DTYPES}, args.repeats)
         rate = {d: tokens[d] / statistics.median(times[d]) for d in DTYPES}
-        rows.append(record("language model", name, weights(model), {"batch": batch}, rate,
+        rows.append(record("language model", name, model.num_parameters(), {"batch": batch}, rate,
                            times, {d: tokens[d] / batch for d in DTYPES}, "tokens_per_s"))
     return rows
 

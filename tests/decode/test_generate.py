@@ -53,8 +53,7 @@ def test_auto_dtype_on_amx_picks_by_the_language_models_size(model, generator, m
     monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)
     small = Generator(model, generator.tokenizer, dtype="auto")
     assert next(small.model.parameters()).dtype == torch.bfloat16
-    size = sum(p.numel() for p in model.parameters())
-    monkeypatch.setattr(options_module, "AMX_INT8_LM_PARAMETERS", size)
+    monkeypatch.setattr(options_module, "AMX_INT8_LM_PARAMETERS", model.num_parameters())
     large = Generator(model, generator.tokenizer, dtype="auto")
     assert any(isinstance(m, int8_module.Int8Linear) for m in large.model.modules())
     assert large.generate(PROMPTS[:1], max_new_tokens=4)[0] == \

@@ -155,7 +155,7 @@ class Generator:
             arch = model.config.arch
             raise ConfigError(f"generation needs a decoder-only model (arch 'decoder'); this "
                               f"one is arch={arch!r}: {use_instead(arch)}")
-        dtype = decoding_dtype(dtype, device, sum(p.numel() for p in model.parameters()))
+        dtype = decoding_dtype(dtype, device, model.num_parameters())
         if kv_dtype is not None and kv_dtype not in choices(KvDtype):
             raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "
                               f"{', '.join(choices(KvDtype))}")

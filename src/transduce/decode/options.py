@@ -61,11 +61,10 @@ def decoding_dtype(dtype: str, device: torch.device | str,
     on_cpu = torch.device(device).type == "cpu"
     if dtype == "auto":
         flags = cpu_flags() if on_cpu else frozenset()
-        int8 = int8_available()
         if "amx_bf16" in flags:
             large = language_model_parameters >= AMX_INT8_LM_PARAMETERS
-            return "int8" if large and int8 else "bfloat16"
-        return "int8" if flags & VNNI_FLAGS and int8 else "float32"
+            return "int8" if large and int8_available() else "bfloat16"
+        return "int8" if flags & VNNI_FLAGS and int8_available() else "float32"
     if dtype not in choices(DecodeDtype):
         raise ConfigError(f"dtype={dtype!r}: choose one of {', '.join(choices(DecodeDtype))}")
     if dtype == "int8" and not (on_cpu and int8_available()):
