@@ -14,7 +14,7 @@ from transduce.config import preset
 from transduce.model import Transformer, build_model
 from transduce.model import int8 as int8_module
 from transduce.model import packed as packed_module
-from transduce.model.decoder_step import DecoderStep
+from transduce.model.decoder_step import MAX_STEP_TOKENS, DecoderStep
 from transduce.model.packed import decoding_copy, packing_available
 from tests.model.test_transformer import padded, tiny
 
@@ -86,13 +86,9 @@ def test_the_written_out_step_gives_the_modules_logits(changes, packed, int8, be
     _assert_written_out_step_is_exact(model, lambda: _steps(model, src, beams, 8), scripted)
 
 
-@pytest.mark.parametrize("name, changes", [("gpt-tiny", {}), ("llama-tiny", {}),
-                                           ("gpt-tiny", {"positional": "alibi"})])
-@pytest.mark.parametrize("scripted", [True, False])
-def test_left_padded_prompts_of_a_language_model_step_alike(name, changes, scripted,
-                                                            monkeypatch):
-    """A decoder-only model's steps carry a key mask and each row's positions (learned
-    positions in GPT's layout, rotary in Llama's; ALiBi's bias joins the key mask)."""
+def _language_model_and_padded_prompts(name: str, changes: dict, monkeypatch):
+    """A decoding copy of a language model, three prompts (3, 6) and which of their
+    tokens are real (3, 6): two rows left-padded."""
     torch.manual_seed(0)
     lm = build_model(preset(name, src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
                             max_positions=64, **changes)).eval()
@@ -100,6 +96,17 @@ def test_left_padded_prompts_of_a_language_model_step_alike(name, changes, scrip
     prompt = torch.randint(3, VOCAB, (3, 6))
     real = torch.ones(3, 6, dtype=torch.bool)
     real[0, :4], real[2, :1] = False, False                      # left padding
+    return model, prompt, real
+
+
+@pytest.mark.parametrize("name, changes", [("gpt-tiny", {}), ("llama-tiny", {}),
+                                           ("gpt-tiny", {"positional": "alibi"})])
+@pytest.mark.parametrize("scripted", [True, False])
+def test_left_padded_prompts_of_a_language_model_step_alike(name, changes, scripted,
+                                                            monkeypatch):
+    """A decoder-only model's steps carry a key mask and each row's positions (learned
+    positions in GPT's layout, rotary in Llama's; ALiBi's bias joins the key mask)."""
+    model, prompt, real = _language_model_and_padded_prompts(name, changes, monkeypatch)
 
     def run():
         with torch.inference_mode():
@@ -111,6 +118,38 @@ def test_left_padded_prompts_of_a_language_model_step_alike(name, changes, scrip
             return logits
 
     _assert_written_out_step_is_exact(model, run, scripted)
+
+
+@pytest.mark.parametrize("name, changes", [("gpt-tiny", {}), ("llama-tiny", {}),
+                                           ("llama-tiny", {"num_kv_heads": 1})])
+@pytest.mark.parametrize("scripted", [True, False])
+def test_steps_of_several_tokens_after_a_prompt_give_the_modules_logits(name, changes,
+                                                                        scripted, monkeypatch):
+    """Prompt lookup's steps: a language model's rows feed 2 to MAX_STEP_TOKENS tokens
+    at once after a left-padded prompt, each attending to the cache and the new tokens
+    before it, and the cache rewound between them, as the modules compute it."""
+    model, prompt, real = _language_model_and_padded_prompts(name, changes, monkeypatch)
+
+    def run():
+        generator = torch.Generator().manual_seed(2)
+        with torch.inference_mode():
+            state = model.prefill(prompt, 40, src_mask=real)
+            logits = []
+            for new in (2, 5, 1, MAX_STEP_TOKENS, 3):
+                tokens = torch.randint(3, VOCAB, (3, new), generator=generator)
+                logits.append(model.decode_step(tokens, state))
+                state.rewind(state.length - new // 2)
+            return logits
+
+    _assert_written_out_step_is_exact(model, run, scripted)
+    with torch.inference_mode():
+        state = model.prefill(prompt, 40, src_mask=real)
+        step = model.decoder.fast_step
+        assert step.covers(torch.zeros(3, MAX_STEP_TOKENS, dtype=torch.long), state.caches)
+        assert not step.covers(torch.zeros(3, MAX_STEP_TOKENS + 1, dtype=torch.long),
+                               state.caches)
+        state.rewind(0)              # a prompt's own pass is the modules'
+        assert not step.covers(torch.zeros(3, 2, dtype=torch.long), state.caches)
 
 
 def test_where_torchscript_cannot_compile_the_step_runs_as_python(monkeypatch):

@@ -3,7 +3,9 @@
     AttentionCache    the interface: attend(q, k, v, ...) appends this step's keys and
                       values and attends over everything held; reorder(index) keeps
                       batch rows (beam survivors, running sentences) by copying only the
-                      rows that move (keep_rows); nbytes, length, reset().
+                      rows that move (keep_rows); rewind(length) forgets the tokens
+                      after the first `length` (a rejected draft), where it can; nbytes,
+                      length, reset().
     KVCache           keys and values of every past token (softmax attention), in buffers
                       allocated once for the longest output; update() writes in place and
                       returns views. Size per layer, by the seeds' formula (kv_cache_bytes):
@@ -81,6 +83,13 @@ class AttentionCache(ABC):
     def reset(self) -> None:
         """Empty the cache for a new batch of the same size."""
 
+    def rewind(self, length: int) -> None:
+        """Forget every token after the first `length`. Only a cache that holds every
+        token's keys and values can: a window has dropped the older ones, running sums
+        cannot be taken apart."""
+        raise ValueError(f"{type(self).__name__} cannot forget tokens it has taken: only "
+                         "softmax attention's full KV caches can rewind")
+
 
 class KVCache(AttentionCache):
     """Keys and values (B, Hkv, max_len, D), filled up to `length`."""
@@ -134,6 +143,13 @@ class KVCache(AttentionCache):
 
     def reset(self) -> None:
         self.length = 0
+
+    def rewind(self, length: int) -> None:
+        """Keep the first `length` tokens (0 <= length <= self.length); the next update
+        writes over the rest. The quantized caches' scales go with their positions."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot rewind a cache of {self.length} tokens to {length}")
+        self.length = length
 
 
 class ConcatKVCache(AttentionCache):

@@ -41,7 +41,7 @@ def chat_command(args: argparse.Namespace) -> int:
     options = GenerateOptions(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
-        stop=tuple(args.stop))
+        stop=tuple(args.stop), prompt_lookup=args.prompt_lookup)
     generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                engine=args.engine)
     generator.chat_text(user_turn("", args.system))    # a model without a template: refused

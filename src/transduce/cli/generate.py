@@ -66,6 +66,11 @@ def add_sampling_options(command: argparse.ArgumentParser) -> None:
                          help="> 1 discourages tokens already in prompt or output (1: off)")
     command.add_argument("--stop", action="append", default=[],
                          help="end a continuation where this string appears (repeatable)")
+    command.add_argument("--prompt-lookup", type=non_negative_int, default=0, metavar="K",
+                         help="greedy search drafts up to K tokens a step by copying what "
+                              "followed the last few tokens where they occurred before, and "
+                              "keeps those the model confirms in one pass: the same output, "
+                              "faster where the text repeats what it has read (0: off)")
 
 
 def _positive_float(text: str) -> float:
@@ -86,7 +91,7 @@ def generate_command(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
         stop=tuple(args.stop), beam=args.beam, alpha=args.alpha,
-        batch_sentences=args.batch_sentences)
+        batch_sentences=args.batch_sentences, prompt_lookup=args.prompt_lookup)
     generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                engine=args.engine)
     if args.chat:

@@ -31,6 +31,7 @@ from transduce.config import ConfigError, choices
 from transduce.data.chat import Chat
 from transduce.data.tokenizer import TextTokenizer
 from transduce.decode.inputs import PromptIds, checked_texts, ids_problem
+from transduce.decode.lookup import lookup_steps
 from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
 from transduce.decode.onnx_lm_engine import OnnxLanguageModel
 from transduce.decode.options import DecodeDtype, Engine, GenerateOptions, KvDtype, \
@@ -233,10 +234,10 @@ class Generator:
         if options.beam > 1:
             raise ConfigError("streaming shows greedy or sampled tokens as they come; beam "
                               "search knows its best continuation only at the end")
-        prompt_ids, mask, max_new, rows = self._prepare(self.encode([prompt], number), options)
+        ids = self.encode([prompt], number)
         sampler = self._sampler(options,
                                 self._seeds(options, None if seed is None else [seed], 1))
-        for _ in self._steps(prompt_ids, mask, rows, max_new, options, sampler):
+        for rows in self._stepped(ids, options, sampler):
             text = rows[0].take()
             if text:
                 yield text
@@ -265,9 +266,8 @@ class Generator:
         seeds = self._seeds(options, seeds, len(ids))
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         row_of = {prompt: row for row, prompt in enumerate(order)}
-        prompt_ids, mask, max_new, rows = self._prepare([ids[i] for i in order], options)
         sampler = self._sampler(options, seeds and [seeds[i] for i in order])
-        for _ in self._steps(prompt_ids, mask, rows, max_new, options, sampler):
+        for rows in self._stepped([ids[i] for i in order], options, sampler):
             yield [rows[row_of[i]] for i in range(len(ids))]
 
     def encode(self, prompts: Sequence[Prompt], first_number: int = 1
@@ -371,12 +371,12 @@ class Generator:
 
     def _generate_batch(self, ids: list[list[int]], options: GenerateOptions,
                         seeds: list[int] | None = None) -> list[Continuation]:
-        prompt, mask, max_new, rows = self._prepare(ids, options)
         if options.beam == 1:
-            sampler = self._sampler(options, seeds)
-            for _ in self._steps(prompt, mask, rows, max_new, options, sampler):
+            rows = []
+            for rows in self._stepped(ids, options, self._sampler(options, seeds)):
                 pass
             return rows
+        prompt, mask, max_new, rows = self._prepare(ids, options)
         with torch.inference_mode():
             found = beam_search(self.model, prompt, bos_id=prompt[:, -1],
                                 eos_id=_one_or_all(self.end_ids), beam=options.beam,
@@ -386,6 +386,32 @@ class Generator:
         for row, hypotheses in zip(rows, found):
             row.set_tokens(hypotheses[0].tokens)
         return rows
+
+    def _stepped(self, ids: list[list[int]], options: GenerateOptions,
+                 sampler: Sampler | None) -> Iterator[list[Continuation]]:
+        """Greedy search or sampling of prompts `ids` (beam 1): yields every prompt's
+        Continuation after each step. The prompts are one left-padded batch, or with
+        prompt lookup each generated alone, one after another."""
+        prompt, mask, max_new, rows = self._prepare(ids, options)
+        if not options.prompt_lookup:
+            yield from self._steps(prompt, mask, rows, max_new, options, sampler)
+            return
+        self._check_rewinds()
+        for row_ids, row in zip(ids, rows):
+            with torch.inference_mode():
+                for _ in lookup_steps(self.model, torch.tensor([row_ids], device=self.device),
+                                      row, options.prompt_lookup, self.cache_dtype):
+                    yield rows
+
+    def _check_rewinds(self) -> None:
+        """Prompt lookup forgets rejected drafts; a cache that cannot is a ConfigError."""
+        if isinstance(self.model, OnnxLanguageModel):
+            return                   # its past arrays are sliced
+        attention_type = self.model.config.attention_type
+        if attention_type != "softmax":
+            raise ConfigError(f"prompt_lookup forgets the drafted tokens the model rejects, "
+                              f"which needs softmax attention's full KV cache; this model's "
+                              f"attention_type is {attention_type!r}")
 
     def _steps(self, prompt: Tensor, mask: Tensor, rows: list[Continuation], max_new: int,
                options: GenerateOptions, sampler: Sampler | None) -> Iterator[list[Continuation]]:

@@ -36,6 +36,13 @@ class OnnxLMState(PastArrays):
         self.past = [np.take(array, index, axis=0) for array in self.past]
         self.key_mask = np.take(self.key_mask, index, axis=0)
 
+    def rewind(self, length: int) -> None:
+        """Forget the positions after the first `length` (a rejected draft)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot rewind a cache of {self.length} tokens to {length}")
+        self.past = [np.ascontiguousarray(array[:, :, :length]) for array in self.past]
+        self.key_mask = self.key_mask[:, :length]
+
 
 class OnnxLanguageModel(ExportedModel):
     """A decoder-only model's export run by ONNX Runtime on the CPU (threads: as

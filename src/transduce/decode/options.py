@@ -52,7 +52,9 @@ def decoding_dtype(dtype: str, device: torch.device | str,
     bytes (1.34-1.55x bfloat16 at one prompt from 29.6M to 160M parameters, 0.88-1.07x
     at eight; 0.81x and 0.74x at 5.3M). On another CPU with VNNI, int8 (on a Zen 4,
     where bfloat16 was 1.13x at beam 4 but 0.87x greedy, int8 ran 1.11-1.15x and
-    0.99-1.08x, 0.01 and 0.09 BLEU below float32); else float32, and float32 on GPUs
+    0.99-1.08x, 0.01 and 0.09 BLEU below float32; on a Zen 5, int8 ran 1.18-1.34x
+    bfloat16 at beam 4 from `small` to `big` and 1.13-1.49x generating from 29.6M
+    parameters up, bench/decode_dtypes.py); else float32, and float32 on GPUs
     (not measured). The CPU is read once, from its flags."""
     import torch   # the command line reads these options without torch
 
@@ -97,11 +99,11 @@ class SearchOptions(ValidatedConfig):
         check_at_least(self, 0, "alpha")
         if isinstance(self.batch_sentences, bool) or not isinstance(self.batch_sentences, int) \
                 or self.batch_sentences < 0:
-            raise ConfigError(f"SearchOptions.batch_sentences={self.batch_sentences!r}: must be an integer "
-                              f">= 0 (0: no cap)")
+            raise ConfigError(f"SearchOptions.batch_sentences={self.batch_sentences!r}: must be "
+                              f"an integer >= 0 (0: no cap)")
         if self.nbest > self.beam:
-            raise ConfigError(f"SearchOptions.nbest={self.nbest}: must be at most beam={self.beam} (a beam "
-                              f"search finds at most beam hypotheses)")
+            raise ConfigError(f"SearchOptions.nbest={self.nbest}: must be at most "
+                              f"beam={self.beam} (a beam search finds at most beam hypotheses)")
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,10 @@ class GenerateOptions(ValidatedConfig):
     tokens already in the prompt or the output (1: off); stop: strings that end a
     generation where they first appear (left out of the text); beam > 1 is beam search
     (alpha its length penalty; no sampling, repetition penalty or streaming);
-    batch_sentences: prompts generated together (left-padded)."""
+    batch_sentences: prompts generated together (left-padded); prompt_lookup K > 0:
+    greedy search drafts up to K tokens a step by copying what followed the latest
+    earlier occurrence of its last few tokens, and keeps those the model confirms in one
+    pass (decode/lookup.py: greedy search's output, each prompt generated alone)."""
 
     max_new_tokens: int = 64
     temperature: float = 0.0
@@ -126,11 +131,16 @@ class GenerateOptions(ValidatedConfig):
     beam: int = 1
     alpha: float = 0.6
     batch_sentences: int = 8
+    prompt_lookup: int = 0
 
     def __post_init__(self) -> None:
         self._check_floats_finite()
         check_positive(self, "max_new_tokens", "beam", "batch_sentences")
         check_at_least(self, 0, "temperature", "top_k", "alpha")
+        if isinstance(self.prompt_lookup, bool) or not isinstance(self.prompt_lookup, int) \
+                or self.prompt_lookup < 0:
+            raise ConfigError(f"GenerateOptions.prompt_lookup={self.prompt_lookup!r}: must be "
+                              f"an integer >= 0 (0: off)")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"GenerateOptions.top_p={self.top_p}: must be in (0, 1]")
         if self.seed is not None and not is_sampling_seed(self.seed):
@@ -148,6 +158,12 @@ class GenerateOptions(ValidatedConfig):
         if self.beam > 1 and (self.temperature > 0 or self.repetition_penalty != 1.0):
             raise ConfigError(f"GenerateOptions.beam={self.beam}: beam search ranks whole "
                               f"continuations; it takes no temperature or repetition_penalty")
+        if self.prompt_lookup and not (self.greedy and self.beam == 1
+                                       and self.repetition_penalty == 1.0):
+            raise ConfigError(f"GenerateOptions.prompt_lookup={self.prompt_lookup}: prompt "
+                              f"lookup speeds up greedy search (temperature 0, beam 1, no "
+                              f"repetition_penalty); it keeps a drafted token only where "
+                              f"greedy search would choose it")
 
     @property
     def greedy(self) -> bool:

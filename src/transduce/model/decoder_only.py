@@ -54,6 +54,12 @@ class LMState(CachedLayers):
             cache.reorder(rows)
         self.key_mask, self.offsets = self.key_mask[rows], self.offsets[rows]
 
+    def rewind(self, length: int) -> None:
+        """Forget the tokens after the first `length` cached (a rejected draft); the
+        key mask already counts every later position as real."""
+        for cache in self.caches:
+            cache.rewind(length)
+
 
 def left_padded_tokens(prompt: Tensor, src_mask: Tensor | None) -> Tensor:
     """Which of a left-padded prompt's tokens are real: prompt (B, P), src_mask

@@ -16,7 +16,10 @@ workers' compiled steps overlap better than their Python ones is not measured ye
 It covers the common case (softmax attention over plain KV caches, additive, rotary or
 no positions or a relative-position score bias, PyTorch's fused attention kernel) and
 leaves every other step to the modules: `covers` says which. A score bias (T5's, ALiBi)
-enters the step as SDPA's float mask, built once per step for every layer.
+enters the step as SDPA's float mask, built once per step for every layer. A language
+model's step may feed a few tokens a row after its prompt (up to MAX_STEP_TOKENS:
+prompt lookup's drafts, decode/lookup.py), each attending to the cache and the new
+tokens before it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ from transduce.attention.kv_cache import KVCache
 from transduce.attention.multihead import merge_heads, split_heads
 from transduce.model.positional import check_range
 from transduce.model.scripting import CompiledOnFirstCall, WrittenOut
+
+# The most new tokens a row a step covers after a prompt (a prompt's own pass, however
+# short, is the modules'); prompt lookup feeds the pending token and its drafts.
+MAX_STEP_TOKENS = 16
 
 
 def _supported(decoder: nn.Module) -> bool:
@@ -107,15 +114,15 @@ class _SelfAttention(FusedSelfAttention):
     def forward(self, h: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
                 mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
                 row_starts: Optional[Tensor], positions: Optional[Tensor]) -> Tensor:
-        """h (R, 1, C), caches (R, Hkv, T, D) holding `length` slots -> (R, 1, C).
+        """h (R, N, C), caches (R, Hkv, T, D) holding `length` slots -> (R, N, C).
         runs: (first row, end row, first slot) of row ranges that read only the slots
-        from their first on (then mask is None); row_starts (R,): each row's first slot,
-        the same given per row; positions (R, 1): each row's rotary position (None:
-        `length` for all)."""
-        q, k, v = self.project(h)                         # (R, H, 1, D), (R, Hkv, 1, D) x 2
+        from their first on (then mask is None; N is 1); row_starts (R,): each row's
+        first slot, the same given per row; positions (R, N): each token's rotary
+        position (None: from `length` on for all)."""
+        q, k, v = self.project(h)                         # (R, H, N, D), (R, Hkv, N, D) x 2
         if self.rotary:
             q, k = self.rotate(q, length, positions), self.rotate(k, length, positions)
-        end = length + 1
+        end = length + h.shape[1]
         k_cache[:, :, length:end] = k
         v_cache[:, :, length:end] = v
         if runs is None:
@@ -125,13 +132,14 @@ class _SelfAttention(FusedSelfAttention):
         return self.out_proj(merge_heads(out))
 
     def rotate(self, x: Tensor, length: int, positions: Optional[Tensor]) -> Tensor:
-        """RotaryEmbedding.forward's operators: x (R, H, 1, D) at position `length`, or
-        at each row's `positions` (R, 1) -> (R, H, 1, D)."""
+        """RotaryEmbedding.forward's operators: x (R, H, N, D) at positions from `length`
+        on, or at `positions` (R, N) -> (R, H, N, D)."""
         if positions is None:
-            cos, sin = self.rotary_cos[length:length + 1], self.rotary_sin[length:length + 1]
+            end = length + x.shape[2]
+            cos, sin = self.rotary_cos[length:end], self.rotary_sin[length:end]   # (N, D)
         else:
             cos, sin = self.rotary_cos[positions].unsqueeze(1), \
-                self.rotary_sin[positions].unsqueeze(1)                      # (R, 1, 1, D)
+                self.rotary_sin[positions].unsqueeze(1)                      # (R, 1, N, D)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         first, second = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-second, first], dim=-1) * sin
@@ -212,7 +220,7 @@ class _KernelCrossAttention(_CrossAttention):
 
 
 class _LayerStep(nn.Module):
-    """DecoderLayer.forward for one new token per row, in eval mode (no dropout)."""
+    """DecoderLayer.forward for the new tokens of each row, in eval mode (no dropout)."""
 
     def __init__(self, layer: nn.Module, kernel: bool):
         super().__init__()
@@ -229,7 +237,8 @@ class _LayerStep(nn.Module):
                 cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
                 row_starts: Optional[Tensor], memory_lengths: Optional[Tensor],
                 positions: Optional[Tensor]) -> Tensor:
-        """x (R, 1, C) -> (R, 1, C); memory_k and memory_v are empty without cross-attention."""
+        """x (R, N, C) -> (R, N, C); memory_k and memory_v are empty without cross-attention
+        (N is 1 with it)."""
         # norm2 is None exactly when cross_attention is; TorchScript needs both tested.
         if self.norm_first:
             x = x + self.self_attention(self.norm1(x), k_cache, v_cache, length, self_mask,
@@ -247,8 +256,8 @@ class _LayerStep(nn.Module):
 
 
 class StepLayers(nn.Module):
-    """The decoder's layers and final norm for one new token per row over KV caches; the
-    modules it holds are the decoder's own (no weight is copied)."""
+    """The decoder's layers and final norm for the new tokens of each row over KV caches;
+    the modules it holds are the decoder's own (no weight is copied)."""
 
     def __init__(self, decoder: nn.Module, kernel: bool = False):
         super().__init__()
@@ -260,10 +269,10 @@ class StepLayers(nn.Module):
                 cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
                 row_starts: Optional[Tensor], memory_lengths: Optional[Tensor],
                 positions: Optional[Tensor]) -> Tensor:
-        """x (R, 1, C) embedded tokens, per layer its caches (R, Hkv, T, D) holding `length`
+        """x (R, N, C) embedded tokens, per layer its caches (R, Hkv, T, D) holding `length`
         slots and its sources' keys and values (B, Hkv, S, D) (empty tensors without
-        cross-attention), positions (R, 1) each row's rotary position or None ->
-        hidden states (R, 1, C); every cache takes slot `length`."""
+        cross-attention), positions (R, N) each token's rotary position or None ->
+        hidden states (R, N, C); every cache takes slots `length` to `length + N - 1`."""
         for i, layer in enumerate(self.layers):
             x = layer(x, k_caches[i], v_caches[i], length, self_mask, memory_k[i], memory_v[i],
                       cross_mask, runs, row_starts, memory_lengths, positions)
@@ -273,7 +282,7 @@ class StepLayers(nn.Module):
 
 
 class DecoderStep(WrittenOut):
-    """Decoder.forward for one new token per row over KV caches (see the module note).
+    """Decoder.forward for the new tokens of each row over KV caches (see the module note).
     Built by decoding copies (model/packed.py) for decoders it supports (`build`); the
     layers are compiled on the first step (`script=False` keeps them Python)."""
 
@@ -290,11 +299,18 @@ class DecoderStep(WrittenOut):
     supports = staticmethod(_supported)
 
     def covers(self, tgt: Tensor, caches: list | None) -> bool:
-        """Whether this call is one DecoderStep runs: one token per row on a CPU, plain
-        KV caches in the model's type, eval mode without autograd (where attention()
-        picks the fused kernel for every type), not traced."""
-        if caches is None or tgt.shape[1] != 1 or tgt.device.type != "cpu" \
+        """Whether this call is one DecoderStep runs: on a CPU, plain KV caches in the
+        model's type, eval mode without autograd (where attention() picks the fused
+        kernel for every type), not traced; one token per row, or up to MAX_STEP_TOKENS
+        after a prompt where there is no cross-attention or score bias (a prompt's own
+        pass is left to the modules)."""
+        if caches is None or tgt.device.type != "cpu" \
                 or self.decoder.training or torch.is_grad_enabled() or torch.jit.is_tracing():
+            return False
+        if tgt.shape[1] != 1 and not (
+                tgt.shape[1] <= MAX_STEP_TOKENS and caches[0].length > 0
+                and self.decoder.score_bias is None
+                and self.decoder.layers[0].cross_attn is None):
             return False
         dtype = self.decoder.embed.embedding.weight.dtype
         return all(type(cache) is KVCache and cache.k.dtype == dtype for cache in caches)
@@ -304,9 +320,11 @@ class DecoderStep(WrittenOut):
                  caches: list[KVCache], positions: Tensor | None,
                  row_runs: list[tuple[int, int, int]] | None = None,
                  memory_lengths: Tensor | None = None) -> Tensor:
-        """tgt (R, 1), each layer's cross-attention keys and values (B, Hkv, S, D) with
-        memory_mask (B, 1, 1, S), tgt_mask over every cached key and the new one, caches,
-        positions (R, 1) or None -> hidden states (R, 1, C), as Decoder.forward.
+        """tgt (R, N), each layer's cross-attention keys and values (B, Hkv, S, D) with
+        memory_mask (B, 1, 1, S), tgt_mask over every cached key and the new ones, caches,
+        positions (R, N) or None -> hidden states (R, N, C), as Decoder.forward; each
+        new token attends to the cache and the new tokens up to itself (N > 1: see
+        covers).
         row_runs, instead of tgt_mask: (first row, end row, first slot) of runs of rows
         that cover all R in order, each attending to its slots from its first on only
         (a continuous search's sentences that joined at different steps): one call of
@@ -316,17 +334,20 @@ class DecoderStep(WrittenOut):
         memory_mask says), which the kernel's cross-attention reads alone."""
         if row_runs is not None and tgt_mask is not None:
             raise ValueError("row_runs replace tgt_mask: give one of them")
-        length = caches[0].length
-        _check_room(caches, length)
+        length, new = caches[0].length, tgt.shape[1]
+        _check_room(caches, length, new)
         rotary = self.decoder.layers[0].self_attn.rotary
         if rotary is not None:      # every position read is below the next slot's
-            check_range(length, 1, rotary.max_positions)
-        x = self.decoder.embed.forward(tgt, length, positions)             # (R, 1, C)
+            check_range(length, new, rotary.max_positions)
+        x = self.decoder.embed.forward(tgt, length, positions)             # (R, N, C)
         none = [self._no_memory] * len(caches)
         memory_k = none if memory_kv is None else [k for k, _ in memory_kv]
         memory_v = none if memory_kv is None else [v for _, v in memory_kv]
         layers, row_starts = self.layers, None
         self_mask = None if tgt_mask is None else masks.four_d(tgt_mask)
+        if new > 1:                 # each new token sees the cache and the new ones before it
+            causal = masks.causal_mask(new, length + new, device=tgt.device)
+            self_mask = causal if self_mask is None else self_mask & causal
         if self.decoder.score_bias is not None:
             self_mask, row_runs = _biased_mask(self.decoder.score_bias, length + 1, self_mask,
                                                row_runs, x.dtype), None
@@ -337,7 +358,7 @@ class DecoderStep(WrittenOut):
                         None if memory_mask is None else masks.four_d(memory_mask),
                         row_runs, row_starts, memory_lengths, positions)
         for cache in caches:
-            cache.length = length + 1
+            cache.length = length + new
         return hidden
 
     def reads_rows_by_kernel(self, dtype: torch.dtype) -> bool:
@@ -376,14 +397,14 @@ def _row_starts(runs: list[tuple[int, int, int]]) -> Tensor:
     return torch.tensor([start for first, last, start in runs for _ in range(last - first)])
 
 
-def _check_room(caches: list[KVCache], length: int) -> None:
-    """KVCache.update's refusal of a step with no slot left, checked before the compiled
-    layers write every cache at slot `length` (so all must hold that many)."""
+def _check_room(caches: list[KVCache], length: int, new: int = 1) -> None:
+    """KVCache.update's refusal of a step with no room left, checked before the compiled
+    layers write every cache from slot `length` on (so all must hold that many)."""
     for cache in caches:
         if cache.length != length or cache.k.shape[0] != caches[0].k.shape[0]:
             raise ValueError(f"the decoder's caches disagree: {cache.length} cached, "
                              f"{tuple(cache.k.shape)}, against {length}, "
                              f"{tuple(caches[0].k.shape)}")
-        if length + 1 > cache.max_len:
-            raise ValueError(f"KV cache full: {length} cached + 1 new > max_len "
+        if length + new > cache.max_len:
+            raise ValueError(f"KV cache full: {length} cached + {new} new > max_len "
                              f"{cache.max_len}")
