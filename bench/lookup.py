@@ -1,5 +1,5 @@
-"""Prompt lookup decoding against greedy search: one language model, the same prompts and
-the same tokens out on every side, interleaved.
+"""Speculative greedy search (prompt lookup, a draft model) against greedy search: one
+language model, the same prompts and the same tokens out on every side, interleaved.
 
 Two kinds of prompt, from the lines of a text corpus's --split:
 - continue: a line's first --prompt-words words, continued; the continuation repeats
@@ -14,14 +14,16 @@ Peers: greedy search one prompt at a time (as prompt lookup runs), greedy search
 batches of --batch prompts (the Generator's default), prompt lookup drafting up to
 K tokens a step for each K of --drafts, and prompt lookup with K = --modules whose steps
 of several tokens run through the model's modules instead of the written-out decoder
-step (model/decoder_step.py, MAX_STEP_TOKENS; what it ran before the step took them).
-All count generated tokens per second, the
+step (model/decoder_step.py, MAX_STEP_TOKENS; what it ran before the step took them),
+and with --draft-model, a smaller language model of the same tokenizer drafting K tokens
+a step for each K of --drafts. All count generated tokens per second, the
 median of --repeats interleaved rounds, and every side's tokens are checked to be
 greedy search's. For each side: the model's passes (decode steps) per generated token,
 and for prompt lookup the share of its drafted tokens kept.
 
     python bench/lookup.py --model runs/lm/ema --data data/bible-text [--prompts 64] \
-        [--new-tokens 64] [--drafts 2 4 8] [--modules 4] [--dtype float32]
+        [--new-tokens 64] [--drafts 2 4 8] [--modules 4] [--dtype float32] \
+        [--draft-model runs/lm-small/ema]
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import machine_info, time_interleaved  # noqa: E402
 from transduce.data.corpus import read_lines  # noqa: E402
-from transduce.decode import lookup  # noqa: E402
+from transduce.decode import speculative  # noqa: E402
 from transduce.decode.generate import Generator, PromptIds  # noqa: E402
 from transduce.decode.options import GenerateOptions  # noqa: E402
 from transduce.model import decoder_step  # noqa: E402
@@ -67,13 +69,13 @@ def prompts_of(kind: str, lines: list[str], tokenizer, args: argparse.Namespace
 
 
 class CountedSteps:
-    """The model's decode_step, counting its calls and, inside prompt lookup, the drafted
-    and kept tokens (lookup.accepted wrapped)."""
+    """The model's decode_step, counting its calls (not the draft model's) and, inside a
+    speculative search, the drafted and kept tokens (speculative.accepted wrapped)."""
 
     def __init__(self, generator: Generator):
         self.steps = self.drafted = self.kept = 0
         step = generator.model.decode_step
-        accepted = lookup.accepted
+        accepted = speculative.accepted
 
         def counted_step(tokens, state):
             self.steps += 1
@@ -85,7 +87,7 @@ class CountedSteps:
             return kept
 
         generator.model.decode_step = counted_step
-        lookup.accepted = counted_accepted
+        speculative.accepted = counted_accepted
 
     def reset(self) -> None:
         self.steps = self.drafted = self.kept = 0
@@ -100,6 +102,9 @@ def compare(kind: str, prompts: list[PromptIds], generator: Generator, counter: 
     modules = f"prompt lookup, K = {args.modules}, steps through the modules"
     if args.modules:
         sides[modules] = GenerateOptions(prompt_lookup=args.modules)
+    if args.draft_model:
+        sides.update({f"draft model, K = {k}": GenerateOptions(draft_tokens=k)
+                      for k in args.drafts})
     sides = {name: dataclasses.replace(options, max_new_tokens=args.new_tokens)
              for name, options in sides.items()}
     outputs: dict[str, list[list[int]]] = {}
@@ -153,18 +158,23 @@ def main() -> None:
     parser.add_argument("--modules", type=int, default=4,
                         help="K of the side whose steps run through the modules (0: none)")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--draft-model", type=Path, default=None,
+                        help="a smaller language model of the same tokenizer: its sides too")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("bench/results/lookup-cpu.json"))
     args = parser.parse_args()
     keep_freed_memory()        # what `transduce generate` does for its process
-    generator = Generator.load(args.model, dtype=args.dtype)
+    generator = Generator.load(args.model, dtype=args.dtype, draft=args.draft_model)
     counter = CountedSteps(generator)
     lines = read_lines(args.data / f"{args.split}.txt")
     rows = [compare(kind, prompts_of(kind, lines, generator.tokenizer, args), generator,
                     counter, args)
             for kind in ("continue", "quote")]
+    draft = generator.draft
     result = {"benchmark": "lookup", "model": str(args.model),
               "parameters": generator.model.num_parameters(), "dtype": args.dtype,
+              "draft_model": args.draft_model and str(args.draft_model),
+              "draft_parameters": draft and draft.model.num_parameters(),
               "data": str(args.data), "split": args.split, "new_tokens": args.new_tokens,
               "machine": machine_info(torch.get_num_threads()), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)

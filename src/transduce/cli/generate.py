@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from transduce.data.chat import Chat, Message
 
 STDIN_BATCH_LINES = 64
+DRAFT_TOKENS = 4       # a draft model's tokens a step, unless --draft-tokens says
 
 
 def register(commands) -> None:
@@ -71,6 +72,23 @@ def add_sampling_options(command: argparse.ArgumentParser) -> None:
                               "followed the last few tokens where they occurred before, and "
                               "keeps those the model confirms in one pass: the same output, "
                               "faster where the text repeats what it has read (0: off)")
+    command.add_argument("--draft-model", type=Path, default=None, metavar="PATH",
+                         help="a smaller language model of the same tokenizer drafts tokens "
+                              "that greedy search keeps where the model confirms them in "
+                              "one pass (speculative decoding): the same output")
+    command.add_argument("--draft-tokens", type=non_negative_int, default=None, metavar="K",
+                         help=f"with --draft-model: tokens it drafts a step (default "
+                              f"{DRAFT_TOKENS})")
+
+
+def draft_settings(args: argparse.Namespace) -> tuple[Path | None, int]:
+    """--draft-model and the tokens it drafts a step (0 without it)."""
+    if args.draft_model is None:
+        if args.draft_tokens:
+            raise ConfigError("--draft-tokens: the tokens a draft model drafts; give "
+                              "--draft-model too (or draft by --prompt-lookup)")
+        return None, 0
+    return args.draft_model, DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens
 
 
 def _positive_float(text: str) -> float:
@@ -87,13 +105,15 @@ def generate_command(args: argparse.Namespace) -> int:
     if args.system is not None and not args.chat:
         raise ConfigError("--system is the system message of --chat's conversations: give "
                           "--chat too")
+    draft, draft_tokens = draft_settings(args)
     options = GenerateOptions(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
         stop=tuple(args.stop), beam=args.beam, alpha=args.alpha,
-        batch_sentences=args.batch_sentences, prompt_lookup=args.prompt_lookup)
+        batch_sentences=args.batch_sentences, prompt_lookup=args.prompt_lookup,
+        draft_tokens=draft_tokens)
     generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                               engine=args.engine)
+                               engine=args.engine, draft=draft)
     if args.chat:
         generator.chat_text(user_turn("", args.system))   # no template: refused before input
     seed = prompt_seeds(options.seed, 1)[0]      # one run, one seed: prompt k draws the k-th

@@ -375,7 +375,7 @@ def _check_beam(options: GenerateOptions) -> None:
     if options.beam != 1:
         raise ValueError(f"beam={options.beam}: continuous generation is greedy or "
                          "sampled; beam search runs whole batches (Generator.generate)")
-    if options.prompt_lookup:
-        raise ValueError(f"prompt_lookup={options.prompt_lookup}: continuous generation "
-                         "steps every row one token at a time; prompt lookup runs each "
-                         "prompt alone (Generator.generate)")
+    if options.drafts:
+        raise ValueError("prompt_lookup, draft_tokens: continuous generation steps every "
+                         "row one token at a time; a speculative search runs each prompt "
+                         "alone (Generator.generate)")

@@ -31,13 +31,15 @@ from transduce.config import ConfigError, choices
 from transduce.data.chat import Chat
 from transduce.data.tokenizer import TextTokenizer
 from transduce.decode.inputs import PromptIds, checked_texts, ids_problem
-from transduce.decode.lookup import lookup_steps
+from transduce.decode.draft_model import DraftModel
+from transduce.decode.lookup import NgramIndex
 from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
 from transduce.decode.onnx_lm_engine import OnnxLanguageModel
 from transduce.decode.options import DecodeDtype, Engine, GenerateOptions, KvDtype, \
     decoding_dtype, is_sampling_seed, use_instead
 from transduce.decode.sampling import Sampler, penalize_repetition, prompt_seeds
 from transduce.decode.search import beam_search
+from transduce.decode.speculative import Drafter, speculative_steps
 from transduce.decode.token_logprobs import TokenLogprobs, token_logprobs
 from transduce.decode.token_spans import decoded_after, last_text_tokens
 from transduce.errors import TransduceError, TransduceWarning
@@ -141,12 +143,18 @@ class Generator:
 
     def __init__(self, model: DecoderOnly | OnnxLanguageModel, tokenizer: TextTokenizer,
                  device: torch.device | str = "cpu", dtype: DecodeDtype = "float32",
-                 kv_dtype: KvDtype | None = None, *, in_place: bool = False):
+                 kv_dtype: KvDtype | None = None, *, in_place: bool = False,
+                 draft: "Generator | None" = None):
         """A PyTorch model is copied for decoding in `dtype` ("bfloat16": a bfloat16 copy;
         the model passed in is left as it is, unless in_place: see Translator); kv_dtype
         is the caches' type (default: the model's), "int8" quantized per token and head,
         "int4" per group of 32 values.
-        An OnnxLanguageModel (an ONNX export) runs as exported, on the CPU."""
+        An OnnxLanguageModel (an ONNX export) runs as exported, on the CPU.
+        draft: a smaller language model's Generator, of the same tokenizer, that drafts
+        tokens for `draft_tokens` (decode/speculative.py)."""
+        self.draft = draft
+        if draft is not None:
+            _check_draft(draft, tokenizer)
         if isinstance(model, OnnxLanguageModel):
             check_onnx_settings(dtype, kv_dtype, device)
             self.model, self.tokenizer, self.device = model, tokenizer, torch.device("cpu")
@@ -177,15 +185,18 @@ class Generator:
     @classmethod
     def load(cls, path: Path | str, device: torch.device | str = "cpu",
              dtype: DecodeDtype = "float32", kv_dtype: KvDtype | None = None,
-             engine: Engine = "auto") -> "Generator":
+             engine: Engine = "auto", draft: Path | str | None = None) -> "Generator":
         """A checkpoint directory, a run directory (its latest checkpoint), or an ONNX
-        export (engine "auto" runs it with ONNX Runtime, as Translator.load does)."""
+        export (engine "auto" runs it with ONNX Runtime, as Translator.load does).
+        draft: a smaller language model of the same tokenizer, loaded alike, to draft
+        tokens for `draft_tokens`."""
+        drafter = None if draft is None else cls.load(draft, device, dtype, kv_dtype, engine)
         if runs_on_onnxruntime(path, engine):
             return cls(OnnxLanguageModel(path), checkpoint.load_tokenizer(Path(path)), device,
-                       dtype, kv_dtype)
+                       dtype, kv_dtype, draft=drafter)
         directory = checkpoint.resolve(Path(path))
         return cls(load_model(directory, device), checkpoint.load_tokenizer(directory), device,
-                   dtype, kv_dtype, in_place=True)
+                   dtype, kv_dtype, in_place=True, draft=drafter)
 
     @property
     def context(self) -> int:
@@ -390,28 +401,33 @@ class Generator:
     def _stepped(self, ids: list[list[int]], options: GenerateOptions,
                  sampler: Sampler | None) -> Iterator[list[Continuation]]:
         """Greedy search or sampling of prompts `ids` (beam 1): yields every prompt's
-        Continuation after each step. The prompts are one left-padded batch, or with
-        prompt lookup each generated alone, one after another."""
+        Continuation after each step. The prompts are one left-padded batch, or, where
+        tokens are drafted (prompt lookup, a draft model), each generated alone by a
+        speculative search, one after another."""
         prompt, mask, max_new, rows = self._prepare(ids, options)
-        if not options.prompt_lookup:
+        if not options.drafts:
             yield from self._steps(prompt, mask, rows, max_new, options, sampler)
             return
-        self._check_rewinds()
+        if options.draft_tokens and self.draft is None:
+            raise ConfigError("draft_tokens drafts with a draft model, and this Generator "
+                              "has none: load it with draft=PATH (--draft-model), or draft "
+                              "by prompt_lookup")
+        _check_rewinds(self.model, "the model")
         for row_ids, row in zip(ids, rows):
             with torch.inference_mode():
-                for _ in lookup_steps(self.model, torch.tensor([row_ids], device=self.device),
-                                      row, options.prompt_lookup, self.cache_dtype):
+                for _ in speculative_steps(self.model,
+                                           torch.tensor([row_ids], device=self.device), row,
+                                           self._drafter(row_ids, row, options),
+                                           options.drafts, self.cache_dtype):
                     yield rows
 
-    def _check_rewinds(self) -> None:
-        """Prompt lookup forgets rejected drafts; a cache that cannot is a ConfigError."""
-        if isinstance(self.model, OnnxLanguageModel):
-            return                   # its past arrays are sliced
-        attention_type = self.model.config.attention_type
-        if attention_type != "softmax":
-            raise ConfigError(f"prompt_lookup forgets the drafted tokens the model rejects, "
-                              f"which needs softmax attention's full KV cache; this model's "
-                              f"attention_type is {attention_type!r}")
+    def _drafter(self, ids: list[int], row: Continuation, options: GenerateOptions
+                 ) -> Drafter:
+        """What drafts a prompt's tokens: its n-gram index, or the draft model."""
+        if options.prompt_lookup:
+            return NgramIndex(ids)
+        return DraftModel(self.draft.model, ids, row.limit + options.drafts + 1,
+                          self.draft.cache_dtype, self.draft.device)
 
     def _steps(self, prompt: Tensor, mask: Tensor, rows: list[Continuation], max_new: int,
                options: GenerateOptions, sampler: Sampler | None) -> Iterator[list[Continuation]]:
@@ -447,6 +463,30 @@ class Generator:
                 token = chosen[:, None]
                 if seen is not None:
                     seen.scatter_(1, token, True)
+
+
+def _check_rewinds(model: DecoderOnly | OnnxLanguageModel, name: str) -> None:
+    """A speculative search forgets rejected drafts; a cache that cannot is a
+    ConfigError. An ONNX export's past is sliced, whatever its attention."""
+    if isinstance(model, OnnxLanguageModel):
+        return
+    attention_type = model.config.attention_type
+    if attention_type != "softmax":
+        raise ConfigError(f"drafted tokens that {name} rejects are forgotten, which needs "
+                          f"softmax attention's full KV cache; {name}'s attention_type is "
+                          f"{attention_type!r}")
+
+
+def _check_draft(draft: "Generator", tokenizer: TextTokenizer) -> None:
+    """A draft model shares the model's tokenizer (ids mean the same) and can forget."""
+    if not isinstance(draft, Generator):
+        raise ConfigError(f"draft: expected a Generator of a smaller language model, got "
+                          f"{type(draft).__name__}")
+    if draft.tokenizer.fingerprint != tokenizer.fingerprint:
+        raise ConfigError(f"the draft model's tokenizer ({draft.tokenizer.path}) is not the "
+                          f"model's ({tokenizer.path}): a draft model must share its "
+                          f"vocabulary, token for token")
+    _check_rewinds(draft.model, "the draft model")
 
 
 def _one_or_all(ids: tuple[int, ...]) -> int | tuple[int, ...]:

@@ -119,7 +119,8 @@ class GenerateOptions(ValidatedConfig):
     batch_sentences: prompts generated together (left-padded); prompt_lookup K > 0:
     greedy search drafts up to K tokens a step by copying what followed the latest
     earlier occurrence of its last few tokens, and keeps those the model confirms in one
-    pass (decode/lookup.py: greedy search's output, each prompt generated alone)."""
+    pass; draft_tokens K > 0: the same with K tokens drafted by the Generator's draft
+    model (decode/speculative.py: greedy search's output, each prompt generated alone)."""
 
     max_new_tokens: int = 64
     temperature: float = 0.0
@@ -132,15 +133,17 @@ class GenerateOptions(ValidatedConfig):
     alpha: float = 0.6
     batch_sentences: int = 8
     prompt_lookup: int = 0
+    draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         self._check_floats_finite()
         check_positive(self, "max_new_tokens", "beam", "batch_sentences")
         check_at_least(self, 0, "temperature", "top_k", "alpha")
-        if isinstance(self.prompt_lookup, bool) or not isinstance(self.prompt_lookup, int) \
-                or self.prompt_lookup < 0:
-            raise ConfigError(f"GenerateOptions.prompt_lookup={self.prompt_lookup!r}: must be "
-                              f"an integer >= 0 (0: off)")
+        for name in ("prompt_lookup", "draft_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"GenerateOptions.{name}={value!r}: must be an integer >= 0 "
+                                  f"(0: off)")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"GenerateOptions.top_p={self.top_p}: must be in (0, 1]")
         if self.seed is not None and not is_sampling_seed(self.seed):
@@ -158,12 +161,26 @@ class GenerateOptions(ValidatedConfig):
         if self.beam > 1 and (self.temperature > 0 or self.repetition_penalty != 1.0):
             raise ConfigError(f"GenerateOptions.beam={self.beam}: beam search ranks whole "
                               f"continuations; it takes no temperature or repetition_penalty")
-        if self.prompt_lookup and not (self.greedy and self.beam == 1
-                                       and self.repetition_penalty == 1.0):
-            raise ConfigError(f"GenerateOptions.prompt_lookup={self.prompt_lookup}: prompt "
-                              f"lookup speeds up greedy search (temperature 0, beam 1, no "
-                              f"repetition_penalty); it keeps a drafted token only where "
-                              f"greedy search would choose it")
+        self._check_drafts()
+
+    def _check_drafts(self) -> None:
+        """Drafts (prompt lookup's or a draft model's, not both) serve greedy search."""
+        if self.prompt_lookup and self.draft_tokens:
+            raise ConfigError(f"GenerateOptions.prompt_lookup={self.prompt_lookup} and "
+                              f"draft_tokens={self.draft_tokens}: drafts come from prompt "
+                              f"lookup or from a draft model; choose one")
+        name = "prompt_lookup" if self.prompt_lookup else "draft_tokens"
+        if getattr(self, name) and not (self.greedy and self.beam == 1
+                                        and self.repetition_penalty == 1.0):
+            raise ConfigError(f"GenerateOptions.{name}={getattr(self, name)}: drafted tokens "
+                              f"speed up greedy search (temperature 0, beam 1, no "
+                              f"repetition_penalty); a draft is kept only where greedy "
+                              f"search would choose it")
+
+    @property
+    def drafts(self) -> int:
+        """Tokens drafted a step, by prompt lookup or a draft model (0: none)."""
+        return self.prompt_lookup or self.draft_tokens
 
     @property
     def greedy(self) -> bool:

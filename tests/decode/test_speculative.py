@@ -1,7 +1,8 @@
-"""Prompt lookup decoding (decode/lookup.py): the n-gram index drafts what followed the
-latest earlier occurrence, a step keeps the drafted tokens greedy search confirms, and
-generation gives greedy search's output for every cache, layout and limit, with drafts
-both kept and rejected along the way; what cannot rewind or is not greedy is refused."""
+"""Speculative greedy search (decode/speculative.py), its drafts by prompt lookup (the
+n-gram index drafts what followed the latest earlier occurrence) or by a draft model: a
+step keeps the drafted tokens greedy search confirms, and generation gives greedy
+search's output for every cache, layout and limit, with drafts both kept and rejected
+along the way; what cannot rewind, is not greedy or shares no tokenizer is refused."""
 
 import pytest
 import torch
@@ -13,7 +14,9 @@ from transduce.config import ConfigError, preset
 from transduce.data.tokenizer import Tokenizer
 from transduce.decode.continuous_generation import ContinuousGeneration
 from transduce.decode.generate import Generator, PromptIds
-from transduce.decode.lookup import NgramIndex, accepted, lookup_steps
+from transduce.decode.draft_model import DraftModel
+from transduce.decode.lookup import NgramIndex
+from transduce.decode.speculative import accepted, speculative_steps
 from transduce.decode.options import GenerateOptions
 from transduce.model import build_model
 from transduce.model import int8 as int8_module
@@ -27,8 +30,8 @@ def tokenizer(tiny_corpus):
     return Tokenizer(tiny_corpus / "spm.model")
 
 
-def language_model(tokenizer, name="gpt-tiny", **changes):
-    torch.manual_seed(0)
+def language_model(tokenizer, name="gpt-tiny", seed=0, **changes):
+    torch.manual_seed(seed)
     return build_model(preset(name, src_vocab_size=tokenizer.vocab_size,
                               tgt_vocab_size=tokenizer.vocab_size, max_positions=64,
                               **changes)).eval()
@@ -68,6 +71,7 @@ def test_rewinding_a_cache_writes_the_next_tokens_over_the_forgotten_ones():
         SlidingKVCache(1, 1, 4, 4).rewind(0)
 
 
+@pytest.mark.parametrize("draft_by", ["prompt lookup", "draft model"])
 @pytest.mark.parametrize("name,changes,settings", [
     ("gpt-tiny", {}, {}),
     ("gpt-tiny", {}, {"kv_dtype": "int8"}),
@@ -78,7 +82,8 @@ def test_rewinding_a_cache_writes_the_next_tokens_over_the_forgotten_ones():
     ("llama-tiny", {}, {"dtype": "int8"}),
 ])
 def test_generation_is_greedy_search_s_for_every_draft_length(tokenizer, name, changes,
-                                                               settings, monkeypatch):
+                                                               settings, draft_by,
+                                                               monkeypatch):
     """In float32 and int8 (activations quantized per row): bfloat16 rounds a step of
     several tokens otherwise than one of one, which can turn a near tie of a random
     model's logits, as batching prompts together can."""
@@ -86,28 +91,42 @@ def test_generation_is_greedy_search_s_for_every_draft_length(tokenizer, name, c
         if not int8_module.int8_available():
             pytest.skip("no oneDNN int8 ops")
         monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)
-    generator = Generator(language_model(tokenizer, name, **changes), tokenizer, **settings)
+    draft = Generator(language_model(tokenizer, seed=1), tokenizer, **settings)
+    generator = Generator(language_model(tokenizer, name, **changes), tokenizer, **settings,
+                          draft=draft)
     if settings.get("dtype") == "int8":
         assert any(isinstance(m, int8_module.Int8Linear) for m in generator.model.modules())
     greedy = generator.generate_rows(PROMPTS, max_new_tokens=30)
     for drafts in (1, 3, 8):
-        looked_up = generator.generate_rows(PROMPTS, max_new_tokens=30, prompt_lookup=drafts)
+        setting = {"prompt_lookup" if draft_by == "prompt lookup" else "draft_tokens": drafts}
+        looked_up = generator.generate_rows(PROMPTS, max_new_tokens=30, **setting)
         assert [row.tokens for row in looked_up] == [row.tokens for row in greedy]
         assert [row.finish_reason for row in looked_up] == \
             [row.finish_reason for row in greedy]
 
 
-def test_steps_keep_some_drafts_and_reject_others(tokenizer):
-    """The random model's continuations repeat themselves, so drafts are found: some are
-    kept, some rejected (the caches rewound), and fewer steps than tokens are taken."""
+@pytest.mark.parametrize("draft_by", ["prompt lookup", "draft model"])
+def test_steps_keep_some_drafts_and_reject_others(tokenizer, draft_by):
+    """The random model's continuations repeat themselves, so prompt lookup finds drafts,
+    and a copy of it with noise added to its weights agrees with it now and then: some
+    drafts are kept, some rejected (the caches of both models rewound), and fewer steps
+    than tokens are taken."""
     generator = Generator(language_model(tokenizer), tokenizer)
+    noisy = language_model(tokenizer)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for parameter in noisy.parameters():
+            parameter.add_(0.3 * parameter.std() * torch.randn_like(parameter))
+    draft = Generator(noisy, tokenizer)
     options = GenerateOptions(max_new_tokens=40)
     drafted = kept = steps = tokens = 0
     for ids in generator.encode(PROMPTS):
         row = generator.continuation(ids, options)
+        drafter = NgramIndex(ids) if draft_by == "prompt lookup" else \
+            DraftModel(draft.model, ids, row.limit + 7)
         with torch.inference_mode():
-            for step_drafted, step_kept in lookup_steps(generator.model, torch.tensor([ids]),
-                                                        row, drafts=6):
+            for step_drafted, step_kept in speculative_steps(
+                    generator.model, torch.tensor([ids]), row, drafter, drafts=6):
                 drafted, kept, steps = drafted + step_drafted, kept + step_kept, steps + 1
         tokens += len(row.tokens) + row.ended
         assert row.tokens == generator.generate_rows([PromptIds(ids)],
@@ -129,27 +148,61 @@ def test_limits_stops_and_streams_are_greedy_search_s(tokenizer):
         assert streamed == want
 
 
+@pytest.mark.parametrize("name", ["prompt_lookup", "draft_tokens"])
 @pytest.mark.parametrize("settings,match", [
-    ({"temperature": 0.7}, "prompt lookup speeds up greedy search"),
-    ({"beam": 2}, "prompt lookup speeds up greedy search"),
-    ({"repetition_penalty": 1.2}, "prompt lookup speeds up greedy search"),
-    ({"prompt_lookup": -1}, "prompt_lookup=-1: must be an integer >= 0"),
-    ({"prompt_lookup": 2.5}, "prompt_lookup=2.5: must be an integer >= 0"),
+    ({"temperature": 0.7}, "=4: drafted tokens speed up greedy search"),
+    ({"beam": 2}, "=4: drafted tokens speed up greedy search"),
+    ({"repetition_penalty": 1.2}, "=4: drafted tokens speed up greedy search"),
+    ({"@": -1}, "=-1: must be an integer >= 0"),
+    ({"@": 2.5}, "=2.5: must be an integer >= 0"),
 ])
-def test_what_prompt_lookup_cannot_do_is_refused_naming_it(settings, match):
-    with pytest.raises(ConfigError, match=match):
-        GenerateOptions(**{"prompt_lookup": 4, **settings})
+def test_what_a_speculative_search_cannot_do_is_refused_naming_it(name, settings, match):
+    settings = {name if key == "@" else key: value for key, value in settings.items()}
+    with pytest.raises(ConfigError, match=f"GenerateOptions.{name}{match}"):
+        GenerateOptions(**{name: 4, **settings})
+    with pytest.raises(ConfigError, match="from prompt lookup or from a draft model; choose"):
+        GenerateOptions(prompt_lookup=2, draft_tokens=3)
 
 
 @pytest.mark.parametrize("changes", [{"attention_type": "sliding", "attention_window": 4},
                                      {"attention_type": "linear"}])
 def test_a_cache_that_cannot_rewind_is_refused_naming_the_attention(tokenizer, changes):
     generator = Generator(language_model(tokenizer, **changes), tokenizer)
-    with pytest.raises(ConfigError, match=f"attention_type is '{changes['attention_type']}'"):
+    kind = changes["attention_type"]
+    with pytest.raises(ConfigError, match=f"the model's attention_type is '{kind}'"):
         generator.generate(PROMPTS, prompt_lookup=4)
-    with pytest.raises(ValueError, match="prompt lookup runs each prompt alone"):
-        ContinuousGeneration(Generator(language_model(tokenizer), tokenizer),
-                             GenerateOptions(prompt_lookup=4))
+    with pytest.raises(ConfigError, match=f"the draft model's attention_type is '{kind}'"):
+        Generator(language_model(tokenizer), tokenizer, draft=generator)
+    for setting in ({"prompt_lookup": 4}, {"draft_tokens": 2}):
+        with pytest.raises(ValueError, match="a speculative search runs each prompt alone"):
+            ContinuousGeneration(Generator(language_model(tokenizer), tokenizer),
+                                 GenerateOptions(**setting))
+
+
+def test_a_draft_model_of_another_tokenizer_or_none_at_all_is_refused(tokenizer, tiny_corpus):
+    other = Tokenizer(tiny_corpus / "spm.model")
+    other.fingerprint = "another vocabulary"
+    draft = Generator(language_model(tokenizer), other)
+    with pytest.raises(ConfigError, match="the draft model's tokenizer .* is not the model's"):
+        Generator(language_model(tokenizer), tokenizer, draft=draft)
+    with pytest.raises(ConfigError, match="draft: expected a Generator"):
+        Generator(language_model(tokenizer), tokenizer, draft=language_model(tokenizer))
+    with pytest.raises(ConfigError, match="draft_tokens drafts with a draft model, and this "
+                                          "Generator has none"):
+        Generator(language_model(tokenizer), tokenizer).generate(PROMPTS, draft_tokens=3)
+
+
+def test_a_draft_model_that_is_the_model_has_every_draft_kept(tokenizer):
+    """The model drafting for itself: every drafted token is its own greedy choice."""
+    generator = Generator(language_model(tokenizer), tokenizer)
+    ids = generator.encode(PROMPTS[:1])[0]
+    row = generator.continuation(ids, GenerateOptions(max_new_tokens=30))
+    with torch.inference_mode():
+        steps = list(speculative_steps(generator.model, torch.tensor([ids]), row,
+                                       DraftModel(generator.model, ids, 40), drafts=4))
+    assert all(kept == drafted for drafted, kept in steps)
+    assert len(steps) == -(-(len(row.tokens) + row.ended) // 5)
+    assert row.tokens == generator.generate_rows([PromptIds(ids)], max_new_tokens=30)[0].tokens
 
 
 def test_the_cli_prints_greedy_search_s_lines_and_refuses_sampling(tokenizer, tiny_corpus,
@@ -157,12 +210,19 @@ def test_the_cli_prints_greedy_search_s_lines_and_refuses_sampling(tokenizer, ti
     from transduce import checkpoint
 
     checkpoint.save(tmp_path / "lm", language_model(tokenizer), None, tiny_corpus / "spm.model")
+    checkpoint.save(tmp_path / "draft", language_model(tokenizer, "llama-tiny", seed=2), None,
+                    tiny_corpus / "spm.model")
     lines = []
-    for extra in ([], ["--prompt-lookup", "5"]):
+    for extra in ([], ["--prompt-lookup", "5"], ["--draft-model", str(tmp_path / "draft")],
+                  ["--draft-model", str(tmp_path / "draft"), "--draft-tokens", "2"]):
         assert main(["generate", "--model", str(tmp_path / "lm"), "--prompt", PROMPTS[0],
                      "--prompt", PROMPTS[1], "--max-new-tokens", "20", *extra]) == 0
         lines.append(capsys.readouterr().out)
-    assert lines[1] == lines[0] and lines[0].count("\n") == 2
+    assert lines[1:] == lines[:1] * 3 and lines[0].count("\n") == 2
     assert main(["generate", "--model", str(tmp_path / "lm"), "--prompt", "uno",
                  "--prompt-lookup", "5", "--temperature", "0.5"]) == 2
-    assert "prompt lookup speeds up greedy search" in capsys.readouterr().err
+    assert "drafted tokens speed up greedy search" in capsys.readouterr().err
+    assert main(["generate", "--model", str(tmp_path / "lm"), "--prompt", "uno",
+                 "--draft-tokens", "3"]) == 2
+    assert "--draft-tokens: the tokens a draft model drafts; give --draft-model" in \
+        capsys.readouterr().err
