@@ -185,11 +185,28 @@ def test_a_draft_model_of_another_tokenizer_or_none_at_all_is_refused(tokenizer,
     draft = Generator(language_model(tokenizer), other)
     with pytest.raises(ConfigError, match="the draft model's tokenizer .* is not the model's"):
         Generator(language_model(tokenizer), tokenizer, draft=draft)
+    wider = Generator(build_model(preset("gpt-tiny", src_vocab_size=tokenizer.vocab_size + 8,
+                                         tgt_vocab_size=tokenizer.vocab_size + 8)), tokenizer)
+    with pytest.raises(ConfigError, match=f"scores {tokenizer.vocab_size + 8} tokens and the "
+                                          f"model {tokenizer.vocab_size}"):
+        Generator(language_model(tokenizer), tokenizer, draft=wider)
     with pytest.raises(ConfigError, match="draft: expected a Generator"):
         Generator(language_model(tokenizer), tokenizer, draft=language_model(tokenizer))
     with pytest.raises(ConfigError, match="draft_tokens drafts with a draft model, and this "
                                           "Generator has none"):
         Generator(language_model(tokenizer), tokenizer).generate(PROMPTS, draft_tokens=3)
+
+
+def test_a_draft_model_of_fewer_positions_stops_drafting_where_they_end(tokenizer):
+    """A draft that reads 24 positions for a model of 64: it drafts while the sequence
+    fits, then greedy search goes on alone; the text is greedy search's."""
+    torch.manual_seed(0)
+    short = Generator(build_model(preset("gpt-tiny", src_vocab_size=tokenizer.vocab_size,
+                                         tgt_vocab_size=tokenizer.vocab_size,
+                                         max_positions=24)).eval(), tokenizer)
+    generator = Generator(language_model(tokenizer), tokenizer, draft=short)
+    want = generator.generate(PROMPTS, max_new_tokens=40)
+    assert generator.generate(PROMPTS, max_new_tokens=40, draft_tokens=4) == want
 
 
 def test_a_draft_model_that_is_the_model_has_every_draft_kept(tokenizer):

@@ -12,7 +12,8 @@ import torch
 class DraftModel:
     """Greedy drafts of `model` (a DecoderOnly or an ONNX export) for one sequence. Its
     caches hold the sequence as far as they agree with it: a rejected guess is forgotten
-    (rewind) before the next draft, and the tokens not yet read are fed in one pass."""
+    (rewind) before the next draft, and the tokens not yet read are fed in one pass.
+    Where the sequence outgrows the draft model's positions, it drafts nothing more."""
 
     def __init__(self, model, tokens: list[int], room: int,
                  cache_dtype: torch.dtype | None = None,
@@ -20,17 +21,23 @@ class DraftModel:
         """tokens: the prompt; room: tokens the sequence may grow by, drafts included."""
         self.model, self.device = model, device
         self.tokens = list(tokens)
-        prompt = torch.tensor([self.tokens], device=device)
-        self.state = model.prefill(prompt, room, cache_dtype=cache_dtype)
+        self.context = model.config.max_positions
         self.cached = self.tokens[:-1]        # what the caches hold: all but the last
         self.agreed = len(self.cached)        # cached[:agreed] == tokens[:agreed]
+        self.state = None
+        if len(self.tokens) < self.context:
+            prompt = torch.tensor([self.tokens], device=device)
+            self.state = model.prefill(prompt, min(room, self.context - len(self.tokens)),
+                                       cache_dtype=cache_dtype)
 
     def extend(self, tokens: list[int]) -> None:
         self.tokens.extend(tokens)
 
     def draft(self, count: int) -> list[int]:
-        """The draft model's greedy continuation of the sequence, `count` tokens."""
-        if count <= 0:
+        """The draft model's greedy continuation of the sequence, `count` tokens (fewer
+        near the end of its positions)."""
+        count = min(count, self.context - len(self.tokens))
+        if count <= 0 or self.state is None:
             return []
         same = self.agreed
         limit = min(len(self.cached), len(self.tokens) - 1)    # one token at least to feed

@@ -154,7 +154,7 @@ class Generator:
         tokens for `draft_tokens` (decode/speculative.py)."""
         self.draft = draft
         if draft is not None:
-            _check_draft(draft, tokenizer)
+            _check_draft(draft, tokenizer, model.config.tgt_vocab_size)
         if isinstance(model, OnnxLanguageModel):
             check_onnx_settings(dtype, kv_dtype, device)
             self.model, self.tokenizer, self.device = model, tokenizer, torch.device("cpu")
@@ -477,8 +477,9 @@ def _check_rewinds(model: DecoderOnly | OnnxLanguageModel, name: str) -> None:
                           f"{attention_type!r}")
 
 
-def _check_draft(draft: "Generator", tokenizer: TextTokenizer) -> None:
-    """A draft model shares the model's tokenizer (ids mean the same) and can forget."""
+def _check_draft(draft: "Generator", tokenizer: TextTokenizer, vocab_size: int) -> None:
+    """A draft model shares the model's tokenizer and output ids (its drafts mean the
+    same) and can forget."""
     if not isinstance(draft, Generator):
         raise ConfigError(f"draft: expected a Generator of a smaller language model, got "
                           f"{type(draft).__name__}")
@@ -486,6 +487,10 @@ def _check_draft(draft: "Generator", tokenizer: TextTokenizer) -> None:
         raise ConfigError(f"the draft model's tokenizer ({draft.tokenizer.path}) is not the "
                           f"model's ({tokenizer.path}): a draft model must share its "
                           f"vocabulary, token for token")
+    if draft.model.config.tgt_vocab_size != vocab_size:
+        raise ConfigError(f"the draft model scores {draft.model.config.tgt_vocab_size} "
+                          f"tokens and the model {vocab_size}: a draft model must share its "
+                          f"output vocabulary")
     _check_rewinds(draft.model, "the draft model")
 
 
