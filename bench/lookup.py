@@ -1,5 +1,5 @@
-"""Speculative greedy search (prompt lookup, a draft model) against greedy search: one
-language model, the same prompts and the same tokens out on every side, interleaved.
+"""Speculative decoding (prompt lookup, a draft model) against greedy search or
+sampling: one language model, the same prompts on every side, interleaved.
 
 Two kinds of prompt, from the lines of a text corpus's --split:
 - continue: a line's first --prompt-words words, continued; the continuation repeats
@@ -21,9 +21,13 @@ median of --repeats interleaved rounds, and every side's tokens are checked to b
 greedy search's. For each side: the model's passes (decode steps) per generated token,
 and for prompt lookup the share of its drafted tokens kept.
 
+With --temperature T > 0 every side samples instead (--top-p, seed 0): the speculative
+sides draw other samples of the same distribution, so each side counts its own
+generated tokens (a sample may end sooner or later) and no equality is checked.
+
     python bench/lookup.py --model runs/lm/ema --data data/bible-text [--prompts 64] \
         [--new-tokens 64] [--drafts 2 4 8] [--modules 4] [--dtype float32] \
-        [--draft-model runs/lm-small/ema]
+        [--draft-model runs/lm-small/ema] [--temperature 0.8 --top-p 0.95]
 """
 
 from __future__ import annotations
@@ -70,24 +74,27 @@ def prompts_of(kind: str, lines: list[str], tokenizer, args: argparse.Namespace
 
 class CountedSteps:
     """The model's decode_step, counting its calls (not the draft model's) and, inside a
-    speculative search, the drafted and kept tokens (speculative.accepted wrapped)."""
+    speculative search, the drafted and kept tokens (speculative.greedy_verified and
+    sampled_verified wrapped)."""
 
     def __init__(self, generator: Generator):
         self.steps = self.drafted = self.kept = 0
         step = generator.model.decode_step
-        accepted = speculative.accepted
 
         def counted_step(tokens, state):
             self.steps += 1
             return step(tokens, state)
 
-        def counted_accepted(draft, chosen):
-            kept = accepted(draft, chosen)
-            self.drafted, self.kept = self.drafted + len(draft), self.kept + kept
-            return kept
+        def counted(verified):
+            def verify(draft, *rest):
+                new = verified(draft, *rest)
+                self.drafted, self.kept = self.drafted + len(draft), self.kept + len(new) - 1
+                return new
+            return verify
 
         generator.model.decode_step = counted_step
-        speculative.accepted = counted_accepted
+        speculative.greedy_verified = counted(speculative.greedy_verified)
+        speculative.sampled_verified = counted(speculative.sampled_verified)
 
     def reset(self) -> None:
         self.steps = self.drafted = self.kept = 0
@@ -95,8 +102,10 @@ class CountedSteps:
 
 def compare(kind: str, prompts: list[PromptIds], generator: Generator, counter: CountedSteps,
             args: argparse.Namespace) -> dict:
-    sides = {"greedy, one prompt at a time": GenerateOptions(batch_sentences=1),
-             f"greedy, batches of {args.batch}": GenerateOptions(batch_sentences=args.batch),
+    mode = "greedy" if not args.temperature else "sampling"
+    alone = f"{mode}, one prompt at a time"
+    sides = {alone: GenerateOptions(batch_sentences=1),
+             f"{mode}, batches of {args.batch}": GenerateOptions(batch_sentences=args.batch),
              **{f"prompt lookup, K = {k}": GenerateOptions(prompt_lookup=k)
                 for k in args.drafts}}
     modules = f"prompt lookup, K = {args.modules}, steps through the modules"
@@ -105,7 +114,8 @@ def compare(kind: str, prompts: list[PromptIds], generator: Generator, counter: 
     if args.draft_model:
         sides.update({f"draft model, K = {k}": GenerateOptions(draft_tokens=k)
                       for k in args.drafts})
-    sides = {name: dataclasses.replace(options, max_new_tokens=args.new_tokens)
+    sides = {name: dataclasses.replace(options, max_new_tokens=args.new_tokens,
+                                       temperature=args.temperature, top_p=args.top_p, seed=0)
              for name, options in sides.items()}
     outputs: dict[str, list[list[int]]] = {}
 
@@ -121,24 +131,26 @@ def compare(kind: str, prompts: list[PromptIds], generator: Generator, counter: 
         return run
 
     times = time_interleaved({name: call(name) for name in sides}, args.repeats)
-    tokens = sum(len(row) for row in outputs["greedy, one prompt at a time"])
+    tokens = {name: sum(map(len, outputs[name])) for name in sides}  # a sample's own count
     passes, kept = {}, {}
     for name in sides:                       # once more, untimed, counting the passes
         counter.reset()
         call(name)()
-        passes[name] = counter.steps / tokens
+        passes[name] = counter.steps / tokens[name]
         kept[name] = counter.kept / counter.drafted if counter.drafted else None
-    reference = outputs["greedy, one prompt at a time"]
-    same = {name: sum(a == b for a, b in zip(outputs[name], reference)) for name in sides}
-    rate = {name: tokens / statistics.median(times[name]) for name in sides}
-    base = rate["greedy, one prompt at a time"]
+    reference = outputs[alone]
+    same = None if args.temperature else \
+        {name: sum(a == b for a, b in zip(outputs[name], reference)) for name in sides}
+    rate = {name: tokens[name] / statistics.median(times[name]) for name in sides}
+    base = rate[alone]
     for name in sides:
         share = "" if kept[name] is None else f", {100 * kept[name]:.0f}% of drafts kept"
+        check = f"{tokens[name]} tokens" if same is None else \
+            f"{same[name]}/{len(prompts)} outputs greedy search's"
         print(f"{kind}: {name}: {rate[name]:.1f} tokens/s ({rate[name] / base:.2f}x), "
-              f"{passes[name]:.2f} passes a token{share}; {same[name]}/{len(prompts)} outputs "
-              f"greedy search's", flush=True)
+              f"{passes[name]:.2f} passes a token{share}; {check}", flush=True)
     return {"prompts": kind, "generated_tokens": tokens, "tokens_per_s": rate,
-            "over_greedy_one_at_a_time": {n: rate[n] / base for n in sides},
+            "over_one_at_a_time": {n: rate[n] / base for n in sides},
             "seconds": times, "passes_per_token": passes, "drafts_kept": kept,
             "outputs_equal_to_greedy": same,
             "example": generator.tokenizer.decode(list(prompts[0]))}
@@ -160,6 +172,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--draft-model", type=Path, default=None,
                         help="a smaller language model of the same tokenizer: its sides too")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="> 0: every side samples (seed 0) instead of greedy search")
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("bench/results/lookup-cpu.json"))
     args = parser.parse_args()
@@ -176,6 +191,7 @@ def main() -> None:
               "draft_model": args.draft_model and str(args.draft_model),
               "draft_parameters": draft and draft.model.num_parameters(),
               "data": str(args.data), "split": args.split, "new_tokens": args.new_tokens,
+              "temperature": args.temperature, "top_p": args.top_p,
               "machine": machine_info(torch.get_num_threads()), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -248,6 +248,29 @@ def test_filtering_and_penalty():
         Sampler(top_p=0.0)
 
 
+@pytest.mark.parametrize("vocab", [50, 5000])
+@pytest.mark.parametrize("top_k,top_p", [(0, 0.9), (0, 0.5), (0, 0.999), (20, 0.8), (3000, 0.95)])
+def test_top_k_and_top_p_keep_the_tokens_transformers_keeps(vocab, top_k, top_p):
+    """transformers' TopKLogitsWarper then TopPLogitsWarper as the reference, on rows
+    from peaked to flat: nuclei of one token, of a few dozen (found among the likeliest
+    64), of hundreds (1,024) and of thousands (every token sorted), in one batch."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    torch.manual_seed(vocab)
+    spread = torch.tensor([12.0, 6.0, 3.0, 1.5, 0.5, 0.1, 0.01])[:, None]
+    logits = torch.randn(len(spread), vocab) * spread                        # (7, V)
+    want = logits
+    if top_k:
+        want = TopKLogitsWarper(min(top_k, vocab))(None, want)
+    want = TopPLogitsWarper(top_p)(None, want)
+    kept = filter_logits(logits, top_k, top_p)
+    assert torch.equal(kept.isfinite(), want.isfinite())
+    assert torch.equal(kept[kept.isfinite()], logits[kept.isfinite()])
+    sizes = want.isfinite().sum(dim=-1)
+    if vocab == 5000 and not top_k and top_p == 0.9:     # every path of nucleus() taken
+        assert sizes.min() == 1 and ((64 < sizes) & (sizes <= 1024)).any() and sizes.max() > 1024
+
+
 def test_a_top_p_or_penalty_at_the_edge_of_float32_still_samples(generator):
     """top_p 1e-300 rounds to 0 in float32: the most likely token alone is left, so
     sampling is greedy search. A penalty of 1e-40 would divide logits into inf."""

@@ -2,7 +2,8 @@
 n-gram index drafts what followed the latest earlier occurrence) or by a draft model: a
 step keeps the drafted tokens greedy search confirms, and generation gives greedy
 search's output for every cache, layout and limit, with drafts both kept and rejected
-along the way; what cannot rewind, is not greedy or shares no tokenizer is refused."""
+along the way; a cache that cannot rewind, beam search, a repetition penalty and a
+draft of another tokenizer are refused (sampling: test_speculative_sampling.py)."""
 
 import pytest
 import torch
@@ -150,9 +151,8 @@ def test_limits_stops_and_streams_are_greedy_search_s(tokenizer):
 
 @pytest.mark.parametrize("name", ["prompt_lookup", "draft_tokens"])
 @pytest.mark.parametrize("settings,match", [
-    ({"temperature": 0.7}, "=4: drafted tokens speed up greedy search"),
-    ({"beam": 2}, "=4: drafted tokens speed up greedy search"),
-    ({"repetition_penalty": 1.2}, "=4: drafted tokens speed up greedy search"),
+    ({"beam": 2}, "=4: drafted tokens speed up greedy search and sampling"),
+    ({"repetition_penalty": 1.2}, "=4: drafted tokens speed up greedy search and sampling"),
     ({"@": -1}, "=-1: must be an integer >= 0"),
     ({"@": 2.5}, "=2.5: must be an integer >= 0"),
 ])
@@ -222,8 +222,8 @@ def test_a_draft_model_that_is_the_model_has_every_draft_kept(tokenizer):
     assert row.tokens == generator.generate_rows([PromptIds(ids)], max_new_tokens=30)[0].tokens
 
 
-def test_the_cli_prints_greedy_search_s_lines_and_refuses_sampling(tokenizer, tiny_corpus,
-                                                                    tmp_path, capsys):
+def test_the_cli_prints_greedy_search_s_lines_and_refuses_a_repetition_penalty(
+        tokenizer, tiny_corpus, tmp_path, capsys):
     from transduce import checkpoint
 
     checkpoint.save(tmp_path / "lm", language_model(tokenizer), None, tiny_corpus / "spm.model")
@@ -237,8 +237,8 @@ def test_the_cli_prints_greedy_search_s_lines_and_refuses_sampling(tokenizer, ti
         lines.append(capsys.readouterr().out)
     assert lines[1:] == lines[:1] * 3 and lines[0].count("\n") == 2
     assert main(["generate", "--model", str(tmp_path / "lm"), "--prompt", "uno",
-                 "--prompt-lookup", "5", "--temperature", "0.5"]) == 2
-    assert "drafted tokens speed up greedy search" in capsys.readouterr().err
+                 "--prompt-lookup", "5", "--repetition-penalty", "1.3"]) == 2
+    assert "drafted tokens speed up greedy search and sampling" in capsys.readouterr().err
     assert main(["generate", "--model", str(tmp_path / "lm"), "--prompt", "uno",
                  "--draft-tokens", "3"]) == 2
     assert "--draft-tokens: the tokens a draft model drafts; give --draft-model" in \

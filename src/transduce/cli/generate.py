@@ -68,14 +68,16 @@ def add_sampling_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--stop", action="append", default=[],
                          help="end a continuation where this string appears (repeatable)")
     command.add_argument("--prompt-lookup", type=non_negative_int, default=0, metavar="K",
-                         help="greedy search drafts up to K tokens a step by copying what "
-                              "followed the last few tokens where they occurred before, and "
-                              "keeps those the model confirms in one pass: the same output, "
-                              "faster where the text repeats what it has read (0: off)")
+                         help="draft up to K tokens a step by copying what followed the "
+                              "last few tokens where they occurred before, and keep those "
+                              "the model confirms in one pass: greedy search's output, or a "
+                              "sample of the same distribution, faster where the text "
+                              "repeats what it has read (0: off)")
     command.add_argument("--draft-model", type=Path, default=None, metavar="PATH",
                          help="a smaller language model of the same tokenizer drafts tokens "
-                              "that greedy search keeps where the model confirms them in "
-                              "one pass (speculative decoding): the same output")
+                              "that are kept where the model confirms them in one pass "
+                              "(speculative decoding): greedy search's output, or a sample "
+                              "of the same distribution")
     command.add_argument("--draft-tokens", type=non_negative_int, default=None, metavar="K",
                          help=f"with --draft-model: tokens it drafts a step (default "
                               f"{DRAFT_TOKENS})")

@@ -1,25 +1,38 @@
 """A draft model: a speculative search's drafts (speculative.py) written by a smaller
-language model of the same vocabulary, by greedy search over caches of its own. The
-smaller the draft against the model, and the more often it agrees with it, the more a
-step saves.
+language model of the same vocabulary, by greedy search or sampling over caches of its
+own. The smaller the draft against the model, and the more often it agrees with it, the
+more a step saves.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from transduce.decode.sampling import Sampler
 
 
 class DraftModel:
-    """Greedy drafts of `model` (a DecoderOnly or an ONNX export) for one sequence. Its
-    caches hold the sequence as far as they agree with it: a rejected guess is forgotten
-    (rewind) before the next draft, and the tokens not yet read are fed in one pass.
-    Where the sequence outgrows the draft model's positions, it drafts nothing more."""
+    """Drafts of `model` (a DecoderOnly or an ONNX export) for one sequence: its greedy
+    choices, or with a sampler, its samples (their distributions kept for the
+    verification: speculative.sampled_verified). Its caches hold the sequence as far as
+    they agree with it: a rejected guess is forgotten (rewind) before the next draft, and
+    the tokens not yet read are fed in one pass. Where the sequence outgrows the draft
+    model's positions, it drafts nothing more."""
 
     def __init__(self, model, tokens: list[int], room: int,
                  cache_dtype: torch.dtype | None = None,
-                 device: torch.device | str = "cpu"):
-        """tokens: the prompt; room: tokens the sequence may grow by, drafts included."""
+                 device: torch.device | str = "cpu", sampler: "Sampler | None" = None,
+                 sampler_row: int = 0):
+        """tokens: the prompt; room: tokens the sequence may grow by, drafts included;
+        sampler: draws the drafts (None: greedy) from its generator of row
+        `sampler_row`."""
         self.model, self.device = model, device
+        self.sampler, self.sampler_row = sampler, sampler_row
+        self.distributions: Tensor | None = None
         self.tokens = list(tokens)
         self.context = model.config.max_positions
         self.cached = self.tokens[:-1]        # what the caches hold: all but the last
@@ -34,8 +47,8 @@ class DraftModel:
         self.tokens.extend(tokens)
 
     def draft(self, count: int) -> list[int]:
-        """The draft model's greedy continuation of the sequence, `count` tokens (fewer
-        near the end of its positions)."""
+        """The draft model's continuation of the sequence, `count` tokens (fewer near the
+        end of its positions)."""
         count = min(count, self.context - len(self.tokens))
         if count <= 0 or self.state is None:
             return []
@@ -45,12 +58,18 @@ class DraftModel:
             same += 1
         self.state.rewind(same)
         del self.cached[same:]
-        fed, drafted = self.tokens[same:], []
+        fed, drafted, distributions = self.tokens[same:], [], []
         for _ in range(count):
             logits = self.model.decode_step(torch.tensor([fed], device=self.device),
-                                            self.state)[0, -1]
+                                            self.state)[0, -1:].float()      # (1, V)
             self.cached.extend(fed)
-            fed = [int(logits.float().argmax())]
+            if self.sampler is None:
+                fed = [int(logits.argmax())]
+            else:
+                weights = self.sampler.weights(logits)                       # (1, V)
+                distributions.append(weights[0] / weights.sum())
+                fed = [int(self.sampler.draw(weights, [self.sampler_row])[0])]
             drafted += fed
         self.agreed = len(self.tokens)
+        self.distributions = torch.stack(distributions) if distributions else None
         return drafted

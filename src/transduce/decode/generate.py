@@ -402,8 +402,8 @@ class Generator:
                  sampler: Sampler | None) -> Iterator[list[Continuation]]:
         """Greedy search or sampling of prompts `ids` (beam 1): yields every prompt's
         Continuation after each step. The prompts are one left-padded batch, or, where
-        tokens are drafted (prompt lookup, a draft model), each generated alone by a
-        speculative search, one after another."""
+        tokens are drafted (prompt lookup, a draft model), each generated alone by
+        speculative decoding, one after another."""
         prompt, mask, max_new, rows = self._prepare(ids, options)
         if not options.drafts:
             yield from self._steps(prompt, mask, rows, max_new, options, sampler)
@@ -413,21 +413,22 @@ class Generator:
                               "has none: load it with draft=PATH (--draft-model), or draft "
                               "by prompt_lookup")
         _check_rewinds(self.model, "the model")
-        for row_ids, row in zip(ids, rows):
+        for index, (row_ids, row) in enumerate(zip(ids, rows)):
             with torch.inference_mode():
                 for _ in speculative_steps(self.model,
                                            torch.tensor([row_ids], device=self.device), row,
-                                           self._drafter(row_ids, row, options),
-                                           options.drafts, self.cache_dtype):
+                                           self._drafter(row_ids, row, options, sampler, index),
+                                           options.drafts, self.cache_dtype, sampler, index):
                     yield rows
 
-    def _drafter(self, ids: list[int], row: Continuation, options: GenerateOptions
-                 ) -> Drafter:
-        """What drafts a prompt's tokens: its n-gram index, or the draft model."""
+    def _drafter(self, ids: list[int], row: Continuation, options: GenerateOptions,
+                 sampler: Sampler | None, index: int) -> Drafter:
+        """What drafts a prompt's tokens: its n-gram index, or the draft model (sampling
+        from the prompt's generator, `sampler`'s row `index`, where the model samples)."""
         if options.prompt_lookup:
             return NgramIndex(ids)
         return DraftModel(self.draft.model, ids, row.limit + options.drafts + 1,
-                          self.draft.cache_dtype, self.draft.device)
+                          self.draft.cache_dtype, self.draft.device, sampler, index)
 
     def _steps(self, prompt: Tensor, mask: Tensor, rows: list[Continuation], max_new: int,
                options: GenerateOptions, sampler: Sampler | None) -> Iterator[list[Continuation]]:

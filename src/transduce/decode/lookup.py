@@ -15,6 +15,9 @@ class NgramIndex:
     """A token sequence that grows, and for each of its n-grams (n = 1..max_n) where the
     token after its latest occurrence stands, so that a draft is one dict look-up."""
 
+    distributions = None        # a draft is chosen for certain
+
+
     def __init__(self, tokens: list[int], max_n: int = LOOKUP_NGRAM):
         self.tokens: list[int] = []
         self.max_n = max_n

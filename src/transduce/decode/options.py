@@ -117,10 +117,11 @@ class GenerateOptions(ValidatedConfig):
     generation where they first appear (left out of the text); beam > 1 is beam search
     (alpha its length penalty; no sampling, repetition penalty or streaming);
     batch_sentences: prompts generated together (left-padded); prompt_lookup K > 0:
-    greedy search drafts up to K tokens a step by copying what followed the latest
-    earlier occurrence of its last few tokens, and keeps those the model confirms in one
-    pass; draft_tokens K > 0: the same with K tokens drafted by the Generator's draft
-    model (decode/speculative.py: greedy search's output, each prompt generated alone)."""
+    greedy search or sampling drafts up to K tokens a step by copying what followed the
+    latest earlier occurrence of its last few tokens, and keeps those the model confirms
+    in one pass; draft_tokens K > 0: the same with K tokens drafted by the Generator's
+    draft model (decode/speculative.py: greedy search's output, or a sample of sampling's
+    distribution, each prompt generated alone)."""
 
     max_new_tokens: int = 64
     temperature: float = 0.0
@@ -164,18 +165,18 @@ class GenerateOptions(ValidatedConfig):
         self._check_drafts()
 
     def _check_drafts(self) -> None:
-        """Drafts (prompt lookup's or a draft model's, not both) serve greedy search."""
+        """Drafts (prompt lookup's or a draft model's, not both) serve greedy search and
+        sampling, one token a step at a time."""
         if self.prompt_lookup and self.draft_tokens:
             raise ConfigError(f"GenerateOptions.prompt_lookup={self.prompt_lookup} and "
                               f"draft_tokens={self.draft_tokens}: drafts come from prompt "
                               f"lookup or from a draft model; choose one")
         name = "prompt_lookup" if self.prompt_lookup else "draft_tokens"
-        if getattr(self, name) and not (self.greedy and self.beam == 1
-                                        and self.repetition_penalty == 1.0):
+        if getattr(self, name) and (self.beam > 1 or self.repetition_penalty != 1.0):
             raise ConfigError(f"GenerateOptions.{name}={getattr(self, name)}: drafted tokens "
-                              f"speed up greedy search (temperature 0, beam 1, no "
-                              f"repetition_penalty); a draft is kept only where greedy "
-                              f"search would choose it")
+                              f"speed up greedy search and sampling (beam 1, no "
+                              f"repetition_penalty); a draft is kept only where they "
+                              f"would choose it")
 
     @property
     def drafts(self) -> int:

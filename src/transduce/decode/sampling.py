@@ -53,14 +53,26 @@ class Sampler:
 
     def __call__(self, logits: Tensor, rows: list[int] | None = None) -> Tensor:
         """logits (B, V) -> tokens (B,); rows: the id of each row's own generator."""
+        return self.draw(self.weights(logits), rows)
+
+    def weights(self, logits: Tensor) -> Tensor:
+        """logits (B, V) -> (B, V) float32: each row's probabilities after the
+        temperature, top_k and top_p, times a constant of the row (its best is 1)."""
         logits = logits.float()
         # Shifted so that the best logit is 0 before dividing, and the temperature kept
         # from rounding to 0 in float32: the probabilities are unchanged, and a tiny one sends
         # the others to -inf (greedy) instead of giving inf - inf or 0 / 0 = nan.
         temperature = max(self.temperature, torch.finfo(torch.float32).tiny)
         logits = (logits - logits.amax(dim=-1, keepdim=True)).div_(temperature)  # (B, V)
-        logits = filter_logits(logits, self.top_k, self.top_p)
-        weights = logits.exp_()            # probabilities times a row's constant: its best is 1
+        return filter_logits(logits, self.top_k, self.top_p).exp_()
+
+    def uniforms(self, count: int, row: int) -> Tensor:
+        """`count` draws uniform in [0, 1) from row `row`'s generator -> (count,)."""
+        return torch.rand(count, generator=self._row_generator(row), device=self.device)
+
+    def draw(self, weights: Tensor, rows: list[int] | None = None) -> Tensor:
+        """weights (B, V) >= 0, each row with one above 0 -> tokens (B,), each drawn with
+        probability proportional to its weight; rows: the id of each row's generator."""
         uniforms = torch.empty(weights.shape, device=self.device)
         if rows is None:
             torch.rand(weights.shape, generator=self.generator, out=uniforms)
@@ -105,15 +117,34 @@ def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
         kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        # Drop a token when the tokens before it already reach top_p; never the first
-        # (a top_p that rounds to 0 in float32 would drop it too, and leave nothing).
-        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
-        drop_sorted[:, 0] = False
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        logits = logits.masked_fill(~nucleus(logits.softmax(dim=-1), top_p), float("-inf"))
     return logits
+
+
+# The likeliest tokens a row's nucleus is looked for among first, then more: most nuclei
+# of a trained model hold a few dozen tokens, and on a Zen 5 the top 64 of 8,000 came in
+# 12 us where sorting them all took 358 (top 1,024: 18 us; of 128,000: 126 us, 439 us
+# and 8.2 ms).
+NUCLEUS_CANDIDATES = (64, 1024)
+
+
+def nucleus(probs: Tensor, top_p: float,
+            candidates: tuple[int, ...] = NUCLEUS_CANDIDATES) -> Tensor:
+    """probs (B, V) -> (B, V) boolean: each row's nucleus, its likeliest tokens down to
+    the first whose more likely ones reach top_p together, the likeliest always (a top_p
+    that rounds to 0 in float32 would leave nothing). Looked for among a row's top
+    candidates[0], and where they do not hold it, among more (all, sorted, at last)."""
+    vocab = probs.shape[-1]
+    count = next((c for c in candidates if c < vocab), vocab)
+    likeliest, order = probs.topk(count, dim=-1)                          # (B, count)
+    before = likeliest.cumsum(dim=-1) - likeliest       # what the more likely ones hold
+    in_sorted = before < top_p
+    in_sorted[:, 0] = True
+    inside = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, in_sorted)
+    beyond = (before[:, -1] < top_p).nonzero()[:, 0]      # rows whose nucleus goes on
+    if count < vocab and len(beyond):
+        inside[beyond] = nucleus(probs[beyond], top_p, tuple(c for c in candidates if c > count))
+    return inside
 
 
 def penalize_repetition(logits: Tensor, seen: Tensor, penalty: float | Tensor) -> Tensor:

@@ -1,18 +1,30 @@
-"""Speculative greedy search: guess the next tokens cheaply, check the guesses in one pass.
+"""Speculative decoding: guess the next tokens cheaply, check the guesses in one pass.
 
 A decoding step of one prompt costs about as much for a few tokens as for one: every
 weight streams from memory once either way. A drafter guesses up to K next tokens:
 prompt lookup copies what followed the latest earlier occurrence of the last few tokens
 (lookup.py: NgramIndex), a draft model, a smaller language model of the same
-vocabulary, continues greedily (draft_model.py: DraftModel). A step then feeds the
-pending token and the draft. The model's greedy choice after each of them is what
-greedy search would choose there, so the draft is kept up to its first token that
-differs, and the model's choice at that place is taken too: every step gains between 1
-and K + 1 tokens, the caches forget the rest (rewind), and the output is greedy
+vocabulary, continues by its own choices (draft_model.py: DraftModel). A step then
+feeds the pending token and the draft, and the model's outputs after each of them say
+which drafted tokens to keep: every step gains between 1 and K + 1 tokens, and the
+caches forget the rest (rewind).
+
+Greedy search keeps the draft up to its first token that is not the model's greedy
+choice there, and takes the model's choice at that place too: the output is greedy
 search's. (Up to rounding: positions computed together may sum in another order than
 one at a time, which can turn a near tie, as batching prompts can; equal token for
 token on random models in float32 and int8 (tests) and on trained ones
 (bench/lookup.py).)
+
+Sampling keeps drafted token x, drawn from the drafter's distribution q, with
+probability min(1, p(x) / q(x)), p the model's sampling distribution there (after
+temperature, top_k, top_p); at the first it rejects, it draws from max(0, p - q)
+renormalized instead, and after a draft kept whole, from p. Each token so emitted is
+distributed exactly as p given the tokens before it (Leviathan et al. 2023; Chen et al.
+2023), so the output is a sample of the same distribution as plain sampling's, not the
+same sample: the seed drives other draws. A prompt lookup's draft is chosen for
+certain (q is one at x): x is kept with probability p(x), and a rejection draws from p
+without x.
 """
 
 from __future__ import annotations
@@ -24,10 +36,15 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from transduce.decode.generate import Continuation
+    from transduce.decode.sampling import Sampler
 
 
 class Drafter(Protocol):
     """What guesses a prompt's next tokens: it reads the sequence as it grows."""
+
+    # (d, V): the distribution each token of the latest draft was drawn from; None where
+    # the draft was chosen for certain (prompt lookup, a greedy draft model).
+    distributions: Tensor | None
 
     def extend(self, tokens: list[int]) -> None:
         """Append tokens that the model has confirmed."""
@@ -45,28 +62,64 @@ def accepted(draft: list[int], chosen: list[int]) -> int:
     return kept
 
 
+def greedy_verified(draft: list[int], logits: Tensor) -> list[int]:
+    """The drafted tokens greedy search confirms and its choice after them. logits
+    (d + 1, V): the model's after the token before each drafted one and after the last."""
+    chosen = logits.argmax(dim=-1).tolist()
+    return chosen[:accepted(draft, chosen) + 1]
+
+
+def sampled_verified(draft: list[int], distributions: Tensor | None, weights: Tensor,
+                     sampler: "Sampler", row: int) -> list[int]:
+    """The drafted tokens that sampling keeps and one more token drawn after them (see
+    the module's docstring). distributions (d, V): what the draft was drawn from (None:
+    chosen for certain); weights (d + 1, V): the model's sampling weights (Sampler.
+    weights) after the token before each drafted one and after the last; randomness
+    from `sampler`'s generator of row `row`."""
+    target = weights / weights.sum(dim=-1, keepdim=True)                  # (d + 1, V)
+    kept = len(draft)
+    if draft:
+        index = torch.tensor(draft, device=target.device)[:, None]       # (d, 1)
+        p = target[:-1].gather(1, index)[:, 0]                            # (d,)
+        q = torch.ones_like(p) if distributions is None \
+            else distributions.to(p.device).gather(1, index)[:, 0]
+        # Kept with probability min(1, p / q): u q < p for u uniform in [0, 1).
+        rejected = (sampler.uniforms(len(draft), row).to(p.device) * q >= p).tolist()
+        kept = rejected.index(True) if True in rejected else len(draft)
+    residual = target[kept]
+    if kept < len(draft):
+        drafted = torch.zeros_like(residual).index_fill_(0, index[kept], 1.0) \
+            if distributions is None else distributions[kept].to(residual.device)
+        residual = (residual - drafted).clamp_(min=0)
+        if not residual.any():      # p == q but for rounding, which made the rejection
+            residual = target[kept]
+    return draft[:kept] + [int(sampler.draw(residual[None], [row])[0])]
+
+
 def speculative_steps(model, prompt: Tensor, row: "Continuation", drafter: Drafter,
-                      drafts: int, cache_dtype: torch.dtype | None = None
+                      drafts: int, cache_dtype: torch.dtype | None = None,
+                      sampler: "Sampler | None" = None, sampler_row: int = 0
                       ) -> Iterator[tuple[int, int]]:
-    """Greedy search of one prompt (1, P) with up to `drafts` tokens a step guessed by
-    `drafter` (which has read the prompt); `row` takes the tokens (and ends at eos, a
-    stop or its limit). model: a DecoderOnly or an ONNX export (prefill, decode_step,
-    a state that rewinds). Yields after each step how many tokens it drafted and how
-    many of them it kept."""
+    """Greedy search (sampler None) or sampling (by `sampler`'s row `sampler_row`) of one
+    prompt (1, P) with up to `drafts` tokens a step guessed by `drafter` (which has read
+    the prompt); `row` takes the tokens (and ends at eos, a stop or its limit). model: a
+    DecoderOnly or an ONNX export (prefill, decode_step, a state that rewinds). Yields
+    after each step how many tokens it drafted and how many of them it kept."""
     state = model.prefill(prompt, row.limit + drafts + 1, cache_dtype=cache_dtype)
     token = int(prompt[0, -1])
     while not row.finished:
         draft = drafter.draft(min(drafts, row.limit - len(row.tokens) - 1))
         start = state.length
         fed = torch.tensor([[token, *draft]], device=prompt.device)         # (1, 1 + d)
-        chosen = model.decode_step(fed, state)[0].float().argmax(dim=-1).tolist()
-        kept = accepted(draft, chosen)
-        state.rewind(start + 1 + kept)
-        new = chosen[:kept + 1]
+        logits = model.decode_step(fed, state)[0].float()                   # (1 + d, V)
+        new = greedy_verified(draft, logits) if sampler is None else \
+            sampled_verified(draft, drafter.distributions, sampler.weights(logits), sampler,
+                             sampler_row)
+        state.rewind(start + len(new))
         for value in new:
             row.add(value)
             if row.finished:
                 break
         drafter.extend(new)
         token = new[-1]
-        yield len(draft), kept
+        yield len(draft), len(new) - 1
