@@ -61,7 +61,8 @@ def run_continuously(generation, generator, prompts, seeds, joins):
 
 @pytest.mark.parametrize("settings", [
     {}, {"temperature": 0.9, "top_k": 20, "seed": 3}, {"temperature": 1.2, "top_p": 0.9},
-    {"repetition_penalty": 1.6}, {"stop": ("a",)}])
+    {"repetition_penalty": 1.6}, {"stop": ("a",)},
+    {"frequency_penalty": 1.5, "presence_penalty": -0.5, "logit_bias": {5: 4.0, 9: -100}}])
 @pytest.mark.parametrize("joins", ["together", "staggered", "late"])
 def test_continuous_equals_alone(generator, settings, joins):
     options = GenerateOptions(max_new_tokens=12, **settings)
@@ -80,12 +81,14 @@ def test_continuous_equals_alone(generator, settings, joins):
 
 def test_prompts_of_different_settings_share_the_batch(generator):
     """Greedy and sampled prompts of several temperatures, top_k and top_p, with and
-    without a repetition penalty, stop strings or a short limit, joining at different
+    without penalties and biases, stop strings or a short limit, joining at different
     steps, each get what they get alone with their own settings."""
     kinds = [{}, {"temperature": 0.9, "top_k": 20}, {"temperature": 1.2, "top_p": 0.9},
              {"repetition_penalty": 1.6}, {"stop": ("a",)}, {"max_new_tokens": 3},
-             {"temperature": 0.9, "top_k": 20, "repetition_penalty": 1.3},
-             {"temperature": 1.2, "top_p": 0.9, "max_new_tokens": 5}]
+             {"temperature": 0.9, "top_k": 20, "repetition_penalty": 1.3,
+              "frequency_penalty": 0.7},
+             {"temperature": 1.2, "top_p": 0.9, "max_new_tokens": 5,
+              "presence_penalty": 1.2, "logit_bias": {7: 3.0}}]
     options = [GenerateOptions(**{"max_new_tokens": 12, **kind}) for kind in kinds]
     seeds = [None if each.greedy else 40 + i for i, each in enumerate(options)]
     ids = generator.encode(PROMPTS)

@@ -113,7 +113,7 @@ def test_stream_joined_equals_generate(generator, settings):
 def test_max_new_tokens_is_exact(generator):
     options = GenerateOptions(max_new_tokens=7)
     prompt, mask, max_new, rows = generator._prepare(generator.encode(PROMPTS), options)
-    for _ in generator._steps(prompt, mask, rows, max_new, options, None):
+    for _ in generator._steps(prompt, mask, rows, max_new, None, None):
         pass
     for row in rows:   # 7 tokens, or fewer only when one of them was eos
         assert len(row.tokens) == 7 or len(row.tokens) < 7 and row.finished

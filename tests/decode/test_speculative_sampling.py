@@ -32,15 +32,15 @@ def distribution(*weights: float) -> torch.Tensor:
 # The model's distribution of the first token, of the second given the first (row x),
 # of the third given the first two (x, y): random, with tokens of probability 0 (what
 # top_k and top_p leave out).
-torch.manual_seed(3)
+RANDOM = torch.Generator().manual_seed(3)
 P0 = distribution(0.35, 0.25, 0.2, 0.2, 0.0)
-P1 = torch.rand(V, V).pow(2) * (torch.rand(V, V) > 0.25)
+P1 = torch.rand(V, V, generator=RANDOM).pow(2) * (torch.rand(V, V, generator=RANDOM) > 0.25)
 P1 = P1 / P1.sum(dim=-1, keepdim=True)
-P2 = torch.rand(V, V, V).pow(2)
+P2 = torch.rand(V, V, V, generator=RANDOM).pow(2)
 P2 = P2 / P2.sum(dim=-1, keepdim=True)
 # A draft model's: unlike the model's, with mass where the model has none.
 Q0 = distribution(0.1, 0.5, 0.05, 0.05, 0.3)
-Q1 = torch.rand(V, V) + 0.05
+Q1 = torch.rand(V, V, generator=RANDOM) + 0.05
 Q1 = Q1 / Q1.sum(dim=-1, keepdim=True)
 
 
@@ -58,8 +58,8 @@ def sampled_pairs(trials: int, drafter) -> tuple[torch.Tensor, list[int]]:
     counts, kept = torch.zeros(V, V), []
     for _ in range(trials):
         draft, distributions = drafter(sampler)
-        weights = torch.stack([P0, P1[draft[0]], P2[draft[0], draft[1]]]) * 3.0   # unnormalized
-        tokens = sampled_verified(draft, distributions, weights, sampler, row=0)
+        logits = torch.stack([P0, P1[draft[0]], P2[draft[0], draft[1]]]).log() + 3.0
+        tokens = sampled_verified(draft, distributions, logits, sampler, row=0)
         kept.append(len(tokens) - 1)
         if len(tokens) == 1:
             tokens.append(int(sampler.draw(P1[tokens[0]][None], [0])[0]))
@@ -107,7 +107,8 @@ def test_a_draft_drawn_from_the_model_s_own_distribution_is_always_kept():
         first = int(sampler.draw(P0[None], [0])[0])
         second = int(sampler.draw(P1[first][None], [0])[0])
         tokens = sampled_verified([first, second], torch.stack([P0, P1[first]]),
-                                  torch.stack([P0, P1[first], P2[first, second]]), sampler, 0)
+                                  torch.stack([P0, P1[first], P2[first, second]]).log(),
+                                  sampler, 0)
         assert tokens[:2] == [first, second] and len(tokens) == 3
 
 
@@ -115,7 +116,7 @@ def test_no_draft_is_plain_sampling():
     frequencies = torch.zeros(V)
     sampler = Sampler(seed=5)
     for _ in range(6000):
-        frequencies[sampled_verified([], None, P0[None], sampler, 0)[0]] += 1
+        frequencies[sampled_verified([], None, P0[None].log(), sampler, 0)[0]] += 1
     assert total_variation(frequencies / 6000, P0) < 0.02
 
 

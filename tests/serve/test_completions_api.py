@@ -60,6 +60,20 @@ def test_n_completions_per_prompt_follow_their_seeds(lm, generator):
     assert body["usage"]["prompt_tokens"] == prompt_tokens
 
 
+def test_penalties_and_bias_are_the_librarys(lm, generator):
+    """OpenAI's frequency and presence penalties and logit bias, sampled and greedy."""
+    settings = {"frequency_penalty": 1.2, "presence_penalty": 0.4, "logit_bias": {"5": 3.0}}
+    for sampling in ({"temperature": 0}, {"temperature": 0.9, "seed": 4}):
+        request = {"prompt": PROMPTS, "max_tokens": 10, **sampling, **settings}
+        body = lm.post("/v1/completions", json=request).json()
+        seeds = None if not sampling["temperature"] else prompt_seeds(4, len(PROMPTS))
+        expected = generator.generate(PROMPTS, max_new_tokens=10, seeds=seeds,
+                                      **{**sampling, **settings, "logit_bias": {5: 3.0}})
+        assert [c["text"] for c in body["choices"]] == expected
+        plain = generator.generate(PROMPTS, max_new_tokens=10, seeds=seeds, **sampling)
+        assert expected != plain
+
+
 def test_token_ids_are_read_as_they_are(lm, generator):
     ids = [[5, 6, 7], [1, 9]]
     body = lm.post("/v1/completions", json={"prompt": ids, "max_tokens": 5, "temperature": 0,
@@ -189,8 +203,12 @@ def test_streamed_choices_join_to_the_whole(lm, usage, logprobs):
     ({"prompt": "uno", "logprobs": 21}, 422, "logprobs", "less than or equal to 20"),
     ({"prompt": "uno", "best_of": 3}, 422, "best_of", "give n alone"),
     ({"prompt": "uno", "suffix": "x"}, 422, "suffix", "None"),
-    ({"prompt": "uno", "logit_bias": {"5": 1}}, 422, "logit_bias", "at most 0"),
-    ({"prompt": "uno", "frequency_penalty": 1}, 422, "frequency_penalty", "0"),
+    ({"prompt": "uno", "logit_bias": {"five": 1}}, 422, "logit_bias.five", "pattern"),
+    ({"prompt": "uno", "logit_bias": {"5": 101}}, 422, "logit_bias.5", "less than or equal"),
+    ({"prompt": "uno", "logit_bias": {"300": 1}}, 422, "logit_bias",
+     "token 300 is not among the model's"),
+    ({"prompt": "uno", "frequency_penalty": 2.5}, 422, "frequency_penalty", "less than or"),
+    ({"prompt": "uno", "presence_penalty": -3}, 422, "presence_penalty", "greater than or"),
     ({"prompt": "uno", "temperature": 0, "top_p": 0}, 422, "top_p", "greater than 0"),
     ({"prompt": "uno", "echo": "yes"}, 422, "echo", "valid boolean"),
     ({"prompt": "uno", "stop": ""}, 422, "stop", "at least 1"),

@@ -98,6 +98,7 @@ def test_generation_jobs_of_any_settings_get_what_the_generator_gives(generator)
     generated as alone with its job's settings, whole or streamed."""
     settings = [{}, {"temperature": 0.9, "top_p": 0.95},
                 {"repetition_penalty": 1.5},
+                {"frequency_penalty": 1.0, "logit_bias": {6: -100}},
                 {"max_new_tokens": 6, "stop": ("a",)},
                 {"temperature": 1.1, "top_k": 30, "max_new_tokens": 9}]
     options = [GenerateOptions(**{"max_new_tokens": 14, **each}) for each in settings]

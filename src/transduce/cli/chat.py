@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from transduce.cli.generate import add_sampling_options, draft_settings, one_line, \
-    user_turn
+    penalty_settings, user_turn
 from transduce.cli.options import add_engine_option
 from transduce.config import Dtype, choices
 from transduce.decode.options import KvDtype
@@ -43,7 +43,8 @@ def chat_command(args: argparse.Namespace) -> int:
     options = GenerateOptions(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
-        stop=tuple(args.stop), prompt_lookup=args.prompt_lookup, draft_tokens=draft_tokens)
+        stop=tuple(args.stop), prompt_lookup=args.prompt_lookup, draft_tokens=draft_tokens,
+        **penalty_settings(args))
     generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                engine=args.engine, draft=draft)
     generator.chat_text(user_turn("", args.system))    # a model without a template: refused

@@ -65,6 +65,16 @@ def add_sampling_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--seed", type=sampling_seed, default=None, help="repeatable sampling")
     command.add_argument("--repetition-penalty", type=_positive_float, default=1.0,
                          help="> 1 discourages tokens already in prompt or output (1: off)")
+    command.add_argument("--frequency-penalty", type=float, default=0.0,
+                         help="-2 to 2: lower a token's logit by this times how often the "
+                              "continuation has it (OpenAI's; 0: off)")
+    command.add_argument("--presence-penalty", type=float, default=0.0,
+                         help="-2 to 2: lower a token's logit by this once the "
+                              "continuation has it (OpenAI's; 0: off)")
+    command.add_argument("--logit-bias", type=_token_bias, action="append", default=[],
+                         metavar="ID=BIAS",
+                         help="add BIAS (-100 to 100) to token ID's logit; -100 bans it "
+                              "(repeatable)")
     command.add_argument("--stop", action="append", default=[],
                          help="end a continuation where this string appears (repeatable)")
     command.add_argument("--prompt-lookup", type=non_negative_int, default=0, metavar="K",
@@ -93,6 +103,23 @@ def draft_settings(args: argparse.Namespace) -> tuple[Path | None, int]:
     return args.draft_model, DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens
 
 
+def _token_bias(text: str) -> tuple[int, float]:
+    """--logit-bias's ID=BIAS."""
+    token, _, bias = text.partition("=")
+    try:
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a token id and a bias, as "
+                                         f"50256=-100") from None
+
+
+def penalty_settings(args: argparse.Namespace) -> dict:
+    """GenerateOptions' frequency and presence penalties and logit bias from the flags."""
+    return {"frequency_penalty": args.frequency_penalty,
+            "presence_penalty": args.presence_penalty,
+            "logit_bias": dict(args.logit_bias) or None}
+
+
 def _positive_float(text: str) -> float:
     value = non_negative_float(text)
     if value == 0:
@@ -113,7 +140,7 @@ def generate_command(args: argparse.Namespace) -> int:
         top_p=args.top_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
         stop=tuple(args.stop), beam=args.beam, alpha=args.alpha,
         batch_sentences=args.batch_sentences, prompt_lookup=args.prompt_lookup,
-        draft_tokens=draft_tokens)
+        draft_tokens=draft_tokens, **penalty_settings(args))
     generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                engine=args.engine, draft=draft)
     if args.chat:

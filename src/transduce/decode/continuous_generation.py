@@ -21,8 +21,9 @@ again from that slot, with twice the room needed, so that this is rare.
 
 Each row is generated as Generator.generate generates it alone, with its own settings
 (prompts of any settings share the batch): greedy, or sampled at its temperature, top_k
-and top_p from a generator of its own seeded with its seed, with its repetition penalty
-over its own tokens, and its stop strings and limit. Only numerics may differ: masked
+and top_p from a generator of its own seeded with its seed, with its repetition,
+frequency and presence penalties and logit bias over its own tokens, and its stop
+strings and limit. Only numerics may differ: masked
 keys, the kernel, and rows decoded in other company can change the order in which a
 kernel sums.
 """
@@ -39,7 +40,8 @@ from torch import Tensor
 from transduce.attention.kv_cache import KVCache
 from transduce.decode.generate import Continuation, Generator, left_pad
 from transduce.decode.options import GenerateOptions
-from transduce.decode.sampling import Sampler, penalize_repetition
+from transduce.decode.penalties import Penalties
+from transduce.decode.sampling import Sampler
 from transduce.model.decoder_only import DecoderOnly, LMState
 
 MIN_SLOTS = 32     # the fewest slots a layout allocates
@@ -93,8 +95,7 @@ class ContinuousGeneration:
         self._keys = [(cache.k, cache.v) for cache in self.caches]   # (R, Hkv, T, D)
         self._tokens = torch.zeros(0, dtype=torch.long, device=self.device)   # (R,) fed next
         self._starts = torch.zeros(0, dtype=torch.long, device=self.device)   # (R,)
-        self._seen: Tensor | None = None             # (R, V) once a row has a penalty
-        self._penalties: Tensor | None = None        # (R,) repetition penalties, 1: off
+        self._penalties: Penalties | None = None     # once a row has a penalty or bias
         self._seeds: dict[int, int] = {}             # generator id -> seed
         self._ids = itertools.count()
         self.samplers: dict[Hashable, Sampler] = {}  # sampling settings -> their sampler
@@ -157,6 +158,7 @@ class ContinuousGeneration:
                              "all, or one per prompt")
         for each in settings:
             _check_beam(each)
+            self.generator.check_logit_bias(each)
         given = [None] * count if seeds is None else list(seeds)
         if len(given) != count or any((seed is None) != each.greedy
                                       for seed, each in zip(given, settings)):
@@ -169,21 +171,15 @@ class ContinuousGeneration:
 
     def _note_penalties(self, prompts: list[list[int]], settings: list[GenerateOptions],
                         first: int) -> None:
-        """The joining rows' repetition penalties, and the tokens of their prompts (the
-        buffers are made when the first row with a penalty joins)."""
-        if self._seen is None:
-            if all(each.repetition_penalty == 1.0 for each in settings):
+        """The joining rows' penalties and biases, and the tokens of their prompts (the
+        buffers are made when the first row with one joins; rows without one are left
+        as they are, penalties off)."""
+        if self._penalties is None:
+            if not any(each.penalized for each in settings):
                 return
-            rows = self._tokens.shape[0]
-            self._seen = torch.zeros(rows, self.model.config.tgt_vocab_size, dtype=torch.bool,
-                                     device=self.device)
-            self._penalties = torch.ones(rows, device=self.device)
-        rows = slice(first, first + len(prompts))
-        self._penalties[rows] = torch.tensor([each.repetition_penalty for each in settings],
-                                             device=self.device)
-        self._seen[rows] = False
-        for row, ids in enumerate(prompts, start=first):
-            self._seen[row, ids] = True
+            self._penalties = Penalties(self._tokens.shape[0],
+                                        self.model.config.tgt_vocab_size, self.device)
+        self._penalties.start(first, prompts, settings)
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Any, Continuation]]:
@@ -194,13 +190,12 @@ class ContinuousGeneration:
         count = len(self.rows)
         self._make_room(count, 0)
         logits = self._decode(count)                                        # (R, V)
-        if self._seen is not None:
-            logits = penalize_repetition(logits, self._seen[:count],
-                                         self._penalties[:count, None])
+        if self._penalties is not None:
+            logits = self._penalties(logits)
         chosen = self._choose(logits)                                       # (R,)
         self._tokens[:count] = chosen
-        if self._seen is not None:
-            self._seen[:count].scatter_(1, chosen[:, None], True)
+        if self._penalties is not None:
+            self._penalties.record(chosen)
         for row, token in zip(self.rows, chosen.tolist()):
             row.continuation.add(token)         # finished at eos, a stop or its limit
         self.slot += 1
@@ -294,9 +289,10 @@ class ContinuousGeneration:
         for k, v in self._keys:
             k[dst, :, first:self.slot] = k[src, :, first:self.slot]
             v[dst, :, first:self.slot] = v[src, :, first:self.slot]
-        for buffer in (self._tokens, self._starts, self._seen, self._penalties):
-            if buffer is not None:
-                buffer[dst] = buffer[src]
+        for buffer in (self._tokens, self._starts):
+            buffer[dst] = buffer[src]
+        if self._penalties is not None:
+            self._penalties.move(dst, src)
 
     def _make_room(self, rows: int, before: int) -> None:
         """Buffers with room for `rows` rows, for `before` slots before self.slot and for
@@ -323,9 +319,8 @@ class ContinuousGeneration:
         self._starts = self._starts + (lead - self.slot)
         self.slot = lead
         self._tokens, self._starts = _grown(self._tokens, new_rows), _grown(self._starts, new_rows)
-        if self._seen is not None:
-            self._seen = _grown(self._seen, new_rows)
-            self._penalties = _grown(self._penalties, new_rows)
+        if self._penalties is not None:
+            self._penalties.grow(new_rows)
 
 
 def length_groups(lengths: Sequence[int], slack: float | None = None,

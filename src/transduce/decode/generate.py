@@ -37,7 +37,8 @@ from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntim
 from transduce.decode.onnx_lm_engine import OnnxLanguageModel
 from transduce.decode.options import DecodeDtype, Engine, GenerateOptions, KvDtype, \
     decoding_dtype, is_sampling_seed, use_instead
-from transduce.decode.sampling import Sampler, penalize_repetition, prompt_seeds
+from transduce.decode.penalties import Penalties
+from transduce.decode.sampling import Sampler, prompt_seeds
 from transduce.decode.search import beam_search
 from transduce.decode.speculative import Drafter, speculative_steps
 from transduce.decode.token_logprobs import TokenLogprobs, token_logprobs
@@ -405,8 +406,13 @@ class Generator:
         tokens are drafted (prompt lookup, a draft model), each generated alone by
         speculative decoding, one after another."""
         prompt, mask, max_new, rows = self._prepare(ids, options)
+        self.check_logit_bias(options)
         if not options.drafts:
-            yield from self._steps(prompt, mask, rows, max_new, options, sampler)
+            penalties = None
+            if options.penalized:
+                penalties = Penalties(len(ids), self.model.config.tgt_vocab_size, self.device)
+                penalties.start(0, ids, [options] * len(ids))
+            yield from self._steps(prompt, mask, rows, max_new, penalties, sampler)
             return
         if options.draft_tokens and self.draft is None:
             raise ConfigError("draft_tokens drafts with a draft model, and this Generator "
@@ -431,25 +437,24 @@ class Generator:
                           self.draft.cache_dtype, self.draft.device, sampler, index)
 
     def _steps(self, prompt: Tensor, mask: Tensor, rows: list[Continuation], max_new: int,
-               options: GenerateOptions, sampler: Sampler | None) -> Iterator[list[Continuation]]:
+               penalties: Penalties | None, sampler: Sampler | None
+               ) -> Iterator[list[Continuation]]:
         """Greedy search or sampling, one token per running row per step; yields the
-        rows after every step. prompt (B, P) left-padded, mask (B, 1, 1, P)."""
+        rows after every step. prompt (B, P) left-padded, mask (B, 1, 1, P); penalties:
+        what changes the rows' logits (None: nothing)."""
         with torch.inference_mode():
             state = self.model.prefill(prompt, max_new, src_mask=mask,
                                        cache_dtype=self.cache_dtype)
             running = torch.arange(len(rows), device=self.device)        # (A,) row of each
             token = prompt[:, -1:]                                        # (A, 1)
-            seen = None
-            if options.repetition_penalty != 1.0:
-                seen = torch.zeros(len(rows), self.model.config.tgt_vocab_size,
-                                   dtype=torch.bool, device=self.device)
-                seen.scatter_(1, prompt, mask.reshape(prompt.shape))     # (A, V)
             for step in range(max_new):
                 logits = self.model.decode_step(token, state)[:, -1].float()   # (A, V)
-                if seen is not None:
-                    logits = penalize_repetition(logits, seen, options.repetition_penalty)
+                if penalties is not None:
+                    logits = penalties(logits)
                 chosen = logits.argmax(dim=-1) if sampler is None \
                     else sampler(logits, running.tolist())
+                if penalties is not None:
+                    penalties.record(chosen)
                 for row, value in zip(running.tolist(), chosen.tolist()):
                     rows[row].add(value)        # finished at eos, a stop or its limit
                 yield rows
@@ -460,10 +465,18 @@ class Generator:
                     kept = torch.tensor(keep, device=self.device)
                     state.reorder(kept)
                     running, chosen = running[kept], chosen[kept]
-                    seen = None if seen is None else seen[kept]
+                    if penalties is not None:
+                        penalties.select(kept)
                 token = chosen[:, None]
-                if seen is not None:
-                    seen.scatter_(1, token, True)
+
+
+    def check_logit_bias(self, options: GenerateOptions) -> None:
+        """A logit_bias names tokens of the model's vocabulary: a ConfigError otherwise."""
+        vocab = self.model.config.tgt_vocab_size
+        unknown = sorted(token for token in options.logit_bias or () if token >= vocab)
+        if unknown:
+            raise ConfigError(f"GenerateOptions.logit_bias: token {unknown[0]} is not among "
+                              f"the model's {vocab} (ids 0 to {vocab - 1})")
 
 
 def _check_rewinds(model: DecoderOnly | OnnxLanguageModel, name: str) -> None:

@@ -3,8 +3,9 @@ ConfigError naming the option and its allowed range, before any work is done."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Mapping
 
 from transduce.config import (ConfigError, Dtype, ValidatedConfig, check_at_least,
                               check_positive, choices)
@@ -113,9 +114,13 @@ class GenerateOptions(ValidatedConfig):
     max_new_tokens: generated tokens at most (fewer where the model's context ends);
     temperature 0 is greedy search, above 0 sampling, narrowed by top_k (0: no limit)
     and top_p (nucleus); seed makes sampling repeat; repetition_penalty > 1 discourages
-    tokens already in the prompt or the output (1: off); stop: strings that end a
-    generation where they first appear (left out of the text); beam > 1 is beam search
-    (alpha its length penalty; no sampling, repetition penalty or streaming);
+    tokens already in the prompt or the output (1: off); frequency_penalty and
+    presence_penalty (OpenAI's, -2 to 2; 0: off) lower a token's logit by the first times
+    how often the continuation has written it, and by the second once it has;
+    logit_bias: {token id: -100 to 100} added to those tokens' logits (-100 bans one,
+    100 all but forces it; decode/penalties.py); stop: strings that end a generation
+    where they first appear (left out of the text); beam > 1 is beam search (alpha its
+    length penalty; no sampling, penalties, bias or streaming);
     batch_sentences: prompts generated together (left-padded); prompt_lookup K > 0:
     greedy search or sampling drafts up to K tokens a step by copying what followed the
     latest earlier occurrence of its last few tokens, and keeps those the model confirms
@@ -135,6 +140,9 @@ class GenerateOptions(ValidatedConfig):
     batch_sentences: int = 8
     prompt_lookup: int = 0
     draft_tokens: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: Mapping[int, float] | None = None
 
     def __post_init__(self) -> None:
         self._check_floats_finite()
@@ -159,10 +167,37 @@ class GenerateOptions(ValidatedConfig):
                                                    for s in self.stop):
             raise ConfigError(f"GenerateOptions.stop={self.stop!r}: must be a sequence of "
                               f"non-empty strings")
-        if self.beam > 1 and (self.temperature > 0 or self.repetition_penalty != 1.0):
+        self._check_penalties()
+        if self.beam > 1 and (self.temperature > 0 or self.penalized):
             raise ConfigError(f"GenerateOptions.beam={self.beam}: beam search ranks whole "
-                              f"continuations; it takes no temperature or repetition_penalty")
+                              f"continuations; it takes no temperature, penalties or "
+                              f"logit_bias")
         self._check_drafts()
+
+    def _check_penalties(self) -> None:
+        """OpenAI's ranges: penalties from -2 to 2, biases from -100 to 100 by token id."""
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ConfigError(f"GenerateOptions.{name}={getattr(self, name)}: must be "
+                                  f"from -2 to 2 (0: off)")
+        if self.logit_bias is None:
+            return
+        if not isinstance(self.logit_bias, Mapping):
+            raise ConfigError(f"GenerateOptions.logit_bias={self.logit_bias!r}: must map "
+                              f"token ids to biases from -100 to 100")
+        bias = {}
+        for token, value in self.logit_bias.items():
+            if isinstance(token, str) and token.isdigit():     # a JSON object's keys
+                token = int(token)
+            if type(token) is not int or token < 0:
+                raise ConfigError(f"GenerateOptions.logit_bias: {token!r} is not a token id "
+                                  f"(an integer >= 0)")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or not -100 <= value <= 100:
+                raise ConfigError(f"GenerateOptions.logit_bias[{token}]={value!r}: must be a "
+                                  f"number from -100 to 100")
+            bias[token] = float(value)
+        object.__setattr__(self, "logit_bias", bias or None)
 
     def _check_drafts(self) -> None:
         """Drafts (prompt lookup's or a draft model's, not both) serve greedy search and
@@ -172,11 +207,11 @@ class GenerateOptions(ValidatedConfig):
                               f"draft_tokens={self.draft_tokens}: drafts come from prompt "
                               f"lookup or from a draft model; choose one")
         name = "prompt_lookup" if self.prompt_lookup else "draft_tokens"
-        if getattr(self, name) and (self.beam > 1 or self.repetition_penalty != 1.0):
+        if getattr(self, name) and (self.beam > 1 or self.penalized):
             raise ConfigError(f"GenerateOptions.{name}={getattr(self, name)}: drafted tokens "
-                              f"speed up greedy search and sampling (beam 1, no "
-                              f"repetition_penalty); a draft is kept only where they "
-                              f"would choose it")
+                              f"speed up greedy search and sampling (beam 1, no penalties "
+                              f"or logit_bias); a draft is kept only where they would "
+                              f"choose it")
 
     @property
     def drafts(self) -> int:
@@ -186,6 +221,12 @@ class GenerateOptions(ValidatedConfig):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether logits are changed before a token is chosen (decode/penalties.py)."""
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0 or self.logit_bias is not None)
 
 
 # Tokens (padding counted) of the batches of a pass over whole texts (embedding,

@@ -69,31 +69,35 @@ def greedy_verified(draft: list[int], logits: Tensor) -> list[int]:
     return chosen[:accepted(draft, chosen) + 1]
 
 
-def sampled_verified(draft: list[int], distributions: Tensor | None, weights: Tensor,
+def sampled_verified(draft: list[int], distributions: Tensor | None, logits: Tensor,
                      sampler: "Sampler", row: int) -> list[int]:
     """The drafted tokens that sampling keeps and one more token drawn after them (see
     the module's docstring). distributions (d, V): what the draft was drawn from (None:
-    chosen for certain); weights (d + 1, V): the model's sampling weights (Sampler.
-    weights) after the token before each drafted one and after the last; randomness
-    from `sampler`'s generator of row `row`."""
-    target = weights / weights.sum(dim=-1, keepdim=True)                  # (d + 1, V)
-    kept = len(draft)
-    if draft:
-        index = torch.tensor(draft, device=target.device)[:, None]       # (d, 1)
-        p = target[:-1].gather(1, index)[:, 0]                            # (d,)
-        q = torch.ones_like(p) if distributions is None \
-            else distributions.to(p.device).gather(1, index)[:, 0]
-        # Kept with probability min(1, p / q): u q < p for u uniform in [0, 1).
-        rejected = (sampler.uniforms(len(draft), row).to(p.device) * q >= p).tolist()
-        kept = rejected.index(True) if True in rejected else len(draft)
-    residual = target[kept]
-    if kept < len(draft):
-        drafted = torch.zeros_like(residual).index_fill_(0, index[kept], 1.0) \
-            if distributions is None else distributions[kept].to(residual.device)
-        residual = (residual - drafted).clamp_(min=0)
-        if not residual.any():      # p == q but for rounding, which made the rejection
-            residual = target[kept]
-    return draft[:kept] + [int(sampler.draw(residual[None], [row])[0])]
+    chosen for certain); logits (d + 1, V): the model's after the token before each
+    drafted one and after the last, turned into its sampling distribution (temperature,
+    top_k, top_p) only as far as the drafts are kept; randomness from `sampler`'s
+    generator of row `row`."""
+    uniforms = sampler.uniforms(len(draft), row).tolist() if draft else []
+    for place, token in enumerate(draft):
+        target = _distribution(sampler, logits[place])                    # (V,)
+        drafted = None if distributions is None else distributions[place].to(target.device)
+        q = 1.0 if drafted is None else float(drafted[token])
+        if uniforms[place] * q < float(target[token]):     # kept: probability min(1, p / q)
+            continue
+        if drafted is None:                 # chosen for certain: q is 1 at the token
+            drafted = torch.zeros_like(target)
+            drafted[token] = 1.0
+        residual = (target - drafted).clamp_(min=0)
+        if not residual.any():          # p == q but for rounding, which made the rejection
+            residual = target
+        return draft[:place] + [int(sampler.draw(residual[None], [row])[0])]
+    return draft + [int(sampler.draw(sampler.weights(logits[-1:]), [row])[0])]
+
+
+def _distribution(sampler: "Sampler", logits: Tensor) -> Tensor:
+    """logits (V,) -> the sampling distribution (V,) that `sampler` draws from."""
+    weights = sampler.weights(logits[None])[0]
+    return weights / weights.sum()
 
 
 def speculative_steps(model, prompt: Tensor, row: "Continuation", drafter: Drafter,
@@ -113,8 +117,7 @@ def speculative_steps(model, prompt: Tensor, row: "Continuation", drafter: Draft
         fed = torch.tensor([[token, *draft]], device=prompt.device)         # (1, 1 + d)
         logits = model.decode_step(fed, state)[0].float()                   # (1 + d, V)
         new = greedy_verified(draft, logits) if sampler is None else \
-            sampled_verified(draft, drafter.distributions, sampler.weights(logits), sampler,
-                             sampler_row)
+            sampled_verified(draft, drafter.distributions, logits, sampler, sampler_row)
         state.rewind(start + len(new))
         for value in new:
             row.add(value)

@@ -8,8 +8,9 @@ as a prompt of /v1/generate's, in the same continuous batches. A reply is one ch
 usage counts the prompt's tokens and the reply's (the end token included), and
 finish_reason says "stop" (an end token or a stop string) or "length" (max_tokens, or
 the end of the model's context). The defaults are OpenAI's: temperature 1, and a reply
-as long as the context allows; frequency and presence penalties are refused but at 0
-(repetition_penalty, as /v1/generate's, is ours), as is any field OpenAI's API lacks.
+as long as the context allows. OpenAI's frequency and presence penalties and logit
+bias are taken (decode/penalties.py), and repetition_penalty and top_k, as
+/v1/generate's, are ours; any field OpenAI's API lacks is refused.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def _options(service: Service, body: ChatRequest, prompt_tokens: int) -> Generat
         raise ApiError(422, "top_logprobs: give it with logprobs true", "top_logprobs")
     most = body.max_tokens or body.max_completion_tokens \
         or generator.context - prompt_tokens
-    return sampling_options(body, most, service.limits.max_texts)
+    return sampling_options(body, most, service.limits.max_texts, generator)
 
 
 async def _chunks(service: Service, job, pieces: asyncio.Queue, completion: Completion,

@@ -165,7 +165,8 @@ def _options(service: Service, body: CompletionRequest) -> GenerateOptions:
     if body.stream and body.max_tokens == 0:
         raise ApiError(422, "max_tokens: 0 scores the prompt, which a stream does not "
                             "carry; ask without stream", "max_tokens")
-    return sampling_options(body, max(1, body.max_tokens), service.limits.max_texts)
+    return sampling_options(body, max(1, body.max_tokens), service.limits.max_texts,
+                            service.model)
 
 
 async def _scored(service: Service, each: list[Prompted], generated: list[Generated],

@@ -86,6 +86,7 @@ def _check(service: Service, body: GenerateRequest) -> tuple[GenerateOptions, li
     fields["stop"] = tuple(fields["stop"])
     try:
         options = GenerateOptions(**fields, batch_sentences=service.limits.max_texts)
+        generator.check_logit_bias(options)
     except ConfigError as error:
         raise named(error) from None
     if body.stream and options.beam > 1:
@@ -104,7 +105,7 @@ def _check(service: Service, body: GenerateRequest) -> tuple[GenerateOptions, li
 
 def named(error: ConfigError) -> ApiError:
     """GenerateOptions' refusal ("GenerateOptions.beam=2: ...") as the request's field."""
-    found = re.match(r"GenerateOptions\.(\w+)=", str(error))
+    found = re.match(r"GenerateOptions\.(\w+)(?:=|\[|: )", str(error))
     if found is None:
         return ApiError(422, str(error))
     field = found.group(1)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transduce.config import ConfigError
+from transduce.decode.generate import Generator
 from transduce.decode.options import GenerateOptions
 from transduce.serve.generation import named
 from transduce.serve.limits import ApiError
@@ -45,16 +46,19 @@ class Completion:
                                       **more}) + "\n\n"
 
 
-def sampling_options(body: OpenAISampling, max_new_tokens: int,
-                     batch_sentences: int) -> GenerateOptions:
-    """A request's sampling as GenerateOptions; what they refuse is a 422 naming the
-    field."""
+def sampling_options(body: OpenAISampling, max_new_tokens: int, batch_sentences: int,
+                     generator: Generator) -> GenerateOptions:
+    """A request's sampling as GenerateOptions for `generator`; what they refuse is a 422
+    naming the field."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     try:
-        return GenerateOptions(max_new_tokens=max_new_tokens, temperature=body.temperature,
-                               top_k=body.top_k, top_p=body.top_p, seed=body.seed,
-                               repetition_penalty=body.repetition_penalty, stop=stop,
-                               batch_sentences=batch_sentences)
+        options = GenerateOptions(
+            max_new_tokens=max_new_tokens, temperature=body.temperature, top_k=body.top_k,
+            top_p=body.top_p, seed=body.seed, repetition_penalty=body.repetition_penalty,
+            frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
+            logit_bias=body.logit_bias, stop=stop, batch_sentences=batch_sentences)
+        generator.check_logit_bias(options)
+        return options
     except ConfigError as error:
         raise named(error) from None
 

@@ -119,6 +119,17 @@ class AttentionResponse(BaseModel):
         description="kind -> layer (1-based) -> heads x queries x keys")
 
 
+# OpenAI's penalties and logit bias (decode/penalties.py), on /v1/generate and its API.
+Penalty = Annotated[Number, Field(ge=-2, le=2, allow_inf_nan=False)]
+LogitBias = Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
+                           Annotated[Number, Field(ge=-100, le=100, allow_inf_nan=False)]],
+                      Field(max_length=300)] | None
+FREQUENCY = "-2 to 2: a token's logit lowered by this times how often the text has it"
+PRESENCE = "-2 to 2: a token's logit lowered by this once the text has it"
+BIAS = ("token id (a string) -> -100 to 100, added to its logit (-100 bans it); at most "
+        "300")
+
+
 class GenerateRequest(Strict):
     prompts: Texts = Field(description="texts to continue, one per item (an empty one: "
                                        "generate from the model's bos alone)")
@@ -128,6 +139,9 @@ class GenerateRequest(Strict):
     top_p: Annotated[Number, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
     repetition_penalty: Annotated[Number, Field(gt=0, le=100, allow_inf_nan=False)] = 1.0
+    frequency_penalty: Penalty = Field(0, description=FREQUENCY)
+    presence_penalty: Penalty = Field(0, description=PRESENCE)
+    logit_bias: LogitBias = Field(None, description=BIAS)
     stop: Annotated[list[Annotated[Text, Field(min_length=1)]], Field(max_length=16)] = []
     beam: Beam = 1
     alpha: Alpha = 0.6
@@ -209,10 +223,9 @@ class OpenAISampling(Strict):
     seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
     stop: Annotated[Text, Field(min_length=1)] | Annotated[
         list[Annotated[Text, Field(min_length=1)]], Field(max_length=16)] | None = None
-    frequency_penalty: Annotated[Number, Field(ge=0, le=0)] = Field(
-        0, description="only 0; repetition_penalty discourages repeats")
-    presence_penalty: Annotated[Number, Field(ge=0, le=0)] = Field(
-        0, description="only 0; repetition_penalty discourages repeats")
+    frequency_penalty: Penalty = Field(0, description=FREQUENCY)
+    presence_penalty: Penalty = Field(0, description=PRESENCE)
+    logit_bias: LogitBias = Field(None, description=BIAS)
     user: StrictStr | None = Field(None, description="accepted and ignored")
     stream: StrictBool = Field(False, description="server-sent chunks as OpenAI's")
     stream_options: StreamOptions | None = None
@@ -350,8 +363,6 @@ class CompletionRequest(OpenAISampling):
     logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = Field(
         None, description="each token's log-probability and the likeliest this many "
                           "tokens in its place (the token's own is always among them)")
-    logit_bias: Annotated[dict[str, Number], Field(max_length=0)] | None = Field(
-        None, description="only empty")
     suffix: None = Field(None, description="only null: no text after the completion")
 
 
