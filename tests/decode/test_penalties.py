@@ -39,7 +39,7 @@ def reference(logits, prompt, output, options):
     for token in set(output):
         logits[token] -= options.frequency_penalty * output.count(token) \
             + options.presence_penalty
-    for token, bias in (options.logit_bias or {}).items():
+    for token, bias in options.logit_bias or ():
         logits[token] += bias
     return logits
 
@@ -119,6 +119,7 @@ def test_a_bias_of_minus_100_bans_a_token_and_plus_100_forces_it(generator):
     ({"logit_bias": {5: 101}}, r"logit_bias\[5\]=101: must be a number from -100 to 100"),
     ({"logit_bias": {5: True}}, r"logit_bias\[5\]=True: must be a number"),
     ({"logit_bias": [5]}, r"logit_bias=\[5\]: must map token ids"),
+    ({"logit_bias": "5"}, r"logit_bias='5': must map token ids"),
     ({"beam": 2, "frequency_penalty": 0.5}, "beam search .* no temperature, penalties"),
     ({"prompt_lookup": 3, "logit_bias": {5: 1.0}}, "no penalties or logit_bias"),
 ])
@@ -133,6 +134,9 @@ def test_a_bias_for_a_token_the_model_lacks_is_refused_before_generating(generat
                                           f"model's {vocab}"):
         generator.generate(PROMPTS, logit_bias={vocab: 1.0, 3: 1.0})
     assert GenerateOptions(logit_bias={}).logit_bias is None
+    options = GenerateOptions(logit_bias={"9": -1, 4: 2.5}, frequency_penalty=0.5)
+    assert options.logit_bias == ((4, 2.5), (9, -1.0)) and hash(options)   # a batch's key
+    assert GenerateOptions.from_dict(options.to_dict()) == options
 
 
 def test_the_cli_takes_penalties_and_biases_and_refuses_bad_ones(generator, tiny_corpus,

@@ -354,10 +354,16 @@ def test_attention_truncates_when_asked(mt):
 # ------------------------------------------------------------------- the other kinds
 
 @pytest.mark.parametrize("settings", [{}, {"beam": 2}, {"temperature": 0.8, "seed": 3},
-                                      {"stop": ["4"], "repetition_penalty": 1.3}])
-def test_generate_equals_the_generator(lm, generator, settings):
+                                      {"stop": ["4"], "repetition_penalty": 1.3},
+                                      {"temperature": 0.8, "seed": 3, "frequency_penalty": 1.5,
+                                       "presence_penalty": -1, "logit_bias": {"7": 20}}])
+@pytest.mark.parametrize("continuous", [True, False])
+def test_generate_equals_the_generator(generator, settings, continuous):
+    """A running batch's or whole batches' (whose options are a batch's key) alike."""
     prompts = ["uno dos", "el perro grande come", "casa", ""]
-    answer = lm.post("/v1/generate", json={"prompts": prompts, "max_new_tokens": 12, **settings})
+    with client_for(generator, max_texts=16, continuous=continuous) as client:
+        answer = client.post("/v1/generate",
+                             json={"prompts": prompts, "max_new_tokens": 12, **settings})
     assert answer.status_code == 200, answer.text
     options = GenerateOptions(max_new_tokens=12, batch_sentences=16,
                               **{k: tuple(v) if k == "stop" else v for k, v in settings.items()})

@@ -26,12 +26,18 @@ values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                       | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
 
 
+# Bounds of a union of number types, as pydantic writes them -> JSON schema's names.
+BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
+
+
 def from_schema(schema: dict, schemas: dict):
     """Values a JSON schema (as FastAPI writes it) allows, and some just past its bounds."""
     if "$ref" in schema:
         return from_schema(schemas[schema["$ref"].rsplit("/", 1)[1]], schemas)
-    if "anyOf" in schema:
-        return st.one_of([from_schema(s, schemas) for s in schema["anyOf"]])
+    if "anyOf" in schema:        # a number's bounds, pydantic writes beside its types
+        bounds = {name: schema[key] for key, name in BOUNDS.items() if key in schema}
+        return st.one_of([from_schema({**bounds, **s} if s.get("type") in ("number", "integer")
+                                      else s, schemas) for s in schema["anyOf"]])
     if "enum" in schema or "const" in schema:
         return st.sampled_from(schema.get("enum") or [schema["const"]])
     kind = schema.get("type")
@@ -45,7 +51,8 @@ def from_schema(schema: dict, schemas: dict):
         return st.integers(low - 2, high + 2)
     if kind == "number":
         low = schema.get("minimum", schema.get("exclusiveMinimum", -1.0))
-        return st.floats(low - 1, schema.get("maximum", low + 5) + 1)
+        high = schema.get("maximum", schema.get("exclusiveMaximum", low + 5))
+        return st.floats(low - 1, high + 1)
     if kind == "boolean":
         return st.booleans()
     if kind == "string":
@@ -56,6 +63,10 @@ def from_schema(schema: dict, schemas: dict):
         return st.lists(items, min_size=max(0, schema.get("minItems", 0) - 1), max_size=6)
     if kind == "null":
         return st.none()
+    if kind == "object" and "patternProperties" in schema:     # a mapping (logit_bias)
+        (pattern, spec), = schema["patternProperties"].items()
+        keys = st.from_regex(pattern, fullmatch=True) | st.text(max_size=4)
+        return st.dictionaries(keys, from_schema(spec, schemas), max_size=3)
     if kind == "object" and "properties" in schema:        # a nested model (chat messages)
         fields, required = schema["properties"], schema.get("required", [])
         return st.fixed_dictionaries(
@@ -104,7 +115,7 @@ def post_routes(client) -> tuple[dict[str, dict], dict]:
 def fuzz(client, path: str, schema: dict, schemas: dict) -> list[int]:
     statuses = []
 
-    @settings(max_examples=150, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=250, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(body=bodies(schema, schemas), content_type=st.sampled_from(
         ["application/json"] * 6 + ["application/x-www-form-urlencoded", "text/plain", ""]))

@@ -23,9 +23,8 @@ Each row is generated as Generator.generate generates it alone, with its own set
 (prompts of any settings share the batch): greedy, or sampled at its temperature, top_k
 and top_p from a generator of its own seeded with its seed, with its repetition,
 frequency and presence penalties and logit bias over its own tokens, and its stop
-strings and limit. Only numerics may differ: masked
-keys, the kernel, and rows decoded in other company can change the order in which a
-kernel sums.
+strings and limit. Only numerics may differ: masked keys, the kernel, and rows decoded
+in other company can change the order in which a kernel sums.
 """
 
 from __future__ import annotations

@@ -473,7 +473,7 @@ class Generator:
     def check_logit_bias(self, options: GenerateOptions) -> None:
         """A logit_bias names tokens of the model's vocabulary: a ConfigError otherwise."""
         vocab = self.model.config.tgt_vocab_size
-        unknown = sorted(token for token in options.logit_bias or () if token >= vocab)
+        unknown = [token for token, _ in options.logit_bias or () if token >= vocab]
         if unknown:
             raise ConfigError(f"GenerateOptions.logit_bias: token {unknown[0]} is not among "
                               f"the model's {vocab} (ids 0 to {vocab - 1})")

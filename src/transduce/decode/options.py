@@ -118,7 +118,8 @@ class GenerateOptions(ValidatedConfig):
     presence_penalty (OpenAI's, -2 to 2; 0: off) lower a token's logit by the first times
     how often the continuation has written it, and by the second once it has;
     logit_bias: {token id: -100 to 100} added to those tokens' logits (-100 bans one,
-    100 all but forces it; decode/penalties.py); stop: strings that end a generation
+    100 all but forces it; decode/penalties.py; kept as sorted (id, bias) pairs, so that
+    options stay hashable); stop: strings that end a generation
     where they first appear (left out of the text); beam > 1 is beam search (alpha its
     length penalty; no sampling, penalties, bias or streaming);
     batch_sentences: prompts generated together (left-padded); prompt_lookup K > 0:
@@ -142,7 +143,7 @@ class GenerateOptions(ValidatedConfig):
     draft_tokens: int = 0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    logit_bias: Mapping[int, float] | None = None
+    logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self) -> None:
         self._check_floats_finite()
@@ -182,11 +183,14 @@ class GenerateOptions(ValidatedConfig):
                                   f"from -2 to 2 (0: off)")
         if self.logit_bias is None:
             return
-        if not isinstance(self.logit_bias, Mapping):
+        pairs = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) \
+            else self.logit_bias                          # pairs, as to_dict() writes them
+        if isinstance(pairs, (str, bytes)) or not all(
+                isinstance(pair, (tuple, list)) and len(pair) == 2 for pair in pairs):
             raise ConfigError(f"GenerateOptions.logit_bias={self.logit_bias!r}: must map "
                               f"token ids to biases from -100 to 100")
         bias = {}
-        for token, value in self.logit_bias.items():
+        for token, value in pairs:
             if isinstance(token, str) and token.isdigit():     # a JSON object's keys
                 token = int(token)
             if type(token) is not int or token < 0:
@@ -197,7 +201,7 @@ class GenerateOptions(ValidatedConfig):
                 raise ConfigError(f"GenerateOptions.logit_bias[{token}]={value!r}: must be a "
                                   f"number from -100 to 100")
             bias[token] = float(value)
-        object.__setattr__(self, "logit_bias", bias or None)
+        object.__setattr__(self, "logit_bias", tuple(sorted(bias.items())) or None)
 
     def _check_drafts(self) -> None:
         """Drafts (prompt lookup's or a draft model's, not both) serve greedy search and

@@ -52,8 +52,8 @@ class Penalties:
         for row, (ids, each) in enumerate(zip(prompts, settings), start=first):
             self.seen[row, list(ids)] = True
             if each.logit_bias:
-                self.bias[row, list(each.logit_bias)] = torch.tensor(
-                    list(each.logit_bias.values()), device=self.bias.device)
+                tokens, biases = zip(*each.logit_bias)              # sorted (id, bias) pairs
+                self.bias[row, list(tokens)] = torch.tensor(biases, device=self.bias.device)
 
     def __call__(self, logits: Tensor) -> Tensor:
         """logits (R', V) of the first R' rows -> the changed logits (R', V) float32."""
