@@ -62,7 +62,8 @@ def run_continuously(generation, generator, prompts, seeds, joins):
 @pytest.mark.parametrize("settings", [
     {}, {"temperature": 0.9, "top_k": 20, "seed": 3}, {"temperature": 1.2, "top_p": 0.9},
     {"repetition_penalty": 1.6}, {"stop": ("a",)},
-    {"frequency_penalty": 1.5, "presence_penalty": -0.5, "logit_bias": {5: 4.0, 9: -100}}])
+    {"frequency_penalty": 1.5, "presence_penalty": -0.5, "logit_bias": {5: 4.0, 9: -100}},
+    {"temperature": 1.5, "min_p": 0.2, "seed": 5}])
 @pytest.mark.parametrize("joins", ["together", "staggered", "late"])
 def test_continuous_equals_alone(generator, settings, joins):
     options = GenerateOptions(max_new_tokens=12, **settings)
@@ -87,7 +88,7 @@ def test_prompts_of_different_settings_share_the_batch(generator):
              {"repetition_penalty": 1.6}, {"stop": ("a",)}, {"max_new_tokens": 3},
              {"temperature": 0.9, "top_k": 20, "repetition_penalty": 1.3,
               "frequency_penalty": 0.7},
-             {"temperature": 1.2, "top_p": 0.9, "max_new_tokens": 5,
+             {"temperature": 1.2, "top_p": 0.9, "min_p": 0.1, "max_new_tokens": 5,
               "presence_penalty": 1.2, "logit_bias": {7: 3.0}}]
     options = [GenerateOptions(**{"max_new_tokens": 12, **kind}) for kind in kinds]
     seeds = [None if each.greedy else 40 + i for i, each in enumerate(options)]

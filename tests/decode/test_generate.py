@@ -224,7 +224,8 @@ def test_with_bos_starts_an_empty_prompt_with_bos_whatever_the_tokenizer_prepend
     ({"top_k": -2}, "top_k"), ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"max_new_tokens": 0}, "max_new_tokens"), ({"stop": ("",)}, "stop"),
     ({"beam": 2, "temperature": 0.5}, "beam"), ({"seed": -1}, "seed"), ({"seed": 2**64}, "seed"),
-    ({"seed": 1.5}, "seed"), ({"seed": True}, "seed")])
+    ({"seed": 1.5}, "seed"), ({"seed": True}, "seed"), ({"min_p": 1.5}, "min_p=1.5: must be"),
+    ({"min_p": -0.1}, "min_p")])
 def test_out_of_range_options_are_refused_naming_them(generator, settings, option):
     with pytest.raises(ConfigError, match=option):
         generator.generate(PROMPTS, **settings)
@@ -249,12 +250,16 @@ def test_filtering_and_penalty():
 
 
 @pytest.mark.parametrize("vocab", [50, 5000])
-@pytest.mark.parametrize("top_k,top_p", [(0, 0.9), (0, 0.5), (0, 0.999), (20, 0.8), (3000, 0.95)])
-def test_top_k_and_top_p_keep_the_tokens_transformers_keeps(vocab, top_k, top_p):
-    """transformers' TopKLogitsWarper then TopPLogitsWarper as the reference, on rows
-    from peaked to flat: nuclei of one token, of a few dozen (found among the likeliest
-    64), of hundreds (1,024) and of thousands (every token sorted), in one batch."""
-    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+@pytest.mark.parametrize("top_k,top_p,min_p", [
+    (0, 0.9, 0.0), (0, 0.5, 0.0), (0, 0.999, 0.0), (20, 0.8, 0.0), (3000, 0.95, 0.0),
+    (0, 1.0, 0.05), (0, 1.0, 0.3), (0, 0.9, 0.1), (40, 0.95, 0.02)])
+def test_top_k_top_p_and_min_p_keep_the_tokens_transformers_keeps(vocab, top_k, top_p, min_p):
+    """transformers' TopKLogitsWarper, TopPLogitsWarper and MinPLogitsWarper as the
+    reference, on rows from peaked to flat: nuclei of one token, of a few dozen (found
+    among the likeliest 64), of hundreds (1,024) and of thousands (every token sorted),
+    in one batch."""
+    from transformers.generation.logits_process import (MinPLogitsWarper, TopKLogitsWarper,
+                                                        TopPLogitsWarper)
 
     torch.manual_seed(vocab)
     spread = torch.tensor([12.0, 6.0, 3.0, 1.5, 0.5, 0.1, 0.01])[:, None]
@@ -262,12 +267,15 @@ def test_top_k_and_top_p_keep_the_tokens_transformers_keeps(vocab, top_k, top_p)
     want = logits
     if top_k:
         want = TopKLogitsWarper(min(top_k, vocab))(None, want)
-    want = TopPLogitsWarper(top_p)(None, want)
-    kept = filter_logits(logits, top_k, top_p)
+    if top_p < 1:
+        want = TopPLogitsWarper(top_p)(None, want)
+    if min_p:
+        want = MinPLogitsWarper(min_p)(None, want)
+    kept = filter_logits(logits, top_k, top_p, min_p)
     assert torch.equal(kept.isfinite(), want.isfinite())
     assert torch.equal(kept[kept.isfinite()], logits[kept.isfinite()])
     sizes = want.isfinite().sum(dim=-1)
-    if vocab == 5000 and not top_k and top_p == 0.9:     # every path of nucleus() taken
+    if vocab == 5000 and not top_k and top_p == 0.9 and not min_p:   # every nucleus() path
         assert sizes.min() == 1 and ((64 < sizes) & (sizes <= 1024)).any() and sizes.max() > 1024
 
 
@@ -409,3 +417,33 @@ def test_load_generates_with_the_model_it_read_as_a_copy_would(model, generator,
                                                                             max_new_tokens=8)
     given = build_model(model.config)
     assert Generator(given, generator.tokenizer, in_place=True).model is given
+
+
+def test_min_p_samples_only_tokens_at_least_min_p_as_likely_as_the_likeliest(generator):
+    """Every sampled token, checked against a full causal pass's logits at its place:
+    at T 1.5 without min_p some tokens are far below the likeliest; with min_p 0.3 none
+    is below 0.3 times it."""
+    def lowest_ratio(**settings):
+        rows = generator.generate_rows(PROMPTS, max_new_tokens=12, temperature=1.5, seed=9,
+                                       **settings)
+        ratios = []
+        with torch.inference_mode():
+            for prompt, row in zip(generator.encode(PROMPTS), rows):
+                sequence = torch.tensor([prompt + row.tokens])
+                logits = generator.model(sequence)[0, len(prompt) - 1:-1] / 1.5   # (N, V)
+                chosen = logits.gather(1, torch.tensor(row.tokens)[:, None])[:, 0]
+                ratios.append((chosen - logits.amax(dim=-1)).exp().min())
+        return float(min(ratios))
+
+    assert lowest_ratio() < 0.1
+    assert lowest_ratio(min_p=0.3) >= 0.3 - 1e-4
+
+
+def test_the_cli_takes_min_p_and_refuses_one_out_of_range(saved_model, generator, capsys):
+    command = ["generate", "--model", str(saved_model), "--prompt", "casa", "--temperature",
+               "1.5", "--seed", "4", "--max-new-tokens", "6"]
+    assert main([*command, "--min-p", "0.3"]) == 0
+    want = generator.generate(["casa"], max_new_tokens=6, temperature=1.5, seed=4, min_p=0.3)
+    assert capsys.readouterr().out == want[0] + "\n"
+    assert main([*command, "--min-p", "1.5"]) == 2
+    assert "min_p=1.5: must be in [0, 1]" in capsys.readouterr().err

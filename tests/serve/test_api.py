@@ -356,7 +356,8 @@ def test_attention_truncates_when_asked(mt):
 @pytest.mark.parametrize("settings", [{}, {"beam": 2}, {"temperature": 0.8, "seed": 3},
                                       {"stop": ["4"], "repetition_penalty": 1.3},
                                       {"temperature": 0.8, "seed": 3, "frequency_penalty": 1.5,
-                                       "presence_penalty": -1, "logit_bias": {"7": 20}}])
+                                       "presence_penalty": -1, "logit_bias": {"7": 20}},
+                                      {"temperature": 1.3, "seed": 3, "min_p": 0.15}])
 @pytest.mark.parametrize("continuous", [True, False])
 def test_generate_equals_the_generator(generator, settings, continuous):
     """A running batch's or whole batches' (whose options are a batch's key) alike."""

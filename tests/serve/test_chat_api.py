@@ -112,6 +112,49 @@ def test_a_streamed_reply_is_openais_chunks_joined_to_the_whole(api, chatml, usa
                    for chunk in chunks) == text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_replies_follow_their_seeds_whole_or_streamed(api, chatml, stream):
+    """n sampled replies to one conversation, each from its own seed (prompt_seeds, as
+    /v1/completions draws its n): the library's replies to the conversation given n
+    times; usage counts the prompt once; streamed, each choice's chunks join to its
+    reply, with its logprobs and finish reason."""
+    from transduce.decode.sampling import prompt_seeds
+
+    request = {"messages": CONVERSATIONS[1], "n": 3, "seed": 5, "max_tokens": 8,
+               "logprobs": True, **({"stream": True, "stream_options": {"include_usage": True}}
+                                    if stream else {})}
+    conversations = [Chat.of(CONVERSATIONS[1])] * 3
+    rows = chatml.generator.generate_rows(conversations, max_new_tokens=8, temperature=1.0,
+                                          seeds=prompt_seeds(5, 3))
+    assert len({row.text for row in rows}) > 1                 # drawn, not one reply 3 times
+    (prompt,) = chatml.generator.encode(conversations[:1])
+    completion = sum(len(row.tokens) + (row.end_token is not None) for row in rows)
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": completion,
+             "total_tokens": len(prompt) + completion}
+    if not stream:
+        body = api.post("/v1/chat/completions", json=request).json()
+        assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+        assert [c["message"]["content"] for c in body["choices"]] == [r.text for r in rows]
+        assert [c["finish_reason"] for c in body["choices"]] == [r.finish_reason for r in rows]
+        assert all(c["logprobs"]["content"] for c in body["choices"])
+        assert body["usage"] == usage
+        with client_for(chatml.generator, max_texts=2) as small:
+            refused = small.post("/v1/chat/completions", json=request)
+        assert refused.status_code == 413 and refused.json()["error"]["param"] == "n"
+        assert "3 replies, more than the limit of 2" in refused.json()["error"]["message"]
+        return
+    with api.stream("POST", "/v1/chat/completions", json=request) as answer:
+        events = [block for block in "".join(answer.iter_text()).split("\n\n") if block]
+    chunks = [json.loads(event.removeprefix("data: ")) for event in events[:-1]]
+    assert chunks[-1]["usage"] == usage
+    for index, row in enumerate(rows):
+        mine = [c["choices"][0] for c in chunks[:-1] if c["choices"][0]["index"] == index]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(c["delta"].get("content", "") for c in mine) == row.text
+        assert mine[-1]["finish_reason"] == row.finish_reason
+        assert sum(c["logprobs"] is not None for c in mine) == 1
+
+
 def test_a_streamed_reply_carries_the_whole_replys_logprobs_after_its_pieces(api):
     """The pieces stream as generated; the logprobs come in one chunk once the reply is
     whole and scored, the ones the answer without stream gives."""
@@ -155,7 +198,7 @@ def test_chats_and_prompts_share_the_continuous_batches(chatml):
     ({"messages": []}, 422, "messages", "at least 1 item"),
     ({"messages": [{"role": "user"}]}, 422, "messages[0].content", "missing"),
     ({"messages": [{"role": "", "content": "a"}]}, 422, "messages[0].role", "at least 1"),
-    ({"messages": [{"role": "user", "content": "a"}], "n": 2}, 422, "n", "1"),
+    ({"messages": [{"role": "user", "content": "a"}], "n": 0}, 422, "n", "greater than"),
     ({"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}, 422,
      "top_logprobs", "with logprobs true"),
     ({"messages": [{"role": "user", "content": "a"}], "logprobs": True, "top_logprobs": 21},

@@ -42,7 +42,8 @@ def chat_command(args: argparse.Namespace) -> int:
     draft, draft_tokens = draft_settings(args)
     options = GenerateOptions(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
+        top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+        repetition_penalty=args.repetition_penalty,
         stop=tuple(args.stop), prompt_lookup=args.prompt_lookup, draft_tokens=draft_tokens,
         **penalty_settings(args))
     generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,

@@ -62,6 +62,9 @@ def add_sampling_options(command: argparse.ArgumentParser) -> None:
                          help="sample among the k most likely tokens (0: all)")
     command.add_argument("--top-p", type=fraction, default=1.0,
                          help="sample within the smallest set of this probability (nucleus)")
+    command.add_argument("--min-p", type=non_negative_float, default=0.0,
+                         help="sample among tokens at least this times as likely as the "
+                              "likeliest (min-p, 0 to 1; 0: all)")
     command.add_argument("--seed", type=sampling_seed, default=None, help="repeatable sampling")
     command.add_argument("--repetition-penalty", type=_positive_float, default=1.0,
                          help="> 1 discourages tokens already in prompt or output (1: off)")
@@ -137,7 +140,8 @@ def generate_command(args: argparse.Namespace) -> int:
     draft, draft_tokens = draft_settings(args)
     options = GenerateOptions(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
+        top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+        repetition_penalty=args.repetition_penalty,
         stop=tuple(args.stop), beam=args.beam, alpha=args.alpha,
         batch_sentences=args.batch_sentences, prompt_lookup=args.prompt_lookup,
         draft_tokens=draft_tokens, **penalty_settings(args))

@@ -56,7 +56,7 @@ class _Row:
     tag: Any                       # the caller's handle, given back with the result
     continuation: Continuation
     generator_id: int              # its random generator's id in its sampler
-    sampling: Hashable             # (temperature, top_k, top_p), None when greedy
+    sampling: Hashable             # (temperature, top_k, top_p, min_p), None when greedy
 
 
 def supports(generator: Generator) -> bool:
@@ -130,11 +130,12 @@ class ContinuousGeneration:
         for index, (ids, tag, each) in enumerate(zip(prompts, tags, settings)):
             generator_id, sampling = next(self._ids), None
             if not each.greedy:
-                sampling = (each.temperature, each.top_k, each.top_p)
+                sampling = (each.temperature, each.top_k, each.top_p, each.min_p)
                 self._seeds[generator_id] = seeds[index]
                 if sampling not in self.samplers:
-                    self.samplers[sampling] = Sampler(*sampling, device=self.device,
-                                                      row_seeds=self._seeds)
+                    self.samplers[sampling] = Sampler(
+                        each.temperature, each.top_k, each.top_p, device=self.device,
+                        row_seeds=self._seeds, min_p=each.min_p)
             self.rows.append(_Row(tag, self.generator.continuation(ids, each), generator_id,
                                   sampling))
 

@@ -354,7 +354,7 @@ class Generator:
         seeded with seeds[i]."""
         return None if options.greedy else Sampler(options.temperature, options.top_k,
                                                    options.top_p, options.seed, self.device,
-                                                   row_seeds=seeds)
+                                                   row_seeds=seeds, min_p=options.min_p)
 
     def _prepare(self, ids: list[list[int]], options: GenerateOptions
                  ) -> tuple[Tensor, Tensor, int, list[Continuation]]:

@@ -113,7 +113,8 @@ class GenerateOptions(ValidatedConfig):
 
     max_new_tokens: generated tokens at most (fewer where the model's context ends);
     temperature 0 is greedy search, above 0 sampling, narrowed by top_k (0: no limit)
-    and top_p (nucleus); seed makes sampling repeat; repetition_penalty > 1 discourages
+    and top_p (nucleus) and min_p (tokens at least min_p times as likely as the
+    likeliest; 0: all); seed makes sampling repeat; repetition_penalty > 1 discourages
     tokens already in the prompt or the output (1: off); frequency_penalty and
     presence_penalty (OpenAI's, -2 to 2; 0: off) lower a token's logit by the first times
     how often the continuation has written it, and by the second once it has;
@@ -133,6 +134,7 @@ class GenerateOptions(ValidatedConfig):
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
     seed: int | None = None
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
@@ -156,6 +158,8 @@ class GenerateOptions(ValidatedConfig):
                                   f"(0: off)")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"GenerateOptions.top_p={self.top_p}: must be in (0, 1]")
+        if not 0 <= self.min_p <= 1:
+            raise ConfigError(f"GenerateOptions.min_p={self.min_p}: must be in [0, 1] (0: off)")
         if self.seed is not None and not is_sampling_seed(self.seed):
             raise ConfigError(f"GenerateOptions.seed={self.seed!r}: must be an integer from 0 "
                               f"to 2**63 - 1, or None")

@@ -7,6 +7,7 @@ Shapes: logits (B, V) for the rows decoding now -> tokens (B,).
 
 from __future__ import annotations
 
+import math
 import secrets
 from typing import Mapping, Sequence
 
@@ -18,8 +19,10 @@ from transduce.config import ConfigError
 
 class Sampler:
     """Draw each token from softmax(logits / temperature), restricted to the top_k most
-    likely tokens (0: all) and to the smallest set whose probability reaches top_p
-    (nucleus sampling, Holtzman et al. 2020). A seeded sampler repeats exactly.
+    likely tokens (0: all), to the smallest set whose probability reaches top_p
+    (nucleus sampling, Holtzman et al. 2020) and to the tokens at least min_p times as
+    likely as the likeliest (min-p sampling, Nguyen et al. 2024; 0: all). A seeded
+    sampler repeats exactly.
 
     Called with row ids, each row draws from its own generator, seeded with
     row_seeds[row] (or `seed`), so that a prompt samples the same continuation whatever
@@ -27,9 +30,10 @@ class Sampler:
 
     def __init__(self, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int | None = None, device: torch.device | str = "cpu", *,
-                 row_seeds: Sequence[int] | Mapping[int, int] | None = None):
-        check_sampling(temperature, top_k, top_p)
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+                 row_seeds: Sequence[int] | Mapping[int, int] | None = None,
+                 min_p: float = 0.0):
+        check_sampling(temperature, top_k, top_p, min_p)
+        self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
         self.seed = seed if seed is not None else secrets.randbits(62)
         self.device, self.row_seeds = device, row_seeds
         self.generator = self._new_generator(self.seed)
@@ -57,14 +61,14 @@ class Sampler:
 
     def weights(self, logits: Tensor) -> Tensor:
         """logits (B, V) -> (B, V) float32: each row's probabilities after the
-        temperature, top_k and top_p, times a constant of the row (its best is 1)."""
+        temperature, top_k, top_p and min_p, times a constant of the row (its best is 1)."""
         logits = logits.float()
         # Shifted so that the best logit is 0 before dividing, and the temperature kept
         # from rounding to 0 in float32: the probabilities are unchanged, and a tiny one sends
         # the others to -inf (greedy) instead of giving inf - inf or 0 / 0 = nan.
         temperature = max(self.temperature, torch.finfo(torch.float32).tiny)
         logits = (logits - logits.amax(dim=-1, keepdim=True)).div_(temperature)  # (B, V)
-        return filter_logits(logits, self.top_k, self.top_p).exp_()
+        return filter_logits(logits, self.top_k, self.top_p, self.min_p).exp_()
 
     def uniforms(self, count: int, row: int) -> Tensor:
         """`count` draws uniform in [0, 1) from row `row`'s generator -> (count,)."""
@@ -99,7 +103,7 @@ def exponential_race(weights: Tensor, uniforms: Tensor) -> Tensor:
     return (weights / minus_arrivals).argmin(dim=-1)
 
 
-def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+def check_sampling(temperature: float, top_k: int, top_p: float, min_p: float = 0.0) -> None:
     """A ConfigError naming the option that is out of range."""
     if not temperature > 0 or temperature == float("inf"):
         raise ConfigError(f"temperature={temperature}: must be a positive number "
@@ -108,16 +112,22 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
         raise ConfigError(f"top_k={top_k!r}: must be an integer >= 0 (0: no limit)")
     if not 0 < top_p <= 1:
         raise ConfigError(f"top_p={top_p}: must be in (0, 1]")
+    if not 0 <= min_p <= 1:
+        raise ConfigError(f"min_p={min_p}: must be in [0, 1] (0: off)")
 
 
-def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
-    """logits (B, V) with every token outside the top_k and outside the nucleus of
-    probability top_p set to -inf (the most likely token always stays)."""
+def filter_logits(logits: Tensor, top_k: int, top_p: float, min_p: float = 0.0) -> Tensor:
+    """logits (B, V) with every token outside the top_k, outside the nucleus of
+    probability top_p, and less than min_p times as likely as the likeliest set to -inf
+    (the most likely token always stays), in that order, as transformers' warpers."""
     if top_k > 0:
         kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
         logits = logits.masked_fill(~nucleus(logits.softmax(dim=-1), top_p), float("-inf"))
+    if min_p > 0:          # p / p_max = exp(logit - its max): a comparison of logits
+        floor = logits.amax(dim=-1, keepdim=True) + math.log(min_p)
+        logits = logits.masked_fill(logits < floor, float("-inf"))
     return logits
 
 

@@ -4,8 +4,9 @@ curl scripts written for it) talk to a model served here by changing the base UR
 
 The conversation is laid out by the model's chat template (data/chat.py) and generated
 as a prompt of /v1/generate's, in the same continuous batches. A reply is one choice
-(n 1), whole or streamed as "chat.completion.chunk" events ending in `data: [DONE]`;
-usage counts the prompt's tokens and the reply's (the end token included), and
+(or n, each sampled from a seed of its own, as /v1/completions draws its n), whole or
+streamed as "chat.completion.chunk" events ending in `data: [DONE]`; usage counts the
+prompt's tokens once and the replies' (each end token included), and
 finish_reason says "stop" (an end token or a stop string) or "length" (max_tokens, or
 the end of the model's context). The defaults are OpenAI's: temperature 1, and a reply
 as long as the context allows. OpenAI's frequency and presence penalties and logit
@@ -62,11 +63,11 @@ class Conversations(Prompts):
 
 
 def _chunk(completion: Completion, delta: dict | None, finish_reason: str | None = None,
-           logprobs: dict | None = None, **more: Any) -> str:
-    """One "chat.completion.chunk" event: the reply's delta (None: no choice), and the
-    logprobs of its tokens."""
-    choices = [] if delta is None else [
-        {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
+           logprobs: dict | None = None, index: int = 0, **more: Any) -> str:
+    """One "chat.completion.chunk" event: reply `index`'s delta (None: no choice), and
+    the logprobs of its tokens."""
+    choices = [] if delta is None else [{"index": index, "delta": delta, "logprobs": logprobs,
+                                         "finish_reason": finish_reason}]
     return completion.event("chat.completion.chunk", choices, **more)
 
 
@@ -80,16 +81,16 @@ def routes(service: Service) -> APIRouter:
     async def chat(body: ChatRequest):
         conversation, prompt = _conversation(service, body)
         options = _options(service, body, len(prompt))
-        seeds = None if options.greedy else prompt_seeds(options.seed, 1)
+        seeds = None if options.greedy else prompt_seeds(options.seed, body.n)
         completion = Completion.new("chatcmpl", service.name, len(prompt))
-        tokens = len(prompt) + options.max_new_tokens
+        tokens = (len(prompt) + options.max_new_tokens) * body.n
+        each = [conversation] * body.n                                # one per choice
         if not body.stream:
-            job = enqueue_prompts(service, Conversations([conversation], options, seeds),
-                                  tokens)
-            (reply,), timings = await service.wait(job)
-            return await _answer(service, body, completion, prompt, reply, timings)
+            job = enqueue_prompts(service, Conversations(each, options, seeds), tokens)
+            replies, timings = await service.wait(job)
+            return await _answer(service, body, completion, prompt, replies, timings)
         pieces: asyncio.Queue = asyncio.Queue()
-        job = enqueue_prompts(service, Conversations([conversation], options, seeds, pieces,
+        job = enqueue_prompts(service, Conversations(each, options, seeds, pieces,
                                                      asyncio.get_running_loop()), tokens)
         return StreamingResponse(_chunks(service, job, pieces, completion, prompt, body),
                                  media_type="text/event-stream",
@@ -99,26 +100,28 @@ def routes(service: Service) -> APIRouter:
 
 
 async def _answer(service: Service, body: ChatRequest, completion: Completion,
-                  prompt: list[int], reply: Reply, timings: Timings) -> ChatResponse:
-    """The whole answer: the reply and, if asked, its tokens' logprobs, scored now."""
-    logprobs = None
+                  prompt: list[int], replies: list[Reply], timings: Timings) -> ChatResponse:
+    """The whole answer: the replies and, if asked, their tokens' logprobs, scored now."""
+    logprobs: list[ChatLogprobs | None] = [None] * len(replies)
     if body.logprobs:
-        logprobs, scoring = await _scored(service, body, prompt, reply)
+        logprobs, scoring = await _scored(service, body, prompt, replies)
         timings = one_after_other(timings, scoring)
     return ChatResponse(
         id=completion.id, created=completion.created, model=completion.model,
-        choices=[ChatChoice(index=0, message=AssistantMessage(content=reply.text),
-                            logprobs=logprobs, finish_reason=reply.finish_reason)],
-        usage=completion.usage(reply.tokens), timings=timings)
+        choices=[ChatChoice(index=index, message=AssistantMessage(content=reply.text),
+                            logprobs=scores, finish_reason=reply.finish_reason)
+                 for index, (reply, scores) in enumerate(zip(replies, logprobs))],
+        usage=completion.usage(sum(reply.tokens for reply in replies)), timings=timings)
 
 
-async def _scored(service: Service, body: ChatRequest, prompt: list[int], reply: Reply
-                  ) -> tuple[ChatLogprobs, Timings]:
-    """The reply's tokens' logprobs, scored by a job on the decoding worker, and its
+async def _scored(service: Service, body: ChatRequest, prompt: list[int],
+                  replies: list[Reply]) -> tuple[list[ChatLogprobs], Timings]:
+    """The replies' tokens' logprobs, scored by one job on the decoding worker, and its
     timings."""
     top = body.top_logprobs or 0
-    (scores,), timings = await scored(service, [prompt + reply.ids], top)
-    return reply_logprobs(service.model, prompt, reply.ids, reply.text, scores, top), timings
+    scores, timings = await scored(service, [prompt + reply.ids for reply in replies], top)
+    return [reply_logprobs(service.model, prompt, reply.ids, reply.text, each, top)
+            for reply, each in zip(replies, scores)], timings
 
 
 def _conversation(service: Service, body: ChatRequest) -> tuple[Chat, list[int]]:
@@ -147,6 +150,9 @@ def _options(service: Service, body: ChatRequest, prompt_tokens: int) -> Generat
                        "max_completion_tokens")
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(422, "top_logprobs: give it with logprobs true", "top_logprobs")
+    if body.n > service.limits.max_texts:
+        raise ApiError(413, f"n: {body.n} replies, more than the limit of "
+                            f"{service.limits.max_texts} per request (max_texts)", "n")
     most = body.max_tokens or body.max_completion_tokens \
         or generator.context - prompt_tokens
     return sampling_options(body, most, service.limits.max_texts, generator)
@@ -154,23 +160,27 @@ def _options(service: Service, body: ChatRequest, prompt_tokens: int) -> Generat
 
 async def _chunks(service: Service, job, pieces: asyncio.Queue, completion: Completion,
                   prompt: list[int], body: ChatRequest) -> AsyncIterator[str]:
-    """OpenAI's stream: the assistant's role, the reply's pieces, with logprobs the
-    reply's in one chunk (scored once it is whole: OpenAI's clients join every chunk's
-    logprobs.content), the finish reason, the usage if asked, [DONE]; an error ends it
-    as an {"error": ...} event."""
-    async def done(results: list[Reply], timings: Timings) -> str:
-        (reply,) = results
+    """OpenAI's stream: each reply's role, its pieces (chunks of each choice's index as
+    they come), with logprobs each reply's in one chunk (scored once they are whole:
+    OpenAI's clients join every chunk's logprobs.content), the finish reasons, the usage
+    if asked, [DONE]; an error ends it as an {"error": ...} event."""
+    async def done(replies: list[Reply], timings: Timings) -> str:
         last = ""
         if body.logprobs:
-            logprobs, _ = await _scored(service, body, prompt, reply)
-            last += _chunk(completion, {}, logprobs=logprobs.model_dump())
-        last += _chunk(completion, {}, reply.finish_reason)
+            logprobs, _ = await _scored(service, body, prompt, replies)
+            last += "".join(_chunk(completion, {}, logprobs=each.model_dump(), index=index)
+                            for index, each in enumerate(logprobs))
+        last += "".join(_chunk(completion, {}, reply.finish_reason, index=index)
+                        for index, reply in enumerate(replies))
         if body.stream_options is not None and body.stream_options.include_usage:
-            last += _chunk(completion, None, usage=completion.usage(reply.tokens).model_dump())
+            usage = completion.usage(sum(reply.tokens for reply in replies))
+            last += _chunk(completion, None, usage=usage.model_dump())
         return last + DONE
 
-    form = EventFormat(piece=lambda index, text: _chunk(completion, {"content": text}),
+    form = EventFormat(piece=lambda index, text: _chunk(completion, {"content": text},
+                                                        index=index),
                        done=done, error=error_event)
-    yield _chunk(completion, {"role": "assistant", "content": ""})
+    for index in range(body.n):
+        yield _chunk(completion, {"role": "assistant", "content": ""}, index=index)
     async for event in events(service, job, pieces, form):
         yield event

@@ -54,7 +54,8 @@ def sampling_options(body: OpenAISampling, max_new_tokens: int, batch_sentences:
     try:
         options = GenerateOptions(
             max_new_tokens=max_new_tokens, temperature=body.temperature, top_k=body.top_k,
-            top_p=body.top_p, seed=body.seed, repetition_penalty=body.repetition_penalty,
+            top_p=body.top_p, min_p=body.min_p, seed=body.seed,
+            repetition_penalty=body.repetition_penalty,
             frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
             logit_bias=body.logit_bias, stop=stop, batch_sentences=batch_sentences)
         generator.check_logit_bias(options)

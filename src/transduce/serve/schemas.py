@@ -125,6 +125,8 @@ LogitBias = Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
                            Annotated[Number, Field(ge=-100, le=100, allow_inf_nan=False)]],
                       Field(max_length=300)] | None
 FREQUENCY = "-2 to 2: a token's logit lowered by this times how often the text has it"
+MinP = Annotated[Number, Field(ge=0, le=1, allow_inf_nan=False)]
+MIN_P = "0 to 1: sample among tokens at least this times as likely as the likeliest (0: all)"
 PRESENCE = "-2 to 2: a token's logit lowered by this once the text has it"
 BIAS = ("token id (a string) -> -100 to 100, added to its logit (-100 bans it); at most "
         "300")
@@ -137,6 +139,7 @@ class GenerateRequest(Strict):
     temperature: Annotated[Number, Field(ge=0, le=100, allow_inf_nan=False)] = 0.0
     top_k: Annotated[StrictInt, Field(ge=0)] = 0
     top_p: Annotated[Number, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    min_p: MinP = Field(0, description=MIN_P)
     seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
     repetition_penalty: Annotated[Number, Field(gt=0, le=100, allow_inf_nan=False)] = 1.0
     frequency_penalty: Penalty = Field(0, description=FREQUENCY)
@@ -219,6 +222,7 @@ class OpenAISampling(Strict):
         1.0, description="OpenAI's default, 1: sampling; 0: greedy")
     top_p: Annotated[Number, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     top_k: Annotated[StrictInt, Field(ge=0)] = 0
+    min_p: MinP = Field(0, description=MIN_P)
     repetition_penalty: Annotated[Number, Field(gt=0, le=100, allow_inf_nan=False)] = 1.0
     seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
     stop: Annotated[Text, Field(min_length=1)] | Annotated[
@@ -239,7 +243,8 @@ class ChatRequest(OpenAISampling):
         None, description="reply tokens at most (default: what the context leaves)")
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
         None, description="the same, OpenAI's newer name")
-    n: Literal[1] = Field(1, description="one reply per request")
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_BEAM)] = Field(
+        1, description="replies to the conversation, each drawn from a seed of its own")
     logprobs: StrictBool = Field(False, description="each reply token's log-probability")
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = Field(
         None, description="with logprobs: the likeliest this many tokens in each place")
