@@ -1,19 +1,19 @@
-"""The cost of drawing a token: temperature, top-k and top-p (nucleus) filtering and the
-draw, ours against the full sort a nucleus was found by before and against
+"""The cost of drawing a token: temperature, top-k, top-p (nucleus) and min-p filtering
+and the draw, ours against the full sort a nucleus was found by before and against
 transformers' logits warpers, on a trained language model's own next-token logits.
 
 The logits are the model's after every position of --lines lines of a text corpus's
 --split (each line [bos] + its tokens, read in one causal pass), so the distributions
 are what generation meets, peaked after most tokens and flat after some. Each case
-(temperature, top_k, top_p) runs every peer over the same rows, --batch rows a call,
+(temperature, top_k, top_p, min_p) runs every peer over the same rows, --batch rows a call,
 interleaved over --repeats rounds; counted: rows a second (a row is one prompt's step).
 Peers:
 - ours: Sampler.weights then Sampler.draw (decode/sampling.py), the nucleus looked for
   among the likeliest NUCLEUS_CANDIDATES first;
 - full sort: the same with the nucleus found by sorting every token (what
   filter_logits did before);
-- transformers: TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, softmax
-  and torch.multinomial.
+- transformers: TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+  MinPLogitsWarper, softmax and torch.multinomial.
 Every peer's kept tokens are checked equal to ours (transformers' up to rows where
 rounding differs at the nucleus's edge, counted). Also: the nuclei's sizes.
 
@@ -39,7 +39,8 @@ from transduce.decode import sampling  # noqa: E402
 from transduce.decode.generate import Generator  # noqa: E402
 from transduce.decode.sampling import Sampler  # noqa: E402
 
-CASES = [(1.0, 0, 0.9), (0.7, 0, 0.9), (1.0, 0, 0.95), (1.0, 50, 1.0), (1.0, 50, 0.9)]
+CASES = [(1.0, 0, 0.9, 0.0), (0.7, 0, 0.9, 0.0), (1.0, 0, 0.95, 0.0), (1.0, 50, 1.0, 0.0),
+         (1.0, 50, 0.9, 0.0), (1.0, 0, 1.0, 0.05), (1.0, 0, 0.95, 0.05)]
 
 
 def corpus_logits(generator: Generator, lines: list[str]) -> torch.Tensor:
@@ -59,22 +60,25 @@ def sorted_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, in_sorted)
 
 
-def transformers_draw(logits: torch.Tensor, temperature: float, top_k: int, top_p: float
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    from transformers.generation.logits_process import (TemperatureLogitsWarper,
+def transformers_draw(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                      min_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    from transformers.generation.logits_process import (MinPLogitsWarper,
+                                                        TemperatureLogitsWarper,
                                                         TopKLogitsWarper, TopPLogitsWarper)
     scores = TemperatureLogitsWarper(temperature)(None, logits)
     if top_k:
         scores = TopKLogitsWarper(top_k)(None, scores)
     if top_p < 1.0:
         scores = TopPLogitsWarper(top_p)(None, scores)
+    if min_p:
+        scores = MinPLogitsWarper(min_p)(None, scores)
     return torch.multinomial(scores.softmax(dim=-1), 1)[:, 0], scores.isfinite()
 
 
-def compare(logits: torch.Tensor, case: tuple[float, int, float], batch: int,
+def compare(logits: torch.Tensor, case: tuple[float, int, float, float], batch: int,
             repeats: int) -> dict:
-    temperature, top_k, top_p = case
-    sampler = Sampler(temperature, top_k, top_p, seed=0)
+    temperature, top_k, top_p, min_p = case
+    sampler = Sampler(temperature, top_k, top_p, seed=0, min_p=min_p)
     chunks = list(logits.split(batch))
     kept: dict[str, list[torch.Tensor]] = {}
 
@@ -101,7 +105,8 @@ def compare(logits: torch.Tensor, case: tuple[float, int, float], batch: int,
     mine = torch.cat(kept["ours"])
     differing = {name: int((torch.cat(kept[name]) != mine).any(dim=-1).sum()) for name in peers}
     sizes = mine.sum(dim=-1).float()
-    result = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "batch": batch,
+    result = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+              "batch": batch,
               "rows": len(logits), "rows_per_s": rate,
               "over_full_sort": rate["ours"] / rate["full sort"],
               "over_transformers": rate["ours"] / rate["transformers"],
@@ -109,7 +114,7 @@ def compare(logits: torch.Tensor, case: tuple[float, int, float], batch: int,
               "nucleus_size": {"median": sizes.median().item(),
                                "p90": sizes.quantile(0.9).item(), "max": sizes.max().item(),
                                "share_within_64": (sizes <= 64).float().mean().item()}}
-    print(f"T={temperature} top_k={top_k} top_p={top_p} batch {batch}: ours "
+    print(f"T={temperature} top_k={top_k} top_p={top_p} min_p={min_p} batch {batch}: ours "
           f"{rate['ours']:,.0f} rows/s, {result['over_full_sort']:.2f}x the full sort, "
           f"{result['over_transformers']:.2f}x transformers; nucleus median "
           f"{sizes.median():.0f}, p90 {sizes.quantile(0.9):.0f}; rows kept differently "

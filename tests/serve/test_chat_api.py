@@ -11,6 +11,7 @@ from tests.chat_models import CONVERSATIONS, STEPS, template_ids
 from tests.serve.conftest import client_for
 from tests.serve.test_server import ServerThread
 from transduce.data.chat import Chat
+from transduce.decode.sampling import prompt_seeds
 from transduce.serve.app import create_app
 
 
@@ -118,8 +119,6 @@ def test_n_replies_follow_their_seeds_whole_or_streamed(api, chatml, stream):
     /v1/completions draws its n): the library's replies to the conversation given n
     times; usage counts the prompt once; streamed, each choice's chunks join to its
     reply, with its logprobs and finish reason."""
-    from transduce.decode.sampling import prompt_seeds
-
     request = {"messages": CONVERSATIONS[1], "n": 3, "seed": 5, "max_tokens": 8,
                "logprobs": True, **({"stream": True, "stream_options": {"include_usage": True}}
                                     if stream else {})}
@@ -261,3 +260,12 @@ def test_openais_client_reads_replies_whole_and_streamed(chatml):
         joined = [t for c in streamed if c.choices and c.choices[0].logprobs
                   for t in c.choices[0].logprobs.content]
         assert [(t.token, t.logprob) for t in joined] == [(t.token, t.logprob) for t in content]
+        several = client.chat.completions.create(
+            model="tiny", messages=CONVERSATIONS[1], max_tokens=STEPS, n=2, seed=3,
+            frequency_penalty=0.5, presence_penalty=0.5, logit_bias={"5": -100})
+        assert [c.index for c in several.choices] == [0, 1]
+        rows = chatml.generator.generate_rows(
+            [Chat.of(CONVERSATIONS[1])] * 2, max_new_tokens=STEPS, temperature=1.0,
+            frequency_penalty=0.5, presence_penalty=0.5, logit_bias={5: -100},
+            seeds=prompt_seeds(3, 2))
+        assert [c.message.content for c in several.choices] == [row.text for row in rows]

@@ -10,7 +10,7 @@ prompt's tokens once and the replies' (each end token included), and
 finish_reason says "stop" (an end token or a stop string) or "length" (max_tokens, or
 the end of the model's context). The defaults are OpenAI's: temperature 1, and a reply
 as long as the context allows. OpenAI's frequency and presence penalties and logit
-bias are taken (decode/penalties.py), and repetition_penalty and top_k, as
+bias are taken (decode/penalties.py), and repetition_penalty, top_k and min_p, as
 /v1/generate's, are ours; any field OpenAI's API lacks is refused.
 """
 
