@@ -66,9 +66,9 @@ class DraftModel:
             if self.sampler is None:
                 fed = [int(logits.argmax())]
             else:
-                weights = self.sampler.weights(logits)                       # (1, V)
-                distributions.append(weights[0] / weights.sum())
-                fed = [int(self.sampler.draw(weights, [self.sampler_row])[0])]
+                distribution = self.sampler.distribution(logits)             # (1, V)
+                distributions.append(distribution[0])
+                fed = [int(self.sampler.draw(distribution, [self.sampler_row])[0])]
             drafted += fed
         self.agreed = len(self.tokens)
         self.distributions = torch.stack(distributions) if distributions else None

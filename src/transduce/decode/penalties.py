@@ -58,7 +58,7 @@ class Penalties:
     def __call__(self, logits: Tensor) -> Tensor:
         """logits (R', V) of the first R' rows -> the changed logits (R', V) float32."""
         count = logits.shape[0]
-        repetition, frequency, presence = self.penalties[:count].float().unbind(dim=-1)
+        repetition, frequency, presence = self.penalties[:count].unbind(dim=-1)
         counts = self.counts[:count]
         logits = penalize_repetition(logits.float(), self.seen[:count], repetition[:, None])
         return (logits - counts * frequency[:, None]

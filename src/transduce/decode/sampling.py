@@ -70,6 +70,11 @@ class Sampler:
         logits = (logits - logits.amax(dim=-1, keepdim=True)).div_(temperature)  # (B, V)
         return filter_logits(logits, self.top_k, self.top_p, self.min_p).exp_()
 
+    def distribution(self, logits: Tensor) -> Tensor:
+        """logits (B, V) -> (B, V): the distribution each row's token is drawn from."""
+        weights = self.weights(logits)
+        return weights / weights.sum(dim=-1, keepdim=True)
+
     def uniforms(self, count: int, row: int) -> Tensor:
         """`count` draws uniform in [0, 1) from row `row`'s generator -> (count,)."""
         return torch.rand(count, generator=self._row_generator(row), device=self.device)

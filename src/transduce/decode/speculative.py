@@ -79,7 +79,7 @@ def sampled_verified(draft: list[int], distributions: Tensor | None, logits: Ten
     generator of row `row`."""
     uniforms = sampler.uniforms(len(draft), row).tolist() if draft else []
     for place, token in enumerate(draft):
-        target = _distribution(sampler, logits[place])                    # (V,)
+        target = sampler.distribution(logits[place:place + 1])[0]         # (V,)
         drafted = None if distributions is None else distributions[place].to(target.device)
         q = 1.0 if drafted is None else float(drafted[token])
         if uniforms[place] * q < float(target[token]):     # kept: probability min(1, p / q)
@@ -92,12 +92,6 @@ def sampled_verified(draft: list[int], distributions: Tensor | None, logits: Ten
             residual = target
         return draft[:place] + [int(sampler.draw(residual[None], [row])[0])]
     return draft + [int(sampler.draw(sampler.weights(logits[-1:]), [row])[0])]
-
-
-def _distribution(sampler: "Sampler", logits: Tensor) -> Tensor:
-    """logits (V,) -> the sampling distribution (V,) that `sampler` draws from."""
-    weights = sampler.weights(logits[None])[0]
-    return weights / weights.sum()
 
 
 def speculative_steps(model, prompt: Tensor, row: "Continuation", drafter: Drafter,
