@@ -46,6 +46,7 @@ from transduce.errors import TransduceError, not_there
 CONFIG, WEIGHTS, TOKENIZER, TRAINER_STATE = "config.json", "model.safetensors", MODEL_NAME, \
     "trainer_state.pt"
 TARGET_TOKENIZER = TARGET_MODEL_NAME
+ADAPTERS = "adapter.safetensors"      # a LoRA run's adapters (train/lora.py)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -82,7 +83,9 @@ def resolve(path: Path) -> Path:
 
 def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
          tokenizer_path: Path | TextTokenizer, trainer_state: dict[str, Any] | None = None,
-         origin: dict[str, Any] | None = None) -> Path:
+         origin: dict[str, Any] | None = None, *, weights: dict[str, torch.Tensor] | None = None,
+         adapters: dict[str, torch.Tensor] | None = None,
+         lora: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint directory atomically; an existing one at `path` is replaced.
     tokenizer_path: a SentencePiece model file (stored as spm.model, whatever its name;
     a spm.model's spm-target.model beside it is stored too),
@@ -94,7 +97,9 @@ def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
     (model.classifier_inputs: "texts" or "pairs"), an encoder's way of pooling sentence
     embeddings (model.sentence_embedding), a translation model's language pair
     (model.languages: source, target) and a multilingual one's language codes
-    (model.language_codes: code -> id) are written with its configuration."""
+    (model.language_codes: code -> id) are written with its configuration.
+    A LoRA run's (train/lora.py): weights, the merged state dict written in place of the
+    model's; adapters, written as adapter.safetensors; lora, its config.json section."""
     write_tokenizer, section = _tokenizer_writer(tokenizer_path)
     described = {"labels": getattr(model, "labels", None),
                  "classifier_inputs": getattr(model, "classifier_inputs", None),
@@ -102,15 +107,19 @@ def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
                  "languages": getattr(model, "languages", None),
                  "language_codes": getattr(model, "language_codes", None)}
     with atomic.atomic_directory(path) as temporary:
-        _write_config(temporary, model.config, train_config, origin, section, **described)
-        _save_weights(model, temporary / WEIGHTS)
+        _write_config(temporary, model.config, train_config, origin, section, lora=lora,
+                      **described)
+        _save_weights(model.state_dict() if weights is None else weights, temporary / WEIGHTS)
+        if adapters is not None:
+            _save_tensors({name: tensor.detach().to("cpu").contiguous()
+                           for name, tensor in adapters.items()}, temporary / ADAPTERS, None)
         write_tokenizer(temporary)
         if trainer_state is not None:
             torch.save(trainer_state, temporary / TRAINER_STATE)
     return path
 
 
-def _save_weights(model: nn.Module, file: Path) -> None:
+def _save_weights(state: dict[str, torch.Tensor], file: Path) -> None:
     """The weights as safetensors' save_model writes them (a tensor under two names, a
     tied matrix, is stored once and the other name recorded in the metadata), except that
     distinct views into one buffer are copied apart: on a GPU, cuDNN packs an RNN's
@@ -119,7 +128,7 @@ def _save_weights(model: nn.Module, file: Path) -> None:
     tensors: dict[str, torch.Tensor] = {}
     metadata: dict[str, str] = {}
     first_name: dict[tuple, str] = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in state.items():
         view = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
         if tensor.numel() and view in first_name:
             metadata[name] = first_name[view]
@@ -190,7 +199,8 @@ def _write_config(directory: Path, model_config: ModelConfig, train_config: Trai
                   labels: list[str] | None = None, classifier_inputs: str | None = None,
                   languages: tuple[str, str] | None = None,
                   language_codes: dict[str, int] | None = None,
-                  sentence_embedding: dict[str, Any] | None = None) -> None:
+                  sentence_embedding: dict[str, Any] | None = None,
+                  lora: dict[str, Any] | None = None) -> None:
     values = {"model": model_config.to_dict(),
               "train": None if train_config is None else train_config.to_dict(),
               **({"origin": origin} if origin else {}),
@@ -200,7 +210,8 @@ def _write_config(directory: Path, model_config: ModelConfig, train_config: Trai
               **({"languages": dict(zip(("source", "target"), languages))} if languages else {}),
               **({"language_codes": dict(language_codes)} if language_codes else {}),
               **({"sentence_embedding": dict(sentence_embedding)} if sentence_embedding
-                 else {})}
+                 else {}),
+              **({"lora": dict(lora)} if lora else {})}
     (directory / CONFIG).write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
 
 
@@ -278,6 +289,15 @@ def read_sentence_embedding(path: Path) -> dict[str, Any] | None:
                               f"{{\"pooling\": \"mean\" or \"cls\", \"normalize\": true or "
                               f"false}}, got {values!r}")
     return values
+
+
+def read_lora_section(path: Path) -> dict[str, Any] | None:
+    """A LoRA run's checkpoint's "lora" section (train/lora.py): its base checkpoint,
+    rank, scale and adapted layers; None for any other checkpoint."""
+    section = _read_config_json(path).get("lora")
+    if section is not None and not isinstance(section, dict):
+        raise CheckpointError(f"{Path(path) / CONFIG}: \"lora\" must be an object")
+    return section
 
 
 def read_languages(path: Path) -> tuple[str, str] | None:

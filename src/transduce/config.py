@@ -455,6 +455,11 @@ class TrainConfig(ValidatedConfig):
     objective: Objective = "mlm"       # arch encoder, task pretrain: "mlm" or "mlm,nsp"
     source_lang: str = ""              # a multilingual model's (NLLB's): the corpus's source
     target_lang: str = ""              # and target language codes ("": a one-pair model)
+    lora_rank: int = 0                 # >0 (with --init): train low-rank adapters of this
+    #                                    rank beside frozen weights (model/lora.py)
+    lora_alpha: float = 16.0           # the adapters' update is scaled by alpha / rank
+    lora_targets: str = "q,k,v,o,ffn"  # the layers adapted: attention q, k, v, o; ffn
+    lora_dropout: float = 0.0          # dropout on the adapters' input
 
     def __post_init__(self) -> None:
         self._check_bools()
@@ -470,7 +475,8 @@ class TrainConfig(ValidatedConfig):
             raise ConfigError("TrainConfig.schedule='budget' decays to 0 at the end of the "
                               "budget: give max_steps or max_minutes")
         check_at_least(self, 0, "max_steps", "max_minutes", "clip_norm", "dev_bleu_sentences",
-                       "threads", "schedule_offset", "pack_length")
+                       "threads", "schedule_offset", "pack_length", "lora_rank")
+        self._check_lora()
         check_in_unit_interval(self, "label_smoothing", "adam_beta1", "adam_beta2")
         check_seed(self.seed, "TrainConfig.seed")
         for name in ("source_lang", "target_lang"):
@@ -484,6 +490,27 @@ class TrainConfig(ValidatedConfig):
         for name in ("lr_scale", "adam_eps"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)}: must be positive")
+
+    def _check_lora(self) -> None:
+        parse_lora_targets(self.lora_targets, "TrainConfig.lora_targets")
+        if self.lora_alpha <= 0:
+            raise ConfigError(f"TrainConfig.lora_alpha={self.lora_alpha}: must be positive")
+        check_in_unit_interval(self, "lora_dropout")
+
+
+# What TrainConfig.lora_targets names (model/lora.py: the layers each stands for).
+LORA_TARGETS = ("q", "k", "v", "o", "ffn")
+
+
+def parse_lora_targets(text: str, option: str = "--lora-targets") -> tuple[str, ...]:
+    """"q,v" -> ("q", "v"); an unknown or repeated name is a ConfigError naming it."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in LORA_TARGETS]
+    if not names or unknown or len(set(names)) != len(names):
+        raise ConfigError(f"{option}={text!r}: a comma-separated list of distinct names "
+                          f"among {', '.join(LORA_TARGETS)}"
+                          + (f" ({', '.join(unknown)} is not one)" if unknown else ""))
+    return names
 
 
 # small's budget recipe without label smoothing, for the small language models.

@@ -130,6 +130,9 @@ class MultiHeadAttention(nn.Module):
         then makes one product instead of three (decoding copies, model/packed.py). The
         module serves self-attention only from then on."""
         projections = (self.q_proj, self.k_proj, self.v_proj)
+        if any(type(p) is not nn.Linear for p in projections):   # LoRA's: merge them first
+            raise TypeError(f"fuse_self_projections stacks plain Linear weights, not "
+                            f"{', '.join(sorted({type(p).__name__ for p in projections}))}")
         fused = nn.Linear(self.q_proj.in_features, sum(p.out_features for p in projections),
                           bias=self.q_proj.bias is not None, device="meta")  # weights next
         with torch.no_grad():

@@ -1,4 +1,4 @@
-"""`transduce export hf | ct2 | onnx`: a checkpoint in another toolkit's format."""
+"""`transduce export hf | ct2 | onnx | peft`: a checkpoint in another toolkit's format."""
 
 from __future__ import annotations
 
@@ -41,6 +41,13 @@ def register(commands) -> None:
                       help="int8: weights int8 per channel (ONNX Runtime dynamic quantization; "
                            "a tied embedding once, a scale per token)")
     onnx.set_defaults(handler=export_onnx)
+    peft = formats.add_parser("peft", help="a LoRA run's adapters as a PEFT adapter, for "
+                                           "the Hugging Face export of the checkpoint it "
+                                           "started from (language models)")
+    peft.add_argument("model", type=Path, help="a LoRA run's checkpoint or run directory")
+    peft.add_argument("out", type=Path, help="directory to write")
+    peft.add_argument("--force", action="store_true", help=FORCE_HELP)
+    peft.set_defaults(handler=export_peft)
 
 
 def export_hf(args: argparse.Namespace) -> int:
@@ -91,4 +98,17 @@ def export_onnx(args: argparse.Namespace) -> int:
     command = next((c for graph, c in commands.items() if (out / graph).is_file()), "translate")
     print(f"wrote {out} (run it with `transduce {command} --model {out}`, or "
           f"transduce.load({str(out)!r}))")
+    return 0
+
+
+def export_peft(args: argparse.Namespace) -> int:
+    """Write a LoRA run's adapters as a PEFT adapter directory."""
+    from transduce import checkpoint
+    from transduce.export import export_peft as write
+
+    check_output_directory(args.out, "OUT", force=args.force, reads=args.model)
+    out = write(args.model, args.out)
+    base = checkpoint.read_lora_section(checkpoint.resolve(args.model))["base"]
+    print(f"wrote {out} (load it with peft.PeftModel.from_pretrained on the model that "
+          f"`transduce export hf {base}` writes)")
     return 0

@@ -1,6 +1,6 @@
 """`transduce import hf-gpt2` / `hf-llama` / `hf-bert` / `hf-roberta` (also called
 `hf-xlm-roberta`) / `hf-marian` / `hf-nllb` (also called `hf-m2m100`) / `hf-t5`: another
-toolkit's checkpoint as ours."""
+toolkit's checkpoint as ours; `peft`: a PEFT LoRA adapter merged into one of ours."""
 
 from __future__ import annotations
 
@@ -64,6 +64,21 @@ def register(commands) -> None:
                 "T5's relative positions: give it its task in the text (\"translate English "
                 "to German: ...\", \"summarize: ...\"); options the model cannot reproduce "
                 "are refused by name.")
+
+    peft = formats.add_parser("peft", help="a PEFT LoRA adapter of a Llama, Mistral, Qwen2 or "
+                                           "GPT-2 model, merged into our import of that model",
+                              description="Merge a PEFT LoRA adapter directory "
+                              "(adapter_config.json, adapter_model.safetensors) into a copy of "
+                              "--base, our checkpoint of the model it was trained on (import "
+                              "hf-llama or hf-gpt2); what a merged update cannot compute (DoRA, "
+                              "trained biases, modules trained whole) is refused by name. OUT "
+                              "must not exist or be empty, unless --force.")
+    peft.add_argument("adapter_dir", metavar="DIR", type=Path, help="PEFT adapter directory")
+    peft.add_argument("--base", type=Path, required=True,
+                      help="our checkpoint of the adapter's base model")
+    peft.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+    peft.add_argument("--force", action="store_true", help=FORCE_HELP)
+    peft.set_defaults(handler=import_peft)
 
 
 def _add_format(formats, handler, name: str, summary: str, description: str,
@@ -193,3 +208,17 @@ def _imported(args: argparse.Namespace, importer):
     check_output_directory(args.out, "--out", force=args.force, reads=args.hf_dir)
     out = importer(args.hf_dir, args.out)
     return out, load_model(out)
+
+
+def import_peft(args: argparse.Namespace) -> int:
+    """Merge a PEFT LoRA adapter into a copy of our checkpoint of its base model."""
+    from transduce.importers import import_peft as merge
+    from transduce.model import load_model
+
+    check_output_directory(args.out, "--out", force=args.force, reads=args.adapter_dir)
+    check_output_directory(args.out, "--out", force=args.force, reads=args.base)
+    out = merge(args.adapter_dir, args.base, args.out)
+    config = load_model(out).config
+    _say_written(out, "decoder-only", config.num_decoder_layers, config,
+                 config.tgt_vocab_size, f"; {args.adapter_dir} merged into {args.base}")
+    return 0

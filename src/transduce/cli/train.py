@@ -29,6 +29,12 @@ FINE_TUNING: dict = {"task": "classify", "max_tokens": 2048, "warmup_steps": 100
 # at Llama 7B's (4096): the range fine-tuning recipes use.
 IMPORT_TRAINING: dict = {"max_tokens": 2048, "schedule": "budget", "warmup_fraction": 0.1,
                          "warmup_steps": 100, "lr_scale": 0.02, "label_smoothing": 0.0}
+# LoRA's adapters (--lora-rank) train at 10x the rate of the whole model unless --lr-scale
+# or the config file sets it: from the KJV to the WEB in 300 steps, adapters at 10x reached
+# the perplexity of the whole model at 1x (docs/experiments.md, "LoRA against fine-tuning
+# the whole model"); at Llama 7B's width the import recipe's peak becomes 3.1e-4, near the
+# 1e-4 to 3e-4 that LoRA and QLoRA fine-tuned with.
+LORA_LR_FACTOR = 10.0
 
 
 def register(commands) -> None:
@@ -179,8 +185,11 @@ def _fine_tuning_configs(args: argparse.Namespace, file_values: dict
         raise ConfigError(f"--task classify fine-tunes an encoder; --init {args.init} is "
                           f"arch {saved.arch!r}")
     model_config = saved.replace(num_labels=len(_class_names(args.data)), **model_flags)
-    return model_config, TrainConfig(**{**FINE_TUNING, **file_values.get("train", {}),
-                                        **flags_given(args, TrainConfig)})
+    train_config = TrainConfig(**{**FINE_TUNING, **file_values.get("train", {}),
+                                  **flags_given(args, TrainConfig)})
+    if _takes_lora_rate(train_config, args, file_values):
+        train_config = train_config.replace(lr_scale=train_config.lr_scale * LORA_LR_FACTOR)
+    return model_config, train_config
 
 
 def _uptraining_configs(args: argparse.Namespace, file_values: dict
@@ -202,23 +211,39 @@ def _uptraining_configs(args: argparse.Namespace, file_values: dict
     defaults = uptraining_defaults(args.init, train_flags, args.uptrain_fraction)
     file_train = file_values.get("train", {})
     train_config = TrainConfig(**{**recipe, **file_train, **defaults, **train_flags})
+    # A LoRA run's own recipe has its adapters' rate already.
+    lora_rate = _takes_lora_rate(train_config, args, file_values) and \
+        not (saved_train and saved_train.lora_rank)
+    if lora_rate:
+        train_config = train_config.replace(lr_scale=train_config.lr_scale * LORA_LR_FACTOR)
     if "schedule_offset" in defaults:
         print(uptraining_plan(args.init, train_config, defaults, args.uptrain_fraction))
     elif saved_train is None:
-        print(import_training_plan(args.init, train_config, model_config.d_model))
+        print(import_training_plan(args.init, train_config, model_config.d_model, lora_rate))
     return model_config, train_config
 
 
-def import_training_plan(init: Path, config: TrainConfig, d_model: int) -> str:
+def _takes_lora_rate(config: TrainConfig, args: argparse.Namespace, file_values: dict
+                     ) -> bool:
+    """Whether a run trains LoRA adapters at LORA_LR_FACTOR times the recipe's rate: it
+    trains adapters, and neither --lr-scale nor the config file chose the rate."""
+    chosen = "lr_scale" in flags_given(args, TrainConfig) or \
+        "lr_scale" in file_values.get("train", {})
+    return bool(config.lora_rank) and not chosen
+
+
+def import_training_plan(init: Path, config: TrainConfig, d_model: int,
+                         lora_rate: bool = False) -> str:
     """What training on from an import will do with its learning rate, said before it
-    starts."""
+    starts. lora_rate: the rate is LoRA's default, LORA_LR_FACTOR times the recipe's."""
     peak = config.lr_scale * (d_model * config.warmup_steps) ** -0.5
+    lora = f" (LoRA: {LORA_LR_FACTOR:g}x the whole model's)" if lora_rate else ""
     if config.schedule == "noam":
         return (f"training on from {init} (an import, no recipe of its own): the noam "
-                f"schedule, peak learning rate {peak:.2g} at step {config.warmup_steps}")
+                f"schedule, peak learning rate {peak:.2g}{lora} at step {config.warmup_steps}")
     return (f"training on from {init} (an import, no recipe of its own): learning rate "
-            f"warmed up over {config.warmup_fraction:.3g} of the budget to {peak:.2g}, then "
-            f"decayed to 0; pass --lr-scale to move the peak")
+            f"warmed up over {config.warmup_fraction:.3g} of the budget to {peak:.2g}{lora}, "
+            f"then decayed to 0; pass --lr-scale to move the peak")
 
 
 def uptraining_plan(init: Path, config: TrainConfig, defaults: dict, fraction: float) -> str:

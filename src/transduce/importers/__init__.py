@@ -1,10 +1,11 @@
 """Reading other toolkits' checkpoints into ours: Hugging Face GPT-2 (hf_gpt2.py),
 BERT (hf_bert.py), RoBERTa (hf_roberta.py, with XLM-R and CamemBERT), Marian
 (hf_marian.py, the OPUS-MT translation models), NLLB-200 and M2M-100 (hf_nllb.py), T5
-(hf_t5.py, with Flan-T5 and mT5) and Llama (hf_llama.py, with Mistral and Qwen2). Each importer maps the weights name by name onto a model of this
-package that computes the same function, and refuses, naming the file, key or option,
-what it cannot reproduce; the result is an ordinary checkpoint directory
-(checkpoint.py), written whole or not at all. (The package is not called `import`, a
+(hf_t5.py, with Flan-T5 and mT5) and Llama (hf_llama.py, with Mistral and Qwen2), and
+PEFT's LoRA adapters of those language models, merged (peft.py). Each importer maps the
+weights name by name onto a model of this package that computes the same function, and
+refuses, naming the file, key or option, what it cannot reproduce; the result is an
+ordinary checkpoint directory (checkpoint.py), written whole or not at all. (The package is not called `import`, a
 Python keyword.)"""
 
 from transduce.errors import TransduceError
@@ -114,8 +115,9 @@ from transduce.importers.hf_marian import import_marian  # noqa: E402
 from transduce.importers.hf_llama import import_llama  # noqa: E402
 from transduce.importers.hf_nllb import import_nllb  # noqa: E402
 from transduce.importers.hf_t5 import import_t5  # noqa: E402
+from transduce.importers.peft import import_peft  # noqa: E402
 
 __all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight", "refuse_unread",
            "import_gpt2", "import_llama", "import_bert", "import_roberta", "fresh_heads",
            "import_marian",
-           "import_nllb", "import_t5"]
+           "import_nllb", "import_t5", "import_peft"]

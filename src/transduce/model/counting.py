@@ -10,7 +10,7 @@ class CountedParameters:
     source_parameters: int | None = None   # set on a decoding copy: its source's count
 
     def num_parameters(self) -> int:
-        """Trainable parameters, a tied matrix counted once."""
+        """Parameters, a tied matrix counted once; a LoRA run's frozen weights too."""
         if self.source_parameters is not None:
             return self.source_parameters
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+        return sum(p.numel() for p in self.parameters())

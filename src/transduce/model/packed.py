@@ -23,6 +23,7 @@ from transduce.attention.multihead import MultiHeadAttention
 from transduce.model.decoder_step import DecoderStep
 from transduce.model.int8 import Int8Linear, int8_available, no_scalars, worth_int8
 from transduce.model.layers import DecoderLayer, EncoderLayer, FeedForward
+from transduce.model.lora import merge_adapters
 from transduce.model.encoder_pass import EncoderPass
 from transduce.model.transformer import Decoder, Encoder
 
@@ -84,6 +85,7 @@ def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
     counted = model.num_parameters() if hasattr(model, "num_parameters") else None
     clone = (model if in_place else copy.deepcopy(model)).to(device=device, dtype=weights)
     clone.eval()
+    merge_adapters(clone)     # a LoRA run's model, evaluated as it trains
     if counted is not None:                # packed weights are buffers (model/counting.py)
         clone.source_parameters = counted
     for module in clone.modules():

@@ -21,7 +21,9 @@ class WeightAverage:
     def __init__(self, model: nn.Module, decay: float):
         self.decay = decay
         self.updates = 0
-        self.shadow = {name: p.detach().float().clone() for name, p in model.named_parameters()}
+        # Frozen weights (a LoRA run's) are their own average: only trained ones are kept.
+        self.shadow = {name: p.detach().float().clone() for name, p in model.named_parameters()
+                       if p.requires_grad}
 
     def current_decay(self) -> float:
         return min(self.decay, (1 + self.updates) / (10 + self.updates))
@@ -30,7 +32,8 @@ class WeightAverage:
     def update(self, model: nn.Module) -> None:
         weight = 1.0 - self.current_decay()
         for name, parameter in model.named_parameters():
-            self.shadow[name].lerp_(parameter.detach().float(), weight)
+            if name in self.shadow:
+                self.shadow[name].lerp_(parameter.detach().float(), weight)
         self.updates += 1
 
     def averaged_model(self, model: nn.Module) -> nn.Module:
@@ -38,7 +41,8 @@ class WeightAverage:
         averaged = copy.deepcopy(model).eval()
         with torch.no_grad():
             for name, parameter in averaged.named_parameters():
-                parameter.copy_(self.shadow[name])
+                if name in self.shadow:
+                    parameter.copy_(self.shadow[name])
         return averaged
 
     def state_dict(self) -> dict:

@@ -92,17 +92,23 @@ def _rnn_forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_l
     return 2.0 * (encoder + decoder + attention + readout + output)
 
 
-def training_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int) -> float:
-    return 3.0 * forward_flops(config, batch_size, src_len, tgt_len)
+def training_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int, *,
+                   weight_gradients: bool = True) -> float:
+    """The forward pass, and a backward pass of twice its products; without
+    weight_gradients (LoRA: frozen weights, adapters of negligible size) of as many."""
+    return (3.0 if weight_gradients else 2.0) * forward_flops(config, batch_size, src_len,
+                                                              tgt_len)
 
 
-def batch_training_flops(config: ModelConfig, batch) -> float:
+def batch_training_flops(config: ModelConfig, batch, *, weight_gradients: bool = True) -> float:
     """A data/batching.py Batch's training FLOPs: its padded shape's, or for packed rows
     the sum over its pairs, each counted alone (its attention stays inside the pair)."""
     if batch.segments is None:
-        return training_flops(config, *batch.src.shape, batch.tgt_in.shape[1])
+        return training_flops(config, *batch.src.shape, batch.tgt_in.shape[1],
+                              weight_gradients=weight_gradients)
     src, tgt = batch.src_lengths.cpu().numpy(), batch.tgt_lengths.cpu().numpy()
-    return float(training_flops(config, 1, src, tgt).sum())   # polynomial: one pass over arrays
+    flops = training_flops(config, 1, src, tgt, weight_gradients=weight_gradients)
+    return float(flops.sum())   # polynomial: one pass over arrays
 
 
 def matmul_peak(dtype: torch.dtype, device: torch.device | str = "cpu", size: int | None = None,

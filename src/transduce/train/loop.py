@@ -60,7 +60,7 @@ from transduce.train.loss import projected_label_smoothed_nll
 from transduce.train.ema import WeightAverage
 from transduce.train.objective import SequenceObjective
 from transduce.train import encoder as encoder_training
-from transduce.train import sharding
+from transduce.train import lora, sharding
 from transduce.train.schedule import learning_rate
 from transduce.train.languages import training_direction
 from transduce.train.signals import StopRequest, stop_requests
@@ -156,6 +156,8 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
            world: int, rank: int, *, resume: bool, init: Path | None) -> Run:
     """Data, model, optimizer and position (restored when resuming), as the run starts."""
     check_run_configs(model_config, train_config, corpus_kind(data_dir), data_dir)
+    lora.check_lora_run(model_config, train_config, init,
+                        checkpoint.resolve(out) if resume else None)
     sharding.check_fsdp_config(model_config, train_config, world)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
         if torch.cuda.is_available() else torch.device("cpu")
@@ -175,6 +177,8 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     labels = list(train_split.names) \
         if isinstance(train_split, encoder_training.TokenizedLabelled) else None
     model = _initial_model(model_config, train_config, labels, init, resume, rank, device)
+    if train_config.lora_rank:
+        _add_adapters(model, train_config, out, init, device)
     if labels is not None:     # and what they label, which classify then asks for
         model.classifier_inputs = "texts" if train_split.second_ids is None else "pairs"
     if model_config.arch not in ("encoder", "decoder"):
@@ -184,7 +188,9 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     net = _stepped_module(model, model_config, train_config, world,
                           LineSpecials.of(tokenizer).loss_pad)
     # After sharding: FSDP replaces the parameters by their shards, which Adam steps.
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.0,
+    # A LoRA run's frozen weights have no gradient and no moments.
+    trained = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.Adam(trained, lr=0.0,
                                  betas=(train_config.adam_beta1, train_config.adam_beta2),
                                  eps=train_config.adam_eps, fused=device.type in ("cpu", "cuda"))
     position, state = restore(out, model, optimizer, rank, device, world=world,
@@ -227,6 +233,19 @@ def _initial_model(model_config: ModelConfig, train_config: TrainConfig,
     elif init is not None:     # into place, without a second copy of the model
         checkpoint.load_weights(model, checkpoint.resolve(init), device)
     return model
+
+
+def _add_adapters(model: Model, train_config: TrainConfig, out: Path, init: Path | None,
+                  device: torch.device) -> None:
+    """A LoRA run's adapters beside the weights of --init, or, when the run resumes, beside
+    those of the checkpoint it started from, read again (restore reads the adapters)."""
+    if init is None:
+        init = lora.base_of_run(checkpoint.resolve(out))
+        if model.config.arch == "encoder":   # every weight but a new head
+            encoder_training.load_pretrained(model, init, device)
+        else:
+            checkpoint.load_weights(model, checkpoint.resolve(init), device)
+    lora.adapt(model, train_config, checkpoint.resolve(init))
 
 
 def _stepped_module(model: Model, model_config: ModelConfig, train_config: TrainConfig,
@@ -520,15 +539,17 @@ def _backward(run: Run, key: tuple[int, int], indices: np.ndarray, step_tokens: 
               counts: dict[str, int]) -> tuple[float, float]:
     """One batch's forward and backward; its gradients are this batch's share of the
     step's mean loss. -> (its loss summed over its scored tokens, its FLOPs)."""
+    weight_gradients = not run.train_config.lora_rank
     if run.encoder:
         batch = run.batcher.collate(indices, key).to(run.device)
         share = encoder_training.step_objective(run.net(batch), counts)
         (share * run.world).backward()
         # Logged per scored token: the step's loss (a sum of means) x its tokens.
-        return (share * step_tokens).item(), training_flops(run.model_config,
-                                                            *batch.ids.shape, 0)
+        return (share * step_tokens).item(), training_flops(
+            run.model_config, *batch.ids.shape, 0, weight_gradients=weight_gradients)
     batch = run.batcher.collate(indices)
-    flops = batch_training_flops(run.model_config, batch)   # from the host's copy
+    flops = batch_training_flops(run.model_config, batch,       # from the host's copy
+                                 weight_gradients=weight_gradients)
     batch = batch.to(run.device)
     loss = run.net(batch.src, batch.tgt_in, batch.tgt_out, batch.segments)
     # DDP averages over processes: scale so the result is sum / step_tokens.
@@ -648,6 +669,11 @@ def _announce(run: Run) -> None:
           f"padding {100 * run.batcher.padding_fraction(0):.1f}%; {run.world} process(es) x "
           f"update_freq {c.update_freq}; matmul peak {run.peak_flops / 1e9:.0f} GFLOP/s "
           f"({run.dtype}{', auto' if c.dtype == 'auto' else ''})")
+    if c.lora_rank:
+        trained = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
+        share = 100 * trained / run.model.num_parameters()
+        print(f"LoRA: rank {c.lora_rank}, alpha {c.lora_alpha:g} on {c.lora_targets}: "
+              f"{trained:,d} parameters trained ({share:.2f}%), the rest frozen")
     run.log.write({"event": "start", "step": run.position.step,
                    "parameters": run.model.num_parameters(), "world_size": run.world,
                    "peak_flops": run.peak_flops, "model": run.model_config.to_dict(),

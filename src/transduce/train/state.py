@@ -15,6 +15,7 @@ from transduce.data.batching import Batcher
 from transduce.train import sharding
 from transduce.train.distributed import any_true, barrier, gather
 from transduce.train.ema import WeightAverage
+from transduce.train.lora import has_adapters, restore_adapters, saved_parts
 
 
 @dataclass
@@ -76,7 +77,7 @@ def save_training_checkpoint(out: Path, model: torch.nn.Module, train_config: Tr
         state = {"position": {**asdict(position), "seconds": position.seconds + elapsed},
                  "optimizer": optimizer_state, "rng": every_rng, "world_size": world,
                  **({"ema": ema.state_dict()} if ema is not None else {})}
-        checkpoint.save(path, model, train_config, tokenizer_path, state)
+        checkpoint.save(path, model, train_config, tokenizer_path, state, **saved_parts(model))
         checkpoint.keep_last(out, train_config.keep_last)
     barrier(world)
     return path
@@ -92,8 +93,9 @@ def restore(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     state = checkpoint.load_trainer_state(latest, device)
     if sharded:
         _scatter_checkpoint(latest, model, optimizer, state["optimizer"], rank, world, device)
-    else:
-        checkpoint.load_weights(model, latest, device)
+    else:   # a LoRA run's frozen weights were read from its base: the adapters are read
+        load = restore_adapters if has_adapters(model) else checkpoint.load_weights
+        load(model, latest, device)
         _load_optimizer(optimizer, state["optimizer"], latest)
     rng = state["rng"][rank] if rank < len(state["rng"]) else state["rng"][0]
     # The state was read onto `device`; random states are set from CPU byte tensors.
@@ -142,5 +144,6 @@ def save_weight_average(out: Path, model: torch.nn.Module, ema: WeightAverage,
                         train_config: TrainConfig, tokenizer_path: Path, steps: int) -> Path:
     """RUN/ema: the moving average of the weights as a checkpoint of its own."""
     origin = {"ema_decay": ema.decay, "steps": steps}
-    return checkpoint.save(out / "ema", ema.averaged_model(model), train_config, tokenizer_path,
-                           origin=origin)
+    averaged = ema.averaged_model(model)
+    return checkpoint.save(out / "ema", averaged, train_config, tokenizer_path, origin=origin,
+                           **saved_parts(averaged))

@@ -1,0 +1,164 @@
+"""A PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors) trained on a
+Hugging Face Llama, Mistral, Qwen2 or GPT-2 model -> our checkpoint of that model, imported
+(`import hf-llama`, `import hf-gpt2`), with the adapter merged into its weights.
+
+Each adapted module's update, scale * B A with scale = alpha / r (alpha / sqrt(r) with
+use_rslora; rank_pattern and alpha_pattern read as PEFT reads them), is added to the weight
+of the layer (importers/peft_layout.py) it sits on; GPT-2's c_attn's rows go to q, k and v.
+What would compute something else (DoRA, trained biases, modules trained whole, an adapter
+on a module we do not adapt) is refused by name, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import Tensor
+
+from transduce import checkpoint
+from transduce.importers import ForeignCheckpointError
+from transduce.importers.peft_layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, place_of, qkv_sizes
+from transduce.model import load_model
+
+_KEY = re.compile(r"^base_model\.model\.(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
+# Options whose other value computes something a merged LoRA update does not.
+_REFUSED = {"use_dora": False, "bias": "none", "modules_to_save": None,
+            "layer_replication": None, "lora_bias": False}
+
+
+def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> Path:
+    """Merge the PEFT LoRA adapter at `adapter_dir` into a copy of our checkpoint `base`
+    (a language model) and write it at `out` -> out."""
+    adapter_dir, base = Path(adapter_dir), checkpoint.resolve(Path(base))
+    settings = _read_settings(adapter_dir)
+    pairs = _read_pairs(adapter_dir)
+    arch = checkpoint.read_configs(base)[0].arch
+    if arch != "decoder":
+        raise ForeignCheckpointError(f"{base}: arch {arch!r}; a PEFT adapter is merged into a "
+                                     f"language model (arch 'decoder')")
+    model = load_model(base)
+    layers = _layers_by_module(model)
+    for module, (a, b) in sorted(pairs.items()):
+        delta = _scale(settings, module) * (b.double() @ a.double())         # (out, in)
+        _add_update(model.config, _our_layers(layers, module, adapter_dir), delta,
+                    f"{adapter_dir / ADAPTER_WEIGHTS}: {module}'s update")
+    tokenizer = base / ("tokenizer.json" if checkpoint.holds_tokenizer_json(base)
+                        else checkpoint.TOKENIZER)
+    origin = {"peft_adapter": str(adapter_dir.resolve()), "base": str(base.resolve()),
+              **({"steps": steps} if (steps := checkpoint.trained_steps(base)) else {})}
+    train_config = checkpoint.read_configs(base)[1]
+    return checkpoint.save(Path(out), model, train_config, tokenizer, origin=origin)
+
+
+def _read_settings(adapter_dir: Path) -> dict:
+    file = adapter_dir / ADAPTER_CONFIG
+    if not file.is_file():
+        raise ForeignCheckpointError(f"{adapter_dir}: not a PEFT adapter (no {ADAPTER_CONFIG})")
+    try:
+        settings = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ForeignCheckpointError(f"{file}: unreadable ({error})") from None
+    kind = settings.get("peft_type") if isinstance(settings, dict) else None
+    if kind != "LORA":
+        raise ForeignCheckpointError(f"{file}: peft_type={kind!r}; only LoRA adapters "
+                                     f"(\"LORA\") are merged")
+    for name, ours in _REFUSED.items():
+        if settings.get(name, ours) not in (ours, [], {}, False):
+            raise ForeignCheckpointError(f"{file}: {name}={json.dumps(settings[name])} is not "
+                                         f"supported (only {json.dumps(ours)}: a low-rank "
+                                         f"update of the weights alone)")
+    for name in ("r", "lora_alpha"):
+        if not isinstance(settings.get(name), (int, float)) or settings[name] <= 0:
+            raise ForeignCheckpointError(f"{file}: {name} must be a positive number, "
+                                         f"not {settings.get(name)!r}")
+    return settings
+
+
+def _read_pairs(adapter_dir: Path) -> dict[str, tuple[Tensor, Tensor]]:
+    """Module -> (A (r, in), B (out, r)) from the adapter's weights file."""
+    file = adapter_dir / ADAPTER_WEIGHTS
+    if not file.is_file():
+        raise ForeignCheckpointError(f"{adapter_dir}: no {ADAPTER_WEIGHTS} (an adapter saved "
+                                     f"with safe_serialization=False: load and save it again "
+                                     f"with PEFT's default)")
+    try:
+        tensors = load_file(str(file))
+    except (SafetensorError, OSError) as error:
+        raise ForeignCheckpointError(f"{file}: unreadable ({error})") from None
+    halves: dict[str, dict[str, Tensor]] = {}
+    for key, tensor in tensors.items():
+        found = _KEY.match(key)
+        if found is None:
+            raise ForeignCheckpointError(f"{file}: {key} is not a LoRA matrix (lora_A or "
+                                         f"lora_B); only LoRA's updates are merged")
+        halves.setdefault(found[1], {})[found[2]] = tensor
+    unpaired = sorted(module for module, pair in halves.items() if len(pair) != 2)
+    if unpaired:
+        raise ForeignCheckpointError(f"{file}: {unpaired[0]} has lora_A or lora_B, not both")
+    return {module: (pair["A"], pair["B"]) for module, pair in halves.items()}
+
+
+def _scale(settings: dict, module: str) -> float:
+    """alpha / r for this module, its rank and alpha from the patterns where one names it
+    (the first pattern that matches the end of its name, as PEFT picks)."""
+    def pick(pattern: dict, default: float) -> float:
+        for key, value in (pattern or {}).items():
+            if re.match(rf"(.*\.)?({key})$", module):
+                return value
+        return default
+
+    rank = pick(settings.get("rank_pattern"), settings["r"])
+    alpha = pick(settings.get("alpha_pattern"), settings["lora_alpha"])
+    return alpha / (math.sqrt(rank) if settings.get("use_rslora") else rank)
+
+
+def _layers_by_module(model) -> dict[str, list[tuple[int | None, torch.nn.Linear]]]:
+    """Hugging Face module -> our layers in it: (part, layer); part None for a module
+    that is one layer."""
+    modules: dict[str, list] = {}
+    for index, block in enumerate(model.decoder.layers):
+        for ours, layer in (("self_attn.q_proj", block.self_attn.q_proj),
+                            ("self_attn.k_proj", block.self_attn.k_proj),
+                            ("self_attn.v_proj", block.self_attn.v_proj),
+                            ("self_attn.out_proj", block.self_attn.out_proj),
+                            ("ffn.linear1", block.ffn.linear1), ("ffn.linear2", block.ffn.linear2),
+                            ("ffn.linear3", block.ffn.linear3)):
+            if layer is None:
+                continue
+            place = place_of(model.config, f"decoder.layers.{index}.{ours}")
+            fused = place.module.endswith("attn.c_attn")
+            modules.setdefault(place.module, []).append((place.part if fused else None, layer))
+    return modules
+
+
+def _our_layers(layers: dict, module: str, adapter_dir: Path) -> list:
+    """The layers an adapted module is, its name with or without the head class's prefix
+    (LlamaModel's "layers.0..." is LlamaForCausalLM's "model.layers.0...")."""
+    for name in (module, f"model.{module}", f"transformer.{module}"):
+        if name in layers:
+            return layers[name]
+    raise ForeignCheckpointError(f"{adapter_dir / ADAPTER_WEIGHTS}: an adapter on {module}, "
+                                 f"which is not an attention or feed-forward matrix of the "
+                                 f"base model's layers")
+
+
+@torch.no_grad()
+def _add_update(config, found: list, delta: Tensor, what: str) -> None:
+    """Add a module's update (out, in) to the weights of our layers in it: all of it to
+    one layer, or each of GPT-2's c_attn's q, k and v rows to its own."""
+    fused = found[0][0] is not None
+    sizes = qkv_sizes(config) if fused else (found[0][1].weight.shape[0],)
+    expected = (sum(sizes), found[0][1].weight.shape[1])
+    if tuple(delta.shape) != expected:
+        raise ForeignCheckpointError(f"{what} has shape {tuple(delta.shape)}, the base's "
+                                     f"weight {expected}")
+    for part, layer in found:
+        start = sum(sizes[:part]) if fused else 0
+        layer.weight += delta[start:start + sizes[part or 0]].to(layer.weight.dtype)
+

@@ -1,0 +1,189 @@
+"""PEFT's LoRA adapters. `export peft`: a LoRA run's adapters, put by PEFT itself on the
+Hugging Face model the run started from, compute what the run's merged checkpoint computes
+(Llama, and GPT-2, whose q, k, v adapters become one block-diagonal adapter of its fused
+c_attn). `import peft`: an adapter PEFT made, merged into our import of its base model,
+computes what PEFT's model computes; what a merge cannot compute is refused."""
+
+import json
+import re
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from transduce import checkpoint
+from transduce.cli import main
+from transduce.config import TrainConfig
+from transduce.export import ExportError, export_peft
+from transduce.importers import ForeignCheckpointError, import_gpt2, import_llama, import_peft
+from transduce.model import load_model
+from transduce.train.loop import train
+from tests.train.test_imported_lm import write_gpt2, write_llama
+from tests.train.test_lm import counting, gpt_tiny  # noqa: F401 - counting: a fixture
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+
+def lora_run(hf_dir, importer, counting, tmp_path, targets):  # noqa: F811
+    ours = importer(hf_dir, tmp_path / "ours")
+    model_config, _ = checkpoint.read_configs(ours)
+    run = tmp_path / "lora"
+    train(counting, run, model_config,
+          TrainConfig(max_steps=6, max_tokens=128, warmup_steps=2, lr_scale=3.0, dtype="float32",
+                      lora_rank=3, lora_alpha=5.0, lora_targets=targets, lora_dropout=0.1,
+                      eval_every=1000), init=ours)
+    return run
+
+
+# peft calls a transformers method that transformers 5 deprecates.
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+@pytest.mark.parametrize("family, targets", [("llama", "q,k,v,o,ffn"), ("gpt2", "q,v,o,ffn"),
+                                             ("gpt2", "q,k,v")])
+def test_peft_puts_the_adapters_where_the_run_had_them(family, targets, counting, tmp_path,
+                                                       capsys):
+    hf_dir = tmp_path / "hf"
+    (write_llama if family == "llama" else write_gpt2)(hf_dir)
+    run = lora_run(hf_dir, import_llama if family == "llama" else import_gpt2, counting,
+                   tmp_path, targets)
+    adapter = tmp_path / "adapter"
+    assert main(["export", "peft", str(run), str(adapter)]) == 0
+    assert "peft.PeftModel.from_pretrained" in capsys.readouterr().out
+    settings = json.loads((adapter / "adapter_config.json").read_text())
+    assert settings["r"] == 3 and settings["lora_alpha"] == pytest.approx(5.0)
+    with torch.no_grad():
+        base = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+        ids = torch.randint(3, base.config.vocab_size, (2, 9))
+        before = base(ids).logits
+        theirs = peft.PeftModel.from_pretrained(base, adapter).eval()
+        adapted = theirs(ids).logits
+        ours = load_model(run)(ids)
+    assert (adapted - before).abs().max() > 1e-3          # the adapters change something
+    torch.testing.assert_close(adapted, ours, rtol=1e-4, atol=1e-4)
+    # Every adapter landed: PEFT warns of none missing, and its merged weights are ours.
+    merged = theirs.merge_and_unload().state_dict()
+    mine = load_model(run).state_dict()
+    if family == "llama":
+        torch.testing.assert_close(merged["model.layers.1.mlp.up_proj.weight"],
+                                   mine["decoder.layers.1.ffn.linear3.weight"])
+    else:
+        fused = torch.cat([mine[f"decoder.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
+        torch.testing.assert_close(merged["transformer.h.0.attn.c_attn.weight"], fused.T)
+
+
+def test_refusals(counting, tmp_path):  # noqa: F811
+    hf_dir = tmp_path / "hf"
+    write_llama(hf_dir)
+    ours = import_llama(hf_dir, tmp_path / "ours")
+    with pytest.raises(ExportError, match="not a LoRA run's checkpoint"):
+        export_peft(ours, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert main(["export", "peft", str(ours), str(tmp_path / "out")]) == 1
+    # A base that `export hf` cannot write has no Hugging Face model to put adapters on.
+    base, run = tmp_path / "scaled", tmp_path / "lora"
+    config = gpt_tiny(scale_embeddings=True)
+    train(counting, base, config, TrainConfig(max_steps=1, max_tokens=128))
+    train(counting, run, config, TrainConfig(max_steps=1, max_tokens=128, lora_rank=2),
+          init=base)
+    with pytest.raises(ExportError, match=r"cannot export to GPT-2: scale_embeddings=True"):
+        export_peft(run, tmp_path / "out")
+
+
+def peft_adapter(hf_dir, adapter, family, **settings):
+    """A PEFT LoRA adapter made by PEFT on the Hugging Face model, B drawn (not zero)."""
+    base = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
+    modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] \
+        if family == "llama" else ["c_attn", "c_proj", "c_fc"]
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=modules, task_type="CAUSAL_LM",
+                             fan_in_fan_out=family == "gpt2", **settings)
+    model = peft.get_peft_model(base, config)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.05)
+    model.save_pretrained(adapter)
+    return model.eval()
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+@pytest.mark.filterwarnings("ignore:fan_in_fan_out is set to True")
+@pytest.mark.parametrize("family, settings", [
+    ("llama", {}), ("llama", {"use_rslora": True, "rank_pattern": {"down_proj": 2},
+                              "alpha_pattern": {"q_proj": 3}}),
+    ("gpt2", {"rank_pattern": {"c_fc": 2}})])
+def test_a_peft_adapter_merges_into_our_import(family, settings, tmp_path, capsys):
+    hf_dir, adapter = tmp_path / "hf", tmp_path / "adapter"
+    (write_llama if family == "llama" else write_gpt2)(hf_dir)
+    theirs = peft_adapter(hf_dir, adapter, family, **settings)
+    ours = (import_llama if family == "llama" else import_gpt2)(hf_dir, tmp_path / "ours")
+    out = tmp_path / "merged"
+    assert main(["import", "peft", str(adapter), "--base", str(ours), "--out", str(out)]) == 0
+    assert f"{adapter} merged into {ours}" in capsys.readouterr().out
+    ids = torch.randint(3, theirs.config.vocab_size, (2, 9))
+    with torch.no_grad():
+        expected = theirs(ids).logits
+        torch.testing.assert_close(load_model(out)(ids), expected, rtol=1e-4, atol=1e-4)
+        assert (load_model(ours)(ids) - expected).abs().max() > 1e-3    # the adapter counts
+    assert checkpoint.load_tokenizer(out).vocab_size == checkpoint.load_tokenizer(ours).vocab_size
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_export_and_import_are_inverse(counting, tmp_path):  # noqa: F811
+    """A LoRA run's adapters exported, then merged into the base again: the run's model."""
+    hf_dir = tmp_path / "hf"
+    write_gpt2(hf_dir)
+    run = lora_run(hf_dir, import_gpt2, counting, tmp_path, "q,k,o")
+    export_peft(run, tmp_path / "adapter")
+    base = checkpoint.read_lora_section(checkpoint.resolve(run))["base"]
+    out = import_peft(tmp_path / "adapter", base, tmp_path / "merged")
+    a, b = load_model(out).state_dict(), load_model(run).state_dict()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
+
+
+def handmade(tmp_path, settings, tensors=None):
+    """Our import of a random Llama, and an adapter directory written by hand for it."""
+    hf_dir, adapter = tmp_path / "hf", tmp_path / "adapter"
+    write_llama(hf_dir)
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 2, "lora_alpha": 2, "target_modules": ["q_proj"],
+         **settings}))
+    if tensors is not None:
+        save_file(tensors, str(adapter / "adapter_model.safetensors"))
+    return import_llama(hf_dir, tmp_path / "ours"), adapter
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"use_dora": True}, "use_dora=true is not supported"),
+    ({"bias": "all"}, 'bias="all" is not supported'),
+    ({"modules_to_save": ["lm_head"]}, "modules_to_save="),
+    ({"peft_type": "IA3"}, "peft_type='IA3'; only LoRA adapters"),
+    ({"r": 0}, "r must be a positive number")])
+def test_what_a_merge_cannot_compute_is_refused(change, message, tmp_path):
+    ours, adapter = handmade(tmp_path, change)
+    with pytest.raises(ForeignCheckpointError, match=re.escape(message)):
+        import_peft(adapter, ours, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_adapter_on_a_module_we_do_not_adapt_is_refused(tmp_path):
+    ours, adapter = handmade(tmp_path, {"target_modules": ["lm_head"]}, {
+        "base_model.model.lm_head.lora_A.weight": torch.zeros(2, 32),
+        "base_model.model.lm_head.lora_B.weight": torch.zeros(300, 2)})
+    with pytest.raises(ForeignCheckpointError, match="an adapter on lm_head, which is not an "
+                                                     "attention or feed-forward matrix"):
+        import_peft(adapter, ours, tmp_path / "out")
+    (adapter / "adapter_model.safetensors").unlink()
+    with pytest.raises(ForeignCheckpointError, match="no adapter_model.safetensors"):
+        import_peft(adapter, ours, tmp_path / "out")
+
+
+def test_an_update_of_another_shape_is_refused(tmp_path):
+    module = "base_model.model.model.layers.0.self_attn.q_proj"
+    ours, adapter = handmade(tmp_path, {}, {f"{module}.lora_A.weight": torch.zeros(2, 32),
+                                            f"{module}.lora_B.weight": torch.zeros(16, 2)})
+    with pytest.raises(ForeignCheckpointError, match=r"q_proj's update has shape \(16, 32\), "
+                                                     r"the base's weight \(32, 32\)"):
+        import_peft(adapter, ours, tmp_path / "out")

@@ -1,0 +1,211 @@
+"""LoRA runs (train --init with --lora-rank, train/lora.py): only the adapters (and a
+classifier's new head) train, every checkpoint is a plain merged model with its
+adapters beside it, resuming is exact, and a base that moved or changed is refused."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from transduce import checkpoint
+from transduce.cli import main
+from transduce.config import ConfigError
+from transduce.model import load_model
+from transduce.train import loop
+from transduce.train.flops import training_flops
+from transduce.train.log import LOG_NAME
+from transduce.train.loop import train
+from tests.train.test_encoder import bert_tiny, classes  # noqa: F401 - classes: a fixture
+from tests.train.test_encoder import train_config as encoder_config
+from tests.train.test_lm import counting, gpt_tiny, train_config  # noqa: F401 - a fixture
+from tests.train.test_loop import CPU_ENV, assert_two_processes_trained_alike, weights
+
+LORA = dict(lora_rank=4, lora_alpha=8.0, schedule="noam", warmup_steps=10, lr_scale=1.0)
+
+
+@pytest.fixture(scope="module")
+def base(counting, tmp_path_factory):
+    """A language model trained a little on the counting lines: what the adapters adapt."""
+    run = tmp_path_factory.mktemp("base") / "run"
+    train(counting, run, gpt_tiny(dropout=0.1), train_config(max_steps=15))
+    return checkpoint.resolve(run)
+
+
+def tensors(path, name=checkpoint.WEIGHTS):
+    return load_file(str(path / name))
+
+
+def train_losses(run):
+    records = [json.loads(line) for line in (run / LOG_NAME).read_text().splitlines()]
+    return [r["loss"] for r in records if r["event"] == "train"]
+
+
+def test_only_the_adapters_train_and_the_checkpoint_is_the_merged_model(counting, base,
+                                                                         tmp_path):
+    run = tmp_path / "lora"
+    last = train(counting, run, gpt_tiny(dropout=0.1), train_config(max_steps=30, **LORA),
+                 init=base)
+    losses = train_losses(run)
+    assert losses[-1] < 0.9 * losses[0], losses
+    before, after, adapters = tensors(base), tensors(last), tensors(last, checkpoint.ADAPTERS)
+    section = checkpoint.read_lora_section(last)
+    assert section["base"] == str(base.resolve()) and section["rank"] == 4
+    adapted = {f"{layer}.weight" for layer in section["layers"]}
+    assert len(adapted) == 2 * 6 and adapted < after.keys() == before.keys()
+    # The frozen weights are the base's bit for bit; each adapted one is W + 2 B A.
+    for name in before.keys() - adapted:
+        assert torch.equal(before[name], after[name]), name
+    for name in adapted:
+        layer = name.removesuffix(".weight")
+        delta = 2.0 * adapters[f"{layer}.lora_b"] @ adapters[f"{layer}.lora_a"]
+        assert delta.abs().max() > 0
+        torch.testing.assert_close(after[name], before[name] + delta)
+    # Adam holds moments of the adapters alone.
+    state = checkpoint.load_trainer_state(last)["optimizer"]
+    assert len(state["state"]) == len(adapters) == 2 * len(adapted)
+    # A plain checkpoint for everything that reads one.
+    model = load_model(run)
+    assert all(type(m).__name__ != "LoRALinear" for m in model.modules())
+
+
+def test_resuming_is_exact(counting, base, tmp_path, monkeypatch):
+    """With dropout on the adapters' input and a moving average: straight == split."""
+    config = dict(LORA, lora_dropout=0.1, ema_decay=0.8)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(counting, straight, gpt_tiny(dropout=0.1), train_config(max_steps=12, **config),
+          init=base)
+    train(counting, split, gpt_tiny(dropout=0.1), train_config(max_steps=6, **config),
+          init=base)
+    with monkeypatch.context() as patched:     # the base's weights are read, none drawn
+        patched.setattr(loop, "build_model", lambda *a: pytest.fail("a random model"))
+        train(counting, split, gpt_tiny(dropout=0.1), train_config(max_steps=12, **config),
+              resume=True)
+    for directory in ("step-0000012", "ema"):
+        for name in (checkpoint.WEIGHTS, checkpoint.ADAPTERS):
+            a, b = tensors(straight / directory, name), tensors(split / directory, name)
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resuming_refuses_a_base_that_moved_or_changed(counting, base, tmp_path):
+    moved = tmp_path / "base"
+    shutil.copytree(base, moved)
+    run = tmp_path / "lora"
+    train(counting, run, gpt_tiny(dropout=0.1), train_config(max_steps=4, **LORA), init=moved)
+    other = tmp_path / "other"
+    train(counting, other, gpt_tiny(dropout=0.1), train_config(max_steps=4, seed=7))
+    shutil.rmtree(moved)
+    with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint it started from, .*base, "
+                                                         r"which is no longer there"):
+        train(counting, run, gpt_tiny(dropout=0.1), train_config(max_steps=8, **LORA),
+              resume=True)
+    shutil.copytree(checkpoint.resolve(other), moved)
+    with pytest.raises(checkpoint.CheckpointError, match="do not give its merged weights"):
+        train(counting, run, gpt_tiny(dropout=0.1), train_config(max_steps=8, **LORA),
+              resume=True)
+    # Nor does a resumed run change what it trains.
+    for changed, given in ((dict(lora_rank=8), "LoRA adapters of rank 8 on q,k,v,o,ffn"),
+                           (dict(lora_targets="q,v"), "LoRA adapters of rank 4 on q,v"),
+                           (dict(lora_rank=0), "every weight")):
+        with pytest.raises(ConfigError, match=f"which trains LoRA adapters of rank 4 on "
+                                              f"q,k,v,o,ffn; the configuration given trains "
+                                              f"{given}"):
+            train(counting, run, gpt_tiny(dropout=0.1),
+                  train_config(max_steps=8, **{**LORA, **changed}), resume=True)
+    with pytest.raises(ConfigError, match="which trains every weight; the configuration "
+                                          "given trains LoRA adapters of rank 4"):
+        train(counting, other, gpt_tiny(dropout=0.1), train_config(max_steps=8, **LORA),
+              resume=True)
+
+
+def test_a_classifier_trains_its_new_head_whole(classes, counting, tmp_path):  # noqa: F811
+    """Fine-tuning an encoder with adapters: the classification head is new, so it trains
+    whole beside them, as does the pooler (masked-LM pre-training leaves it as drawn),
+    and both are restored with them."""
+    pretrained = tmp_path / "pre"
+    train(counting, pretrained, bert_tiny(), encoder_config(max_steps=10))
+    config = dict(LORA, task="classify", ema_decay=0.5)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    model = bert_tiny(num_labels=3)
+    train(classes, straight, model, encoder_config(max_steps=8, **config), init=pretrained)
+    train(classes, split, model, encoder_config(max_steps=4, **config), init=pretrained)
+    train(classes, split, model, encoder_config(max_steps=8, **config), resume=True)
+    a, b = tensors(straight / "step-0000008"), tensors(split / "step-0000008")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    before = tensors(checkpoint.resolve(pretrained))
+    assert "classifier.weight" not in before and a["classifier.weight"].shape == (3, 64)
+    state = checkpoint.load_trainer_state(straight / "step-0000008")["optimizer"]
+    assert len(state["state"]) == len(tensors(straight / "step-0000008",
+                                              checkpoint.ADAPTERS)) + 4
+    adapted = {f"{layer}.weight" for layer in
+               checkpoint.read_lora_section(straight / "step-0000008")["layers"]}
+    whole = {"pooler.weight", "pooler.bias"}
+    assert adapted and all(torch.equal(a[name], before[name])
+                           for name in before.keys() - adapted - whole)
+    assert not torch.equal(a["pooler.weight"], before["pooler.weight"])
+
+
+def test_refusals(counting, base, tmp_path, capsys):
+    out = str(tmp_path / "run")
+    common = ["train", "--data", str(counting), "--out", out, "--lora-rank", "4",
+              "--max-steps", "2", "--max-tokens", "256"]
+    assert main(common + ["--arch", "decoder", "--preset", "gpt-tiny"]) == 2
+    assert "--lora-rank adapts the weights of a trained model: give --init" in \
+        capsys.readouterr().err
+    assert main(common + ["--init", str(base), "--lora-targets", "q,w"]) == 2
+    assert "lora_targets='q,w': a comma-separated list of distinct names among q, k, v, " \
+        "o, ffn (w is not one)" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="with --fsdp"):
+        train(counting, tmp_path / "fsdp", gpt_tiny(), train_config(max_steps=2, fsdp=True,
+                                                                    **LORA), init=base)
+
+
+def test_the_command_line_says_what_trains_and_counts_no_weight_gradients(counting, base,
+                                                                         tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(counting), "--out", str(run), "--init", str(base),
+                 "--lora-rank", "2", "--lora-targets", "q,v", "--max-steps", "2",
+                 "--max-tokens", "256", "--dtype", "float32"]) == 0
+    printed = capsys.readouterr().out
+    # Two layers of q and v: (64 + 64) x 2 for each of A and B... 4 matrices of 2 x 64.
+    assert "LoRA: rank 2, alpha 16 on q,v: 1,024 parameters trained" in printed
+    config = gpt_tiny()
+    assert training_flops(config, 2, 0, 9, weight_gradients=False) == \
+        pytest.approx(2 / 3 * training_flops(config, 2, 0, 9))
+
+
+def test_adapters_train_at_ten_times_the_recipes_rate(counting, base, tmp_path):
+    """Unless --lr-scale says otherwise, and not again on a LoRA run's own recipe."""
+    def lr_scale(run, *flags):
+        assert main(["train", "--data", str(counting), "--out", str(run), "--max-steps", "1",
+                     "--max-tokens", "256", *flags]) == 0
+        return checkpoint.read_configs(checkpoint.resolve(run))[1].lr_scale
+
+    recipe = checkpoint.read_configs(base)[1].lr_scale
+    lora = lr_scale(tmp_path / "lora", "--init", str(base), "--lora-rank", "2")
+    assert lora == pytest.approx(10 * recipe)
+    assert lr_scale(tmp_path / "chosen", "--init", str(base), "--lora-rank", "2",
+                    "--lr-scale", "0.3") == 0.3
+    assert lr_scale(tmp_path / "again", "--init", str(tmp_path / "lora")) == lora
+    assert lr_scale(tmp_path / "whole", "--init", str(base)) == recipe
+
+
+def test_two_processes_train_the_adapters_as_one(counting, tmp_path):
+    """DistributedDataParallel leaves the frozen weights alone and averages the adapters'
+    gradients: two processes at update_freq 1 end where one does at update_freq 2."""
+    base = tmp_path / "base"      # without dropout, whose draws differ by process
+    train(counting, base, gpt_tiny(), train_config(max_steps=3))
+    common = ["--data", str(counting), "--init", str(base), "--lora-rank", "4",
+              "--max-tokens", "64", "--pack-length", "16", "--max-steps", "4",
+              "--schedule", "noam", "--warmup-steps", "5", "--threads", "1",
+              "--dtype", "float32"]
+    single = subprocess.run([sys.executable, "-m", "transduce", "train", "--out",
+                             str(tmp_path / "one"), "--update-freq", "2", *common],
+                            env=CPU_ENV, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stdout + single.stderr
+    assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)
+    trained, before = weights(tmp_path / "one"), weights(base)
+    assert any(not torch.equal(trained[name], before[name]) for name in before)
