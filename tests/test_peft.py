@@ -15,9 +15,12 @@ from transduce import checkpoint
 from transduce.cli import main
 from transduce.config import TrainConfig
 from transduce.export import ExportError, export_peft
-from transduce.importers import ForeignCheckpointError, import_gpt2, import_llama, import_peft
+from transduce.importers import (ForeignCheckpointError, import_bert, import_gpt2, import_llama,
+                                 import_peft, import_roberta)
 from transduce.model import load_model
 from transduce.train.loop import train
+from tests.train.test_encoder import bert_tiny, classes  # noqa: F401 - classes: a fixture
+from tests.train.test_encoder import train_config as encoder_config
 from tests.train.test_imported_lm import write_gpt2, write_llama
 from tests.train.test_lm import counting, gpt_tiny  # noqa: F401 - counting: a fixture
 
@@ -187,3 +190,66 @@ def test_an_update_of_another_shape_is_refused(tmp_path):
     with pytest.raises(ForeignCheckpointError, match=r"q_proj's update has shape \(16, 32\), "
                                                      r"the base's weight \(32, 32\)"):
         import_peft(adapter, ours, tmp_path / "out")
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+@pytest.mark.parametrize("segments, family", [(2, "bert"), (1, "roberta")])
+def test_an_encoders_adapters_and_new_head(segments, family, classes,  # noqa: F811
+                                           counting, tmp_path, capsys):  # noqa: F811
+    """A classifier fine-tuned with adapters: PEFT puts them, and the head and pooler
+    trained whole (modules_to_save), on the sequence classifier transformers builds from
+    the export of the pre-trained encoder, and gets the run's logits."""
+    pretrained, run, base_dir = tmp_path / "pre", tmp_path / "run", tmp_path / "base-hf"
+    train(counting, pretrained, bert_tiny(type_vocab_size=segments, activation="gelu"),
+          encoder_config(max_steps=6))
+    train(classes, run, bert_tiny(type_vocab_size=segments, activation="gelu", num_labels=3),
+          encoder_config(max_steps=6, task="classify", lora_rank=4, lr_scale=1.0),
+          init=pretrained)
+    assert main(["export", "hf", str(pretrained), str(base_dir)]) == 0
+    assert main(["export", "peft", str(run), str(tmp_path / "adapter")]) == 0
+    capsys.readouterr()
+    settings = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert settings["task_type"] == "SEQ_CLS" and not settings["fan_in_fan_out"]
+    ours = load_model(run)
+    ids = torch.randint(5, 300, (2, 7))
+    with torch.no_grad():
+        base = transformers.AutoModelForSequenceClassification.from_pretrained(base_dir,
+                                                                               num_labels=3)
+        assert base.config.model_type == family
+        theirs = peft.PeftModel.from_pretrained(base.eval(), tmp_path / "adapter").eval()
+        logits = theirs(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        expected = ours.eval().classify_logits(ours.pool(ours(ids)))
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+@pytest.mark.parametrize("segments, family", [(2, "bert"), (1, "roberta")])
+def test_a_peft_classifier_merges_into_our_encoder(segments, family, counting,  # noqa: F811
+                                                   tmp_path):
+    """PEFT's own sequence-classification adapter (LoRA on every matrix, the head and
+    pooler trained whole) on a BERT or RoBERTa, merged into our import of that model,
+    which had no classifier: the classifier's logits are PEFT's."""
+    pretrained, hf_dir, adapter = tmp_path / "pre", tmp_path / "hf", tmp_path / "adapter"
+    train(counting, pretrained, bert_tiny(type_vocab_size=segments, activation="gelu"),
+          encoder_config(max_steps=2))
+    assert main(["export", "hf", str(pretrained), str(hf_dir)]) == 0
+    ours = (import_bert if family == "bert" else import_roberta)(hf_dir, tmp_path / "ours")
+    base = transformers.AutoModelForSequenceClassification.from_pretrained(hf_dir, num_labels=3)
+    theirs = peft.get_peft_model(base, peft.LoraConfig(
+        r=4, lora_alpha=8, task_type="SEQ_CLS", target_modules=[
+            "query", "key", "value", "attention.output.dense", "intermediate.dense",
+            "output.dense"], modules_to_save=["classifier"] + ["pooler"] * (family == "bert")))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, parameter in theirs.named_parameters():
+            if "lora_B" in name or "modules_to_save" in name:
+                parameter.normal_(std=0.2)
+    theirs.save_pretrained(adapter)
+    out = import_peft(adapter, ours, tmp_path / "merged")
+    merged = load_model(out)
+    assert merged.config.num_labels == 3 and merged.labels == ["LABEL_0", "LABEL_1", "LABEL_2"]
+    ids = torch.randint(5, 300, (2, 7))
+    with torch.no_grad():
+        expected = theirs.eval()(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        got = merged.classify_logits(merged.pool(merged(ids)))
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

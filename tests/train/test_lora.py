@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from transduce import checkpoint
 from transduce.cli import main
 from transduce.config import ConfigError
+from transduce.export import ExportError, export_peft
 from transduce.model import load_model
 from transduce.train import loop
 from transduce.train.flops import training_flops
@@ -23,6 +24,8 @@ from tests.train.test_encoder import bert_tiny, classes  # noqa: F401 - classes:
 from tests.train.test_encoder import train_config as encoder_config
 from tests.train.test_lm import counting, gpt_tiny, train_config  # noqa: F401 - a fixture
 from tests.train.test_loop import CPU_ENV, assert_two_processes_trained_alike, weights
+from tests.train.test_loop import tiny_config as translation_config
+from tests.train.test_loop import train_config as translation_train_config
 
 LORA = dict(lora_rank=4, lora_alpha=8.0, schedule="noam", warmup_steps=10, lr_scale=1.0)
 
@@ -209,3 +212,21 @@ def test_two_processes_train_the_adapters_as_one(counting, tmp_path):
     assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)
     trained, before = weights(tmp_path / "one"), weights(base)
     assert any(not torch.equal(trained[name], before[name]) for name in before)
+
+
+def test_a_translation_model_adapts_self_and_cross_attention(tiny_corpus, tmp_path):
+    """The encoder-decoder: adapters on both stacks and on the cross-attention, dev BLEU
+    decoded through the merged decoding copy as training goes; `export peft` is for the
+    shapes PEFT's transformers models hold."""
+    base, run = tmp_path / "base", tmp_path / "lora"
+    train(tiny_corpus, base, translation_config(), translation_train_config(max_steps=6))
+    last = train(tiny_corpus, run, translation_config(),
+                 translation_train_config(max_steps=6, eval_every=3, dev_bleu_sentences=5,
+                                          **LORA), init=base)
+    layers = checkpoint.read_lora_section(last)["layers"]
+    assert any(".cross_attn.q_proj" in name for name in layers)
+    assert any(name.startswith("encoder.") for name in layers)
+    records = [json.loads(line) for line in (run / LOG_NAME).read_text().splitlines()]
+    assert [r for r in records if r["event"] == "dev" and "dev_bleu_greedy" in r]
+    with pytest.raises(ExportError, match="this is arch 'transformer': export hf writes it"):
+        export_peft(run, tmp_path / "adapter")

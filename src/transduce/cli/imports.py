@@ -65,14 +65,17 @@ def register(commands) -> None:
                 "to German: ...\", \"summarize: ...\"); options the model cannot reproduce "
                 "are refused by name.")
 
-    peft = formats.add_parser("peft", help="a PEFT LoRA adapter of a Llama, Mistral, Qwen2 or "
-                                           "GPT-2 model, merged into our import of that model",
+    peft = formats.add_parser("peft", help="a PEFT LoRA adapter of a Llama, Mistral, Qwen2, "
+                                           "GPT-2, BERT or RoBERTa model, merged into our "
+                                           "import of that model",
                               description="Merge a PEFT LoRA adapter directory "
                               "(adapter_config.json, adapter_model.safetensors) into a copy of "
                               "--base, our checkpoint of the model it was trained on (import "
-                              "hf-llama or hf-gpt2); what a merged update cannot compute (DoRA, "
-                              "trained biases, modules trained whole) is refused by name. OUT "
-                              "must not exist or be empty, unless --force.")
+                              "hf-llama, hf-gpt2, hf-bert or hf-roberta); a sequence "
+                              "classifier's head and pooler trained whole replace the base's. "
+                              "What a merged update cannot compute (DoRA, trained biases, other "
+                              "modules trained whole) is refused by name. OUT must not exist or "
+                              "be empty, unless --force.")
     peft.add_argument("adapter_dir", metavar="DIR", type=Path, help="PEFT adapter directory")
     peft.add_argument("--base", type=Path, required=True,
                       help="our checkpoint of the adapter's base model")
@@ -219,6 +222,8 @@ def import_peft(args: argparse.Namespace) -> int:
     check_output_directory(args.out, "--out", force=args.force, reads=args.base)
     out = merge(args.adapter_dir, args.base, args.out)
     config = load_model(out).config
-    _say_written(out, "decoder-only", config.num_decoder_layers, config,
+    encoder = config.arch == "encoder"
+    _say_written(out, "encoder-only" if encoder else "decoder-only",
+                 config.num_encoder_layers if encoder else config.num_decoder_layers, config,
                  config.tgt_vocab_size, f"; {args.adapter_dir} merged into {args.base}")
     return 0

@@ -1,7 +1,10 @@
 """Export a LoRA run's adapters (train/lora.py) as a PEFT adapter: adapter_config.json and
 adapter_model.safetensors, which peft.PeftModel.from_pretrained puts on the Hugging Face
 export of the checkpoint the run started from (`export hf BASE`), giving the run's
-model. Where our layers and theirs lie is importers/peft_layout.py.
+model: a language model's, or an encoder's (a classifier's head and pooler, trained
+whole, go as PEFT's modules_to_save: BertForSequenceClassification's classifier and
+pooler, RobertaForSequenceClassification's classifier). Where our layers and theirs lie
+is importers/peft_layout.py.
 
 GPT-2's q, k and v are one module, c_attn: our three adapters of rank r (or those of
 them that were trained) become one of rank 3r there, A stacked and B block-diagonal,
@@ -24,9 +27,12 @@ from transduce import atomic, checkpoint
 from transduce.config import ModelConfig
 from transduce.export.common import ExportError
 from transduce.export.hf_decoder import check_decoder_exportable
+from transduce.export.hf_encoder import (bert_state_dict, check_bert_exportable, is_roberta,
+                                         roberta_state_dict)
 from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX,
-                                              is_gpt2_layout, place_of, qkv_sizes)
-from transduce.model import empty_model
+                                              encoder_prefix, is_gpt2_layout, place_of,
+                                              qkv_sizes)
+from transduce.model import empty_model, load_model
 from transduce.written import write_export_marker
 
 
@@ -40,12 +46,12 @@ def export_peft(path: Path | str, out: Path | str) -> Path:
                           f"--lora-rank writes those; a merged or averaged one has no "
                           f"adapters left): export hf writes a whole model")
     config, train_config = checkpoint.read_configs(path)
-    if config.arch != "decoder":
-        raise ExportError(f"{path}: export peft writes a language model's adapters "
-                          f"(arch 'decoder'); this is arch {config.arch!r}: export hf writes "
-                          f"it merged")
+    if config.arch not in ("decoder", "encoder"):
+        raise ExportError(f"{path}: export peft writes a language model's or an encoder's "
+                          f"adapters; this is arch {config.arch!r}: export hf writes it merged")
     # The adapter is for `export hf` of the base, which must hold the model (meta: no memory).
-    check_decoder_exportable(empty_model(config, "meta"))
+    check = check_decoder_exportable if config.arch == "decoder" else check_bert_exportable
+    check(empty_model(config, "meta"))
     try:
         adapters = load_file(str(path / checkpoint.ADAPTERS))
     except (SafetensorError, OSError) as error:
@@ -55,9 +61,13 @@ def export_peft(path: Path | str, out: Path | str) -> Path:
     modules = _module_adapters(config, adapters, rank)
     settings = _adapter_config(config, modules, rank, scale,
                                train_config.lora_dropout if train_config else 0.0)
+    whole = _trained_whole(path, config) if section.get("trained_whole") else {}
+    if whole:
+        settings |= {"task_type": "SEQ_CLS", "modules_to_save": _modules_to_save(config)}
+    tensors = {f"{PREFIX}{module}.lora_{part}.weight": tensor.contiguous()
+               for module, pair in modules.items() for part, tensor in zip("AB", pair)}
     with atomic.atomic_directory(out) as temporary:
-        save_file({f"{PREFIX}{module}.lora_{part}.weight": tensor.contiguous()
-                   for module, pair in modules.items() for part, tensor in zip("AB", pair)},
+        save_file(tensors | {f"{PREFIX}{name}": tensor for name, tensor in whole.items()},
                   str(temporary / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         atomic.open_permissions(temporary / ADAPTER_WEIGHTS)     # safetensors writes 0600
         (temporary / ADAPTER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n",
@@ -65,6 +75,21 @@ def export_peft(path: Path | str, out: Path | str) -> Path:
         write_export_marker(temporary, "peft-lora", checkpoint.trained_steps(path),
                             base=section["base"])
     return Path(out)
+
+
+def _modules_to_save(config: ModelConfig) -> list[str]:
+    """The modules of a sequence classifier a LoRA run trains whole: BERT's classifier and
+    pooler, or RoBERTa's classification head, which holds both."""
+    return ["classifier"] if encoder_prefix(config) == "roberta." else ["classifier", "pooler"]
+
+
+def _trained_whole(path: Path, config: ModelConfig) -> dict[str, Tensor]:
+    """Those modules' weights under transformers' names, as `export hf` writes them."""
+    model = load_model(path)
+    state = roberta_state_dict(model) if is_roberta(model) else bert_state_dict(model)
+    kept = tuple(f"{encoder_prefix(config)}{name}." if name == "pooler" else f"{name}."
+                 for name in _modules_to_save(config))
+    return {name: tensor for name, tensor in state.items() if name.startswith(kept)}
 
 
 def _module_adapters(config: ModelConfig, adapters: dict[str, Tensor], rank: int
@@ -96,14 +121,15 @@ def _adapter_config(config: ModelConfig, modules: dict[str, tuple[Tensor, Tensor
                     scale: float, dropout: float) -> dict:
     """PEFT's LoraConfig for these modules: alpha / r is the run's scale, also where a
     fused module's rank is a multiple of r (every layer adapts the same parts)."""
-    gpt2 = is_gpt2_layout(config)
+    gpt2 = config.arch == "decoder" and is_gpt2_layout(config)     # Conv1D's layout
     fused_ranks = {a.shape[0] for module, (a, _) in modules.items() if module.endswith("c_attn")}
     fused = {}
     if fused_ranks:
         fused_rank, = fused_ranks
         fused = {"rank_pattern": {"c_attn": fused_rank},
                  "alpha_pattern": {"c_attn": fused_rank * scale}}
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": None,
+    task = "CAUSAL_LM" if config.arch == "decoder" else None      # SEQ_CLS: a classifier's
+    return {"peft_type": "LORA", "task_type": task, "base_model_name_or_path": None,
             "r": rank, "lora_alpha": rank * scale, "lora_dropout": dropout,
             "target_modules": sorted(modules), "bias": "none", "fan_in_fan_out": gpt2,
             "inference_mode": True, "init_lora_weights": True, "use_rslora": False,

@@ -1,12 +1,15 @@
 """A PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors) trained on a
-Hugging Face Llama, Mistral, Qwen2 or GPT-2 model -> our checkpoint of that model, imported
-(`import hf-llama`, `import hf-gpt2`), with the adapter merged into its weights.
+Hugging Face Llama, Mistral, Qwen2, GPT-2, BERT or RoBERTa model -> our checkpoint of that
+model, imported (`import hf-llama`, `hf-gpt2`, `hf-bert`, `hf-roberta`), with the adapter
+merged into its weights.
 
 Each adapted module's update, scale * B A with scale = alpha / r (alpha / sqrt(r) with
 use_rslora; rank_pattern and alpha_pattern read as PEFT reads them), is added to the weight
 of the layer (importers/peft_layout.py) it sits on; GPT-2's c_attn's rows go to q, k and v.
-What would compute something else (DoRA, trained biases, modules trained whole, an adapter
-on a module we do not adapt) is refused by name, and nothing is written.
+A sequence classifier's head and pooler, trained whole (modules_to_save), replace the
+base's (importers/peft_heads.py). What would compute something else (DoRA, trained
+biases, other modules trained whole, an adapter on a module we do not adapt) is refused
+by name, and nothing is written.
 """
 
 from __future__ import annotations
@@ -23,26 +26,30 @@ from torch import Tensor
 
 from transduce import checkpoint
 from transduce.importers import ForeignCheckpointError
+from transduce.importers.peft_heads import check_modules_to_save, with_heads
 from transduce.importers.peft_layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, place_of, qkv_sizes
 from transduce.model import load_model
 
 _KEY = re.compile(r"^base_model\.model\.(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
+_WHOLE = re.compile(r"^base_model\.model\.(.+\.(?:weight|bias))$")   # modules_to_save's
 # Options whose other value computes something a merged LoRA update does not.
-_REFUSED = {"use_dora": False, "bias": "none", "modules_to_save": None,
-            "layer_replication": None, "lora_bias": False}
+_REFUSED = {"use_dora": False, "bias": "none", "layer_replication": None, "lora_bias": False}
 
 
 def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> Path:
     """Merge the PEFT LoRA adapter at `adapter_dir` into a copy of our checkpoint `base`
-    (a language model) and write it at `out` -> out."""
+    (a language model or an encoder) and write it at `out` -> out."""
     adapter_dir, base = Path(adapter_dir), checkpoint.resolve(Path(base))
     settings = _read_settings(adapter_dir)
-    pairs = _read_pairs(adapter_dir)
     arch = checkpoint.read_configs(base)[0].arch
-    if arch != "decoder":
+    if arch not in ("decoder", "encoder"):
         raise ForeignCheckpointError(f"{base}: arch {arch!r}; a PEFT adapter is merged into a "
-                                     f"language model (arch 'decoder')")
+                                     f"language model or an encoder")
+    check_modules_to_save(settings, arch, adapter_dir / ADAPTER_CONFIG)
+    pairs, whole = _read_tensors(adapter_dir, bool(settings.get("modules_to_save")))
     model = load_model(base)
+    if whole:
+        model = with_heads(model, whole, adapter_dir / ADAPTER_WEIGHTS)
     layers = _layers_by_module(model)
     for module, (a, b) in sorted(pairs.items()):
         delta = _scale(settings, module) * (b.double() @ a.double())         # (out, in)
@@ -80,8 +87,10 @@ def _read_settings(adapter_dir: Path) -> dict:
     return settings
 
 
-def _read_pairs(adapter_dir: Path) -> dict[str, tuple[Tensor, Tensor]]:
-    """Module -> (A (r, in), B (out, r)) from the adapter's weights file."""
+def _read_tensors(adapter_dir: Path, heads: bool
+                  ) -> tuple[dict[str, tuple[Tensor, Tensor]], dict[str, Tensor]]:
+    """From the adapter's weights file: module -> (A (r, in), B (out, r)), and (heads:
+    modules_to_save is set) the weights of modules trained whole by their names."""
     file = adapter_dir / ADAPTER_WEIGHTS
     if not file.is_file():
         raise ForeignCheckpointError(f"{adapter_dir}: no {ADAPTER_WEIGHTS} (an adapter saved "
@@ -92,16 +101,20 @@ def _read_pairs(adapter_dir: Path) -> dict[str, tuple[Tensor, Tensor]]:
     except (SafetensorError, OSError) as error:
         raise ForeignCheckpointError(f"{file}: unreadable ({error})") from None
     halves: dict[str, dict[str, Tensor]] = {}
+    whole: dict[str, Tensor] = {}
     for key, tensor in tensors.items():
-        found = _KEY.match(key)
-        if found is None:
+        found, trained = _KEY.match(key), _WHOLE.match(key)
+        if found is not None:
+            halves.setdefault(found[1], {})[found[2]] = tensor
+        elif heads and trained is not None:
+            whole[trained[1]] = tensor
+        else:
             raise ForeignCheckpointError(f"{file}: {key} is not a LoRA matrix (lora_A or "
                                          f"lora_B); only LoRA's updates are merged")
-        halves.setdefault(found[1], {})[found[2]] = tensor
     unpaired = sorted(module for module, pair in halves.items() if len(pair) != 2)
     if unpaired:
         raise ForeignCheckpointError(f"{file}: {unpaired[0]} has lora_A or lora_B, not both")
-    return {module: (pair["A"], pair["B"]) for module, pair in halves.items()}
+    return {module: (pair["A"], pair["B"]) for module, pair in halves.items()}, whole
 
 
 def _scale(settings: dict, module: str) -> float:
@@ -122,7 +135,8 @@ def _layers_by_module(model) -> dict[str, list[tuple[int | None, torch.nn.Linear
     """Hugging Face module -> our layers in it: (part, layer); part None for a module
     that is one layer."""
     modules: dict[str, list] = {}
-    for index, block in enumerate(model.decoder.layers):
+    stack = "encoder" if model.config.arch == "encoder" else "decoder"
+    for index, block in enumerate(getattr(model, stack).layers):
         for ours, layer in (("self_attn.q_proj", block.self_attn.q_proj),
                             ("self_attn.k_proj", block.self_attn.k_proj),
                             ("self_attn.v_proj", block.self_attn.v_proj),
@@ -131,7 +145,7 @@ def _layers_by_module(model) -> dict[str, list[tuple[int | None, torch.nn.Linear
                             ("ffn.linear3", block.ffn.linear3)):
             if layer is None:
                 continue
-            place = place_of(model.config, f"decoder.layers.{index}.{ours}")
+            place = place_of(model.config, f"{stack}.layers.{index}.{ours}")
             fused = place.module.endswith("attn.c_attn")
             modules.setdefault(place.module, []).append((place.part if fused else None, layer))
     return modules
@@ -139,8 +153,10 @@ def _layers_by_module(model) -> dict[str, list[tuple[int | None, torch.nn.Linear
 
 def _our_layers(layers: dict, module: str, adapter_dir: Path) -> list:
     """The layers an adapted module is, its name with or without the head class's prefix
-    (LlamaModel's "layers.0..." is LlamaForCausalLM's "model.layers.0...")."""
-    for name in (module, f"model.{module}", f"transformer.{module}"):
+    (LlamaModel's "layers.0..." is LlamaForCausalLM's "model.layers.0...", BertModel's
+    "encoder.layer.0..." BertForSequenceClassification's "bert.encoder.layer.0...")."""
+    for name in (module, *(f"{prefix}.{module}" for prefix in ("model", "transformer", "bert",
+                                                               "roberta"))):
         if name in layers:
             return layers[name]
     raise ForeignCheckpointError(f"{adapter_dir / ADAPTER_WEIGHTS}: an adapter on {module}, "

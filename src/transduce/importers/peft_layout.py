@@ -1,6 +1,9 @@
-"""Where a decoder-only model's LoRA adapters sit in Hugging Face's models, as PEFT names
-them: each of our adapted layers is a module of LlamaForCausalLM (Mistral's and Qwen2's
-names are Llama's) or of GPT2LMHeadModel, whose c_attn holds q, k and v in one Conv1D.
+"""Where our LoRA adapters sit in Hugging Face's models, as PEFT names them: each of a
+language model's adapted layers is a module of LlamaForCausalLM (Mistral's and Qwen2's
+names are Llama's) or of GPT2LMHeadModel, whose c_attn holds q, k and v in one Conv1D;
+an encoder's, a module of BERT's or RoBERTa's layers (bert. or roberta. before
+encoder.layer.N.attention.self.query, .key, .value, attention.output.dense,
+intermediate.dense, output.dense).
 
     ours (decoder.layers.N.)  Llama (model.layers.N.)   GPT-2 (transformer.h.N.)
     self_attn.q_proj          self_attn.q_proj          attn.c_attn, its first third
@@ -23,8 +26,8 @@ from transduce.config import ModelConfig
 
 PREFIX = "base_model.model."
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
-_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(self_attn\.[qkv]_proj|self_attn\.out_proj|"
-                    r"ffn\.linear[123])$")
+_LAYER = re.compile(r"^(decoder|encoder)\.layers\.(\d+)\.(self_attn\.[qkv]_proj|"
+                    r"self_attn\.out_proj|ffn\.linear[123])$")
 LLAMA_NAMES = {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.k_proj",
                "self_attn.v_proj": "self_attn.v_proj", "self_attn.out_proj": "self_attn.o_proj",
                "ffn.linear1": "mlp.gate_proj", "ffn.linear3": "mlp.up_proj",
@@ -32,6 +35,10 @@ LLAMA_NAMES = {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self
 GPT2_NAMES = {"self_attn.out_proj": "attn.c_proj", "ffn.linear1": "mlp.c_fc",
               "ffn.linear2": "mlp.c_proj"}
 GPT2_QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")   # c_attn's parts
+BERT_NAMES = {"self_attn.q_proj": "attention.self.query", "self_attn.k_proj": "attention.self.key",
+              "self_attn.v_proj": "attention.self.value",
+              "self_attn.out_proj": "attention.output.dense", "ffn.linear1": "intermediate.dense",
+              "ffn.linear2": "output.dense"}
 
 
 @dataclass(frozen=True)
@@ -48,13 +55,22 @@ def is_gpt2_layout(config: ModelConfig) -> bool:
     return config.positional != "rotary"
 
 
+def encoder_prefix(config: ModelConfig) -> str:
+    """Our encoders export as RoBERTa with one segment type, as BERT with more."""
+    return "roberta." if config.type_vocab_size == 1 else "bert."
+
+
 def place_of(config: ModelConfig, layer: str) -> Place:
     """Our adapted layer's name -> its place in the Hugging Face model; ValueError for a
-    layer that has none (not a decoder layer's projection)."""
+    layer that has none (not a layer's attention or feed-forward matrix)."""
     found = _LAYER.match(layer)
     if found is None:
-        raise ValueError(f"{layer}: not a decoder layer's attention or feed-forward matrix")
-    index, ours = found.groups()
+        raise ValueError(f"{layer}: not a layer's attention or feed-forward matrix")
+    stack, index, ours = found.groups()
+    if stack == "encoder":
+        if ours not in BERT_NAMES:
+            raise ValueError(f"{layer}: BERT's feed-forward network has no third matrix")
+        return Place(f"{encoder_prefix(config)}encoder.layer.{index}.{BERT_NAMES[ours]}")
     if not is_gpt2_layout(config):
         return Place(f"model.layers.{index}.{LLAMA_NAMES[ours]}")
     if ours in GPT2_QKV:

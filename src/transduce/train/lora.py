@@ -107,8 +107,11 @@ def saved_parts(model: nn.Module) -> dict[str, Any]:
         return {}
     layers = adapter_layers(model)
     first = next(iter(layers.values()))
+    whole = [name for name, parameter in model.named_parameters()
+             if parameter.requires_grad and not name.endswith((".lora_a", ".lora_b"))]
     section = {"base": model.lora_base, "rank": first.lora_a.shape[0], "scale": first.scale,
-               "targets": model.lora_targets, "layers": sorted(layers)}
+               "targets": model.lora_targets, "layers": sorted(layers),
+               "trained_whole": sorted(whole)}
     return {"weights": merged_weights(model), "adapters": adapter_weights(model),
             "lora": section}
 

@@ -1,0 +1,73 @@
+"""What a PEFT adapter of a sequence classifier holds besides its LoRA matrices: the
+modules it trained whole (modules_to_save), saved as the weights themselves. On
+BertForSequenceClassification they are its classifier and pooler; on
+RobertaForSequenceClassification its classifier, whose dense layer is our pooler and
+whose out_proj is our classifier. A base without a classifier of that many classes gets
+one (classes named LABEL_0, LABEL_1, ... as transformers names them), which the adapter's
+weights then fill.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from transduce.importers import ForeignCheckpointError
+from transduce.importers.peft_layout import encoder_prefix
+from transduce.model import EncoderOnly, empty_model
+
+# PEFT's modules_to_save names that a classifier's whole modules may go under.
+HEAD_MODULES = {"classifier", "score", "pooler"}
+# transformers' name -> ours, by the encoder's layout (peft_layout.encoder_prefix).
+HEAD_NAMES = {
+    "bert.": {"classifier.weight": "classifier.weight", "classifier.bias": "classifier.bias",
+              "bert.pooler.dense.weight": "pooler.weight", "bert.pooler.dense.bias": "pooler.bias"},
+    "roberta.": {"classifier.dense.weight": "pooler.weight", "classifier.dense.bias": "pooler.bias",
+                 "classifier.out_proj.weight": "classifier.weight",
+                 "classifier.out_proj.bias": "classifier.bias"}}
+
+
+def check_modules_to_save(settings: dict, arch: str, file) -> None:
+    """modules_to_save is a classifier's head (and pooler), on an encoder."""
+    saved = settings.get("modules_to_save") or []
+    if saved and (arch != "encoder" or not set(saved) <= HEAD_MODULES):
+        raise ForeignCheckpointError(f"{file}: modules_to_save={saved} is not supported (only "
+                                     f"a sequence classifier's {sorted(HEAD_MODULES)}, on an "
+                                     f"encoder)")
+
+
+@torch.no_grad()
+def with_heads(model: EncoderOnly, whole: dict[str, Tensor], file) -> EncoderOnly:
+    """`model` with the adapter's trained-whole weights (transformers' names without
+    PEFT's prefix) in place; another number of classes than the base's: a new classifier."""
+    names = HEAD_NAMES[encoder_prefix(model.config)]
+    unknown = sorted(set(whole) - set(names))
+    if unknown:
+        raise ForeignCheckpointError(f"{file}: {unknown[0]} is neither a LoRA matrix nor a "
+                                     f"weight of the classifier's head or pooler")
+    classes = next((tensor.shape[0] for name, tensor in whole.items()
+                    if names[name] == "classifier.weight"), model.config.num_labels)
+    if classes != model.config.num_labels:
+        model = _with_classes(model, classes)
+    ours = dict(model.named_parameters())
+    for name, tensor in whole.items():
+        target = ours[names[name]]
+        if target.shape != tensor.shape:
+            raise ForeignCheckpointError(f"{file}: {name} has shape {tuple(tensor.shape)}, "
+                                         f"the base's {tuple(target.shape)}")
+        target.copy_(tensor)
+    return model
+
+
+def _with_classes(model: EncoderOnly, classes: int) -> EncoderOnly:
+    """A copy of the encoder with a classifier of `classes` outputs (left as drawn: the
+    adapter fills it) in place of its own or of none."""
+    grown = empty_model(model.config.replace(num_labels=classes))
+    kept = {name: tensor for name, tensor in model.state_dict().items()
+            if not name.startswith("classifier.")}
+    missing, unexpected = grown.load_state_dict(kept, strict=False)
+    assert not unexpected and all(name.startswith("classifier.") for name in missing)
+    grown.labels = [f"LABEL_{i}" for i in range(classes)]
+    grown.classifier_inputs = getattr(model, "classifier_inputs", None) or "texts"
+    grown.sentence_embedding = getattr(model, "sentence_embedding", None)
+    return grown.eval()
