@@ -8,12 +8,14 @@ Every peer steps on one batch of --rows rows of --length random token ids: the f
 pass over all of them, the mean cross entropy of the --length - 1 next tokens of each
 row, backward, fused Adam over what trains; in float32 and under bfloat16 autocast.
 Ours is the step `transduce train` takes (train/objective.py's loss), with adapters of
-rank --rank on every attention and feed-forward matrix (model/lora.py) or none;
-theirs is the model called with labels, wrapped by peft.get_peft_model with the same
-rank, alpha and modules, or not. The peers alternate rounds of --steps steps, --repeats
-times; counted: target tokens per second of the median round. Beside the speed, what
-each keeps for training: parameters trained, and the bytes of their gradients and
-Adam's two moments (float32), counted from the tensors.
+rank --rank on every attention and feed-forward matrix (model/lora.py) or none, and in
+bfloat16 also with the adapted layers' frozen weights kept in bfloat16
+(--lora-base-dtype bfloat16); theirs is the model called with labels, wrapped by
+peft.get_peft_model with the same rank, alpha and modules, or not. The peers alternate
+rounds of --steps steps, --repeats times; counted: target tokens per second of the
+median round. Beside the speed, what each keeps for training, counted from the tensors:
+the weights' bytes, parameters trained, and the bytes of their gradients and Adam's two
+moments (float32).
 
     python bench/lora.py [--layers 12 --d-model 768] [--rank 8] [--steps 2]
 """
@@ -36,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import machine_info, time_interleaved  # noqa: E402
 from transduce.importers import import_llama  # noqa: E402
 from transduce.model import load_model  # noqa: E402
-from transduce.model.lora import LoRASettings, add_adapters  # noqa: E402
+from transduce.model.lora import LoRASettings, adapter_layers, add_adapters  # noqa: E402
 from transduce.train.objective import SequenceObjective  # noqa: E402
 
 HF_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -76,10 +78,13 @@ def step_round(forward, parameters, steps: int, dtype: torch.dtype):
     return run, optimizer
 
 
-def ours(imported: Path, ids: torch.Tensor, rank: int | None):
+def ours(imported: Path, ids: torch.Tensor, rank: int | None,
+         kept: torch.dtype | None = None):
     model = load_model(imported).train()
     if rank:
         add_adapters(model, LoRASettings(rank=rank, alpha=2.0 * rank))
+    for layer in adapter_layers(model).values() if kept else ():
+        layer.keep_frozen_in(kept)        # --lora-base-dtype bfloat16
     objective = SequenceObjective(model, language_model=True, label_smoothing=0.0)
     targets = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)  # 0: pad, unscored
     scored = int((targets != 0).sum())
@@ -105,8 +110,52 @@ def training_state(model) -> dict:
     Adam's moments, in bytes (float32)."""
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return {"parameters": sum(p.numel() for p in model.parameters()),
+            "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "trained_parameters": trained, "gradient_bytes": 4 * trained,
             "adam_bytes": 8 * trained}
+
+
+def peer_cases(args: argparse.Namespace, imported: Path, hf_dir: Path, ids: torch.Tensor
+               ) -> tuple[dict, dict]:
+    """Each peer's round of steps by name ("ours LoRA r=8 bfloat16"), and what each keeps
+    for training by peer ("ours LoRA r=8")."""
+    builds = [("ours", lambda rank: ours(imported, ids, rank)),
+              ("transformers", lambda rank: theirs(hf_dir, ids, rank))]
+    calls, states = {}, {}
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        cases = [(peer, f"LoRA r={rank}" if rank else "full", lambda b=build, r=rank: b(r))
+                 for peer, build in builds for rank in (None, args.rank)]
+        if dtype == torch.bfloat16:       # the frozen weights kept in bfloat16 too
+            cases.append(("ours", f"LoRA r={args.rank}, frozen bfloat16",
+                          lambda: ours(imported, ids, args.rank, torch.bfloat16)))
+        for peer, kind, build in cases:
+            model, forward = build()
+            trained = [p for p in model.parameters() if p.requires_grad]
+            calls[f"{peer} {kind} {dtype_name}"], _ = step_round(forward, trained, args.steps,
+                                                                 dtype)
+            states[f"{peer} {kind}"] = training_state(model)
+    return calls, states
+
+
+def ratios_of(args: argparse.Namespace, peers: dict) -> dict[str, float]:
+    def speed(name: str) -> float:
+        return peers[name]["tokens_per_s"]
+
+    ratios = {}
+    for dtype_name in args.dtypes:
+        lora, full = f"LoRA r={args.rank} {dtype_name}", f"full {dtype_name}"
+        ratios[f"ours LoRA / ours full, {dtype_name}"] = \
+            speed(f"ours {lora}") / speed(f"ours {full}")
+        ratios[f"ours LoRA / PEFT LoRA, {dtype_name}"] = \
+            speed(f"ours {lora}") / speed(f"transformers {lora}")
+        ratios[f"ours full / transformers full, {dtype_name}"] = \
+            speed(f"ours {full}") / speed(f"transformers {full}")
+    if "bfloat16" in args.dtypes:
+        ratios["ours LoRA, frozen bfloat16 / ours LoRA, bfloat16"] = \
+            speed(f"ours LoRA r={args.rank}, frozen bfloat16 bfloat16") / \
+            speed(f"ours LoRA r={args.rank} bfloat16")
+    return ratios
 
 
 def main() -> None:
@@ -134,41 +183,22 @@ def main() -> None:
         imported = import_llama(scratch / "hf", scratch / "ours")
         torch.manual_seed(1)
         ids = torch.randint(3, args.vocab, (args.rows, args.length))
-        calls, states = {}, {}
-        for dtype_name in args.dtypes:
-            dtype = getattr(torch, dtype_name)
-            for peer, build, source in (("ours", ours, imported),
-                                        ("transformers", theirs, scratch / "hf")):
-                for rank in (None, args.rank):
-                    kind = f"LoRA r={rank}" if rank else "full"
-                    model, forward = build(source, ids, rank)
-                    trained = [p for p in model.parameters() if p.requires_grad]
-                    calls[f"{peer} {kind} {dtype_name}"], _ = step_round(forward, trained,
-                                                                         args.steps, dtype)
-                    states[f"{peer} {kind}"] = training_state(model)
+        calls, states = peer_cases(args, imported, scratch / "hf", ids)
         started = time.time()
         times = time_interleaved(calls, args.repeats)
     tokens = args.steps * args.rows * (args.length - 1)
     peers = {name: {"seconds": statistics.median(seconds), "all_seconds": seconds,
                     "tokens_per_s": tokens / statistics.median(seconds)}
              for name, seconds in times.items()}
+    ratios = ratios_of(args, peers)
     for name, peer in peers.items():
         print(f"{name}: {peer['tokens_per_s']:.0f} tokens/s")
-    ratios = {}
-    for dtype_name in args.dtypes:
-        lora, full = f"LoRA r={args.rank} {dtype_name}", f"full {dtype_name}"
-        ratios[f"ours LoRA / ours full, {dtype_name}"] = \
-            peers[f"ours {lora}"]["tokens_per_s"] / peers[f"ours {full}"]["tokens_per_s"]
-        ratios[f"ours LoRA / PEFT LoRA, {dtype_name}"] = \
-            peers[f"ours {lora}"]["tokens_per_s"] / peers[f"transformers {lora}"]["tokens_per_s"]
-        ratios[f"ours full / transformers full, {dtype_name}"] = \
-            peers[f"ours {full}"]["tokens_per_s"] / peers[f"transformers {full}"]["tokens_per_s"]
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}x")
     for name, state in states.items():
         print(f"{name}: {state['trained_parameters']:,d} of {state['parameters']:,d} "
-              f"parameters trained; gradients + Adam "
-              f"{(state['gradient_bytes'] + state['adam_bytes']) / 2**20:.1f} MiB")
+              f"parameters trained; weights {state['weight_bytes'] / 2**20:.0f} MiB, gradients "
+              f"+ Adam {(state['gradient_bytes'] + state['adam_bytes']) / 2**20:.1f} MiB")
     result = {"machine": machine_info(args.threads),
               "settings": vars(args) | {"out": str(args.out)},
               "target_tokens_per_round": tokens, "peers": peers, "ratios": ratios,

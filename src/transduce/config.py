@@ -460,6 +460,8 @@ class TrainConfig(ValidatedConfig):
     lora_alpha: float = 16.0           # the adapters' update is scaled by alpha / rank
     lora_targets: str = "q,k,v,o,ffn"  # the layers adapted: attention q, k, v, o; ffn
     lora_dropout: float = 0.0          # dropout on the adapters' input
+    lora_base_dtype: Dtype = "float32"  # bfloat16: the adapted layers' frozen weights kept
+    #                                     in bfloat16 (half their memory; dtype bfloat16)
 
     def __post_init__(self) -> None:
         self._check_bools()
@@ -496,6 +498,7 @@ class TrainConfig(ValidatedConfig):
         if self.lora_alpha <= 0:
             raise ConfigError(f"TrainConfig.lora_alpha={self.lora_alpha}: must be positive")
         check_in_unit_interval(self, "lora_dropout")
+        check_choice(self, "lora_base_dtype")
 
 
 # What TrainConfig.lora_targets names (model/lora.py: the layers each stands for).

@@ -16,7 +16,7 @@ from transduce.cli import main
 from transduce.config import ConfigError
 from transduce.export import ExportError, export_peft
 from transduce.model import load_model
-from transduce.train import loop
+from transduce.train import lora, loop
 from transduce.train.flops import training_flops
 from transduce.train.log import LOG_NAME
 from transduce.train.loop import train
@@ -230,3 +230,32 @@ def test_a_translation_model_adapts_self_and_cross_attention(tiny_corpus, tmp_pa
     assert [r for r in records if r["event"] == "dev" and "dev_bleu_greedy" in r]
     with pytest.raises(ExportError, match="this is arch 'transformer': export hf writes it"):
         export_peft(run, tmp_path / "adapter")
+
+
+def test_frozen_weights_kept_in_bfloat16_train_as_in_float32(counting, base, tmp_path):
+    """--lora-base-dtype bfloat16 halves the frozen weights' memory; under bfloat16
+    autocast every product reads them as it read the float32 ones, so the run's adapters
+    are the same bit for bit, and its checkpoints merge into the base's float32 weights
+    (the same files); resuming too."""
+    config = dict(LORA, dtype="bfloat16", lora_dropout=0.1, ema_decay=0.8, save_every=3)
+    wide, kept, split = tmp_path / "float32", tmp_path / "bfloat16", tmp_path / "split"
+    train(counting, wide, gpt_tiny(dropout=0.1), train_config(max_steps=6, **config),
+          init=base)
+    kept_config = train_config(max_steps=6, lora_base_dtype="bfloat16", **config)
+    train(counting, kept, gpt_tiny(dropout=0.1), kept_config, init=base)
+    train(counting, split, gpt_tiny(dropout=0.1), kept_config.replace(max_steps=3), init=base)
+    train(counting, split, gpt_tiny(dropout=0.1), kept_config, resume=True)
+    for run in (kept, split):
+        for directory in ("step-0000006", "ema"):
+            for name in (checkpoint.WEIGHTS, checkpoint.ADAPTERS):
+                a, b = tensors(wide / directory, name), tensors(run / directory, name)
+                assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    model = loop.empty_model(gpt_tiny(dropout=0.1))
+    checkpoint.load_weights(model, base)
+    lora.adapt(model, kept_config, base)
+    layer = model.decoder.layers[0].ffn.linear1
+    assert layer.weight.dtype == torch.bfloat16 and layer.lora_a.dtype == torch.float32
+    with pytest.raises(ConfigError, match="this run trains in float32 \\(--dtype float32\\): "
+                                          "give --dtype bfloat16"):
+        train(counting, tmp_path / "refused", gpt_tiny(),
+              kept_config.replace(dtype="float32"), init=base)

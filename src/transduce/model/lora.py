@@ -16,6 +16,7 @@ product is merged into W: the model runs as fast as before and is a plain checkp
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -76,12 +77,21 @@ class LoRALinear(nn.Module):
         return F.linear(x, self.weight, self.bias).add_(update, alpha=self.scale)
 
     @torch.no_grad()
-    def merged_weight(self) -> Tensor:
-        """W + (alpha / r) B A: (out, in), in the weight's dtype (summed in float32 at
-        least)."""
-        dtype = torch.promote_types(self.weight.dtype, torch.float32)
+    def merged_weight(self, weight: Tensor | None = None) -> Tensor:
+        """W + (alpha / r) B A: (out, in), summed in float32 at least, in the dtype of W:
+        the layer's own, or `weight`, the same matrix kept elsewhere in more precision
+        (a frozen weight kept in bfloat16 is merged into its float32 original)."""
+        weight = self.weight if weight is None else weight.to(self.weight.device)
+        dtype = torch.promote_types(weight.dtype, torch.float32)
         delta = self.lora_b.to(dtype) @ self.lora_a.to(dtype)
-        return (self.weight.to(dtype) + self.scale * delta).to(self.weight.dtype)
+        return (weight.to(dtype) + self.scale * delta).to(weight.dtype)
+
+    def keep_frozen_in(self, dtype: torch.dtype) -> None:
+        """Keep the frozen weight and bias in `dtype` (bfloat16: half the memory; under
+        autocast in that dtype every product reads them as it did before)."""
+        self.weight = nn.Parameter(self.weight.detach().to(dtype), requires_grad=False)
+        if self.bias is not None:
+            self.bias = nn.Parameter(self.bias.detach().to(dtype), requires_grad=False)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -104,22 +114,33 @@ class _MergedLoRA(torch.autograd.Function):
                 lora_b: Tensor, scale: float) -> Tensor:
         ctx.save_for_backward(x, weight, lora_a, lora_b)
         ctx.scale = scale
-        merged = torch.addmm(weight, lora_b, lora_a, alpha=scale)          # (out, in)
-        return F.linear(x, merged, bias)     # under autocast, in its dtype
+        # The dtype autocast would multiply in, else x's: every operand cast to it here,
+        # whatever dtype the frozen weight is kept in.
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) \
+            else x.dtype
+        merged = _merged(weight, lora_a, lora_b, scale, dtype)               # (out, in)
+        return F.linear(x.to(dtype), merged, None if bias is None else bias.to(dtype))
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, weight, lora_a, lora_b = ctx.saved_tensors
-        dtype = grad.dtype                   # the product's: autocast's, or the weights'
+        dtype = grad.dtype                   # the forward product's
         rows = grad.reshape(-1, grad.shape[-1])                            # (N, out)
         inputs = x.reshape(-1, x.shape[-1]).to(dtype)                      # (N, in)
         grad_x = None
-        if ctx.needs_input_grad[0]:
-            merged = torch.addmm(weight, lora_b, lora_a, alpha=ctx.scale).to(dtype)
-            grad_x = (grad @ merged).to(x.dtype)
+        if ctx.needs_input_grad[0]:          # the forward's merged weight, bit for bit
+            grad_x = (grad @ _merged(weight, lora_a, lora_b, ctx.scale, dtype)).to(x.dtype)
         grad_b = (rows.T @ (inputs @ lora_a.to(dtype).T)).mul_(ctx.scale)   # (out, r)
         grad_a = ((rows @ lora_b.to(dtype)).T @ inputs).mul_(ctx.scale)     # (r, in)
         return grad_x, None, None, grad_a.to(lora_a.dtype), grad_b.to(lora_b.dtype), None
+
+
+def _merged(weight: Tensor, lora_a: Tensor, lora_b: Tensor, scale: float,
+            dtype: torch.dtype) -> Tensor:
+    """W + s B A in `dtype`, each operand cast to it first (as autocast casts them)."""
+    with torch.autocast(weight.device.type, enabled=False):
+        return torch.addmm(weight.to(dtype), lora_b.to(dtype), lora_a.to(dtype), alpha=scale)
 
 
 def add_adapters(model: nn.Module, settings: LoRASettings) -> list[str]:
@@ -159,11 +180,19 @@ def adapter_weights(model: nn.Module) -> dict[str, Tensor]:
             for name, layer in adapter_layers(model).items() for part in ("lora_a", "lora_b")}
 
 
-def merged_weights(model: nn.Module) -> dict[str, Tensor]:
+def merged_weights(model: nn.Module, originals: Callable[[str], Tensor] | None = None
+                   ) -> dict[str, Tensor]:
     """The model's state dict as the model without adapters has it, each adapted weight
-    merged (W + (alpha / r) B A) and the adapters' own matrices left out."""
+    merged (W + (alpha / r) B A) and the adapters' own matrices left out. originals:
+    name -> the adapted layers' weights and biases as they were before being kept in
+    less precision (LoRALinear.keep_frozen_in), to merge into and keep."""
     layers = adapter_layers(model)
-    merged = {f"{name}.weight": layer.merged_weight() for name, layer in layers.items()}
+    merged = {}
+    for name, layer in layers.items():
+        original = None if originals is None else originals(f"{name}.weight")
+        merged[f"{name}.weight"] = layer.merged_weight(original)
+        if originals is not None and layer.bias is not None:
+            merged[f"{name}.bias"] = originals(f"{name}.bias")
     adapter_names = {f"{name}.{part}" for name in layers for part in ("lora_a", "lora_b")}
     return {name: merged.get(name, tensor) for name, tensor in model.state_dict().items()
             if name not in adapter_names}

@@ -161,6 +161,7 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     sharding.check_fsdp_config(model_config, train_config, world)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
         if torch.cuda.is_available() else torch.device("cpu")
+    lora.check_base_dtype(train_config, training_dtype(train_config.dtype, device))
     trained = checkpoint.list_checkpoints(out)[-1:] if resume else [init] if init else []
     tokenizer = _training_tokenizer(data_dir, trained[0] if trained else None, model_config)
     _check_vocabulary(model_config, tokenizer)

@@ -12,6 +12,8 @@ that the frozen ones are still the run's.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,15 @@ def check_lora_run(model_config: ModelConfig, train_config: TrainConfig,
                           "layers; an RNN encoder-decoder has none")
 
 
+def check_base_dtype(train_config: TrainConfig, trains_in: str) -> None:
+    """Frozen weights kept in bfloat16 are read by products in bfloat16 alone: the run
+    must train under bfloat16 autocast (trains_in: its dtype, "auto" resolved)."""
+    if train_config.lora_base_dtype == "bfloat16" and trains_in != "bfloat16":
+        raise ConfigError(f"--lora-base-dtype bfloat16 keeps the frozen weights in the dtype "
+                          f"bfloat16 autocast multiplies in; this run trains in {trains_in} "
+                          f"(--dtype {train_config.dtype}): give --dtype bfloat16")
+
+
 def _check_resumed(section: dict | None, train_config: TrainConfig, path: Path) -> None:
     def described(rank: int, targets: str | None) -> str:
         return f"LoRA adapters of rank {rank} on {targets}" if rank else "every weight"
@@ -82,6 +93,9 @@ def adapt(model: nn.Module, train_config: TrainConfig, base: Path) -> None:
     for name, parameter in model.named_parameters():
         if name.startswith(whole):
             parameter.requires_grad_(True)
+    if train_config.lora_base_dtype != "float32":
+        for layer in adapter_layers(model).values():
+            layer.keep_frozen_in(getattr(torch, train_config.lora_base_dtype))
     model.lora_base, model.lora_targets = str(base.resolve()), train_config.lora_targets
 
 
@@ -112,8 +126,21 @@ def saved_parts(model: nn.Module) -> dict[str, Any]:
     section = {"base": model.lora_base, "rank": first.lora_a.shape[0], "scale": first.scale,
                "targets": model.lora_targets, "layers": sorted(layers),
                "trained_whole": sorted(whole)}
-    return {"weights": merged_weights(model), "adapters": adapter_weights(model),
-            "lora": section}
+    with _originals(model) as originals:
+        weights = merged_weights(model, originals)
+    return {"weights": weights, "adapters": adapter_weights(model), "lora": section}
+
+
+@contextlib.contextmanager
+def _originals(model: nn.Module) -> Iterator[Callable[[str], torch.Tensor] | None]:
+    """name -> the base checkpoint's tensor, where the run keeps the frozen weights in
+    less precision than the base's (the merged checkpoints keep the base's); else None."""
+    if all(layer.weight.dtype == torch.float32 for layer in adapter_layers(model).values()):
+        yield None
+        return
+    with safe_open(str(Path(model.lora_base) / checkpoint.WEIGHTS), framework="pt",
+                   device="cpu") as handle:
+        yield handle.get_tensor
 
 
 def restore_adapters(model: nn.Module, path: Path, device: torch.device) -> None:
@@ -142,12 +169,13 @@ def restore_adapters(model: nn.Module, path: Path, device: torch.device) -> None
 
 
 def _check_merged(model: nn.Module, path: Path) -> None:
-    file = path / checkpoint.WEIGHTS
-    merged = merged_weights(model)
-    with safe_open(str(file), framework="pt", device="cpu") as handle:
-        for name in adapter_layers(model):
+    """Layer by layer (one merged weight at a time in memory)."""
+    with safe_open(str(path / checkpoint.WEIGHTS), framework="pt", device="cpu") as handle, \
+            _originals(model) as originals:
+        for name, layer in adapter_layers(model).items():
             saved = handle.get_tensor(f"{name}.weight").float()
-            ours = merged[f"{name}.weight"].float().cpu()
+            original = None if originals is None else originals(f"{name}.weight")
+            ours = layer.merged_weight(original).float().cpu()
             if not torch.allclose(ours, saved, rtol=1e-4, atol=1e-6):
                 raise checkpoint.CheckpointError(
                     f"{path}: its adapters added to the weights of {model.lora_base} do not "
