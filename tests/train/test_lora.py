@@ -173,7 +173,7 @@ def test_the_command_line_says_what_trains_and_counts_no_weight_gradients(counti
                  "--lora-rank", "2", "--lora-targets", "q,v", "--max-steps", "2",
                  "--max-tokens", "256", "--dtype", "float32"]) == 0
     printed = capsys.readouterr().out
-    # Two layers of q and v: (64 + 64) x 2 for each of A and B... 4 matrices of 2 x 64.
+    # 2 layers x (q, v) x (A of 2 x 64 + B of 64 x 2) = 1,024.
     assert "LoRA: rank 2, alpha 16 on q,v: 1,024 parameters trained" in printed
     config = gpt_tiny()
     assert training_flops(config, 2, 0, 9, weight_gradients=False) == \
