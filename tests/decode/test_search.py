@@ -168,8 +168,16 @@ def test_sampling_is_seeded_and_degenerates_to_greedy():
     assert torch.equal(sample(model, src, bos_id=BOS, eos_id=EOS, top_k=1, seed=1, max_len=10), greedy)
     assert torch.equal(sample(model, src, bos_id=BOS, eos_id=EOS, top_p=1e-6, seed=1, max_len=10),
                        greedy)
+    # min_p 1 keeps the likeliest token alone (greedy); a vanishing one leaves the seeded
+    # draws as they were.
+    assert torch.equal(sample(model, src, bos_id=BOS, eos_id=EOS, min_p=1.0, seed=1, max_len=10),
+                       greedy)
+    assert torch.equal(sample(model, src, bos_id=BOS, eos_id=EOS, min_p=1e-12, seed=5,
+                              max_len=10), a)
     with pytest.raises(ValueError, match="temperature"):
         sample(model, src, bos_id=BOS, eos_id=EOS, temperature=0)
+    with pytest.raises(ValueError, match="min_p"):
+        sample(model, src, bos_id=BOS, eos_id=EOS, min_p=1.5)
 
 
 def test_a_sampled_row_draws_the_same_alone_and_in_any_batch():

@@ -72,15 +72,16 @@ def greedy_search(model: Model, src: Tensor, *, bos_id: Start, eos_id: int,
 def sample(model: Model, src: Tensor, *, bos_id: Start, eos_id: int,
            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            seed: int | None = None, max_len: int | None = None,
-           src_mask: Tensor | None = None) -> Tensor:
+           src_mask: Tensor | None = None, min_p: float = 0.0) -> Tensor:
     """Draw each token from softmax(logits / temperature), restricted to the top_k most
-    likely tokens and to the smallest set whose probability reaches top_p (nucleus).
-    Same layout as greedy_search; seeded runs repeat exactly. Row i draws from a
-    generator of its own, seeded prompt_seeds(seed)[i], so its sample does not depend on
-    what else is in the batch."""
+    likely tokens, to the smallest set whose probability reaches top_p (nucleus) and to
+    the tokens at least min_p times as likely as the likeliest. Same layout as
+    greedy_search; seeded runs repeat exactly. Row i draws from a generator of its own,
+    seeded prompt_seeds(seed)[i], so its sample does not depend on what else is in the
+    batch."""
     rows = list(range(src.shape[0]))
     sampler = Sampler(temperature, top_k, top_p, device=src.device,
-                      row_seeds=prompt_seeds(seed, len(rows)))
+                      row_seeds=prompt_seeds(seed, len(rows)), min_p=min_p)
     return _step_until_done(model, src, bos_id, eos_id, max_len,
                             lambda logits: sampler(logits, rows), None, src_mask)
 
