@@ -188,7 +188,7 @@ def _fine_tuning_configs(args: argparse.Namespace, file_values: dict
     train_config = TrainConfig(**{**FINE_TUNING, **file_values.get("train", {}),
                                   **flags_given(args, TrainConfig)})
     if _takes_lora_rate(train_config, args, file_values):
-        train_config = train_config.replace(lr_scale=train_config.lr_scale * LORA_LR_FACTOR)
+        train_config = _lora_rated(train_config)
     return model_config, train_config
 
 
@@ -215,7 +215,7 @@ def _uptraining_configs(args: argparse.Namespace, file_values: dict
     lora_rate = _takes_lora_rate(train_config, args, file_values) and \
         not (saved_train and saved_train.lora_rank)
     if lora_rate:
-        train_config = train_config.replace(lr_scale=train_config.lr_scale * LORA_LR_FACTOR)
+        train_config = _lora_rated(train_config)
     if "schedule_offset" in defaults:
         print(uptraining_plan(args.init, train_config, defaults, args.uptrain_fraction))
     elif saved_train is None:
@@ -230,6 +230,10 @@ def _takes_lora_rate(config: TrainConfig, args: argparse.Namespace, file_values:
     chosen = "lr_scale" in flags_given(args, TrainConfig) or \
         "lr_scale" in file_values.get("train", {})
     return bool(config.lora_rank) and not chosen
+
+
+def _lora_rated(config: TrainConfig) -> TrainConfig:
+    return config.replace(lr_scale=config.lr_scale * LORA_LR_FACTOR)
 
 
 def import_training_plan(init: Path, config: TrainConfig, d_model: int,

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from transduce import checkpoint
 from transduce.importers import ForeignCheckpointError
+from transduce.importers.hf_gpt2 import _read_json
 from transduce.importers.peft_heads import check_modules_to_save, with_heads
 from transduce.importers.peft_layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, place_of, qkv_sizes
 from transduce.model import load_model
@@ -41,7 +42,8 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
     (a language model or an encoder) and write it at `out` -> out."""
     adapter_dir, base = Path(adapter_dir), checkpoint.resolve(Path(base))
     settings = _read_settings(adapter_dir)
-    arch = checkpoint.read_configs(base)[0].arch
+    base_config, train_config = checkpoint.read_configs(base)
+    arch = base_config.arch
     if arch not in ("decoder", "encoder"):
         raise ForeignCheckpointError(f"{base}: arch {arch!r}; a PEFT adapter is merged into a "
                                      f"language model or an encoder")
@@ -59,7 +61,6 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
                         else checkpoint.TOKENIZER)
     origin = {"peft_adapter": str(adapter_dir.resolve()), "base": str(base.resolve()),
               **({"steps": steps} if (steps := checkpoint.trained_steps(base)) else {})}
-    train_config = checkpoint.read_configs(base)[1]
     return checkpoint.save(Path(out), model, train_config, tokenizer, origin=origin)
 
 
@@ -67,11 +68,8 @@ def _read_settings(adapter_dir: Path) -> dict:
     file = adapter_dir / ADAPTER_CONFIG
     if not file.is_file():
         raise ForeignCheckpointError(f"{adapter_dir}: not a PEFT adapter (no {ADAPTER_CONFIG})")
-    try:
-        settings = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ForeignCheckpointError(f"{file}: unreadable ({error})") from None
-    kind = settings.get("peft_type") if isinstance(settings, dict) else None
+    settings = _read_json(file)
+    kind = settings.get("peft_type")
     if kind != "LORA":
         raise ForeignCheckpointError(f"{file}: peft_type={kind!r}; only LoRA adapters "
                                      f"(\"LORA\") are merged")

@@ -33,13 +33,6 @@ from transduce.model.lora import (LoRASettings, add_adapters, adapter_layers,
 TRAINED_WHOLE = {"classify": ("classifier.", "pooler.")}
 
 
-def lora_settings(config: TrainConfig) -> LoRASettings | None:
-    if not config.lora_rank:
-        return None
-    return LoRASettings(config.lora_rank, config.lora_alpha,
-                        parse_lora_targets(config.lora_targets), config.lora_dropout)
-
-
 def check_lora_run(model_config: ModelConfig, train_config: TrainConfig,
                    init: Path | None, resumed: Path | None) -> None:
     """What a LoRA run cannot be, said before anything is loaded. resumed: the latest
@@ -85,7 +78,9 @@ def adapt(model: nn.Module, train_config: TrainConfig, base: Path) -> None:
     """Add the run's adapters (the same in every process: drawn from the run's seed) and
     freeze every other weight but the heads the task trains whole. base: the checkpoint
     whose weights the adapters sit beside, recorded in every checkpoint of the run."""
-    settings = lora_settings(train_config)
+    c = train_config
+    settings = LoRASettings(c.lora_rank, c.lora_alpha, parse_lora_targets(c.lora_targets),
+                            c.lora_dropout)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(train_config.seed)
         add_adapters(model, settings)
