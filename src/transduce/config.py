@@ -387,6 +387,7 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
 
 Dtype = Literal["float32", "bfloat16"]
 TrainDtype = Literal["auto", Dtype]
+FrozenWeightDtype = Literal[Dtype, "int8", "nf4"]
 Schedule = Literal["noam", "budget"]
 Objective = Literal["mlm", "mlm,nsp"]
 Task = Literal["pretrain", "classify"]
@@ -460,8 +461,9 @@ class TrainConfig(ValidatedConfig):
     lora_alpha: float = 16.0           # the adapters' update is scaled by alpha / rank
     lora_targets: str = "q,k,v,o,ffn"  # the layers adapted: attention q, k, v, o; ffn
     lora_dropout: float = 0.0          # dropout on the adapters' input
-    lora_base_dtype: Dtype = "float32"  # bfloat16: the adapted layers' frozen weights kept
-    #                                     in bfloat16 (half their memory; dtype bfloat16)
+    lora_base_dtype: FrozenWeightDtype = "float32"  # the adapted layers' frozen weights kept
+    #   in bfloat16 (half their memory; with --dtype bfloat16), or quantized: int8 (a
+    #   quarter) or nf4 (QLoRA's 4 bits, 14%), dequantized for each product
 
     def __post_init__(self) -> None:
         self._check_bools()

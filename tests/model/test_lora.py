@@ -78,8 +78,8 @@ def test_the_one_product_path_against_autograd():
     a = torch.randn(2, 6, dtype=torch.float64, requires_grad=True)
     b = torch.randn(5, 2, dtype=torch.float64, requires_grad=True)
     weight, bias = torch.randn(5, 6, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
-    assert torch.autograd.gradcheck(lambda x, a, b: _MergedLoRA.apply(x, weight, bias, a, b, 1.5),
-                                    (x, a, b))
+    assert torch.autograd.gradcheck(
+        lambda x, a, b: _MergedLoRA.apply(x, weight.to, bias, a, b, 1.5), (x, a, b))
     layer = LoRALinear(nn.Linear(64, 48), LoRASettings(rank=4, alpha=8.0))
     with torch.no_grad():
         layer.lora_b.normal_()
@@ -180,3 +180,78 @@ def test_refusals():
         add_adapters(rnn, LoRASettings(rank=2, alpha=2.0))
     with pytest.raises(ConfigError, match="lora_rank=0"):
         add_adapters(rnn, LoRASettings(rank=0, alpha=2.0))
+
+
+def quantized_pair(format, dropout=0.0):
+    """A layer whose frozen weight is kept in `format` and the float64 layer whose weight
+    is that weight dequantized, with the same adapters (B drawn)."""
+    torch.manual_seed(0)
+    base = nn.Linear(64, 48).double()
+    settings = LoRASettings(rank=4, alpha=8.0, dropout=dropout)
+    layer = LoRALinear(copy.deepcopy(base), settings)
+    layer.keep_frozen_in(format)
+    base.weight.data = layer.quantized.dequantized(torch.float64)
+    reference = LoRALinear(base, settings)
+    with torch.no_grad():
+        layer.lora_b.normal_()
+        reference.lora_a.copy_(layer.lora_a)
+        reference.lora_b.copy_(layer.lora_b)
+    return layer, reference
+
+
+@pytest.mark.parametrize("format", ["int8", "nf4"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_a_quantized_frozen_weight_computes_as_its_dequantized_matrix(format, dropout):
+    """keep_frozen_in("int8" | "nf4"): in float64, the output and every gradient are the
+    float layer's whose weight is the dequantized one, with dropout (two products) or
+    without (one); and no weight-sized tensor waits for the backward pass (autograd's
+    F.linear would keep every layer's dequantized weight until then)."""
+    layer, reference = quantized_pair(format, dropout)
+    assert layer.weight is None and layer.frozen_format == format
+    assert set(layer.state_dict()) == {"bias", "lora_a", "lora_b"}
+    inputs = torch.randn(2, 5, 64, dtype=torch.float64)
+    results, saved = [], []
+    for module in (layer, reference):
+        x = inputs.clone().requires_grad_()
+        torch.manual_seed(7)                         # the same dropout mask
+        with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: saved.append((module is layer, t.numel())) or t, lambda t: t):
+            out = module(x)
+        out.square().sum().backward()
+        results.append((out, x.grad, module.lora_a.grad, module.lora_b.grad))
+    for ours, expected in zip(*results):
+        torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-12)
+    assert max(numel for ours, numel in saved if ours) < 48 * 64
+    merged = layer.merged_weight()
+    torch.testing.assert_close(merged, reference.merged_weight(), rtol=1e-12, atol=1e-12)
+    original = torch.randn(48, 64, dtype=torch.float64)     # merged into the original
+    torch.testing.assert_close(layer.merged_weight(original),
+                               original + 2.0 * layer.lora_b @ layer.lora_a)
+
+
+@pytest.mark.parametrize("format", ["bfloat16", "int8", "nf4"])
+def test_a_model_with_frozen_weights_kept_small_merges_to_its_state_dict(format):
+    """merged_weights() names every weight the plain model has (a quantized one is not in
+    the model's state dict: it is added), merged into the originals given; the decoding
+    copy merges into the weights as kept, so it computes as the adapted model does."""
+    torch.manual_seed(1)
+    model = build_model(preset("llama-tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
+                               dropout=0.0)).eval()
+    plain = copy.deepcopy(model)
+    add_adapters(model, LoRASettings(rank=4, alpha=8.0))
+    randomized(model)
+    for layer in adapter_layers(model).values():
+        layer.keep_frozen_in(format)
+    originals = plain.state_dict()
+    merged = merged_weights(model, originals.__getitem__)
+    assert merged.keys() == originals.keys()
+    for name, layer in adapter_layers(model).items():
+        expected = originals[f"{name}.weight"] + layer.scale * layer.lora_b @ layer.lora_a
+        torch.testing.assert_close(merged[f"{name}.weight"], expected)
+    ids = torch.randint(4, VOCAB, (2, 6))
+    adapted = model(ids)
+    copied = decoding_copy(model, torch.float32, "cpu")
+    # bfloat16: the merged weight is rounded to bfloat16 once more.
+    tolerance = 0.05 if format == "bfloat16" else 1e-4
+    torch.testing.assert_close(copied(ids), adapted, rtol=tolerance, atol=tolerance)
+    assert not torch.allclose(plain(ids), adapted, rtol=0.1, atol=0.1)

@@ -278,3 +278,17 @@ def test_score_lines_batches_as_it_scores_one_by_one(counting):
     for i in (0, 7, 29):
         nll, pieces = independent_nll(model, tokenizer, [lines[i]])
         assert scores.nll[i] == pytest.approx(nll, rel=1e-5) and scores.pieces[i] == pieces
+
+
+def test_the_matmul_peak_is_measured_on_a_product_the_cpu_finishes_in_time(monkeypatch):
+    """2048 x 2048 where a product takes less than the half second the peak is measured
+    over; a smaller one where it would not (bfloat16 on a CPU without bfloat16 units:
+    13 s a product), sized by a probe's pace."""
+    from transduce.train import flops
+
+    assert flops._cpu_size(torch.float32, seconds=1e6) == 2048
+    assert flops._cpu_size(torch.float32, seconds=1e-9) == 256
+    clock = iter(range(10**6))
+    monkeypatch.setattr(flops.time, "perf_counter", lambda: next(clock) * 0.008)
+    # 8 ms for the probe: 4 s at 2048; a quarter of 0.5 s takes 640 (rounded to 128s).
+    assert flops._cpu_size(torch.float32, seconds=0.5) == 640

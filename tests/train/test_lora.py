@@ -259,3 +259,40 @@ def test_frozen_weights_kept_in_bfloat16_train_as_in_float32(counting, base, tmp
                                           "give --dtype bfloat16"):
         train(counting, tmp_path / "refused", gpt_tiny(),
               kept_config.replace(dtype="float32"), init=base)
+
+
+@pytest.mark.parametrize("format", ["int8", "nf4"])
+def test_frozen_weights_kept_quantized_train_resume_and_merge_into_the_base(counting, base,
+                                                                           tmp_path, format):
+    """--lora-base-dtype int8 | nf4 (QLoRA): any dtype trains it (float32 here), the
+    adapters learn, every checkpoint merges them into the base's float32 weights (its
+    other weights the base's bit for bit), the parameters are counted whole, and
+    resuming is exact."""
+    config = dict(LORA, dtype="float32", lora_dropout=0.1, ema_decay=0.8,
+                  lora_base_dtype=format)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    last = train(counting, straight, gpt_tiny(dropout=0.1),
+                 train_config(max_steps=30, **config), init=base)
+    losses = train_losses(straight)
+    assert losses[-1] < 0.9 * losses[0], losses
+    before, after = tensors(base), tensors(last)
+    adapters = tensors(last, checkpoint.ADAPTERS)
+    adapted = {f"{layer}.weight" for layer in checkpoint.read_lora_section(last)["layers"]}
+    assert after.keys() == before.keys() and len(adapted) == 2 * 6
+    for name in before.keys() - adapted:
+        assert torch.equal(before[name], after[name]), name
+    for name in adapted:
+        layer = name.removesuffix(".weight")
+        delta = 2.0 * adapters[f"{layer}.lora_b"] @ adapters[f"{layer}.lora_a"]
+        torch.testing.assert_close(after[name], before[name] + delta)
+    start = json.loads((straight / LOG_NAME).read_text().splitlines()[0])
+    assert start["parameters"] == load_model(base).num_parameters() + \
+        sum(tensor.numel() for tensor in adapters.values())       # as a float base's run
+    train(counting, split, gpt_tiny(dropout=0.1), train_config(max_steps=15, **config),
+          init=base)
+    train(counting, split, gpt_tiny(dropout=0.1), train_config(max_steps=30, **config),
+          resume=True)
+    for directory in ("step-0000030", "ema"):
+        for name in (checkpoint.WEIGHTS, checkpoint.ADAPTERS):
+            a, b = tensors(straight / directory, name), tensors(split / directory, name)
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

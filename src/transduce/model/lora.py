@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from transduce.config import LORA_TARGETS, ConfigError
+from transduce.model.quantized_weight import FORMATS, QuantizedWeight
 
 # The linear layers of a block each name of --lora-targets stands for: the attention's
 # projections (self and cross) and the feed-forward's (linear3: a gated unit's second
@@ -49,12 +50,13 @@ class LoRASettings:
 class LoRALinear(nn.Module):
     """A linear layer whose weight and bias are the frozen ones of `base` (the same
     Parameter objects, not copies: the state dict names them as before) with a trainable
-    low-rank update beside them."""
+    low-rank update beside them. keep_frozen_in() may keep the weight in fewer bits."""
 
     def __init__(self, base: nn.Linear, settings: LoRASettings):
         super().__init__()
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias
+        self.quantized: QuantizedWeight | None = None
         self.weight.requires_grad_(False)
         if self.bias is not None:
             self.bias.requires_grad_(False)
@@ -68,27 +70,55 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., in) -> (..., out)."""
-        frozen = not self.weight.requires_grad and \
-            (self.bias is None or not self.bias.requires_grad)
-        if frozen and not (self.training and self.dropout.p):
-            return _MergedLoRA.apply(x, self.weight, self.bias, self.lora_a, self.lora_b,
-                                     self.scale)
+        if (self.quantized is None and self.weight.requires_grad) or \
+                (self.bias is not None and self.bias.requires_grad):
+            update = F.linear(F.linear(self.dropout(x), self.lora_a), self.lora_b)
+            return F.linear(x, self.weight, self.bias).add_(update, alpha=self.scale)
+        if not (self.training and self.dropout.p):
+            return _MergedLoRA.apply(x, self.frozen_weight, self.bias, self.lora_a,
+                                     self.lora_b, self.scale)
         update = F.linear(F.linear(self.dropout(x), self.lora_a), self.lora_b)
-        return F.linear(x, self.weight, self.bias).add_(update, alpha=self.scale)
+        # Not in place: the Function's output is a view (of its 2-D product).
+        return _FrozenLinear.apply(x, self.frozen_weight, self.bias).add(update,
+                                                                         alpha=self.scale)
+
+    def frozen_weight(self, dtype: torch.dtype) -> Tensor:
+        """W (out, in) in `dtype`: the frozen weight cast, or dequantized."""
+        if self.quantized is not None:
+            return self.quantized.dequantized(dtype)
+        return self.weight.to(dtype)
+
+    @property
+    def frozen_format(self) -> str:
+        """How the frozen weight is kept: "float32", "bfloat16", ... or "int8", "nf4"."""
+        if self.quantized is not None:
+            return self.quantized.format
+        return str(self.weight.dtype).removeprefix("torch.")
 
     @torch.no_grad()
     def merged_weight(self, weight: Tensor | None = None) -> Tensor:
         """W + (alpha / r) B A: (out, in), summed in float32 at least, in the dtype of W:
-        the layer's own, or `weight`, the same matrix kept elsewhere in more precision
-        (a frozen weight kept in bfloat16 is merged into its float32 original)."""
-        weight = self.weight if weight is None else weight.to(self.weight.device)
+        the layer's own (dequantized to its scales' dtype if kept in fewer bits), or
+        `weight`, the same matrix kept elsewhere in more precision (a frozen weight kept
+        in bfloat16 or quantized is merged into its float32 original)."""
+        if weight is None:
+            weight = self.frozen_weight(self.quantized.dtype if self.quantized is not None
+                                        else self.weight.dtype)
+        weight = weight.to(self.lora_a.device)
         dtype = torch.promote_types(weight.dtype, torch.float32)
         delta = self.lora_b.to(dtype) @ self.lora_a.to(dtype)
         return (weight.to(dtype) + self.scale * delta).to(weight.dtype)
 
-    def keep_frozen_in(self, dtype: torch.dtype) -> None:
-        """Keep the frozen weight and bias in `dtype` (bfloat16: half the memory; under
-        autocast in that dtype every product reads them as it did before)."""
+    def keep_frozen_in(self, kind: str) -> None:
+        """Keep the frozen weight in `kind`: "bfloat16" (half the memory; under autocast
+        in that dtype every product reads it as it did before, and so the bias), or
+        "int8" or "nf4" (a quarter, an eighth: model/quantized_weight.py), dequantized for
+        each product (the bias stays as it is)."""
+        if kind in FORMATS:
+            self.quantized = QuantizedWeight(self.weight.detach(), kind)
+            self.register_parameter("weight", None)
+            return
+        dtype = getattr(torch, kind)
         self.weight = nn.Parameter(self.weight.detach().to(dtype), requires_grad=False)
         if self.bias is not None:
             self.bias = nn.Parameter(self.bias.detach().to(dtype), requires_grad=False)
@@ -96,6 +126,12 @@ class LoRALinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"rank={self.lora_a.shape[0]}, scale={self.scale:g}")
+
+
+def _product_dtype(x: Tensor) -> torch.dtype:
+    """The dtype autocast would multiply x in, else x's."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
 class _MergedLoRA(torch.autograd.Function):
@@ -110,37 +146,55 @@ class _MergedLoRA(torch.autograd.Function):
         dx = g W',   dB = s g^T (x A^T),   dA = s (g B)^T x."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, lora_a: Tensor,
-                lora_b: Tensor, scale: float) -> Tensor:
-        ctx.save_for_backward(x, weight, lora_a, lora_b)
-        ctx.scale = scale
-        # The dtype autocast would multiply in, else x's: every operand cast to it here,
-        # whatever dtype the frozen weight is kept in.
-        device = x.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) \
-            else x.dtype
-        merged = _merged(weight, lora_a, lora_b, scale, dtype)               # (out, in)
+    def forward(ctx, x: Tensor, frozen: Callable[[torch.dtype], Tensor], bias: Tensor | None,
+                lora_a: Tensor, lora_b: Tensor, scale: float) -> Tensor:
+        ctx.save_for_backward(x, lora_a, lora_b)
+        ctx.frozen, ctx.scale = frozen, scale
+        # Every operand cast to the product's dtype here, whatever the frozen weight is
+        # kept in.
+        dtype = _product_dtype(x)
+        merged = _merged(frozen, lora_a, lora_b, scale, dtype)               # (out, in)
         return F.linear(x.to(dtype), merged, None if bias is None else bias.to(dtype))
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        x, weight, lora_a, lora_b = ctx.saved_tensors
+        x, lora_a, lora_b = ctx.saved_tensors
         dtype = grad.dtype                   # the forward product's
         rows = grad.reshape(-1, grad.shape[-1])                            # (N, out)
         inputs = x.reshape(-1, x.shape[-1]).to(dtype)                      # (N, in)
         grad_x = None
         if ctx.needs_input_grad[0]:          # the forward's merged weight, bit for bit
-            grad_x = (grad @ _merged(weight, lora_a, lora_b, ctx.scale, dtype)).to(x.dtype)
+            grad_x = (grad @ _merged(ctx.frozen, lora_a, lora_b, ctx.scale, dtype)).to(x.dtype)
         grad_b = (rows.T @ (inputs @ lora_a.to(dtype).T)).mul_(ctx.scale)   # (out, r)
         grad_a = ((rows @ lora_b.to(dtype)).T @ inputs).mul_(ctx.scale)     # (r, in)
         return grad_x, None, None, grad_a.to(lora_a.dtype), grad_b.to(lora_b.dtype), None
 
 
-def _merged(weight: Tensor, lora_a: Tensor, lora_b: Tensor, scale: float,
-            dtype: torch.dtype) -> Tensor:
+class _FrozenLinear(torch.autograd.Function):
+    """y = x W^T + b for a frozen W and b, W materialized (cast or dequantized) for the
+    forward product and again for the backward one, never kept in between: autograd's
+    F.linear would hold every layer's dequantized weight until the backward pass."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, frozen: Callable[[torch.dtype], Tensor],
+                bias: Tensor | None) -> Tensor:
+        ctx.frozen, ctx.x_dtype = frozen, x.dtype
+        dtype = _product_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.linear(x.to(dtype), frozen(dtype), None if bias is None else bias.to(dtype))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        with torch.autocast(grad.device.type, enabled=False):
+            grad_x = grad @ ctx.frozen(grad.dtype)
+        return grad_x.to(ctx.x_dtype), None, None
+
+
+def _merged(frozen: Callable[[torch.dtype], Tensor], lora_a: Tensor, lora_b: Tensor,
+            scale: float, dtype: torch.dtype) -> Tensor:
     """W + s B A in `dtype`, each operand cast to it first (as autocast casts them)."""
-    with torch.autocast(weight.device.type, enabled=False):
-        return torch.addmm(weight.to(dtype), lora_b.to(dtype), lora_a.to(dtype), alpha=scale)
+    with torch.autocast(lora_a.device.type, enabled=False):
+        return torch.addmm(frozen(dtype), lora_b.to(dtype), lora_a.to(dtype), alpha=scale)
 
 
 def add_adapters(model: nn.Module, settings: LoRASettings) -> list[str]:
@@ -185,7 +239,8 @@ def merged_weights(model: nn.Module, originals: Callable[[str], Tensor] | None =
     """The model's state dict as the model without adapters has it, each adapted weight
     merged (W + (alpha / r) B A) and the adapters' own matrices left out. originals:
     name -> the adapted layers' weights and biases as they were before being kept in
-    less precision (LoRALinear.keep_frozen_in), to merge into and keep."""
+    less precision (LoRALinear.keep_frozen_in), to merge into and keep. (A quantized
+    weight is not in the model's state dict: its merged one is added.)"""
     layers = adapter_layers(model)
     merged = {}
     for name, layer in layers.items():
@@ -194,8 +249,9 @@ def merged_weights(model: nn.Module, originals: Callable[[str], Tensor] | None =
         if originals is not None and layer.bias is not None:
             merged[f"{name}.bias"] = originals(f"{name}.bias")
     adapter_names = {f"{name}.{part}" for name in layers for part in ("lora_a", "lora_b")}
-    return {name: merged.get(name, tensor) for name, tensor in model.state_dict().items()
+    kept = {name: tensor for name, tensor in model.state_dict().items()
             if name not in adapter_names}
+    return {**kept, **merged}
 
 
 @torch.no_grad()

@@ -115,12 +115,11 @@ def matmul_peak(dtype: torch.dtype, device: torch.device | str = "cpu", size: in
                 seconds: float = 0.5) -> float:
     """Measured FLOP/s of a square matmul in `dtype`: the median of a short run. The
     default size is 2048 on a CPU and 8192 on a GPU, where 2048 leaves an H100 at 60% of
-    what it reaches (397 against 660 TFLOP/s in bfloat16), so MFU would read high."""
-    size = size or (8192 if torch.device(device).type == "cuda" else 2048)
-    generator = torch.Generator().manual_seed(0)  # leaves the training RNG untouched
-    a = torch.randn(size, size, generator=generator).to(device, dtype)
-    b = torch.randn(size, size, generator=generator).to(device, dtype)
+    what it reaches (397 against 660 TFLOP/s in bfloat16), so MFU would read high. A CPU
+    that multiplies in `dtype` slowly gets a smaller size (_cpu_size)."""
     cuda = torch.device(device).type == "cuda"
+    size = size or (8192 if cuda else _cpu_size(dtype, seconds))
+    a, b = _operands(size, dtype, device)
     a @ b  # warm-up
     rates, deadline = [], time.perf_counter() + seconds
     while time.perf_counter() < deadline or len(rates) < 3:
@@ -132,3 +131,26 @@ def matmul_peak(dtype: torch.dtype, device: torch.device | str = "cpu", size: in
             torch.cuda.synchronize()
         rates.append(2 * size ** 3 / (time.perf_counter() - start))
     return statistics.median(rates)
+
+
+def _operands(size: int, dtype: torch.dtype, device: torch.device | str
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)  # leaves the training RNG untouched
+    return tuple(torch.randn(size, size, generator=generator).to(device, dtype)
+                 for _ in range(2))
+
+
+def _cpu_size(dtype: torch.dtype, seconds: float, largest: int = 2048, probe: int = 256) -> int:
+    """2048, unless a product that size would take longer than `seconds`: then the largest
+    multiple of 128 (at least 256) whose product takes a quarter of it, by a probe's pace.
+    A CPU without bfloat16 units multiplies bfloat16 some 30x slower than float32 (an
+    AVX2 EPYC: 26 ms for 256 x 256, so 13 s a product of 2048, and four at the least)."""
+    a, b = _operands(probe, dtype, "cpu")
+    a @ b
+    start = time.perf_counter()
+    a @ b
+    probe_seconds = max(time.perf_counter() - start, 1e-9)
+    if probe_seconds * (largest / probe) ** 3 <= seconds:
+        return largest
+    fitting = probe * (seconds / 4 / probe_seconds) ** (1 / 3)
+    return int(min(largest, max(probe, fitting // 128 * 128)))

@@ -54,7 +54,8 @@ def check_lora_run(model_config: ModelConfig, train_config: TrainConfig,
 
 def check_base_dtype(train_config: TrainConfig, trains_in: str) -> None:
     """Frozen weights kept in bfloat16 are read by products in bfloat16 alone: the run
-    must train under bfloat16 autocast (trains_in: its dtype, "auto" resolved)."""
+    must train under bfloat16 autocast (trains_in: its dtype, "auto" resolved). Weights
+    kept in int8 or nf4 are dequantized to the dtype of any run."""
     if train_config.lora_base_dtype == "bfloat16" and trains_in != "bfloat16":
         raise ConfigError(f"--lora-base-dtype bfloat16 keeps the frozen weights in the dtype "
                           f"bfloat16 autocast multiplies in; this run trains in {trains_in} "
@@ -89,8 +90,10 @@ def adapt(model: nn.Module, train_config: TrainConfig, base: Path) -> None:
         if name.startswith(whole):
             parameter.requires_grad_(True)
     if train_config.lora_base_dtype != "float32":
+        counted = model.num_parameters()
         for layer in adapter_layers(model).values():
-            layer.keep_frozen_in(getattr(torch, train_config.lora_base_dtype))
+            layer.keep_frozen_in(train_config.lora_base_dtype)
+        model.source_parameters = counted      # quantized weights are buffers
     model.lora_base, model.lora_targets = str(base.resolve()), train_config.lora_targets
 
 
@@ -130,7 +133,7 @@ def saved_parts(model: nn.Module) -> dict[str, Any]:
 def _originals(model: nn.Module) -> Iterator[Callable[[str], torch.Tensor] | None]:
     """name -> the base checkpoint's tensor, where the run keeps the frozen weights in
     less precision than the base's (the merged checkpoints keep the base's); else None."""
-    if all(layer.weight.dtype == torch.float32 for layer in adapter_layers(model).values()):
+    if all(layer.frozen_format == "float32" for layer in adapter_layers(model).values()):
         yield None
         return
     with safe_open(str(Path(model.lora_base) / checkpoint.WEIGHTS), framework="pt",
