@@ -8,16 +8,18 @@ Every peer steps on one batch of --rows rows of --length random token ids: the f
 pass over all of them, the mean cross entropy of the --length - 1 next tokens of each
 row, backward, fused Adam over what trains; in float32 and under bfloat16 autocast.
 Ours is the step `transduce train` takes (train/objective.py's loss), with adapters of
-rank --rank on every attention and feed-forward matrix (model/lora.py) or none, and in
-bfloat16 also with the adapted layers' frozen weights kept in bfloat16
-(--lora-base-dtype bfloat16); theirs is the model called with labels, wrapped by
-peft.get_peft_model with the same rank, alpha and modules, or not. The peers alternate
-rounds of --steps steps, --repeats times; counted: target tokens per second of the
-median round. Beside the speed, what each keeps for training, counted from the tensors:
-the weights' bytes, parameters trained, and the bytes of their gradients and Adam's two
-moments (float32).
+rank --rank on every attention and feed-forward matrix (model/lora.py) or none, and with
+the adapted layers' frozen weights kept in int8 or NF4 (--lora-base-dtype int8, nf4;
+model/quantized_weight.py), and in bfloat16 also kept in bfloat16; theirs is the model
+called with labels, wrapped by peft.get_peft_model with the same rank, alpha and
+modules, or not, and QLoRA's way: loaded by transformers with bitsandbytes' NF4
+(BitsAndBytesConfig(load_in_4bit=True), the compute dtype the step's). The peers
+alternate rounds of --steps steps, --repeats times; counted: target tokens per second
+of the median round. Beside the speed, what each keeps for training, counted from the
+tensors: the weights' bytes (parameters and buffers, bitsandbytes' block scales too),
+parameters trained, and the bytes of their gradients and Adam's two moments (float32).
 
-    python bench/lora.py [--layers 12 --d-model 768] [--rank 8] [--steps 2]
+    python bench/lora.py [--layers 12 --d-model 768] [--rank 8] [--steps 2] [--dtypes float32]
 """
 
 from __future__ import annotations
@@ -78,24 +80,30 @@ def step_round(forward, parameters, steps: int, dtype: torch.dtype):
     return run, optimizer
 
 
-def ours(imported: Path, ids: torch.Tensor, rank: int | None,
-         kept: torch.dtype | None = None):
+def ours(imported: Path, ids: torch.Tensor, rank: int | None, kept: str | None = None):
     model = load_model(imported).train()
     if rank:
         add_adapters(model, LoRASettings(rank=rank, alpha=2.0 * rank))
     for layer in adapter_layers(model).values() if kept else ():
-        layer.keep_frozen_in(kept)        # --lora-base-dtype bfloat16
+        layer.keep_frozen_in(kept)        # --lora-base-dtype bfloat16 | int8 | nf4
     objective = SequenceObjective(model, language_model=True, label_smoothing=0.0)
     targets = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)  # 0: pad, unscored
     scored = int((targets != 0).sum())
     return model, lambda: objective(None, ids, targets) / scored
 
 
-def theirs(hf_dir: Path, ids: torch.Tensor, rank: int | None):
+def theirs(hf_dir: Path, ids: torch.Tensor, rank: int | None, nf4_in: torch.dtype | None = None):
+    """nf4_in: the frozen weights in bitsandbytes' NF4, multiplied in that dtype (QLoRA)."""
     import peft
     import transformers
 
-    model = transformers.LlamaForCausalLM.from_pretrained(hf_dir).train()
+    quantized = {} if nf4_in is None else {"device_map": "cpu", "quantization_config":
+                                           transformers.BitsAndBytesConfig(
+                                               load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                               bnb_4bit_compute_dtype=nf4_in)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # bitsandbytes' notes on the CUDA it does not find
+        model = transformers.LlamaForCausalLM.from_pretrained(hf_dir, **quantized).train()
     if rank:
         # peft calls a transformers method that transformers 5 deprecates.
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
@@ -106,11 +114,14 @@ def theirs(hf_dir: Path, ids: torch.Tensor, rank: int | None):
 
 
 def training_state(model) -> dict:
-    """What training keeps beside the weights: trained parameters, their gradients and
-    Adam's moments, in bytes (float32)."""
+    """What training keeps: the weights (parameters, buffers, and the block scales
+    bitsandbytes keeps beside its 4-bit ones), and beside them the trained parameters,
+    their gradients and Adam's moments, in bytes (float32)."""
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return {"parameters": sum(p.numel() for p in model.parameters()),
-            "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+    scales = [p.quant_state.absmax for p in model.parameters()
+              if getattr(p, "quant_state", None) is not None]
+    tensors = [*model.parameters(), *model.buffers(), *scales]
+    return {"weight_bytes": sum(t.numel() * t.element_size() for t in tensors),
             "trained_parameters": trained, "gradient_bytes": 4 * trained,
             "adam_bytes": 8 * trained}
 
@@ -126,9 +137,11 @@ def peer_cases(args: argparse.Namespace, imported: Path, hf_dir: Path, ids: torc
         dtype = getattr(torch, dtype_name)
         cases = [(peer, f"LoRA r={rank}" if rank else "full", lambda b=build, r=rank: b(r))
                  for peer, build in builds for rank in (None, args.rank)]
-        if dtype == torch.bfloat16:       # the frozen weights kept in bfloat16 too
-            cases.append(("ours", f"LoRA r={args.rank}, frozen bfloat16",
-                          lambda: ours(imported, ids, args.rank, torch.bfloat16)))
+        kept = ["int8", "nf4"] + (["bfloat16"] if dtype == torch.bfloat16 else [])
+        cases += [("ours", f"LoRA r={args.rank}, frozen {kind}",
+                   lambda k=kind: ours(imported, ids, args.rank, k)) for kind in kept]
+        cases.append(("transformers", f"LoRA r={args.rank}, frozen nf4",
+                      lambda d=dtype: theirs(hf_dir, ids, args.rank, nf4_in=d)))
         for peer, kind, build in cases:
             model, forward = build()
             trained = [p for p in model.parameters() if p.requires_grad]
@@ -143,18 +156,19 @@ def ratios_of(args: argparse.Namespace, peers: dict) -> dict[str, float]:
         return peers[name]["tokens_per_s"]
 
     ratios = {}
-    for dtype_name in args.dtypes:
-        lora, full = f"LoRA r={args.rank} {dtype_name}", f"full {dtype_name}"
-        ratios[f"ours LoRA / ours full, {dtype_name}"] = \
-            speed(f"ours {lora}") / speed(f"ours {full}")
-        ratios[f"ours LoRA / PEFT LoRA, {dtype_name}"] = \
-            speed(f"ours {lora}") / speed(f"transformers {lora}")
-        ratios[f"ours full / transformers full, {dtype_name}"] = \
-            speed(f"ours {full}") / speed(f"transformers {full}")
-    if "bfloat16" in args.dtypes:
-        ratios["ours LoRA, frozen bfloat16 / ours LoRA, bfloat16"] = \
-            speed(f"ours LoRA r={args.rank}, frozen bfloat16 bfloat16") / \
-            speed(f"ours LoRA r={args.rank} bfloat16")
+    for d in args.dtypes:
+        lora, full = f"LoRA r={args.rank}", "full"
+        ratios[f"ours LoRA / ours full, {d}"] = \
+            speed(f"ours {lora} {d}") / speed(f"ours {full} {d}")
+        ratios[f"ours LoRA / PEFT LoRA, {d}"] = \
+            speed(f"ours {lora} {d}") / speed(f"transformers {lora} {d}")
+        ratios[f"ours full / transformers full, {d}"] = \
+            speed(f"ours {full} {d}") / speed(f"transformers {full} {d}")
+        for kind in ["int8", "nf4"] + (["bfloat16"] if d == "bfloat16" else []):
+            ratios[f"ours LoRA, frozen {kind} / ours LoRA, {d}"] = \
+                speed(f"ours {lora}, frozen {kind} {d}") / speed(f"ours {lora} {d}")
+        ratios[f"ours LoRA, frozen nf4 / PEFT LoRA on bitsandbytes nf4, {d}"] = \
+            speed(f"ours {lora}, frozen nf4 {d}") / speed(f"transformers {lora}, frozen nf4 {d}")
     return ratios
 
 
@@ -196,8 +210,8 @@ def main() -> None:
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}x")
     for name, state in states.items():
-        print(f"{name}: {state['trained_parameters']:,d} of {state['parameters']:,d} "
-              f"parameters trained; weights {state['weight_bytes'] / 2**20:.0f} MiB, gradients "
+        print(f"{name}: {state['trained_parameters']:,d} parameters trained; weights "
+              f"{state['weight_bytes'] / 2**20:.0f} MiB, gradients "
               f"+ Adam {(state['gradient_bytes'] + state['adam_bytes']) / 2**20:.1f} MiB")
     result = {"machine": machine_info(args.threads),
               "settings": vars(args) | {"out": str(args.out)},

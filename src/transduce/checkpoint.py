@@ -27,6 +27,7 @@ import json
 import math
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -35,7 +36,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from transduce import atomic
+from transduce import atomic, streamed_safetensors
 from transduce.config import ConfigError, ModelConfig, TrainConfig
 from transduce.data.chat import ChatError, ChatTemplate
 from transduce.data.hf_tokenizer import SPECIALS, TOKENIZER_JSON, HFTokenizer
@@ -83,7 +84,8 @@ def resolve(path: Path) -> Path:
 
 def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
          tokenizer_path: Path | TextTokenizer, trainer_state: dict[str, Any] | None = None,
-         origin: dict[str, Any] | None = None, *, weights: dict[str, torch.Tensor] | None = None,
+         origin: dict[str, Any] | None = None, *,
+         weights: Mapping[str, torch.Tensor | streamed_safetensors.Pending] | None = None,
          adapters: dict[str, torch.Tensor] | None = None,
          lora: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint directory atomically; an existing one at `path` is replaced.
@@ -99,7 +101,8 @@ def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
     (model.languages: source, target) and a multilingual one's language codes
     (model.language_codes: code -> id) are written with its configuration.
     A LoRA run's (train/lora.py): weights, the merged state dict written in place of the
-    model's; adapters, written as adapter.safetensors; lora, its config.json section."""
+    model's (a Pending tensor is computed as it is written, streamed_safetensors.py);
+    adapters, written as adapter.safetensors; lora, its config.json section."""
     write_tokenizer, section = _tokenizer_writer(tokenizer_path)
     described = {"labels": getattr(model, "labels", None),
                  "classifier_inputs": getattr(model, "classifier_inputs", None),
@@ -119,16 +122,21 @@ def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
     return path
 
 
-def _save_weights(state: dict[str, torch.Tensor], file: Path) -> None:
+def _save_weights(state: Mapping[str, torch.Tensor | streamed_safetensors.Pending],
+                  file: Path) -> None:
     """The weights as safetensors' save_model writes them (a tensor under two names, a
     tied matrix, is stored once and the other name recorded in the metadata), except that
     distinct views into one buffer are copied apart: on a GPU, cuDNN packs an RNN's
     weights into one buffer, which save_model refuses. A CPU tensor that is the whole of
-    its buffer is written from where it is: a model is saved without a second copy."""
-    tensors: dict[str, torch.Tensor] = {}
+    its buffer is written from where it is: a model is saved without a second copy.
+    Pending tensors are computed one at a time as they are written."""
+    tensors: dict[str, torch.Tensor | streamed_safetensors.Pending] = {}
     metadata: dict[str, str] = {}
     first_name: dict[tuple, str] = {}
     for name, tensor in state.items():
+        if isinstance(tensor, streamed_safetensors.Pending):
+            tensors[name] = tensor
+            continue
         view = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
         if tensor.numel() and view in first_name:
             metadata[name] = first_name[view]
@@ -139,7 +147,10 @@ def _save_weights(state: dict[str, torch.Tensor], file: Path) -> None:
         if tensor.device.type != "cpu" or not whole:
             tensor = tensor.to("cpu", copy=True).contiguous()
         tensors[name] = tensor
-    _save_tensors(tensors, file, metadata or None)
+    if any(isinstance(t, streamed_safetensors.Pending) for t in tensors.values()):
+        streamed_safetensors.write(file, tensors, metadata or None)
+    else:
+        _save_tensors(tensors, file, metadata or None)
 
 
 def _save_tensors(tensors: dict[str, torch.Tensor], file: Path, metadata: dict | None) -> None:

@@ -501,6 +501,9 @@ class TrainConfig(ValidatedConfig):
             raise ConfigError(f"TrainConfig.lora_alpha={self.lora_alpha}: must be positive")
         check_in_unit_interval(self, "lora_dropout")
         check_choice(self, "lora_base_dtype")
+        if self.lora_base_dtype != "float32" and not self.lora_rank:
+            raise ConfigError(f"TrainConfig.lora_base_dtype={self.lora_base_dtype!r} keeps a "
+                              f"LoRA run's frozen weights: give lora_rank (--lora-rank)")
 
 
 # What TrainConfig.lora_targets names (model/lora.py: the layers each stands for).

@@ -164,6 +164,10 @@ def test_refusals(counting, base, tmp_path, capsys):
     with pytest.raises(ConfigError, match="with --fsdp"):
         train(counting, tmp_path / "fsdp", gpt_tiny(), train_config(max_steps=2, fsdp=True,
                                                                     **LORA), init=base)
+    plain = [part for part in common if part not in ("--lora-rank", "4")]
+    assert main(plain + ["--init", str(base), "--lora-base-dtype", "nf4"]) == 2
+    assert "TrainConfig.lora_base_dtype='nf4' keeps a LoRA run's frozen weights: give " \
+        "lora_rank (--lora-rank)" in capsys.readouterr().err
 
 
 def test_the_command_line_says_what_trains_and_counts_no_weight_gradients(counting, base,
@@ -196,15 +200,17 @@ def test_adapters_train_at_ten_times_the_recipes_rate(counting, base, tmp_path):
     assert lr_scale(tmp_path / "whole", "--init", str(base)) == recipe
 
 
-def test_two_processes_train_the_adapters_as_one(counting, tmp_path):
+@pytest.mark.parametrize("kept", ["float32", "nf4"])
+def test_two_processes_train_the_adapters_as_one(counting, tmp_path, kept):
     """DistributedDataParallel leaves the frozen weights alone and averages the adapters'
-    gradients: two processes at update_freq 1 end where one does at update_freq 2."""
+    gradients: two processes at update_freq 1 end where one does at update_freq 2, the
+    frozen weights kept quantized too (each process quantizes its own alike)."""
     base = tmp_path / "base"      # without dropout, whose draws differ by process
     train(counting, base, gpt_tiny(), train_config(max_steps=3))
     common = ["--data", str(counting), "--init", str(base), "--lora-rank", "4",
               "--max-tokens", "64", "--pack-length", "16", "--max-steps", "4",
               "--schedule", "noam", "--warmup-steps", "5", "--threads", "1",
-              "--dtype", "float32"]
+              "--dtype", "float32", "--lora-base-dtype", kept]
     single = subprocess.run([sys.executable, "-m", "transduce", "train", "--out",
                              str(tmp_path / "one"), "--update-freq", "2", *common],
                             env=CPU_ENV, capture_output=True, text=True, timeout=300)

@@ -234,24 +234,22 @@ def adapter_weights(model: nn.Module) -> dict[str, Tensor]:
             for name, layer in adapter_layers(model).items() for part in ("lora_a", "lora_b")}
 
 
-def merged_weights(model: nn.Module, originals: Callable[[str], Tensor] | None = None
-                   ) -> dict[str, Tensor]:
+def merged_weights(model: nn.Module) -> dict[str, Tensor]:
     """The model's state dict as the model without adapters has it, each adapted weight
-    merged (W + (alpha / r) B A) and the adapters' own matrices left out. originals:
-    name -> the adapted layers' weights and biases as they were before being kept in
-    less precision (LoRALinear.keep_frozen_in), to merge into and keep. (A quantized
-    weight is not in the model's state dict: its merged one is added.)"""
-    layers = adapter_layers(model)
-    merged = {}
-    for name, layer in layers.items():
-        original = None if originals is None else originals(f"{name}.weight")
-        merged[f"{name}.weight"] = layer.merged_weight(original)
-        if originals is not None and layer.bias is not None:
-            merged[f"{name}.bias"] = originals(f"{name}.bias")
-    adapter_names = {f"{name}.{part}" for name in layers for part in ("lora_a", "lora_b")}
-    kept = {name: tensor for name, tensor in model.state_dict().items()
+    merged (W + (alpha / r) B A) and the adapters' own matrices left out. A weight kept
+    in less precision is merged as kept (LoRALinear.keep_frozen_in); a quantized one,
+    which is not in the model's state dict, is added."""
+    merged = {f"{name}.weight": layer.merged_weight()
+              for name, layer in adapter_layers(model).items()}
+    return {**unadapted_state(model), **merged}
+
+
+def unadapted_state(model: nn.Module) -> dict[str, Tensor]:
+    """The model's state dict without the adapters' own matrices."""
+    adapter_names = {f"{name}.{part}" for name in adapter_layers(model)
+                     for part in ("lora_a", "lora_b")}
+    return {name: tensor for name, tensor in model.state_dict().items()
             if name not in adapter_names}
-    return {**kept, **merged}
 
 
 @torch.no_grad()

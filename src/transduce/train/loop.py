@@ -274,7 +274,10 @@ def _stepped_module(model: Model, model_config: ModelConfig, train_config: Train
             # parameter it averages gets a gradient in every step.
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
                 net, encoder_training.unused_parameter_names(net, model, train_config))
-        net = DistributedDataParallel(net)
+        # The buffers are constants every process builds alike (position tables, a LoRA
+        # run's quantized frozen weights): sending rank 0's before each step would copy
+        # the frozen weights over the network every step for nothing.
+        net = DistributedDataParallel(net, broadcast_buffers=False)
     return net
 
 

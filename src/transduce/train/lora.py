@@ -13,7 +13,8 @@ that the frozen ones are still the run's.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,10 @@ from torch import nn
 
 from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, TrainConfig, parse_lora_targets
-from transduce.model.lora import (LoRASettings, add_adapters, adapter_layers,
-                                  adapter_weights, has_adapters, merged_weights)
+from transduce.model.lora import (LoRALinear, LoRASettings, add_adapters, adapter_layers,
+                                  adapter_weights, has_adapters, merged_weights,
+                                  unadapted_state)
+from transduce.streamed_safetensors import DTYPES_BY_CODE, Pending
 
 # What a classifier's fine-tuning trains whole beside the adapters: its new head, and the
 # pooler under it, which masked-LM pre-training never trains (next-sentence prediction
@@ -124,9 +127,34 @@ def saved_parts(model: nn.Module) -> dict[str, Any]:
     section = {"base": model.lora_base, "rank": first.lora_a.shape[0], "scale": first.scale,
                "targets": model.lora_targets, "layers": sorted(layers),
                "trained_whole": sorted(whole)}
-    with _originals(model) as originals:
-        weights = merged_weights(model, originals)
-    return {"weights": weights, "adapters": adapter_weights(model), "lora": section}
+    return {"weights": _merged_state(model), "adapters": adapter_weights(model),
+            "lora": section}
+
+
+def _merged_state(model: nn.Module) -> Mapping[str, torch.Tensor | Pending]:
+    """The checkpoint's merged weights. Where the run keeps the frozen weights in less
+    precision, each adapted weight is merged into the base checkpoint's when the
+    checkpoint writes it (Pending): one float matrix in memory at a time, never the whole
+    float model that the model in 4 or 8 bits stands in for."""
+    layers = adapter_layers(model)
+    if all(layer.frozen_format == "float32" for layer in layers.values()):
+        return merged_weights(model)
+    base = Path(model.lora_base) / checkpoint.WEIGHTS
+    state: dict[str, torch.Tensor | Pending] = dict(unadapted_state(model))
+    with safe_open(str(base), framework="pt", device="cpu") as handle:
+        for name, layer in layers.items():
+            stored = handle.get_slice(f"{name}.weight")
+            state[f"{name}.weight"] = Pending(
+                DTYPES_BY_CODE[stored.get_dtype()], tuple(stored.get_shape()),
+                functools.partial(_merged_into_base, layer, base, f"{name}.weight"))
+            if layer.bias is not None:
+                state[f"{name}.bias"] = handle.get_tensor(f"{name}.bias")
+    return state
+
+
+def _merged_into_base(layer: LoRALinear, base: Path, name: str) -> torch.Tensor:
+    with safe_open(str(base), framework="pt", device="cpu") as handle:
+        return layer.merged_weight(handle.get_tensor(name))
 
 
 @contextlib.contextmanager
