@@ -42,6 +42,31 @@ def tensors(path, name=checkpoint.WEIGHTS):
     return load_file(str(path / name))
 
 
+def assert_merged_into(base, last):
+    """The checkpoint `last` of a LoRA run from `base`: its frozen weights the base's bit
+    for bit, each adapted one W + 2 B A (alpha 8 / rank 4). -> the adapted weights' names."""
+    before, after = tensors(base), tensors(last)
+    adapters = tensors(last, checkpoint.ADAPTERS)
+    adapted = {f"{layer}.weight" for layer in checkpoint.read_lora_section(last)["layers"]}
+    assert len(adapted) == 2 * 6 and adapted < after.keys() == before.keys()
+    for name in before.keys() - adapted:
+        assert torch.equal(before[name], after[name]), name
+    for name in adapted:
+        layer = name.removesuffix(".weight")
+        delta = 2.0 * adapters[f"{layer}.lora_b"] @ adapters[f"{layer}.lora_a"]
+        assert delta.abs().max() > 0
+        torch.testing.assert_close(after[name], before[name] + delta)
+    return adapted
+
+
+def assert_same_checkpoints(run, other, directories):
+    """Each checkpoint directory's merged weights and adapters, bit for bit."""
+    for directory in directories:
+        for name in (checkpoint.WEIGHTS, checkpoint.ADAPTERS):
+            a, b = tensors(run / directory, name), tensors(other / directory, name)
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+
 def train_losses(run):
     records = [json.loads(line) for line in (run / LOG_NAME).read_text().splitlines()]
     return [r["loss"] for r in records if r["event"] == "train"]
@@ -54,19 +79,10 @@ def test_only_the_adapters_train_and_the_checkpoint_is_the_merged_model(counting
                  init=base)
     losses = train_losses(run)
     assert losses[-1] < 0.9 * losses[0], losses
-    before, after, adapters = tensors(base), tensors(last), tensors(last, checkpoint.ADAPTERS)
     section = checkpoint.read_lora_section(last)
     assert section["base"] == str(base.resolve()) and section["rank"] == 4
-    adapted = {f"{layer}.weight" for layer in section["layers"]}
-    assert len(adapted) == 2 * 6 and adapted < after.keys() == before.keys()
-    # The frozen weights are the base's bit for bit; each adapted one is W + 2 B A.
-    for name in before.keys() - adapted:
-        assert torch.equal(before[name], after[name]), name
-    for name in adapted:
-        layer = name.removesuffix(".weight")
-        delta = 2.0 * adapters[f"{layer}.lora_b"] @ adapters[f"{layer}.lora_a"]
-        assert delta.abs().max() > 0
-        torch.testing.assert_close(after[name], before[name] + delta)
+    adapted = assert_merged_into(base, last)
+    adapters = tensors(last, checkpoint.ADAPTERS)
     # Adam holds moments of the adapters alone.
     state = checkpoint.load_trainer_state(last)["optimizer"]
     assert len(state["state"]) == len(adapters) == 2 * len(adapted)
@@ -87,10 +103,7 @@ def test_resuming_is_exact(counting, base, tmp_path, monkeypatch):
         patched.setattr(loop, "build_model", lambda *a: pytest.fail("a random model"))
         train(counting, split, gpt_tiny(dropout=0.1), train_config(max_steps=12, **config),
               resume=True)
-    for directory in ("step-0000012", "ema"):
-        for name in (checkpoint.WEIGHTS, checkpoint.ADAPTERS):
-            a, b = tensors(straight / directory, name), tensors(split / directory, name)
-            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_checkpoints(straight, split, ("step-0000012", "ema"))
 
 
 def test_resuming_refuses_a_base_that_moved_or_changed(counting, base, tmp_path):
@@ -252,10 +265,7 @@ def test_frozen_weights_kept_in_bfloat16_train_as_in_float32(counting, base, tmp
     train(counting, split, gpt_tiny(dropout=0.1), kept_config.replace(max_steps=3), init=base)
     train(counting, split, gpt_tiny(dropout=0.1), kept_config, resume=True)
     for run in (kept, split):
-        for directory in ("step-0000006", "ema"):
-            for name in (checkpoint.WEIGHTS, checkpoint.ADAPTERS):
-                a, b = tensors(wide / directory, name), tensors(run / directory, name)
-                assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+        assert_same_checkpoints(wide, run, ("step-0000006", "ema"))
     model = loop.empty_model(gpt_tiny(dropout=0.1))
     checkpoint.load_weights(model, base)
     lora.adapt(model, kept_config, base)
@@ -281,16 +291,8 @@ def test_frozen_weights_kept_quantized_train_resume_and_merge_into_the_base(coun
                  train_config(max_steps=30, **config), init=base)
     losses = train_losses(straight)
     assert losses[-1] < 0.9 * losses[0], losses
-    before, after = tensors(base), tensors(last)
+    assert_merged_into(base, last)
     adapters = tensors(last, checkpoint.ADAPTERS)
-    adapted = {f"{layer}.weight" for layer in checkpoint.read_lora_section(last)["layers"]}
-    assert after.keys() == before.keys() and len(adapted) == 2 * 6
-    for name in before.keys() - adapted:
-        assert torch.equal(before[name], after[name]), name
-    for name in adapted:
-        layer = name.removesuffix(".weight")
-        delta = 2.0 * adapters[f"{layer}.lora_b"] @ adapters[f"{layer}.lora_a"]
-        torch.testing.assert_close(after[name], before[name] + delta)
     start = json.loads((straight / LOG_NAME).read_text().splitlines()[0])
     assert start["parameters"] == load_model(base).num_parameters() + \
         sum(tensor.numel() for tensor in adapters.values())       # as a float base's run
@@ -298,7 +300,4 @@ def test_frozen_weights_kept_quantized_train_resume_and_merge_into_the_base(coun
           init=base)
     train(counting, split, gpt_tiny(dropout=0.1), train_config(max_steps=30, **config),
           resume=True)
-    for directory in ("step-0000030", "ema"):
-        for name in (checkpoint.WEIGHTS, checkpoint.ADAPTERS):
-            a, b = tensors(straight / directory, name), tensors(split / directory, name)
-            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_checkpoints(straight, split, ("step-0000030", "ema"))

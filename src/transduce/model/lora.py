@@ -70,17 +70,16 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., in) -> (..., out)."""
-        if (self.quantized is None and self.weight.requires_grad) or \
-                (self.bias is not None and self.bias.requires_grad):
-            update = F.linear(F.linear(self.dropout(x), self.lora_a), self.lora_b)
-            return F.linear(x, self.weight, self.bias).add_(update, alpha=self.scale)
-        if not (self.training and self.dropout.p):
+        frozen = not (self.quantized is None and self.weight.requires_grad) and \
+            not (self.bias is not None and self.bias.requires_grad)
+        if frozen and not (self.training and self.dropout.p):
             return _MergedLoRA.apply(x, self.frozen_weight, self.bias, self.lora_a,
                                      self.lora_b, self.scale)
         update = F.linear(F.linear(self.dropout(x), self.lora_a), self.lora_b)
-        # Not in place: the Function's output is a view (of its 2-D product).
-        return _FrozenLinear.apply(x, self.frozen_weight, self.bias).add(update,
-                                                                         alpha=self.scale)
+        if frozen:     # not in place: the Function's output is a view (of a 2-D product)
+            return _FrozenLinear.apply(x, self.frozen_weight, self.bias).add(update,
+                                                                             alpha=self.scale)
+        return F.linear(x, self.weight, self.bias).add_(update, alpha=self.scale)
 
     def frozen_weight(self, dtype: torch.dtype) -> Tensor:
         """W (out, in) in `dtype`: the frozen weight cast, or dequantized."""

@@ -136,9 +136,9 @@ def _merged_state(model: nn.Module) -> Mapping[str, torch.Tensor | Pending]:
     precision, each adapted weight is merged into the base checkpoint's when the
     checkpoint writes it (Pending): one float matrix in memory at a time, never the whole
     float model that the model in 4 or 8 bits stands in for."""
-    layers = adapter_layers(model)
-    if all(layer.frozen_format == "float32" for layer in layers.values()):
+    if _kept_as_base(model):
         return merged_weights(model)
+    layers = adapter_layers(model)
     base = Path(model.lora_base) / checkpoint.WEIGHTS
     state: dict[str, torch.Tensor | Pending] = dict(unadapted_state(model))
     with safe_open(str(base), framework="pt", device="cpu") as handle:
@@ -152,6 +152,11 @@ def _merged_state(model: nn.Module) -> Mapping[str, torch.Tensor | Pending]:
     return state
 
 
+def _kept_as_base(model: nn.Module) -> bool:
+    """Whether the run keeps every frozen weight as the base checkpoint has it (float32)."""
+    return all(layer.frozen_format == "float32" for layer in adapter_layers(model).values())
+
+
 def _merged_into_base(layer: LoRALinear, base: Path, name: str) -> torch.Tensor:
     with safe_open(str(base), framework="pt", device="cpu") as handle:
         return layer.merged_weight(handle.get_tensor(name))
@@ -161,7 +166,7 @@ def _merged_into_base(layer: LoRALinear, base: Path, name: str) -> torch.Tensor:
 def _originals(model: nn.Module) -> Iterator[Callable[[str], torch.Tensor] | None]:
     """name -> the base checkpoint's tensor, where the run keeps the frozen weights in
     less precision than the base's (the merged checkpoints keep the base's); else None."""
-    if all(layer.frozen_format == "float32" for layer in adapter_layers(model).values()):
+    if _kept_as_base(model):
         yield None
         return
     with safe_open(str(Path(model.lora_base) / checkpoint.WEIGHTS), framework="pt",
