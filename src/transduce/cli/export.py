@@ -43,7 +43,8 @@ def register(commands) -> None:
     onnx.set_defaults(handler=export_onnx)
     peft = formats.add_parser("peft", help="a LoRA run's adapters as a PEFT adapter, for "
                                            "the Hugging Face export of the checkpoint it "
-                                           "started from (language models, encoders)")
+                                           "started from (language models, encoders, "
+                                           "encoder-decoders)")
     peft.add_argument("model", type=Path, help="a LoRA run's checkpoint or run directory")
     peft.add_argument("out", type=Path, help="directory to write")
     peft.add_argument("--force", action="store_true", help=FORCE_HELP)

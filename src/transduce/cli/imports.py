@@ -66,12 +66,13 @@ def register(commands) -> None:
                 "are refused by name.")
 
     peft = formats.add_parser("peft", help="a PEFT LoRA adapter of a Llama, Mistral, Qwen2, "
-                                           "GPT-2, BERT or RoBERTa model, merged into our "
-                                           "import of that model",
+                                           "GPT-2, BERT, RoBERTa, Marian, NLLB or T5 model, "
+                                           "merged into our import of that model",
                               description="Merge a PEFT LoRA adapter directory "
                               "(adapter_config.json, adapter_model.safetensors) into a copy of "
                               "--base, our checkpoint of the model it was trained on (import "
-                              "hf-llama, hf-gpt2, hf-bert or hf-roberta); a sequence "
+                              "hf-llama, hf-gpt2, hf-bert, hf-roberta, hf-marian, hf-nllb or "
+                              "hf-t5, or the checkpoint `export hf` wrote it from); a sequence "
                               "classifier's head and pooler trained whole replace the base's. "
                               "What a merged update cannot compute (DoRA, trained biases, other "
                               "modules trained whole) is refused by name. OUT must not exist or "
@@ -221,9 +222,10 @@ def import_peft(args: argparse.Namespace) -> int:
     check_output_directory(args.out, "--out", force=args.force, reads=args.adapter_dir)
     check_output_directory(args.out, "--out", force=args.force, reads=args.base)
     out = merge(args.adapter_dir, args.base, args.out)
-    config = load_model(out).config
-    encoder = config.arch == "encoder"
-    _say_written(out, "encoder-only" if encoder else "decoder-only",
-                 config.num_encoder_layers if encoder else config.num_decoder_layers, config,
-                 config.tgt_vocab_size, f"; {args.adapter_dir} merged into {args.base}")
+    c = load_model(out).config
+    shape, layers = {"encoder": ("encoder-only", c.num_encoder_layers),
+                     "decoder": ("decoder-only", c.num_decoder_layers)}.get(
+        c.arch, ("encoder-decoder", f"{c.num_encoder_layers} + {c.num_decoder_layers}"))
+    _say_written(out, shape, layers, c, c.tgt_vocab_size,
+                 f"; {args.adapter_dir} merged into {args.base}")
     return 0

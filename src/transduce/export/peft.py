@@ -1,10 +1,11 @@
 """Export a LoRA run's adapters (train/lora.py) as a PEFT adapter: adapter_config.json and
 adapter_model.safetensors, which peft.PeftModel.from_pretrained puts on the Hugging Face
 export of the checkpoint the run started from (`export hf BASE`), giving the run's
-model: a language model's, or an encoder's (a classifier's head and pooler, trained
-whole, go as PEFT's modules_to_save: BertForSequenceClassification's classifier and
-pooler, RobertaForSequenceClassification's classifier). Where our layers and theirs lie
-is importers/peft_layout.py.
+model: a language model's, an encoder's (a classifier's head and pooler, trained whole, go
+as PEFT's modules_to_save: BertForSequenceClassification's classifier and pooler,
+RobertaForSequenceClassification's classifier) or an encoder-decoder's (Marian, Pegasus,
+NLLB or T5, whichever `export hf` writes). Where our layers and theirs lie, and how an
+export's permuted or scaled weights change an adapter, is importers/peft_layout.py.
 
 GPT-2's q, k and v are one module, c_attn: our three adapters of rank r (or those of
 them that were trained) become one of rank 3r there, A stacked and B block-diagonal,
@@ -29,9 +30,9 @@ from transduce.export.common import ExportError
 from transduce.export.hf_decoder import check_decoder_exportable
 from transduce.export.hf_encoder import (bert_state_dict, check_bert_exportable, is_roberta,
                                          roberta_state_dict)
-from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX,
+from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, Place,
                                               encoder_prefix, is_gpt2_layout, place_of,
-                                              qkv_sizes)
+                                              qkv_sizes, residual_order, translation_family)
 from transduce.model import empty_model, load_model
 from transduce.written import write_export_marker
 
@@ -46,12 +47,10 @@ def export_peft(path: Path | str, out: Path | str) -> Path:
                           f"--lora-rank writes those; a merged or averaged one has no "
                           f"adapters left): export hf writes a whole model")
     config, train_config = checkpoint.read_configs(path)
-    if config.arch not in ("decoder", "encoder"):
-        raise ExportError(f"{path}: export peft writes a language model's or an encoder's "
-                          f"adapters; this is arch {config.arch!r}: export hf writes it merged")
-    # The adapter is for `export hf` of the base, which must hold the model (meta: no memory).
-    check = check_decoder_exportable if config.arch == "decoder" else check_bert_exportable
-    check(empty_model(config, "meta"))
+    if config.arch.startswith("rnn"):
+        raise ExportError(f"{path}: export peft writes a Transformer's adapters; this is arch "
+                          f"{config.arch!r}")
+    _check_base_exportable(path, config)
     try:
         adapters = load_file(str(path / checkpoint.ADAPTERS))
     except (SafetensorError, OSError) as error:
@@ -77,6 +76,25 @@ def export_peft(path: Path | str, out: Path | str) -> Path:
     return Path(out)
 
 
+def _check_base_exportable(path: Path, config: ModelConfig) -> None:
+    """The adapter is for `export hf` of the base, which must hold the model: checked on
+    a model without memory (meta), or on the run's own for an encoder-decoder (the checks
+    read its output bias, which LoRA leaves as the base's)."""
+    if config.arch == "decoder":
+        check_decoder_exportable(empty_model(config, "meta"))
+    elif config.arch == "encoder":
+        check_bert_exportable(empty_model(config, "meta"))
+    elif translation_family(config) == "t5":
+        from transduce.export import hf_t5
+        hf_t5.check_exportable(load_model(path))
+    elif translation_family(config) == "m2m100":
+        from transduce.export import hf_nllb
+        hf_nllb.check_exportable(load_model(path), checkpoint.load_tokenizer(path))
+    else:
+        from transduce.export import hf
+        hf.check_exportable(load_model(path))
+
+
 def _modules_to_save(config: ModelConfig) -> list[str]:
     """The modules of a sequence classifier a LoRA run trains whole: BERT's classifier and
     pooler, or RoBERTa's classification head, which holds both."""
@@ -97,11 +115,13 @@ def _module_adapters(config: ModelConfig, adapters: dict[str, Tensor], rank: int
     """Hugging Face module -> its adapter (A (R, in), B (out, R)); a fused module's parts
     stacked along the rank, each part's B in its own rows."""
     parts: dict[str, dict[int, tuple[Tensor, Tensor]]] = defaultdict(dict)
+    order = residual_order(config)
     for name in sorted(adapters):
         if name.endswith(".lora_a"):
             layer = name.removesuffix(".lora_a")
             place = place_of(config, layer)
-            parts[place.module][place.part] = (adapters[name], adapters[f"{layer}.lora_b"])
+            parts[place.module][place.part] = _as_exported(
+                place, adapters[name], adapters[f"{layer}.lora_b"], order)
     modules = {}
     for module, held in parts.items():
         if len(held) == 1 and 0 in held and not module.endswith("c_attn"):
@@ -117,6 +137,18 @@ def _module_adapters(config: ModelConfig, adapters: dict[str, Tensor], rank: int
     return modules
 
 
+def _as_exported(place: Place, a: Tensor, b: Tensor, order: Tensor | None
+                 ) -> tuple[Tensor, Tensor]:
+    """An adapter (A (r, in), B (out, r)) as `export hf` changes its layer's weight: the
+    model dimension permuted by `order` where the layer reads or writes it, B scaled as
+    the weight is (their update, scale * B A, is then the exported weight's)."""
+    if order is not None and place.reads_residual:
+        a = a[:, order]
+    if order is not None and place.writes_residual:
+        b = b[order]
+    return a, (b * place.weight_scale if place.weight_scale != 1 else b)
+
+
 def _adapter_config(config: ModelConfig, modules: dict[str, tuple[Tensor, Tensor]], rank: int,
                     scale: float, dropout: float) -> dict:
     """PEFT's LoraConfig for these modules: alpha / r is the run's scale, also where a
@@ -128,7 +160,8 @@ def _adapter_config(config: ModelConfig, modules: dict[str, tuple[Tensor, Tensor
         fused_rank, = fused_ranks
         fused = {"rank_pattern": {"c_attn": fused_rank},
                  "alpha_pattern": {"c_attn": fused_rank * scale}}
-    task = "CAUSAL_LM" if config.arch == "decoder" else None      # SEQ_CLS: a classifier's
+    # An encoder's none; a classifier's SEQ_CLS (export_peft).
+    task = {"decoder": "CAUSAL_LM", "transformer": "SEQ_2_SEQ_LM"}.get(config.arch)
     return {"peft_type": "LORA", "task_type": task, "base_model_name_or_path": None,
             "r": rank, "lora_alpha": rank * scale, "lora_dropout": dropout,
             "target_modules": sorted(modules), "bias": "none", "fan_in_fan_out": gpt2,

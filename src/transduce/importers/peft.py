@@ -1,11 +1,14 @@
 """A PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors) trained on a
-Hugging Face Llama, Mistral, Qwen2, GPT-2, BERT or RoBERTa model -> our checkpoint of that
-model, imported (`import hf-llama`, `hf-gpt2`, `hf-bert`, `hf-roberta`), with the adapter
+Hugging Face Llama, Mistral, Qwen2, GPT-2, BERT, RoBERTa, Marian, NLLB or T5 model -> our
+checkpoint of that model, imported (`import hf-llama`, `hf-gpt2`, `hf-bert`, `hf-roberta`,
+`hf-marian`, `hf-nllb`, `hf-t5`) or the one `export hf` wrote it from, with the adapter
 merged into its weights.
 
 Each adapted module's update, scale * B A with scale = alpha / r (alpha / sqrt(r) with
 use_rslora; rank_pattern and alpha_pattern read as PEFT reads them), is added to the weight
-of the layer (importers/peft_layout.py) it sits on; GPT-2's c_attn's rows go to q, k and v.
+of the layer (importers/peft_layout.py) it sits on, in our layout (Marian's and Pegasus's
+model dimension permuted back, T5's queries scaled back); GPT-2's c_attn's rows go to q, k
+and v.
 A sequence classifier's head and pooler, trained whole (modules_to_save), replace the
 base's (importers/peft_heads.py). What would compute something else (DoRA, trained
 biases, other modules trained whole, an adapter on a module we do not adapt) is refused
@@ -28,7 +31,8 @@ from transduce import checkpoint
 from transduce.importers import ForeignCheckpointError
 from transduce.importers.hf_gpt2 import _read_json
 from transduce.importers.peft_heads import check_modules_to_save, with_heads
-from transduce.importers.peft_layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS, place_of, qkv_sizes
+from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, Place,
+                                              is_adaptable, place_of, qkv_sizes, residual_order)
 from transduce.model import load_model
 
 _KEY = re.compile(r"^base_model\.model\.(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
@@ -39,23 +43,24 @@ _REFUSED = {"use_dora": False, "bias": "none", "layer_replication": None, "lora_
 
 def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> Path:
     """Merge the PEFT LoRA adapter at `adapter_dir` into a copy of our checkpoint `base`
-    (a language model or an encoder) and write it at `out` -> out."""
+    (a Transformer of any shape) and write it at `out` -> out."""
     adapter_dir, base = Path(adapter_dir), checkpoint.resolve(Path(base))
     settings = _read_settings(adapter_dir)
     base_config, train_config = checkpoint.read_configs(base)
     arch = base_config.arch
-    if arch not in ("decoder", "encoder"):
+    if arch.startswith("rnn"):
         raise ForeignCheckpointError(f"{base}: arch {arch!r}; a PEFT adapter is merged into a "
-                                     f"language model or an encoder")
+                                     f"Transformer")
     check_modules_to_save(settings, arch, adapter_dir / ADAPTER_CONFIG)
     pairs, whole = _read_tensors(adapter_dir, bool(settings.get("modules_to_save")))
     model = load_model(base)
     if whole:
         model = with_heads(model, whole, adapter_dir / ADAPTER_WEIGHTS)
     layers = _layers_by_module(model)
+    order = residual_order(model.config)
     for module, (a, b) in sorted(pairs.items()):
         delta = _scale(settings, module) * (b.double() @ a.double())         # (out, in)
-        _add_update(model.config, _our_layers(layers, module, adapter_dir), delta,
+        _add_update(model.config, _our_layers(layers, module, adapter_dir), delta, order,
                     f"{adapter_dir / ADAPTER_WEIGHTS}: {module}'s update")
     tokenizer = base / ("tokenizer.json" if checkpoint.holds_tokenizer_json(base)
                         else checkpoint.TOKENIZER)
@@ -129,23 +134,14 @@ def _scale(settings: dict, module: str) -> float:
     return alpha / (math.sqrt(rank) if settings.get("use_rslora") else rank)
 
 
-def _layers_by_module(model) -> dict[str, list[tuple[int | None, torch.nn.Linear]]]:
-    """Hugging Face module -> our layers in it: (part, layer); part None for a module
-    that is one layer."""
+def _layers_by_module(model) -> dict[str, list[tuple[Place, torch.nn.Linear]]]:
+    """Hugging Face module -> our layers in it, each with its place there (GPT-2's
+    c_attn holds three)."""
     modules: dict[str, list] = {}
-    stack = "encoder" if model.config.arch == "encoder" else "decoder"
-    for index, block in enumerate(getattr(model, stack).layers):
-        for ours, layer in (("self_attn.q_proj", block.self_attn.q_proj),
-                            ("self_attn.k_proj", block.self_attn.k_proj),
-                            ("self_attn.v_proj", block.self_attn.v_proj),
-                            ("self_attn.out_proj", block.self_attn.out_proj),
-                            ("ffn.linear1", block.ffn.linear1), ("ffn.linear2", block.ffn.linear2),
-                            ("ffn.linear3", block.ffn.linear3)):
-            if layer is None:
-                continue
-            place = place_of(model.config, f"{stack}.layers.{index}.{ours}")
-            fused = place.module.endswith("attn.c_attn")
-            modules.setdefault(place.module, []).append((place.part if fused else None, layer))
+    for name, layer in model.named_modules():
+        if is_adaptable(name):
+            place = place_of(model.config, name)
+            modules.setdefault(place.module, []).append((place, layer))
     return modules
 
 
@@ -163,16 +159,22 @@ def _our_layers(layers: dict, module: str, adapter_dir: Path) -> list:
 
 
 @torch.no_grad()
-def _add_update(config, found: list, delta: Tensor, what: str) -> None:
+def _add_update(config, found: list, delta: Tensor, order: Tensor | None, what: str) -> None:
     """Add a module's update (out, in) to the weights of our layers in it: all of it to
-    one layer, or each of GPT-2's c_attn's q, k and v rows to its own."""
-    fused = found[0][0] is not None
+    one layer, or each of GPT-2's c_attn's q, k and v rows to its own; in our layout
+    where the export changes a weight (`order`: its permutation of the model dimension)."""
+    fused = len(found) > 1
     sizes = qkv_sizes(config) if fused else (found[0][1].weight.shape[0],)
     expected = (sum(sizes), found[0][1].weight.shape[1])
     if tuple(delta.shape) != expected:
         raise ForeignCheckpointError(f"{what} has shape {tuple(delta.shape)}, the base's "
                                      f"weight {expected}")
-    for part, layer in found:
-        start = sum(sizes[:part]) if fused else 0
-        layer.weight += delta[start:start + sizes[part or 0]].to(layer.weight.dtype)
+    for place, layer in found:
+        start = sum(sizes[:place.part])
+        update = delta[start:start + sizes[place.part]] / place.weight_scale
+        if order is not None and place.reads_residual:
+            update = update[:, order.argsort()]
+        if order is not None and place.writes_residual:
+            update = update[order.argsort()]
+        layer.weight += update.to(layer.weight.dtype)
 

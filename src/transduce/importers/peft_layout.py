@@ -3,7 +3,8 @@ language model's adapted layers is a module of LlamaForCausalLM (Mistral's and Q
 names are Llama's) or of GPT2LMHeadModel, whose c_attn holds q, k and v in one Conv1D;
 an encoder's, a module of BERT's or RoBERTa's layers (bert. or roberta. before
 encoder.layer.N.attention.self.query, .key, .value, attention.output.dense,
-intermediate.dense, output.dense).
+intermediate.dense, output.dense); an encoder-decoder's, a module of the model `export hf`
+writes (translation_family): BART's names for Marian, Pegasus and NLLB (M2M100), T5's.
 
     ours (decoder.layers.N.)  Llama (model.layers.N.)   GPT-2 (transformer.h.N.)
     self_attn.q_proj          self_attn.q_proj          attn.c_attn, its first third
@@ -12,22 +13,38 @@ intermediate.dense, output.dense).
     ffn.linear3               mlp.up_proj               -
     ffn.linear2               mlp.down_proj             mlp.c_proj
 
-An adapter's matrices keep their shapes in either (A (r, in), B (out, r), a Conv1D's
-weight being the transpose of ours); PEFT's file names them
-"base_model.model.<module>.lora_A.weight" and "...lora_B.weight".
+    ours ({stack}.layers.N.)  BART (model.{stack}.layers.N.)  T5 ({stack}.block.N.)
+    self_attn.q_proj          self_attn.q_proj                layer.0.SelfAttention.q
+    self_attn.out_proj        self_attn.out_proj              layer.0.SelfAttention.o
+    cross_attn.q_proj         encoder_attn.q_proj             layer.1.EncDecAttention.q
+    ffn.linear1               fc1                             layer.F.DenseReluDense.wi(_0)
+    ffn.linear3               -                               layer.F.DenseReluDense.wi_1
+    ffn.linear2               fc2                             layer.F.DenseReluDense.wo
+
+(F: 1 in T5's encoder, 2 in its decoder.) An adapter's matrices keep their shapes in
+either (A (r, in), B (out, r), a Conv1D's weight being the transpose of ours); PEFT's file
+names them "base_model.model.<module>.lora_A.weight" and "...lora_B.weight". Two exports
+change a weight, and an adapter's update changes with it (Place): Marian's and Pegasus's
+permute the model dimension (their sinusoids' sines first), the columns of a matrix that
+reads the residual stream and the rows of one that writes it; T5's divides each query
+projection by sqrt(d_kv), since T5 does not scale its scores.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
+from torch import Tensor
+
 from transduce.config import ModelConfig
+from transduce.model.positional import sines_first_permutation
 
 PREFIX = "base_model.model."
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
-_LAYER = re.compile(r"^(decoder|encoder)\.layers\.(\d+)\.(self_attn\.[qkv]_proj|"
-                    r"self_attn\.out_proj|ffn\.linear[123])$")
+_LAYER = re.compile(r"^(decoder|encoder)\.layers\.(\d+)\.((?:self|cross)_attn\.[qkv]_proj|"
+                    r"(?:self|cross)_attn\.out_proj|ffn\.linear[123])$")
 LLAMA_NAMES = {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.k_proj",
                "self_attn.v_proj": "self_attn.v_proj", "self_attn.out_proj": "self_attn.o_proj",
                "ffn.linear1": "mlp.gate_proj", "ffn.linear3": "mlp.up_proj",
@@ -39,15 +56,29 @@ BERT_NAMES = {"self_attn.q_proj": "attention.self.query", "self_attn.k_proj": "a
               "self_attn.v_proj": "attention.self.value",
               "self_attn.out_proj": "attention.output.dense", "ffn.linear1": "intermediate.dense",
               "ffn.linear2": "output.dense"}
+BART_NAMES = {"self_attn": "self_attn", "cross_attn": "encoder_attn", "q_proj": "q_proj",
+              "k_proj": "k_proj", "v_proj": "v_proj", "out_proj": "out_proj",
+              "ffn.linear1": "fc1", "ffn.linear2": "fc2"}
+T5_NAMES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "out_proj": "o"}
+T5_ATTENTION = {"self_attn": "0.SelfAttention", "cross_attn": "1.EncDecAttention"}
+T5_FEED_FORWARD = {"linear1": "wi", "linear3": "wi_1", "linear2": "wo"}   # gated: wi_0, wi_1
+# Our layers whose input, or output, is the model dimension.
+READS_RESIDUAL = ("q_proj", "k_proj", "v_proj", "linear1", "linear3")
+WRITES_RESIDUAL = ("out_proj", "linear2")
 
 
 @dataclass(frozen=True)
 class Place:
     """A Hugging Face module, and which of its output parts one of our layers is (GPT-2's
-    c_attn: q, k, v in that order; every other module is one part, 0)."""
+    c_attn: q, k, v in that order; every other module is one part, 0); whether the layer
+    reads or writes the model dimension, which an export may permute (residual_order);
+    and the factor their weight carries over ours (T5's queries: d_kv^-0.5)."""
 
     module: str
     part: int = 0
+    reads_residual: bool = False
+    writes_residual: bool = False
+    weight_scale: float = 1.0
 
 
 def is_gpt2_layout(config: ModelConfig) -> bool:
@@ -60,6 +91,26 @@ def encoder_prefix(config: ModelConfig) -> str:
     return "roberta." if config.type_vocab_size == 1 else "bert."
 
 
+def translation_family(config: ModelConfig) -> str:
+    """The transformers model `export hf` writes an encoder-decoder as (export/hf.py): T5
+    for T5's relative positions, M2M100 (NLLB's) for fairseq's sinusoids, else BART's
+    family (Marian post-norm, Pegasus pre-norm), whose sinusoids put the sines first."""
+    return {"t5": "t5", "fairseq": "m2m100"}.get(config.positional, "bart")
+
+
+def residual_order(config: ModelConfig) -> Tensor | None:
+    """perm, with their model-dimension vector = ours[perm], where the export permutes
+    that dimension (Marian's and Pegasus's); None where it keeps it."""
+    if config.arch == "transformer" and translation_family(config) == "bart":
+        return sines_first_permutation(config.d_model)
+    return None
+
+
+def is_adaptable(name: str) -> bool:
+    """Whether our module of this name is a layer's attention or feed-forward matrix."""
+    return _LAYER.match(name) is not None
+
+
 def place_of(config: ModelConfig, layer: str) -> Place:
     """Our adapted layer's name -> its place in the Hugging Face model; ValueError for a
     layer that has none (not a layer's attention or feed-forward matrix)."""
@@ -67,6 +118,10 @@ def place_of(config: ModelConfig, layer: str) -> Place:
     if found is None:
         raise ValueError(f"{layer}: not a layer's attention or feed-forward matrix")
     stack, index, ours = found.groups()
+    if config.arch == "transformer":
+        return _translation_place(config, layer, stack, int(index), ours)
+    if ours.startswith("cross_attn."):
+        raise ValueError(f"{layer}: a {config.arch!r} model has no cross-attention")
     if stack == "encoder":
         if ours not in BERT_NAMES:
             raise ValueError(f"{layer}: BERT's feed-forward network has no third matrix")
@@ -78,6 +133,28 @@ def place_of(config: ModelConfig, layer: str) -> Place:
     if ours not in GPT2_NAMES:
         raise ValueError(f"{layer}: GPT-2's feed-forward network has no third matrix")
     return Place(f"transformer.h.{index}.{GPT2_NAMES[ours]}")
+
+
+def _translation_place(config: ModelConfig, layer: str, stack: str, index: int, ours: str
+                       ) -> Place:
+    """Where `export hf` puts this layer of an encoder-decoder."""
+    module, _, matrix = ours.rpartition(".")
+    residual = {"reads_residual": matrix in READS_RESIDUAL,
+                "writes_residual": matrix in WRITES_RESIDUAL}
+    if translation_family(config) != "t5":
+        if ours == "ffn.linear3":
+            raise ValueError(f"{layer}: BART's feed-forward network has no third matrix")
+        name = BART_NAMES[ours] if module == "ffn" else \
+            f"{BART_NAMES[module]}.{BART_NAMES[matrix]}"
+        return Place(f"model.{stack}.layers.{index}.{name}", **residual)
+    block = f"{stack}.block.{index}.layer"
+    if module != "ffn":
+        scale = 1 / math.sqrt(config.head_dim) if matrix == "q_proj" else 1.0
+        return Place(f"{block}.{T5_ATTENTION[module]}.{T5_NAMES[matrix]}", weight_scale=scale,
+                     **residual)
+    dense = f"{block}.{1 if stack == 'encoder' else 2}.DenseReluDense"
+    name = "wi_0" if matrix == "linear1" and config.gated_ffn else T5_FEED_FORWARD[matrix]
+    return Place(f"{dense}.{name}", **residual)
 
 
 def qkv_sizes(config: ModelConfig) -> tuple[int, int, int]:
