@@ -18,9 +18,12 @@ reads half the bytes.
 The random weights' rows of the special ids are zero, so every side writes --new-tokens
 pieces a sentence (the mean of each side's outputs is recorded to show it). Counted:
 sentences (translation) or generated tokens (language models) per second, the median of
---repeats interleaved rounds, and each type's ratio to bfloat16.
+--repeats interleaved rounds, and each type's ratio to bfloat16 (to float32 where
+--dtypes leaves bfloat16 out: on a CPU without bfloat16 units it multiplies some 30x
+slower, and float32 against int8 is the choice there).
 
     python bench/decode_dtypes.py --data data/bible [--lines 256] [--repeats 3]
+        [--dtypes float32 int8]
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def compare_translation(name: str, config, tokenizer: Tokenizer, sources: list[s
                         args: argparse.Namespace) -> list[dict]:
     model = random_model(config, tokenizer.vocab_size)
     translators = {dtype: Translator(model, tokenizer, dtype=dtype, workers="auto")
-                   for dtype in DTYPES}
+                   for dtype in args.dtypes}
     rows = []
     for beam in (4, 1):
         outputs: dict[str, list[str]] = {}
@@ -81,10 +84,10 @@ def compare_translation(name: str, config, tokenizer: Tokenizer, sources: list[s
                     batch_tokens=1 << 30, max_length=args.new_tokens)
             return run
 
-        times = time_interleaved({dtype: call(dtype) for dtype in DTYPES}, args.repeats)
-        rate = {d: len(sources) / statistics.median(times[d]) for d in DTYPES}
+        times = time_interleaved({dtype: call(dtype) for dtype in args.dtypes}, args.repeats)
+        rate = {d: len(sources) / statistics.median(times[d]) for d in args.dtypes}
         pieces = {d: statistics.mean(len(ids) for ids in tokenizer.encode(outputs[d]))
-                  for d in DTYPES}
+                  for d in args.dtypes}
         rows.append(record("translation", name, model.num_parameters(), {"beam": beam}, rate,
                            times, pieces, "sentences_per_s"))
     return rows
@@ -93,7 +96,7 @@ def compare_translation(name: str, config, tokenizer: Tokenizer, sources: list[s
 def compare_language_model(name: str, config, tokenizer: Tokenizer,
                            args: argparse.Namespace) -> list[dict]:
     model = random_model(config, tokenizer.vocab_size)
-    generators = {dtype: Generator(model, tokenizer, dtype=dtype) for dtype in DTYPES}
+    generators = {dtype: Generator(model, tokenizer, dtype=dtype) for dtype in args.dtypes}
     options = GenerateOptions(max_new_tokens=args.new_tokens, batch_sentences=8)
     rows = []
     for batch in (1, 8):
@@ -107,21 +110,23 @@ def compare_language_model(name: str, config, tokenizer: Tokenizer,
                 tokens[dtype] = sum(len(row.tokens) for row in found)
             return run
 
-        times = time_interleaved({dtype: call(dtype) for dtype in DTYPES}, args.repeats)
-        rate = {d: tokens[d] / statistics.median(times[d]) for d in DTYPES}
+        times = time_interleaved({dtype: call(dtype) for dtype in args.dtypes}, args.repeats)
+        rate = {d: tokens[d] / statistics.median(times[d]) for d in args.dtypes}
         rows.append(record("language model", name, model.num_parameters(), {"batch": batch}, rate,
-                           times, {d: tokens[d] / batch for d in DTYPES}, "tokens_per_s"))
+                           times, {d: tokens[d] / batch for d in args.dtypes}, "tokens_per_s"))
     return rows
 
 
 def record(shape: str, name: str, parameters: int, setting: dict, rate: dict, times: dict,
            mean_output: dict, unit: str) -> dict:
+    base = "bfloat16" if "bfloat16" in rate else "float32"
+    over = {d: rate[d] / rate[base] for d in rate}
     row = {"shape": shape, "model": name, "parameters": parameters, **setting,
            unit: rate, "seconds": times, "mean_output_tokens": mean_output,
-           "over_bfloat16": {d: rate[d] / rate["bfloat16"] for d in DTYPES}}
+           f"over_{base}": over}
     print(f"{shape}, {name} ({parameters / 1e6:.1f}M), {setting}: " + ", ".join(
-        f"{d} {rate[d]:.1f} ({row['over_bfloat16'][d]:.2f}x)" for d in DTYPES) +
-        f" {unit}; mean output " + ", ".join(f"{mean_output[d]:.1f}" for d in DTYPES),
+        f"{d} {rate[d]:.1f} ({over[d]:.2f}x)" for d in rate) +
+        f" {unit}; mean output " + ", ".join(f"{mean_output[d]:.1f}" for d in rate),
         flush=True)
     return row
 
@@ -136,6 +141,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--shapes", nargs="+", default=["translation", "language-model"],
                         choices=["translation", "language-model"])
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES,
+                        help="the types compared (ratios to bfloat16, else to float32)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/decode-dtypes-cpu.json"))
     args = parser.parse_args()
     keep_freed_memory()        # what `transduce translate` and `generate` do for their process

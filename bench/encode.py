@@ -8,11 +8,13 @@ import hf-bert`; `transduce export onnx` of the import is the third peer. --line
 of 8 to --max-words random words each are embedded (mean of the last hidden states over
 real tokens, as sentence-transformers pools). Every peer tokenizes its lines and runs the
 same length-sorted batches of at most --batch-tokens tokens (padding counted), float32
-(and ours in bfloat16 and int8, the AMX and VNNI paths `--dtype auto` picks, and the
-export with `--quantize int8`), on the same threads, interleaved over --repeats rounds. Counted: lines per second of the
-whole call; each peer's vectors are compared with ours (largest difference).
+(and ours in bfloat16 and int8, the types `--dtype auto` picks on AMX and on other x86
+CPUs, and the export with `--quantize int8`), on the same threads, interleaved over
+--repeats rounds. Counted: lines per second of the whole call; each peer's vectors are
+compared with ours (largest difference).
 
     python bench/encode.py [--lines 512] [--repeats 3] [--out bench/results/encode-cpu.json]
+        [--dtypes int8]
 """
 
 from __future__ import annotations
@@ -89,6 +91,10 @@ def main() -> None:
     parser.add_argument("--batch-tokens", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "int8"],
+                        choices=["bfloat16", "int8"],
+                        help="ours in these types too (leave bfloat16 out on a CPU without "
+                             "bfloat16 units, where it multiplies some 30x slower)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/encode-cpu.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -100,7 +106,7 @@ def main() -> None:
         lines = [" ".join(rng.choice(words) for _ in range(rng.randint(8, args.max_words)))
                  for _ in range(args.lines)]
         encoders = {"ours": SentenceEncoder.load(import_bert(scratch / "hf", scratch / "ours"))}
-        for dtype in ("bfloat16", "int8"):
+        for dtype in args.dtypes:
             encoders[f"ours {dtype}"] = SentenceEncoder.load(scratch / "ours", dtype=dtype)
         for name, quantize in (("onnxruntime", None), ("onnxruntime int8", "int8")):
             encoders[name] = SentenceEncoder.load(export_onnx(

@@ -327,6 +327,8 @@ def test_max_length_caps_each_output_and_is_checked(run_dir):
     ({"avx512_bf16", "avx512_vnni"}, "cpu", True, "int8"),                   # a Zen 4
     ({"avx_vnni"}, "cpu", True, "int8"),                                     # AVX-VNNI cores
     ({"avx512_vnni"}, "cpu", False, "float32"),       # a PyTorch without oneDNN's int8 ops
+    ({"avx2", "fma", "f16c"}, "cpu", True, "int8"),   # AVX2 alone (a Zen 3): 7-bit rows
+    ({"avx2", "fma"}, "cpu", False, "float32"),
     (set(), "cpu", True, "float32"),
     ({"amx_bf16", "avx512_vnni"}, "cuda", True, "float32"),
 ])
@@ -360,6 +362,15 @@ def test_auto_dtype_on_amx_generates_with_a_large_language_model_in_int8(
     assert decoding_dtype("bfloat16", "cpu", parameters) == "bfloat16"
     monkeypatch.setattr(options_module, "cpu_flags", lambda: frozenset({"avx512_vnni"}))
     assert decoding_dtype("auto", "cpu", parameters) == ("int8" if int8_ops else "float32")
+
+
+def test_auto_dtype_on_avx2_alone_generates_in_float32(monkeypatch):
+    """Without VNNI, int8 translated faster but generated slower (decoding_dtype)."""
+    monkeypatch.setattr(options_module, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(int8_module, "int8_available", lambda: True)
+    assert decoding_dtype("auto", "cpu") == "int8"
+    for parameters in (1, options_module.AMX_INT8_LM_PARAMETERS):
+        assert decoding_dtype("auto", "cpu", parameters) == "float32"
 
 
 def test_auto_dtype_decodes_in_the_type_it_picked(run_dir, monkeypatch):
