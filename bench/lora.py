@@ -9,11 +9,12 @@ pass over all of them, the mean cross entropy of the --length - 1 next tokens of
 row, backward, fused Adam over what trains; in float32 and under bfloat16 autocast.
 Ours is the step `transduce train` takes (train/objective.py's loss), with adapters of
 rank --rank on every attention and feed-forward matrix (model/lora.py) or none, and with
-the adapted layers' frozen weights kept in int8 or NF4 (--lora-base-dtype int8, nf4;
-model/quantized_weight.py), and in bfloat16 also kept in bfloat16; theirs is the model
-called with labels, wrapped by peft.get_peft_model with the same rank, alpha and
-modules, or not, and QLoRA's way: loaded by transformers with bitsandbytes' NF4
-(BitsAndBytesConfig(load_in_4bit=True), the compute dtype the step's). The peers
+the adapted layers' frozen weights kept in int8 or NF4, its scales in 8 bits or not
+(--lora-base-dtype int8, nf4, nf4-dq; model/quantized_weight.py), and in bfloat16 also
+kept in bfloat16; theirs is the model called with labels, wrapped by
+peft.get_peft_model with the same rank, alpha and modules, or not, and QLoRA's way:
+loaded by transformers with bitsandbytes' NF4 (BitsAndBytesConfig(load_in_4bit=True),
+the compute dtype the step's; bnb_4bit_use_double_quant for nf4-dq's peer). The peers
 alternate rounds of --steps steps, --repeats times; counted: target tokens per second
 of the median round. Beside the speed, what each keeps for training, counted from the
 tensors: the weights' bytes (parameters and buffers, bitsandbytes' block scales too),
@@ -85,22 +86,28 @@ def ours(imported: Path, ids: torch.Tensor, rank: int | None, kept: str | None =
     if rank:
         add_adapters(model, LoRASettings(rank=rank, alpha=2.0 * rank))
     for layer in adapter_layers(model).values() if kept else ():
-        layer.keep_frozen_in(kept)        # --lora-base-dtype bfloat16 | int8 | nf4
+        layer.keep_frozen_in(kept)        # --lora-base-dtype bfloat16 | int8 | nf4 | nf4-dq
     objective = SequenceObjective(model, language_model=True, label_smoothing=0.0)
     targets = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)  # 0: pad, unscored
     scored = int((targets != 0).sum())
     return model, lambda: objective(None, ids, targets) / scored
 
 
-def theirs(hf_dir: Path, ids: torch.Tensor, rank: int | None, nf4_in: torch.dtype | None = None):
-    """nf4_in: the frozen weights in bitsandbytes' NF4, multiplied in that dtype (QLoRA)."""
+QUANTIZED = ["int8", "nf4", "nf4-dq"]     # --lora-base-dtype's formats
+
+
+def theirs(hf_dir: Path, ids: torch.Tensor, rank: int | None, nf4_in: torch.dtype | None = None,
+           double: bool = False):
+    """nf4_in: the frozen weights in bitsandbytes' NF4, multiplied in that dtype (QLoRA);
+    double: their block scales in 8 bits too."""
     import peft
     import transformers
 
     quantized = {} if nf4_in is None else {"device_map": "cpu", "quantization_config":
                                            transformers.BitsAndBytesConfig(
                                                load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                               bnb_4bit_compute_dtype=nf4_in)}
+                                               bnb_4bit_compute_dtype=nf4_in,
+                                               bnb_4bit_use_double_quant=double)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # bitsandbytes' notes on the CUDA it does not find
         model = transformers.LlamaForCausalLM.from_pretrained(hf_dir, **quantized).train()
@@ -118,8 +125,11 @@ def training_state(model) -> dict:
     bitsandbytes keeps beside its 4-bit ones), and beside them the trained parameters,
     their gradients and Adam's moments, in bytes (float32)."""
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    scales = [p.quant_state.absmax for p in model.parameters()
+    states = [p.quant_state for p in model.parameters()
               if getattr(p, "quant_state", None) is not None]
+    scales = [state.absmax for state in states] + [
+        tensor for state in states if state.nested
+        for tensor in (state.state2.absmax, state.offset)]
     tensors = [*model.parameters(), *model.buffers(), *scales]
     return {"weight_bytes": sum(t.numel() * t.element_size() for t in tensors),
             "trained_parameters": trained, "gradient_bytes": 4 * trained,
@@ -137,11 +147,13 @@ def peer_cases(args: argparse.Namespace, imported: Path, hf_dir: Path, ids: torc
         dtype = getattr(torch, dtype_name)
         cases = [(peer, f"LoRA r={rank}" if rank else "full", lambda b=build, r=rank: b(r))
                  for peer, build in builds for rank in (None, args.rank)]
-        kept = ["int8", "nf4"] + (["bfloat16"] if dtype == torch.bfloat16 else [])
+        kept = QUANTIZED + (["bfloat16"] if dtype == torch.bfloat16 else [])
         cases += [("ours", f"LoRA r={args.rank}, frozen {kind}",
                    lambda k=kind: ours(imported, ids, args.rank, k)) for kind in kept]
-        cases.append(("transformers", f"LoRA r={args.rank}, frozen nf4",
-                      lambda d=dtype: theirs(hf_dir, ids, args.rank, nf4_in=d)))
+        cases += [("transformers", f"LoRA r={args.rank}, frozen {kind}",
+                   lambda d=dtype, k=kind: theirs(hf_dir, ids, args.rank, nf4_in=d,
+                                                  double=k == "nf4-dq"))
+                  for kind in ("nf4", "nf4-dq")]
         for peer, kind, build in cases:
             model, forward = build()
             trained = [p for p in model.parameters() if p.requires_grad]
@@ -164,11 +176,13 @@ def ratios_of(args: argparse.Namespace, peers: dict) -> dict[str, float]:
             speed(f"ours {lora} {d}") / speed(f"transformers {lora} {d}")
         ratios[f"ours full / transformers full, {d}"] = \
             speed(f"ours {full} {d}") / speed(f"transformers {full} {d}")
-        for kind in ["int8", "nf4"] + (["bfloat16"] if d == "bfloat16" else []):
+        for kind in QUANTIZED + (["bfloat16"] if d == "bfloat16" else []):
             ratios[f"ours LoRA, frozen {kind} / ours LoRA, {d}"] = \
                 speed(f"ours {lora}, frozen {kind} {d}") / speed(f"ours {lora} {d}")
-        ratios[f"ours LoRA, frozen nf4 / PEFT LoRA on bitsandbytes nf4, {d}"] = \
-            speed(f"ours {lora}, frozen nf4 {d}") / speed(f"transformers {lora}, frozen nf4 {d}")
+        for kind in ("nf4", "nf4-dq"):
+            ratios[f"ours LoRA, frozen {kind} / PEFT LoRA on bitsandbytes {kind}, {d}"] = \
+                speed(f"ours {lora}, frozen {kind} {d}") / \
+                speed(f"transformers {lora}, frozen {kind} {d}")
     return ratios
 
 

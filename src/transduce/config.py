@@ -387,7 +387,7 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
 
 Dtype = Literal["float32", "bfloat16"]
 TrainDtype = Literal["auto", Dtype]
-FrozenWeightDtype = Literal[Dtype, "int8", "nf4"]
+FrozenWeightDtype = Literal[Dtype, "int8", "nf4", "nf4-dq"]
 Schedule = Literal["noam", "budget"]
 Objective = Literal["mlm", "mlm,nsp"]
 Task = Literal["pretrain", "classify"]
@@ -463,7 +463,8 @@ class TrainConfig(ValidatedConfig):
     lora_dropout: float = 0.0          # dropout on the adapters' input
     lora_base_dtype: FrozenWeightDtype = "float32"  # the adapted layers' frozen weights kept
     #   in bfloat16 (half their memory; with --dtype bfloat16), or quantized: int8 (a
-    #   quarter) or nf4 (QLoRA's 4 bits, 14%), dequantized for each product
+    #   quarter), nf4 (QLoRA's 4 bits, 14%) or nf4-dq (its scales in 8 bits too, 12.9%),
+    #   dequantized for each product
 
     def __post_init__(self) -> None:
         self._check_bools()

@@ -199,7 +199,7 @@ def quantized_pair(format, dropout=0.0):
     return layer, reference
 
 
-@pytest.mark.parametrize("format", ["int8", "nf4"])
+@pytest.mark.parametrize("format", ["int8", "nf4", "nf4-dq"])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_a_quantized_frozen_weight_computes_as_its_dequantized_matrix(format, dropout):
     """keep_frozen_in("int8" | "nf4"): in float64, the output and every gradient are the
@@ -229,7 +229,7 @@ def test_a_quantized_frozen_weight_computes_as_its_dequantized_matrix(format, dr
                                original + 2.0 * layer.lora_b @ layer.lora_a)
 
 
-@pytest.mark.parametrize("format", ["bfloat16", "int8", "nf4"])
+@pytest.mark.parametrize("format", ["bfloat16", "int8", "nf4", "nf4-dq"])
 def test_a_model_with_frozen_weights_kept_small_merges_to_its_state_dict(format):
     """merged_weights() names every weight the plain model has (a quantized one is not in
     the model's state dict: it is added), each merged into the weight as kept; so does

@@ -1,14 +1,15 @@
 """Frozen weights in 8 and 4 bits (model/quantized_weight.py): the formats against
-bitsandbytes' quantizers, code for code, and against the NF4 levels QLoRA publishes;
-the dequantized weights' error bounds; dtypes and devices."""
+bitsandbytes' quantizers, code for code (NF4's scales in 8 bits too: QLoRA's double
+quantization), and against the NF4 levels QLoRA publishes; the dequantized weights' error
+bounds; dtypes and devices."""
 
 import warnings
 
 import pytest
 import torch
 
-from transduce.model.quantized_weight import (NF4_BLOCK, QuantizedWeight, nf4_levels,
-                                              quantize_nf4)
+from transduce.model.quantized_weight import (NF4_BLOCK, SCALE_BLOCK, QuantizedWeight,
+                                              dynamic_levels, nf4_levels, quantize_nf4)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")           # its notes on the CUDA it does not find
@@ -49,6 +50,39 @@ def test_nf4_is_bitsandbytes_code_for_code(shape):
     torch.testing.assert_close(ours, bnb.dequantize_4bit(packed, state), rtol=0, atol=1e-7)
 
 
+def test_the_dynamic_levels_are_bitsandbytes():
+    assert torch.equal(dynamic_levels(), bnb.create_dynamic_map(signed=True))
+
+
+@pytest.mark.parametrize("shape", [(3, 64), (300, 77), (48, 128), (640, 120)])  # 3-1,200 scales
+def test_nf4_dq_is_bitsandbytes_double_quantization(shape):
+    """compress_statistics=True: the same 4-bit codes, the scales less their mean in
+    blocks of 256, the same scale of each block of scales, the same mean; each scale's
+    byte the nearest level (bitsandbytes' native CPU search lands on a neighbouring one
+    for about 0.2% of them, where its PyTorch kernel takes the nearest), and our bytes
+    dequantized by bitsandbytes give our weight."""
+    w = weight(shape)
+    packed, state = bnb.quantize_4bit(w, blocksize=NF4_BLOCK, quant_type="nf4",
+                                      compress_statistics=True)
+    quantized = QuantizedWeight(w, "nf4-dq")
+    assert torch.equal(quantized.codes[:packed.numel()], packed.view(-1))
+    assert torch.equal(quantized.scale_largest, state.state2.absmax)
+    assert torch.equal(quantized.scale_mean, state.offset)
+    scales = quantize_nf4(w)[1]
+    centred = (scales - scales.mean()) / \
+        quantized.scale_largest.repeat_interleave(SCALE_BLOCK)[:scales.numel()]
+    distances = (dynamic_levels()[None, :] - centred[:, None]).abs()          # (scales, 256)
+    chosen = distances.gather(1, quantized.scale_codes.long()[:, None])[:, 0]
+    assert (chosen <= distances.min(dim=1).values * (1 + 1e-6) + 1e-9).all()
+    assert (quantized.scale_codes != state.absmax).float().mean() < 0.01
+    state.absmax = quantized.scale_codes
+    torch.testing.assert_close(quantized.dequantized(torch.float32),
+                               bnb.dequantize_4bit(packed, state), rtol=0, atol=1e-7)
+    # A byte a scale, 4 bytes a block of scales and 4 for the mean, beside the codes.
+    blocks = -(-scales.numel() // SCALE_BLOCK)
+    assert quantized.nbytes() == quantized.codes.numel() + scales.numel() + 4 * blocks + 4
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_int8_is_bitsandbytes_row_wise_quantization(shape):
     w = weight(shape)
@@ -81,7 +115,35 @@ def test_the_error_stays_within_half_a_step(format):
     assert quantized.nbytes() / w.numel() <= {"int8": 1.03, "nf4": 0.5625}[format]
 
 
-@pytest.mark.parametrize("format", ["int8", "nf4"])
+@pytest.mark.parametrize("shape", [(1, 1), (7, 5)])
+def test_one_scale_is_its_own_mean(shape):
+    """A weight of one block has one scale, which is the mean: it comes back exactly."""
+    w = weight(shape)
+    doubled = QuantizedWeight(w, "nf4-dq")
+    assert torch.equal(doubled.block_scales(torch.float32), quantize_nf4(w)[1])
+    assert torch.equal(doubled.dequantized(torch.float32),
+                       QuantizedWeight(w, "nf4").dequantized(torch.float32))
+
+
+def test_double_quantization_moves_each_scale_within_half_a_step():
+    """A scale of nf4-dq lands on the nearest level of its block's: within half the
+    widest gap between dynamic levels times the block's largest deviation from the mean;
+    the 4-bit codes stay NF4's, so a weight moves by no more than its scale does."""
+    w = torch.randn(640, 256, generator=torch.Generator().manual_seed(3)) * 0.02
+    plain, doubled = QuantizedWeight(w, "nf4"), QuantizedWeight(w, "nf4-dq")
+    assert torch.equal(plain.codes, doubled.codes)
+    levels = dynamic_levels()
+    half_gap = (levels[1:] - levels[:-1]).max() / 2
+    largest = doubled.scale_largest.repeat_interleave(SCALE_BLOCK)[:plain.scales.numel()]
+    moved = (doubled.block_scales(torch.float32) - plain.scales).abs()
+    assert (moved <= half_gap * largest * (1 + 1e-6) + 1e-9).all()
+    assert 0 < moved.max() < 0.01 * plain.scales.max()
+    weights_moved = (doubled.dequantized(torch.float32) - plain.dequantized(torch.float32)).abs()
+    assert (weights_moved.view(-1, NF4_BLOCK) <= moved[:, None] * (1 + 1e-6)).all()
+    assert doubled.nbytes() / w.numel() < 0.517 < plain.nbytes() / w.numel()
+
+
+@pytest.mark.parametrize("format", ["int8", "nf4", "nf4-dq"])
 def test_dtypes_devices_and_the_state_dict(format):
     """The weight in bfloat16 is the float32 one rounded once; model.to(bfloat16) casts
     the scales and never the codes; nothing of it enters a state dict."""

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transduce import checkpoint
 from transduce.cli import main
 from transduce.config import ConfigError
-from transduce.export import ExportError, export_peft
+from transduce.export import export_peft
 from transduce.model import load_model
 from transduce.train import lora, loop
 from transduce.train.flops import training_flops
@@ -235,8 +235,8 @@ def test_two_processes_train_the_adapters_as_one(counting, tmp_path, kept):
 
 def test_a_translation_model_adapts_self_and_cross_attention(tiny_corpus, tmp_path):
     """The encoder-decoder: adapters on both stacks and on the cross-attention, dev BLEU
-    decoded through the merged decoding copy as training goes; `export peft` is for the
-    shapes PEFT's transformers models hold."""
+    decoded through the merged decoding copy as training goes; `export peft` writes them
+    for the export's cross-attention too (tests/test_peft_translation.py: PEFT's model)."""
     base, run = tmp_path / "base", tmp_path / "lora"
     train(tiny_corpus, base, translation_config(), translation_train_config(max_steps=6))
     last = train(tiny_corpus, run, translation_config(),
@@ -247,8 +247,10 @@ def test_a_translation_model_adapts_self_and_cross_attention(tiny_corpus, tmp_pa
     assert any(name.startswith("encoder.") for name in layers)
     records = [json.loads(line) for line in (run / LOG_NAME).read_text().splitlines()]
     assert [r for r in records if r["event"] == "dev" and "dev_bleu_greedy" in r]
-    with pytest.raises(ExportError, match="this is arch 'transformer': export hf writes it"):
-        export_peft(run, tmp_path / "adapter")
+    export_peft(run, tmp_path / "adapter")
+    settings = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert settings["task_type"] == "SEQ_2_SEQ_LM"
+    assert "model.decoder.layers.0.encoder_attn.q_proj" in settings["target_modules"]
 
 
 def test_frozen_weights_kept_in_bfloat16_train_as_in_float32(counting, base, tmp_path):
@@ -277,7 +279,7 @@ def test_frozen_weights_kept_in_bfloat16_train_as_in_float32(counting, base, tmp
               kept_config.replace(dtype="float32"), init=base)
 
 
-@pytest.mark.parametrize("format", ["int8", "nf4"])
+@pytest.mark.parametrize("format", ["int8", "nf4", "nf4-dq"])
 def test_frozen_weights_kept_quantized_train_resume_and_merge_into_the_base(counting, base,
                                                                            tmp_path, format):
     """--lora-base-dtype int8 | nf4 (QLoRA): any dtype trains it (float32 here), the

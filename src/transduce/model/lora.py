@@ -89,7 +89,8 @@ class LoRALinear(nn.Module):
 
     @property
     def frozen_format(self) -> str:
-        """How the frozen weight is kept: "float32", "bfloat16", ... or "int8", "nf4"."""
+        """How the frozen weight is kept: "float32", "bfloat16", ... or "int8", "nf4",
+        "nf4-dq"."""
         if self.quantized is not None:
             return self.quantized.format
         return str(self.weight.dtype).removeprefix("torch.")
@@ -111,8 +112,8 @@ class LoRALinear(nn.Module):
     def keep_frozen_in(self, kind: str) -> None:
         """Keep the frozen weight in `kind`: "bfloat16" (half the memory; under autocast
         in that dtype every product reads it as it did before, and so the bias), or
-        "int8" or "nf4" (a quarter, an eighth: model/quantized_weight.py), dequantized for
-        each product (the bias stays as it is)."""
+        "int8", "nf4" or "nf4-dq" (a quarter, 14%, 12.9%: model/quantized_weight.py),
+        dequantized for each product (the bias stays as it is)."""
         if kind in FORMATS:
             self.quantized = QuantizedWeight(self.weight.detach(), kind)
             self.register_parameter("weight", None)

@@ -9,8 +9,13 @@ that reads it.
   row by row), each divided by its largest magnitude, and each value rounded to the
   nearest of 16 levels placed at quantiles of the standard normal distribution, which a
   trained layer's weights roughly follow: 0.5 byte a weight and 4 bytes a block's scale,
-  0.5625 bytes in all, 14% of float32. (QLoRA also stores the scales in 8 bits, "double
-  quantization", which would save 0.06 bytes more a weight; not done here.)
+  0.5625 bytes in all, 14% of float32.
+- "nf4-dq": NF4 with QLoRA's "double quantization" of the scales. The codes are NF4's;
+  the block scales, less their mean, are cut into blocks of 256, each divided by its
+  largest magnitude and rounded to the nearest of 256 levels of the 8-bit dynamic type
+  (Dettmers 2016: a sign, a run of zeros that sets a power of ten, then a fraction on a
+  linear grid; `dynamic_levels`): a byte a scale, and 4 bytes per 256 scales and for the
+  mean. 0.516 bytes a weight in all, 12.9% of float32.
 
 Dequantizing costs a few elementwise passes over the weight, each time a product reads
 it, forward and backward: no copy of it outlives the product.
@@ -23,8 +28,9 @@ from torch import Tensor, nn
 
 from transduce.model.int8 import quantize_weight
 
-FORMATS = ("int8", "nf4")
+FORMATS = ("int8", "nf4", "nf4-dq")
 NF4_BLOCK = 64
+SCALE_BLOCK = 256      # nf4-dq's blocks of scales
 
 
 def nf4_levels() -> Tensor:
@@ -54,6 +60,34 @@ def quantize_nf4(weight: Tensor) -> tuple[Tensor, Tensor]:
     return (numbers[:, 0] << 4) | numbers[:, 1], scales
 
 
+def dynamic_levels() -> Tensor:
+    """The 256 levels of the signed 8-bit dynamic type (float32, ascending, -1 to 1): for
+    each exponent e of 0 to 6, the 2^e midpoints of an even grid of 2^e + 1 points from
+    0.1 to 1, times 10^(e - 6), with both signs; and 0 and 1. The more zeros a value's
+    code starts with, the smaller its power of ten and the fewer bits its fraction has."""
+    levels = [torch.zeros(1), torch.ones(1)]
+    for exponent in range(7):
+        grid = torch.linspace(0.1, 1, 2 ** exponent + 1)
+        midpoints = (grid[:-1] + grid[1:]) / 2
+        levels += [10.0 ** (exponent - 6) * midpoints, -(10.0 ** (exponent - 6)) * midpoints]
+    return torch.cat(levels).sort().values
+
+
+def quantize_scales(scales: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """NF4's block scales (blocks,) float32 -> their codes (blocks,) uint8, each block of
+    256's largest magnitude (ceil(blocks / 256),) float32, and the mean subtracted first
+    () float32: scale = dynamic_levels()[code] * largest + mean."""
+    mean = scales.mean()
+    centred = scales - mean
+    padded = torch.cat([centred, centred.new_zeros(-centred.numel() % SCALE_BLOCK)])
+    blocks = padded.view(-1, SCALE_BLOCK)
+    largest = blocks.abs().amax(dim=1)           # 0 where every scale is the mean: code 0.0
+    levels = dynamic_levels()
+    normalized = blocks / largest.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
+    codes = torch.bucketize(normalized, (levels[1:] + levels[:-1]) / 2)
+    return codes.view(-1)[:scales.numel()].to(torch.uint8), largest, mean
+
+
 def _nf4_pairs(dtype: torch.dtype) -> Tensor:
     """(256, 2): the two levels each byte of codes stands for."""
     levels = nf4_levels().to(dtype)
@@ -62,9 +96,10 @@ def _nf4_pairs(dtype: torch.dtype) -> Tensor:
 
 
 class QuantizedWeight(nn.Module):
-    """A frozen (out, in) weight in `format` ("int8" or "nf4"). Its codes and scales are
-    buffers left out of the state dict: a checkpoint holds weights in float, never these.
-    The scales follow the module's dtype (model.to(bfloat16) casts them), the codes stay."""
+    """A frozen (out, in) weight in `format` ("int8", "nf4" or "nf4-dq"). Its codes and
+    scales are buffers left out of the state dict: a checkpoint holds weights in float,
+    never these. The scales follow the module's dtype (model.to(bfloat16) casts them; for
+    nf4-dq, the scales of its scales and their mean), the codes stay."""
 
     def __init__(self, weight: Tensor, format: str):
         super().__init__()
@@ -73,26 +108,43 @@ class QuantizedWeight(nn.Module):
         self.format, self.shape = format, tuple(weight.shape)
         codes, scales = quantize_weight(weight) if format == "int8" else quantize_nf4(weight)
         self.register_buffer("codes", codes, persistent=False)
-        self.register_buffer("scales", scales.to(weight.dtype), persistent=False)
-        # A plain attribute, not a buffer: model.to(bfloat16) would round the levels.
-        self.nf4_pairs = _nf4_pairs(torch.float32) if format == "nf4" else None
+        if format == "nf4-dq":
+            scale_codes, largest, mean = quantize_scales(scales)
+            self.register_buffer("scale_codes", scale_codes, persistent=False)
+            self.register_buffer("scale_largest", largest.to(weight.dtype), persistent=False)
+            self.register_buffer("scale_mean", mean.to(weight.dtype), persistent=False)
+            scales = None
+        self.register_buffer("scales", None if scales is None else scales.to(weight.dtype),
+                             persistent=False)
+        # Plain attributes, not buffers: model.to(bfloat16) would round the levels.
+        self.nf4_pairs = None if format == "int8" else _nf4_pairs(torch.float32)
+        self.scale_levels = dynamic_levels() if format == "nf4-dq" else None
 
     @property
     def dtype(self) -> torch.dtype:
         """The dtype the weight was kept in before (its scales', unless cast since)."""
-        return self.scales.dtype
+        return (self.scales if self.scales is not None else self.scale_largest).dtype
 
     def numel(self) -> int:
         return self.shape[0] * self.shape[1]
 
     def nbytes(self) -> int:
-        """What the weight takes in memory: codes and scales."""
-        return self.codes.nbytes + self.scales.nbytes
+        """What the weight takes in memory: codes and scales (nf4-dq: and theirs)."""
+        return sum(buffer.nbytes for buffer in self.buffers())
+
+    def block_scales(self, dtype: torch.dtype) -> Tensor:
+        """Each row's (int8) or block's (nf4) scale, (out,) or (blocks,), in `dtype`."""
+        if self.scales is not None:
+            return self.scales.to(dtype)
+        levels = self.scale_levels.to(device=self.scale_codes.device, dtype=dtype)
+        largest = self.scale_largest.to(dtype).repeat_interleave(SCALE_BLOCK)
+        centred = levels[self.scale_codes.int()] * largest[:self.scale_codes.numel()]
+        return centred + self.scale_mean.to(dtype)
 
     def dequantized(self, dtype: torch.dtype) -> Tensor:
         """The weight (out, in) in `dtype`, computed in float32 at least (then rounded once)."""
         wide = torch.promote_types(dtype, torch.float32)
-        scales = self.scales.to(wide)
+        scales = self.block_scales(wide)
         if self.format == "int8":
             return self.codes.to(wide).mul_(scales[:, None]).to(dtype)
         pairs = self.nf4_pairs.to(device=self.codes.device, dtype=wide)
