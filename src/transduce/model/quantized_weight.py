@@ -13,9 +13,9 @@ that reads it.
 - "nf4-dq": NF4 with QLoRA's "double quantization" of the scales. The codes are NF4's;
   the block scales, less their mean, are cut into blocks of 256, each divided by its
   largest magnitude and rounded to the nearest of 256 levels of the 8-bit dynamic type
-  (Dettmers 2016: a sign, a run of zeros that sets a power of ten, then a fraction on a
-  linear grid; `dynamic_levels`): a byte a scale, and 4 bytes per 256 scales and for the
-  mean. 0.516 bytes a weight in all, 12.9% of float32.
+  (Dettmers 2016: a sign, a power of ten, then a fraction on a linear grid that is finer
+  the larger the power; `dynamic_levels`): a byte a scale, and 4 bytes per 256 scales and
+  for the mean. 0.516 bytes a weight in all, 12.9% of float32.
 
 Dequantizing costs a few elementwise passes over the weight, each time a product reads
 it, forward and backward: no copy of it outlives the product.
@@ -63,8 +63,8 @@ def quantize_nf4(weight: Tensor) -> tuple[Tensor, Tensor]:
 def dynamic_levels() -> Tensor:
     """The 256 levels of the signed 8-bit dynamic type (float32, ascending, -1 to 1): for
     each exponent e of 0 to 6, the 2^e midpoints of an even grid of 2^e + 1 points from
-    0.1 to 1, times 10^(e - 6), with both signs; and 0 and 1. The more zeros a value's
-    code starts with, the smaller its power of ten and the fewer bits its fraction has."""
+    0.1 to 1, times 10^(e - 6), with both signs; and 0 and 1. The larger the power of
+    ten, the finer its grid: 64 levels from 0.1 to 1, one from 1e-7 to 1e-6."""
     levels = [torch.zeros(1), torch.ones(1)]
     for exponent in range(7):
         grid = torch.linspace(0.1, 1, 2 ** exponent + 1)
