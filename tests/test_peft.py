@@ -99,6 +99,12 @@ def peft_adapter(hf_dir, adapter, family, **settings):
         if family == "llama" else ["c_attn", "c_proj", "c_fc"]
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=modules, task_type="CAUSAL_LM",
                              fan_in_fan_out=family == "gpt2", **settings)
+    return with_drawn_adapters(base, config, adapter)
+
+
+def with_drawn_adapters(base, config, adapter):
+    """PEFT's model of `base` with the adapters of `config`, B drawn (not zero, so that
+    they change something), saved at `adapter`."""
     model = peft.get_peft_model(base, config)
     torch.manual_seed(2)
     with torch.no_grad():

@@ -23,6 +23,7 @@ from tests.test_export import saved_model
 from tests.test_import_marian import write_marian
 from tests.test_import_nllb import write_nllb
 from tests.test_import_t5 import write_t5
+from tests.test_peft import with_drawn_adapters
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -118,13 +119,7 @@ def test_import_peft_merges_an_adapter_made_on_the_export(family, tmp_path, tiny
     config = peft.LoraConfig(r=4, lora_alpha=8, task_type="SEQ_2_SEQ_LM",
                              target_modules=[name for name in names if name in present],
                              rank_pattern={names[-1]: 2}, alpha_pattern={names[0]: 3})
-    theirs = peft.get_peft_model(theirs, config)
-    torch.manual_seed(2)
-    with torch.no_grad():
-        for name, parameter in theirs.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(std=0.05)
-    theirs.save_pretrained(adapter)
+    theirs = with_drawn_adapters(theirs, config, adapter)
     out = tmp_path / "merged"
     assert main(["import", "peft", str(adapter), "--base", str(base), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -132,7 +127,7 @@ def test_import_peft_merges_an_adapter_made_on_the_export(family, tmp_path, tiny
     # PEFT's merge is the export of ours, weight for weight; so are the logits (PEFT's
     # unmerged model adds its updates in another order: 1.2e-4 apart on NLLB's 5.6).
     vocab_size = theirs.config.vocab_size
-    theirs = theirs.eval().merge_and_unload()
+    theirs = theirs.merge_and_unload()
     merged = exported(out, tmp_path / "merged-hf")
     expected, found = theirs.state_dict(), merged.state_dict()
     for name in found:
