@@ -1,6 +1,7 @@
 """Parsing diatheke's plain output, alignment, and the fixed split."""
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -64,6 +65,37 @@ def test_strongs_tags_go_with_their_space():
     assert verses[("Psalms", 3, 1)] == "¡OH Jehová, cuánto se han multiplicado mis enemigos!"
 
 
+# Written after `diatheke -o f -f plain` output of the WEB and the KJV: footnotes between
+# words (where the module holds no space), after a comma, before a closing parenthesis,
+# several at a verse's end, one with bracketed text inside, an empty one in a heading,
+# and brackets of the text itself (the KJV's " [but").
+SAMPLE_FOOTNOTES = """\
+Genesis 1:1: In the beginning, God [1:1 The Hebrew word rendered “God” is “אֱלֹהִ֑ים” (Elohim).] created the heavens and the earth.
+Genesis 1:20: And God said, Let the waters bring forth abundantly the moving creature that hath life, and fowl that may fly above the earth in the open firmament of heaven. [1.20 moving: or, creeping]  [1.20 life: Heb. soul]  
+Genesis 1:29: God said, “Behold, [1:29 “Behold”, from “הִנֵּה”, means look at.]  I have given you every herb yielding seed.
+Genesis 4:1: The man knew [4:1 or, lay with, or, had relations with] Eve his wife. She conceived, [4:1 “Cain” sounds like “gotten”.] and gave birth to Cain.
+Exodus 30:13: half a shekel according to the shekel [30:13 A shekel is about 10 grams.]  of the sanctuary (the shekel is twenty gerahs [30:13 a gerah is about 0.5 grams] ); half a shekel.
+Psalms 9:7: But Yahweh reigns forever. [9:7 The passage from verse [36] to verse [105], formerly missing.] 
+
+This Psalm is a genuine one of David, though extra, []  composed when he fought.
+  Psalms 9:8: He will judge the world [but see 9:8] in righteousness. [9:8 or, justice]
+(engWEB2015eb)
+"""
+
+
+def test_footnotes_go_and_leave_the_space_between_the_words_they_stood_between():
+    verses = bible.parse_plain(SAMPLE_FOOTNOTES).verses
+    assert verses[("Genesis", 1, 1)] == "In the beginning, God created the heavens and the earth."
+    assert verses[("Genesis", 1, 20)].endswith("the open firmament of heaven.")
+    assert verses[("Genesis", 1, 29)] == "God said, “Behold, I have given you every herb yielding seed."
+    assert verses[("Genesis", 4, 1)] == \
+        "The man knew Eve his wife. She conceived, and gave birth to Cain."
+    assert verses[("Exodus", 30, 13)] == "half a shekel according to the shekel of the sanctuary " \
+        "(the shekel is twenty gerahs); half a shekel."
+    assert verses[("Psalms", 9, 7)] == "But Yahweh reigns forever."
+    assert verses[("Psalms", 9, 8)] == "He will judge the world [but see 9:8] in righteousness."
+
+
 def test_a_repeated_verse_is_an_error():
     with pytest.raises(bible.BibleError, match="Genesis 1:1 appears twice"):
         bible.parse_plain("Genesis 1:1: a\nGenesis 1:1: b\n")
@@ -123,6 +155,14 @@ def test_real_extraction_counts_and_split(tmp_path):
             assert len(lines) == size and all(line.strip() == line and line for line in lines)
             assert not any("¶" in line or "<" in line for line in lines)
     assert len((tmp_path / "test.ref2").read_text(encoding="utf-8").splitlines()) == 1000
+    # The WEB's footnotes stood between words; the KJV's only at the ends of verses.
+    assert corpus.reference2[("Genesis", 1, 1)] == \
+        "In the beginning, God created the heavens and the earth."
+    assert corpus.reference2[("Genesis", 2, 4)].endswith(
+        "in the day that Yahweh God made the earth and the heavens.")
+    assert corpus.target[("Genesis", 1, 20)].endswith("in the open firmament of heaven.")
+    for verses in (corpus.source, corpus.target, corpus.reference2):
+        assert not any(re.search(r"\[\d+[:.]\d+", text) for text in verses.values())
 
 
 def test_text_splits_keep_the_translation_split_in_canonical_order():
