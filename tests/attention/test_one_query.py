@@ -81,10 +81,10 @@ def test_bad_input_is_refused_with_what_is_wrong():
 
 
 def test_without_the_kernel_callers_are_told_and_the_switch_turns_it_off(monkeypatch):
-    monkeypatch.setattr(one_query, "_loaded", False)
+    monkeypatch.setattr(one_query.KERNEL, "loaded", False)
     with pytest.raises(RuntimeError, match="not built here"):
         one_query.one_query_attention(*[torch.zeros(1)] * 5, 0.1)
-    monkeypatch.setattr(one_query, "_loaded", None)
+    monkeypatch.setattr(one_query.KERNEL, "loaded", None)
     monkeypatch.setenv(one_query.SWITCH, "0")
     assert not one_query.available()
 
@@ -94,7 +94,7 @@ def test_a_failed_build_warns_once_and_reports_unavailable(monkeypatch):
 
     def broken(**_):
         raise RuntimeError("Error building extension\nno compiler")
-    monkeypatch.setattr(one_query, "_loaded", None)
+    monkeypatch.setattr(one_query.KERNEL, "loaded", None)
     monkeypatch.setattr(cpp_extension, "load", broken)
     with pytest.warns(UserWarning, match="could not be built .no compiler.*PyTorch's"):
         assert not one_query.available()

@@ -132,7 +132,7 @@ at::Tensor one_query_attention(const at::Tensor& q, const at::Tensor& k, const a
 
 }  // namespace
 
-TORCH_LIBRARY(transduce, m) {
+TORCH_LIBRARY_FRAGMENT(transduce, m) {
   m.def("one_query_attention(Tensor q, Tensor k, Tensor v, Tensor starts, Tensor ends, "
         "float scale) -> Tensor");
 }
