@@ -22,7 +22,11 @@ from transduce.decode.sampling import Sampler, filter_logits, exponential_race, 
 from transduce.errors import TransduceWarning
 from transduce.model import build_model
 from transduce.model import int8 as int8_module
+from transduce.model import int8_rows
+from transduce.model.int8_rows import Int8RowsLinear
+from transduce.runtime import cpu_flags
 from tests.environment import subprocess_env
+from tests.model.test_int8_rows import INT8_LAYERS
 
 PROMPTS = ["uno dos", "el perro grande come", "casa", "tres gato rojo rojo el casa perro"]
 
@@ -55,7 +59,7 @@ def test_auto_dtype_on_amx_picks_by_the_language_models_size(model, generator, m
     assert next(small.model.parameters()).dtype == torch.bfloat16
     monkeypatch.setattr(options_module, "AMX_INT8_LM_PARAMETERS", model.num_parameters())
     large = Generator(model, generator.tokenizer, dtype="auto")
-    assert any(isinstance(m, int8_module.Int8Linear) for m in large.model.modules())
+    assert any(isinstance(m, INT8_LAYERS) for m in large.model.modules())
     assert large.generate(PROMPTS[:1], max_new_tokens=4)[0] == \
         Generator(model, generator.tokenizer, dtype="int8").generate(PROMPTS[:1],
                                                                      max_new_tokens=4)[0]
@@ -338,11 +342,17 @@ def test_cli_refuses_bad_stdin_and_bad_options(saved_model):
 
 
 @pytest.mark.skipif(not int8_module.int8_available(), reason="no oneDNN int8 ops in this build")
-def test_int8_generation_is_the_same_batched_and_alone(model, generator, monkeypatch):
-    """Left-padded prompts side by side: the int8 products quantize each row alone."""
+@pytest.mark.parametrize("layer", INT8_LAYERS, ids=lambda layer: layer.__name__)
+def test_int8_generation_is_the_same_batched_and_alone(model, generator, monkeypatch, layer):
+    """Left-padded prompts side by side: the int8 products quantize each row alone, with
+    oneDNN's kernel and with the rows kernel (model/int8_rows.py)."""
+    rows = layer is Int8RowsLinear
+    if rows and not ("avx2" in cpu_flags() and int8_rows.KERNEL.available()):
+        pytest.skip("the int8 rows kernel needs an x86 CPU with AVX2 and a compiler")
+    monkeypatch.setattr(int8_rows, "preferred", lambda: rows)
     monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)      # every product in int8
     int8 = Generator(model, generator.tokenizer, dtype="int8")
-    assert any(isinstance(m, int8_module.Int8Linear) for m in int8.model.modules())
+    assert any(isinstance(m, layer) for m in int8.model.modules())
     together = int8.generate(PROMPTS, max_new_tokens=12)
     assert together == [int8.generate([p], max_new_tokens=12)[0] for p in PROMPTS]
     assert any(together)

@@ -21,6 +21,7 @@ from transduce.decode.speculative import accepted, speculative_steps
 from transduce.decode.options import GenerateOptions
 from transduce.model import build_model
 from transduce.model import int8 as int8_module
+from tests.model.test_int8_rows import INT8_LAYERS
 
 PROMPTS = ["uno dos tres uno dos tres uno", "el perro grande come el perro", "casa",
            "tres gato rojo rojo el casa perro gato rojo"]
@@ -96,7 +97,7 @@ def test_generation_is_greedy_search_s_for_every_draft_length(tokenizer, name, c
     generator = Generator(language_model(tokenizer, name, **changes), tokenizer, **settings,
                           draft=draft)
     if settings.get("dtype") == "int8":
-        assert any(isinstance(m, int8_module.Int8Linear) for m in generator.model.modules())
+        assert any(isinstance(m, INT8_LAYERS) for m in generator.model.modules())
     greedy = generator.generate_rows(PROMPTS, max_new_tokens=30)
     for drafts in (1, 3, 8):
         setting = {"prompt_lookup" if draft_by == "prompt lookup" else "draft_tokens": drafts}

@@ -22,6 +22,7 @@ from transduce.decode.translate import (InputTooLong, Translation, length_sorted
 from transduce.errors import LineTruncated
 from transduce.model import Transformer, build_model, load_model
 from transduce.model import int8 as int8_module
+from transduce.model import int8_rows
 from transduce.model import packed as packed_module
 from transduce.model.packed import packing_available
 from tests.environment import subprocess_env
@@ -364,13 +365,17 @@ def test_auto_dtype_on_amx_generates_with_a_large_language_model_in_int8(
     assert decoding_dtype("auto", "cpu", parameters) == ("int8" if int8_ops else "float32")
 
 
-def test_auto_dtype_on_avx2_alone_generates_in_float32(monkeypatch):
-    """Without VNNI, int8 translated faster but generated slower (decoding_dtype)."""
+@pytest.mark.parametrize("rows_kernel", [True, False])
+def test_auto_dtype_on_avx2_alone_generates_in_int8_with_the_rows_kernel(monkeypatch,
+                                                                         rows_kernel):
+    """Without VNNI, oneDNN's int8 translated faster but generated slower; the rows
+    kernel generated faster (decoding_dtype)."""
     monkeypatch.setattr(options_module, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     monkeypatch.setattr(int8_module, "int8_available", lambda: True)
+    monkeypatch.setattr(int8_rows.KERNEL, "loaded", rows_kernel)
     assert decoding_dtype("auto", "cpu") == "int8"
     for parameters in (1, options_module.AMX_INT8_LM_PARAMETERS):
-        assert decoding_dtype("auto", "cpu", parameters) == "float32"
+        assert decoding_dtype("auto", "cpu", parameters) == ("int8" if rows_kernel else "float32")
 
 
 def test_auto_dtype_decodes_in_the_type_it_picked(run_dir, monkeypatch):

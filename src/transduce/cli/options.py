@@ -90,8 +90,8 @@ def add_dtype_option(command: argparse.ArgumentParser) -> None:
                          help="the type the model decodes in (int8: float32 with the widest "
                               "products in int8; auto: bfloat16 on a CPU with AMX (int8 for "
                               "a language model of 16.8M parameters or more), int8 on "
-                              "another CPU with VNNI, int8 to translate or encode and "
-                              "float32 to generate on one with AVX2 alone, else float32)")
+                              "another CPU with VNNI or with AVX2 (a language model "
+                              "there only where the int8 rows kernel builds), else float32)")
 
 
 SEARCH_BATCH_TOKENS = 4096        # a search's tokens per batch, unless told

@@ -55,16 +55,19 @@ def decoding_dtype(dtype: str, device: torch.device | str,
     where bfloat16 was 1.13x at beam 4 but 0.87x greedy, int8 ran 1.11-1.15x and
     0.99-1.08x, 0.01 and 0.09 BLEU below float32; on a Zen 5, int8 ran 1.18-1.34x
     bfloat16 at beam 4 from `small` to `big` and 1.13-1.49x generating from 29.6M
-    parameters up, bench/decode_dtypes.py). On an x86 CPU with AVX2 but no VNNI, int8 to
-    translate and encode, float32 to generate: there a product's rows take 7 bits
-    (model/int8.py), and on a 2-core Zen 3 int8 translated 1.30x, 1.56x and 1.82x float32
-    at beam 4 from `small` to `big` (1.18-1.75x greedy), 0.02 and 0.06 BLEU below it at
-    beam 4 and greedy on the test verses (`small`, 12 minutes of the budget recipe),
-    and embedded 1.27x with bert-base's shape (bench/encode.py), but generated at
-    0.67-1.00x. Else float32, and float32 on GPUs (not measured). The CPU is read once,
-    from its flags."""
+    parameters up, bench/decode_dtypes.py). On an x86 CPU with AVX2 but no VNNI, int8 as
+    well: oneDNN's products there give the rows 7 bits (model/int8.py), and on a 2-core
+    Zen 3 int8 translated 1.30x, 1.56x and 1.82x float32 at beam 4 from `small` to `big`
+    (1.18-1.75x greedy), 0.02 and 0.06 BLEU below it at beam 4 and greedy on the test
+    verses (`small`, 12 minutes of the budget recipe), and embedded 1.27x with
+    bert-base's shape (bench/encode.py); a language model's products take the int8 rows
+    kernel there (model/int8_rows.py), with which it generated 1.48-2.07x float32 at one
+    prompt and 1.20-1.30x at eight from 5.3M to 160M parameters (oneDNN's: 0.67-1.00x),
+    so a language model generates in int8 only where that kernel builds. Else float32,
+    and float32 on GPUs (not measured). The CPU is read once, from its flags."""
     import torch   # the command line reads these options without torch
 
+    from transduce.model import int8_rows
     from transduce.model.int8 import int8_available
 
     on_cpu = torch.device(device).type == "cpu"
@@ -73,7 +76,8 @@ def decoding_dtype(dtype: str, device: torch.device | str,
         if "amx_bf16" in flags:
             large = language_model_parameters >= AMX_INT8_LM_PARAMETERS
             return "int8" if large and int8_available() else "bfloat16"
-        if flags & VNNI_FLAGS or ("avx2" in flags and not language_model_parameters):
+        if flags & VNNI_FLAGS or "avx2" in flags and (
+                not language_model_parameters or int8_rows.KERNEL.available()):
             return "int8" if int8_available() else "float32"
         return "float32"
     if dtype not in choices(DecodeDtype):

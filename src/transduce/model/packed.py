@@ -20,8 +20,11 @@ import torch
 from torch import Tensor, nn
 
 from transduce.attention.multihead import MultiHeadAttention
+from transduce.model import int8_rows
+from transduce.model.decoder_only import DecoderOnly
 from transduce.model.decoder_step import DecoderStep
 from transduce.model.int8 import Int8Linear, int8_available, no_scalars, worth_int8
+from transduce.model.int8_rows import Int8RowsLinear
 from transduce.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from transduce.model.lora import merge_adapters
 from transduce.model.encoder_pass import EncoderPass
@@ -75,8 +78,9 @@ def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
 
     in_place: `model` itself is converted and returned, for a caller done with it: a
     model as large as half the memory does not fit twice.
-    dtype torch.int8: float32, with every product of 2^16 weights or more in int8
-    (model/int8.py), CPU only."""
+    dtype torch.int8: float32, with every product of 2^16 weights or more in int8, CPU
+    only: a language model's through model/int8_rows.py where that kernel is preferred,
+    else through oneDNN's (model/int8.py)."""
     int8 = dtype == torch.int8
     if int8 and (torch.device(device).type != "cpu" or not int8_available()):
         raise ValueError("int8 decoding runs on a CPU, through oneDNN's int8 ops "
@@ -94,7 +98,7 @@ def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
             module.self_attn.fuse_self_projections()
     packed = torch.device(device).type == "cpu" and packing_available(weights)
     if packed or int8:
-        _replace_linear_layers(clone, packed, int8)
+        _replace_linear_layers(clone, packed, _int8_layer(clone) if int8 else None)
     if isinstance(getattr(clone, "decoder", None), Decoder):
         clone.decoder.fast_step = DecoderStep.build(clone.decoder)
     if isinstance(getattr(clone, "encoder", None), Encoder):
@@ -102,12 +106,19 @@ def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
     return clone
 
 
-def _replace_linear_layers(model: nn.Module, packed: bool, int8: bool) -> None:
-    """Each Linear layer becomes an Int8Linear (int8, where worth it), a PackedLinear
+def _int8_layer(model: nn.Module) -> type[nn.Module]:
+    """The int8 Linear of `model`'s products: the few-rows kernel for a language model
+    where it is preferred (model/int8_rows.py), else oneDNN's."""
+    return Int8RowsLinear if isinstance(model, DecoderOnly) and int8_rows.preferred() \
+        else Int8Linear
+
+
+def _replace_linear_layers(model: nn.Module, packed: bool, int8_layer: type | None) -> None:
+    """Each Linear layer becomes an int8_layer (where given and worth it), a PackedLinear
     (packed) or stays; the feed-forward ReLU moves into its first product."""
     def converted(linear: nn.Linear, activation: str = "none") -> nn.Module | None:
-        if int8 and worth_int8(linear):
-            return Int8Linear(linear, activation)
+        if int8_layer is not None and worth_int8(linear):
+            return int8_layer(linear, activation)
         return PackedLinear(linear, activation) if packed else None
 
     # The lists name the modules to change, never the Linear layers: each replaced layer

@@ -1,0 +1,88 @@
+"""Int8 products of a few rows on x86 CPUs without VNNI, in C++ (int8_rows.cpp): a
+language model's decoding step, one row a prompt.
+
+There oneDNN's int8 product (model/int8.py) gives the rows 7 bits and is slow at a few
+rows: on a 2-core Zen 3 (AVX2, no VNNI) it ran 0.47-1.33x packed float32's speed at one
+row, and generating in int8 ran 0.67-1.00x float32, so `--dtype auto` generated in
+float32 there. This kernel quantizes the rows and multiplies in one call, two rows and
+four output channels a tile, each weight register serving both rows; each pair of u8 x
+s8 products is summed in int16 without saturating (the rows' magnitudes times the
+weights carrying the rows' signs), so the rows keep 8 bits. Per product, against packed
+float32 on the same weights, interleaved (`python bench/int8_rows.py`, the shapes of a
+768- and a 1,024-wide language model, Zen 3): 1.6-2.7x at one row (1.3-4.3x oneDNN's
+int8), 1.0-2.7x at four to eight rows, 0.8-1.04x at 32 and 0.64-0.79x at 128 (0.42-0.60x
+oneDNN's there); 0.8-0.95% off the float64 product where oneDNN's 7-bit rows are
+1.5-1.8%. A language model generated 1.48-2.07x float32 at one prompt and 1.20-1.30x at
+eight, from 5.3M to 160M parameters (bench/decode_dtypes.py), and a trained one scored
+the test verses' perplexity 0.012% above float32's (oneDNN's 7 bits: 0.027%).
+
+Every row is quantized by its own largest magnitude and its sums are exact, so a row's
+result is the same alone as in any batch, as with oneDNN's kernel. The two kernels
+quantize differently, so one model's products all take the same one: a language
+model's decoding copy takes this one where `preferred()`, and translation and encoder
+models, whose products take hundreds of rows at once, keep oneDNN's (at 128 rows this
+kernel ran 0.42-0.60x its speed). Built on first use (transduce/native.py);
+TRANSDUCE_INT8_ROWS_KERNEL=0 turns it off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transduce.model.int8 import VNNI_FLAGS, quantize_weight
+from transduce.native import NativeKernel
+
+SOURCE = Path(__file__).with_name("int8_rows.cpp")
+SWITCH = "TRANSDUCE_INT8_ROWS_KERNEL"
+KERNEL = NativeKernel(SOURCE, "int8 rows", SWITCH,
+                      "int8 products use oneDNN's kernel instead",
+                      extra_cflags=("-ffp-contract=off",))
+STEP = 32     # the kernel's weights are padded to a multiple of this many columns
+
+
+def preferred() -> bool:
+    """Whether a language model's int8 products take this kernel here: an x86 CPU with
+    AVX2 and without VNNI (see above), where the kernel builds."""
+    from transduce.runtime import cpu_flags
+
+    flags = cpu_flags()
+    return "avx2" in flags and not flags & VNNI_FLAGS and KERNEL.available()
+
+
+class Int8RowsLinear(nn.Module):
+    """A Linear with int8 weights (one scale per output channel) whose rows are quantized
+    to 8 bits at every call, for CPU inference; "relu" applies the activation after the
+    product. (..., in) -> (..., out), float32. The weight is held padded for the kernel
+    (not a state-dict entry)."""
+
+    def __init__(self, linear: nn.Linear, activation: str = "none"):
+        super().__init__()
+        if activation not in ("none", "relu"):
+            raise ValueError(f"activation {activation!r}: Int8RowsLinear applies none or relu")
+        if not KERNEL.available():
+            raise RuntimeError("the int8 rows kernel is not built here: "
+                               "int8_rows.KERNEL.available() is False")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.activation = activation
+        self.relu = activation == "relu"
+        values, scales = quantize_weight(linear.weight)
+        padding = -self.in_features % STEP
+        self.register_buffer("weight_values", F.pad(values, (0, padding)).contiguous(),
+                             persistent=False)                      # (out, in + padding)
+        self.register_buffer("weight_scale", scales, persistent=False)
+        bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        self.register_buffer("bias", bias, persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features).contiguous()                # (N, in)
+        out = torch.ops.transduce.int8_rows_linear(rows, self.weight_values, self.weight_scale,
+                                                   self.bias, self.relu)  # (N, out)
+        return out.view(list(x.shape[:-1]) + [self.out_features])
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, " \
+               f"bias={self.bias is not None}, activation={self.activation}"
