@@ -10,7 +10,6 @@ from torch import nn
 from transduce.model import Transformer
 from transduce.model import int8 as int8_module
 from transduce.model import int8_rows
-from transduce.model import packed as packed_module
 from transduce.model.int8 import Int8Linear, int8_available, quantize_weight
 from transduce.model.int8_rows import Int8RowsLinear
 from transduce.model.packed import decoding_copy
