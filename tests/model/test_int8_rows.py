@@ -55,6 +55,19 @@ def test_the_kernel_is_its_integer_arithmetic_bit_for_bit(rows, inputs, outputs,
         assert torch.equal(layer(x), reference(x, linear, relu))
 
 
+def test_weights_are_interleaved_in_blocks_of_four_channels_by_32_columns():
+    values = torch.arange(6 * 40).remainder(251).sub(125).to(torch.int8).view(6, 40)
+    laid = int8_rows.interleave(values)
+    assert laid.shape == (8, 64) and laid.is_contiguous()
+    flat = laid.flatten()
+    for channel in range(8):
+        for column in range(64):
+            block, step, offset = channel // 4, column // 32, column % 32
+            got = flat[block * 4 * 64 + step * 4 * 32 + channel % 4 * 32 + offset]
+            expected = values[channel, column] if channel < 6 and column < 40 else 0
+            assert int(got) == int(expected)
+
+
 @needs_kernel
 def test_a_row_of_zeros_gives_the_bias_and_ties_round_to_even():
     linear = nn.Linear(64, 8)
@@ -108,7 +121,7 @@ def test_a_row_gets_the_same_result_alone_as_in_any_batch_with_any_threads():
 def test_bad_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="activation 'gelu'"):
         Int8RowsLinear(nn.Linear(4, 4), "gelu")
-    layer = Int8RowsLinear(nn.Linear(40, 4))
+    layer = Int8RowsLinear(nn.Linear(40, 8))
     op = torch.ops.transduce.int8_rows_linear
     with pytest.raises(RuntimeError, match="padded to a multiple of 32"):
         op(torch.randn(2, 70), layer.weight_values, layer.weight_scale, layer.bias, False)

@@ -61,8 +61,8 @@ def decoding_dtype(dtype: str, device: torch.device | str,
     (1.18-1.75x greedy), 0.02 and 0.06 BLEU below it at beam 4 and greedy on the test
     verses (`small`, 12 minutes of the budget recipe), and embedded 1.27x with
     bert-base's shape (bench/encode.py); a language model's products take the int8 rows
-    kernel there (model/int8_rows.py), with which it generated 1.48-2.07x float32 at one
-    prompt and 1.20-1.30x at eight from 5.3M to 160M parameters (oneDNN's: 0.67-1.00x),
+    kernel there (model/int8_rows.py), with which it generated 2.37-2.74x float32 at one
+    prompt and 1.31-1.40x at eight from 5.3M to 160M parameters (oneDNN's: 0.67-1.00x),
     so a language model generates in int8 only where that kernel builds. Else float32,
     and float32 on GPUs (not measured). The CPU is read once, from its flags."""
     import torch   # the command line reads these options without torch
