@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transduce import checkpoint
-from transduce.cli import main
+from transduce.cli import build_parser, main
 from transduce.config import ConfigError, preset
 from transduce.data.tokenizer import Tokenizer
 from transduce.decode import options as options_module
@@ -307,6 +307,32 @@ def test_cli_generates_one_line_per_prompt(saved_model, capsys):
     assert capsys.readouterr().out.splitlines() == lines[1:]
     assert main(["generate", "--model", str(saved_model), "--prompt", "casa", "--temperature",
                  "1", "--seed", str(2**40), "--max-new-tokens", "2"]) == 0   # 63-bit seeds
+
+
+@pytest.mark.skipif(not int8_module.int8_available(), reason="no oneDNN int8 ops")
+def test_the_cli_decodes_in_the_hardware_s_type_unless_told(saved_model, model, generator,
+                                                            monkeypatch, capsys):
+    """generate takes --dtype as translate and serve do: auto by default (int8 on a CPU
+    with VNNI), and a type named is the type decoded in; chat has the same option."""
+    monkeypatch.setattr(options_module, "cpu_flags", lambda: frozenset({"avx512_vnni"}))
+    monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)      # every product in int8
+    loaded, load = [], Generator.load
+
+    def recording_load(*args, **kwargs):
+        loaded.append(load(*args, **kwargs))
+        return loaded[-1]
+
+    monkeypatch.setattr(Generator, "load", staticmethod(recording_load))
+    int8 = Generator(model, generator.tokenizer, dtype="int8")
+    for given, expected in (([], int8), (["--dtype", "float32"], generator)):
+        assert main(["generate", "--model", str(saved_model), "--max-new-tokens", "8",
+                     "--prompt", PROMPTS[1], *given]) == 0
+        assert any(isinstance(m, INT8_LAYERS) for m in loaded[-1].model.modules()) == \
+            (expected is int8)
+        assert capsys.readouterr().out == \
+            expected.generate([PROMPTS[1]], max_new_tokens=8)[0] + "\n"
+    chat = build_parser().parse_args(["chat", "--model", str(saved_model)])
+    assert chat.dtype == "auto"
 
 
 def _run_cli(args, stdin: bytes):

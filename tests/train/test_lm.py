@@ -21,6 +21,8 @@ from transduce.data.corpus import write_text_metadata
 from transduce.data.tokenizer import BOS_ID, EOS_ID, MODEL_NAME, Tokenizer, train_tokenizer
 from transduce.decode.search import greedy_search
 from transduce.model import build_model, load_model
+from transduce.model.int8 import int8_available
+from transduce.model.packed import decoding_copy
 from transduce.train import loop
 from tests.train.test_loop import CPU_ENV, assert_two_processes_trained_alike, weights
 from transduce.train.flops import forward_flops
@@ -169,9 +171,37 @@ def test_evaluate_leaves_out_lines_longer_than_the_model_reads(counting, tmp_pat
         capsys.readouterr().out
     result = json.loads((tmp_path / "eval.json").read_text(encoding="utf-8"))
     assert result["lines"] == 1 and result["too_long_line_numbers"] == [2]
-    assert main(["evaluate", "--model", str(run), "--data", str(test), "--dtype", "bfloat16",
-                 "--out", str(tmp_path / "eval")]) == 2
-    assert "float32" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bfloat16"])
+def test_evaluate_scores_the_decoding_copy_of_the_dtype_named(counting, tmp_path, capsys, dtype):
+    """--dtype scores the copy `generate --dtype` decodes with (its products 2^16 weights
+    wide, so int8 converts them), against that copy scoring each line alone; auto scores
+    the float32 model itself."""
+    if dtype == "int8" and not int8_available():
+        pytest.skip("no oneDNN int8 ops in this build")
+    run = tmp_path / "run"
+    train(counting, run, gpt_tiny(d_model=128, d_ff=512), train_config(max_steps=30))
+    command = ["evaluate", "--model", str(run), "--data", str(counting), "--split", "test"]
+    results = {}
+    for given in ("auto", dtype):
+        out = tmp_path / f"eval-{given}"
+        assert main([*command, "--dtype", given, "--out", str(out)]) == 0
+        results[given] = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+    assert f"test ({dtype}): perplexity" in capsys.readouterr().out
+    assert (results["auto"]["dtype"], results[dtype]["dtype"]) == ("float32", dtype)
+    model, tokenizer = load_model(run), Tokenizer(counting / MODEL_NAME)
+    lines = (counting / "test.txt").read_text(encoding="utf-8").splitlines()
+    copy = decoding_copy(model, getattr(torch, dtype))
+    assert any(type(layer).__name__.startswith("Int8") for layer in copy.modules()) == \
+        (dtype == "int8")
+    for scored, kind in ((model, "auto"), (copy, dtype)):
+        nll, pieces = independent_nll(scored, tokenizer, lines)
+        assert results[kind]["perplexity_per_piece"] == pytest.approx(math.exp(nll / pieces),
+                                                                      rel=1e-5)
+    assert results[dtype]["nll"] != pytest.approx(results["auto"]["nll"], rel=1e-5)
+    assert main([*command, "--kv-dtype", "int8"]) == 2
+    assert "--kv-dtype: a language model is scored over whole lines" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("model_changes,train_changes,message", [

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from transduce.cli.generate import add_sampling_options, draft_settings, one_line, \
     penalty_settings, user_turn
-from transduce.cli.options import add_engine_option
-from transduce.config import Dtype, choices
+from transduce.cli.options import add_dtype_option, add_engine_option
+from transduce.config import choices
 from transduce.decode.options import KvDtype
 
 
@@ -26,7 +26,7 @@ def register(commands) -> None:
                       help="an instruct model's checkpoint, run directory or ONNX export")
     chat.add_argument("--system", default=None, help="the system message (default: none)")
     add_sampling_options(chat)
-    chat.add_argument("--dtype", default="float32", choices=choices(Dtype))
+    add_dtype_option(chat)
     chat.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
                       help="KV-cache type (default: --dtype's); int8 quantizes it")
     add_engine_option(chat)

@@ -210,26 +210,33 @@ def _evaluate_language_model(args: argparse.Namespace) -> int:
 
     from transduce import checkpoint
     from transduce.decode.evaluate import evaluate_language_model
-    from transduce.decode.onnx_engine import runs_on_onnxruntime
+    from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
     from transduce.decode.onnx_lm_engine import OnnxLanguageModel
+    from transduce.decode.options import decoding_dtype
     from transduce.model import load_model
+    from transduce.model.packed import decoding_copy
 
-    if args.dtype not in ("auto", "float32") or args.kv_dtype is not None:
-        raise ConfigError("a language model is scored in float32: --dtype and --kv-dtype "
-                          "apply to translation")
+    if args.kv_dtype is not None:
+        raise ConfigError("--kv-dtype: a language model is scored over whole lines at once, "
+                          "with no KV cache; --dtype scores a decoding copy")
+    dtype = "float32" if args.dtype == "auto" else args.dtype   # the model's own perplexity
     out = args.out or (Path(args.model) / f"eval-{args.split}-lm")
     files = _check_outputs(out, "language model")
     if runs_on_onnxruntime(args.model, args.engine):
+        check_onnx_settings(dtype, None, "cpu")
         device, directory = torch.device("cpu"), Path(args.model)
         model = OnnxLanguageModel(directory)
     else:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = decoding_dtype(dtype, device)            # int8 refused where it cannot run
         directory = checkpoint.resolve(Path(args.model))
         model = load_model(directory, device)
+        if dtype != "float32":      # the copy generate decodes with; the float model freed
+            model = decoding_copy(model, getattr(torch, dtype), device, in_place=True)
     result = evaluate_language_model(model, checkpoint.load_tokenizer(directory), args.data,
                                      args.split, out, batch_tokens=search_batch_tokens(args),
-                                     device=device)
-    print(f"{args.split}: perplexity {result['perplexity_per_piece']:.2f} per piece, "
+                                     device=device, dtype=dtype)
+    print(f"{args.split} ({dtype}): perplexity {result['perplexity_per_piece']:.2f} per piece, "
           f"{result['perplexity_per_word']:.2f} per word ({result['lines']} lines, "
           f"{result['pieces']} pieces, {result['words']} words with one eos per line; "
           f"{result['pieces_per_second']:.0f} pieces/s)")

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from transduce.cli.options import add_engine_option, fraction, non_negative_float, \
-    non_negative_int, positive_int, sampling_seed
-from transduce.config import ConfigError, Dtype, choices
+from transduce.cli.options import add_dtype_option, add_engine_option, fraction, \
+    non_negative_float, non_negative_int, positive_int, sampling_seed
+from transduce.config import ConfigError, choices
 from transduce.decode.options import KvDtype
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def register(commands) -> None:
                                "out by its chat template; print the reply")
     generate.add_argument("--system", default=None,
                           help="with --chat: a system message before each user message")
-    generate.add_argument("--dtype", default="float32", choices=choices(Dtype))
+    add_dtype_option(generate)
     generate.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
                           help="KV-cache type (default: --dtype's); int8 quantizes it")
     add_engine_option(generate)

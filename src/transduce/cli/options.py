@@ -85,13 +85,14 @@ def _parse(kind: type, text: str, what: str):
         raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
 
 
-def add_dtype_option(command: argparse.ArgumentParser) -> None:
+def add_dtype_option(command: argparse.ArgumentParser, note: str = "") -> None:
+    """--dtype of the commands that decode (note: what else it means to this command)."""
     command.add_argument("--dtype", default="auto", choices=choices(DecodeDtype),
                          help="the type the model decodes in (int8: float32 with the widest "
                               "products in int8; auto: bfloat16 on a CPU with AMX (int8 for "
                               "a language model of 16.8M parameters or more), int8 on "
                               "another CPU with VNNI or with AVX2 (a language model "
-                              "there only where the int8 rows kernel builds), else float32)")
+                              f"there only where the int8 rows kernel builds), else float32{note})")
 
 
 SEARCH_BATCH_TOKENS = 4096        # a search's tokens per batch, unless told
@@ -116,7 +117,8 @@ def add_search_options(command: argparse.ArgumentParser, *, classifies: bool = F
                               f"{SEARCH_BATCH_TOKENS}{classifier})")
     command.add_argument("--batch-sentences", type=non_negative_int, default=0,
                          help="at most this many lines per batch (0: no cap)")
-    add_dtype_option(command)
+    scored = "; evaluate scores a language model in float32 unless a type is named"
+    add_dtype_option(command, scored if classifies else "")
     command.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
                          help="KV-cache type (default: --dtype's); int8 quantizes it per "
                               "token and head, int4 per group of 32 values, two per byte")

@@ -29,7 +29,7 @@ import numpy as np
 import sacrebleu
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from transduce import atomic
 from transduce.data.batching import TokenBatcher
@@ -160,7 +160,8 @@ def _batch_nll(model: DecoderOnly | OnnxLanguageModel, tokens: Tensor, keep: Ten
         logits = model.logits(tokens[:, :-1])                               # (B, T, V)
         return F.cross_entropy(logits[keep], tokens[:, 1:][keep], reduction="none")
     hidden = model(tokens[:, :-1], project=False)                          # (B, T, C)
-    return _token_nll(hidden[keep], model.output_proj.weight, tokens[:, 1:][keep])
+    return _token_nll(hidden[keep], model.output_proj, model.config.tgt_vocab_size,
+                      tokens[:, 1:][keep])
 
 
 def _check_language_pair(translator: Translator, data_dir: Path) -> None:
@@ -174,22 +175,24 @@ def _check_language_pair(translator: Translator, data_dir: Path) -> None:
                       stacklevel=3)
 
 
-def _token_nll(rows: Tensor, weight: Tensor, target: Tensor) -> Tensor:
-    """-log p(target) of each row: rows (N, C) @ weight (V, C)^T a chunk of rows at a time,
-    so the (N, V) logits never exist at once -> (N,) float32."""
-    chunk = max(1, SCORE_CHUNK_ELEMENTS // weight.shape[0])
-    parts = [F.cross_entropy((rows[i:i + chunk] @ weight.T).float(), target[i:i + chunk],
+def _token_nll(rows: Tensor, project: nn.Module, vocab: int, target: Tensor) -> Tensor:
+    """-log p(target) of each row: rows (N, C) projected to (N, V) logits a chunk of rows
+    at a time, so they never exist at once (project: the model's output projection, a
+    decoding copy's too) -> (N,) float32."""
+    chunk = max(1, SCORE_CHUNK_ELEMENTS // vocab)
+    parts = [F.cross_entropy(project(rows[i:i + chunk]).float(), target[i:i + chunk],
                              reduction="none") for i in range(0, rows.shape[0], chunk)]
     return torch.cat(parts) if parts else rows.new_zeros(0, dtype=torch.float32)
 
 
 def evaluate_language_model(model: DecoderOnly | OnnxLanguageModel, tokenizer: TextTokenizer,
                             data_dir: Path, split: str, out_prefix: Path, *,
-                            batch_tokens: int = 4096,
-                            device: torch.device | str = "cpu") -> dict:
+                            batch_tokens: int = 4096, device: torch.device | str = "cpu",
+                            dtype: str = "float32") -> dict:
     """Perplexity per piece and per word of the lines of a text split ({split}.txt),
     written to OUT.json. Lines longer than the model reads (max_positions, bos
-    included) are left out and counted: the figures cover the lines scored."""
+    included) are left out and counted: the figures cover the lines scored. dtype: the
+    type `model` (a decoding copy, model/packed.py) decodes in, recorded."""
     corpus = read_text_split(data_dir, split)
     ids = [np.asarray(x, dtype=np.int64) for x in tokenizer.encode(corpus.lines)]
     limit = model.config.max_positions
@@ -205,7 +208,8 @@ def evaluate_language_model(model: DecoderOnly | OnnxLanguageModel, tokenizer: T
     total, pieces = float(scores.nll.sum()), int(scores.pieces.sum())
     words = sum(len(corpus.lines[i].split()) + 1 for i in fits)
     result = {
-        "split": split, "file": str(corpus.path), "lines": len(fits), "pieces": pieces,
+        "split": split, "file": str(corpus.path), "dtype": dtype, "lines": len(fits),
+        "pieces": pieces,
         "words": words, "nll": total, "loss_per_piece": total / pieces,
         "perplexity_per_piece": math.exp(min(total / pieces, 700.0)),
         "perplexity_per_word": math.exp(min(total / words, 700.0)),
