@@ -72,6 +72,35 @@ def test_the_formula_is_the_float64_reference_s_row_by_row():
         torch.testing.assert_close(got[row].double(), want, rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("places", [1, 3, 6])
+def test_a_drafted_place_is_penalized_as_if_the_draft_before_it_had_been_generated(places):
+    """drafted(logits, draft): place i (the last after the whole draft) equals the
+    penalties after recording the draft's tokens before it one by one; extend() records
+    as record() does."""
+    torch.manual_seed(2)
+    vocab = 30
+    options = GenerateOptions(repetition_penalty=1.6, frequency_penalty=0.7,
+                              presence_penalty=-0.4, logit_bias={4: 1.5, 9: -2.0})
+    prompt, output, draft = [1, 4, 4], [9, 2, 2], [2, 5, 2, 9, 5]
+    penalties = Penalties(1, vocab, "cpu")
+    penalties.start(0, [prompt], [options])
+    penalties.extend(output)
+    logits = torch.randn(places, vocab) * 3
+    got = penalties.drafted(logits, draft)
+    for place in range(places):
+        before = draft[:len(draft) - places + 1 + place]
+        want = reference(logits[place], prompt, output + before, options)
+        torch.testing.assert_close(got[place].double(), want, rtol=1e-6, atol=1e-5)
+        one_by_one = Penalties(1, vocab, "cpu")
+        one_by_one.start(0, [prompt], [options])
+        for token in output + before:
+            one_by_one.record(torch.tensor([token]))
+        torch.testing.assert_close(got[place:place + 1], one_by_one(logits[place:place + 1]),
+                                   rtol=0, atol=0)
+    assert torch.equal(penalties.counts[0].nonzero()[:, 0], torch.tensor([2, 9]))
+    assert penalties.counts[0, 2] == 2
+
+
 @pytest.mark.parametrize("settings", [
     {"frequency_penalty": 1.5}, {"presence_penalty": 2.0},
     {"frequency_penalty": 0.6, "presence_penalty": 0.6, "repetition_penalty": 1.3,
@@ -121,7 +150,6 @@ def test_a_bias_of_minus_100_bans_a_token_and_plus_100_forces_it(generator):
     ({"logit_bias": [5]}, r"logit_bias=\[5\]: must map token ids"),
     ({"logit_bias": "5"}, r"logit_bias='5': must map token ids"),
     ({"beam": 2, "frequency_penalty": 0.5}, "beam search .* no temperature, penalties"),
-    ({"prompt_lookup": 3, "logit_bias": {5: 1.0}}, "no penalties or logit_bias"),
 ])
 def test_out_of_range_penalties_and_biases_are_refused_naming_them(settings, match):
     with pytest.raises(ConfigError, match=match):

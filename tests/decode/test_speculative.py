@@ -2,8 +2,8 @@
 n-gram index drafts what followed the latest earlier occurrence) or by a draft model: a
 step keeps the drafted tokens greedy search confirms, and generation gives greedy
 search's output for every cache, layout and limit, with drafts both kept and rejected
-along the way; a cache that cannot rewind, beam search, a repetition penalty and a
-draft of another tokenizer are refused (sampling: test_speculative_sampling.py)."""
+along the way, penalized or not; a cache that cannot rewind, beam search and a draft of
+another tokenizer are refused (sampling: test_speculative_sampling.py)."""
 
 import pytest
 import torch
@@ -37,6 +37,17 @@ def language_model(tokenizer, name="gpt-tiny", seed=0, **changes):
     return build_model(preset(name, src_vocab_size=tokenizer.vocab_size,
                               tgt_vocab_size=tokenizer.vocab_size, max_positions=64,
                               **changes)).eval()
+
+
+def noisy_copy(tokenizer):
+    """language_model() with noise added to its weights: a draft model that agrees with
+    it now and then."""
+    noisy = language_model(tokenizer)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for parameter in noisy.parameters():
+            parameter.add_(0.3 * parameter.std() * torch.randn_like(parameter))
+    return noisy
 
 
 def test_the_index_drafts_what_followed_the_latest_earlier_occurrence():
@@ -108,18 +119,46 @@ def test_generation_is_greedy_search_s_for_every_draft_length(tokenizer, name, c
 
 
 @pytest.mark.parametrize("draft_by", ["prompt lookup", "draft model"])
+@pytest.mark.parametrize("settings", [
+    {"repetition_penalty": 1.4}, {"frequency_penalty": 0.4}, {"presence_penalty": 0.5},
+    {"repetition_penalty": 0.8, "frequency_penalty": -0.5, "logit_bias": {7: 2.0, 30: -4.0}},
+])
+def test_penalized_generation_is_penalized_greedy_search_s(tokenizer, draft_by, settings):
+    """Each drafted place's logits are penalized as if the drafted tokens before it had
+    been generated: the output is the undrafted search's, token for token, with drafts
+    kept and rejected along the way (the penalties change what is generated)."""
+    draft = Generator(noisy_copy(tokenizer), tokenizer)
+    generator = Generator(language_model(tokenizer), tokenizer, draft=draft)
+    options = GenerateOptions(max_new_tokens=30, **settings)
+    greedy = generator.generate_rows(PROMPTS, options)
+    assert [row.tokens for row in greedy] != \
+        [row.tokens for row in generator.generate_rows(PROMPTS, max_new_tokens=30)]
+    name = "prompt_lookup" if draft_by == "prompt lookup" else "draft_tokens"
+    for drafts in (1, 4):
+        drafted = generator.generate_rows(PROMPTS, options.replace(**{name: drafts}))
+        assert [row.tokens for row in drafted] == [row.tokens for row in greedy]
+    kept = total = 0
+    for ids in generator.encode(PROMPTS):
+        row = generator.continuation(ids, options)
+        penalties = generator._penalties([ids], options)
+        drafter = NgramIndex(ids) if draft_by == "prompt lookup" else \
+            DraftModel(draft.model, ids, row.limit + 5, penalties=penalties)
+        with torch.inference_mode():
+            for step_drafted, step_kept in speculative_steps(
+                    generator.model, torch.tensor([ids]), row, drafter, 4,
+                    penalties=penalties):
+                kept, total = kept + step_kept, total + step_drafted
+    assert 0 < kept < total
+
+
+@pytest.mark.parametrize("draft_by", ["prompt lookup", "draft model"])
 def test_steps_keep_some_drafts_and_reject_others(tokenizer, draft_by):
     """The random model's continuations repeat themselves, so prompt lookup finds drafts,
     and a copy of it with noise added to its weights agrees with it now and then: some
     drafts are kept, some rejected (the caches of both models rewound), and fewer steps
     than tokens are taken."""
     generator = Generator(language_model(tokenizer), tokenizer)
-    noisy = language_model(tokenizer)
-    torch.manual_seed(5)
-    with torch.no_grad():
-        for parameter in noisy.parameters():
-            parameter.add_(0.3 * parameter.std() * torch.randn_like(parameter))
-    draft = Generator(noisy, tokenizer)
+    draft = Generator(noisy_copy(tokenizer), tokenizer)
     options = GenerateOptions(max_new_tokens=40)
     drafted = kept = steps = tokens = 0
     for ids in generator.encode(PROMPTS):
@@ -153,7 +192,6 @@ def test_limits_stops_and_streams_are_greedy_search_s(tokenizer):
 @pytest.mark.parametrize("name", ["prompt_lookup", "draft_tokens"])
 @pytest.mark.parametrize("settings,match", [
     ({"beam": 2}, "=4: drafted tokens speed up greedy search and sampling"),
-    ({"repetition_penalty": 1.2}, "=4: drafted tokens speed up greedy search and sampling"),
     ({"@": -1}, "=-1: must be an integer >= 0"),
     ({"@": 2.5}, "=2.5: must be an integer >= 0"),
 ])
@@ -223,8 +261,8 @@ def test_a_draft_model_that_is_the_model_has_every_draft_kept(tokenizer):
     assert row.tokens == generator.generate_rows([PromptIds(ids)], max_new_tokens=30)[0].tokens
 
 
-def test_the_cli_prints_greedy_search_s_lines_and_refuses_a_repetition_penalty(
-        tokenizer, tiny_corpus, tmp_path, capsys):
+def test_the_cli_prints_greedy_search_s_lines_penalized_or_not(tokenizer, tiny_corpus,
+                                                               tmp_path, capsys):
     from transduce import checkpoint
 
     checkpoint.save(tmp_path / "lm", language_model(tokenizer), None, tiny_corpus / "spm.model")
@@ -237,8 +275,16 @@ def test_the_cli_prints_greedy_search_s_lines_and_refuses_a_repetition_penalty(
                      "--prompt", PROMPTS[1], "--max-new-tokens", "20", *extra]) == 0
         lines.append(capsys.readouterr().out)
     assert lines[1:] == lines[:1] * 3 and lines[0].count("\n") == 2
+    penalized = []
+    for extra in ([], ["--prompt-lookup", "5"], ["--draft-model", str(tmp_path / "draft")]):
+        assert main(["generate", "--model", str(tmp_path / "lm"), "--prompt", PROMPTS[0],
+                     "--max-new-tokens", "20", "--repetition-penalty", "1.3",
+                     "--presence-penalty", "0.5", *extra]) == 0
+        penalized.append(capsys.readouterr().out)
+    assert penalized[1:] == penalized[:1] * 2
+    assert penalized[0] != lines[0].splitlines(keepends=True)[0]     # the penalties told
     assert main(["generate", "--model", str(tmp_path / "lm"), "--prompt", "uno",
-                 "--prompt-lookup", "5", "--repetition-penalty", "1.3"]) == 2
+                 "--prompt-lookup", "5", "--beam", "2"]) == 2
     assert "drafted tokens speed up greedy search and sampling" in capsys.readouterr().err
     assert main(["generate", "--model", str(tmp_path / "lm"), "--prompt", "uno",
                  "--draft-tokens", "3"]) == 2

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
+    from transduce.decode.penalties import Penalties
     from transduce.decode.sampling import Sampler
 
 
@@ -26,12 +27,15 @@ class DraftModel:
     def __init__(self, model, tokens: list[int], room: int,
                  cache_dtype: torch.dtype | None = None,
                  device: torch.device | str = "cpu", sampler: "Sampler | None" = None,
-                 sampler_row: int = 0):
+                 sampler_row: int = 0, penalties: "Penalties | None" = None):
         """tokens: the prompt; room: tokens the sequence may grow by, drafts included;
         sampler: draws the drafts (None: greedy) from its generator of row
-        `sampler_row`."""
+        `sampler_row`; penalties: the search's (row 0 holding the tokens it has kept),
+        applied to the draft's logits too, so that it guesses what the search will
+        choose."""
         self.model, self.device = model, device
         self.sampler, self.sampler_row = sampler, sampler_row
+        self.penalties = penalties
         self.distributions: Tensor | None = None
         self.tokens = list(tokens)
         self.context = model.config.max_positions
@@ -62,6 +66,9 @@ class DraftModel:
         for _ in range(count):
             logits = self.model.decode_step(torch.tensor([fed], device=self.device),
                                             self.state)[0, -1:].float()      # (1, V)
+            if self.penalties is not None:
+                logits = self.penalties.drafted(logits.to(self.penalties.counts.device),
+                                                drafted).to(logits.device)
             self.cached.extend(fed)
             if self.sampler is None:
                 fed = [int(logits.argmax())]

@@ -408,11 +408,8 @@ class Generator:
         prompt, mask, max_new, rows = self._prepare(ids, options)
         self.check_logit_bias(options)
         if not options.drafts:
-            penalties = None
-            if options.penalized:
-                penalties = Penalties(len(ids), self.model.config.tgt_vocab_size, self.device)
-                penalties.start(0, ids, [options] * len(ids))
-            yield from self._steps(prompt, mask, rows, max_new, penalties, sampler)
+            yield from self._steps(prompt, mask, rows, max_new, self._penalties(ids, options),
+                                   sampler)
             return
         if options.draft_tokens and self.draft is None:
             raise ConfigError("draft_tokens drafts with a draft model, and this Generator "
@@ -420,21 +417,33 @@ class Generator:
                               "by prompt_lookup")
         _check_rewinds(self.model, "the model")
         for index, (row_ids, row) in enumerate(zip(ids, rows)):
+            penalties = self._penalties([row_ids], options)
+            drafter = self._drafter(row_ids, row, options, sampler, index, penalties)
             with torch.inference_mode():
                 for _ in speculative_steps(self.model,
                                            torch.tensor([row_ids], device=self.device), row,
-                                           self._drafter(row_ids, row, options, sampler, index),
-                                           options.drafts, self.cache_dtype, sampler, index):
+                                           drafter, options.drafts, self.cache_dtype, sampler,
+                                           index, penalties):
                     yield rows
 
+    def _penalties(self, ids: list[list[int]], options: GenerateOptions) -> Penalties | None:
+        """What changes the logits of prompts `ids`' rows (None where nothing does)."""
+        if not options.penalized:
+            return None
+        penalties = Penalties(len(ids), self.model.config.tgt_vocab_size, self.device)
+        penalties.start(0, ids, [options] * len(ids))
+        return penalties
+
     def _drafter(self, ids: list[int], row: Continuation, options: GenerateOptions,
-                 sampler: Sampler | None, index: int) -> Drafter:
+                 sampler: Sampler | None, index: int, penalties: Penalties | None) -> Drafter:
         """What drafts a prompt's tokens: its n-gram index, or the draft model (sampling
-        from the prompt's generator, `sampler`'s row `index`, where the model samples)."""
+        from the prompt's generator, `sampler`'s row `index`, where the model samples;
+        its logits changed by the search's penalties)."""
         if options.prompt_lookup:
             return NgramIndex(ids)
         return DraftModel(self.draft.model, ids, row.limit + options.drafts + 1,
-                          self.draft.cache_dtype, self.draft.device, sampler, index)
+                          self.draft.cache_dtype, self.draft.device, sampler, index,
+                          penalties)
 
     def _steps(self, prompt: Tensor, mask: Tensor, rows: list[Continuation], max_new: int,
                penalties: Penalties | None, sampler: Sampler | None

@@ -221,17 +221,16 @@ class GenerateOptions(ValidatedConfig):
 
     def _check_drafts(self) -> None:
         """Drafts (prompt lookup's or a draft model's, not both) serve greedy search and
-        sampling, one token a step at a time."""
+        sampling, one token a step at a time, penalized or not."""
         if self.prompt_lookup and self.draft_tokens:
             raise ConfigError(f"GenerateOptions.prompt_lookup={self.prompt_lookup} and "
                               f"draft_tokens={self.draft_tokens}: drafts come from prompt "
                               f"lookup or from a draft model; choose one")
         name = "prompt_lookup" if self.prompt_lookup else "draft_tokens"
-        if getattr(self, name) and (self.beam > 1 or self.penalized):
+        if getattr(self, name) and self.beam > 1:
             raise ConfigError(f"GenerateOptions.{name}={getattr(self, name)}: drafted tokens "
-                              f"speed up greedy search and sampling (beam 1, no penalties "
-                              f"or logit_bias); a draft is kept only where they would "
-                              f"choose it")
+                              f"speed up greedy search and sampling (beam 1); a draft is "
+                              f"kept only where they would choose it")
 
     @property
     def drafts(self) -> int:

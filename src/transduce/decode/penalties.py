@@ -58,17 +58,34 @@ class Penalties:
     def __call__(self, logits: Tensor) -> Tensor:
         """logits (R', V) of the first R' rows -> the changed logits (R', V) float32."""
         count = logits.shape[0]
-        repetition, frequency, presence = self.penalties[:count].unbind(dim=-1)
-        counts = self.counts[:count]
-        logits = penalize_repetition(logits.float(), self.seen[:count], repetition[:, None])
-        return (logits - counts * frequency[:, None]
-                - (counts > 0).float() * presence[:, None] + self.bias[:count])
+        return _changed(logits, self.seen[:count], self.counts[:count],
+                        self.penalties[:count], self.bias[:count])
+
+    def drafted(self, logits: Tensor, draft: Sequence[int]) -> Tensor:
+        """Row 0's logits at the last places of a drafted sequence, each changed as if
+        the drafted tokens before it had been generated (a speculative search's step:
+        decode/speculative.py). logits (P, V): the last place after all of `draft`, so
+        place i after draft[:len(draft) - P + 1 + i] -> (P, V) float32."""
+        places, vocab = logits.shape
+        drafted = torch.zeros(len(draft) + 1, vocab, device=self.counts.device)  # (D + 1, V)
+        if draft:
+            tokens = torch.tensor(list(draft), device=drafted.device)
+            drafted[torch.arange(1, len(draft) + 1, device=drafted.device), tokens] = 1.0
+        before = drafted.cumsum(dim=0)[-places:]          # (P, V): drafted before each place
+        return _changed(logits, self.seen[:1] | (before > 0), self.counts[:1] + before,
+                        self.penalties[:1].expand(places, -1), self.bias[:1])
 
     def record(self, tokens: Tensor) -> None:
         """The first R' rows generated tokens (R',): seen, and counted."""
         rows = torch.arange(len(tokens), device=tokens.device)
         self.seen[rows, tokens] = True
         self.counts[rows, tokens] += 1
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Row 0 generated `tokens`, in order (a speculative step's)."""
+        ids = torch.tensor(list(tokens), device=self.counts.device)
+        self.seen[0, ids] = True
+        self.counts[0].index_add_(0, ids, torch.ones(len(ids), device=ids.device))
 
     def select(self, index: Tensor) -> None:
         """Keep rows `index` (R',), in that order: a static batch's running rows."""
@@ -90,3 +107,13 @@ class Penalties:
                 if name == "penalties":
                     new[old.shape[0]:] = OFF.to(new.device)
                 setattr(self, name, new)
+
+
+def _changed(logits: Tensor, seen: Tensor, counts: Tensor, penalties: Tensor,
+             bias: Tensor) -> Tensor:
+    """The module's formula: logits (R, V), seen (R, V) boolean, counts (R, V), penalties
+    (R, 3) (repetition, frequency, presence), bias (R, V) or (1, V) -> (R, V) float32."""
+    repetition, frequency, presence = penalties.unbind(dim=-1)
+    logits = penalize_repetition(logits.float(), seen, repetition[:, None])
+    return (logits - counts * frequency[:, None] - (counts > 0).float() * presence[:, None]
+            + bias)

@@ -14,7 +14,9 @@ choice there, and takes the model's choice at that place too: the output is gree
 search's. (Up to rounding: positions computed together may sum in another order than
 one at a time, which can turn a near tie, as batching prompts can; equal token for
 token on random models in float32 and int8 (tests) and on trained ones
-(bench/lookup.py).)
+(bench/lookup.py).) Penalties and a logit bias (penalties.py) change the logits at each
+place as if the drafted tokens before it had been generated, so the choices checked are
+those the search makes without drafts.
 
 Sampling keeps drafted token x, drawn from the drafter's distribution q, with
 probability min(1, p(x) / q(x)), p the model's sampling distribution there (after
@@ -36,6 +38,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from transduce.decode.generate import Continuation
+    from transduce.decode.penalties import Penalties
     from transduce.decode.sampling import Sampler
 
 
@@ -96,13 +99,15 @@ def sampled_verified(draft: list[int], distributions: Tensor | None, logits: Ten
 
 def speculative_steps(model, prompt: Tensor, row: "Continuation", drafter: Drafter,
                       drafts: int, cache_dtype: torch.dtype | None = None,
-                      sampler: "Sampler | None" = None, sampler_row: int = 0
-                      ) -> Iterator[tuple[int, int]]:
+                      sampler: "Sampler | None" = None, sampler_row: int = 0,
+                      penalties: "Penalties | None" = None) -> Iterator[tuple[int, int]]:
     """Greedy search (sampler None) or sampling (by `sampler`'s row `sampler_row`) of one
     prompt (1, P) with up to `drafts` tokens a step guessed by `drafter` (which has read
     the prompt); `row` takes the tokens (and ends at eos, a stop or its limit). model: a
-    DecoderOnly or an ONNX export (prefill, decode_step, a state that rewinds). Yields
-    after each step how many tokens it drafted and how many of them it kept."""
+    DecoderOnly or an ONNX export (prefill, decode_step, a state that rewinds).
+    penalties: what changes the logits (row 0 started with the prompt; None: nothing),
+    at each place as if the drafted tokens before it had been generated. Yields after
+    each step how many tokens it drafted and how many of them it kept."""
     state = model.prefill(prompt, row.limit + drafts + 1, cache_dtype=cache_dtype)
     token = int(prompt[0, -1])
     while not row.finished:
@@ -110,8 +115,12 @@ def speculative_steps(model, prompt: Tensor, row: "Continuation", drafter: Draft
         start = state.length
         fed = torch.tensor([[token, *draft]], device=prompt.device)         # (1, 1 + d)
         logits = model.decode_step(fed, state)[0].float()                   # (1 + d, V)
+        if penalties is not None:
+            logits = penalties.drafted(logits, draft)
         new = greedy_verified(draft, logits) if sampler is None else \
             sampled_verified(draft, drafter.distributions, logits, sampler, sampler_row)
+        if penalties is not None:
+            penalties.extend(new)
         state.rewind(start + len(new))
         for value in new:
             row.add(value)
