@@ -16,7 +16,9 @@ K tokens a step for each K of --drafts, and prompt lookup with K = --modules who
 of several tokens run through the model's modules instead of the written-out decoder
 step (model/decoder_step.py, MAX_STEP_TOKENS; what it ran before the step took them),
 and with --draft-model, a smaller language model of the same tokenizer drafting K tokens
-a step for each K of --drafts. All count generated tokens per second, the
+a step for each K of --drafts; each speculative side once for each --schedules (a
+constant K, or adaptive: fewer drafts after a rejection, speculative.DraftLength). All
+count generated tokens per second, the
 median of --repeats interleaved rounds, and every side's tokens are checked to be
 greedy search's. For each side: the model's passes (decode steps) per generated token,
 and for prompt lookup the share of its drafted tokens kept.
@@ -72,6 +74,11 @@ def prompts_of(kind: str, lines: list[str], tokenizer, args: argparse.Namespace
     return prompts
 
 
+def named(schedule: str) -> str:
+    """A side's name's mention of its draft schedule (none for the constant K)."""
+    return "" if schedule == "constant" else f", {schedule}"
+
+
 class CountedSteps:
     """The model's decode_step, counting its calls (not the draft model's) and, inside a
     speculative search, the drafted and kept tokens (speculative.greedy_verified and
@@ -106,14 +113,17 @@ def compare(kind: str, prompts: list[PromptIds], generator: Generator, counter: 
     alone = f"{mode}, one prompt at a time"
     sides = {alone: GenerateOptions(batch_sentences=1),
              f"{mode}, batches of {args.batch}": GenerateOptions(batch_sentences=args.batch),
-             **{f"prompt lookup, K = {k}": GenerateOptions(prompt_lookup=k)
-                for k in args.drafts}}
+             **{f"prompt lookup, K = {k}{named(schedule)}":
+                GenerateOptions(prompt_lookup=k, draft_schedule=schedule)
+                for k in args.drafts for schedule in args.schedules}}
     modules = f"prompt lookup, K = {args.modules}, steps through the modules"
     if args.modules:
-        sides[modules] = GenerateOptions(prompt_lookup=args.modules)
+        sides[modules] = GenerateOptions(prompt_lookup=args.modules,
+                                         draft_schedule=args.schedules[0])
     if args.draft_model:
-        sides.update({f"draft model, K = {k}": GenerateOptions(draft_tokens=k)
-                      for k in args.drafts})
+        sides.update({f"draft model, K = {k}{named(schedule)}":
+                      GenerateOptions(draft_tokens=k, draft_schedule=schedule)
+                      for k in args.drafts for schedule in args.schedules})
     sides = {name: dataclasses.replace(options, max_new_tokens=args.new_tokens,
                                        temperature=args.temperature, top_p=args.top_p, seed=0)
              for name, options in sides.items()}
@@ -167,6 +177,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--drafts", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--schedules", nargs="+", choices=("constant", "adaptive"),
+                        default=["constant", "adaptive"],
+                        help="draft schedules of the speculative sides (the first: --modules')")
     parser.add_argument("--modules", type=int, default=4,
                         help="K of the side whose steps run through the modules (0: none)")
     parser.add_argument("--dtype", default="float32")

@@ -17,7 +17,7 @@ from transduce.decode.continuous_generation import ContinuousGeneration
 from transduce.decode.generate import Generator, PromptIds
 from transduce.decode.draft_model import DraftModel
 from transduce.decode.lookup import NgramIndex
-from transduce.decode.speculative import accepted, speculative_steps
+from transduce.decode.speculative import DraftLength, accepted, speculative_steps
 from transduce.decode.options import GenerateOptions
 from transduce.model import build_model
 from transduce.model import int8 as int8_module
@@ -176,6 +176,44 @@ def test_steps_keep_some_drafts_and_reject_others(tokenizer, draft_by):
     assert steps < tokens
 
 
+def test_an_adaptive_schedule_drafts_fewer_after_a_rejection_more_after_a_whole_draft():
+    constant, adaptive = DraftLength(5, adaptive=False), DraftLength(5, adaptive=True)
+    counts = []
+    for drafted, kept in [(5, 2), (4, 4), (5, 0), (4, 1), (3, 0), (2, 0), (1, 0), (0, 0),
+                          (1, 1), (3, 3), (5, 5)]:
+        for length in (constant, adaptive):
+            length.update(drafted, kept)
+        counts.append(adaptive.count)
+        assert constant.count == 5
+    assert counts == [4, 5, 4, 3, 2, 1, 1, 1, 3, 5, 5]    # no draft (lookup found none): kept
+
+
+@pytest.mark.parametrize("draft_by", ["prompt lookup", "draft model"])
+def test_an_adaptive_schedule_gives_greedy_search_s_output(tokenizer, draft_by):
+    """The drafter is asked for fewer tokens after rejections (never more than K, never
+    none), and the output stays greedy search's."""
+    draft = Generator(noisy_copy(tokenizer), tokenizer)
+    generator = Generator(language_model(tokenizer), tokenizer, draft=draft)
+    greedy = generator.generate_rows(PROMPTS, max_new_tokens=30)
+    name = "prompt_lookup" if draft_by == "prompt lookup" else "draft_tokens"
+    adaptive = generator.generate_rows(PROMPTS, max_new_tokens=30, draft_schedule="adaptive",
+                                       **{name: 6})
+    assert [row.tokens for row in adaptive] == [row.tokens for row in greedy]
+    asked = []
+    for ids in generator.encode(PROMPTS):
+        row = generator.continuation(ids, GenerateOptions(max_new_tokens=30))
+        drafter = NgramIndex(ids) if draft_by == "prompt lookup" else \
+            DraftModel(draft.model, ids, row.limit + 7)
+        draft_of = drafter.draft
+        drafter.draft = lambda count, draft_of=draft_of: asked.append(count) or draft_of(count)
+        with torch.inference_mode():
+            for _ in speculative_steps(generator.model, torch.tensor([ids]), row, drafter, 6,
+                                       adaptive=True):
+                pass
+    limited = [count for count in asked if count < 6]
+    assert limited and max(asked) == 6 and min(asked) >= 0
+
+
 def test_limits_stops_and_streams_are_greedy_search_s(tokenizer):
     generator = Generator(language_model(tokenizer), tokenizer)
     for settings in ({"max_new_tokens": 1}, {"max_new_tokens": 7}, {"stop": ("o",)},
@@ -201,6 +239,9 @@ def test_what_a_speculative_search_cannot_do_is_refused_naming_it(name, settings
         GenerateOptions(**{name: 4, **settings})
     with pytest.raises(ConfigError, match="from prompt lookup or from a draft model; choose"):
         GenerateOptions(prompt_lookup=2, draft_tokens=3)
+    with pytest.raises(ConfigError, match="draft_schedule='fast': choose one of adaptive, "
+                                          "constant"):
+        GenerateOptions(**{name: 4}, draft_schedule="fast")
 
 
 @pytest.mark.parametrize("changes", [{"attention_type": "sliding", "attention_window": 4},

@@ -45,6 +45,7 @@ def chat_command(args: argparse.Namespace) -> int:
         top_p=args.top_p, min_p=args.min_p, seed=args.seed,
         repetition_penalty=args.repetition_penalty,
         stop=tuple(args.stop), prompt_lookup=args.prompt_lookup, draft_tokens=draft_tokens,
+        draft_schedule=args.draft_schedule,
         **penalty_settings(args))
     generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                engine=args.engine, draft=draft)

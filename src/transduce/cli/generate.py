@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 from transduce.cli.options import add_dtype_option, add_engine_option, fraction, \
     non_negative_float, non_negative_int, positive_int, sampling_seed
 from transduce.config import ConfigError, choices
-from transduce.decode.options import KvDtype
+from transduce.decode.options import DraftSchedule, KvDtype
 
 if TYPE_CHECKING:
     from transduce.data.chat import Chat, Message
@@ -94,6 +94,10 @@ def add_sampling_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--draft-tokens", type=non_negative_int, default=None, metavar="K",
                          help=f"with --draft-model: tokens it drafts a step (default "
                               f"{DRAFT_TOKENS})")
+    command.add_argument("--draft-schedule", default="constant", choices=choices(DraftSchedule),
+                         help="constant: K drafted tokens a step; adaptive: one fewer after "
+                              "a step that rejected one, two more after a step that kept "
+                              "all, within 1..K")
 
 
 def draft_settings(args: argparse.Namespace) -> tuple[Path | None, int]:
@@ -144,7 +148,7 @@ def generate_command(args: argparse.Namespace) -> int:
         repetition_penalty=args.repetition_penalty,
         stop=tuple(args.stop), beam=args.beam, alpha=args.alpha,
         batch_sentences=args.batch_sentences, prompt_lookup=args.prompt_lookup,
-        draft_tokens=draft_tokens, **penalty_settings(args))
+        draft_tokens=draft_tokens, draft_schedule=args.draft_schedule, **penalty_settings(args))
     generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                engine=args.engine, draft=draft)
     if args.chat:

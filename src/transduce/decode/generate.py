@@ -423,7 +423,8 @@ class Generator:
                 for _ in speculative_steps(self.model,
                                            torch.tensor([row_ids], device=self.device), row,
                                            drafter, options.drafts, self.cache_dtype, sampler,
-                                           index, penalties):
+                                           index, penalties,
+                                           options.draft_schedule == "adaptive"):
                     yield rows
 
     def _penalties(self, ids: list[list[int]], options: GenerateOptions) -> Penalties | None:

@@ -21,6 +21,9 @@ KvDtype = Literal["float32", "bfloat16", "int8", "int4"]
 # weights but the widest products in int8 (model/int8.py).
 DecodeDtype = Literal["auto", "float32", "bfloat16", "int8"]
 
+# How many tokens a speculative search drafts a step (speculative.DraftLength).
+DraftSchedule = Literal["adaptive", "constant"]
+
 # What runs a model: auto is ONNX Runtime for an ONNX export, PyTorch for a checkpoint.
 Engine = Literal["auto", "torch", "onnxruntime"]
 
@@ -140,7 +143,9 @@ class GenerateOptions(ValidatedConfig):
     latest earlier occurrence of its last few tokens, and keeps those the model confirms
     in one pass; draft_tokens K > 0: the same with K tokens drafted by the Generator's
     draft model (decode/speculative.py: greedy search's output, or a sample of sampling's
-    distribution, each prompt generated alone)."""
+    distribution, each prompt generated alone); draft_schedule: "adaptive" drafts fewer
+    tokens after a step that rejected one and more after one that kept all, within 1..K
+    (speculative.DraftLength), "constant" K every step."""
 
     max_new_tokens: int = 64
     temperature: float = 0.0
@@ -155,6 +160,7 @@ class GenerateOptions(ValidatedConfig):
     batch_sentences: int = 8
     prompt_lookup: int = 0
     draft_tokens: int = 0
+    draft_schedule: DraftSchedule = "constant"
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] | None = None
@@ -168,6 +174,9 @@ class GenerateOptions(ValidatedConfig):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"GenerateOptions.{name}={value!r}: must be an integer >= 0 "
                                   f"(0: off)")
+        if self.draft_schedule not in choices(DraftSchedule):
+            raise ConfigError(f"GenerateOptions.draft_schedule={self.draft_schedule!r}: choose "
+                              f"one of {', '.join(choices(DraftSchedule))}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"GenerateOptions.top_p={self.top_p}: must be in (0, 1]")
         if not 0 <= self.min_p <= 1:

@@ -97,21 +97,41 @@ def sampled_verified(draft: list[int], distributions: Tensor | None, logits: Ten
     return draft + [int(sampler.draw(sampler.weights(logits[-1:]), [row])[0])]
 
 
+class DraftLength:
+    """How many tokens the next step drafts: `most` each step (constant), or (adaptive)
+    starting at `most`, one fewer after a step that rejected a drafted token (down to
+    one) and two more after a step that kept a whole draft (up to `most`): a drafter
+    that is often wrong then wastes few positions a step, and one that is right drafts
+    far."""
+
+    def __init__(self, most: int, adaptive: bool):
+        self.most, self.adaptive, self.count = most, adaptive, most
+
+    def update(self, drafted: int, kept: int) -> None:
+        """A step drafted `drafted` tokens and kept `kept` of them."""
+        if self.adaptive and drafted:
+            self.count = min(self.most, self.count + 2) if kept == drafted else \
+                max(1, self.count - 1)
+
+
 def speculative_steps(model, prompt: Tensor, row: "Continuation", drafter: Drafter,
                       drafts: int, cache_dtype: torch.dtype | None = None,
                       sampler: "Sampler | None" = None, sampler_row: int = 0,
-                      penalties: "Penalties | None" = None) -> Iterator[tuple[int, int]]:
+                      penalties: "Penalties | None" = None, adaptive: bool = False
+                      ) -> Iterator[tuple[int, int]]:
     """Greedy search (sampler None) or sampling (by `sampler`'s row `sampler_row`) of one
     prompt (1, P) with up to `drafts` tokens a step guessed by `drafter` (which has read
-    the prompt); `row` takes the tokens (and ends at eos, a stop or its limit). model: a
-    DecoderOnly or an ONNX export (prefill, decode_step, a state that rewinds).
-    penalties: what changes the logits (row 0 started with the prompt; None: nothing),
-    at each place as if the drafted tokens before it had been generated. Yields after
-    each step how many tokens it drafted and how many of them it kept."""
+    the prompt; adaptive: fewer after rejections, DraftLength); `row` takes the tokens
+    (and ends at eos, a stop or its limit). model: a DecoderOnly or an ONNX export
+    (prefill, decode_step, a state that rewinds). penalties: what changes the logits
+    (row 0 started with the prompt; None: nothing), at each place as if the drafted
+    tokens before it had been generated. Yields after each step how many tokens it
+    drafted and how many of them it kept."""
     state = model.prefill(prompt, row.limit + drafts + 1, cache_dtype=cache_dtype)
     token = int(prompt[0, -1])
+    length = DraftLength(drafts, adaptive)
     while not row.finished:
-        draft = drafter.draft(min(drafts, row.limit - len(row.tokens) - 1))
+        draft = drafter.draft(min(length.count, row.limit - len(row.tokens) - 1))
         start = state.length
         fed = torch.tensor([[token, *draft]], device=prompt.device)         # (1, 1 + d)
         logits = model.decode_step(fed, state)[0].float()                   # (1 + d, V)
@@ -128,4 +148,5 @@ def speculative_steps(model, prompt: Tensor, row: "Continuation", drafter: Draft
                 break
         drafter.extend(new)
         token = new[-1]
+        length.update(len(draft), len(new) - 1)
         yield len(draft), len(new) - 1
