@@ -138,6 +138,53 @@ def test_a_peft_adapter_merges_into_our_import(family, settings, tmp_path, capsy
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+@pytest.mark.filterwarnings("ignore:fan_in_fan_out is set to True")
+@pytest.mark.parametrize("family, tied, targets", [
+    ("llama", False, ["q_proj", "lm_head", "embed_tokens"]),
+    ("llama", True, ["q_proj", "lm_head", "embed_tokens"]),
+    ("llama", True, ["embed_tokens"]),
+    ("gpt2", True, ["c_attn", "lm_head", "wte"]),
+    ("gpt2", True, ["c_attn"])])
+def test_an_adapter_on_the_vocabulary_matrices_merges_untied(family, tied, targets, tmp_path):
+    """LoRA on lm_head (a Linear) and on the token embedding (A (r, V), B (d, r)): the
+    merge computes PEFT's model; a tied base comes out untied, each side with its own
+    update, as PEFT computes them."""
+    hf_dir, adapter = tmp_path / "hf", tmp_path / "adapter"
+    (write_llama if family == "llama" else write_gpt2)(hf_dir)
+    if tied and family == "llama":          # as SmolLM2, Qwen2.5 0.5B and Llama 3.2 1B
+        untied = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
+        untied.config.tie_word_embeddings = True
+        untied.lm_head.weight = untied.model.embed_tokens.weight
+        untied.save_pretrained(hf_dir)
+    base = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
+    assert (base.lm_head.weight is base.get_input_embeddings().weight) == tied
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                             fan_in_fan_out=family == "gpt2")
+    theirs = with_drawn_adapters(base, config, adapter)
+    ours = (import_llama if family == "llama" else import_gpt2)(hf_dir, tmp_path / "ours")
+    merged = load_model(import_peft(adapter, ours, tmp_path / "merged"))
+    ids = torch.randint(3, theirs.config.vocab_size, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids), theirs(ids).logits, rtol=1e-4, atol=1e-4)
+    untied = not tied or bool({"lm_head", "embed_tokens", "wte"} & set(targets))
+    assert (merged.output_proj.weight is not merged.decoder.embed.embedding.weight) == untied
+    assert checkpoint.read_configs(tmp_path / "merged")[0].tie_embeddings == \
+        ("none" if untied else "all")
+
+
+def test_a_vocabulary_of_another_size_is_refused_by_name(tmp_path):
+    ours, adapter = handmade(tmp_path, {"target_modules": ["lm_head"]}, {
+        "base_model.model.lm_head.base_layer.weight": torch.zeros(310, 32),
+        "base_model.model.lm_head.lora_A.weight": torch.zeros(2, 32),
+        "base_model.model.lm_head.lora_B.weight": torch.zeros(310, 2)})
+    with pytest.raises(ForeignCheckpointError, match=r"lm_head.base_layer.weight has shape "
+                                                     r"\(310, 32\), the base's \(\d+, 32\) "
+                                                     r"\(a vocabulary of 310 tokens"):
+        import_peft(adapter, ours, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
 def test_export_and_import_are_inverse(counting, tmp_path):  # noqa: F811
     """A LoRA run's adapters exported, then merged into the base again: the run's model."""
     hf_dir = tmp_path / "hf"
@@ -178,11 +225,11 @@ def test_what_a_merge_cannot_compute_is_refused(change, message, tmp_path):
 
 
 def test_an_adapter_on_a_module_we_do_not_adapt_is_refused(tmp_path):
-    ours, adapter = handmade(tmp_path, {"target_modules": ["lm_head"]}, {
-        "base_model.model.lm_head.lora_A.weight": torch.zeros(2, 32),
-        "base_model.model.lm_head.lora_B.weight": torch.zeros(300, 2)})
-    with pytest.raises(ForeignCheckpointError, match="an adapter on lm_head, which is not an "
-                                                     "attention or feed-forward matrix"):
+    ours, adapter = handmade(tmp_path, {"target_modules": ["norm"]}, {
+        "base_model.model.model.norm.lora_A.weight": torch.zeros(2, 32),
+        "base_model.model.model.norm.lora_B.weight": torch.zeros(32, 2)})
+    with pytest.raises(ForeignCheckpointError, match="an adapter on model.norm, which is not "
+                                                     "an attention or feed-forward matrix"):
         import_peft(adapter, ours, tmp_path / "out")
     (adapter / "adapter_model.safetensors").unlink()
     with pytest.raises(ForeignCheckpointError, match="no adapter_model.safetensors"):

@@ -10,9 +10,10 @@ of the layer (importers/peft_layout.py) it sits on, in our layout (Marian's and 
 model dimension permuted back, T5's queries scaled back); GPT-2's c_attn's rows go to q, k
 and v.
 A sequence classifier's head and pooler, trained whole (modules_to_save), replace the
-base's (importers/peft_heads.py). What would compute something else (DoRA, trained
-biases, other modules trained whole, an adapter on a module we do not adapt) is refused
-by name, and nothing is written.
+base's (importers/peft_heads.py); a language model's adapters on lm_head and its token
+embedding go to its output projection and embedding (importers/peft_vocabulary.py). What
+would compute something else (DoRA, trained biases, other modules trained whole, an
+adapter on a module we do not adapt) is refused by name, and nothing is written.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,9 +35,14 @@ from transduce.importers.hf_gpt2 import _read_json
 from transduce.importers.peft_heads import check_modules_to_save, with_heads
 from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, Place,
                                               is_adaptable, place_of, qkv_sizes, residual_order)
+from transduce.importers.peft_vocabulary import VOCABULARY_MODULES, vocabulary_updates
 from transduce.model import load_model
 
 _KEY = re.compile(r"^base_model\.model\.(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
+# An adapted embedding's halves (A (r, V), B (d, r)), and the vocabulary matrices PEFT
+# saves beside an adapter on either (peft_vocabulary.py).
+_EMBEDDING_KEY = re.compile(r"^base_model\.model\.(.+)\.lora_embedding_([AB])(?:\.[^.]+)?$")
+_BASE_LAYER = re.compile(r"^base_model\.model\.(.+)\.base_layer\.weight$")
 _WHOLE = re.compile(r"^base_model\.model\.(.+\.(?:weight|bias))$")   # modules_to_save's
 # Options whose other value computes something a merged LoRA update does not.
 _REFUSED = {"use_dora": False, "bias": "none", "layer_replication": None, "lora_bias": False}
@@ -52,13 +59,21 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
         raise ForeignCheckpointError(f"{base}: arch {arch!r}; a PEFT adapter is merged into a "
                                      f"Transformer")
     check_modules_to_save(settings, arch, adapter_dir / ADAPTER_CONFIG)
-    pairs, whole = _read_tensors(adapter_dir, bool(settings.get("modules_to_save")))
+    tensors = _read_tensors(adapter_dir, bool(settings.get("modules_to_save")))
     model = load_model(base)
-    if whole:
-        model = with_heads(model, whole, adapter_dir / ADAPTER_WEIGHTS)
+    if tensors.whole:
+        model = with_heads(model, tensors.whole, adapter_dir / ADAPTER_WEIGHTS)
+    vocabulary = {module: _scale(settings, module) * (b.double() @ a.double())  # (V, d)
+                  for module, (a, b) in tensors.pairs.items() if module in VOCABULARY_MODULES}
+    vocabulary.update({module: _scale(settings, module) * (b.double() @ a.double()).T
+                       for module, (a, b) in tensors.embeddings.items()})
+    model = vocabulary_updates(model, vocabulary, tensors.base_layers,
+                               adapter_dir / ADAPTER_WEIGHTS)
     layers = _layers_by_module(model)
     order = residual_order(model.config)
-    for module, (a, b) in sorted(pairs.items()):
+    for module, (a, b) in sorted(tensors.pairs.items()):
+        if module in VOCABULARY_MODULES:
+            continue
         delta = _scale(settings, module) * (b.double() @ a.double())         # (out, in)
         _add_update(model.config, _our_layers(layers, module, adapter_dir), delta, order,
                     f"{adapter_dir / ADAPTER_WEIGHTS}: {module}'s update")
@@ -90,10 +105,21 @@ def _read_settings(adapter_dir: Path) -> dict:
     return settings
 
 
-def _read_tensors(adapter_dir: Path, heads: bool
-                  ) -> tuple[dict[str, tuple[Tensor, Tensor]], dict[str, Tensor]]:
-    """From the adapter's weights file: module -> (A (r, in), B (out, r)), and (heads:
-    modules_to_save is set) the weights of modules trained whole by their names."""
+@dataclass
+class AdapterTensors:
+    """An adapter's weights file read: module -> (A (r, in), B (out, r)) of its Linear
+    layers (pairs) and of its embeddings (A (r, V), B (d, r)); the vocabulary matrices
+    saved beside them by module (base_layers); modules_to_save's weights by name."""
+
+    pairs: dict[str, tuple[Tensor, Tensor]]
+    embeddings: dict[str, tuple[Tensor, Tensor]]
+    base_layers: dict[str, Tensor]
+    whole: dict[str, Tensor]
+
+
+def _read_tensors(adapter_dir: Path, heads: bool) -> AdapterTensors:
+    """The adapter's weights file, read (heads: modules_to_save is set); keys of nothing
+    a merge computes are refused by name."""
     file = adapter_dir / ADAPTER_WEIGHTS
     if not file.is_file():
         raise ForeignCheckpointError(f"{adapter_dir}: no {ADAPTER_WEIGHTS} (an adapter saved "
@@ -104,20 +130,38 @@ def _read_tensors(adapter_dir: Path, heads: bool
     except (SafetensorError, OSError) as error:
         raise ForeignCheckpointError(f"{file}: unreadable ({error})") from None
     halves: dict[str, dict[str, Tensor]] = {}
+    embedding_halves: dict[str, dict[str, Tensor]] = {}
+    base_layers: dict[str, Tensor] = {}
     whole: dict[str, Tensor] = {}
     for key, tensor in tensors.items():
-        found, trained = _KEY.match(key), _WHOLE.match(key)
+        found, embedding = _KEY.match(key), _EMBEDDING_KEY.match(key)
+        base_layer, trained = _BASE_LAYER.match(key), _WHOLE.match(key)
         if found is not None:
             halves.setdefault(found[1], {})[found[2]] = tensor
+        elif embedding is not None:
+            embedding_halves.setdefault(embedding[1], {})[embedding[2]] = tensor
+        elif base_layer is not None and base_layer[1] in VOCABULARY_MODULES:
+            base_layers[base_layer[1]] = tensor
         elif heads and trained is not None:
             whole[trained[1]] = tensor
         else:
             raise ForeignCheckpointError(f"{file}: {key} is not a LoRA matrix (lora_A or "
                                          f"lora_B); only LoRA's updates are merged")
+    pairs, embeddings = (_paired(file, found) for found in (halves, embedding_halves))
+    unknown = sorted(set(embeddings) - set(VOCABULARY_MODULES))
+    if unknown:
+        raise ForeignCheckpointError(f"{file}: an adapter on the embedding {unknown[0]}; only a "
+                                     f"language model's token embedding is merged")
+    return AdapterTensors(pairs, embeddings, base_layers, whole)
+
+
+def _paired(file: Path, halves: dict[str, dict[str, Tensor]]
+            ) -> dict[str, tuple[Tensor, Tensor]]:
+    """module -> (A, B), each module's two halves found."""
     unpaired = sorted(module for module, pair in halves.items() if len(pair) != 2)
     if unpaired:
         raise ForeignCheckpointError(f"{file}: {unpaired[0]} has lora_A or lora_B, not both")
-    return {module: (pair["A"], pair["B"]) for module, pair in halves.items()}, whole
+    return {module: (pair["A"], pair["B"]) for module, pair in halves.items()}
 
 
 def _scale(settings: dict, module: str) -> float:
