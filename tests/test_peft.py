@@ -172,12 +172,40 @@ def test_an_adapter_on_the_vocabulary_matrices_merges_untied(family, tied, targe
         ("none" if untied else "all")
 
 
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+@pytest.mark.filterwarnings("ignore:fan_in_fan_out is set to True")
+@pytest.mark.parametrize("family, trained", [("llama", ["lm_head", "embed_tokens"]),
+                                             ("gpt2", ["lm_head"]), ("gpt2", ["wte"])])
+def test_vocabulary_matrices_trained_whole_replace_the_base_s(family, trained, tmp_path):
+    """modules_to_save on a language model's lm_head or token embedding: the trained
+    copies replace the base's matrices (GPT-2's tied ones come out untied)."""
+    hf_dir, adapter = tmp_path / "hf", tmp_path / "adapter"
+    (write_llama if family == "llama" else write_gpt2)(hf_dir)
+    base = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
+    config = peft.LoraConfig(r=4, lora_alpha=8, modules_to_save=trained,
+                             target_modules=["q_proj"] if family == "llama" else ["c_attn"],
+                             fan_in_fan_out=family == "gpt2")
+    model = peft.get_peft_model(base, config)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "modules_to_save" in name or "lora_B" in name:
+                parameter.add_(torch.randn_like(parameter) * 0.05)
+    model.save_pretrained(adapter)
+    ours = (import_llama if family == "llama" else import_gpt2)(hf_dir, tmp_path / "ours")
+    merged = load_model(import_peft(adapter, ours, tmp_path / "merged"))
+    ids = torch.randint(3, base.config.vocab_size, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids), model.eval()(ids).logits, rtol=1e-4, atol=1e-4)
+    assert merged.output_proj.weight is not merged.decoder.embed.embedding.weight
+
+
 def test_a_vocabulary_of_another_size_is_refused_by_name(tmp_path):
     ours, adapter = handmade(tmp_path, {"target_modules": ["lm_head"]}, {
         "base_model.model.lm_head.base_layer.weight": torch.zeros(310, 32),
         "base_model.model.lm_head.lora_A.weight": torch.zeros(2, 32),
         "base_model.model.lm_head.lora_B.weight": torch.zeros(310, 2)})
-    with pytest.raises(ForeignCheckpointError, match=r"lm_head.base_layer.weight has shape "
+    with pytest.raises(ForeignCheckpointError, match=r"lm_head's saved weight has shape "
                                                      r"\(310, 32\), the base's \(\d+, 32\) "
                                                      r"\(a vocabulary of 310 tokens"):
         import_peft(adapter, ours, tmp_path / "out")
@@ -214,7 +242,7 @@ def handmade(tmp_path, settings, tensors=None):
 @pytest.mark.parametrize("change, message", [
     ({"use_dora": True}, "use_dora=true is not supported"),
     ({"bias": "all"}, 'bias="all" is not supported'),
-    ({"modules_to_save": ["lm_head"]}, "modules_to_save="),
+    ({"modules_to_save": ["norm"]}, "modules_to_save="),
     ({"peft_type": "IA3"}, "peft_type='IA3'; only LoRA adapters"),
     ({"r": 0}, "r must be a positive number")])
 def test_what_a_merge_cannot_compute_is_refused(change, message, tmp_path):

@@ -61,13 +61,9 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
     check_modules_to_save(settings, arch, adapter_dir / ADAPTER_CONFIG)
     tensors = _read_tensors(adapter_dir, bool(settings.get("modules_to_save")))
     model = load_model(base)
-    if tensors.whole:
+    if tensors.whole and arch == "encoder":
         model = with_heads(model, tensors.whole, adapter_dir / ADAPTER_WEIGHTS)
-    vocabulary = {module: _scale(settings, module) * (b.double() @ a.double())  # (V, d)
-                  for module, (a, b) in tensors.pairs.items() if module in VOCABULARY_MODULES}
-    vocabulary.update({module: _scale(settings, module) * (b.double() @ a.double()).T
-                       for module, (a, b) in tensors.embeddings.items()})
-    model = vocabulary_updates(model, vocabulary, tensors.base_layers,
+    model = vocabulary_updates(model, *_vocabulary(settings, tensors, arch, adapter_dir),
                                adapter_dir / ADAPTER_WEIGHTS)
     layers = _layers_by_module(model)
     order = residual_order(model.config)
@@ -162,6 +158,25 @@ def _paired(file: Path, halves: dict[str, dict[str, Tensor]]
     if unpaired:
         raise ForeignCheckpointError(f"{file}: {unpaired[0]} has lora_A or lora_B, not both")
     return {module: (pair["A"], pair["B"]) for module, pair in halves.items()}
+
+
+def _vocabulary(settings: dict, tensors: AdapterTensors, arch: str, adapter_dir: Path
+                ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """A language model's vocabulary matrices in the adapter: module -> its scaled update
+    (V, d), and module -> a weight that replaces the base's (saved beside an adapter on
+    it, or trained whole: modules_to_save)."""
+    deltas = {module: _scale(settings, module) * (b.double() @ a.double())      # (V, d)
+              for module, (a, b) in tensors.pairs.items() if module in VOCABULARY_MODULES}
+    deltas.update({module: _scale(settings, module) * (b.double() @ a.double()).T
+                   for module, (a, b) in tensors.embeddings.items()})
+    saved = dict(tensors.base_layers)
+    for name, tensor in tensors.whole.items() if arch == "decoder" else ():
+        module = name.removesuffix(".weight")
+        if module not in VOCABULARY_MODULES:
+            raise ForeignCheckpointError(f"{adapter_dir / ADAPTER_WEIGHTS}: {name} is neither a "
+                                         f"LoRA matrix nor a vocabulary matrix trained whole")
+        saved[module] = tensor
+    return deltas, saved
 
 
 def _scale(settings: dict, module: str) -> float:

@@ -1,5 +1,6 @@
 """What a PEFT adapter of a sequence classifier holds besides its LoRA matrices: the
-modules it trained whole (modules_to_save), saved as the weights themselves. On
+modules it trained whole (modules_to_save), saved as the weights themselves (a language
+model's, its vocabulary matrices: importers/peft_vocabulary.py). On
 BertForSequenceClassification they are its classifier and pooler; on
 RobertaForSequenceClassification its classifier, whose dense layer is our pooler and
 whose out_proj is our classifier. A base without a classifier of that many classes gets
@@ -16,8 +17,10 @@ from transduce.importers import ForeignCheckpointError
 from transduce.importers.peft_layout import encoder_prefix
 from transduce.model import EncoderOnly, empty_model
 
-# PEFT's modules_to_save names that a classifier's whole modules may go under.
+# PEFT's modules_to_save names that a classifier's whole modules may go under, and a
+# language model's vocabulary matrices.
 HEAD_MODULES = {"classifier", "score", "pooler"}
+VOCABULARY_NAMES = {"lm_head", "embed_tokens", "wte"}
 # transformers' name -> ours, by the encoder's layout (peft_layout.encoder_prefix).
 HEAD_NAMES = {
     "bert.": {"classifier.weight": "classifier.weight", "classifier.bias": "classifier.bias",
@@ -28,12 +31,15 @@ HEAD_NAMES = {
 
 
 def check_modules_to_save(settings: dict, arch: str, file) -> None:
-    """modules_to_save is a classifier's head (and pooler), on an encoder."""
+    """modules_to_save is a classifier's head (and pooler), on an encoder, or a language
+    model's vocabulary matrices (importers/peft_vocabulary.py)."""
     saved = settings.get("modules_to_save") or []
-    if saved and (arch != "encoder" or not set(saved) <= HEAD_MODULES):
+    allowed = {"encoder": HEAD_MODULES, "decoder": VOCABULARY_NAMES}.get(arch, set())
+    if saved and not set(saved) <= allowed:
         raise ForeignCheckpointError(f"{file}: modules_to_save={saved} is not supported (only "
                                      f"a sequence classifier's {sorted(HEAD_MODULES)}, on an "
-                                     f"encoder)")
+                                     f"encoder, and a language model's "
+                                     f"{sorted(VOCABULARY_NAMES)})")
 
 
 @torch.no_grad()

@@ -2,8 +2,8 @@
 projection (lm_head, a Linear: B A is (V, d)) and on the token embedding (embed_tokens,
 GPT-2's wte: PEFT keeps A (r, V) and B (d, r), and the embedding's update is (B A)^T).
 Where either is adapted, PEFT saves both matrices as they were when it trained
-(base_layer.weight), so a vocabulary resized for the adapter is read as such and one
-that differs from the base's is refused by name.
+(base_layer.weight); modules_to_save saves them trained whole. Either replaces the
+base's matrix, and one of another vocabulary size than the base's is refused by name.
 
 PEFT adapts the two sides apart even where the base ties them (the adapted layer wraps
 one of them), so a tied model whose embedding or output projection the adapter changes
@@ -31,25 +31,31 @@ VOCABULARY_MODULES = {"lm_head": "output_proj.weight",
 def vocabulary_updates(model, deltas: dict[str, Tensor], saved: dict[str, Tensor],
                        file: Path):
     """`model` (a DecoderOnly) with the adapter's vocabulary matrices: `saved` (module ->
-    the weight PEFT trained beside, (V, d)) in place, then `deltas` (module -> the scaled
-    update (V, d)) added; untied where the two sides then differ -> the model."""
+    a weight (V, d) that replaces the base's: the one PEFT trained beside, or one trained
+    whole) in place, then `deltas` (module -> the scaled update (V, d)) added; untied
+    where the two sides then differ -> the model."""
     if not deltas and not saved:
         return model
     if not isinstance(model, DecoderOnly):
         module = next(iter({**deltas, **saved}))
         raise ForeignCheckpointError(f"{file}: an adapter on {module}; a vocabulary matrix "
                                      f"is merged into a language model (arch 'decoder')")
-    if deltas and model.output_proj.weight is model.decoder.embed.embedding.weight:
-        model = _untied(model)
     ours = dict(model.named_parameters(remove_duplicate=False))
+    for module, tensor in saved.items():
+        _check_shape(file, f"{module}'s saved weight", tensor, ours[VOCABULARY_MODULES[module]])
+    for module, tensor in deltas.items():
+        _check_shape(file, f"{module}'s update", tensor, ours[VOCABULARY_MODULES[module]])
+    shared = model.output_proj.weight is model.decoder.embed.embedding.weight
+    if shared and (deltas or any(not torch.equal(tensor.to(model.output_proj.weight.dtype),
+                                                 model.output_proj.weight)
+                                 for tensor in saved.values())):
+        model = _untied(model)
+        ours = dict(model.named_parameters())
     with torch.no_grad():
         for module, weight in saved.items():
-            target = ours[VOCABULARY_MODULES[module]]
-            _check_shape(file, f"{module}.base_layer.weight", weight, target)
-            target.copy_(weight)
+            ours[VOCABULARY_MODULES[module]].copy_(weight)
         for module, delta in deltas.items():
             target = ours[VOCABULARY_MODULES[module]]
-            _check_shape(file, f"{module}'s update", delta, target)
             target += delta.to(target.dtype)
     return model
 
