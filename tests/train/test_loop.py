@@ -222,11 +222,17 @@ gc.disable()
 from transduce.cli import main
 from transduce.train import loop
 shutdown = loop.shutdown_distributed
+def thread_name(path):
+    try:
+        return open(path).read().strip()
+    except FileNotFoundError:          # a thread that ended while the list was read: gone
+        return None
 def shutdown_and_look(*args, **kwargs):
     shutdown(*args, **kwargs)
     tasks = "/proc/self/task"
-    names = sorted(open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)) \\
+    found = [thread_name(f"{tasks}/{t}/comm") for t in os.listdir(tasks)] \\
         if os.path.isdir(tasks) else []
+    names = sorted(name for name in found if name is not None)
     sys.stdout.flush()
     os.write(1, f"threads left: [{' '.join(names)}]\\n".encode())   # one write: whole
 loop.shutdown_distributed = shutdown_and_look
