@@ -82,6 +82,10 @@ def resolve(path: Path) -> Path:
     return checkpoints[-1]
 
 
+# What a model carries besides its weights and configuration, written with the latter.
+DESCRIBED = ("labels", "classifier_inputs", "sentence_embedding", "languages", "language_codes")
+
+
 def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
          tokenizer_path: Path | TextTokenizer, trainer_state: dict[str, Any] | None = None,
          origin: dict[str, Any] | None = None, *,
@@ -104,11 +108,7 @@ def save(path: Path, model: nn.Module, train_config: TrainConfig | None,
     model's (a Pending tensor is computed as it is written, streamed_safetensors.py);
     adapters, written as adapter.safetensors; lora, its config.json section."""
     write_tokenizer, section = _tokenizer_writer(tokenizer_path)
-    described = {"labels": getattr(model, "labels", None),
-                 "classifier_inputs": getattr(model, "classifier_inputs", None),
-                 "sentence_embedding": getattr(model, "sentence_embedding", None),
-                 "languages": getattr(model, "languages", None),
-                 "language_codes": getattr(model, "language_codes", None)}
+    described = {name: getattr(model, name, None) for name in DESCRIBED}
     with atomic.atomic_directory(path) as temporary:
         _write_config(temporary, model.config, train_config, origin, section, lora=lora,
                       **described)

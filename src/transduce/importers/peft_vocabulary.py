@@ -17,11 +17,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from transduce import checkpoint
 from transduce.importers import ForeignCheckpointError
 from transduce.model import DecoderOnly, empty_model
 
-# What a loaded model carries besides its weights (model.load_model).
-DESCRIBED = ("labels", "classifier_inputs", "sentence_embedding", "languages", "language_codes")
 # Hugging Face module names of a causal LM's vocabulary matrices -> ours.
 VOCABULARY_MODULES = {"lm_head": "output_proj.weight",
                       "model.embed_tokens": "decoder.embed.embedding.weight",
@@ -74,7 +73,7 @@ def _untied(model: DecoderOnly) -> DecoderOnly:
     state = model.state_dict()
     state["output_proj.weight"] = state["decoder.embed.embedding.weight"].clone()
     untied.load_state_dict(state)
-    for name in DESCRIBED:
+    for name in checkpoint.DESCRIBED:
         if hasattr(model, name):
             setattr(untied, name, getattr(model, name))
     return untied.eval()
