@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from transduce.attention.kv_cache import KVCache, QuantizedKVCache
+from transduce.attention.linear import LinearStateCache
 from transduce.attention.local import SlidingKVCache
 from transduce.cli import main
 from transduce.config import ConfigError, preset
@@ -80,8 +81,38 @@ def test_rewinding_a_cache_writes_the_next_tokens_over_the_forgotten_ones():
         torch.testing.assert_close(k, expected, rtol=0, atol=0.02)
         with pytest.raises(ValueError, match="cannot rewind a cache of 4 tokens to 5"):
             cache.rewind(5)
-    with pytest.raises(ValueError, match="SlidingKVCache cannot forget"):
-        SlidingKVCache(1, 1, 4, 4).rewind(0)
+    with pytest.raises(ValueError, match="LinearStateCache cannot forget"):
+        LinearStateCache(1, 1, 4).rewind(0)
+
+
+def test_a_sliding_window_cache_forgets_as_many_tokens_as_it_was_allowed_to():
+    """It holds the window and the tokens it may forget; forgetting more would leave
+    the next token fewer keys than its window."""
+    torch.manual_seed(0)
+    keys = torch.randn(1, 1, 12, 4)
+    cache = SlidingKVCache(1, 1, 3, 4, max_len=12)
+    cache.allow_rewind(2)
+    assert cache.capacity == 5
+    cache.update(keys[:, :, :6], keys[:, :, :6])          # holds positions 1 to 5
+    cache.rewind(4)
+    k, _ = cache.update(keys[:, :, 6:8], keys[:, :, 6:8])
+    assert torch.equal(k, torch.cat([keys[:, :, 1:4], keys[:, :, 6:8]], dim=2))
+    with pytest.raises(ValueError, match="cannot rewind a sliding-window cache of 6 tokens "
+                                         "to 3: it holds the window of 3 and 2 tokens more"):
+        cache.rewind(3)
+    cache.rewind(4)
+    k, _ = cache.update(keys[:, :, 8:9], keys[:, :, 8:9])
+    assert torch.equal(k, torch.cat([keys[:, :, 1:4], keys[:, :, 8:9]], dim=2))
+    unallowed = SlidingKVCache(1, 1, 3, 4)
+    unallowed.update(keys[:, :, :6], keys[:, :, :6])
+    unallowed.rewind(6)
+    with pytest.raises(ValueError, match="and 0 tokens more that it may forget"):
+        unallowed.rewind(5)
+    short = SlidingKVCache(1, 1, 3, 4)                      # fewer tokens than the window
+    short.allow_rewind(1)
+    short.update(keys[:, :, :2], keys[:, :, :2])
+    short.rewind(0)
+    assert short.held == 0 and short.length == 0
 
 
 @pytest.mark.parametrize("draft_by", ["prompt lookup", "draft model"])
@@ -93,6 +124,8 @@ def test_rewinding_a_cache_writes_the_next_tokens_over_the_forgotten_ones():
     ("llama-tiny", {}, {}),
     ("llama-tiny", {"num_kv_heads": 1}, {}),
     ("llama-tiny", {}, {"dtype": "int8"}),
+    ("gpt-tiny", {"attention_type": "sliding", "attention_window": 4}, {}),
+    ("llama-tiny", {"attention_type": "sliding", "attention_window": 3}, {}),
 ])
 def test_generation_is_greedy_search_s_for_every_draft_length(tokenizer, name, changes,
                                                                settings, draft_by,
@@ -104,7 +137,8 @@ def test_generation_is_greedy_search_s_for_every_draft_length(tokenizer, name, c
         if not int8_module.int8_available():
             pytest.skip("no oneDNN int8 ops")
         monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)
-    draft = Generator(language_model(tokenizer, seed=1), tokenizer, **settings)
+    window = {key: value for key, value in changes.items() if key.startswith("attention")}
+    draft = Generator(language_model(tokenizer, seed=1, **window), tokenizer, **settings)
     generator = Generator(language_model(tokenizer, name, **changes), tokenizer, **settings,
                           draft=draft)
     if settings.get("dtype") == "int8":
@@ -244,14 +278,11 @@ def test_what_a_speculative_search_cannot_do_is_refused_naming_it(name, settings
         GenerateOptions(**{name: 4}, draft_schedule="fast")
 
 
-@pytest.mark.parametrize("changes", [{"attention_type": "sliding", "attention_window": 4},
-                                     {"attention_type": "linear"}])
-def test_a_cache_that_cannot_rewind_is_refused_naming_the_attention(tokenizer, changes):
-    generator = Generator(language_model(tokenizer, **changes), tokenizer)
-    kind = changes["attention_type"]
-    with pytest.raises(ConfigError, match=f"the model's attention_type is '{kind}'"):
+def test_a_cache_that_cannot_rewind_is_refused_naming_the_attention(tokenizer):
+    generator = Generator(language_model(tokenizer, attention_type="linear"), tokenizer)
+    with pytest.raises(ConfigError, match="the model's attention_type is 'linear'"):
         generator.generate(PROMPTS, prompt_lookup=4)
-    with pytest.raises(ConfigError, match=f"the draft model's attention_type is '{kind}'"):
+    with pytest.raises(ConfigError, match="the draft model's attention_type is 'linear'"):
         Generator(language_model(tokenizer), tokenizer, draft=generator)
     for setting in ({"prompt_lookup": 4}, {"draft_tokens": 2}):
         with pytest.raises(ValueError, match="a speculative search runs each prompt alone"):

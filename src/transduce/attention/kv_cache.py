@@ -4,8 +4,9 @@
                       values and attends over everything held; reorder(index) keeps
                       batch rows (beam survivors, running sentences) by copying only the
                       rows that move (keep_rows); rewind(length) forgets the tokens
-                      after the first `length` (a rejected draft), where it can; nbytes,
-                      length, reset().
+                      after the first `length` (a rejected draft), where it can, as far
+                      back as allow_rewind() asked it to be able to; nbytes, length,
+                      reset().
     KVCache           keys and values of every past token (softmax attention), in buffers
                       allocated once for the longest output; update() writes in place and
                       returns views. Size per layer, by the seeds' formula (kv_cache_bytes):
@@ -17,7 +18,8 @@
     ConcatKVCache     keys and values grown by concatenation instead of written into
                       preallocated buffers: the form an exported graph takes (past in,
                       present = past + this step out), where nothing is updated in place.
-    SlidingKVCache    (local.py) only the last `window` keys and values.
+    SlidingKVCache    (local.py) only the last `window` keys and values (and as many
+                      more as it may be asked to forget).
     LinearStateCache  (linear.py) linear attention's running sums, whatever the length.
 
 Shapes: queries (B, H, T, D); keys and values (B, Hkv, T, D), this step's T tokens.
@@ -83,12 +85,16 @@ class AttentionCache(ABC):
     def reset(self) -> None:
         """Empty the cache for a new batch of the same size."""
 
-    def rewind(self, length: int) -> None:
-        """Forget every token after the first `length`. Only a cache that holds every
-        token's keys and values can: a window has dropped the older ones, running sums
-        cannot be taken apart."""
+    def allow_rewind(self, tokens: int) -> None:
+        """From now on, keep what forgetting the latest `tokens` tokens needs (a
+        speculative search's rejected drafts). Running sums cannot be taken apart."""
         raise ValueError(f"{type(self).__name__} cannot forget tokens it has taken: only "
-                         "softmax attention's full KV caches can rewind")
+                         "the caches of softmax and sliding-window attention can rewind")
+
+    def rewind(self, length: int) -> None:
+        """Forget every token after the first `length`, where allow_rewind() allows."""
+        raise ValueError(f"{type(self).__name__} cannot forget tokens it has taken: only "
+                         "the caches of softmax and sliding-window attention can rewind")
 
 
 class KVCache(AttentionCache):
@@ -143,6 +149,9 @@ class KVCache(AttentionCache):
 
     def reset(self) -> None:
         self.length = 0
+
+    def allow_rewind(self, tokens: int) -> None:
+        """Every token is held: any rewind is allowed."""
 
     def rewind(self, length: int) -> None:
         """Keep the first `length` tokens (0 <= length <= self.length); the next update

@@ -97,7 +97,9 @@ class Blocks:
 
 class SlidingKVCache(AttentionCache):
     """The last `window` keys and values: all a sliding-window decoder step can attend
-    to besides its own key. Memory stays (B, Hkv, window, D) however long the output."""
+    to besides its own key. Memory stays (B, Hkv, window, D) however long the output;
+    (B, Hkv, window + r, D) once allow_rewind(r), so that forgetting r tokens leaves the
+    window the next step reads (the band mask keeps the older keys out of attention)."""
 
     _buffers = ("k", "v")
 
@@ -107,20 +109,25 @@ class SlidingKVCache(AttentionCache):
         shape = (batch_size, num_kv_heads, 0, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.window = window
-        self.capacity = window if max_len is None else min(window, max_len)
+        self.window, self.max_len = window, max_len
+        self.rewindable = 0      # latest tokens that can be forgotten
         self.length = 0
 
     @property
+    def capacity(self) -> int:
+        """Keys held once full: the window and the rewindable tokens, or max_len."""
+        held = self.window + self.rewindable
+        return held if self.max_len is None else min(held, self.max_len)
+
+    @property
     def nbytes(self) -> int:
-        """The bytes of a full cache: the window, or max_len tokens when fewer are
-        decoded (what it holds once that many tokens are in)."""
+        """The bytes of a full cache (what it holds once `capacity` tokens are in)."""
         batch, heads, _, dim = self.k.shape
         return 2 * batch * heads * self.capacity * dim * element_size(self.k.dtype)
 
     @property
     def held(self) -> int:
-        """Keys held now (at most window)."""
+        """Keys held now (at most window + rewindable)."""
         return self.k.shape[2]
 
     def update(self, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
@@ -128,9 +135,28 @@ class SlidingKVCache(AttentionCache):
         (B, Hkv, held + T, D); the first of them sits at position length - held."""
         k_all = torch.cat([self.k, k_new], dim=2)
         v_all = torch.cat([self.v, v_new], dim=2)
-        self.k, self.v = k_all[:, :, -self.window:], v_all[:, :, -self.window:]
+        kept = self.window + self.rewindable
+        self.k, self.v = k_all[:, :, -kept:], v_all[:, :, -kept:]
         self.length += k_new.shape[2]
         return k_all, v_all
+
+    def allow_rewind(self, tokens: int) -> None:
+        """Hold `tokens` keys beyond the window from the next update on."""
+        if tokens < 0:
+            raise ValueError(f"allow_rewind({tokens}): a number of tokens, at least 0")
+        self.rewindable = tokens
+
+    def rewind(self, length: int) -> None:
+        """Forget the tokens after the first `length`, as long as the window before
+        position `length` is still held (at most `rewindable` tokens back)."""
+        forgotten = self.length - length
+        if forgotten < 0 or self.held - forgotten < min(self.window, length):
+            raise ValueError(f"cannot rewind a sliding-window cache of {self.length} tokens "
+                             f"to {length}: it holds the window of {self.window} and "
+                             f"{self.rewindable} tokens more that it may forget "
+                             f"(allow_rewind)")
+        kept = self.held - forgotten
+        self.k, self.v, self.length = self.k[:, :, :kept], self.v[:, :, :kept], length
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
                causal: bool, impl: str, return_weights: bool = False,

@@ -61,6 +61,7 @@ class DraftModel:
         while same < limit and self.cached[same] == self.tokens[same]:
             same += 1
         self.state.rewind(same)
+        self.state.allow_rewind(count)      # the next draft forgets at most this one
         del self.cached[same:]
         fed, drafted, distributions = self.tokens[same:], [], []
         for _ in range(count):

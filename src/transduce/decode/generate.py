@@ -490,15 +490,16 @@ class Generator:
 
 
 def _check_rewinds(model: DecoderOnly | OnnxLanguageModel, name: str) -> None:
-    """A speculative search forgets rejected drafts; a cache that cannot is a
-    ConfigError. An ONNX export's past is sliced, whatever its attention."""
+    """A speculative search forgets rejected drafts; a cache that cannot (linear
+    attention's running sums) is a ConfigError. An ONNX export's past is sliced, whatever
+    its attention."""
     if isinstance(model, OnnxLanguageModel):
         return
     attention_type = model.config.attention_type
-    if attention_type != "softmax":
+    if attention_type not in ("softmax", "sliding"):
         raise ConfigError(f"drafted tokens that {name} rejects are forgotten, which needs "
-                          f"softmax attention's full KV cache; {name}'s attention_type is "
-                          f"{attention_type!r}")
+                          f"the keys and values of softmax or sliding-window attention; "
+                          f"{name}'s attention_type is {attention_type!r}")
 
 
 def _check_draft(draft: "Generator", tokenizer: TextTokenizer, vocab_size: int) -> None:

@@ -36,6 +36,9 @@ class OnnxLMState(PastArrays):
         self.past = [np.take(array, index, axis=0) for array in self.past]
         self.key_mask = np.take(self.key_mask, index, axis=0)
 
+    def allow_rewind(self, tokens: int) -> None:
+        """The whole past is held (and sliced by rewind), whatever the attention."""
+
     def rewind(self, length: int) -> None:
         """Forget the positions after the first `length` (a rejected draft)."""
         if not 0 <= length <= self.length:

@@ -128,6 +128,7 @@ def speculative_steps(model, prompt: Tensor, row: "Continuation", drafter: Draft
     tokens before it had been generated. Yields after each step how many tokens it
     drafted and how many of them it kept."""
     state = model.prefill(prompt, row.limit + drafts + 1, cache_dtype=cache_dtype)
+    state.allow_rewind(drafts)         # a step forgets at most its whole draft
     token = int(prompt[0, -1])
     length = DraftLength(drafts, adaptive)
     while not row.finished:

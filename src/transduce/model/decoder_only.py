@@ -54,6 +54,12 @@ class LMState(CachedLayers):
             cache.reorder(rows)
         self.key_mask, self.offsets = self.key_mask[rows], self.offsets[rows]
 
+    def allow_rewind(self, tokens: int) -> None:
+        """Keep what forgetting the latest `tokens` tokens needs (a speculative search's
+        drafts): a ValueError for caches that cannot."""
+        for cache in self.caches:
+            cache.allow_rewind(tokens)
+
     def rewind(self, length: int) -> None:
         """Forget the tokens after the first `length` cached (a rejected draft); the
         key mask already counts every later position as real."""
