@@ -178,6 +178,35 @@ def test_float32_steps_read_each_rows_own_slots_through_the_kernel(generator, mo
     assert any(r is not None and len(r) > 1 for r in runs)     # rows of several starts
 
 
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.9, "top_k": 20, "seed": 3}])
+def test_a_sliding_window_is_a_band_of_slots(tokenizer, settings, monkeypatch):
+    """Mistral's attention: a window of 3 keys slides over prompts and outputs longer
+    than it. Each row reads its own slots within the window, through the one-query
+    kernel where it is built (row runs from the window's first slot) and under a mask
+    otherwise (bfloat16); each gets what it gets alone through the window's own cache."""
+    from transduce.attention import one_query
+    from transduce.model.decoder_step import DecoderStep
+
+    runs, step = [], DecoderStep.__call__
+    monkeypatch.setattr(DecoderStep, "__call__", lambda self, *args, row_runs=None, **kw:
+                        runs.append(row_runs) or step(self, *args, row_runs=row_runs, **kw))
+    options = GenerateOptions(max_new_tokens=16, **settings)
+    seeds = None if options.greedy else prompt_seeds(options.seed, len(PROMPTS))
+    for dtype in ("float32", "bfloat16"):
+        generator = _generator(tokenizer, dtype, attention_type="sliding", attention_window=3)
+        assert supports(generator)
+        generation = ContinuousGeneration(generator, options)
+        found, _ = run_continuously(generation, generator, PROMPTS, seeds,
+                                    [0, 0, 1, 4, 4, 9, 12, 13])
+        alone = [generator.generate([p], options, seeds=None if seeds is None else [seed])[0]
+                 for p, seed in zip(PROMPTS, seeds or [None] * len(PROMPTS))]
+        assert found == alone
+    whole = _generator(tokenizer).generate(PROMPTS, options, seeds=seeds)
+    assert found != whole                              # the window changes the text
+    if one_query.available():
+        assert any(r is not None and len(r) > 1 for r in runs)
+
+
 def test_bfloat16_model_with_float32_cache(tokenizer):
     generator = _generator(tokenizer, dtype="bfloat16", kv_dtype="float32")
     options = GenerateOptions(max_new_tokens=10)

@@ -15,9 +15,12 @@ would make every prompt as long as the longest. Its positions count from its fir
 slot, and it attends to its own slots only, so it generates what it would alone: in
 float32 each row reads just those (the one-query kernel, attention/one_query.py, as the
 continuous beam search does), elsewhere the window from the oldest row's first slot
-under a mask. Slots before the oldest running row's first are never read; when the
-buffers lack room (for more rows, a longer prompt, the next slot) they are laid out
-again from that slot, with twice the room needed, so that this is rare.
+under a mask. A sliding window (Mistral's) is a band of slots, the same for every row:
+a row reads from its own first slot or the window's, whichever is later. Slots before
+the oldest running row's first are never read; when the buffers lack room (for more
+rows, a longer prompt, the next slot) they are laid out again from that slot, with
+twice the room needed, so that this is rare. (A window's older slots are kept until
+then too: the buffers hold what softmax attention's would.)
 
 Each row is generated as Generator.generate generates it alone, with its own settings
 (prompts of any settings share the batch): greedy, or sampled at its temperature, top_k
@@ -37,6 +40,7 @@ import torch
 from torch import Tensor
 
 from transduce.attention.kv_cache import KVCache
+from transduce.attention.local import SlidingKVCache
 from transduce.decode.generate import Continuation, Generator, left_pad
 from transduce.decode.options import GenerateOptions
 from transduce.decode.penalties import Penalties
@@ -61,12 +65,35 @@ class _Row:
 
 def supports(generator: Generator) -> bool:
     """Whether `generator` can generate continuously: a PyTorch model (not an ONNX
-    export) whose caches are plain KVCaches (softmax attention over every key, not
-    quantized, no window)."""
+    export) whose caches hold keys and values as they are (softmax attention, or a
+    sliding window, whose band the slots' mask keeps), not quantized."""
     if not isinstance(generator.model, DecoderOnly):
         return False
     caches = generator.model.new_caches(1, 1, generator.cache_dtype or torch.float32, "meta")
-    return all(type(cache) is KVCache for cache in caches)
+    return all(type(cache) in (KVCache, SlidingKVCache) for cache in caches)
+
+
+def _window(model: DecoderOnly) -> int | None:
+    """The keys before its own that a token attends to (None: all of them)."""
+    c = model.config
+    return c.attention_window if c.attention_type == "sliding" else None
+
+
+def _slot_caches(model: DecoderOnly, dtype: torch.dtype, device: torch.device | str
+                 ) -> list[KVCache]:
+    """A plain KVCache per layer, whose buffers _decode points at the slots: a window
+    is a band of slots in the mask, the same for every row."""
+    c = model.config
+    return [KVCache(0, c.kv_heads, 0, c.head_dim, dtype=dtype, device=device)
+            for _ in model.decoder.layers]
+
+
+def _prefilled(cache: KVCache | SlidingKVCache) -> tuple[Tensor, Tensor]:
+    """A prefilled cache's keys and values of its latest tokens (N, Hkv, n, D): all of
+    them, or the window's."""
+    if isinstance(cache, SlidingKVCache):
+        return cache.k, cache.v
+    return cache.k[:, :, :cache.length], cache.v[:, :, :cache.length]
 
 
 class ContinuousGeneration:
@@ -83,14 +110,15 @@ class ContinuousGeneration:
     def __init__(self, generator: Generator, options: GenerateOptions = GenerateOptions()):
         _check_beam(options)
         if not supports(generator):
-            raise ValueError("this generator cannot generate continuously: it needs softmax "
-                             "attention's plain KV caches (no kv_dtype, no window)")
+            raise ValueError("this generator cannot generate continuously: it needs the "
+                             "plain KV caches of softmax or sliding-window attention (no "
+                             "kv_dtype)")
         self.generator, self.options, self.model = generator, options, generator.model
-        self.device = generator.device
+        self.device, self.window = generator.device, _window(generator.model)
         self.rows: list[_Row] = []                   # running, in row order
         self.slot = 0                                # the slot the next step writes
         self.cache_dtype = generator.cache_dtype or self.model.decoder.embed.embedding.weight.dtype
-        self.caches = self.model.new_caches(0, 0, self.cache_dtype, self.device)
+        self.caches = _slot_caches(self.model, self.cache_dtype, self.device)
         self._keys = [(cache.k, cache.v) for cache in self.caches]   # (R, Hkv, T, D)
         self._tokens = torch.zeros(0, dtype=torch.long, device=self.device)   # (R,) fed next
         self._starts = torch.zeros(0, dtype=torch.long, device=self.device)   # (R,)
@@ -228,14 +256,18 @@ class ContinuousGeneration:
 
     def _decode(self, count: int) -> Tensor:
         """The running rows' tokens at self.slot through the model -> logits (R, V). The
-        caches are views from the oldest row's first slot on."""
+        caches are views from the oldest row's first slot on (or the window's first, if
+        later); a row reads from its own first slot or the window's (reads_from)."""
         starts = self._starts[:count]
         first = int(starts.min())
+        if self.window is not None:
+            first = max(first, self.slot - self.window)
         for cache, (k, v) in zip(self.caches, self._keys):
             cache.k, cache.v, cache.length = k[:count, :, first:], v[:count, :, first:], \
                 self.slot - first
         tokens, offsets = self._tokens[:count, None], starts - first          # (R, 1), (R,)
-        runs, step = _runs(offsets.tolist()), self.model.decoder.fast_step
+        reads_from = offsets.clamp(min=0)
+        runs, step = _runs(reads_from.tolist()), self.model.decoder.fast_step
         if len(runs) > 1 and step is not None and step.covers(tokens, self.caches) and \
                 step.reads_rows_by_kernel(self.cache_dtype):
             # Each row reads its own slots only (the one-query kernel), not the window
@@ -245,7 +277,7 @@ class ContinuousGeneration:
             hidden = step(tokens, None, None, None, self.caches, positions, row_runs=runs)
             return self.model.output_proj(hidden)[:, -1].float()
         slots = torch.arange(self.caches[0].max_len, device=self.device)
-        key_mask = slots[None, :] >= offsets[:, None]                       # (R, T)
+        key_mask = slots[None, :] >= reads_from[:, None]                    # (R, T)
         state = LMState(self.caches, key_mask, offsets)
         return self.model.decode_step(tokens, state)[:, -1].float()
 
@@ -261,8 +293,9 @@ class ContinuousGeneration:
             state = self.model.prefill(prompt, 0, src_mask=mask, cache_dtype=self.cache_dtype)
             rows = torch.tensor([first + i for i in group], device=self.device)
             for (k, v), cache in zip(self._keys, state.caches):
-                k[rows, :, self.slot - before:self.slot] = cache.k[:, :, :before]
-                v[rows, :, self.slot - before:self.slot] = cache.v[:, :, :before]
+                keys, values = _prefilled(cache)                      # (N, Hkv, n, D)
+                k[rows, :, self.slot - keys.shape[2]:self.slot] = keys
+                v[rows, :, self.slot - keys.shape[2]:self.slot] = values
 
     def _keep(self, kept: list[int]) -> None:
         """Keep rows `kept` at the top of the buffers and forget the others: the kept
