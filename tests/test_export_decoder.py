@@ -194,16 +194,33 @@ def test_command_line_export_names_the_class_to_load(tmp_path, tiny_corpus, caps
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
+# And what CTranslate2 holds besides: scaled rotary positions (Llama 3.1's with an
+# original context short enough that every band of frequencies is there) and Mistral's
+# sliding window, shorter than the tokens generated.
+CT2_LAYOUTS = {
+    **LAYOUTS,
+    "llama-rope-linear": ("llama-tiny", {"rope_scaling": "linear", "rope_factor": 4.0}),
+    "llama-rope-llama3": ("llama-tiny", {"rope_scaling": "llama3", "rope_factor": 8.0,
+                                         "rope_original_positions": 16}),
+    "llama-sliding": ("llama-tiny", {"attention_type": "sliding", "attention_window": 15}),
+}
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+
+@pytest.mark.parametrize("layout", list(CT2_LAYOUTS))
 def test_ctranslate2_scores_and_greedy_tokens_match(layout, tmp_path, tiny_corpus):
     """A CTranslate2 Generator on the export: greedy generation, and the log-probability
     of every token of a random continuation, as ours."""
     from transduce.export import export_ctranslate2
 
-    name, changes = LAYOUTS[layout]
+    name, changes = CT2_LAYOUTS[layout]
     model, path = saved_language_model(tmp_path, tiny_corpus, name, **changes)
-    out = export_ctranslate2(path, tmp_path / "ct2")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = export_ctranslate2(path, tmp_path / "ct2")
+    assert [str(w.message) for w in caught if "sliding window" in str(w.message)] == (
+        ["CTranslate2's sliding window (16 keys) gives this model's tokens from prompts of "
+         "up to 16 tokens; from a longer prompt it computes others, and its score_batch "
+         "fails on sequences longer than 16 tokens"] if "sliding" in layout else [])
     tokenizer = checkpoint.load_tokenizer(out.parent / "ckpt")
     assert (out / MODEL_NAME).is_file()
     generator = ctranslate2.Generator(str(out), device="cpu", intra_threads=1)
@@ -214,6 +231,12 @@ def test_ctranslate2_scores_and_greedy_tokens_match(layout, tmp_path, tiny_corpu
                                      include_prompt_in_result=False, end_token=[])
     assert found[0].sequences_ids[0] == ours and len(ours) == 12
     whole = ids[0].tolist() + torch.randint(4, VOCAB, (12,)).tolist()   # any continuation
+    if model.config.attention_type == "sliding":
+        # CTranslate2 4.8 fails to score a sequence longer than its window of 16 keys, and
+        # computes longer prompts otherwise (the export warns): a prompt within it, and
+        # the window sliding over the tokens generated after it.
+        assert ids.shape[1] <= 16 < ids.shape[1] + 12
+        whole = whole[:16]
     scored = generator.score_batch([[tokenizer.piece(t) for t in whole]])[0]
     with torch.no_grad():
         log_probs = model(torch.tensor([whole])).log_softmax(-1)[0]

@@ -1,11 +1,15 @@
 """Export a decoder-only model to CTranslate2, as a `ctranslate2.Generator` model, through
 its decoder specification: pre-norm layers with LayerNorm or RMSNorm, plain or gated
 feed-forward networks, grouped-query attention, and our position table or rotary
-positions ("rotate half", CTranslate2's non-interleaved rotation). A prompt goes in as
-the tokenizer's pieces after bos, as our language models read it."""
+positions ("rotate half", CTranslate2's non-interleaved rotation; scaled linearly or as
+Llama 3.1's), softmax or sliding-window attention. A prompt goes in as the tokenizer's
+pieces after bos, as our language models read it."""
 
 from __future__ import annotations
 
+import warnings
+
+from transduce.errors import TransduceWarning
 from transduce.export.common import ExportError, not_a_plain_transformer
 from transduce.export.ctranslate2 import CT2_ACTIVATIONS, as_array, set_norm, \
     set_self_attention_and_ffn, vocabulary_pieces
@@ -14,19 +18,42 @@ from transduce.model import DecoderOnly
 
 def check_ctranslate2_decoder_exportable(model: DecoderOnly) -> None:
     c = model.config
-    problems = not_a_plain_transformer(c, arch="decoder", any_head_size=True)
+    problems = not_a_plain_transformer(c, arch="decoder", sliding=True, any_head_size=True)
     if not c.norm_first:
         problems.append("norm_first=False (CTranslate2's decoder-only models are pre-norm)")
     if c.activation not in CT2_ACTIVATIONS:
         problems.append(f"activation={c.activation!r}")
-    if c.rope_scaling != "none":
-        # CTranslate2 4.8's Llama 3.1 scaling, given these fields, generated other tokens
-        # than transformers and we do (the import tests); linear is not checked either.
-        problems.append(f"rope_scaling={c.rope_scaling!r} (CTranslate2's scaled rotary "
-                        f"positions are not checked against ours; its Llama 3.1 scaling "
-                        f"gave other tokens)")
     if problems:
         raise ExportError("cannot export to CTranslate2: " + "; ".join(problems))
+
+
+def _warn_of_long_prompts(window: int) -> None:
+    """CTranslate2 4.8 generates exactly (tested) from a prompt within its window, the
+    token's own key among them, and on past it; a longer prompt's tokens came out otherwise
+    than ours and transformers', and score_batch fails on a sequence longer than it."""
+    warnings.warn(f"CTranslate2's sliding window ({window} keys) gives this model's tokens "
+                  f"from prompts of up to {window} tokens; from a longer prompt it computes "
+                  f"others, and its score_batch fails on sequences longer than {window} "
+                  f"tokens", TransduceWarning, stacklevel=3)
+
+
+def _set_rope_scaling(spec, c) -> None:
+    """Our scaled rotary frequencies as every self-attention's fields. CTranslate2's
+    runtime reads the factor, the original context and the two band limits of each
+    attention layer, but its spec declares the factor for linear scaling alone (and its
+    own Llama converter leaves the factor and the context unset, so that Llama 3.1's
+    scaling changes nothing there): fields it does not declare are set past its frozen
+    attributes, and written as any other."""
+    import numpy as np
+
+    fields = {"rotary_scaling_factor": np.float32(c.rope_factor)}
+    if c.rope_scaling == "llama3":
+        fields |= {"original_max_position_embeddings": np.int32(c.rope_original_positions),
+                   "rotary_low_freq_factor": np.float32(c.rope_low_freq_factor),
+                   "rotary_high_freq_factor": np.float32(c.rope_high_freq_factor)}
+    for layer in spec.decoder.layer:
+        for name, value in fields.items():
+            object.__setattr__(layer.self_attention, name, value)
 
 
 def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
@@ -35,14 +62,25 @@ def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
     larger, as <extra_N>)."""
     from ctranslate2.specs import common_spec, transformer_spec
 
+    from ctranslate2.specs.attention_spec import RotaryScalingType
+
     c = model.config
     rotary = c.positional == "rotary"
+    scaling = {"none": None, "linear": RotaryScalingType.Linear,
+               "llama3": RotaryScalingType.Llama3}[c.rope_scaling] if rotary else None
     spec = transformer_spec.TransformerDecoderModelSpec.from_config(
         c.num_decoder_layers, c.num_heads, pre_norm=True,
         activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[c.activation]),
         ffn_glu=c.gated_ffn, rms_norm=c.norm == "rms",
         rotary_dim=0 if rotary else None, rotary_interleave=False, rotary_base=c.rope_base,
-        num_heads_kv=None if c.kv_heads == c.num_heads else c.kv_heads, head_dim=c.head_dim)
+        rotary_scaling_type=scaling, rotary_scaling_factor=c.rope_factor,
+        num_heads_kv=None if c.kv_heads == c.num_heads else c.kv_heads, head_dim=c.head_dim,
+        # Mistral's window counts the token's own key, ours the keys before it
+        sliding_window=c.attention_window + 1 if c.attention_type == "sliding" else None)
+    if scaling is not None:
+        _set_rope_scaling(spec, c)
+    if c.attention_type == "sliding":
+        _warn_of_long_prompts(c.attention_window + 1)
     decoder = spec.decoder
     decoder.scale_embeddings = c.scale_embeddings
     decoder.embeddings.weight = as_array(model.decoder.embed.embedding.weight)
