@@ -4,8 +4,8 @@ import torch
 from transduce.attention import (AttentionCache, KVCache, LinearAttention, SlidingWindowAttention,
                                  SoftmaxAttention)
 from transduce.attention.kinds import SparseAttention
-from transduce.attention.kv_cache import (Int4KVCache, dequantize_int4, keep_rows,
-                                          quantize_int4)
+from transduce.attention.kv_cache import (Int4KVCache, dequantize_int4, dequantize_int8,
+                                          keep_rows, quantize_int4, quantize_int8)
 from transduce.attention.sparse import Pattern
 
 
@@ -92,7 +92,7 @@ KINDS = [SoftmaxAttention(), LinearAttention(), SlidingWindowAttention(window=3)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.int4])
 @pytest.mark.parametrize("tokens,head_dim", [(1, 8), (2, 8), (7, 8), (3, 64)])
 def test_every_cache_measures_what_its_formula_says(kind, dtype, tokens, head_dim):
-    if dtype in (torch.int8, torch.int4) and kind.name != "softmax":
+    if dtype in (torch.int8, torch.int4) and kind.name not in ("softmax", "sliding"):
         with pytest.raises(ValueError, match=str(dtype).removeprefix("torch.")):
             kind.new_cache(2, 2, head_dim, tokens, dtype, "meta")
         return
@@ -134,8 +134,45 @@ def test_int4_cache_attends_exactly_over_its_round_tripped_keys_and_refuses_odd_
         Int4KVCache(1, 1, 4, 7)
 
 
+def test_a_quantized_window_attends_exactly_over_its_round_tripped_keys():
+    """int8 and int4 windows: what the float window computes on the keys and values
+    each quantizes and restores, over steps that slide it and one that forgets a token;
+    a full-size int4 window is a quarter of float16's bytes plus the scales."""
+    torch.manual_seed(2)
+    q, k, v = torch.randn(2, 4, 9, 64), torch.randn(2, 2, 9, 64), torch.randn(2, 2, 9, 64)
+    kind = SlidingWindowAttention(window=3)
+    for dtype, round_trip in ((torch.int8, lambda x: dequantize_int8(*quantize_int8(x),
+                                                                     torch.float32)),
+                              (torch.int4, lambda x: dequantize_int4(*quantize_int4(x, 32),
+                                                                     torch.float32))):
+        quantized, exact = (kind.new_cache(2, 2, 64, 9, d, "cpu")
+                            for d in (dtype, torch.float32))
+        kq, vq = round_trip(k), round_trip(v)
+        for cache in (quantized, exact):
+            cache.allow_rewind(1)
+        for start, end in ((0, 4), (4, 5), (5, 7)):
+            got = quantized.attend(q[:, :, start:end], k[:, :, start:end], v[:, :, start:end],
+                                   None, causal=True, impl="sdpa")
+            expected = exact.attend(q[:, :, start:end], kq[:, :, start:end],
+                                    vq[:, :, start:end], None, causal=True, impl="sdpa")
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+        quantized.rewind(6)
+        exact.rewind(6)
+        torch.testing.assert_close(
+            quantized.attend(q[:, :, 7:9], k[:, :, 7:9], v[:, :, 7:9], None, causal=True,
+                             impl="sdpa"),
+            exact.attend(q[:, :, 7:9], kq[:, :, 7:9], vq[:, :, 7:9], None, causal=True,
+                         impl="sdpa"), rtol=0, atol=1e-6)
+        assert quantized.held == exact.held == 4
+    full = kind.new_cache(1, 1, 64, 100, torch.int4, "meta")
+    assert full.nbytes == 2 * (32 + 8) * 3
+
+
 @pytest.mark.parametrize("kind,dtype", [(kind, torch.float32) for kind in KINDS]
-                         + [(SoftmaxAttention(), torch.int4)], ids=lambda x: str(x)[:20])
+                         + [(SoftmaxAttention(), torch.int4),
+                            (SlidingWindowAttention(window=3), torch.int8),
+                            (SlidingWindowAttention(window=3), torch.int4)],
+                         ids=lambda x: str(x)[:20])
 def test_every_cache_reorders_like_index_select(kind, dtype):
     """After a reorder, a step attends exactly as caches built from the chosen rows."""
     torch.manual_seed(0)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from transduce import checkpoint
+from transduce.attention import SlidingWindowAttention
 from transduce.cli import build_parser, main
 from transduce.config import ConfigError, preset
 from transduce.data.tokenizer import Tokenizer
@@ -79,6 +80,34 @@ def test_batched_prompts_equal_prompts_alone(model, generator, settings):
              for p, seed in zip(PROMPTS, seeds)]
     assert together == alone
     assert len(together) == len(PROMPTS) and any(together)
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "int4"])
+def test_a_sliding_window_in_int8_or_int4_batches_prompts_as_alone(tiny_corpus, kv_dtype):
+    """A window of 3 keys held quantized, sliding over left-padded prompts and outputs
+    longer than it: each prompt as alone (int8: most texts the float window's; this
+    random model's near ties turn under int4's 16 levels), and its memory the window's
+    whatever the length."""
+    torch.manual_seed(0)
+    tokenizer = Tokenizer(tiny_corpus / "spm.model")
+    sliding = build_model(preset("gpt-tiny", src_vocab_size=tokenizer.vocab_size,
+                                 tgt_vocab_size=tokenizer.vocab_size, max_positions=64,
+                                 attention_type="sliding", attention_window=3)).eval()
+    generator = Generator(sliding, tokenizer, kv_dtype=kv_dtype)
+    together = generator.generate(PROMPTS, max_new_tokens=16)
+    assert together == [generator.generate([p], max_new_tokens=16)[0] for p in PROMPTS]
+    floats = Generator(sliding, tokenizer).generate(PROMPTS, max_new_tokens=16)
+    same = sum(a == b for a, b in zip(together, floats))
+    assert any(together) and (kv_dtype == "int4" or same >= len(PROMPTS) // 2)
+    state = generator.model.prefill(torch.tensor([[5, 6, 7, 8, 9]]), 40,
+                                    cache_dtype=getattr(torch, kv_dtype))
+    sizes = {state.caches[0].nbytes}
+    for token in range(10, 30):
+        generator.model.decode_step(torch.tensor([[token]]), state)
+        sizes.add(state.caches[0].nbytes)
+    assert sizes == {SlidingWindowAttention(3).cache_bytes(
+        1, 40, sliding.config.kv_heads, sliding.config.head_dim, getattr(torch, kv_dtype))[0]}
+    assert state.caches[0].held == 3
 
 
 def test_each_prompt_samples_from_its_own_seed(generator, monkeypatch):

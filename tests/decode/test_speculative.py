@@ -126,6 +126,8 @@ def test_a_sliding_window_cache_forgets_as_many_tokens_as_it_was_allowed_to():
     ("llama-tiny", {}, {"dtype": "int8"}),
     ("gpt-tiny", {"attention_type": "sliding", "attention_window": 4}, {}),
     ("llama-tiny", {"attention_type": "sliding", "attention_window": 3}, {}),
+    ("gpt-tiny", {"attention_type": "sliding", "attention_window": 4}, {"kv_dtype": "int8"}),
+    ("llama-tiny", {"attention_type": "sliding", "attention_window": 3}, {"kv_dtype": "int4"}),
 ])
 def test_generation_is_greedy_search_s_for_every_draft_length(tokenizer, name, changes,
                                                                settings, draft_by,

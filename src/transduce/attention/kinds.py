@@ -28,7 +28,8 @@ from transduce.attention.kv_cache import (Attended, AttentionCache, Int4KVCache,
                                           kv_cache_bytes, refuse_position_bias)
 from transduce.attention.linear import (LinearStateCache, linear_attention,
                                         linear_attention_weights)
-from transduce.attention.local import SlidingKVCache, sliding_window_attention
+from transduce.attention.local import (QuantizedSlidingKVCache, SlidingKVCache,
+                                      sliding_window_attention)
 from transduce.attention.sparse import Pattern, pattern_attention
 from transduce.config import AttentionType, choices
 
@@ -126,13 +127,14 @@ class SlidingWindowAttention:
                          dropout_p=dropout_p, return_weights=return_weights)
 
     def new_cache(self, batch, kv_heads, head_dim, max_len, dtype, device):
-        _refuse_int8(dtype, self.name)
+        if dtype in (torch.int8, torch.int4):
+            return QuantizedSlidingKVCache(batch, kv_heads, self.window, head_dim,
+                                           dtype=dtype, max_len=max_len, device=device)
         return SlidingKVCache(batch, kv_heads, self.window, head_dim, max_len=max_len,
                               dtype=dtype, device=device)
 
     def cache_bytes(self, batch, tokens, kv_heads, head_dim, dtype):
         """Softmax attention's formula over the tokens the window keeps."""
-        _refuse_int8(dtype, self.name)
         kept = min(tokens, self.window)
         size, words = SoftmaxAttention().cache_bytes(batch, kept, kv_heads, head_dim, dtype)
         return size, words.replace(f"{kept} tokens", f"{kept} tokens (the window)") \

@@ -21,7 +21,9 @@ from torch import Tensor
 
 from transduce.attention import masks
 from transduce.attention.kernels import attention
-from transduce.attention.kv_cache import (Attended, AttentionCache, element_size,
+from transduce.attention.kv_cache import (Attended, AttentionCache, dequantize_int4,
+                                          dequantize_int8, element_size, int4_group,
+                                          kv_cache_bytes, quantize_int4, quantize_int8,
                                           refuse_position_bias)
 
 MIN_BLOCK = 8
@@ -99,7 +101,8 @@ class SlidingKVCache(AttentionCache):
     """The last `window` keys and values: all a sliding-window decoder step can attend
     to besides its own key. Memory stays (B, Hkv, window, D) however long the output;
     (B, Hkv, window + r, D) once allow_rewind(r), so that forgetting r tokens leaves the
-    window the next step reads (the band mask keeps the older keys out of attention)."""
+    window the next step reads (the band mask keeps the older keys out of attention).
+    Every buffer (`_buffers`) holds the same positions along dim 2."""
 
     _buffers = ("k", "v")
 
@@ -130,15 +133,25 @@ class SlidingKVCache(AttentionCache):
         """Keys held now (at most window + rewindable)."""
         return self.k.shape[2]
 
+    def encode(self, k_new: Tensor, v_new: Tensor) -> dict[str, Tensor]:
+        """This step's keys and values as the buffers hold them, by buffer name."""
+        return {"k": k_new, "v": v_new}
+
+    def decode(self, held: dict[str, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Buffers -> keys and values (B, Hkv, S, D) in dtype."""
+        return held["k"], held["v"]
+
     def update(self, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
         """Append (B, Hkv, T, D) -> the held keys and values followed by the new ones
         (B, Hkv, held + T, D); the first of them sits at position length - held."""
-        k_all = torch.cat([self.k, k_new], dim=2)
-        v_all = torch.cat([self.v, v_new], dim=2)
+        new = self.encode(k_new, v_new)
+        every = {name: torch.cat([getattr(self, name), new[name]], dim=2)
+                 for name in self._buffers}
         kept = self.window + self.rewindable
-        self.k, self.v = k_all[:, :, -kept:], v_all[:, :, -kept:]
+        for name, tensor in every.items():
+            setattr(self, name, tensor[:, :, -kept:])
         self.length += k_new.shape[2]
-        return k_all, v_all
+        return self.decode(every, k_new.dtype)
 
     def allow_rewind(self, tokens: int) -> None:
         """Hold `tokens` keys beyond the window from the next update on."""
@@ -155,8 +168,12 @@ class SlidingKVCache(AttentionCache):
                              f"to {length}: it holds the window of {self.window} and "
                              f"{self.rewindable} tokens more that it may forget "
                              f"(allow_rewind)")
-        kept = self.held - forgotten
-        self.k, self.v, self.length = self.k[:, :, :kept], self.v[:, :, :kept], length
+        self._keep(self.held - forgotten)
+        self.length = length
+
+    def _keep(self, positions: int) -> None:
+        for name in self._buffers:
+            setattr(self, name, getattr(self, name)[:, :, :positions])
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
                causal: bool, impl: str, return_weights: bool = False,
@@ -173,4 +190,51 @@ class SlidingKVCache(AttentionCache):
                          return_weights=return_weights)
 
     def reset(self) -> None:
-        self.k, self.v, self.length = self.k[:, :, :0], self.v[:, :, :0], 0
+        self._keep(0)
+        self.length = 0
+
+
+class QuantizedSlidingKVCache(SlidingKVCache):
+    """The window's keys and values in int8 (a float32 scale per token and head) or
+    int4 (two per byte, a scale per group), as QuantizedKVCache and Int4KVCache store
+    them; a step dequantizes the window it attends over."""
+
+    _buffers = ("k", "v", "k_scale", "v_scale")
+
+    def __init__(self, batch_size: int, num_kv_heads: int, window: int, head_dim: int, *,
+                 dtype: torch.dtype, max_len: int | None = None,
+                 device: torch.device | str | None = None):
+        if dtype not in (torch.int8, torch.int4):
+            raise ValueError(f"QuantizedSlidingKVCache stores int8 or int4, not {dtype}")
+        if dtype == torch.int4 and head_dim % 2:
+            raise ValueError(f"an int4 cache packs two values per byte: head_dim={head_dim} "
+                             "must be even")
+        self.stored, self.head_dim = dtype, head_dim
+        self.group = head_dim if dtype == torch.int8 else int4_group(head_dim)
+        width, codes = (head_dim, torch.int8) if dtype == torch.int8 \
+            else (head_dim // 2, torch.uint8)
+        super().__init__(batch_size, num_kv_heads, window, width, max_len=max_len,
+                         dtype=codes, device=device)
+        scales = (batch_size, num_kv_heads, 0, head_dim // self.group)
+        self.k_scale = torch.zeros(scales, device=device)
+        self.v_scale = torch.zeros(scales, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        """The formula's bytes of a full cache (kv_cache_bytes over `capacity` tokens)."""
+        batch, heads = self.k.shape[:2]
+        return kv_cache_bytes(tokens=self.capacity, batch=batch, kv_heads=heads,
+                              head_dim=self.head_dim, dtype=self.stored)
+
+    def encode(self, k_new: Tensor, v_new: Tensor) -> dict[str, Tensor]:
+        (k, k_scale), (v, v_scale) = self._quantized(k_new), self._quantized(v_new)
+        return {"k": k, "v": v, "k_scale": k_scale, "v_scale": v_scale}
+
+    def decode(self, held: dict[str, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        dequantize = dequantize_int8 if self.stored == torch.int8 else dequantize_int4
+        return (dequantize(held["k"], held["k_scale"], dtype),
+                dequantize(held["v"], held["v_scale"], dtype))
+
+    def _quantized(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, Hkv, T, D) -> codes and scales (B, Hkv, T, D / group)."""
+        return quantize_int8(x) if self.stored == torch.int8 else quantize_int4(x, self.group)

@@ -35,8 +35,8 @@ from transduce.decode.draft_model import DraftModel
 from transduce.decode.lookup import NgramIndex
 from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
 from transduce.decode.onnx_lm_engine import OnnxLanguageModel
-from transduce.decode.options import DecodeDtype, Engine, GenerateOptions, KvDtype, \
-    decoding_dtype, is_sampling_seed, use_instead
+from transduce.decode.options import (QUANTIZED_CACHES, DecodeDtype, Engine, GenerateOptions,
+                                      KvDtype, decoding_dtype, is_sampling_seed, use_instead)
 from transduce.decode.penalties import Penalties
 from transduce.decode.sampling import Sampler, prompt_seeds
 from transduce.decode.search import beam_search
@@ -169,9 +169,10 @@ class Generator:
         if kv_dtype is not None and kv_dtype not in choices(KvDtype):
             raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "
                               f"{', '.join(choices(KvDtype))}")
-        if kv_dtype in ("int8", "int4") and model.config.attention_type != "softmax":
-            raise ConfigError(f"kv_dtype={kv_dtype!r} quantizes softmax attention's KV cache; this "
-                              f"model's attention_type is {model.config.attention_type!r}")
+        if kv_dtype in ("int8", "int4") and model.config.attention_type not in QUANTIZED_CACHES:
+            raise ConfigError(f"kv_dtype={kv_dtype!r} quantizes the keys and values of softmax "
+                              f"or sliding-window attention; this model's attention_type is "
+                              f"{model.config.attention_type!r}")
         # The copy's Linear weights are packed for oneDNN (model/packed.py): a decode step
         # streams every weight of the model for a few rows, 1.5-2x faster so on CPUs.
         self.model = decoding_copy(model, getattr(torch, dtype), device, in_place=in_place)

@@ -27,8 +27,8 @@ from transduce.decode.greedy import greedy_hypotheses
 from transduce.decode.inputs import checked_texts
 from transduce.decode.languages import Direction, direction
 from transduce.decode.onnx_engine import OnnxEngine, check_onnx_settings, runs_on_onnxruntime
-from transduce.decode.options import (DecodeDtype, Engine, KvDtype, SearchOptions,
-                                      decoding_dtype, use_instead)
+from transduce.decode.options import (QUANTIZED_CACHES, DecodeDtype, Engine, KvDtype,
+                                      SearchOptions, decoding_dtype, use_instead)
 from transduce.decode.parallel import auto_workers, map_batches
 from transduce.decode.search import Hypothesis, beam_search
 from transduce.errors import InputTooLong, LineTruncated
@@ -91,10 +91,12 @@ class Translator:
         if kv_dtype is not None and kv_dtype not in choices(KvDtype):
             raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "
                               f"{', '.join(choices(KvDtype))}")
-        if kv_dtype in ("int8", "int4") and (model.config.arch != "transformer"
-                                             or model.config.attention_type != "softmax"):
-            raise ConfigError(f"kv_dtype={kv_dtype!r} quantizes softmax attention's KV cache; this "
-                              f"model (arch={model.config.arch!r}, attention_type="
+        if kv_dtype in ("int8", "int4") and (
+                model.config.arch != "transformer"
+                or model.config.attention_type not in QUANTIZED_CACHES):
+            raise ConfigError(f"kv_dtype={kv_dtype!r} quantizes the keys and values of softmax "
+                              f"or sliding-window attention; this model (arch="
+                              f"{model.config.arch!r}, attention_type="
                               f"{model.config.attention_type!r}) has none")
         dtype = decoding_dtype(dtype, device)
         self.kv_dtype = kv_dtype
