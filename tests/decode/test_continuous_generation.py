@@ -207,6 +207,28 @@ def test_a_sliding_window_is_a_band_of_slots(tokenizer, settings, monkeypatch):
         assert any(r is not None and len(r) > 1 for r in runs)
 
 
+@pytest.mark.parametrize("kv_dtype", ["int8", "int4"])
+@pytest.mark.parametrize("window", [None, 3])
+def test_quantized_caches_generate_as_alone(tokenizer, kv_dtype, window):
+    """int8 and int4 keys and values with their scales in the slot buffers (a window's
+    too), through joins, leaves and relayouts: each prompt as it is generated alone with
+    that cache, greedy and sampled."""
+    changes = {} if window is None else {"attention_type": "sliding",
+                                         "attention_window": window}
+    generator = _generator(tokenizer, kv_dtype=kv_dtype, **changes)
+    assert supports(generator)
+    for settings in ({}, {"temperature": 0.9, "top_k": 20, "seed": 3}):
+        options = GenerateOptions(max_new_tokens=14, **settings)
+        seeds = None if options.greedy else prompt_seeds(options.seed, len(PROMPTS))
+        generation = ContinuousGeneration(generator, options)
+        assert generation.caches[0]._buffers == ("k", "v", "k_scale", "v_scale")
+        found, _ = run_continuously(generation, generator, PROMPTS, seeds,
+                                    [0, 0, 1, 4, 4, 9, 12, 30])
+        alone = [generator.generate([p], options, seeds=None if seeds is None else [seed])[0]
+                 for p, seed in zip(PROMPTS, seeds or [None] * len(PROMPTS))]
+        assert found == alone and any(found)
+
+
 def test_bfloat16_model_with_float32_cache(tokenizer):
     generator = _generator(tokenizer, dtype="bfloat16", kv_dtype="float32")
     options = GenerateOptions(max_new_tokens=10)
@@ -219,10 +241,10 @@ def test_bfloat16_model_with_float32_cache(tokenizer):
 def test_refuses_what_it_cannot_generate(generator, tokenizer):
     with pytest.raises(ValueError, match="beam=2"):
         ContinuousGeneration(generator, GenerateOptions(beam=2))
-    quantized = _generator(tokenizer, kv_dtype="int8")
-    assert supports(generator) and not supports(quantized)
-    with pytest.raises(ValueError, match="plain KV caches"):
-        ContinuousGeneration(quantized, GenerateOptions())
+    linear = _generator(tokenizer, attention_type="linear")
+    assert supports(generator) and not supports(linear)
+    with pytest.raises(ValueError, match="KV caches of softmax or sliding-window attention"):
+        ContinuousGeneration(linear, GenerateOptions())
     greedy = ContinuousGeneration(generator, GenerateOptions())
     with pytest.raises(ValueError, match="one tag per prompt"):
         greedy.add([[1, 5]], [])

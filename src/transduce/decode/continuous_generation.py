@@ -15,7 +15,9 @@ would make every prompt as long as the longest. Its positions count from its fir
 slot, and it attends to its own slots only, so it generates what it would alone: in
 float32 each row reads just those (the one-query kernel, attention/one_query.py, as the
 continuous beam search does), elsewhere the window from the oldest row's first slot
-under a mask. A sliding window (Mistral's) is a band of slots, the same for every row:
+under a mask. int8 and int4 caches hold their scales in slot buffers of their own,
+moved with the keys and values. A sliding window (Mistral's) is a band of slots, the
+same for every row:
 a row reads from its own first slot or the window's, whichever is later. Slots before
 the oldest running row's first are never read; when the buffers lack room (for more
 rows, a longer prompt, the next slot) they are laid out again from that slot, with
@@ -39,7 +41,7 @@ from typing import Any, Hashable, Sequence
 import torch
 from torch import Tensor
 
-from transduce.attention.kv_cache import KVCache
+from transduce.attention.kv_cache import Int4KVCache, KVCache, QuantizedKVCache
 from transduce.attention.local import SlidingKVCache
 from transduce.decode.generate import Continuation, Generator, left_pad
 from transduce.decode.options import GenerateOptions
@@ -65,12 +67,12 @@ class _Row:
 
 def supports(generator: Generator) -> bool:
     """Whether `generator` can generate continuously: a PyTorch model (not an ONNX
-    export) whose caches hold keys and values as they are (softmax attention, or a
-    sliding window, whose band the slots' mask keeps), not quantized."""
+    export) whose caches hold keys and values, as they are or quantized (softmax
+    attention, or a sliding window, whose band the slots' mask keeps)."""
     if not isinstance(generator.model, DecoderOnly):
         return False
     caches = generator.model.new_caches(1, 1, generator.cache_dtype or torch.float32, "meta")
-    return all(type(cache) in (KVCache, SlidingKVCache) for cache in caches)
+    return all(isinstance(cache, (KVCache, SlidingKVCache)) for cache in caches)
 
 
 def _window(model: DecoderOnly) -> int | None:
@@ -81,19 +83,26 @@ def _window(model: DecoderOnly) -> int | None:
 
 def _slot_caches(model: DecoderOnly, dtype: torch.dtype, device: torch.device | str
                  ) -> list[KVCache]:
-    """A plain KVCache per layer, whose buffers _decode points at the slots: a window
-    is a band of slots in the mask, the same for every row."""
+    """A full cache per layer (KVCache, or QuantizedKVCache / Int4KVCache for int8 and
+    int4), whose buffers _decode points at the slots: a window is a band of slots in the
+    mask, the same for every row."""
     c = model.config
+    if dtype == torch.int8:
+        return [QuantizedKVCache(0, c.kv_heads, 0, c.head_dim, device=device)
+                for _ in model.decoder.layers]
+    if dtype == torch.int4:
+        return [Int4KVCache(0, c.kv_heads, 0, c.head_dim, device=device)
+                for _ in model.decoder.layers]
     return [KVCache(0, c.kv_heads, 0, c.head_dim, dtype=dtype, device=device)
             for _ in model.decoder.layers]
 
 
-def _prefilled(cache: KVCache | SlidingKVCache) -> tuple[Tensor, Tensor]:
-    """A prefilled cache's keys and values of its latest tokens (N, Hkv, n, D): all of
-    them, or the window's."""
-    if isinstance(cache, SlidingKVCache):
-        return cache.k, cache.v
-    return cache.k[:, :, :cache.length], cache.v[:, :, :cache.length]
+def _prefilled(cache: KVCache | SlidingKVCache) -> list[Tensor]:
+    """A prefilled cache's buffers (keys and values, and their scales where quantized)
+    over its latest tokens (N, Hkv, n, ...): all of them, or the window's."""
+    buffers = [getattr(cache, name) for name in cache._buffers]
+    return buffers if isinstance(cache, SlidingKVCache) else \
+        [buffer[:, :, :cache.length] for buffer in buffers]
 
 
 class ContinuousGeneration:
@@ -111,15 +120,16 @@ class ContinuousGeneration:
         _check_beam(options)
         if not supports(generator):
             raise ValueError("this generator cannot generate continuously: it needs the "
-                             "plain KV caches of softmax or sliding-window attention (no "
-                             "kv_dtype)")
+                             "KV caches of softmax or sliding-window attention")
         self.generator, self.options, self.model = generator, options, generator.model
         self.device, self.window = generator.device, _window(generator.model)
         self.rows: list[_Row] = []                   # running, in row order
         self.slot = 0                                # the slot the next step writes
         self.cache_dtype = generator.cache_dtype or self.model.decoder.embed.embedding.weight.dtype
         self.caches = _slot_caches(self.model, self.cache_dtype, self.device)
-        self._keys = [(cache.k, cache.v) for cache in self.caches]   # (R, Hkv, T, D)
+        # per layer its cache's buffers (R, Hkv, T, ...): keys, values (and their scales)
+        self._keys = [tuple(getattr(cache, name) for name in cache._buffers)
+                      for cache in self.caches]
         self._tokens = torch.zeros(0, dtype=torch.long, device=self.device)   # (R,) fed next
         self._starts = torch.zeros(0, dtype=torch.long, device=self.device)   # (R,)
         self._penalties: Penalties | None = None     # once a row has a penalty or bias
@@ -262,9 +272,10 @@ class ContinuousGeneration:
         first = int(starts.min())
         if self.window is not None:
             first = max(first, self.slot - self.window)
-        for cache, (k, v) in zip(self.caches, self._keys):
-            cache.k, cache.v, cache.length = k[:count, :, first:], v[:count, :, first:], \
-                self.slot - first
+        for cache, buffers in zip(self.caches, self._keys):
+            for name, buffer in zip(cache._buffers, buffers):
+                setattr(cache, name, buffer[:count, :, first:])
+            cache.length = self.slot - first
         tokens, offsets = self._tokens[:count, None], starts - first          # (R, 1), (R,)
         reads_from = offsets.clamp(min=0)
         runs, step = _runs(reads_from.tolist()), self.model.decoder.fast_step
@@ -292,10 +303,9 @@ class ContinuousGeneration:
                                     self.device)                                  # (N, P)
             state = self.model.prefill(prompt, 0, src_mask=mask, cache_dtype=self.cache_dtype)
             rows = torch.tensor([first + i for i in group], device=self.device)
-            for (k, v), cache in zip(self._keys, state.caches):
-                keys, values = _prefilled(cache)                      # (N, Hkv, n, D)
-                k[rows, :, self.slot - keys.shape[2]:self.slot] = keys
-                v[rows, :, self.slot - keys.shape[2]:self.slot] = values
+            for buffers, cache in zip(self._keys, state.caches):
+                for buffer, held in zip(buffers, _prefilled(cache)):    # (N, Hkv, n, ...)
+                    buffer[rows, :, self.slot - held.shape[2]:self.slot] = held
 
     def _keep(self, kept: list[int]) -> None:
         """Keep rows `kept` at the top of the buffers and forget the others: the kept
@@ -319,9 +329,8 @@ class ContinuousGeneration:
             return
         dst, src = torch.tensor(holes, device=self.device), torch.tensor(movers, device=self.device)
         first = int(self._starts[src].min())
-        for k, v in self._keys:
-            k[dst, :, first:self.slot] = k[src, :, first:self.slot]
-            v[dst, :, first:self.slot] = v[src, :, first:self.slot]
+        for buffer in itertools.chain.from_iterable(self._keys):
+            buffer[dst, :, first:self.slot] = buffer[src, :, first:self.slot]
         for buffer in (self._tokens, self._starts):
             buffer[dst] = buffer[src]
         if self._penalties is not None:
@@ -341,13 +350,13 @@ class ContinuousGeneration:
         new_rows = max(new_rows, have_rows)
         slots = max(2 * (lead + 1), MIN_SLOTS)
         moved = []
-        for k, v in self._keys:
-            pair = []
-            for old in (k, v):
+        for buffers in self._keys:
+            layer = []
+            for old in buffers:
                 new = old.new_zeros(new_rows, old.shape[1], slots, old.shape[3])
                 new[:count, :, lead - live:lead] = old[:count, :, oldest:self.slot]
-                pair.append(new)
-            moved.append(tuple(pair))
+                layer.append(new)
+            moved.append(tuple(layer))
         self._keys = moved
         self._starts = self._starts + (lead - self.slot)
         self.slot = lead

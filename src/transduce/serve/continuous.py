@@ -110,7 +110,7 @@ def generation_stream(generator: Generator, options: GenerateOptions
                       ) -> Callable[[int], Stream] | None:
     """A factory of the stream that generates jobs of these settings (one stream takes
     jobs of any greedy or sampled settings), or None where they cannot be generated
-    continuously (beam search, a quantized cache): their jobs are then
+    continuously (beam search, linear attention): their jobs are then
     generated as whole batches."""
     if options.beam != 1 or not supports(generator):
         return None

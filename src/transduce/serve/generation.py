@@ -5,9 +5,9 @@ each prompt draws from its own seed (prompt_seeds of the request's seed and its 
 the request). Greedy and sampled requests of any settings, whole or streamed, are batched
 continuously (serve/continuous.py's GenerationStream): prompts join the running batch
 between steps, each with its request's settings, and leave it, answered, when done. Beam
-search, a quantized cache, or --static-batches run whole batches of requests
-with the same settings, with Generator.generate or, streamed, Generator.stream_batch. A
-streamed request gets each step's new text as it is made.
+search or --static-batches run whole batches of requests with the same settings, with
+Generator.generate or, streamed, Generator.stream_batch. A streamed request gets each
+step's new text as it is made.
 """
 
 from __future__ import annotations
