@@ -95,6 +95,29 @@ def test_a_long_stream_compacts_its_slots_and_stays_exact(written_out):
     assert search.running == 0 and search.slot == 0
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.int8, torch.int4])
+def test_quantized_caches_decode_continuously_as_alone(cache_dtype):
+    """int8 and int4 keys and values with their scales in the slot buffers: moved with
+    the beams, compacted and grown, each sentence as beam_search with that cache. The
+    same tokens; a log-probability within 1e-4 of its size (measured: 2e-5 int8, 5e-5
+    int4, where float32 caches give 6e-7): a key computed in other company differs in
+    its last bits, and one at a rounding boundary then takes the next integer."""
+    model = real_model()
+    torch.manual_seed(6)
+    lengths = torch.randint(2, 10, (24,)).tolist()
+    src = padded_sources(lengths)
+    search = ContinuousBeamSearch(model, bos_id=BOS, eos_id=EOS, beam=3, nbest=2,
+                                  cache_dtype=cache_dtype)
+    assert search.caches[0]._buffers == ("k", "v", "k_scale", "v_scale")
+    results, most_slots = run_schedule(search, src, [i // 2 for i in range(24)])
+    assert most_slots <= 2 * (max(lengths) + 50) + 2
+    for i in range(24):
+        expected = alone(model, src[i], beam=3, nbest=2, cache_dtype=cache_dtype)
+        assert [h.tokens for h in results[i]] == [h.tokens for h in expected]
+        assert [h.log_prob for h in results[i]] == \
+            pytest.approx([h.log_prob for h in expected], rel=1e-4)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int8])
 def test_packed_decoding_copy_decodes_continuously(dtype, monkeypatch):
     if dtype == torch.int8:
@@ -120,6 +143,7 @@ def test_models_without_plain_kv_caches_are_refused():
     local = Transformer(preset("tiny", src_vocab_size=24, tgt_vocab_size=24,
                                attention_type="sliding", attention_window=4))
     assert supports(real_model()) and not supports(local) and not supports(object())
+    assert supports(real_model(), torch.int4) and not supports(local, torch.int8)
     with pytest.raises(ValueError, match="cannot decode continuously"):
         ContinuousBeamSearch(local, bos_id=BOS, eos_id=EOS)
     with pytest.raises(ValueError, match="nbest=5"):

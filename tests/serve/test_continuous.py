@@ -63,10 +63,20 @@ def test_bfloat16_jobs_are_all_answered(translation_dir):
         assert all(len(hypotheses) == 2 for hypotheses in results)
 
 
-def test_quantized_caches_are_batched_whole(translation_dir):
+def test_quantized_caches_are_batched_continuously(translation_dir):
+    """An int8 cache's jobs: offline translation's texts, each score within 1e-4 of its
+    size (a key computed in other company can round to the next integer)."""
     quantized = load(translation_dir, kv_dtype="int8")
-    assert not quantized.decodes_continuously
-    assert translation_stream(quantized, 4, 0.6, 1, None) is None
+    assert quantized.decodes_continuously
+    stream = translation_stream(quantized, 4, 0.6, 1, None)(0)
+    jobs = [job(SENTENCES[:4]), job(SENTENCES[4:])]
+    answered, _ = run(stream, [jobs[:1], [], [jobs[1]]])
+    for each in jobs:
+        results = answered[each][0]
+        expected = quantized.translate_nbest(each.payload, 1, beam=4)
+        assert [[t.text for t in h] for h in results] == [[t.text for t in h] for h in expected]
+        assert [[t.score for t in h] for h in results] == \
+            [pytest.approx([t.score for t in h], rel=1e-4) for h in expected]
 
 
 # ------------------------------------------------------------------ generation streams

@@ -31,13 +31,14 @@ the order in which a kernel sums (last-bit differences; tested equal on real out
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from transduce.attention.kv_cache import KVCache
+from transduce.attention.kv_cache import Int4KVCache, KVCache, QuantizedKVCache
 from transduce.decode.search import (Hypothesis, best_extensions, fill_holes, finish_eos,
                                      finish_live, length_penalty, max_lengths, sentence_done)
 from transduce.model.transformer import Transformer
@@ -52,13 +53,14 @@ class _Sentence:
     finished: list[Hypothesis] = field(default_factory=list)
 
 
-def supports(model: Any) -> bool:
-    """Whether `model` can decode continuously: an encoder-decoder Transformer whose
-    self-attention caches are plain KVCaches (softmax attention over every key)."""
+def supports(model: Any, cache_dtype: torch.dtype | None = None) -> bool:
+    """Whether `model` can decode continuously with caches of `cache_dtype`: an
+    encoder-decoder Transformer whose self-attention caches hold softmax attention's
+    keys and values over every token, as they are or quantized (int8, int4)."""
     if not isinstance(model, Transformer):
         return False
-    caches = model.new_caches(1, 1, torch.float32, "meta")
-    return all(type(cache) is KVCache for cache in caches)
+    caches = model.new_caches(1, 1, cache_dtype or torch.float32, "meta")
+    return all(type(cache) in (KVCache, QuantizedKVCache, Int4KVCache) for cache in caches)
 
 
 class ContinuousBeamSearch:
@@ -73,8 +75,11 @@ class ContinuousBeamSearch:
     """
 
     def __init__(self, model: Transformer, *, bos_id: int, eos_id: int, beam: int = 4,
-                 alpha: float = 0.6, nbest: int = 1, max_len: int | None = None):
-        if not supports(model):
+                 alpha: float = 0.6, nbest: int = 1, max_len: int | None = None,
+                 cache_dtype: torch.dtype | None = None):
+        """cache_dtype: the self-attention caches' (torch.int8, torch.int4: quantized;
+        None: the model's)."""
+        if not supports(model, cache_dtype):
             raise ValueError(f"{type(model).__name__} cannot decode continuously: it needs an "
                              "encoder-decoder Transformer with softmax attention's KV caches")
         if not 1 <= nbest <= beam:
@@ -87,9 +92,11 @@ class ContinuousBeamSearch:
         self.sentences: list[_Sentence] = []        # running, in row order
         self.slot = 0                                # the slot the next step writes
         # Buffers at capacity; the running rows are their first ones. Sized by _grow.
-        self.caches = model.new_caches(0, 0, self.dtype, self.device)
-        self._keys = [(cache.k, cache.v) for cache in self.caches]   # (R, Hkv, T, D)
-        empty = self.caches[0].k.new_zeros(0, c.kv_heads, 0, c.head_dim)
+        self.caches = model.new_caches(0, 0, cache_dtype or self.dtype, self.device)
+        # per layer its cache's buffers (R, Hkv, T, ...): keys, values (and their scales)
+        self._keys = [tuple(getattr(cache, name) for name in cache._buffers)
+                      for cache in self.caches]
+        empty = torch.zeros(0, c.kv_heads, 0, c.head_dim, dtype=self.dtype, device=self.device)
         self._memory = [(empty, empty.clone()) for _ in self.caches]    # (A, Hkv, S, D)
         self._memory_mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # (A, S)
         self._history = torch.zeros(0, 0, dtype=torch.long, device=self.device)      # (R, T)
@@ -157,8 +164,7 @@ class ContinuousBeamSearch:
         """The bos of sentences [first:first + new] through the decoder, into `slot` of
         their rows' caches (position 0); their logits are not needed."""
         rows = slice(first * self.beam, (first + new) * self.beam)
-        for cache, (k, v) in zip(self.caches, self._keys):
-            cache.k, cache.v, cache.length = k[rows, :, slot:], v[rows, :, slot:], 0
+        self._view_caches(rows, slot, 0)
         memory_kv = [(k[first:first + new, :, :width], v[first:first + new, :, :width])
                      for k, v in self._memory]
         memory_mask = self._memory_mask[first:first + new, None, None, :width]
@@ -201,12 +207,19 @@ class ContinuousBeamSearch:
         return [(s.tag, sorted(s.finished, key=lambda h: h.score, reverse=True)[:self.nbest])
                 for s in done]
 
+    def _view_caches(self, rows: slice, start: int, length: int) -> None:
+        """Point the caches at rows `rows` of the buffers from slot `start` on, `length`
+        slots of them filled."""
+        for cache, buffers in zip(self.caches, self._keys):
+            for name, buffer in zip(cache._buffers, buffers):
+                setattr(cache, name, buffer[rows, :, start:])
+            cache.length = length
+
     def _decode(self, rows: int, slot: int) -> Tensor:
         """The running rows' tokens at `slot` through the decoder -> logits (R, V).
         The caches are views from the oldest bos on: slots before it are never read."""
         first = self._oldest_bos()
-        for cache, (k, v) in zip(self.caches, self._keys):
-            cache.k, cache.v, cache.length = k[:rows, :, first:], v[:rows, :, first:], slot - first
+        self._view_caches(slice(0, rows), first, slot - first)
         sentences, beam, width = rows // self.beam, self.beam, self._source_width
         memory_kv = [(k[:sentences, :, :width], v[:sentences, :, :width])
                      for k, v in self._memory]
@@ -289,9 +302,8 @@ class ContinuousBeamSearch:
             return ((rows[:, None] * len(heads) + heads) * held_slots + slots[:, None]).view(-1)
 
         target, source = cells(rows), cells(sources)
-        for k, v in self._keys:
-            _copy_cells(k.view(-1, k.shape[-1]), target, source)
-            _copy_cells(v.view(-1, v.shape[-1]), target, source)
+        for buffer in itertools.chain.from_iterable(self._keys):
+            _copy_cells(buffer.view(-1, buffer.shape[-1]), target, source)
 
     def _make_room(self, sentences: int, width: int, slots: int) -> None:
         """Buffers for `sentences` sentences, sources `width` wide and `slots` slots: drop
@@ -310,9 +322,8 @@ class ContinuousBeamSearch:
     def _compact(self, first: int) -> None:
         """Drop slots [:first], which no running sentence attends."""
         rows, end = len(self.sentences) * self.beam, self.slot   # slots written so far
-        for k, v in self._keys:
-            k[:rows, :, :end - first] = k[:rows, :, first:end].clone()
-            v[:rows, :, :end - first] = v[:rows, :, first:end].clone()
+        for buffer in itertools.chain.from_iterable(self._keys):
+            buffer[:rows, :, :end - first] = buffer[:rows, :, first:end].clone()
         self._history[:rows, :end - first] = self._history[:rows, first:end].clone()
         self._offsets[:len(self.sentences)] -= first
         for sentence in self.sentences:
@@ -329,9 +340,8 @@ class ContinuousBeamSearch:
         held_sentences, held_width = self._memory_mask.shape
         n_rows, n_slots = size(sentences * self.beam, held_rows), size(slots, held_slots)
         n_sentences, n_width = size(sentences, held_sentences), size(width, held_width)
-        self._keys = [(_resized(k, (n_rows, k.shape[1], n_slots, k.shape[3])),
-                       _resized(v, (n_rows, v.shape[1], n_slots, v.shape[3])))
-                      for k, v in self._keys]
+        self._keys = [tuple(_resized(b, (n_rows, b.shape[1], n_slots, b.shape[3]))
+                            for b in buffers) for buffers in self._keys]
         self._memory = [(_resized(k, (n_sentences, k.shape[1], n_width, k.shape[3])),
                          _resized(v, (n_sentences, v.shape[1], n_width, v.shape[3])))
                         for k, v in self._memory]

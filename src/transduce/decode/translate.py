@@ -123,11 +123,16 @@ class Translator:
         return cls(model, Tokenizer(directory / checkpoint.TOKENIZER), device, dtype, kv_dtype,
                    workers, in_place=True)
 
+    @property
+    def cache_dtype(self) -> torch.dtype | None:
+        """The self-attention caches' type (None: the model's)."""
+        return getattr(torch, self.kv_dtype) if self.kv_dtype else None
+
     @functools.cached_property
     def decodes_continuously(self) -> bool:
         """Whether sentences can join and leave a running search (decode/continuous.py):
-        a PyTorch Transformer with plain KV caches (not quantized: kv_dtype None)."""
-        return self.kv_dtype is None and continuous.supports(self.model)
+        a PyTorch Transformer with softmax attention's KV caches, quantized or not."""
+        return continuous.supports(self.model, self.cache_dtype)
 
     @property
     def language_codes(self) -> dict[str, int] | None:
@@ -184,7 +189,7 @@ class Translator:
         ids = self.encode(lines, strict, first_line_number, way.source_prefix)
         empty = [Translation("", 0.0)] * options.nbest
         results: list[list[Translation]] = [empty for _ in lines]
-        cache_dtype = getattr(torch, self.kv_dtype) if self.kv_dtype else None
+        cache_dtype = self.cache_dtype
 
         def search(indices: list[int]) -> list[list[Hypothesis]]:   # on a worker
             src = pad_sources([ids[i] for i in indices], self.device)

@@ -35,10 +35,10 @@ def translation_stream(translator: Translator, beam: int, alpha: float, nbest: i
                        ) -> Callable[[int], Stream] | None:
     """A factory of streams for these search settings and languages (a multilingual
     model's; called with the decoder's rank), or None where the translator cannot decode
-    continuously (an ONNX export, an RNN, a quantized or windowed cache): its jobs are
-    then decoded as whole batches. processes: by decoder rank, the DecoderProcess
-    (processes.py) that decodes its streams; a decoder without one decodes them in its
-    own thread."""
+    continuously (an ONNX export, an RNN, a sliding window or linear attention): its
+    jobs are then decoded as whole batches. processes: by decoder rank, the
+    DecoderProcess (processes.py) that decodes its streams; a decoder without one
+    decodes them in its own thread."""
     if not translator.decodes_continuously:
         return None
     settings = (beam, alpha, nbest, max_length, languages)
@@ -68,7 +68,8 @@ class TranslationStream:
         self.way = translator.direction(*(languages or (None, None)))
         self.search = ContinuousBeamSearch(translator.model, bos_id=BOS_ID, eos_id=EOS_ID,
                                            beam=beam, alpha=alpha, nbest=nbest,
-                                           max_len=max_length)
+                                           max_len=max_length,
+                                           cache_dtype=translator.cache_dtype)
         self.pending: dict[Job, _Pending] = {}
         self.ready: list[Job] = []             # done without a step: only empty texts
 
