@@ -17,12 +17,11 @@ float32 each row reads just those (the one-query kernel, attention/one_query.py,
 continuous beam search does), elsewhere the window from the oldest row's first slot
 under a mask. int8 and int4 caches hold their scales in slot buffers of their own,
 moved with the keys and values. A sliding window (Mistral's) is a band of slots, the
-same for every row:
-a row reads from its own first slot or the window's, whichever is later. Slots before
-the oldest running row's first are never read; when the buffers lack room (for more
-rows, a longer prompt, the next slot) they are laid out again from that slot, with
-twice the room needed, so that this is rare. (A window's older slots are kept until
-then too: the buffers hold what softmax attention's would.)
+same for every row: a row reads from its own first slot or the window's, whichever is
+later. Slots before the oldest running row's first are never read; when the buffers
+lack room (for more rows, a longer prompt, the next slot) they are laid out again from
+that slot, with twice the room needed, so that this is rare. (A window's older slots
+are kept until then too: the buffers hold what softmax attention's would.)
 
 Each row is generated as Generator.generate generates it alone, with its own settings
 (prompts of any settings share the batch): greedy, or sampled at its temperature, top_k
@@ -41,7 +40,8 @@ from typing import Any, Hashable, Sequence
 import torch
 from torch import Tensor
 
-from transduce.attention.kv_cache import Int4KVCache, KVCache, QuantizedKVCache
+from transduce.attention.kinds import SoftmaxAttention
+from transduce.attention.kv_cache import KVCache
 from transduce.attention.local import SlidingKVCache
 from transduce.decode.generate import Continuation, Generator, left_pad
 from transduce.decode.options import GenerateOptions
@@ -83,17 +83,11 @@ def _window(model: DecoderOnly) -> int | None:
 
 def _slot_caches(model: DecoderOnly, dtype: torch.dtype, device: torch.device | str
                  ) -> list[KVCache]:
-    """A full cache per layer (KVCache, or QuantizedKVCache / Int4KVCache for int8 and
-    int4), whose buffers _decode points at the slots: a window is a band of slots in the
-    mask, the same for every row."""
+    """Softmax attention's cache per layer (KVCache, or QuantizedKVCache / Int4KVCache
+    for int8 and int4), whose buffers _decode points at the slots: a window is a band of
+    slots in the mask, the same for every row."""
     c = model.config
-    if dtype == torch.int8:
-        return [QuantizedKVCache(0, c.kv_heads, 0, c.head_dim, device=device)
-                for _ in model.decoder.layers]
-    if dtype == torch.int4:
-        return [Int4KVCache(0, c.kv_heads, 0, c.head_dim, device=device)
-                for _ in model.decoder.layers]
-    return [KVCache(0, c.kv_heads, 0, c.head_dim, dtype=dtype, device=device)
+    return [SoftmaxAttention().new_cache(0, c.kv_heads, c.head_dim, 0, dtype, device)
             for _ in model.decoder.layers]
 
 
