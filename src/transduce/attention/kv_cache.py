@@ -88,13 +88,15 @@ class AttentionCache(ABC):
     def allow_rewind(self, tokens: int) -> None:
         """From now on, keep what forgetting the latest `tokens` tokens needs (a
         speculative search's rejected drafts). Running sums cannot be taken apart."""
-        raise ValueError(f"{type(self).__name__} cannot forget tokens it has taken: only "
-                         "the caches of softmax and sliding-window attention can rewind")
+        raise self._cannot_forget()
 
     def rewind(self, length: int) -> None:
         """Forget every token after the first `length`, where allow_rewind() allows."""
-        raise ValueError(f"{type(self).__name__} cannot forget tokens it has taken: only "
-                         "the caches of softmax and sliding-window attention can rewind")
+        raise self._cannot_forget()
+
+    def _cannot_forget(self) -> ValueError:
+        return ValueError(f"{type(self).__name__} cannot forget tokens it has taken: only "
+                          "the caches of softmax and sliding-window attention can rewind")
 
 
 class KVCache(AttentionCache):

@@ -21,9 +21,8 @@ from torch import Tensor
 
 from transduce.attention import masks
 from transduce.attention.kernels import attention
-from transduce.attention.kv_cache import (Attended, AttentionCache, dequantize_int4,
-                                          dequantize_int8, element_size, int4_group,
-                                          kv_cache_bytes, quantize_int4, quantize_int8,
+from transduce.attention.kv_cache import (Attended, AttentionCache, Int4KVCache,
+                                          QuantizedKVCache, element_size, kv_cache_bytes,
                                           refuse_position_bias)
 
 MIN_BLOCK = 8
@@ -196,28 +195,24 @@ class SlidingKVCache(AttentionCache):
 
 class QuantizedSlidingKVCache(SlidingKVCache):
     """The window's keys and values in int8 (a float32 scale per token and head) or
-    int4 (two per byte, a scale per group), as QuantizedKVCache and Int4KVCache store
-    them; a step dequantizes the window it attends over."""
+    int4 (two per byte, a scale per group), stored and restored by QuantizedKVCache's and
+    Int4KVCache's own codes (an empty one of them is the codec); a step dequantizes the
+    window it attends over."""
 
     _buffers = ("k", "v", "k_scale", "v_scale")
 
     def __init__(self, batch_size: int, num_kv_heads: int, window: int, head_dim: int, *,
                  dtype: torch.dtype, max_len: int | None = None,
                  device: torch.device | str | None = None):
-        if dtype not in (torch.int8, torch.int4):
+        codecs = {torch.int8: QuantizedKVCache, torch.int4: Int4KVCache}
+        if dtype not in codecs:
             raise ValueError(f"QuantizedSlidingKVCache stores int8 or int4, not {dtype}")
-        if dtype == torch.int4 and head_dim % 2:
-            raise ValueError(f"an int4 cache packs two values per byte: head_dim={head_dim} "
-                             "must be even")
+        self.codec = codecs[dtype](batch_size, num_kv_heads, 0, head_dim, device=device)
         self.stored, self.head_dim = dtype, head_dim
-        self.group = head_dim if dtype == torch.int8 else int4_group(head_dim)
-        width, codes = (head_dim, torch.int8) if dtype == torch.int8 \
-            else (head_dim // 2, torch.uint8)
-        super().__init__(batch_size, num_kv_heads, window, width, max_len=max_len,
-                         dtype=codes, device=device)
-        scales = (batch_size, num_kv_heads, 0, head_dim // self.group)
-        self.k_scale = torch.zeros(scales, device=device)
-        self.v_scale = torch.zeros(scales, device=device)
+        super().__init__(batch_size, num_kv_heads, window, head_dim, max_len=max_len,
+                         device="meta")
+        for name in self._buffers:                     # empty, in the codec's types
+            setattr(self, name, getattr(self.codec, name))
 
     @property
     def nbytes(self) -> int:
@@ -227,14 +222,9 @@ class QuantizedSlidingKVCache(SlidingKVCache):
                               head_dim=self.head_dim, dtype=self.stored)
 
     def encode(self, k_new: Tensor, v_new: Tensor) -> dict[str, Tensor]:
-        (k, k_scale), (v, v_scale) = self._quantized(k_new), self._quantized(v_new)
+        (k, k_scale), (v, v_scale) = self.codec.quantize(k_new), self.codec.quantize(v_new)
         return {"k": k, "v": v, "k_scale": k_scale, "v_scale": v_scale}
 
     def decode(self, held: dict[str, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        dequantize = dequantize_int8 if self.stored == torch.int8 else dequantize_int4
-        return (dequantize(held["k"], held["k_scale"], dtype),
-                dequantize(held["v"], held["v_scale"], dtype))
-
-    def _quantized(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, Hkv, T, D) -> codes and scales (B, Hkv, T, D / group)."""
-        return quantize_int8(x) if self.stored == torch.int8 else quantize_int4(x, self.group)
+        return (self.codec.dequantize(held["k"], held["k_scale"], dtype),
+                self.codec.dequantize(held["v"], held["v_scale"], dtype))

@@ -63,6 +63,22 @@ def supports(model: Any, cache_dtype: torch.dtype | None = None) -> bool:
     return all(type(cache) in (KVCache, QuantizedKVCache, Int4KVCache) for cache in caches)
 
 
+def slot_buffers(caches: list[KVCache]) -> list[tuple[Tensor, ...]]:
+    """Per layer its cache's buffers (R, Hkv, T, ...): keys, values (and their scales),
+    which a continuous search holds and points its caches at."""
+    return [tuple(getattr(cache, name) for name in cache._buffers) for cache in caches]
+
+
+def view_slots(caches: list[KVCache], buffers: list[tuple[Tensor, ...]], rows: slice,
+               start: int, length: int) -> None:
+    """Point every cache at rows `rows` of its buffers from slot `start` on, `length`
+    slots of them filled."""
+    for cache, held in zip(caches, buffers):
+        for name, buffer in zip(cache._buffers, held):
+            setattr(cache, name, buffer[rows, :, start:])
+        cache.length = length
+
+
 class ContinuousBeamSearch:
     """Beam search (beam, alpha, nbest, max_len as in beam_search) on sentences that join
     with add() and leave as step() finds them done.
@@ -93,9 +109,7 @@ class ContinuousBeamSearch:
         self.slot = 0                                # the slot the next step writes
         # Buffers at capacity; the running rows are their first ones. Sized by _grow.
         self.caches = model.new_caches(0, 0, cache_dtype or self.dtype, self.device)
-        # per layer its cache's buffers (R, Hkv, T, ...): keys, values (and their scales)
-        self._keys = [tuple(getattr(cache, name) for name in cache._buffers)
-                      for cache in self.caches]
+        self._keys = slot_buffers(self.caches)
         empty = torch.zeros(0, c.kv_heads, 0, c.head_dim, dtype=self.dtype, device=self.device)
         self._memory = [(empty, empty.clone()) for _ in self.caches]    # (A, Hkv, S, D)
         self._memory_mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # (A, S)
@@ -164,7 +178,7 @@ class ContinuousBeamSearch:
         """The bos of sentences [first:first + new] through the decoder, into `slot` of
         their rows' caches (position 0); their logits are not needed."""
         rows = slice(first * self.beam, (first + new) * self.beam)
-        self._view_caches(rows, slot, 0)
+        view_slots(self.caches, self._keys, rows, slot, 0)
         memory_kv = [(k[first:first + new, :, :width], v[first:first + new, :, :width])
                      for k, v in self._memory]
         memory_mask = self._memory_mask[first:first + new, None, None, :width]
@@ -207,19 +221,11 @@ class ContinuousBeamSearch:
         return [(s.tag, sorted(s.finished, key=lambda h: h.score, reverse=True)[:self.nbest])
                 for s in done]
 
-    def _view_caches(self, rows: slice, start: int, length: int) -> None:
-        """Point the caches at rows `rows` of the buffers from slot `start` on, `length`
-        slots of them filled."""
-        for cache, buffers in zip(self.caches, self._keys):
-            for name, buffer in zip(cache._buffers, buffers):
-                setattr(cache, name, buffer[rows, :, start:])
-            cache.length = length
-
     def _decode(self, rows: int, slot: int) -> Tensor:
         """The running rows' tokens at `slot` through the decoder -> logits (R, V).
         The caches are views from the oldest bos on: slots before it are never read."""
         first = self._oldest_bos()
-        self._view_caches(slice(0, rows), first, slot - first)
+        view_slots(self.caches, self._keys, slice(0, rows), first, slot - first)
         sentences, beam, width = rows // self.beam, self.beam, self._source_width
         memory_kv = [(k[:sentences, :, :width], v[:sentences, :, :width])
                      for k, v in self._memory]

@@ -43,6 +43,7 @@ from torch import Tensor
 from transduce.attention.kinds import SoftmaxAttention
 from transduce.attention.kv_cache import KVCache
 from transduce.attention.local import SlidingKVCache
+from transduce.decode.continuous import slot_buffers, view_slots
 from transduce.decode.generate import Continuation, Generator, left_pad
 from transduce.decode.options import GenerateOptions
 from transduce.decode.penalties import Penalties
@@ -121,9 +122,7 @@ class ContinuousGeneration:
         self.slot = 0                                # the slot the next step writes
         self.cache_dtype = generator.cache_dtype or self.model.decoder.embed.embedding.weight.dtype
         self.caches = _slot_caches(self.model, self.cache_dtype, self.device)
-        # per layer its cache's buffers (R, Hkv, T, ...): keys, values (and their scales)
-        self._keys = [tuple(getattr(cache, name) for name in cache._buffers)
-                      for cache in self.caches]
+        self._keys = slot_buffers(self.caches)
         self._tokens = torch.zeros(0, dtype=torch.long, device=self.device)   # (R,) fed next
         self._starts = torch.zeros(0, dtype=torch.long, device=self.device)   # (R,)
         self._penalties: Penalties | None = None     # once a row has a penalty or bias
@@ -266,12 +265,9 @@ class ContinuousGeneration:
         first = int(starts.min())
         if self.window is not None:
             first = max(first, self.slot - self.window)
-        for cache, buffers in zip(self.caches, self._keys):
-            for name, buffer in zip(cache._buffers, buffers):
-                setattr(cache, name, buffer[:count, :, first:])
-            cache.length = self.slot - first
+        view_slots(self.caches, self._keys, slice(0, count), first, self.slot - first)
         tokens, offsets = self._tokens[:count, None], starts - first          # (R, 1), (R,)
-        reads_from = offsets.clamp(min=0)
+        reads_from = offsets if self.window is None else offsets.clamp(min=0)
         runs, step = _runs(reads_from.tolist()), self.model.decoder.fast_step
         if len(runs) > 1 and step is not None and step.covers(tokens, self.caches) and \
                 step.reads_rows_by_kernel(self.cache_dtype):

@@ -35,7 +35,7 @@ from transduce.decode.draft_model import DraftModel
 from transduce.decode.lookup import NgramIndex
 from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
 from transduce.decode.onnx_lm_engine import OnnxLanguageModel
-from transduce.decode.options import (QUANTIZED_CACHES, DecodeDtype, Engine, GenerateOptions,
+from transduce.decode.options import (KEY_VALUE_CACHES, DecodeDtype, Engine, GenerateOptions,
                                       KvDtype, decoding_dtype, is_sampling_seed, use_instead)
 from transduce.decode.penalties import Penalties
 from transduce.decode.sampling import Sampler, prompt_seeds
@@ -169,7 +169,7 @@ class Generator:
         if kv_dtype is not None and kv_dtype not in choices(KvDtype):
             raise ConfigError(f"kv_dtype={kv_dtype!r}: choose None or one of "
                               f"{', '.join(choices(KvDtype))}")
-        if kv_dtype in ("int8", "int4") and model.config.attention_type not in QUANTIZED_CACHES:
+        if kv_dtype in ("int8", "int4") and model.config.attention_type not in KEY_VALUE_CACHES:
             raise ConfigError(f"kv_dtype={kv_dtype!r} quantizes the keys and values of softmax "
                               f"or sliding-window attention; this model's attention_type is "
                               f"{model.config.attention_type!r}")
@@ -497,7 +497,7 @@ def _check_rewinds(model: DecoderOnly | OnnxLanguageModel, name: str) -> None:
     if isinstance(model, OnnxLanguageModel):
         return
     attention_type = model.config.attention_type
-    if attention_type not in ("softmax", "sliding"):
+    if attention_type not in KEY_VALUE_CACHES:
         raise ConfigError(f"drafted tokens that {name} rejects are forgotten, which needs "
                           f"the keys and values of softmax or sliding-window attention; "
                           f"{name}'s attention_type is {attention_type!r}")

@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 __all__ = ["Dtype", "DecodeDtype", "KvDtype", "SearchOptions", "GenerateOptions"]
 
 KvDtype = Literal["float32", "bfloat16", "int8", "int4"]
-# The attention types whose caches int8 and int4 quantize: keys and values held as they
-# are (linear attention's running sums are not).
-QUANTIZED_CACHES = ("softmax", "sliding")
+# The attention types whose caches hold each token's keys and values, which int8 and
+# int4 quantize and a speculative search rewinds (linear attention's running sums not).
+KEY_VALUE_CACHES = ("softmax", "sliding")
 # A decoding copy's type; auto picks by the hardware (decoding_dtype). int8: float32
 # weights but the widest products in int8 (model/int8.py).
 DecodeDtype = Literal["auto", "float32", "bfloat16", "int8"]

@@ -27,7 +27,7 @@ from transduce.decode.greedy import greedy_hypotheses
 from transduce.decode.inputs import checked_texts
 from transduce.decode.languages import Direction, direction
 from transduce.decode.onnx_engine import OnnxEngine, check_onnx_settings, runs_on_onnxruntime
-from transduce.decode.options import (QUANTIZED_CACHES, DecodeDtype, Engine, KvDtype,
+from transduce.decode.options import (KEY_VALUE_CACHES, DecodeDtype, Engine, KvDtype,
                                       SearchOptions, decoding_dtype, use_instead)
 from transduce.decode.parallel import auto_workers, map_batches
 from transduce.decode.search import Hypothesis, beam_search
@@ -93,7 +93,7 @@ class Translator:
                               f"{', '.join(choices(KvDtype))}")
         if kv_dtype in ("int8", "int4") and (
                 model.config.arch != "transformer"
-                or model.config.attention_type not in QUANTIZED_CACHES):
+                or model.config.attention_type not in KEY_VALUE_CACHES):
             raise ConfigError(f"kv_dtype={kv_dtype!r} quantizes the keys and values of softmax "
                               f"or sliding-window attention; this model (arch="
                               f"{model.config.arch!r}, attention_type="
