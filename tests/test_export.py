@@ -191,10 +191,13 @@ def test_ctranslate2_scores_and_greedy_output_match(tmp_path, tiny_corpus, chang
 
 
 def test_ctranslate2_refuses_what_it_cannot_express(tmp_path, tiny_corpus, capsys):
-    _, path = saved_model(tmp_path, tiny_corpus, positional="rotary", num_kv_heads=1)
+    _, path = saved_model(tmp_path, tiny_corpus, positional="rotary", num_kv_heads=1,
+                          qk_norm=True)
     assert main(["export", "ct2", str(path), str(tmp_path / "ct2")]) == 1
     err = capsys.readouterr().err
-    assert "cannot export to CTranslate2: positional='rotary'" in err and "num_kv_heads=1" in err
+    assert "cannot export to CTranslate2: " in err
+    assert "positional='rotary'" in err and "num_kv_heads=1" in err
+    assert "qk_norm=True (CTranslate2's encoder-decoder does not compute it" in err
 
 
 @pytest.mark.parametrize("kind, library", [("hf", "transformers"), ("ct2", "ctranslate2")])

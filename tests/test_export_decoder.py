@@ -162,6 +162,9 @@ def test_a_sliding_window_exports_as_mistral_and_imports_back(tmp_path, tiny_cor
     ("llama-tiny", {"attention_type": "sliding", "qkv_bias": True}, "qkv_bias=True (Mistral"),
     ("gpt-tiny", {"gated_ffn": True, "scale_embeddings": True}, "scale_embeddings=True"),
     ("llama-tiny", {"qkv_bias": True}, "Qwen2 with a SentencePiece vocabulary"),
+    ("llama-tiny", {"qk_norm": True}, "Qwen3 with a SentencePiece vocabulary"),
+    ("llama-tiny", {"qk_norm": True, "qkv_bias": True}, "qkv_bias=True (Qwen3's attention_bias"),
+    ("gpt-tiny", {"qk_norm": True}, "qk_norm=True (the format has no norms of the queries"),
 ])
 def test_what_the_formats_cannot_hold_is_refused_by_name(name, changes, message, tmp_path,
                                                          tiny_corpus):
@@ -203,6 +206,8 @@ CT2_LAYOUTS = {
     "llama-rope-llama3": ("llama-tiny", {"rope_scaling": "llama3", "rope_factor": 8.0,
                                          "rope_original_positions": 16}),
     "llama-sliding": ("llama-tiny", {"attention_type": "sliding", "attention_window": 15}),
+    "qwen3-qk-norm": ("llama-tiny", {"qk_norm": True, "head_size": 8}),
+    "qk-norm-learned": ("gpt-tiny", {"qk_norm": True, "norm": "rms"}),
 }
 
 
@@ -249,8 +254,10 @@ def test_ctranslate2_refuses_what_its_decoder_cannot_express(tmp_path, tiny_corp
     from transduce.export import export_ctranslate2
 
     _, path = saved_language_model(tmp_path, tiny_corpus, "gpt-tiny", norm_first=False,
-                                   attention_type="linear")
+                                   attention_type="linear", qk_norm=True)
     with pytest.raises(ExportError, match="cannot export to CTranslate2: attention_type="
-                                          "'linear'.*norm_first=False"):
+                                          "'linear'.*qk_norm=True with norm='layer' "
+                                          r"\(CTranslate2 normalizes queries and keys by "
+                                          "RMSNorm only\).*norm_first=False"):
         export_ctranslate2(path, tmp_path / "ct2")
     assert not (tmp_path / "ct2").exists()

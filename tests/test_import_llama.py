@@ -1,5 +1,6 @@
-"""Hugging Face Llama / Mistral / Qwen2 -> our checkpoint: the imported model computes
-what transformers.LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM compute (logits, left-padded batches,
+"""Hugging Face Llama / Mistral / Qwen2 / Qwen3 -> our checkpoint: the imported model
+computes what transformers.LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
+Qwen3ForCausalLM compute (logits, left-padded batches,
 greedy generation through the cache, perplexity), its tokenizer gives the fast
 tokenizer's ids with Llama's leading bos, and a checkpoint we cannot reproduce is
 refused by name with nothing written."""
@@ -50,14 +51,15 @@ def write_spm_bpe(directory):
 
 
 def hf_checkpoint(directory, tokenizer_dir, model_type="llama", seed=0, **config):
-    """A random LlamaForCausalLM (or Mistral, Qwen2) saved with save_pretrained, its
-    RMSNorm gains drawn around 1 and its biases (Qwen2's) around 0 so that each counts,
-    with the tokenizer's files."""
+    """A random LlamaForCausalLM (or Mistral, Qwen2, Qwen3) saved with save_pretrained,
+    its RMSNorm gains (Qwen3's of queries and keys among them) drawn around 1 and its
+    biases (Qwen2's) around 0 so that each counts, with the tokenizer's files."""
     vocab = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     torch.manual_seed(seed)
     family = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
               "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-              "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}
+              "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+              "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}
     config_class, model_class = family[model_type]
     hf_config = config_class(vocab_size=vocab.get_vocab_size(), bos_token_id=1, eos_token_id=2,
                              initializer_range=0.2, **config)
@@ -106,6 +108,16 @@ CONFIGS = [
     # heads wider than hidden_size / heads (Mistral NeMo's head_dim), grouped
     dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
          num_key_value_heads=2, head_dim=16, max_position_embeddings=64, seed=6),
+    # Qwen3: each head's queries and keys RMS-normalized, heads wider than hidden_size /
+    # heads, tied output (Qwen3-0.6B's layout)
+    dict(model_type="qwen3", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+         max_position_embeddings=64, tie_word_embeddings=True, use_sliding_window=False,
+         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, seed=7),
+    # Qwen3 with its sliding window (8 keys) on every layer, multi-query, untied
+    dict(model_type="qwen3", hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=96,
+         use_sliding_window=True, sliding_window=8, max_window_layers=0, seed=8),
 ]
 
 
@@ -124,6 +136,7 @@ def test_logits_match_transformers(imported):
     c = ours.config
     assert (c.norm, c.gated_ffn, c.positional, c.bias) == ("rms", True, "rotary", False)
     assert c.qkv_bias == (hf.config.model_type == "qwen2")
+    assert c.qk_norm == (hf.config.model_type == "qwen3")
     assert c.kv_heads == hf.config.num_key_value_heads
     assert c.head_dim == (getattr(hf.config, "head_dim", None)       # (Qwen2's has none)
                           or hf.config.hidden_size // hf.config.num_attention_heads)
@@ -202,15 +215,16 @@ def test_an_import_exports_to_ctranslate2_with_its_tokenizer_json(imported, tmp_
 
 def test_an_import_exports_back_to_its_family(imported, tmp_path):
     """export hf of the import: Llama, Mistral (as Llama, its layout without a window; as
-    Mistral with its sliding window) and Qwen2 (biases on q, k, v), computing
-    transformers' logits again (over more tokens than the window)."""
+    Mistral with its sliding window), Qwen2 (biases on q, k, v) and Qwen3 (norms of the
+    queries and keys, with and without its window), computing transformers' logits again
+    (over more tokens than the window)."""
     from transduce.export import export_hf
 
     hf, ours, out = imported
     exported = export_hf(out, tmp_path / "hf")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
-    family = "Qwen2" if hf.config.model_type == "qwen2" else \
-        "Mistral" if ours.config.attention_type == "sliding" else "Llama"
+    family = {"qwen2": "Qwen2", "qwen3": "Qwen3"}.get(hf.config.model_type) or \
+        ("Mistral" if ours.config.attention_type == "sliding" else "Llama")
     assert type(theirs).__name__ == f"{family}ForCausalLM"
     tokens = torch.randint(0, hf.config.vocab_size, (2, 19))
     with torch.no_grad():
@@ -247,14 +261,18 @@ def refused(directory, tmp_path, *messages):
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"model_type": "gemma"}, "model_type='gemma'; only 'llama' or 'mistral' or 'qwen2'"),
+    ({"model_type": "gemma"},
+     "model_type='gemma'; only 'llama' or 'mistral' or 'qwen2' or 'qwen3'"),
     ({"attention_bias": True}, "attention_bias=true is not supported"),
     ({"mlp_bias": True}, "mlp_bias=true is not supported"),
     ({"hidden_act": "tanh"}, "hidden_act='tanh' is not supported"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}},
      "rope_parameters.rope_type='yarn' is not supported"),
-    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16},
-     "sliding_window=16 is not supported here"),
+    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16,
+      "max_window_layers": 1}, "sliding_window=16 on 1 of 2 layers is not supported here"),
+    ({"model_type": "qwen3", "use_sliding_window": True, "sliding_window": 16,
+      "layer_types": ["sliding_attention", "full_attention"]},
+     "sliding_window=16 on 1 of 2 layers is not supported here"),
     ({"eos_token_id": 5}, "eos_token_id=5 but the tokenizer's eos token '</s>' is 2"),
     ({"num_key_value_heads": 3}, "num_kv_heads=3"),
     ({"vocab_size": 10}, "vocab_size=10 is smaller than the tokenizer's"),

@@ -28,6 +28,7 @@ VARIANTS = [
     {"positional": "learned", "norm_first": True, "activation": "gelu"},
     {"norm": "rms", "gated_ffn": True, "activation": "silu", "bias": False,   # Llama's layers
      "norm_first": True, "positional": "rotary", "num_kv_heads": 2},
+    {"qk_norm": True, "num_kv_heads": 2, "norm_first": True},   # normalized q, k (cross too)
 ]
 
 

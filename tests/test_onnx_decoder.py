@@ -39,6 +39,7 @@ VARIANTS = {  # preset, changes
     "gpt": ("gpt-tiny", {}),
     "gpt-sinusoidal-post-norm": ("gpt-tiny", {"positional": "sinusoidal", "norm_first": False}),
     "mistral-sliding": ("llama-tiny", {"attention_type": "sliding", "attention_window": 3}),
+    "qwen3-qk-norm": ("llama-tiny", {"qk_norm": True, "head_size": 8}),
 }
 PROMPTS = ["uno dos tres casa el perro", "el gato", "", "dos"]
 
@@ -158,8 +159,8 @@ def test_the_cli_and_a_server_run_the_export(tmp_path, tiny_corpus, capsys):
         assert described["parameters"] == Generator.load(path).model.num_parameters()
 
 
-@pytest.mark.parametrize("config", [0, 4, 5, 6],
-                         ids=["llama-gqa", "mistral-sliding", "qwen2", "head-dim"])
+@pytest.mark.parametrize("config", [0, 4, 5, 6, 7],
+                         ids=["llama-gqa", "mistral-sliding", "qwen2", "head-dim", "qwen3"])
 def test_an_imported_llama_export_computes_what_transformers_computes(tmp_path, config):
     (tmp_path / "tokenizer").mkdir()
     hf = hf_checkpoint(tmp_path / "hf", write_spm_bpe(tmp_path / "tokenizer"),

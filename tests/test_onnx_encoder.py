@@ -31,6 +31,7 @@ VARIANTS = {
     "bert-classifier": {"num_labels": 3},
     "pre-norm-rotary-gqa": {"norm_first": True, "positional": "rotary", "num_kv_heads": 2,
                             "num_labels": 2},
+    "qk-norm": {"qk_norm": True},
 }
 LINES = ["uno dos tres casa", "el perro come", "", "gato rojo grande come el perro " * 3]
 

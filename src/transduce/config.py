@@ -112,6 +112,10 @@ class ModelConfig(ValidatedConfig):
     x / rms(x) * g, no centring and no bias; Llama's) for every norm of the model.
     qkv_bias: the query, key and value projections have biases even where bias is False
     (Qwen2's layout: only those three).
+    qk_norm: every attention normalizes each head's queries and keys with a norm of
+    the model's kind over head_dim (one weight for all heads), before rotary positions:
+    Qwen3's layout, a guard against growing attention logits (Henry et al. 2020;
+    Dehghani et al. 2023).
     rope_scaling: rotary frequencies stretched for a longer context: "linear" divides
     them all by rope_factor; "llama3" (Llama 3.1) divides those whose wavelength exceeds
     rope_original_positions / rope_low_freq_factor by rope_factor, keeps those below
@@ -141,6 +145,7 @@ class ModelConfig(ValidatedConfig):
     gated_ffn: bool = False
     norm: Norm = "layer"
     qkv_bias: bool = False
+    qk_norm: bool = False
     norm_first: bool = False
     positional: Positional = "sinusoidal"
     max_positions: int = 1024
@@ -234,8 +239,9 @@ class ModelConfig(ValidatedConfig):
         if self.arch.startswith("rnn") and self.attention_type != "softmax":
             raise ConfigError(f"ModelConfig.attention_type={self.attention_type!r} applies to "
                               f"the Transformer's self-attention; arch={self.arch!r} has none")
-        if self.arch.startswith("rnn") and (self.gated_ffn or self.norm != "layer"):
-            field = "gated_ffn" if self.gated_ffn else "norm"
+        if self.arch.startswith("rnn") and (self.gated_ffn or self.norm != "layer"
+                                            or self.qk_norm):
+            field = "gated_ffn" if self.gated_ffn else "qk_norm" if self.qk_norm else "norm"
             raise ConfigError(f"ModelConfig.{field}={getattr(self, field)!r} applies to the "
                               f"Transformer's layers; arch={self.arch!r} has none")
         if self.arch != "rnn-luong" and (self.input_feeding or self.luong_score != "general"):

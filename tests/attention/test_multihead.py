@@ -8,6 +8,7 @@ from torch import nn
 from transduce.attention import KVCache, MultiHeadAttention, masks
 from transduce.config import AttentionImpl, choices
 from transduce.model.positional import RotaryEmbedding
+from tests.attention.reference import reference_attention
 
 # impl='triton' needs a GPU or the interpreter: tests/attention/test_triton.py.
 IMPLS = [impl for impl in choices(AttentionImpl) if impl != "triton"]
@@ -180,14 +181,18 @@ def test_unscaled_scores_are_q_dot_k_without_the_square_root():
 @pytest.mark.parametrize("rotary", [False, True])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("scale_scores", [True, False])
-def test_fused_projections_give_the_separate_ones_result(kv_heads, rotary, bias, scale_scores):
+@pytest.mark.parametrize("qk_norm", [None, nn.RMSNorm])
+def test_fused_projections_give_the_separate_ones_result(kv_heads, rotary, bias, scale_scores,
+                                                         qk_norm):
     """One stacked product computes exactly the three rows' dot products: the full pass,
     the cached steps and the returned weights all match the unfused module."""
     rope = RotaryEmbedding(8, max_positions=64) if rotary else None
     separate = MultiHeadAttention(32, 4, kv_heads, rotary=rope, bias=bias,
-                                  scale_scores=scale_scores).eval()
+                                  scale_scores=scale_scores, qk_norm=qk_norm).eval()
     fused = MultiHeadAttention(32, 4, kv_heads, rotary=rope, bias=bias,
-                               scale_scores=scale_scores).eval()
+                               scale_scores=scale_scores, qk_norm=qk_norm).eval()
+    if qk_norm is not None:
+        _randomize_norms(separate)
     fused.load_state_dict(separate.state_dict())
     fused.fuse_self_projections()
     assert fused.q_proj is None and fused.qkv_proj.out_features == 32 + 2 * kv_heads * 8
@@ -211,3 +216,79 @@ def test_fused_projections_refuse_cross_attention():
         mha.project_kv(torch.randn(1, 5, 16))
     with pytest.raises(ValueError, match="fused for self-attention"):
         mha(torch.randn(1, 1, 16), kv=(torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 8)))
+
+
+def _randomize_norms(attn: MultiHeadAttention) -> None:
+    """Norm weights (and LayerNorm's biases) far from their initial ones and zeros."""
+    with torch.no_grad():
+        for norm in (attn.q_norm, attn.k_norm):
+            norm.weight.uniform_(0.5, 2.0)
+            if getattr(norm, "bias", None) is not None:
+                norm.bias.uniform_(-0.5, 0.5)
+
+
+def _normed_heads(x, weight, bias, heads, kind):
+    """float64 reference of qk_norm: x (B, T, heads * D) -> (B, heads, T, D), each head's
+    vector normalized as RMSNorm or LayerNorm over D."""
+    x = x.double().unflatten(-1, (heads, -1)).transpose(1, 2)
+    if kind == "layer":
+        x = x - x.mean(-1, keepdim=True)
+        x = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+        return x * weight.double() + bias.double()
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.double()
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_qk_norm_normalizes_each_heads_queries_and_keys_before_rotary(kind, kv_heads):
+    """Qwen3's order, against a float64 reference: project, normalize each head over D with
+    the one weight all heads share, rotate, attend (padding and causal masks)."""
+    torch.manual_seed(5)
+    factory = (lambda size: nn.RMSNorm(size, eps=1e-6)) if kind == "rms" else nn.LayerNorm
+    rope = RotaryEmbedding(8, max_positions=64)
+    attn = MultiHeadAttention(32, 4, kv_heads, rotary=rope, qk_norm=factory).eval()
+    _randomize_norms(attn)
+    x = torch.randn(3, 7, 32)
+    mask = masks.padding_mask(torch.tensor([7, 5, 1]), 7)
+    bias = {name: getattr(attn, name).bias if kind == "layer" else None
+            for name in ("q_norm", "k_norm")}
+    q = _normed_heads(attn.q_proj(x), attn.q_norm.weight, bias["q_norm"], 4, kind)
+    k = _normed_heads(attn.k_proj(x), attn.k_norm.weight, bias["k_norm"], kv_heads, kind)
+    v = attn.v_proj(x).double().unflatten(-1, (kv_heads, 8)).transpose(1, 2)
+    rope64 = RotaryEmbedding(8, max_positions=64).double()
+    out, _ = reference_attention(rope64(q, 0), rope64(k, 0), v, mask, causal=True)
+    expected = out.transpose(1, 2).flatten(2) @ attn.out_proj.weight.double().T \
+        + attn.out_proj.bias.double()
+    torch.testing.assert_close(attn(x, mask, causal=True).double(), expected,
+                               rtol=1e-5, atol=1e-5)
+    plain = MultiHeadAttention(32, 4, kv_heads, rotary=rope).eval()
+    plain.load_state_dict(attn.state_dict(), strict=False)
+    assert not torch.allclose(plain(x, mask, causal=True).double(), expected, atol=1e-2)
+
+
+def test_qk_norm_cross_attention_normalizes_the_sources_keys_once():
+    torch.manual_seed(6)
+    attn = MultiHeadAttention(32, 4, 2, qk_norm=nn.RMSNorm).eval()
+    _randomize_norms(attn)
+    x, memory = torch.randn(2, 3, 32), torch.randn(2, 5, 32)
+    k, v = attn.project_kv(memory)
+    torch.testing.assert_close(k, attn.k_norm(attn.k_proj(memory).unflatten(-1, (2, 8))
+                                              .transpose(1, 2)))
+    q = attn.q_norm(attn.q_proj(x).unflatten(-1, (4, 8)).transpose(1, 2))
+    out, _ = reference_attention(q, k, v)
+    expected = attn.out_proj(out.float().transpose(1, 2).flatten(2))
+    torch.testing.assert_close(attn(x, kv=(k, v)), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 1])
+def test_qk_norm_cached_steps_equal_the_full_causal_pass(kv_heads):
+    """The cache holds normalized keys: a prefix, then one token at a time."""
+    torch.manual_seed(7)
+    attn = MultiHeadAttention(32, 4, kv_heads, rotary=RotaryEmbedding(8, max_positions=64),
+                              qk_norm=nn.RMSNorm).eval()
+    _randomize_norms(attn)
+    x = torch.randn(2, 9, 32)
+    cache = KVCache(2, kv_heads, max_len=9, head_dim=8)
+    steps = [attn(x[:, :3], causal=True, cache=cache)]
+    steps += [attn(x[:, t:t + 1], causal=True, cache=cache) for t in range(3, 9)]
+    torch.testing.assert_close(torch.cat(steps, 1), attn(x, causal=True), rtol=1e-5, atol=1e-5)

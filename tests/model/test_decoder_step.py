@@ -71,6 +71,8 @@ def _assert_written_out_step_is_exact(model, run, scripted: bool | None = True) 
     {"gated_ffn": True, "activation": "silu", "norm": "rms", "bias": False},
     {"gated_ffn": True, "norm_first": False}, {"positional": "rotary", "num_kv_heads": 2},
     {"positional": "rotary", "bias": False, "qkv_bias": True},
+    {"positional": "rotary", "num_kv_heads": 2, "qk_norm": True},
+    {"qk_norm": True, "norm": "rms", "head_size": 8},
     {"positional": "t5", "norm": "rms", "bias": False, "head_size": 8},
     {"positional": "alibi", "num_kv_heads": 2},
 ])
@@ -100,7 +102,8 @@ def _language_model_and_padded_prompts(name: str, changes: dict, monkeypatch):
 
 
 @pytest.mark.parametrize("name, changes", [("gpt-tiny", {}), ("llama-tiny", {}),
-                                           ("gpt-tiny", {"positional": "alibi"})])
+                                           ("gpt-tiny", {"positional": "alibi"}),
+                                           ("llama-tiny", {"qk_norm": True})])
 @pytest.mark.parametrize("scripted", [True, False])
 def test_left_padded_prompts_of_a_language_model_step_alike(name, changes, scripted,
                                                             monkeypatch):

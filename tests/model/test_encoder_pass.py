@@ -33,7 +33,7 @@ def _assert_written_out_pass_is_exact(encoder, run, scripted: bool) -> None:
 @pytest.mark.parametrize("changes", [
     {}, {"norm_first": False}, {"activation": "gelu", "bias": False},
     {"num_kv_heads": 1, "positional": "learned"}, {"scale_embeddings": False},
-    {"gated_ffn": True, "activation": "silu", "norm": "rms"},
+    {"gated_ffn": True, "activation": "silu", "norm": "rms"}, {"qk_norm": True},
     {"positional": "t5", "norm": "rms", "bias": False, "head_size": 8}, {"positional": "alibi"},
 ])
 @pytest.mark.parametrize("packed,int8", [(True, False), (False, False), (True, True)])

@@ -8,6 +8,7 @@ targets), and against ourselves (an exported and re-imported copy of our model t
 to the same weights as the model)."""
 
 import json
+from functools import partial
 
 import numpy as np
 import pytest
@@ -56,9 +57,10 @@ def write_gpt2(directory):
     transformers.GPT2LMHeadModel(config).save_pretrained(directory)
 
 
-def write_llama(directory):
-    """A random LlamaForCausalLM (grouped-query) with a SentencePiece-style BPE whose
-    post-processor starts every sequence with <s>, as Llama 2's."""
+def write_llama(directory, model_type="llama"):
+    """A random LlamaForCausalLM (grouped-query; or a Qwen3ForCausalLM, its queries and
+    keys normalized, heads wider than hidden_size / heads) with a SentencePiece-style BPE
+    whose post-processor starts every sequence with <s>, as Llama 2's."""
     bpe = tokenizers.SentencePieceBPETokenizer()
     bpe.train_from_iterator([" ".join(WORDS)] * 3 + ["hello world"], vocab_size=300,
                             min_frequency=1, special_tokens=["<unk>", "<s>", "</s>"],
@@ -70,16 +72,20 @@ def write_llama(directory):
     (directory / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=bpe.get_vocab_size(), hidden_size=32,
-                                      intermediate_size=48, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=64, bos_token_id=1,
-                                      eos_token_id=2)
-    transformers.LlamaForCausalLM(config).save_pretrained(directory)
+    config_class, model_class, more = (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                                       {}) if model_type == "llama" else \
+        (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16})
+    config = config_class(vocab_size=bpe.get_vocab_size(), hidden_size=32,
+                          intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1,
+                          eos_token_id=2, **more)
+    model_class(config).save_pretrained(directory)
 
 
 FAMILIES = {"gpt2": (write_gpt2, import_gpt2, transformers.GPT2LMHeadModel),
-            "llama": (write_llama, import_llama, transformers.LlamaForCausalLM)}
+            "llama": (write_llama, import_llama, transformers.LlamaForCausalLM),
+            "qwen3": (partial(write_llama, model_type="qwen3"), import_llama,
+                      transformers.Qwen3ForCausalLM)}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -119,7 +125,11 @@ def test_a_line_batch_gives_transformers_loss(imported, counting):
     targets; the loss we train with is transformers' cross entropy over them."""
     family, hf_dir, ours = imported
     tokenizer = training_tokenizer(ours, counting)
-    fast = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
+    # A qwen3 directory's AutoTokenizer is Qwen2Tokenizer, which puts Qwen's own
+    # pre-tokenizer over this SentencePiece-style tokenizer.json (real Qwen vocabularies
+    # carry that one already): the file's own tokenizer is the reference there.
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(hf_dir / "tokenizer.json")) \
+        if family == "qwen3" else transformers.AutoTokenizer.from_pretrained(str(hf_dir))
     ids = [np.asarray(x, dtype=np.int64) for x in tokenizer.encode(LINES)]
     specials = LineSpecials.of(tokenizer)
     batch = TokenBatcher(None, ids, 1000, shuffle=False, specials=specials).collate(

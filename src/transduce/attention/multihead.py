@@ -29,6 +29,8 @@ from transduce.attention.kv_cache import Attended, AttentionCache
 # Applies rotary positions to (B, H, T, D) heads whose first position is `offset`, or
 # whose positions are given per row and token (B, T).
 Rotary = Callable[[Tensor, "int | Tensor"], Tensor]
+# Makes a norm over the last dimension of the given size (LayerNorm, RMSNorm).
+NormFactory = Callable[[int], nn.Module]
 
 
 class MultiHeadAttention(nn.Module):
@@ -44,13 +46,17 @@ class MultiHeadAttention(nn.Module):
     weights); "sdpa" and "flash" use the kind's efficient algorithm.
     head_dim: each head's size; None: d_model / num_heads. Heads of another size (T5
     v1.1's) make the queries num_heads * head_dim wide, which out_proj maps to d_model.
+    qk_norm: when given, makes q_norm and k_norm over head_dim, applied to every head's
+    queries and keys as they are split, before rotary positions (Qwen3's): the cache
+    then holds normalized keys, and cross-attention's keys are normalized once per
+    source.
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, *,
                  bias: bool = True, dropout: float = 0.0, impl: str = "sdpa",
                  rotary: Rotary | None = None, kind: AttentionKind | str = "softmax",
                  window: int = 16, scale_scores: bool = True, qkv_bias: bool | None = None,
-                 head_dim: int | None = None):
+                 head_dim: int | None = None, qk_norm: NormFactory | None = None):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if d_model < 1 or num_heads < 1:
@@ -76,12 +82,14 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, kv_dim, bias=qkv_bias)
         self.out_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
         self.qkv_proj: nn.Linear | None = None     # fuse_self_projections()
+        self.q_norm = None if qk_norm is None else qk_norm(self.head_dim)
+        self.k_norm = None if qk_norm is None else qk_norm(self.head_dim)
 
     def project_kv(self, source: Tensor) -> tuple[Tensor, Tensor]:
         """source (B, S, C) -> keys, values (B, H_kv, S, D): cross-attention's, once per source."""
         self._require_separate_projections()
-        return self._split(self.k_proj(source), self.num_kv_heads), \
-            self._split(self.v_proj(source), self.num_kv_heads)
+        return self._keys(self.k_proj(source)), self._split(self.v_proj(source),
+                                                            self.num_kv_heads)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *,
                 kv: tuple[Tensor, Tensor] | None = None, causal: bool = False,
@@ -145,7 +153,7 @@ class MultiHeadAttention(nn.Module):
     def _queries(self, x: Tensor) -> Tensor:
         """x (B, T, C) -> queries (B, H, T, D), times query_factor."""
         self._require_separate_projections()
-        return self._scaled(self._split(self.q_proj(x), self.num_heads))
+        return self._query_heads(self.q_proj(x))
 
     def _require_separate_projections(self) -> None:
         if self.q_proj is None:
@@ -155,15 +163,23 @@ class MultiHeadAttention(nn.Module):
     def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, C) -> queries (B, H, T, D), keys and values (B, Hkv, T, D)."""
         if self.qkv_proj is None:
-            return (self._scaled(self._split(self.q_proj(x), self.num_heads)),
-                    *self.project_kv(x))
+            return (self._query_heads(self.q_proj(x)), *self.project_kv(x))
         kv_dim = self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(x).split([self.num_heads * self.head_dim, kv_dim, kv_dim], -1)
-        return (self._scaled(self._split(q, self.num_heads)), self._split(k, self.num_kv_heads),
-                self._split(v, self.num_kv_heads))
+        return self._query_heads(q), self._keys(k), self._split(v, self.num_kv_heads)
 
-    def _scaled(self, q: Tensor) -> Tensor:
+    def _query_heads(self, q: Tensor) -> Tensor:
+        """Projected queries (B, T, H * D) -> heads (B, H, T, D), normalized (qk_norm)
+        and times query_factor."""
+        q = self._split(q, self.num_heads)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
         return q * self.query_factor if self.query_factor != 1.0 else q
+
+    def _keys(self, k: Tensor) -> Tensor:
+        """Projected keys (B, S, Hkv * D) -> heads (B, Hkv, S, D), normalized (qk_norm)."""
+        k = self._split(k, self.num_kv_heads)
+        return k if self.k_norm is None else self.k_norm(k)
 
     @property
     def _dropout_p(self) -> float:

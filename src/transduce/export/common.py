@@ -26,12 +26,13 @@ def require(library: str, command: str) -> None:
 
 def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                             sliding: bool = False, any_head_size: bool = False,
-                            score_bias: tuple[str, ...] = ()) -> list[str]:
+                            score_bias: tuple[str, ...] = (), qk_norm: bool = False) -> list[str]:
     """What no format here can hold: another shape than the format's `arch` (RNN
     models among them), non-softmax self-attention (sliding-window softmax attention
     where the format masks it: `sliding`), score biases (but those of `score_bias`:
-    "t5") and heads of another size than d_model / num_heads (unless the format has a
-    field for it: `any_head_size`)."""
+    "t5"), heads of another size than d_model / num_heads (unless the format has a
+    field for it: `any_head_size`) and norms of the queries and keys (unless it has
+    them: `qk_norm`)."""
     problems = []
     if c.arch != arch:
         problems.append(f"arch={c.arch!r} (the format holds arch {arch!r})")
@@ -44,6 +45,8 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     if c.head_size is not None and not any_head_size and c.head_size * c.num_heads != c.d_model:
         problems.append(f"head_size={c.head_size} (the format's heads are d_model / "
                         f"num_heads = {c.d_model / c.num_heads:g} wide)")
+    if c.qk_norm and not qk_norm:
+        problems.append("qk_norm=True (the format has no norms of the queries and keys)")
     return problems
 
 

@@ -2,8 +2,9 @@
 its decoder specification: pre-norm layers with LayerNorm or RMSNorm, plain or gated
 feed-forward networks, grouped-query attention, and our position table or rotary
 positions ("rotate half", CTranslate2's non-interleaved rotation; scaled linearly or as
-Llama 3.1's), softmax or sliding-window attention. A prompt goes in as the tokenizer's
-pieces after bos, as our language models read it."""
+Llama 3.1's), softmax or sliding-window attention, queries and keys normalized per head
+by RMSNorm (Qwen3's qk_norm). A prompt goes in as the tokenizer's pieces after bos, as
+our language models read it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ from transduce.model import DecoderOnly
 
 def check_ctranslate2_decoder_exportable(model: DecoderOnly) -> None:
     c = model.config
-    problems = not_a_plain_transformer(c, arch="decoder", sliding=True, any_head_size=True)
+    problems = not_a_plain_transformer(c, arch="decoder", sliding=True, any_head_size=True,
+                                       qk_norm=True)
+    if c.qk_norm and c.norm != "rms":
+        problems.append(f"qk_norm=True with norm={c.norm!r} (CTranslate2 normalizes queries "
+                        f"and keys by RMSNorm only)")
     if not c.norm_first:
         problems.append("norm_first=False (CTranslate2's decoder-only models are pre-norm)")
     if c.activation not in CT2_ACTIVATIONS:
@@ -76,7 +81,8 @@ def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
         rotary_scaling_type=scaling, rotary_scaling_factor=c.rope_factor,
         num_heads_kv=None if c.kv_heads == c.num_heads else c.kv_heads, head_dim=c.head_dim,
         # Mistral's window counts the token's own key, ours the keys before it
-        sliding_window=c.attention_window + 1 if c.attention_type == "sliding" else None)
+        sliding_window=c.attention_window + 1 if c.attention_type == "sliding" else None,
+        qk_norm=c.qk_norm)
     if scaling is not None:
         _set_rope_scaling(spec, c)
     if c.attention_type == "sliding":

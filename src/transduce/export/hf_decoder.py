@@ -1,8 +1,9 @@
 """Export a decoder-only model to Hugging Face transformers: Llama's layout (rotary
 positions, RMSNorm, SwiGLU, grouped-query attention, no biases) as `LlamaForCausalLM`,
-as `MistralForCausalLM` with sliding-window attention, or as `Qwen2ForCausalLM` with
-biases on the query, key and value projections (qkv_bias); GPT-2's (learned positions,
-LayerNorm, biases) as `GPT2LMHeadModel`.
+as `MistralForCausalLM` with sliding-window attention, as `Qwen2ForCausalLM` with
+biases on the query, key and value projections (qkv_bias), or as `Qwen3ForCausalLM`
+with each head's queries and keys normalized (qk_norm; a sliding window then on every
+layer); GPT-2's (learned positions, LayerNorm, biases) as `GPT2LMHeadModel`.
 
 Both hold our layers as they are, so the weights only change names (GPT-2's Conv1D
 stores each matrix transposed, and fuses q, k, v). The tokenizer goes with them as a
@@ -28,6 +29,7 @@ from transduce.model import DecoderOnly
 
 LLAMA = Family("Llama", "LlamaForCausalLM", "LlamaConfig", "llama")
 QWEN2 = Family("Qwen2", "Qwen2ForCausalLM", "Qwen2Config", "qwen2")
+QWEN3 = Family("Qwen3", "Qwen3ForCausalLM", "Qwen3Config", "qwen3")
 MISTRAL = Family("Mistral", "MistralForCausalLM", "MistralConfig", "mistral")
 GPT2 = Family("GPT-2", "GPT2LMHeadModel", "GPT2Config", "gpt2")
 # Our activations under GPT-2's names (its activation_function).
@@ -35,10 +37,12 @@ GPT2_ACTIVATIONS = {"gelu-tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
 
 def decoder_family(config: ModelConfig) -> Family:
-    """Llama for rotary positions (Mistral with a sliding window, Qwen2 with biases on
-    q, k, v alone), GPT-2 for the rest."""
+    """Llama for rotary positions (Qwen3 with norms of the queries and keys, Mistral with
+    a sliding window, Qwen2 with biases on q, k, v alone), GPT-2 for the rest."""
     if config.positional != "rotary":
         return GPT2
+    if config.qk_norm:
+        return QWEN3
     if config.attention_type == "sliding":
         return MISTRAL
     return QWEN2 if config.qkv_bias and not config.bias else LLAMA
@@ -47,10 +51,14 @@ def decoder_family(config: ModelConfig) -> Family:
 def check_decoder_exportable(model: DecoderOnly) -> None:
     c = model.config
     family = decoder_family(c)
-    problems = not_a_plain_transformer(c, arch="decoder", sliding=family is MISTRAL,
-                                       any_head_size=family is not GPT2)   # head_dim
+    problems = not_a_plain_transformer(c, arch="decoder", sliding=family in (MISTRAL, QWEN3),
+                                       any_head_size=family is not GPT2,   # head_dim
+                                       qk_norm=family is QWEN3)
     if family is MISTRAL and c.qkv_bias:
         problems.append("qkv_bias=True (Mistral's projections have no biases)")
+    if family is QWEN3 and c.qkv_bias:
+        problems.append("qkv_bias=True (Qwen3's attention_bias puts one on the output "
+                        "projection too)")
     if not c.norm_first:
         problems.append("norm_first=False (the format's layers are pre-norm)")
     if c.scale_embeddings:
@@ -78,9 +86,15 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
     family = decoder_family(c)
     if family is not GPT2:
         # Mistral's window counts the query's own key; ours, the keys before it.
+        sliding = c.attention_type == "sliding"
         layout = {LLAMA: {"attention_bias": False, "mlp_bias": False},
                   MISTRAL: {"sliding_window": c.attention_window + 1},
-                  QWEN2: {"use_sliding_window": False}}[family]
+                  QWEN2: {"use_sliding_window": False},
+                  QWEN3: {"attention_bias": False, "use_sliding_window": sliding,
+                          "sliding_window": c.attention_window + 1 if sliding else None,
+                          "max_window_layers": 0 if sliding else c.num_decoder_layers,
+                          "layer_types": ["sliding_attention" if sliding else
+                                          "full_attention"] * c.num_decoder_layers}}[family]
         return {"architectures": [family.model_class], "model_type": family.model_type,
                 "vocab_size": c.tgt_vocab_size, "hidden_size": c.d_model,
                 "intermediate_size": c.d_ff, "num_hidden_layers": c.num_decoder_layers,
@@ -115,8 +129,8 @@ def hf_rope_scaling(c: ModelConfig) -> dict:
 
 
 def llama_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
-    """Our weights under LlamaForCausalLM's (and Qwen2ForCausalLM's) names, the inverse
-    of importers/hf_llama.py."""
+    """Our weights under LlamaForCausalLM's (and Qwen2's, Qwen3's) names, the inverse of
+    importers/hf_llama.py."""
     decoder = model.decoder
     state = {"model.embed_tokens.weight": decoder.embed.embedding.weight,
              "model.norm.weight": decoder.final_norm.weight,
@@ -135,6 +149,9 @@ def llama_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
             state[f"{prefix}.{theirs}.weight"] = ours.weight
             if getattr(ours, "bias", None) is not None:           # Qwen2's q, k, v
                 state[f"{prefix}.{theirs}.bias"] = ours.bias
+        if layer.self_attn.q_norm is not None:                    # Qwen3's
+            state[f"{prefix}.self_attn.q_norm.weight"] = layer.self_attn.q_norm.weight
+            state[f"{prefix}.self_attn.k_norm.weight"] = layer.self_attn.k_norm.weight
     return {name: tensor.detach().clone().contiguous() for name, tensor in state.items()}
 
 
@@ -189,16 +206,17 @@ def hf_decoder_model(model: DecoderOnly, tokenizer):
 def hf_tokenizer(directory: Path, family: Family):
     """The checkpoint's tokenizer as a tokenizer.json backend: an imported model's own,
     or our SentencePiece model written out (HFTokenizer.from_sentencepiece). Not for
-    Qwen2: transformers reads a qwen2 model's tokenizer.json through Qwen2Tokenizer,
+    Qwen2 and Qwen3: transformers reads their tokenizer.json through Qwen2Tokenizer,
     whose own pre-tokenizer would split our pieces' text differently."""
     tokenizer = checkpoint.load_tokenizer(directory)
     if isinstance(tokenizer, HFTokenizer):
         return tokenizer
-    if family is QWEN2:
-        raise ExportError("cannot export to Qwen2 with a SentencePiece vocabulary: "
-                          "transformers reads a qwen2 model's tokenizer as Qwen2Tokenizer, "
-                          "whose pre-tokenizer would give other ids (qkv_bias=True without "
-                          "bias is Qwen2's layout; a Llama has no biases)")
+    if family in (QWEN2, QWEN3):
+        why = "qkv_bias=True without bias is Qwen2's layout; a Llama has no biases" \
+            if family is QWEN2 else "qk_norm=True is Qwen3's layout; a Llama has no such norms"
+        raise ExportError(f"cannot export to {family.name} with a SentencePiece vocabulary: "
+                          f"transformers reads a {family.model_type} model's tokenizer as "
+                          f"Qwen2Tokenizer, whose pre-tokenizer would give other ids ({why})")
     return HFTokenizer.from_sentencepiece(tokenizer)
 
 
@@ -207,6 +225,7 @@ def export_hf_decoder(directory: Path, model: DecoderOnly, out: Path) -> Path:
     config.json, generation_config.json, model.safetensors, tokenizer.json,
     tokenizer_config.json and our export marker; loadable with transformers'
     AutoModelForCausalLM and AutoTokenizer -> OUT."""
+    check_decoder_exportable(model)          # the layers' problems before the vocabulary's
     tokenizer = hf_tokenizer(directory, decoder_family(model.config))
     theirs = hf_decoder_model(model, tokenizer)
     specials = {"bos_token": tokenizer.bos_id, "eos_token": tokenizer.eos_id,

@@ -1,6 +1,6 @@
 """Hugging Face Llama-family decoders (LlamaForCausalLM; Mistral, whose sliding window
-is our sliding attention; Qwen2, whose query, key and value projections have biases)
--> our DecoderOnly.
+is our sliding attention; Qwen2, whose query, key and value projections have biases;
+Qwen3, which normalizes each head's queries and keys) -> our DecoderOnly.
 
 Llama is the decoder-only model with the field's later choices, each a field of ours:
 pre-norm layers with RMSNorm (norm "rms") and a final norm, rotary positions in the
@@ -14,6 +14,8 @@ name by name, with no transposition or permutation:
     layers.N.self_attn.q/k/v_proj     self_attn.q_proj, .k_proj, .v_proj (k, v: Hkv heads;
                                       Qwen2's with their biases: qkv_bias)
     layers.N.self_attn.o_proj         self_attn.out_proj
+    layers.N.self_attn.q_norm/k_norm  self_attn.q_norm, .k_norm (Qwen3's RMSNorm over each
+                                      head's head_dim features: qk_norm)
     layers.N.post_attention_layernorm norm3 (before the FFN)
     layers.N.mlp.gate/up/down_proj    ffn.linear1 (activated), .linear3, .linear2
     norm                              decoder.final_norm
@@ -45,7 +47,7 @@ from transduce.importers.chat_settings import with_chat_settings
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
 from transduce.model import empty_model
 
-MODEL_TYPES = ("llama", "mistral", "qwen2")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu",
                "gelu_pytorch_tanh": "gelu-tanh", "gelu_new": "gelu-tanh", "relu": "relu"}
 # Options whose other value changes what the model computes: name -> the value we have.
@@ -55,7 +57,7 @@ _IGNORED = re.compile(r"^(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$")
 
 
 def import_llama(hf_dir: Path | str, out: Path | str) -> Path:
-    """Read a Hugging Face Llama, Mistral or Qwen2 directory (config.json, model.safetensors,
+    """Read a Hugging Face Llama, Mistral, Qwen2 or Qwen3 directory (config.json, model.safetensors,
     its shards or pytorch_model.bin, tokenizer.json) and write it as our checkpoint at
     `out`, replacing one there; nothing is written unless everything was read and
     checked."""
@@ -100,6 +102,7 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                         activation=activation, layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
                         dropout=0.0, attention_dropout=hf.get("attention_dropout", 0.0),
                         qkv_bias=hf.get("model_type") == "qwen2",
+                        qk_norm=hf.get("model_type") == "qwen3",
                         tie_embeddings="all" if hf.get("tie_word_embeddings", False) else "none",
                         pad_id=tokenizer.pad_id)
     except (ConfigError, TypeError) as error:
@@ -119,19 +122,38 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
 
 def _attention_window(hf: dict[str, Any], config_file: Path, max_positions: Any) -> dict:
     """ModelConfig's attention fields for the checkpoint's window: none (attention over
-    the whole context), or Mistral v0.1's sliding window of S keys, the token's own
-    among them, which is our "sliding" attention over the S - 1 tokens before it.
-    Qwen2's (use_sliding_window, on its upper layers only) is refused."""
+    the whole context), or a sliding window of S keys on every layer (Mistral v0.1's;
+    Qwen's when use_sliding_window starts at layer max_window_layers = 0), the token's
+    own among them, which is our "sliding" attention over the S - 1 tokens before it.
+    A window on some layers only is refused: our layers share one attention type."""
     window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
     if window is None or isinstance(window, int) and isinstance(max_positions, int) \
             and window >= max_positions:
         return {}
-    if hf.get("model_type") == "mistral" and isinstance(window, int) and window > 1:
+    windowed = _windowed_layers(hf)
+    if not any(windowed):
+        return {}
+    if all(windowed) and isinstance(window, int) and window > 1:
         return {"attention_type": "sliding", "attention_window": window - 1}
-    raise ForeignCheckpointError(f"{config_file}: sliding_window={json.dumps(window)} is not "
-                                 f"supported here (only null, at least "
-                                 f"max_position_embeddings={max_positions}, or Mistral's on "
-                                 f"every layer)")
+    raise ForeignCheckpointError(f"{config_file}: sliding_window={json.dumps(window)} on "
+                                 f"{sum(windowed)} of {len(windowed)} layers is not supported "
+                                 f"here (only null, at least max_position_embeddings="
+                                 f"{max_positions}, or a window on every layer)")
+
+
+def _windowed_layers(hf: dict[str, Any]) -> list[bool]:
+    """Which layers attend through the window: as layer_types says (transformers 5), else
+    every layer (Mistral), or Qwen's from layer max_window_layers on."""
+    types = hf.get("layer_types")
+    if isinstance(types, list):
+        return [kind == "sliding_attention" for kind in types]
+    layers = hf.get("num_hidden_layers")
+    layers = layers if isinstance(layers, int) and layers > 0 else 1
+    if hf.get("model_type") in ("qwen2", "qwen3"):
+        first = hf.get("max_window_layers", 28)            # transformers' default
+        first = first if isinstance(first, int) else 0
+        return [i >= first for i in range(layers)]
+    return [True] * layers
 
 
 def _rope(hf: dict[str, Any], config_file: Path) -> dict[str, Any]:
@@ -207,6 +229,10 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
                                                        n_out, n_in)
             if config.qkv_bias and ours_name in QKV:
                 state[f"{ours}.{ours_name}.bias"] = take(f"{theirs}.{theirs_name}.bias", n_out)
+        if config.qk_norm:
+            for name in ("q_norm", "k_norm"):
+                state[f"{ours}.self_attn.{name}.weight"] = take(
+                    f"{theirs}.self_attn.{name}.weight", config.head_dim)
         state[f"{ours}.norm1.weight"] = take(f"{theirs}.input_layernorm.weight", c)
         state[f"{ours}.norm3.weight"] = take(f"{theirs}.post_attention_layernorm.weight", c)
     state["output_proj.weight"] = _output_projection(tensors, names, embedding, config, source)

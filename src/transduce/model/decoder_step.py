@@ -14,7 +14,8 @@ missing or cannot compile a step, the same code runs as Python. (Whether two dec
 workers' compiled steps overlap better than their Python ones is not measured yet.)
 
 It covers the common case (softmax attention over plain KV caches, additive, rotary or
-no positions or a relative-position score bias, PyTorch's fused attention kernel) and
+no positions or a relative-position score bias, queries and keys normalized per head
+or not, PyTorch's fused attention kernel) and
 leaves every other step to the modules: `covers` says which. A score bias (T5's, ALiBi)
 enters the step as SDPA's float mask, built once per step for every layer. A language
 model's step may feed a few tokens a row after its prompt (up to MAX_STEP_TOKENS:
@@ -69,13 +70,16 @@ class FusedSelfAttention(nn.Module):
                       self.kv_heads * self.head_dim]
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.grouped = self.kv_heads != self.heads
+        self.q_norm, self.k_norm = attn.q_norm, attn.k_norm       # qk_norm's, else None
 
     def project(self, h: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """h (B, T, C) -> queries (B, H, T, D), keys and values (B, Hkv, T, D)."""
         qkv = self.qkv_proj(h).split(self.sizes, -1)
-        return split_heads(qkv[0], self.heads, self.head_dim), \
-            split_heads(qkv[1], self.kv_heads, self.head_dim), \
-            split_heads(qkv[2], self.kv_heads, self.head_dim)
+        q = split_heads(qkv[0], self.heads, self.head_dim)
+        k = split_heads(qkv[1], self.kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, split_heads(qkv[2], self.kv_heads, self.head_dim)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0,
@@ -174,7 +178,7 @@ class _CrossAttention(nn.Module):
 
     def __init__(self, attn: nn.Module):
         super().__init__()
-        self.q_proj, self.out_proj = attn.q_proj, attn.out_proj
+        self.q_proj, self.out_proj, self.q_norm = attn.q_proj, attn.out_proj, attn.q_norm
         self.heads, self.head_dim = attn.num_heads, attn.head_dim
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.grouped = attn.num_kv_heads != attn.num_heads
@@ -185,6 +189,8 @@ class _CrossAttention(nn.Module):
         lengths (B,): each source's keys are its first `length` (the mask's, given
         again; used by the kernel's subclass)."""
         q = split_heads(self.q_proj(h), self.heads, self.head_dim)          # (R, H, 1, D)
+        if self.q_norm is not None:     # the keys were normalized by project_kv
+            q = self.q_norm(q)
         n = q.shape[0] // k.shape[0]
         if n > 1:
             q = q.unflatten(0, (k.shape[0], n)).transpose(1, 2).flatten(2, 3)  # (B, H, n, D)

@@ -8,6 +8,8 @@ Shapes: hidden states (B, T, C); the source memory (B, S, C).
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch import Tensor, nn
 
 from transduce.attention.kinds import self_attention_kind
@@ -27,11 +29,28 @@ def activation_module(name: str) -> nn.Module:
     return nn.GELU(approximate="tanh" if name == "gelu-tanh" else "none")
 
 
-def norm_module(config: ModelConfig) -> nn.Module:
-    """ModelConfig.norm over d_model: LayerNorm (the paper's) or RMSNorm (Llama's)."""
+def norm_module(config: ModelConfig, size: int | None = None) -> nn.Module:
+    """ModelConfig.norm over `size` features (d_model by default): LayerNorm (the
+    paper's) or RMSNorm (Llama's)."""
+    size = config.d_model if size is None else size
     if config.norm == "rms":
-        return nn.RMSNorm(config.d_model, eps=config.layer_norm_eps)
-    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        return nn.RMSNorm(size, eps=config.layer_norm_eps)
+    return nn.LayerNorm(size, eps=config.layer_norm_eps)
+
+
+def attention_module(config: ModelConfig, kv_heads: int, *, rotary: Rotary | None,
+                     self_attention: bool) -> MultiHeadAttention:
+    """A layer's self- or cross-attention as the configuration sets it: kv_heads key/value
+    heads, self-attention of config.attention_type (cross-attention is softmax), rotary
+    positions where given, the model's norm on each head's queries and keys (qk_norm)."""
+    c = config
+    kind = self_attention_kind(c.attention_type, c.attention_window, c.global_tokens) \
+        if self_attention else "softmax"
+    return MultiHeadAttention(c.d_model, c.num_heads, kv_heads, bias=c.bias,
+                              dropout=c.attention_dropout, impl=c.attention_impl,
+                              rotary=rotary, kind=kind, scale_scores=c.attention_scale,
+                              qkv_bias=c.bias or c.qkv_bias, head_dim=c.head_size,
+                              qk_norm=partial(norm_module, c) if c.qk_norm else None)
 
 
 class FeedForward(nn.Module):
@@ -62,14 +81,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, rotary: Rotary | None = None):
         super().__init__()
         c = config
-        self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, bias=c.bias,
-                                            dropout=c.attention_dropout,
-                                            impl=c.attention_impl, rotary=rotary,
-                                            kind=self_attention_kind(c.attention_type,
-                                                                     c.attention_window,
-                                                                     c.global_tokens),
-                                            scale_scores=c.attention_scale,
-                                            qkv_bias=c.bias or c.qkv_bias, head_dim=c.head_size)
+        self.self_attn = attention_module(c, c.num_heads, rotary=rotary, self_attention=True)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias, c.gated_ffn)
         self.norm1, self.norm2 = norm_module(c), norm_module(c)
         self.dropout = Dropout(c.dropout)
@@ -100,19 +112,8 @@ class DecoderLayer(nn.Module):
                  cross_attention: bool = True):
         super().__init__()
         c = config
-        self.self_attn = MultiHeadAttention(c.d_model, c.num_heads, c.kv_heads, bias=c.bias,
-                                            dropout=c.attention_dropout,
-                                            impl=c.attention_impl, rotary=rotary,
-                                            kind=self_attention_kind(c.attention_type,
-                                                                     c.attention_window,
-                                                                     c.global_tokens),
-                                            scale_scores=c.attention_scale,
-                                            qkv_bias=c.bias or c.qkv_bias, head_dim=c.head_size)
-        self.cross_attn = MultiHeadAttention(c.d_model, c.num_heads, c.kv_heads, bias=c.bias,
-                                             dropout=c.attention_dropout,
-                                             impl=c.attention_impl,
-                                             scale_scores=c.attention_scale,
-                                             qkv_bias=c.bias or c.qkv_bias, head_dim=c.head_size) \
+        self.self_attn = attention_module(c, c.kv_heads, rotary=rotary, self_attention=True)
+        self.cross_attn = attention_module(c, c.kv_heads, rotary=None, self_attention=False) \
             if cross_attention else None
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias, c.gated_ffn)
         self.norm1 = norm_module(c)
