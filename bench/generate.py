@@ -1,11 +1,13 @@
 """Language-model generation speed: our decoder-only model against Hugging Face's
-`generate` (GPT2LMHeadModel or LlamaForCausalLM), on the same weights.
+`generate` (GPT2LMHeadModel, LlamaForCausalLM or Qwen3ForCausalLM), on the same weights.
 
-A GPT-2 (124M) or, with `--family llama`, a Llama of SmolLM2-135M's shape (30 layers of
-576, 9 heads sharing 3 key/value heads, SwiGLU 1536, tied embeddings; `--layers` etc.
-to change either) is built by transformers from a random config, saved with
-save_pretrained, and imported with `transduce import hf-gpt2` / `hf-llama`, so every
-peer holds the same weights:
+A GPT-2 (124M), with `--family llama` a Llama of SmolLM2-135M's shape (30 layers of
+576, 9 heads sharing 3 key/value heads, SwiGLU 1536, tied embeddings), or with
+`--family qwen3` a Qwen3 of Qwen3-0.6B's shape (28 layers of 1024, 16 heads of 128
+sharing 8 key/value heads, queries and keys RMS-normalized per head, SwiGLU 3072, tied
+embeddings over 151,936 tokens; `--layers` etc. to change any) is built by transformers
+from a random config, saved with save_pretrained, and imported with `transduce import
+hf-gpt2` / `hf-llama`, so every peer holds the same weights:
 - CTranslate2's Generator runs our `export ct2` of the import (float32, the same
   threads; `--no-ctranslate2` leaves it out) in a child process per call, which times
   itself after a warm-up: loaded into this process, its thread runtime slowed the
@@ -20,7 +22,7 @@ second of the whole call (prompt prefill included); the float32 peers' tokens ar
 equal to ours, token for token, and a quantized or bfloat16 peer counts its own. Decode
 speed by KV-cache kind (float32, int8, int4, sliding) is bench/kv_cache.py's.
 
-    python bench/generate.py [--family gpt2|llama] [--repeats 3] [--no-ctranslate2]
+    python bench/generate.py [--family gpt2|llama|qwen3] [--repeats 3] [--no-ctranslate2]
         [--no-onnx] [--our-dtypes bfloat16 int8] [--out bench/results/generate-cpu.json]
 """
 
@@ -54,6 +56,8 @@ FAMILIES = {
              "vocab": 50257, "context": 1024, "importer": import_gpt2},
     "llama": {"layers": 30, "d_model": 576, "heads": 9, "kv_heads": 3, "d_ff": 1536,
               "vocab": 49152, "context": 2048, "importer": import_llama},
+    "qwen3": {"layers": 28, "d_model": 1024, "heads": 16, "kv_heads": 8, "head_dim": 128,
+              "d_ff": 3072, "vocab": 151936, "context": 4096, "importer": import_llama},
 }
 END = "<|endoftext|>"
 
@@ -68,11 +72,15 @@ def hf_model(args: argparse.Namespace):
             n_layer=args.layers, n_embd=args.d_model, n_head=args.heads, n_inner=args.d_ff,
             n_positions=args.context, vocab_size=args.vocab, bos_token_id=args.vocab - 1,
             eos_token_id=args.vocab - 1)).eval()
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+    llama = args.family == "llama"
+    config_class, model_class = (transformers.LlamaConfig, transformers.LlamaForCausalLM) \
+        if llama else (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)
+    return model_class(config_class(
         num_hidden_layers=args.layers, hidden_size=args.d_model, num_attention_heads=args.heads,
         num_key_value_heads=args.kv_heads, intermediate_size=args.d_ff,
         max_position_embeddings=args.context, vocab_size=args.vocab, tie_word_embeddings=True,
-        bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1)).eval()
+        bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1,
+        **({} if llama else {"head_dim": args.head_dim}))).eval()
 
 
 def build_hf_model(args: argparse.Namespace, directory: Path):
@@ -188,7 +196,8 @@ def compare_peers(hf, generators: dict[str, Generator], ct2: Path | None,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=FAMILIES, default="gpt2")
-    for name in ("layers", "d_model", "heads", "kv_heads", "d_ff", "vocab", "context"):
+    for name in ("layers", "d_model", "heads", "kv_heads", "head_dim", "d_ff", "vocab",
+                 "context"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
                             help="default: the family's")
     parser.add_argument("--prompt-length", type=int, default=32)
@@ -243,7 +252,7 @@ def run_peers(args: argparse.Namespace, family: dict, scratch: Path) -> dict:
                 if name not in ("importer", "ct2_worker", "prompts")}
     return {"machine": machine_info(args.threads), "settings": settings | {"out": str(args.out)},
             "model": {"family": args.family, "layers": args.layers, "d_model": args.d_model,
-                      "heads": args.heads, "kv_heads": args.kv_heads,
+                      "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
                       "parameters": ours.model.num_parameters()},
             "peers": compare_peers(hf, generators, ct2, args),
             "seconds": time.time() - started}

@@ -39,6 +39,22 @@ LLAMA3 = (
     "{% if add_generation_prompt %}"
     "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
 
+# ChatML with a thinking switch, as Qwen3's template has it: an assistant turn of the
+# history keeps only what follows its reasoning, and enable_thinking=false opens the
+# reply with an empty reasoning block.
+THINKING = (
+    "{% for message in messages %}{% set content = message['content'] %}"
+    "{% if message['role'] == 'assistant' and '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1].lstrip('\n') %}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\n\n</think>\n\n' }}{% endif %}{% endif %}")
+THOUGHT = [{"role": "user", "content": "In the beginning"},
+           {"role": "assistant", "content": "<think>\nGenesis.\n</think>\n\nGod created."},
+           {"role": "user", "content": "El niño"}]
+
 EOS, STEPS = 2, 12      # the tokenizer's eos; reply tokens the tests generate
 TURN_TOKENS = ["<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>",
                "<|eot_id|>"]
@@ -71,11 +87,12 @@ def instruct_llama(directory, template, seed=0, **config):
     return hf_checkpoint(directory / "hf", vocabulary, seed=seed, **{**CONFIG, **config})
 
 
-def template_ids(hf_dir, conversation):
-    """transformers' apply_chat_template ids, opening the assistant's turn."""
+def template_ids(hf_dir, conversation, **variables):
+    """transformers' apply_chat_template ids, opening the assistant's turn; `variables`
+    are its keyword arguments for the template."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
     ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
-                                        tokenize=True)
+                                        tokenize=True, **variables)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
@@ -104,3 +121,14 @@ def chatml_model(root):
     out = import_llama(hf_dir, root / "ours")
     return SimpleNamespace(hf=hf, hf_dir=hf_dir, out=out, end=reply[cut], cut=cut,
                            generator=Generator.load(out))
+
+
+def thinking_model(root):
+    """An instruct Llama imported from `root`/hf whose template has Qwen3's thinking
+    switch (THINKING)."""
+    from transduce.decode.generate import Generator
+    from transduce.importers import import_llama
+
+    hf = instruct_llama(root, THINKING, seed=2)
+    out = import_llama(root / "hf", root / "ours")
+    return SimpleNamespace(hf=hf, hf_dir=root / "hf", out=out, generator=Generator.load(out))

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.chat_models import CHATML, CONVERSATIONS, EOS, LLAMA3, STEPS, chatml_model, \
-    greedy_reply, instruct_llama, template_ids, transformers
+from tests.chat_models import CHATML, CONVERSATIONS, EOS, LLAMA3, STEPS, THOUGHT, \
+    chatml_model, greedy_reply, instruct_llama, template_ids, thinking_model, transformers
 from tests.test_import_llama import hf_checkpoint, write_spm_bpe
 from transduce import checkpoint
 from transduce.cli import main
@@ -236,4 +236,59 @@ def test_generate_chat_answers_each_line_as_a_users_message(chatml, capsys):
     assert capsys.readouterr().out == "".join(text.replace("\n", "\\n") + "\n"
                                               for text in expected)
     assert main(["generate", "--model", str(chatml.out), "--system", "x", "--prompt", "a"]) == 2
-    assert "--system is the system message of --chat" in capsys.readouterr().err
+    assert "--system applies to --chat's conversations: give --chat too" in \
+        capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def thinking(tmp_path_factory):
+    return thinking_model(tmp_path_factory.mktemp("thinking"))
+
+
+@pytest.mark.parametrize("variables", [{}, {"enable_thinking": False}])
+@pytest.mark.parametrize("conversation", [CONVERSATIONS[0], THOUGHT], ids=["one", "thought"])
+def test_template_variables_give_apply_chat_templates_ids_and_its_reply(thinking, variables,
+                                                                        conversation):
+    """Qwen3's enable_thinking=False: the ids and the greedy reply are transformers'."""
+    (ids,) = thinking.generator.encode([Chat.of(conversation, variables=variables)])
+    expected = template_ids(thinking.hf_dir, conversation, **variables)
+    assert ids == expected
+    assert (ids != template_ids(thinking.hf_dir, conversation)) == bool(variables)
+    generator = thinking.generator
+    (row,) = generator.generate_rows([Chat.of(conversation, variables=variables)],
+                                     max_new_tokens=STEPS)
+    theirs = greedy_reply(thinking.hf, expected, STEPS, list(generator.end_ids))
+    assert row.tokens + ([row.end_token] if row.end_token is not None else []) == theirs
+    assert generator.chat(conversation, template_variables=variables,
+                          max_new_tokens=STEPS) == row.text
+
+
+def test_template_vars_on_the_command_line(thinking, tmp_path, monkeypatch, capsys):
+    variables = {"enable_thinking": False}
+    message = {"role": "user", "content": "Hello world!"}
+    expected = thinking.generator.chat([message], template_variables=variables,
+                                       max_new_tokens=6).replace("\n", "\\n") + "\n"
+    assert main(["generate", "--chat", "--model", str(thinking.out), "--template-var",
+                 "enable_thinking=false", "--max-new-tokens", "6", "--prompt",
+                 message["content"]]) == 0
+    assert capsys.readouterr().out == expected
+    (tmp_path / "in.txt").write_text(message["content"] + "\n", encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", open(tmp_path / "in.txt", encoding="utf-8"))
+    assert main(["chat", "--model", str(thinking.out), "--template-var",
+                 "enable_thinking=false", "--max-new-tokens", "6"]) == 0
+    assert capsys.readouterr().out == expected
+    for arguments, message in (
+            (["--template-var", "enable_thinking=false"], "--template-var applies to --chat"),
+            (["--chat", "--template-var", "messages=[]"], "--template-var.messages: the "
+                                                          "template's messages is set by the "
+                                                          "chat itself"),
+            (["--chat", "--template-var", "eos_token=x"], "--template-var.eos_token: the "
+                                                          "template's eos_token is the "
+                                                          "model's special token")):
+        assert main(["generate", "--model", str(thinking.out), "--prompt", "a",
+                     *arguments]) != 0
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):                   # argparse's usage error
+        main(["generate", "--chat", "--model", str(thinking.out), "--prompt", "a",
+              "--template-var", "enable_thinking"])
+    assert "'enable_thinking': expected NAME=VALUE" in capsys.readouterr().err

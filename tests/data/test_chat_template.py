@@ -4,8 +4,9 @@ cannot reach Python's internals."""
 
 import pytest
 
-from tests.chat_models import CHATML, CONVERSATIONS, LLAMA3
-from transduce.data.chat import Chat, ChatError, ChatTemplate, Message, read_chat_template
+from tests.chat_models import CHATML, CONVERSATIONS, LLAMA3, THINKING, THOUGHT
+from transduce.data.chat import Chat, ChatError, ChatTemplate, Message, read_chat_template, \
+    template_variables
 
 chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
 
@@ -25,10 +26,10 @@ FEATURES = (
     "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
-def theirs(template, conversation, add_generation_prompt=True):
+def theirs(template, conversation, add_generation_prompt=True, **variables):
     rendered, _ = chat_template_utils.render_jinja_template(
         conversations=[conversation], chat_template=template,
-        add_generation_prompt=add_generation_prompt, **TOKENS)
+        add_generation_prompt=add_generation_prompt, **TOKENS, **variables)
     return rendered[0]
 
 
@@ -40,6 +41,51 @@ def test_renders_what_transformers_renders(template, conversation, add_generatio
     ours = ChatTemplate(template, TOKENS).render(Chat.of(conversation), add_generation_prompt)
     assert ours == theirs(template, conversation, add_generation_prompt)
     assert ("ñ" in ours) == any("ñ" in m["content"] for m in conversation)   # not \u00f1
+
+
+@pytest.mark.parametrize("variables", [{}, {"enable_thinking": False},
+                                       {"enable_thinking": True, "unused": [1, {"a": None}]}])
+@pytest.mark.parametrize("conversation", [CONVERSATIONS[0], THOUGHT], ids=["one", "thought"])
+def test_variables_reach_the_template_as_apply_chat_templates_keywords(variables, conversation):
+    """Qwen3's switch: enable_thinking=false opens the reply with an empty reasoning
+    block; the history's reasoning is left out either way."""
+    ours = ChatTemplate(THINKING, TOKENS).render(Chat.of(conversation, variables=variables))
+    assert ours == theirs(THINKING, conversation, **variables)
+    assert ours.endswith("<think>\n\n</think>\n\n") == (variables.get("enable_thinking")
+                                                        is False)
+    assert "Genesis" not in ours and ("God created." in ours) == (conversation is THOUGHT)
+
+
+@pytest.mark.parametrize("values,message", [
+    ([("enable_thinking", False)], "chat_template_kwargs: expected an object"),
+    ({"not a name": 1}, "chat_template_kwargs: 'not a name' is not a variable name"),
+    ({"messages": []}, "chat_template_kwargs.messages: the template's messages is set by "
+                       "the chat itself"),
+    ({"add_generation_prompt": False}, "add_generation_prompt: the template's"),
+    ({"flag": {1, 2}}, "chat_template_kwargs.flag: a set is no JSON value"),
+    ({"flag": {"a": object()}}, "chat_template_kwargs.flag: a dict is no JSON value"),
+])
+def test_a_variable_a_template_cannot_take_is_named(values, message):
+    with pytest.raises(ChatError, match=message):
+        template_variables(values)
+    with pytest.raises(ChatError, match=message):
+        Chat.of(CONVERSATIONS[0], variables=values)
+
+
+def test_a_variable_of_a_type_the_template_does_not_expect_is_a_chat_error():
+    template = ChatTemplate("{% if budget > 2 %}long{% endif %}{{ 1 // zero }}")
+    with pytest.raises(ChatError, match="fails on this conversation and its variables: "
+                                        "TypeError"):
+        template.render(Chat.of(CONVERSATIONS[0], variables={"budget": "a", "zero": 0}))
+    with pytest.raises(ChatError, match="ZeroDivisionError"):
+        template.render(Chat.of(CONVERSATIONS[0], variables={"budget": 3, "zero": 0}))
+
+
+def test_a_variable_may_not_replace_a_special_token():
+    with pytest.raises(ChatError, match="chat_template_kwargs.eos_token: the template's "
+                                        "eos_token is the model's special token"):
+        ChatTemplate(THINKING, TOKENS).render(Chat.of(CONVERSATIONS[0],
+                                                      variables={"eos_token": "x"}))
 
 
 def test_a_refusal_of_the_template_is_a_chat_error_with_its_words():

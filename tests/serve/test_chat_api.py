@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tests.chat_models import CONVERSATIONS, STEPS, template_ids
+from tests.chat_models import CONVERSATIONS, STEPS, THOUGHT, template_ids, thinking_model
 from tests.serve.conftest import client_for
 from tests.serve.test_server import ServerThread
 from transduce.data.chat import Chat
@@ -215,6 +215,19 @@ def test_chats_and_prompts_share_the_continuous_batches(chatml):
     ({"messages": [{"role": "user", "content": "a " * 99}] * 3}, 413, "messages",
      "positions in all"),
     ({"messages": [{"role": "user", "content": "a" * 201}]}, 413, "messages[0]", "max_chars"),
+    ({"messages": [{"role": "user", "content": "a"}], "chat_template_kwargs": [1]}, 422,
+     "chat_template_kwargs", "valid dictionary"),
+    ({"messages": [{"role": "user", "content": "a"}],
+      "chat_template_kwargs": {"add_generation_prompt": False}}, 422, "chat_template_kwargs",
+     "chat_template_kwargs.add_generation_prompt: the template's add_generation_prompt is "
+     "set by the chat itself"),
+    ({"messages": [{"role": "user", "content": "a"}], "chat_template_kwargs": {"eos_token": ""}},
+     422, "chat_template_kwargs", "the template's eos_token is the model's special token"),
+    ({"messages": [{"role": "user", "content": "a"}], "chat_template_kwargs": {"a-b": 1}}, 422,
+     "chat_template_kwargs", "'a-b' is not a variable name"),
+    ({"messages": [{"role": "user", "content": "a"}],
+      "chat_template_kwargs": {f"v{i}": 1 for i in range(33)}}, 422, "chat_template_kwargs",
+     "at most 32 items"),
 ])
 def test_bad_requests_are_4xx_naming_the_field(api, body, status, field, words):
     answer = api.post("/v1/chat/completions", json=body)
@@ -222,6 +235,24 @@ def test_bad_requests_are_4xx_naming_the_field(api, body, status, field, words):
     error = answer.json()["error"]                    # in OpenAI's shape
     assert error["param"] == field and error["type"] == "invalid_request_error"
     assert words in error["message"]
+
+
+def test_chat_template_kwargs_reach_the_template(tmp_path):
+    """vLLM's field: Qwen3's enable_thinking=false gives apply_chat_template's ids with it
+    (counted in the usage) and the library's reply to them."""
+    thinking = thinking_model(tmp_path)
+    variables = {"enable_thinking": False}
+    with client_for(thinking.generator, max_chars=200, max_texts=16) as client:
+        answer = client.post("/v1/chat/completions", json={
+            "messages": THOUGHT, "max_tokens": STEPS, "temperature": 0,
+            "chat_template_kwargs": variables})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    prompt = template_ids(thinking.hf_dir, THOUGHT, **variables)
+    assert prompt != template_ids(thinking.hf_dir, THOUGHT)
+    assert body["usage"]["prompt_tokens"] == len(prompt)
+    assert body["choices"][0]["message"]["content"] == thinking.generator.chat(
+        THOUGHT, template_variables=variables, max_new_tokens=STEPS)
 
 
 def test_a_model_without_a_template_answers_422(lm):

@@ -5,6 +5,7 @@ far, laid out by its chat template, is printed word by word as it is generated, 
 line (a newline in it as \\n, as `generate` writes). Where the conversation would leave
 the reply fewer than --max-new-tokens positions of the model's context, its oldest
 exchanges are left out, and standard error says so; --system's message always stays.
+--template-var sets a variable of the template (a Qwen3's enable_thinking=false).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from transduce.cli.generate import add_sampling_options, draft_settings, one_line, \
-    penalty_settings, user_turn
+from transduce.cli.generate import add_sampling_options, add_template_var_option, \
+    chat_variables, draft_settings, one_line, penalty_settings, user_turn
 from transduce.cli.options import add_dtype_option, add_engine_option
 from transduce.config import choices
 from transduce.decode.options import KvDtype
@@ -25,6 +26,7 @@ def register(commands) -> None:
     chat.add_argument("--model", type=Path, required=True,
                       help="an instruct model's checkpoint, run directory or ONNX export")
     chat.add_argument("--system", default=None, help="the system message (default: none)")
+    add_template_var_option(chat)
     add_sampling_options(chat)
     add_dtype_option(chat)
     chat.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
@@ -49,15 +51,18 @@ def chat_command(args: argparse.Namespace) -> int:
         **penalty_settings(args))
     generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                engine=args.engine, draft=draft)
-    generator.chat_text(user_turn("", args.system))    # a model without a template: refused
+    variables = chat_variables(args, generator)
+    # a model without a template, or a template refusing the variables: before input
+    generator.chat_text(user_turn("", args.system, variables=variables))
     seed = prompt_seeds(options.seed, 1)[0]
     history: list[Message] = []
     turn = 0
     _ask()
     for lines in line_batches(sys.stdin.fileno(), max_lines=1):
         for line in lines:
-            history = _fitting(generator, history, line, args.system, options.max_new_tokens)
-            conversation = user_turn(line, args.system, history)
+            history = _fitting(generator, history, line, args.system, variables,
+                               options.max_new_tokens)
+            conversation = user_turn(line, args.system, history, variables)
             reply = ""
             for text in generator.stream(conversation, options, number=turn + 1,
                                          seed=prompt_seeds(seed, 1, start=turn)[0]):
@@ -71,11 +76,12 @@ def chat_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fitting(generator, history: list, line: str, system: str | None, max_new: int) -> list:
+def _fitting(generator, history: list, line: str, system: str | None, variables: dict,
+             max_new: int) -> list:
     """The history without its oldest exchanges (user message and reply) as long as the
     conversation leaves the reply fewer than max_new positions."""
     while history:
-        text = generator.chat_text(user_turn(line, system, history))
+        text = generator.chat_text(user_turn(line, system, history, variables))
         length = len(generator.tokenizer.encode([text])[0])
         if length + max_new <= generator.context:
             break

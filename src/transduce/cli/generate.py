@@ -2,18 +2,19 @@
 
 Prompts come from --prompt (repeatable) or standard input, one per line; each gives one
 output line, in order. With --chat, each prompt is a user's message to an instruct model
-(with --system's message before it), laid out by the model's chat template, and the line
-is the model's reply (`transduce chat` holds a conversation). A newline inside a
-continuation is written as the two characters \\n (and a backslash as \\\\), so that N
-prompts always give N lines.
+(with --system's message before it), laid out by the model's chat template (which reads
+--template-var's variables too), and the line is the model's reply (`transduce chat`
+holds a conversation). A newline inside a continuation is written as the two characters
+\\n (and a backslash as \\\\), so that N prompts always give N lines.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from transduce.cli.options import add_dtype_option, add_engine_option, fraction, \
     non_negative_float, non_negative_int, positive_int, sampling_seed
@@ -46,11 +47,41 @@ def register(commands) -> None:
                                "out by its chat template; print the reply")
     generate.add_argument("--system", default=None,
                           help="with --chat: a system message before each user message")
+    add_template_var_option(generate, "with --chat: ")
     add_dtype_option(generate)
     generate.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
                           help="KV-cache type (default: --dtype's); int8 quantizes it")
     add_engine_option(generate)
     generate.set_defaults(handler=generate_command)
+
+
+def add_template_var_option(command: argparse.ArgumentParser, prefix: str = "") -> None:
+    """--template-var NAME=VALUE, shared with `transduce chat`."""
+    command.add_argument("--template-var", dest="template_vars", action="append", default=[],
+                         type=template_var, metavar="NAME=VALUE",
+                         help=f"{prefix}a variable of the chat template, VALUE read as JSON "
+                              f"where it is (enable_thinking=false), else as text; repeatable")
+
+
+def template_var(text: str) -> tuple[str, Any]:
+    """NAME=VALUE -> (NAME, VALUE as JSON, or the text where it is none)."""
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
+def chat_variables(args: argparse.Namespace, generator) -> dict[str, Any]:
+    """--template-var's variables, checked against the generator's chat template (a
+    ChatError names the bad one)."""
+    from transduce.data.chat import template_variables
+
+    template = getattr(generator.tokenizer, "chat_template", None)
+    return template_variables(dict(args.template_vars), "--template-var",
+                              tokens=template.tokens if template else ())
 
 
 def add_sampling_options(command: argparse.ArgumentParser) -> None:
@@ -138,9 +169,9 @@ def generate_command(args: argparse.Namespace) -> int:
     from transduce.decode.generate import Generator, prompt_seeds
     from transduce.decode.options import GenerateOptions
 
-    if args.system is not None and not args.chat:
-        raise ConfigError("--system is the system message of --chat's conversations: give "
-                          "--chat too")
+    if (args.system is not None or args.template_vars) and not args.chat:
+        option = "--system" if args.system is not None else "--template-var"
+        raise ConfigError(f"{option} applies to --chat's conversations: give --chat too")
     draft, draft_tokens = draft_settings(args)
     options = GenerateOptions(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -151,13 +182,16 @@ def generate_command(args: argparse.Namespace) -> int:
         draft_tokens=draft_tokens, draft_schedule=args.draft_schedule, **penalty_settings(args))
     generator = Generator.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                                engine=args.engine, draft=draft)
+    variables = chat_variables(args, generator) if args.chat else {}
     if args.chat:
-        generator.chat_text(user_turn("", args.system))   # no template: refused before input
+        # a model without a template, or a template refusing the variables: before input
+        generator.chat_text(user_turn("", args.system, variables=variables))
     seed = prompt_seeds(options.seed, 1)[0]      # one run, one seed: prompt k draws the k-th
     done = 0
     for prompts in _prompt_batches(args):
         if args.chat:
-            prompts = [user_turn(prompt, args.system) for prompt in prompts]
+            prompts = [user_turn(prompt, args.system, variables=variables)
+                       for prompt in prompts]
         seeds = prompt_seeds(seed, len(prompts), start=done)
         if args.stream:
             for prompt, prompt_seed in zip(prompts, seeds):
@@ -183,13 +217,14 @@ def _prompt_batches(args: argparse.Namespace):
     yield from line_batches(sys.stdin.fileno(), max_lines=STDIN_BATCH_LINES)
 
 
-def user_turn(text: str, system: str | None, history: Sequence[Message] = ()) -> "Chat":
+def user_turn(text: str, system: str | None, history: Sequence[Message] = (),
+              variables: dict[str, Any] | None = None) -> "Chat":
     """A conversation ending in the user's message `text`: the system message, if any,
-    the turns before, then this one."""
+    the turns before, then this one; `variables` for its template (checked)."""
     from transduce.data.chat import Chat, Message
 
     first = () if system is None else (Message("system", system),)
-    return Chat((*first, *history, Message("user", text)))
+    return Chat((*first, *history, Message("user", text)), variables or {})
 
 
 def one_line(text: str) -> str:

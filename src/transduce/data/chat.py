@@ -12,7 +12,9 @@ reads the text without adding bos (a template writes bos itself where its model 
 it). Templates run as transformers runs them, so that the ids are the ones the model was
 fine-tuned on: a sandboxed Jinja environment that trims blocks, with loop controls,
 `raise_exception`, `strftime_now` and a `tojson` that keeps non-ASCII characters, and
-the special tokens' strings (bos_token, eos_token, ...) as variables.
+the special tokens' strings (bos_token, eos_token, ...) as variables. A Chat may carry
+variables of its own for the template, as apply_chat_template's keyword arguments do
+(Qwen3's enable_thinking=False, say).
 """
 
 from __future__ import annotations
@@ -37,20 +39,29 @@ class Message:
     content: str
 
 
+# What every render sets itself: a template variable of a Chat may not take these names
+# (nor those of the template's special tokens).
+RENDER_NAMES = frozenset({"messages", "add_generation_prompt", "tools", "documents"})
+
+
 @dataclass(frozen=True)
 class Chat:
     """A conversation to answer: its messages, oldest first, the last one the user's (or
-    a system message alone)."""
+    a system message alone), and variables its template reads besides them (checked by
+    template_variables)."""
 
     messages: tuple[Message, ...]
+    variables: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     @classmethod
     def of(cls, messages: Iterable[Mapping[str, Any] | Message] | "Chat",
-           where: str = "messages") -> Chat:
+           where: str = "messages", variables: Mapping[str, Any] | None = None) -> Chat:
         """A Chat of {"role": ..., "content": ...} objects (or Messages); a malformed one
-        is a ChatError naming it as `where`[i]."""
+        is a ChatError naming it as `where`[i]. variables: the template's, replacing a
+        given Chat's."""
         if isinstance(messages, Chat):
-            return messages
+            return messages if variables is None else \
+                cls(messages.messages, template_variables(variables))
         if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
             raise ChatError(f"{where}: expected a list of messages ({{\"role\": ..., "
                             f"\"content\": ...}}), got a {type(messages).__name__}")
@@ -58,7 +69,38 @@ class Chat:
                         for index, message in enumerate(messages))
         if not checked:
             raise ChatError(f"{where}: no messages")
-        return cls(checked)
+        return cls(checked, template_variables(variables or {}))
+
+
+def template_variables(values: Any, where: str = "chat_template_kwargs",
+                       tokens: Iterable[str] = ()) -> dict[str, Any]:
+    """Variables for a chat template, checked: an object whose names are identifiers
+    other than those a render sets (RENDER_NAMES) and the template's special `tokens`,
+    each value JSON's (text, a number, a boolean, null, a list or an object of them);
+    else a ChatError naming `where`."""
+    if not isinstance(values, Mapping):
+        raise ChatError(f"{where}: expected an object of template variables, got a "
+                        f"{type(values).__name__}")
+    for name, value in values.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ChatError(f"{where}: {name!r:.40} is not a variable name")
+        if name in RENDER_NAMES:
+            raise ChatError(f"{where}.{name}: the template's {name} is set by the chat itself")
+        if name in tokens:
+            raise ChatError(f"{where}.{name}: the template's {name} is the model's special "
+                            f"token")
+        if not _json_like(value):
+            raise ChatError(f"{where}.{name}: a {type(value).__name__} is no JSON value")
+    return dict(values)
+
+
+def _json_like(value: Any) -> bool:
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_json_like(item) for item in value)
+    return isinstance(value, Mapping) and all(isinstance(key, str) and _json_like(item)
+                                              for key, item in value.items())
 
 
 def _message(message: Any, where: str) -> Message:
@@ -94,13 +136,18 @@ class ChatTemplate:
         import jinja2
 
         messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+        template_variables(chat.variables, tokens=self.tokens)
         try:
             return _compiled(self.template).render(
                 messages=messages, add_generation_prompt=add_generation_prompt,
-                tools=None, documents=None, **self.tokens)
+                tools=None, documents=None, **self.tokens, **chat.variables)
         except jinja2.TemplateError as error:
             raise ChatError(f"the model's chat template refuses this conversation: "
                             f"{error}") from None
+        except (TypeError, ValueError, ArithmeticError, LookupError) as error:
+            # a variable of a type the template does not expect ("a" > 2)
+            raise ChatError(f"the model's chat template fails on this conversation and its "
+                            f"variables: {type(error).__name__}: {error}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return {"template": self.template, "tokens": dict(self.tokens)}

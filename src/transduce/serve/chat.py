@@ -11,7 +11,8 @@ finish_reason says "stop" (an end token or a stop string) or "length" (max_token
 the end of the model's context). The defaults are OpenAI's: temperature 1, and a reply
 as long as the context allows. OpenAI's frequency and presence penalties and logit
 bias are taken (decode/penalties.py), and repetition_penalty, top_k and min_p, as
-/v1/generate's, are ours; any field OpenAI's API lacks is refused.
+/v1/generate's, are ours, as is chat_template_kwargs (vLLM's: the template's variables);
+any other field OpenAI's API lacks is refused.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from transduce.config import ConfigError
-from transduce.data.chat import Chat, ChatError, Message
+from transduce.data.chat import Chat, ChatError, Message, template_variables
 from transduce.decode.generate import Continuation, Generator, PromptError, prompt_seeds
 from transduce.decode.options import GenerateOptions
 from transduce.serve.generation import EventFormat, Prompts, enqueue_prompts, events
@@ -130,7 +131,13 @@ def _conversation(service: Service, body: ChatRequest) -> tuple[Chat, list[int]]
     longer than the model's context 413."""
     generator: Generator = service.model
     check_texts([message.content for message in body.messages], service.limits, "messages")
-    conversation = Chat(tuple(Message(m.role, m.content) for m in body.messages))
+    template = getattr(generator.tokenizer, "chat_template", None)
+    try:
+        variables = template_variables(body.chat_template_kwargs or {},
+                                       tokens=template.tokens if template else ())
+    except ChatError as error:
+        raise ApiError(422, str(error), "chat_template_kwargs") from None
+    conversation = Chat(tuple(Message(m.role, m.content) for m in body.messages), variables)
     try:
         (ids,) = generator.encode([conversation])
     except (ConfigError, ChatError) as error:

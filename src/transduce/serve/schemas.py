@@ -248,6 +248,10 @@ class ChatRequest(OpenAISampling):
     logprobs: StrictBool = Field(False, description="each reply token's log-probability")
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = Field(
         None, description="with logprobs: the likeliest this many tokens in each place")
+    chat_template_kwargs: Annotated[dict[str, Any], Field(max_length=32)] | None = Field(
+        None, description="variables of the model's chat template, as vLLM takes them and "
+                          "transformers' apply_chat_template (Qwen3's "
+                          "{\"enable_thinking\": false})")
 
 
 class TopLogprob(BaseModel):
