@@ -273,6 +273,7 @@ def refused(directory, tmp_path, *messages):
     ({"model_type": "qwen3", "use_sliding_window": True, "sliding_window": 16,
       "layer_types": ["sliding_attention", "full_attention"]},
      "sliding_window=16 on 1 of 2 layers is not supported here"),
+    ({"sliding_window": 16}, "sliding_window=16 is not supported here"),   # a Llama's
     ({"eos_token_id": 5}, "eos_token_id=5 but the tokenizer's eos token '</s>' is 2"),
     ({"num_key_value_heads": 3}, "num_kv_heads=3"),
     ({"vocab_size": 10}, "vocab_size=10 is smaller than the tokenizer's"),

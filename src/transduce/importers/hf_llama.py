@@ -131,29 +131,33 @@ def _attention_window(hf: dict[str, Any], config_file: Path, max_positions: Any)
             and window >= max_positions:
         return {}
     windowed = _windowed_layers(hf)
-    if not any(windowed):
+    if windowed is not None and not any(windowed):
         return {}
-    if all(windowed) and isinstance(window, int) and window > 1:
+    if windowed is not None and all(windowed) and isinstance(window, int) and window > 1:
         return {"attention_type": "sliding", "attention_window": window - 1}
-    raise ForeignCheckpointError(f"{config_file}: sliding_window={json.dumps(window)} on "
-                                 f"{sum(windowed)} of {len(windowed)} layers is not supported "
-                                 f"here (only null, at least max_position_embeddings="
-                                 f"{max_positions}, or a window on every layer)")
+    where = "" if windowed is None else f" on {sum(windowed)} of {len(windowed)} layers"
+    raise ForeignCheckpointError(f"{config_file}: sliding_window={json.dumps(window)}{where} "
+                                 f"is not supported here (only null, at least "
+                                 f"max_position_embeddings={max_positions}, or Mistral's or "
+                                 f"Qwen's window on every layer)")
 
 
-def _windowed_layers(hf: dict[str, Any]) -> list[bool]:
-    """Which layers attend through the window: as layer_types says (transformers 5), else
-    every layer (Mistral), or Qwen's from layer max_window_layers on."""
+def _windowed_layers(hf: dict[str, Any]) -> list[bool] | None:
+    """Which layers attend through the window: every layer of a Mistral; a Qwen's as
+    layer_types says (transformers 5), else from layer max_window_layers on. None for
+    the other families (a Llama has no window)."""
+    layers = hf.get("num_hidden_layers")
+    layers = layers if isinstance(layers, int) and layers > 0 else 1
+    if hf.get("model_type") == "mistral":
+        return [True] * layers
+    if hf.get("model_type") not in ("qwen2", "qwen3"):
+        return None
     types = hf.get("layer_types")
     if isinstance(types, list):
         return [kind == "sliding_attention" for kind in types]
-    layers = hf.get("num_hidden_layers")
-    layers = layers if isinstance(layers, int) and layers > 0 else 1
-    if hf.get("model_type") in ("qwen2", "qwen3"):
-        first = hf.get("max_window_layers", 28)            # transformers' default
-        first = first if isinstance(first, int) else 0
-        return [i >= first for i in range(layers)]
-    return [True] * layers
+    first = hf.get("max_window_layers", 28)                # transformers' default
+    first = first if isinstance(first, int) else 0
+    return [i >= first for i in range(layers)]
 
 
 def _rope(hf: dict[str, Any], config_file: Path) -> dict[str, Any]:
