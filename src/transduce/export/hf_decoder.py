@@ -183,10 +183,10 @@ def gpt2_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
 
 
 def hf_decoder_model(model: DecoderOnly, tokenizer):
-    """A transformers model holding our weights (in eval mode)."""
+    """A transformers model holding our weights (in eval mode); the model was checked
+    (check_decoder_exportable) by export_hf_decoder, before its vocabulary."""
     import transformers
 
-    check_decoder_exportable(model)
     family = decoder_family(model.config)
     config = getattr(transformers, family.config_class)(**hf_decoder_config(model, tokenizer))
     theirs = getattr(transformers, family.model_class)(config).eval()
