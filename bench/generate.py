@@ -1,13 +1,17 @@
 """Language-model generation speed: our decoder-only model against Hugging Face's
-`generate` (GPT2LMHeadModel, LlamaForCausalLM or Qwen3ForCausalLM), on the same weights.
+`generate` (GPT2LMHeadModel, LlamaForCausalLM, Qwen3ForCausalLM or Gemma3ForCausalLM),
+on the same weights.
 
 A GPT-2 (124M), with `--family llama` a Llama of SmolLM2-135M's shape (30 layers of
 576, 9 heads sharing 3 key/value heads, SwiGLU 1536, tied embeddings), or with
 `--family qwen3` a Qwen3 of Qwen3-0.6B's shape (28 layers of 1024, 16 heads of 128
 sharing 8 key/value heads, queries and keys RMS-normalized per head, SwiGLU 3072, tied
-embeddings over 151,936 tokens; `--layers` etc. to change any) is built by transformers
-from a random config, saved with save_pretrained, and imported with `transduce import
-hf-gpt2` / `hf-llama`, so every peer holds the same weights:
+embeddings over 151,936 tokens), or with `--family gemma3` a Gemma 3 of gemma-3-270m's
+shape (18 layers of 640, 4 heads of 256 sharing one key/value head, a window of 512
+keys on five layers in six, GeGLU 2048, tied embeddings over 262,144 tokens; `--layers`
+etc. to change any) is built by transformers from a random config, saved with
+save_pretrained, and imported with `transduce import hf-gpt2` / `hf-llama` /
+`hf-gemma`, so every peer holds the same weights:
 - CTranslate2's Generator runs our `export ct2` of the import (float32, the same
   threads; `--no-ctranslate2` leaves it out) in a child process per call, which times
   itself after a warm-up: loaded into this process, its thread runtime slowed the
@@ -22,7 +26,7 @@ second of the whole call (prompt prefill included); the float32 peers' tokens ar
 equal to ours, token for token, and a quantized or bfloat16 peer counts its own. Decode
 speed by KV-cache kind (float32, int8, int4, sliding) is bench/kv_cache.py's.
 
-    python bench/generate.py [--family gpt2|llama|qwen3] [--repeats 3] [--no-ctranslate2]
+    python bench/generate.py [--family gpt2|llama|qwen3|gemma3] [--repeats 3] [--no-ctranslate2]
         [--no-onnx] [--our-dtypes bfloat16 int8] [--out bench/results/generate-cpu.json]
 """
 
@@ -48,7 +52,7 @@ from transduce import checkpoint  # noqa: E402
 from transduce.export import export_ctranslate2  # noqa: E402
 from transduce.decode.onnx_lm_engine import OnnxLanguageModel  # noqa: E402
 from transduce.export.onnx import export_onnx  # noqa: E402
-from transduce.importers import import_gpt2, import_llama  # noqa: E402
+from transduce.importers import import_gemma, import_gpt2, import_llama  # noqa: E402
 
 # Each family's shape (overridden by the flags of the same names) and importer.
 FAMILIES = {
@@ -58,7 +62,10 @@ FAMILIES = {
               "vocab": 49152, "context": 2048, "importer": import_llama},
     "qwen3": {"layers": 28, "d_model": 1024, "heads": 16, "kv_heads": 8, "head_dim": 128,
               "d_ff": 3072, "vocab": 151936, "context": 4096, "importer": import_llama},
+    "gemma3": {"layers": 18, "d_model": 640, "heads": 4, "kv_heads": 1, "head_dim": 256,
+               "d_ff": 2048, "vocab": 262144, "context": 4096, "importer": import_gemma},
 }
+GEMMA3_WINDOW = 512        # gemma-3-270m's sliding window; every sixth layer full
 END = "<|endoftext|>"
 
 
@@ -72,6 +79,14 @@ def hf_model(args: argparse.Namespace):
             n_layer=args.layers, n_embd=args.d_model, n_head=args.heads, n_inner=args.d_ff,
             n_positions=args.context, vocab_size=args.vocab, bos_token_id=args.vocab - 1,
             eos_token_id=args.vocab - 1)).eval()
+    if args.family == "gemma3":
+        return transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+            num_hidden_layers=args.layers, hidden_size=args.d_model,
+            num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+            head_dim=args.head_dim, query_pre_attn_scalar=args.head_dim,
+            intermediate_size=args.d_ff, max_position_embeddings=args.context,
+            vocab_size=args.vocab, sliding_window=GEMMA3_WINDOW, bos_token_id=args.vocab - 1,
+            eos_token_id=args.vocab - 1, pad_token_id=args.vocab - 1)).eval()
     llama = args.family == "llama"
     config_class, model_class = (transformers.LlamaConfig, transformers.LlamaForCausalLM) \
         if llama else (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)
@@ -98,8 +113,8 @@ def build_hf_model(args: argparse.Namespace, directory: Path):
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([END])
     tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": END,
-                                                                 "eos_token": END}))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": END, "eos_token": END, "pad_token": END}))
     return model
 
 

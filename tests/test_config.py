@@ -35,9 +35,22 @@ def test_unknown_fields_and_presets_are_named():
         preset("huge")
 
 
+def test_full_attention_layers_read_from_a_config_file_round_trip():
+    """config.json and TOML give a list; the configuration holds a tuple, equal after a
+    round trip, and names each layer's attention."""
+    c = ModelConfig.from_dict({**_SLIDING_LM, "full_attention_layers": [1, 4]})
+    assert c.full_attention_layers == (1, 4) and ModelConfig.from_dict(c.to_dict()) == c
+    assert [c.layer_attention_type(i) for i in range(6)] == \
+        ["sliding", "softmax", "sliding", "sliding", "softmax", "sliding"]
+
+
 def test_rotary_needs_even_heads():
     with pytest.raises(ConfigError, match="even head size"):
         ModelConfig(d_model=24, num_heads=8, positional="rotary")
+
+
+_SLIDING_LM = {"arch": "decoder", "attention_type": "sliding", "src_vocab_size": 10,
+               "tgt_vocab_size": 10}
 
 
 @pytest.mark.parametrize("config_type,changes,message", [
@@ -64,6 +77,30 @@ def test_rotary_needs_even_heads():
      "encoder-decoder; arch='decoder' has one embedding"),
     (ModelConfig, {"tie_embeddings": "embeddings", "tgt_vocab_size": 100},
      "tie_embeddings='embeddings' needs one shared vocabulary"),
+    # local and full layers (Gemma's), sandwich norms
+    (ModelConfig, {"full_attention_layers": (1,), "arch": "decoder", "src_vocab_size": 10,
+                   "tgt_vocab_size": 10},
+     "full_attention_layers=[1] mixes full layers into a sliding stack: it needs "
+     "arch='decoder' and attention_type='sliding', not arch='decoder' and "
+     "attention_type='softmax'"),
+    (ModelConfig, {"full_attention_layers": (1,), "attention_type": "sliding"},
+     "it needs arch='decoder'"),
+    (ModelConfig, {"full_attention_layers": (3, 1), **_SLIDING_LM},
+     "full_attention_layers=[3, 1]: must be increasing layer numbers from 0 to "
+     "num_decoder_layers - 1 = 5"),
+    (ModelConfig, {"full_attention_layers": (6,), **_SLIDING_LM}, "from 0 to"),
+    (ModelConfig, {"full_attention_layers": (1, 1), **_SLIDING_LM}, "increasing"),
+    (ModelConfig, {"full_attention_layers": ("1",), **_SLIDING_LM},
+     "full_attention_layers=['1']: must be a list of layer numbers"),
+    (ModelConfig, {"local_rope_base": 100.0, **_SLIDING_LM, "positional": "rotary"},
+     "local_rope_base=100.0 sets the rotary positions of sliding layers among full ones; "
+     "it needs positional='rotary' and full_attention_layers"),
+    (ModelConfig, {"local_rope_base": 100.0, "full_attention_layers": [2], **_SLIDING_LM},
+     "it needs positional='rotary'"),
+    (ModelConfig, {"local_rope_base": -1.0, "full_attention_layers": [2], **_SLIDING_LM,
+                   "positional": "rotary"}, "local_rope_base=-1.0: must be positive"),
+    (ModelConfig, {"sandwich_norm": True},
+     "sandwich_norm=True adds norms to pre-norm layers; set norm_first=True"),
 ])
 def test_out_of_range_and_non_finite_values_are_refused(config_type, changes, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

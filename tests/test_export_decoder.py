@@ -1,6 +1,7 @@
 """The Hugging Face export of language models (Llama's layout as LlamaForCausalLM, GPT-2's
-as GPT2LMHeadModel) computes what our model computes, its tokenizer.json gives our
-SentencePiece ids, and what the formats cannot hold is refused by name."""
+as GPT2LMHeadModel, Gemma 3's as Gemma3ForCausalLM) computes what our model computes,
+its tokenizer.json gives our SentencePiece ids, and what the formats cannot hold is
+refused by name."""
 
 import warnings
 
@@ -14,7 +15,7 @@ from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.data.tokenizer import MODEL_NAME, Tokenizer, train_tokenizer
 from transduce.decode.search import greedy_search
 from transduce.export import ExportError, export_hf
-from transduce.importers import import_gpt2, import_llama
+from transduce.importers import import_gemma, import_gpt2, import_llama
 from transduce.model import build_model, load_model
 from tests.foreign_checkpoints import left_padded
 
@@ -26,6 +27,10 @@ LAYOUTS = {  # preset, changes
     "llama-tied-mqa": ("llama-tiny", {"num_kv_heads": 1, "rope_base": 500000.0}),
     "gpt2": ("gpt-tiny", {}),
     "gpt2-relu": ("gpt-tiny", {"activation": "relu", "layer_norm_eps": 1e-6}),
+    "gemma3": ("llama-tiny", {"sandwich_norm": True, "qk_norm": True,
+                              "scale_embeddings": True, "activation": "gelu-tanh",
+                              "attention_type": "sliding", "attention_window": 3,
+                              "full_attention_layers": (1,), "local_rope_base": 100.0}),
 }
 
 
@@ -50,8 +55,8 @@ def exported(request, tmp_path, tiny_corpus):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    expected = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}[
-        request.param.split("-")[0]]
+    expected = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel",
+                "gemma3": "Gemma3ForCausalLM"}[request.param.split("-")[0]]
     assert type(theirs).__name__ == expected
     return model, theirs, out, path
 
@@ -118,7 +123,8 @@ def test_the_sentencepiece_model_as_tokenizer_json_gives_its_ids(corpus, tiny_co
 
 @pytest.mark.parametrize("importer,name,changes", [
     (import_llama, "llama-tiny", {"tie_embeddings": "none", "num_kv_heads": 2}),
-    (import_gpt2, "gpt-tiny", {})])
+    (import_gpt2, "gpt-tiny", {}),
+    (import_gemma, "llama-tiny", {**LAYOUTS["gemma3"][1], "num_kv_heads": 1})])
 def test_an_export_imports_back_to_the_same_model(importer, name, changes, tmp_path,
                                                   tiny_corpus):
     model, path = saved_language_model(tmp_path, tiny_corpus, name, **changes)
@@ -165,6 +171,11 @@ def test_a_sliding_window_exports_as_mistral_and_imports_back(tmp_path, tiny_cor
     ("llama-tiny", {"qk_norm": True}, "Qwen3 with a SentencePiece vocabulary"),
     ("llama-tiny", {"qk_norm": True, "qkv_bias": True}, "qkv_bias=True (Qwen3's attention_bias"),
     ("gpt-tiny", {"qk_norm": True}, "qk_norm=True (the format has no norms of the queries"),
+    ("llama-tiny", {"sandwich_norm": True}, "cannot export to Gemma 3: qk_norm=False (the "
+                                            "format's is True); scale_embeddings=False"),
+    ("llama-tiny", {"attention_type": "sliding", "full_attention_layers": (1,)},
+     "cannot export to Mistral: full_attention_layers=[1] (the format's layers share one "
+     "attention type)"),
 ])
 def test_what_the_formats_cannot_hold_is_refused_by_name(name, changes, message, tmp_path,
                                                          tiny_corpus):
@@ -208,6 +219,8 @@ CT2_LAYOUTS = {
     "llama-sliding": ("llama-tiny", {"attention_type": "sliding", "attention_window": 15}),
     "qwen3-qk-norm": ("llama-tiny", {"qk_norm": True, "head_size": 8}),
     "qk-norm-learned": ("gpt-tiny", {"qk_norm": True, "norm": "rms"}),
+    # Gemma 3's: a window of 16 keys on the first layer, the second full
+    "gemma3": ("llama-tiny", {**LAYOUTS["gemma3"][1], "attention_window": 15}),
 }
 
 
@@ -225,7 +238,8 @@ def test_ctranslate2_scores_and_greedy_tokens_match(layout, tmp_path, tiny_corpu
     assert [str(w.message) for w in caught if "sliding window" in str(w.message)] == (
         ["CTranslate2's sliding window (16 keys) gives this model's tokens from prompts of "
          "up to 16 tokens; from a longer prompt it computes others, and its score_batch "
-         "fails on sequences longer than 16 tokens"] if "sliding" in layout else [])
+         "fails on sequences longer than 16 tokens"]
+        if model.config.attention_type == "sliding" else [])
     tokenizer = checkpoint.load_tokenizer(out.parent / "ckpt")
     assert (out / MODEL_NAME).is_file()
     generator = ctranslate2.Generator(str(out), device="cpu", intra_threads=1)

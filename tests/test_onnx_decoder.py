@@ -40,6 +40,11 @@ VARIANTS = {  # preset, changes
     "gpt-sinusoidal-post-norm": ("gpt-tiny", {"positional": "sinusoidal", "norm_first": False}),
     "mistral-sliding": ("llama-tiny", {"attention_type": "sliding", "attention_window": 3}),
     "qwen3-qk-norm": ("llama-tiny", {"qk_norm": True, "head_size": 8}),
+    "gemma3-local-and-full": ("llama-tiny", {"attention_type": "sliding",
+                                             "attention_window": 3, "num_decoder_layers": 3,
+                                             "full_attention_layers": (1,),
+                                             "local_rope_base": 100.0, "sandwich_norm": True,
+                                             "qk_norm": True, "scale_embeddings": True}),
 }
 PROMPTS = ["uno dos tres casa el perro", "el gato", "", "dos"]
 
@@ -106,7 +111,8 @@ def test_reordered_rows_follow_pytorch(tmp_path, tiny_corpus):
     torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("variant", ["llama-gqa", "gpt", "mistral-sliding"])
+@pytest.mark.parametrize("variant", ["llama-gqa", "gpt", "mistral-sliding",
+                                     "gemma3-local-and-full"])
 def test_generation_and_searches_give_the_same_text(tmp_path, tiny_corpus, variant):
     _, path, _ = exported(tmp_path, tiny_corpus, variant)
     ours, theirs = Generator.load(path), Generator.load(tmp_path / "onnx")
@@ -118,7 +124,7 @@ def test_generation_and_searches_give_the_same_text(tmp_path, tiny_corpus, varia
         assert theirs.generate(PROMPTS, options) == ours.generate(PROMPTS, greedy)
     sampled = GenerateOptions(max_new_tokens=12, temperature=0.9, top_k=20, seed=3,
                               prompt_lookup=3)                  # speculative sampling
-    if variant != "mistral-sliding":
+    if ours.model.config.attention_type != "sliding":
         assert theirs.generate(PROMPTS, sampled) == ours.generate(PROMPTS, sampled)
     assert "".join(theirs.stream(PROMPTS[0], max_new_tokens=12)) == \
         ours.generate(PROMPTS[:1], max_new_tokens=12)[0]

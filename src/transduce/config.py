@@ -91,7 +91,15 @@ class ModelConfig(ValidatedConfig):
     (before it, in the decoder); "global" adds the first global_tokens tokens as keys
     of every query and as queries over every key (Longformer, BigBird); "strided" adds
     summary keys every attention_window positions (Sparse Transformer's fixed pattern).
-    Cross-attention is always softmax attention. attention_scale=False drops the
+    Cross-attention is always softmax attention.
+    full_attention_layers: arch "decoder" with attention_type "sliding": the layers
+    (counted from 0) that attend over the whole context instead, as softmax attention
+    (Gemma 2 interleaves one in two, Gemma 3 one in six): only their KV caches grow with
+    the context.
+    local_rope_base: with full_attention_layers, the rotary base of the sliding layers,
+    unscaled (Gemma 3's 10,000 against its full layers' 1,000,000, which rope_scaling
+    stretches); None: the same rotary positions on every layer.
+    attention_scale=False drops the
     1/sqrt(d_k) of every attention's scores (an experiment of the lab, not a model to use).
     arch: "transformer" (the encoder-decoder), "decoder" (decoder-only, GPT: the
     decoder's layers without cross-attention, num_decoder_layers of them, over
@@ -110,6 +118,9 @@ class ModelConfig(ValidatedConfig):
     W2; with "silu", SwiGLU (Llama's, Mistral's).
     norm: "layer" (LayerNorm, the paper's) or "rms" (RMSNorm, Zhang & Sennrich 2019:
     x / rms(x) * g, no centring and no bias; Llama's) for every norm of the model.
+    sandwich_norm: pre-norm layers (norm_first) whose sub-layers' outputs pass through a
+    norm of their own too before they join the residual stream (Ding et al. 2021's
+    sandwich LayerNorm; Gemma 2 and 3's post-attention and post-feedforward norms).
     qkv_bias: the query, key and value projections have biases even where bias is False
     (Qwen2's layout: only those three).
     qk_norm: every attention normalizes each head's queries and keys with a norm of
@@ -147,6 +158,7 @@ class ModelConfig(ValidatedConfig):
     qkv_bias: bool = False
     qk_norm: bool = False
     norm_first: bool = False
+    sandwich_norm: bool = False
     positional: Positional = "sinusoidal"
     max_positions: int = 1024
     rope_base: float = 10000.0
@@ -162,6 +174,8 @@ class ModelConfig(ValidatedConfig):
     pad_id: int = 0
     attention_type: AttentionType = "softmax"
     attention_window: int = 16
+    full_attention_layers: tuple[int, ...] = ()
+    local_rope_base: float | None = None
     global_tokens: int = 1
     attention_scale: bool = True
     arch: Architecture = "transformer"
@@ -232,6 +246,10 @@ class ModelConfig(ValidatedConfig):
                               f"pattern at absolute positions, which left-padded prompts "
                               f"(arch='decoder') shift; use it with arch 'transformer' or "
                               f"'encoder'")
+        self._check_layer_attention()
+        if self.sandwich_norm and not self.norm_first:
+            raise ConfigError("ModelConfig.sandwich_norm=True adds norms to pre-norm layers; "
+                              "set norm_first=True")
         if self.arch == "decoder" and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError(f"ModelConfig.arch='decoder' has one vocabulary: "
                               f"src_vocab_size={self.src_vocab_size} must equal "
@@ -267,6 +285,38 @@ class ModelConfig(ValidatedConfig):
                 f"use tie_embeddings='decoder' or 'none' for separate vocabularies")
         if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
             raise ConfigError(f"ModelConfig.pad_id={self.pad_id} is outside the vocabulary")
+
+    def _check_layer_attention(self) -> None:
+        """full_attention_layers: distinct layers of a decoder-only model's sliding stack;
+        local_rope_base: their sliding layers' rotary positions."""
+        layers = self.full_attention_layers
+        if isinstance(layers, list):     # as config.json and TOML give it
+            object.__setattr__(self, "full_attention_layers", layers := tuple(layers))
+        name = f"ModelConfig.full_attention_layers={list(layers)!r}"
+        if not isinstance(layers, tuple) or any(
+                not isinstance(i, int) or isinstance(i, bool) for i in layers):
+            raise ConfigError(f"{name}: must be a list of layer numbers")
+        if layers and (self.arch != "decoder" or self.attention_type != "sliding"):
+            raise ConfigError(f"{name} mixes full layers into a sliding stack: it needs "
+                              f"arch='decoder' and attention_type='sliding', not arch="
+                              f"{self.arch!r} and attention_type={self.attention_type!r}")
+        if list(layers) != sorted(set(layers)) or \
+                any(not 0 <= i < self.num_decoder_layers for i in layers):
+            raise ConfigError(f"{name}: must be increasing layer numbers from 0 to "
+                              f"num_decoder_layers - 1 = {self.num_decoder_layers - 1}")
+        if self.local_rope_base is None:
+            return
+        if not layers or self.positional != "rotary":
+            raise ConfigError(f"ModelConfig.local_rope_base={self.local_rope_base} sets the "
+                              f"rotary positions of sliding layers among full ones; it needs "
+                              f"positional='rotary' and full_attention_layers")
+        if not (isinstance(self.local_rope_base, (int, float)) and self.local_rope_base > 0):
+            raise ConfigError(f"ModelConfig.local_rope_base={self.local_rope_base!r}: must "
+                              f"be positive")
+
+    def layer_attention_type(self, layer: int) -> AttentionType:
+        """The self-attention of decoder layer `layer` (full_attention_layers: softmax)."""
+        return "softmax" if layer in self.full_attention_layers else self.attention_type
 
     @property
     def head_dim(self) -> int:

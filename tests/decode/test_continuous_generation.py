@@ -245,6 +245,12 @@ def test_refuses_what_it_cannot_generate(generator, tokenizer):
     assert supports(generator) and not supports(linear)
     with pytest.raises(ValueError, match="KV caches of softmax or sliding-window attention"):
         ContinuousGeneration(linear, GenerateOptions())
+    # Sliding layers among full ones: the slots' window band would cover every layer.
+    mixed = _generator(tokenizer, attention_type="sliding", attention_window=3,
+                       full_attention_layers=(1,))
+    assert not supports(mixed)
+    with pytest.raises(ValueError, match="one kind on every layer"):
+        ContinuousGeneration(mixed, GenerateOptions())
     greedy = ContinuousGeneration(generator, GenerateOptions())
     with pytest.raises(ValueError, match="one tag per prompt"):
         greedy.add([[1, 5]], [])

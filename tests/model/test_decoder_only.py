@@ -1,6 +1,8 @@
 """The decoder-only model: the decoder's layers without cross-attention; cached decoding
 equals the full causal pass for every cache kind, and left-padded rows equal rows alone."""
 
+import math
+
 import pytest
 import torch
 
@@ -109,6 +111,55 @@ def assert_left_padded_rows_generate_what_they_would_alone(model, cache_dtype):
             assert torch.equal(together[i, :alone.shape[1]], alone[0])
             torch.testing.assert_close(full[i, width - len(prompt):], model(prompt[None])[0],
                                        atol=1e-5, rtol=0)
+
+
+def local_and_full(**changes) -> DecoderOnly:
+    """Gemma 3's arrangement in small: sliding layers (3 keys before each token) around
+    one full layer, two rotary bases, sandwich norms with non-unit gains."""
+    torch.manual_seed(0)
+    model = tiny(**{"positional": "rotary", "attention_type": "sliding", "num_kv_heads": 2,
+                    "num_decoder_layers": 3, "full_attention_layers": (1,),
+                    "local_rope_base": 50.0, "sandwich_norm": True, **changes})
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                parameter.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize("cache_dtype,tolerance", [(torch.float32, 1e-5), (torch.int8, 0.1)])
+def test_local_and_full_layers_cache_and_pad_as_one_kind_does(cache_dtype, tolerance):
+    model = local_and_full()
+    assert [type(cache).__name__ for cache in model.new_caches(1, 20, cache_dtype, "meta")] \
+        == (["SlidingKVCache", "KVCache", "SlidingKVCache"] if cache_dtype == torch.float32
+            else ["QuantizedSlidingKVCache", "QuantizedKVCache", "QuantizedSlidingKVCache"])
+    assert_cached_steps_equal_the_full_pass(model, cache_dtype, tolerance)
+    assert_left_padded_rows_generate_what_they_would_alone(model, cache_dtype)
+
+
+def test_each_layer_attends_and_rotates_as_its_kind():
+    """The full layer reaches a token that three sliding layers (3 keys each) cannot;
+    every layer full is the softmax model; local_rope_base rotates the sliding layers
+    alone."""
+    model = local_and_full()
+    tokens = torch.randint(3, VOCAB, (2, 12))
+    changed = tokens.clone()
+    changed[:, 0] = (tokens[:, 0] + 1 - 3) % (VOCAB - 3) + 3      # 11 tokens before the last
+    sliding = local_and_full(full_attention_layers=(), local_rope_base=None)
+    with torch.no_grad():
+        assert not torch.allclose(model(tokens)[:, -1], model(changed)[:, -1])
+        torch.testing.assert_close(sliding(tokens)[:, -1], sliding(changed)[:, -1])
+    every_full = local_and_full(full_attention_layers=(0, 1, 2), local_rope_base=None)
+    softmax = local_and_full(full_attention_layers=(), attention_type="softmax",
+                             local_rope_base=None)
+    softmax.load_state_dict(every_full.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(every_full(tokens), softmax(tokens), rtol=0, atol=0)
+    first, full = model.decoder.layers[0].self_attn.rotary, model.decoder.layers[1].self_attn.rotary
+    assert first is model.decoder.layers[2].self_attn.rotary and first is not full
+    # Position 1's angle on the second rate pair: base^(-2/D), D = 16.
+    assert first.cos[1, 1].item() == pytest.approx(math.cos(50 ** -0.125))
+    assert full.cos[1, 1].item() == pytest.approx(math.cos(10000 ** -0.125))
 
 
 def test_beam_search_over_left_padded_prompts_equals_one_at_a_time():

@@ -75,6 +75,7 @@ def _assert_written_out_step_is_exact(model, run, scripted: bool | None = True) 
     {"qk_norm": True, "norm": "rms", "head_size": 8},
     {"positional": "t5", "norm": "rms", "bias": False, "head_size": 8},
     {"positional": "alibi", "num_kv_heads": 2},
+    {"sandwich_norm": True, "norm_first": True, "norm": "rms", "positional": "rotary"},
 ])
 @pytest.mark.parametrize("packed,int8", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("beams", [1, 3])
@@ -101,9 +102,18 @@ def _language_model_and_padded_prompts(name: str, changes: dict, monkeypatch):
     return model, prompt, real
 
 
+# Gemma 3's layers: sliding ones (a window longer than any output here: plain caches)
+# around a full one with rotary positions of its own, sandwich norms, normalized queries
+# and keys, scaled embeddings.
+GEMMA3_LIKE = {"num_decoder_layers": 3, "attention_type": "sliding", "attention_window": 60,
+               "full_attention_layers": (1,), "local_rope_base": 100.0, "sandwich_norm": True,
+               "qk_norm": True, "scale_embeddings": True, "activation": "gelu-tanh"}
+
+
 @pytest.mark.parametrize("name, changes", [("gpt-tiny", {}), ("llama-tiny", {}),
                                            ("gpt-tiny", {"positional": "alibi"}),
-                                           ("llama-tiny", {"qk_norm": True})])
+                                           ("llama-tiny", {"qk_norm": True}),
+                                           ("llama-tiny", GEMMA3_LIKE)])
 @pytest.mark.parametrize("scripted", [True, False])
 def test_left_padded_prompts_of_a_language_model_step_alike(name, changes, scripted,
                                                             monkeypatch):

@@ -67,7 +67,8 @@ def test_an_encoder_only_model_with_segments_passes_alike(monkeypatch):
 
 
 @pytest.mark.parametrize("changes", [{"positional": "rotary"}, {"attention_impl": "flash"},
-                                     {"attention_scale": False}, {"attention_type": "linear"}])
+                                     {"attention_scale": False}, {"attention_type": "linear"},
+                                     {"sandwich_norm": True, "norm_first": True}])
 def test_layouts_it_does_not_write_out_are_left_to_the_modules(changes):
     assert decoding_copy(Transformer(tiny(**changes)).eval()).encoder.fast_pass is None
     assert decoding_copy(Transformer(tiny())).encoder.fast_pass is not None

@@ -80,3 +80,38 @@ def test_residual_dropout_is_active_in_training_only():
     assert not torch.allclose(layer(x, None), layer(x, None))
     layer.eval()
     torch.testing.assert_close(layer(x, None), layer(x, None))
+
+
+@pytest.mark.parametrize("cross_attention", [True, False])
+def test_sandwich_norms_normalize_each_sub_layers_output_before_the_residual_sum(
+        cross_attention):
+    """x + PostNorm(Sublayer(Norm(x))) for each sub-layer, with gains that differ
+    (Gemma's post-attention and post-feedforward norms), computed here from the layer's
+    own modules in float64."""
+    torch.manual_seed(0)
+    layer = DecoderLayer(config(norm_first=True, sandwich_norm=True, norm="rms"),
+                         cross_attention=cross_attention).double().eval()
+    norms = ["norm1", "post_norm1", "norm3", "post_norm3"] + \
+        (["norm2", "post_norm2"] if cross_attention else [])
+    with torch.no_grad():
+        for name in norms:
+            getattr(layer, name).weight.uniform_(0.5, 1.5)
+    assert (layer.post_norm2 is None) != cross_attention
+    x, memory = torch.randn(2, 6, D_MODEL, dtype=torch.float64), \
+        torch.randn(2, 5, D_MODEL, dtype=torch.float64)
+    kv = layer.cross_attn.project_kv(memory) if cross_attention else None
+    with torch.no_grad():
+        expected = x + layer.post_norm1(layer.self_attn(layer.norm1(x), None, causal=True))
+        if cross_attention:
+            expected = expected + layer.post_norm2(layer.cross_attn(layer.norm2(expected),
+                                                                    None, kv=kv))
+        expected = expected + layer.post_norm3(layer.ffn(layer.norm3(expected)))
+        torch.testing.assert_close(layer(x, kv, None), expected,
+                                   rtol=1e-12, atol=1e-12)
+    encoder = EncoderLayer(config(norm_first=True, sandwich_norm=True)).double().eval()
+    with torch.no_grad():
+        for norm in (encoder.post_norm1, encoder.post_norm2):
+            norm.weight.uniform_(0.5, 1.5)
+        h = x + encoder.post_norm1(encoder.self_attn(encoder.norm1(x), None))
+        torch.testing.assert_close(encoder(x, None),
+                                   h + encoder.post_norm2(encoder.ffn(encoder.norm2(h))))

@@ -3,8 +3,12 @@ when its last text is done, with what offline translation or the Generator gives
 streamed job's pieces join to it); other translators and settings batch whole."""
 
 import pytest
+import torch
 
-from transduce import load
+from transduce import checkpoint, load
+from transduce.config import preset
+from transduce.data.tokenizer import MODEL_NAME
+from transduce.model import build_model
 from transduce.decode.generate import prompt_seeds
 from transduce.decode.options import GenerateOptions
 from transduce.serve.batcher import Job
@@ -12,6 +16,7 @@ from transduce.serve.continuous import generation_stream, translation_stream
 from transduce.serve.generation import Prompts
 
 from tests.serve.conftest import SENTENCES
+from tests.serve.test_api import client_for
 
 
 def job(texts):
@@ -139,3 +144,22 @@ def test_generation_jobs_of_any_settings_get_what_the_generator_gives(generator)
 def test_beam_search_is_batched_whole_and_a_quantized_cache_continuously(generator, lm_dir):
     assert generation_stream(generator, GenerateOptions(beam=2)) is None
     assert generation_stream(load(lm_dir, kv_dtype="int8"), GenerateOptions()) is not None
+
+
+def test_sliding_layers_among_full_ones_are_batched_whole(tiny_corpus, tmp_path):
+    """A Gemma-like stack (one full layer among sliding ones) has no continuous stream;
+    the server then generates its prompts in whole batches, as the Generator does."""
+    torch.manual_seed(0)
+    model = build_model(preset("llama-tiny", src_vocab_size=300, tgt_vocab_size=300,
+                               num_decoder_layers=3, attention_type="sliding",
+                               attention_window=2, full_attention_layers=(1,),
+                               local_rope_base=100.0, sandwich_norm=True))
+    checkpoint.save(tmp_path / "model", model, None, tiny_corpus / MODEL_NAME)
+    generator = load(tmp_path / "model")
+    assert generation_stream(generator, GenerateOptions()) is None
+    prompts = ["uno dos", "el perro grande come", "casa"]
+    with client_for(generator, max_texts=16, continuous=True) as client:
+        answer = client.post("/v1/generate", json={"prompts": prompts, "max_new_tokens": 12})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["generations"] == generator.generate(
+        prompts, GenerateOptions(max_new_tokens=12, batch_sentences=16))

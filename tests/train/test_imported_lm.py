@@ -1,11 +1,11 @@
-"""Training an imported language model on one's own text: `train --init` on a GPT-2 or a
-Llama checkpoint reads the corpus with its tokenizer.json and builds its lines with its
-own bos and eos. Both pad with eos, a token the model must also predict, so the targets
-not scored are IGNORE and the loss has no pad token. Shown against transformers (the
-loss of a batch we build is GPT2LMHeadModel's and LlamaForCausalLM's cross entropy on
-the fast tokenizer's ids), against the line layout (packed blocks score the same
-targets), and against ourselves (an exported and re-imported copy of our model trains
-to the same weights as the model)."""
+"""Training an imported language model on one's own text: `train --init` on a GPT-2, a
+Llama, a Qwen3 or a Gemma 3 checkpoint reads the corpus with its tokenizer.json and
+builds its lines with its own bos and eos. GPT-2 and Llama pad with eos, a token the
+model must also predict, so the targets not scored are IGNORE and the loss has no pad
+token (Gemma's own pad token is left out of it). Shown against transformers (the loss
+of a batch we build is each family's cross entropy on the fast tokenizer's ids), against
+the line layout (packed blocks score the same targets), and against ourselves (an
+exported and re-imported copy of our model trains to the same weights as the model)."""
 
 import json
 from functools import partial
@@ -24,7 +24,7 @@ from transduce.data.dataset import load_text_split
 from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.data.masking import IGNORE
 from transduce.data.tokenizer import Tokenizer
-from transduce.importers import import_gpt2, import_llama
+from transduce.importers import import_gemma, import_gpt2, import_llama
 from transduce.model import load_model
 from transduce.train import loop
 from transduce.train.log import LOG_NAME
@@ -82,10 +82,37 @@ def write_llama(directory, model_type="llama"):
     model_class(config).save_pretrained(directory)
 
 
+def write_gemma(directory):
+    """A random Gemma3ForCausalLM (a sliding layer of 4 keys, then a full one) with a
+    SentencePiece-style BPE whose post-processor starts every sequence with <bos>, and
+    Gemma's ids: <pad> 0, <eos> 1, <bos> 2."""
+    bpe = tokenizers.SentencePieceBPETokenizer()
+    bpe.train_from_iterator([" ".join(WORDS)] * 3 + ["hello world"], vocab_size=300,
+                            min_frequency=1, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
+                            show_progress=False)
+    bpe.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", 2)])
+    directory.mkdir()
+    bpe.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}))
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=bpe.get_vocab_size(), hidden_size=32, intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        query_pre_attn_scalar=8, sliding_window=4, max_position_embeddings=64,
+        layer_types=["sliding_attention", "full_attention"], pad_token_id=0, eos_token_id=1,
+        bos_token_id=2)
+    transformers.Gemma3ForCausalLM(config).save_pretrained(directory)
+
+
 FAMILIES = {"gpt2": (write_gpt2, import_gpt2, transformers.GPT2LMHeadModel),
             "llama": (write_llama, import_llama, transformers.LlamaForCausalLM),
             "qwen3": (partial(write_llama, model_type="qwen3"), import_llama,
-                      transformers.Qwen3ForCausalLM)}
+                      transformers.Qwen3ForCausalLM),
+            "gemma3": (write_gemma, import_gemma, transformers.Gemma3ForCausalLM)}
+# Each family's (bos, eos, pad): GPT-2's one token; Llama's pad is its eos; Gemma's own.
+SPECIAL_IDS = {"gpt2": (0, 0, 0), "llama": (1, 2, 2), "qwen3": (1, 2, 2), "gemma3": (2, 1, 0)}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -113,9 +140,11 @@ def test_the_specials_are_the_vocabularys(imported, counting):
     tokenizer = training_tokenizer(ours, counting)
     specials = LineSpecials.of(tokenizer)
     assert isinstance(tokenizer, HFTokenizer)
-    bos, eos = (0, 0) if family == "gpt2" else (1, 2)
-    assert specials == LineSpecials(bos, eos, eos, IGNORE)   # both pad with eos
-    assert specials.shares_bos == (family == "gpt2") and specials.loss_pad is None
+    bos, eos, pad = SPECIAL_IDS[family]
+    assert specials == LineSpecials(bos, eos, pad, IGNORE)
+    assert specials.shares_bos == (family == "gpt2")
+    # eos pads GPT-2 and Llama, a target too: the loss leaves out only Gemma's own pad
+    assert specials.loss_pad == (0 if family == "gemma3" else None)
     assert LineSpecials.of(Tokenizer(counting / "spm.model")) is SENTENCEPIECE_LINES
     assert SENTENCEPIECE_LINES.loss_pad == 0
 
@@ -128,8 +157,10 @@ def test_a_line_batch_gives_transformers_loss(imported, counting):
     # A qwen3 directory's AutoTokenizer is Qwen2Tokenizer, which puts Qwen's own
     # pre-tokenizer over this SentencePiece-style tokenizer.json (real Qwen vocabularies
     # carry that one already): the file's own tokenizer is the reference there.
+    # (Gemma's, GemmaTokenizer, likewise has a pre-tokenizer of its own.)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(hf_dir / "tokenizer.json")) \
-        if family == "qwen3" else transformers.AutoTokenizer.from_pretrained(str(hf_dir))
+        if family in ("qwen3", "gemma3") else \
+        transformers.AutoTokenizer.from_pretrained(str(hf_dir))
     ids = [np.asarray(x, dtype=np.int64) for x in tokenizer.encode(LINES)]
     specials = LineSpecials.of(tokenizer)
     batch = TokenBatcher(None, ids, 1000, shuffle=False, specials=specials).collate(
@@ -274,7 +305,8 @@ def test_refusals(imported, counting):
     directory = checkpoint.resolve(ours)
     model_config, _ = checkpoint.read_configs(directory)
     with pytest.raises(TrainingError, match="tokenizer.json.*'transformer' model trains"):
-        loop._training_tokenizer(counting, directory, model_config.replace(arch="transformer"))
+        loop._training_tokenizer(counting, directory, model_config.replace(
+            arch="transformer", full_attention_layers=(), local_rope_base=None))
     tokenizer = training_tokenizer(ours, counting)
     size = tokenizer.vocab_size - 1
     small = model_config.replace(src_vocab_size=size, tgt_vocab_size=size)

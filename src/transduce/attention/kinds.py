@@ -127,6 +127,12 @@ class SlidingWindowAttention:
                          dropout_p=dropout_p, return_weights=return_weights)
 
     def new_cache(self, batch, kv_heads, head_dim, max_len, dtype, device):
+        """The last window's keys; softmax attention's plain cache when max_len is within
+        the window (no key ever leaves it: the band is the causal mask there), which the
+        written-out decoder step covers."""
+        if max_len <= self.window:
+            return SoftmaxAttention().new_cache(batch, kv_heads, head_dim, max_len, dtype,
+                                                device)
         if dtype in (torch.int8, torch.int4):
             return QuantizedSlidingKVCache(batch, kv_heads, self.window, head_dim,
                                            dtype=dtype, max_len=max_len, device=device)

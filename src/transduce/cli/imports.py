@@ -1,4 +1,4 @@
-"""`transduce import hf-gpt2` / `hf-llama` / `hf-bert` / `hf-roberta` (also called
+"""`transduce import hf-gpt2` / `hf-llama` / `hf-gemma` / `hf-bert` / `hf-roberta` (also called
 `hf-xlm-roberta`) / `hf-marian` / `hf-nllb` (also called `hf-m2m100`) / `hf-t5`: another
 toolkit's checkpoint as ours; `peft`: a PEFT LoRA adapter merged into one of ours."""
 
@@ -28,6 +28,12 @@ def register(commands) -> None:
                 "tokenizer.json) as a decoder-only checkpoint (RMSNorm, rotary positions, "
                 "SwiGLU, grouped-query attention); options the model cannot reproduce are "
                 "refused by name.")
+    _add_format(formats, import_hf_gemma, "hf-gemma",
+                "Hugging Face Gemma 3 text model (Gemma3ForCausalLM directory: 270M, 1B)",
+                "Import a Hugging Face Gemma 3 text directory (config.json, "
+                "model.safetensors or its shards, tokenizer.json) as a decoder-only "
+                "checkpoint (five sliding-window layers to one full, two rotary bases, "
+                "sandwich norms); options the model cannot reproduce are refused by name.")
     _add_format(formats, import_hf_bert, "hf-bert",
                 "Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining or "
                 "BertForSequenceClassification directory)",
@@ -110,6 +116,13 @@ def import_hf_llama(args: argparse.Namespace) -> int:
     from transduce.importers import import_llama
 
     return _import_decoder(args, import_llama)
+
+
+def import_hf_gemma(args: argparse.Namespace) -> int:
+    """Import a Hugging Face Gemma 3 text checkpoint."""
+    from transduce.importers import import_gemma
+
+    return _import_decoder(args, import_gemma)
 
 
 def _import_decoder(args: argparse.Namespace, importer) -> int:

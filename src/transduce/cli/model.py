@@ -100,7 +100,8 @@ def kv_size(args: argparse.Namespace) -> int:
     measured = sum(cache.nbytes for cache in caches)
     print(how)
     print(f"formula:  {formula:,d} bytes ({formula / 2**20:.2f} MiB)")
-    print(f"measured: {measured:,d} bytes (the decoder's {type(caches[0]).__name__} buffers)")
+    kinds = " and ".join(dict.fromkeys(type(cache).__name__ for cache in caches))
+    print(f"measured: {measured:,d} bytes (the decoder's {kinds} buffers)")
     return 0 if formula == measured else 1
 
 

@@ -23,6 +23,11 @@ def positive_int(text: str) -> int:
     return value
 
 
+def integer_list(text: str) -> tuple[int, ...]:
+    """A comma-separated list of integers ("5,11"; "" for none): a tuple field's flag."""
+    return tuple(_parse(int, part, "an integer") for part in text.split(",") if part.strip())
+
+
 def workers_count(text: str) -> int | str:
     """--workers: "auto" or a positive integer."""
     if text == "auto":
@@ -149,6 +154,8 @@ def add_config_flags(parser: argparse.ArgumentParser, config_type: type) -> None
             options["choices"] = typing.get_args(kind)
             if any("," in choice for choice in options["choices"]):   # "mlm,nsp"
                 options["metavar"] = "{" + " | ".join(options["choices"]) + "}"
+        elif typing.get_origin(kind) is tuple:
+            options.update(type=integer_list, metavar="N,N,...")
         else:
             union = isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union
             options["type"] = [t for t in typing.get_args(kind) if t is not type(None)][0] \

@@ -56,10 +56,12 @@ class _Sentence:
 def supports(model: Any, cache_dtype: torch.dtype | None = None) -> bool:
     """Whether `model` can decode continuously with caches of `cache_dtype`: an
     encoder-decoder Transformer whose self-attention caches hold softmax attention's
-    keys and values over every token, as they are or quantized (int8, int4)."""
+    keys and values over every token, as they are or quantized (int8, int4). (Sized for
+    the longest output: a sliding window's cache is a plain one for outputs within it.)"""
     if not isinstance(model, Transformer):
         return False
-    caches = model.new_caches(1, 1, cache_dtype or torch.float32, "meta")
+    caches = model.new_caches(1, model.config.max_positions, cache_dtype or torch.float32,
+                              "meta")
     return all(type(cache) in (KVCache, QuantizedKVCache, Int4KVCache) for cache in caches)
 
 

@@ -69,8 +69,10 @@ class _Row:
 def supports(generator: Generator) -> bool:
     """Whether `generator` can generate continuously: a PyTorch model (not an ONNX
     export) whose caches hold keys and values, as they are or quantized (softmax
-    attention, or a sliding window, whose band the slots' mask keeps)."""
-    if not isinstance(generator.model, DecoderOnly):
+    attention, or a sliding window, whose band the slots' mask keeps, the same on every
+    layer)."""
+    if not isinstance(generator.model, DecoderOnly) or \
+            generator.model.config.full_attention_layers:
         return False
     caches = generator.model.new_caches(1, 1, generator.cache_dtype or torch.float32, "meta")
     return all(isinstance(cache, (KVCache, SlidingKVCache)) for cache in caches)
@@ -115,7 +117,8 @@ class ContinuousGeneration:
         _check_beam(options)
         if not supports(generator):
             raise ValueError("this generator cannot generate continuously: it needs the "
-                             "KV caches of softmax or sliding-window attention")
+                             "KV caches of softmax or sliding-window attention, one kind "
+                             "on every layer")
         self.generator, self.options, self.model = generator, options, generator.model
         self.device, self.window = generator.device, _window(generator.model)
         self.rows: list[_Row] = []                   # running, in row order

@@ -133,9 +133,9 @@ def vocabulary_pieces(tokenizer, size: int) -> list[str]:
 
 
 def set_self_attention_and_ffn(target, layer, ffn_norm, score_bias=None) -> None:
-    """The parts every layer has; CTranslate2 keeps each sub-layer's norm with it, and
-    T5's relative-position table (`score_bias`, one per stack) with every layer's
-    self-attention."""
+    """The parts every layer has; CTranslate2 keeps each sub-layer's norm with it (but
+    a sandwich's four norms with the layer: Gemma's layout), and T5's relative-position
+    table (`score_bias`, one per stack) with every layer's self-attention."""
     attn = layer.self_attn
     set_fused(target.self_attention.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
     if score_bias is not None:
@@ -143,7 +143,15 @@ def set_self_attention_and_ffn(target, layer, ffn_norm, score_bias=None) -> None
         target.self_attention.relative_attention_max_distance = \
             np.dtype("int32").type(score_bias.max_distance)
     set_linear(target.self_attention.linear[1], attn.out_proj)
-    set_norm(target.self_attention.layer_norm, layer.norm1)
+    if layer.post_norm1 is not None:
+        for name, norm in (("input_layer_norm", layer.norm1),
+                           ("post_attention_layer_norm", layer.post_norm1),
+                           ("pre_feedforward_layer_norm", ffn_norm),
+                           ("post_feedforward_layer_norm", layer.post_norm3)):
+            set_norm(getattr(target, name), norm)
+    else:
+        set_norm(target.self_attention.layer_norm, layer.norm1)
+        set_norm(target.ffn.layer_norm, ffn_norm)
     if attn.q_norm is not None:                 # qk_norm's, over each head's features
         set_norm(target.self_attention.q_norm, attn.q_norm)
         set_norm(target.self_attention.k_norm, attn.k_norm)
@@ -151,7 +159,6 @@ def set_self_attention_and_ffn(target, layer, ffn_norm, score_bias=None) -> None
     if layer.ffn.linear3 is not None:           # a gated FFN's ungated product
         set_linear(target.ffn.linear_0_noact, layer.ffn.linear3)
     set_linear(target.ffn.linear_1, layer.ffn.linear2)
-    set_norm(target.ffn.layer_norm, ffn_norm)
 
 
 def export_ctranslate2(path: Path, out: Path, quantization: str | None = None) -> Path:

@@ -2,9 +2,10 @@
 its decoder specification: pre-norm layers with LayerNorm or RMSNorm, plain or gated
 feed-forward networks, grouped-query attention, and our position table or rotary
 positions ("rotate half", CTranslate2's non-interleaved rotation; scaled linearly or as
-Llama 3.1's), softmax or sliding-window attention, queries and keys normalized per head
-by RMSNorm (Qwen3's qk_norm). A prompt goes in as the tokenizer's pieces after bos, as
-our language models read it."""
+Llama 3.1's), softmax or sliding-window attention (or sliding layers among full ones,
+each with its rotary base: Gemma 3's), queries and keys normalized per head by RMSNorm
+(Qwen3's qk_norm), sandwich norms (Gemma's). A prompt goes in as the tokenizer's pieces
+after bos, as our language models read it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from transduce.model import DecoderOnly
 def check_ctranslate2_decoder_exportable(model: DecoderOnly) -> None:
     c = model.config
     problems = not_a_plain_transformer(c, arch="decoder", sliding=True, any_head_size=True,
-                                       qk_norm=True)
+                                       qk_norm=True, gemma=True)
     if c.qk_norm and c.norm != "rms":
         problems.append(f"qk_norm=True with norm={c.norm!r} (CTranslate2 normalizes queries "
                         f"and keys by RMSNorm only)")
@@ -61,6 +62,31 @@ def _set_rope_scaling(spec, c) -> None:
             object.__setattr__(layer.self_attention, name, value)
 
 
+# A self-attention spec's fields of scaled rotary positions (_set_rope_scaling's).
+_SCALING_FIELDS = ("rotary_scaling_type", "rotary_scaling_factor",
+                   "original_max_position_embeddings", "rotary_low_freq_factor",
+                   "rotary_high_freq_factor")
+
+
+def _set_layer_attention(spec, c) -> None:
+    """Sliding layers among full ones (Gemma 3's): each layer's window (0: none) and
+    rotary base. The decoder keeps its window, as CTranslate2's Gemma 3 converter leaves
+    it: a prompt goes in a window at a time. (With none there, a prompt longer than the
+    window goes in whole and its sliding layers attend past the window: measured.)"""
+    import numpy as np
+
+    local_base = c.rope_base if c.local_rope_base is None else c.local_rope_base
+    for i, layer in enumerate(spec.decoder.layer):
+        attention = layer.self_attention
+        sliding = c.layer_attention_type(i) == "sliding"
+        attention.sliding_window = np.int32(c.attention_window + 1 if sliding else 0)
+        attention.rotary_base = np.float32(local_base if sliding else c.rope_base)
+        if sliding and c.local_rope_base is not None:     # unscaled there
+            for name in _SCALING_FIELDS:
+                if hasattr(attention, name):
+                    object.__delattr__(attention, name)
+
+
 def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
     """Our language model as a CTranslate2 TransformerDecoderModelSpec, with the
     tokenizer's pieces as its vocabulary (extra ids, where the model's vocabulary is
@@ -82,9 +108,11 @@ def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
         num_heads_kv=None if c.kv_heads == c.num_heads else c.kv_heads, head_dim=c.head_dim,
         # Mistral's window counts the token's own key, ours the keys before it
         sliding_window=c.attention_window + 1 if c.attention_type == "sliding" else None,
-        qk_norm=c.qk_norm)
+        qk_norm=c.qk_norm, pre_post_layer_norm=c.sandwich_norm)
     if scaling is not None:
         _set_rope_scaling(spec, c)
+    if c.full_attention_layers:
+        _set_layer_attention(spec, c)
     if c.attention_type == "sliding":
         _warn_of_long_prompts(c.attention_window + 1)
     decoder = spec.decoder

@@ -1,15 +1,18 @@
 """Export a decoder-only model to Hugging Face transformers: Llama's layout (rotary
 positions, RMSNorm, SwiGLU, grouped-query attention, no biases) as `LlamaForCausalLM`,
 as `MistralForCausalLM` with sliding-window attention, as `Qwen2ForCausalLM` with
-biases on the query, key and value projections (qkv_bias), or as `Qwen3ForCausalLM`
+biases on the query, key and value projections (qkv_bias), as `Qwen3ForCausalLM`
 with each head's queries and keys normalized (qk_norm; a sliding window then on every
-layer); GPT-2's (learned positions, LayerNorm, biases) as `GPT2LMHeadModel`.
+layer), or as `Gemma3ForCausalLM` with sandwich norms (and qk_norm, scaled embeddings,
+sliding layers among full ones); GPT-2's (learned positions, LayerNorm, biases) as
+`GPT2LMHeadModel`.
 
-Both hold our layers as they are, so the weights only change names (GPT-2's Conv1D
-stores each matrix transposed, and fuses q, k, v). The tokenizer goes with them as a
-tokenizer.json that gives our ids: an imported model's own, or our SentencePiece model
-written out in Llama 2's tokenizer layout (data/hf_tokenizer.py), which starts every
-sequence with bos as our language models are trained.
+They hold our layers as they are, so the weights only change names (GPT-2's Conv1D
+stores each matrix transposed, and fuses q, k, v; Gemma's norms multiply by 1 + w).
+The tokenizer goes with them as a tokenizer.json that gives our ids: an imported
+model's own, or our SentencePiece model written out in Llama 2's tokenizer layout
+(data/hf_tokenizer.py), which starts every sequence with bos as our language models are
+trained.
 """
 
 from __future__ import annotations
@@ -31,16 +34,20 @@ LLAMA = Family("Llama", "LlamaForCausalLM", "LlamaConfig", "llama")
 QWEN2 = Family("Qwen2", "Qwen2ForCausalLM", "Qwen2Config", "qwen2")
 QWEN3 = Family("Qwen3", "Qwen3ForCausalLM", "Qwen3Config", "qwen3")
 MISTRAL = Family("Mistral", "MistralForCausalLM", "MistralConfig", "mistral")
+GEMMA3 = Family("Gemma 3", "Gemma3ForCausalLM", "Gemma3TextConfig", "gemma3_text")
 GPT2 = Family("GPT-2", "GPT2LMHeadModel", "GPT2Config", "gpt2")
 # Our activations under GPT-2's names (its activation_function).
 GPT2_ACTIVATIONS = {"gelu-tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
 
 def decoder_family(config: ModelConfig) -> Family:
-    """Llama for rotary positions (Qwen3 with norms of the queries and keys, Mistral with
-    a sliding window, Qwen2 with biases on q, k, v alone), GPT-2 for the rest."""
+    """Llama for rotary positions (Gemma 3 with sandwich norms, Qwen3 with norms of the
+    queries and keys, Mistral with a sliding window, Qwen2 with biases on q, k, v
+    alone), GPT-2 for the rest."""
     if config.positional != "rotary":
         return GPT2
+    if config.sandwich_norm:
+        return GEMMA3
     if config.qk_norm:
         return QWEN3
     if config.attention_type == "sliding":
@@ -51,9 +58,13 @@ def decoder_family(config: ModelConfig) -> Family:
 def check_decoder_exportable(model: DecoderOnly) -> None:
     c = model.config
     family = decoder_family(c)
-    problems = not_a_plain_transformer(c, arch="decoder", sliding=family in (MISTRAL, QWEN3),
+    problems = not_a_plain_transformer(c, arch="decoder",
+                                       sliding=family in (MISTRAL, QWEN3, GEMMA3),
                                        any_head_size=family is not GPT2,   # head_dim
-                                       qk_norm=family is QWEN3)
+                                       qk_norm=family in (QWEN3, GEMMA3),
+                                       gemma=family is GEMMA3)
+    if c.scale_embeddings and family is not GEMMA3:
+        problems.append("scale_embeddings=True (the format does not scale embeddings)")
     if family is MISTRAL and c.qkv_bias:
         problems.append("qkv_bias=True (Mistral's projections have no biases)")
     if family is QWEN3 and c.qkv_bias:
@@ -61,9 +72,9 @@ def check_decoder_exportable(model: DecoderOnly) -> None:
                         "projection too)")
     if not c.norm_first:
         problems.append("norm_first=False (the format's layers are pre-norm)")
-    if c.scale_embeddings:
-        problems.append("scale_embeddings=True (the format does not scale embeddings)")
-    wanted = {"norm": "rms", "gated_ffn": True, "bias": False} if family is not GPT2 else \
+    gemma = {"qk_norm": True, "scale_embeddings": True, "qkv_bias": False} \
+        if family is GEMMA3 else {}
+    wanted = {"norm": "rms", "gated_ffn": True, "bias": False, **gemma} if family is not GPT2 else \
         {"positional": "learned", "norm": "layer", "gated_ffn": False, "bias": True,
          "tie_embeddings": c.tie_embeddings if c.tie_embeddings != "none" else "all"}
     problems += [f"{name}={getattr(c, name)!r} (the format's is {value!r})"
@@ -84,6 +95,8 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
     ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
            "pad_token_id": tokenizer.pad_id, "tie_word_embeddings": c.tie_embeddings != "none"}
     family = decoder_family(c)
+    if family is GEMMA3:
+        return {**gemma3_config(c), **ids}
     if family is not GPT2:
         # Mistral's window counts the query's own key; ours, the keys before it.
         sliding = c.attention_type == "sliding"
@@ -114,6 +127,28 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
             "n_positions": c.max_positions, "activation_function": GPT2_ACTIVATIONS[c.activation],
             "layer_norm_epsilon": c.layer_norm_eps, "resid_pdrop": c.dropout,
             "embd_pdrop": c.dropout, "attn_pdrop": c.attention_dropout, **ids}
+
+
+def gemma3_config(c: ModelConfig) -> dict:
+    """Gemma3TextConfig's fields for our layers: each layer's kind (layer_types), the
+    window with the query's own key counted, each kind's rotary positions, queries
+    scaled by 1/sqrt(head_dim)."""
+    kinds = ["sliding_attention" if c.layer_attention_type(i) == "sliding" else
+             "full_attention" for i in range(c.num_decoder_layers)]
+    full = {"rope_type": "default", "rope_theta": c.rope_base, **hf_rope_scaling(c)}
+    local = full if c.local_rope_base is None else \
+        {"rope_type": "default", "rope_theta": c.local_rope_base}
+    return {"architectures": [GEMMA3.model_class], "model_type": GEMMA3.model_type,
+            "vocab_size": c.tgt_vocab_size, "hidden_size": c.d_model,
+            "intermediate_size": c.d_ff, "num_hidden_layers": c.num_decoder_layers,
+            "num_attention_heads": c.num_heads, "num_key_value_heads": c.kv_heads,
+            "head_dim": c.head_dim, "query_pre_attn_scalar": c.head_dim,
+            "hidden_activation": HF_ACTIVATIONS[c.activation],
+            "max_position_embeddings": c.max_positions, "rms_norm_eps": c.layer_norm_eps,
+            "layer_types": kinds, "sliding_window": c.attention_window + 1,
+            "rope_parameters": {"full_attention": full, "sliding_attention": local},
+            "attention_bias": False, "attention_dropout": c.attention_dropout,
+            "attn_logit_softcapping": None, "final_logit_softcapping": None}
 
 
 def hf_rope_scaling(c: ModelConfig) -> dict:
@@ -155,6 +190,20 @@ def llama_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
     return {name: tensor.detach().clone().contiguous() for name, tensor in state.items()}
 
 
+def gemma3_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
+    """Our weights under Gemma3ForCausalLM's names, every norm's w as w - 1 (Gemma's
+    norms multiply by 1 + w): the inverse of importers/hf_gemma.py."""
+    state = llama_state_dict(model)
+    for i, layer in enumerate(model.decoder.layers):
+        prefix = f"model.layers.{i}"
+        state[f"{prefix}.pre_feedforward_layernorm.weight"] = \
+            state.pop(f"{prefix}.post_attention_layernorm.weight")
+        state[f"{prefix}.post_attention_layernorm.weight"] = layer.post_norm1.weight
+        state[f"{prefix}.post_feedforward_layernorm.weight"] = layer.post_norm3.weight
+    return {name: tensor.detach() - 1.0 if name.endswith("norm.weight") else
+            tensor.detach().clone().contiguous() for name, tensor in state.items()}
+
+
 def gpt2_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
     """Our weights under GPT2LMHeadModel's names: Conv1D matrices are (in, out), the
     transpose of nn.Linear's, and q, k, v are one c_attn (the inverse of hf_gpt2.py)."""
@@ -190,7 +239,8 @@ def hf_decoder_model(model: DecoderOnly, tokenizer):
     family = decoder_family(model.config)
     config = getattr(transformers, family.config_class)(**hf_decoder_config(model, tokenizer))
     theirs = getattr(transformers, family.model_class)(config).eval()
-    state = gpt2_state_dict(model) if family is GPT2 else llama_state_dict(model)
+    state = {GPT2: gpt2_state_dict, GEMMA3: gemma3_state_dict}.get(
+        family, llama_state_dict)(model)
     missing, unexpected = theirs.load_state_dict(state, strict=False)
     left = [name for name in missing if not name.endswith((".attn.bias", ".attn.masked_bias"))]
     if left or unexpected:

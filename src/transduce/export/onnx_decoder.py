@@ -10,8 +10,9 @@ ones: left-padded prompts of different lengths run as one batch, each token's po
 counting from its row's first real token (the cumulative sum of key_mask), as in
 DecoderOnly.forward with key_mask. Sliding-window attention (Mistral's) is the same graph
 with the band in the mask: the past keeps every key (not the window's rolling cache), and
-each query attends the attention_window positions before it. Every size is dynamic; the export is traced as the
-encoder-decoder's is (export/onnx.py says why).
+each query attends the attention_window positions before it; sliding layers among full
+ones (Gemma 3's) get the band, the full ones the plain mask. Every size is dynamic; the
+export is traced as the encoder-decoder's is (export/onnx.py says why).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class LanguageModelGraph(nn.Module):
         c = model.config
         self.model, self.layers = model, c.num_decoder_layers
         self.window = c.attention_window if c.attention_type == "sliding" else None
+        self.banded = [c.layer_attention_type(i) == "sliding" for i in range(self.layers)]
 
     def forward(self, tokens: Tensor, key_mask: Tensor, *past: Tensor) -> tuple[Tensor, ...]:
         """tokens (R, T), key_mask (R, P + T), then past k/v per layer -> logits
@@ -45,10 +47,11 @@ class LanguageModelGraph(nn.Module):
         query_pos = torch.arange(steps, device=tokens.device)[:, None] + past_len
         key_pos = torch.arange(past_len + steps, device=tokens.device)[None, :]
         allowed = key_pos <= query_pos                                     # (T, P + T)
-        if self.window is not None:
-            allowed = allowed & (query_pos - key_pos <= self.window)
         step_mask = allowed[None, None] & key_mask[:, None, None, :]      # (R, 1, T, P + T)
-        caches = [ConcatKVCache(past[2 * i], past[2 * i + 1], step_mask)
+        band_mask = step_mask if self.window is None else \
+            step_mask & (query_pos - key_pos <= self.window)[None, None]
+        caches = [ConcatKVCache(past[2 * i], past[2 * i + 1],
+                                band_mask if self.banded[i] else step_mask)
                   for i in range(self.layers)]
         hidden = self.model.decoder(tokens, None, None, caches=caches, positions=positions)
         logits = self.model.output_proj(hidden)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from torch import Tensor
 
@@ -65,29 +65,46 @@ def import_llama(hf_dir: Path | str, out: Path | str) -> Path:
     check_directories(hf_dir, out, HF_CONFIG)
     hf = _read_json(hf_dir / HF_CONFIG)
     config_file = hf_dir / HF_CONFIG
+    if hf.get("model_type") in ("gemma3_text", "gemma3"):
+        raise ForeignCheckpointError(f"{config_file}: model_type={hf['model_type']!r} is a "
+                                     f"Gemma 3: import it with `transduce import hf-gemma`")
     activation = check_foreign_options(hf, config_file, MODEL_TYPES, FIXED_OPTIONS,
                                        "hidden_act", "silu", ACTIVATIONS)
     tokenizer = with_chat_settings(read_tokenizer(hf_dir, hf.get("bos_token_id")), hf_dir)
     config = model_config(hf, config_file, tokenizer, activation)
+    return save_import(hf_dir, out, config, tokenizer, map_weights, "hf-llama")
+
+
+def save_import(hf_dir: Path, out: Path, config: ModelConfig, tokenizer: HFTokenizer,
+                mapping: Callable[[dict[str, Tensor], ModelConfig, Path], dict[str, Tensor]],
+                command: str) -> Path:
+    """The directory's weights, mapped onto a model of `config` by mapping(tensors,
+    config, source), saved with the tokenizer as our checkpoint at `out` (its origin the
+    import `command`) -> out."""
     tensors, source = read_weights(hf_dir)
     model = empty_model(config)     # every weight is loaded next
-    model.load_state_dict(map_weights(tensors, config, source))
+    model.load_state_dict(mapping(tensors, config, source))
     del tensors          # the stored files are let go before the save copies the model
-    origin = {"imported": "hf-llama", "from": str(hf_dir.resolve()), "steps": None}
+    origin = {"imported": command, "from": str(hf_dir.resolve()), "steps": None}
     return checkpoint.save(out, model.eval(), None, tokenizer, origin=origin)
+
+
+def required_field(hf: dict[str, Any], config_file: Path, name: str) -> Any:
+    """config.json's `name`, which must be there."""
+    if name not in hf:
+        raise ForeignCheckpointError(f"{config_file}: no {name!r}")
+    return hf[name]
 
 
 def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                  activation: str) -> ModelConfig:
     """The "llama-small" preset with the sizes and options of a LlamaConfig."""
     def required(name: str) -> Any:
-        if name not in hf:
-            raise ForeignCheckpointError(f"{config_file}: no {name!r}")
-        return hf[name]
+        return required_field(hf, config_file, name)
 
     vocab_size, d_model = required("vocab_size"), required("hidden_size")
     heads, max_positions = required("num_attention_heads"), required("max_position_embeddings")
-    rope, window = _rope(hf, config_file), _attention_window(hf, config_file, max_positions)
+    rope, window = rope_fields(hf, config_file), _attention_window(hf, config_file, max_positions)
     head_dim = hf.get("head_dim")     # Mistral NeMo's: not hidden_size / heads
     head_size = None if head_dim is None or (isinstance(heads, int) and heads and
                                             head_dim * heads == d_model) else head_dim
@@ -107,9 +124,18 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                         pad_id=tokenizer.pad_id)
     except (ConfigError, TypeError) as error:
         raise ForeignCheckpointError(f"{config_file}: {error}") from None
+    check_special_ids(hf, config_file, tokenizer, config)
+    return config
+
+
+def check_special_ids(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
+                      config: ModelConfig) -> None:
+    """The tokenizer fits the vocabulary, and its bos and eos tokens are the ids that
+    config.json names (eos among them, where it lists several)."""
     if tokenizer.vocab_size > config.tgt_vocab_size:
-        raise ForeignCheckpointError(f"{config_file}: vocab_size={vocab_size} is smaller "
-                                     f"than the tokenizer's {tokenizer.vocab_size} tokens")
+        raise ForeignCheckpointError(f"{config_file}: vocab_size={config.tgt_vocab_size} is "
+                                     f"smaller than the tokenizer's {tokenizer.vocab_size} "
+                                     f"tokens")
     for name, token_id in (("bos_token_id", tokenizer.bos_id),
                            ("eos_token_id", tokenizer.eos_id)):
         given = hf.get(name)
@@ -117,7 +143,6 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
             raise ForeignCheckpointError(
                 f"{config_file}: {name}={json.dumps(given)} but the tokenizer's "
                 f"{name.split('_')[0]} token {tokenizer.piece(token_id)!r} is {token_id}")
-    return config
 
 
 def _attention_window(hf: dict[str, Any], config_file: Path, max_positions: Any) -> dict:
@@ -160,7 +185,7 @@ def _windowed_layers(hf: dict[str, Any]) -> list[bool] | None:
     return [i >= first for i in range(layers)]
 
 
-def _rope(hf: dict[str, Any], config_file: Path) -> dict[str, Any]:
+def rope_fields(hf: dict[str, Any], config_file: Path) -> dict[str, Any]:
     """The rotary base and scaling as ModelConfig fields, from rope_parameters
     (transformers 5) or rope_theta and rope_scaling (before): unscaled, "linear" or
     "llama3" (Llama 3.1's); other kinds are refused."""
@@ -187,14 +212,15 @@ def _rope(hf: dict[str, Any], config_file: Path) -> dict[str, Any]:
     return fields
 
 
-def read_tokenizer(hf_dir: Path, bos_token_id: Any = None) -> HFTokenizer:
+def read_tokenizer(hf_dir: Path, bos_token_id: Any = None,
+                   defaults: dict[str, str | None] | None = None) -> HFTokenizer:
     """The directory's tokenizer.json with the bos, eos and pad tokens that its
     tokenizer_config.json / special_tokens_map.json name (Llama's defaults: <s>, </s>,
     no pad token, so eos pads). Qwen2's names no bos ("bos_token": null): config.json's
     bos_token_id then, as transformers' generate starts an empty prompt from it, else
-    eos."""
-    specials, found = tokenizer_settings(hf_dir, {"bos": "<s>", "eos": "</s>", "pad": None},
-                                         ("bos_token",))
+    eos. defaults: the special tokens where those files name none (Llama's)."""
+    specials, found = tokenizer_settings(
+        hf_dir, defaults or {"bos": "<s>", "eos": "</s>", "pad": None}, ("bos_token",))
     if "bos_token" in found and found["bos_token"] is None:
         specials["bos"] = bos_token_id if isinstance(bos_token_id, int) else specials["eos"]
     if not (hf_dir / TOKENIZER_JSON).is_file():
@@ -210,8 +236,7 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
     """Llama's tensors -> our state dict (float32), each key accounted for and each shape
     checked against what the configuration gives."""
     names = unprefixed_names(tensors, "model.", source)
-    c, ff = config.d_model, config.d_ff
-    q, kv = config.num_heads * config.head_dim, config.kv_heads * config.head_dim
+    c = config.d_model
 
     def take(name: str, *shape: int) -> Tensor:
         return take_weight(tensors, names, source, name, *shape)
@@ -221,30 +246,42 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
              "decoder.final_norm.weight": take("norm.weight", c)}
     for i in range(config.num_decoder_layers):
         ours, theirs = f"decoder.layers.{i}", f"layers.{i}"
-        for ours_name, theirs_name, n_out, n_in in (
-                ("self_attn.q_proj", "self_attn.q_proj", q, c),
-                ("self_attn.k_proj", "self_attn.k_proj", kv, c),
-                ("self_attn.v_proj", "self_attn.v_proj", kv, c),
-                ("self_attn.out_proj", "self_attn.o_proj", c, q),
-                ("ffn.linear1", "mlp.gate_proj", ff, c),
-                ("ffn.linear3", "mlp.up_proj", ff, c),
-                ("ffn.linear2", "mlp.down_proj", c, ff)):
-            state[f"{ours}.{ours_name}.weight"] = take(f"{theirs}.{theirs_name}.weight",
-                                                       n_out, n_in)
-            if config.qkv_bias and ours_name in QKV:
-                state[f"{ours}.{ours_name}.bias"] = take(f"{theirs}.{theirs_name}.bias", n_out)
-        if config.qk_norm:
-            for name in ("q_norm", "k_norm"):
-                state[f"{ours}.self_attn.{name}.weight"] = take(
-                    f"{theirs}.self_attn.{name}.weight", config.head_dim)
+        state.update(layer_weights(take, config, ours, theirs))
         state[f"{ours}.norm1.weight"] = take(f"{theirs}.input_layernorm.weight", c)
         state[f"{ours}.norm3.weight"] = take(f"{theirs}.post_attention_layernorm.weight", c)
-    state["output_proj.weight"] = _output_projection(tensors, names, embedding, config, source)
+    state["output_proj.weight"] = output_projection(tensors, names, embedding, config, source)
     refuse_unread(names, source, _IGNORED)
     return state
 
 
-def _output_projection(tensors: dict[str, Tensor], names: dict[str, str], embedding: Tensor,
+def layer_weights(take: Callable[..., Tensor], config: ModelConfig, ours: str,
+                  theirs: str) -> dict[str, Tensor]:
+    """A layer's attention and feed-forward weights (Qwen2's query, key and value biases,
+    Qwen3's and Gemma 3's norms of the queries and keys) under our names; take(name,
+    *shape) reads one of theirs."""
+    c, ff = config.d_model, config.d_ff
+    q, kv = config.num_heads * config.head_dim, config.kv_heads * config.head_dim
+    state = {}
+    for ours_name, theirs_name, n_out, n_in in (
+            ("self_attn.q_proj", "self_attn.q_proj", q, c),
+            ("self_attn.k_proj", "self_attn.k_proj", kv, c),
+            ("self_attn.v_proj", "self_attn.v_proj", kv, c),
+            ("self_attn.out_proj", "self_attn.o_proj", c, q),
+            ("ffn.linear1", "mlp.gate_proj", ff, c),
+            ("ffn.linear3", "mlp.up_proj", ff, c),
+            ("ffn.linear2", "mlp.down_proj", c, ff)):
+        state[f"{ours}.{ours_name}.weight"] = take(f"{theirs}.{theirs_name}.weight",
+                                                   n_out, n_in)
+        if config.qkv_bias and ours_name in QKV:
+            state[f"{ours}.{ours_name}.bias"] = take(f"{theirs}.{theirs_name}.bias", n_out)
+    if config.qk_norm:
+        for name in ("q_norm", "k_norm"):
+            state[f"{ours}.self_attn.{name}.weight"] = take(
+                f"{theirs}.self_attn.{name}.weight", config.head_dim)
+    return state
+
+
+def output_projection(tensors: dict[str, Tensor], names: dict[str, str], embedding: Tensor,
                        config: ModelConfig, source: Path) -> Tensor:
     """lm_head (V, C): its own matrix, or the token embeddings when tied (a stored copy
     must then equal them)."""

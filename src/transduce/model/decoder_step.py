@@ -15,7 +15,9 @@ workers' compiled steps overlap better than their Python ones is not measured ye
 
 It covers the common case (softmax attention over plain KV caches, additive, rotary or
 no positions or a relative-position score bias, queries and keys normalized per head
-or not, PyTorch's fused attention kernel) and
+or not, sandwich norms or not, PyTorch's fused attention kernel; a sliding window's
+layers too while their caches are plain, as they are for outputs within the window,
+kinds.py) and
 leaves every other step to the modules: `covers` says which. A score bias (T5's, ALiBi)
 enters the step as SDPA's float mask, built once per step for every layer. A language
 model's step may feed a few tokens a row after its prompt (up to MAX_STEP_TOKENS:
@@ -237,6 +239,12 @@ class _LayerStep(nn.Module):
         self.cross_attention = None if layer.cross_attn is None else \
             (_KernelCrossAttention if kernel else _CrossAttention)(layer.cross_attn)
         self.feed_forward = WrittenFeedForward(layer.ffn)
+        # Sandwich norms on the sub-layers' outputs (Gemma's); Identity where there are
+        # none, which TorchScript can call (a None it cannot), behind a constant test.
+        self.sandwich = layer.post_norm1 is not None
+        self.post_norm1, self.post_norm2, self.post_norm3 = (
+            nn.Identity() if norm is None else norm
+            for norm in (layer.post_norm1, layer.post_norm2, layer.post_norm3))
 
     def forward(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
                 self_mask: Optional[Tensor], memory_k: Tensor, memory_v: Tensor,
@@ -247,12 +255,15 @@ class _LayerStep(nn.Module):
         (N is 1 with it)."""
         # norm2 is None exactly when cross_attention is; TorchScript needs both tested.
         if self.norm_first:
-            x = x + self.self_attention(self.norm1(x), k_cache, v_cache, length, self_mask,
-                                        runs, row_starts, positions)
+            h = self.self_attention(self.norm1(x), k_cache, v_cache, length, self_mask, runs,
+                                    row_starts, positions)
+            x = x + (self.post_norm1(h) if self.sandwich else h)
             if self.cross_attention is not None and self.norm2 is not None:
-                x = x + self.cross_attention(self.norm2(x), memory_k, memory_v, cross_mask,
-                                             memory_lengths)
-            return x + self.feed_forward(self.norm3(x))
+                h = self.cross_attention(self.norm2(x), memory_k, memory_v, cross_mask,
+                                         memory_lengths)
+                x = x + (self.post_norm2(h) if self.sandwich else h)
+            h = self.feed_forward(self.norm3(x))
+            return x + (self.post_norm3(h) if self.sandwich else h)
         x = self.norm1(x + self.self_attention(x, k_cache, v_cache, length, self_mask,
                                                runs, row_starts, positions))
         if self.cross_attention is not None and self.norm2 is not None:

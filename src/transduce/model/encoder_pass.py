@@ -32,9 +32,12 @@ from transduce.model.scripting import CompiledOnFirstCall, WrittenOut
 
 def _supported(encoder: nn.Module) -> bool:
     """Every layer's self-attention fused, softmax over all keys through SDPA, scaled
-    scores, no rotary positions (a score bias enters as SDPA's float mask)."""
+    scores, no rotary positions (a score bias enters as SDPA's float mask), no sandwich
+    norms."""
     for layer in encoder.layers:
         attn = layer.self_attn
+        if layer.post_norm1 is not None:
+            return False
         if attn.qkv_proj is None or attn.rotary is not None or attn.impl != "sdpa" \
                 or attn.query_factor != 1.0 or type(attn.kind) is not SoftmaxAttention:
             return False

@@ -2,7 +2,8 @@
 
 Post-norm (the paper): x = Norm(x + Dropout(Sublayer(x))).
 Pre-norm (norm_first): x = x + Dropout(Sublayer(Norm(x))); the stack then needs a
-final norm, which Encoder and Decoder add. Norm is LayerNorm, or RMSNorm (config.norm).
+final norm, which Encoder and Decoder add. Sandwich (sandwich_norm, Gemma's):
+x = x + Dropout(PostNorm(Sublayer(Norm(x)))). Norm is LayerNorm, or RMSNorm (config.norm).
 Shapes: hidden states (B, T, C); the source memory (B, S, C).
 """
 
@@ -15,7 +16,7 @@ from torch import Tensor, nn
 from transduce.attention.kinds import self_attention_kind
 from transduce.attention.kv_cache import AttentionCache
 from transduce.attention.multihead import MultiHeadAttention, Rotary
-from transduce.config import ModelConfig
+from transduce.config import AttentionType, ModelConfig
 from transduce.model.dropout import Dropout
 
 
@@ -39,18 +40,30 @@ def norm_module(config: ModelConfig, size: int | None = None) -> nn.Module:
 
 
 def attention_module(config: ModelConfig, kv_heads: int, *, rotary: Rotary | None,
-                     self_attention: bool) -> MultiHeadAttention:
+                     self_attention: bool, attention_type: AttentionType | None = None
+                     ) -> MultiHeadAttention:
     """A layer's self- or cross-attention as the configuration sets it: kv_heads key/value
-    heads, self-attention of config.attention_type (cross-attention is softmax), rotary
-    positions where given, the model's norm on each head's queries and keys (qk_norm)."""
+    heads, self-attention of attention_type (default config.attention_type;
+    cross-attention is softmax), rotary positions where given, the model's norm on each
+    head's queries and keys (qk_norm)."""
     c = config
-    kind = self_attention_kind(c.attention_type, c.attention_window, c.global_tokens) \
-        if self_attention else "softmax"
+    kind = self_attention_kind(attention_type or c.attention_type, c.attention_window,
+                               c.global_tokens) if self_attention else "softmax"
     return MultiHeadAttention(c.d_model, c.num_heads, kv_heads, bias=c.bias,
                               dropout=c.attention_dropout, impl=c.attention_impl,
                               rotary=rotary, kind=kind, scale_scores=c.attention_scale,
                               qkv_bias=c.bias or c.qkv_bias, head_dim=c.head_size,
                               qk_norm=partial(norm_module, c) if c.qk_norm else None)
+
+
+def sandwich_norm(config: ModelConfig) -> nn.Module | None:
+    """The norm on a sub-layer's output (sandwich_norm), or None for other layers."""
+    return norm_module(config) if config.sandwich_norm else None
+
+
+def post_norm(norm: nn.Module | None, h: Tensor) -> Tensor:
+    """A sub-layer's output h (B, T, C) through its sandwich norm, if it has one."""
+    return h if norm is None else norm(h)
 
 
 class FeedForward(nn.Module):
@@ -84,6 +97,7 @@ class EncoderLayer(nn.Module):
         self.self_attn = attention_module(c, c.num_heads, rotary=rotary, self_attention=True)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias, c.gated_ffn)
         self.norm1, self.norm2 = norm_module(c), norm_module(c)
+        self.post_norm1, self.post_norm2 = sandwich_norm(c), sandwich_norm(c)
         self.dropout = Dropout(c.dropout)
         self.norm_first = c.norm_first
 
@@ -92,9 +106,10 @@ class EncoderLayer(nn.Module):
         """x (B, S, C), src_mask (B, 1, 1, S) or a packed batch's Segments, position_bias
         (H, 2S - 1), positions (B, S) each token's rotary position -> (B, S, C)."""
         if self.norm_first:
-            x = x + self.dropout(self.self_attn(self.norm1(x), src_mask, positions=positions,
-                                                position_bias=position_bias))
-            return x + self.dropout(self.ffn(self.norm2(x)))
+            h = self.self_attn(self.norm1(x), src_mask, positions=positions,
+                               position_bias=position_bias)
+            x = x + self.dropout(post_norm(self.post_norm1, h))
+            return x + self.dropout(post_norm(self.post_norm2, self.ffn(self.norm2(x))))
         x = self.norm1(x + self.dropout(self.self_attn(x, src_mask, positions=positions,
                                                        position_bias=position_bias)))
         return self.norm2(x + self.dropout(self.ffn(x)))
@@ -105,20 +120,24 @@ class DecoderLayer(nn.Module):
     Without cross_attention (a decoder-only model, GPT) the middle sub-layer is absent:
     norm1 guards self-attention and norm3 the feed-forward network in both layouts.
 
-    The decoder's attention uses config.kv_heads key/value heads (MHA, GQA or MQA).
+    The decoder's attention uses config.kv_heads key/value heads (MHA, GQA or MQA), its
+    self-attention attention_type (default config.attention_type).
     """
 
     def __init__(self, config: ModelConfig, rotary: Rotary | None = None, *,
-                 cross_attention: bool = True):
+                 cross_attention: bool = True, attention_type: AttentionType | None = None):
         super().__init__()
         c = config
-        self.self_attn = attention_module(c, c.kv_heads, rotary=rotary, self_attention=True)
+        self.self_attn = attention_module(c, c.kv_heads, rotary=rotary, self_attention=True,
+                                          attention_type=attention_type)
         self.cross_attn = attention_module(c, c.kv_heads, rotary=None, self_attention=False) \
             if cross_attention else None
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias, c.gated_ffn)
         self.norm1 = norm_module(c)
         self.norm2 = norm_module(c) if cross_attention else None
         self.norm3 = norm_module(c)
+        self.post_norm1, self.post_norm3 = sandwich_norm(c), sandwich_norm(c)
+        self.post_norm2 = sandwich_norm(c) if cross_attention else None
         self.dropout = Dropout(c.dropout)
         self.norm_first = c.norm_first
 
@@ -142,10 +161,10 @@ class DecoderLayer(nn.Module):
             return self.cross_attn(h, memory_mask, kv=memory_kv)
 
         if self.norm_first:
-            x = x + self.dropout(self_attention(self.norm1(x)))
+            x = x + self.dropout(post_norm(self.post_norm1, self_attention(self.norm1(x))))
             if self.cross_attn is not None:
-                x = x + self.dropout(cross_attention(self.norm2(x)))
-            return x + self.dropout(self.ffn(self.norm3(x)))
+                x = x + self.dropout(post_norm(self.post_norm2, cross_attention(self.norm2(x))))
+            return x + self.dropout(post_norm(self.post_norm3, self.ffn(self.norm3(x))))
         x = self.norm1(x + self.dropout(self_attention(x)))
         if self.cross_attn is not None:
             x = self.norm2(x + self.dropout(cross_attention(x)))

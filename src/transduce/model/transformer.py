@@ -18,6 +18,7 @@ Token ids are right-padded with config.pad_id.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -93,13 +94,18 @@ def score_bias(config: ModelConfig, *, bidirectional: bool) -> ALiBi | T5Bias | 
     return None
 
 
-def rotary_embedding(config: ModelConfig) -> RotaryEmbedding | None:
+def rotary_embedding(config: ModelConfig, *, local: bool = False) -> RotaryEmbedding | None:
+    """The model's rotary positions (None: it has none); local: those of its sliding
+    layers among full ones, at local_rope_base and unscaled."""
     c = config
     if c.positional != "rotary":
         return None
-    rates = rotary_frequencies(c.head_dim, c.rope_base, c.rope_scaling, c.rope_factor,
-                               c.rope_low_freq_factor, c.rope_high_freq_factor,
-                               c.rope_original_positions)
+    if local:
+        rates = rotary_frequencies(c.head_dim, c.local_rope_base)
+    else:
+        rates = rotary_frequencies(c.head_dim, c.rope_base, c.rope_scaling, c.rope_factor,
+                                   c.rope_low_freq_factor, c.rope_high_freq_factor,
+                                   c.rope_original_positions)
     return RotaryEmbedding(c.head_dim, c.max_positions, inv_freq=rates)
 
 
@@ -146,8 +152,14 @@ class Decoder(nn.Module):
                  rotary: RotaryEmbedding | None, *, cross_attention: bool = True):
         super().__init__()
         self.embed = embed
-        self.layers = nn.ModuleList(DecoderLayer(config, rotary, cross_attention=cross_attention)
-                                    for _ in range(config.num_decoder_layers))
+        # Sliding layers among full ones may have rotary positions of their own (Gemma 3's).
+        local = rotary if config.local_rope_base is None else \
+            rotary_embedding(config, local=True)
+        kinds = [config.layer_attention_type(i) for i in range(config.num_decoder_layers)]
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, local if kind == "sliding" else rotary,
+                         cross_attention=cross_attention, attention_type=kind)
+            for kind in kinds)
         self.score_bias = score_bias(config, bidirectional=False)
         self.final_norm = norm_module(config) if config.norm_first else None
         # A decoding copy's written-out step (model/decoder_step.py), where it applies.
@@ -344,8 +356,13 @@ class Transformer(CountedParameters, nn.Module):
 def kv_cache_size(config: ModelConfig, batch: int, tokens: int,
                   dtype: torch.dtype) -> tuple[int, str]:
     """Bytes of the decoder's self-attention caches after `tokens` tokens, by the
-    formula of the attention kind (layers x its per-layer size), and that formula in
+    formula of each attention kind (layers x its per-layer size), and the formula in
     words. The caches' measured nbytes equal it (tested)."""
-    kind = self_attention_kind(config.attention_type, config.attention_window)
-    per_layer, words = kind.cache_bytes(batch, tokens, config.kv_heads, config.head_dim, dtype)
-    return config.num_decoder_layers * per_layer, f"layers {config.num_decoder_layers} x {words}"
+    layers = Counter(config.layer_attention_type(i) for i in range(config.num_decoder_layers))
+    total, formulas = 0, []       # by attention type: sliding layers among full ones
+    for name, count in layers.items():
+        kind = self_attention_kind(name, config.attention_window)
+        size, words = kind.cache_bytes(batch, tokens, config.kv_heads, config.head_dim, dtype)
+        total += count * size
+        formulas.append(f"layers {count} x {words}")
+    return total, " + ".join(formulas)
