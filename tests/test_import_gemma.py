@@ -257,6 +257,8 @@ def refused(directory, tmp_path, *messages):
     ({"layer_types": ["full_attention", "chunked_attention", "full_attention"]},
      "layer_types must list \"sliding_attention\" or \"full_attention\" for each of the 3"),
     ({"layer_types": ["full_attention"]}, "for each of the 3 layers"),
+    ({"layer_types": [{"kind": "full"}, "full_attention", "full_attention"]},
+     "for each of the 3 layers"),
     ({"sliding_window": 1}, "sliding_window=1: must be an integer of at least 2"),
     ({"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0},
                           "sliding_attention": {"rope_type": "default"}}},

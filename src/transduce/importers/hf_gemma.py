@@ -149,7 +149,8 @@ def _layer_types(hf: dict[str, Any], config_file: Path, layers: Any) -> list[str
             raise ForeignCheckpointError(f"{config_file}: sliding_window_pattern="
                                          f"{json.dumps(pattern)}: must be a positive integer")
         return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(layers)]
-    if not isinstance(kinds, list) or len(kinds) != layers or set(kinds) - {SLIDING, FULL}:
+    if not isinstance(kinds, list) or len(kinds) != layers or \
+            any(kind not in (SLIDING, FULL) for kind in kinds):
         raise ForeignCheckpointError(f"{config_file}: layer_types must list "
                                      f"{json.dumps(SLIDING)} or {json.dumps(FULL)} for each "
                                      f"of the {layers} layers")
