@@ -57,20 +57,30 @@ def write_gpt2(directory):
     transformers.GPT2LMHeadModel(config).save_pretrained(directory)
 
 
+def write_bpe(directory, specials):
+    """A SentencePiece-style BPE trained on WORDS into a new `directory`, its special
+    tokens (role -> token) first with ids in that order, a post-processor that starts
+    every sequence with the bos token, and a tokenizer_config.json naming them."""
+    bpe = tokenizers.SentencePieceBPETokenizer()
+    bpe.train_from_iterator([" ".join(WORDS)] * 3 + ["hello world"], vocab_size=300,
+                            min_frequency=1, special_tokens=list(specials.values()),
+                            show_progress=False)
+    bos = specials["bos"]
+    bpe.post_processor = tokenizers.processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+        special_tokens=[(bos, list(specials).index("bos"))])
+    directory.mkdir()
+    bpe.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {f"{role}_token": token for role, token in specials.items()}))
+    return bpe
+
+
 def write_llama(directory, model_type="llama"):
     """A random LlamaForCausalLM (grouped-query; or a Qwen3ForCausalLM, its queries and
     keys normalized, heads wider than hidden_size / heads) with a SentencePiece-style BPE
     whose post-processor starts every sequence with <s>, as Llama 2's."""
-    bpe = tokenizers.SentencePieceBPETokenizer()
-    bpe.train_from_iterator([" ".join(WORDS)] * 3 + ["hello world"], vocab_size=300,
-                            min_frequency=1, special_tokens=["<unk>", "<s>", "</s>"],
-                            show_progress=False)
-    bpe.post_processor = tokenizers.processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
-    directory.mkdir()
-    bpe.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    bpe = write_bpe(directory, {"unk": "<unk>", "bos": "<s>", "eos": "</s>"})
     torch.manual_seed(0)
     config_class, model_class, more = (transformers.LlamaConfig, transformers.LlamaForCausalLM,
                                        {}) if model_type == "llama" else \
@@ -86,16 +96,8 @@ def write_gemma(directory):
     """A random Gemma3ForCausalLM (a sliding layer of 4 keys, then a full one) with a
     SentencePiece-style BPE whose post-processor starts every sequence with <bos>, and
     Gemma's ids: <pad> 0, <eos> 1, <bos> 2."""
-    bpe = tokenizers.SentencePieceBPETokenizer()
-    bpe.train_from_iterator([" ".join(WORDS)] * 3 + ["hello world"], vocab_size=300,
-                            min_frequency=1, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
-                            show_progress=False)
-    bpe.post_processor = tokenizers.processors.TemplateProcessing(
-        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", 2)])
-    directory.mkdir()
-    bpe.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}))
+    bpe = write_bpe(directory, {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>",
+                                "unk": "<unk>"})
     torch.manual_seed(0)
     config = transformers.Gemma3TextConfig(
         vocab_size=bpe.get_vocab_size(), hidden_size=32, intermediate_size=48,
