@@ -73,9 +73,10 @@ CONFIGS = [
          num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
          max_position_embeddings=96),
     # one layer in two full (Gemma 2's pattern) with linear rotary scaling on the full
-    # layers (the larger Gemma 3's), other bases, grouped-query, an untied output
+    # layers (the larger Gemma 3's), other bases, grouped-query, an untied output, scores
+    # over sqrt(12), not sqrt(head_dim) (27B's query_pre_attn_scalar: folded into q_norm)
     dict(hidden_size=32, intermediate_size=40, num_hidden_layers=4, num_attention_heads=4,
-         num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=6,
+         num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=12, sliding_window=6,
          max_position_embeddings=80, tie_word_embeddings=False,
          layer_types=["sliding_attention", "full_attention"] * 2,
          rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0,
@@ -246,14 +247,16 @@ def refused(directory, tmp_path, *messages):
 
 @pytest.mark.parametrize("change,message", [
     ({"model_type": "gemma2"}, "model_type='gemma2'; only 'gemma3_text'"),
-    ({"model_type": "gemma3"}, "model_type='gemma3' is Gemma 3 with vision"),
+    ({"model_type": "gemma3"}, "model_type='gemma3' needs a text_config object"),
     ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0 is not supported"),
     ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0 is not supported"),
     ({"use_bidirectional_attention": True}, "use_bidirectional_attention=true is not"),
     ({"attention_bias": True}, "attention_bias=true is not supported"),
     ({"hidden_activation": "tanh"}, "hidden_activation='tanh' is not supported"),
-    ({"query_pre_attn_scalar": 12}, "query_pre_attn_scalar=12 is not supported (only "
-                                    "head_dim=8"),
+    ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar=0: must be a positive number"),
+    ({"query_pre_attn_scalar": "8"}, "query_pre_attn_scalar=\"8\": must be a positive"),
+    ({"_sliding_window_pattern": 0, "sliding_window_pattern": None, "layer_types": None},
+     "_sliding_window_pattern=0: must be a positive integer"),
     ({"layer_types": ["full_attention", "chunked_attention", "full_attention"]},
      "layer_types must list \"sliding_attention\" or \"full_attention\" for each of the 3"),
     ({"layer_types": ["full_attention"]}, "for each of the 3 layers"),

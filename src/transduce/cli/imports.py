@@ -29,11 +29,13 @@ def register(commands) -> None:
                 "SwiGLU, grouped-query attention); options the model cannot reproduce are "
                 "refused by name.")
     _add_format(formats, import_hf_gemma, "hf-gemma",
-                "Hugging Face Gemma 3 text model (Gemma3ForCausalLM directory: 270M, 1B)",
-                "Import a Hugging Face Gemma 3 text directory (config.json, "
+                "Hugging Face Gemma 3 (Gemma3ForCausalLM: 270M, 1B; the language model of "
+                "Gemma3ForConditionalGeneration: 4B, 12B, 27B)",
+                "Import a Hugging Face Gemma 3 directory (config.json, "
                 "model.safetensors or its shards, tokenizer.json) as a decoder-only "
                 "checkpoint (five sliding-window layers to one full, two rotary bases, "
-                "sandwich norms); options the model cannot reproduce are refused by name.")
+                "sandwich norms); a multimodal one's vision tower is left out; options "
+                "the model cannot reproduce are refused by name.")
     _add_format(formats, import_hf_bert, "hf-bert",
                 "Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining or "
                 "BertForSequenceClassification directory)",
@@ -119,10 +121,15 @@ def import_hf_llama(args: argparse.Namespace) -> int:
 
 
 def import_hf_gemma(args: argparse.Namespace) -> int:
-    """Import a Hugging Face Gemma 3 text checkpoint."""
+    """Import a Hugging Face Gemma 3 checkpoint (a multimodal one's language model)."""
     from transduce.importers import import_gemma
+    from transduce.importers.hf_gemma import is_multimodal
 
-    return _import_decoder(args, import_gemma)
+    _import_decoder(args, import_gemma)
+    if is_multimodal(args.hf_dir):
+        print("Gemma3ForConditionalGeneration: its language model only (the vision tower "
+              "and its projector are left out; the model reads text)")
+    return 0
 
 
 def _import_decoder(args: argparse.Namespace, importer) -> int:

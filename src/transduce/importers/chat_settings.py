@@ -1,6 +1,7 @@
 """What an instruct model's directory says about conversations: its chat template
-(tokenizer_config.json's "chat_template", or chat_template.jinja, where transformers
-4.43 and later save it) with the special tokens' strings the template reads, and the
+(chat_template.jinja, where transformers 4.43 and later save it, else
+tokenizer_config.json's "chat_template", else that of chat_template.json, a multimodal
+model's processor file) with the special tokens' strings the template reads, and the
 tokens that end a reply (the eos_token_id lists of config.json and
 generation_config.json: Llama 3's <|end_of_text|>, <|eom_id|> and <|eot_id|>).
 """
@@ -17,6 +18,7 @@ from transduce.data.tokenizer import TokenizerError
 from transduce.importers import ForeignCheckpointError
 
 TEMPLATE_FILE = "chat_template.jinja"
+PROCESSOR_TEMPLATE_FILE = "chat_template.json"
 TOKEN_FILES = ("tokenizer_config.json", "special_tokens_map.json")   # the latter wins
 TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                "mask_token")
@@ -39,9 +41,12 @@ def _template(hf_dir: Path) -> ChatTemplate | None:
         if file.is_file():
             text = file.read_text(encoding="utf-8")
         else:
-            file = hf_dir / TOKEN_FILES[0]
-            text = read_chat_template(_json(file).get("chat_template"), str(file)) \
-                if file.is_file() else None
+            text = None
+            for file in (hf_dir / TOKEN_FILES[0], hf_dir / PROCESSOR_TEMPLATE_FILE):
+                text = read_chat_template(_json(file).get("chat_template"), str(file)) \
+                    if file.is_file() else None
+                if text is not None:
+                    break
         if text is None:
             return None
         template = ChatTemplate(text, _template_tokens(hf_dir))

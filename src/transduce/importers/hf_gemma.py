@@ -1,5 +1,7 @@
-"""Hugging Face Gemma 3 text models (Gemma3ForCausalLM: gemma-3-270m, gemma-3-1b and
-their instruction-tuned twins) -> our DecoderOnly.
+"""Hugging Face Gemma 3 -> our DecoderOnly: the text models (Gemma3ForCausalLM:
+gemma-3-270m, gemma-3-1b and their instruction-tuned twins), and the language model of
+the larger ones, which read images too (Gemma3ForConditionalGeneration: gemma-3-4b, 12b
+and 27b; their vision tower and its projector are left out, so they read text only).
 
 Gemma 3 is a Llama-shaped decoder (RMSNorm, rotary positions, grouped-query attention,
 a gated feed-forward network, here with GELU's tanh form) with four choices of its own,
@@ -25,14 +27,19 @@ otherwise map name by name:
     layers.N.self_attn.*, mlp.*         as Llama's (importers/hf_llama.py)
     norm                                decoder.final_norm
 
-Options we do not compute (score soft-capping, Gemma 2's; a query scale other than
-1/sqrt(head_dim); bidirectional attention) are refused naming them, and nothing is
-written.
+A query_pre_attn_scalar other than head_dim (27B's: scores q . k / sqrt(168) over heads
+of 128) is folded into each layer's q_norm gain: the queries' scale passes through the
+rotary rotation to the scores, so our usual 1/sqrt(head_dim) then gives Gemma's scores.
+
+Options we do not compute (score soft-capping, Gemma 2's; bidirectional attention) are
+refused naming them, and nothing is written.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,50 +56,93 @@ from transduce.importers.hf_llama import ACTIVATIONS, _IGNORED, check_special_id
     save_import
 
 MODEL_TYPES = ("gemma3_text",)
+MULTIMODAL = "gemma3"          # Gemma3ForConditionalGeneration: its text_config is ours
+# Gemma3TextConfig's defaults: what transformers reads where config.json names nothing
+# (the published 4B-27B text_configs name only what differs from these).
+TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+                 "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                 "head_dim": 256, "max_position_embeddings": 131072,
+                 "query_pre_attn_scalar": 256, "sliding_window": 4096, "rms_norm_eps": 1e-6,
+                 "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+# What a multimodal config.json says at its top level about the text it generates.
+TOP_LEVEL_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings")
+# Where Gemma3ForConditionalGeneration stores its language model: transformers 4.50's
+# layout (the published files; save_pretrained still writes it), then 4.52's.
+TEXT_MODEL_PREFIXES = ("language_model.model.", "model.language_model.")
+TEXT_HEADS = {"language_model.lm_head.weight": "lm_head.weight"}
+VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                   "model.multi_modal_projector.")
 # Options whose other value changes what the model computes: name -> the value we have.
 FIXED_OPTIONS = {"attention_bias": False, "attn_logit_softcapping": None,
                  "final_logit_softcapping": None, "use_bidirectional_attention": False}
 SPECIAL_TOKENS = {"bos": "<bos>", "eos": "<eos>", "pad": "<pad>"}
 SLIDING, FULL = "sliding_attention", "full_attention"
+PATTERN_KEYS = ("sliding_window_pattern", "_sliding_window_pattern")
 # Our norm -> Gemma's, per layer: the weights whose (1 + w) becomes our w.
 LAYER_NORMS = {"norm1": "input_layernorm", "post_norm1": "post_attention_layernorm",
                "norm3": "pre_feedforward_layernorm", "post_norm3": "post_feedforward_layernorm"}
 
 
 def import_gemma(hf_dir: Path | str, out: Path | str) -> Path:
-    """Read a Hugging Face Gemma 3 text directory (config.json, model.safetensors or its
-    shards, tokenizer.json) and write it as our checkpoint at `out`, replacing one
-    there; nothing is written unless everything was read and checked."""
+    """Read a Hugging Face Gemma 3 directory (config.json, model.safetensors or its
+    shards, tokenizer.json), a text model or a multimodal one's language model, and
+    write it as our checkpoint at `out`, replacing one there; nothing is written unless
+    everything was read and checked."""
     hf_dir, out = Path(hf_dir), Path(out)
     check_directories(hf_dir, out, HF_CONFIG)
-    config_file = hf_dir / HF_CONFIG
-    hf = _read_json(config_file)
-    if hf.get("model_type") == "gemma3":
-        raise ForeignCheckpointError(f"{config_file}: model_type='gemma3' is Gemma 3 with "
-                                     f"vision (4B and larger); only its text-only models "
-                                     f"(model_type 'gemma3_text': 270M, 1B) import here")
-    activation = check_foreign_options(hf, config_file, MODEL_TYPES, FIXED_OPTIONS,
+    stored = _read_json(hf_dir / HF_CONFIG)
+    hf, where = text_config(stored, hf_dir / HF_CONFIG)
+    activation = check_foreign_options(hf, where, MODEL_TYPES, FIXED_OPTIONS,
                                        "hidden_activation", "gelu_pytorch_tanh", ACTIVATIONS)
     tokenizer = with_chat_settings(read_tokenizer(hf_dir, hf.get("bos_token_id"),
                                                   SPECIAL_TOKENS), hf_dir)
-    config = model_config(hf, config_file, tokenizer, activation)
-    return save_import(hf_dir, out, config, tokenizer, map_weights, "hf-gemma")
+    config = model_config(hf, where, tokenizer, activation)
+    mapping = map_multimodal_weights if stored.get("model_type") == MULTIMODAL else map_weights
+    return save_import(hf_dir, out, config, tokenizer,
+                       partial(mapping, query_factor=_query_factor(hf, where)), "hf-gemma")
 
 
-def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
+def text_config(hf: dict[str, Any], config_file: Path) -> tuple[dict[str, Any], str]:
+    """config.json -> the text model's settings, Gemma3TextConfig's defaults filled in,
+    and where errors should point: the file, or its text_config for a multimodal
+    checkpoint (whose top-level special ids count where text_config names none)."""
+    if hf.get("model_type") != MULTIMODAL:
+        return {**TEXT_DEFAULTS, **hf}, str(config_file)
+    text = hf.get("text_config")
+    if not isinstance(text, dict):
+        raise ForeignCheckpointError(f"{config_file}: model_type={MULTIMODAL!r} needs a "
+                                     f"text_config object (the language model's settings)")
+    top = {name: hf[name] for name in TOP_LEVEL_FIELDS if name in hf}
+    return {**TEXT_DEFAULTS, **top, **text}, f"{config_file} text_config"
+
+
+def is_multimodal(hf_dir: Path | str) -> bool:
+    """Whether the directory holds Gemma3ForConditionalGeneration (its vision tower is
+    left out by the import)."""
+    return _read_json(Path(hf_dir) / HF_CONFIG).get("model_type") == MULTIMODAL
+
+
+def _query_factor(hf: dict[str, Any], where: str) -> float:
+    """What the queries are multiplied by so that scores over sqrt(head_dim) become
+    Gemma's scores over sqrt(query_pre_attn_scalar)."""
+    scalar = hf["query_pre_attn_scalar"]
+    if not isinstance(scalar, (int, float)) or isinstance(scalar, bool) or not scalar > 0:
+        raise ForeignCheckpointError(f"{where}: query_pre_attn_scalar={json.dumps(scalar)}: "
+                                     f"must be a positive number")
+    return math.sqrt(hf["head_dim"] / scalar)
+
+
+def model_config(hf: dict[str, Any], config_file: Path | str, tokenizer: HFTokenizer,
                  activation: str) -> ModelConfig:
-    """The "llama-small" preset with Gemma 3's sizes and choices."""
+    """The "llama-small" preset with Gemma 3's sizes and choices (`hf` with
+    Gemma3TextConfig's defaults filled in)."""
     def required(name: str) -> Any:
         return required_field(hf, config_file, name)
 
     vocab_size, layers = required("vocab_size"), required("num_hidden_layers")
     d_model, heads = required("hidden_size"), required("num_attention_heads")
-    head_dim, scalar = required("head_dim"), hf.get("query_pre_attn_scalar", 256)
+    head_dim = required("head_dim")
     usual = isinstance(head_dim, int) and isinstance(heads, int) and head_dim * heads == d_model
-    if scalar != head_dim:
-        raise ForeignCheckpointError(f"{config_file}: query_pre_attn_scalar={scalar} is not "
-                                     f"supported (only head_dim={head_dim}: scores scaled "
-                                     f"by 1/sqrt(head_dim))")
     try:
         config = preset("llama-small", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
                         d_model=d_model, num_heads=heads,
@@ -112,7 +162,7 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
     return config
 
 
-def _attention_fields(hf: dict[str, Any], config_file: Path, layers: Any) -> dict[str, Any]:
+def _attention_fields(hf: dict[str, Any], config_file: Path | str, layers: Any) -> dict[str, Any]:
     """ModelConfig's attention and rotary fields: which layers slide (a window of S keys,
     the token's own among them: our S - 1 before it) and which attend to everything,
     and each kind's rotary positions."""
@@ -136,18 +186,20 @@ def _attention_fields(hf: dict[str, Any], config_file: Path, layers: Any) -> dic
             "local_rope_base": local_rope["rope_base"]}
 
 
-def _layer_types(hf: dict[str, Any], config_file: Path, layers: Any) -> list[str]:
+def _layer_types(hf: dict[str, Any], config_file: Path | str, layers: Any) -> list[str]:
     """Each layer's attention: layer_types (transformers 5), else every
-    sliding_window_pattern-th layer full (6 by default) and the others sliding."""
+    sliding_window_pattern-th layer full (6 by default; _sliding_window_pattern in
+    transformers 4.53 to 4.57) and the others sliding."""
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         raise ForeignCheckpointError(f"{config_file}: num_hidden_layers={json.dumps(layers)}: "
                                      f"must be a positive integer")
     kinds = hf.get("layer_types")
     if kinds is None:
-        pattern = hf.get("sliding_window_pattern", 6)
+        key = next((key for key in PATTERN_KEYS if hf.get(key) is not None), PATTERN_KEYS[0])
+        pattern = hf.get(key, 6)
         if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 1:
-            raise ForeignCheckpointError(f"{config_file}: sliding_window_pattern="
-                                         f"{json.dumps(pattern)}: must be a positive integer")
+            raise ForeignCheckpointError(f"{config_file}: {key}={json.dumps(pattern)}: must "
+                                         f"be a positive integer")
         return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(layers)]
     if not isinstance(kinds, list) or len(kinds) != layers or \
             any(kind not in (SLIDING, FULL) for kind in kinds):
@@ -157,7 +209,7 @@ def _layer_types(hf: dict[str, Any], config_file: Path, layers: Any) -> list[str
     return kinds
 
 
-def _rope_of(hf: dict[str, Any], config_file: Path, kind: str) -> dict[str, Any]:
+def _rope_of(hf: dict[str, Any], config_file: Path | str, kind: str) -> dict[str, Any]:
     """The rotary fields of one kind of layer, from rope_parameters keyed by layer type
     (transformers 5) or, before, rope_theta with rope_scaling (full layers) and
     rope_local_base_freq (sliding ones)."""
@@ -174,16 +226,43 @@ def _rope_of(hf: dict[str, Any], config_file: Path, kind: str) -> dict[str, Any]
                        config_file)
 
 
-def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
-                source: Path) -> dict[str, Tensor]:
-    """Gemma 3's tensors -> our state dict (float32), each key accounted for and each
-    shape checked; every norm's weight w read as 1 + w."""
-    names = unprefixed_names(tensors, "model.", source)
+def map_weights(tensors: dict[str, Tensor], config: ModelConfig, source: Path,
+                query_factor: float = 1.0) -> dict[str, Tensor]:
+    """Gemma3ForCausalLM's tensors -> our state dict: see text_model_weights."""
+    return text_model_weights(tensors, unprefixed_names(tensors, "model.", source), config,
+                              source, query_factor)
+
+
+def map_multimodal_weights(tensors: dict[str, Tensor], config: ModelConfig, source: Path,
+                           query_factor: float = 1.0) -> dict[str, Tensor]:
+    """Gemma3ForConditionalGeneration's tensors -> our state dict: its language model's,
+    under either layout's prefix; the vision tower and its projector are left out."""
+    names: dict[str, str] = {}
+    for key in tensors:
+        if key.startswith(VISION_PREFIXES):
+            continue
+        name = next((key.removeprefix(prefix) for prefix in TEXT_MODEL_PREFIXES
+                     if key.startswith(prefix)), key)
+        name = TEXT_HEADS.get(name, name)
+        if name in names:
+            raise ForeignCheckpointError(f"{source}: {key!r} and {names[name]!r} are the "
+                                         f"same weight stored twice")
+        names[name] = key
+    return text_model_weights(tensors, names, config, source, query_factor)
+
+
+def text_model_weights(tensors: dict[str, Tensor], names: dict[str, str], config: ModelConfig,
+                       source: Path, query_factor: float) -> dict[str, Tensor]:
+    """Gemma 3's tensors (`names`: its text model's names -> the stored keys) -> our state
+    dict (float32), each key accounted for and each shape checked; every norm's weight w
+    read as 1 + w, the queries' norm's then times query_factor (see the module's notes)."""
     c = config.d_model
 
     def take(name: str, *shape: int) -> Tensor:
         tensor = take_weight(tensors, names, source, name, *shape)
-        return tensor + 1.0 if name.endswith("norm.weight") else tensor
+        if not name.endswith("norm.weight"):
+            return tensor
+        return (tensor + 1.0) * (query_factor if name.endswith("q_norm.weight") else 1.0)
 
     embedding = take("embed_tokens.weight", config.tgt_vocab_size, c)    # (V, C)
     state = {"decoder.embed.embedding.weight": embedding,
