@@ -51,6 +51,15 @@ THINKING = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
     "{% if enable_thinking is defined and enable_thinking is false %}"
     "{{ '<think>\n\n</think>\n\n' }}{% endif %}{% endif %}")
+# A template that opens the reply's reasoning itself (DeepSeek-R1's and QwQ's way) and
+# writes an earlier reply's reasoning back from its reasoning_content (Qwen3's way).
+OPENS_REASONING = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message.reasoning_content is string %}"
+    "{{ '<think>\n' + message.reasoning_content + '\n</think>\n\n' }}{% endif %}"
+    "{{ message['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n<think>\n' }}{% endif %}")
+THINK_TOKENS = ["<think>", "</think>"]     # Qwen3's: tokens of their own, not special
 THOUGHT = [{"role": "user", "content": "In the beginning"},
            {"role": "assistant", "content": "<think>\nGenesis.\n</think>\n\nGod created."},
            {"role": "user", "content": "El niño"}]
@@ -71,15 +80,18 @@ CONVERSATIONS = [
 ]
 
 
-def instruct_llama(directory, template, seed=0, **config):
-    """A random LlamaForCausalLM in `directory` whose tokenizer has the turn tokens and
-    whose tokenizer_config.json holds `template` -> the transformers model."""
+def instruct_llama(directory, template, seed=0, plain_tokens=(), **config):
+    """A random LlamaForCausalLM in `directory` whose tokenizer has the turn tokens (and
+    `plain_tokens`, added as tokens of their own but not special) and whose
+    tokenizer_config.json holds `template` -> the transformers model."""
     vocabulary = directory / "vocabulary"
     vocabulary.mkdir(parents=True)
     write_spm_bpe(vocabulary)
     backend = tokenizers.Tokenizer.from_file(str(vocabulary / "tokenizer.json"))
     backend.add_special_tokens([tokenizers.AddedToken(token, special=True, normalized=False)
                                 for token in TURN_TOKENS])
+    backend.add_tokens([tokenizers.AddedToken(token, special=False, normalized=False)
+                        for token in plain_tokens])
     backend.save(str(vocabulary / "tokenizer.json"))
     settings = json.loads((vocabulary / "tokenizer_config.json").read_text())
     (vocabulary / "tokenizer_config.json").write_text(json.dumps(
@@ -130,5 +142,16 @@ def thinking_model(root):
     from transduce.importers import import_llama
 
     hf = instruct_llama(root, THINKING, seed=2)
+    out = import_llama(root / "hf", root / "ours")
+    return SimpleNamespace(hf=hf, hf_dir=root / "hf", out=out, generator=Generator.load(out))
+
+
+def reasoning_model(root):
+    """An instruct Llama imported from `root`/hf whose vocabulary has <think> and
+    </think> and whose template opens the reply's reasoning (OPENS_REASONING)."""
+    from transduce.decode.generate import Generator
+    from transduce.importers import import_llama
+
+    hf = instruct_llama(root, OPENS_REASONING, seed=3, plain_tokens=THINK_TOKENS)
     out = import_llama(root / "hf", root / "ours")
     return SimpleNamespace(hf=hf, hf_dir=root / "hf", out=out, generator=Generator.load(out))

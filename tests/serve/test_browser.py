@@ -199,6 +199,40 @@ def test_an_instruct_model_holds_a_conversation_on_the_page(browser_page, chatml
         assert page.locator("#messages li").count() == 0
 
 
+def test_a_thinking_models_reasoning_shows_apart_from_its_answer(browser_page, reasoning):
+    """The reasoning streams into its own block above the answer, and goes back with the
+    answer in the next message's history. (Each request gets the fixture's bias towards
+    </think>, added on its way, so that the random model closes its reasoning.)"""
+    import json
+
+    page, sent = browser_page, []
+
+    def biased(route):
+        body = {**route.request.post_data_json, "logit_bias": reasoning.bias}
+        sent.append(body)
+        route.continue_(post_data=json.dumps(body))
+    thought, _, answer = reasoning.text.partition("</think>")
+    with ServerThread(create_app(reasoning.generator)) as server:
+        page.route("**/v1/chat/completions", biased)
+        page.goto(server.url + "/")
+        page.wait_for_selector("#chat-panel", state="visible", timeout=30_000)
+        page.fill("#chat-max", "24")
+        page.fill("#chat-temperature", "0")
+        page.fill("#system", "Answer in Spanish.")
+        for number in (1, 2):
+            page.fill("#message", "In the beginning")
+            page.click("#send")
+            page.wait_for_function(f"document.querySelectorAll('#messages li').length == "
+                                   f"{2 * number} && /tokens$/.test("
+                                   f"document.getElementById('chat-status').textContent)")
+        first = page.locator("#messages li.assistant").first
+        assert first.locator(".thought").text_content() == thought.strip("\n")
+        assert first.locator(".thought").is_visible()
+        assert first.locator("span").text_content() == answer.lstrip("\n")
+    assert sent[1]["messages"][2] == {"role": "assistant", "content": answer.lstrip("\n"),
+                                      "reasoning_content": thought.strip("\n")}
+
+
 def test_a_model_without_a_template_shows_no_chat(browser_page, generator):
     page = browser_page
     with ServerThread(create_app(generator)) as server:

@@ -41,7 +41,8 @@ def test_a_reply_is_the_librarys_with_its_usage_and_finish_reason(api, chatml, i
     assert body["object"] == "chat.completion" and body["model"] == "tiny"
     assert body["id"].startswith("chatcmpl-") and body["created"] > 0
     assert body["choices"] == [{"index": 0, "finish_reason": reason, "logprobs": None,
-                                "message": {"role": "assistant", "content": text}}]
+                                "message": {"role": "assistant", "content": text,
+                                            "reasoning_content": None}}]
     assert body["usage"] == usage
     if index == 0:        # the end token besides eos ends it
         assert reason == "stop" and usage["completion_tokens"] == chatml.cut + 1
@@ -300,3 +301,66 @@ def test_openais_client_reads_replies_whole_and_streamed(chatml):
             frequency_penalty=0.5, presence_penalty=0.5, logit_bias={5: -100},
             seeds=prompt_seeds(3, 2))
         assert [c.message.content for c in several.choices] == [row.text for row in rows]
+
+
+def test_a_thinking_models_reasoning_comes_apart_whole_and_streamed(reasoning):
+    """The library's reply, split where it closes its reasoning: reasoning_content
+    without the newlines around it, the answer without those opening it (as the template
+    would write the reply back); streamed, the reasoning's chunks and then the
+    answer's, joined to the same two parts."""
+    thought, _, answer = reasoning.text.partition("</think>")
+    request = {"messages": CONVERSATIONS[1], "max_tokens": 24, "temperature": 0,
+               "logit_bias": reasoning.bias}
+    with client_for(reasoning.generator, max_chars=200, max_texts=16) as client:
+        message = client.post("/v1/chat/completions", json=request).json()[
+            "choices"][0]["message"]
+        with client.stream("POST", "/v1/chat/completions",
+                           json={**request, "stream": True}) as answer_stream:
+            events = [block for block in "".join(answer_stream.iter_text()).split("\n\n")
+                      if block]
+    assert message == {"role": "assistant", "content": answer.lstrip("\n"),
+                       "reasoning_content": thought.strip("\n")}
+    deltas = [json.loads(event.removeprefix("data: "))["choices"][0]["delta"]
+              for event in events[1:-2]]         # the role's chunk, the finish, [DONE]
+    fields = [field for delta in deltas for field in delta]
+    assert fields == sorted(fields, reverse=True) and "content" in fields  # reasoning first
+    for field in ("reasoning_content", "content"):
+        assert "".join(delta.get(field, "") for delta in deltas) == message[field]
+
+
+def test_an_earlier_replys_reasoning_reaches_the_template(reasoning):
+    """An assistant turn given back with its reasoning_content (as the API answered it):
+    the template writes it, as apply_chat_template does with the same messages."""
+    history = [{"role": "user", "content": "In the beginning"},
+               {"role": "assistant", "content": "God created.", "reasoning_content": "Gen"},
+               {"role": "user", "content": "El niño"}]
+    with client_for(reasoning.generator, max_chars=200, max_texts=16) as client:
+        body = client.post("/v1/chat/completions", json={
+            "messages": history, "max_tokens": 2, "temperature": 0}).json()
+        plain = client.post("/v1/chat/completions", json={
+            "messages": [{k: v for k, v in m.items() if k != "reasoning_content"}
+                         for m in history], "max_tokens": 2, "temperature": 0}).json()
+        bad = client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "a", "reasoning_content": 3}]})
+    assert body["usage"]["prompt_tokens"] == len(template_ids(reasoning.hf_dir, history))
+    assert body["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
+    assert bad.status_code == 422 and "reasoning_content" in bad.json()["error"]["param"]
+
+
+def test_openais_client_reads_the_reasoning(reasoning):
+    """reasoning_content reaches the `openai` package's message and chunk objects (as an
+    extra field, as DeepSeek's API gives it)."""
+    openai = pytest.importorskip("openai")
+    thought, _, answer = reasoning.text.partition("</think>")
+    with ServerThread(create_app(reasoning.generator, name="tiny")) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        request = dict(model="tiny", messages=CONVERSATIONS[1], max_tokens=24, temperature=0,
+                       logit_bias=reasoning.bias)
+        whole = client.chat.completions.create(**request).choices[0].message
+        chunks = list(client.chat.completions.create(**request, stream=True))
+    assert (whole.reasoning_content, whole.content) == (thought.strip("\n"),
+                                                        answer.lstrip("\n"))
+    deltas = [chunk.choices[0].delta for chunk in chunks if chunk.choices]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == \
+        whole.reasoning_content
+    assert "".join(d.content or "" for d in deltas) == whole.content

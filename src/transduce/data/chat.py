@@ -37,6 +37,9 @@ class ChatError(TransduceError, ValueError):
 class Message:
     role: str          # "system", "user", "assistant" (a template may take others)
     content: str
+    # An earlier reply's reasoning, as an API answer gave it apart from its content
+    # (data/reasoning.py); a thinking model's template may write it back (Qwen3's).
+    reasoning_content: str | None = None
 
 
 # What every render sets itself: a template variable of a Chat may not take these names
@@ -105,21 +108,29 @@ def _json_like(value: Any) -> bool:
 
 def _message(message: Any, where: str) -> Message:
     if isinstance(message, Message):
-        message = {"role": message.role, "content": message.content}
+        message = {"role": message.role, "content": message.content,
+                   "reasoning_content": message.reasoning_content}
     if not isinstance(message, Mapping):
         raise ChatError(f"{where}: expected an object with \"role\" and \"content\", got a "
                         f"{type(message).__name__}")
     role, content = message.get("role"), message.get("content")
     if not isinstance(role, str) or not role:
         raise ChatError(f"{where}.role: expected a non-empty string, got {role!r:.40}")
-    if not isinstance(content, str):
-        raise ChatError(f"{where}.content: expected a string, got {content!r:.40}")
+    reasoning = message.get("reasoning_content")
+    _check_text(content, f"{where}.content")
+    if reasoning is not None:
+        _check_text(reasoning, f"{where}.reasoning_content")
+    return Message(role, content, reasoning)
+
+
+def _check_text(text: Any, where: str) -> None:
+    if not isinstance(text, str):
+        raise ChatError(f"{where}: expected a string, got {text!r:.40}")
     try:
-        content.encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise ChatError(f"{where}.content: a lone surrogate at character "
-                        f"{error.start + 1}, which is no text") from None
-    return Message(role, content)
+        raise ChatError(f"{where}: a lone surrogate at character {error.start + 1}, which "
+                        f"is no text") from None
 
 
 @dataclass(frozen=True)
@@ -135,7 +146,9 @@ class ChatTemplate:
         the opening of the assistant's turn, so that the model writes the reply."""
         import jinja2
 
-        messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+        messages = [{"role": m.role, "content": m.content} | (
+            {} if m.reasoning_content is None else {"reasoning_content": m.reasoning_content})
+            for m in chat.messages]
         template_variables(chat.variables, tokens=self.tokens)
         try:
             return _compiled(self.template).render(

@@ -8,11 +8,14 @@ as a prompt of /v1/generate's, in the same continuous batches. A reply is one ch
 streamed as "chat.completion.chunk" events ending in `data: [DONE]`; usage counts the
 prompt's tokens once and the replies' (each end token included), and
 finish_reason says "stop" (an end token or a stop string) or "length" (max_tokens, or
-the end of the model's context). The defaults are OpenAI's: temperature 1, and a reply
-as long as the context allows. OpenAI's frequency and presence penalties and logit
-bias are taken (decode/penalties.py), and repetition_penalty, top_k and min_p, as
-/v1/generate's, are ours, as is chat_template_kwargs (vLLM's: the template's variables);
-any other field OpenAI's API lacks is refused.
+the end of the model's context). A thinking model's reasoning (Qwen3's <think> ...
+</think>) comes apart from its answer, as `reasoning_content` (data/reasoning.py), and
+an earlier reply's reasoning may come back in the history as that field. The defaults
+are OpenAI's: temperature 1, and a reply as long as the context allows. OpenAI's
+frequency and presence penalties and logit bias are taken (decode/penalties.py), and
+repetition_penalty, top_k and min_p, as /v1/generate's, are ours, as is
+chat_template_kwargs (vLLM's: the template's variables); any other field OpenAI's API
+lacks is refused.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from fastapi.responses import StreamingResponse
 
 from transduce.config import ConfigError
 from transduce.data.chat import Chat, ChatError, Message, template_variables
+from transduce.data.reasoning import ReasoningStream, reasoning_markers, split_reasoning
 from transduce.decode.generate import Continuation, Generator, PromptError, prompt_seeds
 from transduce.decode.options import GenerateOptions
 from transduce.serve.generation import EventFormat, Prompts, enqueue_prompts, events
@@ -81,6 +85,9 @@ def routes(service: Service) -> APIRouter:
         summary="An instruct model's reply to a conversation (OpenAI's chat completions)")
     async def chat(body: ChatRequest):
         conversation, prompt = _conversation(service, body)
+        markers = reasoning_markers(service.model.tokenizer)
+        thinks = markers is not None
+        inside = thinks and markers.starts_inside(prompt)
         options = _options(service, body, len(prompt))
         seeds = None if options.greedy else prompt_seeds(options.seed, body.n)
         completion = Completion.new("chatcmpl", service.name, len(prompt))
@@ -89,11 +96,14 @@ def routes(service: Service) -> APIRouter:
         if not body.stream:
             job = enqueue_prompts(service, Conversations(each, options, seeds), tokens)
             replies, timings = await service.wait(job)
-            return await _answer(service, body, completion, prompt, replies, timings)
+            return await _answer(service, body, completion, prompt, replies, timings,
+                                 thinks, inside)
         pieces: asyncio.Queue = asyncio.Queue()
         job = enqueue_prompts(service, Conversations(each, options, seeds, pieces,
                                                      asyncio.get_running_loop()), tokens)
-        return StreamingResponse(_chunks(service, job, pieces, completion, prompt, body),
+        streams = [ReasoningStream(inside) if thinks else None for _ in range(body.n)]
+        return StreamingResponse(_chunks(service, job, pieces, completion, prompt, body,
+                                         streams),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
@@ -101,18 +111,27 @@ def routes(service: Service) -> APIRouter:
 
 
 async def _answer(service: Service, body: ChatRequest, completion: Completion,
-                  prompt: list[int], replies: list[Reply], timings: Timings) -> ChatResponse:
-    """The whole answer: the replies and, if asked, their tokens' logprobs, scored now."""
+                  prompt: list[int], replies: list[Reply], timings: Timings, thinks: bool,
+                  inside: bool) -> ChatResponse:
+    """The whole answer: the replies (a thinking model's reasoning apart; inside: the
+    prompt opened it) and, if asked, their tokens' logprobs, scored now."""
     logprobs: list[ChatLogprobs | None] = [None] * len(replies)
     if body.logprobs:
         logprobs, scoring = await _scored(service, body, prompt, replies)
         timings = one_after_other(timings, scoring)
     return ChatResponse(
         id=completion.id, created=completion.created, model=completion.model,
-        choices=[ChatChoice(index=index, message=AssistantMessage(content=reply.text),
+        choices=[ChatChoice(index=index, message=_message(reply.text, thinks, inside),
                             logprobs=scores, finish_reason=reply.finish_reason)
                  for index, (reply, scores) in enumerate(zip(replies, logprobs))],
         usage=completion.usage(sum(reply.tokens for reply in replies)), timings=timings)
+
+
+def _message(text: str, thinks: bool, inside: bool) -> AssistantMessage:
+    if not thinks:
+        return AssistantMessage(content=text)
+    reasoning, content = split_reasoning(text, inside)
+    return AssistantMessage(content=content, reasoning_content=reasoning)
 
 
 async def _scored(service: Service, body: ChatRequest, prompt: list[int],
@@ -130,14 +149,16 @@ def _conversation(service: Service, body: ChatRequest) -> tuple[Chat, list[int]]
     a model without a template, or a conversation its template refuses, is 422, one
     longer than the model's context 413."""
     generator: Generator = service.model
-    check_texts([message.content for message in body.messages], service.limits, "messages")
+    check_texts([m.content + (m.reasoning_content or "") for m in body.messages],
+                service.limits, "messages")
     template = getattr(generator.tokenizer, "chat_template", None)
     try:
         variables = template_variables(body.chat_template_kwargs or {},
                                        tokens=template.tokens if template else ())
     except ChatError as error:
         raise ApiError(422, str(error), "chat_template_kwargs") from None
-    conversation = Chat(tuple(Message(m.role, m.content) for m in body.messages), variables)
+    conversation = Chat(tuple(Message(m.role, m.content, m.reasoning_content)
+                              for m in body.messages), variables)
     try:
         (ids,) = generator.encode([conversation])
     except (ConfigError, ChatError) as error:
@@ -166,13 +187,23 @@ def _options(service: Service, body: ChatRequest, prompt_tokens: int) -> Generat
 
 
 async def _chunks(service: Service, job, pieces: asyncio.Queue, completion: Completion,
-                  prompt: list[int], body: ChatRequest) -> AsyncIterator[str]:
+                  prompt: list[int], body: ChatRequest,
+                  streams: list[ReasoningStream | None]) -> AsyncIterator[str]:
     """OpenAI's stream: each reply's role, its pieces (chunks of each choice's index as
-    they come), with logprobs each reply's in one chunk (scored once they are whole:
+    they come; a thinking model's as reasoning_content, then content: `streams`, one per
+    choice), with logprobs each reply's in one chunk (scored once they are whole:
     OpenAI's clients join every chunk's logprobs.content), the finish reasons, the usage
     if asked, [DONE]; an error ends it as an {"error": ...} event."""
+    def piece(index: int, text: str) -> str:
+        stream = streams[index]
+        deltas = [("content", text)] if stream is None else stream.feed(text)
+        return "".join(_chunk(completion, {field: part}, index=index)
+                       for field, part in deltas)
+
     async def done(replies: list[Reply], timings: Timings) -> str:
-        last = ""
+        last = "".join(_chunk(completion, {field: part}, index=index)
+                       for index, stream in enumerate(streams) if stream is not None
+                       for field, part in stream.finish())
         if body.logprobs:
             logprobs, _ = await _scored(service, body, prompt, replies)
             last += "".join(_chunk(completion, {}, logprobs=each.model_dump(), index=index)
@@ -184,9 +215,7 @@ async def _chunks(service: Service, job, pieces: asyncio.Queue, completion: Comp
             last += _chunk(completion, None, usage=usage.model_dump())
         return last + DONE
 
-    form = EventFormat(piece=lambda index, text: _chunk(completion, {"content": text},
-                                                        index=index),
-                       done=done, error=error_event)
+    form = EventFormat(piece=piece, done=done, error=error_event)
     for index in range(body.n):
         yield _chunk(completion, {"role": "assistant", "content": ""}, index=index)
     async for event in events(service, job, pieces, form):

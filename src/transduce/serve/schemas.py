@@ -205,6 +205,9 @@ class ChatMessage(Strict):
                                      description="system, user or assistant (a template "
                                                  "may take others)")]
     content: Text
+    reasoning_content: Text | None = Field(
+        None, description="an earlier reply's reasoning, as this API gave it; a thinking "
+                          "model's template may write it back")
 
 
 class StreamOptions(Strict):
@@ -275,6 +278,10 @@ class ChatLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+    reasoning_content: str | None = Field(
+        None, description="a thinking model's reasoning (what it wrote between <think> and "
+                          "</think>), apart from its answer; null for other models, or "
+                          "where it did not reason")
 
 
 class ChatChoice(BaseModel):

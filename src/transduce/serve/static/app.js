@@ -348,7 +348,17 @@ async function eachEvent(response, onBlock) {
 
 // An instruct model's conversation: each message sent with the history before it, the
 // reply streamed into the page; the history keeps only exchanges that were answered.
+// A thinking model's reasoning (delta.reasoning_content) shows above its answer and
+// goes back with it, for its template to keep or drop.
 const chat = { history: [] };
+
+function replyParts(item) {
+  const thought = document.createElement("div"), answer = document.createElement("span");
+  thought.className = "thought";
+  thought.hidden = true;
+  item.append(thought, answer);
+  return { thought, answer };
+}
 
 function bubble(role, text) {
   const item = document.createElement("li");
@@ -365,6 +375,7 @@ async function send() {
   const messages = [...(system ? [{ role: "system", content: system }] : []),
                     ...chat.history, { role: "user", content: text }];
   const asked = bubble("user", text), reply = bubble("assistant", "");
+  const parts = replyParts(reply);
   $("send").disabled = true;
   setStatus("chat-status", "replying…");
   try {
@@ -380,11 +391,17 @@ async function send() {
       if (!data || data === "[DONE]") return;
       const chunk = JSON.parse(data);
       if (chunk.error) throw new Error(chunk.error.message);
-      reply.textContent += chunk.choices[0]?.delta?.content || "";
+      const delta = chunk.choices[0]?.delta || {};
+      if (delta.reasoning_content) {
+        parts.thought.hidden = false;
+        parts.thought.textContent += delta.reasoning_content;
+      }
+      parts.answer.textContent += delta.content || "";
       usage = chunk.usage || usage;
     });
+    const thought = parts.thought.hidden ? {} : { reasoning_content: parts.thought.textContent };
     chat.history.push({ role: "user", content: text },
-                      { role: "assistant", content: reply.textContent });
+                      { role: "assistant", content: parts.answer.textContent, ...thought });
     $("message").value = "";
     setStatus("chat-status", usage ? `${usage.completion_tokens} tokens` : "done");
   } catch (error) {
