@@ -165,7 +165,8 @@ def test_a_sliding_window_exports_as_mistral_and_imports_back(tmp_path, tiny_cor
                                                "'learned')"),
     ("llama-tiny", {"bias": True, "norm": "layer"}, "norm='layer'"),
     ("gpt-tiny", {"attention_type": "sliding"}, "attention_type='sliding'"),
-    ("llama-tiny", {"attention_type": "sliding", "qkv_bias": True}, "qkv_bias=True (Mistral"),
+    ("llama-tiny", {"attention_type": "sliding", "qkv_bias": True},     # Qwen2's window
+     "Qwen2 with a SentencePiece vocabulary"),
     ("gpt-tiny", {"gated_ffn": True, "scale_embeddings": True}, "scale_embeddings=True"),
     ("llama-tiny", {"qkv_bias": True}, "Qwen2 with a SentencePiece vocabulary"),
     ("llama-tiny", {"qk_norm": True}, "Qwen3 with a SentencePiece vocabulary"),

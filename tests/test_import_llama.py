@@ -118,6 +118,16 @@ CONFIGS = [
     dict(model_type="qwen3", hidden_size=32, intermediate_size=40, num_hidden_layers=2,
          num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=96,
          use_sliding_window=True, sliding_window=8, max_window_layers=0, seed=8),
+    # Qwen2 with its window (6 keys) from layer max_window_layers = 1 on: the first layer
+    # attends over everything (full_attention_layers)
+    dict(model_type="qwen2", hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96,
+         use_sliding_window=True, sliding_window=6, max_window_layers=1, seed=9),
+    # Qwen3 with layer_types mixing the two, full in the middle
+    dict(model_type="qwen3", hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96,
+         use_sliding_window=True, sliding_window=6,
+         layer_types=["sliding_attention", "full_attention", "sliding_attention"], seed=10),
 ]
 
 
@@ -216,7 +226,7 @@ def test_an_import_exports_to_ctranslate2_with_its_tokenizer_json(imported, tmp_
 def test_an_import_exports_back_to_its_family(imported, tmp_path):
     """export hf of the import: Llama, Mistral (as Llama, its layout without a window; as
     Mistral with its sliding window), Qwen2 (biases on q, k, v) and Qwen3 (norms of the
-    queries and keys, with and without its window), computing transformers' logits again
+    queries and keys), with and without their window, on every layer or some, computing transformers' logits again
     (over more tokens than the window)."""
     from transduce.export import export_hf
 
@@ -226,6 +236,8 @@ def test_an_import_exports_back_to_its_family(imported, tmp_path):
     family = {"qwen2": "Qwen2", "qwen3": "Qwen3"}.get(hf.config.model_type) or \
         ("Mistral" if ours.config.attention_type == "sliding" else "Llama")
     assert type(theirs).__name__ == f"{family}ForCausalLM"
+    if family.startswith("Qwen"):           # each layer's kind, the first full ones too
+        assert theirs.config.layer_types == hf.config.layer_types
     tokens = torch.randint(0, hf.config.vocab_size, (2, 19))
     with torch.no_grad():
         torch.testing.assert_close(theirs(tokens).logits, hf(tokens).logits, atol=2e-5,
@@ -270,11 +282,8 @@ def refused(directory, tmp_path, *messages):
     ({"hidden_act": "tanh"}, "hidden_act='tanh' is not supported"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}},
      "rope_parameters.rope_type='yarn' is not supported"),
-    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16,
-      "max_window_layers": 1}, "sliding_window=16 on 1 of 2 layers is not supported here"),
-    ({"model_type": "qwen3", "use_sliding_window": True, "sliding_window": 16,
-      "layer_types": ["sliding_attention", "full_attention"]},
-     "sliding_window=16 on 1 of 2 layers is not supported here"),
+    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 1,
+      "max_window_layers": 1}, "sliding_window=1 is not supported here"),
     ({"sliding_window": 16}, "sliding_window=16 is not supported here"),   # a Llama's
     ({"eos_token_id": 5}, "eos_token_id=5 but the tokenizer's eos token '</s>' is 2"),
     ({"num_key_value_heads": 3}, "num_kv_heads=3"),

@@ -27,14 +27,15 @@ def require(library: str, command: str) -> None:
 def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                             sliding: bool = False, any_head_size: bool = False,
                             score_bias: tuple[str, ...] = (), qk_norm: bool = False,
-                            gemma: bool = False) -> list[str]:
+                            mixed: bool = False, gemma: bool = False) -> list[str]:
     """What no format here can hold: another shape than the format's `arch` (RNN
     models among them), non-softmax self-attention (sliding-window softmax attention
     where the format masks it: `sliding`), score biases (but those of `score_bias`:
     "t5"), heads of another size than d_model / num_heads (unless the format has a
     field for it: `any_head_size`) and norms of the queries and keys (unless it has
-    them: `qk_norm`), sliding layers mixed with full ones and sandwich norms (unless
-    the format is Gemma 3's: `gemma`)."""
+    them: `qk_norm`), sliding layers mixed with full ones (unless the format lists each
+    layer's kind: `mixed`, or is Gemma 3's) and sandwich norms (unless the format is
+    Gemma 3's: `gemma`)."""
     problems = []
     if c.arch != arch:
         problems.append(f"arch={c.arch!r} (the format holds arch {arch!r})")
@@ -49,12 +50,10 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                         f"num_heads = {c.d_model / c.num_heads:g} wide)")
     if c.qk_norm and not qk_norm:
         problems.append("qk_norm=True (the format has no norms of the queries and keys)")
-    if gemma:
-        return problems
-    if c.full_attention_layers:
+    if c.full_attention_layers and not (mixed or gemma):
         problems.append(f"full_attention_layers={list(c.full_attention_layers)} (the format's "
                         f"layers share one attention type)")
-    if c.sandwich_norm:
+    if c.sandwich_norm and not gemma:
         problems.append("sandwich_norm=True (the format has no norms on the sub-layers' "
                         "outputs)")
     return problems

@@ -2,8 +2,8 @@
 positions, RMSNorm, SwiGLU, grouped-query attention, no biases) as `LlamaForCausalLM`,
 as `MistralForCausalLM` with sliding-window attention, as `Qwen2ForCausalLM` with
 biases on the query, key and value projections (qkv_bias), as `Qwen3ForCausalLM`
-with each head's queries and keys normalized (qk_norm; a sliding window then on every
-layer), or as `Gemma3ForCausalLM` with sandwich norms (and qk_norm, scaled embeddings,
+with each head's queries and keys normalized (qk_norm; the Qwens' window on some layers
+or all), or as `Gemma3ForCausalLM` with sandwich norms (and qk_norm, scaled embeddings,
 sliding layers among full ones); GPT-2's (learned positions, LayerNorm, biases) as
 `GPT2LMHeadModel`.
 
@@ -42,31 +42,30 @@ GPT2_ACTIVATIONS = {"gelu-tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
 def decoder_family(config: ModelConfig) -> Family:
     """Llama for rotary positions (Gemma 3 with sandwich norms, Qwen3 with norms of the
-    queries and keys, Mistral with a sliding window, Qwen2 with biases on q, k, v
-    alone), GPT-2 for the rest."""
+    queries and keys, Qwen2 with biases on q, k, v alone, Mistral with a sliding
+    window), GPT-2 for the rest."""
     if config.positional != "rotary":
         return GPT2
     if config.sandwich_norm:
         return GEMMA3
     if config.qk_norm:
         return QWEN3
-    if config.attention_type == "sliding":
-        return MISTRAL
-    return QWEN2 if config.qkv_bias and not config.bias else LLAMA
+    if config.qkv_bias and not config.bias:
+        return QWEN2
+    return MISTRAL if config.attention_type == "sliding" else LLAMA
 
 
 def check_decoder_exportable(model: DecoderOnly) -> None:
     c = model.config
     family = decoder_family(c)
     problems = not_a_plain_transformer(c, arch="decoder",
-                                       sliding=family in (MISTRAL, QWEN3, GEMMA3),
+                                       sliding=family in (MISTRAL, QWEN2, QWEN3, GEMMA3),
                                        any_head_size=family is not GPT2,   # head_dim
                                        qk_norm=family in (QWEN3, GEMMA3),
+                                       mixed=family in (QWEN2, QWEN3),
                                        gemma=family is GEMMA3)
     if c.scale_embeddings and family is not GEMMA3:
         problems.append("scale_embeddings=True (the format does not scale embeddings)")
-    if family is MISTRAL and c.qkv_bias:
-        problems.append("qkv_bias=True (Mistral's projections have no biases)")
     if family is QWEN3 and c.qkv_bias:
         problems.append("qkv_bias=True (Qwen3's attention_bias puts one on the output "
                         "projection too)")
@@ -89,6 +88,21 @@ def check_decoder_exportable(model: DecoderOnly) -> None:
         raise ExportError(f"cannot export to {family.name}: " + "; ".join(problems))
 
 
+def qwen_window(c: ModelConfig) -> dict:
+    """Qwen2's and Qwen3's window fields: whether there is one, its size (counting the
+    query's own key), each layer's kind (layer_types, which transformers 5 reads) and
+    max_window_layers, the layers before the first sliding one, which attend over
+    everything (what transformers 4 reads alone: exact where the full layers come
+    first, as Qwen's own do)."""
+    sliding = c.attention_type == "sliding"
+    kinds = ["sliding_attention" if sliding and c.layer_attention_type(i) == "sliding"
+             else "full_attention" for i in range(c.num_decoder_layers)]
+    first = kinds.index("sliding_attention") if sliding else c.num_decoder_layers
+    return {"use_sliding_window": sliding,
+            "sliding_window": c.attention_window + 1 if sliding else None,
+            "max_window_layers": first, "layer_types": kinds}
+
+
 def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
     """The config of the transformers model that holds this one (decoder_family)."""
     c = model.config
@@ -99,15 +113,10 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
         return {**gemma3_config(c), **ids}
     if family is not GPT2:
         # Mistral's window counts the query's own key; ours, the keys before it.
-        sliding = c.attention_type == "sliding"
         layout = {LLAMA: {"attention_bias": False, "mlp_bias": False},
                   MISTRAL: {"sliding_window": c.attention_window + 1},
-                  QWEN2: {"use_sliding_window": False},
-                  QWEN3: {"attention_bias": False, "use_sliding_window": sliding,
-                          "sliding_window": c.attention_window + 1 if sliding else None,
-                          "max_window_layers": 0 if sliding else c.num_decoder_layers,
-                          "layer_types": ["sliding_attention" if sliding else
-                                          "full_attention"] * c.num_decoder_layers}}[family]
+                  QWEN2: qwen_window(c),
+                  QWEN3: {"attention_bias": False, **qwen_window(c)}}[family]
         return {"architectures": [family.model_class], "model_type": family.model_type,
                 "vocab_size": c.tgt_vocab_size, "hidden_size": c.d_model,
                 "intermediate_size": c.d_ff, "num_hidden_layers": c.num_decoder_layers,

@@ -147,10 +147,10 @@ def check_special_ids(hf: dict[str, Any], config_file: Path, tokenizer: HFTokeni
 
 def _attention_window(hf: dict[str, Any], config_file: Path, max_positions: Any) -> dict:
     """ModelConfig's attention fields for the checkpoint's window: none (attention over
-    the whole context), or a sliding window of S keys on every layer (Mistral v0.1's;
-    Qwen's when use_sliding_window starts at layer max_window_layers = 0), the token's
-    own among them, which is our "sliding" attention over the S - 1 tokens before it.
-    A window on some layers only is refused: our layers share one attention type."""
+    the whole context), or a sliding window of S keys (Mistral v0.1's on every layer;
+    Qwen's from layer max_window_layers on, or where layer_types says), the token's own
+    among them, which is our "sliding" attention over the S - 1 tokens before it, the
+    other layers attending over everything (full_attention_layers)."""
     window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
     if window is None or isinstance(window, int) and isinstance(max_positions, int) \
             and window >= max_positions:
@@ -158,13 +158,14 @@ def _attention_window(hf: dict[str, Any], config_file: Path, max_positions: Any)
     windowed = _windowed_layers(hf)
     if windowed is not None and not any(windowed):
         return {}
-    if windowed is not None and all(windowed) and isinstance(window, int) and window > 1:
-        return {"attention_type": "sliding", "attention_window": window - 1}
-    where = "" if windowed is None else f" on {sum(windowed)} of {len(windowed)} layers"
-    raise ForeignCheckpointError(f"{config_file}: sliding_window={json.dumps(window)}{where} "
-                                 f"is not supported here (only null, at least "
+    if windowed is not None and isinstance(window, int) and window > 1:
+        full = tuple(i for i, slides in enumerate(windowed) if not slides)
+        return {"attention_type": "sliding", "attention_window": window - 1,
+                **({"full_attention_layers": full} if full else {})}
+    raise ForeignCheckpointError(f"{config_file}: sliding_window={json.dumps(window)} is not "
+                                 f"supported here (only null, at least "
                                  f"max_position_embeddings={max_positions}, or Mistral's or "
-                                 f"Qwen's window on every layer)")
+                                 f"Qwen's window of at least 2 keys)")
 
 
 def _windowed_layers(hf: dict[str, Any]) -> list[bool] | None:
