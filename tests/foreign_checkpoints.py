@@ -101,3 +101,22 @@ def assert_same_perplexity(hf, out, tmp_path):
             sequence = torch.tensor([[tokenizer.bos_id, *ids, tokenizer.eos_id]])
             total += hf(sequence, labels=sequence).loss.item() * (len(ids) + 1)
     assert result["nll"] == pytest.approx(total, rel=1e-5)
+
+
+def assert_same_onnx_logits(hf, out, tmp_path, atol):
+    """`export onnx` of the imported checkpoint `out`: its pass over whole sequences
+    computes transformers' logits (assert_same_logits, left-padded rows too)."""
+    pytest.importorskip("onnxruntime")
+    from transduce.decode.onnx_lm_engine import OnnxLanguageModel
+    from transduce.export.onnx import export_onnx
+
+    engine = OnnxLanguageModel(export_onnx(out, tmp_path / "onnx"))
+
+    class WholePass(torch.nn.Module):
+        """The export's pass over whole sequences, as the model's forward."""
+        config = engine.config
+
+        def forward(self, tokens, key_mask=None):
+            return engine.logits(tokens, key_mask)
+
+    assert_same_logits(hf, WholePass(), atol=atol)

@@ -15,7 +15,7 @@ from transduce.decode.generate import Generator, PromptIds
 from transduce.importers import import_gemma
 from transduce.model import DecoderOnly, load_model
 from tests.foreign_checkpoints import assert_refused, assert_same_greedy_tokens, \
-    assert_same_logits, assert_same_perplexity, damaged
+    assert_same_logits, assert_same_onnx_logits, assert_same_perplexity, damaged
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -309,21 +309,8 @@ def test_a_transformers_4_config_imports_as_the_same_model(small_hf, tmp_path):
 def test_an_import_exports_to_onnx(imported, tmp_path):
     """The ONNX export's pass (each sliding layer's band in its mask, the full layers'
     mask without it) computes transformers' logits, left-padded rows too."""
-    pytest.importorskip("onnxruntime")
-    from transduce.decode.onnx_lm_engine import OnnxLanguageModel
-    from transduce.export.onnx import export_onnx
-
     hf, _, out = imported
-    engine = OnnxLanguageModel(export_onnx(out, tmp_path / "onnx"))
-
-    class WholePass(torch.nn.Module):
-        """The export's pass over whole sequences, as the model's forward."""
-        config = engine.config
-
-        def forward(self, tokens, key_mask=None):
-            return engine.logits(tokens, key_mask)
-
-    assert_same_logits(hf, WholePass(), atol=ATOL)
+    assert_same_onnx_logits(hf, out, tmp_path, atol=ATOL)
 
 
 def test_command_line_import(small_hf, tmp_path, capsys):

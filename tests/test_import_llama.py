@@ -17,7 +17,7 @@ from transduce.decode.generate import Generator, PromptIds
 from transduce.importers import import_llama
 from transduce.model import DecoderOnly, load_model
 from tests.foreign_checkpoints import assert_refused, assert_same_greedy_tokens, \
-    assert_same_logits, assert_same_perplexity, damaged
+    assert_same_logits, assert_same_onnx_logits, assert_same_perplexity, damaged
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -242,6 +242,13 @@ def test_an_import_exports_back_to_its_family(imported, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(theirs(tokens).logits, hf(tokens).logits, atol=2e-5,
                                    rtol=1e-5)
+
+
+def test_an_import_exports_to_onnx(imported, tmp_path):
+    """The ONNX export's pass computes transformers' logits, left-padded rows too: every
+    layout, the windows on every layer or some among them."""
+    hf, _, out = imported
+    assert_same_onnx_logits(hf, out, tmp_path, atol=2e-5)
 
 
 def test_tokenizer_ids_equal_the_fast_tokenizer(spm_bpe, tmp_path):
