@@ -101,6 +101,19 @@ _SLIDING_LM = {"arch": "decoder", "attention_type": "sliding", "src_vocab_size":
                    "positional": "rotary"}, "local_rope_base=-1.0: must be positive"),
     (ModelConfig, {"sandwich_norm": True},
      "sandwich_norm=True adds norms to pre-norm layers; set norm_first=True"),
+    # Gemma 2's soft caps
+    (ModelConfig, {"attention_softcap": 0.0, **_SLIDING_LM},
+     "attention_softcap=0.0: must be a positive number"),
+    (ModelConfig, {"logit_softcap": True, **_SLIDING_LM},
+     "logit_softcap=True: must be a positive number"),
+    (ModelConfig, {"logit_softcap": float("inf"), **_SLIDING_LM}, "must be a finite number"),
+    (ModelConfig, {"attention_softcap": 50.0},
+     "attention_softcap=50.0 applies to arch='decoder', not arch='transformer'"),
+    (ModelConfig, {"attention_softcap": 50.0, **_SLIDING_LM, "attention_type": "linear"},
+     "attention_softcap caps softmax scores; attention_type='linear' has none to cap"),
+    (ModelConfig, {"attention_softcap": 50.0, **_SLIDING_LM, "attention_impl": "flash"},
+     "attention_softcap needs the scores written out: attention_impl 'sdpa' or 'naive', "
+     "not 'flash'"),
 ])
 def test_out_of_range_and_non_finite_values_are_refused(config_type, changes, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -172,8 +172,12 @@ def test_a_sliding_window_exports_as_mistral_and_imports_back(tmp_path, tiny_cor
     ("llama-tiny", {"qk_norm": True}, "Qwen3 with a SentencePiece vocabulary"),
     ("llama-tiny", {"qk_norm": True, "qkv_bias": True}, "qkv_bias=True (Qwen3's attention_bias"),
     ("gpt-tiny", {"qk_norm": True}, "qk_norm=True (the format has no norms of the queries"),
-    ("llama-tiny", {"sandwich_norm": True}, "cannot export to Gemma 3: qk_norm=False (the "
-                                            "format's is True); scale_embeddings=False"),
+    ("llama-tiny", {"sandwich_norm": True}, "cannot export to Gemma 2: scale_embeddings=False"),
+    ("llama-tiny", {"sandwich_norm": True, "local_rope_base": 10.0, "attention_type": "sliding",
+                    "full_attention_layers": (1,)},
+     "cannot export to Gemma 3: qk_norm=False (the format's is True); scale_embeddings=False"),
+    ("llama-tiny", {"attention_softcap": 5.0, "logit_softcap": 3.0},
+     "attention_softcap=5.0 (the format does not soft-cap them); logit_softcap=3.0"),
     ("llama-tiny", {"attention_type": "sliding", "full_attention_layers": (1,)},
      "cannot export to Mistral: full_attention_layers=[1] (the format's layers share one "
      "attention type)"),

@@ -246,7 +246,7 @@ def refused(directory, tmp_path, *messages):
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"model_type": "gemma2"}, "model_type='gemma2'; only 'gemma3_text'"),
+    ({"model_type": "gpt2"}, "model_type='gpt2'; only 'gemma3_text' or 'gemma2'"),
     ({"model_type": "gemma3"}, "model_type='gemma3' needs a text_config object"),
     ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0 is not supported"),
     ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0 is not supported"),

@@ -283,7 +283,7 @@ def refused(directory, tmp_path, *messages):
     ({"model_type": "gpt_neox"},
      "model_type='gpt_neox'; only 'llama' or 'mistral' or 'qwen2' or 'qwen3'"),
     ({"model_type": "gemma3_text"},
-     "model_type='gemma3_text' is a Gemma 3: import it with `transduce import hf-gemma`"),
+     "model_type='gemma3_text' is a Gemma: import it with `transduce import hf-gemma`"),
     ({"attention_bias": True}, "attention_bias=true is not supported"),
     ({"mlp_bias": True}, "mlp_bias=true is not supported"),
     ({"hidden_act": "tanh"}, "hidden_act='tanh' is not supported"),

@@ -99,6 +99,12 @@ class ModelConfig(ValidatedConfig):
     local_rope_base: with full_attention_layers, the rotary base of the sliding layers,
     unscaled (Gemma 3's 10,000 against its full layers' 1,000,000, which rope_scaling
     stretches); None: the same rotary positions on every layer.
+    attention_softcap: arch "decoder": each attention score s (scaled) becomes
+    cap * tanh(s / cap) before the mask and softmax, so that no score passes cap (Gemma
+    2's 50); the scores are then written out (the naive kernel's form, whatever
+    attention_impl says, but flash and triton, which refuse it).
+    logit_softcap: arch "decoder": the output logits l become cap * tanh(l / cap) (Gemma
+    2's 30).
     attention_scale=False drops the
     1/sqrt(d_k) of every attention's scores (an experiment of the lab, not a model to use).
     arch: "transformer" (the encoder-decoder), "decoder" (decoder-only, GPT: the
@@ -176,6 +182,8 @@ class ModelConfig(ValidatedConfig):
     attention_window: int = 16
     full_attention_layers: tuple[int, ...] = ()
     local_rope_base: float | None = None
+    attention_softcap: float | None = None
+    logit_softcap: float | None = None
     global_tokens: int = 1
     attention_scale: bool = True
     arch: Architecture = "transformer"
@@ -247,6 +255,7 @@ class ModelConfig(ValidatedConfig):
                               f"(arch='decoder') shift; use it with arch 'transformer' or "
                               f"'encoder'")
         self._check_layer_attention()
+        self._check_softcaps()
         if self.sandwich_norm and not self.norm_first:
             raise ConfigError("ModelConfig.sandwich_norm=True adds norms to pre-norm layers; "
                               "set norm_first=True")
@@ -313,6 +322,28 @@ class ModelConfig(ValidatedConfig):
         if not (isinstance(self.local_rope_base, (int, float)) and self.local_rope_base > 0):
             raise ConfigError(f"ModelConfig.local_rope_base={self.local_rope_base!r}: must "
                               f"be positive")
+
+    def _check_softcaps(self) -> None:
+        """attention_softcap, logit_softcap: positive numbers, on a decoder-only model's
+        softmax scores (written out: not the flash or triton kernels)."""
+        for name in ("attention_softcap", "logit_softcap"):
+            cap = getattr(self, name)
+            if cap is None:
+                continue
+            if not isinstance(cap, (int, float)) or isinstance(cap, bool) or not cap > 0:
+                raise ConfigError(f"ModelConfig.{name}={cap!r}: must be a positive number")
+            if self.arch != "decoder":
+                raise ConfigError(f"ModelConfig.{name}={cap} applies to arch='decoder', not "
+                                  f"arch={self.arch!r}")
+        if self.attention_softcap is None:
+            return
+        if self.attention_type not in ("softmax", "sliding"):
+            raise ConfigError(f"ModelConfig.attention_softcap caps softmax scores; "
+                              f"attention_type={self.attention_type!r} has none to cap")
+        if self.attention_impl in ("flash", "triton"):
+            raise ConfigError(f"ModelConfig.attention_softcap needs the scores written out: "
+                              f"attention_impl 'sdpa' or 'naive', not "
+                              f"{self.attention_impl!r}")
 
     def layer_attention_type(self, layer: int) -> AttentionType:
         """The self-attention of decoder layer `layer` (full_attention_layers: softmax)."""

@@ -6,8 +6,9 @@ import math
 import torch
 
 
-def reference_attention(q, k, v, mask=None, causal=False):
-    """q (B, H, T, D), k/v (B, Hkv, S, D), mask broadcastable to (B, H, T, S)."""
+def reference_attention(q, k, v, mask=None, causal=False, softcap=None):
+    """q (B, H, T, D), k/v (B, Hkv, S, D), mask broadcastable to (B, H, T, S); softcap:
+    scores s as softcap * tanh(s / softcap)."""
     q, k, v = q.double(), k.double(), v.double()
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
@@ -21,6 +22,8 @@ def reference_attention(q, k, v, mask=None, causal=False):
         j = torch.arange(S)[None, :]
         allowed = allowed & (j <= i + (S - T))
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     scores = torch.where(allowed, scores, torch.tensor(float("-inf"), dtype=torch.float64))
     has_key = allowed.any(-1, keepdim=True)
     weights = torch.softmax(torch.where(has_key, scores, torch.zeros_like(scores)), dim=-1)

@@ -72,6 +72,33 @@ def test_float64_forward_and_gradients_match_reference(impl, shape, kind, causal
         torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
 
 
+@pytest.mark.parametrize("impl", ["naive", "sdpa"])
+@pytest.mark.parametrize("shape,kind,causal", CASES[::2] + CASES[1::6])
+def test_soft_capped_scores_match_reference_forward_and_gradients(impl, shape, kind, causal):
+    """Gemma 2's cap, low enough that tanh bends most scores (inputs of unit variance
+    give scores of about 1 here): forward and gradients against float64's formula; sdpa
+    computes it in the written-out form."""
+    B, H, Hkv, T, S, D = shape
+    q, k, v = make_inputs(*shape)
+    mask = make_mask(kind, B, H, T, S)
+    expected, _ = reference_attention(q, k, v, mask, causal, softcap=0.7)
+    out = attention(q, k, v, mask, causal=causal, impl=impl, softcap=0.7)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    for got, want in zip(grads(out, (q, k, v)), grads(expected, (q, k, v))):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+    if S > 1:
+        uncapped, _ = reference_attention(q, k, v, mask, causal)
+        assert not torch.allclose(out, uncapped, atol=1e-3)
+
+
+@pytest.mark.parametrize("impl", ["flash", "triton"])
+def test_the_tiled_kernels_refuse_a_soft_cap_by_name(impl):
+    q, k, v = make_inputs(1, 2, 1, 3, 3, 4)
+    with pytest.raises(ValueError, match=f"softcap needs the scores written out: impl "
+                                         f"'sdpa' or 'naive', not '{impl}'"):
+        attention(q, k, v, impl=impl, softcap=1.0)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_float32_matches_float64_reference(impl, shape):

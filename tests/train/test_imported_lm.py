@@ -92,29 +92,40 @@ def write_llama(directory, model_type="llama"):
     model_class(config).save_pretrained(directory)
 
 
-def write_gemma(directory):
+def write_gemma(directory, generation="gemma3"):
     """A random Gemma3ForCausalLM (a sliding layer of 4 keys, then a full one) with a
     SentencePiece-style BPE whose post-processor starts every sequence with <bos>, and
-    Gemma's ids: <pad> 0, <eos> 1, <bos> 2."""
+    Gemma's ids: <pad> 0, <eos> 1, <bos> 2; or a Gemma2ForCausalLM of that shape, its
+    scores and logits soft-capped low enough that the caps count."""
     bpe = write_bpe(directory, {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>",
                                 "unk": "<unk>"})
     torch.manual_seed(0)
-    config = transformers.Gemma3TextConfig(
+    config_class, model_class, more = (
+        (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM, {})
+        if generation == "gemma3" else
+        (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
+         {"attn_logit_softcapping": 0.5, "final_logit_softcapping": 2.0,
+          "initializer_range": 0.2}))
+    config = config_class(
         vocab_size=bpe.get_vocab_size(), hidden_size=32, intermediate_size=48,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
         query_pre_attn_scalar=8, sliding_window=4, max_position_embeddings=64,
         layer_types=["sliding_attention", "full_attention"], pad_token_id=0, eos_token_id=1,
-        bos_token_id=2)
-    transformers.Gemma3ForCausalLM(config).save_pretrained(directory)
+        bos_token_id=2, **more)
+    model_class(config).save_pretrained(directory)
 
 
 FAMILIES = {"gpt2": (write_gpt2, import_gpt2, transformers.GPT2LMHeadModel),
             "llama": (write_llama, import_llama, transformers.LlamaForCausalLM),
             "qwen3": (partial(write_llama, model_type="qwen3"), import_llama,
                       transformers.Qwen3ForCausalLM),
-            "gemma3": (write_gemma, import_gemma, transformers.Gemma3ForCausalLM)}
+            "gemma3": (write_gemma, import_gemma, transformers.Gemma3ForCausalLM),
+            "gemma2": (partial(write_gemma, generation="gemma2"), import_gemma,
+                       transformers.Gemma2ForCausalLM)}
+GEMMAS = ("gemma3", "gemma2")
 # Each family's (bos, eos, pad): GPT-2's one token; Llama's pad is its eos; Gemma's own.
-SPECIAL_IDS = {"gpt2": (0, 0, 0), "llama": (1, 2, 2), "qwen3": (1, 2, 2), "gemma3": (2, 1, 0)}
+SPECIAL_IDS = {"gpt2": (0, 0, 0), "llama": (1, 2, 2), "qwen3": (1, 2, 2), "gemma3": (2, 1, 0),
+               "gemma2": (2, 1, 0)}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -146,7 +157,7 @@ def test_the_specials_are_the_vocabularys(imported, counting):
     assert specials == LineSpecials(bos, eos, pad, IGNORE)
     assert specials.shares_bos == (family == "gpt2")
     # eos pads GPT-2 and Llama, a target too: the loss leaves out only Gemma's own pad
-    assert specials.loss_pad == (0 if family == "gemma3" else None)
+    assert specials.loss_pad == (0 if family in GEMMAS else None)
     assert LineSpecials.of(Tokenizer(counting / "spm.model")) is SENTENCEPIECE_LINES
     assert SENTENCEPIECE_LINES.loss_pad == 0
 
@@ -161,7 +172,7 @@ def test_a_line_batch_gives_transformers_loss(imported, counting):
     # carry that one already): the file's own tokenizer is the reference there.
     # (Gemma's, GemmaTokenizer, likewise has a pre-tokenizer of its own.)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(hf_dir / "tokenizer.json")) \
-        if family in ("qwen3", "gemma3") else \
+        if family in ("qwen3", *GEMMAS) else \
         transformers.AutoTokenizer.from_pretrained(str(hf_dir))
     ids = [np.asarray(x, dtype=np.int64) for x in tokenizer.encode(LINES)]
     specials = LineSpecials.of(tokenizer)
@@ -308,7 +319,8 @@ def test_refusals(imported, counting):
     model_config, _ = checkpoint.read_configs(directory)
     with pytest.raises(TrainingError, match="tokenizer.json.*'transformer' model trains"):
         loop._training_tokenizer(counting, directory, model_config.replace(
-            arch="transformer", full_attention_layers=(), local_rope_base=None))
+            arch="transformer", full_attention_layers=(), local_rope_base=None,
+            attention_softcap=None, logit_softcap=None))
     tokenizer = training_tokenizer(ours, counting)
     size = tokenizer.vocab_size - 1
     small = model_config.replace(src_vocab_size=size, tgt_vocab_size=size)

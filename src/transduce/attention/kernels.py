@@ -15,6 +15,9 @@ algorithm as Triton kernels, for CUDA tensors (see triton_flash.py).
 position_bias (H, T + S - 1): an additive score bias by relative position (T5, ALiBi;
 see position_bias.py), one vector per head; naive and sdpa expand it to (H, T, S), flash
 and triton add it tile by tile.
+softcap: each scaled score s becomes softcap * tanh(s / softcap) before the bias and the
+mask (Gemma 2's soft-capping); only the written-out form has the scores to cap, so
+"sdpa" computes it as "naive" does, and "flash" and "triton" refuse it.
 """
 
 from __future__ import annotations
@@ -41,8 +44,10 @@ IMPLS = choices(AttentionImpl)
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Segments | None = None, *,
               causal: bool = False, dropout_p: float = 0.0, impl: str = "sdpa",
               return_weights: bool = False, scale: float | None = None,
-              position_bias: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
-    """softmax(q k^T * scale + bias + mask) v, scale = 1/sqrt(D) by default.
+              position_bias: Tensor | None = None,
+              softcap: float | None = None) -> Tensor | tuple[Tensor, Tensor]:
+    """softmax(cap(q k^T * scale) + bias + mask) v, scale = 1/sqrt(D) by default, cap the
+    identity unless softcap is given.
 
     q (B, H, T, D), k/v (B, H_kv, S, D), mask broadcastable to (B, H, T, S) or a packed
     batch's Segments, position_bias (H, T + S - 1) -> out (B, H, T, D), and weights
@@ -60,6 +65,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Segments | N
         causal = causal and q.shape[2] > 1
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     bias = position_bias
+    if softcap is not None:
+        if impl in ("flash", "triton"):
+            raise ValueError(f"softcap needs the scores written out: impl 'sdpa' or "
+                             f"'naive', not {impl!r}")
+        impl = "naive"
     if impl == "flash":
         return tiled_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, scale=scale,
                                position_bias=bias)
@@ -68,13 +78,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Segments | N
                                 position_bias=bias)
     if impl == "sdpa":
         return _sdpa(q, k, v, mask, causal, dropout_p, scale, bias)
-    out, weights = _naive(q, k, v, mask, causal, dropout_p, scale, bias)
+    out, weights = _naive(q, k, v, mask, causal, dropout_p, scale, bias, softcap)
     return (out, weights) if return_weights else out
 
 
 def _naive(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-           dropout_p: float, scale: float,
-           position_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+           dropout_p: float, scale: float, position_bias: Tensor | None = None,
+           softcap: float | None = None) -> tuple[Tensor, Tensor]:
     """The formula written out. -> out (B, H, T, D), weights (B, H, T, S)."""
     batch, heads, num_queries, _ = q.shape
     kv_heads, num_keys = k.shape[1], k.shape[2]
@@ -84,6 +94,8 @@ def _naive(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
     # Group the query heads that share a key/value head; k and v broadcast, uncopied.
     q5 = q.unflatten(1, (kv_heads, group))                               # (B, Hkv, G, T, D)
     scores = (q5 * scale) @ k.unsqueeze(2).transpose(-1, -2)            # (B, Hkv, G, T, S)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if position_bias is not None:
         dense = expand(position_bias, num_queries, num_keys)            # (H, T, S)
         scores = scores + dense.unflatten(0, (kv_heads, group)).to(scores.dtype)

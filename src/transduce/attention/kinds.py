@@ -25,7 +25,8 @@ from transduce.attention import masks
 from transduce.attention.kernels import attention
 from transduce.attention.kv_cache import (Attended, AttentionCache, Int4KVCache, KVCache,
                                           QuantizedKVCache, element_size, int4_group,
-                                          kv_cache_bytes, refuse_position_bias)
+                                          kv_cache_bytes, refuse_position_bias,
+                                          refuse_softcap)
 from transduce.attention.linear import (LinearStateCache, linear_attention,
                                         linear_attention_weights)
 from transduce.attention.local import (QuantizedSlidingKVCache, SlidingKVCache,
@@ -39,10 +40,10 @@ class AttentionKind(Protocol):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, causal: bool,
                impl: str, dropout_p: float = 0.0, return_weights: bool = False,
-               position_bias: Tensor | None = None) -> Attended:
+               position_bias: Tensor | None = None, softcap: float | None = None) -> Attended:
         """The full pass (no cache). impl "naive" computes the quadratic reference form,
         which alone can return the weights (B, H, T, S). position_bias (H, T + S - 1):
-        softmax attention only."""
+        softmax attention only; softcap (kernels.attention): softmax and sliding only."""
 
     def new_cache(self, batch: int, kv_heads: int, head_dim: int, max_len: int,
                   dtype: torch.dtype, device: torch.device | str) -> AttentionCache:
@@ -58,9 +59,10 @@ class SoftmaxAttention:
     name: str = "softmax"
 
     def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False,
-               position_bias=None):
+               position_bias=None, softcap=None):
         return attention(q, k, v, mask, causal=causal, impl=impl, dropout_p=dropout_p,
-                         return_weights=return_weights, position_bias=position_bias)
+                         return_weights=return_weights, position_bias=position_bias,
+                         softcap=softcap)
 
     def new_cache(self, batch, kv_heads, head_dim, max_len, dtype, device):
         if dtype == torch.int8:
@@ -88,8 +90,9 @@ class LinearAttention:
     name: str = "linear"
 
     def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False,
-               position_bias=None):
+               position_bias=None, softcap=None):
         refuse_position_bias(position_bias, "linear attention")
+        refuse_softcap(softcap, "linear attention")
         key_mask = masks.key_padding(mask, "linear attention")
         if impl != "naive" and not return_weights:
             return linear_attention(q, k, v, key_mask, causal=causal)[0]
@@ -115,16 +118,18 @@ class SlidingWindowAttention:
     name: str = "sliding"
 
     def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False,
-               position_bias=None):
+               position_bias=None, softcap=None):
+        """The blocked kernel, or the band's quadratic form for the weights or capped
+        scores."""
         refuse_position_bias(position_bias, "sliding-window attention")
-        if impl != "naive" and not return_weights:
+        if impl != "naive" and not return_weights and softcap is None:
             return sliding_window_attention(q, k, v, masks.key_padding(
                 mask, "sliding-window attention"), self.window, causal=causal, impl=impl,
                 dropout_p=dropout_p)
         band = masks.band_mask(q.shape[2], k.shape[2], self.window, causal=causal,
                                device=q.device)
         return attention(q, k, v, masks.combine(mask, band), impl="naive",
-                         dropout_p=dropout_p, return_weights=return_weights)
+                         dropout_p=dropout_p, return_weights=return_weights, softcap=softcap)
 
     def new_cache(self, batch, kv_heads, head_dim, max_len, dtype, device):
         """The last window's keys; softmax attention's plain cache when max_len is within
@@ -156,8 +161,9 @@ class SparseAttention:
     name: str = "global"
 
     def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False,
-               position_bias=None):
+               position_bias=None, softcap=None):
         refuse_position_bias(position_bias, f"{self.name} attention")
+        refuse_softcap(softcap, f"{self.name} attention")
         if impl != "naive" and not return_weights:
             return pattern_attention(q, k, v, masks.key_padding(mask, f"{self.name} attention"),
                                      self.pattern, causal=causal, impl=impl, dropout_p=dropout_p)
@@ -181,8 +187,10 @@ class PatternKVCache(KVCache):
         super().__init__(*args, **kwargs)
         self.pattern = pattern
 
-    def attend(self, q, k, v, mask, *, causal, impl, return_weights=False, position_bias=None):
+    def attend(self, q, k, v, mask, *, causal, impl, return_weights=False, position_bias=None,
+               softcap=None):
         refuse_position_bias(position_bias, "sparse attention")
+        refuse_softcap(softcap, "sparse attention")
         allowed = self.pattern.mask(q.shape[2], self.length + q.shape[2], causal=causal,
                                     query_offset=self.length, device=q.device)
         return super().attend(q, k, v, masks.combine(mask, allowed), causal=False, impl=impl,

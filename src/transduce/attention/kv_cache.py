@@ -47,6 +47,12 @@ def refuse_position_bias(position_bias: Tensor | None, kind: str) -> None:
                          "the full softmax attention's scores)")
 
 
+def refuse_softcap(softcap: float | None, kind: str) -> None:
+    """Score soft-capping exists for softmax attention (over all keys or a window)."""
+    if softcap is not None:
+        raise ValueError(f"{kind} takes no softcap (it caps softmax attention's scores)")
+
+
 class AttentionCache(ABC):
     """The decoding state of one self-attention layer. `_buffers` names its (B, ...)
     tensors, which reorder() rearranges and nbytes counts."""
@@ -57,10 +63,12 @@ class AttentionCache(ABC):
     @abstractmethod
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
                causal: bool, impl: str, return_weights: bool = False,
-               position_bias: Tensor | None = None) -> Attended:
+               position_bias: Tensor | None = None,
+               softcap: float | None = None) -> Attended:
         """Take this step's keys and values into the cache and attend q over all held.
         mask covers every key the cache has seen and this step's (B|1, 1, 1|T,
-        length + T): left padding stays masked for the whole generation."""
+        length + T): left padding stays masked for the whole generation. softcap: see
+        kernels.attention."""
 
     @property
     def batch_size(self) -> int:
@@ -138,13 +146,15 @@ class KVCache(AttentionCache):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
                causal: bool, impl: str, return_weights: bool = False,
-               position_bias: Tensor | None = None) -> Attended:
+               position_bias: Tensor | None = None,
+               softcap: float | None = None) -> Attended:
         """q (B, H, T, D) over every cached key, this step's included. Attention runs in
         the cache's type (a float32 cache for a bfloat16 model, say): casting the step's
         queries is cheap, casting the whole cache would not be."""
         k, v = self.update(k, v)                                         # (B, Hkv, S, D)
         result = attention(q.to(k.dtype), k, v, mask, causal=causal, impl=impl,
-                           return_weights=return_weights, position_bias=position_bias)
+                           return_weights=return_weights, position_bias=position_bias,
+                           softcap=softcap)
         if return_weights:
             return result[0].to(q.dtype), result[1].to(q.dtype)
         return result.to(q.dtype)
@@ -184,14 +194,16 @@ class ConcatKVCache(AttentionCache):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
                causal: bool, impl: str, return_weights: bool = False,
-               position_bias: Tensor | None = None) -> Attended:
+               position_bias: Tensor | None = None,
+               softcap: float | None = None) -> Attended:
         self.k = torch.cat([self.k, k.to(self.k.dtype)], dim=2)
         self.v = torch.cat([self.v, v.to(self.v.dtype)], dim=2)
         if causal and self.step_mask is not None:
             mask, causal = masks.combine(mask, self.step_mask), False
         self.step_mask = None
         return attention(q, self.k, self.v, mask, causal=causal, impl=impl,
-                         return_weights=return_weights, position_bias=position_bias)
+                         return_weights=return_weights, position_bias=position_bias,
+                         softcap=softcap)
 
     def reset(self) -> None:
         self.k, self.v = self.k[:, :, :0], self.v[:, :, :0]
@@ -237,11 +249,13 @@ class QuantizedCache(KVCache):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
                causal: bool, impl: str, return_weights: bool = False,
-               position_bias: Tensor | None = None) -> Attended:
-        if q.shape[2] != 1 or return_weights:
+               position_bias: Tensor | None = None,
+               softcap: float | None = None) -> Attended:
+        if q.shape[2] != 1 or return_weights or softcap is not None:
             k, v = self.update(k, v)
             return attention(q, k, v, mask, causal=causal, impl=impl,
-                             return_weights=return_weights, position_bias=position_bias)
+                             return_weights=return_weights, position_bias=position_bias,
+                             softcap=softcap)
         self.store(k, v)
         return quantized_decode_attention(q, self.k, self.k_scale, self.v, self.v_scale, mask,
                                           length=self.length, position_bias=position_bias)

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transduce.attention import masks
-from transduce.attention.kv_cache import Attended, AttentionCache, refuse_position_bias
+from transduce.attention.kv_cache import Attended, AttentionCache, refuse_position_bias, \
+    refuse_softcap
 
 # Running sums over the keys seen so far: sum phi(k) v^T (B, Hkv, D, D), sum phi(k) (B, Hkv, D).
 LinearState = tuple[Tensor, Tensor]
@@ -105,11 +106,13 @@ class LinearStateCache(AttentionCache):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
                causal: bool, impl: str, return_weights: bool = False,
-               position_bias: Tensor | None = None) -> Attended:
+               position_bias: Tensor | None = None,
+               softcap: float | None = None) -> Attended:
         """q (B, H, T, D) over the summed keys and this step's; the sums move past them.
         mask covers every key seen (B, 1, 1, length + T): this step's part of it says
         which new keys enter the sums (a masked key never does)."""
         refuse_position_bias(position_bias, "linear attention")
+        refuse_softcap(softcap, "linear attention")
         if return_weights:
             raise ValueError("linear attention's cache keeps sums, not keys: its weights "
                              "exist only in a full (uncached) pass")

@@ -176,7 +176,8 @@ class SlidingKVCache(AttentionCache):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
                causal: bool, impl: str, return_weights: bool = False,
-               position_bias: Tensor | None = None) -> Attended:
+               position_bias: Tensor | None = None,
+               softcap: float | None = None) -> Attended:
         """q (B, H, T, D) over the held window and this step's keys, banded. mask covers
         every key seen (B|1, 1, 1|T, length + T); the window's part of it is used."""
         refuse_position_bias(position_bias, "sliding-window attention")
@@ -186,7 +187,7 @@ class SlidingKVCache(AttentionCache):
         band = masks.band_mask(q.shape[2], k.shape[2], self.window, causal=causal,
                                query_offset=older, device=q.device)
         return attention(q, k, v, masks.combine(mask, band), impl=impl,
-                         return_weights=return_weights)
+                         return_weights=return_weights, softcap=softcap)
 
     def reset(self) -> None:
         self._keep(0)

@@ -50,13 +50,16 @@ class MultiHeadAttention(nn.Module):
     queries and keys as they are split, before rotary positions (Qwen3's): the cache
     then holds normalized keys, and cross-attention's keys are normalized once per
     source.
+    softcap: every score s becomes softcap * tanh(s / softcap) (Gemma 2's; see
+    kernels.attention), self- and cross-attention alike.
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, *,
                  bias: bool = True, dropout: float = 0.0, impl: str = "sdpa",
                  rotary: Rotary | None = None, kind: AttentionKind | str = "softmax",
                  window: int = 16, scale_scores: bool = True, qkv_bias: bool | None = None,
-                 head_dim: int | None = None, qk_norm: NormFactory | None = None):
+                 head_dim: int | None = None, qk_norm: NormFactory | None = None,
+                 softcap: float | None = None):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if d_model < 1 or num_heads < 1:
@@ -71,7 +74,7 @@ class MultiHeadAttention(nn.Module):
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.kind = self_attention_kind(kind, window) if isinstance(kind, str) else kind
         self.head_dim = d_model // num_heads if head_dim is None else head_dim
-        self.dropout, self.impl, self.rotary = dropout, impl, rotary
+        self.dropout, self.impl, self.rotary, self.softcap = dropout, impl, rotary, softcap
         # False: scores q . k without the 1/sqrt(d_k) (the lab's experiment): the queries
         # are multiplied by sqrt(d_k), which the kernels' scale then cancels exactly.
         self.query_factor = 1.0 if scale_scores else math.sqrt(self.head_dim)
@@ -125,10 +128,11 @@ class MultiHeadAttention(nn.Module):
             if cache is None:
                 result = self.kind.attend(q, k, v, mask, causal=causal, impl=impl,
                                           dropout_p=self._dropout_p, return_weights=return_weights,
-                                          position_bias=position_bias)
+                                          position_bias=position_bias, softcap=self.softcap)
             else:
                 result = cache.attend(q, k, v, mask, causal=causal, impl=impl,
-                                      return_weights=return_weights, position_bias=position_bias)
+                                      return_weights=return_weights, position_bias=position_bias,
+                                      softcap=self.softcap)
         out, weights = result if return_weights else (result, None)
         out = self.out_proj(self._merge(out))                            # (B, T, C)
         return (out, weights) if return_weights else out
@@ -199,7 +203,7 @@ class MultiHeadAttention(nn.Module):
         # compared while tracing would be frozen at the example's value.
         if torch.jit.is_tracing() or rows == sources:
             return attention(q, k, v, mask, impl=impl, dropout_p=self._dropout_p,
-                             return_weights=return_weights)
+                             return_weights=return_weights, softcap=self.softcap)
         if rows % sources or (mask is not None and (mask.dim() != 4 or mask.shape[0] not in
                                                     (1, sources) or mask.shape[2] != 1)):
             raise ValueError(f"{rows} target rows cannot share {sources} sources' keys with "
@@ -212,7 +216,7 @@ class MultiHeadAttention(nn.Module):
 
         folded = q.unflatten(0, (sources, n)).transpose(1, 2).flatten(2, 3)  # (B, H, n*T, D)
         result = attention(folded, k, v, mask, impl=impl, dropout_p=self._dropout_p,
-                           return_weights=return_weights)
+                           return_weights=return_weights, softcap=self.softcap)
         if return_weights:
             return unfold(result[0]), unfold(result[1])
         return unfold(result)

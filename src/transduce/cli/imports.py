@@ -30,12 +30,14 @@ def register(commands) -> None:
                 "refused by name.")
     _add_format(formats, import_hf_gemma, "hf-gemma",
                 "Hugging Face Gemma 3 (Gemma3ForCausalLM: 270M, 1B; the language model of "
-                "Gemma3ForConditionalGeneration: 4B, 12B, 27B)",
+                "Gemma3ForConditionalGeneration: 4B, 12B, 27B) or Gemma 2 "
+                "(Gemma2ForCausalLM)",
                 "Import a Hugging Face Gemma 3 directory (config.json, "
                 "model.safetensors or its shards, tokenizer.json) as a decoder-only "
                 "checkpoint (five sliding-window layers to one full, two rotary bases, "
-                "sandwich norms); a multimodal one's vision tower is left out; options "
-                "the model cannot reproduce are refused by name.")
+                "sandwich norms; Gemma 2's soft-capped scores and logits); a multimodal "
+                "one's vision tower is left out; options the model cannot reproduce are "
+                "refused by name.")
     _add_format(formats, import_hf_bert, "hf-bert",
                 "Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining or "
                 "BertForSequenceClassification directory)",
@@ -121,7 +123,8 @@ def import_hf_llama(args: argparse.Namespace) -> int:
 
 
 def import_hf_gemma(args: argparse.Namespace) -> int:
-    """Import a Hugging Face Gemma 3 checkpoint (a multimodal one's language model)."""
+    """Import a Hugging Face Gemma 3 (a multimodal one's language model) or Gemma 2
+    checkpoint."""
     from transduce.importers import import_gemma
     from transduce.importers.hf_gemma import is_multimodal
 

@@ -279,7 +279,7 @@ class ContinuousGeneration:
             # one start take the unmasked path below: exactly what they do alone.)
             positions = (self.slot - starts)[:, None]                             # (R, 1)
             hidden = step(tokens, None, None, None, self.caches, positions, row_runs=runs)
-            return self.model.output_proj(hidden)[:, -1].float()
+            return self.model.logits(hidden)[:, -1].float()
         slots = torch.arange(self.caches[0].max_len, device=self.device)
         key_mask = slots[None, :] >= reads_from[:, None]                    # (R, T)
         state = LMState(self.caches, key_mask, offsets)

@@ -23,13 +23,13 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import sacrebleu
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from transduce import atomic
 from transduce.data.batching import TokenBatcher
@@ -160,7 +160,7 @@ def _batch_nll(model: DecoderOnly | OnnxLanguageModel, tokens: Tensor, keep: Ten
         logits = model.logits(tokens[:, :-1])                               # (B, T, V)
         return F.cross_entropy(logits[keep], tokens[:, 1:][keep], reduction="none")
     hidden = model(tokens[:, :-1], project=False)                          # (B, T, C)
-    return _token_nll(hidden[keep], model.output_proj, model.config.tgt_vocab_size,
+    return _token_nll(hidden[keep], model.logits, model.config.tgt_vocab_size,
                       tokens[:, 1:][keep])
 
 
@@ -175,10 +175,11 @@ def _check_language_pair(translator: Translator, data_dir: Path) -> None:
                       stacklevel=3)
 
 
-def _token_nll(rows: Tensor, project: nn.Module, vocab: int, target: Tensor) -> Tensor:
+def _token_nll(rows: Tensor, project: Callable[[Tensor], Tensor], vocab: int,
+               target: Tensor) -> Tensor:
     """-log p(target) of each row: rows (N, C) projected to (N, V) logits a chunk of rows
-    at a time, so they never exist at once (project: the model's output projection, a
-    decoding copy's too) -> (N,) float32."""
+    at a time, so they never exist at once (project: the model's logits, a decoding
+    copy's too) -> (N,) float32."""
     chunk = max(1, SCORE_CHUNK_ELEMENTS // vocab)
     parts = [F.cross_entropy(project(rows[i:i + chunk]).float(), target[i:i + chunk],
                              reduction="none") for i in range(0, rows.shape[0], chunk)]

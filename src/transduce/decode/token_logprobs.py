@@ -104,7 +104,7 @@ def _scored_places(model: DecoderOnly | OnnxLanguageModel, tokens: Tensor, keep:
         rows, project = logits, (lambda part: part)
     else:
         rows = model(tokens, project=False)[keep]                             # (N, C)
-        project = model.output_proj
+        project = model.logits
     if rows.shape[0] == 0:                               # one-token sequences only
         return torch.zeros(0), torch.zeros(0, top, dtype=torch.long), torch.zeros(0, top)
     chunk = max(1, CHUNK_ELEMENTS // model.config.tgt_vocab_size)

@@ -27,7 +27,8 @@ def require(library: str, command: str) -> None:
 def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                             sliding: bool = False, any_head_size: bool = False,
                             score_bias: tuple[str, ...] = (), qk_norm: bool = False,
-                            mixed: bool = False, gemma: bool = False) -> list[str]:
+                            mixed: bool = False, gemma: bool = False,
+                            softcap: bool = False) -> list[str]:
     """What no format here can hold: another shape than the format's `arch` (RNN
     models among them), non-softmax self-attention (sliding-window softmax attention
     where the format masks it: `sliding`), score biases (but those of `score_bias`:
@@ -35,7 +36,8 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     field for it: `any_head_size`) and norms of the queries and keys (unless it has
     them: `qk_norm`), sliding layers mixed with full ones (unless the format lists each
     layer's kind: `mixed`, or is Gemma 3's) and sandwich norms (unless the format is
-    Gemma 3's: `gemma`)."""
+    Gemma 3's: `gemma`), and soft-capped scores or logits (unless the format caps them:
+    `softcap`)."""
     problems = []
     if c.arch != arch:
         problems.append(f"arch={c.arch!r} (the format holds arch {arch!r})")
@@ -50,6 +52,10 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                         f"num_heads = {c.d_model / c.num_heads:g} wide)")
     if c.qk_norm and not qk_norm:
         problems.append("qk_norm=True (the format has no norms of the queries and keys)")
+    if not softcap:
+        problems += [f"{name}={getattr(c, name)} (the format does not soft-cap them)"
+                     for name in ("attention_softcap", "logit_softcap")
+                     if getattr(c, name) is not None]
     if c.full_attention_layers and not (mixed or gemma):
         problems.append(f"full_attention_layers={list(c.full_attention_layers)} (the format's "
                         f"layers share one attention type)")

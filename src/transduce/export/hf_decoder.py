@@ -3,8 +3,9 @@ positions, RMSNorm, SwiGLU, grouped-query attention, no biases) as `LlamaForCaus
 as `MistralForCausalLM` with sliding-window attention, as `Qwen2ForCausalLM` with
 biases on the query, key and value projections (qkv_bias), as `Qwen3ForCausalLM`
 with each head's queries and keys normalized (qk_norm; the Qwens' window on some layers
-or all), or as `Gemma3ForCausalLM` with sandwich norms (and qk_norm, scaled embeddings,
-sliding layers among full ones); GPT-2's (learned positions, LayerNorm, biases) as
+or all), as `Gemma3ForCausalLM` with sandwich norms (and qk_norm, scaled embeddings,
+sliding layers among full ones), or as `Gemma2ForCausalLM` with sandwich norms but no
+qk_norm (and soft-capped scores and logits, one rotary base); GPT-2's (learned positions, LayerNorm, biases) as
 `GPT2LMHeadModel`.
 
 They hold our layers as they are, so the weights only change names (GPT-2's Conv1D
@@ -35,6 +36,8 @@ QWEN2 = Family("Qwen2", "Qwen2ForCausalLM", "Qwen2Config", "qwen2")
 QWEN3 = Family("Qwen3", "Qwen3ForCausalLM", "Qwen3Config", "qwen3")
 MISTRAL = Family("Mistral", "MistralForCausalLM", "MistralConfig", "mistral")
 GEMMA3 = Family("Gemma 3", "Gemma3ForCausalLM", "Gemma3TextConfig", "gemma3_text")
+GEMMA2 = Family("Gemma 2", "Gemma2ForCausalLM", "Gemma2Config", "gemma2")
+GEMMAS = (GEMMA2, GEMMA3)
 GPT2 = Family("GPT-2", "GPT2LMHeadModel", "GPT2Config", "gpt2")
 # Our activations under GPT-2's names (its activation_function).
 GPT2_ACTIVATIONS = {"gelu-tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
@@ -47,7 +50,7 @@ def decoder_family(config: ModelConfig) -> Family:
     if config.positional != "rotary":
         return GPT2
     if config.sandwich_norm:
-        return GEMMA3
+        return GEMMA3 if config.qk_norm or config.local_rope_base is not None else GEMMA2
     if config.qk_norm:
         return QWEN3
     if config.qkv_bias and not config.bias:
@@ -59,20 +62,20 @@ def check_decoder_exportable(model: DecoderOnly) -> None:
     c = model.config
     family = decoder_family(c)
     problems = not_a_plain_transformer(c, arch="decoder",
-                                       sliding=family in (MISTRAL, QWEN2, QWEN3, GEMMA3),
+                                       sliding=family in (MISTRAL, QWEN2, QWEN3, *GEMMAS),
                                        any_head_size=family is not GPT2,   # head_dim
                                        qk_norm=family in (QWEN3, GEMMA3),
                                        mixed=family in (QWEN2, QWEN3),
-                                       gemma=family is GEMMA3)
-    if c.scale_embeddings and family is not GEMMA3:
+                                       gemma=family in GEMMAS, softcap=family in GEMMAS)
+    if c.scale_embeddings and family not in GEMMAS:
         problems.append("scale_embeddings=True (the format does not scale embeddings)")
     if family is QWEN3 and c.qkv_bias:
         problems.append("qkv_bias=True (Qwen3's attention_bias puts one on the output "
                         "projection too)")
     if not c.norm_first:
         problems.append("norm_first=False (the format's layers are pre-norm)")
-    gemma = {"qk_norm": True, "scale_embeddings": True, "qkv_bias": False} \
-        if family is GEMMA3 else {}
+    gemma = {"qk_norm": family is GEMMA3, "scale_embeddings": True, "qkv_bias": False} \
+        if family in GEMMAS else {}
     wanted = {"norm": "rms", "gated_ffn": True, "bias": False, **gemma} if family is not GPT2 else \
         {"positional": "learned", "norm": "layer", "gated_ffn": False, "bias": True,
          "tie_embeddings": c.tie_embeddings if c.tie_embeddings != "none" else "all"}
@@ -109,8 +112,8 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
     ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
            "pad_token_id": tokenizer.pad_id, "tie_word_embeddings": c.tie_embeddings != "none"}
     family = decoder_family(c)
-    if family is GEMMA3:
-        return {**gemma3_config(c), **ids}
+    if family in GEMMAS:
+        return {**gemma_config(c, family), **ids}
     if family is not GPT2:
         # Mistral's window counts the query's own key; ours, the keys before it.
         layout = {LLAMA: {"attention_bias": False, "mlp_bias": False},
@@ -138,16 +141,18 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
             "embd_pdrop": c.dropout, "attn_pdrop": c.attention_dropout, **ids}
 
 
-def gemma3_config(c: ModelConfig) -> dict:
-    """Gemma3TextConfig's fields for our layers: each layer's kind (layer_types), the
-    window with the query's own key counted, each kind's rotary positions, queries
-    scaled by 1/sqrt(head_dim)."""
+def gemma_config(c: ModelConfig, family: Family) -> dict:
+    """Gemma3TextConfig's or Gemma2Config's fields for our layers: each layer's kind
+    (layer_types), the window with the query's own key counted, each kind's rotary
+    positions (Gemma 2's one for all), queries scaled by 1/sqrt(head_dim), the scores'
+    and logits' soft caps."""
     kinds = ["sliding_attention" if c.layer_attention_type(i) == "sliding" else
              "full_attention" for i in range(c.num_decoder_layers)]
     full = {"rope_type": "default", "rope_theta": c.rope_base, **hf_rope_scaling(c)}
     local = full if c.local_rope_base is None else \
         {"rope_type": "default", "rope_theta": c.local_rope_base}
-    return {"architectures": [GEMMA3.model_class], "model_type": GEMMA3.model_type,
+    rope = full if family is GEMMA2 else {"full_attention": full, "sliding_attention": local}
+    return {"architectures": [family.model_class], "model_type": family.model_type,
             "vocab_size": c.tgt_vocab_size, "hidden_size": c.d_model,
             "intermediate_size": c.d_ff, "num_hidden_layers": c.num_decoder_layers,
             "num_attention_heads": c.num_heads, "num_key_value_heads": c.kv_heads,
@@ -155,9 +160,10 @@ def gemma3_config(c: ModelConfig) -> dict:
             "hidden_activation": HF_ACTIVATIONS[c.activation],
             "max_position_embeddings": c.max_positions, "rms_norm_eps": c.layer_norm_eps,
             "layer_types": kinds, "sliding_window": c.attention_window + 1,
-            "rope_parameters": {"full_attention": full, "sliding_attention": local},
-            "attention_bias": False, "attention_dropout": c.attention_dropout,
-            "attn_logit_softcapping": None, "final_logit_softcapping": None}
+            "rope_parameters": rope, "attention_bias": False,
+            "attention_dropout": c.attention_dropout,
+            "attn_logit_softcapping": c.attention_softcap,
+            "final_logit_softcapping": c.logit_softcap}
 
 
 def hf_rope_scaling(c: ModelConfig) -> dict:
@@ -199,9 +205,9 @@ def llama_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
     return {name: tensor.detach().clone().contiguous() for name, tensor in state.items()}
 
 
-def gemma3_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
-    """Our weights under Gemma3ForCausalLM's names, every norm's w as w - 1 (Gemma's
-    norms multiply by 1 + w): the inverse of importers/hf_gemma.py."""
+def gemma_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
+    """Our weights under Gemma3ForCausalLM's (and Gemma2's) names, every norm's w as
+    w - 1 (Gemma's norms multiply by 1 + w): the inverse of importers/hf_gemma.py."""
     state = llama_state_dict(model)
     for i, layer in enumerate(model.decoder.layers):
         prefix = f"model.layers.{i}"
@@ -248,7 +254,7 @@ def hf_decoder_model(model: DecoderOnly, tokenizer):
     family = decoder_family(model.config)
     config = getattr(transformers, family.config_class)(**hf_decoder_config(model, tokenizer))
     theirs = getattr(transformers, family.model_class)(config).eval()
-    state = {GPT2: gpt2_state_dict, GEMMA3: gemma3_state_dict}.get(
+    state = {GPT2: gpt2_state_dict, GEMMA3: gemma_state_dict, GEMMA2: gemma_state_dict}.get(
         family, llama_state_dict)(model)
     missing, unexpected = theirs.load_state_dict(state, strict=False)
     left = [name for name in missing if not name.endswith((".attn.bias", ".attn.masked_bias"))]

@@ -61,7 +61,8 @@ def check_onnx_exportable(model: nn.Module) -> None:
                                        sliding=arch == "decoder",   # onnx_decoder's band
                                        score_bias=("t5",) if arch == "transformer" else (),
                                        any_head_size=arch in ("transformer", "decoder"),
-                                       qk_norm=True, gemma=arch == "decoder")
+                                       qk_norm=True, gemma=arch == "decoder",
+                                       softcap=arch == "decoder")
     if arch not in ONNX_ARCHS:
         problems[0] = (f"arch={arch!r} (the export holds the Transformer's three shapes, "
                        f"arch {', '.join(map(repr, ONNX_ARCHS))})")

@@ -54,7 +54,7 @@ class LanguageModelGraph(nn.Module):
                                 band_mask if self.banded[i] else step_mask)
                   for i in range(self.layers)]
         hidden = self.model.decoder(tokens, None, None, caches=caches, positions=positions)
-        logits = self.model.output_proj(hidden)
+        logits = self.model.logits(hidden)
         return (logits, *(t for cache in caches for t in (cache.k, cache.v)))
 
 

@@ -2,7 +2,7 @@
 BERT (hf_bert.py), RoBERTa (hf_roberta.py, with XLM-R and CamemBERT), Marian
 (hf_marian.py, the OPUS-MT translation models), NLLB-200 and M2M-100 (hf_nllb.py), T5
 (hf_t5.py, with Flan-T5 and mT5), Llama (hf_llama.py, with Mistral, Qwen2 and Qwen3) and
-Gemma 3 (hf_gemma.py), and
+Gemma 3 and Gemma 2 (hf_gemma.py), and
 PEFT's LoRA adapters of those language models, merged (peft.py). Each importer maps the
 weights name by name onto a model of this package that computes the same function, and
 refuses, naming the file, key or option, what it cannot reproduce; the result is an

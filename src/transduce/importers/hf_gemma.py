@@ -1,7 +1,8 @@
-"""Hugging Face Gemma 3 -> our DecoderOnly: the text models (Gemma3ForCausalLM:
-gemma-3-270m, gemma-3-1b and their instruction-tuned twins), and the language model of
-the larger ones, which read images too (Gemma3ForConditionalGeneration: gemma-3-4b, 12b
-and 27b; their vision tower and its projector are left out, so they read text only).
+"""Hugging Face Gemma 3 and Gemma 2 -> our DecoderOnly: Gemma 3's text models
+(Gemma3ForCausalLM: gemma-3-270m, gemma-3-1b and their instruction-tuned twins), the
+language model of the larger ones, which read images too (Gemma3ForConditionalGeneration:
+gemma-3-4b, 12b and 27b; their vision tower and its projector are left out, so they read
+text only), and Gemma 2 (Gemma2ForCausalLM: gemma-2-2b, 9b, 27b).
 
 Gemma 3 is a Llama-shaped decoder (RMSNorm, rotary positions, grouped-query attention,
 a gated feed-forward network, here with GELU's tanh form) with four choices of its own,
@@ -27,18 +28,22 @@ otherwise map name by name:
     layers.N.self_attn.*, mlp.*         as Llama's (importers/hf_llama.py)
     norm                                decoder.final_norm
 
-A query_pre_attn_scalar other than head_dim (27B's: scores q . k / sqrt(168) over heads
-of 128) is folded into each layer's q_norm gain: the queries' scale passes through the
-rotary rotation to the scores, so our usual 1/sqrt(head_dim) then gives Gemma's scores.
+A query_pre_attn_scalar other than head_dim (Gemma 3 27B's: scores q . k / sqrt(168)
+over heads of 128; Gemma 2 9B's 224 over 256) is folded into each layer's q_norm gain,
+or, without one (Gemma 2), its q_proj rows: the queries' scale passes through the rotary
+rotation to the scores, so our usual 1/sqrt(head_dim) then gives Gemma's scores.
 
-Options we do not compute (score soft-capping, Gemma 2's; bidirectional attention) are
-refused naming them, and nothing is written.
+Gemma 2 is Gemma 3 without q/k norms, with one layer in two sliding (the first of each
+pair), one rotary base for all, and its scores and logits soft-capped
+(attn_logit_softcapping, final_logit_softcapping: our attention_softcap and
+logit_softcap). Bidirectional attention is refused naming it, and nothing is written.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -55,15 +60,45 @@ from transduce.importers.hf_llama import ACTIVATIONS, _IGNORED, check_special_id
     layer_weights, output_projection, read_tokenizer, required_field, rope_fields, \
     save_import
 
-MODEL_TYPES = ("gemma3_text",)
 MULTIMODAL = "gemma3"          # Gemma3ForConditionalGeneration: its text_config is ours
-# Gemma3TextConfig's defaults: what transformers reads where config.json names nothing
-# (the published 4B-27B text_configs name only what differs from these).
-TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
-                 "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
-                 "head_dim": 256, "max_position_embeddings": 131072,
-                 "query_pre_attn_scalar": 256, "sliding_window": 4096, "rms_norm_eps": 1e-6,
-                 "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What sets a Gemma generation's configs apart.
+
+    defaults: its config class's defaults, what transformers reads where config.json
+    names nothing (the published Gemma 3 4B-27B text_configs name only what differs);
+    fixed: options whose other value changes what the model computes -> the value we
+    have; pattern: every pattern-th layer attends over everything where the config lists
+    no layer kinds; qk_norm: its heads' queries and keys are normalized; shared_rope: one
+    rotary position for every layer (rope_theta), not one per kind of layer."""
+
+    defaults: dict[str, Any]
+    fixed: dict[str, Any]
+    pattern: int
+    qk_norm: bool
+    shared_rope: bool
+
+
+COMMON_DEFAULTS = {"hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                   "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                   "query_pre_attn_scalar": 256, "sliding_window": 4096,
+                   "rms_norm_eps": 1e-6, "pad_token_id": 0, "eos_token_id": 1,
+                   "bos_token_id": 2}
+GENERATIONS = {
+    "gemma3_text": Generation(
+        {**COMMON_DEFAULTS, "vocab_size": 262208, "max_position_embeddings": 131072},
+        {"attention_bias": False, "attn_logit_softcapping": None,
+         "final_logit_softcapping": None, "use_bidirectional_attention": False},
+        pattern=6, qk_norm=True, shared_rope=False),
+    "gemma2": Generation(
+        {**COMMON_DEFAULTS, "vocab_size": 256000, "max_position_embeddings": 8192,
+         "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+        {"attention_bias": False, "use_bidirectional_attention": False},
+        pattern=2, qk_norm=False, shared_rope=True),
+}
+MODEL_TYPES = tuple(GENERATIONS)
 # What a multimodal config.json says at its top level about the text it generates.
 TOP_LEVEL_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings")
 # Where Gemma3ForConditionalGeneration stores its language model: transformers 4.50's
@@ -72,9 +107,6 @@ TEXT_MODEL_PREFIXES = ("language_model.model.", "model.language_model.")
 TEXT_HEADS = {"language_model.lm_head.weight": "lm_head.weight"}
 VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                    "model.multi_modal_projector.")
-# Options whose other value changes what the model computes: name -> the value we have.
-FIXED_OPTIONS = {"attention_bias": False, "attn_logit_softcapping": None,
-                 "final_logit_softcapping": None, "use_bidirectional_attention": False}
 SPECIAL_TOKENS = {"bos": "<bos>", "eos": "<eos>", "pad": "<pad>"}
 SLIDING, FULL = "sliding_attention", "full_attention"
 PATTERN_KEYS = ("sliding_window_pattern", "_sliding_window_pattern")
@@ -92,7 +124,7 @@ def import_gemma(hf_dir: Path | str, out: Path | str) -> Path:
     check_directories(hf_dir, out, HF_CONFIG)
     stored = _read_json(hf_dir / HF_CONFIG)
     hf, where = text_config(stored, hf_dir / HF_CONFIG)
-    activation = check_foreign_options(hf, where, MODEL_TYPES, FIXED_OPTIONS,
+    activation = check_foreign_options(hf, where, MODEL_TYPES, generation_of(hf).fixed,
                                        "hidden_activation", "gelu_pytorch_tanh", ACTIVATIONS)
     tokenizer = with_chat_settings(read_tokenizer(hf_dir, hf.get("bos_token_id"),
                                                   SPECIAL_TOKENS), hf_dir)
@@ -103,17 +135,27 @@ def import_gemma(hf_dir: Path | str, out: Path | str) -> Path:
 
 
 def text_config(hf: dict[str, Any], config_file: Path) -> tuple[dict[str, Any], str]:
-    """config.json -> the text model's settings, Gemma3TextConfig's defaults filled in,
+    """config.json -> the text model's settings, its config class's defaults filled in,
     and where errors should point: the file, or its text_config for a multimodal
-    checkpoint (whose top-level special ids count where text_config names none)."""
+    checkpoint (whose top-level special ids count where text_config names none).
+    Gemma 2's use_bidirectional_attention null is false."""
+    if hf.get("use_bidirectional_attention", False) is None:
+        hf = {name: value for name, value in hf.items()
+              if name != "use_bidirectional_attention"}
     if hf.get("model_type") != MULTIMODAL:
-        return {**TEXT_DEFAULTS, **hf}, str(config_file)
+        return {**generation_of(hf).defaults, **hf}, str(config_file)
     text = hf.get("text_config")
     if not isinstance(text, dict):
         raise ForeignCheckpointError(f"{config_file}: model_type={MULTIMODAL!r} needs a "
                                      f"text_config object (the language model's settings)")
     top = {name: hf[name] for name in TOP_LEVEL_FIELDS if name in hf}
-    return {**TEXT_DEFAULTS, **top, **text}, f"{config_file} text_config"
+    return {**generation_of(text).defaults, **top, **text}, f"{config_file} text_config"
+
+
+def generation_of(hf: dict[str, Any]) -> Generation:
+    """The Gemma generation a config is of (Gemma 3's where its model_type is none of
+    ours: check_foreign_options names it then)."""
+    return GENERATIONS.get(hf.get("model_type"), GENERATIONS["gemma3_text"])
 
 
 def is_multimodal(hf_dir: Path | str) -> bool:
@@ -134,8 +176,8 @@ def _query_factor(hf: dict[str, Any], where: str) -> float:
 
 def model_config(hf: dict[str, Any], config_file: Path | str, tokenizer: HFTokenizer,
                  activation: str) -> ModelConfig:
-    """The "llama-small" preset with Gemma 3's sizes and choices (`hf` with
-    Gemma3TextConfig's defaults filled in)."""
+    """The "llama-small" preset with Gemma's sizes and choices (`hf` with its config
+    class's defaults filled in)."""
     def required(name: str) -> Any:
         return required_field(hf, config_file, name)
 
@@ -153,7 +195,10 @@ def model_config(hf: dict[str, Any], config_file: Path | str, tokenizer: HFToken
                         **_attention_fields(hf, config_file, layers),
                         activation=activation, layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
                         dropout=0.0, attention_dropout=hf.get("attention_dropout", 0.0),
-                        qk_norm=True, sandwich_norm=True, scale_embeddings=True,
+                        qk_norm=generation_of(hf).qk_norm, sandwich_norm=True,
+                        scale_embeddings=True,
+                        attention_softcap=hf.get("attn_logit_softcapping"),
+                        logit_softcap=hf.get("final_logit_softcapping"),
                         tie_embeddings="all" if hf.get("tie_word_embeddings", True) else "none",
                         pad_id=tokenizer.pad_id)
     except (ConfigError, TypeError) as error:
@@ -168,6 +213,11 @@ def _attention_fields(hf: dict[str, Any], config_file: Path | str, layers: Any) 
     and each kind's rotary positions."""
     kinds = _layer_types(hf, config_file, layers)
     full = [i for i, kind in enumerate(kinds) if kind == FULL]
+    if generation_of(hf).shared_rope:
+        rope = rope_fields(hf, config_file)
+        window = _window(hf, config_file) if len(full) < len(kinds) else {}
+        return {**rope, **window, **({"full_attention_layers": tuple(full)}
+                                     if window and full else {})}
     local_rope = _rope_of(hf, config_file, SLIDING)
     if local_rope.keys() - {"rope_base"}:
         raise ForeignCheckpointError(f"{config_file}: a scaled rotary position on the "
@@ -175,28 +225,34 @@ def _attention_fields(hf: dict[str, Any], config_file: Path | str, layers: Any) 
                                      f"ones)")
     if len(full) == len(kinds):
         return _rope_of(hf, config_file, FULL)
-    window = hf.get("sliding_window")
-    if not isinstance(window, int) or isinstance(window, bool) or window < 2:
-        raise ForeignCheckpointError(f"{config_file}: sliding_window={json.dumps(window)}: "
-                                     f"must be an integer of at least 2")
-    fields = {"attention_type": "sliding", "attention_window": window - 1}
+    fields = _window(hf, config_file)
     if not full:
         return {**fields, **local_rope}
     return {**fields, **_rope_of(hf, config_file, FULL), "full_attention_layers": tuple(full),
             "local_rope_base": local_rope["rope_base"]}
 
 
+def _window(hf: dict[str, Any], config_file: Path | str) -> dict[str, Any]:
+    """The sliding layers' fields: a window of S keys, the token's own among them, is
+    our window of S - 1 before it."""
+    window = hf.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 2:
+        raise ForeignCheckpointError(f"{config_file}: sliding_window={json.dumps(window)}: "
+                                     f"must be an integer of at least 2")
+    return {"attention_type": "sliding", "attention_window": window - 1}
+
+
 def _layer_types(hf: dict[str, Any], config_file: Path | str, layers: Any) -> list[str]:
     """Each layer's attention: layer_types (transformers 5), else every
-    sliding_window_pattern-th layer full (6 by default; _sliding_window_pattern in
-    transformers 4.53 to 4.57) and the others sliding."""
+    sliding_window_pattern-th layer full (_sliding_window_pattern in transformers 4.53
+    to 4.57; by default Gemma 3's 6, Gemma 2's 2) and the others sliding."""
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         raise ForeignCheckpointError(f"{config_file}: num_hidden_layers={json.dumps(layers)}: "
                                      f"must be a positive integer")
     kinds = hf.get("layer_types")
     if kinds is None:
         key = next((key for key in PATTERN_KEYS if hf.get(key) is not None), PATTERN_KEYS[0])
-        pattern = hf.get(key, 6)
+        pattern = hf.get(key, generation_of(hf).pattern)
         if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 1:
             raise ForeignCheckpointError(f"{config_file}: {key}={json.dumps(pattern)}: must "
                                          f"be a positive integer")
@@ -253,16 +309,18 @@ def map_multimodal_weights(tensors: dict[str, Tensor], config: ModelConfig, sour
 
 def text_model_weights(tensors: dict[str, Tensor], names: dict[str, str], config: ModelConfig,
                        source: Path, query_factor: float) -> dict[str, Tensor]:
-    """Gemma 3's tensors (`names`: its text model's names -> the stored keys) -> our state
+    """Gemma's tensors (`names`: its text model's names -> the stored keys) -> our state
     dict (float32), each key accounted for and each shape checked; every norm's weight w
-    read as 1 + w, the queries' norm's then times query_factor (see the module's notes)."""
+    read as 1 + w; the queries' norm, or their projection where they have no norm, times
+    query_factor (see the module's notes)."""
     c = config.d_model
+    scaled = "self_attn.q_norm.weight" if config.qk_norm else "self_attn.q_proj.weight"
 
     def take(name: str, *shape: int) -> Tensor:
         tensor = take_weight(tensors, names, source, name, *shape)
-        if not name.endswith("norm.weight"):
-            return tensor
-        return (tensor + 1.0) * (query_factor if name.endswith("q_norm.weight") else 1.0)
+        if name.endswith("norm.weight"):
+            tensor = tensor + 1.0
+        return tensor * query_factor if name.endswith(scaled) else tensor
 
     embedding = take("embed_tokens.weight", config.tgt_vocab_size, c)    # (V, C)
     state = {"decoder.embed.embedding.weight": embedding,

@@ -107,7 +107,15 @@ class DecoderOnly(CountedParameters, nn.Module):
             positions = (key_mask.long().cumsum(dim=1) - 1).clamp(min=0)     # (B, T)
             mask = key_mask[:, None, None, :]                               # (B, 1, 1, T)
         hidden = self.decoder(tokens, None, None, tgt_mask=mask, positions=positions)
-        return self.output_proj(hidden) if project else hidden
+        return self.logits(hidden) if project else hidden
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Hidden states (..., C) -> logits (..., V): output_proj's, soft-capped where
+        the model caps them (logit_softcap: cap * tanh(l / cap), Gemma 2's). Every
+        caller that projects hidden states itself goes through here."""
+        logits = self.output_proj(hidden)
+        cap = self.config.logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def prefill(self, prompt: Tensor, max_len: int, *, src_mask: Tensor | None = None,
                 cache_dtype: torch.dtype | None = None) -> LMState:
@@ -129,7 +137,7 @@ class DecoderOnly(CountedParameters, nn.Module):
     def decode_step(self, tokens: Tensor, state: LMState) -> Tensor:
         """tokens (B, T_new) follow the state.length tokens cached -> logits
         (B, T_new, V); the caches grow by T_new in place."""
-        return self.output_proj(self._run(tokens, state))
+        return self.logits(self._run(tokens, state))
 
     def _run(self, tokens: Tensor, state: LMState) -> Tensor:
         """tokens (B, T) through the caches -> hidden states (B, T, C)."""

@@ -48,13 +48,14 @@ MAX_STEP_TOKENS = 16
 
 def _supported(decoder: nn.Module) -> bool:
     """Whether every layer is one StepLayers writes out: fused self-attention
-    projections, scaled scores, the SDPA kernel."""
+    projections, scaled scores without a cap, the SDPA kernel."""
     for layer in decoder.layers:
         attentions = [layer.self_attn] + ([layer.cross_attn] if layer.cross_attn is not None
                                           else [])
         if layer.self_attn.qkv_proj is None:
             return False
-        if any(a.impl != "sdpa" or a.query_factor != 1.0 for a in attentions):
+        if any(a.impl != "sdpa" or a.query_factor != 1.0 or a.softcap is not None
+               for a in attentions):
             return False
     return True
 

@@ -39,7 +39,8 @@ def _supported(encoder: nn.Module) -> bool:
         if layer.post_norm1 is not None:
             return False
         if attn.qkv_proj is None or attn.rotary is not None or attn.impl != "sdpa" \
-                or attn.query_factor != 1.0 or type(attn.kind) is not SoftmaxAttention:
+                or attn.query_factor != 1.0 or attn.softcap is not None \
+                or type(attn.kind) is not SoftmaxAttention:
             return False
     return True
 

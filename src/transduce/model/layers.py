@@ -45,7 +45,7 @@ def attention_module(config: ModelConfig, kv_heads: int, *, rotary: Rotary | Non
     """A layer's self- or cross-attention as the configuration sets it: kv_heads key/value
     heads, self-attention of attention_type (default config.attention_type;
     cross-attention is softmax), rotary positions where given, the model's norm on each
-    head's queries and keys (qk_norm)."""
+    head's queries and keys (qk_norm), its scores soft-capped (attention_softcap)."""
     c = config
     kind = self_attention_kind(attention_type or c.attention_type, c.attention_window,
                                c.global_tokens) if self_attention else "softmax"
@@ -53,7 +53,8 @@ def attention_module(config: ModelConfig, kv_heads: int, *, rotary: Rotary | Non
                               dropout=c.attention_dropout, impl=c.attention_impl,
                               rotary=rotary, kind=kind, scale_scores=c.attention_scale,
                               qkv_bias=c.bias or c.qkv_bias, head_dim=c.head_size,
-                              qk_norm=partial(norm_module, c) if c.qk_norm else None)
+                              qk_norm=partial(norm_module, c) if c.qk_norm else None,
+                              softcap=c.attention_softcap)
 
 
 def sandwich_norm(config: ModelConfig) -> nn.Module | None:

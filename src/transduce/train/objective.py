@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from transduce.data.tokenizer import PAD_ID
-from transduce.train.loss import projected_label_smoothed_nll
+from transduce.train.loss import label_smoothed_nll, projected_label_smoothed_nll
 
 
 class SequenceObjective(torch.nn.Module):
@@ -36,6 +36,11 @@ class SequenceObjective(torch.nn.Module):
                 segments: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """src (B, S) or None for a language model; tgt_in, tgt_out (B, T); segments
         the source's and target's sentence numbers (B, S), (B, T) of packed pairs."""
+        if self.language_model and self.model.config.logit_softcap is not None:
+            # Capped logits (Gemma 2's): the loss's own gradient (softmax - q) would
+            # skip the cap's, so the logits are formed and autograd takes them.
+            return label_smoothed_nll(self.model(tgt_in), tgt_out, self.label_smoothing,
+                                      self.pad_id)[0]
         if self.language_model:
             hidden = self.model(tgt_in, project=False)                          # (B, T, C)
         elif segments is not None:
