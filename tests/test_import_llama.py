@@ -226,8 +226,8 @@ def test_an_import_exports_to_ctranslate2_with_its_tokenizer_json(imported, tmp_
 def test_an_import_exports_back_to_its_family(imported, tmp_path):
     """export hf of the import: Llama, Mistral (as Llama, its layout without a window; as
     Mistral with its sliding window), Qwen2 (biases on q, k, v) and Qwen3 (norms of the
-    queries and keys), with and without their window, on every layer or some, computing transformers' logits again
-    (over more tokens than the window)."""
+    queries and keys), with and without their window, on every layer or some, computing
+    transformers' logits again (over more tokens than the window)."""
     from transduce.export import export_hf
 
     hf, ours, out = imported

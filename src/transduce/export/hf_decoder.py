@@ -5,8 +5,8 @@ biases on the query, key and value projections (qkv_bias), as `Qwen3ForCausalLM`
 with each head's queries and keys normalized (qk_norm; the Qwens' window on some layers
 or all), as `Gemma3ForCausalLM` with sandwich norms (and qk_norm, scaled embeddings,
 sliding layers among full ones), or as `Gemma2ForCausalLM` with sandwich norms but no
-qk_norm (and soft-capped scores and logits, one rotary base); GPT-2's (learned positions, LayerNorm, biases) as
-`GPT2LMHeadModel`.
+qk_norm (and soft-capped scores and logits, one rotary base); GPT-2's (learned
+positions, LayerNorm, biases) as `GPT2LMHeadModel`.
 
 They hold our layers as they are, so the weights only change names (GPT-2's Conv1D
 stores each matrix transposed, and fuses q, k, v; Gemma's norms multiply by 1 + w).
@@ -44,8 +44,9 @@ GPT2_ACTIVATIONS = {"gelu-tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
 
 def decoder_family(config: ModelConfig) -> Family:
-    """Llama for rotary positions (Gemma 3 with sandwich norms, Qwen3 with norms of the
-    queries and keys, Qwen2 with biases on q, k, v alone, Mistral with a sliding
+    """Llama for rotary positions (Gemma 3 with sandwich norms and norms of the queries
+    and keys or two rotary bases, Gemma 2 with sandwich norms alone, Qwen3 with norms of
+    the queries and keys, Qwen2 with biases on q, k, v alone, Mistral with a sliding
     window), GPT-2 for the rest."""
     if config.positional != "rotary":
         return GPT2
