@@ -120,3 +120,27 @@ def assert_same_onnx_logits(hf, out, tmp_path, atol):
             return engine.logits(tokens, key_mask)
 
     assert_same_logits(hf, WholePass(), atol=atol)
+
+
+def assert_peft_adapter_merges(ours, out, tmp_path, atol):
+    """A LoRA adapter PEFT made on the Hugging Face directory `out` was imported from
+    (every projection, B drawn), merged by `import peft` into the import: the merge
+    computes PEFT's logits, which differ from the import's."""
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    from tests.test_peft import with_drawn_adapters
+    from transduce import checkpoint
+    from transduce.importers import import_peft
+    from transduce.model import load_model
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoint.read_origin(out)["from"])
+    config = peft.LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM", target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    theirs = with_drawn_adapters(hf, config, tmp_path / "adapter")
+    merged = load_model(import_peft(tmp_path / "adapter", out, tmp_path / "merged"))
+    tokens = torch.randint(3, ours.config.tgt_vocab_size, (2, 12))
+    with torch.no_grad():
+        expected = theirs(tokens).logits
+        torch.testing.assert_close(merged(tokens), expected, atol=atol, rtol=1e-5)
+        assert (ours(tokens) - expected).abs().max() > 1e-2          # the adapter counts

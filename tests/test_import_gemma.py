@@ -14,8 +14,9 @@ from transduce.cli import main
 from transduce.decode.generate import Generator, PromptIds
 from transduce.importers import import_gemma
 from transduce.model import DecoderOnly, load_model
-from tests.foreign_checkpoints import assert_refused, assert_same_greedy_tokens, \
-    assert_same_logits, assert_same_onnx_logits, assert_same_perplexity, damaged
+from tests.foreign_checkpoints import assert_peft_adapter_merges, assert_refused, \
+    assert_same_greedy_tokens, assert_same_logits, assert_same_onnx_logits, \
+    assert_same_perplexity, damaged
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -311,6 +312,14 @@ def test_an_import_exports_to_onnx(imported, tmp_path):
     mask without it) computes transformers' logits, left-padded rows too."""
     hf, _, out = imported
     assert_same_onnx_logits(hf, out, tmp_path, atol=ATOL)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_a_peft_adapter_of_the_directory_merges_into_the_import(imported, tmp_path):
+    """A query scale of its own (the second layout's) sits in q_norm's gain, after
+    q_proj: the update of q_proj merges as it is."""
+    _, ours, out = imported
+    assert_peft_adapter_merges(ours, out, tmp_path, atol=ATOL)
 
 
 def test_command_line_import(small_hf, tmp_path, capsys):

@@ -10,8 +10,9 @@ import torch
 from transduce.cli import main
 from transduce.importers import import_gemma
 from transduce.model import load_model
-from tests.foreign_checkpoints import assert_refused, assert_same_greedy_tokens, \
-    assert_same_logits, assert_same_onnx_logits, assert_same_perplexity, damaged
+from tests.foreign_checkpoints import assert_peft_adapter_merges, assert_refused, \
+    assert_same_greedy_tokens, assert_same_logits, assert_same_onnx_logits, \
+    assert_same_perplexity, damaged
 from tests.test_import_gemma import ATOL, gemma_tokenizer  # noqa: F401 (a fixture)
 
 transformers = pytest.importorskip("transformers")
@@ -222,3 +223,11 @@ def test_cached_steps_follow_the_full_pass(imported):
         torch.testing.assert_close(steps(torch.float32), full, atol=1e-4, rtol=1e-5)
         error = (steps(torch.int8) - full).abs()
     assert error.mean() < 0.05 and error.max() < 0.5
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_a_peft_adapter_of_the_directory_merges_into_the_import(imported, tmp_path):
+    """The query scale folded into q_proj's rows at the import (noted in its origin)
+    scales the update of q_proj too."""
+    _, ours, out = imported
+    assert_peft_adapter_merges(ours, out, tmp_path, atol=ATOL)

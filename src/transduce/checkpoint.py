@@ -485,13 +485,19 @@ def load_trainer_state(path: Path, device: torch.device | str = "cpu", *,
     return state
 
 
+def read_origin(path: Path) -> dict[str, Any]:
+    """How a checkpoint was made (imported, averaged, converted: save's origin), {} for
+    one trained here."""
+    return _read_config_json(resolve(path)).get("origin") or {}
+
+
 def trained_steps(path: Path) -> int | None:
     """The training steps behind a checkpoint: its trainer state's step, else the steps
     its origin records (averages and conversions), else None."""
     path = resolve(path)
     if (path / TRAINER_STATE).is_file():
         return int(load_trainer_state(path, mmap=True)["position"]["step"])
-    return (_read_config_json(path).get("origin") or {}).get("steps")
+    return read_origin(path).get("steps")
 
 
 AVERAGE_BLOCK_BYTES = 1 << 26     # what average() reads of a tensor from each file at once

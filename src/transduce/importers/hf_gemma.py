@@ -110,6 +110,7 @@ VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_towe
 SPECIAL_TOKENS = {"bos": "<bos>", "eos": "<eos>", "pad": "<pad>"}
 SLIDING, FULL = "sliding_attention", "full_attention"
 PATTERN_KEYS = ("sliding_window_pattern", "_sliding_window_pattern")
+PROJECTION_FACTOR = "q_proj_factor"    # the origin's note: q_proj's rows times this
 # Our norm -> Gemma's, per layer: the weights whose (1 + w) becomes our w.
 LAYER_NORMS = {"norm1": "input_layernorm", "post_norm1": "post_attention_layernorm",
                "norm3": "pre_feedforward_layernorm", "post_norm3": "post_feedforward_layernorm"}
@@ -130,8 +131,12 @@ def import_gemma(hf_dir: Path | str, out: Path | str) -> Path:
                                                   SPECIAL_TOKENS), hf_dir)
     config = model_config(hf, where, tokenizer, activation)
     mapping = map_multimodal_weights if stored.get("model_type") == MULTIMODAL else map_weights
+    factor = _query_factor(hf, where)
+    # Without q_norm the factor sits in q_proj's rows, where a PEFT adapter's update of the
+    # directory's q_proj must take it too (importers/peft.py reads this note).
+    notes = {PROJECTION_FACTOR: factor} if factor != 1.0 and not config.qk_norm else {}
     return save_import(hf_dir, out, config, tokenizer,
-                       partial(mapping, query_factor=_query_factor(hf, where)), "hf-gemma")
+                       partial(mapping, query_factor=factor), "hf-gemma", **notes)
 
 
 def text_config(hf: dict[str, Any], config_file: Path) -> tuple[dict[str, Any], str]:

@@ -77,15 +77,16 @@ def import_llama(hf_dir: Path | str, out: Path | str) -> Path:
 
 def save_import(hf_dir: Path, out: Path, config: ModelConfig, tokenizer: HFTokenizer,
                 mapping: Callable[[dict[str, Tensor], ModelConfig, Path], dict[str, Tensor]],
-                command: str) -> Path:
+                command: str, **notes: Any) -> Path:
     """The directory's weights, mapped onto a model of `config` by mapping(tensors,
     config, source), saved with the tokenizer as our checkpoint at `out` (its origin the
-    import `command`) -> out."""
+    import `command`, with `notes` on how the weights differ from the directory's)
+    -> out."""
     tensors, source = read_weights(hf_dir)
     model = empty_model(config)     # every weight is loaded next
     model.load_state_dict(mapping(tensors, config, source))
     del tensors          # the stored files are let go before the save copies the model
-    origin = {"imported": command, "from": str(hf_dir.resolve()), "steps": None}
+    origin = {"imported": command, "from": str(hf_dir.resolve()), "steps": None, **notes}
     return checkpoint.save(out, model.eval(), None, tokenizer, origin=origin)
 
 

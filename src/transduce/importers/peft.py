@@ -31,6 +31,7 @@ from torch import Tensor
 
 from transduce import checkpoint
 from transduce.importers import ForeignCheckpointError
+from transduce.importers.hf_gemma import PROJECTION_FACTOR
 from transduce.importers.hf_gpt2 import _read_json
 from transduce.importers.peft_heads import check_modules_to_save, with_heads
 from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, Place,
@@ -67,10 +68,13 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
                                adapter_dir / ADAPTER_WEIGHTS)
     layers = _layers_by_module(model)
     order = residual_order(model.config)
+    query_factor = checkpoint.read_origin(base).get(PROJECTION_FACTOR, 1.0)
     for module, (a, b) in sorted(tensors.pairs.items()):
         if module in VOCABULARY_MODULES:
             continue
         delta = _scale(settings, module) * (b.double() @ a.double())         # (out, in)
+        if module.endswith("self_attn.q_proj"):      # an import's folded query scale
+            delta = delta * query_factor
         _add_update(model.config, _our_layers(layers, module, adapter_dir), delta, order,
                     f"{adapter_dir / ADAPTER_WEIGHTS}: {module}'s update")
     tokenizer = base / ("tokenizer.json" if checkpoint.holds_tokenizer_json(base)
