@@ -209,3 +209,5 @@ def test_the_top_level_special_ids_count_where_text_config_names_none(tmp_path):
         ([1, 106], 5, False)
     assert (hf["vocab_size"], hf["query_pre_attn_scalar"]) == (262208, 256)
     assert where == f"{tmp_path / 'config.json'} text_config"
+    unnamed, _ = text_config({"model_type": "gemma3", "text_config": {}}, tmp_path / "c.json")
+    assert unnamed["model_type"] == "gemma3_text"

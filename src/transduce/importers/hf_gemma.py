@@ -153,6 +153,7 @@ def text_config(hf: dict[str, Any], config_file: Path) -> tuple[dict[str, Any], 
     if not isinstance(text, dict):
         raise ForeignCheckpointError(f"{config_file}: model_type={MULTIMODAL!r} needs a "
                                      f"text_config object (the language model's settings)")
+    text = {"model_type": "gemma3_text", **text}         # as Gemma3Config reads one without
     top = {name: hf[name] for name in TOP_LEVEL_FIELDS if name in hf}
     return {**generation_of(text).defaults, **top, **text}, f"{config_file} text_config"
 
