@@ -46,17 +46,19 @@ def gemma_tokenizer(tmp_path_factory):
     return directory
 
 
-def hf_checkpoint(directory, tokenizer_dir, seed=0, **config):
-    """A random Gemma3ForCausalLM saved with save_pretrained, its norm weights w (Gemma's
-    gains are 1 + w) drawn around 1 so that each counts and the sub-layers' outputs
-    outweigh the scaled embedding (a gain of 1 leaves tied models repeating one token),
-    with the tokenizer's files."""
+def hf_checkpoint(directory, tokenizer_dir, seed=0, generation="Gemma3", **config):
+    """A random Gemma3ForCausalLM (generation "Gemma2": Gemma2ForCausalLM) saved with
+    save_pretrained, its norm weights w (Gemma's gains are 1 + w) drawn around 1 so that
+    each counts and the sub-layers' outputs outweigh the scaled embedding (a gain of 1
+    leaves tied models repeating one token), with the tokenizer's files."""
     vocab = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     torch.manual_seed(seed)
-    hf_config = transformers.Gemma3TextConfig(
+    config_class = getattr(transformers, "Gemma3TextConfig" if generation == "Gemma3"
+                           else f"{generation}Config")
+    hf_config = config_class(
         vocab_size=vocab.get_vocab_size(), pad_token_id=0, eos_token_id=1, bos_token_id=2,
         initializer_range=0.2, **config)
-    model = transformers.Gemma3ForCausalLM(hf_config).eval()
+    model = getattr(transformers, f"{generation}ForCausalLM")(hf_config).eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "norm" in name:

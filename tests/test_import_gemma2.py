@@ -13,7 +13,7 @@ from transduce.model import load_model
 from tests.foreign_checkpoints import assert_peft_adapter_merges, assert_refused, \
     assert_same_greedy_tokens, assert_same_logits, assert_same_onnx_logits, \
     assert_same_perplexity, damaged
-from tests.test_import_gemma import ATOL, gemma_tokenizer  # noqa: F401 (a fixture)
+from tests.test_import_gemma import ATOL, gemma_tokenizer, hf_checkpoint  # noqa: F401
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -38,22 +38,8 @@ CONFIGS = [
 
 
 def gemma2_checkpoint(directory, tokenizer_dir, seed=0, **config):
-    """A random Gemma2ForCausalLM saved with save_pretrained, its norm weights drawn
-    around 1 (see tests/test_import_gemma.py), with the tokenizer's files."""
-    vocab = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    torch.manual_seed(seed)
-    hf_config = transformers.Gemma2Config(
-        vocab_size=vocab.get_vocab_size(), pad_token_id=0, eos_token_id=1, bos_token_id=2,
-        initializer_range=0.2, **config)
-    model = transformers.Gemma2ForCausalLM(hf_config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" in name:
-                parameter.normal_(1.0, 0.5)
-    model.save_pretrained(directory)
-    for file in tokenizer_dir.iterdir():
-        (directory / file.name).write_bytes(file.read_bytes())
-    return model
+    """A random Gemma2ForCausalLM saved as tests/test_import_gemma.py saves Gemma 3's."""
+    return hf_checkpoint(directory, tokenizer_dir, seed, generation="Gemma2", **config)
 
 
 @pytest.fixture(scope="module", params=range(len(CONFIGS)), ids=lambda i: f"config{i}")
