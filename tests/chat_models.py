@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.test_import_llama import hf_checkpoint, write_spm_bpe
+from tests.test_import_llama import TRAINING_TEXT, hf_checkpoint, write_spm_bpe
 
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
@@ -80,13 +80,14 @@ CONVERSATIONS = [
 ]
 
 
-def instruct_llama(directory, template, seed=0, plain_tokens=(), **config):
-    """A random LlamaForCausalLM in `directory` whose tokenizer has the turn tokens (and
-    `plain_tokens`, added as tokens of their own but not special) and whose
-    tokenizer_config.json holds `template` -> the transformers model."""
+def instruct_llama(directory, template, seed=0, plain_tokens=(), write=write_spm_bpe,
+                   **config):
+    """A random LlamaForCausalLM in `directory` whose tokenizer (`write` writes it) has
+    the turn tokens (and `plain_tokens`, added as tokens of their own but not special)
+    and whose tokenizer_config.json holds `template` -> the transformers model."""
     vocabulary = directory / "vocabulary"
     vocabulary.mkdir(parents=True)
-    write_spm_bpe(vocabulary)
+    write(vocabulary)
     backend = tokenizers.Tokenizer.from_file(str(vocabulary / "tokenizer.json"))
     backend.add_special_tokens([tokenizers.AddedToken(token, special=True, normalized=False)
                                 for token in TURN_TOKENS])
@@ -155,3 +156,85 @@ def reasoning_model(root):
     hf = instruct_llama(root, OPENS_REASONING, seed=3, plain_tokens=THINK_TOKENS)
     out = import_llama(root / "hf", root / "ours")
     return SimpleNamespace(hf=hf, hf_dir=root / "hf", out=out, generator=Generator.load(out))
+
+
+# A template that takes tools as Qwen2.5's and Hermes' do: listed in the system turn as
+# JSON, earlier calls written back as <tool_call> blocks with their arguments' JSON,
+# tools' results as <tool_response> turns of the user's.
+HERMES_TOOLS = (
+    "{% if tools %}{{ '<|im_start|>system\n' }}"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content + '\n\n' }}{% endif %}"
+    "{{ '# Tools\n<tools>' }}{% for tool in tools %}{{ '\n' + tool | tojson }}{% endfor %}"
+    "{{ '\n</tools>\nCall one as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n"
+    "</tool_call><|im_end|>\n' }}"
+    "{% elif messages[0].role == 'system' %}"
+    "{{ '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'user' %}"
+    "{{ '<|im_start|>user\n' + message.content + '<|im_end|>\n' }}"
+    "{% elif message.role == 'assistant' %}{{ '<|im_start|>assistant\n' }}"
+    "{% if message.content %}{{ message.content }}{% endif %}"
+    "{% for call in message.tool_calls or [] %}"
+    "{{ '\n<tool_call>\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' }}"
+    "{{ call.function.arguments | tojson }}{{ '}\n</tool_call>' }}{% endfor %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% elif message.role == 'tool' %}"
+    "{{ '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response>"
+    "<|im_end|>\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+TOOL_TOKENS = ["<tool_call>", "</tool_call>"]          # Qwen2.5's: not special
+TOOLS = [{"type": "function", "function": {
+             "name": "get_weather", "description": "The weather in a city now.",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                            "required": ["city"]}}},
+         {"type": "function", "function": {"name": "get_time",
+                                           "parameters": {"type": "object"}}}]
+ASKS = [{"role": "user", "content": "the weather in Tokyo"}]
+CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo"}}\n'
+         '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+GREETS = [{"role": "user", "content": "Hello world!"}]
+GREETING = "The dog"
+
+
+def write_byte_bpe(directory):
+    """A byte-level BPE (Qwen's kind: any text round-trips, JSON's too) trained here on
+    the tool tests' texts, <unk> <s> </s> its first ids as write_spm_bpe's."""
+    trained = tokenizers.ByteLevelBPETokenizer()
+    texts = [*TRAINING_TEXT, CALLS, GREETING, json.dumps(TOOLS), ASKS[0]["content"]]
+    trained.train_from_iterator(texts * 2, vocab_size=500, min_frequency=1,
+                                special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    trained.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    return directory
+
+
+def tool_model(root, steps=120):
+    """An instruct Llama imported from `root`/hf whose template takes tools (HERMES_TOOLS)
+    and whose weights were trained here until its greedy reply to ASKS, given TOOLS, is
+    CALLS, and to GREETS is GREETING: a model that calls tools when asked."""
+    from transduce.decode.generate import Generator
+    from transduce.importers import import_llama
+
+    hf = instruct_llama(root, HERMES_TOOLS, seed=4, plain_tokens=TOOL_TOKENS,
+                        write=write_byte_bpe, max_position_embeddings=512)
+    hf_dir = root / "hf"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    examples = [(template_ids(hf_dir, conversation, tools=TOOLS),
+                 tokenizer(reply, add_special_tokens=False)["input_ids"] + [EOS])
+                for conversation, reply in ((ASKS, CALLS), (GREETS, GREETING))]
+    optimizer = torch.optim.Adam(hf.parameters(), lr=1e-2)
+    hf.train()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        for prompt, reply in examples:
+            ids = torch.tensor([prompt + reply])
+            labels = torch.tensor([[-100] * len(prompt) + reply])
+            hf(input_ids=ids, labels=labels).loss.backward()
+        optimizer.step()
+    hf.eval()
+    for prompt, reply in examples:
+        assert greedy_reply(hf, prompt, len(reply) + 2, [EOS]) == reply, "not learnt"
+    hf.save_pretrained(hf_dir)
+    out = import_llama(hf_dir, root / "ours")
+    return SimpleNamespace(hf=hf, hf_dir=hf_dir, out=out, generator=Generator.load(out))

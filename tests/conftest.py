@@ -48,3 +48,31 @@ def tiny_corpus(tmp_path_factory):
     train_target = (directory / "train.en").read_text(encoding="utf-8").splitlines()
     train_tokenizer(train_source + train_target, directory, vocab_size=300)
     return directory
+
+
+@pytest.fixture(scope="session")
+def tool_caller(tmp_path_factory):
+    """An instruct model whose template takes tools, trained until it calls two of them
+    when asked for the weather, and answers a greeting in text (tests/chat_models.py)."""
+    from tests.chat_models import tool_model
+
+    return tool_model(tmp_path_factory.mktemp("tools"))
+
+
+@pytest.fixture(scope="session")
+def reasoning(tmp_path_factory):
+    """A thinking model whose template opens the reply's reasoning, and a bias towards
+    </think> with which its greedy reply to CONVERSATIONS[1] closes the reasoning
+    after some of it and answers after that."""
+    from tests.chat_models import CONVERSATIONS, reasoning_model
+
+    model = reasoning_model(tmp_path_factory.mktemp("reasoning"))
+    close = model.generator.tokenizer.backend.token_to_id("</think>")
+    for bias in range(0, 40):
+        text = model.generator.chat(CONVERSATIONS[1], max_new_tokens=24,
+                                    logit_bias={close: bias})
+        thought, _, answer = text.partition("</think>")
+        if thought.strip() and answer.strip():
+            model.bias, model.text = {str(close): bias}, text
+            return model
+    raise AssertionError("no bias gives a reply with reasoning and an answer")

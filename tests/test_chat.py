@@ -5,6 +5,7 @@ model: a fine-tuning's saves, averages, the ONNX export and the export to transf
 `transduce chat` holds a conversation; `generate --chat` answers one message a line."""
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -292,3 +293,72 @@ def test_template_vars_on_the_command_line(thinking, tmp_path, monkeypatch, caps
         main(["generate", "--chat", "--model", str(thinking.out), "--prompt", "a",
               "--template-var", "enable_thinking"])
     assert "'enable_thinking': expected NAME=VALUE" in capsys.readouterr().err
+
+
+def test_tools_and_calls_reach_the_template_as_transformers_passes_them(tool_caller):
+    """Generator.chat(tools=...) is the reply to apply_chat_template(tools=...)'s ids;
+    an assistant's calls (arguments as JSON text, or as an object) and a tool's result
+    are written as transformers writes them with the arguments as objects."""
+    from tests.chat_models import ASKS, CALLS, TOOLS
+
+    generator = tool_caller.generator
+    assert generator.chat(ASKS, tools=TOOLS, max_new_tokens=60) == CALLS
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Tokyo"}}}
+    history = [*ASKS, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_0", "content": "sunny"}]
+    as_text = [*history[:1], {**history[1], "tool_calls": [
+        {**call, "function": {**call["function"], "arguments": '{"city": "Tokyo"}'}}]},
+        history[2]]
+    expected = template_ids(tool_caller.hf_dir, history, tools=TOOLS)
+    for given in (history, as_text):
+        assert generator.encode([Chat.of(given, tools=TOOLS)]) == [expected]
+
+
+@pytest.mark.parametrize("message,words", [
+    ({"role": "assistant", "content": None}, "[0].content: expected a string"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"function": 3}]},
+     "[0].tool_calls[0]: expected"),
+    ({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "a", "function": {"name": "f", "arguments": "{"}}]},
+     "[0].tool_calls[0].function.arguments: not JSON"),
+    ({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "a", "function": {"arguments": "{}"}}]}, "[0].tool_calls[0].function.name"),
+    ({"role": "tool", "content": "sunny", "tool_call_id": 7}, "[0].tool_call_id"),
+])
+def test_a_malformed_call_or_result_is_named(message, words):
+    from transduce.data.chat import ChatError
+
+    with pytest.raises(ChatError, match=re.escape(words)):
+        Chat.of([message])
+    with pytest.raises(ChatError, match=re.escape("tools[0]: expected an object")):
+        Chat.of([{"role": "user", "content": "a"}], tools=["get_weather"])
+
+
+def test_chat_shows_reasoning_on_standard_error_and_keeps_it_apart(reasoning, tmp_path,
+                                                                   monkeypatch, capsys):
+    """A thinking model at `transduce chat`: the answers alone on standard output, the
+    reasoning on standard error, and the next turn's history carries the earlier reply
+    as the server would give it back (its reasoning as reasoning_content)."""
+    from transduce.data.reasoning import split_reasoning
+
+    system, lines = CONVERSATIONS[1][0], ["In the beginning", "El niño"]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ((close, bias),) = reasoning.bias.items()
+    monkeypatch.setattr("sys.stdin", open(tmp_path / "in.txt", encoding="utf-8"))
+    assert main(["chat", "--model", str(reasoning.out), "--system", system["content"],
+                 "--max-new-tokens", "24", "--logit-bias", f"{close}={bias}"]) == 0
+    out, err = capsys.readouterr()
+    history, answers, thoughts = [system], [], []
+    for line in lines:
+        history.append({"role": "user", "content": line})
+        reply = reasoning.generator.chat(history, max_new_tokens=24,
+                                         logit_bias={int(close): bias})
+        thought, answer = split_reasoning(reply, inside=True)
+        history.append({"role": "assistant", "content": answer, "reasoning_content": thought})
+        answers.append(answer)
+        thoughts.append(thought)
+    assert out == "".join(answer.replace("\n", "\\n") + "\n" for answer in answers)
+    assert thoughts[0].strip() and answers[0].strip()
+    assert err == "".join(thought.replace("\n", "\\n") + "\n" for thought in thoughts
+                          if thought)

@@ -82,25 +82,6 @@ def chatml(tmp_path_factory):
     return chatml_model(tmp_path_factory.mktemp("chatml"))
 
 
-@pytest.fixture(scope="session")
-def reasoning(tmp_path_factory):
-    """A thinking model whose template opens the reply's reasoning, and a bias towards
-    </think> with which its greedy reply to CONVERSATIONS[1] closes the reasoning
-    after some of it and answers after that."""
-    from tests.chat_models import CONVERSATIONS, reasoning_model
-
-    model = reasoning_model(tmp_path_factory.mktemp("reasoning"))
-    close = model.generator.tokenizer.backend.token_to_id("</think>")
-    for bias in range(0, 40):
-        text = model.generator.chat(CONVERSATIONS[1], max_new_tokens=24,
-                                    logit_bias={close: bias})
-        thought, _, answer = text.partition("</think>")
-        if thought.strip() and answer.strip():
-            model.bias, model.text = {str(close): bias}, text
-            return model
-    raise AssertionError("no bias gives a reply with reasoning and an answer")
-
-
 def client_for(model, **limits) -> TestClient:
     return TestClient(create_app(model, name="tiny", limits=Limits(**limits)),
                       raise_server_exceptions=False)

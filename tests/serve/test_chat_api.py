@@ -42,7 +42,7 @@ def test_a_reply_is_the_librarys_with_its_usage_and_finish_reason(api, chatml, i
     assert body["id"].startswith("chatcmpl-") and body["created"] > 0
     assert body["choices"] == [{"index": 0, "finish_reason": reason, "logprobs": None,
                                 "message": {"role": "assistant", "content": text,
-                                            "reasoning_content": None}}]
+                                            "reasoning_content": None, "tool_calls": []}}]
     assert body["usage"] == usage
     if index == 0:        # the end token besides eos ends it
         assert reason == "stop" and usage["completion_tokens"] == chatml.cut + 1
@@ -196,7 +196,7 @@ def test_chats_and_prompts_share_the_continuous_batches(chatml):
 
 @pytest.mark.parametrize("body,status,field,words", [
     ({"messages": []}, 422, "messages", "at least 1 item"),
-    ({"messages": [{"role": "user"}]}, 422, "messages[0].content", "missing"),
+    ({"messages": [{"role": "user"}]}, 422, "messages[0].content", "expected a string"),
     ({"messages": [{"role": "", "content": "a"}]}, 422, "messages[0].role", "at least 1"),
     ({"messages": [{"role": "user", "content": "a"}], "n": 0}, 422, "n", "greater than"),
     ({"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}, 422,
@@ -204,6 +204,8 @@ def test_chats_and_prompts_share_the_continuous_batches(chatml):
     ({"messages": [{"role": "user", "content": "a"}], "logprobs": True, "top_logprobs": 21},
      422, "top_logprobs", "less than or equal to 20"),
     ({"messages": [{"role": "user", "content": "a"}], "tools": []}, 422, "tools",
+     "at least 1 item"),
+    ({"messages": [{"role": "user", "content": "a"}], "functions": []}, 422, "functions",
      "unknown field"),
     ({"messages": [{"role": "user", "content": "a"}], "presence_penalty": 2.5}, 422,
      "presence_penalty", "less than or equal to 2"),
@@ -319,7 +321,7 @@ def test_a_thinking_models_reasoning_comes_apart_whole_and_streamed(reasoning):
             events = [block for block in "".join(answer_stream.iter_text()).split("\n\n")
                       if block]
     assert message == {"role": "assistant", "content": answer.lstrip("\n"),
-                       "reasoning_content": thought.strip("\n")}
+                       "reasoning_content": thought.strip("\n"), "tool_calls": []}
     deltas = [json.loads(event.removeprefix("data: "))["choices"][0]["delta"]
               for event in events[1:-2]]         # the role's chunk, the finish, [DONE]
     fields = [field for delta in deltas for field in delta]

@@ -55,6 +55,9 @@ def from_schema(schema: dict, schemas: dict):
         return st.floats(low - 1, high + 1)
     if kind == "boolean":
         return st.booleans()
+    if kind == "string" and "pattern" in schema:           # a function's name
+        matching = st.from_regex(schema["pattern"], fullmatch=True)
+        return st.one_of(matching, matching, matching, st.text(max_size=8))
     if kind == "string":
         return st.sampled_from(WORDS + ["es", "en", "auto", "text"]) \
             | st.text(max_size=schema.get("maxLength", 140) + 2)
@@ -132,9 +135,10 @@ def fuzz(client, path: str, schema: dict, schemas: dict) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def instruct(chatml):
-    """A language model with a chat template, whose /v1/chat/completions answers."""
-    return chatml.generator
+def instruct(tool_caller):
+    """A language model with a chat template that takes tools, whose
+    /v1/chat/completions answers."""
+    return tool_caller.generator
 
 
 @pytest.mark.parametrize("kind", ["translator", "generator", "encoder", "instruct", "reranker"])

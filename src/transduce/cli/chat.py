@@ -6,6 +6,10 @@ line (a newline in it as \\n, as `generate` writes). Where the conversation woul
 the reply fewer than --max-new-tokens positions of the model's context, its oldest
 exchanges are left out, and standard error says so; --system's message always stays.
 --template-var sets a variable of the template (a Qwen3's enable_thinking=false).
+A thinking model's reasoning (Qwen3's <think> ... </think>, data/reasoning.py) goes to
+standard error, on a line of its own, and its answer to standard output, so that a pipe
+reads answers alone; the history keeps the reasoning apart, for the template to keep or
+drop, as the server's chat does.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ def register(commands) -> None:
 
 def chat_command(args: argparse.Namespace) -> int:
     from transduce.data.chat import Message
+    from transduce.data.reasoning import reasoning_markers
     from transduce.decode.generate import Generator, prompt_seeds
     from transduce.decode.options import GenerateOptions
     from transduce.decode.streaming import line_batches
@@ -55,6 +60,7 @@ def chat_command(args: argparse.Namespace) -> int:
     # a model without a template, or a template refusing the variables: before input
     generator.chat_text(user_turn("", args.system, variables=variables))
     seed = prompt_seeds(options.seed, 1)[0]
+    markers = reasoning_markers(generator.tokenizer)
     history: list[Message] = []
     turn = 0
     _ask()
@@ -63,17 +69,60 @@ def chat_command(args: argparse.Namespace) -> int:
             history = _fitting(generator, history, line, args.system, variables,
                                options.max_new_tokens)
             conversation = user_turn(line, args.system, history, variables)
-            reply = ""
+            reply = _Reply(markers, markers is not None and markers.starts_inside(
+                generator.encode([conversation])[0]))
             for text in generator.stream(conversation, options, number=turn + 1,
                                          seed=prompt_seeds(seed, 1, start=turn)[0]):
-                reply += text
-                sys.stdout.write(one_line(text))
-                sys.stdout.flush()
-            sys.stdout.write("\n")
-            history += [Message("user", line), Message("assistant", reply)]
+                reply.show(text)
+            history += [Message("user", line), reply.finish()]
             turn += 1
         _ask()
     return 0
+
+
+class _Reply:
+    """A reply shown as it comes: a thinking model's reasoning on standard error, its
+    answer on standard output, each on one line (markers None: all answer)."""
+
+    def __init__(self, markers, inside: bool):
+        from transduce.data.reasoning import ReasoningStream
+
+        self.stream = None if markers is None else ReasoningStream(inside)
+        self.text, self.reasoned = "", False
+
+    def show(self, text: str) -> None:
+        self.text += text
+        self._write([("content", text)] if self.stream is None else self.stream.feed(text))
+
+    def finish(self):
+        """Ends the lines -> the reply as a message of the history."""
+        from transduce.data.chat import Message
+        from transduce.data.reasoning import split_reasoning
+
+        if self.stream is not None:
+            self._write(self.stream.finish())
+        self._end_reasoning()
+        sys.stdout.write("\n")
+        if self.stream is None:
+            return Message("assistant", self.text)
+        reasoning, answer = split_reasoning(self.text, self.stream.inside)
+        return Message("assistant", answer, reasoning)
+
+    def _write(self, parts: list[tuple[str, str]]) -> None:
+        for field, text in parts:
+            if field == "reasoning_content":
+                sys.stderr.write(one_line(text))
+                sys.stderr.flush()
+                self.reasoned = True
+            else:
+                self._end_reasoning()
+                sys.stdout.write(one_line(text))
+                sys.stdout.flush()
+
+    def _end_reasoning(self) -> None:
+        if self.reasoned:
+            sys.stderr.write("\n")
+            self.reasoned = False
 
 
 def _fitting(generator, history: list, line: str, system: str | None, variables: dict,

@@ -25,6 +25,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
+from transduce.data.tool_calls import ToolCall
 from transduce.errors import TransduceError
 
 
@@ -35,11 +36,30 @@ class ChatError(TransduceError, ValueError):
 
 @dataclass(frozen=True)
 class Message:
-    role: str          # "system", "user", "assistant" (a template may take others)
-    content: str
+    role: str          # "system", "user", "assistant", "tool" (a template may take others)
+    content: str | None  # None only for an assistant's turn of tool calls alone
     # An earlier reply's reasoning, as an API answer gave it apart from its content
     # (data/reasoning.py); a thinking model's template may write it back (Qwen3's).
     reasoning_content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()   # an assistant's calls (data/tool_calls.py)
+    tool_call_id: str | None = None         # a tool's result: the call it answers
+    name: str | None = None                 # a tool's result: the function's name
+
+    def template_fields(self) -> dict[str, Any]:
+        """The message as templates read it, transformers' way: a call's arguments an
+        object (templates write them with tojson), fields that are not given left out."""
+        fields: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning_content is not None:
+            fields["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            fields["tool_calls"] = [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.name, "arguments": json.loads(call.arguments)}}
+                for call in self.tool_calls]
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                fields[key] = getattr(self, key)
+        return fields
 
 
 # What every render sets itself: a template variable of a Chat may not take these names
@@ -55,16 +75,21 @@ class Chat:
 
     messages: tuple[Message, ...]
     variables: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    # Functions the model may call, as OpenAI's API gives them ({"type": "function",
+    # "function": {"name", "description", "parameters"}}), for the template's `tools`.
+    tools: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
 
     @classmethod
     def of(cls, messages: Iterable[Mapping[str, Any] | Message] | "Chat",
-           where: str = "messages", variables: Mapping[str, Any] | None = None) -> Chat:
+           where: str = "messages", variables: Mapping[str, Any] | None = None,
+           tools: Iterable[Mapping[str, Any]] | None = None) -> Chat:
         """A Chat of {"role": ..., "content": ...} objects (or Messages); a malformed one
-        is a ChatError naming it as `where`[i]. variables: the template's, replacing a
-        given Chat's."""
+        is a ChatError naming it as `where`[i]. variables, tools: the template's,
+        replacing a given Chat's."""
         if isinstance(messages, Chat):
-            return messages if variables is None else \
-                cls(messages.messages, template_variables(variables))
+            return cls(messages.messages, messages.variables if variables is None
+                       else template_variables(variables),
+                       messages.tools if tools is None else _tools(tools))
         if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Iterable):
             raise ChatError(f"{where}: expected a list of messages ({{\"role\": ..., "
                             f"\"content\": ...}}), got a {type(messages).__name__}")
@@ -72,7 +97,20 @@ class Chat:
                         for index, message in enumerate(messages))
         if not checked:
             raise ChatError(f"{where}: no messages")
-        return cls(checked, template_variables(variables or {}))
+        return cls(checked, template_variables(variables or {}), _tools(tools or ()))
+
+
+def _tools(tools: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    """Tools as OpenAI's API gives them, each an object of JSON values; else a
+    ChatError naming tools[i]."""
+    if isinstance(tools, (str, bytes, Mapping)):
+        raise ChatError("tools: expected a list of {\"type\": \"function\", \"function\": "
+                        "...} objects")
+    tools = tuple(tools)
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, Mapping) or not _json_like(tool):
+            raise ChatError(f"tools[{index}]: expected an object of JSON values")
+    return tools
 
 
 def template_variables(values: Any, where: str = "chat_template_kwargs",
@@ -108,19 +146,43 @@ def _json_like(value: Any) -> bool:
 
 def _message(message: Any, where: str) -> Message:
     if isinstance(message, Message):
-        message = {"role": message.role, "content": message.content,
-                   "reasoning_content": message.reasoning_content}
+        message = message.template_fields()
     if not isinstance(message, Mapping):
         raise ChatError(f"{where}: expected an object with \"role\" and \"content\", got a "
                         f"{type(message).__name__}")
     role, content = message.get("role"), message.get("content")
     if not isinstance(role, str) or not role:
         raise ChatError(f"{where}.role: expected a non-empty string, got {role!r:.40}")
-    reasoning = message.get("reasoning_content")
-    _check_text(content, f"{where}.content")
-    if reasoning is not None:
-        _check_text(reasoning, f"{where}.reasoning_content")
-    return Message(role, content, reasoning)
+    calls = tuple(_tool_call(call, f"{where}.tool_calls[{index}]")
+                  for index, call in enumerate(message.get("tool_calls") or ()))
+    if content is not None or not calls:
+        _check_text(content, f"{where}.content")
+    texts = {key: message.get(key) for key in ("reasoning_content", "tool_call_id", "name")}
+    for key, text in texts.items():
+        if text is not None:
+            _check_text(text, f"{where}.{key}")
+    return Message(role, content, tool_calls=calls, **texts)
+
+
+def _tool_call(call: Any, where: str) -> ToolCall:
+    """OpenAI's {"id", "type": "function", "function": {"name", "arguments"}}, the
+    arguments a JSON object's text (or the object, as transformers takes it)."""
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping):
+        raise ChatError(f"{where}: expected {{\"id\": ..., \"type\": \"function\", "
+                        f"\"function\": {{\"name\": ..., \"arguments\": ...}}}}")
+    _check_text(call.get("id", ""), f"{where}.id")
+    _check_text(function.get("name"), f"{where}.function.name")
+    arguments = function.get("arguments", "{}")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError as error:
+            raise ChatError(f"{where}.function.arguments: not JSON ({error})") from None
+    if not isinstance(arguments, Mapping) or not _json_like(arguments):
+        raise ChatError(f"{where}.function.arguments: expected a JSON object's text")
+    return ToolCall(call.get("id", ""), function["name"],
+                    json.dumps(arguments, ensure_ascii=False))
 
 
 def _check_text(text: Any, where: str) -> None:
@@ -146,14 +208,13 @@ class ChatTemplate:
         the opening of the assistant's turn, so that the model writes the reply."""
         import jinja2
 
-        messages = [{"role": m.role, "content": m.content} | (
-            {} if m.reasoning_content is None else {"reasoning_content": m.reasoning_content})
-            for m in chat.messages]
+        messages = [message.template_fields() for message in chat.messages]
         template_variables(chat.variables, tokens=self.tokens)
         try:
             return _compiled(self.template).render(
                 messages=messages, add_generation_prompt=add_generation_prompt,
-                tools=None, documents=None, **self.tokens, **chat.variables)
+                tools=[dict(tool) for tool in chat.tools] or None, documents=None,
+                **self.tokens, **chat.variables)
         except jinja2.TemplateError as error:
             raise ChatError(f"the model's chat template refuses this conversation: "
                             f"{error}") from None

@@ -233,13 +233,15 @@ class Generator:
         return [found[index] for index in range(len(ids))]
 
     def chat(self, messages: Sequence[dict] | Chat, options: GenerateOptions | None = None,
-             *, template_variables: dict | None = None, **settings) -> str:
+             *, template_variables: dict | None = None, tools: Sequence[dict] | None = None,
+             **settings) -> str:
         """The model's reply to one conversation ({"role": ..., "content": ...} messages,
         the last the user's), laid out by its chat template, which also reads
-        template_variables (Qwen3's {"enable_thinking": False}, say); generate()'s
-        settings."""
-        return self.generate([Chat.of(messages, variables=template_variables)], options,
-                             **settings)[0]
+        template_variables (Qwen3's {"enable_thinking": False}, say) and tools (OpenAI's
+        function schemas: data/tool_calls.py reads the calls out of the reply);
+        generate()'s settings."""
+        chat = Chat.of(messages, variables=template_variables, tools=tools)
+        return self.generate([chat], options, **settings)[0]
 
     def stream(self, prompt: Prompt, options: GenerateOptions | None = None, *,
                number: int = 1, seed: int | None = None, **settings) -> Iterator[str]:

@@ -10,8 +10,14 @@ prompt's tokens once and the replies' (each end token included), and
 finish_reason says "stop" (an end token or a stop string) or "length" (max_tokens, or
 the end of the model's context). A thinking model's reasoning (Qwen3's <think> ...
 </think>) comes apart from its answer, as `reasoning_content` (data/reasoning.py), and
-an earlier reply's reasoning may come back in the history as that field. The defaults
-are OpenAI's: temperature 1, and a reply as long as the context allows. OpenAI's
+an earlier reply's reasoning may come back in the history as that field. Given `tools`,
+the model's template shows them to it, and the calls its reply makes come apart as
+`tool_calls` (data/tool_calls.py: Hermes', Llama 3's and Mistral's ways of writing them),
+with finish_reason "tool_calls"; the calls and the tools' results come back in the
+history as OpenAI's assistant and "tool" messages. A call cannot be forced
+(tool_choice "required" or a named function): that would need the reply constrained to
+a call's form, which the sampler does not do, so it is refused rather than hoped for.
+The defaults are OpenAI's: temperature 1, and a reply as long as the context allows. OpenAI's
 frequency and presence penalties and logit bias are taken (decode/penalties.py), and
 repetition_penalty, top_k and min_p, as /v1/generate's, are ours, as is
 chat_template_kwargs (vLLM's: the template's variables); any other field OpenAI's API
@@ -21,6 +27,7 @@ lacks is refused.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
@@ -28,8 +35,9 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from transduce.config import ConfigError
-from transduce.data.chat import Chat, ChatError, Message, template_variables
-from transduce.data.reasoning import ReasoningStream, reasoning_markers, split_reasoning
+from transduce.data.chat import Chat, ChatError, template_variables
+from transduce.data.reasoning import reasoning_markers
+from transduce.data.tool_calls import CallFormat, call_format, takes_tools
 from transduce.decode.generate import Continuation, Generator, PromptError, prompt_seeds
 from transduce.decode.options import GenerateOptions
 from transduce.serve.generation import EventFormat, Prompts, enqueue_prompts, events
@@ -37,8 +45,9 @@ from transduce.serve.limits import ApiError, check_texts
 from transduce.serve.completion_logprobs import reply_logprobs
 from transduce.serve.openai_shape import DONE, Completion, error_event, one_after_other, \
     sampling_options
-from transduce.serve.schemas import AssistantMessage, ChatChoice, ChatLogprobs, ChatRequest, \
-    ChatResponse, Timings
+from transduce.serve.chat_reply import ReplyParts, ReplyStream, finish_reason
+from transduce.serve.schemas import ChatChoice, ChatLogprobs, ChatRequest, ChatResponse, \
+    Timings
 from transduce.serve.scoring import scored
 from transduce.serve.service import Service
 from transduce.serve.validation import OPENAI_ERROR_RESPONSES
@@ -84,10 +93,12 @@ def routes(service: Service) -> APIRouter:
                                         "description": SSE_DESCRIPTION}},
         summary="An instruct model's reply to a conversation (OpenAI's chat completions)")
     async def chat(body: ChatRequest):
-        conversation, prompt = _conversation(service, body)
+        calls = _call_format(service, body)
+        conversation, prompt = _conversation(service, body, with_tools=calls is not None)
         markers = reasoning_markers(service.model.tokenizer)
-        thinks = markers is not None
-        inside = thinks and markers.starts_inside(prompt)
+        parts = ReplyParts(thinks=markers is not None,
+                           inside=markers is not None and markers.starts_inside(prompt),
+                           calls=calls, parallel=body.parallel_tool_calls)
         options = _options(service, body, len(prompt))
         seeds = None if options.greedy else prompt_seeds(options.seed, body.n)
         completion = Completion.new("chatcmpl", service.name, len(prompt))
@@ -96,12 +107,11 @@ def routes(service: Service) -> APIRouter:
         if not body.stream:
             job = enqueue_prompts(service, Conversations(each, options, seeds), tokens)
             replies, timings = await service.wait(job)
-            return await _answer(service, body, completion, prompt, replies, timings,
-                                 thinks, inside)
+            return await _answer(service, body, completion, prompt, replies, timings, parts)
         pieces: asyncio.Queue = asyncio.Queue()
         job = enqueue_prompts(service, Conversations(each, options, seeds, pieces,
                                                      asyncio.get_running_loop()), tokens)
-        streams = [ReasoningStream(inside) if thinks else None for _ in range(body.n)]
+        streams = [parts.stream() for _ in range(body.n)]
         return StreamingResponse(_chunks(service, job, pieces, completion, prompt, body,
                                          streams),
                                  media_type="text/event-stream",
@@ -111,27 +121,23 @@ def routes(service: Service) -> APIRouter:
 
 
 async def _answer(service: Service, body: ChatRequest, completion: Completion,
-                  prompt: list[int], replies: list[Reply], timings: Timings, thinks: bool,
-                  inside: bool) -> ChatResponse:
-    """The whole answer: the replies (a thinking model's reasoning apart; inside: the
-    prompt opened it) and, if asked, their tokens' logprobs, scored now."""
+                  prompt: list[int], replies: list[Reply], timings: Timings,
+                  parts: ReplyParts) -> ChatResponse:
+    """The whole answer: the replies (their parts apart) and, if asked, their tokens'
+    logprobs, scored now."""
     logprobs: list[ChatLogprobs | None] = [None] * len(replies)
     if body.logprobs:
         logprobs, scoring = await _scored(service, body, prompt, replies)
         timings = one_after_other(timings, scoring)
+    messages = [parts.message(reply.text) for reply in replies]
     return ChatResponse(
         id=completion.id, created=completion.created, model=completion.model,
-        choices=[ChatChoice(index=index, message=_message(reply.text, thinks, inside),
-                            logprobs=scores, finish_reason=reply.finish_reason)
-                 for index, (reply, scores) in enumerate(zip(replies, logprobs))],
+        choices=[ChatChoice(index=index, message=message, logprobs=scores,
+                            finish_reason=finish_reason(message.tool_calls,
+                                                        reply.finish_reason))
+                 for index, (reply, message, scores)
+                 in enumerate(zip(replies, messages, logprobs))],
         usage=completion.usage(sum(reply.tokens for reply in replies)), timings=timings)
-
-
-def _message(text: str, thinks: bool, inside: bool) -> AssistantMessage:
-    if not thinks:
-        return AssistantMessage(content=text)
-    reasoning, content = split_reasoning(text, inside)
-    return AssistantMessage(content=content, reasoning_content=reasoning)
 
 
 async def _scored(service: Service, body: ChatRequest, prompt: list[int],
@@ -144,21 +150,28 @@ async def _scored(service: Service, body: ChatRequest, prompt: list[int],
             for reply, each in zip(replies, scores)], timings
 
 
-def _conversation(service: Service, body: ChatRequest) -> tuple[Chat, list[int]]:
-    """The request's conversation and its ids as the template lays it out;
-    a model without a template, or a conversation its template refuses, is 422, one
-    longer than the model's context 413."""
+def _conversation(service: Service, body: ChatRequest,
+                  with_tools: bool) -> tuple[Chat, list[int]]:
+    """The request's conversation (with its tools, with_tools) and its ids as the
+    template lays it out; a model without a template, or a conversation its template
+    refuses, is 422, one longer than the model's context 413."""
     generator: Generator = service.model
-    check_texts([m.content + (m.reasoning_content or "") for m in body.messages],
-                service.limits, "messages")
+    check_texts([(m.content or "") + (m.reasoning_content or "")
+                 + "".join(call.function.arguments for call in m.tool_calls or ())
+                 for m in body.messages], service.limits, "messages")
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
+    check_texts([json.dumps(tool) for tool in tools], service.limits, "tools")
     template = getattr(generator.tokenizer, "chat_template", None)
     try:
         variables = template_variables(body.chat_template_kwargs or {},
                                        tokens=template.tokens if template else ())
     except ChatError as error:
         raise ApiError(422, str(error), "chat_template_kwargs") from None
-    conversation = Chat(tuple(Message(m.role, m.content, m.reasoning_content)
-                              for m in body.messages), variables)
+    try:
+        conversation = Chat.of([m.model_dump(exclude_none=True) for m in body.messages],
+                               variables=variables, tools=tools if with_tools else ())
+    except ChatError as error:                 # it names the message's field first
+        raise ApiError(422, str(error), str(error).partition(":")[0]) from None
     try:
         (ids,) = generator.encode([conversation])
     except (ConfigError, ChatError) as error:
@@ -166,6 +179,37 @@ def _conversation(service: Service, body: ChatRequest) -> tuple[Chat, list[int]]
     except PromptError as error:
         raise ApiError(413, str(error).replace("prompt 1", "messages"), "messages") from None
     return conversation, ids
+
+
+def _call_format(service: Service, body: ChatRequest) -> CallFormat | None:
+    """How the model writes the calls the request lets it make: None without tools (or
+    with tool_choice "none"); tools for a template that takes none, or writes calls in
+    no way data/tool_calls.py reads, are 422."""
+    choice = body.tool_choice
+    if body.tools is None:
+        if choice is not None:
+            raise ApiError(422, "tool_choice: give it with tools", "tool_choice")
+        return None
+    if choice == "none":
+        return None
+    if choice not in (None, "auto"):
+        shown = choice if isinstance(choice, str) else f"the function {choice.function.name}"
+        raise ApiError(422, f"tool_choice: {shown} would force a call, which needs the reply "
+                            f"constrained to a call's form, and this server does not "
+                            f"constrain replies; give \"auto\" (the model decides) or "
+                            f"\"none\"", "tool_choice")
+    template = getattr(service.model.tokenizer, "chat_template", None)
+    if template is None:
+        return None                    # encoding the conversation says there is none
+    if not takes_tools(template.template):
+        raise ApiError(422, "tools: the model's chat template takes no tools", "tools")
+    form = call_format(template.template)
+    if form is None:
+        raise ApiError(422, "tools: the model's chat template takes tools but writes calls "
+                            "in none of the ways this server reads (Hermes' <tool_call> "
+                            "blocks: Qwen2.5, Qwen3, Hermes; Llama 3.1's JSON; Mistral's "
+                            "[TOOL_CALLS])", "tools")
+    return form
 
 
 def _options(service: Service, body: ChatRequest, prompt_tokens: int) -> GenerateOptions:
@@ -188,28 +232,26 @@ def _options(service: Service, body: ChatRequest, prompt_tokens: int) -> Generat
 
 async def _chunks(service: Service, job, pieces: asyncio.Queue, completion: Completion,
                   prompt: list[int], body: ChatRequest,
-                  streams: list[ReasoningStream | None]) -> AsyncIterator[str]:
+                  streams: list[ReplyStream]) -> AsyncIterator[str]:
     """OpenAI's stream: each reply's role, its pieces (chunks of each choice's index as
-    they come; a thinking model's as reasoning_content, then content: `streams`, one per
-    choice), with logprobs each reply's in one chunk (scored once they are whole:
+    they come, in the parts its stream in `streams` gives: reasoning_content, content,
+    tool_calls), with logprobs each reply's in one chunk (scored once they are whole:
     OpenAI's clients join every chunk's logprobs.content), the finish reasons, the usage
     if asked, [DONE]; an error ends it as an {"error": ...} event."""
     def piece(index: int, text: str) -> str:
-        stream = streams[index]
-        deltas = [("content", text)] if stream is None else stream.feed(text)
-        return "".join(_chunk(completion, {field: part}, index=index)
-                       for field, part in deltas)
+        return "".join(_chunk(completion, delta, index=index)
+                       for delta in streams[index].feed(text))
 
     async def done(replies: list[Reply], timings: Timings) -> str:
-        last = "".join(_chunk(completion, {field: part}, index=index)
-                       for index, stream in enumerate(streams) if stream is not None
-                       for field, part in stream.finish())
+        last = "".join(_chunk(completion, delta, index=index)
+                       for index, stream in enumerate(streams) for delta in stream.finish())
         if body.logprobs:
             logprobs, _ = await _scored(service, body, prompt, replies)
             last += "".join(_chunk(completion, {}, logprobs=each.model_dump(), index=index)
                             for index, each in enumerate(logprobs))
-        last += "".join(_chunk(completion, {}, reply.finish_reason, index=index)
-                        for index, reply in enumerate(replies))
+        last += "".join(_chunk(completion, {}, stream.finish_reason(reply.finish_reason),
+                               index=index)
+                        for index, (reply, stream) in enumerate(zip(replies, streams)))
         if body.stream_options is not None and body.stream_options.include_usage:
             usage = completion.usage(sum(reply.tokens for reply in replies))
             last += _chunk(completion, None, usage=usage.model_dump())

@@ -200,14 +200,68 @@ class ErrorBody(BaseModel):
     field: str | None = None
 
 
+FunctionName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+                                           examples=["get_weather"])]
+
+
+class CalledFunction(Strict):
+    name: Annotated[Text, Field(min_length=1, examples=["get_weather"])]
+    arguments: Text = Field(description="the call's arguments: a JSON object's text",
+                            examples=['{"city": "Tokyo"}'])
+
+
+class MessageToolCall(Strict):
+    """A call an earlier reply made, as this API gave it."""
+
+    id: Annotated[Text, Field(examples=["call_0"])]
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"role": "user", "content": "What is attention?"}]})
+
     role: Annotated[StrictStr, Field(min_length=1, examples=["user"],
-                                     description="system, user or assistant (a template "
-                                                 "may take others)")]
-    content: Text
+                                     description="system, user, assistant or tool (a "
+                                                 "template may take others)")]
+    content: Text | None = Field(None, description="the text; null for an assistant's "
+                                                   "turn of tool calls alone")
     reasoning_content: Text | None = Field(
         None, description="an earlier reply's reasoning, as this API gave it; a thinking "
                           "model's template may write it back")
+    tool_calls: Annotated[list[MessageToolCall], Field(max_length=128)] | None = Field(
+        None, description="an earlier reply's calls, as this API gave them")
+    tool_call_id: Text | None = Field(None, description="a tool's result: the call's id")
+    name: Text | None = Field(None, description="a tool's result: the function's name")
+
+
+class FunctionSpec(Strict):
+    name: FunctionName
+    description: Text | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of its "
+                                                                "arguments")
+    strict: StrictBool | None = Field(None, description="accepted; arguments are not "
+                                                        "constrained to the schema here")
+
+
+class Tool(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"type": "function", "function": {
+            "name": "get_weather", "description": "The weather in a city now.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]})
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class ChosenFunction(Strict):
+    name: FunctionName
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: ChosenFunction
 
 
 class StreamOptions(Strict):
@@ -255,6 +309,14 @@ class ChatRequest(OpenAISampling):
         None, description="variables of the model's chat template, as vLLM takes them and "
                           "transformers' apply_chat_template (Qwen3's "
                           "{\"enable_thinking\": false})")
+    tools: Annotated[list[Tool], Field(min_length=1, max_length=128)] | None = Field(
+        None, description="functions the model may call, for its chat template; its calls "
+                          "come back as the message's tool_calls")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="with tools: \"auto\" (the default: the model decides) or "
+                          "\"none\" (the model is not shown the tools)")
+    parallel_tool_calls: StrictBool = Field(True, description="false: one call at most, "
+                                                               "the reply's first")
 
 
 class TopLogprob(BaseModel):
@@ -275,20 +337,35 @@ class ChatLogprobs(BaseModel):
     refusal: None = None
 
 
+class ReplyFunction(BaseModel):
+    name: str
+    arguments: str = Field(description="a JSON object's text, as the model wrote it")
+
+
+class ReplyToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ReplyFunction
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None = Field(description="the answer; null where the reply is tool "
+                                            "calls alone")
     reasoning_content: str | None = Field(
         None, description="a thinking model's reasoning (what it wrote between <think> and "
                           "</think>), apart from its answer; null for other models, or "
                           "where it did not reason")
+    tool_calls: list[ReplyToolCall] = Field(
+        default_factory=list, description="the functions the reply calls, given tools: "
+                                          "its calls, apart from its text")
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
 
 
 class Usage(BaseModel):
