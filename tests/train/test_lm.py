@@ -322,3 +322,22 @@ def test_the_matmul_peak_is_measured_on_a_product_the_cpu_finishes_in_time(monke
     monkeypatch.setattr(flops.time, "perf_counter", lambda: next(clock) * 0.008)
     # 8 ms for the probe: 4 s at 2048; a quarter of 0.5 s takes 640 (rounded to 128s).
     assert flops._cpu_size(torch.float32, seconds=0.5) == 640
+
+
+@pytest.mark.parametrize("window,full", [(4, ()), (4, (1,)), (16, ()), (30, (0,))])
+def test_forward_flops_of_sliding_layers_count_their_band(window, full):
+    """A sliding layer's scores count the window before each query and the query, not
+    the T x T square: the softmax model's count (its matmuls, above) less, per sliding
+    layer, the keys beyond the window; as much as the square where T is within it; per
+    packed pair, each pair's own band."""
+    softmax = gpt_tiny(attention_impl="naive")
+    sliding = gpt_tiny(attention_type="sliding", attention_window=window,
+                       full_attention_layers=full)
+    batch, length, q = 3, 17, softmax.num_heads * softmax.head_dim
+    beyond = max(0, length - (window + 1))
+    sliding_layers = softmax.num_decoder_layers - len(full)
+    assert forward_flops(sliding, batch, 0, length) == forward_flops(softmax, batch, 0, length) \
+        - 2 * sliding_layers * 2 * batch * length * beyond * q
+    lengths = np.array([3, 17, 40])
+    assert forward_flops(sliding, 1, 0, lengths).sum() == pytest.approx(
+        sum(forward_flops(sliding, 1, 0, int(n)) for n in lengths))

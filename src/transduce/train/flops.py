@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 
+import numpy
 import torch
 
 from transduce.config import ModelConfig
@@ -52,14 +53,27 @@ def forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: i
 
 def _decoder_only_forward_flops(config: ModelConfig, batch_size: int, tgt_len: int) -> float:
     """GPT: the decoder's layers without cross-attention (self-attention projections,
-    causal QK^T and AV over the full T x T square, as above, FFN), and the output."""
+    causal QK^T and AV over the full T x T square, as above, or a sliding layer's band;
+    FFN), and the output."""
     d, q, kv, ffn = config.d_model, *attention_widths(config), ffn_weights(config)
     tokens = batch_size * tgt_len
-    layers = config.num_decoder_layers * (
-        tokens * (2 * d * q + 2 * d * kv + ffn)        # q, o; k, v; FFN
-        + 2 * batch_size * tgt_len * tgt_len * q)               # QK^T and AV
+    keys = sum(_keys_per_query(config, layer, tgt_len)
+               for layer in range(config.num_decoder_layers))
+    layers = config.num_decoder_layers * tokens * (2 * d * q + 2 * d * kv + ffn) \
+        + 2 * tokens * keys * q                                 # QK^T and AV
     output = tokens * d * config.tgt_vocab_size
     return 2.0 * (layers + output)
+
+
+def _keys_per_query(config: ModelConfig, layer: int, length):
+    """The keys whose scores count for each query of decoder layer `layer`: the whole
+    length (the causal square, as counted above), or for a sliding layer the window
+    before the query and itself, where the length is longer: a sliding model's scores
+    grow as T, not T^2, and counting the square would raise its MFU above what it
+    does. length: an int or an array of them."""
+    if config.layer_attention_type(layer) != "sliding":
+        return length
+    return numpy.minimum(length, config.attention_window + 1)
 
 
 def _encoder_only_forward_flops(config: ModelConfig, batch_size: int, src_len: int) -> float:
