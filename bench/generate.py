@@ -1,6 +1,6 @@
 """Language-model generation speed: our decoder-only model against Hugging Face's
-`generate` (GPT2LMHeadModel, LlamaForCausalLM, Qwen3ForCausalLM or Gemma3ForCausalLM),
-on the same weights.
+`generate` (GPT2LMHeadModel, LlamaForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM or
+Gemma2ForCausalLM), on the same weights.
 
 A GPT-2 (124M), with `--family llama` a Llama of SmolLM2-135M's shape (30 layers of
 576, 9 heads sharing 3 key/value heads, SwiGLU 1536, tied embeddings), or with
@@ -8,8 +8,10 @@ A GPT-2 (124M), with `--family llama` a Llama of SmolLM2-135M's shape (30 layers
 sharing 8 key/value heads, queries and keys RMS-normalized per head, SwiGLU 3072, tied
 embeddings over 151,936 tokens), or with `--family gemma3` a Gemma 3 of gemma-3-270m's
 shape (18 layers of 640, 4 heads of 256 sharing one key/value head, a window of 512
-keys on five layers in six, GeGLU 2048, tied embeddings over 262,144 tokens; `--layers`
-etc. to change any) is built by transformers from a random config, saved with
+keys on five layers in six, GeGLU 2048, tied embeddings over 262,144 tokens), or with
+`--family gemma2` a Gemma 2 of the same shape (its 256,000 tokens, a window of 4,096 on
+one layer in two, scores soft-capped at 50 and logits at 30: CTranslate2 has no cap,
+so give --no-ctranslate2; `--layers` etc. to change any) is built by transformers from a random config, saved with
 save_pretrained, and imported with `transduce import hf-gpt2` / `hf-llama` /
 `hf-gemma`, so every peer holds the same weights:
 - CTranslate2's Generator runs our `export ct2` of the import (float32, the same
@@ -19,15 +21,18 @@ save_pretrained, and imported with `transduce import hf-gpt2` / `hf-llama` /
 - ONNX Runtime runs our `export onnx` of it behind our Generator (float32, and with
   `--quantize int8`'s int8 weights, the same threads; `--no-onnx` leaves both out).
 Our Generator also runs in bfloat16 and int8 (`--our-dtypes`), the types `--dtype auto`
-picks on CPUs with AMX and with VNNI. Greedy generation of --new-tokens tokens from
+picks on CPUs with AMX and with VNNI, and with `--modules` in float32 through its modules
+alone (no written-out decoder step, model/decoder_step.py), to measure what the step
+gives. Greedy generation of --new-tokens tokens from
 prompts of --prompt-length random tokens, batch 1 and batch 8 (same-length prompts: no
 padding on any side), interleaved over --repeats rounds. Counted: generated tokens, per
 second of the whole call (prompt prefill included); the float32 peers' tokens are checked
 equal to ours, token for token, and a quantized or bfloat16 peer counts its own. Decode
 speed by KV-cache kind (float32, int8, int4, sliding) is bench/kv_cache.py's.
 
-    python bench/generate.py [--family gpt2|llama|qwen3|gemma3] [--repeats 3] [--no-ctranslate2]
-        [--no-onnx] [--our-dtypes bfloat16 int8] [--out bench/results/generate-cpu.json]
+    python bench/generate.py [--family gpt2|llama|qwen3|gemma3|gemma2] [--repeats 3]
+        [--no-ctranslate2] [--no-onnx] [--our-dtypes bfloat16 int8] [--modules]
+        [--out bench/results/generate-cpu.json]
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ FAMILIES = {
               "d_ff": 3072, "vocab": 151936, "context": 4096, "importer": import_llama},
     "gemma3": {"layers": 18, "d_model": 640, "heads": 4, "kv_heads": 1, "head_dim": 256,
                "d_ff": 2048, "vocab": 262144, "context": 4096, "importer": import_gemma},
+    "gemma2": {"layers": 18, "d_model": 640, "heads": 4, "kv_heads": 1, "head_dim": 256,
+               "d_ff": 2048, "vocab": 256000, "context": 8192, "importer": import_gemma},
 }
 GEMMA3_WINDOW = 512        # gemma-3-270m's sliding window; every sixth layer full
 END = "<|endoftext|>"
@@ -87,6 +94,14 @@ def hf_model(args: argparse.Namespace):
             intermediate_size=args.d_ff, max_position_embeddings=args.context,
             vocab_size=args.vocab, sliding_window=GEMMA3_WINDOW, bos_token_id=args.vocab - 1,
             eos_token_id=args.vocab - 1, pad_token_id=args.vocab - 1)).eval()
+    if args.family == "gemma2":     # Gemma2Config's window (4,096) and caps (50, 30)
+        return transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+            num_hidden_layers=args.layers, hidden_size=args.d_model,
+            num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+            head_dim=args.head_dim, query_pre_attn_scalar=args.head_dim,
+            intermediate_size=args.d_ff, max_position_embeddings=args.context,
+            vocab_size=args.vocab, bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1,
+            pad_token_id=args.vocab - 1)).eval()
     llama = args.family == "llama"
     config_class, model_class = (transformers.LlamaConfig, transformers.LlamaForCausalLM) \
         if llama else (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)
@@ -225,6 +240,8 @@ def main() -> None:
     parser.add_argument("--our-dtypes", nargs="*", default=["bfloat16", "int8"],
                         choices=["bfloat16", "int8"],
                         help="our Generator in these types too (as more peers)")
+    parser.add_argument("--modules", action="store_true",
+                        help="our float32 Generator without its written-out decoder step too")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=Path("bench/results/generate-cpu.json"))
     parser.add_argument("--ct2-worker", type=Path, help=argparse.SUPPRESS)
@@ -257,6 +274,9 @@ def run_peers(args: argparse.Namespace, family: dict, scratch: Path) -> dict:
     generators = {"ours": ours}
     for dtype in args.our_dtypes:   # the copies `--dtype auto` chooses among, by the CPU
         generators[f"ours {dtype}"] = Generator.load(scratch / "ours", dtype=dtype)
+    if args.modules:
+        generators["ours modules"] = modules = Generator.load(scratch / "ours")
+        modules.model.decoder.fast_step = None
     if args.onnx:             # on as many threads, behind our Generator
         for name, quantize in (("onnxruntime", None), ("onnxruntime int8", "int8")):
             exported = export_onnx(scratch / "ours", scratch / name.replace(" ", "-"), quantize)

@@ -110,10 +110,18 @@ GEMMA3_LIKE = {"num_decoder_layers": 3, "attention_type": "sliding", "attention_
                "qk_norm": True, "scale_embeddings": True, "activation": "gelu-tanh"}
 
 
+# Gemma 2's: sliding and full layers, sandwich norms, scores and logits soft-capped (caps
+# small enough that the tanh bends them).
+GEMMA2_LIKE = {"num_decoder_layers": 3, "attention_type": "sliding", "attention_window": 60,
+               "full_attention_layers": (1,), "sandwich_norm": True, "scale_embeddings": True,
+               "activation": "gelu-tanh", "attention_softcap": 0.8, "logit_softcap": 3.0}
+
+
 @pytest.mark.parametrize("name, changes", [("gpt-tiny", {}), ("llama-tiny", {}),
                                            ("gpt-tiny", {"positional": "alibi"}),
                                            ("llama-tiny", {"qk_norm": True}),
-                                           ("llama-tiny", GEMMA3_LIKE)])
+                                           ("llama-tiny", GEMMA3_LIKE),
+                                           ("llama-tiny", GEMMA2_LIKE)])
 @pytest.mark.parametrize("scripted", [True, False])
 def test_left_padded_prompts_of_a_language_model_step_alike(name, changes, scripted,
                                                             monkeypatch):
@@ -134,7 +142,8 @@ def test_left_padded_prompts_of_a_language_model_step_alike(name, changes, scrip
 
 
 @pytest.mark.parametrize("name, changes", [("gpt-tiny", {}), ("llama-tiny", {}),
-                                           ("llama-tiny", {"num_kv_heads": 1})])
+                                           ("llama-tiny", {"num_kv_heads": 1}),
+                                           ("llama-tiny", GEMMA2_LIKE)])
 @pytest.mark.parametrize("scripted", [True, False])
 def test_steps_of_several_tokens_after_a_prompt_give_the_modules_logits(name, changes,
                                                                         scripted, monkeypatch):
@@ -294,3 +303,33 @@ def test_runs_of_rows_read_their_own_slots_as_a_key_mask_would_let_them(changes,
         with pytest.raises(ValueError, match="row_runs replace tgt_mask"):
             step(tokens, state.memory_kv, state.memory_mask, mask, fresh_caches(), None,
                  row_runs=runs)
+
+
+@pytest.mark.parametrize("kernel", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not one_query.available(), reason="the one-query kernel could not be built here"))])
+def test_runs_of_a_capped_language_model_read_their_own_slots(kernel, monkeypatch):
+    """Gemma 2's capped scores over row runs (a continuous batch's rows that joined at
+    slots 0, 2 and 4): the capped layers make a call per run (the one-query kernel has no
+    cap), the others go through the kernel where it is built; as the modules with a key
+    mask give them."""
+    model, prompt, _ = _language_model_and_padded_prompts("llama-tiny", GEMMA2_LIKE,
+                                                          monkeypatch)
+    model.decoder.fast_step = DecoderStep(model.decoder, kernel=kernel)
+    runs, starts = [(0, 1, 0), (1, 2, 2), (2, 3, 4)], torch.tensor([0, 2, 4])
+    with torch.inference_mode():
+        state = model.prefill(prompt, 8)
+        tokens, step = torch.randint(3, VOCAB, (3, 1)), model.decoder.fast_step
+        positions = (5 - starts)[:, None]            # five slots cached: the prompt's first
+
+        def fresh_caches():
+            return [copy.deepcopy(cache) for cache in state.caches]
+
+        by_runs = step(tokens, None, None, None, fresh_caches(), positions, row_runs=runs)
+        model.decoder.fast_step = None
+        mask = (torch.arange(6) >= starts[:, None])[:, None, None, :]       # (R, 1, 1, 6)
+        masked = model.decoder(tokens, None, None, tgt_mask=mask, caches=fresh_caches(),
+                               positions=positions)
+        unmasked = model.decoder(tokens, None, None, caches=fresh_caches(),
+                                 positions=positions)
+    assert torch.allclose(by_runs, masked, atol=3e-6, rtol=0)
+    assert not torch.allclose(by_runs, unmasked, atol=1e-3)                 # the runs mask

@@ -15,7 +15,8 @@ workers' compiled steps overlap better than their Python ones is not measured ye
 
 It covers the common case (softmax attention over plain KV caches, additive, rotary or
 no positions or a relative-position score bias, queries and keys normalized per head
-or not, sandwich norms or not, PyTorch's fused attention kernel; a sliding window's
+or not, sandwich norms or not, PyTorch's fused attention kernel, or Gemma 2's
+soft-capped scores in attention()'s written-out form; a sliding window's
 layers too while their caches are plain, as they are for outputs within the window,
 kinds.py) and
 leaves every other step to the modules: `covers` says which. A score bias (T5's, ALiBi)
@@ -48,14 +49,18 @@ MAX_STEP_TOKENS = 16
 
 def _supported(decoder: nn.Module) -> bool:
     """Whether every layer is one StepLayers writes out: fused self-attention
-    projections, scaled scores without a cap, the SDPA kernel."""
+    projections, scaled scores, the SDPA kernel (or, for self-attention's capped scores
+    without a score bias, the written-out form that attention() computes them in)."""
     for layer in decoder.layers:
         attentions = [layer.self_attn] + ([layer.cross_attn] if layer.cross_attn is not None
                                           else [])
         if layer.self_attn.qkv_proj is None:
             return False
-        if any(a.impl != "sdpa" or a.query_factor != 1.0 or a.softcap is not None
-               for a in attentions):
+        if any(a.impl != "sdpa" or a.query_factor != 1.0 for a in attentions):
+            return False
+        if layer.self_attn.softcap is not None and decoder.score_bias is not None:
+            return False
+        if layer.cross_attn is not None and layer.cross_attn.softcap is not None:
             return False
     return True
 
@@ -74,6 +79,7 @@ class FusedSelfAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.grouped = self.kv_heads != self.heads
         self.q_norm, self.k_norm = attn.q_norm, attn.k_norm       # qk_norm's, else None
+        self.softcap: Optional[float] = attn.softcap      # Gemma 2's cap on the scores
 
     def project(self, h: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """h (B, T, C) -> queries (B, H, T, D), keys and values (B, Hkv, T, D)."""
@@ -85,9 +91,28 @@ class FusedSelfAttention(nn.Module):
         return q, k, split_heads(qkv[2], self.kv_heads, self.head_dim)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """q (B, H, T, D), k and v (B, Hkv, S, D), mask (B|1, 1, T|1, S) boolean or SDPA's
+        float one -> (B, H, T, D)."""
+        cap = self.softcap
+        if cap is not None:
+            return self.capped(q, k, v, mask, cap)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0,
                                               is_causal=False, scale=self.scale,
                                               enable_gqa=self.grouped)
+
+    def capped(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor],
+               cap: float) -> Tensor:
+        """Soft-capped scores, by attention()'s written-out form's operators in its order
+        (kernels._naive, masked_softmax), so that the step equals the modules bit for
+        bit; mask boolean (the step has no score bias then)."""
+        group = self.heads // self.kv_heads
+        q5 = q.unflatten(1, (self.kv_heads, group))                      # (B, Hkv, G, T, D)
+        scores = (q5 * self.scale) @ k.unsqueeze(2).transpose(-1, -2)   # (B, Hkv, G, T, S)
+        scores = torch.tanh(scores / cap) * cap
+        if mask is not None:
+            scores = scores.masked_fill(~mask.unsqueeze(2), float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ v.unsqueeze(2)            # (B, Hkv, G, T, D)
+        return out.flatten(1, 2)
 
 
 class WrittenFeedForward(nn.Module):
@@ -235,7 +260,9 @@ class _LayerStep(nn.Module):
         super().__init__()
         self.norm_first = layer.norm_first
         self.norm1, self.norm2, self.norm3 = layer.norm1, layer.norm2, layer.norm3
-        self.self_attention = (_KernelSelfAttention if kernel else _SelfAttention)(
+        # the one-query kernel has no cap: a capped layer's runs are calls of their own
+        by_kernel = kernel and layer.self_attn.softcap is None
+        self.self_attention = (_KernelSelfAttention if by_kernel else _SelfAttention)(
             layer.self_attn)
         self.cross_attention = None if layer.cross_attn is None else \
             (_KernelCrossAttention if kernel else _CrossAttention)(layer.cross_attn)
