@@ -110,6 +110,10 @@ GEMMA3_LIKE = {"num_decoder_layers": 3, "attention_type": "sliding", "attention_
                "qk_norm": True, "scale_embeddings": True, "activation": "gelu-tanh"}
 
 
+# Gemma 3's layers past their window (4 keys): the sliding layers' caches are windows
+# (local.py's SlidingKVCache) from the prompt on.
+GEMMA3_PAST_WINDOW = {**GEMMA3_LIKE, "attention_window": 4}
+
 # Gemma 2's: sliding and full layers, sandwich norms, scores and logits soft-capped (caps
 # small enough that the tanh bends them).
 GEMMA2_LIKE = {"num_decoder_layers": 3, "attention_type": "sliding", "attention_window": 60,
@@ -121,6 +125,9 @@ GEMMA2_LIKE = {"num_decoder_layers": 3, "attention_type": "sliding", "attention_
                                            ("gpt-tiny", {"positional": "alibi"}),
                                            ("llama-tiny", {"qk_norm": True}),
                                            ("llama-tiny", GEMMA3_LIKE),
+                                           ("llama-tiny", GEMMA3_PAST_WINDOW),
+                                           ("llama-tiny", {**GEMMA2_LIKE,
+                                                           "attention_window": 3}),
                                            ("llama-tiny", GEMMA2_LIKE)])
 @pytest.mark.parametrize("scripted", [True, False])
 def test_left_padded_prompts_of_a_language_model_step_alike(name, changes, scripted,
@@ -333,3 +340,25 @@ def test_runs_of_a_capped_language_model_read_their_own_slots(kernel, monkeypatc
                                  positions=positions)
     assert torch.allclose(by_runs, masked, atol=3e-6, rtol=0)
     assert not torch.allclose(by_runs, unmasked, atol=1e-3)                 # the runs mask
+
+
+def test_a_window_past_its_keys_is_covered_one_token_at_a_time(monkeypatch):
+    """Sliding layers past their window hold a window's cache: the step covers one token
+    a row over it (every held key in the band), not several (the band would cut among
+    them) nor a window holding keys for a rewind beyond it."""
+    from transduce.attention.local import SlidingKVCache
+
+    model, prompt, real = _language_model_and_padded_prompts("llama-tiny", GEMMA3_PAST_WINDOW,
+                                                             monkeypatch)
+    step, one = model.decoder.fast_step, torch.zeros(3, 1, dtype=torch.long)
+    with torch.inference_mode():
+        state = model.prefill(prompt, 8, src_mask=real)
+        windows = [cache for cache in state.caches if type(cache) is SlidingKVCache]
+        assert len(windows) == 2 and all(cache.held == 4 for cache in windows)
+        assert step.covers(one, state.caches)
+        assert not step.covers(torch.zeros(3, 2, dtype=torch.long), state.caches)
+        model.decode_step(prompt[:, -1:], state)
+        assert [cache.held for cache in windows] == [4, 4] and state.length == 6
+        windows[0].allow_rewind(2)
+        model.decode_step(prompt[:, -1:], state)          # it may keep 6 keys now
+        assert windows[0].held == 5 and not step.covers(one, state.caches)

@@ -17,8 +17,8 @@ It covers the common case (softmax attention over plain KV caches, additive, rot
 no positions or a relative-position score bias, queries and keys normalized per head
 or not, sandwich norms or not, PyTorch's fused attention kernel, or Gemma 2's
 soft-capped scores in attention()'s written-out form; a sliding window's
-layers too while their caches are plain, as they are for outputs within the window,
-kinds.py) and
+layers too, over plain caches within the window (kinds.py) and past it over the window's
+own cache, local.py's SlidingKVCache, one token a row, every held key in the band) and
 leaves every other step to the modules: `covers` says which. A score bias (T5's, ALiBi)
 enters the step as SDPA's float mask, built once per step for every layer. A language
 model's step may feed a few tokens a row after its prompt (up to MAX_STEP_TOKENS:
@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from transduce.attention import masks, one_query
 from transduce.attention.kernels import bias_as_mask
 from transduce.attention.kv_cache import KVCache
+from transduce.attention.local import SlidingKVCache
 from transduce.attention.multihead import merge_heads, split_heads
 from transduce.model.positional import check_range
 from transduce.model.scripting import CompiledOnFirstCall, WrittenOut
@@ -143,10 +144,15 @@ class _SelfAttention(FusedSelfAttention):
         self.rotary_cos = attn.rotary.cos if self.rotary else torch.zeros(0)   # (P, D)
         self.rotary_sin = attn.rotary.sin if self.rotary else torch.zeros(0)
 
-    def forward(self, h: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
+    def forward(self, h: Tensor, k_cache: Tensor, v_cache: Tensor, length: int, kept: int,
                 mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
-                row_starts: Optional[Tensor], positions: Optional[Tensor]) -> Tensor:
-        """h (R, N, C), caches (R, Hkv, T, D) holding `length` slots -> (R, N, C).
+                row_starts: Optional[Tensor], positions: Optional[Tensor]
+                ) -> Tuple[Tensor, Tensor, Tensor]:
+        """h (R, N, C), caches (R, Hkv, T, D) holding `length` slots -> (R, N, C), and
+        the caches after the step. kept > 0: the caches are a sliding window's (local.py's
+        SlidingKVCache), holding the keys before this step's within the window: they
+        become the last `kept` of those and this step's (N is 1, see covers), as
+        SlidingKVCache.update keeps them.
         runs: (first row, end row, first slot) of row ranges that read only the slots
         from their first on (then mask is None; N is 1); row_starts (R,): each row's
         first slot, the same given per row; positions (R, N): each token's rotary
@@ -154,6 +160,10 @@ class _SelfAttention(FusedSelfAttention):
         q, k, v = self.project(h)                         # (R, H, N, D), (R, Hkv, N, D) x 2
         if self.rotary:
             q, k = self.rotate(q, length, positions), self.rotate(k, length, positions)
+        if kept > 0:
+            k_all, v_all = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+            out = self.attend(q, k_all, v_all, _window_mask(mask, k_all.shape[2]))
+            return self.out_proj(merge_heads(out)), k_all[:, :, -kept:], v_all[:, :, -kept:]
         end = length + h.shape[1]
         k_cache[:, :, length:end] = k
         v_cache[:, :, length:end] = v
@@ -161,7 +171,7 @@ class _SelfAttention(FusedSelfAttention):
             out = self.attend(q, k_cache[:, :, :end], v_cache[:, :, :end], mask)
         else:
             out = self.attend_runs(q, k_cache, v_cache, end, runs, row_starts)
-        return self.out_proj(merge_heads(out))
+        return self.out_proj(merge_heads(out)), k_cache, v_cache
 
     def rotate(self, x: Tensor, length: int, positions: Optional[Tensor]) -> Tensor:
         """RotaryEmbedding.forward's operators: x (R, H, N, D) at positions from `length`
@@ -182,6 +192,15 @@ class _SelfAttention(FusedSelfAttention):
         return torch.cat([self.attend(q[first:last], k_cache[first:last, :, start:end],
                                       v_cache[first:last, :, start:end], None)
                           for first, last, start in runs])
+
+
+def _window_mask(mask: Optional[Tensor], keys: int) -> Tensor:
+    """The mask SlidingKVCache.attend gives the kernel for one query over `keys` held
+    ones, all within its band: the step's key mask over its last `keys` slots, or the
+    band itself (every key allowed), so that the kernel runs as it does there."""
+    if mask is None:
+        return torch.ones(1, 1, 1, keys, dtype=torch.bool)
+    return mask[:, :, :, mask.shape[3] - keys:]
 
 
 class _KernelSelfAttention(_SelfAttention):
@@ -274,30 +293,32 @@ class _LayerStep(nn.Module):
             nn.Identity() if norm is None else norm
             for norm in (layer.post_norm1, layer.post_norm2, layer.post_norm3))
 
-    def forward(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
+    def forward(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, length: int, kept: int,
                 self_mask: Optional[Tensor], memory_k: Tensor, memory_v: Tensor,
                 cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
                 row_starts: Optional[Tensor], memory_lengths: Optional[Tensor],
-                positions: Optional[Tensor]) -> Tensor:
-        """x (R, N, C) -> (R, N, C); memory_k and memory_v are empty without cross-attention
-        (N is 1 with it)."""
+                positions: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        """x (R, N, C) -> (R, N, C), and the caches after the step (_SelfAttention's);
+        memory_k and memory_v are empty without cross-attention (N is 1 with it)."""
         # norm2 is None exactly when cross_attention is; TorchScript needs both tested.
         if self.norm_first:
-            h = self.self_attention(self.norm1(x), k_cache, v_cache, length, self_mask, runs,
-                                    row_starts, positions)
+            h, k_cache, v_cache = self.self_attention(self.norm1(x), k_cache, v_cache, length,
+                                                      kept, self_mask, runs, row_starts,
+                                                      positions)
             x = x + (self.post_norm1(h) if self.sandwich else h)
             if self.cross_attention is not None and self.norm2 is not None:
                 h = self.cross_attention(self.norm2(x), memory_k, memory_v, cross_mask,
                                          memory_lengths)
                 x = x + (self.post_norm2(h) if self.sandwich else h)
             h = self.feed_forward(self.norm3(x))
-            return x + (self.post_norm3(h) if self.sandwich else h)
-        x = self.norm1(x + self.self_attention(x, k_cache, v_cache, length, self_mask,
-                                               runs, row_starts, positions))
+            return x + (self.post_norm3(h) if self.sandwich else h), k_cache, v_cache
+        h, k_cache, v_cache = self.self_attention(x, k_cache, v_cache, length, kept,
+                                                  self_mask, runs, row_starts, positions)
+        x = self.norm1(x + h)
         if self.cross_attention is not None and self.norm2 is not None:
             x = self.norm2(x + self.cross_attention(x, memory_k, memory_v, cross_mask,
                                                     memory_lengths))
-        return self.norm3(x + self.feed_forward(x))
+        return self.norm3(x + self.feed_forward(x)), k_cache, v_cache
 
 
 class StepLayers(nn.Module):
@@ -310,20 +331,27 @@ class StepLayers(nn.Module):
         self.final_norm = decoder.final_norm
 
     def forward(self, x: Tensor, k_caches: List[Tensor], v_caches: List[Tensor], length: int,
-                self_mask: Optional[Tensor], memory_k: List[Tensor], memory_v: List[Tensor],
-                cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
-                row_starts: Optional[Tensor], memory_lengths: Optional[Tensor],
-                positions: Optional[Tensor]) -> Tensor:
+                kept: List[int], self_mask: Optional[Tensor], memory_k: List[Tensor],
+                memory_v: List[Tensor], cross_mask: Optional[Tensor],
+                runs: Optional[List[Tuple[int, int, int]]], row_starts: Optional[Tensor],
+                memory_lengths: Optional[Tensor], positions: Optional[Tensor]
+                ) -> Tuple[Tensor, List[Tensor], List[Tensor]]:
         """x (R, N, C) embedded tokens, per layer its caches (R, Hkv, T, D) holding `length`
-        slots and its sources' keys and values (B, Hkv, S, D) (empty tensors without
-        cross-attention), positions (R, N) each token's rotary position or None ->
-        hidden states (R, N, C); every cache takes slots `length` to `length + N - 1`."""
+        slots (or, kept > 0, a sliding window's held keys: _SelfAttention) and its
+        sources' keys and values (B, Hkv, S, D) (empty tensors without cross-attention),
+        positions (R, N) each token's rotary position or None -> hidden states (R, N, C)
+        and each layer's caches after the step: a plain cache takes slots `length` to
+        `length + N - 1` in place, a window's are new tensors."""
+        k_after, v_after = [], []
         for i, layer in enumerate(self.layers):
-            x = layer(x, k_caches[i], v_caches[i], length, self_mask, memory_k[i], memory_v[i],
-                      cross_mask, runs, row_starts, memory_lengths, positions)
+            x, k, v = layer(x, k_caches[i], v_caches[i], length, kept[i], self_mask,
+                            memory_k[i], memory_v[i], cross_mask, runs, row_starts,
+                            memory_lengths, positions)
+            k_after.append(k)
+            v_after.append(v)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return x
+        return x, k_after, v_after
 
 
 class DecoderStep(WrittenOut):
@@ -358,7 +386,15 @@ class DecoderStep(WrittenOut):
                 and self.decoder.layers[0].cross_attn is None):
             return False
         dtype = self.decoder.embed.embedding.weight.dtype
-        return all(type(cache) is KVCache and cache.k.dtype == dtype for cache in caches)
+        return all((type(cache) is KVCache or self._window_covered(cache, tgt))
+                   and cache.k.dtype == dtype for cache in caches)
+
+    def _window_covered(self, cache, tgt: Tensor) -> bool:
+        """A sliding window's cache (past the window: kinds.py gives plain caches within
+        it) whose held keys and the one new token's are all in its band, so that no band
+        mask is needed: one token a row, nothing held for a rewind, no score bias."""
+        return type(cache) is SlidingKVCache and tgt.shape[1] == 1 \
+            and cache.held <= cache.window and self.decoder.score_bias is None
 
     def __call__(self, tgt: Tensor, memory_kv: list[tuple[Tensor, Tensor]] | None,
                  memory_mask: Tensor | None, tgt_mask: Tensor | None,
@@ -398,11 +434,17 @@ class DecoderStep(WrittenOut):
                                                row_runs, x.dtype), None
         if row_runs is not None:
             layers, row_starts = self._layers_for_runs(x.dtype), _row_starts(row_runs)
-        hidden = layers(x, [cache.k for cache in caches], [cache.v for cache in caches],
-                        length, self_mask, memory_k, memory_v,
-                        None if memory_mask is None else masks.four_d(memory_mask),
-                        row_runs, row_starts, memory_lengths, positions)
-        for cache in caches:
+        kept = [cache.window + cache.rewindable if type(cache) is SlidingKVCache else 0
+                for cache in caches]
+        if row_runs is not None and any(kept):
+            raise ValueError("row runs read plain caches' slots; these layers hold a window")
+        hidden, k_after, v_after = layers(
+            x, [cache.k for cache in caches], [cache.v for cache in caches], length, kept,
+            self_mask, memory_k, memory_v,
+            None if memory_mask is None else masks.four_d(memory_mask),
+            row_runs, row_starts, memory_lengths, positions)
+        for cache, k, v in zip(caches, k_after, v_after):
+            cache.k, cache.v = k, v
             cache.length = length + new
         return hidden
 
@@ -442,7 +484,7 @@ def _row_starts(runs: list[tuple[int, int, int]]) -> Tensor:
     return torch.tensor([start for first, last, start in runs for _ in range(last - first)])
 
 
-def _check_room(caches: list[KVCache], length: int, new: int = 1) -> None:
+def _check_room(caches: list, length: int, new: int = 1) -> None:
     """KVCache.update's refusal of a step with no room left, checked before the compiled
     layers write every cache from slot `length` on (so all must hold that many)."""
     for cache in caches:
@@ -450,6 +492,6 @@ def _check_room(caches: list[KVCache], length: int, new: int = 1) -> None:
             raise ValueError(f"the decoder's caches disagree: {cache.length} cached, "
                              f"{tuple(cache.k.shape)}, against {length}, "
                              f"{tuple(caches[0].k.shape)}")
-        if length + new > cache.max_len:
+        if cache.max_len is not None and length + new > cache.max_len:
             raise ValueError(f"KV cache full: {length} cached + {new} new > max_len "
                              f"{cache.max_len}")
