@@ -263,7 +263,8 @@ def test_a_model_without_a_template_answers_422(lm):
         "messages": [{"role": "user", "content": "uno"}]})
     assert answer.status_code == 422
     assert "this model has no chat template" in answer.json()["error"]["message"]
-    assert lm.get("/v1/models").json()["data"][0]["chat"] is False
+    model = lm.get("/v1/models").json()["data"][0]
+    assert model["chat"] is False and model["tool_calls"] is None
 
 
 def test_openais_client_reads_replies_whole_and_streamed(chatml):

@@ -31,6 +31,15 @@ def _stream(api, request) -> list[dict]:
     return [json.loads(block.removeprefix("data: ")) for block in blocks[:-1]]
 
 
+def test_models_say_how_calls_are_read(api, chatml):
+    """/v1/models: a template that takes tools names the way its calls are read; one
+    that takes none says null."""
+    assert api.get("/v1/models").json()["data"][0]["tool_calls"] == "hermes"
+    with client_for(chatml.generator) as client:
+        model = client.get("/v1/models").json()["data"][0]
+    assert model["chat"] is True and model["tool_calls"] is None
+
+
 def test_a_reply_of_calls_comes_back_as_tool_calls(api, tool_caller):
     """The model's two <tool_call> blocks as two calls with ids of their own, no content,
     finish_reason tool_calls; the prompt is the one transformers lays out with the

@@ -194,8 +194,10 @@ MISTRAL = CallFormat("mistral", _mistral_split, id_length=9)
 
 
 def call_format(template: str) -> CallFormat | None:
-    """The way of writing calls that a chat template writes earlier calls in; None where
-    it shows none of those this module reads."""
+    """The way of writing calls that a chat template that takes tools writes earlier
+    calls in; None where it takes none, or shows none of those this module reads."""
+    if not takes_tools(template):
+        return None
     if HERMES_OPEN in template:
         return HERMES
     if MISTRAL_CALLS in template:

@@ -26,6 +26,7 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from transduce.attention import one_query
+from transduce.data.tool_calls import call_format
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.generate import Generator
 from transduce.decode.translate import Translator
@@ -183,8 +184,11 @@ def describe(service: Service, kind: str) -> dict:
         if codes:
             info["language_codes"] = sorted(codes)
         info["attention_maps"] = translation.serves_attention_maps(model)
-    if kind == "generation":     # whether /v1/chat/completions answers
-        info["chat"] = getattr(tokenizer, "chat_template", None) is not None
+    if kind == "generation":     # whether /v1/chat/completions answers, and takes tools
+        template = getattr(tokenizer, "chat_template", None)
+        info["chat"] = template is not None
+        form = None if template is None else call_format(template.template)
+        info["tool_calls"] = None if form is None else form.name   # how calls are read
     if kind == "encoder":
         info["labels"] = model.labels
         info["classifier_inputs"] = model.classifier_inputs   # "pairs": send text_pairs
