@@ -367,3 +367,29 @@ def test_openais_client_reads_the_reasoning(reasoning):
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == \
         whole.reasoning_content
     assert "".join(d.content or "" for d in deltas) == whole.content
+
+
+def test_content_as_text_parts_is_their_text_joined_by_newlines(api, chatml):
+    """OpenAI's list of parts (sent by LangChain and the SDK's typed messages): text
+    parts are the message's text, joined by newlines as vLLM joins them; an image part,
+    or something that is no part, is a 422 naming it."""
+    parts = [{"type": "text", "text": "El niño"}, {"type": "text", "text": "comió."}]
+    request = {"max_tokens": 4, "temperature": 0}
+    given = api.post("/v1/chat/completions", json={
+        **request, "messages": [{"role": "user", "content": parts}]}).json()
+    joined = api.post("/v1/chat/completions", json={
+        **request, "messages": [{"role": "user", "content": "El niño\ncomió."}]}).json()
+    assert given["choices"] == joined["choices"]
+    assert given["usage"] == joined["usage"] == {**given["usage"], "prompt_tokens": len(
+        template_ids(chatml.hf_dir, [{"role": "user", "content": "El niño\ncomió."}]))}
+    for bad, words in (([{"type": "image_url", "image_url": {"url": "x"}}],
+                        "content[0]: a part of type 'image_url'"),
+                       ([parts[0], "comió"], "content[1]: not a part"),
+                       ([], "content: 0 parts"),
+                       ([{"type": "text", "text": "a", "extra": 1}],
+                        "content[0]: a part of type 'text'")):
+        answer = api.post("/v1/chat/completions", json={
+            **request, "messages": [{"role": "user", "content": bad}]})
+        assert answer.status_code == 422, answer.text
+        error = answer.json()["error"]
+        assert error["param"] == "messages[0]" and words in error["message"], error

@@ -12,7 +12,8 @@ import json
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, \
-    StrictInt, StrictStr, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
+    StrictInt, StrictStr, ValidationError, ValidatorFunctionWrapHandler, WrapValidator, \
+    model_validator
 from pydantic_core import PydanticCustomError
 
 MAX_BEAM = 16
@@ -225,8 +226,9 @@ class ChatMessage(Strict):
     role: Annotated[StrictStr, Field(min_length=1, examples=["user"],
                                      description="system, user, assistant or tool (a "
                                                  "template may take others)")]
-    content: Text | None = Field(None, description="the text; null for an assistant's "
-                                                   "turn of tool calls alone")
+    content: Text | None = Field(None, description=(
+        "the text (or OpenAI's list of {\"type\": \"text\", \"text\": ...} parts, "
+        "joined by newlines); null for an assistant's turn of tool calls alone"))
     reasoning_content: Text | None = Field(
         None, description="an earlier reply's reasoning, as this API gave it; a thinking "
                           "model's template may write it back")
@@ -234,6 +236,34 @@ class ChatMessage(Strict):
         None, description="an earlier reply's calls, as this API gave them")
     tool_call_id: Text | None = Field(None, description="a tool's result: the call's id")
     name: Text | None = Field(None, description="a tool's result: the function's name")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_of_parts(cls, value: Any) -> Any:
+        """Content given as OpenAI's parts (LangChain's and the SDK's typed messages send
+        them): the text parts joined by newlines, as vLLM gives them to a template that
+        reads text; a part of another kind (an image) is refused, naming it."""
+        if isinstance(value, dict) and isinstance(value.get("content"), list):
+            value = {**value, "content": _joined_text_parts(value["content"])}
+        return value
+
+
+MAX_PARTS = 64
+
+
+def _joined_text_parts(parts: list) -> str:
+    if not 1 <= len(parts) <= MAX_PARTS:
+        raise ValueError(f"content: {len(parts)} parts; give 1 to {MAX_PARTS}")
+    texts = []
+    for index, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or set(part) != {"type", "text"} \
+                or not isinstance(part["text"], str):
+            shown = f"a part of type {kind!r}" if isinstance(kind, str) else "not a part"
+            raise ValueError(f"content[{index}]: {shown}; this server's models read "
+                             f"{{\"type\": \"text\", \"text\": ...}} parts alone")
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 class FunctionSpec(Strict):
