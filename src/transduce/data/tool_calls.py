@@ -42,17 +42,19 @@ class CallFormat:
 
     split: (text, final) -> (its text apart from the calls, the calls); with final False
     the text is a streamed reply's so far, and what more text could turn into a call is
-    held back (see ToolCallStream). id_length: characters of a call's id (Mistral's
-    templates refuse ids of other than 9)."""
+    held back (see ToolCallStream). id_prefix, id_length: a call's id, OpenAI's way
+    ("call_" and 24 letters and digits) unless the family's templates want another
+    (Mistral's refuse ids of other than 9 letters and digits)."""
 
     name: str
     split: Callable[[str, bool], tuple[str, list[CallText]]]
+    id_prefix: str = "call_"
     id_length: int = 24
 
     def new_id(self) -> str:
         alphabet = string.ascii_letters + string.digits
-        body = "".join(secrets.choice(alphabet) for _ in range(self.id_length))
-        return body if self.id_length == 9 else "call_" + body
+        return self.id_prefix + "".join(secrets.choice(alphabet)
+                                        for _ in range(self.id_length))
 
 
 def _arguments(value: Any) -> str | None:
@@ -190,7 +192,7 @@ def _mistral_split(text: str, final: bool) -> tuple[str, list[CallText]]:
 
 HERMES = CallFormat("hermes", _hermes_split)
 LLAMA3 = CallFormat("llama3_json", _llama3_split)
-MISTRAL = CallFormat("mistral", _mistral_split, id_length=9)
+MISTRAL = CallFormat("mistral", _mistral_split, id_prefix="", id_length=9)
 
 
 def call_format(template: str) -> CallFormat | None:

@@ -392,7 +392,8 @@ class DecoderStep(WrittenOut):
     def _window_covered(self, cache, tgt: Tensor) -> bool:
         """A sliding window's cache (past the window: kinds.py gives plain caches within
         it) whose held keys and the one new token's are all in its band, so that no band
-        mask is needed: one token a row, nothing held for a rewind, no score bias."""
+        mask is needed: one token a row, at most the window held (keys kept for a rewind
+        beyond it would fall out of the band), no score bias."""
         return type(cache) is SlidingKVCache and tgt.shape[1] == 1 \
             and cache.held <= cache.window and self.decoder.score_bias is None
 

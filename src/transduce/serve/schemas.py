@@ -369,7 +369,8 @@ class ChatLogprobs(BaseModel):
 
 class ReplyFunction(BaseModel):
     name: str
-    arguments: str = Field(description="a JSON object's text, as the model wrote it")
+    arguments: str = Field(description="the arguments the model wrote, as a JSON object's "
+                                       "text")
 
 
 class ReplyToolCall(BaseModel):
