@@ -245,11 +245,11 @@ def test_refuses_what_it_cannot_generate(generator, tokenizer):
     assert supports(generator) and not supports(linear)
     with pytest.raises(ValueError, match="KV caches of softmax or sliding-window attention"):
         ContinuousGeneration(linear, GenerateOptions())
-    # Sliding layers among full ones: the slots' window band would cover every layer.
-    mixed = _generator(tokenizer, attention_type="sliding", attention_window=3,
-                       full_attention_layers=(1,))
+    # Sliding layers among full ones in int8: their band is a float cache's.
+    mixed = _generator(tokenizer, kv_dtype="int8", attention_type="sliding",
+                       attention_window=3, full_attention_layers=(1,))
     assert not supports(mixed)
-    with pytest.raises(ValueError, match="one kind on every layer"):
+    with pytest.raises(ValueError, match="float ones where the two kinds mix"):
         ContinuousGeneration(mixed, GenerateOptions())
     greedy = ContinuousGeneration(generator, GenerateOptions())
     with pytest.raises(ValueError, match="one tag per prompt"):
@@ -271,3 +271,31 @@ def test_done_rows_free_their_generators(generator):
     while generation.running:
         generation.step()
     assert generation.samplers == {} and generation._seeds == {}
+
+
+@pytest.mark.parametrize("settings,positions", [
+    ({}, {}), ({"temperature": 0.9, "top_k": 20, "seed": 3}, {}),
+    ({}, {"positional": "rotary", "local_rope_base": 100.0})])
+def test_sliding_layers_among_full_ones_keep_their_band(tokenizer, settings, positions):
+    """Gemma's layers: a window of 3 keys on two layers of three, the middle one full
+    (rotary positions with a base of their own on the sliding layers, as Gemma 3's),
+    over prompts and outputs longer than the window. Every layer reads from the oldest
+    row's first slot; the sliding layers' caches keep their band; each prompt gets what
+    it gets alone (its window's own caches and plain ones)."""
+    options = GenerateOptions(max_new_tokens=16, **settings)
+    seeds = None if options.greedy else prompt_seeds(options.seed, len(PROMPTS))
+    generator = _generator(tokenizer, num_decoder_layers=3, attention_type="sliding",
+                           attention_window=3, full_attention_layers=(1,), **positions)
+    assert supports(generator)
+    generation = ContinuousGeneration(generator, options)
+    found, _ = run_continuously(generation, generator, PROMPTS, seeds,
+                                [0, 0, 1, 4, 4, 9, 12, 13])
+    alone = [generator.generate([p], options, seeds=None if seeds is None else [seed])[0]
+             for p, seed in zip(PROMPTS, seeds or [None] * len(PROMPTS))]
+    assert found == alone and any(found)
+    assert {type(cache).__name__ for cache in generation.caches} == {"BandedKVCache",
+                                                                    "KVCache"}
+    if not positions:                                  # the full layer counts
+        windowed = _generator(tokenizer, num_decoder_layers=3, attention_type="sliding",
+                              attention_window=3)
+        assert found != windowed.generate(PROMPTS, options, seeds=seeds)

@@ -146,9 +146,11 @@ def test_beam_search_is_batched_whole_and_a_quantized_cache_continuously(generat
     assert generation_stream(load(lm_dir, kv_dtype="int8"), GenerateOptions()) is not None
 
 
-def test_sliding_layers_among_full_ones_are_batched_whole(tiny_corpus, tmp_path):
-    """A Gemma-like stack (one full layer among sliding ones) has no continuous stream;
-    the server then generates its prompts in whole batches, as the Generator does."""
+def test_sliding_layers_among_full_ones_are_batched_continuously(tiny_corpus, tmp_path):
+    """A Gemma-like stack (one full layer among sliding ones, a window of 2 keys) has a
+    continuous stream, its sliding layers' caches keeping their band: the server's
+    answers are what the Generator gives each prompt alone. Its int8 cache has none (the
+    server then generates whole batches)."""
     torch.manual_seed(0)
     model = build_model(preset("llama-tiny", src_vocab_size=300, tgt_vocab_size=300,
                                num_decoder_layers=3, attention_type="sliding",
@@ -156,10 +158,13 @@ def test_sliding_layers_among_full_ones_are_batched_whole(tiny_corpus, tmp_path)
                                local_rope_base=100.0, sandwich_norm=True))
     checkpoint.save(tmp_path / "model", model, None, tiny_corpus / MODEL_NAME)
     generator = load(tmp_path / "model")
-    assert generation_stream(generator, GenerateOptions()) is None
+    assert generation_stream(generator, GenerateOptions()) is not None
+    assert generation_stream(load(tmp_path / "model", kv_dtype="int8"),
+                             GenerateOptions()) is None
     prompts = ["uno dos", "el perro grande come", "casa"]
     with client_for(generator, max_texts=16, continuous=True) as client:
         answer = client.post("/v1/generate", json={"prompts": prompts, "max_new_tokens": 12})
     assert answer.status_code == 200, answer.text
-    assert answer.json()["generations"] == generator.generate(
-        prompts, GenerateOptions(max_new_tokens=12, batch_sentences=16))
+    assert answer.json()["generations"] == [
+        generator.generate([prompt], GenerateOptions(max_new_tokens=12))[0]
+        for prompt in prompts]

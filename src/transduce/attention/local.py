@@ -21,7 +21,7 @@ from torch import Tensor
 
 from transduce.attention import masks
 from transduce.attention.kernels import attention
-from transduce.attention.kv_cache import (Attended, AttentionCache, Int4KVCache,
+from transduce.attention.kv_cache import (Attended, AttentionCache, Int4KVCache, KVCache,
                                           QuantizedKVCache, element_size, kv_cache_bytes,
                                           refuse_position_bias)
 
@@ -192,6 +192,32 @@ class SlidingKVCache(AttentionCache):
     def reset(self) -> None:
         self._keep(0)
         self.length = 0
+
+
+class BandedKVCache(KVCache):
+    """A plain cache whose steps attend to the last `window` keys before each query (and
+    its own) among all it holds, by a band mask: a sliding layer's cache in a continuous
+    batch (decode/continuous_generation.py) of a model whose other layers attend to the
+    whole context, where every layer's cache is a view of the same slots."""
+
+    def __init__(self, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int, *,
+                 window: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None):
+        super().__init__(batch_size, num_kv_heads, max_len, head_dim, dtype=dtype,
+                         device=device)
+        self.window = window
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
+               causal: bool, impl: str, return_weights: bool = False,
+               position_bias: Tensor | None = None,
+               softcap: float | None = None) -> Attended:
+        """KVCache.attend under the band of the queries' positions (they end the keys)."""
+        refuse_position_bias(position_bias, "sliding-window attention")
+        keys = self.length + k.shape[2]
+        band = masks.band_mask(q.shape[2], keys, self.window, causal=True,
+                               query_offset=keys - q.shape[2], device=q.device)
+        return super().attend(q, k, v, masks.combine(mask, band), causal=causal, impl=impl,
+                              return_weights=return_weights, softcap=softcap)
 
 
 class QuantizedSlidingKVCache(SlidingKVCache):

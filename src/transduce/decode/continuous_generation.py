@@ -21,7 +21,10 @@ same for every row: a row reads from its own first slot or the window's, whichev
 later. Slots before the oldest running row's first are never read; when the buffers
 lack room (for more rows, a longer prompt, the next slot) they are laid out again from
 that slot, with twice the room needed, so that this is rare. (A window's older slots
-are kept until then too: the buffers hold what softmax attention's would.)
+are kept until then too: the buffers hold what softmax attention's would.) Where
+sliding layers mix with full ones (Gemma 2's and 3's), every layer reads from the
+oldest row's first slot, and the sliding layers' caches (BandedKVCache) keep their band
+themselves; such steps run through the modules, under the key mask.
 
 Each row is generated as Generator.generate generates it alone, with its own settings
 (prompts of any settings share the batch): greedy, or sampled at its temperature, top_k
@@ -42,7 +45,7 @@ from torch import Tensor
 
 from transduce.attention.kinds import SoftmaxAttention
 from transduce.attention.kv_cache import KVCache
-from transduce.attention.local import SlidingKVCache
+from transduce.attention.local import BandedKVCache, SlidingKVCache
 from transduce.decode.continuous import slot_buffers, view_slots
 from transduce.decode.generate import Continuation, Generator, left_pad
 from transduce.decode.options import GenerateOptions
@@ -70,28 +73,36 @@ def supports(generator: Generator) -> bool:
     """Whether `generator` can generate continuously: a PyTorch model (not an ONNX
     export) whose caches hold keys and values, as they are or quantized (softmax
     attention, or a sliding window, whose band the slots' mask keeps, the same on every
-    layer)."""
-    if not isinstance(generator.model, DecoderOnly) or \
-            generator.model.config.full_attention_layers:
+    layer); or, in float caches, sliding layers among full ones (Gemma's), whose band
+    their caches keep (BandedKVCache)."""
+    if not isinstance(generator.model, DecoderOnly):
         return False
     caches = generator.model.new_caches(1, 1, generator.cache_dtype or torch.float32, "meta")
+    if generator.model.config.full_attention_layers:
+        return all(type(cache) in (KVCache, SlidingKVCache) for cache in caches)
     return all(isinstance(cache, (KVCache, SlidingKVCache)) for cache in caches)
 
 
 def _window(model: DecoderOnly) -> int | None:
-    """The keys before its own that a token attends to (None: all of them)."""
+    """The keys before its own that a token attends to on every layer (None: all of them,
+    on some layers at least)."""
     c = model.config
-    return c.attention_window if c.attention_type == "sliding" else None
+    return c.attention_window if c.attention_type == "sliding" \
+        and not c.full_attention_layers else None
 
 
 def _slot_caches(model: DecoderOnly, dtype: torch.dtype, device: torch.device | str
                  ) -> list[KVCache]:
     """Softmax attention's cache per layer (KVCache, or QuantizedKVCache / Int4KVCache
-    for int8 and int4), whose buffers _decode points at the slots: a window is a band of
-    slots in the mask, the same for every row."""
+    for int8 and int4), whose buffers _decode points at the slots: a window on every
+    layer is a band of slots in the mask, the same for every row; a window on some is
+    their caches' own band (BandedKVCache), the others reading every slot."""
     c = model.config
-    return [SoftmaxAttention().new_cache(0, c.kv_heads, c.head_dim, 0, dtype, device)
-            for _ in model.decoder.layers]
+    return [BandedKVCache(0, c.kv_heads, 0, c.head_dim, window=c.attention_window,
+                          dtype=dtype, device=device)
+            if c.full_attention_layers and c.layer_attention_type(layer) == "sliding"
+            else SoftmaxAttention().new_cache(0, c.kv_heads, c.head_dim, 0, dtype, device)
+            for layer in range(len(model.decoder.layers))]
 
 
 def _prefilled(cache: KVCache | SlidingKVCache) -> list[Tensor]:
@@ -117,8 +128,8 @@ class ContinuousGeneration:
         _check_beam(options)
         if not supports(generator):
             raise ValueError("this generator cannot generate continuously: it needs the "
-                             "KV caches of softmax or sliding-window attention, one kind "
-                             "on every layer")
+                             "KV caches of softmax or sliding-window attention (float "
+                             "ones where the two kinds mix)")
         self.generator, self.options, self.model = generator, options, generator.model
         self.device, self.window = generator.device, _window(generator.model)
         self.rows: list[_Row] = []                   # running, in row order
