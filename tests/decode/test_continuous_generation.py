@@ -40,6 +40,12 @@ def generator(tokenizer):
     return _generator(tokenizer)
 
 
+def generated_alone(generator, options, seeds):
+    """Each of PROMPTS as the Generator gives it alone, with its seed when sampling."""
+    return [generator.generate([p], options, seeds=None if seeds is None else [seed])[0]
+            for p, seed in zip(PROMPTS, seeds or [None] * len(PROMPTS))]
+
+
 def run_continuously(generation, generator, prompts, seeds, joins):
     """Add prompt i before step joins[i] (several may join at one step); step until all
     are done -> each prompt's text, and the number of steps."""
@@ -74,8 +80,7 @@ def test_continuous_equals_alone(generator, settings, joins):
     seeds = None if options.greedy else prompt_seeds(options.seed or 11, len(PROMPTS))
     found, _ = run_continuously(ContinuousGeneration(generator, options), generator, PROMPTS,
                                 seeds, when)
-    alone = [generator.generate([p], options, seeds=None if seeds is None else [seed])[0]
-             for p, seed in zip(PROMPTS, seeds or [None] * len(PROMPTS))]
+    alone = generated_alone(generator, options, seeds)
     assert found == alone
     assert sum(map(len, found)) > 20
 
@@ -198,8 +203,7 @@ def test_a_sliding_window_is_a_band_of_slots(tokenizer, settings, monkeypatch):
         generation = ContinuousGeneration(generator, options)
         found, _ = run_continuously(generation, generator, PROMPTS, seeds,
                                     [0, 0, 1, 4, 4, 9, 12, 13])
-        alone = [generator.generate([p], options, seeds=None if seeds is None else [seed])[0]
-                 for p, seed in zip(PROMPTS, seeds or [None] * len(PROMPTS))]
+        alone = generated_alone(generator, options, seeds)
         assert found == alone
     whole = _generator(tokenizer).generate(PROMPTS, options, seeds=seeds)
     assert found != whole                              # the window changes the text
@@ -224,8 +228,7 @@ def test_quantized_caches_generate_as_alone(tokenizer, kv_dtype, window):
         assert generation.caches[0]._buffers == ("k", "v", "k_scale", "v_scale")
         found, _ = run_continuously(generation, generator, PROMPTS, seeds,
                                     [0, 0, 1, 4, 4, 9, 12, 30])
-        alone = [generator.generate([p], options, seeds=None if seeds is None else [seed])[0]
-                 for p, seed in zip(PROMPTS, seeds or [None] * len(PROMPTS))]
+        alone = generated_alone(generator, options, seeds)
         assert found == alone and any(found)
 
 
@@ -290,8 +293,7 @@ def test_sliding_layers_among_full_ones_keep_their_band(tokenizer, settings, pos
     generation = ContinuousGeneration(generator, options)
     found, _ = run_continuously(generation, generator, PROMPTS, seeds,
                                 [0, 0, 1, 4, 4, 9, 12, 13])
-    alone = [generator.generate([p], options, seeds=None if seeds is None else [seed])[0]
-             for p, seed in zip(PROMPTS, seeds or [None] * len(PROMPTS))]
+    alone = generated_alone(generator, options, seeds)
     assert found == alone and any(found)
     assert {type(cache).__name__ for cache in generation.caches} == {"BandedKVCache",
                                                                     "KVCache"}
