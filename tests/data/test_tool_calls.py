@@ -124,3 +124,48 @@ def test_streamed_text_never_shows_a_calls_marker():
 def test_a_templates_way_of_writing_calls_is_recognised(template, form):
     assert call_format(template) is form
     assert takes_tools(template) == (form is not None)
+
+
+FUNCTIONS = [
+    {"name": "get_weather", "parameters": {
+        "type": "object", "required": ["city"], "properties": {
+            "city": {"type": "string", "maxLength": 40},          # read past when forced
+            "unit": {"$ref": "#/$defs/Unit"}},
+        "$defs": {"Unit": {"enum": ["C", "F"]}}}},
+    {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+    {"name": "ping"}]
+
+
+@pytest.mark.parametrize("form", [HERMES, LLAMA3], ids=lambda form: form.name)
+@pytest.mark.parametrize("most", [1, 2, None])
+def test_a_forced_reply_is_calls_of_the_functions_each_an_instance(form, most):
+    """Random texts of the forced grammar split into 1 to `most` calls, each of a given
+    function, its arguments an instance of its parameters (their own $refs resolved)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from tests.decode.test_json_schema import walk
+    from transduce.decode.reply_grammar import compile_grammar
+
+    root = compile_grammar(form.forced(FUNCTIONS, most))
+    parameters = {f["name"]: f.get("parameters", {"type": "object"}) for f in FUNCTIONS}
+    rng, counts = random.Random(form.name), set()
+    for _ in range(25):
+        text = walk(root, rng)
+        content, calls = split_tool_calls(text, form)
+        assert content is None and 1 <= len(calls) <= (most or 99), text
+        for call in calls:
+            jsonschema.validate(json.loads(call.arguments), parameters[call.name])
+        counts.add(len(calls))
+    assert most == 1 or len(counts) > 1
+
+
+def test_a_forced_hermes_call_is_written_as_the_templates_write_one():
+    from transduce.decode.json_grammar import advance, complete, ended, start
+    from transduce.decode.reply_grammar import compile_grammar
+
+    one = compile_grammar(HERMES.forced(FUNCTIONS[1:2], 1))
+    text = b'<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    assert ended(advance(start(one), text))
+    many = compile_grammar(HERMES.forced(FUNCTIONS, None))
+    state = advance(start(many), text + b"\n" + text)
+    assert complete(state) and not ended(state)        # another call, or the end
+    assert not advance(start(one), text.replace(b"get_time", b"get_weather"))

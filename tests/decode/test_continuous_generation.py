@@ -69,7 +69,8 @@ def run_continuously(generation, generator, prompts, seeds, joins):
     {}, {"temperature": 0.9, "top_k": 20, "seed": 3}, {"temperature": 1.2, "top_p": 0.9},
     {"repetition_penalty": 1.6}, {"stop": ("a",)},
     {"frequency_penalty": 1.5, "presence_penalty": -0.5, "logit_bias": {5: 4.0, 9: -100}},
-    {"temperature": 1.5, "min_p": 0.2, "seed": 5}])
+    {"temperature": 1.5, "min_p": 0.2, "seed": 5}, {"json_schema": {"type": "object"}},
+    {"json_schema": {"type": "array", "items": {"type": "integer"}}, "temperature": 1.0}])
 @pytest.mark.parametrize("joins", ["together", "staggered", "late"])
 def test_continuous_equals_alone(generator, settings, joins):
     options = GenerateOptions(max_new_tokens=12, **settings)

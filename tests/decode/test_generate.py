@@ -1,6 +1,7 @@
 """Generation from prompts: batched equals alone, streaming equals the whole text, stop
 strings and max_new_tokens are honoured exactly, bad prompts and options are refused."""
 
+import json
 import subprocess
 import sys
 import warnings
@@ -512,3 +513,31 @@ def test_the_cli_takes_min_p_and_refuses_one_out_of_range(saved_model, generator
     assert capsys.readouterr().out == want[0] + "\n"
     assert main([*command, "--min-p", "1.5"]) == 2
     assert "min_p=1.5: must be in [0, 1]" in capsys.readouterr().err
+
+
+def test_the_cli_generates_json_of_a_schema_file_and_refuses_a_bad_one(saved_model, generator,
+                                                                      tmp_path, capsys):
+    """--json-schema FILE and --json as GenerateOptions.json_schema; a file that is no JSON
+    is named."""
+    from transduce.cli.generate import one_line
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main(["generate", "--model", str(saved_model), "--prompt", "casa", "--dtype",
+                 "float32", "--json-schema", str(tmp_path / "schema.json"),
+                 "--max-new-tokens", "12"]) == 0
+    expected = generator.generate(["casa"], max_new_tokens=12, json_schema=schema)[0]
+    assert capsys.readouterr().out.splitlines() == [one_line(expected)]
+    assert expected.lstrip().startswith("{")
+    assert main(["generate", "--model", str(saved_model), "--prompt", "casa", "--dtype",
+                 "float32", "--json", "--max-new-tokens", "12"]) == 0
+    assert capsys.readouterr().out.splitlines() == [one_line(generator.generate(
+        ["casa"], max_new_tokens=12, json_schema={"type": "object"})[0])]
+    result = _run_cli(["generate", "--model", str(saved_model), "--json-schema",
+                       str(tmp_path / "bad.json")], b"uno\n")
+    assert result.returncode == 2 and b"bad.json: not a readable JSON file" in result.stderr
+    result = _run_cli(["generate", "--model", str(saved_model), "--json", "--json-schema",
+                       str(tmp_path / "schema.json")], b"uno\n")
+    assert result.returncode != 0 and b"--json and --json-schema" in result.stderr
+    assert b"Traceback" not in result.stderr

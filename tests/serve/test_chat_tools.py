@@ -148,9 +148,13 @@ TOOL = TOOLS[0]
 
 
 @pytest.mark.parametrize("change,field,words", [
-    ({"tool_choice": "required"}, "tool_choice", "would force a call"),
-    ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
-     "tool_choice", "the function get_time would force a call"),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_date"}}},
+     "tool_choice.function.name", "'get_date' is not among the tools"),
+    ({"tool_choice": "required", "response_format": {"type": "json_object"}},
+     "response_format", "a forced tool call is the reply's form"),
+    ({"tool_choice": "required", "tools": [TOOLS[0], {"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "int"}}}}}]},
+     "tools[1].function.parameters", "'int' is not a JSON type"),
     ({"tools": None, "tool_choice": "auto"}, "tool_choice", "give it with tools"),
     ({"tools": [{"type": "function", "function": {"name": "get weather"}}]},
      "tools[0].function.name", "pattern"),
@@ -200,3 +204,44 @@ def test_tools_for_a_template_that_writes_calls_another_way_are_422(chatml, monk
                              json={"messages": CONVERSATIONS[0], "tools": TOOLS})
     assert answer.status_code == 422 and answer.json()["error"]["param"] == "tools"
     assert "none of the ways this server reads" in answer.json()["error"]["message"]
+
+
+def _calls(body):
+    (choice,) = body["choices"]
+    return choice, [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                    for c in choice["message"]["tool_calls"]]
+
+
+def test_required_forces_calls_where_the_model_would_answer_in_text(api):
+    """The greeting's reply is text unforced; "required" makes it calls of the tools,
+    each's arguments an instance of its parameters, and where the model calls anyway
+    the forced reply is its own."""
+    jsonschema = pytest.importorskip("jsonschema")
+    greeted = {"messages": GREETS, "tools": TOOLS, "temperature": 0, "max_tokens": 200}
+    free = api.post("/v1/chat/completions", json=greeted).json()["choices"][0]
+    assert free["message"]["content"] == GREETING and not free["message"]["tool_calls"]
+    for request in (greeted, {**greeted, "temperature": 1.0, "seed": 3}):
+        choice, calls = _calls(api.post("/v1/chat/completions",
+                                        json={**request, "tool_choice": "required"}).json())
+        assert choice["finish_reason"] == "tool_calls" and calls
+        parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+        for name, arguments in calls:
+            jsonschema.validate(arguments, parameters[name])
+    forced = api.post("/v1/chat/completions", json={**ASKED, "tool_choice": "required"})
+    assert [call["function"] for call in forced.json()["choices"][0]["message"][
+        "tool_calls"]] == CALLED
+
+
+def test_a_named_function_or_no_parallel_calls_force_one_call(api):
+    named = {**ASKED, "tool_choice": {"type": "function", "function": {"name": "get_time"}}}
+    _, calls = _calls(api.post("/v1/chat/completions", json=named).json())
+    assert [name for name, _ in calls] == ["get_time"]      # any object: its parameters
+    _, one = _calls(api.post("/v1/chat/completions", json={
+        **ASKED, "messages": GREETS, "tool_choice": "required",
+        "parallel_tool_calls": False}).json())
+    assert len(one) == 1
+    streamed = [chunk for chunk in _stream(api, named) if chunk["choices"]]
+    deltas = [call for chunk in streamed for call in chunk["choices"][0]["delta"].get(
+        "tool_calls") or ()]
+    assert [(d["function"]["name"], json.loads(d["function"]["arguments"])) for d in deltas] \
+        == calls

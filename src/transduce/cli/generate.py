@@ -111,6 +111,12 @@ def add_sampling_options(command: argparse.ArgumentParser) -> None:
                               "(repeatable)")
     command.add_argument("--stop", action="append", default=[],
                          help="end a continuation where this string appears (repeatable)")
+    command.add_argument("--json-schema", type=_json_schema, default=None, metavar="FILE",
+                         help="every continuation is an instance of this JSON Schema, "
+                              "generated token by token within it")
+    command.add_argument("--json", action="store_true",
+                         help="every continuation is a JSON object (--json-schema's "
+                              "{\"type\": \"object\"})")
     command.add_argument("--prompt-lookup", type=non_negative_int, default=0, metavar="K",
                          help="draft up to K tokens a step by copying what followed the "
                               "last few tokens where they occurred before, and keep those "
@@ -151,11 +157,24 @@ def _token_bias(text: str) -> tuple[int, float]:
                                          f"50256=-100") from None
 
 
+def _json_schema(path: str) -> dict:
+    """--json-schema's file, read as JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise argparse.ArgumentTypeError(f"{path}: not a readable JSON file "
+                                         f"({error})") from None
+
+
 def penalty_settings(args: argparse.Namespace) -> dict:
-    """GenerateOptions' frequency and presence penalties and logit bias from the flags."""
+    """GenerateOptions' frequency and presence penalties, logit bias and JSON schema from
+    the flags."""
+    if args.json and args.json_schema is not None:
+        raise ConfigError("--json and --json-schema: --json is any object; give one")
     return {"frequency_penalty": args.frequency_penalty,
             "presence_penalty": args.presence_penalty,
-            "logit_bias": dict(args.logit_bias) or None}
+            "logit_bias": dict(args.logit_bias) or None,
+            "json_schema": {"type": "object"} if args.json else args.json_schema}
 
 
 def _positive_float(text: str) -> float:

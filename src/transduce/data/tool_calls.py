@@ -50,6 +50,9 @@ class CallFormat:
     split: Callable[[str, bool], tuple[str, list[CallText]]]
     id_prefix: str = "call_"
     id_length: int = 24
+    # (functions, most calls) -> the reply grammar (decode/reply_grammar.py) of 1 to
+    # `most` calls of them (None: no limit); None where calls cannot be forced
+    forced: Callable[[list[dict], int | None], dict] | None = None
 
     def new_id(self) -> str:
         alphabet = string.ascii_letters + string.digits
@@ -190,8 +193,48 @@ def _mistral_split(text: str, final: bool) -> tuple[str, list[CallText]]:
     return _marked_split(text, final, MISTRAL_CALLS, _mistral_calls)
 
 
-HERMES = CallFormat("hermes", _hermes_split)
-LLAMA3 = CallFormat("llama3_json", _llama3_split)
+def call_schema(functions: list[dict], arguments_key: str) -> dict:
+    """One call of any of `functions` (OpenAI's {"name", "parameters"}) as a JSON Schema:
+    {"name": its name, arguments_key: an instance of its parameters}, the name first as
+    the templates write it. Each function's parameters sit under $defs, their own
+    $refs pointing there."""
+    definitions, calls = {}, []
+    for index, function in enumerate(functions):
+        where = f"#/$defs/f{index}"
+        definitions[f"f{index}"] = _rebased(function.get("parameters") or {"type": "object"},
+                                            where)
+        calls.append({"type": "object", "required": ["name", arguments_key], "properties": {
+            "name": {"const": function["name"]}, arguments_key: {"$ref": where}}})
+    return {"$defs": definitions, "anyOf": calls}
+
+
+def _rebased(schema: Any, base: str) -> Any:
+    """A schema placed at `base` of another: its local $refs ("#/...") from there."""
+    if isinstance(schema, dict):
+        return {key: base + value[1:] if key == "$ref" and isinstance(value, str)
+                and value.startswith("#") else _rebased(value, base)
+                for key, value in schema.items()}
+    return [_rebased(value, base) for value in schema] if isinstance(schema, list) else schema
+
+
+def _hermes_forced(functions: list[dict], most: int | None) -> dict:
+    """`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` blocks, a newline
+    between two, as Qwen's templates write them."""
+    block = {"sequence": [{"literal": HERMES_OPEN + "\n"},
+                          {"json": call_schema(functions, "arguments"), "lenient": True},
+                          {"literal": "\n" + HERMES_CLOSE}]}
+    return {"repeat": block, "min": 1, "max": most, "separator": "\n"}
+
+
+def _llama3_forced(functions: list[dict], most: int | None) -> dict:
+    """{"name": ..., "parameters": {...}} objects, "; " between two."""
+    return {"repeat": {"json": call_schema(functions, "parameters"), "lenient": True},
+            "min": 1, "max": most, "separator": "; "}
+
+
+HERMES = CallFormat("hermes", _hermes_split, forced=_hermes_forced)
+LLAMA3 = CallFormat("llama3_json", _llama3_split, forced=_llama3_forced)
+# [TOOL_CALLS] is a special token, which a grammar of the reply's bytes cannot write.
 MISTRAL = CallFormat("mistral", _mistral_split, id_prefix="", id_length=9)
 
 

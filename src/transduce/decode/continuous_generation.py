@@ -46,6 +46,7 @@ from torch import Tensor
 from transduce.attention.kinds import SoftmaxAttention
 from transduce.attention.kv_cache import KVCache
 from transduce.attention.local import BandedKVCache, SlidingKVCache
+from transduce.decode.constrained import constrained
 from transduce.decode.continuous import slot_buffers, view_slots
 from transduce.decode.generate import Continuation, Generator, left_pad
 from transduce.decode.options import GenerateOptions
@@ -237,6 +238,7 @@ class ContinuousGeneration:
         logits = self._decode(count)                                        # (R, V)
         if self._penalties is not None:
             logits = self._penalties(logits)
+        logits = constrained(logits, [row.continuation.grammar for row in self.rows])
         chosen = self._choose(logits)                                       # (R,)
         self._tokens[:count] = chosen
         if self._penalties is not None:

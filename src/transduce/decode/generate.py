@@ -18,6 +18,7 @@ step then feeds one token per row, and rows that finish leave the batch.
 
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from transduce import checkpoint
 from transduce.config import ConfigError, choices
 from transduce.data.chat import Chat
 from transduce.data.tokenizer import TextTokenizer
+from transduce.decode.constrained import GrammarRow, TokenGrammar, Vocabulary, constrained
 from transduce.decode.inputs import PromptIds, checked_texts, ids_problem
 from transduce.decode.draft_model import DraftModel
 from transduce.decode.lookup import NgramIndex
@@ -38,9 +40,11 @@ from transduce.decode.onnx_lm_engine import OnnxLanguageModel
 from transduce.decode.options import (KEY_VALUE_CACHES, DecodeDtype, Engine, GenerateOptions,
                                       KvDtype, decoding_dtype, is_sampling_seed, use_instead)
 from transduce.decode.penalties import Penalties
+from transduce.decode.reply_grammar import compile_grammar
 from transduce.decode.sampling import Sampler, prompt_seeds
 from transduce.decode.search import beam_search
 from transduce.decode.speculative import Drafter, speculative_steps
+from transduce.decode.token_bytes import token_bytes
 from transduce.decode.token_logprobs import TokenLogprobs, token_logprobs
 from transduce.decode.token_spans import decoded_after, last_text_tokens
 from transduce.errors import TransduceError, TransduceWarning
@@ -72,6 +76,7 @@ class Continuation:
     finished: bool = False
     ended: bool = False               # finished by eos, an end token or a stop string
     end_token: int | None = None      # the token that ended it, if one did
+    grammar: GrammarRow | None = None   # what its text must be (GenerateOptions.reply_grammar)
     streamed: int = 0
     _text: str = ""
     _decoded: int = 0     # tokens behind _text
@@ -86,6 +91,10 @@ class Continuation:
         self.tokens.append(token)
         if self.stops:
             self._decode()
+        if self.grammar is not None:
+            self.grammar.add(token)
+            if self.grammar.ended:                # its JSON closed: nothing may follow
+                self.finished = self.ended = True
         if self.limit is not None and len(self.tokens) >= self.limit:
             self.finished = True
 
@@ -132,6 +141,10 @@ class Continuation:
         return min(words_end, len(text) - held)
 
 
+# Schemas whose grammars a Generator keeps (the oldest made is dropped first).
+CACHED_GRAMMARS = 16
+
+
 class ReplyIds(list):
     """A Chat's prompt ids (Generator.encode): what follows is the assistant's reply."""
 
@@ -154,6 +167,8 @@ class Generator:
         draft: a smaller language model's Generator, of the same tokenizer, that drafts
         tokens for `draft_tokens` (decode/speculative.py)."""
         self.draft = draft
+        self._grammars: dict[str, TokenGrammar] = {}    # reply grammar text -> its grammar
+        self._vocabulary: Vocabulary | None = None       # the tokens' bytes, once needed
         if draft is not None:
             _check_draft(draft, tokenizer, model.config.tgt_vocab_size)
         if isinstance(model, OnnxLanguageModel):
@@ -384,8 +399,24 @@ class Generator:
         transformers decodes it (a leading "▁" is the template's separator)."""
         t = self.tokenizer
         context = [] if isinstance(ids, ReplyIds) else last_text_tokens(t, ids, self.end_ids)
+        spec = options.reply_grammar
+        grammar = None if spec is None else self.grammar(spec).start()
         return Continuation(t, options.stop, context, frozenset(self.end_ids[1:]),
-                            limit=min(options.max_new_tokens, self.context - len(ids)))
+                            limit=min(options.max_new_tokens, self.context - len(ids)),
+                            grammar=grammar)
+
+    def grammar(self, spec: str) -> TokenGrammar:
+        """A reply grammar's (GenerateOptions.reply_grammar's JSON text) over this model's
+        vocabulary, made once per spec (the vocabulary's bytes once per Generator)."""
+        grammars = self._grammars
+        if spec not in grammars:
+            if self._vocabulary is None:
+                pieces = token_bytes(self.tokenizer, self.model.config.tgt_vocab_size)
+                self._vocabulary = Vocabulary(pieces, self.end_ids, self.device)
+            if len(grammars) >= CACHED_GRAMMARS:
+                grammars.pop(next(iter(grammars)))
+            grammars[spec] = TokenGrammar(compile_grammar(json.loads(spec)), self._vocabulary)
+        return grammars[spec]
 
     def _generate_batch(self, ids: list[list[int]], options: GenerateOptions,
                         seeds: list[int] | None = None) -> list[Continuation]:
@@ -467,6 +498,7 @@ class Generator:
                 logits = self.model.decode_step(token, state)[:, -1].float()   # (A, V)
                 if penalties is not None:
                     logits = penalties(logits)
+                logits = constrained(logits, [rows[row].grammar for row in running.tolist()])
                 chosen = logits.argmax(dim=-1) if sampler is None \
                     else sampler(logits, running.tolist())
                 if penalties is not None:

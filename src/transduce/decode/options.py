@@ -3,9 +3,10 @@ ConfigError naming the option and its allowed range, before any work is done."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from transduce.config import (ConfigError, Dtype, ValidatedConfig, check_at_least,
                               check_positive, choices)
@@ -148,7 +149,12 @@ class GenerateOptions(ValidatedConfig):
     draft model (decode/speculative.py: greedy search's output, or a sample of sampling's
     distribution, each prompt generated alone); draft_schedule: "adaptive" drafts fewer
     tokens after a step that rejected one and more after one that kept all, within 1..K
-    (speculative.DraftLength), "constant" K every step."""
+    (speculative.DraftLength), "constant" K every step; json_schema: a JSON Schema (a
+    dict, or its JSON text; {"type": "object"} is any JSON object) that every
+    continuation is an instance of, generated token by token within it
+    (decode/constrained.py; kept as its JSON text, so that options stay hashable);
+    grammar: the same for JSON with text around it (decode/reply_grammar.py: a forced
+    tool call's form)."""
 
     max_new_tokens: int = 64
     temperature: float = 0.0
@@ -167,6 +173,8 @@ class GenerateOptions(ValidatedConfig):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] | None = None
+    json_schema: Mapping[str, Any] | bool | str | None = None
+    grammar: Mapping[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
         self._check_floats_finite()
@@ -202,6 +210,41 @@ class GenerateOptions(ValidatedConfig):
                               f"continuations; it takes no temperature, penalties or "
                               f"logit_bias")
         self._check_drafts()
+        self._check_grammars()
+
+    def _check_grammars(self) -> None:
+        """A json_schema or a grammar that can be followed (json_schema.SchemaError
+        otherwise), kept as its JSON text; not both; beam search and drafts follow
+        neither."""
+        from transduce.decode.json_schema import compile_schema
+        from transduce.decode.reply_grammar import compile_grammar
+
+        for name, compile_one in (("json_schema", compile_schema), ("grammar", compile_grammar)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except ValueError as error:
+                    raise ConfigError(f"GenerateOptions.{name}: not JSON ({error})") from None
+            compile_one(value, f"GenerateOptions.{name}")
+            object.__setattr__(self, name, json.dumps(value, ensure_ascii=False))
+            for option in ("beam", "prompt_lookup", "draft_tokens"):
+                if getattr(self, option) > (option == "beam"):
+                    raise ConfigError(f"GenerateOptions.{option}={getattr(self, option)}: a "
+                                      f"{name} is followed by greedy search and sampling "
+                                      f"one token at a time")
+        if self.json_schema is not None and self.grammar is not None:
+            raise ConfigError("GenerateOptions.grammar: give it or json_schema, not both")
+
+    @property
+    def reply_grammar(self) -> str | None:
+        """What every continuation must be, as reply_grammar.py's JSON text (None: any
+        text)."""
+        if self.json_schema is not None:
+            return f'{{"json": {self.json_schema}}}'
+        return self.grammar
 
     def _check_penalties(self) -> None:
         """OpenAI's ranges: penalties from -2 to 2, biases from -100 to 100 by token id."""

@@ -14,9 +14,10 @@ an earlier reply's reasoning may come back in the history as that field. Given `
 the model's template shows them to it, and the calls its reply makes come apart as
 `tool_calls` (data/tool_calls.py: Hermes', Llama 3's and Mistral's ways of writing them),
 with finish_reason "tool_calls"; the calls and the tools' results come back in the
-history as OpenAI's assistant and "tool" messages. A call cannot be forced
-(tool_choice "required" or a named function): that would need the reply constrained to
-a call's form, which the sampler does not do, so it is refused rather than hoped for.
+history as OpenAI's assistant and "tool" messages. tool_choice "required" or a named
+function forces calls: the reply is generated within the grammar of the template's
+calls (data/tool_calls.py's forced forms, decode/constrained.py), as response_format
+keeps it to JSON.
 The defaults are OpenAI's: temperature 1, and a reply as long as the context allows. OpenAI's
 frequency and presence penalties and logit bias are taken (decode/penalties.py), and
 repetition_penalty, top_k and min_p, as /v1/generate's, are ours, as is
@@ -39,6 +40,7 @@ from transduce.data.chat import Chat, ChatError, template_variables
 from transduce.data.reasoning import reasoning_markers
 from transduce.data.tool_calls import CallFormat, call_format, takes_tools
 from transduce.decode.generate import Continuation, Generator, PromptError, prompt_seeds
+from transduce.decode.json_schema import SchemaError, schema_node
 from transduce.decode.options import GenerateOptions
 from transduce.serve.generation import EventFormat, Prompts, enqueue_prompts, events
 from transduce.serve.limits import ApiError, check_texts
@@ -47,7 +49,7 @@ from transduce.serve.openai_shape import DONE, Completion, error_event, one_afte
     sampling_options
 from transduce.serve.chat_reply import ReplyParts, ReplyStream, finish_reason
 from transduce.serve.schemas import ChatChoice, ChatLogprobs, ChatRequest, ChatResponse, \
-    Timings
+    NamedToolChoice, Timings
 from transduce.serve.scoring import scored
 from transduce.serve.service import Service
 from transduce.serve.validation import OPENAI_ERROR_RESPONSES
@@ -99,7 +101,7 @@ def routes(service: Service) -> APIRouter:
         parts = ReplyParts(thinks=markers is not None,
                            inside=markers is not None and markers.starts_inside(prompt),
                            calls=calls, parallel=body.parallel_tool_calls)
-        options = _options(service, body, len(prompt))
+        options = _options(service, body, len(prompt), calls)
         seeds = None if options.greedy else prompt_seeds(options.seed, body.n)
         completion = Completion.new("chatcmpl", service.name, len(prompt))
         tokens = (len(prompt) + options.max_new_tokens) * body.n
@@ -192,12 +194,10 @@ def _call_format(service: Service, body: ChatRequest) -> CallFormat | None:
         return None
     if choice == "none":
         return None
-    if choice not in (None, "auto"):
-        shown = choice if isinstance(choice, str) else f"the function {choice.function.name}"
-        raise ApiError(422, f"tool_choice: {shown} would force a call, which needs the reply "
-                            f"constrained to a call's form, and this server does not "
-                            f"constrain replies; give \"auto\" (the model decides) or "
-                            f"\"none\"", "tool_choice")
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in {
+            tool.function.name for tool in body.tools}:
+        raise ApiError(422, f"tool_choice.function.name: {choice.function.name!r} is not "
+                            f"among the tools", "tool_choice.function.name")
     template = getattr(service.model.tokenizer, "chat_template", None)
     if template is None:
         return None                    # encoding the conversation says there is none
@@ -209,13 +209,47 @@ def _call_format(service: Service, body: ChatRequest) -> CallFormat | None:
                             "in none of the ways this server reads (Hermes' <tool_call> "
                             "blocks: Qwen2.5, Qwen3, Hermes; Llama 3.1's JSON; Mistral's "
                             "[TOOL_CALLS])", "tools")
+    if choice not in (None, "auto") and form.forced is None:
+        raise ApiError(422, f"tool_choice: calls written {form.name}'s way cannot be "
+                            f"forced (its marker is a special token, outside the grammar "
+                            f"of the reply's text); give \"auto\" or \"none\"",
+                       "tool_choice")
     return form
 
 
-def _options(service: Service, body: ChatRequest, prompt_tokens: int) -> GenerateOptions:
+def _forced_calls(body: ChatRequest, form: CallFormat | None) -> dict | None:
+    """The reply grammar of the calls tool_choice forces (None: it forces none): one call
+    of the named function, or one or more of any (one without parallel_tool_calls).
+    A tool's parameters that are no schema are 422 naming them; assertions the grammar
+    cannot keep (pattern, bounds) are read past."""
+    choice = body.tool_choice
+    if form is None or choice in (None, "auto"):
+        return None
+    functions = []
+    for index, tool in enumerate(body.tools):
+        function = tool.function.model_dump(exclude_none=True)
+        if isinstance(choice, NamedToolChoice) and function["name"] != choice.function.name:
+            continue
+        where = f"tools[{index}].function.parameters"
+        try:
+            schema_node(function.get("parameters") or {"type": "object"}, where, lenient=True)
+        except SchemaError as error:
+            raise ApiError(422, str(error), where) from None
+        functions.append(function)
+    named = isinstance(choice, NamedToolChoice)
+    return form.forced(functions, 1 if named or not body.parallel_tool_calls else None)
+
+
+def _options(service: Service, body: ChatRequest, prompt_tokens: int,
+             calls: CallFormat | None) -> GenerateOptions:
     """The request's settings as GenerateOptions: max_tokens (or max_completion_tokens;
-    default: what the context leaves), one reply, no beam."""
+    default: what the context leaves), one reply, no beam, the calls forced if asked."""
     generator: Generator = service.model
+    forced = _forced_calls(body, calls)
+    if forced is not None and body.reply_schema() is not None:
+        raise ApiError(422, "response_format: a forced tool call is the reply's form; give "
+                            "response_format or tool_choice \"required\" (or a function)",
+                       "response_format")
     if body.max_tokens is not None and body.max_completion_tokens is not None \
             and body.max_tokens != body.max_completion_tokens:
         raise ApiError(422, "max_tokens and max_completion_tokens differ: give one",
@@ -227,7 +261,7 @@ def _options(service: Service, body: ChatRequest, prompt_tokens: int) -> Generat
                             f"{service.limits.max_texts} per request (max_texts)", "n")
     most = body.max_tokens or body.max_completion_tokens \
         or generator.context - prompt_tokens
-    return sampling_options(body, most, service.limits.max_texts, generator)
+    return sampling_options(body, most, service.limits.max_texts, generator, forced)
 
 
 async def _chunks(service: Service, job, pieces: asyncio.Queue, completion: Completion,

@@ -105,10 +105,12 @@ def _check(service: Service, body: GenerateRequest) -> tuple[GenerateOptions, li
 
 def named(error: ConfigError) -> ApiError:
     """GenerateOptions' refusal ("GenerateOptions.beam=2: ...") as the request's field."""
-    found = re.match(r"GenerateOptions\.(\w+)(?:=|\[|: )", str(error))
+    found = re.match(r"GenerateOptions\.(\w+)(=|\[|: |\.)", str(error))
     if found is None:
         return ApiError(422, str(error))
     field = found.group(1)
+    if found.group(2) == ".":                      # a place within it (a json_schema's)
+        return ApiError(422, str(error).removeprefix("GenerateOptions."), field)
     return ApiError(422, f"{field}: {str(error).split(': ', 1)[-1]}", field)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from transduce.config import ConfigError
 from transduce.decode.generate import Generator
+from transduce.decode.json_schema import SchemaError, compile_schema
 from transduce.decode.options import GenerateOptions
 from transduce.serve.generation import named
 from transduce.serve.limits import ApiError
@@ -47,17 +48,25 @@ class Completion:
 
 
 def sampling_options(body: OpenAISampling, max_new_tokens: int, batch_sentences: int,
-                     generator: Generator) -> GenerateOptions:
-    """A request's sampling as GenerateOptions for `generator`; what they refuse is a 422
-    naming the field."""
+                     generator: Generator, grammar: dict | None = None) -> GenerateOptions:
+    """A request's sampling as GenerateOptions for `generator`, its response_format's
+    schema, or `grammar` (a forced tool call's); what they refuse is a 422 naming the
+    field."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    schema = body.reply_schema()
+    if schema is not None:
+        try:
+            compile_schema(schema, "response_format.json_schema.schema")
+        except SchemaError as error:
+            raise ApiError(422, str(error), "response_format") from None
     try:
         options = GenerateOptions(
             max_new_tokens=max_new_tokens, temperature=body.temperature, top_k=body.top_k,
             top_p=body.top_p, min_p=body.min_p, seed=body.seed,
             repetition_penalty=body.repetition_penalty,
             frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
-            logit_bias=body.logit_bias, stop=stop, batch_sentences=batch_sentences)
+            logit_bias=body.logit_bias, stop=stop, batch_sentences=batch_sentences,
+            json_schema=schema, grammar=grammar)
         generator.check_logit_bias(options)
         return options
     except ConfigError as error:

@@ -147,6 +147,9 @@ class GenerateRequest(Strict):
     presence_penalty: Penalty = Field(0, description=PRESENCE)
     logit_bias: LogitBias = Field(None, description=BIAS)
     stop: Annotated[list[Annotated[Text, Field(min_length=1)]], Field(max_length=16)] = []
+    json_schema: dict[str, Any] | None = Field(
+        None, description="a JSON Schema every generation is an instance of ({\"type\": "
+                          "\"object\"}: any JSON object); greedy or sampled, beam 1")
     beam: Beam = 1
     alpha: Alpha = 0.6
     stream: StrictBool = Field(False, description="server-sent events, one per piece")
@@ -271,8 +274,8 @@ class FunctionSpec(Strict):
     description: Text | None = None
     parameters: dict[str, Any] | None = Field(None, description="a JSON schema of its "
                                                                 "arguments")
-    strict: StrictBool | None = Field(None, description="accepted; arguments are not "
-                                                        "constrained to the schema here")
+    strict: StrictBool | None = Field(None, description="accepted; the arguments of "
+                                                        "forced calls follow the schema")
 
 
 class Tool(Strict):
@@ -292,6 +295,38 @@ class ChosenFunction(Strict):
 class NamedToolChoice(Strict):
     type: Literal["function"]
     function: ChosenFunction
+
+
+class JsonSchemaFormat(Strict):
+    name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = Field(
+        description="the schema's name, as OpenAI takes it")
+    description: Text | None = None
+    schema_: dict[str, Any] | StrictBool = Field(
+        True, alias="schema", description="the JSON Schema every reply is an instance of "
+                                          "(decode/json_schema.py says what is enforced)")
+    strict: StrictBool | None = Field(None, description="accepted: a reply always follows "
+                                                        "the schema here")
+
+
+class TextFormat(Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaResponseFormat,
+                           Field(discriminator="type")]
+RESPONSE_FORMAT = ("{\"type\": \"text\"} (the default), {\"type\": \"json_object\"}: "
+                   "any JSON object, or {\"type\": \"json_schema\", \"json_schema\": "
+                   "{\"name\", \"schema\"}}: an instance of the schema; generated token by "
+                   "token within it")
 
 
 class StreamOptions(Strict):
@@ -320,6 +355,15 @@ class OpenAISampling(Strict):
     user: StrictStr | None = Field(None, description="accepted and ignored")
     stream: StrictBool = Field(False, description="server-sent chunks as OpenAI's")
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = Field(None, description=RESPONSE_FORMAT)
+
+    def reply_schema(self) -> dict[str, Any] | bool | None:
+        """The schema replies must follow (None: free text)."""
+        found = self.response_format
+        if found is None or found.type == "text":
+            return None
+        return {"type": "object"} if found.type == "json_object" \
+            else found.json_schema.schema_
 
 
 class ChatRequest(OpenAISampling):
@@ -343,8 +387,10 @@ class ChatRequest(OpenAISampling):
         None, description="functions the model may call, for its chat template; its calls "
                           "come back as the message's tool_calls")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
-        None, description="with tools: \"auto\" (the default: the model decides) or "
-                          "\"none\" (the model is not shown the tools)")
+        None, description="with tools: \"auto\" (the default: the model decides), "
+                          "\"none\" (the model is not shown the tools), \"required\" "
+                          "(one call or more) or a function (one call of it): a forced "
+                          "reply is generated within the form of the template's calls")
     parallel_tool_calls: StrictBool = Field(True, description="false: one call at most, "
                                                                "the reply's first")
 

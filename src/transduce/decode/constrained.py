@@ -1,0 +1,170 @@
+"""Generation kept to a grammar (json_grammar.py): before each token is chosen, the
+tokens whose bytes the grammar cannot read next get -inf, so greedy search and sampling
+(top-k, top-p and min-p included) choose among the others exactly as they would among
+all; an end token is allowed once the text is whole, and a row whose text has ended
+(its root value closed) finishes without one.
+
+Finding the allowed tokens walks a trie of the vocabulary's bytes from the state, and
+prunes a branch at the first byte the grammar refuses; a state's mask is cached, and
+inside a string, where most tokens are allowed and leave the state as it is, only the
+tokens holding a quote, a backslash, a control byte or part of a UTF-8 character are
+walked.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from transduce.decode import json_grammar
+from transduce.decode.json_grammar import Root, State, String
+
+# Masks kept per grammar (each a bool per token), and transitions kept per grammar.
+CACHED_MASKS = 128
+CACHED_STEPS = 200_000
+# Bytes a string's body does not take as they are.
+STRING_SPECIAL = frozenset(b'"\\') | frozenset(range(0x20))
+
+Trie = dict          # byte -> Trie, and None -> the ids that end there
+
+
+class Vocabulary:
+    """A tokenizer's tokens as bytes (token_bytes.py), arranged for masks: a trie of
+    them all, a trie of those a string's body cannot take as they are (a quote, a
+    backslash, a control byte, part of a UTF-8 character), and the mask of those it
+    can."""
+
+    def __init__(self, pieces: Sequence[bytes | None], end_ids: Sequence[int],
+                 device: torch.device | str = "cpu"):
+        self.size, self.end_ids = len(pieces), [i for i in end_ids if i < len(pieces)]
+        self.trie, self.special_trie = {}, {}
+        plain = torch.zeros(self.size, dtype=torch.bool)
+        for token, piece in enumerate(pieces):
+            if not piece:
+                continue
+            _insert(self.trie, piece, token)
+            if STRING_SPECIAL.isdisjoint(piece) and _whole_utf8(piece):
+                plain[token] = True
+            else:
+                _insert(self.special_trie, piece, token)
+        self.pieces, self.plain = list(pieces), plain.to(device)
+
+
+def _whole_utf8(piece: bytes) -> bool:
+    """Whether a token's bytes are whole UTF-8 characters (a string's body reads them
+    and is where it was; a token of part of one leaves it inside a character)."""
+    try:
+        piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _insert(trie: Trie, piece: bytes, token: int) -> None:
+    for byte in piece:
+        trie = trie.setdefault(byte, {})
+    trie.setdefault(None, []).append(token)
+
+
+class TokenGrammar:
+    """One grammar over one vocabulary: the tokens allowed in a state, and the state after
+    a token."""
+
+    def __init__(self, root: Root, vocabulary: Vocabulary):
+        self.root, self.vocabulary = root, vocabulary
+        self._masks: OrderedDict[State, Tensor] = OrderedDict()
+        self._steps: dict[tuple[State, int], State] = {}
+
+    def start(self) -> "GrammarRow":
+        return GrammarRow(self, json_grammar.start(self.root))
+
+    def after(self, state: State, token: int) -> State:
+        """The state after `token` (empty: the grammar refuses its bytes)."""
+        piece = self.vocabulary.pieces[token]
+        if not piece:
+            return frozenset()
+        for byte in piece:
+            state = self._step(state, byte)
+            if not state:
+                break
+        return state
+
+    def allowed(self, state: State) -> Tensor:
+        """(V,) bool: the tokens that may come next in `state` (the end tokens where the
+        text is whole, or where nothing else can come, so that a row never has none)."""
+        mask = self._masks.get(state)
+        if mask is not None:
+            self._masks.move_to_end(state)
+            return mask
+        vocabulary = self.vocabulary
+        in_string = all(isinstance(stack[-1][0], String) and stack[-1][1] == String.BODY
+                        for stack in state)
+        ids = self._walk(vocabulary.special_trie if in_string else vocabulary.trie, state)
+        mask = vocabulary.plain.clone() if in_string \
+            else torch.zeros_like(vocabulary.plain)
+        mask[ids] = True
+        if json_grammar.complete(state) or not mask.any():
+            mask[vocabulary.end_ids] = True
+        self._masks[state] = mask
+        if len(self._masks) > CACHED_MASKS:
+            self._masks.popitem(last=False)
+        return mask
+
+    def _walk(self, trie: Trie, state: State) -> list[int]:
+        """The ids of `trie`'s tokens whose bytes the grammar reads from `state`."""
+        found: list[int] = []
+        pending = [(trie, state)]
+        while pending:
+            node, at = pending.pop()
+            for byte, child in node.items():
+                if byte is None:
+                    continue
+                following = self._step(at, byte)
+                if following:
+                    found.extend(child.get(None, ()))
+                    pending.append((child, following))
+        return found
+
+    def _step(self, state: State, byte: int) -> State:
+        key = (state, byte)
+        following = self._steps.get(key)
+        if following is None:
+            if len(self._steps) > CACHED_STEPS:
+                self._steps.clear()
+            following = self._steps[key] = json_grammar.advance(state, bytes((byte,)))
+        return following
+
+
+class GrammarRow:
+    """One row's place in its grammar, moved on by each token it generates."""
+
+    def __init__(self, grammar: TokenGrammar, state: State):
+        self.grammar, self.state = grammar, state
+
+    def allowed(self) -> Tensor:
+        return self.grammar.allowed(self.state)
+
+    def add(self, token: int) -> None:
+        self.state = self.grammar.after(self.state, token)
+
+    @property
+    def ended(self) -> bool:
+        """The text is whole and nothing may follow it."""
+        return json_grammar.ended(self.state)
+
+
+def constrained(logits: Tensor, grammars: Sequence[GrammarRow | None]) -> Tensor:
+    """logits (R, V) with -inf where row r's grammar (None: none) refuses a token."""
+    rows = [index for index, grammar in enumerate(grammars) if grammar is not None]
+    if not rows:
+        return logits
+    allowed = torch.stack([grammars[index].allowed() for index in rows])     # (R', V)
+    vocab = allowed.shape[1]
+    refused = torch.ones(len(rows), logits.shape[1], dtype=torch.bool, device=logits.device)
+    refused[:, :vocab] = ~allowed
+    logits = logits.clone()
+    logits[rows] = logits[rows].masked_fill(refused, float("-inf"))
+    return logits

@@ -1,0 +1,392 @@
+"""JSON text as an automaton over bytes: which bytes may come next, so that generation
+can keep a reply to JSON (decode/constrained.py masks the tokens whose bytes it refuses).
+
+A grammar is a graph of nodes, one per part of the JSON a schema allows
+(json_schema.py compiles one): a literal, a string, a number, an object (free, or with
+named properties in order), an array, a choice; and, around JSON, a sequence of parts
+and a part repeated (reply_grammar.py: a forced tool call's tags). Reading a value is a stack of frames
+(node, local state): a container that reaches a value pushes the value's node, and a
+node that may end pops back when the next byte is its parent's. Where a byte is read
+several ways (a choice, an optional property), every way is kept, so a state is the
+frozenset of the stacks still alive; it is hashable, and masks are cached by it.
+
+Whitespace between tokens is allowed as json.dumps and pretty-printers write it: one
+space, or a newline and at most MAX_INDENT spaces or tabs of indentation (llama.cpp's
+JSON grammar's rule; a model that writes whitespace forever cannot stall there), and
+numbers take at most MAX_DIGITS digits a part, so that every state leads to an end.
+Strings take whole UTF-8 characters but '"', '\\' and control characters, and the
+escapes of RFC 8259.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+MAX_INDENT = 16
+MAX_DIGITS = 18            # an integer part's, a fraction's (an exponent's: 3)
+WHITESPACE = frozenset(b" \n\t")
+DIGITS = frozenset(b"0123456789")
+HEX = frozenset(b"0123456789abcdefABCDEF")
+ESCAPED = frozenset(b'"\\/bfnrt')
+
+Move = tuple[object, "Node | None"]    # (the node's next local state, a child it starts)
+
+
+class Node:
+    """One part of a grammar. feed(local, byte) -> the moves the byte allows: (local',
+    None), the byte read here, or (local', child), the byte starts `child`, after which
+    this node is at local'. done(local): it may end here; final(local): it has ended,
+    nothing more is read."""
+
+    begin: object = 0
+
+    def feed(self, local, byte: int) -> Iterable[Move]:
+        raise NotImplementedError
+
+    def done(self, local) -> bool:
+        raise NotImplementedError
+
+    def final(self, local) -> bool:
+        return False
+
+
+class Literal(Node):
+    """Exactly these bytes (a key with its quotes, true, an enum's value)."""
+
+    def __init__(self, text: bytes):
+        self.text = text
+
+    def feed(self, at: int, byte: int) -> Iterable[Move]:
+        return ((at + 1, None),) if at < len(self.text) and self.text[at] == byte else ()
+
+    def done(self, at: int) -> bool:
+        return at == len(self.text)
+
+    final = done
+
+
+class String(Node):
+    """A JSON string: '"', characters (whole UTF-8 ones) or escapes, '"'."""
+
+    OPEN, BODY, ESCAPE, CLOSED = 0, 1, 2, 7      # 3..6: \\u's hex digits, 4 left .. 1
+    # 8..10: inside a UTF-8 character, 1..3 continuation bytes to come
+
+    def feed(self, at: int, byte: int) -> Iterable[Move]:
+        if at == self.BODY:
+            if byte == 0x22:
+                return ((self.CLOSED, None),)
+            if byte == 0x5C:
+                return ((self.ESCAPE, None),)
+            if byte < 0x80:
+                return ((self.BODY, None),) if byte >= 0x20 else ()
+            follow = utf8_continuations(byte)
+            return ((7 + follow, None),) if follow else ()
+        if at >= 8:
+            return ((at - 1 if at > 8 else self.BODY, None),) if 0x80 <= byte < 0xC0 else ()
+        if at == self.OPEN:
+            return ((self.BODY, None),) if byte == 0x22 else ()
+        if at == self.ESCAPE:
+            if byte in ESCAPED:
+                return ((self.BODY, None),)
+            return ((3, None),) if byte == 0x75 else ()          # \u
+        if 3 <= at <= 6 and byte in HEX:
+            return ((self.BODY if at == 6 else at + 1, None),)
+        return ()
+
+    def done(self, at: int) -> bool:
+        return at == self.CLOSED
+
+    final = done
+
+
+def utf8_continuations(byte: int) -> int:
+    """How many continuation bytes follow a UTF-8 lead byte (0: not a lead byte)."""
+    if 0xC2 <= byte <= 0xDF:
+        return 1
+    return 2 if 0xE0 <= byte <= 0xEF else 3 if 0xF0 <= byte <= 0xF4 else 0
+
+
+class Number(Node):
+    """A JSON number (-? int frac? exp?), or an integer alone; local (phase, digits of
+    the current part)."""
+
+    # phases: start, after '-', a leading 0, integer digits, after '.', fraction digits,
+    # after 'e', after its sign, exponent digits
+    START, MINUS, ZERO, INT, DOT, FRACTION, E, SIGN, EXPONENT = range(9)
+    ENDS = frozenset({ZERO, INT, FRACTION, EXPONENT})
+    begin = (START, 0)
+
+    def __init__(self, integer: bool = False):
+        self.integer = integer
+
+    def feed(self, local: tuple[int, int], byte: int) -> Iterable[Move]:
+        phase, digits = local
+        if byte in DIGITS:
+            return self._digit(phase, digits, byte)
+        if byte == 0x2D and phase in (self.START, self.E):                      # -
+            return (((self.MINUS if phase == self.START else self.SIGN, 0), None),)
+        if byte == 0x2B and phase == self.E:                                    # +
+            return (((self.SIGN, 0), None),)
+        if self.integer:
+            return ()
+        if byte == 0x2E and phase in (self.ZERO, self.INT):                     # .
+            return (((self.DOT, 0), None),)
+        if byte in (0x65, 0x45) and phase in (self.ZERO, self.INT, self.FRACTION):  # e E
+            return (((self.E, 0), None),)
+        return ()
+
+    def _digit(self, phase: int, digits: int, byte: int) -> Iterable[Move]:
+        if phase in (self.START, self.MINUS):
+            return (((self.ZERO if byte == 0x30 else self.INT, 1), None),)
+        if phase in (self.INT, self.FRACTION, self.EXPONENT):
+            limit = 3 if phase == self.EXPONENT else MAX_DIGITS
+            return (((phase, digits + 1), None),) if digits < limit else ()
+        if phase in (self.DOT, self.E, self.SIGN):
+            return (((self.FRACTION if phase == self.DOT else self.EXPONENT, 1), None),)
+        return ()                                               # after a leading 0
+
+    def done(self, local: tuple[int, int]) -> bool:
+        return local[0] in self.ENDS
+
+
+class Choice(Node):
+    """One of several nodes (a schema's anyOf or list of types, an enum; the root)."""
+
+    CHOSEN = 1
+
+    def __init__(self, options: Iterable[Node] = ()):
+        self.options = list(options)
+
+    def feed(self, at: int, byte: int) -> Iterable[Move]:
+        return [(self.CHOSEN, option) for option in self.options] if at == 0 else ()
+
+    def done(self, at: int) -> bool:
+        return at == self.CHOSEN
+
+    final = done
+
+
+class Sequence(Node):
+    """Its parts one after another (a tool call's opening tag, its JSON, its closing tag);
+    local: the index of the part to come."""
+
+    def __init__(self, parts: Iterable[Node]):
+        self.parts = list(parts)
+
+    def feed(self, at: int, byte: int) -> Iterable[Move]:
+        return ((at + 1, self.parts[at]),) if at < len(self.parts) else ()
+
+    def done(self, at: int) -> bool:
+        return at == len(self.parts)
+
+    final = done
+
+
+class Repeat(Node):
+    """`item` low to high times (None: no limit; low at least 1), `separator` between
+    two; local: (items so far, whether an item comes next)."""
+
+    begin = (0, True)
+
+    def __init__(self, item: Node, low: int = 1, high: int | None = None,
+                 separator: Node | None = None):
+        self.item, self.low, self.high, self.separator = item, low, high, separator
+
+    def feed(self, local: tuple[int, bool], byte: int) -> Iterable[Move]:
+        count, item_next = local
+        if item_next:
+            return (((count + 1, False), self.item),)
+        if self.separator is None:             # (at `high` items, it is final: popped)
+            return (((count + 1, False), self.item),)
+        return (((count, True), self.separator),)
+
+    def done(self, local: tuple[int, bool]) -> bool:
+        return not local[1] and local[0] >= self.low
+
+    def final(self, local: tuple[int, bool]) -> bool:
+        return self.done(local) and self.high is not None and local[0] >= self.high
+
+
+class Container(Node):
+    """What objects and arrays share: whitespace between their parts, kept in the local
+    state's last place: 0 none yet, 1 one space, 2 + k a newline and k spaces or tabs."""
+
+    CLOSED = -1
+
+    @staticmethod
+    def spaced(local: tuple, byte: int) -> Iterable[Move]:
+        run = local[-1]
+        if run == 0 and byte in (0x20, 0x0A):
+            return ((local[:-1] + (1 if byte == 0x20 else 2,), None),)
+        if run >= 2 and byte in (0x20, 0x09) and run - 2 < MAX_INDENT:
+            return ((local[:-1] + (run + 1,), None),)
+        return ()
+
+    def done(self, local: tuple) -> bool:
+        return local[0] == self.CLOSED
+
+    final = done
+
+
+class Object(Container):
+    """A JSON object. With properties, (key node, value node, required) in order: the
+    keys come in that order, a required one always, an optional one or not, and no
+    others. Without (properties None): any string keys, each value `values`. Local:
+    (phase, index of the property at hand, whitespace run)."""
+
+    OPEN, FIRST, COLON, VALUE, AFTER, NEXT = range(6)
+    begin = (OPEN, 0, 0)
+
+    def __init__(self, properties: Iterable[tuple[Node, Node, bool]] | None,
+                 values: Node | None = None):
+        self.properties = None if properties is None else list(properties)
+        self.values, self.keys = values, String()
+
+    def feed(self, local: tuple[int, int, int], byte: int) -> Iterable[Move]:
+        phase, index, _ = local
+        if phase == self.OPEN:
+            return (((self.FIRST, 0, 0), None),) if byte == 0x7B else ()
+        moves = list(self.spaced(local, byte))
+        if phase in (self.FIRST, self.NEXT):
+            moves += [((self.COLON, key, 0), node) for key, node in self._keys_from(index)]
+            if phase == self.FIRST and byte == 0x7D and self._may_close(index):
+                moves.append(((self.CLOSED, 0, 0), None))
+        elif phase == self.COLON and byte == 0x3A:
+            moves.append(((self.VALUE, index, 0), None))
+        elif phase == self.VALUE and byte not in WHITESPACE:
+            moves.append(((self.AFTER, index + 1, 0), self._value(index)))
+        elif phase == self.AFTER:
+            if byte == 0x2C and next(iter(self._keys_from(index)), None):
+                moves.append(((self.NEXT, index, 0), None))
+            elif byte == 0x7D and self._may_close(index):
+                moves.append(((self.CLOSED, 0, 0), None))
+        return moves
+
+    def _keys_from(self, index: int) -> Iterable[tuple[int, Node]]:
+        """(index, key node) of each property that may come next: the one at `index` and
+        those after it that only optional ones stand before."""
+        if self.properties is None:
+            return ((0, self.keys),)
+        found = []
+        for at in range(index, len(self.properties)):
+            found.append((at, self.properties[at][0]))
+            if self.properties[at][2]:
+                break
+        return found
+
+    def _may_close(self, index: int) -> bool:
+        return self.properties is None or not any(
+            required for _, _, required in self.properties[index:])
+
+    def _value(self, index: int) -> Node:
+        return self.values if self.properties is None else self.properties[index][1]
+
+
+class Array(Container):
+    """A JSON array of `items`, min_items to max_items of them (None: no limit).
+    Local: (phase, items so far, whitespace run)."""
+
+    OPEN, FIRST, AFTER, NEXT = range(4)
+    begin = (OPEN, 0, 0)
+
+    def __init__(self, items: Node, min_items: int = 0, max_items: int | None = None):
+        self.items, self.min_items, self.max_items = items, min_items, max_items
+
+    def feed(self, local: tuple[int, int, int], byte: int) -> Iterable[Move]:
+        phase, count, _ = local
+        if phase == self.OPEN:
+            return (((self.FIRST, 0, 0), None),) if byte == 0x5B else ()
+        moves = list(self.spaced(local, byte))
+        closes = byte == 0x5D and count >= self.min_items
+        if phase in (self.FIRST, self.NEXT) and byte not in WHITESPACE \
+                and byte != 0x5D and self._room(count):
+            moves.append(((self.AFTER, count + 1, 0), self.items))
+        if phase == self.FIRST and closes:
+            moves.append(((self.CLOSED, 0, 0), None))
+        elif phase == self.AFTER:
+            if byte == 0x2C and self._room(count):
+                moves.append(((self.NEXT, count, 0), None))
+            elif closes:
+                moves.append(((self.CLOSED, 0, 0), None))
+        return moves
+
+    def _room(self, count: int) -> bool:
+        return self.max_items is None or count < self.max_items
+
+
+class Root(Container):
+    """The whole text: one space at most (a SentencePiece reply's first piece may begin
+    with one), then one value, then nothing."""
+
+    begin = (0, 0)
+
+    def __init__(self, value: Node):
+        self.value = value
+
+    def feed(self, local: tuple[int, int], byte: int) -> Iterable[Move]:
+        if local[0] == self.CLOSED:
+            return ()
+        if byte == 0x20 and local == (0, 0):
+            return (((0, 1), None),)
+        return (((self.CLOSED, 0), self.value),)
+
+
+def any_value() -> Node:
+    """Any JSON value: objects and arrays of any values, strings, numbers, literals."""
+    value = Choice()
+    value.options = [Object(None, value), Array(value), String(), Number(),
+                     Literal(b"true"), Literal(b"false"), Literal(b"null")]
+    return value
+
+
+Stack = tuple[tuple[Node, object], ...]
+State = frozenset          # of Stacks
+
+
+def start(root: Node) -> State:
+    """The state before the first byte of a text of `root`."""
+    return frozenset({((root, root.begin),)})
+
+
+def advance(state: State, data: bytes) -> State:
+    """The state after `data` (empty: the bytes are not what the grammar allows)."""
+    for byte in data:
+        following: set[Stack] = set()
+        for stack in state:
+            _feed(stack, byte, following)
+        if not following:
+            return frozenset()
+        state = frozenset(following)
+    return state
+
+
+def _feed(stack: Stack, byte: int, into: set[Stack]) -> None:
+    """Every stack `stack` becomes by reading `byte`, ended frames popped, into `into`."""
+    node, local = stack[-1]
+    below = stack[:-1]
+    for after, child in node.feed(local, byte):
+        if child is None:
+            into.add(_popped(below + ((node, after),)))
+        else:
+            _feed(below + ((node, after), (child, child.begin)), byte, into)
+    if below and node.done(local):           # it may end here: the byte is its parent's
+        _feed(below, byte, into)
+
+
+def _popped(stack: Stack) -> Stack:
+    """Frames that have ended (a closed string or object) leave the stack; the root's
+    stays, so that an ended text is one stack of one frame."""
+    while len(stack) > 1 and stack[-1][0].final(stack[-1][1]):
+        stack = stack[:-1]
+    return stack
+
+
+def complete(state: State) -> bool:
+    """Whether the bytes so far are a whole text of the grammar (an end token may come)."""
+    return any(all(node.done(local) for node, local in stack) for stack in state)
+
+
+def ended(state: State) -> bool:
+    """Whether the text is whole and nothing can follow it (the root value closed)."""
+    return bool(state) and all(len(stack) == 1 and stack[0][0].final(stack[0][1])
+                               for stack in state)

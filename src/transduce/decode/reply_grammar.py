@@ -1,0 +1,59 @@
+"""What a whole reply must be, as a small grammar of JSON and text around it: a JSON
+Schema's instance, a literal text, parts in order, a part repeated. A json_schema is
+the first alone; a forced tool call is the rest (data/tool_calls.py: Hermes' calls are
+`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks, one or more).
+
+    {"json": SCHEMA}                     an instance of SCHEMA ("lenient": true reads past
+                                         assertions the grammar cannot keep)
+    {"literal": TEXT}                    TEXT as it is
+    {"sequence": [PART, ...]}            the parts, one after another
+    {"repeat": PART, "min": 1, "max": N, "separator": TEXT}
+                                         PART min to max times (max null: no limit),
+                                         TEXT between two
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from transduce.decode.json_grammar import Literal, Node, Repeat, Root, Sequence
+from transduce.decode.json_schema import SchemaError, schema_node
+
+FORMS = ("json", "literal", "sequence", "repeat")
+
+
+def compile_grammar(spec: Mapping[str, Any], name: str = "grammar") -> Root:
+    """The grammar of a whole reply of `spec`; a spec that is none is a SchemaError
+    naming its place from `name`."""
+    return Root(_part(spec, name))
+
+
+def _part(spec: Any, where: str) -> Node:
+    forms = [form for form in FORMS if isinstance(spec, Mapping) and form in spec]
+    if len(forms) != 1:
+        raise SchemaError(f"{where}: a part is an object with one of {', '.join(FORMS)}, "
+                          f"not {spec!r}")
+    form = forms[0]
+    if form == "json":
+        return schema_node(spec["json"], f"{where}.json", bool(spec.get("lenient")))
+    if form == "literal":
+        return Literal(_text(spec["literal"], f"{where}.literal"))
+    if form == "sequence":
+        parts = spec["sequence"]
+        if not isinstance(parts, list) or not parts:
+            raise SchemaError(f"{where}.sequence: a non-empty list of parts")
+        return Sequence([_part(part, f"{where}.sequence[{i}]") for i, part in enumerate(parts)])
+    low, high, separator = spec.get("min", 1), spec.get("max"), spec.get("separator")
+    if type(low) is not int or low < 1 or high is not None and (
+            type(high) is not int or high < low):
+        raise SchemaError(f"{where}: min an integer >= 1, max null or >= min; not "
+                          f"{low!r} and {high!r}")
+    return Repeat(_part(spec["repeat"], f"{where}.repeat"), low, high,
+                  None if separator is None else Literal(_text(separator,
+                                                               f"{where}.separator")))
+
+
+def _text(value: Any, where: str) -> bytes:
+    if not isinstance(value, str) or not value:
+        raise SchemaError(f"{where}: a non-empty text, not {value!r}")
+    return value.encode("utf-8")

@@ -1,0 +1,240 @@
+"""Generation under a json_schema: the tokens' bytes are what the tokenizers decode, a
+mask allows exactly the tokens whose bytes the grammar reads, and a Generator's greedy
+continuation is a reference loop's (a full pass each step, every token checked alone);
+batched equals alone, sampled rows too, and what comes out is an instance."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from transduce.config import ConfigError, preset
+from transduce.data.hf_tokenizer import HFTokenizer
+from transduce.data.tokenizer import Tokenizer
+from transduce.decode.constrained import TokenGrammar, Vocabulary, constrained
+from transduce.decode.generate import Generator, prompt_seeds
+from transduce.decode.json_grammar import advance, complete, ended, start
+from transduce.decode.json_schema import SchemaError, compile_schema
+from transduce.decode.options import GenerateOptions
+from transduce.decode.token_bytes import byte_level_table, token_bytes
+from transduce.model import build_model
+
+tokenizers = pytest.importorskip("tokenizers")
+jsonschema = pytest.importorskip("jsonschema")
+
+TEXTS = ['{"name": "Ann", "tags": ["a", "b"], "n": -12.5e3, "ok": true, "x": null}',
+         'quote " backslash \\ tab \t newline \n é 中文 🙂', "\u0001 control", "[1, 2, 3]",
+         "paths C:\\query\\x and C:\\query\\y"]       # tokens of a backslash and no escape
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "n", "color"],
+          "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"},
+                         "color": {"enum": ["red", "green"]},
+                         "note": {"type": ["string", "null"]}}}
+# No free strings, no whitespace: a random model's greedy JSON closes within 120 tokens.
+FINITE = {"type": "object", "required": ["ok", "n", "color"],
+          "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"},
+                         "color": {"enum": ["red", "green"]}}}
+PROMPTS = ["uno dos", "el perro grande come", "casa", "tres gato rojo rojo el casa perro"]
+
+
+@pytest.fixture(scope="module")
+def byte_bpe(tmp_path_factory):
+    """A byte-level BPE (GPT-2's kind) trained on JSON-like text, a few hundred tokens."""
+    trained = tokenizers.ByteLevelBPETokenizer()
+    trained.train_from_iterator(TEXTS * 3 + [json.dumps(SCHEMA)] * 3, vocab_size=400,
+                                min_frequency=1, special_tokens=["<|endoftext|>"],
+                                show_progress=False)
+    path = tmp_path_factory.mktemp("bpe") / "tokenizer.json"
+    trained.save(str(path))
+    return HFTokenizer.from_file(path, bos="<|endoftext|>", eos="<|endoftext|>")
+
+
+@pytest.fixture(scope="module")
+def spm(tiny_corpus):
+    return Tokenizer(tiny_corpus / "spm.model")     # byte fallback: any byte is spelt
+
+
+def test_the_byte_level_table_is_gpt2_s():
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    assert byte_level_table() == {char: byte for byte, char in bytes_to_unicode().items()}
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "sentencepiece", "sentencepiece in tokenizers"])
+def test_token_bytes_joined_are_what_the_tokenizer_decodes(kind, byte_bpe, spm):
+    tokenizer = {"byte-level": byte_bpe, "sentencepiece": spm,
+                 "sentencepiece in tokenizers": HFTokenizer.from_sentencepiece(spm)}[kind]
+    pieces = token_bytes(tokenizer, tokenizer.vocab_size + 3)
+    assert pieces[tokenizer.eos_id] is None and pieces[-3:] == [None] * 3
+    for ids in tokenizer.encode(TEXTS + PROMPTS):
+        joined = b"".join(pieces[token] for token in ids).decode("utf-8")
+        assert joined.removeprefix(" ") == tokenizer.decode(ids).removeprefix(" ")
+
+
+def states(grammar, rng, count):
+    """States of random walks through the grammar by allowed tokens."""
+    found = []
+    for _ in range(count):
+        row = grammar.start()
+        for _ in range(rng.randint(0, 30)):
+            found.append(row.state)
+            allowed = row.allowed().nonzero().flatten().tolist()
+            token = rng.choice(allowed)
+            if token in grammar.vocabulary.end_ids:
+                break
+            row.add(token)
+            if row.ended:
+                break
+    return found
+
+
+@pytest.mark.parametrize("schema, in_string", [
+    ({"type": "object"}, b'{"key": "va'), ({}, b'["a", "b'), ({
+        "type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"},
+                                         "color": {"enum": ["red", "green"]}},
+        "required": ["name", "n", "color"]}, b'{"name": "Ann \\u00e9 ')])
+@pytest.mark.parametrize("kind", ["byte-level", "sentencepiece", "hand-made"])
+def test_a_mask_allows_exactly_the_tokens_whose_bytes_the_grammar_reads(schema, in_string,
+                                                                          kind, byte_bpe, spm):
+    """The trie walk and the in-string shortcut against every token tried alone, in the
+    states of random walks and inside a string."""
+    if kind == "hand-made":                 # every byte, and tokens that test the walk
+        pieces = [None, *(bytes([b]) for b in range(256)), b'\\q', b'\\"', b'\\u00e', b'"}',
+                  b'", "', b'ab"c', "中".encode()[:2], "中".encode()[2:], "é x".encode(),
+                  b'\x01a', b'true', b'": ', b'"name', b'12.5', b'\n  ']
+        eos = 0
+    else:
+        tokenizer = byte_bpe if kind == "byte-level" else spm
+        pieces, eos = token_bytes(tokenizer, tokenizer.vocab_size), tokenizer.eos_id
+    grammar = TokenGrammar(compile_schema(schema), Vocabulary(pieces, [eos]))
+    inside = advance(start(grammar.root), in_string)
+    assert inside
+    for state in [inside, *states(grammar, random.Random(0), 12)]:
+        expected = torch.tensor([bool(piece) and bool(advance(state, piece))
+                                 for piece in pieces])
+        if complete(state) or not expected.any():
+            expected[eos] = True
+        assert torch.equal(grammar.allowed(state), expected)
+
+
+def test_constrained_logits_are_minus_infinity_where_refused_and_untouched_elsewhere(spm):
+    grammar = TokenGrammar(compile_schema(SCHEMA),
+                           Vocabulary(token_bytes(spm, spm.vocab_size), [spm.eos_id]))
+    logits = torch.randn(3, spm.vocab_size + 2)          # a model's padded output rows
+    rows = [grammar.start(), None, grammar.start()]
+    out = constrained(logits, rows)
+    allowed = rows[0].allowed()
+    assert torch.equal(out[1], logits[1]) and torch.equal(out[0].isinf(), out[2].isinf())
+    assert torch.equal(out[0, :spm.vocab_size][allowed], logits[0, :spm.vocab_size][allowed])
+    assert torch.isinf(out[0, :spm.vocab_size][~allowed]).all() and torch.isinf(out[0, -2:]).all()
+
+
+@pytest.fixture(scope="module", params=["sentencepiece", "byte-level"])
+def generator(request, byte_bpe, spm):
+    tokenizer = spm if request.param == "sentencepiece" else byte_bpe
+    torch.manual_seed(0)
+    vocab = tokenizer.vocab_size + 4
+    model = build_model(preset("gpt-tiny", src_vocab_size=vocab, tgt_vocab_size=vocab,
+                               max_positions=160)).eval()
+    return Generator(model, tokenizer)
+
+
+def no_whitespace(generator):
+    """A logit bias that bans whitespace tokens: a random model would otherwise indent
+    until its limit, and these tests want JSON that closes."""
+    pieces = token_bytes(generator.tokenizer, generator.model.config.tgt_vocab_size)
+    return {token: -100 for token, piece in enumerate(pieces) if piece and not piece.strip()}
+
+
+def reference_greedy(generator, prompt, schema, steps, bias):
+    """Greedy search by full passes, each token's bytes tried against the grammar."""
+    tokenizer, model = generator.tokenizer, generator.model
+    pieces = token_bytes(tokenizer, model.config.tgt_vocab_size)
+    state, ids, out = start(compile_schema(schema)), generator.encode([prompt])[0], []
+    banned = list(bias)
+    for _ in range(steps):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + out]))[0, -1].float()
+        logits[banned] -= 100
+        allowed = torch.tensor([bool(p) and bool(advance(state, p)) for p in pieces])
+        if complete(state) or not allowed.any():
+            allowed[list(generator.end_ids)] = True
+        token = int(logits.masked_fill(~allowed, float("-inf")).argmax())
+        if token in generator.end_ids:
+            break
+        out.append(token)
+        state = advance(state, pieces[token])
+        if ended(state):
+            break
+    return out
+
+
+def valid_where_closed(rows, schema):
+    """Each row that closed its JSON is an instance -> how many did."""
+    closed = [row for row in rows if row.finish_reason == "stop"]
+    for row in closed:
+        assert row.end_token is None                         # closed, without an eos
+        jsonschema.validate(json.loads(row.text), schema)
+    return len(closed)
+
+
+@pytest.mark.parametrize("schema", [SCHEMA, FINITE])
+def test_greedy_under_a_schema_is_the_reference_loop_s_and_an_instance(generator, schema):
+    bias = no_whitespace(generator)
+    rows = generator.generate_rows(PROMPTS, max_new_tokens=120, json_schema=schema,
+                                   logit_bias=bias)
+    for prompt, row in zip(PROMPTS, rows):
+        assert row.tokens == reference_greedy(generator, prompt, schema, 120, bias)
+    closed = valid_where_closed(rows, schema)
+    assert closed == len(rows) if schema is FINITE else closed > 0
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 1.0, "seed": 3},
+                                      {"temperature": 0.8, "top_p": 0.9, "seed": 4},
+                                      {"temperature": 1.0, "top_k": 5, "repetition_penalty": 1.3,
+                                       "seed": 5}])
+def test_batched_rows_under_a_schema_equal_rows_alone(generator, settings):
+    options = GenerateOptions(max_new_tokens=120, json_schema=SCHEMA,
+                              logit_bias=no_whitespace(generator), **settings)
+    together = generator.generate(PROMPTS, options)
+    seeds = None if options.greedy else prompt_seeds(options.seed, len(PROMPTS))
+    alone = [generator.generate([p], options, seeds=None if seeds is None else [seed])[0]
+             for p, seed in zip(PROMPTS, seeds or [None] * len(PROMPTS))]
+    assert together == alone
+    assert valid_where_closed(generator.generate_rows(PROMPTS, options), SCHEMA) > 0
+
+
+def test_streamed_pieces_join_to_the_whole_json(generator):
+    options = GenerateOptions(max_new_tokens=120, json_schema=SCHEMA,
+                              temperature=1.0, seed=9, logit_bias=no_whitespace(generator))
+    whole = generator.generate(PROMPTS[:1], options)[0]
+    assert "".join(generator.stream(PROMPTS[0], options)) == whole
+    assert whole.lstrip().startswith("{")
+
+
+def test_a_row_cut_at_its_limit_is_a_prefix_of_json_ending_for_length(generator):
+    row = generator.generate_rows(PROMPTS[:1], max_new_tokens=3, json_schema=SCHEMA)[0]
+    assert row.finish_reason == "length" and len(row.tokens) == 3
+    state = advance(start(compile_schema(SCHEMA)), row.text.encode())
+    assert state and not complete(state)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"beam": 2}, "GenerateOptions.beam=2: a json_schema is followed by greedy search"),
+    ({"prompt_lookup": 3}, "GenerateOptions.prompt_lookup=3"),
+    ({"json_schema": "{not json"}, "GenerateOptions.json_schema: not JSON"),
+    ({"json_schema": {"type": "string", "pattern": "a"}},
+     r"GenerateOptions\.json_schema\.pattern: not enforced"),
+])
+def test_what_a_schema_cannot_go_with_is_refused_by_name(settings, message):
+    settings = {"json_schema": {"type": "object"}, **settings}
+    with pytest.raises(ConfigError, match=message):
+        GenerateOptions(**settings)
+    assert issubclass(SchemaError, ConfigError)
+
+
+def test_options_keep_the_schema_as_its_json_text():
+    options = GenerateOptions(json_schema={"type": "object", "properties": {"b": {}, "a": {}}})
+    assert options.json_schema == '{"type": "object", "properties": {"b": {}, "a": {}}}'
+    assert GenerateOptions(**options.to_dict()) == options
+    hash(options)
