@@ -238,3 +238,26 @@ def test_options_keep_the_schema_as_its_json_text():
     assert options.json_schema == '{"type": "object", "properties": {"b": {}, "a": {}}}'
     assert GenerateOptions(**options.to_dict()) == options
     hash(options)
+
+
+def test_a_vocabulary_that_cannot_write_what_the_json_may_need_is_refused_by_name(spm):
+    """Every byte of the schema's literals and kinds of value must be some token alone,
+    else a text could meet a state no token goes on from."""
+    pieces = [None, *(bytes([b]) for b in range(256) if b not in b'"]'), b'"a', b"]]"]
+    vocabulary = Vocabulary(pieces, [0])
+    assert TokenGrammar(compile_schema({"type": "object"}), vocabulary).unwritable() == b'"]'
+    assert TokenGrammar(compile_schema({"type": "array", "items": {"type": "integer"}}),
+                        vocabulary).unwritable() == b"]"
+    assert TokenGrammar(compile_schema({"type": "string"}), vocabulary).unwritable() == b'"'
+    assert TokenGrammar(compile_schema({"enum": [1, True]}), vocabulary).unwritable() == b""
+    assert TokenGrammar(compile_schema({"type": "boolean"}),
+                        Vocabulary([b"t", b"r", b"u", b"e"], [0])).unwritable() == b"afls"
+    torch.manual_seed(0)
+    model = build_model(preset("gpt-tiny", src_vocab_size=spm.vocab_size,
+                               tgt_vocab_size=spm.vocab_size, max_positions=32)).eval()
+    generator = Generator(model, spm)
+    generator._vocabulary = Vocabulary([None if piece == b'"' else piece for piece in
+                                        token_bytes(spm, spm.vocab_size)], [spm.eos_id])
+    with pytest.raises(ConfigError, match=r"GenerateOptions\.json_schema: no token of the "
+                                          r"model's vocabulary writes .* alone"):
+        generator.generate(["casa"], max_new_tokens=8, json_schema={"type": "object"})

@@ -331,6 +331,33 @@ def test_a_thinking_models_reasoning_comes_apart_whole_and_streamed(reasoning):
         assert "".join(delta.get(field, "") for delta in deltas) == message[field]
 
 
+def test_a_reply_kept_to_json_is_all_answer_though_the_prompt_opened_reasoning(reasoning):
+    """The template opens the reasoning block, but JSON cannot close it: the reply is
+    the message's content, no reasoning_content. This model's vocabulary spells no
+    braces: the schema is a JSON boolean, and a JSON object is a 422 naming the field."""
+    schema = {"type": "boolean"}
+    request = {"messages": CONVERSATIONS[1], "max_tokens": 24, "temperature": 0,
+               "response_format": {"type": "json_schema",
+                                   "json_schema": {"name": "yes", "schema": schema}}}
+    with client_for(reasoning.generator, max_chars=200, max_texts=16) as client:
+        message = client.post("/v1/chat/completions", json=request).json()[
+            "choices"][0]["message"]
+    expected = reasoning.generator.chat(CONVERSATIONS[1], max_new_tokens=24,
+                                        json_schema=schema)
+    assert message["reasoning_content"] is None
+    assert message["content"] == expected and expected.strip() in ("true", "false")
+    with client_for(reasoning.generator, max_chars=200, max_texts=16) as client:
+        braces = client.post("/v1/chat/completions", json={
+            **request, "response_format": {"type": "json_object"}})
+        generated = client.post("/v1/generate", json={"prompts": ["a"],
+                                                       "json_schema": {"type": "object"}})
+    assert braces.status_code == generated.status_code == 422
+    assert braces.json()["error"]["param"] == "response_format"
+    assert "no token of the model's vocabulary writes '\"'" in braces.json()["error"][
+        "message"]
+    assert generated.json()["field"] == "json_schema"
+
+
 def test_an_earlier_replys_reasoning_reaches_the_template(reasoning):
     """An assistant turn given back with its reasoning_content (as the API answered it):
     the template writes it, as apply_chat_template does with the same messages."""

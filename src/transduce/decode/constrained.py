@@ -51,6 +51,7 @@ class Vocabulary:
             else:
                 _insert(self.special_trie, piece, token)
         self.pieces, self.plain = list(pieces), plain.to(device)
+        self.single_bytes = frozenset(piece[0] for piece in pieces if piece and len(piece) == 1)
 
 
 def _whole_utf8(piece: bytes) -> bool:
@@ -80,6 +81,12 @@ class TokenGrammar:
 
     def start(self) -> "GrammarRow":
         return GrammarRow(self, json_grammar.start(self.root))
+
+    def unwritable(self) -> bytes:
+        """The bytes the grammar may need (json_grammar.needed_bytes) that no token of
+        the vocabulary writes alone: a text could meet a state no token goes on from."""
+        needed = json_grammar.needed_bytes(self.root)
+        return bytes(sorted(needed - self.vocabulary.single_bytes))
 
     def after(self, state: State, token: int) -> State:
         """The state after `token` (empty: the grammar refuses its bytes)."""

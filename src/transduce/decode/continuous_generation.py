@@ -204,7 +204,7 @@ class ContinuousGeneration:
                              "all, or one per prompt")
         for each in settings:
             _check_beam(each)
-            self.generator.check_logit_bias(each)
+            self.generator.check_vocabulary(each)
         given = [None] * count if seeds is None else list(seeds)
         if len(given) != count or any((seed is None) != each.greedy
                                       for seed, each in zip(given, settings)):

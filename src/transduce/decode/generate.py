@@ -443,7 +443,7 @@ class Generator:
         tokens are drafted (prompt lookup, a draft model), each generated alone by
         speculative decoding, one after another."""
         prompt, mask, max_new, rows = self._prepare(ids, options)
-        self.check_logit_bias(options)
+        self.check_vocabulary(options)
         if not options.drafts:
             yield from self._steps(prompt, mask, rows, max_new, self._penalties(ids, options),
                                    sampler)
@@ -518,13 +518,24 @@ class Generator:
                 token = chosen[:, None]
 
 
-    def check_logit_bias(self, options: GenerateOptions) -> None:
-        """A logit_bias names tokens of the model's vocabulary: a ConfigError otherwise."""
+    def check_vocabulary(self, options: GenerateOptions) -> None:
+        """A logit_bias names tokens of the model's vocabulary, and the vocabulary writes
+        each byte a json_schema or grammar may need: a ConfigError otherwise (made here,
+        the grammar is cached for the generation)."""
         vocab = self.model.config.tgt_vocab_size
         unknown = [token for token, _ in options.logit_bias or () if token >= vocab]
         if unknown:
             raise ConfigError(f"GenerateOptions.logit_bias: token {unknown[0]} is not among "
                               f"the model's {vocab} (ids 0 to {vocab - 1})")
+        spec = options.reply_grammar
+        missing = b"" if spec is None else self.grammar(spec).unwritable()
+        if missing:
+            name = "json_schema" if options.json_schema is not None else "grammar"
+            shown = ", ".join(repr(chr(byte)) for byte in missing[:8])
+            raise ConfigError(f"GenerateOptions.{name}: no token of the model's vocabulary "
+                              f"writes {shown}{' ...' if len(missing) > 8 else ''} alone, "
+                              f"which the JSON may need (a byte-level or byte-fallback "
+                              f"vocabulary writes every byte)")
 
 
 def _check_rewinds(model: DecoderOnly | OnnxLanguageModel, name: str) -> None:

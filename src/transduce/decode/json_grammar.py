@@ -339,6 +339,36 @@ def any_value() -> Node:
     return value
 
 
+# The bytes each kind of value needs to be written whole (a number: digits alone).
+WRITTEN_WITH = {Object: b'{}:,"', Array: b"[],", String: b'"', Number: b"0123456789"}
+
+
+def needed_bytes(root: Node) -> frozenset[int]:
+    """The bytes a text of the grammar may need to go on from anywhere: its literals'
+    (keys, enum values, tags) and its kinds of value's."""
+    found: set[int] = set()
+    seen: set[int] = set()
+    pending = [root]
+    while pending:
+        node = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        found.update(node.text if isinstance(node, Literal) else WRITTEN_WITH.get(type(node), b""))
+        pending.extend(_children(node))
+    return frozenset(found)
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, Object):
+        return [node.keys, *([node.values] if node.values is not None else []),
+                *(part for key, value, _ in node.properties or () for part in (key, value))]
+    children = {Choice: lambda: node.options, Sequence: lambda: node.parts,
+                Array: lambda: [node.items], Root: lambda: [node.value],
+                Repeat: lambda: [node.item] + ([node.separator] if node.separator else [])}
+    return list(children[type(node)]()) if type(node) in children else []
+
+
 Stack = tuple[tuple[Node, object], ...]
 State = frozenset          # of Stacks
 

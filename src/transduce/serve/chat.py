@@ -97,11 +97,13 @@ def routes(service: Service) -> APIRouter:
     async def chat(body: ChatRequest):
         calls = _call_format(service, body)
         conversation, prompt = _conversation(service, body, with_tools=calls is not None)
-        markers = reasoning_markers(service.model.tokenizer)
-        parts = ReplyParts(thinks=markers is not None,
-                           inside=markers is not None and markers.starts_inside(prompt),
-                           calls=calls, parallel=body.parallel_tool_calls)
         options = _options(service, body, len(prompt), calls)
+        # A reply kept to a grammar (JSON, forced calls) writes no reasoning: all of it
+        # is the answer, also where the prompt opened the reasoning block.
+        markers = reasoning_markers(service.model.tokenizer)
+        thinks = markers is not None and options.reply_grammar is None
+        parts = ReplyParts(thinks=thinks, inside=thinks and markers.starts_inside(prompt),
+                           calls=calls, parallel=body.parallel_tool_calls)
         seeds = None if options.greedy else prompt_seeds(options.seed, body.n)
         completion = Completion.new("chatcmpl", service.name, len(prompt))
         tokens = (len(prompt) + options.max_new_tokens) * body.n

@@ -86,7 +86,7 @@ def _check(service: Service, body: GenerateRequest) -> tuple[GenerateOptions, li
     fields["stop"] = tuple(fields["stop"])
     try:
         options = GenerateOptions(**fields, batch_sentences=service.limits.max_texts)
-        generator.check_logit_bias(options)
+        generator.check_vocabulary(options)
     except ConfigError as error:
         raise named(error) from None
     if body.stream and options.beam > 1:

@@ -67,9 +67,13 @@ def sampling_options(body: OpenAISampling, max_new_tokens: int, batch_sentences:
             frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
             logit_bias=body.logit_bias, stop=stop, batch_sentences=batch_sentences,
             json_schema=schema, grammar=grammar)
-        generator.check_logit_bias(options)
+        generator.check_vocabulary(options)
         return options
     except ConfigError as error:
+        if schema is not None and str(error).startswith("GenerateOptions.json_schema"):
+            raise ApiError(422, str(error).replace("GenerateOptions.json_schema",
+                                                   "response_format", 1),
+                           "response_format") from None
         raise named(error) from None
 
 
