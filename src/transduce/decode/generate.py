@@ -498,15 +498,15 @@ class Generator:
                 logits = self.model.decode_step(token, state)[:, -1].float()   # (A, V)
                 if penalties is not None:
                     logits = penalties(logits)
-                logits = constrained(logits, [rows[row].grammar for row in running.tolist()])
-                chosen = logits.argmax(dim=-1) if sampler is None \
-                    else sampler(logits, running.tolist())
+                indices = running.tolist()
+                logits = constrained(logits, [rows[row].grammar for row in indices])
+                chosen = logits.argmax(dim=-1) if sampler is None else sampler(logits, indices)
                 if penalties is not None:
                     penalties.record(chosen)
-                for row, value in zip(running.tolist(), chosen.tolist()):
+                for row, value in zip(indices, chosen.tolist()):
                     rows[row].add(value)        # finished at eos, a stop or its limit
                 yield rows
-                keep = [i for i, row in enumerate(running.tolist()) if not rows[row].finished]
+                keep = [i for i, row in enumerate(indices) if not rows[row].finished]
                 if not keep:
                     return
                 if len(keep) < len(running):

@@ -52,15 +52,15 @@ def schema_node(schema: Mapping[str, Any] | bool, name: str = "json_schema",
         return any_value()
     if not isinstance(schema, Mapping):
         raise SchemaError(f"{name}: a JSON Schema is an object, not {schema!r}")
-    return _Compiler(schema, name, lenient).node(schema, name)
+    return _Compiler(schema, lenient).node(schema, name)
 
 
 class _Compiler:
     """One document's compilation: its $refs resolved once each, so that a recursive
     schema becomes a graph with a cycle."""
 
-    def __init__(self, document: Mapping[str, Any], name: str, lenient: bool = False):
-        self.document, self.name, self.lenient = document, name, lenient
+    def __init__(self, document: Mapping[str, Any], lenient: bool = False):
+        self.document, self.lenient = document, lenient
         self.refs: dict[str, Choice] = {}
         self.count = self.depth = 0
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from transduce.config import ConfigError
 from transduce.decode.generate import Generator
-from transduce.decode.json_schema import SchemaError, compile_schema
+from transduce.decode.json_schema import SchemaError
 from transduce.decode.options import GenerateOptions
 from transduce.serve.generation import named
 from transduce.serve.limits import ApiError
@@ -54,11 +54,6 @@ def sampling_options(body: OpenAISampling, max_new_tokens: int, batch_sentences:
     field."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     schema = body.reply_schema()
-    if schema is not None:
-        try:
-            compile_schema(schema, "response_format.json_schema.schema")
-        except SchemaError as error:
-            raise ApiError(422, str(error), "response_format") from None
     try:
         options = GenerateOptions(
             max_new_tokens=max_new_tokens, temperature=body.temperature, top_k=body.top_k,
@@ -71,8 +66,10 @@ def sampling_options(body: OpenAISampling, max_new_tokens: int, batch_sentences:
         return options
     except ConfigError as error:
         if schema is not None and str(error).startswith("GenerateOptions.json_schema"):
-            raise ApiError(422, str(error).replace("GenerateOptions.json_schema",
-                                                   "response_format", 1),
+            # a place in the schema (SchemaError), or the vocabulary's refusal of it
+            place = "response_format.json_schema.schema" if isinstance(error, SchemaError) \
+                else "response_format"
+            raise ApiError(422, str(error).replace("GenerateOptions.json_schema", place, 1),
                            "response_format") from None
         raise named(error) from None
 
