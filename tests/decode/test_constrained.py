@@ -92,7 +92,12 @@ def states(grammar, rng, count):
     ({"type": "object"}, b'{"key": "va'), ({}, b'["a", "b'), ({
         "type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"},
                                          "color": {"enum": ["red", "green"]}},
-        "required": ["name", "n", "color"]}, b'{"name": "Ann \\u00e9 ')])
+        "required": ["name", "n", "color"]}, b'{"name": "Ann \\u00e9 '), ({
+        "type": "object", "properties": {
+            "s": {"type": "string", "maxLength": 6}, "d": {"type": "string", "format": "date"},
+            "n": {"type": "integer", "minimum": 3, "maximum": 40},
+            "t": {"type": ["string", "null"], "minLength": 2}},
+        "required": ["s", "d", "n", "t"]}, b'{"s": "a\\n')])
 @pytest.mark.parametrize("kind", ["byte-level", "sentencepiece", "hand-made"])
 def test_a_mask_allows_exactly_the_tokens_whose_bytes_the_grammar_reads(schema, in_string,
                                                                           kind, byte_bpe, spm):
@@ -223,8 +228,8 @@ def test_a_row_cut_at_its_limit_is_a_prefix_of_json_ending_for_length(generator)
     ({"beam": 2}, "GenerateOptions.beam=2: a json_schema is followed by greedy search"),
     ({"prompt_lookup": 3}, "GenerateOptions.prompt_lookup=3"),
     ({"json_schema": "{not json"}, "GenerateOptions.json_schema: not JSON"),
-    ({"json_schema": {"type": "string", "pattern": "a"}},
-     r"GenerateOptions\.json_schema\.pattern: not enforced"),
+    ({"json_schema": {"type": "string", "pattern": "a\\b"}},
+     r"GenerateOptions\.json_schema\.pattern: a word boundary"),
 ])
 def test_what_a_schema_cannot_go_with_is_refused_by_name(settings, message):
     settings = {"json_schema": {"type": "object"}, **settings}

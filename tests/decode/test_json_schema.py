@@ -3,8 +3,10 @@ an instance by the reference validator (jsonschema), instances in the schema's k
 order are read whole, non-instances are refused, and what the grammar cannot keep is
 refused by name."""
 
+import datetime
 import json
 import random
+import uuid
 from enum import Enum
 from typing import Literal, Optional
 
@@ -37,6 +39,20 @@ class Person(pydantic.BaseModel):
     score: Optional[float] = None
 
 
+class Booking(pydantic.BaseModel):                  # assertions generation keeps
+    code: str = pydantic.Field(pattern=r"^[A-Z]{3}-\d{2,4}$")
+    guests: int = pydantic.Field(ge=1, le=12)
+    price: float = pydantic.Field(gt=0, lt=1000, multiple_of=0.25)
+    note: str = pydantic.Field(min_length=2, max_length=12)
+    when: datetime.datetime
+    day: datetime.date
+    at: datetime.time
+    stay: datetime.timedelta
+    id: uuid.UUID
+    seat: tuple[int, str]
+    rooms: list[pydantic.conint(multiple_of=3, lt=0)] = pydantic.Field(max_length=3)
+
+
 class Tree(pydantic.BaseModel):
     value: int
     children: list["Tree"] = []
@@ -60,6 +76,7 @@ MIXED = {"type": "object", "title": "mixed", "description": "annotations are rea
                         "none": {"type": "object", "additionalProperties": False}},
          "required": ["kind", "xy"]}
 SCHEMAS = {"person": Person.model_json_schema(), "tree": Tree.model_json_schema(),
+           "booking": Booking.model_json_schema(),
            "strict": STRICT, "mixed": MIXED, "object": {"type": "object"}, "any": {}}
 # Bytes a walk favours, so that what it opens it soon closes.
 WEIGHTS = {ord(c): w for c, w in {'"': 30, "}": 30, "]": 30, ",": 3, " ": 0.3, "\n": 0.1,
@@ -88,6 +105,12 @@ def test_every_text_the_grammar_writes_is_an_instance(name):
     root = compile_schema(schema)
     for _ in range(40):
         jsonschema.validate(json.loads(walk(root, rng)), schema)
+
+
+def test_what_the_grammar_writes_for_pydantic_s_assertions_pydantic_reads_back():
+    root, rng = compile_schema(Booking.model_json_schema()), random.Random(2)
+    for _ in range(20):
+        Booking.model_validate_json(walk(root, rng))
 
 
 def test_keys_come_in_the_schema_s_order_required_ones_always():
@@ -139,11 +162,24 @@ def test_what_is_no_instance_is_not_read_whole(name, instance):
 
 
 @pytest.mark.parametrize("schema, where", [
-    ({"type": "string", "pattern": "^a+$"}, "json_schema.pattern"),
-    ({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}},
-     "json_schema.properties.n.minimum"),
-    ({"type": "object", "properties": {"s": {"type": "string", "maxLength": 3}}},
-     "json_schema.properties.s.maxLength"),
+    ({"type": "array", "uniqueItems": True}, "json_schema.uniqueItems: not enforced"),
+    ({"type": "object", "properties": {"s": {"type": "string", "pattern": "^(?!a)"}}},
+     "json_schema.properties.s.pattern: a lookaround"),
+    ({"type": "string", "pattern": "(a)\\1"}, "json_schema.pattern: a backreference"),
+    ({"type": "string", "pattern": "[a-"}, "json_schema.pattern: an unclosed '['"),
+    ({"type": "string", "pattern": "(a{100}){100}"}, "more than 4000 places"),
+    ({"type": "string", "minLength": 4, "maxLength": 3}, "maxLength 3 is below minLength 4"),
+    ({"type": "string", "pattern": "^ab$", "maxLength": 1}, "no string of 0 to 1 characters"),
+    ({"type": "string", "minLength": -1}, "json_schema.minLength: an integer >= 0"),
+    ({"anyOf": [{"type": "string"}], "maxLength": 3},
+     "json_schema.maxLength: not enforced beside anyOf"),
+    ({"type": "integer", "minimum": 2, "maximum": 1}, "no integer of at most 18 digits"),
+    ({"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2}, "no integer"),
+    ({"type": "number", "multipleOf": 0}, "json_schema.multipleOf: a number > 0"),
+    ({"type": "number", "minimum": "1"}, "json_schema.minimum: a number, not '1'"),
+    ({"enum": ["a", "bb"], "maxLength": 0}, "none of its enum or const values"),
+    ({"type": "array", "prefixItems": [{}], "items": False, "minItems": 2},
+     "minItems 2 is more than its 1 prefixItems"),
     ({"type": "text"}, "json_schema.type: 'text' is not a JSON type"),
     ({"type": "object", "properties": {}, "required": ["a"]}, "'a' is not among"),
     ({"$ref": "https://example.com/s.json"}, "only references within the schema"),

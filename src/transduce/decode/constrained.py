@@ -6,9 +6,10 @@ all; an end token is allowed once the text is whole, and a row whose text has en
 
 Finding the allowed tokens walks a trie of the vocabulary's bytes from the state, and
 prunes a branch at the first byte the grammar refuses; a state's mask is cached, and
-inside a string, where most tokens are allowed and leave the state as it is, only the
-tokens holding a quote, a backslash, a control byte or part of a UTF-8 character are
-walked.
+inside a string, where most tokens are allowed (and leave the state as it is, or count
+their characters against a maxLength), only the tokens holding a quote, a backslash, a
+control byte or part of a UTF-8 character are walked; the others are allowed by their
+count of characters.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch
 from torch import Tensor
 
 from transduce.decode import json_grammar
-from transduce.decode.json_grammar import Root, State, String
+from transduce.decode.checked_values import CheckedString
+from transduce.decode.json_grammar import Root, Stack, State, String
 
 # Masks kept per grammar (each a bool per token), and transitions kept per grammar.
 CACHED_MASKS = 128
@@ -34,34 +36,35 @@ Trie = dict          # byte -> Trie, and None -> the ids that end there
 class Vocabulary:
     """A tokenizer's tokens as bytes (token_bytes.py), arranged for masks: a trie of
     them all, a trie of those a string's body cannot take as they are (a quote, a
-    backslash, a control byte, part of a UTF-8 character), and the mask of those it
-    can."""
+    backslash, a control byte, part of a UTF-8 character), and the characters of those
+    it can (0: a token it cannot)."""
 
     def __init__(self, pieces: Sequence[bytes | None], end_ids: Sequence[int],
                  device: torch.device | str = "cpu"):
         self.size, self.end_ids = len(pieces), [i for i in end_ids if i < len(pieces)]
         self.trie, self.special_trie = {}, {}
-        plain = torch.zeros(self.size, dtype=torch.bool)
+        plain_chars = torch.zeros(self.size, dtype=torch.int32)
         for token, piece in enumerate(pieces):
             if not piece:
                 continue
             _insert(self.trie, piece, token)
-            if STRING_SPECIAL.isdisjoint(piece) and _whole_utf8(piece):
-                plain[token] = True
+            text = _whole_utf8(piece)
+            if STRING_SPECIAL.isdisjoint(piece) and text is not None:
+                plain_chars[token] = len(text)
             else:
                 _insert(self.special_trie, piece, token)
-        self.pieces, self.plain = list(pieces), plain.to(device)
+        self.pieces, self.plain_chars = list(pieces), plain_chars.to(device)
+        self.plain = self.plain_chars > 0
         self.single_bytes = frozenset(piece[0] for piece in pieces if piece and len(piece) == 1)
 
 
-def _whole_utf8(piece: bytes) -> bool:
-    """Whether a token's bytes are whole UTF-8 characters (a string's body reads them
-    and is where it was; a token of part of one leaves it inside a character)."""
+def _whole_utf8(piece: bytes) -> str | None:
+    """A token's text where its bytes are whole UTF-8 characters (a string's body reads
+    them and is where it was; a token of part of one leaves it inside a character)."""
     try:
-        piece.decode("utf-8")
+        return piece.decode("utf-8")
     except UnicodeDecodeError:
-        return False
-    return True
+        return None
 
 
 def _insert(trie: Trie, piece: bytes, token: int) -> None:
@@ -107,11 +110,15 @@ class TokenGrammar:
             self._masks.move_to_end(state)
             return mask
         vocabulary = self.vocabulary
-        in_string = all(isinstance(stack[-1][0], String) and stack[-1][1] == String.BODY
-                        for stack in state)
+        rooms = [_string_room(stack) for stack in state]
+        in_string = None not in rooms
         ids = self._walk(vocabulary.special_trie if in_string else vocabulary.trie, state)
-        mask = vocabulary.plain.clone() if in_string \
-            else torch.zeros_like(vocabulary.plain)
+        if not in_string:
+            mask = torch.zeros_like(vocabulary.plain)
+        elif max(rooms) == float("inf"):
+            mask = vocabulary.plain.clone()
+        else:
+            mask = vocabulary.plain & (vocabulary.plain_chars <= max(rooms))
         mask[ids] = True
         if json_grammar.complete(state) or not mask.any():
             mask[vocabulary.end_ids] = True
@@ -143,6 +150,16 @@ class TokenGrammar:
                 self._steps.clear()
             following = self._steps[key] = json_grammar.advance(state, bytes((byte,)))
         return following
+
+
+def _string_room(stack: Stack) -> float | None:
+    """The characters of plain text (no quote, backslash or control byte; whole UTF-8
+    characters) a stack's string may still take; None where it is in no string's body
+    or its string keeps a pattern."""
+    node, local = stack[-1]
+    if type(node) is String:
+        return float("inf") if local == String.BODY else None
+    return node.room(local) if isinstance(node, CheckedString) else None
 
 
 class GrammarRow:

@@ -39,6 +39,7 @@ class Node:
     nothing more is read."""
 
     begin: object = 0
+    written_with = b""          # the bytes its kind of value needs to be written whole
 
     def feed(self, local, byte: int) -> Iterable[Move]:
         raise NotImplementedError
@@ -69,7 +70,9 @@ class String(Node):
     """A JSON string: '"', characters (whole UTF-8 ones) or escapes, '"'."""
 
     OPEN, BODY, ESCAPE, CLOSED = 0, 1, 2, 7      # 3..6: \\u's hex digits, 4 left .. 1
-    # 8..10: inside a UTF-8 character, 1..3 continuation bytes to come
+    # 8 + k: inside a UTF-8 character, k + 1 continuation bytes to come (any of
+    # 0x80..0xBF); 11..14: its first, narrowed after E0, ED, F0 or F4 (UTF8_NARROWED)
+    written_with = b'"'
 
     def feed(self, at: int, byte: int) -> Iterable[Move]:
         if at == self.BODY:
@@ -79,9 +82,16 @@ class String(Node):
                 return ((self.ESCAPE, None),)
             if byte < 0x80:
                 return ((self.BODY, None),) if byte >= 0x20 else ()
-            follow = utf8_continuations(byte)
-            return ((7 + follow, None),) if follow else ()
+            lead = utf8_lead(byte)
+            if lead is None:
+                return ()
+            left, low, high = lead
+            narrowed = UTF8_NARROWED.get((low, high, left))
+            return ((narrowed if narrowed is not None else 7 + left, None),)
         if at >= 8:
+            if at >= 11:
+                low, high, left = UTF8_FIRST[at]
+                return ((7 + left - 1, None),) if low <= byte <= high else ()
             return ((at - 1 if at > 8 else self.BODY, None),) if 0x80 <= byte < 0xC0 else ()
         if at == self.OPEN:
             return ((self.BODY, None),) if byte == 0x22 else ()
@@ -99,11 +109,23 @@ class String(Node):
     final = done
 
 
-def utf8_continuations(byte: int) -> int:
-    """How many continuation bytes follow a UTF-8 lead byte (0: not a lead byte)."""
+def utf8_lead(byte: int) -> tuple[int, int, int] | None:
+    """For a UTF-8 lead byte: (continuation bytes to come, the range of the first), so
+    that no overlong form, surrogate or code point past U+10FFFF is written; None for a
+    byte that leads no character."""
     if 0xC2 <= byte <= 0xDF:
-        return 1
-    return 2 if 0xE0 <= byte <= 0xEF else 3 if 0xF0 <= byte <= 0xF4 else 0
+        return 1, 0x80, 0xBF
+    if 0xE0 <= byte <= 0xEF:
+        return 2, 0xA0 if byte == 0xE0 else 0x80, 0x9F if byte == 0xED else 0xBF
+    if 0xF0 <= byte <= 0xF4:
+        return 3, 0x90 if byte == 0xF0 else 0x80, 0x8F if byte == 0xF4 else 0xBF
+    return None
+
+
+# String's local states for a first continuation byte narrower than 0x80..0xBF.
+UTF8_FIRST = {11: (0xA0, 0xBF, 2), 12: (0x80, 0x9F, 2), 13: (0x90, 0xBF, 3),
+              14: (0x80, 0x8F, 3)}
+UTF8_NARROWED = {(low, high, left): at for at, (low, high, left) in UTF8_FIRST.items()}
 
 
 class Number(Node):
@@ -115,6 +137,7 @@ class Number(Node):
     START, MINUS, ZERO, INT, DOT, FRACTION, E, SIGN, EXPONENT = range(9)
     ENDS = frozenset({ZERO, INT, FRACTION, EXPONENT})
     begin = (START, 0)
+    written_with = b"0123456789"
 
     def __init__(self, integer: bool = False):
         self.integer = integer
@@ -236,6 +259,7 @@ class Object(Container):
 
     OPEN, FIRST, COLON, VALUE, AFTER, NEXT = range(6)
     begin = (OPEN, 0, 0)
+    written_with = b'{}:,"'
 
     def __init__(self, properties: Iterable[tuple[Node, Node, bool]] | None,
                  values: Node | None = None):
@@ -283,14 +307,18 @@ class Object(Container):
 
 
 class Array(Container):
-    """A JSON array of `items`, min_items to max_items of them (None: no limit).
+    """A JSON array, min_items to max_items values (None: no limit): the first ones
+    `prefix`'s, one each in order (a tuple's), the others `items`' (None: no others).
     Local: (phase, items so far, whitespace run)."""
 
     OPEN, FIRST, AFTER, NEXT = range(4)
     begin = (OPEN, 0, 0)
+    written_with = b"[],"
 
-    def __init__(self, items: Node, min_items: int = 0, max_items: int | None = None):
+    def __init__(self, items: Node | None, min_items: int = 0, max_items: int | None = None,
+                 prefix: Iterable[Node] = ()):
         self.items, self.min_items, self.max_items = items, min_items, max_items
+        self.prefix = list(prefix)
 
     def feed(self, local: tuple[int, int, int], byte: int) -> Iterable[Move]:
         phase, count, _ = local
@@ -300,7 +328,7 @@ class Array(Container):
         closes = byte == 0x5D and count >= self.min_items
         if phase in (self.FIRST, self.NEXT) and byte not in WHITESPACE \
                 and byte != 0x5D and self._room(count):
-            moves.append(((self.AFTER, count + 1, 0), self.items))
+            moves.append(((self.AFTER, count + 1, 0), self.item(count)))
         if phase == self.FIRST and closes:
             moves.append(((self.CLOSED, 0, 0), None))
         elif phase == self.AFTER:
@@ -310,8 +338,13 @@ class Array(Container):
                 moves.append(((self.CLOSED, 0, 0), None))
         return moves
 
+    def item(self, index: int) -> Node | None:
+        """The node of the value at `index`."""
+        return self.prefix[index] if index < len(self.prefix) else self.items
+
     def _room(self, count: int) -> bool:
-        return self.max_items is None or count < self.max_items
+        return (self.max_items is None or count < self.max_items) \
+            and self.item(count) is not None
 
 
 class Root(Container):
@@ -339,10 +372,6 @@ def any_value() -> Node:
     return value
 
 
-# The bytes each kind of value needs to be written whole (a number: digits alone).
-WRITTEN_WITH = {Object: b'{}:,"', Array: b"[],", String: b'"', Number: b"0123456789"}
-
-
 def needed_bytes(root: Node) -> frozenset[int]:
     """The bytes a text of the grammar may need to go on from anywhere: its literals'
     (keys, enum values, tags) and its kinds of value's."""
@@ -354,7 +383,7 @@ def needed_bytes(root: Node) -> frozenset[int]:
         if id(node) in seen:
             continue
         seen.add(id(node))
-        found.update(node.text if isinstance(node, Literal) else WRITTEN_WITH.get(type(node), b""))
+        found.update(node.text if isinstance(node, Literal) else node.written_with)
         pending.extend(_children(node))
     return frozenset(found)
 
@@ -364,7 +393,8 @@ def _children(node: Node) -> list[Node]:
         return [node.keys, *([node.values] if node.values is not None else []),
                 *(part for key, value, _ in node.properties or () for part in (key, value))]
     children = {Choice: lambda: node.options, Sequence: lambda: node.parts,
-                Array: lambda: [node.items], Root: lambda: [node.value],
+                Array: lambda: [*node.prefix, *([node.items] if node.items else [])],
+                Root: lambda: [node.value],
                 Repeat: lambda: [node.item] + ([node.separator] if node.separator else [])}
     return list(children[type(node)]()) if type(node) in children else []
 
