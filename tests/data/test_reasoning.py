@@ -2,14 +2,15 @@
 template would write it back (no newlines around the reasoning, none opening the
 answer), and streamed, a piece at a time, to the same two parts whatever the pieces."""
 
+import json
 import random
 from types import SimpleNamespace
 
 import pytest
 
 from transduce.data.chat import ChatTemplate
-from transduce.data.reasoning import ReasoningMarkers, ReasoningStream, reasoning_markers, \
-    split_reasoning
+from transduce.data.reasoning import ReasoningMarkers, ReasoningStream, reasoning_grammar, \
+    reasoning_markers, split_reasoning
 
 # (reply, whether the prompt opened the reasoning) -> (reasoning, answer)
 CASES = [
@@ -97,3 +98,32 @@ def test_a_thinking_model_has_both_markers_as_tokens_and_in_its_template():
     lacking = SimpleNamespace(token_to_id={"<think>": 5}.get)
     assert reasoning_markers(tokenizer(template, lacking)) is None
     assert reasoning_markers(SimpleNamespace()) is None          # SentencePiece's, no chat
+
+
+@pytest.mark.parametrize("inside, reply, read", [
+    (False, '<think>\nI count {1 < 2}.\n</think>\n\n{"n": 3}', True),
+    (False, '<think></think>{"n": 3}', True),
+    (False, '{"n": 3}', True),
+    (False, ' {"n": 3}', True),
+    (False, "Three.", False),
+    (False, '<think>\nI count.\n</think>\n\nThree.', False),
+    (False, '<think>a</think></think>{"n": 3}', False),     # the first marker ends it
+    (False, '<think>a</think>\n\n\n\n\n\n\n\n\n{"n": 3}', False),   # 9 blank bytes
+    (True, 'I count </thin k.</think>\n\n{"n": 3}', True),
+    (True, '</think>{"n": 3}', True),
+    (True, '{"n": 3}', False),                              # still reasoning
+    (True, "I count.</think> Three.", False),
+])
+def test_a_reply_grammar_lets_reasoning_be_and_keeps_what_follows(inside, reply, read):
+    from transduce.decode.json_grammar import advance, complete, ended, start
+    from transduce.decode.reply_grammar import compile_grammar
+
+    grammar = reasoning_grammar(json.dumps({"json": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}),
+        inside)
+    state = advance(start(compile_grammar(json.loads(grammar))), reply.encode())
+    assert (bool(state) and complete(state)) == read
+    if read:
+        assert ended(state)
+        reasoning, answer = split_reasoning(reply, inside)
+        assert json.loads(answer) == {"n": 3}

@@ -12,11 +12,13 @@ import torch
 from transduce.config import ConfigError, preset
 from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.data.tokenizer import Tokenizer
+from transduce.data.reasoning import reasoning_grammar
 from transduce.decode.constrained import TokenGrammar, Vocabulary, constrained
 from transduce.decode.generate import Generator, prompt_seeds
 from transduce.decode.json_grammar import advance, complete, ended, start
 from transduce.decode.json_schema import SchemaError, compile_schema
 from transduce.decode.options import GenerateOptions
+from transduce.decode.reply_grammar import compile_grammar
 from transduce.decode.token_bytes import byte_level_table, token_bytes
 from transduce.model import build_model
 
@@ -115,6 +117,32 @@ def test_a_mask_allows_exactly_the_tokens_whose_bytes_the_grammar_reads(schema, 
     inside = advance(start(grammar.root), in_string)
     assert inside
     for state in [inside, *states(grammar, random.Random(0), 12)]:
+        expected = torch.tensor([bool(piece) and bool(advance(state, piece))
+                                 for piece in pieces])
+        if complete(state) or not expected.any():
+            expected[eos] = True
+        assert torch.equal(grammar.allowed(state), expected)
+
+
+@pytest.mark.parametrize("inside", [True, False])
+@pytest.mark.parametrize("kind", ["byte-level", "hand-made"])
+def test_a_mask_in_reasoning_before_json_is_every_token_tried_alone(inside, kind, byte_bpe):
+    """Free text up to </think> (only tokens with a '<' walked there), then JSON."""
+    if kind == "hand-made":
+        pieces = [None, *(bytes([b]) for b in range(256)), b"<think>", b"</think>",
+                  b"</think>\n\n", b'</think>\n\n{"', b"</think>x", b"</", b"think>", b"a<b",
+                  b">\n", b">x", b"</thi", b"nk>", b"\n\n{", "é".encode()[:1]]
+        eos = 0
+    else:
+        pieces, eos = token_bytes(byte_bpe, byte_bpe.vocab_size), byte_bpe.eos_id
+    spec = json.loads(reasoning_grammar('{"json": {"type": "object"}}', inside))
+    grammar = TokenGrammar(compile_grammar(spec), Vocabulary(pieces, [eos]))
+    opened = b"" if inside else b"<think>"
+    written = [opened + text for text in (b"", b"I count", b"a</th", b"a</think", b"</think>",
+                                          b"</think>\n\n")]
+    found = [advance(start(grammar.root), text) for text in written]
+    assert all(found)
+    for state in [*found, *states(grammar, random.Random(1), 12)]:
         expected = torch.tensor([bool(piece) and bool(advance(state, piece))
                                  for piece in pieces])
         if complete(state) or not expected.any():

@@ -11,6 +11,7 @@ from tests.chat_models import CONVERSATIONS, STEPS, THOUGHT, template_ids, think
 from tests.serve.conftest import client_for
 from tests.serve.test_server import ServerThread
 from transduce.data.chat import Chat
+from transduce.data.reasoning import reasoning_grammar, split_reasoning
 from transduce.decode.sampling import prompt_seeds
 from transduce.serve.app import create_app
 
@@ -331,21 +332,28 @@ def test_a_thinking_models_reasoning_comes_apart_whole_and_streamed(reasoning):
         assert "".join(delta.get(field, "") for delta in deltas) == message[field]
 
 
-def test_a_reply_kept_to_json_is_all_answer_though_the_prompt_opened_reasoning(reasoning):
-    """The template opens the reasoning block, but JSON cannot close it: the reply is
-    the message's content, no reasoning_content. This model's vocabulary spells no
-    braces: the schema is a JSON boolean, and a JSON object is a 422 naming the field."""
+def test_a_thinking_model_reasons_before_a_reply_kept_to_json(reasoning):
+    """The template opens the reasoning block: the model reasons freely up to </think>
+    (the library's greedy reply's reasoning), and what follows is kept to the schema, in
+    content. This model's vocabulary spells no braces: the schema is a JSON boolean, and
+    a JSON object is a 422 naming the field."""
     schema = {"type": "boolean"}
-    request = {"messages": CONVERSATIONS[1], "max_tokens": 24, "temperature": 0,
+    request = {"messages": CONVERSATIONS[1], "max_tokens": 40, "temperature": 0,
+               "logit_bias": reasoning.bias,
                "response_format": {"type": "json_schema",
                                    "json_schema": {"name": "yes", "schema": schema}}}
     with client_for(reasoning.generator, max_chars=200, max_texts=16) as client:
-        message = client.post("/v1/chat/completions", json=request).json()[
-            "choices"][0]["message"]
-    expected = reasoning.generator.chat(CONVERSATIONS[1], max_new_tokens=24,
-                                        json_schema=schema)
-    assert message["reasoning_content"] is None
-    assert message["content"] == expected and expected.strip() in ("true", "false")
+        choice = client.post("/v1/chat/completions", json=request).json()["choices"][0]
+    bias = {int(token): value for token, value in reasoning.bias.items()}
+    free = reasoning.generator.chat(CONVERSATIONS[1], max_new_tokens=24, logit_bias=bias)
+    kept = reasoning.generator.chat(
+        CONVERSATIONS[1], max_new_tokens=40, logit_bias=bias,
+        grammar=reasoning_grammar(json.dumps({"json": schema}), inside=True))
+    thought, answer = split_reasoning(kept, inside=True)
+    assert thought and thought == split_reasoning(free, inside=True)[0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["message"]["reasoning_content"] == thought
+    assert choice["message"]["content"] == answer and answer.strip() in ("true", "false")
     with client_for(reasoning.generator, max_chars=200, max_texts=16) as client:
         braces = client.post("/v1/chat/completions", json={
             **request, "response_format": {"type": "json_object"}})

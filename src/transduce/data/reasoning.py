@@ -11,15 +11,18 @@ A reasoning block counts only at the reply's start (after blank space): a "<thin
 later in an answer is the answer's text. A template may open the block itself
 (DeepSeek-R1's and QwQ's end the prompt with "<think>\\n"): the reply then starts inside
 it, and its "</think>" is the first marker it writes. A reply cut off while reasoning is
-all reasoning, with no answer.
+all reasoning, with no answer. A reply kept to JSON (or to forced calls) may reason
+first: the grammar lets the reasoning be and keeps what follows it.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Sequence
 
 OPEN, CLOSE = "<think>", "</think>"
+BLANK_AFTER = 8       # the spaces and newlines a reply may put between reasoning and JSON
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,18 @@ def reasoning_markers(tokenizer) -> ReasoningMarkers | None:
         return None
     ids = backend.token_to_id(OPEN), backend.token_to_id(CLOSE)
     return None if None in ids else ReasoningMarkers(*ids)
+
+
+def reasoning_grammar(reply: str, inside: bool) -> str:
+    """A reply grammar (decode/reply_grammar.py's JSON text: JSON, forced calls) with the
+    reasoning a thinking model writes before it: where the prompt opened the block, any
+    text up to </think> first; else a block of its own, <think> ... </think>, or none.
+    So the model reasons freely, and then what follows is kept to `reply`."""
+    kept = json.loads(reply)
+    reasoned = {"sequence": [{"text_until": CLOSE}, {"blank": BLANK_AFTER}, kept]}
+    if not inside:
+        reasoned = {"choice": [{"sequence": [{"marker": OPEN}, reasoned]}, kept]}
+    return json.dumps(reasoned)
 
 
 def split_reasoning(text: str, inside: bool = False,

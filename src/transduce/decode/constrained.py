@@ -9,7 +9,8 @@ prunes a branch at the first byte the grammar refuses; a state's mask is cached,
 inside a string, where most tokens are allowed (and leave the state as it is, or count
 their characters against a maxLength), only the tokens holding a quote, a backslash, a
 control byte or part of a UTF-8 character are walked; the others are allowed by their
-count of characters.
+count of characters. Likewise in free text up to a marker (a model's reasoning, up to
+</think>), only the tokens holding the marker's first byte are walked.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch import Tensor
 
 from transduce.decode import json_grammar
 from transduce.decode.checked_values import CheckedString
-from transduce.decode.json_grammar import Root, Stack, State, String
+from transduce.decode.json_grammar import Root, Stack, State, String, TextUntil
 
 # Masks kept per grammar (each a bool per token), and transitions kept per grammar.
 CACHED_MASKS = 128
@@ -56,6 +57,20 @@ class Vocabulary:
         self.pieces, self.plain_chars = list(pieces), plain_chars.to(device)
         self.plain = self.plain_chars > 0
         self.single_bytes = frozenset(piece[0] for piece in pieces if piece and len(piece) == 1)
+        self._split: dict[int, tuple[Tensor, Trie]] = {}
+
+    def split_by(self, byte: int) -> tuple[Tensor, Trie]:
+        """(the mask of the tokens without `byte`, a trie of those with it): free text
+        up to a marker takes the first as they are."""
+        if byte not in self._split:
+            without, trie = torch.ones_like(self.plain), {}
+            without[[token for token, piece in enumerate(self.pieces) if not piece]] = False
+            for token, piece in enumerate(self.pieces):
+                if piece and byte in piece:
+                    without[token] = False
+                    _insert(trie, piece, token)
+            self._split[byte] = without, trie
+        return self._split[byte]
 
 
 def _whole_utf8(piece: bytes) -> str | None:
@@ -110,22 +125,31 @@ class TokenGrammar:
             self._masks.move_to_end(state)
             return mask
         vocabulary = self.vocabulary
-        rooms = [_string_room(stack) for stack in state]
-        in_string = None not in rooms
-        ids = self._walk(vocabulary.special_trie if in_string else vocabulary.trie, state)
-        if not in_string:
-            mask = torch.zeros_like(vocabulary.plain)
-        elif max(rooms) == float("inf"):
-            mask = vocabulary.plain.clone()
-        else:
-            mask = vocabulary.plain & (vocabulary.plain_chars <= max(rooms))
-        mask[ids] = True
+        trie, mask = self._unwalked(state)
+        mask[self._walk(trie, state)] = True
         if json_grammar.complete(state) or not mask.any():
             mask[vocabulary.end_ids] = True
         self._masks[state] = mask
         if len(self._masks) > CACHED_MASKS:
             self._masks.popitem(last=False)
         return mask
+
+    def _unwalked(self, state: State) -> tuple[Trie, Tensor]:
+        """(a trie of the tokens to walk from `state`, the mask of those allowed without
+        a walk): in free text, the tokens without the marker's first byte; in a string's
+        body, the plain ones its room takes; elsewhere none."""
+        vocabulary = self.vocabulary
+        marker = _free_text(state)
+        if marker is not None:
+            without, trie = vocabulary.split_by(marker)
+            return trie, without.clone()
+        rooms = [_string_room(stack) for stack in state]
+        if None in rooms:
+            return vocabulary.trie, torch.zeros_like(vocabulary.plain)
+        room = max(rooms)
+        plain = vocabulary.plain if room == float("inf") \
+            else vocabulary.plain & (vocabulary.plain_chars <= room)
+        return vocabulary.special_trie, plain.clone()
 
     def _walk(self, trie: Trie, state: State) -> list[int]:
         """The ids of `trie`'s tokens whose bytes the grammar reads from `state`."""
@@ -160,6 +184,15 @@ def _string_room(stack: Stack) -> float | None:
     if type(node) is String:
         return float("inf") if local == String.BODY else None
     return node.room(local) if isinstance(node, CheckedString) else None
+
+
+def _free_text(state: State) -> int | None:
+    """The first byte of the marker that ends free text (TextUntil), where the state is
+    in free text and none of the marker read yet: tokens without that byte are read
+    there and leave it as it is. None elsewhere."""
+    firsts = {node.end[0] if isinstance(node, TextUntil) and matched == 0 else None
+              for node, matched in (stack[-1] for stack in state)}
+    return firsts.pop() if len(firsts) == 1 else None
 
 
 class GrammarRow:

@@ -189,6 +189,50 @@ class Choice(Node):
     final = done
 
 
+class Marker(Literal):
+    """A literal the vocabulary writes as one token of its own (<think>): a vocabulary
+    need not spell it byte by byte."""
+
+
+class TextUntil(Node):
+    """Any bytes, up to and including the first `end` (a model's reasoning, up to
+    </think>); local: how many of end's bytes the text ends with (KMP's table)."""
+
+    def __init__(self, end: bytes):
+        self.end = end
+        self._fallback = [0] * len(end)     # the longest proper border of end[:i + 1]
+        for at in range(1, len(end)):
+            border = self._fallback[at - 1]
+            while border and end[at] != end[border]:
+                border = self._fallback[border - 1]
+            self._fallback[at] = border + (end[at] == end[border])
+
+    def feed(self, matched: int, byte: int) -> Iterable[Move]:
+        if matched == len(self.end):
+            return ()
+        while matched and byte != self.end[matched]:
+            matched = self._fallback[matched - 1]
+        return ((matched + (byte == self.end[matched]), None),)
+
+    def done(self, matched: int) -> bool:
+        return matched == len(self.end)
+
+    final = done
+
+
+class Blank(Node):
+    """Up to `most` spaces and newlines, or none (between a reasoning block and JSON)."""
+
+    def __init__(self, most: int):
+        self.most = most
+
+    def feed(self, count: int, byte: int) -> Iterable[Move]:
+        return ((count + 1, None),) if byte in b" \n" and count < self.most else ()
+
+    def done(self, count: int) -> bool:
+        return True
+
+
 class Sequence(Node):
     """Its parts one after another (a tool call's opening tag, its JSON, its closing tag);
     local: the index of the part to come."""
@@ -383,7 +427,7 @@ def needed_bytes(root: Node) -> frozenset[int]:
         if id(node) in seen:
             continue
         seen.add(id(node))
-        found.update(node.text if isinstance(node, Literal) else node.written_with)
+        found.update(node.text if type(node) is Literal else node.written_with)
         pending.extend(_children(node))
     return frozenset(found)
 

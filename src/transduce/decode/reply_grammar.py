@@ -10,16 +10,23 @@ the first alone; a forced tool call is the rest (data/tool_calls.py: Hermes' cal
     {"repeat": PART, "min": 1, "max": N, "separator": TEXT}
                                          PART min to max times (max null: no limit),
                                          TEXT between two
+    {"choice": [PART, ...]}              one of the parts
+    {"text_until": TEXT}                 any text up to and including the first TEXT
+                                         (a thinking model's reasoning up to </think>)
+    {"blank": N}                         up to N spaces and newlines, or none
+    {"marker": TEXT}                     TEXT, which the vocabulary writes as a token of
+                                         its own (<think>)
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from transduce.decode.json_grammar import Literal, Node, Repeat, Root, Sequence
+from transduce.decode.json_grammar import (Blank, Choice, Literal, Marker, Node, Repeat, Root,
+                                           Sequence, TextUntil)
 from transduce.decode.json_schema import SchemaError, schema_node
 
-FORMS = ("json", "literal", "sequence", "repeat")
+FORMS = ("json", "literal", "sequence", "repeat", "choice", "text_until", "blank", "marker")
 
 
 def compile_grammar(spec: Mapping[str, Any], name: str = "grammar") -> Root:
@@ -36,13 +43,20 @@ def _part(spec: Any, where: str) -> Node:
     form = forms[0]
     if form == "json":
         return schema_node(spec["json"], f"{where}.json", bool(spec.get("lenient")))
-    if form == "literal":
-        return Literal(_text(spec["literal"], f"{where}.literal"))
-    if form == "sequence":
-        parts = spec["sequence"]
+    if form in ("literal", "marker", "text_until"):
+        text = _text(spec[form], f"{where}.{form}")
+        return {"literal": Literal, "marker": Marker, "text_until": TextUntil}[form](text)
+    if form == "blank":
+        most = spec["blank"]
+        if type(most) is not int or most < 1:
+            raise SchemaError(f"{where}.blank: an integer >= 1, not {most!r}")
+        return Blank(most)
+    if form in ("sequence", "choice"):
+        parts = spec[form]
         if not isinstance(parts, list) or not parts:
-            raise SchemaError(f"{where}.sequence: a non-empty list of parts")
-        return Sequence([_part(part, f"{where}.sequence[{i}]") for i, part in enumerate(parts)])
+            raise SchemaError(f"{where}.{form}: a non-empty list of parts")
+        nodes = [_part(part, f"{where}.{form}[{i}]") for i, part in enumerate(parts)]
+        return Sequence(nodes) if form == "sequence" else Choice(nodes)
     low, high, separator = spec.get("min", 1), spec.get("max"), spec.get("separator")
     if type(low) is not int or low < 1 or high is not None and (
             type(high) is not int or high < low):

@@ -17,7 +17,8 @@ with finish_reason "tool_calls"; the calls and the tools' results come back in t
 history as OpenAI's assistant and "tool" messages. tool_choice "required" or a named
 function forces calls: the reply is generated within the grammar of the template's
 calls (data/tool_calls.py's forced forms, decode/constrained.py), as response_format
-keeps it to JSON.
+keeps it to JSON; a thinking model reasons first, and what follows its reasoning is
+kept so.
 The defaults are OpenAI's: temperature 1, and a reply as long as the context allows. OpenAI's
 frequency and presence penalties and logit bias are taken (decode/penalties.py), and
 repetition_penalty, top_k and min_p, as /v1/generate's, are ours, as is
@@ -37,7 +38,7 @@ from fastapi.responses import StreamingResponse
 
 from transduce.config import ConfigError
 from transduce.data.chat import Chat, ChatError, template_variables
-from transduce.data.reasoning import reasoning_markers
+from transduce.data.reasoning import reasoning_grammar, reasoning_markers
 from transduce.data.tool_calls import CallFormat, call_format, takes_tools
 from transduce.decode.generate import Continuation, Generator, PromptError, prompt_seeds
 from transduce.decode.json_schema import SchemaError, schema_node
@@ -98,12 +99,14 @@ def routes(service: Service) -> APIRouter:
         calls = _call_format(service, body)
         conversation, prompt = _conversation(service, body, with_tools=calls is not None)
         options = _options(service, body, len(prompt), calls)
-        # A reply kept to a grammar (JSON, forced calls) writes no reasoning: all of it
-        # is the answer, also where the prompt opened the reasoning block.
         markers = reasoning_markers(service.model.tokenizer)
-        thinks = markers is not None and options.reply_grammar is None
-        parts = ReplyParts(thinks=thinks, inside=thinks and markers.starts_inside(prompt),
-                           calls=calls, parallel=body.parallel_tool_calls)
+        inside = markers is not None and markers.starts_inside(prompt)
+        if markers is not None and options.reply_grammar is not None:
+            # A thinking model reasons first; the grammar keeps what follows.
+            options = options.replace(json_schema=None, grammar=reasoning_grammar(
+                options.reply_grammar, inside))
+        parts = ReplyParts(thinks=markers is not None, inside=inside, calls=calls,
+                           parallel=body.parallel_tool_calls)
         seeds = None if options.greedy else prompt_seeds(options.seed, body.n)
         completion = Completion.new("chatcmpl", service.name, len(prompt))
         tokens = (len(prompt) + options.max_new_tokens) * body.n
