@@ -22,7 +22,7 @@ from transduce.decode.string_formats import FORMATS
 # (pattern, its Python form where it differs): ECMA's $ never matches before a newline
 PATTERNS = ["^a+b?$", "ab", "^(a|b)*-$", "b{2,3}", "^[ab]{1,2}(-[^-])?$", "^-?a{0,2}$",
             "^(?:ab|ba)+$", "[^a]a$", r"^\w-\d?$", "^(a|)b*$", r"^\-?[a-b]+\.?$", "^$",
-            "a|^b", "^.b", r"[\s\S]-"]
+            "a|^b", "^.b", r"[\s\S]-", "a^|ab", "(^|-)a", "a$|-"]
 ALPHABET = "ab-1.\n"
 
 

@@ -99,7 +99,12 @@ def states(grammar, rng, count):
             "s": {"type": "string", "maxLength": 6}, "d": {"type": "string", "format": "date"},
             "n": {"type": "integer", "minimum": 3, "maximum": 40},
             "t": {"type": ["string", "null"], "minLength": 2}},
-        "required": ["s", "d", "n", "t"]}, b'{"s": "a\\n')])
+        "required": ["s", "d", "n", "t"]}, b'{"s": "a\\n'), ({
+        "type": "object", "properties": {
+            "p": {"type": "string", "pattern": "^[a-z ]+(-[0-9]{2})?$", "minLength": 2,
+                  "maxLength": 9},
+            "q": {"type": "string", "pattern": "[xy]", "maxLength": 4}},
+        "required": ["p", "q"]}, b'{"p": "ab')])
 @pytest.mark.parametrize("kind", ["byte-level", "sentencepiece", "hand-made"])
 def test_a_mask_allows_exactly_the_tokens_whose_bytes_the_grammar_reads(schema, in_string,
                                                                           kind, byte_bpe, spm):

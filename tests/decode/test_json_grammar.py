@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from transduce.decode.json_grammar import (MAX_DIGITS, MAX_INDENT, Root, advance, any_value,
-                                           complete, ended, start)
+from transduce.decode.json_grammar import (MAX_DIGITS, MAX_INDENT, Literal, Root, Sequence,
+                                           TextUntil, advance, any_value, complete, ended,
+                                           start)
 
 VALUES = [
     {}, [], "", 0, -0.5, 1e-7, 12345678901234567, True, False, None,
@@ -88,3 +89,17 @@ def test_a_whole_value_ends_the_text_and_a_number_may_still_grow():
     assert ended(state) and not advance(state, b" ")
     number = advance(start(grammar()), b"12")
     assert complete(number) and not ended(number) and advance(number, b"3")
+
+
+@pytest.mark.parametrize("end", [b"</think>", b"abab", b"aab", b"a"])
+def test_text_until_a_marker_ends_at_its_first_occurrence(end):
+    """Any text whose first occurrence of `end` is at its end is read whole; the KMP
+    table keeps a partial match across a false start (aab in aaab)."""
+    root, rng = Root(Sequence([TextUntil(end), Literal(b"!")])), random.Random(end)
+    alphabet = sorted(set(end)) + [ord("x")]
+    for _ in range(400):
+        text = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+        found = text.find(end)
+        state = advance(start(root), text + b"!")
+        expected = found >= 0 and found + len(end) == len(text)
+        assert (bool(state) and complete(state)) == expected, text

@@ -9,13 +9,17 @@ prunes a branch at the first byte the grammar refuses; a state's mask is cached,
 inside a string, where most tokens are allowed (and leave the state as it is, or count
 their characters against a maxLength), only the tokens holding a quote, a backslash, a
 control byte or part of a UTF-8 character are walked; the others are allowed by their
-count of characters. Likewise in free text up to a marker (a model's reasoning, up to
-</think>), only the tokens holding the marker's first byte are walked.
+count of characters. In a string of a pattern and a maxLength, each count is a state of
+its own: there the plain tokens are walked once per set of the pattern's places, and
+allowed by their characters and the fewest more to an end. In free text up to a marker
+(a model's reasoning, up to </think>), only the tokens holding the marker's first byte
+are walked.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -59,16 +63,27 @@ class Vocabulary:
         self.single_bytes = frozenset(piece[0] for piece in pieces if piece and len(piece) == 1)
         self._split: dict[int, tuple[Tensor, Trie]] = {}
 
+    @cached_property
+    def plain_trie(self) -> Trie:
+        """A trie of the plain tokens' characters (code points): a pattern reads them."""
+        trie: Trie = {}
+        for token in self.plain.nonzero().flatten().tolist():
+            node = trie
+            for char in self.pieces[token].decode("utf-8"):
+                node = node.setdefault(ord(char), {})
+            node.setdefault(None, []).append(token)
+        return trie
+
     def split_by(self, byte: int) -> tuple[Tensor, Trie]:
         """(the mask of the tokens without `byte`, a trie of those with it): free text
         up to a marker takes the first as they are."""
         if byte not in self._split:
-            without, trie = torch.ones_like(self.plain), {}
-            without[[token for token, piece in enumerate(self.pieces) if not piece]] = False
+            trie: Trie = {}
             for token, piece in enumerate(self.pieces):
                 if piece and byte in piece:
-                    without[token] = False
                     _insert(trie, piece, token)
+            without = torch.tensor([bool(piece) and byte not in piece for piece in self.pieces],
+                                   device=self.plain.device)
             self._split[byte] = without, trie
         return self._split[byte]
 
@@ -95,6 +110,7 @@ class TokenGrammar:
     def __init__(self, root: Root, vocabulary: Vocabulary):
         self.root, self.vocabulary = root, vocabulary
         self._masks: OrderedDict[State, Tensor] = OrderedDict()
+        self._needs: OrderedDict[tuple[CheckedString, int], Tensor] = OrderedDict()
         self._steps: dict[tuple[State, int], State] = {}
 
     def start(self) -> "GrammarRow":
@@ -139,6 +155,9 @@ class TokenGrammar:
         a walk): in free text, the tokens without the marker's first byte; in a string's
         body, the plain ones its room takes; elsewhere none."""
         vocabulary = self.vocabulary
+        counted = self._counted(state)
+        if counted is not None:
+            return vocabulary.special_trie, counted
         marker = _free_text(state)
         if marker is not None:
             without, trie = vocabulary.split_by(marker)
@@ -150,6 +169,50 @@ class TokenGrammar:
         plain = vocabulary.plain if room == float("inf") \
             else vocabulary.plain & (vocabulary.plain_chars <= room)
         return vocabulary.special_trie, plain.clone()
+
+    def _counted(self, state: State) -> Tensor | None:
+        """In a string of a pattern and a maxLength, past its minLength: the plain tokens
+        that fit. A plain token fits where its characters and the fewest more to an end
+        are within the room left; that need is walked once per set of places, so that
+        every count shares it (else each count, a new state, would walk the vocabulary).
+        None elsewhere."""
+        if len(state) != 1:
+            return None
+        node, local = next(iter(state))[-1]
+        if not isinstance(node, CheckedString) or local[0] != CheckedString.BODY:
+            return None
+        rule, (places, count) = node.rule, local[2]
+        if rule.pattern is None or rule.max_length is None or count < rule.min_length:
+            return None
+        needs = self._needs.get((node, places))
+        if needs is None:
+            needs = self._needs[node, places] = self._needs_from(node, places)
+            if len(self._needs) > CACHED_MASKS:
+                self._needs.popitem(last=False)
+        return needs <= rule.max_length - count
+
+    def _needs_from(self, node: CheckedString, places: int) -> Tensor:
+        """(V,) each plain token's characters plus the fewest more to an end, read from
+        `places` whatever the lengths (a large number: it cannot be read there)."""
+        rule, ids, needs = node.rule, [], []
+        pending = [(self.vocabulary.plain_trie, places, 1)]
+        while pending:
+            trie, at, chars = pending.pop()
+            for char, child in trie.items():
+                if char is None:
+                    continue
+                after = rule.step(at, char)
+                distance = rule.distance(after)
+                if distance == float("inf"):
+                    continue
+                found = child.get(None, ())
+                ids.extend(found)
+                needs.extend([chars + int(distance)] * len(found))
+                pending.append((child, after, chars + 1))
+        table = torch.full((self.vocabulary.size,), torch.iinfo(torch.int32).max,
+                           dtype=torch.int32, device=self.vocabulary.plain.device)
+        table[ids] = torch.tensor(needs, dtype=torch.int32, device=table.device)
+        return table
 
     def _walk(self, trie: Trie, state: State) -> list[int]:
         """The ids of `trie`'s tokens whose bytes the grammar reads from `state`."""

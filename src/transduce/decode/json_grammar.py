@@ -83,11 +83,7 @@ class String(Node):
             if byte < 0x80:
                 return ((self.BODY, None),) if byte >= 0x20 else ()
             lead = utf8_lead(byte)
-            if lead is None:
-                return ()
-            left, low, high = lead
-            narrowed = UTF8_NARROWED.get((low, high, left))
-            return ((narrowed if narrowed is not None else 7 + left, None),)
+            return ((UTF8_NARROWED.get(byte, 7 + lead[0]), None),) if lead else ()
         if at >= 8:
             if at >= 11:
                 low, high, left = UTF8_FIRST[at]
@@ -122,10 +118,11 @@ def utf8_lead(byte: int) -> tuple[int, int, int] | None:
     return None
 
 
-# String's local states for a first continuation byte narrower than 0x80..0xBF.
-UTF8_FIRST = {11: (0xA0, 0xBF, 2), 12: (0x80, 0x9F, 2), 13: (0x90, 0xBF, 3),
-              14: (0x80, 0x8F, 3)}
-UTF8_NARROWED = {(low, high, left): at for at, (low, high, left) in UTF8_FIRST.items()}
+# String's local states after a lead byte whose first continuation byte is narrower
+# than 0x80..0xBF, and that byte's range and the continuation bytes to come with it.
+UTF8_NARROWED = {0xE0: 11, 0xED: 12, 0xF0: 13, 0xF4: 14}
+UTF8_FIRST = {at: (*utf8_lead(lead)[1:], utf8_lead(lead)[0])
+              for lead, at in UTF8_NARROWED.items()}
 
 
 class Number(Node):

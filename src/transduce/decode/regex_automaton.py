@@ -19,6 +19,7 @@ languages or are not read here: a PatternError names them.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import deque
 from typing import Iterator
 
 MAX_CHAR = 0x10FFFF
@@ -183,7 +184,7 @@ class _Parser:
         if char == "$":
             return ("eol",)
         if char == "\\":
-            return ("chars", self.escape(in_class=False))
+            return ("chars", self.escape())
         return ("chars", CharSet([(ord(char), ord(char))]))
 
     def _group_kind(self) -> None:
@@ -231,11 +232,11 @@ class _Parser:
         if self.peek() == "b":                   # backspace, within a class
             self.take()
             return 0x08
-        found = self.escape(in_class=True)
+        found = self.escape()
         return found if len(found.starts) != 1 or found.starts != found.ends \
             else found.starts[0]
 
-    def escape(self, in_class: bool) -> CharSet:
+    def escape(self) -> CharSet:
         """The characters an escape (after its backslash) stands for."""
         char = self.take()
         if char.lower() in CLASS_ESCAPES:
@@ -364,12 +365,15 @@ class StringRule:
                                       for place in range(size)]
                          for bol in (False, True) for eol in (False, True)}
         self.final = 1 << final
-        self.cap = max_length if max_length is not None else min_length
+        # Counts are told apart up to the cap (past it only "beyond" matters), and 0
+        # from the rest always: ^ holds at the string's start alone.
+        self.cap = max_length if max_length is not None else max(min_length, 1)
         if (self.cap + 1) * size > MAX_TABLE:
             raise PatternError(f"the pattern and lengths need a table of more than "
                                f"{MAX_TABLE} entries")
         self.begin = (self.closures[True, False][start], 0)
         self._live = self._live_table()
+        self._distances = self._distance_table()
         self._steps: dict[tuple[int, int], int] = {}
 
     @staticmethod
@@ -432,6 +436,10 @@ class StringRule:
         places, count = state
         if not self.may_read(state, char, char):
             return None
+        return self.step(places, char), min(count + 1, self.cap)
+
+    def step(self, places: int, char: int) -> int:
+        """The places after one more character, whatever the lengths."""
         key = (places, char)
         after = self._steps.get(key)
         if after is None:
@@ -443,7 +451,33 @@ class StringRule:
                     if charset.meets(char, char):
                         targets |= 1 << target
             after = self._steps[key] = self._union(targets, False, False)
-        return after, min(count + 1, self.cap)
+        return after
+
+    def distance(self, places: int) -> float:
+        """The fewest characters more after which the string may end, from `places`
+        past its start, whatever the lengths (inf: it cannot end)."""
+        return min((self._distances[place] for place in bits(places)), default=float("inf"))
+
+    def _distance_table(self) -> list[float]:
+        """For each place, the fewest characters to an end (breadth first, backwards
+        from the places where the string may end)."""
+        size, moving = len(self.moves), self.closures[False, False]
+        sources: list[list[int]] = [[] for _ in range(size)]   # one character before
+        for place in range(size):
+            for charset, target in self.moves[place]:
+                if charset:
+                    for after in bits(moving[target]):
+                        sources[after].append(place)
+        found = [0.0 if self.closures[False, True][p] & self.final else float("inf")
+                 for p in range(size)]
+        pending = deque(p for p in range(size) if found[p] == 0)
+        while pending:
+            place = pending.popleft()
+            for source in sources[place]:
+                if found[source] == float("inf"):
+                    found[source] = found[place] + 1
+                    pending.append(source)
+        return found
 
     def may_end(self, state: tuple[int, int]) -> bool:
         """Whether the string may close here."""
