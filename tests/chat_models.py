@@ -81,16 +81,17 @@ CONVERSATIONS = [
 
 
 def instruct_llama(directory, template, seed=0, plain_tokens=(), write=write_spm_bpe,
-                   **config):
+                   special_tokens=(), **config):
     """A random LlamaForCausalLM in `directory` whose tokenizer (`write` writes it) has
-    the turn tokens (and `plain_tokens`, added as tokens of their own but not special)
-    and whose tokenizer_config.json holds `template` -> the transformers model."""
+    the turn tokens and `special_tokens` (and `plain_tokens`, added as tokens of their
+    own but not special) and whose tokenizer_config.json holds `template` -> the
+    transformers model."""
     vocabulary = directory / "vocabulary"
     vocabulary.mkdir(parents=True)
     write(vocabulary)
     backend = tokenizers.Tokenizer.from_file(str(vocabulary / "tokenizer.json"))
     backend.add_special_tokens([tokenizers.AddedToken(token, special=True, normalized=False)
-                                for token in TURN_TOKENS])
+                                for token in [*TURN_TOKENS, *special_tokens]])
     backend.add_tokens([tokenizers.AddedToken(token, special=False, normalized=False)
                         for token in plain_tokens])
     backend.save(str(vocabulary / "tokenizer.json"))
@@ -238,3 +239,31 @@ def tool_model(root, steps=120):
     hf.save_pretrained(hf_dir)
     out = import_llama(hf_dir, root / "ours")
     return SimpleNamespace(hf=hf, hf_dir=hf_dir, out=out, generator=Generator.load(out))
+
+
+# Mistral's ways of taking tools: v3 tokenizers' templates write a reply's calls as
+# [TOOL_CALLS] and a JSON list, v11's as [TOOL_CALLS]name[ARGS]{...} each; both markers
+# are special tokens.
+MISTRAL_TOOLS = (
+    "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "{% for message in messages %}{% if message.role == 'user' %}"
+    "{{ '[INST]' + message.content + '[/INST]' }}{% elif message.tool_calls %}"
+    "{{ '[TOOL_CALLS]' + message.tool_calls | map(attribute='function') | list | tojson }}"
+    "{% else %}{{ message.content }}{% endif %}{% endfor %}")
+MISTRAL_ARGS_TOOLS = MISTRAL_TOOLS.replace(
+    "{{ '[TOOL_CALLS]' + message.tool_calls | map(attribute='function') | list | tojson }}",
+    "{% for call in message.tool_calls %}{{ '[TOOL_CALLS]' + call.function.name + '[ARGS]'"
+    " + call.function.arguments }}{% endfor %}")
+
+
+def mistral_tool_model(root, template):
+    """A random instruct Llama imported from `root`/hf whose template takes tools
+    Mistral's way (`template`: MISTRAL_TOOLS or MISTRAL_ARGS_TOOLS), [TOOL_CALLS] and
+    [ARGS] special tokens of its vocabulary."""
+    from transduce.decode.generate import Generator
+    from transduce.importers import import_llama
+
+    hf = instruct_llama(root, template, seed=5, write=write_byte_bpe,
+                        special_tokens=["[TOOL_CALLS]", "[ARGS]"], max_position_embeddings=512)
+    out = import_llama(root / "hf", root / "ours")
+    return SimpleNamespace(hf=hf, hf_dir=root / "hf", out=out, generator=Generator.load(out))

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from transduce.data.tool_calls import HERMES, LLAMA3, MISTRAL, ToolCallStream, call_format, \
-    split_tool_calls, takes_tools
+from transduce.data.tool_calls import HERMES, LLAMA3, MISTRAL, MISTRAL_WITH_ARGS, ToolCallStream, \
+    call_format, split_tool_calls, takes_tools
 
 WEATHER = ("get_weather", '{"city": "Tokyo"}')
 TIME = ("get_time", "{}")
@@ -119,6 +119,8 @@ def test_streamed_text_never_shows_a_calls_marker():
      "{{- '\"parameters\": ' }}{% endif %}", LLAMA3),                     # Llama 3.1's
     ("{% if tools %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}"
      "{{ '[TOOL_CALLS]' }}", MISTRAL),
+    ("{% if tools %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+     "{{ '[TOOL_CALLS]' + name + '[ARGS]' }}", MISTRAL_WITH_ARGS),
     ("{% for message in messages %}{{ message.content }}{% endfor %}", None),
 ])
 def test_a_templates_way_of_writing_calls_is_recognised(template, form):
@@ -129,14 +131,15 @@ def test_a_templates_way_of_writing_calls_is_recognised(template, form):
 FUNCTIONS = [
     {"name": "get_weather", "parameters": {
         "type": "object", "required": ["city"], "properties": {
-            "city": {"type": "string", "maxLength": 40},          # read past when forced
+            "city": {"type": "string", "maxLength": 40},          # kept when forced too
             "unit": {"$ref": "#/$defs/Unit"}},
         "$defs": {"Unit": {"enum": ["C", "F"]}}}},
     {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
     {"name": "ping"}]
 
 
-@pytest.mark.parametrize("form", [HERMES, LLAMA3], ids=lambda form: form.name)
+@pytest.mark.parametrize("form", [HERMES, LLAMA3, MISTRAL, MISTRAL_WITH_ARGS],
+                         ids=["hermes", "llama3", "mistral", "mistral-args"])
 @pytest.mark.parametrize("most", [1, 2, None])
 def test_a_forced_reply_is_calls_of_the_functions_each_an_instance(form, most):
     """Random texts of the forced grammar split into 1 to `most` calls, each of a given

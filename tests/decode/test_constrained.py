@@ -15,7 +15,7 @@ from transduce.data.tokenizer import Tokenizer
 from transduce.data.reasoning import reasoning_grammar
 from transduce.decode.constrained import TokenGrammar, Vocabulary, constrained
 from transduce.decode.generate import Generator, prompt_seeds
-from transduce.decode.json_grammar import advance, complete, ended, start
+from transduce.decode.json_grammar import advance, complete, ended, special_symbol, start
 from transduce.decode.json_schema import SchemaError, compile_schema
 from transduce.decode.options import GenerateOptions
 from transduce.decode.reply_grammar import compile_grammar
@@ -153,6 +153,38 @@ def test_a_mask_in_reasoning_before_json_is_every_token_tried_alone(inside, kind
         if complete(state) or not expected.any():
             expected[eos] = True
         assert torch.equal(grammar.allowed(state), expected)
+
+
+def test_a_special_token_a_grammar_names_is_allowed_where_its_marker_may_come(byte_bpe):
+    """Mistral's [TOOL_CALLS], a special token (no bytes): allowed where the grammar
+    reads the marker, as its symbol, and nowhere else; its text spelt out is too."""
+    pieces = token_bytes(byte_bpe, byte_bpe.vocab_size) + [None, None]
+    marker, other = len(pieces) - 2, len(pieces) - 1
+    vocabulary = Vocabulary(pieces, [byte_bpe.eos_id],
+                            specials={"[TOOL_CALLS]": marker, "[INST]": other})
+    every_kind = {"type": "array", "maxItems": 2, "items": {  # a symbol meets every node
+        "type": "object", "required": ["p", "n"], "properties": {
+            "p": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 4},
+            "n": {"type": "integer", "minimum": -5, "maximum": 99},
+            "s": {"type": "string"}, "x": {}, "b": {"type": "boolean"},
+            "t": {"type": "array", "prefixItems": [{"type": "number"}]}}}}
+    spec = {"repeat": {"sequence": [{"special": "[TOOL_CALLS]"}, {"json": every_kind}]},
+            "min": 1, "max": 2}
+    grammar = TokenGrammar(compile_grammar(spec), vocabulary)
+    symbol = special_symbol("[TOOL_CALLS]")
+    row, seen = grammar.start(), 0
+    for state in [row.state, *states(grammar, random.Random(2), 40)]:
+        expected = torch.tensor([bool(piece) and bool(advance(state, piece))
+                                 for piece in pieces])
+        expected[marker] = bool(advance(state, (symbol,)))
+        if complete(state) or not expected.any():
+            expected[byte_bpe.eos_id] = True
+        assert torch.equal(grammar.allowed(state), expected)
+        seen += int(expected[marker])
+    assert seen and grammar.allowed(row.state)[marker] and not grammar.allowed(row.state)[other]
+    row.add(marker)
+    assert row.state == advance(start(grammar.root), b"[TOOL_CALLS]")
+    assert row.allowed()[byte_bpe.encode(["["])[0][0]]
 
 
 def test_constrained_logits_are_minus_infinity_where_refused_and_untouched_elsewhere(spm):

@@ -245,3 +245,38 @@ def test_a_named_function_or_no_parallel_calls_force_one_call(api):
         "tool_calls") or ()]
     assert [(d["function"]["name"], json.loads(d["function"]["arguments"])) for d in deltas] \
         == calls
+
+
+BOUNDED = [{"type": "function", "function": {        # a random model's calls end soon
+    "name": "get_weather", "parameters": {"type": "object", "required": ["city", "days"],
+        "properties": {"city": {"enum": ["Tokyo", "Paris"]},
+                       "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {}, "additionalProperties": False}}}]
+
+
+@pytest.mark.parametrize("template", ["MISTRAL_TOOLS", "MISTRAL_ARGS_TOOLS"])
+def test_mistral_s_calls_are_forced_with_their_special_tokens(tmp_path, template):
+    """A random model whose template writes calls Mistral's way, [TOOL_CALLS] (and
+    [ARGS]) special tokens: "required" makes its reply calls, each an instance of its
+    function's parameters, read back as tool_calls; a named function gives one call."""
+    jsonschema = pytest.importorskip("jsonschema")
+    import tests.chat_models as chat_models
+
+    model = chat_models.mistral_tool_model(tmp_path, getattr(chat_models, template))
+    request = {"messages": GREETS, "tools": BOUNDED, "tool_choice": "required",
+               "max_tokens": 200, "parallel_tool_calls": False}     # (else it may go on)
+    parameters = {t["function"]["name"]: t["function"]["parameters"] for t in BOUNDED}
+    with client_for(model.generator, max_chars=4000, max_texts=16) as api:
+        for settings in ({"temperature": 0}, {"temperature": 1.0, "seed": 3, "n": 3}):
+            for choice in api.post("/v1/chat/completions",
+                                   json={**request, **settings}).json()["choices"]:
+                calls = choice["message"]["tool_calls"]
+                assert choice["finish_reason"] == "tool_calls" and calls, choice
+                for call in calls:
+                    jsonschema.validate(json.loads(call["function"]["arguments"]),
+                                        parameters[call["function"]["name"]])
+        named = api.post("/v1/chat/completions", json={**request, "tool_choice": {
+            "type": "function", "function": {"name": "get_time"}}}).json()
+    (call,) = named["choices"][0]["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_time", "arguments": "{}"}

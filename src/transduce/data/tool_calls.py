@@ -13,6 +13,10 @@ template shows (it writes earlier calls back into the history the same way):
 - Mistral's: `[TOOL_CALLS]` and then a JSON list of {"name", "arguments"} (v3 tokenizers),
   or `[TOOL_CALLS]name[ARGS]{...}` per call (v11 on).
 
+Each way can be forced (tool_choice "required" or a function): `forced` gives the
+grammar its replies are generated within (decode/reply_grammar.py), Mistral's markers
+read as the special tokens they are.
+
 A reply whose calls do not parse (JSON cut off by max_tokens, a call without a name) is
 all text, as the model wrote it, so that nothing it wrote is lost.
 """
@@ -48,11 +52,11 @@ class CallFormat:
 
     name: str
     split: Callable[[str, bool], tuple[str, list[CallText]]]
+    # (functions, most calls) -> the reply grammar (decode/reply_grammar.py) of 1 to
+    # `most` calls of them (None: no limit), for tool_choice "required" or a function
+    forced: Callable[[list[dict], int | None], dict]
     id_prefix: str = "call_"
     id_length: int = 24
-    # (functions, most calls) -> the reply grammar (decode/reply_grammar.py) of 1 to
-    # `most` calls of them (None: no limit); None where calls cannot be forced
-    forced: Callable[[list[dict], int | None], dict] | None = None
 
     def new_id(self) -> str:
         alphabet = string.ascii_letters + string.digits
@@ -232,10 +236,30 @@ def _llama3_forced(functions: list[dict], most: int | None) -> dict:
             "min": 1, "max": most, "separator": "; "}
 
 
-HERMES = CallFormat("hermes", _hermes_split, forced=_hermes_forced)
-LLAMA3 = CallFormat("llama3_json", _llama3_split, forced=_llama3_forced)
-# [TOOL_CALLS] is a special token, which a grammar of the reply's bytes cannot write.
-MISTRAL = CallFormat("mistral", _mistral_split, id_prefix="", id_length=9)
+def _mistral_forced(functions: list[dict], most: int | None) -> dict:
+    """[TOOL_CALLS] (a special token) and a JSON list of calls, as v3 tokenizers'
+    templates write them."""
+    call = call_schema(functions, "arguments")
+    calls = {"$defs": call.pop("$defs"), "type": "array", "items": call, "minItems": 1,
+             **({"maxItems": most} if most is not None else {})}
+    return {"sequence": [{"special": MISTRAL_CALLS}, {"json": calls, "lenient": True}]}
+
+
+def _mistral_args_forced(functions: list[dict], most: int | None) -> dict:
+    """[TOOL_CALLS]name[ARGS]{...} per call (special tokens both), as v11 tokenizers'
+    templates write them: each name with its own function's arguments."""
+    call = {"choice": [{"sequence": [
+        {"special": MISTRAL_CALLS}, {"literal": function["name"]}, {"special": MISTRAL_ARGS},
+        {"json": function.get("parameters") or {"type": "object"}, "lenient": True}]}
+        for function in functions]}
+    return {"repeat": call, "min": 1, "max": most}
+
+
+HERMES = CallFormat("hermes", _hermes_split, _hermes_forced)
+LLAMA3 = CallFormat("llama3_json", _llama3_split, _llama3_forced)
+MISTRAL = CallFormat("mistral", _mistral_split, _mistral_forced, id_prefix="", id_length=9)
+MISTRAL_WITH_ARGS = CallFormat("mistral", _mistral_split, _mistral_args_forced, id_prefix="",
+                               id_length=9)
 
 
 def call_format(template: str) -> CallFormat | None:
@@ -246,7 +270,7 @@ def call_format(template: str) -> CallFormat | None:
     if HERMES_OPEN in template:
         return HERMES
     if MISTRAL_CALLS in template:
-        return MISTRAL
+        return MISTRAL_WITH_ARGS if MISTRAL_ARGS in template else MISTRAL
     if '"parameters": ' in template or PYTHON_TAG in template:
         return LLAMA3
     return None

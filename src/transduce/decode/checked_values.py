@@ -198,7 +198,7 @@ class BoundedNumber(Number):
         self.within = within
 
     def feed(self, local: tuple[int, int, bytes], byte: int) -> Iterable[Move]:
-        if byte not in DIGITS and byte not in b"-.":
+        if byte not in DIGITS and byte not in (0x2D, 0x2E):                # - .
             return ()
         text = local[2] + bytes((byte,))
         return [((phase, digits, text), None)

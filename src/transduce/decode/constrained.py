@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from functools import cached_property
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -45,8 +45,9 @@ class Vocabulary:
     it can (0: a token it cannot)."""
 
     def __init__(self, pieces: Sequence[bytes | None], end_ids: Sequence[int],
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", specials: Mapping[str, int] = {}):
         self.size, self.end_ids = len(pieces), [i for i in end_ids if i < len(pieces)]
+        self.specials = {name: token for name, token in specials.items() if token < self.size}
         self.trie, self.special_trie = {}, {}
         plain_chars = torch.zeros(self.size, dtype=torch.int32)
         for token, piece in enumerate(pieces):
@@ -109,6 +110,10 @@ class TokenGrammar:
 
     def __init__(self, root: Root, vocabulary: Vocabulary):
         self.root, self.vocabulary = root, vocabulary
+        named = json_grammar.specials(root)
+        # the special tokens the grammar names that the vocabulary has: id -> symbol
+        self.symbols = {vocabulary.specials[name]: json_grammar.special_symbol(name)
+                        for name in named if name in vocabulary.specials}
         self._masks: OrderedDict[State, Tensor] = OrderedDict()
         self._needs: OrderedDict[tuple[CheckedString, int], Tensor] = OrderedDict()
         self._steps: dict[tuple[State, int], State] = {}
@@ -125,6 +130,8 @@ class TokenGrammar:
     def after(self, state: State, token: int) -> State:
         """The state after `token` (empty: the grammar refuses its bytes)."""
         piece = self.vocabulary.pieces[token]
+        if token in self.symbols:
+            piece = (self.symbols[token],)
         if not piece:
             return frozenset()
         for byte in piece:
@@ -143,6 +150,9 @@ class TokenGrammar:
         vocabulary = self.vocabulary
         trie, mask = self._unwalked(state)
         mask[self._walk(trie, state)] = True
+        for token, symbol in self.symbols.items():
+            if self._step(state, symbol):
+                mask[token] = True
         if json_grammar.complete(state) or not mask.any():
             mask[vocabulary.end_ids] = True
         self._masks[state] = mask
@@ -235,7 +245,7 @@ class TokenGrammar:
         if following is None:
             if len(self._steps) > CACHED_STEPS:
                 self._steps.clear()
-            following = self._steps[key] = json_grammar.advance(state, bytes((byte,)))
+            following = self._steps[key] = json_grammar.advance(state, (byte,))
         return following
 
 

@@ -44,7 +44,7 @@ from transduce.decode.reply_grammar import compile_grammar
 from transduce.decode.sampling import Sampler, prompt_seeds
 from transduce.decode.search import beam_search
 from transduce.decode.speculative import Drafter, speculative_steps
-from transduce.decode.token_bytes import token_bytes
+from transduce.decode.token_bytes import special_ids, token_bytes
 from transduce.decode.token_logprobs import TokenLogprobs, token_logprobs
 from transduce.decode.token_spans import decoded_after, last_text_tokens
 from transduce.errors import TransduceError, TransduceWarning
@@ -412,7 +412,8 @@ class Generator:
         if spec not in grammars:
             if self._vocabulary is None:
                 pieces = token_bytes(self.tokenizer, self.model.config.tgt_vocab_size)
-                self._vocabulary = Vocabulary(pieces, self.end_ids, self.device)
+                self._vocabulary = Vocabulary(pieces, self.end_ids, self.device,
+                                              special_ids(self.tokenizer))
             if len(grammars) >= CACHED_GRAMMARS:
                 grammars.pop(next(iter(grammars)))
             grammars[spec] = TokenGrammar(compile_grammar(json.loads(spec)), self._vocabulary)

@@ -20,6 +20,7 @@ escapes of RFC 8259.
 
 from __future__ import annotations
 
+import zlib
 from typing import Iterable
 
 MAX_INDENT = 16
@@ -191,6 +192,31 @@ class Marker(Literal):
     need not spell it byte by byte."""
 
 
+# Symbols past the bytes: a special token a grammar names (Mistral's [TOOL_CALLS]) is
+# read as one of these (TokenGrammar gives its id the symbol), never as bytes.
+SPECIAL = 256
+
+
+class Special(Literal):
+    """A marker the vocabulary has as a special token (Mistral's [TOOL_CALLS]): read as
+    that token's symbol, or as its text spelt out (where the vocabulary has no such
+    token, or the model spells it), both of which decode to the same text."""
+
+    def __init__(self, name: str):
+        super().__init__(name.encode("utf-8"))
+        self.name, self.symbol = name, special_symbol(name)
+
+    def feed(self, at: int, byte: int) -> Iterable[Move]:
+        if at == 0 and byte == self.symbol:
+            return ((len(self.text), None),)
+        return super().feed(at, byte)
+
+
+def special_symbol(name: str) -> int:
+    """The symbol a special token of this text is read as (one past the bytes)."""
+    return SPECIAL + zlib.crc32(name.encode("utf-8"))
+
+
 class TextUntil(Node):
     """Any bytes, up to and including the first `end` (a model's reasoning, up to
     </think>); local: how many of end's bytes the text ends with (KMP's table)."""
@@ -205,7 +231,7 @@ class TextUntil(Node):
             self._fallback[at] = border + (end[at] == end[border])
 
     def feed(self, matched: int, byte: int) -> Iterable[Move]:
-        if matched == len(self.end):
+        if matched == len(self.end) or byte >= SPECIAL:
             return ()
         while matched and byte != self.end[matched]:
             matched = self._fallback[matched - 1]
@@ -224,7 +250,7 @@ class Blank(Node):
         self.most = most
 
     def feed(self, count: int, byte: int) -> Iterable[Move]:
-        return ((count + 1, None),) if byte in b" \n" and count < self.most else ()
+        return ((count + 1, None),) if byte in (0x20, 0x0A) and count < self.most else ()
 
     def done(self, count: int) -> bool:
         return True
@@ -417,16 +443,26 @@ def needed_bytes(root: Node) -> frozenset[int]:
     """The bytes a text of the grammar may need to go on from anywhere: its literals'
     (keys, enum values, tags) and its kinds of value's."""
     found: set[int] = set()
+    for node in _nodes(root):
+        found.update(node.text if type(node) is Literal else node.written_with)
+    return frozenset(found)
+
+
+def specials(root: Node) -> set[str]:
+    """The special tokens' texts the grammar names (Special nodes)."""
+    return {node.name for node in _nodes(root) if isinstance(node, Special)}
+
+
+def _nodes(root: Node) -> Iterable[Node]:
+    """Every node of the grammar once (it may have cycles: a recursive schema)."""
     seen: set[int] = set()
     pending = [root]
     while pending:
         node = pending.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        found.update(node.text if type(node) is Literal else node.written_with)
-        pending.extend(_children(node))
-    return frozenset(found)
+        if id(node) not in seen:
+            seen.add(id(node))
+            yield node
+            pending.extend(_children(node))
 
 
 def _children(node: Node) -> list[Node]:
@@ -449,8 +485,9 @@ def start(root: Node) -> State:
     return frozenset({((root, root.begin),)})
 
 
-def advance(state: State, data: bytes) -> State:
-    """The state after `data` (empty: the bytes are not what the grammar allows)."""
+def advance(state: State, data: Iterable[int]) -> State:
+    """The state after `data`, bytes or special symbols (empty: they are not what the
+    grammar allows)."""
     for byte in data:
         following: set[Stack] = set()
         for stack in state:

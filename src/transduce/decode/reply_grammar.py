@@ -16,6 +16,8 @@ the first alone; a forced tool call is the rest (data/tool_calls.py: Hermes' cal
     {"blank": N}                         up to N spaces and newlines, or none
     {"marker": TEXT}                     TEXT, which the vocabulary writes as a token of
                                          its own (<think>)
+    {"special": TEXT}                    the special token TEXT (Mistral's [TOOL_CALLS]),
+                                         or TEXT spelt out
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from transduce.decode.json_grammar import (Blank, Choice, Literal, Marker, Node, Repeat, Root,
-                                           Sequence, TextUntil)
+                                           Sequence, Special, TextUntil)
 from transduce.decode.json_schema import SchemaError, schema_node
 
-FORMS = ("json", "literal", "sequence", "repeat", "choice", "text_until", "blank", "marker")
+FORMS = ("json", "literal", "sequence", "repeat", "choice", "text_until", "blank", "marker",
+         "special")
 
 
 def compile_grammar(spec: Mapping[str, Any], name: str = "grammar") -> Root:
@@ -43,6 +46,8 @@ def _part(spec: Any, where: str) -> Node:
     form = forms[0]
     if form == "json":
         return schema_node(spec["json"], f"{where}.json", bool(spec.get("lenient")))
+    if form == "special":
+        return Special(_text(spec[form], f"{where}.{form}").decode("utf-8"))
     if form in ("literal", "marker", "text_until"):
         text = _text(spec[form], f"{where}.{form}")
         return {"literal": Literal, "marker": Marker, "text_until": TextUntil}[form](text)

@@ -69,3 +69,13 @@ def _piece_bytes(piece: str, is_byte: bool) -> bytes:
     if is_byte:
         return bytes([int(BYTE_PIECE.fullmatch(piece).group(1), 16)])
     return piece.replace("▁", " ").encode("utf-8")
+
+
+def special_ids(tokenizer: TextTokenizer) -> dict[str, int]:
+    """The special tokens' texts and ids ([TOOL_CALLS] -> 5): a grammar may name one."""
+    if hasattr(tokenizer, "backend"):
+        return {added.content: token for token, added in
+                tokenizer.backend.get_added_tokens_decoder().items() if added.special}
+    processor = tokenizer.processor
+    return {processor.id_to_piece(token): token for token in range(processor.get_piece_size())
+            if processor.is_control(token)}

@@ -214,11 +214,6 @@ def _call_format(service: Service, body: ChatRequest) -> CallFormat | None:
                             "in none of the ways this server reads (Hermes' <tool_call> "
                             "blocks: Qwen2.5, Qwen3, Hermes; Llama 3.1's JSON; Mistral's "
                             "[TOOL_CALLS])", "tools")
-    if choice not in (None, "auto") and form.forced is None:
-        raise ApiError(422, f"tool_choice: calls written {form.name}'s way cannot be "
-                            f"forced (its marker is a special token, outside the grammar "
-                            f"of the reply's text); give \"auto\" or \"none\"",
-                       "tool_choice")
     return form
 
 
