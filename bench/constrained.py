@@ -27,6 +27,7 @@ xgrammar peers are left out.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import statistics
 import sys
@@ -236,6 +237,13 @@ def _xgrammar_reads(grammar, sequence: list[int]) -> bool:
     return all(matcher.accept_token(token) for token in sequence)
 
 
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=12)
@@ -272,7 +280,7 @@ def main() -> None:
               "model": {"family": "gpt2", "parameters": ours.model.num_parameters(),
                         "vocab": ours.model.config.tgt_vocab_size},
               "schema": SCHEMAS[args.schema], "peers": records, "engines": engines,
-              "xgrammar": getattr(sys.modules.get("xgrammar"), "__version__", None),
+              "xgrammar": _version("xgrammar"),
               "seconds": time.time() - started}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -167,12 +167,12 @@ class _Compiler:
             if value is not None and (isinstance(value, bool)
                                       or not isinstance(value, (int, float))):
                 raise SchemaError(f"{where}.{keyword}: a number, not {value!r}")
-            values[keyword] = None if value is None else Fraction(str(value))
+            values[keyword] = None if value is None else _exact(value)
         step = values["multipleOf"]
         if step is not None and step <= 0:
             raise SchemaError(f"{where}.multipleOf: a number > 0, not {schema['multipleOf']}")
         if integer:                               # the integers that are multiples of it
-            step = Fraction(step.numerator) if step is not None else Fraction(1)
+            step = Fraction(step).numerator if step is not None else 1
         within = NumberRange(_bound(values, schema, "minimum", "exclusiveMinimum", max),
                              _bound(values, schema, "maximum", "exclusiveMaximum", min), step)
         if not within.reachable(b""):
@@ -298,7 +298,7 @@ def _counts(schema: Mapping[str, Any], low_key: str, high_key: str,
     return low, high
 
 
-def _bound(values: dict[str, Fraction | None], schema: Mapping[str, Any], inclusive: str,
+def _bound(values: dict[str, int | Fraction | None], schema: Mapping[str, Any], inclusive: str,
            exclusive: str, tighter: Callable) -> Bound | None:
     """The lower (tighter=max) or upper (min) end of a number's range."""
     ends = []
@@ -310,6 +310,13 @@ def _bound(values: dict[str, Fraction | None], schema: Mapping[str, Any], inclus
         return None
     value = tighter(end.value for end in ends)
     return Bound(value, all(end.closed for end in ends if end.value == value))
+
+
+def _exact(value: int | float) -> int | Fraction:
+    """A schema's number as written (0.1 is 1/10, not the float's binary fraction), an
+    int where it is whole (faster to compute with)."""
+    exact = Fraction(str(value))
+    return int(exact) if exact.denominator == 1 else exact
 
 
 def _json(value: Any) -> bytes:
