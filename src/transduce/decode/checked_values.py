@@ -142,7 +142,7 @@ class NumberRange:
         """Whether a number whose text begins with `text` (no exponent; at most
         MAX_DIGITS digits a part) may end in the range."""
         if not text:                              # either sign may come
-            return self.reachable(b"-") or self.reachable(b"0") or self._spanned(False, b"")
+            return self.reachable(b"-") or self._spanned(False, b"")
         negative = text.startswith(b"-")
         return self._spanned(negative, text[1 if negative else 0:])
 
