@@ -19,6 +19,7 @@ are a SchemaError naming them, rather than output that looks checked and is not.
 from __future__ import annotations
 
 import json
+import math
 from fractions import Fraction
 from typing import Any, Callable, Mapping
 
@@ -164,9 +165,9 @@ class _Compiler:
             value = schema.get(keyword)
             if isinstance(value, bool) and keyword.startswith("exclusive"):
                 value = None                      # draft 4's flag, read with its bound
-            if value is not None and (isinstance(value, bool)
-                                      or not isinstance(value, (int, float))):
-                raise SchemaError(f"{where}.{keyword}: a number, not {value!r}")
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, (int, float)) or not math.isfinite(value)):
+                raise SchemaError(f"{where}.{keyword}: a finite number, not {value!r}")
             values[keyword] = None if value is None else _exact(value)
         step = values["multipleOf"]
         if step is not None and step <= 0:
@@ -252,10 +253,10 @@ class _Compiler:
         if not isinstance(values, list) or not values:
             raise SchemaError(f"{where}: a non-empty list of values, not {values!r}")
         self._count(len(values), where)
-        return Choice([Literal(_json(value)) for value in values])
+        return Choice([Literal(_json(value, where)) for value in values])
 
     def _const(self, value: Any, where: str) -> Node:
-        return Literal(_json(value))
+        return Literal(_json(value, where))
 
     def _any_of(self, schemas: Any, where: str) -> Node:
         if not isinstance(schemas, list) or not schemas:
@@ -319,6 +320,10 @@ def _exact(value: int | float) -> int | Fraction:
     return int(exact) if exact.denominator == 1 else exact
 
 
-def _json(value: Any) -> bytes:
-    """A value as the literal JSON text written for it."""
-    return json.dumps(value, ensure_ascii=False).encode("utf-8")
+def _json(value: Any, where: str = "json_schema") -> bytes:
+    """A value as the literal JSON text written for it (NaN and infinities, which
+    Python's JSON reads, are no JSON: a SchemaError)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except ValueError:
+        raise SchemaError(f"{where}: {value!r} holds a number JSON cannot write") from None

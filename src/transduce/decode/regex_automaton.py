@@ -28,6 +28,7 @@ SURROGATES = (0xD800, 0xDFFF)
 # table of live places may hold.
 MAX_PLACES = 4_000
 MAX_TABLE = 2_000_000
+MAX_NESTING = 64          # groups within groups
 CACHED_STEPS = 50_000
 
 
@@ -101,7 +102,7 @@ class _Parser:
     """Recursive descent over the pattern's text."""
 
     def __init__(self, text: str):
-        self.text, self.at = text, 0
+        self.text, self.at, self.depth = text, 0, 0
 
     def fail(self, why: str, back: int = 0) -> PatternError:
         """An error at the cursor, or `back` characters before it."""
@@ -167,9 +168,13 @@ class _Parser:
     def atom(self) -> Tree:
         char = self.take()
         if char == "(":
+            if self.depth >= MAX_NESTING:
+                raise self.fail(f"groups nested deeper than {MAX_NESTING}", back=1)
             if self.peek() == "?":
                 self._group_kind()
+            self.depth += 1
             tree = self.alternation()
+            self.depth -= 1
             if self.take() != ")":
                 raise self.fail("an unclosed '('")
             return tree
