@@ -27,7 +27,6 @@ xgrammar peers are left out.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import statistics
 import sys
@@ -40,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import machine_info, time_interleaved  # noqa: E402
+from measure import machine_info, package_version, time_interleaved  # noqa: E402
 from transduce.decode.generate import Generator  # noqa: E402
 from transduce.decode.options import GenerateOptions  # noqa: E402
 from transduce.importers import import_gpt2  # noqa: E402
@@ -182,7 +181,7 @@ def compare_engines(ours: Generator, xgrammar_grammar, sequences: list[list[int]
     sequences = ours.tokenizer.encode(texts)
 
     refused = [] if xgrammar_grammar is None else [
-        each for each in sequences if not _xgrammar_reads(xgrammar_grammar, each)]
+        each for each in sequences if not xgrammar_reads(xgrammar_grammar, each)]
     sequences = [each for each in sequences if each not in refused]
     spec = json.loads(GenerateOptions(json_schema=SCHEMAS[args.schema]).reply_grammar)
     vocabulary = ours.grammar(json.dumps(spec)).vocabulary
@@ -228,20 +227,13 @@ def compare_engines(ours: Generator, xgrammar_grammar, sequences: list[list[int]
     return result
 
 
-def _xgrammar_reads(grammar, sequence: list[int]) -> bool:
+def xgrammar_reads(grammar, sequence: list[int]) -> bool:
     """Whether xgrammar's matcher takes every token of `sequence` (it writes no escape
     in a string with a maxLength, where ours may: the two compare on what both take)."""
     import xgrammar
 
     matcher = xgrammar.GrammarMatcher(grammar)
     return all(matcher.accept_token(token) for token in sequence)
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def main() -> None:
@@ -280,7 +272,7 @@ def main() -> None:
               "model": {"family": "gpt2", "parameters": ours.model.num_parameters(),
                         "vocab": ours.model.config.tgt_vocab_size},
               "schema": SCHEMAS[args.schema], "peers": records, "engines": engines,
-              "xgrammar": _version("xgrammar"),
+              "xgrammar": package_version("xgrammar"),
               "seconds": time.time() - started}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -20,7 +20,6 @@ string with a maxLength) leaves it out of that field.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import random
 import statistics
@@ -31,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from constrained import END, train_vocabulary  # noqa: E402
-from measure import machine_info, time_interleaved  # noqa: E402
+from constrained import END, train_vocabulary, xgrammar_reads  # noqa: E402
+from measure import machine_info, package_version, time_interleaved  # noqa: E402
 from transduce.data.hf_tokenizer import HFTokenizer  # noqa: E402
 from transduce.decode.constrained import TokenGrammar, Vocabulary  # noqa: E402
 from transduce.decode.json_schema import compile_schema  # noqa: E402
@@ -98,13 +97,6 @@ def xgrammar_pass(compiled, sequence: list[int], vocab: int) -> float:
     return time.perf_counter() - start
 
 
-def xgrammar_takes(compiled, sequence: list[int]) -> bool:
-    import xgrammar
-
-    matcher = xgrammar.GrammarMatcher(compiled)
-    return all(matcher.accept_token(token) for token in sequence)
-
-
 def measure_field(name: str, field: dict, vocabulary: Vocabulary, prefix: list[int],
                   compiler, args) -> dict:
     schema = schema_of(field)
@@ -115,7 +107,7 @@ def measure_field(name: str, field: dict, vocabulary: Vocabulary, prefix: list[i
         started = time.perf_counter()
         compiled = compiler.compile_json_schema(json.dumps(schema))
         record["xgrammar compile ms"] = 1e3 * (time.perf_counter() - started)
-        if not xgrammar_takes(compiled, sequence):
+        if not xgrammar_reads(compiled, sequence):
             record["xgrammar"] = "refuses the sequence"
             compiled = None
     warm = TokenGrammar(compile_schema(schema), vocabulary)
@@ -133,13 +125,6 @@ def measure_field(name: str, field: dict, vocabulary: Vocabulary, prefix: list[i
     print(f"{name}: {len(sequence)} tokens, " + ", ".join(
         f"{peer} {record[f'{peer} us/token']:.0f} us" for peer in times))
     return record
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def main() -> None:
@@ -172,7 +157,7 @@ def main() -> None:
     result = {"machine": machine_info(1),
               "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "vocab": vocabulary.size, "fields": records,
-              "xgrammar": _version("xgrammar")}
+              "xgrammar": package_version("xgrammar")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

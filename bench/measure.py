@@ -3,6 +3,7 @@ a fresh child process, and the machine's description for the JSON results."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -125,3 +126,12 @@ def format_bytes(n: int | None) -> str:
     if n is None:
         return "-"
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def package_version(package: str) -> str | None:
+    """An installed package's version from its metadata (None: not installed); some,
+    such as xgrammar, have no __version__."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -129,9 +129,8 @@ class TokenGrammar:
 
     def after(self, state: State, token: int) -> State:
         """The state after `token` (empty: the grammar refuses its bytes)."""
-        piece = self.vocabulary.pieces[token]
-        if token in self.symbols:
-            piece = (self.symbols[token],)
+        piece = (self.symbols[token],) if token in self.symbols \
+            else self.vocabulary.pieces[token]
         if not piece:
             return frozenset()
         for byte in piece:
@@ -162,8 +161,9 @@ class TokenGrammar:
 
     def _unwalked(self, state: State) -> tuple[Trie, Tensor]:
         """(a trie of the tokens to walk from `state`, the mask of those allowed without
-        a walk): in free text, the tokens without the marker's first byte; in a string's
-        body, the plain ones its room takes; elsewhere none."""
+        a walk): in a string of a pattern and a maxLength, the plain tokens that fit
+        (_counted); in free text, the tokens without the marker's first byte; in a
+        string's body, the plain ones its room takes; elsewhere none."""
         vocabulary = self.vocabulary
         counted = self._counted(state)
         if counted is not None:
