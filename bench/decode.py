@@ -2,17 +2,18 @@
 
 For beam 4 and greedy (beam 1) it translates the whole split with our decoder (float32,
 the bfloat16 copy that `--dtype bfloat16` decodes with, and `--dtype int8`'s copy with
-int8 products, model/int8.py), with the same weights exported to Hugging Face (Marian
-for a post-norm model, Pegasus for a pre-norm one) and run by `generate` (float32), and
-exported to CTranslate2 (float32 and int8, each run in a child process that times
-itself, see CTranslate2Model), and exported to ONNX and
-run by ONNX Runtime behind our own searches (float32 and int8 weights, `transduce export
-onnx`), and ours (float32, int8) and CTranslate2 float32 with two batches decoded side
-by side on one thread each ("2 workers"), all in batches of --batch-sentences lines
-sorted by length, interleaving everything over --repeats rounds. It reports
-sentences/s (median), the ratios to Hugging Face and to CTranslate2 float32 at the same
-beam (where they ran: a format that cannot hold the model is left out), and sacreBLEU.
-Writes JSON with the machine's description.
+int8 products through the VNNI kernel where it runs, model/int8_vnni.py, and through
+oneDNN's, model/int8.py, "ours int8 oneDNN"), with the same weights exported to Hugging
+Face (Marian for a post-norm model, Pegasus for a pre-norm one) and run by `generate`
+(float32), and exported to CTranslate2 (float32 and int8, each run in a child process
+that times itself, see CTranslate2Model), and exported to ONNX and run by ONNX Runtime
+behind our own searches (float32 and int8 weights, `transduce export onnx`), and ours
+(float32, int8) and CTranslate2 float32 with two batches decoded side by side on one
+thread each ("2 workers"), all in batches of --batch-sentences lines sorted by length,
+interleaving everything over --repeats rounds. It reports sentences/s (median), the
+ratios to Hugging Face and to CTranslate2 float32 at the same beam (where they ran: a
+format that cannot hold the model is left out), and sacreBLEU. Writes JSON with the
+machine's description.
 
     python bench/decode.py --model runs/small/average --data data/bible [--split test]
 
@@ -23,6 +24,7 @@ beam-4 outputs can differ slightly (greedy outputs are identical, as tests show)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -42,10 +44,12 @@ from transduce.runtime import keep_freed_memory  # noqa: E402
 from transduce.data.corpus import read_lines, split_files  # noqa: E402
 from transduce.data.tokenizer import PAD_ID, Tokenizer  # noqa: E402
 from transduce.decode.translate import Translator, length_sorted_batches, pad_sources  # noqa: E402
+from transduce.model import int8_vnni  # noqa: E402
 
-DECODERS = ("ours float32", "ours bfloat16", "ours int8", "ours float32 2 workers",
-            "ours bfloat16 2 workers", "ours int8 2 workers", "hf generate",
-            "ct2 float32", "ct2 int8", "ct2 float32 2 workers", "ort float32", "ort int8")
+DECODERS = ("ours float32", "ours bfloat16", "ours int8", "ours int8 oneDNN",
+            "ours float32 2 workers", "ours bfloat16 2 workers", "ours int8 2 workers",
+            "ours int8 oneDNN 2 workers", "hf generate", "ct2 float32", "ct2 int8",
+            "ct2 float32 2 workers", "ort float32", "ort int8")
 # "2 workers": two batches decoded side by side, each on one thread (ours: Translator's
 # workers=2; CTranslate2: inter_threads=2, intra_threads=1, two batches in flight).
 WORKERS_SUFFIX = " 2 workers"
@@ -150,12 +154,26 @@ class HuggingFaceGenerate:
         return out
 
 
+@contextlib.contextmanager
+def kernels_left_out(left_out: bool):
+    """Meanwhile (left_out), int8 copies take oneDNN's kernel rather than the VNNI kernel
+    (the same bits: "ours int8 oneDNN" times the kernel's gain)."""
+    available = int8_vnni.available
+    if left_out:
+        int8_vnni.available = lambda: False
+    try:
+        yield
+    finally:
+        int8_vnni.available = available
+
+
 def load_decoder(name: str, model: Path, exports: Path, threads: int):
     """One decoder of the table, its export written under `exports` where it needs one."""
     workers = 2 if name.endswith(WORKERS_SUFFIX) else 1
     name = name.removesuffix(WORKERS_SUFFIX)
     if name.startswith("ours"):
-        return Translator.load(model, dtype=name.split()[1], workers=workers)
+        with kernels_left_out(name.endswith(" oneDNN")):
+            return Translator.load(model, dtype=name.split()[1], workers=workers)
     if name == "hf generate":
         return HuggingFaceGenerate(model, exports / "hf")
     if name.startswith("ct2"):

@@ -32,8 +32,10 @@ from transduce.runtime import keep_freed_memory  # noqa: E402
 
 KINDS = {
     "matrix products": ("mkldnn::_linear_pointwise", "onednn::qlinear_pointwise", "aten::addmm",
-                        "aten::mm", "aten::bmm"),
-    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",),
+                        "aten::mm", "aten::bmm", "transduce::int8_vnni_linear",
+                        "transduce::int8_rows_linear"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                  "transduce::one_query_attention"),
     "log-softmax, top-k": ("aten::_log_softmax", "aten::topk", "aten::amax", "aten::sort"),
     "cache and beam reorders": ("aten::index_copy_", "aten::index_select", "aten::copy_",
                                 "aten::gather", "aten::index"),
@@ -69,6 +71,8 @@ def main() -> None:
                         help="every k-th line of the split, so that all lengths are in")
     parser.add_argument("--batch-sentences", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "int8"],
+                        choices=["float32", "bfloat16", "int8"])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results"
                         / "decode-profile-cpu.json")
     args = parser.parse_args()
@@ -78,7 +82,7 @@ def main() -> None:
     every = read_lines(source)
     lines = every[::max(1, len(every) // args.lines)][:args.lines]
     rows = []
-    for dtype in ("float32", "bfloat16", "int8"):
+    for dtype in args.dtypes:
         translator = Translator.load(args.model, dtype=dtype)
         for beam in (1, 4):
             row = {"decoder": f"ours {dtype}", "beam": beam,

@@ -24,8 +24,9 @@ from transduce.decode.sampling import Sampler, filter_logits, exponential_race, 
 from transduce.errors import TransduceWarning
 from transduce.model import build_model
 from transduce.model import int8 as int8_module
-from transduce.model import int8_rows
+from transduce.model import int8_rows, int8_vnni
 from transduce.model.int8_rows import Int8RowsLinear
+from transduce.model.int8_vnni import Int8VnniLinear
 from transduce.runtime import cpu_flags
 from tests.environment import subprocess_env
 from tests.model.test_int8_rows import INT8_LAYERS
@@ -401,11 +402,15 @@ def test_cli_refuses_bad_stdin_and_bad_options(saved_model):
 @pytest.mark.parametrize("layer", INT8_LAYERS, ids=lambda layer: layer.__name__)
 def test_int8_generation_is_the_same_batched_and_alone(model, generator, monkeypatch, layer):
     """Left-padded prompts side by side: the int8 products quantize each row alone, with
-    oneDNN's kernel and with the rows kernel (model/int8_rows.py)."""
-    rows = layer is Int8RowsLinear
+    oneDNN's kernel, the rows kernel (model/int8_rows.py) and the VNNI kernel
+    (model/int8_vnni.py)."""
+    rows, vnni = layer is Int8RowsLinear, layer is Int8VnniLinear
     if rows and not ("avx2" in cpu_flags() and int8_rows.KERNEL.available()):
         pytest.skip("the int8 rows kernel needs an x86 CPU with AVX2 and a compiler")
+    if vnni and not int8_vnni.available():
+        pytest.skip("the int8 VNNI kernel needs AVX512-VNNI and a compiler")
     monkeypatch.setattr(int8_rows, "preferred", lambda: rows)
+    monkeypatch.setattr(int8_vnni, "available", lambda: vnni)
     monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)      # every product in int8
     int8 = Generator(model, generator.tokenizer, dtype="int8")
     assert any(isinstance(m, layer) for m in int8.model.modules())

@@ -24,6 +24,7 @@ from transduce.model import Transformer, build_model, load_model
 from transduce.model import int8 as int8_module
 from transduce.model import int8_rows
 from transduce.model import packed as packed_module
+from transduce.model.int8_vnni import Int8VnniLinear
 from transduce.model.packed import packing_available
 from tests.environment import subprocess_env
 
@@ -390,7 +391,8 @@ def test_auto_dtype_decodes_in_the_type_it_picked(run_dir, monkeypatch):
         monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)
         translator = load(run_dir, dtype="auto")
         assert translator.dtype == "int8"
-        assert any(isinstance(m, int8_module.Int8Linear) for m in translator.model.modules())
+        assert any(isinstance(m, (int8_module.Int8Linear, Int8VnniLinear))
+                   for m in translator.model.modules())
 
 
 @pytest.mark.skipif(not int8_module.int8_available(), reason="no oneDNN int8 ops in this build")

@@ -11,6 +11,7 @@ from transduce.model import int8 as int8_module
 from transduce.model import packed as packed_module
 from transduce.model.int8 import Int8Linear, int8_available, quantize_rows, quantize_weight, \
     worth_int8
+from transduce.model.int8_vnni import Int8VnniLinear
 from transduce.model.packed import PackedLinear, decoding_copy, packing_available
 from tests.model.test_transformer import tiny
 
@@ -131,7 +132,8 @@ def test_the_int8_decoding_copy_stays_near_the_models_logits(packed, monkeypatch
     assert all(type(m) is not nn.Linear for m in clone.modules())
     assert all(p.dtype == torch.float32 for p in clone.parameters())
     ffn = clone.decoder.layers[0].ffn
-    assert isinstance(ffn.linear1, Int8Linear) and ffn.linear1.activation == "relu"
+    assert isinstance(ffn.linear1, (Int8Linear, Int8VnniLinear)) and \
+        ffn.linear1.activation == "relu"
     src, tgt = torch.randint(4, 20, (3, 7)), torch.randint(4, 20, (3, 5))
     with torch.no_grad():
         expected = model.double()(src, tgt)
@@ -145,7 +147,7 @@ def test_the_int8_copy_keeps_narrow_products_in_float32():
     model = Transformer(tiny()).eval()
     clone = decoding_copy(model, torch.int8)
     kinds = {type(m) for m in clone.modules()}
-    assert Int8Linear not in kinds        # the tiny model's products are all narrow
+    assert not kinds & {Int8Linear, Int8VnniLinear}   # the tiny model's products are all narrow
     if packing_available(torch.float32):
         assert PackedLinear in kinds and nn.Linear not in kinds
 

@@ -12,6 +12,7 @@ from transduce.model import int8 as int8_module
 from transduce.model import int8_rows
 from transduce.model.int8 import Int8Linear, int8_available, quantize_weight
 from transduce.model.int8_rows import Int8RowsLinear
+from transduce.model.int8_vnni import Int8VnniLinear
 from transduce.model.packed import decoding_copy
 from transduce.model.scripting import compiled
 from transduce.runtime import cpu_flags
@@ -19,7 +20,7 @@ from tests.model.test_decoder_only import tiny as tiny_language_model
 from tests.model.test_transformer import tiny
 
 # The int8 Linear layers a decoding copy may hold.
-INT8_LAYERS = (Int8Linear, Int8RowsLinear)
+INT8_LAYERS = (Int8Linear, Int8RowsLinear, Int8VnniLinear)
 needs_kernel = pytest.mark.skipif(
     "avx2" not in cpu_flags() or not int8_rows.KERNEL.available(),
     reason="the int8 rows kernel needs an x86 CPU with AVX2 and a compiler")
@@ -156,16 +157,20 @@ def test_preferred_on_avx2_without_vnni(monkeypatch, flags, preferred):
 @pytest.mark.parametrize("preferred", [True, False])
 def test_a_language_models_int8_copy_takes_the_rows_kernel_where_preferred(monkeypatch,
                                                                           preferred):
-    """Translation models keep oneDNN's kernel: their products take hundreds of rows."""
+    """Translation models keep oneDNN's kernel (or, with VNNI, the VNNI kernel's, which
+    gives its bits): their products take hundreds of rows."""
     if preferred and not int8_rows.KERNEL.available():
         pytest.skip("the int8 rows kernel could not be built here")
     monkeypatch.setattr(int8_rows, "preferred", lambda: preferred)
     monkeypatch.setattr(int8_module, "MIN_INT8_WEIGHTS", 0)
+    def onednns(kinds):   # oneDNN's kernel, or the VNNI kernel with its bits
+        return bool(kinds & {Int8Linear, Int8VnniLinear})
+
     kinds = {type(m) for m in decoding_copy(tiny_language_model().eval(), torch.int8).modules()}
-    assert (Int8RowsLinear in kinds) == preferred and (Int8Linear in kinds) != preferred
+    assert (Int8RowsLinear in kinds) == preferred and onednns(kinds) != preferred
     translation = {type(m) for m in decoding_copy(Transformer(tiny()).eval(),
                                                   torch.int8).modules()}
-    assert Int8Linear in translation and Int8RowsLinear not in translation
+    assert onednns(translation) and Int8RowsLinear not in translation
 
 
 @needs_kernel

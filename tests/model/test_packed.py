@@ -98,6 +98,7 @@ def test_each_replaced_layer_is_freed_before_the_next_is_converted(dtype, monkey
     import weakref
 
     from transduce.model.int8 import Int8Linear, int8_available
+    from transduce.model.int8_vnni import Int8VnniLinear
 
     if dtype == torch.int8 and not int8_available():
         pytest.skip("no oneDNN int8 ops in this build")
@@ -105,7 +106,7 @@ def test_each_replaced_layer_is_freed_before_the_next_is_converted(dtype, monkey
         pytest.skip("no oneDNN in this build")
     model = Transformer(tiny()).eval()
     converted, still_alive = [], []
-    for kind in (PackedLinear, Int8Linear):
+    for kind in (PackedLinear, Int8Linear, Int8VnniLinear):
         def counting(self, linear, *args, original=kind.__init__, **kwargs):
             gc.collect(0)           # the young objects: a full collection takes 0.7 s here
             still_alive.extend(ref for ref in converted if ref() is not None)

@@ -20,11 +20,12 @@ import torch
 from torch import Tensor, nn
 
 from transduce.attention.multihead import MultiHeadAttention
-from transduce.model import int8_rows
+from transduce.model import int8_rows, int8_vnni
 from transduce.model.decoder_only import DecoderOnly
 from transduce.model.decoder_step import DecoderStep
 from transduce.model.int8 import Int8Linear, int8_available, no_scalars, worth_int8
 from transduce.model.int8_rows import Int8RowsLinear
+from transduce.model.int8_vnni import Int8VnniLinear
 from transduce.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from transduce.model.lora import merge_adapters
 from transduce.model.encoder_pass import EncoderPass
@@ -107,10 +108,13 @@ def decoding_copy(model: nn.Module, dtype: torch.dtype = torch.float32,
 
 
 def _int8_layer(model: nn.Module) -> type[nn.Module]:
-    """The int8 Linear of `model`'s products: the few-rows kernel for a language model
-    where it is preferred (model/int8_rows.py), else oneDNN's."""
-    return Int8RowsLinear if isinstance(model, DecoderOnly) and int8_rows.preferred() \
-        else Int8Linear
+    """The int8 Linear of `model`'s products: on a CPU without VNNI, a language model's
+    takes the int8 rows kernel where it is preferred (model/int8_rows.py); with
+    AVX512-VNNI, the VNNI kernel (oneDNN's bits, faster: model/int8_vnni.py); else
+    oneDNN's."""
+    if isinstance(model, DecoderOnly) and int8_rows.preferred():
+        return Int8RowsLinear
+    return Int8VnniLinear if int8_vnni.available() else Int8Linear
 
 
 def _replace_linear_layers(model: nn.Module, packed: bool, int8_layer: type | None) -> None:
