@@ -24,7 +24,6 @@ beam-4 outputs can differ slightly (greedy outputs are identical, as tests show)
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import subprocess
@@ -38,13 +37,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import machine_info  # noqa: E402
+from measure import int8_through_onednn, machine_info  # noqa: E402
 from transduce.export import ExportError  # noqa: E402
 from transduce.runtime import keep_freed_memory  # noqa: E402
 from transduce.data.corpus import read_lines, split_files  # noqa: E402
 from transduce.data.tokenizer import PAD_ID, Tokenizer  # noqa: E402
 from transduce.decode.translate import Translator, length_sorted_batches, pad_sources  # noqa: E402
-from transduce.model import int8_vnni  # noqa: E402
 
 DECODERS = ("ours float32", "ours bfloat16", "ours int8", "ours int8 oneDNN",
             "ours float32 2 workers", "ours bfloat16 2 workers", "ours int8 2 workers",
@@ -154,25 +152,12 @@ class HuggingFaceGenerate:
         return out
 
 
-@contextlib.contextmanager
-def kernels_left_out(left_out: bool):
-    """Meanwhile (left_out), int8 copies take oneDNN's kernel rather than the VNNI kernel
-    (the same bits: "ours int8 oneDNN" times the kernel's gain)."""
-    available = int8_vnni.available
-    if left_out:
-        int8_vnni.available = lambda: False
-    try:
-        yield
-    finally:
-        int8_vnni.available = available
-
-
 def load_decoder(name: str, model: Path, exports: Path, threads: int):
     """One decoder of the table, its export written under `exports` where it needs one."""
     workers = 2 if name.endswith(WORKERS_SUFFIX) else 1
     name = name.removesuffix(WORKERS_SUFFIX)
     if name.startswith("ours"):
-        with kernels_left_out(name.endswith(" oneDNN")):
+        with int8_through_onednn(name.endswith(" oneDNN")):
             return Translator.load(model, dtype=name.split()[1], workers=workers)
     if name == "hf generate":
         return HuggingFaceGenerate(model, exports / "hf")

@@ -22,6 +22,9 @@ sentences (translation) or generated tokens (language models) per second, the me
 --dtypes leaves bfloat16 out: on a CPU without bfloat16 units it multiplies some 30x
 slower, and float32 against int8 is the choice there).
 
+`--dtypes ... int8-onednn` adds the int8 copy with its products through oneDNN's kernel
+where the VNNI kernel would take them (model/int8_vnni.py; the same outputs).
+
     python bench/decode_dtypes.py --data data/bible [--lines 256] [--repeats 3]
         [--dtypes float32 int8]
 """
@@ -38,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import machine_info, time_interleaved  # noqa: E402
+from measure import int8_through_onednn, machine_info, time_interleaved  # noqa: E402
 from transduce.config import preset  # noqa: E402
 from transduce.data.corpus import read_lines, split_files  # noqa: E402
 from transduce.data.tokenizer import MODEL_NAME, UNK_ID, Tokenizer  # noqa: E402
@@ -49,6 +52,8 @@ from transduce.model import build_model  # noqa: E402
 from transduce.runtime import keep_freed_memory  # noqa: E402
 
 DTYPES = ("float32", "bfloat16", "int8")
+# int8 through oneDNN's kernel where the VNNI kernel would run (the same bits, slower)
+ONEDNN_INT8 = "int8-onednn"
 TRANSLATION = {"small": preset("small"), "base": preset("base"), "big": preset("big")}
 LANGUAGE_MODELS = {
     f"{width} wide, {layers} layers": preset("gpt-small", d_model=width, num_heads=width // 64,
@@ -68,10 +73,17 @@ def random_model(config, vocab: int):
     return model
 
 
+def copy(dtype: str, build):
+    """build(type) for one of DTYPES, or for ONEDNN_INT8: int8 through oneDNN's kernel."""
+    with int8_through_onednn(dtype == ONEDNN_INT8):
+        return build("int8" if dtype == ONEDNN_INT8 else dtype)
+
+
 def compare_translation(name: str, config, tokenizer: Tokenizer, sources: list[str],
                         args: argparse.Namespace) -> list[dict]:
     model = random_model(config, tokenizer.vocab_size)
-    translators = {dtype: Translator(model, tokenizer, dtype=dtype, workers="auto")
+    translators = {dtype: copy(dtype, lambda type_: Translator(model, tokenizer, dtype=type_,
+                                                               workers="auto"))
                    for dtype in args.dtypes}
     rows = []
     for beam in (4, 1):
@@ -96,7 +108,8 @@ def compare_translation(name: str, config, tokenizer: Tokenizer, sources: list[s
 def compare_language_model(name: str, config, tokenizer: Tokenizer,
                            args: argparse.Namespace) -> list[dict]:
     model = random_model(config, tokenizer.vocab_size)
-    generators = {dtype: Generator(model, tokenizer, dtype=dtype) for dtype in args.dtypes}
+    generators = {dtype: copy(dtype, lambda type_: Generator(model, tokenizer, dtype=type_))
+                  for dtype in args.dtypes}
     options = GenerateOptions(max_new_tokens=args.new_tokens, batch_sentences=8)
     rows = []
     for batch in (1, 8):
@@ -141,7 +154,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--shapes", nargs="+", default=["translation", "language-model"],
                         choices=["translation", "language-model"])
-    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES,
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES),
+                        choices=(*DTYPES, ONEDNN_INT8),
                         help="the types compared (ratios to bfloat16, else to float32)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/decode-dtypes-cpu.json"))
     args = parser.parse_args()

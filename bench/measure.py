@@ -3,6 +3,7 @@ a fresh child process, and the machine's description for the JSON results."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
@@ -11,9 +12,25 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Iterator
 
 import torch
+
+
+@contextlib.contextmanager
+def int8_through_onednn(wanted: bool = True) -> Iterator[None]:
+    """Meanwhile (wanted), int8 decoding copies take oneDNN's int8 kernel rather than the
+    VNNI kernel, which gives its bits faster (model/int8_vnni.py): the peer that times
+    the kernel's gain."""
+    from transduce.model import int8_vnni
+
+    available = int8_vnni.available
+    if wanted:
+        int8_vnni.available = lambda: False
+    try:
+        yield
+    finally:
+        int8_vnni.available = available
 
 
 def handed_to_gpu_benchmark(module: str) -> bool:

@@ -3,10 +3,14 @@ oneDNN's (model/int8.py) at a fraction of its time for a few rows.
 
 oneDNN's int8 Linear costs a dozen PyTorch operators a call around its product (a row's
 scale, the quantization, the rescaling), about 30 us whatever the product's size, and
-a decoder step of one sentence is mostly such calls: each of the `small` model's
-products took 37-41 us in int8 against 17-27 us packed float32 (one row, one thread).
-This kernel quantizes the rows, multiplies and rescales in one call: 6-8 us there, and
-for GPT-2's products 2.4-2.7x oneDNN's speed at one row (PLACEHOLDER: figures).
+a decoder step of one sentence is mostly such calls: each of the `small` translation
+model's layer products took 39-61 us in int8 against 16-39 us packed float32 (one row,
+one or two threads, a 2-core Zen 5). This kernel quantizes the rows, multiplies and
+rescales in one call, a tile of six rows and 64 channels at a time: 5.7-8.0 us there
+(6.3-7.9x oneDNN's), 2.7-4.0x oneDNN's speed for GPT-2's 768-wide products at one
+row, and 1.15-3.9x at 128 and 512 rows (`python bench/int8_vnni.py`). Whole
+translations of one sentence at a time ran 2.3x faster at beam 4 and 3.1x greedy, in
+batches of 32 1.2-1.9x (bench/decode.py, "ours int8 oneDNN" against "ours int8").
 
 The arithmetic is oneDNN's path's, operation for operation: a row's scale is its
 largest magnitude over 127, its values round(x / scale) + 128 as uint8, their exact
