@@ -1,5 +1,6 @@
 """The continuous search's attention: the one-query kernel (attention/one_query.py)
-against PyTorch's SDPA, the same rows, caches and weights, interleaved, one thread.
+against PyTorch's SDPA, the same rows, caches and weights, interleaved, at --threads
+threads (one by default).
 
 1. One layer's self-attention alone: R rows (sentences x beam 4) of 4 heads of 64, one
    query each, over a cache window of W slots in which runs of sentences joined at
@@ -125,13 +126,14 @@ def main() -> None:
     parser.add_argument("--running", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" /
                         "one-query-cpu.json")
     args = parser.parse_args()
     if not one_query.available():
         sys.exit("the one-query kernel could not be built here (g++ and ninja are needed)")
-    torch.set_num_threads(1)
-    result = {"machine": machine_info(1), "alone": []}
+    torch.set_num_threads(args.threads)
+    result = {"machine": machine_info(args.threads), "alone": []}
     for sentences, window, run_size in [(16, 32, 4), (16, 64, 1), (16, 64, 4), (16, 128, 2),
                                         (32, 64, 2), (4, 64, 1)]:
         row = attention_alone(sentences, window, run_size, args.repeats)

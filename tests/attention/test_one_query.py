@@ -63,6 +63,25 @@ def test_an_empty_range_gives_zeros_and_rows_do_not_depend_on_each_other():
 
 
 @needs_kernel
+def test_rows_split_over_threads_give_what_one_thread_gives():
+    """Wide enough that each (row, head) is a task of its own on PyTorch's threads."""
+    torch.manual_seed(2)
+    k, v = cache_views(40, 4, 200, 64)
+    q = torch.randn(40, 4, 1, 64)
+    starts, ends = torch.arange(40) * 3, torch.full((40,), 200)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        split = one_query.one_query_attention(q, k, v, starts, ends, 0.125)
+        torch.set_num_threads(1)
+        assert torch.equal(split, one_query.one_query_attention(q, k, v, starts, ends, 0.125))
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(split.double(), reference(q, k, v, starts, ends),
+                               atol=2e-6, rtol=1e-5)
+
+
+@needs_kernel
 def test_bad_input_is_refused_with_what_is_wrong():
     k, v = cache_views(2, 2, 5, 64)
     q = torch.randn(2, 2, 1, 64)

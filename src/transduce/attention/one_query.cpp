@@ -117,7 +117,12 @@ at::Tensor one_query_attention(const at::Tensor& q, const at::Tensor& k, const a
   const int64_t* ep = e.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const RangeFn attend = for_head_size(D);
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+  // Tasks of at least 2^15 multiply-adds over the widest row's keys: a thread woken
+  // for less costs more than it saves.
+  int64_t widest = 1;
+  for (int64_t b = 0; b < B; ++b) widest = std::max(widest, ep[b] - sp[b]);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (2 * G * D * widest));
+  at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H, first = sp[b];
