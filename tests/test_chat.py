@@ -362,3 +362,33 @@ def test_chat_shows_reasoning_on_standard_error_and_keeps_it_apart(reasoning, tm
     assert thoughts[0].strip() and answers[0].strip()
     assert err == "".join(thought.replace("\n", "\\n") + "\n" for thought in thoughts
                           if thought)
+
+
+def test_chat_with_a_schema_reasons_freely_and_keeps_the_answer_to_it(reasoning, tmp_path,
+                                                                       monkeypatch, capsys):
+    """--json-schema at `transduce chat` with a thinking model: the reasoning is its free
+    reply's (standard error), the answer an instance of the schema (standard output), as
+    the server's response_format gives them. This model's vocabulary spells no braces:
+    the schema is a JSON boolean."""
+    from transduce.data.reasoning import reasoning_grammar, split_reasoning
+
+    system, line = CONVERSATIONS[1][0], CONVERSATIONS[1][1]["content"]
+    schema = tmp_path / "yes.json"
+    schema.write_text(json.dumps({"type": "boolean"}), encoding="utf-8")
+    (tmp_path / "in.txt").write_text(line + "\n", encoding="utf-8")
+    ((close, bias),) = reasoning.bias.items()
+    monkeypatch.setattr("sys.stdin", open(tmp_path / "in.txt", encoding="utf-8"))
+    assert main(["chat", "--model", str(reasoning.out), "--system", system["content"],
+                 "--max-new-tokens", "40", "--logit-bias", f"{close}={bias}",
+                 "--json-schema", str(schema)]) == 0
+    out, err = capsys.readouterr()
+    conversation = [system, {"role": "user", "content": line}]
+    free = reasoning.generator.chat(conversation, max_new_tokens=24,
+                                    logit_bias={int(close): bias})
+    kept = reasoning.generator.chat(
+        conversation, max_new_tokens=40, logit_bias={int(close): bias},
+        grammar=reasoning_grammar(json.dumps({"json": {"type": "boolean"}}), inside=True))
+    thought, answer = split_reasoning(kept, inside=True)
+    assert thought and thought == split_reasoning(free, inside=True)[0]
+    assert err == thought.replace("\n", "\\n") + "\n"
+    assert out == answer.replace("\n", "\\n") + "\n" and answer.strip() in ("true", "false")

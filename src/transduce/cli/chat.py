@@ -9,7 +9,8 @@ exchanges are left out, and standard error says so; --system's message always st
 A thinking model's reasoning (Qwen3's <think> ... </think>, data/reasoning.py) goes to
 standard error, on a line of its own, and its answer to standard output, so that a pipe
 reads answers alone; the history keeps the reasoning apart, for the template to keep or
-drop, as the server's chat does.
+drop, as the server's chat does. With --json-schema or --json, such a model reasons
+freely and its answer is kept to the schema, as the server's response_format.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def register(commands) -> None:
 
 def chat_command(args: argparse.Namespace) -> int:
     from transduce.data.chat import Message
-    from transduce.data.reasoning import reasoning_markers
+    from transduce.data.reasoning import reasoning_first, reasoning_markers
     from transduce.decode.generate import Generator, prompt_seeds
     from transduce.decode.options import GenerateOptions
     from transduce.decode.streaming import line_batches
@@ -69,9 +70,11 @@ def chat_command(args: argparse.Namespace) -> int:
             history = _fitting(generator, history, line, args.system, variables,
                                options.max_new_tokens)
             conversation = user_turn(line, args.system, history, variables)
-            reply = _Reply(markers, markers is not None and markers.starts_inside(
-                generator.encode([conversation])[0]))
-            for text in generator.stream(conversation, options, number=turn + 1,
+            inside = markers is not None and markers.starts_inside(
+                generator.encode([conversation])[0])
+            reply = _Reply(markers, inside)
+            for text in generator.stream(conversation, reasoning_first(options, markers, inside),
+                                         number=turn + 1,
                                          seed=prompt_seeds(seed, 1, start=turn)[0]):
                 reply.show(text)
             history += [Message("user", line), reply.finish()]

@@ -64,6 +64,16 @@ def reasoning_grammar(reply: str, inside: bool) -> str:
     return json.dumps(reasoned)
 
 
+def reasoning_first(options, markers: ReasoningMarkers | None, inside: bool):
+    """GenerateOptions whose reply grammar (a json_schema's or a grammar's) a thinking
+    model (markers given) reaches after its reasoning (reasoning_grammar); others' as
+    they are. inside: the prompt opened the reasoning block."""
+    if markers is None or options.reply_grammar is None:
+        return options
+    return options.replace(json_schema=None,
+                           grammar=reasoning_grammar(options.reply_grammar, inside))
+
+
 def split_reasoning(text: str, inside: bool = False,
                     final: bool = True) -> tuple[str | None, str]:
     """A reply's text -> (its reasoning, None where it has no reasoning block; its

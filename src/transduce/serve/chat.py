@@ -38,7 +38,7 @@ from fastapi.responses import StreamingResponse
 
 from transduce.config import ConfigError
 from transduce.data.chat import Chat, ChatError, template_variables
-from transduce.data.reasoning import reasoning_grammar, reasoning_markers
+from transduce.data.reasoning import reasoning_first, reasoning_markers
 from transduce.data.tool_calls import CallFormat, call_format, takes_tools
 from transduce.decode.generate import Continuation, Generator, PromptError, prompt_seeds
 from transduce.decode.json_schema import SchemaError, schema_node
@@ -101,10 +101,7 @@ def routes(service: Service) -> APIRouter:
         options = _options(service, body, len(prompt), calls)
         markers = reasoning_markers(service.model.tokenizer)
         inside = markers is not None and markers.starts_inside(prompt)
-        if markers is not None and options.reply_grammar is not None:
-            # A thinking model reasons first; the grammar keeps what follows.
-            options = options.replace(json_schema=None, grammar=reasoning_grammar(
-                options.reply_grammar, inside))
+        options = reasoning_first(options, markers, inside)   # the grammar after reasoning
         parts = ReplyParts(thinks=markers is not None, inside=inside, calls=calls,
                            parallel=body.parallel_tool_calls)
         seeds = None if options.greedy else prompt_seeds(options.seed, body.n)
