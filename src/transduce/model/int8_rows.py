@@ -40,9 +40,9 @@ from transduce.native import NativeKernel
 SOURCE = Path(__file__).with_name("int8_rows.cpp")
 SWITCH = "TRANSDUCE_INT8_ROWS_KERNEL"
 # -fopenmp: ATen's parallel_for is inline and runs on one thread where it is compiled
-# without OpenMP (it then takes PyTorch's own OpenMP threads). Before it had it, the
-# kernel ran on one thread whatever torch's count: at two threads it now takes
-# 0.44-0.70x that time (every shape and row count of bench/int8_rows.py, on a Zen 5).
+# without OpenMP; with it, the kernel takes PyTorch's own OpenMP threads. Before, it ran
+# on one thread whatever torch's count: at two threads it now takes 0.44-0.70x that
+# time (every shape and row count of bench/int8_rows.py, on a Zen 5).
 KERNEL = NativeKernel(SOURCE, "int8 rows", SWITCH,
                       "int8 products use oneDNN's kernel instead",
                       extra_cflags=("-ffp-contract=off", "-fopenmp"))
