@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import machine_info, time_interleaved  # noqa: E402
+from measure import machine_info, microseconds_per_call  # noqa: E402
 from transduce.model import int8_rows  # noqa: E402
 from transduce.model.int8 import Int8Linear  # noqa: E402
 from transduce.model.int8_rows import Int8RowsLinear  # noqa: E402
@@ -53,16 +52,7 @@ def compare(inputs: int, outputs: int, rows: int, args: argparse.Namespace) -> d
         linear.float()
         error = {name: float((peer(x).double() - exact).norm() / exact.norm())
                  for name, peer in peers.items()}
-
-        def call(peer):
-            def run():
-                for _ in range(args.calls):
-                    peer(x)
-            return run
-
-        times = time_interleaved({name: call(peer) for name, peer in peers.items()},
-                                 args.repeats)
-    microseconds = {name: statistics.median(t) / args.calls * 1e6 for name, t in times.items()}
+        microseconds = microseconds_per_call(peers, x, args.calls, args.repeats)
     base = microseconds["float32 packed"]
     row = {"inputs": inputs, "outputs": outputs, "rows": rows, "microseconds": microseconds,
            "speed_over_float32": {name: base / us for name, us in microseconds.items()},

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import machine_info, time_interleaved  # noqa: E402
+from measure import machine_info, microseconds_per_call  # noqa: E402
 from transduce.model import int8_vnni  # noqa: E402
 from transduce.model.int8 import Int8Linear  # noqa: E402
 from transduce.model.packed import PackedLinear  # noqa: E402
@@ -46,16 +45,7 @@ def compare(inputs: int, outputs: int, rows: int, args: argparse.Namespace) -> d
     x = torch.randn(rows, inputs)
     with torch.no_grad():
         assert torch.equal(oneDNN(x), kernel(x)), "the kernel's bits differ"
-
-        def call(peer):
-            def run():
-                for _ in range(args.calls):
-                    peer(x)
-            return run
-
-        times = time_interleaved({name: call(peer) for name, peer in peers.items()},
-                                 args.repeats)
-    microseconds = {name: statistics.median(t) / args.calls * 1e6 for name, t in times.items()}
+        microseconds = microseconds_per_call(peers, x, args.calls, args.repeats)
     speedup = microseconds["int8 oneDNN"] / microseconds["int8 VNNI kernel"]
     print(f"{inputs} -> {outputs}, {rows} rows: " +
           ", ".join(f"{name} {us:.1f} us" for name, us in microseconds.items()) +

@@ -7,6 +7,7 @@ import contextlib
 import importlib.metadata
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -66,6 +67,20 @@ def time_interleaved(calls: dict[Hashable, Callable[[], float | None]],
             elapsed = time.perf_counter() - start
             times.setdefault(key, []).append(timed if isinstance(timed, float) else elapsed)
     return times
+
+
+def microseconds_per_call(peers: dict[Hashable, Callable], x, calls: int,
+                          repeats: int) -> dict[Hashable, float]:
+    """Each peer's median microseconds per call on x: `calls` calls a case, the peers
+    interleaved over `repeats` rounds (time_interleaved)."""
+    def run(peer):
+        def case():
+            for _ in range(calls):
+                peer(x)
+        return case
+
+    times = time_interleaved({name: run(peer) for name, peer in peers.items()}, repeats)
+    return {name: statistics.median(t) / calls * 1e6 for name, t in times.items()}
 
 
 def added_peak_bytes(warm_up: Callable[[], None], prepare: Callable[[], Callable[[], None]]) -> int:

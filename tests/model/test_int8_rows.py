@@ -101,14 +101,15 @@ def test_eight_bit_rows_are_a_linear_within_their_rounding(bias, shape):
     assert error < 0.012
 
 
-@needs_kernel
-def test_a_row_gets_the_same_result_alone_as_in_any_batch_with_any_threads():
-    layer = Int8RowsLinear(nn.Linear(300, 301))
+def assert_rows_alone_as_in_any_batch_with_any_threads(layer: nn.Module, sizes: tuple):
+    """layer (300 -> any): 41 rows of magnitudes 0.01 to 10, each run of `sizes` rows at
+    the start, the middle and the end gives the bits of the whole batch's, and so does
+    the batch on one thread."""
     x = torch.randn(41, 300) * torch.linspace(0.01, 10, 41)[:, None]
     threads = torch.get_num_threads()
     with torch.no_grad():
         batched = layer(x)
-        for size in (1, 2, 3, 17):
+        for size in sizes:
             for start in (0, 5, 41 - size):
                 assert torch.equal(layer(x[start:start + size]), batched[start:start + size])
         try:
@@ -116,6 +117,12 @@ def test_a_row_gets_the_same_result_alone_as_in_any_batch_with_any_threads():
             assert torch.equal(layer(x), batched)
         finally:
             torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_a_row_gets_the_same_result_alone_as_in_any_batch_with_any_threads():
+    assert_rows_alone_as_in_any_batch_with_any_threads(Int8RowsLinear(nn.Linear(300, 301)),
+                                                       sizes=(1, 2, 3, 17))
 
 
 @needs_kernel

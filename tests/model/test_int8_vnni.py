@@ -14,6 +14,7 @@ from transduce.model.int8_vnni import Int8VnniLinear
 from transduce.model.packed import decoding_copy
 from transduce.model.scripting import compiled
 from tests.model.test_decoder_only import tiny as tiny_language_model
+from tests.model.test_int8_rows import assert_rows_alone_as_in_any_batch_with_any_threads
 from tests.model.test_transformer import tiny
 
 needs_kernel = pytest.mark.skipif(
@@ -73,19 +74,9 @@ def test_zero_rows_ties_and_subnormal_rows_are_onednns():
 
 @needs_kernel
 def test_a_row_gets_the_same_result_alone_as_in_any_batch_with_any_threads():
-    layer = Int8VnniLinear(nn.Linear(300, 301))
-    x = torch.randn(41, 300) * torch.linspace(0.01, 10, 41)[:, None]
-    threads = torch.get_num_threads()
-    with torch.no_grad():
-        batched = layer(x)
-        for size in (1, 2, 3, 4, 5, 6, 7, 8):
-            for start in (0, 5, 41 - size):
-                assert same_bits(layer(x[start:start + size]), batched[start:start + size])
-        try:
-            torch.set_num_threads(1)
-            assert same_bits(layer(x), batched)
-        finally:
-            torch.set_num_threads(threads)
+    """Every part-full tile of six rows, alone and at each place in the batch."""
+    assert_rows_alone_as_in_any_batch_with_any_threads(Int8VnniLinear(nn.Linear(300, 301)),
+                                                       sizes=(1, 2, 3, 4, 5, 6, 7, 8))
 
 
 def test_weights_are_laid_out_in_blocks_of_64_channels_four_columns_at_a_time():

@@ -103,27 +103,42 @@ def quantize_rows(x: Tensor, levels: int = 127, zero_point: int = 128
     return values, scale
 
 
-class Int8Linear(nn.Module):
-    """A Linear with int8 weights for CPU inference, float32 in and out; "relu" applies
-    the activation after the product (the float FeedForward's fused ReLU).
-    (..., in) -> (..., out). The int8 weight lives in oneDNN's layout only (it is not a
-    state-dict entry)."""
+class Int8Layer(nn.Module):
+    """What the int8 Linear layers share (Int8Linear, int8_rows.py's, int8_vnni.py's):
+    the Linear's sizes, the activation ("none", or "relu" applied after the product: the
+    float FeedForward's fused ReLU), the weight's scales per output channel (scales, from
+    quantize_weight) and its bias in float32, as buffers that are no state-dict entries.
+    Each subclass holds the int8 values in its kernel's layout."""
 
-    def __init__(self, linear: nn.Linear, activation: str = "none"):
+    def __init__(self, linear: nn.Linear, activation: str, scales: Tensor):
         super().__init__()
         if activation not in ("none", "relu"):
-            raise ValueError(f"activation {activation!r}: Int8Linear applies none or relu")
+            raise ValueError(f"activation {activation!r}: {type(self).__name__} applies "
+                             f"none or relu")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.activation = activation
-        self.levels, self.zero_point = activation_range()
+        self.relu = activation == "relu"
+        self.register_buffer("weight_scale", scales, persistent=False)
+        bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        self.register_buffer("bias", bias, persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, " \
+               f"bias={self.bias is not None}, activation={self.activation}"
+
+
+class Int8Linear(Int8Layer):
+    """A Linear with int8 weights for CPU inference, float32 in and out, through oneDNN's
+    int8 product. (..., in) -> (..., out). The int8 weight lives in oneDNN's layout."""
+
+    def __init__(self, linear: nn.Linear, activation: str = "none"):
         values, scales = quantize_weight(linear.weight)
+        super().__init__(linear, activation, scales)
+        self.levels, self.zero_point = activation_range()
         self.register_buffer("packed_weight", torch.ops.onednn.qlinear_prepack(values, None),
                              persistent=False)
-        self.register_buffer("weight_scale", scales, persistent=False)
         self.register_buffer("weight_zero_point", torch.zeros(self.out_features, dtype=torch.long),
                              persistent=False)
-        bias = None if linear.bias is None else linear.bias.detach().float()
-        self.register_buffer("bias", bias, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)                              # (N, in)
@@ -134,10 +149,6 @@ class Int8Linear(nn.Module):
         bias = self.bias
         out = products.mul_(scale) if bias is None else \
             torch.addcmul(bias, products, scale)                            # (N, out)
-        if self.activation == "relu":
+        if self.relu:
             out.relu_()
         return out.view(list(x.shape[:-1]) + [self.out_features])
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, " \
-               f"bias={self.bias is not None}, activation={self.activation}"

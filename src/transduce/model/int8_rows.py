@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transduce.model.int8 import VNNI_FLAGS, quantize_weight
+from transduce.model.int8 import VNNI_FLAGS, Int8Layer, quantize_weight
 from transduce.native import NativeKernel
 
 SOURCE = Path(__file__).with_name("int8_rows.cpp")
@@ -69,34 +69,21 @@ def interleave(values: Tensor) -> Tensor:
     return blocks.transpose(1, 2).reshape(rows, columns)                  # (Np, Kp)
 
 
-class Int8RowsLinear(nn.Module):
+class Int8RowsLinear(Int8Layer):
     """A Linear with int8 weights (one scale per output channel) whose rows are quantized
-    to 8 bits at every call, for CPU inference; "relu" applies the activation after the
-    product. (..., in) -> (..., out), float32. The weight is held as the kernel reads it
-    (interleave; not a state-dict entry)."""
+    to 8 bits at every call, for CPU inference (Int8Layer). (..., in) -> (..., out),
+    float32. The weight is held as the kernel reads it (interleave)."""
 
     def __init__(self, linear: nn.Linear, activation: str = "none"):
-        super().__init__()
-        if activation not in ("none", "relu"):
-            raise ValueError(f"activation {activation!r}: Int8RowsLinear applies none or relu")
         if not KERNEL.available():
             raise RuntimeError("the int8 rows kernel is not built here: "
                                "int8_rows.KERNEL.available() is False")
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.activation = activation
-        self.relu = activation == "relu"
         values, scales = quantize_weight(linear.weight)
+        super().__init__(linear, activation, scales)
         self.register_buffer("weight_values", interleave(values), persistent=False)
-        self.register_buffer("weight_scale", scales, persistent=False)
-        bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
-        self.register_buffer("bias", bias, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()                # (N, in)
         out = torch.ops.transduce.int8_rows_linear(rows, self.weight_values, self.weight_scale,
                                                    self.bias, self.relu)  # (N, out)
         return out.view(list(x.shape[:-1]) + [self.out_features])
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, " \
-               f"bias={self.bias is not None}, activation={self.activation}"

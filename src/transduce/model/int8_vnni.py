@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transduce.model.int8 import activation_range, quantize_weight
+from transduce.model.int8 import Int8Layer, activation_range, quantize_weight
 from transduce.native import NativeKernel
 
 SOURCE = Path(__file__).with_name("int8_vnni.cpp")
@@ -63,34 +63,22 @@ def layout(values: Tensor) -> Tensor:
     return blocks.transpose(1, 2).contiguous()                # (Np / 64, Kp / 4, 64, 4)
 
 
-class Int8VnniLinear(nn.Module):
+class Int8VnniLinear(Int8Layer):
     """A Linear with int8 weights (one scale per output channel) whose rows are quantized
-    to 8 bits at every call, for CPU inference; "relu" applies the activation after the
-    product. (..., in) -> (..., out), float32, the bits of Int8Linear's. The weight is
-    held as the kernel reads it (layout; not a state-dict entry)."""
+    to 8 bits at every call, for CPU inference (Int8Layer). (..., in) -> (..., out),
+    float32, the bits of Int8Linear's. The weight is held as the kernel reads it
+    (layout), with its zero point's compensation."""
 
     def __init__(self, linear: nn.Linear, activation: str = "none"):
-        super().__init__()
-        if activation not in ("none", "relu"):
-            raise ValueError(f"activation {activation!r}: Int8VnniLinear applies none or relu")
         if not available():
             raise RuntimeError("the int8 VNNI kernel does not run here: "
                                "int8_vnni.available() is False")
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.activation = activation
-        self.relu = activation == "relu"
         values, scales = quantize_weight(linear.weight)
+        super().__init__(linear, activation, scales)
         self.register_buffer("weight_values", layout(values), persistent=False)
         self.register_buffer("compensation", values.sum(dim=1, dtype=torch.int32) * 128,
                              persistent=False)
-        self.register_buffer("weight_scale", scales, persistent=False)
-        bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
-        self.register_buffer("bias", bias, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.transduce.int8_vnni_linear(x, self.weight_values, self.compensation,
                                                     self.weight_scale, self.bias, self.relu)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, " \
-               f"bias={self.bias is not None}, activation={self.activation}"
