@@ -3,7 +3,8 @@
 For beam 4 and greedy (beam 1) it translates the whole split with our decoder (float32,
 the bfloat16 copy that `--dtype bfloat16` decodes with, and `--dtype int8`'s copy with
 int8 products through the VNNI kernel where it runs, model/int8_vnni.py, and through
-oneDNN's, model/int8.py, "ours int8 oneDNN"), with the same weights exported to Hugging
+oneDNN's, model/int8.py, "ours int8 oneDNN"; "ours int8 operators" chooses beam search's
+extensions by PyTorch's operators rather than the beam step kernel, decode/beam_step.py), with the same weights exported to Hugging
 Face (Marian for a post-norm model, Pegasus for a pre-norm one) and run by `generate`
 (float32), and exported to CTranslate2 (float32 and int8, each run in a child process
 that times itself, see CTranslate2Model), and exported to ONNX and run by ONNX Runtime
@@ -37,7 +38,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import int8_through_onednn, machine_info  # noqa: E402
+from measure import int8_through_onednn, machine_info, native_kernel_off  # noqa: E402
+from transduce.decode import beam_step  # noqa: E402
 from transduce.export import ExportError  # noqa: E402
 from transduce.runtime import keep_freed_memory  # noqa: E402
 from transduce.data.corpus import read_lines, split_files  # noqa: E402
@@ -45,8 +47,9 @@ from transduce.data.tokenizer import PAD_ID, Tokenizer  # noqa: E402
 from transduce.decode.translate import Translator, length_sorted_batches, pad_sources  # noqa: E402
 
 DECODERS = ("ours float32", "ours bfloat16", "ours int8", "ours int8 oneDNN",
-            "ours float32 2 workers", "ours bfloat16 2 workers", "ours int8 2 workers",
-            "ours int8 oneDNN 2 workers", "hf generate", "ct2 float32", "ct2 int8",
+            "ours int8 operators", "ours float32 2 workers", "ours bfloat16 2 workers",
+            "ours int8 2 workers", "ours int8 oneDNN 2 workers",
+            "ours int8 operators 2 workers", "hf generate", "ct2 float32", "ct2 int8",
             "ct2 float32 2 workers", "ort float32", "ort int8")
 # "2 workers": two batches decoded side by side, each on one thread (ours: Translator's
 # workers=2; CTranslate2: inter_threads=2, intra_threads=1, two batches in flight).
@@ -152,13 +155,25 @@ class HuggingFaceGenerate:
         return out
 
 
+class SearchByOperators:
+    """A translator whose beam searches choose their extensions by PyTorch's operators."""
+
+    def __init__(self, translator: Translator):
+        self.translator = translator
+
+    def translate(self, *args, **kwargs) -> list[str]:
+        with native_kernel_off(beam_step):
+            return self.translator.translate(*args, **kwargs)
+
+
 def load_decoder(name: str, model: Path, exports: Path, threads: int):
     """One decoder of the table, its export written under `exports` where it needs one."""
     workers = 2 if name.endswith(WORKERS_SUFFIX) else 1
     name = name.removesuffix(WORKERS_SUFFIX)
     if name.startswith("ours"):
         with int8_through_onednn(name.endswith(" oneDNN")):
-            return Translator.load(model, dtype=name.split()[1], workers=workers)
+            translator = Translator.load(model, dtype=name.split()[1], workers=workers)
+        return SearchByOperators(translator) if name.endswith(" operators") else translator
     if name == "hf generate":
         return HuggingFaceGenerate(model, exports / "hf")
     if name.startswith("ct2"):
@@ -234,7 +249,7 @@ def main() -> None:
                   f"{len(sources) / elapsed:.1f} sentences/s", flush=True)
 
     rows = []
-    print(f"\n{'setting':34} {'sentences/s':>12}" + "".join(f" {'vs ' + b:>15}" for b in bases)
+    print(f"\n{'setting':40} {'sentences/s':>12}" + "".join(f" {'vs ' + b:>15}" for b in bases)
           + f" {'BLEU':>6}")
     for decoder, beam in settings:
         rate = len(sources) / statistics.median(seconds[(decoder, beam)])

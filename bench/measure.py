@@ -19,19 +19,25 @@ import torch
 
 
 @contextlib.contextmanager
-def int8_through_onednn(wanted: bool = True) -> Iterator[None]:
-    """Meanwhile (wanted), int8 decoding copies take oneDNN's int8 kernel rather than the
-    VNNI kernel, which gives its bits faster (model/int8_vnni.py): the peer that times
-    the kernel's gain."""
-    from transduce.model import int8_vnni
-
-    available = int8_vnni.available
+def native_kernel_off(module, wanted: bool = True) -> Iterator[None]:
+    """Meanwhile (wanted), `module.available()` (one of the native kernels' modules) says
+    False, so that its callers take PyTorch's own operators: the peer that times the
+    kernel's gain."""
+    available = module.available
     if wanted:
-        int8_vnni.available = lambda: False
+        module.available = lambda: False
     try:
         yield
     finally:
-        int8_vnni.available = available
+        module.available = available
+
+
+def int8_through_onednn(wanted: bool = True) -> contextlib.AbstractContextManager:
+    """Meanwhile (wanted), int8 decoding copies take oneDNN's int8 kernel rather than the
+    VNNI kernel, which gives its bits faster (model/int8_vnni.py)."""
+    from transduce.model import int8_vnni
+
+    return native_kernel_off(int8_vnni, wanted)
 
 
 def handed_to_gpu_benchmark(module: str) -> bool:

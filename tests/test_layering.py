@@ -83,3 +83,15 @@ def test_import_transduce_is_cheap_and_its_names_load_on_use():
                             env={"PYTHONPATH": python_path()}, timeout=120)
     assert result.stdout.split() == ["False", "transduce.decode.load", "Transformer"], \
         result.stderr
+
+
+def test_every_native_kernel_source_ships_with_the_package():
+    """The C++ kernels are compiled where they run, from the installed package: each
+    package holding one lists *.cpp in pyproject.toml's package data."""
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())
+    package_data = project["tool"]["setuptools"]["package-data"]
+    for source in PACKAGE.rglob("*.cpp"):
+        package = ".".join(source.parent.relative_to(PACKAGE.parent).parts)
+        assert "*.cpp" in package_data.get(package, []), f"{source.name} of {package}"

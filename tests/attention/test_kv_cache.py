@@ -5,7 +5,8 @@ from transduce.attention import (AttentionCache, KVCache, LinearAttention, Slidi
                                  SoftmaxAttention)
 from transduce.attention.kinds import SparseAttention
 from transduce.attention.kv_cache import (Int4KVCache, dequantize_int4, dequantize_int8,
-                                          keep_rows, quantize_int4, quantize_int8)
+                                          keep_rows, plan_rows, quantize_int4,
+                                          quantize_int8)
 from transduce.attention.sparse import Pattern
 
 
@@ -59,16 +60,44 @@ def test_reorder_can_shrink_the_batch():
     ([0, 5, 2], True),                   # the batch shrinks, the last row fills a hole
     ([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5], False),   # it grows (beams of each sentence)
 ])
-def test_keep_rows_equals_index_select_over_the_filled_part(index, in_place):
+@pytest.mark.parametrize("planned", [False, True])
+def test_keep_rows_equals_index_select_over_the_filled_part(index, in_place, planned):
     x = torch.randn(6, 2, 7, 3)
     expected = x.index_select(0, torch.tensor(index))[:, :, :4]
     unfilled = x[:, :, 4:].clone()
-    got = keep_rows(x, torch.tensor(index), length=4)
+    rows = plan_rows(torch.tensor(index), 6) if planned else torch.tensor(index)
+    got = keep_rows(x, rows, length=4)
     assert got.shape == (len(index), 2, 7, 3)
     torch.testing.assert_close(got[:, :, :4], expected, rtol=0, atol=0)
     assert (got.data_ptr() == x.data_ptr()) == in_place
     if in_place:  # positions past `length` are not touched
         torch.testing.assert_close(x[:, :, 4:], unfilled, rtol=0, atol=0)
+
+
+def test_a_plan_for_another_row_count_is_made_again():
+    x = torch.randn(3, 1, 2, 2)
+    plan = plan_rows(torch.tensor([0, 1, 2, 1]), 6)           # made for 6 rows: in place
+    assert plan.moved is not None and plan.count == 1
+    got = keep_rows(x, plan)                                  # 3 rows cannot hold 4
+    torch.testing.assert_close(got, x[[0, 1, 2, 1]], rtol=0, atol=0)
+
+
+def test_a_reorder_plans_once_for_every_layer(monkeypatch):
+    from transduce.attention import kv_cache
+    from transduce.model import transformer
+
+    planned = []
+    monkeypatch.setattr(transformer, "plan_rows",
+                        lambda *args: planned.append(args) or kv_cache.plan_rows(*args))
+    caches = [KVCache(4, 2, 6, 3) for _ in range(3)]
+    for cache in caches:
+        cache.update(torch.randn(4, 2, 5, 3), torch.randn(4, 2, 5, 3))
+    expected = [cache.k[[0, 0, 2, 3], :, :5].clone() for cache in caches]
+    state = transformer.DecoderState([], torch.ones(1, 1, 1, 2, dtype=torch.bool), caches)
+    state.reorder(torch.tensor([0, 0, 2, 3]))
+    assert len(planned) == 1
+    for cache, want in zip(caches, expected):
+        torch.testing.assert_close(cache.k[:, :, :5], want, rtol=0, atol=0)
 
 
 def test_keep_rows_without_length_copies_whole_rows():

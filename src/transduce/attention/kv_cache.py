@@ -28,6 +28,7 @@ Shapes: queries (B, H, T, D); keys and values (B, Hkv, T, D), this step's T toke
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -79,8 +80,8 @@ class AttentionCache(ABC):
         """Bytes held, measured from the tensors themselves."""
         return sum(tensor_bytes(getattr(self, name)) for name in self._buffers)
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` (B',) in that order."""
+    def reorder(self, index: Tensor | RowPlan) -> None:
+        """Keep batch rows `index` (B',) in that order (or their plan, plan_rows)."""
         for name in self._buffers:
             setattr(self, name, keep_rows(getattr(self, name), index, self._filled))
 
@@ -347,29 +348,51 @@ def tensor_bytes(tensor: Tensor) -> int:
     return tensor.nelement() * tensor.element_size()
 
 
-def keep_rows(x: Tensor, index: Tensor, length: int | None = None) -> Tensor:
-    """x.index_select(0, index) for x (B, ...), computed by rearranging x's rows in place
-    where that is cheaper: a row i with index[i] == i stays where it is, and only the
-    other rows are copied, over positions [:length] of dim 2 (all when None). x's first
-    B' rows are then the result. Beam search keeps most beams in their rows and moves the
-    last sentences into the places of finished ones, so a step copies a few rows instead
-    of the whole cache. When many rows move, one gather into a fresh buffer is cheaper.
-    """
-    if x.requires_grad:   # decoding outside inference mode: out= cannot record a graph
-        return x.index_select(0, index)
+class RowPlan(NamedTuple):
+    """How keep_rows brings rows `index` of tensors of `held` rows to the front: the
+    places whose row changes (in place, when few do) or one gather. Planned once per
+    reorder for every cache of a model, which all hold the same rows."""
+
+    index: Tensor            # (B',) the rows kept, in order
+    held: int                # rows of the tensors it was planned for
+    moved: Tensor | None     # (M,) places taking another row's data; None: gather all
+    sources: Tensor | None   # (M,) index[moved], the rows they take
+    count: int               # M
+
+
+def plan_rows(index: Tensor, held: int) -> RowPlan:
+    """A row i with index[i] == i stays where it is and only the other rows are copied:
+    beam search keeps most beams in their rows and moves the last sentences into the
+    places of finished ones, so a step copies a few rows instead of the whole cache.
+    When many rows move, one gather into a fresh buffer is cheaper."""
     rows = index.numel()
-    filled = (lambda t: t) if length is None else (lambda t: t[:, :, :length])
-    if rows <= x.shape[0]:
+    if rows <= held:
         moved = (index != torch.arange(rows, device=index.device)).nonzero().squeeze(1)
+        count = moved.numel()
         # Copying a moved row in place costs about 2.5x its share of a whole gather
         # (index_copy_ after index_select, measured on CPU): worth it below 40% moved.
-        if 5 * moved.numel() <= 2 * rows:
-            if moved.numel():
-                target = filled(x)
-                target.index_copy_(0, moved, target.index_select(0, index[moved]))
-            return x[:rows]
+        if 5 * count <= 2 * rows:
+            return RowPlan(index, held, moved, index[moved] if count else moved, count)
+    return RowPlan(index, held, None, None, rows)
+
+
+def keep_rows(x: Tensor, index: Tensor | RowPlan, length: int | None = None) -> Tensor:
+    """x.index_select(0, index) for x (B, ...), computed by rearranging x's rows in place
+    where that is cheaper (plan_rows), over positions [:length] of dim 2 (all when
+    None). x's first B' rows are then the result. index: the rows, or their plan."""
+    plan = index if isinstance(index, RowPlan) and index.held == x.shape[0] else \
+        plan_rows(index.index if isinstance(index, RowPlan) else index, x.shape[0])
+    if x.requires_grad:   # decoding outside inference mode: out= cannot record a graph
+        return x.index_select(0, plan.index)
+    rows = plan.index.numel()
+    filled = (lambda t: t) if length is None else (lambda t: t[:, :, :length])
+    if plan.moved is not None:
+        if plan.count:
+            target = filled(x)
+            target.index_copy_(0, plan.moved, target.index_select(0, plan.sources))
+        return x if rows == x.shape[0] else x[:rows]
     new = x.new_empty((rows,) + x.shape[1:])
-    torch.index_select(filled(x), 0, index, out=filled(new))
+    torch.index_select(filled(x), 0, plan.index, out=filled(new))
     return new
 
 

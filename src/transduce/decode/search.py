@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transduce.decode import beam_step
 from transduce.decode.sampling import Sampler, prompt_seeds
 from transduce.model import Generative as Model
 
@@ -210,7 +211,19 @@ class Extensions(NamedTuple):
 
 def best_extensions(logits: Tensor, scores: Tensor, beam: int,
                     eos_id: int | Sequence[int]) -> Extensions:
-    """logits (A * K, V), the live beams' scores (A, K) -> the step's extensions."""
+    """logits (A * K, V), the live beams' scores (A, K) -> the step's extensions: in one
+    call of the beam step kernel on a CPU where it is built (decode/beam_step.py), else
+    by PyTorch's operators (operator_extensions), the same values."""
+    if logits.device.type == "cpu" and scores.dtype == torch.float32 \
+            and logits.shape[-1] >= 2 and beam_step.available():
+        eos_ids = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id))
+        return Extensions(*beam_step.beam_extensions(logits, scores, beam, eos_ids))
+    return operator_extensions(logits, scores, beam, eos_id)
+
+
+def operator_extensions(logits: Tensor, scores: Tensor, beam: int,
+                        eos_id: int | Sequence[int]) -> Extensions:
+    """best_extensions by PyTorch's operators, on any device."""
     vocab = logits.shape[-1]
     log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
     candidates = log_probs.add_(scores.view(-1, 1)).view(scores.shape[0], beam * vocab)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from transduce.attention.kv_cache import AttentionCache
+from transduce.attention.kv_cache import AttentionCache, plan_rows
 from transduce.config import ModelConfig
 from transduce.model.counting import CountedParameters
 from transduce.model.transformer import (CachedLayers, Decoder, TokenEmbedding,
@@ -50,8 +50,9 @@ class LMState(CachedLayers):
     def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
         """Keep rows `rows` (R',) in that order (beams, running prompts). There is no
         source side: `sources` is accepted for the searches' sake and not needed."""
+        plan = plan_rows(rows, self.caches[0].batch_size)      # the same for every cache
         for cache in self.caches:
-            cache.reorder(rows)
+            cache.reorder(plan)
         self.key_mask, self.offsets = self.key_mask[rows], self.offsets[rows]
 
     def allow_rewind(self, tokens: int) -> None:

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from transduce.attention import masks
 from transduce.attention.kinds import self_attention_kind
-from transduce.attention.kv_cache import AttentionCache, keep_rows
+from transduce.attention.kv_cache import AttentionCache, keep_rows, plan_rows
 from transduce.config import ModelConfig
 from transduce.model.decoder_step import DecoderStep
 from transduce.model.counting import CountedParameters
@@ -226,12 +226,14 @@ class DecoderState(CachedLayers):
         rows = [0]*K + [1]*K + ... (K beams per sentence, sources unchanged), reorders the
         beams of each sentence among themselves, and drops finished sentences (sources).
         """
+        plan = plan_rows(rows, self.caches[0].batch_size)      # the same for every cache
         for cache in self.caches:
-            cache.reorder(rows)
+            cache.reorder(plan)
         if sources is not None:
-            self.memory_kv = [(keep_rows(k, sources), keep_rows(v, sources))
+            source_plan = plan_rows(sources, self.memory_mask.shape[0])
+            self.memory_kv = [(keep_rows(k, source_plan), keep_rows(v, source_plan))
                               for k, v in self.memory_kv]
-            self.memory_mask = keep_rows(self.memory_mask, sources)
+            self.memory_mask = keep_rows(self.memory_mask, source_plan)
 
 
 # The output bias of a token the model never outputs (ModelConfig.output_bias: pad and bos
