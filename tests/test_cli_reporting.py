@@ -13,16 +13,18 @@ import pytest
 
 from transduce.cli import decode, main
 from transduce.cli.reporting import one_line_warnings, out_of_memory
-from transduce.errors import InputTooLong, LineTruncated, TransduceWarning
+from transduce.errors import InputTooLong, KernelBuilding, LineTruncated, TransduceWarning
 
 
 def test_the_librarys_warnings_are_one_line_and_a_lines_names_the_file(capsys):
     with one_line_warnings(Path("in.txt")):
         warnings.warn("line 3: 900 tokens, truncated", LineTruncated)
         warnings.warn("the kernel could not be built", TransduceWarning)
+        warnings.warn("compiling the beam step kernel for this CPU", KernelBuilding)
     assert capsys.readouterr().err.splitlines() == [
         "transduce: warning: in.txt: line 3: 900 tokens, truncated",
-        "transduce: warning: the kernel could not be built"]
+        "transduce: warning: the kernel could not be built",
+        "transduce: note: compiling the beam step kernel for this CPU"]
 
 
 def test_other_warnings_go_to_the_printer_that_was_there(capsys):

@@ -25,6 +25,11 @@ class TransduceWarning(UserWarning):
     prints it as one line."""
 
 
+class KernelBuilding(TransduceWarning):
+    """A C++ kernel is being compiled for this CPU, once: why a first call pauses. The
+    command line prints it as `transduce: note: ...`."""
+
+
 class LineTruncated(TransduceWarning):
     """A line longer than the model can read was cut to fit; names the line."""
 

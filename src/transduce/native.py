@@ -1,7 +1,8 @@
 """C++ kernels built on first use by torch.utils.cpp_extension (g++ and ninja, installed
 by the project's set-up script): tens of seconds once, then loaded from torch's
 extension cache by a name that changes with the source, the PyTorch version and the
-CPU's instruction set (-march=native compiles for this CPU). Where one cannot be built,
+CPU's instruction set (-march=native compiles for this CPU); a compilation says so first
+(KernelBuilding: the command line's `transduce: note:`). Where one cannot be built,
 `available()` says so once with a warning and its callers keep PyTorch's own ops; an
 environment switch turns each off."""
 
@@ -14,7 +15,7 @@ import threading
 import warnings
 from pathlib import Path
 
-from transduce.errors import TransduceWarning
+from transduce.errors import KernelBuilding, TransduceWarning
 
 
 class NativeKernel:
@@ -40,8 +41,12 @@ class NativeKernel:
     def _build(self) -> bool:
         from torch.utils import cpp_extension
 
+        name = self.extension_name()
+        if not _in_torch_cache(name):
+            warnings.warn(f"compiling the {self.name} kernel for this CPU (once: torch "
+                          "keeps it in its extension cache)", KernelBuilding, stacklevel=4)
         try:
-            cpp_extension.load(name=self.extension_name(), sources=[str(self.source)],
+            cpp_extension.load(name=name, sources=[str(self.source)],
                                extra_cflags=["-O3", "-march=native", *self.extra_cflags],
                                is_python_module=False, verbose=False)
             return True
@@ -61,6 +66,18 @@ class NativeKernel:
         digest.update(torch.__version__.encode())
         digest.update((platform.machine() + _cpu_flags_line()).encode())
         return f"transduce_{self.name.replace(' ', '_').replace('-', '_')}_{digest.hexdigest()[:16]}"
+
+
+def _in_torch_cache(name: str) -> bool:
+    """Whether torch's extension cache holds extension `name` built (then loading it
+    takes a moment, not a compilation)."""
+    from torch.utils import cpp_extension
+
+    try:
+        directory = Path(cpp_extension._get_build_directory(name, verbose=False))
+    except Exception:  # noqa: BLE001  a private helper: a torch without it, say so
+        return False
+    return (directory / f"{name}.so").is_file()
 
 
 def _cpu_flags_line() -> str:

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
-from transduce.errors import InputTooLong, LineTruncated, TransduceWarning
+from transduce.errors import InputTooLong, KernelBuilding, LineTruncated, TransduceWarning
 
 
 @contextlib.contextmanager
@@ -30,7 +30,8 @@ def one_line_warnings(input_path: Path | None = None) -> Iterator[None]:
                 python_format(message, category, filename, lineno, file, line)
                 return
             named = prefix if issubclass(category, LineTruncated) else ""
-            print(f"transduce: warning: {named}{message}", file=file or sys.stderr)
+            kind = "note" if issubclass(category, KernelBuilding) else "warning"
+            print(f"transduce: {kind}: {named}{message}", file=file or sys.stderr)
 
         warnings.showwarning = show
         try:

@@ -38,7 +38,7 @@ SOURCE = Path(__file__).with_name("int8_vnni.cpp")
 SWITCH = "TRANSDUCE_INT8_VNNI_KERNEL"
 # -fopenmp: ATen's parallel_for is inline, and runs on one thread where it is compiled
 # without OpenMP (with it, the kernel takes PyTorch's own OpenMP threads).
-KERNEL = NativeKernel(SOURCE, "int8 vnni", SWITCH, "int8 products use oneDNN's kernel instead",
+KERNEL = NativeKernel(SOURCE, "int8 VNNI", SWITCH, "int8 products use oneDNN's kernel instead",
                       extra_cflags=("-ffp-contract=off", "-fopenmp"))
 BLOCK = 64        # output channels a block of the kernel's layout
 GROUP = 4         # columns one 32-bit lane holds
