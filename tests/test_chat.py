@@ -392,3 +392,30 @@ def test_chat_with_a_schema_reasons_freely_and_keeps_the_answer_to_it(reasoning,
     assert thought and thought == split_reasoning(free, inside=True)[0]
     assert err == thought.replace("\n", "\\n") + "\n"
     assert out == answer.replace("\n", "\\n") + "\n" and answer.strip() in ("true", "false")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_generate_chat_with_a_schema_reasons_freely_and_keeps_the_answer_to_it(
+        reasoning, tmp_path, stream, capsys):
+    """--json-schema at `transduce generate --chat` with a thinking model: the reply, whole
+    as generate prints it, is its free reasoning and then an instance of the schema, the
+    same as `chat` gives (the prompt's template opened the reasoning block), batched and
+    streamed."""
+    from transduce.data.reasoning import reasoning_grammar, split_reasoning
+
+    system, line = CONVERSATIONS[1][0], CONVERSATIONS[1][1]["content"]
+    schema = tmp_path / "yes.json"
+    schema.write_text(json.dumps({"type": "boolean"}), encoding="utf-8")
+    ((close, bias),) = reasoning.bias.items()
+    assert main(["generate", "--chat", "--model", str(reasoning.out), "--system",
+                 system["content"], "--max-new-tokens", "40", "--logit-bias",
+                 f"{close}={bias}", "--json-schema", str(schema), "--prompt", line,
+                 "--prompt", line] + (["--stream"] if stream else [])) == 0
+    out = capsys.readouterr().out
+    conversation = [system, {"role": "user", "content": line}]
+    kept = reasoning.generator.chat(
+        conversation, max_new_tokens=40, logit_bias={int(close): bias},
+        grammar=reasoning_grammar(json.dumps({"json": {"type": "boolean"}}), inside=True))
+    thought, answer = split_reasoning(kept, inside=True)
+    assert thought and answer.strip() in ("true", "false")
+    assert out == 2 * (kept.replace("\n", "\\n") + "\n")

@@ -185,6 +185,7 @@ def _positive_float(text: str) -> float:
 
 
 def generate_command(args: argparse.Namespace) -> int:
+    from transduce.data.reasoning import reasoning_markers
     from transduce.decode.generate import Generator, prompt_seeds
     from transduce.decode.options import GenerateOptions
 
@@ -206,25 +207,56 @@ def generate_command(args: argparse.Namespace) -> int:
         # a model without a template, or a template refusing the variables: before input
         generator.chat_text(user_turn("", args.system, variables=variables))
     seed = prompt_seeds(options.seed, 1)[0]      # one run, one seed: prompt k draws the k-th
+    markers = reasoning_markers(generator.tokenizer) if args.chat else None
     done = 0
     for prompts in _prompt_batches(args):
         if args.chat:
             prompts = [user_turn(prompt, args.system, variables=variables)
                        for prompt in prompts]
         seeds = prompt_seeds(seed, len(prompts), start=done)
+        groups = reasoning_groups(generator, prompts, options, markers, done + 1)
         if args.stream:
-            for prompt, prompt_seed in zip(prompts, seeds):
+            for prompt, prompt_seed, prompt_options in zip(prompts, seeds, _each(groups)):
                 done += 1
-                for text in generator.stream(prompt, options, number=done, seed=prompt_seed):
+                for text in generator.stream(prompt, prompt_options, number=done,
+                                             seed=prompt_seed):
                     sys.stdout.write(one_line(text))
                     sys.stdout.flush()
                 sys.stdout.write("\n")
         else:
-            texts = generator.generate(prompts, options, first_number=done + 1, seeds=seeds)
+            texts: list[str] = [""] * len(prompts)
+            for group_options, rows in groups:
+                replies = generator.generate([prompts[row] for row in rows], group_options,
+                                             first_number=done + 1 + rows[0],
+                                             seeds=[seeds[row] for row in rows])
+                for row, text in zip(rows, replies):
+                    texts[row] = text
             sys.stdout.write("".join(one_line(text) + "\n" for text in texts))
             done += len(prompts)
         sys.stdout.flush()
     return 0
+
+
+def reasoning_groups(generator, prompts: list, options, markers, first_number: int
+                     ) -> list[tuple[Any, list[int]]]:
+    """The prompts (their rows) by the options they generate with: with a reply grammar
+    (--json-schema, --json), a thinking model (markers given) reasons freely first and
+    its answer is kept to the grammar (data/reasoning.reasoning_first), which depends on
+    whether the prompt opened the reasoning block; otherwise all take `options`."""
+    from transduce.data.reasoning import reasoning_first
+
+    if markers is None or options.reply_grammar is None:
+        return [(options, list(range(len(prompts))))]
+    inside = [markers.starts_inside(ids) for ids in generator.encode(prompts, first_number)]
+    return [(reasoning_first(options, markers, opened),
+             [row for row, flag in enumerate(inside) if flag == opened])
+            for opened in dict.fromkeys(inside)]
+
+
+def _each(groups: list[tuple[Any, list[int]]]) -> list:
+    """Each row's options, in row order."""
+    options = {row: group_options for group_options, rows in groups for row in rows}
+    return [options[row] for row in sorted(options)]
 
 
 def _prompt_batches(args: argparse.Namespace):
