@@ -245,3 +245,24 @@ def test_a_tool_s_pattern_it_cannot_keep_is_read_past_and_one_it_can_is_kept():
     assert not advance(start(kept), b'"x')
     with pytest.raises(PatternError, match="at character 0 of"):
         StringRule("*a")
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_the_fewest_characters_to_an_end_are_the_shortest_completion(pattern):
+    """StringRule.distance (kept per set of places) after every text of one or two
+    characters: the length of the shortest text after it that completes an instance
+    (more than four where none of up to four does), asked twice, the second time in
+    the other order, so that kept answers are read back."""
+    rule = StringRule(pattern)
+    cases = []
+    for length in range(1, 3):
+        for chars in itertools.product(ALPHABET, repeat=length):
+            places = rule.begin[0]
+            for char in chars:
+                places = rule.step(places, ord(char))
+            shortest = next((n for n in range(5) for suffix in itertools.product(
+                ALPHABET, repeat=n) if rule.matches("".join(chars + suffix))), None)
+            cases.append((places, shortest, chars))
+    for places, shortest, chars in cases + cases[::-1]:
+        distance = rule.distance(places)
+        assert distance == shortest if shortest is not None else distance > 4, (pattern, chars)

@@ -380,6 +380,7 @@ class StringRule:
         self._live = self._live_table()
         self._distances = self._distance_table()
         self._steps: dict[tuple[int, int], int] = {}
+        self._distance_of: dict[int, float] = {}      # places -> distance(places)
 
     @staticmethod
     def _closure(empty: list, place: int, bol: bool, eol: bool) -> int:
@@ -460,8 +461,15 @@ class StringRule:
 
     def distance(self, places: int) -> float:
         """The fewest characters more after which the string may end, from `places`
-        past its start, whatever the lengths (inf: it cannot end)."""
-        return min((self._distances[place] for place in bits(places)), default=float("inf"))
+        past its start, whatever the lengths (inf: it cannot end). Kept per set: a walk of
+        the vocabulary asks it of the same few sets at every node."""
+        distance = self._distance_of.get(places)
+        if distance is None:
+            if len(self._distance_of) > CACHED_STEPS:
+                self._distance_of.clear()
+            distance = self._distance_of[places] = min(
+                (self._distances[place] for place in bits(places)), default=float("inf"))
+        return distance
 
     def _distance_table(self) -> list[float]:
         """For each place, the fewest characters to an end (breadth first, backwards
