@@ -3,6 +3,7 @@ mask allows exactly the tokens whose bytes the grammar reads, and a Generator's 
 continuation is a reference loop's (a full pass each step, every token checked alone);
 batched equals alone, sampled rows too, and what comes out is an instance."""
 
+import itertools
 import json
 import random
 
@@ -15,10 +16,11 @@ from transduce.data.tokenizer import Tokenizer
 from transduce.data.reasoning import reasoning_grammar
 from transduce.decode.constrained import TokenGrammar, Vocabulary, constrained
 from transduce.decode.generate import Generator, prompt_seeds
-from transduce.decode.json_grammar import advance, complete, ended, special_symbol, start
+from transduce.decode.json_grammar import Root, advance, complete, ended, special_symbol, start
 from transduce.decode.json_schema import SchemaError, compile_schema
 from transduce.decode.options import GenerateOptions
 from transduce.decode.reply_grammar import compile_grammar
+from transduce.decode.string_formats import FORMATS
 from transduce.decode.token_bytes import byte_level_table, token_bytes
 from transduce.model import build_model
 
@@ -90,6 +92,17 @@ def states(grammar, rng, count):
     return found
 
 
+# Pattern strings without a maxLength: their plain tokens are read by a table
+# (pattern_table.py).
+PATTERNS_WITHOUT_MAX_LENGTH = {
+    "type": "object", "properties": {
+        "e": {"type": "string", "format": "email"},
+        "r": {"type": "string", "pattern": "^(ab|c)+d?$"},
+        "u": {"type": "string", "pattern": "\u00e9[a-z ]*", "minLength": 2},
+        "t": {"type": "string", "format": "date-time"}},
+    "required": ["e", "r", "u", "t"]}
+
+
 @pytest.mark.parametrize("schema, in_string", [
     ({"type": "object"}, b'{"key": "va'), ({}, b'["a", "b'), ({
         "type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"},
@@ -104,12 +117,26 @@ def states(grammar, rng, count):
             "p": {"type": "string", "pattern": "^[a-z ]+(-[0-9]{2})?$", "minLength": 2,
                   "maxLength": 9},
             "q": {"type": "string", "pattern": "[xy]", "maxLength": 4}},
-        "required": ["p", "q"]}, b'{"p": "ab')])
+        "required": ["p", "q"]}, b'{"p": "ab'), (PATTERNS_WITHOUT_MAX_LENGTH, b'{"e": "an')])
 @pytest.mark.parametrize("kind", ["byte-level", "sentencepiece", "hand-made"])
 def test_a_mask_allows_exactly_the_tokens_whose_bytes_the_grammar_reads(schema, in_string,
                                                                           kind, byte_bpe, spm):
-    """The trie walk and the in-string shortcut against every token tried alone, in the
-    states of random walks and inside a string."""
+    """The trie walk, the in-string shortcut and a pattern's table against every token
+    tried alone, in the states of random walks and inside a string."""
+    assert_masks_exact(schema, in_string, kind, byte_bpe, spm)
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "hand-made"])
+def test_masks_are_exact_where_a_patterns_table_would_be_too_large(monkeypatch, kind,
+                                                                   byte_bpe, spm):
+    """Past MAX_TABLE entries a pattern's plain tokens are walked instead, the same."""
+    from transduce.decode import pattern_table
+
+    monkeypatch.setattr(pattern_table, "MAX_TABLE", 24)
+    assert_masks_exact(PATTERNS_WITHOUT_MAX_LENGTH, b'{"e": "an', kind, byte_bpe, spm)
+
+
+def assert_masks_exact(schema, in_string, kind, byte_bpe, spm):
     if kind == "hand-made":                 # every byte, and tokens that test the walk
         pieces = [None, *(bytes([b]) for b in range(256)), b'\\q', b'\\"', b'\\u00e', b'"}',
                   b'", "', b'ab"c', "中".encode()[:2], "中".encode()[2:], "é x".encode(),
@@ -331,3 +358,36 @@ def test_a_vocabulary_that_cannot_write_what_the_json_may_need_is_refused_by_nam
     with pytest.raises(ConfigError, match=r"GenerateOptions\.json_schema: no token of the "
                                           r"model's vocabulary writes .* alone"):
         generator.generate(["casa"], max_new_tokens=8, json_schema={"type": "object"})
+
+
+@pytest.mark.parametrize("pattern", [FORMATS["date-time"], FORMATS["email"], "^(ab|c)+d?$",
+                                     "[0-9]{2,4}-x", "^\u00e9[a-z ]*$", "a.c"])
+def test_a_patterns_table_gives_the_walks_needs_from_every_set_of_places(pattern):
+    """PatternTable.needs against the plain tokens' trie walk, from the sets of places
+    of every text of up to three characters the pattern can still complete, over
+    tokens of digits, letters, dashes and accents of one to eight characters (from many
+    sets few tokens can still end, and the table reads on with those alone)."""
+    from transduce.decode.checked_values import CheckedString
+    from transduce.decode.pattern_table import PatternTable
+    from transduce.decode.regex_automaton import StringRule
+
+    rng = random.Random(pattern)
+    alphabet = "0123456789-:T.Z+@abcdé x"
+    texts = {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8)))
+             for _ in range(3000)} | set(alphabet)
+    pieces = [None, *sorted(text.encode() for text in texts), b'"']
+    node = CheckedString(StringRule(pattern))
+    grammar = TokenGrammar(Root(node), Vocabulary(pieces, [0]))
+    table = PatternTable(node.rule, grammar.vocabulary.plain_tokens)
+    starts = {node.rule.begin[0]}
+    for prefix in itertools.chain.from_iterable(
+            itertools.product(alphabet, repeat=n) for n in range(1, 4)):
+        places = node.rule.begin[0]
+        for char in prefix:
+            places = node.rule.step(places, ord(char))
+        if node.rule.distance(places) < float("inf"):
+            starts.add(places)
+    assert len(starts) >= 3
+    for places in sorted(starts):
+        assert torch.equal(table.needs(places, len(pieces)),
+                           grammar._needs_by_walk(node, places)), places

@@ -28,6 +28,8 @@ from torch import Tensor
 from transduce.decode import json_grammar
 from transduce.decode.checked_values import CheckedString
 from transduce.decode.json_grammar import Root, Stack, State, String, TextUntil
+from transduce.decode.pattern_table import NEVER, PatternTable, PlainTokens
+from transduce.decode.regex_automaton import StringRule
 
 # Masks kept per grammar (each a bool per token), and transitions kept per grammar.
 CACHED_MASKS = 128
@@ -63,6 +65,12 @@ class Vocabulary:
         self.plain = self.plain_chars > 0
         self.single_bytes = frozenset(piece[0] for piece in pieces if piece and len(piece) == 1)
         self._split: dict[int, tuple[Tensor, Trie]] = {}
+
+    @cached_property
+    def plain_tokens(self) -> PlainTokens:
+        """The plain tokens' characters as a tensor: a pattern's table reads them."""
+        return PlainTokens({token: self.pieces[token].decode("utf-8")
+                            for token in self.plain.nonzero().flatten().tolist()})
 
     @cached_property
     def plain_trie(self) -> Trie:
@@ -116,6 +124,7 @@ class TokenGrammar:
                         for name in named if name in vocabulary.specials}
         self._masks: OrderedDict[State, Tensor] = OrderedDict()
         self._needs: OrderedDict[tuple[CheckedString, int], Tensor] = OrderedDict()
+        self._tables: dict[StringRule, PatternTable] = {}
         self._steps: dict[tuple[State, int], State] = {}
 
     def start(self) -> "GrammarRow":
@@ -181,29 +190,40 @@ class TokenGrammar:
         return vocabulary.special_trie, plain.clone()
 
     def _counted(self, state: State) -> Tensor | None:
-        """In a string of a pattern and a maxLength, past its minLength: the plain tokens
-        that fit. A plain token fits where its characters and the fewest more to an end
-        are within the room left; that need is walked once per set of places, so that
-        every count shares it (else each count, a new state, would walk the vocabulary).
-        None elsewhere."""
+        """In a string of a pattern, past its minLength: the plain tokens that fit. A
+        plain token fits where its characters and the fewest more to an end are within
+        the room left (any number of them without a maxLength); that need is found once
+        per set of places, so that every count shares it (else each count, a new state,
+        would walk the vocabulary). None elsewhere."""
         if len(state) != 1:
             return None
         node, local = next(iter(state))[-1]
         if not isinstance(node, CheckedString) or local[0] != CheckedString.BODY:
             return None
         rule, (places, count) = node.rule, local[2]
-        if rule.pattern is None or rule.max_length is None or count < rule.min_length:
+        if rule.pattern is None or count < rule.min_length:
             return None
         needs = self._needs.get((node, places))
         if needs is None:
             needs = self._needs[node, places] = self._needs_from(node, places)
             if len(self._needs) > CACHED_MASKS:
                 self._needs.popitem(last=False)
-        return needs <= rule.max_length - count
+        return needs < NEVER if rule.max_length is None else needs <= rule.max_length - count
 
     def _needs_from(self, node: CheckedString, places: int) -> Tensor:
         """(V,) each plain token's characters plus the fewest more to an end, read from
-        `places` whatever the lengths (a large number: it cannot be read there)."""
+        `places` whatever the lengths (NEVER: it cannot be read there): through the
+        pattern's table (pattern_table.py), or, where that would be too large, by a walk
+        of the plain tokens' trie."""
+        table = self._tables.get(node.rule)
+        if table is None:
+            table = self._tables[node.rule] = PatternTable(node.rule,
+                                                           self.vocabulary.plain_tokens)
+        needs = table.needs(places, self.vocabulary.size, self.vocabulary.plain.device)
+        return needs if needs is not None else self._needs_by_walk(node, places)
+
+    def _needs_by_walk(self, node: CheckedString, places: int) -> Tensor:
+        """_needs_from by a walk of the plain tokens' trie."""
         rule, ids, needs = node.rule, [], []
         pending = [(self.vocabulary.plain_trie, places, 1)]
         while pending:
@@ -219,7 +239,7 @@ class TokenGrammar:
                 ids.extend(found)
                 needs.extend([chars + int(distance)] * len(found))
                 pending.append((child, after, chars + 1))
-        table = torch.full((self.vocabulary.size,), torch.iinfo(torch.int32).max,
+        table = torch.full((self.vocabulary.size,), NEVER,
                            dtype=torch.int32, device=self.vocabulary.plain.device)
         table[ids] = torch.tensor(needs, dtype=torch.int32, device=table.device)
         return table

@@ -18,9 +18,9 @@ languages or are not read here: a PatternError names them.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import deque
-from typing import Iterator
+from typing import Iterator, Sequence
 
 MAX_CHAR = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
@@ -458,6 +458,21 @@ class StringRule:
                         targets |= 1 << target
             after = self._steps[key] = self._union(targets, False, False)
         return after
+
+    def steps_by_class(self, places: int, bounds: Sequence[int]) -> list[int]:
+        """step(places, char) for every class of characters at once: bounds (sorted)
+        are the classes' lowest code points, and every range of the rule's character
+        sets starts at one of them and ends just before one (or at the last code point),
+        so that a class is wholly in a set or wholly out of it."""
+        targets = [0] * len(bounds)
+        for place in bits(places):
+            for charset, target in self.moves[place]:
+                for low, high in charset.ranges():
+                    for within in range(bisect_left(bounds, low), bisect_right(bounds, high)):
+                        targets[within] |= 1 << target
+        unions: dict[int, int] = {}
+        return [unions[t] if t in unions else unions.setdefault(t, self._union(t, False, False))
+                for t in targets]
 
     def distance(self, places: int) -> float:
         """The fewest characters more after which the string may end, from `places`
