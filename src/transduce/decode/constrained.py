@@ -68,7 +68,7 @@ class Vocabulary:
 
     @cached_property
     def plain_tokens(self) -> PlainTokens:
-        """The plain tokens' characters as a tensor: a pattern's table reads them."""
+        """The plain tokens' characters, position by position: a pattern's table reads them."""
         return PlainTokens({token: self.pieces[token].decode("utf-8")
                             for token in self.plain.nonzero().flatten().tolist()})
 

@@ -44,8 +44,9 @@ class PatternTable:
     """One rule's table over one vocabulary's plain tokens. Code points between two
     consecutive bounds of the rule's character sets meet the same sets, so one of them
     (the lower bound) stands for its class: classes[i], the class of each plain token's
-    (i + 1)-th character (PlainTokens.codes). The sets of places met so far, and for each the set each class
-    leads to, grow as states ask from new sets, and are shared by all of them."""
+    (i + 1)-th character (PlainTokens.codes). The sets of places met so far, and for
+    each the set each class leads to, grow as states ask from new sets, and are shared
+    by all of them."""
 
     def __init__(self, rule: StringRule, tokens: PlainTokens):
         bounds = {0}
@@ -72,6 +73,16 @@ class PatternTable:
         start = self._grown_from(places)
         if start is None:
             return None
+        distance = self._as_arrays()[1][self._read(start)]
+        needs = np.where(np.isinf(distance), NEVER,
+                         np.minimum(self.tokens.lengths + distance, NEVER)).astype(np.int32)
+        out = np.full(vocabulary_size, NEVER, dtype=np.int32)
+        out[self.tokens.ids] = needs
+        return torch.from_numpy(out).to(device)
+
+    def _read(self, start: int) -> np.ndarray:
+        """(P,) the row each plain token's characters lead to from row `start` (any
+        hopeless one, where the token met a set from which the string cannot end)."""
         steps, distances = self._as_arrays()
         tokens, width = self.tokens, len(self.representatives)
         hopeless = np.isinf(distances)     # sets from which the string cannot end
@@ -92,16 +103,11 @@ class PatternTable:
             after = steps[state[alive] * width + self.classes[position][alive]]
             state[alive] = after
             alive = alive[~hopeless[after]]
-        distance = distances[state]
-        needs = np.where(np.isinf(distance), NEVER,
-                         np.minimum(tokens.lengths + distance, NEVER)).astype(np.int32)
-        out = np.full(vocabulary_size, NEVER, dtype=np.int32)
-        out[tokens.ids] = needs
-        return torch.from_numpy(out).to(device)
+        return state
 
     def _grown_from(self, places: int) -> int | None:
-        """The row of `places`, the table grown by every set reachable from it (each
-        entry one question to the rule); None past MAX_TABLE entries, from then on."""
+        """The row of `places`, the table grown by every set reachable from it (a row a
+        set, StringRule.steps_by_class); None past MAX_TABLE entries, from then on."""
         if self.too_large:
             return None
         if places not in self.index:
