@@ -9,7 +9,8 @@ of 8 to --max-words random words each are embedded (mean of the last hidden stat
 real tokens, as sentence-transformers pools). Every peer tokenizes its lines and runs the
 same length-sorted batches of at most --batch-tokens tokens (padding counted), float32
 (and ours in bfloat16 and int8, the types `--dtype auto` picks on AMX and on other x86
-CPUs, and the export with `--quantize int8`), on the same threads, interleaved over
+CPUs, int8 through oneDNN's kernel with `--dtypes int8-onednn`, and the export with
+`--quantize int8`), on the same threads, interleaved over
 --repeats rounds. Counted: lines per second of the whole call; each peer's vectors are
 compared with ours (largest difference).
 
@@ -33,13 +34,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import machine_info, time_interleaved  # noqa: E402
+from measure import int8_through_onednn, machine_info, time_interleaved  # noqa: E402
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.translate import length_sorted_batches  # noqa: E402
 from transduce.export.onnx import export_onnx  # noqa: E402
 from transduce.importers import import_bert  # noqa: E402
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+ONEDNN_INT8 = "int8-onednn"      # the int8 copy through oneDNN's kernel: the VNNI kernel's peer
 
 
 def build_hf_model(args: argparse.Namespace, directory: Path):
@@ -92,9 +94,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "int8"],
-                        choices=["bfloat16", "int8"],
+                        choices=["bfloat16", "int8", ONEDNN_INT8],
                         help="ours in these types too (leave bfloat16 out on a CPU without "
-                             "bfloat16 units, where it multiplies some 30x slower)")
+                             f"bfloat16 units, where it multiplies some 30x slower; "
+                             f"{ONEDNN_INT8}: int8 through oneDNN's kernel, where the int8 "
+                             "VNNI kernel would run)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/encode-cpu.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -107,7 +111,9 @@ def main() -> None:
                  for _ in range(args.lines)]
         encoders = {"ours": SentenceEncoder.load(import_bert(scratch / "hf", scratch / "ours"))}
         for dtype in args.dtypes:
-            encoders[f"ours {dtype}"] = SentenceEncoder.load(scratch / "ours", dtype=dtype)
+            with int8_through_onednn(dtype == ONEDNN_INT8):
+                encoders[f"ours {dtype}"] = SentenceEncoder.load(
+                    scratch / "ours", dtype="int8" if dtype == ONEDNN_INT8 else dtype)
         for name, quantize in (("onnxruntime", None), ("onnxruntime int8", "int8")):
             encoders[name] = SentenceEncoder.load(export_onnx(
                 scratch / "ours", scratch / name.replace(" ", "-"), quantize))
