@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import machine_info, microseconds_per_call, native_kernel_off  # noqa: E402
+from measure import (alternating_rates, continuous_search, machine_info,  # noqa: E402
+                     microseconds_per_call, native_kernel_off)
 from transduce.decode import beam_step  # noqa: E402
 from transduce.decode.search import Extensions, operator_extensions  # noqa: E402
 
@@ -56,39 +55,17 @@ def step_alone(sentences: int, vocab: int, repeats: int) -> dict:
             "operators_over_kernel": round(times["operators"] / times["kernel"], 2)}
 
 
-def continuous_search(translator, ids: list[list[int]], running: int, rounds: int) -> dict:
+def search_with_and_without(model, ids: list[list[int]], running: int, rounds: int) -> dict:
     """Sentences per second of the continuous search, kernel on and off."""
-    from transduce.data.tokenizer import BOS_ID, EOS_ID
-    from transduce.decode.continuous import ContinuousBeamSearch
-    from transduce.decode.translate import pad_sources
-
     def run(kernel: bool) -> tuple[float, list]:
-        searcher = ContinuousBeamSearch(translator.model, bos_id=BOS_ID, eos_id=EOS_ID,
-                                        beam=BEAM)
-        waiting, found = list(range(len(ids))), {}
         with native_kernel_off(beam_step, not kernel):
-            started = time.perf_counter()
-            while waiting or searcher.running:
-                room = running - searcher.running
-                if room and waiting:
-                    joining, waiting = waiting[:room], waiting[room:]
-                    searcher.add(pad_sources([ids[i] for i in joining]), joining)
-                found.update((tag, h[0].tokens) for tag, h in searcher.step())
-            rate = len(ids) / (time.perf_counter() - started)
-        return rate, [found[i] for i in range(len(ids))]
+            return continuous_search(model, ids, running, BEAM)
 
-    rates: dict[str, list[float]] = {"kernel": [], "operators": []}
-    outputs = {}
-    run(True)                                                # warm up
-    for round_ in range(rounds):
-        for name in ("kernel", "operators") if round_ % 2 == 0 else ("operators", "kernel"):
-            rate, outputs[name] = run(name == "kernel")
-            rates[name].append(round(rate, 1))
-    medians = {name: statistics.median(r) for name, r in rates.items()}
-    return {"lines": len(ids), "running": running, "sentences_per_second": rates,
-            "medians": medians,
-            "kernel_over_operators": round(medians["kernel"] / medians["operators"], 3),
-            "outputs_differing": sum(a != b for a, b in zip(*outputs.values()))}
+    found = alternating_rates({"kernel": lambda: run(True), "operators": lambda: run(False)},
+                              rounds)
+    medians = found["medians"]
+    return {"lines": len(ids), "running": running, **found,
+            "kernel_over_operators": round(medians["kernel"] / medians["operators"], 3)}
 
 
 def main() -> None:
@@ -121,7 +98,7 @@ def main() -> None:
         ids = translator.encode(read_lines(split_files(args.data, "test")[0])[:args.lines])
         result["model"], result["dtype"] = str(args.model), args.dtype
         for running in args.running:
-            row = continuous_search(translator, ids, running, args.rounds)
+            row = search_with_and_without(translator.model, ids, running, args.rounds)
             print(json.dumps(row), flush=True)
             result["search"].append(row)
     args.out.parent.mkdir(parents=True, exist_ok=True)

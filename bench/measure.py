@@ -89,6 +89,44 @@ def microseconds_per_call(peers: dict[Hashable, Callable], x, calls: int,
     return {name: statistics.median(t) / calls * 1e6 for name, t in times.items()}
 
 
+def continuous_search(model, ids: list[list[int]], running: int, beam: int
+                      ) -> tuple[float, list[list[int]]]:
+    """A continuous beam search (decode/continuous.py, the server's) of `ids`, `running`
+    sentences at a time, newcomers joining as sentences finish -> sentences per second,
+    and each sentence's best tokens in order."""
+    from transduce.data.tokenizer import BOS_ID, EOS_ID
+    from transduce.decode.continuous import ContinuousBeamSearch
+    from transduce.decode.translate import pad_sources
+
+    searcher = ContinuousBeamSearch(model, bos_id=BOS_ID, eos_id=EOS_ID, beam=beam)
+    waiting, found = list(range(len(ids))), {}
+    started = time.perf_counter()
+    while waiting or searcher.running:
+        room = running - searcher.running
+        if room and waiting:
+            joining, waiting = waiting[:room], waiting[room:]
+            searcher.add(pad_sources([ids[i] for i in joining]), joining)
+        found.update((tag, h[0].tokens) for tag, h in searcher.step())
+    return len(ids) / (time.perf_counter() - started), [found[i] for i in range(len(ids))]
+
+
+def alternating_rates(runs: dict[str, Callable[[], tuple[float, list]]], rounds: int) -> dict:
+    """Two runs (each -> a rate and its outputs), each once to warm up, then over
+    `rounds` rounds in alternating order -> the rates of each round, their medians, and
+    how many outputs of the last round differ between the two."""
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    outputs = {}
+    for run in runs.values():
+        run()
+    for round_ in range(rounds):
+        for name in runs if round_ % 2 == 0 else reversed(list(runs)):
+            rate, outputs[name] = runs[name]()
+            rates[name].append(round(rate, 1))
+    return {"sentences_per_second": rates,
+            "medians": {name: statistics.median(r) for name, r in rates.items()},
+            "outputs_differing": sum(a != b for a, b in zip(*outputs.values()))}
+
+
 def added_peak_bytes(warm_up: Callable[[], None], prepare: Callable[[], Callable[[], None]]) -> int:
     """Bytes of resident memory a call adds at its peak, in this process: the high-water
     mark (Linux VmHWM, reset just before the call) minus the resident set once its inputs

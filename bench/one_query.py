@@ -24,7 +24,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import machine_info, time_interleaved  # noqa: E402
+from measure import alternating_rates, continuous_search, machine_info, time_interleaved  # noqa: E402
 from transduce.attention import one_query  # noqa: E402
 
 HEADS, HEAD_DIM, BEAM, INNER = 4, 64, 4, 20
@@ -79,9 +78,7 @@ def attention_alone(sentences: int, window: int, run_size: int, repeats: int) ->
 def search(args: argparse.Namespace) -> dict:
     """Sentences per second of the continuous search, kernel against SDPA."""
     from transduce.data.corpus import read_lines
-    from transduce.data.tokenizer import BOS_ID, EOS_ID
-    from transduce.decode.continuous import ContinuousBeamSearch
-    from transduce.decode.translate import Translator, pad_sources
+    from transduce.decode.translate import Translator
     from transduce.model.decoder_step import DecoderStep
 
     translator = Translator.load(args.model, dtype=args.dtype)
@@ -91,30 +88,13 @@ def search(args: argparse.Namespace) -> dict:
 
     def run(name: str) -> tuple[float, list]:
         decoder.fast_step = layers[name]
-        searcher = ContinuousBeamSearch(translator.model, bos_id=BOS_ID, eos_id=EOS_ID, beam=BEAM)
-        waiting, found = list(range(len(ids))), {}
-        started = time.perf_counter()
-        while waiting or searcher.running:
-            room = args.running - searcher.running
-            if room and waiting:
-                joining, waiting = waiting[:room], waiting[room:]
-                searcher.add(pad_sources([ids[i] for i in joining]), joining)
-            found.update((tag, h[0].tokens) for tag, h in searcher.step())
-        return len(ids) / (time.perf_counter() - started), [found[i] for i in range(len(ids))]
+        return continuous_search(translator.model, ids, args.running, BEAM)
 
-    rates: dict[str, list[float]] = {name: [] for name in layers}
-    outputs = {}
-    for name in layers:
-        run(name)                                            # compile, warm up
-    for round_ in range(args.rounds):
-        for name in layers if round_ % 2 == 0 else reversed(list(layers)):
-            rate, outputs[name] = run(name)
-            rates[name].append(round(rate, 1))
-    medians = {name: statistics.median(r) for name, r in rates.items()}
+    found = alternating_rates({name: lambda name=name: run(name) for name in layers},
+                              args.rounds)
     return {"model": str(args.model), "dtype": args.dtype, "lines": len(ids),
-            "running": args.running, "sentences_per_second": rates, "medians": medians,
-            "kernel_over_sdpa": round(medians["kernel"] / medians["sdpa"], 3),
-            "outputs_differing": sum(a != b for a, b in zip(*outputs.values()))}
+            "running": args.running, **found,
+            "kernel_over_sdpa": round(found["medians"]["kernel"] / found["medians"]["sdpa"], 3)}
 
 
 def main() -> None:
