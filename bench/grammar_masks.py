@@ -9,7 +9,9 @@ takes, each step, a random allowed token of letters (else one without a backslas
 xgrammar writes no escapes where ours may), up to --steps tokens, the same for every peer. Each peer then computes the mask before
 every token of it and takes the token: ours from a new TokenGrammar (cold) and again
 (warm); xgrammar's GrammarMatcher over its compiled grammar (compiled once, outside the
-timing; its compile time is recorded apart). Microseconds per token, median of
+timing; its compile time is recorded apart). "Another value": the grammar's second
+request, a walk of another seed after the first, which meets the states the first did
+not (a number, a string's length). Microseconds per token, median of
 --repeats interleaved rounds. A sequence xgrammar refuses (it writes no escape in a
 string with a maxLength) leaves it out of that field.
 
@@ -113,15 +115,25 @@ def measure_field(name: str, field: dict, vocabulary: Vocabulary, prefix: list[i
     warm = TokenGrammar(compile_schema(schema), vocabulary)
     ours_pass(warm, sequence)
 
+    other = walk(schema, vocabulary, prefix, args.steps, random.Random(name + ", again"))
+
     def cold() -> float:
         return ours_pass(TokenGrammar(compile_schema(schema), vocabulary), sequence)
 
-    calls = {"ours cold": cold, "ours warm": lambda: ours_pass(warm, sequence)}
+    def another_value() -> float:
+        grammar = TokenGrammar(compile_schema(schema), vocabulary)
+        ours_pass(grammar, sequence)
+        return ours_pass(grammar, other)
+
+    calls = {"ours cold": cold, "ours warm": lambda: ours_pass(warm, sequence),
+             "ours another value": another_value}
     if compiled is not None:
         calls["xgrammar"] = lambda: xgrammar_pass(compiled, sequence, vocabulary.size)
     times = time_interleaved(calls, args.repeats)
+    record["another value's tokens"] = len(other)
     for peer, seconds in times.items():
-        record[f"{peer} us/token"] = 1e6 * statistics.median(seconds) / len(sequence)
+        tokens = len(other) if peer == "ours another value" else len(sequence)
+        record[f"{peer} us/token"] = 1e6 * statistics.median(seconds) / tokens
     print(f"{name}: {len(sequence)} tokens, " + ", ".join(
         f"{peer} {record[f'{peer} us/token']:.0f} us" for peer in times))
     return record

@@ -121,6 +121,7 @@ class NumberRange:
         # A trie walk asks of one text once a byte: answers are kept a while.
         self.reachable = lru_cache(CACHED_TEXTS)(self.reachable)
         self.ends_within = lru_cache(CACHED_TEXTS)(self.ends_within)
+        self.held_spans = lru_cache(CACHED_TEXTS)(self.held_spans)
 
     def ends_within(self, text: bytes) -> bool:
         """Whether the number `text` is in the range."""
@@ -137,6 +138,37 @@ class NumberRange:
         if first == low.value and not low.closed:
             first += self.step
         return first < high.value or (first == high.value and high.closed)
+
+    def held_spans(self, text: bytes, integers: bool) -> tuple[bool, ...] | None:
+        """For an integer part `text` (an optional '-', then digits not led by 0), per
+        count of digits still to come (0 first): whether every number it then begins is
+        in the range (True) or none is (False). None where one span is split, or the
+        range has a step (but integers of step 1): the future then hangs on the text
+        itself. Texts of one answer have one future, so a grammar's states merge."""
+        if self.step is not None and not (integers and self.step == 1):
+            return None
+        negative = text.startswith(b"-")
+        start, held = int(text[1 if negative else 0:]), []
+        for more in range(MAX_DIGITS - len(text) + negative + 1):
+            low, high = start * 10 ** more, (start + 1) * 10 ** more   # [low, high): |value|
+            if integers:
+                lowest, highest = Bound(low, True), Bound(high - 1, True)
+            else:
+                lowest, highest = Bound(low, True), Bound(high, False)
+            if negative:
+                lowest, highest = Bound(-highest.value, highest.closed), \
+                    Bound(-lowest.value, lowest.closed)
+            if self.holds(lowest, highest):
+                held.append(True)
+            elif not self.meets(lowest, highest):
+                held.append(False)
+            else:
+                return None
+        return tuple(held)
+
+    def holds(self, lowest: Bound, highest: Bound) -> bool:
+        """Whether every number from `lowest` to `highest` is in the range (step aside)."""
+        return _inside(lowest, self.low, 1) and _inside(highest, self.high, -1)
 
     def reachable(self, text: bytes) -> bool:
         """Whether a number whose text begins with `text` (no exponent; at most
@@ -171,6 +203,13 @@ def _tighter(bound: Bound, other: Bound | None, sign: int) -> Bound:
     return other
 
 
+def _inside(end: Bound, bound: Bound | None, sign: int) -> bool:
+    """Whether a lower (sign 1) or upper (-1) end of numbers is within `bound`."""
+    if bound is None or (end.value - bound.value) * sign > 0:
+        return True
+    return end.value == bound.value and (bound.closed or not end.closed)
+
+
 def _spans(whole: bytes, dot: bytes, fraction: bytes
            ) -> Iterable[tuple[int | Fraction, int | Fraction]]:
     """[low, high) spans the absolute value of a number whose text begins (after any
@@ -188,9 +227,23 @@ def _spans(whole: bytes, dot: bytes, fraction: bytes
             yield start * 10 ** more, (start + 1) * 10 ** more
 
 
+class HeldSpans(tuple):
+    """A number's text where NumberRange.held_spans answers it: (held, in the fraction)
+    in its place, so that texts of one future are one local state."""
+
+    def after(self, byte: int) -> "HeldSpans | None":
+        """The answer after `byte` (None: no number in the range follows)."""
+        held, fraction = self
+        if byte in DIGITS and not fraction:
+            held = held[1:]
+            return HeldSpans((held, False)) if any(held) else None
+        return HeldSpans((held[:1], True)) if held[0] else None     # '.', or a fraction digit
+
+
 class BoundedNumber(Number):
     """A number (or an integer) in a NumberRange, written without an exponent. Local:
-    (phase, digits of the current part, the text so far)."""
+    (phase, digits of the current part, the text so far, or its HeldSpans where it has
+    them)."""
 
     begin = (Number.START, 0, b"")
 
@@ -198,13 +251,26 @@ class BoundedNumber(Number):
         super().__init__(integer)
         self.within = within
 
-    def feed(self, local: tuple[int, int, bytes], byte: int) -> Iterable[Move]:
+    def feed(self, local: tuple[int, int, bytes | HeldSpans], byte: int) -> Iterable[Move]:
         if byte not in DIGITS and byte not in (0x2D, 0x2E):                # - .
             return ()
-        text = local[2] + bytes((byte,))
-        return [((phase, digits, text), None)
-                for (phase, digits), _ in super().feed(local[:2], byte)
-                if self.within.reachable(text)]
+        moves = super().feed(local[:2], byte)
+        text = local[2]
+        if isinstance(text, HeldSpans):
+            text = text.after(byte) if moves else None
+            return () if text is None else [((phase, digits, text), None)
+                                            for (phase, digits), _ in moves]
+        text += bytes((byte,))
+        if not moves or not self.within.reachable(text):
+            return ()
+        return [((phase, digits, self._kept(phase, text)), None) for (phase, digits), _ in moves]
 
-    def done(self, local: tuple[int, int, bytes]) -> bool:
-        return local[0] in self.ENDS and self.within.ends_within(local[2])
+    def _kept(self, phase: int, text: bytes) -> bytes | HeldSpans:
+        held = self.within.held_spans(text, self.integer) if phase == self.INT else None
+        return text if held is None else HeldSpans((held, False))
+
+    def done(self, local: tuple[int, int, bytes | HeldSpans]) -> bool:
+        if local[0] not in self.ENDS:
+            return False
+        text = local[2]
+        return text[0][0] if isinstance(text, HeldSpans) else self.within.ends_within(text)
