@@ -3,9 +3,11 @@ mask allows exactly the tokens whose bytes the grammar reads, and a Generator's 
 continuation is a reference loop's (a full pass each step, every token checked alone);
 batched equals alone, sampled rows too, and what comes out is an instance."""
 
+import gc
 import itertools
 import json
 import random
+import weakref
 
 import pytest
 import torch
@@ -103,6 +105,16 @@ PATTERNS_WITHOUT_MAX_LENGTH = {
     "required": ["e", "r", "u", "t"]}
 
 
+# Strings of a maxLength: every token's need is found once per set of places
+# (string_masks.py); an array's items are strings of one node, closed and opened again.
+COUNTED_STRINGS = {
+    "type": "object", "properties": {
+        "a": {"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": 12}},
+        "e": {"type": "string", "format": "email", "maxLength": 20},
+        "u": {"type": "string", "pattern": "^\u00e9[a-z ]*$", "maxLength": 7}},
+    "required": ["a", "e", "u"]}
+
+
 @pytest.mark.parametrize("schema, in_string", [
     ({"type": "object"}, b'{"key": "va'), ({}, b'["a", "b'), ({
         "type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"},
@@ -117,13 +129,55 @@ PATTERNS_WITHOUT_MAX_LENGTH = {
             "p": {"type": "string", "pattern": "^[a-z ]+(-[0-9]{2})?$", "minLength": 2,
                   "maxLength": 9},
             "q": {"type": "string", "pattern": "[xy]", "maxLength": 4}},
-        "required": ["p", "q"]}, b'{"p": "ab'), (PATTERNS_WITHOUT_MAX_LENGTH, b'{"e": "an')])
+        "required": ["p", "q"]}, b'{"p": "ab'), (PATTERNS_WITHOUT_MAX_LENGTH, b'{"e": "an'),
+    (COUNTED_STRINGS, b'{"a": ["x\\u00'), ({                 # ^ holds at count 0 alone
+        "type": "object", "properties": {"z": {"pattern": "(x|^)$", "maxLength": 5}},
+        "required": ["z"]}, b'{"z": "y'), ({                   # a token filling it from 0
+        "type": "object", "properties": {"w": {"type": "string", "maxLength": 2}},
+        "required": ["w"]}, b'{"w": "'), ({                    # '", "' opens one again
+        "type": "array", "items": {"type": "string", "pattern": "^abcde", "maxLength": 8}},
+        b'["abcdef')])
 @pytest.mark.parametrize("kind", ["byte-level", "sentencepiece", "hand-made"])
 def test_a_mask_allows_exactly_the_tokens_whose_bytes_the_grammar_reads(schema, in_string,
                                                                           kind, byte_bpe, spm):
     """The trie walk, the in-string shortcut and a pattern's table against every token
     tried alone, in the states of random walks and inside a string."""
     assert_masks_exact(schema, in_string, kind, byte_bpe, spm)
+
+
+def test_every_count_of_a_string_shares_one_walk_of_its_special_tokens(byte_bpe):
+    """A string of a maxLength is a state per count; the tokens' needs are found once
+    for them all (else every string a model writes walks the vocabulary again at each
+    of its counts, and a schema's counts outnumber the masks a grammar keeps)."""
+    pieces = token_bytes(byte_bpe, byte_bpe.vocab_size)
+    schema = {"type": "array", "items": {"type": "string", "maxLength": 40}}
+    grammar = TokenGrammar(compile_schema(schema), Vocabulary(pieces, [byte_bpe.eos_id]))
+    walks = []
+    walk = grammar._strings._special_needs
+    grammar._strings._special_needs = lambda *place: walks.append(place) or walk(*place)
+    for count in range(1, 41):
+        for text in (b'["' + b"a" * count, b'["ab", "' + b"b" * count):
+            grammar.allowed(advance(start(grammar.root), text))
+    assert len(grammar._masks) == 80 and len(walks) == 2       # one per item's place
+
+
+def test_a_grammar_is_freed_as_soon_as_it_is_dropped(byte_bpe):
+    """No reference cycle: a grammar's caches (steps, masks, needs) go with its last
+    reference, not at some later pass of the garbage collector over a heap they grew."""
+    pieces = token_bytes(byte_bpe, byte_bpe.vocab_size)
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 9},
+                                               "n": {"type": "integer", "minimum": 1}},
+              "required": ["s", "n"]}
+    grammar = TokenGrammar(compile_schema(schema), Vocabulary(pieces, [byte_bpe.eos_id]))
+    for text in (b'{"s": "ab', b'{"s": "abc", "n": 12'):
+        grammar.allowed(advance(start(grammar.root), text))
+    dropped = weakref.ref(grammar)
+    gc.disable()
+    try:
+        del grammar
+        assert dropped() is None
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("kind", ["byte-level", "hand-made"])
@@ -390,4 +444,4 @@ def test_a_patterns_table_gives_the_walks_needs_from_every_set_of_places(pattern
     assert len(starts) >= 3
     for places in sorted(starts):
         assert torch.equal(table.needs(places, len(pieces)),
-                           grammar._needs_by_walk(node, places)), places
+                           grammar._strings._plain_needs_by_walk(node, places)), places

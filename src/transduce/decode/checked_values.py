@@ -61,8 +61,7 @@ class CheckedString(Node):
             value, left = value * 16 + int(chr(byte), 16), left - 1
             if not left:
                 return self._char(state, value)
-            return self._within(self.HEX, (value, left), state, value << 4 * left,
-                                ((value + 1) << 4 * left) - 1)
+            return self._within(self.HEX, (value, left), state, *_hex_range((value, left)))
         if phase == self.UTF8:
             value, left, low, high = partial
             if not low <= byte <= high:
@@ -74,12 +73,7 @@ class CheckedString(Node):
         return ()
 
     def _utf8(self, partial: tuple[int, int, int, int], state) -> Iterable[Move]:
-        """Within a UTF-8 character: the code points its next bytes may still make."""
-        value, left, low, high = partial
-        shift = 6 * (left - 1)
-        base = value << 6 * left
-        return self._within(self.UTF8, partial, state, base | (low & 0x3F) << shift,
-                            base | (high & 0x3F) << shift | ((1 << shift) - 1))
+        return self._within(self.UTF8, partial, state, *_utf8_range(partial))
 
     def _within(self, phase: int, partial, state, low: int, high: int) -> Iterable[Move]:
         return (((phase, partial, state), None),) \
@@ -94,6 +88,18 @@ class CheckedString(Node):
 
     final = done
 
+    def finish(self, local: tuple) -> float:
+        """The fewest characters to an end from `local` in the body, a character half
+        written counted whole, whatever the lengths: with the count `local` holds, a
+        byte that leads to it is read where the two are within the maxLength (past the
+        minLength), so a token's bytes are read at every count where each is."""
+        phase, partial, (places, _) = local
+        if phase == self.BODY:
+            return self.rule.distance(places)
+        low, high = (0, 0xFFFF) if phase == self.ESCAPE else \
+            _hex_range(partial) if phase == self.HEX else _utf8_range(partial)
+        return self.rule.least_chars(places, low, high)
+
     def room(self, local: tuple) -> float | None:
         """Characters any plain text may still add here (where no pattern is kept and no
         character is half written), or None."""
@@ -102,6 +108,20 @@ class CheckedString(Node):
         if self.rule.max_length is None:
             return float("inf")
         return self.rule.max_length - local[2][1]
+
+
+def _hex_range(partial: tuple[int, int]) -> tuple[int, int]:
+    """The code points a \\u escape with these hex digits so far may still make."""
+    value, left = partial
+    return value << 4 * left, ((value + 1) << 4 * left) - 1
+
+
+def _utf8_range(partial: tuple[int, int, int, int]) -> tuple[int, int]:
+    """The code points a UTF-8 character with these bytes so far may still make."""
+    value, left, low, high = partial
+    shift = 6 * (left - 1)
+    base = value << 6 * left
+    return base | (low & 0x3F) << shift, base | (high & 0x3F) << shift | ((1 << shift) - 1)
 
 
 class Bound:

@@ -9,9 +9,10 @@ prunes a branch at the first byte the grammar refuses; a state's mask is cached,
 inside a string, where most tokens are allowed (and leave the state as it is, or count
 their characters against a maxLength), only the tokens holding a quote, a backslash, a
 control byte or part of a UTF-8 character are walked; the others are allowed by their
-count of characters. In a string of a pattern and a maxLength, each count is a state of
-its own: there the plain tokens are walked once per set of the pattern's places, and
-allowed by their characters and the fewest more to an end. In free text up to a marker
+count of characters. In a string whose characters are counted (a pattern's, a
+maxLength's), each count is a state of its own: there each token's need is found once
+per set of the rule's places and compared with the room left (string_masks.py). In free
+text up to a marker
 (a model's reasoning, up to </think>), only the tokens holding the marker's first byte
 are walked.
 """
@@ -28,8 +29,8 @@ from torch import Tensor
 from transduce.decode import json_grammar
 from transduce.decode.checked_values import CheckedString
 from transduce.decode.json_grammar import Root, Stack, State, String, TextUntil
-from transduce.decode.pattern_table import NEVER, PatternTable, PlainTokens
-from transduce.decode.regex_automaton import StringRule
+from transduce.decode.pattern_table import PlainTokens
+from transduce.decode.string_masks import CountedStrings
 
 # Masks kept per grammar (each a bool per token), and transitions kept per grammar.
 CACHED_MASKS = 128
@@ -123,9 +124,8 @@ class TokenGrammar:
         self.symbols = {vocabulary.specials[name]: json_grammar.special_symbol(name)
                         for name in named if name in vocabulary.specials}
         self._masks: OrderedDict[State, Tensor] = OrderedDict()
-        self._needs: OrderedDict[tuple[CheckedString, int], Tensor] = OrderedDict()
-        self._tables: dict[StringRule, PatternTable] = {}
         self._steps: dict[tuple[State, int], State] = {}
+        self._strings = CountedStrings(vocabulary)
 
     def start(self) -> "GrammarRow":
         return GrammarRow(self, json_grammar.start(self.root))
@@ -170,13 +170,13 @@ class TokenGrammar:
 
     def _unwalked(self, state: State) -> tuple[Trie, Tensor]:
         """(a trie of the tokens to walk from `state`, the mask of those allowed without
-        a walk): in a string of a pattern and a maxLength, the plain tokens that fit
-        (_counted); in free text, the tokens without the marker's first byte; in a
-        string's body, the plain ones its room takes; elsewhere none."""
+        a walk): in a string whose characters are counted, the tokens whose needs fit
+        (string_masks.py); in free text, the tokens without the marker's first byte; in
+        a string's body, the plain ones its room takes; elsewhere none."""
         vocabulary = self.vocabulary
-        counted = self._counted(state)
+        counted = self._strings.unwalked(state, self._step)
         if counted is not None:
-            return vocabulary.special_trie, counted
+            return counted
         marker = _free_text(state)
         if marker is not None:
             without, trie = vocabulary.split_by(marker)
@@ -188,61 +188,6 @@ class TokenGrammar:
         plain = vocabulary.plain if room == float("inf") \
             else vocabulary.plain & (vocabulary.plain_chars <= room)
         return vocabulary.special_trie, plain.clone()
-
-    def _counted(self, state: State) -> Tensor | None:
-        """In a string of a pattern, past its minLength: the plain tokens that fit. A
-        plain token fits where its characters and the fewest more to an end are within
-        the room left (any number of them without a maxLength); that need is found once
-        per set of places, so that every count shares it (else each count, a new state,
-        would walk the vocabulary). None elsewhere."""
-        if len(state) != 1:
-            return None
-        node, local = next(iter(state))[-1]
-        if not isinstance(node, CheckedString) or local[0] != CheckedString.BODY:
-            return None
-        rule, (places, count) = node.rule, local[2]
-        if rule.pattern is None or count < rule.min_length:
-            return None
-        needs = self._needs.get((node, places))
-        if needs is None:
-            needs = self._needs[node, places] = self._needs_from(node, places)
-            if len(self._needs) > CACHED_MASKS:
-                self._needs.popitem(last=False)
-        return needs < NEVER if rule.max_length is None else needs <= rule.max_length - count
-
-    def _needs_from(self, node: CheckedString, places: int) -> Tensor:
-        """(V,) each plain token's characters plus the fewest more to an end, read from
-        `places` whatever the lengths (NEVER: it cannot be read there): through the
-        pattern's table (pattern_table.py), or, where that would be too large, by a walk
-        of the plain tokens' trie."""
-        table = self._tables.get(node.rule)
-        if table is None:
-            table = self._tables[node.rule] = PatternTable(node.rule,
-                                                           self.vocabulary.plain_tokens)
-        needs = table.needs(places, self.vocabulary.size, self.vocabulary.plain.device)
-        return needs if needs is not None else self._needs_by_walk(node, places)
-
-    def _needs_by_walk(self, node: CheckedString, places: int) -> Tensor:
-        """_needs_from by a walk of the plain tokens' trie."""
-        rule, ids, needs = node.rule, [], []
-        pending = [(self.vocabulary.plain_trie, places, 1)]
-        while pending:
-            trie, at, chars = pending.pop()
-            for char, child in trie.items():
-                if char is None:
-                    continue
-                after = rule.step(at, char)
-                distance = rule.distance(after)
-                if distance == float("inf"):
-                    continue
-                found = child.get(None, ())
-                ids.extend(found)
-                needs.extend([chars + int(distance)] * len(found))
-                pending.append((child, after, chars + 1))
-        table = torch.full((self.vocabulary.size,), NEVER,
-                           dtype=torch.int32, device=self.vocabulary.plain.device)
-        table[ids] = torch.tensor(needs, dtype=torch.int32, device=table.device)
-        return table
 
     def _walk(self, trie: Trie, state: State) -> list[int]:
         """The ids of `trie`'s tokens whose bytes the grammar reads from `state`."""

@@ -437,6 +437,15 @@ class StringRule:
         return any(charset.meets(low, high) and moving[target] & live
                    for place in bits(places) for charset, target in self.moves[place])
 
+    def least_chars(self, places: int, low: int, high: int) -> float:
+        """The fewest characters to an end through a next one in [low, high], whatever
+        the lengths (inf: none): with `count` read, may_read holds where count plus
+        this is within the maxLength, past the minLength."""
+        moving = self.closures[False, False]
+        return 1 + min((self.distance(moving[target]) for place in bits(places)
+                        for charset, target in self.moves[place]
+                        if charset.meets(low, high)), default=float("inf"))
+
     def read(self, state: tuple[int, int], char: int) -> tuple[int, int] | None:
         """The state after one more character (None: it leads to no instance)."""
         places, count = state
