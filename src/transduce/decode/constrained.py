@@ -12,9 +12,8 @@ control byte or part of a UTF-8 character are walked; the others are allowed by 
 count of characters. In a string whose characters are counted (a pattern's, a
 maxLength's), each count is a state of its own: there each token's need is found once
 per set of the rule's places and compared with the room left (string_masks.py). In free
-text up to a marker
-(a model's reasoning, up to </think>), only the tokens holding the marker's first byte
-are walked.
+text up to a marker (a model's reasoning, up to </think>), only the tokens holding the
+marker's first byte are walked.
 """
 
 from __future__ import annotations
