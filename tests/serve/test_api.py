@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from tests.serve.conftest import SENTENCES, client_for
@@ -672,6 +673,34 @@ def test_the_command_refuses_bad_options(translation_dir, argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["serve", "--model", str(translation_dir), *argv])
     assert exit_.value.code == 2 and argv[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["language model", "translation"])
+def test_the_command_serves_caches_of_the_kv_dtype_it_is_given(kind, lm_dir, translation_dir,
+                                                               monkeypatch):
+    """--kv-dtype reaches the model the server holds and the copies its decoder processes
+    load; an encoder-only model, which keeps no cache, is refused by name."""
+    import transduce.serve.server
+    from transduce.cli import main
+
+    served = {}
+    monkeypatch.setattr(transduce.serve.server, "serve",
+                        lambda model, **settings: served.update(model=model, **settings))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    directory = lm_dir if kind == "language model" else translation_dir
+    assert main(["serve", "--model", str(directory), "--port", port, "--kv-dtype", "int4"]) == 0
+    assert served["model"].cache_dtype == served["reload"]().cache_dtype == torch.int4
+    assert main(["serve", "--model", str(directory), "--port", port]) == 0
+    assert served["model"].cache_dtype is None
+
+
+def test_an_encoder_is_served_without_a_kv_dtype(encoder_dir, capsys):
+    from transduce.cli import main
+
+    assert main(["serve", "--model", str(encoder_dir), "--kv-dtype", "int8"]) == 2
+    assert "kv_dtype applies to models that decode" in capsys.readouterr().err
 
 
 def test_an_address_it_cannot_listen_on_is_refused_before_the_model_loads(tmp_path, capsys):

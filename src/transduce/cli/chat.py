@@ -21,9 +21,7 @@ from pathlib import Path
 
 from transduce.cli.generate import add_sampling_options, add_template_var_option, \
     chat_variables, draft_settings, one_line, penalty_settings, user_turn
-from transduce.cli.options import add_dtype_option, add_engine_option
-from transduce.config import choices
-from transduce.decode.options import KvDtype
+from transduce.cli.options import add_dtype_option, add_engine_option, add_kv_dtype_option
 
 
 def register(commands) -> None:
@@ -34,8 +32,7 @@ def register(commands) -> None:
     add_template_var_option(chat)
     add_sampling_options(chat)
     add_dtype_option(chat)
-    chat.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
-                      help="KV-cache type (default: --dtype's); int8 quantizes it")
+    add_kv_dtype_option(chat)
     add_engine_option(chat)
     chat.set_defaults(handler=chat_command)
 

@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from transduce.cli.options import add_dtype_option, add_engine_option, fraction, \
-    non_negative_float, non_negative_int, positive_int, sampling_seed
+from transduce.cli.options import add_dtype_option, add_engine_option, add_kv_dtype_option, \
+    fraction, non_negative_float, non_negative_int, positive_int, sampling_seed
 from transduce.config import ConfigError, choices
-from transduce.decode.options import DraftSchedule, KvDtype
+from transduce.decode.options import DraftSchedule
 
 if TYPE_CHECKING:
     from transduce.data.chat import Chat, Message
@@ -49,8 +49,7 @@ def register(commands) -> None:
                           help="with --chat: a system message before each user message")
     add_template_var_option(generate, "with --chat: ")
     add_dtype_option(generate)
-    generate.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
-                          help="KV-cache type (default: --dtype's); int8 quantizes it")
+    add_kv_dtype_option(generate)
     add_engine_option(generate)
     generate.set_defaults(handler=generate_command)
 

@@ -100,6 +100,13 @@ def add_dtype_option(command: argparse.ArgumentParser, note: str = "") -> None:
                               f"there only where the int8 rows kernel builds), else float32{note})")
 
 
+def add_kv_dtype_option(command: argparse.ArgumentParser) -> None:
+    """--kv-dtype of the commands that decode."""
+    command.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
+                         help="KV-cache type (default: --dtype's); int8 quantizes it per "
+                              "token and head, int4 per group of 32 values, two per byte")
+
+
 SEARCH_BATCH_TOKENS = 4096        # a search's tokens per batch, unless told
 
 
@@ -124,9 +131,7 @@ def add_search_options(command: argparse.ArgumentParser, *, classifies: bool = F
                          help="at most this many lines per batch (0: no cap)")
     scored = "; evaluate scores a language model in float32 unless a type is named"
     add_dtype_option(command, scored if classifies else "")
-    command.add_argument("--kv-dtype", default=None, choices=choices(KvDtype),
-                         help="KV-cache type (default: --dtype's); int8 quantizes it per "
-                              "token and head, int4 per group of 32 values, two per byte")
+    add_kv_dtype_option(command)
     command.add_argument("--workers", type=workers_count, default="auto",
                          help="batches decoded side by side on the CPU, each on its share of "
                               "the threads (auto: 2 on a CPU with 2+ threads, 1.05-1.3x "

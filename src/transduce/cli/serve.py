@@ -7,8 +7,8 @@ import dataclasses
 import functools
 from pathlib import Path
 
-from transduce.cli.options import add_dtype_option, non_negative_float, positive_int, \
-    port_number, workers_count
+from transduce.cli.options import add_dtype_option, add_kv_dtype_option, non_negative_float, \
+    port_number, positive_int, workers_count
 from transduce.config import ConfigError
 
 
@@ -50,6 +50,7 @@ def register(commands) -> None:
     serve.add_argument("--drain-timeout", type=non_negative_float, default=60.0,
                        help="seconds SIGTERM waits for requests in flight")
     add_dtype_option(serve)
+    add_kv_dtype_option(serve)
     serve.add_argument("--threads", type=positive_int, default=None,
                        help="PyTorch threads (default: PyTorch's choice)")
     serve.set_defaults(handler=serve_command)
@@ -76,11 +77,12 @@ def serve_command(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     # Bound first, so that a bad address is said before loading; closed however it ends.
     with _bound_socket(args.host, args.port) as listening:
-        model = _load_in_a_passing_thread(functools.partial(load, dtype=args.dtype), args.model)
+        loaded = functools.partial(load, dtype=args.dtype, kv_dtype=args.kv_dtype)
+        model = _load_in_a_passing_thread(loaded, args.model)
         decoders = _auto_decoders(model, limits) if args.decoders == "auto" else args.decoders
         limits = dataclasses.replace(limits, decoders=decoders)
         name = args.name or args.model.resolve().name
-        reload = functools.partial(load, args.model.resolve(), dtype=args.dtype)  # processes
+        reload = functools.partial(loaded, args.model.resolve())     # a decoder's process
         serve(model, name=name, host=args.host, port=args.port, limits=limits,
               languages=args.languages, drain_timeout_s=args.drain_timeout, reload=reload,
               sock=listening)
