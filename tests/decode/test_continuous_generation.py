@@ -279,13 +279,24 @@ def test_done_rows_free_their_generators(generator):
 
 @pytest.mark.parametrize("settings,positions", [
     ({}, {}), ({"temperature": 0.9, "top_k": 20, "seed": 3}, {}),
-    ({}, {"positional": "rotary", "local_rope_base": 100.0})])
-def test_sliding_layers_among_full_ones_keep_their_band(tokenizer, settings, positions):
+    ({}, {"positional": "rotary", "local_rope_base": 100.0}),
+    ({}, {"positional": "rotary", "attention_softcap": 5.0})])
+def test_sliding_layers_among_full_ones_keep_their_band(tokenizer, settings, positions,
+                                                        monkeypatch):
     """Gemma's layers: a window of 3 keys on two layers of three, the middle one full
-    (rotary positions with a base of their own on the sliding layers, as Gemma 3's),
-    over prompts and outputs longer than the window. Every layer reads from the oldest
-    row's first slot; the sliding layers' caches keep their band; each prompt gets what
-    it gets alone (its window's own caches and plain ones)."""
+    (rotary positions with a base of their own on the sliding layers, as Gemma 3's; or
+    Gemma 2's capped scores), over prompts and outputs longer than the window. The
+    sliding layers' caches keep their band; where the one-query kernel is built, a
+    step of rows of several starts reads each row's own slots, from its first or the
+    band's (the written-out step's row runs; a capped layer's by a call per run), else
+    every layer reads from the oldest row's first slot under a mask. Each prompt gets
+    what it gets alone (its window's own caches and plain ones)."""
+    from transduce.attention import one_query
+    from transduce.model.decoder_step import DecoderStep
+
+    runs, step = [], DecoderStep.__call__
+    monkeypatch.setattr(DecoderStep, "__call__", lambda self, *args, row_runs=None, **kw:
+                        runs.append(row_runs) or step(self, *args, row_runs=row_runs, **kw))
     options = GenerateOptions(max_new_tokens=16, **settings)
     seeds = None if options.greedy else prompt_seeds(options.seed, len(PROMPTS))
     generator = _generator(tokenizer, num_decoder_layers=3, attention_type="sliding",
@@ -298,6 +309,8 @@ def test_sliding_layers_among_full_ones_keep_their_band(tokenizer, settings, pos
     assert found == alone and any(found)
     assert {type(cache).__name__ for cache in generation.caches} == {"BandedKVCache",
                                                                     "KVCache"}
+    if one_query.available():
+        assert any(r is not None and len(r) > 1 for r in runs)
     if not positions:                                  # the full layer counts
         windowed = _generator(tokenizer, num_decoder_layers=3, attention_type="sliding",
                               attention_window=3)

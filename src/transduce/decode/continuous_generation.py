@@ -22,9 +22,11 @@ later. Slots before the oldest running row's first are never read; when the buff
 lack room (for more rows, a longer prompt, the next slot) they are laid out again from
 that slot, with twice the room needed, so that this is rare. (A window's older slots
 are kept until then too: the buffers hold what softmax attention's would.) Where
-sliding layers mix with full ones (Gemma 2's and 3's), every layer reads from the
-oldest row's first slot, and the sliding layers' caches (BandedKVCache) keep their band
-themselves; such steps run through the modules, under the key mask.
+sliding layers mix with full ones (Gemma 2's and 3's), the sliding layers' caches
+(BandedKVCache) keep their band themselves: in float32 (or an int8 copy's float32
+caches) each row reads its own slots from its first or the band's, whichever is later
+(the one-query kernel again), elsewhere every layer reads from the oldest row's first
+slot under the key mask.
 
 Each row is generated as Generator.generate generates it alone, with its own settings
 (prompts of any settings share the batch): greedy, or sampled at its temperature, top_k
@@ -285,8 +287,8 @@ class ContinuousGeneration:
         tokens, offsets = self._tokens[:count, None], starts - first          # (R, 1), (R,)
         reads_from = offsets if self.window is None else offsets.clamp(min=0)
         runs, step = _runs(reads_from.tolist()), self.model.decoder.fast_step
-        if len(runs) > 1 and step is not None and step.covers(tokens, self.caches) and \
-                step.reads_rows_by_kernel(self.cache_dtype):
+        if len(runs) > 1 and step is not None and step.reads_rows_by_kernel(self.cache_dtype) \
+                and step.covers(tokens, self.caches, runs=True):
             # Each row reads its own slots only (the one-query kernel), not the window
             # from the oldest row's first slot that a mask would hide it from. (Rows of
             # one start take the unmasked path below: exactly what they do alone.)

@@ -18,7 +18,9 @@ no positions or a relative-position score bias, queries and keys normalized per 
 or not, sandwich norms or not, PyTorch's fused attention kernel, or Gemma 2's
 soft-capped scores in attention()'s written-out form; a sliding window's
 layers too, over plain caches within the window (kinds.py) and past it over the window's
-own cache, local.py's SlidingKVCache, one token a row, every held key in the band) and
+own cache, local.py's SlidingKVCache, one token a row, every held key in the band; and
+sliding layers among full ones over a continuous batch's slots, local.py's
+BandedKVCache, whose row runs start at the band where it is later) and
 leaves every other step to the modules: `covers` says which. A score bias (T5's, ALiBi)
 enters the step as SDPA's float mask, built once per step for every layer. A language
 model's step may feed a few tokens a row after its prompt (up to MAX_STEP_TOKENS:
@@ -38,7 +40,7 @@ from torch import Tensor, nn
 from transduce.attention import masks, one_query
 from transduce.attention.kernels import bias_as_mask
 from transduce.attention.kv_cache import KVCache
-from transduce.attention.local import SlidingKVCache
+from transduce.attention.local import BandedKVCache, SlidingKVCache
 from transduce.attention.multihead import merge_heads, split_heads
 from transduce.model.positional import check_range
 from transduce.model.scripting import CompiledOnFirstCall, WrittenOut
@@ -145,7 +147,7 @@ class _SelfAttention(FusedSelfAttention):
         self.rotary_sin = attn.rotary.sin if self.rotary else torch.zeros(0)
 
     def forward(self, h: Tensor, k_cache: Tensor, v_cache: Tensor, length: int, kept: int,
-                mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
+                band: int, mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
                 row_starts: Optional[Tensor], positions: Optional[Tensor]
                 ) -> Tuple[Tensor, Tensor, Tensor]:
         """h (R, N, C), caches (R, Hkv, T, D) holding `length` slots -> (R, N, C), and
@@ -155,8 +157,10 @@ class _SelfAttention(FusedSelfAttention):
         SlidingKVCache.update keeps them.
         runs: (first row, end row, first slot) of row ranges that read only the slots
         from their first on (then mask is None; N is 1); row_starts (R,): each row's
-        first slot, the same given per row; positions (R, N): each token's rotary
-        position (None: from `length` on for all)."""
+        first slot, the same given per row; band > 0, with runs: the layer attends to
+        the last `band` keys before the query and its own (local.py's BandedKVCache),
+        from a row's first slot or the band's, whichever is later; positions (R, N):
+        each token's rotary position (None: from `length` on for all)."""
         q, k, v = self.project(h)                         # (R, H, N, D), (R, Hkv, N, D) x 2
         if self.rotary:
             q, k = self.rotate(q, length, positions), self.rotate(k, length, positions)
@@ -170,7 +174,7 @@ class _SelfAttention(FusedSelfAttention):
         if runs is None:
             out = self.attend(q, k_cache[:, :, :end], v_cache[:, :, :end], mask)
         else:
-            out = self.attend_runs(q, k_cache, v_cache, end, runs, row_starts)
+            out = self.attend_runs(q, k_cache, v_cache, end, runs, row_starts, band)
         return self.out_proj(merge_heads(out)), k_cache, v_cache
 
     def rotate(self, x: Tensor, length: int, positions: Optional[Tensor]) -> Tensor:
@@ -187,11 +191,17 @@ class _SelfAttention(FusedSelfAttention):
         return x * cos + torch.cat([-second, first], dim=-1) * sin
 
     def attend_runs(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, end: int,
-                    runs: List[Tuple[int, int, int]], row_starts: Optional[Tensor]) -> Tensor:
-        """One unmasked call of PyTorch's kernel per run -> (R, H, 1, D)."""
-        return torch.cat([self.attend(q[first:last], k_cache[first:last, :, start:end],
-                                      v_cache[first:last, :, start:end], None)
-                          for first, last, start in runs])
+                    runs: List[Tuple[int, int, int]], row_starts: Optional[Tensor],
+                    band: int) -> Tensor:
+        """One unmasked call of PyTorch's kernel per run, over its slots from its first
+        or the band's (band > 0), whichever is later -> (R, H, 1, D)."""
+        lowest = end - 1 - band if band > 0 else 0
+        out: List[Tensor] = []
+        for first, last, start in runs:
+            start = max(start, lowest)
+            out.append(self.attend(q[first:last], k_cache[first:last, :, start:end],
+                                   v_cache[first:last, :, start:end], None))
+        return torch.cat(out)
 
 
 def _window_mask(mask: Optional[Tensor], keys: int) -> Tensor:
@@ -208,8 +218,11 @@ class _KernelSelfAttention(_SelfAttention):
     (attention/one_query.py): each row its own slots, whatever the runs."""
 
     def attend_runs(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, end: int,
-                    runs: List[Tuple[int, int, int]], row_starts: Optional[Tensor]) -> Tensor:
+                    runs: List[Tuple[int, int, int]], row_starts: Optional[Tensor],
+                    band: int) -> Tensor:
         assert row_starts is not None, "the kernel reads each row's first slot"
+        if band > 0:                             # from the band's first slot where later
+            row_starts = row_starts.clamp(min=end - 1 - band)
         rows = q.shape[0]
         grouped = q.view(rows, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
         ends = torch.full_like(row_starts, end)
@@ -294,7 +307,7 @@ class _LayerStep(nn.Module):
             for norm in (layer.post_norm1, layer.post_norm2, layer.post_norm3))
 
     def forward(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, length: int, kept: int,
-                self_mask: Optional[Tensor], memory_k: Tensor, memory_v: Tensor,
+                band: int, self_mask: Optional[Tensor], memory_k: Tensor, memory_v: Tensor,
                 cross_mask: Optional[Tensor], runs: Optional[List[Tuple[int, int, int]]],
                 row_starts: Optional[Tensor], memory_lengths: Optional[Tensor],
                 positions: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
@@ -303,7 +316,7 @@ class _LayerStep(nn.Module):
         # norm2 is None exactly when cross_attention is; TorchScript needs both tested.
         if self.norm_first:
             h, k_cache, v_cache = self.self_attention(self.norm1(x), k_cache, v_cache, length,
-                                                      kept, self_mask, runs, row_starts,
+                                                      kept, band, self_mask, runs, row_starts,
                                                       positions)
             x = x + (self.post_norm1(h) if self.sandwich else h)
             if self.cross_attention is not None and self.norm2 is not None:
@@ -312,7 +325,7 @@ class _LayerStep(nn.Module):
                 x = x + (self.post_norm2(h) if self.sandwich else h)
             h = self.feed_forward(self.norm3(x))
             return x + (self.post_norm3(h) if self.sandwich else h), k_cache, v_cache
-        h, k_cache, v_cache = self.self_attention(x, k_cache, v_cache, length, kept,
+        h, k_cache, v_cache = self.self_attention(x, k_cache, v_cache, length, kept, band,
                                                   self_mask, runs, row_starts, positions)
         x = self.norm1(x + h)
         if self.cross_attention is not None and self.norm2 is not None:
@@ -331,20 +344,22 @@ class StepLayers(nn.Module):
         self.final_norm = decoder.final_norm
 
     def forward(self, x: Tensor, k_caches: List[Tensor], v_caches: List[Tensor], length: int,
-                kept: List[int], self_mask: Optional[Tensor], memory_k: List[Tensor],
+                kept: List[int], bands: List[int], self_mask: Optional[Tensor],
+                memory_k: List[Tensor],
                 memory_v: List[Tensor], cross_mask: Optional[Tensor],
                 runs: Optional[List[Tuple[int, int, int]]], row_starts: Optional[Tensor],
                 memory_lengths: Optional[Tensor], positions: Optional[Tensor]
                 ) -> Tuple[Tensor, List[Tensor], List[Tensor]]:
         """x (R, N, C) embedded tokens, per layer its caches (R, Hkv, T, D) holding `length`
-        slots (or, kept > 0, a sliding window's held keys: _SelfAttention) and its
+        slots (or, kept > 0, a sliding window's held keys; bands > 0, a band of them read
+        by row runs: _SelfAttention) and its
         sources' keys and values (B, Hkv, S, D) (empty tensors without cross-attention),
         positions (R, N) each token's rotary position or None -> hidden states (R, N, C)
         and each layer's caches after the step: a plain cache takes slots `length` to
         `length + N - 1` in place, a window's are new tensors."""
         k_after, v_after = [], []
         for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, k_caches[i], v_caches[i], length, kept[i], self_mask,
+            x, k, v = layer(x, k_caches[i], v_caches[i], length, kept[i], bands[i], self_mask,
                             memory_k[i], memory_v[i], cross_mask, runs, row_starts,
                             memory_lengths, positions)
             k_after.append(k)
@@ -371,12 +386,13 @@ class DecoderStep(WrittenOut):
 
     supports = staticmethod(_supported)
 
-    def covers(self, tgt: Tensor, caches: list | None) -> bool:
+    def covers(self, tgt: Tensor, caches: list | None, runs: bool = False) -> bool:
         """Whether this call is one DecoderStep runs: on a CPU, plain KV caches in the
         model's type, eval mode without autograd (where attention() picks the fused
         kernel for every type), not traced; one token per row, or up to MAX_STEP_TOKENS
         after a prompt where there is no cross-attention or score bias (a prompt's own
-        pass is left to the modules)."""
+        pass is left to the modules). runs: the call reads row runs (then a banded
+        cache, one token a row, is one too)."""
         if caches is None or tgt.device.type != "cpu" \
                 or self.decoder.training or torch.is_grad_enabled() or torch.jit.is_tracing():
             return False
@@ -386,7 +402,8 @@ class DecoderStep(WrittenOut):
                 and self.decoder.layers[0].cross_attn is None):
             return False
         dtype = self.decoder.embed.embedding.weight.dtype
-        return all((type(cache) is KVCache or self._window_covered(cache, tgt))
+        return all((type(cache) is KVCache or self._window_covered(cache, tgt)
+                    or runs and self._band_covered(cache, tgt))
                    and cache.k.dtype == dtype for cache in caches)
 
     def _window_covered(self, cache, tgt: Tensor) -> bool:
@@ -396,6 +413,12 @@ class DecoderStep(WrittenOut):
         beyond it would fall out of the band), no score bias."""
         return type(cache) is SlidingKVCache and tgt.shape[1] == 1 \
             and cache.held <= cache.window and self.decoder.score_bias is None
+
+    def _band_covered(self, cache, tgt: Tensor) -> bool:
+        """A sliding layer's cache among full ones (BandedKVCache), read by row runs,
+        which each start at the band where it is later than their first slot."""
+        return type(cache) is BandedKVCache and tgt.shape[1] == 1 \
+            and self.decoder.score_bias is None
 
     def __call__(self, tgt: Tensor, memory_kv: list[tuple[Tensor, Tensor]] | None,
                  memory_mask: Tensor | None, tgt_mask: Tensor | None,
@@ -439,9 +462,12 @@ class DecoderStep(WrittenOut):
                 for cache in caches]
         if row_runs is not None and any(kept):
             raise ValueError("row runs read plain caches' slots; these layers hold a window")
+        bands = [cache.window if type(cache) is BandedKVCache else 0 for cache in caches]
+        if row_runs is None and any(bands):
+            raise ValueError("a banded cache's band is read by row runs: give them")
         hidden, k_after, v_after = layers(
             x, [cache.k for cache in caches], [cache.v for cache in caches], length, kept,
-            self_mask, memory_k, memory_v,
+            bands, self_mask, memory_k, memory_v,
             None if memory_mask is None else masks.four_d(memory_mask),
             row_runs, row_starts, memory_lengths, positions)
         for cache, k, v in zip(caches, k_after, v_after):
