@@ -15,7 +15,7 @@ as rows finish; the two peers in alternating order over --rounds rounds, per --d
 Counted: the tokens generated (each peer its own) per second of the whole run, and how
 many continuations differ between the two.
 
-    python bench/continuous_generation.py [--dtypes float32 int8] [--running 8 16]
+    python bench/continuous_generation.py [--dtypes float32 int8] [--running 1 8 16]
         [--out bench/results/continuous-generation-cpu.json]
 """
 
@@ -96,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "int8"])
-    parser.add_argument("--running", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--running", type=int, nargs="+", default=[1, 8, 16])
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)

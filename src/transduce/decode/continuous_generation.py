@@ -139,6 +139,7 @@ class ContinuousGeneration:
         self.slot = 0                                # the slot the next step writes
         self.cache_dtype = generator.cache_dtype or self.model.decoder.embed.embedding.weight.dtype
         self.caches = _slot_caches(self.model, self.cache_dtype, self.device)
+        self._banded = any(type(cache) is BandedKVCache for cache in self.caches)
         self._keys = slot_buffers(self.caches)
         self._tokens = torch.zeros(0, dtype=torch.long, device=self.device)   # (R,) fed next
         self._starts = torch.zeros(0, dtype=torch.long, device=self.device)   # (R,)
@@ -287,11 +288,13 @@ class ContinuousGeneration:
         tokens, offsets = self._tokens[:count, None], starts - first          # (R, 1), (R,)
         reads_from = offsets if self.window is None else offsets.clamp(min=0)
         runs, step = _runs(reads_from.tolist()), self.model.decoder.fast_step
-        if len(runs) > 1 and step is not None and step.reads_rows_by_kernel(self.cache_dtype) \
+        if (len(runs) > 1 or self._banded) and step is not None \
+                and step.reads_rows_by_kernel(self.cache_dtype) \
                 and step.covers(tokens, self.caches, runs=True):
             # Each row reads its own slots only (the one-query kernel), not the window
             # from the oldest row's first slot that a mask would hide it from. (Rows of
-            # one start take the unmasked path below: exactly what they do alone.)
+            # one start take the unmasked path below, exactly what they do alone, but
+            # where banded caches would send it through the modules.)
             positions = (self.slot - starts)[:, None]                             # (R, 1)
             hidden = step(tokens, None, None, None, self.caches, positions, row_runs=runs)
             return self.model.logits(hidden)[:, -1].float()
