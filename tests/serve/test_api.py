@@ -548,6 +548,33 @@ def test_health_models_and_docs(mt, enc, translator):
     assert model["attention_maps"] is True
     assert enc.get("/v1/models").json()["data"][0]["labels"] == ["animals", "numbers", "things"]
     assert mt.get("/docs").status_code == 200
+    assert (model["engine"], model["dtype"], model["kv_dtype"]) == ("torch", "float32", None)
+
+
+def test_what_is_served_and_how_is_said_in_one_line(translation_dir, lm_dir, encoder_dir):
+    """The line the server logs as it starts (and /v1/models's types): the model, the
+    type it decodes in (what --dtype auto chose), its KV caches', the batching."""
+    from transduce import load
+    from transduce.serve.app import create_app
+    from transduce.serve.limits import Limits
+
+    def said(model, **limits) -> str:
+        return create_app(model, name="tiny", limits=Limits(**limits)).state.summary
+
+    translator = load(translation_dir, kv_dtype="int4")
+    parameters = f"{Transformer(translator.model.config).num_parameters():,} parameters"
+    assert said(translator, decoders=2) == (
+        f"Serving tiny: a translation model, {parameters}, decoding in float32 with int4 KV "
+        f"caches; continuous batching, 2 decoders")
+    assert said(translator, continuous=False).endswith("; dynamic batching")
+    assert said(translator, batching=False).endswith("; no batching")
+    generator = load(lm_dir, dtype="bfloat16")
+    assert "a generation model" in said(generator) and \
+        said(generator).endswith("decoding in bfloat16; continuous batching")
+    with client_for(generator) as client:
+        described = client.get("/v1/models").json()["data"][0]
+    assert (described["dtype"], described["kv_dtype"]) == ("bfloat16", None)
+    assert said(load(encoder_dir)).endswith("decoding in float32; dynamic batching")
 
 
 def test_the_continuous_kernel_is_built_before_the_server_answers(translator, generator,

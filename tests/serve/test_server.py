@@ -164,6 +164,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(translation_dir, tmp_
             process.kill()
         output = process.stdout.read()
     assert f"Listening on {url}" in output
+    assert f"Serving {translation_dir.name}: a translation model" in output
     assert "Waiting for connections to close" in output or "Shutting down" in output
 
 

@@ -92,7 +92,7 @@ class SentenceEncoder:
             self.labels, self.model = model.labels, model
             self.classifier_inputs = model.classifier_inputs
             self.embedding_defaults = embedding_defaults(model.sentence_embedding)
-            self.tokenizer, self.device = tokenizer, torch.device("cpu")
+            self.tokenizer, self.device, self.dtype = tokenizer, torch.device("cpu"), "float32"
             self.batch_tokens = ONNX_BATCH_TOKENS
             return
         if not isinstance(model, EncoderOnly):
@@ -103,7 +103,7 @@ class SentenceEncoder:
         self.classifier_inputs = getattr(model, "classifier_inputs", None)
         self.embedding_defaults = embedding_defaults(model.sentence_embedding)
         self.model = decoding_copy(model, getattr(torch, dtype), device, in_place=in_place)
-        self.tokenizer, self.device = tokenizer, torch.device(device)
+        self.tokenizer, self.device, self.dtype = tokenizer, torch.device(device), dtype
         self.batch_tokens = pass_batch_tokens(self.device)
 
     @classmethod

@@ -174,7 +174,7 @@ class Generator:
         if isinstance(model, OnnxLanguageModel):
             check_onnx_settings(dtype, kv_dtype, device)
             self.model, self.tokenizer, self.device = model, tokenizer, torch.device("cpu")
-            self.cache_dtype = None
+            self.dtype, self.cache_dtype = "float32", None
             return
         if not isinstance(model, DecoderOnly):
             arch = model.config.arch
@@ -191,7 +191,7 @@ class Generator:
         # The copy's Linear weights are packed for oneDNN (model/packed.py): a decode step
         # streams every weight of the model for a few rows, 1.5-2x faster so on CPUs.
         self.model = decoding_copy(model, getattr(torch, dtype), device, in_place=in_place)
-        self.tokenizer, self.device = tokenizer, torch.device(device)
+        self.tokenizer, self.device, self.dtype = tokenizer, torch.device(device), dtype
         self.cache_dtype = getattr(torch, kv_dtype) if kv_dtype else None
 
     @property

@@ -27,6 +27,7 @@ from fastapi.responses import PlainTextResponse
 
 from transduce.attention import one_query
 from transduce.data.tool_calls import call_format
+from transduce.decode import continuous_generation
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.generate import Generator
 from transduce.decode.translate import Translator
@@ -105,6 +106,7 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
                   description=f"A {kind} model ({name}) behind a batching decoder.",
                   docs_url=None, redoc_url=None)          # docs.routes: no CDN
     app.state.service = service
+    app.state.summary = summary(service, kind)         # the server logs it as it starts
     install_error_handlers(app)
     router = {"translation": translation.routes, "generation": generation.routes,
               "encoder": encoding.routes}[kind](service)
@@ -163,6 +165,48 @@ def _common_routes(service: Service, kind: str):
     return router
 
 
+def summary(service: Service, kind: str) -> str:
+    """One line of what is served and how: the model, its type, the batching."""
+    model, limits = service.model, service.limits
+    network = model.model
+    size = f", {network.num_parameters():,} parameters" \
+        if hasattr(network, "num_parameters") else ""
+    how = f"decoding in {model.dtype}" if engine(model) == "torch" else \
+        "through ONNX Runtime"
+    cache = kv_dtype(model) if kind != "encoder" else None
+    if cache is not None:
+        how += f" with {cache} KV caches"
+    if not limits.batching:
+        batching = "no batching"
+    elif kind == "encoder" or not limits.continuous or not continuous_capable(model):
+        batching = "dynamic batching"
+    else:
+        batching = "continuous batching"
+    if limits.decoders > 1 and decodes_in_streams(model, limits):
+        batching += f", {limits.decoders} decoders"
+    return f"Serving {service.name}: a {kind} model{size}, {how}; {batching}"
+
+
+def engine(model) -> str:
+    """What runs the model: "torch", or "onnxruntime" for an ONNX export."""
+    return "torch" if isinstance(model.model, torch.nn.Module) else "onnxruntime"
+
+
+def kv_dtype(model) -> str | None:
+    """A decoding model's KV-cache type where it is not its decoding type's."""
+    if isinstance(model, Translator):
+        return model.kv_dtype
+    return None if model.cache_dtype is None else str(model.cache_dtype).split(".")[-1]
+
+
+def continuous_capable(model) -> bool:
+    """Whether a translation or language model decodes continuously here (greedy and
+    sampled generation; every beam search of a translation model)."""
+    if isinstance(model, Translator):
+        return model.decodes_continuously
+    return continuous_generation.supports(model)
+
+
 def describe(service: Service, kind: str) -> dict:
     """What /v1/models says of the model."""
     model = service.model
@@ -174,7 +218,10 @@ def describe(service: Service, kind: str) -> dict:
             "parameters": parameters,
             "vocabulary": {"size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id,
                            "eos_id": tokenizer.eos_id, "pad_id": tokenizer.pad_id},
-            "limits": dataclasses.asdict(service.limits)}
+            "limits": dataclasses.asdict(service.limits),
+            "engine": engine(model), "dtype": model.dtype}
+    if kind != "encoder":
+        info["kv_dtype"] = kv_dtype(model)
     if getattr(tokenizer, "separate", False):     # a target vocabulary of its own
         info["vocabulary"]["target_size"] = tokenizer.target_tokenizer.vocab_size
     if kind == "translation":

@@ -48,6 +48,9 @@ class DrainingServer(uvicorn.Server):
             shown = f"[{host}]" if ":" in host else host
             logging.getLogger("uvicorn.error").info(
                 "Listening on http://%s:%d (Ctrl+C to stop)", shown, port)
+        said = getattr(getattr(self.config.app, "state", None), "summary", None)
+        if self.started and said:
+            logging.getLogger("uvicorn.error").info("%s", said)
 
     def _on_signal(self, sig: int, _frame) -> None:
         if self.should_exit and sig == signal.SIGINT:
