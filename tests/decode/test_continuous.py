@@ -66,16 +66,20 @@ def test_sentences_joining_at_any_step_get_what_they_get_alone(changes, written_
         assert_same(results[i], alone(model, src[i], beam=4, nbest=2, max_len=12))
 
 
-@pytest.mark.parametrize("beam,nbest,alpha", [(1, 1, 0.6), (3, 3, 1.0), (5, 1, 0.0)])
-def test_search_settings_as_beam_search(beam, nbest, alpha):
+@pytest.mark.parametrize("beam,nbest,alpha,no_doubles", [
+    (1, 1, 0.6, False), (3, 3, 1.0, False), (5, 1, 0.0, False), (4, 2, 0.6, True)])
+def test_search_settings_as_beam_search(beam, nbest, alpha, no_doubles):
     model = real_model()
     src = padded_sources([4, 8, 2, 6])
     search = ContinuousBeamSearch(model, bos_id=BOS, eos_id=EOS, beam=beam, nbest=nbest,
-                                  alpha=alpha, max_len=10)
+                                  alpha=alpha, max_len=10, no_doubles=no_doubles)
     results, _ = run_schedule(search, src, [0, 1, 1, 5])
     for i in range(4):
         assert_same(results[i], alone(model, src[i], beam=beam, nbest=nbest, alpha=alpha,
-                                      max_len=10))
+                                      max_len=10, no_doubles=no_doubles))
+    if no_doubles:
+        assert not any(a == b for i in range(4) for h in results[i]
+                       for a, b in zip(h.tokens, h.tokens[1:]))
 
 
 @pytest.mark.parametrize("written_out", [False, True])

@@ -33,6 +33,19 @@ def test_greedy_equals_beam_one(changes, max_len, alpha):
                 beam_search(model, src, beam=1, **options))
 
 
+def test_greedy_without_doubles_equals_beam_one_without_them():
+    """An untrained model repeats tokens; with no_doubles neither search writes one twice
+    in a row, and the two still agree."""
+    model = real_model()
+    src = padded_sources([9, 3, 6, 12, 2, 5])
+    options = dict(bos_id=BOS, eos_id=EOS, max_len=20)
+    free = greedy_hypotheses(model, src, **options)
+    assert any(a == b for h in free for a, b in zip(h[0].tokens, h[0].tokens[1:]))
+    found = greedy_hypotheses(model, src, no_doubles=True, **options)
+    assert not any(a == b for h in found for a, b in zip(h[0].tokens, h[0].tokens[1:]))
+    assert_same(found, beam_search(model, src, beam=1, no_doubles=True, **options))
+
+
 def test_batched_equals_one_sentence_at_a_time():
     model = real_model()
     src = padded_sources([7, 2, 11, 4, 5])

@@ -57,14 +57,22 @@ TABLE = {(): {A: 0.6, B: 0.4}, (A,): {A: 0.5, B: 0.5}, (B,): {EOS: 0.9, A: 0.1},
          (A, A): {EOS: 1.0}, (A, B): {EOS: 1.0}}
 
 
-def brute_force(model, max_len, alpha):
-    """Every sequence up to max_len tokens, scored as beam search scores them."""
+def brute_force(model, max_len, alpha, no_doubles=False):
+    """Every sequence up to max_len tokens, scored as beam search scores them (with
+    no_doubles: none with a token twice in a row, each step's probabilities renormalized
+    without the token before)."""
     best = []
     for length in range(1, max_len + 1):
         for body in itertools.product(range(2, model.vocab), repeat=length):
             if EOS in body[:-1] or (body[-1] != EOS and length < max_len):
                 continue  # eos ends a sequence; only the length limit cuts one without it
-            log_prob = sum(math.log(model.probabilities(body[:i])[body[i]]) for i in range(length))
+            if no_doubles and any(a == b for a, b in zip(body, body[1:])):
+                continue
+            log_prob = 0.0
+            for i in range(length):
+                probs = model.probabilities(body[:i])
+                before = probs[body[i - 1]] if no_doubles and i else 0.0   # (bos's: ~0)
+                log_prob += math.log(probs[body[i]] / (1 - before))
             tokens = list(body[:-1]) if body[-1] == EOS else list(body)
             best.append((log_prob / length_penalty(length, alpha), tokens))
     return sorted(best, reverse=True)
@@ -79,8 +87,9 @@ def test_beam_finds_what_greedy_misses():
     assert best.tokens == [B] and best.log_prob == pytest.approx(math.log(0.36), rel=1e-5)
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
-def test_wide_beam_equals_exhaustive_search(alpha):
+@pytest.mark.parametrize("alpha,no_doubles", [(0.0, False), (0.6, False), (1.0, False),
+                                              (0.6, True)])
+def test_wide_beam_equals_exhaustive_search(alpha, no_doubles):
     torch.manual_seed(3)
     table = {}
     for prefix_length in range(3):
@@ -90,8 +99,8 @@ def test_wide_beam_equals_exhaustive_search(alpha):
                 table[prefix] = {t: float(w) for t, w in zip([2, 3, 4], weights / weights.sum())}
     model = ScriptedDecoder(table)
     found = beam_search(model, torch.tensor([[5, EOS]]), bos_id=BOS, eos_id=EOS, beam=40,
-                        alpha=alpha, nbest=5, max_len=3)[0]
-    expected = brute_force(model, 3, alpha)[:5]
+                        alpha=alpha, nbest=5, max_len=3, no_doubles=no_doubles)[0]
+    expected = brute_force(model, 3, alpha, no_doubles)[:5]
     assert [h.tokens for h in found] == [tokens for _, tokens in expected]
     assert [h.score for h in found] == pytest.approx([score for score, _ in expected], rel=1e-5)
 

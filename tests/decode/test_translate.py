@@ -135,6 +135,26 @@ def test_translate_command_on_files(run_dir, tmp_path, capsys):
     assert len(nbest) == 6 and nbest[0].startswith("0 ||| ") and nbest[4].startswith("2 ||| ")
 
 
+def test_no_doubles_reaches_the_search_from_the_command_and_the_evaluation(
+        run_dir, tiny_corpus, tmp_path, capsys):
+    """--no-doubles: the untrained model's repeated pieces go (its outputs differ from the
+    free search's), as Translator.translate(no_doubles=True) gives them, and an
+    evaluation records it."""
+    translator = load(run_dir)
+    lines = ["uno dos tres casa", "el perro", "gato rojo grande come el perro"]
+    free, kept = translator.translate(lines), translator.translate(lines, no_doubles=True)
+    assert free != kept
+    source = tmp_path / "in.txt"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    assert main(["translate", "--model", str(run_dir), "--input", str(source),
+                 "--no-doubles"]) == 0
+    assert capsys.readouterr().out.splitlines() == kept
+    prefix = tmp_path / "eval"
+    assert main(["evaluate", "--model", str(run_dir), "--data", str(tiny_corpus), "--split",
+                 "test", "--no-doubles", "--out", str(prefix)]) == 0
+    assert json.loads(prefix.with_suffix(".json").read_text())["no_doubles"] is True
+
+
 def test_one_string_or_a_non_string_is_refused_naming_the_line(run_dir):
     translator = load(run_dir)
     with pytest.raises(TextError, match="got one str"):

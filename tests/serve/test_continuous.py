@@ -55,6 +55,19 @@ def test_jobs_get_what_offline_translation_gives(translator, beam, nbest):
         assert seconds >= 0 and started > 0
 
 
+def test_no_doubles_jobs_get_what_offline_translation_gives(translator):
+    """A request's no_doubles reaches the continuous search: its texts get what
+    Translator.translate(no_doubles=True) gives, which differs from the free search's."""
+    from tests.serve.conftest import client_for
+
+    with client_for(translator, max_chars=200, max_texts=16) as client:
+        answer = client.post("/v1/translate", json={"texts": SENTENCES, "no_doubles": True})
+        free = client.post("/v1/translate", json={"texts": SENTENCES})
+    texts = [t["text"] for t in answer.json()["translations"]]
+    assert texts == translator.translate(SENTENCES, no_doubles=True)
+    assert texts != [t["text"] for t in free.json()["translations"]]
+
+
 def test_bfloat16_jobs_are_all_answered(translation_dir):
     """In bfloat16 any batching changes some outputs (static batches too), so only the
     answers' shape is checked."""

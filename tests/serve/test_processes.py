@@ -47,14 +47,18 @@ def waves():
     return jobs, [jobs[:2], [jobs[2]], [], [jobs[3]]]
 
 
-@pytest.mark.parametrize("beam,nbest", [(4, 2), (1, 1)])
+@pytest.mark.parametrize("beam,nbest,no_doubles", [(4, 2, False), (1, 1, False),
+                                                   (4, 1, True)])
 def test_a_process_answers_what_the_stream_in_this_process_does(translator, process, beam,
-                                                                 nbest):
+                                                                 nbest, no_doubles):
     here_jobs, here_waves = waves()
     there_jobs, there_waves = waves()
-    here = run(translation_stream(translator, beam, 0.6, nbest, None)(0), here_waves)
-    there = run(translation_stream(translator, beam, 0.6, nbest, None, [process])(0),
-                there_waves)
+    here = run(translation_stream(translator, beam, 0.6, nbest, None,
+                                  no_doubles=no_doubles)(0), here_waves)
+    remote = translation_stream(translator, beam, 0.6, nbest, None, {0: process},
+                                no_doubles=no_doubles)(0)
+    assert type(remote).__name__ == "RemoteTranslationStream"
+    there = run(remote, there_waves)
     # The process steps without waiting for this one, so jobs join at other steps: the
     # same texts; scores within last-bit differences (their keys sit at other slots).
     for there_job, here_job in zip(there_jobs, here_jobs):

@@ -202,6 +202,8 @@ def test_evaluate_scores_the_decoding_copy_of_the_dtype_named(counting, tmp_path
     assert results[dtype]["nll"] != pytest.approx(results["auto"]["nll"], rel=1e-5)
     assert main([*command, "--kv-dtype", "int8"]) == 2
     assert "--kv-dtype: a language model is scored over whole lines" in capsys.readouterr().err
+    assert main([*command, "--no-doubles"]) == 2
+    assert "--no-doubles applies to translation" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("model_changes,train_changes,message", [

@@ -274,6 +274,9 @@ def test_a_classifier_records_what_it_classifies(same_or_not, tmp_path, capsys):
     assert main(["evaluate", "--model", str(tmp_path / "texts"), "--data", str(same_or_not),
                  "--split", "test", "--out", str(tmp_path / "test")]) == 2
     assert "fine-tuned on single texts" in capsys.readouterr().err
+    assert main(["evaluate", "--model", str(tmp_path / "pairs"), "--data", str(same_or_not),
+                 "--split", "test", "--no-doubles", "--out", str(tmp_path / "test")]) == 2
+    assert "--no-doubles applies to translation" in capsys.readouterr().err
     with client_for(pairs_model, max_chars=100, max_texts=16) as client:
         assert client.get("/v1/models").json()["data"][0]["classifier_inputs"] == "pairs"
         answer = client.post("/v1/classify", json={"texts": ["one"]})

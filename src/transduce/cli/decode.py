@@ -117,7 +117,8 @@ def _translated_text(translator, lines: list[str], args: argparse.Namespace, don
     options = dict(beam=args.beam, alpha=args.alpha, batch_tokens=args.batch_tokens,
                    batch_sentences=args.batch_sentences, strict=args.strict,
                    first_line_number=done + 1, progress=progress,
-                   source_lang=args.source_lang, target_lang=args.target_lang)
+                   source_lang=args.source_lang, target_lang=args.target_lang,
+                   no_doubles=args.no_doubles)
     if args.nbest == 1:
         return format_best(translator.translate(lines, **options))
     return format_nbest(translator.translate_nbest(lines, args.nbest, **options), done)
@@ -149,7 +150,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
         result = evaluate_split(translator, args.data, args.split, out, beam=args.beam,
                                 alpha=args.alpha, batch_tokens=search_batch_tokens(args),
                                 batch_sentences=args.batch_sentences, progress=bar.update,
-                                source_lang=args.source_lang, target_lang=args.target_lang)
+                                source_lang=args.source_lang, target_lang=args.target_lang,
+                                no_doubles=args.no_doubles)
     print(f"{args.split}: BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  "
           f"({result['sentences']} sentences, beam {args.beam}, "
           f"{result['sentences_per_second']:.1f} sentences/s)")
@@ -192,6 +194,8 @@ def _evaluate_classifier(args: argparse.Namespace) -> int:
     if args.kv_dtype is not None:
         raise ConfigError("a classifier keeps no KV cache: --kv-dtype applies to models "
                           "that decode")
+    if args.no_doubles:
+        raise ConfigError("--no-doubles applies to translation: a classifier writes no text")
     encoder = SentenceEncoder.load(args.model, dtype=args.dtype, engine=args.engine)
     out = args.out or (Path(args.model) / f"eval-{args.split}-classify")
     files = _check_outputs(out, "classification")
@@ -219,6 +223,9 @@ def _evaluate_language_model(args: argparse.Namespace) -> int:
     if args.kv_dtype is not None:
         raise ConfigError("--kv-dtype: a language model is scored over whole lines at once, "
                           "with no KV cache; --dtype scores a decoding copy")
+    if args.no_doubles:
+        raise ConfigError("--no-doubles applies to translation: a language model is scored "
+                          "on the split's own text")
     dtype = "float32" if args.dtype == "auto" else args.dtype   # the model's own perplexity
     out = args.out or (Path(args.model) / f"eval-{args.split}-lm")
     files = _check_outputs(out, "language model")

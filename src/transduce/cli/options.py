@@ -129,6 +129,10 @@ def add_search_options(command: argparse.ArgumentParser, *, classifies: bool = F
                               f"{SEARCH_BATCH_TOKENS}{classifier})")
     command.add_argument("--batch-sentences", type=non_negative_int, default=0,
                          help="at most this many lines per batch (0: no cap)")
+    command.add_argument("--no-doubles", action="store_true",
+                         help="a token never directly follows itself (what a briefly trained "
+                              "model's 'God God God' needs; not for languages that double "
+                              "characters)")
     scored = "; evaluate scores a language model in float32 unless a type is named"
     add_dtype_option(command, scored if classifies else "")
     add_kv_dtype_option(command)

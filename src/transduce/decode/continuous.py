@@ -40,7 +40,8 @@ from torch import Tensor
 
 from transduce.attention.kv_cache import Int4KVCache, KVCache, QuantizedKVCache
 from transduce.decode.search import (Hypothesis, best_extensions, fill_holes, finish_eos,
-                                     finish_live, length_penalty, max_lengths, sentence_done)
+                                     finish_live, forbid_doubles, length_penalty, max_lengths,
+                                     sentence_done)
 from transduce.model.transformer import Transformer
 
 
@@ -94,9 +95,10 @@ class ContinuousBeamSearch:
 
     def __init__(self, model: Transformer, *, bos_id: int, eos_id: int, beam: int = 4,
                  alpha: float = 0.6, nbest: int = 1, max_len: int | None = None,
-                 cache_dtype: torch.dtype | None = None):
+                 cache_dtype: torch.dtype | None = None, no_doubles: bool = False):
         """cache_dtype: the self-attention caches' (torch.int8, torch.int4: quantized;
-        None: the model's)."""
+        None: the model's); no_doubles: a token never directly follows itself
+        (search.forbid_doubles)."""
         if not supports(model, cache_dtype):
             raise ValueError(f"{type(model).__name__} cannot decode continuously: it needs an "
                              "encoder-decoder Transformer with softmax attention's KV caches")
@@ -104,6 +106,7 @@ class ContinuousBeamSearch:
             raise ValueError(f"nbest={nbest} must be between 1 and beam={beam}")
         self.model, self.bos_id, self.eos_id = model, bos_id, eos_id
         self.beam, self.alpha, self.nbest, self.max_len = beam, alpha, nbest, max_len
+        self.no_doubles = no_doubles
         c = model.config
         self.dtype = model.decoder.embed.embedding.weight.dtype     # the decoding copy's
         self.device = model.decoder.embed.embedding.weight.device
@@ -197,6 +200,8 @@ class ContinuousBeamSearch:
         sentences, beam, slot = len(self.sentences), self.beam, self.slot
         rows = sentences * beam
         logits = self._decode(rows, slot)                                # (R, V)
+        if self.no_doubles:
+            forbid_doubles(logits, self._history[:rows, slot])
         scores = self._scores[:sentences]
         top = best_extensions(logits, scores, beam, self.eos_id)
         steps = [slot + 1 - s.offset - s.given for s in self.sentences]  # tokens so far

@@ -57,10 +57,11 @@ def written_files(out_prefix: Path, kind: str) -> list[Path]:
 def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefix: Path, *,
                    beam: int = 4, alpha: float = 0.6, batch_tokens: int = 4096,
                    batch_sentences: int = 0, progress=None, source_lang: str | None = None,
-                   target_lang: str | None = None) -> dict:
+                   target_lang: str | None = None, no_doubles: bool = False) -> dict:
     """Translate every line of the split's source, score against its references, and
     write OUT.hyp (one line per source line) and OUT.json (scores, signatures, timing).
-    source_lang, target_lang: a multilingual model's pair (Translator.translate)."""
+    source_lang, target_lang: a multilingual model's pair, no_doubles
+    (Translator.translate)."""
     way = translator.direction(source_lang, target_lang)
     if not way.languages:       # a multilingual model's codes are not the corpus's names
         _check_language_pair(translator, data_dir)
@@ -75,12 +76,14 @@ def evaluate_split(translator: Translator, data_dir: Path, split: str, out_prefi
     start = time.perf_counter()
     hypotheses = translator.translate(sources, beam=beam, alpha=alpha, batch_tokens=batch_tokens,
                                       batch_sentences=batch_sentences, progress=progress,
-                                      source_lang=source_lang, target_lang=target_lang)
+                                      source_lang=source_lang, target_lang=target_lang,
+                                      no_doubles=no_doubles)
     seconds = time.perf_counter() - start
     bleu = sacrebleu.metrics.BLEU()
     chrf = sacrebleu.metrics.CHRF()
     result = {
         "split": split, "sentences": len(sources), "beam": beam, "alpha": alpha,
+        **({"no_doubles": True} if no_doubles else {}),
         **({"languages": dict(zip(("source", "target"), way.languages))}
            if way.languages else {}),
         "dtype": translator.dtype,

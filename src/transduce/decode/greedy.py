@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from transduce.decode.search import (Hypothesis, Start, fill_holes, forced_start,
-                                     length_penalty, max_lengths, start_tokens)
+from transduce.decode.search import (Hypothesis, Start, fill_holes, forbid_doubles,
+                                     forced_start, length_penalty, max_lengths, start_tokens)
 from transduce.model import Generative as Model
 
 
@@ -23,11 +23,13 @@ from transduce.model import Generative as Model
 def greedy_hypotheses(model: Model, src: Tensor, *, bos_id: Start, eos_id: int,
                       alpha: float = 0.6, max_len: int | None = None,
                       cache_dtype: torch.dtype | None = None, src_mask: Tensor | None = None,
-                      forced: Tensor | None = None) -> list[list[Hypothesis]]:
+                      forced: Tensor | None = None, no_doubles: bool = False
+                      ) -> list[list[Hypothesis]]:
     """src (B, S) right-padded ids -> for each sentence, [its greedy Hypothesis] (the form
     beam_search returns). A sentence ends at eos or at its length limit, and leaves the
     batch with its cache rows. forced: (B, F) tokens every output starts with
-    (search.forced_start)."""
+    (search.forced_start). no_doubles: a token never directly follows itself
+    (search.forbid_doubles)."""
     device, batch = src.device, src.shape[0]
     given = 0 if forced is None else forced.shape[1]
     limits = max_lengths(model, src, max_len, given)                       # (B,)
@@ -41,6 +43,8 @@ def greedy_hypotheses(model: Model, src: Tensor, *, bos_id: Start, eos_id: int,
     found: list[list[Hypothesis]] = [[] for _ in range(batch)]
     for step in range(1, int(limits.max()) + 1):
         logits = model.decode_step(history[:, -1:], state)[:, -1]          # (A, V)
+        if no_doubles:
+            forbid_doubles(logits, history[:, -1])
         candidates = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
         scores, token = candidates.add_(scores[:, None]).max(dim=-1)      # (A,), (A,)
         ended = (token == eos_id) | (limit <= step)

@@ -102,7 +102,8 @@ class SearchOptions(ValidatedConfig):
     penalty's exponent; nbest: hypotheses returned per sentence (at most beam);
     batch_tokens: source tokens per batch counting padding; batch_sentences: at most
     this many lines per batch (0: no cap); max_length: output tokens at most per
-    sentence (None: the source's length + 50), within the model's positions."""
+    sentence (None: the source's length + 50), within the model's positions;
+    no_doubles: a token never directly follows itself (search.forbid_doubles)."""
 
     beam: int = 4
     alpha: float = 0.6
@@ -110,8 +111,10 @@ class SearchOptions(ValidatedConfig):
     batch_tokens: int = 4096
     batch_sentences: int = 0
     max_length: int | None = None
+    no_doubles: bool = False
 
     def __post_init__(self) -> None:
+        self._check_bools()
         self._check_floats_finite()
         check_positive(self, "beam", "nbest", "batch_tokens")
         if self.max_length is not None:

@@ -154,7 +154,7 @@ class Translator:
                   batch_tokens: int = 4096, batch_sentences: int = 0, strict: bool = False,
                   first_line_number: int = 1, progress: Progress | None = None,
                   max_length: int | None = None, source_lang: str | None = None,
-                  target_lang: str | None = None) -> list[str]:
+                  target_lang: str | None = None, no_doubles: bool = False) -> list[str]:
         """Translate lines -> the best translation of each line.
 
         Batches hold about batch_tokens source tokens counting padding, and at most
@@ -162,10 +162,12 @@ class Translator:
         truncated with a warning naming it, or refused with strict=True. progress(n) is
         called as each batch of n lines ends. max_length caps each output's tokens (None:
         the source's length + 50). source_lang, target_lang: a multilingual model's
-        languages (its codes, such as eng_Latn; None: the pair it records).
+        languages (its codes, such as eng_Latn; None: the pair it records). no_doubles:
+        a token never directly follows itself (search.forbid_doubles).
         """
         options = SearchOptions(beam=beam, alpha=alpha, batch_tokens=batch_tokens,
-                                batch_sentences=batch_sentences, max_length=max_length)
+                                batch_sentences=batch_sentences, max_length=max_length,
+                                no_doubles=no_doubles)
         found = self._search(lines, options, strict, first_line_number, progress,
                              self.direction(source_lang, target_lang))
         return [hypotheses[0].text for hypotheses in found]
@@ -174,12 +176,13 @@ class Translator:
                         alpha: float = 0.6, batch_tokens: int = 4096, batch_sentences: int = 0,
                         strict: bool = False, first_line_number: int = 1,
                         progress: Progress | None = None, max_length: int | None = None,
-                        source_lang: str | None = None,
-                        target_lang: str | None = None) -> list[list[Translation]]:
+                        source_lang: str | None = None, target_lang: str | None = None,
+                        no_doubles: bool = False) -> list[list[Translation]]:
         """Translate lines -> the nbest (<= beam) best translations of each line with their
         scores, best first. Options as in translate()."""
         options = SearchOptions(beam=beam, alpha=alpha, nbest=nbest, batch_tokens=batch_tokens,
-                                batch_sentences=batch_sentences, max_length=max_length)
+                                batch_sentences=batch_sentences, max_length=max_length,
+                                no_doubles=no_doubles)
         return self._search(lines, options, strict, first_line_number, progress,
                             self.direction(source_lang, target_lang))
 
@@ -199,11 +202,12 @@ class Translator:
                 if options.beam == 1:     # the same answer in fewer operations
                     return greedy_hypotheses(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID,
                                              alpha=options.alpha, max_len=options.max_length,
-                                             cache_dtype=cache_dtype, forced=forced)
+                                             cache_dtype=cache_dtype, forced=forced,
+                                             no_doubles=options.no_doubles)
                 return beam_search(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID,
                                    beam=options.beam, alpha=options.alpha, nbest=options.nbest,
                                    max_len=options.max_length, cache_dtype=cache_dtype,
-                                   forced=forced)
+                                   forced=forced, no_doubles=options.no_doubles)
 
         batches = length_sorted_batches(ids, options.batch_tokens, options.batch_sentences)
         for indices, found in map_batches(search, batches, self.workers,

@@ -31,7 +31,7 @@ def decodes_in_streams(model: Any, limits: Limits) -> bool:
 
 def translation_stream(translator: Translator, beam: int, alpha: float, nbest: int,
                        max_length: int | None, processes: Mapping[int, Any] | None = None,
-                       *, languages: tuple[str, str] | None = None
+                       *, languages: tuple[str, str] | None = None, no_doubles: bool = False
                        ) -> Callable[[int], Stream] | None:
     """A factory of streams for these search settings and languages (a multilingual
     model's; called with the decoder's rank), or None where the translator cannot decode
@@ -41,7 +41,7 @@ def translation_stream(translator: Translator, beam: int, alpha: float, nbest: i
     decodes them in its own thread."""
     if not translator.decodes_continuously:
         return None
-    settings = (beam, alpha, nbest, max_length, languages)
+    settings = (beam, alpha, nbest, max_length, languages, no_doubles)
 
     def stream(rank: int) -> Stream:
         if processes and rank in processes:
@@ -63,13 +63,15 @@ class TranslationStream:
     the routes' timings read (service.py)."""
 
     def __init__(self, translator: Translator, beam: int, alpha: float, nbest: int,
-                 max_length: int | None, languages: tuple[str, str] | None = None):
+                 max_length: int | None, languages: tuple[str, str] | None = None,
+                 no_doubles: bool = False):
         self.translator, self.nbest = translator, nbest
         self.way = translator.direction(*(languages or (None, None)))
         self.search = ContinuousBeamSearch(translator.model, bos_id=BOS_ID, eos_id=EOS_ID,
                                            beam=beam, alpha=alpha, nbest=nbest,
                                            max_len=max_length,
-                                           cache_dtype=translator.cache_dtype)
+                                           cache_dtype=translator.cache_dtype,
+                                           no_doubles=no_doubles)
         self.pending: dict[Job, _Pending] = {}
         self.ready: list[Job] = []             # done without a step: only empty texts
 

@@ -88,12 +88,14 @@ class DecoderProcess:
                                        f"model: {detail}")
 
     def stream(self, beam: int, alpha: float, nbest: int, max_length: int | None,
-               languages: tuple[str, str] | None = None) -> "RemoteTranslationStream":
+               languages: tuple[str, str] | None = None,
+               no_doubles: bool = False) -> "RemoteTranslationStream":
         """A new stream with these search settings (and a multilingual model's
         languages), decoded by this process (started again first if it has died)."""
         if self._process is None or not self._process.is_alive():
             self.start()
-        return RemoteTranslationStream(self, (beam, alpha, nbest, max_length, languages))
+        return RemoteTranslationStream(self, (beam, alpha, nbest, max_length, languages,
+                                              no_doubles))
 
     def close(self) -> None:
         """Tell the process to stop and wait for it (killed if it does not stop)."""

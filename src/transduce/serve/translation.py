@@ -50,7 +50,7 @@ def routes(service: Service) -> APIRouter:
         way = checked_direction(translator, body, service.languages)
         found, timings = await _translate(service, body.texts, "texts", body.beam,
                                           body.alpha, body.nbest, body.max_length,
-                                          body.truncate, way)
+                                          body.truncate, way, no_doubles=body.no_doubles)
         return TranslateResponse(translations=[
             Translated(text=h[0].text, score=h[0].score, truncated=cut,
                        nbest=[{"text": t.text, "score": t.score} for t in h]
@@ -105,7 +105,8 @@ def serves_attention_maps(translator: Translator) -> bool:
 
 
 async def _translate(service: Service, texts: list[str], name: str, beam: int, alpha: float,
-                     nbest: int, max_length: int | None, truncate: bool, way: Direction
+                     nbest: int, max_length: int | None, truncate: bool, way: Direction, *,
+                     no_doubles: bool = False
                      ) -> tuple[list[tuple[list[Translation], bool]], Timings]:
     """Check the texts against the limits, queue them, await -> [(hypotheses, truncated)]
     per text, and the timings. Texts join others of the same settings and languages."""
@@ -115,14 +116,15 @@ async def _translate(service: Service, texts: list[str], name: str, beam: int, a
     lengths = [len(ids) for ids in translator.tokenizer.encode([t.strip() for t in texts])]
     cut = check_tokens(lengths, limit, name, truncate)
     search = (beam, float(alpha), nbest, max_length)
-    key = ("translate", *search, way.languages)
+    key = ("translate", *search, way.languages, no_doubles)
     run = timed(lambda jobs: _run_translations(translator, key, service.limits.batch_tokens,
                                                jobs))
     tokens = sum(min(n, limit) + 1 + len(way.source_prefix) for n in lengths)
     found, timings = await service.submit(key, run, texts, tokens, len(texts),
                                           translation_stream(translator, *search,
                                                              service.decoder_processes,
-                                                             languages=way.languages))
+                                                             languages=way.languages,
+                                                             no_doubles=no_doubles))
     return list(zip(found, cut)), timings
 
 
@@ -130,12 +132,12 @@ def _run_translations(translator: Translator, key: tuple, batch_tokens: int,
                       jobs: Sequence[Job]) -> list[list[list[Translation]]]:
     """On the worker: every job's texts translated together -> per job, per text, its
     hypotheses."""
-    _, beam, alpha, nbest, max_length, languages = key
+    _, beam, alpha, nbest, max_length, languages, no_doubles = key
     source, target = languages or (None, None)
     lines = [text for job in jobs for text in job.payload]
     return split_by_job(jobs, translator.translate_nbest(
         lines, nbest, beam=beam, alpha=alpha, max_length=max_length, batch_tokens=batch_tokens,
-        source_lang=source, target_lang=target))
+        source_lang=source, target_lang=target, no_doubles=no_doubles))
 
 
 async def _libre_body(request: Request) -> LibreTranslateRequest:
