@@ -723,11 +723,14 @@ def test_the_command_serves_caches_of_the_kv_dtype_it_is_given(kind, lm_dir, tra
     assert served["model"].cache_dtype is None
 
 
-def test_an_encoder_is_served_without_a_kv_dtype(encoder_dir, capsys):
+def test_an_encoder_is_served_without_a_kv_dtype(encoder_dir, lm_dir, capsys):
+    """And --no-doubles is a translation model's (a language model's is refused too)."""
     from transduce.cli import main
 
     assert main(["serve", "--model", str(encoder_dir), "--kv-dtype", "int8"]) == 2
     assert "kv_dtype applies to models that decode" in capsys.readouterr().err
+    assert main(["serve", "--model", str(lm_dir), "--no-doubles"]) == 2
+    assert "--no-doubles applies to a translation model" in capsys.readouterr().err
 
 
 def test_an_address_it_cannot_listen_on_is_refused_before_the_model_loads(tmp_path, capsys):

@@ -66,6 +66,14 @@ def test_no_doubles_jobs_get_what_offline_translation_gives(translator):
     texts = [t["text"] for t in answer.json()["translations"]]
     assert texts == translator.translate(SENTENCES, no_doubles=True)
     assert texts != [t["text"] for t in free.json()["translations"]]
+    # serve --no-doubles: the default of requests that do not say, LibreTranslate's too
+    with client_for(translator, max_chars=200, max_texts=16, no_doubles=True) as client:
+        unsaid = client.post("/v1/translate", json={"texts": SENTENCES})
+        refused = client.post("/v1/translate", json={"texts": SENTENCES, "no_doubles": False})
+        libre = client.post("/translate", json={"q": SENTENCES, "source": "es", "target": "en"})
+    assert [t["text"] for t in unsaid.json()["translations"]] == texts
+    assert refused.json() == {**free.json(), "timings": refused.json()["timings"]}
+    assert libre.json()["translatedText"] == texts
 
 
 def test_bfloat16_jobs_are_all_answered(translation_dir):

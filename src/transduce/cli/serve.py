@@ -51,6 +51,9 @@ def register(commands) -> None:
                        help="seconds SIGTERM waits for requests in flight")
     add_dtype_option(serve)
     add_kv_dtype_option(serve)
+    serve.add_argument("--no-doubles", action="store_true",
+                       help="a translation model's requests that do not say keep a token "
+                            "from directly following itself (LibreTranslate's too)")
     serve.add_argument("--threads", type=positive_int, default=None,
                        help="PyTorch threads (default: PyTorch's choice)")
     serve.set_defaults(handler=serve_command)
@@ -62,6 +65,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
     from transduce import load
     from transduce.runtime import keep_freed_memory
+    from transduce.serve.app import model_kind
     from transduce.serve.limits import Limits
     from transduce.serve.server import serve
 
@@ -71,7 +75,7 @@ def serve_command(args: argparse.Namespace) -> int:
                     max_queue=args.max_queue, batch_tokens=args.batch_tokens,
                     window_ms=args.window_ms, batching=not args.no_batching,
                     continuous=not args.static_batches,
-                    max_attention_values=args.max_attention_values)
+                    max_attention_values=args.max_attention_values, no_doubles=args.no_doubles)
     if args.threads:
         _check_threads(args.threads)
         torch.set_num_threads(args.threads)
@@ -79,6 +83,9 @@ def serve_command(args: argparse.Namespace) -> int:
     with _bound_socket(args.host, args.port) as listening:
         loaded = functools.partial(load, dtype=args.dtype, kv_dtype=args.kv_dtype)
         model = _load_in_a_passing_thread(loaded, args.model)
+        if args.no_doubles and model_kind(model) != "translation":
+            raise ConfigError(f"--no-doubles applies to a translation model; {args.model} is "
+                              f"a {model_kind(model)} model")
         decoders = _auto_decoders(model, limits) if args.decoders == "auto" else args.decoders
         limits = dataclasses.replace(limits, decoders=decoders)
         name = args.name or args.model.resolve().name

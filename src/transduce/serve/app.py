@@ -184,7 +184,8 @@ def summary(service: Service, kind: str) -> str:
         batching = "continuous batching"
     if limits.decoders > 1 and decodes_in_streams(model, limits):
         batching += f", {limits.decoders} decoders"
-    return f"Serving {service.name}: a {kind} model{size}, {how}; {batching}"
+    doubles = "; no_doubles unless a request says otherwise" if limits.no_doubles else ""
+    return f"Serving {service.name}: a {kind} model{size}, {how}; {batching}{doubles}"
 
 
 def engine(model) -> str:

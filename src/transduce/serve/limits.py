@@ -28,7 +28,9 @@ class Limits(ValidatedConfig):
     side, sharing the cores (batcher.py; those after the first in processes of their
     own where create_app is given a way to load the model again, processes.py);
     max_attention_values: numbers in one /v1/attention answer (about 6 bytes of JSON
-    each at 3 decimals)."""
+    each at 3 decimals); no_doubles: translations keep a token from directly following
+    itself where a request does not say (search.forbid_doubles; LibreTranslate's
+    clients cannot)."""
 
     max_chars: int = 5000
     max_texts: int = 128
@@ -39,8 +41,10 @@ class Limits(ValidatedConfig):
     continuous: bool = True
     decoders: int = 1
     max_attention_values: int = 2**25
+    no_doubles: bool = False
 
     def __post_init__(self) -> None:
+        self._check_bools()
         self._check_floats_finite()
         check_positive(self, "max_chars", "max_texts", "max_queue", "batch_tokens",
                        "decoders", "max_attention_values")

@@ -59,9 +59,10 @@ class TranslateRequest(LanguagePair):
         None, description="output tokens at most (default: the source's length + 50)")
     truncate: StrictBool = Field(False, description="cut texts over the model's length "
                                                     "limit instead of refusing them (413)")
-    no_doubles: StrictBool = Field(False, description=(
+    no_doubles: StrictBool | None = Field(None, description=(
         "a token never directly follows itself (a briefly trained model's 'God God God'; "
-        "not for languages that double characters)"))
+        "not for languages that double characters); default: the server's "
+        "(serve --no-doubles)"))
 
 
 class Hypothesis(BaseModel):

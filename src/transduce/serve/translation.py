@@ -74,7 +74,7 @@ def _add_libretranslate_routes(router: APIRouter, service: Service) -> None:
         way = _libre_direction(service, body.source, body.target)
         texts = [body.q] if isinstance(body.q, str) else body.q
         found, _ = await _translate(service, texts, "q", max(4, body.alternatives + 1), 0.6,
-                                    body.alternatives + 1, None, False, way)
+                                    body.alternatives + 1, None, False, way, no_doubles=None)
         best = [h[0].text for h, _ in found]
         others = [[t.text for t in h[1:]] for h, _ in found]
         single = isinstance(body.q, str)
@@ -106,11 +106,14 @@ def serves_attention_maps(translator: Translator) -> bool:
 
 async def _translate(service: Service, texts: list[str], name: str, beam: int, alpha: float,
                      nbest: int, max_length: int | None, truncate: bool, way: Direction, *,
-                     no_doubles: bool = False
+                     no_doubles: bool | None
                      ) -> tuple[list[tuple[list[Translation], bool]], Timings]:
     """Check the texts against the limits, queue them, await -> [(hypotheses, truncated)]
-    per text, and the timings. Texts join others of the same settings and languages."""
+    per text, and the timings. Texts join others of the same settings and languages.
+    no_doubles None: the server's (Limits.no_doubles)."""
     translator: Translator = service.model
+    if no_doubles is None:
+        no_doubles = service.limits.no_doubles
     check_texts(texts, service.limits, name)
     limit = translator.max_source_tokens - 1 - len(way.source_prefix)
     lengths = [len(ids) for ids in translator.tokenizer.encode([t.strip() for t in texts])]
