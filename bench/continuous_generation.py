@@ -27,7 +27,6 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -35,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from constrained import END, train_vocabulary  # noqa: E402
-from measure import machine_info  # noqa: E402
+from measure import machine_info, run_joining  # noqa: E402
 from transduce.config import ModelConfig  # noqa: E402
 from transduce.data.hf_tokenizer import HFTokenizer  # noqa: E402
 from transduce.decode.continuous_generation import ContinuousGeneration  # noqa: E402
@@ -61,16 +60,11 @@ def generate(generator: Generator, prompts: list[list[int]], running: int,
              new_tokens: int) -> tuple[float, list[list[int]]]:
     """-> generated tokens per second, and each prompt's tokens."""
     generation = ContinuousGeneration(generator, GenerateOptions(max_new_tokens=new_tokens))
-    waiting, found = list(range(len(prompts))), {}
-    started = time.perf_counter()
-    while waiting or generation.running:
-        room = running - generation.running
-        if room and waiting:
-            joining, waiting = waiting[:room], waiting[room:]
-            generation.add([prompts[i] for i in joining], joining)
-        found.update((tag, continuation.tokens) for tag, continuation in generation.step())
-    seconds = time.perf_counter() - started
-    return sum(map(len, found.values())) / seconds, [found[i] for i in range(len(prompts))]
+    seconds, found = run_joining(
+        generation, len(prompts), running,
+        lambda joining: generation.add([prompts[i] for i in joining], joining))
+    tokens = [continuation.tokens for continuation in found]
+    return sum(map(len, tokens)) / seconds, tokens
 
 
 def compare(generator: Generator, prompts: list[list[int]], running: int, args) -> dict:

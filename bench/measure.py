@@ -99,15 +99,27 @@ def continuous_search(model, ids: list[list[int]], running: int, beam: int
     from transduce.decode.translate import pad_sources
 
     searcher = ContinuousBeamSearch(model, bos_id=BOS_ID, eos_id=EOS_ID, beam=beam)
-    waiting, found = list(range(len(ids))), {}
+    seconds, found = run_joining(
+        searcher, len(ids), running,
+        lambda joining: searcher.add(pad_sources([ids[i] for i in joining]), joining))
+    return len(ids) / seconds, [hypotheses[0].tokens for hypotheses in found]
+
+
+def run_joining(stream, count: int, running: int, add: Callable[[list[int]], None]
+                ) -> tuple[float, list]:
+    """Items 0..count-1 through a continuous search or generation (`stream`: .running,
+    .step() -> (tag, result) of those done), `running` at a time, newcomers joining as
+    others finish (add(their indices), which are their tags) -> seconds, and each
+    item's result in order."""
+    waiting, found = list(range(count)), {}
     started = time.perf_counter()
-    while waiting or searcher.running:
-        room = running - searcher.running
+    while waiting or stream.running:
+        room = running - stream.running
         if room and waiting:
             joining, waiting = waiting[:room], waiting[room:]
-            searcher.add(pad_sources([ids[i] for i in joining]), joining)
-        found.update((tag, h[0].tokens) for tag, h in searcher.step())
-    return len(ids) / (time.perf_counter() - started), [found[i] for i in range(len(ids))]
+            add(joining)
+        found.update(stream.step())
+    return time.perf_counter() - started, [found[i] for i in range(count)]
 
 
 def alternating_rates(runs: dict[str, Callable[[], tuple[float, list]]], rounds: int) -> dict:
