@@ -184,6 +184,52 @@ def test_a_grammar_is_freed_as_soon_as_it_is_dropped(byte_bpe):
 
 
 @pytest.mark.parametrize("kind", ["byte-level", "hand-made"])
+def test_every_indentation_is_its_no_indentation_s_mask_less_the_tokens_leading_with_more(
+        kind, byte_bpe):
+    """After a newline each count of spaces or tabs is a state; its mask is exact against
+    every token tried alone, at every count up to MAX_INDENT, in objects, arrays, a value
+    after its colon and a choice, and comes from the one walk at no indentation."""
+    if kind == "hand-made":
+        pieces = [None, *(bytes([b]) for b in range(256)), *(b" " * j for j in range(2, 20)),
+                  b"\t\t", b" \t ", b'   "', b'"a', b"    ]", b"\t}", b" \n", b"  1", b"   {",
+                  b"  true", b'  "a": ', b" " * 15 + b"]", b" " * 17 + b"]", b"\t" * 16 + b'"']
+        eos = 0
+    else:
+        pieces, eos = token_bytes(byte_bpe, byte_bpe.vocab_size), byte_bpe.eos_id
+    schema = {"type": "object", "properties": {
+        "a": {"type": "array", "items": {"anyOf": [{"type": "integer"}, {"type": "object"}]},
+              "maxItems": 2}, "b": {"type": "boolean"}}, "required": ["a"]}
+    grammar = TokenGrammar(compile_schema(schema), Vocabulary(pieces, [eos]))
+    walks = []
+    walk = grammar._walk
+    grammar._walk = lambda *arguments: walks.append(arguments[1]) or walk(*arguments)
+    places = [b"{\n", b'{"a":\n', b'{"a": [\n', b'{"a": [1,\n', b'{"a": [{\n', b'{"a": [1]\n',
+              b'{"a": [1],\n']
+    for place, blank in itertools.product(places, (b" ", b"\t")):
+        for count in range(17):
+            state = advance(start(grammar.root), place + blank * count)
+            expected = torch.tensor([bool(piece) and bool(advance(state, piece))
+                                     for piece in pieces])
+            if complete(state) or not expected.any():
+                expected[eos] = True
+            assert torch.equal(grammar.allowed(state), expected), (place, blank, count)
+    assert len(walks) == len(places)                 # one walk per place, at no indentation
+    assert len(grammar._masks) == len(places)        # the others, one comparison, not kept
+
+
+def test_an_indentation_no_token_goes_on_from_allows_the_end_token():
+    """As everywhere, a row never has no token: here every token that goes on leads with
+    a space, and 16 spaces are written."""
+    pieces = [None, b"[", b"\n", b" ", b" 1", b" ]"]
+    grammar = TokenGrammar(compile_schema({"type": "array", "items": {"type": "integer"}}),
+                           Vocabulary(pieces, [0]))
+    assert grammar.allowed(advance(start(grammar.root), b"[\n" + b" " * 15)).tolist() == \
+        [False, False, False, True, True, True]
+    assert grammar.allowed(advance(start(grammar.root), b"[\n" + b" " * 16)).tolist() == \
+        [True, False, False, False, False, False]
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "hand-made"])
 def test_masks_are_exact_where_a_patterns_table_would_be_too_large(monkeypatch, kind,
                                                                    byte_bpe, spm):
     """Past MAX_TABLE entries a pattern's plain tokens are walked instead, the same."""

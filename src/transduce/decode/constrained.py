@@ -13,7 +13,9 @@ count of characters. In a string whose characters are counted (a pattern's, a
 maxLength's), each count is a state of its own: there each token's need is found once
 per set of the rule's places and compared with the room left (string_masks.py). In free
 text up to a marker (a model's reasoning, up to </think>), only the tokens holding the
-marker's first byte are walked.
+marker's first byte are walked. After a newline each count of indentation is a state
+too: its mask is the one at no indentation less the tokens that lead with more spaces or
+tabs than may still come.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class Vocabulary:
     """A tokenizer's tokens as bytes (token_bytes.py), arranged for masks: a trie of
     them all, a trie of those a string's body cannot take as they are (a quote, a
     backslash, a control byte, part of a UTF-8 character), and the characters of those
-    it can (0: a token it cannot)."""
+    it can (0: a token it cannot), and the spaces and tabs each begins with (indentation
+    reads them)."""
 
     def __init__(self, pieces: Sequence[bytes | None], end_ids: Sequence[int],
                  device: torch.device | str = "cpu", specials: Mapping[str, int] = {}):
@@ -52,9 +55,11 @@ class Vocabulary:
         self.specials = {name: token for name, token in specials.items() if token < self.size}
         self.trie, self.special_trie = {}, {}
         plain_chars = torch.zeros(self.size, dtype=torch.int32)
+        leading_blanks = torch.zeros(self.size, dtype=torch.int32)
         for token, piece in enumerate(pieces):
             if not piece:
                 continue
+            leading_blanks[token] = len(piece) - len(piece.lstrip(b" \t"))
             _insert(self.trie, piece, token)
             text = _whole_utf8(piece)
             if STRING_SPECIAL.isdisjoint(piece) and text is not None:
@@ -62,6 +67,7 @@ class Vocabulary:
             else:
                 _insert(self.special_trie, piece, token)
         self.pieces, self.plain_chars = list(pieces), plain_chars.to(device)
+        self.leading_blanks = leading_blanks.to(device)
         self.plain = self.plain_chars > 0
         self.single_bytes = frozenset(piece[0] for piece in pieces if piece and len(piece) == 1)
         self._split: dict[int, tuple[Tensor, Trie]] = {}
@@ -154,6 +160,9 @@ class TokenGrammar:
         if mask is not None:
             self._masks.move_to_end(state)
             return mask
+        indented = json_grammar.indentation(state)
+        if indented is not None:
+            return self._indented(*indented)
         vocabulary = self.vocabulary
         trie, mask = self._unwalked(state)
         mask[self._walk(trie, state)] = True
@@ -166,6 +175,19 @@ class TokenGrammar:
             self._masks[state] = mask
             if len(self._masks) > CACHED_MASKS:
                 self._masks.popitem(last=False)
+        return mask
+
+    def _indented(self, base: State, room: int) -> Tensor:
+        """The mask of a state `room` spaces or tabs short of the most indentation: the
+        mask at no indentation (`base`, kept) less the tokens that lead with more. Not
+        kept itself: one comparison, where each indentation kept would evict a walk."""
+        base_mask, leads = self.allowed(base), self.vocabulary.leading_blanks
+        if base_mask.device.type == "cpu":
+            mask = torch.from_numpy(base_mask.numpy() & (leads.numpy() <= room))
+        else:
+            mask = base_mask & (leads <= room)
+        if not _any(mask):
+            mask[self.vocabulary.end_ids] = True
         return mask
 
     def _unwalked(self, state: State) -> tuple[Trie, Tensor]:

@@ -528,3 +528,15 @@ def ended(state: State) -> bool:
     """Whether the text is whole and nothing can follow it (the root value closed)."""
     return bool(state) and all(len(stack) == 1 and stack[0][0].final(stack[0][1])
                                for stack in state)
+
+
+def indentation(state: State) -> tuple[State, int] | None:
+    """(the state at no indentation, the room left) where every stack is in a container's
+    whitespace after a newline, all as far in: there a token is read as at no indentation
+    but for its leading spaces and tabs, of which `room` (MAX_INDENT less those written)
+    may still come. None elsewhere."""
+    runs = {stack[-1][1][-1] if isinstance(stack[-1][0], Container) else 0 for stack in state}
+    if len(runs) != 1 or (run := runs.pop()) < 3:
+        return None
+    return frozenset(stack[:-1] + ((stack[-1][0], stack[-1][1][:-1] + (2,)),)
+                     for stack in state), MAX_INDENT - (run - 2)
