@@ -61,6 +61,22 @@ def test_maps_of_a_model_decoding_in_reduced_precision(tiny_corpus, dtype, size)
     assert max(differences) > 1e-4         # rounded otherwise, and still within bounds
 
 
+def test_maps_without_doubles_are_those_of_the_translation_without_doubles(tiny_corpus):
+    """no_doubles reaches the search, and the recorded pass scores the translation as
+    that search did (each input's token refused): else the score check refuses it."""
+    torch.manual_seed(0)
+    model = translator(tiny_corpus)
+    sentences = ["el perro rojo come", "uno dos tres", "la casa grande y el gato", "dos perro"]
+    free = [attention_maps(model, sentence) for sentence in sentences]
+    kept = [attention_maps(model, sentence, no_doubles=True) for sentence in sentences]
+    assert [maps.translation for maps in kept] == model.translate(sentences, no_doubles=True)
+    assert [maps.translation for maps in free] == model.translate(sentences)
+    assert [maps.translation for maps in kept] != [maps.translation for maps in free]
+    for maps in kept:
+        outputs = maps.target_outputs
+        assert all(a != b for a, b in zip(outputs, outputs[1:]))
+
+
 def no_hooks(model):
     return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
@@ -146,3 +162,18 @@ def test_attention_command(tiny_corpus, tmp_path, capsys):
     assert main(["attention", SENTENCE, "--model", str(run), "--out", str(out),
                  "--head", "3"]) == 2
     assert "--head 3: the model has 1 heads" in capsys.readouterr().err
+
+
+def test_attention_command_without_doubles(tiny_corpus, tmp_path, capsys):
+    torch.manual_seed(0)
+    run = tmp_path / "run"
+    model = build_model(preset("tiny", src_vocab_size=300, tgt_vocab_size=300, max_positions=40))
+    checkpoint.save(checkpoint.step_dir(run, 1), model, None, tiny_corpus / MODEL_NAME)
+    loaded = Translator.load(run)
+    sentence = next(s for s in ["el perro rojo come", "uno dos tres", "la casa grande y el gato"]
+                    if loaded.translate([s]) != loaded.translate([s], no_doubles=True))
+    kept = loaded.translate([sentence], no_doubles=True)[0]
+    out = tmp_path / "maps.png"
+    assert main(["attention", sentence, "--model", str(run), "--out", str(out),
+                 "--no-doubles", "--layer", "1"]) == 0
+    assert f"translation: {kept}  (" in capsys.readouterr().out

@@ -23,7 +23,7 @@ from transduce import atomic
 from transduce.attention.recorder import Recorded, record_attention
 from transduce.config import ConfigError
 from transduce.data.tokenizer import BOS_ID, EOS_ID
-from transduce.decode.search import beam_search, max_lengths
+from transduce.decode.search import beam_search, forbid_doubles, max_lengths
 from transduce.decode.translate import Translator, pad_sources
 
 # How far the recorded pass's score may be from the search's when the model decodes in
@@ -49,9 +49,10 @@ class AttentionMaps:
 @torch.no_grad()
 def attention_maps(translator: Translator, sentence: str, *, beam: int = 4,
                    alpha: float = 0.6, source_lang: str | None = None,
-                   target_lang: str | None = None) -> AttentionMaps:
+                   target_lang: str | None = None, no_doubles: bool = False) -> AttentionMaps:
     """Translate one sentence (a multilingual model's between source_lang and
-    target_lang) and record the attention weights of that translation."""
+    target_lang; no_doubles: no token directly after itself, as translate's) and record
+    the attention weights of that translation."""
     model, tokenizer = translator.model.eval(), translator.tokenizer
     way = translator.direction(source_lang, target_lang)
     limit = translator.max_source_tokens - 1 - len(way.source_prefix)
@@ -62,7 +63,7 @@ def attention_maps(translator: Translator, sentence: str, *, beam: int = 4,
     given = list(way.forced)
     forced = torch.tensor([given], device=src.device) if given else None
     best = beam_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=beam, alpha=alpha,
-                       forced=forced)[0][0]
+                       forced=forced, no_doubles=no_doubles)[0][0]
     cut = len(best.tokens) >= int(max_lengths(model, src, None, len(given))[0])   # no eos
     outputs = best.tokens if cut else best.tokens + [EOS_ID]
     inputs = [BOS_ID] + given + outputs[:-1]
@@ -71,7 +72,11 @@ def attention_maps(translator: Translator, sentence: str, *, beam: int = 4,
     encoder, decoder, cross = (_first_sentence(recorded, role)
                                for role in ("encoder", "decoder", "cross"))
     searched = torch.arange(len(given), len(inputs))                 # the given are not scored
-    log_prob = float(logits.float().log_softmax(-1)[0, searched, torch.tensor(outputs)].sum())
+    scores = logits[0, searched].float()                              # (T', V)
+    if no_doubles:               # as the search scored them: each input's token refused
+        forbid_doubles(scores, torch.tensor(inputs, device=scores.device)[searched])
+    log_prob = float(scores.log_softmax(-1)[torch.arange(len(searched)),
+                                            torch.tensor(outputs)].sum())
     tolerance = 1e-3 if translator.dtype == "float32" else ROUNDED_TOLERANCE
     if not math.isclose(log_prob, best.log_prob, rel_tol=tolerance, abs_tol=tolerance):
         raise RuntimeError(f"the recorded pass scores the translation {log_prob:.4f}, the "

@@ -248,6 +248,25 @@ def test_attention_maps_are_those_of_the_printed_translation(mt, translator):
     assert (queries, keys) == (len(body["target_outputs"]), len(body["source_tokens"]))
 
 
+def test_attention_maps_without_doubles_follow_the_request_then_the_server(translator):
+    """no_doubles on /v1/attention gives the maps of /v1/translate's translation with the
+    same setting; a request that does not say takes the server's (serve --no-doubles)."""
+    doubled = [text for text in SENTENCES if translator.translate([text])
+               != translator.translate([text], no_doubles=True)]
+    assert doubled                           # the untrained model doubles some tokens
+    text = doubled[0]
+    for default in (False, True):
+        with client_for(translator, max_chars=200, no_doubles=default) as client:
+            for said in (None, False, True):
+                body = {"text": text, "layers": [1]} | ({} if said is None else
+                                                          {"no_doubles": said})
+                maps = client.post("/v1/attention", json=body).json()
+                expected = attention_maps(translator, text, no_doubles=default if said is None
+                                          else said)
+                assert maps["translation"] == expected.translation
+                assert maps["target_outputs"] == expected.target_outputs
+
+
 def test_attention_one_layer_and_kind_at_a_time(mt):
     answer = mt.post("/v1/attention", json={"text": "el perro", "kinds": ["cross"], "layers": [2],
                                             "decimals": 1})

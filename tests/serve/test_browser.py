@@ -14,12 +14,14 @@ import httpx
 import pytest
 import torch
 
+from tests.serve.conftest import SENTENCES
 from tests.serve.test_server import ServerThread
 from transduce.decode.translate import Translator
 from transduce.config import preset
 from transduce.data.tokenizer import Tokenizer
 from transduce.model import Transformer
 from transduce.serve import create_app
+from transduce.serve.limits import Limits
 
 playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = "/usr/bin/chromium"
@@ -107,6 +109,25 @@ def test_translate_and_explore_the_attention(browser_page, translator, tmp_path)
         shot = tmp_path / "explorer.png"
         page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000
+
+
+def test_the_no_doubles_box_starts_as_the_server_s_default_and_is_sent(browser_page,
+                                                                        translator):
+    page = browser_page
+    text = next(text for text in SENTENCES if translator.translate([text])
+                != translator.translate([text], no_doubles=True))
+    kept, free = (translator.translate([text], no_doubles=flag)[0] for flag in (True, False))
+    app = create_app(translator, name="tiny", limits=Limits(no_doubles=True))
+    with ServerThread(app) as server:
+        page.goto(server.url + "/")
+        page.wait_for_function("document.getElementById('no-doubles').checked")
+        page.fill("#source", text)
+        for checked, expected in ((True, kept), (False, free)):
+            page.set_checked("#no-doubles", checked)
+            page.evaluate("document.getElementById('output').textContent = ''")
+            page.click("#translate")
+            page.wait_for_function("document.getElementById('output').textContent.length > 0")
+            assert page.text_content("#output") == expected
 
 
 def test_a_long_sentence_loads_one_layer_at_a_time(browser_page, tiny_corpus):

@@ -48,6 +48,8 @@ def register(commands) -> None:
     maps.add_argument("--layer", type=positive_int, default=None, help="only this layer (1-based)")
     maps.add_argument("--head", type=positive_int, default=None, help="only this head (1-based)")
     maps.add_argument("--beam", type=positive_int, default=4)
+    maps.add_argument("--no-doubles", action="store_true",
+                      help="a token never directly follows itself, as in translate")
     add_language_options(maps)
     maps.set_defaults(handler=attention_command)
 
@@ -263,7 +265,8 @@ def attention_command(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out")
     translator = Translator.load(args.model, engine="torch")
     maps = attention_maps(translator, args.sentence, beam=args.beam,
-                          source_lang=args.source_lang, target_lang=args.target_lang)
+                          source_lang=args.source_lang, target_lang=args.target_lang,
+                          no_doubles=args.no_doubles)
     out = plot_attention_maps(maps, args.out, layer=args.layer, head=args.head)
     print(f"translation: {maps.translation}  (log-probability {maps.log_prob:.3f})")
     print(f"wrote {out}")

@@ -42,8 +42,9 @@ def attention_route(service: Service):
 
     def run(jobs: Sequence[Job]) -> list[AttentionMaps]:
         return [attention_maps(translator, text, beam=beam, alpha=alpha, source_lang=source,
-                               target_lang=target)
-                for text, beam, alpha, (source, target) in (job.payload for job in jobs)]
+                               target_lang=target, no_doubles=no_doubles)
+                for text, beam, alpha, (source, target), no_doubles
+                in (job.payload for job in jobs)]
 
     async def attention(body: AttentionRequest) -> StreamingResponse:
         selected = _selected(body, layers)
@@ -54,7 +55,9 @@ def attention_route(service: Service):
         limit = translator.max_source_tokens - 1 - len(way.source_prefix)
         length = len(translator.tokenizer.encode([body.text.strip()])[0])
         check_tokens([length], limit, "text", body.truncate, indexed=False)
-        key = (body.text, body.beam, float(body.alpha), way.languages or (None, None))
+        no_doubles = service.limits.no_doubles if body.no_doubles is None else body.no_doubles
+        key = (body.text, body.beam, float(body.alpha), way.languages or (None, None),
+               no_doubles)
         maps = cache.get(key)
         if maps is None:
             maps, _ = await service.submit(("attention", object()), timed(run), key,
@@ -133,8 +136,8 @@ def _dumps(value) -> str:
 
 
 class MapsCache:
-    """The most recently used maps by (text, beam, alpha), within a budget of bytes; the
-    newest entry stays even when it alone is over the budget."""
+    """The most recently used maps by (text, beam, alpha, languages, no_doubles), within a
+    budget of bytes; the newest entry stays even when it alone is over the budget."""
 
     def __init__(self, budget: int):
         self.budget, self.entries, self.bytes = budget, OrderedDict(), 0

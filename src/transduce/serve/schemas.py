@@ -50,6 +50,12 @@ class LanguagePair(Strict):
         "a multilingual model's target language, one of its codes"))
 
 
+NoDoubles = Annotated[StrictBool | None, Field(description=(
+    "a token never directly follows itself (a briefly trained model's 'God God God'; "
+    "not for languages that double characters); default: the server's "
+    "(serve --no-doubles)"))]
+
+
 class TranslateRequest(LanguagePair):
     texts: Texts = Field(description="sentences to translate, one per item")
     beam: Beam = 4
@@ -59,10 +65,7 @@ class TranslateRequest(LanguagePair):
         None, description="output tokens at most (default: the source's length + 50)")
     truncate: StrictBool = Field(False, description="cut texts over the model's length "
                                                     "limit instead of refusing them (413)")
-    no_doubles: StrictBool | None = Field(None, description=(
-        "a token never directly follows itself (a briefly trained model's 'God God God'; "
-        "not for languages that double characters); default: the server's "
-        "(serve --no-doubles)"))
+    no_doubles: NoDoubles = None
 
 
 class Hypothesis(BaseModel):
@@ -110,6 +113,7 @@ class AttentionRequest(LanguagePair):
         Field(None, description="1-based layers to return (default: all)")
     decimals: Annotated[StrictInt, Field(ge=1, le=6)] = 3
     truncate: StrictBool = False
+    no_doubles: NoDoubles = None
 
 
 class AttentionResponse(BaseModel):

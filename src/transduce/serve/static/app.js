@@ -34,7 +34,8 @@ async function translate() {
   const started = performance.now();
   try {
     if (!state.attentionMaps) return await translateOnly(text, started);
-    const request = { text, beam: Number($("beam").value), decimals: 3, ...chosenLanguages() };
+    const request = { text, beam: Number($("beam").value), decimals: 3,
+                      no_doubles: $("no-doubles").checked, ...chosenLanguages() };
     const data = await api("/v1/attention", { ...request, layers: [1] });
     state.request = request;
     state.meta = data;
@@ -55,6 +56,7 @@ async function translate() {
 // A model without attention maps (an ONNX export): the translation alone.
 async function translateOnly(text, started) {
   const data = await api("/v1/translate", { texts: [text], beam: Number($("beam").value),
+                                            no_doubles: $("no-doubles").checked,
                                             ...chosenLanguages() });
   const found = data.translations[0];
   $("output").textContent = found.text;
@@ -494,6 +496,7 @@ async function start() {
     $("model-info").textContent = `${model.id} · ${model.kind}${pair}${size}`;
     state.attentionMaps = model.attention_maps !== false;
     if (model.language_codes) setUpLanguages(model.language_codes, languages);
+    $("no-doubles").checked = Boolean(model.limits?.no_doubles);    // the server's default
     state.pairs = model.classifier_inputs === "pairs";
     $("seconds").hidden = !state.pairs;
     $("query").hidden = $("rerank").hidden = !model.reranks;     // a cross-encoder
