@@ -142,6 +142,8 @@ class ModelConfig(ValidatedConfig):
     output). It is fixed: training leaves it as imported, as transformers does.
     scale_embeddings: multiply token embeddings by sqrt(d_model) (the paper); GPT-2 and
     BERT do not.
+    embedding_norm: arch "transformer" or "decoder": each stack's input (token embedding
+    and positions) passes through a norm before dropout (mBART's layernorm_embedding).
     type_vocab_size: arch "encoder": segment (token type) embeddings, 2 for BERT's
     sentence A / sentence B.
     num_labels: arch "encoder": the sequence-classification head's classes (0: none).
@@ -194,6 +196,7 @@ class ModelConfig(ValidatedConfig):
     type_vocab_size: int = 2
     num_labels: int = 0
     output_bias: bool = False
+    embedding_norm: bool = False
 
     def __post_init__(self) -> None:
         self._check_bools()
@@ -278,6 +281,9 @@ class ModelConfig(ValidatedConfig):
         if self.arch.startswith("rnn") and self.d_model % 2:
             raise ConfigError(f"ModelConfig.d_model={self.d_model}: the RNN's bidirectional "
                               f"encoder needs an even size (d_model / 2 per direction)")
+        if self.embedding_norm and self.arch not in ("transformer", "decoder"):
+            raise ConfigError(f"ModelConfig.embedding_norm=True applies to arch='transformer' "
+                              f"and 'decoder', not {self.arch!r}")
         if self.output_bias and self.arch != "transformer":
             raise ConfigError(f"ModelConfig.output_bias=True applies to arch='transformer', "
                               f"not arch={self.arch!r}")

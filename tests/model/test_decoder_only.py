@@ -76,6 +76,13 @@ def test_cached_steps_equal_the_full_pass(positional, attention, cache_dtype, to
     assert_cached_steps_equal_the_full_pass(model, cache_dtype, tolerance)
 
 
+def test_a_norm_of_the_embeddings_is_cached_as_the_full_pass_computes_it():
+    model = tiny(positional="learned", embedding_norm=True)
+    with torch.no_grad():
+        model.decoder.embed.norm.weight.uniform_(0.5, 1.5)
+    assert_cached_steps_equal_the_full_pass(model, torch.float32, 1e-5)
+
+
 def assert_cached_steps_equal_the_full_pass(model, cache_dtype, tolerance):
     tokens = torch.randint(3, VOCAB, (3, 11))
     with torch.no_grad():

@@ -35,6 +35,7 @@ def _assert_written_out_pass_is_exact(encoder, run, scripted: bool) -> None:
     {"num_kv_heads": 1, "positional": "learned"}, {"scale_embeddings": False},
     {"gated_ffn": True, "activation": "silu", "norm": "rms"}, {"qk_norm": True},
     {"positional": "t5", "norm": "rms", "bias": False, "head_size": 8}, {"positional": "alibi"},
+    {"embedding_norm": True, "norm_first": True, "positional": "learned"},
 ])
 @pytest.mark.parametrize("packed,int8", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("scripted", [True, False])

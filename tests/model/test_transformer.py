@@ -69,6 +69,24 @@ def test_embeddings_are_scaled_by_sqrt_d_model():
     torch.testing.assert_close(model.encoder.embed(ids), expected)
 
 
+def test_an_embedding_norm_normalizes_embeddings_and_positions_before_dropout():
+    """mBART's layernorm_embedding: LayerNorm(scaled embedding + position), per stack."""
+    torch.manual_seed(0)
+    model = Transformer(tiny(positional="learned", embedding_norm=True)).eval()
+    with torch.no_grad():
+        for embed in (model.encoder.embed, model.decoder.embed):
+            embed.norm.weight.normal_()
+            embed.norm.bias.normal_()
+    ids = torch.tensor([[5, 6, 7]])
+    for embed in (model.encoder.embed, model.decoder.embed):
+        summed = embed.embedding.weight[ids] * 8.0 + embed.positions.embedding.weight[1:4]
+        expected = F.layer_norm(summed, (64,), embed.norm.weight, embed.norm.bias, 1e-5)
+        torch.testing.assert_close(embed(ids, start=1), expected)
+    assert Transformer(tiny()).encoder.embed.norm is None
+    with pytest.raises(ConfigError, match="embedding_norm=True applies to"):
+        tiny(arch="encoder", embedding_norm=True)
+
+
 def test_pre_norm_stacks_end_with_a_layer_norm():
     assert Transformer(tiny()).encoder.final_norm is None
     model = Transformer(tiny(norm_first=True))
@@ -98,6 +116,7 @@ RELATIVE_POSITIONS = [
     {}, {"num_kv_heads": 2}, {"num_kv_heads": 1}, {"positional": "learned"},
     {"positional": "rotary", "num_kv_heads": 2}, {"norm_first": True},
     {"attention_impl": "naive"}, {"attention_impl": "flash", "num_kv_heads": 1},
+    {"positional": "learned", "norm_first": True, "embedding_norm": True},
     *ATTENTION_TYPES, *RELATIVE_POSITIONS,
 ])
 def test_cached_decoding_equals_the_full_causal_pass(changes):

@@ -1,6 +1,6 @@
 """`transduce import hf-gpt2` / `hf-llama` / `hf-gemma` / `hf-bert` / `hf-roberta` (also called
-`hf-xlm-roberta`) / `hf-marian` / `hf-nllb` (also called `hf-m2m100`) / `hf-t5`: another
-toolkit's checkpoint as ours; `peft`: a PEFT LoRA adapter merged into one of ours."""
+`hf-xlm-roberta`) / `hf-marian` / `hf-nllb` (also called `hf-m2m100`) / `hf-mbart` /
+`hf-t5`: another toolkit's checkpoint as ours; `peft`: a PEFT LoRA adapter merged into one of ours."""
 
 from __future__ import annotations
 
@@ -68,6 +68,14 @@ def register(commands) -> None:
                 "encoder-decoder checkpoint: translate with --source-lang and --target-lang "
                 "(NLLB's eng_Latn, fra_Latn, ...; M2M-100's en, fr, ...); options the model "
                 "cannot reproduce are refused by name.", aliases=["hf-m2m100"])
+    _add_format(formats, import_hf_mbart, "hf-mbart",
+                "Hugging Face mBART-50 (MBartForConditionalGeneration directory with "
+                "MBart50Tokenizer's files)",
+                "Import a Hugging Face mBART-50 translation model (config.json, "
+                "model.safetensors or pytorch_model.bin, sentencepiece.bpe.model) as a "
+                "multilingual encoder-decoder checkpoint: translate with --source-lang and "
+                "--target-lang (en_XX, fr_XX, ...); mBART-25's layout and options the model "
+                "cannot reproduce are refused by name.")
     _add_format(formats, import_hf_t5, "hf-t5",
                 "Hugging Face T5, Flan-T5 or mT5 (T5ForConditionalGeneration directory)",
                 "Import a Hugging Face T5 model (config.json, model.safetensors or "
@@ -199,12 +207,23 @@ def import_hf_nllb(args: argparse.Namespace) -> int:
     """Import a Hugging Face NLLB-200 or M2M-100 checkpoint."""
     from transduce.importers import import_nllb
 
-    out, model = _imported(args, import_nllb)
+    return _say_multilingual(*_imported(args, import_nllb))
+
+
+def _say_multilingual(out: Path, model) -> int:
+    """What a multilingual encoder-decoder import wrote (NLLB's, M2M-100's, mBART's)."""
     config = model.config
     _say_written(out, "encoder-decoder", f"{config.num_encoder_layers} + "
                  f"{config.num_decoder_layers}", config, config.tgt_vocab_size,
                  f", {len(model.language_codes)} languages")
     return 0
+
+
+def import_hf_mbart(args: argparse.Namespace) -> int:
+    """Import a Hugging Face mBART-50 checkpoint."""
+    from transduce.importers import import_mbart
+
+    return _say_multilingual(*_imported(args, import_mbart))
 
 
 def import_hf_t5(args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                             sliding: bool = False, any_head_size: bool = False,
                             score_bias: tuple[str, ...] = (), qk_norm: bool = False,
                             mixed: bool = False, gemma: bool = False,
-                            softcap: bool = False) -> list[str]:
+                            softcap: bool = False, embedding_norm: bool = False) -> list[str]:
     """What no format here can hold: another shape than the format's `arch` (RNN
     models among them), non-softmax self-attention (sliding-window softmax attention
     where the format masks it: `sliding`), score biases (but those of `score_bias`:
@@ -36,9 +36,12 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     field for it: `any_head_size`) and norms of the queries and keys (unless it has
     them: `qk_norm`), sliding layers mixed with full ones (unless the format lists each
     layer's kind: `mixed`, or is Gemma 3's) and sandwich norms (unless the format is
-    Gemma 3's: `gemma`), and soft-capped scores or logits (unless the format caps them:
-    `softcap`)."""
+    Gemma 3's: `gemma`), soft-capped scores or logits (unless the format caps them:
+    `softcap`), and a norm of each stack's input (unless the format has one:
+    `embedding_norm`)."""
     problems = []
+    if c.embedding_norm and not embedding_norm:
+        problems.append("embedding_norm=True (the format has no norm of the embeddings)")
     if c.arch != arch:
         problems.append(f"arch={c.arch!r} (the format holds arch {arch!r})")
     if c.attention_type not in (("softmax", "sliding") if sliding else ("softmax",)):

@@ -23,7 +23,7 @@ CT2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu-tanh": "GELUTanh", "sil
 def check_ctranslate2_exportable(model: Transformer) -> None:
     c = model.config
     problems = not_a_plain_transformer(c, score_bias=("t5",), any_head_size=True,
-                                       qk_norm=True)     # named below
+                                       qk_norm=True, embedding_norm=True)   # qk_norm: below
     if c.qk_norm:
         # Measured: with every q_norm and k_norm set, CTranslate2 4.8's encoder-decoder
         # scored otherwise than ours under every placement of the norms tried.
@@ -51,6 +51,7 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     c = model.config
     layout = dict(pre_norm=c.norm_first, ffn_glu=c.gated_ffn, rms_norm=c.norm == "rms",
                   relative_attention_bias=c.positional == "t5", head_dim=c.head_dim,
+                  layernorm_embedding=c.embedding_norm,
                   activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[c.activation]))
     spec = transformer_spec.TransformerSpec(
         transformer_spec.TransformerEncoderSpec(c.num_encoder_layers, c.num_heads, **layout),
@@ -110,8 +111,8 @@ def set_norm(target, source) -> None:
 
 
 def _stack_input(target, stack, config) -> None:
-    """Embedding (scaled or not), position table (none with T5's bias) and (pre-norm)
-    final norm of the encoder or decoder."""
+    """Embedding (scaled or not), position table (none with T5's bias), the norm of the
+    embeddings (mBART's) and (pre-norm) final norm of the encoder or decoder."""
     embedding = as_array(stack.embed.embedding.weight)
     if isinstance(target.embeddings, list):
         target.embeddings[0].weight = embedding
@@ -121,6 +122,8 @@ def _stack_input(target, stack, config) -> None:
     if stack.embed.positions is not None:
         target.position_encodings.encodings = as_array(
             stack.embed.positions(config.max_positions))
+    if stack.embed.norm is not None:
+        set_norm(target.layernorm_embedding, stack.embed.norm)
     if stack.final_norm is not None:
         set_norm(target.layer_norm, stack.final_norm)
 

@@ -62,7 +62,7 @@ def check_onnx_exportable(model: nn.Module) -> None:
                                        score_bias=("t5",) if arch == "transformer" else (),
                                        any_head_size=arch in ("transformer", "decoder"),
                                        qk_norm=True, gemma=arch == "decoder",
-                                       softcap=arch == "decoder")
+                                       softcap=arch == "decoder", embedding_norm=True)
     if arch not in ONNX_ARCHS:
         problems[0] = (f"arch={arch!r} (the export holds the Transformer's three shapes, "
                        f"arch {', '.join(map(repr, ONNX_ARCHS))})")

@@ -1,6 +1,7 @@
 """Reading other toolkits' checkpoints into ours: Hugging Face GPT-2 (hf_gpt2.py),
 BERT (hf_bert.py), RoBERTa (hf_roberta.py, with XLM-R and CamemBERT), Marian
-(hf_marian.py, the OPUS-MT translation models), NLLB-200 and M2M-100 (hf_nllb.py), T5
+(hf_marian.py, the OPUS-MT translation models), NLLB-200 and M2M-100 (hf_nllb.py),
+mBART-50 (hf_mbart.py), T5
 (hf_t5.py, with Flan-T5 and mT5), Llama (hf_llama.py, with Mistral, Qwen2 and Qwen3) and
 Gemma 3 and Gemma 2 (hf_gemma.py), and
 PEFT's LoRA adapters of those language models, merged (peft.py). Each importer maps the
@@ -116,10 +117,11 @@ from transduce.importers.hf_marian import import_marian  # noqa: E402
 from transduce.importers.hf_llama import import_llama  # noqa: E402
 from transduce.importers.hf_gemma import import_gemma  # noqa: E402
 from transduce.importers.hf_nllb import import_nllb  # noqa: E402
+from transduce.importers.hf_mbart import import_mbart  # noqa: E402
 from transduce.importers.hf_t5 import import_t5  # noqa: E402
 from transduce.importers.peft import import_peft  # noqa: E402
 
 __all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight", "refuse_unread",
            "import_gpt2", "import_llama", "import_gemma", "import_bert", "import_roberta",
            "fresh_heads", "import_marian",
-           "import_nllb", "import_t5", "import_peft"]
+           "import_nllb", "import_mbart", "import_t5", "import_peft"]

@@ -107,6 +107,16 @@ def read_vocabulary(hf_dir: Path, hf: dict[str, Any]) -> tuple[
                                      f"{VOCAB_JSON} (M2M-100's) beside {SPM_FILE}")
     if not tokens:
         raise ForeignCheckpointError(f"{ids_file}: no language codes among its added tokens")
+    return coded_vocabulary(hf_dir, hf, vocab, tokens, ids_file, specials, options)
+
+
+def coded_vocabulary(hf_dir: Path, hf: dict[str, Any], vocab: dict[str, int],
+                     tokens: dict[str, str], ids_file: Path, specials: dict[str, str | None],
+                     options: dict[str, Any]) -> tuple[
+        MarianVocabulary, dict[str, int], tuple[str, str] | None, set[int]]:
+    """What read_vocabulary returns, of fairseq's ids (`vocab`: piece -> id, read from
+    ids_file) and the language codes' tokens (code -> token), checked against config.json:
+    NLLB's, M2M-100's and mBART-50's vocabularies alike."""
     named = {role: specials[role] for role in ("eos", "unk", "pad")}
     check_vocab(vocab, hf, ids_file, hf_dir / HF_CONFIG, named)
     start = hf.get("decoder_start_token_id", vocab[named["eos"]])

@@ -29,7 +29,7 @@ from transduce.attention.kv_cache import AttentionCache, plan_rows
 from transduce.config import ModelConfig
 from transduce.model.counting import CountedParameters
 from transduce.model.transformer import (CachedLayers, Decoder, TokenEmbedding,
-                                         init_embeddings, init_linear_layers,
+                                         embedding_norm, init_embeddings, init_linear_layers,
                                          positional_encoding, rotary_embedding)
 
 
@@ -92,7 +92,7 @@ class DecoderOnly(CountedParameters, nn.Module):
         if c.tie_embeddings != "none":
             self.output_proj.weight = embedding.weight
         embed = TokenEmbedding(embedding, positional_encoding(c), c.dropout,
-                               scale=c.scale_embeddings)
+                               scale=c.scale_embeddings, norm=embedding_norm(c))
         self.decoder = Decoder(c, embed, rotary_embedding(c), cross_attention=False)
         init_linear_layers(list(self.decoder.modules()))
         if c.tie_embeddings == "none":

@@ -50,14 +50,16 @@ def init_embeddings(embeddings: list[nn.Embedding], pad_id: int) -> None:
 
 class TokenEmbedding(nn.Module):
     """Token vectors multiplied by sqrt(d_model) (unless scale is False, as in GPT-2),
-    plus additive positions (unless rotary), then dropout: the input of each stack."""
+    plus additive positions (unless rotary), a norm where there is one (mBART's), then
+    dropout: the input of each stack."""
 
     def __init__(self, embedding: nn.Embedding, positions: TablePositions | None,
-                 dropout: float, *, scale: bool = True):
+                 dropout: float, *, scale: bool = True, norm: nn.Module | None = None):
         super().__init__()
         self.embedding = embedding
         self.positions = positions
         self.scale = math.sqrt(embedding.embedding_dim) if scale else 1.0
+        self.norm = norm
         self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, start: int = 0, positions: Tensor | None = None) -> Tensor:
@@ -69,7 +71,14 @@ class TokenEmbedding(nn.Module):
         if self.positions is not None:
             x = x + (self.positions(ids.shape[1], start) if positions is None
                      else self.positions.lookup(positions))
+        if self.norm is not None:
+            x = self.norm(x)
         return self.dropout(x)
+
+
+def embedding_norm(config: ModelConfig) -> nn.Module | None:
+    """The norm of a stack's input where config.embedding_norm asks for one."""
+    return norm_module(config) if config.embedding_norm else None
 
 
 def positional_encoding(config: ModelConfig) -> TablePositions | None:
@@ -267,9 +276,11 @@ class Transformer(CountedParameters, nn.Module):
         rotary = rotary_embedding(c)
         scale = c.scale_embeddings
         self.encoder = Encoder(c, TokenEmbedding(src_embedding, positional_encoding(c),
-                                                 c.dropout, scale=scale), rotary)
+                                                 c.dropout, scale=scale,
+                                                 norm=embedding_norm(c)), rotary)
         self.decoder = Decoder(c, TokenEmbedding(tgt_embedding, positional_encoding(c),
-                                                 c.dropout, scale=scale), rotary)
+                                                 c.dropout, scale=scale,
+                                                 norm=embedding_norm(c)), rotary)
         # Every projection but the output, which is tied or drawn like an embedding.
         init_linear_layers([*self.encoder.modules(), *self.decoder.modules()])
         if c.tie_embeddings in ("none", "embeddings"):

@@ -1,0 +1,273 @@
+"""Hugging Face mBART-50 -> our checkpoint: the imported model computes what
+transformers' MBartForConditionalGeneration computes (logits, greedy and beam
+translations with the target language forced), its tokenizer gives MBart50Tokenizer's
+ids with the source language first, it translates, serves and exports to CTranslate2
+between the languages named, and mBART-25 and damaged directories are refused by name
+with nothing written."""
+
+import json
+import shutil
+import warnings
+
+import pytest
+import sentencepiece as spm
+import torch
+
+from transduce import checkpoint
+from transduce.cli import main
+from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from transduce.decode.greedy import greedy_hypotheses
+from transduce.decode.search import beam_search
+from transduce.decode.translate import Translator, pad_sources
+from transduce.importers import ForeignCheckpointError, import_mbart
+from transduce.importers.hf_mbart import LANGUAGES
+from transduce.model import load_model
+from transduce.model.transformer import NEVER_OUTPUT
+
+transformers = pytest.importorskip("transformers")
+
+TEXT = ["The quick brown fox jumps over the lazy dog.", "She sells sea shells by the shore.",
+        "How much wood would a woodchuck chuck?", "Peter Piper picked a peck of peppers.",
+        "El rápido zorro marrón salta sobre el perro perezoso.",
+        "Numbers 12, 345 and 6789; symbols: @#%&*!", "Ünïcödé àéîõü ñ ß café naïve"]
+SAMPLES = ["The quick brown fox.", "sea shells by the shore", "café naïve Ünïcödé",
+           "Numbers: 12 and 345!", "zzzz qqqq xylophone", "a"]
+
+
+def write_mbart(directory, tokenizer_class="MBart50Tokenizer", **config_changes):
+    """A small random mBART-50 directory (MBart weights, MBart50Tokenizer's files) ->
+    (directory, its tokenizer)."""
+    directory.mkdir()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXT * 20), minloglevel=2,
+                                   model_prefix=str(directory / "sentencepiece.bpe"),
+                                   vocab_size=120, model_type="unigram",     # as mBART's
+                                   hard_vocab_limit=False)
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "MBart50Tokenizer", "src_lang": "en_XX", "tgt_lang": "ro_RO"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tokenizer = transformers.MBart50Tokenizer.from_pretrained(
+            directory, src_lang="en_XX", tgt_lang="ro_RO")
+        tokenizer.save_pretrained(directory)
+    settings = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        settings | {"tokenizer_class": tokenizer_class}))
+    values = dict(vocab_size=len(tokenizer), d_model=32, encoder_layers=2,
+                  decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                  encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+                  scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                  decoder_start_token_id=2, dropout=0.0, attention_dropout=0.0,
+                  activation_dropout=0.0, encoder_layerdrop=0.0, decoder_layerdrop=0.0)
+    values.update(config_changes)
+    torch.manual_seed(8)
+    model = transformers.MBartForConditionalGeneration(transformers.MBartConfig(**values))
+    with torch.no_grad():   # away from the initialisation: outputs that vary and end
+        for name, parameter in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                parameter.add_(0.3 * torch.randn_like(parameter))
+            elif name.endswith("proj.weight") or ".fc" in name or "positions" in name:
+                parameter.normal_(0.0, 1.0)
+        embedding = model.model.shared.weight.normal_(0.0, 0.3)
+        eos = embedding[values["eos_token_id"]]
+        model.model.decoder.layer_norm.bias.add_(3.0 * eos / eos.norm())
+    model.save_pretrained(directory)
+    return directory, tokenizer
+
+
+@pytest.fixture(scope="module")
+def mbart(tmp_path_factory):
+    """(the mBART directory, its model, its tokenizer, our import)."""
+    root = tmp_path_factory.mktemp("mbart")
+    directory, tokenizer = write_mbart(root / "hf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = transformers.MBartForConditionalGeneration.from_pretrained(directory).eval()
+    return directory, theirs, tokenizer, import_mbart(directory, root / "ours")
+
+
+def mbart_id_of(ours: Tokenizer, theirs) -> list[int]:
+    """Per id of ours, mBART's id of the same piece (a code's piece of ours starts with
+    the word boundary), -1 for pad and bos."""
+    ids = []
+    for i in range(ours.vocab_size):
+        piece = ours.piece(i)
+        piece = piece[1:] if piece[1:] in LANGUAGES else piece
+        ids.append(-1 if i in (PAD_ID, BOS_ID) else theirs.convert_tokens_to_ids(piece))
+    return ids
+
+
+def never_output(theirs) -> list[int]:
+    """mBART's ids that the import never outputs: pad, <s>, <mask> and the codes."""
+    return theirs.convert_tokens_to_ids(["<pad>", "<s>", "<mask>"] + LANGUAGES)
+
+
+class _AfterTheForcedCode(transformers.LogitsProcessor):
+    """transformers' search made to skip the tokens ours never outputs, once the forced
+    language code is given."""
+
+    def __init__(self, banned):
+        self.banned = banned
+
+    def __call__(self, input_ids, scores):
+        if input_ids.shape[1] > 1:
+            scores[:, self.banned] = float("-inf")
+        return scores
+
+
+def _their_outputs(mbart, texts, target, **options):
+    """transformers' generate into `target` -> ids after the start and the code, with the
+    never-output tokens' share taken out as ours does."""
+    _, theirs, tokenizer, _ = mbart
+    tokenizer.src_lang = "en_XX"
+    encoded = tokenizer(texts, padding=True, return_tensors="pt")
+    processors = transformers.LogitsProcessorList([_AfterTheForcedCode(never_output(tokenizer))])
+    with torch.no_grad():
+        out = theirs.generate(**encoded, forced_bos_token_id=tokenizer.convert_tokens_to_ids(
+            target), do_sample=False, max_new_tokens=13, logits_processor=processors,
+            renormalize_logits=True, forced_eos_token_id=None, **options)   # (at the limit)
+    return [[t for t in row[2:] if t != tokenizer.pad_token_id] for row in out.tolist()]
+
+
+def _our_source(out, texts):
+    model, ours = load_model(out), Tokenizer(out / checkpoint.TOKENIZER)
+    return model, ours, pad_sources([[model.language_codes["en_XX"]] + ids
+                                     for ids in ours.encode(texts)])
+
+
+def test_the_tokenizer_gives_mbart50s_ids_after_the_source_language(mbart):
+    _, _, theirs, out = mbart
+    ours = Tokenizer(out / checkpoint.TOKENIZER)
+    to_mbart = mbart_id_of(ours, theirs)
+    theirs.src_lang = "en_XX"
+    code = load_model(out).language_codes["en_XX"]
+    for text in SAMPLES + TEXT:
+        source = Translator.load(out).encode([text], prefix=[code])[0]
+        assert [to_mbart[i] for i in source + [EOS_ID]] == theirs(text)["input_ids"], text
+    assert sorted(load_model(out).language_codes) == sorted(LANGUAGES)
+
+
+def test_logits_match_over_every_token_it_may_output(mbart):
+    _, theirs, tokenizer, out = mbart
+    model, ours, src = _our_source(out, SAMPLES[:4])
+    assert model.config.embedding_norm and model.config.activation == "gelu"
+    to_mbart = torch.tensor(mbart_id_of(ours, tokenizer))
+    to_ours = {int(n): i for i, n in enumerate(to_mbart.tolist()) if n >= 0}
+    tokenizer.src_lang = "en_XX"
+    encoded = tokenizer(SAMPLES[:4], padding=True, return_tensors="pt")
+    torch.manual_seed(1)
+    words = torch.randint(4, 120, (4, 6))
+    code = tokenizer.convert_tokens_to_ids("fr_XX")
+    their_tgt = torch.cat([torch.full((4, 1), EOS_ID), torch.full((4, 1), code), words], dim=1)
+    tgt = their_tgt.clone().apply_(to_ours.get)
+    tgt[:, 0] = BOS_ID
+    with torch.no_grad():
+        expected = theirs(**encoded, decoder_input_ids=their_tgt).logits
+        found = model(src, tgt)
+    kept = [i for i, n in enumerate(to_mbart.tolist()) if n >= 0 and n not in never_output(
+        tokenizer)]
+    torch.testing.assert_close(found[..., kept], expected[..., to_mbart[kept]], rtol=1e-4,
+                               atol=1e-4)
+    banned = [i for i in range(len(to_mbart)) if i not in kept]
+    assert torch.all(found[..., banned] <= NEVER_OUTPUT / 2)
+
+
+@pytest.mark.parametrize("target", ["fr_XX", "ro_RO"])
+def test_greedy_and_beam_outputs_are_transformers_with_the_target_forced(mbart, target):
+    _, _, tokenizer, out = mbart
+    model, ours, src = _our_source(out, SAMPLES)
+    to_mbart = mbart_id_of(ours, tokenizer)
+    forced = torch.full((len(SAMPLES), 1), model.language_codes[target])
+    greedy = greedy_hypotheses(model, src, bos_id=BOS_ID, eos_id=EOS_ID, alpha=0.0,
+                               max_len=12, forced=forced)
+    expected = _their_outputs(mbart, SAMPLES, target, num_beams=1)
+    assert [[to_mbart[t] for t in h[0].tokens] + [EOS_ID] * (len(e) > len(h[0].tokens))
+            for h, e in zip(greedy, expected)] == expected
+    beams = beam_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=3, alpha=0.0,
+                        max_len=12, forced=forced)
+    expected = _their_outputs(mbart, SAMPLES, target, num_beams=3, length_penalty=0.0,
+                              early_stopping=True)
+    assert [[to_mbart[t] for t in h[0].tokens] + [EOS_ID] * (len(e) > len(h[0].tokens))
+            for h, e in zip(beams, expected)] == expected
+
+
+def test_the_command_and_the_library_translate_between_the_languages_named(mbart, tmp_path,
+                                                                           capsys):
+    translator = Translator.load(mbart[3])
+    french = translator.translate(SAMPLES, beam=2, source_lang="en_XX", target_lang="fr_XX")
+    assert french != translator.translate(SAMPLES, beam=2, target_lang="ro_RO")
+    assert translator.translate(SAMPLES, beam=2) == translator.translate(
+        SAMPLES, beam=2, target_lang="ro_RO")                # tokenizer_config.json's pair
+    assert [translator.translate([s], beam=2, target_lang="fr_XX")[0] for s in SAMPLES] \
+        == french
+    assert translator.decodes_continuously
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(SAMPLES) + "\n", encoding="utf-8")
+    assert main(["translate", "--model", str(mbart[3]), "--input", str(source), "--beam", "2",
+                 "--target-lang", "fr_XX", "--dtype", "float32"]) == 0
+    assert capsys.readouterr().out.splitlines() == french
+
+
+def test_the_import_command_says_what_it_wrote(mbart, tmp_path, capsys):
+    assert main(["import", "hf-mbart", str(mbart[0]), "--out", str(tmp_path / "m")]) == 0
+    said = capsys.readouterr().out
+    assert "encoder-decoder" in said and "52 languages" in said
+
+
+def test_the_ctranslate2_export_translates_as_ours(mbart, tmp_path):
+    """CTranslate2's layernorm_embedding is the embeddings' norm: the same translations."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    out = tmp_path / "ct2"
+    assert main(["export", "ct2", str(mbart[3]), str(out)]) == 0
+    pieces = json.loads((out / "transduce-export.json").read_text())["language_code_pieces"]
+    ours = Tokenizer(mbart[3] / checkpoint.TOKENIZER)
+    sources = [[pieces["en_XX"]] + [ours.piece(i) for i in ids] for ids in ours.encode(SAMPLES)]
+    found = ctranslate2.Translator(str(out), device="cpu", intra_threads=1).translate_batch(
+        sources, target_prefix=[[pieces["fr_XX"]]] * len(SAMPLES), beam_size=1,
+        max_decoding_length=13, min_decoding_length=0)
+    texts = [ours.decode([ours.processor.piece_to_id(p) for p in r.hypotheses[0][1:]])
+             for r in found]
+    assert texts == Translator.load(mbart[3]).translate(SAMPLES, beam=1, max_length=12,
+                                                         target_lang="fr_XX")
+
+
+def test_the_onnx_export_translates_as_ours(mbart, tmp_path):
+    """The graphs carry the embeddings' norm: the same translations through ONNX Runtime."""
+    pytest.importorskip("onnxruntime")
+    from transduce.export.onnx import export_onnx
+
+    exported = export_onnx(mbart[3], tmp_path / "onnx")
+    ours = Translator.load(mbart[3]).translate(SAMPLES, beam=2, target_lang="fr_XX")
+    assert Translator.load(exported).translate(SAMPLES, beam=2, target_lang="fr_XX") == ours
+
+
+def test_an_hf_export_is_refused_naming_the_norm(mbart, tmp_path, capsys):
+    assert main(["export", "hf", str(mbart[3]), str(tmp_path / "hf")]) != 0
+    assert "embedding_norm=True" in capsys.readouterr().err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_mbart25_is_refused_by_name_with_nothing_written(tmp_path):
+    directory, _ = write_mbart(tmp_path / "hf", tokenizer_class="MBartTokenizer")
+    with pytest.raises(ForeignCheckpointError, match="MBartTokenizer.*mBART-25"):
+        import_mbart(directory, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "sentencepiece.bpe.model").unlink(), "no sentencepiece.bpe.model"),
+    (lambda d: _rewrite_config(d, vocab_size=90), "ids must be distinct and from 0"),
+    (lambda d: _rewrite_config(d, activation_function="tanh"), "activation_function"),
+    (lambda d: _rewrite_config(d, model_type="bart"), "model_type"),
+])
+def test_what_it_cannot_import_is_refused_by_name(mbart, tmp_path, damage, message):
+    directory = tmp_path / "hf"
+    shutil.copytree(mbart[0], directory)
+    damage(directory)
+    with pytest.raises(ForeignCheckpointError, match=message):
+        import_mbart(directory, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def _rewrite_config(directory, **changes):
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps(config | changes))
