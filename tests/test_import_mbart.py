@@ -207,6 +207,25 @@ def test_the_command_and_the_library_translate_between_the_languages_named(mbart
     assert capsys.readouterr().out.splitlines() == french
 
 
+def test_fine_tuning_trains_the_embeddings_norm_and_keeps_the_codes(mbart, tmp_path,
+                                                                     tiny_corpus):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for file in tiny_corpus.iterdir():
+        if file.is_file() and not file.name.startswith("spm."):
+            (corpus / file.name).write_bytes(file.read_bytes())
+    assert main(["train", "--data", str(corpus), "--init", str(mbart[3]), "--max-steps", "3",
+                 "--eval-every", "3", "--save-every", "3", "--max-tokens", "512",
+                 "--out", str(tmp_path / "run"), "--source-lang", "es_XX",
+                 "--target-lang", "en_XX"]) == 0
+    tuned, imported = load_model(checkpoint.resolve(tmp_path / "run")), load_model(mbart[3])
+    assert tuned.config.embedding_norm and tuned.language_codes == imported.language_codes
+    for stack in ("encoder", "decoder"):
+        before = getattr(imported, stack).embed.norm.weight
+        assert not torch.equal(getattr(tuned, stack).embed.norm.weight, before)
+    assert checkpoint.read_languages(checkpoint.resolve(tmp_path / "run")) == ("es_XX", "en_XX")
+
+
 def test_the_import_command_says_what_it_wrote(mbart, tmp_path, capsys):
     assert main(["import", "hf-mbart", str(mbart[0]), "--out", str(tmp_path / "m")]) == 0
     said = capsys.readouterr().out
