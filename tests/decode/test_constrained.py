@@ -230,6 +230,29 @@ def test_an_indentation_no_token_goes_on_from_allows_the_end_token():
 
 
 @pytest.mark.parametrize("kind", ["byte-level", "hand-made"])
+def test_a_literal_s_walk_follows_its_next_byte_alone_and_is_exact(monkeypatch, kind,
+                                                                    byte_bpe, spm):
+    """In a literal (a key, an enum's value, true) the walk follows the one byte that may
+    come, not every child of a trie node: exact at every node that asks (FEW_BRANCHES
+    0), and a value's mask takes a few steps, not one per child of the trie's root."""
+    from transduce.decode import constrained as module
+
+    schema = {"type": "object", "properties": {
+        "status": {"enum": ["pending", "shipped", "delivered", 12, None]},
+        "ok": {"type": "boolean"}}, "required": ["status", "ok"]}
+    monkeypatch.setattr(module, "FEW_BRANCHES", 0)
+    assert_masks_exact(schema, b'{"status": "de', kind, byte_bpe, spm)
+    monkeypatch.undo()
+    pieces = token_bytes(byte_bpe, byte_bpe.vocab_size)
+    grammar = TokenGrammar(compile_schema(schema), Vocabulary(pieces, [byte_bpe.eos_id]))
+    steps = []
+    step = grammar._step
+    grammar._step = lambda *arguments: steps.append(arguments) or step(*arguments)
+    grammar.allowed(advance(start(grammar.root), b'{"status": "deliv'))
+    assert 0 < len(steps) < 10
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "hand-made"])
 def test_masks_are_exact_where_a_patterns_table_would_be_too_large(monkeypatch, kind,
                                                                    byte_bpe, spm):
     """Past MAX_TABLE entries a pattern's plain tokens are walked instead, the same."""

@@ -40,6 +40,10 @@ CACHED_STEPS = 200_000
 STRING_SPECIAL = frozenset(b'"\\') | frozenset(range(0x20))
 
 Trie = dict          # byte -> Trie, and None -> the ids that end there
+UNKNOWN = object()   # not yet asked
+# A trie node of more children asks whether the state expects only a few bytes; below,
+# trying each child costs less than asking.
+FEW_BRANCHES = 8
 
 
 class Vocabulary:
@@ -130,6 +134,7 @@ class TokenGrammar:
                         for name in named if name in vocabulary.specials}
         self._masks: OrderedDict[State, Tensor] = OrderedDict()
         self._steps: dict[tuple[State, int], State] = {}
+        self._expected: dict[State, frozenset[int] | None] = {}
         self._strings = CountedStrings(vocabulary)
 
     def start(self) -> "GrammarRow":
@@ -217,7 +222,12 @@ class TokenGrammar:
         pending = [(trie, state)]
         while pending:
             node, at = pending.pop()
-            for byte, child in node.items():
+            branches = node.items()
+            if len(node) > FEW_BRANCHES:        # a literal's next byte: one of many children
+                expected = self._next_bytes(at)
+                if expected is not None:
+                    branches = [(byte, node[byte]) for byte in expected if byte in node]
+            for byte, child in branches:
                 if byte is None:
                     continue
                 following = self._step(at, byte)
@@ -225,6 +235,15 @@ class TokenGrammar:
                     found.extend(child.get(None, ()))
                     pending.append((child, following))
         return found
+
+    def _next_bytes(self, state: State) -> frozenset[int] | None:
+        """json_grammar.next_bytes, kept per state (a walk asks at every trie node)."""
+        expected = self._expected.get(state, UNKNOWN)
+        if expected is UNKNOWN:
+            if len(self._expected) > CACHED_STEPS:
+                self._expected.clear()
+            expected = self._expected[state] = json_grammar.next_bytes(state)
+        return expected
 
     def _step(self, state: State, byte: int) -> State:
         key = (state, byte)

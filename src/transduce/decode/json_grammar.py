@@ -51,6 +51,11 @@ class Node:
     def final(self, local) -> bool:
         return False
 
+    def expects(self, local) -> frozenset[int] | None:
+        """The bytes it may read next, where it can say cheaply and none ends it (a
+        literal's next one); None: ask feed byte by byte."""
+        return None
+
 
 class Literal(Node):
     """Exactly these bytes (a key with its quotes, true, an enum's value)."""
@@ -65,6 +70,9 @@ class Literal(Node):
         return at == len(self.text)
 
     final = done
+
+    def expects(self, at: int) -> frozenset[int] | None:
+        return frozenset((self.text[at],)) if 0 < at < len(self.text) else None
 
 
 class String(Node):
@@ -528,6 +536,19 @@ def ended(state: State) -> bool:
     """Whether the text is whole and nothing can follow it (the root value closed)."""
     return bool(state) and all(len(stack) == 1 and stack[0][0].final(stack[0][1])
                                for stack in state)
+
+
+def next_bytes(state: State) -> frozenset[int] | None:
+    """The only bytes that may come next, where every stack's top frame says which (in a
+    literal: a key, an enum's value, true); None where any of them cannot say."""
+    found: set[int] = set()
+    for stack in state:
+        node, local = stack[-1]
+        expected = node.expects(local)
+        if expected is None:
+            return None
+        found |= expected
+    return frozenset(found)
 
 
 def indentation(state: State) -> tuple[State, int] | None:
