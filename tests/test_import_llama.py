@@ -51,7 +51,7 @@ def write_spm_bpe(directory):
 
 
 def hf_checkpoint(directory, tokenizer_dir, model_type="llama", seed=0, **config):
-    """A random LlamaForCausalLM (or Mistral, Qwen2, Qwen3) saved with save_pretrained,
+    """A random LlamaForCausalLM (or Mistral, Qwen2, Qwen3, Phi-3) saved with save_pretrained,
     its RMSNorm gains (Qwen3's of queries and keys among them) drawn around 1 and its
     biases (Qwen2's) around 0 so that each counts, with the tokenizer's files."""
     vocab = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
@@ -59,10 +59,11 @@ def hf_checkpoint(directory, tokenizer_dir, model_type="llama", seed=0, **config
     family = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
               "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
               "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-              "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}
+              "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+              "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM)}
     config_class, model_class = family[model_type]
     hf_config = config_class(vocab_size=vocab.get_vocab_size(), bos_token_id=1, eos_token_id=2,
-                             initializer_range=0.2, **config)
+                             pad_token_id=None, initializer_range=0.2, **config)
     model = model_class(hf_config).eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -128,6 +129,14 @@ CONFIGS = [
          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96,
          use_sliding_window=True, sliding_window=6,
          layer_types=["sliding_attention", "full_attention", "sliding_attention"], seed=10),
+    # Phi-3: fused query-key-value and gate-up projections (split on import), grouped
+    dict(model_type="phi3", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+         sliding_window=None, seed=11),
+    # Phi-3 with its sliding window (8 keys) on every layer, full heads, tied output
+    dict(model_type="phi3", hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=96,
+         sliding_window=8, tie_word_embeddings=True, seed=15),
 ]
 
 
@@ -281,7 +290,8 @@ def refused(directory, tmp_path, *messages):
 
 @pytest.mark.parametrize("change,message", [
     ({"model_type": "gpt_neox"},
-     "model_type='gpt_neox'; only 'llama' or 'mistral' or 'qwen2' or 'qwen3'"),
+     "model_type='gpt_neox'; only 'llama' or 'mistral' or 'qwen2' or 'qwen3' or 'phi3'"),
+    ({"partial_rotary_factor": 0.75}, "partial_rotary_factor=0.75 is not supported"),
     ({"model_type": "gemma3_text"},
      "model_type='gemma3_text' is a Gemma: import it with `transduce import hf-gemma`"),
     ({"attention_bias": True}, "attention_bias=true is not supported"),

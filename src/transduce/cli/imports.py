@@ -21,9 +21,10 @@ def register(commands) -> None:
                 "decoder-only checkpoint; options the model cannot reproduce are refused by "
                 "name.")
     _add_format(formats, import_hf_llama, "hf-llama",
-                "Hugging Face Llama, Mistral, Qwen2 or Qwen3 (LlamaForCausalLM, "
-                "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM directory)",
-                "Import a Hugging Face Llama, Mistral, Qwen2 or Qwen3 directory "
+                "Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 (LlamaForCausalLM, "
+                "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM "
+                "directory)",
+                "Import a Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 directory "
                 "(config.json, model.safetensors, its shards or pytorch_model.bin, "
                 "tokenizer.json) as a decoder-only checkpoint (RMSNorm, rotary positions, "
                 "SwiGLU, grouped-query attention); options the model cannot reproduce are "
@@ -124,7 +125,7 @@ def import_hf_gpt2(args: argparse.Namespace) -> int:
 
 
 def import_hf_llama(args: argparse.Namespace) -> int:
-    """Import a Hugging Face Llama, Mistral, Qwen2 or Qwen3 checkpoint."""
+    """Import a Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 checkpoint."""
     from transduce.importers import import_llama
 
     return _import_decoder(args, import_llama)

@@ -1,6 +1,7 @@
 """Hugging Face Llama-family decoders (LlamaForCausalLM; Mistral, whose sliding window
 is our sliding attention; Qwen2, whose query, key and value projections have biases;
-Qwen3, which normalizes each head's queries and keys) -> our DecoderOnly.
+Qwen3, which normalizes each head's queries and keys; Phi-3, whose projections are
+stored fused) -> our DecoderOnly.
 
 Llama is the decoder-only model with the field's later choices, each a field of ours:
 pre-norm layers with RMSNorm (norm "rms") and a final norm, rotary positions in the
@@ -20,6 +21,11 @@ name by name, with no transposition or permutation:
     layers.N.mlp.gate/up/down_proj    ffn.linear1 (activated), .linear3, .linear2
     norm                              decoder.final_norm
     lm_head                           output_proj (must equal embed_tokens when tied)
+
+Phi-3 stores each layer's query, key and value projections as one (qkv_proj: the
+query's rows, then the key's, then the value's) and the gate and up projections as one
+(gate_up_proj: the gate's rows first); they are split into ours. Its sliding window
+covers every layer, as Mistral's.
 
 Every key is accounted for (older checkpoints' rotary_emb.inv_freq buffers are skipped);
 options we do not compute (rope scaling but Llama 3.1's and linear, a sliding window,
@@ -47,7 +53,7 @@ from transduce.importers.chat_settings import with_chat_settings
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
 from transduce.model import empty_model
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu",
                "gelu_pytorch_tanh": "gelu-tanh", "gelu_new": "gelu-tanh", "relu": "relu"}
 # Options whose other value changes what the model computes: name -> the value we have.
@@ -57,7 +63,7 @@ _IGNORED = re.compile(r"^(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$")
 
 
 def import_llama(hf_dir: Path | str, out: Path | str) -> Path:
-    """Read a Hugging Face Llama, Mistral, Qwen2 or Qwen3 directory (config.json, model.safetensors,
+    """Read a Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 directory (config.json, model.safetensors,
     its shards or pytorch_model.bin, tokenizer.json) and write it as our checkpoint at
     `out`, replacing one there; nothing is written unless everything was read and
     checked."""
@@ -170,12 +176,12 @@ def _attention_window(hf: dict[str, Any], config_file: Path, max_positions: Any)
 
 
 def _windowed_layers(hf: dict[str, Any]) -> list[bool] | None:
-    """Which layers attend through the window: every layer of a Mistral; a Qwen's as
+    """Which layers attend through the window: every layer of a Mistral or a Phi-3; a Qwen's as
     layer_types says (transformers 5), else from layer max_window_layers on. None for
     the other families (a Llama has no window)."""
     layers = hf.get("num_hidden_layers")
     layers = layers if isinstance(layers, int) and layers > 0 else 1
-    if hf.get("model_type") == "mistral":
+    if hf.get("model_type") in ("mistral", "phi3"):
         return [True] * layers
     if hf.get("model_type") not in ("qwen2", "qwen3"):
         return None
@@ -198,6 +204,11 @@ def rope_fields(hf: dict[str, Any], config_file: Path) -> dict[str, Any]:
     if not isinstance(parameters, dict):
         raise ForeignCheckpointError(f"{config_file}: {key} must be an object")
     kind = parameters.get("rope_type", parameters.get("type", "default"))
+    partial = parameters.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ForeignCheckpointError(f"{config_file}: partial_rotary_factor={partial!r} is "
+                                     f"not supported (rotary positions turn every feature "
+                                     f"of a head here)")
     fields = {"rope_base": parameters.get("rope_theta", hf.get("rope_theta", 10000.0))}
     if kind == "linear":
         return {**fields, "rope_scaling": "linear", "rope_factor": parameters.get("factor")}
@@ -246,9 +257,11 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
     embedding = take("embed_tokens.weight", config.tgt_vocab_size, c)   # (V, C)
     state = {"decoder.embed.embedding.weight": embedding,
              "decoder.final_norm.weight": take("norm.weight", c)}
+    split = fused_layer_weights if "layers.0.self_attn.qkv_proj.weight" in names else \
+        layer_weights                                                    # (Phi-3's fused)
     for i in range(config.num_decoder_layers):
         ours, theirs = f"decoder.layers.{i}", f"layers.{i}"
-        state.update(layer_weights(take, config, ours, theirs))
+        state.update(split(take, config, ours, theirs))
         state[f"{ours}.norm1.weight"] = take(f"{theirs}.input_layernorm.weight", c)
         state[f"{ours}.norm3.weight"] = take(f"{theirs}.post_attention_layernorm.weight", c)
     state["output_proj.weight"] = output_projection(tensors, names, embedding, config, source)
@@ -281,6 +294,22 @@ def layer_weights(take: Callable[..., Tensor], config: ModelConfig, ours: str,
             state[f"{ours}.self_attn.{name}.weight"] = take(
                 f"{theirs}.self_attn.{name}.weight", config.head_dim)
     return state
+
+
+def fused_layer_weights(take: Callable[..., Tensor], config: ModelConfig, ours: str,
+                        theirs: str) -> dict[str, Tensor]:
+    """A Phi-3 layer's weights under our names: its fused qkv_proj and gate_up_proj
+    split row-wise (query, key, value; gate, up)."""
+    c, ff = config.d_model, config.d_ff
+    q, kv = config.num_heads * config.head_dim, config.kv_heads * config.head_dim
+    qkv = take(f"{theirs}.self_attn.qkv_proj.weight", q + 2 * kv, c)
+    gate_up = take(f"{theirs}.mlp.gate_up_proj.weight", 2 * ff, c)
+    return {f"{ours}.self_attn.q_proj.weight": qkv[:q],
+            f"{ours}.self_attn.k_proj.weight": qkv[q:q + kv],
+            f"{ours}.self_attn.v_proj.weight": qkv[q + kv:],
+            f"{ours}.self_attn.out_proj.weight": take(f"{theirs}.self_attn.o_proj.weight", c, q),
+            f"{ours}.ffn.linear1.weight": gate_up[:ff], f"{ours}.ffn.linear3.weight": gate_up[ff:],
+            f"{ours}.ffn.linear2.weight": take(f"{theirs}.mlp.down_proj.weight", c, ff)}
 
 
 def output_projection(tensors: dict[str, Tensor], names: dict[str, str], embedding: Tensor,
