@@ -1,8 +1,9 @@
-"""An NLLB model (imported, then fine-tuned here) or an M2M-100 import -> transformers'
-M2M100ForConditionalGeneration with NllbTokenizer's or M2M100Tokenizer's files: every
-weight is set, the tokenizer gives our ids in the original's numbering, the logits and
-the translations with the target forced are ours, the export imports back to the same
-translations, and what M2M100 cannot hold is refused by name with nothing written."""
+"""An NLLB or mBART-50 model (imported, then fine-tuned here) or an M2M-100 import ->
+transformers' M2M100ForConditionalGeneration with NllbTokenizer's or M2M100Tokenizer's
+files, or MBartForConditionalGeneration with MBart50Tokenizer's: every weight is set,
+the tokenizer gives our ids in the original's numbering, the logits and the translations
+with the target forced are ours, the export imports back to the same translations, and
+what M2M100 cannot hold is refused by name with nothing written."""
 
 import json
 import shutil
@@ -21,8 +22,9 @@ from transduce.decode.search import beam_search
 from transduce.decode.translate import Translator, pad_sources
 from transduce.export.common import ExportError
 from transduce.export.hf import export_hf
-from transduce.importers import import_nllb
+from transduce.importers import import_mbart, import_nllb
 from transduce.model import load_model
+from tests.test_import_mbart import mbart  # noqa: F401
 from tests.test_import_nllb import CODES, SAMPLES, TEXT, nllb, write_m2m100  # noqa: F401
 
 transformers = pytest.importorskip("transformers")
@@ -30,21 +32,33 @@ transformers = pytest.importorskip("transformers")
 THEIR_NAMES = {PAD_ID: "<pad>", BOS_ID: "<s>", EOS_ID: "</s>", UNK_ID: "<unk>"}
 
 
-@pytest.fixture(scope="module")
-def tuned(nllb, tmp_path_factory, tiny_corpus):
-    """(the import, the import fine-tuned for 4 steps on spa_Latn -> eng_Latn, its export)."""
-    root = tmp_path_factory.mktemp("tuned")
+def _tuned(imported, root, corpus_files, source, target):
+    """(the import, the import fine-tuned for 4 steps on source -> target, its export)."""
     corpus = root / "corpus"
     corpus.mkdir()
-    for file in tiny_corpus.iterdir():
+    for file in corpus_files.iterdir():
         if file.is_file() and not file.name.startswith("spm."):
             shutil.copyfile(file, corpus / file.name)
-    assert main(["train", "--data", str(corpus), "--init", str(nllb[3]), "--out",
+    assert main(["train", "--data", str(corpus), "--init", str(imported), "--out",
                  str(root / "run"), "--max-steps", "4", "--eval-every", "4",
                  "--max-tokens", "512", "--dev-bleu-sentences", "4", "--source-lang",
-                 "spa_Latn", "--target-lang", "eng_Latn"]) == 0
+                 source, "--target-lang", target]) == 0
     run = checkpoint.resolve(root / "run")
-    return nllb[3], run, export_hf(run, root / "hf")
+    return imported, run, export_hf(run, root / "hf")
+
+
+@pytest.fixture(scope="module")
+def tuned(nllb, tmp_path_factory, tiny_corpus):
+    """NLLB's import fine-tuned on spa_Latn -> eng_Latn (_tuned)."""
+    return _tuned(nllb[3], tmp_path_factory.mktemp("tuned"), tiny_corpus, "spa_Latn",
+                  "eng_Latn")
+
+
+@pytest.fixture(scope="module")
+def tuned_mbart(mbart, tmp_path_factory, tiny_corpus):
+    """mBART-50's import fine-tuned on es_XX -> en_XX (_tuned)."""
+    return _tuned(mbart[3], tmp_path_factory.mktemp("tuned-mbart"), tiny_corpus, "es_XX",
+                  "en_XX")
 
 
 @pytest.fixture(scope="module")
@@ -56,18 +70,21 @@ def m2m100(tmp_path_factory):
     return tokenizer, imported, export_hf(imported, root / "hf")
 
 
-@pytest.fixture(params=["nllb", "m2m100"])
-def exported(request, nllb, tuned, m2m100):
+@pytest.fixture(params=["nllb", "m2m100", "mbart"])
+def exported(request, nllb, tuned, m2m100, mbart, tuned_mbart):
     """(the original's tokenizer, our checkpoint, its export, source code, two targets)."""
     if request.param == "nllb":
         return nllb[2], tuned[1], tuned[2], "eng_Latn", ("fra_Latn", "eng_Latn")
+    if request.param == "mbart":
+        return mbart[2], tuned_mbart[1], tuned_mbart[2], "en_XX", ("fr_XX", "en_XX")
     return m2m100[0], m2m100[1], m2m100[2], "en", ("de", "ja")
 
 
-def _load(directory):
+def _load(directory, **options):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = transformers.M2M100ForConditionalGeneration.from_pretrained(directory).eval()
+        model = transformers.AutoModelForSeq2SeqLM.from_pretrained(directory, **options)
+        model = (model[0].eval(), *model[1:]) if isinstance(model, tuple) else model.eval()
         return model, transformers.AutoTokenizer.from_pretrained(directory)
 
 
@@ -84,11 +101,10 @@ def _their_ids(ours: Tokenizer, theirs, codes) -> list[int]:
 
 
 def test_every_weight_is_set(exported):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, info = transformers.M2M100ForConditionalGeneration.from_pretrained(
-            exported[2], output_loading_info=True)
+    (model, info), _ = _load(exported[2], output_loading_info=True)
     assert not any(info.values()), info
+    family = "MBart" if exported[3] == "en_XX" else "M2M100"
+    assert type(model).__name__ == f"{family}ForConditionalGeneration"
     assert model.config.decoder_start_token_id == 0 and model.config.pad_token_id == 1
     ours = load_model(exported[1])
     assert torch.equal(model.model.shared.weight[0], ours.encoder.embed.embedding.weight[BOS_ID])
@@ -196,7 +212,8 @@ def test_generate_gives_our_translations_with_the_target_forced(exported):
 
 def test_the_export_imports_back_to_the_same_translations(exported, tmp_path):
     _, run, out, source, targets = exported
-    back = import_nllb(out, tmp_path / "back")
+    importer = import_mbart if source == "en_XX" else import_nllb
+    back = importer(out, tmp_path / "back")
     for target in targets:
         translations = [Translator.load(path).translate(SAMPLES, beam=3, source_lang=source,
                                                         target_lang=target)

@@ -1,9 +1,9 @@
 """Hugging Face mBART-50 -> our checkpoint: the imported model computes what
 transformers' MBartForConditionalGeneration computes (logits, greedy and beam
 translations with the target language forced), its tokenizer gives MBart50Tokenizer's
-ids with the source language first, it translates, serves and exports to CTranslate2
-between the languages named, and mBART-25 and damaged directories are refused by name
-with nothing written."""
+ids with the source language first, it translates, fine-tunes and exports to ONNX and
+CTranslate2 between the languages named (to transformers: tests/test_export_nllb.py),
+and mBART-25 and damaged directories are refused by name with nothing written."""
 
 import json
 import shutil
@@ -15,7 +15,7 @@ import torch
 
 from transduce import checkpoint
 from transduce.cli import main
-from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from transduce.data.tokenizer import BOS_ID, EOS_ID, MODEL_NAME, PAD_ID, Tokenizer
 from transduce.decode.greedy import greedy_hypotheses
 from transduce.decode.search import beam_search
 from transduce.decode.translate import Translator, pad_sources
@@ -259,8 +259,19 @@ def test_the_onnx_export_translates_as_ours(mbart, tmp_path):
     assert Translator.load(exported).translate(SAMPLES, beam=2, target_lang="fr_XX") == ours
 
 
-def test_an_hf_export_is_refused_naming_the_norm(mbart, tmp_path, capsys):
-    assert main(["export", "hf", str(mbart[3]), str(tmp_path / "hf")]) != 0
+def test_a_norm_of_the_embeddings_without_mbart_s_codes_is_refused_by_hf_export(tmp_path,
+                                                                                tiny_corpus,
+                                                                                capsys):
+    """export hf writes an mBART-50 import as mBART (tests/test_export_nllb.py); a model of
+    ours with embedding_norm and no language codes has no format there."""
+    from transduce.config import preset
+    from transduce.model import build_model
+
+    model = build_model(preset("tiny", src_vocab_size=300, tgt_vocab_size=300,
+                               embedding_norm=True))
+    run = tmp_path / "run"
+    checkpoint.save(checkpoint.step_dir(run, 1), model, None, tiny_corpus / MODEL_NAME)
+    assert main(["export", "hf", str(run), str(tmp_path / "hf")]) != 0
     assert "embedding_norm=True" in capsys.readouterr().err
     assert not (tmp_path / "hf").exists()
 

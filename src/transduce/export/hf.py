@@ -212,7 +212,7 @@ def export_hf(path: Path, out: Path) -> Path:
     tokenizer_config.json and our export marker (written.py); loadable with transformers'
     Auto classes (AutoModelForSeq2SeqLM, AutoTokenizer) -> OUT. A decoder-only model is
     written as Llama, Mistral, Qwen2 or GPT-2 (hf_decoder.py), an encoder-only one as
-    BERT (hf_encoder.py), an NLLB or M2M-100 import as itself (hf_nllb.py), a model of
+    BERT (hf_encoder.py), an NLLB, M2M-100 or mBART-50 import as itself (hf_nllb.py), a model of
     T5's layout as T5 (hf_t5.py)."""
     require("transformers", "export hf")
     directory = checkpoint.resolve(path)
@@ -225,9 +225,9 @@ def export_hf(path: Path, out: Path) -> Path:
         from transduce.export.hf_encoder import export_hf_encoder
 
         return export_hf_encoder(directory, model, out)
-    from transduce.export.hf_nllb import export_hf_nllb, is_nllb_layout
+    from transduce.export.hf_nllb import export_hf_nllb, is_mbart_layout, is_nllb_layout
 
-    if is_nllb_layout(model):
+    if is_nllb_layout(model) or is_mbart_layout(model):
         return export_hf_nllb(directory, model, out)
     from transduce.export.hf_t5 import export_hf_t5, is_t5_layout
 

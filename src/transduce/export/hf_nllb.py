@@ -2,6 +2,10 @@
 M2M100Tokenizer's): a model imported from NLLB-200 or M2M-100 (positional="fairseq",
 language codes), fine-tuned here or not, goes back to the layout it came from
 (importers/hf_nllb.py), for `generate`, transformers' Trainer and the tools that read it.
+An mBART-50 import (learned positions, embedding_norm, language codes) goes back the same
+way, to MBartForConditionalGeneration with MBart50Tokenizer's files: its position
+tables gain the two rows transformers skips, and its embeddings' norms are its
+layernorm_embedding.
 
 What the export undoes of the import:
 - the ids (hf_nllb_vocabulary.py). Each row of the shared matrix is ours of the same
@@ -33,6 +37,7 @@ from transduce.export.hf import HF_ACTIVATIONS, HF_LAYER_NORM_EPS, generation_co
     hf_state_dict
 from transduce.export.hf_nllb_vocabulary import SPM_FILE, left_to_the_tokenizer, rows_for, \
     their_codes, their_spm, their_tokenizer
+from transduce.importers.hf_mbart import POSITION_OFFSET
 from transduce.model import Transformer
 from transduce.model.transformer import NEVER_OUTPUT
 from transduce.written import write_export_marker
@@ -48,24 +53,35 @@ def is_nllb_layout(model: Transformer) -> bool:
     return model.config.arch == "transformer" and model.config.positional == "fairseq"
 
 
+def is_mbart_layout(model: Transformer) -> bool:
+    """Whether `export hf` writes this model as mBART-50: learned positions, a norm of the
+    embeddings and language codes, as an mBART-50 import has."""
+    c = model.config
+    return c.arch == "transformer" and c.positional == "learned" and c.embedding_norm \
+        and bool(model.language_codes)
+
+
 def check_exportable(model: Transformer, tokenizer: Tokenizer) -> None:
     c = model.config
-    problems = not_a_plain_transformer(c) + not_the_papers_layers(c)
+    family = "mBART-50" if is_mbart_layout(model) else "NLLB"
+    problems = not_a_plain_transformer(c, embedding_norm=family == "mBART-50") + \
+        not_the_papers_layers(c)
     for name, value, needed, why in (
-            ("norm_first", c.norm_first, True, "NLLB's layers are pre-norm"),
-            ("tie_embeddings", c.tie_embeddings, "all", "NLLB shares one matrix"),
-            ("num_kv_heads", c.kv_heads, c.num_heads, "NLLB has full multi-head attention"),
-            ("bias", c.bias, True, "NLLB's projections have biases"),
-            ("layer_norm_eps", c.layer_norm_eps, HF_LAYER_NORM_EPS, "NLLB's")):
+            ("norm_first", c.norm_first, True, f"{family}'s layers are pre-norm"),
+            ("tie_embeddings", c.tie_embeddings, "all", f"{family} shares one matrix"),
+            ("num_kv_heads", c.kv_heads, c.num_heads,
+             f"{family} has full multi-head attention"),
+            ("bias", c.bias, True, f"{family}'s projections have biases"),
+            ("layer_norm_eps", c.layer_norm_eps, HF_LAYER_NORM_EPS, f"{family}'s")):
         if value != needed:
             problems.append(f"{name}={value!r} ({why}: {needed!r})")
     if c.activation not in HF_ACTIVATIONS:
         problems.append(f"activation={c.activation!r} (not one of {sorted(HF_ACTIVATIONS)})")
     if tokenizer.target_tokenizer is not tokenizer:
-        problems.append("targets segmented by a SentencePiece model of their own (NLLB "
-                        "segments both sides with one)")
+        problems.append(f"targets segmented by a SentencePiece model of their own ({family} "
+                        f"segments both sides with one)")
     if problems:
-        raise ExportError("cannot export to NLLB: " + "; ".join(problems))
+        raise ExportError(f"cannot export to {family}: " + "; ".join(problems))
     _check_output_bias(model)
 
 
@@ -103,10 +119,13 @@ def _check_every_output_kept(rows: list[int | None], model: Transformer,
 
 
 def m2m100_config(model: Transformer, vocab_size: int) -> dict:
-    """config.json of M2M100ForConditionalGeneration holding the model."""
+    """config.json of M2M100ForConditionalGeneration (of MBartForConditionalGeneration,
+    for an mBART layout) holding the model."""
     c = model.config
+    architecture, model_type = ("MBartForConditionalGeneration", "mbart") \
+        if is_mbart_layout(model) else ("M2M100ForConditionalGeneration", "m2m_100")
     return {
-        "architectures": ["M2M100ForConditionalGeneration"], "model_type": "m2m_100",
+        "architectures": [architecture], "model_type": model_type,
         "vocab_size": vocab_size, "d_model": c.d_model,
         "encoder_layers": c.num_encoder_layers, "decoder_layers": c.num_decoder_layers,
         "encoder_attention_heads": c.num_heads, "decoder_attention_heads": c.num_heads,
@@ -131,26 +150,36 @@ def nllb_weights(model: Transformer, rows: list[int | None]) -> dict[str, Tensor
     state = hf_state_dict(model, slice(None), shared)
     for tied in TIED:
         del state[tied]
+    if is_mbart_layout(model):
+        for stack in ("encoder", "decoder"):
+            embed = getattr(model, stack).embed
+            table = embed.positions.embedding.weight.detach()            # (P, C)
+            skipped = table.new_zeros(POSITION_OFFSET, table.shape[1])   # (never read)
+            state[f"model.{stack}.embed_positions.weight"] = torch.cat([skipped, table])
+            for part in ("weight", "bias"):
+                state[f"model.{stack}.layernorm_embedding.{part}"] = \
+                    getattr(embed.norm, part).detach()
     return {name: tensor.float().contiguous() for name, tensor in state.items()}
 
 
 def export_hf_nllb(directory: Path, model: Transformer, out: Path) -> Path:
     """Write OUT/ with config.json, generation_config.json, model.safetensors and the
     tokenizer's files (NLLB's sentencepiece.bpe.model, tokenizer.json and
-    tokenizer_config.json; M2M-100's with vocab.json instead of tokenizer.json),
-    loadable with AutoModelForSeq2SeqLM and AutoTokenizer."""
-    from transformers import M2M100Config
+    tokenizer_config.json; M2M-100's with vocab.json instead of tokenizer.json;
+    mBART-50's as NLLB's), loadable with AutoModelForSeq2SeqLM and AutoTokenizer."""
+    from transformers import M2M100Config, MBartConfig
 
     tokenizer = Tokenizer(directory / checkpoint.TOKENIZER)
     check_exportable(model, tokenizer)
+    mbart = is_mbart_layout(model)
     codes = their_codes(dict(sorted((model.language_codes or {}).items(),
-                                    key=lambda item: item[1])), tokenizer)
+                                    key=lambda item: item[1])), tokenizer, mbart)
     spm_model = their_spm(tokenizer, left_to_the_tokenizer(tokenizer, codes))
     theirs = their_tokenizer(spm_model, codes, checkpoint.read_languages(directory),
                              model.config.max_positions)
     rows = rows_for(theirs, tokenizer, codes)
     _check_every_output_kept(rows, model, tokenizer, codes.family)
-    config = M2M100Config(**m2m100_config(model, len(rows)))
+    config = (MBartConfig if mbart else M2M100Config)(**m2m100_config(model, len(rows)))
     defaults = generation_config(config)
     banned = never_output(model)
     defaults.bad_words_ids = [[i] for i, row in enumerate(rows) if row is None or row in banned]

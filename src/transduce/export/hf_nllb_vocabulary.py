@@ -1,11 +1,12 @@
-"""The tokenizer files of an NLLB or M2M-100 export (hf_nllb.py): our SentencePiece model
-in their layout, transformers' tokenizer over it, and which of its ids holds which row
-of ours.
+"""The tokenizer files of an NLLB, M2M-100 or mBART-50 export (hf_nllb.py): our
+SentencePiece model in their layout, transformers' tokenizer over it, and which of its
+ids holds which row of ours.
 
-Both number <s>, <pad>, </s>, <unk>, then the SentencePiece pieces, then the language
+All number <s>, <pad>, </s>, <unk>, then the SentencePiece pieces, then the language
 codes: NllbTokenizer names a code as itself (eng_Latn) and puts <mask> after them;
 M2M100Tokenizer names one __en__, maps pieces to ids through vocab.json and takes its
-codes from a fixed list ("m2m100" or "wmt21"), in that list's order.
+codes from a fixed list ("m2m100" or "wmt21"), in that list's order; MBart50Tokenizer
+names one as itself (en_XX), all 52 of its fixed list in that order, then <mask>.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import NamedTuple
 
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from transduce.export.common import ExportError
+from transduce.importers.hf_mbart import LANGUAGES as MBART50_LANGUAGES
 from transduce.importers.hf_nllb import M2M100_LANGUAGES
 from transduce.importers.marian_vocabulary import WORD_BOUNDARY
 
@@ -29,18 +31,22 @@ MASK = "<mask>"
 
 
 class TheirCodes(NamedTuple):
-    family: str                 # "NLLB" or "M2M-100"
+    family: str                 # "NLLB", "M2M-100" or "mBART-50"
     tokens: dict[str, int]      # their token of each code -> our id
     m2m100_list: str | None     # M2M100Tokenizer's language_codes
 
 
-def their_codes(codes: dict[str, int], tokenizer: Tokenizer) -> TheirCodes:
-    """Our codes (code -> id) as NllbTokenizer's (each piece the code itself) or as
-    M2M100Tokenizer's (__en__ for en, all of them in one of its lists)."""
+def their_codes(codes: dict[str, int], tokenizer: Tokenizer, mbart: bool = False
+                ) -> TheirCodes:
+    """Our codes (code -> id) as NllbTokenizer's (each piece the code itself), as
+    M2M100Tokenizer's (__en__ for en, all of them in one of its lists) or, for an mBART
+    layout, as MBart50Tokenizer's (each the code itself, all of them in its list)."""
     if not codes:
         raise ExportError("cannot export to NLLB: no language codes (config.json's "
                           "language_codes; NLLB's tokenizers have them)")
     pieces = {code: tokenizer.piece(i).removeprefix(WORD_BOUNDARY) for code, i in codes.items()}
+    if mbart:
+        return _mbart50_codes(codes, pieces)
     if all(piece == code for code, piece in pieces.items()):
         return TheirCodes("NLLB", dict(codes), None)
     lists = [name for name, listed in M2M100_LANGUAGES.items() if set(codes) <= set(listed)]
@@ -52,6 +58,16 @@ def their_codes(codes: dict[str, int], tokenizer: Tokenizer) -> TheirCodes:
                       f"piece {pieces[code]!r}, which neither NllbTokenizer ({code}) nor "
                       f"M2M100Tokenizer (__{code}__ of its lists "
                       f"{', '.join(M2M100_LANGUAGES)}) names so")
+
+
+def _mbart50_codes(codes: dict[str, int], pieces: dict[str, str]) -> TheirCodes:
+    """MBart50Tokenizer's codes: its list's, each the piece of the code itself."""
+    for code, piece in pieces.items():
+        if code not in MBART50_LANGUAGES or piece != code:
+            raise ExportError(f"cannot export to mBART-50: language code {code!r} (the piece "
+                              f"{piece!r}) is not one of MBart50Tokenizer's, which names "
+                              f"{', '.join(MBART50_LANGUAGES[:3])}, ... as themselves")
+    return TheirCodes("mBART-50", dict(codes), None)
 
 
 def left_to_the_tokenizer(tokenizer: Tokenizer, codes: TheirCodes) -> set[int]:
@@ -105,6 +121,10 @@ def their_tokenizer(spm_model: bytes, codes: TheirCodes,
                 vocab_file=_write_vocab_json(spm_model, Path(scratch)),
                 spm_file=str(Path(scratch) / SPM_FILE), language_codes=codes.m2m100_list,
                 **options)
+        if codes.family == "mBART-50":         # its codes and <mask> from its own list
+            (Path(scratch) / "tokenizer_config.json").write_text(json.dumps(
+                {"tokenizer_class": "MBart50Tokenizer"}), encoding="utf-8")
+            return transformers.AutoTokenizer.from_pretrained(scratch, **options)
         (Path(scratch) / "tokenizer_config.json").write_text(json.dumps(
             {"tokenizer_class": "NllbTokenizer"}), encoding="utf-8")
         theirs = transformers.AutoTokenizer.from_pretrained(
