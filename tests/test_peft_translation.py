@@ -16,11 +16,12 @@ from transduce.cli import main
 from transduce.config import preset
 from transduce.data.tokenizer import MODEL_NAME
 from transduce.export import ExportError, export_peft
-from transduce.importers import (ForeignCheckpointError, import_marian, import_nllb,
-                                 import_peft, import_t5)
+from transduce.importers import (ForeignCheckpointError, import_marian, import_mbart,
+                                 import_nllb, import_peft, import_t5)
 from transduce.model import build_model, load_model
 from tests.test_export import saved_model
 from tests.test_import_marian import write_marian
+from tests.test_import_mbart import write_mbart
 from tests.test_import_nllb import write_nllb
 from tests.test_import_t5 import write_t5
 from tests.test_peft import with_drawn_adapters
@@ -28,7 +29,7 @@ from tests.test_peft import with_drawn_adapters
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-FAMILIES = ("pegasus", "marian", "nllb", "t5", "t5-gated")
+FAMILIES = ("pegasus", "marian", "nllb", "mbart", "t5", "t5-gated")
 # PEFT's target_modules: every matrix we adapt, by transformers' names.
 TARGETS = {"bart": ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"],
            "t5": ["q", "k", "v", "o", "wi", "wi_0", "wi_1", "wo"]}
@@ -43,6 +44,8 @@ def base_checkpoint(family, tmp_path, tiny_corpus):
         base = import_marian(write_marian(tmp_path / "hf")[0], tmp_path / "base")
     elif family == "nllb":
         base = import_nllb(write_nllb(tmp_path / "hf")[0], tmp_path / "base")
+    elif family == "mbart":
+        base = import_mbart(write_mbart(tmp_path / "hf")[0], tmp_path / "base")
     else:
         layout = "v1.1" if family == "t5-gated" else "t5"
         base = import_t5(write_t5(tmp_path / "hf", layout), tmp_path / "base")
@@ -51,8 +54,9 @@ def base_checkpoint(family, tmp_path, tiny_corpus):
     for file in tiny_corpus.iterdir():
         if file.is_file() and not file.name.startswith("spm."):
             (corpus / file.name).write_bytes(file.read_bytes())
-    languages = ["--source-lang", "spa_Latn", "--target-lang", "eng_Latn"]
-    return base, corpus, languages if family == "nllb" else []
+    languages = {"nllb": ["--source-lang", "spa_Latn", "--target-lang", "eng_Latn"],
+                 "mbart": ["--source-lang", "es_XX", "--target-lang", "en_XX"]}
+    return base, corpus, languages.get(family, [])
 
 
 def exported(path, out):

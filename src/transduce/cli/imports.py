@@ -86,13 +86,15 @@ def register(commands) -> None:
                 "are refused by name.")
 
     peft = formats.add_parser("peft", help="a PEFT LoRA adapter of a Llama, Mistral, Qwen2, "
-                                           "GPT-2, BERT, RoBERTa, Marian, NLLB or T5 model, "
+                                           "GPT-2, BERT, RoBERTa, Marian, NLLB, mBART-50 "
+                                           "or T5 model, "
                                            "merged into our import of that model",
                               description="Merge a PEFT LoRA adapter directory "
                               "(adapter_config.json, adapter_model.safetensors) into a copy of "
                               "--base, our checkpoint of the model it was trained on (import "
-                              "hf-llama, hf-gpt2, hf-bert, hf-roberta, hf-marian, hf-nllb or "
-                              "hf-t5, or the checkpoint `export hf` wrote it from); a sequence "
+                              "hf-llama, hf-gpt2, hf-bert, hf-roberta, hf-marian, hf-nllb, "
+                              "hf-mbart or hf-t5, or the checkpoint `export hf` wrote it "
+                              "from); a sequence "
                               "classifier's head and pooler trained whole replace the base's. "
                               "What a merged update cannot compute (DoRA, trained biases, other "
                               "modules trained whole) is refused by name. OUT must not exist or "

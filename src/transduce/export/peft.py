@@ -87,7 +87,7 @@ def _check_base_exportable(path: Path, config: ModelConfig) -> None:
     elif translation_family(config) == "t5":
         from transduce.export import hf_t5
         hf_t5.check_exportable(load_model(path))
-    elif translation_family(config) == "m2m100":
+    elif translation_family(config) in ("m2m100", "mbart"):
         from transduce.export import hf_nllb
         hf_nllb.check_exportable(load_model(path), checkpoint.load_tokenizer(path))
     else:

@@ -4,7 +4,8 @@ names are Llama's) or of GPT2LMHeadModel, whose c_attn holds q, k and v in one C
 an encoder's, a module of BERT's or RoBERTa's layers (bert. or roberta. before
 encoder.layer.N.attention.self.query, .key, .value, attention.output.dense,
 intermediate.dense, output.dense); an encoder-decoder's, a module of the model `export hf`
-writes (translation_family): BART's names for Marian, Pegasus and NLLB (M2M100), T5's.
+writes (translation_family): BART's names for Marian, Pegasus, NLLB (M2M100) and mBART,
+T5's.
 
     ours (decoder.layers.N.)  Llama (model.layers.N.)   GPT-2 (transformer.h.N.)
     self_attn.q_proj          self_attn.q_proj          attn.c_attn, its first third
@@ -93,8 +94,11 @@ def encoder_prefix(config: ModelConfig) -> str:
 
 def translation_family(config: ModelConfig) -> str:
     """The transformers model `export hf` writes an encoder-decoder as (export/hf.py): T5
-    for T5's relative positions, M2M100 (NLLB's) for fairseq's sinusoids, else BART's
-    family (Marian post-norm, Pegasus pre-norm), whose sinusoids put the sines first."""
+    for T5's relative positions, M2M100 (NLLB's) for fairseq's sinusoids, mBART for a
+    norm of the embeddings (its names BART's, its dimension kept), else BART's family
+    (Marian post-norm, Pegasus pre-norm), whose sinusoids put the sines first."""
+    if config.embedding_norm:
+        return "mbart"
     return {"t5": "t5", "fairseq": "m2m100"}.get(config.positional, "bart")
 
 
