@@ -1,4 +1,4 @@
-"""`transduce import hf-gpt2` / `hf-llama` / `hf-gemma` / `hf-bert` / `hf-roberta` (also called
+"""`transduce import hf-gpt2` / `hf-bloom` / `hf-llama` / `hf-gemma` / `hf-bert` / `hf-roberta` (also called
 `hf-xlm-roberta`) / `hf-marian` / `hf-nllb` (also called `hf-m2m100`) / `hf-mbart` /
 `hf-t5`: another toolkit's checkpoint as ours; `peft`: a PEFT LoRA adapter merged into one of ours."""
 
@@ -20,6 +20,12 @@ def register(commands) -> None:
                 "pytorch_model.bin, tokenizer.json or vocab.json + merges.txt) as a "
                 "decoder-only checkpoint; options the model cannot reproduce are refused by "
                 "name.")
+    _add_format(formats, import_hf_bloom, "hf-bloom",
+                "Hugging Face BLOOM or BLOOMZ (BloomForCausalLM directory)",
+                "Import a Hugging Face BLOOM directory (config.json, model.safetensors, its "
+                "shards or pytorch_model.bin, tokenizer.json) as a decoder-only checkpoint "
+                "(ALiBi, a LayerNorm of the embeddings); options the model cannot reproduce "
+                "are refused by name.")
     _add_format(formats, import_hf_llama, "hf-llama",
                 "Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 (LlamaForCausalLM, "
                 "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM "
@@ -124,6 +130,13 @@ def import_hf_gpt2(args: argparse.Namespace) -> int:
     from transduce.importers import import_gpt2
 
     return _import_decoder(args, import_gpt2)
+
+
+def import_hf_bloom(args: argparse.Namespace) -> int:
+    """Import a Hugging Face BLOOM checkpoint."""
+    from transduce.importers import import_bloom
+
+    return _import_decoder(args, import_bloom)
 
 
 def import_hf_llama(args: argparse.Namespace) -> int:

@@ -1,10 +1,9 @@
-"""Reading other toolkits' checkpoints into ours: Hugging Face GPT-2 (hf_gpt2.py),
-BERT (hf_bert.py), RoBERTa (hf_roberta.py, with XLM-R and CamemBERT), Marian
-(hf_marian.py, the OPUS-MT translation models), NLLB-200 and M2M-100 (hf_nllb.py),
-mBART-50 (hf_mbart.py), T5
-(hf_t5.py, with Flan-T5 and mT5), Llama (hf_llama.py, with Mistral, Qwen2 and Qwen3) and
-Gemma 3 and Gemma 2 (hf_gemma.py), and
-PEFT's LoRA adapters of those language models, merged (peft.py). Each importer maps the
+"""Reading other toolkits' checkpoints into ours: Hugging Face GPT-2 (hf_gpt2.py), BLOOM
+(hf_bloom.py), BERT (hf_bert.py), RoBERTa (hf_roberta.py, with XLM-R and CamemBERT),
+Marian (hf_marian.py, the OPUS-MT translation models), NLLB-200 and M2M-100
+(hf_nllb.py), mBART-50 (hf_mbart.py), T5 (hf_t5.py, with Flan-T5 and mT5), Llama
+(hf_llama.py, with Mistral, Qwen2, Qwen3 and Phi-3) and Gemma 3 and Gemma 2
+(hf_gemma.py), and PEFT's LoRA adapters of those language models, merged (peft.py). Each importer maps the
 weights name by name onto a model of this package that computes the same function, and
 refuses, naming the file, key or option, what it cannot reproduce; the result is an
 ordinary checkpoint directory (checkpoint.py), written whole or not at all. (The package is not called `import`, a
@@ -115,6 +114,7 @@ from transduce.importers.hf_bert import fresh_heads, import_bert  # noqa: E402
 from transduce.importers.hf_roberta import import_roberta  # noqa: E402
 from transduce.importers.hf_marian import import_marian  # noqa: E402
 from transduce.importers.hf_llama import import_llama  # noqa: E402
+from transduce.importers.hf_bloom import import_bloom  # noqa: E402
 from transduce.importers.hf_gemma import import_gemma  # noqa: E402
 from transduce.importers.hf_nllb import import_nllb  # noqa: E402
 from transduce.importers.hf_mbart import import_mbart  # noqa: E402
@@ -122,6 +122,6 @@ from transduce.importers.hf_t5 import import_t5  # noqa: E402
 from transduce.importers.peft import import_peft  # noqa: E402
 
 __all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight", "refuse_unread",
-           "import_gpt2", "import_llama", "import_gemma", "import_bert", "import_roberta",
+           "import_gpt2", "import_llama", "import_bloom", "import_gemma", "import_bert", "import_roberta",
            "fresh_heads", "import_marian",
            "import_nllb", "import_mbart", "import_t5", "import_peft"]

@@ -1,0 +1,150 @@
+"""Hugging Face BLOOM -> our checkpoint: the imported model computes what
+transformers.BloomForCausalLM computes (logits, left-padded batches, greedy generation
+through the cache, perplexity) with ALiBi's slopes for head counts that are powers of
+two and not, its tokenizer gives the fast tokenizer's ids, and what we cannot reproduce
+is refused by name with nothing written."""
+
+import json
+
+import pytest
+import torch
+
+from transduce import checkpoint
+from transduce.cli import main
+from transduce.importers import import_bloom
+from transduce.model import DecoderOnly, load_model
+from tests.foreign_checkpoints import assert_refused, assert_same_greedy_tokens, \
+    assert_same_logits, assert_same_perplexity, damaged
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+TRAINING_TEXT = ["The quick brown fox jumps over the lazy dog. It's a dog's life.",
+                 "El niño comió una manzana en la mañana; ¿verdad que sí?",
+                 "In the beginning God created the heaven and the earth.",
+                 "Ça coûte 12,50 € — déjà vu, naïve café."]
+SAMPLES = ["Hello world!", "  leading and trailing spaces  ", "El niño comió café.", ""]
+SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]          # BLOOM's ids 0 to 3
+
+
+@pytest.fixture(scope="module")
+def bloom_tokenizer(tmp_path_factory):
+    """A byte-level BPE with BLOOM's special tokens; no post-processor (BLOOM adds no
+    <s> to a prompt)."""
+    directory = tmp_path_factory.mktemp("tokenizer")
+    trained = tokenizers.ByteLevelBPETokenizer()
+    trained.train_from_iterator(TRAINING_TEXT * 2, vocab_size=320, min_frequency=1,
+                                special_tokens=SPECIALS, show_progress=False)
+    trained.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}))
+    return directory
+
+
+def hf_checkpoint(directory, tokenizer_dir, seed=0, **config):
+    """A random BloomForCausalLM saved with save_pretrained, its LayerNorm gains drawn
+    around 1 and its biases around 0 so that each counts, with the tokenizer's files."""
+    vocab = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    torch.manual_seed(seed)
+    hf_config = transformers.BloomConfig(vocab_size=vocab.get_vocab_size(), bos_token_id=1,
+                                         eos_token_id=2, pad_token_id=3,
+                                         initializer_range=0.2, **config)
+    model = transformers.BloomForCausalLM(hf_config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "layernorm" in name or "ln_f" in name:
+                parameter.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
+            elif name.endswith("bias"):
+                parameter.normal_(0.0, 0.2)
+    model.save_pretrained(directory)
+    for file in tokenizer_dir.iterdir():
+        (directory / file.name).write_bytes(file.read_bytes())
+    return model
+
+
+CONFIGS = [dict(hidden_size=32, n_layer=2, n_head=4, seed=6),
+           dict(hidden_size=48, n_layer=2, n_head=6, layer_norm_epsilon=1e-6, seed=1)]
+
+
+@pytest.fixture(scope="module", params=range(len(CONFIGS)), ids=lambda i: f"config{i}")
+def imported(request, bloom_tokenizer, tmp_path_factory):
+    """(HF model, our model loaded from the imported checkpoint, checkpoint path)."""
+    root = tmp_path_factory.mktemp("hf")
+    hf = hf_checkpoint(root / "hf", bloom_tokenizer, **dict(CONFIGS[request.param]))
+    out = import_bloom(root / "hf", root / "ours")
+    return hf, load_model(out), out
+
+
+def test_logits_match_transformers(imported):
+    hf, ours, _ = imported
+    assert isinstance(ours, DecoderOnly)
+    c = ours.config
+    assert (c.positional, c.embedding_norm, c.activation) == ("alibi", True, "gelu-tanh")
+    assert_same_logits(hf, ours, atol=2e-5)
+
+
+def test_greedy_generation_through_the_cache_matches_transformers(imported, monkeypatch):
+    hf, ours, _ = imported
+    assert_same_greedy_tokens(hf, ours, 30, monkeypatch)
+
+
+def test_perplexity_uses_the_bos_and_eos_of_the_tokenizer(imported, tmp_path):
+    hf, _, out = imported
+    assert_same_perplexity(hf, out, tmp_path)
+
+
+def test_tokenizer_ids_equal_the_fast_tokenizer(imported, bloom_tokenizer):
+    ours = checkpoint.load_tokenizer(imported[2])
+    reference = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(bloom_tokenizer / "tokenizer.json"), bos_token="<s>",
+        eos_token="</s>", pad_token="<pad>")
+    assert (ours.bos_id, ours.eos_id, ours.pad_id) == (1, 2, 3)
+    assert ours.encode(SAMPLES) == [reference(text)["input_ids"] for text in SAMPLES]
+
+
+def test_the_command_generates_what_transformers_generates(imported, capsys):
+    hf, _, out = imported
+    tokenizer = checkpoint.load_tokenizer(out)
+    ids = tokenizer.encode(["In the beginning"])[0]
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8,
+                               eos_token_id=None, pad_token_id=3)[0, len(ids):]
+    assert main(["import", "hf-bloom", str(out.parent / "hf"), "--out",
+                 str(out.parent / "again"), "--force"]) == 0
+    assert "decoder-only" in capsys.readouterr().out
+    assert main(["generate", "--model", str(out.parent / "again"), "--prompt",
+                 "In the beginning", "--max-new-tokens", "8", "--dtype", "float32"]) == 0
+    written = capsys.readouterr().out.strip()
+    assert written.endswith(tokenizer.decode(expected.tolist()).strip())
+
+
+@pytest.fixture(scope="module")
+def small_hf(bloom_tokenizer, tmp_path_factory):
+    """One small BLOOM directory, copied and damaged by each bad-input test."""
+    directory = tmp_path_factory.mktemp("small") / "hf"
+    hf_checkpoint(directory, bloom_tokenizer, hidden_size=16, n_layer=1, n_head=2)
+    return directory
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"model_type": "gpt2"}, "model_type='gpt2'; only 'bloom'"),
+    ({"apply_residual_connection_post_layernorm": True},
+     "apply_residual_connection_post_layernorm=true is not supported"),
+    ({"tie_word_embeddings": False}, "tie_word_embeddings=false is not supported"),
+    ({"n_head": 3}, "d_model=16 is not divisible by num_heads=3"),
+    ({"eos_token_id": 5}, "eos_token_id=5 but the tokenizer's eos token '</s>' is 2"),
+])
+def test_refuses_options_it_cannot_reproduce(small_hf, tmp_path, change, message):
+    directory = damaged(small_hf, tmp_path, config=lambda c: c.update(change))
+    assert_refused(import_bloom, directory, tmp_path, message)
+
+
+def test_exports_without_alibi_or_the_embeddings_norm_refuse_it_by_name(imported, tmp_path,
+                                                                        capsys):
+    out = imported[2]
+    for command in (["export", "hf"], ["export", "ct2"], ["export", "onnx"]):
+        assert main([*command, str(out), str(tmp_path / command[1])]) != 0
+        said = capsys.readouterr().err
+        assert "positional='alibi'" in said, said
+        assert ("embedding_norm=True" in said) == (command[1] != "onnx"), said  # ONNX has it
+        assert not (tmp_path / command[1]).exists()
