@@ -1,6 +1,7 @@
-"""`transduce import hf-gpt2` / `hf-bloom` / `hf-llama` / `hf-gemma` / `hf-bert` / `hf-roberta` (also called
-`hf-xlm-roberta`) / `hf-marian` / `hf-nllb` (also called `hf-m2m100`) / `hf-mbart` /
-`hf-t5`: another toolkit's checkpoint as ours; `peft`: a PEFT LoRA adapter merged into one of ours."""
+"""`transduce import hf-gpt2` / `hf-bloom` / `hf-llama` / `hf-gemma` / `hf-bert` /
+`hf-roberta` (also called `hf-xlm-roberta`) / `hf-marian` / `hf-nllb` (also called
+`hf-m2m100`) / `hf-mbart` / `hf-t5`: another toolkit's checkpoint as ours; `peft`: a PEFT
+LoRA adapter merged into one of ours."""
 
 from __future__ import annotations
 

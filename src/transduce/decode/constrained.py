@@ -15,7 +15,8 @@ per set of the rule's places and compared with the room left (string_masks.py). 
 text up to a marker (a model's reasoning, up to </think>), only the tokens holding the
 marker's first byte are walked. After a newline each count of indentation is a state
 too: its mask is the one at no indentation less the tokens that lead with more spaces or
-tabs than may still come.
+tabs than may still come. In a literal (a key, an enum's value), a walk follows the one
+byte it expects rather than trying each child of a trie node.
 """
 
 from __future__ import annotations

@@ -212,8 +212,8 @@ def export_hf(path: Path, out: Path) -> Path:
     tokenizer_config.json and our export marker (written.py); loadable with transformers'
     Auto classes (AutoModelForSeq2SeqLM, AutoTokenizer) -> OUT. A decoder-only model is
     written as Llama, Mistral, Qwen2 or GPT-2 (hf_decoder.py), an encoder-only one as
-    BERT (hf_encoder.py), an NLLB, M2M-100 or mBART-50 import as itself (hf_nllb.py), a model of
-    T5's layout as T5 (hf_t5.py)."""
+    BERT (hf_encoder.py), an NLLB, M2M-100 or mBART-50 import as itself (hf_nllb.py), a
+    model of T5's layout as T5 (hf_t5.py)."""
     require("transformers", "export hf")
     directory = checkpoint.resolve(path)
     model = load_model(directory)

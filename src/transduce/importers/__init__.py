@@ -3,11 +3,11 @@
 Marian (hf_marian.py, the OPUS-MT translation models), NLLB-200 and M2M-100
 (hf_nllb.py), mBART-50 (hf_mbart.py), T5 (hf_t5.py, with Flan-T5 and mT5), Llama
 (hf_llama.py, with Mistral, Qwen2, Qwen3 and Phi-3) and Gemma 3 and Gemma 2
-(hf_gemma.py), and PEFT's LoRA adapters of those language models, merged (peft.py). Each importer maps the
-weights name by name onto a model of this package that computes the same function, and
-refuses, naming the file, key or option, what it cannot reproduce; the result is an
-ordinary checkpoint directory (checkpoint.py), written whole or not at all. (The package is not called `import`, a
-Python keyword.)"""
+(hf_gemma.py), and PEFT's LoRA adapters of those language models, merged (peft.py).
+Each importer maps the weights name by name onto a model of this package that computes
+the same function, and refuses, naming the file, key or option, what it cannot
+reproduce; the result is an ordinary checkpoint directory (checkpoint.py), written whole
+or not at all. (The package is not called `import`, a Python keyword.)"""
 
 from transduce.errors import TransduceError
 
@@ -121,7 +121,7 @@ from transduce.importers.hf_mbart import import_mbart  # noqa: E402
 from transduce.importers.hf_t5 import import_t5  # noqa: E402
 from transduce.importers.peft import import_peft  # noqa: E402
 
-__all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight", "refuse_unread",
-           "import_gpt2", "import_llama", "import_bloom", "import_gemma", "import_bert", "import_roberta",
-           "fresh_heads", "import_marian",
-           "import_nllb", "import_mbart", "import_t5", "import_peft"]
+__all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight",
+           "refuse_unread", "import_gpt2", "import_llama", "import_bloom", "import_gemma",
+           "import_bert", "import_roberta", "fresh_heads", "import_marian", "import_nllb",
+           "import_mbart", "import_t5", "import_peft"]

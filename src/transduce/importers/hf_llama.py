@@ -63,10 +63,10 @@ _IGNORED = re.compile(r"^(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$")
 
 
 def import_llama(hf_dir: Path | str, out: Path | str) -> Path:
-    """Read a Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 directory (config.json, model.safetensors,
-    its shards or pytorch_model.bin, tokenizer.json) and write it as our checkpoint at
-    `out`, replacing one there; nothing is written unless everything was read and
-    checked."""
+    """Read a Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 directory (config.json,
+    model.safetensors, its shards or pytorch_model.bin, tokenizer.json) and write it as
+    our checkpoint at `out`, replacing one there; nothing is written unless everything
+    was read and checked."""
     hf_dir, out = Path(hf_dir), Path(out)
     check_directories(hf_dir, out, HF_CONFIG)
     hf = _read_json(hf_dir / HF_CONFIG)
