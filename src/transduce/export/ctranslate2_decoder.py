@@ -4,8 +4,9 @@ feed-forward networks, grouped-query attention, and our position table or rotary
 positions ("rotate half", CTranslate2's non-interleaved rotation; scaled linearly or as
 Llama 3.1's), softmax or sliding-window attention (or sliding layers among full ones,
 each with its rotary base: Gemma 3's), queries and keys normalized per head by RMSNorm
-(Qwen3's qk_norm), sandwich norms (Gemma's). A prompt goes in as the tokenizer's pieces
-after bos, as our language models read it."""
+(Qwen3's qk_norm), sandwich norms (Gemma's), ALiBi's score biases with a norm of the
+embeddings (BLOOM's). A prompt goes in as the tokenizer's pieces after bos, as our
+language models read it."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from transduce.model import DecoderOnly
 def check_ctranslate2_decoder_exportable(model: DecoderOnly) -> None:
     c = model.config
     problems = not_a_plain_transformer(c, arch="decoder", sliding=True, any_head_size=True,
-                                       qk_norm=True, gemma=True)
+                                       qk_norm=True, gemma=True, score_bias=("alibi",),
+                                       embedding_norm=True)
     if c.qk_norm and c.norm != "rms":
         problems.append(f"qk_norm=True with norm={c.norm!r} (CTranslate2 normalizes queries "
                         f"and keys by RMSNorm only)")
@@ -108,7 +110,10 @@ def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
         num_heads_kv=None if c.kv_heads == c.num_heads else c.kv_heads, head_dim=c.head_dim,
         # Mistral's window counts the token's own key, ours the keys before it
         sliding_window=c.attention_window + 1 if c.attention_type == "sliding" else None,
-        qk_norm=c.qk_norm, pre_post_layer_norm=c.sandwich_norm)
+        qk_norm=c.qk_norm, pre_post_layer_norm=c.sandwich_norm,
+        # ALiBi's bias from the last key back, which differs from ours (from each query
+        # back) by a constant per query: softmax ignores it
+        alibi=c.positional == "alibi", layernorm_embedding=c.embedding_norm)
     if scaling is not None:
         _set_rope_scaling(spec, c)
     if c.full_attention_layers:
@@ -118,9 +123,11 @@ def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
     decoder = spec.decoder
     decoder.scale_embeddings = c.scale_embeddings
     decoder.embeddings.weight = as_array(model.decoder.embed.embedding.weight)
-    if not rotary:
+    if model.decoder.embed.positions is not None:
         decoder.position_encodings.encodings = as_array(
             model.decoder.embed.positions(c.max_positions))
+    if model.decoder.embed.norm is not None:
+        set_norm(decoder.layernorm_embedding, model.decoder.embed.norm)
     set_norm(decoder.layer_norm, model.decoder.final_norm)
     for target, layer in zip(decoder.layer, model.decoder.layers):
         set_self_attention_and_ffn(target, layer, layer.norm3)
