@@ -226,6 +226,9 @@ CT2_LAYOUTS = {
     "qk-norm-learned": ("gpt-tiny", {"qk_norm": True, "norm": "rms"}),
     # Gemma 3's: a window of 16 keys on the first layer, the second full
     "gemma3": ("llama-tiny", {**LAYOUTS["gemma3"][1], "attention_window": 15}),
+    # BLOOM's: ALiBi's slopes (6 heads: two powers of two mixed), a norm of the embeddings
+    "bloom": ("gpt-tiny", {"positional": "alibi", "embedding_norm": True, "num_heads": 6,
+                           "d_model": 48}),
 }
 
 
