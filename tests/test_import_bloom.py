@@ -14,7 +14,7 @@ from transduce.cli import main
 from transduce.importers import import_bloom
 from transduce.model import DecoderOnly, load_model
 from tests.foreign_checkpoints import assert_refused, assert_same_greedy_tokens, \
-    assert_same_logits, assert_same_perplexity, damaged
+    assert_same_logits, assert_same_onnx_logits, assert_same_perplexity, damaged
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -160,12 +160,15 @@ def test_the_ctranslate2_export_generates_what_transformers_generates(imported, 
     assert len(set(expected.tolist())) > 2          # (a random BLOOM repeats a token a while)
 
 
-def test_exports_without_alibi_or_the_embeddings_norm_refuse_it_by_name(imported, tmp_path,
-                                                                        capsys):
-    out = imported[2]
-    for command in (["export", "hf"], ["export", "onnx"]):
-        assert main([*command, str(out), str(tmp_path / command[1])]) != 0
-        said = capsys.readouterr().err
-        assert "positional='alibi'" in said, said
-        assert ("embedding_norm=True" in said) == (command[1] == "hf"), said   # ONNX has it
-        assert not (tmp_path / command[1]).exists()
+def test_the_onnx_export_computes_transformers_logits(imported, tmp_path):
+    """ALiBi and the embeddings' norm in the graph: left-padded rows too."""
+    hf, _, out = imported
+    assert_same_onnx_logits(hf, out, tmp_path, atol=2e-5)
+
+
+def test_the_hf_export_refuses_alibi_and_the_embeddings_norm_by_name(imported, tmp_path,
+                                                                     capsys):
+    assert main(["export", "hf", str(imported[2]), str(tmp_path / "hf")]) != 0
+    said = capsys.readouterr().err
+    assert "positional='alibi'" in said and "embedding_norm=True" in said, said
+    assert not (tmp_path / "hf").exists()

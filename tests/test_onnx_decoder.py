@@ -45,6 +45,9 @@ VARIANTS = {  # preset, changes
                                              "full_attention_layers": (1,),
                                              "local_rope_base": 100.0, "sandwich_norm": True,
                                              "qk_norm": True, "scale_embeddings": True}),
+    # BLOOM's: ALiBi's slopes (6 heads), a norm of the embeddings
+    "bloom-alibi": ("gpt-tiny", {"positional": "alibi", "embedding_norm": True,
+                                 "num_heads": 6, "d_model": 48}),
 }
 PROMPTS = ["uno dos tres casa el perro", "el gato", "", "dos"]
 
@@ -224,7 +227,7 @@ def test_int8_export_stays_close(tmp_path, tiny_corpus):
 
 @pytest.mark.parametrize("name, changes, message", [
     ("gpt-tiny", {"attention_type": "linear"}, "attention_type='linear'"),
-    ("gpt-tiny", {"positional": "alibi"}, "positional='alibi'"),
+    ("gpt-tiny", {"positional": "t5"}, "positional='t5'"),       # (ALiBi it holds)
     ("tiny", {"arch": "rnn-luong"}, "arch='rnn-luong' (the export holds the Transformer's"),
     ("bert-tiny", {"attention_type": "linear"}, "attention_type='linear'"),
 ])

@@ -59,7 +59,8 @@ def check_onnx_exportable(model: nn.Module) -> None:
     arch = model.config.arch
     problems = not_a_plain_transformer(model.config, arch if arch in ONNX_ARCHS else "transformer",
                                        sliding=arch == "decoder",   # onnx_decoder's band
-                                       score_bias=("t5",) if arch == "transformer" else (),
+                                       score_bias={"transformer": ("t5",),
+                                                   "decoder": ("alibi",)}.get(arch, ()),
                                        any_head_size=arch in ("transformer", "decoder"),
                                        qk_norm=True, gemma=arch == "decoder",
                                        softcap=arch == "decoder", embedding_norm=True)
