@@ -95,8 +95,10 @@ def test_refusals(counting, tmp_path):  # noqa: F811
 def peft_adapter(hf_dir, adapter, family, **settings):
     """A PEFT LoRA adapter made by PEFT on the Hugging Face model, B drawn (not zero)."""
     base = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
-    modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] \
-        if family == "llama" else ["c_attn", "c_proj", "c_fc"]
+    modules = {"llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                         "down_proj"],
+               "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],   # fused
+               "gpt2": ["c_attn", "c_proj", "c_fc"]}[family]
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=modules, task_type="CAUSAL_LM",
                              fan_in_fan_out=family == "gpt2", **settings)
     return with_drawn_adapters(base, config, adapter)
@@ -120,12 +122,14 @@ def with_drawn_adapters(base, config, adapter):
 @pytest.mark.parametrize("family, settings", [
     ("llama", {}), ("llama", {"use_rslora": True, "rank_pattern": {"down_proj": 2},
                               "alpha_pattern": {"q_proj": 3}}),
-    ("gpt2", {"rank_pattern": {"c_fc": 2}})])
+    ("gpt2", {"rank_pattern": {"c_fc": 2}}),
+    ("phi3", {"rank_pattern": {"gate_up_proj": 2}})])
 def test_a_peft_adapter_merges_into_our_import(family, settings, tmp_path, capsys):
     hf_dir, adapter = tmp_path / "hf", tmp_path / "adapter"
-    (write_llama if family == "llama" else write_gpt2)(hf_dir)
+    (write_gpt2 if family == "gpt2" else write_llama)(hf_dir, **(
+        {"model_type": "phi3"} if family == "phi3" else {}))
     theirs = peft_adapter(hf_dir, adapter, family, **settings)
-    ours = (import_llama if family == "llama" else import_gpt2)(hf_dir, tmp_path / "ours")
+    ours = (import_gpt2 if family == "gpt2" else import_llama)(hf_dir, tmp_path / "ours")
     out = tmp_path / "merged"
     assert main(["import", "peft", str(adapter), "--base", str(ours), "--out", str(out)]) == 0
     assert f"{adapter} merged into {ours}" in capsys.readouterr().out

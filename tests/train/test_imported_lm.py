@@ -78,13 +78,17 @@ def write_bpe(directory, specials):
 
 def write_llama(directory, model_type="llama"):
     """A random LlamaForCausalLM (grouped-query; or a Qwen3ForCausalLM, its queries and
-    keys normalized, heads wider than hidden_size / heads) with a SentencePiece-style BPE
+    keys normalized, heads wider than hidden_size / heads; or a Phi3ForCausalLM, its
+    projections fused) with a SentencePiece-style BPE
     whose post-processor starts every sequence with <s>, as Llama 2's."""
     bpe = write_bpe(directory, {"unk": "<unk>", "bos": "<s>", "eos": "</s>"})
     torch.manual_seed(0)
-    config_class, model_class, more = (transformers.LlamaConfig, transformers.LlamaForCausalLM,
-                                       {}) if model_type == "llama" else \
-        (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16})
+    config_class, model_class, more = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM,     # fused projections
+                 {"pad_token_id": None}),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
+    }[model_type]
     config = config_class(vocab_size=bpe.get_vocab_size(), hidden_size=32,
                           intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                           num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1,

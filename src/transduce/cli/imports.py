@@ -93,6 +93,7 @@ def register(commands) -> None:
                 "are refused by name.")
 
     peft = formats.add_parser("peft", help="a PEFT LoRA adapter of a Llama, Mistral, Qwen2, "
+                                           "Phi-3, "
                                            "GPT-2, BERT, RoBERTa, Marian, NLLB, mBART-50 "
                                            "or T5 model, "
                                            "merged into our import of that model",

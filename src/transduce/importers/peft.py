@@ -8,7 +8,7 @@ Each adapted module's update, scale * B A with scale = alpha / r (alpha / sqrt(r
 use_rslora; rank_pattern and alpha_pattern read as PEFT reads them), is added to the weight
 of the layer (importers/peft_layout.py) it sits on, in our layout (Marian's and Pegasus's
 model dimension permuted back, T5's queries scaled back); GPT-2's c_attn's rows go to q, k
-and v.
+and v, as Phi-3's qkv_proj's do, and its gate_up_proj's to the gate and up projections.
 A sequence classifier's head and pooler, trained whole (modules_to_save), replace the
 base's (importers/peft_heads.py); a language model's adapters on lm_head and its token
 embedding go to its output projection and embedding (importers/peft_vocabulary.py). What
@@ -35,7 +35,8 @@ from transduce.importers.hf_gemma import PROJECTION_FACTOR
 from transduce.importers.hf_gpt2 import _read_json
 from transduce.importers.peft_heads import check_modules_to_save, with_heads
 from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, Place,
-                                              is_adaptable, place_of, qkv_sizes, residual_order)
+                                              fused_place_of, is_adaptable, place_of,
+                                              residual_order)
 from transduce.importers.peft_vocabulary import VOCABULARY_MODULES, vocabulary_updates
 from transduce.model import load_model
 
@@ -75,7 +76,7 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
         delta = _scale(settings, module) * (b.double() @ a.double())         # (out, in)
         if module.endswith("self_attn.q_proj"):      # an import's folded query scale
             delta = delta * query_factor
-        _add_update(model.config, _our_layers(layers, module, adapter_dir), delta, order,
+        _add_update(_our_layers(layers, module, adapter_dir), delta, order,
                     f"{adapter_dir / ADAPTER_WEIGHTS}: {module}'s update")
     tokenizer = base / ("tokenizer.json" if checkpoint.holds_tokenizer_json(base)
                         else checkpoint.TOKENIZER)
@@ -199,12 +200,13 @@ def _scale(settings: dict, module: str) -> float:
 
 def _layers_by_module(model) -> dict[str, list[tuple[Place, torch.nn.Linear]]]:
     """Hugging Face module -> our layers in it, each with its place there (GPT-2's
-    c_attn holds three)."""
+    c_attn holds three; in Llama's layout, Phi-3's fused modules hold three and two)."""
     modules: dict[str, list] = {}
     for name, layer in model.named_modules():
         if is_adaptable(name):
-            place = place_of(model.config, name)
-            modules.setdefault(place.module, []).append((place, layer))
+            for place in (place_of(model.config, name), fused_place_of(model.config, name)):
+                if place is not None:
+                    modules.setdefault(place.module, []).append((place, layer))
     return modules
 
 
@@ -222,12 +224,12 @@ def _our_layers(layers: dict, module: str, adapter_dir: Path) -> list:
 
 
 @torch.no_grad()
-def _add_update(config, found: list, delta: Tensor, order: Tensor | None, what: str) -> None:
+def _add_update(found: list, delta: Tensor, order: Tensor | None, what: str) -> None:
     """Add a module's update (out, in) to the weights of our layers in it: all of it to
-    one layer, or each of GPT-2's c_attn's q, k and v rows to its own; in our layout
-    where the export changes a weight (`order`: its permutation of the model dimension)."""
-    fused = len(found) > 1
-    sizes = qkv_sizes(config) if fused else (found[0][1].weight.shape[0],)
+    one layer, or each part's rows to its own (GPT-2's c_attn's q, k and v; Phi-3's
+    qkv_proj's and gate_up_proj's); in our layout where the export changes a weight
+    (`order`: its permutation of the model dimension)."""
+    sizes = tuple(layer.weight.shape[0] for _, layer in sorted(found, key=lambda f: f[0].part))
     expected = (sum(sizes), found[0][1].weight.shape[1])
     if tuple(delta.shape) != expected:
         raise ForeignCheckpointError(f"{what} has shape {tuple(delta.shape)}, the base's "

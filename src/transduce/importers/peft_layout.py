@@ -8,6 +8,8 @@ writes (translation_family): BART's names for Marian, Pegasus, NLLB (M2M100) and
 T5's.
 
     ours (decoder.layers.N.)  Llama (model.layers.N.)   GPT-2 (transformer.h.N.)
+                              (Phi-3: q, k, v in self_attn.qkv_proj, gate and up in
+                              mlp.gate_up_proj, each a part of its rows)
     self_attn.q_proj          self_attn.q_proj          attn.c_attn, its first third
     self_attn.out_proj        self_attn.o_proj          attn.c_proj
     ffn.linear1               mlp.gate_proj             mlp.c_fc
@@ -159,6 +161,27 @@ def _translation_place(config: ModelConfig, layer: str, stack: str, index: int, 
     dense = f"{block}.{1 if stack == 'encoder' else 2}.DenseReluDense"
     name = "wi_0" if matrix == "linear1" and config.gated_ffn else T5_FEED_FORWARD[matrix]
     return Place(f"{dense}.{name}", **residual)
+
+
+# Phi-3's fused modules in Llama's layout: our layer -> (its fused module, its part there)
+PHI3_FUSED = {"self_attn.q_proj": ("self_attn.qkv_proj", 0),
+              "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+              "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+              "ffn.linear1": ("mlp.gate_up_proj", 0), "ffn.linear3": ("mlp.gate_up_proj", 1)}
+
+
+def fused_place_of(config: ModelConfig, layer: str) -> Place | None:
+    """Where Phi-3 holds this layer of a language model in Llama's layout: a part of its
+    fused qkv_proj or gate_up_proj (an import splits them, so an adapter on one is
+    split the same way); None for a layer it holds alone or another layout's."""
+    found = _LAYER.match(layer)
+    if found is None or config.arch != "decoder" or is_gpt2_layout(config):
+        return None
+    _, index, ours = found.groups()
+    if ours not in PHI3_FUSED:
+        return None
+    module, part = PHI3_FUSED[ours]
+    return Place(f"model.layers.{index}.{module}", part)
 
 
 def qkv_sizes(config: ModelConfig) -> tuple[int, int, int]:
