@@ -93,10 +93,9 @@ def register(commands) -> None:
                 "are refused by name.")
 
     peft = formats.add_parser("peft", help="a PEFT LoRA adapter of a Llama, Mistral, Qwen2, "
-                                           "Phi-3, "
-                                           "GPT-2, BERT, RoBERTa, Marian, NLLB, mBART-50 "
-                                           "or T5 model, "
-                                           "merged into our import of that model",
+                                           "Phi-3, GPT-2, BERT, RoBERTa, Marian, NLLB, "
+                                           "mBART-50 or T5 model, merged into our import "
+                                           "of that model",
                               description="Merge a PEFT LoRA adapter directory "
                               "(adapter_config.json, adapter_model.safetensors) into a copy of "
                               "--base, our checkpoint of the model it was trained on (import "
