@@ -31,6 +31,9 @@ LAYOUTS = {  # preset, changes
                               "scale_embeddings": True, "activation": "gelu-tanh",
                               "attention_type": "sliding", "attention_window": 3,
                               "full_attention_layers": (1,), "local_rope_base": 100.0}),
+    # BLOOM's: ALiBi's slopes (6 heads: two powers of two mixed), a norm of the embeddings
+    "bloom": ("gpt-tiny", {"positional": "alibi", "embedding_norm": True, "num_heads": 6,
+                           "d_model": 48, "d_ff": 192}),
 }
 
 
@@ -56,7 +59,8 @@ def exported(request, tmp_path, tiny_corpus):
         warnings.simplefilter("ignore")
         theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     expected = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel",
-                "gemma3": "Gemma3ForCausalLM"}[request.param.split("-")[0]]
+                "gemma3": "Gemma3ForCausalLM",
+                "bloom": "BloomForCausalLM"}[request.param.split("-")[0]]
     assert type(theirs).__name__ == expected
     return model, theirs, out, path
 
@@ -226,9 +230,6 @@ CT2_LAYOUTS = {
     "qk-norm-learned": ("gpt-tiny", {"qk_norm": True, "norm": "rms"}),
     # Gemma 3's: a window of 16 keys on the first layer, the second full
     "gemma3": ("llama-tiny", {**LAYOUTS["gemma3"][1], "attention_window": 15}),
-    # BLOOM's: ALiBi's slopes (6 heads: two powers of two mixed), a norm of the embeddings
-    "bloom": ("gpt-tiny", {"positional": "alibi", "embedding_norm": True, "num_heads": 6,
-                           "d_model": 48}),
 }
 
 

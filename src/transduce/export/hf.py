@@ -194,15 +194,16 @@ def hf_model(model: Transformer):
     return theirs
 
 
-def generation_config(config):
+def generation_config(config, max_length: int | None = None):
     """`generate`'s defaults for the export: the token ids of its config, our search's
     settings (beam 4, length penalty 0.6, which transformers applies as length^0.6 where
-    we use GNMT's), and outputs up to the position table's end, where transformers'
-    default would cut them at 20 tokens."""
+    we use GNMT's), and outputs up to the position table's end (`max_length` where the
+    config has no table: BLOOM's), where transformers' default would cut them at 20
+    tokens."""
     from transformers import GenerationConfig
 
     defaults = GenerationConfig.from_model_config(config)
-    defaults.update(max_length=config.max_position_embeddings, num_beams=4,
+    defaults.update(max_length=max_length or config.max_position_embeddings, num_beams=4,
                     length_penalty=0.6, early_stopping=True)
     return defaults
 
@@ -211,9 +212,9 @@ def export_hf(path: Path, out: Path) -> Path:
     """Write OUT/ with config.json, model.safetensors, source.spm, target.spm, vocab.json,
     tokenizer_config.json and our export marker (written.py); loadable with transformers'
     Auto classes (AutoModelForSeq2SeqLM, AutoTokenizer) -> OUT. A decoder-only model is
-    written as Llama, Mistral, Qwen2 or GPT-2 (hf_decoder.py), an encoder-only one as
-    BERT (hf_encoder.py), an NLLB, M2M-100 or mBART-50 import as itself (hf_nllb.py), a
-    model of T5's layout as T5 (hf_t5.py)."""
+    written as Llama, Mistral, Qwen, Gemma, BLOOM or GPT-2 (hf_decoder.py), an
+    encoder-only one as BERT (hf_encoder.py), an NLLB, M2M-100 or mBART-50 import as
+    itself (hf_nllb.py), a model of T5's layout as T5 (hf_t5.py)."""
     require("transformers", "export hf")
     directory = checkpoint.resolve(path)
     model = load_model(directory)

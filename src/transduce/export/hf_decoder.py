@@ -6,10 +6,12 @@ with each head's queries and keys normalized (qk_norm; the Qwens' window on some
 or all), as `Gemma3ForCausalLM` with sandwich norms (and qk_norm, scaled embeddings,
 sliding layers among full ones), or as `Gemma2ForCausalLM` with sandwich norms but no
 qk_norm (and soft-capped scores and logits, one rotary base); GPT-2's (learned
-positions, LayerNorm, biases) as `GPT2LMHeadModel`.
+positions, LayerNorm, biases) as `GPT2LMHeadModel`, and with ALiBi and a norm of the
+embeddings in place of the positions as `BloomForCausalLM`.
 
 They hold our layers as they are, so the weights only change names (GPT-2's Conv1D
-stores each matrix transposed, and fuses q, k, v; Gemma's norms multiply by 1 + w).
+stores each matrix transposed, and fuses q, k, v; BLOOM fuses them head by head;
+Gemma's norms multiply by 1 + w).
 The tokenizer goes with them as a tokenizer.json that gives our ids: an imported
 model's own, or our SentencePiece model written out in Llama 2's tokenizer layout
 (data/hf_tokenizer.py), which starts every sequence with bos as our language models are
@@ -39,6 +41,7 @@ GEMMA3 = Family("Gemma 3", "Gemma3ForCausalLM", "Gemma3TextConfig", "gemma3_text
 GEMMA2 = Family("Gemma 2", "Gemma2ForCausalLM", "Gemma2Config", "gemma2")
 GEMMAS = (GEMMA2, GEMMA3)
 GPT2 = Family("GPT-2", "GPT2LMHeadModel", "GPT2Config", "gpt2")
+BLOOM = Family("BLOOM", "BloomForCausalLM", "BloomConfig", "bloom")
 # Our activations under GPT-2's names (its activation_function).
 GPT2_ACTIVATIONS = {"gelu-tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
@@ -47,7 +50,9 @@ def decoder_family(config: ModelConfig) -> Family:
     """Llama for rotary positions (Gemma 3 with sandwich norms and norms of the queries
     and keys or two rotary bases, Gemma 2 with sandwich norms alone, Qwen3 with norms of
     the queries and keys, Qwen2 with biases on q, k, v alone, Mistral with a sliding
-    window), GPT-2 for the rest."""
+    window), BLOOM for ALiBi, GPT-2 for the rest."""
+    if config.positional == "alibi":
+        return BLOOM
     if config.positional != "rotary":
         return GPT2
     if config.sandwich_norm:
@@ -67,7 +72,9 @@ def check_decoder_exportable(model: DecoderOnly) -> None:
                                        any_head_size=family is not GPT2,   # head_dim
                                        qk_norm=family in (QWEN3, GEMMA3),
                                        mixed=family in (QWEN2, QWEN3),
-                                       gemma=family in GEMMAS, softcap=family in GEMMAS)
+                                       gemma=family in GEMMAS, softcap=family in GEMMAS,
+                                       score_bias=("alibi",) if family is BLOOM else (),
+                                       embedding_norm=family is BLOOM)
     if c.scale_embeddings and family not in GEMMAS:
         problems.append("scale_embeddings=True (the format does not scale embeddings)")
     if family is QWEN3 and c.qkv_bias:
@@ -77,17 +84,24 @@ def check_decoder_exportable(model: DecoderOnly) -> None:
         problems.append("norm_first=False (the format's layers are pre-norm)")
     gemma = {"qk_norm": family is GEMMA3, "scale_embeddings": True, "qkv_bias": False} \
         if family in GEMMAS else {}
-    wanted = {"norm": "rms", "gated_ffn": True, "bias": False, **gemma} if family is not GPT2 else \
+    wanted = {"norm": "rms", "gated_ffn": True, "bias": False, **gemma} \
+        if family not in (GPT2, BLOOM) else \
         {"positional": "learned", "norm": "layer", "gated_ffn": False, "bias": True,
          "tie_embeddings": c.tie_embeddings if c.tie_embeddings != "none" else "all"}
+    if family is BLOOM:       # its feed-forward is 4 d_model wide, its output tied
+        wanted |= {"positional": "alibi", "embedding_norm": True, "d_ff": 4 * c.d_model,
+                   "tie_embeddings": "all", "activation": "gelu-tanh"}
     problems += [f"{name}={getattr(c, name)!r} (the format's is {value!r})"
                  for name, value in wanted.items() if getattr(c, name) != value]
-    activations = HF_ACTIVATIONS if family is not GPT2 else GPT2_ACTIVATIONS
+    activations = GPT2_ACTIVATIONS if family in (GPT2, BLOOM) else HF_ACTIVATIONS
     if c.activation not in activations:
         problems.append(f"activation={c.activation!r} (not one of {sorted(activations)})")
-    if family is GPT2 and c.kv_heads != c.num_heads:
-        problems.append(f"num_kv_heads={c.num_kv_heads} (GPT-2 has full multi-head "
+    if family in (GPT2, BLOOM) and c.kv_heads != c.num_heads:
+        problems.append(f"num_kv_heads={c.num_kv_heads} ({family.name} has full multi-head "
                         f"attention; rotary positions export as Llama, which groups heads)")
+    if family is BLOOM and c.head_size is not None and c.head_size * c.num_heads != c.d_model:
+        problems.append(f"head_size={c.head_size} (BLOOM's heads are d_model / num_heads "
+                        f"wide)")
     if problems:
         raise ExportError(f"cannot export to {family.name}: " + "; ".join(problems))
 
@@ -115,6 +129,13 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
     family = decoder_family(c)
     if family in GEMMAS:
         return {**gemma_config(c, family), **ids}
+    if family is BLOOM:
+        return {"architectures": [BLOOM.model_class], "model_type": BLOOM.model_type,
+                "vocab_size": c.tgt_vocab_size, "hidden_size": c.d_model,
+                "n_layer": c.num_decoder_layers, "n_head": c.num_heads,
+                "layer_norm_epsilon": c.layer_norm_eps, "hidden_dropout": c.dropout,
+                "attention_dropout": c.attention_dropout, "seq_length": c.max_positions,
+                "apply_residual_connection_post_layernorm": False, **ids}
     if family is not GPT2:
         # Mistral's window counts the query's own key; ours, the keys before it.
         layout = {LLAMA: {"attention_bias": False, "mlp_bias": False},
@@ -247,6 +268,37 @@ def gpt2_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
     return {name: tensor.detach().clone().contiguous() for name, tensor in state.items()}
 
 
+def bloom_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
+    """Our weights under BloomForCausalLM's names: q, k and v fused head by head, each
+    head's rows together (the inverse of importers/hf_bloom.py)."""
+    decoder, heads = model.decoder, model.config.num_heads
+    state = {"transformer.word_embeddings.weight": decoder.embed.embedding.weight,
+             "lm_head.weight": model.output_proj.weight}
+
+    def norm(name: str, layer_norm) -> None:
+        state[f"{name}.weight"], state[f"{name}.bias"] = layer_norm.weight, layer_norm.bias
+
+    def linear(name: str, layer) -> None:
+        state[f"{name}.weight"], state[f"{name}.bias"] = layer.weight, layer.bias
+
+    norm("transformer.word_embeddings_layernorm", decoder.embed.norm)
+    for i, layer in enumerate(decoder.layers):
+        prefix, attn = f"transformer.h.{i}", layer.self_attn
+        parts = (attn.q_proj, attn.k_proj, attn.v_proj)
+        state[f"{prefix}.self_attention.query_key_value.weight"] = torch.stack(
+            [part.weight.reshape(heads, -1, part.weight.shape[1]) for part in parts],
+            dim=1).reshape(-1, parts[0].weight.shape[1])         # (H, 3, D, C) -> (3C, C)
+        state[f"{prefix}.self_attention.query_key_value.bias"] = torch.stack(
+            [part.bias.reshape(heads, -1) for part in parts], dim=1).reshape(-1)
+        norm(f"{prefix}.input_layernorm", layer.norm1)
+        norm(f"{prefix}.post_attention_layernorm", layer.norm3)
+        linear(f"{prefix}.self_attention.dense", attn.out_proj)
+        linear(f"{prefix}.mlp.dense_h_to_4h", layer.ffn.linear1)
+        linear(f"{prefix}.mlp.dense_4h_to_h", layer.ffn.linear2)
+    norm("transformer.ln_f", decoder.final_norm)
+    return {name: tensor.detach().clone().contiguous() for name, tensor in state.items()}
+
+
 def hf_decoder_model(model: DecoderOnly, tokenizer):
     """A transformers model holding our weights (in eval mode); the model was checked
     (check_decoder_exportable) by export_hf_decoder, before its vocabulary."""
@@ -255,14 +307,14 @@ def hf_decoder_model(model: DecoderOnly, tokenizer):
     family = decoder_family(model.config)
     config = getattr(transformers, family.config_class)(**hf_decoder_config(model, tokenizer))
     theirs = getattr(transformers, family.model_class)(config).eval()
-    state = {GPT2: gpt2_state_dict, GEMMA3: gemma_state_dict, GEMMA2: gemma_state_dict}.get(
-        family, llama_state_dict)(model)
+    state = {GPT2: gpt2_state_dict, BLOOM: bloom_state_dict, GEMMA3: gemma_state_dict,
+             GEMMA2: gemma_state_dict}.get(family, llama_state_dict)(model)
     missing, unexpected = theirs.load_state_dict(state, strict=False)
     left = [name for name in missing if not name.endswith((".attn.bias", ".attn.masked_bias"))]
     if left or unexpected:
         raise ExportError(f"{family.name} weights not set: {left[:5]}; unknown: "
                           f"{unexpected[:5]}")
-    theirs.generation_config = generation_config(theirs.config)
+    theirs.generation_config = generation_config(theirs.config, model.config.max_positions)
     theirs.generation_config.update(num_beams=1, length_penalty=1.0, early_stopping=False)
     if getattr(tokenizer, "stop_ids", ()):         # an instruct model's other end tokens
         theirs.generation_config.eos_token_id = [tokenizer.eos_id, *tokenizer.stop_ids]

@@ -82,6 +82,10 @@ def _check_base_exportable(path: Path, config: ModelConfig) -> None:
     read its output bias, which LoRA leaves as the base's)."""
     if config.arch == "decoder":
         check_decoder_exportable(empty_model(config, "meta"))
+        if config.positional == "alibi":
+            raise ExportError(f"{path}: export peft does not write BLOOM's adapters (its "
+                              f"query_key_value holds q, k and v head by head); export hf "
+                              f"writes the merged model")
     elif config.arch == "encoder":
         check_bert_exportable(empty_model(config, "meta"))
     elif translation_family(config) == "t5":

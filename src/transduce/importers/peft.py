@@ -60,6 +60,10 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
     if arch.startswith("rnn"):
         raise ForeignCheckpointError(f"{base}: arch {arch!r}; a PEFT adapter is merged into a "
                                      f"Transformer")
+    if arch == "decoder" and base_config.positional == "alibi":
+        raise ForeignCheckpointError(f"{base}: a BLOOM base; import peft does not merge its "
+                                     f"adapters (its query_key_value holds q, k and v head "
+                                     f"by head)")
     check_modules_to_save(settings, arch, adapter_dir / ADAPTER_CONFIG)
     tensors = _read_tensors(adapter_dir, bool(settings.get("modules_to_save")))
     model = load_model(base)
