@@ -293,7 +293,9 @@ def refused(directory, tmp_path, *messages):
      "model_type='gpt_neox'; only 'llama' or 'mistral' or 'qwen2' or 'qwen3' or 'phi3'"),
     ({"partial_rotary_factor": 0.75}, "partial_rotary_factor=0.75 is not supported"),
     ({"model_type": "gemma3_text"},
-     "model_type='gemma3_text' is a Gemma: import it with `transduce import hf-gemma`"),
+     "model_type='gemma3_text'; only 'llama' or 'mistral' or 'qwen2' or 'qwen3' or 'phi3' "
+     "checkpoints can be imported here: import it with `transduce import hf-gemma`"),
+    ({"model_type": "bloom"}, "import it with `transduce import hf-bloom`"),
     ({"attention_bias": True}, "attention_bias=true is not supported"),
     ({"mlp_bias": True}, "mlp_bias=true is not supported"),
     ({"hidden_act": "tanh"}, "hidden_act='tanh' is not supported"),

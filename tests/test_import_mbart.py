@@ -276,6 +276,16 @@ def test_a_norm_of_the_embeddings_without_mbart_s_codes_is_refused_by_hf_export(
     assert not (tmp_path / "hf").exists()
 
 
+def test_the_nllb_command_names_the_one_that_imports_mbart(mbart, tmp_path):
+    from transduce.importers import import_nllb
+
+    with pytest.raises(ForeignCheckpointError, match="model_type='mbart'; only 'm2m_100' "
+                       "checkpoints can be imported here: import it with `transduce import "
+                       "hf-mbart`"):
+        import_nllb(mbart[0], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_mbart25_is_refused_by_name_with_nothing_written(tmp_path):
     directory, _ = write_mbart(tmp_path / "hf", tokenizer_class="MBartTokenizer")
     with pytest.raises(ForeignCheckpointError, match="MBartTokenizer.*mBART-25"):

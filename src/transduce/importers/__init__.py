@@ -17,6 +17,15 @@ class ForeignCheckpointError(TransduceError, ValueError):
     with an option our models do not have; the message names the file and key."""
 
 
+# Which `transduce import` command reads a model_type: named where another one is given it.
+IMPORTED_BY = {
+    "gpt2": "hf-gpt2", "bloom": "hf-bloom", "gemma3_text": "hf-gemma", "gemma3": "hf-gemma",
+    "gemma2": "hf-gemma", "bert": "hf-bert", "roberta": "hf-roberta",
+    "xlm-roberta": "hf-roberta", "camembert": "hf-roberta", "marian": "hf-marian",
+    "m2m_100": "hf-nllb", "mbart": "hf-mbart", "t5": "hf-t5", "mt5": "hf-t5",
+    **{llama: "hf-llama" for llama in ("llama", "mistral", "qwen2", "qwen3", "phi3")}}
+
+
 def check_foreign_options(hf: dict, config_file, model_type: str | tuple[str, ...],
                           fixed: dict, activation_key: str, default_activation: str,
                           activations: dict[str, str]) -> str:
@@ -38,10 +47,13 @@ def check_type_and_fixed_options(hf: dict, config_file, model_type: str | tuple[
     import json
 
     types = (model_type,) if isinstance(model_type, str) else model_type
-    if hf.get("model_type") not in types:
-        raise ForeignCheckpointError(f"{config_file}: model_type={hf.get('model_type')!r}; "
-                                     f"only {' or '.join(map(repr, types))} checkpoints can "
-                                     f"be imported here")
+    found = hf.get("model_type")
+    if found not in types:
+        command = IMPORTED_BY.get(found) if isinstance(found, str) else None
+        hint = f": import it with `transduce import {command}`" if command else ""
+        raise ForeignCheckpointError(f"{config_file}: model_type={found!r}; only "
+                                     f"{' or '.join(map(repr, types))} checkpoints can be "
+                                     f"imported here{hint}")
     for name, ours in fixed.items():
         if name in hf and hf[name] != ours:
             raise ForeignCheckpointError(f"{config_file}: {name}={json.dumps(hf[name])} is "

@@ -71,9 +71,6 @@ def import_llama(hf_dir: Path | str, out: Path | str) -> Path:
     check_directories(hf_dir, out, HF_CONFIG)
     hf = _read_json(hf_dir / HF_CONFIG)
     config_file = hf_dir / HF_CONFIG
-    if hf.get("model_type") in ("gemma3_text", "gemma3", "gemma2"):
-        raise ForeignCheckpointError(f"{config_file}: model_type={hf['model_type']!r} is a "
-                                     f"Gemma: import it with `transduce import hf-gemma`")
     activation = check_foreign_options(hf, config_file, MODEL_TYPES, FIXED_OPTIONS,
                                        "hidden_act", "silu", ACTIVATIONS)
     tokenizer = with_chat_settings(read_tokenizer(hf_dir, hf.get("bos_token_id")), hf_dir)
