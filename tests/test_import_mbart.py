@@ -15,23 +15,15 @@ import torch
 
 from transduce import checkpoint
 from transduce.cli import main
-from transduce.data.tokenizer import BOS_ID, EOS_ID, MODEL_NAME, PAD_ID, Tokenizer
-from transduce.decode.greedy import greedy_hypotheses
-from transduce.decode.search import beam_search
-from transduce.decode.translate import Translator, pad_sources
+from transduce.data.tokenizer import MODEL_NAME, Tokenizer
+from transduce.decode.translate import Translator
 from transduce.importers import ForeignCheckpointError, import_mbart
 from transduce.importers.hf_mbart import LANGUAGES
 from transduce.model import load_model
-from transduce.model.transformer import NEVER_OUTPUT
+from tests.test_import_nllb import SAMPLES, TEXT, Languages, assert_ids_follow_the_source_code, \
+    assert_logits_match, assert_searches_match
 
 transformers = pytest.importorskip("transformers")
-
-TEXT = ["The quick brown fox jumps over the lazy dog.", "She sells sea shells by the shore.",
-        "How much wood would a woodchuck chuck?", "Peter Piper picked a peck of peppers.",
-        "El rápido zorro marrón salta sobre el perro perezoso.",
-        "Numbers 12, 345 and 6789; symbols: @#%&*!", "Ünïcödé àéîõü ñ ß café naïve"]
-SAMPLES = ["The quick brown fox.", "sea shells by the shore", "café naïve Ünïcödé",
-           "Numbers: 12 and 345!", "zzzz qqqq xylophone", "a"]
 
 
 def write_mbart(directory, tokenizer_class="MBart50Tokenizer", **config_changes):
@@ -85,109 +77,23 @@ def mbart(tmp_path_factory):
     return directory, theirs, tokenizer, import_mbart(directory, root / "ours")
 
 
-def mbart_id_of(ours: Tokenizer, theirs) -> list[int]:
-    """Per id of ours, mBART's id of the same piece (a code's piece of ours starts with
-    the word boundary), -1 for pad and bos."""
-    ids = []
-    for i in range(ours.vocab_size):
-        piece = ours.piece(i)
-        piece = piece[1:] if piece[1:] in LANGUAGES else piece
-        ids.append(-1 if i in (PAD_ID, BOS_ID) else theirs.convert_tokens_to_ids(piece))
-    return ids
-
-
-def never_output(theirs) -> list[int]:
-    """mBART's ids that the import never outputs: pad, <s>, <mask> and the codes."""
-    return theirs.convert_tokens_to_ids(["<pad>", "<s>", "<mask>"] + LANGUAGES)
-
-
-class _AfterTheForcedCode(transformers.LogitsProcessor):
-    """transformers' search made to skip the tokens ours never outputs, once the forced
-    language code is given."""
-
-    def __init__(self, banned):
-        self.banned = banned
-
-    def __call__(self, input_ids, scores):
-        if input_ids.shape[1] > 1:
-            scores[:, self.banned] = float("-inf")
-        return scores
-
-
-def _their_outputs(mbart, texts, target, **options):
-    """transformers' generate into `target` -> ids after the start and the code, with the
-    never-output tokens' share taken out as ours does."""
-    _, theirs, tokenizer, _ = mbart
-    tokenizer.src_lang = "en_XX"
-    encoded = tokenizer(texts, padding=True, return_tensors="pt")
-    processors = transformers.LogitsProcessorList([_AfterTheForcedCode(never_output(tokenizer))])
-    with torch.no_grad():
-        out = theirs.generate(**encoded, forced_bos_token_id=tokenizer.convert_tokens_to_ids(
-            target), do_sample=False, max_new_tokens=13, logits_processor=processors,
-            renormalize_logits=True, forced_eos_token_id=None, **options)   # (at the limit)
-    return [[t for t in row[2:] if t != tokenizer.pad_token_id] for row in out.tolist()]
-
-
-def _our_source(out, texts):
-    model, ours = load_model(out), Tokenizer(out / checkpoint.TOKENIZER)
-    return model, ours, pad_sources([[model.language_codes["en_XX"]] + ids
-                                     for ids in ours.encode(texts)])
+MBART = Languages("en_XX", LANGUAGES, options={"forced_eos_token_id": None})
 
 
 def test_the_tokenizer_gives_mbart50s_ids_after_the_source_language(mbart):
-    _, _, theirs, out = mbart
-    ours = Tokenizer(out / checkpoint.TOKENIZER)
-    to_mbart = mbart_id_of(ours, theirs)
-    theirs.src_lang = "en_XX"
-    code = load_model(out).language_codes["en_XX"]
-    for text in SAMPLES + TEXT:
-        source = Translator.load(out).encode([text], prefix=[code])[0]
-        assert [to_mbart[i] for i in source + [EOS_ID]] == theirs(text)["input_ids"], text
-    assert sorted(load_model(out).language_codes) == sorted(LANGUAGES)
+    assert_ids_follow_the_source_code(mbart, MBART)
+    assert sorted(load_model(mbart[3]).language_codes) == sorted(LANGUAGES)
 
 
 def test_logits_match_over_every_token_it_may_output(mbart):
-    _, theirs, tokenizer, out = mbart
-    model, ours, src = _our_source(out, SAMPLES[:4])
-    assert model.config.embedding_norm and model.config.activation == "gelu"
-    to_mbart = torch.tensor(mbart_id_of(ours, tokenizer))
-    to_ours = {int(n): i for i, n in enumerate(to_mbart.tolist()) if n >= 0}
-    tokenizer.src_lang = "en_XX"
-    encoded = tokenizer(SAMPLES[:4], padding=True, return_tensors="pt")
-    torch.manual_seed(1)
-    words = torch.randint(4, 120, (4, 6))
-    code = tokenizer.convert_tokens_to_ids("fr_XX")
-    their_tgt = torch.cat([torch.full((4, 1), EOS_ID), torch.full((4, 1), code), words], dim=1)
-    tgt = their_tgt.clone().apply_(to_ours.get)
-    tgt[:, 0] = BOS_ID
-    with torch.no_grad():
-        expected = theirs(**encoded, decoder_input_ids=their_tgt).logits
-        found = model(src, tgt)
-    kept = [i for i, n in enumerate(to_mbart.tolist()) if n >= 0 and n not in never_output(
-        tokenizer)]
-    torch.testing.assert_close(found[..., kept], expected[..., to_mbart[kept]], rtol=1e-4,
-                               atol=1e-4)
-    banned = [i for i in range(len(to_mbart)) if i not in kept]
-    assert torch.all(found[..., banned] <= NEVER_OUTPUT / 2)
+    assert load_model(mbart[3]).config.embedding_norm
+    assert load_model(mbart[3]).config.activation == "gelu"
+    assert_logits_match(mbart, "fr_XX", MBART)
 
 
 @pytest.mark.parametrize("target", ["fr_XX", "ro_RO"])
 def test_greedy_and_beam_outputs_are_transformers_with_the_target_forced(mbart, target):
-    _, _, tokenizer, out = mbart
-    model, ours, src = _our_source(out, SAMPLES)
-    to_mbart = mbart_id_of(ours, tokenizer)
-    forced = torch.full((len(SAMPLES), 1), model.language_codes[target])
-    greedy = greedy_hypotheses(model, src, bos_id=BOS_ID, eos_id=EOS_ID, alpha=0.0,
-                               max_len=12, forced=forced)
-    expected = _their_outputs(mbart, SAMPLES, target, num_beams=1)
-    assert [[to_mbart[t] for t in h[0].tokens] + [EOS_ID] * (len(e) > len(h[0].tokens))
-            for h, e in zip(greedy, expected)] == expected
-    beams = beam_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=3, alpha=0.0,
-                        max_len=12, forced=forced)
-    expected = _their_outputs(mbart, SAMPLES, target, num_beams=3, length_penalty=0.0,
-                              early_stopping=True)
-    assert [[to_mbart[t] for t in h[0].tokens] + [EOS_ID] * (len(e) > len(h[0].tokens))
-            for h, e in zip(beams, expected)] == expected
+    assert_searches_match(mbart, target, MBART)
 
 
 def test_the_command_and_the_library_translate_between_the_languages_named(mbart, tmp_path,

@@ -6,6 +6,7 @@ and the exports, and what we cannot reproduce is refused by name with nothing wr
 
 import functools
 import json
+from dataclasses import dataclass, field
 import shutil
 import warnings
 
@@ -86,22 +87,37 @@ def nllb(tmp_path_factory):
     return directory, theirs, tokenizer, import_nllb(directory, root / "ours")
 
 
-def nllb_id_of(ours: Tokenizer, theirs) -> list[int]:
-    """Per id of ours, NLLB's id of the same piece (a code's piece of ours starts with
-    the word boundary), -1 for pad and bos."""
+@dataclass(frozen=True)
+class Languages:
+    """What a multilingual family's checks against transformers read: the source code, the
+    codes its tokenizer has, its rows past the tokenizer's ids (NLLB has 2, which no piece
+    names), and generate's options (mBART's config forces eos at the length limit)."""
+
+    source: str
+    codes: list[str]
+    rows_past: int = 0
+    options: dict = field(default_factory=dict)
+
+
+NLLB = Languages("eng_Latn", CODES, rows_past=2)
+
+
+def nllb_id_of(ours: Tokenizer, theirs, codes=CODES) -> list[int]:
+    """Per id of ours, the original's id of the same piece (a code's piece of ours starts
+    with the word boundary), -1 for pad and bos."""
     ids = []
     for i in range(ours.vocab_size):
         piece = ours.piece(i)
-        piece = piece[1:] if piece[1:] in CODES else piece
+        piece = piece[1:] if piece[1:] in codes else piece
         ids.append(-1 if i in (PAD_ID, BOS_ID) else theirs.convert_tokens_to_ids(piece))
     return ids
 
 
-def never_output(theirs) -> list[int]:
-    """NLLB's ids that the import never outputs: pad, <s>, <mask> and the codes, and the
-    rows beyond the tokenizer's ids (NLLB has 2), which no piece names."""
-    return theirs.convert_tokens_to_ids(["<pad>", "<s>", "<mask>"] + CODES) + \
-        [len(theirs), len(theirs) + 1]
+def never_output(theirs, languages=NLLB) -> list[int]:
+    """The original's ids that the import never outputs: pad, <s>, <mask>, the codes, and
+    the rows past the tokenizer's ids."""
+    return theirs.convert_tokens_to_ids(["<pad>", "<s>", "<mask>"] + languages.codes) + \
+        [len(theirs) + i for i in range(languages.rows_past)]
 
 
 class _AfterTheForcedCode(transformers.LogitsProcessor):
@@ -117,81 +133,95 @@ class _AfterTheForcedCode(transformers.LogitsProcessor):
         return scores
 
 
-def _their_outputs(nllb, texts, target, **options):
+def _their_outputs(imported, texts, target, languages=NLLB, **options):
     """transformers' generate into `target` -> ids after the start and the code (12 at
     most: its max_new_tokens counts the code). The banned tokens' share is taken out of
     the probabilities (renormalize_logits), as our never-output bias does, so that beams
     are ranked as ours."""
-    _, theirs, tokenizer, _ = nllb
-    tokenizer.src_lang = "eng_Latn"
+    _, theirs, tokenizer, _ = imported
+    tokenizer.src_lang = languages.source
     encoded = tokenizer(texts, padding=True, return_tensors="pt")
-    processors = transformers.LogitsProcessorList([_AfterTheForcedCode(never_output(tokenizer))])
+    processors = transformers.LogitsProcessorList(
+        [_AfterTheForcedCode(never_output(tokenizer, languages))])
     with torch.no_grad():
         out = theirs.generate(**encoded, forced_bos_token_id=tokenizer.convert_tokens_to_ids(
             target), do_sample=False, max_new_tokens=13, logits_processor=processors,
-            renormalize_logits=True, **options)
+            renormalize_logits=True, **languages.options, **options)
     return [[t for t in row[2:] if t != tokenizer.pad_token_id] for row in out.tolist()]
 
 
-def _our_source(out, texts):
+def _our_source(out, texts, source="eng_Latn"):
     model, ours = load_model(out), Tokenizer(out / checkpoint.TOKENIZER)
-    return model, ours, pad_sources([[model.language_codes["eng_Latn"]] + ids
+    return model, ours, pad_sources([[model.language_codes[source]] + ids
                                      for ids in ours.encode(texts)])
 
 
-def test_the_tokenizer_gives_nllbs_ids_after_the_source_language(nllb):
-    _, _, theirs, out = nllb
-    ours = Tokenizer(out / checkpoint.TOKENIZER)
-    to_nllb = nllb_id_of(ours, theirs)
-    theirs.src_lang = "eng_Latn"
+def assert_ids_follow_the_source_code(imported, languages=NLLB):
+    """Our ids, mapped to the original's, are its tokenizer's with the source code first."""
+    _, _, theirs, out = imported
+    to_theirs = nllb_id_of(Tokenizer(out / checkpoint.TOKENIZER), theirs, languages.codes)
+    theirs.src_lang = languages.source
+    code = load_model(out).language_codes[languages.source]
     for text in SAMPLES + TEXT:
-        source = Translator.load(out).encode([text], prefix=[load_model(out).language_codes[
-            "eng_Latn"]])[0]
-        assert [to_nllb[i] for i in source + [EOS_ID]] == theirs(text)["input_ids"], text
+        source = Translator.load(out).encode([text], prefix=[code])[0]
+        assert [to_theirs[i] for i in source + [EOS_ID]] == theirs(text)["input_ids"], text
 
 
-def test_logits_match_over_every_token_it_may_output(nllb):
-    _, theirs, tokenizer, out = nllb
-    model, ours, src = _our_source(out, SAMPLES[:4])
-    to_nllb = torch.tensor(nllb_id_of(ours, tokenizer))
-    to_ours = {int(n): i for i, n in enumerate(to_nllb.tolist()) if n >= 0}
-    tokenizer.src_lang = "eng_Latn"
+def assert_logits_match(imported, target, languages=NLLB):
+    """Our logits are the original's over every token ours may output (1e-4), after its
+    start, the target's code and random words; the others are never output."""
+    _, theirs, tokenizer, out = imported
+    model, ours, src = _our_source(out, SAMPLES[:4], languages.source)
+    to_theirs = torch.tensor(nllb_id_of(ours, tokenizer, languages.codes))
+    to_ours = {int(n): i for i, n in enumerate(to_theirs.tolist()) if n >= 0}
+    tokenizer.src_lang = languages.source
     encoded = tokenizer(SAMPLES[:4], padding=True, return_tensors="pt")
     torch.manual_seed(1)
     words = torch.randint(4, 120, (4, 6))
-    code = tokenizer.convert_tokens_to_ids("fra_Latn")
+    code = tokenizer.convert_tokens_to_ids(target)
     their_tgt = torch.cat([torch.full((4, 1), EOS_ID), torch.full((4, 1), code), words], dim=1)
     tgt = their_tgt.clone().apply_(to_ours.get)
     tgt[:, 0] = BOS_ID
     with torch.no_grad():
         expected = theirs(**encoded, decoder_input_ids=their_tgt).logits
         found = model(src, tgt)
-    kept = [i for i, n in enumerate(to_nllb.tolist()) if n >= 0 and n not in never_output(
-        tokenizer)]
-    torch.testing.assert_close(found[..., kept], expected[..., to_nllb[kept]], rtol=1e-4,
+    banned_theirs = never_output(tokenizer, languages)
+    kept = [i for i, n in enumerate(to_theirs.tolist()) if n >= 0 and n not in banned_theirs]
+    torch.testing.assert_close(found[..., kept], expected[..., to_theirs[kept]], rtol=1e-4,
                                atol=1e-4)
-    banned = [i for i in range(len(to_nllb)) if i not in kept]
+    banned = [i for i in range(len(to_theirs)) if i not in kept]
     assert torch.all(found[..., banned] <= NEVER_OUTPUT / 2)
+
+
+def assert_searches_match(imported, target, languages=NLLB):
+    """Greedy and beam outputs with the target's code forced are generate's (without a
+    length penalty both rank finished hypotheses by log-probability)."""
+    _, _, tokenizer, out = imported
+    model, ours, src = _our_source(out, SAMPLES, languages.source)
+    to_theirs = nllb_id_of(ours, tokenizer, languages.codes)
+    forced = torch.full((len(SAMPLES), 1), model.language_codes[target])
+    greedy = greedy_hypotheses(model, src, bos_id=BOS_ID, eos_id=EOS_ID, alpha=0.0,
+                               max_len=12, forced=forced)
+    beams = beam_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=3, alpha=0.0,
+                        max_len=12, forced=forced)
+    for found, options in ((greedy, {"num_beams": 1}), (beams, {
+            "num_beams": 3, "length_penalty": 0.0, "early_stopping": True})):
+        expected = _their_outputs(imported, SAMPLES, target, languages, **options)
+        assert [[to_theirs[t] for t in h[0].tokens] + [EOS_ID] * (len(e) > len(h[0].tokens))
+                for h, e in zip(found, expected)] == expected
+
+
+def test_the_tokenizer_gives_nllbs_ids_after_the_source_language(nllb):
+    assert_ids_follow_the_source_code(nllb)
+
+
+def test_logits_match_over_every_token_it_may_output(nllb):
+    assert_logits_match(nllb, "fra_Latn")
 
 
 @pytest.mark.parametrize("target", ["fra_Latn", "spa_Latn"])
 def test_greedy_and_beam_outputs_are_transformers_with_the_target_forced(nllb, target):
-    _, _, tokenizer, out = nllb
-    model, ours, src = _our_source(out, SAMPLES)
-    to_nllb = nllb_id_of(ours, tokenizer)
-    forced = torch.full((len(SAMPLES), 1), model.language_codes[target])
-    greedy = greedy_hypotheses(model, src, bos_id=BOS_ID, eos_id=EOS_ID, alpha=0.0,
-                               max_len=12, forced=forced)
-    expected = _their_outputs(nllb, SAMPLES, target, num_beams=1)
-    assert [[to_nllb[t] for t in h[0].tokens] + [EOS_ID] * (len(e) > len(h[0].tokens))
-            for h, e in zip(greedy, expected)] == expected
-    # Without a length penalty both rank finished hypotheses by log-probability.
-    beams = beam_search(model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam=3, alpha=0.0,
-                        max_len=12, forced=forced)
-    expected = _their_outputs(nllb, SAMPLES, target, num_beams=3, length_penalty=0.0,
-                              early_stopping=True)
-    assert [[to_nllb[t] for t in h[0].tokens] + [EOS_ID] * (len(e) > len(h[0].tokens))
-            for h, e in zip(beams, expected)] == expected
+    assert_searches_match(nllb, target)
 
 
 def test_the_target_language_changes_the_translation(nllb):

@@ -17,15 +17,6 @@ class ForeignCheckpointError(TransduceError, ValueError):
     with an option our models do not have; the message names the file and key."""
 
 
-# Which `transduce import` command reads a model_type: named where another one is given it.
-IMPORTED_BY = {
-    "gpt2": "hf-gpt2", "bloom": "hf-bloom", "gemma3_text": "hf-gemma", "gemma3": "hf-gemma",
-    "gemma2": "hf-gemma", "bert": "hf-bert", "roberta": "hf-roberta",
-    "xlm-roberta": "hf-roberta", "camembert": "hf-roberta", "marian": "hf-marian",
-    "m2m_100": "hf-nllb", "mbart": "hf-mbart", "t5": "hf-t5", "mt5": "hf-t5",
-    **{llama: "hf-llama" for llama in ("llama", "mistral", "qwen2", "qwen3", "phi3")}}
-
-
 def check_foreign_options(hf: dict, config_file, model_type: str | tuple[str, ...],
                           fixed: dict, activation_key: str, default_activation: str,
                           activations: dict[str, str]) -> str:
@@ -132,6 +123,17 @@ from transduce.importers.hf_nllb import import_nllb  # noqa: E402
 from transduce.importers.hf_mbart import import_mbart  # noqa: E402
 from transduce.importers.hf_t5 import import_t5  # noqa: E402
 from transduce.importers.peft import import_peft  # noqa: E402
+from transduce.importers import hf_gemma, hf_llama, hf_roberta, hf_t5  # noqa: E402
+
+# Which `transduce import` command reads a model_type: check_type_and_fixed_options names
+# it where another command is given the directory.
+IMPORTED_BY = {"gpt2": "hf-gpt2", "bloom": "hf-bloom", "bert": "hf-bert",
+               "marian": "hf-marian", "m2m_100": "hf-nllb", "mbart": "hf-mbart",
+               hf_gemma.MULTIMODAL: "hf-gemma",
+               **dict.fromkeys(hf_gemma.MODEL_TYPES, "hf-gemma"),
+               **dict.fromkeys(hf_llama.MODEL_TYPES, "hf-llama"),
+               **dict.fromkeys(hf_roberta.MODEL_TYPES, "hf-roberta"),
+               **dict.fromkeys(hf_t5.MODEL_TYPES, "hf-t5")}
 
 __all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight",
            "refuse_unread", "import_gpt2", "import_llama", "import_bloom", "import_gemma",

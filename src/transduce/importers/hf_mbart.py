@@ -32,12 +32,11 @@ import sentencepiece
 from torch import Tensor
 
 from transduce.importers import ForeignCheckpointError
-from transduce.importers.hf_gpt2 import read_weights, tokenizer_settings
-from transduce.importers.hf_marian import GENERATION_CONFIG, BartWeights, bad_words, \
-    model_config, read_bart_config, save_with_vocabulary, take_bart_weights
-from transduce.importers.hf_nllb import SPM_FILE, coded_vocabulary
+from transduce.importers.hf_gpt2 import tokenizer_settings
+from transduce.importers.hf_marian import BartWeights, model_config, read_bart_config, \
+    take_bart_weights
+from transduce.importers.hf_nllb import SPM_FILE, coded_vocabulary, save_coded
 from transduce.importers.marian_vocabulary import MarianVocabulary
-from transduce.model import empty_model
 
 LANGUAGES = ("ar_AR cs_CZ de_DE en_XX es_XX et_EE fi_FI fr_XX gu_IN hi_IN it_IT ja_XX kk_KZ "
              "ko_KR lt_LT lv_LV my_MM ne_NP nl_XX ro_RO ru_RU si_LK tr_TR vi_VN zh_CN af_ZA "
@@ -62,16 +61,8 @@ def import_mbart(hf_dir: Path | str, out: Path | str) -> Path:
     vocabulary, codes, languages, unused = read_vocabulary(hf_dir, hf)
     config = model_config(hf, config_file, activation, len(vocabulary.marian_ids),
                           norm_first=True, positional="learned").replace(embedding_norm=True)
-    tensors, source = read_weights(hf_dir)
-    model = empty_model(config)     # every weight is loaded next
-    banned = bad_words(hf, hf_dir / GENERATION_CONFIG) | unused
-    model.load_state_dict(map_weights(tensors, config, hf["vocab_size"], banned, vocabulary,
-                                      source))
-    del tensors          # the stored files are let go before the save copies the model
-    ours = {mbart_id: i for i, mbart_id in enumerate(vocabulary.marian_ids)}
-    model.language_codes = {code: ours[mbart_id] for code, mbart_id in codes.items()}
-    model.languages = languages
-    return save_with_vocabulary(out, model, vocabulary, "hf-mbart", hf_dir)
+    return save_coded(hf_dir, out, hf, config, (vocabulary, codes, languages, unused),
+                      map_weights, "hf-mbart")
 
 
 def read_vocabulary(hf_dir: Path, hf: dict[str, Any]) -> tuple[

@@ -33,7 +33,7 @@ NLLB-MoE (model_type nllb-moe) is refused.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -72,16 +72,28 @@ def import_nllb(hf_dir: Path | str, out: Path | str) -> Path:
     vocabulary, codes, languages, unused = read_vocabulary(hf_dir, hf)
     config = model_config(hf, config_file, activation, len(vocabulary.marian_ids),
                           norm_first=True, positional="fairseq")
+    return save_coded(hf_dir, out, hf, config, (vocabulary, codes, languages, unused),
+                      map_weights, "hf-nllb")
+
+
+def save_coded(hf_dir: Path, out: Path, hf: dict[str, Any], config,
+               read: tuple[MarianVocabulary, dict[str, int], tuple[str, str] | None, set[int]],
+               mapping: Callable[..., dict[str, Tensor]], command: str) -> Path:
+    """A multilingual directory's weights (NLLB's, M2M-100's, mBART's), mapped by
+    mapping(tensors, config, stored size, banned ids, vocabulary, source) onto a model of
+    `config`, with the codes and default pair of `read` (read_vocabulary's), saved as our
+    checkpoint at `out` (its origin the import `command`)."""
+    vocabulary, codes, languages, unused = read
     tensors, source = read_weights(hf_dir)
     model = empty_model(config)     # every weight is loaded next
     banned = bad_words(hf, hf_dir / GENERATION_CONFIG) | unused
-    model.load_state_dict(map_weights(tensors, config, hf["vocab_size"], banned, vocabulary,
-                                      source))
+    model.load_state_dict(mapping(tensors, config, hf["vocab_size"], banned, vocabulary,
+                                  source))
     del tensors          # the stored files are let go before the save copies the model
-    ours = {nllb_id: i for i, nllb_id in enumerate(vocabulary.marian_ids)}
-    model.language_codes = {code: ours[nllb_id] for code, nllb_id in codes.items()}
+    ours = {their_id: i for i, their_id in enumerate(vocabulary.marian_ids)}
+    model.language_codes = {code: ours[their_id] for code, their_id in codes.items()}
     model.languages = languages
-    return save_with_vocabulary(out, model, vocabulary, "hf-nllb", hf_dir)
+    return save_with_vocabulary(out, model, vocabulary, command, hf_dir)
 
 
 def read_vocabulary(hf_dir: Path, hf: dict[str, Any]) -> tuple[
