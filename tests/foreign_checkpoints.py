@@ -37,6 +37,41 @@ def assert_refused(importer, directory, tmp_path, *messages):
     assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
 
 
+def assert_a_classification_batch_gives_transformers_loss(hf, out, labelled, tmp_path,
+                                                          pad_id):
+    """Fine-tuning the import `out` of the transformers classifier `hf` (its directory
+    beside `out` as "hf"): the batch our training builds from `labelled` (label, text)
+    lines is transformers' tokenizer's padded encoding (padding included), and `hf`
+    gives our loss on it."""
+    from transduce import checkpoint
+    from transduce.config import TrainConfig
+    from transduce.model import load_model
+    from transduce.train import encoder as encoder_training
+    from transduce.train.loop import _training_tokenizer
+    transformers = pytest.importorskip("transformers")
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "dev"):
+        (data / f"{split}.tsv").write_text("".join(f"{a}\t{b}\n" for a, b in labelled))
+    (data / "corpus.json").write_text('{"kind": "classification", "lang": "en"}')
+    model_config, _ = checkpoint.read_configs(out)
+    tokenizer = _training_tokenizer(data, out, model_config)
+    split, batcher, _ = encoder_training.load_encoder_data(
+        data, tokenizer, model_config, TrainConfig(task="classify", max_tokens=1000))
+    indices = batcher.epoch_batches(0)[0]
+    batch = batcher.collate(indices, (0, 0))
+    fast = transformers.AutoTokenizer.from_pretrained(str(out.parent / "hf"))
+    encoded = fast([split.corpus.texts[i] for i in indices], padding=True, return_tensors="pt")
+    assert torch.equal(batch.ids, encoded["input_ids"]) and (batch.ids == pad_id).any()
+    ours = load_model(out).eval()
+    with torch.no_grad():
+        expected = hf(**encoded, labels=batch.labels).loss
+        losses = encoder_training.batch_losses(ours, ours, batch)
+    torch.testing.assert_close(losses.sums["classify"] / len(indices), expected,
+                               atol=1e-5, rtol=1e-5)
+
+
 def left_padded(lengths, length, vocab_size, pad_id, seed=0):
     """(B, T) ids, each row's real tokens last, and the (B, T) mask of real tokens."""
     generator = torch.Generator().manual_seed(seed)

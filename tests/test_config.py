@@ -70,6 +70,13 @@ _SLIDING_LM = {"arch": "decoder", "attention_type": "sliding", "src_vocab_size":
     (ModelConfig, {"output_bias": True, "arch": "decoder"},
      "output_bias=True applies to arch='transformer', not arch='decoder'"),
     (ModelConfig, {"head_size": 0}, "head_size=0: must be a positive integer"),
+    # DistilBERT's: no segment types, a ReLU pooler; on an encoder only
+    (ModelConfig, {"type_vocab_size": -1}, "type_vocab_size=-1: must be an integer >= 0"),
+    (ModelConfig, {"num_labels": 1.5}, "num_labels=1.5: must be an integer >= 0"),
+    (ModelConfig, {"pooler_activation": "gelu", "arch": "encoder"},
+     "pooler_activation='gelu': choose one of tanh, relu"),
+    (ModelConfig, {"pooler_activation": "relu"},
+     "pooler_activation='relu' applies to arch='encoder', not arch='transformer'"),
     (ModelConfig, {"d_model": 100, "num_heads": 8},
      "d_model=100 is not divisible by num_heads=8; set head_size for heads of another size"),
     (ModelConfig, {"tie_embeddings": "embeddings", "arch": "decoder"},

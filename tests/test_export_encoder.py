@@ -82,8 +82,11 @@ def test_the_tokenizer_gives_our_ids_in_bert_s_template(tmp_path, tiny_corpus):
     for line, ids in zip(LINES, ours.encode(LINES)):
         assert theirs(line)["input_ids"] == [ours.bos_id, *ids, ours.eos_id]
     pair = theirs(LINES[0], LINES[1])
-    assert pair["input_ids"] == [ours.bos_id, *ours.encode(LINES[:1])[0], ours.eos_id,
-                                 *ours.encode(LINES[1:2])[0], ours.eos_id]
+    first, second = ours.encode(LINES[:2])
+    assert pair["input_ids"] == [ours.bos_id, *first, ours.eos_id, *second, ours.eos_id]
+    # BERT reads the second text as segment 1: the tokenizer must say so (transformers'
+    # default tokenizer gives no segment ids).
+    assert pair["token_type_ids"] == [0] * (len(first) + 2) + [1] * (len(second) + 1)
     assert theirs.mask_token_id == MASK_ID and theirs.pad_token_id == ours.pad_id
 
 

@@ -19,7 +19,8 @@ from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.importers import fresh_heads, import_roberta
 from transduce.importers.hf_roberta import read_tokenizer
 from transduce.model import EncoderOnly, load_model
-from tests.foreign_checkpoints import assert_refused, damaged
+from tests.foreign_checkpoints import assert_a_classification_batch_gives_transformers_loss, \
+    assert_refused, damaged
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -322,33 +323,10 @@ def test_a_classification_batch_gives_transformers_loss(roberta_vocab, tmp_path)
     """Fine-tuning an imported RoBERTa (<pad> at 1): the batch our training builds is
     RobertaTokenizerFast's padded encoding, and transformers'
     RobertaForSequenceClassification gives our loss on it."""
-    from transduce.config import TrainConfig
-    from transduce.train import encoder as encoder_training
-    from transduce.train.loop import _training_tokenizer
-
     hf = roberta_classifier(tmp_path / "hf", roberta_vocab)
     out = import_roberta(tmp_path / "hf", tmp_path / "ours")
-    data = tmp_path / "data"
-    data.mkdir()
     lines = [("positive" if i % 2 else "negative", text) for i, text in enumerate(TEXT[:10])]
-    for split in ("train", "dev"):
-        (data / f"{split}.tsv").write_text("".join(f"{a}\t{b}\n" for a, b in lines))
-    (data / "corpus.json").write_text('{"kind": "classification", "lang": "en"}')
-    model_config, _ = checkpoint.read_configs(out)
-    tokenizer = _training_tokenizer(data, out, model_config)
-    split, batcher, _ = encoder_training.load_encoder_data(
-        data, tokenizer, model_config, TrainConfig(task="classify", max_tokens=1000))
-    indices = batcher.epoch_batches(0)[0]
-    batch = batcher.collate(indices, (0, 0))
-    fast = transformers.RobertaTokenizerFast.from_pretrained(str(tmp_path / "hf"))
-    encoded = fast([split.corpus.texts[i] for i in indices], padding=True, return_tensors="pt")
-    assert torch.equal(batch.ids, encoded["input_ids"]) and (batch.ids == 1).any()
-    ours = load_model(out).eval()
-    with torch.no_grad():
-        expected = hf(**encoded, labels=batch.labels).loss
-        losses = encoder_training.batch_losses(ours, ours, batch)
-    torch.testing.assert_close(losses.sums["classify"] / len(indices), expected,
-                               atol=1e-5, rtol=1e-5)
+    assert_a_classification_batch_gives_transformers_loss(hf, out, lines, tmp_path, pad_id=1)
 
 
 EXPORTED_KINDS = ["RobertaForMaskedLM", "RobertaForSequenceClassification",

@@ -15,8 +15,8 @@ from transduce import checkpoint
 from transduce.cli import main
 from transduce.config import TrainConfig
 from transduce.export import ExportError, export_peft
-from transduce.importers import (ForeignCheckpointError, import_bert, import_gpt2, import_llama,
-                                 import_peft, import_roberta)
+from transduce.importers import (ForeignCheckpointError, import_bert, import_distilbert,
+                                 import_gpt2, import_llama, import_peft, import_roberta)
 from transduce.model import load_model
 from transduce.train.loop import train
 from tests.train.test_encoder import bert_tiny, classes  # noqa: F401 - classes: a fixture
@@ -277,17 +277,26 @@ def test_an_update_of_another_shape_is_refused(tmp_path):
         import_peft(adapter, ours, tmp_path / "out")
 
 
+# Our encoder exports as BERT with two segment types, RoBERTa with one, DistilBERT with
+# none (whose pooler has ReLU).
+ENCODER_FAMILIES = [(2, "bert"), (1, "roberta"), (0, "distilbert")]
+
+
+def encoder_of(segments, **changes):
+    return bert_tiny(type_vocab_size=segments, activation="gelu",
+                     pooler_activation="relu" if segments == 0 else "tanh", **changes)
+
+
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
-@pytest.mark.parametrize("segments, family", [(2, "bert"), (1, "roberta")])
+@pytest.mark.parametrize("segments, family", ENCODER_FAMILIES)
 def test_an_encoders_adapters_and_new_head(segments, family, classes,  # noqa: F811
                                            counting, tmp_path, capsys):  # noqa: F811
     """A classifier fine-tuned with adapters: PEFT puts them, and the head and pooler
     trained whole (modules_to_save), on the sequence classifier transformers builds from
     the export of the pre-trained encoder, and gets the run's logits."""
     pretrained, run, base_dir = tmp_path / "pre", tmp_path / "run", tmp_path / "base-hf"
-    train(counting, pretrained, bert_tiny(type_vocab_size=segments, activation="gelu"),
-          encoder_config(max_steps=6))
-    train(classes, run, bert_tiny(type_vocab_size=segments, activation="gelu", num_labels=3),
+    train(counting, pretrained, encoder_of(segments), encoder_config(max_steps=6))
+    train(classes, run, encoder_of(segments, num_labels=3),
           encoder_config(max_steps=6, task="classify", lora_rank=4, lr_scale=1.0),
           init=pretrained)
     assert main(["export", "hf", str(pretrained), str(base_dir)]) == 0
@@ -307,23 +316,31 @@ def test_an_encoders_adapters_and_new_head(segments, family, classes,  # noqa: F
     torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
 
 
+BERT_TARGETS = ["query", "key", "value", "attention.output.dense", "intermediate.dense",
+                "output.dense"]
+
+
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
-@pytest.mark.parametrize("segments, family", [(2, "bert"), (1, "roberta")])
+@pytest.mark.parametrize("segments, family", ENCODER_FAMILIES)
 def test_a_peft_classifier_merges_into_our_encoder(segments, family, counting,  # noqa: F811
                                                    tmp_path):
     """PEFT's own sequence-classification adapter (LoRA on every matrix, the head and
     pooler trained whole) on a BERT or RoBERTa, merged into our import of that model,
     which had no classifier: the classifier's logits are PEFT's."""
     pretrained, hf_dir, adapter = tmp_path / "pre", tmp_path / "hf", tmp_path / "adapter"
-    train(counting, pretrained, bert_tiny(type_vocab_size=segments, activation="gelu"),
-          encoder_config(max_steps=2))
+    train(counting, pretrained, encoder_of(segments), encoder_config(max_steps=2))
     assert main(["export", "hf", str(pretrained), str(hf_dir)]) == 0
-    ours = (import_bert if family == "bert" else import_roberta)(hf_dir, tmp_path / "ours")
+    importer = {"bert": import_bert, "roberta": import_roberta,
+                "distilbert": import_distilbert}[family]
+    ours = importer(hf_dir, tmp_path / "ours")
     base = transformers.AutoModelForSequenceClassification.from_pretrained(hf_dir, num_labels=3)
+    targets, whole = {
+        "distilbert": (["q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"],
+                       ["pre_classifier", "classifier"]),
+        "roberta": (BERT_TARGETS, ["classifier"])}.get(family, (BERT_TARGETS,
+                                                              ["classifier", "pooler"]))
     theirs = peft.get_peft_model(base, peft.LoraConfig(
-        r=4, lora_alpha=8, task_type="SEQ_CLS", target_modules=[
-            "query", "key", "value", "attention.output.dense", "intermediate.dense",
-            "output.dense"], modules_to_save=["classifier"] + ["pooler"] * (family == "bert")))
+        r=4, lora_alpha=8, task_type="SEQ_CLS", target_modules=targets, modules_to_save=whole))
     torch.manual_seed(3)
     with torch.no_grad():
         for name, parameter in theirs.named_parameters():

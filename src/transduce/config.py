@@ -26,6 +26,7 @@ AttentionType = Literal["softmax", "linear", "sliding", "global", "strided"]
 Architecture = Literal["transformer", "decoder", "encoder", "rnn-bahdanau", "rnn-luong"]
 RnnCell = Literal["gru", "lstm"]
 LuongScore = Literal["general", "dot"]
+PoolerActivation = Literal["tanh", "relu"]
 
 
 class ConfigError(TransduceError, ValueError):
@@ -145,7 +146,10 @@ class ModelConfig(ValidatedConfig):
     embedding_norm: arch "transformer" or "decoder": each stack's input (token embedding
     and positions) passes through a norm before dropout (mBART's layernorm_embedding).
     type_vocab_size: arch "encoder": segment (token type) embeddings, 2 for BERT's
-    sentence A / sentence B.
+    sentence A / sentence B; 0 for none (DistilBERT's: a pair is told apart by its
+    [SEP] alone, and segment ids are not read).
+    pooler_activation: arch "encoder": what follows the pooler's dense layer, "tanh"
+    (BERT's) or "relu" (DistilBERT's pre_classifier).
     num_labels: arch "encoder": the sequence-classification head's classes (0: none).
     """
 
@@ -194,6 +198,7 @@ class ModelConfig(ValidatedConfig):
     input_feeding: bool = False
     scale_embeddings: bool = True
     type_vocab_size: int = 2
+    pooler_activation: PoolerActivation = "tanh"
     num_labels: int = 0
     output_bias: bool = False
     embedding_norm: bool = False
@@ -203,9 +208,8 @@ class ModelConfig(ValidatedConfig):
         self._check_floats_finite()
         check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
                         "num_encoder_layers", "num_decoder_layers", "max_positions",
-                        "attention_window", "type_vocab_size", "global_tokens",
-                        "rope_original_positions")
-        check_at_least(self, 0, "num_labels")
+                        "attention_window", "global_tokens", "rope_original_positions")
+        check_count(self, "num_labels", "type_vocab_size")
         check_choice(self, "activation")
         check_choice(self, "norm")
         check_choice(self, "rope_scaling")
@@ -213,6 +217,7 @@ class ModelConfig(ValidatedConfig):
         check_choice(self, "arch")
         check_choice(self, "rnn_cell")
         check_choice(self, "luong_score")
+        check_choice(self, "pooler_activation")
         check_choice(self, "positional")
         check_choice(self, "tie_embeddings")
         check_choice(self, "attention_impl")
@@ -284,6 +289,9 @@ class ModelConfig(ValidatedConfig):
         if self.embedding_norm and self.arch not in ("transformer", "decoder"):
             raise ConfigError(f"ModelConfig.embedding_norm=True applies to arch='transformer' "
                               f"and 'decoder', not {self.arch!r}")
+        if self.pooler_activation != "tanh" and self.arch != "encoder":
+            raise ConfigError(f"ModelConfig.pooler_activation={self.pooler_activation!r} "
+                              f"applies to arch='encoder', not arch={self.arch!r}")
         if self.output_bias and self.arch != "transformer":
             raise ConfigError(f"ModelConfig.output_bias=True applies to arch='transformer', "
                               f"not arch={self.arch!r}")
@@ -376,6 +384,14 @@ def check_positive(config: object, *names: str) -> None:
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{type(config).__name__}.{name}={value!r}: must be a positive integer")
+
+
+def check_count(config: object, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{type(config).__name__}.{name}={value!r}: must be an integer "
+                              f">= 0")
 
 
 SEED_LIMIT = 2 ** 32     # what every generator seeded from it (torch, numpy) takes

@@ -52,8 +52,8 @@ def register(commands) -> None:
 
 
 def export_hf(args: argparse.Namespace) -> int:
-    """Write a checkpoint as a Hugging Face Marian, Pegasus, T5, Llama, GPT-2, BERT or
-    RoBERTa model."""
+    """Write a checkpoint as a Hugging Face Marian, Pegasus, T5, Llama, GPT-2, BERT,
+    RoBERTa or DistilBERT model."""
     import json
 
     from transduce.export import export_hf as write
@@ -61,13 +61,13 @@ def export_hf(args: argparse.Namespace) -> int:
     check_output_directory(args.out, "OUT", force=args.force, reads=args.model)
     out = write(args.model, args.out)
     written = json.loads((out / "config.json").read_text(encoding="utf-8"))
-    auto = {"BertForSequenceClassification": "AutoModelForSequenceClassification",
-            "BertForPreTraining": "AutoModelForPreTraining",
-            "RobertaForSequenceClassification": "AutoModelForSequenceClassification",
-            "RobertaForMaskedLM": "AutoModelForMaskedLM"}.get(
-        written["architectures"][0],
-        "AutoModelForSeq2SeqLM" if written.get("is_encoder_decoder") else "AutoModelForCausalLM")
-    print(f"wrote {out} ({written['architectures'][0]}: load it with transformers.{auto}"
+    written_class = written["architectures"][0]
+    auto = next((f"AutoModel{task}" for task in ("ForSequenceClassification", "ForPreTraining",
+                                                 "ForMaskedLM")
+                 if written_class.endswith(task)),
+                "AutoModelForSeq2SeqLM" if written.get("is_encoder_decoder")
+                else "AutoModelForCausalLM")
+    print(f"wrote {out} ({written_class}: load it with transformers.{auto}"
           f".from_pretrained and AutoTokenizer.from_pretrained)")
     return 0
 

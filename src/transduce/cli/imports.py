@@ -1,7 +1,7 @@
 """`transduce import hf-gpt2` / `hf-bloom` / `hf-llama` / `hf-gemma` / `hf-bert` /
-`hf-roberta` (also called `hf-xlm-roberta`) / `hf-marian` / `hf-nllb` (also called
-`hf-m2m100`) / `hf-mbart` / `hf-t5`: another toolkit's checkpoint as ours; `peft`: a PEFT
-LoRA adapter merged into one of ours."""
+`hf-roberta` (also called `hf-xlm-roberta`) / `hf-distilbert` / `hf-marian` / `hf-nllb`
+(also called `hf-m2m100`) / `hf-mbart` / `hf-t5`: another toolkit's checkpoint as ours;
+`peft`: a PEFT LoRA adapter merged into one of ours."""
 
 from __future__ import annotations
 
@@ -62,6 +62,14 @@ def register(commands) -> None:
                 "vocab.json + merges.txt) as an encoder-only checkpoint; heads the directory "
                 "lacks are initialised afresh and listed, options the model cannot "
                 "reproduce are refused by name.", aliases=["hf-xlm-roberta"])
+    _add_format(formats, import_hf_distilbert, "hf-distilbert",
+                "Hugging Face DistilBERT (DistilBertModel, DistilBertForMaskedLM or "
+                "DistilBertForSequenceClassification directory)",
+                "Import a Hugging Face DistilBERT directory (config.json, model.safetensors "
+                "or pytorch_model.bin, tokenizer.json or vocab.txt) as an encoder-only "
+                "checkpoint without segment embeddings; heads the directory lacks are "
+                "initialised afresh and listed, options the model cannot reproduce are "
+                "refused by name.")
     _add_format(formats, import_hf_marian, "hf-marian",
                 "Hugging Face Marian (MarianMTModel directory: OPUS-MT)",
                 "Import a Hugging Face Marian translation model (config.json, "
@@ -93,13 +101,15 @@ def register(commands) -> None:
                 "are refused by name.")
 
     peft = formats.add_parser("peft", help="a PEFT LoRA adapter of a Llama, Mistral, Qwen2, "
-                                           "Phi-3, GPT-2, BERT, RoBERTa, Marian, NLLB, "
+                                           "Phi-3, GPT-2, BERT, RoBERTa, DistilBERT, "
+                                           "Marian, NLLB, "
                                            "mBART-50 or T5 model, merged into our import "
                                            "of that model",
                               description="Merge a PEFT LoRA adapter directory "
                               "(adapter_config.json, adapter_model.safetensors) into a copy of "
                               "--base, our checkpoint of the model it was trained on (import "
-                              "hf-llama, hf-gpt2, hf-bert, hf-roberta, hf-marian, hf-nllb, "
+                              "hf-llama, hf-gpt2, hf-bert, hf-roberta, hf-distilbert, "
+                              "hf-marian, hf-nllb, "
                               "hf-mbart or hf-t5, or the checkpoint `export hf` wrote it "
                               "from); a sequence "
                               "classifier's head and pooler trained whole replace the base's. "
@@ -180,6 +190,13 @@ def import_hf_roberta(args: argparse.Namespace) -> int:
     from transduce.importers import import_roberta
 
     return _import_encoder(args, import_roberta)
+
+
+def import_hf_distilbert(args: argparse.Namespace) -> int:
+    """Import a Hugging Face DistilBERT checkpoint."""
+    from transduce.importers import import_distilbert
+
+    return _import_encoder(args, import_distilbert)
 
 
 def _import_encoder(args: argparse.Namespace, importer) -> int:

@@ -27,6 +27,8 @@ class OnnxSentenceEncoder(ExportedModel):
         self.classifier_inputs = checkpoint.read_classifier_inputs(directory)
         self.sentence_embedding = checkpoint.read_sentence_embedding(directory)
         self.session = open_session(directory, SENTENCE_ENCODER, threads)
+        # A model without segment types (DistilBERT) exports a graph of ids alone.
+        self.reads_segments = "segments" in {i.name for i in self.session.get_inputs()}
 
     def class_logits(self, ids: Tensor, segments: Tensor | None = None) -> Tensor:
         """ids (B, T) right-padded, segments (B, T) (None: all 0) -> the classifier's
@@ -41,6 +43,8 @@ class OnnxSentenceEncoder(ExportedModel):
 
     def _run(self, ids: Tensor, output: str, segments: Tensor | None = None) -> Tensor:
         array = ids.cpu().numpy().astype(np.int64)
-        feeds = {"ids": array, "segments": np.zeros_like(array) if segments is None
-                 else segments.cpu().numpy().astype(np.int64)}
+        feeds = {"ids": array}
+        if self.reads_segments:
+            feeds["segments"] = np.zeros_like(array) if segments is None \
+                else segments.cpu().numpy().astype(np.int64)
         return torch.from_numpy(self.session.run([output], feeds)[0])

@@ -1,7 +1,8 @@
 """Export an encoder-only model (BERT's layout: ours, or an import) to CTranslate2, as a
 `ctranslate2.Encoder` model through its encoder specification: token, position and
-segment embeddings added, the embedding LayerNorm, post-norm or pre-norm layers, and
-the pooler (dense + tanh on the first token). `Encoder.forward_batch` gives our hidden
+segment embeddings added (a DistilBERT's: no segments), the embedding LayerNorm,
+post-norm or pre-norm layers, and the pooler (dense + tanh, or ReLU, on the first
+token). `Encoder.forward_batch` gives our hidden
 states (last_hidden_state) and pooled output (pooler_output); the heads (masked LM,
 next sentence, classifier) are not part of CTranslate2's encoder and stay ours."""
 
@@ -40,14 +41,16 @@ def ctranslate2_encoder_spec(model: EncoderOnly, tokenizer):
     encoder_spec = transformer_spec.TransformerEncoderSpec(
         c.num_encoder_layers, c.num_heads, pre_norm=c.norm_first,
         activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[c.activation]),
-        layernorm_embedding=True, num_source_embeddings=2,
+        layernorm_embedding=True, num_source_embeddings=2 if c.type_vocab_size else 1,
         embeddings_merge=common_spec.EmbeddingsMerge.ADD)
+    pooling = {"tanh": common_spec.Activation.Tanh, "relu": common_spec.Activation.RELU}
     spec = transformer_spec.TransformerEncoderModelSpec(
-        encoder_spec, pooling_layer=True, pooling_activation=common_spec.Activation.Tanh)
+        encoder_spec, pooling_layer=True, pooling_activation=pooling[c.pooler_activation])
     encoder, embed = spec.encoder, model.embed
     encoder.scale_embeddings = False
     encoder.embeddings[0].weight = as_array(embed.embedding.weight)
-    encoder.embeddings[1].weight = as_array(embed.segments.weight)
+    if embed.segments is not None:
+        encoder.embeddings[1].weight = as_array(embed.segments.weight)
     encoder.position_encodings.encodings = as_array(embed.positions(c.max_positions))
     set_norm(encoder.layernorm_embedding, embed.norm)
     if model.encoder.final_norm is not None:

@@ -248,18 +248,20 @@ def export_hf(path: Path, out: Path) -> Path:
 
 
 def save_with_tokenizer_json(theirs, tokenizer, specials: dict[str, int], max_positions: int,
-                             directory: Path, out: Path, extra=None) -> Path:
+                             directory: Path, out: Path, extra=None,
+                             settings: dict | None = None) -> Path:
     """Write transformers model `theirs` (of the checkpoint at `directory`) as OUT/ with
     its tokenizer as tokenizer.json, a tokenizer_config.json naming the special tokens
-    (`specials`: "bos_token" etc. -> id), our export marker, and what extra(directory)
-    writes, if given -> OUT."""
+    (`specials`: "bos_token" etc. -> id) with any other `settings`, our export marker,
+    and what extra(directory) writes, if given -> OUT."""
     with atomic.atomic_directory(out) as temporary:
         theirs.save_pretrained(temporary)
         for weights in temporary.glob("*.safetensors"):   # written 0600
             atomic.open_permissions(weights)
         tokenizer.save(temporary / TOKENIZER_JSON)
         (temporary / "tokenizer_config.json").write_text(
-            tokenizer_config(tokenizer, specials, max_positions), encoding="utf-8")
+            tokenizer_config(tokenizer, specials, max_positions, settings),
+            encoding="utf-8")
         write_export_marker(temporary, f"huggingface-{theirs.config.model_type}",
                             checkpoint.trained_steps(directory))
         if extra is not None:
@@ -267,14 +269,17 @@ def save_with_tokenizer_json(theirs, tokenizer, specials: dict[str, int], max_po
     return out
 
 
-def tokenizer_config(tokenizer, specials: dict[str, int], max_positions: int) -> str:
+def tokenizer_config(tokenizer, specials: dict[str, int], max_positions: int,
+                     settings: dict | None = None) -> str:
     """tokenizer_config.json beside a tokenizer.json: transformers' fast tokenizer, the
     special tokens (`specials`: "bos_token" etc. -> id) by their pieces, an instruct
-    model's chat template, where apply_chat_template finds it."""
+    model's chat template, where apply_chat_template finds it, and any other
+    `settings`."""
     return json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         **{name: tokenizer.piece(token) for name, token in specials.items()},
-        **_chat_template(tokenizer), "model_max_length": max_positions}, indent=2)
+        **_chat_template(tokenizer), "model_max_length": max_positions, **(settings or {})},
+        indent=2)
 
 
 def _chat_template(tokenizer) -> dict[str, str]:

@@ -3,14 +3,16 @@ classification head as `BertForSequenceClassification` (its class names as id2la
 else as `BertForPreTraining` (the masked-LM and next-sentence heads with the pooler).
 A model of one segment type (type_vocab_size 1: an imported RoBERTa or XLM-R) goes as
 RoBERTa, `RobertaForSequenceClassification` or `RobertaForMaskedLM` (which has no
-pooler), as transformers could not read a second segment of the BERT template.
+pooler), as transformers could not read a second segment of the BERT template; one of
+none (an imported DistilBERT) as `DistilBertForSequenceClassification` or
+`DistilBertForMaskedLM` (no pooler either), whose tokenizer gives no segment ids.
 
 Our BERT holds BERT's layers as they are, so the weights only change names: the
-inverse of importers/hf_bert.py's table, under the task models' "bert." (or
-"roberta.") prefix. RoBERTa counts positions from pad + 1, so its table gets pad + 1
-rows in front, which no real token reads. The tokenizer goes with them as a
-tokenizer.json that gives our ids with BERT's template, [CLS] A [SEP] (RoBERTa's, <s>
-A </s>): an imported model's own, or our SentencePiece model written out
+inverse of the imports' table (importers/encoder_names.py), under the task models'
+"bert." ("roberta.", "distilbert.") prefix. RoBERTa counts positions from pad + 1, so
+its table gets pad + 1 rows in front, which no real token reads. The tokenizer goes
+with them as a tokenizer.json that gives our ids with BERT's template, [CLS] A [SEP]
+(RoBERTa's, <s> A </s>): an imported model's own, or our SentencePiece model written out
 (HFTokenizer.from_sentencepiece), whose [CLS], [SEP] and [MASK] are bos, eos and the
 unknown piece (data/masking.py). A model that records its sentence embeddings' pooling
 (an imported sentence-transformers model) takes its modules.json along.
@@ -29,10 +31,13 @@ from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.data.masking import MASK_ID
 from transduce.export.common import ExportError, not_a_plain_transformer
 from transduce.export.hf import save_with_tokenizer_json
+from transduce.importers import encoder_names as families
+from transduce.importers.encoder_names import EncoderNames, encoder_names
 from transduce.model import EncoderOnly
 
 # Our activations under BERT's names (hidden_act).
 BERT_ACTIVATIONS = {"gelu": "gelu", "gelu-tanh": "gelu_new", "relu": "relu"}
+DISTILBERT_EPS = 1e-12
 # What BERT's layers are: field -> the value it must have.
 BERT_LAYOUT = {"positional": "learned", "norm": "layer", "norm_first": False,
                "gated_ffn": False, "bias": True, "scale_embeddings": False}
@@ -51,8 +56,25 @@ def check_bert_exportable(model: EncoderOnly) -> None:
         problems.append(f"activation={c.activation!r} with one segment type, which goes as "
                         f"RobertaForMaskedLM, whose head computes exact GELU whatever "
                         f"hidden_act says")
+    problems += _not_the_familys(model)
     if problems:
-        raise ExportError("cannot export to BERT: " + "; ".join(problems))
+        raise ExportError(f"cannot export to {encoder_names(c).family} ({bert_class(model)}): "
+                          + "; ".join(problems))
+
+
+def _not_the_familys(model: EncoderOnly) -> list[str]:
+    """What the family the model goes as computes otherwise: its pooler's activation
+    (where the class has a pooler), DistilBERT's fixed LayerNorm eps."""
+    c, names = model.config, encoder_names(model.config)
+    problems = []
+    has_pooler = names is families.BERT or model.classifier is not None
+    if has_pooler and c.pooler_activation != names.pooler_activation:
+        problems.append(f"pooler_activation={c.pooler_activation!r} ({bert_class(model)}'s "
+                        f"pooler has {names.pooler_activation})")
+    if names is families.DISTILBERT and c.layer_norm_eps != DISTILBERT_EPS:
+        problems.append(f"layer_norm_eps={c.layer_norm_eps:g} (DistilBERT's LayerNorms take "
+                        f"{DISTILBERT_EPS:g})")
+    return problems
 
 
 def bert_config(model: EncoderOnly) -> dict:
@@ -73,11 +95,13 @@ def bert_config(model: EncoderOnly) -> dict:
 
 
 def bert_class(model: EncoderOnly) -> str:
-    if is_roberta(model):
-        return "RobertaForSequenceClassification" if model.classifier is not None \
-            else "RobertaForMaskedLM"
-    return "BertForSequenceClassification" if model.classifier is not None \
-        else "BertForPreTraining"
+    names = encoder_names(model.config)
+    family = {families.ROBERTA: "Roberta", families.DISTILBERT: "DistilBert"}.get(names)
+    if family is None:
+        return "BertForSequenceClassification" if model.classifier is not None \
+            else "BertForPreTraining"
+    return f"{family}ForSequenceClassification" if model.classifier is not None \
+        else f"{family}ForMaskedLM"
 
 
 def is_roberta(model: EncoderOnly) -> bool:
@@ -94,9 +118,24 @@ def roberta_config(model: EncoderOnly) -> dict:
             "max_position_embeddings": c.max_positions + c.pad_id + 1}
 
 
+def distilbert_config(model: EncoderOnly) -> dict:
+    """The DistilBertConfig of the transformers model that holds this one: BERT's
+    values under DistilBERT's keys (importers/hf_distilbert.py's)."""
+    from transduce.importers.hf_distilbert import CONFIG_KEYS
+
+    bert = bert_config(model)
+    config = {"architectures": [bert_class(model)], "model_type": "distilbert",
+              "sinusoidal_pos_embds": False, "tie_weights_": True,
+              "seq_classif_dropout": model.config.dropout,
+              **{CONFIG_KEYS.get(key, key): value for key, value in bert.items()
+                 if key not in ("architectures", "model_type", "type_vocab_size")}}
+    config.pop(None, None)                            # layer_norm_eps: fixed
+    return config
+
+
 def roberta_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     """Our weights under the RoBERTa task model's names (importers/hf_roberta.py's)."""
-    state = _layer_weights(model, "roberta.")
+    state = _layer_weights(model, families.ROBERTA)
     table = state["roberta.embeddings.position_embeddings.weight"]
     state["roberta.embeddings.position_embeddings.weight"] = torch.cat(
         [table.new_zeros(model.config.pad_id + 1, table.shape[1]), table])
@@ -112,7 +151,8 @@ def roberta_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
 
 def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     """Our weights under the BERT task model's names (importers/hf_bert.py's table)."""
-    state = _layer_weights(model, "bert.") | _module_weights({"bert.pooler.dense": model.pooler})
+    state = _layer_weights(model, families.BERT) | \
+        _module_weights({"bert.pooler.dense": model.pooler})
     if model.classifier is not None:
         return state | _module_weights({"classifier": model.classifier})
     head = model.mlm_head
@@ -121,6 +161,23 @@ def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
                               "cls.seq_relationship": model.nsp_head})
     return state | _tied_output(model, ("cls.predictions.bias", "cls.predictions.decoder.bias"),
                                 "cls.predictions.decoder.weight")
+
+
+def distilbert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
+    """Our weights under the DistilBERT task model's names (hf_distilbert.py's)."""
+    state = _layer_weights(model, families.DISTILBERT)
+    if model.classifier is not None:
+        return state | _module_weights({"pre_classifier": model.pooler,
+                                        "classifier": model.classifier})
+    state |= _module_weights({"vocab_transform": model.mlm_head.dense,
+                              "vocab_layer_norm": model.mlm_head.norm})
+    return state | _tied_output(model, ("vocab_projector.bias",), "vocab_projector.weight")
+
+
+def hf_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
+    """Our weights under the names of the transformers class bert_class() names."""
+    return {families.BERT: bert_state_dict, families.ROBERTA: roberta_state_dict,
+            families.DISTILBERT: distilbert_state_dict}[encoder_names(model.config)](model)
 
 
 def _tied_output(model: EncoderOnly, bias_names: tuple[str, ...], weight_name: str
@@ -132,23 +189,17 @@ def _tied_output(model: EncoderOnly, bias_names: tuple[str, ...], weight_name: s
             weight_name: model.embed.embedding.weight.detach().clone()}
 
 
-def _layer_weights(model: EncoderOnly, prefix: str) -> dict[str, Tensor]:
-    """The embeddings' and the layers' weights under BERT's names (RoBERTa's alike)."""
-    embed = model.embed
+def _layer_weights(model: EncoderOnly, names: EncoderNames) -> dict[str, Tensor]:
+    """The embeddings' and the layers' weights under the family's names."""
+    embed, prefix = model.embed, names.prefix
     modules = {f"{prefix}embeddings.word_embeddings": embed.embedding,
                f"{prefix}embeddings.position_embeddings": embed.positions.embedding,
-               f"{prefix}embeddings.token_type_embeddings": embed.segments,
                f"{prefix}embeddings.LayerNorm": embed.norm}
+    if names.segments:
+        modules[f"{prefix}{names.segments}"] = embed.segments
     for i, layer in enumerate(model.encoder.layers):
-        at, attn = f"{prefix}encoder.layer.{i}", layer.self_attn
-        modules |= {f"{at}.attention.self.query": attn.q_proj,
-                    f"{at}.attention.self.key": attn.k_proj,
-                    f"{at}.attention.self.value": attn.v_proj,
-                    f"{at}.attention.output.dense": attn.out_proj,
-                    f"{at}.attention.output.LayerNorm": layer.norm1,
-                    f"{at}.intermediate.dense": layer.ffn.linear1,
-                    f"{at}.output.dense": layer.ffn.linear2,
-                    f"{at}.output.LayerNorm": layer.norm2}
+        modules |= {f"{prefix}{names.layer_module(i, ours)}": layer.get_submodule(ours)
+                    for ours in names.layer}
     return _module_weights(modules)
 
 
@@ -164,14 +215,14 @@ def bert_model(model: EncoderOnly):
     import transformers
 
     check_bert_exportable(model)
-    if is_roberta(model):
-        config = transformers.RobertaConfig(**roberta_config(model))
-        state = roberta_state_dict(model)
-    else:
-        config = transformers.BertConfig(**bert_config(model))
-        state = bert_state_dict(model)
+    names = encoder_names(model.config)
+    config_class, settings = {
+        families.BERT: (transformers.BertConfig, bert_config),
+        families.ROBERTA: (transformers.RobertaConfig, roberta_config),
+        families.DISTILBERT: (transformers.DistilBertConfig, distilbert_config)}[names]
+    config = config_class(**settings(model))
     theirs = getattr(transformers, bert_class(model))(config).eval()
-    missing, unexpected = theirs.load_state_dict(state, strict=False)
+    missing, unexpected = theirs.load_state_dict(hf_state_dict(model), strict=False)
     left = [name for name in missing if not name.endswith("position_ids")]
     if left or unexpected:
         raise ExportError(f"{config.model_type} weights not set: {left[:5]}; unknown: "
@@ -200,10 +251,12 @@ def export_hf_encoder(directory: Path, model: EncoderOnly, out: Path) -> Path:
     if is_roberta(model):   # RoBERTa's tokenizer names <s> and </s> twice
         specials |= {"bos_token": tokenizer.bos_id, "eos_token": tokenizer.eos_id}
     recorded = getattr(model, "sentence_embedding", None)
+    inputs = {"model_input_names": list(encoder_names(model.config).model_inputs)}
     return save_with_tokenizer_json(
         theirs, tokenizer, specials, model.config.max_positions, directory, out,
         None if recorded is None else
-        lambda target: write_sentence_transformers(target, recorded, model.config.d_model))
+        lambda target: write_sentence_transformers(target, recorded, model.config.d_model),
+        settings=inputs)
 
 
 def write_sentence_transformers(directory: Path, recorded: dict, width: int) -> None:

@@ -4,11 +4,14 @@
                             pooled (B, C), embeddings (B, C), and logits (B, num_labels)
                             when the model has a classification head
 
+A model without segment types (an imported DistilBERT) does not read segments, and its
+graph takes ids alone.
+
 ids are right-padded with the pad id, which the graph masks as the model does; pooled
-is the [CLS] state through the pooler (dense + tanh), embeddings the mean of the hidden
-states over the real tokens (not normalised), logits the classifier's (no softmax).
-Every size is dynamic; the export is traced as the encoder-decoder's is (export/onnx.py
-says why).
+is the [CLS] state through the pooler (dense + tanh, or ReLU), embeddings the mean of
+the hidden states over the real tokens (not normalised), logits the classifier's (no
+softmax). Every size is dynamic; the export is traced as the encoder-decoder's is
+(export/onnx.py says why).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def export_sentence_encoder(model: EncoderOnly, out: Path, opset: int) -> list[s
     ids = torch.randint(4, c.src_vocab_size, (2, 6))
     ids[1, 4:] = c.pad_id
     segments = torch.zeros_like(ids)
-    segments[0, 3:] = min(1, c.type_vocab_size - 1)     # RoBERTa's has one type
+    segments[0, 3:] = min(1, max(c.type_vocab_size - 1, 0))    # RoBERTa's has one type
     outputs = ["hidden", "pooled", "embeddings"] + (["logits"] if c.num_labels else [])
     axes = {"ids": {0: "rows", 1: "length"}, "segments": {0: "rows", 1: "length"},
             "hidden": {0: "rows", 1: "length"}, **{name: {0: "rows"} for name in outputs[1:]}}

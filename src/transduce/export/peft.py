@@ -3,7 +3,8 @@ adapter_model.safetensors, which peft.PeftModel.from_pretrained puts on the Hugg
 export of the checkpoint the run started from (`export hf BASE`), giving the run's
 model: a language model's, an encoder's (a classifier's head and pooler, trained whole, go
 as PEFT's modules_to_save: BertForSequenceClassification's classifier and pooler,
-RobertaForSequenceClassification's classifier) or an encoder-decoder's (Marian, Pegasus,
+RobertaForSequenceClassification's classifier, DistilBertForSequenceClassification's
+pre_classifier and classifier) or an encoder-decoder's (Marian, Pegasus,
 NLLB or T5, whichever `export hf` writes). Where our layers and theirs lie, and how an
 export's permuted or scaled weights change an adapter, is importers/peft_layout.py.
 
@@ -28,10 +29,10 @@ from transduce import atomic, checkpoint
 from transduce.config import ModelConfig
 from transduce.export.common import ExportError
 from transduce.export.hf_decoder import check_decoder_exportable
-from transduce.export.hf_encoder import (bert_state_dict, check_bert_exportable, is_roberta,
-                                         roberta_state_dict)
+from transduce.export.hf_encoder import check_bert_exportable, hf_state_dict
+from transduce.importers.encoder_names import encoder_names
 from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, Place,
-                                              encoder_prefix, is_gpt2_layout, place_of,
+                                              is_gpt2_layout, place_of,
                                               qkv_sizes, residual_order, translation_family)
 from transduce.model import empty_model, load_model
 from transduce.written import write_export_marker
@@ -101,17 +102,16 @@ def _check_base_exportable(path: Path, config: ModelConfig) -> None:
 
 def _modules_to_save(config: ModelConfig) -> list[str]:
     """The modules of a sequence classifier a LoRA run trains whole: BERT's classifier and
-    pooler, or RoBERTa's classification head, which holds both."""
-    return ["classifier"] if encoder_prefix(config) == "roberta." else ["classifier", "pooler"]
+    pooler, RoBERTa's classification head, which holds both, DistilBERT's pre_classifier
+    and classifier."""
+    return list(encoder_names(config).modules_to_save)
 
 
 def _trained_whole(path: Path, config: ModelConfig) -> dict[str, Tensor]:
     """Those modules' weights under transformers' names, as `export hf` writes them."""
-    model = load_model(path)
-    state = roberta_state_dict(model) if is_roberta(model) else bert_state_dict(model)
-    kept = tuple(f"{encoder_prefix(config)}{name}." if name == "pooler" else f"{name}."
-                 for name in _modules_to_save(config))
-    return {name: tensor for name, tensor in state.items() if name.startswith(kept)}
+    kept = tuple(f"{theirs}." for theirs in encoder_names(config).classifier_head)
+    return {name: tensor for name, tensor in hf_state_dict(load_model(path)).items()
+            if name.startswith(kept)}
 
 
 def _module_adapters(config: ModelConfig, adapters: dict[str, Tensor], rank: int

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,6 +51,8 @@ from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
 from transduce.data.tokenizer import TokenizerError
 from transduce.importers import ForeignCheckpointError, check_directories, \
     check_foreign_options, refuse_unread, take_weight
+from transduce.importers import encoder_names
+from transduce.importers.encoder_names import EncoderNames
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights, tokenizer_settings
 from transduce.importers.sentence_transformers import read_sentence_embedding
 from transduce.model.encoder_only import EncoderOnly
@@ -65,6 +67,10 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "ge
 FIXED_OPTIONS = {"position_embedding_type": "absolute", "is_decoder": False,
                  "add_cross_attention": False}
 _IGNORED = re.compile(r"^embeddings\.(position_ids|token_type_ids)$")   # index buffers
+# The task models whose heads ours has no place for: their class names end with these.
+OTHER_TASKS = {"ForTokenClassification": "token-classification",
+               "ForQuestionAnswering": "question-answering",
+               "ForMultipleChoice": "multiple-choice"}
 # The optional heads: our module -> what it is called in messages.
 HEADS = {"pooler": "pooler", "mlm_head": "masked-LM head", "nsp_head": "next-sentence head",
          "classifier": "classification head"}
@@ -72,13 +78,14 @@ HEADS = {"pooler": "pooler", "mlm_head": "masked-LM head", "nsp_head": "next-sen
 
 @dataclass(frozen=True)
 class EncoderFamily:
-    """Where a family of Hugging Face encoders (BERT, RoBERTa) keeps what our EncoderOnly
-    holds: the layers are named alike, the heads not."""
+    """Where a family of Hugging Face encoders (BERT, RoBERTa, DistilBERT) keeps what our
+    EncoderOnly holds: the embeddings are named alike, the layers as `names` says, the
+    heads as the fields below."""
 
     name: str                       # the import's name ("hf-bert"), for the origin
     model_types: tuple[str, ...]    # config.json's model_type
-    prefix: str                     # of the task models' weights ("bert.")
-    poolers: tuple[str, ...]        # the dense + tanh over the first token, where found
+    names: EncoderNames             # the task models' prefix, the layers, the segments
+    poolers: tuple[str, ...]        # the dense + tanh (or ReLU) over the first token
     mlm_prefix: str                 # the masked-LM head's, then its parts:
     mlm_dense: str
     mlm_norm: str
@@ -92,6 +99,13 @@ class EncoderFamily:
     # The masked-LM head's activation where it is fixed (RoBERTa's: exact GELU, whatever
     # hidden_act says); None: hidden_act, as BERT's head and ours.
     mlm_activation: str | None = None
+    # BertConfig's keys that the family's config.json calls otherwise (DistilBERT's "dim"
+    # for "hidden_size"), or does not read (None: the default holds).
+    keys: dict[str, str | None] = field(default_factory=dict)
+
+    def key(self, bert_key: str) -> str | None:
+        """The family's config.json key for BertConfig's `bert_key`."""
+        return self.keys.get(bert_key, bert_key)
 
 
 def import_bert(hf_dir: Path | str, out: Path | str) -> Path:
@@ -112,11 +126,11 @@ def import_encoder(hf_dir: Path | str, out: Path | str, family: EncoderFamily) -
     tokenizer = family.read_tokenizer(hf_dir)
     sentence_embedding = read_sentence_embedding(hf_dir)     # a sentence-transformers model's
     tensors, source = read_weights(hf_dir)
-    names = _bert_names(tensors, source, family.prefix)
+    names = _bert_names(tensors, source, family.names.prefix)
     labels = _labels(hf, hf_dir / HF_CONFIG) if f"{family.classifier}.weight" in names \
         else None
     offset = family.position_offset(hf)
-    config = model_config(hf, hf_dir / HF_CONFIG, tokenizer,
+    config = model_config(hf, hf_dir / HF_CONFIG, tokenizer, family,
                           num_labels=len(labels) if labels else 0, position_offset=offset)
     model = EncoderOnly(config)
     state, found = map_weights(tensors, names, config, source, family, offset)
@@ -145,35 +159,51 @@ def fresh_heads(path: Path | str) -> list[str]:
 
 
 def check_options(hf: dict[str, Any], config_file: Path, family: EncoderFamily) -> None:
-    """A BERT (or RoBERTa) configuration whose options we can reproduce."""
-    check_foreign_options(hf, config_file, family.model_types, FIXED_OPTIONS, "hidden_act",
-                          "gelu", ACTIVATIONS)
+    """A BERT (RoBERTa, DistilBERT) configuration whose options we can reproduce, of a
+    task model whose heads ours holds."""
+    check_foreign_options(hf, config_file, family.model_types, FIXED_OPTIONS,
+                          family.key("hidden_act"), "gelu", ACTIVATIONS)
+    classes = hf.get("architectures") or []
+    for suffix, task in OTHER_TASKS.items():
+        found = [name for name in classes if isinstance(name, str) and name.endswith(suffix)]
+        if found:
+            raise ForeignCheckpointError(
+                f"{config_file}: architectures={found}: a {task} model, whose head ours has "
+                f"no place for (ours holds the masked-LM, next-sentence and "
+                f"sequence-classification heads)")
 
 
 def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
-                 num_labels: int = 0, position_offset: int = 0) -> ModelConfig:
+                 family: EncoderFamily, num_labels: int = 0, position_offset: int = 0
+                 ) -> ModelConfig:
     """The "bert-base" preset with the sizes and options of a Hugging Face BertConfig
-    (or RobertaConfig, whose first `position_offset` positions are never used)."""
+    (or RobertaConfig, whose first `position_offset` positions are never used, or
+    DistilBertConfig, of other keys, no segments and fixed LayerNorm eps)."""
+
+    def get(name: str, default: Any) -> Any:
+        key = family.key(name)
+        return default if key is None else hf.get(key, default)
 
     def required(name: str) -> Any:
-        if name not in hf:
-            raise ForeignCheckpointError(f"{config_file}: no {name!r}")
-        return hf[name]
+        if family.key(name) not in hf:
+            raise ForeignCheckpointError(f"{config_file}: no {family.key(name)!r}")
+        return hf[family.key(name)]
 
     vocab_size = required("vocab_size")
+    segments = get("type_vocab_size", 2) if family.names.segments else 0
     try:
         config = preset("bert-base", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
                         d_model=required("hidden_size"),
                         num_heads=required("num_attention_heads"),
                         num_encoder_layers=required("num_hidden_layers"),
                         d_ff=required("intermediate_size"),
-                        max_positions=hf.get("max_position_embeddings", 512)
-                        - position_offset,
-                        type_vocab_size=hf.get("type_vocab_size", 2),
-                        activation=ACTIVATIONS[hf.get("hidden_act", "gelu")],
-                        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-                        dropout=hf.get("hidden_dropout_prob", 0.1),
-                        attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+                        max_positions=get("max_position_embeddings", 512) - position_offset,
+                        type_vocab_size=segments,
+                        pooler_activation=family.names.pooler_activation,
+                        activation=ACTIVATIONS[get("hidden_act", "gelu")],
+                        layer_norm_eps=get("layer_norm_eps", 1e-12),
+                        dropout=get("hidden_dropout_prob", 0.1),
+                        attention_dropout=get("attention_probs_dropout_prob", 0.1),
                         num_labels=num_labels)
         if tokenizer.vocab_size > config.src_vocab_size:
             raise ForeignCheckpointError(f"{config_file}: vocab_size={vocab_size} is smaller "
@@ -264,6 +294,7 @@ def map_weights(tensors: dict[str, Tensor], names: dict[str, str], config: Model
     f = family
     names = dict(names)
     c, ff, v = config.d_model, config.d_ff, config.src_vocab_size
+    sizes = {"ffn.linear1": (c, ff), "ffn.linear2": (ff, c)}     # the others': (c, c)
 
     def take(name: str, *shape: int) -> Tensor:
         return take_weight(tensors, names, source, name, *shape)
@@ -281,19 +312,18 @@ def map_weights(tensors: dict[str, Tensor], names: dict[str, str], config: Model
              "mlm_head.decoder.weight": embedding,             # tied, whatever is found
              "encoder.embed.positions.embedding.weight":
                  take("embeddings.position_embeddings.weight",
-                      config.max_positions + position_offset, c)[position_offset:],
-             "encoder.embed.segments.weight":
-                 take("embeddings.token_type_embeddings.weight", config.type_vocab_size, c)}
+                      config.max_positions + position_offset, c)[position_offset:]}
+    if f.names.segments:
+        state["encoder.embed.segments.weight"] = take(f"{f.names.segments}.weight",
+                                                      config.type_vocab_size, c)
     norm("encoder.embed.norm", "embeddings.LayerNorm")
     for i in range(config.num_encoder_layers):
-        ours, theirs = f"encoder.layers.{i}", f"encoder.layer.{i}"
-        for proj, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
-            linear(f"{ours}.self_attn.{proj}", f"{theirs}.attention.self.{name}", c, c)
-        linear(f"{ours}.self_attn.out_proj", f"{theirs}.attention.output.dense", c, c)
-        norm(f"{ours}.norm1", f"{theirs}.attention.output.LayerNorm")
-        linear(f"{ours}.ffn.linear1", f"{theirs}.intermediate.dense", c, ff)
-        linear(f"{ours}.ffn.linear2", f"{theirs}.output.dense", ff, c)
-        norm(f"{ours}.norm2", f"{theirs}.output.LayerNorm")
+        for ours in f.names.layer:
+            theirs = f.names.layer_module(i, ours)
+            if ours.startswith("norm"):
+                norm(f"encoder.layers.{i}.{ours}", theirs)
+            else:
+                linear(f"encoder.layers.{i}.{ours}", theirs, *sizes.get(ours, (c, c)))
 
     found: set[str] = set()
 
@@ -336,8 +366,9 @@ def _mlm_head(state, names, tensors, take, linear, norm, embedding, source,
     norm("mlm_head.norm", f.mlm_norm)
     biases = [name for name in f.mlm_biases if name in names]
     if not biases:
-        raise ForeignCheckpointError(f"{source}: missing weight {f.mlm_biases[0]!r} (or "
-                                     f"{f.mlm_biases[1]!r})")
+        raise ForeignCheckpointError(f"{source}: missing weight "
+                                     f"{' (or '.join(map(repr, f.mlm_biases))}"
+                                     f"{')' * (len(f.mlm_biases) - 1)}")
     values = [take(name, embedding.shape[0]) for name in biases]
     if len(values) == 2 and not torch.equal(*values):
         raise ForeignCheckpointError(f"{source}: {biases[0]!r} differs from {biases[1]!r}")
@@ -352,7 +383,8 @@ def _mlm_head(state, names, tensors, take, linear, norm, embedding, source,
 
 
 BERT = EncoderFamily(
-    "hf-bert", ("bert",), "bert.", poolers=("pooler.dense",), mlm_prefix="cls.predictions.",
+    "hf-bert", ("bert",), encoder_names.BERT, poolers=("pooler.dense",),
+    mlm_prefix="cls.predictions.",
     mlm_dense="cls.predictions.transform.dense", mlm_norm="cls.predictions.transform.LayerNorm",
     mlm_biases=("cls.predictions.bias", "cls.predictions.decoder.bias"),
     mlm_decoder="cls.predictions.decoder.weight", nsp="cls.seq_relationship",

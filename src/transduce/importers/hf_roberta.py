@@ -27,7 +27,7 @@ from typing import Any
 
 from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
 from transduce.data.tokenizer import TokenizerError
-from transduce.importers import ForeignCheckpointError
+from transduce.importers import ForeignCheckpointError, encoder_names
 from transduce.importers.hf_bert import EncoderFamily, import_encoder
 from transduce.importers.hf_gpt2 import MERGES, VOCAB_JSON, tokenizer_settings
 
@@ -79,7 +79,8 @@ def position_offset(hf: dict[str, Any]) -> int:
 
 
 ROBERTA = EncoderFamily(
-    "hf-roberta", MODEL_TYPES, "roberta.", poolers=("pooler.dense", "classifier.dense"),
+    "hf-roberta", MODEL_TYPES, encoder_names.ROBERTA,
+    poolers=("pooler.dense", "classifier.dense"),
     mlm_prefix="lm_head.", mlm_dense="lm_head.dense", mlm_norm="lm_head.layer_norm",
     mlm_biases=("lm_head.bias", "lm_head.decoder.bias"), mlm_decoder="lm_head.decoder.weight",
     nsp=None, classifier="classifier.out_proj", read_tokenizer=read_tokenizer,

@@ -3,9 +3,10 @@ modules it trained whole (modules_to_save), saved as the weights themselves (a l
 model's, its vocabulary matrices: importers/peft_vocabulary.py). On
 BertForSequenceClassification they are its classifier and pooler; on
 RobertaForSequenceClassification its classifier, whose dense layer is our pooler and
-whose out_proj is our classifier. A base without a classifier of that many classes gets
-one (classes named LABEL_0, LABEL_1, ... as transformers names them), which the adapter's
-weights then fill.
+whose out_proj is our classifier; on DistilBertForSequenceClassification its
+pre_classifier (our pooler) and classifier (importers/encoder_names.py). A base
+without a classifier of that many classes gets one (classes named LABEL_0, LABEL_1, ...
+as transformers names them), which the adapter's weights then fill.
 """
 
 from __future__ import annotations
@@ -14,20 +15,13 @@ import torch
 from torch import Tensor
 
 from transduce.importers import ForeignCheckpointError
-from transduce.importers.peft_layout import encoder_prefix
+from transduce.importers.encoder_names import encoder_names
 from transduce.model import EncoderOnly, empty_model
 
 # PEFT's modules_to_save names that a classifier's whole modules may go under, and a
 # language model's vocabulary matrices.
-HEAD_MODULES = {"classifier", "score", "pooler"}
+HEAD_MODULES = {"classifier", "score", "pooler", "pre_classifier"}
 VOCABULARY_NAMES = {"lm_head", "embed_tokens", "wte"}
-# transformers' name -> ours, by the encoder's layout (peft_layout.encoder_prefix).
-HEAD_NAMES = {
-    "bert.": {"classifier.weight": "classifier.weight", "classifier.bias": "classifier.bias",
-              "bert.pooler.dense.weight": "pooler.weight", "bert.pooler.dense.bias": "pooler.bias"},
-    "roberta.": {"classifier.dense.weight": "pooler.weight", "classifier.dense.bias": "pooler.bias",
-                 "classifier.out_proj.weight": "classifier.weight",
-                 "classifier.out_proj.bias": "classifier.bias"}}
 
 
 def check_modules_to_save(settings: dict, arch: str, file) -> None:
@@ -46,7 +40,8 @@ def check_modules_to_save(settings: dict, arch: str, file) -> None:
 def with_heads(model: EncoderOnly, whole: dict[str, Tensor], file) -> EncoderOnly:
     """`model` with the adapter's trained-whole weights (transformers' names without
     PEFT's prefix) in place; another number of classes than the base's: a new classifier."""
-    names = HEAD_NAMES[encoder_prefix(model.config)]
+    names = {f"{theirs}.{kind}": f"{ours}.{kind}" for kind in ("weight", "bias")
+             for theirs, ours in encoder_names(model.config).classifier_head.items()}
     unknown = sorted(set(whole) - set(names))
     if unknown:
         raise ForeignCheckpointError(f"{file}: {unknown[0]} is neither a LoRA matrix nor a "

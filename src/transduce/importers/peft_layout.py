@@ -1,11 +1,12 @@
 """Where our LoRA adapters sit in Hugging Face's models, as PEFT names them: each of a
 language model's adapted layers is a module of LlamaForCausalLM (Mistral's and Qwen2's
 names are Llama's) or of GPT2LMHeadModel, whose c_attn holds q, k and v in one Conv1D;
-an encoder's, a module of BERT's or RoBERTa's layers (bert. or roberta. before
-encoder.layer.N.attention.self.query, .key, .value, attention.output.dense,
-intermediate.dense, output.dense); an encoder-decoder's, a module of the model `export hf`
-writes (translation_family): BART's names for Marian, Pegasus, NLLB (M2M100) and mBART,
-T5's.
+an encoder's, a module of BERT's, RoBERTa's or DistilBERT's layers (bert. or roberta.
+before encoder.layer.N.attention.self.query, .key, .value, attention.output.dense,
+intermediate.dense, output.dense; distilbert. before transformer.layer.N.attention.q_lin,
+.k_lin, .v_lin, .out_lin, ffn.lin1, ffn.lin2: encoder_names.py); an encoder-decoder's,
+a module of the model `export hf` writes (translation_family): BART's names for Marian,
+Pegasus, NLLB (M2M100) and mBART, T5's.
 
     ours (decoder.layers.N.)  Llama (model.layers.N.)   GPT-2 (transformer.h.N.)
                               (Phi-3: q, k, v in self_attn.qkv_proj, gate and up in
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from transduce.config import ModelConfig
+from transduce.importers.encoder_names import encoder_names
 from transduce.model.positional import sines_first_permutation
 
 PREFIX = "base_model.model."
@@ -55,10 +57,6 @@ LLAMA_NAMES = {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self
 GPT2_NAMES = {"self_attn.out_proj": "attn.c_proj", "ffn.linear1": "mlp.c_fc",
               "ffn.linear2": "mlp.c_proj"}
 GPT2_QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")   # c_attn's parts
-BERT_NAMES = {"self_attn.q_proj": "attention.self.query", "self_attn.k_proj": "attention.self.key",
-              "self_attn.v_proj": "attention.self.value",
-              "self_attn.out_proj": "attention.output.dense", "ffn.linear1": "intermediate.dense",
-              "ffn.linear2": "output.dense"}
 BART_NAMES = {"self_attn": "self_attn", "cross_attn": "encoder_attn", "q_proj": "q_proj",
               "k_proj": "k_proj", "v_proj": "v_proj", "out_proj": "out_proj",
               "ffn.linear1": "fc1", "ffn.linear2": "fc2"}
@@ -87,11 +85,6 @@ class Place:
 def is_gpt2_layout(config: ModelConfig) -> bool:
     """Our language models export as GPT-2 without rotary positions, as Llama with them."""
     return config.positional != "rotary"
-
-
-def encoder_prefix(config: ModelConfig) -> str:
-    """Our encoders export as RoBERTa with one segment type, as BERT with more."""
-    return "roberta." if config.type_vocab_size == 1 else "bert."
 
 
 def translation_family(config: ModelConfig) -> str:
@@ -129,9 +122,10 @@ def place_of(config: ModelConfig, layer: str) -> Place:
     if ours.startswith("cross_attn."):
         raise ValueError(f"{layer}: a {config.arch!r} model has no cross-attention")
     if stack == "encoder":
-        if ours not in BERT_NAMES:
+        names = encoder_names(config)
+        if ours not in names.layer:
             raise ValueError(f"{layer}: BERT's feed-forward network has no third matrix")
-        return Place(f"{encoder_prefix(config)}encoder.layer.{index}.{BERT_NAMES[ours]}")
+        return Place(f"{names.prefix}{names.layer_module(int(index), ours)}")
     if not is_gpt2_layout(config):
         return Place(f"model.layers.{index}.{LLAMA_NAMES[ours]}")
     if ours in GPT2_QKV:

@@ -11,7 +11,8 @@ sentences, with the heads of its pre-training and fine-tuning.
 The input is [CLS] A [SEP] (B [SEP]), segment 0 for A and its markers, 1 for B.
 Embeddings (Devlin et al. 2019): token + learned position + segment, then LayerNorm and
 dropout. The layers are post-norm with exact GELU, as the encoder-decoder's EncoderLayer
-computes them.
+computes them. DistilBERT (Sanh et al. 2019) is the same model without segment
+embeddings (type_vocab_size 0) and with a ReLU pooler (its pre_classifier).
 """
 
 from __future__ import annotations
@@ -32,14 +33,16 @@ INIT_STD = 0.02   # BERT's initialiser: every weight N(0, 0.02), biases 0, Layer
 
 
 class SegmentedEmbedding(nn.Module):
-    """Token + position + segment embeddings, LayerNorm, dropout: BERT's input layer."""
+    """Token + position + segment embeddings, LayerNorm, dropout: BERT's input layer.
+    Without segment types (type_vocab_size 0) segment ids are not read."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         c = config
         self.embedding = nn.Embedding(c.src_vocab_size, c.d_model)
         self.positions = positional_encoding(c)   # a table (learned, BERT's), or None
-        self.segments = nn.Embedding(c.type_vocab_size, c.d_model)
+        self.segments = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size \
+            else None
         self.norm = norm_module(c)
         self.dropout = Dropout(c.dropout)
 
@@ -48,7 +51,8 @@ class SegmentedEmbedding(nn.Module):
         x = self.embedding(ids)
         if self.positions is not None:
             x = x + self.positions(ids.shape[1])
-        x = x + (self.segments.weight[0] if segments is None else self.segments(segments))
+        if self.segments is not None:
+            x = x + (self.segments.weight[0] if segments is None else self.segments(segments))
         return self.dropout(self.norm(x))
 
 
@@ -124,8 +128,11 @@ class EncoderOnly(CountedParameters, nn.Module):
         return self.encoder(ids, mask, **inputs)
 
     def pool(self, hidden: Tensor) -> Tensor:
-        """The first token's ([CLS]) state through dense + tanh: (B, T, C) -> (B, C)."""
-        return torch.tanh(self.pooler(hidden[:, 0]))
+        """The first token's ([CLS]) state through dense + tanh (DistilBERT's: ReLU):
+        (B, T, C) -> (B, C)."""
+        pooled = self.pooler(hidden[:, 0])
+        return torch.relu(pooled) if self.config.pooler_activation == "relu" \
+            else torch.tanh(pooled)
 
     def mlm_logits(self, hidden: Tensor) -> Tensor:
         """(B, T, C) -> (B, T, V)."""

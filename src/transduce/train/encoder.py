@@ -68,7 +68,8 @@ def check_encoder_configs(model_config: ModelConfig, train_config: TrainConfig,
     if c.task == "pretrain" and c.objective == "mlm,nsp" and model_config.type_vocab_size < 2:
         raise ConfigError(f"objective 'mlm,nsp' reads pairs as segments 0 and 1, but "
                           f"ModelConfig.type_vocab_size={model_config.type_vocab_size} (a "
-                          f"RoBERTa-like model has one segment): use objective 'mlm'")
+                          f"RoBERTa-like model has one segment, a DistilBERT none): use "
+                          f"objective 'mlm'")
     if c.task == "classify" and model_config.num_labels < 2:
         raise ConfigError(f"task 'classify' needs ModelConfig.num_labels >= 2 (the corpus's "
                           f"classes), got {model_config.num_labels}")

@@ -293,7 +293,7 @@ def _training_tokenizer(data_dir: Path, weights_from: Path | None,
             if model_config.arch not in ("encoder", "decoder"):
                 raise TrainingError(
                     f"{directory}: its vocabulary is a tokenizer.json (an imported "
-                    f"checkpoint's); encoders (BERT, RoBERTa) and language models (GPT-2, "
+                    f"checkpoint's); encoders (BERT, RoBERTa, DistilBERT) and language models (GPT-2, "
                     f"Llama) train on one here, a {model_config.arch!r} model trains on a "
                     f"SentencePiece vocabulary")
             return checkpoint.load_tokenizer(directory)
