@@ -4,8 +4,8 @@ DistilBertForMaskedLM and DistilBertForSequenceClassification compute (hidden st
 padded rows, masked-LM and classification logits, pairs classified through PyTorch and
 ONNX Runtime), `export hf` writes a DistilBERT again, the ONNX and CTranslate2 exports
 compute the same, fine-tuning builds transformers' batch and loss, and what we cannot
-reproduce (another family, a token-classification or question-answering head) is
-refused by name with nothing written."""
+reproduce (another family, a question-answering or multiple-choice head) is refused by
+name with nothing written."""
 
 import json
 import shutil
@@ -272,9 +272,9 @@ def refused(directory, tmp_path, *messages):
      ["model_type='bert'", "import it with `transduce import hf-bert`"]),
     (lambda c: c.update(activation="silu"), ["activation='silu' is not supported"]),
     (lambda c: c.pop("dim") and None, ["no 'dim'"]),
-    (lambda c: c.update(architectures=["DistilBertForTokenClassification"]),
-     ["architectures=['DistilBertForTokenClassification']", "a token-classification model"]),
-], ids=["model-type", "activation", "no-dim", "token-classification"])
+    (lambda c: c.update(architectures=["DistilBertForMultipleChoice"]),
+     ["architectures=['DistilBertForMultipleChoice']", "a multiple-choice model"]),
+], ids=["model-type", "activation", "no-dim", "multiple-choice"])
 def test_refuses_what_it_cannot_reproduce(small_hf, tmp_path, change, messages):
     refused(damaged(small_hf, tmp_path, config=change), tmp_path, "config.json", *messages)
 
@@ -300,12 +300,12 @@ def test_refuses_bad_weights(small_hf, tmp_path):
 
 @pytest.mark.parametrize("importer, kind, tokenizer", [
     (import_distilbert, "DistilBertForQuestionAnswering", "distilbert"),
-    (import_bert, "BertForTokenClassification", "bert"),
-], ids=["distilbert-qa", "bert-token-classification"])
+    (import_bert, "BertForMultipleChoice", "bert"),
+], ids=["distilbert-qa", "bert-multiple-choice"])
 def test_a_head_ours_has_no_place_for_is_refused(importer, kind, tokenizer, tokenizer_dir,
                                                  vocab, tmp_path):  # noqa: F811
-    """Such a model's classifier has a sequence classifier's shape (token
-    classification) or another name (question answering): either is refused by its
+    """Such a model's head has another name (question answering) or another meaning (a
+    multiple-choice model's classifier scores each choice): either is refused by its
     class, before its weights are read."""
     if tokenizer == "bert":
         bert_checkpoint(tmp_path / "hf", kind, vocab / "uncased" / "json",
@@ -313,7 +313,7 @@ def test_a_head_ours_has_no_place_for_is_refused(importer, kind, tokenizer, toke
                         intermediate_size=16)
     else:
         hf_checkpoint(tmp_path / "hf", kind, tokenizer_dir, **CONFIGS[0])
-    task = "question-answering" if "Question" in kind else "token-classification"
+    task = "question-answering" if "Question" in kind else "multiple-choice"
     assert_refused(importer, tmp_path / "hf", tmp_path, f"architectures=['{kind}']",
                    f"a {task} model, whose head ours has no place for")
 

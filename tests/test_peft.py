@@ -23,6 +23,7 @@ from tests.train.test_encoder import bert_tiny, classes  # noqa: F401 - classes:
 from tests.train.test_encoder import train_config as encoder_config
 from tests.train.test_imported_lm import write_gpt2, write_llama
 from tests.train.test_lm import counting, gpt_tiny  # noqa: F401 - counting: a fixture
+from tests.train.test_tagging import TAGS, tagging  # noqa: F401 - tagging: a fixture
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -355,3 +356,35 @@ def test_a_peft_classifier_merges_into_our_encoder(segments, family, counting,  
         expected = theirs.eval()(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
         got = merged.classify_logits(merged.pool(merged(ids)))
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_a_taggers_adapters_go_to_peft_and_come_back(tagging, counting,  # noqa: F811
+                                                     tmp_path, capsys):
+    """A token classifier fine-tuned with adapters: PEFT puts them and the head trained
+    whole (TOKEN_CLS) on transformers' BertForTokenClassification of the pre-trained
+    encoder's export and gets the run's logits; the adapter imported back into our
+    import of that encoder is a token classifier again, with the same logits."""
+    pretrained, run, base_dir = tmp_path / "pre", tmp_path / "run", tmp_path / "base-hf"
+    train(counting, pretrained, encoder_of(2), encoder_config(max_steps=4))
+    train(tagging, run, encoder_of(2, num_labels=len(TAGS), token_classifier=True),
+          encoder_config(max_steps=4, task="tag", lora_rank=4, lr_scale=1.0),
+          init=pretrained)
+    assert main(["export", "hf", str(pretrained), str(base_dir)]) == 0
+    assert main(["export", "peft", str(run), str(tmp_path / "adapter")]) == 0
+    capsys.readouterr()
+    settings = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert settings["task_type"] == "TOKEN_CLS" and settings["modules_to_save"] == ["classifier"]
+    ours = load_model(run).eval()
+    ids = torch.randint(5, 300, (2, 7))
+    with torch.no_grad():
+        base = transformers.AutoModelForTokenClassification.from_pretrained(
+            base_dir, num_labels=len(TAGS))
+        theirs = peft.PeftModel.from_pretrained(base.eval(), tmp_path / "adapter").eval()
+        logits = theirs(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        torch.testing.assert_close(logits, ours.tag_logits(ours(ids)), rtol=1e-4, atol=1e-4)
+        merged = load_model(import_peft(tmp_path / "adapter", import_bert(
+            base_dir, tmp_path / "ours"), tmp_path / "merged"))
+        assert merged.config.token_classifier and merged.config.num_labels == len(TAGS)
+        torch.testing.assert_close(merged.tag_logits(merged(ids)), logits, rtol=1e-4,
+                                   atol=1e-4)

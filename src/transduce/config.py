@@ -151,6 +151,9 @@ class ModelConfig(ValidatedConfig):
     pooler_activation: arch "encoder": what follows the pooler's dense layer, "tanh"
     (BERT's) or "relu" (DistilBERT's pre_classifier).
     num_labels: arch "encoder": the sequence-classification head's classes (0: none).
+    token_classifier: arch "encoder": that head labels each token (token classification:
+    named entities, parts of speech) from its last hidden state, not the sequence from
+    the pooled [CLS].
     """
 
     src_vocab_size: int = 37000
@@ -200,6 +203,7 @@ class ModelConfig(ValidatedConfig):
     type_vocab_size: int = 2
     pooler_activation: PoolerActivation = "tanh"
     num_labels: int = 0
+    token_classifier: bool = False
     output_bias: bool = False
     embedding_norm: bool = False
 
@@ -289,6 +293,9 @@ class ModelConfig(ValidatedConfig):
         if self.embedding_norm and self.arch not in ("transformer", "decoder"):
             raise ConfigError(f"ModelConfig.embedding_norm=True applies to arch='transformer' "
                               f"and 'decoder', not {self.arch!r}")
+        if self.token_classifier and self.arch != "encoder":
+            raise ConfigError(f"ModelConfig.token_classifier=True applies to arch='encoder', "
+                              f"not arch={self.arch!r}")
         if self.pooler_activation != "tanh" and self.arch != "encoder":
             raise ConfigError(f"ModelConfig.pooler_activation={self.pooler_activation!r} "
                               f"applies to arch='encoder', not arch={self.arch!r}")
@@ -499,7 +506,7 @@ TrainDtype = Literal["auto", Dtype]
 FrozenWeightDtype = Literal[Dtype, "int8", "nf4", "nf4-dq"]
 Schedule = Literal["noam", "budget"]
 Objective = Literal["mlm", "mlm,nsp"]
-Task = Literal["pretrain", "classify"]
+Task = Literal["pretrain", "classify", "tag"]
 
 
 @dataclass(frozen=True)
@@ -523,8 +530,10 @@ class TrainConfig(ValidatedConfig):
     "pretrain" trains on a text corpus with objective "mlm" (masked LM: [CLS] line [SEP])
     or "mlm,nsp" (masked LM + next sentence: [CLS] A [SEP] B [SEP], loss = mean MLM +
     mean NSP); task "classify" fine-tunes (or trains) a sequence classifier on a
-    classification corpus ({split}.tsv), cross entropy on the pooled [CLS] state. The
-    encoder's losses are not label-smoothed.
+    classification corpus ({split}.tsv), cross entropy on the pooled [CLS] state; task
+    "tag" a token classifier (ModelConfig.token_classifier) on a tagging corpus
+    ({split}.conll), cross entropy on each word's first piece. The encoder's losses are
+    not label-smoothed.
     fsdp (torchrun, two processes or more; train/sharding.py): each process holds 1/N of
     every weight, gradient and Adam moment (torch.distributed.fsdp.fully_shard, one unit
     per layer) instead of a full replica (DistributedDataParallel); checkpoints keep the
@@ -561,7 +570,8 @@ class TrainConfig(ValidatedConfig):
     warmup_fraction: float = 0.05      # schedule "budget": warmup as a fraction of the budget
     ema_decay: float = 0.0             # 0: no moving average of the weights
     pack_length: int = 0               # >0: train on packed rows of this many tokens
-    task: Task = "pretrain"            # arch encoder: "pretrain" (text) or "classify" (tsv)
+    task: Task = "pretrain"            # arch encoder: "pretrain" (text), "classify" (tsv) or
+                                       # "tag" (conll)
     objective: Objective = "mlm"       # arch encoder, task pretrain: "mlm" or "mlm,nsp"
     source_lang: str = ""              # a multilingual model's (NLLB's): the corpus's source
     target_lang: str = ""              # and target language codes ("": a one-pair model)

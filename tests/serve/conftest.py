@@ -13,6 +13,7 @@ from transduce.model import Transformer, build_model
 from transduce.serve import Limits, create_app
 
 LABELS = ["animals", "numbers", "things"]
+TAGS = ["O", "B-ANIMAL", "I-ANIMAL", "B-NUMBER"]
 SENTENCES = ["uno dos tres casa", "el perro", "gato rojo grande come el perro", "casa",
              "tres tres dos uno el gato come", "perro grande", "el gato rojo", "dos"]
 
@@ -54,6 +55,20 @@ def reranker(tiny_corpus, tmp_path_factory):
     model = build_model(preset("bert-tiny", src_vocab_size=300, tgt_vocab_size=300,
                                num_labels=1, max_positions=32))
     path = tmp_path_factory.mktemp("serve-reranker") / "model"
+    checkpoint.save(path, model, None, tiny_corpus / MODEL_NAME)
+    return load(path)
+
+
+@pytest.fixture(scope="session")
+def tagger(tiny_corpus, tmp_path_factory):
+    """A token classifier of 8 positions (a longer text is tagged in chunks), loaded."""
+    torch.manual_seed(2)
+    model = build_model(preset("bert-tiny", src_vocab_size=300, tgt_vocab_size=300,
+                               num_labels=len(TAGS), token_classifier=True, max_positions=8))
+    with torch.no_grad():
+        model.classifier.bias.normal_(0.0, 1.0)
+    model.labels = TAGS
+    path = tmp_path_factory.mktemp("serve-tagger") / "model"
     checkpoint.save(path, model, None, tiny_corpus / MODEL_NAME)
     return load(path)
 
@@ -102,6 +117,12 @@ def lm(generator):
 @pytest.fixture()
 def enc(encoder):
     with client_for(encoder, max_chars=200, max_texts=16) as client:
+        yield client
+
+
+@pytest.fixture()
+def tags(tagger):
+    with client_for(tagger, max_chars=200, max_texts=16) as client:
         yield client
 
 

@@ -189,9 +189,10 @@ def _arch(path: Path) -> str:
 
 
 def _evaluate_classifier(args: argparse.Namespace) -> int:
-    """Accuracy and macro-F1 of an encoder-only classifier on a labelled split."""
+    """Accuracy and macro-F1 of an encoder-only classifier on a labelled split, or word
+    accuracy and entity F1 of a token classifier on a tagging split."""
     from transduce.decode.encode import SentenceEncoder
-    from transduce.decode.evaluate import evaluate_classifier
+    from transduce.decode.evaluate import evaluate_classifier, evaluate_tagger
 
     if args.kv_dtype is not None:
         raise ConfigError("a classifier keeps no KV cache: --kv-dtype applies to models "
@@ -199,13 +200,21 @@ def _evaluate_classifier(args: argparse.Namespace) -> int:
     if args.no_doubles:
         raise ConfigError("--no-doubles applies to translation: a classifier writes no text")
     encoder = SentenceEncoder.load(args.model, dtype=args.dtype, engine=args.engine)
-    out = args.out or (Path(args.model) / f"eval-{args.split}-classify")
-    files = _check_outputs(out, "classification")
-    result = evaluate_classifier(encoder, args.data, args.split, out,
-                                 batch_tokens=args.batch_tokens)
-    print(f"{args.split}: accuracy {100 * result['accuracy']:.2f}%, macro-F1 "
-          f"{100 * result['macro_f1']:.2f} ({result['lines']} lines, "
-          f"{len(result['classes'])} classes; {result['lines_per_second']:.0f} lines/s)")
+    task, kind, evaluate = ("tag", "tagging", evaluate_tagger) if encoder.tags else \
+        ("classify", "classification", evaluate_classifier)
+    out = args.out or (Path(args.model) / f"eval-{args.split}-{task}")
+    files = _check_outputs(out, kind)
+    result = evaluate(encoder, args.data, args.split, out, batch_tokens=args.batch_tokens)
+    if encoder.tags:
+        print(f"{args.split}: entity F1 {100 * result['f1']:.2f} (precision "
+              f"{100 * result['precision']:.2f}, recall {100 * result['recall']:.2f}, "
+              f"{result['entities']} entities), word accuracy "
+              f"{100 * result['accuracy']:.2f}% ({result['sentences']} sentences, "
+              f"{result['words']} words; {result['words_per_second']:.0f} words/s)")
+    else:
+        print(f"{args.split}: accuracy {100 * result['accuracy']:.2f}%, macro-F1 "
+              f"{100 * result['macro_f1']:.2f} ({result['lines']} lines, "
+              f"{len(result['classes'])} classes; {result['lines_per_second']:.0f} lines/s)")
     print(f"wrote {' and '.join(map(str, files))}")
     return 0
 

@@ -1,8 +1,13 @@
-"""`transduce classify | score | rerank | embed`: an encoder-only model over lines of text.
+"""`transduce classify | tag | score | rerank | embed`: an encoder-only model over lines of
+text.
 
 Lines come from --input or standard input; N lines in give N results out, in order.
 classify writes `label<TAB>probability` per line (--all: every class's probability;
---pairs: each line is `text<TAB>second text`, for a classifier of pairs); score, for a
+--pairs: each line is `text<TAB>second text`, for a classifier of pairs); tag, for a
+token classifier, writes each line's words with their tags (--format conll: `word<TAB>tag
+<TAB>probability` a line, a blank line after each input line; tags: the tags of a line's
+words on one line; entities: a line's BIO entities, `KIND<TAB>text` pairs tab-separated,
+an empty line for none); score, for a
 model of one output (a cross-encoder, a regression head), writes its value per line
 (--pairs likewise); rerank writes the lines as documents ranked by relevance to --query,
 `line<TAB>relevance<TAB>document`, the most relevant first; embed writes an
@@ -31,6 +36,16 @@ def register(commands) -> None:
                           help="each line is a pair, `text<TAB>second text` (a classifier "
                                "fine-tuned on pairs: entailment, paraphrase)")
     classify.set_defaults(handler=classify_command)
+
+    tag = commands.add_parser("tag", help="tag each word of lines with a token classifier "
+                                          "(named entities, parts of speech)")
+    _add_common(tag)
+    tag.add_argument("--output", type=Path, default=None, help="default: standard output")
+    tag.add_argument("--format", choices=["conll", "tags", "entities"], default="conll",
+                     help="conll: word<TAB>tag<TAB>probability a line, a blank line after "
+                          "each input line; tags: each line's tags on one line; entities: "
+                          "each line's BIO entities as KIND<TAB>text, tab-separated")
+    tag.set_defaults(handler=tag_command)
 
     score = commands.add_parser("score", help="a cross-encoder's (or regression head's) "
                                               "value for each line or pair")
@@ -93,6 +108,24 @@ def classify_command(args: argparse.Namespace) -> int:
                        + "\n" for pred in predictions)
     else:
         text = "".join(f"{pred.label}\t{pred.probability:.4f}\n" for pred in predictions)
+    _write(args.output, text)
+    return 0
+
+
+def tag_command(args: argparse.Namespace) -> int:
+    from transduce.decode.tagging import entities
+
+    encoder, lines, _ = _encoder_and_lines(args)
+    with one_line_warnings(args.input):
+        tagged = encoder.tag(lines, batch_tokens=args.batch_tokens)
+    if args.format == "conll":
+        text = "".join("".join(f"{t.word}\t{t.tag}\t{t.probability:.4f}\n" for t in words)
+                       + "\n" for words in tagged)
+    elif args.format == "tags":
+        text = "".join(" ".join(t.tag for t in words) + "\n" for words in tagged)
+    else:
+        text = "".join("\t".join(f"{e.kind}\t{e.text}" for e in entities(
+            [t.word for t in words], [t.tag for t in words])) + "\n" for words in tagged)
     _write(args.output, text)
     return 0
 

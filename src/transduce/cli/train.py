@@ -52,7 +52,8 @@ def register(commands) -> None:
     train.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
     train.add_argument("--init", type=Path, default=None,
                        help="start from this checkpoint's weights (uptraining a converted "
-                            "model; with --task classify, fine-tuning a pre-trained encoder "
+                            "model; with --task classify or tag, fine-tuning a pre-trained "
+                            "encoder "
                             "with a new classification head); an imported BERT, RoBERTa "
                             "or DistilBERT reads the corpus with its own tokenizer")
     train.add_argument("--uptrain-fraction", type=fraction, default=0.05,
@@ -87,7 +88,8 @@ def train_command(args: argparse.Namespace) -> int:
     check_directory_path(args.out, "--out")
     corpus_kind(args.data)   # a missing corpus is named as such, before its vocabulary is read
     file_values = read_config_file(args.config)
-    if args.init is not None and flags_given(args, TrainConfig).get("task") == "classify":
+    if args.init is not None and flags_given(args, TrainConfig).get("task") in ("classify",
+                                                                               "tag"):
         model_config, train_config = _fine_tuning_configs(args, file_values)
     elif args.init is not None:
         model_config, train_config = _uptraining_configs(args, file_values)
@@ -130,8 +132,10 @@ def _described_model(args: argparse.Namespace, file_values: dict) -> tuple[str, 
     default = DEFAULT_PRESETS.get(model_values.get("arch"), DEFAULT_PRESET)
     name = args.preset or file_values.get("preset", default)
     chosen = {**file_values.get("train", {}), **flags_given(args, TrainConfig)}
-    if chosen.get("task") == "classify" and "num_labels" not in model_values:
+    if chosen.get("task") in ("classify", "tag") and "num_labels" not in model_values:
         model_values["num_labels"] = len(_class_names(args.data))
+    if chosen.get("task") == "tag":
+        model_values.setdefault("token_classifier", True)
     return name, preset(name, **model_values)
 
 
@@ -161,8 +165,12 @@ def _check_resumed_model(args: argparse.Namespace, file_values: dict, saved: Mod
 
 
 def _class_names(data_dir: Path) -> list[str]:
+    """A classification corpus's classes, or a tagging corpus's tags."""
+    from transduce.data.corpus import corpus_kind
     from transduce.data.labelled import class_names
-    return class_names(data_dir)
+    from transduce.data.tagged import tag_names
+    return tag_names(data_dir) if corpus_kind(data_dir) == "tagging" else \
+        class_names(data_dir)
 
 
 def _fine_tuning_configs(args: argparse.Namespace, file_values: dict
@@ -182,11 +190,12 @@ def _fine_tuning_configs(args: argparse.Namespace, file_values: dict
                    if name in dropouts}
     saved, _ = checkpoint.read_configs(checkpoint.resolve(args.init))
     if saved.arch != "encoder":
-        raise ConfigError(f"--task classify fine-tunes an encoder; --init {args.init} is "
-                          f"arch {saved.arch!r}")
-    model_config = saved.replace(num_labels=len(_class_names(args.data)), **model_flags)
+        raise ConfigError(f"--task classify and tag fine-tune an encoder; --init {args.init} "
+                          f"is arch {saved.arch!r}")
     train_config = TrainConfig(**{**FINE_TUNING, **file_values.get("train", {}),
                                   **flags_given(args, TrainConfig)})
+    model_config = saved.replace(num_labels=len(_class_names(args.data)),
+                                 token_classifier=train_config.task == "tag", **model_flags)
     if _takes_lora_rate(train_config, args, file_values):
         train_config = _lora_rated(train_config)
     return model_config, train_config

@@ -423,13 +423,16 @@ class EncoderBatcher(_EpochBatches):
       B [SEP], B the next line or, in half the items, a random one, drawn anew each
       epoch from (seed, epoch);
     - classification (labels given, mask=False): item i is [CLS] text i [SEP], label i,
-      or with second_ids [CLS] text i [SEP] second i [SEP] (entailment, paraphrase).
+      or with second_ids [CLS] text i [SEP] second i [SEP] (entailment, paraphrase);
+    - token classification (tags given, mask=False): item i is [CLS] sentence i [SEP],
+      its labels (T,) tags[i] at the pieces, IGNORE at the markers (data/tagged.py).
 
     Items are cropped to max_len tokens and batched by length under max_tokens as
     TokenBatcher batches lines. collate(indices, key) masks with a generator seeded by
     (seed, *key), the loop's key being (epoch, batch position), so a resumed run sees the
-    same masks. target_tokens counts what a batch scores: masked positions (MLM) or
-    sentences (classification); scored_counts gives each part of the loss its count.
+    same masks. target_tokens counts what a batch scores: masked positions (MLM),
+    sentences (classification) or tagged words; scored_counts gives each part of the loss
+    its count.
     specials: the vocabulary's [CLS], [SEP], pad and mask ids (ours by default).
     one_segment: a model of one segment type (RoBERTa) reads a pair as <s> A </s></s>
     B </s> (masking.encoder_item).
@@ -438,11 +441,17 @@ class EncoderBatcher(_EpochBatches):
     def __init__(self, ids: Ids, max_tokens: int, max_len: int, vocab_size: int, *,
                  mask: bool = True, pairs: bool = False, labels: Sequence[int] | None = None,
                  second_ids: Ids | None = None, seed: int = 0, shuffle: bool = True,
-                 specials: EncoderSpecials = SENTENCEPIECE, one_segment: bool = False):
+                 specials: EncoderSpecials = SENTENCEPIECE, one_segment: bool = False,
+                 tags: Sequence[np.ndarray] | None = None):
         if max_len > max_tokens:
             raise BatchingError(f"a sequence of max_len={max_len} tokens cannot fit a batch "
                                 f"of {max_tokens}; lower max_len or raise max_tokens")
-        if (labels is None) == (not mask) or (labels is not None and pairs):
+        if labels is not None and tags is not None:
+            raise BatchingError("an encoder batcher labels sentences or tokens, not both")
+        if tags is not None and (len(tags) != len(ids) or second_ids is not None):
+            raise BatchingError("tags go with the sentences of a batcher, one array each")
+        supervised = labels is not None or tags is not None
+        if supervised == mask or (supervised and pairs):
             raise BatchingError("an encoder batcher either masks (optionally pairs) or "
                                 "classifies (labels, no masking)")
         if mask and specials.mask_id is None:
@@ -457,7 +466,7 @@ class EncoderBatcher(_EpochBatches):
         self.vocab_size, self.mask, self.pairs = vocab_size, mask, pairs
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
         self.seed, self.shuffle, self.specials = seed, shuffle, specials
-        self.second_ids, self.one_segment = second_ids, one_segment
+        self.second_ids, self.one_segment, self.tags = second_ids, one_segment, tags
         self.line_pieces = narrow_lengths(_lengths(ids) - 1)   # (lines,); a store's not read
         self._epoch, self._partners, self._nsp = None, None, None
         if second_ids is not None:   # given pairs: crop_pair keeps this many pieces
@@ -468,6 +477,9 @@ class EncoderBatcher(_EpochBatches):
         elif not pairs:   # fixed items: lengths and counts once
             pieces = np.minimum(self.line_pieces, max_len - 2)
             self.lengths, self.tgt_lengths = narrow_lengths(pieces + 2), self._scored(pieces)
+            if tags is not None:     # the tagged words that cropping keeps
+                self.tgt_lengths = np.asarray([int((t[:k] != IGNORE).sum())
+                                               for t, k in zip(tags, pieces)], dtype=np.int32)
 
     def _scored(self, pieces: np.ndarray) -> np.ndarray:
         """(items,) int32 positions each item scores."""
@@ -507,6 +519,8 @@ class EncoderBatcher(_EpochBatches):
 
     def scored_counts(self, indices: np.ndarray) -> dict[str, int]:
         """What each loss term of these items is normalised by."""
+        if self.tags is not None:
+            return {"tag": self.target_tokens(indices)}
         if not self.mask:
             return {"classify": len(indices)}
         counts = {"mlm": self.target_tokens(indices)}
@@ -538,8 +552,19 @@ class EncoderBatcher(_EpochBatches):
                                              candidate=torch.from_numpy(pieces))
         nsp = torch.from_numpy(self._nsp[indices].astype(np.int64)) if self.pairs else None
         labels = torch.from_numpy(self.labels[indices]) if self.labels is not None else None
+        if self.tags is not None:
+            labels = torch.from_numpy(self._tag_rows(indices, width))
         return EncoderBatch(tokens, torch.from_numpy(segments), mlm_labels, nsp, labels,
                             torch.from_numpy(np.asarray(indices, dtype=np.int64)))
+
+    def _tag_rows(self, indices: np.ndarray, width: int) -> np.ndarray:
+        """(B, T) int64: each item's tags at its pieces (cropped as its ids), IGNORE at
+        [CLS], [SEP] and padding."""
+        rows = np.full((len(indices), width), IGNORE, dtype=np.int64)
+        for row, index in enumerate(indices):
+            kept = self.tags[index][:min(len(self.tags[index]), self.max_len - 2)]
+            rows[row, 1:1 + len(kept)] = kept
+        return rows
 
     def _second(self, index: int) -> np.ndarray | None:
         """Item `index`'s B: its pair's (NSP), its given second text, or None."""

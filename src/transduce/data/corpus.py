@@ -2,7 +2,8 @@
 
 Any pair of UTF-8 files with one sentence per line is a parallel corpus ({split}.{lang},
 the languages named in corpus.json). A classification corpus ({split}.tsv, "kind":
-"classification") is read by data/labelled.py. A text corpus, for language models, is one file per
+"classification") is read by data/labelled.py, a tagging corpus ({split}.conll, "kind":
+"tagging") by data/tagged.py. A text corpus, for language models, is one file per
 split, {split}.txt, one line (a sentence, a verse, a document) per line; its corpus.json
 says "kind": "text", and a directory of {split}.txt files without corpus.json is one too.
 
@@ -26,8 +27,8 @@ from transduce.errors import TransduceError, not_there
 SPLITS = ("train", "dev", "test")
 METADATA = "corpus.json"
 TEXT_SUFFIX = ".txt"
-CorpusKind = Literal["parallel", "text", "classification"]
-KINDS = ("parallel", "text", "classification")
+CorpusKind = Literal["parallel", "text", "classification", "tagging"]
+KINDS = ("parallel", "text", "classification", "tagging")
 
 
 class CorpusError(TransduceError, ValueError):
@@ -141,6 +142,10 @@ def split_files(data_dir: Path | str, split: str) -> tuple[Path, Path]:
         raise CorpusError(f"{data_dir} is a classification corpus ({{train,dev,test}}.tsv): "
                           f"it has no source side to translate from; train a classifier on "
                           f"it (--arch encoder --task classify)")
+    if corpus_kind(data_dir) == "tagging":
+        raise CorpusError(f"{data_dir} is a tagging corpus ({{train,dev,test}}.conll): it "
+                          f"has no source side to translate from; train a token classifier "
+                          f"on it (--arch encoder --task tag)")
     if corpus_kind(data_dir) == "text":
         raise CorpusError(f"{data_dir} is a text corpus ({{train,dev,test}}{TEXT_SUFFIX}): it "
                           f"has no source side to translate from; train a language model on "
@@ -175,8 +180,9 @@ def _read_metadata(metadata: Path) -> dict:
 def corpus_kind(data_dir: Path | str) -> CorpusKind:
     """"text" for a text corpus (corpus.json says so, or there is no corpus.json and
     there is a train.txt, dev.txt or test.txt), "classification" for labelled text
-    (corpus.json says so, or no corpus.json and a train.tsv; data/labelled.py), else
-    "parallel" (whose files split_files finds or explains)."""
+    (corpus.json says so, or no corpus.json and a train.tsv; data/labelled.py),
+    "tagging" for tagged words (likewise, train.conll; data/tagged.py), else "parallel"
+    (whose files split_files finds or explains)."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise CorpusError(not_there(data_dir, "corpus directory"))
@@ -190,6 +196,8 @@ def corpus_kind(data_dir: Path | str) -> CorpusKind:
     text = any((data_dir / f"{split}{TEXT_SUFFIX}").is_file() for split in SPLITS)
     if text:
         return "text"
+    if (data_dir / "train.conll").is_file():
+        return "tagging"
     return "classification" if (data_dir / "train.tsv").is_file() else "parallel"
 
 
@@ -199,8 +207,9 @@ def has_split(data_dir: Path | str, split: str) -> bool:
     kind = corpus_kind(data_dir)
     if kind == "text":
         return text_file(data_dir, split).is_file()
-    if kind == "classification":
-        return (data_dir / f"{split}.tsv").is_file()
+    if kind in ("classification", "tagging"):
+        suffix = ".tsv" if kind == "classification" else ".conll"
+        return (data_dir / f"{split}{suffix}").is_file()
     return (data_dir / METADATA).is_file() and \
         all(path.is_file() for path in split_files(data_dir, split))
 

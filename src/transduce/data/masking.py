@@ -164,7 +164,8 @@ class EncoderBatch:
     segments: Tensor              # (B, T) 0 for A and its markers, 1 for B; 0 on padding
     mlm_labels: Tensor | None     # (B, T) original ids at chosen positions, IGNORE elsewhere
     nsp_labels: Tensor | None     # (B,) 0 "B follows A", 1 random
-    labels: Tensor | None         # (B,) class indices (classification)
+    labels: Tensor | None         # (B,) class indices (classification), or (B, T) tag
+                                  # indices at tagged pieces, IGNORE elsewhere (tagging)
     indices: Tensor               # (B,) the items (lines, pairs) in the dataset
 
     def to(self, device: torch.device | str) -> "EncoderBatch":

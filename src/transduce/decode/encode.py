@@ -35,6 +35,7 @@ from transduce.decode.inputs import PromptIds, TextError, checked_texts, ids_pro
 from transduce.decode.onnx_encoder_engine import OnnxSentenceEncoder
 from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
 from transduce.decode.options import DecodeDtype, Engine, decoding_dtype, pass_batch_tokens
+from transduce.decode.tagging import TaggedWord, tag_items
 from transduce.decode.translate import length_sorted_batches
 from transduce.errors import LineTruncated
 from transduce.model import EncoderOnly, load_model
@@ -127,6 +128,9 @@ class SentenceEncoder:
             raise ConfigError("this model has one output (a cross-encoder's relevance, or a "
                               "regression head's value), not classes: score or rerank with "
                               "it (`transduce score`, `transduce rerank`, /v1/rerank)")
+        if self.tags:
+            raise ConfigError("this model's head labels each token, not the text: tag with "
+                              "it (`transduce tag`, SentenceEncoder.tag, /v1/tag)")
         if not self.classifies:
             raise ConfigError("this model has no classification head: fine-tune it with "
                               "`transduce train --task classify --init MODEL`")
@@ -190,6 +194,52 @@ class SentenceEncoder:
             vectors[indices] = pooled.cpu().numpy()
         return vectors
 
+    def tag(self, lines: Sequence[str], *, batch_tokens: int | None = None,
+            first_line_number: int = 1) -> list[list[TaggedWord]]:
+        """Each line's words (split at whitespace) with the tag of each, and its
+        probability, by a token classifier (decode/tagging.py says how words meet
+        pieces); a line of no words gets []."""
+        if not self.tags:
+            raise ConfigError("this model has no token-classification head: fine-tune it "
+                              "with `transduce train --task tag --init MODEL`")
+        lines = checked_texts(lines, "line", first_line_number)
+        words = [line.split() for line in lines]
+        items = tag_items(self.tokenizer, words, self.model.config.max_positions)
+        names = self.labels or [str(i) for i in range(self.model.config.num_labels)]
+        tags: list[list[TaggedWord | None]] = [[None] * len(w) for w in words]
+        for indices, ids in self._item_batches([item.ids for item in items], batch_tokens):
+            probabilities = self._tag_logits(ids).float().softmax(dim=-1).cpu().numpy()
+            for row, index in enumerate(indices):
+                item = items[index]
+                for word, position in zip(range(item.start, item.end), item.firsts):
+                    chosen = probabilities[row, position]
+                    tags[item.line][word] = TaggedWord(words[item.line][word],
+                                                       names[int(chosen.argmax())],
+                                                       float(chosen.max()))
+        return tags
+
+    @property
+    def tags(self) -> bool:
+        """Whether the model's head labels each token (tag needs one)."""
+        return self.model.config.token_classifier and self.model.config.num_labels > 0
+
+    @torch.inference_mode()
+    def _tag_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, T) -> (B, T, num_labels), from either engine."""
+        if isinstance(self.model, OnnxSentenceEncoder):
+            return self.model.tag_logits(ids)
+        return self.model.tag_logits(self.model(ids))
+
+    def _item_batches(self, items: Sequence[np.ndarray], batch_tokens: int | None):
+        """(indices of the items, their ids (B, T) right-padded) by length, batch_tokens
+        at most (None: self.batch_tokens)."""
+        for indices in length_sorted_batches(items, self._batch_tokens(batch_tokens)):
+            width = max(len(items[i]) for i in indices)
+            batch = torch.full((len(indices), width), self.model.config.pad_id, dtype=torch.long)
+            for row, index in enumerate(indices):
+                batch[row, :len(items[index])] = torch.from_numpy(items[index])
+            yield np.asarray(indices), batch.to(self.device)
+
     def check_inputs(self, pairs: bool) -> None:
         """A ConfigError if the classifier records that it was fine-tuned on the other
         kind of input: its classes mean nothing for single texts if it learned them on
@@ -205,17 +255,18 @@ class SentenceEncoder:
     @property
     def classifies(self) -> bool:
         """Whether the model has a classification head of classes (classify needs one)."""
-        return self.model.config.num_labels > 1
+        return self.model.config.num_labels > 1 and not self.model.config.token_classifier
 
     @property
     def scores(self) -> bool:
         """Whether the model's head has one output (score and rerank need one): a
         cross-encoder (ms-marco-MiniLM, bge-reranker) or a regression head (STS-B)."""
-        return self.model.config.num_labels == 1
+        return self.model.config.num_labels == 1 and not self.model.config.token_classifier
 
     def _not_a_scorer(self) -> str:
         count = self.model.config.num_labels
-        has = f"{count} classes: classify with it" if count else "no head"
+        has = "a token-classification head: tag with it" if self.tags else \
+            f"{count} classes: classify with it" if count else "no head"
         return f"score and rerank need a model with one output (a cross-encoder or a " \
                f"regression head); this one has {has}"
 
@@ -238,10 +289,7 @@ class SentenceEncoder:
         """(indices of the lines, their ids and segments (B, T) right-padded) by length,
         batch_tokens at most (None: self.batch_tokens); pairs: each line's second text,
         or None; warn: of each pair cut to fit."""
-        batch_tokens = self.batch_tokens if batch_tokens is None else batch_tokens
-        if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
-            raise ConfigError(f"batch_tokens={batch_tokens!r}: must be a positive integer "
-                              f"(tokens per batch, padding counted)")
+        batch_tokens = self._batch_tokens(batch_tokens)
         items = self._items(lines, first_line_number) if pairs is None else \
             self._pair_items(lines, pairs, first_line_number, warn)
         for indices in length_sorted_batches([ids for ids, _ in items], batch_tokens):
@@ -253,6 +301,14 @@ class SentenceEncoder:
                 batch[row, :len(ids)], segments[row, :len(ids)] = (torch.from_numpy(ids),
                                                                    torch.from_numpy(segment))
             yield np.asarray(indices), batch.to(self.device), segments.to(self.device)
+
+    def _batch_tokens(self, batch_tokens: int | None) -> int:
+        """A batch's tokens, checked (None: self.batch_tokens)."""
+        batch_tokens = self.batch_tokens if batch_tokens is None else batch_tokens
+        if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
+            raise ConfigError(f"batch_tokens={batch_tokens!r}: must be a positive integer "
+                              f"(tokens per batch, padding counted)")
+        return batch_tokens
 
     def item_ids(self, lines: Sequence[Line], first_line_number: int = 1) -> list[list[int]]:
         """Each line's ids as classify and embed read it, whole (not cropped to the

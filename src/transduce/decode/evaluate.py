@@ -36,9 +36,11 @@ from transduce.data.batching import TokenBatcher
 from transduce.data.corpus import CorpusError, language_pair, read_lines, read_text_split, \
     split_files
 from transduce.data.labelled import label_indices, labelled_file, read_labelled
+from transduce.data.tagged import read_tagged, tagged_file
 from transduce.data.tokenizer import BOS_ID, EOS_ID, TextTokenizer
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.onnx_lm_engine import OnnxLanguageModel
+from transduce.decode.tagging import entity_scores
 from transduce.decode.translate import Translator
 from transduce.errors import TransduceWarning
 from transduce.model import DecoderOnly
@@ -46,7 +48,7 @@ from transduce.model import DecoderOnly
 # What each evaluation writes beside OUT (the prefix): the command line checks them all
 # before a split is scored.
 SUFFIXES = {"translation": (".hyp", ".json"), "classification": (".tsv", ".json"),
-            "language model": (".json",)}
+            "tagging": (".conll", ".json"), "language model": (".json",)}
 
 
 def written_files(out_prefix: Path, kind: str) -> list[Path]:
@@ -261,5 +263,40 @@ def evaluate_classifier(encoder: SentenceEncoder, data_dir: Path, split: str,
     predictions_file, json_file = written_files(out_prefix, "classification")
     atomic.write_text(predictions_file, "".join(
         f"{p.label}\t{p.probability:.4f}\n" for p in predictions))
+    atomic.write_text(json_file, json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def evaluate_tagger(encoder: SentenceEncoder, data_dir: Path, split: str, out_prefix: Path,
+                    *, batch_tokens: int | None = None) -> dict:
+    """Word accuracy and entity precision, recall and F1 (BIO spans, as conlleval counts
+    them) of a token classifier on a tagging split ({split}.conll), written to OUT.json
+    with `word<TAB>gold<TAB>predicted` lines (a blank one after each sentence) to
+    OUT.conll. A gold tag the model does not know is an error naming file and line."""
+    corpus = read_tagged(tagged_file(data_dir, split))
+    names = set(encoder.labels or [])
+    for tags, first in zip(corpus.tags, corpus.line_numbers):
+        for offset, tag in enumerate(tags):
+            if names and tag not in names:
+                raise CorpusError(f"{corpus.path}:{first + offset}: tag {tag!r} is not one "
+                                  f"of the model's {len(names)} tags")
+    start = time.perf_counter()
+    tagged = encoder.tag([" ".join(words) for words in corpus.words],
+                         batch_tokens=batch_tokens)
+    seconds = time.perf_counter() - start
+    predicted = [[word.tag for word in words] for words in tagged]
+    right = sum(a == b for guess, gold in zip(predicted, corpus.tags)
+                for a, b in zip(guess, gold))
+    words = sum(map(len, corpus.tags))
+    scores = entity_scores(predicted, corpus.tags)
+    result = {"split": split, "file": str(corpus.path), "sentences": len(corpus),
+              "words": words, "accuracy": right / words, **scores,
+              "tags": encoder.labels, "seconds": seconds,
+              "words_per_second": words / seconds}
+    predictions_file, json_file = written_files(out_prefix, "tagging")
+    atomic.write_text(predictions_file, "".join(
+        "".join(f"{word}\t{gold}\t{guess}\n" for word, gold, guess
+                in zip(sentence, truth, guesses)) + "\n"
+        for sentence, truth, guesses in zip(corpus.words, corpus.tags, predicted)))
     atomic.write_text(json_file, json.dumps(result, indent=2) + "\n")
     return result

@@ -35,6 +35,10 @@ class OnnxSentenceEncoder(ExportedModel):
         logits (B, num_labels)."""
         return self._run(ids, "logits", segments)
 
+    def tag_logits(self, ids: Tensor) -> Tensor:
+        """A token classifier's: ids (B, T) right-padded -> (B, T, num_labels)."""
+        return self._run(ids, "logits")
+
     def embeddings(self, ids: Tensor, pooling: str = "mean") -> Tensor:
         """ids (B, T) right-padded -> the mean hidden state over real tokens, or the
         first token's ("cls"): (B, C)."""

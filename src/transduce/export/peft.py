@@ -63,7 +63,8 @@ def export_peft(path: Path | str, out: Path | str) -> Path:
                                train_config.lora_dropout if train_config else 0.0)
     whole = _trained_whole(path, config) if section.get("trained_whole") else {}
     if whole:
-        settings |= {"task_type": "SEQ_CLS", "modules_to_save": _modules_to_save(config)}
+        settings |= {"task_type": "TOKEN_CLS" if config.token_classifier else "SEQ_CLS",
+                     "modules_to_save": _modules_to_save(config)}
     tensors = {f"{PREFIX}{module}.lora_{part}.weight": tensor.contiguous()
                for module, pair in modules.items() for part, tensor in zip("AB", pair)}
     with atomic.atomic_directory(out) as temporary:
@@ -103,13 +104,16 @@ def _check_base_exportable(path: Path, config: ModelConfig) -> None:
 def _modules_to_save(config: ModelConfig) -> list[str]:
     """The modules of a sequence classifier a LoRA run trains whole: BERT's classifier and
     pooler, RoBERTa's classification head, which holds both, DistilBERT's pre_classifier
-    and classifier."""
+    and classifier; a token classifier's classifier alone (in every family)."""
+    if config.token_classifier:
+        return ["classifier"]
     return list(encoder_names(config).modules_to_save)
 
 
 def _trained_whole(path: Path, config: ModelConfig) -> dict[str, Tensor]:
     """Those modules' weights under transformers' names, as `export hf` writes them."""
-    kept = tuple(f"{theirs}." for theirs in encoder_names(config).classifier_head)
+    kept = ("classifier.",) if config.token_classifier else \
+        tuple(f"{theirs}." for theirs in encoder_names(config).classifier_head)
     return {name: tensor for name, tensor in hf_state_dict(load_model(path)).items()
             if name.startswith(kept)}
 

@@ -1,5 +1,6 @@
-"""Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining or
-BertForSequenceClassification directories) -> our EncoderOnly.
+"""Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining,
+BertForSequenceClassification or BertForTokenClassification directories) -> our
+EncoderOnly.
 
 BERT is the encoder-only model of the "bert-base" preset: post-norm layers, learned
 positions, segment (token type) embeddings and an embedding LayerNorm, the pooler, and
@@ -31,14 +32,16 @@ no cls.*, BertForMaskedLM no pooler and no NSP head) keeps its fresh initialisat
 and the checkpoint's origin lists it ("fresh_heads"). The tokenizer (tokenizer.json, or
 vocab.txt with tokenizer_config.json's casing) travels with the checkpoint: bos [CLS],
 eos [SEP], pad [PAD]. A sentence-transformers directory's pooling (modules.json) is
-recorded, so that `embed` makes its vectors (sentence_transformers.py).
+recorded, so that `embed` makes its vectors (sentence_transformers.py). A token
+classifier's (config.json's architectures say so) classifier labels each token:
+token_classifier, its id2label the tags.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -68,9 +71,10 @@ FIXED_OPTIONS = {"position_embedding_type": "absolute", "is_decoder": False,
                  "add_cross_attention": False}
 _IGNORED = re.compile(r"^embeddings\.(position_ids|token_type_ids)$")   # index buffers
 # The task models whose heads ours has no place for: their class names end with these.
-OTHER_TASKS = {"ForTokenClassification": "token-classification",
-               "ForQuestionAnswering": "question-answering",
+OTHER_TASKS = {"ForQuestionAnswering": "question-answering",
                "ForMultipleChoice": "multiple-choice"}
+# A token classifier's (every family's): its classifier labels each token.
+TOKEN_CLASSIFIER = "ForTokenClassification"
 # The optional heads: our module -> what it is called in messages.
 HEADS = {"pooler": "pooler", "mlm_head": "masked-LM head", "nsp_head": "next-sentence head",
          "classifier": "classification head"}
@@ -127,11 +131,15 @@ def import_encoder(hf_dir: Path | str, out: Path | str, family: EncoderFamily) -
     sentence_embedding = read_sentence_embedding(hf_dir)     # a sentence-transformers model's
     tensors, source = read_weights(hf_dir)
     names = _bert_names(tensors, source, family.names.prefix)
+    tokens = is_token_classifier(hf)
+    if tokens:               # a linear layer over each token's state, named so everywhere
+        family = replace(family, classifier="classifier")
     labels = _labels(hf, hf_dir / HF_CONFIG) if f"{family.classifier}.weight" in names \
         else None
     offset = family.position_offset(hf)
     config = model_config(hf, hf_dir / HF_CONFIG, tokenizer, family,
-                          num_labels=len(labels) if labels else 0, position_offset=offset)
+                          num_labels=len(labels) if labels else 0, position_offset=offset
+                          ).replace(token_classifier=tokens and labels is not None)
     model = EncoderOnly(config)
     state, found = map_weights(tensors, names, config, source, family, offset)
     fresh = {name: tensor for name, tensor in model.state_dict().items()
@@ -169,8 +177,14 @@ def check_options(hf: dict[str, Any], config_file: Path, family: EncoderFamily) 
         if found:
             raise ForeignCheckpointError(
                 f"{config_file}: architectures={found}: a {task} model, whose head ours has "
-                f"no place for (ours holds the masked-LM, next-sentence and "
-                f"sequence-classification heads)")
+                f"no place for (ours holds the masked-LM, next-sentence, sequence- and "
+                f"token-classification heads)")
+
+
+def is_token_classifier(hf: dict[str, Any]) -> bool:
+    """Whether config.json's architectures name a token classifier (NER, tagging)."""
+    return any(isinstance(name, str) and name.endswith(TOKEN_CLASSIFIER)
+               for name in hf.get("architectures") or [])
 
 
 def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,

@@ -68,7 +68,8 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
     tensors = _read_tensors(adapter_dir, bool(settings.get("modules_to_save")))
     model = load_model(base)
     if tensors.whole and arch == "encoder":
-        model = with_heads(model, tensors.whole, adapter_dir / ADAPTER_WEIGHTS)
+        model = with_heads(model, tensors.whole, adapter_dir / ADAPTER_WEIGHTS,
+                           tokens=settings.get("task_type") == "TOKEN_CLS")
     model = vocabulary_updates(model, *_vocabulary(settings, tensors, arch, adapter_dir),
                                adapter_dir / ADAPTER_WEIGHTS)
     layers = _layers_by_module(model)

@@ -37,19 +37,24 @@ def check_modules_to_save(settings: dict, arch: str, file) -> None:
 
 
 @torch.no_grad()
-def with_heads(model: EncoderOnly, whole: dict[str, Tensor], file) -> EncoderOnly:
+def with_heads(model: EncoderOnly, whole: dict[str, Tensor], file, tokens: bool = False
+               ) -> EncoderOnly:
     """`model` with the adapter's trained-whole weights (transformers' names without
-    PEFT's prefix) in place; another number of classes than the base's: a new classifier."""
+    PEFT's prefix) in place; another number of classes than the base's, or a token
+    classifier's head (`tokens`: PEFT's TOKEN_CLS) on a base without one: a new
+    classifier."""
+    head = {"classifier": "classifier"} if tokens else \
+        encoder_names(model.config).classifier_head
     names = {f"{theirs}.{kind}": f"{ours}.{kind}" for kind in ("weight", "bias")
-             for theirs, ours in encoder_names(model.config).classifier_head.items()}
+             for theirs, ours in head.items()}
     unknown = sorted(set(whole) - set(names))
     if unknown:
         raise ForeignCheckpointError(f"{file}: {unknown[0]} is neither a LoRA matrix nor a "
                                      f"weight of the classifier's head or pooler")
     classes = next((tensor.shape[0] for name, tensor in whole.items()
                     if names[name] == "classifier.weight"), model.config.num_labels)
-    if classes != model.config.num_labels:
-        model = _with_classes(model, classes)
+    if classes != model.config.num_labels or tokens != model.config.token_classifier:
+        model = _with_classes(model, classes, tokens)
     ours = dict(model.named_parameters())
     for name, tensor in whole.items():
         target = ours[names[name]]
@@ -60,15 +65,16 @@ def with_heads(model: EncoderOnly, whole: dict[str, Tensor], file) -> EncoderOnl
     return model
 
 
-def _with_classes(model: EncoderOnly, classes: int) -> EncoderOnly:
+def _with_classes(model: EncoderOnly, classes: int, tokens: bool) -> EncoderOnly:
     """A copy of the encoder with a classifier of `classes` outputs (left as drawn: the
-    adapter fills it) in place of its own or of none."""
-    grown = empty_model(model.config.replace(num_labels=classes))
+    adapter fills it), of each token's if `tokens`, in place of its own or of none."""
+    grown = empty_model(model.config.replace(num_labels=classes, token_classifier=tokens))
     kept = {name: tensor for name, tensor in model.state_dict().items()
             if not name.startswith("classifier.")}
     missing, unexpected = grown.load_state_dict(kept, strict=False)
     assert not unexpected and all(name.startswith("classifier.") for name in missing)
     grown.labels = [f"LABEL_{i}" for i in range(classes)]
-    grown.classifier_inputs = getattr(model, "classifier_inputs", None) or "texts"
+    grown.classifier_inputs = None if tokens else \
+        getattr(model, "classifier_inputs", None) or "texts"
     grown.sentence_embedding = getattr(model, "sentence_embedding", None)
     return grown.eval()

@@ -6,6 +6,7 @@ sentences, with the heads of its pre-training and fine-tuning.
     model.mlm_logits(hidden)                    # (B, T, V): the masked-LM head
     model.nsp_logits(pooled)                    # (B, 2): is sentence B the next one?
     model.classify_logits(pooled)               # (B, num_labels)
+    model.tag_logits(hidden)                    # (B, T, num_labels): a token classifier's
     model.sentence_embeddings(ids)              # mean over real tokens ([CLS]'s): (B, C)
 
 The input is [CLS] A [SEP] (B [SEP]), segment 0 for A and its markers, 1 for B.
@@ -147,7 +148,18 @@ class EncoderOnly(CountedParameters, nn.Module):
         if self.classifier is None:
             raise ValueError("this model has no classification head (num_labels=0); "
                              "fine-tune it with --task classify")
+        if self.config.token_classifier:
+            raise ValueError("this model's head labels each token (token_classifier=True), "
+                             "not the sequence: tag with it")
         return self.classifier(self.head_dropout(pooled))
+
+    def tag_logits(self, hidden: Tensor) -> Tensor:
+        """A token classifier's: (B, T, C) -> (B, T, num_labels), through dropout as in
+        fine-tuning."""
+        if self.classifier is None or not self.config.token_classifier:
+            raise ValueError("this model has no token-classification head; fine-tune it "
+                             "with --task tag")
+        return self.classifier(self.head_dropout(hidden))
 
     def sentence_embeddings(self, ids: Tensor, segments: Tensor | None = None, *,
                             normalize: bool = False, pooling: str = "mean") -> Tensor:

@@ -8,8 +8,8 @@ document at /openapi.json (rendered at /docs, with a script the server serves it
 docs.py). A translation model adds /v1/translate, /translate and /languages
 (LibreTranslate's), and /v1/attention; a language model /v1/generate, /v1/completions
 and /v1/chat/completions (OpenAI's); an encoder-only model /v1/embed, /v1/embeddings
-(OpenAI's) and, with a classification head, /v1/classify, or with a head of one output
-(a cross-encoder) /v1/rerank. The worker starts and stops with the app's lifespan: on
+(OpenAI's) and, with a classification head, /v1/classify, with a head of one output
+(a cross-encoder) /v1/rerank, or with a token classifier /v1/tag. The worker starts and stops with the app's lifespan: on
 shutdown the queue is closed to new work and what is queued is decoded before the
 worker stops.
 """
@@ -242,5 +242,6 @@ def describe(service: Service, kind: str) -> dict:
         info["classifier_inputs"] = model.classifier_inputs   # "pairs": send text_pairs
         info["sentence_embedding"] = model.embedding_defaults   # what /v1/embed does unasked
         info["classifies"] = model.classifies            # /v1/classify
+        info["tags"] = model.tags                        # a token classifier: /v1/tag
         info["reranks"] = model.scores                   # a cross-encoder: /v1/rerank
     return info

@@ -1,5 +1,6 @@
 """The routes of an encoder-only model: /v1/embed and, when it has a classification head,
-/v1/classify (OpenAI's /v1/embeddings: embeddings.py). Texts of concurrent requests with
+/v1/classify, or /v1/tag for a token classifier (OpenAI's /v1/embeddings:
+embeddings.py). Texts of concurrent requests with
 the same settings share a call of the library, up to --batch-tokens, which runs them in
 batches of its own size (SentenceEncoder.batch_tokens: small on a CPU)."""
 
@@ -9,9 +10,10 @@ from fastapi import APIRouter
 
 from transduce.config import ConfigError
 from transduce.decode.encode import Line, SentenceEncoder
+from transduce.decode.tagging import entities
 from transduce.serve.limits import ApiError, check_texts, check_tokens
 from transduce.serve.schemas import ClassifyRequest, ClassifyResponse, EmbedRequest, \
-    EmbedResponse, Prediction, Timings
+    EmbedResponse, Entity, Prediction, TaggedWord, TagRequest, TagResponse, Timings
 from transduce.serve.service import Service, split_by_job, timed
 from transduce.serve.validation import ERROR_RESPONSES
 
@@ -54,6 +56,24 @@ def routes(service: Service) -> APIRouter:
                                                   payload, tokens, len(body.texts))
             return ClassifyResponse(predictions=[Prediction(**vars(p)) for p in found],
                                     truncated=cut, timings=timings)
+
+    if encoder.tags:
+        @router.post("/v1/tag", response_model=TagResponse, responses=ERROR_RESPONSES,
+                     summary="Each word's tag, and the entities the BIO tags mark")
+        async def tag(body: TagRequest) -> TagResponse:
+            check_texts(body.texts, service.limits, "texts")
+            room = encoder.model.config.max_positions - 2        # [CLS] chunk [SEP]
+            tokens = sum(n + 2 * max(1, -(-n // room))
+                         for n in token_counts(encoder, body.texts))
+            run = timed(lambda jobs: split_by_job(jobs, encoder.tag(
+                [text for job in jobs for text in job.payload])))
+            found, timings = await service.submit(("tag",), run, list(body.texts), tokens,
+                                                  len(body.texts))
+            return TagResponse(
+                words=[[TaggedWord(**vars(word)) for word in line] for line in found],
+                entities=[[Entity(**vars(e)) for e in entities(
+                    [w.word for w in line], [w.tag for w in line])] for line in found],
+                timings=timings)
 
     return router
 

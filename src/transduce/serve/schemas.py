@@ -207,6 +207,33 @@ class ClassifyResponse(BaseModel):
     timings: Timings
 
 
+class TagRequest(Strict):
+    texts: Texts = Field(description="each text's words (split at whitespace) are tagged; "
+                                     "a text longer than the model reads is tagged in "
+                                     "chunks of whole words")
+
+
+class TaggedWord(BaseModel):
+    word: str
+    tag: str
+    probability: float
+
+
+class Entity(BaseModel):
+    """A run of words of one kind from BIO tags: words [start, end) of the text."""
+
+    kind: str
+    start: int
+    end: int
+    text: str
+
+
+class TagResponse(BaseModel):
+    words: list[list[TaggedWord]]
+    entities: list[list[Entity]]
+    timings: Timings
+
+
 class ErrorBody(BaseModel):
     error: str
     field: str | None = None

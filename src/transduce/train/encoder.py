@@ -8,10 +8,13 @@ random one. The step's loss is the mean over its masked positions of the MLM los
 the mean over its pairs of the NSP loss (BERT's sum of the two means), each mean taken
 over every batch and process of the step, so accumulation and processes do not change
 it. Fine-tuning (task "classify") reads a classification corpus and minimises the mean
-cross entropy of classify_logits(pool(hidden)) over the step's sentences.
+cross entropy of classify_logits(pool(hidden)) over the step's sentences; task "tag"
+reads a tagging corpus (data/tagged.py) and minimises the mean cross entropy of
+tag_logits(hidden) over the step's tagged words (their first pieces).
 
 Dev: masked-LM loss and accuracy with fixed masks (the same at every evaluation), NSP
-accuracy; or a classifier's loss, accuracy and macro-F1.
+accuracy; a classifier's loss, accuracy and macro-F1; or a tagger's loss, word accuracy
+and entity F1 (BIO tags' spans, as conlleval counts them).
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ from transduce.data.dataset import (TokenizedLabelled, TokenizedText, load_label
                                     load_text_split)
 from transduce.data.labelled import class_names
 from transduce.data.masking import IGNORE, EncoderBatch, EncoderSpecials
+from transduce.data.tagged import TokenizedTagged, load_tagged_split, tag_names
 from transduce.data.tokenizer import TextTokenizer
 from transduce.errors import TransduceError
 from transduce.model import empty_model
 from transduce.decode.evaluate import macro_f1
+from transduce.decode.tagging import entity_scores
 
 DEV_MASK_SEED = 12345   # dev masks are fixed: the same positions at every evaluation
 
@@ -57,22 +62,29 @@ def check_encoder_configs(model_config: ModelConfig, train_config: TrainConfig,
             raise ConfigError(f"--data {data_dir} is a classification corpus: train a "
                               f"classifier on it with --arch encoder --task classify")
         return
-    wanted = "classification" if c.task == "classify" else "text"
+    wanted = {"classify": "classification", "tag": "tagging"}.get(c.task, "text")
     if kind != wanted:
-        how = "labelled text ({train,dev}.tsv; `transduce data bible-genre`)" \
-            if wanted == "classification" else \
-            "a text corpus (train.txt, dev.txt; `transduce data bible-text`)"
-        raise ConfigError(f"arch 'encoder' with task {c.task!r} reads {how}: --data "
+        how = {"classification": "labelled text ({train,dev}.tsv; `transduce data "
+                                 "bible-genre`)",
+               "tagging": "tagged words ({train,dev}.conll, `word<TAB>tag` lines)",
+               "text": "a text corpus (train.txt, dev.txt; `transduce data bible-text`)"}
+        task = {"classification": "classify", "tagging": "tag"}.get(kind)
+        raise ConfigError(f"arch 'encoder' with task {c.task!r} reads {how[wanted]}: --data "
                           f"{data_dir} is a {kind} corpus"
-                          + ("; pass --task classify" if kind == "classification" else ""))
+                          + (f"; pass --task {task}" if task else ""))
     if c.task == "pretrain" and c.objective == "mlm,nsp" and model_config.type_vocab_size < 2:
         raise ConfigError(f"objective 'mlm,nsp' reads pairs as segments 0 and 1, but "
                           f"ModelConfig.type_vocab_size={model_config.type_vocab_size} (a "
                           f"RoBERTa-like model has one segment, a DistilBERT none): use "
                           f"objective 'mlm'")
-    if c.task == "classify" and model_config.num_labels < 2:
-        raise ConfigError(f"task 'classify' needs ModelConfig.num_labels >= 2 (the corpus's "
-                          f"classes), got {model_config.num_labels}")
+    if c.task in ("classify", "tag") and model_config.num_labels < 2:
+        raise ConfigError(f"task {c.task!r} needs ModelConfig.num_labels >= 2 (the corpus's "
+                          f"{'classes' if c.task == 'classify' else 'tags'}), got "
+                          f"{model_config.num_labels}")
+    if model_config.token_classifier != (c.task == "tag") and c.task != "pretrain":
+        raise ConfigError(f"task {c.task!r} trains a {'token' if c.task == 'tag' else 'sequence'}"
+                          f" classifier, but ModelConfig.token_classifier="
+                          f"{model_config.token_classifier}")
     if c.pack_length or c.dev_bleu_sentences:
         raise ConfigError("pack_length and dev_bleu_sentences are for other architectures; "
                           "an encoder batches whole lines and is scored by its own heads")
@@ -100,6 +112,8 @@ def load_encoder_data(data_dir: Path, tokenizer: TextTokenizer, model_config: Mo
                   vocab_size=min(tokenizer.vocab_size, model_config.src_vocab_size),
                   specials=specials)
     has_dev = has_split(data_dir, "dev")
+    if c.task == "tag":
+        return _tagging_data(data_dir, tokenizer, model_config, c, common, has_dev)
     if c.task == "classify":
         names = class_names(data_dir)
         if len(names) != model_config.num_labels:
@@ -128,13 +142,29 @@ def load_encoder_data(data_dir: Path, tokenizer: TextTokenizer, model_config: Mo
     return train, batcher, dev_batcher
 
 
+def _tagging_data(data_dir: Path, tokenizer: TextTokenizer, model_config: ModelConfig,
+                  c: TrainConfig, common: dict, has_dev: bool
+                  ) -> tuple[TokenizedTagged, EncoderBatcher, EncoderBatcher | None]:
+    """load_encoder_data for task "tag": the corpus's tags must be the head's."""
+    names = tag_names(data_dir)
+    if len(names) != model_config.num_labels:
+        raise ConfigError(f"{data_dir} has {len(names)} tags ({', '.join(names[:10])}) but "
+                          f"ModelConfig.num_labels={model_config.num_labels}")
+    train = load_tagged_split(data_dir, "train", tokenizer, names)
+    batcher = EncoderBatcher(train.ids, tags=train.tags, mask=False, seed=c.seed, **common)
+    dev = load_tagged_split(data_dir, "dev", tokenizer, names) if has_dev else None
+    dev_batcher = None if dev is None else EncoderBatcher(
+        dev.ids, tags=dev.tags, mask=False, shuffle=False, **common)
+    return train, batcher, dev_batcher
+
+
 @dataclass
 class EncoderLosses:
     """Summed losses of a batch, and its correct predictions, by head."""
 
-    sums: dict[str, Tensor]        # "mlm", "nsp", "classify": summed cross entropy
+    sums: dict[str, Tensor]        # "mlm", "nsp", "classify", "tag": summed cross entropy
     correct: dict[str, int]
-    predictions: Tensor | None = None   # (B,) classes (classification)
+    predictions: Tensor | None = None   # (B,) classes (classification), (B, T) tags
 
 
 def batch_losses(net: torch.nn.Module, model: torch.nn.Module, batch: EncoderBatch,
@@ -152,6 +182,8 @@ def batch_losses(net: torch.nn.Module, model: torch.nn.Module, batch: EncoderBat
         sums["mlm"] = F.cross_entropy(logits, targets, reduction="sum")
         if count_correct:
             correct["mlm"] = int((logits.argmax(-1) == targets).sum())
+    if batch.labels is not None and batch.labels.dim() == 2:                 # (B, T) tags
+        return _tagging_losses(model, hidden, batch.labels, count_correct)
     pooled = model.pool(hidden) if (batch.nsp_labels is not None
                                     or batch.labels is not None) else None   # (B, C)
     if batch.nsp_labels is not None:
@@ -165,6 +197,20 @@ def batch_losses(net: torch.nn.Module, model: torch.nn.Module, batch: EncoderBat
         predictions = logits.argmax(-1)
         if count_correct:
             correct["classify"] = int((predictions == batch.labels).sum())
+    return EncoderLosses(sums, correct, predictions)
+
+
+def _tagging_losses(model: torch.nn.Module, hidden: Tensor, tags: Tensor,
+                    count_correct: bool) -> EncoderLosses:
+    """A token classifier's summed loss over the tagged pieces: hidden (B, T, C), tags
+    (B, T) (IGNORE: not scored)."""
+    chosen = tags != IGNORE                                                  # (B, T)
+    logits = model.tag_logits(hidden[chosen]).float()                        # (N, K)
+    sums = {"tag": F.cross_entropy(logits, tags[chosen], reduction="sum")}
+    predictions = torch.full_like(tags, IGNORE)
+    predictions[chosen] = logits.argmax(-1)
+    correct = {"tag": int((predictions[chosen] == tags[chosen]).sum())} if count_correct \
+        else {}
     return EncoderLosses(sums, correct, predictions)
 
 
@@ -194,7 +240,7 @@ def unused_parameter_names(net: torch.nn.Module, model: torch.nn.Module,
     nsp = mlm and c.objective == "mlm,nsp"
     classify = c.task == "classify"
     heads = {"mlm_head": mlm, "nsp_head": nsp, "pooler": nsp or classify,
-             "classifier": classify}
+             "classifier": classify or c.task == "tag"}
     used, unused = {id(p) for p in model.encoder.parameters()}, set()
     for name, runs in heads.items():
         head = getattr(model, name)
@@ -238,8 +284,8 @@ def evaluate_encoder(model: torch.nn.Module, batcher: EncoderBatcher,
             for name, count in batcher.scored_counts(indices).items():
                 counts[name] = counts.get(name, 0) + count
             if losses.predictions is not None:
-                predicted.append(losses.predictions.cpu())
-                gold.append(batch.labels.cpu())
+                predicted.extend(losses.predictions.cpu())
+                gold.extend(batch.labels.cpu())
     model.train()
     result: dict[str, float] = {}
     if "mlm" in sums:
@@ -252,8 +298,15 @@ def evaluate_encoder(model: torch.nn.Module, batcher: EncoderBatcher,
     if "classify" in sums:
         result["dev_loss"] = sums["classify"] / counts["classify"]
         result["dev_accuracy"] = correct["classify"] / counts["classify"]
-        result["dev_macro_f1"] = macro_f1(torch.cat(predicted), torch.cat(gold),
+        result["dev_macro_f1"] = macro_f1(torch.stack(predicted), torch.stack(gold),
                                           model.config.num_labels)
+    if "tag" in sums:
+        result["dev_loss"] = sums["tag"] / counts["tag"]
+        result["dev_accuracy"] = correct["tag"] / counts["tag"]
+        names = model.labels or [str(i) for i in range(model.config.num_labels)]
+        words = [[names[int(t)] for t in row[row != IGNORE]] for row in predicted]
+        truth = [[names[int(t)] for t in row[row != IGNORE]] for row in gold]
+        result["dev_entity_f1"] = entity_scores(words, truth)["f1"]
     return result
 
 
@@ -271,11 +324,13 @@ def load_pretrained(model: torch.nn.Module, init: Path, device: torch.device) ->
     if saved_config.arch != "encoder":
         raise EncoderTrainingError(f"--init {path}: arch {saved_config.arch!r}, not an "
                                    f"encoder")
-    differ = sorted(k for k, v in saved_config.replace(num_labels=ours.num_labels)
-                    .to_dict().items() if ours.to_dict()[k] != v)
+    differ = sorted(k for k, v in saved_config.replace(
+        num_labels=ours.num_labels, token_classifier=ours.token_classifier).to_dict().items()
+        if ours.to_dict()[k] != v)
     if differ:
         raise EncoderTrainingError(f"--init {path}: its model differs from this one in "
-                                   f"{', '.join(differ)} (only num_labels may differ)")
+                                   f"{', '.join(differ)} (only num_labels and "
+                                   f"token_classifier may differ)")
     source = empty_model(saved_config)
     checkpoint.load_weights(source, path, device)
     weights = source.state_dict()

@@ -175,12 +175,13 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
         train_split, dev_split, batcher = _load_data(data_dir, tokenizer, model_config,
                                                      train_config, given)
 
-    labels = list(train_split.names) \
-        if isinstance(train_split, encoder_training.TokenizedLabelled) else None
+    labels = list(train_split.names) if isinstance(
+        train_split, (encoder_training.TokenizedLabelled, encoder_training.TokenizedTagged)) \
+        else None
     model = _initial_model(model_config, train_config, labels, init, resume, rank, device)
     if train_config.lora_rank:
         _add_adapters(model, train_config, out, init, device)
-    if labels is not None:     # and what they label, which classify then asks for
+    if isinstance(train_split, encoder_training.TokenizedLabelled):   # what they label,
         model.classifier_inputs = "texts" if train_split.second_ids is None else "pairs"
     if model_config.arch not in ("encoder", "decoder"):
         # Checkpoints record the pair (a multilingual model's as its codes name it).

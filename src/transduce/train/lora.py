@@ -33,7 +33,7 @@ from transduce.streamed_safetensors import DTYPES_BY_CODE, Pending
 # What a classifier's fine-tuning trains whole beside the adapters: its new head, and the
 # pooler under it, which masked-LM pre-training never trains (next-sentence prediction
 # does; RoBERTa has none trained either).
-TRAINED_WHOLE = {"classify": ("classifier.", "pooler.")}
+TRAINED_WHOLE = {"classify": ("classifier.", "pooler."), "tag": ("classifier.",)}
 
 
 def check_lora_run(model_config: ModelConfig, train_config: TrainConfig,
