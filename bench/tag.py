@@ -1,0 +1,168 @@
+"""Tagging speed of a token classifier (named entities): our SentenceEncoder.tag in PyTorch
+and on our ONNX export (ONNX Runtime), against transformers' BertForTokenClassification,
+on the same weights.
+
+A BertForTokenClassification of bert-base's shape (12 layers of 768, 12 heads, 3072,
+30,522 tokens; `--layers` etc. to change it) and CoNLL-2003's 9 tags is built by
+transformers from a random config with a WordPiece vocabulary of whole words, saved with
+save_pretrained and imported with `transduce import hf-bert`; `transduce export onnx` of
+the import is the third peer. --lines lines of 8 to --max-words random words each are
+tagged: each word's tag is the argmax at its first piece. transformers' side tokenizes
+the words (is_split_into_words), runs the model over the same length-sorted batches of
+at most --batch-tokens tokens (padding counted) that ours runs, and picks each word's
+first piece by word_ids(); float32, on the same threads, interleaved over --repeats
+rounds. Counted: words per second of the whole call; each peer's tags are compared with
+ours (the fraction that agree) and its probabilities (largest difference).
+
+    python bench/tag.py [--lines 512] [--repeats 3] [--out bench/results/tag-cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from encode import SPECIAL  # noqa: E402
+from measure import machine_info, time_interleaved  # noqa: E402
+from transduce.decode.encode import SentenceEncoder  # noqa: E402
+from transduce.decode.tagging import tag_items  # noqa: E402
+from transduce.decode.translate import length_sorted_batches  # noqa: E402
+from transduce.export.onnx import export_onnx  # noqa: E402
+from transduce.importers import import_bert  # noqa: E402
+
+TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+
+
+def build_hf_model(args: argparse.Namespace, directory: Path):
+    """A random BertForTokenClassification saved where our importer reads it, with a
+    vocabulary of whole words w0, w1, ... (one token each)."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BertForTokenClassification(transformers.BertConfig(
+        vocab_size=args.vocab, hidden_size=args.d_model, num_hidden_layers=args.layers,
+        num_attention_heads=args.heads, intermediate_size=args.d_ff,
+        max_position_embeddings=512, id2label=dict(enumerate(TAGS)),
+        label2id={tag: i for i, tag in enumerate(TAGS)})).eval()
+    model.save_pretrained(directory)
+    words = [f"w{i}" for i in range(args.vocab - len(SPECIAL))]
+    (directory / "vocab.txt").write_text("\n".join(SPECIAL + words) + "\n", encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    return model, words
+
+
+def hf_tagger(model, directory: Path, lines: list[str], batches: list[list[int]]):
+    """transformers' side: BertTokenizerFast over each line's words, the model over our
+    batches, each word's first piece -> a call that returns each line's (tags,
+    probabilities)."""
+    import transformers
+
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(str(directory))
+
+    def tag() -> list[tuple[list[str], np.ndarray]]:
+        result: list = [None] * len(lines)
+        for indices in batches:
+            words = [lines[i].split() for i in indices]
+            inputs = tokenizer(words, is_split_into_words=True, padding=True,
+                               return_tensors="pt")
+            with torch.inference_mode():
+                probabilities = model(**inputs).logits.softmax(-1).numpy()     # (B, T, K)
+            for row, index in enumerate(indices):
+                word_ids = inputs.word_ids(row)
+                firsts = [word_ids.index(w) for w in range(len(words[row]))]
+                chosen = probabilities[row, firsts]
+                result[index] = ([TAGS[k] for k in chosen.argmax(-1)], chosen.max(-1))
+        return result
+
+    return tag
+
+
+def ours_as_pairs(encoder: SentenceEncoder, lines: list[str], batch_tokens: int):
+    def tag() -> list[tuple[list[str], np.ndarray]]:
+        return [([w.tag for w in line], np.array([w.probability for w in line]))
+                for line in encoder.tag(lines, batch_tokens=batch_tokens)]
+    return tag
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--d-model", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--d-ff", type=int, default=3072)
+    parser.add_argument("--vocab", type=int, default=30522)
+    parser.add_argument("--lines", type=int, default=512)
+    parser.add_argument("--max-words", type=int, default=64)
+    parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--out", type=Path, default=Path("bench/results/tag-cpu.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        hf, words = build_hf_model(args, scratch / "hf")
+        rng = random.Random(0)
+        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(8, args.max_words)))
+                 for _ in range(args.lines)]
+        ours = SentenceEncoder.load(import_bert(scratch / "hf", scratch / "ours"))
+        onnx = SentenceEncoder.load(export_onnx(scratch / "ours", scratch / "onnx"))
+        items = tag_items(ours.tokenizer, [line.split() for line in lines],
+                          ours.model.config.max_positions)
+        assert len(items) == len(lines)          # no line is cut into chunks here
+        batches = [list(b) for b in length_sorted_batches([i.ids for i in items],
+                                                          args.batch_tokens)]
+        tagged: dict[str, list] = {}
+
+        def peer(name, call):
+            def run():
+                tagged[name] = call()
+            return run
+
+        calls = {"ours": peer("ours", ours_as_pairs(ours, lines, args.batch_tokens)),
+                 "onnxruntime": peer("onnxruntime",
+                                     ours_as_pairs(onnx, lines, args.batch_tokens)),
+                 "transformers": peer("transformers",
+                                      hf_tagger(hf, scratch / "hf", lines, batches))}
+        started = time.time()
+        times = time_interleaved(calls, args.repeats)
+    count = sum(len(line.split()) for line in lines)
+    tokens = sum(len(item.ids) for item in items)
+    peers = {}
+    for name, seconds in times.items():
+        median = statistics.median(seconds)
+        agree = sum(a == b for (theirs, _), (mine, _) in zip(tagged[name], tagged["ours"])
+                    for a, b in zip(theirs, mine)) / count
+        largest = max(float(np.abs(p - q).max())
+                      for (_, p), (_, q) in zip(tagged[name], tagged["ours"]))
+        peers[name] = {"seconds": median, "words_per_s": count / median,
+                       "tokens_per_s": tokens / median, "all_seconds": seconds,
+                       "tags_agreeing_with_ours": agree,
+                       "largest_probability_difference_from_ours": largest}
+        print(f"{name}: {count / median:.0f} words/s ({tokens / median:.0f} tokens/s; "
+              f"{100 * agree:.2f}% of tags as ours, probabilities within {largest:.1e})")
+    result = {"machine": machine_info(args.threads),
+              "settings": vars(args) | {"out": str(args.out)},
+              "words": count, "tokens": tokens, "batches": len(batches), "peers": peers,
+              "ratios": {f"ours / {name}": peers["ours"]["words_per_s"]
+                         / peers[name]["words_per_s"] for name in peers if name != "ours"},
+              "seconds": time.time() - started}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
