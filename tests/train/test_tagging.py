@@ -6,11 +6,13 @@ import json
 import random
 
 import pytest
+import torch
 
 from transduce.cli import main
 from transduce.config import ConfigError
 from transduce.data.corpus import CorpusError, write_text_metadata
 from transduce.model import load_model
+from transduce.train.encoder import load_pretrained
 from transduce.train.loop import train
 from tests.train.test_encoder import WORDS, bert_tiny, counting, dev_records  # noqa: F401
 from tests.train.test_encoder import train_config
@@ -86,6 +88,11 @@ def test_fine_tuning_an_encoder_into_a_tagger(tagging, counting, tmp_path,  # no
     model = load_model(run)
     assert model.config.token_classifier and model.labels == TAGS
     assert model.classifier.weight.shape == (len(TAGS), model.config.d_model)
+    # A tagger's head means nothing to a classifier of as many classes: it starts afresh.
+    classifier = type(model)(model.config.replace(token_classifier=False))
+    assert load_pretrained(classifier, run, torch.device("cpu")) == \
+        ["classifier.bias", "classifier.weight"]
+    assert not classifier.classifier.weight.equal(model.classifier.weight)
 
 
 def test_a_lora_tagger_trains_its_head_whole(tagging, counting, tmp_path):  # noqa: F811

@@ -53,9 +53,8 @@ def register(commands) -> None:
     train.add_argument("--init", type=Path, default=None,
                        help="start from this checkpoint's weights (uptraining a converted "
                             "model; with --task classify or tag, fine-tuning a pre-trained "
-                            "encoder "
-                            "with a new classification head); an imported BERT, RoBERTa "
-                            "or DistilBERT reads the corpus with its own tokenizer")
+                            "encoder with a new classification head); an imported BERT, "
+                            "RoBERTa or DistilBERT reads the corpus with its own tokenizer")
     train.add_argument("--uptrain-fraction", type=fraction, default=0.05,
                        help="with --init and no budget: this fraction of its training steps")
     add_config_flags(train, TrainConfig)

@@ -9,9 +9,9 @@ docs.py). A translation model adds /v1/translate, /translate and /languages
 (LibreTranslate's), and /v1/attention; a language model /v1/generate, /v1/completions
 and /v1/chat/completions (OpenAI's); an encoder-only model /v1/embed, /v1/embeddings
 (OpenAI's) and, with a classification head, /v1/classify, with a head of one output
-(a cross-encoder) /v1/rerank, or with a token classifier /v1/tag. The worker starts and stops with the app's lifespan: on
-shutdown the queue is closed to new work and what is queued is decoded before the
-worker stops.
+(a cross-encoder) /v1/rerank, or with a token classifier /v1/tag. The worker starts
+and stops with the app's lifespan: on shutdown the queue is closed to new work and what
+is queued is decoded before the worker stops.
 """
 
 from __future__ import annotations

@@ -316,8 +316,10 @@ NEW_HEAD = "classifier."    # the classification head's parameters: new in a fin
 def load_pretrained(model: torch.nn.Module, init: Path, device: torch.device) -> list[str]:
     """Load a checkpoint's weights into `model`, an encoder: everything but the
     classification head must be there with the same shapes (the configurations may
-    differ only in num_labels); the head is kept as initialised when the checkpoint has
-    none or one of another size. -> the names of the parameters not loaded."""
+    differ only in num_labels and token_classifier); the head is kept as initialised
+    when the checkpoint has none, one of another size, or one of the other kind (a
+    tagger's for a classifier, or the reverse). -> the names of the parameters not
+    loaded."""
     path = checkpoint.resolve(init)
     saved_config, _ = checkpoint.read_configs(path)
     ours = model.config
@@ -335,8 +337,9 @@ def load_pretrained(model: torch.nn.Module, init: Path, device: torch.device) ->
     checkpoint.load_weights(source, path, device)
     weights = source.state_dict()
     target = model.state_dict()
+    other_head = saved_config.token_classifier != ours.token_classifier   # tokens', texts'
     kept = {name: tensor for name, tensor in weights.items()
-            if not (name.startswith(NEW_HEAD) and (name not in target
+            if not (name.startswith(NEW_HEAD) and (name not in target or other_head
                                                     or target[name].shape != tensor.shape))}
     missing = sorted(set(target) - set(kept))
     if any(not name.startswith(NEW_HEAD) for name in missing):

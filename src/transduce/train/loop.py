@@ -294,9 +294,9 @@ def _training_tokenizer(data_dir: Path, weights_from: Path | None,
             if model_config.arch not in ("encoder", "decoder"):
                 raise TrainingError(
                     f"{directory}: its vocabulary is a tokenizer.json (an imported "
-                    f"checkpoint's); encoders (BERT, RoBERTa, DistilBERT) and language models (GPT-2, "
-                    f"Llama) train on one here, a {model_config.arch!r} model trains on a "
-                    f"SentencePiece vocabulary")
+                    f"checkpoint's); encoders (BERT, RoBERTa, DistilBERT) and language "
+                    f"models (GPT-2, Llama) train on one here, a {model_config.arch!r} model "
+                    f"trains on a SentencePiece vocabulary")
             return checkpoint.load_tokenizer(directory)
     return Tokenizer(_tokenizer_path(data_dir, weights_from))
 
