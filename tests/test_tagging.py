@@ -4,9 +4,6 @@ lines in chunks of whole words, through PyTorch and ONNX Runtime; `export hf` wr
 them back; `transduce tag` and `evaluate`; BIO entities and conlleval's scores; and the
 tagging corpus's reader, pieces and batches."""
 
-import json
-import shutil
-
 import numpy as np
 import pytest
 import torch
@@ -18,8 +15,8 @@ from transduce.data.masking import IGNORE
 from transduce.data.tagged import read_tagged, sentence_pieces, word_pieces
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.tagging import chunks, entities, entity_scores, tag_items
-from transduce.importers import import_bert, import_distilbert, import_roberta
 from transduce.model import load_model
+from tests.encoder_heads import CLASSES, IMPORTERS, imported_head
 from tests.test_import_bert import VOCAB, vocab  # noqa: F401 - vocab: a fixture
 from tests.test_import_roberta import roberta_vocab  # noqa: F401 - a fixture
 
@@ -29,39 +26,20 @@ TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 LINES = ["the quick brown fox jump over the lazy dog", "hello world", "",
          "the dog want the cafe and the fox run over the lazy world the end",
          "  the   fox  "]
-SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-             intermediate_size=48, max_position_embeddings=12)
-FAMILIES = {
-    "bert": (transformers.BertConfig, "BertForTokenClassification", import_bert, SIZES),
-    "distilbert": (transformers.DistilBertConfig, "DistilBertForTokenClassification",
-                   import_distilbert, dict(dim=32, n_layers=2, n_heads=2, hidden_dim=48,
-                                           max_position_embeddings=12)),
-    "roberta": (transformers.RobertaConfig, "RobertaForTokenClassification", import_roberta,
-                {**SIZES, "max_position_embeddings": 14, "type_vocab_size": 1,
-                 "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}),
-}
+FAMILIES = list(IMPORTERS)
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+@pytest.fixture(scope="module", params=FAMILIES)
 def imported(request, vocab, roberta_vocab, tmp_path_factory):  # noqa: F811
-    """(family, transformers' token classifier, its tokenizer, our import's path): 10
-    positions (12 in RoBERTa's table), so that long lines are tagged in chunks."""
+    """(family, transformers' token classifier, its tokenizer, our import's path): 12
+    positions, so that long lines are tagged in chunks."""
     family = request.param
-    config_class, kind, importer, sizes = FAMILIES[family]
-    root = tmp_path_factory.mktemp(f"tagger-{family}")
     tokenizer_dir = roberta_vocab / "json" if family == "roberta" else vocab / "uncased" / "json"
-    fast = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    torch.manual_seed(0)
-    config = config_class(vocab_size=len(fast), initializer_range=0.3,
-                          id2label=dict(enumerate(TAGS)),
-                          label2id={tag: i for i, tag in enumerate(TAGS)}, **sizes)
-    hf = getattr(transformers, kind)(config).eval()
-    with torch.no_grad():
-        hf.classifier.bias.normal_(0.0, 0.5)
-    hf.save_pretrained(root / "hf")
-    for file in tokenizer_dir.iterdir():
-        shutil.copy(file, root / "hf")
-    return family, hf, fast, importer(root / "hf", root / "ours")
+    hf, fast, out = imported_head(family, "TokenClassification",
+                                  tmp_path_factory.mktemp(f"tagger-{family}"), tokenizer_dir,
+                                  12, id2label=dict(enumerate(TAGS)),
+                                  label2id={tag: i for i, tag in enumerate(TAGS)})
+    return family, hf, fast, out
 
 
 def expected_tags(hf, fast, words, after_a_space=False):
@@ -118,7 +96,7 @@ def test_imported_token_classifiers_tag_as_transformers(imported, tmp_path):
 def test_a_token_classifier_exports_to_transformers_and_back(imported, tmp_path, capsys):
     family, hf, fast, out = imported
     assert main(["export", "hf", str(out), str(tmp_path / "hf")]) == 0
-    kind = FAMILIES[family][1]
+    kind = f"{CLASSES[family]}ForTokenClassification"
     assert f"{kind}: load it with transformers.AutoModelForTokenClassification" in \
         capsys.readouterr().out
     theirs = transformers.AutoModelForTokenClassification.from_pretrained(
@@ -128,7 +106,7 @@ def test_a_token_classifier_exports_to_transformers_and_back(imported, tmp_path,
     with torch.no_grad():
         torch.testing.assert_close(theirs(input_ids=ids).logits, hf(input_ids=ids).logits,
                                    atol=1e-5, rtol=1e-5)
-    back = load_model(FAMILIES[family][2](tmp_path / "hf", tmp_path / "back"))
+    back = load_model(IMPORTERS[family](tmp_path / "hf", tmp_path / "back"))
     assert back.config.token_classifier and back.labels == TAGS
     assert torch.equal(back.classifier.weight, load_model(out).classifier.weight)
 

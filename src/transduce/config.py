@@ -154,6 +154,9 @@ class ModelConfig(ValidatedConfig):
     token_classifier: arch "encoder": that head labels each token (token classification:
     named entities, parts of speech) from its last hidden state, not the sequence from
     the pooled [CLS].
+    question_answering: arch "encoder": that head (num_labels 2) gives each token a score
+    of starting and of ending the answer to a question in the text read after it
+    (extractive question answering: BERT's SQuAD head).
     """
 
     src_vocab_size: int = 37000
@@ -204,6 +207,7 @@ class ModelConfig(ValidatedConfig):
     pooler_activation: PoolerActivation = "tanh"
     num_labels: int = 0
     token_classifier: bool = False
+    question_answering: bool = False
     output_bias: bool = False
     embedding_norm: bool = False
 
@@ -293,9 +297,15 @@ class ModelConfig(ValidatedConfig):
         if self.embedding_norm and self.arch not in ("transformer", "decoder"):
             raise ConfigError(f"ModelConfig.embedding_norm=True applies to arch='transformer' "
                               f"and 'decoder', not {self.arch!r}")
-        if self.token_classifier and self.arch != "encoder":
-            raise ConfigError(f"ModelConfig.token_classifier=True applies to arch='encoder', "
-                              f"not arch={self.arch!r}")
+        for head in ("token_classifier", "question_answering"):
+            if getattr(self, head) and self.arch != "encoder":
+                raise ConfigError(f"ModelConfig.{head}=True applies to arch='encoder', not "
+                                  f"arch={self.arch!r}")
+        if self.question_answering and (self.token_classifier or self.num_labels != 2):
+            raise ConfigError(f"ModelConfig.question_answering=True is a head of 2 outputs "
+                              f"(start, end) over each token, not a token classifier: "
+                              f"num_labels={self.num_labels}, "
+                              f"token_classifier={self.token_classifier}")
         if self.pooler_activation != "tanh" and self.arch != "encoder":
             raise ConfigError(f"ModelConfig.pooler_activation={self.pooler_activation!r} "
                               f"applies to arch='encoder', not arch={self.arch!r}")

@@ -74,6 +74,19 @@ def tagger(tiny_corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def answerer(tiny_corpus, tmp_path_factory):
+    """A question answerer of 16 positions (a longer context is read in windows),
+    loaded."""
+    torch.manual_seed(3)
+    model = build_model(preset("bert-tiny", src_vocab_size=300, tgt_vocab_size=300,
+                               num_labels=2, question_answering=True, max_positions=16))
+    model.labels = ["start", "end"]
+    path = tmp_path_factory.mktemp("serve-answerer") / "model"
+    checkpoint.save(path, model, None, tiny_corpus / MODEL_NAME)
+    return load(path)
+
+
+@pytest.fixture(scope="session")
 def translator(translation_dir):
     return load(translation_dir)
 
@@ -123,6 +136,12 @@ def enc(encoder):
 @pytest.fixture()
 def tags(tagger):
     with client_for(tagger, max_chars=200, max_texts=16) as client:
+        yield client
+
+
+@pytest.fixture()
+def asks(answerer):
+    with client_for(answerer, max_chars=200, max_texts=16) as client:
         yield client
 
 

@@ -1,5 +1,5 @@
-"""`transduce classify | tag | score | rerank | embed`: an encoder-only model over lines of
-text.
+"""`transduce classify | tag | answer | score | rerank | embed`: an encoder-only model over
+lines of text.
 
 Lines come from --input or standard input; N lines in give N results out, in order.
 classify writes `label<TAB>probability` per line (--all: every class's probability;
@@ -7,7 +7,10 @@ classify writes `label<TAB>probability` per line (--all: every class's probabili
 token classifier, writes each line's words with their tags (--format conll: `word<TAB>tag
 <TAB>probability` a line, a blank line after each input line; tags: the tags of a line's
 words on one line; entities: a line's BIO entities, `KIND<TAB>text` pairs tab-separated,
-an empty line for none); score, for a
+an empty line for none); answer, for a question answerer, reads `question<TAB>context`
+lines and writes the best answer's `text<TAB>score<TAB>start<TAB>end` (the answer's
+characters in the context; --top N: N answers' fields on the line, best first; an empty
+line for a context of no words); score, for a
 model of one output (a cross-encoder, a regression head), writes its value per line
 (--pairs likewise); rerank writes the lines as documents ranked by relevance to --query,
 `line<TAB>relevance<TAB>document`, the most relevant first; embed writes an
@@ -46,6 +49,16 @@ def register(commands) -> None:
                           "each input line; tags: each line's tags on one line; entities: "
                           "each line's BIO entities as KIND<TAB>text, tab-separated")
     tag.set_defaults(handler=tag_command)
+
+    answer = commands.add_parser("answer", help="answer questions from their contexts with "
+                                                "an extractive question answerer")
+    _add_common(answer)
+    answer.add_argument("--output", type=Path, default=None, help="default: standard output")
+    answer.add_argument("--top", type=positive_int, default=1,
+                        help="the best N answers of each line, best first (default: 1)")
+    answer.add_argument("--max-answer-pieces", type=positive_int, default=None,
+                        help="the longest answer, in pieces (default: 30, BERT's)")
+    answer.set_defaults(handler=answer_command)
 
     score = commands.add_parser("score", help="a cross-encoder's (or regression head's) "
                                               "value for each line or pair")
@@ -130,6 +143,20 @@ def tag_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def answer_command(args: argparse.Namespace) -> int:
+    from transduce.decode.answering import MAX_ANSWER_PIECES
+
+    encoder, lines, _ = _encoder_and_lines(args)
+    questions, contexts = _split_pairs(lines, args.input,
+                                       "answer reads `question<TAB>context` lines")
+    found = encoder.answer(questions, contexts, top_k=args.top,
+                           max_answer_pieces=args.max_answer_pieces or MAX_ANSWER_PIECES,
+                           batch_tokens=args.batch_tokens)
+    _write(args.output, "".join("\t".join(f"{a.text}\t{a.score:.4f}\t{a.start}\t{a.end}"
+                                          for a in answers) + "\n" for answers in found))
+    return 0
+
+
 def score_command(args: argparse.Namespace) -> int:
     encoder, lines, seconds = _encoder_and_lines(args)
     with one_line_warnings(args.input):
@@ -171,17 +198,18 @@ def _write(output: Path | None, text: str) -> None:
         atomic.write_text(output, text)
 
 
-def _split_pairs(lines: list[str], path: Path | None) -> tuple[list[str], list[str]]:
+def _split_pairs(lines: list[str], path: Path | None,
+                 reader: str = "--pairs reads `text<TAB>second text` lines"
+                 ) -> tuple[list[str], list[str]]:
     """`text<TAB>second text` lines -> (texts, second texts); a line without exactly
-    one tab is named by file (or <stdin>) and line."""
+    one tab is named by file (or <stdin>) and line, and `reader` says what is read."""
     from transduce.decode.inputs import TextError
 
     texts, seconds = [], []
     for number, line in enumerate(lines, start=1):
         fields = line.split("\t")
         if len(fields) != 2:
-            raise TextError(f"{path or '<stdin>'}:{number}: {len(fields) - 1} tabs; --pairs "
-                            f"reads `text<TAB>second text` lines")
+            raise TextError(f"{path or '<stdin>'}:{number}: {len(fields) - 1} tabs; {reader}")
         texts.append(fields[0])
         seconds.append(fields[1])
     return texts, seconds

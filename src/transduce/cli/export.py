@@ -63,7 +63,8 @@ def export_hf(args: argparse.Namespace) -> int:
     written = json.loads((out / "config.json").read_text(encoding="utf-8"))
     written_class = written["architectures"][0]
     auto = next((f"AutoModel{task}" for task in ("ForSequenceClassification", "ForPreTraining",
-                                                 "ForMaskedLM", "ForTokenClassification")
+                                                 "ForMaskedLM", "ForTokenClassification",
+                                                 "ForQuestionAnswering")
                  if written_class.endswith(task)),
                 "AutoModelForSeq2SeqLM" if written.get("is_encoder_decoder")
                 else "AutoModelForCausalLM")

@@ -194,7 +194,8 @@ def _fine_tuning_configs(args: argparse.Namespace, file_values: dict
     train_config = TrainConfig(**{**FINE_TUNING, **file_values.get("train", {}),
                                   **flags_given(args, TrainConfig)})
     model_config = saved.replace(num_labels=len(_class_names(args.data)),
-                                 token_classifier=train_config.task == "tag", **model_flags)
+                                 token_classifier=train_config.task == "tag",
+                                 question_answering=False, **model_flags)
     if _takes_lora_rate(train_config, args, file_values):
         train_config = _lora_rated(train_config)
     return model_config, train_config

@@ -35,6 +35,8 @@ from transduce.decode.inputs import PromptIds, TextError, checked_texts, ids_pro
 from transduce.decode.onnx_encoder_engine import OnnxSentenceEncoder
 from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
 from transduce.decode.options import DecodeDtype, Engine, decoding_dtype, pass_batch_tokens
+from transduce.decode.answering import MAX_ANSWER_PIECES, STRIDE, Answer, answers_of, \
+    best_spans, span_items
 from transduce.decode.tagging import TaggedWord, tag_items
 from transduce.decode.translate import length_sorted_batches
 from transduce.errors import LineTruncated
@@ -131,6 +133,9 @@ class SentenceEncoder:
         if self.tags:
             raise ConfigError("this model's head labels each token, not the text: tag with "
                               "it (`transduce tag`, SentenceEncoder.tag, /v1/tag)")
+        if self.answers:
+            raise ConfigError("this model's head answers questions: answer with it "
+                              "(`transduce answer`, SentenceEncoder.answer, /v1/answer)")
         if not self.classifies:
             raise ConfigError("this model has no classification head: fine-tune it with "
                               "`transduce train --task classify --init MODEL`")
@@ -207,7 +212,7 @@ class SentenceEncoder:
         items = tag_items(self.tokenizer, words, self.model.config.max_positions)
         names = self.labels or [str(i) for i in range(self.model.config.num_labels)]
         tags: list[list[TaggedWord | None]] = [[None] * len(w) for w in words]
-        for indices, ids in self._item_batches([item.ids for item in items], batch_tokens):
+        for indices, ids, _ in self._item_batches([item.ids for item in items], batch_tokens):
             probabilities = self._tag_logits(ids).float().softmax(dim=-1).cpu().numpy()
             for row, index in enumerate(indices):
                 item = items[index]
@@ -218,6 +223,59 @@ class SentenceEncoder:
                                                        float(chosen.max()))
         return tags
 
+    def answer(self, questions: Sequence[str], contexts: Sequence[str], *, top_k: int = 1,
+               max_answer_pieces: int = MAX_ANSWER_PIECES, stride: int = STRIDE,
+               batch_tokens: int | None = None) -> list[list[Answer]]:
+        """The best `top_k` answers to each question in its context (question i reads
+        contexts[i]), by a question answerer: spans of the context's words, with their
+        character offsets and scores (decode/answering.py says how they are found); a
+        context of no words gets []."""
+        if not self.answers:
+            raise ConfigError("this model has no question-answering head: import one "
+                              "(`transduce import hf-bert` of a ...ForQuestionAnswering "
+                              "directory)")
+        questions = checked_texts(questions, "question")
+        contexts = checked_texts(contexts, "context")
+        if len(questions) != len(contexts):
+            raise ConfigError(f"{len(questions)} questions but {len(contexts)} contexts: "
+                              f"each question is answered from its own context")
+        for name, value in (("top_k", top_k), ("max_answer_pieces", max_answer_pieces),
+                            ("stride", stride)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}={value!r}: must be a positive integer")
+        config = self.model.config
+        try:
+            items, words = span_items(self.tokenizer, questions, contexts,
+                                      config.max_positions, config.type_vocab_size == 1,
+                                      stride)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        found: list[list[tuple[float, int, int]]] = [[] for _ in questions]
+        batches = self._item_batches([item.ids for item in items], batch_tokens,
+                                     [item.segments for item in items])
+        for indices, ids, segments in batches:
+            logits = self._span_logits(ids, segments).float().cpu().numpy()   # (B, T, 2)
+            for row, index in enumerate(indices):
+                item = items[index]
+                context = logits[row, item.first:item.first + len(item.words)]   # (L, 2)
+                for i, j, score in best_spans(context[:, 0], context[:, 1],
+                                              max_answer_pieces):   # words: answers_of
+                    found[item.pair].append((score, int(item.words[i]), int(item.words[j])))
+        return [answers_of(spans, context, context_words, top_k)
+                for spans, context, context_words in zip(found, contexts, words)]
+
+    @property
+    def answers(self) -> bool:
+        """Whether the model's head answers questions (answer needs one)."""
+        return self.model.config.question_answering
+
+    @torch.inference_mode()
+    def _span_logits(self, ids: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
+        """ids, segments (B, T) -> (B, T, 2), from either engine."""
+        if isinstance(self.model, OnnxSentenceEncoder):
+            return self.model.token_logits(ids, segments)
+        return self.model.span_logits(self.model(ids, segments))
+
     @property
     def tags(self) -> bool:
         """Whether the model's head labels each token (tag needs one)."""
@@ -227,18 +285,22 @@ class SentenceEncoder:
     def _tag_logits(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) -> (B, T, num_labels), from either engine."""
         if isinstance(self.model, OnnxSentenceEncoder):
-            return self.model.tag_logits(ids)
+            return self.model.token_logits(ids)
         return self.model.tag_logits(self.model(ids))
 
-    def _item_batches(self, items: Sequence[np.ndarray], batch_tokens: int | None):
-        """(indices of the items, their ids (B, T) right-padded) by length, batch_tokens
-        at most (None: self.batch_tokens)."""
+    def _item_batches(self, items: Sequence[np.ndarray], batch_tokens: int | None,
+                      segments: Sequence[np.ndarray] | None = None):
+        """(indices of the items, their ids and segments (B, T) right-padded, 0 where
+        none are given) by length, batch_tokens at most (None: self.batch_tokens)."""
         for indices in length_sorted_batches(items, self._batch_tokens(batch_tokens)):
             width = max(len(items[i]) for i in indices)
             batch = torch.full((len(indices), width), self.model.config.pad_id, dtype=torch.long)
+            types = torch.zeros((len(indices), width), dtype=torch.long)
             for row, index in enumerate(indices):
                 batch[row, :len(items[index])] = torch.from_numpy(items[index])
-            yield np.asarray(indices), batch.to(self.device)
+                if segments is not None:
+                    types[row, :len(items[index])] = torch.from_numpy(segments[index])
+            yield np.asarray(indices), batch.to(self.device), types.to(self.device)
 
     def check_inputs(self, pairs: bool) -> None:
         """A ConfigError if the classifier records that it was fine-tuned on the other
@@ -255,13 +317,18 @@ class SentenceEncoder:
     @property
     def classifies(self) -> bool:
         """Whether the model has a classification head of classes (classify needs one)."""
-        return self.model.config.num_labels > 1 and not self.model.config.token_classifier
+        return self.model.config.num_labels > 1 and not self._reads_tokens
 
     @property
     def scores(self) -> bool:
         """Whether the model's head has one output (score and rerank need one): a
         cross-encoder (ms-marco-MiniLM, bge-reranker) or a regression head (STS-B)."""
-        return self.model.config.num_labels == 1 and not self.model.config.token_classifier
+        return self.model.config.num_labels == 1 and not self._reads_tokens
+
+    @property
+    def _reads_tokens(self) -> bool:
+        """Whether the model's head reads each token (a tagger's, a question answerer's)."""
+        return self.model.config.token_classifier or self.model.config.question_answering
 
     def _not_a_scorer(self) -> str:
         count = self.model.config.num_labels

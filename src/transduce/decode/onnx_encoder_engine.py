@@ -35,9 +35,10 @@ class OnnxSentenceEncoder(ExportedModel):
         logits (B, num_labels)."""
         return self._run(ids, "logits", segments)
 
-    def tag_logits(self, ids: Tensor) -> Tensor:
-        """A token classifier's: ids (B, T) right-padded -> (B, T, num_labels)."""
-        return self._run(ids, "logits")
+    def token_logits(self, ids: Tensor, segments: Tensor | None = None) -> Tensor:
+        """A head over each token's (a token classifier's, a question answerer's): ids,
+        segments (B, T) right-padded -> (B, T, num_labels)."""
+        return self._run(ids, "logits", segments)
 
     def embeddings(self, ids: Tensor, pooling: str = "mean") -> Tensor:
         """ids (B, T) right-padded -> the mean hidden state over real tokens, or the

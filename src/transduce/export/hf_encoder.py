@@ -7,7 +7,7 @@ pooler), as transformers could not read a second segment of the BERT template; o
 none (an imported DistilBERT) as `DistilBertForSequenceClassification` or
 `DistilBertForMaskedLM` (no pooler either), whose tokenizer gives no segment ids. A
 token classifier goes as the family's `...ForTokenClassification` (its tags as
-id2label).
+id2label), a question answerer as its `...ForQuestionAnswering`.
 
 Our BERT holds BERT's layers as they are, so the weights only change names: the
 inverse of the imports' table (importers/encoder_names.py), under the task models'
@@ -69,8 +69,8 @@ def _not_the_familys(model: EncoderOnly) -> list[str]:
     (where the class has a pooler), DistilBERT's fixed LayerNorm eps."""
     c, names = model.config, encoder_names(model.config)
     problems = []
-    has_pooler = not c.token_classifier and (names is families.BERT
-                                             or model.classifier is not None)
+    has_pooler = not reads_tokens(c) and (names is families.BERT
+                                          or model.classifier is not None)
     if has_pooler and c.pooler_activation != names.pooler_activation:
         problems.append(f"pooler_activation={c.pooler_activation!r} ({bert_class(model)}'s "
                         f"pooler has {names.pooler_activation})")
@@ -100,8 +100,10 @@ def bert_config(model: EncoderOnly) -> dict:
 def bert_class(model: EncoderOnly) -> str:
     names = encoder_names(model.config)
     family = {families.ROBERTA: "Roberta", families.DISTILBERT: "DistilBert"}.get(names)
-    if model.classifier is not None and model.config.token_classifier:
-        return f"{family or 'Bert'}ForTokenClassification"
+    if model.classifier is not None and reads_tokens(model.config):
+        task = "QuestionAnswering" if model.config.question_answering else \
+            "TokenClassification"
+        return f"{family or 'Bert'}For{task}"
     if family is None:
         return "BertForSequenceClassification" if model.classifier is not None \
             else "BertForPreTraining"
@@ -144,8 +146,8 @@ def roberta_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     table = state["roberta.embeddings.position_embeddings.weight"]
     state["roberta.embeddings.position_embeddings.weight"] = torch.cat(
         [table.new_zeros(model.config.pad_id + 1, table.shape[1]), table])
-    if model.config.token_classifier:
-        return state | _token_classifier(model)
+    if reads_tokens(model.config):
+        return state | _token_head(model)
     if model.classifier is not None:
         heads = {"classifier.dense": model.pooler, "classifier.out_proj": model.classifier}
     else:
@@ -159,8 +161,8 @@ def roberta_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
 def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     """Our weights under the BERT task model's names (importers/hf_bert.py's table)."""
     state = _layer_weights(model, families.BERT)
-    if model.config.token_classifier:                  # BertForTokenClassification has
-        return state | _token_classifier(model)        # no pooler
+    if reads_tokens(model.config):                  # BertForTokenClassification has
+        return state | _token_head(model)           # no pooler (nor ...QuestionAnswering)
     state |= _module_weights({"bert.pooler.dense": model.pooler})
     if model.classifier is not None:
         return state | _module_weights({"classifier": model.classifier})
@@ -175,8 +177,8 @@ def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
 def distilbert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     """Our weights under the DistilBERT task model's names (hf_distilbert.py's)."""
     state = _layer_weights(model, families.DISTILBERT)
-    if model.config.token_classifier:
-        return state | _token_classifier(model)
+    if reads_tokens(model.config):
+        return state | _token_head(model)
     if model.classifier is not None:
         return state | _module_weights({"pre_classifier": model.pooler,
                                         "classifier": model.classifier})
@@ -185,9 +187,17 @@ def distilbert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     return state | _tied_output(model, ("vocab_projector.bias",), "vocab_projector.weight")
 
 
-def _token_classifier(model: EncoderOnly) -> dict[str, Tensor]:
-    """A token classifier's head, "classifier" in every family's *ForTokenClassification."""
-    return _module_weights({"classifier": model.classifier})
+def reads_tokens(config) -> bool:
+    """Whether the model's head reads each token: a token classifier's or a question
+    answerer's."""
+    return config.token_classifier or config.question_answering
+
+
+def _token_head(model: EncoderOnly) -> dict[str, Tensor]:
+    """A head over each token: "classifier" in every family's *ForTokenClassification,
+    "qa_outputs" in its *ForQuestionAnswering."""
+    name = "qa_outputs" if model.config.question_answering else "classifier"
+    return _module_weights({name: model.classifier})
 
 
 def hf_state_dict(model: EncoderOnly) -> dict[str, Tensor]:

@@ -5,7 +5,8 @@
                             when the model has a classification head
 
 A model without segment types (an imported DistilBERT) does not read segments, and its
-graph takes ids alone. A token classifier's logits are each token's, (B, T, num_labels).
+graph takes ids alone. A token classifier's logits are each token's, (B, T, num_labels),
+a question answerer's each token's start and end scores, (B, T, 2).
 
 ids are right-padded with the pad id, which the graph masks as the model does; pooled
 is the [CLS] state through the pooler (dense + tanh, or ReLU), embeddings the mean of
@@ -43,8 +44,10 @@ class SentenceEncoderGraph(nn.Module):
         embeddings = (hidden * real).sum(dim=1) / real.sum(dim=1).clamp_min(1.0)
         if self.model.classifier is None:
             return hidden, pooled, embeddings
-        logits = self.model.tag_logits(hidden) if self.model.config.token_classifier \
-            else self.model.classify_logits(pooled)
+        c = self.model.config
+        logits = self.model.tag_logits(hidden) if c.token_classifier else \
+            self.model.span_logits(hidden) if c.question_answering else \
+            self.model.classify_logits(pooled)
         return hidden, pooled, embeddings, logits
 
 
@@ -58,7 +61,7 @@ def export_sentence_encoder(model: EncoderOnly, out: Path, opset: int) -> list[s
     outputs = ["hidden", "pooled", "embeddings"] + (["logits"] if c.num_labels else [])
     axes = {"ids": {0: "rows", 1: "length"}, "segments": {0: "rows", 1: "length"},
             "hidden": {0: "rows", 1: "length"}, **{name: {0: "rows"} for name in outputs[1:]}}
-    if c.token_classifier:
+    if c.token_classifier or c.question_answering:
         axes["logits"] = {0: "rows", 1: "length"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # tracer notes on size checks taken at trace time

@@ -34,7 +34,8 @@ vocab.txt with tokenizer_config.json's casing) travels with the checkpoint: bos 
 eos [SEP], pad [PAD]. A sentence-transformers directory's pooling (modules.json) is
 recorded, so that `embed` makes its vectors (sentence_transformers.py). A token
 classifier's (config.json's architectures say so) classifier labels each token:
-token_classifier, its id2label the tags.
+token_classifier, its id2label the tags; a question answerer's qa_outputs scores each
+token's starting and ending the answer: question_answering.
 """
 
 from __future__ import annotations
@@ -71,10 +72,12 @@ FIXED_OPTIONS = {"position_embedding_type": "absolute", "is_decoder": False,
                  "add_cross_attention": False}
 _IGNORED = re.compile(r"^embeddings\.(position_ids|token_type_ids)$")   # index buffers
 # The task models whose heads ours has no place for: their class names end with these.
-OTHER_TASKS = {"ForQuestionAnswering": "question-answering",
-               "ForMultipleChoice": "multiple-choice"}
-# A token classifier's (every family's): its classifier labels each token.
-TOKEN_CLASSIFIER = "ForTokenClassification"
+OTHER_TASKS = {"ForMultipleChoice": "multiple-choice"}
+# A token classifier's and a question answerer's classes (every family's), and what
+# their heads are called there.
+TOKEN_CLASSIFIER, QUESTION_ANSWERING = "ForTokenClassification", "ForQuestionAnswering"
+TOKEN_HEADS = {TOKEN_CLASSIFIER: "classifier", QUESTION_ANSWERING: "qa_outputs"}
+SPAN_LABELS = ["start", "end"]      # a question answerer's two outputs
 # The optional heads: our module -> what it is called in messages.
 HEADS = {"pooler": "pooler", "mlm_head": "masked-LM head", "nsp_head": "next-sentence head",
          "classifier": "classification head"}
@@ -131,15 +134,19 @@ def import_encoder(hf_dir: Path | str, out: Path | str, family: EncoderFamily) -
     sentence_embedding = read_sentence_embedding(hf_dir)     # a sentence-transformers model's
     tensors, source = read_weights(hf_dir)
     names = _bert_names(tensors, source, family.names.prefix)
-    tokens = is_token_classifier(hf)
-    if tokens:               # a linear layer over each token's state, named so everywhere
-        family = replace(family, classifier="classifier")
+    task = token_task(hf)
+    if task:                 # a linear layer over each token's state, named so everywhere
+        family = replace(family, classifier=TOKEN_HEADS[task])
     labels = _labels(hf, hf_dir / HF_CONFIG) if f"{family.classifier}.weight" in names \
         else None
+    if task == QUESTION_ANSWERING and labels is not None:
+        labels = SPAN_LABELS
     offset = family.position_offset(hf)
     config = model_config(hf, hf_dir / HF_CONFIG, tokenizer, family,
                           num_labels=len(labels) if labels else 0, position_offset=offset
-                          ).replace(token_classifier=tokens and labels is not None)
+                          ).replace(token_classifier=task == TOKEN_CLASSIFIER and bool(labels),
+                                    question_answering=task == QUESTION_ANSWERING
+                                    and bool(labels))
     model = EncoderOnly(config)
     state, found = map_weights(tensors, names, config, source, family, offset)
     fresh = {name: tensor for name, tensor in model.state_dict().items()
@@ -178,13 +185,14 @@ def check_options(hf: dict[str, Any], config_file: Path, family: EncoderFamily) 
             raise ForeignCheckpointError(
                 f"{config_file}: architectures={found}: a {task} model, whose head ours has "
                 f"no place for (ours holds the masked-LM, next-sentence, sequence- and "
-                f"token-classification heads)")
+                f"token-classification and question-answering heads)")
 
 
-def is_token_classifier(hf: dict[str, Any]) -> bool:
-    """Whether config.json's architectures name a token classifier (NER, tagging)."""
-    return any(isinstance(name, str) and name.endswith(TOKEN_CLASSIFIER)
-               for name in hf.get("architectures") or [])
+def token_task(hf: dict[str, Any]) -> str | None:
+    """The head over each token that config.json's architectures name: a token
+    classifier's (NER, tagging) or a question answerer's, or None."""
+    return next((task for task in TOKEN_HEADS for name in hf.get("architectures") or []
+                 if isinstance(name, str) and name.endswith(task)), None)
 
 
 def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,

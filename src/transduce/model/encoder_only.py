@@ -7,6 +7,7 @@ sentences, with the heads of its pre-training and fine-tuning.
     model.nsp_logits(pooled)                    # (B, 2): is sentence B the next one?
     model.classify_logits(pooled)               # (B, num_labels)
     model.tag_logits(hidden)                    # (B, T, num_labels): a token classifier's
+    model.span_logits(hidden)                   # (B, T, 2): a question answerer's start, end
     model.sentence_embeddings(ids)              # mean over real tokens ([CLS]'s): (B, C)
 
 The input is [CLS] A [SEP] (B [SEP]), segment 0 for A and its markers, 1 for B.
@@ -148,9 +149,9 @@ class EncoderOnly(CountedParameters, nn.Module):
         if self.classifier is None:
             raise ValueError("this model has no classification head (num_labels=0); "
                              "fine-tune it with --task classify")
-        if self.config.token_classifier:
-            raise ValueError("this model's head labels each token (token_classifier=True), "
-                             "not the sequence: tag with it")
+        if self.config.token_classifier or self.config.question_answering:
+            raise ValueError("this model's head reads each token (token_classifier or "
+                             "question_answering), not the sequence")
         return self.classifier(self.head_dropout(pooled))
 
     def tag_logits(self, hidden: Tensor) -> Tensor:
@@ -159,6 +160,13 @@ class EncoderOnly(CountedParameters, nn.Module):
         if self.classifier is None or not self.config.token_classifier:
             raise ValueError("this model has no token-classification head; fine-tune it "
                              "with --task tag")
+        return self.classifier(self.head_dropout(hidden))
+
+    def span_logits(self, hidden: Tensor) -> Tensor:
+        """A question answerer's: (B, T, C) -> (B, T, 2), each token's score of starting
+        (0) and of ending (1) the answer."""
+        if not self.config.question_answering:
+            raise ValueError("this model has no question-answering head")
         return self.classifier(self.head_dropout(hidden))
 
     def sentence_embeddings(self, ids: Tensor, segments: Tensor | None = None, *,

@@ -9,8 +9,8 @@ docs.py). A translation model adds /v1/translate, /translate and /languages
 (LibreTranslate's), and /v1/attention; a language model /v1/generate, /v1/completions
 and /v1/chat/completions (OpenAI's); an encoder-only model /v1/embed, /v1/embeddings
 (OpenAI's) and, with a classification head, /v1/classify, with a head of one output
-(a cross-encoder) /v1/rerank, or with a token classifier /v1/tag. The worker starts
-and stops with the app's lifespan: on shutdown the queue is closed to new work and what
+(a cross-encoder) /v1/rerank, with a token classifier /v1/tag, or with a question
+answerer /v1/answer. The worker starts and stops with the app's lifespan: on shutdown the queue is closed to new work and what
 is queued is decoded before the worker stops.
 """
 
@@ -243,5 +243,6 @@ def describe(service: Service, kind: str) -> dict:
         info["sentence_embedding"] = model.embedding_defaults   # what /v1/embed does unasked
         info["classifies"] = model.classifies            # /v1/classify
         info["tags"] = model.tags                        # a token classifier: /v1/tag
+        info["answers"] = model.answers                  # a question answerer: /v1/answer
         info["reranks"] = model.scores                   # a cross-encoder: /v1/rerank
     return info

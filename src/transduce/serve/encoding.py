@@ -1,6 +1,6 @@
 """The routes of an encoder-only model: /v1/embed and, when it has a classification head,
-/v1/classify, or /v1/tag for a token classifier (OpenAI's /v1/embeddings:
-embeddings.py). Texts of concurrent requests with
+/v1/classify, or /v1/tag for a token classifier, or /v1/answer for a question answerer
+(OpenAI's /v1/embeddings: embeddings.py). Texts of concurrent requests with
 the same settings share a call of the library, up to --batch-tokens, which runs them in
 batches of its own size (SentenceEncoder.batch_tokens: small on a CPU)."""
 
@@ -12,8 +12,9 @@ from transduce.config import ConfigError
 from transduce.decode.encode import Line, SentenceEncoder
 from transduce.decode.tagging import entities
 from transduce.serve.limits import ApiError, check_texts, check_tokens
-from transduce.serve.schemas import ClassifyRequest, ClassifyResponse, EmbedRequest, \
-    EmbedResponse, Entity, Prediction, TaggedWord, TagRequest, TagResponse, Timings
+from transduce.serve.schemas import AnswerRequest, AnswerResponse, ClassifyRequest, \
+    ClassifyResponse, EmbedRequest, EmbedResponse, Entity, FoundAnswer, Prediction, \
+    TaggedWord, TagRequest, TagResponse, Timings
 from transduce.serve.service import Service, split_by_job, timed
 from transduce.serve.validation import ERROR_RESPONSES
 
@@ -74,6 +75,29 @@ def routes(service: Service) -> APIRouter:
                 entities=[[Entity(**vars(e)) for e in entities(
                     [w.word for w in line], [w.tag for w in line])] for line in found],
                 timings=timings)
+
+    if encoder.answers:
+        @router.post("/v1/answer", response_model=AnswerResponse, responses=ERROR_RESPONSES,
+                     summary="Each question's answer: a span of its context")
+        async def answer(body: AnswerRequest) -> AnswerResponse:
+            check_texts(body.questions, service.limits, "questions")
+            check_texts(body.contexts, service.limits, "contexts")
+            if len(body.contexts) != len(body.questions):
+                raise ApiError(422, f"contexts: {len(body.contexts)} contexts for "
+                                    f"{len(body.questions)} questions; give one for each",
+                               "contexts")
+            tokens = sum(token_counts(encoder, body.questions)) + \
+                sum(token_counts(encoder, body.contexts))
+            settings = (body.top_k, body.max_answer_tokens)
+            run = timed(lambda jobs: split_by_job(jobs, encoder.answer(
+                [q for job in jobs for q, _ in job.payload],
+                [c for job in jobs for _, c in job.payload], top_k=settings[0],
+                max_answer_pieces=settings[1])))
+            found, timings = await service.submit(("answer", *settings), run,
+                                                  list(zip(body.questions, body.contexts)),
+                                                  tokens, len(body.questions))
+            return AnswerResponse(answers=[[FoundAnswer(**vars(a)) for a in answers]
+                                           for answers in found], timings=timings)
 
     return router
 

@@ -234,6 +234,26 @@ class TagResponse(BaseModel):
     timings: Timings
 
 
+class AnswerRequest(Strict):
+    questions: Texts
+    contexts: Texts = Field(description="each question's context, which its answer is "
+                                        "a span of; a long one is read in windows")
+    top_k: Annotated[StrictInt, Field(ge=1, le=20)] = 1
+    max_answer_tokens: Annotated[StrictInt, Field(ge=1, le=512)] = 30
+
+
+class FoundAnswer(BaseModel):
+    text: str
+    start: int = Field(description="the answer's first character in its context")
+    end: int = Field(description="past its last character")
+    score: float
+
+
+class AnswerResponse(BaseModel):
+    answers: list[list[FoundAnswer]]
+    timings: Timings
+
+
 class ErrorBody(BaseModel):
     error: str
     field: str | None = None

@@ -81,6 +81,10 @@ def check_encoder_configs(model_config: ModelConfig, train_config: TrainConfig,
         raise ConfigError(f"task {c.task!r} needs ModelConfig.num_labels >= 2 (the corpus's "
                           f"{'classes' if c.task == 'classify' else 'tags'}), got "
                           f"{model_config.num_labels}")
+    if model_config.question_answering and c.task != "pretrain":
+        raise ConfigError(f"task {c.task!r}: this model's head answers questions, which "
+                          f"training here does not teach (fine-tune its encoder with "
+                          f"--init and --task classify or tag: the head is replaced)")
     if model_config.token_classifier != (c.task == "tag") and c.task != "pretrain":
         raise ConfigError(f"task {c.task!r} trains a {'token' if c.task == 'tag' else 'sequence'}"
                           f" classifier, but ModelConfig.token_classifier="
@@ -327,17 +331,19 @@ def load_pretrained(model: torch.nn.Module, init: Path, device: torch.device) ->
         raise EncoderTrainingError(f"--init {path}: arch {saved_config.arch!r}, not an "
                                    f"encoder")
     differ = sorted(k for k, v in saved_config.replace(
-        num_labels=ours.num_labels, token_classifier=ours.token_classifier).to_dict().items()
+        num_labels=ours.num_labels, token_classifier=ours.token_classifier,
+        question_answering=ours.question_answering).to_dict().items()
         if ours.to_dict()[k] != v)
     if differ:
         raise EncoderTrainingError(f"--init {path}: its model differs from this one in "
-                                   f"{', '.join(differ)} (only num_labels and "
-                                   f"token_classifier may differ)")
+                                   f"{', '.join(differ)} (only num_labels and the "
+                                   f"head's kind may differ)")
     source = empty_model(saved_config)
     checkpoint.load_weights(source, path, device)
     weights = source.state_dict()
     target = model.state_dict()
-    other_head = saved_config.token_classifier != ours.token_classifier   # tokens', texts'
+    other_head = (saved_config.token_classifier, saved_config.question_answering) != \
+        (ours.token_classifier, ours.question_answering)        # tokens', texts', spans'
     kept = {name: tensor for name, tensor in weights.items()
             if not (name.startswith(NEW_HEAD) and (name not in target or other_head
                                                     or target[name].shape != tensor.shape))}

@@ -1,0 +1,124 @@
+"""Extractive question answering with an encoder whose head scores each token's starting
+and ending the answer (ModelConfig.question_answering: BERT's SQuAD head, Devlin et al.
+2019, section 4.2). A question and its context are read as [CLS] question [SEP] context
+[SEP] (RoBERTa's <s> question </s></s> context </s>), the context split into words at
+whitespace and each word into the pieces the tokenizer gives it within the text. A
+context longer than the model reads is read in windows of its pieces that overlap by
+`stride` pieces. In each window the start and end scores over the context's pieces go
+through a softmax each, and a span from piece i to piece j (j >= i, at most
+`max_answer_pieces` long) scores p_start(i) * p_end(j), as transformers' question-answering
+pipeline scores it; the best spans over all windows are the answers, each given as the
+context's text from the first character of i's word to the last of j's (the words a
+span touches, whole, as BERT's evaluation reads them back)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from transduce.data.masking import encoder_item
+from transduce.data.tagged import word_pieces
+
+MAX_QUESTION_PIECES = 64      # BERT's max_query_length: a longer question is cut
+MAX_ANSWER_PIECES = 30        # BERT's max_answer_length
+STRIDE = 128                  # the pieces consecutive windows share (transformers' default)
+CANDIDATES = 20               # the best starts and ends a window's spans are made of
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    start: int          # the answer's characters in the context: [start, end)
+    end: int
+    score: float        # p_start * p_end in its window
+
+
+@dataclass(frozen=True)
+class SpanItem:
+    """One model input: a window of pair `pair`'s context. ids and segments (T,); the
+    position of the window's first context piece; each of its pieces' word."""
+
+    pair: int
+    ids: np.ndarray
+    segments: np.ndarray
+    first: int
+    words: np.ndarray
+
+
+def context_words(context: str) -> list[re.Match]:
+    """The context's words (runs of non-space), with their character offsets."""
+    return list(re.finditer(r"\S+", context))
+
+
+def windows(pieces: int, room: int, stride: int) -> list[tuple[int, int]]:
+    """Spans [a, b) of `pieces` pieces, each `room` long but the last, consecutive ones
+    sharing min(stride, room // 2) pieces; none for no piece."""
+    overlap = min(stride, room // 2)
+    spans, start = [], 0
+    while start < pieces:
+        end = min(start + room, pieces)
+        spans.append((start, end))
+        if end == pieces:
+            break
+        start = end - overlap
+    return spans
+
+
+def span_items(tokenizer, questions: Sequence[str], contexts: Sequence[str],
+               max_positions: int, one_segment: bool, stride: int = STRIDE
+               ) -> tuple[list[SpanItem], list[list[re.Match]]]:
+    """The model inputs that cover each context (a context of no words: none), and each
+    context's words."""
+    asked = [ids[:MAX_QUESTION_PIECES] for ids in tokenizer.encode(
+        [question.strip() for question in questions])]
+    items, all_words = [], []
+    for pair, (question, context) in enumerate(zip(asked, contexts)):
+        words = context_words(context)
+        all_words.append(words)
+        pieces = word_pieces(tokenizer, [word.group() for word in words])
+        owner = np.repeat(np.arange(len(pieces)), [len(p) for p in pieces])
+        flat = np.asarray([i for p in pieces for i in p], dtype=np.int64)
+        room = max_positions - len(question) - 3 - one_segment
+        if room < 1:
+            raise ValueError(f"question {pair + 1}: {len(question)} pieces leave no room "
+                             f"for its context in the model's {max_positions} positions")
+        for a, b in windows(len(flat), room, stride):
+            ids, segments, _ = encoder_item(np.asarray(question, dtype=np.int64), flat[a:b],
+                                            tokenizer.bos_id, tokenizer.eos_id, one_segment)
+            first = len(question) + 2 + one_segment
+            items.append(SpanItem(pair, ids, segments, first, owner[a:b]))
+    return items, all_words
+
+
+def best_spans(start_logits: np.ndarray, end_logits: np.ndarray, max_pieces: int,
+               count: int | None = None) -> list[tuple[int, int, float]]:
+    """A window's best spans (i, j, p_start(i) * p_end(j)) over its context's pieces,
+    start and end logits (L,) each, j - i < max_pieces, best first: those of the
+    CANDIDATES best starts and ends, at most `count` of them (None: all; spans of the
+    same words are told apart later, by answers_of)."""
+    p_start, p_end = _softmax(start_logits), _softmax(end_logits)
+    starts = np.argsort(-p_start)[:CANDIDATES]
+    ends = np.argsort(-p_end)[:CANDIDATES]
+    spans = [(int(i), int(j), float(p_start[i] * p_end[j])) for i in starts for j in ends
+             if i <= j < i + max_pieces]
+    return sorted(spans, key=lambda span: -span[2])[:count]
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max())
+    return shifted / shifted.sum()
+
+
+def answers_of(found: list[tuple[float, int, int]], context: str, words: list[re.Match],
+               count: int) -> list[Answer]:
+    """A context's best answers from its windows' spans (score, first word, last word):
+    the same words found in two windows count once, at their better score."""
+    best: dict[tuple[int, int], float] = {}
+    for score, first, last in found:
+        best[first, last] = max(score, best.get((first, last), 0.0))
+    ranked = sorted(best.items(), key=lambda item: -item[1])[:count]
+    return [Answer(context[words[a].start():words[b].end()], words[a].start(),
+                   words[b].end(), score) for (a, b), score in ranked]
