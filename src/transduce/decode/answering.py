@@ -6,10 +6,11 @@ whitespace and each word into the pieces the tokenizer gives it within the text.
 context longer than the model reads is read in windows of its pieces that overlap by
 `stride` pieces. In each window the start and end scores over the context's pieces go
 through a softmax each, and a span from piece i to piece j (j >= i, at most
-`max_answer_pieces` long) scores p_start(i) * p_end(j), as transformers' question-answering
-pipeline scores it; the best spans over all windows are the answers, each given as the
-context's text from the first character of i's word to the last of j's (the words a
-span touches, whole, as BERT's evaluation reads them back)."""
+`max_answer_pieces` long) scores p_start(i) * p_end(j), as the question-answering
+pipeline of transformers 4 scored it (version 5 has none); the best spans over all
+windows are the answers, each given as the context's text from the first character of
+i's word to the last of j's (the words a span touches, whole, as BERT's evaluation reads
+them back)."""
 
 from __future__ import annotations
 
