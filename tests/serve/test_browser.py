@@ -3,7 +3,8 @@
 Types a sentence, translates, switches kind, layer and head, hovers tokens, and checks
 what the page shows against the API; a long sentence (100+ pieces) loads its layers
 lazily. Also the generate page (server-sent events), an instruct model's chat, the
-classify page and a cross-encoder's rerank page. Screenshots
+classify page, a cross-encoder's rerank page, a tagger's and a question answerer's.
+Screenshots
 go to the test's temporary directory.
 """
 
@@ -295,6 +296,42 @@ def test_encoder_page_reranks_with_a_cross_encoder(browser_page, reranker):
     cells = page.locator("#enc-output tr td").all_text_contents()
     assert cells[0::2] == [documents[r.index] for r in expected]
     assert cells[1::2] == [f"{r.relevance:.3f}" for r in expected]
+
+
+def test_encoder_page_tags_with_a_token_classifier(browser_page, tagger):
+    """/v1/models says "tags": the page tags each line's words as the library does, and
+    lists its entities; it offers no classification."""
+    page, lines = browser_page, ["uno dos el perro", "gato rojo grande come"]
+    with ServerThread(create_app(tagger)) as server:
+        page.goto(server.url + "/")
+        page.wait_for_selector("#tag", state="visible")
+        assert page.is_hidden("#classify") and page.is_hidden("#answer")
+        page.fill("#lines", "\n".join(lines))
+        page.click("#tag")
+        page.wait_for_selector("#enc-output tr")
+    expected = tagger.tag(lines)
+    cells = page.locator("#enc-output tr td").all_text_contents()
+    assert cells[1::3] == [" ".join(f"{w.word}/{w.tag}" for w in line) for line in expected]
+
+
+def test_encoder_page_answers_with_a_question_answerer(browser_page, answerer):
+    """/v1/models says "answers": the page asks for a question and answers it from each
+    line as the library does."""
+    page, contexts = browser_page, ["uno dos el perro", "gato rojo grande come"]
+    with ServerThread(create_app(answerer)) as server:
+        page.goto(server.url + "/")
+        page.wait_for_selector("#question", state="visible")
+        assert page.is_hidden("#classify") and page.is_hidden("#tag")
+        page.fill("#lines", "\n".join(contexts))
+        page.click("#answer")
+        page.wait_for_function(
+            "/type a question first/.test(document.getElementById('enc-status').textContent)")
+        page.fill("#question", "el perro")
+        page.click("#answer")
+        page.wait_for_selector("#enc-output tr")
+    expected = answerer.answer(["el perro"] * 2, contexts)
+    cells = page.locator("#enc-output tr td").all_text_contents()
+    assert cells[1::2] == [f"{a[0].text} ({a[0].score:.3f})" for a in expected]
 
 
 def test_encoder_page_classifies_pairs(browser_page, encoder):

@@ -1,6 +1,6 @@
 // The page of `transduce serve`: a translate box and an attention explorer (or, for other
 // kinds of model, a generate box, with a chat for an instruct model, or a classify /
-// embed box). No libraries, no network
+// tag / answer / rerank / embed box, as the encoder's head allows). No libraries, no network
 // beyond this server: the maps are drawn on canvases, one layer fetched at a time.
 "use strict";
 
@@ -486,6 +486,37 @@ async function rerank() {
   }
 }
 
+async function tag() {
+  const texts = linesOf("lines");
+  if (!texts.length) return setStatus("enc-status", "type a line first", true);
+  try {
+    const data = await api("/v1/tag", { texts });
+    resultRows(texts.map((text, i) => [
+      text,
+      data.words[i].map((w) => `${w.word}/${w.tag}`).join(" "),
+      data.entities[i].map((e) => `${e.kind}: ${e.text}`).join(" · ")]));
+    setStatus("enc-status", `${Math.round(data.timings.total_ms)} ms`);
+  } catch (error) {
+    setStatus("enc-status", error.message, true);
+  }
+}
+
+async function answer() {
+  const question = $("question").value.trim(), contexts = linesOf("lines");
+  if (!question) return setStatus("enc-status", "type a question first", true);
+  if (!contexts.length) return setStatus("enc-status", "type the contexts, one a line", true);
+  try {
+    const data = await api("/v1/answer", { questions: contexts.map(() => question), contexts });
+    resultRows(contexts.map((context, i) => {
+      const best = data.answers[i][0];
+      return [context, best ? `${best.text} (${best.score.toFixed(3)})` : "(no answer)"];
+    }));
+    setStatus("enc-status", `${Math.round(data.timings.total_ms)} ms`);
+  } catch (error) {
+    setStatus("enc-status", error.message, true);
+  }
+}
+
 async function start() {
   try {
     const models = await (await fetch("/v1/models")).json();
@@ -501,6 +532,8 @@ async function start() {
     $("seconds").hidden = !state.pairs;
     $("query").hidden = $("rerank").hidden = !model.reranks;     // a cross-encoder
     $("classify").hidden = !model.classifies;
+    $("tag").hidden = !model.tags;                 // a token classifier
+    $("question").hidden = $("answer").hidden = !model.answers;    // a question answerer
     $("chat-panel").hidden = !model.chat;          // an instruct model with a template
   } catch (error) { /* the page still works */ }
   if (KIND === "translation") {
@@ -544,6 +577,8 @@ async function start() {
     $("classify").addEventListener("click", () => encode("/v1/classify"));
     $("embed").addEventListener("click", () => encode("/v1/embed"));
     $("rerank").addEventListener("click", rerank);
+    $("tag").addEventListener("click", tag);
+    $("answer").addEventListener("click", answer);
   }
 }
 
