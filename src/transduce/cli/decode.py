@@ -128,14 +128,15 @@ def _translated_text(translator, lines: list[str], args: argparse.Namespace, don
 
 def evaluate_command(args: argparse.Namespace) -> int:
     """sacreBLEU and chrF of a model on a corpus split, with signatures; a language
-    model's perplexity per piece and per word; a classifier's accuracy and macro-F1."""
+    model's perplexity per piece and per word; a classifier's accuracy and macro-F1, a
+    tagger's entity F1, a question answerer's exact match and F1."""
     from tqdm import tqdm
 
     arch = _arch(args.model)
     if arch == "decoder":
         return _evaluate_language_model(args)
     if arch == "encoder":
-        return _evaluate_classifier(args)
+        return _evaluate_encoder(args)
 
     from transduce.decode.evaluate import evaluate_split
     from transduce.decode.translate import Translator
@@ -188,11 +189,13 @@ def _arch(path: Path) -> str:
     return checkpoint.read_configs(checkpoint.resolve(Path(path)))[0].arch
 
 
-def _evaluate_classifier(args: argparse.Namespace) -> int:
-    """Accuracy and macro-F1 of an encoder-only classifier on a labelled split, or word
-    accuracy and entity F1 of a token classifier on a tagging split."""
+def _evaluate_encoder(args: argparse.Namespace) -> int:
+    """Accuracy and macro-F1 of an encoder-only classifier on a labelled split, word
+    accuracy and entity F1 of a token classifier on a tagging split, or SQuAD's exact
+    match and F1 of a question answerer on a question-answering split."""
     from transduce.decode.encode import SentenceEncoder
-    from transduce.decode.evaluate import evaluate_classifier, evaluate_tagger
+    from transduce.decode.evaluate import evaluate_answerer, evaluate_classifier, \
+        evaluate_tagger
 
     if args.kv_dtype is not None:
         raise ConfigError("a classifier keeps no KV cache: --kv-dtype applies to models "
@@ -201,11 +204,17 @@ def _evaluate_classifier(args: argparse.Namespace) -> int:
         raise ConfigError("--no-doubles applies to translation: a classifier writes no text")
     encoder = SentenceEncoder.load(args.model, dtype=args.dtype, engine=args.engine)
     task, kind, evaluate = ("tag", "tagging", evaluate_tagger) if encoder.tags else \
+        ("answer", "qa", evaluate_answerer) if encoder.answers else \
         ("classify", "classification", evaluate_classifier)
     out = args.out or (Path(args.model) / f"eval-{args.split}-{task}")
     files = _check_outputs(out, kind)
     result = evaluate(encoder, args.data, args.split, out, batch_tokens=args.batch_tokens)
-    if encoder.tags:
+    if encoder.answers:
+        print(f"{args.split}: exact match {100 * result['exact_match']:.2f}, F1 "
+              f"{100 * result['f1']:.2f} ({result['questions']} questions, "
+              f"{result['unanswerable']} without an answer; "
+              f"{result['questions_per_second']:.1f} questions/s)")
+    elif encoder.tags:
         print(f"{args.split}: entity F1 {100 * result['f1']:.2f} (precision "
               f"{100 * result['precision']:.2f}, recall {100 * result['recall']:.2f}, "
               f"{result['entities']} entities), word accuracy "

@@ -3,7 +3,8 @@
 Any pair of UTF-8 files with one sentence per line is a parallel corpus ({split}.{lang},
 the languages named in corpus.json). A classification corpus ({split}.tsv, "kind":
 "classification") is read by data/labelled.py, a tagging corpus ({split}.conll, "kind":
-"tagging") by data/tagged.py. A text corpus, for language models, is one file per
+"tagging") by data/tagged.py, a question-answering corpus ({split}.json in SQuAD's
+layout, "kind": "qa") by data/squad.py. A text corpus, for language models, is one file per
 split, {split}.txt, one line (a sentence, a verse, a document) per line; its corpus.json
 says "kind": "text", and a directory of {split}.txt files without corpus.json is one too.
 
@@ -27,8 +28,8 @@ from transduce.errors import TransduceError, not_there
 SPLITS = ("train", "dev", "test")
 METADATA = "corpus.json"
 TEXT_SUFFIX = ".txt"
-CorpusKind = Literal["parallel", "text", "classification", "tagging"]
-KINDS = ("parallel", "text", "classification", "tagging")
+CorpusKind = Literal["parallel", "text", "classification", "tagging", "qa"]
+KINDS = ("parallel", "text", "classification", "tagging", "qa")
 
 
 class CorpusError(TransduceError, ValueError):
@@ -142,6 +143,10 @@ def split_files(data_dir: Path | str, split: str) -> tuple[Path, Path]:
         raise CorpusError(f"{data_dir} is a classification corpus ({{train,dev,test}}.tsv): "
                           f"it has no source side to translate from; train a classifier on "
                           f"it (--arch encoder --task classify)")
+    if corpus_kind(data_dir) == "qa":
+        raise CorpusError(f"{data_dir} is a question-answering corpus ({{split}}.json): it "
+                          f"has no source side to translate from; evaluate a question "
+                          f"answerer on it")
     if corpus_kind(data_dir) == "tagging":
         raise CorpusError(f"{data_dir} is a tagging corpus ({{train,dev,test}}.conll): it "
                           f"has no source side to translate from; train a token classifier "
@@ -181,8 +186,9 @@ def corpus_kind(data_dir: Path | str) -> CorpusKind:
     """"text" for a text corpus (corpus.json says so, or there is no corpus.json and
     there is a train.txt, dev.txt or test.txt), "classification" for labelled text
     (corpus.json says so, or no corpus.json and a train.tsv; data/labelled.py),
-    "tagging" for tagged words (likewise, train.conll; data/tagged.py), else "parallel"
-    (whose files split_files finds or explains)."""
+    "tagging" for tagged words (likewise, train.conll; data/tagged.py), "qa" for
+    questions (likewise, a {split}.json; data/squad.py), else "parallel" (whose files
+    split_files finds or explains)."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise CorpusError(not_there(data_dir, "corpus directory"))
@@ -198,6 +204,8 @@ def corpus_kind(data_dir: Path | str) -> CorpusKind:
         return "text"
     if (data_dir / "train.conll").is_file():
         return "tagging"
+    if any((data_dir / f"{split}.json").is_file() for split in SPLITS):
+        return "qa"
     return "classification" if (data_dir / "train.tsv").is_file() else "parallel"
 
 
@@ -207,8 +215,8 @@ def has_split(data_dir: Path | str, split: str) -> bool:
     kind = corpus_kind(data_dir)
     if kind == "text":
         return text_file(data_dir, split).is_file()
-    if kind in ("classification", "tagging"):
-        suffix = ".tsv" if kind == "classification" else ".conll"
+    if kind in ("classification", "tagging", "qa"):
+        suffix = {"classification": ".tsv", "tagging": ".conll", "qa": ".json"}[kind]
         return (data_dir / f"{split}{suffix}").is_file()
     return (data_dir / METADATA).is_file() and \
         all(path.is_file() for path in split_files(data_dir, split))

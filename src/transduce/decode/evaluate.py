@@ -36,6 +36,7 @@ from transduce.data.batching import TokenBatcher
 from transduce.data.corpus import CorpusError, language_pair, read_lines, read_text_split, \
     split_files
 from transduce.data.labelled import label_indices, labelled_file, read_labelled
+from transduce.data.squad import exact_match, f1, qa_file, read_squad
 from transduce.data.tagged import read_tagged, tagged_file
 from transduce.data.tokenizer import BOS_ID, EOS_ID, TextTokenizer
 from transduce.decode.encode import SentenceEncoder
@@ -48,7 +49,8 @@ from transduce.model import DecoderOnly
 # What each evaluation writes beside OUT (the prefix): the command line checks them all
 # before a split is scored.
 SUFFIXES = {"translation": (".hyp", ".json"), "classification": (".tsv", ".json"),
-            "tagging": (".conll", ".json"), "language model": (".json",)}
+            "tagging": (".conll", ".json"), "qa": (".answers.json", ".json"),
+            "language model": (".json",)}
 
 
 def written_files(out_prefix: Path, kind: str) -> list[Path]:
@@ -298,5 +300,31 @@ def evaluate_tagger(encoder: SentenceEncoder, data_dir: Path, split: str, out_pr
         "".join(f"{word}\t{gold}\t{guess}\n" for word, gold, guess
                 in zip(sentence, truth, guesses)) + "\n"
         for sentence, truth, guesses in zip(corpus.words, corpus.tags, predicted)))
+    atomic.write_text(json_file, json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def evaluate_answerer(encoder: SentenceEncoder, data_dir: Path, split: str, out_prefix: Path,
+                      *, batch_tokens: int | None = None) -> dict:
+    """SQuAD's exact match and F1 (data/squad.py) of a question answerer's best answers
+    on a question-answering split ({split}.json in SQuAD's layout), written to OUT.json
+    with the answers by question id (SQuAD's predictions file) to OUT.answers.json. A
+    question of no gold answer counts as the answerer never abstains: 0."""
+    questions = read_squad(qa_file(data_dir, split))
+    start = time.perf_counter()
+    found = encoder.answer([q.question for q in questions], [q.context for q in questions],
+                           batch_tokens=batch_tokens)
+    seconds = time.perf_counter() - start
+    texts = [answers[0].text if answers else "" for answers in found]
+    result = {"split": split, "file": str(qa_file(data_dir, split)),
+              "questions": len(questions),
+              "unanswerable": sum(not q.answers for q in questions),
+              "exact_match": float(np.mean([exact_match(t, q.answers)
+                                            for t, q in zip(texts, questions)])),
+              "f1": float(np.mean([f1(t, q.answers) for t, q in zip(texts, questions)])),
+              "seconds": seconds, "questions_per_second": len(questions) / seconds}
+    answers_file, json_file = written_files(out_prefix, "qa")
+    atomic.write_text(answers_file, json.dumps(
+        {q.id: text for q, text in zip(questions, texts)}, indent=2, ensure_ascii=False) + "\n")
     atomic.write_text(json_file, json.dumps(result, indent=2) + "\n")
     return result
