@@ -68,7 +68,8 @@ def with_heads(model: EncoderOnly, whole: dict[str, Tensor], file, tokens: bool 
 def _with_classes(model: EncoderOnly, classes: int, tokens: bool) -> EncoderOnly:
     """A copy of the encoder with a classifier of `classes` outputs (left as drawn: the
     adapter fills it), of each token's if `tokens`, in place of its own or of none."""
-    grown = empty_model(model.config.replace(num_labels=classes, token_classifier=tokens))
+    grown = empty_model(model.config.replace(num_labels=classes, token_classifier=tokens,
+                                             question_answering=False))
     kept = {name: tensor for name, tensor in model.state_dict().items()
             if not name.startswith("classifier.")}
     missing, unexpected = grown.load_state_dict(kept, strict=False)
