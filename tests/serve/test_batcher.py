@@ -457,9 +457,14 @@ def test_two_decoders_run_two_streams_side_by_side_each_with_its_share():
     assert {name for name, _ in BlockingStream.seen} == {"transduce-decoder-0",
                                                          "transduce-decoder-1"}
     assert sorted(len(s.left) + len(s.steps[0]) for s in CountdownStream.instances) == [16, 16]
-    # The second starts while the first works: one thread each from then on.
-    assert {count for name, count in BlockingStream.seen if name.endswith("1")} == {1}
-    assert ("transduce-decoder-0", 1) in BlockingStream.seen
+    # The second to take work did while the first worked: its first step had one thread.
+    # (Which decoder that is, is the scheduler's; the first may step alone on both
+    # threads before it, and either runs on both again once the other is done.)
+    first_steps: dict[str, int] = {}
+    for name, count in BlockingStream.seen:
+        first_steps.setdefault(name, count)
+    assert 1 in first_steps.values()
+    assert {count for _, count in BlockingStream.seen} <= {1, 2}
     assert torch.get_num_threads() == threads_before
 
 
