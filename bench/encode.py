@@ -55,10 +55,38 @@ def build_hf_model(args: argparse.Namespace, directory: Path):
         num_attention_heads=args.heads, intermediate_size=args.d_ff,
         max_position_embeddings=512)).eval()
     model.save_pretrained(directory)
-    words = [f"w{i}" for i in range(args.vocab - len(SPECIAL))]
+    return model, write_vocabulary(directory, args.vocab)
+
+
+def write_vocabulary(directory: Path, size: int) -> list[str]:
+    """A WordPiece vocabulary.txt of `size` entries, BERT's specials and whole words w0,
+    w1, ... (one token each), lowercased -> the words."""
+    words = [f"w{i}" for i in range(size - len(SPECIAL))]
     (directory / "vocab.txt").write_text("\n".join(SPECIAL + words) + "\n", encoding="utf-8")
     (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
-    return model, words
+    return words
+
+
+def random_lines(words: list[str], count: int, max_words: int) -> list[str]:
+    """`count` lines of 8 to max_words words drawn from `words` (the same for a seed)."""
+    rng = random.Random(0)
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(8, max_words)))
+            for _ in range(count)]
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model's shape (bert-base's by default), the lines, the batches, the rounds and
+    the threads: what the encoder benchmarks share."""
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--d-model", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--d-ff", type=int, default=3072)
+    parser.add_argument("--vocab", type=int, default=30522)
+    parser.add_argument("--lines", type=int, default=512)
+    parser.add_argument("--max-words", type=int, default=64)
+    parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
 
 
 def hf_embedder(model, directory: Path, lines: list[str], batches: list[list[int]]):
@@ -83,16 +111,7 @@ def hf_embedder(model, directory: Path, lines: list[str], batches: list[list[int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--d-model", type=int, default=768)
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--d-ff", type=int, default=3072)
-    parser.add_argument("--vocab", type=int, default=30522)
-    parser.add_argument("--lines", type=int, default=512)
-    parser.add_argument("--max-words", type=int, default=64)
-    parser.add_argument("--batch-tokens", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    add_model_arguments(parser)
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "int8"],
                         choices=["bfloat16", "int8", ONEDNN_INT8],
                         help="ours in these types too (leave bfloat16 out on a CPU without "
@@ -106,9 +125,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         hf, words = build_hf_model(args, scratch / "hf")
-        rng = random.Random(0)
-        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(8, args.max_words)))
-                 for _ in range(args.lines)]
+        lines = random_lines(words, args.lines, args.max_words)
         encoders = {"ours": SentenceEncoder.load(import_bert(scratch / "hf", scratch / "ours"))}
         for dtype in args.dtypes:
             with int8_through_onednn(dtype == ONEDNN_INT8):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from encode import SPECIAL  # noqa: E402
+from encode import add_model_arguments, random_lines, write_vocabulary  # noqa: E402
 from measure import machine_info, time_interleaved  # noqa: E402
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.tagging import tag_items  # noqa: E402
@@ -56,10 +55,7 @@ def build_hf_model(args: argparse.Namespace, directory: Path):
         max_position_embeddings=512, id2label=dict(enumerate(TAGS)),
         label2id={tag: i for i, tag in enumerate(TAGS)})).eval()
     model.save_pretrained(directory)
-    words = [f"w{i}" for i in range(args.vocab - len(SPECIAL))]
-    (directory / "vocab.txt").write_text("\n".join(SPECIAL + words) + "\n", encoding="utf-8")
-    (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
-    return model, words
+    return model, write_vocabulary(directory, args.vocab)
 
 
 def hf_tagger(model, directory: Path, lines: list[str], batches: list[list[int]]):
@@ -97,16 +93,7 @@ def ours_as_pairs(encoder: SentenceEncoder, lines: list[str], batch_tokens: int)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--d-model", type=int, default=768)
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--d-ff", type=int, default=3072)
-    parser.add_argument("--vocab", type=int, default=30522)
-    parser.add_argument("--lines", type=int, default=512)
-    parser.add_argument("--max-words", type=int, default=64)
-    parser.add_argument("--batch-tokens", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    add_model_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path("bench/results/tag-cpu.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -114,9 +101,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         hf, words = build_hf_model(args, scratch / "hf")
-        rng = random.Random(0)
-        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(8, args.max_words)))
-                 for _ in range(args.lines)]
+        lines = random_lines(words, args.lines, args.max_words)
         ours = SentenceEncoder.load(import_bert(scratch / "hf", scratch / "ours"))
         onnx = SentenceEncoder.load(export_onnx(scratch / "ours", scratch / "onnx"))
         items = tag_items(ours.tokenizer, [line.split() for line in lines],

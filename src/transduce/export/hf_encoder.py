@@ -112,8 +112,8 @@ def bert_class(model: EncoderOnly) -> str:
 
 
 def is_roberta(model: EncoderOnly) -> bool:
-    """Whether the model goes as RoBERTa: one segment type."""
-    return model.config.type_vocab_size == 1
+    """Whether the model goes as RoBERTa (one segment type: encoder_names)."""
+    return encoder_names(model.config) is families.ROBERTA
 
 
 def roberta_config(model: EncoderOnly) -> dict:
