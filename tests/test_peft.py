@@ -23,6 +23,7 @@ from tests.train.test_encoder import bert_tiny, classes  # noqa: F401 - classes:
 from tests.train.test_encoder import train_config as encoder_config
 from tests.train.test_imported_lm import write_gpt2, write_llama
 from tests.train.test_lm import counting, gpt_tiny  # noqa: F401 - counting: a fixture
+from tests.train.test_answering import answering  # noqa: F401 - a fixture
 from tests.train.test_tagging import TAGS, tagging  # noqa: F401 - tagging: a fixture
 
 transformers = pytest.importorskip("transformers")
@@ -387,4 +388,37 @@ def test_a_taggers_adapters_go_to_peft_and_come_back(tagging, counting,  # noqa:
             base_dir, tmp_path / "ours"), tmp_path / "merged"))
         assert merged.config.token_classifier and merged.config.num_labels == len(TAGS)
         torch.testing.assert_close(merged.tag_logits(merged(ids)), logits, rtol=1e-4,
+                                   atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_an_answerers_adapters_go_to_peft_and_come_back(answering, counting,  # noqa: F811
+                                                       tmp_path, capsys):
+    """A question answerer fine-tuned with adapters: PEFT puts them and qa_outputs
+    trained whole (QUESTION_ANS) on transformers' BertForQuestionAnswering of the
+    pre-trained encoder's export and gets the run's start and end logits; imported back
+    into our import of that encoder, it answers again, with the same logits."""
+    pretrained, run, base_dir = tmp_path / "pre", tmp_path / "run", tmp_path / "base-hf"
+    train(counting, pretrained, encoder_of(2), encoder_config(max_steps=4))
+    train(answering, run, encoder_of(2, num_labels=2, question_answering=True),
+          encoder_config(max_steps=4, task="answer", lora_rank=4, lr_scale=1.0),
+          init=pretrained)
+    assert main(["export", "hf", str(pretrained), str(base_dir)]) == 0
+    assert main(["export", "peft", str(run), str(tmp_path / "adapter")]) == 0
+    capsys.readouterr()
+    settings = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert settings["task_type"] == "QUESTION_ANS"
+    assert settings["modules_to_save"] == ["qa_outputs"]
+    ours = load_model(run).eval()
+    ids = torch.randint(5, 300, (2, 7))
+    with torch.no_grad():
+        base = transformers.AutoModelForQuestionAnswering.from_pretrained(base_dir)
+        theirs = peft.PeftModel.from_pretrained(base.eval(), tmp_path / "adapter").eval()
+        result = theirs(input_ids=ids, attention_mask=torch.ones_like(ids))
+        logits = torch.stack([result.start_logits, result.end_logits], dim=-1)
+        torch.testing.assert_close(logits, ours.span_logits(ours(ids)), rtol=1e-4, atol=1e-4)
+        merged = load_model(import_peft(tmp_path / "adapter", import_bert(
+            base_dir, tmp_path / "ours"), tmp_path / "merged"))
+        assert merged.config.question_answering and merged.labels == ["start", "end"]
+        torch.testing.assert_close(merged.span_logits(merged(ids)), logits, rtol=1e-4,
                                    atol=1e-4)

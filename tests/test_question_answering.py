@@ -9,8 +9,8 @@ import torch
 
 from transduce.cli import main
 from transduce.config import ConfigError
-from transduce.decode.answering import answers_of, best_spans, context_words, span_items, \
-    windows
+from transduce.data.answer_windows import context_words, windows
+from transduce.decode.answering import answers_of, best_spans, span_items
 from transduce.decode.encode import SentenceEncoder
 from transduce.model import load_model
 from tests.encoder_heads import CLASSES, IMPORTERS, imported_head
@@ -142,15 +142,16 @@ def test_the_command_line_answers_and_the_other_commands_refuse(imported, tmp_pa
         SentenceEncoder.load(out).answer(["a"], ["c"], top_k=0)
 
 
-def test_training_refuses_a_question_answerers_head(imported, tmp_path):
+def test_training_a_question_answerers_head_as_another_is_refused(imported, tmp_path):
     from transduce.config import TrainConfig
     from transduce.train.encoder import check_encoder_configs
 
     *_, out = imported
     config = load_model(out).config
-    with pytest.raises(ConfigError, match="answers questions, which training here does "
-                                          "not teach"):
+    with pytest.raises(ConfigError, match="task 'classify' needs "
+                                          "ModelConfig.question_answering=False, got True"):
         check_encoder_configs(config, TrainConfig(task="classify"), "classification", out)
+    check_encoder_configs(config, TrainConfig(task="answer"), "qa", out)
 
 
 def test_windows_overlap_and_cover_every_piece():

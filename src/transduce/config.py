@@ -516,7 +516,7 @@ TrainDtype = Literal["auto", Dtype]
 FrozenWeightDtype = Literal[Dtype, "int8", "nf4", "nf4-dq"]
 Schedule = Literal["noam", "budget"]
 Objective = Literal["mlm", "mlm,nsp"]
-Task = Literal["pretrain", "classify", "tag"]
+Task = Literal["pretrain", "classify", "tag", "answer"]
 
 
 @dataclass(frozen=True)
@@ -542,8 +542,10 @@ class TrainConfig(ValidatedConfig):
     mean NSP); task "classify" fine-tunes (or trains) a sequence classifier on a
     classification corpus ({split}.tsv), cross entropy on the pooled [CLS] state; task
     "tag" a token classifier (ModelConfig.token_classifier) on a tagging corpus
-    ({split}.conll), cross entropy on each word's first piece. The encoder's losses are
-    not label-smoothed.
+    ({split}.conll), cross entropy on each word's first piece; task "answer" a question
+    answerer (ModelConfig.question_answering) on a question-answering corpus ({split}.json,
+    SQuAD's layout), BERT's span loss over windows of max_len positions. The encoder's
+    losses are not label-smoothed.
     fsdp (torchrun, two processes or more; train/sharding.py): each process holds 1/N of
     every weight, gradient and Adam moment (torch.distributed.fsdp.fully_shard, one unit
     per layer) instead of a full replica (DistributedDataParallel); checkpoints keep the
@@ -580,8 +582,8 @@ class TrainConfig(ValidatedConfig):
     warmup_fraction: float = 0.05      # schedule "budget": warmup as a fraction of the budget
     ema_decay: float = 0.0             # 0: no moving average of the weights
     pack_length: int = 0               # >0: train on packed rows of this many tokens
-    task: Task = "pretrain"            # arch encoder: "pretrain" (text), "classify" (tsv) or
-                                       # "tag" (conll)
+    task: Task = "pretrain"            # arch encoder: "pretrain" (text), "classify" (tsv),
+                                       # "tag" (conll) or "answer" (SQuAD json)
     objective: Objective = "mlm"       # arch encoder, task pretrain: "mlm" or "mlm,nsp"
     source_lang: str = ""              # a multilingual model's (NLLB's): the corpus's source
     target_lang: str = ""              # and target language codes ("": a one-pair model)

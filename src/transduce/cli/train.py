@@ -22,6 +22,9 @@ DEFAULT_PRESETS = {"decoder": DECODER_PRESET, "encoder": ENCODER_PRESET}
 # pre-training had learnt (dev accuracy 60.0% against 79.1%).
 FINE_TUNING: dict = {"task": "classify", "max_tokens": 2048, "warmup_steps": 100,
                      "lr_scale": 0.05, "label_smoothing": 0.0}
+# A question answerer reads windows of BERT's max_seq_length for SQuAD, 384 positions (the
+# model's, if fewer), 128 of them shared by consecutive windows.
+ANSWER_FINE_TUNING: dict = {"max_len": 384}
 # Training on from an import (--init of a checkpoint that records no recipe: GPT-2 or
 # Llama on one's own text, BERT's masked LM on one's own domain): the budget schedule,
 # warmup over a tenth of the budget to lr_scale x (d_model x warmup_steps)^-0.5, then
@@ -35,6 +38,7 @@ IMPORT_TRAINING: dict = {"max_tokens": 2048, "schedule": "budget", "warmup_fract
 # the whole model"); at Llama 7B's width the import recipe's peak becomes 3.1e-4, near the
 # 1e-4 to 3e-4 that LoRA and QLoRA fine-tuned with.
 LORA_LR_FACTOR = 10.0
+HEAD_TASKS = ("classify", "tag", "answer")    # the tasks that train a head on an encoder
 
 
 def register(commands) -> None:
@@ -52,8 +56,8 @@ def register(commands) -> None:
     train.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
     train.add_argument("--init", type=Path, default=None,
                        help="start from this checkpoint's weights (uptraining a converted "
-                            "model; with --task classify or tag, fine-tuning a pre-trained "
-                            "encoder with a new classification head); an imported BERT, "
+                            "model; with --task classify, tag or answer, fine-tuning a "
+                            "pre-trained encoder with a new head); an imported BERT, "
                             "RoBERTa or DistilBERT reads the corpus with its own tokenizer")
     train.add_argument("--uptrain-fraction", type=fraction, default=0.05,
                        help="with --init and no budget: this fraction of its training steps")
@@ -87,8 +91,7 @@ def train_command(args: argparse.Namespace) -> int:
     check_directory_path(args.out, "--out")
     corpus_kind(args.data)   # a missing corpus is named as such, before its vocabulary is read
     file_values = read_config_file(args.config)
-    if args.init is not None and flags_given(args, TrainConfig).get("task") in ("classify",
-                                                                               "tag"):
+    if args.init is not None and flags_given(args, TrainConfig).get("task") in HEAD_TASKS:
         model_config, train_config = _fine_tuning_configs(args, file_values)
     elif args.init is not None:
         model_config, train_config = _uptraining_configs(args, file_values)
@@ -131,10 +134,8 @@ def _described_model(args: argparse.Namespace, file_values: dict) -> tuple[str, 
     default = DEFAULT_PRESETS.get(model_values.get("arch"), DEFAULT_PRESET)
     name = args.preset or file_values.get("preset", default)
     chosen = {**file_values.get("train", {}), **flags_given(args, TrainConfig)}
-    if chosen.get("task") in ("classify", "tag") and "num_labels" not in model_values:
-        model_values["num_labels"] = len(_class_names(args.data))
-    if chosen.get("task") == "tag":
-        model_values.setdefault("token_classifier", True)
+    if chosen.get("task") in HEAD_TASKS:
+        model_values = {**_head(args.data, chosen["task"]), **model_values}
     return name, preset(name, **model_values)
 
 
@@ -163,19 +164,25 @@ def _check_resumed_model(args: argparse.Namespace, file_values: dict, saved: Mod
                           f"model flags given describe another: {', '.join(differing)}")
 
 
-def _class_names(data_dir: Path) -> list[str]:
-    """A classification corpus's classes, or a tagging corpus's tags."""
+def _head(data_dir: Path, task: str) -> dict:
+    """The ModelConfig fields of the head a task trains: a classifier of the corpus's
+    classes, a tagger of its tags, or a question answerer (a start and an end)."""
     from transduce.data.corpus import corpus_kind
     from transduce.data.labelled import class_names
     from transduce.data.tagged import tag_names
-    return tag_names(data_dir) if corpus_kind(data_dir) == "tagging" else \
+    if task == "answer":
+        return {"num_labels": 2, "token_classifier": False, "question_answering": True}
+    names = tag_names(data_dir) if corpus_kind(data_dir) == "tagging" else \
         class_names(data_dir)
+    return {"num_labels": len(names), "token_classifier": task == "tag",
+            "question_answering": False}
 
 
 def _fine_tuning_configs(args: argparse.Namespace, file_values: dict
                          ) -> tuple[ModelConfig, TrainConfig]:
-    """A pre-trained encoder's model with num_labels set to the corpus's classes, and
-    the fine-tuning recipe (FINE_TUNING) with the file's and the flags' fields."""
+    """A pre-trained encoder's model with the head the task trains (_head), and the
+    fine-tuning recipe (FINE_TUNING; an answerer's windows, ANSWER_FINE_TUNING) with the
+    file's and the flags' fields."""
     from transduce import checkpoint
 
     if args.resume:
@@ -189,13 +196,12 @@ def _fine_tuning_configs(args: argparse.Namespace, file_values: dict
                    if name in dropouts}
     saved, _ = checkpoint.read_configs(checkpoint.resolve(args.init))
     if saved.arch != "encoder":
-        raise ConfigError(f"--task classify and tag fine-tune an encoder; --init {args.init} "
-                          f"is arch {saved.arch!r}")
-    train_config = TrainConfig(**{**FINE_TUNING, **file_values.get("train", {}),
-                                  **flags_given(args, TrainConfig)})
-    model_config = saved.replace(num_labels=len(_class_names(args.data)),
-                                 token_classifier=train_config.task == "tag",
-                                 question_answering=False, **model_flags)
+        raise ConfigError(f"--task classify, tag and answer fine-tune an encoder; --init "
+                          f"{args.init} is arch {saved.arch!r}")
+    given = flags_given(args, TrainConfig)
+    recipe = {**FINE_TUNING, **(ANSWER_FINE_TUNING if given["task"] == "answer" else {})}
+    train_config = TrainConfig(**{**recipe, **file_values.get("train", {}), **given})
+    model_config = saved.replace(**_head(args.data, train_config.task), **model_flags)
     if _takes_lora_rate(train_config, args, file_values):
         train_config = _lora_rated(train_config)
     return model_config, train_config

@@ -425,14 +425,17 @@ class EncoderBatcher(_EpochBatches):
     - classification (labels given, mask=False): item i is [CLS] text i [SEP], label i,
       or with second_ids [CLS] text i [SEP] second i [SEP] (entailment, paraphrase);
     - token classification (tags given, mask=False): item i is [CLS] sentence i [SEP],
-      its labels (T,) tags[i] at the pieces, IGNORE at the markers (data/tagged.py).
+      its labels (T,) tags[i] at the pieces, IGNORE at the markers (data/tagged.py);
+    - question answering (spans given, with second_ids, mask=False): item i is [CLS]
+      question i [SEP] window i [SEP], its answer's start and end positions spans[i]
+      (data/answer_windows.py; the windows fit max_len, so nothing is cropped).
 
     Items are cropped to max_len tokens and batched by length under max_tokens as
     TokenBatcher batches lines. collate(indices, key) masks with a generator seeded by
     (seed, *key), the loop's key being (epoch, batch position), so a resumed run sees the
     same masks. target_tokens counts what a batch scores: masked positions (MLM),
-    sentences (classification) or tagged words; scored_counts gives each part of the loss
-    its count.
+    sentences (classification), tagged words or windows (answers); scored_counts gives
+    each part of the loss its count.
     specials: the vocabulary's [CLS], [SEP], pad and mask ids (ours by default).
     one_segment: a model of one segment type (RoBERTa) reads a pair as <s> A </s></s>
     B </s> (masking.encoder_item).
@@ -442,7 +445,7 @@ class EncoderBatcher(_EpochBatches):
                  mask: bool = True, pairs: bool = False, labels: Sequence[int] | None = None,
                  second_ids: Ids | None = None, seed: int = 0, shuffle: bool = True,
                  specials: EncoderSpecials = SENTENCEPIECE, one_segment: bool = False,
-                 tags: Sequence[np.ndarray] | None = None):
+                 tags: Sequence[np.ndarray] | None = None, spans: np.ndarray | None = None):
         if max_len > max_tokens:
             raise BatchingError(f"a sequence of max_len={max_len} tokens cannot fit a batch "
                                 f"of {max_tokens}; lower max_len or raise max_tokens")
@@ -450,7 +453,11 @@ class EncoderBatcher(_EpochBatches):
             raise BatchingError("an encoder batcher labels sentences or tokens, not both")
         if tags is not None and (len(tags) != len(ids) or second_ids is not None):
             raise BatchingError("tags go with the sentences of a batcher, one array each")
-        supervised = labels is not None or tags is not None
+        if spans is not None and (labels is not None or second_ids is None
+                                  or np.shape(spans) != (len(ids), 2)):
+            raise BatchingError("answer spans (windows, 2) go with the questions and the "
+                                "windows (second_ids) of a batcher, one each")
+        supervised = labels is not None or tags is not None or spans is not None
         if supervised == mask or (supervised and pairs):
             raise BatchingError("an encoder batcher either masks (optionally pairs) or "
                                 "classifies (labels, no masking)")
@@ -459,14 +466,16 @@ class EncoderBatcher(_EpochBatches):
                                 "cannot train a masked LM")
         if len(ids) < (3 if pairs else 1):
             raise BatchingError(f"need at least {3 if pairs else 1} lines, got {len(ids)}")
-        if second_ids is not None and (labels is None or len(second_ids) != len(ids)):
+        if second_ids is not None and ((labels is None and spans is None)
+                                       or len(second_ids) != len(ids)):
             raise BatchingError("second texts pair with the texts of a classification "
-                                "batcher, one each")
+                                "or question-answering batcher, one each")
         self.ids, self.max_tokens, self.max_len = ids, max_tokens, max_len
         self.vocab_size, self.mask, self.pairs = vocab_size, mask, pairs
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
         self.seed, self.shuffle, self.specials = seed, shuffle, specials
         self.second_ids, self.one_segment, self.tags = second_ids, one_segment, tags
+        self.spans = None if spans is None else np.asarray(spans, dtype=np.int64)
         self.line_pieces = narrow_lengths(_lengths(ids) - 1)   # (lines,); a store's not read
         self._epoch, self._partners, self._nsp = None, None, None
         if second_ids is not None:   # given pairs: crop_pair keeps this many pieces
@@ -474,6 +483,9 @@ class EncoderBatcher(_EpochBatches):
             both = self.line_pieces.astype(np.int64) + _lengths(second_ids) - 1
             pieces = np.minimum(both, max_len - markers)
             self.lengths, self.tgt_lengths = narrow_lengths(pieces + markers), self._scored(pieces)
+            if spans is not None and (both > pieces).any():
+                raise BatchingError(f"question-answering windows must fit max_len="
+                                    f"{max_len} whole (data/answer_windows.py builds them)")
         elif not pairs:   # fixed items: lengths and counts once
             pieces = np.minimum(self.line_pieces, max_len - 2)
             self.lengths, self.tgt_lengths = narrow_lengths(pieces + 2), self._scored(pieces)
@@ -521,6 +533,8 @@ class EncoderBatcher(_EpochBatches):
         """What each loss term of these items is normalised by."""
         if self.tags is not None:
             return {"tag": self.target_tokens(indices)}
+        if self.spans is not None:
+            return {"answer": len(indices)}
         if not self.mask:
             return {"classify": len(indices)}
         counts = {"mlm": self.target_tokens(indices)}
@@ -554,8 +568,9 @@ class EncoderBatcher(_EpochBatches):
         labels = torch.from_numpy(self.labels[indices]) if self.labels is not None else None
         if self.tags is not None:
             labels = torch.from_numpy(self._tag_rows(indices, width))
+        spans = None if self.spans is None else torch.from_numpy(self.spans[indices])
         return EncoderBatch(tokens, torch.from_numpy(segments), mlm_labels, nsp, labels,
-                            torch.from_numpy(np.asarray(indices, dtype=np.int64)))
+                            torch.from_numpy(np.asarray(indices, dtype=np.int64)), spans)
 
     def _tag_rows(self, indices: np.ndarray, width: int) -> np.ndarray:
         """(B, T) int64: each item's tags at its pieces (cropped as its ids), IGNORE at

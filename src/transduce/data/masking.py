@@ -167,12 +167,14 @@ class EncoderBatch:
     labels: Tensor | None         # (B,) class indices (classification), or (B, T) tag
                                   # indices at tagged pieces, IGNORE elsewhere (tagging)
     indices: Tensor               # (B,) the items (lines, pairs) in the dataset
+    spans: Tensor | None = None   # (B, 2) an answer's start and end positions (QA windows)
 
     def to(self, device: torch.device | str) -> "EncoderBatch":
         def move(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.to(device, non_blocking=True)
         return EncoderBatch(*(move(t) for t in (self.ids, self.segments, self.mlm_labels,
-                                                 self.nsp_labels, self.labels, self.indices)))
+                                                 self.nsp_labels, self.labels, self.indices,
+                                                 self.spans)))
 
 
 def crop_pair(a: np.ndarray, b: np.ndarray | None, max_len: int, one_segment: bool = False

@@ -31,6 +31,8 @@ class Question:
     question: str
     context: str
     answers: tuple[str, ...]     # the gold answers' texts (none: unanswerable)
+    answer_starts: tuple[int | None, ...] = ()   # each one's first character in the
+                                                 # context (None: the file gives none)
 
 
 def qa_file(data_dir: Path | str, split: str) -> Path:
@@ -56,11 +58,14 @@ def read_squad(path: Path | str) -> list[Question]:
             context = _text(paragraph, "context", path, where)
             for index, item in enumerate(_list(paragraph, "qas", path, where)):
                 at = f"{where}.qas[{index}]"
+                given = _list(item, "answers", path, at)
                 answers = tuple(_text(answer, "text", path, f"{at}.answers[{n}]")
-                                for n, answer in enumerate(_list(item, "answers", path, at)))
+                                for n, answer in enumerate(given))
+                starts = tuple(_start(answer, path, f"{at}.answers[{n}]")
+                               for n, answer in enumerate(given))
                 questions.append(Question(str(item.get("id", at)),
                                           _text(item, "question", path, at), context,
-                                          answers))
+                                          answers, starts))
     if not questions:
         raise CorpusError(f"{path}: no question")
     return questions
@@ -80,6 +85,17 @@ def _text(item, key: str, path: Path, where: str) -> str:
     return value
 
 
+def _start(answer: dict, path: Path, where: str) -> int | None:
+    """An answer's answer_start: None when absent (scoring needs none; training does)."""
+    value = answer.get("answer_start")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CorpusError(f"{path}: {where}.answer_start: expected a character offset "
+                          f"(an integer >= 0), got {value!r}")
+    return value
+
+
 def normalized(text: str) -> str:
     """SQuAD's normalisation: lowercase, no punctuation, no articles, single spaces."""
     text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
@@ -96,6 +112,15 @@ def f1(answer: str, gold: tuple[str, ...]) -> float:
     if not gold:
         return float(not normalized(answer))
     return max(_token_f1(normalized(answer).split(), normalized(g).split()) for g in gold)
+
+
+def squad_scores(texts: list[str], questions: list[Question]) -> dict[str, float]:
+    """The mean exact match and F1 of answer texts[i] to questions[i]."""
+    if len(texts) != len(questions) or not texts:
+        raise ValueError(f"{len(texts)} answers to {len(questions)} questions")
+    pairs = list(zip(texts, questions))
+    return {"exact_match": sum(exact_match(t, q.answers) for t, q in pairs) / len(pairs),
+            "f1": sum(f1(t, q.answers) for t, q in pairs) / len(pairs)}
 
 
 def _token_f1(ours: list[str], theirs: list[str]) -> float:

@@ -20,12 +20,10 @@ from typing import Sequence
 
 import numpy as np
 
+from transduce.data.answer_windows import STRIDE, context_windows, first_context_position
 from transduce.data.masking import encoder_item
-from transduce.data.tagged import word_pieces
 
-MAX_QUESTION_PIECES = 64      # BERT's max_query_length: a longer question is cut
 MAX_ANSWER_PIECES = 30        # BERT's max_answer_length
-STRIDE = 128                  # the pieces consecutive windows share (transformers' default)
 CANDIDATES = 20               # the best starts and ends a window's spans are made of
 
 
@@ -49,49 +47,21 @@ class SpanItem:
     words: np.ndarray
 
 
-def context_words(context: str) -> list[re.Match]:
-    """The context's words (runs of non-space), with their character offsets."""
-    return list(re.finditer(r"\S+", context))
-
-
-def windows(pieces: int, room: int, stride: int) -> list[tuple[int, int]]:
-    """Spans [a, b) of `pieces` pieces, each `room` long but the last, consecutive ones
-    sharing min(stride, room // 2) pieces; none for no piece."""
-    overlap = min(stride, room // 2)
-    spans, start = [], 0
-    while start < pieces:
-        end = min(start + room, pieces)
-        spans.append((start, end))
-        if end == pieces:
-            break
-        start = end - overlap
-    return spans
-
-
 def span_items(tokenizer, questions: Sequence[str], contexts: Sequence[str],
                max_positions: int, one_segment: bool, stride: int = STRIDE
                ) -> tuple[list[SpanItem], list[list[re.Match]]]:
     """The model inputs that cover each context (a context of no words: none), and each
     context's words."""
-    asked = [ids[:MAX_QUESTION_PIECES] for ids in tokenizer.encode(
-        [question.strip() for question in questions])]
-    items, all_words = [], []
-    for pair, (question, context) in enumerate(zip(asked, contexts)):
-        words = context_words(context)
-        all_words.append(words)
-        pieces = word_pieces(tokenizer, [word.group() for word in words])
-        owner = np.repeat(np.arange(len(pieces)), [len(p) for p in pieces])
-        flat = np.asarray([i for p in pieces for i in p], dtype=np.int64)
-        room = max_positions - len(question) - 3 - one_segment
-        if room < 1:
-            raise ValueError(f"question {pair + 1}: {len(question)} pieces leave no room "
-                             f"for its context in the model's {max_positions} positions")
-        for a, b in windows(len(flat), room, stride):
-            ids, segments, _ = encoder_item(np.asarray(question, dtype=np.int64), flat[a:b],
-                                            tokenizer.bos_id, tokenizer.eos_id, one_segment)
-            first = len(question) + 2 + one_segment
-            items.append(SpanItem(pair, ids, segments, first, owner[a:b]))
-    return items, all_words
+    found, read = context_windows(tokenizer, questions, contexts, max_positions,
+                                  one_segment, stride)
+    items = []
+    for window in found:
+        ids, segments, _ = encoder_item(window.question, window.pieces, tokenizer.bos_id,
+                                        tokenizer.eos_id, one_segment)
+        items.append(SpanItem(window.pair, ids, segments,
+                              first_context_position(len(window.question), one_segment),
+                              window.words))
+    return items, [context.words for context in read]
 
 
 def best_spans(start_logits: np.ndarray, end_logits: np.ndarray, max_pieces: int,

@@ -231,8 +231,9 @@ class SentenceEncoder:
         character offsets and scores (decode/answering.py says how they are found); a
         context of no words gets []."""
         if not self.answers:
-            raise ConfigError("this model has no question-answering head: import one "
-                              "(`transduce import hf-bert` of a ...ForQuestionAnswering "
+            raise ConfigError("this model has no question-answering head: train one "
+                              "(`transduce train --task answer --init MODEL`) or import "
+                              "one (`transduce import hf-bert` of a ...ForQuestionAnswering "
                               "directory)")
         questions = checked_texts(questions, "question")
         contexts = checked_texts(contexts, "context")

@@ -36,7 +36,7 @@ from transduce.data.batching import TokenBatcher
 from transduce.data.corpus import CorpusError, language_pair, read_lines, read_text_split, \
     split_files
 from transduce.data.labelled import label_indices, labelled_file, read_labelled
-from transduce.data.squad import exact_match, f1, qa_file, read_squad
+from transduce.data.squad import qa_file, read_squad, squad_scores
 from transduce.data.tagged import read_tagged, tagged_file
 from transduce.data.tokenizer import BOS_ID, EOS_ID, TextTokenizer
 from transduce.decode.encode import SentenceEncoder
@@ -319,9 +319,7 @@ def evaluate_answerer(encoder: SentenceEncoder, data_dir: Path, split: str, out_
     result = {"split": split, "file": str(qa_file(data_dir, split)),
               "questions": len(questions),
               "unanswerable": sum(not q.answers for q in questions),
-              "exact_match": float(np.mean([exact_match(t, q.answers)
-                                            for t, q in zip(texts, questions)])),
-              "f1": float(np.mean([f1(t, q.answers) for t, q in zip(texts, questions)])),
+              **squad_scores(texts, questions),
               "seconds": seconds, "questions_per_second": len(questions) / seconds}
     answers_file, json_file = written_files(out_prefix, "qa")
     atomic.write_text(answers_file, json.dumps(

@@ -63,7 +63,8 @@ def export_peft(path: Path | str, out: Path | str) -> Path:
                                train_config.lora_dropout if train_config else 0.0)
     whole = _trained_whole(path, config) if section.get("trained_whole") else {}
     if whole:
-        settings |= {"task_type": "TOKEN_CLS" if config.token_classifier else "SEQ_CLS",
+        settings |= {"task_type": "QUESTION_ANS" if config.question_answering else
+                     "TOKEN_CLS" if config.token_classifier else "SEQ_CLS",
                      "modules_to_save": _modules_to_save(config)}
     tensors = {f"{PREFIX}{module}.lora_{part}.weight": tensor.contiguous()
                for module, pair in modules.items() for part, tensor in zip("AB", pair)}
@@ -104,7 +105,10 @@ def _check_base_exportable(path: Path, config: ModelConfig) -> None:
 def _modules_to_save(config: ModelConfig) -> list[str]:
     """The modules of a sequence classifier a LoRA run trains whole: BERT's classifier and
     pooler, RoBERTa's classification head, which holds both, DistilBERT's pre_classifier
-    and classifier; a token classifier's classifier alone (in every family)."""
+    and classifier; a token classifier's classifier alone, a question answerer's
+    qa_outputs (in every family)."""
+    if config.question_answering:
+        return ["qa_outputs"]
     if config.token_classifier:
         return ["classifier"]
     return list(encoder_names(config).modules_to_save)
@@ -112,7 +116,8 @@ def _modules_to_save(config: ModelConfig) -> list[str]:
 
 def _trained_whole(path: Path, config: ModelConfig) -> dict[str, Tensor]:
     """Those modules' weights under transformers' names, as `export hf` writes them."""
-    kept = ("classifier.",) if config.token_classifier else \
+    kept = tuple(f"{name}." for name in _modules_to_save(config)) \
+        if config.token_classifier or config.question_answering else \
         tuple(f"{theirs}." for theirs in encoder_names(config).classifier_head)
     return {name: tensor for name, tensor in hf_state_dict(load_model(path)).items()
             if name.startswith(kept)}

@@ -51,6 +51,7 @@ from torch import Tensor
 
 from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, preset
+from transduce.data.answer_windows import SPAN_LABELS
 from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
 from transduce.data.tokenizer import TokenizerError
 from transduce.importers import ForeignCheckpointError, check_directories, \
@@ -77,7 +78,6 @@ OTHER_TASKS = {"ForMultipleChoice": "multiple-choice"}
 # their heads are called there.
 TOKEN_CLASSIFIER, QUESTION_ANSWERING = "ForTokenClassification", "ForQuestionAnswering"
 TOKEN_HEADS = {TOKEN_CLASSIFIER: "classifier", QUESTION_ANSWERING: "qa_outputs"}
-SPAN_LABELS = ["start", "end"]      # a question answerer's two outputs
 # The optional heads: our module -> what it is called in messages.
 HEADS = {"pooler": "pooler", "mlm_head": "masked-LM head", "nsp_head": "next-sentence head",
          "classifier": "classification head"}
@@ -140,7 +140,7 @@ def import_encoder(hf_dir: Path | str, out: Path | str, family: EncoderFamily) -
     labels = _labels(hf, hf_dir / HF_CONFIG) if f"{family.classifier}.weight" in names \
         else None
     if task == QUESTION_ANSWERING and labels is not None:
-        labels = SPAN_LABELS
+        labels = list(SPAN_LABELS)
     offset = family.position_offset(hf)
     config = model_config(hf, hf_dir / HF_CONFIG, tokenizer, family,
                           num_labels=len(labels) if labels else 0, position_offset=offset

@@ -33,7 +33,7 @@ from transduce import checkpoint
 from transduce.importers import ForeignCheckpointError
 from transduce.importers.hf_gemma import PROJECTION_FACTOR
 from transduce.importers.hf_gpt2 import _read_json
-from transduce.importers.peft_heads import check_modules_to_save, with_heads
+from transduce.importers.peft_heads import HEAD_KINDS, check_modules_to_save, with_heads
 from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, Place,
                                               fused_place_of, is_adaptable, place_of,
                                               residual_order)
@@ -69,7 +69,7 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
     model = load_model(base)
     if tensors.whole and arch == "encoder":
         model = with_heads(model, tensors.whole, adapter_dir / ADAPTER_WEIGHTS,
-                           tokens=settings.get("task_type") == "TOKEN_CLS")
+                           HEAD_KINDS.get(settings.get("task_type"), "texts"))
     model = vocabulary_updates(model, *_vocabulary(settings, tensors, arch, adapter_dir),
                                adapter_dir / ADAPTER_WEIGHTS)
     layers = _layers_by_module(model)

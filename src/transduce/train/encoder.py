@@ -10,11 +10,15 @@ over every batch and process of the step, so accumulation and processes do not c
 it. Fine-tuning (task "classify") reads a classification corpus and minimises the mean
 cross entropy of classify_logits(pool(hidden)) over the step's sentences; task "tag"
 reads a tagging corpus (data/tagged.py) and minimises the mean cross entropy of
-tag_logits(hidden) over the step's tagged words (their first pieces).
+tag_logits(hidden) over the step's tagged words (their first pieces); task "answer"
+reads a question-answering corpus (SQuAD's JSON) in windows (data/answer_windows.py)
+and minimises BERT's span loss, the mean over the step's windows of the mean of the
+start's and the end's cross entropies over each window's positions (padding excluded).
 
 Dev: masked-LM loss and accuracy with fixed masks (the same at every evaluation), NSP
-accuracy; a classifier's loss, accuracy and macro-F1; or a tagger's loss, word accuracy
-and entity F1 (BIO tags' spans, as conlleval counts them).
+accuracy; a classifier's loss, accuracy and macro-F1; a tagger's loss, word accuracy
+and entity F1 (BIO tags' spans, as conlleval counts them); or an answerer's span loss
+and SQuAD's exact match and F1 of the answers `transduce answer` gives.
 """
 
 from __future__ import annotations
@@ -30,16 +34,19 @@ from torch import Tensor
 
 from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, TrainConfig
+from transduce.data.answer_windows import TokenizedQuestions, load_qa_split
 from transduce.data.batching import EncoderBatcher
 from transduce.data.corpus import CorpusKind, has_split
 from transduce.data.dataset import (TokenizedLabelled, TokenizedText, load_labelled_split,
                                     load_text_split)
 from transduce.data.labelled import class_names
 from transduce.data.masking import IGNORE, EncoderBatch, EncoderSpecials
+from transduce.data.squad import Question, squad_scores
 from transduce.data.tagged import TokenizedTagged, load_tagged_split, tag_names
 from transduce.data.tokenizer import TextTokenizer
 from transduce.errors import TransduceError
 from transduce.model import empty_model
+from transduce.decode.encode import SentenceEncoder
 from transduce.decode.evaluate import macro_f1
 from transduce.decode.tagging import entity_scores
 
@@ -62,13 +69,15 @@ def check_encoder_configs(model_config: ModelConfig, train_config: TrainConfig,
             raise ConfigError(f"--data {data_dir} is a classification corpus: train a "
                               f"classifier on it with --arch encoder --task classify")
         return
-    wanted = {"classify": "classification", "tag": "tagging"}.get(c.task, "text")
+    wanted = {"classify": "classification", "tag": "tagging", "answer": "qa"}.get(c.task,
+                                                                                "text")
     if kind != wanted:
         how = {"classification": "labelled text ({train,dev}.tsv; `transduce data "
                                  "bible-genre`)",
                "tagging": "tagged words ({train,dev}.conll, `word<TAB>tag` lines)",
+               "qa": "questions with answers ({train,dev}.json in SQuAD's layout)",
                "text": "a text corpus (train.txt, dev.txt; `transduce data bible-text`)"}
-        task = {"classification": "classify", "tagging": "tag"}.get(kind)
+        task = {"classification": "classify", "tagging": "tag", "qa": "answer"}.get(kind)
         raise ConfigError(f"arch 'encoder' with task {c.task!r} reads {how[wanted]}: --data "
                           f"{data_dir} is a {kind} corpus"
                           + (f"; pass --task {task}" if task else ""))
@@ -81,10 +90,9 @@ def check_encoder_configs(model_config: ModelConfig, train_config: TrainConfig,
         raise ConfigError(f"task {c.task!r} needs ModelConfig.num_labels >= 2 (the corpus's "
                           f"{'classes' if c.task == 'classify' else 'tags'}), got "
                           f"{model_config.num_labels}")
-    if model_config.question_answering and c.task != "pretrain":
-        raise ConfigError(f"task {c.task!r}: this model's head answers questions, which "
-                          f"training here does not teach (fine-tune its encoder with "
-                          f"--init and --task classify or tag: the head is replaced)")
+    if model_config.question_answering != (c.task == "answer") and c.task != "pretrain":
+        raise ConfigError(f"task {c.task!r} needs ModelConfig.question_answering="
+                          f"{c.task == 'answer'}, got {model_config.question_answering}")
     if model_config.token_classifier != (c.task == "tag") and c.task != "pretrain":
         raise ConfigError(f"task {c.task!r} trains a {'token' if c.task == 'tag' else 'sequence'}"
                           f" classifier, but ModelConfig.token_classifier="
@@ -116,6 +124,9 @@ def load_encoder_data(data_dir: Path, tokenizer: TextTokenizer, model_config: Mo
                   vocab_size=min(tokenizer.vocab_size, model_config.src_vocab_size),
                   specials=specials)
     has_dev = has_split(data_dir, "dev")
+    if c.task == "answer":
+        return _answering_data(data_dir, tokenizer, model_config, max_len, common, c.seed,
+                               has_dev)
     if c.task == "tag":
         return _tagging_data(data_dir, tokenizer, model_config, c, common, has_dev)
     if c.task == "classify":
@@ -163,10 +174,41 @@ def _tagging_data(data_dir: Path, tokenizer: TextTokenizer, model_config: ModelC
 
 
 @dataclass
+class DevQuestions:
+    """A question answerer's dev split: its windows, batched for the span loss, and its
+    questions, answered as `transduce answer` answers them for SQuAD's scores."""
+
+    batcher: EncoderBatcher
+    questions: list[Question]
+    tokenizer: TextTokenizer
+
+
+def _answering_data(data_dir: Path, tokenizer: TextTokenizer, model_config: ModelConfig,
+                    max_len: int, common: dict, seed: int, has_dev: bool
+                    ) -> tuple[TokenizedQuestions, EncoderBatcher, DevQuestions | None]:
+    """load_encoder_data for task "answer": each window of max_len positions an item."""
+    one_segment = model_config.type_vocab_size == 1
+    common = {**common, "one_segment": one_segment}
+    splits = {}
+    for split in ("train", "dev") if has_dev else ("train",):
+        data = splits[split] = load_qa_split(data_dir, split, tokenizer, max_len, one_segment)
+        if not data.ids:
+            raise ConfigError(f"{data_dir}: {split} has no question to train or score on "
+                              f"({data.report[0]})")
+    train = splits["train"]
+    batcher = EncoderBatcher(train.ids, second_ids=train.second_ids, spans=train.spans,
+                             mask=False, seed=seed, **common)
+    dev = splits.get("dev")
+    return train, batcher, None if dev is None else DevQuestions(
+        EncoderBatcher(dev.ids, second_ids=dev.second_ids, spans=dev.spans, mask=False,
+                       shuffle=False, **common), dev.questions, tokenizer)
+
+
+@dataclass
 class EncoderLosses:
     """Summed losses of a batch, and its correct predictions, by head."""
 
-    sums: dict[str, Tensor]        # "mlm", "nsp", "classify", "tag": summed cross entropy
+    sums: dict[str, Tensor]        # "mlm", "nsp", "classify", "tag", "answer": summed
     correct: dict[str, int]
     predictions: Tensor | None = None   # (B,) classes (classification), (B, T) tags
 
@@ -176,6 +218,8 @@ def batch_losses(net: torch.nn.Module, model: torch.nn.Module, batch: EncoderBat
     """The batch's summed losses. net runs the layers (compiled / DDP-wrapped);
     model holds the heads. The MLM head runs only at the masked positions."""
     hidden = net(batch.ids, batch.segments)                                  # (B, T, C)
+    if batch.spans is not None:
+        return _answer_losses(model, hidden, batch)
     sums: dict[str, Tensor] = {}
     correct: dict[str, int] = {}
     predictions = None
@@ -218,6 +262,19 @@ def _tagging_losses(model: torch.nn.Module, hidden: Tensor, tags: Tensor,
     return EncoderLosses(sums, correct, predictions)
 
 
+def _answer_losses(model: torch.nn.Module, hidden: Tensor, batch: EncoderBatch
+                   ) -> EncoderLosses:
+    """A question answerer's summed span loss: over each window, the mean of its start's
+    and its end's cross entropy over its positions (padding excluded, so that a window
+    scores the same in any batch). hidden (B, T, C)."""
+    logits = model.span_logits(hidden).float()                               # (B, T, 2)
+    padding = (batch.ids == model.config.pad_id)[:, :, None]                 # (B, T, 1)
+    logits = logits.masked_fill(padding, float("-inf"))
+    starts = F.cross_entropy(logits[:, :, 0], batch.spans[:, 0], reduction="sum")
+    ends = F.cross_entropy(logits[:, :, 1], batch.spans[:, 1], reduction="sum")
+    return EncoderLosses({"answer": (starts + ends) / 2}, {})
+
+
 class EncoderObjective(torch.nn.Module):
     """The encoder and its heads as one module whose forward is the batch's summed
     losses by head: what the training loop steps, so that DistributedDataParallel sees
@@ -244,7 +301,7 @@ def unused_parameter_names(net: torch.nn.Module, model: torch.nn.Module,
     nsp = mlm and c.objective == "mlm,nsp"
     classify = c.task == "classify"
     heads = {"mlm_head": mlm, "nsp_head": nsp, "pooler": nsp or classify,
-             "classifier": classify or c.task == "tag"}
+             "classifier": not mlm}
     used, unused = {id(p) for p in model.encoder.parameters()}, set()
     for name, runs in heads.items():
         head = getattr(model, name)
@@ -269,10 +326,11 @@ def step_counts(batcher: EncoderBatcher, batches: list[np.ndarray]) -> dict[str,
     return total
 
 
-def evaluate_encoder(model: torch.nn.Module, batcher: EncoderBatcher,
+def evaluate_encoder(model: torch.nn.Module, dev: EncoderBatcher | DevQuestions,
                      device: torch.device) -> dict[str, float]:
     """Dev: MLM loss and accuracy over the (fixed) masked positions and NSP accuracy,
-    or a classifier's loss, accuracy and macro-F1."""
+    a classifier's loss, accuracy and macro-F1, a tagger's, or an answerer's."""
+    batcher = dev.batcher if isinstance(dev, DevQuestions) else dev
     model.eval()
     sums: dict[str, float] = {}
     correct: dict[str, int] = {}
@@ -284,7 +342,7 @@ def evaluate_encoder(model: torch.nn.Module, batcher: EncoderBatcher,
             losses = batch_losses(model, model, batch, count_correct=True)
             for name, value in losses.sums.items():
                 sums[name] = sums.get(name, 0.0) + value.item()
-                correct[name] = correct.get(name, 0) + losses.correct[name]
+                correct[name] = correct.get(name, 0) + losses.correct.get(name, 0)
             for name, count in batcher.scored_counts(indices).items():
                 counts[name] = counts.get(name, 0) + count
             if losses.predictions is not None:
@@ -311,7 +369,22 @@ def evaluate_encoder(model: torch.nn.Module, batcher: EncoderBatcher,
         words = [[names[int(t)] for t in row[row != IGNORE]] for row in predicted]
         truth = [[names[int(t)] for t in row[row != IGNORE]] for row in gold]
         result["dev_entity_f1"] = entity_scores(words, truth)["f1"]
+    if "answer" in sums:
+        result["dev_loss"] = sums["answer"] / counts["answer"]
+    if isinstance(dev, DevQuestions):
+        result.update({f"dev_{name}": value
+                       for name, value in _answer_scores(model, dev, device).items()})
     return result
+
+
+def _answer_scores(model: torch.nn.Module, dev: DevQuestions, device: torch.device
+                   ) -> dict[str, float]:
+    """SQuAD's exact match and F1 of the best answers to the dev questions, found as
+    SentenceEncoder.answer finds them (in windows of the model's positions)."""
+    found = SentenceEncoder(model, dev.tokenizer, device).answer(
+        [q.question for q in dev.questions], [q.context for q in dev.questions])
+    return squad_scores([answers[0].text if answers else "" for answers in found],
+                        dev.questions)
 
 
 NEW_HEAD = "classifier."    # the classification head's parameters: new in a fine-tuning

@@ -84,7 +84,8 @@ class Run:
     device: torch.device
     tokenizer: Tokenizer
     train_split: TokenizedSplit | TokenizedText | encoder_training.TokenizedLabelled
-    dev_split: TokenizedSplit | TokenizedText | EncoderBatcher | None   # an encoder's: batches
+    dev_split: TokenizedSplit | TokenizedText | EncoderBatcher | encoder_training.DevQuestions \
+        | None                   # an encoder's: batches (an answerer's: and its questions)
     batcher: Batcher
     model: Model
     net: torch.nn.Module          # the model as stepped: compiled, DDP-wrapped or sharded
@@ -176,8 +177,8 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
                                                      train_config, given)
 
     labels = list(train_split.names) if isinstance(
-        train_split, (encoder_training.TokenizedLabelled, encoder_training.TokenizedTagged)) \
-        else None
+        train_split, (encoder_training.TokenizedLabelled, encoder_training.TokenizedTagged,
+                      encoder_training.TokenizedQuestions)) else None
     model = _initial_model(model_config, train_config, labels, init, resume, rank, device)
     if train_config.lora_rank:
         _add_adapters(model, train_config, out, init, device)
@@ -622,7 +623,8 @@ def _periodic(run: Run, window: _Window, lr: float, elapsed: float, finished: bo
         window.reset()
     if run.dev_split is not None and (step % c.eval_every == 0 or finished):
         model = _evaluated_model(run)
-        if run.main_process and isinstance(run.dev_split, EncoderBatcher):
+        if run.main_process and isinstance(run.dev_split, (
+                EncoderBatcher, encoder_training.DevQuestions)):
             result = encoder_training.evaluate_encoder(model, run.dev_split, run.device)
         elif run.main_process:
             result = evaluate_dev(model, run.dev_split, run.tokenizer, c, run.device)

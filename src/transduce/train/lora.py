@@ -30,10 +30,11 @@ from transduce.model.lora import (LoRALinear, LoRASettings, add_adapters, adapte
                                   unadapted_state)
 from transduce.streamed_safetensors import DTYPES_BY_CODE, Pending
 
-# What a classifier's fine-tuning trains whole beside the adapters: its new head, and the
-# pooler under it, which masked-LM pre-training never trains (next-sentence prediction
-# does; RoBERTa has none trained either).
-TRAINED_WHOLE = {"classify": ("classifier.", "pooler."), "tag": ("classifier.",)}
+# What fine-tuning a head trains whole beside the adapters: the new head (a classifier's,
+# a tagger's, an answerer's), and a classifier's pooler under it, which masked-LM
+# pre-training never trains (next-sentence prediction does; RoBERTa has none trained).
+TRAINED_WHOLE = {"classify": ("classifier.", "pooler."), "tag": ("classifier.",),
+                 "answer": ("classifier.",)}
 
 
 def check_lora_run(model_config: ModelConfig, train_config: TrainConfig,
