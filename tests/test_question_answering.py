@@ -40,12 +40,13 @@ def imported(request, vocab, roberta_vocab, tmp_path_factory):  # noqa: F811
 def reference(hf, fast, question, words, spans, max_pieces=30):
     """transformers' best span over windows `spans` of the context's pieces (as its
     tokenizer pieces the whole context), each read as a pair: the softmax of the start
-    and of the end logits over the window's context tokens, the best product of a start
-    and a later end -> (first word, last word, score)."""
+    and of the end logits over [CLS] and the window's context tokens, the best product of
+    a start and a later end in the context, and the least product of [CLS]'s two ->
+    (first word, last word, score, no-answer score)."""
     context_ids = fast(" ".join(words), add_special_tokens=False)
     owners = context_ids.word_ids()
     question_ids = fast(question, add_special_tokens=False)["input_ids"]
-    best = (None, None, -1.0)
+    best, null = (None, None, -1.0), 1.0
     for a, b in spans:
         separators = [fast.sep_token_id] * (1 + (hf.config.model_type == "roberta"))
         ids = [fast.cls_token_id, *question_ids, *separators,     # RoBERTa's </s></s>
@@ -57,14 +58,16 @@ def reference(hf, fast, question, words, spans, max_pieces=30):
             inputs["token_type_ids"] = torch.tensor([segments])
         with torch.no_grad():
             result = hf(**inputs)
-        start = result.start_logits[0, first:first + b - a].softmax(-1)
-        end = result.end_logits[0, first:first + b - a].softmax(-1)
+        start, end = (torch.cat([logits[0, :1], logits[0, first:first + b - a]]).softmax(-1)
+                      for logits in (result.start_logits, result.end_logits))
+        null = min(null, float(start[0] * end[0]))
+        start, end = start[1:], end[1:]
         for i in range(b - a):
             for j in range(i, min(b - a, i + max_pieces)):
                 score = float(start[i] * end[j])
                 if score > best[2]:
                     best = (owners[a + i], owners[a + j], score)
-    return best
+    return (*best, null)
 
 
 def test_imported_question_answerers_answer_as_transformers(imported, tmp_path):
@@ -85,20 +88,25 @@ def test_imported_question_answerers_answer_as_transformers(imported, tmp_path):
     for engine in (model, OnnxSentenceEncoder(export_onnx(out, tmp_path / "onnx"))):
         encoder = SentenceEncoder(engine, tokenizer)
         found = encoder.answer(QUESTIONS, CONTEXTS, stride=4)
+        abstaining = encoder.answer(QUESTIONS, CONTEXTS, stride=4, no_answer=True, top_k=10**6)
         for question, context, answers, pair in zip(QUESTIONS, CONTEXTS, found, range(4)):
             if not context:
-                assert answers == []
+                assert answers == [] and abstaining[pair] == []
                 continue
             words = context.split()
             room = model.config.max_positions - 3 - one_segment - \
                 len(fast(question, add_special_tokens=False)["input_ids"])
             pieces = len(fast(context, add_special_tokens=False)["input_ids"])
-            first, last, score = reference(hf, fast, question, words,
-                                           windows(pieces, room, 4))
+            first, last, score, null = reference(hf, fast, question, words,
+                                                 windows(pieces, room, 4))
             (answer,) = answers
             assert answer.text == " ".join(words[first:last + 1]), (family, question)
             assert context[answer.start:answer.end] == answer.text
             assert answer.score == pytest.approx(score, abs=1e-5)
+            (empty,) = [a for a in abstaining[pair] if not a.text]    # among the spans
+            assert (empty.start, empty.end) == (0, 0)
+            assert empty.score == pytest.approx(null, abs=1e-5)
+            assert abstaining[pair][0].score == pytest.approx(max(score, null), abs=1e-5)
 
 
 def test_a_question_answerer_exports_to_transformers_and_back(imported, tmp_path, capsys):
@@ -162,12 +170,14 @@ def test_windows_overlap_and_cover_every_piece():
 
 
 def test_best_spans_keep_order_and_length():
-    start = np.log(np.array([0.1, 0.6, 0.2, 0.1]))
-    end = np.log(np.array([0.5, 0.1, 0.1, 0.3]))
-    spans = best_spans(start, end, max_pieces=3, count=3)
+    """[CLS] first (never in a span), then the context's four pieces."""
+    start = np.log(np.array([0.2, 0.08, 0.48, 0.16, 0.08]))
+    end = np.log(np.array([0.5, 0.25, 0.05, 0.05, 0.15]))
+    spans, null = best_spans(start, end, max_pieces=3, count=3)
     assert [(i, j) for i, j, _ in spans] == [(1, 3), (1, 1), (1, 2)]     # never j < i
-    assert spans[0][2] == pytest.approx(0.6 * 0.3)
-    assert all(j - i < 2 for i, j, _ in best_spans(start, end, max_pieces=2, count=9))
+    assert spans[0][2] == pytest.approx(0.48 * 0.15)
+    assert null == pytest.approx(0.2 * 0.5)
+    assert all(j - i < 2 for i, j, _ in best_spans(start, end, max_pieces=2, count=9)[0])
 
 
 def test_answers_are_whole_words_counted_once():
@@ -177,3 +187,5 @@ def test_answers_are_whole_words_counted_once():
     answers = answers_of(found, context, words, count=2)
     assert [(a.text, a.score) for a in answers] == [("Jesus   wept.", 0.5), ("he went", 0.3)]
     assert context[answers[0].start:answers[0].end] == "Jesus   wept."
+    answers = answers_of(found, context, words, count=2, no_answer=0.4)
+    assert [(a.text, a.score) for a in answers] == [("Jesus   wept.", 0.5), ("", 0.4)]

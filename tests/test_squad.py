@@ -65,12 +65,18 @@ def test_evaluate_scores_a_question_answerer(vocab, tmp_path, capsys):  # noqa: 
     assert main(["evaluate", "--model", str(out), "--data", str(data), "--split", "dev"]) == 0
     printed = capsys.readouterr().out
     assert "dev: exact match" in printed and "3 questions, 1 without an answer" in printed
+    assert "; has answer: exact match" in printed and "; no answer: exact match" in printed
     questions = read_squad(data / "dev.json")
     found = SentenceEncoder.load(out).answer([q.question for q in questions],
-                                             [q.context for q in questions])
+                                             [q.context for q in questions], no_answer=True)
     texts = [answers[0].text for answers in found]
     result = json.loads((out / "eval-dev-answer.json").read_text())
-    assert result["questions"] == 3 and result["unanswerable"] == 1
+    assert result["questions"] == 3 and result["unanswerable"] == 1 and result["abstains"]
+    for name, answerable in (("has_answer", True), ("no_answer", False)):
+        kept = [(t, q) for t, q in zip(texts, questions) if bool(q.answers) == answerable]
+        assert result[name]["questions"] == len(kept)
+        assert result[name]["exact_match"] == pytest.approx(
+            sum(exact_match(t, q.answers) for t, q in kept) / len(kept))
     assert result["exact_match"] == pytest.approx(
         sum(exact_match(t, q.answers) for t, q in zip(texts, questions)) / 3)
     assert result["f1"] == pytest.approx(sum(f1(t, q.answers)

@@ -20,6 +20,18 @@ def test_answers_are_the_librarys(asks, answerer):
             assert context[found.start:found.end] == found.text
 
 
+def test_the_empty_answer_competes_when_asked(asks, answerer):
+    body = {"questions": QUESTIONS[:2], "contexts": CONTEXTS[:2], "top_k": 20,
+            "no_answer": True}
+    answer = asks.post("/v1/answer", json=body)
+    assert answer.status_code == 200, answer.text
+    expected = answerer.answer(QUESTIONS[:2], CONTEXTS[:2], top_k=20, no_answer=True)
+    assert answer.json()["answers"] == [[vars(a) for a in answers] for answers in expected]
+    assert all(sum(a.text == "" for a in answers) == 1 for answers in expected)
+    plain = asks.post("/v1/answer", json={**body, "no_answer": False}).json()["answers"]
+    assert all(a["text"] for answers in plain for a in answers)
+
+
 def test_models_says_it_answers_and_the_other_routes_are_absent(asks, enc):
     info = asks.get("/v1/models").json()["data"][0]
     assert info["answers"] is True and info["classifies"] is False and info["tags"] is False
@@ -34,7 +46,9 @@ def test_bad_requests_are_named(asks):
                         ({"questions": ["a"]}, "contexts"),
                         ({"questions": ["a"], "contexts": ["c"], "top_k": 0}, "top_k"),
                         ({"questions": ["a"], "contexts": ["x" * 201]}, "contexts"),
-                        ({"questions": "a", "contexts": ["c"]}, "questions")):
+                        ({"questions": "a", "contexts": ["c"]}, "questions"),
+                        ({"questions": ["a"], "contexts": ["c"], "no_answer": "yes"},
+                         "no_answer")):
         answer = asks.post("/v1/answer", json=body)
         assert 400 <= answer.status_code < 500, (body, answer.text)
         assert field in answer.text

@@ -210,9 +210,12 @@ def _evaluate_encoder(args: argparse.Namespace) -> int:
     files = _check_outputs(out, kind)
     result = evaluate(encoder, args.data, args.split, out, batch_tokens=args.batch_tokens)
     if encoder.answers:
+        apart = "".join(f"; {name.replace('_', ' ')}: exact match "
+                        f"{100 * result[name]['exact_match']:.2f}"
+                        for name in ("has_answer", "no_answer") if name in result)
         print(f"{args.split}: exact match {100 * result['exact_match']:.2f}, F1 "
               f"{100 * result['f1']:.2f} ({result['questions']} questions, "
-              f"{result['unanswerable']} without an answer; "
+              f"{result['unanswerable']} without an answer{apart}; "
               f"{result['questions_per_second']:.1f} questions/s)")
     elif encoder.tags:
         print(f"{args.split}: entity F1 {100 * result['f1']:.2f} (precision "

@@ -10,7 +10,8 @@ words on one line; entities: a line's BIO entities, `KIND<TAB>text` pairs tab-se
 an empty line for none); answer, for a question answerer, reads `question<TAB>context`
 lines and writes the best answer's `text<TAB>score<TAB>start<TAB>end` (the answer's
 characters in the context; --top N: N answers' fields on the line, best first; an empty
-line for a context of no words); score, for a
+line for a context of no words; --no-answer: the empty answer competes, an empty text at
+0, 0); score, for a
 model of one output (a cross-encoder, a regression head), writes its value per line
 (--pairs likewise); rerank writes the lines as documents ranked by relevance to --query,
 `line<TAB>relevance<TAB>document`, the most relevant first; embed writes an
@@ -58,6 +59,9 @@ def register(commands) -> None:
                         help="the best N answers of each line, best first (default: 1)")
     answer.add_argument("--max-answer-pieces", type=positive_int, default=None,
                         help="the longest answer, in pieces (default: 30, BERT's)")
+    answer.add_argument("--no-answer", action="store_true",
+                        help="the empty answer competes with the spans (a model trained on "
+                             "unanswerable questions, SQuAD 2.0's): an empty text field")
     answer.set_defaults(handler=answer_command)
 
     score = commands.add_parser("score", help="a cross-encoder's (or regression head's) "
@@ -151,7 +155,7 @@ def answer_command(args: argparse.Namespace) -> int:
                                        "answer reads `question<TAB>context` lines")
     found = encoder.answer(questions, contexts, top_k=args.top,
                            max_answer_pieces=args.max_answer_pieces or MAX_ANSWER_PIECES,
-                           batch_tokens=args.batch_tokens)
+                           no_answer=args.no_answer, batch_tokens=args.batch_tokens)
     _write(args.output, "".join("\t".join(f"{a.text}\t{a.score:.4f}\t{a.start}\t{a.end}"
                                           for a in answers) + "\n" for answers in found))
     return 0

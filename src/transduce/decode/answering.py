@@ -4,13 +4,17 @@ and ending the answer (ModelConfig.question_answering: BERT's SQuAD head, Devlin
 [SEP] (RoBERTa's <s> question </s></s> context </s>), the context split into words at
 whitespace and each word into the pieces the tokenizer gives it within the text. A
 context longer than the model reads is read in windows of its pieces that overlap by
-`stride` pieces. In each window the start and end scores over the context's pieces go
-through a softmax each, and a span from piece i to piece j (j >= i, at most
-`max_answer_pieces` long) scores p_start(i) * p_end(j), as the question-answering
-pipeline of transformers 4 scored it (version 5 has none); the best spans over all
-windows are the answers, each given as the context's text from the first character of
-i's word to the last of j's (the words a span touches, whole, as BERT's evaluation reads
-them back)."""
+`stride` pieces. In each window the start and end scores over [CLS] and the context's
+pieces go through a softmax each, and a span from piece i to piece j of the context (j >=
+i, at most `max_answer_pieces` long) scores p_start(i) * p_end(j), as the
+question-answering pipeline of transformers 4 scored it (version 5 has none): [CLS] is
+where an answerer trained on windows points when a window holds no answer (data/
+answer_windows.py), so its share keeps such a window's spans low. The best spans over
+all windows are the answers, each given as the context's text from the first character
+of i's word to the last of j's (the words a span touches, whole, as BERT's evaluation
+reads them back). With no_answer (SQuAD 2.0's unanswerable questions; the pipeline's
+handle_impossible_answer), the empty answer competes too, scored by the least of the
+windows' p_start([CLS]) * p_end([CLS])."""
 
 from __future__ import annotations
 
@@ -65,17 +69,19 @@ def span_items(tokenizer, questions: Sequence[str], contexts: Sequence[str],
 
 
 def best_spans(start_logits: np.ndarray, end_logits: np.ndarray, max_pieces: int,
-               count: int | None = None) -> list[tuple[int, int, float]]:
+               count: int | None = None) -> tuple[list[tuple[int, int, float]], float]:
     """A window's best spans (i, j, p_start(i) * p_end(j)) over its context's pieces,
-    start and end logits (L,) each, j - i < max_pieces, best first: those of the
-    CANDIDATES best starts and ends, at most `count` of them (None: all; spans of the
-    same words are told apart later, by answers_of)."""
+    best first, and its no-answer score p_start([CLS]) * p_end([CLS]). start and end
+    logits (1 + L,) each: [CLS]'s, then the context's L pieces'; i and j count the
+    context's pieces, j - i < max_pieces; the spans are those of the CANDIDATES best
+    starts and ends, at most `count` of them (None: all; spans of the same words are told
+    apart later, by answers_of)."""
     p_start, p_end = _softmax(start_logits), _softmax(end_logits)
-    starts = np.argsort(-p_start)[:CANDIDATES]
-    ends = np.argsort(-p_end)[:CANDIDATES]
-    spans = [(int(i), int(j), float(p_start[i] * p_end[j])) for i in starts for j in ends
-             if i <= j < i + max_pieces]
-    return sorted(spans, key=lambda span: -span[2])[:count]
+    starts = np.argsort(-p_start[1:])[:CANDIDATES]
+    ends = np.argsort(-p_end[1:])[:CANDIDATES]
+    spans = [(int(i), int(j), float(p_start[1 + i] * p_end[1 + j])) for i in starts
+             for j in ends if i <= j < i + max_pieces]
+    return sorted(spans, key=lambda span: -span[2])[:count], float(p_start[0] * p_end[0])
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -84,12 +90,15 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def answers_of(found: list[tuple[float, int, int]], context: str, words: list[re.Match],
-               count: int) -> list[Answer]:
+               count: int, no_answer: float | None = None) -> list[Answer]:
     """A context's best answers from its windows' spans (score, first word, last word):
-    the same words found in two windows count once, at their better score."""
+    the same words found in two windows count once, at their better score; no_answer:
+    the empty answer's score, when it competes (Answer("", 0, 0, score))."""
     best: dict[tuple[int, int], float] = {}
     for score, first, last in found:
         best[first, last] = max(score, best.get((first, last), 0.0))
-    ranked = sorted(best.items(), key=lambda item: -item[1])[:count]
-    return [Answer(context[words[a].start():words[b].end()], words[a].start(),
-                   words[b].end(), score) for (a, b), score in ranked]
+    answers = [Answer(context[words[a].start():words[b].end()], words[a].start(),
+                      words[b].end(), score) for (a, b), score in best.items()]
+    if no_answer is not None:
+        answers.append(Answer("", 0, 0, no_answer))
+    return sorted(answers, key=lambda answer: -answer.score)[:count]

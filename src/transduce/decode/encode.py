@@ -35,8 +35,8 @@ from transduce.decode.inputs import PromptIds, TextError, checked_texts, ids_pro
 from transduce.decode.onnx_encoder_engine import OnnxSentenceEncoder
 from transduce.decode.onnx_engine import check_onnx_settings, runs_on_onnxruntime
 from transduce.decode.options import DecodeDtype, Engine, decoding_dtype, pass_batch_tokens
-from transduce.decode.answering import MAX_ANSWER_PIECES, STRIDE, Answer, answers_of, \
-    best_spans, span_items
+from transduce.decode.answering import MAX_ANSWER_PIECES, STRIDE, Answer, SpanItem, \
+    answers_of, best_spans, span_items
 from transduce.decode.tagging import TaggedWord, tag_items
 from transduce.decode.translate import length_sorted_batches
 from transduce.errors import LineTruncated
@@ -225,11 +225,13 @@ class SentenceEncoder:
 
     def answer(self, questions: Sequence[str], contexts: Sequence[str], *, top_k: int = 1,
                max_answer_pieces: int = MAX_ANSWER_PIECES, stride: int = STRIDE,
-               batch_tokens: int | None = None) -> list[list[Answer]]:
+               no_answer: bool = False, batch_tokens: int | None = None
+               ) -> list[list[Answer]]:
         """The best `top_k` answers to each question in its context (question i reads
         contexts[i]), by a question answerer: spans of the context's words, with their
         character offsets and scores (decode/answering.py says how they are found); a
-        context of no words gets []."""
+        context of no words gets []. no_answer: the empty answer (text "", start and end
+        0) competes with the spans, for a model trained on unanswerable questions."""
         if not self.answers:
             raise ConfigError("this model has no question-answering head: train one "
                               "(`transduce train --task answer --init MODEL`) or import "
@@ -251,19 +253,32 @@ class SentenceEncoder:
                                       stride)
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        found: list[list[tuple[float, int, int]]] = [[] for _ in questions]
+        found, nulls = self._found_spans(items, len(questions), max_answer_pieces,
+                                         batch_tokens)
+        return [answers_of(spans, context, context_words, top_k,
+                           null if no_answer and spans else None)
+                for spans, context, context_words, null in zip(found, contexts, words, nulls)]
+
+    def _found_spans(self, items: list[SpanItem], pairs: int, max_answer_pieces: int,
+                     batch_tokens: int | None
+                     ) -> tuple[list[list[tuple[float, int, int]]], list[float]]:
+        """Each pair's windows' best spans (score, first word, last word), and the least
+        of its windows' no-answer scores."""
+        found: list[list[tuple[float, int, int]]] = [[] for _ in range(pairs)]
+        nulls = [1.0] * pairs
         batches = self._item_batches([item.ids for item in items], batch_tokens,
                                      [item.segments for item in items])
         for indices, ids, segments in batches:
             logits = self._span_logits(ids, segments).float().cpu().numpy()   # (B, T, 2)
             for row, index in enumerate(indices):
                 item = items[index]
-                context = logits[row, item.first:item.first + len(item.words)]   # (L, 2)
-                for i, j, score in best_spans(context[:, 0], context[:, 1],
-                                              max_answer_pieces):   # words: answers_of
-                    found[item.pair].append((score, int(item.words[i]), int(item.words[j])))
-        return [answers_of(spans, context, context_words, top_k)
-                for spans, context, context_words in zip(found, contexts, words)]
+                read = np.concatenate([logits[row, :1], logits[row, item.first:item.first
+                                                               + len(item.words)]])  # (1+L, 2)
+                spans, null = best_spans(read[:, 0], read[:, 1], max_answer_pieces)
+                nulls[item.pair] = min(nulls[item.pair], null)
+                found[item.pair].extend((score, int(item.words[i]), int(item.words[j]))
+                                        for i, j, score in spans)   # words: answers_of
+        return found, nulls
 
     @property
     def answers(self) -> bool:

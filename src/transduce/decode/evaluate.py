@@ -304,22 +304,36 @@ def evaluate_tagger(encoder: SentenceEncoder, data_dir: Path, split: str, out_pr
     return result
 
 
+def _scores_apart(texts: list[str], questions: list) -> dict:
+    """{"has_answer": scores, "no_answer": scores}: SQuAD 2.0's HasAns_ and NoAns_."""
+    apart = {}
+    for name, answerable in (("has_answer", True), ("no_answer", False)):
+        kept = [(t, q) for t, q in zip(texts, questions) if bool(q.answers) == answerable]
+        if kept:
+            apart[name] = {"questions": len(kept), **squad_scores(*map(list, zip(*kept)))}
+    return apart
+
+
 def evaluate_answerer(encoder: SentenceEncoder, data_dir: Path, split: str, out_prefix: Path,
                       *, batch_tokens: int | None = None) -> dict:
     """SQuAD's exact match and F1 (data/squad.py) of a question answerer's best answers
     on a question-answering split ({split}.json in SQuAD's layout), written to OUT.json
-    with the answers by question id (SQuAD's predictions file) to OUT.answers.json. A
-    question of no gold answer counts as the answerer never abstains: 0."""
+    with the answers by question id (SQuAD's predictions file) to OUT.answers.json. On a
+    split of unanswerable questions (SQuAD 2.0's) the empty answer competes with the
+    spans (SentenceEncoder.answer's no_answer), and the scores of the answerable and the
+    unanswerable questions are given apart too, as SQuAD 2.0's script gives them."""
     questions = read_squad(qa_file(data_dir, split))
+    no_answer = any(not q.answers for q in questions)
     start = time.perf_counter()
     found = encoder.answer([q.question for q in questions], [q.context for q in questions],
-                           batch_tokens=batch_tokens)
+                           no_answer=no_answer, batch_tokens=batch_tokens)
     seconds = time.perf_counter() - start
     texts = [answers[0].text if answers else "" for answers in found]
     result = {"split": split, "file": str(qa_file(data_dir, split)),
               "questions": len(questions),
-              "unanswerable": sum(not q.answers for q in questions),
+              "unanswerable": sum(not q.answers for q in questions), "abstains": no_answer,
               **squad_scores(texts, questions),
+              **(_scores_apart(texts, questions) if no_answer else {}),
               "seconds": seconds, "questions_per_second": len(questions) / seconds}
     answers_file, json_file = written_files(out_prefix, "qa")
     atomic.write_text(answers_file, json.dumps(

@@ -88,11 +88,11 @@ def routes(service: Service) -> APIRouter:
                                "contexts")
             tokens = sum(token_counts(encoder, body.questions)) + \
                 sum(token_counts(encoder, body.contexts))
-            settings = (body.top_k, body.max_answer_tokens)
+            settings = (body.top_k, body.max_answer_tokens, body.no_answer)
             run = timed(lambda jobs: split_by_job(jobs, encoder.answer(
                 [q for job in jobs for q, _ in job.payload],
                 [c for job in jobs for _, c in job.payload], top_k=settings[0],
-                max_answer_pieces=settings[1])))
+                max_answer_pieces=settings[1], no_answer=settings[2])))
             found, timings = await service.submit(("answer", *settings), run,
                                                   list(zip(body.questions, body.contexts)),
                                                   tokens, len(body.questions))

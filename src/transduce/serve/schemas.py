@@ -240,6 +240,8 @@ class AnswerRequest(Strict):
                                         "a span of; a long one is read in windows")
     top_k: Annotated[StrictInt, Field(ge=1, le=20)] = 1
     max_answer_tokens: Annotated[StrictInt, Field(ge=1, le=512)] = 30
+    no_answer: StrictBool = Field(False, description="the empty answer (text \"\", start "
+                                                     "and end 0) competes with the spans")
 
 
 class FoundAnswer(BaseModel):

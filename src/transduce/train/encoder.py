@@ -380,9 +380,11 @@ def evaluate_encoder(model: torch.nn.Module, dev: EncoderBatcher | DevQuestions,
 def _answer_scores(model: torch.nn.Module, dev: DevQuestions, device: torch.device
                    ) -> dict[str, float]:
     """SQuAD's exact match and F1 of the best answers to the dev questions, found as
-    SentenceEncoder.answer finds them (in windows of the model's positions)."""
+    `evaluate` finds them (in windows of the model's positions; the empty answer
+    competing on a split of unanswerable questions)."""
     found = SentenceEncoder(model, dev.tokenizer, device).answer(
-        [q.question for q in dev.questions], [q.context for q in dev.questions])
+        [q.question for q in dev.questions], [q.context for q in dev.questions],
+        no_answer=any(not q.answers for q in dev.questions))
     return squad_scores([answers[0].text if answers else "" for answers in found],
                         dev.questions)
 
