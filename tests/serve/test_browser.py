@@ -332,6 +332,29 @@ def test_encoder_page_answers_with_a_question_answerer(browser_page, answerer):
     expected = answerer.answer(["el perro"] * 2, contexts)
     cells = page.locator("#enc-output tr td").all_text_contents()
     assert cells[1::2] == [f"{a[0].text} ({a[0].score:.3f})" for a in expected]
+    spans = answerer._span_logits
+
+    def cls_first(ids, segments):        # [CLS] scores far above the spans: no answer
+        logits = spans(ids, segments).clone()
+        logits[:, 0] += 20.0
+        return logits
+
+    answerer._span_logits = cls_first
+    try:
+        with ServerThread(create_app(answerer)) as server:
+            page.goto(server.url + "/")
+            page.wait_for_selector("#question", state="visible")
+            page.fill("#lines", "\n".join(contexts))
+            page.fill("#question", "el perro")
+            page.check("#no-answer")
+            page.click("#answer")
+            page.wait_for_selector("#enc-output tr")
+        abstained = answerer.answer(["el perro"] * 2, contexts, no_answer=True)
+    finally:
+        del answerer._span_logits
+    assert all(not answers[0].text for answers in abstained)
+    cells = page.locator("#enc-output tr td").all_text_contents()
+    assert cells[1::2] == [f"(no answer {a[0].score:.3f})" for a in abstained]
 
 
 def test_encoder_page_classifies_pairs(browser_page, encoder):

@@ -506,10 +506,12 @@ async function answer() {
   if (!question) return setStatus("enc-status", "type a question first", true);
   if (!contexts.length) return setStatus("enc-status", "type the contexts, one a line", true);
   try {
-    const data = await api("/v1/answer", { questions: contexts.map(() => question), contexts });
+    const data = await api("/v1/answer", { questions: contexts.map(() => question), contexts,
+                                           no_answer: $("no-answer").checked });
     resultRows(contexts.map((context, i) => {
       const best = data.answers[i][0];
-      return [context, best ? `${best.text} (${best.score.toFixed(3)})` : "(no answer)"];
+      return [context, best?.text ? `${best.text} (${best.score.toFixed(3)})`
+                                  : `(no answer${best ? ` ${best.score.toFixed(3)}` : ""})`];
     }));
     setStatus("enc-status", `${Math.round(data.timings.total_ms)} ms`);
   } catch (error) {
@@ -534,6 +536,7 @@ async function start() {
     $("classify").hidden = !model.classifies;
     $("tag").hidden = !model.tags;                 // a token classifier
     $("question").hidden = $("answer").hidden = !model.answers;    // a question answerer
+    $("no-answer-choice").hidden = !model.answers;
     $("chat-panel").hidden = !model.chat;          // an instruct model with a template
   } catch (error) { /* the page still works */ }
   if (KIND === "translation") {
