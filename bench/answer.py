@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from encode import add_model_arguments, write_vocabulary  # noqa: E402
-from measure import machine_info, time_interleaved  # noqa: E402
+from measure import machine_info, time_keeping_results  # noqa: E402
 from transduce.decode.answering import MAX_ANSWER_PIECES, span_items  # noqa: E402
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.translate import length_sorted_batches  # noqa: E402
@@ -152,21 +152,11 @@ def main() -> None:
         items, _ = span_items(ours.tokenizer, questions, contexts, POSITIONS, False)
         batches = [list(b) for b in length_sorted_batches([i.ids for i in items],
                                                           args.batch_tokens)]
-        answered: dict[str, list] = {}
-
-        def peer(name, call):
-            def run():
-                answered[name] = call()
-            return run
-
-        calls = {"ours": peer("ours", ours_as_pairs(ours, questions, contexts,
-                                                    args.batch_tokens)),
-                 "onnxruntime": peer("onnxruntime", ours_as_pairs(onnx, questions, contexts,
-                                                                  args.batch_tokens)),
-                 "transformers": peer("transformers", hf_answerer(
-                     hf, scratch / "hf", questions, contexts, batches))}
+        calls = {"ours": ours_as_pairs(ours, questions, contexts, args.batch_tokens),
+                 "onnxruntime": ours_as_pairs(onnx, questions, contexts, args.batch_tokens),
+                 "transformers": hf_answerer(hf, scratch / "hf", questions, contexts, batches)}
         started = time.time()
-        times = time_interleaved(calls, args.repeats)
+        times, answered = time_keeping_results(calls, args.repeats)
     tokens = sum(len(item.ids) for item in items)
     peers = {}
     for name, seconds in times.items():

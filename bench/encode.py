@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import int8_through_onednn, machine_info, time_interleaved  # noqa: E402
+from measure import int8_through_onednn, machine_info, time_keeping_results  # noqa: E402
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.translate import length_sorted_batches  # noqa: E402
 from transduce.export.onnx import export_onnx  # noqa: E402
@@ -137,20 +137,11 @@ def main() -> None:
         t = encoders["ours"].tokenizer
         ids = [[t.bos_id, *row, t.eos_id] for row in t.encode(lines)]      # [CLS] ... [SEP]
         batches = [list(b) for b in length_sorted_batches(ids, args.batch_tokens)]
-        vectors: dict[str, np.ndarray] = {}
-
-        def peer(name, call):
-            def run():
-                vectors[name] = call()
-            return run
-
-        embed_hf = hf_embedder(hf, scratch / "hf", lines, batches)
-        calls = {"transformers": peer("transformers", embed_hf),
-                 **{name: peer(name, lambda e=encoder: e.embed(lines,
-                                                               batch_tokens=args.batch_tokens))
+        calls = {"transformers": hf_embedder(hf, scratch / "hf", lines, batches),
+                 **{name: lambda e=encoder: e.embed(lines, batch_tokens=args.batch_tokens)
                     for name, encoder in encoders.items()}}
         started = time.time()
-        times = time_interleaved(calls, args.repeats)
+        times, vectors = time_keeping_results(calls, args.repeats)
     tokens = sum(len(row) for row in ids)
     peers = {}
     for name, seconds in times.items():

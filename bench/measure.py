@@ -75,6 +75,22 @@ def time_interleaved(calls: dict[Hashable, Callable[[], float | None]],
     return times
 
 
+def time_keeping_results(calls: dict[Hashable, Callable[[], object]], repeats: int
+                         ) -> tuple[dict[Hashable, list[float]], dict[Hashable, object]]:
+    """time_interleaved of calls that return what they computed -> (seconds per call,
+    each call's last result), so that the peers' outputs can be compared after timing."""
+    results: dict[Hashable, object] = {}
+
+    def keeping(key: Hashable, call: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            results[key] = call()
+        return run
+
+    times = time_interleaved({key: keeping(key, call) for key, call in calls.items()},
+                             repeats)
+    return times, results
+
+
 def microseconds_per_call(peers: dict[Hashable, Callable], x, calls: int,
                           repeats: int) -> dict[Hashable, float]:
     """Each peer's median microseconds per call on x: `calls` calls a case, the peers

@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from encode import add_model_arguments, random_lines, write_vocabulary  # noqa: E402
-from measure import machine_info, time_interleaved  # noqa: E402
+from measure import machine_info, time_keeping_results  # noqa: E402
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.tagging import tag_items  # noqa: E402
 from transduce.decode.translate import length_sorted_batches  # noqa: E402
@@ -109,20 +109,11 @@ def main() -> None:
         assert len(items) == len(lines)          # no line is cut into chunks here
         batches = [list(b) for b in length_sorted_batches([i.ids for i in items],
                                                           args.batch_tokens)]
-        tagged: dict[str, list] = {}
-
-        def peer(name, call):
-            def run():
-                tagged[name] = call()
-            return run
-
-        calls = {"ours": peer("ours", ours_as_pairs(ours, lines, args.batch_tokens)),
-                 "onnxruntime": peer("onnxruntime",
-                                     ours_as_pairs(onnx, lines, args.batch_tokens)),
-                 "transformers": peer("transformers",
-                                      hf_tagger(hf, scratch / "hf", lines, batches))}
+        calls = {"ours": ours_as_pairs(ours, lines, args.batch_tokens),
+                 "onnxruntime": ours_as_pairs(onnx, lines, args.batch_tokens),
+                 "transformers": hf_tagger(hf, scratch / "hf", lines, batches)}
         started = time.time()
-        times = time_interleaved(calls, args.repeats)
+        times, tagged = time_keeping_results(calls, args.repeats)
     count = sum(len(line.split()) for line in lines)
     tokens = sum(len(item.ids) for item in items)
     peers = {}
