@@ -20,13 +20,17 @@ from transduce.data.batching import EncoderBatcher
 from transduce.data.corpus import CorpusError, write_text_metadata
 from transduce.data.masking import EncoderSpecials
 from transduce.model import load_model
-from transduce.train.encoder import batch_losses, load_pretrained
+from transduce.config import TrainConfig
+from transduce.model import build_model
+from transduce.train.encoder import EncoderObjective, batch_losses, load_pretrained, \
+    unused_parameter_names
 from transduce.train.loop import train
 from tests.encoder_heads import IMPORTERS, imported_head
 from tests.test_import_bert import vocab  # noqa: F401 - a fixture
 from tests.test_import_roberta import roberta_vocab  # noqa: F401 - a fixture
 from tests.train.test_encoder import WORDS, bert_tiny, counting, dev_records  # noqa: F401
-from tests.train.test_encoder import train_config
+from tests.train.test_encoder import train_config, train_in_one_process
+from tests.train.test_loop import assert_two_processes_trained_alike
 
 transformers = pytest.importorskip("transformers")
 
@@ -281,6 +285,28 @@ def test_fine_tuning_an_encoder_into_a_question_answerer(answering, counting,  #
     assert checkpoint.read_configs(checkpoint.resolve(run))[1].max_len == 384   # BERT's
     assert load_pretrained(model, pretrained, torch.device("cpu")) == \
         ["classifier.bias", "classifier.weight"]
+
+
+def test_the_heads_an_answerer_never_runs_are_left_out_of_ddp():
+    model = build_model(bert_tiny(num_labels=2, question_answering=True))
+    names = unused_parameter_names(EncoderObjective(model), model, TrainConfig(task="answer"))
+    assert sorted(names) == sorted(f"model.{name}" for name in [
+        "pooler.bias", "pooler.weight", "mlm_head.dense.bias", "mlm_head.dense.weight",
+        "mlm_head.norm.bias", "mlm_head.norm.weight", "mlm_head.decoder.bias",
+        "nsp_head.bias", "nsp_head.weight"])
+
+
+def test_fine_tuning_an_answerer_in_two_processes_equals_one(answering, counting,  # noqa: F811
+                                                             tmp_path):
+    """Two gloo processes at update_freq 1 train the weights one process trains at 2:
+    the span loss's mean over the step's windows across processes."""
+    pretrained = tmp_path / "pre"
+    train(counting, pretrained, bert_tiny(max_positions=16), train_config(max_steps=2))
+    common = ["--data", str(answering), "--init", str(pretrained), "--task", "answer",
+              "--max-tokens", "128", "--max-steps", "4", "--warmup-steps", "5",
+              "--eval-every", "100", "--threads", "1", "--dtype", "float32"]
+    train_in_one_process(common, tmp_path / "one")
+    assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)
 
 
 def test_a_lora_answerer_trains_its_head_whole(answering, counting, tmp_path):  # noqa: F811
