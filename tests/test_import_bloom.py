@@ -177,20 +177,3 @@ def test_the_hf_export_is_bloom_again(imported, tmp_path):
     for name, tensor in theirs.state_dict().items():
         torch.testing.assert_close(tensor, originals[name], rtol=0, atol=0, msg=name)
     assert_same_logits(theirs, load_model(out), atol=2e-5)
-
-
-def test_peft_adapters_of_a_bloom_base_are_refused_by_name(imported, tmp_path):
-    """Neither way maps BLOOM's per-head fused query_key_value yet: refused, not misplaced."""
-    from transduce.export import ExportError
-    from transduce.export.peft import _check_base_exportable
-    from transduce.importers import ForeignCheckpointError, import_peft
-
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["query_key_value"]}))
-    with pytest.raises(ForeignCheckpointError, match="a BLOOM base; import peft does not"):
-        import_peft(adapter, imported[2], tmp_path / "merged")
-    assert not (tmp_path / "merged").exists()
-    with pytest.raises(ExportError, match="export peft does not write BLOOM's adapters"):
-        _check_base_exportable(imported[2], load_model(imported[2]).config)   # a run's base

@@ -15,14 +15,17 @@ from transduce import checkpoint
 from transduce.cli import main
 from transduce.config import TrainConfig
 from transduce.export import ExportError, export_peft
-from transduce.importers import (ForeignCheckpointError, import_bert, import_distilbert,
-                                 import_gpt2, import_llama, import_peft, import_roberta)
+from transduce.importers import (ForeignCheckpointError, import_bert, import_bloom,
+                                 import_distilbert, import_gpt2, import_llama, import_peft,
+                                 import_roberta)
 from transduce.model import load_model
 from transduce.train.loop import train
 from tests.train.test_encoder import bert_tiny, classes  # noqa: F401 - classes: a fixture
 from tests.train.test_encoder import train_config as encoder_config
 from tests.train.test_imported_lm import write_gpt2, write_llama
 from tests.train.test_lm import counting, gpt_tiny  # noqa: F401 - counting: a fixture
+from tests.test_import_bloom import bloom_tokenizer  # noqa: F401 - a fixture
+from tests.test_import_bloom import hf_checkpoint as write_bloom
 from tests.train.test_answering import answering  # noqa: F401 - a fixture
 from tests.train.test_tagging import TAGS, tagging  # noqa: F401 - tagging: a fixture
 
@@ -74,6 +77,61 @@ def test_peft_puts_the_adapters_where_the_run_had_them(family, targets, counting
     else:
         fused = torch.cat([mine[f"decoder.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
         torch.testing.assert_close(merged["transformer.h.0.attn.c_attn.weight"], fused.T)
+
+
+def bloom_rows(q, k, v, heads):
+    """BLOOM's query_key_value rows from ours: (H, 3, D) head by head."""
+    return torch.stack([q, k, v]).unflatten(1, (heads, -1)).transpose(0, 1).flatten(0, 2)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_blooms_adapters_go_to_peft(bloom_tokenizer, counting, tmp_path, capsys):  # noqa: F811
+    """A LoRA run on an imported BLOOM: PEFT puts q, k and v's adapters on
+    query_key_value, head by head, and computes the run's logits."""
+    hf_dir, adapter = tmp_path / "hf", tmp_path / "adapter"
+    write_bloom(hf_dir, bloom_tokenizer, hidden_size=32, n_layer=2, n_head=4, seed=6)
+    run = lora_run(hf_dir, import_bloom, counting, tmp_path, "q,k,v,o,ffn")
+    assert main(["export", "peft", str(run), str(adapter)]) == 0
+    capsys.readouterr()
+    settings = json.loads((adapter / "adapter_config.json").read_text())
+    assert settings["rank_pattern"] == {"query_key_value": 9}
+    assert settings["alpha_pattern"] == {"query_key_value": pytest.approx(15.0)}
+    assert not settings["fan_in_fan_out"]
+    with torch.no_grad():
+        base = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+        ids = torch.randint(4, base.config.vocab_size, (2, 9))
+        before = base(ids).logits
+        theirs = peft.PeftModel.from_pretrained(base, adapter).eval()
+        adapted = theirs(ids).logits
+        ours = load_model(run)
+        assert (adapted - before).abs().max() > 1e-3
+        torch.testing.assert_close(adapted, ours(ids), rtol=1e-4, atol=1e-4)
+        merged = theirs.merge_and_unload().state_dict()
+    mine = ours.state_dict()
+    fused = bloom_rows(*(mine[f"decoder.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"), 4)
+    torch.testing.assert_close(merged["transformer.h.1.self_attention.query_key_value.weight"],
+                               fused)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_a_peft_adapter_merges_into_our_bloom(bloom_tokenizer, tmp_path):  # noqa: F811
+    """PEFT's LoRA on BLOOM's query_key_value (rank 2 there), dense and MLP: merged into
+    our import, the model computes PEFT's logits."""
+    hf_dir, adapter = tmp_path / "hf", tmp_path / "adapter"
+    write_bloom(hf_dir, bloom_tokenizer, hidden_size=48, n_layer=2, n_head=6, seed=1)
+    config = peft.LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM",
+                             target_modules=["query_key_value", "dense", "dense_h_to_4h",
+                                             "dense_4h_to_h"],
+                             rank_pattern={"query_key_value": 2})
+    theirs = with_drawn_adapters(transformers.AutoModelForCausalLM.from_pretrained(hf_dir),
+                                 config, adapter)
+    ours = import_bloom(hf_dir, tmp_path / "ours")
+    merged = load_model(import_peft(adapter, ours, tmp_path / "merged"))
+    ids = torch.randint(4, theirs.config.vocab_size, (2, 9))
+    with torch.no_grad():
+        expected = theirs(ids).logits
+        torch.testing.assert_close(merged(ids), expected, rtol=1e-4, atol=1e-4)
+        assert (load_model(ours)(ids) - expected).abs().max() > 1e-3
 
 
 def test_refusals(counting, tmp_path):  # noqa: F811

@@ -11,7 +11,8 @@ export's permuted or scaled weights change an adapter, is importers/peft_layout.
 GPT-2's q, k and v are one module, c_attn: our three adapters of rank r (or those of
 them that were trained) become one of rank 3r there, A stacked and B block-diagonal,
 which adds the same three updates; its rank and alpha are given in rank_pattern and
-alpha_pattern, so that alpha / rank is the run's scale everywhere.
+alpha_pattern, so that alpha / rank is the run's scale everywhere. BLOOM's
+query_key_value likewise, B's rows then put head by head as its weight's are.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from transduce.export.common import ExportError
 from transduce.export.hf_decoder import check_decoder_exportable
 from transduce.export.hf_encoder import check_bert_exportable, hf_state_dict
 from transduce.importers.encoder_names import encoder_names
-from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, Place,
-                                              is_gpt2_layout, place_of,
-                                              qkv_sizes, residual_order, translation_family)
+from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, FUSED_QKV,
+                                              PREFIX, Place, fused_rows, is_gpt2_layout,
+                                              place_of, qkv_sizes, residual_order,
+                                              translation_family)
 from transduce.model import empty_model, load_model
 from transduce.written import write_export_marker
 
@@ -85,10 +87,6 @@ def _check_base_exportable(path: Path, config: ModelConfig) -> None:
     read its output bias, which LoRA leaves as the base's)."""
     if config.arch == "decoder":
         check_decoder_exportable(empty_model(config, "meta"))
-        if config.positional == "alibi":
-            raise ExportError(f"{path}: export peft does not write BLOOM's adapters (its "
-                              f"query_key_value holds q, k and v head by head); export hf "
-                              f"writes the merged model")
     elif config.arch == "encoder":
         check_bert_exportable(empty_model(config, "meta"))
     elif translation_family(config) == "t5":
@@ -137,7 +135,7 @@ def _module_adapters(config: ModelConfig, adapters: dict[str, Tensor], rank: int
                 place, adapters[name], adapters[f"{layer}.lora_b"], order)
     modules = {}
     for module, held in parts.items():
-        if len(held) == 1 and 0 in held and not module.endswith("c_attn"):
+        if len(held) == 1 and 0 in held and not module.endswith(FUSED_QKV):
             modules[module] = held[0]
             continue
         sizes, order = qkv_sizes(config), sorted(held)
@@ -146,7 +144,8 @@ def _module_adapters(config: ModelConfig, adapters: dict[str, Tensor], rank: int
         for column, part in enumerate(order):
             start = sum(sizes[:part])
             b[start:start + sizes[part], column * rank:(column + 1) * rank] = held[part][1]
-        modules[module] = (a, b)
+        rows = fused_rows(config, module)
+        modules[module] = (a, b if rows is None else b[rows])
     return modules
 
 
@@ -167,12 +166,13 @@ def _adapter_config(config: ModelConfig, modules: dict[str, tuple[Tensor, Tensor
     """PEFT's LoraConfig for these modules: alpha / r is the run's scale, also where a
     fused module's rank is a multiple of r (every layer adapts the same parts)."""
     gpt2 = config.arch == "decoder" and is_gpt2_layout(config)     # Conv1D's layout
-    fused_ranks = {a.shape[0] for module, (a, _) in modules.items() if module.endswith("c_attn")}
+    fused_ranks = {(module.rpartition(".")[2], a.shape[0]) for module, (a, _) in modules.items()
+                   if module.endswith(FUSED_QKV)}
     fused = {}
     if fused_ranks:
-        fused_rank, = fused_ranks
-        fused = {"rank_pattern": {"c_attn": fused_rank},
-                 "alpha_pattern": {"c_attn": fused_rank * scale}}
+        (name, fused_rank), = fused_ranks
+        fused = {"rank_pattern": {name: fused_rank},
+                 "alpha_pattern": {name: fused_rank * scale}}
     # An encoder's none; a classifier's SEQ_CLS (export_peft).
     task = {"decoder": "CAUSAL_LM", "transformer": "SEQ_2_SEQ_LM"}.get(config.arch)
     return {"peft_type": "LORA", "task_type": task, "base_model_name_or_path": None,

@@ -1,14 +1,15 @@
 """A PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors) trained on a
-Hugging Face Llama, Mistral, Qwen2, GPT-2, BERT, RoBERTa, DistilBERT, Marian, NLLB,
+Hugging Face Llama, Mistral, Qwen2, GPT-2, BLOOM, BERT, RoBERTa, DistilBERT, Marian, NLLB,
 mBART-50 or T5 model -> our checkpoint of that model, imported (`import hf-llama`,
-`hf-gpt2`, `hf-bert`, `hf-roberta`, `hf-distilbert`, `hf-marian`, `hf-nllb`, `hf-mbart`,
+`hf-gpt2`, `hf-bloom`, `hf-bert`, `hf-roberta`, `hf-distilbert`, `hf-marian`, `hf-nllb`, `hf-mbart`,
 `hf-t5`) or the one `export hf` wrote it from, with the adapter merged into its weights.
 
 Each adapted module's update, scale * B A with scale = alpha / r (alpha / sqrt(r) with
 use_rslora; rank_pattern and alpha_pattern read as PEFT reads them), is added to the weight
 of the layer (importers/peft_layout.py) it sits on, in our layout (Marian's and Pegasus's
 model dimension permuted back, T5's queries scaled back); GPT-2's c_attn's rows go to q, k
-and v, as Phi-3's qkv_proj's do, and its gate_up_proj's to the gate and up projections.
+and v, as Phi-3's qkv_proj's do (BLOOM's query_key_value's, head by head, likewise), and
+its gate_up_proj's to the gate and up projections.
 A sequence classifier's head and pooler, trained whole (modules_to_save), replace the
 base's (importers/peft_heads.py); a language model's adapters on lm_head and its token
 embedding go to its output projection and embedding (importers/peft_vocabulary.py). What
@@ -35,8 +36,8 @@ from transduce.importers.hf_gemma import PROJECTION_FACTOR
 from transduce.importers.hf_gpt2 import _read_json
 from transduce.importers.peft_heads import HEAD_KINDS, check_modules_to_save, with_heads
 from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, Place,
-                                              fused_place_of, is_adaptable, place_of,
-                                              residual_order)
+                                              fused_place_of, fused_rows, is_adaptable,
+                                              place_of, residual_order)
 from transduce.importers.peft_vocabulary import VOCABULARY_MODULES, vocabulary_updates
 from transduce.model import load_model
 
@@ -60,10 +61,6 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
     if arch.startswith("rnn"):
         raise ForeignCheckpointError(f"{base}: arch {arch!r}; a PEFT adapter is merged into a "
                                      f"Transformer")
-    if arch == "decoder" and base_config.positional == "alibi":
-        raise ForeignCheckpointError(f"{base}: a BLOOM base; import peft does not merge its "
-                                     f"adapters (its query_key_value holds q, k and v head "
-                                     f"by head)")
     check_modules_to_save(settings, arch, adapter_dir / ADAPTER_CONFIG)
     tensors = _read_tensors(adapter_dir, bool(settings.get("modules_to_save")))
     model = load_model(base)
@@ -81,6 +78,9 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
         delta = _scale(settings, module) * (b.double() @ a.double())         # (out, in)
         if module.endswith("self_attn.q_proj"):      # an import's folded query scale
             delta = delta * query_factor
+        rows = fused_rows(model.config, module)      # BLOOM's, head by head: [q; k; v]
+        if rows is not None:
+            delta = delta[rows.argsort()]
         _add_update(_our_layers(layers, module, adapter_dir), delta, order,
                     f"{adapter_dir / ADAPTER_WEIGHTS}: {module}'s update")
     tokenizer = base / ("tokenizer.json" if checkpoint.holds_tokenizer_json(base)

@@ -1,6 +1,8 @@
 """Where our LoRA adapters sit in Hugging Face's models, as PEFT names them: each of a
 language model's adapted layers is a module of LlamaForCausalLM (Mistral's and Qwen2's
-names are Llama's) or of GPT2LMHeadModel, whose c_attn holds q, k and v in one Conv1D;
+names are Llama's), of GPT2LMHeadModel, whose c_attn holds q, k and v in one Conv1D, or
+of BloomForCausalLM, whose query_key_value holds them head by head (each head's query,
+key and value rows together);
 an encoder's, a module of BERT's, RoBERTa's or DistilBERT's layers (bert. or roberta.
 before encoder.layer.N.attention.self.query, .key, .value, attention.output.dense,
 intermediate.dense, output.dense; distilbert. before transformer.layer.N.attention.q_lin,
@@ -16,6 +18,11 @@ Pegasus, NLLB (M2M100) and mBART, T5's.
     ffn.linear1               mlp.gate_proj             mlp.c_fc
     ffn.linear3               mlp.up_proj               -
     ffn.linear2               mlp.down_proj             mlp.c_proj
+
+    ours (decoder.layers.N.)  BLOOM (transformer.h.N.)
+    self_attn.q_proj          self_attention.query_key_value, rows (H, 3, D)[:, 0]
+    self_attn.out_proj        self_attention.dense
+    ffn.linear1, linear2      mlp.dense_h_to_4h, mlp.dense_4h_to_h
 
     ours ({stack}.layers.N.)  BART (model.{stack}.layers.N.)  T5 ({stack}.block.N.)
     self_attn.q_proj          self_attn.q_proj                layer.0.SelfAttention.q
@@ -40,6 +47,7 @@ import math
 import re
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from transduce.config import ModelConfig
@@ -57,6 +65,9 @@ LLAMA_NAMES = {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self
 GPT2_NAMES = {"self_attn.out_proj": "attn.c_proj", "ffn.linear1": "mlp.c_fc",
               "ffn.linear2": "mlp.c_proj"}
 GPT2_QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")   # c_attn's parts
+BLOOM_NAMES = {"self_attn.out_proj": "self_attention.dense", "ffn.linear1": "mlp.dense_h_to_4h",
+               "ffn.linear2": "mlp.dense_4h_to_h"}
+FUSED_QKV = ("c_attn", "query_key_value")     # the modules that hold q, k and v
 BART_NAMES = {"self_attn": "self_attn", "cross_attn": "encoder_attn", "q_proj": "q_proj",
               "k_proj": "k_proj", "v_proj": "v_proj", "out_proj": "out_proj",
               "ffn.linear1": "fc1", "ffn.linear2": "fc2"}
@@ -83,8 +94,22 @@ class Place:
 
 
 def is_gpt2_layout(config: ModelConfig) -> bool:
-    """Our language models export as GPT-2 without rotary positions, as Llama with them."""
-    return config.positional != "rotary"
+    """Our language models export as GPT-2 with a position table, as Llama with rotary
+    positions, as BLOOM with ALiBi's."""
+    return config.positional not in ("rotary", "alibi")
+
+
+def is_bloom_layout(config: ModelConfig) -> bool:
+    return config.arch == "decoder" and config.positional == "alibi"
+
+
+def fused_rows(config: ModelConfig, module: str) -> Tensor | None:
+    """perm, with a fused q, k, v module's rows = [q; k; v][perm], where they are not in
+    that order: BLOOM's query_key_value, head by head; None elsewhere."""
+    if not (is_bloom_layout(config) and module.endswith("query_key_value")):
+        return None
+    heads, size = config.num_heads, config.head_dim
+    return torch.arange(3 * heads * size).reshape(3, heads, size).transpose(0, 1).reshape(-1)
 
 
 def translation_family(config: ModelConfig) -> str:
@@ -126,6 +151,8 @@ def place_of(config: ModelConfig, layer: str) -> Place:
         if ours not in names.layer:
             raise ValueError(f"{layer}: BERT's feed-forward network has no third matrix")
         return Place(f"{names.prefix}{names.layer_module(int(index), ours)}")
+    if is_bloom_layout(config):
+        return _bloom_place(layer, int(index), ours)
     if not is_gpt2_layout(config):
         return Place(f"model.layers.{index}.{LLAMA_NAMES[ours]}")
     if ours in GPT2_QKV:
@@ -133,6 +160,15 @@ def place_of(config: ModelConfig, layer: str) -> Place:
     if ours not in GPT2_NAMES:
         raise ValueError(f"{layer}: GPT-2's feed-forward network has no third matrix")
     return Place(f"transformer.h.{index}.{GPT2_NAMES[ours]}")
+
+
+def _bloom_place(layer: str, index: int, ours: str) -> Place:
+    if ours in GPT2_QKV:
+        return Place(f"transformer.h.{index}.self_attention.query_key_value",
+                     GPT2_QKV.index(ours))
+    if ours not in BLOOM_NAMES:
+        raise ValueError(f"{layer}: BLOOM's feed-forward network has no third matrix")
+    return Place(f"transformer.h.{index}.{BLOOM_NAMES[ours]}")
 
 
 def _translation_place(config: ModelConfig, layer: str, stack: str, index: int, ours: str
@@ -169,7 +205,8 @@ def fused_place_of(config: ModelConfig, layer: str) -> Place | None:
     fused qkv_proj or gate_up_proj (an import splits them, so an adapter on one is
     split the same way); None for a layer it holds alone or another layout's."""
     found = _LAYER.match(layer)
-    if found is None or config.arch != "decoder" or is_gpt2_layout(config):
+    if found is None or config.arch != "decoder" or is_gpt2_layout(config) \
+            or is_bloom_layout(config):
         return None
     _, index, ours = found.groups()
     if ours not in PHI3_FUSED:
@@ -179,6 +216,7 @@ def fused_place_of(config: ModelConfig, layer: str) -> Place | None:
 
 
 def qkv_sizes(config: ModelConfig) -> tuple[int, int, int]:
-    """The output sizes of c_attn's parts: q, k, v."""
+    """The output sizes of a fused module's parts (GPT-2's c_attn, BLOOM's
+    query_key_value): q, k, v."""
     kv = config.kv_heads * config.head_dim
     return config.num_heads * config.head_dim, kv, kv
