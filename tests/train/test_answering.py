@@ -248,6 +248,22 @@ def test_the_span_loss_is_transformers_loss(imported):
     assert ours.item() == pytest.approx(theirs, rel=1e-5)
 
 
+def test_an_imported_answerer_trains_on_with_its_own_tokenizer(imported, tmp_path, capsys):
+    """--init of an imported ...ForQuestionAnswering and --task answer: its tokenizer
+    reads the corpus (no spm.model in it), its head carries over, dev is scored."""
+    family, hf, fast, out, corpus = imported
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(corpus), "--out", str(run), "--init", str(out),
+                 "--task", "answer", "--max-steps", "2", "--eval-every", "2",
+                 "--max-len", "24"]) == 0
+    assert "4 questions in" in capsys.readouterr().out
+    assert {"dev_loss", "dev_exact_match", "dev_f1"} <= set(dev_records(run)[-1])
+    trained, start = load_model(run), load_model(out)
+    assert trained.config == start.config and trained.labels == ["start", "end"]
+    moved = (trained.classifier.weight - start.classifier.weight).abs().max()
+    assert 0 < moved < 0.05       # two small steps from the import's head (drawn at 0.5)
+
+
 def test_an_answer_is_labelled_as_the_whole_words_it_touches():
     """An answer inside a word (punctuation around it) labels the words it touches, as
     answers are read back; characters of no word label nothing."""
