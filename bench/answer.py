@@ -3,22 +3,22 @@ PyTorch and on our ONNX export (ONNX Runtime), against transformers'
 BertForQuestionAnswering with the question-answering pipeline's windows and span
 search, on the same weights.
 
-A BertForQuestionAnswering of bert-base's shape (12 layers of 768, 12 heads, 3072, 30,522
-tokens, 512 positions; `--layers` etc. to change it) is built by transformers from a
-random config with a WordPiece vocabulary of whole words, saved with save_pretrained and
-imported with `transduce import hf-bert`; `transduce export onnx` of the import is the
-third peer. --questions questions of 4 to 12 random words are each answered from a
-context of --min-context-words to --max-context-words random words (a long one read in windows of 512
-positions sharing 128 tokens). transformers 5 has no question-answering pipeline, so its
-side is what version 4's did: the fast tokenizer's windows (truncation "only_second",
-return_overflowing_tokens, stride 128, offsets), the model over the same length-sorted
-batches of at most --batch-tokens tokens (padding counted) that ours runs, then in each
-window the softmax of the start and end logits over [CLS] and the context, every span of
-at most 30 tokens scored p_start x p_end (the outer product), the best over the windows,
-read back by its characters' offsets. float32, on the same threads, interleaved over
---repeats rounds. Counted: questions per second of the whole call (tokenizing
-included); each peer's answers are compared with ours (the fraction of the same text,
-and the largest score difference).
+A BertForQuestionAnswering of bert-base's shape (12 layers of 768, 12 heads, 3072,
+30,522 tokens, 512 positions; `--layers` etc. to change it) is built by transformers
+from a random config with a WordPiece vocabulary of whole words, saved with
+save_pretrained and imported with `transduce import hf-bert`; `transduce export onnx` of
+the import is the third peer. --questions questions of 4 to 12 random words are each
+answered from a context of --min-context-words to --max-context-words random words (a
+long one read in windows of 512 positions sharing 128 tokens). transformers 5 has no
+question-answering pipeline, so its side is what version 4's did: the fast tokenizer's
+windows (truncation "only_second", return_overflowing_tokens, stride 128, offsets), the
+model over the same length-sorted batches of at most --batch-tokens tokens (padding
+counted) that ours runs, then in each window the softmax of the start and end logits
+over [CLS] and the context, every span of at most 30 tokens scored p_start x p_end (the
+outer product), the best over the windows, read back by its characters' offsets.
+float32, on the same threads, interleaved over --repeats rounds. Counted: questions per
+second of the whole call (tokenizing included); each peer's answers are compared with
+ours (the fraction of the same text, and the largest score difference).
 
     python bench/answer.py [--questions 128] [--repeats 3] [--out bench/results/answer-cpu.json]
 """

@@ -344,7 +344,7 @@ def test_a_lora_answerer_trains_its_head_whole(answering, counting, tmp_path):  
     assert not heads[1].equal(heads[3])
 
 
-def test_bad_question_answering_corpora_are_named(answering, tmp_path):
+def test_bad_question_answering_corpora_are_named(answering, tmp_path, capsys):
     """A question of no answer_start, a start that misses its text (skipped, counted),
     a question with no room, and the wrong task for the corpus."""
     directory = tmp_path / "bad"
@@ -369,6 +369,10 @@ def test_bad_question_answering_corpora_are_named(answering, tmp_path):
     with pytest.raises(ConfigError, match="is a qa corpus; pass --task answer"):
         train(answering, tmp_path / "run", bert_tiny(num_labels=2, token_classifier=True),
               train_config(task="tag"))
+    for task in ("tag", "classify"):       # the command line names it too, before reading
+        assert main(["train", "--data", str(answering), "--out", str(tmp_path / "cli"),
+                     "--arch", "encoder", "--task", task, "--max-steps", "1"]) != 0
+        assert "is a qa corpus; pass --task answer" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="task 'answer' needs ModelConfig."
                                           "question_answering=True"):
         train(answering, tmp_path / "run", bert_tiny(), train_config(task="answer"))

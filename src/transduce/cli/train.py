@@ -172,10 +172,12 @@ def _head(data_dir: Path, task: str) -> dict:
     from transduce.data.tagged import tag_names
     if task == "answer":
         return {"num_labels": 2, "token_classifier": False, "question_answering": True}
-    names = tag_names(data_dir) if corpus_kind(data_dir) == "tagging" else \
-        class_names(data_dir)
-    return {"num_labels": len(names), "token_classifier": task == "tag",
-            "question_answering": False}
+    head = {"token_classifier": task == "tag", "question_answering": False}
+    kind = corpus_kind(data_dir)
+    if kind not in ("tagging", "classification"):
+        return head              # the wrong corpus for the task: the training checks say so
+    names = tag_names(data_dir) if kind == "tagging" else class_names(data_dir)
+    return {"num_labels": len(names), **head}
 
 
 def _fine_tuning_configs(args: argparse.Namespace, file_values: dict
