@@ -7,12 +7,15 @@ import shutil
 import pytest
 import torch
 
-from transduce.importers import import_bert, import_distilbert, import_roberta
+from transduce.importers import import_bert, import_distilbert, import_electra, import_roberta
 
 transformers = pytest.importorskip("transformers")
 
-IMPORTERS = {"bert": import_bert, "distilbert": import_distilbert, "roberta": import_roberta}
-CLASSES = {"bert": "Bert", "distilbert": "DistilBert", "roberta": "Roberta"}
+IMPORTERS = {"bert": import_bert, "distilbert": import_distilbert, "roberta": import_roberta,
+             "electra": import_electra}
+CLASSES = {"bert": "Bert", "distilbert": "DistilBert", "roberta": "Roberta",
+           "electra": "Electra"}
+SEGMENTED = ("bert", "electra")      # the families that read segment (token type) ids
 
 
 def family_config(family: str, positions: int, vocab_size: int, **settings):
@@ -27,6 +30,9 @@ def family_config(family: str, positions: int, vocab_size: int, **settings):
         return transformers.RobertaConfig(max_position_embeddings=positions + 2,
                                           type_vocab_size=1, pad_token_id=1, bos_token_id=0,
                                           eos_token_id=2, **sizes)
+    if family == "electra":      # embeddings as wide as the layers (electra-base's)
+        return transformers.ElectraConfig(max_position_embeddings=positions,
+                                          embedding_size=32, **sizes)
     return transformers.BertConfig(max_position_embeddings=positions, **sizes)
 
 

@@ -13,7 +13,7 @@ from transduce.data.answer_windows import context_words, windows
 from transduce.decode.answering import answers_of, best_spans, span_items
 from transduce.decode.encode import SentenceEncoder
 from transduce.model import load_model
-from tests.encoder_heads import CLASSES, IMPORTERS, imported_head
+from tests.encoder_heads import CLASSES, IMPORTERS, SEGMENTED, imported_head
 from tests.test_import_bert import vocab  # noqa: F401 - a fixture
 from tests.test_import_roberta import roberta_vocab  # noqa: F401 - a fixture
 
@@ -54,7 +54,7 @@ def reference(hf, fast, question, words, spans, max_pieces=30):
         first = 1 + len(question_ids) + len(separators)
         segments = [0] * first + [1] * (len(ids) - first)
         inputs = {"input_ids": torch.tensor([ids])}
-        if "token_type_ids" in fast.model_input_names and hf.config.model_type == "bert":
+        if "token_type_ids" in fast.model_input_names and hf.config.model_type in SEGMENTED:
             inputs["token_type_ids"] = torch.tensor([segments])
         with torch.no_grad():
             result = hf(**inputs)

@@ -26,7 +26,7 @@ AttentionType = Literal["softmax", "linear", "sliding", "global", "strided"]
 Architecture = Literal["transformer", "decoder", "encoder", "rnn-bahdanau", "rnn-luong"]
 RnnCell = Literal["gru", "lstm"]
 LuongScore = Literal["general", "dot"]
-PoolerActivation = Literal["tanh", "relu"]
+PoolerActivation = Literal["tanh", "relu", "gelu"]
 
 
 class ConfigError(TransduceError, ValueError):
@@ -149,7 +149,8 @@ class ModelConfig(ValidatedConfig):
     sentence A / sentence B; 0 for none (DistilBERT's: a pair is told apart by its
     [SEP] alone, and segment ids are not read).
     pooler_activation: arch "encoder": what follows the pooler's dense layer, "tanh"
-    (BERT's) or "relu" (DistilBERT's pre_classifier).
+    (BERT's), "relu" (DistilBERT's pre_classifier) or "gelu" (exact; ELECTRA's
+    classification head).
     num_labels: arch "encoder": the sequence-classification head's classes (0: none).
     token_classifier: arch "encoder": that head labels each token (token classification:
     named entities, parts of speech) from its last hidden state, not the sequence from

@@ -25,7 +25,7 @@ from transduce.model import build_model
 from transduce.train.encoder import EncoderObjective, batch_losses, load_pretrained, \
     unused_parameter_names
 from transduce.train.loop import train
-from tests.encoder_heads import IMPORTERS, imported_head
+from tests.encoder_heads import IMPORTERS, SEGMENTED, imported_head
 from tests.test_import_bert import vocab  # noqa: F401 - a fixture
 from tests.test_import_roberta import roberta_vocab  # noqa: F401 - a fixture
 from tests.train.test_encoder import WORDS, bert_tiny, counting, dev_records  # noqa: F401
@@ -242,7 +242,7 @@ def test_the_span_loss_is_transformers_loss(imported):
             one = batcher.collate(np.array([index]))
             inputs = {"input_ids": one.ids, "start_positions": one.spans[:, 0],
                       "end_positions": one.spans[:, 1]}
-            if family == "bert":
+            if family in SEGMENTED:
                 inputs["token_type_ids"] = one.segments
             theirs += float(hf(**inputs).loss)
     assert ours.item() == pytest.approx(theirs, rel=1e-5)

@@ -1,5 +1,6 @@
 """`transduce import hf-gpt2` / `hf-bloom` / `hf-llama` / `hf-gemma` / `hf-bert` /
-`hf-roberta` (also called `hf-xlm-roberta`) / `hf-distilbert` / `hf-marian` / `hf-nllb`
+`hf-roberta` (also called `hf-xlm-roberta`) / `hf-distilbert` / `hf-electra` /
+`hf-marian` / `hf-nllb`
 (also called `hf-m2m100`) / `hf-mbart` / `hf-t5`: another toolkit's checkpoint as ours;
 `peft`: a PEFT LoRA adapter merged into one of ours."""
 
@@ -70,6 +71,16 @@ def register(commands) -> None:
                 "checkpoint without segment embeddings; heads the directory lacks are "
                 "initialised afresh and listed, options the model cannot reproduce are "
                 "refused by name.")
+    _add_format(formats, import_hf_electra, "hf-electra",
+                "Hugging Face ELECTRA (ElectraModel, ElectraForPreTraining, "
+                "ElectraForSequenceClassification, ...ForTokenClassification or "
+                "...ForQuestionAnswering directory)",
+                "Import a Hugging Face ELECTRA directory (config.json, model.safetensors "
+                "or pytorch_model.bin, tokenizer.json or vocab.txt) as an encoder-only "
+                "checkpoint whose classifier's pooler is followed by GELU; a "
+                "discriminator's head is left unread, heads the directory lacks are "
+                "initialised afresh and listed, options the model cannot reproduce "
+                "(embeddings narrower than the layers) are refused by name.")
     _add_format(formats, import_hf_marian, "hf-marian",
                 "Hugging Face Marian (MarianMTModel directory: OPUS-MT)",
                 "Import a Hugging Face Marian translation model (config.json, "
@@ -199,11 +210,18 @@ def import_hf_distilbert(args: argparse.Namespace) -> int:
     return _import_encoder(args, import_distilbert)
 
 
+def import_hf_electra(args: argparse.Namespace) -> int:
+    """Import a Hugging Face ELECTRA checkpoint."""
+    from transduce.importers import import_electra
+
+    return _import_encoder(args, import_electra)
+
+
 def _import_encoder(args: argparse.Namespace, importer) -> int:
     """Import an encoder-only checkpoint, say what it holds and which heads it lacked."""
     from transduce import checkpoint
     from transduce.importers import fresh_heads
-    from transduce.importers.hf_bert import HEADS
+    from transduce.importers.hf_bert import HEADS, dropped_heads
 
     out, model = _imported(args, importer)
     config = model.config
@@ -217,6 +235,9 @@ def _import_encoder(args: argparse.Namespace, importer) -> int:
     if fresh:
         print(f"not in {args.hf_dir}, initialised afresh (train before use): "
               f"{', '.join(f'{HEADS[head]} ({head})' for head in fresh)}")
+    dropped = dropped_heads(out)
+    if dropped:
+        print(f"left unread (ours has no place for them): {', '.join(dropped)}")
     return 0
 
 

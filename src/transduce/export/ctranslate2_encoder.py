@@ -43,7 +43,8 @@ def ctranslate2_encoder_spec(model: EncoderOnly, tokenizer):
         activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[c.activation]),
         layernorm_embedding=True, num_source_embeddings=2 if c.type_vocab_size else 1,
         embeddings_merge=common_spec.EmbeddingsMerge.ADD)
-    pooling = {"tanh": common_spec.Activation.Tanh, "relu": common_spec.Activation.RELU}
+    pooling = {"tanh": common_spec.Activation.Tanh, "relu": common_spec.Activation.RELU,
+               "gelu": common_spec.Activation.GELU}
     spec = transformer_spec.TransformerEncoderModelSpec(
         encoder_spec, pooling_layer=True, pooling_activation=pooling[c.pooler_activation])
     encoder, embed = spec.encoder, model.embed

@@ -5,7 +5,9 @@ A model of one segment type (type_vocab_size 1: an imported RoBERTa or XLM-R) go
 RoBERTa, `RobertaForSequenceClassification` or `RobertaForMaskedLM` (which has no
 pooler), as transformers could not read a second segment of the BERT template; one of
 none (an imported DistilBERT) as `DistilBertForSequenceClassification` or
-`DistilBertForMaskedLM` (no pooler either), whose tokenizer gives no segment ids. A
+`DistilBertForMaskedLM` (no pooler either), whose tokenizer gives no segment ids; one
+whose pooler is followed by GELU (an imported ELECTRA) as
+`ElectraForSequenceClassification` or `ElectraForMaskedLM` (a generator's head). A
 token classifier goes as the family's `...ForTokenClassification` (its tags as
 id2label), a question answerer as its `...ForQuestionAnswering`.
 
@@ -54,10 +56,10 @@ def check_bert_exportable(model: EncoderOnly) -> None:
         problems.append(f"num_kv_heads={c.num_kv_heads} (BERT has full multi-head attention)")
     if c.activation not in BERT_ACTIVATIONS:
         problems.append(f"activation={c.activation!r} (not one of {sorted(BERT_ACTIVATIONS)})")
-    elif is_roberta(model) and model.classifier is None and c.activation != "gelu":
-        problems.append(f"activation={c.activation!r} with one segment type, which goes as "
-                        f"RobertaForMaskedLM, whose head computes exact GELU whatever "
-                        f"hidden_act says")
+    elif encoder_names(c) in (families.ROBERTA, families.ELECTRA) and \
+            model.classifier is None and c.activation != "gelu":
+        problems.append(f"activation={c.activation!r}, which goes as {bert_class(model)}, "
+                        f"whose head computes exact GELU whatever hidden_act says")
     problems += _not_the_familys(model)
     if problems:
         raise ExportError(f"cannot export to {encoder_names(c).family} ({bert_class(model)}): "
@@ -99,7 +101,8 @@ def bert_config(model: EncoderOnly) -> dict:
 
 def bert_class(model: EncoderOnly) -> str:
     names = encoder_names(model.config)
-    family = {families.ROBERTA: "Roberta", families.DISTILBERT: "DistilBert"}.get(names)
+    family = {families.ROBERTA: "Roberta", families.DISTILBERT: "DistilBert",
+              families.ELECTRA: "Electra"}.get(names)
     if model.classifier is not None and reads_tokens(model.config):
         task = "QuestionAnswering" if model.config.question_answering else \
             "TokenClassification"
@@ -123,6 +126,13 @@ def roberta_config(model: EncoderOnly) -> dict:
     return {**bert_config(model), "model_type": "roberta",
             "architectures": [bert_class(model)],
             "max_position_embeddings": c.max_positions + c.pad_id + 1}
+
+
+def electra_config(model: EncoderOnly) -> dict:
+    """The ElectraConfig of the transformers model that holds this one: BERT's, with
+    embeddings as wide as the layers."""
+    return {**bert_config(model), "model_type": "electra",
+            "architectures": [bert_class(model)], "embedding_size": model.config.d_model}
 
 
 def distilbert_config(model: EncoderOnly) -> dict:
@@ -187,6 +197,19 @@ def distilbert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     return state | _tied_output(model, ("vocab_projector.bias",), "vocab_projector.weight")
 
 
+def electra_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
+    """Our weights under the ELECTRA task model's names (importers/hf_electra.py's)."""
+    state = _layer_weights(model, families.ELECTRA)
+    if reads_tokens(model.config):
+        return state | _token_head(model)
+    if model.classifier is not None:
+        return state | _module_weights({"classifier.dense": model.pooler,
+                                        "classifier.out_proj": model.classifier})
+    state |= _module_weights({"generator_predictions.dense": model.mlm_head.dense,
+                              "generator_predictions.LayerNorm": model.mlm_head.norm})
+    return state | _tied_output(model, ("generator_lm_head.bias",), "generator_lm_head.weight")
+
+
 def reads_tokens(config) -> bool:
     """Whether the model's head reads each token: a token classifier's or a question
     answerer's."""
@@ -203,7 +226,8 @@ def _token_head(model: EncoderOnly) -> dict[str, Tensor]:
 def hf_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     """Our weights under the names of the transformers class bert_class() names."""
     return {families.BERT: bert_state_dict, families.ROBERTA: roberta_state_dict,
-            families.DISTILBERT: distilbert_state_dict}[encoder_names(model.config)](model)
+            families.DISTILBERT: distilbert_state_dict,
+            families.ELECTRA: electra_state_dict}[encoder_names(model.config)](model)
 
 
 def _tied_output(model: EncoderOnly, bias_names: tuple[str, ...], weight_name: str
@@ -245,7 +269,8 @@ def bert_model(model: EncoderOnly):
     config_class, settings = {
         families.BERT: (transformers.BertConfig, bert_config),
         families.ROBERTA: (transformers.RobertaConfig, roberta_config),
-        families.DISTILBERT: (transformers.DistilBertConfig, distilbert_config)}[names]
+        families.DISTILBERT: (transformers.DistilBertConfig, distilbert_config),
+        families.ELECTRA: (transformers.ElectraConfig, electra_config)}[names]
     config = config_class(**settings(model))
     theirs = getattr(transformers, bert_class(model))(config).eval()
     missing, unexpected = theirs.load_state_dict(hf_state_dict(model), strict=False)

@@ -1,9 +1,10 @@
-"""Where transformers' BERT, RoBERTa and DistilBERT keep what our EncoderOnly holds: one
-table for the imports (hf_bert.py), `export hf` (export/hf_encoder.py) and PEFT
-adapters (peft_layout.py, peft_heads.py), so that the three cannot drift apart.
+"""Where transformers' BERT, RoBERTa, DistilBERT and ELECTRA keep what our EncoderOnly
+holds: one table for the imports (hf_bert.py), `export hf` (export/hf_encoder.py) and
+PEFT adapters (peft_layout.py, peft_heads.py), so that the three cannot drift apart.
 
-Our encoder exports as DistilBERT without segment types, as RoBERTa with one, as BERT
-with more (encoder_names)."""
+Our encoder exports as ELECTRA with a GELU after its pooler (ELECTRA's classification
+head), else as DistilBERT without segment types, as RoBERTa with one, as BERT with more
+(encoder_names)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,17 @@ DISTILBERT = EncoderNames("DistilBERT", "distilbert.", "transformer.layer", DIST
                           ("pre_classifier", "classifier"))
 
 
+ELECTRA = EncoderNames("ELECTRA", "electra.", "encoder.layer", BERT_LAYER,
+                       "embeddings.token_type_embeddings",
+                       ("input_ids", "token_type_ids", "attention_mask"),
+                       {"classifier.dense": "pooler", "classifier.out_proj": "classifier"},
+                       "gelu", ("classifier",))
+
+
 def encoder_names(config: ModelConfig) -> EncoderNames:
-    """The family our encoder exports as: DistilBERT without segment types, RoBERTa with
-    one (it could not read a second segment of BERT's template), BERT with more."""
+    """The family our encoder exports as: ELECTRA with its GELU pooler, else DistilBERT
+    without segment types, RoBERTa with one (it could not read a second segment of
+    BERT's template), BERT with more."""
+    if config.pooler_activation == "gelu":
+        return ELECTRA
     return {0: DISTILBERT, 1: ROBERTA}.get(config.type_vocab_size, BERT)

@@ -109,6 +109,9 @@ class EncoderFamily:
     # BertConfig's keys that the family's config.json calls otherwise (DistilBERT's "dim"
     # for "hidden_size"), or does not read (None: the default holds).
     keys: dict[str, str | None] = field(default_factory=dict)
+    # Heads ours has no place for, whose weights are left unread (ELECTRA's discriminator
+    # head, which fine-tuning replaces) and named in the origin ("dropped_heads").
+    dropped: tuple[str, ...] = ()
 
     def key(self, bert_key: str) -> str | None:
         """The family's config.json key for BertConfig's `bert_key`."""
@@ -133,7 +136,8 @@ def import_encoder(hf_dir: Path | str, out: Path | str, family: EncoderFamily) -
     tokenizer = family.read_tokenizer(hf_dir)
     sentence_embedding = read_sentence_embedding(hf_dir)     # a sentence-transformers model's
     tensors, source = read_weights(hf_dir)
-    names = _bert_names(tensors, source, family.names.prefix)
+    names, dropped = _without_dropped(_bert_names(tensors, source, family.names.prefix),
+                                      family.dropped)
     task = token_task(hf)
     if task:                 # a linear layer over each token's state, named so everywhere
         family = replace(family, classifier=TOKEN_HEADS[task])
@@ -158,19 +162,30 @@ def import_encoder(hf_dir: Path | str, out: Path | str, family: EncoderFamily) -
     origin = {"imported": family.name, "from": str(hf_dir.resolve()), "steps": None,
               "fresh_heads": [head for head in HEADS if head not in found
                               and (head != "classifier" or config.num_labels)
-                              and (head != "nsp_head" or family.nsp)]}
+                              and (head != "nsp_head" or family.nsp)],
+              **({"dropped_heads": dropped} if dropped else {})}
     return checkpoint.save(out, model.eval(), None, tokenizer, origin=origin)
 
 
 def fresh_heads(path: Path | str) -> list[str]:
     """The heads of an imported BERT checkpoint that were not in what it was imported
     from, and hold a fresh initialisation ([] when all were there)."""
+    return _origin_list(path, "fresh_heads")
+
+
+def dropped_heads(path: Path | str) -> list[str]:
+    """The heads of what an encoder was imported from that ours has no place for, left
+    unread (ELECTRA's discriminator head)."""
+    return _origin_list(path, "dropped_heads")
+
+
+def _origin_list(path: Path | str, key: str) -> list[str]:
     file = Path(path) / checkpoint.CONFIG
     try:
         origin = json.loads(file.read_text(encoding="utf-8")).get("origin") or {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as error:
         raise checkpoint.CheckpointError(f"{file}: unreadable ({error})") from None
-    return list(origin.get("fresh_heads") or [])
+    return list(origin.get(key) or [])
 
 
 def check_options(hf: dict[str, Any], config_file: Path, family: EncoderFamily) -> None:
@@ -285,6 +300,14 @@ def _bert_names(tensors: dict[str, Tensor], source: Path, prefix: str = "bert."
                                          f"weight {name!r}, stored twice")
         names[name] = key
     return names
+
+
+def _without_dropped(names: dict[str, str], heads: tuple[str, ...]
+                     ) -> tuple[dict[str, str], list[str]]:
+    """The names without those of the heads left unread, and those heads found."""
+    dropped = sorted({head for head in heads for name in names if name.startswith(f"{head}.")})
+    prefixes = tuple(f"{head}." for head in dropped)
+    return {name: key for name, key in names.items() if not name.startswith(prefixes)}, dropped
 
 
 def _labels(hf: dict[str, Any], config_file: Path) -> list[str]:

@@ -32,6 +32,7 @@ from transduce.model.transformer import Encoder, init_linear_layers, positional_
     rotary_embedding
 
 INIT_STD = 0.02   # BERT's initialiser: every weight N(0, 0.02), biases 0, LayerNorm 1 / 0
+POOLER_ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "gelu": F.gelu}
 
 
 class SegmentedEmbedding(nn.Module):
@@ -130,11 +131,10 @@ class EncoderOnly(CountedParameters, nn.Module):
         return self.encoder(ids, mask, **inputs)
 
     def pool(self, hidden: Tensor) -> Tensor:
-        """The first token's ([CLS]) state through dense + tanh (DistilBERT's: ReLU):
-        (B, T, C) -> (B, C)."""
+        """The first token's ([CLS]) state through dense + tanh (DistilBERT's: ReLU,
+        ELECTRA's: GELU): (B, T, C) -> (B, C)."""
         pooled = self.pooler(hidden[:, 0])
-        return torch.relu(pooled) if self.config.pooler_activation == "relu" \
-            else torch.tanh(pooled)
+        return POOLER_ACTIVATIONS[self.config.pooler_activation](pooled)
 
     def mlm_logits(self, hidden: Tensor) -> Tensor:
         """(B, T, C) -> (B, T, V)."""
