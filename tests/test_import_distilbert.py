@@ -211,10 +211,19 @@ def test_export_ct2_gives_transformers_states_and_our_relu_pooler(imported_for_e
                                                                    tmp_path):
     """CTranslate2's encoder, with one embedding (no segments): transformers' hidden
     states, and our pooled output (ReLU) where the import has its pre_classifier."""
+    kind, hf, out = imported_for_export
+    pooled, ct2_pooled = assert_ct2_states(hf, out, tmp_path)
+    if "Classification" in kind:
+        assert (pooled == 0).any()           # ReLU's zeros, which tanh would not give
+        torch.testing.assert_close(ct2_pooled, pooled, atol=1e-5, rtol=1e-5)
+
+
+def assert_ct2_states(hf, out, tmp_path):
+    """CTranslate2's encoder of `export ct2 OUT` gives transformers' last hidden states
+    on padded rows -> (our pooled output, CTranslate2's)."""
     ctranslate2 = pytest.importorskip("ctranslate2")
     from transduce.export import export_ctranslate2
 
-    kind, hf, out = imported_for_export
     ids, mask = padded(hf.config)
     with torch.no_grad():
         expected = hf(input_ids=ids, attention_mask=mask.long(), output_hidden_states=True)
@@ -223,13 +232,10 @@ def test_export_ct2_gives_transformers_states_and_our_relu_pooler(imported_for_e
     encoder = ctranslate2.Encoder(str(export_ctranslate2(out, tmp_path / "ct2")))
     lengths = mask.sum(dim=1).tolist()
     result = encoder.forward_batch([row[:n] for row, n in zip(ids.tolist(), lengths)])
-    close = dict(atol=1e-5, rtol=1e-5)
     states = torch.as_tensor(np.asarray(result.last_hidden_state))
-    torch.testing.assert_close(states[mask], expected.hidden_states[-1][mask], **close)
-    if "Classification" in kind:
-        assert (pooled == 0).any()           # ReLU's zeros, which tanh would not give
-        torch.testing.assert_close(torch.as_tensor(np.asarray(result.pooler_output)),
-                                   pooled, **close)
+    torch.testing.assert_close(states[mask], expected.hidden_states[-1][mask], atol=1e-5,
+                               rtol=1e-5)
+    return pooled, torch.as_tensor(np.asarray(result.pooler_output))
 
 
 def test_export_hf_refuses_what_distilbert_computes_otherwise():

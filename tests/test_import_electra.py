@@ -9,7 +9,6 @@ test_question_answering.py, train/test_answering.py)."""
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,7 +17,7 @@ from transduce.importers import ForeignCheckpointError, fresh_heads, import_elec
 from transduce.importers.hf_bert import dropped_heads
 from transduce.model import load_model
 from tests.test_import_bert import vocab  # noqa: F401 - a fixture
-from tests.test_import_distilbert import LABELS, padded, randomised
+from tests.test_import_distilbert import LABELS, assert_ct2_states, padded, randomised
 
 transformers = pytest.importorskip("transformers")
 
@@ -121,26 +120,12 @@ def test_export_hf_is_electra_again(kind, vocab, tmp_path, capsys):  # noqa: F81
 def test_export_ct2_pools_with_gelu(vocab, tmp_path):  # noqa: F811
     """CTranslate2's encoder: transformers' hidden states, and our pooled output, GELU
     after the classifier's dense layer."""
-    ctranslate2 = pytest.importorskip("ctranslate2")
-    from transduce.export import export_ctranslate2
-
     hf = hf_checkpoint(tmp_path / "hf", "ElectraForSequenceClassification",
                        vocab / "uncased" / "txt")
     out = import_electra(tmp_path / "hf", tmp_path / "ours")
-    ids, mask = padded(hf.config)
-    with torch.no_grad():
-        expected = hf(input_ids=ids, attention_mask=mask.long(), output_hidden_states=True)
-        ours = load_model(out)
-        pooled = ours.pool(ours(ids, key_mask=mask))
-    encoder = ctranslate2.Encoder(str(export_ctranslate2(out, tmp_path / "ct2")))
-    lengths = mask.sum(dim=1).tolist()
-    result = encoder.forward_batch([row[:n] for row, n in zip(ids.tolist(), lengths)])
-    close = dict(atol=1e-5, rtol=1e-5)
-    states = torch.as_tensor(np.asarray(result.last_hidden_state))
-    torch.testing.assert_close(states[mask], expected.hidden_states[-1][mask], **close)
+    pooled, ct2_pooled = assert_ct2_states(hf, out, tmp_path)
     assert (pooled < 0).any()                # GELU's negatives, which ReLU would not give
-    torch.testing.assert_close(torch.as_tensor(np.asarray(result.pooler_output)), pooled,
-                               **close)
+    torch.testing.assert_close(ct2_pooled, pooled, atol=1e-5, rtol=1e-5)
 
 
 def test_narrower_embeddings_are_refused_by_name(vocab, tmp_path, capsys):  # noqa: F811
