@@ -73,8 +73,8 @@ _SLIDING_LM = {"arch": "decoder", "attention_type": "sliding", "src_vocab_size":
     # DistilBERT's: no segment types, a ReLU pooler; on an encoder only
     (ModelConfig, {"type_vocab_size": -1}, "type_vocab_size=-1: must be an integer >= 0"),
     (ModelConfig, {"num_labels": 1.5}, "num_labels=1.5: must be an integer >= 0"),
-    (ModelConfig, {"pooler_activation": "gelu", "arch": "encoder"},
-     "pooler_activation='gelu': choose one of tanh, relu"),
+    (ModelConfig, {"pooler_activation": "sigmoid", "arch": "encoder"},
+     "pooler_activation='sigmoid': choose one of tanh, relu, gelu"),
     (ModelConfig, {"pooler_activation": "relu"},
      "pooler_activation='relu' applies to arch='encoder', not arch='transformer'"),
     (ModelConfig, {"question_answering": True, "arch": "encoder", "num_labels": 3},
