@@ -16,8 +16,8 @@ from transduce.cli import main
 from transduce.config import TrainConfig
 from transduce.export import ExportError, export_peft
 from transduce.importers import (ForeignCheckpointError, import_bert, import_bloom,
-                                 import_distilbert, import_gpt2, import_llama, import_peft,
-                                 import_roberta)
+                                 import_distilbert, import_electra, import_gpt2,
+                                 import_llama, import_peft, import_roberta)
 from transduce.model import load_model
 from transduce.train.loop import train
 from tests.train.test_encoder import bert_tiny, classes  # noqa: F401 - classes: a fixture
@@ -338,13 +338,14 @@ def test_an_update_of_another_shape_is_refused(tmp_path):
 
 
 # Our encoder exports as BERT with two segment types, RoBERTa with one, DistilBERT with
-# none (whose pooler has ReLU).
-ENCODER_FAMILIES = [(2, "bert"), (1, "roberta"), (0, "distilbert")]
+# none (whose pooler has ReLU), ELECTRA with a GELU after its pooler.
+ENCODER_FAMILIES = [(2, "bert"), (1, "roberta"), (0, "distilbert"), (2, "electra")]
+POOLERS = {"distilbert": "relu", "electra": "gelu"}      # the others': tanh
 
 
-def encoder_of(segments, **changes):
+def encoder_of(segments, family="bert", **changes):
     return bert_tiny(type_vocab_size=segments, activation="gelu",
-                     pooler_activation="relu" if segments == 0 else "tanh", **changes)
+                     pooler_activation=POOLERS.get(family, "tanh"), **changes)
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
@@ -355,8 +356,8 @@ def test_an_encoders_adapters_and_new_head(segments, family, classes,  # noqa: F
     trained whole (modules_to_save), on the sequence classifier transformers builds from
     the export of the pre-trained encoder, and gets the run's logits."""
     pretrained, run, base_dir = tmp_path / "pre", tmp_path / "run", tmp_path / "base-hf"
-    train(counting, pretrained, encoder_of(segments), encoder_config(max_steps=6))
-    train(classes, run, encoder_of(segments, num_labels=3),
+    train(counting, pretrained, encoder_of(segments, family), encoder_config(max_steps=6))
+    train(classes, run, encoder_of(segments, family, num_labels=3),
           encoder_config(max_steps=6, task="classify", lora_rank=4, lr_scale=1.0),
           init=pretrained)
     assert main(["export", "hf", str(pretrained), str(base_dir)]) == 0
@@ -364,6 +365,9 @@ def test_an_encoders_adapters_and_new_head(segments, family, classes,  # noqa: F
     capsys.readouterr()
     settings = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert settings["task_type"] == "SEQ_CLS" and not settings["fan_in_fan_out"]
+    assert settings["modules_to_save"] == {"bert": ["classifier", "pooler"],
+                                           "distilbert": ["pre_classifier", "classifier"]
+                                           }.get(family, ["classifier"])
     ours = load_model(run)
     ids = torch.randint(5, 300, (2, 7))
     with torch.no_grad():
@@ -388,16 +392,17 @@ def test_a_peft_classifier_merges_into_our_encoder(segments, family, counting,  
     pooler trained whole) on a BERT or RoBERTa, merged into our import of that model,
     which had no classifier: the classifier's logits are PEFT's."""
     pretrained, hf_dir, adapter = tmp_path / "pre", tmp_path / "hf", tmp_path / "adapter"
-    train(counting, pretrained, encoder_of(segments), encoder_config(max_steps=2))
+    train(counting, pretrained, encoder_of(segments, family), encoder_config(max_steps=2))
     assert main(["export", "hf", str(pretrained), str(hf_dir)]) == 0
     importer = {"bert": import_bert, "roberta": import_roberta,
-                "distilbert": import_distilbert}[family]
+                "distilbert": import_distilbert, "electra": import_electra}[family]
     ours = importer(hf_dir, tmp_path / "ours")
     base = transformers.AutoModelForSequenceClassification.from_pretrained(hf_dir, num_labels=3)
     targets, whole = {
         "distilbert": (["q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"],
                        ["pre_classifier", "classifier"]),
-        "roberta": (BERT_TARGETS, ["classifier"])}.get(family, (BERT_TARGETS,
+        "roberta": (BERT_TARGETS, ["classifier"]),
+        "electra": (BERT_TARGETS, ["classifier"])}.get(family, (BERT_TARGETS,
                                                               ["classifier", "pooler"]))
     theirs = peft.get_peft_model(base, peft.LoraConfig(
         r=4, lora_alpha=8, task_type="SEQ_CLS", target_modules=targets, modules_to_save=whole))

@@ -1,9 +1,9 @@
 """A PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors) trained on a
-Hugging Face Llama, Mistral, Qwen2, GPT-2, BLOOM, BERT, RoBERTa, DistilBERT, Marian, NLLB,
-mBART-50 or T5 model -> our checkpoint of that model, imported (`import hf-llama`,
-`hf-gpt2`, `hf-bloom`, `hf-bert`, `hf-roberta`, `hf-distilbert`, `hf-marian`, `hf-nllb`,
-`hf-mbart`, `hf-t5`) or the one `export hf` wrote it from, with the adapter merged into
-its weights.
+Hugging Face Llama, Mistral, Qwen2, GPT-2, BLOOM, BERT, RoBERTa, DistilBERT, ELECTRA,
+Marian, NLLB, mBART-50 or T5 model -> our checkpoint of that model, imported (`import
+hf-llama`, `hf-gpt2`, `hf-bloom`, `hf-bert`, `hf-roberta`, `hf-distilbert`, `hf-electra`,
+`hf-marian`, `hf-nllb`, `hf-mbart`, `hf-t5`) or the one `export hf` wrote it from, with
+the adapter merged into its weights.
 
 Each adapted module's update, scale * B A with scale = alpha / r (alpha / sqrt(r) with
 use_rslora; rank_pattern and alpha_pattern read as PEFT reads them), is added to the weight
