@@ -26,7 +26,6 @@ ours (the fraction of the same text, and the largest score difference).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -40,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from encode import add_model_arguments, write_vocabulary  # noqa: E402
-from measure import machine_info, time_keeping_results  # noqa: E402
+from measure import machine_info, ratios_to_ours, time_keeping_results, write_result  # noqa: E402
 from transduce.decode.answering import MAX_ANSWER_PIECES, span_items  # noqa: E402
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.translate import length_sorted_batches  # noqa: E402
@@ -175,12 +174,9 @@ def main() -> None:
                            if name not in ("lines", "max_words")} | {"out": str(args.out)},
               "questions": len(questions), "windows": len(items), "tokens": tokens,
               "batches": len(batches), "peers": peers,
-              "ratios": {f"ours / {name}": peers["ours"]["questions_per_s"]
-                         / peers[name]["questions_per_s"] for name in peers if name != "ours"},
+              "ratios": ratios_to_ours(peers, "questions_per_s"),
               "seconds": time.time() - started}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

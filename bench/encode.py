@@ -34,7 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import int8_through_onednn, machine_info, time_keeping_results  # noqa: E402
+from measure import int8_through_onednn, machine_info, ratios_to_ours, \
+    time_keeping_results, write_result  # noqa: E402
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.translate import length_sorted_batches  # noqa: E402
 from transduce.export.onnx import export_onnx  # noqa: E402
@@ -155,12 +156,9 @@ def main() -> None:
     result = {"machine": machine_info(args.threads),
               "settings": vars(args) | {"out": str(args.out)},
               "tokens": tokens, "batches": len(batches), "peers": peers,
-              "ratios": {f"ours / {name}": peers["ours"]["lines_per_s"] / peers[name]["lines_per_s"]
-                         for name in peers if name != "ours"},
+              "ratios": ratios_to_ours(peers, "lines_per_s"),
               "seconds": time.time() - started}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ a fresh child process, and the machine's description for the JSON results."""
 from __future__ import annotations
 
 import contextlib
+import json
 import importlib.metadata
 import os
 import platform
@@ -89,6 +90,20 @@ def time_keeping_results(calls: dict[Hashable, Callable[[], object]], repeats: i
     times = time_interleaved({key: keeping(key, call) for key, call in calls.items()},
                              repeats)
     return times, results
+
+
+def ratios_to_ours(peers: dict[str, dict], rate: str) -> dict[str, float]:
+    """{"ours / PEER": ours' rate over the peer's} of each other peer, `rate` the key of
+    their records compared (a throughput: above 1, ours is faster)."""
+    return {f"ours / {name}": peers["ours"][rate] / record[rate]
+            for name, record in peers.items() if name != "ours"}
+
+
+def write_result(path: Path, result: dict) -> None:
+    """A benchmark's result as indented JSON at `path` (its folder made), said."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 def microseconds_per_call(peers: dict[Hashable, Callable], x, calls: int,

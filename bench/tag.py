@@ -20,7 +20,6 @@ ours (the fraction that agree) and its probabilities (largest difference).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from encode import add_model_arguments, random_lines, write_vocabulary  # noqa: E402
-from measure import machine_info, time_keeping_results  # noqa: E402
+from measure import machine_info, ratios_to_ours, time_keeping_results, write_result  # noqa: E402
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.tagging import tag_items  # noqa: E402
 from transduce.decode.translate import length_sorted_batches  # noqa: E402
@@ -132,12 +131,9 @@ def main() -> None:
     result = {"machine": machine_info(args.threads),
               "settings": vars(args) | {"out": str(args.out)},
               "words": count, "tokens": tokens, "batches": len(batches), "peers": peers,
-              "ratios": {f"ours / {name}": peers["ours"]["words_per_s"]
-                         / peers[name]["words_per_s"] for name in peers if name != "ours"},
+              "ratios": ratios_to_ours(peers, "words_per_s"),
               "seconds": time.time() - started}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":
