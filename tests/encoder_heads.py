@@ -7,14 +7,15 @@ import shutil
 import pytest
 import torch
 
-from transduce.importers import import_bert, import_distilbert, import_electra, import_roberta
+from transduce.importers import import_bert, import_distilbert, import_electra, \
+    import_modernbert, import_roberta
 
 transformers = pytest.importorskip("transformers")
 
 IMPORTERS = {"bert": import_bert, "distilbert": import_distilbert, "roberta": import_roberta,
-             "electra": import_electra}
+             "electra": import_electra, "modernbert": import_modernbert}
 CLASSES = {"bert": "Bert", "distilbert": "DistilBert", "roberta": "Roberta",
-           "electra": "Electra"}
+           "electra": "Electra", "modernbert": "ModernBert"}
 SEGMENTED = ("bert", "electra")      # the families that read segment (token type) ids
 
 
@@ -30,6 +31,10 @@ def family_config(family: str, positions: int, vocab_size: int, **settings):
         return transformers.RobertaConfig(max_position_embeddings=positions + 2,
                                           type_vocab_size=1, pad_token_id=1, bos_token_id=0,
                                           eos_token_id=2, **sizes)
+    if family == "modernbert":   # a full layer, then one sliding over 4 tokens each side
+        return transformers.ModernBertConfig(
+            max_position_embeddings=positions, local_attention=8, pad_token_id=0,
+            cls_token_id=2, bos_token_id=2, sep_token_id=3, eos_token_id=3, **sizes)
     if family == "electra":      # embeddings as wide as the layers (electra-base's)
         return transformers.ElectraConfig(max_position_embeddings=positions,
                                           embedding_size=32, **sizes)

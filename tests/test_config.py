@@ -77,6 +77,19 @@ _SLIDING_LM = {"arch": "decoder", "attention_type": "sliding", "src_vocab_size":
      "pooler_activation='sigmoid': choose one of tanh, relu, gelu"),
     (ModelConfig, {"pooler_activation": "relu"},
      "pooler_activation='relu' applies to arch='encoder', not arch='transformer'"),
+    # ModernBERT's: heads through a prediction head, mean pooling, no first norm
+    (ModelConfig, {"prediction_head": True},
+     "prediction_head=True applies to arch='encoder', not arch='transformer'"),
+    (ModelConfig, {"classifier_pooling": "max", "arch": "encoder"},
+     "classifier_pooling='max': choose one of cls, mean"),
+    (ModelConfig, {"classifier_pooling": "mean", "arch": "decoder", "src_vocab_size": 10,
+                   "tgt_vocab_size": 10}, "classifier_pooling='mean' applies to arch='encoder'"),
+    (ModelConfig, {"first_attention_norm": False, "arch": "encoder"},
+     "first_attention_norm=False leaves out a pre-norm layer's norm; set norm_first=True"),
+    (ModelConfig, {"first_attention_norm": False, "norm_first": True},
+     "first_attention_norm=False applies to arch='encoder'"),
+    (ModelConfig, {"norm_bias": False, "norm": "rms"},
+     "norm_bias=False drops LayerNorm's bias; norm='rms' has none"),
     (ModelConfig, {"question_answering": True, "arch": "encoder", "num_labels": 3},
      "question_answering=True is a head of 2 outputs (start, end) over each token"),
     (ModelConfig, {"question_answering": True, "num_labels": 2},
@@ -94,10 +107,14 @@ _SLIDING_LM = {"arch": "decoder", "attention_type": "sliding", "src_vocab_size":
     (ModelConfig, {"full_attention_layers": (1,), "arch": "decoder", "src_vocab_size": 10,
                    "tgt_vocab_size": 10},
      "full_attention_layers=[1] mixes full layers into a sliding stack: it needs "
-     "arch='decoder' and attention_type='sliding', not arch='decoder' and "
+     "arch 'decoder' or 'encoder' and attention_type='sliding', not arch='decoder' and "
      "attention_type='softmax'"),
     (ModelConfig, {"full_attention_layers": (1,), "attention_type": "sliding"},
-     "it needs arch='decoder'"),
+     "it needs arch 'decoder' or 'encoder'"),
+    # an encoder's full layers are counted among its own (ModernBERT's)
+    (ModelConfig, {"full_attention_layers": (0, 3), "attention_type": "sliding",
+                   "arch": "encoder", "num_encoder_layers": 3},
+     "must be increasing layer numbers from 0 to num_encoder_layers - 1 = 2"),
     (ModelConfig, {"full_attention_layers": (3, 1), **_SLIDING_LM},
      "full_attention_layers=[3, 1]: must be increasing layer numbers from 0 to "
      "num_decoder_layers - 1 = 5"),

@@ -13,14 +13,15 @@ from safetensors.torch import save_file
 
 from transduce import checkpoint
 from transduce.cli import main
-from transduce.config import TrainConfig
+from transduce.config import TrainConfig, preset
 from transduce.export import ExportError, export_peft
 from transduce.importers import (ForeignCheckpointError, import_bert, import_bloom,
                                  import_distilbert, import_electra, import_gpt2,
-                                 import_llama, import_peft, import_roberta)
+                                 import_llama, import_modernbert, import_peft,
+                                 import_roberta)
 from transduce.model import load_model
 from transduce.train.loop import train
-from tests.train.test_encoder import bert_tiny, classes  # noqa: F401 - classes: a fixture
+from tests.train.test_encoder import VOCAB, bert_tiny, classes  # noqa: F401 - a fixture
 from tests.train.test_encoder import train_config as encoder_config
 from tests.train.test_imported_lm import write_gpt2, write_llama
 from tests.train.test_lm import counting, gpt_tiny  # noqa: F401 - counting: a fixture
@@ -339,11 +340,19 @@ def test_an_update_of_another_shape_is_refused(tmp_path):
 
 # Our encoder exports as BERT with two segment types, RoBERTa with one, DistilBERT with
 # none (whose pooler has ReLU), ELECTRA with a GELU after its pooler.
-ENCODER_FAMILIES = [(2, "bert"), (1, "roberta"), (0, "distilbert"), (2, "electra")]
+ENCODER_FAMILIES = [(2, "bert"), (1, "roberta"), (0, "distilbert"), (2, "electra"),
+                    (0, "modernbert")]
 POOLERS = {"distilbert": "relu", "electra": "gelu"}      # the others': tanh
+# Each family's modules_to_save in a sequence classifier's adapter (BERT's: its own).
+CLASSIFIER_MODULES = {"bert": ["classifier", "pooler"],
+                      "distilbert": ["pre_classifier", "classifier"],
+                      "modernbert": ["head", "classifier"]}
 
 
 def encoder_of(segments, family="bert", **changes):
+    if family == "modernbert":      # Wqkv and Wi fused: q, k, v and linear1, linear3
+        return preset("modernbert-tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
+                      **changes)
     return bert_tiny(type_vocab_size=segments, activation="gelu",
                      pooler_activation=POOLERS.get(family, "tanh"), **changes)
 
@@ -365,9 +374,11 @@ def test_an_encoders_adapters_and_new_head(segments, family, classes,  # noqa: F
     capsys.readouterr()
     settings = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert settings["task_type"] == "SEQ_CLS" and not settings["fan_in_fan_out"]
-    assert settings["modules_to_save"] == {"bert": ["classifier", "pooler"],
-                                           "distilbert": ["pre_classifier", "classifier"]
-                                           }.get(family, ["classifier"])
+    assert settings["modules_to_save"] == CLASSIFIER_MODULES.get(family, ["classifier"])
+    if family == "modernbert":
+        assert (settings["rank_pattern"], settings["alpha_pattern"]) == \
+            ({"Wqkv": 12, "Wi": 8}, {"Wqkv": 12 * settings["lora_alpha"] / 4,
+                                      "Wi": 8 * settings["lora_alpha"] / 4})
     ours = load_model(run)
     ids = torch.randint(5, 300, (2, 7))
     with torch.no_grad():
@@ -395,17 +406,21 @@ def test_a_peft_classifier_merges_into_our_encoder(segments, family, counting,  
     train(counting, pretrained, encoder_of(segments, family), encoder_config(max_steps=2))
     assert main(["export", "hf", str(pretrained), str(hf_dir)]) == 0
     importer = {"bert": import_bert, "roberta": import_roberta,
-                "distilbert": import_distilbert, "electra": import_electra}[family]
+                "distilbert": import_distilbert, "electra": import_electra,
+                "modernbert": import_modernbert}[family]
     ours = importer(hf_dir, tmp_path / "ours")
     base = transformers.AutoModelForSequenceClassification.from_pretrained(hf_dir, num_labels=3)
     targets, whole = {
         "distilbert": (["q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"],
                        ["pre_classifier", "classifier"]),
         "roberta": (BERT_TARGETS, ["classifier"]),
-        "electra": (BERT_TARGETS, ["classifier"])}.get(family, (BERT_TARGETS,
+        "electra": (BERT_TARGETS, ["classifier"]),
+        "modernbert": (["Wqkv", "Wo", "Wi"], CLASSIFIER_MODULES["modernbert"])
+    }.get(family, (BERT_TARGETS,
                                                               ["classifier", "pooler"]))
-    theirs = peft.get_peft_model(base, peft.LoraConfig(
-        r=4, lora_alpha=8, task_type="SEQ_CLS", target_modules=targets, modules_to_save=whole))
+    theirs = peft.get_peft_model(base, peft.LoraConfig(      # which extends modules_to_save
+        r=4, lora_alpha=8, task_type="SEQ_CLS", target_modules=targets,
+        modules_to_save=list(whole)))
     torch.manual_seed(3)
     with torch.no_grad():
         for name, parameter in theirs.named_parameters():
@@ -423,31 +438,40 @@ def test_a_peft_classifier_merges_into_our_encoder(segments, family, counting,  
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
-def test_a_taggers_adapters_go_to_peft_and_come_back(tagging, counting,  # noqa: F811
-                                                     tmp_path, capsys):
+@pytest.mark.parametrize("segments, family", [(2, "bert"), (0, "modernbert")])
+def test_a_taggers_adapters_go_to_peft_and_come_back(segments, family, tagging,  # noqa: F811
+                                                     counting, tmp_path, capsys):  # noqa: F811
     """A token classifier fine-tuned with adapters: PEFT puts them and the head trained
-    whole (TOKEN_CLS) on transformers' BertForTokenClassification of the pre-trained
-    encoder's export and gets the run's logits; the adapter imported back into our
+    whole (TOKEN_CLS; ModernBERT's head too) on transformers' BertForTokenClassification
+    (ModernBertForTokenClassification) of the pre-trained encoder's export and gets the run's logits; the adapter imported back into our
     import of that encoder is a token classifier again, with the same logits."""
     pretrained, run, base_dir = tmp_path / "pre", tmp_path / "run", tmp_path / "base-hf"
-    train(counting, pretrained, encoder_of(2), encoder_config(max_steps=4))
-    train(tagging, run, encoder_of(2, num_labels=len(TAGS), token_classifier=True),
+    train(counting, pretrained, encoder_of(segments, family), encoder_config(max_steps=4))
+    train(tagging, run, encoder_of(segments, family, num_labels=len(TAGS),
+                                   token_classifier=True),
           encoder_config(max_steps=4, task="tag", lora_rank=4, lr_scale=1.0),
           init=pretrained)
     assert main(["export", "hf", str(pretrained), str(base_dir)]) == 0
     assert main(["export", "peft", str(run), str(tmp_path / "adapter")]) == 0
     capsys.readouterr()
     settings = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
-    assert settings["task_type"] == "TOKEN_CLS" and settings["modules_to_save"] == ["classifier"]
+    assert settings["task_type"] == "TOKEN_CLS"
+    assert settings["modules_to_save"] == (CLASSIFIER_MODULES["modernbert"]
+                                           if family == "modernbert" else ["classifier"])
     ours = load_model(run).eval()
-    ids = torch.randint(5, 300, (2, 7))
+    if family == "modernbert":         # its head, under every task's, trained whole
+        before = load_model(pretrained)
+        for part in ("pooler", "pooler_norm"):
+            assert not torch.equal(getattr(ours, part).weight, getattr(before, part).weight)
+    ids = torch.randint(5, 300, (2, 19))          # longer than ModernBERT's window
     with torch.no_grad():
         base = transformers.AutoModelForTokenClassification.from_pretrained(
             base_dir, num_labels=len(TAGS))
         theirs = peft.PeftModel.from_pretrained(base.eval(), tmp_path / "adapter").eval()
         logits = theirs(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
         torch.testing.assert_close(logits, ours.tag_logits(ours(ids)), rtol=1e-4, atol=1e-4)
-        merged = load_model(import_peft(tmp_path / "adapter", import_bert(
+        importer = import_modernbert if family == "modernbert" else import_bert
+        merged = load_model(import_peft(tmp_path / "adapter", importer(
             base_dir, tmp_path / "ours"), tmp_path / "merged"))
         assert merged.config.token_classifier and merged.config.num_labels == len(TAGS)
         torch.testing.assert_close(merged.tag_logits(merged(ids)), logits, rtol=1e-4,
@@ -455,15 +479,19 @@ def test_a_taggers_adapters_go_to_peft_and_come_back(tagging, counting,  # noqa:
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
-def test_an_answerers_adapters_go_to_peft_and_come_back(answering, counting,  # noqa: F811
+@pytest.mark.parametrize("segments, family", [(2, "bert"), (0, "modernbert")])
+def test_an_answerers_adapters_go_to_peft_and_come_back(segments, family,
+                                                       answering, counting,  # noqa: F811
                                                        tmp_path, capsys):
     """A question answerer fine-tuned with adapters: PEFT puts them and qa_outputs
-    trained whole (QUESTION_ANS) on transformers' BertForQuestionAnswering of the
-    pre-trained encoder's export and gets the run's start and end logits; imported back
+    trained whole (QUESTION_ANS; ModernBERT's head and classifier) on transformers'
+    BertForQuestionAnswering (ModernBertForQuestionAnswering) of the pre-trained
+    encoder's export and gets the run's start and end logits; imported back
     into our import of that encoder, it answers again, with the same logits."""
     pretrained, run, base_dir = tmp_path / "pre", tmp_path / "run", tmp_path / "base-hf"
-    train(counting, pretrained, encoder_of(2), encoder_config(max_steps=4))
-    train(answering, run, encoder_of(2, num_labels=2, question_answering=True),
+    train(counting, pretrained, encoder_of(segments, family), encoder_config(max_steps=4))
+    train(answering, run, encoder_of(segments, family, num_labels=2,
+                                     question_answering=True),
           encoder_config(max_steps=4, task="answer", lora_rank=4, lr_scale=1.0),
           init=pretrained)
     assert main(["export", "hf", str(pretrained), str(base_dir)]) == 0
@@ -471,16 +499,18 @@ def test_an_answerers_adapters_go_to_peft_and_come_back(answering, counting,  # 
     capsys.readouterr()
     settings = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert settings["task_type"] == "QUESTION_ANS"
-    assert settings["modules_to_save"] == ["qa_outputs"]
+    assert settings["modules_to_save"] == (CLASSIFIER_MODULES["modernbert"]
+                                           if family == "modernbert" else ["qa_outputs"])
     ours = load_model(run).eval()
-    ids = torch.randint(5, 300, (2, 7))
+    ids = torch.randint(5, 300, (2, 19))          # longer than ModernBERT's window
     with torch.no_grad():
         base = transformers.AutoModelForQuestionAnswering.from_pretrained(base_dir)
         theirs = peft.PeftModel.from_pretrained(base.eval(), tmp_path / "adapter").eval()
         result = theirs(input_ids=ids, attention_mask=torch.ones_like(ids))
         logits = torch.stack([result.start_logits, result.end_logits], dim=-1)
         torch.testing.assert_close(logits, ours.span_logits(ours(ids)), rtol=1e-4, atol=1e-4)
-        merged = load_model(import_peft(tmp_path / "adapter", import_bert(
+        importer = import_modernbert if family == "modernbert" else import_bert
+        merged = load_model(import_peft(tmp_path / "adapter", importer(
             base_dir, tmp_path / "ours"), tmp_path / "merged"))
         assert merged.config.question_answering and merged.labels == ["start", "end"]
         torch.testing.assert_close(merged.span_logits(merged(ids)), logits, rtol=1e-4,

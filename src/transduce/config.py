@@ -27,6 +27,7 @@ Architecture = Literal["transformer", "decoder", "encoder", "rnn-bahdanau", "rnn
 RnnCell = Literal["gru", "lstm"]
 LuongScore = Literal["general", "dot"]
 PoolerActivation = Literal["tanh", "relu", "gelu"]
+ClassifierPooling = Literal["cls", "mean"]
 
 
 class ConfigError(TransduceError, ValueError):
@@ -93,10 +94,10 @@ class ModelConfig(ValidatedConfig):
     of every query and as queries over every key (Longformer, BigBird); "strided" adds
     summary keys every attention_window positions (Sparse Transformer's fixed pattern).
     Cross-attention is always softmax attention.
-    full_attention_layers: arch "decoder" with attention_type "sliding": the layers
-    (counted from 0) that attend over the whole context instead, as softmax attention
-    (Gemma 2 interleaves one in two, Gemma 3 one in six): only their KV caches grow with
-    the context.
+    full_attention_layers: arch "decoder" or "encoder" with attention_type "sliding": the
+    layers (counted from 0) that attend over the whole context instead, as softmax
+    attention (Gemma 2 interleaves one in two, Gemma 3 one in six, ModernBERT's encoder
+    one in three): only their KV caches grow with the context.
     local_rope_base: with full_attention_layers, the rotary base of the sliding layers,
     unscaled (Gemma 3's 10,000 against its full layers' 1,000,000, which rope_scaling
     stretches); None: the same rotary positions on every layer.
@@ -125,6 +126,11 @@ class ModelConfig(ValidatedConfig):
     W2; with "silu", SwiGLU (Llama's, Mistral's).
     norm: "layer" (LayerNorm, the paper's) or "rms" (RMSNorm, Zhang & Sennrich 2019:
     x / rms(x) * g, no centring and no bias; Llama's) for every norm of the model.
+    norm_bias: norm "layer": every LayerNorm adds a bias after its gain (ModernBERT's
+    have none).
+    first_attention_norm: arch "encoder" with norm_first: False leaves out the first
+    layer's norm before self-attention, which then reads the embedding norm's output as
+    it is (ModernBERT's layer 0).
     sandwich_norm: pre-norm layers (norm_first) whose sub-layers' outputs pass through a
     norm of their own too before they join the residual stream (Ding et al. 2021's
     sandwich LayerNorm; Gemma 2 and 3's post-attention and post-feedforward norms).
@@ -151,6 +157,14 @@ class ModelConfig(ValidatedConfig):
     pooler_activation: arch "encoder": what follows the pooler's dense layer, "tanh"
     (BERT's), "relu" (DistilBERT's pre_classifier) or "gelu" (exact; ELECTRA's
     classification head).
+    prediction_head: arch "encoder": every fine-tuning head reads through ModernBERT's
+    prediction head, the pooler's dense layer, pooler_activation and a norm: the pooled
+    state for classification, each token's state for tagging and answering (False:
+    BERT's, the pooler's dense + activation for classification alone).
+    classifier_pooling: arch "encoder": what the pooler reads, the first token's ([CLS])
+    state ("cls", BERT's) or the mean of the real tokens' states ("mean", an option of
+    ModernBERT's classifiers).
+    The pooler's and the masked-LM head's dense layers have biases where bias is True.
     num_labels: arch "encoder": the sequence-classification head's classes (0: none).
     token_classifier: arch "encoder": that head labels each token (token classification:
     named entities, parts of speech) from its last hidden state, not the sequence from
@@ -189,6 +203,8 @@ class ModelConfig(ValidatedConfig):
     tie_embeddings: Tying = "all"
     attention_impl: AttentionImpl = "sdpa"
     bias: bool = True
+    norm_bias: bool = True
+    first_attention_norm: bool = True
     layer_norm_eps: float = 1e-5
     pad_id: int = 0
     attention_type: AttentionType = "softmax"
@@ -206,6 +222,8 @@ class ModelConfig(ValidatedConfig):
     scale_embeddings: bool = True
     type_vocab_size: int = 2
     pooler_activation: PoolerActivation = "tanh"
+    prediction_head: bool = False
+    classifier_pooling: ClassifierPooling = "cls"
     num_labels: int = 0
     token_classifier: bool = False
     question_answering: bool = False
@@ -227,6 +245,7 @@ class ModelConfig(ValidatedConfig):
         check_choice(self, "rnn_cell")
         check_choice(self, "luong_score")
         check_choice(self, "pooler_activation")
+        check_choice(self, "classifier_pooling")
         check_choice(self, "positional")
         check_choice(self, "tie_embeddings")
         check_choice(self, "attention_impl")
@@ -307,9 +326,7 @@ class ModelConfig(ValidatedConfig):
                               f"(start, end) over each token, not a token classifier: "
                               f"num_labels={self.num_labels}, "
                               f"token_classifier={self.token_classifier}")
-        if self.pooler_activation != "tanh" and self.arch != "encoder":
-            raise ConfigError(f"ModelConfig.pooler_activation={self.pooler_activation!r} "
-                              f"applies to arch='encoder', not arch={self.arch!r}")
+        self._check_encoder_options()
         if self.output_bias and self.arch != "transformer":
             raise ConfigError(f"ModelConfig.output_bias=True applies to arch='transformer', "
                               f"not arch={self.arch!r}")
@@ -327,9 +344,23 @@ class ModelConfig(ValidatedConfig):
         if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
             raise ConfigError(f"ModelConfig.pad_id={self.pad_id} is outside the vocabulary")
 
+    def _check_encoder_options(self) -> None:
+        """The fields of an encoder-only model's heads and layers, and the norms' bias."""
+        for name, default in (("pooler_activation", "tanh"), ("prediction_head", False),
+                              ("classifier_pooling", "cls"), ("first_attention_norm", True)):
+            if getattr(self, name) != default and self.arch != "encoder":
+                raise ConfigError(f"ModelConfig.{name}={getattr(self, name)!r} applies to "
+                                  f"arch='encoder', not arch={self.arch!r}")
+        if not self.first_attention_norm and not self.norm_first:
+            raise ConfigError("ModelConfig.first_attention_norm=False leaves out a pre-norm "
+                              "layer's norm; set norm_first=True")
+        if not self.norm_bias and self.norm != "layer":
+            raise ConfigError(f"ModelConfig.norm_bias=False drops LayerNorm's bias; "
+                              f"norm={self.norm!r} has none")
+
     def _check_layer_attention(self) -> None:
-        """full_attention_layers: distinct layers of a decoder-only model's sliding stack;
-        local_rope_base: their sliding layers' rotary positions."""
+        """full_attention_layers: distinct layers of a decoder-only or encoder-only model's
+        sliding stack; local_rope_base: their sliding layers' rotary positions."""
         layers = self.full_attention_layers
         if isinstance(layers, list):     # as config.json and TOML give it
             object.__setattr__(self, "full_attention_layers", layers := tuple(layers))
@@ -337,14 +368,17 @@ class ModelConfig(ValidatedConfig):
         if not isinstance(layers, tuple) or any(
                 not isinstance(i, int) or isinstance(i, bool) for i in layers):
             raise ConfigError(f"{name}: must be a list of layer numbers")
-        if layers and (self.arch != "decoder" or self.attention_type != "sliding"):
+        if layers and (self.arch not in ("decoder", "encoder")
+                       or self.attention_type != "sliding"):
             raise ConfigError(f"{name} mixes full layers into a sliding stack: it needs "
-                              f"arch='decoder' and attention_type='sliding', not arch="
-                              f"{self.arch!r} and attention_type={self.attention_type!r}")
+                              f"arch 'decoder' or 'encoder' and attention_type='sliding', "
+                              f"not arch={self.arch!r} and attention_type="
+                              f"{self.attention_type!r}")
+        stack = "num_encoder_layers" if self.arch == "encoder" else "num_decoder_layers"
         if list(layers) != sorted(set(layers)) or \
-                any(not 0 <= i < self.num_decoder_layers for i in layers):
+                any(not 0 <= i < getattr(self, stack) for i in layers):
             raise ConfigError(f"{name}: must be increasing layer numbers from 0 to "
-                              f"num_decoder_layers - 1 = {self.num_decoder_layers - 1}")
+                              f"{stack} - 1 = {getattr(self, stack) - 1}")
         if self.local_rope_base is None:
             return
         if not layers or self.positional != "rotary":
@@ -378,7 +412,8 @@ class ModelConfig(ValidatedConfig):
                               f"{self.attention_impl!r}")
 
     def layer_attention_type(self, layer: int) -> AttentionType:
-        """The self-attention of decoder layer `layer` (full_attention_layers: softmax)."""
+        """The self-attention of layer `layer` of the model's stack (full_attention_layers:
+        softmax)."""
         return "softmax" if layer in self.full_attention_layers else self.attention_type
 
     @property
@@ -463,6 +498,19 @@ _BERT: dict[str, Any] = {"arch": "encoder", "norm_first": False, "positional": "
                          "max_positions": 512, "num_decoder_layers": 1,
                          "attention_dropout": 0.1, "layer_norm_eps": 1e-12}
 
+# ModernBERT (Warner et al. 2024): BERT's encoder with pre-norm layers of bias-free
+# LayerNorms (the first without its attention norm), no biases, rotary positions
+# (160,000 their base in the full layers, 10,000 in the sliding ones), GeGLU feed-forward
+# networks, windows of 64 tokens each side in all layers but one in three, no segments,
+# and heads that read through a prediction head (dense, GELU, norm).
+_MODERNBERT: dict[str, Any] = {
+    **_BERT, "norm_first": True, "positional": "rotary", "gated_ffn": True, "bias": False,
+    "norm_bias": False, "first_attention_norm": False, "type_vocab_size": 0,
+    "layer_norm_eps": 1e-5, "dropout": 0.0, "attention_dropout": 0.0,
+    "attention_type": "sliding", "attention_window": 64, "rope_base": 160_000.0,
+    "local_rope_base": 10_000.0, "prediction_head": True, "pooler_activation": "gelu",
+    "max_positions": 8192}
+
 # The paper's two models (Table 3), and two sized for a 2-core CPU. small is pre-norm:
 # at a CPU budget of minutes it learns several times faster than post-norm
 # (docs/experiments.md); base and big keep the paper's post-norm layout.
@@ -492,6 +540,14 @@ PRESETS: dict[str, ModelConfig] = {
     "bert-tiny": ModelConfig(**{**_BERT, "max_positions": 128, "dropout": 0.0,
                                 "attention_dropout": 0.0}, d_model=64, num_heads=4,
                              d_ff=128, num_encoder_layers=2),
+    # 149M parameters with its masked-LM head at its 50,368 pieces (ModernBERT-base's).
+    "modernbert-base": ModelConfig(**_MODERNBERT, src_vocab_size=50368, tgt_vocab_size=50368,
+                                   d_model=768, num_heads=12, d_ff=1152,
+                                   num_encoder_layers=22,
+                                   full_attention_layers=tuple(range(0, 22, 3))),
+    "modernbert-tiny": ModelConfig(**{**_MODERNBERT, "max_positions": 128,
+                                      "attention_window": 8}, d_model=64, num_heads=4,
+                                   d_ff=96, num_encoder_layers=3, full_attention_layers=(0,)),
     "gpt-tiny": ModelConfig(**{**_GPT, "max_positions": 256, "dropout": 0.0}, d_model=64,
                             num_heads=4, d_ff=128, num_decoder_layers=2),
     # Llama-style decoders for a CPU budget: gpt-small's sizes with grouped-query

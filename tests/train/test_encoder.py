@@ -240,6 +240,29 @@ def test_the_heads_an_objective_never_runs_are_named(task, objective, unused):
     assert sorted(names) == sorted(f"model.{name}" for name in unused)
 
 
+@pytest.mark.parametrize("task, unused", [
+    ("pretrain", ["pooler.weight", "pooler_norm.weight", "nsp_head.bias", "nsp_head.weight",
+                  "classifier.bias", "classifier.weight"]),
+    ("tag", ["mlm_head.dense.weight", "mlm_head.norm.weight", "mlm_head.decoder.bias",
+             "nsp_head.bias", "nsp_head.weight"]),
+])
+def test_a_prediction_heads_parameters_run_in_every_fine_tuning(task, unused):
+    """ModernBERT's heads all read through its prediction head (the pooler and its
+    norm): unused in pre-training, used in tagging; and exactly the parameters named
+    get no gradient from the task's loss."""
+    model = build_model(preset("modernbert-tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
+                               num_labels=3, token_classifier=task == "tag"))
+    names = unused_parameter_names(EncoderObjective(model), model, TrainConfig(task=task))
+    assert sorted(names) == sorted(f"model.{name}" for name in unused)
+    ids = torch.randint(5, VOCAB, (2, 12))
+    hidden = model(ids)
+    loss = model.mlm_logits(hidden).sum() if task == "pretrain" else \
+        model.tag_logits(hidden).sum()
+    loss.backward()
+    without = sorted(f"model.{name}" for name, p in model.named_parameters() if p.grad is None)
+    assert without == sorted(names)
+
+
 def train_in_one_process(arguments, out):
     single = subprocess.run([sys.executable, "-m", "transduce", "train", "--out", str(out),
                              "--update-freq", "2", *arguments],

@@ -285,6 +285,23 @@ def test_forward_flops_of_a_decoder_only_model_are_its_matmuls(changes):
     assert forward_flops(config, 3, 99, 17) == forward_flops(config, 3, 0, 17)
 
 
+@pytest.mark.parametrize("name", ["bert-tiny", "modernbert-tiny"])
+def test_forward_flops_of_an_encoder_only_model_are_its_matmuls(name):
+    """The encoder and the pooler over [CLS]; a sliding layer's scores counted over its
+    band, 2 w + 1 keys (ModernBERT's: layers 1 and 2 of 3, w = 8), where the naive
+    kernel computes the whole square."""
+    config = preset(name, src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, attention_impl="naive")
+    model = build_model(config).eval()
+    ids = torch.randint(4, VOCAB, (3, 40))
+    with FlopCounterMode(display=False) as counter:
+        model.pool(model(ids))
+    window = config.attention_window
+    unscored = 2 * 2 * 3 * 40 * (40 - (2 * window + 1)) * config.d_model * \
+        sum(config.layer_attention_type(i) == "sliding" for i in range(3))
+    assert forward_flops(config, 3, 40, 0) == counter.get_total_flops() - unscored
+    assert (unscored > 0) == (name == "modernbert-tiny")
+
+
 @pytest.mark.parametrize("changes", [{}, {"head_size": 8}, {"head_size": 24, "num_kv_heads": 2}])
 def test_forward_flops_of_an_encoder_decoder_are_its_matmuls(changes):
     """The same count for the encoder-decoder (cross-attention's keys and values once

@@ -1,6 +1,6 @@
 """`transduce import hf-gpt2` / `hf-bloom` / `hf-llama` / `hf-gemma` / `hf-bert` /
 `hf-roberta` (also called `hf-xlm-roberta`) / `hf-distilbert` / `hf-electra` /
-`hf-marian` / `hf-nllb`
+`hf-modernbert` / `hf-marian` / `hf-nllb`
 (also called `hf-m2m100`) / `hf-mbart` / `hf-t5`: another toolkit's checkpoint as ours;
 `peft`: a PEFT LoRA adapter merged into one of ours."""
 
@@ -81,6 +81,16 @@ def register(commands) -> None:
                 "discriminator's head is left unread, heads the directory lacks are "
                 "initialised afresh and listed, options the model cannot reproduce "
                 "(embeddings narrower than the layers) are refused by name.")
+    _add_format(formats, import_hf_modernbert, "hf-modernbert",
+                "Hugging Face ModernBERT (ModernBertModel, ModernBertForMaskedLM, "
+                "...ForSequenceClassification, ...ForTokenClassification or "
+                "...ForQuestionAnswering directory)",
+                "Import a Hugging Face ModernBERT directory (config.json, model.safetensors "
+                "or pytorch_model.bin, tokenizer.json) as an encoder-only checkpoint with "
+                "ModernBERT's layout (pre-norm, rotary positions, GeGLU, sliding-window "
+                "layers among full ones, heads through a prediction head); heads the "
+                "directory lacks are initialised afresh and listed, options the model "
+                "cannot reproduce are refused by name.")
     _add_format(formats, import_hf_marian, "hf-marian",
                 "Hugging Face Marian (MarianMTModel directory: OPUS-MT)",
                 "Import a Hugging Face Marian translation model (config.json, "
@@ -215,6 +225,13 @@ def import_hf_electra(args: argparse.Namespace) -> int:
     from transduce.importers import import_electra
 
     return _import_encoder(args, import_electra)
+
+
+def import_hf_modernbert(args: argparse.Namespace) -> int:
+    """Import a Hugging Face ModernBERT checkpoint."""
+    from transduce.importers import import_modernbert
+
+    return _import_encoder(args, import_modernbert)
 
 
 def _import_encoder(args: argparse.Namespace, importer) -> int:

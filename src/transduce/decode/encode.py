@@ -358,7 +358,7 @@ class SentenceEncoder:
         """ids, segments (B, T) -> (B, num_labels), from either engine."""
         if isinstance(self.model, OnnxSentenceEncoder):
             return self.model.class_logits(ids, segments)
-        return self.model.classify_logits(self.model.pool(self.model(ids, segments)))
+        return self.model.classify_logits(self.model.pool(self.model(ids, segments), ids))
 
     @torch.inference_mode()
     def _embeddings(self, ids: torch.Tensor, pooling: str) -> torch.Tensor:

@@ -28,7 +28,8 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                             sliding: bool = False, any_head_size: bool = False,
                             score_bias: tuple[str, ...] = (), qk_norm: bool = False,
                             mixed: bool = False, gemma: bool = False,
-                            softcap: bool = False, embedding_norm: bool = False) -> list[str]:
+                            softcap: bool = False, embedding_norm: bool = False,
+                            modernbert: bool = False) -> list[str]:
     """What no format here can hold: another shape than the format's `arch` (RNN
     models among them), non-softmax self-attention (sliding-window softmax attention
     where the format masks it: `sliding`), score biases (but those of `score_bias`:
@@ -37,9 +38,10 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     them: `qk_norm`), sliding layers mixed with full ones (unless the format lists each
     layer's kind: `mixed`, or is Gemma 3's) and sandwich norms (unless the format is
     Gemma 3's: `gemma`), soft-capped scores or logits (unless the format caps them:
-    `softcap`), and a norm of each stack's input (unless the format has one:
-    `embedding_norm`)."""
-    problems = []
+    `softcap`), a norm of each stack's input (unless the format has one:
+    `embedding_norm`), and ModernBERT's LayerNorms without biases, first layer without an
+    attention norm and heads (unless the format holds them: `modernbert`)."""
+    problems = [] if modernbert else _modernbert_fields(c)
     if c.embedding_norm and not embedding_norm:
         problems.append("embedding_norm=True (the format has no norm of the embeddings)")
     if c.arch != arch:
@@ -65,6 +67,21 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     if c.sandwich_norm and not gemma:
         problems.append("sandwich_norm=True (the format has no norms on the sub-layers' "
                         "outputs)")
+    return problems
+
+
+def _modernbert_fields(c: ModelConfig) -> list[str]:
+    """ModernBERT's fields that a config sets, in the words of a refusal."""
+    problems = []
+    if not c.norm_bias:
+        problems.append("norm_bias=False (the format's LayerNorms have biases)")
+    if not c.first_attention_norm:
+        problems.append("first_attention_norm=False (the format's first layer has its norm)")
+    if c.prediction_head:
+        problems.append("prediction_head=True (the format has no norm in its heads)")
+    if c.classifier_pooling != "cls":
+        problems.append(f"classifier_pooling={c.classifier_pooling!r} (the format pools the "
+                        f"first token)")
     return problems
 
 

@@ -213,7 +213,7 @@ def export_hf(path: Path, out: Path) -> Path:
     tokenizer_config.json and our export marker (written.py); loadable with transformers'
     Auto classes (AutoModelForSeq2SeqLM, AutoTokenizer) -> OUT. A decoder-only model is
     written as Llama, Mistral, Qwen, Gemma, BLOOM or GPT-2 (hf_decoder.py), an
-    encoder-only one as BERT (hf_encoder.py), an NLLB, M2M-100 or mBART-50 import as
+    encoder-only one as BERT (hf_encoder.py) or ModernBERT (hf_modernbert.py), an NLLB, M2M-100 or mBART-50 import as
     itself (hf_nllb.py), a model of T5's layout as T5 (hf_t5.py)."""
     require("transformers", "export hf")
     directory = checkpoint.resolve(path)
@@ -224,8 +224,11 @@ def export_hf(path: Path, out: Path) -> Path:
         return export_hf_decoder(directory, model, out)
     if model.config.arch == "encoder":
         from transduce.export.hf_encoder import export_hf_encoder
+        from transduce.export.hf_modernbert import export_hf_modernbert, is_modernbert_layout
 
-        return export_hf_encoder(directory, model, out)
+        export = export_hf_modernbert if is_modernbert_layout(model.config) \
+            else export_hf_encoder
+        return export(directory, model, out)
     from transduce.export.hf_nllb import export_hf_nllb, is_mbart_layout, is_nllb_layout
 
     if is_nllb_layout(model) or is_mbart_layout(model):

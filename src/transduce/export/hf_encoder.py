@@ -163,9 +163,9 @@ def roberta_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     else:
         heads = {"lm_head.dense": model.mlm_head.dense,
                  "lm_head.layer_norm": model.mlm_head.norm}
-        state |= _tied_output(model, ("lm_head.bias", "lm_head.decoder.bias"),
+        state |= tied_output(model, ("lm_head.bias", "lm_head.decoder.bias"),
                               "lm_head.decoder.weight")
-    return state | _module_weights(heads)
+    return state | module_weights(heads)
 
 
 def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
@@ -173,14 +173,14 @@ def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     state = _layer_weights(model, families.BERT)
     if reads_tokens(model.config):                  # BertForTokenClassification has
         return state | _token_head(model)           # no pooler (nor ...QuestionAnswering)
-    state |= _module_weights({"bert.pooler.dense": model.pooler})
+    state |= module_weights({"bert.pooler.dense": model.pooler})
     if model.classifier is not None:
-        return state | _module_weights({"classifier": model.classifier})
+        return state | module_weights({"classifier": model.classifier})
     head = model.mlm_head
-    state |= _module_weights({"cls.predictions.transform.dense": head.dense,
+    state |= module_weights({"cls.predictions.transform.dense": head.dense,
                               "cls.predictions.transform.LayerNorm": head.norm,
                               "cls.seq_relationship": model.nsp_head})
-    return state | _tied_output(model, ("cls.predictions.bias", "cls.predictions.decoder.bias"),
+    return state | tied_output(model, ("cls.predictions.bias", "cls.predictions.decoder.bias"),
                                 "cls.predictions.decoder.weight")
 
 
@@ -190,11 +190,11 @@ def distilbert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     if reads_tokens(model.config):
         return state | _token_head(model)
     if model.classifier is not None:
-        return state | _module_weights({"pre_classifier": model.pooler,
+        return state | module_weights({"pre_classifier": model.pooler,
                                         "classifier": model.classifier})
-    state |= _module_weights({"vocab_transform": model.mlm_head.dense,
+    state |= module_weights({"vocab_transform": model.mlm_head.dense,
                               "vocab_layer_norm": model.mlm_head.norm})
-    return state | _tied_output(model, ("vocab_projector.bias",), "vocab_projector.weight")
+    return state | tied_output(model, ("vocab_projector.bias",), "vocab_projector.weight")
 
 
 def electra_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
@@ -203,11 +203,11 @@ def electra_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     if reads_tokens(model.config):
         return state | _token_head(model)
     if model.classifier is not None:
-        return state | _module_weights({"classifier.dense": model.pooler,
+        return state | module_weights({"classifier.dense": model.pooler,
                                         "classifier.out_proj": model.classifier})
-    state |= _module_weights({"generator_predictions.dense": model.mlm_head.dense,
+    state |= module_weights({"generator_predictions.dense": model.mlm_head.dense,
                               "generator_predictions.LayerNorm": model.mlm_head.norm})
-    return state | _tied_output(model, ("generator_lm_head.bias",), "generator_lm_head.weight")
+    return state | tied_output(model, ("generator_lm_head.bias",), "generator_lm_head.weight")
 
 
 def reads_tokens(config) -> bool:
@@ -220,7 +220,7 @@ def _token_head(model: EncoderOnly) -> dict[str, Tensor]:
     """A head over each token: "classifier" in every family's *ForTokenClassification,
     "qa_outputs" in its *ForQuestionAnswering."""
     name = "qa_outputs" if model.config.question_answering else "classifier"
-    return _module_weights({name: model.classifier})
+    return module_weights({name: model.classifier})
 
 
 def hf_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
@@ -230,7 +230,7 @@ def hf_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
             families.ELECTRA: electra_state_dict}[encoder_names(model.config)](model)
 
 
-def _tied_output(model: EncoderOnly, bias_names: tuple[str, ...], weight_name: str
+def tied_output(model: EncoderOnly, bias_names: tuple[str, ...], weight_name: str
                  ) -> dict[str, Tensor]:
     """The masked-LM head's output layer: its bias under each of `bias_names` (where
     transformers looks for it), its matrix (the word embeddings, tied) as `weight_name`."""
@@ -250,10 +250,10 @@ def _layer_weights(model: EncoderOnly, names: EncoderNames) -> dict[str, Tensor]
     for i, layer in enumerate(model.encoder.layers):
         modules |= {f"{prefix}{names.layer_module(i, ours)}": layer.get_submodule(ours)
                     for ours in names.layer}
-    return _module_weights(modules)
+    return module_weights(modules)
 
 
-def _module_weights(modules: dict[str, nn.Module]) -> dict[str, Tensor]:
+def module_weights(modules: dict[str, nn.Module]) -> dict[str, Tensor]:
     """{name.weight, name.bias: a copy} of each module."""
     return {f"{name}.{kind}": getattr(module, kind).detach().clone().contiguous()
             for name, module in modules.items()

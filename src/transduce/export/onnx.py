@@ -58,7 +58,10 @@ QUANTIZATIONS = ("int8",)
 def check_onnx_exportable(model: nn.Module) -> None:
     arch = model.config.arch
     problems = not_a_plain_transformer(model.config, arch if arch in ONNX_ARCHS else "transformer",
-                                       sliding=arch == "decoder",   # onnx_decoder's band
+                                       # onnx_decoder's band; the encoder's: the
+                                       # naive kernel's band (export_onnx)
+                                       sliding=arch in ("decoder", "encoder"),
+                                       mixed=arch == "encoder", modernbert=True,
                                        score_bias={"transformer": ("t5",),
                                                    "decoder": ("alibi",)}.get(arch, ()),
                                        any_head_size=arch in ("transformer", "decoder"),

@@ -39,9 +39,8 @@ class SentenceEncoderGraph(nn.Module):
         """ids (B, T), segments (B, T) -> hidden (B, T, C), pooled (B, C), embeddings
         (B, C)[, logits (B, K)]."""
         hidden = self.model(ids, segments)
-        pooled = self.model.pool(hidden)
-        real = (ids != self.model.config.pad_id).unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-        embeddings = (hidden * real).sum(dim=1) / real.sum(dim=1).clamp_min(1.0)
+        pooled = self.model.pool(hidden, ids)
+        embeddings = self.model.mean_of_real_tokens(hidden, ids)
         if self.model.classifier is None:
             return hidden, pooled, embeddings
         c = self.model.config

@@ -12,7 +12,9 @@ GPT-2's q, k and v are one module, c_attn: our three adapters of rank r (or thos
 them that were trained) become one of rank 3r there, A stacked and B block-diagonal,
 which adds the same three updates; its rank and alpha are given in rank_pattern and
 alpha_pattern, so that alpha / rank is the run's scale everywhere. BLOOM's
-query_key_value likewise, B's rows then put head by head as its weight's are.
+query_key_value likewise, B's rows then put head by head as its weight's are, and
+ModernBERT's Wqkv (q, k, v) and Wi (linear1, linear3: rank 2r), whose classifiers,
+taggers and answerers train its head (our pooler and its norm) and classifier whole.
 """
 
 from __future__ import annotations
@@ -32,10 +34,9 @@ from transduce.export.common import ExportError
 from transduce.export.hf_decoder import check_decoder_exportable
 from transduce.export.hf_encoder import check_bert_exportable, hf_state_dict
 from transduce.importers.encoder_names import encoder_names
-from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, FUSED_QKV,
-                                              PREFIX, Place, fused_rows, is_gpt2_layout,
-                                              place_of, qkv_sizes, residual_order,
-                                              translation_family)
+from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX,
+                                              Place, fused_rows, fused_sizes, is_gpt2_layout,
+                                              place_of, residual_order, translation_family)
 from transduce.model import empty_model, load_model
 from transduce.written import write_export_marker
 
@@ -88,7 +89,11 @@ def _check_base_exportable(path: Path, config: ModelConfig) -> None:
     if config.arch == "decoder":
         check_decoder_exportable(empty_model(config, "meta"))
     elif config.arch == "encoder":
-        check_bert_exportable(empty_model(config, "meta"))
+        from transduce.export.hf_modernbert import check_modernbert_exportable, \
+            is_modernbert_layout
+        check = check_modernbert_exportable if is_modernbert_layout(config) \
+            else check_bert_exportable
+        check(empty_model(config, "meta"))
     elif translation_family(config) == "t5":
         from transduce.export import hf_t5
         hf_t5.check_exportable(load_model(path))
@@ -104,7 +109,9 @@ def _modules_to_save(config: ModelConfig) -> list[str]:
     """The modules of a sequence classifier a LoRA run trains whole: BERT's classifier and
     pooler, RoBERTa's classification head, which holds both, DistilBERT's pre_classifier
     and classifier; a token classifier's classifier alone, a question answerer's
-    qa_outputs (in every family)."""
+    qa_outputs (in every family); ModernBERT's head and classifier, for every task."""
+    if config.prediction_head:
+        return list(encoder_names(config).modules_to_save)
     if config.question_answering:
         return ["qa_outputs"]
     if config.token_classifier:
@@ -114,11 +121,14 @@ def _modules_to_save(config: ModelConfig) -> list[str]:
 
 def _trained_whole(path: Path, config: ModelConfig) -> dict[str, Tensor]:
     """Those modules' weights under transformers' names, as `export hf` writes them."""
+    from transduce.export.hf_modernbert import is_modernbert_layout, modernbert_state_dict
+
     kept = tuple(f"{name}." for name in _modules_to_save(config)) \
         if config.token_classifier or config.question_answering else \
         tuple(f"{theirs}." for theirs in encoder_names(config).classifier_head)
-    return {name: tensor for name, tensor in hf_state_dict(load_model(path)).items()
-            if name.startswith(kept)}
+    state = (modernbert_state_dict if is_modernbert_layout(config) else hf_state_dict)(
+        load_model(path))
+    return {name: tensor for name, tensor in state.items() if name.startswith(kept)}
 
 
 def _module_adapters(config: ModelConfig, adapters: dict[str, Tensor], rank: int
@@ -135,10 +145,11 @@ def _module_adapters(config: ModelConfig, adapters: dict[str, Tensor], rank: int
                 place, adapters[name], adapters[f"{layer}.lora_b"], order)
     modules = {}
     for module, held in parts.items():
-        if len(held) == 1 and 0 in held and not module.endswith(FUSED_QKV):
+        sizes = fused_sizes(config, module)
+        if sizes is None:
             modules[module] = held[0]
             continue
-        sizes, order = qkv_sizes(config), sorted(held)
+        order = sorted(held)
         a = torch.cat([held[part][0] for part in order])                  # (k r, in)
         b = torch.zeros(sum(sizes), rank * len(order), dtype=a.dtype)      # (q + k + v, k r)
         for column, part in enumerate(order):
@@ -166,13 +177,11 @@ def _adapter_config(config: ModelConfig, modules: dict[str, tuple[Tensor, Tensor
     """PEFT's LoraConfig for these modules: alpha / r is the run's scale, also where a
     fused module's rank is a multiple of r (every layer adapts the same parts)."""
     gpt2 = config.arch == "decoder" and is_gpt2_layout(config)     # Conv1D's layout
-    fused_ranks = {(module.rpartition(".")[2], a.shape[0]) for module, (a, _) in modules.items()
-                   if module.endswith(FUSED_QKV)}
-    fused = {}
-    if fused_ranks:
-        (name, fused_rank), = fused_ranks
-        fused = {"rank_pattern": {name: fused_rank},
-                 "alpha_pattern": {name: fused_rank * scale}}
+    fused_ranks = {module.rpartition(".")[2]: a.shape[0] for module, (a, _) in modules.items()
+                   if fused_sizes(config, module) is not None}
+    fused = {"rank_pattern": fused_ranks,
+             "alpha_pattern": {name: rank * scale for name, rank in fused_ranks.items()}} \
+        if fused_ranks else {}
     # An encoder's none; a classifier's SEQ_CLS (export_peft).
     task = {"decoder": "CAUSAL_LM", "transformer": "SEQ_2_SEQ_LM"}.get(config.arch)
     return {"peft_type": "LORA", "task_type": task, "base_model_name_or_path": None,

@@ -1,14 +1,15 @@
 """Where transformers' BERT, RoBERTa, DistilBERT and ELECTRA keep what our EncoderOnly
 holds: one table for the imports (hf_bert.py), `export hf` (export/hf_encoder.py) and
-PEFT adapters (peft_layout.py, peft_heads.py), so that the three cannot drift apart.
+PEFT adapters (peft_layout.py, peft_heads.py), so that the three cannot drift apart;
+ModernBERT's names, for PEFT's adapters (its import and export have their own table).
 
-Our encoder exports as ELECTRA with a GELU after its pooler (ELECTRA's classification
-head), else as DistilBERT without segment types, as RoBERTa with one, as BERT with more
-(encoder_names)."""
+Our encoder exports as ModernBERT with a prediction head, as ELECTRA with a GELU after
+its pooler (ELECTRA's classification head), else as DistilBERT without segment types,
+as RoBERTa with one, as BERT with more (encoder_names)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from transduce.config import ModelConfig
 
@@ -45,6 +46,9 @@ class EncoderNames:
     classifier_head: dict[str, str]
     pooler_activation: str
     modules_to_save: tuple[str, ...]
+    # Which part of a module of theirs our layer is, where one holds several (ModernBERT's
+    # Wqkv: q, k, v; its Wi: linear1, linear3): our module -> its part, in row order.
+    parts: dict[str, int] = field(default_factory=dict)
 
     def layer_module(self, index: int, ours: str) -> str:
         """Their name (without the task prefix) of our module `ours` in layer `index`."""
@@ -73,10 +77,26 @@ ELECTRA = EncoderNames("ELECTRA", "electra.", "encoder.layer", BERT_LAYER,
                        "gelu", ("classifier",))
 
 
+# ModernBERT's names (under model.layers.N), for PEFT's adapters: the import and `export
+# hf` join and split its fused modules themselves (importers/hf_modernbert.py).
+MODERNBERT_LAYER = {"self_attn.q_proj": "attn.Wqkv", "self_attn.k_proj": "attn.Wqkv",
+                    "self_attn.v_proj": "attn.Wqkv", "self_attn.out_proj": "attn.Wo",
+                    "ffn.linear1": "mlp.Wi", "ffn.linear3": "mlp.Wi",
+                    "ffn.linear2": "mlp.Wo"}
+MODERNBERT = EncoderNames("ModernBERT", "model.", "layers", MODERNBERT_LAYER, None,
+                          ("input_ids", "attention_mask"),
+                          {"head.dense": "pooler", "head.norm": "pooler_norm",
+                           "classifier": "classifier"}, "gelu", ("head", "classifier"),
+                          parts={"self_attn.k_proj": 1, "self_attn.v_proj": 2,
+                                 "ffn.linear3": 1})
+
+
 def encoder_names(config: ModelConfig) -> EncoderNames:
-    """The family our encoder exports as: ELECTRA with its GELU pooler, else DistilBERT
-    without segment types, RoBERTa with one (it could not read a second segment of
-    BERT's template), BERT with more."""
+    """The family our encoder exports as: ModernBERT with its prediction head, ELECTRA
+    with its GELU pooler, else DistilBERT without segment types, RoBERTa with one (it
+    could not read a second segment of BERT's template), BERT with more."""
+    if config.prediction_head:
+        return MODERNBERT
     if config.pooler_activation == "gelu":
         return ELECTRA
     return {0: DISTILBERT, 1: ROBERTA}.get(config.type_vocab_size, BERT)

@@ -151,20 +151,37 @@ def import_encoder(hf_dir: Path | str, out: Path | str, family: EncoderFamily) -
                           ).replace(token_classifier=task == TOKEN_CLASSIFIER and bool(labels),
                                     question_answering=task == QUESTION_ANSWERING
                                     and bool(labels))
-    model = EncoderOnly(config)
     state, found = map_weights(tensors, names, config, source, family, offset)
+    del tensors          # the stored files are let go before the save copies the model
+    return save_import(EncoderOnly(config), state, found, out, tokenizer,
+                       origin={"imported": family.name, "from": str(hf_dir.resolve())},
+                       labels=labels, sentence_embedding=sentence_embedding,
+                       has_nsp=family.nsp is not None, dropped=dropped)
+
+
+def save_import(model: EncoderOnly, state: dict[str, Tensor], found: set[str], out: Path,
+                tokenizer: HFTokenizer, *, origin: dict[str, Any], labels: list[str] | None,
+                sentence_embedding: dict | None, has_nsp: bool, dropped: list[str] = ()
+                ) -> Path:
+    """Our imported encoder saved at `out`: `state` holds every weight but those of the
+    heads not `found` (HEADS), which keep the model's fresh initialisation and are
+    listed in the origin ("fresh_heads"), as the heads left unread are ("dropped_heads")."""
     fresh = {name: tensor for name, tensor in model.state_dict().items()
-             if name.split(".")[0] in HEADS and name.split(".")[0] not in found
-             and name not in state}
+             if _head_of(name) in HEADS and _head_of(name) not in found and name not in state}
     model.load_state_dict({**state, **fresh})
-    del tensors, state   # the stored files are let go before the save copies the model
     model.labels, model.sentence_embedding = labels, sentence_embedding
-    origin = {"imported": family.name, "from": str(hf_dir.resolve()), "steps": None,
+    origin = {**origin, "steps": None,
               "fresh_heads": [head for head in HEADS if head not in found
-                              and (head != "classifier" or config.num_labels)
-                              and (head != "nsp_head" or family.nsp)],
-              **({"dropped_heads": dropped} if dropped else {})}
+                              and (head != "classifier" or model.config.num_labels)
+                              and (head != "nsp_head" or has_nsp)],
+              **({"dropped_heads": list(dropped)} if dropped else {})}
     return checkpoint.save(out, model.eval(), None, tokenizer, origin=origin)
+
+
+def _head_of(name: str) -> str:
+    """The head (a key of HEADS) a weight of ours belongs to, else its first module."""
+    module = name.split(".")[0]
+    return "pooler" if module == "pooler_norm" else module
 
 
 def fresh_heads(path: Path | str) -> list[str]:
@@ -193,6 +210,11 @@ def check_options(hf: dict[str, Any], config_file: Path, family: EncoderFamily) 
     task model whose heads ours holds."""
     check_foreign_options(hf, config_file, family.model_types, FIXED_OPTIONS,
                           family.key("hidden_act"), "gelu", ACTIVATIONS)
+    check_task(hf, config_file)
+
+
+def check_task(hf: dict[str, Any], config_file: Path) -> None:
+    """A task model whose heads ours holds (architectures in config.json)."""
     classes = hf.get("architectures") or []
     for suffix, task in OTHER_TASKS.items():
         found = [name for name in classes if isinstance(name, str) and name.endswith(suffix)]

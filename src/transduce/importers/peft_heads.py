@@ -4,7 +4,8 @@ model's, its vocabulary matrices: importers/peft_vocabulary.py). On
 BertForSequenceClassification they are its classifier and pooler; on
 RobertaForSequenceClassification its classifier, whose dense layer is our pooler and
 whose out_proj is our classifier; on DistilBertForSequenceClassification its
-pre_classifier (our pooler) and classifier (importers/encoder_names.py). A base
+pre_classifier (our pooler) and classifier; on ModernBERT's task models, for every task,
+its head (our pooler and its norm) and classifier (importers/encoder_names.py). A base
 without a classifier of that many classes gets one (classes named LABEL_0, LABEL_1, ...
 as transformers names them), which the adapter's weights then fill.
 """
@@ -21,7 +22,7 @@ from transduce.model import EncoderOnly, empty_model
 
 # PEFT's modules_to_save names that a classifier's whole modules may go under (a question
 # answerer's: qa_outputs), and a language model's vocabulary matrices.
-HEAD_MODULES = {"classifier", "score", "pooler", "pre_classifier", "qa_outputs"}
+HEAD_MODULES = {"classifier", "score", "pooler", "pre_classifier", "qa_outputs", "head"}
 # What a head reads by PEFT's task_type: the text's [CLS] (SEQ_CLS, and by default), each
 # token (TOKEN_CLS), each token's starting or ending the answer (QUESTION_ANS).
 HEAD_KINDS = {"TOKEN_CLS": "tokens", "QUESTION_ANS": "spans"}
@@ -47,8 +48,9 @@ def with_heads(model: EncoderOnly, whole: dict[str, Tensor], file, kind: str = "
     PEFT's prefix) in place; another number of classes than the base's, or a head of
     another kind (HEAD_KINDS: a token classifier's, a question answerer's) than the
     base's: a new classifier."""
-    head = {"tokens": {"classifier": "classifier"}, "spans": {"qa_outputs": "classifier"}
-            }.get(kind) or encoder_names(model.config).classifier_head
+    head = encoder_names(model.config).classifier_head if model.config.prediction_head \
+        else {"tokens": {"classifier": "classifier"}, "spans": {"qa_outputs": "classifier"}
+              }.get(kind) or encoder_names(model.config).classifier_head
     names = {f"{theirs}.{kind}": f"{ours}.{kind}" for kind in ("weight", "bias")
              for theirs, ours in head.items()}
     unknown = sorted(set(whole) - set(names))

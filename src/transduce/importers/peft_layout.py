@@ -6,7 +6,9 @@ key and value rows together);
 an encoder's, a module of BERT's, RoBERTa's or DistilBERT's layers (bert. or roberta.
 before encoder.layer.N.attention.self.query, .key, .value, attention.output.dense,
 intermediate.dense, output.dense; distilbert. before transformer.layer.N.attention.q_lin,
-.k_lin, .v_lin, .out_lin, ffn.lin1, ffn.lin2: encoder_names.py); an encoder-decoder's,
+.k_lin, .v_lin, .out_lin, ffn.lin1, ffn.lin2; model. before ModernBERT's
+layers.N.attn.Wqkv, which holds q, k and v, attn.Wo, mlp.Wi, which holds linear1 and
+linear3, and mlp.Wo: encoder_names.py); an encoder-decoder's,
 a module of the model `export hf` writes (translation_family): BART's names for Marian,
 Pegasus, NLLB (M2M100) and mBART, T5's.
 
@@ -67,7 +69,8 @@ GPT2_NAMES = {"self_attn.out_proj": "attn.c_proj", "ffn.linear1": "mlp.c_fc",
 GPT2_QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")   # c_attn's parts
 BLOOM_NAMES = {"self_attn.out_proj": "self_attention.dense", "ffn.linear1": "mlp.dense_h_to_4h",
                "ffn.linear2": "mlp.dense_4h_to_h"}
-FUSED_QKV = ("c_attn", "query_key_value")     # the modules that hold q, k and v
+FUSED_QKV = ("c_attn", "query_key_value", "Wqkv")     # the modules that hold q, k and v
+FUSED_GATE = ("Wi",)            # ModernBERT's: the feed-forward input and gate (linear1, 3)
 BART_NAMES = {"self_attn": "self_attn", "cross_attn": "encoder_attn", "q_proj": "q_proj",
               "k_proj": "k_proj", "v_proj": "v_proj", "out_proj": "out_proj",
               "ffn.linear1": "fc1", "ffn.linear2": "fc2"}
@@ -150,7 +153,8 @@ def place_of(config: ModelConfig, layer: str) -> Place:
         names = encoder_names(config)
         if ours not in names.layer:
             raise ValueError(f"{layer}: BERT's feed-forward network has no third matrix")
-        return Place(f"{names.prefix}{names.layer_module(int(index), ours)}")
+        return Place(f"{names.prefix}{names.layer_module(int(index), ours)}",
+                     names.parts.get(ours, 0))
     if is_bloom_layout(config):
         return _bloom_place(layer, int(index), ours)
     if not is_gpt2_layout(config):
@@ -213,6 +217,16 @@ def fused_place_of(config: ModelConfig, layer: str) -> Place | None:
         return None
     module, part = PHI3_FUSED[ours]
     return Place(f"model.layers.{index}.{module}", part)
+
+
+def fused_sizes(config: ModelConfig, module: str) -> tuple[int, ...] | None:
+    """The output sizes of a fused module's parts, in row order (q, k, v; or linear1 and
+    linear3), or None for a module that holds one of our layers."""
+    if module.endswith(FUSED_QKV):
+        return qkv_sizes(config)
+    if module.endswith(FUSED_GATE):
+        return config.d_ff, config.d_ff
+    return None
 
 
 def qkv_sizes(config: ModelConfig) -> tuple[int, int, int]:

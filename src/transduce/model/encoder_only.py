@@ -2,7 +2,7 @@
 sentences, with the heads of its pre-training and fine-tuning.
 
     hidden = model(ids, segments)               # (B, T) -> (B, T, C); pad id masked
-    pooled = model.pool(hidden)                 # dense + tanh over [CLS]: (B, C)
+    pooled = model.pool(hidden, ids)            # dense + tanh over [CLS]: (B, C)
     model.mlm_logits(hidden)                    # (B, T, V): the masked-LM head
     model.nsp_logits(pooled)                    # (B, 2): is sentence B the next one?
     model.classify_logits(pooled)               # (B, num_labels)
@@ -15,6 +15,12 @@ Embeddings (Devlin et al. 2019): token + learned position + segment, then LayerN
 dropout. The layers are post-norm with exact GELU, as the encoder-decoder's EncoderLayer
 computes them. DistilBERT (Sanh et al. 2019) is the same model without segment
 embeddings (type_vocab_size 0) and with a ReLU pooler (its pre_classifier).
+
+ModernBERT (Warner et al. 2024) is the same model in a newer layout, each part a field
+of ModelConfig: pre-norm layers of bias-free LayerNorms (the first without its attention
+norm), rotary positions, GeGLU feed-forward networks, sliding-window layers (64 tokens
+each side) with one full layer in three, and heads that read through a prediction head
+(dense, GELU, norm: prediction_head), over [CLS] or the mean of the tokens.
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ class MaskedLMHead(nn.Module):
 
     def __init__(self, config: ModelConfig, embedding: nn.Embedding):
         super().__init__()
-        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.dense = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.activation = activation_module(config.activation)   # BERT's hidden_act
         self.norm = norm_module(config)
         self.decoder = nn.Linear(config.d_model, config.src_vocab_size)
@@ -87,7 +93,10 @@ class EncoderOnly(CountedParameters, nn.Module):
         c = self.config = config
         embed = SegmentedEmbedding(c)
         self.encoder = Encoder(c, embed, rotary_embedding(c))
-        self.pooler = nn.Linear(c.d_model, c.d_model)
+        self.pooler = nn.Linear(c.d_model, c.d_model, bias=c.bias)
+        # ModernBERT's prediction head ends with a norm, and every fine-tuning head reads
+        # through it.
+        self.pooler_norm = norm_module(c) if c.prediction_head else None
         self.mlm_head = MaskedLMHead(c, embed.embedding)
         self.nsp_head = nn.Linear(c.d_model, 2)
         self.classifier = nn.Linear(c.d_model, c.num_labels) if c.num_labels else None
@@ -130,11 +139,29 @@ class EncoderOnly(CountedParameters, nn.Module):
         inputs = {} if segments is None else {"segments": segments}
         return self.encoder(ids, mask, **inputs)
 
-    def pool(self, hidden: Tensor) -> Tensor:
-        """The first token's ([CLS]) state through dense + tanh (DistilBERT's: ReLU,
-        ELECTRA's: GELU): (B, T, C) -> (B, C)."""
-        pooled = self.pooler(hidden[:, 0])
-        return POOLER_ACTIVATIONS[self.config.pooler_activation](pooled)
+    def pool(self, hidden: Tensor, ids: Tensor | None = None) -> Tensor:
+        """The first token's ([CLS]) state, or the mean of the real tokens' (ids (B, T)
+        tell them: classifier_pooling "mean"), through dense + tanh (DistilBERT's: ReLU,
+        ELECTRA's: GELU; ModernBERT's: GELU and a norm): (B, T, C) -> (B, C)."""
+        if self.config.classifier_pooling == "cls":
+            return self._head_transform(hidden[:, 0])
+        if ids is None:
+            raise ValueError("this model's pooler averages the real tokens "
+                             "(classifier_pooling 'mean'): pass the ids")
+        return self._head_transform(self.mean_of_real_tokens(hidden, ids))
+
+    def _head_transform(self, states: Tensor) -> Tensor:
+        """The pooler's dense layer, its activation and, for a prediction head, the norm:
+        (..., C) -> (..., C)."""
+        states = POOLER_ACTIVATIONS[self.config.pooler_activation](self.pooler(states))
+        return states if self.pooler_norm is None else self.pooler_norm(states)
+
+    def _token_head_input(self, hidden: Tensor) -> Tensor:
+        """What a head over each token reads: its state, through the prediction head
+        where the model has one (ModernBERT's), then dropout: (..., C) -> (..., C)."""
+        if self.config.prediction_head:
+            hidden = self._head_transform(hidden)
+        return self.head_dropout(hidden)
 
     def mlm_logits(self, hidden: Tensor) -> Tensor:
         """(B, T, C) -> (B, T, V)."""
@@ -160,14 +187,14 @@ class EncoderOnly(CountedParameters, nn.Module):
         if self.classifier is None or not self.config.token_classifier:
             raise ValueError("this model has no token-classification head; fine-tune it "
                              "with --task tag")
-        return self.classifier(self.head_dropout(hidden))
+        return self.classifier(self._token_head_input(hidden))
 
     def span_logits(self, hidden: Tensor) -> Tensor:
         """A question answerer's: (B, T, C) -> (B, T, 2), each token's score of starting
         (0) and of ending (1) the answer."""
         if not self.config.question_answering:
             raise ValueError("this model has no question-answering head")
-        return self.classifier(self.head_dropout(hidden))
+        return self.classifier(self._token_head_input(hidden))
 
     def sentence_embeddings(self, ids: Tensor, segments: Tensor | None = None, *,
                             normalize: bool = False, pooling: str = "mean") -> Tensor:
@@ -178,11 +205,15 @@ class EncoderOnly(CountedParameters, nn.Module):
         if pooling == "cls":
             pooled = hidden[:, 0]
         elif pooling == "mean":
-            real = (ids != self.config.pad_id).unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-            pooled = (hidden * real).sum(dim=1) / real.sum(dim=1).clamp_min(1.0)
+            pooled = self.mean_of_real_tokens(hidden, ids)
         else:
             raise ValueError(f"pooling={pooling!r}: choose 'mean' or 'cls'")
         return F.normalize(pooled, dim=-1) if normalize else pooled
+
+    def mean_of_real_tokens(self, hidden: Tensor, ids: Tensor) -> Tensor:
+        """The mean of the non-pad tokens' states: hidden (B, T, C), ids (B, T) -> (B, C)."""
+        real = (ids != self.config.pad_id).unsqueeze(-1).to(hidden.dtype)      # (B, T, 1)
+        return (hidden * real).sum(dim=1) / real.sum(dim=1).clamp_min(1.0)
 
     def attention_modules(self) -> dict[str, list[nn.Module]]:
         """The attention modules by role, one per layer (attention/recorder.py)."""

@@ -32,11 +32,11 @@ def activation_module(name: str) -> nn.Module:
 
 def norm_module(config: ModelConfig, size: int | None = None) -> nn.Module:
     """ModelConfig.norm over `size` features (d_model by default): LayerNorm (the
-    paper's) or RMSNorm (Llama's)."""
+    paper's; without a bias where norm_bias is False, ModernBERT's) or RMSNorm (Llama's)."""
     size = config.d_model if size is None else size
     if config.norm == "rms":
         return nn.RMSNorm(size, eps=config.layer_norm_eps)
-    return nn.LayerNorm(size, eps=config.layer_norm_eps)
+    return nn.LayerNorm(size, eps=config.layer_norm_eps, bias=config.norm_bias)
 
 
 def attention_module(config: ModelConfig, kv_heads: int, *, rotary: Rotary | None,
@@ -90,14 +90,19 @@ class FeedForward(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention over the source, then the feed-forward network."""
+    """Self-attention over the source, then the feed-forward network. Its self-attention
+    is of attention_type (default config.attention_type); without attention_norm (a
+    pre-norm stack's first layer, ModernBERT's) it reads x as it is."""
 
-    def __init__(self, config: ModelConfig, rotary: Rotary | None = None):
+    def __init__(self, config: ModelConfig, rotary: Rotary | None = None, *,
+                 attention_type: AttentionType | None = None, attention_norm: bool = True):
         super().__init__()
         c = config
-        self.self_attn = attention_module(c, c.num_heads, rotary=rotary, self_attention=True)
+        self.self_attn = attention_module(c, c.num_heads, rotary=rotary, self_attention=True,
+                                          attention_type=attention_type)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias, c.gated_ffn)
-        self.norm1, self.norm2 = norm_module(c), norm_module(c)
+        self.norm1 = norm_module(c) if attention_norm else nn.Identity()
+        self.norm2 = norm_module(c)
         self.post_norm1, self.post_norm2 = sandwich_norm(c), sandwich_norm(c)
         self.dropout = Dropout(c.dropout)
         self.norm_first = c.norm_first

@@ -118,6 +118,16 @@ def rotary_embedding(config: ModelConfig, *, local: bool = False) -> RotaryEmbed
     return RotaryEmbedding(c.head_dim, c.max_positions, inv_freq=rates)
 
 
+def layer_rotaries(config: ModelConfig, rotary: RotaryEmbedding | None, layers: int
+                   ) -> list[RotaryEmbedding | None]:
+    """Each layer's rotary positions: the model's, but on sliding layers among full ones
+    where they have their own (local_rope_base: Gemma 3's, ModernBERT's), one shared."""
+    local = rotary if config.local_rope_base is None else \
+        rotary_embedding(config, local=True)
+    return [local if config.layer_attention_type(i) == "sliding" else rotary
+            for i in range(layers)]
+
+
 def init_linear_layers(modules: list[nn.Module]) -> None:
     """Xavier-uniform weights and zero biases for every Linear among the modules."""
     for module in modules:
@@ -133,8 +143,11 @@ class Encoder(nn.Module):
     def __init__(self, config: ModelConfig, embed: nn.Module, rotary: RotaryEmbedding | None):
         super().__init__()
         self.embed = embed
-        self.layers = nn.ModuleList(EncoderLayer(config, rotary)
-                                    for _ in range(config.num_encoder_layers))
+        rotaries = layer_rotaries(config, rotary, config.num_encoder_layers)
+        self.layers = nn.ModuleList(
+            EncoderLayer(config, rotaries[i], attention_type=config.layer_attention_type(i),
+                         attention_norm=i > 0 or config.first_attention_norm)
+            for i in range(config.num_encoder_layers))
         self.score_bias = score_bias(config, bidirectional=True)
         self.final_norm = norm_module(config) if config.norm_first else None
         # A decoding copy's written-out layers (model/encoder_pass.py), where they apply.
@@ -161,14 +174,11 @@ class Decoder(nn.Module):
                  rotary: RotaryEmbedding | None, *, cross_attention: bool = True):
         super().__init__()
         self.embed = embed
-        # Sliding layers among full ones may have rotary positions of their own (Gemma 3's).
-        local = rotary if config.local_rope_base is None else \
-            rotary_embedding(config, local=True)
-        kinds = [config.layer_attention_type(i) for i in range(config.num_decoder_layers)]
         self.layers = nn.ModuleList(
-            DecoderLayer(config, local if kind == "sliding" else rotary,
-                         cross_attention=cross_attention, attention_type=kind)
-            for kind in kinds)
+            DecoderLayer(config, layer_rotary, cross_attention=cross_attention,
+                         attention_type=config.layer_attention_type(i))
+            for i, layer_rotary in enumerate(
+                layer_rotaries(config, rotary, config.num_decoder_layers)))
         self.score_bias = score_bias(config, bidirectional=False)
         self.final_norm = norm_module(config) if config.norm_first else None
         # A decoding copy's written-out step (model/decoder_step.py), where it applies.

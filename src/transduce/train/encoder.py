@@ -8,7 +8,7 @@ random one. The step's loss is the mean over its masked positions of the MLM los
 the mean over its pairs of the NSP loss (BERT's sum of the two means), each mean taken
 over every batch and process of the step, so accumulation and processes do not change
 it. Fine-tuning (task "classify") reads a classification corpus and minimises the mean
-cross entropy of classify_logits(pool(hidden)) over the step's sentences; task "tag"
+cross entropy of classify_logits(pool(hidden, ids)) over the step's sentences; task "tag"
 reads a tagging corpus (data/tagged.py) and minimises the mean cross entropy of
 tag_logits(hidden) over the step's tagged words (their first pieces); task "answer"
 reads a question-answering corpus (SQuAD's JSON) in windows (data/answer_windows.py)
@@ -232,7 +232,7 @@ def batch_losses(net: torch.nn.Module, model: torch.nn.Module, batch: EncoderBat
             correct["mlm"] = int((logits.argmax(-1) == targets).sum())
     if batch.labels is not None and batch.labels.dim() == 2:                 # (B, T) tags
         return _tagging_losses(model, hidden, batch.labels, count_correct)
-    pooled = model.pool(hidden) if (batch.nsp_labels is not None
+    pooled = model.pool(hidden, batch.ids) if (batch.nsp_labels is not None
                                     or batch.labels is not None) else None   # (B, C)
     if batch.nsp_labels is not None:
         logits = model.nsp_logits(pooled).float()                            # (B, 2)
@@ -292,15 +292,17 @@ def unused_parameter_names(net: torch.nn.Module, model: torch.nn.Module,
                            train_config: TrainConfig) -> list[str]:
     """The names in `net` (the module stepped, holding `model`) of the parameters of the
     heads this run's objective never runs: the next-sentence head and the pooler in
-    masked-LM pre-training, the masked-LM head (but its matrix, the token embeddings) in
-    fine-tuning, a classifier in pre-training. Every other parameter gets a gradient in
+    masked-LM pre-training (and in tagging and answering, but a prediction head's), the
+    masked-LM head (but its matrix, the token embeddings) in fine-tuning, a classifier
+    in pre-training. Every other parameter gets a gradient in
     every step, so DistributedDataParallel, told to leave these alone, needs no search
     for unused parameters (find_unused_parameters, a graph traversal each step)."""
     c = train_config
     mlm = c.task == "pretrain"
     nsp = mlm and c.objective == "mlm,nsp"
-    classify = c.task == "classify"
-    heads = {"mlm_head": mlm, "nsp_head": nsp, "pooler": nsp or classify,
+    # ModernBERT's heads all read through the pooler and its norm (its prediction head).
+    pooled = nsp or c.task == "classify" or (not mlm and model.config.prediction_head)
+    heads = {"mlm_head": mlm, "nsp_head": nsp, "pooler": pooled, "pooler_norm": pooled,
              "classifier": not mlm}
     used, unused = {id(p) for p in model.encoder.parameters()}, set()
     for name, runs in heads.items():

@@ -65,24 +65,26 @@ def _decoder_only_forward_flops(config: ModelConfig, batch_size: int, tgt_len: i
     return 2.0 * (layers + output)
 
 
-def _keys_per_query(config: ModelConfig, layer: int, length):
-    """The keys whose scores count for each query of decoder layer `layer`: the whole
-    length (the causal square, as counted above), or for a sliding layer the window
-    before the query and itself, where the length is longer: a sliding model's scores
-    grow as T, not T^2, and counting the square would raise its MFU above what it
-    does. length: an int or an array of them."""
+def _keys_per_query(config: ModelConfig, layer: int, length, *, causal: bool = True):
+    """The keys whose scores count for each query of layer `layer`: the whole length
+    (the causal square, as counted above), or for a sliding layer the window before the
+    query and itself (and after it, bidirectional: an encoder's), where the length is
+    longer: a sliding model's scores grow as T, not T^2, and counting the square would
+    raise its MFU above what it does. length: an int or an array of them."""
     if config.layer_attention_type(layer) != "sliding":
         return length
-    return numpy.minimum(length, config.attention_window + 1)
+    return numpy.minimum(length, (1 if causal else 2) * config.attention_window + 1)
 
 
 def _encoder_only_forward_flops(config: ModelConfig, batch_size: int, src_len: int) -> float:
-    """BERT: the encoder's layers over (B, S) (projections, FFN, QK^T and AV), the
-    pooler; the MLM head runs on the masked positions only and is not counted."""
+    """BERT: the encoder's layers over (B, S) (projections, FFN, QK^T and AV over every
+    key, or a sliding layer's band: ModernBERT's), the pooler; the MLM head runs on the
+    masked positions only and is not counted."""
     d, q, ffn = config.d_model, attention_widths(config)[0], ffn_weights(config)
     tokens = batch_size * src_len
-    layers = config.num_encoder_layers * (tokens * (4 * d * q + ffn)
-                                          + 2 * batch_size * src_len * src_len * q)
+    keys = sum(_keys_per_query(config, layer, src_len, causal=False)
+               for layer in range(config.num_encoder_layers))
+    layers = config.num_encoder_layers * tokens * (4 * d * q + ffn) + 2 * tokens * keys * q
     return 2.0 * (layers + batch_size * d * d)
 
 

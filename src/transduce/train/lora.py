@@ -37,6 +37,16 @@ TRAINED_WHOLE = {"classify": ("classifier.", "pooler."), "tag": ("classifier.",)
                  "answer": ("classifier.",)}
 
 
+def trained_whole(config: ModelConfig, task: str) -> tuple[str, ...]:
+    """The prefixes of the parameters a LoRA run of `task` trains whole: TRAINED_WHOLE's,
+    and for a model whose every head reads through its prediction head (ModernBERT's:
+    the pooler and its norm, fresh over a masked LM) those too."""
+    whole = TRAINED_WHOLE.get(task, ()) if config.arch == "encoder" else ()
+    if whole and config.prediction_head:
+        whole = tuple(dict.fromkeys((*whole, "pooler.", "pooler_norm.")))
+    return whole
+
+
 def check_lora_run(model_config: ModelConfig, train_config: TrainConfig,
                    init: Path | None, resumed: Path | None) -> None:
     """What a LoRA run cannot be, said before anything is loaded. resumed: the latest
@@ -89,7 +99,7 @@ def adapt(model: nn.Module, train_config: TrainConfig, base: Path) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(train_config.seed)
         add_adapters(model, settings)
-    whole = TRAINED_WHOLE.get(train_config.task, ()) if model.config.arch == "encoder" else ()
+    whole = trained_whole(model.config, train_config.task)
     for name, parameter in model.named_parameters():
         if name.startswith(whole):
             parameter.requires_grad_(True)
