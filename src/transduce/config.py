@@ -499,8 +499,8 @@ _BERT: dict[str, Any] = {"arch": "encoder", "norm_first": False, "positional": "
                          "attention_dropout": 0.1, "layer_norm_eps": 1e-12}
 
 # ModernBERT (Warner et al. 2024): BERT's encoder with pre-norm layers of bias-free
-# LayerNorms (the first without its attention norm), no biases, rotary positions
-# (160,000 their base in the full layers, 10,000 in the sliding ones), GeGLU feed-forward
+# LayerNorms (the first without its attention norm), no biases, rotary positions (of
+# base 160,000 in the full layers, 10,000 in the sliding ones), GeGLU feed-forward
 # networks, windows of 64 tokens each side in all layers but one in three, no segments,
 # and heads that read through a prediction head (dense, GELU, norm).
 _MODERNBERT: dict[str, Any] = {

@@ -232,8 +232,8 @@ def batch_losses(net: torch.nn.Module, model: torch.nn.Module, batch: EncoderBat
             correct["mlm"] = int((logits.argmax(-1) == targets).sum())
     if batch.labels is not None and batch.labels.dim() == 2:                 # (B, T) tags
         return _tagging_losses(model, hidden, batch.labels, count_correct)
-    pooled = model.pool(hidden, batch.ids) if (batch.nsp_labels is not None
-                                    or batch.labels is not None) else None   # (B, C)
+    pooled = model.pool(hidden, batch.ids) if (
+        batch.nsp_labels is not None or batch.labels is not None) else None   # (B, C)
     if batch.nsp_labels is not None:
         logits = model.nsp_logits(pooled).float()                            # (B, 2)
         sums["nsp"] = F.cross_entropy(logits, batch.nsp_labels, reduction="sum")
@@ -292,11 +292,12 @@ def unused_parameter_names(net: torch.nn.Module, model: torch.nn.Module,
                            train_config: TrainConfig) -> list[str]:
     """The names in `net` (the module stepped, holding `model`) of the parameters of the
     heads this run's objective never runs: the next-sentence head and the pooler in
-    masked-LM pre-training (and in tagging and answering, but a prediction head's), the
-    masked-LM head (but its matrix, the token embeddings) in fine-tuning, a classifier
-    in pre-training. Every other parameter gets a gradient in
-    every step, so DistributedDataParallel, told to leave these alone, needs no search
-    for unused parameters (find_unused_parameters, a graph traversal each step)."""
+    masked-LM pre-training, the pooler in tagging and answering too (unless it is
+    ModernBERT's prediction head, which every head reads through), the masked-LM head
+    (but its matrix, the token embeddings) in fine-tuning, a classifier in pre-training.
+    Every other parameter gets a gradient in every step, so DistributedDataParallel, told
+    to leave these alone, needs no search for unused parameters (find_unused_parameters,
+    a graph traversal each step)."""
     c = train_config
     mlm = c.task == "pretrain"
     nsp = mlm and c.objective == "mlm,nsp"
