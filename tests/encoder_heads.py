@@ -35,9 +35,9 @@ def family_config(family: str, positions: int, vocab_size: int, **settings):
         return transformers.ModernBertConfig(
             max_position_embeddings=positions, local_attention=8, pad_token_id=0,
             cls_token_id=2, bos_token_id=2, sep_token_id=3, eos_token_id=3, **sizes)
-    if family == "electra":      # embeddings as wide as the layers (electra-base's)
+    if family == "electra":      # embeddings half as wide as the layers (electra-small's)
         return transformers.ElectraConfig(max_position_embeddings=positions,
-                                          embedding_size=32, **sizes)
+                                          embedding_size=16, **sizes)
     return transformers.BertConfig(max_position_embeddings=positions, **sizes)
 
 

@@ -77,6 +77,13 @@ _SLIDING_LM = {"arch": "decoder", "attention_type": "sliding", "src_vocab_size":
      "pooler_activation='sigmoid': choose one of tanh, relu, gelu"),
     (ModelConfig, {"pooler_activation": "relu"},
      "pooler_activation='relu' applies to arch='encoder', not arch='transformer'"),
+    # ELECTRA-small's embeddings, narrower than the layers
+    (ModelConfig, {"embedding_size": 32},
+     "embedding_size=32 sets an encoder-only model's embeddings narrower or wider than "
+     "d_model=512 (arch='transformer')"),
+    (ModelConfig, {"embedding_size": 512, "arch": "encoder"}, "leave it unset"),
+    (ModelConfig, {"embedding_size": 0, "arch": "encoder"},
+     "embedding_size=0: must be a positive integer"),
     # ModernBERT's: heads through a prediction head, mean pooling, no first norm
     (ModelConfig, {"prediction_head": True},
      "prediction_head=True applies to arch='encoder', not arch='transformer'"),

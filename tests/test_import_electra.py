@@ -3,7 +3,8 @@ unread), ElectraForMaskedLM and ElectraForSequenceClassification compute what
 transformers computes (hidden states of padded rows, masked-LM and class logits, the
 classifier's GELU), pairs are classified as transformers classifies them through
 PyTorch and ONNX Runtime, `export hf` writes an ELECTRA again, CTranslate2's pooled output
-is ours, and embeddings narrower than the layers are refused by name. Its token
+is ours; each with embeddings as wide as the layers (electra-base's) and narrower,
+projected (ELECTRA-small's), which CTranslate2 refuses by name. Its token
 classifiers and question answerers are tested with the other families' (test_tagging.py,
 test_question_answering.py, train/test_answering.py)."""
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from transduce.cli import main
-from transduce.importers import ForeignCheckpointError, fresh_heads, import_electra
+from transduce.importers import fresh_heads, import_electra
 from transduce.importers.hf_bert import dropped_heads
 from transduce.model import load_model
 from tests.test_import_bert import vocab  # noqa: F401 - a fixture
@@ -42,18 +43,26 @@ def hf_checkpoint(directory, kind, tokenizer_dir, **config):
     return model
 
 
-@pytest.fixture(scope="module", params=KINDS)
+# ELECTRA-small's embeddings are half as wide as its layers: 128 under 256.
+WIDTHS = {"base": 32, "small": 16}
+
+
+@pytest.fixture(scope="module", params=[(kind, width) for kind in KINDS for width in WIDTHS])
 def imported(request, vocab, tmp_path_factory):  # noqa: F811
     """(kind, HF model, our model loaded from the imported checkpoint, checkpoint path)."""
+    kind, width = request.param
     root = tmp_path_factory.mktemp("electra")
-    hf = hf_checkpoint(root / "hf", request.param, vocab / "uncased" / "txt")
+    hf = hf_checkpoint(root / "hf", kind, vocab / "uncased" / "txt",
+                       embedding_size=WIDTHS[width])
     out = import_electra(root / "hf", root / "ours")
-    return request.param, hf, load_model(out), out
+    return kind, hf, load_model(out), out
 
 
 def test_outputs_match_transformers(imported):
     kind, hf, ours, out = imported
     assert ours.config.pooler_activation == "gelu" and ours.config.type_vocab_size == 2
+    assert ours.config.embedding_width == hf.config.embedding_size
+    assert (ours.embed.project is None) == (hf.config.embedding_size == 32)
     ids, mask = padded(hf.config)
     segments = (torch.arange(ids.shape[1]) > 4).long().expand_as(ids) * mask
     with torch.no_grad():
@@ -75,7 +84,9 @@ def test_outputs_match_transformers(imported):
         kind, ["pooler", "mlm_head"])
 
 
-def test_pairs_are_classified_as_transformers_does_through_torch_and_onnx(vocab,  # noqa: F811
+@pytest.mark.parametrize("width", list(WIDTHS))
+def test_pairs_are_classified_as_transformers_does_through_torch_and_onnx(width,
+                                                                        vocab,  # noqa: F811
                                                                         tmp_path):
     """[CLS] A [SEP] B [SEP], B in segment 1, by `SentenceEncoder.classify` in PyTorch and
     on the ONNX export, against ElectraForSequenceClassification on the fast tokenizer's
@@ -85,7 +96,7 @@ def test_pairs_are_classified_as_transformers_does_through_torch_and_onnx(vocab,
     from transduce.export.onnx import export_onnx
 
     hf = hf_checkpoint(tmp_path / "hf", "ElectraForSequenceClassification",
-                       vocab / "uncased" / "txt")
+                       vocab / "uncased" / "txt", embedding_size=WIDTHS[width])
     out = import_electra(tmp_path / "hf", tmp_path / "ours")
     fast = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     first, second = ["hello world", "the quick brown fox"], ["the lazy dog", "hello"]
@@ -98,9 +109,11 @@ def test_pairs_are_classified_as_transformers_does_through_torch_and_onnx(vocab,
                 logits.tolist(), abs=1e-5)
 
 
+@pytest.mark.parametrize("width", list(WIDTHS))
 @pytest.mark.parametrize("kind", ["ElectraForSequenceClassification", "ElectraForMaskedLM"])
-def test_export_hf_is_electra_again(kind, vocab, tmp_path, capsys):  # noqa: F811
-    hf = hf_checkpoint(tmp_path / "hf", kind, vocab / "uncased" / "txt")
+def test_export_hf_is_electra_again(kind, width, vocab, tmp_path, capsys):  # noqa: F811
+    hf = hf_checkpoint(tmp_path / "hf", kind, vocab / "uncased" / "txt",
+                       embedding_size=WIDTHS[width])
     out = import_electra(tmp_path / "hf", tmp_path / "ours")
     assert main(["export", "hf", str(out), str(tmp_path / "back")]) == 0
     assert f"({kind}: load it with" in capsys.readouterr().out
@@ -128,23 +141,14 @@ def test_export_ct2_pools_with_gelu(vocab, tmp_path):  # noqa: F811
     torch.testing.assert_close(ct2_pooled, pooled, atol=1e-5, rtol=1e-5)
 
 
-def test_narrower_embeddings_are_refused_by_name(vocab, tmp_path, capsys):  # noqa: F811
-    hf_checkpoint(tmp_path / "hf", "ElectraModel", vocab / "uncased" / "txt",
-                  embedding_size=16)
-    with pytest.raises(ForeignCheckpointError, match=r"embedding_size=16 but hidden_size=32"):
-        import_electra(tmp_path / "hf", tmp_path / "ours")
-    assert not (tmp_path / "ours").exists()
-    assert main(["import", "hf-electra", str(tmp_path / "hf"), "--out",
-                 str(tmp_path / "ours")]) != 0
-    assert "ELECTRA-small's" in capsys.readouterr().err
+def test_export_ct2_refuses_narrower_embeddings_by_name(vocab, tmp_path):  # noqa: F811
+    from transduce.export import export_ctranslate2
+    from transduce.export.common import ExportError
 
-
-def test_command_line_import_names_the_unread_head(vocab, tmp_path, capsys):  # noqa: F811
-    hf_checkpoint(tmp_path / "hf", "ElectraForPreTraining", vocab / "uncased" / "txt")
-    assert main(["import", "hf-electra", str(tmp_path / "hf"), "--out",
-                 str(tmp_path / "ours")]) == 0
-    printed = capsys.readouterr().out
-    assert "left unread (ours has no place for them): discriminator_predictions" in printed
-    assert main(["import", "hf-bert", str(tmp_path / "hf"), "--out",
-                 str(tmp_path / "bert")]) != 0
-    assert "hf-electra" in capsys.readouterr().err
+    hf_checkpoint(tmp_path / "hf", "ElectraForSequenceClassification",
+                  vocab / "uncased" / "txt", embedding_size=16)
+    out = import_electra(tmp_path / "hf", tmp_path / "ours")
+    with pytest.raises(ExportError, match=r"embedding_size=16 \(the format embeds at "
+                                          r"d_model=32\)"):
+        export_ctranslate2(out, tmp_path / "ct2")
+    assert not (tmp_path / "ct2").exists()

@@ -157,6 +157,10 @@ class ModelConfig(ValidatedConfig):
     pooler_activation: arch "encoder": what follows the pooler's dense layer, "tanh"
     (BERT's), "relu" (DistilBERT's pre_classifier) or "gelu" (exact; ELECTRA's
     classification head).
+    embedding_size: arch "encoder": the token, position and segment embeddings' width
+    where it is not d_model (ELECTRA-small's 128 under layers of 256): their norm is
+    that wide, a projection then maps them to d_model, and the masked-LM head's dense
+    layer maps back to it for the tied output (None: d_model, no projection).
     prediction_head: arch "encoder": every fine-tuning head reads through ModernBERT's
     prediction head, the pooler's dense layer, pooler_activation and a norm: the pooled
     state for classification, each token's state for tagging and answering (False:
@@ -222,6 +226,7 @@ class ModelConfig(ValidatedConfig):
     scale_embeddings: bool = True
     type_vocab_size: int = 2
     pooler_activation: PoolerActivation = "tanh"
+    embedding_size: int | None = None
     prediction_head: bool = False
     classifier_pooling: ClassifierPooling = "cls"
     num_labels: int = 0
@@ -351,6 +356,13 @@ class ModelConfig(ValidatedConfig):
             if getattr(self, name) != default and self.arch != "encoder":
                 raise ConfigError(f"ModelConfig.{name}={getattr(self, name)!r} applies to "
                                   f"arch='encoder', not arch={self.arch!r}")
+        if self.embedding_size is not None:
+            check_positive(self, "embedding_size")
+            if self.arch != "encoder" or self.embedding_size == self.d_model:
+                raise ConfigError(f"ModelConfig.embedding_size={self.embedding_size} sets an "
+                                  f"encoder-only model's embeddings narrower or wider than "
+                                  f"d_model={self.d_model} (arch={self.arch!r}); leave it "
+                                  f"unset for embeddings of d_model")
         if not self.first_attention_norm and not self.norm_first:
             raise ConfigError("ModelConfig.first_attention_norm=False leaves out a pre-norm "
                               "layer's norm; set norm_first=True")
@@ -419,6 +431,11 @@ class ModelConfig(ValidatedConfig):
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads if self.head_size is None else self.head_size
+
+    @property
+    def embedding_width(self) -> int:
+        """An encoder-only model's embeddings' width: embedding_size, else d_model."""
+        return self.d_model if self.embedding_size is None else self.embedding_size
 
     @property
     def shares_embeddings(self) -> bool:

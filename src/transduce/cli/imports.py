@@ -77,10 +77,11 @@ def register(commands) -> None:
                 "...ForQuestionAnswering directory)",
                 "Import a Hugging Face ELECTRA directory (config.json, model.safetensors "
                 "or pytorch_model.bin, tokenizer.json or vocab.txt) as an encoder-only "
-                "checkpoint whose classifier's pooler is followed by GELU; a "
+                "checkpoint whose classifier's pooler is followed by GELU (embeddings "
+                "narrower than the layers, ELECTRA-small's, projected); a "
                 "discriminator's head is left unread, heads the directory lacks are "
-                "initialised afresh and listed, options the model cannot reproduce "
-                "(embeddings narrower than the layers) are refused by name.")
+                "initialised afresh and listed, options the model cannot reproduce are "
+                "refused by name.")
     _add_format(formats, import_hf_modernbert, "hf-modernbert",
                 "Hugging Face ModernBERT (ModernBertModel, ModernBertForMaskedLM, "
                 "...ForSequenceClassification, ...ForTokenClassification or "

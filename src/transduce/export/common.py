@@ -29,7 +29,8 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                             score_bias: tuple[str, ...] = (), qk_norm: bool = False,
                             mixed: bool = False, gemma: bool = False,
                             softcap: bool = False, embedding_norm: bool = False,
-                            modernbert: bool = False) -> list[str]:
+                            modernbert: bool = False,
+                            projected_embeddings: bool = False) -> list[str]:
     """What no format here can hold: another shape than the format's `arch` (RNN
     models among them), non-softmax self-attention (sliding-window softmax attention
     where the format masks it: `sliding`), score biases (but those of `score_bias`:
@@ -39,9 +40,14 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     layer's kind: `mixed`, or is Gemma 3's) and sandwich norms (unless the format is
     Gemma 3's: `gemma`), soft-capped scores or logits (unless the format caps them:
     `softcap`), a norm of each stack's input (unless the format has one:
-    `embedding_norm`), and ModernBERT's LayerNorms without biases, first layer without an
-    attention norm and heads (unless the format holds them: `modernbert`)."""
+    `embedding_norm`), ModernBERT's LayerNorms without biases, first layer without an
+    attention norm and heads (unless the format holds them: `modernbert`), and
+    embeddings of another width than d_model, projected (unless the format projects
+    them: `projected_embeddings`, ELECTRA's)."""
     problems = [] if modernbert else _modernbert_fields(c)
+    if c.embedding_size is not None and not projected_embeddings:
+        problems.append(f"embedding_size={c.embedding_size} (the format embeds at d_model="
+                        f"{c.d_model})")
     if c.embedding_norm and not embedding_norm:
         problems.append("embedding_norm=True (the format has no norm of the embeddings)")
     if c.arch != arch:

@@ -49,7 +49,8 @@ BERT_LAYOUT = {"positional": "learned", "norm": "layer", "norm_first": False,
 
 def check_bert_exportable(model: EncoderOnly) -> None:
     c = model.config
-    problems = not_a_plain_transformer(c, arch="encoder")
+    problems = not_a_plain_transformer(c, arch="encoder", projected_embeddings=encoder_names(
+        c) is families.ELECTRA)
     problems += [f"{name}={getattr(c, name)!r} (BERT's is {value!r})"
                  for name, value in BERT_LAYOUT.items() if getattr(c, name) != value]
     if c.kv_heads != c.num_heads:
@@ -130,9 +131,10 @@ def roberta_config(model: EncoderOnly) -> dict:
 
 def electra_config(model: EncoderOnly) -> dict:
     """The ElectraConfig of the transformers model that holds this one: BERT's, with
-    embeddings as wide as the layers."""
+    the embeddings' width."""
     return {**bert_config(model), "model_type": "electra",
-            "architectures": [bert_class(model)], "embedding_size": model.config.d_model}
+            "architectures": [bert_class(model)],
+            "embedding_size": model.config.embedding_width}
 
 
 def distilbert_config(model: EncoderOnly) -> dict:
@@ -247,6 +249,8 @@ def _layer_weights(model: EncoderOnly, names: EncoderNames) -> dict[str, Tensor]
                f"{prefix}embeddings.LayerNorm": embed.norm}
     if names.segments:
         modules[f"{prefix}{names.segments}"] = embed.segments
+    if embed.project is not None:                  # ELECTRA's narrower embeddings
+        modules[f"{prefix}embeddings_project"] = embed.project
     for i, layer in enumerate(model.encoder.layers):
         modules |= {f"{prefix}{names.layer_module(i, ours)}": layer.get_submodule(ours)
                     for ours in names.layer}

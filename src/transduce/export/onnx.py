@@ -62,6 +62,7 @@ def check_onnx_exportable(model: nn.Module) -> None:
                                        # naive kernel's band (export_onnx)
                                        sliding=arch in ("decoder", "encoder"),
                                        mixed=arch == "encoder", modernbert=True,
+                                       projected_embeddings=True,
                                        score_bias={"transformer": ("t5",),
                                                    "decoder": ("alibi",)}.get(arch, ()),
                                        any_head_size=arch in ("transformer", "decoder"),

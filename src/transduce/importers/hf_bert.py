@@ -250,6 +250,7 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
 
     vocab_size = required("vocab_size")
     segments = get("type_vocab_size", 2) if family.names.segments else 0
+    width = get("embedding_size", None)       # ELECTRA's: its embeddings' (BERT's: none)
     try:
         config = preset("bert-base", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
                         d_model=required("hidden_size"),
@@ -258,6 +259,8 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                         d_ff=required("intermediate_size"),
                         max_positions=get("max_position_embeddings", 512) - position_offset,
                         type_vocab_size=segments,
+                        embedding_size=None if width == hf.get(family.key("hidden_size"))
+                        else width,
                         pooler_activation=family.names.pooler_activation,
                         activation=ACTIVATIONS[get("hidden_act", "gelu")],
                         layer_norm_eps=get("layer_norm_eps", 1e-12),
@@ -357,10 +360,11 @@ def map_weights(tensors: dict[str, Tensor], names: dict[str, str], config: Model
                 ) -> tuple[dict[str, Tensor], set[str]]:
     """BERT's tensors -> (our state dict in float32, without the heads the checkpoint
     lacks; the heads it has). Each key accounted for, each shape checked. The position
-    table loses its first position_offset rows (RoBERTa's: padding's and unused)."""
+    table loses its first position_offset rows (RoBERTa's: padding's and unused).
+    Embeddings narrower than the layers (ELECTRA-small's) come with their projection."""
     f = family
     names = dict(names)
-    c, ff, v = config.d_model, config.d_ff, config.src_vocab_size
+    c, ff, v, e = config.d_model, config.d_ff, config.src_vocab_size, config.embedding_width
     sizes = {"ffn.linear1": (c, ff), "ffn.linear2": (ff, c)}     # the others': (c, c)
 
     def take(name: str, *shape: int) -> Tensor:
@@ -370,20 +374,22 @@ def map_weights(tensors: dict[str, Tensor], names: dict[str, str], config: Model
         state[f"{ours}.weight"] = take(f"{theirs}.weight", n_out, n_in)
         state[f"{ours}.bias"] = take(f"{theirs}.bias", n_out)
 
-    def norm(ours: str, theirs: str) -> None:
-        state[f"{ours}.weight"] = take(f"{theirs}.weight", c)
-        state[f"{ours}.bias"] = take(f"{theirs}.bias", c)
+    def norm(ours: str, theirs: str, width: int = c) -> None:
+        state[f"{ours}.weight"] = take(f"{theirs}.weight", width)
+        state[f"{ours}.bias"] = take(f"{theirs}.bias", width)
 
-    embedding = take("embeddings.word_embeddings.weight", v, c)
+    embedding = take("embeddings.word_embeddings.weight", v, e)
     state = {"encoder.embed.embedding.weight": embedding,
              "mlm_head.decoder.weight": embedding,             # tied, whatever is found
              "encoder.embed.positions.embedding.weight":
                  take("embeddings.position_embeddings.weight",
-                      config.max_positions + position_offset, c)[position_offset:]}
+                      config.max_positions + position_offset, e)[position_offset:]}
     if f.names.segments:
         state["encoder.embed.segments.weight"] = take(f"{f.names.segments}.weight",
-                                                      config.type_vocab_size, c)
-    norm("encoder.embed.norm", "embeddings.LayerNorm")
+                                                      config.type_vocab_size, e)
+    norm("encoder.embed.norm", "embeddings.LayerNorm", e)
+    if config.embedding_size is not None:
+        linear("encoder.embed.project", "embeddings_project", e, c)
     for i in range(config.num_encoder_layers):
         for ours in f.names.layer:
             theirs = f.names.layer_module(i, ours)
@@ -407,7 +413,7 @@ def map_weights(tensors: dict[str, Tensor], names: dict[str, str], config: Model
     for name in poolers:
         head("pooler", f"{name}.", lambda: linear("pooler", name, c, c))
     head("mlm_head", f.mlm_prefix, lambda: _mlm_head(state, names, tensors, take, linear, norm,
-                                                     embedding, source, f, config.activation))
+                                                     embedding, source, f, config))
     if f.nsp is not None:
         head("nsp_head", f"{f.nsp}.", lambda: linear("nsp_head", f.nsp, c, 2))
     if config.num_labels:
@@ -418,19 +424,19 @@ def map_weights(tensors: dict[str, Tensor], names: dict[str, str], config: Model
 
 
 def _mlm_head(state, names, tensors, take, linear, norm, embedding, source,
-              family: EncoderFamily, activation: str) -> None:
-    """The masked-LM head: the transform, the output bias (stored under either of its
-    names, or both and equal), and the output matrix, which must be the word
-    embeddings."""
-    c, f = embedding.shape[1], family
+              family: EncoderFamily, config: ModelConfig) -> None:
+    """The masked-LM head: the transform (to the embeddings' width), the output bias
+    (stored under either of its names, or both and equal), and the output matrix, which
+    must be the word embeddings."""
+    c, e, f, activation = config.d_model, config.embedding_width, family, config.activation
     if f.mlm_activation is not None and activation != f.mlm_activation:
         raise ForeignCheckpointError(
             f"{source}: a masked-LM head ({f.mlm_prefix}*), whose activation is "
             f"{f.mlm_activation!r} whatever hidden_act says, in a model of activation "
             f"{activation!r}; ours would compute the head with {activation!r}, so only "
             f"models of hidden_act {f.mlm_activation!r} can be imported with it")
-    linear("mlm_head.dense", f.mlm_dense, c, c)
-    norm("mlm_head.norm", f.mlm_norm)
+    linear("mlm_head.dense", f.mlm_dense, c, e)
+    norm("mlm_head.norm", f.mlm_norm, e)
     biases = [name for name in f.mlm_biases if name in names]
     if not biases:
         raise ForeignCheckpointError(f"{source}: missing weight "

@@ -43,42 +43,49 @@ POOLER_ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "gelu": F.gelu}
 
 class SegmentedEmbedding(nn.Module):
     """Token + position + segment embeddings, LayerNorm, dropout: BERT's input layer.
-    Without segment types (type_vocab_size 0) segment ids are not read."""
+    Without segment types (type_vocab_size 0) segment ids are not read. Embeddings
+    narrower than the layers (embedding_size: ELECTRA-small's) are then projected to
+    d_model."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         c = config
-        self.embedding = nn.Embedding(c.src_vocab_size, c.d_model)
-        self.positions = positional_encoding(c)   # a table (learned, BERT's), or None
-        self.segments = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size \
+        width = c.embedding_width
+        self.embedding = nn.Embedding(c.src_vocab_size, width)
+        self.positions = positional_encoding(c, width)   # a table (learned, BERT's), or None
+        self.segments = nn.Embedding(c.type_vocab_size, width) if c.type_vocab_size \
             else None
-        self.norm = norm_module(c)
+        self.norm = norm_module(c, width)
         self.dropout = Dropout(c.dropout)
+        self.project = nn.Linear(width, c.d_model) if c.embedding_size else None
 
     def forward(self, ids: Tensor, segments: Tensor | None = None) -> Tensor:
         """ids (B, T), segments (B, T) (None: all 0) -> (B, T, C)."""
-        x = self.embedding(ids)
+        x = self.embedding(ids)                                   # (B, T, E)
         if self.positions is not None:
             x = x + self.positions(ids.shape[1])
         if self.segments is not None:
             x = x + (self.segments.weight[0] if segments is None else self.segments(segments))
-        return self.dropout(self.norm(x))
+        x = self.dropout(self.norm(x))
+        return x if self.project is None else self.project(x)    # (B, T, C)
 
 
 class MaskedLMHead(nn.Module):
     """dense + activation (GELU in BERT) + LayerNorm, then the token embeddings (tied) and
-    a bias: (B, T, V)."""
+    a bias: (B, T, V). Its dense layer maps to the embeddings' width (an ELECTRA
+    generator's, where they are narrower than the layers)."""
 
     def __init__(self, config: ModelConfig, embedding: nn.Embedding):
         super().__init__()
-        self.dense = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+        width = config.embedding_width
+        self.dense = nn.Linear(config.d_model, width, bias=config.bias)
         self.activation = activation_module(config.activation)   # BERT's hidden_act
-        self.norm = norm_module(config)
-        self.decoder = nn.Linear(config.d_model, config.src_vocab_size)
+        self.norm = norm_module(config, width)
+        self.decoder = nn.Linear(width, config.src_vocab_size)
         self.decoder.weight = embedding.weight
 
     def transform(self, hidden: Tensor) -> Tensor:
-        """(..., C) -> (..., C): what the tied output matrix multiplies."""
+        """(..., C) -> (..., E): what the tied output matrix multiplies."""
         return self.norm(self.activation(self.dense(hidden)))
 
     def forward(self, hidden: Tensor) -> Tensor:

@@ -81,15 +81,18 @@ def embedding_norm(config: ModelConfig) -> nn.Module | None:
     return norm_module(config) if config.embedding_norm else None
 
 
-def positional_encoding(config: ModelConfig) -> TablePositions | None:
-    """The additive position table config.positional names (None: rotary, which enters
-    inside self-attention, and the score biases t5 and alibi)."""
+def positional_encoding(config: ModelConfig, width: int | None = None
+                        ) -> TablePositions | None:
+    """The additive position table config.positional names, `width` wide (default
+    d_model; None: rotary, which enters inside self-attention, and the score biases t5
+    and alibi)."""
+    width = config.d_model if width is None else width
     if config.positional == "sinusoidal":
-        return SinusoidalPositionalEncoding(config.d_model, config.max_positions)
+        return SinusoidalPositionalEncoding(width, config.max_positions)
     if config.positional == "learned":
-        return LearnedPositionalEmbedding(config.d_model, config.max_positions)
+        return LearnedPositionalEmbedding(width, config.max_positions)
     if config.positional == "fairseq":
-        return FairseqPositionalEncoding(config.d_model, config.max_positions)
+        return FairseqPositionalEncoding(width, config.max_positions)
     return None
 
 

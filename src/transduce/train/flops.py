@@ -77,15 +77,17 @@ def _keys_per_query(config: ModelConfig, layer: int, length, *, causal: bool = T
 
 
 def _encoder_only_forward_flops(config: ModelConfig, batch_size: int, src_len: int) -> float:
-    """BERT: the encoder's layers over (B, S) (projections, FFN, QK^T and AV over every
-    key, or a sliding layer's band: ModernBERT's), the pooler; the MLM head runs on the
-    masked positions only and is not counted."""
+    """BERT: the embeddings' projection where they are narrower (ELECTRA-small's), the
+    encoder's layers over (B, S) (projections, FFN, QK^T and AV over every key, or a
+    sliding layer's band: ModernBERT's), the pooler; the MLM head runs on the masked
+    positions only and is not counted."""
     d, q, ffn = config.d_model, attention_widths(config)[0], ffn_weights(config)
     tokens = batch_size * src_len
     keys = sum(_keys_per_query(config, layer, src_len, causal=False)
                for layer in range(config.num_encoder_layers))
     layers = config.num_encoder_layers * tokens * (4 * d * q + ffn) + 2 * tokens * keys * q
-    return 2.0 * (layers + batch_size * d * d)
+    projection = tokens * config.embedding_width * d if config.embedding_size else 0
+    return 2.0 * (projection + layers + batch_size * d * d)
 
 
 def _rnn_forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int) -> float:
