@@ -3,11 +3,12 @@
 models compute what transformers computes on padded rows longer than the sliding window,
 config.json's older keys read as its newer ones, pairs are tokenized and classified as
 transformers does through PyTorch and ONNX Runtime, the import fine-tunes on transformers'
-loss, `export hf` writes a ModernBERT again, and what ours cannot hold is refused by
-name."""
+loss, `export hf` writes a ModernBERT again, a sentence-transformers model on it embeds
+as it does, and what ours cannot hold is refused by name."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -290,3 +291,33 @@ def test_all_full_and_all_but_one_sliding_layers_match_transformers(every, kind,
         hidden = ours(ids)
     torch.testing.assert_close(hidden[mask], hf_outputs(hf, ids, mask).hidden_states[-1][mask],
                                atol=1e-5, rtol=1e-5)
+
+
+def test_a_sentence_transformers_model_embeds_as_it_does(tokenizer_dir, tmp_path):
+    """gte-modernbert's layout: a ModernBertModel under sentence-transformers' modules.json,
+    [CLS] pooling and Normalize; `embed` gives transformers' [CLS] states, L2-normalised,
+    of lines longer than the window, in PyTorch and through the ONNX export."""
+    pytest.importorskip("onnxruntime")
+    from transduce.decode.encode import SentenceEncoder
+    from transduce.export.onnx import export_onnx
+
+    hf = hf_checkpoint(tmp_path / "hf", "ModernBertModel", tokenizer_dir)
+    modules = [{"idx": i, "name": str(i), "path": path,
+                "type": f"sentence_transformers.models.{kind}"}
+               for i, (path, kind) in enumerate([("", "Transformer"), ("1_Pooling", "Pooling"),
+                                                 ("2_Normalize", "Normalize")])]
+    (tmp_path / "hf" / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "hf" / "1_Pooling").mkdir()
+    (tmp_path / "hf" / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 32, "pooling_mode_cls_token": True,
+         "pooling_mode_mean_tokens": False}))
+    out = import_modernbert(tmp_path / "hf", tmp_path / "ours")
+    fast = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    lines = [" ".join(TEXT[i:i + 3]) for i in range(4)]
+    encoded = fast(lines, padding=True, return_tensors="pt")
+    assert encoded["input_ids"].shape[1] > 2 * SIZES["local_attention"]
+    with torch.no_grad():
+        expected = torch.nn.functional.normalize(hf(**encoded).last_hidden_state[:, 0], dim=-1)
+    for path in (out, export_onnx(out, tmp_path / "onnx")):
+        vectors = SentenceEncoder.load(path).embed(lines)
+        np.testing.assert_allclose(vectors, expected.numpy(), atol=1e-5)
