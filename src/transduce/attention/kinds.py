@@ -120,9 +120,11 @@ class SlidingWindowAttention:
     def attend(self, q, k, v, mask, *, causal, impl, dropout_p=0.0, return_weights=False,
                position_bias=None, softcap=None):
         """The blocked kernel, or the band's quadratic form for the weights or capped
-        scores."""
+        scores; traced (the ONNX export, whose kernel is "naive"), the blocks, each
+        attended in the naive form."""
         refuse_position_bias(position_bias, "sliding-window attention")
-        if impl != "naive" and not return_weights and softcap is None:
+        if (impl != "naive" or torch.jit.is_tracing()) and not return_weights and \
+                softcap is None:
             return sliding_window_attention(q, k, v, masks.key_padding(
                 mask, "sliding-window attention"), self.window, causal=causal, impl=impl,
                 dropout_p=dropout_p)

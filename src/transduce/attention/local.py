@@ -59,7 +59,8 @@ class Blocks:
 
     @property
     def count(self) -> int:
-        return -(-self.length // self.block)
+        """Blocks: ceil(T / b), in non-negative terms (a trace's division truncates)."""
+        return (self.length + self.block - 1) // self.block
 
     @property
     def span(self) -> int:
@@ -75,17 +76,26 @@ class Blocks:
         padded = F.pad(q, (0, 0, 0, self.count * self.block - self.length))
         return padded.unflatten(2, (self.count, self.block)).transpose(1, 2).flatten(0, 1)
 
+    def _bands(self, blocks: Tensor, into: int) -> Tensor:
+        """blocks (B, n + k - 1, ...), the padded sequence's: each block's band of k =
+        span / b of them, its neighbours and itself, joined along `into` -> (B, n, ...).
+        Slices joined, not unfold's windows, so that a trace (the ONNX export) keeps the
+        number of blocks a size of its input."""
+        width = self.span // self.block
+        return torch.cat([blocks[:, i:i - width + 1 or None] for i in range(width)], dim=into)
+
     def keys(self, x: Tensor) -> Tensor:
         """(B, Hkv, T, D) -> (B * n, Hkv, span, D): each block's band of keys."""
-        x = F.pad(x, (0, 0, *self._pads())).unfold(2, self.span, self.block)  # (B, Hkv, n, D, span)
-        return x.permute(0, 2, 1, 4, 3).flatten(0, 1)
+        blocks = F.pad(x, (0, 0, *self._pads())).unflatten(2, (-1, self.block))
+        return self._bands(blocks.transpose(1, 2), 3).flatten(0, 1)   # (B, n, Hkv, span, D)
 
     def band_allowed(self, key_mask: Tensor | None) -> Tensor:
         """(B * n, 1, b, span): the window around each query, over real keys. Query i of
         any block sits at b + i relative to its key block's first key."""
         valid = key_mask if key_mask is not None else \
             torch.ones(self.batch, self.length, dtype=torch.bool, device=self.device)
-        valid = F.pad(valid, self._pads(), value=False).unfold(1, self.span, self.block)
+        valid = F.pad(valid, self._pads(), value=False).unflatten(1, (-1, self.block))
+        valid = self._bands(valid, 2)                                       # (B, n, span)
         band = masks.band_mask(self.block, self.span, self.window, causal=self.causal,
                                query_offset=self.block, device=self.device)  # (1, 1, b, span)
         return band & valid.flatten(0, 1)[:, None, None, :]
