@@ -339,7 +339,8 @@ def test_an_update_of_another_shape_is_refused(tmp_path):
 
 
 # Our encoder exports as BERT with two segment types, RoBERTa with one, DistilBERT with
-# none (whose pooler has ReLU), ELECTRA with a GELU after its pooler.
+# none (whose pooler has ReLU), ELECTRA with a GELU after its pooler, ModernBERT with its
+# prediction head.
 ENCODER_FAMILIES = [(2, "bert"), (1, "roberta"), (0, "distilbert"), (2, "electra"),
                     (0, "modernbert")]
 POOLERS = {"distilbert": "relu", "electra": "gelu"}      # the others': tanh
@@ -415,9 +416,8 @@ def test_a_peft_classifier_merges_into_our_encoder(segments, family, counting,  
                        ["pre_classifier", "classifier"]),
         "roberta": (BERT_TARGETS, ["classifier"]),
         "electra": (BERT_TARGETS, ["classifier"]),
-        "modernbert": (["Wqkv", "Wo", "Wi"], CLASSIFIER_MODULES["modernbert"])
-    }.get(family, (BERT_TARGETS,
-                                                              ["classifier", "pooler"]))
+        "modernbert": (["Wqkv", "Wo", "Wi"], CLASSIFIER_MODULES["modernbert"]),
+    }.get(family, (BERT_TARGETS, ["classifier", "pooler"]))
     theirs = peft.get_peft_model(base, peft.LoraConfig(      # which extends modules_to_save
         r=4, lora_alpha=8, task_type="SEQ_CLS", target_modules=targets,
         modules_to_save=list(whole)))

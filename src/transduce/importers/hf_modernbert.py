@@ -72,6 +72,7 @@ def import_modernbert(hf_dir: Path | str, out: Path | str) -> Path:
     config_file = hf_dir / HF_CONFIG
     hf = _read_json(config_file)
     check_type_and_fixed_options(hf, config_file, MODEL_TYPES, {})
+    check_task(hf, config_file)                   # a multiple-choice model is refused
     tokenizer = read_tokenizer(hf_dir)
     sentence_embedding = read_sentence_embedding(hf_dir)
     tensors, source = read_weights(hf_dir)
@@ -80,21 +81,26 @@ def import_modernbert(hf_dir: Path | str, out: Path | str) -> Path:
     labels = _labels(hf, config_file) if "classifier.weight" in names else None
     if task == QUESTION_ANSWERING and labels is not None:
         labels = list(SPAN_LABELS)
-    check_task(hf, config_file)                   # a multiple-choice model is refused
     config = model_config(hf, config_file, tokenizer, len(labels) if labels else 0,
                           task if labels else None)
     masked_lm = "decoder.bias" in names or "decoder.weight" in names
-    if masked_lm and hf.get("classifier_activation", "gelu") != \
-            hf.get("hidden_activation", "gelu"):
-        raise ForeignCheckpointError(
-            f"{config_file}: classifier_activation={hf.get('classifier_activation')!r} "
-            f"differs from hidden_activation={hf.get('hidden_activation', 'gelu')!r}; our "
-            f"masked-LM head computes the layers' activation")
+    if masked_lm:
+        _check_masked_lm_head(hf, config_file)
     state, found = map_weights(tensors, names, config, source, masked_lm)
     del tensors          # the stored files are let go before the save copies the model
     return save_import(EncoderOnly(config), state, found, out, tokenizer,
                        origin={"imported": NAME, "from": str(hf_dir.resolve())},
                        labels=labels, sentence_embedding=sentence_embedding, has_nsp=False)
+
+
+def _check_masked_lm_head(hf: dict[str, Any], config_file: Path) -> None:
+    """A masked-LM head's activation (classifier_activation) is the layers' (ours
+    computes hidden_activation there, as BERT's head does)."""
+    head, layers = hf.get("classifier_activation", "gelu"), hf.get("hidden_activation", "gelu")
+    if head != layers:
+        raise ForeignCheckpointError(
+            f"{config_file}: classifier_activation={head!r} differs from hidden_activation="
+            f"{layers!r}; our masked-LM head computes the layers' activation")
 
 
 def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
