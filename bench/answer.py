@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from encode import add_model_arguments, write_vocabulary  # noqa: E402
-from measure import machine_info, ratios_to_ours, time_keeping_results, write_result  # noqa: E402
+from measure import time_keeping_results, write_peers_result  # noqa: E402
 from transduce.decode.answering import MAX_ANSWER_PIECES, span_items  # noqa: E402
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.translate import length_sorted_batches  # noqa: E402
@@ -169,14 +169,11 @@ def main() -> None:
         print(f"{name}: {len(questions) / median:.2f} questions/s ({tokens / median:.0f} "
               f"tokens/s; {agree} of {len(questions)} answers as ours, scores within "
               f"{largest:.1e})")
-    result = {"machine": machine_info(args.threads),
-              "settings": {name: value for name, value in vars(args).items()
-                           if name not in ("lines", "max_words")} | {"out": str(args.out)},
-              "questions": len(questions), "windows": len(items), "tokens": tokens,
-              "batches": len(batches), "peers": peers,
-              "ratios": ratios_to_ours(peers, "questions_per_s"),
-              "seconds": time.time() - started}
-    write_result(args.out, result)
+    settings = {name: value for name, value in vars(args).items()
+                if name not in ("lines", "max_words")}
+    write_peers_result(args, peers, "questions_per_s", started, settings,
+                       questions=len(questions), windows=len(items), tokens=tokens,
+                       batches=len(batches))
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import int8_through_onednn, machine_info, ratios_to_ours, \
-    time_keeping_results, write_result  # noqa: E402
+from measure import int8_through_onednn, time_keeping_results, \
+    write_peers_result  # noqa: E402
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.translate import length_sorted_batches  # noqa: E402
 from transduce.export.onnx import export_onnx  # noqa: E402
@@ -153,12 +153,8 @@ def main() -> None:
                            np.abs(vectors[name] - vectors["ours"]).max())}
         print(f"{name}: {args.lines / median:.1f} lines/s, {tokens / median:.0f} tokens/s "
               f"(largest difference from ours {peers[name]['largest_difference_from_ours']:.1e})")
-    result = {"machine": machine_info(args.threads),
-              "settings": vars(args) | {"out": str(args.out)},
-              "tokens": tokens, "batches": len(batches), "peers": peers,
-              "ratios": ratios_to_ours(peers, "lines_per_s"),
-              "seconds": time.time() - started}
-    write_result(args.out, result)
+    write_peers_result(args, peers, "lines_per_s", started, tokens=tokens,
+                       batches=len(batches))
 
 
 if __name__ == "__main__":

@@ -38,8 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from encode import write_vocabulary  # noqa: E402
-from measure import machine_info, ratios_to_ours, time_keeping_results, \
-    write_result  # noqa: E402
+from measure import time_keeping_results, write_peers_result  # noqa: E402
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.translate import length_sorted_batches  # noqa: E402
 from transduce.export.onnx import export_onnx  # noqa: E402
@@ -145,12 +144,8 @@ def main() -> None:
                        "largest_difference_from_ours": difference}
         print(f"{name}: {args.documents / median:.2f} documents/s, {tokens / median:.0f} "
               f"tokens/s (largest difference from ours {difference:.1e})")
-    result = {"machine": machine_info(args.threads),
-              "settings": vars(args) | {"out": str(args.out)},
-              "tokens": tokens, "batches": len(batches), "peers": peers,
-              "ratios": ratios_to_ours(peers, "documents_per_s"),
-              "seconds": time.time() - started}
-    write_result(args.out, result)
+    write_peers_result(args, peers, "documents_per_s", started, tokens=tokens,
+                       batches=len(batches))
 
 
 if __name__ == "__main__":

@@ -99,6 +99,18 @@ def ratios_to_ours(peers: dict[str, dict], rate: str) -> dict[str, float]:
             for name, record in peers.items() if name != "ours"}
 
 
+def write_peers_result(args, peers: dict[str, dict], rate: str, started: float,
+                       settings: dict | None = None, **counts) -> None:
+    """A benchmark of peers against ours, written to args.out: the machine, the settings
+    (default: every argument), what was counted (`counts`), each peer's record, the
+    ratios of their `rate` to ours, and the seconds since `started`."""
+    settings = vars(args) if settings is None else settings
+    write_result(args.out, {"machine": machine_info(args.threads),
+                            "settings": settings | {"out": str(args.out)}, **counts,
+                            "peers": peers, "ratios": ratios_to_ours(peers, rate),
+                            "seconds": time.time() - started})
+
+
 def write_result(path: Path, result: dict) -> None:
     """A benchmark's result as indented JSON at `path` (its folder made), said."""
     path.parent.mkdir(parents=True, exist_ok=True)

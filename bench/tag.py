@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from encode import add_model_arguments, random_lines, write_vocabulary  # noqa: E402
-from measure import machine_info, ratios_to_ours, time_keeping_results, write_result  # noqa: E402
+from measure import time_keeping_results, write_peers_result  # noqa: E402
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.tagging import tag_items  # noqa: E402
 from transduce.decode.translate import length_sorted_batches  # noqa: E402
@@ -128,12 +128,8 @@ def main() -> None:
                        "largest_probability_difference_from_ours": largest}
         print(f"{name}: {count / median:.0f} words/s ({tokens / median:.0f} tokens/s; "
               f"{100 * agree:.2f}% of tags as ours, probabilities within {largest:.1e})")
-    result = {"machine": machine_info(args.threads),
-              "settings": vars(args) | {"out": str(args.out)},
-              "words": count, "tokens": tokens, "batches": len(batches), "peers": peers,
-              "ratios": ratios_to_ours(peers, "words_per_s"),
-              "seconds": time.time() - started}
-    write_result(args.out, result)
+    write_peers_result(args, peers, "words_per_s", started, words=count, tokens=tokens,
+                       batches=len(batches))
 
 
 if __name__ == "__main__":
