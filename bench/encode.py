@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import int8_through_onednn, time_keeping_results, \
+from measure import array_peer_records, int8_through_onednn, time_keeping_results, \
     write_peers_result  # noqa: E402
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.translate import length_sorted_batches  # noqa: E402
@@ -144,15 +143,7 @@ def main() -> None:
         started = time.time()
         times, vectors = time_keeping_results(calls, args.repeats)
     tokens = sum(len(row) for row in ids)
-    peers = {}
-    for name, seconds in times.items():
-        median = statistics.median(seconds)
-        peers[name] = {"seconds": median, "lines_per_s": args.lines / median,
-                       "tokens_per_s": tokens / median, "all_seconds": seconds,
-                       "largest_difference_from_ours": float(
-                           np.abs(vectors[name] - vectors["ours"]).max())}
-        print(f"{name}: {args.lines / median:.1f} lines/s, {tokens / median:.0f} tokens/s "
-              f"(largest difference from ours {peers[name]['largest_difference_from_ours']:.1e})")
+    peers = array_peer_records(times, vectors, args.lines, "lines", tokens)
     write_peers_result(args, peers, "lines_per_s", started, tokens=tokens,
                        batches=len(batches))
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -38,7 +37,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from encode import write_vocabulary  # noqa: E402
-from measure import time_keeping_results, write_peers_result  # noqa: E402
+from measure import array_peer_records, time_keeping_results, \
+    write_peers_result  # noqa: E402
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.translate import length_sorted_batches  # noqa: E402
 from transduce.export.onnx import export_onnx  # noqa: E402
@@ -135,15 +135,7 @@ def main() -> None:
         started = time.time()
         times, probabilities = time_keeping_results(calls, args.repeats)
     tokens = sum(len(row) for row in ids)
-    peers = {}
-    for name, seconds in times.items():
-        median = statistics.median(seconds)
-        difference = float(np.abs(probabilities[name] - probabilities["ours"]).max())
-        peers[name] = {"seconds": median, "documents_per_s": args.documents / median,
-                       "tokens_per_s": tokens / median, "all_seconds": seconds,
-                       "largest_difference_from_ours": difference}
-        print(f"{name}: {args.documents / median:.2f} documents/s, {tokens / median:.0f} "
-              f"tokens/s (largest difference from ours {difference:.1e})")
+    peers = array_peer_records(times, probabilities, args.documents, "documents", tokens)
     write_peers_result(args, peers, "documents_per_s", started, tokens=tokens,
                        batches=len(batches))
 

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Hashable, Iterator
 
+import numpy as np
 import torch
 
 
@@ -97,6 +98,23 @@ def ratios_to_ours(peers: dict[str, dict], rate: str) -> dict[str, float]:
     their records compared (a throughput: above 1, ours is faster)."""
     return {f"ours / {name}": peers["ours"][rate] / record[rate]
             for name, record in peers.items() if name != "ours"}
+
+
+def array_peer_records(times: dict[str, list[float]], outputs: dict[str, np.ndarray],
+                       count: int, unit: str, tokens: int) -> dict[str, dict]:
+    """Each peer's record: its median seconds, `unit`s (of `count`) and tokens per
+    second, every round's seconds, and the largest difference of its output array from
+    ours; each printed."""
+    peers = {}
+    for name, seconds in times.items():
+        median = statistics.median(seconds)
+        difference = float(np.abs(outputs[name] - outputs["ours"]).max())
+        peers[name] = {"seconds": median, f"{unit}_per_s": count / median,
+                       "tokens_per_s": tokens / median, "all_seconds": seconds,
+                       "largest_difference_from_ours": difference}
+        print(f"{name}: {count / median:.2f} {unit}/s, {tokens / median:.0f} tokens/s "
+              f"(largest difference from ours {difference:.1e})")
+    return peers
 
 
 def write_peers_result(args, peers: dict[str, dict], rate: str, started: float,
