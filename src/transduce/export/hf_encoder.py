@@ -154,20 +154,13 @@ def distilbert_config(model: EncoderOnly) -> dict:
 
 def roberta_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     """Our weights under the RoBERTa task model's names (importers/hf_roberta.py's)."""
+    from transduce.importers.hf_roberta import ROBERTA
+
     state = _layer_weights(model, families.ROBERTA)
     table = state["roberta.embeddings.position_embeddings.weight"]
     state["roberta.embeddings.position_embeddings.weight"] = torch.cat(
         [table.new_zeros(model.config.pad_id + 1, table.shape[1]), table])
-    if reads_tokens(model.config):
-        return state | _token_head(model)
-    if model.classifier is not None:
-        heads = {"classifier.dense": model.pooler, "classifier.out_proj": model.classifier}
-    else:
-        heads = {"lm_head.dense": model.mlm_head.dense,
-                 "lm_head.layer_norm": model.mlm_head.norm}
-        state |= tied_output(model, ("lm_head.bias", "lm_head.decoder.bias"),
-                              "lm_head.decoder.weight")
-    return state | module_weights(heads)
+    return state | _family_heads(model, ROBERTA)
 
 
 def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
@@ -188,28 +181,31 @@ def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
 
 def distilbert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     """Our weights under the DistilBERT task model's names (hf_distilbert.py's)."""
-    state = _layer_weights(model, families.DISTILBERT)
-    if reads_tokens(model.config):
-        return state | _token_head(model)
-    if model.classifier is not None:
-        return state | module_weights({"pre_classifier": model.pooler,
-                                        "classifier": model.classifier})
-    state |= module_weights({"vocab_transform": model.mlm_head.dense,
-                              "vocab_layer_norm": model.mlm_head.norm})
-    return state | tied_output(model, ("vocab_projector.bias",), "vocab_projector.weight")
+    from transduce.importers.hf_distilbert import DISTILBERT
+
+    return _layer_weights(model, families.DISTILBERT) | _family_heads(model, DISTILBERT)
 
 
 def electra_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     """Our weights under the ELECTRA task model's names (importers/hf_electra.py's)."""
-    state = _layer_weights(model, families.ELECTRA)
+    from transduce.importers.hf_electra import ELECTRA
+
+    return _layer_weights(model, families.ELECTRA) | _family_heads(model, ELECTRA)
+
+
+def _family_heads(model: EncoderOnly, family) -> dict[str, Tensor]:
+    """The head of a family without BERT's pooler and next-sentence head (RoBERTa,
+    DistilBERT, ELECTRA) under the names its import reads (an importers.hf_bert
+    EncoderFamily): a head over each token, else the sequence classifier
+    (encoder_names' classifier_head), else the masked-LM head with its tied output."""
     if reads_tokens(model.config):
-        return state | _token_head(model)
+        return _token_head(model)
     if model.classifier is not None:
-        return state | module_weights({"classifier.dense": model.pooler,
-                                        "classifier.out_proj": model.classifier})
-    state |= module_weights({"generator_predictions.dense": model.mlm_head.dense,
-                              "generator_predictions.LayerNorm": model.mlm_head.norm})
-    return state | tied_output(model, ("generator_lm_head.bias",), "generator_lm_head.weight")
+        return module_weights({theirs: getattr(model, ours)
+                               for theirs, ours in family.names.classifier_head.items()})
+    return module_weights({family.mlm_dense: model.mlm_head.dense,
+                           family.mlm_norm: model.mlm_head.norm}) | \
+        tied_output(model, family.mlm_biases, family.mlm_decoder)
 
 
 def reads_tokens(config) -> bool:
