@@ -241,6 +241,7 @@ def test_export_hf_is_modernbert_again(kind, tokenizer_dir, tmp_path, capsys):
     ({"architectures": ["ModernBertForMultipleChoice"]}, r"a multiple-choice model"),
     ({"layer_types": ["full_attention"]}, r"layer_types must list 4 of"),
     ({"pad_token_id": 1}, r"pad_token_id=1 but the tokenizer's pad token '\[PAD\]'"),
+    ({"vocab_size": 100}, r"vocab_size=100 is smaller than the tokenizer's"),
 ])
 def test_what_ours_cannot_hold_is_refused_by_name(changes, message, tokenizer_dir, tmp_path,
                                                   capsys):

@@ -267,17 +267,25 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                         dropout=get("hidden_dropout_prob", 0.1),
                         attention_dropout=get("attention_probs_dropout_prob", 0.1),
                         num_labels=num_labels)
-        if tokenizer.vocab_size > config.src_vocab_size:
-            raise ForeignCheckpointError(f"{config_file}: vocab_size={vocab_size} is smaller "
-                                         f"than the tokenizer's {tokenizer.vocab_size} tokens")
-        config = config.replace(pad_id=tokenizer.pad_id)
+        config = with_tokenizer(config, hf, config_file, tokenizer)
     except (ConfigError, TypeError) as error:
         raise ForeignCheckpointError(f"{config_file}: {error}") from None
+    return config
+
+
+def with_tokenizer(config: ModelConfig, hf: dict[str, Any], config_file: Path,
+                   tokenizer: HFTokenizer) -> ModelConfig:
+    """`config` with the tokenizer's pad id, once the vocabulary holds the tokenizer's
+    tokens and config.json's pad_token_id (if any) is the tokenizer's pad token."""
+    if tokenizer.vocab_size > config.src_vocab_size:
+        raise ForeignCheckpointError(f"{config_file}: vocab_size={config.src_vocab_size} is "
+                                     f"smaller than the tokenizer's {tokenizer.vocab_size} "
+                                     f"tokens")
     if hf.get("pad_token_id") is not None and hf["pad_token_id"] != tokenizer.pad_id:
         raise ForeignCheckpointError(
             f"{config_file}: pad_token_id={hf['pad_token_id']} but the tokenizer's pad token "
             f"{tokenizer.piece(tokenizer.pad_id)!r} is {tokenizer.pad_id}")
-    return config
+    return config.replace(pad_id=tokenizer.pad_id)
 
 
 def read_tokenizer(hf_dir: Path) -> HFTokenizer:

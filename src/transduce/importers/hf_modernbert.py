@@ -44,7 +44,7 @@ from transduce.importers import ForeignCheckpointError, check_directories, \
     check_tied_copy, check_type_and_fixed_options, refuse_unread, take_weight, \
     unprefixed_names
 from transduce.importers.hf_bert import QUESTION_ANSWERING, TOKEN_CLASSIFIER, _labels, \
-    check_task, read_tokenizer, save_import, token_task
+    check_task, read_tokenizer, save_import, token_task, with_tokenizer
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights
 from transduce.importers.sentence_transformers import read_sentence_embedding
 from transduce.model.encoder_only import EncoderOnly
@@ -142,17 +142,10 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
             else None,
             pooler_activation=pooler, classifier_pooling=hf.get("classifier_pooling", "cls"),
             num_labels=num_labels, token_classifier=task == TOKEN_CLASSIFIER,
-            question_answering=task == QUESTION_ANSWERING, pad_id=tokenizer.pad_id)
+            question_answering=task == QUESTION_ANSWERING)
+        return with_tokenizer(config, hf, config_file, tokenizer)
     except (ConfigError, TypeError) as error:
         raise ForeignCheckpointError(f"{config_file}: {error}") from None
-    if tokenizer.vocab_size > config.src_vocab_size:
-        raise ForeignCheckpointError(f"{config_file}: vocab_size={vocab_size} is smaller "
-                                     f"than the tokenizer's {tokenizer.vocab_size} tokens")
-    if hf.get("pad_token_id") is not None and hf["pad_token_id"] != tokenizer.pad_id:
-        raise ForeignCheckpointError(
-            f"{config_file}: pad_token_id={hf['pad_token_id']} but the tokenizer's pad token "
-            f"{tokenizer.piece(tokenizer.pad_id)!r} is {tokenizer.pad_id}")
-    return config
 
 
 def layer_types(hf: dict[str, Any], config_file: Path, layers: int) -> list[str]:
