@@ -2,20 +2,21 @@
 on our ONNX export (ONNX Runtime), against transformers' BertModel, on the same weights.
 
 A BERT of bert-base's shape (12 layers of 768, 12 heads, 3072, 30,522 tokens; `--layers`
-etc. to change it) is built by transformers from a random config with a WordPiece
-vocabulary of whole words, saved with save_pretrained and imported with `transduce
-import hf-bert`; `transduce export onnx` of the import is the third peer. --lines lines
-of 8 to --max-words random words each are embedded (mean of the last hidden states over
-real tokens, as sentence-transformers pools). Every peer tokenizes its lines and runs the
-same length-sorted batches of at most --batch-tokens tokens (padding counted), float32
-(and ours in bfloat16 and int8, the types `--dtype auto` picks on AMX and on other x86
-CPUs, int8 through oneDNN's kernel with `--dtypes int8-onednn`, and the export with
-`--quantize int8`), on the same threads, interleaved over
---repeats rounds. Counted: lines per second of the whole call; each peer's vectors are
+etc. to change it; `--family deberta`: a DeBERTa-v3 of that shape, DebertaV2Model, with
+its disentangled attention) is built by transformers from a random config with a
+WordPiece vocabulary of whole words, saved with save_pretrained and imported with
+`transduce import hf-bert` (hf-deberta); `transduce export onnx` of the import is the
+third peer. --lines lines of 8 to --max-words random words each are embedded (mean of
+the last hidden states over real tokens, as sentence-transformers pools). Every peer
+tokenizes its lines and runs the same length-sorted batches of at most --batch-tokens
+tokens (padding counted), float32 (and ours in bfloat16 and int8, the types `--dtype
+auto` picks on AMX and on other x86 CPUs, int8 through oneDNN's kernel with `--dtypes
+int8-onednn`, and the export with `--quantize int8`), on the same threads, interleaved
+over --repeats rounds. Counted: lines per second of the whole call; each peer's vectors are
 compared with ours (largest difference).
 
     python bench/encode.py [--lines 512] [--repeats 3] [--out bench/results/encode-cpu.json]
-        [--dtypes int8]
+        [--dtypes int8] [--family deberta]
 """
 
 from __future__ import annotations
@@ -38,22 +39,34 @@ from measure import array_peer_records, int8_through_onednn, time_keeping_result
 from transduce.decode.encode import SentenceEncoder  # noqa: E402
 from transduce.decode.translate import length_sorted_batches  # noqa: E402
 from transduce.export.onnx import export_onnx  # noqa: E402
-from transduce.importers import import_bert  # noqa: E402
+from transduce.importers import import_bert, import_deberta  # noqa: E402
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 ONEDNN_INT8 = "int8-onednn"      # the int8 copy through oneDNN's kernel: the VNNI kernel's peer
 
 
+# --family: the transformers model built, and our importer of it.
+FAMILIES = {"bert": ("BertModel", import_bert), "deberta": ("DebertaV2Model", import_deberta)}
+# DeBERTa-v3's disentangled attention (its released config.json's values).
+DEBERTA_V3 = dict(relative_attention=True, position_buckets=256, max_relative_positions=-1,
+                  position_biased_input=False, pos_att_type=["p2c", "c2p"],
+                  share_att_key=True, norm_rel_ebd="layer_norm", type_vocab_size=0,
+                  layer_norm_eps=1e-7)
+
+
 def build_hf_model(args: argparse.Namespace, directory: Path):
-    """A random BertModel saved where our importer reads it, with a vocabulary of whole
-    words w0, w1, ... (one token each)."""
+    """A random BertModel (DebertaV2Model of DeBERTa-v3's layout: --family deberta) saved
+    where our importer reads it, with a vocabulary of whole words w0, w1, ... (one token
+    each)."""
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.BertModel(transformers.BertConfig(
-        vocab_size=args.vocab, hidden_size=args.d_model, num_hidden_layers=args.layers,
-        num_attention_heads=args.heads, intermediate_size=args.d_ff,
-        max_position_embeddings=512)).eval()
+    sizes = dict(vocab_size=args.vocab, hidden_size=args.d_model,
+                 num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                 intermediate_size=args.d_ff, max_position_embeddings=512)
+    config = transformers.DebertaV2Config(**sizes, **DEBERTA_V3) \
+        if args.family == "deberta" else transformers.BertConfig(**sizes)
+    model = getattr(transformers, FAMILIES[args.family][0])(config).eval()
     model.save_pretrained(directory)
     return model, write_vocabulary(directory, args.vocab)
 
@@ -90,7 +103,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def hf_embedder(model, directory: Path, lines: list[str], batches: list[list[int]]):
-    """transformers' side: BertTokenizerFast, then BertModel and the same mean pooling,
+    """transformers' side: BertTokenizerFast, then the model and the same mean pooling,
     over our batches -> a call that returns the (N, C) vectors."""
     import transformers
 
@@ -118,6 +131,9 @@ def main() -> None:
                              f"bfloat16 units, where it multiplies some 30x slower; "
                              f"{ONEDNN_INT8}: int8 through oneDNN's kernel, where the int8 "
                              "VNNI kernel would run)")
+    parser.add_argument("--family", choices=list(FAMILIES), default="bert",
+                        help="the model's layout: BERT's, or DeBERTa-v3's disentangled "
+                             "attention (DebertaV2Model)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/encode-cpu.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -126,7 +142,8 @@ def main() -> None:
         scratch = Path(scratch)
         hf, words = build_hf_model(args, scratch / "hf")
         lines = random_lines(words, args.lines, args.max_words)
-        encoders = {"ours": SentenceEncoder.load(import_bert(scratch / "hf", scratch / "ours"))}
+        importer = FAMILIES[args.family][1]
+        encoders = {"ours": SentenceEncoder.load(importer(scratch / "hf", scratch / "ours"))}
         for dtype in args.dtypes:
             with int8_through_onednn(dtype == ONEDNN_INT8):
                 encoders[f"ours {dtype}"] = SentenceEncoder.load(

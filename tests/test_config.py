@@ -151,6 +151,24 @@ _SLIDING_LM = {"arch": "decoder", "attention_type": "sliding", "src_vocab_size":
     (ModelConfig, {"attention_softcap": 50.0, **_SLIDING_LM, "attention_impl": "flash"},
      "attention_softcap needs the scores written out: attention_impl 'sdpa' or 'naive', "
      "not 'flash'"),
+    # DeBERTa's disentangled positions
+    (ModelConfig, {"positional": "disentangled"},
+     "positional='disentangled' (DeBERTa's) applies to arch='encoder' with "
+     "attention_type='softmax', not arch='transformer' and attention_type='softmax'"),
+    (ModelConfig, {"positional": "disentangled", "arch": "encoder", "attention_type": "sliding"},
+     "not arch='encoder' and attention_type='sliding'"),
+    (ModelConfig, {"positional": "disentangled", "arch": "encoder", "attention_impl": "flash"},
+     "which only the written-out kernels take: attention_impl 'sdpa' or 'naive', not 'flash'"),
+    (ModelConfig, {"positional": "disentangled", "arch": "encoder", "position_buckets": 7},
+     "position_buckets=7: must be an even number of at least 4"),
+    (ModelConfig, {"positional": "disentangled", "arch": "encoder", "position_buckets": True},
+     "position_buckets=True: must be an even number"),
+    (ModelConfig, {"positional": "disentangled", "arch": "encoder", "max_positions": 129},
+     "max_positions=129: the distance where the logarithmic buckets of "
+     "positional='disentangled' end must exceed position_buckets / 2 + 1 = 129"),
+    (ModelConfig, {"positional": "disentangled", "arch": "encoder",
+                   "max_relative_positions": 100},
+     "max_relative_positions=100: the distance"),
 ])
 def test_out_of_range_and_non_finite_values_are_refused(config_type, changes, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

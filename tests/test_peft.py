@@ -16,8 +16,8 @@ from transduce.cli import main
 from transduce.config import TrainConfig, preset
 from transduce.export import ExportError, export_peft
 from transduce.importers import (ForeignCheckpointError, import_bert, import_bloom,
-                                 import_distilbert, import_electra, import_gpt2,
-                                 import_llama, import_modernbert, import_peft,
+                                 import_deberta, import_distilbert, import_electra,
+                                 import_gpt2, import_llama, import_modernbert, import_peft,
                                  import_roberta)
 from transduce.model import load_model
 from transduce.train.loop import train
@@ -340,20 +340,21 @@ def test_an_update_of_another_shape_is_refused(tmp_path):
 
 # Our encoder exports as BERT with two segment types, RoBERTa with one, DistilBERT with
 # none (whose pooler has ReLU), ELECTRA with a GELU after its pooler, ModernBERT with its
-# prediction head.
+# prediction head, DeBERTa-v3 (model_type deberta-v2) with disentangled positions.
 ENCODER_FAMILIES = [(2, "bert"), (1, "roberta"), (0, "distilbert"), (2, "electra"),
-                    (0, "modernbert")]
+                    (0, "modernbert"), (0, "deberta-v2")]
 POOLERS = {"distilbert": "relu", "electra": "gelu"}      # the others': tanh
 # Each family's modules_to_save in a sequence classifier's adapter (BERT's: its own).
 CLASSIFIER_MODULES = {"bert": ["classifier", "pooler"],
                       "distilbert": ["pre_classifier", "classifier"],
-                      "modernbert": ["head", "classifier"]}
+                      "modernbert": ["head", "classifier"],
+                      "deberta-v2": ["pooler", "classifier"]}
 
 
 def encoder_of(segments, family="bert", **changes):
-    if family == "modernbert":      # Wqkv and Wi fused: q, k, v and linear1, linear3
-        return preset("modernbert-tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
-                      **changes)
+    if family in ("modernbert", "deberta-v2"):   # ModernBERT's Wqkv and Wi fused: q, k,
+        return preset(f"{family.removesuffix('-v2')}-tiny",       # v and linear1, linear3
+                      src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, **changes)
     return bert_tiny(type_vocab_size=segments, activation="gelu",
                      pooler_activation=POOLERS.get(family, "tanh"), **changes)
 
@@ -408,7 +409,7 @@ def test_a_peft_classifier_merges_into_our_encoder(segments, family, counting,  
     assert main(["export", "hf", str(pretrained), str(hf_dir)]) == 0
     importer = {"bert": import_bert, "roberta": import_roberta,
                 "distilbert": import_distilbert, "electra": import_electra,
-                "modernbert": import_modernbert}[family]
+                "modernbert": import_modernbert, "deberta-v2": import_deberta}[family]
     ours = importer(hf_dir, tmp_path / "ours")
     base = transformers.AutoModelForSequenceClassification.from_pretrained(hf_dir, num_labels=3)
     targets, whole = {
@@ -417,6 +418,8 @@ def test_a_peft_classifier_merges_into_our_encoder(segments, family, counting,  
         "roberta": (BERT_TARGETS, ["classifier"]),
         "electra": (BERT_TARGETS, ["classifier"]),
         "modernbert": (["Wqkv", "Wo", "Wi"], CLASSIFIER_MODULES["modernbert"]),
+        "deberta-v2": (["query_proj", "key_proj", "value_proj", "attention.output.dense",
+                        "intermediate.dense", "output.dense"], ["pooler", "classifier"]),
     }.get(family, (BERT_TARGETS, ["classifier", "pooler"]))
     theirs = peft.get_peft_model(base, peft.LoraConfig(      # which extends modules_to_save
         r=4, lora_alpha=8, task_type="SEQ_CLS", target_modules=targets,

@@ -16,7 +16,8 @@ from typing import Any, Literal, get_args
 from transduce.errors import TransduceError
 
 # "fairseq": fairseq's sinusoids ([sin | cos], counted from 2), as NLLB and M2M-100 add them.
-Positional = Literal["sinusoidal", "learned", "rotary", "t5", "alibi", "fairseq"]
+Positional = Literal["sinusoidal", "learned", "rotary", "t5", "alibi", "fairseq",
+                     "disentangled"]
 Activation = Literal["relu", "gelu", "gelu-tanh", "silu"]
 Norm = Literal["layer", "rms"]
 RopeScaling = Literal["none", "linear", "llama3"]
@@ -107,6 +108,14 @@ class ModelConfig(ValidatedConfig):
     attention_impl says, but flash and triton, which refuse it).
     logit_softcap: arch "decoder": the output logits l become cap * tanh(l / cap) (Gemma
     2's 30).
+    positional "disentangled": arch "encoder": DeBERTa's relative positions (He et al.
+    2021), a table of 2 * position_buckets vectors shared by the layers (after a norm),
+    which each layer's query and key projections turn into content-to-position and
+    position-to-content terms of its scores, all over sqrt(3 d_k); distances count
+    exactly within position_buckets / 2 and logarithmically wider up to
+    max_relative_positions (None: max_positions), then share the last bucket
+    (attention/disentangled.py). No position enters the embeddings, and the scores are
+    written out: attention_impl "sdpa" or "naive".
     attention_scale=False drops the
     1/sqrt(d_k) of every attention's scores (an experiment of the lab, not a model to use).
     arch: "transformer" (the encoder-decoder), "decoder" (decoder-only, GPT: the
@@ -204,6 +213,8 @@ class ModelConfig(ValidatedConfig):
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_positions: int = 8192
+    position_buckets: int = 256
+    max_relative_positions: int | None = None
     tie_embeddings: Tying = "all"
     attention_impl: AttentionImpl = "sdpa"
     bias: bool = True
@@ -290,6 +301,7 @@ class ModelConfig(ValidatedConfig):
             raise ConfigError(f"ModelConfig.positional={self.positional!r} is a bias on the "
                               f"softmax scores and does not combine with attention_type="
                               f"{self.attention_type!r}")
+        self._check_disentangled()
         if self.arch == "decoder" and self.attention_type in ("global", "strided"):
             raise ConfigError(f"ModelConfig.attention_type={self.attention_type!r} anchors its "
                               f"pattern at absolute positions, which left-padded prompts "
@@ -370,6 +382,33 @@ class ModelConfig(ValidatedConfig):
             raise ConfigError(f"ModelConfig.norm_bias=False drops LayerNorm's bias; "
                               f"norm={self.norm!r} has none")
 
+    def _check_disentangled(self) -> None:
+        """DeBERTa's positions: an encoder-only model's softmax attention, written out,
+        over distances bucketed up to relative_reach."""
+        if self.positional != "disentangled":
+            return
+        name = "ModelConfig.positional='disentangled'"
+        if self.arch != "encoder" or self.attention_type != "softmax":
+            raise ConfigError(f"{name} (DeBERTa's) applies to arch='encoder' with "
+                              f"attention_type='softmax', not arch={self.arch!r} and "
+                              f"attention_type={self.attention_type!r}")
+        if self.attention_impl not in ("sdpa", "naive"):
+            raise ConfigError(f"{name} adds a bias to every score that depends on the "
+                              f"content, which only the written-out kernels take: "
+                              f"attention_impl 'sdpa' or 'naive', not {self.attention_impl!r}")
+        if not isinstance(self.position_buckets, int) or isinstance(self.position_buckets, bool) \
+                or self.position_buckets < 4 or self.position_buckets % 2:
+            raise ConfigError(f"ModelConfig.position_buckets={self.position_buckets!r}: must "
+                              f"be an even number of at least 4")
+        reach = "max_relative_positions" if self.max_relative_positions is not None \
+            else "max_positions"
+        if not isinstance(self.relative_reach, int) or isinstance(self.relative_reach, bool) \
+                or self.relative_reach <= self.position_buckets // 2 + 1:
+            raise ConfigError(f"ModelConfig.{reach}={self.relative_reach!r}: the distance "
+                              f"where the logarithmic buckets of positional='disentangled' "
+                              f"end must exceed position_buckets / 2 + 1 = "
+                              f"{self.position_buckets // 2 + 1}")
+
     def _check_layer_attention(self) -> None:
         """full_attention_layers: distinct layers of a decoder-only or encoder-only model's
         sliding stack; local_rope_base: their sliding layers' rotary positions."""
@@ -436,6 +475,13 @@ class ModelConfig(ValidatedConfig):
     def embedding_width(self) -> int:
         """An encoder-only model's embeddings' width: embedding_size, else d_model."""
         return self.d_model if self.embedding_size is None else self.embedding_size
+
+    @property
+    def relative_reach(self) -> int:
+        """Where disentangled positions' logarithmic buckets end: max_relative_positions,
+        else max_positions."""
+        return self.max_positions if self.max_relative_positions is None \
+            else self.max_relative_positions
 
     @property
     def shares_embeddings(self) -> bool:
@@ -528,6 +574,13 @@ _MODERNBERT: dict[str, Any] = {
     "local_rope_base": 10_000.0, "prediction_head": True, "pooler_activation": "gelu",
     "max_positions": 8192}
 
+# DeBERTa-v3 (He et al. 2021, 2023): BERT's post-norm encoder with disentangled attention
+# (relative positions in 256 buckets each side up to 512, no position table), no
+# segments, LayerNorms of eps 1e-7, and a GELU after the pooler (its ContextPooler).
+_DEBERTA: dict[str, Any] = {**_BERT, "positional": "disentangled", "type_vocab_size": 0,
+                            "pooler_activation": "gelu", "layer_norm_eps": 1e-7,
+                            "position_buckets": 256}
+
 # The paper's two models (Table 3), and two sized for a 2-core CPU. small is pre-norm:
 # at a CPU budget of minutes it learns several times faster than post-norm
 # (docs/experiments.md); base and big keep the paper's post-norm layout.
@@ -565,6 +618,12 @@ PRESETS: dict[str, ModelConfig] = {
     "modernbert-tiny": ModelConfig(**{**_MODERNBERT, "max_positions": 128,
                                       "attention_window": 8}, d_model=64, num_heads=4,
                                    d_ff=96, num_encoder_layers=3, full_attention_layers=(0,)),
+    # 184M parameters at its 128,100 pieces, 98M of them the embeddings (DeBERTa-v3-base's).
+    "deberta-v3-base": ModelConfig(**_DEBERTA, src_vocab_size=128100, tgt_vocab_size=128100,
+                                   d_model=768, num_heads=12, d_ff=3072, num_encoder_layers=12),
+    "deberta-tiny": ModelConfig(**{**_DEBERTA, "max_positions": 64, "position_buckets": 16,
+                                   "dropout": 0.0, "attention_dropout": 0.0}, d_model=64,
+                                num_heads=4, d_ff=128, num_encoder_layers=2),
     "gpt-tiny": ModelConfig(**{**_GPT, "max_positions": 256, "dropout": 0.0}, d_model=64,
                             num_heads=4, d_ff=128, num_decoder_layers=2),
     # Llama-style decoders for a CPU budget: gpt-small's sizes with grouped-query

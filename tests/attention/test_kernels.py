@@ -295,7 +295,8 @@ def test_bfloat16_training_on_cpu_takes_the_matrix_product_form_up_to_its_length
 
     calls = []
     real = kernels._naive
-    monkeypatch.setattr(kernels, "_naive", lambda *a: calls.append(a[1].shape[2]) or real(*a))
+    monkeypatch.setattr(kernels, "_naive",
+                        lambda *a, **kw: calls.append(a[1].shape[2]) or real(*a, **kw))
     for keys in (8, kernels.MATMUL_FORM_MAX_KEYS + 1):
         q, k, v = (x.detach().to(torch.bfloat16).requires_grad_()
                    for x in make_inputs(1, 2, 2, 4, keys, 8))

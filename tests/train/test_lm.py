@@ -286,12 +286,13 @@ def test_forward_flops_of_a_decoder_only_model_are_its_matmuls(changes):
 
 
 @pytest.mark.parametrize("name, changes", [("bert-tiny", {}), ("modernbert-tiny", {}),
-                                           ("bert-tiny", {"embedding_size": 32})])
+                                           ("bert-tiny", {"embedding_size": 32}),
+                                           ("deberta-tiny", {})])
 def test_forward_flops_of_an_encoder_only_model_are_its_matmuls(name, changes):
     """The encoder and the pooler over [CLS], the projection of narrower embeddings
     (ELECTRA-small's); a sliding layer's scores counted over its band, 2 w + 1 keys
     (ModernBERT's: layers 1 and 2 of 3, w = 8), where the naive kernel computes the
-    whole square."""
+    whole square; DeBERTa's position terms."""
     config = preset(name, src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, attention_impl="naive",
                     **changes)
     model = build_model(config).eval()

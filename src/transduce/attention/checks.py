@@ -77,6 +77,18 @@ def check_position_bias(q: Tensor, k: Tensor, bias: Tensor | None) -> None:
                          f"got {bias.dtype} {tuple(bias.shape)}")
 
 
+def check_score_bias(q: Tensor, k: Tensor, bias: Tensor | None) -> None:
+    if bias is None:
+        return
+    batch, heads, num_queries = q.shape[:3]
+    if bias.dim() != 4 or bias.shape[0] not in (1, batch) or \
+            tuple(bias.shape[1:]) != (heads, num_queries, k.shape[2]) or \
+            not bias.is_floating_point():
+        raise ValueError(f"score_bias must be a float (B or 1, H, T, S) = "
+                         f"({batch}, {heads}, {num_queries}, {k.shape[2]}) tensor, got "
+                         f"{bias.dtype} {tuple(bias.shape)}")
+
+
 def check_dropout(dropout_p: float, name: str = "dropout_p") -> None:
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"{name}={dropout_p} must be in [0, 1)")

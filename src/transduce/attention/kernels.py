@@ -15,6 +15,9 @@ algorithm as Triton kernels, for CUDA tensors (see triton_flash.py).
 position_bias (H, T + S - 1): an additive score bias by relative position (T5, ALiBi;
 see position_bias.py), one vector per head; naive and sdpa expand it to (H, T, S), flash
 and triton add it tile by tile.
+score_bias (B or 1, H, T, S): an additive bias on each score that depends on more than
+the distance (DeBERTa's disentangled positions, see disentangled.py), added as it is
+(after the scale); only the written-out kernels take it, naive and sdpa.
 softcap: each scaled score s becomes softcap * tanh(s / softcap) before the bias and the
 mask (Gemma 2's soft-capping); only the written-out form has the scores to cap, so
 "sdpa" computes it as "naive" does, and "flash" and "triton" refuse it.
@@ -32,7 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transduce.attention import masks
 from transduce.attention.checks import check_dropout, check_mask, check_position_bias, \
-    check_qkv, check_segments
+    check_qkv, check_score_bias, check_segments
 from transduce.attention.flash import tiled_attention
 from transduce.attention.position_bias import expand
 from transduce.attention.triton_flash import triton_attention
@@ -44,14 +47,14 @@ IMPLS = choices(AttentionImpl)
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Segments | None = None, *,
               causal: bool = False, dropout_p: float = 0.0, impl: str = "sdpa",
               return_weights: bool = False, scale: float | None = None,
-              position_bias: Tensor | None = None,
+              position_bias: Tensor | None = None, score_bias: Tensor | None = None,
               softcap: float | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """softmax(cap(q k^T * scale) + bias + mask) v, scale = 1/sqrt(D) by default, cap the
     identity unless softcap is given.
 
     q (B, H, T, D), k/v (B, H_kv, S, D), mask broadcastable to (B, H, T, S) or a packed
-    batch's Segments, position_bias (H, T + S - 1) -> out (B, H, T, D), and weights
-    (B, H, T, S) when return_weights (naive only).
+    batch's Segments, position_bias (H, T + S - 1), score_bias (B or 1, H, T, S)
+    -> out (B, H, T, D), and weights (B, H, T, S) when return_weights (naive only).
     """
     # While an ONNX export traces this, a size compared in Python would be frozen at the
     # example's value; the checks and the one-query shortcut are skipped then.
@@ -61,10 +64,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Segments | N
     if not tracing:
         mask = _check_inputs(q, k, v, mask, impl, return_weights, dropout_p)
         check_position_bias(q, k, position_bias)
+        check_score_bias(q, k, score_bias)
         # One query aligned with the last key sees every key: no causal mask to build.
         causal = causal and q.shape[2] > 1
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     bias = position_bias
+    if score_bias is not None and impl in ("flash", "triton"):
+        raise ValueError(f"score_bias needs the scores written out: impl 'sdpa' or "
+                         f"'naive', not {impl!r}")
     if softcap is not None:
         if impl in ("flash", "triton"):
             raise ValueError(f"softcap needs the scores written out: impl 'sdpa' or "
@@ -77,14 +84,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Segments | N
         return triton_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, scale=scale,
                                 position_bias=bias)
     if impl == "sdpa":
-        return _sdpa(q, k, v, mask, causal, dropout_p, scale, bias)
-    out, weights = _naive(q, k, v, mask, causal, dropout_p, scale, bias, softcap)
+        return _sdpa(q, k, v, mask, causal, dropout_p, scale, bias, score_bias)
+    out, weights = _naive(q, k, v, mask, causal, dropout_p, scale, bias, softcap, score_bias)
     return (out, weights) if return_weights else out
 
 
 def _naive(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
            dropout_p: float, scale: float, position_bias: Tensor | None = None,
-           softcap: float | None = None) -> tuple[Tensor, Tensor]:
+           softcap: float | None = None, score_bias: Tensor | None = None
+           ) -> tuple[Tensor, Tensor]:
     """The formula written out. -> out (B, H, T, D), weights (B, H, T, S)."""
     batch, heads, num_queries, _ = q.shape
     kv_heads, num_keys = k.shape[1], k.shape[2]
@@ -99,6 +107,8 @@ def _naive(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
     if position_bias is not None:
         dense = expand(position_bias, num_queries, num_keys)            # (H, T, S)
         scores = scores + dense.unflatten(0, (kv_heads, group)).to(scores.dtype)
+    if score_bias is not None:
+        scores = scores + score_bias.unflatten(1, (kv_heads, group)).to(scores.dtype)
     allowed = None if mask is None else masks.group_heads(mask, kv_heads, group)
     weights = masked_softmax(scores, allowed)                           # (B, Hkv, G, T, S)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
@@ -127,15 +137,21 @@ MATMUL_FORM_MAX_KEYS = 256
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-          dropout_p: float, scale: float, position_bias: Tensor | None = None) -> Tensor:
+          dropout_p: float, scale: float, position_bias: Tensor | None = None,
+          score_bias: Tensor | None = None) -> Tensor:
     """PyTorch's fused kernel. Its is_causal is top-left aligned, so it is used only
     for square unmasked attention; every other causal case goes through a mask."""
     num_queries, num_keys = q.shape[2], k.shape[2]
     if (q.device.type == "cpu" and q.dtype == torch.bfloat16 and num_keys <= MATMUL_FORM_MAX_KEYS
             and torch.is_grad_enabled() and q.requires_grad):
-        return _naive(q, k, v, mask, causal, dropout_p, scale, position_bias)[0]
-    if position_bias is not None:
-        return _sdpa_with_bias(q, k, v, mask, causal, dropout_p, scale, position_bias)
+        return _naive(q, k, v, mask, causal, dropout_p, scale, position_bias,
+                      score_bias=score_bias)[0]
+    if position_bias is not None or score_bias is not None:
+        dense = score_bias if position_bias is None else \
+            expand(position_bias, num_queries, num_keys)[None]                 # (1, H, T, S)
+        if position_bias is not None and score_bias is not None:
+            dense = dense + score_bias
+        return _sdpa_with_bias(q, k, v, mask, causal, dropout_p, scale, dense)
     # A branch, not an expression: under torch.compile with dynamic shapes the comparison
     # is symbolic, SDPA takes only a Python bool, and a branch makes the graph guard on it.
     use_is_causal = False
@@ -150,13 +166,13 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
 
 
 def _sdpa_with_bias(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-                    dropout_p: float, scale: float, position_bias: Tensor) -> Tensor:
-    """The bias as SDPA's float mask, (1, H, T, S), with a large negative number where a
-    key is masked. A row with no key would then average every value: it is set to 0."""
+                    dropout_p: float, scale: float, dense_bias: Tensor) -> Tensor:
+    """The bias (B or 1, H, T, S) as SDPA's float mask, with a large negative number where
+    a key is masked. A row with no key would then average every value: it is set to 0."""
     num_queries, num_keys = q.shape[2], k.shape[2]
     if causal:
         mask = masks.combine(mask, masks.causal_mask(num_queries, num_keys, device=q.device))
-    bias = bias_as_mask(position_bias, mask, num_queries, num_keys, q.dtype)
+    bias = dense_as_mask(dense_bias, mask, q.dtype)
     with _shape_agnostic_backends(q.device):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
                                              scale=scale, enable_gqa=k.shape[1] != q.shape[1])
@@ -170,7 +186,12 @@ def bias_as_mask(position_bias: Tensor, mask: Tensor | None, num_queries: int, n
     """position_bias (H, T + S - 1) and a boolean mask broadcastable to (B, H, T, S) ->
     SDPA's float mask: the bias, a large negative number where a key is masked;
     (1, H, T, S) without a mask."""
-    bias = expand(position_bias, num_queries, num_keys).to(dtype)[None]         # (1, H, T, S)
+    return dense_as_mask(expand(position_bias, num_queries, num_keys)[None], mask, dtype)
+
+
+def dense_as_mask(bias: Tensor, mask: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """A dense bias (B or 1, H, T, S) and a boolean mask -> SDPA's float mask in dtype."""
+    bias = bias.to(dtype)
     return bias if mask is None else bias.masked_fill(~mask, torch.finfo(dtype).min / 2)
 
 

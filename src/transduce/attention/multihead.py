@@ -22,6 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from transduce.attention.checks import check_dropout
+from transduce.attention.disentangled import RelativePositions, disentangled_bias, \
+    dropped_table
 from transduce.attention.kernels import attention
 from transduce.attention.kinds import AttentionKind, self_attention_kind
 from transduce.attention.kv_cache import Attended, AttentionCache
@@ -97,7 +99,7 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None, *,
                 kv: tuple[Tensor, Tensor] | None = None, causal: bool = False,
                 cache: AttentionCache | None = None, positions: Tensor | None = None,
-                position_bias: Tensor | None = None,
+                position_bias: Tensor | None = None, relative: RelativePositions | None = None,
                 return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, T, C); mask broadcastable to (B, H, T, S), True = may attend.
 
@@ -111,6 +113,8 @@ class MultiHeadAttention(nn.Module):
         start at the same position (left-padded prompts).
         position_bias (H, T + S - 1): a relative-position score bias (self-attention
         only; S counts the cached keys too), see attention/position_bias.py.
+        relative: DeBERTa's disentangled positions (a full pass of self-attention; see
+        attention/disentangled.py), projected by this layer's queries and keys.
         -> (B, T, C), and the weights (B, H, T, S) when return_weights (naive kernel).
         """
         impl = "naive" if return_weights else self.impl
@@ -125,7 +129,12 @@ class MultiHeadAttention(nn.Module):
                 start = (0 if cache is None else cache.length) if positions is None \
                     else positions
                 q, k = self.rotary(q, start), self.rotary(k, start)
-            if cache is None:
+            if relative is not None:
+                if cache is not None:
+                    raise ValueError("disentangled positions bias a full pass over the "
+                                     "whole input; they have no cached form")
+                result = self._disentangled(q, k, v, mask, relative, impl, return_weights)
+            elif cache is None:
                 result = self.kind.attend(q, k, v, mask, causal=causal, impl=impl,
                                           dropout_p=self._dropout_p, return_weights=return_weights,
                                           position_bias=position_bias, softcap=self.softcap)
@@ -153,6 +162,25 @@ class MultiHeadAttention(nn.Module):
                 fused.bias = nn.Parameter(torch.cat([p.bias for p in projections]))
         self.qkv_proj = fused
         self.q_proj = self.k_proj = self.v_proj = None
+
+    def _disentangled(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                      relative: RelativePositions, impl: str,
+                      return_weights: bool) -> Attended:
+        """Softmax attention whose scores add DeBERTa's two position terms, the table
+        through this layer's own query and key projections, all over sqrt(3 D):
+        q (B, H, T, D), k, v (B, H, S, D) -> out (B, H, T, D) [, weights (B, H, T, S)]."""
+        table = dropped_table(relative)[None]                               # (1, R, C)
+        if self.qkv_proj is None:
+            query_table, key_table = self.q_proj(table), self.k_proj(table)
+        else:
+            query_table, key_table, _ = self.qkv_proj(table).split(
+                [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                 self.num_kv_heads * self.head_dim], -1)
+        query_table, key_table = self._query_heads(query_table)[0], self._keys(key_table)[0]
+        scale = 1.0 / math.sqrt(3 * self.head_dim)
+        bias = disentangled_bias(q, k, query_table, key_table, relative.index) * scale
+        return attention(q, k, v, mask, impl=impl, dropout_p=self._dropout_p, scale=scale,
+                         return_weights=return_weights, score_bias=bias)
 
     def _queries(self, x: Tensor) -> Tensor:
         """x (B, T, C) -> queries (B, H, T, D), times query_factor."""

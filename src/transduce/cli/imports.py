@@ -1,6 +1,6 @@
 """`transduce import hf-gpt2` / `hf-bloom` / `hf-llama` / `hf-gemma` / `hf-bert` /
 `hf-roberta` (also called `hf-xlm-roberta`) / `hf-distilbert` / `hf-electra` /
-`hf-modernbert` / `hf-marian` / `hf-nllb`
+`hf-modernbert` / `hf-deberta` / `hf-marian` / `hf-nllb`
 (also called `hf-m2m100`) / `hf-mbart` / `hf-t5`: another toolkit's checkpoint as ours;
 `peft`: a PEFT LoRA adapter merged into one of ours."""
 
@@ -92,6 +92,17 @@ def register(commands) -> None:
                 "layers among full ones, heads through a prediction head); heads the "
                 "directory lacks are initialised afresh and listed, options the model "
                 "cannot reproduce are refused by name.")
+    _add_format(formats, import_hf_deberta, "hf-deberta",
+                "Hugging Face DeBERTa-v3 or -v2 (DebertaV2Model, DebertaV2ForMaskedLM, "
+                "...ForSequenceClassification, ...ForTokenClassification or "
+                "...ForQuestionAnswering directory)",
+                "Import a Hugging Face DeBERTa-v3 directory (config.json, model.safetensors "
+                "or pytorch_model.bin, tokenizer.json or spm.model) as an encoder-only "
+                "checkpoint with disentangled attention (relative positions in "
+                "logarithmic buckets, shared by the layers); a pre-trained model's "
+                "replaced-token head is left unread, heads the directory lacks are "
+                "initialised afresh and listed, options the model cannot reproduce are "
+                "refused by name.")
     _add_format(formats, import_hf_marian, "hf-marian",
                 "Hugging Face Marian (MarianMTModel directory: OPUS-MT)",
                 "Import a Hugging Face Marian translation model (config.json, "
@@ -212,6 +223,13 @@ def import_hf_roberta(args: argparse.Namespace) -> int:
     from transduce.importers import import_roberta
 
     return _import_encoder(args, import_roberta)
+
+
+def import_hf_deberta(args: argparse.Namespace) -> int:
+    """Import a Hugging Face DeBERTa-v3 or -v2 checkpoint."""
+    from transduce.importers import import_deberta
+
+    return _import_encoder(args, import_deberta)
 
 
 def import_hf_distilbert(args: argparse.Namespace) -> int:

@@ -7,7 +7,9 @@ pooler), as transformers could not read a second segment of the BERT template; o
 none (an imported DistilBERT) as `DistilBertForSequenceClassification` or
 `DistilBertForMaskedLM` (no pooler either), whose tokenizer gives no segment ids; one
 whose pooler is followed by GELU (an imported ELECTRA) as
-`ElectraForSequenceClassification` or `ElectraForMaskedLM` (a generator's head). A
+`ElectraForSequenceClassification` or `ElectraForMaskedLM` (a generator's head); one of
+disentangled positions (an imported DeBERTa-v3) as `DebertaV2ForSequenceClassification`
+or `DebertaV2ForMaskedLM`, with its table of relative positions. A
 token classifier goes as the family's `...ForTokenClassification` (its tags as
 id2label), a question answerer as its `...ForQuestionAnswering`.
 
@@ -51,8 +53,9 @@ def check_bert_exportable(model: EncoderOnly) -> None:
     c = model.config
     problems = not_a_plain_transformer(c, arch="encoder", projected_embeddings=encoder_names(
         c) is families.ELECTRA)
-    problems += [f"{name}={getattr(c, name)!r} (BERT's is {value!r})"
-                 for name, value in BERT_LAYOUT.items() if getattr(c, name) != value]
+    family = encoder_names(c).family
+    problems += [f"{name}={getattr(c, name)!r} ({family}'s is {value!r})"
+                 for name, value in family_layout(c).items() if getattr(c, name) != value]
     if c.kv_heads != c.num_heads:
         problems.append(f"num_kv_heads={c.num_kv_heads} (BERT has full multi-head attention)")
     if c.activation not in BERT_ACTIVATIONS:
@@ -67,13 +70,21 @@ def check_bert_exportable(model: EncoderOnly) -> None:
                           + "; ".join(problems))
 
 
+def family_layout(config) -> dict:
+    """What the family's layers are (BERT_LAYOUT; DeBERTa's positions disentangled)."""
+    if encoder_names(config) is families.DEBERTA:
+        return BERT_LAYOUT | {"positional": "disentangled"}
+    return BERT_LAYOUT
+
+
 def _not_the_familys(model: EncoderOnly) -> list[str]:
     """What the family the model goes as computes otherwise: its pooler's activation
-    (where the class has a pooler), DistilBERT's fixed LayerNorm eps."""
+    (where the class has a pooler, and fixes it: DeBERTa's config names its own),
+    DistilBERT's fixed LayerNorm eps."""
     c, names = model.config, encoder_names(model.config)
     problems = []
-    has_pooler = not reads_tokens(c) and (names is families.BERT
-                                          or model.classifier is not None)
+    has_pooler = not reads_tokens(c) and names is not families.DEBERTA and (
+        names is families.BERT or model.classifier is not None)
     if has_pooler and c.pooler_activation != names.pooler_activation:
         problems.append(f"pooler_activation={c.pooler_activation!r} ({bert_class(model)}'s "
                         f"pooler has {names.pooler_activation})")
@@ -103,7 +114,7 @@ def bert_config(model: EncoderOnly) -> dict:
 def bert_class(model: EncoderOnly) -> str:
     names = encoder_names(model.config)
     family = {families.ROBERTA: "Roberta", families.DISTILBERT: "DistilBert",
-              families.ELECTRA: "Electra"}.get(names)
+              families.ELECTRA: "Electra", families.DEBERTA: "DebertaV2"}.get(names)
     if model.classifier is not None and reads_tokens(model.config):
         task = "QuestionAnswering" if model.config.question_answering else \
             "TokenClassification"
@@ -135,6 +146,20 @@ def electra_config(model: EncoderOnly) -> dict:
     return {**bert_config(model), "model_type": "electra",
             "architectures": [bert_class(model)],
             "embedding_size": model.config.embedding_width}
+
+
+def deberta_config(model: EncoderOnly) -> dict:
+    """The DebertaV2Config of the transformers model that holds this one: BERT's, with
+    DeBERTa-v3's disentangled attention (importers/hf_deberta.py's LAYOUT)."""
+    from transduce.importers.hf_deberta import LAYOUT
+
+    c = model.config
+    config = {**bert_config(model), "model_type": "deberta-v2",
+              "architectures": [bert_class(model)], "position_buckets": c.position_buckets,
+              "max_relative_positions": c.relative_reach, "pos_att_type": ["p2c", "c2p"],
+              "pooler_hidden_act": c.pooler_activation, "pooler_hidden_size": c.d_model,
+              "pooler_dropout": 0.0, "legacy": True}
+    return config | {key: ours for key, (_, ours) in LAYOUT.items()}
 
 
 def distilbert_config(model: EncoderOnly) -> dict:
@@ -193,6 +218,17 @@ def electra_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     return _layer_weights(model, families.ELECTRA) | _family_heads(model, ELECTRA)
 
 
+def deberta_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
+    """Our weights under the DeBERTa task model's names (importers/hf_deberta.py's), with
+    the layers' shared table of relative positions."""
+    from transduce.importers.hf_deberta import DEBERTA
+
+    relative = model.encoder.relative_positions
+    return _layer_weights(model, families.DEBERTA) | _family_heads(model, DEBERTA) | \
+        module_weights({"deberta.encoder.rel_embeddings": relative.embedding,
+                        "deberta.encoder.LayerNorm": relative.norm})
+
+
 def _family_heads(model: EncoderOnly, family) -> dict[str, Tensor]:
     """The head of a family without BERT's pooler and next-sentence head (RoBERTa,
     DistilBERT, ELECTRA) under the names its import reads (an importers.hf_bert
@@ -225,7 +261,8 @@ def hf_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     """Our weights under the names of the transformers class bert_class() names."""
     return {families.BERT: bert_state_dict, families.ROBERTA: roberta_state_dict,
             families.DISTILBERT: distilbert_state_dict,
-            families.ELECTRA: electra_state_dict}[encoder_names(model.config)](model)
+            families.ELECTRA: electra_state_dict,
+            families.DEBERTA: deberta_state_dict}[encoder_names(model.config)](model)
 
 
 def tied_output(model: EncoderOnly, bias_names: tuple[str, ...], weight_name: str
@@ -241,9 +278,10 @@ def _layer_weights(model: EncoderOnly, names: EncoderNames) -> dict[str, Tensor]
     """The embeddings' and the layers' weights under the family's names."""
     embed, prefix = model.embed, names.prefix
     modules = {f"{prefix}embeddings.word_embeddings": embed.embedding,
-               f"{prefix}embeddings.position_embeddings": embed.positions.embedding,
                f"{prefix}embeddings.LayerNorm": embed.norm}
-    if names.segments:
+    if embed.positions is not None:                # DeBERTa's: none
+        modules[f"{prefix}embeddings.position_embeddings"] = embed.positions.embedding
+    if names.segments and embed.segments is not None:
         modules[f"{prefix}{names.segments}"] = embed.segments
     if embed.project is not None:                  # ELECTRA's narrower embeddings
         modules[f"{prefix}embeddings_project"] = embed.project
@@ -270,7 +308,8 @@ def bert_model(model: EncoderOnly):
         families.BERT: (transformers.BertConfig, bert_config),
         families.ROBERTA: (transformers.RobertaConfig, roberta_config),
         families.DISTILBERT: (transformers.DistilBertConfig, distilbert_config),
-        families.ELECTRA: (transformers.ElectraConfig, electra_config)}[names]
+        families.ELECTRA: (transformers.ElectraConfig, electra_config),
+        families.DEBERTA: (transformers.DebertaV2Config, deberta_config)}[names]
     config = config_class(**settings(model))
     theirs = getattr(transformers, bert_class(model))(config).eval()
     missing, unexpected = theirs.load_state_dict(hf_state_dict(model), strict=False)

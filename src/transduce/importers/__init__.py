@@ -118,6 +118,7 @@ from transduce.importers.hf_roberta import import_roberta  # noqa: E402
 from transduce.importers.hf_distilbert import import_distilbert  # noqa: E402
 from transduce.importers.hf_electra import import_electra  # noqa: E402
 from transduce.importers.hf_modernbert import import_modernbert  # noqa: E402
+from transduce.importers.hf_deberta import import_deberta  # noqa: E402
 from transduce.importers.hf_marian import import_marian  # noqa: E402
 from transduce.importers.hf_llama import import_llama  # noqa: E402
 from transduce.importers.hf_bloom import import_bloom  # noqa: E402
@@ -126,8 +127,8 @@ from transduce.importers.hf_nllb import import_nllb  # noqa: E402
 from transduce.importers.hf_mbart import import_mbart  # noqa: E402
 from transduce.importers.hf_t5 import import_t5  # noqa: E402
 from transduce.importers.peft import import_peft  # noqa: E402
-from transduce.importers import hf_distilbert, hf_electra, hf_gemma, hf_llama, \
-    hf_modernbert, hf_roberta, hf_t5  # noqa: E402
+from transduce.importers import hf_deberta, hf_distilbert, hf_electra, hf_gemma, \
+    hf_llama, hf_modernbert, hf_roberta, hf_t5  # noqa: E402
 
 # Which `transduce import` command reads a model_type: check_type_and_fixed_options names
 # it where another command is given the directory.
@@ -140,10 +141,11 @@ IMPORTED_BY = {"gpt2": "hf-gpt2", "bloom": "hf-bloom", "bert": "hf-bert",
                **dict.fromkeys(hf_distilbert.MODEL_TYPES, "hf-distilbert"),
                **dict.fromkeys(hf_electra.MODEL_TYPES, "hf-electra"),
                **dict.fromkeys(hf_modernbert.MODEL_TYPES, "hf-modernbert"),
+               **dict.fromkeys(hf_deberta.MODEL_TYPES, "hf-deberta"),
                **dict.fromkeys(hf_t5.MODEL_TYPES, "hf-t5")}
 
 __all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight",
            "refuse_unread", "import_gpt2", "import_llama", "import_bloom", "import_gemma",
            "import_bert", "import_roberta", "import_distilbert", "import_electra",
-           "import_modernbert", "fresh_heads",
+           "import_modernbert", "import_deberta", "fresh_heads",
            "import_marian", "import_nllb", "import_mbart", "import_t5", "import_peft"]

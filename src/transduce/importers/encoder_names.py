@@ -1,11 +1,13 @@
-"""Where transformers' BERT, RoBERTa, DistilBERT and ELECTRA keep what our EncoderOnly
-holds: one table for the imports (hf_bert.py), `export hf` (export/hf_encoder.py) and
-PEFT adapters (peft_layout.py, peft_heads.py), so that the three cannot drift apart;
-ModernBERT's names, for PEFT's adapters (its import and export have their own table).
+"""Where transformers' BERT, RoBERTa, DistilBERT, ELECTRA and DeBERTa keep what our
+EncoderOnly holds: one table for the imports (hf_bert.py), `export hf`
+(export/hf_encoder.py) and PEFT adapters (peft_layout.py, peft_heads.py), so that the
+three cannot drift apart; ModernBERT's names, for PEFT's adapters (its import and export
+have their own table).
 
-Our encoder exports as ModernBERT with a prediction head, as ELECTRA with a GELU after
-its pooler (ELECTRA's classification head), else as DistilBERT without segment types,
-as RoBERTa with one, as BERT with more (encoder_names)."""
+Our encoder exports as DeBERTa with disentangled positions, as ModernBERT with a
+prediction head, as ELECTRA with a GELU after its pooler (ELECTRA's classification
+head), else as DistilBERT without segment types, as RoBERTa with one, as BERT with more
+(encoder_names)."""
 
 from __future__ import annotations
 
@@ -77,6 +79,17 @@ ELECTRA = EncoderNames("ELECTRA", "electra.", "encoder.layer", BERT_LAYER,
                        "gelu", ("classifier",))
 
 
+# DeBERTa's: BERT's layers with its own projections' names, and a GELU after the pooler.
+DEBERTA_LAYER = {**BERT_LAYER, "self_attn.q_proj": "attention.self.query_proj",
+                 "self_attn.k_proj": "attention.self.key_proj",
+                 "self_attn.v_proj": "attention.self.value_proj"}
+DEBERTA = EncoderNames("DeBERTa", "deberta.", "encoder.layer", DEBERTA_LAYER,
+                       "embeddings.token_type_embeddings",
+                       ("input_ids", "token_type_ids", "attention_mask"),
+                       {"pooler.dense": "pooler", "classifier": "classifier"}, "gelu",
+                       ("pooler", "classifier"))
+
+
 # ModernBERT's names (under model.layers.N), for PEFT's adapters: the import and `export
 # hf` join and split its fused modules themselves (importers/hf_modernbert.py).
 MODERNBERT_LAYER = {"self_attn.q_proj": "attn.Wqkv", "self_attn.k_proj": "attn.Wqkv",
@@ -92,9 +105,12 @@ MODERNBERT = EncoderNames("ModernBERT", "model.", "layers", MODERNBERT_LAYER, No
 
 
 def encoder_names(config: ModelConfig) -> EncoderNames:
-    """The family our encoder exports as: ModernBERT with its prediction head, ELECTRA
+    """The family our encoder exports as: DeBERTa with disentangled positions,
+    ModernBERT with its prediction head, ELECTRA
     with its GELU pooler, else DistilBERT without segment types, RoBERTa with one (it
     could not read a second segment of BERT's template), BERT with more."""
+    if config.positional == "disentangled":
+        return DEBERTA
     if config.prediction_head:
         return MODERNBERT
     if config.pooler_activation == "gelu":

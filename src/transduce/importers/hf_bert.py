@@ -368,7 +368,8 @@ def map_weights(tensors: dict[str, Tensor], names: dict[str, str], config: Model
                 ) -> tuple[dict[str, Tensor], set[str]]:
     """BERT's tensors -> (our state dict in float32, without the heads the checkpoint
     lacks; the heads it has). Each key accounted for, each shape checked. The position
-    table loses its first position_offset rows (RoBERTa's: padding's and unused).
+    table, where the model has one, loses its first position_offset rows (RoBERTa's:
+    padding's and unused).
     Embeddings narrower than the layers (ELECTRA-small's) come with their projection."""
     f = family
     names = dict(names)
@@ -388,11 +389,12 @@ def map_weights(tensors: dict[str, Tensor], names: dict[str, str], config: Model
 
     embedding = take("embeddings.word_embeddings.weight", v, e)
     state = {"encoder.embed.embedding.weight": embedding,
-             "mlm_head.decoder.weight": embedding,             # tied, whatever is found
-             "encoder.embed.positions.embedding.weight":
-                 take("embeddings.position_embeddings.weight",
-                      config.max_positions + position_offset, e)[position_offset:]}
-    if f.names.segments:
+             "mlm_head.decoder.weight": embedding}             # tied, whatever is found
+    if config.positional == "learned":                         # DeBERTa's: none
+        state["encoder.embed.positions.embedding.weight"] = take(
+            "embeddings.position_embeddings.weight", config.max_positions + position_offset,
+            e)[position_offset:]
+    if f.names.segments and config.type_vocab_size:           # DeBERTa-v3's: none
         state["encoder.embed.segments.weight"] = take(f"{f.names.segments}.weight",
                                                       config.type_vocab_size, e)
     norm("encoder.embed.norm", "embeddings.LayerNorm", e)

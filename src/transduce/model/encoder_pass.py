@@ -31,9 +31,11 @@ from transduce.model.scripting import CompiledOnFirstCall, WrittenOut
 
 
 def _supported(encoder: nn.Module) -> bool:
-    """Every layer's self-attention fused, softmax over all keys through SDPA, scaled
-    scores, no rotary positions (a score bias enters as SDPA's float mask), no sandwich
-    norms."""
+    """No disentangled positions; every layer's self-attention fused, softmax over all
+    keys through SDPA, scaled scores, no rotary positions (a score bias enters as SDPA's
+    float mask), no sandwich norms."""
+    if getattr(encoder, "relative_positions", None) is not None:
+        return False            # DeBERTa's disentangled positions: not written out here
     for layer in encoder.layers:
         attn = layer.self_attn
         if layer.post_norm1 is not None:

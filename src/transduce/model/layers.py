@@ -13,6 +13,7 @@ from functools import partial
 
 from torch import Tensor, nn
 
+from transduce.attention.disentangled import RelativePositions
 from transduce.attention.kinds import self_attention_kind
 from transduce.attention.kv_cache import AttentionCache
 from transduce.attention.multihead import MultiHeadAttention, Rotary
@@ -108,16 +109,19 @@ class EncoderLayer(nn.Module):
         self.norm_first = c.norm_first
 
     def forward(self, x: Tensor, src_mask: Tensor | None, *,
-                position_bias: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+                position_bias: Tensor | None = None, positions: Tensor | None = None,
+                relative: RelativePositions | None = None) -> Tensor:
         """x (B, S, C), src_mask (B, 1, 1, S) or a packed batch's Segments, position_bias
-        (H, 2S - 1), positions (B, S) each token's rotary position -> (B, S, C)."""
+        (H, 2S - 1), positions (B, S) each token's rotary position, relative: the
+        stack's disentangled positions (DeBERTa's) -> (B, S, C)."""
+        def self_attention(h: Tensor) -> Tensor:
+            return self.self_attn(h, src_mask, positions=positions, position_bias=position_bias,
+                                  relative=relative)
+
         if self.norm_first:
-            h = self.self_attn(self.norm1(x), src_mask, positions=positions,
-                               position_bias=position_bias)
-            x = x + self.dropout(post_norm(self.post_norm1, h))
+            x = x + self.dropout(post_norm(self.post_norm1, self_attention(self.norm1(x))))
             return x + self.dropout(post_norm(self.post_norm2, self.ffn(self.norm2(x))))
-        x = self.norm1(x + self.dropout(self.self_attn(x, src_mask, positions=positions,
-                                                       position_bias=position_bias)))
+        x = self.norm1(x + self.dropout(self_attention(x)))
         return self.norm2(x + self.dropout(self.ffn(x)))
 
 

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from transduce.attention import masks
+from transduce.attention.disentangled import DisentangledPositions
 from transduce.attention.kinds import self_attention_kind
 from transduce.attention.kv_cache import AttentionCache, keep_rows, plan_rows
 from transduce.config import ModelConfig
@@ -152,6 +153,10 @@ class Encoder(nn.Module):
                          attention_norm=i > 0 or config.first_attention_norm)
             for i in range(config.num_encoder_layers))
         self.score_bias = score_bias(config, bidirectional=True)
+        self.relative_positions = DisentangledPositions(
+            config.d_model, config.position_buckets, config.relative_reach,
+            norm_module(config), config.dropout) if config.positional == "disentangled" \
+            else None
         self.final_norm = norm_module(config) if config.norm_first else None
         # A decoding copy's written-out layers (model/encoder_pass.py), where they apply.
         self.fast_pass: EncoderPass | None = None
@@ -164,9 +169,12 @@ class Encoder(nn.Module):
             return self.fast_pass(src, src_mask, **embed_inputs)
         x = self.embed(src, **embed_inputs)
         length = src.shape[1]
+        positions = embed_inputs.get("positions")
         bias = None if self.score_bias is None else self.score_bias(length, length)
+        relative = None if self.relative_positions is None else \
+            self.relative_positions(length, positions)
         for layer in self.layers:
-            x = layer(x, src_mask, position_bias=bias, positions=embed_inputs.get("positions"))
+            x = layer(x, src_mask, position_bias=bias, positions=positions, relative=relative)
         return x if self.final_norm is None else self.final_norm(x)
 
 

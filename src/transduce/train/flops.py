@@ -13,6 +13,7 @@ import time
 import numpy
 import torch
 
+from transduce.attention.disentangled import rows_reached
 from transduce.config import ModelConfig
 
 
@@ -79,15 +80,27 @@ def _keys_per_query(config: ModelConfig, layer: int, length, *, causal: bool = T
 def _encoder_only_forward_flops(config: ModelConfig, batch_size: int, src_len: int) -> float:
     """BERT: the embeddings' projection where they are narrower (ELECTRA-small's), the
     encoder's layers over (B, S) (projections, FFN, QK^T and AV over every key, or a
-    sliding layer's band: ModernBERT's), the pooler; the MLM head runs on the masked
-    positions only and is not counted."""
+    sliding layer's band: ModernBERT's; DeBERTa's position terms), the pooler; the MLM
+    head runs on the masked positions only and is not counted."""
     d, q, ffn = config.d_model, attention_widths(config)[0], ffn_weights(config)
     tokens = batch_size * src_len
     keys = sum(_keys_per_query(config, layer, src_len, causal=False)
                for layer in range(config.num_encoder_layers))
     layers = config.num_encoder_layers * tokens * (4 * d * q + ffn) + 2 * tokens * keys * q
     projection = tokens * config.embedding_width * d if config.embedding_size else 0
-    return 2.0 * (projection + layers + batch_size * d * d)
+    return 2.0 * (projection + layers + _disentangled(config, batch_size, src_len)
+                  + batch_size * d * d)
+
+
+def _disentangled(config: ModelConfig, batch_size: int, src_len):
+    """DeBERTa's position terms in every layer: the rows of its table a pass reaches
+    (attention/disentangled.py; a compiled step reads all 2k) through the query and key
+    projections, and each token's query and key against them."""
+    if config.positional != "disentangled":
+        return 0
+    rows = rows_reached(src_len, config.position_buckets, config.relative_reach)
+    q = attention_widths(config)[0]
+    return config.num_encoder_layers * 2 * rows * q * (config.d_model + batch_size * src_len)
 
 
 def _rnn_forward_flops(config: ModelConfig, batch_size: int, src_len: int, tgt_len: int) -> float:
