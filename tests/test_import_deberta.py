@@ -49,16 +49,17 @@ def spm_dir(tmp_path_factory):
     return directory
 
 
-def hf_checkpoint(directory, kind, spm_dir, **config):
+def hf_checkpoint(directory, kind, spm_dir, labels=LABELS, **config):
     """A random transformers DebertaV2* model saved with save_pretrained, with its
-    tokenizer (converted from spm.model by transformers, written as tokenizer.json)."""
+    tokenizer (converted from spm.model by transformers, written as tokenizer.json); a
+    classifier's classes are `labels`."""
     fast = transformers.DebertaV2TokenizerFast.from_pretrained(str(spm_dir))
     torch.manual_seed(0)
     hf_config = transformers.DebertaV2Config(vocab_size=len(fast) + 7, initializer_range=0.2,
                                              pad_token_id=fast.pad_token_id,
                                              **{**SIZES, **config})
     if kind.endswith("SequenceClassification") or kind.endswith("TokenClassification"):
-        hf_config.id2label, hf_config.label2id = LABELS, {v: k for k, v in LABELS.items()}
+        hf_config.id2label, hf_config.label2id = labels, {v: k for k, v in labels.items()}
     model = randomised(getattr(transformers, kind)(hf_config).eval())
     model.save_pretrained(directory)
     fast.save_pretrained(str(directory))
@@ -181,6 +182,28 @@ def test_pairs_are_tokenized_and_classified_as_transformers_does(tokenizer_files
         for prediction, probabilities in zip(found, expected):
             assert list(prediction.probabilities.values()) == pytest.approx(
                 probabilities.tolist(), abs=1e-5)
+
+
+def test_words_are_tagged_as_transformers_tags_them(spm_dir, tmp_path):
+    """A token classifier over SentencePiece's pieces (each word's first starts with
+    "▁"): every word's tag and probability at its first piece, long lines in chunks of
+    whole words (12 positions)."""
+    from tests.test_tagging import LINES, TAGS, expected_line
+    from transduce.decode.encode import SentenceEncoder
+
+    hf = hf_checkpoint(tmp_path / "hf", "DebertaV2ForTokenClassification", spm_dir,
+                       labels=dict(enumerate(TAGS)), max_position_embeddings=12,
+                       max_relative_positions=-1)
+    encoder = SentenceEncoder.load(import_deberta(tmp_path / "hf", tmp_path / "ours"))
+    fast = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    tagged_lines = encoder.tag(LINES, batch_tokens=24)
+    assert len(fast(LINES[3])["input_ids"]) > 12                  # tagged in chunks
+    for line, tagged in zip(LINES, tagged_lines):
+        assert [t.word for t in tagged] == line.split()
+        if tagged:
+            tags, probabilities = expected_line(hf, fast, encoder.tokenizer, line, 10)
+            assert [t.tag for t in tagged] == tags, line
+            assert [t.probability for t in tagged] == pytest.approx(probabilities, abs=1e-5)
 
 
 def test_fine_tuning_the_import_gives_transformers_loss(spm_dir, tmp_path):

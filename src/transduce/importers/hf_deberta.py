@@ -32,6 +32,7 @@ itself converts it on loading.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,12 @@ from transduce.importers.hf_bert import ACTIVATIONS, QUESTION_ANSWERING, TOKEN_C
     TOKEN_HEADS, EncoderFamily, _bert_names, _labels, _without_dropped, check_task, \
     map_weights, read_tokenizer, save_import, token_task, with_tokenizer
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights
+from transduce.importers.hf_llama import required_field
 from transduce.importers.sentence_transformers import read_sentence_embedding
 from transduce.model.encoder_only import EncoderOnly
 
 MODEL_TYPES = ("deberta-v2",)
+NAME = "hf-deberta"
 SPM_MODEL = "spm.model"
 # What our disentangled attention computes: key -> (DebertaV2Config's default, ours).
 LAYOUT = {"relative_attention": (False, True), "position_biased_input": (True, False),
@@ -110,10 +113,12 @@ def check_layout(hf: dict[str, Any], config_file: Path) -> None:
         raise ForeignCheckpointError(f"{config_file}: position_buckets="
                                      f"{hf.get('position_buckets')!r}: ours buckets relative "
                                      f"positions logarithmically (a positive count)")
-    hidden = hf.get("hidden_size")
-    for key in ("embedding_size", "pooler_hidden_size", "attention_head_size"):
-        expected = hidden // hf.get("num_attention_heads", 1) \
-            if key == "attention_head_size" and isinstance(hidden, int) else hidden
+    hidden, heads = hf.get("hidden_size"), hf.get("num_attention_heads")
+    head = hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads \
+        else None
+    widths = {"embedding_size": hidden, "pooler_hidden_size": hidden,
+              "attention_head_size": head}
+    for key, expected in widths.items():
         if hf.get(key) is not None and hf[key] != expected:
             raise ForeignCheckpointError(f"{config_file}: {key}={hf[key]} where the layers' "
                                          f"gives {expected}: not supported")
@@ -122,11 +127,7 @@ def check_layout(hf: dict[str, Any], config_file: Path) -> None:
 def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                  num_labels: int, task: str | None) -> ModelConfig:
     """The "deberta-v3-base" preset with the sizes and options of a DebertaV2Config."""
-    def required(key: str) -> Any:
-        if key not in hf:
-            raise ForeignCheckpointError(f"{config_file}: no {key!r}")
-        return hf[key]
-
+    required = partial(required_field, hf, config_file)
     for key, ours in (("hidden_act", ACTIVATIONS), ("pooler_hidden_act", POOLER_ACTIVATIONS)):
         if hf.get(key, "gelu") not in ours:
             raise ForeignCheckpointError(f"{config_file}: {key}={hf[key]!r} is not supported "
@@ -210,7 +211,6 @@ def read_deberta_tokenizer(hf_dir: Path) -> HFTokenizer:
                        pad=specials["pad"], mask=specials["mask"])
 
 
-NAME = "hf-deberta"
 DEBERTA = EncoderFamily(
     NAME, MODEL_TYPES, encoder_names.DEBERTA, poolers=("pooler.dense",),
     mlm_prefix="cls.predictions.", mlm_dense="cls.predictions.transform.dense",

@@ -32,6 +32,7 @@ The task models keep the encoder under "model.". The tokenizer is tokenizer.json
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from transduce.importers import ForeignCheckpointError, check_directories, \
 from transduce.importers.hf_bert import QUESTION_ANSWERING, TOKEN_CLASSIFIER, _labels, \
     check_task, read_tokenizer, save_import, token_task, with_tokenizer
 from transduce.importers.hf_gpt2 import HF_CONFIG, _read_json, read_weights
+from transduce.importers.hf_llama import required_field
 from transduce.importers.sentence_transformers import read_sentence_embedding
 from transduce.model.encoder_only import EncoderOnly
 
@@ -106,10 +108,7 @@ def _check_masked_lm_head(hf: dict[str, Any], config_file: Path) -> None:
 def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                  num_labels: int, task: str | None) -> ModelConfig:
     """The "modernbert-base" preset with the sizes and options of a ModernBertConfig."""
-    def required(key: str) -> Any:
-        if key not in hf:
-            raise ForeignCheckpointError(f"{config_file}: no {key!r}")
-        return hf[key]
+    required = partial(required_field, hf, config_file)
 
     biases = {key: hf.get(key, False) for key in BIASES}
     if len(set(biases.values())) > 1:
