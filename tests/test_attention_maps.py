@@ -164,6 +164,74 @@ def test_attention_command(tiny_corpus, tmp_path, capsys):
     assert "--head 3: the model has 1 heads" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", ["bert-tiny", "deberta-tiny"])
+def test_an_encoder_s_maps_are_its_self_attention_over_the_text(tiny_corpus, name):
+    """One pass over [CLS] A [SEP] (B [SEP]): every layer's weights, distributions over
+    the text's pieces; DeBERTa's disentangled scores recorded as BERT's."""
+    from transduce.attention_maps import encoder_attention_maps
+    from transduce.decode.encode import SentenceEncoder
+
+    torch.manual_seed(0)
+    model = build_model(preset(name, src_vocab_size=300, tgt_vocab_size=300))
+    encoder = SentenceEncoder(model, Tokenizer(tiny_corpus / MODEL_NAME))
+    for pair in (None, "uno dos"):
+        maps = encoder_attention_maps(encoder, SENTENCE, pair)
+        pieces = encoder.item_ids([SENTENCE])[0] if pair is None else None
+        length = len(maps.source_tokens)
+        if pieces is not None:
+            assert length == len(pieces)
+        assert (maps.source_tokens[0], maps.source_tokens[-1]) == ("<s>", "</s>")
+        assert maps.source_tokens.count("</s>") == (1 if pair is None else 2)
+        assert (maps.decoder, maps.cross, maps.log_prob) == ([], [], None)
+        assert len(maps.encoder) == 2 and maps.encoder[1].shape == (4, length, length)
+        for weights in maps.encoder:
+            torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+
+
+def test_a_language_model_s_maps_cover_the_prompt_and_its_continuation(tiny_corpus):
+    """The prompt and its greedy continuation in one causal pass, whose score of the
+    continuation is the generator's own."""
+    from transduce.attention_maps import generation_attention_maps
+    from transduce.decode.generate import Generator
+
+    torch.manual_seed(0)
+    model = build_model(preset("gpt-tiny", src_vocab_size=300, tgt_vocab_size=300))
+    generator = Generator(model, Tokenizer(tiny_corpus / MODEL_NAME))
+    maps = generation_attention_maps(generator, SENTENCE, max_new_tokens=5)
+    prompt = generator.encode([SENTENCE])[0]
+    continuation = generator.generate_rows([SENTENCE], max_new_tokens=5)[0].tokens
+    tokens = prompt + continuation
+    assert maps.target_inputs == [generator.tokenizer.piece(i) for i in tokens[:-1]]
+    assert maps.target_outputs == [generator.tokenizer.piece(i) for i in tokens[1:]]
+    assert (maps.encoder, maps.cross) == ([], [])
+    scored = generator.token_logprobs([tokens])[0].logprobs          # of tokens[1:]
+    assert maps.log_prob == pytest.approx(sum(scored[len(prompt) - 1:]), abs=1e-4)
+    for weights in maps.decoder:
+        assert weights.shape == (4, len(tokens) - 1, len(tokens) - 1)
+        assert not weights.triu(diagonal=1).any()                           # causal
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+
+
+def test_attention_command_draws_each_shape(tiny_corpus, tmp_path, capsys):
+    """An encoder-only model's text (and pair), a language model's continuation; --pair
+    is refused for a shape that has no pairs."""
+    for name, said in (("bert-tiny", "text: "), ("gpt-tiny", "continued: ")):
+        run = tmp_path / name
+        model = build_model(preset(name, src_vocab_size=300, tgt_vocab_size=300))
+        checkpoint.save(checkpoint.step_dir(run, 1), model, None, tiny_corpus / MODEL_NAME)
+        out = tmp_path / f"{name}.png"
+        assert main(["attention", SENTENCE, "--model", str(run), "--out", str(out),
+                     "--max-new-tokens", "3", "--layer", "1"]) == 0
+        assert out.stat().st_size > 10_000 and said in capsys.readouterr().out
+    assert main(["attention", SENTENCE, "--model", str(tmp_path / "bert-tiny"), "--out",
+                 str(out), "--pair", "uno dos"]) == 0
+    assert "text: el perro rojo come | uno dos" in capsys.readouterr().out
+    assert main(["attention", SENTENCE, "--model", str(tmp_path / "gpt-tiny"), "--out",
+                 str(out), "--pair", "uno"]) == 2
+    assert "--pair is the second text of an encoder-only model's pair" in \
+        capsys.readouterr().err
+
+
 def test_attention_command_without_doubles(tiny_corpus, tmp_path, capsys):
     torch.manual_seed(0)
     run = tmp_path / "run"

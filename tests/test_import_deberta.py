@@ -206,6 +206,25 @@ def test_words_are_tagged_as_transformers_tags_them(spm_dir, tmp_path):
             assert [t.probability for t in tagged] == pytest.approx(probabilities, abs=1e-5)
 
 
+def test_the_attention_maps_are_transformers_attentions(spm_dir, tmp_path):
+    """`transduce attention`'s weights of a pair: transformers' output_attentions,
+    layer by layer, disentangled scores and all."""
+    from transduce.attention_maps import encoder_attention_maps
+    from transduce.decode.encode import SentenceEncoder
+
+    hf = hf_checkpoint(tmp_path / "hf", "DebertaV2Model", spm_dir)
+    encoder = SentenceEncoder.load(import_deberta(tmp_path / "hf", tmp_path / "ours"))
+    text, pair = "the quick brown fox jumps over the lazy dog", "hello world, hello there"
+    maps = encoder_attention_maps(encoder, text, pair)
+    fast = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    with torch.no_grad():
+        expected = hf(**fast(text, pair, return_tensors="pt"), output_attentions=True)
+    assert maps.source_tokens == fast.convert_ids_to_tokens(fast(text, pair)["input_ids"])
+    assert expected.attentions[0].shape[-1] > SIZES["max_relative_positions"]   # past reach
+    for ours, theirs in zip(maps.encoder, expected.attentions, strict=True):
+        torch.testing.assert_close(ours, theirs[0], atol=1e-6, rtol=1e-5)
+
+
 def test_fine_tuning_the_import_gives_transformers_loss(spm_dir, tmp_path):
     hf = hf_checkpoint(tmp_path / "hf", "DebertaV2ForSequenceClassification", spm_dir,
                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

@@ -1,8 +1,12 @@
-"""Attention maps: what each layer and head attends to while translating a sentence.
+"""Attention maps: what each layer and head attends to while a model reads a text, in
+each of the three shapes: an encoder-decoder translating a sentence, an encoder-only
+model reading a text (or a pair), a language model continuing a prompt.
 
 The sentence is translated (beam search); then one teacher-forced forward pass over the
 chosen translation runs with every attention module recording its weights
-(attention/recorder.py: forward hooks, the naive kernel). That pass computes the
+(attention/recorder.py: forward hooks, the naive kernel). An encoder-only model's maps
+are those of its one pass over the text; a language model's, those of one pass over the
+prompt and its greedy continuation. That pass computes the
 log-probabilities the search used, which `attention_maps` checks, so the maps are those
 of the translation shown: in float32 to rounding, in bfloat16 or int8 to the rounding
 of activations, which the pass over one row rounds otherwise than the search over its
@@ -23,8 +27,12 @@ from transduce import atomic
 from transduce.attention.recorder import Recorded, record_attention
 from transduce.config import ConfigError
 from transduce.data.tokenizer import BOS_ID, EOS_ID
+from transduce.decode.encode import SentenceEncoder
+from transduce.decode.generate import Generator
 from transduce.decode.search import beam_search, forbid_doubles, max_lengths
 from transduce.decode.translate import Translator, pad_sources
+from transduce.model.decoder_only import DecoderOnly
+from transduce.model.encoder_only import EncoderOnly
 
 # How far the recorded pass's score may be from the search's when the model decodes in
 # bfloat16 or int8 (relative, and in nats near 0): three times the most seen.
@@ -33,14 +41,18 @@ ROUNDED_TOLERANCE = 0.05
 
 @dataclass
 class AttentionMaps:
-    """Weights per layer, each (heads, queries, keys); the RNNs have cross-attention only."""
+    """Weights per layer, each (heads, queries, keys); the RNNs have cross-attention only,
+    an encoder-only model encoder self-attention only, a language model decoder
+    self-attention only."""
 
     source_tokens: list[str]      # the encoder's input pieces, eos included
     target_inputs: list[str]      # the decoder's input pieces: bos, then the output
     target_outputs: list[str]     # what each decoder position predicts: the output, eos
     #                               (a multilingual model's: given its target code first)
-    translation: str
-    log_prob: float               # of the translation, recomputed by the recorded pass
+    translation: str              # (an encoder-only model's: its text; a language
+    #                               model's: the prompt and its continuation)
+    log_prob: float | None        # of the translation (continuation), recomputed by the
+    #                               recorded pass; None for an encoder-only model
     encoder: list[Tensor]         # (H, S, S) per layer
     decoder: list[Tensor]         # (H, T, T) per layer
     cross: list[Tensor]           # (H, T, S) per layer
@@ -86,6 +98,55 @@ def attention_maps(translator: Translator, sentence: str, *, beam: int = 4,
                          [target(i) for i in given + outputs],
                          tokenizer.target_tokenizer.decode(best.tokens), log_prob, encoder,
                          decoder, cross)
+
+
+@torch.no_grad()
+def encoder_attention_maps(encoder: SentenceEncoder, text: str,
+                           pair: str | None = None) -> AttentionMaps:
+    """An encoder-only model's pass over a text ([CLS] text [SEP]; with a pair, [CLS]
+    text [SEP] pair [SEP], cut to fit as classify cuts it), every layer's self-attention
+    recorded."""
+    model = _torch_model(encoder, EncoderOnly)
+    ((_, ids, segments),) = encoder._batches([text], None, 1, None if pair is None else [pair])
+    with record_attention(model.attention_modules()) as recorded:
+        model(ids, segments)
+    pieces = [encoder.tokenizer.piece(i) for i in ids[0].tolist()]
+    shown = text if pair is None else f"{text} | {pair}"
+    return AttentionMaps(pieces, [], [], shown, None, _first_sentence(recorded, "encoder"),
+                         [], [])
+
+
+@torch.no_grad()
+def generation_attention_maps(generator: Generator, prompt: str, *,
+                              max_new_tokens: int = 32) -> AttentionMaps:
+    """A language model's greedy continuation of a prompt, and the weights of one pass
+    over the prompt and the continuation (each position's query over the positions up
+    to it)."""
+    model = _torch_model(generator, DecoderOnly)
+    prompt_ids = generator.encode([prompt])[0]
+    continuation = generator.generate_rows([prompt], max_new_tokens=max_new_tokens)[0]
+    tokens = prompt_ids + continuation.tokens
+    if len(tokens) < 2:
+        raise ConfigError("the model ended an empty prompt at once: no position to draw")
+    inputs = torch.tensor([tokens[:-1]], device=generator.device)            # (1, T)
+    with record_attention(model.attention_modules()) as recorded:
+        logits = model(inputs)                                                # (1, T, V)
+    generated = torch.arange(len(prompt_ids) - 1, len(tokens) - 1)
+    log_prob = float(logits[0].float().log_softmax(-1)[
+        generated, torch.tensor(tokens[len(prompt_ids):])].sum())
+    piece = generator.tokenizer.piece
+    return AttentionMaps([], [piece(i) for i in tokens[:-1]], [piece(i) for i in tokens[1:]],
+                         prompt + continuation.text, log_prob, [],
+                         _first_sentence(recorded, "decoder"), [])
+
+
+def _torch_model(runner: SentenceEncoder | Generator, kind: type) -> torch.nn.Module:
+    """The PyTorch model a SentenceEncoder or Generator runs (an ONNX export's records
+    nothing), in eval mode."""
+    if not isinstance(runner.model, kind):
+        raise ConfigError("attention maps are recorded from a PyTorch model, not an ONNX "
+                          "export: give the checkpoint it was exported from")
+    return runner.model.eval()
 
 
 def _first_sentence(recorded: Recorded, role: str) -> list[Tensor]:

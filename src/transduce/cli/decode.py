@@ -7,6 +7,7 @@ import contextlib
 import sys
 from pathlib import Path
 
+from transduce import checkpoint
 from transduce.cli.options import add_search_options, positive_int, search_batch_tokens
 from transduce.cli.outputs import check_output_file
 from transduce.cli.reporting import one_line_warnings
@@ -41,8 +42,14 @@ def register(commands) -> None:
     add_language_options(evaluate)
     evaluate.set_defaults(handler=evaluate_command)
 
-    maps = commands.add_parser("attention", help="draw a translation's attention maps")
-    maps.add_argument("sentence", help="the source sentence")
+    maps = commands.add_parser(
+        "attention", help="draw the attention maps of a translation, of an encoder-only "
+                          "model's pass over a text, or of a language model's continuation",
+        description="Draw every layer's and head's attention maps as a PNG: of a "
+                    "translation (an encoder-decoder), of one pass over the text (an "
+                    "encoder-only model: self-attention; --pair for a pair of texts), or "
+                    "of a prompt and its greedy continuation (a language model).")
+    maps.add_argument("sentence", help="the source sentence (the text; the prompt)")
     maps.add_argument("--model", type=Path, required=True, help="checkpoint or run directory")
     maps.add_argument("--out", type=Path, required=True, help="PNG file to write")
     maps.add_argument("--layer", type=positive_int, default=None, help="only this layer (1-based)")
@@ -50,6 +57,10 @@ def register(commands) -> None:
     maps.add_argument("--beam", type=positive_int, default=4)
     maps.add_argument("--no-doubles", action="store_true",
                       help="a token never directly follows itself, as in translate")
+    maps.add_argument("--pair", default=None, help="an encoder-only model: the second text "
+                                                   "of a pair, [CLS] A [SEP] B [SEP]")
+    maps.add_argument("--max-new-tokens", type=positive_int, default=32,
+                      help="a language model: the continuation's tokens at most")
     add_language_options(maps)
     maps.set_defaults(handler=attention_command)
 
@@ -279,16 +290,44 @@ def _evaluate_language_model(args: argparse.Namespace) -> int:
 
 
 def attention_command(args: argparse.Namespace) -> int:
-    """Translate a sentence and draw its attention maps."""
-    from transduce.attention_maps import attention_maps, plot_attention_maps
-    from transduce.decode.translate import Translator
+    """Translate a sentence (encode a text, continue a prompt) and draw its attention
+    maps."""
+    from transduce.attention_maps import plot_attention_maps
 
     check_output_file(args.out, "--out")
-    translator = Translator.load(args.model, engine="torch")
-    maps = attention_maps(translator, args.sentence, beam=args.beam,
-                          source_lang=args.source_lang, target_lang=args.target_lang,
-                          no_doubles=args.no_doubles)
+    arch = checkpoint.read_configs(checkpoint.resolve(args.model))[0].arch
+    if args.pair is not None and arch != "encoder":
+        raise ConfigError(f"--pair is the second text of an encoder-only model's pair; "
+                          f"this model is arch={arch!r}")
+    maps = _attention_maps(args, arch)
     out = plot_attention_maps(maps, args.out, layer=args.layer, head=args.head)
-    print(f"translation: {maps.translation}  (log-probability {maps.log_prob:.3f})")
+    if arch == "encoder":
+        print(f"text: {maps.translation}")
+    else:
+        kind = "continued" if arch == "decoder" else "translation"
+        print(f"{kind}: {maps.translation}  (log-probability {maps.log_prob:.3f})")
     print(f"wrote {out}")
     return 0
+
+
+def _attention_maps(args: argparse.Namespace, arch: str):
+    """The maps of the model's shape: an encoder-only model's pass, a language model's
+    continuation, else a translation."""
+    from transduce.attention_maps import attention_maps, encoder_attention_maps, \
+        generation_attention_maps
+
+    if arch == "encoder":
+        from transduce.decode.encode import SentenceEncoder
+
+        return encoder_attention_maps(SentenceEncoder.load(args.model, engine="torch"),
+                                      args.sentence, args.pair)
+    if arch == "decoder":
+        from transduce.decode.generate import Generator
+
+        return generation_attention_maps(Generator.load(args.model, engine="torch"),
+                                         args.sentence, max_new_tokens=args.max_new_tokens)
+    from transduce.decode.translate import Translator
+
+    return attention_maps(Translator.load(args.model, engine="torch"), args.sentence,
+                          beam=args.beam, source_lang=args.source_lang,
+                          target_lang=args.target_lang, no_doubles=args.no_doubles)
