@@ -469,15 +469,12 @@ def test_stream_batch_joined_equals_generate(generator, settings):
         next(generator.stream_batch(PROMPTS, beam=2))
 
 
-def test_translate_and_attention_refuse_a_language_model_naming_generate(saved_model, tmp_path,
-                                                                         capsys):
+def test_translate_refuses_a_language_model_naming_generate(saved_model, tmp_path, capsys):
+    """(`attention` draws a language model's continuation: tests/test_attention_maps.py.)"""
     source = tmp_path / "in.txt"
     source.write_text("uno dos\n")
-    for argv in (["translate", "--model", str(saved_model), "--input", str(source)],
-                 ["attention", "uno", "--model", str(saved_model),
-                  "--out", str(tmp_path / "a.png")]):
-        assert main(argv) == 2
-        assert "arch='decoder': a language model, use generate" in capsys.readouterr().err
+    assert main(["translate", "--model", str(saved_model), "--input", str(source)]) == 2
+    assert "arch='decoder': a language model, use generate" in capsys.readouterr().err
 
 
 def test_load_generates_with_the_model_it_read_as_a_copy_would(model, generator, saved_model):

@@ -119,7 +119,7 @@ def against_table(x: Tensor, table: Tensor) -> Tensor:
 
 
 def dropped_table(relative: RelativePositions) -> Tensor:
-    """The table through its dropout, drawn anew by each layer that reads it: (2k, C)."""
+    """The table through its dropout, drawn anew by each layer that reads it: (R, C)."""
     if relative.dropout == 0.0:
         return relative.table
     return F.dropout(relative.table, p=relative.dropout)

@@ -7,7 +7,6 @@ import contextlib
 import sys
 from pathlib import Path
 
-from transduce import checkpoint
 from transduce.cli.options import add_search_options, positive_int, search_batch_tokens
 from transduce.cli.outputs import check_output_file
 from transduce.cli.reporting import one_line_warnings
@@ -292,6 +291,7 @@ def _evaluate_language_model(args: argparse.Namespace) -> int:
 def attention_command(args: argparse.Namespace) -> int:
     """Translate a sentence (encode a text, continue a prompt) and draw its attention
     maps."""
+    from transduce import checkpoint
     from transduce.attention_maps import plot_attention_maps
 
     check_output_file(args.out, "--out")

@@ -13,11 +13,11 @@ position-to-content terms read from a table of relative positions every layer sh
     encoder.rel_embeddings                      encoder.relative_positions.embedding
     encoder.LayerNorm                           encoder.relative_positions.norm
     pooler.dense                                pooler, GELU after it (pooler_hidden_act)
-    lm_predictions.lm_head.dense, .LayerNorm    mlm_head.dense, .norm (a masked LM's;
-    lm_predictions.lm_head.bias                 mlm_head.decoder.bias  cls.predictions.*
-                                                as BERT's where config.json's legacy is)
+    lm_predictions.lm_head.dense, .LayerNorm    mlm_head.dense, .norm
+    lm_predictions.lm_head.bias                 mlm_head.decoder.bias (the weight: tied)
 
-The pre-trained checkpoints' replaced-token-detection head (mask_predictions) is left
+A masked LM's head is under those names (config.json's legacy false) or under BERT's,
+cls.predictions.* (legacy true). The pre-trained checkpoints' replaced-token-detection head (mask_predictions) is left
 unread and named in the origin ("dropped_heads"). Refused by name: DeBERTa v1
 (model_type "deberta"), a position table added to the embeddings, unbucketed relative
 positions, position projections of their own (share_att_key false), one of the two
