@@ -101,7 +101,7 @@ def test_a_layer_is_the_float64_formula_forward_and_backward(impl, lengths):
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace")
 def test_a_pass_reads_the_rows_of_the_table_it_reaches():
     """2T - 1 rows for T tokens within the exact buckets (4 each side of 8), all 16 past
-    the table's reach; traced (an ONNX export), the whole table."""
+    the table's reach; traced (an ONNX export), as many as the input's length reaches."""
     _, positions = layer_and_positions()
     assert [positions(n).table.shape[0] for n in (1, 3, 5, 30)] == [1, 5, 9, 16]
     assert [rows_reached(n, 8, 12) for n in (1, 3, 5, 30)] == [1, 5, 9, 16]
@@ -118,7 +118,8 @@ def test_a_pass_reads_the_rows_of_the_table_it_reaches():
             return self.positions(x.shape[0]).table
 
     traced = torch.jit.trace(Table(), torch.zeros(3), check_trace=False)
-    assert traced(torch.zeros(3)).shape[0] == 16
+    assert [traced(torch.zeros(n)).shape[0] for n in (1, 3, 5, 30)] == [1, 5, 9, 16]
+    torch.testing.assert_close(traced(torch.zeros(5)), positions(5).table)
 
 
 def test_each_token_s_own_positions_equal_the_default_ones():

@@ -81,11 +81,14 @@ class DisentangledPositions(nn.Module):
                  + self.buckets).clamp(0, 2 * self.buckets - 1)
         rows = self.embedding.weight                                            # (2k, C)
         # Only the rows the pass reaches (2T - 1 for T tokens within the exact buckets),
-        # so that the products with the table shrink with them; traced or compiled, the
-        # whole table (the slice would be read from the data).
-        if not torch.jit.is_tracing() and not torch.compiler.is_compiling():
-            first, last = int(index.min()), int(index.max())
-            rows, index = rows[first:last + 1], index - first
+        # so that the products with the table shrink with them; traced (an ONNX export)
+        # as a range of the index's values, so the graph reaches as its input does;
+        # compiled, the whole table (a size read from the data would break the graph).
+        if not torch.compiler.is_compiling():
+            first = index.min()
+            rows = rows.index_select(0, torch.arange(first, index.max() + 1,
+                                                     device=rows.device))
+            index = index - first
         return RelativePositions(self.norm(rows), index, self.dropout if self.training else 0.0)
 
 
