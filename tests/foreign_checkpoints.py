@@ -27,6 +27,13 @@ def damaged(small_hf, tmp_path, config=None, weights=None):
     return directory
 
 
+def hf_outputs(hf, ids, mask):
+    """A transformers encoder's outputs over padded rows ids (B, T) with their real
+    tokens mask (B, T), every layer's hidden states included."""
+    with torch.no_grad():
+        return hf(input_ids=ids, attention_mask=mask.long(), output_hidden_states=True)
+
+
 def assert_refused(importer, directory, tmp_path, *messages):
     """importer(directory, out) raises naming every message, and writes nothing."""
     out = tmp_path / "out"

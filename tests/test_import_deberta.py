@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.foreign_checkpoints import assert_a_classification_batch_gives_transformers_loss
+from tests.foreign_checkpoints import assert_a_classification_batch_gives_transformers_loss, \
+    hf_outputs
 from tests.test_import_distilbert import LABELS, randomised
 from transduce.cli import main
 from transduce.importers import ForeignCheckpointError, fresh_heads, import_deberta
@@ -78,11 +79,6 @@ def padded(hf_config, lengths=(40, 12, 1), seed=0):
         if n > 1:
             ids[row, n - 1] = ids[row, n // 2] = 2                     # [SEP]
     return ids.masked_fill(~mask, hf_config.pad_token_id), mask
-
-
-def hf_outputs(hf, ids, mask):
-    with torch.no_grad():
-        return hf(input_ids=ids, attention_mask=mask.long(), output_hidden_states=True)
 
 
 @pytest.fixture(scope="module", params=KINDS)

@@ -4,14 +4,14 @@ model reading a text (or a pair), a language model continuing a prompt.
 
 The sentence is translated (beam search); then one teacher-forced forward pass over the
 chosen translation runs with every attention module recording its weights
-(attention/recorder.py: forward hooks, the naive kernel). An encoder-only model's maps
-are those of its one pass over the text; a language model's, those of one pass over the
-prompt and its greedy continuation. That pass computes the
+(attention/recorder.py: forward hooks, the naive kernel). That pass computes the
 log-probabilities the search used, which `attention_maps` checks, so the maps are those
 of the translation shown: in float32 to rounding, in bfloat16 or int8 to the rounding
 of activations, which the pass over one row rounds otherwise than the search over its
-beams (up to 1.5% of the score over 150 test verses in bfloat16, 0.8% in int8). Any
-model that exposes `attention_modules()` can be drawn.
+beams (up to 1.5% of the score over 150 test verses in bfloat16, 0.8% in int8). An
+encoder-only model's maps are those of its one pass over the text; a language model's,
+those of one pass over the prompt and its greedy continuation. Any model that exposes
+`attention_modules()` can be drawn.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def _supported(encoder: nn.Module) -> bool:
     """No disentangled positions; every layer's self-attention fused, softmax over all
     keys through SDPA, scaled scores, no rotary positions (a score bias enters as SDPA's
     float mask), no sandwich norms."""
-    if getattr(encoder, "relative_positions", None) is not None:
+    if encoder.relative_positions is not None:
         return False            # DeBERTa's disentangled positions: not written out here
     for layer in encoder.layers:
         attn = layer.self_attn
