@@ -8,7 +8,8 @@ from transduce.attention import MultiHeadAttention, record_attention
 from transduce.attention_maps import AttentionMaps, attention_maps, plot_attention_maps
 from transduce.cli import main
 from transduce.config import preset
-from transduce.data.tokenizer import MODEL_NAME, Tokenizer
+from transduce.data.tokenizer import EOS_ID, MODEL_NAME, Tokenizer
+from transduce.decode.generate import Continuation
 from transduce.decode.translate import Translator
 from transduce.model import build_model
 
@@ -210,6 +211,31 @@ def test_a_language_model_s_maps_cover_the_prompt_and_its_continuation(tiny_corp
         assert weights.shape == (4, len(tokens) - 1, len(tokens) - 1)
         assert not weights.triu(diagonal=1).any()                           # causal
         torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+
+
+@pytest.mark.parametrize("kept", [0, 2])
+def test_a_continuation_ended_by_eos_is_drawn_up_to_the_eos(tiny_corpus, monkeypatch, kept):
+    """A continuation that eos ended (after `kept` tokens; 0: at once): the last position
+    the model read, which predicted the eos, is drawn, and the eos is scored."""
+    from transduce.attention_maps import generation_attention_maps
+    from transduce.decode.generate import Generator
+
+    torch.manual_seed(0)
+    model = build_model(preset("gpt-tiny", src_vocab_size=300, tgt_vocab_size=300))
+    generator = Generator(model, Tokenizer(tiny_corpus / MODEL_NAME))
+    found = generator.generate_rows([SENTENCE], max_new_tokens=kept)[0] if kept else None
+    ended = Continuation(generator.tokenizer, (), tokens=found.tokens if kept else [],
+                         finished=True, ended=True, end_token=EOS_ID)
+    monkeypatch.setattr(generator, "generate_rows", lambda prompts, **settings: [ended])
+    maps = generation_attention_maps(generator, SENTENCE, max_new_tokens=5)
+    read = generator.encode([SENTENCE])[0] + ended.tokens
+    piece = generator.tokenizer.piece
+    assert maps.target_inputs == [piece(i) for i in read]
+    assert maps.target_outputs == [piece(i) for i in read[1:] + [EOS_ID]]
+    assert maps.translation == SENTENCE + ended.text
+    scored = generator.token_logprobs([read + [EOS_ID]])[0].logprobs
+    assert maps.log_prob == pytest.approx(sum(scored[len(read) - kept - 1:]), abs=1e-4)
+    assert maps.decoder[0].shape == (4, len(read), len(read))
 
 
 def test_attention_command_draws_each_shape(tiny_corpus, tmp_path, capsys):

@@ -166,6 +166,8 @@ def test_the_cli_and_a_server_run_the_export(tmp_path, tiny_corpus, capsys):
         described = client.get("/v1/models").json()["data"][0]
         assert described["kind"] == "generation"
         assert described["parameters"] == Generator.load(path).model.num_parameters()
+        assert described["attention_maps"] is False            # the graph returns logits
+        assert client.post("/v1/attention", json={"prompt": "a"}).status_code == 404
 
 
 @pytest.mark.parametrize("config", [0, 4, 5, 6, 7],

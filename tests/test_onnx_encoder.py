@@ -116,6 +116,8 @@ def test_classify_embed_cli_and_server_give_the_checkpoint_s_answers(tmp_path, t
         np.testing.assert_allclose(embedded["embeddings"], ours.embed(LINES), atol=1e-5)
         described = client.get("/v1/models").json()["data"][0]
         assert described["kind"] == "encoder" and described["labels"] == ours.labels
+        assert described["attention_maps"] is False            # the graph returns states
+        assert client.post("/v1/attention", json={"text": "a"}).status_code == 404
 
 
 def test_an_imported_bert_export_computes_what_transformers_computes(tmp_path):

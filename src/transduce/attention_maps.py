@@ -120,20 +120,22 @@ def encoder_attention_maps(encoder: SentenceEncoder, text: str,
 def generation_attention_maps(generator: Generator, prompt: str, *,
                               max_new_tokens: int = 32) -> AttentionMaps:
     """A language model's greedy continuation of a prompt, and the weights of one pass
-    over the prompt and the continuation (each position's query over the positions up
-    to it)."""
+    over what the model read (each position's query over the positions up to it): the
+    prompt and the continuation, which predicted the next token, or the eos (end token)
+    that ended it."""
     model = _torch_model(generator, DecoderOnly)
     prompt_ids = generator.encode([prompt])[0]
     continuation = generator.generate_rows([prompt], max_new_tokens=max_new_tokens)[0]
-    tokens = prompt_ids + continuation.tokens
+    ended = [] if continuation.end_token is None else [continuation.end_token]
+    tokens = prompt_ids + continuation.tokens + ended
     if len(tokens) < 2:
-        raise ConfigError("the model ended an empty prompt at once: no position to draw")
+        raise ConfigError("an empty prompt of a model without bos: no position to draw")
     inputs = torch.tensor([tokens[:-1]], device=generator.device)            # (1, T)
     with record_attention(model.attention_modules()) as recorded:
         logits = model(inputs)                                                # (1, T, V)
     generated = torch.arange(len(prompt_ids) - 1, len(tokens) - 1)
     log_prob = float(logits[0].float().log_softmax(-1)[
-        generated, torch.tensor(tokens[len(prompt_ids):])].sum())
+        generated, torch.tensor(tokens[len(prompt_ids):], dtype=torch.long)].sum())
     piece = generator.tokenizer.piece
     return AttentionMaps([], [piece(i) for i in tokens[:-1]], [piece(i) for i in tokens[1:]],
                          prompt + continuation.text, log_prob, [],

@@ -323,7 +323,7 @@ def test_attention_layers_are_checked_before_translating(mt, monkeypatch):
 def test_attention_answers_are_streamed_in_pieces_that_make_the_same_json(mt, monkeypatch):
     whole = mt.post("/v1/attention", json={"text": "el perro come pan", "decimals": 5})
     assert whole.status_code == 200 and "content-length" not in whole.headers
-    monkeypatch.setattr("transduce.serve.attention.PIECE_VALUES", 1)    # a piece per row
+    monkeypatch.setattr("transduce.serve.attention_answer.PIECE_VALUES", 1)    # a piece per row
     pieces = mt.post("/v1/attention", json={"text": "el perro come pan", "decimals": 5})
     assert pieces.json() == whole.json()
     assert len(pieces.content) == len(whole.content)
@@ -348,7 +348,7 @@ def test_the_attention_cache_keeps_the_newest_maps_within_its_bytes():
     import torch
 
     from transduce.attention_maps import AttentionMaps
-    from transduce.serve.attention import MapsCache
+    from transduce.serve.attention_answer import MapsCache
 
     def maps(queries):       # 4 x queries x 8 float32 weights: 128 bytes per query
         return AttentionMaps([], [], [], "", 0.0, [], [], [torch.zeros(4, queries, 8)])
@@ -546,12 +546,12 @@ def test_the_routes_follow_the_model_kind(mt, lm, enc):
     missing = mt.get("/nothing/here")
     assert missing.status_code == 404 and missing.json()["error"].startswith("no route /nothing/")
     assert lm.post("/v1/translate", json={"texts": ["a"]}).json()["error"] == \
-        "no route /v1/translate (this model's server answers POST on /v1/chat/completions, " \
-        "/v1/completions, /v1/generate)"
+        "no route /v1/translate (this model's server answers POST on /v1/attention, " \
+        "/v1/chat/completions, /v1/completions, /v1/generate)"
     paths = {client: set(client.get("/openapi.json").json()["paths"]) for client in (mt, lm, enc)}
     assert {"/v1/translate", "/translate", "/v1/attention", "/languages"} <= paths[mt]
-    assert "/v1/generate" in paths[lm] and "/v1/translate" not in paths[lm]
-    assert {"/v1/embed", "/v1/classify"} <= paths[enc]
+    assert {"/v1/generate", "/v1/attention"} <= paths[lm] and "/v1/translate" not in paths[lm]
+    assert {"/v1/embed", "/v1/classify", "/v1/attention"} <= paths[enc]
 
 
 # ------------------------------------------------------------------- around the model

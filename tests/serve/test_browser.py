@@ -2,8 +2,9 @@
 
 Types a sentence, translates, switches kind, layer and head, hovers tokens, and checks
 what the page shows against the API; a long sentence (100+ pieces) loads its layers
-lazily. Also the generate page (server-sent events), an instruct model's chat, the
-classify page, a cross-encoder's rerank page, a tagger's and a question answerer's.
+lazily. Also the generate page (server-sent events, and the attention of a greedy
+continuation), an instruct model's chat, the classify page (and the attention of a
+pair), a cross-encoder's rerank page, a tagger's and a question answerer's.
 Screenshots
 go to the test's temporary directory.
 """
@@ -196,6 +197,40 @@ def test_generate_page_streams_the_continuation(browser_page, generator):
                                                                     max_new_tokens=12)[0]
 
 
+def test_generate_page_explores_the_attention_of_a_greedy_continuation(browser_page,
+                                                                       generator):
+    """The Attention button: the continuation's causal self-attention, a layer at a time,
+    its axes the pieces each position reads and is followed by; Generate hides it."""
+    page = browser_page
+    with ServerThread(create_app(generator)) as server:
+        page.goto(server.url + "/")
+        page.wait_for_selector("#generate-attention", state="visible", timeout=30_000)
+        page.fill("#prompt", "uno dos")
+        page.fill("#max-new", "5")
+        page.click("#generate-attention")
+        page.wait_for_selector("#explorer", state="visible")
+        expected = httpx.post(server.url + "/v1/attention", json={
+            "prompt": "uno dos", "max_new_tokens": 5, "layers": [2]}).json()
+        assert page.text_content("#continuation") == expected["continuation"]
+        assert page.text_content("#explorer-text") == "uno dos" + expected["continuation"]
+        assert page.text_content("#explorer-title").startswith("Self-attention")
+        assert page.is_hidden(".segmented") and page.is_hidden("#alignment-part")
+        assert page.locator("#rows .tok").all_text_contents() == expected["outputs"]
+        assert page.locator("#columns .tok").all_text_contents() == expected["inputs"]
+        page.select_option("#layer", "2")
+        page.select_option("#head", "2")
+        row = page.locator("#rows .tok").nth(3)
+        row.hover()
+        weights = expected["maps"]["decoder"]["2"][1][3]
+        best = max(range(len(weights)), key=weights.__getitem__)
+        assert best <= 3                                     # causal: up to its own place
+        assert page.text_content("#cell") == (f"{expected['outputs'][3]} attends most to "
+                                              f"{expected['inputs'][best]} "
+                                              f"({weights[best]:.3f})")
+        page.click("#generate")
+        assert page.is_hidden("#explorer")
+
+
 def test_an_instruct_model_holds_a_conversation_on_the_page(browser_page, chatml, tmp_path):
     """Two messages, each answered (streamed) with the history before it, as
     Generator.chat answers the same conversation; "New chat" forgets it."""
@@ -379,6 +414,31 @@ def test_encoder_page_classifies_pairs(browser_page, encoder):
     cells = page.locator("#enc-output tr td").all_text_contents()
     assert cells[0::2] == ["uno dos | el perro", "el perro | uno"]
     assert [cell.split(" ")[0] for cell in cells[1::2]] == labels
+
+
+def test_encoder_page_explores_the_attention_of_a_pair(browser_page, encoder):
+    """The Attention button of a classifier of pairs: the first line and its second
+    text, [CLS] text [SEP] second [SEP] on both axes."""
+    pairs_encoder = copy.copy(encoder)
+    pairs_encoder.classifier_inputs = "pairs"
+    page = browser_page
+    with ServerThread(create_app(pairs_encoder)) as server:
+        page.goto(server.url + "/")
+        page.wait_for_selector("#seconds", state="visible")
+        page.fill("#lines", "uno dos\nel perro")
+        page.fill("#seconds", "el gato")
+        page.click("#encoder-attention")
+        page.wait_for_selector("#explorer", state="visible")
+        expected = httpx.post(server.url + "/v1/attention", json={
+            "text": "uno dos", "text_pair": "el gato", "layers": [1]}).json()
+        assert page.text_content("#explorer-text") == "uno dos | el gato"
+        assert page.locator("#rows .tok").all_text_contents() == expected["tokens"]
+        assert page.locator("#columns .tok").all_text_contents() == expected["tokens"]
+        page.locator("#rows .tok").nth(1).hover()
+        assert page.locator("#columns .tok.active").count() == 1   # a token is both axes
+        page.select_option("#head", "all")
+        assert page.locator("#grid figure").count() == expected["heads"]
+        assert page.is_hidden("#alignment-part")
 
 
 def test_the_api_docs_render_with_no_network(browser_page, generator):

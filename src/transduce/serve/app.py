@@ -5,13 +5,14 @@
 
 Every kind gets GET /health, /v1/models, /metrics, the page at / and the OpenAPI
 document at /openapi.json (rendered at /docs, with a script the server serves itself:
-docs.py). A translation model adds /v1/translate, /translate and /languages
-(LibreTranslate's), and /v1/attention; a language model /v1/generate, /v1/completions
-and /v1/chat/completions (OpenAI's); an encoder-only model /v1/embed, /v1/embeddings
-(OpenAI's) and, with a classification head, /v1/classify, with a head of one output
-(a cross-encoder) /v1/rerank, with a token classifier /v1/tag, or with a question
-answerer /v1/answer. The worker starts and stops with the app's lifespan: on shutdown the queue is closed to new work and what
-is queued is decoded before the worker stops.
+docs.py), and a PyTorch model /v1/attention (its maps). A translation model adds
+/v1/translate, /translate and /languages (LibreTranslate's); a language model
+/v1/generate, /v1/completions and /v1/chat/completions (OpenAI's); an encoder-only model
+/v1/embed, /v1/embeddings (OpenAI's) and, with a classification head, /v1/classify, with
+a head of one output (a cross-encoder) /v1/rerank, with a token classifier /v1/tag, or
+with a question answerer /v1/answer. The worker starts and stops with the app's
+lifespan: on shutdown the queue is closed to new work and what is queued is decoded
+before the worker stops.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from transduce.decode import continuous_generation
 from transduce.decode.encode import SentenceEncoder
 from transduce.decode.generate import Generator
 from transduce.decode.translate import Translator
-from transduce.serve import chat, completions, docs, embeddings, encoding, generation, page, \
-    rerank, translation
+from transduce.serve import attention, chat, completions, docs, embeddings, encoding, \
+    generation, page, rerank, translation
 from transduce.serve.batcher import Batcher
 from transduce.serve.continuous import decodes_in_streams
 from transduce.serve.limits import Limits
@@ -111,6 +112,7 @@ def create_app(model, *, name: str = "model", limits: Limits | None = None,
     router = {"translation": translation.routes, "generation": generation.routes,
               "encoder": encoding.routes}[kind](service)
     app.include_router(router)
+    app.include_router(attention.routes(service, kind))    # where the model records maps
     if kind == "generation":
         app.include_router(chat.routes(service))        # an instruct model's conversations
         app.include_router(completions.routes(service))   # OpenAI's clients, harnesses
@@ -220,7 +222,8 @@ def describe(service: Service, kind: str) -> dict:
             "vocabulary": {"size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id,
                            "eos_id": tokenizer.eos_id, "pad_id": tokenizer.pad_id},
             "limits": dataclasses.asdict(service.limits),
-            "engine": engine(model), "dtype": model.dtype}
+            "engine": engine(model), "dtype": model.dtype,
+            "attention_maps": attention.serves_attention_maps(model)}   # /v1/attention
     if kind != "encoder":
         info["kv_dtype"] = kv_dtype(model)
     if getattr(tokenizer, "separate", False):     # a target vocabulary of its own
@@ -231,7 +234,6 @@ def describe(service: Service, kind: str) -> dict:
         codes = getattr(model.model, "language_codes", None)
         if codes:
             info["language_codes"] = sorted(codes)
-        info["attention_maps"] = translation.serves_attention_maps(model)
     if kind == "generation":     # whether /v1/chat/completions answers, and takes tools
         template = getattr(tokenizer, "chat_template", None)
         info["chat"] = template is not None

@@ -1,56 +1,70 @@
-"""POST /v1/attention: a translation with its attention maps, streamed.
+"""POST /v1/attention: every attention map of what the model does with a text, in each
+of the three shapes: a translation's (encoder self-, decoder self- and
+cross-attention), an encoder-only model's pass over a text or a pair (self-attention),
+a language model's greedy continuation of a prompt (causal self-attention).
 
-The maps are computed on the decoding worker, one sentence at a time (attention_maps:
-the maps of the printed translation), and kept in a small cache bounded in bytes, since
-the page asks for one layer at a time. The answer is written as JSON in pieces of a few
-thousand numbers, giving the event loop back between pieces: a whole model's maps of a
-1,000-token sentence are a few hundred MB of JSON, which built in one piece blocked
-every other request (/health included) for seconds and held the text in memory twice.
-A request for more numbers than the server's max_attention_values is refused before
-any is written.
+The maps are those of attention_maps.py, computed on the decoding worker one request at
+a time and answered in streamed pieces (attention_answer.py). Offered where the model
+records them: a PyTorch model, not an ONNX export.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections import OrderedDict
-from typing import AsyncIterator, Sequence
+from fastapi import APIRouter
 
-import torch
-from fastapi.responses import StreamingResponse
-
-from transduce.attention_maps import AttentionMaps, attention_maps
+from transduce.attention_maps import AttentionMaps, attention_maps, encoder_attention_maps, \
+    generation_attention_maps
+from transduce.decode.encode import SentenceEncoder
+from transduce.decode.generate import Generator, with_bos
 from transduce.decode.translate import Translator
-from transduce.serve.batcher import Job
+from transduce.serve.attention_answer import KINDS, MapsAnswers
+from transduce.serve.encoding import item_markers, token_counts
 from transduce.serve.limits import ApiError, check_texts, check_tokens
-from transduce.serve.schemas import AttentionRequest
-from transduce.serve.service import Service, timed
-from transduce.serve.validation import checked_direction
-
-CACHE_BYTES = 256 * 2**20      # the newest maps are kept even when larger
-PIECE_VALUES = 16384           # numbers per piece written between returns to the loop
-KINDS = ("encoder", "decoder", "cross")
+from transduce.serve.schemas import AttentionRequest, AttentionResponse, \
+    EncoderAttentionRequest, EncoderAttentionResponse, GenerationAttentionRequest, \
+    GenerationAttentionResponse
+from transduce.serve.service import Service
+from transduce.serve.validation import ERROR_RESPONSES, checked_direction
 
 
-def attention_route(service: Service):
-    """The handler of POST /v1/attention for the service's Translator."""
+def serves_attention_maps(model: Translator | SentenceEncoder | Generator) -> bool:
+    """Whether /v1/attention is offered: a PyTorch model records its maps; an ONNX
+    export's graph returns none."""
+    return hasattr(model.model, "attention_modules")
+
+
+def routes(service: Service, kind: str) -> APIRouter:
+    """POST /v1/attention for the model's kind ("translation", "encoder" or
+    "generation"), where the model records its maps (else no route)."""
+    router = APIRouter()
+    if not serves_attention_maps(service.model):
+        return router
+    route, response, summary = {
+        "translation": (_translation_route, AttentionResponse,
+                        "A translation with every attention map of it"),
+        "encoder": (_encoder_route, EncoderAttentionResponse,
+                    "Every self-attention map of the model's pass over a text or a pair"),
+        "generation": (_generation_route, GenerationAttentionResponse,
+                       "A prompt's greedy continuation with every attention map of it"),
+    }[kind]
+    router.add_api_route("/v1/attention", route(service), methods=["POST"],
+                         response_model=response, responses=ERROR_RESPONSES, summary=summary)
+    return router
+
+
+def _translation_route(service: Service):
     translator: Translator = service.model
-    modules = translator.model.attention_modules()
-    layers = {kind: len(modules.get(kind, [])) for kind in KINDS}
-    cache = MapsCache(CACHE_BYTES)
+    answers = MapsAnswers(service, KINDS)
 
-    def run(jobs: Sequence[Job]) -> list[AttentionMaps]:
-        return [attention_maps(translator, text, beam=beam, alpha=alpha, source_lang=source,
-                               target_lang=target, no_doubles=no_doubles)
-                for text, beam, alpha, (source, target), no_doubles
-                in (job.payload for job in jobs)]
+    def compute(key: tuple) -> AttentionMaps:
+        text, beam, alpha, (source, target), no_doubles = key
+        return attention_maps(translator, text, beam=beam, alpha=alpha, source_lang=source,
+                              target_lang=target, no_doubles=no_doubles)
 
-    async def attention(body: AttentionRequest) -> StreamingResponse:
-        selected = _selected(body, layers)
+    async def attention(body: AttentionRequest):
+        selected = answers.selected(body.kinds, body.layers)
         check_texts([body.text], service.limits, "text", indexed=False)
-        if not body.text.strip():
-            raise ApiError(422, "text: only white space; give a sentence to translate", "text")
+        _check_not_blank(body.text, "text", "a sentence to translate")
         way = checked_direction(translator, body, service.languages)
         limit = translator.max_source_tokens - 1 - len(way.source_prefix)
         length = len(translator.tokenizer.encode([body.text.strip()])[0])
@@ -58,104 +72,72 @@ def attention_route(service: Service):
         no_doubles = service.limits.no_doubles if body.no_doubles is None else body.no_doubles
         key = (body.text, body.beam, float(body.alpha), way.languages or (None, None),
                no_doubles)
-        maps = cache.get(key)
-        if maps is None:
-            maps, _ = await service.submit(("attention", object()), timed(run), key,
-                                           min(length, limit) + 1, 1)
-            cache.put(key, maps)
-        _check_size(maps, selected, service.limits.max_attention_values)
-        return StreamingResponse(_answer(maps, layers, selected, body.decimals),
-                                 media_type="application/json")
+        maps = await answers.maps(key, compute, min(length, limit) + 1)
+        head = {"translation": maps.translation, "log_prob": maps.log_prob,
+                "source_tokens": maps.source_tokens, "target_inputs": maps.target_inputs,
+                "target_outputs": maps.target_outputs}
+        return answers.response(head, maps, selected, body.decimals)
 
     return attention
 
 
-def _selected(body: AttentionRequest, layers: dict[str, int]) -> dict[str, list[int]]:
-    """Kind -> the 1-based layers of it to send (those asked for, default all, that the
-    kind has); a layer beyond every kind's is refused (422)."""
-    deepest = max(layers.values())
-    wanted = body.layers or list(range(1, deepest + 1))
-    for index, layer in enumerate(wanted):
-        if layer > deepest:
-            raise ApiError(422, f"layers[{index}]: {layer} is more than the model's "
-                                f"{deepest} layers", f"layers[{index}]")
-    return {kind: [layer for layer in dict.fromkeys(wanted) if layer <= layers[kind]]
-            for kind in dict.fromkeys(body.kinds)}
+def _encoder_route(service: Service):
+    encoder: SentenceEncoder = service.model
+    answers = MapsAnswers(service, ("encoder",))
+
+    def compute(key: tuple) -> AttentionMaps:
+        return encoder_attention_maps(encoder, *key)
+
+    async def attention(body: EncoderAttentionRequest):
+        selected = answers.selected(["encoder"], body.layers)
+        texts = [body.text] if body.text_pair is None else [body.text, body.text_pair]
+        for text, field in zip(texts, ("text", "text_pair")):
+            check_texts([text], service.limits, field, indexed=False)
+            _check_not_blank(text, field, "a text to encode")
+        markers = item_markers(encoder.model.config, pairs=len(texts) == 2)
+        limit = encoder.model.config.max_positions - markers
+        length = sum(token_counts(encoder, texts))
+        if body.text_pair is None:
+            check_tokens([length], limit, "text", body.truncate, indexed=False)
+        elif length > limit and not body.truncate:
+            raise ApiError(413, f"text and text_pair: {length} tokens together, more than "
+                                f"the model's limit of {limit} for a pair; send \"truncate\": "
+                                f"true to cut them instead", "text_pair")
+        maps = await answers.maps((body.text, body.text_pair), compute,
+                                  min(length, limit) + markers)
+        return answers.response({"text": maps.translation, "tokens": maps.source_tokens},
+                                maps, selected, body.decimals)
+
+    return attention
 
 
-def _check_size(maps: AttentionMaps, selected: dict[str, list[int]], limit: int) -> None:
-    """Refuse (413) an answer of more than `limit` numbers, saying how to ask for less."""
-    count = sum(_of(maps, kind)[layer - 1].numel()
-                for kind, numbers in selected.items() for layer in numbers)
-    if count > limit:
-        raise ApiError(413, f"the maps asked for are {count} numbers, more than the limit of "
-                            f"{limit} (max_attention_values); ask for fewer \"layers\" or "
-                            f"\"kinds\", or a shorter text", "layers")
+def _generation_route(service: Service):
+    generator: Generator = service.model
+    answers = MapsAnswers(service, ("decoder",))
+
+    def compute(key: tuple) -> AttentionMaps:
+        prompt, max_new_tokens = key
+        return generation_attention_maps(generator, prompt, max_new_tokens=max_new_tokens)
+
+    async def attention(body: GenerationAttentionRequest):
+        selected = answers.selected(["decoder"], body.layers)
+        check_texts([body.prompt], service.limits, "prompt", indexed=False)
+        length = len(with_bos(generator.tokenizer.encode([body.prompt])[0],
+                              generator.tokenizer))
+        if length >= generator.context:
+            raise ApiError(413, f"prompt: {length} tokens, but the model reads "
+                                f"{generator.context} positions in all (prompt and "
+                                f"continuation)", "prompt")
+        new_tokens = min(body.max_new_tokens, generator.context - length)
+        maps = await answers.maps((body.prompt, new_tokens), compute, length + new_tokens)
+        head = {"prompt": body.prompt, "continuation": maps.translation[len(body.prompt):],
+                "log_prob": maps.log_prob, "inputs": maps.target_inputs,
+                "outputs": maps.target_outputs}
+        return answers.response(head, maps, selected, body.decimals)
+
+    return attention
 
 
-async def _answer(maps: AttentionMaps, layers: dict[str, int], selected: dict[str, list[int]],
-                  decimals: int) -> AsyncIterator[str]:
-    """The JSON of AttentionResponse, piece by piece: kind -> layer -> (H, T, S)."""
-    head = _dumps({"translation": maps.translation, "log_prob": maps.log_prob,
-                   "source_tokens": maps.source_tokens, "target_inputs": maps.target_inputs,
-                   "target_outputs": maps.target_outputs, "layers": layers,
-                   "heads": int(maps.cross[0].shape[0])})
-    yield head[:-1] + ',"maps":{'
-    for k, (kind, numbers) in enumerate(selected.items()):
-        yield ("," if k else "") + _dumps(kind) + ":{"
-        for n, layer in enumerate(numbers):
-            yield ("," if n else "") + f'"{layer}":['
-            for h, weights in enumerate(_of(maps, kind)[layer - 1]):         # (T, S)
-                yield "," if h else ""
-                async for piece in _rows(weights, decimals):
-                    yield piece
-            yield "]"
-        yield "}"
-    yield "}}"
-
-
-async def _rows(weights: torch.Tensor, decimals: int) -> AsyncIterator[str]:
-    """One head's (T, S) weights as a JSON array of rows rounded to `decimals`, in
-    pieces of about PIECE_VALUES numbers, returning to the event loop after each."""
-    rows_per_piece = max(1, PIECE_VALUES // weights.shape[1])
-    for start in range(0, weights.shape[0], rows_per_piece):
-        block = weights[start:start + rows_per_piece]
-        rounded = torch.round(block.double(), decimals=decimals).tolist()   # 0.998, not 0.99800002
-        text = _dumps(rounded)[1:-1]
-        yield ("[" if start == 0 else ",") + text
-        await asyncio.sleep(0)
-    yield "]"
-
-
-def _of(maps: AttentionMaps, kind: str) -> list[torch.Tensor]:
-    return {"encoder": maps.encoder, "decoder": maps.decoder, "cross": maps.cross}[kind]
-
-
-def _dumps(value) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-class MapsCache:
-    """The most recently used maps by (text, beam, alpha, languages, no_doubles), within a
-    budget of bytes; the newest entry stays even when it alone is over the budget."""
-
-    def __init__(self, budget: int):
-        self.budget, self.entries, self.bytes = budget, OrderedDict(), 0
-
-    def get(self, key: tuple) -> AttentionMaps | None:
-        maps = self.entries.get(key)
-        if maps is not None:
-            self.entries.move_to_end(key)
-        return maps
-
-    def put(self, key: tuple, maps: AttentionMaps) -> None:
-        if key in self.entries:
-            self.bytes -= _bytes(self.entries.pop(key))
-        self.entries[key] = maps
-        self.bytes += _bytes(maps)
-        while len(self.entries) > 1 and self.bytes > self.budget:
-            self.bytes -= _bytes(self.entries.popitem(last=False)[1])
-
-
-def _bytes(maps: AttentionMaps) -> int:
-    return sum(weights.nbytes for kind in KINDS for weights in _of(maps, kind))
+def _check_not_blank(text: str, field: str, wanted: str) -> None:
+    if not text.strip():
+        raise ApiError(422, f"{field}: only white space; give {wanted}", field)

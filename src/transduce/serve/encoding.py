@@ -124,17 +124,22 @@ def _check(service: Service, texts: list[str], truncate: bool,
     config = encoder.model.config
     check_texts(texts, service.limits, "texts")
     lengths = token_counts(encoder, texts)
-    markers = 2
     if seconds is not None:
         if len(seconds) != len(texts):
             raise ApiError(422, f"text_pairs: {len(seconds)} second texts for {len(texts)} "
                                 f"texts; give one for each", "text_pairs")
         check_texts(seconds, service.limits, "text_pairs")
         lengths = [a + b for a, b in zip(lengths, token_counts(encoder, seconds))]
-        markers = 3 + (config.type_vocab_size == 1)      # RoBERTa's <s> A </s></s> B </s>
+    markers = item_markers(config, pairs=seconds is not None)
     limit = config.max_positions - markers
     return check_tokens(lengths, limit, "texts", truncate), sum(min(n, limit) + markers
                                                                 for n in lengths)
+
+
+def item_markers(config, *, pairs: bool) -> int:
+    """The tokens an item adds to its texts': [CLS] and [SEP], or a pair's three
+    (RoBERTa's four: <s> A </s></s> B </s>)."""
+    return 3 + (config.type_vocab_size == 1) if pairs else 2
 
 
 def token_counts(encoder: SentenceEncoder, texts: list[str]) -> list[int]:

@@ -1,5 +1,6 @@
-"""The page at /: a translate box and an attention explorer, as files of the package
-(static/: HTML, CSS, JavaScript; no CDN, so it works on a machine with no network)."""
+"""The page at /: the model's box (translate, generate, encode) and an attention
+explorer, as files of the package (static/: HTML, CSS, JavaScript; no CDN, so it works
+on a machine with no network)."""
 
 from __future__ import annotations
 

@@ -103,15 +103,22 @@ class LibreTranslateRequest(Strict):
     api_key: StrictStr | None = Field(None, description="accepted and ignored")
 
 
+OneText = Annotated[StrictStr, Field(min_length=1), AfterValidator(_no_surrogates)]
+MapLayers = Annotated[Annotated[list[Annotated[StrictInt, Field(ge=1)]], Field(min_length=1)]
+                      | None, Field(description="1-based layers to return (default: all)")]
+Decimals = Annotated[StrictInt, Field(ge=1, le=6, description="digits of each weight")]
+Maps = Annotated[dict[str, dict[str, list[list[list[float]]]]], Field(
+    description="kind -> layer (1-based) -> heads x queries x keys")]
+
+
 class AttentionRequest(LanguagePair):
-    text: Annotated[StrictStr, Field(min_length=1), AfterValidator(_no_surrogates)]
+    text: OneText
     beam: Beam = 4
     alpha: Alpha = 0.6
     kinds: Annotated[list[Literal["encoder", "decoder", "cross"]], Field(min_length=1)] = [
         "encoder", "decoder", "cross"]
-    layers: Annotated[list[Annotated[StrictInt, Field(ge=1)]], Field(min_length=1)] | None = \
-        Field(None, description="1-based layers to return (default: all)")
-    decimals: Annotated[StrictInt, Field(ge=1, le=6)] = 3
+    layers: MapLayers = None
+    decimals: Decimals = 3
     truncate: StrictBool = False
     no_doubles: NoDoubles = None
 
@@ -124,8 +131,46 @@ class AttentionResponse(BaseModel):
     target_outputs: list[str] = Field(description="what each decoder position predicts")
     layers: dict[str, int] = Field(description="layers per kind")
     heads: int
-    maps: dict[str, dict[str, list[list[list[float]]]]] = Field(
-        description="kind -> layer (1-based) -> heads x queries x keys")
+    maps: Maps
+
+
+class EncoderAttentionRequest(Strict):
+    text: OneText
+    text_pair: OneText | None = Field(None, description=(
+        "a second text, read as a classifier of pairs reads it: [CLS] text [SEP] second "
+        "[SEP]"))
+    layers: MapLayers = None
+    decimals: Decimals = 3
+    truncate: StrictBool = Field(False, description="cut a text (pair) over the model's "
+                                                    "length instead of refusing it (413)")
+
+
+class EncoderAttentionResponse(BaseModel):
+    text: str = Field(description="the text (a pair: \"text | second\")")
+    tokens: list[str] = Field(description="the pieces the model reads, [CLS] and [SEP] "
+                                          "included: the queries and the keys")
+    layers: dict[str, int] = Field(description="{\"encoder\": layers}")
+    heads: int
+    maps: Maps
+
+
+class GenerationAttentionRequest(Strict):
+    prompt: Text = Field(description="the text to continue (empty: from bos alone)")
+    max_new_tokens: Annotated[StrictInt, Field(ge=1, le=4096)] = 32
+    layers: MapLayers = None
+    decimals: Decimals = 3
+
+
+class GenerationAttentionResponse(BaseModel):
+    prompt: str
+    continuation: str = Field(description="the greedy continuation the maps are of")
+    log_prob: float = Field(description="of the continuation, by the recorded pass")
+    inputs: list[str] = Field(description="the piece each position reads: the keys")
+    outputs: list[str] = Field(description="the piece each position is followed by: the "
+                                           "queries' rows")
+    layers: dict[str, int] = Field(description="{\"decoder\": layers}")
+    heads: int
+    maps: Maps
 
 
 # OpenAI's penalties and logit bias (decode/penalties.py), on /v1/generate and its API.

@@ -1,5 +1,5 @@
 """The routes of a translation (encoder-decoder) model: /v1/translate, LibreTranslate's
-/translate and /languages, and /v1/attention (attention.py). A multilingual model
+/translate and /languages (its /v1/attention: attention.py). A multilingual model
 (decode/languages.py) translates between the languages each request names.
 
 Sentences of concurrent requests with the same search settings are decoded together by
@@ -18,11 +18,10 @@ from pydantic import ValidationError
 
 from transduce.decode.languages import Direction, LanguageError
 from transduce.decode.translate import Translation, Translator
-from transduce.serve.attention import attention_route
 from transduce.serve.batcher import Job
 from transduce.serve.continuous import translation_stream
 from transduce.serve.limits import ApiError, check_texts, check_tokens
-from transduce.serve.schemas import AttentionResponse, LibreTranslateRequest, Timings, \
+from transduce.serve.schemas import LibreTranslateRequest, Timings, \
     TranslateRequest, TranslateResponse, Translated
 from transduce.serve.service import Service, split_by_job, timed
 from transduce.serve.validation import ERROR_RESPONSES, checked_direction, is_json, \
@@ -57,10 +56,6 @@ def routes(service: Service) -> APIRouter:
                        if body.nbest > 1 else None) for h, cut in found], timings=timings)
 
     _add_libretranslate_routes(router, service)
-    if serves_attention_maps(translator):
-        router.add_api_route("/v1/attention", attention_route(service), methods=["POST"],
-                             response_model=AttentionResponse, responses=ERROR_RESPONSES,
-                             summary="A translation with every attention map of it")
     return router
 
 
@@ -96,12 +91,6 @@ def _add_libretranslate_routes(router: APIRouter, service: Service) -> None:
         source, target = service.languages
         return [{"code": source, "name": LANGUAGE_NAMES.get(source, source),
                  "targets": [target]}]
-
-
-def serves_attention_maps(translator: Translator) -> bool:
-    """Whether /v1/attention is offered: a PyTorch model records its maps; an ONNX
-    export's graph returns logits alone."""
-    return hasattr(translator.model, "attention_modules")
 
 
 async def _translate(service: Service, texts: list[str], name: str, beam: int, alpha: float,

@@ -1,6 +1,7 @@
-// The page of `transduce serve`: a translate box and an attention explorer (or, for other
-// kinds of model, a generate box, with a chat for an instruct model, or a classify /
-// tag / answer / rerank / embed box, as the encoder's head allows). No libraries, no network
+// The page of `transduce serve`: a translate box (or, for other kinds of model, a
+// generate box, with a chat for an instruct model, or a classify / tag / answer / rerank
+// / embed box, as the encoder's head allows), and an attention explorer of a translation,
+// of an encoder's pass over a text, or of a greedy continuation. No libraries, no network
 // beyond this server: the maps are drawn on canvases, one layer fetched at a time.
 "use strict";
 
@@ -34,17 +35,12 @@ async function translate() {
   const started = performance.now();
   try {
     if (!state.attentionMaps) return await translateOnly(text, started);
-    const request = { text, beam: Number($("beam").value), decimals: 3,
-                      no_doubles: $("no-doubles").checked, ...chosenLanguages() };
-    const data = await api("/v1/attention", { ...request, layers: [1] });
-    state.request = request;
-    state.meta = data;
-    state.maps = { 1: data.maps };
+    const data = await explore({ text, beam: Number($("beam").value), decimals: 3,
+                                 no_doubles: $("no-doubles").checked, ...chosenLanguages() });
     $("output").textContent = data.translation;
     $("output").classList.add("done");
     setStatus("status", `${Math.round(performance.now() - started)} ms · log-probability ` +
                         `${data.log_prob.toFixed(3)}`);
-    setUpExplorer();
   } catch (error) {
     $("output").textContent = "";
     setStatus("status", error.message, true);
@@ -78,12 +74,36 @@ function setUpLanguages(codes, languages) {
   $("languages").hidden = false;
 }
 
+// The maps of a request to /v1/attention (a translation's, a text's or a prompt's), its
+// first layer fetched and drawn; the answer, for the caller to show the text.
+async function explore(request) {
+  const data = await api("/v1/attention", { ...request, layers: [1] });
+  state.request = request;
+  state.meta = explorerMeta(data);
+  state.maps = { 1: data.maps };
+  setUpExplorer();
+  return data;
+}
+
+// An answer of any shape as the explorer reads it: the layers of each kind (0 where the
+// model has none) and the pieces on the axes (translation's names).
+function explorerMeta(data) {
+  return { layers: { encoder: 0, decoder: 0, cross: 0, ...data.layers }, heads: data.heads,
+           source_tokens: data.source_tokens ?? data.tokens ?? [],
+           target_inputs: data.target_inputs ?? data.inputs ?? [],
+           target_outputs: data.target_outputs ?? data.outputs ?? [] };
+}
+
 function setUpExplorer() {
   const meta = state.meta;
   for (const button of document.querySelectorAll(".segmented button")) {
     button.disabled = meta.layers[button.dataset.kind] === 0;
   }
-  if (meta.layers[state.kind] === 0) state.kind = "cross";
+  $("explorer").querySelector(".segmented").hidden = KIND !== "translation";
+  $("alignment-part").hidden = meta.layers.cross === 0;
+  if (meta.layers[state.kind] === 0) {
+    state.kind = ["cross", "encoder", "decoder"].find((kind) => meta.layers[kind] > 0);
+  }
   fillSelect($("layer"), range(1, meta.layers[state.kind]).map(String), String(state.layer));
   fillSelect($("head"), ["all", ...range(1, meta.heads).map(String)], state.head);
   state.layer = Number($("layer").value);
@@ -314,6 +334,7 @@ async function generate() {
   const prompt = $("prompt").value;
   if (!prompt) return setStatus("gen-status", "type a prompt first", true);
   $("generate").disabled = true;
+  $("explorer").hidden = true;           // its maps are of another continuation
   $("prompt-echo").textContent = prompt;
   $("continuation").textContent = "";
   setStatus("gen-status", "generating…");
@@ -459,6 +480,50 @@ async function encode(path) {
   }
 }
 
+// The attention of the first line (and its second text, for a classifier of pairs).
+async function encoderAttention() {
+  const texts = linesOf("lines");
+  if (!texts.length) return setStatus("enc-status", "type a line first", true);
+  const request = { text: texts[0], decimals: 3 };
+  const seconds = state.pairs ? linesOf("seconds") : [];
+  if (seconds.length) request.text_pair = seconds[0];
+  await showExplored("encoder-attention", "enc-status", request,
+                     (data) => [data.text, `${data.tokens.length} pieces`]);
+}
+
+// The attention of the prompt's greedy continuation (temperature aside).
+async function generationAttention() {
+  const prompt = $("prompt").value;
+  if (!prompt) return setStatus("gen-status", "type a prompt first", true);
+  await showExplored("generate-attention", "gen-status",
+                     { prompt, max_new_tokens: Number($("max-new").value), decimals: 3 },
+                     (data) => {
+                       $("prompt-echo").textContent = data.prompt;
+                       $("continuation").textContent = data.continuation;
+                       return [data.prompt + data.continuation, "greedy · log-probability " +
+                               data.log_prob.toFixed(3)];
+                     });
+}
+
+// The explorer of a request, the text its maps are of above them; `shown` gives that
+// text and the status's note.
+async function showExplored(buttonId, statusId, request, shown) {
+  $(buttonId).disabled = true;
+  setStatus(statusId, "reading the attention…");
+  const started = performance.now();
+  try {
+    const data = await explore(request);
+    const [text, note] = shown(data);
+    $("explorer-text").textContent = text;
+    setStatus(statusId, `${Math.round(performance.now() - started)} ms · ${note}`);
+  } catch (error) {
+    $("explorer").hidden = true;
+    setStatus(statusId, error.message, true);
+  } finally {
+    $(buttonId).disabled = false;
+  }
+}
+
 // ---------------------------------------------------------------- start
 
 function resultRows(rows) {
@@ -528,6 +593,7 @@ async function start() {
     const size = model.parameters ? ` · ${(model.parameters / 1e6).toFixed(1)}M parameters` : "";
     $("model-info").textContent = `${model.id} · ${model.kind}${pair}${size}`;
     state.attentionMaps = model.attention_maps !== false;
+    $("encoder-attention").hidden = $("generate-attention").hidden = !state.attentionMaps;
     if (model.language_codes) setUpLanguages(model.language_codes, languages);
     $("no-doubles").checked = Boolean(model.limits?.no_doubles);    // the server's default
     state.pairs = model.classifier_inputs === "pairs";
@@ -539,37 +605,19 @@ async function start() {
     $("no-answer-choice").hidden = !model.answers;
     $("chat-panel").hidden = !model.chat;          // an instruct model with a template
   } catch (error) { /* the page still works */ }
+  $("explorer-title").textContent = EXPLORER_TITLES[KIND];
+  $("explorer-text").hidden = KIND === "translation";     // the translate box shows it
+  setUpExplorerControls();
   if (KIND === "translation") {
     $("translate-panel").hidden = false;
     $("translate").addEventListener("click", translate);
     $("source").addEventListener("keydown", (e) => {
       if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) translate();
     });
-    document.querySelectorAll(".segmented button").forEach((button) =>
-      button.addEventListener("click", () => {
-        state.kind = button.dataset.kind;
-        state.hover = null;
-        const layers = range(1, state.meta.layers[state.kind]).map(String);
-        fillSelect($("layer"), layers, String(state.layer));
-        state.layer = Number($("layer").value);
-        showLayer();
-      }));
-    $("layer").addEventListener("change", () => {
-      state.layer = Number($("layer").value);
-      showLayer();
-    });
-    $("head").addEventListener("change", () => { state.head = $("head").value; render(); });
-    $("map").addEventListener("mousemove", (e) => {
-      const matrix = currentMaps()?.[Number(state.head) - 1];
-      if (!matrix) return;
-      const cell = $("map").width / matrix[0].length;
-      const row = Math.floor(e.offsetY / cell), column = Math.floor(e.offsetX / cell);
-      if (row < matrix.length && column < matrix[0].length) hover({ row, column });
-    });
-    $("map").addEventListener("mouseleave", () => hover(null));
   } else if (KIND === "generation") {
     $("generate-panel").hidden = false;
     $("generate").addEventListener("click", generate);
+    $("generate-attention").addEventListener("click", generationAttention);
     $("send").addEventListener("click", send);
     $("new-chat").addEventListener("click", newChat);
     $("message").addEventListener("keydown", (e) => {
@@ -582,7 +630,37 @@ async function start() {
     $("rerank").addEventListener("click", rerank);
     $("tag").addEventListener("click", tag);
     $("answer").addEventListener("click", answer);
+    $("encoder-attention").addEventListener("click", encoderAttention);
   }
+}
+
+const EXPLORER_TITLES = { translation: "Attention of this translation",
+                          encoder: "Self-attention of this text",
+                          generation: "Self-attention of this continuation (causal)" };
+
+function setUpExplorerControls() {
+  document.querySelectorAll(".segmented button").forEach((button) =>
+    button.addEventListener("click", () => {
+      state.kind = button.dataset.kind;
+      state.hover = null;
+      const layers = range(1, state.meta.layers[state.kind]).map(String);
+      fillSelect($("layer"), layers, String(state.layer));
+      state.layer = Number($("layer").value);
+      showLayer();
+    }));
+  $("layer").addEventListener("change", () => {
+    state.layer = Number($("layer").value);
+    showLayer();
+  });
+  $("head").addEventListener("change", () => { state.head = $("head").value; render(); });
+  $("map").addEventListener("mousemove", (e) => {
+    const matrix = currentMaps()?.[Number(state.head) - 1];
+    if (!matrix) return;
+    const cell = $("map").width / matrix[0].length;
+    const row = Math.floor(e.offsetY / cell), column = Math.floor(e.offsetX / cell);
+    if (row < matrix.length && column < matrix[0].length) hover({ row, column });
+  });
+  $("map").addEventListener("mouseleave", () => hover(null));
 }
 
 start();
