@@ -138,6 +138,23 @@ _SLIDING_LM = {"arch": "decoder", "attention_type": "sliding", "src_vocab_size":
                    "positional": "rotary"}, "local_rope_base=-1.0: must be positive"),
     (ModelConfig, {"sandwich_norm": True},
      "sandwich_norm=True adds norms to pre-norm layers; set norm_first=True"),
+    # GPT-NeoX's partial rotary positions and parallel residuals
+    (ModelConfig, {"rotary_dims": 16},
+     "rotary_dims=16 rotates part of each head; positional='sinusoidal' has no rotary "
+     "positions"),
+    (ModelConfig, {"rotary_dims": 15, "positional": "rotary"},
+     "rotary_dims=15: must be an even number of a head's features, from 2 to head_dim=64"),
+    (ModelConfig, {"rotary_dims": 66, "positional": "rotary"}, "from 2 to head_dim=64"),
+    (ModelConfig, {"rotary_dims": 0, "positional": "rotary"}, "from 2 to head_dim=64"),
+    (ModelConfig, {"rotary_dims": True, "positional": "rotary"}, "from 2 to head_dim=64"),
+    (ModelConfig, {"parallel_residual": True, "norm_first": True},
+     "parallel_residual=True sums a decoder-only model's attention and feed-forward network "
+     "over one input: it needs arch='decoder' and norm_first=True without sandwich_norm, "
+     "not arch='transformer', norm_first=True, sandwich_norm=False"),
+    (ModelConfig, {"parallel_residual": True, **_SLIDING_LM, "norm_first": False},
+     "not arch='decoder', norm_first=False"),
+    (ModelConfig, {"parallel_residual": True, **_SLIDING_LM, "norm_first": True,
+                   "sandwich_norm": True}, "sandwich_norm=True"),
     # Gemma 2's soft caps
     (ModelConfig, {"attention_softcap": 0.0, **_SLIDING_LM},
      "attention_softcap=0.0: must be a positive number"),

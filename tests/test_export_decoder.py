@@ -167,7 +167,13 @@ def test_a_sliding_window_exports_as_mistral_and_imports_back(tmp_path, tiny_cor
     ("gpt-tiny", {"num_kv_heads": 2}, "num_kv_heads=2 (GPT-2 has full multi-head"),
     ("gpt-tiny", {"positional": "sinusoidal"}, "positional='sinusoidal' (the format's is "
                                                "'learned')"),
-    ("llama-tiny", {"bias": True, "norm": "layer"}, "norm='layer'"),
+    # rotary positions with LayerNorms are GPT-NeoX's, whose layers have two matrices
+    ("llama-tiny", {"bias": True, "norm": "layer"},
+     "cannot export to GPT-NeoX: gated_ffn=True (the format's is False); num_kv_heads=2 "
+     "(GPT-NeoX has full multi-head attention)"),
+    ("gpt-tiny", {"parallel_residual": True},
+     "cannot export to GPT-2: parallel_residual=True (the format's layers add their "
+     "sub-layers one after the other)"),
     ("gpt-tiny", {"attention_type": "sliding"}, "attention_type='sliding'"),
     ("llama-tiny", {"attention_type": "sliding", "qkv_bias": True},     # Qwen2's window
      "Qwen2 with a SentencePiece vocabulary"),

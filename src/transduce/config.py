@@ -149,6 +149,15 @@ class ModelConfig(ValidatedConfig):
     the model's kind over head_dim (one weight for all heads), before rotary positions:
     Qwen3's layout, a guard against growing attention logits (Henry et al. 2020;
     Dehghani et al. 2023).
+    rotary_dims: positional "rotary": rotate only this many of each head's features (an
+    even number; GPT-NeoX's and Pythia's rotary_pct of 0.25, Phi's
+    partial_rotary_factor), the others carrying no position; None: all of them. Features
+    i and i + head_dim / 2 form a pair as in full rotary positions, and the first
+    rotary_dims / 2 pairs turn at rates base^(-2i / rotary_dims), the others not at all
+    (an imported model's query and key features are put in that order: importers).
+    parallel_residual: arch "decoder", pre-norm: each layer adds its attention and its
+    feed-forward network, each after its own norm, to the same input, x + Attn(Norm1(x))
+    + FFN(Norm3(x)), instead of one after the other (GPT-NeoX's and Pythia's; GPT-J's).
     rope_scaling: rotary frequencies stretched for a longer context: "linear" divides
     them all by rope_factor; "llama3" (Llama 3.1) divides those whose wavelength exceeds
     rope_original_positions / rope_low_freq_factor by rope_factor, keeps those below
@@ -205,9 +214,11 @@ class ModelConfig(ValidatedConfig):
     qk_norm: bool = False
     norm_first: bool = False
     sandwich_norm: bool = False
+    parallel_residual: bool = False
     positional: Positional = "sinusoidal"
     max_positions: int = 1024
     rope_base: float = 10000.0
+    rotary_dims: int | None = None
     rope_scaling: RopeScaling = "none"
     rope_factor: float = 8.0
     rope_low_freq_factor: float = 1.0
@@ -312,6 +323,8 @@ class ModelConfig(ValidatedConfig):
         if self.sandwich_norm and not self.norm_first:
             raise ConfigError("ModelConfig.sandwich_norm=True adds norms to pre-norm layers; "
                               "set norm_first=True")
+        self._check_partial_rotary()
+        self._check_parallel_residual()
         if self.arch == "decoder" and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError(f"ModelConfig.arch='decoder' has one vocabulary: "
                               f"src_vocab_size={self.src_vocab_size} must equal "
@@ -439,6 +452,32 @@ class ModelConfig(ValidatedConfig):
         if not (isinstance(self.local_rope_base, (int, float)) and self.local_rope_base > 0):
             raise ConfigError(f"ModelConfig.local_rope_base={self.local_rope_base!r}: must "
                               f"be positive")
+
+    def _check_partial_rotary(self) -> None:
+        """rotary_dims: an even number of each head's features, of rotary positions."""
+        dims = self.rotary_dims
+        if dims is None:
+            return
+        name = f"ModelConfig.rotary_dims={dims!r}"
+        if not isinstance(dims, int) or isinstance(dims, bool) or dims < 2 or dims % 2 \
+                or dims > self.head_dim:
+            raise ConfigError(f"{name}: must be an even number of a head's features, from "
+                              f"2 to head_dim={self.head_dim}")
+        if self.positional != "rotary":
+            raise ConfigError(f"{name} rotates part of each head; positional="
+                              f"{self.positional!r} has no rotary positions")
+
+    def _check_parallel_residual(self) -> None:
+        """parallel_residual: a decoder-only model's pre-norm layers, without sandwich
+        norms (no checkpoint has both)."""
+        if not self.parallel_residual:
+            return
+        if self.arch != "decoder" or not self.norm_first or self.sandwich_norm:
+            raise ConfigError(f"ModelConfig.parallel_residual=True sums a decoder-only "
+                              f"model's attention and feed-forward network over one input: "
+                              f"it needs arch='decoder' and norm_first=True without "
+                              f"sandwich_norm, not arch={self.arch!r}, norm_first="
+                              f"{self.norm_first}, sandwich_norm={self.sandwich_norm}")
 
     def _check_softcaps(self) -> None:
         """attention_softcap, logit_softcap: positive numbers, on a decoder-only model's

@@ -122,7 +122,14 @@ GEMMA2_LIKE = {"num_decoder_layers": 3, "attention_type": "sliding", "attention_
                "activation": "gelu-tanh", "attention_softcap": 0.8, "logit_softcap": 3.0}
 
 
+# GPT-NeoX's (Pythia's) layers: parallel residuals, a quarter of each head rotated.
+NEOX_LIKE = {"parallel_residual": True, "positional": "rotary", "rotary_dims": 4,
+             "num_kv_heads": None, "gated_ffn": False, "activation": "gelu", "norm": "layer",
+             "bias": True, "tie_embeddings": "none"}
+
+
 @pytest.mark.parametrize("name, changes", [("gpt-tiny", {}), ("llama-tiny", {}),
+                                           ("llama-tiny", NEOX_LIKE),
                                            ("gpt-tiny", {"positional": "alibi"}),
                                            ("llama-tiny", {"qk_norm": True}),
                                            ("llama-tiny", GEMMA3_LIKE),
@@ -149,7 +156,14 @@ def test_left_padded_prompts_of_a_language_model_step_alike(name, changes, scrip
     _assert_written_out_step_is_exact(model, run, scripted)
 
 
+# GPT-NeoX's (Pythia's) layers: parallel residuals, a quarter of each head rotated.
+NEOX_LIKE = {"parallel_residual": True, "positional": "rotary", "rotary_dims": 4,
+             "num_kv_heads": None, "gated_ffn": False, "activation": "gelu", "norm": "layer",
+             "bias": True, "tie_embeddings": "none"}
+
+
 @pytest.mark.parametrize("name, changes", [("gpt-tiny", {}), ("llama-tiny", {}),
+                                           ("llama-tiny", NEOX_LIKE),
                                            ("llama-tiny", {"num_kv_heads": 1}),
                                            ("llama-tiny", GEMMA2_LIKE)])
 @pytest.mark.parametrize("scripted", [True, False])

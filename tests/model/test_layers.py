@@ -82,6 +82,23 @@ def test_residual_dropout_is_active_in_training_only():
     torch.testing.assert_close(layer(x, None), layer(x, None))
 
 
+def test_a_parallel_residual_adds_attention_and_ffn_of_one_input():
+    """x + Attn(Norm1(x)) + FFN(Norm3(x)) (GPT-NeoX's layer), from the layer's own
+    modules in float64, with norms of different gains and biases."""
+    torch.manual_seed(0)
+    layer = DecoderLayer(config(arch="decoder", norm_first=True, parallel_residual=True),
+                         cross_attention=False).double().eval()
+    with torch.no_grad():
+        for norm in (layer.norm1, layer.norm3):
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 6, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        expected = x + layer.self_attn(layer.norm1(x), None, causal=True) + \
+            layer.ffn(layer.norm3(x))
+        torch.testing.assert_close(layer(x, None, None), expected, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("cross_attention", [True, False])
 def test_sandwich_norms_normalize_each_sub_layers_output_before_the_residual_sum(
         cross_attention):

@@ -1,7 +1,7 @@
-"""`transduce import hf-gpt2` / `hf-bloom` / `hf-llama` / `hf-gemma` / `hf-bert` /
-`hf-roberta` (also called `hf-xlm-roberta`) / `hf-distilbert` / `hf-electra` /
-`hf-modernbert` / `hf-deberta` / `hf-marian` / `hf-nllb`
-(also called `hf-m2m100`) / `hf-mbart` / `hf-t5`: another toolkit's checkpoint as ours;
+"""`transduce import hf-gpt2` / `hf-bloom` / `hf-gpt-neox` / `hf-llama` / `hf-gemma` /
+`hf-bert` / `hf-roberta` (also called `hf-xlm-roberta`) / `hf-distilbert` /
+`hf-electra` / `hf-modernbert` / `hf-deberta` / `hf-marian` / `hf-nllb` (also called
+`hf-m2m100`) / `hf-mbart` / `hf-t5`: another toolkit's checkpoint as ours;
 `peft`: a PEFT LoRA adapter merged into one of ours."""
 
 from __future__ import annotations
@@ -28,6 +28,13 @@ def register(commands) -> None:
                 "shards or pytorch_model.bin, tokenizer.json) as a decoder-only checkpoint "
                 "(ALiBi, a LayerNorm of the embeddings); options the model cannot reproduce "
                 "are refused by name.")
+    _add_format(formats, import_hf_gpt_neox, "hf-gpt-neox",
+                "Hugging Face GPT-NeoX: Pythia, GPT-NeoX-20B, RedPajama-INCITE, Dolly v2 "
+                "(GPTNeoXForCausalLM directory)",
+                "Import a Hugging Face GPT-NeoX directory (config.json, model.safetensors, "
+                "its shards or pytorch_model.bin, tokenizer.json) as a decoder-only "
+                "checkpoint (parallel residuals, rotary positions on part of each head); "
+                "options the model cannot reproduce are refused by name.")
     _add_format(formats, import_hf_llama, "hf-llama",
                 "Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 (LlamaForCausalLM, "
                 "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM "
@@ -181,6 +188,13 @@ def import_hf_bloom(args: argparse.Namespace) -> int:
     from transduce.importers import import_bloom
 
     return _import_decoder(args, import_bloom)
+
+
+def import_hf_gpt_neox(args: argparse.Namespace) -> int:
+    """Import a Hugging Face GPT-NeoX (Pythia) checkpoint."""
+    from transduce.importers import import_gpt_neox
+
+    return _import_decoder(args, import_gpt_neox)
 
 
 def import_hf_llama(args: argparse.Namespace) -> int:

@@ -30,7 +30,8 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                             mixed: bool = False, gemma: bool = False,
                             softcap: bool = False, embedding_norm: bool = False,
                             modernbert: bool = False,
-                            projected_embeddings: bool = False) -> list[str]:
+                            projected_embeddings: bool = False,
+                            neox: bool = False) -> list[str]:
     """What no format here can hold: another shape than the format's `arch` (RNN
     models among them), non-softmax self-attention (sliding-window softmax attention
     where the format masks it: `sliding`), score biases (but those of `score_bias`:
@@ -43,7 +44,8 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     `embedding_norm`), ModernBERT's LayerNorms without biases, first layer without an
     attention norm and heads (unless the format holds them: `modernbert`), and
     embeddings of another width than d_model, projected (unless the format projects
-    them: `projected_embeddings`, ELECTRA's)."""
+    them: `projected_embeddings`, ELECTRA's), and parallel residuals or rotary positions
+    on part of each head (unless the format has them: `neox`, GPT-NeoX's)."""
     problems = [] if modernbert else _modernbert_fields(c)
     if c.embedding_size is not None and not projected_embeddings:
         problems.append(f"embedding_size={c.embedding_size} (the format embeds at d_model="
@@ -73,6 +75,12 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     if c.sandwich_norm and not gemma:
         problems.append("sandwich_norm=True (the format has no norms on the sub-layers' "
                         "outputs)")
+    if c.parallel_residual and not neox:
+        problems.append("parallel_residual=True (the format's layers add their sub-layers "
+                        "one after the other)")
+    if c.rotary_dims is not None and not neox:
+        problems.append(f"rotary_dims={c.rotary_dims} (the format turns every feature of a "
+                        f"head)")
     return problems
 
 

@@ -2,20 +2,22 @@
 its decoder specification: pre-norm layers with LayerNorm or RMSNorm, plain or gated
 feed-forward networks, grouped-query attention, and our position table or rotary
 positions ("rotate half", CTranslate2's non-interleaved rotation; scaled linearly or as
-Llama 3.1's), softmax or sliding-window attention (or sliding layers among full ones,
-each with its rotary base: Gemma 3's), queries and keys normalized per head by RMSNorm
-(Qwen3's qk_norm), sandwich norms (Gemma's), ALiBi's score biases with a norm of the
-embeddings (BLOOM's). A prompt goes in as the tokenizer's pieces after bos, as our
-language models read it."""
+Llama 3.1's; on part of each head, GPT-NeoX's), softmax or sliding-window attention (or
+sliding layers among full ones, each with its rotary base: Gemma 3's), queries and keys
+normalized per head by RMSNorm (Qwen3's qk_norm), sandwich norms (Gemma's), parallel
+residuals (GPT-NeoX's), ALiBi's score biases with a norm of the embeddings (BLOOM's). A
+prompt goes in as the tokenizer's pieces after bos, as our language models read it."""
 
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 from transduce.errors import TransduceWarning
 from transduce.export.common import ExportError, not_a_plain_transformer
-from transduce.export.ctranslate2 import CT2_ACTIVATIONS, as_array, set_norm, \
+from transduce.export.ctranslate2 import CT2_ACTIVATIONS, as_array, set_fused, set_norm, \
     set_self_attention_and_ffn, vocabulary_pieces
+from transduce.export.hf_gpt_neox import in_neox_order
 from transduce.model import DecoderOnly
 
 
@@ -23,7 +25,7 @@ def check_ctranslate2_decoder_exportable(model: DecoderOnly) -> None:
     c = model.config
     problems = not_a_plain_transformer(c, arch="decoder", sliding=True, any_head_size=True,
                                        qk_norm=True, gemma=True, score_bias=("alibi",),
-                                       embedding_norm=True)
+                                       embedding_norm=True, neox=True)
     if c.qk_norm and c.norm != "rms":
         problems.append(f"qk_norm=True with norm={c.norm!r} (CTranslate2 normalizes queries "
                         f"and keys by RMSNorm only)")
@@ -89,6 +91,12 @@ def _set_layer_attention(spec, c) -> None:
                     object.__delattr__(attention, name)
 
 
+def _neox_ordered(projection, c) -> SimpleNamespace:
+    """A query or key projection with each head's rows in GPT-NeoX's order."""
+    weight, bias = in_neox_order(projection, c)
+    return SimpleNamespace(weight=weight, bias=bias)
+
+
 def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
     """Our language model as a CTranslate2 TransformerDecoderModelSpec, with the
     tokenizer's pieces as its vocabulary (extra ids, where the model's vocabulary is
@@ -105,7 +113,8 @@ def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
         c.num_decoder_layers, c.num_heads, pre_norm=True,
         activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[c.activation]),
         ffn_glu=c.gated_ffn, rms_norm=c.norm == "rms",
-        rotary_dim=0 if rotary else None, rotary_interleave=False, rotary_base=c.rope_base,
+        rotary_dim=(c.rotary_dims or 0) if rotary else None, rotary_interleave=False,
+        rotary_base=c.rope_base, parallel_residual=c.parallel_residual,
         rotary_scaling_type=scaling, rotary_scaling_factor=c.rope_factor,
         num_heads_kv=None if c.kv_heads == c.num_heads else c.kv_heads, head_dim=c.head_dim,
         # Mistral's window counts the token's own key, ours the keys before it
@@ -131,6 +140,11 @@ def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
     set_norm(decoder.layer_norm, model.decoder.final_norm)
     for target, layer in zip(decoder.layer, model.decoder.layers):
         set_self_attention_and_ffn(target, layer, layer.norm3)
+        if c.rotary_dims is not None:        # CTranslate2 rotates GPT-NeoX's order
+            attn = layer.self_attn
+            set_fused(target.self_attention.linear[0],
+                      [_neox_ordered(attn.q_proj, c), _neox_ordered(attn.k_proj, c),
+                       attn.v_proj])
     decoder.projection.weight = as_array(model.output_proj.weight)
     pieces = vocabulary_pieces(tokenizer, c.tgt_vocab_size)
     spec.register_vocabulary(pieces)

@@ -6,8 +6,10 @@ with each head's queries and keys normalized (qk_norm; the Qwens' window on some
 or all), as `Gemma3ForCausalLM` with sandwich norms (and qk_norm, scaled embeddings,
 sliding layers among full ones), or as `Gemma2ForCausalLM` with sandwich norms but no
 qk_norm (and soft-capped scores and logits, one rotary base); GPT-2's (learned
-positions, LayerNorm, biases) as `GPT2LMHeadModel`, and with ALiBi and a norm of the
-embeddings in place of the positions as `BloomForCausalLM`.
+positions, LayerNorm, biases) as `GPT2LMHeadModel`, with ALiBi and a norm of the
+embeddings in place of the positions as `BloomForCausalLM`, and with rotary positions
+(on all or part of each head; parallel residuals or not) as `GPTNeoXForCausalLM`
+(hf_gpt_neox.py).
 
 They hold our layers as they are, so the weights only change names (GPT-2's Conv1D
 stores each matrix transposed, and fuses q, k, v; BLOOM fuses them head by head;
@@ -31,6 +33,8 @@ from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.export.common import ExportError, not_a_plain_transformer
 from transduce.export.hf import HF_ACTIVATIONS, Family, generation_config, \
     save_with_tokenizer_json
+from transduce.export.hf_gpt_neox import GPT_NEOX, gpt_neox_config, gpt_neox_problems, \
+    gpt_neox_state_dict
 from transduce.model import DecoderOnly
 
 LLAMA = Family("Llama", "LlamaForCausalLM", "LlamaConfig", "llama")
@@ -50,11 +54,14 @@ def decoder_family(config: ModelConfig) -> Family:
     """Llama for rotary positions (Gemma 3 with sandwich norms and norms of the queries
     and keys or two rotary bases, Gemma 2 with sandwich norms alone, Qwen3 with norms of
     the queries and keys, Qwen2 with biases on q, k, v alone, Mistral with a sliding
-    window), BLOOM for ALiBi, GPT-2 for the rest."""
+    window), GPT-NeoX for rotary positions with LayerNorms (or on part of each head, or
+    parallel residuals), BLOOM for ALiBi, GPT-2 for the rest."""
     if config.positional == "alibi":
         return BLOOM
     if config.positional != "rotary":
         return GPT2
+    if config.norm == "layer" or config.parallel_residual or config.rotary_dims:
+        return GPT_NEOX
     if config.sandwich_norm:
         return GEMMA3 if config.qk_norm or config.local_rope_base is not None else GEMMA2
     if config.qk_norm:
@@ -74,7 +81,13 @@ def check_decoder_exportable(model: DecoderOnly) -> None:
                                        mixed=family in (QWEN2, QWEN3),
                                        gemma=family in GEMMAS, softcap=family in GEMMAS,
                                        score_bias=("alibi",) if family is BLOOM else (),
-                                       embedding_norm=family is BLOOM)
+                                       embedding_norm=family is BLOOM,
+                                       neox=family is GPT_NEOX)
+    if family is GPT_NEOX:                # its layout's own fields: hf_gpt_neox.py
+        problems += gpt_neox_problems(c)
+        if problems:
+            raise ExportError(f"cannot export to {family.name}: " + "; ".join(problems))
+        return
     if c.scale_embeddings and family not in GEMMAS:
         problems.append("scale_embeddings=True (the format does not scale embeddings)")
     if family is QWEN3 and c.qkv_bias:
@@ -129,6 +142,8 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
     family = decoder_family(c)
     if family in GEMMAS:
         return {**gemma_config(c, family), **ids}
+    if family is GPT_NEOX:
+        return {**gpt_neox_config(c), **ids}
     if family is BLOOM:
         return {"architectures": [BLOOM.model_class], "model_type": BLOOM.model_type,
                 "vocab_size": c.tgt_vocab_size, "hidden_size": c.d_model,
@@ -308,7 +323,8 @@ def hf_decoder_model(model: DecoderOnly, tokenizer):
     config = getattr(transformers, family.config_class)(**hf_decoder_config(model, tokenizer))
     theirs = getattr(transformers, family.model_class)(config).eval()
     state = {GPT2: gpt2_state_dict, BLOOM: bloom_state_dict, GEMMA3: gemma_state_dict,
-             GEMMA2: gemma_state_dict}.get(family, llama_state_dict)(model)
+             GEMMA2: gemma_state_dict, GPT_NEOX: gpt_neox_state_dict}.get(
+        family, llama_state_dict)(model)
     missing, unexpected = theirs.load_state_dict(state, strict=False)
     left = [name for name in missing if not name.endswith((".attn.bias", ".attn.masked_bias"))]
     if left or unexpected:

@@ -36,7 +36,8 @@ from transduce.export.hf_encoder import check_bert_exportable, hf_state_dict
 from transduce.importers.encoder_names import encoder_names
 from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX,
                                               Place, fused_rows, fused_sizes, is_gpt2_layout,
-                                              place_of, residual_order, translation_family)
+                                              is_gpt_neox_layout, place_of, residual_order,
+                                              translation_family)
 from transduce.model import empty_model, load_model
 from transduce.written import write_export_marker
 
@@ -54,6 +55,10 @@ def export_peft(path: Path | str, out: Path | str) -> Path:
     if config.arch.startswith("rnn"):
         raise ExportError(f"{path}: export peft writes a Transformer's adapters; this is arch "
                           f"{config.arch!r}")
+    if is_gpt_neox_layout(config):
+        raise ExportError(f"{path}: export peft does not write a GPT-NeoX model's adapters "
+                          f"(its fused query_key_value, each head's rows reordered); export "
+                          f"hf writes the model with them merged")
     _check_base_exportable(path, config)
     try:
         adapters = load_file(str(path / checkpoint.ADAPTERS))

@@ -38,7 +38,7 @@ from transduce.importers.hf_gpt2 import _read_json
 from transduce.importers.peft_heads import HEAD_KINDS, check_modules_to_save, with_heads
 from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, Place,
                                               fused_place_of, fused_rows, is_adaptable,
-                                              place_of, residual_order)
+                                              is_gpt_neox_layout, place_of, residual_order)
 from transduce.importers.peft_vocabulary import VOCABULARY_MODULES, vocabulary_updates
 from transduce.model import load_model
 
@@ -62,6 +62,11 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
     if arch.startswith("rnn"):
         raise ForeignCheckpointError(f"{base}: arch {arch!r}; a PEFT adapter is merged into a "
                                      f"Transformer")
+    if is_gpt_neox_layout(base_config):
+        raise ForeignCheckpointError(f"{base}: a GPT-NeoX model's adapters (on its fused "
+                                     f"query_key_value) are not merged here; merge them with "
+                                     f"PEFT's merge_and_unload and import the merged model "
+                                     f"with `transduce import hf-gpt-neox`")
     check_modules_to_save(settings, arch, adapter_dir / ADAPTER_CONFIG)
     tensors = _read_tensors(adapter_dir, bool(settings.get("modules_to_save")))
     model = load_model(base)

@@ -106,6 +106,13 @@ def is_bloom_layout(config: ModelConfig) -> bool:
     return config.arch == "decoder" and config.positional == "alibi"
 
 
+def is_gpt_neox_layout(config: ModelConfig) -> bool:
+    """Our language models that export as GPT-NeoX (export/hf_decoder.decoder_family):
+    rotary positions with LayerNorms, on part of each head, or parallel residuals."""
+    return config.arch == "decoder" and config.positional == "rotary" and (
+        config.norm == "layer" or config.parallel_residual or config.rotary_dims is not None)
+
+
 def fused_rows(config: ModelConfig, module: str) -> Tensor | None:
     """perm, with a fused q, k, v module's rows = [q; k; v][perm], where they are not in
     that order: BLOOM's query_key_value, head by head; None elsewhere."""

@@ -15,13 +15,13 @@ workers' compiled steps overlap better than their Python ones is not measured ye
 
 It covers the common case (softmax attention over plain KV caches, additive, rotary or
 no positions or a relative-position score bias, queries and keys normalized per head
-or not, sandwich norms or not, PyTorch's fused attention kernel, or Gemma 2's
-soft-capped scores in attention()'s written-out form; a sliding window's
-layers too, over plain caches within the window (kinds.py) and past it over the window's
-own cache, local.py's SlidingKVCache, one token a row, every held key in the band; and
-sliding layers among full ones over a continuous batch's slots, local.py's
-BandedKVCache, whose row runs start at the band where it is later) and
-leaves every other step to the modules: `covers` says which. A score bias (T5's, ALiBi)
+or not, sandwich norms or not, parallel residuals or not, PyTorch's fused attention
+kernel, or Gemma 2's soft-capped scores in attention()'s written-out form; a sliding
+window's layers too, over plain caches within the window (kinds.py) and past it over
+the window's own cache, local.py's SlidingKVCache, one token a row, every held key in
+the band; and sliding layers among full ones over a continuous batch's slots, local.py's
+BandedKVCache, whose row runs start at the band where it is later) and leaves every
+other step to the modules: `covers` says which. A score bias (T5's, ALiBi)
 enters the step as SDPA's float mask, built once per step for every layer. A language
 model's step may feed a few tokens a row after its prompt (up to MAX_STEP_TOKENS:
 prompt lookup's drafts, decode/lookup.py), each attending to the cache and the new
@@ -290,7 +290,7 @@ class _LayerStep(nn.Module):
 
     def __init__(self, layer: nn.Module, kernel: bool):
         super().__init__()
-        self.norm_first = layer.norm_first
+        self.norm_first, self.parallel = layer.norm_first, layer.parallel
         self.norm1, self.norm2, self.norm3 = layer.norm1, layer.norm2, layer.norm3
         # the one-query kernel has no cap: a capped layer's runs are calls of their own
         by_kernel = kernel and layer.self_attn.softcap is None
@@ -314,6 +314,11 @@ class _LayerStep(nn.Module):
         """x (R, N, C) -> (R, N, C), and the caches after the step (_SelfAttention's);
         memory_k and memory_v are empty without cross-attention (N is 1 with it)."""
         # norm2 is None exactly when cross_attention is; TorchScript needs both tested.
+        if self.parallel:        # the attention and the FFN over the same input
+            h, k_cache, v_cache = self.self_attention(self.norm1(x), k_cache, v_cache, length,
+                                                      kept, band, self_mask, runs, row_starts,
+                                                      positions)
+            return x + h + self.feed_forward(self.norm3(x)), k_cache, v_cache
         if self.norm_first:
             h, k_cache, v_cache = self.self_attention(self.norm1(x), k_cache, v_cache, length,
                                                       kept, band, self_mask, runs, row_starts,

@@ -3,7 +3,9 @@
 Post-norm (the paper): x = Norm(x + Dropout(Sublayer(x))).
 Pre-norm (norm_first): x = x + Dropout(Sublayer(Norm(x))); the stack then needs a
 final norm, which Encoder and Decoder add. Sandwich (sandwich_norm, Gemma's):
-x = x + Dropout(PostNorm(Sublayer(Norm(x)))). Norm is LayerNorm, or RMSNorm (config.norm).
+x = x + Dropout(PostNorm(Sublayer(Norm(x)))). Parallel (parallel_residual, GPT-NeoX's):
+x = x + Dropout(Attn(Norm1(x))) + Dropout(FFN(Norm3(x))). Norm is LayerNorm, or RMSNorm
+(config.norm).
 Shapes: hidden states (B, T, C); the source memory (B, S, C).
 """
 
@@ -149,7 +151,7 @@ class DecoderLayer(nn.Module):
         self.post_norm1, self.post_norm3 = sandwich_norm(c), sandwich_norm(c)
         self.post_norm2 = sandwich_norm(c) if cross_attention else None
         self.dropout = Dropout(c.dropout)
-        self.norm_first = c.norm_first
+        self.norm_first, self.parallel = c.norm_first, c.parallel_residual
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor] | None,
                 memory_mask: Tensor | None, *, tgt_mask: Tensor | None = None,
@@ -170,6 +172,9 @@ class DecoderLayer(nn.Module):
         def cross_attention(h: Tensor) -> Tensor:
             return self.cross_attn(h, memory_mask, kv=memory_kv)
 
+        if self.parallel:         # (no cross-attention, no sandwich norms: the config's)
+            return x + self.dropout(self_attention(self.norm1(x))) + \
+                self.dropout(self.ffn(self.norm3(x)))
         if self.norm_first:
             x = x + self.dropout(post_norm(self.post_norm1, self_attention(self.norm1(x))))
             if self.cross_attn is not None:

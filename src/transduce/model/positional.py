@@ -130,21 +130,37 @@ class LearnedPositionalEmbedding(TablePositions):
 
 def rotary_frequencies(head_dim: int, base: float = 10000.0, scaling: str = "none",
                        factor: float = 8.0, low_freq_factor: float = 1.0,
-                       high_freq_factor: float = 4.0, original_positions: int = 8192) -> Tensor:
+                       high_freq_factor: float = 4.0, original_positions: int = 8192,
+                       rotary_dims: int | None = None) -> Tensor:
     """The D/2 rotation rates base^(-2i/D), float64, stretched for a longer context:
     "linear" divides every rate by `factor` (positions m / factor); "llama3" (Llama 3.1)
     divides the rates of wavelengths 2 pi / rate above original_positions /
     low_freq_factor by `factor`, keeps those below original_positions /
-    high_freq_factor, and blends linearly in 1 / wavelength between."""
-    rates = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    high_freq_factor, and blends linearly in 1 / wavelength between. rotary_dims (R):
+    the first R/2 rates are base^(-2i/R), so stretched, and the others 0 (pairs that do
+    not turn: ModelConfig.rotary_dims)."""
+    dims = head_dim if rotary_dims is None else rotary_dims
+    rates = base ** (-torch.arange(0, dims, 2, dtype=torch.float64) / dims)
     if scaling == "linear":
-        return rates / factor
-    if scaling != "llama3":
-        return rates
-    wavelength = 2 * math.pi / rates
-    blend = ((original_positions / wavelength - low_freq_factor)
-             / (high_freq_factor - low_freq_factor)).clamp(0.0, 1.0)    # 0: long, 1: short
-    return (1 - blend) * rates / factor + blend * rates
+        rates = rates / factor
+    elif scaling == "llama3":
+        wavelength = 2 * math.pi / rates
+        blend = ((original_positions / wavelength - low_freq_factor)
+                 / (high_freq_factor - low_freq_factor)).clamp(0.0, 1.0)  # 0: long, 1: short
+        rates = (1 - blend) * rates / factor + blend * rates
+    return torch.cat([rates, rates.new_zeros((head_dim - dims) // 2)])
+
+
+def partial_rotary_order(head_dim: int, rotary_dims: int) -> Tensor:
+    """Where each of our features of a head comes from in the layout of GPT-NeoX, Phi
+    and transformers (the rotated features first, pairs (i, i + R/2), then the others):
+    ours[j] = theirs[order[j]], so that our pairs (j, j + D/2) are theirs and the first
+    R/2 of them the rotated ones (rotary_frequencies). Queries and keys reordered alike
+    give the same scores. -> order (D,)."""
+    half, rotated = head_dim // 2, rotary_dims // 2
+    others = torch.arange(rotary_dims, head_dim)                  # D - R, split in two
+    return torch.cat([torch.arange(rotated), others[:half - rotated],
+                      torch.arange(rotated, rotary_dims), others[half - rotated:]])
 
 
 class RotaryEmbedding(nn.Module):

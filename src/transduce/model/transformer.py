@@ -114,11 +114,11 @@ def rotary_embedding(config: ModelConfig, *, local: bool = False) -> RotaryEmbed
     if c.positional != "rotary":
         return None
     if local:
-        rates = rotary_frequencies(c.head_dim, c.local_rope_base)
+        rates = rotary_frequencies(c.head_dim, c.local_rope_base, rotary_dims=c.rotary_dims)
     else:
         rates = rotary_frequencies(c.head_dim, c.rope_base, c.rope_scaling, c.rope_factor,
                                    c.rope_low_freq_factor, c.rope_high_freq_factor,
-                                   c.rope_original_positions)
+                                   c.rope_original_positions, c.rotary_dims)
     return RotaryEmbedding(c.head_dim, c.max_positions, inv_freq=rates)
 
 

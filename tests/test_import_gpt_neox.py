@@ -1,0 +1,244 @@
+"""Hugging Face GPT-NeoX (Pythia) -> our checkpoint: the imported model computes what
+transformers.GPTNeoXForCausalLM computes (logits, left-padded batches, greedy generation
+through the cache, perplexity) with parallel residuals or not and rotary positions on a
+quarter of each head or all of it; configs of transformers 4 (rotary_pct) read alike;
+the exports to transformers, CTranslate2 and ONNX compute it again; what we cannot
+reproduce is refused by name with nothing written."""
+
+import json
+
+import pytest
+import torch
+
+from tests.foreign_checkpoints import assert_refused, assert_same_greedy_tokens, \
+    assert_same_logits, assert_same_onnx_logits, assert_same_perplexity, damaged
+from transduce import checkpoint
+from transduce.cli import main
+from transduce.importers import ForeignCheckpointError, import_gpt_neox
+from transduce.model import DecoderOnly, load_model
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+TRAINING_TEXT = ["The quick brown fox jumps over the lazy dog. It's a dog's life.",
+                 "El niño comió una manzana en la mañana; ¿verdad que sí?",
+                 "In the beginning God created the heaven and the earth.",
+                 "Ça coûte 12,50 € — déjà vu, naïve café."]
+SAMPLES = ["Hello world!", "  leading and trailing spaces  ", "El niño comió café.", ""]
+SPECIALS = ["<|endoftext|>", "<|padding|>"]          # Pythia's ids 0 and 1
+
+
+@pytest.fixture(scope="module")
+def neox_tokenizer(tmp_path_factory):
+    """A byte-level BPE with Pythia's special tokens, which names <|endoftext|> for bos
+    and eos and no pad token; no post-processor (Pythia adds no bos to a prompt)."""
+    directory = tmp_path_factory.mktemp("tokenizer")
+    trained = tokenizers.ByteLevelBPETokenizer()
+    trained.train_from_iterator(TRAINING_TEXT * 2, vocab_size=320, min_frequency=1,
+                                special_tokens=SPECIALS, show_progress=False)
+    trained.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+         "unk_token": "<|endoftext|>"}))
+    return directory
+
+
+def hf_checkpoint(directory, tokenizer_dir, seed=0, **config):
+    """A random GPTNeoXForCausalLM saved with save_pretrained, its LayerNorm gains drawn
+    around 1 and its biases around 0 so that each counts, with the tokenizer's files."""
+    vocab = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    torch.manual_seed(seed)
+    hf_config = transformers.GPTNeoXConfig(vocab_size=vocab.get_vocab_size() + 8,
+                                           bos_token_id=0, eos_token_id=0,
+                                           max_position_embeddings=64,
+                                           initializer_range=0.2, **config)
+    model = transformers.GPTNeoXForCausalLM(hf_config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "layernorm" in name or "layer_norm" in name:
+                parameter.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
+            elif name.endswith("bias"):
+                parameter.normal_(0.0, 0.2)
+    model.save_pretrained(directory)
+    for file in tokenizer_dir.iterdir():
+        (directory / file.name).write_bytes(file.read_bytes())
+    return model
+
+
+# Pythia's layout (parallel residuals, a quarter of each head rotated, untied output)
+# and the other one (one sub-layer after the other, every feature rotated, tied).
+CONFIGS = [dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                intermediate_size=64, rotary_pct=0.25, seed=6),
+           dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=96, rotary_pct=1.0, rotary_emb_base=500,
+                use_parallel_residual=False, tie_word_embeddings=True, hidden_act="gelu_fast",
+                layer_norm_eps=1e-6, seed=1)]
+
+
+@pytest.fixture(scope="module", params=range(len(CONFIGS)), ids=lambda i: f"config{i}")
+def imported(request, neox_tokenizer, tmp_path_factory):
+    """(HF model, our model loaded from the imported checkpoint, checkpoint path)."""
+    root = tmp_path_factory.mktemp("hf")
+    hf = hf_checkpoint(root / "hf", neox_tokenizer, **dict(CONFIGS[request.param]))
+    out = import_gpt_neox(root / "hf", root / "ours")
+    return hf, load_model(out), out
+
+
+def test_logits_match_transformers(imported):
+    hf, ours, _ = imported
+    assert isinstance(ours, DecoderOnly)
+    c, parallel = ours.config, hf.config.use_parallel_residual
+    assert (c.positional, c.parallel_residual, c.rotary_dims) == \
+        ("rotary", parallel, 4 if parallel else None)       # 16-wide heads, a quarter turned
+    assert c.tie_embeddings == ("none" if parallel else "all")
+    assert_same_logits(hf, ours, atol=2e-5)
+
+
+def test_greedy_generation_through_the_cache_matches_transformers(imported, monkeypatch):
+    hf, ours, _ = imported
+    assert_same_greedy_tokens(hf, ours, 30, monkeypatch)
+
+
+def test_perplexity_uses_the_bos_and_eos_of_the_tokenizer(imported, tmp_path):
+    hf, _, out = imported
+    assert_same_perplexity(hf, out, tmp_path)
+
+
+def test_tokenizer_ids_equal_the_fast_tokenizer(imported, neox_tokenizer):
+    ours = checkpoint.load_tokenizer(imported[2])
+    reference = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(neox_tokenizer / "tokenizer.json"), bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>")
+    assert (ours.bos_id, ours.eos_id, ours.pad_id) == (0, 0, 0)    # eos pads
+    assert not ours.prepend_bos
+    assert ours.encode(SAMPLES) == [reference(text)["input_ids"] for text in SAMPLES]
+
+
+def test_the_command_generates_what_transformers_generates(imported, capsys):
+    hf, _, out = imported
+    tokenizer = checkpoint.load_tokenizer(out)
+    ids = tokenizer.encode(["In the beginning"])[0]
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8,
+                               eos_token_id=None, pad_token_id=0)[0, len(ids):]
+    assert main(["import", "hf-gpt-neox", str(out.parent / "hf"), "--out",
+                 str(out.parent / "again"), "--force"]) == 0
+    assert "decoder-only" in capsys.readouterr().out
+    assert main(["generate", "--model", str(out.parent / "again"), "--prompt",
+                 "In the beginning", "--max-new-tokens", "8", "--dtype", "float32"]) == 0
+    written = capsys.readouterr().out.strip()
+    assert written.endswith(tokenizer.decode(expected.tolist()).strip())
+
+
+@pytest.fixture(scope="module")
+def small_hf(neox_tokenizer, tmp_path_factory):
+    """One small GPT-NeoX directory, copied and damaged by each bad-input test."""
+    directory = tmp_path_factory.mktemp("small") / "hf"
+    hf_checkpoint(directory, neox_tokenizer, hidden_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, intermediate_size=32, rotary_pct=0.25)
+    return directory
+
+
+def test_a_transformers_4_config_reads_as_transformers_5_s(small_hf, tmp_path):
+    """rotary_pct and rotary_emb_base, not rope_parameters: the same model."""
+    def older(values):
+        rope = values.pop("rope_parameters")
+        values |= {"rotary_pct": rope["partial_rotary_factor"],
+                   "rotary_emb_base": rope["rope_theta"], "rope_scaling": None}
+
+    directory = damaged(small_hf, tmp_path, config=older)
+    assert "rope_parameters" not in json.loads((directory / "config.json").read_text())
+    old = load_model(import_gpt_neox(directory, tmp_path / "old"))
+    new = load_model(import_gpt_neox(small_hf, tmp_path / "new"))
+    assert old.config == new.config and old.config.rotary_dims == 4
+    for (name, a), b in zip(old.state_dict().items(), new.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"model_type": "gpt2"}, "model_type='gpt2'; only 'gpt_neox'"),
+    ({"attention_bias": False}, "attention_bias=false is not supported"),
+    ({"hidden_act": "quick_gelu"}, "hidden_act='quick_gelu' is not supported"),
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000}},
+     "rope_parameters.rope_type='dynamic' is not supported"),
+    ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0,
+                          "rope_theta": 10000}},
+     "partial_rotary_factor=0: must be a fraction of a head's features"),
+    ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.2,
+                          "rope_theta": 10000}},
+     "rotary_dims=3: must be an even number"),
+    ({"num_attention_heads": 3}, "d_model=32 is not divisible by num_heads=3"),
+    ({"eos_token_id": 5}, "eos_token_id=5 but the tokenizer's eos token '<|endoftext|>' is 0"),
+])
+def test_refuses_options_it_cannot_reproduce(small_hf, tmp_path, change, message):
+    directory = damaged(small_hf, tmp_path, config=lambda c: c.update(change))
+    assert_refused(import_gpt_neox, directory, tmp_path, message)
+
+
+def test_refuses_a_missing_or_unknown_weight(small_hf, tmp_path):
+    def renamed(tensors):
+        tensors["gpt_neox.layers.0.attention.extra.weight"] = \
+            tensors.pop("gpt_neox.layers.0.attention.dense.weight")
+
+    directory = damaged(small_hf, tmp_path, weights=renamed)
+    assert_refused(import_gpt_neox, directory, tmp_path,
+                   "missing weight 'layers.0.attention.dense.weight'")
+
+
+def test_the_hf_export_is_gpt_neox_again(imported, tmp_path):
+    """export hf writes GPTNeoXForCausalLM, each head's query and key rows back in
+    GPT-NeoX's order and q, k, v fused head by head: the same weights, exactly."""
+    hf, _, out = imported
+    assert main(["export", "hf", str(out), str(tmp_path / "hf")]) == 0
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(theirs).__name__ == "GPTNeoXForCausalLM"
+    originals = hf.state_dict()
+    for name, tensor in theirs.state_dict().items():
+        torch.testing.assert_close(tensor, originals[name], rtol=0, atol=0, msg=name)
+    assert theirs.config.use_parallel_residual == hf.config.use_parallel_residual
+
+
+def test_the_ctranslate2_export_generates_what_transformers_generates(imported, tmp_path):
+    """CTranslate2's parallel residuals and rotary_dim are GPT-NeoX's: the same greedy
+    tokens."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from transduce.export import export_ctranslate2
+
+    hf, _, out = imported
+    exported = export_ctranslate2(out, tmp_path / "ct2")
+    tokenizer = checkpoint.load_tokenizer(out)
+    ids = torch.randint(2, tokenizer.vocab_size, (12,),
+                        generator=torch.Generator().manual_seed(4)).tolist()
+    generator = ctranslate2.Generator(str(exported), device="cpu", intra_threads=1)
+    found = generator.generate_batch([[tokenizer.piece(t) for t in ids]], max_length=20,
+                                     sampling_topk=1, include_prompt_in_result=False,
+                                     end_token=[])
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=20,
+                               eos_token_id=None, pad_token_id=0)[0, len(ids):]
+    assert found[0].sequences_ids[0] == expected.tolist()
+    assert len(set(expected.tolist())) > 2
+
+
+def test_the_onnx_export_computes_transformers_logits(imported, tmp_path):
+    """Parallel residuals and partial rotary positions in the graph: left-padded rows
+    too."""
+    hf, _, out = imported
+    assert_same_onnx_logits(hf, out, tmp_path, atol=2e-5)
+
+
+def test_a_peft_adapter_is_refused_with_the_way_to_merge_it(imported, tmp_path):
+    """GPT-NeoX's adapters sit on its fused query_key_value, each head's rows in its
+    order: the merge is refused, naming PEFT's own and the import after it."""
+    from transduce.importers import import_peft
+
+    _, _, out = imported
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 2, "lora_alpha": 2,
+         "target_modules": ["query_key_value"]}))
+    with pytest.raises(ForeignCheckpointError, match="merge them with PEFT's merge_and_unload "
+                                                     "and import the merged model"):
+        import_peft(adapter, out, tmp_path / "merged")
+    assert not (tmp_path / "merged").exists()
