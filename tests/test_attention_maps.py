@@ -1,5 +1,6 @@
 """Attention maps: recorded from the pass that scores the translation, and drawn."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -121,6 +122,34 @@ def test_rnn_maps_have_cross_attention_only(tiny_corpus, arch):
     assert maps.cross[0].shape == (1, len(maps.target_outputs), len(maps.source_tokens))
 
 
+def rollout_reference(layers):
+    """Abnar & Zuidema's rollout from its definition, in float64 numpy: each layer's
+    head mean mixed half and half with I, multiplied up from the first layer."""
+    product, rolled = None, []
+    for weights in layers:
+        mixed = 0.5 * weights.double().mean(0).numpy() + 0.5 * np.eye(weights.shape[-1])
+        product = mixed if product is None else mixed @ product
+        rolled.append(product)
+    return rolled
+
+
+def test_a_rollout_multiplies_each_layers_mean_mixed_with_the_identity(tiny_corpus):
+    """A translation's encoder and (causal) decoder self-attention rolled out: one map a
+    layer, the reference's, rows that sum to 1, the decoder's causal; no cross-attention;
+    a plot of one map a layer."""
+    maps = attention_maps(translator(tiny_corpus, num_encoder_layers=3), SENTENCE)
+    rolled = maps.rollout()
+    assert rolled.cross == [] and rolled.translation == maps.translation
+    for ours, theirs in ((rolled.encoder, maps.encoder), (rolled.decoder, maps.decoder)):
+        assert len(ours) == len(theirs) and all(r.shape[0] == 1 for r in ours)
+        for got, expected in zip(ours, rollout_reference(theirs)):
+            np.testing.assert_allclose(got[0].numpy(), expected, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(got[0].sum(-1).numpy(), 1.0, atol=1e-6)
+    assert not rolled.decoder[-1][0].triu(diagonal=1).any()            # causal
+    assert not torch.allclose(rolled.encoder[2], rolled.encoder[0])
+    assert rolled.encoder[0][0].diagonal().min() >= 0.5                # the residual's half
+
+
 def test_plot_all_or_one_layer_and_head(tiny_corpus, tmp_path):
     maps = attention_maps(translator(tiny_corpus), SENTENCE)
     everything = plot_attention_maps(maps, tmp_path / "all.png")
@@ -163,6 +192,9 @@ def test_attention_command(tiny_corpus, tmp_path, capsys):
     assert main(["attention", SENTENCE, "--model", str(run), "--out", str(out),
                  "--head", "3"]) == 2
     assert "--head 3: the model has 1 heads" in capsys.readouterr().err
+    assert main(["attention", SENTENCE, "--model", str(run), "--out", str(out),
+                 "--rollout"]) == 2
+    assert "--rollout: this model has no self-attention layers" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["bert-tiny", "deberta-tiny"])
@@ -249,6 +281,10 @@ def test_attention_command_draws_each_shape(tiny_corpus, tmp_path, capsys):
         assert main(["attention", SENTENCE, "--model", str(run), "--out", str(out),
                      "--max-new-tokens", "3", "--layer", "1"]) == 0
         assert out.stat().st_size > 10_000 and said in capsys.readouterr().out
+        rolled = tmp_path / f"{name}-rollout.png"
+        assert main(["attention", SENTENCE, "--model", str(run), "--out", str(rolled),
+                     "--max-new-tokens", "3", "--rollout"]) == 0
+        assert rolled.stat().st_size > 10_000 and said in capsys.readouterr().out
     assert main(["attention", SENTENCE, "--model", str(tmp_path / "bert-tiny"), "--out",
                  str(out), "--pair", "uno dos"]) == 0
     assert "text: el perro rojo come | uno dos" in capsys.readouterr().out
@@ -256,6 +292,9 @@ def test_attention_command_draws_each_shape(tiny_corpus, tmp_path, capsys):
                  str(out), "--pair", "uno"]) == 2
     assert "--pair is the second text of an encoder-only model's pair" in \
         capsys.readouterr().err
+    assert main(["attention", SENTENCE, "--model", str(tmp_path / "gpt-tiny"), "--out",
+                 str(out), "--rollout", "--head", "1"]) == 2
+    assert "--head with --rollout: a rollout averages every head" in capsys.readouterr().err
 
 
 def test_attention_command_without_doubles(tiny_corpus, tmp_path, capsys):

@@ -85,6 +85,49 @@ def test_a_continuation_stops_at_the_models_positions(generator):
     assert weights.shape[1:] == (generator.context - 1,) * 2
 
 
+def test_rollouts_of_every_shape_are_the_librarys(mt, translator, enc, encoder, lm,
+                                                 generator):
+    """"rollout": one map a layer, AttentionMaps.rollout's; a translation's without
+    cross-attention unless asked for it (422), its raw maps still served."""
+    from transduce.attention_maps import attention_maps
+
+    cases = ((mt, {"text": "el perro"}, attention_maps(translator, "el perro"), "translation"),
+             (enc, {"text": "el perro"}, encoder_attention_maps(encoder, "el perro"), "text"),
+             (lm, {"prompt": "el perro", "max_new_tokens": 4},
+              generation_attention_maps(generator, "el perro", max_new_tokens=4), "prompt"))
+    for client, body, offline, _ in cases:
+        answer = client.post("/v1/attention", json=body | {"rollout": True, "decimals": 5})
+        assert answer.status_code == 200, answer.text
+        found, rolled = answer.json(), offline.rollout()
+        assert found["heads"] == 1
+        kinds = [kind for kind in ("encoder", "decoder") if getattr(rolled, kind)]
+        assert list(found["maps"]) == kinds
+        for kind in kinds:
+            for layer, weights in enumerate(getattr(rolled, kind), start=1):
+                np.testing.assert_allclose(found["maps"][kind][str(layer)], weights.numpy(),
+                                           atol=5e-5)
+    raw = mt.post("/v1/attention", json={"text": "el perro", "layers": [1]}).json()
+    assert raw["heads"] == 4 and "cross" in raw["maps"]
+    refused = mt.post("/v1/attention", json={"text": "el perro", "rollout": True,
+                                             "kinds": ["cross"]})
+    assert refused.status_code == 422 and refused.json()["field"] == "kinds"
+
+
+def test_a_model_without_self_attention_has_no_rollout(tiny_corpus, tmp_path):
+    from transduce import checkpoint, load
+    from transduce.config import preset
+    from transduce.data.tokenizer import MODEL_NAME
+    from transduce.model import build_model
+
+    model = build_model(preset("tiny", src_vocab_size=300, tgt_vocab_size=300,
+                               max_positions=40, arch="rnn-luong"))
+    checkpoint.save(tmp_path / "rnn", model, None, tiny_corpus / MODEL_NAME)
+    with client_for(load(tmp_path / "rnn")) as client:
+        answer = client.post("/v1/attention", json={"text": "el perro", "rollout": True})
+    assert answer.status_code == 422 and answer.json()["field"] == "rollout"
+    assert "no self-attention layers" in answer.json()["error"]
+
+
 @pytest.mark.parametrize("body,status,field", [
     ({"text": ""}, 422, "text"),
     ({"text": "  "}, 422, "text"),

@@ -110,6 +110,15 @@ def test_translate_and_explore_the_attention(browser_page, translator, tmp_path)
         assert page.input_value("#head") == "2" and page.is_visible("#single")
         shot = tmp_path / "explorer.png"
         page.screenshot(path=str(shot), full_page=True)
+        # a rollout runs through a stack: cross-attention and the alignment go
+        page.click(".segmented button[data-kind=cross]")
+        page.check("#rollout")
+        page.wait_for_function("state.meta.rollout && state.kind === 'encoder'")
+        assert page.is_disabled(".segmented button[data-kind=cross]")
+        assert page.is_hidden("#alignment-part") and page.is_hidden("#head-choice")
+        page.uncheck("#rollout")
+        page.wait_for_function("!state.meta.rollout")
+        assert page.is_enabled(".segmented button[data-kind=cross]")
     assert shot.stat().st_size > 10_000
 
 
@@ -200,7 +209,8 @@ def test_generate_page_streams_the_continuation(browser_page, generator):
 def test_generate_page_explores_the_attention_of_a_greedy_continuation(browser_page,
                                                                        generator):
     """The Attention button: the continuation's causal self-attention, a layer at a time,
-    its axes the pieces each position reads and is followed by; Generate hides it."""
+    its axes the pieces each position reads and is followed by; its rollout; Generate
+    hides it."""
     page = browser_page
     with ServerThread(create_app(generator)) as server:
         page.goto(server.url + "/")
@@ -227,6 +237,16 @@ def test_generate_page_explores_the_attention_of_a_greedy_continuation(browser_p
         assert page.text_content("#cell") == (f"{expected['outputs'][3]} attends most to "
                                               f"{expected['inputs'][best]} "
                                               f"({weights[best]:.3f})")
+        page.check("#rollout")                   # one map a layer: no head to choose
+        page.wait_for_function("state.meta.rollout && state.maps[2] !== undefined")
+        assert page.is_hidden("#head-choice")
+        rolled = httpx.post(server.url + "/v1/attention", json={
+            "prompt": "uno dos", "max_new_tokens": 5, "layers": [2], "rollout": True,
+            "decimals": 3}).json()["maps"]["decoder"]["2"][0][3]
+        page.locator("#rows .tok").nth(3).hover()
+        best = max(range(len(rolled)), key=rolled.__getitem__)
+        assert page.text_content("#cell").endswith(f"attends most to {expected['inputs'][best]} "
+                                                   f"({rolled[best]:.3f})")
         page.click("#generate")
         assert page.is_hidden("#explorer")
 

@@ -60,6 +60,10 @@ def register(commands) -> None:
                                                    "of a pair, [CLS] A [SEP] B [SEP]")
     maps.add_argument("--max-new-tokens", type=positive_int, default=32,
                       help="a language model: the continuation's tokens at most")
+    maps.add_argument("--rollout", action="store_true",
+                      help="each stack's self-attention rolled out through its layers "
+                           "(Abnar & Zuidema 2020: heads averaged, the residual's identity "
+                           "mixed in, multiplied up from the first layer), one map a layer")
     add_language_options(maps)
     maps.set_defaults(handler=attention_command)
 
@@ -299,8 +303,16 @@ def attention_command(args: argparse.Namespace) -> int:
     if args.pair is not None and arch != "encoder":
         raise ConfigError(f"--pair is the second text of an encoder-only model's pair; "
                           f"this model is arch={arch!r}")
+    if args.rollout and args.head is not None:
+        raise ConfigError("--head with --rollout: a rollout averages every head of a layer")
     maps = _attention_maps(args, arch)
-    out = plot_attention_maps(maps, args.out, layer=args.layer, head=args.head)
+    if args.rollout:
+        maps = maps.rollout()
+        if not maps.encoder and not maps.decoder:
+            raise ConfigError("--rollout: this model has no self-attention layers to roll "
+                              "out through (an RNN's attention is cross-attention alone)")
+    out = plot_attention_maps(maps, args.out, layer=args.layer, head=args.head,
+                              rolled_out=args.rollout)
     if arch == "encoder":
         print(f"text: {maps.translation}")
     else:

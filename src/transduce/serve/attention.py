@@ -4,7 +4,8 @@ cross-attention), an encoder-only model's pass over a text or a pair (self-atten
 a language model's greedy continuation of a prompt (causal self-attention).
 
 The maps are those of attention_maps.py, computed on the decoding worker one request at
-a time and answered in streamed pieces (attention_answer.py). Offered where the model
+a time and answered in streamed pieces (attention_answer.py); "rollout" answers their
+rollout through each stack's self-attention layers instead. Offered where the model
 records them: a PyTorch model, not an ONNX export.
 """
 
@@ -62,7 +63,8 @@ def _translation_route(service: Service):
                               target_lang=target, no_doubles=no_doubles)
 
     async def attention(body: AttentionRequest):
-        selected = answers.selected(body.kinds, body.layers)
+        kinds = answers.kinds(body.kinds, "kinds" in body.model_fields_set, body.rollout)
+        selected = answers.selected(kinds, body.layers)
         check_texts([body.text], service.limits, "text", indexed=False)
         _check_not_blank(body.text, "text", "a sentence to translate")
         way = checked_direction(translator, body, service.languages)
@@ -72,7 +74,7 @@ def _translation_route(service: Service):
         no_doubles = service.limits.no_doubles if body.no_doubles is None else body.no_doubles
         key = (body.text, body.beam, float(body.alpha), way.languages or (None, None),
                no_doubles)
-        maps = await answers.maps(key, compute, min(length, limit) + 1)
+        maps = await answers.maps(key, compute, min(length, limit) + 1, body.rollout)
         head = {"translation": maps.translation, "log_prob": maps.log_prob,
                 "source_tokens": maps.source_tokens, "target_inputs": maps.target_inputs,
                 "target_outputs": maps.target_outputs}
@@ -104,7 +106,7 @@ def _encoder_route(service: Service):
                                 f"the model's limit of {limit} for a pair; send \"truncate\": "
                                 f"true to cut them instead", "text_pair")
         maps = await answers.maps((body.text, body.text_pair), compute,
-                                  min(length, limit) + markers)
+                                  min(length, limit) + markers, body.rollout)
         return answers.response({"text": maps.translation, "tokens": maps.source_tokens},
                                 maps, selected, body.decimals)
 
@@ -129,7 +131,8 @@ def _generation_route(service: Service):
                                 f"{generator.context} positions in all (prompt and "
                                 f"continuation)", "prompt")
         new_tokens = min(body.max_new_tokens, generator.context - length)
-        maps = await answers.maps((body.prompt, new_tokens), compute, length + new_tokens)
+        maps = await answers.maps((body.prompt, new_tokens), compute, length + new_tokens,
+                                  body.rollout)
         head = {"prompt": body.prompt, "continuation": maps.translation[len(body.prompt):],
                 "log_prob": maps.log_prob, "inputs": maps.target_inputs,
                 "outputs": maps.target_outputs}

@@ -49,16 +49,40 @@ class MapsAnswers:
         return {kind: [layer for layer in dict.fromkeys(wanted) if layer <= self.layers[kind]]
                 for kind in dict.fromkeys(kinds)}
 
+    def kinds(self, asked: list[str], given: bool, rollout: bool) -> list[str]:
+        """The kinds a request is answered (asked: its kinds, given: whether it named
+        them); a rollout's are the self-attention kinds the model has (422 where it
+        names cross-attention, or the model has none)."""
+        if not rollout:
+            return asked
+        if given and "cross" in asked:
+            raise ApiError(422, "kinds: a rollout runs through a stack's self-attention "
+                                "layers; cross-attention has no stack of its own: ask for "
+                                "\"encoder\" or \"decoder\"", "kinds")
+        kinds = [kind for kind in asked if kind != "cross" and self.layers[kind]]
+        if not kinds:
+            raise ApiError(422, "rollout: this model has no self-attention layers to roll "
+                                "out through (an RNN's attention is cross-attention alone)",
+                           "rollout")
+        return kinds
+
     async def maps(self, key: Hashable, compute: Callable[[Hashable], AttentionMaps],
-                   tokens: int) -> AttentionMaps:
+                   tokens: int, rollout: bool = False) -> AttentionMaps:
         """The maps of `key` (a request's settings): the cache's, else compute(key) run
-        alone on the decoding worker, counted as `tokens`."""
+        alone on the decoding worker, counted as `tokens`; rollout: their rollout
+        (AttentionMaps.rollout, off the event loop), cached too."""
         found = self.cache.get(key)
         if found is None:
             run = timed(lambda jobs: [compute(job.payload) for job in jobs])
             found, _ = await self.service.submit(("attention", object()), run, key, tokens, 1)
             self.cache.put(key, found)
-        return found
+        if not rollout:
+            return found
+        rolled = self.cache.get((key, "rollout"))
+        if rolled is None:
+            rolled = await asyncio.to_thread(found.rollout)
+            self.cache.put((key, "rollout"), rolled)
+        return rolled
 
     def response(self, head: dict, maps: AttentionMaps, selected: dict[str, list[int]],
                  decimals: int) -> StreamingResponse:

@@ -107,6 +107,11 @@ OneText = Annotated[StrictStr, Field(min_length=1), AfterValidator(_no_surrogate
 MapLayers = Annotated[Annotated[list[Annotated[StrictInt, Field(ge=1)]], Field(min_length=1)]
                       | None, Field(description="1-based layers to return (default: all)")]
 Decimals = Annotated[StrictInt, Field(ge=1, le=6, description="digits of each weight")]
+Rollout = Annotated[StrictBool, Field(description=(
+    "each stack's self-attention rolled out through its layers (Abnar & Zuidema 2020: "
+    "heads averaged, the residual's identity mixed in half and half, multiplied up from "
+    "the first layer): one map a layer, what each position there draws on each input "
+    "position; a translation's cross-attention is left out"))]
 Maps = Annotated[dict[str, dict[str, list[list[list[float]]]]], Field(
     description="kind -> layer (1-based) -> heads x queries x keys")]
 
@@ -121,6 +126,7 @@ class AttentionRequest(LanguagePair):
     decimals: Decimals = 3
     truncate: StrictBool = False
     no_doubles: NoDoubles = None
+    rollout: Rollout = False
 
 
 class AttentionResponse(BaseModel):
@@ -143,6 +149,7 @@ class EncoderAttentionRequest(Strict):
     decimals: Decimals = 3
     truncate: StrictBool = Field(False, description="cut a text (pair) over the model's "
                                                     "length instead of refusing it (413)")
+    rollout: Rollout = False
 
 
 class EncoderAttentionResponse(BaseModel):
@@ -159,6 +166,7 @@ class GenerationAttentionRequest(Strict):
     max_new_tokens: Annotated[StrictInt, Field(ge=1, le=4096)] = 32
     layers: MapLayers = None
     decimals: Decimals = 3
+    rollout: Rollout = False
 
 
 class GenerationAttentionResponse(BaseModel):

@@ -77,18 +77,34 @@ function setUpLanguages(codes, languages) {
 // The maps of a request to /v1/attention (a translation's, a text's or a prompt's), its
 // first layer fetched and drawn; the answer, for the caller to show the text.
 async function explore(request) {
-  const data = await api("/v1/attention", { ...request, layers: [1] });
-  state.request = request;
-  state.meta = explorerMeta(data);
+  const asked = { ...request, rollout: $("rollout").checked };
+  const data = await api("/v1/attention", { ...asked, layers: [1] });
+  state.request = asked;
+  state.meta = explorerMeta(data, asked.rollout);
   state.maps = { 1: data.maps };
   setUpExplorer();
   return data;
 }
 
+// The rollout box: the same text's maps again, rolled out or not.
+async function toggleRollout() {
+  if (!state.request) return;
+  setStatus("cell", "loading…");
+  try {
+    await explore(state.request);
+    setStatus("cell", "");
+  } catch (error) {
+    setStatus("cell", error.message, true);
+  }
+}
+
 // An answer of any shape as the explorer reads it: the layers of each kind (0 where the
-// model has none) and the pieces on the axes (translation's names).
-function explorerMeta(data) {
-  return { layers: { encoder: 0, decoder: 0, cross: 0, ...data.layers }, heads: data.heads,
+// model has none; a rollout's none of cross-attention) and the pieces on the axes
+// (translation's names).
+function explorerMeta(data, rollout) {
+  const layers = { encoder: 0, decoder: 0, cross: 0, ...data.layers };
+  if (rollout) layers.cross = 0;
+  return { layers, heads: data.heads, rollout,
            source_tokens: data.source_tokens ?? data.tokens ?? [],
            target_inputs: data.target_inputs ?? data.inputs ?? [],
            target_outputs: data.target_outputs ?? data.outputs ?? [] };
@@ -100,12 +116,16 @@ function setUpExplorer() {
     button.disabled = meta.layers[button.dataset.kind] === 0;
   }
   $("explorer").querySelector(".segmented").hidden = KIND !== "translation";
+  // (an RNN's attention is cross-attention alone: no stack to roll out through)
+  $("rollout").parentElement.hidden = meta.layers.encoder + meta.layers.decoder === 0;
   $("alignment-part").hidden = meta.layers.cross === 0;
   if (meta.layers[state.kind] === 0) {
     state.kind = ["cross", "encoder", "decoder"].find((kind) => meta.layers[kind] > 0);
   }
   fillSelect($("layer"), range(1, meta.layers[state.kind]).map(String), String(state.layer));
   fillSelect($("head"), ["all", ...range(1, meta.heads).map(String)], state.head);
+  if (meta.rollout) $("head").value = "1";        // one map a layer
+  $("head-choice").hidden = meta.rollout;
   state.layer = Number($("layer").value);
   state.head = $("head").value;
   $("explorer").hidden = false;
@@ -661,6 +681,7 @@ function setUpExplorerControls() {
     if (row < matrix.length && column < matrix[0].length) hover({ row, column });
   });
   $("map").addEventListener("mouseleave", () => hover(null));
+  $("rollout").addEventListener("change", toggleRollout);
 }
 
 start();
