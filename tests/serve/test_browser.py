@@ -70,6 +70,7 @@ def test_translate_and_explore_the_attention(browser_page, translator, tmp_path)
 
         page.select_option("#layer", "2")
         page.select_option("#head", "3")
+        page.wait_for_function("state.maps[2] !== undefined")     # fetched when chosen
         row = page.locator("#rows .tok").nth(1)
         row.hover()
         assert "active" in row.get_attribute("class")
@@ -229,6 +230,7 @@ def test_generate_page_explores_the_attention_of_a_greedy_continuation(browser_p
         assert page.locator("#columns .tok").all_text_contents() == expected["inputs"]
         page.select_option("#layer", "2")
         page.select_option("#head", "2")
+        page.wait_for_function("state.maps[2] !== undefined")
         row = page.locator("#rows .tok").nth(3)
         row.hover()
         weights = expected["maps"]["decoder"]["2"][1][3]
