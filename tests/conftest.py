@@ -76,3 +76,27 @@ def reasoning(tmp_path_factory):
             model.bias, model.text = {str(close): bias}, text
             return model
     raise AssertionError("no bias gives a reply with reasoning and an answer")
+
+
+@pytest.fixture(scope="session")
+def neox_tokenizer(tmp_path_factory):
+    """A byte-level BPE with Pythia's special tokens (<|endoftext|> 0, <|padding|> 1),
+    whose tokenizer_config.json names <|endoftext|> for bos and eos and no pad token; no
+    post-processor (GPT-NeoX and StableLM add no bos to a prompt)."""
+    import json
+
+    tokenizers = pytest.importorskip("tokenizers")
+    directory = tmp_path_factory.mktemp("neox-tokenizer")
+    text = ["The quick brown fox jumps over the lazy dog. It's a dog's life.",
+            "El niño comió una manzana en la mañana; ¿verdad que sí?",
+            "In the beginning God created the heaven and the earth.",
+            "Ça coûte 12,50 € — déjà vu, naïve café."]
+    trained = tokenizers.ByteLevelBPETokenizer()
+    trained.train_from_iterator(text * 2, vocab_size=320, min_frequency=1,
+                                special_tokens=["<|endoftext|>", "<|padding|>"],
+                                show_progress=False)
+    trained.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+         "unk_token": "<|endoftext|>"}))
+    return directory

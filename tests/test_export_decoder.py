@@ -167,9 +167,11 @@ def test_a_sliding_window_exports_as_mistral_and_imports_back(tmp_path, tiny_cor
     ("gpt-tiny", {"num_kv_heads": 2}, "num_kv_heads=2 (GPT-2 has full multi-head"),
     ("gpt-tiny", {"positional": "sinusoidal"}, "positional='sinusoidal' (the format's is "
                                                "'learned')"),
-    # rotary positions with LayerNorms are GPT-NeoX's, whose layers have two matrices
+    # rotary positions with LayerNorms are StableLM's (with SwiGLU) or GPT-NeoX's
     ("llama-tiny", {"bias": True, "norm": "layer"},
-     "cannot export to GPT-NeoX: gated_ffn=True (the format's is False); num_kv_heads=2 "
+     "cannot export to StableLM: bias=True (the format's is False)"),
+    ("llama-tiny", {"gated_ffn": False, "norm": "layer", "activation": "gelu"},
+     "cannot export to GPT-NeoX: bias=False (the format's is True); num_kv_heads=2 "
      "(GPT-NeoX has full multi-head attention)"),
     ("gpt-tiny", {"parallel_residual": True},
      "cannot export to GPT-2: parallel_residual=True (the format's layers add their "

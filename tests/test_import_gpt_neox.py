@@ -20,27 +20,7 @@ from transduce.model import DecoderOnly, load_model
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-TRAINING_TEXT = ["The quick brown fox jumps over the lazy dog. It's a dog's life.",
-                 "El niño comió una manzana en la mañana; ¿verdad que sí?",
-                 "In the beginning God created the heaven and the earth.",
-                 "Ça coûte 12,50 € — déjà vu, naïve café."]
 SAMPLES = ["Hello world!", "  leading and trailing spaces  ", "El niño comió café.", ""]
-SPECIALS = ["<|endoftext|>", "<|padding|>"]          # Pythia's ids 0 and 1
-
-
-@pytest.fixture(scope="module")
-def neox_tokenizer(tmp_path_factory):
-    """A byte-level BPE with Pythia's special tokens, which names <|endoftext|> for bos
-    and eos and no pad token; no post-processor (Pythia adds no bos to a prompt)."""
-    directory = tmp_path_factory.mktemp("tokenizer")
-    trained = tokenizers.ByteLevelBPETokenizer()
-    trained.train_from_iterator(TRAINING_TEXT * 2, vocab_size=320, min_frequency=1,
-                                special_tokens=SPECIALS, show_progress=False)
-    trained.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
-         "unk_token": "<|endoftext|>"}))
-    return directory
 
 
 def hf_checkpoint(directory, tokenizer_dir, seed=0, **config):

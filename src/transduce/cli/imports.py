@@ -1,5 +1,5 @@
-"""`transduce import hf-gpt2` / `hf-bloom` / `hf-gpt-neox` / `hf-llama` / `hf-gemma` /
-`hf-bert` / `hf-roberta` (also called `hf-xlm-roberta`) / `hf-distilbert` /
+"""`transduce import hf-gpt2` / `hf-bloom` / `hf-gpt-neox` / `hf-stablelm` / `hf-llama` /
+`hf-gemma` / `hf-bert` / `hf-roberta` (also called `hf-xlm-roberta`) / `hf-distilbert` /
 `hf-electra` / `hf-modernbert` / `hf-deberta` / `hf-marian` / `hf-nllb` (also called
 `hf-m2m100`) / `hf-mbart` / `hf-t5`: another toolkit's checkpoint as ours;
 `peft`: a PEFT LoRA adapter merged into one of ours."""
@@ -34,6 +34,13 @@ def register(commands) -> None:
                 "Import a Hugging Face GPT-NeoX directory (config.json, model.safetensors, "
                 "its shards or pytorch_model.bin, tokenizer.json) as a decoder-only "
                 "checkpoint (parallel residuals, rotary positions on part of each head); "
+                "options the model cannot reproduce are refused by name.")
+    _add_format(formats, import_hf_stablelm, "hf-stablelm",
+                "Hugging Face StableLM: stablelm-2-1_6b, stablelm-3b-4e1t, their chat "
+                "twins (StableLmForCausalLM directory)",
+                "Import a Hugging Face StableLM directory (config.json, model.safetensors, "
+                "its shards or pytorch_model.bin, tokenizer.json) as a decoder-only "
+                "checkpoint (LayerNorms, SwiGLU, rotary positions on part of each head); "
                 "options the model cannot reproduce are refused by name.")
     _add_format(formats, import_hf_llama, "hf-llama",
                 "Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 (LlamaForCausalLM, "
@@ -195,6 +202,13 @@ def import_hf_gpt_neox(args: argparse.Namespace) -> int:
     from transduce.importers import import_gpt_neox
 
     return _import_decoder(args, import_gpt_neox)
+
+
+def import_hf_stablelm(args: argparse.Namespace) -> int:
+    """Import a Hugging Face StableLM checkpoint."""
+    from transduce.importers import import_stablelm
+
+    return _import_decoder(args, import_stablelm)
 
 
 def import_hf_llama(args: argparse.Namespace) -> int:

@@ -9,7 +9,8 @@ qk_norm (and soft-capped scores and logits, one rotary base); GPT-2's (learned
 positions, LayerNorm, biases) as `GPT2LMHeadModel`, with ALiBi and a norm of the
 embeddings in place of the positions as `BloomForCausalLM`, and with rotary positions
 (on all or part of each head; parallel residuals or not) as `GPTNeoXForCausalLM`
-(hf_gpt_neox.py).
+(hf_gpt_neox.py), Llama's layer with LayerNorms as `StableLmForCausalLM`
+(hf_stablelm.py).
 
 They hold our layers as they are, so the weights only change names (GPT-2's Conv1D
 stores each matrix transposed, and fuses q, k, v; BLOOM fuses them head by head;
@@ -35,6 +36,8 @@ from transduce.export.hf import HF_ACTIVATIONS, Family, generation_config, \
     save_with_tokenizer_json
 from transduce.export.hf_gpt_neox import GPT_NEOX, gpt_neox_config, gpt_neox_problems, \
     gpt_neox_state_dict
+from transduce.export.hf_stablelm import STABLELM, stablelm_config, stablelm_problems, \
+    stablelm_state_dict
 from transduce.model import DecoderOnly
 
 LLAMA = Family("Llama", "LlamaForCausalLM", "LlamaConfig", "llama")
@@ -55,13 +58,14 @@ def decoder_family(config: ModelConfig) -> Family:
     and keys or two rotary bases, Gemma 2 with sandwich norms alone, Qwen3 with norms of
     the queries and keys, Qwen2 with biases on q, k, v alone, Mistral with a sliding
     window), GPT-NeoX for rotary positions with LayerNorms (or on part of each head, or
-    parallel residuals), BLOOM for ALiBi, GPT-2 for the rest."""
+    parallel residuals; StableLM with gated feed-forward networks), BLOOM for ALiBi,
+    GPT-2 for the rest."""
     if config.positional == "alibi":
         return BLOOM
     if config.positional != "rotary":
         return GPT2
     if config.norm == "layer" or config.parallel_residual or config.rotary_dims:
-        return GPT_NEOX
+        return STABLELM if config.gated_ffn and not config.parallel_residual else GPT_NEOX
     if config.sandwich_norm:
         return GEMMA3 if config.qk_norm or config.local_rope_base is not None else GEMMA2
     if config.qk_norm:
@@ -82,9 +86,9 @@ def check_decoder_exportable(model: DecoderOnly) -> None:
                                        gemma=family in GEMMAS, softcap=family in GEMMAS,
                                        score_bias=("alibi",) if family is BLOOM else (),
                                        embedding_norm=family is BLOOM,
-                                       neox=family is GPT_NEOX)
-    if family is GPT_NEOX:                # its layout's own fields: hf_gpt_neox.py
-        problems += gpt_neox_problems(c)
+                                       neox=family in (GPT_NEOX, STABLELM))
+    if family in (GPT_NEOX, STABLELM):    # their layouts' own fields: hf_gpt_neox.py, ...
+        problems += (gpt_neox_problems if family is GPT_NEOX else stablelm_problems)(c)
         if problems:
             raise ExportError(f"cannot export to {family.name}: " + "; ".join(problems))
         return
@@ -144,6 +148,8 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
         return {**gemma_config(c, family), **ids}
     if family is GPT_NEOX:
         return {**gpt_neox_config(c), **ids}
+    if family is STABLELM:
+        return {**stablelm_config(c), **ids}
     if family is BLOOM:
         return {"architectures": [BLOOM.model_class], "model_type": BLOOM.model_type,
                 "vocab_size": c.tgt_vocab_size, "hidden_size": c.d_model,
@@ -323,7 +329,8 @@ def hf_decoder_model(model: DecoderOnly, tokenizer):
     config = getattr(transformers, family.config_class)(**hf_decoder_config(model, tokenizer))
     theirs = getattr(transformers, family.model_class)(config).eval()
     state = {GPT2: gpt2_state_dict, BLOOM: bloom_state_dict, GEMMA3: gemma_state_dict,
-             GEMMA2: gemma_state_dict, GPT_NEOX: gpt_neox_state_dict}.get(
+             GEMMA2: gemma_state_dict, GPT_NEOX: gpt_neox_state_dict,
+             STABLELM: stablelm_state_dict}.get(
         family, llama_state_dict)(model)
     missing, unexpected = theirs.load_state_dict(state, strict=False)
     left = [name for name in missing if not name.endswith((".attn.bias", ".attn.masked_bias"))]

@@ -56,9 +56,9 @@ def export_peft(path: Path | str, out: Path | str) -> Path:
         raise ExportError(f"{path}: export peft writes a Transformer's adapters; this is arch "
                           f"{config.arch!r}")
     if is_gpt_neox_layout(config):
-        raise ExportError(f"{path}: export peft does not write a GPT-NeoX model's adapters "
-                          f"(its fused query_key_value, each head's rows reordered); export "
-                          f"hf writes the model with them merged")
+        raise ExportError(f"{path}: export peft does not write the adapters of a model "
+                          f"that exports as GPT-NeoX or StableLM (each head's query and key "
+                          f"rows reordered); export hf writes the model with them merged")
     _check_base_exportable(path, config)
     try:
         adapters = load_file(str(path / checkpoint.ADAPTERS))

@@ -100,8 +100,9 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
 
 def rotary_fields(hf: dict[str, Any], config_file: Path, head_dim: int) -> dict[str, Any]:
     """The rotary base, the rotated features of a head and their scaling, from
-    rope_parameters (transformers 5) or rotary_emb_base, rotary_pct and rope_scaling
-    (before): unscaled or "linear"; other kinds are refused."""
+    rope_parameters (transformers 5) or, before, rotary_emb_base or rope_theta,
+    rotary_pct or partial_rotary_factor, and rope_scaling (GPT-NeoX's names, StableLM's):
+    unscaled or "linear"; other kinds are refused."""
     parameters = hf.get("rope_parameters")
     key = "rope_parameters"
     if parameters is None:
@@ -112,13 +113,15 @@ def rotary_fields(hf: dict[str, Any], config_file: Path, head_dim: int) -> dict[
     if kind not in ("default", "linear"):
         raise ForeignCheckpointError(f"{config_file}: {key}.rope_type={kind!r} is not "
                                      f"supported (only \"default\" and \"linear\")")
-    fraction = parameters.get("partial_rotary_factor", hf.get("rotary_pct", 0.25))
+    fraction = parameters.get("partial_rotary_factor",
+                              hf.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)))
     if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) \
             or not 0 < fraction <= 1:
         raise ForeignCheckpointError(f"{config_file}: partial_rotary_factor={fraction!r}: "
                                      f"must be a fraction of a head's features, above 0")
     dims = int(head_dim * fraction)        # (transformers' rounding)
-    fields = {"rope_base": parameters.get("rope_theta", hf.get("rotary_emb_base", 10000.0)),
+    base = parameters.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000.0)))
+    fields = {"rope_base": base,
               "rotary_dims": None if dims == head_dim else dims}
     if kind == "linear":
         fields |= {"rope_scaling": "linear", "rope_factor": parameters.get("factor")}

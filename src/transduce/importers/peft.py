@@ -63,10 +63,10 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
         raise ForeignCheckpointError(f"{base}: arch {arch!r}; a PEFT adapter is merged into a "
                                      f"Transformer")
     if is_gpt_neox_layout(base_config):
-        raise ForeignCheckpointError(f"{base}: a GPT-NeoX model's adapters (on its fused "
-                                     f"query_key_value) are not merged here; merge them with "
-                                     f"PEFT's merge_and_unload and import the merged model "
-                                     f"with `transduce import hf-gpt-neox`")
+        raise ForeignCheckpointError(f"{base}: the adapters of a GPT-NeoX or StableLM model "
+                                     f"(each head's query and key rows in their order) are "
+                                     f"not merged here; merge them with PEFT's "
+                                     f"merge_and_unload and import the merged model")
     check_modules_to_save(settings, arch, adapter_dir / ADAPTER_CONFIG)
     tensors = _read_tensors(adapter_dir, bool(settings.get("modules_to_save")))
     model = load_model(base)

@@ -107,8 +107,9 @@ def is_bloom_layout(config: ModelConfig) -> bool:
 
 
 def is_gpt_neox_layout(config: ModelConfig) -> bool:
-    """Our language models that export as GPT-NeoX (export/hf_decoder.decoder_family):
-    rotary positions with LayerNorms, on part of each head, or parallel residuals."""
+    """Our language models that export as GPT-NeoX or StableLM
+    (export/hf_decoder.decoder_family): rotary positions with LayerNorms, on part of
+    each head, or parallel residuals."""
     return config.arch == "decoder" and config.positional == "rotary" and (
         config.norm == "layer" or config.parallel_residual or config.rotary_dims is not None)
 

@@ -1,0 +1,121 @@
+"""Hugging Face StableLM (StableLmForCausalLM directories: stablelm-2-1_6b and its chat
+and Zephyr twins, stablelm-3b-4e1t) -> our DecoderOnly.
+
+StableLM is Llama's layer (SwiGLU, grouped-query attention, no biases but, in
+StableLM 2, on the query, key and value projections) with GPT-NeoX's LayerNorms (gain
+and bias) and rotary positions on a quarter of each head, each a field of ours:
+norm "layer", qkv_bias, rotary_dims. Its rotated features come first in pairs
+(i, i + R/2), so each head's query and key rows are reordered into ours
+(positional.partial_rotary_order), which leaves every score as it was.
+
+    embed_tokens                           decoder.embed.embedding
+    layers.N.input_layernorm               decoder.layers.N.norm1 (gain and bias)
+    layers.N.self_attn.q_proj, k_proj, v_proj, o_proj   self_attn.*, q and k reordered
+    layers.N.post_attention_layernorm      norm3
+    layers.N.mlp.gate_proj, up_proj, down_proj   ffn.linear1, linear3, linear2
+    norm                                   decoder.final_norm
+    lm_head                                output_proj (tied or not)
+
+Refused by name: StableLM 2 12B's norms of each head's queries and keys
+(qk_layernorm) and its parallel residuals, which share one norm.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from transduce.config import ConfigError, ModelConfig, preset
+from transduce.data.hf_tokenizer import HFTokenizer
+from transduce.importers import ForeignCheckpointError, check_directories, \
+    check_foreign_options, refuse_unread, take_weight, unprefixed_names
+from transduce.importers.chat_settings import with_chat_settings
+from transduce.importers.hf_gpt2 import END_OF_TEXT, HF_CONFIG, _read_json
+from transduce.importers.hf_gpt_neox import rotary_fields
+from transduce.importers.hf_llama import ACTIVATIONS, check_special_ids, layer_weights, \
+    output_projection, read_tokenizer, required_field, save_import
+from transduce.model.positional import partial_rotary_order
+
+MODEL_TYPES = ("stablelm",)
+# Options whose other value changes what the model computes: name -> the value we have.
+FIXED_OPTIONS = {"qk_layernorm": False, "use_parallel_residual": False}
+SPECIALS = {"bos": END_OF_TEXT, "eos": END_OF_TEXT, "pad": None}
+
+
+def import_stablelm(hf_dir: Path | str, out: Path | str) -> Path:
+    """Read a Hugging Face StableLM directory (config.json, model.safetensors, its
+    shards or pytorch_model.bin, tokenizer.json) and write it as our checkpoint at `out`,
+    replacing one there; nothing is written unless everything was read and checked."""
+    hf_dir, out = Path(hf_dir), Path(out)
+    check_directories(hf_dir, out, HF_CONFIG)
+    config_file = hf_dir / HF_CONFIG
+    hf = _read_json(config_file)
+    activation = check_foreign_options(hf, config_file, MODEL_TYPES, FIXED_OPTIONS,
+                                       "hidden_act", "silu", ACTIVATIONS)
+    tokenizer = with_chat_settings(read_tokenizer(hf_dir, hf.get("bos_token_id"), SPECIALS),
+                                   hf_dir)
+    config = model_config(hf, config_file, tokenizer, activation)
+    return save_import(hf_dir, out, config, tokenizer, map_weights, "hf-stablelm")
+
+
+def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
+                 activation: str) -> ModelConfig:
+    """The "llama-small" preset with StableLM's sizes, LayerNorms, query, key and value
+    biases (or none) and rotary positions on part of each head."""
+    def required(name: str) -> Any:
+        return required_field(hf, config_file, name)
+
+    vocab_size, heads = required("vocab_size"), required("num_attention_heads")
+    try:
+        config = preset("llama-small", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
+                        d_model=required("hidden_size"), num_heads=heads,
+                        num_kv_heads=hf.get("num_key_value_heads") or heads,
+                        d_ff=required("intermediate_size"),
+                        num_decoder_layers=required("num_hidden_layers"),
+                        max_positions=required("max_position_embeddings"),
+                        activation=activation, norm="layer",
+                        layer_norm_eps=hf.get("layer_norm_eps", 1e-5),
+                        qkv_bias=hf.get("use_qkv_bias", False), dropout=0.0,
+                        attention_dropout=hf.get("attention_dropout", 0.0),
+                        tie_embeddings="all" if hf.get("tie_word_embeddings", False)
+                        else "none", pad_id=tokenizer.pad_id)
+        config = config.replace(**rotary_fields(hf, config_file, config.head_dim))
+    except (ConfigError, TypeError) as error:
+        raise ForeignCheckpointError(f"{config_file}: {error}") from None
+    check_special_ids(hf, config_file, tokenizer, config)
+    return config
+
+
+def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
+                source: Path) -> dict[str, Tensor]:
+    """StableLM's tensors -> our state dict (float32), each key accounted for and each
+    shape checked against what the configuration gives; the query and key rows in our
+    order of each head's features."""
+    names = unprefixed_names(tensors, "model.", source)
+    c, dim = config.d_model, config.head_dim
+    order = partial_rotary_order(dim, config.rotary_dims or dim)
+
+    def take(name: str, *shape: int) -> Tensor:
+        return take_weight(tensors, names, source, name, *shape)
+
+    embedding = take("embed_tokens.weight", config.tgt_vocab_size, c)   # (V, C)
+    state = {"decoder.embed.embedding.weight": embedding}
+    norms = {"decoder.final_norm": "norm"}
+    for i in range(config.num_decoder_layers):
+        ours, theirs = f"decoder.layers.{i}", f"layers.{i}"
+        state.update(layer_weights(take, config, ours, theirs))
+        for proj in ("q_proj", "k_proj"):        # rows per head, in our order
+            for part in ("weight", "bias") if config.qkv_bias else ("weight",):
+                key = f"{ours}.self_attn.{proj}.{part}"
+                rows = state[key].reshape(-1, dim, *state[key].shape[1:])[:, order]
+                state[key] = rows.reshape(state[key].shape)
+        norms |= {f"{ours}.norm1": f"{theirs}.input_layernorm",
+                  f"{ours}.norm3": f"{theirs}.post_attention_layernorm"}
+    for ours, theirs in norms.items():
+        for part in ("weight", "bias"):
+            state[f"{ours}.{part}"] = take(f"{theirs}.{part}", c)
+    state["output_proj.weight"] = output_projection(tensors, names, embedding, config, source)
+    refuse_unread(names, source)
+    return state

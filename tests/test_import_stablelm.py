@@ -1,0 +1,133 @@
+"""Hugging Face StableLM -> our checkpoint: the imported model computes what
+transformers.StableLmForCausalLM computes (logits, left-padded batches, greedy
+generation through the cache) with query, key and value biases or none, grouped-query
+attention, rotary positions on a quarter of each head or all of it; the exports to
+transformers, CTranslate2 and ONNX compute it again; what we cannot reproduce is refused
+by name with nothing written. (The tokenizer's reading is GPT-NeoX's:
+test_import_gpt_neox.py.)"""
+
+import pytest
+import torch
+
+from tests.foreign_checkpoints import assert_refused, assert_same_greedy_tokens, \
+    assert_same_logits, assert_same_onnx_logits, damaged
+from transduce import checkpoint
+from transduce.cli import main
+from transduce.importers import import_stablelm
+from transduce.model import DecoderOnly, load_model
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+
+def hf_checkpoint(directory, tokenizer_dir, seed=0, **config):
+    """A random StableLmForCausalLM saved with save_pretrained, its LayerNorms' gains
+    drawn around 1 and every bias around 0 so that each counts, with the tokenizer."""
+    vocab = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    torch.manual_seed(seed)
+    hf_config = transformers.StableLmConfig(vocab_size=vocab.get_vocab_size(), bos_token_id=0,
+                                            eos_token_id=0, max_position_embeddings=64,
+                                            initializer_range=0.2, **config)
+    model = transformers.StableLmForCausalLM(hf_config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
+            elif name.endswith("bias"):
+                parameter.normal_(0.0, 0.2)
+    model.save_pretrained(directory)
+    for file in tokenizer_dir.iterdir():
+        (directory / file.name).write_bytes(file.read_bytes())
+    return model
+
+
+# StableLM 2's layout (q, k, v biases, two key/value heads, a quarter of each head turned,
+# untied) and stablelm-3b's (no biases, full heads, every feature turned here, tied).
+CONFIGS = [dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, intermediate_size=96, use_qkv_bias=True,
+                partial_rotary_factor=0.25, seed=3),
+           dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=4, intermediate_size=64, partial_rotary_factor=1.0, tie_word_embeddings=True,
+                rope_theta=500.0, seed=1)]
+
+
+@pytest.fixture(scope="module", params=range(len(CONFIGS)), ids=lambda i: f"config{i}")
+def imported(request, neox_tokenizer, tmp_path_factory):
+    """(HF model, our model loaded from the imported checkpoint, checkpoint path)."""
+    root = tmp_path_factory.mktemp("hf")
+    hf = hf_checkpoint(root / "hf", neox_tokenizer, **dict(CONFIGS[request.param]))
+    out = import_stablelm(root / "hf", root / "ours")
+    return hf, load_model(out), out
+
+
+def test_logits_match_transformers(imported):
+    hf, ours, _ = imported
+    assert isinstance(ours, DecoderOnly)
+    c, biased = ours.config, hf.config.use_qkv_bias
+    assert (c.norm, c.gated_ffn, c.qkv_bias, c.rotary_dims, c.kv_heads) == \
+        ("layer", True, biased, 4 if biased else None, 2 if biased else 4)
+    assert_same_logits(hf, ours, atol=2e-5)
+
+
+def test_greedy_generation_through_the_cache_matches_transformers(imported, monkeypatch):
+    hf, ours, _ = imported
+    assert_same_greedy_tokens(hf, ours, 30, monkeypatch)
+
+
+def test_the_hf_export_is_stablelm_again(imported, tmp_path):
+    """export hf writes StableLmForCausalLM, each head's query and key rows back in its
+    order: the same weights, exactly."""
+    hf, _, out = imported
+    assert main(["export", "hf", str(out), str(tmp_path / "hf")]) == 0
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(theirs).__name__ == "StableLmForCausalLM"
+    originals = hf.state_dict()
+    assert set(theirs.state_dict()) == set(originals)
+    for name, tensor in theirs.state_dict().items():
+        torch.testing.assert_close(tensor, originals[name], rtol=0, atol=0, msg=name)
+
+
+def test_the_ctranslate2_export_generates_what_transformers_generates(imported, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from transduce.export import export_ctranslate2
+
+    hf, _, out = imported
+    exported = export_ctranslate2(out, tmp_path / "ct2")
+    tokenizer = checkpoint.load_tokenizer(out)
+    ids = torch.randint(2, tokenizer.vocab_size, (12,),
+                        generator=torch.Generator().manual_seed(4)).tolist()
+    generator = ctranslate2.Generator(str(exported), device="cpu", intra_threads=1)
+    found = generator.generate_batch([[tokenizer.piece(t) for t in ids]], max_length=20,
+                                     sampling_topk=1, include_prompt_in_result=False,
+                                     end_token=[])
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=20,
+                               eos_token_id=None, pad_token_id=0)[0, len(ids):]
+    assert found[0].sequences_ids[0] == expected.tolist()
+    assert len(set(expected.tolist())) > 2
+
+
+def test_the_onnx_export_computes_transformers_logits(imported, tmp_path):
+    hf, _, out = imported
+    assert_same_onnx_logits(hf, out, tmp_path, atol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def small_hf(neox_tokenizer, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("small") / "hf"
+    hf_checkpoint(directory, neox_tokenizer, hidden_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=2, intermediate_size=32)
+    return directory
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"model_type": "llama"}, "model_type='llama'; only 'stablelm'"),
+    ({"qk_layernorm": True}, "qk_layernorm=true is not supported"),
+    ({"use_parallel_residual": True}, "use_parallel_residual=true is not supported"),
+    ({"hidden_act": "quick_gelu"}, "hidden_act='quick_gelu' is not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000}},
+     "rope_parameters.rope_type='yarn' is not supported"),
+])
+def test_refuses_options_it_cannot_reproduce(small_hf, tmp_path, change, message):
+    directory = damaged(small_hf, tmp_path, config=lambda c: c.update(change))
+    assert_refused(import_stablelm, directory, tmp_path, message)
