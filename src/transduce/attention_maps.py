@@ -136,7 +136,7 @@ def encoder_attention_maps(encoder: SentenceEncoder, text: str,
     text [SEP] pair [SEP], cut to fit as classify cuts it), every layer's self-attention
     recorded."""
     model = _torch_model(encoder, EncoderOnly)
-    ((_, ids, segments),) = encoder._batches([text], None, 1, None if pair is None else [pair])
+    ids, segments = encoder.item(text, pair)                              # (1, T) each
     with record_attention(model.attention_modules()) as recorded:
         model(ids, segments)
     pieces = [encoder.tokenizer.piece(i) for i in ids[0].tolist()]

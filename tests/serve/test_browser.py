@@ -10,6 +10,7 @@ go to the test's temporary directory.
 """
 
 import copy
+import math
 import shutil
 
 import httpx
@@ -461,6 +462,14 @@ def test_encoder_page_explores_the_attention_of_a_pair(browser_page, encoder):
         page.select_option("#head", "all")
         assert page.locator("#grid figure").count() == expected["heads"]
         assert page.is_hidden("#alignment-part")
+        # each head's caption: the mean entropy of its rows, in nats
+        captions = page.locator("#grid figcaption").all_text_contents()
+        for caption, head in zip(captions, expected["maps"]["encoder"]["1"]):
+            entropy = sum(-sum(p * math.log(p) for p in row if p > 0) for row in head) / \
+                len(head)
+            assert caption.startswith("head ") and caption.endswith(" nats")
+            assert float(caption.split(" · ")[1].split()[0]) == pytest.approx(entropy,
+                                                                              abs=0.006)
 
 
 def test_the_api_docs_render_with_no_network(browser_page, generator):

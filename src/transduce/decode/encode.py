@@ -412,6 +412,15 @@ class SentenceEncoder:
                 items.append([t.bos_id, *next(texts), t.eos_id])
         return items
 
+    def item(self, text: str, pair: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One text's ids and segments (1, T) on the device, as classify reads it: [CLS]
+        text [SEP], or a pair's [CLS] text [SEP] pair [SEP], cropped to the model's
+        positions as classify crops it (with a warning)."""
+        ((ids, segments),) = self._items([text], 1) if pair is None else \
+            self._pair_items([text], [pair], 1, warn=True)
+        return torch.from_numpy(ids)[None].to(self.device), \
+            torch.from_numpy(segments)[None].to(self.device)
+
     def _items(self, lines: Sequence[Line], first_line_number: int
                ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each line's ids and segments (T,), cropped to the model's positions with a

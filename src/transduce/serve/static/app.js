@@ -295,7 +295,9 @@ function renderGrid(heads) {
     const canvas = document.createElement("canvas");
     drawMap(canvas, matrix, cell, null);
     const caption = document.createElement("figcaption");
-    caption.textContent = `head ${h + 1}`;
+    caption.textContent = `head ${h + 1} · ${meanEntropy(matrix).toFixed(2)} nats`;
+    caption.title = "the mean entropy of its rows: low where each query looks at few " +
+                    "keys, up to ln(keys) where it spreads evenly";
     figure.append(canvas, caption);
     figure.addEventListener("click", () => {
       state.head = $("head").value = String(h + 1);
@@ -303,6 +305,12 @@ function renderGrid(heads) {
     });
     return figure;
   }));
+}
+
+// The mean over a map's rows of -sum p ln p (nats): how spread a head's attention is.
+function meanEntropy(matrix) {
+  const rows = matrix.map((row) => -row.reduce((sum, p) => sum + (p > 0 ? p * Math.log(p) : 0), 0));
+  return rows.reduce((sum, h) => sum + h, 0) / rows.length;
 }
 
 function renderAlignment() {
