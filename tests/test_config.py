@@ -155,6 +155,15 @@ _SLIDING_LM = {"arch": "decoder", "attention_type": "sliding", "src_vocab_size":
      "not arch='decoder', norm_first=False"),
     (ModelConfig, {"parallel_residual": True, **_SLIDING_LM, "norm_first": True,
                    "sandwich_norm": True}, "sandwich_norm=True"),
+    # OLMo 2's norms
+    (ModelConfig, {"qk_norm_across_heads": True, "qk_norm": True},
+     "qk_norm_across_heads=True normalizes a decoder-only model's queries and keys over all "
+     "heads: it needs arch='decoder' and qk_norm=True, not arch='transformer', qk_norm=True"),
+    (ModelConfig, {"qk_norm_across_heads": True, **_SLIDING_LM}, "qk_norm=False"),
+    (ModelConfig, {"input_norms": False, **_SLIDING_LM, "norm_first": True},
+     "input_norms=False leaves a decoder-only model's sub-layers only their output norms: "
+     "it needs arch='decoder' and sandwich_norm=True, not arch='decoder', "
+     "sandwich_norm=False"),
     # Gemma 2's soft caps
     (ModelConfig, {"attention_softcap": 0.0, **_SLIDING_LM},
      "attention_softcap=0.0: must be a positive number"),

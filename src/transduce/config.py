@@ -149,6 +149,12 @@ class ModelConfig(ValidatedConfig):
     the model's kind over head_dim (one weight for all heads), before rotary positions:
     Qwen3's layout, a guard against growing attention logits (Henry et al. 2020;
     Dehghani et al. 2023).
+    qk_norm_across_heads: with qk_norm, arch "decoder": one norm over all of a position's
+    query heads together (num_heads * head_dim features), and one over its key heads, in
+    place of one over each head (OLMo 2's).
+    input_norms: False, arch "decoder" with sandwich_norm: each sub-layer reads x as it is
+    and only its output is normalized before the residual sum, x + Norm(Sublayer(x))
+    (OLMo 2's); the stack keeps its final norm.
     rotary_dims: positional "rotary": rotate only this many of each head's features (an
     even number; GPT-NeoX's and Pythia's rotary_pct of 0.25, Phi's
     partial_rotary_factor), the others carrying no position; None: all of them. Features
@@ -212,8 +218,10 @@ class ModelConfig(ValidatedConfig):
     norm: Norm = "layer"
     qkv_bias: bool = False
     qk_norm: bool = False
+    qk_norm_across_heads: bool = False
     norm_first: bool = False
     sandwich_norm: bool = False
+    input_norms: bool = True
     parallel_residual: bool = False
     positional: Positional = "sinusoidal"
     max_positions: int = 1024
@@ -325,6 +333,7 @@ class ModelConfig(ValidatedConfig):
                               "set norm_first=True")
         self._check_partial_rotary()
         self._check_parallel_residual()
+        self._check_olmo2_norms()
         if self.arch == "decoder" and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError(f"ModelConfig.arch='decoder' has one vocabulary: "
                               f"src_vocab_size={self.src_vocab_size} must equal "
@@ -478,6 +487,20 @@ class ModelConfig(ValidatedConfig):
                               f"it needs arch='decoder' and norm_first=True without "
                               f"sandwich_norm, not arch={self.arch!r}, norm_first="
                               f"{self.norm_first}, sandwich_norm={self.sandwich_norm}")
+
+    def _check_olmo2_norms(self) -> None:
+        """qk_norm_across_heads and input_norms=False: a decoder-only model's (OLMo 2's),
+        the first with qk_norm, the second with sandwich norms."""
+        if self.qk_norm_across_heads and (self.arch != "decoder" or not self.qk_norm):
+            raise ConfigError(f"ModelConfig.qk_norm_across_heads=True normalizes a decoder-only "
+                              f"model's queries and keys over all heads: it needs "
+                              f"arch='decoder' and qk_norm=True, not arch={self.arch!r}, "
+                              f"qk_norm={self.qk_norm}")
+        if not self.input_norms and (self.arch != "decoder" or not self.sandwich_norm):
+            raise ConfigError(f"ModelConfig.input_norms=False leaves a decoder-only model's "
+                              f"sub-layers only their output norms: it needs arch='decoder' "
+                              f"and sandwich_norm=True, not arch={self.arch!r}, "
+                              f"sandwich_norm={self.sandwich_norm}")
 
     def _check_softcaps(self) -> None:
         """attention_softcap, logit_softcap: positive numbers, on a decoder-only model's

@@ -128,8 +128,15 @@ NEOX_LIKE = {"parallel_residual": True, "positional": "rotary", "rotary_dims": 4
              "bias": True, "tie_embeddings": "none"}
 
 
+# OLMo 2's layers: norms on the sub-layers' outputs alone, queries and keys normalized
+# over all heads together.
+OLMO2_LIKE = {"sandwich_norm": True, "input_norms": False, "qk_norm": True,
+              "qk_norm_across_heads": True}
+
+
 @pytest.mark.parametrize("name, changes", [("gpt-tiny", {}), ("llama-tiny", {}),
                                            ("llama-tiny", NEOX_LIKE),
+                                           ("llama-tiny", OLMO2_LIKE),
                                            ("gpt-tiny", {"positional": "alibi"}),
                                            ("llama-tiny", {"qk_norm": True}),
                                            ("llama-tiny", GEMMA3_LIKE),
@@ -156,14 +163,9 @@ def test_left_padded_prompts_of_a_language_model_step_alike(name, changes, scrip
     _assert_written_out_step_is_exact(model, run, scripted)
 
 
-# GPT-NeoX's (Pythia's) layers: parallel residuals, a quarter of each head rotated.
-NEOX_LIKE = {"parallel_residual": True, "positional": "rotary", "rotary_dims": 4,
-             "num_kv_heads": None, "gated_ffn": False, "activation": "gelu", "norm": "layer",
-             "bias": True, "tie_embeddings": "none"}
-
-
 @pytest.mark.parametrize("name, changes", [("gpt-tiny", {}), ("llama-tiny", {}),
                                            ("llama-tiny", NEOX_LIKE),
+                                           ("llama-tiny", OLMO2_LIKE),
                                            ("llama-tiny", {"num_kv_heads": 1}),
                                            ("llama-tiny", GEMMA2_LIKE)])
 @pytest.mark.parametrize("scripted", [True, False])

@@ -99,6 +99,35 @@ def test_a_parallel_residual_adds_attention_and_ffn_of_one_input():
         torch.testing.assert_close(layer(x, None, None), expected, rtol=1e-12, atol=1e-12)
 
 
+def test_olmo2_layers_normalize_outputs_alone_and_queries_over_all_heads():
+    """input_norms=False: x + PostNorm(Attn(x)), then + PostNorm(FFN(.)), in float64
+    from the layer's own modules; qk_norm_across_heads: the queries' and keys' norms are
+    an RMSNorm of the whole projection (all heads' features together), split after."""
+    torch.manual_seed(0)
+    c = config(arch="decoder", norm="rms", norm_first=True, sandwich_norm=True,
+               input_norms=False, qk_norm=True, qk_norm_across_heads=True, num_kv_heads=2,
+               positional="rotary")
+    layer = DecoderLayer(c, cross_attention=False).double().eval()
+    attn = layer.self_attn
+    with torch.no_grad():
+        for norm in (layer.post_norm1, layer.post_norm3, attn.q_norm.norm, attn.k_norm.norm):
+            norm.weight.uniform_(0.5, 1.5)
+    assert isinstance(layer.norm1, nn.Identity) and isinstance(layer.norm3, nn.Identity)
+    assert attn.q_norm.norm.weight.shape == (HEADS * 8,) and \
+        attn.k_norm.norm.weight.shape == (2 * 8,)
+    x = torch.randn(2, 6, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        h = x + layer.post_norm1(layer.self_attn(x, None, causal=True))
+        expected = h + layer.post_norm3(layer.ffn(h))
+        torch.testing.assert_close(layer(x, None, None), expected, rtol=1e-12, atol=1e-12)
+        whole = nn.RMSNorm(HEADS * 8, eps=c.layer_norm_eps).double()
+        whole.weight.copy_(attn.q_norm.norm.weight)
+        q = attn.q_proj(x)                                                   # (B, T, H * D)
+        split = whole(q).reshape(2, 6, HEADS, 8).transpose(1, 2)
+        torch.testing.assert_close(attn.q_norm(q.reshape(2, 6, HEADS, 8).transpose(1, 2)),
+                                   split, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("cross_attention", [True, False])
 def test_sandwich_norms_normalize_each_sub_layers_output_before_the_residual_sum(
         cross_attention):

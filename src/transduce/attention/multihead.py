@@ -51,7 +51,8 @@ class MultiHeadAttention(nn.Module):
     qk_norm: when given, makes q_norm and k_norm over head_dim, applied to every head's
     queries and keys as they are split, before rotary positions (Qwen3's): the cache
     then holds normalized keys, and cross-attention's keys are normalized once per
-    source.
+    source. qk_norm_across_heads: they are made over every head of a position together
+    (num_heads * head_dim, num_kv_heads * head_dim: OLMo 2's), AcrossHeads.
     softcap: every score s becomes softcap * tanh(s / softcap) (Gemma 2's; see
     kernels.attention), self- and cross-attention alike.
     """
@@ -61,7 +62,7 @@ class MultiHeadAttention(nn.Module):
                  rotary: Rotary | None = None, kind: AttentionKind | str = "softmax",
                  window: int = 16, scale_scores: bool = True, qkv_bias: bool | None = None,
                  head_dim: int | None = None, qk_norm: NormFactory | None = None,
-                 softcap: float | None = None):
+                 softcap: float | None = None, qk_norm_across_heads: bool = False):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if d_model < 1 or num_heads < 1:
@@ -87,8 +88,12 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, kv_dim, bias=qkv_bias)
         self.out_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
         self.qkv_proj: nn.Linear | None = None     # fuse_self_projections()
-        self.q_norm = None if qk_norm is None else qk_norm(self.head_dim)
-        self.k_norm = None if qk_norm is None else qk_norm(self.head_dim)
+        self.q_norm = self.k_norm = None
+        if qk_norm is not None and qk_norm_across_heads:
+            self.q_norm = AcrossHeads(qk_norm(num_heads * self.head_dim), num_heads)
+            self.k_norm = AcrossHeads(qk_norm(kv_dim), num_kv_heads)
+        elif qk_norm is not None:
+            self.q_norm, self.k_norm = qk_norm(self.head_dim), qk_norm(self.head_dim)
 
     def project_kv(self, source: Tensor) -> tuple[Tensor, Tensor]:
         """source (B, S, C) -> keys, values (B, H_kv, S, D): cross-attention's, once per source."""
@@ -266,3 +271,19 @@ def split_heads(x: Tensor, heads: int, head_dim: int) -> Tensor:
 def merge_heads(x: Tensor) -> Tensor:
     """(B, H, T, D) -> (B, T, H * D)."""
     return x.transpose(1, 2).flatten(2)
+
+
+class AcrossHeads(nn.Module):
+    """A norm over all of a position's heads together (OLMo 2's q_norm and k_norm, over
+    the whole projection) where the others normalize each head: the same statistics as
+    the norm of the (B, T, H * D) projection, its gain one per feature of every head."""
+
+    def __init__(self, norm: nn.Module, heads: int):
+        super().__init__()
+        self.norm, self.heads = norm, heads
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Heads (B, H, T, D) -> (B, H, T, D)."""
+        batch, heads, tokens, size = x.size(0), x.size(1), x.size(2), x.size(3)
+        flat = self.norm(x.transpose(1, 2).reshape(batch, tokens, heads * size))
+        return flat.view(batch, tokens, heads, size).transpose(1, 2)

@@ -1,5 +1,5 @@
-"""`transduce import hf-gpt2` / `hf-bloom` / `hf-gpt-neox` / `hf-stablelm` / `hf-llama` /
-`hf-gemma` / `hf-bert` / `hf-roberta` (also called `hf-xlm-roberta`) / `hf-distilbert` /
+"""`transduce import hf-gpt2` / `hf-bloom` / `hf-gpt-neox` / `hf-stablelm` / `hf-olmo2` /
+`hf-llama` / `hf-gemma` / `hf-bert` / `hf-roberta` (also called `hf-xlm-roberta`) / `hf-distilbert` /
 `hf-electra` / `hf-modernbert` / `hf-deberta` / `hf-marian` / `hf-nllb` (also called
 `hf-m2m100`) / `hf-mbart` / `hf-t5`: another toolkit's checkpoint as ours;
 `peft`: a PEFT LoRA adapter merged into one of ours."""
@@ -42,6 +42,14 @@ def register(commands) -> None:
                 "its shards or pytorch_model.bin, tokenizer.json) as a decoder-only "
                 "checkpoint (LayerNorms, SwiGLU, rotary positions on part of each head); "
                 "options the model cannot reproduce are refused by name.")
+    _add_format(formats, import_hf_olmo2, "hf-olmo2",
+                "Hugging Face OLMo 2: OLMo-2 1B to 32B and their Instruct twins "
+                "(Olmo2ForCausalLM directory)",
+                "Import a Hugging Face OLMo 2 directory (config.json, model.safetensors, "
+                "its shards or pytorch_model.bin, tokenizer.json) as a decoder-only "
+                "checkpoint (norms on the sub-layers' outputs alone, queries and keys "
+                "normalized over all heads); options the model cannot reproduce are "
+                "refused by name.")
     _add_format(formats, import_hf_llama, "hf-llama",
                 "Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 (LlamaForCausalLM, "
                 "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM "
@@ -209,6 +217,13 @@ def import_hf_stablelm(args: argparse.Namespace) -> int:
     from transduce.importers import import_stablelm
 
     return _import_decoder(args, import_stablelm)
+
+
+def import_hf_olmo2(args: argparse.Namespace) -> int:
+    """Import a Hugging Face OLMo 2 checkpoint."""
+    from transduce.importers import import_olmo2
+
+    return _import_decoder(args, import_olmo2)
 
 
 def import_hf_llama(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                             softcap: bool = False, embedding_norm: bool = False,
                             modernbert: bool = False,
                             projected_embeddings: bool = False,
-                            neox: bool = False) -> list[str]:
+                            neox: bool = False, olmo2: bool = False) -> list[str]:
     """What no format here can hold: another shape than the format's `arch` (RNN
     models among them), non-softmax self-attention (sliding-window softmax attention
     where the format masks it: `sliding`), score biases (but those of `score_bias`:
@@ -45,7 +45,9 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     attention norm and heads (unless the format holds them: `modernbert`), and
     embeddings of another width than d_model, projected (unless the format projects
     them: `projected_embeddings`, ELECTRA's), and parallel residuals or rotary positions
-    on part of each head (unless the format has them: `neox`, GPT-NeoX's)."""
+    on part of each head (unless the format has them: `neox`, GPT-NeoX's), and norms on
+    the sub-layers' outputs alone or of the queries and keys over all heads (unless the
+    format has them: `olmo2`)."""
     problems = [] if modernbert else _modernbert_fields(c)
     if c.embedding_size is not None and not projected_embeddings:
         problems.append(f"embedding_size={c.embedding_size} (the format embeds at d_model="
@@ -81,6 +83,13 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     if c.rotary_dims is not None and not neox:
         problems.append(f"rotary_dims={c.rotary_dims} (the format turns every feature of a "
                         f"head)")
+    if not olmo2:
+        if not c.input_norms:
+            problems.append("input_norms=False (the format normalizes each sub-layer's "
+                            "input)")
+        if c.qk_norm_across_heads:
+            problems.append("qk_norm_across_heads=True (the format normalizes each head's "
+                            "queries and keys, if any)")
     return problems
 
 

@@ -3,7 +3,9 @@
 Post-norm (the paper): x = Norm(x + Dropout(Sublayer(x))).
 Pre-norm (norm_first): x = x + Dropout(Sublayer(Norm(x))); the stack then needs a
 final norm, which Encoder and Decoder add. Sandwich (sandwich_norm, Gemma's):
-x = x + Dropout(PostNorm(Sublayer(Norm(x)))). Parallel (parallel_residual, GPT-NeoX's):
+x = x + Dropout(PostNorm(Sublayer(Norm(x)))), or without the input's norm (input_norms
+False, OLMo 2's) x = x + Dropout(PostNorm(Sublayer(x))). Parallel (parallel_residual,
+GPT-NeoX's):
 x = x + Dropout(Attn(Norm1(x))) + Dropout(FFN(Norm3(x))). Norm is LayerNorm, or RMSNorm
 (config.norm).
 Shapes: hidden states (B, T, C); the source memory (B, S, C).
@@ -57,6 +59,7 @@ def attention_module(config: ModelConfig, kv_heads: int, *, rotary: Rotary | Non
                               rotary=rotary, kind=kind, scale_scores=c.attention_scale,
                               qkv_bias=c.bias or c.qkv_bias, head_dim=c.head_size,
                               qk_norm=partial(norm_module, c) if c.qk_norm else None,
+                              qk_norm_across_heads=c.qk_norm_across_heads,
                               softcap=c.attention_softcap)
 
 
@@ -145,9 +148,10 @@ class DecoderLayer(nn.Module):
         self.cross_attn = attention_module(c, c.kv_heads, rotary=None, self_attention=False) \
             if cross_attention else None
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias, c.gated_ffn)
-        self.norm1 = norm_module(c)
+        # (input_norms False: the sub-layers read x as it is, OLMo 2's)
+        self.norm1 = norm_module(c) if c.input_norms else nn.Identity()
         self.norm2 = norm_module(c) if cross_attention else None
-        self.norm3 = norm_module(c)
+        self.norm3 = norm_module(c) if c.input_norms else nn.Identity()
         self.post_norm1, self.post_norm3 = sandwich_norm(c), sandwich_norm(c)
         self.post_norm2 = sandwich_norm(c) if cross_attention else None
         self.dropout = Dropout(c.dropout)
