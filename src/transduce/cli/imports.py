@@ -1,7 +1,7 @@
 """`transduce import hf-gpt2` / `hf-bloom` / `hf-gpt-neox` / `hf-stablelm` / `hf-olmo2` /
-`hf-llama` / `hf-gemma` / `hf-bert` / `hf-roberta` (also called `hf-xlm-roberta`) / `hf-distilbert` /
-`hf-electra` / `hf-modernbert` / `hf-deberta` / `hf-marian` / `hf-nllb` (also called
-`hf-m2m100`) / `hf-mbart` / `hf-t5`: another toolkit's checkpoint as ours;
+`hf-llama` / `hf-gemma` / `hf-bert` / `hf-roberta` (also called `hf-xlm-roberta`) /
+`hf-distilbert` / `hf-electra` / `hf-modernbert` / `hf-deberta` / `hf-marian` / `hf-nllb`
+(also called `hf-m2m100`) / `hf-mbart` / `hf-t5`: another toolkit's checkpoint as ours;
 `peft`: a PEFT LoRA adapter merged into one of ours."""
 
 from __future__ import annotations
