@@ -186,3 +186,45 @@ def assert_peft_adapter_merges(ours, out, tmp_path, atol):
         expected = theirs(tokens).logits
         torch.testing.assert_close(merged(tokens), expected, atol=atol, rtol=1e-5)
         assert (ours(tokens) - expected).abs().max() > 1e-2          # the adapter counts
+
+
+def assert_the_command_generates_as_transformers(hf, out, command, capsys, pad_id):
+    """`transduce import COMMAND` of the directory beside the import `out` ("hf"), then
+    `transduce generate` from it: transformers' 8 greedy tokens after a prompt."""
+    from transduce import checkpoint
+    from transduce.cli import main
+
+    tokenizer = checkpoint.load_tokenizer(out)
+    ids = tokenizer.encode(["In the beginning"])[0]
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8,
+                               eos_token_id=None, pad_token_id=pad_id)[0, len(ids):]
+    assert main(["import", command, str(out.parent / "hf"), "--out",
+                 str(out.parent / "again"), "--force"]) == 0
+    assert "decoder-only" in capsys.readouterr().out
+    assert main(["generate", "--model", str(out.parent / "again"), "--prompt",
+                 "In the beginning", "--max-new-tokens", "8", "--dtype", "float32"]) == 0
+    written = capsys.readouterr().out.strip()
+    assert written.endswith(tokenizer.decode(expected.tolist()).strip())
+
+
+def assert_same_ctranslate2_tokens(hf, out, tmp_path, pad_id, first=()):
+    """`export ct2` of the import `out`: a ctranslate2.Generator's 20 greedy tokens after
+    `first` (BLOOM's bos) and 12 random ones are transformers', not one token repeated."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from transduce import checkpoint
+    from transduce.export import export_ctranslate2
+
+    exported = export_ctranslate2(out, tmp_path / "ct2")
+    tokenizer = checkpoint.load_tokenizer(out)
+    ids = [*first, *torch.randint(4, tokenizer.vocab_size, (12,),
+                                  generator=torch.Generator().manual_seed(4)).tolist()]
+    generator = ctranslate2.Generator(str(exported), device="cpu", intra_threads=1)
+    found = generator.generate_batch([[tokenizer.piece(t) for t in ids]], max_length=20,
+                                     sampling_topk=1, include_prompt_in_result=False,
+                                     end_token=[])
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=20,
+                               eos_token_id=None, pad_token_id=pad_id)[0, len(ids):]
+    assert found[0].sequences_ids[0] == expected.tolist()
+    assert len(set(expected.tolist())) > 2          # (a random model repeats a token a while)

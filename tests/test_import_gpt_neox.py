@@ -10,8 +10,9 @@ import json
 import pytest
 import torch
 
-from tests.foreign_checkpoints import assert_refused, assert_same_greedy_tokens, \
-    assert_same_logits, assert_same_onnx_logits, assert_same_perplexity, damaged
+from tests.foreign_checkpoints import assert_refused, assert_same_ctranslate2_tokens, \
+    assert_same_greedy_tokens, assert_same_logits, assert_same_onnx_logits, \
+    assert_same_perplexity, assert_the_command_generates_as_transformers, damaged
 from transduce import checkpoint
 from transduce.cli import main
 from transduce.importers import ForeignCheckpointError, import_gpt_neox
@@ -96,18 +97,7 @@ def test_tokenizer_ids_equal_the_fast_tokenizer(imported, neox_tokenizer):
 
 def test_the_command_generates_what_transformers_generates(imported, capsys):
     hf, _, out = imported
-    tokenizer = checkpoint.load_tokenizer(out)
-    ids = tokenizer.encode(["In the beginning"])[0]
-    with torch.no_grad():
-        expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8,
-                               eos_token_id=None, pad_token_id=0)[0, len(ids):]
-    assert main(["import", "hf-gpt-neox", str(out.parent / "hf"), "--out",
-                 str(out.parent / "again"), "--force"]) == 0
-    assert "decoder-only" in capsys.readouterr().out
-    assert main(["generate", "--model", str(out.parent / "again"), "--prompt",
-                 "In the beginning", "--max-new-tokens", "8", "--dtype", "float32"]) == 0
-    written = capsys.readouterr().out.strip()
-    assert written.endswith(tokenizer.decode(expected.tolist()).strip())
+    assert_the_command_generates_as_transformers(hf, out, "hf-gpt-neox", capsys, pad_id=0)
 
 
 @pytest.fixture(scope="module")
@@ -181,23 +171,8 @@ def test_the_hf_export_is_gpt_neox_again(imported, tmp_path):
 def test_the_ctranslate2_export_generates_what_transformers_generates(imported, tmp_path):
     """CTranslate2's parallel residuals and rotary_dim are GPT-NeoX's: the same greedy
     tokens."""
-    ctranslate2 = pytest.importorskip("ctranslate2")
-    from transduce.export import export_ctranslate2
-
     hf, _, out = imported
-    exported = export_ctranslate2(out, tmp_path / "ct2")
-    tokenizer = checkpoint.load_tokenizer(out)
-    ids = torch.randint(2, tokenizer.vocab_size, (12,),
-                        generator=torch.Generator().manual_seed(4)).tolist()
-    generator = ctranslate2.Generator(str(exported), device="cpu", intra_threads=1)
-    found = generator.generate_batch([[tokenizer.piece(t) for t in ids]], max_length=20,
-                                     sampling_topk=1, include_prompt_in_result=False,
-                                     end_token=[])
-    with torch.no_grad():
-        expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=20,
-                               eos_token_id=None, pad_token_id=0)[0, len(ids):]
-    assert found[0].sequences_ids[0] == expected.tolist()
-    assert len(set(expected.tolist())) > 2
+    assert_same_ctranslate2_tokens(hf, out, tmp_path, pad_id=0)
 
 
 def test_the_onnx_export_computes_transformers_logits(imported, tmp_path):

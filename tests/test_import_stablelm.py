@@ -9,9 +9,8 @@ test_import_gpt_neox.py.)"""
 import pytest
 import torch
 
-from tests.foreign_checkpoints import assert_refused, assert_same_greedy_tokens, \
-    assert_same_logits, assert_same_onnx_logits, damaged
-from transduce import checkpoint
+from tests.foreign_checkpoints import assert_refused, assert_same_ctranslate2_tokens, \
+    assert_same_greedy_tokens, assert_same_logits, assert_same_onnx_logits, damaged
 from transduce.cli import main
 from transduce.importers import import_stablelm
 from transduce.model import DecoderOnly, load_model
@@ -88,23 +87,8 @@ def test_the_hf_export_is_stablelm_again(imported, tmp_path):
 
 
 def test_the_ctranslate2_export_generates_what_transformers_generates(imported, tmp_path):
-    ctranslate2 = pytest.importorskip("ctranslate2")
-    from transduce.export import export_ctranslate2
-
     hf, _, out = imported
-    exported = export_ctranslate2(out, tmp_path / "ct2")
-    tokenizer = checkpoint.load_tokenizer(out)
-    ids = torch.randint(2, tokenizer.vocab_size, (12,),
-                        generator=torch.Generator().manual_seed(4)).tolist()
-    generator = ctranslate2.Generator(str(exported), device="cpu", intra_threads=1)
-    found = generator.generate_batch([[tokenizer.piece(t) for t in ids]], max_length=20,
-                                     sampling_topk=1, include_prompt_in_result=False,
-                                     end_token=[])
-    with torch.no_grad():
-        expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=20,
-                               eos_token_id=None, pad_token_id=0)[0, len(ids):]
-    assert found[0].sequences_ids[0] == expected.tolist()
-    assert len(set(expected.tolist())) > 2
+    assert_same_ctranslate2_tokens(hf, out, tmp_path, pad_id=0)
 
 
 def test_the_onnx_export_computes_transformers_logits(imported, tmp_path):

@@ -90,8 +90,8 @@ class MultiHeadAttention(nn.Module):
         self.qkv_proj: nn.Linear | None = None     # fuse_self_projections()
         self.q_norm = self.k_norm = None
         if qk_norm is not None and qk_norm_across_heads:
-            self.q_norm = AcrossHeads(qk_norm(num_heads * self.head_dim), num_heads)
-            self.k_norm = AcrossHeads(qk_norm(kv_dim), num_kv_heads)
+            self.q_norm = AcrossHeads(qk_norm(num_heads * self.head_dim))
+            self.k_norm = AcrossHeads(qk_norm(kv_dim))
         elif qk_norm is not None:
             self.q_norm, self.k_norm = qk_norm(self.head_dim), qk_norm(self.head_dim)
 
@@ -278,9 +278,9 @@ class AcrossHeads(nn.Module):
     the whole projection) where the others normalize each head: the same statistics as
     the norm of the (B, T, H * D) projection, its gain one per feature of every head."""
 
-    def __init__(self, norm: nn.Module, heads: int):
+    def __init__(self, norm: nn.Module):
         super().__init__()
-        self.norm, self.heads = norm, heads
+        self.norm = norm                   # over H * D features
 
     def forward(self, x: Tensor) -> Tensor:
         """Heads (B, H, T, D) -> (B, H, T, D)."""

@@ -93,6 +93,28 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     return problems
 
 
+def fixed_layout_problems(c: ModelConfig, family: str, layout: dict, activations: dict,
+                          scalings: tuple[str, ...] = ("none", "linear")) -> list[str]:
+    """What a transformers language model of a fixed layout (GPT-NeoX's, StableLM's,
+    OLMo 2's) refuses beyond not_a_plain_transformer's: fields of other values than
+    `layout`'s, post-norm layers, scaled embeddings, heads other than d_model /
+    num_heads wide, a rotary scaling not among `scalings`, an activation it lacks."""
+    problems = [f"{name}={getattr(c, name)!r} (the format's is {value!r})"
+                for name, value in layout.items() if getattr(c, name) != value]
+    if not c.norm_first:
+        problems.append("norm_first=False (the format's layers are pre-norm)")
+    if c.scale_embeddings:
+        problems.append("scale_embeddings=True (the format does not scale embeddings)")
+    if c.head_size is not None and c.head_size * c.num_heads != c.d_model:
+        problems.append(f"head_size={c.head_size} ({family}'s heads are d_model / num_heads "
+                        f"wide)")
+    if c.rope_scaling not in scalings:
+        problems.append(f"rope_scaling={c.rope_scaling!r} (not one {family} reads here)")
+    if c.activation not in activations:
+        problems.append(f"activation={c.activation!r} (not one of {sorted(activations)})")
+    return problems
+
+
 def _modernbert_fields(c: ModelConfig) -> list[str]:
     """ModernBERT's fields that a config sets, in the words of a refusal."""
     problems = []

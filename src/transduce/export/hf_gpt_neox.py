@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from transduce.config import ModelConfig
+from transduce.export.common import fixed_layout_problems
 from transduce.export.hf import Family
 from transduce.model import DecoderOnly
 from transduce.model.positional import partial_rotary_order
@@ -23,22 +24,10 @@ NEOX_LAYOUT = {"norm": "layer", "gated_ffn": False, "bias": True, "qkv_bias": Fa
 
 def gpt_neox_problems(c: ModelConfig) -> list[str]:
     """What GPTNeoXForCausalLM cannot hold beyond not_a_plain_transformer's."""
-    problems = [f"{name}={getattr(c, name)!r} (the format's is {value!r})"
-                for name, value in NEOX_LAYOUT.items() if getattr(c, name) != value]
-    if not c.norm_first:
-        problems.append("norm_first=False (the format's layers are pre-norm)")
-    if c.scale_embeddings:
-        problems.append("scale_embeddings=True (the format does not scale embeddings)")
+    problems = fixed_layout_problems(c, GPT_NEOX.name, NEOX_LAYOUT, NEOX_ACTIVATIONS)
     if c.kv_heads != c.num_heads:
         problems.append(f"num_kv_heads={c.num_kv_heads} (GPT-NeoX has full multi-head "
                         f"attention)")
-    if c.head_size is not None and c.head_size * c.num_heads != c.d_model:
-        problems.append(f"head_size={c.head_size} (GPT-NeoX's heads are d_model / num_heads "
-                        f"wide)")
-    if c.rope_scaling not in ("none", "linear"):
-        problems.append(f"rope_scaling={c.rope_scaling!r} (not one GPT-NeoX reads here)")
-    if c.activation not in NEOX_ACTIVATIONS:
-        problems.append(f"activation={c.activation!r} (not one of {sorted(NEOX_ACTIVATIONS)})")
     return problems
 
 

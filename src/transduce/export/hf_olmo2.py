@@ -7,6 +7,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from transduce.config import ModelConfig
+from transduce.export.common import fixed_layout_problems
 from transduce.export.hf import HF_ACTIVATIONS, Family
 from transduce.model import DecoderOnly
 
@@ -14,21 +15,13 @@ OLMO2 = Family("OLMo 2", "Olmo2ForCausalLM", "Olmo2Config", "olmo2")
 # The fields of ours that OLMo 2's layers fix.
 OLMO2_LAYOUT = {"norm": "rms", "gated_ffn": True, "bias": False, "qkv_bias": False,
                 "sandwich_norm": True, "input_norms": False, "qk_norm": True,
-                "qk_norm_across_heads": True, "norm_first": True, "scale_embeddings": False}
+                "qk_norm_across_heads": True}
 
 
 def olmo2_problems(c: ModelConfig) -> list[str]:
-    """What Olmo2ForCausalLM cannot hold beyond not_a_plain_transformer's."""
-    problems = [f"{name}={getattr(c, name)!r} (the format's is {value!r})"
-                for name, value in OLMO2_LAYOUT.items() if getattr(c, name) != value]
-    if c.head_size is not None and c.head_size * c.num_heads != c.d_model:
-        problems.append(f"head_size={c.head_size} (OLMo 2's heads are d_model / num_heads "
-                        f"wide)")
-    if c.rope_scaling != "none":
-        problems.append(f"rope_scaling={c.rope_scaling!r} (exported unscaled here)")
-    if c.activation not in HF_ACTIVATIONS:
-        problems.append(f"activation={c.activation!r} (not one of {sorted(HF_ACTIVATIONS)})")
-    return problems
+    """What Olmo2ForCausalLM cannot hold beyond not_a_plain_transformer's (its rotary
+    positions are exported unscaled)."""
+    return fixed_layout_problems(c, OLMO2.name, OLMO2_LAYOUT, HF_ACTIVATIONS, ("none",))
 
 
 def olmo2_config(c: ModelConfig) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from transduce.config import ModelConfig
+from transduce.export.common import fixed_layout_problems
 from transduce.export.hf import HF_ACTIVATIONS, Family
 from transduce.export.hf_gpt_neox import in_neox_order
 from transduce.model import DecoderOnly
@@ -20,20 +21,7 @@ STABLELM_LAYOUT = {"norm": "layer", "norm_bias": True, "gated_ffn": True, "bias"
 
 def stablelm_problems(c: ModelConfig) -> list[str]:
     """What StableLmForCausalLM cannot hold beyond not_a_plain_transformer's."""
-    problems = [f"{name}={getattr(c, name)!r} (the format's is {value!r})"
-                for name, value in STABLELM_LAYOUT.items() if getattr(c, name) != value]
-    if not c.norm_first:
-        problems.append("norm_first=False (the format's layers are pre-norm)")
-    if c.scale_embeddings:
-        problems.append("scale_embeddings=True (the format does not scale embeddings)")
-    if c.head_size is not None and c.head_size * c.num_heads != c.d_model:
-        problems.append(f"head_size={c.head_size} (StableLM's heads are d_model / num_heads "
-                        f"wide)")
-    if c.rope_scaling not in ("none", "linear"):
-        problems.append(f"rope_scaling={c.rope_scaling!r} (not one StableLM reads here)")
-    if c.activation not in HF_ACTIVATIONS:
-        problems.append(f"activation={c.activation!r} (not one of {sorted(HF_ACTIVATIONS)})")
-    return problems
+    return fixed_layout_problems(c, STABLELM.name, STABLELM_LAYOUT, HF_ACTIVATIONS)
 
 
 def stablelm_config(c: ModelConfig) -> dict:

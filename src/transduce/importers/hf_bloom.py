@@ -29,7 +29,7 @@ the checkpoint, with tokenizer_config.json's <s>, </s> and <pad>.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from torch import Tensor
 
@@ -93,12 +93,36 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer) 
     return config
 
 
+def megatron_layer(take: Callable[..., Tensor], config: ModelConfig, ours: str,
+                   attention: str, mlp: str, order: Tensor | None = None) -> dict[str, Tensor]:
+    """A layer's attention and feed-forward weights in Megatron's names (BLOOM's and
+    GPT-NeoX's: query_key_value fused head by head, each head's query, key and value
+    rows together, dense, dense_h_to_4h, dense_4h_to_h, all with biases) under ours;
+    order: each head's query and key rows in our order (positional.partial_rotary_order)."""
+    c, ff, heads, dim = config.d_model, config.d_ff, config.num_heads, config.head_dim
+    weight = take(f"{attention}.query_key_value.weight", 3 * c, c)       # (H, 3, D, C)
+    bias = take(f"{attention}.query_key_value.bias", 3 * c)
+    per_head, bias_per_head = weight.reshape(heads, 3, dim, c), bias.reshape(heads, 3, dim)
+    state = {}
+    for part, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+        rows = order if order is not None and proj != "v_proj" else slice(None)
+        state[f"{ours}.self_attn.{proj}.weight"] = per_head[:, part, rows].reshape(c, c)
+        state[f"{ours}.self_attn.{proj}.bias"] = bias_per_head[:, part, rows].reshape(c)
+    for ours_name, theirs_name, n_out, n_in in (
+            ("self_attn.out_proj", f"{attention}.dense", c, c),
+            ("ffn.linear1", f"{mlp}.dense_h_to_4h", ff, c),
+            ("ffn.linear2", f"{mlp}.dense_4h_to_h", c, ff)):
+        state[f"{ours}.{ours_name}.weight"] = take(f"{theirs_name}.weight", n_out, n_in)
+        state[f"{ours}.{ours_name}.bias"] = take(f"{theirs_name}.bias", n_out)
+    return state
+
+
 def map_weights(tensors: dict[str, Tensor], config: ModelConfig, hf: dict[str, Any],
                 source: Path) -> dict[str, Tensor]:
     """BLOOM's tensors -> our state dict (float32), each key accounted for and each shape
     checked against what the configuration gives."""
     names = unprefixed_names(tensors, "transformer.", source)
-    c, ff, heads = config.d_model, config.d_ff, config.num_heads
+    c = config.d_model
 
     def take(name: str, *shape: int) -> Tensor:
         return take_weight(tensors, names, source, name, *shape)
@@ -110,21 +134,8 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig, hf: dict[str, A
         ours, theirs = f"decoder.layers.{i}", f"h.{i}"
         norms |= {f"{ours}.norm1": f"{theirs}.input_layernorm",
                   f"{ours}.norm3": f"{theirs}.post_attention_layernorm"}
-        # (3C, C) as (H, 3, D, C): each head's query, key and value rows together
-        fused = take(f"{theirs}.self_attention.query_key_value.weight", 3 * c, c)
-        fused_bias = take(f"{theirs}.self_attention.query_key_value.bias", 3 * c)
-        per_head = fused.reshape(heads, 3, c // heads, c)
-        bias_per_head = fused_bias.reshape(heads, 3, c // heads)
-        for part, proj in enumerate(("q_proj", "k_proj", "v_proj")):
-            state[f"{ours}.self_attn.{proj}.weight"] = per_head[:, part].reshape(c, c)
-            state[f"{ours}.self_attn.{proj}.bias"] = bias_per_head[:, part].reshape(c)
-        for ours_name, theirs_name, n_out, n_in in (
-                ("self_attn.out_proj", "self_attention.dense", c, c),
-                ("ffn.linear1", "mlp.dense_h_to_4h", ff, c),
-                ("ffn.linear2", "mlp.dense_4h_to_h", c, ff)):
-            state[f"{ours}.{ours_name}.weight"] = take(f"{theirs}.{theirs_name}.weight",
-                                                       n_out, n_in)
-            state[f"{ours}.{ours_name}.bias"] = take(f"{theirs}.{theirs_name}.bias", n_out)
+        state.update(megatron_layer(take, config, ours, f"{theirs}.self_attention",
+                                    f"{theirs}.mlp"))
     for ours, theirs in norms.items():
         for part in ("weight", "bias"):
             state[f"{ours}.{part}"] = take(f"{theirs}.{part}", c)

@@ -36,12 +36,12 @@ from torch import Tensor
 
 from transduce.config import ConfigError, ModelConfig, preset
 from transduce.data.hf_tokenizer import HFTokenizer
-from transduce.importers import ForeignCheckpointError, check_directories, \
-    check_foreign_options, check_tied_copy, refuse_unread, take_weight, unprefixed_names
-from transduce.importers.chat_settings import with_chat_settings
-from transduce.importers.hf_gpt2 import END_OF_TEXT, HF_CONFIG, _read_json
-from transduce.importers.hf_llama import check_special_ids, read_tokenizer, required_field, \
-    save_import
+from transduce.importers import ForeignCheckpointError, check_tied_copy, refuse_unread, \
+    take_weight, unprefixed_names
+from transduce.importers.hf_bloom import megatron_layer
+from transduce.importers.hf_gpt2 import END_OF_TEXT
+from transduce.importers.hf_llama import check_special_ids, import_decoder, required_field, \
+    rope_parameters
 from transduce.model.positional import partial_rotary_order
 
 MODEL_TYPES = ("gpt_neox",)
@@ -58,16 +58,8 @@ def import_gpt_neox(hf_dir: Path | str, out: Path | str) -> Path:
     """Read a Hugging Face GPT-NeoX directory (config.json, model.safetensors, its
     shards or pytorch_model.bin, tokenizer.json) and write it as our checkpoint at `out`,
     replacing one there; nothing is written unless everything was read and checked."""
-    hf_dir, out = Path(hf_dir), Path(out)
-    check_directories(hf_dir, out, HF_CONFIG)
-    config_file = hf_dir / HF_CONFIG
-    hf = _read_json(config_file)
-    activation = check_foreign_options(hf, config_file, MODEL_TYPES, FIXED_OPTIONS,
-                                       "hidden_act", "gelu", ACTIVATIONS)
-    tokenizer = with_chat_settings(read_tokenizer(hf_dir, hf.get("bos_token_id"), SPECIALS),
-                                   hf_dir)
-    config = model_config(hf, config_file, tokenizer, activation)
-    return save_import(hf_dir, out, config, tokenizer, map_weights, "hf-gpt-neox")
+    return import_decoder(hf_dir, out, MODEL_TYPES, FIXED_OPTIONS, ("gelu", ACTIVATIONS),
+                          SPECIALS, model_config, map_weights, "hf-gpt-neox")
 
 
 def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
@@ -103,13 +95,7 @@ def rotary_fields(hf: dict[str, Any], config_file: Path, head_dim: int) -> dict[
     rope_parameters (transformers 5) or, before, rotary_emb_base or rope_theta,
     rotary_pct or partial_rotary_factor, and rope_scaling (GPT-NeoX's names, StableLM's):
     unscaled or "linear"; other kinds are refused."""
-    parameters = hf.get("rope_parameters")
-    key = "rope_parameters"
-    if parameters is None:
-        parameters, key = hf.get("rope_scaling") or {}, "rope_scaling"
-    if not isinstance(parameters, dict):
-        raise ForeignCheckpointError(f"{config_file}: {key} must be an object")
-    kind = parameters.get("rope_type", parameters.get("type", "default"))
+    parameters, key, kind = rope_parameters(hf, config_file)
     if kind not in ("default", "linear"):
         raise ForeignCheckpointError(f"{config_file}: {key}.rope_type={kind!r} is not "
                                      f"supported (only \"default\" and \"linear\")")
@@ -134,7 +120,7 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
     shape checked against what the configuration gives; the query and key rows in our
     order of each head's features."""
     names = unprefixed_names(tensors, "gpt_neox.", source)
-    c, ff, heads, dim = config.d_model, config.d_ff, config.num_heads, config.head_dim
+    c, dim = config.d_model, config.head_dim
     order = partial_rotary_order(dim, config.rotary_dims or dim)
 
     def take(name: str, *shape: int) -> Tensor:
@@ -147,21 +133,8 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
         ours, theirs = f"decoder.layers.{i}", f"layers.{i}"
         norms |= {f"{ours}.norm1": f"{theirs}.input_layernorm",
                   f"{ours}.norm3": f"{theirs}.post_attention_layernorm"}
-        # (3C, C) as (H, 3, D, C): each head's query, key and value rows together
-        weight = take(f"{theirs}.attention.query_key_value.weight", 3 * c, c)
-        bias = take(f"{theirs}.attention.query_key_value.bias", 3 * c)
-        per_head, bias_per_head = weight.reshape(heads, 3, dim, c), bias.reshape(heads, 3, dim)
-        for part, proj in enumerate(("q_proj", "k_proj", "v_proj")):
-            rows = order if proj != "v_proj" else slice(None)    # values carry no position
-            state[f"{ours}.self_attn.{proj}.weight"] = per_head[:, part, rows].reshape(c, c)
-            state[f"{ours}.self_attn.{proj}.bias"] = bias_per_head[:, part, rows].reshape(c)
-        for ours_name, theirs_name, n_out, n_in in (
-                ("self_attn.out_proj", "attention.dense", c, c),
-                ("ffn.linear1", "mlp.dense_h_to_4h", ff, c),
-                ("ffn.linear2", "mlp.dense_4h_to_h", c, ff)):
-            state[f"{ours}.{ours_name}.weight"] = take(f"{theirs}.{theirs_name}.weight",
-                                                       n_out, n_in)
-            state[f"{ours}.{ours_name}.bias"] = take(f"{theirs}.{theirs_name}.bias", n_out)
+        state.update(megatron_layer(take, config, ours, f"{theirs}.attention", f"{theirs}.mlp",
+                                    order))
     for ours, theirs in norms.items():
         for part in ("weight", "bias"):
             state[f"{ours}.{part}"] = take(f"{theirs}.{part}", c)

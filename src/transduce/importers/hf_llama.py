@@ -67,15 +67,31 @@ def import_llama(hf_dir: Path | str, out: Path | str) -> Path:
     model.safetensors, its shards or pytorch_model.bin, tokenizer.json) and write it as
     our checkpoint at `out`, replacing one there; nothing is written unless everything
     was read and checked."""
+    return import_decoder(hf_dir, out, MODEL_TYPES, FIXED_OPTIONS, ("silu", ACTIVATIONS),
+                          None, model_config, map_weights, "hf-llama")
+
+
+def import_decoder(hf_dir: Path | str, out: Path | str, model_types: tuple[str, ...],
+                   fixed: dict[str, Any], activations: tuple[str, dict[str, str]],
+                   specials: dict[str, str | None] | None, config_of: Callable[..., ModelConfig],
+                   mapping: Callable[[dict[str, Tensor], ModelConfig, Path], dict[str, Tensor]],
+                   command: str) -> Path:
+    """What a language model's import does: config.json checked (model_types, the fixed
+    options, hidden_act among activations' names, its default first), the tokenizer
+    read (specials: its special tokens where its files name none; None: Llama's), the
+    configuration made (config_of(hf, config file, tokenizer, activation)) and the
+    weights mapped (mapping) and saved at `out` as the import `command` -> out."""
     hf_dir, out = Path(hf_dir), Path(out)
     check_directories(hf_dir, out, HF_CONFIG)
-    hf = _read_json(hf_dir / HF_CONFIG)
     config_file = hf_dir / HF_CONFIG
-    activation = check_foreign_options(hf, config_file, MODEL_TYPES, FIXED_OPTIONS,
-                                       "hidden_act", "silu", ACTIVATIONS)
-    tokenizer = with_chat_settings(read_tokenizer(hf_dir, hf.get("bos_token_id")), hf_dir)
-    config = model_config(hf, config_file, tokenizer, activation)
-    return save_import(hf_dir, out, config, tokenizer, map_weights, "hf-llama")
+    hf = _read_json(config_file)
+    default, names = activations
+    activation = check_foreign_options(hf, config_file, model_types, fixed, "hidden_act",
+                                       default, names)
+    tokenizer = with_chat_settings(read_tokenizer(hf_dir, hf.get("bos_token_id"), specials),
+                                   hf_dir)
+    config = config_of(hf, config_file, tokenizer, activation)
+    return save_import(hf_dir, out, config, tokenizer, mapping, command)
 
 
 def save_import(hf_dir: Path, out: Path, config: ModelConfig, tokenizer: HFTokenizer,
@@ -190,17 +206,24 @@ def _windowed_layers(hf: dict[str, Any]) -> list[bool] | None:
     return [i >= first for i in range(layers)]
 
 
-def rope_fields(hf: dict[str, Any], config_file: Path) -> dict[str, Any]:
-    """The rotary base and scaling as ModelConfig fields, from rope_parameters
-    (transformers 5) or rope_theta and rope_scaling (before): unscaled, "linear" or
-    "llama3" (Llama 3.1's); other kinds are refused."""
+def rope_parameters(hf: dict[str, Any], config_file: Path) -> tuple[dict[str, Any], str, str]:
+    """config.json's rotary settings: rope_parameters (transformers 5), else
+    rope_scaling (before; none: {}) -> (them, the key they were read under, their kind:
+    "default", "linear", ...)."""
     parameters = hf.get("rope_parameters")
     key = "rope_parameters"
     if parameters is None:
         parameters, key = hf.get("rope_scaling") or {}, "rope_scaling"
     if not isinstance(parameters, dict):
         raise ForeignCheckpointError(f"{config_file}: {key} must be an object")
-    kind = parameters.get("rope_type", parameters.get("type", "default"))
+    return parameters, key, parameters.get("rope_type", parameters.get("type", "default"))
+
+
+def rope_fields(hf: dict[str, Any], config_file: Path) -> dict[str, Any]:
+    """The rotary base and scaling as ModelConfig fields, from rope_parameters
+    (transformers 5) or rope_theta and rope_scaling (before): unscaled, "linear" or
+    "llama3" (Llama 3.1's); other kinds are refused."""
+    parameters, key, kind = rope_parameters(hf, config_file)
     partial = parameters.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
         raise ForeignCheckpointError(f"{config_file}: partial_rotary_factor={partial!r} is "

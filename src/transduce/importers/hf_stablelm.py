@@ -29,13 +29,12 @@ from torch import Tensor
 
 from transduce.config import ConfigError, ModelConfig, preset
 from transduce.data.hf_tokenizer import HFTokenizer
-from transduce.importers import ForeignCheckpointError, check_directories, \
-    check_foreign_options, refuse_unread, take_weight, unprefixed_names
-from transduce.importers.chat_settings import with_chat_settings
-from transduce.importers.hf_gpt2 import END_OF_TEXT, HF_CONFIG, _read_json
+from transduce.importers import ForeignCheckpointError, refuse_unread, take_weight, \
+    unprefixed_names
+from transduce.importers.hf_gpt2 import END_OF_TEXT
 from transduce.importers.hf_gpt_neox import rotary_fields
-from transduce.importers.hf_llama import ACTIVATIONS, check_special_ids, layer_weights, \
-    output_projection, read_tokenizer, required_field, save_import
+from transduce.importers.hf_llama import ACTIVATIONS, check_special_ids, import_decoder, \
+    layer_weights, output_projection, required_field
 from transduce.model.positional import partial_rotary_order
 
 MODEL_TYPES = ("stablelm",)
@@ -48,16 +47,8 @@ def import_stablelm(hf_dir: Path | str, out: Path | str) -> Path:
     """Read a Hugging Face StableLM directory (config.json, model.safetensors, its
     shards or pytorch_model.bin, tokenizer.json) and write it as our checkpoint at `out`,
     replacing one there; nothing is written unless everything was read and checked."""
-    hf_dir, out = Path(hf_dir), Path(out)
-    check_directories(hf_dir, out, HF_CONFIG)
-    config_file = hf_dir / HF_CONFIG
-    hf = _read_json(config_file)
-    activation = check_foreign_options(hf, config_file, MODEL_TYPES, FIXED_OPTIONS,
-                                       "hidden_act", "silu", ACTIVATIONS)
-    tokenizer = with_chat_settings(read_tokenizer(hf_dir, hf.get("bos_token_id"), SPECIALS),
-                                   hf_dir)
-    config = model_config(hf, config_file, tokenizer, activation)
-    return save_import(hf_dir, out, config, tokenizer, map_weights, "hf-stablelm")
+    return import_decoder(hf_dir, out, MODEL_TYPES, FIXED_OPTIONS, ("silu", ACTIVATIONS),
+                          SPECIALS, model_config, map_weights, "hf-stablelm")
 
 
 def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
