@@ -415,11 +415,17 @@ def test_encoder_page_answers_with_a_question_answerer(browser_page, answerer):
     assert cells[1::2] == [f"(no answer {a[0].score:.3f})" for a in abstained]
 
 
-def test_encoder_page_classifies_pairs(browser_page, encoder):
-    """A classifier fine-tuned on pairs (/v1/models says so): the page asks for each
-    line's second text, and checks that every line has one before it sends them."""
+@pytest.fixture()
+def pairs_encoder(encoder):
+    """The encoder as a classifier fine-tuned on pairs (/v1/models says so)."""
     pairs_encoder = copy.copy(encoder)
     pairs_encoder.classifier_inputs = "pairs"
+    return pairs_encoder
+
+
+def test_encoder_page_classifies_pairs(browser_page, pairs_encoder):
+    """A classifier of pairs: the page asks for each line's second text, and checks
+    that every line has one before it sends them."""
     page = browser_page
     with ServerThread(create_app(pairs_encoder)) as server:
         page.goto(server.url + "/")
@@ -439,11 +445,9 @@ def test_encoder_page_classifies_pairs(browser_page, encoder):
     assert [cell.split(" ")[0] for cell in cells[1::2]] == labels
 
 
-def test_encoder_page_explores_the_attention_of_a_pair(browser_page, encoder):
+def test_encoder_page_explores_the_attention_of_a_pair(browser_page, pairs_encoder):
     """The Attention button of a classifier of pairs: the first line and its second
     text, [CLS] text [SEP] second [SEP] on both axes."""
-    pairs_encoder = copy.copy(encoder)
-    pairs_encoder.classifier_inputs = "pairs"
     page = browser_page
     with ServerThread(create_app(pairs_encoder)) as server:
         page.goto(server.url + "/")

@@ -119,29 +119,45 @@ def required_field(hf: dict[str, Any], config_file: Path, name: str) -> Any:
 def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                  activation: str) -> ModelConfig:
     """The "llama-small" preset with the sizes and options of a LlamaConfig."""
-    def required(name: str) -> Any:
-        return required_field(hf, config_file, name)
-
-    vocab_size, d_model = required("vocab_size"), required("hidden_size")
-    heads, max_positions = required("num_attention_heads"), required("max_position_embeddings")
-    rope, window = rope_fields(hf, config_file), _attention_window(hf, config_file, max_positions)
+    d_model, heads = required_field(hf, config_file, "hidden_size"), \
+        required_field(hf, config_file, "num_attention_heads")
+    max_positions = required_field(hf, config_file, "max_position_embeddings")
     head_dim = hf.get("head_dim")     # Mistral NeMo's: not hidden_size / heads
     head_size = None if head_dim is None or (isinstance(heads, int) and heads and
                                             head_dim * heads == d_model) else head_dim
+    return llama_layer_config(hf, config_file, tokenizer, activation, head_size=head_size,
+                              **rope_fields(hf, config_file),
+                              **_attention_window(hf, config_file, max_positions),
+                              layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
+                              qkv_bias=hf.get("model_type") == "qwen2",
+                              qk_norm=hf.get("model_type") == "qwen3")
+
+
+def llama_layer_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
+                       activation: str, *, then: Callable[[ModelConfig], dict] | None = None,
+                       **fields: Any) -> ModelConfig:
+    """The "llama-small" preset with a Llama-like config.json's sizes (vocab_size,
+    hidden_size, num_attention_heads, num_key_value_heads, intermediate_size,
+    num_hidden_layers, max_position_embeddings), tying, pad id and attention dropout,
+    and the family's `fields` (then(config): more fields that read the config, its
+    head_dim); what our models cannot be is refused naming config.json."""
+    def required(name: str) -> Any:
+        return required_field(hf, config_file, name)
+
+    vocab_size, heads = required("vocab_size"), required("num_attention_heads")
     try:
         config = preset("llama-small", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
-                        d_model=d_model, num_heads=heads, head_size=head_size,
+                        d_model=required("hidden_size"), num_heads=heads,
                         num_kv_heads=hf.get("num_key_value_heads") or heads,
                         d_ff=required("intermediate_size"),
                         num_decoder_layers=required("num_hidden_layers"),
-                        max_positions=max_positions,
-                        **rope, **window,
-                        activation=activation, layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
-                        dropout=0.0, attention_dropout=hf.get("attention_dropout", 0.0),
-                        qkv_bias=hf.get("model_type") == "qwen2",
-                        qk_norm=hf.get("model_type") == "qwen3",
+                        max_positions=required("max_position_embeddings"),
+                        activation=activation, dropout=0.0,
+                        attention_dropout=hf.get("attention_dropout", 0.0),
                         tie_embeddings="all" if hf.get("tie_word_embeddings", False) else "none",
-                        pad_id=tokenizer.pad_id)
+                        pad_id=tokenizer.pad_id, **fields)
+        if then is not None:
+            config = config.replace(**then(config))
     except (ConfigError, TypeError) as error:
         raise ForeignCheckpointError(f"{config_file}: {error}") from None
     check_special_ids(hf, config_file, tokenizer, config)

@@ -26,13 +26,12 @@ from typing import Any
 
 from torch import Tensor
 
-from transduce.config import ConfigError, ModelConfig, preset
+from transduce.config import ModelConfig
 from transduce.data.hf_tokenizer import HFTokenizer
-from transduce.importers import ForeignCheckpointError, refuse_unread, take_weight, \
-    unprefixed_names
+from transduce.importers import refuse_unread, take_weight, unprefixed_names
 from transduce.importers.hf_gpt2 import END_OF_TEXT
-from transduce.importers.hf_llama import ACTIVATIONS, check_special_ids, import_decoder, \
-    layer_weights, output_projection, required_field, rope_fields
+from transduce.importers.hf_llama import ACTIVATIONS, import_decoder, layer_weights, \
+    llama_layer_config, output_projection, rope_fields
 
 MODEL_TYPES = ("olmo2",)
 # Options whose other value changes what the model computes: name -> the value we have.
@@ -51,27 +50,10 @@ def import_olmo2(hf_dir: Path | str, out: Path | str) -> Path:
 def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                  activation: str) -> ModelConfig:
     """The "llama-small" preset with OLMo 2's sizes and its two kinds of norm."""
-    def required(name: str) -> Any:
-        return required_field(hf, config_file, name)
-
-    vocab_size, heads = required("vocab_size"), required("num_attention_heads")
-    try:
-        config = preset("llama-small", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
-                        d_model=required("hidden_size"), num_heads=heads,
-                        num_kv_heads=hf.get("num_key_value_heads") or heads,
-                        d_ff=required("intermediate_size"),
-                        num_decoder_layers=required("num_hidden_layers"),
-                        max_positions=required("max_position_embeddings"),
-                        **rope_fields(hf, config_file), activation=activation,
-                        layer_norm_eps=hf.get("rms_norm_eps", 1e-5), sandwich_norm=True,
-                        input_norms=False, qk_norm=True, qk_norm_across_heads=True,
-                        dropout=0.0, attention_dropout=hf.get("attention_dropout", 0.0),
-                        tie_embeddings="all" if hf.get("tie_word_embeddings", False)
-                        else "none", pad_id=tokenizer.pad_id)
-    except (ConfigError, TypeError) as error:
-        raise ForeignCheckpointError(f"{config_file}: {error}") from None
-    check_special_ids(hf, config_file, tokenizer, config)
-    return config
+    return llama_layer_config(hf, config_file, tokenizer, activation,
+                              **rope_fields(hf, config_file),
+                              layer_norm_eps=hf.get("rms_norm_eps", 1e-5), sandwich_norm=True,
+                              input_norms=False, qk_norm=True, qk_norm_across_heads=True)
 
 
 def map_weights(tensors: dict[str, Tensor], config: ModelConfig,

@@ -27,14 +27,13 @@ from typing import Any
 
 from torch import Tensor
 
-from transduce.config import ConfigError, ModelConfig, preset
+from transduce.config import ModelConfig
 from transduce.data.hf_tokenizer import HFTokenizer
-from transduce.importers import ForeignCheckpointError, refuse_unread, take_weight, \
-    unprefixed_names
+from transduce.importers import refuse_unread, take_weight, unprefixed_names
 from transduce.importers.hf_gpt2 import END_OF_TEXT
 from transduce.importers.hf_gpt_neox import rotary_fields
-from transduce.importers.hf_llama import ACTIVATIONS, check_special_ids, import_decoder, \
-    layer_weights, output_projection, required_field
+from transduce.importers.hf_llama import ACTIVATIONS, import_decoder, layer_weights, \
+    llama_layer_config, output_projection
 from transduce.model.positional import partial_rotary_order
 
 MODEL_TYPES = ("stablelm",)
@@ -55,28 +54,10 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                  activation: str) -> ModelConfig:
     """The "llama-small" preset with StableLM's sizes, LayerNorms, query, key and value
     biases (or none) and rotary positions on part of each head."""
-    def required(name: str) -> Any:
-        return required_field(hf, config_file, name)
-
-    vocab_size, heads = required("vocab_size"), required("num_attention_heads")
-    try:
-        config = preset("llama-small", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
-                        d_model=required("hidden_size"), num_heads=heads,
-                        num_kv_heads=hf.get("num_key_value_heads") or heads,
-                        d_ff=required("intermediate_size"),
-                        num_decoder_layers=required("num_hidden_layers"),
-                        max_positions=required("max_position_embeddings"),
-                        activation=activation, norm="layer",
-                        layer_norm_eps=hf.get("layer_norm_eps", 1e-5),
-                        qkv_bias=hf.get("use_qkv_bias", False), dropout=0.0,
-                        attention_dropout=hf.get("attention_dropout", 0.0),
-                        tie_embeddings="all" if hf.get("tie_word_embeddings", False)
-                        else "none", pad_id=tokenizer.pad_id)
-        config = config.replace(**rotary_fields(hf, config_file, config.head_dim))
-    except (ConfigError, TypeError) as error:
-        raise ForeignCheckpointError(f"{config_file}: {error}") from None
-    check_special_ids(hf, config_file, tokenizer, config)
-    return config
+    return llama_layer_config(
+        hf, config_file, tokenizer, activation, norm="layer",
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-5), qkv_bias=hf.get("use_qkv_bias", False),
+        then=lambda config: rotary_fields(hf, config_file, config.head_dim))
 
 
 def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
