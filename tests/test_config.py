@@ -67,8 +67,8 @@ _SLIDING_LM = {"arch": "decoder", "attention_type": "sliding", "src_vocab_size":
     (TrainConfig, {"compile": 0}, "compile=0: must be true or false"),
     (TrainConfig, {"seed": -1}, "seed=-1: must be an integer from 0 to 4294967295"),
     (TrainConfig, {"seed": 2 ** 64}, "seed=18446744073709551616"),
-    (ModelConfig, {"output_bias": True, "arch": "decoder"},
-     "output_bias=True applies to arch='transformer', not arch='decoder'"),
+    (ModelConfig, {"output_bias": True, "arch": "encoder"},
+     "output_bias=True applies to arch='transformer' and 'decoder', not arch='encoder'"),
     (ModelConfig, {"head_size": 0}, "head_size=0: must be a positive integer"),
     # DistilBERT's: no segment types, a ReLU pooler; on an encoder only
     (ModelConfig, {"type_vocab_size": -1}, "type_vocab_size=-1: must be an integer >= 0"),
@@ -155,6 +155,9 @@ _SLIDING_LM = {"arch": "decoder", "attention_type": "sliding", "src_vocab_size":
      "not arch='decoder', norm_first=False"),
     (ModelConfig, {"parallel_residual": True, **_SLIDING_LM, "norm_first": True,
                    "sandwich_norm": True}, "sandwich_norm=True"),
+    (ModelConfig, {"shared_norm": True, **_SLIDING_LM, "norm_first": True},
+     "shared_norm=True lets a parallel layer's feed-forward network read the attention's "
+     "norm; set parallel_residual=True"),
     # OLMo 2's norms
     (ModelConfig, {"qk_norm_across_heads": True, "qk_norm": True},
      "qk_norm_across_heads=True normalizes a decoder-only model's queries and keys over all "

@@ -176,6 +176,12 @@ def test_a_sliding_window_exports_as_mistral_and_imports_back(tmp_path, tiny_cor
     ("gpt-tiny", {"parallel_residual": True},
      "cannot export to GPT-2: parallel_residual=True (the format's layers add their "
      "sub-layers one after the other)"),
+    ("gpt-tiny", {"output_bias": True}, "output_bias=True (the format's output has no bias)"),
+    # an output bias or one norm for parallel sub-layers is Phi's
+    ("llama-tiny", {"output_bias": True, "norm": "layer", "gated_ffn": False, "bias": True,
+                    "num_kv_heads": 4},
+     "cannot export to Phi: parallel_residual=False (the format's is True); shared_norm="
+     "False (the format's is True)"),
     ("gpt-tiny", {"attention_type": "sliding"}, "attention_type='sliding'"),
     ("llama-tiny", {"attention_type": "sliding", "qkv_bias": True},     # Qwen2's window
      "Qwen2 with a SentencePiece vocabulary"),

@@ -163,14 +163,18 @@ class ModelConfig(ValidatedConfig):
     (an imported model's query and key features are put in that order: importers).
     parallel_residual: arch "decoder", pre-norm: each layer adds its attention and its
     feed-forward network, each after its own norm, to the same input, x + Attn(Norm1(x))
-    + FFN(Norm3(x)), instead of one after the other (GPT-NeoX's and Pythia's; GPT-J's).
+    + FFN(Norm3(x)), instead of one after the other (GPT-NeoX's and Pythia's).
+    shared_norm: with parallel_residual, the feed-forward network reads the attention's
+    norm, x + Attn(Norm1(x)) + FFN(Norm1(x)): one norm per layer (Phi-1, 1.5 and 2's;
+    GPT-J's), no Norm3.
     rope_scaling: rotary frequencies stretched for a longer context: "linear" divides
     them all by rope_factor; "llama3" (Llama 3.1) divides those whose wavelength exceeds
     rope_original_positions / rope_low_freq_factor by rope_factor, keeps those below
     rope_original_positions / rope_high_freq_factor, and blends the ones between.
     output_bias: arch "transformer": the output projection adds a bias per token (the
     final_logits_bias of imported Marian models, hugely negative for tokens never to be
-    output). It is fixed: training leaves it as imported, as transformers does.
+    output). It is fixed: training leaves it as imported, as transformers does. arch
+    "decoder": a bias that trains with the rest (the lm_head bias of Phi-1, 1.5 and 2).
     scale_embeddings: multiply token embeddings by sqrt(d_model) (the paper); GPT-2 and
     BERT do not.
     embedding_norm: arch "transformer" or "decoder": each stack's input (token embedding
@@ -223,6 +227,7 @@ class ModelConfig(ValidatedConfig):
     sandwich_norm: bool = False
     input_norms: bool = True
     parallel_residual: bool = False
+    shared_norm: bool = False
     positional: Positional = "sinusoidal"
     max_positions: int = 1024
     rope_base: float = 10000.0
@@ -366,9 +371,9 @@ class ModelConfig(ValidatedConfig):
                               f"num_labels={self.num_labels}, "
                               f"token_classifier={self.token_classifier}")
         self._check_encoder_options()
-        if self.output_bias and self.arch != "transformer":
-            raise ConfigError(f"ModelConfig.output_bias=True applies to arch='transformer', "
-                              f"not arch={self.arch!r}")
+        if self.output_bias and self.arch not in ("transformer", "decoder"):
+            raise ConfigError(f"ModelConfig.output_bias=True applies to arch='transformer' "
+                              f"and 'decoder', not arch={self.arch!r}")
         if self.tie_embeddings == "embeddings" and self.arch in ("decoder", "encoder"):
             raise ConfigError(f"ModelConfig.tie_embeddings='embeddings' shares the source "
                               f"and target embeddings of an encoder-decoder; arch="
@@ -479,6 +484,10 @@ class ModelConfig(ValidatedConfig):
     def _check_parallel_residual(self) -> None:
         """parallel_residual: a decoder-only model's pre-norm layers, without sandwich
         norms (no checkpoint has both)."""
+        if self.shared_norm and not self.parallel_residual:
+            raise ConfigError("ModelConfig.shared_norm=True lets a parallel layer's "
+                              "feed-forward network read the attention's norm; set "
+                              "parallel_residual=True")
         if not self.parallel_residual:
             return
         if self.arch != "decoder" or not self.norm_first or self.sandwich_norm:

@@ -128,6 +128,10 @@ NEOX_LIKE = {"parallel_residual": True, "positional": "rotary", "rotary_dims": 4
              "bias": True, "tie_embeddings": "none"}
 
 
+# Phi's: parallel residuals over one norm, an output bias.
+PHI_LIKE = {**NEOX_LIKE, "shared_norm": True, "output_bias": True, "activation": "gelu-tanh"}
+
+
 # OLMo 2's layers: norms on the sub-layers' outputs alone, queries and keys normalized
 # over all heads together.
 OLMO2_LIKE = {"sandwich_norm": True, "input_norms": False, "qk_norm": True,
@@ -136,6 +140,7 @@ OLMO2_LIKE = {"sandwich_norm": True, "input_norms": False, "qk_norm": True,
 
 @pytest.mark.parametrize("name, changes", [("gpt-tiny", {}), ("llama-tiny", {}),
                                            ("llama-tiny", NEOX_LIKE),
+                                           ("llama-tiny", PHI_LIKE),
                                            ("llama-tiny", OLMO2_LIKE),
                                            ("gpt-tiny", {"positional": "alibi"}),
                                            ("llama-tiny", {"qk_norm": True}),

@@ -82,20 +82,25 @@ def test_residual_dropout_is_active_in_training_only():
     torch.testing.assert_close(layer(x, None), layer(x, None))
 
 
-def test_a_parallel_residual_adds_attention_and_ffn_of_one_input():
-    """x + Attn(Norm1(x)) + FFN(Norm3(x)) (GPT-NeoX's layer), from the layer's own
+@pytest.mark.parametrize("shared_norm", [False, True])
+def test_a_parallel_residual_adds_attention_and_ffn_of_one_input(shared_norm):
+    """x + Attn(Norm1(x)) + FFN(Norm3(x)) (GPT-NeoX's layer), or with one norm
+    x + Attn(Norm1(x)) + FFN(Norm1(x)) (Phi's, no Norm3 weights), from the layer's own
     modules in float64, with norms of different gains and biases."""
     torch.manual_seed(0)
-    layer = DecoderLayer(config(arch="decoder", norm_first=True, parallel_residual=True),
+    layer = DecoderLayer(config(arch="decoder", norm_first=True, parallel_residual=True,
+                                shared_norm=shared_norm),
                          cross_attention=False).double().eval()
+    norms = (layer.norm1,) if shared_norm else (layer.norm1, layer.norm3)
+    assert shared_norm == (not any(name.startswith("norm3") for name in layer.state_dict()))
     with torch.no_grad():
-        for norm in (layer.norm1, layer.norm3):
+        for norm in norms:
             norm.weight.uniform_(0.5, 1.5)
             norm.bias.uniform_(-0.5, 0.5)
     x = torch.randn(2, 6, D_MODEL, dtype=torch.float64)
     with torch.no_grad():
         expected = x + layer.self_attn(layer.norm1(x), None, causal=True) + \
-            layer.ffn(layer.norm3(x))
+            layer.ffn(norms[-1](x))
         torch.testing.assert_close(layer(x, None, None), expected, rtol=1e-12, atol=1e-12)
 
 

@@ -1,7 +1,8 @@
 """`transduce import hf-gpt2` / `hf-bloom` / `hf-gpt-neox` / `hf-stablelm` / `hf-olmo2` /
-`hf-llama` / `hf-gemma` / `hf-bert` / `hf-roberta` (also called `hf-xlm-roberta`) /
-`hf-distilbert` / `hf-electra` / `hf-modernbert` / `hf-deberta` / `hf-marian` / `hf-nllb`
-(also called `hf-m2m100`) / `hf-mbart` / `hf-t5`: another toolkit's checkpoint as ours;
+`hf-phi` / `hf-llama` / `hf-gemma` / `hf-bert` / `hf-roberta` (also called
+`hf-xlm-roberta`) / `hf-distilbert` / `hf-electra` / `hf-modernbert` / `hf-deberta` /
+`hf-marian` / `hf-nllb` (also called `hf-m2m100`) / `hf-mbart` / `hf-t5`: another
+toolkit's checkpoint as ours;
 `peft`: a PEFT LoRA adapter merged into one of ours."""
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ def register(commands) -> None:
                 "checkpoint (norms on the sub-layers' outputs alone, queries and keys "
                 "normalized over all heads); options the model cannot reproduce are "
                 "refused by name.")
+    _add_format(formats, import_hf_phi, "hf-phi",
+                "Hugging Face Phi: phi-1, phi-1_5, phi-2 (PhiForCausalLM directory)",
+                "Import a Hugging Face Phi directory (config.json, model.safetensors, its "
+                "shards or pytorch_model.bin, tokenizer.json) as a decoder-only checkpoint "
+                "(parallel residuals over one norm, rotary positions on part of each head, "
+                "an output bias); options the model cannot reproduce are refused by name. "
+                "Phi-3 and Phi-4 are imported by hf-llama.")
     _add_format(formats, import_hf_llama, "hf-llama",
                 "Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 (LlamaForCausalLM, "
                 "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM "
@@ -224,6 +232,13 @@ def import_hf_olmo2(args: argparse.Namespace) -> int:
     from transduce.importers import import_olmo2
 
     return _import_decoder(args, import_olmo2)
+
+
+def import_hf_phi(args: argparse.Namespace) -> int:
+    """Import a Hugging Face Phi-1, Phi-1.5 or Phi-2 checkpoint."""
+    from transduce.importers import import_phi
+
+    return _import_decoder(args, import_phi)
 
 
 def import_hf_llama(args: argparse.Namespace) -> int:

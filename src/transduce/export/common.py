@@ -31,7 +31,8 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                             softcap: bool = False, embedding_norm: bool = False,
                             modernbert: bool = False,
                             projected_embeddings: bool = False,
-                            neox: bool = False, olmo2: bool = False) -> list[str]:
+                            neox: bool = False, olmo2: bool = False,
+                            phi: bool = False) -> list[str]:
     """What no format here can hold: another shape than the format's `arch` (RNN
     models among them), non-softmax self-attention (sliding-window softmax attention
     where the format masks it: `sliding`), score biases (but those of `score_bias`:
@@ -47,7 +48,8 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     them: `projected_embeddings`, ELECTRA's), and parallel residuals or rotary positions
     on part of each head (unless the format has them: `neox`, GPT-NeoX's), and norms on
     the sub-layers' outputs alone or of the queries and keys over all heads (unless the
-    format has them: `olmo2`)."""
+    format has them: `olmo2`), and a parallel layer's one norm or a language model's
+    output bias (unless the format has them: `phi`)."""
     problems = [] if modernbert else _modernbert_fields(c)
     if c.embedding_size is not None and not projected_embeddings:
         problems.append(f"embedding_size={c.embedding_size} (the format embeds at d_model="
@@ -83,6 +85,12 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     if c.rotary_dims is not None and not neox:
         problems.append(f"rotary_dims={c.rotary_dims} (the format turns every feature of a "
                         f"head)")
+    if not phi:
+        if c.shared_norm:
+            problems.append("shared_norm=True (the format's parallel layers have a norm "
+                            "for each sub-layer)")
+        if c.output_bias and c.arch == "decoder":
+            problems.append("output_bias=True (the format's output has no bias)")
     if not olmo2:
         if not c.input_norms:
             problems.append("input_norms=False (the format normalizes each sub-layer's "

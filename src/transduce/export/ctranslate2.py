@@ -146,7 +146,9 @@ def set_self_attention_and_ffn(target, layer, ffn_norm, score_bias=None) -> None
         target.self_attention.relative_attention_max_distance = \
             np.dtype("int32").type(score_bias.max_distance)
     set_linear(target.self_attention.linear[1], attn.out_proj)
-    if getattr(layer, "parallel", False):       # GPT-NeoX's: both norms with the layer
+    if getattr(layer, "shared_norm", False):    # Phi's: one norm, with the layer
+        set_norm(target.shared_layer_norm, layer.norm1)
+    elif getattr(layer, "parallel", False):     # GPT-NeoX's: both norms with the layer
         set_norm(target.input_layer_norm, layer.norm1)
         set_norm(target.post_attention_layer_norm, ffn_norm)
     elif layer.post_norm1 is not None:

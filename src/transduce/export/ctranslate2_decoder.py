@@ -5,8 +5,9 @@ positions ("rotate half", CTranslate2's non-interleaved rotation; scaled linearl
 Llama 3.1's; on part of each head, GPT-NeoX's), softmax or sliding-window attention (or
 sliding layers among full ones, each with its rotary base: Gemma 3's), queries and keys
 normalized per head by RMSNorm (Qwen3's qk_norm), sandwich norms (Gemma's), parallel
-residuals (GPT-NeoX's), ALiBi's score biases with a norm of the embeddings (BLOOM's). A
-prompt goes in as the tokenizer's pieces after bos, as our language models read it."""
+residuals (GPT-NeoX's; over one norm, Phi's), a bias on the output (Phi's), ALiBi's
+score biases with a norm of the embeddings (BLOOM's). A prompt goes in as the
+tokenizer's pieces after bos, as our language models read it."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def check_ctranslate2_decoder_exportable(model: DecoderOnly) -> None:
     c = model.config
     problems = not_a_plain_transformer(c, arch="decoder", sliding=True, any_head_size=True,
                                        qk_norm=True, gemma=True, score_bias=("alibi",),
-                                       embedding_norm=True, neox=True)
+                                       embedding_norm=True, neox=True, phi=True)
     if c.qk_norm and c.norm != "rms":
         problems.append(f"qk_norm=True with norm={c.norm!r} (CTranslate2 normalizes queries "
                         f"and keys by RMSNorm only)")
@@ -115,6 +116,7 @@ def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
         ffn_glu=c.gated_ffn, rms_norm=c.norm == "rms",
         rotary_dim=(c.rotary_dims or 0) if rotary else None, rotary_interleave=False,
         rotary_base=c.rope_base, parallel_residual=c.parallel_residual,
+        shared_layer_norm=c.shared_norm,
         rotary_scaling_type=scaling, rotary_scaling_factor=c.rope_factor,
         num_heads_kv=None if c.kv_heads == c.num_heads else c.kv_heads, head_dim=c.head_dim,
         # Mistral's window counts the token's own key, ours the keys before it
@@ -146,6 +148,8 @@ def ctranslate2_decoder_spec(model: DecoderOnly, tokenizer):
                       [_neox_ordered(attn.q_proj, c), _neox_ordered(attn.k_proj, c),
                        attn.v_proj])
     decoder.projection.weight = as_array(model.output_proj.weight)
+    if model.output_proj.bias is not None:
+        decoder.projection.bias = as_array(model.output_proj.bias)
     pieces = vocabulary_pieces(tokenizer, c.tgt_vocab_size)
     spec.register_vocabulary(pieces)
     unk = tokenizer.unk_id      # None: none (GPT-2's byte-level BPE spells every byte)

@@ -9,7 +9,8 @@ qk_norm (and soft-capped scores and logits, one rotary base); GPT-2's (learned
 positions, LayerNorm, biases) as `GPT2LMHeadModel`, with ALiBi and a norm of the
 embeddings in place of the positions as `BloomForCausalLM`, and with rotary positions
 (on all or part of each head; parallel residuals or not) as `GPTNeoXForCausalLM`
-(hf_gpt_neox.py), Llama's layer with LayerNorms as `StableLmForCausalLM`
+(hf_gpt_neox.py), with parallel residuals over one norm and an output bias as
+`PhiForCausalLM` (hf_phi.py), Llama's layer with LayerNorms as `StableLmForCausalLM`
 (hf_stablelm.py), and with norms on the sub-layers' outputs alone as `Olmo2ForCausalLM`
 (hf_olmo2.py).
 
@@ -38,6 +39,7 @@ from transduce.export.hf import HF_ACTIVATIONS, Family, generation_config, \
 from transduce.export.hf_gpt_neox import GPT_NEOX, gpt_neox_config, gpt_neox_problems, \
     gpt_neox_state_dict
 from transduce.export.hf_olmo2 import OLMO2, olmo2_config, olmo2_problems, olmo2_state_dict
+from transduce.export.hf_phi import PHI, phi_config, phi_problems, phi_state_dict
 from transduce.export.hf_stablelm import STABLELM, stablelm_config, stablelm_problems, \
     stablelm_state_dict
 from transduce.model import DecoderOnly
@@ -60,13 +62,16 @@ def decoder_family(config: ModelConfig) -> Family:
     and keys or two rotary bases, Gemma 2 with sandwich norms alone, Qwen3 with norms of
     the queries and keys, Qwen2 with biases on q, k, v alone, Mistral with a sliding
     window), GPT-NeoX for rotary positions with LayerNorms (or on part of each head, or
-    parallel residuals; StableLM with gated feed-forward networks), OLMo 2 for norms on
+    parallel residuals; StableLM with gated feed-forward networks; Phi with parallel
+    residuals over one norm, or an output bias), OLMo 2 for norms on
     the sub-layers' outputs alone or of the queries and keys over all heads, BLOOM for
     ALiBi, GPT-2 for the rest."""
     if config.positional == "alibi":
         return BLOOM
     if config.positional != "rotary":
         return GPT2
+    if config.shared_norm or config.output_bias:
+        return PHI
     if config.norm == "layer" or config.parallel_residual or config.rotary_dims:
         return STABLELM if config.gated_ffn and not config.parallel_residual else GPT_NEOX
     if not config.input_norms or config.qk_norm_across_heads:
@@ -86,17 +91,17 @@ def check_decoder_exportable(model: DecoderOnly) -> None:
     problems = not_a_plain_transformer(c, arch="decoder",
                                        sliding=family in (MISTRAL, QWEN2, QWEN3, *GEMMAS),
                                        any_head_size=family is not GPT2,   # head_dim
-                                       qk_norm=family in (QWEN3, GEMMA3, OLMO2),
+                                       qk_norm=family in (QWEN3, GEMMA3, OLMO2, PHI),
                                        mixed=family in (QWEN2, QWEN3),
                                        gemma=family in (*GEMMAS, OLMO2),   # sandwich norms
                                        softcap=family in GEMMAS,
                                        score_bias=("alibi",) if family is BLOOM else (),
                                        embedding_norm=family is BLOOM,
-                                       neox=family in (GPT_NEOX, STABLELM),
-                                       olmo2=family is OLMO2)
-    if family in (GPT_NEOX, STABLELM, OLMO2):   # their layouts' fields: hf_gpt_neox.py, ...
+                                       neox=family in (GPT_NEOX, STABLELM, PHI),
+                                       olmo2=family is OLMO2, phi=family is PHI)
+    if family in (GPT_NEOX, STABLELM, OLMO2, PHI):   # their layouts' fields: hf_phi.py, ...
         problems += {GPT_NEOX: gpt_neox_problems, STABLELM: stablelm_problems,
-                     OLMO2: olmo2_problems}[family](c)
+                     OLMO2: olmo2_problems, PHI: phi_problems}[family](c)
         if problems:
             raise ExportError(f"cannot export to {family.name}: " + "; ".join(problems))
         return
@@ -160,6 +165,8 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
         return {**stablelm_config(c), **ids}
     if family is OLMO2:
         return {**olmo2_config(c), **ids}
+    if family is PHI:
+        return {**phi_config(c), **ids}
     if family is BLOOM:
         return {"architectures": [BLOOM.model_class], "model_type": BLOOM.model_type,
                 "vocab_size": c.tgt_vocab_size, "hidden_size": c.d_model,
@@ -340,7 +347,8 @@ def hf_decoder_model(model: DecoderOnly, tokenizer):
     theirs = getattr(transformers, family.model_class)(config).eval()
     state = {GPT2: gpt2_state_dict, BLOOM: bloom_state_dict, GEMMA3: gemma_state_dict,
              GEMMA2: gemma_state_dict, GPT_NEOX: gpt_neox_state_dict,
-             STABLELM: stablelm_state_dict, OLMO2: olmo2_state_dict}.get(
+             STABLELM: stablelm_state_dict, OLMO2: olmo2_state_dict,
+             PHI: phi_state_dict}.get(
         family, llama_state_dict)(model)
     missing, unexpected = theirs.load_state_dict(state, strict=False)
     left = [name for name in missing if not name.endswith((".attn.bias", ".attn.masked_bias"))]

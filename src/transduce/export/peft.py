@@ -57,7 +57,7 @@ def export_peft(path: Path | str, out: Path | str) -> Path:
                           f"{config.arch!r}")
     if is_gpt_neox_layout(config):
         raise ExportError(f"{path}: export peft does not write the adapters of a model "
-                          f"that exports as GPT-NeoX or StableLM (each head's query and key "
+                          f"that exports as GPT-NeoX, StableLM or Phi (each head's query and key "
                           f"rows reordered); export hf writes the model with them merged")
     _check_base_exportable(path, config)
     try:

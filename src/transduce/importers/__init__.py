@@ -1,10 +1,10 @@
 """Reading other toolkits' checkpoints into ours: Hugging Face GPT-2 (hf_gpt2.py), BLOOM
 (hf_bloom.py), GPT-NeoX (hf_gpt_neox.py, with Pythia), StableLM (hf_stablelm.py), OLMo 2
-(hf_olmo2.py), BERT (hf_bert.py), RoBERTa (hf_roberta.py, with XLM-R and CamemBERT),
-Marian (hf_marian.py, the OPUS-MT translation models), NLLB-200 and M2M-100
-(hf_nllb.py), mBART-50 (hf_mbart.py), T5 (hf_t5.py, with Flan-T5 and mT5), Llama
-(hf_llama.py, with Mistral, Qwen2, Qwen3 and Phi-3) and Gemma 3 and Gemma 2
-(hf_gemma.py), and PEFT's LoRA adapters of those language models, merged (peft.py).
+(hf_olmo2.py), Phi-1, 1.5 and 2 (hf_phi.py), BERT (hf_bert.py), RoBERTa (hf_roberta.py,
+with XLM-R and CamemBERT), Marian (hf_marian.py, the OPUS-MT translation models),
+NLLB-200 and M2M-100 (hf_nllb.py), mBART-50 (hf_mbart.py), T5 (hf_t5.py, with Flan-T5
+and mT5), Llama (hf_llama.py, with Mistral, Qwen2, Qwen3 and Phi-3) and Gemma 3 and
+Gemma 2 (hf_gemma.py), and PEFT's LoRA adapters of those language models, merged (peft.py).
 Each importer maps the weights name by name onto a model of this package that computes
 the same function, and refuses, naming the file, key or option, what it cannot
 reproduce; the result is an ordinary checkpoint directory (checkpoint.py), written whole
@@ -125,6 +125,7 @@ from transduce.importers.hf_llama import import_llama  # noqa: E402
 from transduce.importers.hf_bloom import import_bloom  # noqa: E402
 from transduce.importers.hf_gpt_neox import import_gpt_neox  # noqa: E402
 from transduce.importers.hf_stablelm import import_stablelm  # noqa: E402
+from transduce.importers.hf_phi import import_phi  # noqa: E402
 from transduce.importers.hf_olmo2 import import_olmo2  # noqa: E402
 from transduce.importers.hf_gemma import import_gemma  # noqa: E402
 from transduce.importers.hf_nllb import import_nllb  # noqa: E402
@@ -132,7 +133,7 @@ from transduce.importers.hf_mbart import import_mbart  # noqa: E402
 from transduce.importers.hf_t5 import import_t5  # noqa: E402
 from transduce.importers.peft import import_peft  # noqa: E402
 from transduce.importers import hf_deberta, hf_distilbert, hf_electra, hf_gemma, \
-    hf_gpt_neox, hf_llama, hf_modernbert, hf_olmo2, hf_roberta, hf_stablelm, \
+    hf_gpt_neox, hf_llama, hf_modernbert, hf_olmo2, hf_phi, hf_roberta, hf_stablelm, \
     hf_t5  # noqa: E402
 
 # Which `transduce import` command reads a model_type: check_type_and_fixed_options names
@@ -145,6 +146,7 @@ IMPORTED_BY = {"gpt2": "hf-gpt2", "bloom": "hf-bloom", "bert": "hf-bert",
                **dict.fromkeys(hf_gpt_neox.MODEL_TYPES, "hf-gpt-neox"),
                **dict.fromkeys(hf_stablelm.MODEL_TYPES, "hf-stablelm"),
                **dict.fromkeys(hf_olmo2.MODEL_TYPES, "hf-olmo2"),
+               **dict.fromkeys(hf_phi.MODEL_TYPES, "hf-phi"),
                **dict.fromkeys(hf_roberta.MODEL_TYPES, "hf-roberta"),
                **dict.fromkeys(hf_distilbert.MODEL_TYPES, "hf-distilbert"),
                **dict.fromkeys(hf_electra.MODEL_TYPES, "hf-electra"),
@@ -154,7 +156,7 @@ IMPORTED_BY = {"gpt2": "hf-gpt2", "bloom": "hf-bloom", "bert": "hf-bert",
 
 __all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight",
            "refuse_unread", "import_gpt2", "import_llama", "import_bloom", "import_gpt_neox",
-           "import_stablelm", "import_olmo2", "import_gemma",
+           "import_stablelm", "import_olmo2", "import_phi", "import_gemma",
            "import_bert", "import_roberta", "import_distilbert", "import_electra",
            "import_modernbert", "import_deberta", "fresh_heads",
            "import_marian", "import_nllb", "import_mbart", "import_t5", "import_peft"]

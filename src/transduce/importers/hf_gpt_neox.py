@@ -90,17 +90,19 @@ def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
     return config
 
 
-def rotary_fields(hf: dict[str, Any], config_file: Path, head_dim: int) -> dict[str, Any]:
+def rotary_fields(hf: dict[str, Any], config_file: Path, head_dim: int,
+                  default_fraction: float = 0.25) -> dict[str, Any]:
     """The rotary base, the rotated features of a head and their scaling, from
     rope_parameters (transformers 5) or, before, rotary_emb_base or rope_theta,
-    rotary_pct or partial_rotary_factor, and rope_scaling (GPT-NeoX's names, StableLM's):
-    unscaled or "linear"; other kinds are refused."""
+    rotary_pct or partial_rotary_factor (default_fraction where none is named), and
+    rope_scaling (GPT-NeoX's names, StableLM's, Phi's): unscaled or "linear"; other
+    kinds are refused."""
     parameters, key, kind = rope_parameters(hf, config_file)
     if kind not in ("default", "linear"):
         raise ForeignCheckpointError(f"{config_file}: {key}.rope_type={kind!r} is not "
                                      f"supported (only \"default\" and \"linear\")")
-    fraction = parameters.get("partial_rotary_factor",
-                              hf.get("partial_rotary_factor", hf.get("rotary_pct", 0.25)))
+    fraction = parameters.get("partial_rotary_factor", hf.get(
+        "partial_rotary_factor", hf.get("rotary_pct", default_fraction)))
     if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) \
             or not 0 < fraction <= 1:
         raise ForeignCheckpointError(f"{config_file}: partial_rotary_factor={fraction!r}: "

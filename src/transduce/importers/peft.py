@@ -63,7 +63,7 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
         raise ForeignCheckpointError(f"{base}: arch {arch!r}; a PEFT adapter is merged into a "
                                      f"Transformer")
     if is_gpt_neox_layout(base_config):
-        raise ForeignCheckpointError(f"{base}: the adapters of a GPT-NeoX or StableLM model "
+        raise ForeignCheckpointError(f"{base}: the adapters of a GPT-NeoX, StableLM or Phi model "
                                      f"(each head's query and key rows in their order) are "
                                      f"not merged here; merge them with PEFT's "
                                      f"merge_and_unload and import the merged model")

@@ -107,7 +107,7 @@ def is_bloom_layout(config: ModelConfig) -> bool:
 
 
 def is_gpt_neox_layout(config: ModelConfig) -> bool:
-    """Our language models that export as GPT-NeoX or StableLM
+    """Our language models that export as GPT-NeoX, StableLM or Phi
     (export/hf_decoder.decoder_family): rotary positions with LayerNorms, on part of
     each head, or parallel residuals."""
     return config.arch == "decoder" and config.positional == "rotary" and (

@@ -88,7 +88,10 @@ class DecoderOnly(CountedParameters, nn.Module):
         c = self.config = config
         embedding = nn.Embedding(c.tgt_vocab_size, c.d_model)
         init_embeddings([embedding], c.pad_id)
-        self.output_proj = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
+        # (output_bias: a trained bias per token, Phi's lm_head)
+        self.output_proj = nn.Linear(c.d_model, c.tgt_vocab_size, bias=c.output_bias)
+        if c.output_bias:
+            nn.init.zeros_(self.output_proj.bias)
         if c.tie_embeddings != "none":
             self.output_proj.weight = embedding.weight
         embed = TokenEmbedding(embedding, positional_encoding(c), c.dropout,

@@ -291,6 +291,7 @@ class _LayerStep(nn.Module):
     def __init__(self, layer: nn.Module, kernel: bool):
         super().__init__()
         self.norm_first, self.parallel = layer.norm_first, layer.parallel
+        self.shared_norm = layer.shared_norm
         self.norm1, self.norm2, self.norm3 = layer.norm1, layer.norm2, layer.norm3
         # the one-query kernel has no cap: a capped layer's runs are calls of their own
         by_kernel = kernel and layer.self_attn.softcap is None
@@ -315,10 +316,12 @@ class _LayerStep(nn.Module):
         memory_k and memory_v are empty without cross-attention (N is 1 with it)."""
         # norm2 is None exactly when cross_attention is; TorchScript needs both tested.
         if self.parallel:        # the attention and the FFN over the same input
-            h, k_cache, v_cache = self.self_attention(self.norm1(x), k_cache, v_cache, length,
+            normed = self.norm1(x)
+            h, k_cache, v_cache = self.self_attention(normed, k_cache, v_cache, length,
                                                       kept, band, self_mask, runs, row_starts,
                                                       positions)
-            return x + h + self.feed_forward(self.norm3(x)), k_cache, v_cache
+            ffn_input = normed if self.shared_norm else self.norm3(x)
+            return x + h + self.feed_forward(ffn_input), k_cache, v_cache
         if self.norm_first:
             h, k_cache, v_cache = self.self_attention(self.norm1(x), k_cache, v_cache, length,
                                                       kept, band, self_mask, runs, row_starts,

@@ -6,8 +6,9 @@ final norm, which Encoder and Decoder add. Sandwich (sandwich_norm, Gemma's):
 x = x + Dropout(PostNorm(Sublayer(Norm(x)))), or without the input's norm (input_norms
 False, OLMo 2's) x = x + Dropout(PostNorm(Sublayer(x))). Parallel (parallel_residual,
 GPT-NeoX's):
-x = x + Dropout(Attn(Norm1(x))) + Dropout(FFN(Norm3(x))). Norm is LayerNorm, or RMSNorm
-(config.norm).
+x = x + Dropout(Attn(Norm1(x))) + Dropout(FFN(Norm3(x))), or with one norm (shared_norm,
+Phi's) x = x + Dropout(Attn(Norm1(x))) + Dropout(FFN(Norm1(x))). Norm is LayerNorm, or
+RMSNorm (config.norm).
 Shapes: hidden states (B, T, C); the source memory (B, S, C).
 """
 
@@ -151,11 +152,13 @@ class DecoderLayer(nn.Module):
         # (input_norms False: the sub-layers read x as it is, OLMo 2's)
         self.norm1 = norm_module(c) if c.input_norms else nn.Identity()
         self.norm2 = norm_module(c) if cross_attention else None
-        self.norm3 = norm_module(c) if c.input_norms else nn.Identity()
+        # (shared_norm: the FFN reads norm1's output, Phi's)
+        self.norm3 = norm_module(c) if c.input_norms and not c.shared_norm else nn.Identity()
         self.post_norm1, self.post_norm3 = sandwich_norm(c), sandwich_norm(c)
         self.post_norm2 = sandwich_norm(c) if cross_attention else None
         self.dropout = Dropout(c.dropout)
         self.norm_first, self.parallel = c.norm_first, c.parallel_residual
+        self.shared_norm = c.shared_norm
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor] | None,
                 memory_mask: Tensor | None, *, tgt_mask: Tensor | None = None,
@@ -177,8 +180,9 @@ class DecoderLayer(nn.Module):
             return self.cross_attn(h, memory_mask, kv=memory_kv)
 
         if self.parallel:         # (no cross-attention, no sandwich norms: the config's)
-            return x + self.dropout(self_attention(self.norm1(x))) + \
-                self.dropout(self.ffn(self.norm3(x)))
+            h = self.norm1(x)
+            return x + self.dropout(self_attention(h)) + \
+                self.dropout(self.ffn(h if self.shared_norm else self.norm3(x)))
         if self.norm_first:
             x = x + self.dropout(post_norm(self.post_norm1, self_attention(self.norm1(x))))
             if self.cross_attn is not None:
