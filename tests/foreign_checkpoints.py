@@ -164,10 +164,13 @@ def assert_same_onnx_logits(hf, out, tmp_path, atol):
     assert_same_logits(hf, WholePass(), atol=atol)
 
 
-def assert_peft_adapter_merges(ours, out, tmp_path, atol):
+LLAMA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def assert_peft_adapter_merges(ours, out, tmp_path, atol, modules=LLAMA_MODULES):
     """A LoRA adapter PEFT made on the Hugging Face directory `out` was imported from
-    (every projection, B drawn), merged by `import peft` into the import: the merge
-    computes PEFT's logits, which differ from the import's."""
+    (on `modules`, B drawn), merged by `import peft` into the import: the merge computes
+    PEFT's logits, which differ from the import's."""
     peft = pytest.importorskip("peft")
     import transformers
 
@@ -177,8 +180,7 @@ def assert_peft_adapter_merges(ours, out, tmp_path, atol):
     from transduce.model import load_model
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoint.read_origin(out)["from"])
-    config = peft.LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM", target_modules=[
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    config = peft.LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM", target_modules=modules)
     theirs = with_drawn_adapters(hf, config, tmp_path / "adapter")
     merged = load_model(import_peft(tmp_path / "adapter", out, tmp_path / "merged"))
     tokens = torch.randint(3, ours.config.tgt_vocab_size, (2, 12))
@@ -186,6 +188,28 @@ def assert_peft_adapter_merges(ours, out, tmp_path, atol):
         expected = theirs(tokens).logits
         torch.testing.assert_close(merged(tokens), expected, atol=atol, rtol=1e-5)
         assert (ours(tokens) - expected).abs().max() > 1e-2          # the adapter counts
+
+
+def assert_a_lora_run_goes_to_peft(hf_dir, importer, counting, tmp_path, atol=1e-4):
+    """A LoRA run (q, k, v, o and the feed-forward network) on the import of `hf_dir`,
+    written by `export peft`: PEFT puts the adapters on the transformers model and
+    computes the run's logits, which differ from the base's."""
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    from tests.test_peft import lora_run
+    from transduce.export import export_peft
+    from transduce.model import load_model
+
+    run = lora_run(hf_dir, importer, counting, tmp_path, "q,k,v,o,ffn")
+    adapter = export_peft(run, tmp_path / "adapter")
+    with torch.no_grad():
+        base = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+        ids = torch.randint(3, base.config.vocab_size, (2, 9))
+        before = base(ids).logits
+        adapted = peft.PeftModel.from_pretrained(base, adapter).eval()(ids).logits
+        assert (adapted - before).abs().max() > 1e-3          # the adapters change something
+        torch.testing.assert_close(adapted, load_model(run)(ids), rtol=1e-4, atol=atol)
 
 
 def assert_the_command_generates_as_transformers(hf, out, command, capsys, pad_id):

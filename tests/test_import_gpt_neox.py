@@ -2,20 +2,22 @@
 transformers.GPTNeoXForCausalLM computes (logits, left-padded batches, greedy generation
 through the cache, perplexity) with parallel residuals or not and rotary positions on a
 quarter of each head or all of it; configs of transformers 4 (rotary_pct) read alike;
-the exports to transformers, CTranslate2 and ONNX compute it again; what we cannot
-reproduce is refused by name with nothing written."""
+the exports to transformers, CTranslate2 and ONNX compute it again, and PEFT's adapters go
+both ways; what we cannot reproduce is refused by name with nothing written."""
 
 import json
 
 import pytest
 import torch
 
-from tests.foreign_checkpoints import assert_refused, assert_same_ctranslate2_tokens, \
+from tests.foreign_checkpoints import assert_a_lora_run_goes_to_peft, \
+    assert_peft_adapter_merges, assert_refused, assert_same_ctranslate2_tokens, \
     assert_same_greedy_tokens, assert_same_logits, assert_same_onnx_logits, \
     assert_same_perplexity, assert_the_command_generates_as_transformers, damaged
+from tests.train.test_lm import counting  # noqa: F401 - a fixture
 from transduce import checkpoint
 from transduce.cli import main
-from transduce.importers import ForeignCheckpointError, import_gpt_neox
+from transduce.importers import import_gpt_neox
 from transduce.model import DecoderOnly, load_model
 
 transformers = pytest.importorskip("transformers")
@@ -182,18 +184,17 @@ def test_the_onnx_export_computes_transformers_logits(imported, tmp_path):
     assert_same_onnx_logits(hf, out, tmp_path, atol=2e-5)
 
 
-def test_a_peft_adapter_is_refused_with_the_way_to_merge_it(imported, tmp_path):
-    """GPT-NeoX's adapters sit on its fused query_key_value, each head's rows in its
-    order: the merge is refused, naming PEFT's own and the import after it."""
-    from transduce.importers import import_peft
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_a_peft_adapter_merges_into_the_import(imported, tmp_path):
+    """PEFT's LoRA on GPT-NeoX's fused query_key_value (each head's query, key and value
+    rows together, the query and key rows in its rotary order), dense and MLP."""
+    _, ours, out = imported
+    assert_peft_adapter_merges(ours, out, tmp_path, atol=1e-4, modules=[
+        "query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"])
 
-    _, _, out = imported
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": 2, "lora_alpha": 2,
-         "target_modules": ["query_key_value"]}))
-    with pytest.raises(ForeignCheckpointError, match="merge them with PEFT's merge_and_unload "
-                                                     "and import the merged model"):
-        import_peft(adapter, out, tmp_path / "merged")
-    assert not (tmp_path / "merged").exists()
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_a_lora_run_goes_to_peft(small_hf, counting, tmp_path):  # noqa: F811
+    """`export peft` of a LoRA run on the import: q, k and v's adapters one of rank 3r on
+    query_key_value, B's rows head by head and in GPT-NeoX's rotary order."""
+    assert_a_lora_run_goes_to_peft(small_hf, import_gpt_neox, counting, tmp_path)

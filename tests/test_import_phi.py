@@ -3,13 +3,14 @@ transformers.PhiForCausalLM computes (logits, left-padded batches, greedy genera
 through the cache, perplexity) with its parallel layers over one norm, rotary positions
 on part of each head and the output's bias, and the other layout its config allows
 (norms of the queries and keys, grouped heads, half of each head rotated, tied output); the
-exports to transformers, CTranslate2 and ONNX compute it again; what we cannot
-reproduce is refused by name with nothing written."""
+exports to transformers, CTranslate2 and ONNX compute it again, and PEFT's adapters go both
+ways; what we cannot reproduce is refused by name with nothing written."""
 
 import pytest
 import torch
 
-from tests.foreign_checkpoints import assert_refused, assert_same_ctranslate2_tokens, \
+from tests.foreign_checkpoints import assert_a_lora_run_goes_to_peft, \
+    assert_peft_adapter_merges, assert_refused, assert_same_ctranslate2_tokens, \
     assert_same_greedy_tokens, assert_same_logits, assert_same_onnx_logits, \
     assert_same_perplexity, assert_the_command_generates_as_transformers, damaged
 from transduce.cli import main
@@ -91,7 +92,7 @@ def test_the_command_generates_what_transformers_generates(imported, capsys):
     assert_the_command_generates_as_transformers(hf, out, "hf-phi", capsys, pad_id=0)
 
 
-def test_fine_tuning_trains_the_output_bias_and_exports_as_phi(imported, counting,
+def test_fine_tuning_trains_the_output_bias_and_exports_as_phi(imported, counting,  # noqa: F811
                                                               tmp_path):
     """`train --init` of the import: Phi's lm_head bias is a parameter the fused loss
     reaches (Marian's final_logits_bias stays fixed), and the tuned model exports as
@@ -173,3 +174,19 @@ def test_the_onnx_export_computes_transformers_logits(imported, tmp_path):
     too."""
     hf, _, out = imported
     assert_same_onnx_logits(hf, out, tmp_path, atol=2e-5)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_a_peft_adapter_merges_into_the_import(imported, tmp_path):
+    """PEFT's LoRA on Phi's names (dense, fc1, fc2), the query and key rows in its rotary
+    order."""
+    _, ours, out = imported
+    assert_peft_adapter_merges(ours, out, tmp_path, atol=1e-4, modules=[
+        "q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"])
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_a_lora_run_goes_to_peft(small_hf, counting, tmp_path):  # noqa: F811
+    """`export peft` of a LoRA run on the import: B's query and key rows in Phi's rotary
+    order."""
+    assert_a_lora_run_goes_to_peft(small_hf, import_phi, counting, tmp_path)

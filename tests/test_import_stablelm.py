@@ -2,15 +2,17 @@
 transformers.StableLmForCausalLM computes (logits, left-padded batches, greedy
 generation through the cache) with query, key and value biases or none, grouped-query
 attention, rotary positions on a quarter of each head or all of it; the exports to
-transformers, CTranslate2 and ONNX compute it again; what we cannot reproduce is refused
-by name with nothing written. (The tokenizer's reading is GPT-NeoX's:
-test_import_gpt_neox.py.)"""
+transformers, CTranslate2 and ONNX compute it again, and PEFT's adapters go both ways;
+what we cannot reproduce is refused by name with nothing written. (The tokenizer's
+reading is GPT-NeoX's: test_import_gpt_neox.py.)"""
 
 import pytest
 import torch
 
-from tests.foreign_checkpoints import assert_refused, assert_same_ctranslate2_tokens, \
+from tests.foreign_checkpoints import assert_a_lora_run_goes_to_peft, \
+    assert_peft_adapter_merges, assert_refused, assert_same_ctranslate2_tokens, \
     assert_same_greedy_tokens, assert_same_logits, assert_same_onnx_logits, damaged
+from tests.train.test_lm import counting  # noqa: F401 - a fixture
 from transduce.cli import main
 from transduce.importers import import_stablelm
 from transduce.model import DecoderOnly, load_model
@@ -115,3 +117,17 @@ def small_hf(neox_tokenizer, tmp_path_factory):
 def test_refuses_options_it_cannot_reproduce(small_hf, tmp_path, change, message):
     directory = damaged(small_hf, tmp_path, config=lambda c: c.update(change))
     assert_refused(import_stablelm, directory, tmp_path, message)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_a_peft_adapter_merges_into_the_import(imported, tmp_path):
+    """PEFT's LoRA on Llama's names, the query and key rows in StableLM's rotary order."""
+    _, ours, out = imported
+    assert_peft_adapter_merges(ours, out, tmp_path, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_a_lora_run_goes_to_peft(small_hf, counting, tmp_path):  # noqa: F811
+    """`export peft` of a LoRA run on the import: B's query and key rows in StableLM's
+    rotary order."""
+    assert_a_lora_run_goes_to_peft(small_hf, import_stablelm, counting, tmp_path)

@@ -42,6 +42,7 @@ from transduce.export.hf_olmo2 import OLMO2, olmo2_config, olmo2_problems, olmo2
 from transduce.export.hf_phi import PHI, phi_config, phi_problems, phi_state_dict
 from transduce.export.hf_stablelm import STABLELM, stablelm_config, stablelm_problems, \
     stablelm_state_dict
+from transduce.importers.peft_layout import is_gpt_neox_layout, neox_family
 from transduce.model import DecoderOnly
 
 LLAMA = Family("Llama", "LlamaForCausalLM", "LlamaConfig", "llama")
@@ -70,10 +71,8 @@ def decoder_family(config: ModelConfig) -> Family:
         return BLOOM
     if config.positional != "rotary":
         return GPT2
-    if config.shared_norm or config.output_bias:
-        return PHI
-    if config.norm == "layer" or config.parallel_residual or config.rotary_dims:
-        return STABLELM if config.gated_ffn and not config.parallel_residual else GPT_NEOX
+    if is_gpt_neox_layout(config):
+        return {"phi": PHI, "stablelm": STABLELM, "gpt_neox": GPT_NEOX}[neox_family(config)]
     if not config.input_norms or config.qk_norm_across_heads:
         return OLMO2
     if config.sandwich_norm:

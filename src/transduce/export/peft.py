@@ -12,7 +12,8 @@ GPT-2's q, k and v are one module, c_attn: our three adapters of rank r (or thos
 them that were trained) become one of rank 3r there, A stacked and B block-diagonal,
 which adds the same three updates; its rank and alpha are given in rank_pattern and
 alpha_pattern, so that alpha / rank is the run's scale everywhere. BLOOM's
-query_key_value likewise, B's rows then put head by head as its weight's are, and
+query_key_value likewise, B's rows then put head by head as its weight's are (GPT-NeoX's
+too, each head's query and key rows in its rotary order, as StableLM's and Phi's), and
 ModernBERT's Wqkv (q, k, v) and Wi (linear1, linear3: rank 2r), whose classifiers,
 taggers and answerers train its head (our pooler and its norm) and classifier whole.
 """
@@ -35,8 +36,8 @@ from transduce.export.hf_decoder import check_decoder_exportable
 from transduce.export.hf_encoder import check_bert_exportable, hf_state_dict
 from transduce.importers.encoder_names import encoder_names
 from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX,
-                                              Place, fused_rows, fused_sizes, is_gpt2_layout,
-                                              is_gpt_neox_layout, place_of, residual_order,
+                                              Place, fused_rows, fused_sizes, in_rotary_order,
+                                              is_gpt2_layout, place_of, residual_order,
                                               translation_family)
 from transduce.model import empty_model, load_model
 from transduce.written import write_export_marker
@@ -55,10 +56,6 @@ def export_peft(path: Path | str, out: Path | str) -> Path:
     if config.arch.startswith("rnn"):
         raise ExportError(f"{path}: export peft writes a Transformer's adapters; this is arch "
                           f"{config.arch!r}")
-    if is_gpt_neox_layout(config):
-        raise ExportError(f"{path}: export peft does not write the adapters of a model "
-                          f"that exports as GPT-NeoX, StableLM or Phi (each head's query and key "
-                          f"rows reordered); export hf writes the model with them merged")
     _check_base_exportable(path, config)
     try:
         adapters = load_file(str(path / checkpoint.ADAPTERS))
@@ -147,7 +144,7 @@ def _module_adapters(config: ModelConfig, adapters: dict[str, Tensor], rank: int
             layer = name.removesuffix(".lora_a")
             place = place_of(config, layer)
             parts[place.module][place.part] = _as_exported(
-                place, adapters[name], adapters[f"{layer}.lora_b"], order)
+                place, adapters[name], adapters[f"{layer}.lora_b"], order, config)
     modules = {}
     for module, held in parts.items():
         sizes = fused_sizes(config, module)
@@ -165,15 +162,18 @@ def _module_adapters(config: ModelConfig, adapters: dict[str, Tensor], rank: int
     return modules
 
 
-def _as_exported(place: Place, a: Tensor, b: Tensor, order: Tensor | None
-                 ) -> tuple[Tensor, Tensor]:
+def _as_exported(place: Place, a: Tensor, b: Tensor, order: Tensor | None,
+                 config: ModelConfig) -> tuple[Tensor, Tensor]:
     """An adapter (A (r, in), B (out, r)) as `export hf` changes its layer's weight: the
-    model dimension permuted by `order` where the layer reads or writes it, B scaled as
-    the weight is (their update, scale * B A, is then the exported weight's)."""
+    model dimension permuted by `order` where the layer reads or writes it, each head's
+    query and key rows in the format's rotary order, B scaled as the weight is (their
+    update, scale * B A, is then the exported weight's)."""
     if order is not None and place.reads_residual:
         a = a[:, order]
     if order is not None and place.writes_residual:
         b = b[order]
+    if place.rotary_rows:
+        b = in_rotary_order(b, config, theirs=True)
     return a, (b * place.weight_scale if place.weight_scale != 1 else b)
 
 

@@ -1,16 +1,18 @@
 """A PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors) trained on a
-Hugging Face Llama, Mistral, Qwen2, GPT-2, BLOOM, BERT, RoBERTa, DistilBERT, ELECTRA,
-Marian, NLLB, mBART-50 or T5 model -> our checkpoint of that model, imported (`import
-hf-llama`, `hf-gpt2`, `hf-bloom`, `hf-bert`, `hf-roberta`, `hf-distilbert`, `hf-electra`,
-`hf-marian`, `hf-nllb`, `hf-mbart`, `hf-t5`) or the one `export hf` wrote it from, with
-the adapter merged into its weights.
+Hugging Face Llama, Mistral, Qwen2, GPT-2, BLOOM, GPT-NeoX, StableLM, Phi, BERT, RoBERTa,
+DistilBERT, ELECTRA, Marian, NLLB, mBART-50 or T5 model -> our checkpoint of that model,
+imported (`import hf-llama`, `hf-gpt2`, `hf-bloom`, `hf-gpt-neox`, `hf-stablelm`,
+`hf-phi`, `hf-bert`, `hf-roberta`, `hf-distilbert`, `hf-electra`, `hf-marian`,
+`hf-nllb`, `hf-mbart`, `hf-t5`) or the one `export hf` wrote it from, with the adapter
+merged into its weights.
 
 Each adapted module's update, scale * B A with scale = alpha / r (alpha / sqrt(r) with
 use_rslora; rank_pattern and alpha_pattern read as PEFT reads them), is added to the weight
 of the layer (importers/peft_layout.py) it sits on, in our layout (Marian's and Pegasus's
-model dimension permuted back, T5's queries scaled back); GPT-2's c_attn's rows go to q, k
-and v, as Phi-3's qkv_proj's do (BLOOM's query_key_value's, head by head, likewise), and
-its gate_up_proj's to the gate and up projections.
+model dimension permuted back, T5's queries scaled back, GPT-NeoX's, StableLM's and Phi's
+query and key rows put in our order of each head's features); GPT-2's c_attn's rows go to
+q, k and v, as Phi-3's qkv_proj's do (BLOOM's and GPT-NeoX's query_key_value's, head by
+head, likewise), and its gate_up_proj's to the gate and up projections.
 A sequence classifier's head and pooler, trained whole (modules_to_save), replace the
 base's (importers/peft_heads.py); a language model's adapters on lm_head and its token
 embedding go to its output projection and embedding (importers/peft_vocabulary.py). What
@@ -32,13 +34,14 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from transduce import checkpoint
+from transduce.config import ModelConfig
 from transduce.importers import ForeignCheckpointError
 from transduce.importers.hf_gemma import PROJECTION_FACTOR
 from transduce.importers.hf_gpt2 import _read_json
 from transduce.importers.peft_heads import HEAD_KINDS, check_modules_to_save, with_heads
 from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, Place,
-                                              fused_place_of, fused_rows, is_adaptable,
-                                              is_gpt_neox_layout, place_of, residual_order)
+                                              fused_place_of, fused_rows, in_rotary_order,
+                                              is_adaptable, place_of, residual_order)
 from transduce.importers.peft_vocabulary import VOCABULARY_MODULES, vocabulary_updates
 from transduce.model import load_model
 
@@ -62,11 +65,6 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
     if arch.startswith("rnn"):
         raise ForeignCheckpointError(f"{base}: arch {arch!r}; a PEFT adapter is merged into a "
                                      f"Transformer")
-    if is_gpt_neox_layout(base_config):
-        raise ForeignCheckpointError(f"{base}: the adapters of a GPT-NeoX, StableLM or Phi model "
-                                     f"(each head's query and key rows in their order) are "
-                                     f"not merged here; merge them with PEFT's "
-                                     f"merge_and_unload and import the merged model")
     check_modules_to_save(settings, arch, adapter_dir / ADAPTER_CONFIG)
     tensors = _read_tensors(adapter_dir, bool(settings.get("modules_to_save")))
     model = load_model(base)
@@ -87,7 +85,7 @@ def import_peft(adapter_dir: Path | str, base: Path | str, out: Path | str) -> P
         rows = fused_rows(model.config, module)      # BLOOM's, head by head: [q; k; v]
         if rows is not None:
             delta = delta[rows.argsort()]
-        _add_update(_our_layers(layers, module, adapter_dir), delta, order,
+        _add_update(_our_layers(layers, module, adapter_dir), delta, order, model.config,
                     f"{adapter_dir / ADAPTER_WEIGHTS}: {module}'s update")
     tokenizer = base / ("tokenizer.json" if checkpoint.holds_tokenizer_json(base)
                         else checkpoint.TOKENIZER)
@@ -226,7 +224,7 @@ def _our_layers(layers: dict, module: str, adapter_dir: Path) -> list:
     (LlamaModel's "layers.0..." is LlamaForCausalLM's "model.layers.0...", BertModel's
     "encoder.layer.0..." BertForSequenceClassification's "bert.encoder.layer.0...")."""
     for name in (module, *(f"{prefix}.{module}" for prefix in ("model", "transformer", "bert",
-                                                               "roberta"))):
+                                                               "roberta", "gpt_neox"))):
         if name in layers:
             return layers[name]
     raise ForeignCheckpointError(f"{adapter_dir / ADAPTER_WEIGHTS}: an adapter on {module}, "
@@ -235,11 +233,13 @@ def _our_layers(layers: dict, module: str, adapter_dir: Path) -> list:
 
 
 @torch.no_grad()
-def _add_update(found: list, delta: Tensor, order: Tensor | None, what: str) -> None:
+def _add_update(found: list, delta: Tensor, order: Tensor | None, config: ModelConfig,
+                what: str) -> None:
     """Add a module's update (out, in) to the weights of our layers in it: all of it to
     one layer, or each part's rows to its own (GPT-2's c_attn's q, k and v; Phi-3's
     qkv_proj's and gate_up_proj's); in our layout where the export changes a weight
-    (`order`: its permutation of the model dimension)."""
+    (`order`: its permutation of the model dimension; each head's query and key rows in
+    the format's rotary order)."""
     sizes = tuple(layer.weight.shape[0] for _, layer in sorted(found, key=lambda f: f[0].part))
     expected = (sum(sizes), found[0][1].weight.shape[1])
     if tuple(delta.shape) != expected:
@@ -252,5 +252,7 @@ def _add_update(found: list, delta: Tensor, order: Tensor | None, what: str) -> 
             update = update[:, order.argsort()]
         if order is not None and place.writes_residual:
             update = update[order.argsort()]
+        if place.rotary_rows:
+            update = in_rotary_order(update, config, theirs=False)
         layer.weight += update.to(layer.weight.dtype)
 

@@ -2,7 +2,10 @@
 language model's adapted layers is a module of LlamaForCausalLM (Mistral's and Qwen2's
 names are Llama's), of GPT2LMHeadModel, whose c_attn holds q, k and v in one Conv1D, or
 of BloomForCausalLM, whose query_key_value holds them head by head (each head's query,
-key and value rows together);
+key and value rows together), of GPTNeoXForCausalLM (the same way), StableLmForCausalLM
+(Llama's names) or PhiForCausalLM, whose query and key rows are each head's in their
+rotary order (positional.partial_rotary_order: an update's rows are reordered as the
+weight's);
 an encoder's, a module of BERT's, RoBERTa's or DistilBERT's layers (bert. or roberta.
 before encoder.layer.N.attention.self.query, .key, .value, attention.output.dense,
 intermediate.dense, output.dense; distilbert. before transformer.layer.N.attention.q_lin,
@@ -21,10 +24,16 @@ Pegasus, NLLB (M2M100) and mBART, T5's.
     ffn.linear3               mlp.up_proj               -
     ffn.linear2               mlp.down_proj             mlp.c_proj
 
-    ours (decoder.layers.N.)  BLOOM (transformer.h.N.)
-    self_attn.q_proj          self_attention.query_key_value, rows (H, 3, D)[:, 0]
-    self_attn.out_proj        self_attention.dense
-    ffn.linear1, linear2      mlp.dense_h_to_4h, mlp.dense_4h_to_h
+    ours (decoder.layers.N.)  BLOOM (transformer.h.N.)   GPT-NeoX (gpt_neox.layers.N.)
+    self_attn.q_proj          self_attention.query_key_value, attention.query_key_value,
+                              rows (H, 3, D)[:, 0]       rows (H, 3, D)[:, 0]
+    self_attn.out_proj        self_attention.dense      attention.dense
+    ffn.linear1, linear2      mlp.dense_h_to_4h, mlp.dense_4h_to_h (both)
+
+    ours (decoder.layers.N.)  Phi (model.layers.N.)
+    self_attn.q_proj          self_attn.q_proj (and k_proj, v_proj)
+    self_attn.out_proj        self_attn.dense
+    ffn.linear1, linear2      mlp.fc1, mlp.fc2
 
     ours ({stack}.layers.N.)  BART (model.{stack}.layers.N.)  T5 ({stack}.block.N.)
     self_attn.q_proj          self_attn.q_proj                layer.0.SelfAttention.q
@@ -54,7 +63,7 @@ from torch import Tensor
 
 from transduce.config import ModelConfig
 from transduce.importers.encoder_names import encoder_names
-from transduce.model.positional import sines_first_permutation
+from transduce.model.positional import partial_rotary_order, sines_first_permutation
 
 PREFIX = "base_model.model."
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -69,6 +78,12 @@ GPT2_NAMES = {"self_attn.out_proj": "attn.c_proj", "ffn.linear1": "mlp.c_fc",
 GPT2_QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")   # c_attn's parts
 BLOOM_NAMES = {"self_attn.out_proj": "self_attention.dense", "ffn.linear1": "mlp.dense_h_to_4h",
                "ffn.linear2": "mlp.dense_4h_to_h"}
+NEOX_NAMES = {"self_attn.out_proj": "attention.dense", "ffn.linear1": "mlp.dense_h_to_4h",
+              "ffn.linear2": "mlp.dense_4h_to_h"}
+PHI_NAMES = {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.k_proj",
+             "self_attn.v_proj": "self_attn.v_proj", "self_attn.out_proj": "self_attn.dense",
+             "ffn.linear1": "mlp.fc1", "ffn.linear2": "mlp.fc2"}
+ROTARY_ROWS = ("self_attn.q_proj", "self_attn.k_proj")
 FUSED_QKV = ("c_attn", "query_key_value", "Wqkv")     # the modules that hold q, k and v
 FUSED_GATE = ("Wi",)            # ModernBERT's: the feed-forward input and gate (linear1, 3)
 BART_NAMES = {"self_attn": "self_attn", "cross_attn": "encoder_attn", "q_proj": "q_proj",
@@ -87,13 +102,16 @@ class Place:
     """A Hugging Face module, and which of its output parts one of our layers is (GPT-2's
     c_attn: q, k, v in that order; every other module is one part, 0); whether the layer
     reads or writes the model dimension, which an export may permute (residual_order);
-    and the factor their weight carries over ours (T5's queries: d_kv^-0.5)."""
+    the factor their weight carries over ours (T5's queries: d_kv^-0.5); and whether
+    its rows are each head's in the format's rotary order (rotary_rows: GPT-NeoX's,
+    StableLM's and Phi's queries and keys)."""
 
     module: str
     part: int = 0
     reads_residual: bool = False
     writes_residual: bool = False
     weight_scale: float = 1.0
+    rotary_rows: bool = False
 
 
 def is_gpt2_layout(config: ModelConfig) -> bool:
@@ -108,16 +126,37 @@ def is_bloom_layout(config: ModelConfig) -> bool:
 
 def is_gpt_neox_layout(config: ModelConfig) -> bool:
     """Our language models that export as GPT-NeoX, StableLM or Phi
-    (export/hf_decoder.decoder_family): rotary positions with LayerNorms, on part of
-    each head, or parallel residuals."""
+    (export/hf_decoder.decoder_family, neox_family): rotary positions with LayerNorms, on
+    part of each head, parallel residuals or an output bias."""
     return config.arch == "decoder" and config.positional == "rotary" and (
-        config.norm == "layer" or config.parallel_residual or config.rotary_dims is not None)
+        config.norm == "layer" or config.parallel_residual or config.rotary_dims is not None
+        or config.output_bias)
+
+
+def neox_family(config: ModelConfig) -> str:
+    """Which format holds a language model of that layout (is_gpt_neox_layout): "phi"
+    for parallel residuals over one norm or an output bias, "stablelm" for gated
+    feed-forward networks one after the attention, "gpt_neox" for the rest."""
+    if config.shared_norm or config.output_bias:
+        return "phi"
+    return "stablelm" if config.gated_ffn and not config.parallel_residual else "gpt_neox"
+
+
+def in_rotary_order(rows: Tensor, config: ModelConfig, *, theirs: bool) -> Tensor:
+    """A query or key projection's rows (H * D, ...), each head's in our order -> in the
+    format's (theirs), or back (not theirs): positional.partial_rotary_order."""
+    dim = config.head_dim
+    order = partial_rotary_order(dim, config.rotary_dims or dim)
+    if theirs:
+        order = order.argsort()
+    return rows.reshape(-1, dim, *rows.shape[1:])[:, order].reshape(rows.shape)
 
 
 def fused_rows(config: ModelConfig, module: str) -> Tensor | None:
     """perm, with a fused q, k, v module's rows = [q; k; v][perm], where they are not in
-    that order: BLOOM's query_key_value, head by head; None elsewhere."""
-    if not (is_bloom_layout(config) and module.endswith("query_key_value")):
+    that order: BLOOM's and GPT-NeoX's query_key_value, head by head; None elsewhere."""
+    if not ((is_bloom_layout(config) or is_gpt_neox_layout(config))
+            and module.endswith("query_key_value")):
         return None
     heads, size = config.num_heads, config.head_dim
     return torch.arange(3 * heads * size).reshape(3, heads, size).transpose(0, 1).reshape(-1)
@@ -165,6 +204,8 @@ def place_of(config: ModelConfig, layer: str) -> Place:
                      names.parts.get(ours, 0))
     if is_bloom_layout(config):
         return _bloom_place(layer, int(index), ours)
+    if is_gpt_neox_layout(config):
+        return _neox_place(config, layer, int(index), ours)
     if not is_gpt2_layout(config):
         return Place(f"model.layers.{index}.{LLAMA_NAMES[ours]}")
     if ours in GPT2_QKV:
@@ -181,6 +222,22 @@ def _bloom_place(layer: str, index: int, ours: str) -> Place:
     if ours not in BLOOM_NAMES:
         raise ValueError(f"{layer}: BLOOM's feed-forward network has no third matrix")
     return Place(f"transformer.h.{index}.{BLOOM_NAMES[ours]}")
+
+
+def _neox_place(config: ModelConfig, layer: str, index: int, ours: str) -> Place:
+    """GPT-NeoX's (q, k, v fused head by head), StableLM's (Llama's names) or Phi's."""
+    family = neox_family(config)
+    rotary = ours in ROTARY_ROWS
+    if family == "gpt_neox" and ours in GPT2_QKV:
+        return Place(f"gpt_neox.layers.{index}.attention.query_key_value",
+                     GPT2_QKV.index(ours), rotary_rows=rotary)
+    prefix, names = {"gpt_neox": ("gpt_neox.layers", NEOX_NAMES),
+                     "stablelm": ("model.layers", LLAMA_NAMES),
+                     "phi": ("model.layers", PHI_NAMES)}[family]
+    if ours not in names:
+        name = "GPT-NeoX" if family == "gpt_neox" else "Phi"
+        raise ValueError(f"{layer}: {name}'s feed-forward network has no third matrix")
+    return Place(f"{prefix}.{index}.{names[ours]}", rotary_rows=rotary)
 
 
 def _translation_place(config: ModelConfig, layer: str, stack: str, index: int, ours: str
@@ -218,7 +275,7 @@ def fused_place_of(config: ModelConfig, layer: str) -> Place | None:
     split the same way); None for a layer it holds alone or another layout's."""
     found = _LAYER.match(layer)
     if found is None or config.arch != "decoder" or is_gpt2_layout(config) \
-            or is_bloom_layout(config):
+            or is_bloom_layout(config) or is_gpt_neox_layout(config):
         return None
     _, index, ours = found.groups()
     if ours not in PHI3_FUSED:
