@@ -27,6 +27,28 @@ def damaged(small_hf, tmp_path, config=None, weights=None):
     return directory
 
 
+def tokenizer_size(tokenizer_dir):
+    """The number of tokens of the tokenizer.json in `tokenizer_dir`."""
+    tokenizers = pytest.importorskip("tokenizers")
+    return tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
+
+
+def saved_with_drawn_norms(model, directory, tokenizer_dir, norms):
+    """A random transformers language model, its norms' gains (parameters whose names hold
+    one of `norms`) drawn around 1 and every bias around 0 so that each counts, saved
+    with save_pretrained at `directory` beside the tokenizer's files -> the model."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if any(norm in name for norm in norms):
+                parameter.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
+            elif name.endswith("bias"):
+                parameter.normal_(0.0, 0.2)
+    model.save_pretrained(directory)
+    for file in tokenizer_dir.iterdir():
+        (directory / file.name).write_bytes(file.read_bytes())
+    return model
+
+
 def hf_outputs(hf, ids, mask):
     """A transformers encoder's outputs over padded rows ids (B, T) with their real
     tokens mask (B, T), every layer's hidden states included."""

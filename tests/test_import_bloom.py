@@ -15,7 +15,8 @@ from transduce.importers import import_bloom
 from transduce.model import DecoderOnly, load_model
 from tests.foreign_checkpoints import assert_refused, assert_same_ctranslate2_tokens, \
     assert_same_greedy_tokens, assert_same_logits, assert_same_onnx_logits, \
-    assert_same_perplexity, assert_the_command_generates_as_transformers, damaged
+    assert_same_perplexity, assert_the_command_generates_as_transformers, damaged, \
+    saved_with_drawn_norms
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -50,17 +51,8 @@ def hf_checkpoint(directory, tokenizer_dir, seed=0, **config):
     hf_config = transformers.BloomConfig(vocab_size=vocab.get_vocab_size(), bos_token_id=1,
                                          eos_token_id=2, pad_token_id=3,
                                          initializer_range=0.2, **config)
-    model = transformers.BloomForCausalLM(hf_config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "layernorm" in name or "ln_f" in name:
-                parameter.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
-            elif name.endswith("bias"):
-                parameter.normal_(0.0, 0.2)
-    model.save_pretrained(directory)
-    for file in tokenizer_dir.iterdir():
-        (directory / file.name).write_bytes(file.read_bytes())
-    return model
+    return saved_with_drawn_norms(transformers.BloomForCausalLM(hf_config).eval(), directory,
+                                  tokenizer_dir, norms=("layernorm", "ln_f"))
 
 
 CONFIGS = [dict(hidden_size=32, n_layer=2, n_head=4, seed=6),

@@ -13,7 +13,8 @@ import torch
 from tests.foreign_checkpoints import assert_a_lora_run_goes_to_peft, \
     assert_peft_adapter_merges, assert_refused, assert_same_ctranslate2_tokens, \
     assert_same_greedy_tokens, assert_same_logits, assert_same_onnx_logits, \
-    assert_same_perplexity, assert_the_command_generates_as_transformers, damaged
+    assert_same_perplexity, assert_the_command_generates_as_transformers, damaged, \
+    saved_with_drawn_norms, tokenizer_size
 from tests.train.test_lm import counting  # noqa: F401 - a fixture
 from transduce import checkpoint
 from transduce.cli import main
@@ -27,25 +28,15 @@ SAMPLES = ["Hello world!", "  leading and trailing spaces  ", "El niño comió c
 
 
 def hf_checkpoint(directory, tokenizer_dir, seed=0, **config):
-    """A random GPTNeoXForCausalLM saved with save_pretrained, its LayerNorm gains drawn
-    around 1 and its biases around 0 so that each counts, with the tokenizer's files."""
-    vocab = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    """A random GPTNeoXForCausalLM, its LayerNorms and biases drawn so that each counts,
+    saved with the tokenizer's files."""
     torch.manual_seed(seed)
-    hf_config = transformers.GPTNeoXConfig(vocab_size=vocab.get_vocab_size() + 8,
+    hf_config = transformers.GPTNeoXConfig(vocab_size=tokenizer_size(tokenizer_dir) + 8,
                                            bos_token_id=0, eos_token_id=0,
                                            max_position_embeddings=64,
                                            initializer_range=0.2, **config)
-    model = transformers.GPTNeoXForCausalLM(hf_config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "layernorm" in name or "layer_norm" in name:
-                parameter.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
-            elif name.endswith("bias"):
-                parameter.normal_(0.0, 0.2)
-    model.save_pretrained(directory)
-    for file in tokenizer_dir.iterdir():
-        (directory / file.name).write_bytes(file.read_bytes())
-    return model
+    return saved_with_drawn_norms(transformers.GPTNeoXForCausalLM(hf_config).eval(),
+                                  directory, tokenizer_dir, norms=("layernorm", "layer_norm"))
 
 
 # Pythia's layout (parallel residuals, a quarter of each head rotated, untied output)

@@ -17,7 +17,8 @@ from transduce.decode.generate import Generator, PromptIds
 from transduce.importers import import_llama
 from transduce.model import DecoderOnly, load_model
 from tests.foreign_checkpoints import assert_refused, assert_same_greedy_tokens, \
-    assert_same_logits, assert_same_onnx_logits, assert_same_perplexity, damaged
+    assert_same_logits, assert_same_onnx_logits, assert_same_perplexity, damaged, \
+    saved_with_drawn_norms
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -64,17 +65,9 @@ def hf_checkpoint(directory, tokenizer_dir, model_type="llama", seed=0, **config
     config_class, model_class = family[model_type]
     hf_config = config_class(vocab_size=vocab.get_vocab_size(), bos_token_id=1, eos_token_id=2,
                              pad_token_id=None, initializer_range=0.2, **config)
-    model = model_class(hf_config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" in name:
-                parameter.normal_(1.0, 0.2)
-            elif name.endswith("bias"):
-                parameter.normal_(0.0, 0.2)
-    model.save_pretrained(directory)
-    for file in tokenizer_dir.iterdir():
-        (directory / file.name).write_bytes(file.read_bytes())
-    return model
+    # (RMSNorms: gains alone; Qwen2's biases on q, k, v)
+    return saved_with_drawn_norms(model_class(hf_config).eval(), directory, tokenizer_dir,
+                                  norms=("norm",))
 
 
 CONFIGS = [
@@ -214,7 +207,7 @@ def test_an_import_exports_to_ctranslate2_with_its_tokenizer_json(imported, tmp_
     """A CTranslate2 Generator on the import's export continues a prompt as transformers
     does, and the export keeps the import's tokenizer.json."""
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from transduce.export import ExportError, export_ctranslate2
+    from transduce.export import export_ctranslate2
 
     hf, ours, out = imported
     exported = export_ctranslate2(out, tmp_path / "ct2")

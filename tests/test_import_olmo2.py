@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.foreign_checkpoints import assert_refused, assert_same_greedy_tokens, \
-    assert_same_logits, assert_same_onnx_logits, damaged
+    assert_same_logits, assert_same_onnx_logits, damaged, saved_with_drawn_norms
 from transduce.cli import main
 from transduce.export.common import ExportError
 from transduce.importers import import_olmo2
@@ -28,15 +28,8 @@ def hf_checkpoint(directory, tokenizer_dir, seed=0, **config):
                                          eos_token_id=0, pad_token_id=1,
                                          max_position_embeddings=64, initializer_range=0.2,
                                          **config)
-    model = transformers.Olmo2ForCausalLM(hf_config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" in name:
-                parameter.normal_(1.0, 0.2)
-    model.save_pretrained(directory)
-    for file in tokenizer_dir.iterdir():
-        (directory / file.name).write_bytes(file.read_bytes())
-    return model
+    return saved_with_drawn_norms(transformers.Olmo2ForCausalLM(hf_config).eval(),
+                                  directory, tokenizer_dir, norms=("norm",))   # no biases
 
 
 CONFIGS = [dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

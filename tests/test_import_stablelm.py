@@ -11,7 +11,8 @@ import torch
 
 from tests.foreign_checkpoints import assert_a_lora_run_goes_to_peft, \
     assert_peft_adapter_merges, assert_refused, assert_same_ctranslate2_tokens, \
-    assert_same_greedy_tokens, assert_same_logits, assert_same_onnx_logits, damaged
+    assert_same_greedy_tokens, assert_same_logits, assert_same_onnx_logits, damaged, \
+    saved_with_drawn_norms, tokenizer_size
 from tests.train.test_lm import counting  # noqa: F401 - a fixture
 from transduce.cli import main
 from transduce.importers import import_stablelm
@@ -22,24 +23,15 @@ tokenizers = pytest.importorskip("tokenizers")
 
 
 def hf_checkpoint(directory, tokenizer_dir, seed=0, **config):
-    """A random StableLmForCausalLM saved with save_pretrained, its LayerNorms' gains
-    drawn around 1 and every bias around 0 so that each counts, with the tokenizer."""
-    vocab = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    """A random StableLmForCausalLM, its LayerNorms and biases drawn so that each counts,
+    saved with the tokenizer's files."""
     torch.manual_seed(seed)
-    hf_config = transformers.StableLmConfig(vocab_size=vocab.get_vocab_size(), bos_token_id=0,
-                                            eos_token_id=0, max_position_embeddings=64,
+    hf_config = transformers.StableLmConfig(vocab_size=tokenizer_size(tokenizer_dir),
+                                            bos_token_id=0, eos_token_id=0,
+                                            max_position_embeddings=64,
                                             initializer_range=0.2, **config)
-    model = transformers.StableLmForCausalLM(hf_config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" in name:
-                parameter.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
-            elif name.endswith("bias"):
-                parameter.normal_(0.0, 0.2)
-    model.save_pretrained(directory)
-    for file in tokenizer_dir.iterdir():
-        (directory / file.name).write_bytes(file.read_bytes())
-    return model
+    return saved_with_drawn_norms(transformers.StableLmForCausalLM(hf_config).eval(),
+                                  directory, tokenizer_dir, norms=("norm",))
 
 
 # StableLM 2's layout (q, k, v biases, two key/value heads, a quarter of each head turned,
