@@ -13,7 +13,7 @@ from transduce.config import ModelConfig
 from transduce.export.common import fixed_layout_problems
 from transduce.export.hf import Family
 from transduce.model import DecoderOnly
-from transduce.model.positional import partial_rotary_order
+from transduce.model.positional import heads_in_rotary_order
 
 GPT_NEOX = Family("GPT-NeoX", "GPTNeoXForCausalLM", "GPTNeoXConfig", "gpt_neox")
 # Our activations under transformers' names (hidden_act).
@@ -50,12 +50,12 @@ def gpt_neox_config(c: ModelConfig) -> dict:
 def in_neox_order(projection: nn.Linear, config: ModelConfig) -> tuple[Tensor, Tensor | None]:
     """A query or key projection's weight (H * D, C) and bias (H * D) with each head's
     rows in GPT-NeoX's order (the rotated features first, pairs (i, i + R/2)), which
-    transformers and CTranslate2 rotate: positional.partial_rotary_order undone."""
-    dim = config.head_dim
-    back = torch.argsort(partial_rotary_order(dim, config.rotary_dims or dim))
-    weight = projection.weight.reshape(-1, dim, projection.weight.shape[1])[:, back]
-    bias = None if projection.bias is None else projection.bias.reshape(-1, dim)[:, back]
-    return weight.reshape(projection.weight.shape), None if bias is None else bias.reshape(-1)
+    transformers and CTranslate2 rotate: positional.heads_in_rotary_order undone."""
+    def theirs(rows: Tensor | None) -> Tensor | None:
+        return None if rows is None else \
+            heads_in_rotary_order(rows, config.head_dim, config.rotary_dims, to_theirs=True)
+
+    return theirs(projection.weight), theirs(projection.bias)
 
 
 def gpt_neox_state_dict(model: DecoderOnly) -> dict[str, Tensor]:

@@ -6,7 +6,6 @@ output always has a bias: a model without one (output_bias False) writes zeros."
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from transduce.config import ModelConfig
@@ -14,7 +13,7 @@ from transduce.export.common import fixed_layout_problems
 from transduce.export.hf import Family
 from transduce.export.hf_gpt_neox import NEOX_ACTIVATIONS, in_neox_order
 from transduce.model import DecoderOnly
-from transduce.model.positional import partial_rotary_order
+from transduce.model.positional import heads_in_rotary_order
 
 PHI = Family("Phi", "PhiForCausalLM", "PhiConfig", "phi")
 # The fields of ours that Phi's layers fix.
@@ -49,7 +48,6 @@ def phi_config(c: ModelConfig) -> dict:
 def phi_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
     """Our weights under PhiForCausalLM's names."""
     c, decoder = model.config, model.decoder
-    back = torch.argsort(partial_rotary_order(c.head_dim, c.rotary_dims or c.head_dim))
     output = model.output_proj
     state = {"model.embed_tokens.weight": decoder.embed.embedding.weight,
              "lm_head.weight": output.weight,
@@ -67,8 +65,9 @@ def phi_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
             state[f"{prefix}.self_attn.{theirs}.bias"] = bias
         if c.qk_norm:
             for theirs, norm in (("q_layernorm", attn.q_norm), ("k_layernorm", attn.k_norm)):
-                state[f"{prefix}.self_attn.{theirs}.weight"] = norm.weight[back]
-                state[f"{prefix}.self_attn.{theirs}.bias"] = norm.bias[back]
+                for part in ("weight", "bias"):
+                    state[f"{prefix}.self_attn.{theirs}.{part}"] = heads_in_rotary_order(
+                        getattr(norm, part), c.head_dim, c.rotary_dims, to_theirs=True)
         for theirs, module in (("self_attn.v_proj", attn.v_proj),
                                ("self_attn.dense", attn.out_proj),
                                ("mlp.fc1", layer.ffn.linear1), ("mlp.fc2", layer.ffn.linear2),

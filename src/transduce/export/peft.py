@@ -36,10 +36,10 @@ from transduce.export.hf_decoder import check_decoder_exportable
 from transduce.export.hf_encoder import check_bert_exportable, hf_state_dict
 from transduce.importers.encoder_names import encoder_names
 from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX,
-                                              Place, fused_rows, fused_sizes, in_rotary_order,
-                                              is_gpt2_layout, place_of, residual_order,
-                                              translation_family)
+                                              Place, fused_rows, fused_sizes, is_gpt2_layout,
+                                              place_of, residual_order, translation_family)
 from transduce.model import empty_model, load_model
+from transduce.model.positional import heads_in_rotary_order
 from transduce.written import write_export_marker
 
 
@@ -173,7 +173,7 @@ def _as_exported(place: Place, a: Tensor, b: Tensor, order: Tensor | None,
     if order is not None and place.writes_residual:
         b = b[order]
     if place.rotary_rows:
-        b = in_rotary_order(b, config, theirs=True)
+        b = heads_in_rotary_order(b, config.head_dim, config.rotary_dims, to_theirs=True)
     return a, (b * place.weight_scale if place.weight_scale != 1 else b)
 
 

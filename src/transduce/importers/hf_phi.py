@@ -42,7 +42,7 @@ from transduce.importers.hf_gpt2 import END_OF_TEXT
 from transduce.importers.hf_gpt_neox import ACTIVATIONS, rotary_fields
 from transduce.importers.hf_llama import import_decoder, llama_layer_config, \
     output_projection
-from transduce.model.positional import partial_rotary_order
+from transduce.model.positional import heads_in_rotary_order
 
 MODEL_TYPES = ("phi",)
 SPECIALS = {"bos": END_OF_TEXT, "eos": END_OF_TEXT, "pad": None}
@@ -82,13 +82,12 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
     names = unprefixed_names(tensors, "model.", source)
     c, ff, dim = config.d_model, config.d_ff, config.head_dim
     q, kv = config.num_heads * dim, config.kv_heads * dim
-    order = partial_rotary_order(dim, config.rotary_dims or dim)
 
     def take(name: str, *shape: int) -> Tensor:
         return take_weight(tensors, names, source, name, *shape)
 
     def per_head(rows: Tensor) -> Tensor:               # (H * D, ...) in our order
-        return rows.reshape(-1, dim, *rows.shape[1:])[:, order].reshape(rows.shape)
+        return heads_in_rotary_order(rows, dim, config.rotary_dims)
 
     embedding = take("embed_tokens.weight", config.tgt_vocab_size, c)   # (V, C)
     state = {"decoder.embed.embedding.weight": embedding}
@@ -110,8 +109,8 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
             state[f"{ours}.norm1.{part}"] = take(f"{theirs}.input_layernorm.{part}", c)
             if config.qk_norm:          # over each head's features, in our order
                 for name in ("q", "k"):
-                    state[f"{ours}.self_attn.{name}_norm.{part}"] = take(
-                        f"{theirs}.self_attn.{name}_layernorm.{part}", dim)[order]
+                    state[f"{ours}.self_attn.{name}_norm.{part}"] = per_head(take(
+                        f"{theirs}.self_attn.{name}_layernorm.{part}", dim))
     for part in ("weight", "bias"):
         state[f"decoder.final_norm.{part}"] = take(f"final_layernorm.{part}", c)
     state["output_proj.weight"] = output_projection(tensors, names, embedding, config, source)

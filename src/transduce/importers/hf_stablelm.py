@@ -34,7 +34,7 @@ from transduce.importers.hf_gpt2 import END_OF_TEXT
 from transduce.importers.hf_gpt_neox import rotary_fields
 from transduce.importers.hf_llama import ACTIVATIONS, import_decoder, layer_weights, \
     llama_layer_config, output_projection
-from transduce.model.positional import partial_rotary_order
+from transduce.model.positional import heads_in_rotary_order
 
 MODEL_TYPES = ("stablelm",)
 # Options whose other value changes what the model computes: name -> the value we have.
@@ -67,7 +67,6 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
     order of each head's features."""
     names = unprefixed_names(tensors, "model.", source)
     c, dim = config.d_model, config.head_dim
-    order = partial_rotary_order(dim, config.rotary_dims or dim)
 
     def take(name: str, *shape: int) -> Tensor:
         return take_weight(tensors, names, source, name, *shape)
@@ -81,8 +80,7 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
         for proj in ("q_proj", "k_proj"):        # rows per head, in our order
             for part in ("weight", "bias") if config.qkv_bias else ("weight",):
                 key = f"{ours}.self_attn.{proj}.{part}"
-                rows = state[key].reshape(-1, dim, *state[key].shape[1:])[:, order]
-                state[key] = rows.reshape(state[key].shape)
+                state[key] = heads_in_rotary_order(state[key], dim, config.rotary_dims)
         norms |= {f"{ours}.norm1": f"{theirs}.input_layernorm",
                   f"{ours}.norm3": f"{theirs}.post_attention_layernorm"}
     for ours, theirs in norms.items():

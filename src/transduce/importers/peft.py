@@ -40,10 +40,11 @@ from transduce.importers.hf_gemma import PROJECTION_FACTOR
 from transduce.importers.hf_gpt2 import _read_json
 from transduce.importers.peft_heads import HEAD_KINDS, check_modules_to_save, with_heads
 from transduce.importers.peft_layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, Place,
-                                              fused_place_of, fused_rows, in_rotary_order,
-                                              is_adaptable, place_of, residual_order)
+                                              fused_place_of, fused_rows, is_adaptable,
+                                              place_of, residual_order)
 from transduce.importers.peft_vocabulary import VOCABULARY_MODULES, vocabulary_updates
 from transduce.model import load_model
+from transduce.model.positional import heads_in_rotary_order
 
 _KEY = re.compile(r"^base_model\.model\.(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
 # An adapted embedding's halves (A (r, V), B (d, r)), and the vocabulary matrices PEFT
@@ -253,6 +254,6 @@ def _add_update(found: list, delta: Tensor, order: Tensor | None, config: ModelC
         if order is not None and place.writes_residual:
             update = update[order.argsort()]
         if place.rotary_rows:
-            update = in_rotary_order(update, config, theirs=False)
+            update = heads_in_rotary_order(update, config.head_dim, config.rotary_dims)
         layer.weight += update.to(layer.weight.dtype)
 

@@ -4,7 +4,7 @@ names are Llama's), of GPT2LMHeadModel, whose c_attn holds q, k and v in one Con
 of BloomForCausalLM, whose query_key_value holds them head by head (each head's query,
 key and value rows together), of GPTNeoXForCausalLM (the same way), StableLmForCausalLM
 (Llama's names) or PhiForCausalLM, whose query and key rows are each head's in their
-rotary order (positional.partial_rotary_order: an update's rows are reordered as the
+rotary order (positional.heads_in_rotary_order: an update's rows are reordered as the
 weight's);
 an encoder's, a module of BERT's, RoBERTa's or DistilBERT's layers (bert. or roberta.
 before encoder.layer.N.attention.self.query, .key, .value, attention.output.dense,
@@ -63,7 +63,7 @@ from torch import Tensor
 
 from transduce.config import ModelConfig
 from transduce.importers.encoder_names import encoder_names
-from transduce.model.positional import partial_rotary_order, sines_first_permutation
+from transduce.model.positional import sines_first_permutation
 
 PREFIX = "base_model.model."
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -140,16 +140,6 @@ def neox_family(config: ModelConfig) -> str:
     if config.shared_norm or config.output_bias:
         return "phi"
     return "stablelm" if config.gated_ffn and not config.parallel_residual else "gpt_neox"
-
-
-def in_rotary_order(rows: Tensor, config: ModelConfig, *, theirs: bool) -> Tensor:
-    """A query or key projection's rows (H * D, ...), each head's in our order -> in the
-    format's (theirs), or back (not theirs): positional.partial_rotary_order."""
-    dim = config.head_dim
-    order = partial_rotary_order(dim, config.rotary_dims or dim)
-    if theirs:
-        order = order.argsort()
-    return rows.reshape(-1, dim, *rows.shape[1:])[:, order].reshape(rows.shape)
 
 
 def fused_rows(config: ModelConfig, module: str) -> Tensor | None:

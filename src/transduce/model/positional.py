@@ -163,6 +163,17 @@ def partial_rotary_order(head_dim: int, rotary_dims: int) -> Tensor:
                       torch.arange(rotated, rotary_dims), others[half - rotated:]])
 
 
+def heads_in_rotary_order(rows: Tensor, head_dim: int, rotary_dims: int | None, *,
+                          to_theirs: bool = False) -> Tensor:
+    """A query or key projection's rows (H * D, ...) (or a norm's (D,)), each head's
+    features put in our order from that of GPT-NeoX, Phi and transformers
+    (partial_rotary_order), or back (to_theirs) -> the same shape."""
+    order = partial_rotary_order(head_dim, rotary_dims or head_dim)
+    if to_theirs:
+        order = order.argsort()
+    return rows.reshape(-1, head_dim, *rows.shape[1:])[:, order].reshape(rows.shape)
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE (Su et al. 2021), "rotate half" layout: dimension i is paired with i + D/2,
     and the pair at position m is rotated by the angle m * base^(-2i/D) (the rates of
