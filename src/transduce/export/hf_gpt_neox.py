@@ -47,10 +47,11 @@ def gpt_neox_config(c: ModelConfig) -> dict:
             "hidden_dropout": c.dropout, "attention_dropout": c.attention_dropout}
 
 
-def in_neox_order(projection: nn.Linear, config: ModelConfig) -> tuple[Tensor, Tensor | None]:
-    """A query or key projection's weight (H * D, C) and bias (H * D) with each head's
-    rows in GPT-NeoX's order (the rotated features first, pairs (i, i + R/2)), which
-    transformers and CTranslate2 rotate: positional.heads_in_rotary_order undone."""
+def in_neox_order(projection: nn.Module, config: ModelConfig) -> tuple[Tensor, Tensor | None]:
+    """A query or key projection's weight (H * D, C) and bias (H * D), or the norm of
+    each head's queries or keys ((D,) and (D,)), with each head's rows in GPT-NeoX's
+    order (the rotated features first, pairs (i, i + R/2)), which transformers and
+    CTranslate2 rotate: positional.heads_in_rotary_order undone."""
     def theirs(rows: Tensor | None) -> Tensor | None:
         return None if rows is None else \
             heads_in_rotary_order(rows, config.head_dim, config.rotary_dims, to_theirs=True)

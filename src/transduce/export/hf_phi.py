@@ -13,7 +13,6 @@ from transduce.export.common import fixed_layout_problems
 from transduce.export.hf import Family
 from transduce.export.hf_gpt_neox import NEOX_ACTIVATIONS, in_neox_order
 from transduce.model import DecoderOnly
-from transduce.model.positional import heads_in_rotary_order
 
 PHI = Family("Phi", "PhiForCausalLM", "PhiConfig", "phi")
 # The fields of ours that Phi's layers fix.
@@ -59,15 +58,11 @@ def phi_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
 
     for i, layer in enumerate(decoder.layers):
         prefix, attn = f"model.layers.{i}", layer.self_attn
-        for theirs, projection in (("q_proj", attn.q_proj), ("k_proj", attn.k_proj)):
-            weight, bias = in_neox_order(projection, c)
-            state[f"{prefix}.self_attn.{theirs}.weight"] = weight
-            state[f"{prefix}.self_attn.{theirs}.bias"] = bias
-        if c.qk_norm:
-            for theirs, norm in (("q_layernorm", attn.q_norm), ("k_layernorm", attn.k_norm)):
-                for part in ("weight", "bias"):
-                    state[f"{prefix}.self_attn.{theirs}.{part}"] = heads_in_rotary_order(
-                        getattr(norm, part), c.head_dim, c.rotary_dims, to_theirs=True)
+        norms = (("q_layernorm", attn.q_norm), ("k_layernorm", attn.k_norm)) \
+            if c.qk_norm else ()
+        for theirs, module in (("q_proj", attn.q_proj), ("k_proj", attn.k_proj), *norms):
+            state[f"{prefix}.self_attn.{theirs}.weight"], \
+                state[f"{prefix}.self_attn.{theirs}.bias"] = in_neox_order(module, c)
         for theirs, module in (("self_attn.v_proj", attn.v_proj),
                                ("self_attn.dense", attn.out_proj),
                                ("mlp.fc1", layer.ffn.linear1), ("mlp.fc2", layer.ffn.linear2),
