@@ -18,8 +18,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: $(VENV)/.installed
 	$(PY) examples/demo.py
 
+# One pytest-xdist worker per core, the tests of a file on one worker (its fixtures are
+# built once); tests/conftest.py gives each worker its share of the cores.
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 bench: $(VENV)/.installed
 	$(PY) bench/attention.py

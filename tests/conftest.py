@@ -9,6 +9,20 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _share_the_cores_among_workers() -> None:
+    """Under pytest-xdist (`make test` runs one worker per core), each worker and the
+    processes it starts take their share of the cores: two workers of two threads each
+    on two cores spin against each other (OpenMP) and run the suite slower than one."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+_share_the_cores_among_workers()
+
 from transduce.data.corpus import write_metadata
 from transduce.data.tokenizer import train_tokenizer
 
