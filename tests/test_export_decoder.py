@@ -177,6 +177,13 @@ def test_a_sliding_window_exports_as_mistral_and_imports_back(tmp_path, tiny_cor
      "cannot export to GPT-2: parallel_residual=True (the format's layers add their "
      "sub-layers one after the other)"),
     ("gpt-tiny", {"output_bias": True}, "output_bias=True (the format's output has no bias)"),
+    ("gpt-tiny", {"attention_bias": False},
+     "cannot export to GPT-2: attention_bias=False (the format's attention has biases where "
+     "the rest of the model has them)"),
+    # bias-free attention with rotary positions is GPT-J's
+    ("gpt-tiny", {"attention_bias": False, "positional": "rotary"},
+     "cannot export to GPT-J: parallel_residual=False (the format's is True); shared_norm="
+     "False (the format's is True)"),
     # an output bias or one norm for parallel sub-layers is Phi's
     ("llama-tiny", {"output_bias": True, "norm": "layer", "gated_ffn": False, "bias": True,
                     "num_kv_heads": 4},

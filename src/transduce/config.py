@@ -145,6 +145,9 @@ class ModelConfig(ValidatedConfig):
     sandwich LayerNorm; Gemma 2 and 3's post-attention and post-feedforward norms).
     qkv_bias: the query, key and value projections have biases even where bias is False
     (Qwen2's layout: only those three).
+    attention_bias: False: the attention's four projections (query, key, value, output)
+    have no biases, while bias gives the feed-forward networks theirs (GPT-J's and
+    CodeGen's layers).
     qk_norm: every attention normalizes each head's queries and keys with a norm of
     the model's kind over head_dim (one weight for all heads), before rotary positions:
     Qwen3's layout, a guard against growing attention logits (Henry et al. 2020;
@@ -221,6 +224,7 @@ class ModelConfig(ValidatedConfig):
     gated_ffn: bool = False
     norm: Norm = "layer"
     qkv_bias: bool = False
+    attention_bias: bool = True
     qk_norm: bool = False
     qk_norm_across_heads: bool = False
     norm_first: bool = False
@@ -337,6 +341,7 @@ class ModelConfig(ValidatedConfig):
             raise ConfigError("ModelConfig.sandwich_norm=True adds norms to pre-norm layers; "
                               "set norm_first=True")
         self._check_partial_rotary()
+        self._check_attention_bias()
         self._check_parallel_residual()
         self._check_olmo2_norms()
         if self.arch == "decoder" and self.src_vocab_size != self.tgt_vocab_size:
@@ -480,6 +485,19 @@ class ModelConfig(ValidatedConfig):
         if self.positional != "rotary":
             raise ConfigError(f"{name} rotates part of each head; positional="
                               f"{self.positional!r} has no rotary positions")
+
+    def _check_attention_bias(self) -> None:
+        """attention_bias=False takes the attention's biases from a model that has them."""
+        if self.attention_bias:
+            return
+        if not self.bias or self.qkv_bias:
+            raise ConfigError(f"ModelConfig.attention_bias=False drops the attention's "
+                              f"biases where the rest of the model has them (bias=True, "
+                              f"qkv_bias=False), not with bias={self.bias}, "
+                              f"qkv_bias={self.qkv_bias}")
+        if self.arch.startswith("rnn"):
+            raise ConfigError(f"ModelConfig.attention_bias=False applies to the Transformer's "
+                              f"attention, not arch={self.arch!r}")
 
     def _check_parallel_residual(self) -> None:
         """parallel_residual: a decoder-only model's pre-norm layers, without sandwich

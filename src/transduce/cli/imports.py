@@ -1,7 +1,7 @@
 """`transduce import hf-gpt2` / `hf-bloom` / `hf-gpt-neox` / `hf-stablelm` / `hf-olmo2` /
-`hf-phi` / `hf-llama` / `hf-gemma` / `hf-bert` / `hf-roberta` (also called
-`hf-xlm-roberta`) / `hf-distilbert` / `hf-electra` / `hf-modernbert` / `hf-deberta` /
-`hf-marian` / `hf-nllb` (also called `hf-m2m100`) / `hf-mbart` / `hf-t5`: another
+`hf-phi` / `hf-gptj` (also called `hf-codegen`) / `hf-llama` / `hf-gemma` / `hf-bert` /
+`hf-roberta` (also called `hf-xlm-roberta`) / `hf-distilbert` / `hf-electra` /
+`hf-modernbert` / `hf-deberta` / `hf-marian` / `hf-nllb` (also called `hf-m2m100`) / `hf-mbart` / `hf-t5`: another
 toolkit's checkpoint as ours;
 `peft`: a PEFT LoRA adapter merged into one of ours."""
 
@@ -58,6 +58,15 @@ def register(commands) -> None:
                 "(parallel residuals over one norm, rotary positions on part of each head, "
                 "an output bias); options the model cannot reproduce are refused by name. "
                 "Phi-3 and Phi-4 are imported by hf-llama.")
+    _add_format(formats, import_hf_gptj, "hf-gptj",
+                "Hugging Face GPT-J or CodeGen: GPT-J-6B, codegen-350M to 16B "
+                "(GPTJForCausalLM, CodeGenForCausalLM directory)",
+                "Import a Hugging Face GPT-J or CodeGen directory (config.json, "
+                "model.safetensors, its shards or pytorch_model.bin, tokenizer.json or "
+                "vocab.json + merges.txt) as a decoder-only checkpoint (parallel residuals "
+                "over one norm, bias-free attention, rotary positions in adjacent pairs on "
+                "part of each head, an output bias); options the model cannot reproduce "
+                "are refused by name.", aliases=["hf-codegen"])
     _add_format(formats, import_hf_llama, "hf-llama",
                 "Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 (LlamaForCausalLM, "
                 "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM "
@@ -239,6 +248,13 @@ def import_hf_phi(args: argparse.Namespace) -> int:
     from transduce.importers import import_phi
 
     return _import_decoder(args, import_phi)
+
+
+def import_hf_gptj(args: argparse.Namespace) -> int:
+    """Import a Hugging Face GPT-J or CodeGen checkpoint."""
+    from transduce.importers import import_gptj
+
+    return _import_decoder(args, import_gptj)
 
 
 def import_hf_llama(args: argparse.Namespace) -> int:

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from transduce.data.tokenizer import Tokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
+ADDED_TOKENS_JSON = "added_tokens.json"     # beside vocab.json + merges.txt: more tokens
 SPECIALS = ("bos_id", "eos_id", "pad_id")
 MASK_TOKENS = ("[MASK]", "<mask>")   # how BERT and RoBERTa name their mask token
 
@@ -151,13 +152,16 @@ class HFTokenizer(CachedEncoding):
     def from_byte_level_bpe(cls, vocab_path: Path | str, merges_path: Path | str, *,
                             bos: str, eos: str, pad: str | None = None,
                             add_prefix_space: bool = False, mask: str | None = None,
-                            unk: str | None = None) -> HFTokenizer:
+                            unk: str | None = None,
+                            added: dict[str, int] | None = None) -> HFTokenizer:
         """GPT-2's vocab.json + merges.txt: byte-level pre-tokenization (the GPT-2 split
         pattern, every byte mapped to a printable character), BPE without word affixes,
         the byte-level decoder; the special tokens, which must be in the vocabulary, are
         matched whole in the input, as transformers.GPT2TokenizerFast does. RoBERTa's
         adds a mask token, which takes the space before it (lstrip, as
-        RobertaTokenizerFast's), and an unknown one."""
+        RobertaTokenizerFast's), and an unknown one. added: added_tokens.json's tokens
+        and ids (CodeGen's runs of spaces and tabs), matched whole before BPE as
+        transformers matches them."""
         vocab_path, merges_path = Path(vocab_path), Path(merges_path)
         for file in (vocab_path, merges_path):
             if not file.is_file():
@@ -184,6 +188,7 @@ class HFTokenizer(CachedEncoding):
         backend.add_special_tokens([library.AddedToken(t, special=True, normalized=False,
                                                        lstrip=t == mask)
                                     for t in tokens])
+        _add_tokens_at(backend, added or {}, vocab_path.parent / ADDED_TOKENS_JSON)
         return cls(backend, vocab_path, bos=bos, eos=eos, pad=pad, mask=mask)
 
     @classmethod
@@ -404,3 +409,18 @@ class HFTokenizer(CachedEncoding):
         with atomic.atomic_file(path) as temporary:
             self.backend.save(str(temporary))
         return Path(path)
+
+
+def _add_tokens_at(backend, added: dict[str, int], source: Path) -> None:
+    """Each of `added`'s tokens matched whole in the input at the id it names: those the
+    vocabulary lacks take the next ids, in the order of their ids, which must be the
+    ones named (`source`: the file that names them, for the error)."""
+    library = _tokenizers()
+    for token, wanted in sorted(added.items(), key=lambda item: item[1]):
+        if not isinstance(token, str) or isinstance(wanted, bool) or not isinstance(wanted, int):
+            raise TokenizerError(f"{source}: expected token -> id, got {token!r}: {wanted!r}")
+        if backend.token_to_id(token) is None:
+            backend.add_tokens([library.AddedToken(token, normalized=False)])
+        if backend.token_to_id(token) != wanted:
+            raise TokenizerError(f"{source}: {token!r} is named id {wanted}, but the "
+                                 f"vocabulary gives it {backend.token_to_id(token)}")

@@ -32,7 +32,7 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                             modernbert: bool = False,
                             projected_embeddings: bool = False,
                             neox: bool = False, olmo2: bool = False,
-                            phi: bool = False) -> list[str]:
+                            phi: bool = False, attention_bias: bool = False) -> list[str]:
     """What no format here can hold: another shape than the format's `arch` (RNN
     models among them), non-softmax self-attention (sliding-window softmax attention
     where the format masks it: `sliding`), score biases (but those of `score_bias`:
@@ -48,8 +48,9 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     them: `projected_embeddings`, ELECTRA's), and parallel residuals or rotary positions
     on part of each head (unless the format has them: `neox`, GPT-NeoX's), and norms on
     the sub-layers' outputs alone or of the queries and keys over all heads (unless the
-    format has them: `olmo2`), and a parallel layer's one norm or a language model's
-    output bias (unless the format has them: `phi`)."""
+    format has them: `olmo2`), a parallel layer's one norm or a language model's
+    output bias (unless the format has them: `phi`), and attention without the biases
+    the rest of the model has (unless the format's is: `attention_bias`, GPT-J's)."""
     problems = [] if modernbert else _modernbert_fields(c)
     if c.embedding_size is not None and not projected_embeddings:
         problems.append(f"embedding_size={c.embedding_size} (the format embeds at d_model="
@@ -91,6 +92,9 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                             "for each sub-layer)")
         if c.output_bias and c.arch == "decoder":
             problems.append("output_bias=True (the format's output has no bias)")
+    if not c.attention_bias and not attention_bias:
+        problems.append("attention_bias=False (the format's attention has biases where the "
+                        "rest of the model has them)")
     if not olmo2:
         if not c.input_norms:
             problems.append("input_norms=False (the format normalizes each sub-layer's "

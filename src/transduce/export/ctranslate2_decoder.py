@@ -26,7 +26,8 @@ def check_ctranslate2_decoder_exportable(model: DecoderOnly) -> None:
     c = model.config
     problems = not_a_plain_transformer(c, arch="decoder", sliding=True, any_head_size=True,
                                        qk_norm=True, gemma=True, score_bias=("alibi",),
-                                       embedding_norm=True, neox=True, phi=True)
+                                       embedding_norm=True, neox=True, phi=True,
+                                       attention_bias=True)
     if c.qk_norm and c.norm != "rms":
         problems.append(f"qk_norm=True with norm={c.norm!r} (CTranslate2 normalizes queries "
                         f"and keys by RMSNorm only)")

@@ -10,7 +10,8 @@ positions, LayerNorm, biases) as `GPT2LMHeadModel`, with ALiBi and a norm of the
 embeddings in place of the positions as `BloomForCausalLM`, and with rotary positions
 (on all or part of each head; parallel residuals or not) as `GPTNeoXForCausalLM`
 (hf_gpt_neox.py), with parallel residuals over one norm and an output bias as
-`PhiForCausalLM` (hf_phi.py), Llama's layer with LayerNorms as `StableLmForCausalLM`
+`PhiForCausalLM` (hf_phi.py), and with bias-free attention as well as `GPTJForCausalLM`
+(hf_gptj.py), Llama's layer with LayerNorms as `StableLmForCausalLM`
 (hf_stablelm.py), and with norms on the sub-layers' outputs alone as `Olmo2ForCausalLM`
 (hf_olmo2.py).
 
@@ -38,6 +39,7 @@ from transduce.export.hf import HF_ACTIVATIONS, Family, generation_config, \
     save_with_tokenizer_json
 from transduce.export.hf_gpt_neox import GPT_NEOX, gpt_neox_config, gpt_neox_problems, \
     gpt_neox_state_dict
+from transduce.export.hf_gptj import GPTJ, gptj_config, gptj_problems, gptj_state_dict
 from transduce.export.hf_olmo2 import OLMO2, olmo2_config, olmo2_problems, olmo2_state_dict
 from transduce.export.hf_phi import PHI, phi_config, phi_problems, phi_state_dict
 from transduce.export.hf_stablelm import STABLELM, stablelm_config, stablelm_problems, \
@@ -64,7 +66,8 @@ def decoder_family(config: ModelConfig) -> Family:
     the queries and keys, Qwen2 with biases on q, k, v alone, Mistral with a sliding
     window), GPT-NeoX for rotary positions with LayerNorms (or on part of each head, or
     parallel residuals; StableLM with gated feed-forward networks; Phi with parallel
-    residuals over one norm, or an output bias), OLMo 2 for norms on
+    residuals over one norm, or an output bias; GPT-J with bias-free attention), OLMo 2
+    for norms on
     the sub-layers' outputs alone or of the queries and keys over all heads, BLOOM for
     ALiBi, GPT-2 for the rest."""
     if config.positional == "alibi":
@@ -72,7 +75,8 @@ def decoder_family(config: ModelConfig) -> Family:
     if config.positional != "rotary":
         return GPT2
     if is_gpt_neox_layout(config):
-        return {"phi": PHI, "stablelm": STABLELM, "gpt_neox": GPT_NEOX}[neox_family(config)]
+        return {"gptj": GPTJ, "phi": PHI, "stablelm": STABLELM,
+                "gpt_neox": GPT_NEOX}[neox_family(config)]
     if not config.input_norms or config.qk_norm_across_heads:
         return OLMO2
     if config.sandwich_norm:
@@ -96,11 +100,12 @@ def check_decoder_exportable(model: DecoderOnly) -> None:
                                        softcap=family in GEMMAS,
                                        score_bias=("alibi",) if family is BLOOM else (),
                                        embedding_norm=family is BLOOM,
-                                       neox=family in (GPT_NEOX, STABLELM, PHI),
-                                       olmo2=family is OLMO2, phi=family is PHI)
-    if family in (GPT_NEOX, STABLELM, OLMO2, PHI):   # their layouts' fields: hf_phi.py, ...
+                                       neox=family in (GPT_NEOX, STABLELM, PHI, GPTJ),
+                                       olmo2=family is OLMO2, phi=family in (PHI, GPTJ),
+                                       attention_bias=family is GPTJ)
+    if family in (GPT_NEOX, STABLELM, OLMO2, PHI, GPTJ):   # their layouts: hf_phi.py, ...
         problems += {GPT_NEOX: gpt_neox_problems, STABLELM: stablelm_problems,
-                     OLMO2: olmo2_problems, PHI: phi_problems}[family](c)
+                     OLMO2: olmo2_problems, PHI: phi_problems, GPTJ: gptj_problems}[family](c)
         if problems:
             raise ExportError(f"cannot export to {family.name}: " + "; ".join(problems))
         return
@@ -166,6 +171,8 @@ def hf_decoder_config(model: DecoderOnly, tokenizer) -> dict:
         return {**olmo2_config(c), **ids}
     if family is PHI:
         return {**phi_config(c), **ids}
+    if family is GPTJ:
+        return {**gptj_config(c), **ids}
     if family is BLOOM:
         return {"architectures": [BLOOM.model_class], "model_type": BLOOM.model_type,
                 "vocab_size": c.tgt_vocab_size, "hidden_size": c.d_model,
@@ -347,7 +354,7 @@ def hf_decoder_model(model: DecoderOnly, tokenizer):
     state = {GPT2: gpt2_state_dict, BLOOM: bloom_state_dict, GEMMA3: gemma_state_dict,
              GEMMA2: gemma_state_dict, GPT_NEOX: gpt_neox_state_dict,
              STABLELM: stablelm_state_dict, OLMO2: olmo2_state_dict,
-             PHI: phi_state_dict}.get(
+             PHI: phi_state_dict, GPTJ: gptj_state_dict}.get(
         family, llama_state_dict)(model)
     missing, unexpected = theirs.load_state_dict(state, strict=False)
     left = [name for name in missing if not name.endswith((".attn.bias", ".attn.masked_bias"))]

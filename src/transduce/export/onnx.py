@@ -68,7 +68,8 @@ def check_onnx_exportable(model: nn.Module) -> None:
                                        any_head_size=arch in ("transformer", "decoder"),
                                        qk_norm=True, gemma=arch == "decoder",
                                        softcap=arch == "decoder", embedding_norm=True,
-                                       neox=True, olmo2=True, phi=True)
+                                       neox=True, olmo2=True, phi=True,
+                                       attention_bias=True)
     if arch not in ONNX_ARCHS:
         problems[0] = (f"arch={arch!r} (the export holds the Transformer's three shapes, "
                        f"arch {', '.join(map(repr, ONNX_ARCHS))})")

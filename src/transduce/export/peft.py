@@ -13,7 +13,8 @@ them that were trained) become one of rank 3r there, A stacked and B block-diago
 which adds the same three updates; its rank and alpha are given in rank_pattern and
 alpha_pattern, so that alpha / rank is the run's scale everywhere. BLOOM's
 query_key_value likewise, B's rows then put head by head as its weight's are (GPT-NeoX's
-too, each head's query and key rows in its rotary order, as StableLM's and Phi's), and
+too, each head's query and key rows in its rotary order, as StableLM's, Phi's and
+GPT-J's), and
 ModernBERT's Wqkv (q, k, v) and Wi (linear1, linear3: rank 2r), whose classifiers,
 taggers and answerers train its head (our pooler and its norm) and classifier whole.
 """
@@ -173,7 +174,8 @@ def _as_exported(place: Place, a: Tensor, b: Tensor, order: Tensor | None,
     if order is not None and place.writes_residual:
         b = b[order]
     if place.rotary_rows:
-        b = heads_in_rotary_order(b, config.head_dim, config.rotary_dims, to_theirs=True)
+        b = heads_in_rotary_order(b, config.head_dim, config.rotary_dims, to_theirs=True,
+                                  interleaved=place.rotary_pairs)
     return a, (b * place.weight_scale if place.weight_scale != 1 else b)
 
 

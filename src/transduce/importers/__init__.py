@@ -126,6 +126,7 @@ from transduce.importers.hf_bloom import import_bloom  # noqa: E402
 from transduce.importers.hf_gpt_neox import import_gpt_neox  # noqa: E402
 from transduce.importers.hf_stablelm import import_stablelm  # noqa: E402
 from transduce.importers.hf_phi import import_phi  # noqa: E402
+from transduce.importers.hf_gptj import import_gptj  # noqa: E402
 from transduce.importers.hf_olmo2 import import_olmo2  # noqa: E402
 from transduce.importers.hf_gemma import import_gemma  # noqa: E402
 from transduce.importers.hf_nllb import import_nllb  # noqa: E402
@@ -133,7 +134,7 @@ from transduce.importers.hf_mbart import import_mbart  # noqa: E402
 from transduce.importers.hf_t5 import import_t5  # noqa: E402
 from transduce.importers.peft import import_peft  # noqa: E402
 from transduce.importers import hf_deberta, hf_distilbert, hf_electra, hf_gemma, \
-    hf_gpt_neox, hf_llama, hf_modernbert, hf_olmo2, hf_phi, hf_roberta, hf_stablelm, \
+    hf_gpt_neox, hf_gptj, hf_llama, hf_modernbert, hf_olmo2, hf_phi, hf_roberta, hf_stablelm, \
     hf_t5  # noqa: E402
 
 # Which `transduce import` command reads a model_type: check_type_and_fixed_options names
@@ -147,6 +148,7 @@ IMPORTED_BY = {"gpt2": "hf-gpt2", "bloom": "hf-bloom", "bert": "hf-bert",
                **dict.fromkeys(hf_stablelm.MODEL_TYPES, "hf-stablelm"),
                **dict.fromkeys(hf_olmo2.MODEL_TYPES, "hf-olmo2"),
                **dict.fromkeys(hf_phi.MODEL_TYPES, "hf-phi"),
+               **dict.fromkeys(hf_gptj.MODEL_TYPES, "hf-gptj"),
                **dict.fromkeys(hf_roberta.MODEL_TYPES, "hf-roberta"),
                **dict.fromkeys(hf_distilbert.MODEL_TYPES, "hf-distilbert"),
                **dict.fromkeys(hf_electra.MODEL_TYPES, "hf-electra"),
@@ -156,7 +158,7 @@ IMPORTED_BY = {"gpt2": "hf-gpt2", "bloom": "hf-bloom", "bert": "hf-bert",
 
 __all__ = ["ForeignCheckpointError", "check_foreign_options", "take_weight",
            "refuse_unread", "import_gpt2", "import_llama", "import_bloom", "import_gpt_neox",
-           "import_stablelm", "import_olmo2", "import_phi", "import_gemma",
+           "import_stablelm", "import_olmo2", "import_phi", "import_gptj", "import_gemma",
            "import_bert", "import_roberta", "import_distilbert", "import_electra",
            "import_modernbert", "import_deberta", "fresh_heads",
            "import_marian", "import_nllb", "import_mbart", "import_t5", "import_peft"]

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from transduce import checkpoint
 from transduce.config import ConfigError, ModelConfig, preset
-from transduce.data.hf_tokenizer import TOKENIZER_JSON, HFTokenizer
+from transduce.data.hf_tokenizer import ADDED_TOKENS_JSON, TOKENIZER_JSON, HFTokenizer
 from transduce.importers import ForeignCheckpointError, check_directories, \
     check_foreign_options, check_tied_copy, refuse_unread, take_weight, unprefixed_names
 from transduce.importers.chat_settings import with_chat_settings
@@ -112,15 +112,19 @@ VOCAB_JSON, MERGES = "vocab.json", "merges.txt"    # the byte-level BPE pair's f
 
 
 def read_tokenizer(hf_dir: Path) -> HFTokenizer:
-    """The directory's tokenizer.json, else its vocab.json + merges.txt, with the bos,
-    eos and pad tokens its tokenizer_config.json / special_tokens_map.json name
-    (GPT-2's defaults: <|endoftext|> for bos and eos; no pad token, so eos pads)."""
+    """The directory's tokenizer.json, else its vocab.json + merges.txt (and the tokens
+    an added_tokens.json adds), with the bos, eos and pad tokens its
+    tokenizer_config.json / special_tokens_map.json name (GPT-2's defaults:
+    <|endoftext|> for bos and eos; no pad token, so eos pads)."""
     specials, _ = tokenizer_settings(hf_dir, {"bos": END_OF_TEXT, "eos": END_OF_TEXT,
                                               "pad": None})
     if (hf_dir / TOKENIZER_JSON).is_file():
         return HFTokenizer.from_file(hf_dir / TOKENIZER_JSON, **specials)
     if (hf_dir / VOCAB_JSON).is_file() and (hf_dir / MERGES).is_file():
-        return HFTokenizer.from_byte_level_bpe(hf_dir / VOCAB_JSON, hf_dir / MERGES, **specials)
+        added = hf_dir / ADDED_TOKENS_JSON
+        return HFTokenizer.from_byte_level_bpe(
+            hf_dir / VOCAB_JSON, hf_dir / MERGES, **specials,
+            added=_read_json(added) if added.is_file() else None)
     raise ForeignCheckpointError(f"{hf_dir}: no tokenizer ({TOKENIZER_JSON}, or {VOCAB_JSON} "
                                  f"and {MERGES})")
 

@@ -1,16 +1,16 @@
 """A PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors) trained on a
-Hugging Face Llama, Mistral, Qwen2, GPT-2, BLOOM, GPT-NeoX, StableLM, Phi, BERT, RoBERTa,
-DistilBERT, ELECTRA, Marian, NLLB, mBART-50 or T5 model -> our checkpoint of that model,
-imported (`import hf-llama`, `hf-gpt2`, `hf-bloom`, `hf-gpt-neox`, `hf-stablelm`,
-`hf-phi`, `hf-bert`, `hf-roberta`, `hf-distilbert`, `hf-electra`, `hf-marian`,
+Hugging Face Llama, Mistral, Qwen2, GPT-2, BLOOM, GPT-NeoX, StableLM, Phi, GPT-J, BERT,
+RoBERTa, DistilBERT, ELECTRA, Marian, NLLB, mBART-50 or T5 model -> our checkpoint of that
+model, imported (`import hf-llama`, `hf-gpt2`, `hf-bloom`, `hf-gpt-neox`, `hf-stablelm`,
+`hf-phi`, `hf-gptj`, `hf-bert`, `hf-roberta`, `hf-distilbert`, `hf-electra`, `hf-marian`,
 `hf-nllb`, `hf-mbart`, `hf-t5`) or the one `export hf` wrote it from, with the adapter
 merged into its weights.
 
 Each adapted module's update, scale * B A with scale = alpha / r (alpha / sqrt(r) with
 use_rslora; rank_pattern and alpha_pattern read as PEFT reads them), is added to the weight
 of the layer (importers/peft_layout.py) it sits on, in our layout (Marian's and Pegasus's
-model dimension permuted back, T5's queries scaled back, GPT-NeoX's, StableLM's and Phi's
-query and key rows put in our order of each head's features); GPT-2's c_attn's rows go to
+model dimension permuted back, T5's queries scaled back, GPT-NeoX's, StableLM's, Phi's and
+GPT-J's query and key rows put in our order of each head's features); GPT-2's c_attn's rows go to
 q, k and v, as Phi-3's qkv_proj's do (BLOOM's and GPT-NeoX's query_key_value's, head by
 head, likewise), and its gate_up_proj's to the gate and up projections.
 A sequence classifier's head and pooler, trained whole (modules_to_save), replace the
@@ -254,6 +254,7 @@ def _add_update(found: list, delta: Tensor, order: Tensor | None, config: ModelC
         if order is not None and place.writes_residual:
             update = update[order.argsort()]
         if place.rotary_rows:
-            update = heads_in_rotary_order(update, config.head_dim, config.rotary_dims)
+            update = heads_in_rotary_order(update, config.head_dim, config.rotary_dims,
+                                           interleaved=place.rotary_pairs)
         layer.weight += update.to(layer.weight.dtype)
 

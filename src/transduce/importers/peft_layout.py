@@ -3,9 +3,9 @@ language model's adapted layers is a module of LlamaForCausalLM (Mistral's and Q
 names are Llama's), of GPT2LMHeadModel, whose c_attn holds q, k and v in one Conv1D, or
 of BloomForCausalLM, whose query_key_value holds them head by head (each head's query,
 key and value rows together), of GPTNeoXForCausalLM (the same way), StableLmForCausalLM
-(Llama's names) or PhiForCausalLM, whose query and key rows are each head's in their
-rotary order (positional.heads_in_rotary_order: an update's rows are reordered as the
-weight's);
+(Llama's names), PhiForCausalLM or GPTJForCausalLM, whose query and key rows are each
+head's in their rotary order (positional.heads_in_rotary_order: an update's rows are
+reordered as the weight's);
 an encoder's, a module of BERT's, RoBERTa's or DistilBERT's layers (bert. or roberta.
 before encoder.layer.N.attention.self.query, .key, .value, attention.output.dense,
 intermediate.dense, output.dense; distilbert. before transformer.layer.N.attention.q_lin,
@@ -30,10 +30,10 @@ Pegasus, NLLB (M2M100) and mBART, T5's.
     self_attn.out_proj        self_attention.dense      attention.dense
     ffn.linear1, linear2      mlp.dense_h_to_4h, mlp.dense_4h_to_h (both)
 
-    ours (decoder.layers.N.)  Phi (model.layers.N.)
-    self_attn.q_proj          self_attn.q_proj (and k_proj, v_proj)
-    self_attn.out_proj        self_attn.dense
-    ffn.linear1, linear2      mlp.fc1, mlp.fc2
+    ours (decoder.layers.N.)  Phi (model.layers.N.)          GPT-J (transformer.h.N.)
+    self_attn.q_proj          self_attn.q_proj (and k, v)    attn.q_proj (and k, v)
+    self_attn.out_proj        self_attn.dense                attn.out_proj
+    ffn.linear1, linear2      mlp.fc1, mlp.fc2               mlp.fc_in, mlp.fc_out
 
     ours ({stack}.layers.N.)  BART (model.{stack}.layers.N.)  T5 ({stack}.block.N.)
     self_attn.q_proj          self_attn.q_proj                layer.0.SelfAttention.q
@@ -83,6 +83,9 @@ NEOX_NAMES = {"self_attn.out_proj": "attention.dense", "ffn.linear1": "mlp.dense
 PHI_NAMES = {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.k_proj",
              "self_attn.v_proj": "self_attn.v_proj", "self_attn.out_proj": "self_attn.dense",
              "ffn.linear1": "mlp.fc1", "ffn.linear2": "mlp.fc2"}
+GPTJ_NAMES = {"self_attn.q_proj": "attn.q_proj", "self_attn.k_proj": "attn.k_proj",
+              "self_attn.v_proj": "attn.v_proj", "self_attn.out_proj": "attn.out_proj",
+              "ffn.linear1": "mlp.fc_in", "ffn.linear2": "mlp.fc_out"}
 ROTARY_ROWS = ("self_attn.q_proj", "self_attn.k_proj")
 FUSED_QKV = ("c_attn", "query_key_value", "Wqkv")     # the modules that hold q, k and v
 FUSED_GATE = ("Wi",)            # ModernBERT's: the feed-forward input and gate (linear1, 3)
@@ -104,7 +107,8 @@ class Place:
     reads or writes the model dimension, which an export may permute (residual_order);
     the factor their weight carries over ours (T5's queries: d_kv^-0.5); and whether
     its rows are each head's in the format's rotary order (rotary_rows: GPT-NeoX's,
-    StableLM's and Phi's queries and keys)."""
+    StableLM's, Phi's and GPT-J's queries and keys; rotary_pairs: GPT-J's, whose rotated
+    pairs are adjacent)."""
 
     module: str
     part: int = 0
@@ -112,6 +116,7 @@ class Place:
     writes_residual: bool = False
     weight_scale: float = 1.0
     rotary_rows: bool = False
+    rotary_pairs: bool = False
 
 
 def is_gpt2_layout(config: ModelConfig) -> bool:
@@ -134,9 +139,12 @@ def is_gpt_neox_layout(config: ModelConfig) -> bool:
 
 
 def neox_family(config: ModelConfig) -> str:
-    """Which format holds a language model of that layout (is_gpt_neox_layout): "phi"
-    for parallel residuals over one norm or an output bias, "stablelm" for gated
-    feed-forward networks one after the attention, "gpt_neox" for the rest."""
+    """Which format holds a language model of that layout (is_gpt_neox_layout): "gptj"
+    for attention without biases, "phi" for parallel residuals over one norm or an
+    output bias, "stablelm" for gated feed-forward networks one after the attention,
+    "gpt_neox" for the rest."""
+    if not config.attention_bias:
+        return "gptj"
     if config.shared_norm or config.output_bias:
         return "phi"
     return "stablelm" if config.gated_ffn and not config.parallel_residual else "gpt_neox"
@@ -215,7 +223,8 @@ def _bloom_place(layer: str, index: int, ours: str) -> Place:
 
 
 def _neox_place(config: ModelConfig, layer: str, index: int, ours: str) -> Place:
-    """GPT-NeoX's (q, k, v fused head by head), StableLM's (Llama's names) or Phi's."""
+    """GPT-NeoX's (q, k, v fused head by head), StableLM's (Llama's names), Phi's or
+    GPT-J's."""
     family = neox_family(config)
     rotary = ours in ROTARY_ROWS
     if family == "gpt_neox" and ours in GPT2_QKV:
@@ -223,11 +232,13 @@ def _neox_place(config: ModelConfig, layer: str, index: int, ours: str) -> Place
                      GPT2_QKV.index(ours), rotary_rows=rotary)
     prefix, names = {"gpt_neox": ("gpt_neox.layers", NEOX_NAMES),
                      "stablelm": ("model.layers", LLAMA_NAMES),
-                     "phi": ("model.layers", PHI_NAMES)}[family]
+                     "phi": ("model.layers", PHI_NAMES),
+                     "gptj": ("transformer.h", GPTJ_NAMES)}[family]
     if ours not in names:
-        name = "GPT-NeoX" if family == "gpt_neox" else "Phi"
+        name = {"gpt_neox": "GPT-NeoX", "phi": "Phi", "gptj": "GPT-J"}[family]
         raise ValueError(f"{layer}: {name}'s feed-forward network has no third matrix")
-    return Place(f"{prefix}.{index}.{names[ours]}", rotary_rows=rotary)
+    return Place(f"{prefix}.{index}.{names[ours]}", rotary_rows=rotary,
+                 rotary_pairs=rotary and family == "gptj")
 
 
 def _translation_place(config: ModelConfig, layer: str, stack: str, index: int, ours: str

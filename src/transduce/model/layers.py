@@ -51,14 +51,16 @@ def attention_module(config: ModelConfig, kv_heads: int, *, rotary: Rotary | Non
     """A layer's self- or cross-attention as the configuration sets it: kv_heads key/value
     heads, self-attention of attention_type (default config.attention_type;
     cross-attention is softmax), rotary positions where given, the model's norm on each
-    head's queries and keys (qk_norm), its scores soft-capped (attention_softcap)."""
+    head's queries and keys (qk_norm), its scores soft-capped (attention_softcap), its
+    projections' biases where bias, attention_bias and qkv_bias give them."""
     c = config
     kind = self_attention_kind(attention_type or c.attention_type, c.attention_window,
                                c.global_tokens) if self_attention else "softmax"
-    return MultiHeadAttention(c.d_model, c.num_heads, kv_heads, bias=c.bias,
+    bias = c.bias and c.attention_bias
+    return MultiHeadAttention(c.d_model, c.num_heads, kv_heads, bias=bias,
                               dropout=c.attention_dropout, impl=c.attention_impl,
                               rotary=rotary, kind=kind, scale_scores=c.attention_scale,
-                              qkv_bias=c.bias or c.qkv_bias, head_dim=c.head_size,
+                              qkv_bias=bias or c.qkv_bias, head_dim=c.head_size,
                               qk_norm=partial(norm_module, c) if c.qk_norm else None,
                               qk_norm_across_heads=c.qk_norm_across_heads,
                               softcap=c.attention_softcap)

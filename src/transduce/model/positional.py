@@ -163,12 +163,23 @@ def partial_rotary_order(head_dim: int, rotary_dims: int) -> Tensor:
                       torch.arange(rotated, rotary_dims), others[half - rotated:]])
 
 
+def interleaved_pairs_order(head_dim: int, rotary_dims: int) -> Tensor:
+    """Where each feature of a head in GPT-NeoX's layout (partial_rotary_order's
+    "theirs") comes from in GPT-J's, which rotates the first R features in adjacent pairs
+    (2i, 2i + 1): neox[j] = gptj[order[j]] -> order (D,)."""
+    return torch.cat([torch.arange(0, rotary_dims, 2), torch.arange(1, rotary_dims, 2),
+                      torch.arange(rotary_dims, head_dim)])
+
+
 def heads_in_rotary_order(rows: Tensor, head_dim: int, rotary_dims: int | None, *,
-                          to_theirs: bool = False) -> Tensor:
+                          to_theirs: bool = False, interleaved: bool = False) -> Tensor:
     """A query or key projection's rows (H * D, ...) (or a norm's (D,)), each head's
     features put in our order from that of GPT-NeoX, Phi and transformers
-    (partial_rotary_order), or back (to_theirs) -> the same shape."""
+    (partial_rotary_order), or from GPT-J's and CodeGen's adjacent pairs (interleaved:
+    interleaved_pairs_order), or back (to_theirs) -> the same shape."""
     order = partial_rotary_order(head_dim, rotary_dims or head_dim)
+    if interleaved:
+        order = interleaved_pairs_order(head_dim, rotary_dims or head_dim)[order]
     if to_theirs:
         order = order.argsort()
     return rows.reshape(-1, head_dim, *rows.shape[1:])[:, order].reshape(rows.shape)
