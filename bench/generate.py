@@ -1,6 +1,7 @@
 """Language-model generation speed: our decoder-only model against Hugging Face's
 `generate` (GPT2LMHeadModel, LlamaForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM,
-Gemma2ForCausalLM, GPTNeoXForCausalLM or PhiForCausalLM), on the same weights.
+Gemma2ForCausalLM, GPTNeoXForCausalLM, PhiForCausalLM or CodeGenForCausalLM), on the
+same weights.
 
 A GPT-2 (124M), with `--family llama` a Llama of SmolLM2-135M's shape (30 layers of
 576, 9 heads sharing 3 key/value heads, SwiGLU 1536, tied embeddings), or with
@@ -15,10 +16,13 @@ so give --no-ctranslate2), or with `--family pythia` a GPT-NeoX of Pythia-160m's
 (12 layers of 768, 12 heads, parallel residuals, rotary positions on a quarter of each
 head, an untied output over 50,304 tokens), or with `--family phi` a Phi of phi-1_5's
 shape (24 layers of 2048, 32 heads, parallel residuals over one norm, rotary positions on
-half of each head, an untied output with a bias over 51,200 tokens); `--layers` etc.
+half of each head, an untied output with a bias over 51,200 tokens), or with `--family
+codegen` a CodeGen of codegen-350M's shape (20 layers of 1024, 16 heads, GPT-J's layer:
+parallel over one norm, bias-free attention, 32 of each head's 64 features turned in
+adjacent pairs, an untied output with a bias over 51,200 tokens); `--layers` etc.
 change any. It is built by transformers from a random config, saved with
 save_pretrained, and imported with `transduce import hf-gpt2` / `hf-llama` / `hf-gemma` /
-`hf-gpt-neox` / `hf-phi`, so every peer holds the same weights:
+`hf-gpt-neox` / `hf-phi` / `hf-gptj`, so every peer holds the same weights:
 - CTranslate2's Generator runs our `export ct2` of the import (float32, the same
   threads; `--no-ctranslate2` leaves it out) in a child process per call, which times
   itself after a warm-up: loaded into this process, its thread runtime slowed the
@@ -35,7 +39,7 @@ second of the whole call (prompt prefill included); the float32 peers' tokens ar
 equal to ours, token for token, and a quantized or bfloat16 peer counts its own. Decode
 speed by KV-cache kind (float32, int8, int4, sliding) is bench/kv_cache.py's.
 
-    python bench/generate.py [--family gpt2|llama|qwen3|gemma3|gemma2|pythia|phi]
+    python bench/generate.py [--family gpt2|llama|qwen3|gemma3|gemma2|pythia|phi|codegen]
         [--repeats 3]
         [--no-ctranslate2] [--no-onnx] [--our-dtypes bfloat16 int8] [--modules]
         [--out bench/results/generate-cpu.json]
@@ -64,7 +68,7 @@ from transduce.export import export_ctranslate2  # noqa: E402
 from transduce.decode.onnx_lm_engine import OnnxLanguageModel  # noqa: E402
 from transduce.export.onnx import export_onnx  # noqa: E402
 from transduce.importers import import_gemma, import_gpt2, import_gpt_neox, \
-    import_llama, import_phi  # noqa: E402
+    import_gptj, import_llama, import_phi  # noqa: E402
 
 # Each family's shape (overridden by the flags of the same names) and importer.
 FAMILIES = {
@@ -82,6 +86,8 @@ FAMILIES = {
                "vocab": 50304, "context": 2048, "importer": import_gpt_neox},
     "phi": {"layers": 24, "d_model": 2048, "heads": 32, "kv_heads": 32, "d_ff": 8192,
             "vocab": 51200, "context": 2048, "importer": import_phi},
+    "codegen": {"layers": 20, "d_model": 1024, "heads": 16, "kv_heads": 16, "d_ff": 4096,
+                "vocab": 51200, "context": 2048, "importer": import_gptj},
 }
 GEMMA3_WINDOW = 512        # gemma-3-270m's sliding window; every sixth layer full
 END = "<|endoftext|>"
@@ -118,6 +124,11 @@ def hf_model(args: argparse.Namespace):
             max_position_embeddings=args.context, vocab_size=args.vocab,
             partial_rotary_factor=0.5, bos_token_id=args.vocab - 1,
             eos_token_id=args.vocab - 1)).eval()
+    if args.family == "codegen":    # CodeGen's fused q, v, k; rotary_dim 32 (of 64)
+        return transformers.CodeGenForCausalLM(transformers.CodeGenConfig(
+            n_layer=args.layers, n_embd=args.d_model, n_head=args.heads, n_inner=args.d_ff,
+            n_positions=args.context, n_ctx=args.context, vocab_size=args.vocab,
+            rotary_dim=32, bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1)).eval()
     if args.family == "gemma2":     # Gemma2Config's window (4,096) and caps (50, 30)
         return transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
             num_hidden_layers=args.layers, hidden_size=args.d_model,
