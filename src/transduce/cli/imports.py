@@ -1,8 +1,8 @@
 """`transduce import hf-gpt2` / `hf-bloom` / `hf-gpt-neox` / `hf-stablelm` / `hf-olmo2` /
 `hf-phi` / `hf-gptj` (also called `hf-codegen`) / `hf-llama` / `hf-gemma` / `hf-bert` /
 `hf-roberta` (also called `hf-xlm-roberta`) / `hf-distilbert` / `hf-electra` /
-`hf-modernbert` / `hf-deberta` / `hf-marian` / `hf-nllb` (also called `hf-m2m100`) / `hf-mbart` / `hf-t5`: another
-toolkit's checkpoint as ours;
+`hf-modernbert` / `hf-deberta` / `hf-marian` / `hf-nllb` (also called `hf-m2m100`) /
+`hf-mbart` / `hf-t5`: another toolkit's checkpoint as ours;
 `peft`: a PEFT LoRA adapter merged into one of ours."""
 
 from __future__ import annotations

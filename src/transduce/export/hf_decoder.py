@@ -10,7 +10,7 @@ positions, LayerNorm, biases) as `GPT2LMHeadModel`, with ALiBi and a norm of the
 embeddings in place of the positions as `BloomForCausalLM`, and with rotary positions
 (on all or part of each head; parallel residuals or not) as `GPTNeoXForCausalLM`
 (hf_gpt_neox.py), with parallel residuals over one norm and an output bias as
-`PhiForCausalLM` (hf_phi.py), and with bias-free attention as well as `GPTJForCausalLM`
+`PhiForCausalLM` (hf_phi.py), and with bias-free attention besides as `GPTJForCausalLM`
 (hf_gptj.py), Llama's layer with LayerNorms as `StableLmForCausalLM`
 (hf_stablelm.py), and with norms on the sub-layers' outputs alone as `Olmo2ForCausalLM`
 (hf_olmo2.py).
@@ -67,9 +67,8 @@ def decoder_family(config: ModelConfig) -> Family:
     window), GPT-NeoX for rotary positions with LayerNorms (or on part of each head, or
     parallel residuals; StableLM with gated feed-forward networks; Phi with parallel
     residuals over one norm, or an output bias; GPT-J with bias-free attention), OLMo 2
-    for norms on
-    the sub-layers' outputs alone or of the queries and keys over all heads, BLOOM for
-    ALiBi, GPT-2 for the rest."""
+    for norms on the sub-layers' outputs alone or of the queries and keys over all
+    heads, BLOOM for ALiBi, GPT-2 for the rest."""
     if config.positional == "alibi":
         return BLOOM
     if config.positional != "rotary":

@@ -13,6 +13,7 @@ from transduce.config import ModelConfig
 from transduce.export.common import fixed_layout_problems
 from transduce.export.hf import Family
 from transduce.export.hf_gpt_neox import NEOX_ACTIVATIONS
+from transduce.export.hf_phi import lm_head_with_bias
 from transduce.model import DecoderOnly
 from transduce.model.positional import heads_in_rotary_order
 
@@ -47,11 +48,8 @@ def gptj_config(c: ModelConfig) -> dict:
 def gptj_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
     """Our weights under GPTJForCausalLM's names."""
     c, decoder = model.config, model.decoder
-    output = model.output_proj
     state = {"transformer.wte.weight": decoder.embed.embedding.weight,
-             "lm_head.weight": output.weight,
-             "lm_head.bias": output.weight.new_zeros(c.tgt_vocab_size) if output.bias is None
-             else output.bias}
+             **lm_head_with_bias(model)}
 
     def put(name: str, module, parts=("weight", "bias")) -> None:
         state.update({f"{name}.{part}": getattr(module, part) for part in parts})

@@ -44,14 +44,20 @@ def phi_config(c: ModelConfig) -> dict:
             "attention_dropout": c.attention_dropout}
 
 
+def lm_head_with_bias(model: DecoderOnly) -> dict[str, Tensor]:
+    """The output projection as an lm_head that always has a bias (Phi's, GPT-J's):
+    zeros for a model without one."""
+    output = model.output_proj
+    bias = output.bias if output.bias is not None else \
+        output.weight.new_zeros(model.config.tgt_vocab_size)
+    return {"lm_head.weight": output.weight, "lm_head.bias": bias}
+
+
 def phi_state_dict(model: DecoderOnly) -> dict[str, Tensor]:
     """Our weights under PhiForCausalLM's names."""
     c, decoder = model.config, model.decoder
-    output = model.output_proj
     state = {"model.embed_tokens.weight": decoder.embed.embedding.weight,
-             "lm_head.weight": output.weight,
-             "lm_head.bias": output.weight.new_zeros(c.tgt_vocab_size) if output.bias is None
-             else output.bias}
+             **lm_head_with_bias(model)}
 
     def put(name: str, module) -> None:
         state[f"{name}.weight"], state[f"{name}.bias"] = module.weight, module.bias

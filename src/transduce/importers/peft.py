@@ -10,9 +10,10 @@ Each adapted module's update, scale * B A with scale = alpha / r (alpha / sqrt(r
 use_rslora; rank_pattern and alpha_pattern read as PEFT reads them), is added to the weight
 of the layer (importers/peft_layout.py) it sits on, in our layout (Marian's and Pegasus's
 model dimension permuted back, T5's queries scaled back, GPT-NeoX's, StableLM's, Phi's and
-GPT-J's query and key rows put in our order of each head's features); GPT-2's c_attn's rows go to
-q, k and v, as Phi-3's qkv_proj's do (BLOOM's and GPT-NeoX's query_key_value's, head by
-head, likewise), and its gate_up_proj's to the gate and up projections.
+GPT-J's query and key rows put in our order of each head's features); GPT-2's c_attn's
+rows go to q, k and v, as Phi-3's qkv_proj's do (BLOOM's and GPT-NeoX's
+query_key_value's, head by head, likewise), and its gate_up_proj's to the gate and up
+projections.
 A sequence classifier's head and pooler, trained whole (modules_to_save), replace the
 base's (importers/peft_heads.py); a language model's adapters on lm_head and its token
 embedding go to its output projection and embedding (importers/peft_vocabulary.py). What
