@@ -2,18 +2,20 @@
 transformers.Olmo2ForCausalLM computes (logits, left-padded batches, greedy generation
 through the cache) with its norms on the sub-layers' outputs alone and of the queries
 and keys over all heads, grouped-query attention or not; the exports to transformers
-and ONNX compute it again, CTranslate2's refuses it by name; what we cannot reproduce
-is refused by name with nothing written."""
+and ONNX compute it again, CTranslate2's refuses it by name, PEFT's adapters go both
+ways; what we cannot reproduce is refused by name with nothing written."""
 
 import pytest
 import torch
 
-from tests.foreign_checkpoints import assert_refused, assert_same_greedy_tokens, \
+from tests.foreign_checkpoints import assert_a_lora_run_goes_to_peft, \
+    assert_peft_adapter_merges, assert_refused, assert_same_greedy_tokens, \
     assert_same_logits, assert_same_onnx_logits, damaged, saved_with_drawn_norms
 from transduce.cli import main
 from transduce.export.common import ExportError
 from transduce.importers import import_olmo2
 from transduce.model import DecoderOnly, load_model
+from tests.train.test_lm import counting  # noqa: F401 - a fixture
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -88,6 +90,14 @@ def test_the_ctranslate2_export_refuses_its_norms_by_name(imported, tmp_path):
     assert not (tmp_path / "ct2").exists()
 
 
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_a_peft_adapter_merges_into_the_import(imported, tmp_path):
+    """PEFT's LoRA on OLMo 2's Llama names; its norms of the whole query and key
+    projections stay as imported, after the adapted projections."""
+    _, ours, out = imported
+    assert_peft_adapter_merges(ours, out, tmp_path, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def small_hf(neox_tokenizer, tmp_path_factory):
     directory = tmp_path_factory.mktemp("small") / "hf"
@@ -106,3 +116,9 @@ def small_hf(neox_tokenizer, tmp_path_factory):
 def test_refuses_options_it_cannot_reproduce(small_hf, tmp_path, change, message):
     directory = damaged(small_hf, tmp_path, config=lambda c: c.update(change))
     assert_refused(import_olmo2, directory, tmp_path, message)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")
+def test_a_lora_run_goes_to_peft(small_hf, counting, tmp_path):  # noqa: F811
+    """`export peft` of a LoRA run on the import: PEFT puts it on Olmo2ForCausalLM."""
+    assert_a_lora_run_goes_to_peft(small_hf, import_olmo2, counting, tmp_path)
