@@ -302,6 +302,6 @@ def test_ctranslate2_refuses_what_its_decoder_cannot_express(tmp_path, tiny_corp
     with pytest.raises(ExportError, match="cannot export to CTranslate2: attention_type="
                                           "'linear'.*qk_norm=True with norm='layer' "
                                           r"\(CTranslate2 normalizes queries and keys by "
-                                          "RMSNorm only\).*norm_first=False"):
+                                          r"RMSNorm only\).*norm_first=False"):
         export_ctranslate2(path, tmp_path / "ct2")
     assert not (tmp_path / "ct2").exists()

@@ -155,6 +155,9 @@ class ModelConfig(ValidatedConfig):
     qk_norm_across_heads: with qk_norm, arch "decoder": one norm over all of a position's
     query heads together (num_heads * head_dim features), and one over its key heads, in
     place of one over each head (OLMo 2's).
+    qk_norm_per_head: with qk_norm, arch "decoder": each head's norm of its queries, and
+    of its keys, has a gain of its own and no bias (StableLM 2 12B's), in place of one
+    gain shared by the heads.
     input_norms: False, arch "decoder" with sandwich_norm: each sub-layer reads x as it is
     and only its output is normalized before the residual sum, x + Norm(Sublayer(x))
     (OLMo 2's); the stack keeps its final norm.
@@ -227,6 +230,7 @@ class ModelConfig(ValidatedConfig):
     attention_bias: bool = True
     qk_norm: bool = False
     qk_norm_across_heads: bool = False
+    qk_norm_per_head: bool = False
     norm_first: bool = False
     sandwich_norm: bool = False
     input_norms: bool = True
@@ -517,12 +521,21 @@ class ModelConfig(ValidatedConfig):
 
     def _check_olmo2_norms(self) -> None:
         """qk_norm_across_heads and input_norms=False: a decoder-only model's (OLMo 2's),
-        the first with qk_norm, the second with sandwich norms."""
+        the first with qk_norm, the second with sandwich norms; qk_norm_per_head (StableLM
+        2 12B's) with qk_norm over each head."""
         if self.qk_norm_across_heads and (self.arch != "decoder" or not self.qk_norm):
             raise ConfigError(f"ModelConfig.qk_norm_across_heads=True normalizes a decoder-only "
                               f"model's queries and keys over all heads: it needs "
                               f"arch='decoder' and qk_norm=True, not arch={self.arch!r}, "
                               f"qk_norm={self.qk_norm}")
+        if self.qk_norm_per_head and (self.arch != "decoder" or not self.qk_norm
+                                      or self.qk_norm_across_heads):
+            raise ConfigError(f"ModelConfig.qk_norm_per_head=True gives each head of a "
+                              f"decoder-only model its own norm of the queries and keys: it "
+                              f"needs arch='decoder', qk_norm=True and not "
+                              f"qk_norm_across_heads, not arch={self.arch!r}, qk_norm="
+                              f"{self.qk_norm}, qk_norm_across_heads="
+                              f"{self.qk_norm_across_heads}")
         if not self.input_norms and (self.arch != "decoder" or not self.sandwich_norm):
             raise ConfigError(f"ModelConfig.input_norms=False leaves a decoder-only model's "
                               f"sub-layers only their output norms: it needs arch='decoder' "

@@ -132,6 +132,15 @@ NEOX_LIKE = {"parallel_residual": True, "positional": "rotary", "rotary_dims": 4
 PHI_LIKE = {**NEOX_LIKE, "shared_norm": True, "output_bias": True, "activation": "gelu-tanh"}
 
 
+# GPT-J's: Phi's layer with bias-free attention; StableLM 2 12B's: Llama's layer with
+# LayerNorms, parallel over one norm, each head's queries and keys normalized with a gain
+# of its own.
+GPTJ_LIKE = {**PHI_LIKE, "attention_bias": False}
+STABLELM_12B_LIKE = {"norm": "layer", "parallel_residual": True, "shared_norm": True,
+                     "positional": "rotary", "rotary_dims": 4, "qk_norm": True,
+                     "qk_norm_per_head": True}
+
+
 # OLMo 2's layers: norms on the sub-layers' outputs alone, queries and keys normalized
 # over all heads together.
 OLMO2_LIKE = {"sandwich_norm": True, "input_norms": False, "qk_norm": True,
@@ -141,6 +150,8 @@ OLMO2_LIKE = {"sandwich_norm": True, "input_norms": False, "qk_norm": True,
 @pytest.mark.parametrize("name, changes", [("gpt-tiny", {}), ("llama-tiny", {}),
                                            ("llama-tiny", NEOX_LIKE),
                                            ("llama-tiny", PHI_LIKE),
+                                           ("llama-tiny", GPTJ_LIKE),
+                                           ("llama-tiny", STABLELM_12B_LIKE),
                                            ("llama-tiny", OLMO2_LIKE),
                                            ("gpt-tiny", {"positional": "alibi"}),
                                            ("llama-tiny", {"qk_norm": True}),

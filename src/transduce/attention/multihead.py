@@ -19,6 +19,7 @@ import math
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transduce.attention.checks import check_dropout
@@ -52,7 +53,9 @@ class MultiHeadAttention(nn.Module):
     queries and keys as they are split, before rotary positions (Qwen3's): the cache
     then holds normalized keys, and cross-attention's keys are normalized once per
     source. qk_norm_across_heads: they are made over every head of a position together
-    (num_heads * head_dim, num_kv_heads * head_dim: OLMo 2's), AcrossHeads.
+    (num_heads * head_dim, num_kv_heads * head_dim: OLMo 2's), AcrossHeads;
+    qk_norm_per_head: each head's with a gain of its own and no bias (StableLM 2 12B's),
+    PerHead.
     softcap: every score s becomes softcap * tanh(s / softcap) (Gemma 2's; see
     kernels.attention), self- and cross-attention alike.
     """
@@ -62,7 +65,8 @@ class MultiHeadAttention(nn.Module):
                  rotary: Rotary | None = None, kind: AttentionKind | str = "softmax",
                  window: int = 16, scale_scores: bool = True, qkv_bias: bool | None = None,
                  head_dim: int | None = None, qk_norm: NormFactory | None = None,
-                 softcap: float | None = None, qk_norm_across_heads: bool = False):
+                 softcap: float | None = None, qk_norm_across_heads: bool = False,
+                 qk_norm_per_head: bool = False):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if d_model < 1 or num_heads < 1:
@@ -92,6 +96,9 @@ class MultiHeadAttention(nn.Module):
         if qk_norm is not None and qk_norm_across_heads:
             self.q_norm = AcrossHeads(qk_norm(num_heads * self.head_dim))
             self.k_norm = AcrossHeads(qk_norm(kv_dim))
+        elif qk_norm is not None and qk_norm_per_head:
+            self.q_norm = PerHead(qk_norm(self.head_dim), num_heads)
+            self.k_norm = PerHead(qk_norm(self.head_dim), self.num_kv_heads)
         elif qk_norm is not None:
             self.q_norm, self.k_norm = qk_norm(self.head_dim), qk_norm(self.head_dim)
 
@@ -287,3 +294,23 @@ class AcrossHeads(nn.Module):
         batch, heads, tokens, size = x.size(0), x.size(1), x.size(2), x.size(3)
         flat = self.norm(x.transpose(1, 2).reshape(batch, tokens, heads * size))
         return flat.view(batch, tokens, heads, size).transpose(1, 2)
+
+
+class PerHead(nn.Module):
+    """A norm of each head's features with a gain of its own per head and no bias
+    (StableLM 2 12B's q_layernorm and k_layernorm), where the others share one gain:
+    `norm` gives the kind (LayerNorm or RMSNorm) and its epsilon."""
+
+    def __init__(self, norm: nn.Module, heads: int):
+        super().__init__()
+        self.rms = isinstance(norm, nn.RMSNorm)
+        self.size = norm.normalized_shape[0]
+        self.eps = norm.eps
+        self.weight = nn.Parameter(torch.ones(heads, self.size))           # (H, D)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Heads (B, H, T, D) -> (B, H, T, D)."""
+        shape = (self.size,)
+        normed = F.rms_norm(x, shape, None, self.eps) if self.rms else \
+            F.layer_norm(x, shape, None, None, self.eps)
+        return normed * self.weight.unsqueeze(1).to(normed.dtype)

@@ -37,11 +37,12 @@ def register(commands) -> None:
                 "checkpoint (parallel residuals, rotary positions on part of each head); "
                 "options the model cannot reproduce are refused by name.")
     _add_format(formats, import_hf_stablelm, "hf-stablelm",
-                "Hugging Face StableLM: stablelm-2-1_6b, stablelm-3b-4e1t, their chat "
-                "twins (StableLmForCausalLM directory)",
+                "Hugging Face StableLM: stablelm-2-1_6b, stablelm-2-12b, stablelm-3b-4e1t, "
+                "their chat twins (StableLmForCausalLM directory)",
                 "Import a Hugging Face StableLM directory (config.json, model.safetensors, "
                 "its shards or pytorch_model.bin, tokenizer.json) as a decoder-only "
-                "checkpoint (LayerNorms, SwiGLU, rotary positions on part of each head); "
+                "checkpoint (LayerNorms, SwiGLU, rotary positions on part of each head; "
+                "the 12B's parallel layers and norms of each head's queries and keys); "
                 "options the model cannot reproduce are refused by name.")
     _add_format(formats, import_hf_olmo2, "hf-olmo2",
                 "Hugging Face OLMo 2: OLMo-2 1B to 32B and their Instruct twins "

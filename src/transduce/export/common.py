@@ -32,7 +32,8 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                             modernbert: bool = False,
                             projected_embeddings: bool = False,
                             neox: bool = False, olmo2: bool = False,
-                            phi: bool = False, attention_bias: bool = False) -> list[str]:
+                            phi: bool = False, attention_bias: bool = False,
+                            qk_norm_per_head: bool = False) -> list[str]:
     """What no format here can hold: another shape than the format's `arch` (RNN
     models among them), non-softmax self-attention (sliding-window softmax attention
     where the format masks it: `sliding`), score biases (but those of `score_bias`:
@@ -49,8 +50,10 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
     on part of each head (unless the format has them: `neox`, GPT-NeoX's), and norms on
     the sub-layers' outputs alone or of the queries and keys over all heads (unless the
     format has them: `olmo2`), a parallel layer's one norm or a language model's
-    output bias (unless the format has them: `phi`), and attention without the biases
-    the rest of the model has (unless the format's is: `attention_bias`, GPT-J's)."""
+    output bias (unless the format has them: `phi`), attention without the biases the
+    rest of the model has (unless the format's is: `attention_bias`, GPT-J's), and norms
+    of the queries and keys with a gain per head (unless the format has them:
+    `qk_norm_per_head`, StableLM's)."""
     problems = [] if modernbert else _modernbert_fields(c)
     if c.embedding_size is not None and not projected_embeddings:
         problems.append(f"embedding_size={c.embedding_size} (the format embeds at d_model="
@@ -92,6 +95,9 @@ def not_a_plain_transformer(c: ModelConfig, arch: str = "transformer", *,
                             "for each sub-layer)")
         if c.output_bias and c.arch == "decoder":
             problems.append("output_bias=True (the format's output has no bias)")
+    if c.qk_norm_per_head and not qk_norm_per_head:
+        problems.append("qk_norm_per_head=True (the format's norms of the queries and keys "
+                        "share one gain across heads)")
     if not c.attention_bias and not attention_bias:
         problems.append("attention_bias=False (the format's attention has biases where the "
                         "rest of the model has them)")

@@ -93,15 +93,18 @@ def check_decoder_exportable(model: DecoderOnly) -> None:
     problems = not_a_plain_transformer(c, arch="decoder",
                                        sliding=family in (MISTRAL, QWEN2, QWEN3, *GEMMAS),
                                        any_head_size=family is not GPT2,   # head_dim
-                                       qk_norm=family in (QWEN3, GEMMA3, OLMO2, PHI),
+                                       qk_norm=family in (QWEN3, GEMMA3, OLMO2, PHI,
+                                                          STABLELM),
                                        mixed=family in (QWEN2, QWEN3),
                                        gemma=family in (*GEMMAS, OLMO2),   # sandwich norms
                                        softcap=family in GEMMAS,
                                        score_bias=("alibi",) if family is BLOOM else (),
                                        embedding_norm=family is BLOOM,
                                        neox=family in (GPT_NEOX, STABLELM, PHI, GPTJ),
-                                       olmo2=family is OLMO2, phi=family in (PHI, GPTJ),
-                                       attention_bias=family is GPTJ)
+                                       olmo2=family is OLMO2,
+                                       phi=family in (PHI, GPTJ, STABLELM),   # shared_norm
+                                       attention_bias=family is GPTJ,
+                                       qk_norm_per_head=family is STABLELM)
     if family in (GPT_NEOX, STABLELM, OLMO2, PHI, GPTJ):   # their layouts: hf_phi.py, ...
         problems += {GPT_NEOX: gpt_neox_problems, STABLELM: stablelm_problems,
                      OLMO2: olmo2_problems, PHI: phi_problems, GPTJ: gptj_problems}[family](c)

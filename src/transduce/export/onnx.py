@@ -69,7 +69,7 @@ def check_onnx_exportable(model: nn.Module) -> None:
                                        qk_norm=True, gemma=arch == "decoder",
                                        softcap=arch == "decoder", embedding_norm=True,
                                        neox=True, olmo2=True, phi=True,
-                                       attention_bias=True)
+                                       attention_bias=True, qk_norm_per_head=True)
     if arch not in ONNX_ARCHS:
         problems[0] = (f"arch={arch!r} (the export holds the Transformer's three shapes, "
                        f"arch {', '.join(map(repr, ONNX_ARCHS))})")

@@ -325,7 +325,7 @@ def layer_weights(take: Callable[..., Tensor], config: ModelConfig, ours: str,
                                                    n_out, n_in)
         if config.qkv_bias and ours_name in QKV:
             state[f"{ours}.{ours_name}.bias"] = take(f"{theirs}.{theirs_name}.bias", n_out)
-    if config.qk_norm:
+    if config.qk_norm and not config.qk_norm_per_head:       # (StableLM 2 12B's: its own)
         for name in ("q_norm", "k_norm"):
             state[f"{ours}.self_attn.{name}.weight"] = take(
                 f"{theirs}.self_attn.{name}.weight", config.head_dim)

@@ -1,5 +1,5 @@
 """Hugging Face StableLM (StableLmForCausalLM directories: stablelm-2-1_6b and its chat
-and Zephyr twins, stablelm-3b-4e1t) -> our DecoderOnly.
+and Zephyr twins, stablelm-2-12b and its chat twin, stablelm-3b-4e1t) -> our DecoderOnly.
 
 StableLM is Llama's layer (SwiGLU, grouped-query attention, no biases but, in
 StableLM 2, on the query, key and value projections) with GPT-NeoX's LayerNorms (gain
@@ -16,8 +16,11 @@ norm "layer", qkv_bias, rotary_dims. Its rotated features come first in pairs
     norm                                   decoder.final_norm
     lm_head                                output_proj (tied or not)
 
-Refused by name: StableLM 2 12B's norms of each head's queries and keys
-(qk_layernorm) and its parallel residuals, which share one norm.
+StableLM 2 12B's layers are parallel over their one norm (use_parallel_residual:
+parallel_residual with shared_norm, no post_attention_layernorm) and normalize each
+head's queries and keys with a gain of that head's own (qk_layernorm: qk_norm with
+qk_norm_per_head; layers.N.self_attn.q_layernorm.norms.H, k_layernorm.norms.H ->
+self_attn.q_norm, k_norm, one row a head, in our order of its features).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from transduce.config import ModelConfig
@@ -37,8 +41,6 @@ from transduce.importers.hf_llama import ACTIVATIONS, import_decoder, layer_weig
 from transduce.model.positional import heads_in_rotary_order
 
 MODEL_TYPES = ("stablelm",)
-# Options whose other value changes what the model computes: name -> the value we have.
-FIXED_OPTIONS = {"qk_layernorm": False, "use_parallel_residual": False}
 SPECIALS = {"bos": END_OF_TEXT, "eos": END_OF_TEXT, "pad": None}
 
 
@@ -46,17 +48,22 @@ def import_stablelm(hf_dir: Path | str, out: Path | str) -> Path:
     """Read a Hugging Face StableLM directory (config.json, model.safetensors, its
     shards or pytorch_model.bin, tokenizer.json) and write it as our checkpoint at `out`,
     replacing one there; nothing is written unless everything was read and checked."""
-    return import_decoder(hf_dir, out, MODEL_TYPES, FIXED_OPTIONS, ("silu", ACTIVATIONS),
+    return import_decoder(hf_dir, out, MODEL_TYPES, {}, ("silu", ACTIVATIONS),
                           SPECIALS, model_config, map_weights, "hf-stablelm")
 
 
 def model_config(hf: dict[str, Any], config_file: Path, tokenizer: HFTokenizer,
                  activation: str) -> ModelConfig:
     """The "llama-small" preset with StableLM's sizes, LayerNorms, query, key and value
-    biases (or none) and rotary positions on part of each head."""
+    biases (or none), rotary positions on part of each head, and StableLM 2 12B's
+    parallel layers and norms of each head's queries and keys."""
+    parallel, per_head = (bool(hf.get(name, False))
+                          for name in ("use_parallel_residual", "qk_layernorm"))
     return llama_layer_config(
         hf, config_file, tokenizer, activation, norm="layer",
         layer_norm_eps=hf.get("layer_norm_eps", 1e-5), qkv_bias=hf.get("use_qkv_bias", False),
+        parallel_residual=parallel, shared_norm=parallel, qk_norm=per_head,
+        qk_norm_per_head=per_head,
         then=lambda config: rotary_fields(hf, config_file, config.head_dim))
 
 
@@ -81,11 +88,27 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
             for part in ("weight", "bias") if config.qkv_bias else ("weight",):
                 key = f"{ours}.self_attn.{proj}.{part}"
                 state[key] = heads_in_rotary_order(state[key], dim, config.rotary_dims)
-        norms |= {f"{ours}.norm1": f"{theirs}.input_layernorm",
-                  f"{ours}.norm3": f"{theirs}.post_attention_layernorm"}
+        if config.qk_norm_per_head:
+            state |= per_head_norms(take, config, ours, theirs)
+        norms[f"{ours}.norm1"] = f"{theirs}.input_layernorm"
+        if not config.shared_norm:
+            norms[f"{ours}.norm3"] = f"{theirs}.post_attention_layernorm"
     for ours, theirs in norms.items():
         for part in ("weight", "bias"):
             state[f"{ours}.{part}"] = take(f"{theirs}.{part}", c)
     state["output_proj.weight"] = output_projection(tensors, names, embedding, config, source)
     refuse_unread(names, source)
+    return state
+
+
+def per_head_norms(take, config: ModelConfig, ours: str, theirs: str) -> dict[str, Tensor]:
+    """StableLM 2 12B's q_layernorm and k_layernorm, a LayerNorm gain (no bias) for each
+    head -> our q_norm and k_norm weights (H, D) and (Hkv, D), each head's features in
+    our order."""
+    state, dim = {}, config.head_dim
+    for name, heads in (("q", config.num_heads), ("k", config.kv_heads)):
+        gains = torch.stack([take(f"{theirs}.self_attn.{name}_layernorm.norms.{h}.weight", dim)
+                             for h in range(heads)])                          # (H, D)
+        state[f"{ours}.self_attn.{name}_norm.weight"] = heads_in_rotary_order(
+            gains.reshape(-1), dim, config.rotary_dims).view(heads, dim)
     return state

@@ -140,14 +140,14 @@ def is_gpt_neox_layout(config: ModelConfig) -> bool:
 
 def neox_family(config: ModelConfig) -> str:
     """Which format holds a language model of that layout (is_gpt_neox_layout): "gptj"
-    for attention without biases, "phi" for parallel residuals over one norm or an
-    output bias, "stablelm" for gated feed-forward networks one after the attention,
-    "gpt_neox" for the rest."""
+    for attention without biases, "stablelm" for gated feed-forward networks (one after
+    the attention, or parallel over one norm: StableLM 2 12B's), "phi" for the other
+    parallel residuals over one norm or an output bias, "gpt_neox" for the rest."""
     if not config.attention_bias:
         return "gptj"
-    if config.shared_norm or config.output_bias:
-        return "phi"
-    return "stablelm" if config.gated_ffn and not config.parallel_residual else "gpt_neox"
+    if config.gated_ffn:
+        return "stablelm"
+    return "phi" if config.shared_norm or config.output_bias else "gpt_neox"
 
 
 def fused_rows(config: ModelConfig, module: str) -> Tensor | None:

@@ -63,6 +63,7 @@ def attention_module(config: ModelConfig, kv_heads: int, *, rotary: Rotary | Non
                               qkv_bias=bias or c.qkv_bias, head_dim=c.head_size,
                               qk_norm=partial(norm_module, c) if c.qk_norm else None,
                               qk_norm_across_heads=c.qk_norm_across_heads,
+                              qk_norm_per_head=c.qk_norm_per_head,
                               softcap=c.attention_softcap)
 
 
