@@ -170,6 +170,10 @@ def test_a_sliding_window_exports_as_mistral_and_imports_back(tmp_path, tiny_cor
     # rotary positions with LayerNorms are StableLM's (with SwiGLU) or GPT-NeoX's
     ("llama-tiny", {"bias": True, "norm": "layer"},
      "cannot export to StableLM: bias=True (the format's is False)"),
+    ("llama-tiny", {"norm": "layer", "parallel_residual": True, "qk_norm": True},
+     "cannot export to StableLM: parallel_residual=True with shared_norm=False (StableLM's "
+     "parallel layers, and only they, read one norm); qk_norm=True without "
+     "qk_norm_per_head"),
     ("llama-tiny", {"gated_ffn": False, "norm": "layer", "activation": "gelu"},
      "cannot export to GPT-NeoX: bias=False (the format's is True); num_kv_heads=2 "
      "(GPT-NeoX has full multi-head attention)"),

@@ -67,7 +67,7 @@ def test_logits_match_transformers(imported):
     assert c.tie_embeddings == ("none" if gptj else "all")
     assert c.d_ff == (4 * 48 if gptj else 96)
     names = ours.state_dict()
-    assert not any(".norm3." in name or "_attn." in name and name.endswith(".bias")
+    assert not any(".norm3." in name or ("_attn." in name and name.endswith(".bias"))
                    for name in names)
     assert "decoder.layers.0.ffn.linear1.bias" in names
     assert_same_logits(hf, ours, atol=2e-5)

@@ -142,3 +142,13 @@ def test_a_lora_run_goes_to_peft(small_hf, counting, tmp_path):  # noqa: F811
     """`export peft` of a LoRA run on the import: B's query and key rows in StableLM's
     rotary order."""
     assert_a_lora_run_goes_to_peft(small_hf, import_stablelm, counting, tmp_path)
+
+
+def test_qk_norm_per_head_is_a_decoder_s_norm_of_each_head():
+    from transduce.config import ConfigError, ModelConfig
+
+    for fields in ({"arch": "decoder"}, {"arch": "decoder", "qk_norm": True,
+                                         "qk_norm_across_heads": True},
+                   {"arch": "transformer", "qk_norm": True}):
+        with pytest.raises(ConfigError, match="qk_norm_per_head=True"):
+            ModelConfig(qk_norm_per_head=True, **fields)
