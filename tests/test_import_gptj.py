@@ -39,8 +39,9 @@ def hf_checkpoint(directory, tokenizer_dir, kind="gptj", seed=0, **config):
     return saved_with_drawn_norms(model, directory, tokenizer_dir, norms=("ln_",))
 
 
-# GPT-J-6B's layout (a quarter of each head rotated, untied output), and CodeGen's (its
-# fused projection in four blocks) with half of each head rotated, tied, exact GELU.
+# GPT-J-6B's layout (part of each head rotated: a third here, a quarter in GPT-J-6B;
+# untied output), and CodeGen's (its fused projection in four blocks) with half of each
+# head rotated, tied, exact GELU.
 CONFIGS = [dict(kind="gptj", n_embd=48, n_layer=2, n_head=4, rotary_dim=4, seed=6),
            dict(kind="codegen", n_embd=64, n_layer=2, n_head=4, n_inner=96, rotary_dim=8,
                 tie_word_embeddings=True, activation_function="gelu",
