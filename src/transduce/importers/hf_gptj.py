@@ -41,10 +41,11 @@ from torch import Tensor
 from transduce.config import ConfigError, ModelConfig, preset
 from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.importers import ForeignCheckpointError, check_directories, \
-    check_foreign_options, check_tied_copy, refuse_unread, take_weight, unprefixed_names
+    check_foreign_options, refuse_unread, take_weight, unprefixed_names
 from transduce.importers.chat_settings import with_chat_settings
 from transduce.importers.hf_gpt2 import ACTIVATIONS, HF_CONFIG, _read_json, read_tokenizer
-from transduce.importers.hf_llama import check_special_ids, required_field, save_import
+from transduce.importers.hf_llama import check_special_ids, output_projection, \
+    required_field, save_import
 from transduce.model.positional import heads_in_rotary_order
 
 MODEL_TYPES = ("gptj", "codegen")
@@ -152,12 +153,8 @@ def map_weights(tensors: dict[str, Tensor], config: ModelConfig,
             state[f"{ours}.norm1.{part}"] = take(f"{theirs}.ln_1.{part}", c)
     for part in ("weight", "bias"):
         state[f"decoder.final_norm.{part}"] = take(f"ln_f.{part}", c)
-    if config.tie_embeddings == "none":
-        state["output_proj.weight"] = take("lm_head.weight", config.tgt_vocab_size, c)
-    else:
-        check_tied_copy(tensors, names, source, "lm_head.weight", embedding, "wte.weight",
-                        "tie_word_embeddings is true")
-        state["output_proj.weight"] = embedding
+    state["output_proj.weight"] = output_projection(tensors, names, embedding, config, source,
+                                                    "wte.weight")
     state["output_proj.bias"] = take("lm_head.bias", config.tgt_vocab_size)
     refuse_unread(names, source, _IGNORED)
     return state

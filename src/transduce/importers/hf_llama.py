@@ -349,11 +349,12 @@ def fused_layer_weights(take: Callable[..., Tensor], config: ModelConfig, ours: 
 
 
 def output_projection(tensors: dict[str, Tensor], names: dict[str, str], embedding: Tensor,
-                       config: ModelConfig, source: Path) -> Tensor:
-    """lm_head (V, C): its own matrix, or the token embeddings when tied (a stored copy
-    must then equal them)."""
+                      config: ModelConfig, source: Path,
+                      embedding_name: str = "embed_tokens.weight") -> Tensor:
+    """lm_head (V, C): its own matrix, or the token embeddings (stored as
+    embedding_name) when tied (a stored copy must then equal them)."""
     if config.tie_embeddings == "none":
         return take_weight(tensors, names, source, "lm_head.weight", *embedding.shape)
-    check_tied_copy(tensors, names, source, "lm_head.weight", embedding, "embed_tokens.weight",
+    check_tied_copy(tensors, names, source, "lm_head.weight", embedding, embedding_name,
                     "tie_word_embeddings is true")
     return embedding
