@@ -6,7 +6,11 @@ imports triton); with one, they run compiled on CUDA.
 Shapes are small and tiles 16 wide so that every edge case crosses tile borders.
 """
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -299,3 +303,21 @@ def test_segments_of_the_wrong_shape_or_dtype_are_named():
         attention(q, k, k, Segments(numbers[:, :5], numbers[:, :5]), impl="triton")
     with pytest.raises(ValueError, match=r"Segments\.queries .*float32"):
         attention(q, k, k, Segments(numbers[:, :5].float(), numbers), impl="triton")
+
+
+@pytest.mark.parametrize("float_type", ["fp32", "fp64"])
+def test_the_kernels_compute_in_float32_whatever_type_their_float_arguments_arrive_in(
+        float_type):
+    """torch.compile launches the kernels (`transduce train --compile` with
+    impl="triton") with their float arguments typed fp64, not fp32 as Triton's own
+    launcher does; the kernels convert them once, so the scores stay float32 (before,
+    the forward kernel did not compile and the backward kernels ran in float64). Checked
+    in the kernels' IR for a Hopper GPU, which compiles on a machine without one."""
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("triton_ir.py")
+    result = subprocess.run([sys.executable, str(script), float_type], env=environment,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found == {name: [] for name in ("forward_kernel", "dkdv_kernel", "dq_kernel",
+                                           "keep_mask_kernel")}

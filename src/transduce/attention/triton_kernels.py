@@ -62,6 +62,15 @@ def _tile_scores(q, k_ptrs, mask_ptrs, q_nums, k_nums, bias_row, offs_m, offs_n,
 
 
 @triton.jit
+def _float32(x):
+    """A float argument as float32. Triton types a Python float as float32 when it
+    launches a kernel itself, but torch.compile's launcher passes it as float64, which
+    would turn every score computed from it into float64 (and the forward kernel's loop
+    state with it, which Triton refuses)."""
+    return tl.cast(x, tl.float32)
+
+
+@triton.jit
 def _dropout_keep(seed, bh, offs_m, offs_n, T, S, dropout_p):
     """Keep mask of one tile, drawn from the seed at a position-dependent offset: (M, N)."""
     rows = (bh * T + offs_m).to(tl.int64)
@@ -128,6 +137,7 @@ def forward_kernel(Q, K, V, Mask, QNum, KNum, Bias, Out, Lse,
     Bias: the position bias (H, T + S - 1), contiguous. Causal blocks run last rows first
     (they have the most keys), so the short ones fill the tail of the launch. SEGMENTS:
     only the key tiles of the block's own sentences are walked."""
+    qk_scale, dropout_p = _float32(qk_scale), _float32(dropout_p)
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -191,6 +201,7 @@ def dkdv_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DK, DV,
     """grid (cdiv(S, BLOCK_N), B * Hkv): dK, dV (B, Hkv, S, D) of one key block, summed
     over the GROUP query heads that share it. DK/DV are contiguous like K. SEGMENTS: only
     the query tiles of the block's own sentences are walked."""
+    qk_scale, scale, dropout_p = _float32(qk_scale), _float32(scale), _float32(dropout_p)
     pid_n, bhk = tl.program_id(0), tl.program_id(1)
     kv_heads = H // GROUP
     b, hk = bhk // kv_heads, bhk % kv_heads
@@ -255,6 +266,7 @@ def dq_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DQ, DBias,
     """grid (cdiv(T, BLOCK_M), B * H): dQ (B, H, T, D) of one query block; DQ is contiguous.
     BIAS_GRAD: also adds each score's dS into DBias (H, T + S - 1, float32) at its distance.
     SEGMENTS: only the key tiles of the block's own sentences are walked."""
+    qk_scale, scale, dropout_p = _float32(qk_scale), _float32(scale), _float32(dropout_p)
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     hk = h // GROUP
@@ -311,6 +323,7 @@ def keep_mask_kernel(Keep, H, T, S, dropout_p, seed,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """grid (cdiv(T, BLOCK_M), cdiv(S, BLOCK_N), B * H): the dropout keep mask the attention
     kernels draw, written out (B, H, T, S) int8, so tests can build the reference."""
+    dropout_p = _float32(dropout_p)
     pid_m, pid_n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
