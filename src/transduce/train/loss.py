@@ -144,14 +144,9 @@ def _chunked_loss_and_grads(rows: Tensor, weight: Tensor, bias: Tensor | None,
     else:
         spread = epsilon / (support.sum() - 1)
     w = weight.to(dtype)
-    smoothed = torch.zeros((), dtype=torch.float32, device=rows.device)
-    nll = torch.zeros_like(smoothed)
-    grad_rows = torch.empty_like(rows) if wants_grad else rows.new_empty(0)
-    grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
-        if wants_grad else weight.new_empty(0, dtype=torch.float32)
-    grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) \
-        if wants_grad and bias is not None else weight.new_empty(0, dtype=torch.float32)
-    pieces = [slice(None)] if chunk is None else \
+    smoothed = nll = torch.zeros((), dtype=torch.float32, device=rows.device)
+    grad_rows, grad_weight, grad_bias = [], None, None
+    pieces = [slice(None)] if chunk is None or rows.shape[0] <= chunk else \
         [slice(start, start + chunk) for start in range(0, rows.shape[0], chunk)]
     for piece in pieces:
         h = rows[piece].to(dtype)                                             # (n, C)
@@ -171,17 +166,30 @@ def _chunked_loss_and_grads(rows: Tensor, weight: Tensor, bias: Tensor | None,
         weights = None if scored is None else scored[piece].unsqueeze(1)
         if weights is not None:
             reference, others = reference * weights, others * weights
-        nll -= reference.sum()
-        smoothed += -(1.0 - epsilon) * reference.sum() + spread * others.sum()
+        nll = nll - reference.sum()
+        smoothed = smoothed + (-(1.0 - epsilon) * reference.sum() + spread * others.sum())
         if wants_grad:
             grad = _logit_gradient(logits, y, epsilon, spread, support, pad_id, dtype)
             if weights is not None:
                 grad *= weights                  # by 0 or 1: exact in any dtype
-            grad_rows[piece] = (grad @ w).to(rows.dtype)
-            grad_weight += grad.T @ h          # a bfloat16 product is summed in float32
+            grad_rows.append((grad @ w).to(rows.dtype))
+            # a bfloat16 product is summed in float32
+            grad_weight = _summed(grad_weight, grad.T @ h)
             if bias is not None:
-                grad_bias += grad.sum(0, dtype=torch.float32)
-    return smoothed, nll, grad_rows, grad_weight, grad_bias
+                grad_bias = _summed(grad_bias, grad.sum(0, dtype=torch.float32))
+    nothing = weight.new_empty(0, dtype=torch.float32)
+    if not wants_grad:
+        return smoothed, nll, rows.new_empty(0), nothing, nothing
+    grad_rows = grad_rows[0] if len(grad_rows) == 1 else torch.cat(grad_rows)
+    return smoothed, nll, grad_rows, grad_weight, nothing if grad_bias is None else grad_bias
+
+
+def _summed(total: Tensor | None, piece: Tensor) -> Tensor:
+    """total + piece in float32, the first piece taken as it is. The gradients are built
+    without writing into tensors made for them beforehand: torch 2.11's compiler
+    saved such a tensor for the backward pass as it was before the writes (zeros), and
+    a compiled step trained nothing."""
+    return piece.float() if total is None else total.add_(piece)
 
 
 def _logit_gradient(logits: Tensor, y: Tensor, epsilon: float, spread: float | Tensor,
