@@ -33,6 +33,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -111,21 +112,34 @@ def cuda_batches(data: Path, max_tokens: int, count: int, pack_length: int = 0):
     return [batch.to("cuda") for batch in chosen], vocab
 
 
-def measure(args, max_tokens: int) -> list[dict]:
-    """Peers with "packed" in their name train on packed rows, the others on
-    length-sorted batches of the same budget: tokens/s counts each one's own targets."""
+def warmed_up(peer: str, preset_name: str, vocab: int, batches: list):
+    """build(), then one step on every batch: kernels compiled for each shape (a
+    compiled model may specialise on some), allocator settled."""
+    step, config = build(peer, preset_name, vocab)
+    for batch in batches:
+        step(batch)
+    torch.cuda.synchronize()
+    return step, config
+
+
+def measure(args, max_tokens: int):
+    """Yields a row per peer, as soon as it is known (a peer that fails at once, the
+    others after the timed rounds; then the profiles, if asked for). Peers with "packed"
+    in their name train on packed rows, the others on length-sorted batches of the same
+    budget: tokens/s counts each one's own targets."""
     plain, vocab = cuda_batches(args.data, max_tokens, args.steps)
     packed = cuda_batches(args.data, max_tokens, args.steps, args.pack_length)[0] \
         if any("packed" in peer for peer in args.peers) else []
     data = {peer: packed if "packed" in peer else plain for peer in args.peers}
-    steppers = {peer: build(peer, args.preset, vocab) for peer in args.peers}
-    config = next(iter(steppers.values()))[1]
-    # Warm-up on every batch: kernels compiled for each shape (a compiled model may
-    # specialise on some), allocator settled.
-    for peer, (step, _) in steppers.items():
-        for batch in data[peer]:
-            step(batch)
-    torch.cuda.synchronize()
+    steppers = {}
+    for peer in args.peers:
+        try:
+            steppers[peer] = warmed_up(peer, args.preset, vocab, data[peer])
+        except Exception as error:   # reported, and the other peers still measured
+            traceback.print_exc()
+            yield {"peer": peer, "max_tokens": max_tokens,
+                   "error": f"{type(error).__name__}: {error}"}
+            torch.cuda.empty_cache()
     seconds: dict[str, list[float]] = {peer: [] for peer in steppers}
     for _ in range(args.rounds):
         for peer, (step, _) in steppers.items():
@@ -135,25 +149,30 @@ def measure(args, max_tokens: int) -> list[dict]:
                 step(batch)
             torch.cuda.synchronize()
             seconds[peer].append(time.perf_counter() - start)
-    rows = []
     for peer, times in seconds.items():
+        config = steppers[peer][1]
         median = statistics.median(times)
         tokens = sum(b.num_tgt_tokens for b in data[peer])
         flops = sum(batch_training_flops(config, b) for b in data[peer])
         torch.cuda.reset_peak_memory_stats()
         steppers[peer][0](data[peer][0])
-        rows.append({"peer": peer, "max_tokens": max_tokens, "seconds": times,
-                     "pack_length": args.pack_length if "packed" in peer else 0,
-                     "target_tokens_per_round": tokens, "target_tokens_per_s": tokens / median,
-                     "model_flops_per_s": flops / median,
-                     "peak_memory_bytes": torch.cuda.max_memory_allocated()})
+        yield {"peer": peer, "max_tokens": max_tokens, "seconds": times,
+               "pack_length": args.pack_length if "packed" in peer else 0,
+               "target_tokens_per_round": tokens, "target_tokens_per_s": tokens / median,
+               "model_flops_per_s": flops / median,
+               "peak_memory_bytes": torch.cuda.max_memory_allocated()}
+    if args.profile and max_tokens == args.max_tokens[-1]:
+        for peer, (step, _) in steppers.items():
+            profile_kernels(peer, step, data[peer][:3], max_tokens)
     del steppers
     torch.cuda.empty_cache()
-    return rows
 
 
 def print_row(row: dict, sheet: float | None, measured: float) -> None:
     """Adds the MFU figures to `row` and prints it."""
+    if "error" in row:
+        print(f"{row['peer']:20s} {row['max_tokens']:7d} failed: {row['error']}", flush=True)
+        return
     row["mfu"] = row["model_flops_per_s"] / sheet if sheet else None
     row["mfu_of_measured_matmul"] = row["model_flops_per_s"] / measured
     mfu = f"{100 * row['mfu']:5.1f}%" if row["mfu"] is not None else "    -"
@@ -163,24 +182,18 @@ def print_row(row: dict, sheet: float | None, measured: float) -> None:
           f"{row['peak_memory_bytes'] / 2**30:7.2f} GiB", flush=True)
 
 
-def profile_kernels(args, max_tokens: int) -> None:
-    """Each peer's GPU time by kernel over three steps (after three warm-up steps)."""
+def profile_kernels(peer: str, step, batches: list, max_tokens: int) -> None:
+    """A measured peer's GPU time by kernel over a few more steps (its kernels are
+    compiled and warm already)."""
     from torch.profiler import ProfilerActivity, profile
-    plain, vocab = cuda_batches(args.data, max_tokens, 6)
-    packed = cuda_batches(args.data, max_tokens, 6, args.pack_length)[0]
-    for peer in args.peers:
-        chosen = packed if "packed" in peer else plain
-        step, _ = build(peer, args.preset, vocab)
-        for batch in chosen[:3]:
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for batch in batches:
             step(batch)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for batch in chosen[3:]:
-                step(batch)
-            torch.cuda.synchronize()
-        print(f"===== {peer}, {max_tokens} tokens: GPU time by kernel over three steps")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20,
-                                        max_name_column_width=60))
+    print(f"===== {peer}, {max_tokens} tokens: GPU time by kernel over {len(batches)} steps")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20,
+                                    max_name_column_width=60), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -194,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pack-length", type=int, default=256,
                         help="row length of the peers named '... packed' (data/packing.py)")
     parser.add_argument("--profile", action="store_true",
-                        help="also print each peer's GPU kernels by time over three steps")
+                        help="also print each peer's GPU kernels by time over three steps "
+                             "(at the last --max-tokens)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "train-cuda.json")
@@ -217,8 +231,6 @@ def main(argv: list[str] | None = None) -> None:
         for row in measure(args, max_tokens):
             print_row(row, sheet, measured)
             rows.append(row)
-    if args.profile:
-        profile_kernels(args, args.max_tokens[-1])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"benchmark": "train", "device": "cuda", "preset": args.preset,
                                     "dtype": "bfloat16 autocast", "machine": info,
