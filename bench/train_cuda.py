@@ -60,7 +60,8 @@ def datasheet_peak(name: str) -> float | None:
 
 
 def build(peer: str, preset_name: str, vocab: int):
-    """-> a training step on a batch (returning target tokens) and our model's config."""
+    """-> a training step on a batch (returning target tokens), our model's config and
+    the model the step trains."""
     torch.manual_seed(0)
     impl = peer.split()[1] if peer.startswith("ours") else "sdpa"
     config = preset(preset_name, src_vocab_size=vocab, tgt_vocab_size=vocab, attention_impl=impl)
@@ -100,7 +101,7 @@ def build(peer: str, preset_name: str, vocab: int):
         optimizer.zero_grad(set_to_none=True)
         return tokens
 
-    return step, config
+    return step, config, model
 
 
 def cuda_batches(data: Path, max_tokens: int, count: int, pack_length: int = 0):
@@ -114,11 +115,16 @@ def cuda_batches(data: Path, max_tokens: int, count: int, pack_length: int = 0):
 
 def warmed_up(peer: str, preset_name: str, vocab: int, batches: list):
     """build(), then one step on every batch: kernels compiled for each shape (a
-    compiled model may specialise on some), allocator settled."""
-    step, config = build(peer, preset_name, vocab)
+    compiled model may specialise on some), allocator settled. A peer whose steps leave
+    every weight as it was is refused: its speed would be that of a step that trains
+    nothing (a compiled loss that passed zero gradients once ran so)."""
+    step, config, model = build(peer, preset_name, vocab)
+    before = [parameter.detach().clone() for parameter in model.parameters()]
     for batch in batches:
         step(batch)
     torch.cuda.synchronize()
+    if all(torch.equal(old, new) for old, new in zip(before, model.parameters())):
+        raise RuntimeError(f"{peer}: {len(batches)} training steps left every weight as it was")
     return step, config
 
 
