@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA GPU, in one run, each step bounded in time so that one
+# that hangs leaves the others their turn: the CUDA tests (tests/test_cuda.py and the
+# Triton kernel compiled, tests/attention/test_triton.py), then the base model's
+# training throughput with packed batches, compiled and replayed as CUDA graphs
+# (bench/train_cuda.py). Run from the repository root, in an environment with a CUDA
+# build of torch, Triton and the test extra, with the Bible corpus and its vocabulary in
+# data/bible (`make demo` makes them; copy them over if the GPU machine has no SWORD):
+#
+#     bash bench/gpu_checks.sh [output directory, default bench/results/gpu-checks]
+#
+# Logs and the benchmark's JSON land in the output directory; the exit status is the
+# first failing step's.
+set -u
+out=${1:-bench/results/gpu-checks}
+mkdir -p "$out"
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+status=0
+
+step() {   # step NAME SECONDS COMMAND...: runs COMMAND into $out/NAME.log
+    local name=$1 seconds=$2
+    shift 2
+    local started=$SECONDS
+    timeout "$seconds" "$@" > "$out/$name.log" 2>&1
+    local code=$?
+    echo "$name: exit $code after $((SECONDS - started)) s (log: $out/$name.log)"
+    if [ "$status" -eq 0 ]; then status=$code; fi
+}
+
+if ! nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; then
+    echo "no NVIDIA GPU answers here (nvidia-smi failed): nothing to check" >&2
+    exit 1
+fi
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -n 8 \
+    tests/test_cuda.py tests/attention/test_triton.py
+step train-cuda 420 python3 bench/train.py --device cuda --data data/bible \
+    --max-tokens 25000 --steps 10 --profile --out "$out/train-cuda-packed.json" \
+    --peers "ours sdpa compiled" "ours triton packed" "ours triton packed compiled" \
+    "ours triton packed graphed"
+grep -E "passed|failed" "$out/cuda-tests.log" | tail -1
+sed -n '/^peer /,/^=====/p' "$out/train-cuda.log" | grep -v "^====="
+exit $status
