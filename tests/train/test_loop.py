@@ -131,6 +131,32 @@ def test_nonfinite_losses_skip_steps_then_abort(tiny_corpus, tmp_path, monkeypat
     assert previous.count("nonfinite_loss") == 3
 
 
+class _LosingGradients(torch.nn.Module):
+    """A compiler's stand-in that computes the loss and loses its gradients (zeros), as
+    torch 2.11's did with the fused loss."""
+
+    def __init__(self, net: torch.nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, *args):
+        loss = self.net(*args)
+        return loss.detach() + 0.0 * loss
+
+
+@pytest.mark.parametrize("compiler", ["losing", "faithful"])
+def test_a_compiled_run_whose_first_gradients_are_all_zero_stops(tiny_corpus, tmp_path,
+                                                                 monkeypatch, compiler):
+    compile_with = _LosingGradients if compiler == "losing" else lambda net: net
+    monkeypatch.setattr(loop.torch, "compile", lambda net, **options: compile_with(net))
+    config = train_config(max_steps=2, compile=True)
+    if compiler == "faithful":
+        train(tiny_corpus, tmp_path / "run", tiny_config(), config)
+        return
+    with pytest.raises(TrainingError, match="--compile: every gradient of the first step is zero"):
+        train(tiny_corpus, tmp_path / "run", tiny_config(), config)
+
+
 def test_vocabulary_mismatch_is_refused_before_training(tiny_corpus, tmp_path):
     with pytest.raises(TrainingError, match="src_vocab_size=40"):
         train(tiny_corpus, tmp_path / "run", preset("tiny", src_vocab_size=40, tgt_vocab_size=40),

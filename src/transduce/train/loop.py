@@ -96,6 +96,7 @@ class Run:
     ema: WeightAverage | None
     stream: BatchStream = field(init=False)
     dtype: str = field(init=False)   # the training dtype, "auto" resolved for this device
+    gradients_checked: bool = field(init=False, default=False)   # (--compile: once a run)
 
     def __post_init__(self) -> None:
         self.stream = BatchStream(self.batcher, self.position)
@@ -510,6 +511,9 @@ def train_step(run: Run, seconds: float) -> StepResult | None:
         run.optimizer.zero_grad(set_to_none=True)
         run.log.write({"event": "nonfinite_loss", "step": run.position.step + 1, "loss": loss_sum})
         return None
+    if c.compile and not run.gradients_checked:
+        refuse_lost_gradients(run.model, run.world, run.device)
+        run.gradients_checked = True
     if c.clip_norm > 0:
         _clip_gradients(run, c.clip_norm)
     if c.schedule == "budget" and run.world > 1:   # one clock for all: the same rate everywhere
@@ -522,6 +526,19 @@ def train_step(run: Run, seconds: float) -> StepResult | None:
     if run.ema is not None:
         run.ema.update(run.model)
     return StepResult(loss_sum, step_tokens, flops, lr)
+
+
+def refuse_lost_gradients(model: torch.nn.Module, world: int, device: torch.device) -> None:
+    """A compiled run's first step must leave some gradient that is not zero: under
+    torch 2.11 the compiled loss once handed the backward pass zeros (train/loss.py),
+    and the run trained nothing without a word. Checked once a run (a host sync)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # FSDP's shards
+    moved = any(bool(g.count_nonzero()) for g in local)
+    if not any_true(moved, world, device):
+        raise TrainingError("--compile: every gradient of the first step is zero: this "
+                            "torch's compiler lost them, and the run would train nothing; "
+                            "train without --compile, or with another version of torch")
 
 
 def _gradient_sync(run: Run, last: bool) -> contextlib.AbstractContextManager:
