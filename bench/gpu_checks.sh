@@ -1,25 +1,39 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, in one run, each step bounded in time so that one
 # that hangs leaves the others their turn: the CUDA tests (tests/test_cuda.py and the
-# Triton kernel compiled, tests/attention/test_triton.py), then the base model's
-# training throughput with packed batches, compiled and replayed as CUDA graphs
+# Triton kernel compiled, tests/attention/test_triton.py), the base model's step
+# products each timed alone (bench/step_products.py: the MFU they allow, padded batches
+# with SDPA and packed rows with the Triton kernel), then the base model's training
+# throughput with packed batches, compiled and replayed as CUDA graphs
 # (bench/train_cuda.py). Run from the repository root, in an environment with a CUDA
 # build of torch, Triton and the test extra, with the Bible corpus and its vocabulary in
 # data/bible (`make demo` makes them; copy them over if the GPU machine has no SWORD):
 #
-#     bash bench/gpu_checks.sh [output directory, default bench/results/gpu-checks]
+#     bash bench/gpu_checks.sh [output directory] [cuda-tests] [step-products] [train-cuda]
 #
-# Logs and the benchmark's JSON land in the output directory; the exit status is the
-# first failing step's.
+# The output directory defaults to bench/results/gpu-checks, the steps to all three
+# (about 2, 1 and 7 minutes: name some to split the run). Logs and the benchmarks'
+# JSON land in the output directory; the exit status is the first failing step's.
 set -u
 out=${1:-bench/results/gpu-checks}
+shift $(( $# > 0 ? 1 : 0 ))
+wanted=${*:-cuda-tests step-products train-cuda}
+for name in $wanted; do
+    case $name in
+        cuda-tests|step-products|train-cuda) ;;
+        *) echo "unknown step '$name': choose cuda-tests, step-products or train-cuda" >&2
+           exit 2 ;;
+    esac
+done
 mkdir -p "$out"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 status=0
 
-step() {   # step NAME SECONDS COMMAND...: runs COMMAND into $out/NAME.log
+step() {   # step NAME SECONDS COMMAND...: runs COMMAND into $out/NAME.log, if wanted
     local name=$1 seconds=$2
     shift 2
+    case " $wanted " in *" ${name%%:*} "*) ;; *) return 0 ;; esac
+    name=${name/:/-}
     local started=$SECONDS
     timeout "$seconds" "$@" > "$out/$name.log" 2>&1
     local code=$?
@@ -34,10 +48,18 @@ fi
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider -n 8 \
     tests/test_cuda.py tests/attention/test_triton.py
+step step-products:padded 60 python3 bench/step_products.py --device cuda \
+    --data data/bible --max-tokens 25000 --out "$out/step-products-padded.json"
+step step-products:packed 60 python3 bench/step_products.py --device cuda \
+    --data data/bible --max-tokens 25000 --pack-length 256 --impl triton \
+    --out "$out/step-products-packed.json"
 step train-cuda 420 python3 bench/train.py --device cuda --data data/bible \
     --max-tokens 25000 --steps 10 --profile --out "$out/train-cuda-packed.json" \
     --peers "ours sdpa compiled" "ours triton packed" "ours triton packed compiled" \
     "ours triton packed graphed"
-grep -E "passed|failed" "$out/cuda-tests.log" | tail -1
-sed -n '/^peer /,/^=====/p' "$out/train-cuda.log" | grep -v "^====="
+for log in "$out"/cuda-tests.log; do [ -f "$log" ] && grep -E "passed|failed" "$log" | tail -1; done
+for log in "$out"/step-products-*.log; do [ -f "$log" ] && grep -A3 "^products alone" "$log"; done
+for log in "$out"/train-cuda.log; do
+    [ -f "$log" ] && sed -n '/^peer /,/^=====/p' "$log" | grep -v "^====="
+done
 exit $status

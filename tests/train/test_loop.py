@@ -241,9 +241,11 @@ def test_two_processes_equal_one_with_double_update_freq(tiny_corpus, tmp_path):
 # torchrun's worker: `transduce` with the given arguments, which writes the names of
 # the threads still running in the process (Linux) once train() has destroyed the
 # process group: its own alone. With the collector off, nothing but train() itself
-# frees what holds the group.
+# frees what holds the group. A group's threads may take a moment to end once freed
+# (gloo's TCP loop was once seen still running at the first look): they are given up
+# to two seconds; a group still held keeps them for good.
 WORKER = """
-import gc, os, sys
+import gc, os, sys, time
 gc.disable()
 from transduce.cli import main
 from transduce.train import loop
@@ -253,12 +255,18 @@ def thread_name(path):
         return open(path).read().strip()
     except FileNotFoundError:          # a thread that ended while the list was read: gone
         return None
-def shutdown_and_look(*args, **kwargs):
-    shutdown(*args, **kwargs)
+def thread_names():
     tasks = "/proc/self/task"
     found = [thread_name(f"{tasks}/{t}/comm") for t in os.listdir(tasks)] \\
         if os.path.isdir(tasks) else []
-    names = sorted(name for name in found if name is not None)
+    return sorted(name for name in found if name is not None)
+def shutdown_and_look(*args, **kwargs):
+    shutdown(*args, **kwargs)
+    deadline = time.monotonic() + 2.0
+    names = thread_names()
+    while any("gloo" in n or "tcpstore" in n for n in names) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        names = thread_names()
     sys.stdout.flush()
     os.write(1, f"threads left: [{' '.join(names)}]\\n".encode())   # one write: whole
 loop.shutdown_distributed = shutdown_and_look
