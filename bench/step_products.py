@@ -10,7 +10,10 @@ the same layout, in a loop of a few calls between synchronisations, and its medi
 times its count gives what it takes in the step. Their sum is a floor under any step of
 this batch, however well the rest is fused or hidden, so model FLOPs over it is the MFU
 the products allow: the ceiling a compiled or graphed step can approach. The whole
-eager step (forward and backward, no optimizer) is timed beside it.
+eager step (forward and backward, no optimizer) and the square product MFU's measured
+peak is taken on (train/flops.py's matmul_peak: 8192 on a GPU, 2048 on a CPU) are timed
+beside them, in the same rounds (each round times every call, the step, then the
+square), so that a machine whose speed drifts moves all alike.
 
     python bench/step_products.py --device cuda --data data/bible [--preset base] \\
         [--max-tokens 25000] [--pack-length 256 --impl triton]
@@ -34,11 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from transduce.config import preset  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.runtime import training_dtype  # noqa: E402
-from transduce.train.flops import batch_training_flops, matmul_peak  # noqa: E402
+from transduce.train.flops import batch_training_flops  # noqa: E402
 from transduce.train.objective import SequenceObjective  # noqa: E402
 from transduce.train.products import Call, StepRecorder  # noqa: E402
 
 SMOOTHING = 0.1
+CALLS = 10   # calls of a kernel timed together, so that a GPU runs them back to back
 
 
 def first_batch(args):
@@ -75,19 +79,22 @@ def autocast_dtype(args) -> torch.dtype | None:
         else None
 
 
-def seconds_per_call(run, device: str, repeats: int, calls: int = 10) -> float:
-    """Median over `repeats` of the mean time of `calls` calls of run() (launched back
-    to back on a GPU, synchronised around them)."""
-    run()
-    times = []
+def timed_rounds(runs: dict, device: str, repeats: int, calls: dict) -> dict[object, float]:
+    """Median seconds a call of each runs[key]() takes: `repeats` rounds, each timing
+    every key in turn over calls[key] calls (launched back to back on a GPU,
+    synchronised around them), so that a machine whose speed drifts slows all alike."""
+    for run in runs.values():
+        run()                                             # warm-up
+    times: dict[object, list[float]] = {key: [] for key in runs}
     for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        for _ in range(calls):
-            run()
-        synchronize(device)
-        times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times)
+        for key, run in runs.items():
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(calls[key]):
+                run()
+            synchronize(device)
+            times[key].append((time.perf_counter() - start) / calls[key])
+    return {key: statistics.median(values) for key, values in times.items()}
 
 
 def synchronize(device: str) -> None:
@@ -95,14 +102,11 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed_calls(calls: dict[Call, int], device: str, repeats: int) -> list[dict]:
-    """Each distinct call made again alone -> rows with its time in the step."""
-    rows = []
-    for call, count in calls.items():
-        seconds = seconds_per_call(call.replay(), device, repeats)
-        rows.append({"op": call.op.removeprefix("aten."), "operands": describe(call),
-                     "calls": count, "seconds_each": seconds, "seconds": seconds * count,
-                     "flops": call.flops * count})
+def call_rows(calls: dict[Call, int], seconds: dict[Call, float]) -> list[dict]:
+    """The recorded calls of one kind with their times in the step, longest first."""
+    rows = [{"op": call.op.removeprefix("aten."), "operands": describe(call), "calls": count,
+             "seconds_each": seconds[call], "seconds": seconds[call] * count,
+             "flops": call.flops * count} for call, count in calls.items()]
     return sorted(rows, key=lambda row: -row["seconds"])
 
 
@@ -124,16 +128,42 @@ def measure(args) -> dict:
     step(batch)                                          # warm-up: kernels, allocator
     with StepRecorder() as recorder:
         step(batch)
-    products = timed_calls(recorder.of_kind("product"), args.device, args.repeats)
-    attention = timed_calls(recorder.of_kind("attention"), args.device, args.repeats)
-    step_seconds = seconds_per_call(lambda: step(batch), args.device, args.repeats, calls=1)
-    model_flops = batch_training_flops(config, batch.to("cpu"))
-    return {"model_flops": model_flops, "recorded_product_flops": recorder.product_flops(),
+    runs, failed = replays([*recorder.of_kind("product"), *recorder.of_kind("attention")])
+    products, attention = ({call: count for call, count in recorder.of_kind(kind).items()
+                            if call in runs} for kind in ("product", "attention"))
+    runs["step"] = lambda: step(batch)
+    size = 8192 if args.device == "cuda" else 2048   # train/flops.py's matmul_peak sizes
+    square = [torch.randn(size, size, device=args.device, dtype=autocast_dtype(args))
+              for _ in range(2)]
+    runs["square"] = lambda: square[0] @ square[1]
+    seconds = timed_rounds(runs, args.device, args.repeats,
+                           {key: CALLS if isinstance(key, Call) else 1 for key in runs})
+    products, attention = call_rows(products, seconds), call_rows(attention, seconds)
+    return {"matmul_peak": 2 * size ** 3 / seconds["square"],
+            "model_flops": batch_training_flops(config, batch.to("cpu")),
+            "recorded_product_flops": recorder.flops("product"),
+            "recorded_attention_flops": recorder.flops("attention"),
             "aten_calls": sum(recorder.calls.values()),
             "target_tokens": batch.num_tgt_tokens, "batch_shape": describe_batch(batch),
             "products_seconds": sum(row["seconds"] for row in products),
             "attention_seconds": sum(row["seconds"] for row in attention),
-            "eager_step_seconds": step_seconds, "products": products, "attention": attention}
+            "eager_step_seconds": seconds["step"], "products": products, "attention": attention,
+            "not_replayed": failed}
+
+
+def replays(calls: list[Call]) -> tuple[dict, list[str]]:
+    """Each call's replay, made once; a call that cannot be made again on fresh operands
+    is left out of the sums and named (with its error) rather than ending the run."""
+    runs, failed = {}, []
+    for call in calls:
+        try:
+            run = call.replay()
+            run()
+            runs[call] = run
+        except Exception as error:   # reported; the others are still timed
+            failed.append(f"{describe(call)} {call.op}: {type(error).__name__}: {error}")
+            print(f"not replayed, left out of the sums: {failed[-1]}", flush=True)
+    return runs, failed
 
 
 def describe_batch(batch) -> str:
@@ -151,10 +181,13 @@ def machine(device: str) -> dict:
 
 def report(result: dict, peaks: dict[str, float]) -> None:
     """Prints the products by time, then the floors and the MFU each allows."""
-    print(f"{'op':8s} {'operands':44s} {'calls':>5s} {'TFLOP/s':>8s} {'ms in step':>10s}")
+    print(f"{'op':18s} {'operands':44s} {'calls':>5s} {'TFLOP/s':>8s} {'ms in step':>10s}")
     for row in result["products"] + result["attention"]:
         rate = row["flops"] / row["seconds"] / 1e12 if row["flops"] else float("nan")
-        print(f"{row['op'].split('.')[0][:8]:8s} {row['operands'][:44]:44s} {row['calls']:5d} "
+        op = row["op"].split(".")[0]
+        if "scaled_dot_product" in op:   # the backend is in the JSON
+            op = "attention backward" if op.endswith("_backward") else "attention"
+        print(f"{op:18s} {row['operands'][:44]:44s} {row['calls']:5d} "
               f"{rate:8.3f} {1e3 * row['seconds']:10.2f}")
     if not result["attention"]:
         print("(no attention kernel among the aten calls: impl='triton' launches its own, "
@@ -189,16 +222,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA GPU is available here")
     dtype = autocast_dtype(args) or torch.float32
-    peaks = {"measured matmul": matmul_peak(dtype, args.device)}
+    result = measure(args)
+    peaks = {"measured matmul": result["matmul_peak"]}
     if args.device == "cuda":
         from train_cuda import datasheet_peak
         sheet = datasheet_peak(torch.cuda.get_device_name())
         peaks = {"data sheet": sheet, **peaks} if sheet else peaks
-    print(", ".join(f"{what} {peak / 1e12:.1f} TFLOP/s" for what, peak in peaks.items()))
-    result = measure(args)
+    print(", ".join(f"{what} {peak / 1e12:.3f} TFLOP/s" for what, peak in peaks.items()))
     print(f"{args.preset}, {result['batch_shape']}, {result['target_tokens']} target tokens, "
           f"{str(dtype).removeprefix('torch.')}: model {result['model_flops'] / 1e12:.3f} "
-          f"TFLOP, recorded products {result['recorded_product_flops'] / 1e12:.3f} TFLOP, "
+          f"TFLOP, recorded products {result['recorded_product_flops'] / 1e12:.3f} and "
+          f"attention {result['recorded_attention_flops'] / 1e12:.3f} TFLOP, "
           f"{result['aten_calls']} aten calls")
     report(result, peaks)
     out = args.out or Path(__file__).parent / "results" / f"step-products-{args.device}.json"

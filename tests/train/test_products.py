@@ -45,7 +45,16 @@ def test_a_steps_recorded_products_are_the_model_flops_of_the_formula(name):
     # counts is a recorded product (and nothing else is).
     config = CONFIGS[name].replace(attention_impl="naive")
     recorder = _step(config, batch_size=3, src_len=11, tgt_len=7)
-    assert recorder.product_flops() == training_flops(config, 3, 11, 7)
+    assert recorder.flops("product") == training_flops(config, 3, 11, 7)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_with_an_attention_kernel_the_products_and_its_calls_make_the_formula(name):
+    config = CONFIGS[name].replace(attention_impl="sdpa")
+    recorder = _step(config, batch_size=2, src_len=9, tgt_len=5)
+    assert recorder.flops("attention") > 0
+    assert recorder.flops("product") + recorder.flops("attention") == \
+        training_flops(config, 2, 9, 5)
 
 
 def test_with_an_attention_kernel_its_calls_are_attention_and_the_rest_products():
@@ -54,7 +63,8 @@ def test_with_an_attention_kernel_its_calls_are_attention_and_the_rest_products(
     # forward and backward (3x), 2 FLOPs a multiply-add, 2 layers a side, QK^T and AV,
     # batch 2, 64 wide: encoder S x S, decoder T x T and T x S
     attention_flops = 3 * 2 * 2 * 2 * 2 * 64 * (9 * 9 + 5 * 5 + 5 * 9)
-    assert recorder.product_flops() == training_flops(config, 2, 9, 5) - attention_flops
+    assert recorder.flops("product") == training_flops(config, 2, 9, 5) - attention_flops
+    assert recorder.flops("attention") == attention_flops
     attention = recorder.of_kind("attention")
     assert {call.op.split(".")[1].removesuffix("_backward") for call in attention} == \
         {next(iter(attention)).op.split(".")[1].removesuffix("_backward")}
@@ -68,7 +78,7 @@ def test_a_linear_layer_records_its_forward_and_both_gradients():
         layer(x).square().sum().backward()
     products = recorder.of_kind("product")
     assert sum(products.values()) == 3
-    assert recorder.product_flops() == 3 * 2 * 6 * 8 * 16
+    assert recorder.flops("product") == 3 * 2 * 6 * 8 * 16
     assert {call.op for call in products} == {"aten.addmm.default", "aten.mm.default"}
 
 

@@ -60,11 +60,18 @@ class Call:
 
     @property
     def flops(self) -> float:
-        """2 per multiply-add of a product (its bias add not counted); 0 for the rest."""
-        if self.kind != "product":
-            return 0.0
-        a, b = (operand.size for operand in self.args[-2:])   # addmm: (bias, a, b)
-        return 2.0 * a[-2] * a[-1] * b[-1] * (a[0] if len(a) == 3 else 1)
+        """2 per multiply-add of a product (its bias add not counted); for an attention
+        kernel, those of QK^T and AV over every key (B, H, T, S, D from its q and k),
+        twice that for its backward pass, as the model FLOPs count them; 0 for the rest."""
+        if self.kind == "product":
+            a, b = (operand.size for operand in self.args[-2:])   # addmm: (bias, a, b)
+            return 2.0 * a[-2] * a[-1] * b[-1] * (a[0] if len(a) == 3 else 1)
+        if self.kind == "attention":
+            backward = self.op.split(".")[1].endswith("_backward")
+            q, k = (operand.size for operand in (self.args[1:3] if backward else self.args[:2]))
+            batch, heads, queries, width = q
+            return (8.0 if backward else 4.0) * batch * heads * queries * k[-2] * width
+        return 0.0
 
     def replay(self):
         """-> a function that makes the call again on fresh operands of the same layout
@@ -92,8 +99,9 @@ class StepRecorder(TorchDispatchMode):
     def of_kind(self, kind: str) -> dict[Call, int]:
         return {call: count for call, count in self.calls.items() if call.kind == kind}
 
-    def product_flops(self) -> float:
-        return sum(call.flops * count for call, count in self.calls.items())
+    def flops(self, kind: str) -> float:
+        """The FLOPs of the calls of one kind ("product" or "attention")."""
+        return sum(call.flops * count for call, count in self.of_kind(kind).items())
 
 
 def _operand(value) -> Operand:
