@@ -9,11 +9,11 @@ shapes, strides and dtype. Each distinct call is then made again on fresh operan
 the same layout, in a loop of a few calls between synchronisations, and its median time
 times its count gives what it takes in the step. Their sum is a floor under any step of
 this batch, however well the rest is fused or hidden, so model FLOPs over it is the MFU
-the products allow: the ceiling a compiled or graphed step can approach. The whole
-eager step (forward and backward, no optimizer) and the square product MFU's measured
-peak is taken on (train/flops.py's matmul_peak: 8192 on a GPU, 2048 on a CPU) are timed
-beside them, in the same rounds (each round times every call, the step, then the
-square), so that a machine whose speed drifts moves all alike.
+the products allow: the ceiling a compiled or graphed step can approach. Timed beside
+them, in the same rounds (each round times every call, the step, then the square), so
+that a machine whose speed drifts moves all alike: the whole eager step (forward and
+backward, no optimizer), and the square product on which the measured peak is taken
+(train/flops.py's matmul_peak sizes: 8192 on a GPU, 2048 on a CPU).
 
     python bench/step_products.py --device cuda --data data/bible [--preset base] \\
         [--max-tokens 25000] [--pack-length 256 --impl triton]

@@ -4,9 +4,8 @@ and its attention kernels, each with the shapes, strides and dtype of its operan
 Why: MFU divides model FLOPs by a peak measured on one large square product, which the
 products of a narrow model need not reach. Timing each of a step's own products alone
 (bench/step_products.py) says what they need however well the rest is fused, so how
-far a model of that shape can get on that machine. Read
-below autograd and autocast, so the backward pass and the dtype each product really
-runs in are included.
+far a model of that shape can get on that machine. Read below autograd and autocast,
+so the backward pass and the dtype each product really runs in are included.
 """
 
 from __future__ import annotations
