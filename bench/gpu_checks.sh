@@ -57,9 +57,7 @@ step train-cuda 420 python3 bench/train.py --device cuda --data data/bible \
     --max-tokens 25000 --steps 10 --profile --out "$out/train-cuda-packed.json" \
     --peers "ours sdpa compiled" "ours triton packed" "ours triton packed compiled" \
     "ours triton packed graphed"
-for log in "$out"/cuda-tests.log; do [ -f "$log" ] && grep -E "passed|failed" "$log" | tail -1; done
-for log in "$out"/step-products-*.log; do [ -f "$log" ] && grep -A3 "^products alone" "$log"; done
-for log in "$out"/train-cuda.log; do
-    [ -f "$log" ] && sed -n '/^peer /,/^=====/p' "$log" | grep -v "^====="
-done
+[ -f "$out/cuda-tests.log" ] && grep -E "passed|failed" "$out/cuda-tests.log" | tail -1
+for log in "$out"/step-products-*.log; do [ -f "$log" ] && grep -A2 "^products alone" "$log"; done
+[ -f "$out/train-cuda.log" ] && sed -n '/^peer /,/^=====/p' "$out/train-cuda.log" | grep -v "^====="
 exit $status

@@ -13,7 +13,7 @@ the products allow: the ceiling a compiled or graphed step can approach. Timed b
 them, in the same rounds (each round times every call, the step, then the square), so
 that a machine whose speed drifts moves all alike: the whole eager step (forward and
 backward, no optimizer), and the square product on which the measured peak is taken
-(train/flops.py's matmul_peak sizes: 8192 on a GPU, 2048 on a CPU).
+(train/flops.py's peak_operands, as matmul_peak: 8192 on a GPU, 2048 on a CPU).
 
     python bench/step_products.py --device cuda --data data/bible [--preset base] \\
         [--max-tokens 25000] [--pack-length 256 --impl triton]
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from transduce.config import preset  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.runtime import training_dtype  # noqa: E402
-from transduce.train.flops import batch_training_flops  # noqa: E402
+from transduce.train.flops import batch_training_flops, peak_operands  # noqa: E402
 from transduce.train.objective import SequenceObjective  # noqa: E402
 from transduce.train.products import Call, StepRecorder  # noqa: E402
 
@@ -132,9 +132,8 @@ def measure(args) -> dict:
     products, attention = ({call: count for call, count in recorder.of_kind(kind).items()
                             if call in runs} for kind in ("product", "attention"))
     runs["step"] = lambda: step(batch)
-    size = 8192 if args.device == "cuda" else 2048   # train/flops.py's matmul_peak sizes
-    square = [torch.randn(size, size, device=args.device, dtype=autocast_dtype(args))
-              for _ in range(2)]
+    square = peak_operands(autocast_dtype(args) or torch.float32, args.device)
+    size = square[0].shape[0]
     runs["square"] = lambda: square[0] @ square[1]
     seconds = timed_rounds(runs, args.device, args.repeats,
                            {key: CALLS if isinstance(key, Call) else 1 for key in runs})

@@ -149,8 +149,8 @@ def matmul_peak(dtype: torch.dtype, device: torch.device | str = "cpu", size: in
     what it reaches (397 against 660 TFLOP/s in bfloat16), so MFU would read high. A CPU
     that multiplies in `dtype` slowly gets a smaller size (_cpu_size)."""
     cuda = torch.device(device).type == "cuda"
-    size = size or (8192 if cuda else _cpu_size(dtype, seconds))
-    a, b = _operands(size, dtype, device)
+    a, b = peak_operands(dtype, device, size, seconds)
+    size = a.shape[0]
     a @ b  # warm-up
     rates, deadline = [], time.perf_counter() + seconds
     while time.perf_counter() < deadline or len(rates) < 3:
@@ -162,6 +162,15 @@ def matmul_peak(dtype: torch.dtype, device: torch.device | str = "cpu", size: in
             torch.cuda.synchronize()
         rates.append(2 * size ** 3 / (time.perf_counter() - start))
     return statistics.median(rates)
+
+
+def peak_operands(dtype: torch.dtype, device: torch.device | str, size: int | None = None,
+                  seconds: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two square matrices matmul_peak multiplies: `size` wide, else 8192 on a GPU
+    and on a CPU 2048 or what fits `seconds` (_cpu_size)."""
+    if size is None:
+        size = 8192 if torch.device(device).type == "cuda" else _cpu_size(dtype, seconds)
+    return _operands(size, dtype, device)
 
 
 def _operands(size: int, dtype: torch.dtype, device: torch.device | str
