@@ -85,6 +85,17 @@ def test_import_transduce_is_cheap_and_its_names_load_on_use():
         result.stderr
 
 
+def test_training_without_sharding_does_not_import_fsdp():
+    """torch.distributed's FSDP and checkpoint modules take a second to import: only a
+    sharded run (train/sharding.py's functions) loads them."""
+    code = ("import sys\nimport transduce.train.loop, transduce.train.state\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('torch.distributed.fsdp', "
+            "'torch.distributed.checkpoint', 'torch.distributed.tensor'))))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={"PYTHONPATH": python_path()}, timeout=120)
+    assert result.stdout.strip().splitlines()[-1:] == ["[]"], result.stdout + result.stderr
+
+
 def test_every_native_kernel_source_ships_with_the_package():
     """The C++ kernels are compiled where they run, from the installed package: each
     package holding one lists *.cpp in pyproject.toml's package data."""

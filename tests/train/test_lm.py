@@ -2,11 +2,10 @@
 sequence learnt exactly in both layouts, exact resume, dev and test perplexity checked
 against an independent computation, the refusals, the CLI defaults, --init, FLOPs."""
 
+import functools
 import json
 import math
 import random
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -24,7 +23,8 @@ from transduce.model import build_model, load_model
 from transduce.model.int8 import int8_available
 from transduce.model.packed import decoding_copy
 from transduce.train import loop
-from tests.train.test_loop import CPU_ENV, assert_two_processes_trained_alike, weights
+from tests.train.test_loop import (assert_two_processes_trained_alike,
+                                   train_alone_at_double_update_freq, weights)
 from transduce.train.flops import forward_flops
 from transduce.train.log import LOG_NAME
 from transduce.train.loop import train
@@ -109,10 +109,7 @@ def test_two_processes_equal_one_with_double_update_freq_packed(counting, tmp_pa
     common = ["--data", str(counting), "--preset", "gpt-tiny", "--dropout", "0.0",
               "--max-tokens", "64", "--pack-length", "16", "--max-steps", "4",
               "--warmup-steps", "5", "--threads", "1", "--dtype", "float32"]
-    single = subprocess.run([sys.executable, "-m", "transduce", "train", "--out",
-                             str(tmp_path / "one"), "--update-freq", "2", *common],
-                            env=CPU_ENV, capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stdout + single.stderr
+    train_alone_at_double_update_freq(tmp_path / "one", common)
     assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)
 
 
@@ -345,6 +342,27 @@ def test_the_matmul_peak_is_measured_on_a_product_the_cpu_finishes_in_time(monke
     monkeypatch.setattr(flops.time, "perf_counter", lambda: next(clock) * 0.008)
     # 8 ms for the probe: 4 s at 2048; a quarter of 0.5 s takes 640 (rounded to 128s).
     assert flops._cpu_size(torch.float32, seconds=0.5) == 640
+
+
+def test_the_matmul_peak_is_measured_once_a_process_for_each_dtype_and_thread_count(
+        monkeypatch):
+    """A process that trains several models measures each peak once; another dtype or
+    thread count (a different peak) is measured anew."""
+    from transduce.train import flops
+
+    measured = []
+    monkeypatch.setattr(flops, "matmul_peak",
+                        lambda dtype, device: measured.append((dtype, device)) or len(measured))
+    monkeypatch.setattr(flops, "_process_peak", functools.cache(flops._process_peak.__wrapped__))
+    threads = torch.get_num_threads()
+    assert [flops.process_peak(torch.float32), flops.process_peak(torch.float32, "cpu"),
+            flops.process_peak(torch.bfloat16), flops.process_peak(torch.float32)] == [1, 1, 2, 1]
+    try:
+        torch.set_num_threads(threads + 1)
+        assert flops.process_peak(torch.float32) == 3
+    finally:
+        torch.set_num_threads(threads)
+    assert measured == [(torch.float32, "cpu"), (torch.bfloat16, "cpu"), (torch.float32, "cpu")]
 
 
 @pytest.mark.parametrize("window,full", [(4, ()), (4, (1,)), (16, ()), (30, (0,))])

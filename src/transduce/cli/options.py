@@ -12,7 +12,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from transduce.config import SEED_LIMIT, ConfigError, ModelConfig, TrainConfig, choices, preset
+from transduce.config import (SEED_LIMIT, ConfigError, ModelConfig, TrainConfig, choices,
+                              field_types, preset)
 from transduce.decode.options import DecodeDtype, Engine, KvDtype, is_sampling_seed
 
 
@@ -151,7 +152,7 @@ def add_engine_option(command: argparse.ArgumentParser) -> None:
 
 def add_config_flags(parser: argparse.ArgumentParser, config_type: type) -> None:
     """One flag per dataclass field (d_model -> --d-model), defaulting to "not given"."""
-    hints = typing.get_type_hints(config_type)
+    hints = field_types(config_type)
     group = parser.add_argument_group(f"{config_type.__name__} fields (override the preset)")
     for field in dataclasses.fields(config_type):
         flag = "--" + field.name.replace("_", "-")

@@ -7,6 +7,7 @@ backward, attention scores included; element-wise work is not counted, as is usu
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -162,6 +163,18 @@ def matmul_peak(dtype: torch.dtype, device: torch.device | str = "cpu", size: in
             torch.cuda.synchronize()
         rates.append(2 * size ** 3 / (time.perf_counter() - start))
     return statistics.median(rates)
+
+
+def process_peak(dtype: torch.dtype, device: torch.device | str = "cpu") -> float:
+    """matmul_peak at its default size, measured once per process for each dtype, device
+    and thread count: a process that trains several models (a sweep, a notebook, a test
+    suite) pays the second it takes on a CPU thread once, not once a run."""
+    return _process_peak(dtype, str(torch.device(device)), torch.get_num_threads())
+
+
+@functools.cache
+def _process_peak(dtype: torch.dtype, device: str, threads: int) -> float:
+    return matmul_peak(dtype, device)
 
 
 def peak_operands(dtype: torch.dtype, device: torch.device | str, size: int | None = None,

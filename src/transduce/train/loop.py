@@ -54,7 +54,7 @@ from transduce.model import Model, build_model, empty_model
 from transduce.runtime import torch_threads, training_dtype
 from transduce.train.distributed import (any_true, barrier, init_distributed,
                                          shutdown_distributed, sum_over_processes)
-from transduce.train.flops import batch_training_flops, matmul_peak, training_flops
+from transduce.train.flops import batch_training_flops, process_peak, training_flops
 from transduce.train.log import TrainingLog, set_aside_earlier_log
 from transduce.train.loss import projected_label_smoothed_nll
 from transduce.train.ema import WeightAverage
@@ -209,7 +209,7 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
         if earlier is not None:
             print(f"note: {out} held the log of an earlier run that saved no checkpoint; "
                   f"it is now {earlier}")
-    peak = matmul_peak(getattr(torch, training_dtype(train_config.dtype, device)), device)
+    peak = process_peak(getattr(torch, training_dtype(train_config.dtype, device)), device)
     return Run(out, model_config, train_config, world, rank, device, tokenizer, train_split,
                dev_split, batcher, model, net, optimizer, position, peak,
                TrainingLog(out, rank == 0), ema)

@@ -4,7 +4,11 @@ gathers a layer's weights just before it runs, for models whose weights, gradien
 optimizer state do not fit one device. Checkpoints stay the ordinary full format:
 the first process gathers the full weights and optimizer state and saves them as a
 single process would, and a resumed run scatters them again, so every other command
-(translate, average, export, a resume without FSDP) reads them unchanged."""
+(translate, average, export, a resume without FSDP) reads them unchanged.
+
+torch.distributed's FSDP, DTensor and checkpoint modules take about a second to import:
+the functions that use them import them, and only a sharded run calls those, so every
+other `transduce train` starts that much sooner."""
 
 from __future__ import annotations
 
@@ -12,22 +16,9 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict,
-                                                     set_model_state_dict,
-                                                     set_optimizer_state_dict)
-from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
-from torch.distributed.tensor import DTensor
 
 from transduce.config import ConfigError, ModelConfig, TrainConfig
 from transduce.model import Model, empty_model
-
-# Gathered into the first process, on the CPU: what it saves needs no room on the device.
-GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)
-# Scattered from the first process's full state: the others read nothing of it. strict
-# off: the names of tied weights are loaded once (unaliased); the full state was checked
-# against the model when it was read.
-SCATTER = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
 
 
 def check_fsdp_config(model_config: ModelConfig, train_config: TrainConfig, world: int) -> None:
@@ -55,6 +46,8 @@ def shard(net: torch.nn.Module, model: Model) -> None:
     """Shard every encoder and decoder layer of `model` as a unit of its own, then the
     rest (embeddings, heads, final norms) with `net`, the module stepped (the model, or
     an encoder's objective around it), whose forward gathers them."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
     for stack in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
         for layer in getattr(stack, "layers", ()):
             cross = getattr(layer, "cross_attn", None)
@@ -74,6 +67,8 @@ def gradient_sync(net: torch.nn.Module, sync: bool) -> Iterator[None]:
     if sync:
         yield
         return
+    from torch.distributed.fsdp import FSDPModule
+
     assert isinstance(net, FSDPModule)
     net.set_requires_gradient_sync(False)
     try:
@@ -86,6 +81,8 @@ def gradient_sync(net: torch.nn.Module, sync: bool) -> Iterator[None]:
 def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> None:
     """clip_grad_norm_ over sharded gradients: each process holds part of every
     gradient, so the norm is a sum over all of them before it scales any."""
+    from torch.distributed.tensor import DTensor
+
     grads = [p.grad for p in parameters if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads)
     if isinstance(total, DTensor):
@@ -110,7 +107,9 @@ def plain_model(model: Model) -> Model:
 def gather_model(model: Model, main: bool) -> Model | None:
     """The full weights in an unsharded CPU copy, in the first process (None in the
     others). Every process must call it: the shards are gathered from all."""
-    state = get_model_state_dict(model, options=GATHER)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model, options=_gathered())
     if not main:
         return None
     plain = plain_model(model)
@@ -122,7 +121,9 @@ def gather_optimizer(model: Model, optimizer: torch.optim.Optimizer, main: bool)
     """The full optimizer state, in the format of an unsharded optimizer's state_dict()
     (parameters numbered), in the first process (None in the others). Every process
     must call it."""
-    state = get_optimizer_state_dict(model, optimizer, options=GATHER)
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(model, optimizer, options=_gathered())
     return numbered(state, model) if main else None
 
 
@@ -130,10 +131,26 @@ def scatter(model: Model, optimizer: torch.optim.Optimizer, weights: dict | None
             optimizer_state: dict | None) -> None:
     """Load a full state (the first process's; None in the others) into the sharded
     model and optimizer: each process keeps its shards. Every process must call it."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                         set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    # Only the first process's full state is read. strict off: the names of tied weights
+    # are loaded once (unaliased); the full state was checked against the model when it
+    # was read.
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     set_model_state_dict(model, unaliased(weights, model) if weights is not None else {},
-                         options=SCATTER)
+                         options=options)
     state = named(optimizer_state, model) if optimizer_state is not None else {}
-    set_optimizer_state_dict(model, optimizer, state, options=SCATTER)
+    set_optimizer_state_dict(model, optimizer, state, options=options)
+
+
+def _gathered():
+    """Gathered into the first process, on the CPU: what it saves needs no room on the
+    device."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def unaliased(weights: dict, model: torch.nn.Module) -> dict:
