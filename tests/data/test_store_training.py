@@ -15,7 +15,7 @@ from transduce.data.store import build_store
 from transduce.data.tokenizer import MODEL_NAME, Tokenizer
 from transduce.model import load_model
 from transduce.train.loop import train
-from tests.train.test_loop import CPU_ENV
+from tests.train.test_loop import CPU_ENV, train_alone_at_double_update_freq
 
 COMMON = ["--preset", "tiny", "--dropout", "0.0", "--max-tokens", "200", "--max-steps", "4",
           "--warmup-steps", "4", "--threads", "1", "--eval-every", "1000",
@@ -52,10 +52,7 @@ def free_port() -> int:
 
 def test_two_nodes_on_loopback_equal_one_process_with_double_update_freq(tiny_corpus, tmp_path):
     corpus = stored_corpus(tiny_corpus, tmp_path / "stored")
-    single = subprocess.run([sys.executable, "-m", "transduce", "train", "--data", str(corpus),
-                             "--out", str(tmp_path / "one"), "--update-freq", "2", *COMMON],
-                            env=CPU_ENV, capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stdout + single.stderr
+    train_alone_at_double_update_freq(tmp_path / "one", ["--data", str(corpus), *COMMON])
     port = free_port()
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node",

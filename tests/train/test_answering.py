@@ -29,8 +29,9 @@ from tests.encoder_heads import IMPORTERS, SEGMENTED, imported_head
 from tests.test_import_bert import vocab  # noqa: F401 - a fixture
 from tests.test_import_roberta import roberta_vocab  # noqa: F401 - a fixture
 from tests.train.test_encoder import WORDS, bert_tiny, counting, dev_records  # noqa: F401
-from tests.train.test_encoder import train_config, train_in_one_process
-from tests.train.test_loop import assert_two_processes_trained_alike
+from tests.train.test_encoder import train_config
+from tests.train.test_loop import (assert_two_processes_trained_alike,
+                                   train_alone_at_double_update_freq)
 
 transformers = pytest.importorskip("transformers")
 
@@ -321,7 +322,7 @@ def test_fine_tuning_an_answerer_in_two_processes_equals_one(answering, counting
     common = ["--data", str(answering), "--init", str(pretrained), "--task", "answer",
               "--max-tokens", "128", "--max-steps", "4", "--warmup-steps", "5",
               "--eval-every", "100", "--threads", "1", "--dtype", "float32"]
-    train_in_one_process(common, tmp_path / "one")
+    train_alone_at_double_update_freq(tmp_path / "one", common)
     assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)
 
 

@@ -6,8 +6,6 @@ labelled input named by file:line, and the refusals."""
 import json
 import random
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,8 +23,8 @@ from transduce.train.encoder import (EncoderObjective, EncoderTrainingError,
 from transduce.train.log import LOG_NAME
 from transduce.train import loop
 from transduce.train.loop import train
-from tests.train.test_loop import CPU_ENV, _not_called, assert_two_processes_trained_alike, \
-    weights
+from tests.train.test_loop import (_not_called, assert_two_processes_trained_alike,
+                                   train_alone_at_double_update_freq, weights)
 
 WORDS = "one two three four five six seven eight nine ten eleven twelve".split()
 VOCAB = 320
@@ -263,13 +261,6 @@ def test_a_prediction_heads_parameters_run_in_every_fine_tuning(task, unused):
     assert without == sorted(names)
 
 
-def train_in_one_process(arguments, out):
-    single = subprocess.run([sys.executable, "-m", "transduce", "train", "--out", str(out),
-                             "--update-freq", "2", *arguments],
-                            env=CPU_ENV, capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stdout + single.stderr
-
-
 @pytest.mark.parametrize("objective", ["mlm", "mlm,nsp"])
 def test_two_processes_equal_one_with_double_update_freq(counting, tmp_path, objective):
     """Pre-training in two gloo processes: the heads run inside the module DDP wraps,
@@ -279,7 +270,7 @@ def test_two_processes_equal_one_with_double_update_freq(counting, tmp_path, obj
     common = ["--data", str(counting), "--arch", "encoder", "--preset", "bert-tiny",
               "--objective", objective, "--max-tokens", "128", "--max-steps", "4",
               "--warmup-steps", "5", "--threads", "1", "--dtype", "float32"]
-    train_in_one_process(common, tmp_path / "one")
+    train_alone_at_double_update_freq(tmp_path / "one", common)
     assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)
 
 
@@ -292,5 +283,5 @@ def test_fine_tuning_in_two_processes_equals_one(classes, counting, tmp_path):
     common = ["--data", str(classes), "--init", str(pretrained), "--task", "classify",
               "--max-tokens", "128", "--max-steps", "4", "--warmup-steps", "5",
               "--threads", "1", "--dtype", "float32"]
-    train_in_one_process(common, tmp_path / "one")
+    train_alone_at_double_update_freq(tmp_path / "one", common)
     assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)

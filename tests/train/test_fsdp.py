@@ -3,8 +3,6 @@ on the CPU: the weights DDP trains, exact resume, checkpoints in the ordinary fo
 and the refusals."""
 
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,7 +14,7 @@ from transduce.decode.translate import Translator
 from transduce.model import load_model
 from transduce.train.sharding import check_fsdp_config
 from tests.train import test_encoder
-from tests.train.test_loop import CPU_ENV, FAIL_AT_STEP_2, run_two_processes, weights
+from tests.train.test_loop import FAIL_AT_STEP_2, run_two_processes, weights
 
 # Float32 (autocast would round differently on CPUs with and without bfloat16) and no
 # biases: a key projection's bias has a gradient of exactly zero (softmax ignores a
@@ -90,11 +88,8 @@ def test_an_fsdp_checkpoint_is_an_ordinary_one(runs, tiny_corpus):
     assert len(Translator(model, tokenizer).translate(["uno dos", "tres"], beam=2)) == 2
     single = runs / "single"
     shutil.copytree(runs / "fsdp" / "step-0000003", single / "step-0000003")
-    result = subprocess.run([sys.executable, "-m", "transduce", "train", "--data",
-                             str(tiny_corpus), "--out", str(single), "--resume", "--no-fsdp",
-                             "--update-freq", "4", "--max-steps", "6"],
-                            env=CPU_ENV, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert main(["train", "--data", str(tiny_corpus), "--out", str(single), "--resume",
+                 "--no-fsdp", "--update-freq", "4", "--max-steps", "6"]) == 0
     assert_trained_alike(weights(runs / "fsdp"), weights(single))
 
 

@@ -292,6 +292,12 @@ def run_two_processes(worker: Path, args: list[str], prelude: str = "",
     return result
 
 
+def train_alone_at_double_update_freq(out: Path, common: list[str]) -> None:
+    """The two-process runs' reference: `transduce train COMMON` at update_freq 2 into
+    `out`, in this process (a process of its own would only add its start)."""
+    assert main(["train", "--out", str(out), "--update-freq", "2", *common]) == 0
+
+
 def assert_two_processes_trained_alike(one: Path, two: Path, common: list[str]) -> None:
     """Train `common` in two gloo processes at update_freq 1 into `two`: the weights
     must be those of the single process at update_freq 2 in `one`; neither process

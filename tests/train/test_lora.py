@@ -4,8 +4,6 @@ adapters beside it, resuming is exact, and a base that moved or changed is refus
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,7 +21,8 @@ from transduce.train.loop import train
 from tests.train.test_encoder import bert_tiny, classes  # noqa: F401 - classes: a fixture
 from tests.train.test_encoder import train_config as encoder_config
 from tests.train.test_lm import counting, gpt_tiny, train_config  # noqa: F401 - a fixture
-from tests.train.test_loop import CPU_ENV, assert_two_processes_trained_alike, weights
+from tests.train.test_loop import (assert_two_processes_trained_alike,
+                                   train_alone_at_double_update_freq, weights)
 from tests.train.test_loop import tiny_config as translation_config
 from tests.train.test_loop import train_config as translation_train_config
 
@@ -224,10 +223,7 @@ def test_two_processes_train_the_adapters_as_one(counting, tmp_path, kept):
               "--max-tokens", "64", "--pack-length", "16", "--max-steps", "4",
               "--schedule", "noam", "--warmup-steps", "5", "--threads", "1",
               "--dtype", "float32", "--lora-base-dtype", kept]
-    single = subprocess.run([sys.executable, "-m", "transduce", "train", "--out",
-                             str(tmp_path / "one"), "--update-freq", "2", *common],
-                            env=CPU_ENV, capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stdout + single.stderr
+    train_alone_at_double_update_freq(tmp_path / "one", common)
     assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)
     trained, before = weights(tmp_path / "one"), weights(base)
     assert any(not torch.equal(trained[name], before[name]) for name in before)
