@@ -9,13 +9,15 @@ generating kernels, so the test is quick."""
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 from transduce.config import preset
 from transduce.data.packing import sentence_numbers
 from transduce.model import build_model
 
 # (batch, source length, target length): equal lengths (SDPA's own causal flag), unequal
-# ones, and a new batch size, all through the same graph.
+# ones, and a new batch size. Dynamo's duck sizing gives the first batch a graph of its
+# own (one symbol for both lengths); the next two share the second.
 SHAPES = [(4, 13, 13), (6, 17, 9), (3, 20, 21)]
 
 
@@ -40,7 +42,9 @@ def test_the_training_step_compiles_to_one_graph_and_computes_the_same(arch, imp
                     tgt_vocab_size=300, attention_impl=impl, dropout=0.0)
     torch.manual_seed(0)
     model = build_model(config).train()
-    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend="eager")
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend=counter)
+    graphs = []
     for src, tgt in batches(300):
         expected = forward(model, arch, src, tgt)
         expected_grads = torch.autograd.grad(expected.square().sum(), list(model.parameters()))
@@ -49,6 +53,10 @@ def test_the_training_step_compiles_to_one_graph_and_computes_the_same(arch, imp
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
         for a, b in zip(got_grads, expected_grads):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        graphs.append(counter.frame_count)
+    # A length the graphs were not traced at takes no graph of its own (a kernel that
+    # loops over range(0, T, block) fixes T, and each new length compiled again).
+    assert graphs[-1] == graphs[-2] <= 2
 
 
 def test_dropout_compiles_without_a_break():
@@ -77,3 +85,19 @@ def test_packed_rows_compile_to_one_graph_and_compute_the_same():
     expected = model(src, tgt, project=False, segments=segments)
     got = compiled(src, tgt, project=False, segments=segments)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_causal_linear_attention_compiles_once_for_lengths_within_a_chunk():
+    """Causal linear attention walks its queries a chunk (64) at a time: lengths that
+    fit one chunk share one graph, as a decoder's batches of new lengths need."""
+    config = preset("gpt-tiny", src_vocab_size=300, tgt_vocab_size=300,
+                    attention_type="linear", dropout=0.0)
+    torch.manual_seed(0)
+    model = build_model(config).train()
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend=counter)
+    for _, _, target in SHAPES:
+        tgt = torch.randint(4, 300, (2, target), generator=torch.Generator().manual_seed(target))
+        torch.testing.assert_close(compiled(tgt, project=False), model(tgt, project=False),
+                                   rtol=1e-5, atol=1e-5)
+    assert counter.frame_count == 1

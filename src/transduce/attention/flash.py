@@ -27,6 +27,7 @@ from torch import Tensor
 from transduce.attention import masks
 from transduce.attention.checks import check_dropout, check_mask, check_position_bias, \
     check_qkv
+from transduce.attention.tiles import tiles
 
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
@@ -123,14 +124,13 @@ class _Tiling:
             self.generator = torch.Generator(device=q.device)
 
     def query_blocks(self):
-        for start in range(0, self.num_queries, self.block_q):
-            yield start, min(start + self.block_q, self.num_queries)
+        return tiles(self.num_queries, self.block_q)
 
     def key_blocks(self, q_start: int, q_end: int):
-        for start in range(0, self.num_keys, self.block_k):
+        for start, end in tiles(self.num_keys, self.block_k):
             if self.causal and start > q_end - 1 + self.offset:
                 return  # this tile and all after it lie above the diagonal
-            yield start, min(start + self.block_k, self.num_keys)
+            yield start, end
 
     def rows(self, x: Tensor, start: int, end: int) -> Tensor:
         """(B, H, T, X) -> (B, Hkv, G * block, X): a query block's rows, grouped."""

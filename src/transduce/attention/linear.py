@@ -20,6 +20,7 @@ from torch import Tensor
 from transduce.attention import masks
 from transduce.attention.kv_cache import Attended, AttentionCache, refuse_position_bias, \
     refuse_softcap
+from transduce.attention.tiles import tiles
 
 # Running sums over the keys seen so far: sum phi(k) v^T (B, Hkv, D, D), sum phi(k) (B, Hkv, D).
 LinearState = tuple[Tensor, Tensor]
@@ -59,8 +60,7 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = 
         raise ValueError(f"causal linear attention needs one key per query, got "
                          f"{q.shape[2]} queries and {k.shape[2]} keys")
     outputs = []
-    for start in range(0, q.shape[2], chunk):
-        stop = min(start + chunk, q.shape[2])
+    for start, stop in tiles(q.shape[2], chunk):
         q_c, k_c, v_c = phi_q[:, :, :, start:stop], phi_k[:, :, start:stop], v[:, :, start:stop]
         within = (q_c @ k_c.unsqueeze(2).transpose(-1, -2)).tril()      # (B, Hkv, G, c, c)
         numerator = q_c @ kv_sum.unsqueeze(2) + within @ v_c.unsqueeze(2)
