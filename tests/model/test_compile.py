@@ -11,6 +11,8 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
+from transduce.attention.local import sliding_window_attention
+from transduce.attention.sparse import Pattern, pattern_attention
 from transduce.config import preset
 from transduce.data.packing import sentence_numbers
 from transduce.model import build_model
@@ -101,3 +103,28 @@ def test_causal_linear_attention_compiles_once_for_lengths_within_a_chunk():
         torch.testing.assert_close(compiled(tgt, project=False), model(tgt, project=False),
                                    rtol=1e-5, atol=1e-5)
     assert counter.frame_count == 1
+
+
+WINDOWED = {"sliding": lambda q, k, v, keys: sliding_window_attention(q, k, v, keys, 16,
+                                                                     causal=True),
+            "strided": lambda q, k, v, keys: pattern_attention(
+                q, k, v, keys, Pattern(16, stride=16), causal=True)}
+
+
+@pytest.mark.parametrize("kind", WINDOWED)
+def test_windowed_attention_compiles_within_one_block_and_over_several(kind):
+    """Length 11, one block of the 16-key window (Dynamo folds the block count into the
+    head count, which then compare as symbols), and 20, two blocks and one strided key;
+    four query heads on two key/value heads: no break, the eager numbers."""
+    def attend(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        q = x.unflatten(2, (4, 16)).transpose(1, 2)                        # (B, 4, T, 16)
+        k = x[..., :32].unflatten(2, (2, 16)).transpose(1, 2)              # (B, 2, T, 16)
+        return WINDOWED[kind](q, k, k.flip(-1), keys)
+
+    compiled = torch.compile(attend, dynamic=True, fullgraph=True, backend="eager")
+    generator = torch.Generator().manual_seed(0)
+    for batch, length in [(3, 11), (2, 20)]:
+        x = torch.randn(batch, length, 64, generator=generator)
+        keys = torch.ones(batch, length, dtype=torch.bool)
+        keys[0, -3:] = False
+        torch.testing.assert_close(compiled(x, keys), attend(x, keys))

@@ -49,7 +49,9 @@ def check_mask(q: Tensor, k: Tensor, mask: Tensor | masks.Segments | None
         raise ValueError(f"mask must broadcast to (B, H, T, S), got shape {tuple(mask.shape)}")
     mask = masks.four_d(mask)
     target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    if any(m not in (1, t) for m, t in zip(mask.shape, target)) or mask.shape[3] != target[3]:
+    # Compared, not `m in (1, t)`: under torch.compile two equal symbolic sizes are
+    # different objects, and Dynamo's `in` found them unequal (strided attention).
+    if any(m != 1 and m != t for m, t in zip(mask.shape, target)) or mask.shape[3] != target[3]:
         raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to "
                          f"(B, H, T, S) = {target} with a full key dimension")
     if mask.device != q.device:

@@ -162,7 +162,16 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
     with _shape_agnostic_backends(q.device):
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_is_causal, scale=scale,
-            enable_gqa=k.shape[1] != q.shape[1])
+            enable_gqa=_grouped(q, k))
+
+
+def _grouped(q: Tensor, k: Tensor) -> bool:
+    """Whether query heads share key/value heads (SDPA's enable_gqa), as a Python bool: a
+    branch, for the reason above. Sliding-window blocks traced at one block fold the
+    block count into the head count, so even the head counts can be symbolic there."""
+    if k.shape[1] != q.shape[1]:
+        return True
+    return False
 
 
 def _sdpa_with_bias(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
@@ -175,7 +184,7 @@ def _sdpa_with_bias(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal
     bias = dense_as_mask(dense_bias, mask, q.dtype)
     with _shape_agnostic_backends(q.device):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
-                                             scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+                                             scale=scale, enable_gqa=_grouped(q, k))
     if mask is None:
         return out
     return out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
