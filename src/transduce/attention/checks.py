@@ -83,7 +83,7 @@ def check_score_bias(q: Tensor, k: Tensor, bias: Tensor | None) -> None:
     if bias is None:
         return
     batch, heads, num_queries = q.shape[:3]
-    if bias.dim() != 4 or bias.shape[0] not in (1, batch) or \
+    if bias.dim() != 4 or (bias.shape[0] != 1 and bias.shape[0] != batch) or \
             tuple(bias.shape[1:]) != (heads, num_queries, k.shape[2]) or \
             not bias.is_floating_point():
         raise ValueError(f"score_bias must be a float (B or 1, H, T, S) = "
