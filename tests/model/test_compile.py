@@ -112,7 +112,7 @@ WINDOWED = {"sliding": lambda q, k, v, keys: sliding_window_attention(q, k, v, k
 
 
 @pytest.mark.parametrize("kind", WINDOWED)
-def test_windowed_attention_compiles_within_one_block_and_over_several(kind):
+def test_windowed_attention_compiles_within_one_block_and_over_two(kind):
     """Length 11, one block of the 16-key window (Dynamo folds the block count into the
     head count, which then compare as symbols), and 20, two blocks and one strided key;
     four query heads on two key/value heads: no break, the eager numbers."""
