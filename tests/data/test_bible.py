@@ -1,5 +1,6 @@
 """Parsing diatheke's plain output, alignment, and the fixed split."""
 
+import functools
 import json
 import re
 import shutil
@@ -136,9 +137,18 @@ HAVE_SWORD = shutil.which("diatheke") is not None and subprocess.run(
     capture_output=True, text=True).stdout.startswith("Genesis 1:1")
 
 
+@pytest.fixture(scope="module")
+def modules_read_once():
+    """diatheke takes about 6 s to print a whole module: this file's tests read each
+    module once."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bible, "dump_module", functools.cache(bible.dump_module))
+        yield
+
+
 @pytest.mark.skipif(not HAVE_SWORD, reason="diatheke and the SWORD modules are not installed "
                     "(apt-get install diatheke sword-text-sparv sword-text-kjv sword-text-web)")
-def test_real_extraction_counts_and_split(tmp_path):
+def test_real_extraction_counts_and_split(modules_read_once, tmp_path):
     corpus = bible.build_corpus()
     sizes = {split: len(keys) for split, keys in corpus.splits.items()}
     assert sizes == {"test": 1000, "dev": 1000, "train": 29084}
@@ -188,7 +198,7 @@ def test_text_splits_keep_the_translation_split_in_canonical_order():
 
 
 @pytest.fixture(scope="module")
-def translation_corpus():
+def translation_corpus(modules_read_once):
     return bible.build_corpus(ref2_module=None)
 
 

@@ -36,21 +36,30 @@ pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None,
                                        "(scripts/install-system-packages.sh installs it)")
 
 
-@pytest.fixture()
-def browser_page(tmp_path):
-    """A page of a fresh Chromium profile; fails the test on any script error."""
-    errors: list[str] = []
+@pytest.fixture(scope="module")
+def chromium():
+    """One Chromium for this file's tests (starting it takes about 1.5 s)."""
     with playwright.sync_playwright() as driver:
-        context = driver.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, args=FLAGS,
-            viewport={"width": 1280, "height": 1000})
-        page = context.new_page()
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        browser = driver.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:
-            yield page
+            yield browser
         finally:
-            context.close()
+            browser.close()
+
+
+@pytest.fixture()
+def browser_page(chromium):
+    """A page of a fresh browser context (its own cookies, storage and cache, as a new
+    profile's); fails the test on any script error."""
+    errors: list[str] = []
+    context = chromium.new_context(viewport={"width": 1280, "height": 1000})
+    page = context.new_page()
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    try:
+        yield page
+    finally:
+        context.close()
     assert not errors, errors
 
 

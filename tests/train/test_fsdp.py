@@ -118,10 +118,10 @@ def test_a_failing_fsdp_run_leaves_no_process_group_behind(tiny_corpus, tmp_path
                                ["train", "--data", str(tiny_corpus), "--out",
                                 str(tmp_path / "run"), "--fsdp", "--preset", "tiny",
                                 "--max-tokens", "200", "--max-steps", "6", "--threads", "1"],
-                               prelude=FAIL_AT_STEP_2, launcher=("--monitor-interval", "3"))
+                               prelude=FAIL_AT_STEP_2)
     assert result.returncode != 0
-    assert result.stderr.count("transduce: error: deliberate failure at step 2") == 2, \
-        result.stderr
+    output = result.stdout + result.stderr
+    assert output.count("transduce: error: deliberate failure at step 2") == 2, output
 
 
 def test_one_process_is_refused(tiny_corpus, tmp_path, capsys):

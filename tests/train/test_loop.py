@@ -20,6 +20,7 @@ from transduce.train import loop, objective
 from transduce.train.log import LOG_NAME
 from transduce.train.loop import TrainingError, train
 from tests.environment import subprocess_env
+from tests.train.forked import run_forked
 
 REPO = Path(__file__).resolve().parents[2]
 # Training subprocesses: on the CPU with one thread each, also on a machine with a GPU,
@@ -232,10 +233,10 @@ def test_sigterm_writes_a_final_checkpoint(tiny_corpus, tmp_path):
 def test_two_processes_equal_one_with_double_update_freq(tiny_corpus, tmp_path):
     common = ["--data", str(tiny_corpus), "--preset", "tiny", "--dropout", "0.0",
               "--max-tokens", "200", "--max-steps", "6", "--warmup-steps", "5", "--threads", "1"]
-    single = run_cli(["train", "--out", str(tmp_path / "one"), "--update-freq", "2", *common])
-    out_single, _ = single.communicate(timeout=300)
-    assert single.returncode == 0, out_single
-    assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common)
+    train_alone_at_double_update_freq(tmp_path / "one", common)
+    # Started by torchrun, as users start them (the other such tests fork them).
+    assert_two_processes_trained_alike(tmp_path / "one", tmp_path / "two", common,
+                                       launcher=())
 
 
 # torchrun's worker: `transduce` with the given arguments, which writes the names of
@@ -276,14 +277,17 @@ sys.exit(main(sys.argv[1:]))
 
 
 def run_two_processes(worker: Path, args: list[str], prelude: str = "",
-                      launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """`transduce ARGS` in two gloo processes (torchrun); asserts that neither aborted
-    and that no thread of the process group (gloo's workers, its TCP loop) was left
-    running once train() destroyed it, whatever the run's outcome."""
+                      launcher: tuple[str, ...] | None = None) -> subprocess.CompletedProcess:
+    """`transduce ARGS` in two gloo processes; asserts that neither aborted and that no
+    thread of the process group (gloo's workers, its TCP loop) was left running once
+    train() destroyed it, whatever the run's outcome. launcher: torchrun's options, to
+    start them with torchrun; None forks them from a process that has imported torch
+    once (tests/train/forked.py: torchrun's environment, without its start-up)."""
     worker.write_text(WORKER.replace("PRELUDE", prelude), encoding="utf-8")
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc_per_node", "2", *launcher, str(worker), *args],
-                            env=CPU_ENV, capture_output=True, text=True, timeout=300)
+    result = run_forked(worker, args) if launcher is None else subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+         "2", *launcher, str(worker), *args],
+        env=CPU_ENV, capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert "terminate called" not in output and "SIGABRT" not in output, output
     left = re.findall(r"threads left: \[([^\]]*)\]", result.stdout)
@@ -298,12 +302,14 @@ def train_alone_at_double_update_freq(out: Path, common: list[str]) -> None:
     assert main(["train", "--out", str(out), "--update-freq", "2", *common]) == 0
 
 
-def assert_two_processes_trained_alike(one: Path, two: Path, common: list[str]) -> None:
+def assert_two_processes_trained_alike(one: Path, two: Path, common: list[str],
+                                       launcher: tuple[str, ...] | None = None) -> None:
     """Train `common` in two gloo processes at update_freq 1 into `two`: the weights
     must be those of the single process at update_freq 2 in `one`; neither process
     aborts or leaves the process group's threads behind."""
     double = run_two_processes(two.parent / f"{two.name}_worker.py",
-                               ["train", "--out", str(two), "--update-freq", "1", *common])
+                               ["train", "--out", str(two), "--update-freq", "1", *common],
+                               launcher=launcher)
     assert double.returncode == 0, double.stdout + double.stderr
     a, b = weights(one), weights(two)
     for name in a:
@@ -329,12 +335,10 @@ def test_a_run_failing_in_two_processes_leaves_no_process_group_behind(tiny_corp
                                ["train", "--data", str(tiny_corpus), "--out",
                                 str(tmp_path / "run"), "--preset", "tiny", "--max-tokens",
                                 "200", "--max-steps", "6", "--threads", "1"],
-                               prelude=FAIL_AT_STEP_2,
-                               # time for both to finish before torchrun stops the other
-                               launcher=("--monitor-interval", "3"))
+                               prelude=FAIL_AT_STEP_2)
     assert result.returncode != 0
-    assert result.stderr.count("transduce: error: deliberate failure at step 2") == 2, \
-        result.stderr
+    output = result.stdout + result.stderr
+    assert output.count("transduce: error: deliberate failure at step 2") == 2, output
 
 
 def test_cli_average_and_plot(tiny_corpus, tmp_path, capsys):
