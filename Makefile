@@ -19,11 +19,12 @@ demo: $(VENV)/.installed
 	$(PY) examples/demo.py
 
 # One pytest-xdist worker per core, the tests of a file on one worker (its fixtures are
-# built once); tests/conftest.py gives each worker its share of the cores. Bytecode is
-# written even where the environment says not to, or each worker rewrites every test
-# module's asserts anew and each process the suite starts compiles the package anew.
+# built once), the longest files first (tests/conftest.py, which also gives each worker
+# its share of the cores). Bytecode is written even where the environment says not to,
+# or each worker rewrites every test module's asserts anew and each process the suite
+# starts compiles the package anew.
 test: $(VENV)/.installed
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n auto --dist loadfile
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 bench: $(VENV)/.installed
 	$(PY) bench/attention.py
