@@ -98,6 +98,19 @@ def test_a_replayed_call_has_the_layout_it_was_recorded_with():
     assert calls["aten.cat.default"].kind == "other" and mm.kind == "product"
 
 
+def test_a_call_given_a_broadcast_operand_replays_with_it_broadcast():
+    # Masks reach attention kernels expanded over heads (stride 0): the replay must
+    # not fill them in place, which fails where elements share memory.
+    scores, bias = torch.randn(2, 3, 4, 4), torch.randn(2, 1, 4, 4).expand(2, 3, 4, 4)
+    with StepRecorder() as recorder:
+        torch.add(scores, bias)
+    (call,) = recorder.calls
+    assert call.replay()().shape == (2, 3, 4, 4)
+    fresh = call.args[1].fresh()
+    assert fresh.stride() == (16, 0, 4, 1) and torch.equal(fresh[:, 0], fresh[:, 2])
+    assert fresh.std() > 0.5
+
+
 def test_recording_leaves_no_mode_behind():
     with StepRecorder():
         torch.ones(2) + 1

@@ -32,14 +32,18 @@ class Operand:
 
     def fresh(self) -> object:
         """A new tensor of this layout (random floats, zero integers), a list of fresh
-        items, or the value."""
+        items, or the value. The storage is filled before it is viewed with the strides:
+        a broadcast operand (stride 0, an attention mask expanded over heads) has
+        elements that share memory, which an in-place fill refuses."""
         if self.items is not None:
             return [item.fresh() for item in self.items]
         if self.size is None:
             return self.value
-        tensor = torch.empty_strided(self.size, self.stride, dtype=self.dtype,
-                                     device=self.device)
-        return tensor.normal_() if tensor.is_floating_point() else tensor.zero_()
+        extent = 1 + sum((n - 1) * s for n, s in zip(self.size, self.stride)) \
+            if all(self.size) else 0
+        storage = torch.empty(extent, dtype=self.dtype, device=self.device)
+        storage = storage.normal_() if storage.is_floating_point() else storage.zero_()
+        return storage.as_strided(self.size, self.stride)
 
 
 @dataclass(frozen=True)
