@@ -60,4 +60,5 @@ step train-cuda 420 python3 bench/train.py --device cuda --data data/bible \
 [ -f "$out/cuda-tests.log" ] && grep -E "passed|failed" "$out/cuda-tests.log" | tail -1
 for log in "$out"/step-products-*.log; do [ -f "$log" ] && grep -A2 "^products alone" "$log"; done
 [ -f "$out/train-cuda.log" ] && sed -n '/^peer /,/^=====/p' "$out/train-cuda.log" | grep -v "^====="
+[ -f "$out/train-cuda.log" ] && grep -E "^(=====|GPU ms per step)" "$out/train-cuda.log"
 exit $status

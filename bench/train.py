@@ -15,7 +15,9 @@ projected_label_smoothed_nll; Hugging Face: logits, then F.cross_entropy with
 label_smoothing, as its Trainer does). With --compiled, a fourth peer, "ours compiled",
 steps our model and loss as `transduce train --compile` does (train/objective.py under
 torch.compile, shapes dynamic; it first steps every batch once, so that compiling is
-not timed). For each batch size the peers alternate rounds
+not timed). With --unstacked, "ours unstacked" makes one product per attention
+projection, as before training stacked them (attention/multihead.py). For each batch
+size the peers alternate rounds
 of --steps steps; the median round gives tokens/s, model FLOPs utilisation against the
 matmul peak measured here for the peer's dtype, and the ratios ours / each Hugging Face
 peer. Peak memory is the resident memory a few steps add, measured in a fresh child
@@ -25,6 +27,7 @@ it, so that freed blocks leave the high-water mark honest. Writes JSON with the
 machine's description and CPU flags.
 
     python bench/train.py --data data/bible --max-tokens 2048 4096 8192 [--dtype auto] [--compiled]
+        [--unstacked] [--peers ours "hf float32"]
     python bench/train.py --device cuda --data data/bible [--preset base]   # bench/train_cuda.py
 """
 
@@ -45,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import (added_peak_bytes, format_bytes, handed_to_gpu_benchmark,  # noqa: E402
                      machine_info, peak_in_child)
+from transduce.attention import MultiHeadAttention  # noqa: E402
 from transduce.config import preset  # noqa: E402
 from transduce.data.batching import TokenBatcher  # noqa: E402
 from transduce.data.dataset import load_split  # noqa: E402
@@ -58,6 +62,7 @@ from transduce.train.objective import SequenceObjective  # noqa: E402
 
 HF_PEERS = {"hf float32": None, "hf bfloat16": torch.bfloat16}
 PEERS = ("ours", *HF_PEERS)
+EXTRA_PEERS = ("ours compiled", "ours unstacked")
 SMOOTHING, LR = 0.1, 5e-4
 
 
@@ -66,6 +71,10 @@ def build(peer: str, vocab_size: int, ours_dtype: torch.dtype | None):
     torch.manual_seed(0)
     ours = Transformer(preset("small", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
                               norm_first=False))     # Marian's layout, for both
+    if peer == "ours unstacked":   # one product per projection, as before they were stacked
+        for module in ours.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.stack_in_training = False
     if peer.startswith("ours"):
         model = ours.train()
         objective = SequenceObjective(model, language_model=False, label_smoothing=SMOOTHING)
@@ -160,11 +169,12 @@ def report(rows: list[dict], peaks: dict[str, float]) -> dict[str, float]:
     """Print the table; -> ours / each Hugging Face peer at each one's fastest batch size."""
     print("\nmatmul peak " + ", ".join(f"{name} {value / 1e9:.0f} GFLOP/s"
                                       for name, value in peaks.items()))
+    hf_peers = [hf for hf in HF_PEERS if any(row["peer"] == hf for row in rows)]
     print(f"{'peer':14s} {'dtype':9s} {'tokens':>7s} {'target tok/s':>13s} "
-          + " ".join(f"{'vs ' + hf:>15s}" for hf in HF_PEERS) + f" {'MFU':>6s} {'peak mem':>10s}")
+          + " ".join(f"{'vs ' + hf:>15s}" for hf in hf_peers) + f" {'MFU':>6s} {'peak mem':>10s}")
     for row in rows:
         same_batch = {hf: next(r for r in rows if r["peer"] == hf and
-                               r["max_tokens"] == row["max_tokens"]) for hf in HF_PEERS}
+                               r["max_tokens"] == row["max_tokens"]) for hf in hf_peers}
         ratios = " ".join(f"{row['target_tokens_per_s'] / hf['target_tokens_per_s']:14.2f}x"
                           for hf in same_batch.values())
         print(f"{row['peer']:14s} {row['dtype']:9s} {row['max_tokens']:7d} "
@@ -172,7 +182,7 @@ def report(rows: list[dict], peaks: dict[str, float]) -> dict[str, float]:
               f"{format_bytes(row['peak_memory_bytes']):>10s}")
     best = {peer: max(r["target_tokens_per_s"] for r in rows if r["peer"] == peer)
             for peer in {row["peer"] for row in rows}}
-    ratios = {hf: best["ours"] / best[hf] for hf in HF_PEERS}
+    ratios = {hf: best["ours"] / best[hf] for hf in hf_peers}
     print("at each one's fastest batch size: " + ", ".join(f"ours / {hf} = {ratio:.2f}x"
                                                           for hf, ratio in ratios.items()))
     return ratios
@@ -191,6 +201,11 @@ def main() -> None:
                         help="our model's training dtype (default: what `transduce train` picks)")
     parser.add_argument("--compiled", action="store_true",
                         help="also time 'ours compiled' (transduce train --compile)")
+    parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=[*PEERS, *EXTRA_PEERS],
+                        help="which peers to time ('ours' always is; default: ours and "
+                             "both Hugging Face peers)")
+    parser.add_argument("--unstacked", action="store_true",
+                        help="also time 'ours unstacked' (one product per attention projection)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
@@ -206,7 +221,8 @@ def main() -> None:
     ours_dtype = torch.bfloat16 if ours == "bfloat16" else None
     peaks = {name: matmul_peak(getattr(torch, name)) for name in ("float32", "bfloat16")}
     rows = []
-    peers = (*PEERS, "ours compiled") if args.compiled else PEERS
+    peers = tuple(dict.fromkeys(["ours", *args.peers] + ["ours compiled"] * args.compiled
+                                + ["ours unstacked"] * args.unstacked))
     for max_tokens in args.max_tokens:
         result = measure(args.data, max_tokens, args.rounds, args.steps, ours_dtype, peers)
         for peer, values in result.items():

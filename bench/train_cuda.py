@@ -12,9 +12,11 @@ sdpa packed compiled") train on rows of --pack-length tokens packed with whole p
 the same corpus at the same budget: batches of one shape, compiled without dynamic
 shapes, and the Triton kernel skipping other pairs' tiles; "... packed graphed" also
 replays each step's forward and backward as CUDA graphs (torch.compile's
-reduce-overhead mode: one launch a graph, no Python between kernels). Every peer first steps
-through every batch once (kernels compiled for each shape, allocator settled); then the
-rounds are timed. All count target tokens that are not padding per second of forward,
+reduce-overhead mode: one launch a graph, no Python between kernels). Peers with
+"unstacked" in their name ("ours triton unstacked packed graphed") make one product
+per attention projection in training, as before they were stacked (multihead.py).
+Every peer first steps through every batch once (kernels compiled for each shape,
+allocator settled); then the rounds are timed. All count target tokens that are not padding per second of forward,
 backward and optimizer step (each peer its own batches' targets).
 MFU is model FLOPs (train/flops.py, 6 N per token plus attention) per second against the
 GPU's dense bfloat16 peak from its data sheet (989.4 TFLOP/s for H100 SXM and H200), and
@@ -43,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from attention_cuda import gpu_info  # noqa: E402
+from transduce.attention import MultiHeadAttention  # noqa: E402
 from transduce.config import preset  # noqa: E402
 from transduce.data.tokenizer import PAD_ID  # noqa: E402
 from transduce.export.hf import hf_config  # noqa: E402
@@ -66,6 +69,10 @@ def build(peer: str, preset_name: str, vocab: int):
     impl = peer.split()[1] if peer.startswith("ours") else "sdpa"
     config = preset(preset_name, src_vocab_size=vocab, tgt_vocab_size=vocab, attention_impl=impl)
     ours = Transformer(config)
+    if "unstacked" in peer:   # one product per projection, as before they were stacked
+        for module in ours.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.stack_in_training = False
     if peer.startswith("ours"):
         model = ours.cuda().train()
         objective = SequenceObjective(model, language_model=False, label_smoothing=SMOOTHING)
@@ -147,6 +154,7 @@ def measure(args, max_tokens: int):
                    "error": f"{type(error).__name__}: {error}"}
             torch.cuda.empty_cache()
     seconds: dict[str, list[float]] = {peer: [] for peer in steppers}
+    rows: dict[str, dict] = {}
     for _ in range(args.rounds):
         for peer, (step, _) in steppers.items():
             torch.cuda.synchronize()
@@ -162,14 +170,17 @@ def measure(args, max_tokens: int):
         flops = sum(batch_training_flops(config, b) for b in data[peer])
         torch.cuda.reset_peak_memory_stats()
         steppers[peer][0](data[peer][0])
-        yield {"peer": peer, "max_tokens": max_tokens, "seconds": times,
-               "pack_length": args.pack_length if "packed" in peer else 0,
-               "target_tokens_per_round": tokens, "target_tokens_per_s": tokens / median,
-               "model_flops_per_s": flops / median,
-               "peak_memory_bytes": torch.cuda.max_memory_allocated()}
+        rows[peer] = {"peer": peer, "max_tokens": max_tokens, "seconds": times,
+                      "pack_length": args.pack_length if "packed" in peer else 0,
+                      "target_tokens_per_round": tokens, "target_tokens_per_s": tokens / median,
+                      "model_flops_per_s": flops / median,
+                      "peak_memory_bytes": torch.cuda.max_memory_allocated()}
+        yield rows[peer]
     if args.profile and max_tokens == args.max_tokens[-1]:
         for peer, (step, _) in steppers.items():
-            profile_kernels(peer, step, data[peer][:3], max_tokens)
+            # Into the peer's row, yielded above and written to JSON at the end.
+            rows[peer]["gpu_ms_per_step"] = profile_kernels(peer, step, data[peer][:3],
+                                                            max_tokens)
     del steppers
     torch.cuda.empty_cache()
 
@@ -188,9 +199,25 @@ def print_row(row: dict, sheet: float | None, measured: float) -> None:
           f"{row['peak_memory_bytes'] / 2**30:7.2f} GiB", flush=True)
 
 
-def profile_kernels(peer: str, step, batches: list, max_tokens: int) -> None:
+# Kernel names -> what they do, first match wins: cuBLAS's and CUTLASS's products,
+# attention (PyTorch's SDPA kernels and ours in Triton), Inductor's fused kernels, Adam.
+KERNEL_GROUPS = (("attention", ("fmha", "flash", "attention", "forward_kernel", "dq_kernel",
+                                "dkdv_kernel")),
+                 ("matrix products", ("nvjet", "gemm", "cutlass", "xmma", "cublas")),
+                 ("fused by Inductor", ("triton_",)),
+                 ("optimizer", ("multi_tensor_apply",)))
+
+
+def kernel_group(name: str) -> str:
+    lowered = name.lower()
+    return next((group for group, marks in KERNEL_GROUPS
+                 if any(mark in lowered for mark in marks)), "other (aten elementwise, copies)")
+
+
+def profile_kernels(peer: str, step, batches: list, max_tokens: int) -> dict[str, float]:
     """A measured peer's GPU time by kernel over a few more steps (its kernels are
-    compiled and warm already)."""
+    compiled and warm already) -> ms per step by kernel group, every kernel counted
+    (the table prints the 20 longest)."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -198,8 +225,18 @@ def profile_kernels(peer: str, step, batches: list, max_tokens: int) -> None:
             step(batch)
         torch.cuda.synchronize()
     print(f"===== {peer}, {max_tokens} tokens: GPU time by kernel over {len(batches)} steps")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20,
-                                    max_name_column_width=60), flush=True)
+    averages = prof.key_averages()
+    print(averages.table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60))
+    groups: dict[str, float] = {}
+    for event in averages:
+        if event.self_device_time_total > 0:
+            group = kernel_group(event.key)
+            groups[group] = groups.get(group, 0.0) + \
+                event.self_device_time_total / 1e3 / len(batches)
+    print("GPU ms per step: " + ", ".join(f"{group} {ms:.2f}" for group, ms in
+                                          sorted(groups.items(), key=lambda kv: -kv[1]))
+          + f"; total {sum(groups.values()):.2f}", flush=True)
+    return groups
 
 
 def main(argv: list[str] | None = None) -> None:

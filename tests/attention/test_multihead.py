@@ -8,6 +8,8 @@ from torch import nn
 from transduce.attention import KVCache, MultiHeadAttention, masks
 from transduce.config import AttentionImpl, choices
 from transduce.model.positional import RotaryEmbedding
+from transduce.model.lora import LoRALinear, LoRASettings
+from transduce.train.products import StepRecorder
 from tests.attention.reference import reference_attention
 
 # impl='triton' needs a GPU or the interpreter: tests/attention/test_triton.py.
@@ -207,6 +209,58 @@ def test_fused_projections_give_the_separate_ones_result(kv_heads, rotary, bias,
         torch.testing.assert_close(fused(x[:, t:t + 1], causal=True, cache=caches[0]),
                                    separate(x[:, t:t + 1], causal=True, cache=caches[1]),
                                    rtol=1e-6, atol=1e-6)
+
+
+def _product_widths(mha, *inputs, **options) -> list[int]:
+    """The output widths (N) of the matrix products a forward call makes."""
+    with torch.no_grad(), StepRecorder() as recorder:
+        mha(*inputs, **options)
+    return sorted(call.args[-1].size[-1] for call, n in recorder.of_kind("product").items()
+                  for _ in range(n))
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("bias", [True, False])
+def test_training_stacks_the_projections_and_computes_what_separate_ones_do(kv_heads, bias):
+    """In training, q, k and v (cross-attention's k and v) are one product of stacked
+    weights: outputs and every parameter's gradient as with one product each, in float64."""
+    torch.manual_seed(0)
+    modules = [MultiHeadAttention(32, 4, kv_heads, bias=bias).double().train()
+               for _ in range(2)]
+    with torch.no_grad():   # biases start at zero: make each its own
+        for parameter in modules[0].parameters():
+            parameter.normal_(0.0, 0.3)
+    modules[1].load_state_dict(modules[0].state_dict())
+    modules[1].stack_in_training = False
+    x, source = torch.randn(3, 6, 32, dtype=torch.float64), torch.randn(3, 5, 32).double()
+    mask = masks.padding_mask(torch.tensor([6, 4, 1]), 6)
+
+    def step(mha):
+        out = mha(x, mask, causal=True) + mha(x, kv=mha.project_kv(source)).sin()
+        out.pow(2).sum().backward()
+        return out
+
+    torch.testing.assert_close(step(modules[0]), step(modules[1]), rtol=1e-12, atol=1e-12)
+    for (name, stacked), separate in zip(modules[0].named_parameters(),
+                                         modules[1].parameters()):
+        torch.testing.assert_close(stacked.grad, separate.grad, rtol=1e-12, atol=1e-12,
+                                   msg=name)
+    kv = kv_heads * 8
+    assert _product_widths(modules[0], x) == sorted([32 + 2 * kv, 32])           # qkv, out
+    assert _product_widths(modules[0].project_kv, source) == [2 * kv]
+    assert _product_widths(modules[1], x) == sorted([32, kv, kv, 32])
+
+
+def test_eval_and_adapted_projections_keep_one_product_each():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4)
+    x = torch.randn(2, 3, 32)
+    assert _product_widths(mha.eval(), x) == [32] * 4
+    # A LoRA layer's update is not in its weight: stacking that would lose it.
+    mha.k_proj = LoRALinear(mha.k_proj, LoRASettings(rank=2, alpha=4.0))
+    with torch.no_grad():
+        mha.k_proj.lora_b.normal_()
+    torch.testing.assert_close(mha.train()(x), mha.eval()(x), rtol=1e-6, atol=1e-6)
 
 
 def test_fused_projections_refuse_cross_attention():
