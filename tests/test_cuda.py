@@ -64,6 +64,25 @@ def test_training_on_cuda_in_bfloat16_learns(tiny_corpus, tmp_path):
     assert next(load_model(run).parameters()).device.type == "cpu"  # checkpoints load anywhere
 
 
+def test_training_with_cuda_graphs_logs_the_compiled_runs_losses(tiny_corpus, tmp_path):
+    """`transduce train --compile --pack-length L --cuda-graphs` against the same run
+    compiled without the graphs: the graphs replay the same kernels, so the same losses
+    step by step (dropout off: the graphs draw their random numbers their own way)."""
+    config = preset("tiny", src_vocab_size=300, tgt_vocab_size=300, dropout=0.0)
+
+    def losses(name: str, graphs: bool) -> list[float]:
+        train(tiny_corpus, tmp_path / name, config,
+              TrainConfig(max_tokens=512, pack_length=64, warmup_steps=10, max_steps=8,
+                          log_every=1, eval_every=1000, save_every=1000, dtype="bfloat16",
+                          compile=True, cuda_graphs=graphs))
+        return [json.loads(line)["loss"] for line in (tmp_path / name / "log.jsonl").open()
+                if json.loads(line)["event"] == "train"]
+
+    with _no_tf32():
+        want, got = losses("compiled", False), losses("graphed", True)
+    assert len(got) == 8 and got == pytest.approx(want, rel=1e-3)
+
+
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_the_compiled_packed_objective_steps_like_the_eager_one(mode):
     """The model and its loss compiled as one graph over packed rows of one shape

@@ -809,6 +809,8 @@ class TrainConfig(ValidatedConfig):
     dtype: TrainDtype = "auto"         # bfloat16: autocast, float32 master weights; auto:
     #                                    bfloat16 where the hardware has bfloat16 units
     compile: bool = False
+    cuda_graphs: bool = False          # with compile and pack_length, on one CUDA GPU: each
+    #                                    step's forward and backward replayed as CUDA graphs
     fsdp: bool = False                 # under torchrun: shard weights, gradients and Adam
     #                                    state across the processes (FSDP) instead of DDP
     seed: int = 1
@@ -856,6 +858,7 @@ class TrainConfig(ValidatedConfig):
         check_at_least(self, 0, "max_steps", "max_minutes", "clip_norm", "dev_bleu_sentences",
                        "threads", "schedule_offset", "pack_length", "lora_rank")
         self._check_lora()
+        self._check_cuda_graphs()
         check_in_unit_interval(self, "label_smoothing", "adam_beta1", "adam_beta2")
         check_seed(self.seed, "TrainConfig.seed")
         for name in ("source_lang", "target_lang"):
@@ -869,6 +872,21 @@ class TrainConfig(ValidatedConfig):
         for name in ("lr_scale", "adam_eps"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)}: must be positive")
+
+    def _check_cuda_graphs(self) -> None:
+        """CUDA graphs replay one shape, from the compiler's one graph a step, and hand
+        the gradients over in the graphs' own memory, which the next step's replay
+        overwrites: so compile, pack_length, one batch a step, and no FSDP."""
+        if not self.cuda_graphs:
+            return
+        needs = [(not self.compile, "compile (--compile)"),
+                 (not self.pack_length, "one shape a batch (--pack-length L)"),
+                 (self.update_freq != 1, "one batch a step (--update-freq 1: the graphs' "
+                                         "gradients would be overwritten by the next batch's)"),
+                 (self.fsdp, "no sharding (--no-fsdp)")]
+        missing = [need for lacking, need in needs if lacking]
+        if missing:
+            raise ConfigError("TrainConfig.cuda_graphs needs " + "; ".join(missing))
 
     def _check_lora(self) -> None:
         parse_lora_targets(self.lora_targets, "TrainConfig.lora_targets")

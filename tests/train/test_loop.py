@@ -169,12 +169,42 @@ def test_vocabulary_mismatch_is_refused_before_training(tiny_corpus, tmp_path):
     (["--num-kv-heads", "3"], "num_kv_heads=3"),
     (["--tie-embeddings", "all", "--tgt-vocab-size", "301"], "tie_embeddings='all'"),
     (["--update-freq", "0"], "update_freq"),
+    (["--cuda-graphs"], "cuda_graphs needs compile (--compile); one shape a batch "
+                        "(--pack-length L)"),
+    (["--cuda-graphs", "--compile", "--pack-length", "64", "--update-freq", "2"],
+     "cuda_graphs needs one batch a step (--update-freq 1"),
 ])
 def test_cli_refuses_bad_configs_naming_the_field(tiny_corpus, tmp_path, capsys, flags, message):
     argv = ["train", "--data", str(tiny_corpus), "--out", str(tmp_path / "run"),
             "--preset", "tiny", *flags]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_cuda_graphs_compile_for_one_shape_and_mark_each_step(tiny_corpus, tmp_path,
+                                                              monkeypatch):
+    """What a run with cuda_graphs asks of torch.compile and of its CUDA graphs (the
+    graphs themselves replay on a GPU: tests/test_cuda.py)."""
+    asked, marks = [], []
+    monkeypatch.setattr(loop, "check_cuda_graphs", lambda *args: None)
+    monkeypatch.setattr(loop.torch, "compile", lambda net, **options: asked.append(options)
+                        or net)
+    monkeypatch.setattr(loop.torch.compiler, "cudagraph_mark_step_begin",
+                        lambda: marks.append(len(marks)))
+    train(tiny_corpus, tmp_path / "run", tiny_config(),
+          train_config(max_steps=3, compile=True, pack_length=64, cuda_graphs=True))
+    assert asked == [{"dynamic": False, "mode": "reduce-overhead"}] and len(marks) == 3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there to replay on")
+def test_cuda_graphs_without_a_gpu_are_refused_before_anything_is_written(tiny_corpus,
+                                                                          tmp_path, capsys):
+    argv = ["train", "--data", str(tiny_corpus), "--out", str(tmp_path / "run"),
+            "--preset", "tiny", "--compile", "--pack-length", "64", "--cuda-graphs"]
+    assert main(argv) == 2
+    assert "cuda_graphs replays steps on a CUDA GPU, and this machine has none" in \
+        capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 

@@ -163,6 +163,7 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     sharding.check_fsdp_config(model_config, train_config, world)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
         if torch.cuda.is_available() else torch.device("cpu")
+    check_cuda_graphs(model_config, train_config, world, device)
     lora.check_base_dtype(train_config, training_dtype(train_config.dtype, device))
     trained = checkpoint.list_checkpoints(out)[-1:] if resume else [init] if init else []
     tokenizer = _training_tokenizer(data_dir, trained[0] if trained else None, model_config)
@@ -268,7 +269,10 @@ def _stepped_module(model: Model, model_config: ModelConfig, train_config: Train
     else:   # compiled with its loss: one graph a step, with no pause for the host
         net = SequenceObjective(model, is_language_model(model_config),
                                 train_config.label_smoothing, pad_id)
-        net = torch.compile(net, dynamic=dynamic) if train_config.compile else net
+        if train_config.cuda_graphs:   # torch.compile's CUDA graphs: one launch a graph
+            net = torch.compile(net, dynamic=False, mode="reduce-overhead")
+        elif train_config.compile:
+            net = torch.compile(net, dynamic=dynamic)
     if train_config.fsdp:
         sharding.shard(net, model)
     elif world > 1:
@@ -347,6 +351,23 @@ def _check_vocabulary(model_config: ModelConfig, tokenizer: TextTokenizer) -> No
 
 def is_language_model(model_config: ModelConfig) -> bool:
     return model_config.arch == "decoder"
+
+
+def check_cuda_graphs(model_config: ModelConfig, train_config: TrainConfig, world: int,
+                      device: torch.device) -> None:
+    """What TrainConfig cannot check alone: a GPU, one process, a packed model."""
+    if not train_config.cuda_graphs:
+        return
+    if device.type != "cuda":
+        raise ConfigError("TrainConfig.cuda_graphs replays steps on a CUDA GPU, and this "
+                          "machine has none; pass --no-cuda-graphs")
+    if world > 1:
+        raise ConfigError("TrainConfig.cuda_graphs trains in one process here (DDP's "
+                          "gradient hooks run between the graphs); pass --no-cuda-graphs "
+                          "or start one process")
+    if model_config.arch not in ("transformer", "decoder"):
+        raise ConfigError(f"TrainConfig.cuda_graphs replays a packed translation or "
+                          f"language model's step, not arch {model_config.arch!r}")
 
 
 def check_run_configs(model_config: ModelConfig, train_config: TrainConfig, kind: CorpusKind,
@@ -574,6 +595,8 @@ def _backward(run: Run, key: tuple[int, int], indices: np.ndarray, step_tokens: 
     flops = batch_training_flops(run.model_config, batch,       # from the host's copy
                                  weight_gradients=weight_gradients)
     batch = batch.to(run.device)
+    if run.train_config.cuda_graphs:   # the last step's graph outputs are read no more
+        torch.compiler.cudagraph_mark_step_begin()
     loss = run.net(batch.src, batch.tgt_in, batch.tgt_out, batch.segments)
     # DDP averages over processes: scale so the result is sum / step_tokens.
     (loss * run.world / step_tokens).backward()
