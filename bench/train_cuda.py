@@ -168,13 +168,12 @@ def measure(args, max_tokens: int):
         median = statistics.median(times)
         tokens = sum(b.num_tgt_tokens for b in data[peer])
         flops = sum(batch_training_flops(config, b) for b in data[peer])
-        torch.cuda.reset_peak_memory_stats()
-        steppers[peer][0](data[peer][0])
         rows[peer] = {"peer": peer, "max_tokens": max_tokens, "seconds": times,
                       "pack_length": args.pack_length if "packed" in peer else 0,
                       "target_tokens_per_round": tokens, "target_tokens_per_s": tokens / median,
                       "model_flops_per_s": flops / median,
-                      "peak_memory_bytes": torch.cuda.max_memory_allocated()}
+                      "step_added_peak_bytes": step_added_peak(peer, steppers[peer][0],
+                                                               data[peer][0])}
         yield rows[peer]
     if args.profile and max_tokens == args.max_tokens[-1]:
         for peer, (step, _) in steppers.items():
@@ -185,6 +184,21 @@ def measure(args, max_tokens: int):
     torch.cuda.empty_cache()
 
 
+def step_added_peak(peer: str, step, batch) -> int | None:
+    """The memory one step allocates at its peak over what was allocated before it (its
+    activations and temporaries; not the weights and Adam state, nor the other peers',
+    which stay allocated meanwhile); None for a graphed peer, whose replays take their
+    memory from the graphs' pool, made in the warm-up, and allocate nothing."""
+    if peer.endswith(" graphed"):
+        return None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step(batch)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
 def print_row(row: dict, sheet: float | None, measured: float) -> None:
     """Adds the MFU figures to `row` and prints it."""
     if "error" in row:
@@ -193,10 +207,12 @@ def print_row(row: dict, sheet: float | None, measured: float) -> None:
     row["mfu"] = row["model_flops_per_s"] / sheet if sheet else None
     row["mfu_of_measured_matmul"] = row["model_flops_per_s"] / measured
     mfu = f"{100 * row['mfu']:5.1f}%" if row["mfu"] is not None else "    -"
+    added = row["step_added_peak_bytes"]
+    memory = f"{added / 2**30:7.2f} GiB" if added is not None else "      -    "
     print(f"{row['peer']:20s} {row['max_tokens']:7d} {row['target_tokens_per_s']:13,.0f} "
           f"{row['model_flops_per_s'] / 1e12:8.1f} {mfu} "
           f"{100 * row['mfu_of_measured_matmul']:10.1f}% "
-          f"{row['peak_memory_bytes'] / 2**30:7.2f} GiB", flush=True)
+          f"{memory}", flush=True)
 
 
 # Kernel names -> what they do, first match wins: cuBLAS's and CUTLASS's products,
@@ -268,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{info['gpu']}: bfloat16 peak {sheet / 1e12 if sheet else float('nan'):.0f} TFLOP/s "
           f"(data sheet), {measured / 1e12:.0f} TFLOP/s measured (8192^3 matmul)")
     print(f"{'peer':20s} {'tokens':>7s} {'target tok/s':>13s} {'TFLOP/s':>8s} {'MFU':>6s} "
-          f"{'of measured':>11s} {'peak mem':>9s}", flush=True)
+          f"{'of measured':>11s} {'step adds':>11s}", flush=True)
     rows = []
     for max_tokens in args.max_tokens:   # each size's rows printed as soon as measured
         for row in measure(args, max_tokens):
