@@ -157,6 +157,34 @@ def test_plot_all_or_one_layer_and_head(tiny_corpus, tmp_path):
     assert everything.stat().st_size > one.stat().st_size > 10_000
 
 
+def test_pieces_are_labelled_once_a_row_and_once_a_kind(tmp_path, monkeypatch):
+    """A row's heads share its queries and a kind's layers its keys: the queries are
+    labelled in the first column, the keys under each kind's last layer."""
+    from matplotlib.figure import Figure
+
+    drawn = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *args, **kwargs:
+                        drawn.append(figure) or save(figure, *args, **kwargs))
+    source, target = ["_a", "_b", "</s>"], ["<s>", "_c", "_d", "_e"]
+    layers = [torch.rand(3, 4, 4).softmax(-1) for _ in range(2)]
+    cross = [torch.rand(3, 4, 3).softmax(-1) for _ in range(2)]
+    encoder = [torch.rand(3, 3, 3).softmax(-1) for _ in range(2)]
+    maps = AttentionMaps(source, target, target[1:] + ["</s>"], "c d e", -1.0, encoder,
+                         layers, cross)
+    plot_attention_maps(maps, tmp_path / "maps.png")
+    axes = [axis for axis in drawn[0].axes if axis.axison]
+    assert len(axes) == 3 * 2 * 3                     # kinds x layers x heads
+    for index, axis in enumerate(axes):
+        row, column = divmod(index, 3)
+        keys = [tick.label1.get_visible() for tick in axis.xaxis.get_major_ticks()]
+        queries = [tick.label1.get_visible() for tick in axis.yaxis.get_major_ticks()]
+        assert keys == [row % 2 == 1] * len(keys) and queries == [column == 0] * len(queries)
+    texts = [label.get_text() for label in axes[3].get_xticklabels()]
+    assert texts == source and [t.get_text() for t in axes[6].get_yticklabels()] == \
+        ["_c", "_d", "_e", "</s>"]
+
+
 def test_a_long_sentence_is_drawn_within_the_pixel_budget(tmp_path, monkeypatch):
     """A 400-piece sentence's 12 maps would want 65-inch panels, 8 x 10^8 pixels in all:
     the panels shrink to the budget and every step-th piece is labelled."""

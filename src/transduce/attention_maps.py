@@ -206,7 +206,7 @@ def plot_attention_maps(maps: AttentionMaps, out: Path, *, layer: int | None = N
     kinds = [("encoder self-attention", maps.encoder, maps.source_tokens, maps.source_tokens),
              ("decoder self-attention", maps.decoder, maps.target_inputs, maps.target_outputs),
              ("cross-attention", maps.cross, maps.source_tokens, maps.target_outputs)]
-    rows = []
+    rows, row_kinds = [], []
     for title, layers, keys, queries in kinds:
         for number, weights in enumerate(layers, start=1):
             if layer is not None and number != layer:
@@ -218,6 +218,7 @@ def plot_attention_maps(maps: AttentionMaps, out: Path, *, layer: int | None = N
             rows.append([(f"{title} rolled out through layer {number}" if rolled_out else
                           f"{title}, layer {number}, head {h}", weights[h - 1], keys, queries)
                          for h in heads])
+            row_kinds.append(title)
     if not rows:
         raise ConfigError(f"--layer {layer}: the model has {max(len(k[1]) for k in kinds)} layers")
     columns = max(len(row) for row in rows)
@@ -235,8 +236,13 @@ def plot_attention_maps(maps: AttentionMaps, out: Path, *, layer: int | None = N
             axis.imshow(weights.float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0,
                         aspect="auto")
             axis.set_title(title, fontsize=8)
+            # A row's heads share its queries, and a kind's rows its keys: each is
+            # labelled once, at the left and at the bottom of the kind's block (text
+            # is most of the drawing: a whole model's maps took three times as long).
+            last_of_kind = r + 1 == len(rows) or row_kinds[r + 1] != row_kinds[r]
             axis.set_xticks(*_ticks(keys, step), rotation=90, fontsize=6)
             axis.set_yticks(*_ticks(queries, step), fontsize=6)
+            axis.tick_params(labelbottom=last_of_kind, labelleft=c == 0)
     figure.suptitle(_label(_shortened(maps.translation, TITLE_CHARACTERS)), fontsize=9)
     figure.tight_layout()
     with atomic.atomic_file(out) as temporary:
