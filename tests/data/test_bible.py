@@ -5,6 +5,7 @@ import json
 import re
 import shutil
 import subprocess
+import threading
 
 import pytest
 
@@ -124,6 +125,28 @@ def test_split_rule_on_synthetic_keys():
     assert splits["train"] == expected[2000:]
     # integer order, not string order: chapter 2 sorts before chapter 10
     assert sorted(keys)[400] == ("A", 2, 1)
+
+
+def test_the_modules_are_read_at_once_and_a_failure_among_them_is_the_error(monkeypatch):
+    texts = {"src": SAMPLE_SPANISH, "tgt": SAMPLE_ENGLISH, "ref2": SAMPLE_ENGLISH}
+    reading = []
+    together = [threading.Barrier(3, timeout=10)]   # broken unless all three wait at once
+
+    def dump(module):
+        reading.append(module)
+        if together:
+            together[0].wait()
+        if module not in texts:
+            raise bible.BibleError(f"diatheke could not read module {module!r}")
+        return texts[module]
+
+    monkeypatch.setattr(bible, "dump_module", dump)
+    corpus = bible.build_corpus("src", "tgt", "ref2")
+    assert sorted(reading) == ["ref2", "src", "tgt"] and corpus.reference2 == corpus.target
+    together.clear()
+    for missing in ("src", "tgt", "ref2"):
+        with pytest.raises(bible.BibleError, match=f"could not read module 'no {missing}'"):
+            bible.build_corpus(*[f"no {m}" if m == missing else m for m in texts])
 
 
 def test_missing_diatheke_is_a_clear_error(monkeypatch):
