@@ -71,10 +71,8 @@ def build(peer: str, vocab_size: int, ours_dtype: torch.dtype | None):
     torch.manual_seed(0)
     ours = Transformer(preset("small", src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
                               norm_first=False))     # Marian's layout, for both
-    if peer == "ours unstacked":   # one product per projection, as before they were stacked
-        for module in ours.modules():
-            if isinstance(module, MultiHeadAttention):
-                module.stack_in_training = False
+    if peer == "ours unstacked":
+        unstack_projections(ours)
     if peer.startswith("ours"):
         model = ours.train()
         objective = SequenceObjective(model, language_model=False, label_smoothing=SMOOTHING)
@@ -107,6 +105,14 @@ def build(peer: str, vocab_size: int, ours_dtype: torch.dtype | None):
         return tokens
 
     return ours.config, dtype, step
+
+
+def unstack_projections(model: torch.nn.Module) -> None:
+    """One product per attention projection in training, as before they were stacked
+    (a benchmark's reference: MultiHeadAttention.stack_in_training)."""
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.stack_in_training = False
 
 
 def batches(data: Path, max_tokens: int, count: int) -> list:

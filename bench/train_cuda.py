@@ -16,8 +16,9 @@ reduce-overhead mode: one launch a graph, no Python between kernels). Peers with
 "unstacked" in their name ("ours triton unstacked packed graphed") make one product
 per attention projection in training, as before they were stacked (multihead.py).
 Every peer first steps through every batch once (kernels compiled for each shape,
-allocator settled); then the rounds are timed. All count target tokens that are not padding per second of forward,
-backward and optimizer step (each peer its own batches' targets).
+allocator settled); then the rounds are timed. All count target tokens that are not
+padding per second of forward, backward and optimizer step (each peer its own batches'
+targets).
 MFU is model FLOPs (train/flops.py, 6 N per token plus attention) per second against the
 GPU's dense bfloat16 peak from its data sheet (989.4 TFLOP/s for H100 SXM and H200), and
 also against the matmul rate measured here (8192^3 bfloat16).
@@ -45,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from attention_cuda import gpu_info  # noqa: E402
-from transduce.attention import MultiHeadAttention  # noqa: E402
+from train import unstack_projections  # noqa: E402
 from transduce.config import preset  # noqa: E402
 from transduce.data.tokenizer import PAD_ID  # noqa: E402
 from transduce.export.hf import hf_config  # noqa: E402
@@ -69,10 +70,8 @@ def build(peer: str, preset_name: str, vocab: int):
     impl = peer.split()[1] if peer.startswith("ours") else "sdpa"
     config = preset(preset_name, src_vocab_size=vocab, tgt_vocab_size=vocab, attention_impl=impl)
     ours = Transformer(config)
-    if "unstacked" in peer:   # one product per projection, as before they were stacked
-        for module in ours.modules():
-            if isinstance(module, MultiHeadAttention):
-                module.stack_in_training = False
+    if "unstacked" in peer:
+        unstack_projections(ours)
     if peer.startswith("ours"):
         model = ours.cuda().train()
         objective = SequenceObjective(model, language_model=False, label_smoothing=SMOOTHING)

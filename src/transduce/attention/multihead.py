@@ -224,13 +224,12 @@ class MultiHeadAttention(nn.Module):
         503-666), and stacking the weights anew at each call keeps the parameters,
         their gradients and checkpoints as they are. Eval (decoding, one token a step)
         keeps one product each: there the copy would cost more than it saves."""
-        plain = all(type(p) is nn.Linear for p in projections)
-        biases = [p.bias for p in projections] if plain else []
-        if not (self.training and self.stack_in_training and plain
-                and len({b is None for b in biases}) == 1):
+        stackable = all(type(p) is nn.Linear for p in projections) and \
+            len({p.bias is None for p in projections}) == 1
+        if not (self.training and self.stack_in_training and stackable):
             return [projection(x) for projection in projections]
         weight = torch.cat([p.weight for p in projections])
-        bias = None if biases[0] is None else torch.cat(biases)
+        bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
         return list(F.linear(x, weight, bias).split([p.out_features for p in projections], -1))
 
     def _query_heads(self, q: Tensor) -> Tensor:

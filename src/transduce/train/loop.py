@@ -163,7 +163,7 @@ def set_up(data_dir: Path, out: Path, model_config: ModelConfig, train_config: T
     sharding.check_fsdp_config(model_config, train_config, world)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
         if torch.cuda.is_available() else torch.device("cpu")
-    check_cuda_graphs(model_config, train_config, world, device)
+    check_cuda_graphs(train_config, world, device)
     lora.check_base_dtype(train_config, training_dtype(train_config.dtype, device))
     trained = checkpoint.list_checkpoints(out)[-1:] if resume else [init] if init else []
     tokenizer = _training_tokenizer(data_dir, trained[0] if trained else None, model_config)
@@ -353,9 +353,9 @@ def is_language_model(model_config: ModelConfig) -> bool:
     return model_config.arch == "decoder"
 
 
-def check_cuda_graphs(model_config: ModelConfig, train_config: TrainConfig, world: int,
-                      device: torch.device) -> None:
-    """What TrainConfig cannot check alone: a GPU, one process, a packed model."""
+def check_cuda_graphs(train_config: TrainConfig, world: int, device: torch.device) -> None:
+    """What TrainConfig cannot check alone: a GPU and one process. (The architectures
+    that cannot pack are refused their pack_length by check_run_configs.)"""
     if not train_config.cuda_graphs:
         return
     if device.type != "cuda":
@@ -365,9 +365,6 @@ def check_cuda_graphs(model_config: ModelConfig, train_config: TrainConfig, worl
         raise ConfigError("TrainConfig.cuda_graphs trains in one process here (DDP's "
                           "gradient hooks run between the graphs); pass --no-cuda-graphs "
                           "or start one process")
-    if model_config.arch not in ("transformer", "decoder"):
-        raise ConfigError(f"TrainConfig.cuda_graphs replays a packed translation or "
-                          f"language model's step, not arch {model_config.arch!r}")
 
 
 def check_run_configs(model_config: ModelConfig, train_config: TrainConfig, kind: CorpusKind,
