@@ -5,23 +5,26 @@
 # products each timed alone (bench/step_products.py: the MFU they allow, padded batches
 # with SDPA and packed rows with the Triton kernel), then the base model's training
 # throughput with packed batches, compiled and replayed as CUDA graphs
-# (bench/train_cuda.py). Run from the repository root, in an environment with a CUDA
+# (bench/train_cuda.py), and `transduce train`'s own loop with the next batch made during
+# each step against it made after the wait (bench/train_loop.py). Run from the repository root, in an environment with a CUDA
 # build of torch, Triton and the test extra, with the Bible corpus and its vocabulary in
 # data/bible (`make demo` makes them; copy them over if the GPU machine has no SWORD):
 #
-#     bash bench/gpu_checks.sh [output directory] [cuda-tests] [step-products] [train-cuda]
+#     bash bench/gpu_checks.sh [output directory] [cuda-tests] [step-products] [train-cuda] \
+#         [train-loop]
 #
-# The output directory defaults to bench/results/gpu-checks, the steps to all three
-# (about 2, 1 and 7 minutes: name some to split the run). Logs and the benchmarks'
+# The output directory defaults to bench/results/gpu-checks, the steps to all four
+# (about 2, 1, 7 and 3 minutes: name some to split the run). Logs and the benchmarks'
 # JSON land in the output directory; the exit status is the first failing step's.
 set -u
 out=${1:-bench/results/gpu-checks}
 shift $(( $# > 0 ? 1 : 0 ))
-wanted=${*:-cuda-tests step-products train-cuda}
+wanted=${*:-cuda-tests step-products train-cuda train-loop}
 for name in $wanted; do
     case $name in
-        cuda-tests|step-products|train-cuda) ;;
-        *) echo "unknown step '$name': choose cuda-tests, step-products or train-cuda" >&2
+        cuda-tests|step-products|train-cuda|train-loop) ;;
+        *) echo "unknown step '$name': choose cuda-tests, step-products, train-cuda or" \
+                "train-loop" >&2
            exit 2 ;;
     esac
 done
@@ -57,8 +60,12 @@ step train-cuda 420 python3 bench/train.py --device cuda --data data/bible \
     --max-tokens 25000 --steps 10 --profile --out "$out/train-cuda-packed.json" \
     --peers "ours sdpa compiled" "ours triton packed" "ours triton packed compiled" \
     "ours triton packed graphed"
+step train-loop 300 python3 bench/train_loop.py --data data/bible --preset base \
+    --max-tokens 25000 --pack-length 256 --compile --cuda-graphs --dtype bfloat16 \
+    --rounds 4 --steps 10 --out "$out/train-loop.json"
 [ -f "$out/cuda-tests.log" ] && grep -E "passed|failed" "$out/cuda-tests.log" | tail -1
 for log in "$out"/step-products-*.log; do [ -f "$log" ] && grep -A2 "^products alone" "$log"; done
 [ -f "$out/train-cuda.log" ] && sed -n '/^peer /,/^=====/p' "$out/train-cuda.log" | grep -v "^====="
 [ -f "$out/train-cuda.log" ] && grep -E "^(=====|GPU ms per step)" "$out/train-cuda.log"
+[ -f "$out/train-loop.log" ] && tail -3 "$out/train-loop.log"
 exit $status

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import sacrebleu
 import torch
+from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
@@ -59,6 +60,7 @@ from transduce.train.log import TrainingLog, set_aside_earlier_log
 from transduce.train.loss import projected_label_smoothed_nll
 from transduce.train.ema import WeightAverage
 from transduce.train.objective import SequenceObjective
+from transduce.train.prefetch import BatchPrefetch
 from transduce.train import encoder as encoder_training
 from transduce.train import lora, sharding
 from transduce.train.schedule import learning_rate
@@ -95,12 +97,25 @@ class Run:
     log: TrainingLog
     ema: WeightAverage | None
     stream: BatchStream = field(init=False)
+    prefetch: BatchPrefetch = field(init=False)   # the next batch, made during this step
     dtype: str = field(init=False)   # the training dtype, "auto" resolved for this device
     gradients_checked: bool = field(init=False, default=False)   # (--compile: once a run)
 
     def __post_init__(self) -> None:
         self.stream = BatchStream(self.batcher, self.position)
+        self.prefetch = BatchPrefetch(self._collate, self.device)
         self.dtype = training_dtype(self.train_config.dtype, self.device)
+
+    def _collate(self, key: tuple[int, int], indices: np.ndarray) -> tuple[object, float]:
+        """A batch of training data on the host, and its training FLOPs."""
+        weight_gradients = not self.train_config.lora_rank
+        if self.encoder:
+            batch = self.batcher.collate(indices, key)
+            return batch, training_flops(self.model_config, *batch.ids.shape, 0,
+                                         weight_gradients=weight_gradients)
+        batch = self.batcher.collate(indices)
+        return batch, batch_training_flops(self.model_config, batch,
+                                           weight_gradients=weight_gradients)
 
     @property
     def main_process(self) -> bool:
@@ -515,15 +530,19 @@ def train_step(run: Run, seconds: float) -> StepResult | None:
     step_tokens = sum(run.batcher.target_tokens(indices) for indices in batches)
     counts = encoder_training.step_counts(run.batcher, batches) if run.encoder else {}
     run.model.train()
-    loss_sum, flops = 0.0, 0.0
+    losses, flops = [], 0.0
     for i, (key, indices) in enumerate(mine):
         last = i == len(mine) - 1
         sync = _gradient_sync(run, last)
         with sync, torch.autocast(run.device.type, dtype=run.autocast_dtype or torch.float32,
                                   enabled=run.autocast_dtype is not None):
             loss, batch_flops = _backward(run, key, indices, step_tokens, counts)
-        loss_sum += loss
+        losses.append(loss)
         flops += batch_flops
+        # On a GPU this batch's passes are queued, not yet run: the next batch is made
+        # meanwhile.
+        run.prefetch.prepare(*(mine[i + 1] if not last else _first_of_next_step(run)))
+    loss_sum = _wait_for_losses(losses)
     loss_sum, flops = sum_over_processes([loss_sum, flops], run.world, run.device)
     if not math.isfinite(loss_sum):
         run.optimizer.zero_grad(set_to_none=True)
@@ -544,6 +563,16 @@ def train_step(run: Run, seconds: float) -> StepResult | None:
     if run.ema is not None:
         run.ema.update(run.model)
     return StepResult(loss_sum, step_tokens, flops, lr)
+
+
+def _wait_for_losses(losses: list[Tensor]) -> float:
+    """The step's batches' losses summed on the host: waits for the step's backward."""
+    return sum(loss.item() for loss in losses)
+
+
+def _first_of_next_step(run: Run) -> tuple[tuple[int, int], np.ndarray]:
+    """(key, indices) of this process's first batch in the next step."""
+    return run.stream.peek_keyed(run.rank * run.train_config.update_freq + 1)[-1]
 
 
 def refuse_lost_gradients(model: torch.nn.Module, world: int, device: torch.device) -> None:
@@ -577,27 +606,22 @@ def _clip_gradients(run: Run, max_norm: float) -> None:
 
 
 def _backward(run: Run, key: tuple[int, int], indices: np.ndarray, step_tokens: int,
-              counts: dict[str, int]) -> tuple[float, float]:
+              counts: dict[str, int]) -> tuple[Tensor, float]:
     """One batch's forward and backward; its gradients are this batch's share of the
-    step's mean loss. -> (its loss summed over its scored tokens, its FLOPs)."""
-    weight_gradients = not run.train_config.lora_rank
+    step's mean loss. -> (its loss summed over its scored tokens, a 0-d tensor left on
+    the device; its FLOPs)."""
+    batch, flops = run.prefetch.take(key, indices)
     if run.encoder:
-        batch = run.batcher.collate(indices, key).to(run.device)
         share = encoder_training.step_objective(run.net(batch), counts)
         (share * run.world).backward()
         # Logged per scored token: the step's loss (a sum of means) x its tokens.
-        return (share * step_tokens).item(), training_flops(
-            run.model_config, *batch.ids.shape, 0, weight_gradients=weight_gradients)
-    batch = run.batcher.collate(indices)
-    flops = batch_training_flops(run.model_config, batch,       # from the host's copy
-                                 weight_gradients=weight_gradients)
-    batch = batch.to(run.device)
+        return (share * step_tokens).detach(), flops
     if run.train_config.cuda_graphs:   # the last step's graph outputs are read no more
         torch.compiler.cudagraph_mark_step_begin()
     loss = run.net(batch.src, batch.tgt_in, batch.tgt_out, batch.segments)
     # DDP averages over processes: scale so the result is sum / step_tokens.
     (loss * run.world / step_tokens).backward()
-    return loss.item(), flops
+    return loss.detach(), flops
 
 
 def _refuse_divergence(run: Run, nonfinite_in_a_row: int) -> None:

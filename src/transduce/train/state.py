@@ -35,7 +35,7 @@ class BatchStream:
 
     def __init__(self, batcher: Batcher, position: Position):
         self.batcher, self.position = batcher, position
-        self._epoch_batches = batcher.epoch_batches(position.epoch)
+        self._epochs = {position.epoch: batcher.epoch_batches(position.epoch)}
 
     def take(self, count: int) -> list[np.ndarray]:
         return [indices for _, indices in self.take_keyed(count)]
@@ -43,16 +43,30 @@ class BatchStream:
     def take_keyed(self, count: int) -> list[tuple[tuple[int, int], np.ndarray]]:
         """The next `count` batches, each with its key (epoch, batch position): what
         seeds a batch's own randomness (an encoder's masks) so that it resumes exactly."""
+        taken = self.peek_keyed(count)
+        epoch, batch = taken[-1][0]
+        self.position.epoch, self.position.batch = epoch, batch + 1
+        self._epochs = {epoch: self._epochs[epoch]}
+        return taken
+
+    def peek_keyed(self, count: int) -> list[tuple[tuple[int, int], np.ndarray]]:
+        """What take_keyed(count) would return, the position left where it is (the loop
+        prepares the next step's batch with it, train/prefetch.py)."""
+        epoch, batch = self.position.epoch, self.position.batch
         taken = []
         while len(taken) < count:
-            if self.position.batch >= len(self._epoch_batches):
-                self.position.epoch += 1
-                self.position.batch = 0
-                self._epoch_batches = self.batcher.epoch_batches(self.position.epoch)
-            key = (self.position.epoch, self.position.batch)
-            taken.append((key, self._epoch_batches[self.position.batch]))
-            self.position.batch += 1
+            if batch >= len(self._batches_of(epoch)):
+                epoch, batch = epoch + 1, 0
+            taken.append(((epoch, batch), self._batches_of(epoch)[batch]))
+            batch += 1
         return taken
+
+    def _batches_of(self, epoch: int):
+        """An epoch's batches, made once: the next epoch's stay for take_keyed when
+        peek_keyed has reached into it."""
+        if epoch not in self._epochs:
+            self._epochs[epoch] = self.batcher.epoch_batches(epoch)
+        return self._epochs[epoch]
 
 
 def save_training_checkpoint(out: Path, model: torch.nn.Module, train_config: TrainConfig,
