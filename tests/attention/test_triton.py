@@ -148,11 +148,26 @@ def test_multihead_attention_with_triton_equals_sdpa(device):
     layers = {impl: MultiHeadAttention(32, 4, num_kv_heads=2, impl=impl).to(device)
               for impl in ("sdpa", "triton")}
     layers["triton"].load_state_dict(layers["sdpa"].state_dict())
-    x = torch.randn(2, 11, 32, device=device)
+    x = torch.randn(2, 11, 32, device=device, requires_grad=True)
     lengths = torch.tensor([11, 6], device=device)
     key_mask = (torch.arange(11, device=device)[None, :] < lengths[:, None])[:, None, None, :]
     outs = {impl: layer(x, key_mask, causal=True) for impl, layer in layers.items()}
     torch.testing.assert_close(outs["triton"], outs["sdpa"], rtol=0, atol=1e-5)
+    # Through the stacked q, k, v projection and back (training's layout).
+    got, want = (grads(outs[impl], (x, *layers[impl].parameters())) for impl in ("triton", "sdpa"))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_outputs_and_gradients_are_stored_token_major(device):
+    """(B, T, H, D) in memory, as the projections lay heads out: merging a result's
+    heads, forward or back, is then a view and not a copy."""
+    q, k, v = inputs(2, 4, 2, 7, 9, 16, device)
+    out = triton_attention(q, k, v, scale=0.25, tiles=SMALL_TILES)
+    for result in (out, *grads(out, (q, k, v))):
+        merged = result.transpose(1, 2).flatten(2)                 # (B, T, H * D)
+        assert merged._is_view() and merged.data_ptr() == result.data_ptr()
 
 
 def test_cpu_tensors_without_the_interpreter_get_a_clear_error(monkeypatch):

@@ -158,41 +158,58 @@ class _Call:
         return (like, like) if self.numbers is None else self.numbers  # never read without SEGMENTS
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """-> out (B, H, T, D) like q, lse2 (B, H, T) float32."""
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        """-> out (B, H, T, D) in q's dtype, stored token-major (_token_major), and lse2
+        (B, H, T) float32."""
+        out = _token_major(q)
         lse2 = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         grid = (_cdiv(self.num_queries, self.tiles.block_m), self.batch * self.heads)
         self.kernels.forward_kernel[grid](
             q, k, v, *self.mask_args(q)[:1], *self._numbers_or(q), self._bias_or(q), out, lse2,
-            *q.stride(), *k.stride(), *v.stride(), *self.mask_args(q)[1:], *out.stride(),
+            *q.stride(), *k.stride(), *v.stride(), *self.mask_args(q)[1:], *_head_strides(out),
             *self.scalars, self.scale * LOG2E, self.dropout_p, self.seed, **self.constants)
-        return out, lse2
+        return out.transpose(1, 2), lse2
 
     def _bias_or(self, like: Tensor) -> Tensor:
         return like if self.bias is None else self.bias   # never read without HAS_BIAS
 
     def backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2: Tensor,
                  grad_out: Tensor, bias_grad: bool) -> tuple[Tensor, ...]:
-        """-> dq (B, H, T, D), dk, dv (B, Hkv, S, D), each contiguous in its input's dtype,
-        and dbias (H, T + S - 1) when bias_grad (else None)."""
+        """-> dq (B, H, T, D), dk, dv (B, Hkv, S, D), each in its input's dtype and stored
+        token-major (_token_major), and dbias (H, T + S - 1) when bias_grad (else None)."""
         delta = (grad_out.float() * out.float()).sum(dim=-1)                  # (B, H, T)
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        dq, dk, dv = _token_major(q), _token_major(k), _token_major(v)
         mask, *mask_strides = self.mask_args(q)
-        args = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride(),
-                *self.scalars, self.scale * LOG2E, self.scale, self.dropout_p, self.seed)
+        strides = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride())
+        scalars = (*self.scalars, self.scale * LOG2E, self.scale, self.dropout_p, self.seed)
         grid_kv = (_cdiv(self.num_keys, self.tiles.block_n), self.batch * self.kv_heads)
         bias, numbers = self._bias_or(q), self._numbers_or(q)
         self.kernels.dkdv_kernel[grid_kv](q, k, v, mask, *numbers, bias, grad_out, lse2, delta,
-                                          dk, dv, *args, **self.constants)
+                                          dk, dv, *strides, *_head_strides(dk), *scalars,
+                                          **self.constants)
         dbias = torch.zeros(self.bias.shape, dtype=torch.float32, device=q.device) \
             if bias_grad else None
         grid_q = (_cdiv(self.num_queries, self.tiles.block_m), self.batch * self.heads)
         self.kernels.dq_kernel[grid_q](q, k, v, mask, *numbers, bias, grad_out, lse2, delta, dq,
-                                       q if dbias is None else dbias, *args,
-                                       BIAS_GRAD=bias_grad, **self.constants)
-        return dq, dk, dv, None if dbias is None else dbias.to(self.bias.dtype)
+                                       q if dbias is None else dbias, *strides,
+                                       *_head_strides(dq), *scalars, BIAS_GRAD=bias_grad,
+                                       **self.constants)
+        return (dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2),
+                None if dbias is None else dbias.to(self.bias.dtype))
+
+
+def _token_major(like: Tensor) -> Tensor:
+    """An empty (B, T, H, D) buffer for a (B, H, T, D) result like `like`: the layout the
+    projections write and read, so that merging an output's heads for the output
+    projection, or a gradient's on its way back to the q, k, v projections, is a view
+    and not a copy. The kernels store through _head_strides; the buffer itself is what
+    they are handed (a fresh tensor, which torch.compile lets them write in place)."""
+    batch, heads, tokens, dim = like.shape
+    return torch.empty((batch, tokens, heads, dim), dtype=like.dtype, device=like.device)
+
+
+def _head_strides(buffer: Tensor) -> tuple[int, ...]:
+    """A (B, T, H, D) buffer's strides in (B, H, T, D) order."""
+    return buffer.transpose(1, 2).stride()
 
 
 def dropout_keep_mask(batch: int, heads: int, num_queries: int, num_keys: int,

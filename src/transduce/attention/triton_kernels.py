@@ -192,15 +192,15 @@ def forward_kernel(Q, K, V, Mask, QNum, KNum, Bias, Out, Lse,
 @triton.jit
 def dkdv_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DK, DV,
                 sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
-                smb, smh, smt, sms, sdob, sdoh, sdot, sdod,
+                smb, smh, smt, sms, sdob, sdoh, sdot, sdod, sgb, sgh, sgt, sgd,
                 H, GROUP, T, S, offset, qk_scale, scale, dropout_p, seed,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                 SEGMENTS: tl.constexpr, DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr,
                 PRECISION: tl.constexpr):
     """grid (cdiv(S, BLOCK_N), B * Hkv): dK, dV (B, Hkv, S, D) of one key block, summed
-    over the GROUP query heads that share it. DK/DV are contiguous like K. SEGMENTS: only
-    the query tiles of the block's own sentences are walked."""
+    over the GROUP query heads that share it. DK and DV have the strides sg*. SEGMENTS:
+    only the query tiles of the block's own sentences are walked."""
     qk_scale, scale, dropout_p = _float32(qk_scale), _float32(scale), _float32(dropout_p)
     pid_n, bhk = tl.program_id(0), tl.program_id(1)
     kv_heads = H // GROUP
@@ -249,7 +249,7 @@ def dkdv_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DK, DV,
             dv += tl.dot(tl.trans(dropped.to(do.dtype)), do, input_precision=PRECISION)
             ds = p * (dp - delta[:, None])
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-    out_ptrs = bhk * S * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    out_ptrs = b * sgb + hk * sgh + offs_n[:, None] * sgt + offs_d[None, :] * sgd
     tl.store(DK + out_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=col_ok)
     tl.store(DV + out_ptrs, dv.to(DV.dtype.element_ty), mask=col_ok)
 
@@ -257,13 +257,13 @@ def dkdv_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DK, DV,
 @triton.jit
 def dq_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DQ, DBias,
               sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
-              smb, smh, smt, sms, sdob, sdoh, sdot, sdod,
+              smb, smh, smt, sms, sdob, sdoh, sdot, sdod, sgb, sgh, sgt, sgd,
               H, GROUP, T, S, offset, qk_scale, scale, dropout_p, seed,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
               SEGMENTS: tl.constexpr, DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr,
               PRECISION: tl.constexpr, BIAS_GRAD: tl.constexpr):
-    """grid (cdiv(T, BLOCK_M), B * H): dQ (B, H, T, D) of one query block; DQ is contiguous.
+    """grid (cdiv(T, BLOCK_M), B * H): dQ (B, H, T, D) of one query block; DQ's strides sg*.
     BIAS_GRAD: also adds each score's dS into DBias (H, T + S - 1, float32) at its distance.
     SEGMENTS: only the key tiles of the block's own sentences are walked."""
     qk_scale, scale, dropout_p = _float32(qk_scale), _float32(scale), _float32(dropout_p)
@@ -314,7 +314,7 @@ def dq_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DQ, DBias,
                           ds, mask=inside)
         k = tl.load(k_ptrs, mask=(cols[:, None] < S) & (offs_d[None, :] < HEAD_DIM), other=0.0)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    tl.store(DQ + bh * T * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
+    tl.store(DQ + b * sgb + h * sgh + offs_m[:, None] * sgt + offs_d[None, :] * sgd,
              (dq * scale).to(DQ.dtype.element_ty), mask=row_ok)
 
 
