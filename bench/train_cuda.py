@@ -12,9 +12,15 @@ sdpa packed compiled") train on rows of --pack-length tokens packed with whole p
 the same corpus at the same budget: batches of one shape, compiled without dynamic
 shapes, and the Triton kernel skipping other pairs' tiles; "... packed graphed" also
 replays each step's forward and backward as CUDA graphs (torch.compile's
-reduce-overhead mode: one launch a graph, no Python between kernels). Peers with
+reduce-overhead mode: one launch a graph, no Python between kernels), and "... packed
+autotuned" compiles with mode="max-autotune": CUDA graphs too, and each product timed
+against Triton templates that can take the elementwise work after it (bias, ReLU,
+dropout) into their epilogue, where that is faster (compiling takes minutes). Peers with
 "unstacked" in their name ("ours triton unstacked packed graphed") make one product
-per attention projection in training, as before they were stacked (multihead.py).
+per attention projection in training, as before they were stacked (multihead.py);
+"unfused" ones ("ours triton unfused packed graphed") end each post-norm sub-layer in
+PyTorch's ops (or the compiler's kernels for them) rather than the Triton kernels that
+impl "triton" takes (model/add_norm.py).
 Every peer first steps through every batch once (kernels compiled for each shape,
 allocator settled); then the rounds are timed. All count target tokens that are not
 padding per second of forward, backward and optimizer step (each peer its own batches'
@@ -72,6 +78,10 @@ def build(peer: str, preset_name: str, vocab: int):
     ours = Transformer(config)
     if "unstacked" in peer:
         unstack_projections(ours)
+    if "unfused" in peer:
+        for module in ours.modules():
+            if hasattr(module, "fused_add_norm"):
+                module.fused_add_norm = False
     if peer.startswith("ours"):
         model = ours.cuda().train()
         objective = SequenceObjective(model, language_model=False, label_smoothing=SMOOTHING)
@@ -81,9 +91,11 @@ def build(peer: str, preset_name: str, vocab: int):
             net = torch.compile(objective, dynamic="packed" not in peer)
         elif peer.endswith(" graphed"):
             net = torch.compile(objective, dynamic=False, mode="reduce-overhead")
+        elif peer.endswith(" autotuned"):
+            net = torch.compile(objective, dynamic=False, mode="max-autotune")
 
         def loss_of(batch):
-            if peer.endswith(" graphed"):   # the last step's outputs are no longer read
+            if replays_graphs(peer):   # the last step's outputs are no longer read
                 torch.compiler.cudagraph_mark_step_begin()
             return net(batch.src, batch.tgt_in, batch.tgt_out, batch.segments)
     else:
@@ -108,6 +120,10 @@ def build(peer: str, preset_name: str, vocab: int):
         return tokens
 
     return step, config, model
+
+
+def replays_graphs(peer: str) -> bool:
+    return peer.endswith((" graphed", " autotuned"))
 
 
 def cuda_batches(data: Path, max_tokens: int, count: int, pack_length: int = 0):
@@ -188,7 +204,7 @@ def step_added_peak(peer: str, step, batch) -> int | None:
     activations and temporaries; not the weights and Adam state, nor the other peers',
     which stay allocated meanwhile); None for a graphed peer, whose replays take their
     memory from the graphs' pool, made in the warm-up, and allocate nothing."""
-    if peer.endswith(" graphed"):
+    if replays_graphs(peer):
         return None
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -274,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU, and none is available")
     for peer in args.peers:
-        if peer.endswith(" graphed") and "packed" not in peer:
+        if replays_graphs(peer) and "packed" not in peer:
             parser.error(f"--peers {peer!r}: CUDA graphs replay one shape; name a packed peer "
                          f"('ours triton packed graphed')")
     info = gpu_info()

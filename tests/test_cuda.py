@@ -103,17 +103,19 @@ def test_training_batches_reach_the_gpu_from_pinned_memory(tiny_corpus, tmp_path
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_the_compiled_packed_objective_steps_like_the_eager_one(mode):
+@pytest.mark.parametrize("impl", ["sdpa", "triton"])
+def test_the_compiled_packed_objective_steps_like_the_eager_one(mode, impl):
     """The model and its loss compiled as one graph over packed rows of one shape
     (`transduce train --compile --pack-length`), and the same replayed as CUDA graphs
     (reduce-overhead; bench/train_cuda.py's "... packed graphed"): the eager losses
     through four Adam steps, and the eager gradients in the first. (Not the weights:
     Adam turns the rounding noise of gradients that are zero in exact arithmetic, such
-    as the key projection's bias, into steps of the full learning rate.)"""
+    as the key projection's bias, into steps of the full learning rate.) impl "triton":
+    attention and the post-norm sub-layers' ends as Triton kernels in the graphs."""
     def trained(compile_mode: str | None) -> tuple[list[float], list[torch.Tensor]]:
         torch.manual_seed(0)
         model = build_model(preset("tiny", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
-                                   dropout=0.0)).cuda().train()
+                                   dropout=0.0, attention_impl=impl)).cuda().train()
         objective = SequenceObjective(model, language_model=False, label_smoothing=0.1)
         net = objective if compile_mode is None else \
             torch.compile(objective, dynamic=False, mode=compile_mode)

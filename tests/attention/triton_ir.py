@@ -1,4 +1,5 @@
-"""Compiles the impl="triton" kernels to Triton's IR for a Hopper GPU (sm_90), which
+"""Compiles the impl="triton" kernels (attention's, and the post-norm sub-layers' end,
+model/add_norm_kernels.py) to Triton's IR for a Hopper GPU (sm_90), which
 needs no GPU, with their float arguments typed as a launcher types them, and prints, as
 JSON, each kernel's IR lines that compute in float64 or the error that stopped it.
 
@@ -25,16 +26,24 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler.compiler import make_backend  # noqa: E402
 
 from transduce.attention import triton_kernels  # noqa: E402
+from transduce.model import add_norm_kernels  # noqa: E402
 
-KERNELS = ["forward_kernel", "dkdv_kernel", "dq_kernel", "keep_mask_kernel"]
+KERNELS = {"": (triton_kernels, ["forward_kernel", "dkdv_kernel", "dq_kernel",
+                                 "keep_mask_kernel"]),
+           "add_norm.": (add_norm_kernels, ["forward_kernel", "backward_kernel",
+                                            "keep_mask_kernel"])}
 CONSTANTS = {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": 64, "CAUSAL": True,
              "HAS_MASK": True, "SEGMENTS": True, "DROPOUT": True, "HAS_BIAS": True,
              "PRECISION": "ieee", "BIAS_GRAD": True}
 POINTERS = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "DO": "*bf16",
             "DQ": "*bf16", "DK": "*bf16", "DV": "*bf16", "Mask": "*i8", "Keep": "*i8",
             "QNum": "*i32", "KNum": "*i32", "Bias": "*fp32", "Lse": "*fp32",
-            "Delta": "*fp32", "DBias": "*fp32"}
-FLOATS = {"qk_scale", "scale", "dropout_p"}
+            "Delta": "*fp32", "DBias": "*fp32",
+            # the add-norm kernels': a float32 residual, a bfloat16 sub-layer output
+            "X": "*fp32", "Y": "*bf16", "W": "*fp32", "B": "*fp32", "Mean": "*fp32",
+            "Rstd": "*fp32", "Seed": "*i64", "DOut": "*fp32", "DX": "*fp32", "DY": "*bf16",
+            "DW": "*fp32", "DB": "*fp32"}
+FLOATS = {"qk_scale", "scale", "dropout_p", "eps"}
 # Where float64 may appear: the arguments, and their one conversion to float32.
 ALLOWED = ("tt.func public @", "tt.func private @transduce.attention.triton_kernels._float32",
            "tt.call @transduce.attention.triton_kernels._float32", "arith.truncf")
@@ -75,11 +84,13 @@ def operation(line: str) -> str:
 
 def main(float_type: str) -> None:
     found = {}
-    for name in KERNELS:
-        try:
-            found[name] = float64_lines(getattr(triton_kernels, name), float_type)
-        except Exception as error:   # a kernel Triton refuses to compile
-            found[name] = f"{type(error).__name__}: {str(error).strip().splitlines()[-1]}"
+    for prefix, (module, names) in KERNELS.items():
+        for name in names:
+            try:
+                found[prefix + name] = float64_lines(getattr(module, name), float_type)
+            except Exception as error:   # a kernel Triton refuses to compile
+                found[prefix + name] = \
+                    f"{type(error).__name__}: {str(error).strip().splitlines()[-1]}"
     print(json.dumps(found))
 
 

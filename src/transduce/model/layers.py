@@ -23,6 +23,7 @@ from transduce.attention.kinds import self_attention_kind
 from transduce.attention.kv_cache import AttentionCache
 from transduce.attention.multihead import MultiHeadAttention, Rotary
 from transduce.config import AttentionType, ModelConfig
+from transduce.model.add_norm import add_dropout_norm
 from transduce.model.dropout import Dropout
 
 
@@ -116,6 +117,8 @@ class EncoderLayer(nn.Module):
         self.post_norm1, self.post_norm2 = sandwich_norm(c), sandwich_norm(c)
         self.dropout = Dropout(c.dropout)
         self.norm_first = c.norm_first
+        # Post-norm sub-layers end in one Triton pass while training (model/add_norm.py).
+        self.fused_add_norm = c.attention_impl == "triton"
 
     def forward(self, x: Tensor, src_mask: Tensor | None, *,
                 position_bias: Tensor | None = None, positions: Tensor | None = None,
@@ -130,8 +133,8 @@ class EncoderLayer(nn.Module):
         if self.norm_first:
             x = x + self.dropout(post_norm(self.post_norm1, self_attention(self.norm1(x))))
             return x + self.dropout(post_norm(self.post_norm2, self.ffn(self.norm2(x))))
-        x = self.norm1(x + self.dropout(self_attention(x)))
-        return self.norm2(x + self.dropout(self.ffn(x)))
+        x = add_dropout_norm(x, self_attention(x), self.norm1, self.dropout, self.fused_add_norm)
+        return add_dropout_norm(x, self.ffn(x), self.norm2, self.dropout, self.fused_add_norm)
 
 
 class DecoderLayer(nn.Module):
@@ -162,6 +165,7 @@ class DecoderLayer(nn.Module):
         self.dropout = Dropout(c.dropout)
         self.norm_first, self.parallel = c.norm_first, c.parallel_residual
         self.shared_norm = c.shared_norm
+        self.fused_add_norm = c.attention_impl == "triton"      # (as EncoderLayer's)
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor] | None,
                 memory_mask: Tensor | None, *, tgt_mask: Tensor | None = None,
@@ -191,7 +195,8 @@ class DecoderLayer(nn.Module):
             if self.cross_attn is not None:
                 x = x + self.dropout(post_norm(self.post_norm2, cross_attention(self.norm2(x))))
             return x + self.dropout(post_norm(self.post_norm3, self.ffn(self.norm3(x))))
-        x = self.norm1(x + self.dropout(self_attention(x)))
+        x = add_dropout_norm(x, self_attention(x), self.norm1, self.dropout, self.fused_add_norm)
         if self.cross_attn is not None:
-            x = self.norm2(x + self.dropout(cross_attention(x)))
-        return self.norm3(x + self.dropout(self.ffn(x)))
+            x = add_dropout_norm(x, cross_attention(x), self.norm2, self.dropout,
+                                 self.fused_add_norm)
+        return add_dropout_norm(x, self.ffn(x), self.norm3, self.dropout, self.fused_add_norm)
