@@ -69,8 +69,8 @@ step train-cuda 420 python3 bench/train.py --device cuda --data data/bible \
     --peers "ours sdpa compiled" "ours triton packed graphed" \
     "ours triton unfused packed graphed"
 step train-loop 300 python3 bench/train_loop.py --data data/bible --preset base \
-    --max-tokens 25000 --pack-length 256 --compile --cuda-graphs --dtype bfloat16 \
-    --rounds 4 --steps 10 --out "$out/train-loop.json"
+    --max-tokens 25000 --pack-length 256 --impl triton --compile --cuda-graphs \
+    --dtype bfloat16 --rounds 4 --steps 10 --out "$out/train-loop.json"
 step autotune 540 python3 bench/train.py --device cuda --data data/bible \
     --max-tokens 25000 --steps 10 --profile --out "$out/train-cuda-autotuned.json" \
     --peers "ours triton packed graphed" "ours triton packed autotuned"

@@ -13,7 +13,7 @@ meanwhile); on a GPU the prepared batch saves up to the collating time a step.
 
     python bench/train_loop.py --data data/bible --preset small --max-tokens 4096
     python bench/train_loop.py --data data/bible --preset base --max-tokens 25000 \
-        --pack-length 256 --compile --cuda-graphs --dtype bfloat16      # on a GPU
+        --pack-length 256 --impl triton --compile --cuda-graphs --dtype bfloat16  # a GPU
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--preset", default="small")
+    parser.add_argument("--impl", default="sdpa", help="the model's attention_impl")
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--pack-length", type=int, default=0)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
@@ -98,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     vocab = Tokenizer(args.data / MODEL_NAME).vocab_size
-    model_config = preset(args.preset, src_vocab_size=vocab, tgt_vocab_size=vocab)
+    model_config = preset(args.preset, src_vocab_size=vocab, tgt_vocab_size=vocab,
+                          attention_impl=args.impl)
     train_config = TrainConfig(max_tokens=args.max_tokens, pack_length=args.pack_length,
                                dtype=args.dtype, compile=args.compile,
                                cuda_graphs=args.cuda_graphs)

@@ -201,8 +201,9 @@ def _token_major(like: Tensor) -> Tensor:
     """An empty (B, T, H, D) buffer for a (B, H, T, D) result like `like`: the layout the
     projections write and read, so that merging an output's heads for the output
     projection, or a gradient's on its way back to the q, k, v projections, is a view
-    and not a copy. The kernels store through _head_strides; the buffer itself is what
-    they are handed (a fresh tensor, which torch.compile lets them write in place)."""
+    and not a copy. The kernels store through _head_strides and are handed the buffer
+    itself, not a view of it: a fresh tensor, as before, which torch.compile can let
+    them write in place."""
     batch, heads, tokens, dim = like.shape
     return torch.empty((batch, tokens, heads, dim), dtype=like.dtype, device=like.device)
 

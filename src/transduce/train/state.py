@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -61,7 +62,7 @@ class BatchStream:
             batch += 1
         return taken
 
-    def _batches_of(self, epoch: int):
+    def _batches_of(self, epoch: int) -> Sequence[np.ndarray]:
         """An epoch's batches, made once: the next epoch's stay for take_keyed when
         peek_keyed has reached into it."""
         if epoch not in self._epochs:
