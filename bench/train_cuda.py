@@ -193,8 +193,8 @@ def measure(args, max_tokens: int):
     if args.profile and max_tokens == args.max_tokens[-1]:
         for peer, (step, _) in steppers.items():
             # Into the peer's row, yielded above and written to JSON at the end.
-            rows[peer]["gpu_ms_per_step"] = profile_kernels(peer, step, data[peer][:3],
-                                                            max_tokens)
+            rows[peer]["gpu_ms_per_step"], rows[peer]["gpu_kernels"] = profile_kernels(
+                peer, step, data[peer][:3], max_tokens)
     del steppers
     torch.cuda.empty_cache()
 
@@ -230,9 +230,11 @@ def print_row(row: dict, sheet: float | None, measured: float) -> None:
           f"{memory}", flush=True)
 
 
-# Kernel names -> what they do, first match wins: cuBLAS's and CUTLASS's products,
-# attention (PyTorch's SDPA kernels and ours in Triton), Inductor's fused kernels, Adam.
-KERNEL_GROUPS = (("attention", ("fmha", "flash", "attention", "forward_kernel", "dq_kernel",
+# Kernel names -> what they do, first match wins: our Triton add-norm kernels,
+# cuBLAS's and CUTLASS's products, attention (PyTorch's SDPA kernels and ours in
+# Triton), Inductor's fused kernels, Adam.
+KERNEL_GROUPS = (("add-norm (ours, Triton)", ("add_norm_",)),
+                 ("attention", ("fmha", "flash", "attention", "forward_kernel", "dq_kernel",
                                 "dkdv_kernel")),
                  ("matrix products", ("nvjet", "gemm", "cutlass", "xmma", "cublas")),
                  ("fused by Inductor", ("triton_",)),
@@ -245,10 +247,12 @@ def kernel_group(name: str) -> str:
                  if any(mark in lowered for mark in marks)), "other (aten elementwise, copies)")
 
 
-def profile_kernels(peer: str, step, batches: list, max_tokens: int) -> dict[str, float]:
+def profile_kernels(peer: str, step, batches: list, max_tokens: int
+                    ) -> tuple[dict[str, float], list[dict]]:
     """A measured peer's GPU time by kernel over a few more steps (its kernels are
-    compiled and warm already) -> ms per step by kernel group, every kernel counted
-    (the table prints the 20 longest)."""
+    compiled and warm already) -> ms per step by kernel group, every kernel counted,
+    and the 40 longest kernels (name, group, calls and ms per step), which the table
+    prints too."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -257,17 +261,19 @@ def profile_kernels(peer: str, step, batches: list, max_tokens: int) -> dict[str
         torch.cuda.synchronize()
     print(f"===== {peer}, {max_tokens} tokens: GPU time by kernel over {len(batches)} steps")
     averages = prof.key_averages()
-    print(averages.table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60))
+    print(averages.table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60))
+    kernels = sorted(({"name": event.key, "group": kernel_group(event.key),
+                       "calls_per_step": event.count / len(batches),
+                       "ms_per_step": event.self_device_time_total / 1e3 / len(batches)}
+                      for event in averages if event.self_device_time_total > 0),
+                     key=lambda kernel: -kernel["ms_per_step"])
     groups: dict[str, float] = {}
-    for event in averages:
-        if event.self_device_time_total > 0:
-            group = kernel_group(event.key)
-            groups[group] = groups.get(group, 0.0) + \
-                event.self_device_time_total / 1e3 / len(batches)
+    for kernel in kernels:
+        groups[kernel["group"]] = groups.get(kernel["group"], 0.0) + kernel["ms_per_step"]
     print("GPU ms per step: " + ", ".join(f"{group} {ms:.2f}" for group, ms in
                                           sorted(groups.items(), key=lambda kv: -kv[1]))
           + f"; total {sum(groups.values()):.2f}", flush=True)
-    return groups
+    return groups, kernels[:40]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -335,6 +335,6 @@ def test_the_kernels_compute_in_float32_whatever_type_their_float_arguments_arri
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
     assert found == {name: [] for name in ("forward_kernel", "dkdv_kernel", "dq_kernel",
-                                           "keep_mask_kernel", "add_norm.forward_kernel",
-                                           "add_norm.backward_kernel",
-                                           "add_norm.keep_mask_kernel")}
+                                           "keep_mask_kernel", "add_norm_forward_kernel",
+                                           "add_norm_backward_kernel",
+                                           "add_norm_keep_mask_kernel")}

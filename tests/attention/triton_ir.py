@@ -28,10 +28,9 @@ from triton.compiler.compiler import make_backend  # noqa: E402
 from transduce.attention import triton_kernels  # noqa: E402
 from transduce.model import add_norm_kernels  # noqa: E402
 
-KERNELS = {"": (triton_kernels, ["forward_kernel", "dkdv_kernel", "dq_kernel",
-                                 "keep_mask_kernel"]),
-           "add_norm.": (add_norm_kernels, ["forward_kernel", "backward_kernel",
-                                            "keep_mask_kernel"])}
+KERNELS = [(triton_kernels, ["forward_kernel", "dkdv_kernel", "dq_kernel", "keep_mask_kernel"]),
+           (add_norm_kernels, ["add_norm_forward_kernel", "add_norm_backward_kernel",
+                               "add_norm_keep_mask_kernel"])]
 CONSTANTS = {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": 64, "CAUSAL": True,
              "HAS_MASK": True, "SEGMENTS": True, "DROPOUT": True, "HAS_BIAS": True,
              "PRECISION": "ieee", "BIAS_GRAD": True}
@@ -84,13 +83,12 @@ def operation(line: str) -> str:
 
 def main(float_type: str) -> None:
     found = {}
-    for prefix, (module, names) in KERNELS.items():
+    for module, names in KERNELS:
         for name in names:
             try:
-                found[prefix + name] = float64_lines(getattr(module, name), float_type)
+                found[name] = float64_lines(getattr(module, name), float_type)
             except Exception as error:   # a kernel Triton refuses to compile
-                found[prefix + name] = \
-                    f"{type(error).__name__}: {str(error).strip().splitlines()[-1]}"
+                found[name] = f"{type(error).__name__}: {str(error).strip().splitlines()[-1]}"
     print(json.dumps(found))
 
 

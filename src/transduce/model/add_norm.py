@@ -58,7 +58,7 @@ def keep_mask(rows: int, width: int, dropout_p: float, seed: Tensor) -> Tensor:
     their device): what tests build their reference with."""
     kernels = _kernels(seed.device)
     keep = torch.empty((rows, width), dtype=torch.int8, device=seed.device)
-    kernels.keep_mask_kernel[(rows,)](keep, seed, width, dropout_p, BLOCK_N=_block(width))
+    kernels.add_norm_keep_mask_kernel[(rows,)](keep, seed, width, dropout_p, BLOCK_N=_block(width))
     return keep.bool()
 
 
@@ -88,7 +88,7 @@ class _AddNorm(torch.autograd.Function):
         out = torch.empty((rows, width), dtype=out_dtype, device=x.device)
         mean = torch.empty(rows, dtype=torch.float32, device=x.device)
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-        kernels.forward_kernel[(rows,)](
+        kernels.add_norm_forward_kernel[(rows,)](
             x, y, weight, weight if bias is None else bias, out, mean, rstd, seed,
             x.stride(0), y.stride(0), out.stride(0), width, eps, dropout_p,
             BLOCK_N=_block(width), DROPOUT=dropout_p > 0, HAS_BIAS=bias is not None,
@@ -109,7 +109,7 @@ class _AddNorm(torch.autograd.Function):
         dx, dy = torch.empty_like(x), torch.empty_like(y)
         dw = torch.empty((programs, width), dtype=torch.float32, device=x.device)
         db = torch.empty_like(dw) if ctx.bias_dtype is not None else dw
-        ctx.kernels.backward_kernel[(programs,)](
+        ctx.kernels.add_norm_backward_kernel[(programs,)](
             x, y, weight, grad_out, mean, rstd, seed, dx, dy, dw, db,
             x.stride(0), y.stride(0), grad_out.stride(0), dx.stride(0), dy.stride(0),
             rows, width, per_program, ctx.dropout_p, BLOCK_N=_block(width),

@@ -1,15 +1,18 @@
 """The end of a post-norm sub-layer, out = LayerNorm(x + dropout(y)), as Triton kernels
-(loaded by add_norm.py).
+(loaded by add_norm.py):
 
-    forward    one row per program: x + dropout(y) in float32, its mean and 1 / std,
-               the normalized row scaled and shifted; writes out, mean, rstd.
-    backward   a run of rows per program: the sum s = x + dropout(y) made again from x,
-               y and the seed (nothing of it was stored), then
-                   xhat = (s - mean) * rstd,  g = dout * w,
-                   ds = rstd * (g - mean(g) - xhat * mean(g * xhat)),
-                   dx = ds,  dy = ds * keep / (1 - p);
-               each program sums dw = dout * xhat and db = dout over its rows in
-               registers and writes one row of partial sums, which the caller adds up.
+    add_norm_forward_kernel    one row per program: x + dropout(y) in float32, its mean
+                               and 1 / std, the normalized row scaled and shifted;
+                               writes out, mean, rstd.
+    add_norm_backward_kernel   a run of rows per program: the sum s = x + dropout(y)
+                               made again from x, y and the seed (nothing of it was
+                               stored), then
+                                   xhat = (s - mean) * rstd,  g = dout * w,
+                                   ds = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+                                   dx = ds,  dy = ds * keep / (1 - p);
+                               each program sums dw = dout * xhat and db = dout over its
+                               rows in registers and writes one row of partial sums,
+                               which the caller adds up.
 
 Why by hand: on an H200, torch.compile's kernels for this (the paper's base model, 25,000
 tokens) took about 145 us each backward and 57-84 us forward, 30 of each a step, some
@@ -18,7 +21,7 @@ are a reduction down 25,000 rows, and one program a row cannot hold partial sums
 one program holds them for its whole run of rows.
 
 Dropout keeps element (row, col) where Philox at offset row * N + col, from the seed,
-draws at least p, the same in both kernels and in keep_mask_kernel.
+draws at least p, the same in both kernels and in add_norm_keep_mask_kernel.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def _sum_row(X, Y, row, sx, sy, cols, inside, N, dropout_p, seed, DROPOUT: tl.co
 
 
 @triton.jit
-def forward_kernel(X, Y, W, B, Out, Mean, Rstd, Seed, sx, sy, so, N, eps, dropout_p,
+def add_norm_forward_kernel(X, Y, W, B, Out, Mean, Rstd, Seed, sx, sy, so, N, eps, dropout_p,
                    BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr):
     """grid (M,): row `row` of out (M, N), its mean and rstd (M,) float32."""
     eps, dropout_p = _float32(eps), _float32(dropout_p)
@@ -69,7 +72,7 @@ def forward_kernel(X, Y, W, B, Out, Mean, Rstd, Seed, sx, sy, so, N, eps, dropou
 
 
 @triton.jit
-def backward_kernel(X, Y, W, DOut, Mean, Rstd, Seed, DX, DY, DW, DB,
+def add_norm_backward_kernel(X, Y, W, DOut, Mean, Rstd, Seed, DX, DY, DW, DB,
                     sx, sy, sdo, sdx, sdy, M, N, rows_per_program, dropout_p,
                     BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr):
     """grid (programs,): dx, dy of rows [pid * rows_per_program, ...) and this program's
@@ -101,7 +104,7 @@ def backward_kernel(X, Y, W, DOut, Mean, Rstd, Seed, DX, DY, DW, DB,
 
 
 @triton.jit
-def keep_mask_kernel(Keep, Seed, N, dropout_p, BLOCK_N: tl.constexpr):
+def add_norm_keep_mask_kernel(Keep, Seed, N, dropout_p, BLOCK_N: tl.constexpr):
     """grid (M,): the keep mask (M, N) int8 the other kernels draw for this seed."""
     dropout_p = _float32(dropout_p)
     row = tl.program_id(0)
