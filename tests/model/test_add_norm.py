@@ -29,8 +29,8 @@ def leaves(*shape, dtype=torch.float32):
 
 def float64_reference(x, y, weight, bias, keep, p, grad_out):
     """-> the formula's output and its gradients for x, y, weight (and bias), in float64."""
-    x64, y64, w64 = (t.detach().double().requires_grad_() for t in (x, y, weight))
-    b64 = None if bias is None else bias.detach().double().requires_grad_()
+    x64, y64, w64 = (t.detach().cpu().double().requires_grad_() for t in (x, y, weight))
+    b64 = None if bias is None else bias.detach().cpu().double().requires_grad_()
     out = F.layer_norm(x64 + y64 * keep.double() / (1 - p), (x.shape[-1],), w64, b64, 1e-5)
     inputs = [x64, y64, w64] + ([] if b64 is None else [b64])
     return out, torch.autograd.grad(out, inputs, grad_out.double())
