@@ -9,11 +9,15 @@ and the mask again from x, y and a seed, and sums the weight and bias gradients 
 goes. The seed is drawn on the device (no pause for the host, nothing that stops a
 CUDA graph) and kept for the backward pass.
 
-Elsewhere (evaluation, other impls, RMSNorm, pre-norm layers) it is PyTorch's ops.
+Elsewhere (evaluation, other impls, RMSNorm, pre-norm layers, and wherever the
+kernels cannot run: no triton package, or a CPU outside Triton's interpreter, as a
+linear-attention model with impl "triton" may train) it is PyTorch's ops.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from types import ModuleType
 
 import torch
@@ -24,6 +28,7 @@ from transduce.model.dropout import Dropout
 
 # Rows wider than this fall back to PyTorch's ops (a row is held in registers).
 MAX_WIDTH = 8192
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def add_dropout_norm(x: Tensor, y: Tensor, norm: nn.Module, dropout: Dropout,
@@ -33,7 +38,7 @@ def add_dropout_norm(x: Tensor, y: Tensor, norm: nn.Module, dropout: Dropout,
     where norm is a LayerNorm with weights over C features."""
     if fused and dropout.training and isinstance(norm, nn.LayerNorm) \
             and norm.elementwise_affine and len(norm.normalized_shape) == 1 \
-            and x.shape == y.shape and x.shape[-1] <= MAX_WIDTH:
+            and x.shape == y.shape and x.shape[-1] <= MAX_WIDTH and _kernels_run_on(x.device):
         return fused_add_dropout_norm(x, y, norm.weight, norm.bias, norm.eps, dropout.p)
     return norm(x + dropout(y))
 
@@ -60,6 +65,12 @@ def keep_mask(rows: int, width: int, dropout_p: float, seed: Tensor) -> Tensor:
     keep = torch.empty((rows, width), dtype=torch.int8, device=seed.device)
     kernels.add_norm_keep_mask_kernel[(rows,)](keep, seed, width, dropout_p, BLOCK_N=_block(width))
     return keep.bool()
+
+
+def _kernels_run_on(device: torch.device) -> bool:
+    """Whether the kernels run here: triton installed, and a CUDA device or Triton's
+    interpreter (kernels_for says why not, for a caller that asked for them)."""
+    return HAS_TRITON and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def _kernels(device: torch.device) -> ModuleType:
