@@ -140,7 +140,7 @@ class _Call:
                         self.num_keys, self.num_keys - self.num_queries)
         self.scale, self.dropout_p, self.seed = scale, dropout_p, seed
         self.constants = dict(
-            HEAD_DIM=self.dim, BLOCK_D=max(16, _next_power_of_2(self.dim)),
+            HEAD_DIM=self.dim, BLOCK_D=block_width(self.dim),
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, CAUSAL=causal,
             HAS_MASK=mask is not None, SEGMENTS=self.numbers is not None,
             DROPOUT=dropout_p > 0, HAS_BIAS=bias is not None,
@@ -228,5 +228,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(n)))
+def block_width(n: int) -> int:
+    """The least power of two, and at least 16 (tl.dot's least), that holds n elements: a
+    kernel block's width along a head or a row."""
+    return max(16, 1 << max(0, math.ceil(math.log2(n))))

@@ -23,7 +23,7 @@ from types import ModuleType
 import torch
 from torch import Tensor, nn
 
-from transduce.attention.triton_flash import kernels_for
+from transduce.attention.triton_flash import block_width, kernels_for
 from transduce.model.dropout import Dropout
 
 # Rows wider than this fall back to PyTorch's ops (a row is held in registers).
@@ -63,7 +63,8 @@ def keep_mask(rows: int, width: int, dropout_p: float, seed: Tensor) -> Tensor:
     their device): what tests build their reference with."""
     kernels = _kernels(seed.device)
     keep = torch.empty((rows, width), dtype=torch.int8, device=seed.device)
-    kernels.add_norm_keep_mask_kernel[(rows,)](keep, seed, width, dropout_p, BLOCK_N=_block(width))
+    kernels.add_norm_keep_mask_kernel[(rows,)](keep, seed, width, dropout_p,
+                                               BLOCK_N=block_width(width))
     return keep.bool()
 
 
@@ -84,12 +85,11 @@ def _rows(t: Tensor, width: int) -> Tensor:
     return t.reshape(-1, width) if t.stride(-1) == 1 else t.contiguous().view(-1, width)
 
 
-def _block(width: int) -> int:
-    return max(16, 1 << (width - 1).bit_length())
-
-
 def _launch(width: int, device: torch.device) -> dict:
-    return dict(num_warps=min(8, max(1, _block(width) // 256))) if device.type == "cuda" else {}
+    """Launch settings on a GPU: a warp per 256 elements of a row, 1 to 8."""
+    if device.type != "cuda":
+        return {}
+    return dict(num_warps=min(8, max(1, block_width(width) // 256)))
 
 
 class _AddNorm(torch.autograd.Function):
@@ -102,7 +102,7 @@ class _AddNorm(torch.autograd.Function):
         kernels.add_norm_forward_kernel[(rows,)](
             x, y, weight, weight if bias is None else bias, out, mean, rstd, seed,
             x.stride(0), y.stride(0), out.stride(0), width, eps, dropout_p,
-            BLOCK_N=_block(width), DROPOUT=dropout_p > 0, HAS_BIAS=bias is not None,
+            BLOCK_N=block_width(width), DROPOUT=dropout_p > 0, HAS_BIAS=bias is not None,
             **_launch(width, x.device))
         ctx.save_for_backward(x, y, weight, mean, rstd, seed)
         ctx.dropout_p, ctx.kernels = dropout_p, kernels
@@ -123,7 +123,7 @@ class _AddNorm(torch.autograd.Function):
         ctx.kernels.add_norm_backward_kernel[(programs,)](
             x, y, weight, grad_out, mean, rstd, seed, dx, dy, dw, db,
             x.stride(0), y.stride(0), grad_out.stride(0), dx.stride(0), dy.stride(0),
-            rows, width, per_program, ctx.dropout_p, BLOCK_N=_block(width),
+            rows, width, per_program, ctx.dropout_p, BLOCK_N=block_width(width),
             DROPOUT=ctx.dropout_p > 0, HAS_BIAS=ctx.bias_dtype is not None,
             **_launch(width, x.device))
         grad_bias = None if ctx.bias_dtype is None else db.sum(0).to(ctx.bias_dtype)
