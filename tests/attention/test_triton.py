@@ -338,3 +338,56 @@ def test_the_kernels_compute_in_float32_whatever_type_their_float_arguments_arri
                                            "keep_mask_kernel", "add_norm_forward_kernel",
                                            "add_norm_backward_kernel",
                                            "add_norm_keep_mask_kernel")}
+
+
+def test_the_compiled_training_step_launches_the_kernels_on_gradients_as_they_come():
+    """torch.compile's graphs of a packed training step with impl "triton" (read without a
+    GPU, bench/compiled_graph.py): each attention call and each post-norm sub-layer's end
+    is its kernels and nothing more. No clone: before the launches were operators, the
+    compiler copied every attention output's gradient into a contiguous (B, H, T, D)
+    tensor first (it traced the backward before it knew the gradient's strides). No
+    kernel left functional: each writes its own fresh buffers, not copies of them."""
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).resolve().parents[2] / "bench" / "compiled_graph.py"
+    result = subprocess.run([sys.executable, str(script), "--preset", "tiny", "--length", "32"],
+                            env=environment, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    graphs = json.loads(result.stdout)
+    # tiny: 2 + 2 layers, 6 attention calls (3 kernels each), 10 post-norm sub-layers (2)
+    launches = {"forward": 6 + 10, "backward": 6 * 2 + 10}
+    for name, graph in graphs.items():
+        assert graph["operators"]["triton_kernel_wrapper_mutation"] == launches[name]
+        assert graph["functional_triton_kernels"] == 0
+        assert [c for c in graph["copies"] if c["op"] == "aten.clone.default"] == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["mask, dropout", "segments, bias"])
+def test_the_operators_meet_pytorchs_operator_contract(device, case):
+    """torch.library.opcheck on the forward and backward operators (triton_ops.py): their
+    schemas, their autograd registration, and the shapes, strides and dtypes they report
+    for fake tensors (what torch.compile plans with) equal those of a run. On CUDA also
+    their traces (AOT dispatch); the interpreter runs kernels as Python, which a trace
+    cannot hold."""
+    from transduce.attention import triton_ops
+    torch.manual_seed(11)
+    B, H, Hkv, T, S, D = 2, 4, 2, 18, 18, 16
+    q, k, v = inputs(B, H, Hkv, T, S, D, device)
+    mask, numbers, bias, dropout_p = None, (None, None), None, 0.0
+    if case == "mask, dropout":
+        mask, dropout_p = make_mask("holes", B, H, T, S).to(device), 0.3
+    else:
+        segments = packed([[5, 13], [18]], [[5, 13], [18]], T, S, device)
+        numbers = (segments.queries, segments.keys)
+        bias = torch.randn(H, T + S - 1, device=device, requires_grad=True)
+    settings = (True, D ** -0.5, dropout_p, 5, [16, 16, 2, 1])
+    tests = ("test_schema", "test_autograd_registration", "test_faketensor")
+    if device == "cuda":
+        tests += ("test_aot_dispatch_dynamic",)
+    forward = (q, k, v, mask, *numbers, bias, *settings)
+    torch.library.opcheck(triton_ops.attention_forward, forward, test_utils=tests)
+    out, lse2 = triton_ops.attention_forward(*forward)
+    grad_out = torch.randn(B, T, H, D, device=device).transpose(1, 2)   # token-major, as it comes
+    backward = (grad_out, q.detach(), k.detach(), v.detach(), out.detach(), lse2, mask,
+                *numbers, None if bias is None else bias.detach(), *settings, bias is not None)
+    torch.library.opcheck(triton_ops.attention_backward, backward, test_utils=tests)

@@ -1,0 +1,174 @@
+"""impl="triton"'s forward and backward passes as PyTorch operators (torch.library.triton_op).
+
+Why operators, and not an autograd.Function around the launches: torch.compile traces a
+Function's backward ahead of time, before it knows the strides of the gradient that
+will arrive, and when the backward reads them (a kernel launch needs them) it traces
+again with the gradient made contiguous: a copy of every attention output's gradient,
+each step, from the layout the output projection's backward writes (token-major) into
+(B, H, T, D). An operator's backward is traced where the gradient is made, strides
+known, and the kernels read it as it is. Being triton_ops, the compiler still sees the
+three kernels themselves and lets them write into buffers of its own.
+
+Loaded on first use by triton_flash.kernels_for (it imports triton).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+import triton
+from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
+from torch.library import triton_op, wrap_triton
+
+from transduce.attention import triton_kernels
+from transduce.attention.triton_flash import LOG2E, block_width
+
+FORWARD = "transduce::triton_attention"
+BACKWARD = "transduce::triton_attention_backward"
+
+
+@triton_op(FORWARD, mutates_args=())
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                      query_numbers: Tensor | None, key_numbers: Tensor | None,
+                      bias: Tensor | None, causal: bool, scale: float, dropout_p: float,
+                      seed: int, tiles: list[int]) -> tuple[Tensor, Tensor]:
+    """q (B, H, T, D), k/v (B, Hkv, S, D), mask bool broadcastable to (B, H, T, S),
+    query/key_numbers (B, T), (B, S) int32 sentence numbers, bias (H, T + S - 1), tiles
+    [block_m, block_n, num_warps, num_stages] -> out (B, H, T, D) in q's dtype, stored
+    token-major (_token_major), and lse2 (B, H, T) float32 (kept for the backward)."""
+    call = _Call(q, k, mask, query_numbers, key_numbers, bias, causal, scale, dropout_p,
+                 seed, tiles)
+    return call.forward(q, k, v)
+
+
+@triton_op(BACKWARD, mutates_args=())
+def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                       lse2: Tensor, mask: Tensor | None, query_numbers: Tensor | None,
+                       key_numbers: Tensor | None, bias: Tensor | None, causal: bool,
+                       scale: float, dropout_p: float, seed: int, tiles: list[int],
+                       bias_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """grad_out (B, H, T, D), any strides -> dq (B, H, T, D), dk, dv (B, Hkv, S, D), each
+    in its input's dtype and stored token-major, and dbias (H, T + S - 1) in the bias's
+    dtype when bias_grad (else an empty tensor: an operator returns tensors)."""
+    call = _Call(q, k, mask, query_numbers, key_numbers, bias, causal, scale, dropout_p,
+                 seed, tiles)
+    return call.backward(q, k, v, out, lse2, grad_out, bias_grad)
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, mask, query_numbers, key_numbers, bias, *settings = inputs
+    out, lse2 = output
+    ctx.save_for_backward(q, k, v, out, lse2, mask, query_numbers, key_numbers, bias)
+    ctx.settings = settings           # causal, scale, dropout_p, seed, tiles
+    ctx.mark_non_differentiable(lse2)
+    ctx.set_materialize_grads(False)  # lse2's gradient stays None, never a tensor of zeros
+
+
+def _backward(ctx, grad_out: Tensor, grad_lse2: None) -> tuple:
+    q, k, v, out, lse2, mask, query_numbers, key_numbers, bias = ctx.saved_tensors
+    bias_grad = bias is not None and ctx.needs_input_grad[6]
+    dq, dk, dv, dbias = attention_backward(grad_out, q, k, v, out, lse2, mask, query_numbers,
+                                           key_numbers, bias, *ctx.settings, bias_grad)
+    return (dq, dk, dv, None, None, None, dbias if bias_grad else None,
+            *[None] * len(ctx.settings))
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _Call:
+    """One attention call's launch arguments, shared by the forward and backward launches."""
+
+    def __init__(self, q: Tensor, k: Tensor, mask: Tensor | None, query_numbers: Tensor | None,
+                 key_numbers: Tensor | None, bias: Tensor | None, causal: bool, scale: float,
+                 dropout_p: float, seed: int, tiles: list[int]):
+        self.batch, self.heads, self.num_queries, self.dim = q.shape
+        self.kv_heads, self.num_keys = k.shape[1], k.shape[2]
+        self.block_m, self.block_n, num_warps, num_stages = tiles
+        target = (self.batch, self.heads, self.num_queries, self.num_keys)
+        # Sentence numbers (B, T), (B, S) int32, contiguous, in place of a dense mask.
+        self.numbers = None if query_numbers is None else (query_numbers, key_numbers)
+        # A bool mask read as bytes; broadcast dimensions get stride 0 and cost no memory.
+        self.mask = None if mask is None else mask.expand(target).view(torch.uint8)
+        self.bias = None if bias is None else bias.contiguous()             # (H, T + S - 1)
+        self.scalars = (self.heads, self.heads // self.kv_heads, self.num_queries,
+                        self.num_keys, self.num_keys - self.num_queries)
+        self.scale, self.dropout_p, self.seed = scale, dropout_p, seed
+        self.constants = dict(
+            HEAD_DIM=self.dim, BLOCK_D=block_width(self.dim),
+            BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
+            HAS_MASK=mask is not None, SEGMENTS=self.numbers is not None,
+            DROPOUT=dropout_p > 0, HAS_BIAS=bias is not None,
+            # float32 inputs get float32 products (tf32 would miss the reference by 1e-3).
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+        if q.device.type == "cuda":
+            self.constants.update(num_warps=num_warps, num_stages=num_stages)
+
+    def mask_args(self, like: Tensor) -> tuple:
+        if self.mask is None:  # never read: HAS_MASK is off
+            return (like, 0, 0, 0, 0)
+        return (self.mask, *self.mask.stride())
+
+    def _numbers_or(self, like: Tensor) -> tuple[Tensor, Tensor]:
+        return (like, like) if self.numbers is None else self.numbers  # never read without SEGMENTS
+
+    def _bias_or(self, like: Tensor) -> Tensor:
+        return like if self.bias is None else self.bias   # never read without HAS_BIAS
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        out = _token_major(q)
+        lse2 = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        grid = (triton.cdiv(self.num_queries, self.block_m), self.batch * self.heads)
+        _launcher(triton_kernels.forward_kernel, q)[grid](
+            q, k, v, *self.mask_args(q)[:1], *self._numbers_or(q), self._bias_or(q), out, lse2,
+            *q.stride(), *k.stride(), *v.stride(), *self.mask_args(q)[1:], *_head_strides(out),
+            *self.scalars, self.scale * LOG2E, self.dropout_p, self.seed, **self.constants)
+        return out.transpose(1, 2), lse2
+
+    def backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2: Tensor,
+                 grad_out: Tensor, bias_grad: bool) -> tuple[Tensor, ...]:
+        delta = (grad_out.float() * out.float()).sum(dim=-1)                  # (B, H, T)
+        dq, dk, dv = _token_major(q), _token_major(k), _token_major(v)
+        mask, *mask_strides = self.mask_args(q)
+        strides = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride())
+        scalars = (*self.scalars, self.scale * LOG2E, self.scale, self.dropout_p, self.seed)
+        grid_kv = (triton.cdiv(self.num_keys, self.block_n), self.batch * self.kv_heads)
+        bias, numbers = self._bias_or(q), self._numbers_or(q)
+        _launcher(triton_kernels.dkdv_kernel, q)[grid_kv](
+            q, k, v, mask, *numbers, bias, grad_out, lse2, delta, dk, dv, *strides,
+            *_head_strides(dk), *scalars, **self.constants)
+        dbias = torch.zeros(self.bias.shape, dtype=torch.float32, device=q.device) \
+            if bias_grad else None
+        grid_q = (triton.cdiv(self.num_queries, self.block_m), self.batch * self.heads)
+        _launcher(triton_kernels.dq_kernel, q)[grid_q](
+            q, k, v, mask, *numbers, bias, grad_out, lse2, delta, dq,
+            q if dbias is None else dbias, *strides, *_head_strides(dq), *scalars,
+            BIAS_GRAD=bias_grad, **self.constants)
+        dbias = q.new_empty(0) if dbias is None else dbias.to(self.bias.dtype)
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), dbias
+
+
+def _launcher(kernel, like: Tensor):
+    """kernel[grid](...) as torch.compile traces it (wrap_triton). In Triton's interpreter
+    with fake tensors (shapes only: torch.library.opcheck's tests), nothing to launch."""
+    if type(kernel).__name__ == "InterpretedFunction" and is_fake(like):
+        return collections.defaultdict(lambda: lambda *args, **kwargs: None)
+    return wrap_triton(kernel)
+
+
+def _token_major(like: Tensor) -> Tensor:
+    """An empty (B, T, H, D) buffer for a (B, H, T, D) result like `like`: the layout the
+    projections write and read, so that merging an output's heads for the output
+    projection, or a gradient's on its way back to the q, k, v projections, is a view
+    and not a copy. The kernels store through _head_strides and are handed the buffer
+    itself, not a view of it: a fresh tensor, which torch.compile can let them write in
+    place."""
+    batch, heads, tokens, dim = like.shape
+    return torch.empty((batch, tokens, heads, dim), dtype=like.dtype, device=like.device)
+
+
+def _head_strides(buffer: Tensor) -> tuple[int, ...]:
+    """A (B, T, H, D) buffer's strides in (B, H, T, D) order."""
+    return buffer.transpose(1, 2).stride()
