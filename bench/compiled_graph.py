@@ -76,8 +76,10 @@ def packed_batch(vocab: int, rows: int, length: int, sentence: int) -> tuple:
     return src, tgt_in, tgt_out, segments
 
 
-def graphs_of_a_step(preset_name: str, impl: str, rows: int, length: int) -> dict:
-    """preset's packed training step -> {"forward": graph, "backward": graph}."""
+def graphs_of_a_step(preset_name: str, impl: str, rows: int, length: int,
+                     attention_dropout: float | None) -> dict:
+    """preset's packed training step -> {"forward": graph, "backward": graph}, traced
+    whole (fullgraph: a break fails it)."""
     from torch._inductor import compile_fx
     graphs = {}
 
@@ -99,8 +101,9 @@ def graphs_of_a_step(preset_name: str, impl: str, rows: int, length: int) -> dic
 
     vocab = 1000
     torch.manual_seed(0)
+    overrides = {} if attention_dropout is None else {"attention_dropout": attention_dropout}
     model = build_model(preset(preset_name, src_vocab_size=vocab, tgt_vocab_size=vocab,
-                               attention_impl=impl)).train()
+                               attention_impl=impl, **overrides)).train()
     objective = SequenceObjective(model, language_model=False, label_smoothing=0.1)
     step = torch.compile(objective, dynamic=False, fullgraph=True, backend=backend)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -135,10 +138,12 @@ def main() -> None:
     parser.add_argument("--impl", default="triton", choices=["triton", "sdpa", "flash"])
     parser.add_argument("--rows", type=int, default=2)
     parser.add_argument("--length", type=int, default=64, help="tokens a packed row")
+    parser.add_argument("--attention-dropout", type=float, help="instead of the preset's")
     parser.add_argument("--graphs", type=Path, help="also write each graph's code here")
     args = parser.parse_args()
     pretend_hopper()
-    graphs = graphs_of_a_step(args.preset, args.impl, args.rows, args.length)
+    graphs = graphs_of_a_step(args.preset, args.impl, args.rows, args.length,
+                              args.attention_dropout)
     if args.graphs:
         args.graphs.mkdir(parents=True, exist_ok=True)
         for name, gm in graphs.items():

@@ -346,10 +346,13 @@ def test_the_compiled_training_step_launches_the_kernels_on_gradients_as_they_co
     is its kernels and nothing more. No clone: before the launches were operators, the
     compiler copied every attention output's gradient into a contiguous (B, H, T, D)
     tensor first (it traced the backward before it knew the gradient's strides). No
-    kernel left functional: each writes its own fresh buffers, not copies of them."""
+    kernel left functional: each writes its own fresh buffers, not copies of them. With
+    attention dropout, in one graph: the seed is drawn on the device (before, reading it
+    on the host broke the graph at every attention call)."""
     environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).resolve().parents[2] / "bench" / "compiled_graph.py"
-    result = subprocess.run([sys.executable, str(script), "--preset", "tiny", "--length", "32"],
+    result = subprocess.run([sys.executable, str(script), "--preset", "tiny", "--length", "32",
+                             "--attention-dropout", "0.1"],
                             env=environment, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     graphs = json.loads(result.stdout)
@@ -380,7 +383,8 @@ def test_the_operators_meet_pytorchs_operator_contract(device, case):
         segments = packed([[5, 13], [18]], [[5, 13], [18]], T, S, device)
         numbers = (segments.queries, segments.keys)
         bias = torch.randn(H, T + S - 1, device=device, requires_grad=True)
-    settings = (True, D ** -0.5, dropout_p, 5, [16, 16, 2, 1])
+    seed = torch.tensor([5], device=device) if dropout_p else None
+    settings = (seed, True, D ** -0.5, dropout_p, [16, 16, 2, 1])
     tests = ("test_schema", "test_autograd_registration", "test_faketensor")
     if device == "cuda":
         tests += ("test_aot_dispatch_dynamic",)

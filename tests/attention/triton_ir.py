@@ -56,8 +56,7 @@ def signature(kernel, float_type: str) -> tuple[dict, dict]:
             types[name] = "constexpr"
             constants[(position,)] = CONSTANTS[name]
         else:
-            types[name] = POINTERS.get(name) or (float_type if name in FLOATS else
-                                                 "i64" if name == "seed" else "i32")
+            types[name] = POINTERS.get(name) or (float_type if name in FLOATS else "i32")
     return types, constants
 
 

@@ -42,17 +42,24 @@ def triton_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | Segments | 
     kernels_for(q.device)
     from transduce.attention.triton_ops import attention_forward   # imports triton
     _check(q, k, v)
-    if dropout_p > 0 and seed is None:
-        seed = int(torch.randint(0, 2**62, (1,)).item())
+    seed = _seed_tensor(seed, q.device) if dropout_p > 0 else None
     tiles = tiles or Tiles.choose(q)
     numbers = (None, None)
     if isinstance(mask, Segments):   # read as contiguous int32 sentence numbers (B, T), (B, S)
         numbers = tuple(n.to(torch.int32).contiguous() for n in (mask.queries, mask.keys))
         mask = None
     out, _ = attention_forward(
-        q, k, v, mask, *numbers, position_bias, causal, scale, dropout_p, seed or 0,
+        q, k, v, mask, *numbers, position_bias, seed, causal, scale, dropout_p,
         [tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages])
     return out
+
+
+def _seed_tensor(seed: int | None, device: torch.device) -> Tensor:
+    """The dropout's seed as the kernels read it: (1,) int64 on their device, drawn there
+    when None (no wait for the host, and torch.compile keeps it in its graph)."""
+    if seed is None:
+        return torch.randint(0, 2**62, (1,), device=device)
+    return torch.tensor([seed], dtype=torch.int64, device=device)
 
 
 @dataclass(frozen=True)
@@ -114,8 +121,8 @@ def dropout_keep_mask(batch: int, heads: int, num_queries: int, num_keys: int,
     kernels = kernels_for(device)
     keep = torch.empty((batch, heads, num_queries, num_keys), dtype=torch.int8, device=device)
     grid = (_cdiv(num_queries, 16), _cdiv(num_keys, 16), batch * heads)
-    kernels.keep_mask_kernel[grid](keep, heads, num_queries, num_keys, dropout_p, seed,
-                                   BLOCK_M=16, BLOCK_N=16)
+    kernels.keep_mask_kernel[grid](keep, heads, num_queries, num_keys, dropout_p,
+                                   _seed_tensor(seed, device), BLOCK_M=16, BLOCK_N=16)
     return keep.bool()
 
 

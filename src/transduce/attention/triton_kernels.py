@@ -71,6 +71,16 @@ def _float32(x):
 
 
 @triton.jit
+def _seed(Seed, DROPOUT: tl.constexpr):
+    """The dropout's seed, read from the device (an int64 drawn there: the host never
+    waits for it, and a CUDA graph replays the draw); 0 and no load without dropout."""
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(Seed)
+    return seed
+
+
+@triton.jit
 def _dropout_keep(seed, bh, offs_m, offs_n, T, S, dropout_p):
     """Keep mask of one tile, drawn from the seed at a position-dependent offset: (M, N)."""
     rows = (bh * T + offs_m).to(tl.int64)
@@ -128,7 +138,7 @@ def _forward_tile(acc, denom, row_max, q, k_base, v_base, mask_base, q_nums, k_n
 def forward_kernel(Q, K, V, Mask, QNum, KNum, Bias, Out, Lse,
                    sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
                    smb, smh, smt, sms, sob, soh, sot, sod,
-                   H, GROUP, T, S, offset, qk_scale, dropout_p, seed,
+                   H, GROUP, T, S, offset, qk_scale, dropout_p, Seed,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                    SEGMENTS: tl.constexpr, DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -138,6 +148,7 @@ def forward_kernel(Q, K, V, Mask, QNum, KNum, Bias, Out, Lse,
     (they have the most keys), so the short ones fill the tail of the launch. SEGMENTS:
     only the key tiles of the block's own sentences are walked."""
     qk_scale, dropout_p = _float32(qk_scale), _float32(dropout_p)
+    seed = _seed(Seed, DROPOUT)
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -193,7 +204,7 @@ def forward_kernel(Q, K, V, Mask, QNum, KNum, Bias, Out, Lse,
 def dkdv_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DK, DV,
                 sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
                 smb, smh, smt, sms, sdob, sdoh, sdot, sdod, sgb, sgh, sgt, sgd,
-                H, GROUP, T, S, offset, qk_scale, scale, dropout_p, seed,
+                H, GROUP, T, S, offset, qk_scale, scale, dropout_p, Seed,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                 SEGMENTS: tl.constexpr, DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -202,6 +213,7 @@ def dkdv_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DK, DV,
     over the GROUP query heads that share it. DK and DV have the strides sg*. SEGMENTS:
     only the query tiles of the block's own sentences are walked."""
     qk_scale, scale, dropout_p = _float32(qk_scale), _float32(scale), _float32(dropout_p)
+    seed = _seed(Seed, DROPOUT)
     pid_n, bhk = tl.program_id(0), tl.program_id(1)
     kv_heads = H // GROUP
     b, hk = bhk // kv_heads, bhk % kv_heads
@@ -258,7 +270,7 @@ def dkdv_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DK, DV,
 def dq_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DQ, DBias,
               sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
               smb, smh, smt, sms, sdob, sdoh, sdot, sdod, sgb, sgh, sgt, sgd,
-              H, GROUP, T, S, offset, qk_scale, scale, dropout_p, seed,
+              H, GROUP, T, S, offset, qk_scale, scale, dropout_p, Seed,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
               SEGMENTS: tl.constexpr, DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -267,6 +279,7 @@ def dq_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DQ, DBias,
     BIAS_GRAD: also adds each score's dS into DBias (H, T + S - 1, float32) at its distance.
     SEGMENTS: only the key tiles of the block's own sentences are walked."""
     qk_scale, scale, dropout_p = _float32(qk_scale), _float32(scale), _float32(dropout_p)
+    seed = _seed(Seed, DROPOUT)
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     hk = h // GROUP
@@ -319,7 +332,7 @@ def dq_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DQ, DBias,
 
 
 @triton.jit
-def keep_mask_kernel(Keep, H, T, S, dropout_p, seed,
+def keep_mask_kernel(Keep, H, T, S, dropout_p, Seed,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """grid (cdiv(T, BLOCK_M), cdiv(S, BLOCK_N), B * H): the dropout keep mask the attention
     kernels draw, written out (B, H, T, S) int8, so tests can build the reference."""
@@ -327,6 +340,6 @@ def keep_mask_kernel(Keep, H, T, S, dropout_p, seed,
     pid_m, pid_n, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    keep = _dropout_keep(seed, bh, offs_m, offs_n, T, S, dropout_p)
+    keep = _dropout_keep(tl.load(Seed), bh, offs_m, offs_n, T, S, dropout_p)
     tl.store(Keep + (bh * T + offs_m[:, None]).to(tl.int64) * S + offs_n[None, :],
              keep.to(tl.int8), mask=(offs_m[:, None] < T) & (offs_n[None, :] < S))

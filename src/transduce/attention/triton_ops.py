@@ -32,46 +32,47 @@ BACKWARD = "transduce::triton_attention_backward"
 @triton_op(FORWARD, mutates_args=())
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                       query_numbers: Tensor | None, key_numbers: Tensor | None,
-                      bias: Tensor | None, causal: bool, scale: float, dropout_p: float,
-                      seed: int, tiles: list[int]) -> tuple[Tensor, Tensor]:
+                      bias: Tensor | None, seed: Tensor | None, causal: bool, scale: float,
+                      dropout_p: float, tiles: list[int]) -> tuple[Tensor, Tensor]:
     """q (B, H, T, D), k/v (B, Hkv, S, D), mask bool broadcastable to (B, H, T, S),
-    query/key_numbers (B, T), (B, S) int32 sentence numbers, bias (H, T + S - 1), tiles
-    [block_m, block_n, num_warps, num_stages] -> out (B, H, T, D) in q's dtype, stored
-    token-major (_token_major), and lse2 (B, H, T) float32 (kept for the backward)."""
-    call = _Call(q, k, mask, query_numbers, key_numbers, bias, causal, scale, dropout_p,
-                 seed, tiles)
+    query/key_numbers (B, T), (B, S) int32 sentence numbers, bias (H, T + S - 1), seed
+    (1,) int64 on q's device (with dropout), tiles [block_m, block_n, num_warps,
+    num_stages] -> out (B, H, T, D) in q's dtype, stored token-major (_token_major), and
+    lse2 (B, H, T) float32 (kept for the backward)."""
+    call = _Call(q, k, mask, query_numbers, key_numbers, bias, seed, causal, scale,
+                 dropout_p, tiles)
     return call.forward(q, k, v)
 
 
 @triton_op(BACKWARD, mutates_args=())
 def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                        lse2: Tensor, mask: Tensor | None, query_numbers: Tensor | None,
-                       key_numbers: Tensor | None, bias: Tensor | None, causal: bool,
-                       scale: float, dropout_p: float, seed: int, tiles: list[int],
-                       bias_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                       key_numbers: Tensor | None, bias: Tensor | None,
+                       seed: Tensor | None, causal: bool, scale: float, dropout_p: float,
+                       tiles: list[int], bias_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """grad_out (B, H, T, D), any strides -> dq (B, H, T, D), dk, dv (B, Hkv, S, D), each
     in its input's dtype and stored token-major, and dbias (H, T + S - 1) in the bias's
     dtype when bias_grad (else an empty tensor: an operator returns tensors)."""
-    call = _Call(q, k, mask, query_numbers, key_numbers, bias, causal, scale, dropout_p,
-                 seed, tiles)
+    call = _Call(q, k, mask, query_numbers, key_numbers, bias, seed, causal, scale,
+                 dropout_p, tiles)
     return call.backward(q, k, v, out, lse2, grad_out, bias_grad)
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
-    q, k, v, mask, query_numbers, key_numbers, bias, *settings = inputs
+    q, k, v, mask, query_numbers, key_numbers, bias, seed, *settings = inputs
     out, lse2 = output
-    ctx.save_for_backward(q, k, v, out, lse2, mask, query_numbers, key_numbers, bias)
-    ctx.settings = settings           # causal, scale, dropout_p, seed, tiles
+    ctx.save_for_backward(q, k, v, out, lse2, mask, query_numbers, key_numbers, bias, seed)
+    ctx.settings = settings           # causal, scale, dropout_p, tiles
     ctx.mark_non_differentiable(lse2)
     ctx.set_materialize_grads(False)  # lse2's gradient stays None, never a tensor of zeros
 
 
 def _backward(ctx, grad_out: Tensor, grad_lse2: None) -> tuple:
-    q, k, v, out, lse2, mask, query_numbers, key_numbers, bias = ctx.saved_tensors
+    q, k, v, out, lse2, mask, query_numbers, key_numbers, bias, seed = ctx.saved_tensors
     bias_grad = bias is not None and ctx.needs_input_grad[6]
     dq, dk, dv, dbias = attention_backward(grad_out, q, k, v, out, lse2, mask, query_numbers,
-                                           key_numbers, bias, *ctx.settings, bias_grad)
-    return (dq, dk, dv, None, None, None, dbias if bias_grad else None,
+                                           key_numbers, bias, seed, *ctx.settings, bias_grad)
+    return (dq, dk, dv, None, None, None, dbias if bias_grad else None, None,
             *[None] * len(ctx.settings))
 
 
@@ -82,8 +83,8 @@ class _Call:
     """One attention call's launch arguments, shared by the forward and backward launches."""
 
     def __init__(self, q: Tensor, k: Tensor, mask: Tensor | None, query_numbers: Tensor | None,
-                 key_numbers: Tensor | None, bias: Tensor | None, causal: bool, scale: float,
-                 dropout_p: float, seed: int, tiles: list[int]):
+                 key_numbers: Tensor | None, bias: Tensor | None, seed: Tensor | None,
+                 causal: bool, scale: float, dropout_p: float, tiles: list[int]):
         self.batch, self.heads, self.num_queries, self.dim = q.shape
         self.kv_heads, self.num_keys = k.shape[1], k.shape[2]
         self.block_m, self.block_n, num_warps, num_stages = tiles
@@ -112,10 +113,14 @@ class _Call:
         return (self.mask, *self.mask.stride())
 
     def _numbers_or(self, like: Tensor) -> tuple[Tensor, Tensor]:
-        return (like, like) if self.numbers is None else self.numbers  # never read without SEGMENTS
+        # never read without SEGMENTS
+        return (like, like) if self.numbers is None else self.numbers
 
     def _bias_or(self, like: Tensor) -> Tensor:
         return like if self.bias is None else self.bias   # never read without HAS_BIAS
+
+    def _seed_or(self, like: Tensor) -> Tensor:
+        return like if self.seed is None else self.seed   # never read without DROPOUT
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         out = _token_major(q)
@@ -124,7 +129,8 @@ class _Call:
         _launcher(triton_kernels.forward_kernel, q)[grid](
             q, k, v, *self.mask_args(q)[:1], *self._numbers_or(q), self._bias_or(q), out, lse2,
             *q.stride(), *k.stride(), *v.stride(), *self.mask_args(q)[1:], *_head_strides(out),
-            *self.scalars, self.scale * LOG2E, self.dropout_p, self.seed, **self.constants)
+            *self.scalars, self.scale * LOG2E, self.dropout_p, self._seed_or(q),
+            **self.constants)
         return out.transpose(1, 2), lse2
 
     def backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2: Tensor,
@@ -133,7 +139,8 @@ class _Call:
         dq, dk, dv = _token_major(q), _token_major(k), _token_major(v)
         mask, *mask_strides = self.mask_args(q)
         strides = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride())
-        scalars = (*self.scalars, self.scale * LOG2E, self.scale, self.dropout_p, self.seed)
+        scalars = (*self.scalars, self.scale * LOG2E, self.scale, self.dropout_p,
+                   self._seed_or(q))
         grid_kv = (triton.cdiv(self.num_keys, self.block_n), self.batch * self.kv_heads)
         bias, numbers = self._bias_or(q), self._numbers_or(q)
         _launcher(triton_kernels.dkdv_kernel, q)[grid_kv](
