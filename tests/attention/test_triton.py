@@ -21,7 +21,8 @@ from transduce import checkpoint
 from transduce.attention import MultiHeadAttention, attention
 from transduce.attention.masks import Segments
 from transduce.attention.triton_flash import (Tiles, TritonUnavailable, dropout_keep_mask,
-                                              triton_attention)
+                                              triton_attention, triton_packed_attention,
+                                              unpack_qkv)
 from transduce.config import preset
 from transduce.data.packing import sentence_numbers
 from transduce.model import build_model, load_model
@@ -362,6 +363,12 @@ def test_the_compiled_training_step_launches_the_kernels_on_gradients_as_they_co
         assert graph["operators"]["triton_kernel_wrapper_mutation"] == launches[name]
         assert graph["functional_triton_kernels"] == 0
         assert [c for c in graph["copies"] if c["op"] == "aten.clone.default"] == []
+    # Self-attention's q, k, v gradients are written into one tensor (packed_self_attention),
+    # its stacked product's output gradient: what is left to concatenate is the two
+    # cross-attention layers' k and v gradients (rows 2, tokens 32, 2 x d_model 64).
+    concatenated = [c["output"]["shape"] for c in graphs["backward"]["copies"]
+                    if c["op"] == "aten.cat.default"]
+    assert concatenated == [[2, 32, 128]] * 2
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -395,3 +402,62 @@ def test_the_operators_meet_pytorchs_operator_contract(device, case):
     backward = (grad_out, q.detach(), k.detach(), v.detach(), out.detach(), lse2, mask,
                 *numbers, None if bias is None else bias.detach(), *settings, bias is not None)
     torch.library.opcheck(triton_ops.attention_backward, backward, test_utils=tests)
+
+
+PACKED_CASES = {"GQA, holes, causal, dropout": (4, 2, "holes", True, 0.3, False),
+                "MHA, segments, bias": (2, 2, "segments", False, 0.0, True)}
+
+
+def packed_arguments(case: str, device: str) -> tuple:
+    """-> qkv (2, 21, (H + 2 Hkv) 16) leaf, heads, kv_heads, mask, keyword arguments."""
+    heads, kv_heads, mask_kind, causal, dropout_p, with_bias = PACKED_CASES[case]
+    B, T, D = 2, 21, 16
+    qkv = torch.randn(B, T, (heads + 2 * kv_heads) * D, device=device, requires_grad=True)
+    mask = packed([[5, 9, 7], [21]], [[5, 9, 7], [21]], T, T, device) \
+        if mask_kind == "segments" else make_mask(mask_kind, B, heads, T, T).to(device)
+    bias = torch.randn(heads, 2 * T - 1, device=device, requires_grad=True) if with_bias \
+        else None
+    return qkv, heads, kv_heads, mask, dict(causal=causal, dropout_p=dropout_p, seed=5,
+                                            scale=D ** -0.5, tiles=SMALL_TILES,
+                                            position_bias=bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", PACKED_CASES)
+def test_packed_self_attention_equals_the_kernels_on_its_views(device, case):
+    """A stacked projection's output taken whole: the same kernels on the same views, so
+    the output and every gradient equal the unpacked call's bit for bit; the q, k, v
+    gradients arrive as one tensor like qkv."""
+    torch.manual_seed(12)
+    qkv, heads, kv_heads, mask, settings = packed_arguments(case, device)
+    leaves = [qkv] + ([settings["position_bias"]] if settings["position_bias"] is not None
+                      else [])
+    got = triton_packed_attention(qkv, heads, kv_heads, mask, **settings)
+    want = triton_attention(*unpack_qkv(qkv, heads, kv_heads), mask, **settings)
+    assert torch.equal(got, want)
+    grad_out = torch.randn_like(got)
+    got_grads = torch.autograd.grad(got, leaves, grad_out)
+    want_grads = torch.autograd.grad(want, leaves, grad_out)
+    for a, b in zip(got_grads, want_grads):
+        assert torch.equal(a, b)
+    assert got_grads[0].shape == qkv.shape and got_grads[0].is_contiguous()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_packed_operators_meet_pytorchs_operator_contract(device):
+    """opcheck, as test_the_operators_meet_pytorchs_operator_contract, on the packed pair."""
+    from transduce.attention import triton_ops
+    from transduce.attention.triton_flash import _launch_arguments
+    torch.manual_seed(13)
+    qkv, heads, kv_heads, mask, settings = packed_arguments("GQA, holes, causal, dropout",
+                                                            device)
+    arguments = _launch_arguments(qkv, mask, None, 5, True, 0.25, 0.3, SMALL_TILES)
+    tests = ("test_schema", "test_autograd_registration", "test_faketensor")
+    if device == "cuda":
+        tests += ("test_aot_dispatch_dynamic",)
+    forward = (qkv, heads, kv_heads, *arguments)
+    torch.library.opcheck(triton_ops.packed_forward, forward, test_utils=tests)
+    out, lse2 = triton_ops.packed_forward(*forward)
+    grad_out = torch.randn(2, 21, heads, 16, device=device).transpose(1, 2)
+    backward = (grad_out, qkv.detach(), heads, kv_heads, out.detach(), lse2, *arguments, False)
+    torch.library.opcheck(triton_ops.packed_backward, backward, test_utils=tests)

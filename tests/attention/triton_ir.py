@@ -35,7 +35,7 @@ CONSTANTS = {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": 64, "CAUSA
              "HAS_MASK": True, "SEGMENTS": True, "DROPOUT": True, "HAS_BIAS": True,
              "PRECISION": "ieee", "BIAS_GRAD": True}
 POINTERS = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "DO": "*bf16",
-            "DQ": "*bf16", "DK": "*bf16", "DV": "*bf16", "Mask": "*i8", "Keep": "*i8",
+            "DQ": "*bf16", "DKV": "*bf16", "Mask": "*i8", "Keep": "*i8",
             "QNum": "*i32", "KNum": "*i32", "Bias": "*fp32", "Lse": "*fp32",
             "Delta": "*fp32", "DBias": "*fp32",
             # the add-norm kernels': a float32 residual, a bfloat16 sub-layer output

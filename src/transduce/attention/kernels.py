@@ -38,7 +38,8 @@ from transduce.attention.checks import check_dropout, check_mask, check_position
     check_qkv, check_score_bias, check_segments
 from transduce.attention.flash import tiled_attention
 from transduce.attention.position_bias import expand
-from transduce.attention.triton_flash import triton_attention
+from transduce.attention.triton_flash import triton_attention, triton_packed_attention, \
+    unpack_qkv
 from transduce.config import AttentionImpl, choices
 
 IMPLS = choices(AttentionImpl)
@@ -87,6 +88,25 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Segments | N
         return _sdpa(q, k, v, mask, causal, dropout_p, scale, bias, score_bias)
     out, weights = _naive(q, k, v, mask, causal, dropout_p, scale, bias, softcap, score_bias)
     return (out, weights) if return_weights else out
+
+
+def packed_self_attention(qkv: Tensor, heads: int, kv_heads: int,
+                          mask: Tensor | masks.Segments | None = None, *, causal: bool = False,
+                          dropout_p: float = 0.0, impl: str = "sdpa",
+                          position_bias: Tensor | None = None) -> Tensor:
+    """Self-attention over a stacked projection's output qkv (B, T, (H + 2 H_kv) D), the
+    queries', keys' and values' heads side by side -> (B, H, T, D), as attention() over
+    its views. impl "triton" takes qkv whole, and its backward writes the three gradients
+    into one tensor: the stacked product's output gradient, with nothing to concatenate."""
+    q, k, v = unpack_qkv(qkv, heads, kv_heads)
+    if impl != "triton" or torch.jit.is_tracing():
+        return attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, impl=impl,
+                         position_bias=position_bias)
+    mask = _check_inputs(q, k, v, mask, impl, False, dropout_p)
+    check_position_bias(q, k, position_bias)
+    return triton_packed_attention(qkv, heads, kv_heads, mask, causal=causal and q.shape[2] > 1,
+                                   dropout_p=dropout_p, scale=1.0 / math.sqrt(q.shape[-1]),
+                                   position_bias=position_bias)
 
 
 def _naive(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,

@@ -25,8 +25,8 @@ from torch import Tensor, nn
 from transduce.attention.checks import check_dropout
 from transduce.attention.disentangled import RelativePositions, disentangled_bias, \
     dropped_table
-from transduce.attention.kernels import attention
-from transduce.attention.kinds import AttentionKind, self_attention_kind
+from transduce.attention.kernels import attention, packed_self_attention
+from transduce.attention.kinds import AttentionKind, SoftmaxAttention, self_attention_kind
 from transduce.attention.kv_cache import Attended, AttentionCache
 
 # Applies rotary positions to (B, H, T, D) heads whose first position is `offset`, or
@@ -139,6 +139,11 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("cross-attention keys are computed once per source; "
                                  "a KV cache applies to self-attention only")
             result = self._cross_attention(self._queries(x), *kv, mask, impl, return_weights)
+        elif self._attends_packed(impl, cache, relative):
+            result = packed_self_attention(
+                self._stacked(x, self.q_proj, self.k_proj, self.v_proj), self.num_heads,
+                self.num_kv_heads, mask, causal=causal, dropout_p=self._dropout_p, impl=impl,
+                position_bias=position_bias)
         else:
             q, k, v = self._project_self(x)                # (B, H, T, D), (B, Hkv, T, D) x 2
             if self.rotary is not None:
@@ -224,13 +229,35 @@ class MultiHeadAttention(nn.Module):
         503-666), and stacking the weights anew at each call keeps the parameters,
         their gradients and checkpoints as they are. Eval (decoding, one token a step)
         keeps one product each: there the copy would cost more than it saves."""
-        stackable = all(type(p) is nn.Linear for p in projections) and \
-            len({p.bias is None for p in projections}) == 1
-        if not (self.training and self.stack_in_training and stackable):
+        if not self._stacks(projections):
             return [projection(x) for projection in projections]
+        return list(self._stacked(x, *projections).split(
+            [p.out_features for p in projections], -1))
+
+    def _stacks(self, projections: tuple[nn.Module, ...]) -> bool:
+        return self.training and self.stack_in_training and \
+            all(type(p) is nn.Linear for p in projections) and \
+            len({p.bias is None for p in projections}) == 1
+
+    @staticmethod
+    def _stacked(x: Tensor, *projections: nn.Linear) -> Tensor:
+        """x (B, T, C) -> (B, T, sum of out_i): one product of the stacked weights."""
         weight = torch.cat([p.weight for p in projections])
         bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
-        return list(F.linear(x, weight, bias).split([p.out_features for p in projections], -1))
+        return F.linear(x, weight, bias)
+
+    def _attends_packed(self, impl: str, cache: AttentionCache | None,
+                        relative: RelativePositions | None) -> bool:
+        """Whether self-attention hands its stacked projection's output to the kernel
+        whole (packed_self_attention): impl "triton" in training, where nothing changes
+        the queries or keys between the product and the kernel. Its backward then
+        writes the q, k and v gradients into one tensor, the product's output gradient,
+        instead of three that would be concatenated into it."""
+        return impl == "triton" and cache is None and relative is None \
+            and self.qkv_proj is None and self._stacks((self.q_proj, self.k_proj, self.v_proj)) \
+            and self.rotary is None and self.q_norm is None and self.k_norm is None \
+            and self.query_factor == 1.0 and self.softcap is None \
+            and isinstance(self.kind, SoftmaxAttention)
 
     def _query_heads(self, q: Tensor) -> Tensor:
         """Projected queries (B, T, H * D) -> heads (B, H, T, D), normalized (qk_norm)

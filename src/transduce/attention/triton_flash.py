@@ -42,16 +42,55 @@ def triton_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | Segments | 
     kernels_for(q.device)
     from transduce.attention.triton_ops import attention_forward   # imports triton
     _check(q, k, v)
-    seed = _seed_tensor(seed, q.device) if dropout_p > 0 else None
-    tiles = tiles or Tiles.choose(q)
+    out, _ = attention_forward(q, k, v, *_launch_arguments(
+        q, mask, position_bias, seed, causal, scale, dropout_p, tiles))
+    return out
+
+
+def triton_packed_attention(qkv: Tensor, heads: int, kv_heads: int,
+                            mask: Tensor | Segments | None = None, *, causal: bool = False,
+                            dropout_p: float = 0.0, scale: float, seed: int | None = None,
+                            tiles: Tiles | None = None,
+                            position_bias: Tensor | None = None) -> Tensor:
+    """Self-attention over a stacked projection's output, qkv (B, T, (H + 2 Hkv) D): the
+    queries', keys' and values' heads in that order (unpack_qkv), -> (B, H, T, D) as
+    triton_attention. Its backward writes the three gradients into one tensor like qkv:
+    the stacked product's own output gradient, where separate ones would be
+    concatenated into it (a copy of every self-attention's q, k and v gradients)."""
+    kernels_for(qkv.device)
+    from transduce.attention.triton_ops import packed_forward   # imports triton
+    q, k, v = unpack_qkv(qkv, heads, kv_heads)
+    _check(q, k, v)
+    out, _ = packed_forward(qkv, heads, kv_heads, *_launch_arguments(
+        q, mask, position_bias, seed, causal, scale, dropout_p, tiles))
+    return out
+
+
+def unpack_qkv(qkv: Tensor, heads: int, kv_heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """qkv (B, T, (H + 2 Hkv) D) -> views q (B, H, T, D), k, v (B, Hkv, T, D)."""
+    batch, tokens, width = qkv.shape
+    if qkv.stride(-1) != 1 or width % (heads + 2 * kv_heads):
+        raise ValueError(f"a packed qkv holds {heads} + 2 x {kv_heads} heads side by side "
+                         f"in unit stride; got shape {tuple(qkv.shape)}, strides "
+                         f"{qkv.stride()}")
+    split = qkv.unflatten(2, (heads + 2 * kv_heads, width // (heads + 2 * kv_heads)))
+    q, k, v = split.split([heads, kv_heads, kv_heads], dim=2)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def _launch_arguments(q: Tensor, mask: Tensor | Segments | None, position_bias: Tensor | None,
+                      seed: int | None, causal: bool, scale: float, dropout_p: float,
+                      tiles: Tiles | None) -> tuple:
+    """The operators' arguments after q, k, v: mask, query and key sentence numbers
+    (contiguous int32, for Segments), bias, seed, causal, scale, dropout_p, tiles."""
     numbers = (None, None)
-    if isinstance(mask, Segments):   # read as contiguous int32 sentence numbers (B, T), (B, S)
+    if isinstance(mask, Segments):
         numbers = tuple(n.to(torch.int32).contiguous() for n in (mask.queries, mask.keys))
         mask = None
-    out, _ = attention_forward(
-        q, k, v, mask, *numbers, position_bias, seed, causal, scale, dropout_p,
-        [tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages])
-    return out
+    tiles = tiles or Tiles.choose(q)
+    seed = _seed_tensor(seed, q.device) if dropout_p > 0 else None
+    return (mask, *numbers, position_bias, seed, causal, scale, dropout_p,
+            [tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages])
 
 
 def _seed_tensor(seed: int | None, device: torch.device) -> Tensor:

@@ -201,17 +201,19 @@ def forward_kernel(Q, K, V, Mask, QNum, KNum, Bias, Out, Lse,
 
 
 @triton.jit
-def dkdv_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DK, DV,
+def dkdv_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DKV,
                 sqb, sqh, sqt, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
                 smb, smh, smt, sms, sdob, sdoh, sdot, sdod, sgb, sgh, sgt, sgd,
-                H, GROUP, T, S, offset, qk_scale, scale, dropout_p, Seed,
+                H, GROUP, T, S, offset, qk_scale, scale, dropout_p, Seed, k_head, v_head,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                 SEGMENTS: tl.constexpr, DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr,
                 PRECISION: tl.constexpr):
     """grid (cdiv(S, BLOCK_N), B * Hkv): dK, dV (B, Hkv, S, D) of one key block, summed
-    over the GROUP query heads that share it. DK and DV have the strides sg*. SEGMENTS:
-    only the query tiles of the block's own sentences are walked."""
+    over the GROUP query heads that share it, stored into one buffer DKV, strides sg*,
+    from head k_head and v_head on (one pointer: torch.compile lets a kernel write a
+    fresh buffer in place, but copies one it is handed twice). SEGMENTS: only the query
+    tiles of the block's own sentences are walked."""
     qk_scale, scale, dropout_p = _float32(qk_scale), _float32(scale), _float32(dropout_p)
     seed = _seed(Seed, DROPOUT)
     pid_n, bhk = tl.program_id(0), tl.program_id(1)
@@ -261,9 +263,9 @@ def dkdv_kernel(Q, K, V, Mask, QNum, KNum, Bias, DO, Lse, Delta, DK, DV,
             dv += tl.dot(tl.trans(dropped.to(do.dtype)), do, input_precision=PRECISION)
             ds = p * (dp - delta[:, None])
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-    out_ptrs = b * sgb + hk * sgh + offs_n[:, None] * sgt + offs_d[None, :] * sgd
-    tl.store(DK + out_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=col_ok)
-    tl.store(DV + out_ptrs, dv.to(DV.dtype.element_ty), mask=col_ok)
+    out_ptrs = DKV + b * sgb + hk * sgh + offs_n[:, None] * sgt + offs_d[None, :] * sgd
+    tl.store(out_ptrs + k_head * sgh, (dk * scale).to(DKV.dtype.element_ty), mask=col_ok)
+    tl.store(out_ptrs + v_head * sgh, dv.to(DKV.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit

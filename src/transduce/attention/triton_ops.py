@@ -23,10 +23,12 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
 from transduce.attention import triton_kernels
-from transduce.attention.triton_flash import LOG2E, block_width
+from transduce.attention.triton_flash import LOG2E, block_width, unpack_qkv
 
 FORWARD = "transduce::triton_attention"
 BACKWARD = "transduce::triton_attention_backward"
+PACKED_FORWARD = "transduce::triton_packed_attention"
+PACKED_BACKWARD = "transduce::triton_packed_attention_backward"
 
 
 @triton_op(FORWARD, mutates_args=())
@@ -49,13 +51,17 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
                        lse2: Tensor, mask: Tensor | None, query_numbers: Tensor | None,
                        key_numbers: Tensor | None, bias: Tensor | None,
                        seed: Tensor | None, causal: bool, scale: float, dropout_p: float,
-                       tiles: list[int], bias_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """grad_out (B, H, T, D), any strides -> dq (B, H, T, D), dk, dv (B, Hkv, S, D), each
-    in its input's dtype and stored token-major, and dbias (H, T + S - 1) in the bias's
-    dtype when bias_grad (else an empty tensor: an operator returns tensors)."""
+                       tiles: list[int], bias_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """grad_out (B, H, T, D), any strides -> dq (B, H, T, D) in q's dtype, stored
+    token-major, dkv (B, S, 2 Hkv, D): dk's heads then dv's, and dbias (H, T + S - 1) in
+    the bias's dtype when bias_grad (else an empty tensor: an operator returns tensors,
+    and none that share memory, hence dk and dv in one)."""
     call = _Call(q, k, mask, query_numbers, key_numbers, bias, seed, causal, scale,
                  dropout_p, tiles)
-    return call.backward(q, k, v, out, lse2, grad_out, bias_grad)
+    dq = _token_major(q)
+    dkv = k.new_empty((call.batch, call.num_keys, 2 * call.kv_heads, call.dim))
+    dbias = call.backward(q, k, v, out, lse2, grad_out, dq, dkv, (0, call.kv_heads), bias_grad)
+    return dq.transpose(1, 2), dkv, dbias
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
@@ -70,13 +76,66 @@ def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
 def _backward(ctx, grad_out: Tensor, grad_lse2: None) -> tuple:
     q, k, v, out, lse2, mask, query_numbers, key_numbers, bias, seed = ctx.saved_tensors
     bias_grad = bias is not None and ctx.needs_input_grad[6]
-    dq, dk, dv, dbias = attention_backward(grad_out, q, k, v, out, lse2, mask, query_numbers,
-                                           key_numbers, bias, seed, *ctx.settings, bias_grad)
+    dq, dkv, dbias = attention_backward(grad_out, q, k, v, out, lse2, mask, query_numbers,
+                                        key_numbers, bias, seed, *ctx.settings, bias_grad)
+    dk, dv = dkv.transpose(1, 2).split(k.shape[1], dim=1)
     return (dq, dk, dv, None, None, None, dbias if bias_grad else None, None,
             *[None] * len(ctx.settings))
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+@triton_op(PACKED_FORWARD, mutates_args=())
+def packed_forward(qkv: Tensor, heads: int, kv_heads: int, mask: Tensor | None,
+                   query_numbers: Tensor | None, key_numbers: Tensor | None,
+                   bias: Tensor | None, seed: Tensor | None, causal: bool, scale: float,
+                   dropout_p: float, tiles: list[int]) -> tuple[Tensor, Tensor]:
+    """Self-attention over a stacked projection's output: qkv (B, T, (H + 2 Hkv) D),
+    queries', keys' and values' heads in that order -> as attention_forward. Its
+    backward writes the three gradients into one tensor like qkv, which is the stacked
+    projection's output gradient: no concatenation after it."""
+    q, k, v = unpack_qkv(qkv, heads, kv_heads)
+    call = _Call(q, k, mask, query_numbers, key_numbers, bias, seed, causal, scale,
+                 dropout_p, tiles)
+    return call.forward(q, k, v)
+
+
+@triton_op(PACKED_BACKWARD, mutates_args=())
+def packed_backward(grad_out: Tensor, qkv: Tensor, heads: int, kv_heads: int, out: Tensor,
+                    lse2: Tensor, mask: Tensor | None, query_numbers: Tensor | None,
+                    key_numbers: Tensor | None, bias: Tensor | None, seed: Tensor | None,
+                    causal: bool, scale: float, dropout_p: float, tiles: list[int],
+                    bias_grad: bool) -> tuple[Tensor, Tensor]:
+    """-> dqkv (B, T, (H + 2 Hkv) D) in qkv's dtype, and dbias as attention_backward's."""
+    q, k, v = unpack_qkv(qkv, heads, kv_heads)
+    call = _Call(q, k, mask, query_numbers, key_numbers, bias, seed, causal, scale,
+                 dropout_p, tiles)
+    dqkv = qkv.new_empty((call.batch, call.num_queries, heads + 2 * kv_heads, call.dim))
+    dbias = call.backward(q, k, v, out, lse2, grad_out, dqkv, dqkv, (heads, heads + kv_heads),
+                          bias_grad)
+    return dqkv.flatten(2), dbias
+
+
+def _setup_packed_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    qkv, heads, kv_heads, mask, query_numbers, key_numbers, bias, seed, *settings = inputs
+    out, lse2 = output
+    ctx.save_for_backward(qkv, out, lse2, mask, query_numbers, key_numbers, bias, seed)
+    ctx.heads, ctx.settings = (heads, kv_heads), settings
+    ctx.mark_non_differentiable(lse2)
+    ctx.set_materialize_grads(False)
+
+
+def _packed_backward(ctx, grad_out: Tensor, grad_lse2: None) -> tuple:
+    qkv, out, lse2, mask, query_numbers, key_numbers, bias, seed = ctx.saved_tensors
+    bias_grad = bias is not None and ctx.needs_input_grad[6]
+    dqkv, dbias = packed_backward(grad_out, qkv, *ctx.heads, out, lse2, mask, query_numbers,
+                                  key_numbers, bias, seed, *ctx.settings, bias_grad)
+    return (dqkv, None, None, None, None, None, dbias if bias_grad else None, None,
+            *[None] * len(ctx.settings))
+
+
+packed_forward.register_autograd(_packed_backward, setup_context=_setup_packed_context)
 
 
 class _Call:
@@ -134,9 +193,12 @@ class _Call:
         return out.transpose(1, 2), lse2
 
     def backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2: Tensor,
-                 grad_out: Tensor, bias_grad: bool) -> tuple[Tensor, ...]:
+                 grad_out: Tensor, dq: Tensor, dkv: Tensor, kv_head: tuple[int, int],
+                 bias_grad: bool) -> Tensor:
+        """Writes dq into heads [0, H) of dq (B, T, *, D), dk and dv into heads from
+        kv_head[0] and kv_head[1] of dkv (B, S, *, D) (dq itself for a packed qkv) ->
+        dbias (H, T + S - 1) in the bias's dtype when bias_grad, else an empty tensor."""
         delta = (grad_out.float() * out.float()).sum(dim=-1)                  # (B, H, T)
-        dq, dk, dv = _token_major(q), _token_major(k), _token_major(v)
         mask, *mask_strides = self.mask_args(q)
         strides = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride())
         scalars = (*self.scalars, self.scale * LOG2E, self.scale, self.dropout_p,
@@ -144,8 +206,8 @@ class _Call:
         grid_kv = (triton.cdiv(self.num_keys, self.block_n), self.batch * self.kv_heads)
         bias, numbers = self._bias_or(q), self._numbers_or(q)
         _launcher(triton_kernels.dkdv_kernel, q)[grid_kv](
-            q, k, v, mask, *numbers, bias, grad_out, lse2, delta, dk, dv, *strides,
-            *_head_strides(dk), *scalars, **self.constants)
+            q, k, v, mask, *numbers, bias, grad_out, lse2, delta, dkv, *strides,
+            *_head_strides(dkv), *scalars, *kv_head, **self.constants)
         dbias = torch.zeros(self.bias.shape, dtype=torch.float32, device=q.device) \
             if bias_grad else None
         grid_q = (triton.cdiv(self.num_queries, self.block_m), self.batch * self.heads)
@@ -153,8 +215,7 @@ class _Call:
             q, k, v, mask, *numbers, bias, grad_out, lse2, delta, dq,
             q if dbias is None else dbias, *strides, *_head_strides(dq), *scalars,
             BIAS_GRAD=bias_grad, **self.constants)
-        dbias = q.new_empty(0) if dbias is None else dbias.to(self.bias.dtype)
-        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), dbias
+        return q.new_empty(0) if dbias is None else dbias.to(self.bias.dtype)
 
 
 def _launcher(kernel, like: Tensor):
