@@ -134,13 +134,14 @@ def kernels_for(device: torch.device) -> ModuleType:
                                 "(pip install triton); use impl='flash' or 'sdpa'") from error
     # Triton picks compiled or interpreted code when its functions (its own library's
     # too) are decorated, at import: the setting cannot change afterwards.
-    if _is_interpreted(triton_kernels.forward_kernel) != interpret:
+    if is_interpreted(triton_kernels.forward_kernel) != interpret:
         raise TritonUnavailable("TRITON_INTERPRET was changed after triton was imported; "
                                 "set it before starting Python")
     return triton_kernels
 
 
-def _is_interpreted(kernel) -> bool:
+def is_interpreted(kernel) -> bool:
+    """Whether a @triton.jit kernel runs in Triton's interpreter (TRITON_INTERPRET=1)."""
     return type(kernel).__name__ == "InterpretedFunction"
 
 
