@@ -213,8 +213,9 @@ def test_chat_holds_a_conversation_and_leaves_out_what_no_longer_fits(chatml, tm
     # each message is answered without the exchanges before it
     for max_new, kept in ((8, 3), (generator.context - alone, 1)):
         monkeypatch.setattr("sys.stdin", open(tmp_path / "in.txt", encoding="utf-8"))
+        # float32, as chatml.generator (--dtype auto is bfloat16 on a CPU with AMX)
         assert main(["chat", "--model", str(chatml.out), "--system", system["content"],
-                     "--max-new-tokens", str(max_new)]) == 0
+                     "--max-new-tokens", str(max_new), "--dtype", "float32"]) == 0
         out, err = capsys.readouterr()
         history, expected = [], []
         for line in lines:
@@ -230,7 +231,8 @@ def test_chat_holds_a_conversation_and_leaves_out_what_no_longer_fits(chatml, tm
 
 def test_generate_chat_answers_each_line_as_a_users_message(chatml, capsys):
     assert main(["generate", "--chat", "--model", str(chatml.out), "--system", "Be brief.",
-                 "--max-new-tokens", "6", "--prompt", "Hello world!", "--prompt", "Ça"]) == 0
+                 "--max-new-tokens", "6", "--prompt", "Hello world!", "--prompt", "Ça",
+                 "--dtype", "float32"]) == 0
     expected = [chatml.generator.chat([{"role": "system", "content": "Be brief."},
                                        {"role": "user", "content": text}], max_new_tokens=6)
                 for text in ("Hello world!", "Ça")]

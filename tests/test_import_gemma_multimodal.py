@@ -145,7 +145,9 @@ def test_a_published_style_text_config_reads_gemma3_text_defaults(gemma_tokenize
     c = ours.config
     assert (c.tgt_vocab_size, c.num_heads, c.num_kv_heads, c.head_size) == (262208, 8, 4, 256)
     assert (c.full_attention_layers, c.attention_window, c.local_rope_base) == ((5,), 7, 1e4)
-    assert_same_logits(hf, ours, atol=ATOL)
+    # Logits up to 13 here: each side's float32 logits are up to 8.5e-5 from its float64
+    # ones (one thread, AVX-512), so the two may differ by twice that.
+    assert_same_logits(hf, ours, atol=2 * ATOL)
 
 
 def test_the_processor_chat_template_is_read(imported, tmp_path):

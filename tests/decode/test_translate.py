@@ -146,8 +146,9 @@ def test_no_doubles_reaches_the_search_from_the_command_and_the_evaluation(
     assert free != kept
     source = tmp_path / "in.txt"
     source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    # float32 as load() decodes (--dtype auto is bfloat16 on a CPU with AMX)
     assert main(["translate", "--model", str(run_dir), "--input", str(source),
-                 "--no-doubles"]) == 0
+                 "--no-doubles", "--dtype", "float32"]) == 0
     assert capsys.readouterr().out.splitlines() == kept
     prefix = tmp_path / "eval"
     assert main(["evaluate", "--model", str(run_dir), "--data", str(tiny_corpus), "--split",
