@@ -41,9 +41,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
     (1,) int64 on q's device (with dropout), tiles [block_m, block_n, num_warps,
     num_stages] -> out (B, H, T, D) in q's dtype, stored token-major (_token_major), and
     lse2 (B, H, T) float32 (kept for the backward)."""
-    call = _Call(q, k, mask, query_numbers, key_numbers, bias, seed, causal, scale,
-                 dropout_p, tiles)
-    return call.forward(q, k, v)
+    return _Call(q, k, mask, query_numbers, key_numbers, bias, seed, causal, scale, dropout_p,
+                 tiles).forward(q, k, v)
 
 
 @triton_op(BACKWARD, mutates_args=())
@@ -95,10 +94,8 @@ def packed_forward(qkv: Tensor, heads: int, kv_heads: int, mask: Tensor | None,
     queries', keys' and values' heads in that order -> as attention_forward. Its
     backward writes the three gradients into one tensor like qkv, which is the stacked
     projection's output gradient: no concatenation after it."""
-    q, k, v = unpack_qkv(qkv, heads, kv_heads)
-    call = _Call(q, k, mask, query_numbers, key_numbers, bias, seed, causal, scale,
-                 dropout_p, tiles)
-    return call.forward(q, k, v)
+    return attention_forward(*unpack_qkv(qkv, heads, kv_heads), mask, query_numbers,
+                             key_numbers, bias, seed, causal, scale, dropout_p, tiles)
 
 
 @triton_op(PACKED_BACKWARD, mutates_args=())
