@@ -22,7 +22,7 @@ from transduce.attention import MultiHeadAttention, attention
 from transduce.attention.masks import Segments
 from transduce.attention.triton_flash import (Tiles, TritonUnavailable, dropout_keep_mask,
                                               triton_attention, triton_packed_attention,
-                                              unpack_qkv)
+                                              unpack_heads)
 from transduce.config import preset
 from transduce.data.packing import sentence_numbers
 from transduce.model import build_model, load_model
@@ -158,6 +158,31 @@ def test_multihead_attention_with_triton_equals_sdpa(device):
     got, want = (grads(outs[impl], (x, *layers[impl].parameters())) for impl in ("triton", "sdpa"))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cross_attention_over_packed_keys_and_values_equals_sdpa(device):
+    """In training, impl "triton" takes cross-attention's stacked key and value projection
+    whole (project_kv(packed=True)): the same output and gradients as SDPA on the
+    separate keys and values; elsewhere (eval, other impls) project_kv gives them apart."""
+    torch.manual_seed(14)
+    layers = {impl: MultiHeadAttention(32, 4, num_kv_heads=2, impl=impl).to(device)
+              for impl in ("sdpa", "triton")}
+    layers["triton"].load_state_dict(layers["sdpa"].state_dict())
+    x = torch.randn(2, 9, 32, device=device, requires_grad=True)
+    source = torch.randn(2, 13, 32, device=device, requires_grad=True)
+    key_mask = (torch.arange(13, device=device) < torch.tensor([[13], [8]], device=device))
+    key_mask = key_mask[:, None, None, :]
+    kv = {impl: layer.project_kv(source, packed=True) for impl, layer in layers.items()}
+    assert isinstance(kv["triton"], torch.Tensor) and kv["triton"].shape == (2, 13, 32)
+    assert isinstance(kv["sdpa"], tuple)
+    outs = {impl: layer(x, key_mask, kv=kv[impl]) for impl, layer in layers.items()}
+    torch.testing.assert_close(outs["triton"], outs["sdpa"], rtol=0, atol=1e-5)
+    got, want = (grads(outs[impl], (x, source, *layers[impl].parameters()))
+                 for impl in ("triton", "sdpa"))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert isinstance(layers["triton"].eval().project_kv(source, packed=True), tuple)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -363,12 +388,10 @@ def test_the_compiled_training_step_launches_the_kernels_on_gradients_as_they_co
         assert graph["operators"]["triton_kernel_wrapper_mutation"] == launches[name]
         assert graph["functional_triton_kernels"] == 0
         assert [c for c in graph["copies"] if c["op"] == "aten.clone.default"] == []
-    # Self-attention's q, k, v gradients are written into one tensor (packed_self_attention),
-    # its stacked product's output gradient: what is left to concatenate is the two
-    # cross-attention layers' k and v gradients (rows 2, tokens 32, 2 x d_model 64).
-    concatenated = [c["output"]["shape"] for c in graphs["backward"]["copies"]
-                    if c["op"] == "aten.cat.default"]
-    assert concatenated == [[2, 32, 128]] * 2
+    # Self-attention's q, k, v gradients are written into one tensor, cross-attention's k
+    # and v gradients too (packed_self_attention, kv_packed_attention): each its stacked
+    # product's output gradient, with nothing to concatenate.
+    assert [c for c in graphs["backward"]["copies"] if c["op"] == "aten.cat.default"] == []
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -433,7 +456,7 @@ def test_packed_self_attention_equals_the_kernels_on_its_views(device, case):
     leaves = [qkv] + ([settings["position_bias"]] if settings["position_bias"] is not None
                       else [])
     got = triton_packed_attention(qkv, heads, kv_heads, mask, **settings)
-    want = triton_attention(*unpack_qkv(qkv, heads, kv_heads), mask, **settings)
+    want = triton_attention(*unpack_heads(qkv, heads, kv_heads, kv_heads), mask, **settings)
     assert torch.equal(got, want)
     grad_out = torch.randn_like(got)
     got_grads = torch.autograd.grad(got, leaves, grad_out)
@@ -461,3 +484,31 @@ def test_packed_operators_meet_pytorchs_operator_contract(device):
     grad_out = torch.randn(2, 21, heads, 16, device=device).transpose(1, 2)
     backward = (grad_out, qkv.detach(), heads, kv_heads, out.detach(), lse2, *arguments, False)
     torch.library.opcheck(triton_ops.packed_backward, backward, test_utils=tests)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kv_packed_attention_equals_the_kernels_on_its_views(device):
+    """Queries over a stacked key and value projection's output: bit for bit the unpacked
+    call's output and gradients, kv's arriving as one tensor like kv; and opcheck."""
+    from transduce.attention import triton_ops
+    from transduce.attention.triton_flash import _launch_arguments, triton_kv_packed_attention
+    torch.manual_seed(15)
+    B, H, Hkv, T, S, D = 2, 4, 2, 11, 21, 16
+    q = torch.randn(B, H, T, D, device=device, requires_grad=True)
+    kv = torch.randn(B, S, 2 * Hkv * D, device=device, requires_grad=True)
+    mask = make_mask("padding", B, H, T, S).to(device)
+    settings = dict(dropout_p=0.3, seed=9, scale=D ** -0.5, tiles=SMALL_TILES)
+    got = triton_kv_packed_attention(q, kv, Hkv, mask, **settings)
+    want = triton_attention(q, *unpack_heads(kv, Hkv, Hkv), mask, **settings)
+    assert torch.equal(got, want)
+    grad_out = torch.randn_like(got)
+    got_grads = torch.autograd.grad(got, (q, kv), grad_out)
+    for a, b in zip(got_grads, torch.autograd.grad(want, (q, kv), grad_out)):
+        assert torch.equal(a, b)
+    assert got_grads[1].shape == kv.shape and got_grads[1].is_contiguous()
+    tests = ("test_schema", "test_autograd_registration", "test_faketensor")
+    if device == "cuda":
+        tests += ("test_aot_dispatch_static",)
+    arguments = _launch_arguments(q, mask, None, 9, False, D ** -0.5, 0.3, SMALL_TILES)
+    torch.library.opcheck(triton_ops.kv_packed_forward, (q, kv, Hkv, *arguments),
+                          test_utils=tests)

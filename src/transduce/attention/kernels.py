@@ -38,8 +38,8 @@ from transduce.attention.checks import check_dropout, check_mask, check_position
     check_qkv, check_score_bias, check_segments
 from transduce.attention.flash import tiled_attention
 from transduce.attention.position_bias import expand
-from transduce.attention.triton_flash import triton_attention, triton_packed_attention, \
-    unpack_qkv
+from transduce.attention.triton_flash import triton_attention, triton_kv_packed_attention, \
+    triton_packed_attention, unpack_heads
 from transduce.config import AttentionImpl, choices
 
 IMPLS = choices(AttentionImpl)
@@ -98,7 +98,7 @@ def packed_self_attention(qkv: Tensor, heads: int, kv_heads: int,
     queries', keys' and values' heads side by side -> (B, H, T, D), as attention() over
     its views. impl "triton" takes qkv whole, and its backward writes the three gradients
     into one tensor: the stacked product's output gradient, with nothing to concatenate."""
-    q, k, v = unpack_qkv(qkv, heads, kv_heads)
+    q, k, v = unpack_heads(qkv, heads, kv_heads, kv_heads)
     if impl != "triton" or torch.jit.is_tracing():
         return attention(q, k, v, mask, causal=causal, dropout_p=dropout_p, impl=impl,
                          position_bias=position_bias)
@@ -107,6 +107,21 @@ def packed_self_attention(qkv: Tensor, heads: int, kv_heads: int,
     return triton_packed_attention(qkv, heads, kv_heads, mask, causal=causal and q.shape[2] > 1,
                                    dropout_p=dropout_p, scale=1.0 / math.sqrt(q.shape[-1]),
                                    position_bias=position_bias)
+
+
+def kv_packed_attention(q: Tensor, kv: Tensor, kv_heads: int,
+                        mask: Tensor | masks.Segments | None = None, *, dropout_p: float = 0.0,
+                        impl: str = "sdpa") -> Tensor:
+    """Attention of q (B, H, T, D) over a stacked key and value projection's output kv
+    (B, S, 2 H_kv D), keys' heads then values' (cross-attention's) -> (B, H, T, D), as
+    attention() over its views. impl "triton" takes kv whole, and its backward gives
+    kv's gradient as one tensor: the stacked product's output gradient."""
+    k, v = unpack_heads(kv, kv_heads, kv_heads)
+    if impl != "triton" or torch.jit.is_tracing():
+        return attention(q, k, v, mask, dropout_p=dropout_p, impl=impl)
+    mask = _check_inputs(q, k, v, mask, impl, False, dropout_p)
+    return triton_kv_packed_attention(q, kv, kv_heads, mask, dropout_p=dropout_p,
+                                      scale=1.0 / math.sqrt(q.shape[-1]))
 
 
 def _naive(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,

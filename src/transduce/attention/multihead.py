@@ -25,8 +25,9 @@ from torch import Tensor, nn
 from transduce.attention.checks import check_dropout
 from transduce.attention.disentangled import RelativePositions, disentangled_bias, \
     dropped_table
-from transduce.attention.kernels import attention, packed_self_attention
+from transduce.attention.kernels import attention, kv_packed_attention, packed_self_attention
 from transduce.attention.kinds import AttentionKind, SoftmaxAttention, self_attention_kind
+from transduce.attention.triton_flash import unpack_heads
 from transduce.attention.kv_cache import Attended, AttentionCache
 
 # Applies rotary positions to (B, H, T, D) heads whose first position is `offset`, or
@@ -106,9 +107,15 @@ class MultiHeadAttention(nn.Module):
         elif qk_norm is not None:
             self.q_norm, self.k_norm = qk_norm(self.head_dim), qk_norm(self.head_dim)
 
-    def project_kv(self, source: Tensor) -> tuple[Tensor, Tensor]:
-        """source (B, S, C) -> keys, values (B, H_kv, S, D): cross-attention's, once per source."""
+    def project_kv(self, source: Tensor, packed: bool = False) -> tuple[Tensor, Tensor] | Tensor:
+        """source (B, S, C) -> keys, values (B, H_kv, S, D): cross-attention's, once per
+        source. packed (a full pass's, which hands them straight back as kv): in training
+        with impl "triton", the stacked product's output (B, S, 2 H_kv D) itself, whose
+        gradient the kernels then give as one tensor (kv_packed_attention)."""
         self._require_separate_projections()
+        if packed and self.impl == "triton" and self.k_norm is None \
+                and self._stacks((self.k_proj, self.v_proj)):
+            return self._stacked(source, self.k_proj, self.v_proj)
         k, v = self._project(source, self.k_proj, self.v_proj)
         return self._keys(k), self._split(v, self.num_kv_heads)
 
@@ -119,8 +126,9 @@ class MultiHeadAttention(nn.Module):
                 return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, T, C); mask broadcastable to (B, H, T, S), True = may attend.
 
-        kv: precomputed cross-attention keys and values (B, Hkv, S, D); None for
-        self-attention. x may hold n rows per source, grouped by source (beams).
+        kv: precomputed cross-attention keys and values (B, Hkv, S, D), or project_kv's
+        packed (B, S, 2 Hkv D); None for self-attention. x may hold n rows per source,
+        grouped by source (beams).
         cache: self-attention only, the cache of this layer's kind (kind.new_cache):
         this call's keys and values go into it and the queries attend to everything it
         holds (their positions start at cache.length); the mask then covers every key,
@@ -138,7 +146,14 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 raise ValueError("cross-attention keys are computed once per source; "
                                  "a KV cache applies to self-attention only")
-            result = self._cross_attention(self._queries(x), *kv, mask, impl, return_weights)
+            if isinstance(kv, Tensor) and impl == "triton":      # project_kv(packed=True)'s
+                result = kv_packed_attention(self._queries(x), kv, self.num_kv_heads, mask,
+                                             dropout_p=self._dropout_p, impl=impl)
+            else:
+                if isinstance(kv, Tensor):
+                    kv = unpack_heads(kv, self.num_kv_heads, self.num_kv_heads)
+                result = self._cross_attention(self._queries(x), *kv, mask, impl,
+                                               return_weights)
         elif self._attends_packed(impl, cache, relative):
             result = packed_self_attention(
                 self._stacked(x, self.q_proj, self.k_proj, self.v_proj), self.num_heads,

@@ -53,29 +53,46 @@ def triton_packed_attention(qkv: Tensor, heads: int, kv_heads: int,
                             tiles: Tiles | None = None,
                             position_bias: Tensor | None = None) -> Tensor:
     """Self-attention over a stacked projection's output, qkv (B, T, (H + 2 Hkv) D): the
-    queries', keys' and values' heads in that order (unpack_qkv), -> (B, H, T, D) as
+    queries', keys' and values' heads in that order (unpack_heads), -> (B, H, T, D) as
     triton_attention. Its backward writes the three gradients into one tensor like qkv:
     the stacked product's own output gradient, where separate ones would be
     concatenated into it (a copy of every self-attention's q, k and v gradients)."""
     kernels_for(qkv.device)
     from transduce.attention.triton_ops import packed_forward   # imports triton
-    q, k, v = unpack_qkv(qkv, heads, kv_heads)
+    q, k, v = unpack_heads(qkv, heads, kv_heads, kv_heads)
     _check(q, k, v)
     out, _ = packed_forward(qkv, heads, kv_heads, *_launch_arguments(
         q, mask, position_bias, seed, causal, scale, dropout_p, tiles))
     return out
 
 
-def unpack_qkv(qkv: Tensor, heads: int, kv_heads: int) -> tuple[Tensor, Tensor, Tensor]:
-    """qkv (B, T, (H + 2 Hkv) D) -> views q (B, H, T, D), k, v (B, Hkv, T, D)."""
-    batch, tokens, width = qkv.shape
-    if qkv.stride(-1) != 1 or width % (heads + 2 * kv_heads):
-        raise ValueError(f"a packed qkv holds {heads} + 2 x {kv_heads} heads side by side "
-                         f"in unit stride; got shape {tuple(qkv.shape)}, strides "
-                         f"{qkv.stride()}")
-    split = qkv.unflatten(2, (heads + 2 * kv_heads, width // (heads + 2 * kv_heads)))
-    q, k, v = split.split([heads, kv_heads, kv_heads], dim=2)
-    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+def triton_kv_packed_attention(q: Tensor, kv: Tensor, kv_heads: int,
+                               mask: Tensor | Segments | None = None, *, causal: bool = False,
+                               dropout_p: float = 0.0, scale: float, seed: int | None = None,
+                               tiles: Tiles | None = None,
+                               position_bias: Tensor | None = None) -> Tensor:
+    """q (B, H, T, D) over a stacked key and value projection's output (cross-attention's),
+    kv (B, S, 2 Hkv D): keys' heads, then values' -> (B, H, T, D) as triton_attention.
+    Its backward gives kv's gradient as one tensor like kv, with nothing to concatenate."""
+    kernels_for(q.device)
+    from transduce.attention.triton_ops import kv_packed_forward   # imports triton
+    k, v = unpack_heads(kv, kv_heads, kv_heads)
+    _check(q, k, v)
+    out, _ = kv_packed_forward(q, kv, kv_heads, *_launch_arguments(
+        q, mask, position_bias, seed, causal, scale, dropout_p, tiles))
+    return out
+
+
+def unpack_heads(packed: Tensor, *heads: int) -> list[Tensor]:
+    """A stacked projection's output (B, T, sum(heads) D), its parts' heads side by side
+    -> a view (B, h, T, D) of each part: unpack_heads(qkv, H, Hkv, Hkv) -> q, k, v."""
+    batch, tokens, width = packed.shape
+    if packed.stride(-1) != 1 or width % sum(heads):
+        raise ValueError(f"a packed projection holds {' + '.join(map(str, heads))} heads side "
+                         f"by side in unit stride; got shape {tuple(packed.shape)}, strides "
+                         f"{packed.stride()}")
+    split = packed.unflatten(2, (sum(heads), width // sum(heads))).split(list(heads), dim=2)
+    return [part.transpose(1, 2) for part in split]
 
 
 def _launch_arguments(q: Tensor, mask: Tensor | Segments | None, position_bias: Tensor | None,

@@ -23,12 +23,13 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
 from transduce.attention import triton_kernels
-from transduce.attention.triton_flash import LOG2E, block_width, is_interpreted, unpack_qkv
+from transduce.attention.triton_flash import LOG2E, block_width, is_interpreted, unpack_heads
 
 FORWARD = "transduce::triton_attention"
 BACKWARD = "transduce::triton_attention_backward"
 PACKED_FORWARD = "transduce::triton_packed_attention"
 PACKED_BACKWARD = "transduce::triton_packed_attention_backward"
+KV_PACKED_FORWARD = "transduce::triton_kv_packed_attention"
 
 
 @triton_op(FORWARD, mutates_args=())
@@ -63,26 +64,11 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
     return dq.transpose(1, 2), dkv, dbias
 
 
-def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
-    q, k, v, mask, query_numbers, key_numbers, bias, seed, *settings = inputs
-    out, lse2 = output
-    ctx.save_for_backward(q, k, v, out, lse2, mask, query_numbers, key_numbers, bias, seed)
-    ctx.settings = settings           # causal, scale, dropout_p, tiles
-    ctx.mark_non_differentiable(lse2)
-    ctx.set_materialize_grads(False)  # lse2's gradient stays None, never a tensor of zeros
-
-
 def _backward(ctx, grad_out: Tensor, grad_lse2: None) -> tuple:
-    q, k, v, out, lse2, mask, query_numbers, key_numbers, bias, seed = ctx.saved_tensors
-    bias_grad = bias is not None and ctx.needs_input_grad[6]
-    dq, dkv, dbias = attention_backward(grad_out, q, k, v, out, lse2, mask, query_numbers,
-                                        key_numbers, bias, seed, *ctx.settings, bias_grad)
+    (q, k, v), common, bias_grad = _saved(ctx)
+    dq, dkv, dbias = attention_backward(grad_out, q, k, v, *common, bias_grad)
     dk, dv = dkv.transpose(1, 2).split(k.shape[1], dim=1)
-    return (dq, dk, dv, None, None, None, dbias if bias_grad else None, None,
-            *[None] * len(ctx.settings))
-
-
-attention_forward.register_autograd(_backward, setup_context=_setup_context)
+    return _input_grads(ctx, (dq, dk, dv), dbias)
 
 
 @triton_op(PACKED_FORWARD, mutates_args=())
@@ -94,8 +80,9 @@ def packed_forward(qkv: Tensor, heads: int, kv_heads: int, mask: Tensor | None,
     queries', keys' and values' heads in that order -> as attention_forward. Its
     backward writes the three gradients into one tensor like qkv, which is the stacked
     projection's output gradient: no concatenation after it."""
-    return attention_forward(*unpack_qkv(qkv, heads, kv_heads), mask, query_numbers,
-                             key_numbers, bias, seed, causal, scale, dropout_p, tiles)
+    return attention_forward(*unpack_heads(qkv, heads, kv_heads, kv_heads), mask,
+                             query_numbers, key_numbers, bias, seed, causal, scale, dropout_p,
+                             tiles)
 
 
 @triton_op(PACKED_BACKWARD, mutates_args=())
@@ -105,7 +92,7 @@ def packed_backward(grad_out: Tensor, qkv: Tensor, heads: int, kv_heads: int, ou
                     causal: bool, scale: float, dropout_p: float, tiles: list[int],
                     bias_grad: bool) -> tuple[Tensor, Tensor]:
     """-> dqkv (B, T, (H + 2 Hkv) D) in qkv's dtype, and dbias as attention_backward's."""
-    q, k, v = unpack_qkv(qkv, heads, kv_heads)
+    q, k, v = unpack_heads(qkv, heads, kv_heads, kv_heads)
     call = _Call(q, k, mask, query_numbers, key_numbers, bias, seed, causal, scale,
                  dropout_p, tiles)
     dqkv = qkv.new_empty((call.batch, call.num_queries, heads + 2 * kv_heads, call.dim))
@@ -114,25 +101,68 @@ def packed_backward(grad_out: Tensor, qkv: Tensor, heads: int, kv_heads: int, ou
     return dqkv.flatten(2), dbias
 
 
-def _setup_packed_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
-    qkv, heads, kv_heads, mask, query_numbers, key_numbers, bias, seed, *settings = inputs
-    out, lse2 = output
-    ctx.save_for_backward(qkv, out, lse2, mask, query_numbers, key_numbers, bias, seed)
-    ctx.heads, ctx.settings = (heads, kv_heads), settings
-    ctx.mark_non_differentiable(lse2)
-    ctx.set_materialize_grads(False)
-
-
 def _packed_backward(ctx, grad_out: Tensor, grad_lse2: None) -> tuple:
-    qkv, out, lse2, mask, query_numbers, key_numbers, bias, seed = ctx.saved_tensors
-    bias_grad = bias is not None and ctx.needs_input_grad[6]
-    dqkv, dbias = packed_backward(grad_out, qkv, *ctx.heads, out, lse2, mask, query_numbers,
-                                  key_numbers, bias, seed, *ctx.settings, bias_grad)
-    return (dqkv, None, None, None, None, None, dbias if bias_grad else None, None,
-            *[None] * len(ctx.settings))
+    (qkv,), common, bias_grad = _saved(ctx)
+    out, lse2, *rest = common
+    dqkv, dbias = packed_backward(grad_out, qkv, *ctx.heads, out, lse2, *rest, bias_grad)
+    return _input_grads(ctx, (dqkv,), dbias)
 
 
-packed_forward.register_autograd(_packed_backward, setup_context=_setup_packed_context)
+@triton_op(KV_PACKED_FORWARD, mutates_args=())
+def kv_packed_forward(q: Tensor, kv: Tensor, kv_heads: int, mask: Tensor | None,
+                      query_numbers: Tensor | None, key_numbers: Tensor | None,
+                      bias: Tensor | None, seed: Tensor | None, causal: bool, scale: float,
+                      dropout_p: float, tiles: list[int]) -> tuple[Tensor, Tensor]:
+    """q (B, H, T, D) over a stacked key and value projection's output, kv (B, S, 2 Hkv D)
+    (cross-attention's), keys' heads then values' -> as attention_forward. Its backward
+    gives kv's gradient as one tensor like kv: attention_backward's dkv as it is."""
+    return attention_forward(q, *unpack_heads(kv, kv_heads, kv_heads), mask, query_numbers,
+                             key_numbers, bias, seed, causal, scale, dropout_p, tiles)
+
+
+def _kv_packed_backward(ctx, grad_out: Tensor, grad_lse2: None) -> tuple:
+    (q, kv), common, bias_grad = _saved(ctx)
+    k, v = unpack_heads(kv, *ctx.heads, *ctx.heads)
+    dq, dkv, dbias = attention_backward(grad_out, q, k, v, *common, bias_grad)
+    return _input_grads(ctx, (dq, dkv.flatten(2)), dbias)
+
+
+# Every operator's inputs end in the same nine: mask, query_numbers, key_numbers, bias,
+# seed (tensors or None), causal, scale, dropout_p, tiles; before them its own tensors
+# and head counts.
+COMMON = 9
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    own, common = inputs[:-COMMON], inputs[-COMMON:]
+    tensors = [x for x in own if isinstance(x, Tensor)]
+    ctx.save_for_backward(*tensors, *output, *common[:5])
+    ctx.own_tensors, ctx.heads = len(tensors), [x for x in own if isinstance(x, int)]
+    ctx.settings, ctx.bias_input = common[5:], len(own) + 3
+    ctx.mark_non_differentiable(output[1])   # lse2
+    ctx.set_materialize_grads(False)         # its gradient stays None, never zeros
+
+
+def _saved(ctx) -> tuple[tuple, tuple, bool]:
+    """-> the operator's own tensors; out, lse2, mask, query_numbers, key_numbers, bias,
+    seed, causal, scale, dropout_p, tiles; and whether the bias needs a gradient."""
+    saved = ctx.saved_tensors
+    own, common = saved[:ctx.own_tensors], saved[ctx.own_tensors:]
+    bias_grad = common[5] is not None and ctx.needs_input_grad[ctx.bias_input]
+    return own, (*common, *ctx.settings), bias_grad
+
+
+def _input_grads(ctx, tensor_grads: tuple, dbias: Tensor) -> tuple:
+    """The gradient of each of the operator's inputs: its own tensors', the bias's."""
+    bias_grad = dbias if ctx.needs_input_grad[ctx.bias_input] else None
+    return (*tensor_grads, *[None] * len(ctx.heads), None, None, None, bias_grad,
+            *[None] * (1 + len(ctx.settings)))
+
+
+for _operator, _its_backward in ((attention_forward, _backward),
+                                 (packed_forward, _packed_backward),
+                                 (kv_packed_forward, _kv_packed_backward)):
+    _operator.register_autograd(_its_backward, setup_context=_setup_context)
 
 
 class _Call:

@@ -167,12 +167,13 @@ class DecoderLayer(nn.Module):
         self.shared_norm = c.shared_norm
         self.fused_add_norm = c.attention_impl == "triton"      # (as EncoderLayer's)
 
-    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor] | None,
+    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor] | Tensor | None,
                 memory_mask: Tensor | None, *, tgt_mask: Tensor | None = None,
                 cache: AttentionCache | None = None, positions: Tensor | None = None,
                 position_bias: Tensor | None = None) -> Tensor:
         """x (B, T, C); memory_kv: this layer's cross-attention keys and values
-        (B, Hkv, S, D), None without cross-attention; memory_mask (B, 1, 1, S); tgt_mask
+        (B, Hkv, S, D) or their packed projection (B, S, 2 Hkv D: Decoder.memory_kv), None
+        without cross-attention; memory_mask (B, 1, 1, S); tgt_mask
         combined with the causal mask (with a cache: over every key it holds and the new
         ones); cache: this layer's self-attention cache when decoding step by step;
         positions (B, T): each token's position, for rows that start at different

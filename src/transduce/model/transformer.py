@@ -195,11 +195,14 @@ class Decoder(nn.Module):
         # A decoding copy's written-out step (model/decoder_step.py), where it applies.
         self.fast_step: DecoderStep | None = None
 
-    def memory_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Each layer's cross-attention keys and values, (B, Hkv, S, D): once per source."""
-        return [layer.cross_attn.project_kv(memory) for layer in self.layers]
+    def memory_kv(self, memory: Tensor, packed: bool = False
+                  ) -> list[tuple[Tensor, Tensor]] | list[Tensor]:
+        """Each layer's cross-attention keys and values, (B, Hkv, S, D): once per source.
+        packed: a full pass's, which hands them straight to the layers (in training with
+        impl "triton", each layer's stacked projection output: MultiHeadAttention.project_kv)."""
+        return [layer.cross_attn.project_kv(memory, packed) for layer in self.layers]
 
-    def forward(self, tgt: Tensor, memory_kv: list[tuple[Tensor, Tensor]] | None,
+    def forward(self, tgt: Tensor, memory_kv: list[tuple[Tensor, Tensor]] | list[Tensor] | None,
                 memory_mask: Tensor | None, *, tgt_mask: Tensor | None = None,
                 caches: list[AttentionCache] | None = None,
                 positions: Tensor | None = None) -> Tensor:
@@ -320,7 +323,8 @@ class Transformer(CountedParameters, nn.Module):
         """The full causal pass: tgt (B, T), memory (B, S, C), memory_mask (B, 1, 1, S)
         -> logits (B, T, V), or the hidden states (B, T, C) before output_proj when not
         project. tgt_mask is combined with the causal mask."""
-        hidden = self.decoder(tgt, self.decoder.memory_kv(memory), memory_mask, tgt_mask=tgt_mask)
+        hidden = self.decoder(tgt, self.decoder.memory_kv(memory, packed=True), memory_mask,
+                              tgt_mask=tgt_mask)
         return self.output_proj(hidden) if project else hidden
 
     def forward(self, src: Tensor, tgt: Tensor, *, project: bool = True,
@@ -350,7 +354,7 @@ class Transformer(CountedParameters, nn.Module):
         tgt_positions = masks.positions_in_segments(tgt_numbers)              # (B, T)
         memory = self.encoder(src, masks.Segments.packed(src_numbers, src_numbers),
                               positions=src_positions)
-        hidden = self.decoder(tgt, self.decoder.memory_kv(memory),
+        hidden = self.decoder(tgt, self.decoder.memory_kv(memory, packed=True),
                               masks.Segments.packed(tgt_numbers, src_numbers),
                               tgt_mask=masks.Segments.packed(tgt_numbers, tgt_numbers),
                               positions=tgt_positions)
