@@ -164,7 +164,8 @@ def test_multihead_attention_with_triton_equals_sdpa(device):
 def test_cross_attention_over_packed_keys_and_values_equals_sdpa(device):
     """In training, impl "triton" takes cross-attention's stacked key and value projection
     whole (project_kv(packed=True)): the same output and gradients as SDPA on the
-    separate keys and values; elsewhere (eval, other impls) project_kv gives them apart."""
+    separate keys and values; elsewhere (eval, other impls, soft-capped scores) project_kv
+    gives them apart."""
     torch.manual_seed(14)
     layers = {impl: MultiHeadAttention(32, 4, num_kv_heads=2, impl=impl).to(device)
               for impl in ("sdpa", "triton")}
@@ -183,6 +184,8 @@ def test_cross_attention_over_packed_keys_and_values_equals_sdpa(device):
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
     assert isinstance(layers["triton"].eval().project_kv(source, packed=True), tuple)
+    capped = MultiHeadAttention(32, 4, impl="triton", softcap=30.0).to(device)
+    assert isinstance(capped.project_kv(source, packed=True), tuple)  # the kernels cannot cap
 
 
 @pytest.mark.parametrize("device", DEVICES)

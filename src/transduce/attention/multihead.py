@@ -27,8 +27,8 @@ from transduce.attention.disentangled import RelativePositions, disentangled_bia
     dropped_table
 from transduce.attention.kernels import attention, kv_packed_attention, packed_self_attention
 from transduce.attention.kinds import AttentionKind, SoftmaxAttention, self_attention_kind
-from transduce.attention.triton_flash import unpack_heads
 from transduce.attention.kv_cache import Attended, AttentionCache
+from transduce.attention.triton_flash import unpack_heads
 
 # Applies rotary positions to (B, H, T, D) heads whose first position is `offset`, or
 # whose positions are given per row and token (B, T).
@@ -113,7 +113,7 @@ class MultiHeadAttention(nn.Module):
         with impl "triton", the stacked product's output (B, S, 2 H_kv D) itself, whose
         gradient the kernels then give as one tensor (kv_packed_attention)."""
         self._require_separate_projections()
-        if packed and self.impl == "triton" and self.k_norm is None \
+        if packed and self.impl == "triton" and self.k_norm is None and self.softcap is None \
                 and self._stacks((self.k_proj, self.v_proj)):
             return self._stacked(source, self.k_proj, self.v_proj)
         k, v = self._project(source, self.k_proj, self.v_proj)
