@@ -39,12 +39,8 @@ def triton_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | Segments | 
     packed batch's Segments (read as sentence numbers: the kernels skip the tiles of other
     sentences), position_bias (H, T + S - 1) -> (B, H, T, D). seed fixes the dropout
     pattern (drawn from torch when None)."""
-    kernels_for(q.device)
-    from transduce.attention.triton_ops import attention_forward   # imports triton
-    _check(q, k, v)
-    out, _ = attention_forward(q, k, v, *_launch_arguments(
-        q, mask, position_bias, seed, causal, scale, dropout_p, tiles))
-    return out
+    return _run("attention_forward", (q, k, v), q, k, v, mask, position_bias, seed, causal,
+                scale, dropout_p, tiles)
 
 
 def triton_packed_attention(qkv: Tensor, heads: int, kv_heads: int,
@@ -57,13 +53,9 @@ def triton_packed_attention(qkv: Tensor, heads: int, kv_heads: int,
     triton_attention. Its backward writes the three gradients into one tensor like qkv:
     the stacked product's own output gradient, where separate ones would be
     concatenated into it (a copy of every self-attention's q, k and v gradients)."""
-    kernels_for(qkv.device)
-    from transduce.attention.triton_ops import packed_forward   # imports triton
     q, k, v = unpack_heads(qkv, heads, kv_heads, kv_heads)
-    _check(q, k, v)
-    out, _ = packed_forward(qkv, heads, kv_heads, *_launch_arguments(
-        q, mask, position_bias, seed, causal, scale, dropout_p, tiles))
-    return out
+    return _run("packed_forward", (qkv, heads, kv_heads), q, k, v, mask, position_bias, seed,
+                causal, scale, dropout_p, tiles)
 
 
 def triton_kv_packed_attention(q: Tensor, kv: Tensor, kv_heads: int,
@@ -74,11 +66,20 @@ def triton_kv_packed_attention(q: Tensor, kv: Tensor, kv_heads: int,
     """q (B, H, T, D) over a stacked key and value projection's output (cross-attention's),
     kv (B, S, 2 Hkv D): keys' heads, then values' -> (B, H, T, D) as triton_attention.
     Its backward gives kv's gradient as one tensor like kv, with nothing to concatenate."""
-    kernels_for(q.device)
-    from transduce.attention.triton_ops import kv_packed_forward   # imports triton
     k, v = unpack_heads(kv, kv_heads, kv_heads)
+    return _run("kv_packed_forward", (q, kv, kv_heads), q, k, v, mask, position_bias, seed,
+                causal, scale, dropout_p, tiles)
+
+
+def _run(operator: str, operands: tuple, q: Tensor, k: Tensor, v: Tensor,
+         mask: Tensor | Segments | None, position_bias: Tensor | None, seed: int | None,
+         causal: bool, scale: float, dropout_p: float, tiles: Tiles | None) -> Tensor:
+    """Checks what can run and the q, k, v the operator will read, then runs triton_ops'
+    `operator` on its own operands and the launch arguments -> out (B, H, T, D)."""
+    kernels_for(q.device)
+    from transduce.attention import triton_ops   # imports triton
     _check(q, k, v)
-    out, _ = kv_packed_forward(q, kv, kv_heads, *_launch_arguments(
+    out, _ = getattr(triton_ops, operator)(*operands, *_launch_arguments(
         q, mask, position_bias, seed, causal, scale, dropout_p, tiles))
     return out
 
