@@ -99,7 +99,8 @@ def unpack_heads(packed: Tensor, *heads: int) -> list[Tensor]:
 def _launch_arguments(q: Tensor, mask: Tensor | Segments | None, position_bias: Tensor | None,
                       seed: int | None, causal: bool, scale: float, dropout_p: float,
                       tiles: Tiles | None) -> tuple:
-    """The operators' arguments after q, k, v: mask, query and key sentence numbers
+    """The operators' arguments after their own operands (q, k, v; qkv and head counts;
+    q, kv and head count): mask, query and key sentence numbers
     (contiguous int32, for Segments), bias, seed, causal, scale, dropout_p, tiles."""
     numbers = (None, None)
     if isinstance(mask, Segments):

@@ -193,30 +193,25 @@ class _Call:
         if q.device.type == "cuda":
             self.constants.update(num_warps=num_warps, num_stages=num_stages)
 
-    def mask_args(self, like: Tensor) -> tuple:
-        if self.mask is None:  # never read: HAS_MASK is off
-            return (like, 0, 0, 0, 0)
-        return (self.mask, *self.mask.stride())
+    def _pointers(self, like: Tensor) -> tuple[Tensor, ...]:
+        """Mask, QNum, KNum, Bias, Seed as the kernels take them, `like` in place of each
+        this call has not (HAS_MASK, SEGMENTS, HAS_BIAS, DROPOUT off: never read)."""
+        numbers = self.numbers or (None, None)
+        return tuple(like if t is None else t
+                     for t in (self.mask, *numbers, self.bias, self.seed))
 
-    def _numbers_or(self, like: Tensor) -> tuple[Tensor, Tensor]:
-        # never read without SEGMENTS
-        return (like, like) if self.numbers is None else self.numbers
-
-    def _bias_or(self, like: Tensor) -> Tensor:
-        return like if self.bias is None else self.bias   # never read without HAS_BIAS
-
-    def _seed_or(self, like: Tensor) -> Tensor:
-        return like if self.seed is None else self.seed   # never read without DROPOUT
+    def _mask_strides(self) -> tuple[int, ...]:
+        return (0, 0, 0, 0) if self.mask is None else self.mask.stride()
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         out = _token_major(q)
         lse2 = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        mask, query_numbers, key_numbers, bias, seed = self._pointers(q)
         grid = (triton.cdiv(self.num_queries, self.block_m), self.batch * self.heads)
         _launcher(triton_kernels.forward_kernel, q)[grid](
-            q, k, v, *self.mask_args(q)[:1], *self._numbers_or(q), self._bias_or(q), out, lse2,
-            *q.stride(), *k.stride(), *v.stride(), *self.mask_args(q)[1:], *_head_strides(out),
-            *self.scalars, self.scale * LOG2E, self.dropout_p, self._seed_or(q),
-            **self.constants)
+            q, k, v, mask, query_numbers, key_numbers, bias, out, lse2,
+            *q.stride(), *k.stride(), *v.stride(), *self._mask_strides(), *_head_strides(out),
+            *self.scalars, self.scale * LOG2E, self.dropout_p, seed, **self.constants)
         return out.transpose(1, 2), lse2
 
     def backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2: Tensor,
@@ -226,20 +221,19 @@ class _Call:
         kv_head[0] and kv_head[1] of dkv (B, S, *, D) (dq itself for a packed qkv) ->
         dbias (H, T + S - 1) in the bias's dtype when bias_grad, else an empty tensor."""
         delta = (grad_out.float() * out.float()).sum(dim=-1)                  # (B, H, T)
-        mask, *mask_strides = self.mask_args(q)
-        strides = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride())
-        scalars = (*self.scalars, self.scale * LOG2E, self.scale, self.dropout_p,
-                   self._seed_or(q))
+        *pointers, seed = self._pointers(q)                 # mask, numbers, bias; seed
+        strides = (*q.stride(), *k.stride(), *v.stride(), *self._mask_strides(),
+                   *grad_out.stride())
+        scalars = (*self.scalars, self.scale * LOG2E, self.scale, self.dropout_p, seed)
         grid_kv = (triton.cdiv(self.num_keys, self.block_n), self.batch * self.kv_heads)
-        bias, numbers = self._bias_or(q), self._numbers_or(q)
         _launcher(triton_kernels.dkdv_kernel, q)[grid_kv](
-            q, k, v, mask, *numbers, bias, grad_out, lse2, delta, dkv, *strides,
+            q, k, v, *pointers, grad_out, lse2, delta, dkv, *strides,
             *_head_strides(dkv), *scalars, *kv_head, **self.constants)
         dbias = torch.zeros(self.bias.shape, dtype=torch.float32, device=q.device) \
             if bias_grad else None
         grid_q = (triton.cdiv(self.num_queries, self.block_m), self.batch * self.heads)
         _launcher(triton_kernels.dq_kernel, q)[grid_q](
-            q, k, v, mask, *numbers, bias, grad_out, lse2, delta, dq,
+            q, k, v, *pointers, grad_out, lse2, delta, dq,
             q if dbias is None else dbias, *strides, *_head_strides(dq), *scalars,
             BIAS_GRAD=bias_grad, **self.constants)
         return q.new_empty(0) if dbias is None else dbias.to(self.bias.dtype)
